@@ -1,0 +1,235 @@
+/*
+ * moefit core: status codes and errors, logging, dtypes and bf16/fp16 <-> fp32,
+ * a thread pool with a fixed partition, and arena allocators.
+ *
+ * Errors: a fallible function returns mf_status. The first function to see a
+ * fault records a message with its context (file, place, fault) through
+ * MF_ERR(...); callers passing the status up with MF_CHECK add their file:line
+ * to a trace. mf_last_error() gives the message, mf_last_error_trace() the trail.
+ * Both are per thread. Library code never exits; the CLI turns a status into a
+ * message and an exit code.
+ */
+#ifndef MF_CORE_H
+#define MF_CORE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum mf_status {
+  MF_OK = 0,
+  MF_ERR_INVALID_ARG,     /* a caller passed arguments that make no sense */
+  MF_ERR_IO,              /* open/read/write/mmap failed */
+  MF_ERR_FORMAT,          /* an input file is malformed */
+  MF_ERR_CONFIG,          /* a config value is missing, mistyped or out of range */
+  MF_ERR_OUT_OF_MEMORY,   /* host allocation failed or a budget is exceeded */
+  MF_ERR_UNSUPPORTED,     /* valid input that moefit does not handle (yet) */
+  MF_ERR_NOT_IMPLEMENTED, /* a part of moefit that is not built yet */
+  MF_ERR_NO_DEVICE,       /* no usable GPU */
+  MF_ERR_CUDA,
+  MF_ERR_CUBLAS,
+  MF_ERR_NCCL,
+  MF_ERR_MPI,
+  MF_ERR_INTERNAL, /* a broken invariant: a bug in moefit */
+  MF_STATUS_COUNT_
+} mf_status;
+
+const char *mf_status_name(mf_status s);
+
+/* Records `fmt` as this thread's last error (replacing the trace) and returns s.
+ * Use through MF_ERR so file and line are filled in. */
+mf_status mf_error_set(mf_status s, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Prefixes the current message with context ("reading x.safetensors: ..."). */
+void mf_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Appends "file:line: expr" to this thread's error trace. */
+void mf_error_trace(const char *file, int line, const char *expr);
+const char *mf_last_error(void);
+const char *mf_last_error_trace(void);
+void mf_error_clear(void);
+
+#define MF_ERR(status, ...) mf_error_set((status), __FILE__, __LINE__, __VA_ARGS__)
+
+#define MF_CHECK(expr)                              \
+  do {                                              \
+    mf_status mf_s_ = (expr);                       \
+    if (mf_s_ != MF_OK) {                           \
+      mf_error_trace(__FILE__, __LINE__, #expr);    \
+      return mf_s_;                                 \
+    }                                               \
+  } while (0)
+
+/* Single-exit cleanup: `st` receives the status, control jumps to `label`. */
+#define MF_CHECK_GOTO(expr, st, label)              \
+  do {                                              \
+    (st) = (expr);                                  \
+    if ((st) != MF_OK) {                            \
+      mf_error_trace(__FILE__, __LINE__, #expr);    \
+      goto label;                                   \
+    }                                               \
+  } while (0)
+
+/* For broken invariants only (never for bad input): logs and aborts. */
+void mf_assert_fail(const char *file, int line, const char *expr) __attribute__((noreturn));
+#define MF_ASSERT(cond) \
+  do {                  \
+    if (!(cond)) mf_assert_fail(__FILE__, __LINE__, #cond); \
+  } while (0)
+
+/* --------------------------------------------------------------- logging */
+
+typedef enum mf_log_level {
+  MF_LOG_ERROR = 0,
+  MF_LOG_WARN = 1,
+  MF_LOG_INFO = 2,
+  MF_LOG_DEBUG = 3,
+  MF_LOG_TRACE = 4,
+} mf_log_level;
+
+/* MF_LOG=error|warn|info|debug|trace sets the level (default info);
+ * MF_LOG_SUBSYS=io,config,... limits debug/trace output to those subsystems
+ * (errors, warnings and info always pass). Both are read once, at the first
+ * message; mf_log_configure re-reads them (tests use it). */
+void mf_log_configure(void);
+void mf_log_set_level(mf_log_level level);
+void mf_log_set_stream(FILE *f); /* default stderr */
+int mf_log_enabled(mf_log_level level, const char *subsys);
+void mf_log(mf_log_level level, const char *subsys, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define MF_LOGE(subsys, ...) mf_log(MF_LOG_ERROR, (subsys), __VA_ARGS__)
+#define MF_LOGW(subsys, ...) mf_log(MF_LOG_WARN, (subsys), __VA_ARGS__)
+#define MF_LOGI(subsys, ...) mf_log(MF_LOG_INFO, (subsys), __VA_ARGS__)
+#define MF_LOGD(subsys, ...) mf_log(MF_LOG_DEBUG, (subsys), __VA_ARGS__)
+#define MF_LOGT(subsys, ...) mf_log(MF_LOG_TRACE, (subsys), __VA_ARGS__)
+
+/* ---------------------------------------------------------------- dtypes */
+
+/* The safetensors dtypes (MODELS.md §13); F32/BF16/F16 are the ones computed with. */
+typedef enum mf_dtype {
+  MF_DTYPE_INVALID = 0,
+  MF_DTYPE_BOOL,
+  MF_DTYPE_U8,
+  MF_DTYPE_I8,
+  MF_DTYPE_I16,
+  MF_DTYPE_U16,
+  MF_DTYPE_F16,
+  MF_DTYPE_BF16,
+  MF_DTYPE_I32,
+  MF_DTYPE_U32,
+  MF_DTYPE_F32,
+  MF_DTYPE_F64,
+  MF_DTYPE_I64,
+  MF_DTYPE_U64,
+  MF_DTYPE_F8_E4M3,
+  MF_DTYPE_F8_E5M2,
+  MF_DTYPE_COUNT_
+} mf_dtype;
+
+size_t mf_dtype_size(mf_dtype t);        /* bytes per element; 0 for INVALID */
+const char *mf_dtype_name(mf_dtype t);   /* safetensors spelling: "BF16" */
+/* Parses the safetensors spelling (exact, case-sensitive); MF_DTYPE_INVALID if unknown. */
+mf_dtype mf_dtype_from_name(const char *name, size_t len);
+
+/* bf16: round to nearest even; NaN stays NaN (quiet, sign kept). */
+static inline uint16_t mf_fp32_to_bf16(float f) {
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u);
+  uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
+  return (uint16_t)((v.u + rounding) >> 16);
+}
+
+static inline float mf_bf16_to_fp32(uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
+
+/* IEEE binary16, round to nearest even; NaN kept, overflow to Inf, subnormals exact. */
+uint16_t mf_fp32_to_fp16(float f);
+float mf_fp16_to_fp32(uint16_t h);
+
+void mf_fp32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
+void mf_bf16_to_fp32_n(const uint16_t *src, float *dst, size_t n);
+void mf_fp16_to_fp32_n(const uint16_t *src, float *dst, size_t n);
+
+/* ------------------------------------------------------- overflow checks */
+
+/* a*b and a+b on sizes, reporting overflow instead of wrapping (returns 0 on overflow). */
+static inline int mf_mul_size(size_t a, size_t b, size_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+static inline int mf_add_size(size_t a, size_t b, size_t *out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+/* ---------------------------------------------------------- thread pool */
+
+/* A fixed set of workers. mf_threadpool_run calls fn(ctx, i, n) for i in [0, n)
+ * with n = the pool's thread count, the caller acting as worker 0, and returns
+ * when all are done. The partition of work over i is the caller's, so results
+ * can be made independent of timing. */
+typedef struct mf_threadpool mf_threadpool;
+typedef void (*mf_task_fn)(void *ctx, int i, int n);
+
+/* n_threads <= 0: the number of online CPUs (or MF_THREADS when set). */
+mf_status mf_threadpool_create(int n_threads, mf_threadpool **out);
+void mf_threadpool_free(mf_threadpool *p); /* NULL is fine */
+int mf_threadpool_size(const mf_threadpool *p);
+void mf_threadpool_run(mf_threadpool *p, mf_task_fn fn, void *ctx);
+/* [begin, end) of the i-th of n equal contiguous parts of [0, count), each part a
+ * multiple of `grain` except the last. Deterministic. */
+void mf_partition(size_t count, size_t grain, int i, int n, size_t *begin, size_t *end);
+
+/* --------------------------------------------------------------- arenas */
+
+/* A bump allocator over one block: sized once, allocated once, reset as a whole.
+ * Either it owns its block (mf_arena_create) or it carves a caller's block
+ * (mf_arena_init). */
+typedef struct mf_arena {
+  uint8_t *base;
+  size_t size;
+  size_t used;
+  size_t peak;
+  int owns;
+} mf_arena;
+
+mf_status mf_arena_create(mf_arena *a, size_t size, size_t align);
+void mf_arena_init(mf_arena *a, void *block, size_t size);
+void mf_arena_destroy(mf_arena *a); /* frees an owned block; a zeroed arena is fine */
+/* Returns a block of `size` bytes aligned to `align` (a power of two), or
+ * MF_ERR_OUT_OF_MEMORY naming `what` when the arena is full. */
+mf_status mf_arena_alloc(mf_arena *a, size_t size, size_t align, const char *what, void **out);
+void mf_arena_reset(mf_arena *a);
+/* Bytes an arena needs for allocations of these sizes at this alignment. */
+size_t mf_arena_estimate(const size_t *sizes, size_t n, size_t align);
+
+/* ------------------------------------------------------------ utilities */
+
+/* Allocation wrappers that record an MF_ERR_OUT_OF_MEMORY naming `what`. */
+mf_status mf_malloc(size_t size, const char *what, void **out);
+mf_status mf_calloc(size_t count, size_t size, const char *what, void **out);
+char *mf_strdup(const char *s); /* NULL on failure */
+
+/* Parses a byte size: "24GiB", "512MiB", "1.5GB", "4096", "8k". Binary units
+ * (KiB, MiB, GiB, TiB and K/M/G/T) are powers of 1024; KB/MB/GB/TB are powers
+ * of 1000. Returns 0 and sets *out on success, -1 on a malformed or
+ * overflowing size. */
+int mf_parse_size(const char *s, uint64_t *out);
+/* Formats bytes for people: "1.50 GiB". buf of at least 32 bytes. */
+const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap);
+
+/* Monotonic seconds. */
+double mf_time_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_CORE_H */

@@ -1,0 +1,94 @@
+/* Allocation wrappers, byte sizes for people, the clock. */
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "src/core/core.h"
+
+mf_status mf_malloc(size_t size, const char *what, void **out) {
+  *out = malloc(size ? size : 1);
+  if (!*out) {
+    char buf[32];
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of host memory allocating %s for %s",
+                  mf_format_bytes(size, buf, sizeof buf), what ? what : "a buffer");
+  }
+  return MF_OK;
+}
+
+mf_status mf_calloc(size_t count, size_t size, const char *what, void **out) {
+  size_t total;
+  *out = NULL;
+  if (!mf_mul_size(count, size, &total))
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "size overflow allocating %zu x %zu bytes for %s", count, size,
+                  what ? what : "a buffer");
+  *out = calloc(count ? count : 1, size ? size : 1);
+  if (!*out) {
+    char buf[32];
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of host memory allocating %s for %s",
+                  mf_format_bytes(total, buf, sizeof buf), what ? what : "a buffer");
+  }
+  return MF_OK;
+}
+
+char *mf_strdup(const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = (char *)malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+int mf_parse_size(const char *s, uint64_t *out) {
+  if (!s) return -1;
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s) && *s != '.') return -1;
+  char *end = NULL;
+  double v = strtod(s, &end);
+  if (end == s || !(v >= 0) || isinf(v)) return -1;
+  while (isspace((unsigned char)*end)) end++;
+  static const struct {
+    const char *unit;
+    double mult;
+  } units[] = {
+      {"", 1.0},          {"B", 1.0},           {"K", 1024.0},       {"KiB", 1024.0},
+      {"M", 1048576.0},   {"MiB", 1048576.0},   {"G", 1073741824.0}, {"GiB", 1073741824.0},
+      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+      {"GB", 1e9},        {"TB", 1e12},         {"k", 1024.0},       {"kB", 1e3},
+  };
+  size_t ulen = strlen(end);
+  while (ulen > 0 && isspace((unsigned char)end[ulen - 1])) ulen--;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (strlen(units[i].unit) == ulen && strncmp(end, units[i].unit, ulen) == 0) {
+      double bytes = v * units[i].mult;
+      if (bytes >= 18446744073709551615.0) return -1;
+      if (bytes != floor(bytes)) return -1; /* a fraction of a byte */
+      *out = (uint64_t)bytes;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
+  else
+    snprintf(buf, cap, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+double mf_time_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,167 @@
+/* Family names, transformers defaults, validation and parameter counts. */
+#include <string.h>
+
+#include "src/model/spec.h"
+
+static const struct {
+  const char *name, *arch, *model_type;
+} k_families[MF_FAMILY_COUNT_] = {
+    [MF_FAMILY_INVALID] = {"invalid", "", ""},
+    [MF_FAMILY_MIXTRAL] = {"mixtral", "MixtralForCausalLM", "mixtral"},
+    [MF_FAMILY_QWEN2_MOE] = {"qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe"},
+    [MF_FAMILY_QWEN3_MOE] = {"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
+    [MF_FAMILY_OLMOE] = {"olmoe", "OlmoeForCausalLM", "olmoe"},
+};
+
+const char *mf_family_name(mf_family f) {
+  return (f > 0 && f < MF_FAMILY_COUNT_) ? k_families[f].name : "invalid";
+}
+
+const char *mf_family_architecture(mf_family f) {
+  return (f > 0 && f < MF_FAMILY_COUNT_) ? k_families[f].arch : "";
+}
+
+const char *mf_family_model_type(mf_family f) {
+  return (f > 0 && f < MF_FAMILY_COUNT_) ? k_families[f].model_type : "";
+}
+
+mf_family mf_family_from_name(const char *name) {
+  if (!name) return MF_FAMILY_INVALID;
+  for (int f = 1; f < MF_FAMILY_COUNT_; f++)
+    if (strcmp(name, k_families[f].name) == 0) return (mf_family)f;
+  return MF_FAMILY_INVALID;
+}
+
+mf_family mf_family_from_architecture(const char *arch) {
+  if (!arch) return MF_FAMILY_INVALID;
+  for (int f = 1; f < MF_FAMILY_COUNT_; f++)
+    if (strcmp(arch, k_families[f].arch) == 0) return (mf_family)f;
+  return MF_FAMILY_INVALID;
+}
+
+void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
+  memset(s, 0, sizeof *s);
+  s->family = f;
+  s->decoder_sparse_step = 1;
+  s->seed = 1;
+  switch (f) {
+    case MF_FAMILY_MIXTRAL:
+      s->vocab = 32000, s->hidden = 4096, s->expert_ffn = 14336, s->layers = 32;
+      s->heads = 32, s->kv_heads = 8, s->max_seq = 4096 * 32, s->norm_eps = 1e-5;
+      s->rope_theta = 1e6, s->experts = 8, s->top_k = 2, s->router_aux_loss_coef = 0.001;
+      s->norm_topk_prob = 1; /* Mixtral always renormalises (MODELS.md §1) */
+      break;
+    case MF_FAMILY_QWEN2_MOE:
+      s->vocab = 151936, s->hidden = 2048, s->dense_ffn = 5632, s->layers = 24;
+      s->heads = 16, s->kv_heads = 16, s->max_seq = 32768, s->norm_eps = 1e-6;
+      s->rope_theta = 10000.0, s->expert_ffn = 1408, s->shared_ffn = 5632;
+      s->top_k = 4, s->experts = 60, s->router_aux_loss_coef = 0.001, s->qkv_bias = 1;
+      break;
+    case MF_FAMILY_QWEN3_MOE:
+      s->vocab = 151936, s->hidden = 2048, s->dense_ffn = 6144, s->layers = 24;
+      s->heads = 32, s->kv_heads = 4, s->max_seq = 32768, s->norm_eps = 1e-6;
+      s->rope_theta = 10000.0, s->expert_ffn = 768, s->top_k = 8, s->experts = 128;
+      s->router_aux_loss_coef = 0.001, s->qk_norm = MF_QK_NORM_PER_HEAD;
+      break;
+    case MF_FAMILY_OLMOE:
+      s->vocab = 50304, s->hidden = 2048, s->expert_ffn = 1024, s->layers = 16;
+      s->heads = 16, s->kv_heads = 16, s->max_seq = 4096, s->norm_eps = 1e-5;
+      s->rope_theta = 10000.0, s->top_k = 8, s->experts = 64, s->router_aux_loss_coef = 0.01;
+      s->qk_norm = MF_QK_NORM_FULL;
+      break;
+    default:
+      break;
+  }
+  if (s->heads > 0) s->head_dim = s->hidden / s->heads;
+}
+
+int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer) {
+  if (s->experts <= 0) return 0;
+  if (s->family == MF_FAMILY_QWEN2_MOE || s->family == MF_FAMILY_QWEN3_MOE) {
+    for (int64_t i = 0; i < s->n_mlp_only; i++)
+      if (s->mlp_only_layers[i] == layer) return 0;
+    return s->decoder_sparse_step > 0 && (layer + 1) % s->decoder_sparse_step == 0;
+  }
+  return 1;
+}
+
+#define POSITIVE(field)                                                                      \
+  if (s->field <= 0)                                                                          \
+    return MF_ERR(MF_ERR_CONFIG, "%s: model %s must be positive (got %lld)", where, #field, \
+                  (long long)s->field);
+
+mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
+  if (!where) where = "model";
+  if (s->family <= MF_FAMILY_INVALID || s->family >= MF_FAMILY_COUNT_)
+    return MF_ERR(MF_ERR_CONFIG, "%s: unknown model family", where);
+  POSITIVE(hidden) POSITIVE(layers) POSITIVE(heads) POSITIVE(kv_heads) POSITIVE(head_dim)
+  POSITIVE(experts) POSITIVE(top_k) POSITIVE(expert_ffn) POSITIVE(vocab) POSITIVE(max_seq)
+  if (s->layers > MF_MAX_LAYERS)
+    return MF_ERR(MF_ERR_CONFIG, "%s: %lld layers is more than moefit supports (%d)", where,
+                  (long long)s->layers, MF_MAX_LAYERS);
+  if (s->heads % s->kv_heads != 0)
+    return MF_ERR(MF_ERR_CONFIG, "%s: heads (%lld) must be a multiple of kv_heads (%lld)", where,
+                  (long long)s->heads, (long long)s->kv_heads);
+  if (s->head_dim % 2 != 0)
+    return MF_ERR(MF_ERR_CONFIG, "%s: head_dim (%lld) must be even for RoPE", where, (long long)s->head_dim);
+  if (s->top_k > s->experts)
+    return MF_ERR(MF_ERR_CONFIG, "%s: top_k (%lld) exceeds the number of experts (%lld)", where,
+                  (long long)s->top_k, (long long)s->experts);
+  const int64_t big = (int64_t)1 << 24;
+  if (s->hidden > big || s->expert_ffn > big || s->dense_ffn > big || s->shared_ffn > big ||
+      s->vocab > ((int64_t)1 << 31) || s->heads > 4096 || s->experts > 65536 || s->head_dim > 65536)
+    return MF_ERR(MF_ERR_CONFIG, "%s: a model dimension is implausibly large", where);
+  if (s->dense_ffn < 0 || s->shared_ffn < 0)
+    return MF_ERR(MF_ERR_CONFIG, "%s: intermediate sizes must not be negative", where);
+  if (!(s->rope_theta > 0)) return MF_ERR(MF_ERR_CONFIG, "%s: rope_theta must be positive", where);
+  if (!(s->norm_eps > 0) || s->norm_eps >= 1)
+    return MF_ERR(MF_ERR_CONFIG, "%s: norm eps must be in (0, 1) (got %g)", where, s->norm_eps);
+  if (!(s->router_aux_loss_coef >= 0))
+    return MF_ERR(MF_ERR_CONFIG, "%s: router_aux_loss_coef must be >= 0", where);
+  if (!(s->router_jitter >= 0) || s->router_jitter >= 1)
+    return MF_ERR(MF_ERR_CONFIG, "%s: router jitter must be in [0, 1)", where);
+  if (!(s->clip_qkv >= 0)) return MF_ERR(MF_ERR_CONFIG, "%s: clip_qkv must be >= 0", where);
+  if (s->decoder_sparse_step < 1)
+    return MF_ERR(MF_ERR_CONFIG, "%s: decoder_sparse_step must be >= 1", where);
+  if (s->n_mlp_only < 0 || s->n_mlp_only > MF_MAX_LAYERS)
+    return MF_ERR(MF_ERR_CONFIG, "%s: too many mlp_only_layers", where);
+  for (int64_t i = 0; i < s->n_mlp_only; i++)
+    if (s->mlp_only_layers[i] < 0 || s->mlp_only_layers[i] >= s->layers)
+      return MF_ERR(MF_ERR_CONFIG, "%s: mlp_only_layers[%lld] = %d is not a layer (0..%lld)", where,
+                    (long long)i, s->mlp_only_layers[i], (long long)s->layers - 1);
+  for (int64_t l = 0; l < s->layers; l++)
+    if (!mf_model_spec_layer_is_moe(s, l) && s->dense_ffn <= 0)
+      return MF_ERR(MF_ERR_CONFIG, "%s: layer %lld is a dense MLP but intermediate_size is not set", where,
+                    (long long)l);
+  if (s->shared_ffn > 0 && s->family != MF_FAMILY_QWEN2_MOE)
+    return MF_ERR(MF_ERR_CONFIG, "%s: a shared expert is only defined for qwen2_moe", where);
+  return MF_OK;
+}
+
+void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *active) {
+  const int64_t H = s->hidden, hd = s->head_dim;
+  int64_t attn = H * s->heads * hd + 2 * H * s->kv_heads * hd + s->heads * hd * H;
+  if (s->qkv_bias) attn += s->heads * hd + 2 * s->kv_heads * hd;
+  if (s->qk_norm == MF_QK_NORM_PER_HEAD) attn += 2 * hd;
+  if (s->qk_norm == MF_QK_NORM_FULL) attn += s->heads * hd + s->kv_heads * hd;
+  int64_t tot = 0, act = 0;
+  for (int64_t l = 0; l < s->layers; l++) {
+    int64_t base = attn + 2 * H; /* + the two RMSNorm weights */
+    tot += base, act += base;
+    if (mf_model_spec_layer_is_moe(s, l)) {
+      int64_t expert = 3 * H * s->expert_ffn;
+      int64_t router = H * s->experts;
+      int64_t shared = s->shared_ffn > 0 ? 3 * H * s->shared_ffn + H : 0;
+      tot += router + s->experts * expert + shared;
+      act += router + s->top_k * expert + shared;
+    } else {
+      tot += 3 * H * s->dense_ffn;
+      act += 3 * H * s->dense_ffn;
+    }
+  }
+  int64_t embed = s->vocab * H;
+  tot += H + embed + (s->tie_embeddings ? 0 : embed);
+  act += H + embed; /* the unembedding, not the embedding */
+  if (total) *total = tot;
+  if (active) *active = act;
+}

@@ -1,0 +1,83 @@
+/*
+ * Model specs: the family and dimensions of an MoE transformer, filled from an
+ * HF config.json (src/io) or from a config's `model.init` section (src/config).
+ * The maths of each family is in ../shared/MODELS.md.
+ */
+#ifndef MF_MODEL_SPEC_H
+#define MF_MODEL_SPEC_H
+
+#include <stdint.h>
+
+#include "src/core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MF_MAX_LAYERS 1024
+
+typedef enum mf_family {
+  MF_FAMILY_INVALID = 0,
+  MF_FAMILY_MIXTRAL,   /* MixtralForCausalLM */
+  MF_FAMILY_QWEN2_MOE, /* Qwen2MoeForCausalLM */
+  MF_FAMILY_QWEN3_MOE, /* Qwen3MoeForCausalLM */
+  MF_FAMILY_OLMOE,     /* OlmoeForCausalLM */
+  MF_FAMILY_COUNT_
+} mf_family;
+
+/* How q and k are normalised before RoPE (MODELS.md §3, §4). */
+typedef enum mf_qk_norm {
+  MF_QK_NORM_NONE = 0,
+  MF_QK_NORM_PER_HEAD, /* Qwen3-MoE: RMSNorm(head_dim) on each head */
+  MF_QK_NORM_FULL,     /* OLMoE: RMSNorm over the whole q / k projection */
+} mf_qk_norm;
+
+typedef struct mf_model_spec {
+  mf_family family;
+  int64_t hidden;       /* H */
+  int64_t layers;       /* L */
+  int64_t heads;        /* query heads */
+  int64_t kv_heads;     /* key/value heads (GQA) */
+  int64_t head_dim;     /* usually hidden / heads; Qwen3 sets it explicitly */
+  int64_t experts;      /* E routed experts per MoE layer */
+  int64_t top_k;        /* k */
+  int64_t expert_ffn;   /* I: routed expert intermediate size */
+  int64_t dense_ffn;    /* intermediate size of dense-MLP layers (0: none) */
+  int64_t shared_ffn;   /* Qwen2-MoE shared expert intermediate size (0: none) */
+  int64_t vocab;
+  int64_t max_seq;      /* max_position_embeddings */
+  double rope_theta;
+  double norm_eps;
+  double router_aux_loss_coef;
+  double router_jitter; /* Mixtral router_jitter_noise (training only) */
+  double clip_qkv;      /* OLMoE clip_qkv; 0 = off */
+  int norm_topk_prob;   /* renormalise the top-k weights (Mixtral: always) */
+  int tie_embeddings;   /* lm_head shares the embedding matrix */
+  int qkv_bias;         /* Qwen2-MoE: q/k/v projections have bias */
+  mf_qk_norm qk_norm;
+  int64_t decoder_sparse_step;       /* Qwen: layer i is MoE iff (i+1) % step == 0 */
+  int64_t n_mlp_only;                /* Qwen: layers forced to a dense MLP */
+  int32_t mlp_only_layers[MF_MAX_LAYERS];
+  uint64_t seed;                     /* random init (model.init) */
+} mf_model_spec;
+
+const char *mf_family_name(mf_family f); /* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe" */
+mf_family mf_family_from_name(const char *name);          /* the short names above; INVALID if unknown */
+mf_family mf_family_from_architecture(const char *arch);  /* "MixtralForCausalLM" ... */
+const char *mf_family_architecture(mf_family f);          /* the HF class name */
+const char *mf_family_model_type(mf_family f);            /* HF config "model_type": "mixtral" ... */
+
+/* The transformers defaults of a family (the fields config.json may leave out). */
+void mf_model_spec_defaults(mf_family f, mf_model_spec *s);
+/* Checks dimensions and their relations; the message names the field (prefixed
+ * by `where`, e.g. a file name) and the fault. */
+mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where);
+int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer);
+/* Parameter counts: total, and active per token (unembedding counted, embedding not). */
+void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *active);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_MODEL_SPEC_H */

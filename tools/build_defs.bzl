@@ -1,0 +1,98 @@
+"""Build macros: C11 libraries, GoogleTest tests and nvcc-compiled CUDA libraries."""
+
+load("@cuda//:defs.bzl", "HAVE_CUDA", "NVCC")
+
+MF_COPTS = [
+    "-std=c11",
+    "-D_GNU_SOURCE",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-unused-parameter",
+    "-Wno-format-truncation",  # messages are cut on purpose at their buffer size
+    "-fno-math-errno",
+    "-pthread",
+]
+
+MF_TEST_COPTS = [
+    "-std=c++17",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Wno-missing-field-initializers",
+    "-pthread",
+]
+
+def mf_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
+    """A C11 module: one cc_library with the project's warnings."""
+    native.cc_library(
+        name = name,
+        srcs = srcs,
+        hdrs = hdrs,
+        deps = deps,
+        copts = MF_COPTS + copts,
+        linkopts = ["-pthread", "-lm"],
+        visibility = ["//visibility:public"],
+        **kwargs
+    )
+
+def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", **kwargs):
+    """A GoogleTest file calling the C API."""
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        deps = deps + ["//third_party:gtest_main"],
+        copts = MF_TEST_COPTS,
+        tags = tags,
+        data = data,
+        size = size,
+        **kwargs
+    )
+
+_GENCODE = " ".join([
+    "-gencode arch=compute_80,code=sm_80",
+    "-gencode arch=compute_90a,code=sm_90a",
+    "-gencode arch=compute_90,code=compute_90",
+])
+
+def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
+    """Compiles each .cu with nvcc (one genrule per file) into an alwayslink cc_library.
+
+    Without the toolkit (or with --config=nocuda) the library is empty and
+    MF_HAVE_CUDA is not defined, so callers compile their no-GPU path.
+    `hdrs` must list every header the .cu files include: nvcc sees only those.
+    """
+    objs = []
+    if HAVE_CUDA:
+        for src in srcs:
+            obj = "_" + name + "_" + src.replace("/", "_").replace(".cu", ".pic.o")
+            native.genrule(
+                name = obj + "_nvcc",
+                srcs = [src] + hdrs + ["@cuda//:nvcc_files"],
+                outs = [obj],
+                cmd = (NVCC + " -c -Xcompiler=-fPIC -std=c++17 -O3 -ccbin=/usr/bin/g++ " + _GENCODE +
+                       " -I. -Iexternal/cuda/include -DMF_HAVE_CUDA=1 -o $@ $(location " + src + ")"),
+                tags = ["manual"],
+                message = "nvcc " + src,
+            )
+            objs.append(":" + obj)
+    enabled = {
+        "//tools:nocuda": [],
+        "//conditions:default": objs,
+    }
+    native.cc_library(
+        name = name,
+        srcs = select(enabled),
+        hdrs = hdrs,
+        deps = deps + select({
+            "//tools:nocuda": [],
+            "//conditions:default": ["@cuda//:cudart"] if HAVE_CUDA else [],
+        }),
+        defines = select({
+            "//tools:nocuda": [],
+            "//conditions:default": ["MF_HAVE_CUDA=1"] if HAVE_CUDA else [],
+        }),
+        alwayslink = 1,
+        visibility = ["//visibility:public"],
+        **kwargs
+    )
