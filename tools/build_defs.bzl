@@ -44,8 +44,10 @@ def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", **kwarg
         deps = deps + ["//third_party:gtest_main"],
         copts = MF_TEST_COPTS,
         tags = tags,
-        data = data,
+        data = data + ["//tests:lsan.supp"],
         size = size,
+        # Static: the nvcc objects and the static CUDA runtime resolve in one link.
+        linkstatic = 1,
         **kwargs
     )
 
@@ -55,12 +57,13 @@ _GENCODE = " ".join([
     "-gencode arch=compute_90,code=compute_90",
 ])
 
-def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps = [], **kwargs):
     """Compiles each .cu with nvcc (one genrule per file) into an alwayslink cc_library.
 
-    Without the toolkit (or with --config=nocuda) the library is empty and
-    MF_HAVE_CUDA is not defined, so callers compile their no-GPU path.
-    `hdrs` must list every header the .cu files include: nvcc sees only those.
+    `hdrs` are the public headers; `nvcc_hdrs` every other header the .cu files
+    include (nvcc sees only what is listed). Without the toolkit, or with
+    --config=nocuda, the library is built from `fallback_srcs` (C files that
+    report "no GPU") instead, so callers need no #ifdefs.
     """
     objs = []
     if HAVE_CUDA:
@@ -68,7 +71,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
             obj = "_" + name + "_" + src.replace("/", "_").replace(".cu", ".pic.o")
             native.genrule(
                 name = obj + "_nvcc",
-                srcs = [src] + hdrs + ["@cuda//:nvcc_files"],
+                srcs = [src] + hdrs + nvcc_hdrs + ["@cuda//:nvcc_files"],
                 outs = [obj],
                 cmd = (NVCC + " -c -Xcompiler=-fPIC -std=c++17 -O3 -ccbin=/usr/bin/g++ " + _GENCODE +
                        " -I. -Iexternal/cuda/include -DMF_HAVE_CUDA=1 -o $@ $(location " + src + ")"),
@@ -76,21 +79,17 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
                 message = "nvcc " + src,
             )
             objs.append(":" + obj)
-    enabled = {
-        "//tools:nocuda": [],
-        "//conditions:default": objs,
-    }
     native.cc_library(
         name = name,
-        srcs = select(enabled),
+        srcs = select({
+            "//tools:nocuda": fallback_srcs,
+            "//conditions:default": objs if HAVE_CUDA else fallback_srcs,
+        }),
         hdrs = hdrs,
+        copts = MF_COPTS,
         deps = deps + select({
             "//tools:nocuda": [],
             "//conditions:default": ["@cuda//:cudart"] if HAVE_CUDA else [],
-        }),
-        defines = select({
-            "//tools:nocuda": [],
-            "//conditions:default": ["MF_HAVE_CUDA=1"] if HAVE_CUDA else [],
         }),
         alwayslink = 1,
         visibility = ["//visibility:public"],

@@ -14,6 +14,7 @@ cc_library(
     name = "cudart",
     srcs = ["lib64/libcudart_static.a"],
     linkopts = ["-ldl", "-lrt", "-lpthread"],
+    alwayslink = 1,
     deps = [":headers"],
 )
 

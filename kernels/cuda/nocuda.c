@@ -1,0 +1,26 @@
+/* The cuda entry points in a build without the CUDA toolkit: no GPU, cleanly. */
+#include <stdio.h>
+
+#include "kernels/cuda/cuda.h"
+
+int mf_cuda_compiled(void) { return 0; }
+
+mf_status mf_cuda_device_count(int *count, char *why, size_t why_cap) {
+  *count = 0;
+  if (why) snprintf(why, why_cap, "moefit was built without CUDA (--config=nocuda or no toolkit)");
+  return MF_OK;
+}
+
+#define NO_CUDA() MF_ERR(MF_ERR_NO_DEVICE, "moefit was built without CUDA")
+
+mf_status mf_cuda_device_name(int device, char *buf, size_t cap) { return NO_CUDA(); }
+mf_status mf_cuda_malloc(size_t bytes, void **out) {
+  *out = NULL;
+  return NO_CUDA();
+}
+void mf_cuda_free(void *p) {}
+mf_status mf_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes) { return NO_CUDA(); }
+mf_status mf_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) { return NO_CUDA(); }
+mf_status mf_cuda_cast_f32_to_bf16(const float *src, uint16_t *dst, size_t n, void *stream) { return NO_CUDA(); }
+mf_status mf_cuda_cast_bf16_to_f32(const uint16_t *src, float *dst, size_t n, void *stream) { return NO_CUDA(); }
+mf_status mf_cuda_stream_sync(void *stream) { return NO_CUDA(); }
