@@ -64,7 +64,8 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
       s->router_aux_loss_coef = 0.001, s->qk_norm = MF_QK_NORM_PER_HEAD;
       break;
     case MF_FAMILY_OLMOE:
-      s->vocab = 50304, s->hidden = 2048, s->expert_ffn = 1024, s->layers = 16;
+      /* OlmoeConfig's intermediate_size default is 2048; OLMoE-1B-7B's config.json sets 1024. */
+      s->vocab = 50304, s->hidden = 2048, s->expert_ffn = 2048, s->layers = 16;
       s->heads = 16, s->kv_heads = 16, s->max_seq = 4096, s->norm_eps = 1e-5;
       s->rope_theta = 10000.0, s->top_k = 8, s->experts = 64, s->router_aux_loss_coef = 0.01;
       s->qk_norm = MF_QK_NORM_FULL;
@@ -138,30 +139,44 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
   return MF_OK;
 }
 
+/* Saturating arithmetic: a spec that has not been validated must not overflow. */
+static int64_t sat_add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+static int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+static int64_t sat_mul3(int64_t a, int64_t b, int64_t c) { return sat_mul(sat_mul(a, b), c); }
+
+/* The HF parameter tensors of MODELS.md §1-4. "Active" is what one token
+ * touches with the embedding left out (the lookup reads one row): the vendors'
+ * active figures in MODELS.md §12 for Mixtral, Qwen and OLMoE include the
+ * embedding too, i.e. active + vocab * hidden (see tests/hf_config). */
 void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *active) {
   const int64_t H = s->hidden, hd = s->head_dim;
-  int64_t attn = H * s->heads * hd + 2 * H * s->kv_heads * hd + s->heads * hd * H;
-  if (s->qkv_bias) attn += s->heads * hd + 2 * s->kv_heads * hd;
-  if (s->qk_norm == MF_QK_NORM_PER_HEAD) attn += 2 * hd;
-  if (s->qk_norm == MF_QK_NORM_FULL) attn += s->heads * hd + s->kv_heads * hd;
+  const int64_t q = sat_mul(s->heads, hd), kv = sat_mul(s->kv_heads, hd);
+  int64_t attn = sat_add(sat_add(sat_mul(H, q), sat_mul3(2, H, kv)), sat_mul(q, H));
+  if (s->qkv_bias) attn = sat_add(attn, sat_add(q, sat_mul(2, kv)));
+  if (s->qk_norm == MF_QK_NORM_PER_HEAD) attn = sat_add(attn, sat_mul(2, hd));
+  if (s->qk_norm == MF_QK_NORM_FULL) attn = sat_add(attn, sat_add(q, kv));
+  const int64_t base = sat_add(attn, sat_mul(2, H)); /* + the two RMSNorm weights */
+  const int64_t expert = sat_mul3(3, H, s->expert_ffn);
+  const int64_t router = sat_mul(H, s->experts);
+  const int64_t shared = s->shared_ffn > 0 ? sat_add(sat_mul3(3, H, s->shared_ffn), H) : 0; /* + its sigmoid gate */
+  const int64_t moe_tot = sat_add(sat_add(router, sat_mul(s->experts, expert)), shared);
+  const int64_t moe_act = sat_add(sat_add(router, sat_mul(s->top_k, expert)), shared);
+  const int64_t dense = sat_mul3(3, H, s->dense_ffn);
   int64_t tot = 0, act = 0;
   for (int64_t l = 0; l < s->layers; l++) {
-    int64_t base = attn + 2 * H; /* + the two RMSNorm weights */
-    tot += base, act += base;
-    if (mf_model_spec_layer_is_moe(s, l)) {
-      int64_t expert = 3 * H * s->expert_ffn;
-      int64_t router = H * s->experts;
-      int64_t shared = s->shared_ffn > 0 ? 3 * H * s->shared_ffn + H : 0;
-      tot += router + s->experts * expert + shared;
-      act += router + s->top_k * expert + shared;
-    } else {
-      tot += 3 * H * s->dense_ffn;
-      act += 3 * H * s->dense_ffn;
-    }
+    const int moe = mf_model_spec_layer_is_moe(s, l);
+    tot = sat_add(tot, sat_add(base, moe ? moe_tot : dense));
+    act = sat_add(act, sat_add(base, moe ? moe_act : dense));
   }
-  int64_t embed = s->vocab * H;
-  tot += H + embed + (s->tie_embeddings ? 0 : embed);
-  act += H + embed; /* the unembedding, not the embedding */
+  const int64_t embed = sat_mul(s->vocab, H);
+  tot = sat_add(tot, sat_add(sat_add(H, embed), s->tie_embeddings ? 0 : embed));
+  act = sat_add(act, sat_add(H, embed)); /* the final norm and the unembedding */
   if (total) *total = tot;
   if (active) *active = act;
 }

@@ -238,7 +238,9 @@ TEST(ThreadPool, PartitionCoversExactly) {
           mf_partition(count, grain, i, n, &b, &e);
           ASSERT_EQ(b, next);
           ASSERT_LE(b, e);
-          if (e < count) ASSERT_EQ((e - b) % grain, 0u);
+          if (e < count) {
+            ASSERT_EQ((e - b) % grain, 0u);
+          }
           next = e;
         }
         ASSERT_EQ(next, count);

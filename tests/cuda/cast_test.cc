@@ -72,7 +72,9 @@ TEST(CudaDevice, CountIsReportedNotFatal) {
   char why[256] = "";
   ASSERT_EQ(mf_cuda_device_count(&n, why, sizeof why), MF_OK);
   EXPECT_GE(n, 0);
-  if (n == 0) EXPECT_STRNE(why, "");
+  if (n == 0) {
+    EXPECT_STRNE(why, "");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,145 @@
+/*
+ * moefit configs: a YAML file (parsed with libyaml, every node keeping its
+ * line and column) mapped onto a validated mf_config, with command-line
+ * `key.path=value` overrides applied on top.
+ *
+ *   model:    {path: DIR} or {init: {family: mixtral, hidden: 64, ...}}
+ *   data:     {train: FILE.tokens, valid: FILE.tokens, seq_len: 256}
+ *   train:    {micro_batch, grad_accum, steps, lr, min_lr, warmup, schedule, ...}
+ *   memory:   {device_budget: 8GiB, pinned_limit, host_limit, nvme_dir, overrides}
+ *   hardware: {profile: auto}
+ *   output:   {dir: runs/demo, checkpoint_every: 100}
+ *   backend:  auto | cpu | cuda
+ *
+ * Every key, its type, range and default is listed by mf_config_print_keys
+ * (and `moefit config --help`); README "Config reference" documents them.
+ * An error is MF_ERR_CONFIG (MF_ERR_IO for an unreadable file) whose message
+ * starts with the place — "configs/x.yaml:12:3: " (1-based line and column)
+ * or "command line: train.lr=bogus: " — and names the key path and the fault.
+ */
+#ifndef MF_CONFIG_H
+#define MF_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "src/core/core.h"
+#include "src/model/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* memory.* sizes given as `auto`: taken from the machine at start-up. */
+#define MF_CONFIG_SIZE_AUTO 0
+
+typedef enum mf_config_schedule {
+  MF_CONFIG_SCHEDULE_CONSTANT = 0, /* lr after warmup */
+  MF_CONFIG_SCHEDULE_LINEAR,       /* lr → min_lr linearly after warmup */
+  MF_CONFIG_SCHEDULE_COSINE,       /* lr → min_lr on a half cosine after warmup */
+} mf_config_schedule;
+
+typedef enum mf_config_backend {
+  MF_CONFIG_BACKEND_AUTO = 0, /* cuda when a GPU is present, else cpu */
+  MF_CONFIG_BACKEND_CPU,
+  MF_CONFIG_BACKEND_CUDA,
+} mf_config_backend;
+
+typedef struct mf_config_model {
+  char *path;         /* HF checkpoint directory; NULL when has_init */
+  int has_init;       /* 1: a random model of shape `init` */
+  mf_model_spec init; /* validated; head_dim resolved */
+} mf_config_model;
+
+typedef struct mf_config_data {
+  char *train;     /* token file */
+  char *valid;     /* NULL: no validation */
+  int64_t seq_len; /* tokens per sequence */
+} mf_config_data;
+
+typedef struct mf_config_train {
+  int64_t micro_batch; /* sequences per micro-batch */
+  int64_t grad_accum;  /* micro-batches per optimizer step */
+  int64_t steps;       /* optimizer steps */
+  double lr;           /* peak learning rate */
+  double min_lr;       /* the schedule's floor (linear, cosine) */
+  int64_t warmup;      /* linear warmup steps, <= steps */
+  mf_config_schedule schedule;
+  double weight_decay;      /* AdamW decoupled weight decay */
+  double beta1, beta2, eps; /* AdamW */
+  double grad_clip;         /* global L2 norm; 0 = off */
+  double aux_loss_coef;     /* NAN (printed null): the model's router_aux_loss_coef */
+  uint64_t seed;            /* data order, router jitter */
+  int64_t threads;          /* host worker threads; 0 = all online CPUs */
+  int64_t log_every;        /* steps between progress lines */
+  int64_t eval_every;       /* steps between validation runs; 0 = only at the end */
+} mf_config_train;
+
+/* One entry of memory.overrides, stored as written: the planner checks the
+ * decisions (a NULL decision is left to the planner). */
+typedef struct mf_config_mem_override {
+  char *match;  /* tensor-name pattern */
+  char *params; /* decision strings, NULL when not given */
+  char *activations;
+  char *grads;
+  char *optimizer;
+  char *where; /* "file:line:column" or "command line: ..." for messages */
+} mf_config_mem_override;
+
+typedef struct mf_config_memory {
+  uint64_t device_budget; /* bytes; MF_CONFIG_SIZE_AUTO = auto */
+  uint64_t pinned_limit;
+  uint64_t host_limit;
+  char *nvme_dir; /* NULL: no NVMe spill */
+  size_t n_overrides;
+  mf_config_mem_override *overrides;
+} mf_config_memory;
+
+typedef struct mf_config_hardware {
+  char *profile; /* "auto" (measure / detect) or a profile file */
+} mf_config_hardware;
+
+typedef struct mf_config_output {
+  char *dir;                /* run directory: checkpoints, logs, metrics */
+  int64_t checkpoint_every; /* steps; 0 = only at the end */
+} mf_config_output;
+
+typedef struct mf_config {
+  char *source; /* the file (or name) it was loaded from */
+  mf_config_model model;
+  mf_config_data data;
+  mf_config_train train;
+  mf_config_memory memory;
+  mf_config_hardware hardware;
+  mf_config_output output;
+  mf_config_backend backend;
+} mf_config;
+
+/* Loads `path`, applies the overrides in order ("key.path=value"; the value is
+ * read as YAML, so `train.lr=1e-4`, `data.valid=null`,
+ * `model.init.mlp_only_layers=[0,2]`; a map or list value replaces the whole
+ * entry), fills the defaults and checks everything. *out is NULL on failure. */
+mf_status mf_config_load(const char *path, const char *const *overrides, size_t n_overrides, mf_config **out);
+/* The same from text in memory; `name` stands for the file in messages and
+ * gives output.dir its default (runs/<name without directory and extension>). */
+mf_status mf_config_load_string(const char *text, size_t len, const char *name, const char *const *overrides,
+                                size_t n_overrides, mf_config **out);
+void mf_config_free(mf_config *cfg); /* NULL is fine */
+
+/* Writes the resolved config as YAML, every default filled in; loading the
+ * output gives a config equal to `cfg`. MF_ERR_IO when the write fails. */
+mf_status mf_config_print(const mf_config *cfg, FILE *f);
+/* 1 when every setting is equal (`source` is not compared; NaN equals NaN). */
+int mf_config_equal(const mf_config *a, const mf_config *b);
+/* One line per key: path, default, type and meaning (for --help). */
+void mf_config_print_keys(FILE *f);
+
+const char *mf_config_schedule_name(mf_config_schedule s); /* "cosine" */
+const char *mf_config_backend_name(mf_config_backend b);   /* "auto" */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_CONFIG_H */

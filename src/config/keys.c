@@ -1,0 +1,305 @@
+/*
+ * The key table: every config key with its type, range, default and meaning.
+ * config.c maps and checks through it, print.c prints from it and --help
+ * lists it, so a key added here is parsed, printed and documented at once.
+ * Defaults are YAML text parsed like a value in a file, unless MF_CK_DOCDEF
+ * (then they are set in code: model.init keys come from the family).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "src/config/config_impl.h"
+
+#define NOLO (-HUGE_VAL)
+#define NOHI HUGE_VAL
+#define SEC(p, fl, help) \
+  { p, MF_CK_SECTION, fl, 0, NOLO, NOHI, NULL, NULL, help }
+#define KEY(p, kind, fl, member, lo, hi, choices, def, help) \
+  { p, kind, fl, offsetof(mf_config, member), lo, hi, choices, def, help }
+#define INIT(p, kind, fl, member, lo, hi, help) \
+  KEY("model.init." p, kind, MF_CK_DOCDEF | (fl), model.init.member, lo, hi, NULL, "family", help)
+
+const mf_config_key mf_config_keys[] = {
+    SEC("model", MF_CK_REQUIRED, "the model: exactly one of model.path and model.init"),
+    KEY("model.path", MF_CK_STR, MF_CK_NULLABLE | MF_CK_DOCDEF, model.path, NOLO, NOHI, NULL, "-",
+        "Hugging Face checkpoint directory (config.json + *.safetensors)"),
+    SEC("model.init", 0, "a new, randomly initialised model of this shape (instead of model.path)"),
+    KEY("model.init.family", MF_CK_FAMILY, MF_CK_REQUIRED, model.init.family, NOLO, NOHI,
+        "mixtral|qwen2_moe|qwen3_moe|olmoe", NULL,
+        "model family; its transformers defaults fill the keys left out"),
+    INIT("hidden", MF_CK_INT, 0, hidden, 1, 1 << 24, "hidden size"),
+    INIT("layers", MF_CK_INT, 0, layers, 1, MF_MAX_LAYERS, "decoder layers"),
+    INIT("heads", MF_CK_INT, 0, heads, 1, 4096, "attention (query) heads"),
+    INIT("kv_heads", MF_CK_INT, 0, kv_heads, 1, 4096, "key/value heads (GQA); must divide heads"),
+    KEY("model.init.head_dim", MF_CK_INT, MF_CK_DOCDEF, model.init.head_dim, 1, 65536, NULL, "hidden/heads",
+        "dimension of one attention head (even)"),
+    INIT("experts", MF_CK_INT, 0, experts, 1, 65536, "routed experts per MoE layer"),
+    INIT("top_k", MF_CK_INT, 0, top_k, 1, 65536, "experts per token (<= experts)"),
+    INIT("expert_ffn", MF_CK_INT, 0, expert_ffn, 1, 1 << 24, "intermediate size of a routed expert"),
+    INIT("dense_ffn", MF_CK_INT, 0, dense_ffn, 0, 1 << 24, "intermediate size of dense-MLP layers; 0: none"),
+    INIT("shared_ffn", MF_CK_INT, 0, shared_ffn, 0, 1 << 24,
+         "shared-expert intermediate size (qwen2_moe); 0: none"),
+    INIT("vocab", MF_CK_INT, 0, vocab, 1, 2147483648.0, "vocabulary size"),
+    INIT("max_seq", MF_CK_INT, 0, max_seq, 1, 1099511627776.0, "max positions (max_position_embeddings)"),
+    INIT("rope_theta", MF_CK_FLOAT, MF_CK_LO_OPEN, rope_theta, 0, NOHI, "RoPE base"),
+    INIT("norm_eps", MF_CK_FLOAT, MF_CK_LO_OPEN | MF_CK_HI_OPEN, norm_eps, 0, 1, "RMSNorm epsilon"),
+    INIT("norm_topk_prob", MF_CK_BOOL, 0, norm_topk_prob, NOLO, NOHI,
+         "renormalise the top-k routing weights"),
+    INIT("tie_embeddings", MF_CK_BOOL, 0, tie_embeddings, NOLO, NOHI, "lm_head shares the embedding matrix"),
+    INIT("qkv_bias", MF_CK_BOOL, 0, qkv_bias, NOLO, NOHI, "q/k/v projections have a bias (qwen2_moe)"),
+    INIT("decoder_sparse_step", MF_CK_INT, 0, decoder_sparse_step, 1, MF_MAX_LAYERS,
+         "layer i is MoE iff (i+1) % step == 0 (qwen)"),
+    KEY("model.init.mlp_only_layers", MF_CK_INTLIST, MF_CK_DOCDEF, model.init.mlp_only_layers, 0,
+        MF_MAX_LAYERS - 1, NULL, "[]", "layers with a dense MLP instead of experts (qwen)"),
+    INIT("router_aux_loss_coef", MF_CK_FLOAT, 0, router_aux_loss_coef, 0, NOHI,
+         "the model's load-balancing loss weight"),
+    INIT("router_jitter", MF_CK_FLOAT, MF_CK_HI_OPEN, router_jitter, 0, 1,
+         "router input jitter noise (mixtral); 0: off"),
+    INIT("clip_qkv", MF_CK_FLOAT, 0, clip_qkv, 0, NOHI, "clamp q, k, v to +-clip_qkv (olmoe); 0: off"),
+    KEY("model.init.seed", MF_CK_U64, MF_CK_DOCDEF, model.init.seed, NOLO, NOHI, NULL, "1",
+        "seed of the random init"),
+
+    SEC("data", MF_CK_REQUIRED, "token files and sequence length"),
+    KEY("data.train", MF_CK_STR, MF_CK_REQUIRED, data.train, NOLO, NOHI, NULL, NULL,
+        "training token file (from `moefit data`)"),
+    KEY("data.valid", MF_CK_STR, MF_CK_NULLABLE, data.valid, NOLO, NOHI, NULL, "null",
+        "validation token file; null: none"),
+    KEY("data.seq_len", MF_CK_INT, 0, data.seq_len, 1, 1 << 24, NULL, "256", "tokens per sequence"),
+
+    SEC("train", MF_CK_REQUIRED, "optimisation"),
+    KEY("train.micro_batch", MF_CK_INT, 0, train.micro_batch, 1, 1 << 20, NULL, "1",
+        "sequences per micro-batch"),
+    KEY("train.grad_accum", MF_CK_INT, 0, train.grad_accum, 1, 1 << 20, NULL, "1",
+        "micro-batches per optimizer step"),
+    KEY("train.steps", MF_CK_INT, MF_CK_REQUIRED, train.steps, 1, 1e12, NULL, NULL, "optimizer steps"),
+    KEY("train.lr", MF_CK_FLOAT, MF_CK_LO_OPEN, train.lr, 0, 1e3, NULL, "1e-4", "peak learning rate"),
+    KEY("train.min_lr", MF_CK_FLOAT, 0, train.min_lr, 0, 1e3, NULL, "0.0",
+        "learning rate at the end of a linear or cosine schedule (<= lr)"),
+    KEY("train.warmup", MF_CK_INT, 0, train.warmup, 0, 1e12, NULL, "0",
+        "linear warmup steps from 0 to lr (<= steps)"),
+    KEY("train.schedule", MF_CK_ENUM, 0, train.schedule, NOLO, NOHI, "constant|linear|cosine", "cosine",
+        "learning-rate decay after warmup"),
+    KEY("train.weight_decay", MF_CK_FLOAT, 0, train.weight_decay, 0, NOHI, NULL, "0.0",
+        "AdamW decoupled weight decay"),
+    KEY("train.beta1", MF_CK_FLOAT, MF_CK_HI_OPEN, train.beta1, 0, 1, NULL, "0.9", "AdamW beta1"),
+    KEY("train.beta2", MF_CK_FLOAT, MF_CK_HI_OPEN, train.beta2, 0, 1, NULL, "0.999", "AdamW beta2"),
+    KEY("train.eps", MF_CK_FLOAT, MF_CK_LO_OPEN, train.eps, 0, 1, NULL, "1e-8", "AdamW epsilon"),
+    KEY("train.grad_clip", MF_CK_FLOAT, 0, train.grad_clip, 0, NOHI, NULL, "1.0",
+        "clip the global gradient L2 norm; 0: off"),
+    KEY("train.aux_loss_coef", MF_CK_FLOAT, MF_CK_NULLABLE, train.aux_loss_coef, 0, NOHI, NULL, "null",
+        "router load-balancing loss weight; null: the model's router_aux_loss_coef"),
+    KEY("train.seed", MF_CK_U64, 0, train.seed, NOLO, NOHI, NULL, "1",
+        "seed of the data order and router jitter"),
+    KEY("train.threads", MF_CK_INT, 0, train.threads, 0, 4096, NULL, "0",
+        "host worker threads; 0: all online CPUs"),
+    KEY("train.log_every", MF_CK_INT, 0, train.log_every, 1, 1e12, NULL, "10",
+        "steps between progress lines"),
+    KEY("train.eval_every", MF_CK_INT, 0, train.eval_every, 0, 1e12, NULL, "0",
+        "steps between validation runs (with data.valid); 0: at the end only"),
+
+    SEC("memory", 0, "memory budgets"),
+    KEY("memory.device_budget", MF_CK_SIZE, 0, memory.device_budget, NOLO, NOHI, NULL, "auto",
+        "device memory the plan may use, all included; auto: from the device at start-up"),
+    KEY("memory.pinned_limit", MF_CK_SIZE, 0, memory.pinned_limit, NOLO, NOHI, NULL, "auto",
+        "pinned host memory for transfers (<= host_limit); auto: decided at start-up"),
+    KEY("memory.host_limit", MF_CK_SIZE, 0, memory.host_limit, NOLO, NOHI, NULL, "auto",
+        "host memory for weights, optimizer state, offloaded activations; auto: from the machine"),
+    KEY("memory.nvme_dir", MF_CK_STR, MF_CK_NULLABLE, memory.nvme_dir, NOLO, NOHI, NULL, "null",
+        "directory for spill past host_limit; null: no NVMe"),
+    KEY("memory.overrides", MF_CK_OVERRIDES, MF_CK_DOCDEF, memory.overrides, NOLO, NOHI, NULL, "[]",
+        "planner decisions to force: [{match: PATTERN, params|activations|grads|optimizer: DECISION}]"),
+
+    SEC("hardware", 0, "the machine"),
+    KEY("hardware.profile", MF_CK_STR, 0, hardware.profile, NOLO, NOHI, NULL, "auto",
+        "auto (detect and measure) or a hardware profile file (configs/hw/)"),
+
+    SEC("output", 0, "where results go"),
+    KEY("output.dir", MF_CK_STR, MF_CK_DOCDEF, output.dir, NOLO, NOHI, NULL, "runs/<config name>",
+        "run directory: checkpoints, logs, metrics"),
+    KEY("output.checkpoint_every", MF_CK_INT, 0, output.checkpoint_every, 0, 1e12, NULL, "0",
+        "steps between resume checkpoints; 0: at the end only"),
+
+    KEY("backend", MF_CK_ENUM, 0, backend, NOLO, NOHI, "auto|cpu|cuda", "auto",
+        "compute backend; auto: cuda when a GPU is present, else cpu"),
+};
+
+const size_t mf_config_n_keys = sizeof mf_config_keys / sizeof mf_config_keys[0];
+
+int mf_config_key_find(const char *path) {
+  for (size_t i = 0; i < mf_config_n_keys; i++)
+    if (strcmp(mf_config_keys[i].path, path) == 0) return (int)i;
+  return -1;
+}
+
+void mf_config_key_parent(const char *path, char *buf, size_t cap) {
+  const char *dot = strrchr(path, '.');
+  size_t n = dot ? (size_t)(dot - path) : 0;
+  if (n >= cap) n = cap - 1;
+  memcpy(buf, path, n);
+  buf[n] = 0;
+}
+
+static const char *last_part(const char *path) {
+  const char *dot = strrchr(path, '.');
+  return dot ? dot + 1 : path;
+}
+
+/* Optimal string alignment distance (a transposition costs 1); big for long strings. */
+static int osa_distance(const char *a, const char *b) {
+  enum { MAXL = 64 };
+  size_t la = strlen(a), lb = strlen(b);
+  if (la >= MAXL || lb >= MAXL) return 1000;
+  int d[MAXL + 1][MAXL + 1];
+  for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    for (size_t j = 1; j <= lb; j++) {
+      int cost = a[i - 1] != b[j - 1];
+      int v = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+      if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+        v = d[i - 2][j - 2] + 1;
+      d[i][j] = v;
+    }
+  }
+  return d[la][lb];
+}
+
+static int depth_of(const char *p) {
+  int d = 0;
+  for (; *p; p++) d += *p == '.';
+  return d;
+}
+
+void mf_config_key_suggest(const char *path, const char *const *known, size_t n_known, char *buf,
+                           size_t cap) {
+  buf[0] = 0;
+  const char *last = last_part(path);
+  const int close = strlen(last) > 3 ? 2 : 1;
+  if (known) { /* a fixed set of names under one parent */
+    int best = 1000;
+    const char *pick = NULL;
+    for (size_t i = 0; i < n_known; i++) {
+      int d = osa_distance(last, known[i]);
+      if (d < best) best = d, pick = known[i];
+    }
+    if (pick && best <= close) {
+      snprintf(buf, cap, " (did you mean '%s'?)", pick);
+      return;
+    }
+    size_t o = (size_t)snprintf(buf, cap, " (known keys:");
+    for (size_t i = 0; i < n_known && o < cap; i++)
+      o += (size_t)snprintf(buf + o, cap - o, "%s %s", i ? "," : "", known[i]);
+    if (o < cap) snprintf(buf + o, cap - o, ")");
+    return;
+  }
+  /* 1. a near miss at the same depth: train.lrr, trian.lr */
+  int best = 1000;
+  const char *pick = NULL;
+  for (size_t i = 0; i < mf_config_n_keys; i++) {
+    const char *p = mf_config_keys[i].path;
+    if (depth_of(p) != depth_of(path)) continue;
+    int d = osa_distance(path, p);
+    if (d < best) best = d, pick = p;
+  }
+  if (pick && best <= 1) {
+    snprintf(buf, cap, " (did you mean '%s'?)", pick);
+    return;
+  }
+  /* 2. the same name in another section: train.seq_len -> data.seq_len */
+  for (size_t i = 0; i < mf_config_n_keys; i++) {
+    if (strcmp(last_part(mf_config_keys[i].path), last) == 0) {
+      snprintf(buf, cap, " (did you mean '%s'?)", mf_config_keys[i].path);
+      return;
+    }
+  }
+  if (pick && best <= close) {
+    snprintf(buf, cap, " (did you mean '%s'?)", pick);
+    return;
+  }
+  /* 3. list what is there: under the longest known parent */
+  char parent[256];
+  mf_config_key_parent(path, parent, sizeof parent);
+  while (parent[0] && (mf_config_key_find(parent) < 0 ||
+                       mf_config_keys[mf_config_key_find(parent)].kind != MF_CK_SECTION)) {
+    char up[256];
+    mf_config_key_parent(parent, up, sizeof up);
+    memcpy(parent, up, sizeof up);
+  }
+  size_t o = parent[0] ? (size_t)snprintf(buf, cap, " (known keys in '%s':", parent)
+                       : (size_t)snprintf(buf, cap, " (known sections:");
+  int first = 1;
+  for (size_t i = 0; i < mf_config_n_keys && o < cap; i++) {
+    char pp[256];
+    mf_config_key_parent(mf_config_keys[i].path, pp, sizeof pp);
+    if (strcmp(pp, parent) != 0) continue;
+    o += (size_t)snprintf(buf + o, cap - o, "%s %s", first ? "" : ",", last_part(mf_config_keys[i].path));
+    first = 0;
+  }
+  if (o < cap) snprintf(buf + o, cap - o, ")");
+}
+
+const char *mf_config_key_choice(const mf_config_key *k, int n, char *buf, size_t cap) {
+  const char *s = k->choices;
+  if (!s || n < 0) return NULL;
+  for (int i = 0; i < n; i++) {
+    s = strchr(s, '|');
+    if (!s) return NULL;
+    s++;
+  }
+  const char *e = strchr(s, '|');
+  size_t len = e ? (size_t)(e - s) : strlen(s);
+  if (len >= cap) len = cap - 1;
+  memcpy(buf, s, len);
+  buf[len] = 0;
+  return buf;
+}
+
+const char *mf_config_key_type(const mf_config_key *k, char *buf, size_t cap) {
+  const char *num = k->kind == MF_CK_FLOAT ? "number" : "int";
+  const int has_lo = isfinite(k->lo), has_hi = isfinite(k->hi) && k->hi < 1e6;
+  switch (k->kind) {
+    case MF_CK_SECTION:
+      snprintf(buf, cap, "map");
+      break;
+    case MF_CK_U64:
+      snprintf(buf, cap, "int >= 0");
+      break;
+    case MF_CK_BOOL:
+      snprintf(buf, cap, "true|false");
+      break;
+    case MF_CK_STR:
+      snprintf(buf, cap, "%s", k->flags & MF_CK_NULLABLE ? "string|null" : "string");
+      break;
+    case MF_CK_SIZE:
+      snprintf(buf, cap, "size|auto");
+      break;
+    case MF_CK_ENUM:
+    case MF_CK_FAMILY:
+      snprintf(buf, cap, "%s", k->choices);
+      break;
+    case MF_CK_INTLIST:
+      snprintf(buf, cap, "list of ints");
+      break;
+    case MF_CK_OVERRIDES:
+      snprintf(buf, cap, "list of maps");
+      break;
+    case MF_CK_INT:
+    case MF_CK_FLOAT:
+      if (has_lo && has_hi)
+        snprintf(buf, cap, "%s in %c%g, %g%c", num, k->flags & MF_CK_LO_OPEN ? '(' : '[', k->lo, k->hi,
+                 k->flags & MF_CK_HI_OPEN ? ')' : ']');
+      else if (has_lo)
+        snprintf(buf, cap, "%s %s %g", num, k->flags & MF_CK_LO_OPEN ? ">" : ">=", k->lo);
+      else
+        snprintf(buf, cap, "%s", num);
+      if (k->flags & MF_CK_NULLABLE) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "|null");
+      }
+      break;
+  }
+  return buf;
+}

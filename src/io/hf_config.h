@@ -1,0 +1,81 @@
+/*
+ * Hugging Face `config.json` <-> mf_model_spec, for the MoE families of
+ * src/model/spec.h (MODELS.md §1-4). The reference is transformers
+ * MF_HF_TRANSFORMERS_VERSION: a config loads to the model that version builds
+ * from it, and a written config builds, in that version, the model the spec
+ * describes.
+ *
+ * Reading rules:
+ * - The family comes from `architectures[0]`, or `model_type` when there is no
+ *   architecture; both, when present, must agree.
+ * - A key is read only if transformers reads it for that family; other keys are
+ *   ignored (HF configs carry many).
+ * - The dims that shape the checkpoint's tensors are required (hidden_size,
+ *   num_hidden_layers, num_attention_heads, vocab_size, intermediate_size, the
+ *   expert count and, for Qwen, moe_intermediate_size and the shared-expert
+ *   size): a transformers default for them would silently describe a different
+ *   model. Every other key, when absent, takes the family's transformers
+ *   default (mf_model_spec_defaults).
+ * - num_key_value_heads null means num_attention_heads for Mixtral and OLMoE
+ *   (their backward-compatibility rule); an absent one takes the family
+ *   default (OLMoE: num_attention_heads; Mixtral 8, Qwen2-MoE 16, Qwen3-MoE 4).
+ * - head_dim: Mixtral and Qwen3-MoE read it (Mixtral: null or 0 means
+ *   hidden_size / num_attention_heads); Qwen2-MoE and OLMoE require it to equal
+ *   hidden_size / num_attention_heads if present.
+ * - Settings that change the maths and that moefit does not implement are
+ *   MF_ERR_UNSUPPORTED, never ignored: rope_scaling (other than rope_type
+ *   "default"), partial_rotary_factor != 1, sliding-window attention (Mixtral
+ *   `sliding_window`, Qwen `use_sliding_window`), `attention_bias` where the
+ *   family reads it (Qwen3-MoE, OLMoE), hidden_act other than silu,
+ *   attention_dropout > 0, quantization_config.
+ * - A wrong JSON type, a value out of range or an inconsistent pair of keys is
+ *   MF_ERR_FORMAT with the message "FILE: KEY: fault" (invalid JSON:
+ *   "FILE: line L, column C: fault").
+ */
+#ifndef MF_IO_HF_CONFIG_H
+#define MF_IO_HF_CONFIG_H
+
+#include <stddef.h>
+
+#include "src/core/core.h"
+#include "src/model/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The transformers release the mapping was checked against (tools/make_hf_configs.py)
+ * and that written configs name in `transformers_version`. */
+#define MF_HF_TRANSFORMERS_VERSION "4.57.6"
+
+/* Largest config.json read (real ones are a few KiB). */
+#define MF_HF_CONFIG_MAX_BYTES ((size_t)16 << 20)
+
+/* `path` is a config.json file or a directory holding one. On success *out is
+ * a validated spec (mf_model_spec_validate); on failure *out is unchanged. */
+mf_status mf_hf_config_load(const char *path, mf_model_spec *out);
+
+/* The same from text in memory; `where` names the source in messages. */
+mf_status mf_hf_config_parse(const char *text, size_t len, const char *where, mf_model_spec *out);
+
+/* Writes `s` as a config.json with torch_dtype "float32". `path` is the file to
+ * write, or an existing directory to write config.json into. The write is
+ * atomic (temporary file, fsync, rename): a failure leaves an older file as it
+ * was. A spec that transformers cannot express (a field the family does not
+ * have set to a non-neutral value, e.g. clip_qkv on Mixtral) is
+ * MF_ERR_UNSUPPORTED naming the field. */
+mf_status mf_hf_config_write(const mf_model_spec *s, const char *path);
+
+/* The same with torch_dtype from `dtype`: MF_DTYPE_F32 "float32",
+ * MF_DTYPE_BF16 "bfloat16", MF_DTYPE_F16 "float16". */
+mf_status mf_hf_config_write_dtype(const mf_model_spec *s, mf_dtype dtype, const char *path);
+
+/* The text mf_hf_config_write_dtype writes, in a malloc'ed NUL-terminated
+ * buffer the caller frees. */
+mf_status mf_hf_config_format(const mf_model_spec *s, mf_dtype dtype, char **out_text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_IO_HF_CONFIG_H */

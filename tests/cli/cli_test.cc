@@ -1,0 +1,193 @@
+// The `moefit` command end to end: help, subcommands not built yet, config
+// errors, and `inspect` on malformed files — a clean message and exit status 1,
+// never a signal or a sanitizer report.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "src/core/core.h"
+#include "src/io/safetensors.h"
+#include "src/io/tokens.h"
+
+namespace {
+
+struct Result {
+  int code;    // exit status; -1 when killed by a signal
+  int signal;  // the signal, or 0
+  std::string out;
+};
+
+std::string tmpdir() {
+  const char *t = getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+Result moefit(const std::string &args) {
+  std::string cmd = "./moefit " + args + " 2>&1";
+  Result r{0, 0, ""};
+  FILE *p = popen(cmd.c_str(), "r");
+  if (!p) return Result{-1, 0, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  if (WIFEXITED(st)) {
+    r.code = WEXITSTATUS(st);
+  } else {
+    r.code = -1;
+    r.signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+  }
+  return r;
+}
+
+void write_file(const std::string &path, const std::string &bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+}
+
+std::string u64le(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; i++) s[i] = (char)((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+std::string safetensors_bytes(const std::string &header, const std::string &data) {
+  return u64le(header.size()) + header + data;
+}
+
+const char *const kCommands[] = {"train", "plan", "eval", "init", "data",
+                                 "config", "inspect", "profile", "export", "bench"};
+
+TEST(Cli, HelpListsEverySubcommand) {
+  Result r = moefit("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char *c : kCommands) EXPECT_NE(r.out.find(std::string("  ") + c + " "), std::string::npos) << c;
+  Result none = moefit("");
+  EXPECT_EQ(none.code, 2);
+  Result bad = moefit("frobnicate");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("unknown command 'frobnicate'"), std::string::npos);
+}
+
+TEST(Cli, EverySubcommandHasHelp) {
+  for (const char *c : kCommands) {
+    Result r = moefit(std::string(c) + " --help");
+    EXPECT_EQ(r.code, 0) << c << ": " << r.out;
+    EXPECT_NE(r.out.find("usage: moefit"), std::string::npos) << c << ": " << r.out;
+  }
+}
+
+TEST(Cli, UnbuiltSubcommandsSaySoAndFail) {
+  for (const char *c : {"plan", "eval", "init", "profile", "export", "bench"}) {
+    Result r = moefit(std::string(c) + " configs/demo.yaml");
+    EXPECT_EQ(r.code, 1) << c;
+    EXPECT_NE(r.out.find("not built yet"), std::string::npos) << c << ": " << r.out;
+  }
+}
+
+TEST(Cli, TrainChecksItsInputsThenSaysNotBuilt) {
+  std::string dir = tmpdir();
+  std::string text = dir + "/corpus.txt";
+  std::string toks = dir + "/corpus.tokens";
+  std::string corpus;
+  for (int i = 0; i < 200; i++) corpus += "the quick brown fox jumps over the lazy dog\n";
+  write_file(text, corpus);
+  ASSERT_EQ(moefit("data bytes " + text + " " + toks).code, 0);
+  Result r = moefit("train configs/demo.yaml data.train=" + toks + " data.valid=null");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("unigram entropy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("not built yet"), std::string::npos) << r.out;
+
+  Result missing = moefit("train configs/demo.yaml data.train=" + dir + "/nope.tokens data.valid=null");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("nope.tokens"), std::string::npos) << missing.out;
+  EXPECT_EQ(missing.out.find("not built yet"), std::string::npos) << missing.out;
+}
+
+TEST(Cli, ConfigErrorsNameTheKeyAndPlace) {
+  Result ok = moefit("config configs/demo.yaml");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("seq_len"), std::string::npos);
+
+  Result bogus = moefit("config configs/demo.yaml train.lr=bogus");
+  EXPECT_EQ(bogus.code, 1);
+  EXPECT_NE(bogus.out.find("train.lr"), std::string::npos) << bogus.out;
+  EXPECT_NE(bogus.out.find("bogus"), std::string::npos) << bogus.out;
+
+  std::string path = tmpdir() + "/typo.yaml";
+  write_file(path, "model:\n  init: {family: mixtral}\ndata:\n  train: x.tokens\ntrain:\n  steps: 3\n  lrr: 0.1\n");
+  Result typo = moefit("config " + path);
+  EXPECT_EQ(typo.code, 1);
+  EXPECT_NE(typo.out.find(path + ":7:3"), std::string::npos) << typo.out;
+  EXPECT_NE(typo.out.find("train.lrr"), std::string::npos) << typo.out;
+}
+
+TEST(Cli, InspectListsAValidSafetensorsFile) {
+  std::string path = tmpdir() + "/ok.safetensors";
+  float w[6] = {1, 2, 3, 4, 5, 6};
+  int64_t shape[2] = {2, 3};
+  mf_st_tensor t{};
+  t.name = "model.embed_tokens.weight";
+  t.dtype = MF_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = shape[0];
+  t.shape[1] = shape[1];
+  t.nbytes = sizeof w;
+  t.data = w;
+  ASSERT_EQ(mf_safetensors_write(path.c_str(), &t, 1, nullptr, 0), MF_OK) << mf_last_error();
+  Result r = moefit("inspect " + path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model.embed_tokens.weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("F32"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InspectRejectsMalformedFilesCleanly) {
+  const std::string d = tmpdir();
+  const std::string good_entry = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+  struct Case {
+    const char *name;
+    std::string bytes;
+  } cases[] = {
+      {"short.safetensors", "abc"},
+      {"hugelen.safetensors", u64le(1ull << 62) + "{}"},
+      {"pastend.safetensors", u64le(1000) + "{}"},
+      {"notjson.safetensors", safetensors_bytes("{not json", "")},
+      {"array.safetensors", safetensors_bytes("[1,2,3]", "")},
+      {"baddtype.safetensors",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", std::string(8, 0))},
+      {"extent.safetensors",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", std::string(8, 0))},
+      {"reversed.safetensors",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", std::string(8, 0))},
+      {"overflow.safetensors",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}",
+                         std::string(8, 0))},
+      {"hole.safetensors", safetensors_bytes(good_entry, std::string(16, 0))},
+      {"dup.safetensors",
+       safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                         "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                         std::string(8, 0))},
+      {"utf8.safetensors", safetensors_bytes("{\"\xff\xfe\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                                             std::string(8, 0))},
+      {"deep.safetensors", safetensors_bytes(std::string(5000, '[') + std::string(5000, ']'), "")},
+      {"bad.tokens", "MFTOKENS" + std::string(40, '\x01')},
+  };
+  for (const Case &c : cases) {
+    std::string path = d + "/" + c.name;
+    write_file(path, c.bytes);
+    Result r = moefit("inspect " + path);
+    EXPECT_EQ(r.signal, 0) << c.name << ": killed by signal " << r.signal;
+    EXPECT_EQ(r.code, 1) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(path), std::string::npos) << c.name << ": message does not name the file: " << r.out;
+    EXPECT_EQ(r.out.find("Sanitizer"), std::string::npos) << c.name << ": " << r.out;
+  }
+  Result missing = moefit("inspect " + d + "/does-not-exist");
+  EXPECT_EQ(missing.code, 1);
+}
+
+}  // namespace

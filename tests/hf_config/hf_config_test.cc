@@ -1,0 +1,939 @@
+// HF config.json <-> mf_model_spec (src/io/hf_config.h), the model-spec
+// defaults against transformers (data/expected.json, written by
+// tools/make_hf_configs.py), and parameter counts against MODELS.md §12.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <jansson.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/core/core.h"
+#include "src/io/hf_config.h"
+#include "src/model/spec.h"
+
+namespace {
+
+const char *const kFamilies[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+
+std::string DataPath(const std::string &name) {
+  return "tests/hf_config/data/" + name;
+}
+
+std::string ReadFile(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string TmpDir() {
+  const char *t = getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+std::string WriteTmp(const std::string &name, const std::string &content) {
+  std::string path = TmpDir() + "/" + name;
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << content;
+  return path;
+}
+
+std::string Replace(std::string s, const std::string &from, const std::string &to) {
+  size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << "no '" << from << "' in the base config";
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+// A JSON document owned for the length of a scope.
+struct Json {
+  json_t *j = nullptr;
+  explicit Json(json_t *p) : j(p) {}
+  ~Json() { json_decref(j); }
+  Json(const Json &) = delete;
+  Json &operator=(const Json &) = delete;
+};
+
+json_t *LoadJson(const std::string &path) {
+  json_error_t e;
+  json_t *j = json_load_file(path.c_str(), 0, &e);
+  EXPECT_NE(j, nullptr) << path << ": " << e.text;
+  return j;
+}
+
+// The tiny fixture of a family, edited, as JSON text.
+std::string Edited(const std::string &family, const std::function<void(json_t *)> &edit) {
+  Json j(LoadJson(DataPath(family + "_tiny.json")));
+  if (!j.j) return "";
+  edit(j.j);
+  char *text = json_dumps(j.j, JSON_INDENT(2) | JSON_SORT_KEYS);
+  std::string out = text ? text : "";
+  free(text);
+  return out;
+}
+
+const char *QkName(mf_qk_norm q) {
+  switch (q) {
+    case MF_QK_NORM_NONE:
+      return "none";
+    case MF_QK_NORM_PER_HEAD:
+      return "per_head";
+    case MF_QK_NORM_FULL:
+      return "full";
+  }
+  return "?";
+}
+
+mf_family Family(const std::string &name) {
+  return mf_family_from_name(name.c_str());
+}
+
+// Compares a spec with an entry of expected.json (what transformers resolved).
+void ExpectSpecMatches(const mf_model_spec &s, json_t *e, const std::string &what) {
+  ASSERT_TRUE(json_is_object(e)) << what;
+  auto I = [&](const char *k) {
+    json_t *v = json_object_get(e, k);
+    EXPECT_TRUE(json_is_integer(v)) << what << ": " << k;
+    return (int64_t)json_integer_value(v);
+  };
+  auto D = [&](const char *k) {
+    json_t *v = json_object_get(e, k);
+    EXPECT_TRUE(json_is_number(v)) << what << ": " << k;
+    return json_number_value(v);
+  };
+  auto B = [&](const char *k) {
+    json_t *v = json_object_get(e, k);
+    EXPECT_TRUE(json_is_boolean(v)) << what << ": " << k;
+    return json_is_true(v) ? 1 : 0;
+  };
+  auto S = [&](const char *k) {
+    const char *v = json_string_value(json_object_get(e, k));
+    return std::string(v ? v : "(missing)");
+  };
+  auto L = [&](const char *k) {
+    std::vector<int64_t> out;
+    json_t *v = json_object_get(e, k);
+    EXPECT_TRUE(json_is_array(v)) << what << ": " << k;
+    for (size_t i = 0; i < json_array_size(v); i++) out.push_back(json_integer_value(json_array_get(v, i)));
+    return out;
+  };
+  EXPECT_EQ(mf_family_name(s.family), S("family")) << what;
+  EXPECT_EQ(s.hidden, I("hidden")) << what;
+  EXPECT_EQ(s.layers, I("layers")) << what;
+  EXPECT_EQ(s.heads, I("heads")) << what;
+  EXPECT_EQ(s.kv_heads, I("kv_heads")) << what;
+  EXPECT_EQ(s.head_dim, I("head_dim")) << what;
+  EXPECT_EQ(s.experts, I("experts")) << what;
+  EXPECT_EQ(s.top_k, I("top_k")) << what;
+  EXPECT_EQ(s.expert_ffn, I("expert_ffn")) << what;
+  EXPECT_EQ(s.dense_ffn, I("dense_ffn")) << what;
+  EXPECT_EQ(s.shared_ffn, I("shared_ffn")) << what;
+  EXPECT_EQ(s.vocab, I("vocab")) << what;
+  EXPECT_EQ(s.max_seq, I("max_seq")) << what;
+  EXPECT_EQ(s.rope_theta, D("rope_theta")) << what;
+  EXPECT_EQ(s.norm_eps, D("norm_eps")) << what;
+  EXPECT_EQ(s.router_aux_loss_coef, D("router_aux_loss_coef")) << what;
+  EXPECT_EQ(s.router_jitter, D("router_jitter")) << what;
+  EXPECT_EQ(s.clip_qkv, D("clip_qkv")) << what;
+  EXPECT_EQ(!!s.norm_topk_prob, B("norm_topk_prob")) << what;
+  EXPECT_EQ(!!s.tie_embeddings, B("tie_embeddings")) << what;
+  EXPECT_EQ(!!s.qkv_bias, B("qkv_bias")) << what;
+  EXPECT_EQ(QkName(s.qk_norm), S("qk_norm")) << what;
+  EXPECT_EQ(s.decoder_sparse_step, I("decoder_sparse_step")) << what;
+  std::vector<int64_t> mlp_only(s.mlp_only_layers, s.mlp_only_layers + s.n_mlp_only);
+  EXPECT_EQ(mlp_only, L("mlp_only_layers")) << what;
+  std::vector<int64_t> moe;
+  for (int64_t l = 0; l < s.layers; l++)
+    if (mf_model_spec_layer_is_moe(&s, l)) moe.push_back(l);
+  EXPECT_EQ(moe, L("moe_layers")) << what;
+  EXPECT_EQ(json_object_size(e), 25u) << what << ": expected.json has keys this test does not compare";
+}
+
+void ExpectSpecEq(const mf_model_spec &a, const mf_model_spec &b, const std::string &what) {
+  EXPECT_EQ(a.family, b.family) << what;
+  EXPECT_EQ(a.hidden, b.hidden) << what;
+  EXPECT_EQ(a.layers, b.layers) << what;
+  EXPECT_EQ(a.heads, b.heads) << what;
+  EXPECT_EQ(a.kv_heads, b.kv_heads) << what;
+  EXPECT_EQ(a.head_dim, b.head_dim) << what;
+  EXPECT_EQ(a.experts, b.experts) << what;
+  EXPECT_EQ(a.top_k, b.top_k) << what;
+  EXPECT_EQ(a.expert_ffn, b.expert_ffn) << what;
+  EXPECT_EQ(a.dense_ffn, b.dense_ffn) << what;
+  EXPECT_EQ(a.shared_ffn, b.shared_ffn) << what;
+  EXPECT_EQ(a.vocab, b.vocab) << what;
+  EXPECT_EQ(a.max_seq, b.max_seq) << what;
+  EXPECT_EQ(a.rope_theta, b.rope_theta) << what;
+  EXPECT_EQ(a.norm_eps, b.norm_eps) << what;
+  EXPECT_EQ(a.router_aux_loss_coef, b.router_aux_loss_coef) << what;
+  EXPECT_EQ(a.router_jitter, b.router_jitter) << what;
+  EXPECT_EQ(a.clip_qkv, b.clip_qkv) << what;
+  EXPECT_EQ(!!a.norm_topk_prob, !!b.norm_topk_prob) << what;
+  EXPECT_EQ(!!a.tie_embeddings, !!b.tie_embeddings) << what;
+  EXPECT_EQ(!!a.qkv_bias, !!b.qkv_bias) << what;
+  EXPECT_EQ(a.qk_norm, b.qk_norm) << what;
+  EXPECT_EQ(a.decoder_sparse_step, b.decoder_sparse_step) << what;
+  ASSERT_EQ(a.n_mlp_only, b.n_mlp_only) << what;
+  for (int64_t i = 0; i < a.n_mlp_only; i++) EXPECT_EQ(a.mlp_only_layers[i], b.mlp_only_layers[i]) << what;
+}
+
+mf_model_spec LoadOk(const std::string &path) {
+  mf_model_spec s{};
+  mf_status st = mf_hf_config_load(path.c_str(), &s);
+  EXPECT_EQ(st, MF_OK) << path << ": " << mf_last_error();
+  return s;
+}
+
+// ------------------------------------------------------------ fixtures
+
+TEST(HfConfigLoad, EveryFixtureLoadsToWhatTransformersResolved) {
+  Json expected(LoadJson(DataPath("expected.json")));
+  ASSERT_NE(expected.j, nullptr);
+  EXPECT_STREQ(json_string_value(json_object_get(expected.j, "transformers_version")),
+               MF_HF_TRANSFORMERS_VERSION);
+  json_t *configs = json_object_get(expected.j, "configs");
+  ASSERT_EQ(json_object_size(configs), 12u);  // 4 families x default, tiny, hub
+  const char *name;
+  json_t *e;
+  json_object_foreach(configs, name, e) {
+    mf_model_spec s = LoadOk(DataPath(name));
+    ExpectSpecMatches(s, e, name);
+  }
+}
+
+TEST(HfConfigLoad, SpecDefaultsAreTheTransformersDefaults) {
+  Json expected(LoadJson(DataPath("expected.json")));
+  ASSERT_NE(expected.j, nullptr);
+  for (const char *fam : kFamilies) {
+    mf_model_spec d{};
+    mf_model_spec_defaults(Family(fam), &d);
+    EXPECT_EQ(mf_model_spec_validate(&d, fam), MF_OK) << mf_last_error();
+    std::string name = std::string(fam) + "_default.json";
+    ExpectSpecMatches(d, json_object_get(json_object_get(expected.j, "configs"), name.c_str()), name);
+    ExpectSpecEq(LoadOk(DataPath(name)), d, name);
+  }
+}
+
+TEST(HfConfigLoad, OnlyTheRequiredKeysGiveTheFamilyDefaults) {
+  for (const char *fam : kFamilies) {
+    Json j(LoadJson(DataPath(std::string(fam) + "_default.json")));
+    ASSERT_NE(j.j, nullptr);
+    const char *keep[] = {
+        "model_type",        "hidden_size",       "num_hidden_layers",     "num_attention_heads",
+        "vocab_size",        "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "num_local_experts", "num_experts"};
+    json_t *minimal = json_object();
+    for (const char *k : keep)
+      if (json_t *v = json_object_get(j.j, k)) json_object_set(minimal, k, v);
+    char *text = json_dumps(minimal, JSON_SORT_KEYS);
+    json_decref(minimal);
+    std::string path = WriteTmp(std::string("minimal_") + fam + ".json", text);
+    free(text);
+    mf_model_spec d{};
+    mf_model_spec_defaults(Family(fam), &d);
+    ExpectSpecEq(LoadOk(path), d, path);
+  }
+}
+
+TEST(HfConfigLoad, KeyValueHeadsFollowEachFamilysRule) {
+  // Absent: the config class default (OLMoE's is None -> heads). Null: heads for
+  // Mixtral and OLMoE; Qwen keeps None, which transformers cannot build.
+  struct Case {
+    const char *fam;
+    bool present, null_value;
+    int64_t kv;  // -1: an error
+  } cases[] = {
+      {"mixtral", false, false, 8},  {"mixtral", true, true, 16},     {"olmoe", false, false, 16},
+      {"olmoe", true, true, 16},     {"qwen2_moe", false, false, 16}, {"qwen3_moe", false, false, 4},
+      {"qwen3_moe", true, true, -1}, {"qwen2_moe", true, true, -1},
+  };
+  for (const Case &c : cases) {
+    std::string text = Edited(c.fam, [&](json_t *j) {
+      json_object_set_new(j, "hidden_size", json_integer(256));
+      json_object_set_new(j, "num_attention_heads", json_integer(16));
+      json_object_del(j, "head_dim");
+      if (c.present)
+        json_object_set_new(j, "num_key_value_heads", json_null());
+      else
+        json_object_del(j, "num_key_value_heads");
+    });
+    std::string path =
+        WriteTmp(std::string("kv_") + c.fam + (c.present ? "_null" : "_absent") + ".json", text);
+    mf_model_spec s{};
+    mf_status st = mf_hf_config_load(path.c_str(), &s);
+    if (c.kv < 0) {
+      EXPECT_EQ(st, MF_ERR_FORMAT) << path;
+      EXPECT_NE(strstr(mf_last_error(), "num_key_value_heads"), nullptr) << mf_last_error();
+    } else {
+      ASSERT_EQ(st, MF_OK) << path << ": " << mf_last_error();
+      EXPECT_EQ(s.kv_heads, c.kv) << path;
+    }
+  }
+}
+
+TEST(HfConfigLoad, AcceptsWhatDoesNotChangeTheMaths) {
+  struct Case {
+    const char *name, *fam;
+    std::function<void(json_t *)> edit;
+    std::function<void(const mf_model_spec &)> check;
+  } cases[] = {
+      {"unknown_keys", "mixtral",
+       [](json_t *j) {
+         json_object_set_new(j, "some_future_key", json_pack("{s:[i,i], s:n}", "x", 1, 2, "y"));
+         json_object_set_new(j, "_name_or_path", json_string("somewhere"));
+       },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.hidden, 32); }},
+      // Keys transformers does not read for the family are not read here either.
+      {"keys_of_other_families", "mixtral",
+       [](json_t *j) {
+         json_object_set_new(j, "mlp_only_layers", json_pack("[i]", 99));
+         json_object_set_new(j, "attention_bias", json_true());
+         json_object_set_new(j, "norm_topk_prob", json_false());
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.n_mlp_only, 0);
+         EXPECT_EQ(s.norm_topk_prob, 1);  // Mixtral always renormalises
+       }},
+      {"rope_scaling_default", "qwen3_moe",
+       [](json_t *j) { json_object_set_new(j, "rope_scaling", json_pack("{s:s}", "rope_type", "default")); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.rope_theta, 1e6); }},
+      {"rope_parameters_v5", "olmoe",
+       [](json_t *j) {
+         json_object_del(j, "rope_theta");
+         json_object_set_new(j, "rope_parameters",
+                             json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta", 5e5));
+       },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.rope_theta, 5e5); }},
+      {"int_rope_theta", "qwen2_moe",
+       [](json_t *j) { json_object_set_new(j, "rope_theta", json_integer(1000000)); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.rope_theta, 1e6); }},
+      {"swish", "olmoe", [](json_t *j) { json_object_set_new(j, "hidden_act", json_string("swish")); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.hidden, 32); }},
+      {"qwen_sliding_window_off", "qwen2_moe",
+       [](json_t *j) { json_object_set_new(j, "sliding_window", json_integer(4096)); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.hidden, 32); }},
+      {"mixtral_head_dim_null", "mixtral", [](json_t *j) { json_object_set_new(j, "head_dim", json_null()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.head_dim, 8); }},
+      {"mixtral_head_dim_set", "mixtral",
+       [](json_t *j) { json_object_set_new(j, "head_dim", json_integer(64)); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.head_dim, 64); }},
+      {"qwen2_head_dim_consistent", "qwen2_moe",
+       [](json_t *j) { json_object_set_new(j, "head_dim", json_integer(8)); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.head_dim, 8); }},
+      {"no_architectures", "qwen3_moe", [](json_t *j) { json_object_del(j, "architectures"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.family, MF_FAMILY_QWEN3_MOE); }},
+      {"architectures_only", "olmoe", [](json_t *j) { json_object_del(j, "model_type"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.family, MF_FAMILY_OLMOE); }},
+      {"router_jitter", "mixtral",
+       [](json_t *j) { json_object_set_new(j, "router_jitter_noise", json_real(0.1)); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.router_jitter, 0.1); }},
+      {"clip_qkv_null", "olmoe", [](json_t *j) { json_object_set_new(j, "clip_qkv", json_null()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.clip_qkv, 0.0); }},
+      {"mlp_only_null", "qwen2_moe",
+       [](json_t *j) { json_object_set_new(j, "mlp_only_layers", json_null()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.n_mlp_only, 0); }},
+  };
+  for (const Case &c : cases) {
+    std::string path = WriteTmp(std::string("ok_") + c.name + ".json", Edited(c.fam, c.edit));
+    mf_model_spec s{};
+    ASSERT_EQ(mf_hf_config_load(path.c_str(), &s), MF_OK) << c.name << ": " << mf_last_error();
+    c.check(s);
+  }
+}
+
+TEST(HfConfigLoad, ModelDirectory) {
+  std::string dir = TmpDir() + "/model_dir";
+  mkdir(dir.c_str(), 0755);
+  WriteTmp("model_dir/config.json", ReadFile(DataPath("olmoe_tiny.json")));
+  ExpectSpecEq(LoadOk(dir), LoadOk(DataPath("olmoe_tiny.json")), dir);
+}
+
+// ------------------------------------------------------------ malformed input
+
+struct Bad {
+  const char *name;
+  std::string text;
+  mf_status status;
+  std::vector<std::string> mentions;  // besides the file name
+};
+
+std::string Tiny(const std::string &fam) {
+  return ReadFile(DataPath(fam + "_tiny.json"));
+}
+
+std::vector<Bad> BadCases() {
+  auto set = [](const char *fam, const char *key, json_t *v) {
+    return Edited(fam, [&](json_t *j) { json_object_set_new(j, key, v); });
+  };
+  auto del = [](const char *fam, const char *key) {
+    return Edited(fam, [&](json_t *j) { json_object_del(j, key); });
+  };
+  const std::string mix = Tiny("mixtral");
+  std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  return {
+      {"not_json", "this is not JSON", MF_ERR_FORMAT, {"line 1", "invalid JSON"}},
+      {"empty", "", MF_ERR_FORMAT, {"invalid JSON"}},
+      {"truncated", mix.substr(0, mix.size() / 2), MF_ERR_FORMAT, {"invalid JSON", "line"}},
+      {"top_level_array", "[{\"model_type\": \"mixtral\"}]", MF_ERR_FORMAT, {"top level", "an array"}},
+      {"duplicate_key",
+       "{\n  \"hidden_size\": 64," + mix.substr(1),
+       MF_ERR_FORMAT,
+       {"duplicate", "hidden_size"}},
+      {"non_utf8",
+       Replace(mix, "MixtralForCausalLM",
+               "Mixtral\xff\xfe"
+               "ForCausalLM"),
+       MF_ERR_FORMAT,
+       {"invalid JSON"}},
+      {"non_utf8_key",
+       Replace(mix, "\"vocab_size\"", "\"vocab\xc3\x28size\""),
+       MF_ERR_FORMAT,
+       {"invalid JSON"}},
+      {"deep_nesting", deep, MF_ERR_FORMAT, {"invalid JSON", "depth"}},
+      {"int_beyond_int64",
+       Replace(mix, "\"hidden_size\": 32", "\"hidden_size\": 99999999999999999999999"),
+       MF_ERR_FORMAT,
+       {"invalid JSON", "too big integer"}},
+      {"unknown_architecture",
+       set("mixtral", "architectures", json_pack("[s]", "LlamaForCausalLM")),
+       MF_ERR_UNSUPPORTED,
+       {"architectures[0]", "LlamaForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM"}},
+      {"unknown_model_type",
+       Edited("mixtral",
+              [](json_t *j) {
+                json_object_del(j, "architectures");
+                json_object_set_new(j, "model_type", json_string("llama"));
+              }),
+       MF_ERR_UNSUPPORTED,
+       {"model_type", "llama", "qwen3_moe"}},
+      {"no_family",
+       Edited("olmoe",
+              [](json_t *j) {
+                json_object_del(j, "architectures");
+                json_object_del(j, "model_type");
+              }),
+       MF_ERR_FORMAT,
+       {"architectures", "model_type"}},
+      {"model_type_mismatch",
+       set("mixtral", "model_type", json_string("qwen2_moe")),
+       MF_ERR_FORMAT,
+       {"model_type", "qwen2_moe", "MixtralForCausalLM"}},
+      {"architectures_not_array",
+       set("mixtral", "architectures", json_string("MixtralForCausalLM")),
+       MF_ERR_FORMAT,
+       {"architectures", "a string"}},
+      {"architecture_not_string",
+       set("mixtral", "architectures", json_pack("[i]", 7)),
+       MF_ERR_FORMAT,
+       {"architectures[0]", "an integer"}},
+      {"missing_hidden_size", del("mixtral", "hidden_size"), MF_ERR_FORMAT, {"hidden_size", "missing"}},
+      {"missing_moe_intermediate_size",
+       del("qwen3_moe", "moe_intermediate_size"),
+       MF_ERR_FORMAT,
+       {"moe_intermediate_size", "missing"}},
+      {"hidden_size_string",
+       set("mixtral", "hidden_size", json_string("32")),
+       MF_ERR_FORMAT,
+       {"hidden_size", "expected an integer, got a string"}},
+      {"hidden_size_float",
+       set("mixtral", "hidden_size", json_real(32.0)),
+       MF_ERR_FORMAT,
+       {"hidden_size", "real number (32.0)"}},
+      {"hidden_size_negative",
+       set("mixtral", "hidden_size", json_integer(-32)),
+       MF_ERR_FORMAT,
+       {"hidden_size", "-32", "out of range"}},
+      {"hidden_size_zero",
+       set("olmoe", "hidden_size", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"hidden_size", "out of range"}},
+      {"hidden_size_huge",
+       set("mixtral", "hidden_size", json_integer((json_int_t)1 << 40)),
+       MF_ERR_FORMAT,
+       {"hidden_size", "1099511627776", "out of range"}},
+      {"hidden_size_bool",
+       set("mixtral", "hidden_size", json_true()),
+       MF_ERR_FORMAT,
+       {"hidden_size", "a boolean"}},
+      {"hidden_size_null",
+       set("mixtral", "hidden_size", json_null()),
+       MF_ERR_FORMAT,
+       {"hidden_size", "null"}},
+      {"layers_too_many",
+       set("mixtral", "num_hidden_layers", json_integer(100000)),
+       MF_ERR_FORMAT,
+       {"num_hidden_layers", "out of range"}},
+      {"tie_as_int",
+       set("mixtral", "tie_word_embeddings", json_integer(1)),
+       MF_ERR_FORMAT,
+       {"tie_word_embeddings", "true or false"}},
+      {"norm_topk_as_string",
+       set("qwen3_moe", "norm_topk_prob", json_string("true")),
+       MF_ERR_FORMAT,
+       {"norm_topk_prob", "true or false"}},
+      {"rope_theta_string",
+       set("qwen2_moe", "rope_theta", json_string("1e6")),
+       MF_ERR_FORMAT,
+       {"rope_theta", "expected a number"}},
+      {"rope_theta_zero",
+       set("qwen2_moe", "rope_theta", json_real(0.0)),
+       MF_ERR_FORMAT,
+       {"rope_theta", "positive"}},
+      {"rope_parameters_conflict",
+       set("mixtral", "rope_parameters", json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta", 5e5)),
+       MF_ERR_FORMAT,
+       {"rope_parameters.rope_theta", "disagrees"}},
+      {"eps_zero", set("olmoe", "rms_norm_eps", json_real(0.0)), MF_ERR_FORMAT, {"rms_norm_eps"}},
+      {"aux_negative",
+       set("olmoe", "router_aux_loss_coef", json_real(-0.5)),
+       MF_ERR_FORMAT,
+       {"router_aux_loss_coef"}},
+      {"top_k_above_experts",
+       set("mixtral", "num_experts_per_tok", json_integer(9)),
+       MF_ERR_FORMAT,
+       {"num_experts_per_tok", "9", "num_local_experts (8)"}},
+      {"heads_not_multiple_of_kv",
+       set("qwen3_moe", "num_key_value_heads", json_integer(3)),
+       MF_ERR_FORMAT,
+       {"num_key_value_heads", "3", "4"}},
+      {"kv_above_heads",
+       set("mixtral", "num_key_value_heads", json_integer(8)),
+       MF_ERR_FORMAT,
+       {"num_key_value_heads"}},
+      {"hidden_not_multiple_of_heads",
+       set("qwen2_moe", "num_attention_heads", json_integer(6)),
+       MF_ERR_FORMAT,
+       {"num_attention_heads", "does not divide hidden_size"}},
+      {"odd_head_dim", set("qwen3_moe", "head_dim", json_integer(15)), MF_ERR_FORMAT, {"head_dim", "odd"}},
+      {"qwen3_head_dim_null", set("qwen3_moe", "head_dim", json_null()), MF_ERR_FORMAT, {"head_dim", "null"}},
+      {"qwen2_head_dim_differs",
+       set("qwen2_moe", "head_dim", json_integer(16)),
+       MF_ERR_UNSUPPORTED,
+       {"head_dim"}},
+      {"olmoe_head_dim_differs",
+       set("olmoe", "head_dim", json_integer(16)),
+       MF_ERR_UNSUPPORTED,
+       {"head_dim"}},
+      {"mlp_only_out_of_range",
+       set("qwen2_moe", "mlp_only_layers", json_pack("[i]", 3)),
+       MF_ERR_FORMAT,
+       {"mlp_only_layers[0]", "out of range"}},
+      {"mlp_only_negative",
+       set("qwen2_moe", "mlp_only_layers", json_pack("[i,i]", 0, -1)),
+       MF_ERR_FORMAT,
+       {"mlp_only_layers[1]", "out of range"}},
+      {"mlp_only_not_int",
+       set("qwen3_moe", "mlp_only_layers", json_pack("[i,s]", 0, "1")),
+       MF_ERR_FORMAT,
+       {"mlp_only_layers[1]", "a string"}},
+      {"mlp_only_float",
+       set("qwen3_moe", "mlp_only_layers", json_pack("[f]", 1.0)),
+       MF_ERR_FORMAT,
+       {"mlp_only_layers[0]", "real number"}},
+      {"mlp_only_not_array",
+       set("qwen2_moe", "mlp_only_layers", json_integer(1)),
+       MF_ERR_FORMAT,
+       {"mlp_only_layers", "an array"}},
+      {"sparse_step_zero",
+       set("qwen3_moe", "decoder_sparse_step", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"decoder_sparse_step"}},
+      {"dense_layer_without_size",
+       set("qwen2_moe", "intermediate_size", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"intermediate_size", "layer 1"}},
+      {"rope_scaling_yarn",
+       set("qwen3_moe", "rope_scaling",
+           json_pack("{s:s, s:f, s:i}", "rope_type", "yarn", "factor", 4.0,
+                     "original_max_position_embeddings", 32768)),
+       MF_ERR_UNSUPPORTED,
+       {"rope_scaling", "yarn"}},
+      {"rope_scaling_linear_old_style",
+       set("mixtral", "rope_scaling", json_pack("{s:s, s:f}", "type", "linear", "factor", 2.0)),
+       MF_ERR_UNSUPPORTED,
+       {"rope_scaling", "linear"}},
+      {"rope_scaling_not_object",
+       set("olmoe", "rope_scaling", json_integer(2)),
+       MF_ERR_FORMAT,
+       {"rope_scaling"}},
+      {"rope_parameters_yarn",
+       set("olmoe", "rope_parameters", json_pack("{s:s}", "rope_type", "yarn")),
+       MF_ERR_UNSUPPORTED,
+       {"rope_parameters", "yarn"}},
+      {"partial_rotary",
+       set("mixtral", "partial_rotary_factor", json_real(0.5)),
+       MF_ERR_UNSUPPORTED,
+       {"partial_rotary_factor"}},
+      {"mixtral_sliding_window",
+       set("mixtral", "sliding_window", json_integer(4096)),
+       MF_ERR_UNSUPPORTED,
+       {"sliding_window"}},
+      {"mixtral_sliding_window_string",
+       set("mixtral", "sliding_window", json_string("4096")),
+       MF_ERR_FORMAT,
+       {"sliding_window"}},
+      {"qwen2_use_sliding_window",
+       set("qwen2_moe", "use_sliding_window", json_true()),
+       MF_ERR_UNSUPPORTED,
+       {"use_sliding_window"}},
+      {"qwen3_use_sliding_window",
+       set("qwen3_moe", "use_sliding_window", json_true()),
+       MF_ERR_UNSUPPORTED,
+       {"use_sliding_window"}},
+      {"qwen3_attention_bias",
+       set("qwen3_moe", "attention_bias", json_true()),
+       MF_ERR_UNSUPPORTED,
+       {"attention_bias"}},
+      {"olmoe_attention_bias",
+       set("olmoe", "attention_bias", json_true()),
+       MF_ERR_UNSUPPORTED,
+       {"attention_bias"}},
+      {"hidden_act_gelu",
+       set("mixtral", "hidden_act", json_string("gelu")),
+       MF_ERR_UNSUPPORTED,
+       {"hidden_act", "gelu"}},
+      {"hidden_act_not_string",
+       set("qwen2_moe", "hidden_act", json_integer(1)),
+       MF_ERR_FORMAT,
+       {"hidden_act"}},
+      {"attention_dropout",
+       set("qwen2_moe", "attention_dropout", json_real(0.1)),
+       MF_ERR_UNSUPPORTED,
+       {"attention_dropout"}},
+      {"quantized",
+       set("mixtral", "quantization_config", json_pack("{s:s}", "quant_method", "fp8")),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config"}},
+      {"clip_qkv_zero", set("olmoe", "clip_qkv", json_real(0.0)), MF_ERR_FORMAT, {"clip_qkv", "positive"}},
+      {"jitter_one",
+       set("mixtral", "router_jitter_noise", json_real(1.0)),
+       MF_ERR_FORMAT,
+       {"router_jitter_noise"}},
+      {"qwen2_no_shared_expert",
+       set("qwen2_moe", "shared_expert_intermediate_size", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"shared_expert_intermediate_size", "out of range"}},
+      {"experts_zero", set("qwen3_moe", "num_experts", json_integer(0)), MF_ERR_FORMAT, {"num_experts"}},
+  };
+}
+
+TEST(HfConfigLoad, MalformedInputIsAnErrorNamingFileAndKey) {
+  for (const Bad &b : BadCases()) {
+    std::string path = WriteTmp(std::string("bad_") + b.name + ".json", b.text);
+    mf_model_spec s, before;
+    memset(&s, 0x5a, sizeof s);
+    before = s;
+    mf_error_clear();
+    mf_status st = mf_hf_config_load(path.c_str(), &s);
+    EXPECT_EQ(st, b.status) << b.name << ": " << mf_last_error();
+    const std::string msg = mf_last_error();
+    EXPECT_EQ(msg.rfind(path + ": ", 0), 0u)
+        << b.name << ": the message does not start with the file: " << msg;
+    for (const std::string &m : b.mentions)
+      EXPECT_NE(msg.find(m), std::string::npos) << b.name << ": '" << m << "' not in: " << msg;
+    EXPECT_EQ(memcmp(&s, &before, sizeof s), 0) << b.name << ": *out was changed on failure";
+  }
+}
+
+TEST(HfConfigLoad, MissingFilesAndDirectories) {
+  mf_model_spec s{};
+  std::string missing = TmpDir() + "/no_such_config.json";
+  EXPECT_EQ(mf_hf_config_load(missing.c_str(), &s), MF_ERR_IO);
+  EXPECT_NE(strstr(mf_last_error(), missing.c_str()), nullptr) << mf_last_error();
+  std::string empty_dir = TmpDir() + "/empty_model_dir";
+  mkdir(empty_dir.c_str(), 0755);
+  EXPECT_EQ(mf_hf_config_load(empty_dir.c_str(), &s), MF_ERR_IO);
+  EXPECT_NE(strstr(mf_last_error(), (empty_dir + "/config.json").c_str()), nullptr) << mf_last_error();
+  EXPECT_EQ(mf_hf_config_load(nullptr, &s), MF_ERR_INVALID_ARG);
+}
+
+TEST(HfConfigLoad, OversizedFileIsRefused) {
+  std::string big = "{\"x\": \"" + std::string(MF_HF_CONFIG_MAX_BYTES, 'a') + "\"}";
+  std::string path = WriteTmp("oversized.json", big);
+  mf_model_spec s{};
+  EXPECT_EQ(mf_hf_config_load(path.c_str(), &s), MF_ERR_FORMAT);
+  EXPECT_NE(strstr(mf_last_error(), "too large"), nullptr) << mf_last_error();
+  unlink(path.c_str());
+}
+
+// ------------------------------------------------------------ writing
+
+// The bytes written for each tiny fixture are checked in as <family>_written.json;
+// tools/make_hf_configs.py loads those through transformers' AutoConfig.
+// MF_HF_GOLDEN_DIR=<dir> rewrites them instead (with bazel run).
+TEST(HfConfigWrite, GoldenFilesMatch) {
+  const char *golden_dir = getenv("MF_HF_GOLDEN_DIR");
+  for (const char *fam : kFamilies) {
+    mf_model_spec s = LoadOk(DataPath(std::string(fam) + "_tiny.json"));
+    std::string name = std::string(fam) + "_written.json";
+    if (golden_dir) {
+      std::string path = std::string(golden_dir) + "/" + name;
+      ASSERT_EQ(mf_hf_config_write(&s, path.c_str()), MF_OK) << mf_last_error();
+      continue;
+    }
+    char *text = nullptr;
+    ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_F32, &text), MF_OK) << mf_last_error();
+    EXPECT_EQ(std::string(text), ReadFile(DataPath(name))) << name;
+    free(text);
+  }
+}
+
+TEST(HfConfigWrite, EveryFixtureRoundTrips) {
+  Json expected(LoadJson(DataPath("expected.json")));
+  ASSERT_NE(expected.j, nullptr);
+  const char *name;
+  json_t *e;
+  json_object_foreach(json_object_get(expected.j, "configs"), name, e) {
+    mf_model_spec s = LoadOk(DataPath(name));
+    std::string path = TmpDir() + "/roundtrip_" + name;
+    ASSERT_EQ(mf_hf_config_write(&s, path.c_str()), MF_OK) << name << ": " << mf_last_error();
+    mf_model_spec back = LoadOk(path);
+    ExpectSpecEq(back, s, name);
+    ExpectSpecMatches(back, e, name);
+  }
+}
+
+TEST(HfConfigWrite, VariantsRoundTrip) {
+  std::vector<mf_model_spec> specs;
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+  s.head_dim = 256, s.router_jitter = 0.1, s.tie_embeddings = 1, s.norm_eps = 1.2345678901234567e-7;
+  s.router_aux_loss_coef = 0.02;
+  specs.push_back(s);
+  mf_model_spec_defaults(MF_FAMILY_QWEN2_MOE, &s);
+  s.qkv_bias = 0, s.decoder_sparse_step = 2, s.n_mlp_only = 2, s.mlp_only_layers[0] = 5,
+  s.mlp_only_layers[1] = 0;
+  s.rope_theta = 5e5, s.norm_topk_prob = 1, s.max_seq = (int64_t)1 << 33;
+  specs.push_back(s);
+  mf_model_spec_defaults(MF_FAMILY_QWEN3_MOE, &s);
+  s.head_dim = 128, s.layers = 48, s.rope_theta = 1e6, s.norm_topk_prob = 1, s.dense_ffn = 0;
+  specs.push_back(s);
+  mf_model_spec_defaults(MF_FAMILY_OLMOE, &s);
+  s.clip_qkv = 8.5, s.kv_heads = 4, s.expert_ffn = 1024, s.rope_theta = 1e16, s.norm_eps = 1e-4;
+  specs.push_back(s);
+  for (size_t i = 0; i < specs.size(); i++) {
+    std::string path = TmpDir() + "/variant_" + std::to_string(i) + ".json";
+    ASSERT_EQ(mf_hf_config_write(&specs[i], path.c_str()), MF_OK) << i << ": " << mf_last_error();
+    ExpectSpecEq(LoadOk(path), specs[i], path);
+  }
+}
+
+TEST(HfConfigWrite, DtypeAndFormatting) {
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+  char *text = nullptr;
+  ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_BF16, &text), MF_OK) << mf_last_error();
+  std::string t = text;
+  free(text);
+  for (const char *want :
+       {"\"torch_dtype\": \"bfloat16\"", "\"rms_norm_eps\": 1e-05", "\"rope_theta\": 1000000.0",
+        "\"router_aux_loss_coef\": 0.001", "\"transformers_version\": \"" MF_HF_TRANSFORMERS_VERSION "\"",
+        "\"architectures\": [\n    \"MixtralForCausalLM\"\n  ],", "\"sliding_window\": null"})
+    EXPECT_NE(t.find(want), std::string::npos) << want << " not in:\n" << t;
+  EXPECT_EQ(mf_hf_config_format(&s, MF_DTYPE_I32, &text), MF_ERR_INVALID_ARG);
+}
+
+TEST(HfConfigWrite, IntoADirectoryAndOverAnOldFile) {
+  std::string dir = TmpDir() + "/write_dir";
+  mkdir(dir.c_str(), 0755);
+  WriteTmp("write_dir/config.json", "old contents");
+  mf_model_spec s = LoadOk(DataPath("qwen2_moe_tiny.json"));
+  ASSERT_EQ(mf_hf_config_write(&s, dir.c_str()), MF_OK) << mf_last_error();
+  ExpectSpecEq(LoadOk(dir + "/config.json"), s, dir);
+  // No temporary file is left behind.
+  DIR *d = opendir(dir.c_str());
+  ASSERT_NE(d, nullptr);
+  int files = 0;
+  while (struct dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    files++;
+    EXPECT_STREQ(e->d_name, "config.json");
+  }
+  closedir(d);
+  EXPECT_EQ(files, 1);
+}
+
+TEST(HfConfigWrite, FailuresLeaveTheOldFile) {
+  std::string path = WriteTmp("keep.json", "old contents");
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+  s.clip_qkv = 4.0;  // OLMoE only
+  EXPECT_EQ(mf_hf_config_write(&s, path.c_str()), MF_ERR_UNSUPPORTED);
+  EXPECT_NE(strstr(mf_last_error(), "clip_qkv"), nullptr) << mf_last_error();
+  EXPECT_NE(strstr(mf_last_error(), path.c_str()), nullptr) << mf_last_error();
+  mf_model_spec_defaults(MF_FAMILY_OLMOE, &s);
+  s.head_dim = 64;  // OLMoE derives head_dim from hidden / heads (128)
+  EXPECT_EQ(mf_hf_config_write(&s, path.c_str()), MF_ERR_UNSUPPORTED);
+  EXPECT_NE(strstr(mf_last_error(), "head_dim"), nullptr) << mf_last_error();
+  mf_model_spec_defaults(MF_FAMILY_QWEN3_MOE, &s);
+  s.qk_norm = MF_QK_NORM_NONE;
+  EXPECT_EQ(mf_hf_config_write(&s, path.c_str()), MF_ERR_UNSUPPORTED);
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+  s.norm_topk_prob = 0;
+  EXPECT_EQ(mf_hf_config_write(&s, path.c_str()), MF_ERR_UNSUPPORTED);
+  mf_model_spec_defaults(MF_FAMILY_OLMOE, &s);
+  s.n_mlp_only = 1;
+  EXPECT_EQ(mf_hf_config_write(&s, path.c_str()), MF_ERR_UNSUPPORTED);
+  mf_model_spec_defaults(MF_FAMILY_QWEN2_MOE, &s);
+  s.top_k = 100;  // more than the 60 experts: not a valid spec at all
+  EXPECT_EQ(mf_hf_config_write(&s, path.c_str()), MF_ERR_CONFIG);
+  EXPECT_EQ(ReadFile(path), "old contents");
+  std::string nowhere = TmpDir() + "/no/such/dir/config.json";
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+  EXPECT_EQ(mf_hf_config_write(&s, nowhere.c_str()), MF_ERR_IO);
+  EXPECT_NE(strstr(mf_last_error(), nowhere.c_str()), nullptr) << mf_last_error();
+}
+
+// ------------------------------------------------------------ parameter counts
+
+// Every parameter tensor of the HF checkpoint (MODELS.md §1-4), summed: an
+// independent enumeration to hold mf_model_spec_param_count to.
+int64_t TensorSum(const mf_model_spec &s) {
+  const int64_t H = s.hidden, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  int64_t n = s.vocab * H;  // model.embed_tokens
+  for (int64_t l = 0; l < s.layers; l++) {
+    n += q * H + kv * H + kv * H + H * q;  // self_attn.{q,k,v,o}_proj.weight
+    if (s.qkv_bias) n += q + kv + kv;      // {q,k,v}_proj.bias
+    if (s.qk_norm == MF_QK_NORM_PER_HEAD) n += 2 * s.head_dim;
+    if (s.qk_norm == MF_QK_NORM_FULL) n += q + kv;
+    n += 2 * H;  // input_layernorm, post_attention_layernorm
+    if (mf_model_spec_layer_is_moe(&s, l)) {
+      n += s.experts * H;                                                 // mlp.gate
+      for (int64_t e = 0; e < s.experts; e++) n += 3 * s.expert_ffn * H;  // w1 w3 w2 / gate up down
+      if (s.shared_ffn) n += 3 * s.shared_ffn * H + H;  // shared_expert.*, shared_expert_gate
+    } else {
+      n += 3 * s.dense_ffn * H;
+    }
+  }
+  n += H;                                   // model.norm
+  if (!s.tie_embeddings) n += s.vocab * H;  // lm_head
+  return n;
+}
+
+struct Published {
+  const char *name;
+  mf_family family;
+  int64_t H, I, E, k, shared, L, heads, kv, hd, vocab;
+  double total_b, active_b;  // the table's figures, billions
+  double unit_b;             // the precision they are shown at
+};
+
+mf_model_spec FromPublished(const Published &p) {
+  mf_model_spec s{};
+  mf_model_spec_defaults(p.family, &s);
+  s.hidden = p.H, s.expert_ffn = p.I, s.experts = p.E, s.top_k = p.k, s.shared_ffn = p.shared;
+  s.layers = p.L, s.heads = p.heads, s.kv_heads = p.kv, s.head_dim = p.hd, s.vocab = p.vocab;
+  s.tie_embeddings = 0;
+  return s;
+}
+
+// MODELS.md §12. Totals match as published. The active figures of Mistral,
+// Qwen and AI2 count the embedding matrix as well as the unembedding (our
+// `active` leaves the embedding out, as OpenAI counts gpt-oss), so they are
+// compared with active + vocab * hidden.
+TEST(ModelSpecParamCount, ReproducesPublishedSizes) {
+  const Published models[] = {
+      {"Mixtral-8x7B", MF_FAMILY_MIXTRAL, 4096, 14336, 8, 2, 0, 32, 32, 8, 128, 32000, 46.7, 12.9, 0.1},
+      {"Qwen1.5-MoE-A2.7B", MF_FAMILY_QWEN2_MOE, 2048, 1408, 60, 4, 5632, 24, 16, 16, 128, 151936, 14.3, 2.7,
+       0.1},
+      {"OLMoE-1B-7B", MF_FAMILY_OLMOE, 2048, 1024, 64, 8, 0, 16, 16, 16, 128, 50304, 6.9, 1.3, 0.1},
+      {"Mixtral-8x22B", MF_FAMILY_MIXTRAL, 6144, 16384, 8, 2, 0, 56, 48, 8, 128, 32000, 140.6, 39, 1},
+      {"Qwen3-235B-A22B", MF_FAMILY_QWEN3_MOE, 4096, 1536, 128, 8, 0, 94, 64, 4, 128, 151936, 235, 22, 1},
+  };
+  for (const Published &p : models) {
+    mf_model_spec s = FromPublished(p);
+    ASSERT_EQ(mf_model_spec_validate(&s, p.name), MF_OK) << mf_last_error();
+    int64_t total = 0, active = 0;
+    mf_model_spec_param_count(&s, &total, &active);
+    EXPECT_EQ(total, TensorSum(s)) << p.name;
+    EXPECT_EQ(std::llround(total / (p.unit_b * 1e9)), std::llround(p.total_b / p.unit_b))
+        << p.name << " " << total;
+    const double with_embedding = (double)(active + s.vocab * s.hidden);
+    EXPECT_EQ(std::llround(with_embedding / (p.unit_b * 1e9)), std::llround(p.active_b / p.unit_b))
+        << p.name << " " << active;
+  }
+}
+
+// Qwen3-30B-A3B: total 30.5B as published; active (with the embedding) is
+// 3,353,032,704, which Qwen's model card gives as "3.3B" - rounded down, not to
+// nearest. Its non-embedding total, 29.9B on the card, matches too.
+TEST(ModelSpecParamCount, Qwen3_30B_A3B) {
+  const Published p = {
+      "Qwen3-30B-A3B", MF_FAMILY_QWEN3_MOE, 2048, 768, 128, 8, 0, 48, 32, 4, 128, 151936, 30.5, 3.3, 0.1};
+  mf_model_spec s = FromPublished(p);
+  ASSERT_EQ(mf_model_spec_validate(&s, p.name), MF_OK) << mf_last_error();
+  int64_t total = 0, active = 0;
+  mf_model_spec_param_count(&s, &total, &active);
+  EXPECT_EQ(total, TensorSum(s));
+  EXPECT_EQ(total, 30532122624);
+  EXPECT_EQ(std::llround(total / 1e8), 305);
+  EXPECT_EQ(std::llround((total - 2 * s.vocab * s.hidden) / 1e8), 299);
+  EXPECT_EQ(active + s.vocab * s.hidden, 3353032704);
+  EXPECT_EQ((active + s.vocab * s.hidden) / 100000000, 33);  // the card's 3.3B, truncated
+}
+
+// The same figures from the hub-shaped config.json files, through the loader.
+TEST(ModelSpecParamCount, HubConfigsGiveThePublishedSizes) {
+  struct Row {
+    const char *file;
+    int64_t total_tenths, active_tenths;  // MODELS.md §12, in units of 0.1B
+  } rows[] = {
+      {"mixtral_8x7b_hub.json", 467, 129},
+      {"qwen1_5_moe_a2_7b_hub.json", 143, 27},
+      {"olmoe_1b_7b_hub.json", 69, 13},
+      {"qwen3_30b_a3b_hub.json", 305, 33},  // active: 3.353B, which Qwen states as 3.3B (see above)
+  };
+  for (const Row &r : rows) {
+    mf_model_spec s = LoadOk(DataPath(r.file));
+    int64_t total = 0, active = 0;
+    mf_model_spec_param_count(&s, &total, &active);
+    EXPECT_EQ(total, TensorSum(s)) << r.file;
+    EXPECT_EQ(std::llround(total / 1e8), r.total_tenths) << r.file << " " << total;
+    const int64_t with_embedding = active + s.vocab * s.hidden;
+    if (s.family == MF_FAMILY_QWEN3_MOE)
+      EXPECT_EQ(with_embedding / 100000000, r.active_tenths) << r.file;
+    else
+      EXPECT_EQ(std::llround(with_embedding / 1e8), r.active_tenths) << r.file << " " << active;
+  }
+}
+
+TEST(ModelSpecParamCount, Mixtral8x7BExactly) {
+  // From the tensor shapes of MODELS.md §1 (8x7B): 46,702,792,704 parameters.
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);  // the defaults are Mixtral-8x7B
+  int64_t total = 0, active = 0;
+  mf_model_spec_param_count(&s, &total, &active);
+  EXPECT_EQ(total, 46702792704);
+  EXPECT_EQ(active, 12748853248);
+}
+
+TEST(ModelSpecParamCount, TinyFixturesMatchTheTensorSum) {
+  for (const char *fam : kFamilies) {
+    mf_model_spec s = LoadOk(DataPath(std::string(fam) + "_tiny.json"));
+    int64_t total = 0, active = 0;
+    mf_model_spec_param_count(&s, &total, &active);
+    EXPECT_EQ(total, TensorSum(s)) << fam;
+    EXPECT_LT(active, total) << fam;
+  }
+}
+
+TEST(ModelSpecParamCount, SaturatesInsteadOfOverflowing) {
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+  s.hidden = (int64_t)1 << 40, s.expert_ffn = (int64_t)1 << 40, s.experts = 1 << 20;
+  int64_t total = 0, active = 0;
+  mf_model_spec_param_count(&s, &total, &active);
+  EXPECT_EQ(total, INT64_MAX);
+  EXPECT_EQ(active, INT64_MAX);
+}
+
+}  // namespace

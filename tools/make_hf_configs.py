@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Writes the HF config.json fixtures of tests/hf_config/data from real transformers.
+
+Run it in a venv that has transformers 4.57 (torch is not needed; this script
+installs nothing itself):
+
+    python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install 'transformers==4.57.*'
+    /tmp/hfvenv/bin/python tools/make_hf_configs.py            # rewrite the fixtures
+    /tmp/hfvenv/bin/python tools/make_hf_configs.py --check    # only compare
+
+For each family it writes
+  <family>_default.json  XConfig().to_dict(): every key with its transformers default
+                         (architectures null, so the loader must use model_type);
+  <family>_tiny.json     a tiny model in the layout save_pretrained writes
+                         (MODELS.md §14: E=8, k=2, kv_heads < heads, a Qwen dense
+                         layer through mlp_only_layers / decoder_sparse_step=2,
+                         norm_topk_prob true, non-default rope_theta / eps / aux coef);
+<model>_hub.json       shaped like published checkpoints' config.json (HUB below);
+and expected.json: what transformers resolves from each file - the config
+attributes as the modeling code reads them (num_key_value_heads, head_dim by each
+family's own rule, which layers are MoE) in moefit's spec terms.
+
+How configs written by moefit (mf_hf_config_write) are checked against
+transformers: the test `//tests/hf_config:hf_config_test` compares the bytes that
+mf_hf_config_write produces for each <family>_tiny.json spec against the checked-in
+<family>_written.json (regenerate them with
+`MF_HF_GOLDEN_DIR=$PWD/tests/hf_config/data bazel run //tests/hf_config:hf_config_test
+-- --gtest_filter='*Golden*'`). This script then loads every <family>_written.json
+through `AutoConfig.from_pretrained(<dir holding it as config.json>)` and
+requires that transformers resolves it to exactly the values of the matching tiny
+config (and to the torch_dtype written). So: C writes -> checked-in golden ->
+transformers reads it back -> same model as the fixture moefit loaded.
+
+Parameter counts are not recorded: computing them from transformers needs torch
+(instantiating the models). tests/hf_config checks mf_model_spec_param_count
+against the published figures of MODELS.md §12 instead.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import transformers
+from transformers import AutoConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+PINNED = "4.57"
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "tests", "hf_config", "data")
+
+FAMILIES = {
+    "mixtral": (MixtralConfig, "MixtralForCausalLM"),
+    "qwen2_moe": (Qwen2MoeConfig, "Qwen2MoeForCausalLM"),
+    "qwen3_moe": (Qwen3MoeConfig, "Qwen3MoeForCausalLM"),
+    "olmoe": (OlmoeConfig, "OlmoeForCausalLM"),
+}
+
+TINY = {
+    "mixtral": dict(
+        vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-6,
+        router_aux_loss_coef=0.02, router_jitter_noise=0.0, tie_word_embeddings=False),
+    "qwen2_moe": dict(
+        vocab_size=99, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        shared_expert_intermediate_size=36, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
+        mlp_only_layers=[1], norm_topk_prob=True, qkv_bias=True, max_position_embeddings=512,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, router_aux_loss_coef=0.001,
+        tie_word_embeddings=False),
+    "qwen3_moe": dict(
+        vocab_size=99, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[],
+        norm_topk_prob=True, max_position_embeddings=512, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, router_aux_loss_coef=0.001, tie_word_embeddings=False),
+    "olmoe": dict(
+        vocab_size=99, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, clip_qkv=8.0, max_position_embeddings=512, rms_norm_eps=1e-5,
+        router_aux_loss_coef=0.01, eos_token_id=2, pad_token_id=1, tie_word_embeddings=True),
+}
+
+# Configs shaped like the published checkpoints' config.json (the keys those
+# files carry, with the dims of MODELS.md §12), to exercise what real files hold:
+# ints where floats are meant, Qwen1.5's sliding_window with use_sliding_window
+# false, Qwen3's head_dim != hidden / heads, old transformers_version strings.
+HUB = {
+    "mixtral_8x7b_hub.json": ("mixtral", {
+        "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+        "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+        "rms_norm_eps": 1e-05, "rope_theta": 1e6, "router_aux_loss_coef": 0.02,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000}),
+    "qwen1_5_moe_a2_7b_hub.json": ("qwen2_moe", {
+        "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+        "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 24,
+        "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.39.0.dev0", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": 151936, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+        "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001}),
+    "qwen3_30b_a3b_hub.json": ("qwen3_moe", {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+        "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+        "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+        "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000, "router_aux_loss_coef": 0.001, "sliding_window": None,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+        "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}),
+    "olmoe_1b_7b_hub.json": ("olmoe", {
+        "architectures": ["OlmoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "clip_qkv": None, "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 1024, "max_position_embeddings": 4096,
+        "model_type": "olmoe", "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 64,
+        "num_experts_per_tok": 8, "num_hidden_layers": 16, "num_key_value_heads": 16,
+        "output_router_logits": False, "pad_token_id": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 10000.0, "router_aux_loss_coef": 0.01, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": True,
+        "vocab_size": 50304}),
+}
+
+# The lines of transformers' modeling code that the rules below copy; checked to
+# be present so a version with different rules fails here instead of silently.
+MODELING_RULES = {
+    "mixtral": [
+        'self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads',
+    ],
+    "qwen2_moe": [
+        'self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+        "if (layer_idx not in config.mlp_only_layers) and (",
+        "config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0",
+        "bias=self.config.qkv_bias",
+    ],
+    "qwen3_moe": [
+        'self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+        "if (layer_idx not in config.mlp_only_layers) and (",
+        "config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0",
+        "self.q_norm = Qwen3MoeRMSNorm(self.head_dim",
+    ],
+    "olmoe": [
+        "self.head_dim = self.hidden_size // self.num_heads",
+        "self.q_norm = OlmoeRMSNorm(self.hidden_size",
+        "if self.config.clip_qkv is not None:",
+    ],
+}
+
+
+def check_modeling_rules():
+    root = os.path.dirname(transformers.__file__)
+    for fam, needles in MODELING_RULES.items():
+        path = os.path.join(root, "models", fam, "modeling_%s.py" % fam)
+        with open(path) as f:
+            src = f.read()
+        for n in needles:
+            if n not in src:
+                sys.exit("transformers %s changed %s: missing %r" % (transformers.__version__, path, n))
+
+
+def resolve(fam, cfg):
+    """The config as the family's modeling code reads it, in moefit spec terms."""
+    H, heads = cfg.hidden_size, cfg.num_attention_heads
+    if fam == "mixtral":
+        head_dim = getattr(cfg, "head_dim", None) or H // heads
+    elif fam == "olmoe":
+        head_dim = H // heads
+    else:
+        head_dim = getattr(cfg, "head_dim", H // heads)
+    L = cfg.num_hidden_layers
+    if fam in ("qwen2_moe", "qwen3_moe"):
+        moe = [l for l in range(L)
+               if l not in cfg.mlp_only_layers and cfg.num_experts > 0
+               and (l + 1) % cfg.decoder_sparse_step == 0]
+    else:
+        moe = list(range(L))
+    e = {
+        "family": fam,
+        "hidden": H,
+        "layers": L,
+        "heads": heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": head_dim,
+        "vocab": cfg.vocab_size,
+        "max_seq": cfg.max_position_embeddings,
+        "rope_theta": float(cfg.rope_theta),
+        "norm_eps": float(cfg.rms_norm_eps),
+        "router_aux_loss_coef": float(cfg.router_aux_loss_coef),
+        "top_k": cfg.num_experts_per_tok,
+        "tie_embeddings": bool(cfg.tie_word_embeddings),
+        "moe_layers": moe,
+        "router_jitter": 0.0,
+        "clip_qkv": 0.0,
+        "qkv_bias": False,
+        "shared_ffn": 0,
+        "dense_ffn": 0,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "qk_norm": {"mixtral": "none", "qwen2_moe": "none", "qwen3_moe": "per_head", "olmoe": "full"}[fam],
+    }
+    if fam == "mixtral":
+        e.update(experts=cfg.num_local_experts, expert_ffn=cfg.intermediate_size,
+                 router_jitter=float(cfg.router_jitter_noise), norm_topk_prob=True)
+    elif fam in ("qwen2_moe", "qwen3_moe"):
+        e.update(experts=cfg.num_experts, expert_ffn=cfg.moe_intermediate_size,
+                 dense_ffn=cfg.intermediate_size, decoder_sparse_step=cfg.decoder_sparse_step,
+                 mlp_only_layers=list(cfg.mlp_only_layers), norm_topk_prob=bool(cfg.norm_topk_prob))
+        if fam == "qwen2_moe":
+            e.update(shared_ffn=cfg.shared_expert_intermediate_size, qkv_bias=bool(cfg.qkv_bias))
+    else:
+        e.update(experts=cfg.num_experts, expert_ffn=cfg.intermediate_size,
+                 norm_topk_prob=bool(cfg.norm_topk_prob),
+                 clip_qkv=float(cfg.clip_qkv) if cfg.clip_qkv is not None else 0.0)
+    # What moefit cannot run must be off in every fixture.
+    assert cfg.hidden_act == "silu"
+    assert getattr(cfg, "rope_scaling", None) is None
+    assert getattr(cfg, "sliding_window", None) is None
+    assert not getattr(cfg, "attention_bias", False)
+    return e
+
+
+def load_via_autoconfig(path):
+    """AutoConfig.from_pretrained on a directory holding `path` as config.json."""
+    d = tempfile.mkdtemp()
+    try:
+        shutil.copy(path, os.path.join(d, "config.json"))
+        return AutoConfig.from_pretrained(d)
+    finally:
+        shutil.rmtree(d)
+
+
+def dump(obj):
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
+    ap.add_argument("--data", default=DATA)
+    args = ap.parse_args()
+    if not transformers.__version__.startswith(PINNED + "."):
+        sys.exit("need transformers %s.x, have %s" % (PINNED, transformers.__version__))
+    check_modeling_rules()
+
+    files, family_of = {}, {}
+    expected = {"transformers_version": transformers.__version__, "configs": {}}
+    for fam, (cls, arch) in FAMILIES.items():
+        default = cls()
+        files["%s_default.json" % fam] = dump(default.to_dict())
+        expected["configs"]["%s_default.json" % fam] = resolve(fam, default)
+        tiny = cls(architectures=[arch], **TINY[fam])
+        files["%s_tiny.json" % fam] = tiny.to_json_string(use_diff=True)
+        expected["configs"]["%s_tiny.json" % fam] = resolve(fam, tiny)
+        family_of["%s_default.json" % fam] = family_of["%s_tiny.json" % fam] = fam
+    for name, (fam, d) in HUB.items():
+        files[name] = dump(d)
+        family_of[name] = fam
+        expected["configs"][name] = resolve(fam, FAMILIES[fam][0](**d))
+    files["expected.json"] = dump(expected)
+
+    # Every file as written must read back, through AutoConfig, to the same values.
+    for name, text in files.items():
+        if name == "expected.json":
+            continue
+        fam = family_of[name]
+        d = tempfile.mkdtemp()
+        try:
+            with open(os.path.join(d, "config.json"), "w") as f:
+                f.write(text)
+            cfg = AutoConfig.from_pretrained(d)
+        finally:
+            shutil.rmtree(d)
+        assert resolve(fam, cfg) == expected["configs"][name], name
+
+    bad = 0
+    for name, text in files.items():
+        path = os.path.join(args.data, name)
+        if args.check:
+            with open(path) as f:
+                if f.read() != text:
+                    print("differs: %s" % path)
+                    bad += 1
+        else:
+            os.makedirs(args.data, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+
+    # Configs written by mf_hf_config_write (golden files of the C test).
+    for fam, (cls, arch) in FAMILIES.items():
+        path = os.path.join(args.data, "%s_written.json" % fam)
+        if not os.path.exists(path):
+            print("missing %s (run the C test's golden update)" % path)
+            bad += 1
+            continue
+        cfg = load_via_autoconfig(path)
+        if type(cfg) is not cls or cfg.architectures != [arch]:
+            print("%s: AutoConfig gave %s %s" % (path, type(cfg).__name__, cfg.architectures))
+            bad += 1
+            continue
+        got = resolve(fam, cfg)
+        want = expected["configs"]["%s_tiny.json" % fam]
+        if got != want:
+            diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+            print("%s: transformers reads it differently from %s_tiny.json: %s" % (path, fam, diff))
+            bad += 1
+        else:
+            print("ok: %s loads through AutoConfig to the tiny %s model (dtype %s)" % (
+                os.path.basename(path), fam, cfg.dtype))
+    if bad:
+        sys.exit("%d problem(s)" % bad)
+
+
+if __name__ == "__main__":
+    main()
