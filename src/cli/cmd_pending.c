@@ -29,19 +29,7 @@ static const pending_command k_plan = {
     "ZeRO-Offload-like, MegaTrain-like, checkpoint every layer).\n",
     "the planner comes with the planner/executor work"};
 
-static const pending_command k_eval = {
-    "eval",
-    "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--dump-logits FILE]\n\n"
-    "Prints the mean loss and perplexity of CONFIG's model over a token file (data.valid by\n"
-    "default); --dump-logits writes the first sequence's logits (float32, row-major [T, V]).\n",
-    "the model's forward pass comes with the model work"};
 
-static const pending_command k_init = {
-    "init",
-    "usage: moefit init --family F --preset tiny|small --out DIR [--seed N]\n\n"
-    "Writes a randomly initialised model directory (config.json + model.safetensors) that\n"
-    "transformers loads. Families: mixtral, qwen2_moe, qwen3_moe, olmoe.\n",
-    "random initialisation comes with the model work"};
 
 static const pending_command k_profile = {
     "profile",
@@ -66,8 +54,6 @@ static const pending_command k_bench = {
     "the benchmarks come with the optimizer and cuda backend work"};
 
 int mf_cli_plan(int argc, char **argv) { return run_pending(&k_plan, argc, argv); }
-int mf_cli_eval(int argc, char **argv) { return run_pending(&k_eval, argc, argv); }
-int mf_cli_init(int argc, char **argv) { return run_pending(&k_init, argc, argv); }
 int mf_cli_profile(int argc, char **argv) { return run_pending(&k_profile, argc, argv); }
 int mf_cli_export(int argc, char **argv) { return run_pending(&k_export, argc, argv); }
 int mf_cli_bench(int argc, char **argv) { return run_pending(&k_bench, argc, argv); }

@@ -1,91 +1,90 @@
-/* `moefit train CONFIG [key=value ...]`: today it loads and checks everything a
- * run needs (config, model, token files) and reports it; the training loop
- * itself comes with the model work, and until then this says so and fails. */
+/* `moefit train CONFIG [key=value ...]` and `moefit eval CONFIG [...]`. */
 #include <stdio.h>
 #include <string.h>
 
 #include "src/cli/commands.h"
 #include "src/config/config.h"
-#include "src/io/hf_config.h"
-#include "src/io/safetensors.h"
-#include "src/io/tokens.h"
-#include "src/model/spec.h"
+#include "src/exec/train.h"
 
-static const char k_usage[] =
+static const char k_train_usage[] =
     "usage: moefit train CONFIG [key=value ...]\n"
-    "       mpirun -np N moefit train CONFIG [key=value ...]\n\n"
-    "Fine-tunes CONFIG's model on its token files. key=value pairs override the file\n"
-    "(e.g. train.lr=1e-4 memory.device_budget=24GiB); `moefit config --help` lists the keys.\n"
-    "Progress goes to stderr, metrics to OUTPUT_DIR/metrics.jsonl.\n";
+    "       mpirun -np N moefit train CONFIG [key=value ...]   (multi-rank runs come later)\n\n"
+    "Trains CONFIG's model on its token files. key=value pairs override the file\n"
+    "(e.g. train.lr=1e-4 train.steps=50); `moefit config --help` lists the keys.\n"
+    "Progress lines go to stderr; OUTPUT_DIR/metrics.jsonl gets one JSON object per logged\n"
+    "step; the final weights go to OUTPUT_DIR/final as a Hugging Face model directory.\n"
+    "The cpu backend runs today (backend: cpu or auto).\n";
 
-static void print_model(const mf_model_spec *s, const char *origin) {
-  int64_t total = 0, active = 0;
-  mf_model_spec_param_count(s, &total, &active);
-  int64_t moe = 0;
-  for (int64_t l = 0; l < s->layers; l++) moe += mf_model_spec_layer_is_moe(s, l);
-  fprintf(stderr,
-          "model: %s (%s): %lld layers (%lld MoE), hidden %lld, %lld heads / %lld kv, %lld experts top-%lld, "
-          "expert ffn %lld, vocab %lld; %.3fM parameters, %.3fM active per token\n",
-          mf_family_name(s->family), origin, (long long)s->layers, (long long)moe, (long long)s->hidden,
-          (long long)s->heads, (long long)s->kv_heads, (long long)s->experts, (long long)s->top_k,
-          (long long)s->expert_ffn, (long long)s->vocab, (double)total / 1e6, (double)active / 1e6);
-}
+static const char k_eval_usage[] =
+    "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--model DIR] [--dump-logits FILE]\n\n"
+    "Prints the mean loss (nats per counted token) and perplexity of a model over every\n"
+    "window of data.seq_len tokens in a token file (default data.valid, else data.train).\n"
+    "The weights are --model DIR, else model.path, else OUTPUT_DIR/final when a training\n"
+    "run left one, else the config's random init.\n"
+    "--dump-logits FILE writes the first sequence's logits: float32, row-major [seq_len, vocab].\n";
 
-/* Opens and validates a token file against the model's vocabulary. */
-static mf_status check_tokens(const char *role, const char *path, const mf_model_spec *s, int64_t seq_len) {
-  mf_tokens *t = NULL;
-  MF_CHECK(mf_tokens_open(path, &t));
-  mf_tokens_stats st;
-  mf_status rc = mf_tokens_compute_stats(t, &st);
-  if (rc == MF_OK && (int64_t)mf_tokens_vocab(t) > s->vocab)
-    rc = MF_ERR(MF_ERR_CONFIG, "%s: vocabulary %u is larger than the model's (%lld)", path, mf_tokens_vocab(t),
-                (long long)s->vocab);
-  if (rc == MF_OK && (int64_t)mf_tokens_count(t) < seq_len + 1)
-    rc = MF_ERR(MF_ERR_CONFIG, "%s: %llu tokens is fewer than one sequence of data.seq_len + 1 = %lld", path,
-                (unsigned long long)mf_tokens_count(t), (long long)seq_len + 1);
-  if (rc == MF_OK)
-    fprintf(stderr, "data.%s: %s: %llu tokens in %llu documents, unigram entropy %.3f bits/token (%.3f nats)\n",
-            role, path, (unsigned long long)mf_tokens_count(t), (unsigned long long)mf_tokens_doc_count(t),
-            st.entropy_bits, st.entropy_bits * 0.6931471805599453);
-  mf_tokens_close(t);
-  return rc;
-}
-
-static mf_status check_run(const mf_config *cfg) {
-  mf_model_spec spec;
-  if (cfg->model.has_init) {
-    spec = cfg->model.init;
-    print_model(&spec, "random init");
-  } else {
-    MF_CHECK(mf_hf_config_load(cfg->model.path, &spec));
-    mf_safetensors *st = NULL;
-    MF_CHECK(mf_safetensors_open(cfg->model.path, &st));
-    fprintf(stderr, "checkpoint: %s: %zu tensors in %zu file(s)\n", cfg->model.path, mf_safetensors_count(st),
-            mf_safetensors_shard_count(st));
-    mf_safetensors_close(st);
-    print_model(&spec, cfg->model.path);
+/* Splits argv into the config, key=value overrides and --options (name, value). */
+static int load_config(const char *cmd, int argc, char **argv, const char *const *opt_names, const char **opt_values,
+                       int n_opts, mf_config **cfg) {
+  const char *path = NULL;
+  const char *overrides[256];
+  size_t n_over = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) == 0) {
+      int found = 0;
+      for (int k = 0; k < n_opts; k++)
+        if (strcmp(a, opt_names[k]) == 0) {
+          if (i + 1 >= argc) return mf_cli_usage_error(cmd, "%s needs a value", a);
+          opt_values[k] = argv[++i];
+          found = 1;
+        }
+      if (!found) return mf_cli_usage_error(cmd, "unknown option '%s'", a);
+    } else if (!path) {
+      path = a;
+    } else if (strchr(a, '=')) {
+      if (n_over == sizeof overrides / sizeof overrides[0]) return mf_cli_usage_error(cmd, "too many overrides");
+      overrides[n_over++] = a;
+    } else {
+      return mf_cli_usage_error(cmd, "'%s' is not a key=value override", a);
+    }
   }
-  MF_CHECK(check_tokens("train", cfg->data.train, &spec, cfg->data.seq_len));
-  if (cfg->data.valid) MF_CHECK(check_tokens("valid", cfg->data.valid, &spec, cfg->data.seq_len));
-  return MF_OK;
+  if (!path) return mf_cli_usage_error(cmd, "expected a CONFIG file");
+  mf_status st = mf_config_load(path, overrides, n_over, cfg);
+  if (st != MF_OK) return mf_cli_fail(cmd, st);
+  return MF_EXIT_OK;
 }
 
 int mf_cli_train(int argc, char **argv) {
   if (mf_cli_wants_help(argc, argv)) {
-    printf("%s", k_usage);
+    printf("%s", k_train_usage);
     return MF_EXIT_OK;
   }
-  if (argc < 2) return mf_cli_usage_error("train", "expected a CONFIG file");
-  for (int i = 2; i < argc; i++)
-    if (!strchr(argv[i], '=')) return mf_cli_usage_error("train", "'%s' is not a key=value override", argv[i]);
   mf_config *cfg = NULL;
-  mf_status st = mf_config_load(argv[1], (const char *const *)(argv + 2), (size_t)(argc - 2), &cfg);
-  if (st != MF_OK) return mf_cli_fail("train", st);
-  st = check_run(cfg);
+  int rc = load_config("train", argc, argv, NULL, NULL, 0, &cfg);
+  if (rc != MF_EXIT_OK) return rc;
+  mf_train_summary sum;
+  mf_status st = mf_train(cfg, 0, &sum);
   mf_config_free(cfg);
-  if (st != MF_OK) return mf_cli_fail("train", st);
-  fprintf(stderr,
-          "moefit train: not built yet: the config, model and data above are valid, but the training loop "
-          "(model maths, optimizer, executor) comes with the model work. Nothing was trained.\n");
-  return MF_EXIT_FAIL;
+  return st == MF_OK ? MF_EXIT_OK : mf_cli_fail("train", st);
+}
+
+int mf_cli_eval(int argc, char **argv) {
+  if (mf_cli_wants_help(argc, argv)) {
+    printf("%s", k_eval_usage);
+    return MF_EXIT_OK;
+  }
+  const char *names[3] = {"--tokens", "--model", "--dump-logits"};
+  const char *values[3] = {NULL, NULL, NULL};
+  mf_config *cfg = NULL;
+  int rc = load_config("eval", argc, argv, names, values, 3, &cfg);
+  if (rc != MF_EXIT_OK) return rc;
+  mf_eval_opts o = {values[0], values[1], values[2]};
+  mf_eval_result r;
+  mf_status st = mf_eval(cfg, &o, &r);
+  mf_config_free(cfg);
+  if (st != MF_OK) return mf_cli_fail("eval", st);
+  printf("loss %.6f  perplexity %.4f  (%lld tokens in %lld sequences)\n", r.loss, r.perplexity, (long long)r.tokens,
+         (long long)r.sequences);
+  return MF_EXIT_OK;
 }

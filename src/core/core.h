@@ -1,6 +1,7 @@
 /*
  * moefit core: status codes and errors, logging, dtypes and bf16/fp16 <-> fp32,
- * a thread pool with a fixed partition, and arena allocators.
+ * a thread pool with a fixed partition, arena allocators, and files: written
+ * atomically (temporary file, fsync, rename), read whole or mapped.
  *
  * Errors: a fallible function returns mf_status. The first function to see a
  * fault records a message with its context (file, place, fault) through
@@ -227,6 +228,60 @@ const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap);
 
 /* Monotonic seconds. */
 double mf_time_now(void);
+
+/* ---------------------------------------------------------- atomic files */
+
+/* A file that appears at its path whole or not at all. It is written as
+ * PATH.tmp beside the target (so the rename stays on one filesystem), then
+ * commit fsyncs it, renames it over PATH and fsyncs the directory. Until the
+ * rename PATH is untouched; abort, or a failed write or commit, removes
+ * PATH.tmp. open removes a stale PATH.tmp (a crashed writer's) and creates its
+ * own exclusively, so a link planted under that name is never followed; commit
+ * renames only the file it created, so a second writer of the same PATH
+ * (which removed this one's PATH.tmp) makes this commit fail, not publish the
+ * other's half-written file. Every message names the file, the failing call
+ * and strerror. */
+typedef struct mf_atomic_file mf_atomic_file;
+
+mf_status mf_atomic_file_open(const char *path, mf_atomic_file **out);
+/* All n bytes at the current offset (loops on short writes and EINTR). */
+mf_status mf_atomic_file_write(mf_atomic_file *f, const void *data, size_t n);
+/* The temporary file's descriptor, for pwrite/lseek (-1 after sync). */
+int mf_atomic_file_fd(const mf_atomic_file *f);
+const char *mf_atomic_file_tmp_path(const mf_atomic_file *f); /* PATH.tmp, for messages */
+/* fsync and close now; commit then only renames. For a set of files that must
+ * all be complete before the first of them appears (and that would otherwise
+ * hold one descriptor each). */
+mf_status mf_atomic_file_sync(mf_atomic_file *f);
+/* fsync, close, rename over PATH, fsync the directory (a failure of that last
+ * step is only a warning: the file is in place). Frees f, failing or not; on
+ * failure PATH is as it was. A file whose write or sync failed is not renamed. */
+mf_status mf_atomic_file_commit(mf_atomic_file *f);
+/* Closes and removes PATH.tmp and frees f. NULL is fine. */
+void mf_atomic_file_abort(mf_atomic_file *f);
+
+/* open + write + commit. */
+mf_status mf_write_file_atomic(const char *path, const void *data, size_t n);
+
+/* Writes all n bytes to fd (loops on short writes and EINTR); a failure is
+ * MF_ERR_IO naming `path`. */
+mf_status mf_write_all(int fd, const char *path, const void *data, size_t n);
+
+/* ---------------------------------------------------------- reading files */
+
+/* Reads the whole regular file `path` into a malloc'ed buffer, NUL-terminated
+ * (the caller frees it; *len excludes the NUL). A file larger than max_bytes
+ * is MF_ERR_FORMAT "PATH: N bytes is too large for WHAT (at most MAX)"; a path
+ * that cannot be opened, stat'ed or read, or that is not a regular file, is
+ * MF_ERR_IO. A file that shrinks while it is read gives what was there. */
+mf_status mf_read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *len);
+
+/* Maps the regular file `path` read-only and private. An empty file gives
+ * *base NULL and *size 0 (nothing is mapped). Failures are MF_ERR_IO naming
+ * the path and the call; *err (may be NULL) gets the errno of a failed open
+ * or fstat (ENOENT: no such file), else 0. */
+mf_status mf_map_file(const char *path, const uint8_t **base, size_t *size, int *err);
+void mf_unmap_file(const void *base, size_t size); /* NULL or 0 bytes is fine */
 
 #ifdef __cplusplus
 }

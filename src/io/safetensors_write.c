@@ -1,14 +1,13 @@
 /*
  * safetensors writing: single files and sharded sets, laid out like the
- * reference writer (MODELS.md §13) and written atomically (PATH.tmp, fsync,
- * rename, fsync of the directory). Everything the caller passes is checked
- * before the first byte is written.
+ * reference writer (MODELS.md §13) and written atomically (mf_atomic_file:
+ * PATH.tmp, fsync, rename, fsync of the directory). Everything the caller
+ * passes is checked before the first byte is written.
  */
 #include "src/io/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,109 +193,39 @@ done:
   return s;
 }
 
-static mf_status st_write_all(int fd, const char *path, const void *p, uint64_t n) {
-  const uint8_t *b = (const uint8_t *)p;
-  while (n) {
-    size_t chunk = n > (1u << 30) ? (1u << 30) : (size_t)n;
-    ssize_t w = write(fd, b, chunk);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return MF_ERR(MF_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    }
-    b += w;
-    n -= (uint64_t)w;
-  }
-  return MF_OK;
-}
-
-/* Writes `tmp` completely and fsyncs it; removes it on failure. */
-/* A tmp file of our own: a stale one (from a crash) is replaced, and a link
- * planted under the name is not followed. */
-static int st_create_tmp(const char *tmp) {
-  if (unlink(tmp) != 0 && errno != ENOENT) return -1;
-  return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-}
-
-static mf_status st_write_tmp(const char *tmp, const uint8_t *head, size_t head_len, const st_item *items,
-                              size_t n) {
-  int fd = st_create_tmp(tmp);
-  if (fd < 0) return MF_ERR(MF_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-  mf_status s;
-  MF_CHECK_GOTO(st_write_all(fd, tmp, head, head_len), s, fail);
-  for (size_t i = 0; i < n; i++)
-    MF_CHECK_GOTO(st_write_all(fd, tmp, items[i].t->data, items[i].nbytes), s, fail);
-  if (fsync(fd) != 0) {
-    s = MF_ERR(MF_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    goto fail;
-  }
-  if (close(fd) != 0) {
-    fd = -1;
-    s = MF_ERR(MF_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    goto fail;
-  }
-  return MF_OK;
-fail:
-  if (fd >= 0) close(fd);
-  unlink(tmp);
-  return s;
-}
-
-static void st_fsync_dir_of(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char dir[4096];
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1 : slash - path), path);
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  if (fsync(fd) != 0 && errno != EINVAL)
-    MF_LOGW("io", "%s: fsync of the directory failed (%s); the new file may not survive a crash", dir,
-            strerror(errno));
-  close(fd);
-}
-
-static mf_status st_tmp_name(const char *path, char **out) {
-  size_t len = strlen(path) + 5;
-  MF_CHECK(mf_malloc(len, "a path", (void **)out));
-  snprintf(*out, len, "%s.tmp", path);
-  return MF_OK;
-}
-
-/* Builds and writes one file's tmp (validated items, in any order). */
-static mf_status st_write_file_tmp(const char *path, const char *tmp, st_item *items, size_t n,
-                                   const mf_st_meta *meta, size_t n_meta) {
+/* Writes one file (validated items, in any order) under path's temporary
+ * name; the caller commits or syncs it. Nothing is left behind on failure. */
+static mf_status st_write_file(const char *path, st_item *items, size_t n, const mf_st_meta *meta,
+                               size_t n_meta, mf_atomic_file **out) {
   uint8_t *head = NULL;
   size_t head_len = 0;
+  mf_atomic_file *f = NULL;
+  mf_status s;
+  *out = NULL;
   MF_CHECK(st_build_header(path, items, n, meta, n_meta, &head, &head_len));
-  mf_status s = st_write_tmp(tmp, head, head_len, items, n);
+  MF_CHECK_GOTO(mf_atomic_file_open(path, &f), s, done);
+  MF_CHECK_GOTO(mf_atomic_file_write(f, head, head_len), s, done);
+  for (size_t i = 0; i < n; i++)
+    MF_CHECK_GOTO(mf_atomic_file_write(f, items[i].t->data, items[i].nbytes), s, done);
+  *out = f;
+  f = NULL;
+done:
+  mf_atomic_file_abort(f);
   free(head);
   return s;
-}
-
-static mf_status st_rename(const char *tmp, const char *path) {
-  if (rename(tmp, path) != 0) {
-    mf_status s = MF_ERR(MF_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-    unlink(tmp);
-    return s;
-  }
-  return MF_OK;
 }
 
 mf_status mf_safetensors_write(const char *path, const mf_st_tensor *tensors, size_t n,
                                const mf_st_meta *metadata, size_t n_metadata) {
   if (!path || !path[0]) return MF_ERR(MF_ERR_INVALID_ARG, "mf_safetensors_write: no path");
   st_item *items = NULL;
-  char *tmp = NULL;
+  mf_atomic_file *f = NULL;
   mf_status s;
   MF_CHECK_GOTO(mf_calloc(n ? n : 1, sizeof *items, "tensor list", (void **)&items), s, done);
   MF_CHECK_GOTO(st_validate(path, tensors, n, metadata, n_metadata, items), s, done);
-  MF_CHECK_GOTO(st_tmp_name(path, &tmp), s, done);
-  MF_CHECK_GOTO(st_write_file_tmp(path, tmp, items, n, metadata, n_metadata), s, done);
-  MF_CHECK_GOTO(st_rename(tmp, path), s, done);
-  st_fsync_dir_of(path);
+  MF_CHECK_GOTO(st_write_file(path, items, n, metadata, n_metadata, &f), s, done);
+  MF_CHECK_GOTO(mf_atomic_file_commit(f), s, done);
 done:
-  free(tmp);
   free(items);
   return s;
 }
@@ -372,8 +301,9 @@ mf_status mf_safetensors_write_sharded(const char *dir, const mf_st_tensor *tens
   if (max_shard_bytes == 0) return MF_ERR(MF_ERR_INVALID_ARG, "%s: max shard size is 0", dir);
   if (strlen(dir) > 3500) return MF_ERR(MF_ERR_INVALID_ARG, "%.200s...: path too long", dir);
   st_item *items = NULL;
-  size_t *shard_of = NULL, *starts = NULL, n_shards = 0, n_tmp = 0;
-  char **paths = NULL, *index_text = NULL;
+  size_t *shard_of = NULL, *starts = NULL, n_shards = 0, n_files = 0;
+  mf_atomic_file **files = NULL;
+  char *index_text = NULL;
   mf_status s;
   MF_CHECK_GOTO(mf_calloc(n ? n : 1, sizeof *items, "tensor list", (void **)&items), s, done);
   MF_CHECK_GOTO(st_validate(dir, tensors, n, metadata, n_metadata, items), s, done);
@@ -404,65 +334,43 @@ mf_status mf_safetensors_write_sharded(const char *dir, const mf_st_tensor *tens
     s = MF_ERR(MF_ERR_IO, "%s: cannot create the directory: %s", dir, strerror(errno));
     goto done;
   }
-
-  /* paths[2k] final, paths[2k+1] tmp; shards, then the index (if any). */
-  size_t n_files = n_shards == 1 ? 1 : n_shards + 1;
-  MF_CHECK_GOTO(mf_calloc(2 * n_files, sizeof(char *), "paths", (void **)&paths), s, done);
-  for (size_t k = 0; k < n_files; k++) {
-    char name[64];
-    if (n_shards == 1)
-      snprintf(name, sizeof name, "model.safetensors");
-    else if (k < n_shards)
-      snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, n_shards);
-    else
-      snprintf(name, sizeof name, "model.safetensors.index.json");
-    size_t len = strlen(dir) + strlen(name) + 2;
-    MF_CHECK_GOTO(mf_malloc(len, "a path", (void **)&paths[2 * k]), s, done);
-    snprintf(paths[2 * k], len, "%s/%s", dir, name);
-    MF_CHECK_GOTO(st_tmp_name(paths[2 * k], &paths[2 * k + 1]), s, done);
-  }
   if (n_shards > 1)
     MF_CHECK_GOTO(st_index_text(dir, items, n, shard_of, n_shards, total, &index_text), s, done);
 
-  /* Every file complete and fsynced under its tmp name first. */
-  for (size_t k = 0; k < n_shards; k++) {
-    MF_CHECK_GOTO(st_write_file_tmp(paths[2 * k], paths[2 * k + 1], items + starts[k],
-                                    starts[k + 1] - starts[k], metadata, n_metadata),
-                  s, done);
-    n_tmp++;
-  }
-  if (index_text) {
-    int fd = st_create_tmp(paths[2 * n_shards + 1]);
-    if (fd < 0) {
-      s = MF_ERR(MF_ERR_IO, "%s: cannot create: %s", paths[2 * n_shards + 1], strerror(errno));
-      goto done;
+  /* files[k]: the shards, then the index (if any). Every one is complete and
+   * fsynced under its tmp name first, one descriptor open at a time. */
+  n_files = n_shards == 1 ? 1 : n_shards + 1;
+  MF_CHECK_GOTO(mf_calloc(n_files, sizeof *files, "shard files", (void **)&files), s, done);
+  for (size_t k = 0; k < n_files; k++) {
+    char path[4096];
+    if (n_shards == 1)
+      snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    else if (k < n_shards)
+      snprintf(path, sizeof path, "%s/model-%05zu-of-%05zu.safetensors", dir, k + 1, n_shards);
+    else
+      snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (k < n_shards) {
+      MF_CHECK_GOTO(
+          st_write_file(path, items + starts[k], starts[k + 1] - starts[k], metadata, n_metadata, &files[k]),
+          s, done);
+    } else {
+      MF_CHECK_GOTO(mf_atomic_file_open(path, &files[k]), s, done);
+      MF_CHECK_GOTO(mf_atomic_file_write(files[k], index_text, strlen(index_text)), s, done);
     }
-    n_tmp++;
-    s = st_write_all(fd, paths[2 * n_shards + 1], index_text, strlen(index_text));
-    if (s == MF_OK && fsync(fd) != 0)
-      s = MF_ERR(MF_ERR_IO, "%s: fsync failed: %s", paths[2 * n_shards + 1], strerror(errno));
-    if (close(fd) != 0 && s == MF_OK) s = MF_ERR(MF_ERR_IO, "%s: close failed", paths[2 * n_shards + 1]);
-    if (s != MF_OK) goto done;
+    MF_CHECK_GOTO(mf_atomic_file_sync(files[k]), s, done);
   }
   /* Then the renames: shards first, the index last. */
   for (size_t k = 0; k < n_files; k++) {
-    s = st_rename(paths[2 * k + 1], paths[2 * k]);
-    if (s != MF_OK) {
-      for (size_t j = k + 1; j < n_files; j++) unlink(paths[2 * j + 1]);
-      n_tmp = 0;
-      goto done;
-    }
+    mf_atomic_file *f = files[k];
+    files[k] = NULL; /* commit frees it, failing or not */
+    MF_CHECK_GOTO(mf_atomic_file_commit(f), s, done);
   }
-  n_tmp = 0;
-  st_fsync_dir_of(paths[0]);
   st_remove_stale(dir, n_shards);
   if (n_shards_out) *n_shards_out = n_shards;
 
 done:
-  for (size_t k = 0; k < n_tmp; k++) unlink(paths[2 * k + 1]);
-  if (paths)
-    for (size_t k = 0; k < 2 * (n_shards == 1 ? 1 : n_shards + 1); k++) free(paths[k]);
-  free(paths);
+  for (size_t k = 0; files && k < n_files; k++) mf_atomic_file_abort(files[k]);
+  free(files);
   free(index_text);
   free(starts);
   free(shard_of);

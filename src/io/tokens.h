@@ -158,11 +158,12 @@ mf_status mf_tokens_compute_stats(const mf_tokens *t, mf_tokens_stats *out);
 
 /* ------------------------------------------------------------------ writer */
 
-/* Streams a .tokens file: tokens go to `path`.tmp.<pid>.<n> as they come (the mask
- * bits to an unlinked spool file beside it), the mask and document sections and
- * then the header are written by finish, which fsyncs and renames over `path`.
- * Until then `path` is untouched; a writer freed before finish removes its
- * temporary file. The directory of `path` must exist. */
+/* Streams a .tokens file: tokens go to `path`.tmp as they come (an mf_atomic_file:
+ * a stale `path`.tmp is replaced; the mask bits go to an unlinked spool file
+ * beside it), the mask and document sections and then the header are written by
+ * finish, which fsyncs and renames over `path`. Until then `path` is untouched;
+ * a writer freed before finish removes its temporary file. The directory of
+ * `path` must exist. */
 typedef struct mf_tokens_writer mf_tokens_writer;
 
 /* width: 2, 4, or 0 for the smallest that holds vocab. with_mask: write a loss-mask

@@ -1,18 +1,13 @@
-/* .tokens files: CRC-32, the validating reader, statistics and the streaming writer.
- * The format is described at the top of tokens.h. */
+/* .tokens files: CRC-32, the validating reader and statistics. The format is
+ * described at the top of tokens.h; the writer is tokens_write.c. */
 #include "src/io/tokens.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* The mapping is read in place: u16/u32/u64 fields are little-endian on disk. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -306,56 +301,39 @@ mf_status mf_tokens_open(const char *path, mf_tokens **out) {
   if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_tokens_open: out is NULL");
   *out = NULL;
   if (!path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_tokens_open: path is NULL");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return MF_ERR(MF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return MF_ERR(MF_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return MF_ERR(MF_ERR_IO, "%s: not a regular file", path);
-  }
-  uint64_t size = (uint64_t)st.st_size;
-  if (size == 0) {
-    close(fd);
-    return MF_ERR(MF_ERR_FORMAT,
-                  "%s: byte 0: the file is empty (a .tokens file starts with a %u-byte header)", path,
-                  MF_TOKENS_HEADER_SIZE);
-  }
+  const uint8_t *map = NULL;
+  size_t size = 0;
+  MF_CHECK(mf_map_file(path, &map, &size, NULL));
   if (size < MF_TOKENS_HEADER_SIZE) {
-    close(fd);
+    mf_unmap_file(map, size);
+    if (size == 0)
+      return MF_ERR(MF_ERR_FORMAT,
+                    "%s: byte 0: the file is empty (a .tokens file starts with a %u-byte header)", path,
+                    MF_TOKENS_HEADER_SIZE);
     return MF_ERR(MF_ERR_FORMAT,
                   "%s: byte %llu: truncated header: the file is %llu bytes, the header alone is %u", path,
                   (ull)size, (ull)size, MF_TOKENS_HEADER_SIZE);
   }
-  void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int e = errno;
-  close(fd);
-  if (map == MAP_FAILED)
-    return MF_ERR(MF_ERR_IO, "%s: cannot map %llu bytes: %s", path, (ull)size, strerror(e));
 
   mf_tokens *t = (mf_tokens *)calloc(1, sizeof *t);
   char *p = mf_strdup(path);
   if (!t || !p) {
     free(t);
     free(p);
-    munmap(map, (size_t)size);
+    mf_unmap_file(map, size);
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory opening the token file", path);
   }
   t->path = p;
-  t->map = (const uint8_t *)map;
-  t->map_size = (size_t)size;
+  t->map = map;
+  t->map_size = size;
   mf_status s = check_header(t);
   if (s == MF_OK) {
     t->tokens = t->map + t->info.tokens_offset;
     t->docs = (const uint64_t *)(t->map + t->info.docs_offset);
     t->mask = (t->info.flags & MF_TOKENS_FLAG_MASK) ? t->map + t->info.mask_offset : NULL;
-    madvise(map, (size_t)size, MADV_SEQUENTIAL);
+    madvise((void *)map, size, MADV_SEQUENTIAL);
     s = check_payload(t);
-    madvise(map, (size_t)size, MADV_NORMAL);
+    madvise((void *)map, size, MADV_NORMAL);
   }
   if (s != MF_OK) {
     mf_tokens_close(t);
@@ -369,7 +347,7 @@ mf_status mf_tokens_open(const char *path, mf_tokens **out) {
 
 void mf_tokens_close(mf_tokens *t) {
   if (!t) return;
-  if (t->map) munmap((void *)t->map, t->map_size);
+  mf_unmap_file(t->map, t->map_size);
   free(t->path);
   free(t);
 }
@@ -492,320 +470,4 @@ mf_status mf_tokens_compute_stats(const mf_tokens *t, mf_tokens_stats *out) {
   }
   out->doc_mean = (double)n / (double)in->doc_count;
   return MF_OK;
-}
-
-/* ------------------------------------------------------------------ writer */
-
-#define WBUF_SIZE (1u << 20)
-#define MBUF_SIZE (1u << 16)
-
-struct mf_tokens_writer {
-  char *path;
-  char *tmp_path;
-  int fd;      /* the temporary file */
-  int mask_fd; /* unlinked spool of the packed mask bits, -1 without a mask */
-  uint32_t vocab;
-  uint32_t width;
-  int with_mask;
-  int finished;
-  uint64_t count;
-  uint64_t doc_start; /* first token of the current document */
-  uint64_t *docs;
-  size_t n_docs, cap_docs;
-  uint8_t *buf; /* bytes after the header not yet written to fd */
-  size_t buf_n;
-  uint64_t pos; /* file offset of the next byte emitted */
-  uint32_t crc; /* payload CRC of the bytes flushed so far */
-  uint8_t *mbuf;
-  size_t mbuf_n;
-  uint64_t mask_bytes;
-  uint8_t mbits; /* the partial mask byte and how many bits it holds */
-  int mbits_n;
-};
-
-static mf_status write_all(int fd, const void *data, size_t n, const char *path) {
-  const uint8_t *p = (const uint8_t *)data;
-  while (n) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0)
-      return MF_ERR(MF_ERR_IO, "%s: write failed: %s", path, k < 0 ? strerror(errno) : "no progress");
-    p += k;
-    n -= (size_t)k;
-  }
-  return MF_OK;
-}
-
-static mf_status wflush(mf_tokens_writer *w) {
-  if (!w->buf_n) return MF_OK;
-  w->crc = mf_tokens_crc32(w->crc, w->buf, w->buf_n);
-  mf_status s = write_all(w->fd, w->buf, w->buf_n, w->tmp_path);
-  w->buf_n = 0;
-  return s;
-}
-
-static mf_status wemit(mf_tokens_writer *w, const void *data, size_t n) {
-  const uint8_t *p = (const uint8_t *)data;
-  while (n) {
-    if (w->buf_n == WBUF_SIZE) MF_CHECK(wflush(w));
-    size_t k = WBUF_SIZE - w->buf_n < n ? WBUF_SIZE - w->buf_n : n;
-    memcpy(w->buf + w->buf_n, p, k);
-    w->buf_n += k;
-    w->pos += k;
-    p += k;
-    n -= k;
-  }
-  return MF_OK;
-}
-
-static mf_status wpad8(mf_tokens_writer *w) {
-  static const uint8_t zeros[8] = {0};
-  return w->pos % 8 ? wemit(w, zeros, 8 - w->pos % 8) : MF_OK;
-}
-
-static mf_status mask_push(mf_tokens_writer *w, uint8_t byte) {
-  w->mbuf[w->mbuf_n++] = byte;
-  w->mask_bytes++;
-  if (w->mbuf_n == MBUF_SIZE) {
-    w->mbuf_n = 0;
-    return write_all(w->mask_fd, w->mbuf, MBUF_SIZE, w->tmp_path);
-  }
-  return MF_OK;
-}
-
-static char *path_with_suffix(const char *path, const char *what) {
-  static atomic_uint seq;
-  unsigned n = atomic_fetch_add(&seq, 1u);
-  size_t len = strlen(path) + strlen(what) + 48;
-  char *s = (char *)malloc(len);
-  if (s) snprintf(s, len, "%s.%s.%ld.%u", path, what, (long)getpid(), n);
-  return s;
-}
-
-mf_status mf_tokens_writer_create(const char *path, uint32_t vocab, int width, int with_mask,
-                                  mf_tokens_writer **out) {
-  if (!out || !path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_tokens_writer_create: path or out is NULL");
-  *out = NULL;
-  if (vocab == 0) return MF_ERR(MF_ERR_INVALID_ARG, "%s: vocab size 0 (must be >= 1)", path);
-  if (width == 0) width = vocab <= 65536u ? 2 : 4;
-  if (width != 2 && width != 4)
-    return MF_ERR(MF_ERR_INVALID_ARG, "%s: token width %d is not 2 (u16) or 4 (u32)", path, width);
-  if (width == 2 && vocab > 65536u)
-    return MF_ERR(MF_ERR_INVALID_ARG, "%s: vocab size %u does not fit 2-byte tokens (at most 65536)", path,
-                  vocab);
-
-  mf_tokens_writer *w = (mf_tokens_writer *)calloc(1, sizeof *w);
-  if (!w) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory creating a token writer", path);
-  w->fd = -1;
-  w->mask_fd = -1;
-  w->vocab = vocab;
-  w->width = (uint32_t)width;
-  w->with_mask = with_mask != 0;
-  w->pos = MF_TOKENS_HEADER_SIZE;
-  w->path = mf_strdup(path);
-  w->tmp_path = path_with_suffix(path, "tmp");
-  w->buf = (uint8_t *)malloc(WBUF_SIZE);
-  w->mbuf = w->with_mask ? (uint8_t *)malloc(MBUF_SIZE) : NULL;
-  if (!w->path || !w->tmp_path || !w->buf || (w->with_mask && !w->mbuf)) {
-    mf_tokens_writer_free(w);
-    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory creating a token writer", path);
-  }
-  w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (w->fd < 0) {
-    int e = errno;
-    mf_status s = MF_ERR(MF_ERR_IO, "%s: cannot create the temporary file %s: %s%s", path, w->tmp_path,
-                         strerror(e), e == ENOENT ? " (does the directory exist?)" : "");
-    mf_tokens_writer_free(w);
-    return s;
-  }
-  if (w->with_mask) {
-    char *spool = path_with_suffix(path, "mask");
-    w->mask_fd = spool ? open(spool, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : -1;
-    int e = errno;
-    if (w->mask_fd >= 0) unlink(spool); /* the fd keeps it; nothing is left behind */
-    if (w->mask_fd < 0) {
-      mf_status s = MF_ERR(MF_ERR_IO, "%s: cannot create the mask spool file %s: %s", path,
-                           spool ? spool : "?", spool ? strerror(e) : "out of memory");
-      free(spool);
-      mf_tokens_writer_free(w);
-      return s;
-    }
-    free(spool);
-  }
-  /* The header's place, rewritten by finish. */
-  static const uint8_t zeros[MF_TOKENS_HEADER_SIZE] = {0};
-  mf_status s = write_all(w->fd, zeros, sizeof zeros, w->tmp_path);
-  if (s != MF_OK) {
-    mf_tokens_writer_free(w);
-    return s;
-  }
-  *out = w;
-  return MF_OK;
-}
-
-mf_status mf_tokens_writer_append(mf_tokens_writer *w, const uint32_t *ids, const uint8_t *mask, size_t n) {
-  if (w->finished) return MF_ERR(MF_ERR_INVALID_ARG, "%s: append after finish", w->path);
-  if (mask && !w->with_mask)
-    return MF_ERR(MF_ERR_INVALID_ARG, "%s: a loss mask was given, but the writer was created without one",
-                  w->path);
-  for (size_t i = 0; i < n; i++)
-    if (ids[i] >= w->vocab)
-      return MF_ERR(MF_ERR_INVALID_ARG, "%s: token %llu: id %u >= vocab %u", w->path, (ull)(w->count + i),
-                    ids[i], w->vocab);
-  uint8_t tmp[4096 * 4];
-  for (size_t b = 0; b < n;) {
-    size_t k = n - b < 4096 ? n - b : 4096;
-    if (w->width == 2)
-      for (size_t i = 0; i < k; i++) {
-        uint16_t v = (uint16_t)ids[b + i];
-        memcpy(tmp + 2 * i, &v, 2);
-      }
-    else
-      memcpy(tmp, ids + b, 4 * k);
-    MF_CHECK(wemit(w, tmp, k * w->width));
-    b += k;
-  }
-  if (w->with_mask)
-    for (size_t i = 0; i < n; i++) {
-      uint8_t bit = mask ? mask[i] != 0 : 1;
-      w->mbits |= (uint8_t)(bit << w->mbits_n);
-      if (++w->mbits_n == 8) {
-        MF_CHECK(mask_push(w, w->mbits));
-        w->mbits = 0;
-        w->mbits_n = 0;
-      }
-    }
-  w->count += n;
-  return MF_OK;
-}
-
-mf_status mf_tokens_writer_end_document(mf_tokens_writer *w) {
-  if (w->finished) return MF_ERR(MF_ERR_INVALID_ARG, "%s: end_document after finish", w->path);
-  if (w->count == w->doc_start) return MF_OK;
-  if (w->n_docs == w->cap_docs) {
-    size_t cap = w->cap_docs ? 2 * w->cap_docs : 1024;
-    uint64_t *d = (uint64_t *)realloc(w->docs, cap * sizeof *d);
-    if (!d) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu document starts", w->path, cap);
-    w->docs = d;
-    w->cap_docs = cap;
-  }
-  w->docs[w->n_docs++] = w->doc_start;
-  w->doc_start = w->count;
-  return MF_OK;
-}
-
-static mf_status fsync_dir_of(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char dir[4096];
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == path)
-    snprintf(dir, sizeof dir, "/");
-  else
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return MF_OK; /* the rename is done; durability of the entry is best effort */
-  fsync(fd);
-  close(fd);
-  return MF_OK;
-}
-
-static mf_status finish_body(mf_tokens_writer *w) {
-  MF_CHECK(mf_tokens_writer_end_document(w));
-  uint64_t tokens_offset = MF_TOKENS_HEADER_SIZE, tokens_size = w->count * w->width;
-  MF_CHECK(wpad8(w));
-  uint64_t mask_offset = 0, mask_size = 0;
-  if (w->with_mask) {
-    if (w->mbits_n) MF_CHECK(mask_push(w, w->mbits));
-    if (w->mbuf_n) MF_CHECK(write_all(w->mask_fd, w->mbuf, w->mbuf_n, w->tmp_path));
-    w->mbuf_n = 0;
-    mask_offset = w->pos;
-    mask_size = w->mask_bytes;
-    if (lseek(w->mask_fd, 0, SEEK_SET) != 0)
-      return MF_ERR(MF_ERR_IO, "%s: cannot rewind the mask spool: %s", w->path, strerror(errno));
-    for (uint64_t left = mask_size; left;) {
-      size_t want = left < MBUF_SIZE ? (size_t)left : MBUF_SIZE;
-      ssize_t k = read(w->mask_fd, w->mbuf, want);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0)
-        return MF_ERR(MF_ERR_IO, "%s: reading the mask spool back: %s", w->path,
-                      k < 0 ? strerror(errno) : "short");
-      MF_CHECK(wemit(w, w->mbuf, (size_t)k));
-      left -= (uint64_t)k;
-    }
-    MF_CHECK(wpad8(w));
-  }
-  uint64_t docs_offset = w->pos, docs_size = 8 * (uint64_t)w->n_docs;
-  MF_CHECK(wemit(w, w->docs, (size_t)docs_size));
-  MF_CHECK(wflush(w));
-
-  uint8_t h[MF_TOKENS_HEADER_SIZE] = {0};
-  uint32_t u32;
-  uint64_t u64;
-  memcpy(h, MF_TOKENS_MAGIC, 8);
-#define PUT32(off, v) (u32 = (uint32_t)(v), memcpy(h + (off), &u32, 4))
-#define PUT64(off, v) (u64 = (uint64_t)(v), memcpy(h + (off), &u64, 8))
-  PUT32(MF_TOKENS_OFF_VERSION, MF_TOKENS_VERSION);
-  PUT32(MF_TOKENS_OFF_HEADER_SIZE, MF_TOKENS_HEADER_SIZE);
-  PUT32(MF_TOKENS_OFF_VOCAB, w->vocab);
-  PUT32(MF_TOKENS_OFF_WIDTH, w->width);
-  PUT64(MF_TOKENS_OFF_COUNT, w->count);
-  PUT64(MF_TOKENS_OFF_DOC_COUNT, w->n_docs);
-  PUT64(MF_TOKENS_OFF_FLAGS, w->with_mask ? MF_TOKENS_FLAG_MASK : 0);
-  PUT64(MF_TOKENS_OFF_TOKENS_OFFSET, tokens_offset);
-  PUT64(MF_TOKENS_OFF_TOKENS_SIZE, tokens_size);
-  PUT64(MF_TOKENS_OFF_MASK_OFFSET, mask_offset);
-  PUT64(MF_TOKENS_OFF_MASK_SIZE, mask_size);
-  PUT64(MF_TOKENS_OFF_DOCS_OFFSET, docs_offset);
-  PUT64(MF_TOKENS_OFF_DOCS_SIZE, docs_size);
-  PUT64(MF_TOKENS_OFF_FILE_SIZE, w->pos);
-  PUT32(MF_TOKENS_OFF_PAYLOAD_CRC, w->crc);
-  PUT32(MF_TOKENS_OFF_HEADER_CRC, mf_tokens_crc32(0, h, MF_TOKENS_OFF_HEADER_CRC));
-#undef PUT32
-#undef PUT64
-  if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
-    return MF_ERR(MF_ERR_IO, "%s: writing the header failed: %s", w->tmp_path, strerror(errno));
-  if (fsync(w->fd) != 0) return MF_ERR(MF_ERR_IO, "%s: fsync failed: %s", w->tmp_path, strerror(errno));
-  int fd = w->fd;
-  w->fd = -1;
-  if (close(fd) != 0) return MF_ERR(MF_ERR_IO, "%s: close failed: %s", w->tmp_path, strerror(errno));
-  if (rename(w->tmp_path, w->path) != 0)
-    return MF_ERR(MF_ERR_IO, "%s: cannot rename %s over it: %s", w->path, w->tmp_path, strerror(errno));
-  w->finished = 1;
-  return fsync_dir_of(w->path);
-}
-
-mf_status mf_tokens_writer_finish(mf_tokens_writer *w) {
-  if (w->finished) return MF_ERR(MF_ERR_INVALID_ARG, "%s: finish called twice", w->path);
-  mf_status s = finish_body(w);
-  if (s != MF_OK && !w->finished) {
-    /* A failed finish leaves nothing behind: the temporary file goes, path is untouched. */
-    if (w->fd >= 0) close(w->fd);
-    w->fd = -1;
-    unlink(w->tmp_path);
-    w->finished = 1;
-  }
-  return s;
-}
-
-void mf_tokens_writer_free(mf_tokens_writer *w) {
-  if (!w) return;
-  if (w->fd >= 0) { /* open only while unfinished: abort */
-    close(w->fd);
-    unlink(w->tmp_path);
-  }
-  if (w->mask_fd >= 0) close(w->mask_fd);
-  free(w->docs);
-  free(w->buf);
-  free(w->mbuf);
-  free(w->tmp_path);
-  free(w->path);
-  free(w);
-}
-
-uint64_t mf_tokens_writer_count(const mf_tokens_writer *w) {
-  return w->count;
-}
-uint64_t mf_tokens_writer_doc_count(const mf_tokens_writer *w) {
-  return w->n_docs;
 }

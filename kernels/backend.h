@@ -1,0 +1,163 @@
+/*
+ * The backend interface: one struct of function pointers that the cpu backend
+ * (kernels/cpu) and the cuda backend (kernels/cuda) both fill — the shape ggml
+ * uses for its backends. The executor (src/exec) talks only to this.
+ *
+ * Memory. A backend has one device arena of exactly the budgeted size,
+ * allocated once (`arena_create`); every device tensor lives at an offset in it
+ * chosen by the program's memory plan. Host staging memory for transfers comes
+ * from `host_alloc` (pinned on cuda).
+ *
+ * Work. Kernels are described as data (`mf_kernel_call`: a kind, its operand
+ * buffers and its sizes) and submitted to a stream with `run`. Copies go on
+ * streams too; events order streams. On the cpu backend a stream executes its
+ * work in submission order as it is submitted (an ordered queue that is always
+ * drained), so every event is complete when recorded; on cuda they are CUDA
+ * streams and events.
+ *
+ * Checking (cpu, `checking` on): the executor tells the backend which arena
+ * ranges hold live tensors (`mark`); freed ranges are filled with NaN, and every
+ * kernel operand and copy must lie inside the arena and inside live ranges, or
+ * the call fails with MF_ERR_INTERNAL naming the kernel and the operand — so an
+ * offload bug fails a test instead of passing by luck.
+ */
+#ifndef MF_KERNELS_BACKEND_H
+#define MF_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The kernels, and the layout of each call's operands (b[]) and sizes (i[], f[]).
+ * Semantics of every kernel: kernels/cpu/cpu_ops.h (the reference). "?" marks an
+ * operand that may be absent (ptr NULL). */
+typedef enum mf_kernel {
+  MF_K_ZERO = 0,          /* b = {x (written 0)} */
+  MF_K_EMBED_FWD,         /* b = {ids, table, out};            i = {T, V, H} */
+  MF_K_EMBED_BWD,         /* b = {ids, dout, dtable};          i = {T, V, H} */
+  MF_K_RMSNORM_FWD,       /* b = {x, w, y, rstd};              i = {R, C};  f = {eps} */
+  MF_K_RMSNORM_BWD,       /* b = {dy, x, w, rstd, dx, dw};     i = {R, C, accumulate} */
+  MF_K_LINEAR_FWD,        /* b = {x, W, bias?, y};             i = {M, N, K, accumulate} */
+  MF_K_LINEAR_BWD_DATA,   /* b = {dy, W, dx};                  i = {M, N, K, accumulate} */
+  MF_K_LINEAR_BWD_WEIGHT, /* b = {dy, x, dW, dbias?};          i = {M, N, K} */
+  MF_K_ROPE_FWD,          /* b = {x (in place), pos};          i = {T, nh, D};  f = {theta} */
+  MF_K_ROPE_BWD,          /* b = {dx (in place), pos};         i = {T, nh, D};  f = {theta} */
+  MF_K_ATTN_FWD,          /* b = {q, k, v, o, lse};            i = {B, S, Hq, Hkv, D};  f = {scale} */
+  MF_K_ATTN_BWD,          /* b = {q, k, v, o, do, lse, dq, dk, dv};  i = {B, S, Hq, Hkv, D};  f = {scale} */
+  MF_K_SWIGLU_FWD,        /* b = {g, u, act};                  i = {n} */
+  MF_K_SWIGLU_BWD,        /* b = {g, u, dact, dg, du};         i = {n} */
+  MF_K_SIGGATE_FWD,       /* b = {gl, x, y (added)};           i = {R, C} */
+  MF_K_SIGGATE_BWD,       /* b = {gl, x, dy, dx, dgl};         i = {R, C} */
+  MF_K_ADD,               /* b = {x, y (added)};               i = {n} */
+  MF_K_ROUTER_FWD,        /* b = {logits, probs, topk_idx, topk_w};  i = {T, E, K, norm_topk} */
+  MF_K_ROUTER_BWD,        /* b = {probs, topk_idx, topk_w, dtopk_w, dprobs?, dlogits};  i = {T, E, K, norm_topk} */
+  MF_K_MOE_DISPATCH,      /* b = {topk_idx, counts, offsets, row_of, token_of_row};  i = {T, K, E} */
+  MF_K_MOE_GATHER,        /* b = {x, token_of_row, xe};        i = {R, H} */
+  MF_K_MOE_GATHER_BWD,    /* b = {dxe, row_of, dx};            i = {T, K, H, accumulate} */
+  MF_K_MOE_COMBINE,       /* b = {ye, w, row_of, y (added)};   i = {T, K, H} */
+  MF_K_MOE_COMBINE_BWD,   /* b = {dy, ye, w, row_of, dye, dw}; i = {T, K, H} */
+  MF_K_EXPERT_FWD,        /* b = {xe, offsets, ye};  experts = W[E];   i = {E, N, Kd} */
+  MF_K_EXPERT_BWD_DATA,   /* b = {dye, offsets, dxe}; experts = W[E];  i = {E, N, Kd} */
+  MF_K_EXPERT_BWD_WEIGHT, /* b = {dye, xe, offsets}; experts = dW[E];  i = {E, N, Kd} */
+  MF_K_CROSS_ENTROPY,     /* b = {h, W, target, ws, lse, scalars, dh?, dW?};  i = {T, V, H, chunk};
+                             f = {loss_scale}; scalars (2 doubles, written) = {loss_sum, n_valid} */
+  MF_K_AUX_ACCUMULATE,    /* b = {probs, topk_idx, counts, psum};  i = {T, E, K} (counts i64, psum f64: added) */
+  MF_K_AUX_VALUE,         /* b = {counts, psum, scalars};      i = {E, n_rows}; scalars[0] = aux (written) */
+  MF_K_AUX_GRAD,          /* b = {counts, dprobs};             i = {E, n_rows, T};  f = {coef} */
+  MF_K_COUNT_
+} mf_kernel;
+
+const char *mf_kernel_name(mf_kernel k);
+
+#define MF_KBUF_MAX 10
+
+/* One operand: where it is, how many bytes the kernel may touch, and whether it
+ * writes them. */
+typedef struct mf_kbuf {
+  void *ptr;
+  size_t bytes;
+  int write;
+} mf_kbuf;
+
+typedef struct mf_kernel_call {
+  mf_kernel kind;
+  mf_kbuf b[MF_KBUF_MAX];
+  int64_t i[8];
+  double f[2];
+  /* Per-expert weights (EXPERT_*): E pointers, each to `expert_bytes` bytes;
+   * NULL for an expert with no rows. Written for EXPERT_BWD_WEIGHT. */
+  void **experts;
+  size_t expert_bytes;
+  const char *label; /* the program op's name, for messages (may be NULL) */
+} mf_kernel_call;
+
+typedef struct mf_stream mf_stream;
+typedef struct mf_event mf_event;
+typedef struct mf_backend mf_backend;
+
+typedef enum mf_copy_kind {
+  MF_COPY_H2D = 0,
+  MF_COPY_D2H,
+  MF_COPY_D2D,
+} mf_copy_kind;
+
+typedef struct mf_backend_stats {
+  uint64_t kernels;      /* kernel calls run */
+  uint64_t bytes_h2d;    /* bytes copied host -> device */
+  uint64_t bytes_d2h;
+  uint64_t bytes_d2d;
+  uint64_t checks;       /* operands checked (checking mode) */
+} mf_backend_stats;
+
+struct mf_backend {
+  const char *name; /* "cpu", "cuda" */
+  void *impl;
+
+  /* The device arena: allocated once, exactly `bytes`. */
+  mf_status (*arena_create)(mf_backend *b, size_t bytes, void **base);
+  /* Host memory for transfers (pinned on cuda); freed with host_free. */
+  mf_status (*host_alloc)(mf_backend *b, size_t bytes, void **out);
+  void (*host_free)(mf_backend *b, void *p);
+
+  mf_status (*stream_create)(mf_backend *b, mf_stream **out);
+  void (*stream_free)(mf_backend *b, mf_stream *s);
+  mf_status (*stream_sync)(mf_backend *b, mf_stream *s);
+  mf_status (*event_create)(mf_backend *b, mf_event **out);
+  void (*event_free)(mf_backend *b, mf_event *e);
+  mf_status (*event_record)(mf_backend *b, mf_event *e, mf_stream *s);
+  /* Work submitted to `s` after this waits for `e`. */
+  mf_status (*stream_wait)(mf_backend *b, mf_stream *s, mf_event *e);
+
+  mf_status (*copy)(mf_backend *b, void *dst, const void *src, size_t bytes, mf_copy_kind kind, mf_stream *s);
+  mf_status (*run)(mf_backend *b, const mf_kernel_call *call, mf_stream *s);
+
+  /* Checking mode bookkeeping (optional: NULL when the backend has none).
+   * live = 1: [ptr, ptr+bytes) now holds a tensor; live = 0: released
+   * (poisoned with NaN on cpu). */
+  mf_status (*mark)(mf_backend *b, void *ptr, size_t bytes, int live);
+
+  void (*get_stats)(mf_backend *b, mf_backend_stats *out);
+  void (*free)(mf_backend *b);
+};
+
+/* The cpu backend. `pool` (may be NULL) runs the kernels; `round_bf16` stores
+ * activations rounded to bf16 precision; `checking` turns on the checking mode. */
+typedef struct mf_cpu_backend_opts {
+  mf_threadpool *pool;
+  int round_bf16;
+  int checking;
+} mf_cpu_backend_opts;
+
+mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **out);
+void mf_backend_free(mf_backend *b); /* NULL is fine */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_KERNELS_BACKEND_H */

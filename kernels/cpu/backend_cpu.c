@@ -1,0 +1,330 @@
+/* The cpu backend: a real "device" arena of exactly the budgeted size, memcpy
+ * copies, streams that run work as it is submitted, and the checking mode
+ * (NaN-poisoned releases, every operand checked against the live ranges). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
+
+#define GRANULE 4 /* bytes per bit of the residency bitmap */
+
+typedef struct cpu_impl {
+  mf_cpu_backend_opts opts;
+  mf_kctx kctx;
+  uint8_t *arena;
+  size_t arena_bytes;
+  uint64_t *live; /* one bit per GRANULE bytes of the arena (checking mode) */
+  mf_backend_stats stats;
+} cpu_impl;
+
+struct mf_stream {
+  int unused;
+};
+struct mf_event {
+  int unused;
+};
+
+static const char *const k_kernel_names[MF_K_COUNT_] = {
+    [MF_K_ZERO] = "zero",
+    [MF_K_EMBED_FWD] = "embed_fwd",
+    [MF_K_EMBED_BWD] = "embed_bwd",
+    [MF_K_RMSNORM_FWD] = "rmsnorm_fwd",
+    [MF_K_RMSNORM_BWD] = "rmsnorm_bwd",
+    [MF_K_LINEAR_FWD] = "linear_fwd",
+    [MF_K_LINEAR_BWD_DATA] = "linear_bwd_data",
+    [MF_K_LINEAR_BWD_WEIGHT] = "linear_bwd_weight",
+    [MF_K_ROPE_FWD] = "rope_fwd",
+    [MF_K_ROPE_BWD] = "rope_bwd",
+    [MF_K_ATTN_FWD] = "attn_fwd",
+    [MF_K_ATTN_BWD] = "attn_bwd",
+    [MF_K_SWIGLU_FWD] = "swiglu_fwd",
+    [MF_K_SWIGLU_BWD] = "swiglu_bwd",
+    [MF_K_SIGGATE_FWD] = "sigmoid_gate_fwd",
+    [MF_K_SIGGATE_BWD] = "sigmoid_gate_bwd",
+    [MF_K_ADD] = "add",
+    [MF_K_ROUTER_FWD] = "router_fwd",
+    [MF_K_ROUTER_BWD] = "router_bwd",
+    [MF_K_MOE_DISPATCH] = "moe_dispatch",
+    [MF_K_MOE_GATHER] = "moe_gather",
+    [MF_K_MOE_GATHER_BWD] = "moe_gather_bwd",
+    [MF_K_MOE_COMBINE] = "moe_combine",
+    [MF_K_MOE_COMBINE_BWD] = "moe_combine_bwd",
+    [MF_K_EXPERT_FWD] = "expert_fwd",
+    [MF_K_EXPERT_BWD_DATA] = "expert_bwd_data",
+    [MF_K_EXPERT_BWD_WEIGHT] = "expert_bwd_weight",
+    [MF_K_CROSS_ENTROPY] = "cross_entropy",
+    [MF_K_AUX_ACCUMULATE] = "aux_accumulate",
+    [MF_K_AUX_VALUE] = "aux_value",
+    [MF_K_AUX_GRAD] = "aux_grad",
+};
+
+const char *mf_kernel_name(mf_kernel k) {
+  return ((int)k >= 0 && k < MF_K_COUNT_ && k_kernel_names[k]) ? k_kernel_names[k] : "unknown";
+}
+
+static cpu_impl *impl_of(mf_backend *b) { return (cpu_impl *)b->impl; }
+
+static mf_status cpu_arena_create(mf_backend *b, size_t bytes, void **base) {
+  cpu_impl *c = impl_of(b);
+  *base = NULL;
+  if (c->arena) return MF_ERR(MF_ERR_INTERNAL, "cpu backend: the device arena exists already");
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) {
+    char buf[32];
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate a device arena of %s",
+                  mf_format_bytes(bytes, buf, sizeof buf));
+  }
+  c->arena = (uint8_t *)p;
+  c->arena_bytes = bytes;
+  if (c->opts.checking) {
+    size_t granules = (bytes + GRANULE - 1) / GRANULE;
+    c->live = (uint64_t *)calloc((granules + 63) / 64 + 1, sizeof(uint64_t));
+    if (!c->live) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: no memory for the residency map");
+    /* Nothing is live yet: the whole arena starts poisoned. */
+    uint32_t nan_bits = 0x7fc00000u;
+    for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy(c->arena + i, &nan_bits, 4);
+  }
+  *base = p;
+  return MF_OK;
+}
+
+static mf_status cpu_host_alloc(mf_backend *b, size_t bytes, void **out) {
+  *out = NULL;
+  if (posix_memalign(out, 64, bytes ? bytes : 64) != 0)
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes of host staging memory", bytes);
+  return MF_OK;
+}
+
+static void cpu_host_free(mf_backend *b, void *p) { free(p); }
+
+static mf_status cpu_stream_create(mf_backend *b, mf_stream **out) {
+  *out = (mf_stream *)calloc(1, sizeof(mf_stream));
+  return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a stream");
+}
+static void cpu_stream_free(mf_backend *b, mf_stream *s) { free(s); }
+static mf_status cpu_stream_sync(mf_backend *b, mf_stream *s) { return MF_OK; }
+static mf_status cpu_event_create(mf_backend *b, mf_event **out) {
+  *out = (mf_event *)calloc(1, sizeof(mf_event));
+  return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for an event");
+}
+static void cpu_event_free(mf_backend *b, mf_event *e) { free(e); }
+/* Work runs when submitted, so an event is complete when it is recorded. */
+static mf_status cpu_event_record(mf_backend *b, mf_event *e, mf_stream *s) { return MF_OK; }
+static mf_status cpu_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) { return MF_OK; }
+
+/* ------------------------------------------------------------- checking */
+
+static int bit_get(const uint64_t *m, size_t g) { return (int)((m[g >> 6] >> (g & 63)) & 1u); }
+static void bit_set(uint64_t *m, size_t g, int v) {
+  if (v)
+    m[g >> 6] |= (uint64_t)1 << (g & 63);
+  else
+    m[g >> 6] &= ~((uint64_t)1 << (g & 63));
+}
+
+static mf_status cpu_mark(mf_backend *b, void *ptr, size_t bytes, int live) {
+  cpu_impl *c = impl_of(b);
+  if (!c->opts.checking || bytes == 0) return MF_OK;
+  uint8_t *p = (uint8_t *)ptr;
+  if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes)
+    return MF_ERR(MF_ERR_INTERNAL, "cpu backend: mark of %zu bytes at %p outside the device arena", bytes, ptr);
+  size_t off = (size_t)(p - c->arena);
+  size_t g0 = off / GRANULE, g1 = (off + bytes + GRANULE - 1) / GRANULE;
+  for (size_t g = g0; g < g1; g++) bit_set(c->live, g, live);
+  if (!live) {
+    uint32_t nan_bits = 0x7fc00000u;
+    size_t i = 0;
+    for (; i + 4 <= bytes; i += 4) memcpy(p + i, &nan_bits, 4);
+    memset(p + i, 0xff, bytes - i);
+  }
+  return MF_OK;
+}
+
+/* An operand must lie in the arena, in ranges marked live. */
+static mf_status check_range(cpu_impl *c, const void *ptr, size_t bytes, const char *what, const char *label,
+                             int index) {
+  if (!c->opts.checking || !ptr || bytes == 0) return MF_OK;
+  c->stats.checks++;
+  const uint8_t *p = (const uint8_t *)ptr;
+  if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes)
+    return MF_ERR(MF_ERR_INTERNAL, "residency check: %s%s%s operand %d (%zu bytes) is not in the device arena",
+                  what, label ? " in " : "", label ? label : "", index, bytes);
+  size_t off = (size_t)(p - c->arena);
+  size_t g0 = off / GRANULE, g1 = (off + bytes + GRANULE - 1) / GRANULE;
+  for (size_t g = g0; g < g1; g++)
+    if (!bit_get(c->live, g))
+      return MF_ERR(MF_ERR_INTERNAL,
+                    "residency check: %s%s%s operand %d reads or writes arena bytes [%zu, %zu) that hold no live "
+                    "tensor (first dead byte at %zu)",
+                    what, label ? " in " : "", label ? label : "", index, off, off + bytes, g * GRANULE);
+  return MF_OK;
+}
+
+static mf_status check_call(cpu_impl *c, const mf_kernel_call *k) {
+  if (!c->opts.checking) return MF_OK;
+  const char *name = mf_kernel_name(k->kind);
+  for (int i = 0; i < MF_KBUF_MAX; i++) MF_CHECK(check_range(c, k->b[i].ptr, k->b[i].bytes, name, k->label, i));
+  if (k->experts)
+    for (int64_t e = 0; e < k->i[0]; e++)
+      MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, name, k->label, 100 + (int)e));
+  return MF_OK;
+}
+
+static mf_status cpu_copy(mf_backend *b, void *dst, const void *src, size_t bytes, mf_copy_kind kind,
+                          mf_stream *s) {
+  cpu_impl *c = impl_of(b);
+  if (bytes == 0) return MF_OK;
+  if (kind == MF_COPY_H2D || kind == MF_COPY_D2D) MF_CHECK(check_range(c, dst, bytes, "copy", "destination", 0));
+  if (kind == MF_COPY_D2H || kind == MF_COPY_D2D) MF_CHECK(check_range(c, src, bytes, "copy", "source", 1));
+  memmove(dst, src, bytes);
+  if (kind == MF_COPY_H2D) c->stats.bytes_h2d += bytes;
+  if (kind == MF_COPY_D2H) c->stats.bytes_d2h += bytes;
+  if (kind == MF_COPY_D2D) c->stats.bytes_d2d += bytes;
+  return MF_OK;
+}
+
+/* --------------------------------------------------------------- kernels */
+
+#define F(j) ((float *)k->b[j].ptr)
+#define CF(j) ((const float *)k->b[j].ptr)
+#define I32(j) ((int32_t *)k->b[j].ptr)
+#define CI32(j) ((const int32_t *)k->b[j].ptr)
+#define I64(j) ((int64_t *)k->b[j].ptr)
+#define D64(j) ((double *)k->b[j].ptr)
+
+static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
+  cpu_impl *c = impl_of(b);
+  const mf_kctx *x = &c->kctx;
+  const int64_t *i = k->i;
+  MF_CHECK(check_call(c, k));
+  c->stats.kernels++;
+  switch (k->kind) {
+    case MF_K_ZERO:
+      memset(k->b[0].ptr, 0, k->b[0].bytes);
+      return MF_OK;
+    case MF_K_EMBED_FWD:
+      return mf_cpu_embedding_fwd(x, CI32(0), i[0], CF(1), i[1], i[2], F(2));
+    case MF_K_EMBED_BWD:
+      return mf_cpu_embedding_bwd(x, CI32(0), i[0], CF(1), i[1], i[2], F(2));
+    case MF_K_RMSNORM_FWD:
+      return mf_cpu_rmsnorm_fwd(x, CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3));
+    case MF_K_RMSNORM_BWD:
+      return mf_cpu_rmsnorm_bwd(x, CF(0), CF(1), CF(2), CF(3), i[0], i[1], F(4), F(5), (int)i[2]);
+    case MF_K_LINEAR_FWD:
+      return mf_cpu_linear_fwd(x, CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3]);
+    case MF_K_LINEAR_BWD_DATA:
+      return mf_cpu_linear_bwd_data(x, CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3]);
+    case MF_K_LINEAR_BWD_WEIGHT:
+      return mf_cpu_linear_bwd_weight(x, CF(0), CF(1), i[0], i[1], i[2], F(2), F(3));
+    case MF_K_ROPE_FWD:
+      return mf_cpu_rope_fwd(x, F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0]);
+    case MF_K_ROPE_BWD:
+      return mf_cpu_rope_bwd(x, F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0]);
+    case MF_K_ATTN_FWD:
+      return mf_cpu_attention_fwd(x, CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4));
+    case MF_K_ATTN_BWD:
+      return mf_cpu_attention_bwd(x, CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                                  (float)k->f[0], F(6), F(7), F(8));
+    case MF_K_SWIGLU_FWD:
+      return mf_cpu_swiglu_fwd(x, CF(0), CF(1), i[0], F(2));
+    case MF_K_SWIGLU_BWD:
+      return mf_cpu_swiglu_bwd(x, CF(0), CF(1), CF(2), i[0], F(3), F(4));
+    case MF_K_SIGGATE_FWD:
+      return mf_cpu_sigmoid_gate_fwd(x, CF(0), CF(1), i[0], i[1], F(2));
+    case MF_K_SIGGATE_BWD:
+      return mf_cpu_sigmoid_gate_bwd(x, CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4));
+    case MF_K_ADD:
+      return mf_cpu_add(x, CF(0), i[0], F(1));
+    case MF_K_ROUTER_FWD:
+      return mf_cpu_router_fwd(x, CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3));
+    case MF_K_ROUTER_BWD:
+      return mf_cpu_router_bwd(x, CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5));
+    case MF_K_MOE_DISPATCH:
+      return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
+    case MF_K_MOE_GATHER:
+      return mf_cpu_moe_gather(x, CF(0), CI32(1), i[0], i[1], F(2));
+    case MF_K_MOE_GATHER_BWD:
+      return mf_cpu_moe_gather_bwd(x, CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3]);
+    case MF_K_MOE_COMBINE:
+      return mf_cpu_moe_combine(x, CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3));
+    case MF_K_MOE_COMBINE_BWD:
+      return mf_cpu_moe_combine_bwd(x, CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5));
+    case MF_K_EXPERT_FWD:
+      return mf_cpu_expert_linear_fwd(x, CF(0), (const float *const *)k->experts, (const int64_t *)k->b[1].ptr,
+                                      i[0], i[1], i[2], F(2));
+    case MF_K_EXPERT_BWD_DATA:
+      return mf_cpu_expert_linear_bwd_data(x, CF(0), (const float *const *)k->experts,
+                                           (const int64_t *)k->b[1].ptr, i[0], i[1], i[2], F(2));
+    case MF_K_EXPERT_BWD_WEIGHT:
+      return mf_cpu_expert_linear_bwd_weight(x, CF(0), CF(1), (const int64_t *)k->b[2].ptr, i[0], i[1], i[2],
+                                             (float *const *)k->experts);
+    case MF_K_CROSS_ENTROPY: {
+      double loss = 0;
+      int64_t n_valid = 0;
+      MF_CHECK(mf_cpu_cross_entropy(x, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
+                                    &loss, &n_valid, F(6), F(7)));
+      D64(5)[0] = loss;
+      D64(5)[1] = (double)n_valid;
+      return MF_OK;
+    }
+    case MF_K_AUX_ACCUMULATE:
+      return mf_cpu_aux_accumulate(CF(0), CI32(1), i[0], i[1], i[2], I64(2), D64(3));
+    case MF_K_AUX_VALUE:
+      D64(2)[0] = mf_cpu_aux_value((const int64_t *)k->b[0].ptr, (const double *)k->b[1].ptr, i[0], i[1]);
+      return MF_OK;
+    case MF_K_AUX_GRAD:
+      return mf_cpu_aux_grad((const int64_t *)k->b[0].ptr, i[0], i[1], k->f[0], i[2], F(1));
+    default:
+      return MF_ERR(MF_ERR_INTERNAL, "cpu backend: unknown kernel %d", (int)k->kind);
+  }
+}
+
+static void cpu_get_stats(mf_backend *b, mf_backend_stats *out) { *out = impl_of(b)->stats; }
+
+static void cpu_free(mf_backend *b) {
+  cpu_impl *c = impl_of(b);
+  free(c->arena);
+  free(c->live);
+  free(c);
+  free(b);
+}
+
+mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **out) {
+  *out = NULL;
+  mf_backend *b = (mf_backend *)calloc(1, sizeof *b);
+  cpu_impl *c = (cpu_impl *)calloc(1, sizeof *c);
+  if (!b || !c) {
+    free(b);
+    free(c);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
+  }
+  if (opts) c->opts = *opts;
+  c->kctx.pool = c->opts.pool;
+  c->kctx.round_bf16 = c->opts.round_bf16;
+  *b = (mf_backend){
+      /* .name = */ "cpu",
+      /* .impl = */ c,
+      /* .arena_create = */ cpu_arena_create,
+      /* .host_alloc = */ cpu_host_alloc,
+      /* .host_free = */ cpu_host_free,
+      /* .stream_create = */ cpu_stream_create,
+      /* .stream_free = */ cpu_stream_free,
+      /* .stream_sync = */ cpu_stream_sync,
+      /* .event_create = */ cpu_event_create,
+      /* .event_free = */ cpu_event_free,
+      /* .event_record = */ cpu_event_record,
+      /* .stream_wait = */ cpu_stream_wait,
+      /* .copy = */ cpu_copy,
+      /* .run = */ cpu_run,
+      /* .mark = */ cpu_mark,
+      /* .get_stats = */ cpu_get_stats,
+      /* .free = */ cpu_free,
+  };
+  *out = b;
+  return MF_OK;
+}
+
+void mf_backend_free(mf_backend *b) {
+  if (b && b->free) b->free(b);
+}

@@ -1,0 +1,160 @@
+/*
+ * Elementwise ops on the cpu backend: SwiGLU, Qwen2-MoE's sigmoid shared-expert
+ * gate, and the residual add.
+ *
+ *   swiglu fwd:  act = silu(g) * u                         (written)   g, u, act [n]
+ *   swiglu bwd:  dg = dact * u * silu'(g),  du = dact * silu(g)   (written)
+ *                silu(g) = g / (1 + e^-g),  silu'(g) = s * (1 + g*(1 - s)),  s = sigmoid(g)
+ *   gate fwd:    y[r,:] += sigmoid(gl[r]) * x[r,:]          (added)    gl [R], x, y [R,C]
+ *   gate bwd:    dx[r,:] = s*dy[r,:],  dgl[r] = s*(1-s) * dot(dy[r,:], x[r,:])   (written)
+ *   add:         y += x
+ *
+ * All in fp32. For large |g|, e^-g overflows to +inf or underflows to 0 and
+ * every formula above still gives a finite result (silu(-100) = -0, s = 0 or 1);
+ * no form that divides inf by inf is used. Each element depends only on its own
+ * inputs (the gate's row dot product is computed by one thread in a fixed lane
+ * order), so any thread count gives the same bits.
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+#define EW_GRAIN 4096 /* elements per partition unit (contiguous, cache-line multiples) */
+#define EW_PARALLEL_MIN (1 << 15)
+#define LANES 16
+
+static inline float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+typedef struct ew_args {
+  const float *g, *u, *dact, *x, *dy;
+  float *out0, *out1;
+  int64_t n, R, C;
+  int round_bf16;
+} ew_args;
+
+static void ew_run(const mf_kctx *ctx, mf_task_fn fn, ew_args *a, double work) {
+  if (work < EW_PARALLEL_MIN)
+    fn(a, 0, 1);
+  else
+    mf_threadpool_run(ctx->pool, fn, a);
+}
+
+static inline float rnd(int round_bf16, float v) { return round_bf16 ? mf_round_to_bf16(v) : v; }
+
+/* ---------------------------------------------------------------- swiglu */
+
+static void swiglu_fwd_task(void *arg, int i, int n) {
+  const ew_args *a = (const ew_args *)arg;
+  size_t b, e;
+  mf_partition((size_t)a->n, EW_GRAIN, i, n, &b, &e);
+  for (size_t k = b; k < e; k++) {
+    float g = a->g[k];
+    float silu = g / (1.0f + expf(-g));
+    a->out0[k] = rnd(a->round_bf16, silu * a->u[k]);
+  }
+}
+
+static void swiglu_bwd_task(void *arg, int i, int n) {
+  const ew_args *a = (const ew_args *)arg;
+  size_t b, e;
+  mf_partition((size_t)a->n, EW_GRAIN, i, n, &b, &e);
+  for (size_t k = b; k < e; k++) {
+    float g = a->g[k], d = a->dact[k];
+    float s = sigmoidf_(g);
+    float silu = g / (1.0f + expf(-g));
+    float dsilu = s * (1.0f + g * (1.0f - s));
+    a->out0[k] = rnd(a->round_bf16, d * a->u[k] * dsilu);
+    a->out1[k] = rnd(a->round_bf16, d * silu);
+  }
+}
+
+mf_status mf_cpu_swiglu_fwd(const mf_kctx *ctx, const float *g, const float *u, int64_t n, float *act) {
+  if (n <= 0) return MF_OK;
+  ew_args a = {0};
+  a.g = g, a.u = u, a.out0 = act, a.n = n, a.round_bf16 = ctx->round_bf16;
+  ew_run(ctx, swiglu_fwd_task, &a, (double)n);
+  return MF_OK;
+}
+
+mf_status mf_cpu_swiglu_bwd(const mf_kctx *ctx, const float *g, const float *u, const float *dact, int64_t n,
+                            float *dg, float *du) {
+  if (n <= 0) return MF_OK;
+  ew_args a = {0};
+  a.g = g, a.u = u, a.dact = dact, a.out0 = dg, a.out1 = du, a.n = n, a.round_bf16 = ctx->round_bf16;
+  ew_run(ctx, swiglu_bwd_task, &a, (double)n);
+  return MF_OK;
+}
+
+/* ---------------------------------------------------------- sigmoid gate */
+
+static void gate_fwd_task(void *arg, int i, int n) {
+  const ew_args *a = (const ew_args *)arg;
+  size_t r0, r1;
+  mf_partition((size_t)a->R, 1, i, n, &r0, &r1);
+  for (size_t r = r0; r < r1; r++) {
+    float s = sigmoidf_(a->g[r]);
+    const float *x = a->x + (int64_t)r * a->C;
+    float *y = a->out0 + (int64_t)r * a->C;
+    for (int64_t c = 0; c < a->C; c++) y[c] = rnd(a->round_bf16, y[c] + s * x[c]);
+  }
+}
+
+static void gate_bwd_task(void *arg, int i, int n) {
+  const ew_args *a = (const ew_args *)arg;
+  size_t r0, r1;
+  mf_partition((size_t)a->R, 1, i, n, &r0, &r1);
+  const int64_t C = a->C;
+  for (size_t r = r0; r < r1; r++) {
+    float s = sigmoidf_(a->g[r]);
+    const float *x = a->x + (int64_t)r * C, *dy = a->dy + (int64_t)r * C;
+    float *dx = a->out0 + (int64_t)r * C;
+    float acc[LANES] = {0};
+    int64_t c = 0;
+    for (; c + LANES <= C; c += LANES)
+      for (int j = 0; j < LANES; j++) acc[j] += dy[c + j] * x[c + j];
+    for (int j = 0; c + j < C; j++) acc[j] += dy[c + j] * x[c + j];
+    for (int w = LANES / 2; w > 0; w /= 2)
+      for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    a->out1[r] = rnd(a->round_bf16, s * (1.0f - s) * acc[0]);
+    for (c = 0; c < C; c++) dx[c] = rnd(a->round_bf16, s * dy[c]);
+  }
+}
+
+mf_status mf_cpu_sigmoid_gate_fwd(const mf_kctx *ctx, const float *gl, const float *x, int64_t R, int64_t C,
+                                  float *y) {
+  if (R <= 0) return MF_OK;
+  ew_args a = {0};
+  a.g = gl, a.x = x, a.out0 = y, a.R = R, a.C = C, a.round_bf16 = ctx->round_bf16;
+  ew_run(ctx, gate_fwd_task, &a, (double)R * (double)C);
+  return MF_OK;
+}
+
+mf_status mf_cpu_sigmoid_gate_bwd(const mf_kctx *ctx, const float *gl, const float *x, const float *dy,
+                                  int64_t R, int64_t C, float *dx, float *dgl) {
+  if (R <= 0) return MF_OK;
+  ew_args a = {0};
+  a.g = gl, a.x = x, a.dy = dy, a.out0 = dx, a.out1 = dgl, a.R = R, a.C = C, a.round_bf16 = ctx->round_bf16;
+  ew_run(ctx, gate_bwd_task, &a, (double)R * (double)C);
+  return MF_OK;
+}
+
+/* ------------------------------------------------------------------- add */
+
+static void add_task(void *arg, int i, int n) {
+  const ew_args *a = (const ew_args *)arg;
+  size_t b, e;
+  mf_partition((size_t)a->n, EW_GRAIN, i, n, &b, &e);
+  if (a->round_bf16) {
+    for (size_t k = b; k < e; k++) a->out0[k] = mf_round_to_bf16(a->out0[k] + a->x[k]);
+  } else {
+    for (size_t k = b; k < e; k++) a->out0[k] += a->x[k];
+  }
+}
+
+mf_status mf_cpu_add(const mf_kctx *ctx, const float *x, int64_t n, float *y) {
+  if (n <= 0) return MF_OK;
+  ew_args a = {0};
+  a.x = x, a.out0 = y, a.n = n, a.round_bf16 = ctx->round_bf16;
+  ew_run(ctx, add_task, &a, (double)n);
+  return MF_OK;
+}

@@ -1,0 +1,315 @@
+/* metrics.jsonl and the progress line (see metrics.h). */
+#include "src/exec/metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef long long ll;
+
+#define METRICS_FILE "metrics.jsonl"
+#define LINE_CAP 1024 /* one line is about 300 bytes */
+
+struct mf_metrics {
+  int fd; /* O_APPEND */
+  char *path;
+  char line[LINE_CAP];
+};
+
+void mf_step_metrics_init(mf_step_metrics *s) {
+  memset(s, 0, sizeof *s);
+  s->eval_loss = NAN;
+  s->step_s = NAN;
+  s->expert_imbalance = NAN;
+}
+
+/* ---------------------------------------------------------- formatting */
+
+/* snprintf at buf[*n], counting what would have been written past cap. */
+static void appendf(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void appendf(char *buf, size_t cap, size_t *n, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int r = vsnprintf(*n < cap ? buf + *n : NULL, *n < cap ? cap - *n : 0, fmt, ap);
+  va_end(ap);
+  if (r > 0) *n += (size_t)r;
+}
+
+static void json_num(char *buf, size_t cap, size_t *n, const char *key, double v) {
+  if (isfinite(v))
+    appendf(buf, cap, n, ",\"%s\":%.9g", key, v);
+  else
+    appendf(buf, cap, n, ",\"%s\":null", key);
+}
+
+size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
+  size_t n = 0;
+  if (cap) buf[0] = 0;
+  appendf(buf, cap, &n, "{\"step\":%lld", (ll)s->step);
+  json_num(buf, cap, &n, "loss", s->loss);
+  json_num(buf, cap, &n, "ce_loss", s->ce_loss);
+  json_num(buf, cap, &n, "aux_loss", s->aux_loss);
+  json_num(buf, cap, &n, "lr", s->lr);
+  json_num(buf, cap, &n, "grad_norm", s->grad_norm);
+  json_num(buf, cap, &n, "tokens_per_s", s->tokens_per_s);
+  appendf(buf, cap, &n, ",\"tokens\":%lld", (ll)s->tokens);
+  json_num(buf, cap, &n, "elapsed_s", s->elapsed_s);
+  appendf(buf, cap, &n, ",\"skipped\":%s", s->skipped ? "true" : "false");
+  json_num(buf, cap, &n, "eval_loss", s->eval_loss);
+  json_num(buf, cap, &n, "step_s", s->step_s);
+  json_num(buf, cap, &n, "expert_imbalance", s->expert_imbalance);
+  appendf(buf, cap, &n, "}");
+  return n;
+}
+
+/* "950", "12.3k", "4.56M" */
+static void format_rate(char *buf, size_t cap, double v) {
+  if (!isfinite(v) || v < 0)
+    snprintf(buf, cap, "-");
+  else if (v < 1e3)
+    snprintf(buf, cap, "%.0f", v);
+  else if (v < 1e6)
+    snprintf(buf, cap, "%.1fk", v / 1e3);
+  else
+    snprintf(buf, cap, "%.2fM", v / 1e6);
+}
+
+/* "45s", "1m32s", "2h05m"; "?" when unknown. */
+static void format_duration(char *buf, size_t cap, double seconds) {
+  if (!isfinite(seconds) || seconds < 0) {
+    snprintf(buf, cap, "?");
+    return;
+  }
+  ll t = (ll)(fmin(seconds, 1e9) + 0.5);
+  if (t < 60)
+    snprintf(buf, cap, "%llds", t);
+  else if (t < 3600)
+    snprintf(buf, cap, "%lldm%02llds", t / 60, t % 60);
+  else
+    snprintf(buf, cap, "%lldh%02lldm", t / 3600, (t % 3600) / 60);
+}
+
+size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64_t total_steps) {
+  size_t n = 0;
+  if (cap) buf[0] = 0;
+  if (total_steps > 0) {
+    int width = snprintf(NULL, 0, "%lld", (ll)total_steps);
+    appendf(buf, cap, &n, "step  %*lld/%lld", width, (ll)s->step, (ll)total_steps);
+  } else {
+    appendf(buf, cap, &n, "step %lld", (ll)s->step);
+  }
+  appendf(buf, cap, &n, "  loss %.4f  aux %.4f", s->loss, s->aux_loss);
+  if (isfinite(s->eval_loss)) appendf(buf, cap, &n, "  eval %.4f", s->eval_loss);
+  char rate[32];
+  format_rate(rate, sizeof rate, s->tokens_per_s);
+  appendf(buf, cap, &n, "  lr %.2e  |g| %.3g  %s tok/s", s->lr, s->grad_norm, rate);
+  if (total_steps > 0) {
+    double per_step = NAN;
+    if (isfinite(s->step_s) && s->step_s > 0)
+      per_step = s->step_s;
+    else if (s->step > 0)
+      per_step = s->elapsed_s / (double)s->step;
+    int64_t left = total_steps > s->step ? total_steps - s->step : 0;
+    char eta[32];
+    format_duration(eta, sizeof eta, left == 0 ? 0.0 : (double)left * per_step);
+    appendf(buf, cap, &n, "  eta %s", eta);
+  }
+  if (s->skipped) appendf(buf, cap, &n, "  SKIPPED (non-finite gradients)");
+  return n;
+}
+
+/* ------------------------------------------------------------------ file */
+
+/* mkdir -p. */
+static mf_status make_dirs(const char *dir) {
+  char *p = mf_strdup(dir);
+  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory copying %s", dir);
+  mf_status st = MF_OK;
+  size_t len = strlen(p);
+  for (size_t i = 1; i <= len && st == MF_OK; i++) {
+    if (p[i] != '/' && p[i] != 0) continue;
+    char c = p[i];
+    p[i] = 0;
+    if (mkdir(p, 0777) != 0 && errno != EEXIST)
+      st = MF_ERR(MF_ERR_IO, "%s: cannot create the directory %s: %s", dir, p, strerror(errno));
+    p[i] = c;
+  }
+  free(p);
+  struct stat sb;
+  if (st == MF_OK && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+    st = MF_ERR(MF_ERR_IO, "%s: not a directory", dir);
+  return st;
+}
+
+static mf_status write_all(int fd, const char *path, const char *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      return MF_ERR(MF_ERR_IO, "%s: write failed: %s", path, w < 0 ? strerror(errno) : "no progress");
+    p += w;
+    n -= (size_t)w;
+  }
+  return MF_OK;
+}
+
+/* A crash mid-write leaves a last line without its newline; cut it so the next
+ * line starts on a line of its own and every line parses. */
+static mf_status drop_partial_line(mf_metrics *m) {
+  struct stat sb;
+  if (fstat(m->fd, &sb) != 0) return MF_ERR(MF_ERR_IO, "%s: fstat failed: %s", m->path, strerror(errno));
+  off_t end = sb.st_size;
+  char buf[4096];
+  for (off_t pos = end; pos > 0;) {
+    size_t want = pos < (off_t)sizeof buf ? (size_t)pos : sizeof buf;
+    ssize_t r = pread(m->fd, buf, want, pos - (off_t)want);
+    if (r != (ssize_t)want) return MF_ERR(MF_ERR_IO, "%s: read failed: %s", m->path, strerror(errno));
+    size_t i = want;
+    while (i > 0 && buf[i - 1] != '\n') i--;
+    if (i > 0 || pos == (off_t)want) {
+      off_t keep = pos - (off_t)want + (off_t)i;
+      if (keep == end) return MF_OK;
+      MF_LOGW("exec", "%s: dropping a half-written last line (%lld bytes)", m->path, (ll)(end - keep));
+      if (ftruncate(m->fd, keep) != 0)
+        return MF_ERR(MF_ERR_IO, "%s: ftruncate failed: %s", m->path, strerror(errno));
+      return MF_OK;
+    }
+    pos -= (off_t)want;
+  }
+  return MF_OK;
+}
+
+static mf_status open_file(mf_metrics *m, int truncate) {
+  m->fd = open(m->path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0666);
+  if (m->fd < 0) return MF_ERR(MF_ERR_IO, "%s: cannot open: %s", m->path, strerror(errno));
+  return MF_OK;
+}
+
+mf_status mf_metrics_open(const char *dir, int resume, mf_metrics **out) {
+  if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_metrics_open: out is NULL");
+  *out = NULL;
+  if (!dir || !*dir) return MF_ERR(MF_ERR_INVALID_ARG, "mf_metrics_open: no directory given");
+  MF_CHECK(make_dirs(dir));
+  void *mem = NULL;
+  MF_CHECK(mf_calloc(1, sizeof(mf_metrics), "metrics", &mem));
+  mf_metrics *m = mem;
+  m->fd = -1;
+  mf_status st = MF_OK;
+  size_t len = strlen(dir) + 1 + sizeof METRICS_FILE;
+  MF_CHECK_GOTO(mf_malloc(len, "metrics path", &mem), st, fail);
+  m->path = mem;
+  snprintf(m->path, len, "%s/%s", dir, METRICS_FILE);
+  MF_CHECK_GOTO(open_file(m, !resume), st, fail);
+  if (resume) MF_CHECK_GOTO(drop_partial_line(m), st, fail);
+  *out = m;
+  return MF_OK;
+fail:
+  mf_metrics_close(m);
+  return st;
+}
+
+mf_status mf_metrics_write(mf_metrics *m, const mf_step_metrics *s) {
+  size_t n = mf_metrics_format_json(m->line, sizeof m->line - 1, s);
+  if (n >= sizeof m->line - 1)
+    return MF_ERR(MF_ERR_INTERNAL, "%s: a metrics line of %zu bytes does not fit %d", m->path, n, LINE_CAP);
+  m->line[n++] = '\n';
+  return write_all(m->fd, m->path, m->line, n); /* one write(2): no stdio buffer to lose */
+}
+
+/* The step of a line this module wrote, or -1 for any other line. */
+static int64_t line_step(const char *line) {
+  static const char prefix[] = "{\"step\":";
+  if (strncmp(line, prefix, sizeof prefix - 1) != 0) return -1;
+  char *end;
+  errno = 0;
+  long long v = strtoll(line + sizeof prefix - 1, &end, 10);
+  if (errno || end == line + sizeof prefix - 1 || *end != ',' || v < 0) return -1;
+  return v;
+}
+
+/* Keeps the lines of step <= `step` (and foreign ones) and replaces the file
+ * atomically: written beside it, fsynced, renamed over it, then reopened. */
+mf_status mf_metrics_rewind(mf_metrics *m, int64_t step) {
+  mf_status st = MF_OK;
+  char *text = NULL, *tmp = NULL;
+  int tfd = -1;
+  struct stat sb;
+  if (fstat(m->fd, &sb) != 0) return MF_ERR(MF_ERR_IO, "%s: fstat failed: %s", m->path, strerror(errno));
+  size_t size = (size_t)sb.st_size;
+  void *mem = NULL;
+  MF_CHECK(mf_malloc(size + 1, "metrics file", &mem));
+  text = mem;
+  for (size_t got = 0; got < size;) {
+    ssize_t r = pread(m->fd, text + got, size - got, (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      st = MF_ERR(MF_ERR_IO, "%s: read failed: %s", m->path, r < 0 ? strerror(errno) : "file shrank");
+      goto done;
+    }
+    got += (size_t)r;
+  }
+  text[size] = 0;
+
+  /* Compact in place: the kept lines move towards the start. */
+  size_t kept = 0;
+  for (size_t i = 0; i < size;) {
+    char *nl = memchr(text + i, '\n', size - i);
+    size_t end = nl ? (size_t)(nl - text) + 1 : size;
+    int64_t s = line_step(text + i);
+    if (s < 0 || s <= step) {
+      memmove(text + kept, text + i, end - i);
+      kept += end - i;
+    }
+    i = end;
+  }
+  if (kept == size) goto done;
+
+  size_t tlen = strlen(m->path) + 5;
+  MF_CHECK_GOTO(mf_malloc(tlen, "metrics path", &mem), st, done);
+  tmp = mem;
+  snprintf(tmp, tlen, "%s.tmp", m->path);
+  tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (tfd < 0) {
+    st = MF_ERR(MF_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    goto done;
+  }
+  MF_CHECK_GOTO(write_all(tfd, tmp, text, kept), st, done);
+  if (fsync(tfd) != 0 || close(tfd) != 0) {
+    tfd = -1;
+    st = MF_ERR(MF_ERR_IO, "%s: fsync/close failed: %s", tmp, strerror(errno));
+    goto done;
+  }
+  tfd = -1;
+  if (rename(tmp, m->path) != 0) {
+    st = MF_ERR(MF_ERR_IO, "%s: rename to %s failed: %s", tmp, m->path, strerror(errno));
+    goto done;
+  }
+  MF_LOGI("exec", "%s: dropped %zu bytes of steps after %lld (resumed run)", m->path, size - kept, (ll)step);
+  close(m->fd);
+  MF_CHECK_GOTO(open_file(m, 0), st, done);
+
+done:
+  if (tfd >= 0) close(tfd);
+  if (tmp && st != MF_OK) unlink(tmp);
+  free(tmp);
+  free(text);
+  return st;
+}
+
+const char *mf_metrics_path(const mf_metrics *m) {
+  return m->path;
+}
+
+void mf_metrics_close(mf_metrics *m) {
+  if (!m) return;
+  if (m->fd >= 0) close(m->fd);
+  free(m->path);
+  free(m);
+}

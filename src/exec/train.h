@@ -1,0 +1,61 @@
+/*
+ * The training loop and evaluation on the executor: `moefit train` and
+ * `moefit eval`. Everything a run does is decided by its mf_config.
+ */
+#ifndef MF_EXEC_TRAIN_H
+#define MF_EXEC_TRAIN_H
+
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The model a config names: model.init (random, from its seed) or model.path
+ * (an HF checkpoint dir), or `model_dir` when given (e.g. a trained run's
+ * output). *w gets the fp32 weights in the table's layout (free() it). `desc`
+ * receives a short description of where the weights came from. */
+mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_param_table **table, float **w,
+                            char *desc, size_t desc_cap);
+
+typedef struct mf_train_summary {
+  int64_t steps;          /* optimizer steps taken (skipped ones included) */
+  int64_t skipped;        /* steps skipped for non-finite gradients */
+  double first_loss;      /* the first step's loss */
+  double final_loss;      /* mean loss of the last log window */
+  double valid_loss;      /* the final validation loss (NaN without data.valid) */
+  double entropy_nats;    /* unigram entropy of the training tokens, nats/token */
+  double tokens_per_s;
+  double seconds;
+} mf_train_summary;
+
+/* Trains as the config says: progress lines on stderr, OUTPUT/metrics.jsonl,
+ * the final weights in OUTPUT/final (an HF model dir). `quiet` suppresses
+ * the progress lines (tests). */
+mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out);
+
+typedef struct mf_eval_opts {
+  const char *tokens;      /* token file (default data.valid, else data.train) */
+  const char *model_dir;   /* weights to evaluate (default: see mf_eval) */
+  const char *dump_logits; /* write the first sequence's logits, float32 [S, V] */
+} mf_eval_opts;
+
+typedef struct mf_eval_result {
+  double loss;       /* mean cross-entropy per counted token, nats */
+  double perplexity; /* exp(loss) */
+  int64_t tokens;    /* counted tokens */
+  int64_t sequences;
+} mf_eval_result;
+
+/* Mean loss over every window of a token file. The weights are model_dir when
+ * given, else model.path, else OUTPUT/final when a training run left one, else
+ * the random init. */
+mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_EXEC_TRAIN_H */

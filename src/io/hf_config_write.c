@@ -1,0 +1,285 @@
+/*
+ * mf_model_spec -> HF config.json, in transformers' layout (json.dumps with
+ * indent 2 and sorted keys), checked to read back to the same spec and written
+ * atomically. The reader is hf_config_read.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "src/io/hf_config.h"
+#include "src/io/hf_config_impl.h"
+
+/* What Python's json.dumps writes for a float (its repr): the shortest digits
+ * that read back exactly; fixed notation for exponents -4..15, else 1e-05. */
+void mf_hf_format_double(double x, char *buf, size_t cap) {
+  char tmp[48];
+  int p = 1;
+  for (; p < 17; p++) {
+    snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+    if (strtod(tmp, NULL) == x) break;
+  }
+  snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+  const char *e_at = strchr(tmp, 'e');
+  int e = e_at ? atoi(e_at + 1) : 0;
+  if (e >= -4 && e < 16) {
+    int dec = p - 1 - e;
+    snprintf(buf, cap, "%.*f", dec > 0 ? dec : 0, x);
+    if (!strchr(buf, '.') && strlen(buf) + 3 <= cap) strcat(buf, ".0");
+  } else {
+    snprintf(buf, cap, "%s", tmp);
+  }
+}
+
+typedef struct entry {
+  const char *key;
+  char small[64];
+  char *big; /* when the value does not fit `small` (mlp_only_layers) */
+} entry;
+
+typedef struct entries {
+  entry e[48];
+  int n;
+} entries;
+
+static entry *add(entries *es, const char *key) {
+  MF_ASSERT(es->n < (int)(sizeof es->e / sizeof es->e[0]));
+  entry *e = &es->e[es->n++];
+  e->key = key;
+  e->small[0] = 0;
+  e->big = NULL;
+  return e;
+}
+
+static void add_raw(entries *es, const char *key, const char *json) {
+  snprintf(add(es, key)->small, sizeof es->e[0].small, "%s", json);
+}
+static void add_int(entries *es, const char *key, int64_t v) {
+  snprintf(add(es, key)->small, sizeof es->e[0].small, "%lld", (long long)v);
+}
+static void add_real(entries *es, const char *key, double v) {
+  mf_hf_format_double(v, add(es, key)->small, sizeof es->e[0].small);
+}
+static void add_bool(entries *es, const char *key, int v) {
+  add_raw(es, key, v ? "true" : "false");
+}
+static void add_str(entries *es, const char *key, const char *v) {
+  snprintf(add(es, key)->small, sizeof es->e[0].small, "\"%s\"",
+           v); /* fixed identifiers: nothing to escape */
+}
+
+/* transformers' layout: json.dumps(indent=2, sort_keys=True); lists one item a line. */
+static mf_status add_layers(entries *es, const char *key, const int32_t *v, int64_t n) {
+  entry *e = add(es, key);
+  if (n == 0) {
+    strcpy(e->small, "[]");
+    return MF_OK;
+  }
+  size_t cap = (size_t)n * 24 + 16, len = 0;
+  MF_CHECK(mf_malloc(cap, key, (void **)&e->big));
+  len += (size_t)snprintf(e->big + len, cap - len, "[");
+  for (int64_t i = 0; i < n; i++)
+    len += (size_t)snprintf(e->big + len, cap - len, "%s\n    %d", i ? "," : "", (int)v[i]);
+  snprintf(e->big + len, cap - len, "\n  ]");
+  return MF_OK;
+}
+
+static int entry_cmp(const void *a, const void *b) {
+  return strcmp(((const entry *)a)->key, ((const entry *)b)->key);
+}
+
+static const char *dtype_torch_name(mf_dtype t) {
+  switch (t) {
+    case MF_DTYPE_F32:
+      return "float32";
+    case MF_DTYPE_BF16:
+      return "bfloat16";
+    case MF_DTYPE_F16:
+      return "float16";
+    default:
+      return NULL;
+  }
+}
+
+#define UNSUP(s, field, fmt, ...)                                                                      \
+  MF_ERR(MF_ERR_UNSUPPORTED, "writing a %s config.json: %s: " fmt, mf_family_name((s)->family), field, \
+         ##__VA_ARGS__)
+
+/* Fields that a family's config cannot express must hold their neutral value,
+ * so that what is written reads back to the same spec. */
+static mf_status check_expressible(const mf_model_spec *s) {
+  const mf_family f = s->family;
+  const int all_moe = f == MF_FAMILY_MIXTRAL || f == MF_FAMILY_OLMOE;
+  const mf_qk_norm qk = f == MF_FAMILY_QWEN3_MOE ? MF_QK_NORM_PER_HEAD
+                        : f == MF_FAMILY_OLMOE   ? MF_QK_NORM_FULL
+                                                 : MF_QK_NORM_NONE;
+  if (s->qk_norm != qk)
+    return UNSUP(s, "qk_norm", "%d is not this family's qk-norm (%d)", (int)s->qk_norm, (int)qk);
+  if (s->qkv_bias && f != MF_FAMILY_QWEN2_MOE) return UNSUP(s, "qkv_bias", "only qwen2_moe has q/k/v biases");
+  if (s->router_jitter != 0 && f != MF_FAMILY_MIXTRAL)
+    return UNSUP(s, "router_jitter", "only mixtral has router jitter");
+  if (s->clip_qkv != 0 && f != MF_FAMILY_OLMOE) return UNSUP(s, "clip_qkv", "only olmoe clips q, k and v");
+  if (f == MF_FAMILY_MIXTRAL && !s->norm_topk_prob)
+    return UNSUP(s, "norm_topk_prob", "mixtral always renormalises the top-k weights");
+  if (all_moe && (s->decoder_sparse_step != 1 || s->n_mlp_only != 0))
+    return UNSUP(s, "decoder_sparse_step / mlp_only_layers", "every layer of this family is MoE");
+  if (all_moe && s->dense_ffn != 0) return UNSUP(s, "dense_ffn", "this family has no dense MLP layers");
+  if (f == MF_FAMILY_QWEN2_MOE && s->shared_ffn <= 0)
+    return UNSUP(s, "shared_ffn", "qwen2_moe always has a shared expert");
+  if ((f == MF_FAMILY_QWEN2_MOE || f == MF_FAMILY_OLMOE) &&
+      (s->hidden % s->heads != 0 || s->head_dim != s->hidden / s->heads))
+    return UNSUP(s, "head_dim", "%lld: this family requires hidden / heads (%lld / %lld)",
+                 (long long)s->head_dim, (long long)s->hidden, (long long)s->heads);
+  return MF_OK;
+}
+
+static int spec_equal(const mf_model_spec *a, const mf_model_spec *b) {
+  if (a->n_mlp_only != b->n_mlp_only) return 0;
+  for (int64_t i = 0; i < a->n_mlp_only; i++)
+    if (a->mlp_only_layers[i] != b->mlp_only_layers[i]) return 0;
+  return a->family == b->family && a->hidden == b->hidden && a->layers == b->layers && a->heads == b->heads &&
+         a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->experts == b->experts &&
+         a->top_k == b->top_k && a->expert_ffn == b->expert_ffn && a->dense_ffn == b->dense_ffn &&
+         a->shared_ffn == b->shared_ffn && a->vocab == b->vocab && a->max_seq == b->max_seq &&
+         a->rope_theta == b->rope_theta && a->norm_eps == b->norm_eps &&
+         a->router_aux_loss_coef == b->router_aux_loss_coef && a->router_jitter == b->router_jitter &&
+         a->clip_qkv == b->clip_qkv && !a->norm_topk_prob == !b->norm_topk_prob &&
+         !a->tie_embeddings == !b->tie_embeddings && !a->qkv_bias == !b->qkv_bias &&
+         a->qk_norm == b->qk_norm && a->decoder_sparse_step == b->decoder_sparse_step;
+}
+
+static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **out_text) {
+  entries es;
+  es.n = 0;
+  mf_status st = MF_OK;
+  const mf_family f = s->family;
+  char arch[96];
+  snprintf(arch, sizeof arch, "[\n    \"%s\"\n  ]", mf_family_architecture(f));
+  add_raw(&es, "architectures", arch);
+  add_str(&es, "model_type", mf_family_model_type(f));
+  add_int(&es, "hidden_size", s->hidden);
+  add_int(&es, "num_hidden_layers", s->layers);
+  add_int(&es, "num_attention_heads", s->heads);
+  add_int(&es, "num_key_value_heads", s->kv_heads);
+  add_int(&es, "vocab_size", s->vocab);
+  add_int(&es, "max_position_embeddings", s->max_seq);
+  add_int(&es, "num_experts_per_tok", s->top_k);
+  add_real(&es, "rope_theta", s->rope_theta);
+  add_raw(&es, "rope_scaling", "null");
+  add_real(&es, "rms_norm_eps", s->norm_eps);
+  add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
+  add_bool(&es, "tie_word_embeddings", s->tie_embeddings);
+  add_str(&es, "hidden_act", "silu");
+  add_real(&es, "attention_dropout", 0.0);
+  add_str(&es, "torch_dtype", torch_dtype);
+  add_str(&es, "transformers_version", MF_HF_TRANSFORMERS_VERSION);
+  switch (f) {
+    case MF_FAMILY_MIXTRAL:
+      add_int(&es, "intermediate_size", s->expert_ffn);
+      add_int(&es, "num_local_experts", s->experts);
+      add_int(&es, "head_dim", s->head_dim);
+      add_real(&es, "router_jitter_noise", s->router_jitter);
+      add_raw(&es, "sliding_window", "null");
+      break;
+    case MF_FAMILY_QWEN2_MOE:
+    case MF_FAMILY_QWEN3_MOE:
+      add_int(&es, "intermediate_size", s->dense_ffn);
+      add_int(&es, "moe_intermediate_size", s->expert_ffn);
+      add_int(&es, "num_experts", s->experts);
+      add_int(&es, "decoder_sparse_step", s->decoder_sparse_step);
+      add_bool(&es, "norm_topk_prob", s->norm_topk_prob);
+      add_bool(&es, "use_sliding_window", 0);
+      MF_CHECK_GOTO(add_layers(&es, "mlp_only_layers", s->mlp_only_layers, s->n_mlp_only), st, done);
+      if (f == MF_FAMILY_QWEN2_MOE) {
+        add_int(&es, "shared_expert_intermediate_size", s->shared_ffn);
+        add_bool(&es, "qkv_bias", s->qkv_bias);
+      } else {
+        add_int(&es, "head_dim", s->head_dim);
+        add_bool(&es, "attention_bias", 0);
+      }
+      break;
+    case MF_FAMILY_OLMOE:
+      add_int(&es, "intermediate_size", s->expert_ffn);
+      add_int(&es, "num_experts", s->experts);
+      add_bool(&es, "norm_topk_prob", s->norm_topk_prob);
+      add_bool(&es, "attention_bias", 0);
+      if (s->clip_qkv > 0)
+        add_real(&es, "clip_qkv", s->clip_qkv);
+      else
+        add_raw(&es, "clip_qkv", "null");
+      break;
+    default:
+      st = MF_ERR(MF_ERR_INTERNAL, "no writer for family %d", (int)f);
+      goto done;
+  }
+  qsort(es.e, (size_t)es.n, sizeof es.e[0], entry_cmp);
+  size_t cap = 8;
+  for (int i = 0; i < es.n; i++)
+    cap += strlen(es.e[i].key) + strlen(es.e[i].big ? es.e[i].big : es.e[i].small) + 12;
+  char *text = NULL;
+  MF_CHECK_GOTO(mf_malloc(cap, "config.json text", (void **)&text), st, done);
+  size_t len = (size_t)snprintf(text, cap, "{\n");
+  for (int i = 0; i < es.n; i++)
+    len += (size_t)snprintf(text + len, cap - len, "  \"%s\": %s%s\n", es.e[i].key,
+                            es.e[i].big ? es.e[i].big : es.e[i].small, i + 1 < es.n ? "," : "");
+  snprintf(text + len, cap - len, "}\n");
+  *out_text = text;
+done:
+  for (int i = 0; i < es.n; i++) free(es.e[i].big);
+  return st;
+}
+
+mf_status mf_hf_config_format(const mf_model_spec *s, mf_dtype dtype, char **out_text) {
+  if (!s || !out_text) return MF_ERR(MF_ERR_INVALID_ARG, "mf_hf_config_format: NULL argument");
+  const char *torch_dtype = dtype_torch_name(dtype);
+  if (!torch_dtype)
+    return MF_ERR(MF_ERR_INVALID_ARG, "writing config.json: torch_dtype %s is not one of F32, BF16, F16",
+                  mf_dtype_name(dtype));
+  MF_CHECK(mf_model_spec_validate(s, "writing config.json"));
+  MF_CHECK(check_expressible(s));
+  char *text = NULL;
+  MF_CHECK(render(s, torch_dtype, &text));
+  /* What is written must read back to the same spec: checked here, every time. */
+  mf_model_spec back;
+  mf_status st = mf_hf_config_parse(text, strlen(text), "config.json being written", &back);
+  if (st != MF_OK) {
+    mf_error_prefix("writing a %s config.json: it would not read back", mf_family_name(s->family));
+    free(text);
+    return st;
+  }
+  if (!spec_equal(s, &back)) {
+    free(text);
+    return MF_ERR(MF_ERR_INTERNAL, "writing a %s config.json: it reads back to a different spec",
+                  mf_family_name(s->family));
+  }
+  *out_text = text;
+  return MF_OK;
+}
+
+mf_status mf_hf_config_in_dir(const char *dir, char **out) {
+  size_t n = strlen(dir) + sizeof "/config.json";
+  MF_CHECK(mf_malloc(n, "a config.json path", (void **)out));
+  snprintf(*out, n, "%s/config.json", dir);
+  return MF_OK;
+}
+
+mf_status mf_hf_config_write_dtype(const mf_model_spec *s, mf_dtype dtype, const char *path) {
+  if (!s || !path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_hf_config_write: NULL argument");
+  char *text = NULL, *file = NULL;
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) MF_CHECK(mf_hf_config_in_dir(path, &file));
+  const char *name = file ? file : path;
+  mf_status s_ = mf_hf_config_format(s, dtype, &text);
+  if (s_ != MF_OK)
+    mf_error_prefix("%s", name); /* I/O errors below name the file themselves */
+  else
+    s_ = mf_write_file_atomic(name, text, strlen(text));
+  free(text);
+  free(file);
+  return s_;
+}
+
+mf_status mf_hf_config_write(const mf_model_spec *s, const char *path) {
+  return mf_hf_config_write_dtype(s, MF_DTYPE_F32, path);
+}

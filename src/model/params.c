@@ -1,0 +1,299 @@
+/* The parameter table (HF names, shapes, roles), random init, load and save. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "src/io/hf_config.h"
+#include "src/io/safetensors.h"
+#include "src/model/params.h"
+
+typedef struct builder {
+  mf_param_table *t;
+  int64_t cap;
+} builder;
+
+static mf_status add(builder *b, mf_param_role role, int64_t layer, int64_t expert, int64_t d0, int64_t d1,
+                     const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static mf_status add(builder *b, mf_param_role role, int64_t layer, int64_t expert, int64_t d0, int64_t d1,
+                     const char *fmt, ...) {
+  mf_param_table *t = b->t;
+  if (t->n == b->cap) {
+    int64_t cap = b->cap ? 2 * b->cap : 256;
+    mf_param *p = (mf_param *)realloc(t->params, (size_t)cap * sizeof *p);
+    if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "parameter table: out of memory");
+    t->params = p;
+    b->cap = cap;
+  }
+  mf_param *p = &t->params[t->n];
+  memset(p, 0, sizeof *p);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(p->name, sizeof p->name, fmt, ap);
+  va_end(ap);
+  p->role = role;
+  p->layer = (int32_t)layer;
+  p->expert = (int32_t)expert;
+  p->ndim = d1 > 0 ? 2 : 1;
+  p->shape[0] = d0;
+  p->shape[1] = d1 > 0 ? d1 : 0;
+  p->numel = d0 * (d1 > 0 ? d1 : 1);
+  p->offset = t->total_numel;
+  t->total_numel += p->numel;
+  int32_t idx = (int32_t)t->n++;
+  const mf_model_spec *s = &t->spec;
+  if (layer < 0) {
+    if (role == MF_P_EMBED) t->embed = idx;
+    if (role == MF_P_FINAL_NORM) t->final_norm = idx;
+    if (role == MF_P_LM_HEAD) t->lm_head = idx;
+  } else if (expert >= 0) {
+    int k = role == MF_P_EXPERT_GATE ? 0 : role == MF_P_EXPERT_UP ? 1 : 2;
+    t->experts[(layer * s->experts + expert) * 3 + k] = idx;
+  } else {
+    t->by_layer[layer * MF_P_ROLE_COUNT_ + role] = idx;
+  }
+  return MF_OK;
+}
+
+mf_status mf_param_table_build(const mf_model_spec *s, mf_param_table **out) {
+  *out = NULL;
+  MF_CHECK(mf_model_spec_validate(s, "model"));
+  mf_param_table *t = (mf_param_table *)calloc(1, sizeof *t);
+  if (!t) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "parameter table: out of memory");
+  t->spec = *s;
+  t->lm_head = -1;
+  t->by_layer = (int32_t *)malloc((size_t)s->layers * MF_P_ROLE_COUNT_ * sizeof(int32_t));
+  t->experts = (int32_t *)malloc((size_t)(s->layers * s->experts * 3) * sizeof(int32_t));
+  if (!t->by_layer || !t->experts) {
+    mf_param_table_free(t);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "parameter table: out of memory");
+  }
+  for (int64_t i = 0; i < s->layers * MF_P_ROLE_COUNT_; i++) t->by_layer[i] = -1;
+  for (int64_t i = 0; i < s->layers * s->experts * 3; i++) t->experts[i] = -1;
+
+  builder b = {t, 0};
+  mf_status st = MF_OK;
+  const int64_t H = s->hidden, D = s->head_dim, Hq = s->heads, Hkv = s->kv_heads;
+  const int mixtral = s->family == MF_FAMILY_MIXTRAL;
+  const char *moe = mixtral ? "block_sparse_moe" : "mlp";
+#define ADD(...) MF_CHECK_GOTO(add(&b, __VA_ARGS__), st, fail)
+  ADD(MF_P_EMBED, -1, -1, s->vocab, H, "model.embed_tokens.weight");
+  for (int64_t l = 0; l < s->layers; l++) {
+    char pre[64];
+    snprintf(pre, sizeof pre, "model.layers.%lld", (long long)l);
+    ADD(MF_P_ATTN_NORM, l, -1, H, 0, "%s.input_layernorm.weight", pre);
+    ADD(MF_P_Q, l, -1, Hq * D, H, "%s.self_attn.q_proj.weight", pre);
+    if (s->qkv_bias) ADD(MF_P_Q_BIAS, l, -1, Hq * D, 0, "%s.self_attn.q_proj.bias", pre);
+    ADD(MF_P_K, l, -1, Hkv * D, H, "%s.self_attn.k_proj.weight", pre);
+    if (s->qkv_bias) ADD(MF_P_K_BIAS, l, -1, Hkv * D, 0, "%s.self_attn.k_proj.bias", pre);
+    ADD(MF_P_V, l, -1, Hkv * D, H, "%s.self_attn.v_proj.weight", pre);
+    if (s->qkv_bias) ADD(MF_P_V_BIAS, l, -1, Hkv * D, 0, "%s.self_attn.v_proj.bias", pre);
+    ADD(MF_P_O, l, -1, H, Hq * D, "%s.self_attn.o_proj.weight", pre);
+    if (s->qk_norm == MF_QK_NORM_PER_HEAD) {
+      ADD(MF_P_Q_NORM, l, -1, D, 0, "%s.self_attn.q_norm.weight", pre);
+      ADD(MF_P_K_NORM, l, -1, D, 0, "%s.self_attn.k_norm.weight", pre);
+    } else if (s->qk_norm == MF_QK_NORM_FULL) {
+      ADD(MF_P_Q_NORM, l, -1, Hq * D, 0, "%s.self_attn.q_norm.weight", pre);
+      ADD(MF_P_K_NORM, l, -1, Hkv * D, 0, "%s.self_attn.k_norm.weight", pre);
+    }
+    ADD(MF_P_MLP_NORM, l, -1, H, 0, "%s.post_attention_layernorm.weight", pre);
+    if (mf_model_spec_layer_is_moe(s, l)) {
+      const int64_t I = s->expert_ffn;
+      ADD(MF_P_ROUTER, l, -1, s->experts, H, "%s.%s.gate.weight", pre, moe);
+      for (int64_t e = 0; e < s->experts; e++) {
+        if (mixtral) {
+          ADD(MF_P_EXPERT_GATE, l, e, I, H, "%s.%s.experts.%lld.w1.weight", pre, moe, (long long)e);
+          ADD(MF_P_EXPERT_UP, l, e, I, H, "%s.%s.experts.%lld.w3.weight", pre, moe, (long long)e);
+          ADD(MF_P_EXPERT_DOWN, l, e, H, I, "%s.%s.experts.%lld.w2.weight", pre, moe, (long long)e);
+        } else {
+          ADD(MF_P_EXPERT_GATE, l, e, I, H, "%s.mlp.experts.%lld.gate_proj.weight", pre, (long long)e);
+          ADD(MF_P_EXPERT_UP, l, e, I, H, "%s.mlp.experts.%lld.up_proj.weight", pre, (long long)e);
+          ADD(MF_P_EXPERT_DOWN, l, e, H, I, "%s.mlp.experts.%lld.down_proj.weight", pre, (long long)e);
+        }
+      }
+      if (s->shared_ffn > 0) {
+        const int64_t Is = s->shared_ffn;
+        ADD(MF_P_SHARED_GATE, l, -1, Is, H, "%s.mlp.shared_expert.gate_proj.weight", pre);
+        ADD(MF_P_SHARED_UP, l, -1, Is, H, "%s.mlp.shared_expert.up_proj.weight", pre);
+        ADD(MF_P_SHARED_DOWN, l, -1, H, Is, "%s.mlp.shared_expert.down_proj.weight", pre);
+        ADD(MF_P_SHARED_EXPERT_GATE, l, -1, 1, H, "%s.mlp.shared_expert_gate.weight", pre);
+      }
+    } else {
+      const int64_t Id = s->dense_ffn;
+      ADD(MF_P_DENSE_GATE, l, -1, Id, H, "%s.mlp.gate_proj.weight", pre);
+      ADD(MF_P_DENSE_UP, l, -1, Id, H, "%s.mlp.up_proj.weight", pre);
+      ADD(MF_P_DENSE_DOWN, l, -1, H, Id, "%s.mlp.down_proj.weight", pre);
+    }
+  }
+  ADD(MF_P_FINAL_NORM, -1, -1, H, 0, "model.norm.weight");
+  if (!s->tie_embeddings) ADD(MF_P_LM_HEAD, -1, -1, s->vocab, H, "lm_head.weight");
+#undef ADD
+  *out = t;
+  return MF_OK;
+fail:
+  mf_param_table_free(t);
+  return st;
+}
+
+void mf_param_table_free(mf_param_table *t) {
+  if (!t) return;
+  free(t->params);
+  free(t->by_layer);
+  free(t->experts);
+  free(t);
+}
+
+int32_t mf_param_index(const mf_param_table *t, mf_param_role role, int64_t layer, int64_t expert) {
+  if (layer < 0) {
+    if (role == MF_P_EMBED) return t->embed;
+    if (role == MF_P_FINAL_NORM) return t->final_norm;
+    if (role == MF_P_LM_HEAD) return t->lm_head;
+    return -1;
+  }
+  if (layer >= t->spec.layers) return -1;
+  if (role == MF_P_EXPERT_GATE || role == MF_P_EXPERT_UP || role == MF_P_EXPERT_DOWN) {
+    if (expert < 0 || expert >= t->spec.experts) return -1;
+    int k = role == MF_P_EXPERT_GATE ? 0 : role == MF_P_EXPERT_UP ? 1 : 2;
+    return t->experts[(layer * t->spec.experts + expert) * 3 + k];
+  }
+  return t->by_layer[layer * MF_P_ROLE_COUNT_ + role];
+}
+
+int32_t mf_param_find(const mf_param_table *t, const char *name) {
+  for (int64_t i = 0; i < t->n; i++)
+    if (strcmp(t->params[i].name, name) == 0) return (int32_t)i;
+  return -1;
+}
+
+int32_t mf_param_lm_head(const mf_param_table *t) { return t->lm_head >= 0 ? t->lm_head : t->embed; }
+
+/* ------------------------------------------------------------ random init */
+
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 0.5) * 0x1.0p-53; }
+
+void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w) {
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    float *dst = w + p->offset;
+    int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
+                  p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
+    int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS;
+    if (is_norm || is_bias) {
+      for (int64_t j = 0; j < p->numel; j++) dst[j] = is_norm ? 1.0f : 0.0f;
+      continue;
+    }
+    uint64_t state = seed * 0x2545f4914f6cdd1dull ^ ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull;
+    for (int64_t j = 0; j < p->numel; j += 2) { /* Box-Muller: two normals per draw */
+      double u1 = uniform01(&state), u2 = uniform01(&state);
+      double r = sqrt(-2.0 * log(u1));
+      dst[j] = (float)(std * r * cos(2.0 * M_PI * u2));
+      if (j + 1 < p->numel) dst[j + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
+    }
+  }
+}
+
+/* ------------------------------------------------------------ load / save */
+
+static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < ndim && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
+  mf_safetensors *st = NULL;
+  MF_CHECK(mf_safetensors_open(path, &st));
+  mf_status rc = MF_OK;
+  for (int64_t i = 0; i < t->n && rc == MF_OK; i++) {
+    const mf_param *p = &t->params[i];
+    const mf_st_tensor *x = mf_safetensors_find(st, p->name);
+    if (!x) {
+      rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (the model's %s config needs it)", path, p->name,
+                  mf_family_name(t->spec.family));
+      break;
+    }
+    int same = x->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = x->shape[d] == p->shape[d];
+    if (!same) {
+      char want[64], got[64];
+      shape_str(p->shape, p->ndim, want, sizeof want);
+      shape_str(x->shape, x->ndim, got, sizeof got);
+      rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, p->name, got, want);
+      break;
+    }
+    float *dst = w + p->offset;
+    switch (x->dtype) {
+      case MF_DTYPE_F32:
+        memcpy(dst, x->data, (size_t)p->numel * sizeof(float));
+        break;
+      case MF_DTYPE_BF16: {
+        const uint8_t *src = (const uint8_t *)x->data;
+        for (int64_t j = 0; j < p->numel; j++) {
+          uint16_t h;
+          memcpy(&h, src + 2 * j, 2);
+          dst[j] = mf_bf16_to_fp32(h);
+        }
+        break;
+      }
+      case MF_DTYPE_F16: {
+        const uint8_t *src = (const uint8_t *)x->data;
+        for (int64_t j = 0; j < p->numel; j++) {
+          uint16_t h;
+          memcpy(&h, src + 2 * j, 2);
+          dst[j] = mf_fp16_to_fp32(h);
+        }
+        break;
+      }
+      default:
+        rc = MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
+                    p->name, mf_dtype_name(x->dtype));
+    }
+  }
+  if (rc == MF_OK) {
+    int64_t unused = 0;
+    for (size_t i = 0; i < mf_safetensors_count(st); i++) {
+      const mf_st_tensor *x = mf_safetensors_get(st, i);
+      if (mf_param_find(t, x->name) < 0) {
+        if (unused < 3) MF_LOGW("model", "%s: tensor %s is not used by the model", path, x->name);
+        unused++;
+      }
+    }
+    if (unused > 3) MF_LOGW("model", "%s: %lld more unused tensors", path, (long long)(unused - 3));
+  }
+  mf_safetensors_close(st);
+  return rc;
+}
+
+mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, const char *dir) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return MF_ERR(MF_ERR_IO, "%s: cannot create the directory: %s", dir, strerror(errno));
+  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)t->n, sizeof *ts);
+  if (!ts) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    ts[i].name = p->name;
+    ts[i].dtype = MF_DTYPE_F32;
+    ts[i].ndim = p->ndim;
+    ts[i].shape[0] = p->shape[0];
+    ts[i].shape[1] = p->shape[1];
+    ts[i].data = w + p->offset;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  mf_status st = mf_safetensors_write(path, ts, (size_t)t->n, NULL, 0);
+  free(ts);
+  MF_CHECK(st);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  MF_CHECK(mf_hf_config_write(&t->spec, path));
+  return MF_OK;
+}

@@ -1,0 +1,782 @@
+/* Builds the step program (see program.h) and plans its device memory. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/model/program.h"
+
+const char *mf_tensor_kind_name(mf_tensor_kind k) {
+  static const char *const names[MF_T_KIND_COUNT_] = {"param", "grad", "input", "act", "act_grad", "stat", "work"};
+  return ((int)k >= 0 && k < MF_T_KIND_COUNT_) ? names[k] : "unknown";
+}
+
+/* ------------------------------------------------------------- building */
+
+typedef struct pb {
+  mf_program *p;
+  int32_t cap_t, cap_o;
+  int64_t cap_pool;
+  mf_status st;
+} pb;
+
+static int32_t tensor(pb *b, mf_tensor_kind kind, mf_dtype dtype, int64_t numel, int32_t micro, int32_t layer,
+                      const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static int32_t tensor(pb *b, mf_tensor_kind kind, mf_dtype dtype, int64_t numel, int32_t micro, int32_t layer,
+                      const char *fmt, ...) {
+  if (b->st != MF_OK) return -1;
+  mf_program *p = b->p;
+  if (p->n_tensors == b->cap_t) {
+    int32_t cap = b->cap_t ? 2 * b->cap_t : 1024;
+    mf_ptensor *t = (mf_ptensor *)realloc(p->tensors, (size_t)cap * sizeof *t);
+    if (!t) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+      return -1;
+    }
+    p->tensors = t;
+    b->cap_t = cap;
+  }
+  mf_ptensor *t = &p->tensors[p->n_tensors];
+  memset(t, 0, sizeof *t);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->name, sizeof t->name, fmt, ap);
+  va_end(ap);
+  t->kind = kind;
+  t->dtype = dtype;
+  t->numel = numel;
+  t->bytes = (size_t)numel * mf_dtype_size(dtype);
+  t->param = -1;
+  t->micro = micro;
+  t->layer = layer;
+  t->first_op = t->last_op = -1;
+  return p->n_tensors++;
+}
+
+/* A new op; operands default to absent. The pointer is valid until the next op. */
+static mf_pop *op(pb *b, mf_kernel kind, mf_phase phase, int32_t micro, int32_t layer, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+static mf_pop *op(pb *b, mf_kernel kind, mf_phase phase, int32_t micro, int32_t layer, const char *fmt, ...) {
+  static mf_pop sink; /* absorbs writes after an error */
+  if (b->st != MF_OK) return &sink;
+  mf_program *p = b->p;
+  if (p->n_ops == b->cap_o) {
+    int32_t cap = b->cap_o ? 2 * b->cap_o : 1024;
+    mf_pop *o = (mf_pop *)realloc(p->ops, (size_t)cap * sizeof *o);
+    if (!o) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+      return &sink;
+    }
+    p->ops = o;
+    b->cap_o = cap;
+  }
+  mf_pop *o = &p->ops[p->n_ops++];
+  memset(o, 0, sizeof *o);
+  o->kind = kind;
+  o->phase = phase;
+  o->micro = micro;
+  o->layer = layer;
+  o->experts_at = -1;
+  for (int i = 0; i < MF_KBUF_MAX; i++) o->t[i] = -1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(o->label, sizeof o->label, fmt, ap);
+  va_end(ap);
+  return o;
+}
+
+static int32_t pool_put(pb *b, const int32_t *ids, int64_t n) {
+  if (b->st != MF_OK) return -1;
+  mf_program *p = b->p;
+  if (p->n_pool + n > b->cap_pool) {
+    int64_t cap = b->cap_pool ? 2 * b->cap_pool : 4096;
+    while (cap < p->n_pool + n) cap *= 2;
+    int32_t *q = (int32_t *)realloc(p->id_pool, (size_t)cap * sizeof *q);
+    if (!q) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+      return -1;
+    }
+    p->id_pool = q;
+    b->cap_pool = cap;
+  }
+  memcpy(p->id_pool + p->n_pool, ids, (size_t)n * sizeof *ids);
+  int32_t at = (int32_t)p->n_pool;
+  p->n_pool += n;
+  return at;
+}
+
+/* Operand shorthands. */
+#define SET(o, ...)                                        \
+  do {                                                     \
+    const int32_t ids_[] = {__VA_ARGS__};                  \
+    for (size_t j_ = 0; j_ < sizeof ids_ / sizeof ids_[0]; j_++) (o)->t[j_] = ids_[j_]; \
+  } while (0)
+#define INTS(o, ...)                                       \
+  do {                                                     \
+    const int64_t v_[] = {__VA_ARGS__};                    \
+    for (size_t j_ = 0; j_ < sizeof v_ / sizeof v_[0]; j_++) (o)->i[j_] = v_[j_]; \
+  } while (0)
+
+typedef struct ctx {
+  pb *b;
+  const mf_param_table *pt;
+  const mf_model_spec *s;
+  int32_t m;
+  int64_t T;
+} ctx;
+
+static int32_t P(const ctx *c, mf_param_role role, int64_t layer) {
+  int32_t i = mf_param_index(c->pt, role, layer, -1);
+  return i < 0 ? -1 : c->b->p->param_tensor[i];
+}
+static int32_t G(const ctx *c, mf_param_role role, int64_t layer) {
+  int32_t i = mf_param_index(c->pt, role, layer, -1);
+  return i < 0 ? -1 : c->b->p->grad_tensor[i];
+}
+
+static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int grads) {
+  const int64_t E = c->s->experts;
+  int32_t *ids = (int32_t *)malloc((size_t)E * sizeof *ids);
+  if (!ids) {
+    if (c->b->st == MF_OK) c->b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+    return -1;
+  }
+  for (int64_t e = 0; e < E; e++) {
+    int32_t pi = mf_param_index(c->pt, role, layer, e);
+    ids[e] = grads ? c->b->p->grad_tensor[pi] : c->b->p->param_tensor[pi];
+  }
+  int32_t at = pool_put(c->b, ids, E);
+  free(ids);
+  return at;
+}
+
+static void linear_fwd(const ctx *c, int32_t l, const char *what, int32_t x, int32_t W, int32_t bias, int32_t y,
+                       int64_t N, int64_t K, int acc) {
+  mf_pop *o = op(c->b, MF_K_LINEAR_FWD, MF_PHASE_FWD, c->m, l, "L%d %s", l, what);
+  SET(o, x, W, bias, y);
+  INTS(o, c->T, N, K, acc);
+  o->flops = 2.0 * (double)c->T * (double)N * (double)K;
+}
+
+/* dW (+ db) and dx for y = x W^T (+ b): weight gradient first, then data. */
+static void linear_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, int32_t x, int32_t W, int32_t dW,
+                       int32_t db, int32_t dx, int64_t N, int64_t K, int acc) {
+  mf_pop *o = op(c->b, MF_K_LINEAR_BWD_WEIGHT, MF_PHASE_BWD, c->m, l, "L%d %s dW", l, what);
+  SET(o, dy, x, dW, db);
+  INTS(o, c->T, N, K);
+  o->flops = 2.0 * (double)c->T * (double)N * (double)K;
+  if (dx < 0) return;
+  o = op(c->b, MF_K_LINEAR_BWD_DATA, MF_PHASE_BWD, c->m, l, "L%d %s dx", l, what);
+  SET(o, dy, W, dx);
+  INTS(o, c->T, N, K, acc);
+  o->flops = 2.0 * (double)c->T * (double)N * (double)K;
+}
+
+static void rmsnorm_fwd(const ctx *c, int32_t l, const char *what, int32_t x, int32_t w, int32_t y, int32_t rstd,
+                        int64_t R, int64_t C) {
+  mf_pop *o = op(c->b, MF_K_RMSNORM_FWD, MF_PHASE_FWD, c->m, l, "L%d %s", l, what);
+  SET(o, x, w, y, rstd);
+  INTS(o, R, C);
+  o->f[0] = c->s->norm_eps;
+  o->flops = 4.0 * (double)R * (double)C;
+}
+
+static void rmsnorm_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, int32_t x, int32_t w, int32_t rstd,
+                        int32_t dx, int32_t dw, int64_t R, int64_t C, int acc) {
+  mf_pop *o = op(c->b, MF_K_RMSNORM_BWD, MF_PHASE_BWD, c->m, l, "L%d %s bwd", l, what);
+  SET(o, dy, x, w, rstd, dx, dw);
+  INTS(o, R, C, acc);
+  o->flops = 8.0 * (double)R * (double)C;
+}
+
+static void simple(const ctx *c, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a, int32_t bb,
+                   int32_t cc, int32_t d, int32_t e, int64_t n) {
+  mf_pop *o = op(c->b, k, ph, c->m, l, "L%d %s", l, what);
+  SET(o, a, bb, cc, d, e);
+  INTS(o, n);
+  o->flops = (double)n;
+}
+
+/* Names of per-micro-batch tensors: "mb0.model.layers.3.self_attn.q". */
+#define LNAME "mb%d.model.layers.%d."
+
+static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
+  mf_program *p = b->p;
+  const mf_model_spec *s = &pt->spec;
+  const int64_t B = p->B, S = p->S, T = B * S, H = s->hidden, D = s->head_dim, Hq = s->heads, Hkv = s->kv_heads;
+  const int64_t E = s->experts, TK = s->top_k, I = s->expert_ffn, V = s->vocab, L = s->layers;
+  const int32_t Li = (int32_t)L;
+  ctx cx = {b, pt, s, m, T};
+  const ctx *c = &cx;
+  int64_t n_moe = 0;
+  for (int64_t l = 0; l < L; l++) n_moe += mf_model_spec_layer_is_moe(s, l);
+  const int64_t aux_rows = n_moe * T;
+
+  mf_program_io *io = &p->io[m];
+  io->ids = tensor(b, MF_T_INPUT, MF_DTYPE_I32, T, m, -1, "mb%d.input_ids", m);
+  io->targets = tensor(b, MF_T_INPUT, MF_DTYPE_I32, T, m, -1, "mb%d.targets", m);
+  io->positions = p->io[0].positions;
+  io->ce_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 2, m, -1, "mb%d.loss.ce", m);
+  io->aux_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 1, m, -1, "mb%d.loss.aux", m);
+  const int32_t pos = io->positions;
+  int32_t aux_counts = -1, aux_psum = -1;
+  if (n_moe > 0) {
+    aux_counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, -1, "mb%d.aux.counts", m);
+    aux_psum = tensor(b, MF_T_STAT, MF_DTYPE_F64, E, m, -1, "mb%d.aux.psum", m);
+    simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux counts = 0", aux_counts, -1, -1, -1, -1, E);
+    simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux psum = 0", aux_psum, -1, -1, -1, -1, E);
+  }
+
+  /* Per-layer activations kept for the backward. */
+  int32_t *resid = (int32_t *)calloc((size_t)L + 1, sizeof(int32_t));
+  typedef struct {
+    int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
+    int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
+    int32_t sg, su, sa, sy, sgl, dg, du, da;
+  } layer_acts;
+  layer_acts *A = (layer_acts *)calloc((size_t)L, sizeof(layer_acts));
+  if (!resid || !A) {
+    free(resid);
+    free(A);
+    b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+    return;
+  }
+
+  resid[0] = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.embed_tokens.out", m);
+  {
+    mf_pop *o = op(b, MF_K_EMBED_FWD, MF_PHASE_FWD, m, -1, "embed");
+    SET(o, io->ids, P(c, MF_P_EMBED, -1), resid[0]);
+    INTS(o, T, V, H);
+  }
+  const float scale = (float)(1.0 / sqrt((double)D));
+  for (int32_t l = 0; l < Li; l++) {
+    layer_acts *a = &A[l];
+    const int moe = mf_model_spec_layer_is_moe(s, l);
+    a->xn1 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out", m, l);
+    a->rstd1 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "input_layernorm.rstd", m, l);
+    rmsnorm_fwd(c, l, "input_layernorm", resid[l], P(c, MF_P_ATTN_NORM, l), a->xn1, a->rstd1, T, H);
+    a->q = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q", m, l);
+    a->k = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k", m, l);
+    a->v = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v", m, l);
+    linear_fwd(c, l, "q_proj", a->xn1, P(c, MF_P_Q, l), P(c, MF_P_Q_BIAS, l), a->q, Hq * D, H, 0);
+    linear_fwd(c, l, "k_proj", a->xn1, P(c, MF_P_K, l), P(c, MF_P_K_BIAS, l), a->k, Hkv * D, H, 0);
+    linear_fwd(c, l, "v_proj", a->xn1, P(c, MF_P_V, l), P(c, MF_P_V_BIAS, l), a->v, Hkv * D, H, 0);
+    a->qa = a->q;
+    a->ka = a->k;
+    if (s->qk_norm != MF_QK_NORM_NONE) {
+      const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
+      const int64_t Rq = per_head ? T * Hq : T, Cq = per_head ? D : Hq * D;
+      const int64_t Rk = per_head ? T * Hkv : T, Ck = per_head ? D : Hkv * D;
+      a->qn = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_norm.out", m, l);
+      a->kn = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_norm.out", m, l);
+      a->qr = tensor(b, MF_T_STAT, MF_DTYPE_F32, Rq, m, l, LNAME "self_attn.q_norm.rstd", m, l);
+      a->kr = tensor(b, MF_T_STAT, MF_DTYPE_F32, Rk, m, l, LNAME "self_attn.k_norm.rstd", m, l);
+      rmsnorm_fwd(c, l, "q_norm", a->q, P(c, MF_P_Q_NORM, l), a->qn, a->qr, Rq, Cq);
+      rmsnorm_fwd(c, l, "k_norm", a->k, P(c, MF_P_K_NORM, l), a->kn, a->kr, Rk, Ck);
+      a->qa = a->qn;
+      a->ka = a->kn;
+    }
+    mf_pop *o = op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope q", l);
+    SET(o, a->qa, pos);
+    INTS(o, T, Hq, D);
+    o->f[0] = s->rope_theta;
+    o = op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope k", l);
+    SET(o, a->ka, pos);
+    INTS(o, T, Hkv, D);
+    o->f[0] = s->rope_theta;
+    a->att = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out", m, l);
+    a->lse = tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
+    o = op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
+    SET(o, a->qa, a->ka, a->v, a->att, a->lse);
+    INTS(o, B, S, Hq, Hkv, D);
+    o->f[0] = scale;
+    o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+    a->hmid = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "self_attn.residual_out", m, l);
+    linear_fwd(c, l, "o_proj", a->att, P(c, MF_P_O, l), -1, a->hmid, H, Hq * D, 0);
+    simple(c, MF_K_ADD, MF_PHASE_FWD, l, "attn residual", resid[l], a->hmid, -1, -1, -1, T * H);
+    a->xn2 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out", m, l);
+    a->rstd2 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "post_attention_layernorm.rstd", m, l);
+    rmsnorm_fwd(c, l, "post_attention_layernorm", a->hmid, P(c, MF_P_MLP_NORM, l), a->xn2, a->rstd2, T, H);
+    resid[l + 1] = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "out", m, l);
+    simple(c, MF_K_ZERO, MF_PHASE_FWD, l, "mlp out = 0", resid[l + 1], -1, -1, -1, -1, T * H);
+    if (moe) {
+      const int64_t R = T * TK;
+      a->rl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits", m, l);
+      linear_fwd(c, l, "router", a->xn2, P(c, MF_P_ROUTER, l), -1, a->rl, E, H, 0);
+      a->probs = tensor(b, MF_T_STAT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs", m, l);
+      a->tki = tensor(b, MF_T_STAT, MF_DTYPE_I32, T * TK, m, l, LNAME "mlp.topk_idx", m, l);
+      a->tkw = tensor(b, MF_T_STAT, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w", m, l);
+      o = op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
+      SET(o, a->rl, a->probs, a->tki, a->tkw);
+      INTS(o, T, E, TK, s->norm_topk_prob);
+      o = op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
+      SET(o, a->probs, a->tki, aux_counts, aux_psum);
+      INTS(o, T, E, TK);
+      a->counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.expert_counts", m, l);
+      a->offsets = tensor(b, MF_T_STAT, MF_DTYPE_I64, E + 1, m, l, LNAME "mlp.expert_offsets", m, l);
+      a->row_of = tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.row_of", m, l);
+      a->tor = tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.token_of_row", m, l);
+      o = op(b, MF_K_MOE_DISPATCH, MF_PHASE_FWD, m, l, "L%d dispatch", l);
+      SET(o, a->tki, a->counts, a->offsets, a->row_of, a->tor);
+      INTS(o, T, TK, E);
+      a->xe = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in", m, l);
+      o = op(b, MF_K_MOE_GATHER, MF_PHASE_FWD, m, l, "L%d gather", l);
+      SET(o, a->xn2, a->tor, a->xe);
+      INTS(o, R, H);
+      a->eg = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate", m, l);
+      a->eu = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up", m, l);
+      a->ea = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act", m, l);
+      a->ey = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out", m, l);
+      const struct {
+        mf_param_role role;
+        int32_t in, out;
+        int64_t N, K;
+        const char *what;
+      } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj"},
+                   {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj"},
+                   {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj"}};
+      for (int j = 0; j < 3; j++) {
+        if (j == 2) simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
+        int32_t at = experts_of(c, proj[j].role, l, 0);
+        o = op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
+        SET(o, proj[j].in, a->offsets, proj[j].out);
+        INTS(o, E, proj[j].N, proj[j].K);
+        o->experts_at = at;
+        o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
+      }
+      o = op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
+      SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
+      INTS(o, T, TK, H);
+      if (s->shared_ffn > 0) {
+        const int64_t Is = s->shared_ffn;
+        a->sg = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate", m, l);
+        a->su = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up", m, l);
+        a->sa = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act", m, l);
+        a->sy = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l);
+        a->sgl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
+        linear_fwd(c, l, "shared gate_proj", a->xn2, P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
+        linear_fwd(c, l, "shared up_proj", a->xn2, P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
+        simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
+        linear_fwd(c, l, "shared down_proj", a->sa, P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is, 0);
+        linear_fwd(c, l, "shared_expert_gate", a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl, 1, H, 0);
+        o = op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
+        SET(o, a->sgl, a->sy, resid[l + 1]);
+        INTS(o, T, H);
+      }
+    } else {
+      const int64_t Id = s->dense_ffn;
+      a->dg = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.gate", m, l);
+      a->du = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up", m, l);
+      a->da = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act", m, l);
+      linear_fwd(c, l, "gate_proj", a->xn2, P(c, MF_P_DENSE_GATE, l), -1, a->dg, Id, H, 0);
+      linear_fwd(c, l, "up_proj", a->xn2, P(c, MF_P_DENSE_UP, l), -1, a->du, Id, H, 0);
+      simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "swiglu", a->dg, a->du, a->da, -1, -1, T * Id);
+      linear_fwd(c, l, "down_proj", a->da, P(c, MF_P_DENSE_DOWN, l), -1, resid[l + 1], H, Id, 1);
+    }
+    simple(c, MF_K_ADD, MF_PHASE_FWD, l, "mlp residual", a->hmid, resid[l + 1], -1, -1, -1, T * H);
+  }
+
+  /* Final norm, aux value, loss. */
+  int32_t hf = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.norm.out", m);
+  int32_t rstdf = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, -1, "mb%d.model.norm.rstd", m);
+  rmsnorm_fwd(c, -1, "final norm", resid[L], P(c, MF_P_FINAL_NORM, -1), hf, rstdf, T, H);
+  if (n_moe > 0) {
+    mf_pop *o = op(b, MF_K_AUX_VALUE, MF_PHASE_LOSS, m, -1, "aux loss");
+    SET(o, aux_counts, aux_psum, io->aux_scalars);
+    INTS(o, E, aux_rows);
+  } else {
+    simple(c, MF_K_ZERO, MF_PHASE_LOSS, -1, "aux loss = 0", io->aux_scalars, -1, -1, -1, -1, 1);
+  }
+  const int64_t chunk = p->ce_chunk < V ? p->ce_chunk : V;
+  int32_t ce_ws = tensor(b, MF_T_WORK, MF_DTYPE_F32, T * chunk, m, -1, "mb%d.loss.workspace", m);
+  int32_t ce_lse = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, -1, "mb%d.loss.lse", m);
+  io->final_hidden = hf;
+  int32_t dhf = p->forward_only ? -1 : tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.norm.out.grad", m);
+  {
+    const int32_t lm = mf_param_lm_head(pt);
+    io->ce_op = p->n_ops;
+    mf_pop *o = op(b, MF_K_CROSS_ENTROPY, MF_PHASE_LOSS, m, -1, "cross-entropy");
+    SET(o, hf, p->param_tensor[lm], io->targets, ce_ws, ce_lse, io->ce_scalars, p->forward_only ? -1 : dhf,
+        p->forward_only ? -1 : p->grad_tensor[lm]);
+    INTS(o, T, V, H, chunk);
+    o->f[0] = MF_PROGRAM_LOSS_SCALE_RUNTIME;
+    o->flops = 4.0 * 2.0 * (double)T * (double)V * (double)H; /* two logit passes + two gradient GEMMs */
+  }
+
+  if (p->forward_only) {
+    free(resid);
+    free(A);
+    return;
+  }
+  /* Backward. gres is the gradient of the residual stream, updated layer by layer. */
+  int32_t gres = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.residual.grad", m);
+  rmsnorm_bwd(c, -1, "final norm", dhf, resid[L], P(c, MF_P_FINAL_NORM, -1), rstdf, gres, G(c, MF_P_FINAL_NORM, -1),
+              T, H, 0);
+  for (int32_t l = Li - 1; l >= 0; l--) {
+    layer_acts *a = &A[l];
+    const int moe = mf_model_spec_layer_is_moe(s, l);
+    int32_t dxn2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out.grad", m, l);
+    mf_pop *o;
+    if (moe) {
+      const int64_t R = T * TK;
+      int32_t dye = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out.grad", m, l);
+      int32_t dtkw = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w.grad", m, l);
+      o = op(b, MF_K_MOE_COMBINE_BWD, MF_PHASE_BWD, m, l, "L%d combine bwd", l);
+      SET(o, gres, a->ey, a->tkw, a->row_of, dye, dtkw);
+      INTS(o, T, TK, H);
+      int32_t dea = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act.grad", m, l);
+      int32_t deg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate.grad", m, l);
+      int32_t deu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up.grad", m, l);
+      int32_t dxe = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
+      int32_t dxe2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
+      /* down: dW then dx */
+      o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
+      SET(o, dye, a->ea, a->offsets);
+      INTS(o, E, H, I);
+      o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1);
+      o->flops = 2.0 * (double)R * (double)H * (double)I;
+      o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
+      SET(o, dye, a->offsets, dea);
+      INTS(o, E, H, I);
+      o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0);
+      o->flops = 2.0 * (double)R * (double)H * (double)I;
+      o = op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
+      SET(o, a->eg, a->eu, dea, deg, deu);
+      INTS(o, R * I);
+      const struct {
+        mf_param_role role;
+        int32_t dy, dx;
+        const char *what;
+      } gu[2] = {{MF_P_EXPERT_GATE, deg, dxe, "gate_proj"}, {MF_P_EXPERT_UP, deu, dxe2, "up_proj"}};
+      for (int j = 0; j < 2; j++) {
+        o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
+        SET(o, gu[j].dy, a->xe, a->offsets);
+        INTS(o, E, I, H);
+        o->experts_at = experts_of(c, gu[j].role, l, 1);
+        o->flops = 2.0 * (double)R * (double)I * (double)H;
+        o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
+        SET(o, gu[j].dy, a->offsets, gu[j].dx);
+        INTS(o, E, I, H);
+        o->experts_at = experts_of(c, gu[j].role, l, 0);
+        o->flops = 2.0 * (double)R * (double)I * (double)H;
+      }
+      simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, R * H);
+      o = op(b, MF_K_MOE_GATHER_BWD, MF_PHASE_BWD, m, l, "L%d gather bwd", l);
+      SET(o, dxe, a->row_of, dxn2);
+      INTS(o, T, TK, H, 0);
+      int32_t dprobs = -1;
+      if (p->aux_coef > 0) {
+        dprobs = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l);
+        o = op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
+        SET(o, aux_counts, dprobs);
+        INTS(o, E, aux_rows, T);
+        o->f[0] = p->aux_coef / (double)p->G;
+      }
+      int32_t drl = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits.grad", m, l);
+      o = op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
+      SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
+      INTS(o, T, E, TK, s->norm_topk_prob);
+      linear_bwd(c, l, "router", drl, a->xn2, P(c, MF_P_ROUTER, l), G(c, MF_P_ROUTER, l), -1, dxn2, E, H, 1);
+      if (s->shared_ffn > 0) {
+        const int64_t Is = s->shared_ffn;
+        int32_t dsy = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out.grad", m, l);
+        int32_t dsgl = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out.grad", m, l);
+        o = op(b, MF_K_SIGGATE_BWD, MF_PHASE_BWD, m, l, "L%d shared gate bwd", l);
+        SET(o, a->sgl, a->sy, gres, dsy, dsgl);
+        INTS(o, T, H);
+        linear_bwd(c, l, "shared_expert_gate", dsgl, a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l),
+                   G(c, MF_P_SHARED_EXPERT_GATE, l), -1, dxn2, 1, H, 1);
+        int32_t dsa = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act.grad", m, l);
+        int32_t dsg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate.grad", m, l);
+        int32_t dsu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up.grad", m, l);
+        linear_bwd(c, l, "shared down_proj", dsy, a->sa, P(c, MF_P_SHARED_DOWN, l), G(c, MF_P_SHARED_DOWN, l), -1,
+                   dsa, H, Is, 0);
+        simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu, T * Is);
+        linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, P(c, MF_P_SHARED_GATE, l), G(c, MF_P_SHARED_GATE, l), -1,
+                   dxn2, Is, H, 1);
+        linear_bwd(c, l, "shared up_proj", dsu, a->xn2, P(c, MF_P_SHARED_UP, l), G(c, MF_P_SHARED_UP, l), -1, dxn2,
+                   Is, H, 1);
+      }
+    } else {
+      const int64_t Id = s->dense_ffn;
+      int32_t dda = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act.grad", m, l);
+      int32_t ddg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.gate.grad", m, l);
+      int32_t ddu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up.grad", m, l);
+      linear_bwd(c, l, "down_proj", gres, a->da, P(c, MF_P_DENSE_DOWN, l), G(c, MF_P_DENSE_DOWN, l), -1, dda, H, Id, 0);
+      simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "swiglu bwd", a->dg, a->du, dda, ddg, ddu, T * Id);
+      linear_bwd(c, l, "gate_proj", ddg, a->xn2, P(c, MF_P_DENSE_GATE, l), G(c, MF_P_DENSE_GATE, l), -1, dxn2, Id, H, 0);
+      linear_bwd(c, l, "up_proj", ddu, a->xn2, P(c, MF_P_DENSE_UP, l), G(c, MF_P_DENSE_UP, l), -1, dxn2, Id, H, 1);
+    }
+    rmsnorm_bwd(c, l, "post_attention_layernorm", dxn2, a->hmid, P(c, MF_P_MLP_NORM, l), a->rstd2, gres,
+                G(c, MF_P_MLP_NORM, l), T, H, 1);
+    /* Attention. */
+    int32_t datt = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out.grad", m, l);
+    linear_bwd(c, l, "o_proj", gres, a->att, P(c, MF_P_O, l), G(c, MF_P_O, l), -1, datt, H, Hq * D, 0);
+    int32_t dqa = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_rope.grad", m, l);
+    int32_t dka = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_rope.grad", m, l);
+    int32_t dv = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v.grad", m, l);
+    o = op(b, MF_K_ATTN_BWD, MF_PHASE_BWD, m, l, "L%d attention bwd", l);
+    SET(o, a->qa, a->ka, a->v, a->att, datt, a->lse, dqa, dka, dv);
+    INTS(o, B, S, Hq, Hkv, D);
+    o->f[0] = scale;
+    o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+    o = op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope q bwd", l);
+    SET(o, dqa, pos);
+    INTS(o, T, Hq, D);
+    o->f[0] = s->rope_theta;
+    o = op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope k bwd", l);
+    SET(o, dka, pos);
+    INTS(o, T, Hkv, D);
+    o->f[0] = s->rope_theta;
+    int32_t dq = dqa, dk = dka;
+    if (s->qk_norm != MF_QK_NORM_NONE) {
+      const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
+      dq = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q.grad", m, l);
+      dk = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k.grad", m, l);
+      rmsnorm_bwd(c, l, "q_norm", dqa, a->q, P(c, MF_P_Q_NORM, l), a->qr, dq, G(c, MF_P_Q_NORM, l),
+                  per_head ? T * Hq : T, per_head ? D : Hq * D, 0);
+      rmsnorm_bwd(c, l, "k_norm", dka, a->k, P(c, MF_P_K_NORM, l), a->kr, dk, G(c, MF_P_K_NORM, l),
+                  per_head ? T * Hkv : T, per_head ? D : Hkv * D, 0);
+    }
+    int32_t dxn1 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);
+    linear_bwd(c, l, "q_proj", dq, a->xn1, P(c, MF_P_Q, l), G(c, MF_P_Q, l), G(c, MF_P_Q_BIAS, l), dxn1, Hq * D, H, 0);
+    linear_bwd(c, l, "k_proj", dk, a->xn1, P(c, MF_P_K, l), G(c, MF_P_K, l), G(c, MF_P_K_BIAS, l), dxn1, Hkv * D, H, 1);
+    linear_bwd(c, l, "v_proj", dv, a->xn1, P(c, MF_P_V, l), G(c, MF_P_V, l), G(c, MF_P_V_BIAS, l), dxn1, Hkv * D, H, 1);
+    rmsnorm_bwd(c, l, "input_layernorm", dxn1, resid[l], P(c, MF_P_ATTN_NORM, l), a->rstd1, gres,
+                G(c, MF_P_ATTN_NORM, l), T, H, 1);
+  }
+  {
+    mf_pop *o = op(b, MF_K_EMBED_BWD, MF_PHASE_BWD, m, -1, "embed bwd");
+    SET(o, io->ids, gres, G(c, MF_P_EMBED, -1));
+    INTS(o, T, V, H);
+  }
+  free(resid);
+  free(A);
+}
+
+static void compute_lifetimes(mf_program *p) {
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k];
+    int32_t ids[MF_KBUF_MAX];
+    for (int i = 0; i < MF_KBUF_MAX; i++) ids[i] = o->t[i];
+    for (int i = 0; i < MF_KBUF_MAX; i++) {
+      if (ids[i] < 0) continue;
+      mf_ptensor *t = &p->tensors[ids[i]];
+      if (t->first_op < 0) t->first_op = k;
+      t->last_op = k;
+    }
+    if (o->experts_at >= 0)
+      for (int64_t e = 0; e < p->spec.experts; e++) {
+        mf_ptensor *t = &p->tensors[p->id_pool[o->experts_at + e]];
+        if (t->first_op < 0) t->first_op = k;
+        t->last_op = k;
+      }
+  }
+  /* A micro-batch's inputs are uploaded before its first op, so they live from there. */
+  for (int32_t i = 0; i < p->n_tensors; i++) {
+    mf_ptensor *t = &p->tensors[i];
+    if (t->kind != MF_T_INPUT || t->micro < 0) continue;
+    for (int32_t k = 0; k < p->n_ops; k++)
+      if (p->ops[k].micro == t->micro) {
+        if (t->first_op < 0 || k < t->first_op) t->first_op = k;
+        break;
+      }
+  }
+  /* Parameters, gradients and positions live for the whole step. */
+  for (int32_t i = 0; i < p->n_tensors; i++) {
+    mf_ptensor *t = &p->tensors[i];
+    if (t->kind == MF_T_PARAM || t->kind == MF_T_GRAD || t->micro < 0) {
+      t->first_op = 0;
+      t->last_op = p->n_ops - 1;
+    }
+  }
+}
+
+mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts, mf_program **out) {
+  *out = NULL;
+  const mf_model_spec *s = &pt->spec;
+  if (opts->micro_batch < 1 || opts->seq_len < 1 || opts->grad_accum < 1)
+    return MF_ERR(MF_ERR_INVALID_ARG, "step program: batch sizes must be positive (B=%lld S=%lld G=%lld)",
+                  (long long)opts->micro_batch, (long long)opts->seq_len, (long long)opts->grad_accum);
+  if (opts->seq_len > s->max_seq)
+    return MF_ERR(MF_ERR_CONFIG, "data.seq_len %lld exceeds the model's max_seq %lld", (long long)opts->seq_len,
+                  (long long)s->max_seq);
+  if (s->clip_qkv > 0)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "model: clip_qkv (OLMoE) is not implemented yet; set it to 0");
+  if (s->router_jitter > 0)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "model: router jitter noise is not implemented yet; set it to 0");
+  if (s->experts > 65536) return MF_ERR(MF_ERR_UNSUPPORTED, "model: more than 65536 experts");
+  const double tokens = (double)opts->micro_batch * (double)opts->seq_len * (double)s->top_k;
+  if (tokens > 2147483647.0)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "step program: micro_batch x seq_len x top_k is too large for 32-bit rows");
+
+  mf_program *p = (mf_program *)calloc(1, sizeof *p);
+  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+  p->params = pt;
+  p->spec = *s;
+  p->B = opts->micro_batch;
+  p->S = opts->seq_len;
+  p->G = opts->grad_accum;
+  p->aux_coef = opts->aux_coef;
+  p->ce_chunk = opts->ce_chunk > 0 ? opts->ce_chunk : 4096;
+  p->forward_only = opts->forward_only;
+  p->io = (mf_program_io *)calloc((size_t)p->G, sizeof(mf_program_io));
+  p->param_tensor = (int32_t *)malloc((size_t)pt->n * sizeof(int32_t));
+  p->grad_tensor = (int32_t *)malloc((size_t)pt->n * sizeof(int32_t));
+  pb b = {p, 0, 0, 0, MF_OK};
+  if (!p->io || !p->param_tensor || !p->grad_tensor) b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+  for (int64_t i = 0; i < pt->n && b.st == MF_OK; i++) {
+    const mf_param *q = &pt->params[i];
+    p->param_tensor[i] = tensor(&b, MF_T_PARAM, MF_DTYPE_F32, q->numel, -1, q->layer, "%s", q->name);
+    p->grad_tensor[i] =
+        p->forward_only ? -1 : tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1, q->layer, "grad.%s", q->name);
+    if (b.st == MF_OK) {
+      p->tensors[p->param_tensor[i]].param = (int32_t)i;
+      if (!p->forward_only) p->tensors[p->grad_tensor[i]].param = (int32_t)i;
+    }
+  }
+  if (b.st == MF_OK)
+    p->io[0].positions = tensor(&b, MF_T_INPUT, MF_DTYPE_I32, p->B * p->S, -1, -1, "positions");
+  /* Gradients start at zero and accumulate over the micro-batches. */
+  for (int64_t i = 0; i < pt->n && b.st == MF_OK && !p->forward_only; i++) {
+    mf_pop *o = op(&b, MF_K_ZERO, MF_PHASE_SETUP, -1, pt->params[i].layer, "zero grad");
+    o->t[0] = p->grad_tensor[i];
+  }
+  for (int32_t m = 0; m < (int32_t)p->G && b.st == MF_OK; m++) build_micro(&b, pt, m);
+  if (b.st != MF_OK) {
+    mf_program_free(p);
+    return b.st;
+  }
+  for (int32_t k = 0; k < p->n_ops; k++) p->flops += p->ops[k].flops;
+  compute_lifetimes(p);
+  *out = p;
+  return MF_OK;
+}
+
+void mf_program_free(mf_program *p) {
+  if (!p) return;
+  free(p->tensors);
+  free(p->ops);
+  free(p->id_pool);
+  free(p->io);
+  free(p->param_tensor);
+  free(p->grad_tensor);
+  free(p);
+}
+
+/* ---------------------------------------------------------- memory plan */
+
+#define ALIGN 64
+static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+typedef struct placed {
+  size_t off, end;
+} placed;
+
+static int cmp_size_desc(const void *a, const void *b, void *arg) {
+  const mf_program *p = (const mf_program *)arg;
+  const mf_ptensor *x = &p->tensors[*(const int32_t *)a], *y = &p->tensors[*(const int32_t *)b];
+  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+static int cmp_off(const void *a, const void *b) {
+  const placed *x = (const placed *)a, *y = (const placed *)b;
+  return x->off < y->off ? -1 : x->off > y->off ? 1 : 0;
+}
+
+mf_status mf_program_plan_memory(mf_program *p) {
+  size_t off = 0;
+  p->param_bytes = p->grad_bytes = 0;
+  int32_t n_rest = 0;
+  for (int32_t i = 0; i < p->n_tensors; i++) {
+    mf_ptensor *t = &p->tensors[i];
+    if (t->first_op < 0) continue; /* unused */
+    if (t->kind == MF_T_PARAM || t->kind == MF_T_GRAD || t->micro < 0) {
+      t->offset = off;
+      off = align_up(off + t->bytes);
+      if (t->kind == MF_T_PARAM) p->param_bytes += t->bytes;
+      if (t->kind == MF_T_GRAD) p->grad_bytes += t->bytes;
+    } else {
+      n_rest++;
+    }
+  }
+  const size_t base = off;
+  int32_t *order = (int32_t *)malloc((size_t)(n_rest ? n_rest : 1) * sizeof(int32_t));
+  placed *live = (placed *)malloc((size_t)(n_rest ? n_rest : 1) * sizeof(placed));
+  if (!order || !live) {
+    free(order);
+    free(live);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "memory plan: out of memory");
+  }
+  n_rest = 0;
+  for (int32_t i = 0; i < p->n_tensors; i++) {
+    const mf_ptensor *t = &p->tensors[i];
+    if (t->first_op >= 0 && !(t->kind == MF_T_PARAM || t->kind == MF_T_GRAD || t->micro < 0)) order[n_rest++] = i;
+  }
+  qsort_r(order, (size_t)n_rest, sizeof *order, cmp_size_desc, p);
+  size_t peak = 0;
+  for (int32_t a = 0; a < n_rest; a++) {
+    mf_ptensor *t = &p->tensors[order[a]];
+    int32_t n_live = 0;
+    for (int32_t q = 0; q < a; q++) {
+      const mf_ptensor *u = &p->tensors[order[q]];
+      if (u->first_op <= t->last_op && t->first_op <= u->last_op)
+        live[n_live++] = (placed){u->offset - base, u->offset - base + u->bytes};
+    }
+    qsort(live, (size_t)n_live, sizeof *live, cmp_off);
+    size_t cand = 0;
+    for (int32_t q = 0; q < n_live; q++) {
+      if (live[q].off >= cand + t->bytes) break;
+      if (live[q].end > cand) cand = align_up(live[q].end);
+    }
+    t->offset = base + cand;
+    if (cand + t->bytes > peak) peak = cand + t->bytes;
+  }
+  free(order);
+  free(live);
+  p->peak_other_bytes = peak;
+  p->arena_bytes = align_up(base + peak);
+  return MF_OK;
+}
+
+/* ------------------------------------------------------------ execution */
+
+void mf_program_kernel_call(const mf_program *p, int32_t k, uint8_t *arena, void **expert_ptrs,
+                            mf_kernel_call *call) {
+  const mf_pop *o = &p->ops[k];
+  memset(call, 0, sizeof *call);
+  call->kind = o->kind;
+  for (int i = 0; i < MF_KBUF_MAX; i++) {
+    if (o->t[i] < 0) continue;
+    const mf_ptensor *t = &p->tensors[o->t[i]];
+    call->b[i].ptr = arena + t->offset;
+    call->b[i].bytes = t->bytes;
+  }
+  memcpy(call->i, o->i, sizeof call->i);
+  memcpy(call->f, o->f, sizeof call->f);
+  call->label = o->label;
+  if (o->experts_at >= 0) {
+    const int64_t E = p->spec.experts;
+    for (int64_t e = 0; e < E; e++) expert_ptrs[e] = arena + p->tensors[p->id_pool[o->experts_at + e]].offset;
+    call->experts = expert_ptrs;
+    call->expert_bytes = p->tensors[p->id_pool[o->experts_at]].bytes;
+  }
+}
+
+void mf_program_dump(const mf_program *p, FILE *f) {
+  fprintf(f, "program: %d tensors, %d ops, arena %zu bytes, %.3g FLOPs\n", p->n_tensors, p->n_ops, p->arena_bytes,
+          p->flops);
+  for (int32_t i = 0; i < p->n_tensors; i++) {
+    const mf_ptensor *t = &p->tensors[i];
+    fprintf(f, "  t%-5d %-8s %-4s %10zu B @ %10zu  ops [%d, %d]  %s\n", i, mf_tensor_kind_name(t->kind),
+            mf_dtype_name(t->dtype), t->bytes, t->offset, t->first_op, t->last_op, t->name);
+  }
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k];
+    fprintf(f, "  op%-5d %-18s mb%d  %s\n", k, mf_kernel_name(o->kind), o->micro, o->label);
+  }
+}

@@ -1,0 +1,37 @@
+/* Private to src/optim: the per-step coefficients of AdamW and its loop bodies.
+ *
+ * Every body computes, per element, exactly the sequence documented in optim.h
+ * with the same roundings (fma where torch fuses, nothing else fused), so all
+ * bodies give the same bits and the choice among them is a matter of speed. A
+ * vector body (AVX-512, AVX2: issue #5) processes [0, n) of its arguments with
+ * any alignment, its tail included. */
+#ifndef MF_OPTIM_ADAMW_IMPL_H
+#define MF_OPTIM_ADAMW_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The scalars of one step, each already rounded as torch rounds it. */
+typedef struct mf_adamw_coefs {
+  float decay;        /* (float)(1 - lr*wd) */
+  float w1;           /* lerp weight (float)(1 - beta1) */
+  float w1_minus_1;   /* w1 - 1.0f, the large-weight form's coefficient */
+  int w1_small;       /* fabsf(w1) < 0.5f: lerp from m, else from g */
+  float beta2;        /* (float)beta2 */
+  float one_minus_b2; /* (float)(1 - beta2) */
+  float bc2_sqrt;     /* (float)pow(1 - pow(beta2, t), 0.5) */
+  float eps;          /* (float)eps */
+  float neg_step;     /* (float)-(lr / (1 - pow(beta1, t))) */
+} mf_adamw_coefs;
+
+typedef void (*mf_adamw_tile_fn)(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+                                 uint16_t *bf16, size_t n);
+
+void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
+                          size_t n);
+#if defined(__x86_64__)
+void mf_adamw_tile_fma(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
+                       size_t n);
+#endif
+
+#endif /* MF_OPTIM_ADAMW_IMPL_H */

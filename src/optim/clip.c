@@ -1,0 +1,144 @@
+/* Gradient checks, the global L2 norm and clipping over a list of buffers.
+ *
+ * The buffers are cut into chunks of MF_OPTIM_NORM_CHUNK elements (a buffer's
+ * last chunk may be shorter); the chunk list, in buffer order, is handed to the
+ * pool up to ROUND chunks at a time, each thread taking a contiguous run of
+ * them. Per-chunk results land in a slot per chunk and are combined by the
+ * caller in chunk order, so no result depends on the number of threads, and
+ * nothing is allocated (a round lives on the caller's stack). */
+#include <math.h>
+#include <string.h>
+
+#include "src/optim/optim.h"
+
+#define ROUND 512 /* chunks per pool run: 32M elements */
+
+typedef enum { OP_CHECK, OP_SUMSQ, OP_SCALE } chunk_op;
+
+typedef struct round_job {
+  chunk_op op;
+  float scale;
+  size_t count;
+  float *data[ROUND];
+  size_t len[ROUND];
+  double sum[ROUND]; /* OP_SUMSQ: the chunk's sum of squares */
+  int bad[ROUND];    /* OP_CHECK: 1 when the chunk holds a NaN or Inf */
+} round_job;
+
+/* 8 lanes, element i into lane i % 8, lanes added in a fixed tree: a vector body
+ * doing the same (one 8-double register, or two of 4) gives the same bits. A
+ * float squared is exact in double, so fma(x, x, acc) == acc + x*x too. */
+static double chunk_sumsq(const float *x, size_t n) {
+  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) a[l] += (double)x[i + l] * (double)x[i + l];
+  for (int l = 0; i < n; i++, l++) a[l] += (double)x[i] * (double)x[i];
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static int chunk_has_nonfinite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], sizeof u);
+    bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return (int)bad;
+}
+
+static void chunk_scale(float *x, size_t n, float s) {
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void round_task(void *ctx, int i, int n_threads) {
+  round_job *j = (round_job *)ctx;
+  size_t b, e;
+  mf_partition(j->count, 1, i, n_threads, &b, &e);
+  for (size_t k = b; k < e; k++) {
+    switch (j->op) {
+      case OP_CHECK: j->bad[k] = chunk_has_nonfinite(j->data[k], j->len[k]); break;
+      case OP_SUMSQ: j->sum[k] = chunk_sumsq(j->data[k], j->len[k]); break;
+      case OP_SCALE: chunk_scale(j->data[k], j->len[k], j->scale); break;
+    }
+  }
+}
+
+/* Runs a full round and folds its results, in chunk order, into *sum / *bad. */
+static void run_round(round_job *j, mf_threadpool *pool, double *sum, int *bad) {
+  if (j->count == 0) return;
+  size_t elems = 0;
+  for (size_t k = 0; k < j->count; k++) elems += j->len[k];
+  if (!pool || j->count == 1 || elems <= MF_OPTIM_NORM_CHUNK)
+    round_task(j, 0, 1);
+  else
+    mf_threadpool_run(pool, round_task, j);
+  for (size_t k = 0; k < j->count; k++) {
+    if (j->op == OP_SUMSQ) *sum += j->sum[k];
+    if (j->op == OP_CHECK) *bad |= j->bad[k];
+  }
+  j->count = 0;
+}
+
+static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, chunk_op op, float scale,
+                            double *sum, int *bad) {
+  if (n_bufs > 0 && !bufs) return MF_ERR(MF_ERR_INVALID_ARG, "gradients: %zu buffers but a NULL list", n_bufs);
+  round_job j;
+  j.op = op;
+  j.scale = scale;
+  j.count = 0;
+  *sum = 0.0;
+  *bad = 0;
+  for (size_t b = 0; b < n_bufs; b++) {
+    if (!bufs[b].data || bufs[b].n == 0) continue; /* no gradient: an expert without tokens */
+    for (size_t off = 0; off < bufs[b].n; off += MF_OPTIM_NORM_CHUNK) {
+      size_t left = bufs[b].n - off;
+      j.data[j.count] = bufs[b].data + off;
+      j.len[j.count] = left < MF_OPTIM_NORM_CHUNK ? left : MF_OPTIM_NORM_CHUNK;
+      if (++j.count == ROUND) run_round(&j, pool, sum, bad);
+    }
+  }
+  run_round(&j, pool, sum, bad);
+  return MF_OK;
+}
+
+mf_status mf_optim_grad_check(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, int *all_finite) {
+  if (!all_finite) return MF_ERR(MF_ERR_INVALID_ARG, "gradient check: no result pointer");
+  double unused;
+  int bad;
+  MF_CHECK(for_chunks(bufs, n_bufs, pool, OP_CHECK, 1.0f, &unused, &bad));
+  *all_finite = !bad;
+  return MF_OK;
+}
+
+mf_status mf_optim_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, double *norm) {
+  if (!norm) return MF_ERR(MF_ERR_INVALID_ARG, "gradient norm: no result pointer");
+  double sum;
+  int unused;
+  MF_CHECK(for_chunks(bufs, n_bufs, pool, OP_SUMSQ, 1.0f, &sum, &unused));
+  *norm = sqrt(sum);
+  return MF_OK;
+}
+
+double mf_optim_clip_coef(double total_norm, double max_norm) {
+  if (!(max_norm > 0) || !isfinite(total_norm)) return 1.0;
+  double coef = max_norm / (total_norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+mf_status mf_optim_grad_scale(const mf_optim_buf *bufs, size_t n_bufs, double coef, mf_threadpool *pool) {
+  double unused_sum;
+  int unused_bad;
+  return for_chunks(bufs, n_bufs, pool, OP_SCALE, (float)coef, &unused_sum, &unused_bad);
+}
+
+mf_status mf_optim_clip_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, double max_norm, mf_threadpool *pool,
+                                  double *norm, double *coef) {
+  double total;
+  MF_CHECK(mf_optim_grad_norm(bufs, n_bufs, pool, &total));
+  double c = mf_optim_clip_coef(total, max_norm);
+  if (c < 1.0) MF_CHECK(mf_optim_grad_scale(bufs, n_bufs, c, pool));
+  if (norm) *norm = total;
+  if (coef) *coef = c;
+  return MF_OK;
+}

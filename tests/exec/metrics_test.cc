@@ -1,0 +1,312 @@
+// metrics.jsonl (every line parsed back with jansson) and the progress line.
+#include <gtest/gtest.h>
+#include <jansson.h>
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/exec/metrics.h"
+
+namespace {
+
+std::string TmpPath(const std::string &name) {
+  const char *d = getenv("TEST_TMPDIR");
+  return std::string(d ? d : "/tmp") + "/" + name;
+}
+
+std::string ReadText(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+std::vector<std::string> Lines(const std::string &path) {
+  std::vector<std::string> v;
+  std::istringstream in(ReadText(path));
+  for (std::string line; std::getline(in, line);) v.push_back(line);
+  return v;
+}
+
+mf_step_metrics Step(int64_t step) {
+  mf_step_metrics s;
+  mf_step_metrics_init(&s);
+  s.step = step;
+  s.loss = 2.5 - 0.01 * (double)step;
+  s.ce_loss = s.loss - 0.02;
+  s.aux_loss = 2.0104;
+  s.lr = 2.6666666e-3;
+  s.grad_norm = 0.512;
+  s.tokens_per_s = 12345.6;
+  s.tokens = 4096 * step;
+  s.elapsed_s = 0.3 * (double)step;
+  return s;
+}
+
+// Parses a line; fails the test when it is not one JSON object.
+json_t *Parse(const std::string &line) {
+  json_error_t err;
+  json_t *j = json_loads(line.c_str(), JSON_REJECT_DUPLICATES, &err);
+  EXPECT_NE(j, nullptr) << err.text << " in: " << line;
+  if (j) {
+    EXPECT_TRUE(json_is_object(j)) << line;
+  }
+  return j;
+}
+
+double Num(json_t *j, const char *key) {
+  json_t *v = json_object_get(j, key);
+  EXPECT_TRUE(v && json_is_number(v)) << key;
+  return v ? json_number_value(v) : NAN;
+}
+
+TEST(Metrics, LinesAreJson) {
+  std::string dir = TmpPath("run_a/nested/dir");  // created with its parents
+  mf_metrics *m = nullptr;
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 0, &m), MF_OK) << mf_last_error();
+  EXPECT_EQ(std::string(mf_metrics_path(m)), dir + "/metrics.jsonl");
+  for (int64_t i = 1; i <= 3; i++) {
+    mf_step_metrics s = Step(i);
+    if (i == 2) {
+      s.skipped = 1;
+      s.loss = NAN;
+      s.grad_norm = INFINITY;
+      s.eval_loss = 1.75;
+      s.step_s = 0.25;
+      s.expert_imbalance = 1.5;
+    }
+    ASSERT_EQ(mf_metrics_write(m, &s), MF_OK) << mf_last_error();
+    // Each line is in the file as soon as write returns.
+    EXPECT_EQ(Lines(dir + "/metrics.jsonl").size(), (size_t)i);
+  }
+  mf_metrics_close(m);
+
+  std::vector<std::string> lines = Lines(dir + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  const char *keys[] = {"step",      "loss",         "ce_loss",         "aux_loss",  "lr",
+                        "grad_norm", "tokens_per_s", "tokens",          "elapsed_s", "skipped",
+                        "eval_loss", "step_s",       "expert_imbalance"};
+  for (size_t i = 0; i < lines.size(); i++) {
+    json_t *j = Parse(lines[i]);
+    ASSERT_NE(j, nullptr);
+    EXPECT_EQ(json_object_size(j), sizeof keys / sizeof keys[0]);
+    for (const char *k : keys) EXPECT_NE(json_object_get(j, k), nullptr) << k;
+    mf_step_metrics s = Step((int64_t)i + 1);
+    EXPECT_TRUE(json_is_integer(json_object_get(j, "step")));
+    EXPECT_EQ(json_integer_value(json_object_get(j, "step")), (json_int_t)i + 1);
+    EXPECT_EQ(json_integer_value(json_object_get(j, "tokens")), (json_int_t)s.tokens);
+    EXPECT_DOUBLE_EQ(Num(j, "aux_loss"), 2.0104);
+    EXPECT_NEAR(Num(j, "lr"), 2.6666666e-3, 1e-12);  // %.9g keeps 9 digits
+    EXPECT_DOUBLE_EQ(Num(j, "tokens_per_s"), 12345.6);
+    EXPECT_DOUBLE_EQ(Num(j, "elapsed_s"), s.elapsed_s);
+    if (i == 1) {
+      EXPECT_TRUE(json_is_null(json_object_get(j, "loss"))) << "NaN is written as null";
+      EXPECT_TRUE(json_is_null(json_object_get(j, "grad_norm"))) << "Inf is written as null";
+      EXPECT_TRUE(json_is_true(json_object_get(j, "skipped")));
+      EXPECT_DOUBLE_EQ(Num(j, "eval_loss"), 1.75);
+      EXPECT_DOUBLE_EQ(Num(j, "step_s"), 0.25);
+      EXPECT_DOUBLE_EQ(Num(j, "expert_imbalance"), 1.5);
+    } else {
+      EXPECT_DOUBLE_EQ(Num(j, "loss"), s.loss);
+      EXPECT_DOUBLE_EQ(Num(j, "ce_loss"), s.ce_loss);
+      EXPECT_DOUBLE_EQ(Num(j, "grad_norm"), 0.512);
+      EXPECT_TRUE(json_is_false(json_object_get(j, "skipped")));
+      // Optional fields left at their init value (NaN) are null.
+      EXPECT_TRUE(json_is_null(json_object_get(j, "eval_loss")));
+      EXPECT_TRUE(json_is_null(json_object_get(j, "step_s")));
+      EXPECT_TRUE(json_is_null(json_object_get(j, "expert_imbalance")));
+    }
+    json_decref(j);
+  }
+}
+
+TEST(Metrics, ExtremeValuesStayValidJson) {
+  mf_step_metrics s = Step(7);
+  s.loss = -0.0;
+  s.lr = 1e-300;
+  s.grad_norm = 1.7976931348623157e308;
+  s.ce_loss = -INFINITY;
+  s.step = INT64_MAX;
+  s.tokens = INT64_MAX;
+  char buf[1024];
+  size_t n = mf_metrics_format_json(buf, sizeof buf, &s);
+  ASSERT_LT(n, sizeof buf);
+  EXPECT_EQ(n, strlen(buf));
+  json_t *j = Parse(buf);
+  ASSERT_NE(j, nullptr);
+  EXPECT_DOUBLE_EQ(Num(j, "lr"), 1e-300);
+  EXPECT_TRUE(json_is_null(json_object_get(j, "ce_loss")));
+  json_decref(j);
+
+  // A short buffer is cut like snprintf's and says how much it needed.
+  char small[16];
+  size_t need = mf_metrics_format_json(small, sizeof small, &s);
+  EXPECT_EQ(need, n);
+  EXPECT_EQ(strlen(small), sizeof small - 1);
+}
+
+TEST(Metrics, NewRunTruncatesResumeAppends) {
+  std::string dir = TmpPath("run_b");
+  std::string file = dir + "/metrics.jsonl";
+  mf_metrics *m = nullptr;
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 0, &m), MF_OK) << mf_last_error();
+  for (int i = 1; i <= 4; i++) {
+    mf_step_metrics s = Step(i);
+    ASSERT_EQ(mf_metrics_write(m, &s), MF_OK);
+  }
+  mf_metrics_close(m);
+  ASSERT_EQ(Lines(file).size(), 4u);
+
+  // A crash in the middle of a line: resume drops the half line.
+  {
+    std::ofstream f(file, std::ios::binary | std::ios::app);
+    f << "{\"step\":5,\"loss\":2.4";
+  }
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 1, &m), MF_OK) << mf_last_error();
+  mf_step_metrics s = Step(5);
+  ASSERT_EQ(mf_metrics_write(m, &s), MF_OK);
+  mf_metrics_close(m);
+  std::vector<std::string> lines = Lines(file);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < lines.size(); i++) {
+    json_t *j = Parse(lines[i]);
+    ASSERT_NE(j, nullptr);
+    EXPECT_EQ(json_integer_value(json_object_get(j, "step")), (json_int_t)i + 1);
+    json_decref(j);
+  }
+
+  // A new run starts the file again.
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 0, &m), MF_OK);
+  s = Step(1);
+  ASSERT_EQ(mf_metrics_write(m, &s), MF_OK);
+  mf_metrics_close(m);
+  EXPECT_EQ(Lines(file).size(), 1u);
+
+  // A file that is only a half line is emptied on resume.
+  {
+    std::ofstream f(file, std::ios::binary | std::ios::trunc);
+    f << "{\"step\":1,\"lo";
+  }
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 1, &m), MF_OK);
+  mf_metrics_close(m);
+  EXPECT_EQ(ReadText(file), "");
+}
+
+TEST(Metrics, RewindDropsRepeatedSteps) {
+  std::string dir = TmpPath("run_c");
+  std::string file = dir + "/metrics.jsonl";
+  mf_metrics *m = nullptr;
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 0, &m), MF_OK);
+  for (int i = 1; i <= 10; i++) {
+    mf_step_metrics s = Step(i);
+    ASSERT_EQ(mf_metrics_write(m, &s), MF_OK);
+  }
+  mf_metrics_close(m);
+  {
+    std::ofstream f(file, std::ios::binary | std::ios::app);
+    f << "# a note someone added\n";
+  }
+
+  // The run resumes from its checkpoint of step 6.
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 1, &m), MF_OK);
+  ASSERT_EQ(mf_metrics_rewind(m, 6), MF_OK) << mf_last_error();
+  for (int i = 7; i <= 8; i++) {
+    mf_step_metrics s = Step(i);
+    ASSERT_EQ(mf_metrics_write(m, &s), MF_OK) << mf_last_error();
+  }
+  ASSERT_EQ(mf_metrics_rewind(m, 100), MF_OK);  // nothing to drop
+  mf_metrics_close(m);
+
+  std::vector<std::string> lines = Lines(file);
+  ASSERT_EQ(lines.size(), 9u);
+  EXPECT_EQ(lines[6], "# a note someone added");
+  std::vector<int> steps;
+  for (const auto &l : lines) {
+    if (l[0] == '#') continue;
+    json_t *j = Parse(l);
+    ASSERT_NE(j, nullptr);
+    steps.push_back((int)json_integer_value(json_object_get(j, "step")));
+    json_decref(j);
+  }
+  EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
+  struct stat sb;
+  EXPECT_NE(stat((file + ".tmp").c_str(), &sb), 0) << "the temporary file is gone";
+}
+
+TEST(Metrics, OpenErrorsNameThePath) {
+  // A directory path through a regular file cannot be created.
+  std::string blocker = TmpPath("blocker");
+  {
+    std::ofstream f(blocker);
+    f << "x";
+  }
+  std::string dir = blocker + "/sub";
+  mf_metrics *m = reinterpret_cast<mf_metrics *>(0x1);
+  EXPECT_EQ(mf_metrics_open(dir.c_str(), 0, &m), MF_ERR_IO);
+  EXPECT_EQ(m, nullptr);
+  EXPECT_NE(std::string(mf_last_error()).find(dir), std::string::npos) << mf_last_error();
+  EXPECT_EQ(mf_metrics_open(blocker.c_str(), 0, &m), MF_ERR_IO);
+  EXPECT_NE(std::string(mf_last_error()).find("not a directory"), std::string::npos) << mf_last_error();
+  EXPECT_EQ(mf_metrics_open("", 0, &m), MF_ERR_INVALID_ARG);
+  mf_metrics_close(nullptr);
+}
+
+TEST(Progress, Format) {
+  mf_step_metrics s;
+  mf_step_metrics_init(&s);
+  s.step = 40;
+  s.loss = 2.34121;
+  s.aux_loss = 2.01041;
+  s.lr = 2.6666e-3;
+  s.grad_norm = 0.51234;
+  s.tokens_per_s = 12301.5;
+  s.elapsed_s = 40 * 0.35;
+  s.step_s = 0.35;  // 260 steps left × 0.35 s = 91 s
+  char buf[256];
+  size_t n = mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_EQ(n, strlen(buf));
+  EXPECT_STREQ(buf, "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3k tok/s  eta 1m31s");
+
+  // Without step_s the ETA comes from the mean step time so far.
+  s.step_s = NAN;
+  s.elapsed_s = 40 * 10.0;  // 260 × 10 s = 43 min 20 s
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_NE(std::string(buf).find("eta 43m20s"), std::string::npos) << buf;
+  s.elapsed_s = 40 * 100.0;  // 26000 s
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_NE(std::string(buf).find("eta 7h13m"), std::string::npos) << buf;
+
+  // Rates, eval loss, skipped steps, the last step and no total.
+  s.tokens_per_s = 950;
+  s.eval_loss = 1.9;
+  s.skipped = 1;
+  s.step = 300;
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_STREQ(
+      buf,
+      "step  300/300  loss 2.3412  aux 2.0104  eval 1.9000  lr 2.67e-03  |g| 0.512  950 tok/s  eta 0s"
+      "  SKIPPED (non-finite gradients)");
+  s.tokens_per_s = 2.5e6;
+  s.skipped = 0;
+  s.eval_loss = NAN;
+  s.step = 7;
+  mf_progress_format(buf, sizeof buf, &s, 0);
+  EXPECT_STREQ(buf, "step 7  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  2.50M tok/s");
+
+  // A NaN loss prints as nan; an unknown rate as "-"; a cut line stays a C string.
+  s.loss = NAN;
+  s.tokens_per_s = NAN;
+  mf_progress_format(buf, sizeof buf, &s, 10);
+  EXPECT_NE(std::string(buf).find("loss nan"), std::string::npos) << buf;
+  EXPECT_NE(std::string(buf).find("- tok/s"), std::string::npos) << buf;
+  char small[10];
+  size_t need = mf_progress_format(small, sizeof small, &s, 10);
+  EXPECT_GT(need, sizeof small);
+  EXPECT_EQ(strlen(small), sizeof small - 1);
+}
+
+}  // namespace

@@ -1,0 +1,369 @@
+// Causal GQA attention on the cpu backend (kernels/cpu/attention.c): forward and
+// lse against a double-precision full-softmax reference, gradients against
+// finite differences and a double reference, causality, thread-count
+// invariance, bf16 rounding, edge cases and large scores.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "tests/kernels/fd.h"
+
+namespace {
+
+using Vec = std::vector<float>;
+
+struct Shape {
+  int64_t B, S, Hq, Hkv, D;
+  int64_t nq() const { return B * S * Hq * D; }
+  int64_t nkv() const { return B * S * Hkv * D; }
+  int64_t nlse() const { return B * Hq * S; }
+  float scale() const { return 1.0f / std::sqrt((float)D); }
+};
+
+struct Ref {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+// Naive full-softmax attention in double; the gradients when dout is given.
+Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout, double scale) {
+  const int64_t B = sh.B, S = sh.S, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, G = Hq / Hkv;
+  Ref r;
+  r.o.assign(sh.nq(), 0.0);
+  r.lse.assign(sh.nlse(), 0.0);
+  if (dout) {
+    r.dq.assign(sh.nq(), 0.0);
+    r.dk.assign(sh.nkv(), 0.0);
+    r.dv.assign(sh.nkv(), 0.0);
+  }
+  auto qi = [&](int64_t b, int64_t i, int64_t h) { return ((b * S + i) * Hq + h) * D; };
+  auto ki = [&](int64_t b, int64_t j, int64_t g) { return ((b * S + j) * Hkv + g) * D; };
+  std::vector<double> p(S), dp(S);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Hq; h++) {
+      const int64_t g = h / G;
+      for (int64_t i = 0; i < S; i++) {
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; j++) {
+          double s = 0;
+          for (int64_t d = 0; d < D; d++) s += (double)q[qi(b, i, h) + d] * k[ki(b, j, g) + d];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; j++) sum += std::exp(p[j] - mx);
+        r.lse[(b * Hq + h) * S + i] = mx + std::log(sum);
+        for (int64_t j = 0; j <= i; j++) {
+          p[j] = std::exp(p[j] - mx) / sum;
+          for (int64_t d = 0; d < D; d++) r.o[qi(b, i, h) + d] += p[j] * v[ki(b, j, g) + d];
+        }
+        if (!dout) continue;
+        double di = 0;
+        for (int64_t d = 0; d < D; d++) di += (double)(*dout)[qi(b, i, h) + d] * r.o[qi(b, i, h) + d];
+        for (int64_t j = 0; j <= i; j++) {
+          double t = 0;
+          for (int64_t d = 0; d < D; d++) t += (double)(*dout)[qi(b, i, h) + d] * v[ki(b, j, g) + d];
+          const double ds = p[j] * (t - di);
+          for (int64_t d = 0; d < D; d++) {
+            r.dq[qi(b, i, h) + d] += scale * ds * k[ki(b, j, g) + d];
+            r.dk[ki(b, j, g) + d] += scale * ds * q[qi(b, i, h) + d];
+            r.dv[ki(b, j, g) + d] += p[j] * (*dout)[qi(b, i, h) + d];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// max |a - b| / (atol + rtol |b|) over all elements; <= 1 passes.
+double worst(const Vec &a, const std::vector<double> &b, double atol, double rtol) {
+  double w = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    w = std::max(w, std::fabs(a[i] - b[i]) / (atol + rtol * std::fabs(b[i])));
+  }
+  return w;
+}
+
+struct Result {
+  Vec o, lse, dq, dk, dv;
+};
+
+Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout, mf_threadpool *pool = nullptr,
+        int round_bf16 = 0, float scale = 0.0f) {
+  mf_kctx ctx = {pool, round_bf16};
+  if (scale == 0.0f) scale = sh.scale();
+  Result r;
+  r.o.assign(sh.nq(), NAN);
+  r.lse.assign(sh.nlse(), NAN);
+  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, scale,
+                                 r.o.data(), r.lse.data()),
+            MF_OK)
+      << mf_last_error();
+  if (dout) {
+    r.dq.assign(sh.nq(), NAN);
+    r.dk.assign(sh.nkv(), NAN);
+    r.dv.assign(sh.nkv(), NAN);
+    EXPECT_EQ(mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(),
+                                   sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.dq.data(), r.dk.data(), r.dv.data()),
+              MF_OK)
+        << mf_last_error();
+  }
+  return r;
+}
+
+std::string name(const Shape &s) {
+  return "B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) + " Hq=" + std::to_string(s.Hq) +
+         " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+}
+
+bool same_bits(const Vec &a, const Vec &b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Pool {
+  mf_threadpool *p = nullptr;
+  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
+  ~Pool() { mf_threadpool_free(p); }
+};
+
+const int64_t kHeads[][2] = {{4, 4}, {4, 2}, {8, 1}};
+
+TEST(Attention, ForwardAndLseMatchReference) {
+  uint32_t seed = 10;
+  for (int64_t S : {1, 2, 7, 64, 130})
+    for (int64_t D : {8, 16, 64, 128})
+      for (int hi = 0; hi < 3; hi++)
+        for (int64_t B : {1, 3}) {
+          if (B == 3 && S * D > 64 * 64) continue;  // keep the double reference quick
+          Shape sh{B, S, kHeads[hi][0], kHeads[hi][1], D};
+          Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+              v = mf_fd::random_vec(sh.nkv(), seed++);
+          Result r = run(sh, q, k, v, nullptr);
+          Ref ref = reference(sh, q, k, v, nullptr, sh.scale());
+          EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0) << name(sh);
+          EXPECT_LE(worst(r.lse, ref.lse, 2e-6, 1e-6), 1.0) << name(sh);
+        }
+}
+
+TEST(Attention, BackwardMatchesDoubleReference) {
+  uint32_t seed = 100;
+  for (int64_t S : {1, 2, 7, 64, 130})
+    for (int64_t D : {8, 16, 64, 128})
+      for (int hi = 0; hi < 3; hi++) {
+        const int64_t B = 1 + (S + D + hi) % 3;
+        if (B * S * D > 2 * 130 * 64) continue;
+        Shape sh{B, S, kHeads[hi][0], kHeads[hi][1], D};
+        Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+            v = mf_fd::random_vec(sh.nkv(), seed++), dout = mf_fd::random_vec(sh.nq(), seed++);
+        Result r = run(sh, q, k, v, &dout);
+        Ref ref = reference(sh, q, k, v, &dout, sh.scale());
+        EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0) << name(sh);
+        EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0) << name(sh);
+        EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0) << name(sh);
+      }
+}
+
+TEST(Attention, GradientsMatchFiniteDifferences) {
+  const Shape shapes[] = {{1, 7, 4, 2, 8}, {2, 5, 8, 1, 16}, {1, 70, 4, 4, 8}, {3, 2, 4, 2, 16}, {1, 1, 4, 1, 8}};
+  uint32_t seed = 200;
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+        v = mf_fd::random_vec(sh.nkv(), seed++), c = mf_fd::random_vec(sh.nq(), seed++);
+    Result r = run(sh, q, k, v, &c);
+    Vec o(sh.nq()), lse(sh.nlse());
+    mf_kctx ctx = {nullptr, 0};
+    auto loss = [&]() {
+      EXPECT_EQ(mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D,
+                                     sh.scale(), o.data(), lse.data()),
+                MF_OK);
+      return mf_fd::dot(c, o.data());
+    };
+    mf_fd::check_grad("dq " + name(sh), q, r.dq, loss);
+    mf_fd::check_grad("dk " + name(sh), k, r.dk, loss);
+    mf_fd::check_grad("dv " + name(sh), v, r.dv, loss);
+  }
+}
+
+TEST(Attention, FutureKeysDoNotChangeEarlierOutputs) {
+  const Shape sh{2, 130, 4, 2, 16};
+  Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2), v = mf_fd::random_vec(sh.nkv(), 3),
+      dout = mf_fd::random_vec(sh.nq(), 4);
+  Result base = run(sh, q, k, v, &dout);
+  for (int64_t j : {1, 31, 32, 33, 64, 100, 129}) {
+    Vec k2 = k, v2 = v;
+    for (int64_t b = 0; b < sh.B; b++)
+      for (int64_t e = 0; e < sh.Hkv * sh.D; e++) {
+        k2[(b * sh.S + j) * sh.Hkv * sh.D + e] += 3.0f;
+        v2[(b * sh.S + j) * sh.Hkv * sh.D + e] -= 5.0f;
+      }
+    Result r = run(sh, q, k2, v2, &dout);
+    for (int64_t b = 0; b < sh.B; b++) {
+      const int64_t row = sh.Hq * sh.D;
+      const int64_t a0 = (b * sh.S) * row, a1 = (b * sh.S + j) * row;
+      // Positions before j: o and dq bit for bit; position j changes.
+      EXPECT_EQ(std::memcmp(&r.o[a0], &base.o[a0], (a1 - a0) * sizeof(float)), 0) << "o, key " << j;
+      EXPECT_EQ(std::memcmp(&r.dq[a0], &base.dq[a0], (a1 - a0) * sizeof(float)), 0) << "dq, key " << j;
+      EXPECT_NE(std::memcmp(&r.o[a1], &base.o[a1], row * sizeof(float)), 0) << "o at key " << j;
+      for (int64_t h = 0; h < sh.Hq; h++)
+        for (int64_t i = 0; i < j; i++)
+          EXPECT_EQ(r.lse[(b * sh.Hq + h) * sh.S + i], base.lse[(b * sh.Hq + h) * sh.S + i]);
+    }
+  }
+}
+
+TEST(Attention, BitIdenticalForAnyThreadCount) {
+  const Shape shapes[] = {{3, 130, 4, 2, 16}, {1, 67, 8, 1, 64}, {2, 7, 4, 4, 8}};
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), 5), k = mf_fd::random_vec(sh.nkv(), 6), v = mf_fd::random_vec(sh.nkv(), 7),
+        dout = mf_fd::random_vec(sh.nq(), 8);
+    for (int rb : {0, 1}) {
+      Result ref = run(sh, q, k, v, &dout, nullptr, rb);
+      for (int n : {1, 2, 3}) {
+        Pool pool(n);
+        Result r = run(sh, q, k, v, &dout, pool.p, rb);
+        EXPECT_TRUE(same_bits(r.o, ref.o)) << name(sh) << " threads " << n;
+        EXPECT_TRUE(same_bits(r.lse, ref.lse)) << name(sh) << " threads " << n;
+        EXPECT_TRUE(same_bits(r.dq, ref.dq)) << name(sh) << " threads " << n;
+        EXPECT_TRUE(same_bits(r.dk, ref.dk)) << name(sh) << " threads " << n;
+        EXPECT_TRUE(same_bits(r.dv, ref.dv)) << name(sh) << " threads " << n;
+      }
+    }
+  }
+}
+
+TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
+  const Shape sh{2, 70, 4, 2, 16};
+  Vec q = mf_fd::random_vec(sh.nq(), 11), k = mf_fd::random_vec(sh.nkv(), 12), v = mf_fd::random_vec(sh.nkv(), 13),
+      dout = mf_fd::random_vec(sh.nq(), 14);
+  Result exact = run(sh, q, k, v, &dout, nullptr, 0);
+  Result r = run(sh, q, k, v, &dout, nullptr, 1);
+  EXPECT_TRUE(same_bits(r.lse, exact.lse)) << "lse stays fp32";
+  auto check = [&](const char *what, const Vec &got, const Vec &want) {
+    int changed = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+      ASSERT_EQ(got[i], mf_round_to_bf16(got[i])) << what << "[" << i << "] is not a bf16 value";
+      ASSERT_LE(std::fabs(got[i] - want[i]), std::ldexp(1.0, -8) * std::fabs(want[i]) + 1e-6) << what << "[" << i << "]";
+      changed += got[i] != want[i];
+    }
+    EXPECT_GT(changed, 0) << what << ": rounding did nothing";
+  };
+  check("o", r.o, exact.o);
+  // The backward reads the rounded o, so compare it with an exact backward from that same o.
+  Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
+  mf_kctx ctx = {nullptr, 0};
+  ASSERT_EQ(mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B,
+                                 sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data()),
+            MF_OK);
+  check("dq", r.dq, dq);
+  check("dk", r.dk, dk);
+  check("dv", r.dv, dv);
+}
+
+TEST(Attention, SingleTokenIsValueAndScaledDot) {
+  const Shape sh{2, 1, 8, 2, 16};
+  Vec q = mf_fd::random_vec(sh.nq(), 21), k = mf_fd::random_vec(sh.nkv(), 22), v = mf_fd::random_vec(sh.nkv(), 23),
+      dout = mf_fd::random_vec(sh.nq(), 24);
+  Result r = run(sh, q, k, v, &dout);
+  const int64_t G = sh.Hq / sh.Hkv;
+  for (int64_t b = 0; b < sh.B; b++)
+    for (int64_t h = 0; h < sh.Hq; h++) {
+      const float *qr = &q[(b * sh.Hq + h) * sh.D], *kr = &k[(b * sh.Hkv + h / G) * sh.D];
+      float dot = 0.0f;  // fp32 in order, then the scale: transformers' eager logits
+      for (int64_t d = 0; d < sh.D; d++) dot += qr[d] * kr[d];
+      EXPECT_EQ(r.lse[b * sh.Hq + h], dot * sh.scale());
+      for (int64_t d = 0; d < sh.D; d++) {
+        EXPECT_EQ(r.o[(b * sh.Hq + h) * sh.D + d], v[(b * sh.Hkv + h / G) * sh.D + d]);
+        EXPECT_EQ(r.dq[(b * sh.Hq + h) * sh.D + d], 0.0f);
+      }
+    }
+  for (int64_t b = 0; b < sh.B; b++)
+    for (int64_t g = 0; g < sh.Hkv; g++)
+      for (int64_t d = 0; d < sh.D; d++) {
+        float want = 0.0f;
+        for (int64_t h = g * G; h < (g + 1) * G; h++) want += dout[(b * sh.Hq + h) * sh.D + d];
+        EXPECT_EQ(r.dk[(b * sh.Hkv + g) * sh.D + d], 0.0f);
+        EXPECT_NEAR(r.dv[(b * sh.Hkv + g) * sh.D + d], want, 1e-6);
+      }
+}
+
+TEST(Attention, LargeScoresStayFiniteAndCorrect) {
+  // q, k ~ N(0, 4^2) in D = 64 with scale 1/8: scale*q.k has a spread of 16
+  // and reaches about +-80; softmax rows are nearly one-hot.
+  const Shape sh{2, 130, 4, 2, 64};
+  Vec q = mf_fd::random_vec(sh.nq(), 31, 4.0f), k = mf_fd::random_vec(sh.nkv(), 32, 4.0f),
+      v = mf_fd::random_vec(sh.nkv(), 33), dout = mf_fd::random_vec(sh.nq(), 34);
+  Result r = run(sh, q, k, v, &dout);
+  Ref ref = reference(sh, q, k, v, &dout, sh.scale());
+  double maxlogit = 0;
+  for (double l : ref.lse) maxlogit = std::max(maxlogit, std::fabs(l));
+  EXPECT_GT(maxlogit, 70.0);
+  EXPECT_LE(worst(r.o, ref.o, 1e-5, 1e-4), 1.0);
+  EXPECT_LE(worst(r.lse, ref.lse, 1e-5, 1e-6), 1.0);
+  // Large logits amplify fp32 rounding of the scores (an ulp of 80 is ~1e-5),
+  // so the gradients carry a looser bound; they stay finite.
+  EXPECT_LE(worst(r.dq, ref.dq, 1e-3, 1e-2), 1.0);
+  EXPECT_LE(worst(r.dk, ref.dk, 1e-3, 1e-2), 1.0);
+  EXPECT_LE(worst(r.dv, ref.dv, 1e-4, 1e-3), 1.0);
+}
+
+TEST(Attention, HeadDim256WorksAndTooLargeIsRefused) {
+  const Shape sh{1, 40, 2, 1, 256};
+  Vec q = mf_fd::random_vec(sh.nq(), 41), k = mf_fd::random_vec(sh.nkv(), 42), v = mf_fd::random_vec(sh.nkv(), 43),
+      dout = mf_fd::random_vec(sh.nq(), 44);
+  Result r = run(sh, q, k, v, &dout);
+  Ref ref = reference(sh, q, k, v, &dout, sh.scale());
+  EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0);
+  EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0);
+  EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0);
+  EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0);
+
+  const int64_t D = 1024;
+  Vec big(D, 0.5f), o(D), lse(1), g(D);
+  mf_kctx ctx = {nullptr, 0};
+  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 1.0f, o.data(), lse.data()),
+            MF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(mf_last_error(), "D=1024"), nullptr) << mf_last_error();
+  EXPECT_EQ(mf_cpu_attention_bwd(&ctx, big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1,
+                                 1, 1, D, 1.0f, g.data(), g.data(), g.data()),
+            MF_ERR_UNSUPPORTED);
+  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(), lse.data()),
+            MF_ERR_INVALID_ARG);
+}
+
+// Not run by default: bazel test ... --test_arg=--gtest_also_run_disabled_tests
+//   --test_arg=--gtest_filter='*Throughput*' --test_output=all
+TEST(Attention, DISABLED_Throughput) {
+  const Shape shapes[] = {{8, 128, 4, 2, 16}, {1, 1024, 16, 4, 64}};
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2), v = mf_fd::random_vec(sh.nkv(), 3),
+        dout = mf_fd::random_vec(sh.nq(), 4);
+    Vec o(sh.nq()), lse(sh.nlse()), dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
+    const double fwd_flops = 4.0 * sh.B * sh.Hq * (double)sh.S * sh.S * sh.D / 2;
+    for (int n : {1, 2}) {
+      Pool pool(n);
+      mf_kctx ctx = {pool.p, 0};
+      double tf = 1e30, tb = 1e30;
+      for (int rep = 0; rep < 5; rep++) {
+        double t0 = mf_time_now();
+        mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(),
+                             o.data(), lse.data());
+        double t1 = mf_time_now();
+        mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B, sh.S,
+                             sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data());
+        double t2 = mf_time_now();
+        tf = std::min(tf, t1 - t0);
+        tb = std::min(tb, t2 - t1);
+      }
+      // Backward FLOPs: 2.5x the forward (5 matmuls to the forward's 2).
+      printf("%s threads=%d  fwd %.3f ms %.2f GFLOP/s  bwd %.3f ms %.2f GFLOP/s  fwd+bwd %.2f GFLOP/s\n",
+             name(sh).c_str(), n, tf * 1e3, fwd_flops / tf * 1e-9, tb * 1e3, 2.5 * fwd_flops / tb * 1e-9,
+             3.5 * fwd_flops / (tf + tb) * 1e-9);
+    }
+  }
+}
+
+}  // namespace

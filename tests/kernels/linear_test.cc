@@ -1,0 +1,298 @@
+// kernels/cpu linear.c: mf_cpu_linear_fwd / _bwd_data / _bwd_weight against a
+// double reference, the documented summation order (bit for bit), finite
+// differences, written vs added, thread-count invariance, bf16 rounding, edge
+// shapes around the tile sizes, and a throughput figure.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "src/core/core.h"
+#include "tests/kernels/fd.h"
+
+namespace {
+
+using mf_fd::random_vec;
+using std::vector;
+
+struct Pool {
+  mf_threadpool *p = nullptr;
+  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
+  ~Pool() { mf_threadpool_free(p); }
+};
+
+struct Shape {
+  int64_t M, N, K;
+};
+
+// Around the tiles (MR 4, NR 8, MC 64, NC 64, KC 256): single elements, odd
+// sizes, exact multiples, one past, and K over several chunks.
+const Shape kShapes[] = {{1, 1, 1},    {1, 17, 33},  {3, 5, 7},     {4, 8, 256},  {5, 9, 257},
+                         {64, 64, 64}, {65, 63, 13}, {67, 70, 300}, {130, 65, 1}, {2, 200, 520}};
+
+// y = x.W^T (+ b) in double.
+vector<double> ref_fwd(const vector<float> &x, const vector<float> &W, const float *b, Shape s) {
+  vector<double> y((size_t)(s.M * s.N));
+  for (int64_t m = 0; m < s.M; m++)
+    for (int64_t n = 0; n < s.N; n++) {
+      double acc = b ? b[n] : 0.0;
+      for (int64_t k = 0; k < s.K; k++) acc += (double)x[m * s.K + k] * W[n * s.K + k];
+      y[m * s.N + n] = acc;
+    }
+  return y;
+}
+
+// |got - ref| within 1e-6 of the sum of the magnitudes of the terms (fp32
+// summation of K terms in order) plus a small absolute floor.
+void expect_close_to_ref(const char *what, const vector<float> &got, const vector<double> &ref,
+                         const vector<double> &mag, double rel = 1e-6) {
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); i++)
+    ASSERT_LE(std::fabs(got[i] - ref[i]), rel * mag[i] + 1e-30) << what << "[" << i << "]";
+}
+
+vector<double> fwd_magnitude(const vector<float> &x, const vector<float> &W, const float *b, Shape s) {
+  vector<double> g((size_t)(s.M * s.N));
+  for (int64_t m = 0; m < s.M; m++)
+    for (int64_t n = 0; n < s.N; n++) {
+      double acc = b ? std::fabs(b[n]) : 0.0;
+      for (int64_t k = 0; k < s.K; k++) acc += std::fabs((double)x[m * s.K + k] * W[n * s.K + k]);
+      g[m * s.N + n] = acc * std::max(1.0, std::sqrt((double)s.K) / 4);
+    }
+  return g;
+}
+
+TEST(Linear, ForwardMatchesDoubleReference) {
+  mf_kctx ctx = {nullptr, 0};
+  for (const Shape &s : kShapes) {
+    SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
+    auto x = random_vec(s.M * s.K, 1), W = random_vec(s.N * s.K, 2), b = random_vec(s.N, 3);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+      const float *bp = with_bias ? b.data() : nullptr;
+      vector<float> y(s.M * s.N, NAN);
+      ASSERT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), bp, s.M, s.N, s.K, y.data(), 0), MF_OK);
+      expect_close_to_ref("y", y, ref_fwd(x, W, bp, s), fwd_magnitude(x, W, bp, s));
+    }
+  }
+}
+
+// The header's promise, checked exactly: out = old + (sum_k in order + b).
+TEST(Linear, SummationOrderIsFixed) {
+  Pool pool(3);
+  mf_kctx ctx = {pool.p, 0};
+  Shape s = {67, 70, 600};
+  auto x = random_vec(s.M * s.K, 4), W = random_vec(s.N * s.K, 5), b = random_vec(s.N, 6);
+  auto y = random_vec(s.M * s.N, 7);
+  vector<float> expect(y.size());
+  for (int64_t m = 0; m < s.M; m++)
+    for (int64_t n = 0; n < s.N; n++) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < s.K; k++) acc += x[m * s.K + k] * W[n * s.K + k];
+      acc += b[n];
+      expect[m * s.N + n] = y[m * s.N + n] + acc;
+    }
+  ASSERT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 1), MF_OK);
+  EXPECT_EQ(0, memcmp(y.data(), expect.data(), y.size() * sizeof(float)));
+}
+
+TEST(Linear, BackwardMatchesDoubleReference) {
+  mf_kctx ctx = {nullptr, 0};
+  for (const Shape &s : kShapes) {
+    SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
+    auto x = random_vec(s.M * s.K, 11), W = random_vec(s.N * s.K, 12), dy = random_vec(s.M * s.N, 13);
+    vector<float> dx(s.M * s.K, NAN), dW(s.N * s.K, 0.0f), db(s.N, 0.0f);
+    ASSERT_EQ(mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0), MF_OK);
+    ASSERT_EQ(mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data()), MF_OK);
+    vector<double> rdx(dx.size()), mdx(dx.size()), rdW(dW.size()), mdW(dW.size()), rdb(db.size()),
+        mdb(db.size());
+    for (int64_t m = 0; m < s.M; m++)
+      for (int64_t k = 0; k < s.K; k++)
+        for (int64_t n = 0; n < s.N; n++) {
+          double t = (double)dy[m * s.N + n] * W[n * s.K + k];
+          rdx[m * s.K + k] += t, mdx[m * s.K + k] += std::fabs(t);
+          double u = (double)dy[m * s.N + n] * x[m * s.K + k];
+          rdW[n * s.K + k] += u, mdW[n * s.K + k] += std::fabs(u);
+        }
+    for (int64_t m = 0; m < s.M; m++)
+      for (int64_t n = 0; n < s.N; n++) rdb[n] += dy[m * s.N + n], mdb[n] += std::fabs(dy[m * s.N + n]);
+    double grow_n = std::max(1.0, std::sqrt((double)s.N) / 4), grow_m = std::max(1.0, std::sqrt((double)s.M) / 4);
+    for (auto &v : mdx) v *= grow_n;
+    for (auto &v : mdW) v *= grow_m;
+    for (auto &v : mdb) v *= grow_m;
+    expect_close_to_ref("dx", dx, rdx, mdx);
+    expect_close_to_ref("dW", dW, rdW, mdW);
+    expect_close_to_ref("db", db, rdb, mdb);
+  }
+}
+
+// Every input gradient against central differences of L = sum c*y, the loss
+// evaluated in double from the current inputs.
+TEST(Linear, GradientsMatchFiniteDifferences) {
+  mf_kctx ctx = {nullptr, 0};
+  for (Shape s : {Shape{3, 5, 7}, Shape{9, 13, 300}, Shape{70, 9, 11}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
+    auto x = random_vec(s.M * s.K, 21), W = random_vec(s.N * s.K, 22), b = random_vec(s.N, 23);
+    auto c = random_vec(s.M * s.N, 24);
+    auto loss = [&]() {
+      auto y = ref_fwd(x, W, b.data(), s);
+      double L = 0;
+      for (size_t i = 0; i < y.size(); i++) L += c[i] * y[i];
+      return L;
+    };
+    vector<float> dx(x.size()), dW(W.size(), 0.0f), db(b.size(), 0.0f);
+    ASSERT_EQ(mf_cpu_linear_bwd_data(&ctx, c.data(), W.data(), s.M, s.N, s.K, dx.data(), 0), MF_OK);
+    ASSERT_EQ(mf_cpu_linear_bwd_weight(&ctx, c.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data()), MF_OK);
+    mf_fd::check_grad("dx", x, dx, loss);
+    mf_fd::check_grad("dW", W, dW, loss);
+    mf_fd::check_grad("db", b, db, loss);
+  }
+}
+
+// Added outputs are old + the written result, bit for bit; weight gradients
+// always add.
+TEST(Linear, AccumulateAddsToTheWrittenResult) {
+  mf_kctx ctx = {nullptr, 0};
+  Shape s = {67, 70, 300};
+  auto x = random_vec(s.M * s.K, 31), W = random_vec(s.N * s.K, 32), b = random_vec(s.N, 33);
+  auto dy = random_vec(s.M * s.N, 34), old_y = random_vec(s.M * s.N, 35), old_dx = random_vec(s.M * s.K, 36);
+  auto old_dW = random_vec(s.N * s.K, 37), old_db = random_vec(s.N, 38);
+
+  vector<float> y(s.M * s.N), y_add = old_y;
+  mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 0);
+  mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y_add.data(), 1);
+  for (size_t i = 0; i < y.size(); i++) ASSERT_EQ(y_add[i], old_y[i] + y[i]) << i;
+
+  vector<float> dx(s.M * s.K), dx_add = old_dx;
+  mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0);
+  mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx_add.data(), 1);
+  for (size_t i = 0; i < dx.size(); i++) ASSERT_EQ(dx_add[i], old_dx[i] + dx[i]) << i;
+
+  vector<float> dW(s.N * s.K, 0.0f), db(s.N, 0.0f), dW_add = old_dW, db_add = old_db;
+  mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data());
+  mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW_add.data(), db_add.data());
+  for (size_t i = 0; i < dW.size(); i++) ASSERT_EQ(dW_add[i], old_dW[i] + dW[i]) << i;
+  for (size_t i = 0; i < db.size(); i++) ASSERT_EQ(db_add[i], old_db[i] + db[i]) << i;
+
+  // db == NULL leaves the bias gradient alone and dW unchanged.
+  vector<float> dW2 = old_dW;
+  mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW2.data(), nullptr);
+  EXPECT_EQ(0, memcmp(dW2.data(), dW_add.data(), dW2.size() * sizeof(float)));
+}
+
+struct AllOutputs {
+  vector<float> y, dx, dW, db;
+};
+
+AllOutputs run_all(mf_threadpool *pool, int round_bf16, Shape s, int accumulate) {
+  mf_kctx ctx = {pool, round_bf16};
+  auto x = random_vec(s.M * s.K, 41), W = random_vec(s.N * s.K, 42), b = random_vec(s.N, 43);
+  auto dy = random_vec(s.M * s.N, 44);
+  AllOutputs o;
+  o.y = random_vec(s.M * s.N, 45);
+  o.dx = random_vec(s.M * s.K, 46);
+  o.dW = random_vec(s.N * s.K, 47);
+  o.db = random_vec(s.N, 48);
+  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, o.y.data(), accumulate), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, o.dx.data(), accumulate), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, o.dW.data(), o.db.data()), MF_OK);
+  return o;
+}
+
+bool same_bits(const vector<float> &a, const vector<float> &b) {
+  return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Linear, BitIdenticalForAnyThreadCount) {
+  Pool p1(1), p2(2), p3(3);
+  for (Shape s : {Shape{130, 70, 300}, Shape{1, 300, 600}, Shape{600, 1, 300}, Shape{257, 129, 64}}) {
+    for (int acc = 0; acc < 2; acc++) {
+      SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " acc=" << acc);
+      AllOutputs a = run_all(nullptr, 0, s, acc);
+      for (mf_threadpool *p : {p1.p, p2.p, p3.p}) {
+        AllOutputs b = run_all(p, 0, s, acc);
+        EXPECT_TRUE(same_bits(a.y, b.y));
+        EXPECT_TRUE(same_bits(a.dx, b.dx));
+        EXPECT_TRUE(same_bits(a.dW, b.dW));
+        EXPECT_TRUE(same_bits(a.db, b.db));
+      }
+    }
+  }
+}
+
+TEST(Linear, RoundBf16RoundsActivationsOnly) {
+  Pool p3(3);
+  for (int acc = 0; acc < 2; acc++) {
+    Shape s = {67, 70, 300};
+    AllOutputs f = run_all(p3.p, 0, s, acc), r = run_all(p3.p, 1, s, acc);
+    for (size_t i = 0; i < f.y.size(); i++) {
+      ASSERT_EQ(r.y[i], mf_round_to_bf16(f.y[i])) << i;  // the fp32 result, rounded once at the store
+      ASSERT_LE(std::fabs(r.y[i] - f.y[i]), std::ldexp(std::fabs(f.y[i]), -8)) << i;
+    }
+    for (size_t i = 0; i < f.dx.size(); i++) ASSERT_EQ(r.dx[i], mf_round_to_bf16(f.dx[i])) << i;
+    EXPECT_TRUE(same_bits(f.dW, r.dW)) << "weight gradients stay fp32";
+    EXPECT_TRUE(same_bits(f.db, r.db));
+  }
+}
+
+TEST(Linear, EmptyAndDegenerateShapes) {
+  mf_kctx ctx = {nullptr, 0};
+  const float sentinel = 12345.0f;
+  // M = 0 or N = 0: nothing to write; nothing read or written.
+  vector<float> x(64, 1.0f), W(64, 1.0f), b(8, 1.0f), y(64, sentinel), dW(64, sentinel), db(8, sentinel);
+  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), 0, 8, 8, y.data(), 0), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), 8, 0, 8, y.data(), 0), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_data(&ctx, y.data(), W.data(), 0, 8, 8, x.data(), 0), MF_OK);
+  for (float v : y) EXPECT_EQ(v, sentinel);
+  for (float v : x) EXPECT_EQ(v, 1.0f);
+  // M = 0 for the weight gradient: an empty sum, dW and db unchanged.
+  EXPECT_EQ(mf_cpu_linear_bwd_weight(&ctx, y.data(), x.data(), 0, 8, 8, dW.data(), db.data()), MF_OK);
+  for (float v : dW) EXPECT_EQ(v, sentinel);
+  for (float v : db) EXPECT_EQ(v, sentinel);
+  // K = 0: y = b (written) or old + b (added); bwd_data over N = 0 gives zeros.
+  auto bb = random_vec(8, 51);
+  vector<float> y2(3 * 8, NAN);
+  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), bb.data(), 3, 8, 0, y2.data(), 0), MF_OK);
+  for (int m = 0; m < 3; m++)
+    for (int n = 0; n < 8; n++) EXPECT_EQ(y2[m * 8 + n], bb[n]);
+  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), nullptr, 3, 8, 0, y2.data(), 1), MF_OK);
+  for (int m = 0; m < 3; m++)
+    for (int n = 0; n < 8; n++) EXPECT_EQ(y2[m * 8 + n], bb[n]);
+  vector<float> dx(3 * 5, NAN);
+  EXPECT_EQ(mf_cpu_linear_bwd_data(&ctx, y2.data(), W.data(), 3, 0, 5, dx.data(), 0), MF_OK);
+  for (float v : dx) EXPECT_EQ(v, 0.0f);
+}
+
+// Throughput at the shapes the brief names, single thread and the pool of all
+// cores. Printed, not asserted (CI machines vary); run with --test_output=all.
+TEST(Linear, Throughput) {
+  const Shape shapes[] = {{1024, 64, 64}, {1024, 256, 256}, {1024, 512, 512}, {1024, 256, 64}};
+  Pool all(0);
+  for (mf_threadpool *p : {(mf_threadpool *)nullptr, all.p}) {
+    mf_kctx ctx = {p, 0};
+    for (const Shape &s : shapes) {
+      auto x = random_vec(s.M * s.K, 61), W = random_vec(s.N * s.K, 62), dy = random_vec(s.M * s.N, 63);
+      vector<float> y(s.M * s.N), dx(s.M * s.K), dW(s.N * s.K, 0.0f);
+      double flops = 2.0 * s.M * s.N * s.K, rate[3];
+      for (int op = 0; op < 3; op++) {
+        int reps = 0;
+        double t0 = mf_time_now(), t;
+        do {
+          if (op == 0) mf_cpu_linear_fwd(&ctx, x.data(), W.data(), nullptr, s.M, s.N, s.K, y.data(), 0);
+          if (op == 1) mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0);
+          if (op == 2) mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW.data(), nullptr);
+          reps++;
+          t = mf_time_now() - t0;
+        } while (t < 0.1);
+        rate[op] = flops * reps / t / 1e9;
+      }
+      printf("linear M=%lld N=%lld K=%lld threads=%d: fwd %.1f  bwd_data %.1f  bwd_weight %.1f GFLOP/s\n",
+             (long long)s.M, (long long)s.N, (long long)s.K, mf_threadpool_size(p), rate[0], rate[1], rate[2]);
+    }
+  }
+}
+
+}  // namespace

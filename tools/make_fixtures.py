@@ -1,0 +1,760 @@
+#!/usr/bin/env python3
+"""Writes the model-parity fixtures of tests/fixtures/ with PyTorch + transformers.
+
+Run it in a venv holding the exact versions of tools/requirements-fixtures.txt
+(PyPI only; the CPU is used even though PyPI's Linux torch wheel is a CUDA build):
+
+    python3 -m venv /tmp/fixvenv
+    /tmp/fixvenv/bin/pip install -r tools/requirements-fixtures.txt
+    /tmp/fixvenv/bin/python tools/make_fixtures.py --out tests/fixtures   # rewrite
+    /tmp/fixvenv/bin/python tools/make_fixtures.py --check                # compare only
+
+For every fixture (FIXTURES below) it builds a tiny random float32 model with the
+real transformers class (attn_implementation="eager", train mode), runs one batch
+(B=2, S=7) with labels and output_router_logits=True, backpropagates out.loss
+(= CE + router_aux_loss_coef * aux) and takes one torch.optim.AdamW step. It writes
+tests/fixtures/<name>/
+  config.json          model.config.save_pretrained output
+  model.safetensors    the initial weights (save_pretrained, per-expert HF names)
+  fixture.safetensors  input_ids, labels, loss_mask [B,S] I32; logits [B,S,V],
+                       loss, ce_loss, aux_loss (0-d) F32; router_logits.<layer>
+                       [B*S,E] F32 for each MoE layer (raw gate outputs, the
+                       tensors the aux loss is computed from); grad.<param> for
+                       every parameter that has a gradient; after.<param> for
+                       every parameter after the AdamW step. __metadata__ holds
+                       the hyperparameters and versions as strings, and "no_grad"
+                       (JSON list of parameters whose .grad stayed None; AdamW
+                       skips them, so after.<p> == initial <p>).
+and tests/fixtures/NOTES.md: the facts about the 4.57 maths the C code must match,
+each checked by this script against the installed sources (SOURCE_FACTS) and, where
+it can be, numerically (check_moe_block, check_aux, check_adamw).
+
+Conventions: loss_mask is in labels coordinates: loss_mask[b,s] = 1 iff labels[b,s]
+is a target that counts, i.e. labels[b,s] != -100 and s >= 1 (the target of
+logits[b,t] is labels[b,t+1]; the last logit of a sequence predicts nothing).
+ce_loss = sum of -log softmax(logits[b,s-1])[labels[b,s]] over loss_mask / sum(loss_mask).
+
+Determinism: parameters and token ids come from numpy's PCG64 (bit-stable on every
+CPU; torch's CPU normal_ picks a SIMD code path at run time), torch runs on one
+thread with deterministic algorithms, fixture.safetensors is written by write_st
+(sorted __metadata__: the safetensors package writes its metadata map in a random
+order). Two runs on one machine give byte-identical files. --check regenerates into
+a temporary directory: config.json, model.safetensors and NOTES.md must be
+byte-identical; fixture.safetensors must have the same names, dtypes, shapes and
+metadata and values within CHECK_RTOL/CHECK_ATOL (another CPU's BLAS may round the
+last bits differently); it says whether the bytes are identical too.
+
+Routing is kept away from ties: a seed is used only if, in every MoE layer and for
+every token, the k-th and (k+1)-th router probabilities differ by at least
+MIN_ROUTING_MARGIN, so a correct implementation cannot pick other experts through
+rounding. Fixtures with need_idle_expert take the first seed (counting up from the
+one given) for which exactly one routed expert receives no token, so the no_grad path
+(Mixtral/Qwen: grad None, AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW
+still decays) are both exercised.
+"""
+
+import argparse
+import filecmp
+import inspect
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+import numpy as np
+import safetensors
+import torch
+import torch.nn.functional as F
+import transformers
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+PINNED = {"torch": "2.9.1", "transformers": "4.57.6"}
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "..", "tests", "fixtures")
+
+B, S = 2, 7
+MASKED_LABELS = [(0, 0), (0, 1), (1, 4)]  # (b, s) set to -100
+LR, BETA1, BETA2, EPS, WD = 1e-2, 0.9, 0.95, 1e-8, 0.1
+AUX_COEF = 0.01
+INIT_STD, NORM_STD = 0.2, 0.1
+MIN_ROUTING_MARGIN = 1e-3
+SEED_TRIES = 200
+CHECK_RTOL, CHECK_ATOL = 1e-4, 1e-5
+
+COMMON = dict(
+    vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    hidden_act="silu", max_position_embeddings=64, attention_dropout=0.0, tie_word_embeddings=False,
+    router_aux_loss_coef=AUX_COEF, num_experts_per_tok=2)
+
+# rms_norm_eps is left at each family's default (Mixtral 1e-5, Qwen2/3 1e-6, OLMoE 1e-5);
+# rope_theta is set away from each default (Mixtral 1e6, Qwen2/3 1e4, OLMoE 1e4).
+FIXTURES = [
+    dict(name="mixtral", config=MixtralConfig, seed=1000, need_idle_expert=True,
+         kw=dict(intermediate_size=16, num_local_experts=8, rope_theta=1e4, router_jitter_noise=0.0)),
+    dict(name="qwen2_moe", config=Qwen2MoeConfig, seed=2000, need_idle_expert=False,
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                 num_experts=8, mlp_only_layers=[0], decoder_sparse_step=1, norm_topk_prob=False,
+                 qkv_bias=True, rope_theta=1e6)),
+    dict(name="qwen3_moe", config=Qwen3MoeConfig, seed=3000, need_idle_expert=False,
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, num_experts=8, mlp_only_layers=[],
+                 decoder_sparse_step=2, head_dim=8, norm_topk_prob=True, rope_theta=1e6)),
+    # The same family with the flag flipped, and head_dim (16) != hidden/heads (8).
+    dict(name="qwen3_moe_nonorm", config=Qwen3MoeConfig, seed=4000, need_idle_expert=False,
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, num_experts=8, mlp_only_layers=[],
+                 decoder_sparse_step=2, head_dim=16, norm_topk_prob=False, rope_theta=1e6)),
+    dict(name="olmoe", config=OlmoeConfig, seed=5000, need_idle_expert=True,
+         kw=dict(intermediate_size=16, num_experts=8, norm_topk_prob=False, rope_theta=1e6, clip_qkv=None)),
+]
+
+
+def fail(msg):
+    raise SystemExit(f"make_fixtures: {msg}")
+
+
+def need(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+# ----------------------------------------------------------------------------- sources
+def _src(obj):
+    return inspect.getsource(obj)
+
+
+def source_facts():
+    """(citation, object, snippet that must occur in its source). Checked at start-up."""
+    from torch.optim import adam as tadam
+    from transformers.loss import loss_utils
+    from transformers.models.mixtral import modeling_mixtral as mx
+    from transformers.models.olmoe import modeling_olmoe as ol
+    from transformers.models.qwen2_moe import modeling_qwen2_moe as q2
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as q3
+    return [
+        ("modeling_mixtral.py MixtralSparseMoeBlock.forward", mx.MixtralSparseMoeBlock.forward,
+         "routing_weights /= routing_weights.sum(dim=-1, keepdim=True)"),
+        ("modeling_mixtral.py MixtralSparseMoeBlock.forward", mx.MixtralSparseMoeBlock.forward,
+         "for expert_idx in expert_hit:"),
+        ("modeling_mixtral.py MixtralSparseMoeBlock.forward", mx.MixtralSparseMoeBlock.forward,
+         "expert_layer(current_state) * routing_weights[top_x, idx, None]"),
+        ("modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward", q2.Qwen2MoeSparseMoeBlock.forward,
+         "if self.norm_topk_prob:"),
+        ("modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward", q2.Qwen2MoeSparseMoeBlock.forward,
+         "F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output"),
+        ("modeling_qwen2_moe.py Qwen2MoeModel.forward", q2.Qwen2MoeModel.forward,
+         "if output_router_logits and layer_outputs[-1] is not None:"),
+        ("modeling_qwen2_moe.py Qwen2MoeDecoderLayer.__init__", q2.Qwen2MoeDecoderLayer.__init__,
+         "(layer_idx + 1) % config.decoder_sparse_step == 0"),
+        ("modeling_qwen3_moe.py Qwen3MoeAttention.forward", q3.Qwen3MoeAttention.forward,
+         "self.q_norm(self.q_proj(hidden_states).view(hidden_shape))"),
+        ("modeling_qwen3_moe.py Qwen3MoeSparseMoeBlock.forward", q3.Qwen3MoeSparseMoeBlock.forward,
+         "if self.norm_topk_prob:"),
+        ("modeling_olmoe.py OlmoeAttention.forward", ol.OlmoeAttention.forward,
+         "query_states = self.q_norm(self.q_proj(hidden_states))"),
+        ("modeling_olmoe.py OlmoeAttention.forward", ol.OlmoeAttention.forward,
+         "query_states.clamp_(min=-self.config.clip_qkv, max=self.config.clip_qkv)"),
+        ("modeling_olmoe.py OlmoeSparseMoeBlock.forward", ol.OlmoeSparseMoeBlock.forward,
+         "for expert_idx in range(self.num_experts):"),
+        ("modeling_mixtral.py MixtralRMSNorm.forward", mx.MixtralRMSNorm.forward,
+         "return self.weight * hidden_states.to(input_dtype)"),
+        ("modeling_mixtral.py load_balancing_loss_func", mx.load_balancing_loss_func,
+         "concatenated_gate_logits = torch.cat("),
+        ("modeling_mixtral.py load_balancing_loss_func", mx.load_balancing_loss_func,
+         "return overall_loss * num_experts"),
+        ("loss/loss_utils.py ForCausalLMLoss", loss_utils.ForCausalLMLoss,
+         "labels = nn.functional.pad(labels, (0, 1), value=ignore_index)"),
+        ("loss/loss_utils.py fixed_cross_entropy", loss_utils.fixed_cross_entropy,
+         'reduction = "sum" if num_items_in_batch is not None else "mean"'),
+        ("torch/optim/adam.py Adam._init_group", tadam.Adam._init_group, "if p.grad is not None:"),
+        ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
+         "param.mul_(1 - lr * weight_decay)"),
+        ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
+         "exp_avg.lerp_(grad, 1 - device_beta1)"),
+        ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
+         "denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)"),
+        ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
+         "param.addcdiv_(exp_avg, denom, value=-step_size)"),
+    ]
+
+
+def check_sources():
+    for cite, obj, snippet in source_facts():
+        need(snippet in _src(obj), f"source fact not found: {cite}: {snippet!r}")
+    need(inspect.signature(OlmoeConfig.__init__).parameters["clip_qkv"].default is None,
+         "OlmoeConfig clip_qkv default is not None")
+    for cls in (Qwen2MoeConfig, Qwen3MoeConfig, OlmoeConfig):
+        need(inspect.signature(cls.__init__).parameters["norm_topk_prob"].default is False,
+             f"{cls.__name__} norm_topk_prob default is not False")
+    need("norm_topk_prob" not in inspect.signature(MixtralConfig.__init__).parameters,
+         "MixtralConfig has a norm_topk_prob")
+
+
+# ----------------------------------------------------------------------------- safetensors
+_ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<i4"): "I32"}
+
+
+def write_st(path, tensors, metadata):
+    """Deterministic safetensors writer: data ordered by alignment then name, header
+    padded with spaces to 8 bytes, __metadata__ keys sorted (MODELS.md §13)."""
+    names = sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n))
+    header = {"__metadata__": {k: metadata[k] for k in sorted(metadata)}}
+    blobs, off = [], 0
+    for n in names:
+        a = np.array(tensors[n], order="C")  # (ascontiguousarray would make 0-d tensors 1-d)
+        need(a.dtype in _ST_DTYPES, f"{n}: dtype {a.dtype}")
+        b = a.tobytes()
+        header[n] = {"dtype": _ST_DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_st(path):
+    """(tensors, metadata) with 0-d tensors kept 0-d (safetensors' numpy loader gives them
+    shape (1,)); the safetensors package must accept the file as well."""
+    with safe_open(path, framework="np") as f:
+        keys, meta = sorted(f.keys()), f.metadata()
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    header.pop("__metadata__", None)
+    need(sorted(header) == keys, f"{path}: header names")
+    np_dt = {v: k for k, v in _ST_DTYPES.items()}
+    out = {k: np.frombuffer(data[h["data_offsets"][0]:h["data_offsets"][1]], dtype=np_dt[h["dtype"]])
+           .reshape(h["shape"]) for k, h in header.items()}
+    return out, meta
+
+
+# ----------------------------------------------------------------------------- model
+def is_norm(name):
+    return name.endswith("norm.weight")
+
+
+def moe_block(layer):
+    blk = getattr(layer, "block_sparse_moe", None) or layer.mlp
+    return blk if hasattr(blk, "experts") else None
+
+
+def expert_prefix(model, layer_idx, e):
+    attr = "block_sparse_moe" if hasattr(model.model.layers[layer_idx], "block_sparse_moe") else "mlp"
+    return f"model.layers.{layer_idx}.{attr}.experts.{e}."
+
+
+def build(fx, seed):
+    cfg = fx["config"](**COMMON, **fx["kw"])
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            need(p.dtype == torch.float32, f"{name} is {p.dtype}")
+            z = rng.standard_normal(tuple(p.shape))
+            if is_norm(name):
+                need(p.dim() == 1, f"{name}: norm weight not 1-d")
+                v = 1.0 + NORM_STD * z
+            else:
+                v = INIT_STD * z
+            p.copy_(torch.from_numpy(v.astype(np.float32)))
+    pad = cfg.pad_token_id
+    allowed = np.array([t for t in range(cfg.vocab_size) if t != pad], dtype=np.int64)
+    ids = allowed[rng.integers(0, len(allowed), size=(B, S))]
+    model.train()
+    return model, torch.from_numpy(ids)
+
+
+def make_labels(ids):
+    labels = ids.clone()
+    for b, s in MASKED_LABELS:
+        labels[b, s] = -100
+    mask = (labels != -100).to(torch.int32)
+    mask[:, 0] = 0
+    return labels, mask
+
+
+def routing_stats(router_logits, k, E):
+    margin, idle = math.inf, []
+    for li, lg in enumerate(router_logits):
+        p = F.softmax(lg.detach(), dim=-1, dtype=torch.float)
+        top = p.sort(dim=-1, descending=True).values
+        margin = min(margin, (top[:, k - 1] - top[:, k]).min().item())
+        hits = torch.bincount(p.topk(k, dim=-1).indices.reshape(-1), minlength=E)
+        idle += [(li, e) for e in range(E) if hits[e] == 0]
+    return margin, idle
+
+
+def pick_seed(fx):
+    for seed in range(fx["seed"], fx["seed"] + SEED_TRIES):
+        model, ids = build(fx, seed)
+        with torch.no_grad():
+            out = model(input_ids=ids, output_router_logits=True, use_cache=False)
+        k, E = model.config.num_experts_per_tok, num_experts(model.config)
+        margin, idle = routing_stats(out.router_logits, k, E)
+        if margin >= MIN_ROUTING_MARGIN and len(idle) == (1 if fx["need_idle_expert"] else len(idle)):
+            return seed
+    fail(f"{fx['name']}: no usable seed in [{fx['seed']}, {fx['seed'] + SEED_TRIES})")
+
+
+def num_experts(cfg):
+    return getattr(cfg, "num_local_experts", None) or cfg.num_experts
+
+
+# ----------------------------------------------------------------------------- checks
+def ref_moe(blk, x, cfg, renorm):
+    """fp64 reference of one sparse MoE block (MODELS.md §1-4) from its parameters."""
+    d = lambda t: t.detach().double()
+    x = d(x).reshape(-1, x.shape[-1])
+    p = torch.softmax(x @ d(blk.gate.weight).T, dim=-1)
+    w, idx = p.topk(cfg.num_experts_per_tok, dim=-1)
+    if renorm:
+        w = w / w.sum(-1, keepdim=True)
+
+    def mlp(m, v):
+        if hasattr(m, "w1"):
+            return F.silu(v @ d(m.w1.weight).T) * (v @ d(m.w3.weight).T) @ d(m.w2.weight).T
+        return (F.silu(v @ d(m.gate_proj.weight).T) * (v @ d(m.up_proj.weight).T)) @ d(m.down_proj.weight).T
+
+    y = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(idx.shape[1]):
+            y[t] += w[t, j] * mlp(blk.experts[int(idx[t, j])], x[t:t + 1])[0]
+    if hasattr(blk, "shared_expert"):
+        y += torch.sigmoid(x @ d(blk.shared_expert_gate.weight).T) * mlp(blk.shared_expert, x)
+    return y
+
+
+def check_moe_block(name, model, captured):
+    """The block output equals sum_j w_j * Expert(x) (+ sigmoid-gated shared expert) with
+    renormalisation exactly as the family does it, and not with it flipped."""
+    cfg = model.config
+    renorm = True if cfg.model_type == "mixtral" else bool(cfg.norm_topk_prob)
+    for li, (blk, x, y) in captured.items():
+        y = y.detach().double().reshape(-1, y.shape[-1])
+        err = (ref_moe(blk, x, cfg, renorm) - y).abs().max().item()
+        err_flipped = (ref_moe(blk, x, cfg, not renorm) - y).abs().max().item()
+        need(err < 1e-5, f"{name}: layer {li} MoE block differs from the reference by {err}")
+        need(err_flipped > 1e-3, f"{name}: layer {li} MoE block insensitive to renormalisation")
+
+
+def check_aux(name, router_logits, k, E, aux):
+    """aux = E * sum_{j,e} mean_n onehot(topk)[n,j,e] * mean_n softmax[n,e], rows of all
+    MoE layers concatenated (MODELS.md §11)."""
+    lg = torch.cat([t.detach() for t in router_logits]).double()
+    p = torch.softmax(lg, dim=-1)
+    f = F.one_hot(p.topk(k, dim=-1).indices, E).double().mean(0)
+    ref = E * (f * p.mean(0)).sum()
+    need(abs(ref.item() - aux) <= 1e-5 * abs(aux), f"{name}: aux {aux} != pooled formula {ref.item()}")
+    per_layer = [E * (F.one_hot(torch.softmax(t.detach().double(), -1).topk(k, -1).indices, E).double().mean(0)
+                      * torch.softmax(t.detach().double(), -1).mean(0)).sum().item() for t in router_logits]
+    return ref.item(), per_layer
+
+
+def check_adamw(name, before, after, grads):
+    t = 1
+    bc1, bc2 = 1 - BETA1 ** t, 1 - BETA2 ** t
+    worst = 0.0
+    for n, p0 in before.items():
+        if n not in grads:
+            need(torch.equal(after[n], p0), f"{name}: {n} has no grad but AdamW changed it")
+            continue
+        g, p0d = grads[n].double(), p0.double()
+        m, v = (1 - BETA1) * g, (1 - BETA2) * g * g
+        ref = p0d * (1 - LR * WD) - (LR / bc1) * m / (v.sqrt() / math.sqrt(bc2) + EPS)
+        worst = max(worst, (ref - after[n].double()).abs().max().item())
+    need(worst < 1e-6, f"{name}: AdamW step differs from the decoupled formula by {worst}")
+    return worst
+
+
+# ----------------------------------------------------------------------------- one fixture
+def make_fixture(fx, outdir):
+    name = fx["name"]
+    seed = pick_seed(fx)
+    model, ids = build(fx, seed)
+    cfg = model.config
+    k, E, V = cfg.num_experts_per_tok, num_experts(cfg), cfg.vocab_size
+    moe_layers = [i for i, l in enumerate(model.model.layers) if moe_block(l) is not None]
+
+    d = os.path.join(outdir, name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    model.save_pretrained(d, safe_serialization=True)
+    for f in os.listdir(d):
+        if f not in ("config.json", "model.safetensors"):
+            os.remove(os.path.join(d, f))
+
+    labels, loss_mask = make_labels(ids)
+    captured, hooks = {}, []
+    for i in moe_layers:
+        blk = moe_block(model.model.layers[i])
+        hooks.append(blk.register_forward_hook(
+            lambda m, inp, out, i=i: captured.__setitem__(i, (m, inp[0].detach().clone(), out[0].detach().clone()))))
+    out = model(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
+    for h in hooks:
+        h.remove()
+
+    need(len(out.router_logits) == len(moe_layers),
+         f"{name}: {len(out.router_logits)} router logits for MoE layers {moe_layers}")
+    logits = out.logits.detach()
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
+    n_targets = int(loss_mask.sum())
+    need(n_targets == int((labels[:, 1:] != -100).sum()), f"{name}: loss_mask count")
+    # the same CE from loss_mask (documents the mask's coordinates)
+    lp = torch.log_softmax(logits.double(), -1)
+    ce_mask = -(lp[:, :-1].gather(-1, ids[:, 1:, None].clamp(min=0))[..., 0] * loss_mask[:, 1:]).sum() / n_targets
+    need(abs(ce_mask.item() - ce.item()) < 1e-5, f"{name}: ce from loss_mask {ce_mask.item()} != {ce.item()}")
+    aux = out.aux_loss.detach()
+    loss = out.loss.detach()
+    need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
+    need(aux.item() > 0, f"{name}: aux {aux.item()}")
+    need(abs(loss.item() - (ce.item() + AUX_COEF * aux.item())) <= 1e-6 * abs(loss.item()),
+         f"{name}: loss {loss.item()} != ce + coef*aux")
+    aux_ref, aux_per_layer = check_aux(name, out.router_logits, k, E, aux.item())
+    check_moe_block(name, model, captured)
+    margin, idle = routing_stats(out.router_logits, k, E)
+    idle = [(moe_layers[li], e) for li, e in idle]
+
+    out.loss.backward()
+    params = dict(model.named_parameters())
+    grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+    no_grad = sorted(n for n, p in params.items() if p.grad is None)
+    for n, g in grads.items():
+        need(torch.isfinite(g).all(), f"{name}: grad of {n} not finite")
+    idle_params = sorted(n for (li, e) in idle for n in params if n.startswith(expert_prefix(model, li, e)))
+    if cfg.model_type == "olmoe":  # loops over every expert: idle experts get an all-zero grad
+        need(not no_grad, f"{name}: unexpected no_grad {no_grad}")
+        for n in idle_params:
+            need(not grads[n].any(), f"{name}: idle expert param {n} has a non-zero grad")
+    else:  # loops over the experts hit only: idle experts get no grad at all
+        need(no_grad == idle_params, f"{name}: no_grad {no_grad} != idle experts' params {idle_params}")
+    # In the last layer the MLP output of position t reaches only logits[t]: an expert
+    # whose tokens there all sit at positions that predict no counted target gets an
+    # all-zero (not None) gradient; the aux loss reaches the router only.
+    last = cfg.num_hidden_layers - 1
+    dead = []
+    if last in moe_layers:
+        counts = torch.zeros(B, S, dtype=torch.bool)
+        counts[:, :-1] = loss_mask[:, 1:].bool()
+        sel = out.router_logits[moe_layers.index(last)].detach().topk(k, dim=-1).indices.reshape(B, S, k)
+        for e in range(E):
+            if (sel == e).any() and not ((sel == e).any(-1) & counts).any():
+                dead.append((last, e))
+    dead_params = sorted(n for (li, e) in dead for n in params if n.startswith(expert_prefix(model, li, e)))
+    zero = sorted(n for n in grads if not grads[n].any())
+    expect_zero = sorted(set(dead_params) | (set(idle_params) if cfg.model_type == "olmoe" else set()))
+    need(zero == expect_zero, f"{name}: all-zero grads {zero}, expected {expect_zero}")
+    need(not fx["need_idle_expert"] or idle_params, f"{name}: no idle expert")
+
+    before = {n: p.detach().clone() for n, p in params.items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS, weight_decay=WD,
+                            foreach=False)
+    opt.step()
+    need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
+    after = {n: p.detach().clone() for n, p in params.items()}
+    adam_err = check_adamw(name, before, after, grads)
+
+    tensors = {
+        "input_ids": ids.numpy().astype("<i4"),
+        "labels": labels.numpy().astype("<i4"),
+        "loss_mask": loss_mask.numpy().astype("<i4"),
+        "logits": logits.numpy().astype("<f4"),
+        "loss": np.array(loss.item(), dtype="<f4"),
+        "ce_loss": np.array(ce.item(), dtype="<f4"),
+        "aux_loss": np.array(aux.item(), dtype="<f4"),
+    }
+    for li, lg in zip(moe_layers, out.router_logits):
+        tensors[f"router_logits.{li}"] = lg.detach().numpy().astype("<f4")
+    for n, g in grads.items():
+        tensors[f"grad.{n}"] = g.numpy().astype("<f4")
+    for n, p in after.items():
+        tensors[f"after.{n}"] = p.numpy().astype("<f4")
+    meta = {
+        "format": "pt",
+        "fixture": name,
+        "model_type": cfg.model_type,
+        "seed": str(seed),
+        "init": (f"numpy default_rng(seed) (PCG64): for each parameter in named_parameters() order, "
+                 f"z = standard_normal(shape) float64; norm weights 1+{NORM_STD}*z, all others {INIT_STD}*z; "
+                 f"cast to float32. Then input_ids [B,S] from the same generator: integers over the vocab "
+                 f"less pad_token_id"),
+        "batch": f"B={B} S={S}; labels = input_ids with -100 at (b,s) {MASKED_LABELS}",
+        "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
+        "n_targets": str(n_targets),
+        "loss": "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets",
+        "router_aux_loss_coef": repr(AUX_COEF),
+        "optimizer": "torch.optim.AdamW(foreach=False), one step, one param group holding every parameter",
+        "lr": repr(LR),
+        "beta1": repr(BETA1),
+        "beta2": repr(BETA2),
+        "eps": repr(EPS),
+        "weight_decay": repr(WD),
+        "moe_layers": json.dumps(moe_layers),
+        "idle_experts": json.dumps([list(x) for x in idle]),
+        "no_grad": json.dumps(no_grad),
+        "zero_grad_experts": json.dumps([list(x) for x in dead]),
+        "min_routing_margin": f"{margin:.3e}",
+        "torch_version": torch.__version__.split("+")[0],
+        "transformers_version": transformers.__version__,
+        "safetensors_version": safetensors.__version__,
+        "numpy_version": np.__version__,
+    }
+    path = os.path.join(d, "fixture.safetensors")
+    write_st(path, tensors, meta)
+    back, back_meta = read_st(path)
+    need(back_meta == meta and set(back) == set(tensors), f"{name}: fixture.safetensors does not read back")
+    for n, a in tensors.items():
+        need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
+
+    return dict(name=name, family=cfg.model_type, seed=seed, moe_layers=moe_layers, k=k, E=E,
+                norm_topk=(True if cfg.model_type == "mixtral" else cfg.norm_topk_prob),
+                head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps, loss=loss.item(), ce=ce.item(),
+                aux=aux.item(), aux_per_layer=aux_per_layer, n_targets=n_targets, idle=idle, dead=dead,
+                no_grad=len(no_grad), margin=margin, adam_err=adam_err,
+                n_params=sum(p.numel() for p in params.values()))
+
+
+# ----------------------------------------------------------------------------- NOTES.md
+NOTES = """\
+# Parity fixtures: facts the C code must match
+
+Written by `tools/make_fixtures.py` (do not edit; rerun it). transformers {tf},
+torch {torch}, float32 on the CPU. Every fact below is read from the installed
+sources (file and function named) and asserted by the script, textually
+(`source_facts`) and, where marked *(checked)*, numerically on every fixture.
+
+## Fixtures (`<name>/config.json`, `model.safetensors` = initial weights, `fixture.safetensors`)
+
+| name | family | MoE layers | renorm top-k | head_dim | rope_theta | eps | seed | idle experts (layer, e) | params with grad None | zero-grad experts | loss | ce | aux |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+All: H=32, 2 layers, 4 heads / 2 kv heads, vocab 64, E=8, k=2, expert I=16, silu,
+untied, router_aux_loss_coef 0.01, attention_dropout 0, Mixtral jitter 0, eager
+attention, train mode. qwen2_moe: shared expert I=24, layer 0 dense
+(`mlp_only_layers=[0]`, intermediate 20), q/k/v bias. qwen3_*: layer 0 dense through
+`decoder_sparse_step=2` (intermediate 20). Initial weights N(0, 0.2²), norm weights
+1 + 0.1·N(0,1) (numpy PCG64, see `init` in the metadata). B=2, S=7; labels = ids with
+-100 at (0,0), (0,1), (1,4); `loss_mask` is in labels coordinates (1 iff the label
+counts: not -100 and s ≥ 1), {nt} targets each. One AdamW step: lr 1e-2, betas
+(0.9, 0.95), eps 1e-8, weight_decay 0.1, every parameter in one group.
+Top-k choices are at least {margin} apart in probability (no near-ties).
+
+## Loss
+- **CE** (`loss/loss_utils.py` `ForCausalLMLoss`, `fixed_cross_entropy`): logits upcast to
+  fp32; labels padded on the right with -100 and shifted, so `logits[b,t]` predicts
+  `labels[b,t+1]` and the last position of each sequence predicts nothing;
+  `F.cross_entropy(ignore_index=-100, reduction="mean")` over the flattened batch =
+  sum over all non-ignored targets of the whole batch / their count (not a
+  per-sequence mean). Only when `num_items_in_batch` is passed (Trainer gradient
+  accumulation) is it sum / num_items_in_batch. *(checked)*
+- **Total** (`<Family>ForCausalLM.forward`): `loss = CE + router_aux_loss_coef · aux_loss`,
+  only with `labels` and `output_router_logits=True`; `out.aux_loss` is unscaled. *(checked)*
+- **Aux** (`load_balancing_loss_func`, one copy per modeling file): the raw gate
+  logits (`gate(x)`, not probabilities, so no double softmax in 4.57) of the recorded
+  layers are concatenated along rows (N = L_moe·B·S), `p = softmax(logits)` (in the
+  logits' dtype), `sel = topk(p, k)`, `f[j,e] = mean_n onehot(sel)[n,j,e]` ([k,E]),
+  `P[e] = mean_n p[n,e]`, `aux = E · Σ_j Σ_e f[j,e]·P[e]`: pooled over layers, not a
+  mean of per-layer values; = k under uniform routing. Gradient flows through P only
+  (the one-hot is constant). *(checked)*
+  - Dense layers are not pooled: Qwen2-MoE's dense layers return no router logits and
+    `Qwen2MoeModel.forward` skips them (`if output_router_logits and layer_outputs[-1]
+    is not None`); Qwen3-MoE and Mixtral record only `…SparseMoeBlock` outputs
+    (`_can_record_outputs = OutputRecorder(Qwen3MoeSparseMoeBlock, index=1)`). *(checked:
+    the number of router-logit tensors equals the number of MoE layers)*
+  - Padding: only through the forward's 2-D `attention_mask`: rows whose mask is 0
+    are left out of both means (masked sums / mask sums). Labels = -100 do not
+    affect the aux loss. The fixtures pass no attention_mask: all B·S rows count.
+  - Qwen2-MoE and OLMoE slice `tokens_per_expert[:, rank:rank+E]` with
+    `rank = E·device_index`: a no-op on CPU / cuda:0 (0 on any other device).
+
+## MoE block (`MixtralSparseMoeBlock`, `Qwen2MoeSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `OlmoeSparseMoeBlock` `.forward`)
+1. `router_logits = gate(x)` (Linear H→E, no bias), x = post_attention_layernorm output.
+2. `w = softmax(router_logits, dtype=float32)`; `(w, idx) = topk(w, k)` (descending).
+3. Renormalise `w /= Σ_k w`: **Mixtral always** (no flag exists); **Qwen2-MoE,
+   Qwen3-MoE, OLMoE only if `norm_topk_prob`** (config default False in all three).
+   The flag changes only the combine weights, never the aux loss. *(checked: the block
+   output matches the reference with the family's rule and not with it flipped)*
+4. `w` cast to the hidden dtype; output starts at zero; for each expert e in
+   ascending order, its tokens (`torch.where` over the [k,T] one-hot: slot-major)
+   give `Expert_e(x_t) · w[t,j]` (weight applied to the expert's **output**, after
+   down_proj), `index_add_` into the output row t.
+   Expert: `down(silu(gate(x)) · up(x))` (Mixtral `w2(silu(w1 x) · w3 x)`).
+5. Qwen2-MoE then adds the shared expert:
+   `y += sigmoid(shared_expert_gate(x)) · shared_expert(x)`, `shared_expert_gate` =
+   Linear(H, 1, bias=False), x the same normed input as the router. *(checked)*
+- Experts that get no token: Mixtral, Qwen2-MoE and Qwen3-MoE loop over
+  `expert_hit` only, so those experts are not in the graph and their `.grad` is
+  **None**; OLMoE loops over `range(num_experts)` (empty matmuls), so their `.grad` is
+  an **all-zero tensor**. *(checked: `no_grad` metadata, OLMoE zero grads)*
+- An expert of the **last** layer whose tokens all sit at positions that predict no
+  counted target (the last position, or one whose next label is -100) gets an
+  all-zero gradient that is not None (the aux loss reaches the router only), so
+  AdamW decays it. Listed per fixture as `zero_grad_experts` in the metadata.
+  *(checked: exactly these and the OLMoE idle experts have all-zero grads)*
+- Qwen2/3 layer i is MoE iff `i ∉ mlp_only_layers and num_experts > 0 and
+  (i+1) % decoder_sparse_step == 0` (`…DecoderLayer.__init__`); other layers are a
+  dense MLP with `intermediate_size`.
+
+## Norms and attention
+- **RMSNorm** (`MixtralRMSNorm` / `Qwen2MoeRMSNorm` / `Qwen3MoeRMSNorm` / `OlmoeRMSNorm`
+  `.forward`): `x32 = x.float(); x32 = x32 · rsqrt(mean(x32², -1) + eps);
+  return weight · x32.to(input_dtype)` (weight applied after the cast back).
+  eps from the config: Mixtral 1e-5, Qwen2/3 1e-6, OLMoE 1e-5.
+- **qk-norm, Qwen3** (`Qwen3MoeAttention.forward`): `q_norm`/`k_norm` = RMSNorm(head_dim)
+  applied per head after `view(B,S,heads,head_dim)`, **before RoPE**. head_dim =
+  `config.head_dim` if present else H/heads (Qwen3MoeConfig 4.57 has no head_dim
+  argument; a passed one is kept as an attribute and written to config.json).
+- **qk-norm, OLMoE** (`OlmoeAttention.forward`): `q_norm` = RMSNorm(H), `k_norm` =
+  RMSNorm(kv_heads·head_dim) over the whole `q_proj`/`k_proj` output, then the
+  optional clamp, then the head reshape, then RoPE. head_dim is always H/heads.
+- **OLMoE `clip_qkv`**: default None (`OlmoeConfig.__init__`); if set, q (after q_norm),
+  k (after k_norm) and v are clamped in place to ±clip_qkv before RoPE.
+- Attention: scores `q·kᵀ · head_dim^-0.5`, causal mask added, softmax in fp32, GQA by
+  repeating kv heads (`repeat_kv`: kv head h serves query heads h·g … h·g+g-1).
+  RoPE `rotate_half` (halves, not interleaved), `inv_freq = 1/θ^(2i/head_dim)`
+  (`modeling_rope_utils._compute_default_rope_parameters`), cos/sin in fp32.
+  Qwen2-MoE: q/k/v bias (`qkv_bias`), no o bias.
+- Embeddings use `padding_idx = pad_token_id` (OLMoE default 1; None for the
+  others): that row of the embedding never gets a gradient. The fixtures' ids avoid
+  the pad id.
+
+## AdamW (torch {torch}: `torch/optim/adamw.py` `AdamW` = `Adam(decoupled_weight_decay=True)`; `torch/optim/adam.py` `_single_tensor_adam`, the CPU path)
+For each parameter with a gradient, step t (= 1 here):
+```
+p ← p · (1 − lr·wd)                        # decoupled decay first, on the parameter
+m ← m + (g − m)(1 − β1)                    # exp_avg.lerp_(g, 1−β1)
+v ← v·β2 + (1 − β2)·g²
+bc1 = 1 − β1^t ; bc2 = 1 − β2^t
+p ← p − (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
+```
+At t = 1: `p1 = p0(1 − lr·wd) − lr · g / (|g| + eps)` ≈ `p0(1 − lr·wd) − lr·sign(g)`.
+*(checked against `after.*` in fp64: max error {adam})*
+- `Adam._init_group` takes only `if p.grad is not None`: a parameter whose grad is
+  **None** is skipped entirely (no decay, no state, step not counted) → `after.<p>` =
+  initial. A zero grad (OLMoE idle experts, unused embedding rows) is not skipped:
+  the parameter decays, `p1 = p0·(1 − lr·wd)` exactly. *(checked)*
+- Decay applies to every parameter in the group, norms, biases and embeddings included.
+- `after.*` amplifies gradient error where |g| is near eps (the fixtures hold grads
+  down to ~1e-9): an error δg moves `p1` by about `lr·δg/(|g|+eps)`. Check the
+  optimizer on its own (initial weights + `grad.*` → `after.*`), and the end-to-end
+  `after.*` with a tolerance that allows for it.
+"""
+
+
+def write_notes(outdir, rows):
+    table = "\n".join(
+        f"| {r['name']} | {r['family']} | {r['moe_layers']} | {'yes' if r['norm_topk'] else 'no'} | "
+        f"{r['head_dim']} | {r['rope_theta']:g} | {r['eps']:g} | {r['seed']} | "
+        f"{', '.join(f'({l},{e})' for l, e in r['idle']) or '-'} | {r['no_grad']} | "
+        f"{', '.join(f'({l},{e})' for l, e in r['dead']) or '-'} | "
+        f"{r['loss']:.5f} | {r['ce']:.5f} | {r['aux']:.5f} |" for r in rows)
+    text = NOTES.format(
+        tf=transformers.__version__, torch=torch.__version__.split("+")[0], rows=table,
+        nt=rows[0]["n_targets"], margin=f"{MIN_ROUTING_MARGIN:g}", adam="< 1e-6")
+    with open(os.path.join(outdir, "NOTES.md"), "w") as f:
+        f.write(text)
+
+
+# ----------------------------------------------------------------------------- driver
+def generate(outdir):
+    os.makedirs(outdir, exist_ok=True)
+    rows = [make_fixture(fx, outdir) for fx in FIXTURES]
+    write_notes(outdir, rows)
+    return rows
+
+
+def compare(ref_dir, new_dir):
+    ok = True
+    names = [fx["name"] for fx in FIXTURES]
+    for n in names:
+        for f in ("config.json", "model.safetensors", "fixture.safetensors"):
+            a, b = os.path.join(ref_dir, n, f), os.path.join(new_dir, n, f)
+            if not os.path.exists(a):
+                print(f"MISSING {n}/{f}")
+                ok = False
+                continue
+            if filecmp.cmp(a, b, shallow=False):
+                print(f"identical {n}/{f}")
+                continue
+            if f != "fixture.safetensors":
+                print(f"DIFFERS  {n}/{f}")
+                ok = False
+                continue
+            (ta, ma), (tb, mb) = read_st(a), read_st(b)
+            bad = [k for k in set(ma) | set(mb) if ma.get(k) != mb.get(k) and k != "min_routing_margin"]
+            if set(ta) != set(tb) or bad:
+                print(f"DIFFERS  {n}/{f}: names or metadata {sorted(bad)}")
+                ok = False
+                continue
+            worst = ("", 0.0)
+            for k in sorted(ta):
+                x, y = ta[k], tb[k]
+                if x.dtype != y.dtype or x.shape != y.shape:
+                    print(f"DIFFERS  {n}/{f}: {k} dtype/shape")
+                    ok = False
+                    continue
+                if x.dtype.kind == "i":
+                    if not np.array_equal(x, y):
+                        print(f"DIFFERS  {n}/{f}: {k}")
+                        ok = False
+                    continue
+                if not np.allclose(x, y, rtol=CHECK_RTOL, atol=CHECK_ATOL):
+                    print(f"DIFFERS  {n}/{f}: {k} max |diff| {np.abs(x - y).max():.3g}")
+                    ok = False
+                d = float(np.abs(x.astype(np.float64) - y).max()) if x.size else 0.0
+                if d > worst[1]:
+                    worst = (k, d)
+            print(f"close    {n}/{f} (not byte-identical; largest |diff| {worst[1]:.3g} in {worst[0]})")
+    a, b = os.path.join(ref_dir, "NOTES.md"), os.path.join(new_dir, "NOTES.md")
+    if os.path.exists(a) and filecmp.cmp(a, b, shallow=False):
+        print("identical NOTES.md")
+    else:
+        print("DIFFERS  NOTES.md")
+        ok = False
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=DEFAULT_OUT, help="fixture directory (default tests/fixtures)")
+    ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare with --out")
+    ap.add_argument("--any-version", action="store_true", help="do not insist on the pinned versions")
+    args = ap.parse_args()
+
+    have = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
+    if have != PINNED and not args.any_version:
+        fail(f"versions {have}, pinned {PINNED} (tools/requirements-fixtures.txt); --any-version to go on")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+    transformers.logging.set_verbosity_error()
+    check_sources()
+
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(tmp)
+            ok = compare(args.out, tmp)
+        print("check: OK" if ok else "check: FAILED")
+        sys.exit(0 if ok else 1)
+
+    rows = generate(args.out)
+    for r in rows:
+        print(f"{r['name']:18s} {r['family']:10s} seed {r['seed']} params {r['n_params']} MoE layers "
+              f"{r['moe_layers']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
+              f"(per layer {', '.join(f'{a:.4f}' for a in r['aux_per_layer'])}) idle {r['idle']} "
+              f"no_grad {r['no_grad']} margin {r['margin']:.2e} adam err {r['adam_err']:.1e}")
+    print(f"facts: see {os.path.join(args.out, 'NOTES.md')}")
+
+
+if __name__ == "__main__":
+    main()
