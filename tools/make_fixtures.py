@@ -36,7 +36,8 @@ ce_loss = sum of -log softmax(logits[b,s-1])[labels[b,s]] over loss_mask / sum(l
 
 Determinism: parameters and token ids come from numpy's PCG64 (bit-stable on every
 CPU; torch's CPU normal_ picks a SIMD code path at run time), torch runs on one
-thread with deterministic algorithms, fixture.safetensors is written by write_st
+thread with deterministic algorithms, MKL_CBWR=COMPATIBLE and ATen's baseline
+kernels (set at the top, before torch loads), fixture.safetensors is written by write_st
 (sorted __metadata__: the safetensors package writes its metadata map in a random
 order). Two runs on one machine give byte-identical files. --check regenerates into
 a temporary directory: config.json, model.safetensors and NOTES.md must be
@@ -63,6 +64,14 @@ import shutil
 import struct
 import sys
 import tempfile
+
+# Before torch loads: MKL's conditional numerical reproducibility (GEMM results that do
+# not depend on the CPU model or on memory alignment: without it, weights mmap'd by
+# from_pretrained give other last bits than torch-allocated ones), ATen's baseline
+# kernels instead of the AVX2/AVX-512 variants chosen at run time, one thread.
+os.environ["MKL_CBWR"] = "COMPATIBLE"
+os.environ["ATEN_CPU_CAPABILITY"] = "default"
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import numpy as np
 import safetensors
@@ -391,6 +400,8 @@ def make_fixture(fx, outdir):
     for f in os.listdir(d):
         if f not in ("config.json", "model.safetensors"):
             os.remove(os.path.join(d, f))
+        else:
+            os.chmod(os.path.join(d, f), 0o644)
 
     labels, loss_mask = make_labels(ids)
     captured, hooks = {}, []
@@ -507,6 +518,13 @@ def make_fixture(fx, outdir):
         "safetensors_version": safetensors.__version__,
         "numpy_version": np.__version__,
     }
+    # The checked-in directory alone reproduces the logits.
+    again = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager")
+    again.train()
+    with torch.no_grad():
+        rl = again(input_ids=ids, use_cache=False).logits
+    need(torch.equal(rl, logits), f"{name}: {d} reloaded gives other logits")
+
     path = os.path.join(d, "fixture.safetensors")
     write_st(path, tensors, meta)
     back, back_meta = read_st(path)
@@ -735,6 +753,8 @@ def main():
     if have != PINNED and not args.any_version:
         fail(f"versions {have}, pinned {PINNED} (tools/requirements-fixtures.txt); --any-version to go on")
     torch.set_num_threads(1)
+    need(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+         f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}: torch was imported before make_fixtures")
     torch.use_deterministic_algorithms(True)
     torch.set_default_dtype(torch.float32)
     transformers.logging.set_verbosity_error()

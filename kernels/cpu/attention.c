@@ -15,14 +15,15 @@
  * Shapes: q, o, dout, dq [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D] (token-major);
  * lse [B, Hq, S].
  *
- * Tiling: queries in blocks of BQ rows, keys in tiles of bk (<= BK_MAX) rows.
- * A key tile is transposed into a stack buffer kt[D][bk], so a row of scores is
- * an axpy over keys (s[c] += q[d] * kt[d][c]): it vectorises without
- * reassociating, and every score is summed over d in order 0..D-1 — the same
- * bits as a plain sequential dot, whatever the vector width. Probabilities
- * never exist beyond one BQ x bk tile; the forward keeps an online softmax
- * (running max and sum per row) and rescales its accumulator, which is the
- * output row itself (owned by the item, so no heap is needed).
+ * Tiling: queries in blocks of BQ rows, keys in tiles of bk (<= BK_MAX). A key
+ * tile is transposed into a stack buffer kt[D][bk], so every product is one
+ * register-blocked kernel (mm) of axpys: Y[i,:] += A[i,k] * X[k,:]. Each output
+ * element is summed over k in order with one rounding per multiply and per add,
+ * so a score is bit for bit the plain sequential fp32 dot, at any vector width.
+ * Probabilities never exist beyond one BQ x bk tile. The forward keeps an
+ * online softmax (running max and sum per row) and rescales its accumulator,
+ * which is the output row itself (owned by the item: no heap). The backward
+ * recomputes p from q, k and lse.
  *
  * Threads: forward items are (b, query head, query block), spread with
  * mf_partition; query blocks are interleaved (0, last, 1, last-1, ...) so a
@@ -31,11 +32,20 @@
  * its query heads, summing heads, query blocks and rows in a fixed order. No
  * result depends on the thread count.
  *
- * Stack: per thread, kt and vt (KT_FLOATS each) and two BQ x BK_MAX score
- * tiles, about 48 KiB. bk shrinks as D grows (64 keys up to D = 64, 8 keys at
- * D = 512); D > 512 is refused with MF_ERR_UNSUPPORTED.
+ * Stack, per thread: kt and vt (KT_FLOATS each) and two BQ x BK_MAX tiles,
+ * 48 KiB. bk shrinks as D grows (64 keys up to D = 64, 8 at D = 512); D > 512 is
+ * refused with MF_ERR_UNSUPPORTED.
+ *
+ * SIMD: the kernel body (below ATT_BODY) is compiled twice from this one file,
+ * which includes itself: for the baseline ISA with 4-float vectors, and on
+ * x86-64 with AVX2 and 8-float vectors, chosen per call from the CPU's flags
+ * (MF_CPU_SIMD=base forces the baseline). Neither contracts into FMAs and every
+ * reduction has a fixed order, so both give the same bits.
  */
+#ifndef ATT_BODY
+
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -46,14 +56,17 @@ enum {
   KT_FLOATS = 4096, /* floats in one transposed key (or value) tile */
   D_MAX = KT_FLOATS / 8,
   MR = 4, /* rows of a register block */
-  NR = 8, /* columns of a register block */
+  NR = 8, /* key tiles are padded to NR columns; NR lanes in sums */
 };
 
 static int key_tile(int64_t D) {
   int64_t bk = KT_FLOATS / D;
   if (bk > BK_MAX) bk = BK_MAX;
-  return (int)(bk & ~(int64_t)7);
+  return (int)(bk & ~(int64_t)(NR - 1));
 }
+
+/* n rounded up to whole NR blocks */
+static inline int round_nr(int n) { return (n + NR - 1) / NR * NR; }
 
 static mf_status check_args(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
   if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0)
@@ -65,66 +78,37 @@ static mf_status check_args(const char *op, int64_t B, int64_t S, int64_t Hq, in
   return MF_OK;
 }
 
-/* kt[d*bk + c] = x[c*ld + d] for c < nk. */
-static void transpose_tile(const float *restrict x, int64_t ld, int nk, int64_t D, int bk, float *restrict kt) {
-  for (int c = 0; c < nk; c++) {
-    const float *row = x + (int64_t)c * ld;
-    for (int64_t d = 0; d < D; d++) kt[d * bk + c] = row[d];
-  }
+/* The float helpers use integer compares and bit selects: under the default
+ * -ftrapping-math GCC does not if-convert a float compare, and the loops around
+ * them would stay scalar. */
+static inline int32_t f2i(float x) {
+  int32_t i;
+  memcpy(&i, &x, sizeof i);
+  return i;
 }
-
-/* Y[i, 0..N) = (load ? Y[i, 0..N) : 0) + sum_{k<K} A[i*am + k*ak] * X[k*ldx + 0..N)
- * for i < rows (<= MR). Every element is summed over k in order, one rounding
- * per multiply and per add (the build contracts nothing into FMAs), so the bits
- * match a plain sequential loop whatever the register blocking. One body for
- * all five products of the forward and the backward. */
-static inline __attribute__((always_inline)) void mm_rows(int rows, int64_t N, int64_t K, const float *restrict A,
-                                                          int64_t am, int64_t ak, const float *restrict X,
-                                                          int64_t ldx, float *restrict Y, int64_t ldy, int load) {
-  int64_t n = 0;
-  for (; n + NR <= N; n += NR) {
-    float acc[MR][NR];
-    for (int i = 0; i < rows; i++)
-      for (int j = 0; j < NR; j++) acc[i][j] = load ? Y[i * ldy + n + j] : 0.0f;
-    for (int64_t k = 0; k < K; k++) {
-      const float *restrict x = X + k * ldx + n;
-      for (int i = 0; i < rows; i++) {
-        const float a = A[i * am + k * ak];
-        for (int j = 0; j < NR; j++) acc[i][j] += a * x[j];
-      }
-    }
-    for (int i = 0; i < rows; i++)
-      for (int j = 0; j < NR; j++) Y[i * ldy + n + j] = acc[i][j];
-  }
-  for (; n < N; n++)
-    for (int i = 0; i < rows; i++) {
-      float acc = load ? Y[i * ldy + n] : 0.0f;
-      for (int64_t k = 0; k < K; k++) acc += A[i * am + k * ak] * X[k * ldx + n];
-      Y[i * ldy + n] = acc;
-    }
+static inline float i2f(int32_t i) {
+  float x;
+  memcpy(&x, &i, sizeof x);
+  return x;
 }
+/* Float order as int order (-0 just below +0; NaNs past the infinities). An involution. */
+static inline int32_t ordered(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
+/* a where the mask m is all ones, b where it is 0 */
+static inline float sel(int32_t m, float a, float b) { return i2f((f2i(a) & m) | (f2i(b) & ~m)); }
 
-/* mm_rows over M rows: full MR blocks (rows a constant, kept in registers), then the rest. */
-static void mm(int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t am, int64_t ak,
-               const float *restrict X, int64_t ldx, float *restrict Y, int64_t ldy, int load) {
-  int64_t i = 0;
-  for (; i + MR <= M; i += MR) mm_rows(MR, N, K, A + i * am, am, ak, X, ldx, Y + i * ldy, ldy, load);
-  for (; i < M; i++) mm_rows(1, N, K, A + i * am, am, ak, X, ldx, Y + i * ldy, ldy, load);
-}
-
-/* exp(x) as Cephes' expf (x = n ln2 + r, ln2 in two parts, a degree-5
- * polynomial in r; within about 2 ulp of exp), branch-free so the loops around it
- * vectorise, with the same bits at any vector width. Softmax arguments are
- * <= 0 (up to rounding); below -87.3 (results under FLT_MIN, and -inf) it
- * gives 0; NaN stays NaN. */
+/* exp(x) as Cephes' expf (x = n ln2 + r with ln2 in two parts, a degree-5
+ * polynomial in r; within 1.4 ulp of exp on [-87.3, 0]), branch-free so the
+ * loops around it vectorise. Below -87.3 (results under FLT_MIN, and -inf) it
+ * gives 0, above 88 +inf; NaN stays NaN. */
 static inline float exp_f(float x) {
   const float lo = -87.3f, hi = 88.0f;
-  float xc = x > lo ? x : lo;
-  xc = xc < hi ? xc : hi;
-  const float t = xc * 1.44269504088896341f + 0.5f;
-  int32_t n = (int32_t)t;
-  n -= (float)n > t; /* floor */
-  const float fn = (float)n;
+  const int32_t xi = f2i(x), xo = ordered(xi);
+  const int32_t under = -(int32_t)(xo < ordered(f2i(lo))), over = -(int32_t)(xo > ordered(f2i(hi)));
+  const int32_t nan = -(int32_t)((xi & 0x7fffffff) > 0x7f800000);
+  const float xc = sel(under, lo, sel(over, hi, x));
+  const float z = xc * 1.44269504088896341f;
+  const float fn = (z + 12582912.0f) - 12582912.0f; /* rint(z): 1.5 * 2^23 */
+  const int32_t n = (int32_t)fn;
   float r = xc - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;
   float y = 1.9875691500e-4f;
@@ -134,12 +118,56 @@ static inline float exp_f(float x) {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * (r * r) + r + 1.0f;
-  union {
-    uint32_t u;
-    float f;
-  } p2 = {(uint32_t)(n + 127) << 23};
-  y *= p2.f;
-  return x >= lo ? y : (x < lo ? 0.0f : x);
+  y *= i2f((n + 127) << 23); /* 2^n, n in [-126, 127] */
+  return sel(nan, x, sel(under, 0.0f, sel(over, INFINITY, y)));
+}
+
+/* s[c] *= scale for c < n; returns max(m, s[0..n)) (exact, so lanes are free). */
+static inline float scale_max(float *restrict s, int n, float scale, float m) {
+  int32_t mo[NR];
+  for (int j = 0; j < NR; j++) mo[j] = ordered(f2i(m));
+  int c = 0;
+  for (; c + NR <= n; c += NR)
+    for (int j = 0; j < NR; j++) {
+      s[c + j] *= scale;
+      const int32_t o = ordered(f2i(s[c + j]));
+      mo[j] = o > mo[j] ? o : mo[j];
+    }
+  for (; c < n; c++) {
+    s[c] *= scale;
+    const int32_t o = ordered(f2i(s[c]));
+    mo[0] = o > mo[0] ? o : mo[0];
+  }
+  for (int j = 1; j < NR; j++) mo[0] = mo[j] > mo[0] ? mo[j] : mo[0];
+  return i2f(ordered(mo[0]));
+}
+
+/* s[c] = exp(s[c] - mx) for c < n; returns their sum, in NR lanes then a fixed tree. */
+static inline float exp_sum(float *restrict s, int n, float mx) {
+  float part[NR] = {0};
+  int c = 0;
+  for (; c + NR <= n; c += NR)
+    for (int j = 0; j < NR; j++) {
+      s[c + j] = exp_f(s[c + j] - mx);
+      part[j] += s[c + j];
+    }
+  for (int j = 0; c < n; c++, j++) {
+    s[c] = exp_f(s[c] - mx);
+    part[j] += s[c];
+  }
+  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
+/* kt[d*bk + c] = x[c*ld + d] for c < nk, and 0 up to the next multiple of NR
+ * (score products run over whole NR-column blocks; the padding is masked). */
+static inline void transpose_tile(const float *restrict x, int64_t ld, int nk, int64_t D, int bk,
+                                  float *restrict kt) {
+  for (int c = 0; c < nk; c++) {
+    const float *row = x + (int64_t)c * ld;
+    for (int64_t d = 0; d < D; d++) kt[d * bk + c] = row[d];
+  }
+  for (int64_t d = 0; d < D; d++)
+    for (int c = nk; c % NR; c++) kt[d * bk + c] = 0.0f;
 }
 
 /* y[0..D) *= a */
@@ -151,8 +179,6 @@ static inline void round_row(int64_t D, float *restrict y) {
   for (int64_t d = 0; d < D; d++) y[d] = mf_round_to_bf16(y[d]);
 }
 
-/* ------------------------------------------------------------- forward */
-
 typedef struct {
   const float *q, *k, *v;
   float *o, *lse;
@@ -161,8 +187,168 @@ typedef struct {
   int round_bf16;
 } fwd_args;
 
-static void fwd_item(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *restrict kt,
-                     float *restrict st) {
+typedef struct {
+  const float *q, *k, *v, *o, *dout, *lse;
+  float *dq, *dk, *dv;
+  int64_t B, S, Hq, Hkv, D;
+  float scale;
+  int round_bf16;
+} bwd_args;
+
+/* The kernel body, once per ISA: ATT_FN(x) names its functions x_<isa>, VW is
+ * its vector width in floats. */
+#define ATT_CAT_(a, b) a##b
+#define ATT_CAT(a, b) ATT_CAT_(a, b)
+#define ATT_FN(name) ATT_CAT(name, ATT_SFX)
+#define ATT_BODY
+
+#define ATT_SFX _base
+#define VW 4
+#include "kernels/cpu/attention.c"
+#undef ATT_SFX
+#undef VW
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define ATT_SFX _avx2
+#define VW 8
+#include "kernels/cpu/attention.c"
+#undef ATT_SFX
+#undef VW
+#pragma GCC pop_options
+#define HAVE_AVX2_BODY 1
+#endif
+
+/* Per call: getenv and the cpuid cache are cheap next to an attention. */
+static int use_avx2(void) {
+#ifdef HAVE_AVX2_BODY
+  const char *e = getenv("MF_CPU_SIMD");
+  if (e && strcmp(e, "base") == 0) return 0;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+#else
+  return 0;
+#endif
+}
+
+mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *k, const float *v, int64_t B,
+                               int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse) {
+  MF_CHECK(check_args("attention_fwd", B, S, Hq, Hkv, D));
+  if (B == 0 || S == 0) return MF_OK;
+  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, (S + BQ - 1) / BQ, scale, ctx && ctx->round_bf16};
+  mf_task_fn fn = fwd_task_base;
+#ifdef HAVE_AVX2_BODY
+  if (use_avx2()) fn = fwd_task_avx2;
+#endif
+  mf_threadpool_run(ctx ? ctx->pool : NULL, fn, &a);
+  return MF_OK;
+}
+
+mf_status mf_cpu_attention_bwd(const mf_kctx *ctx, const float *q, const float *k, const float *v,
+                               const float *o, const float *dout, const float *lse, int64_t B, int64_t S,
+                               int64_t Hq, int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv) {
+  MF_CHECK(check_args("attention_bwd", B, S, Hq, Hkv, D));
+  if (B == 0 || S == 0) return MF_OK;
+  bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, scale, ctx && ctx->round_bf16};
+  mf_task_fn fn = bwd_task_base;
+#ifdef HAVE_AVX2_BODY
+  if (use_avx2()) fn = bwd_task_avx2;
+#endif
+  mf_threadpool_run(ctx ? ctx->pool : NULL, fn, &a);
+  return MF_OK;
+}
+
+#else /* ATT_BODY: everything below is compiled once per ISA */
+
+/* VW floats in GCC's generic vectors (an SSE or NEON register at VW = 4, a ymm
+ * register at VW = 8). Element-wise arithmetic, so the bits do not depend on VW. */
+typedef float ATT_FN(vf) __attribute__((vector_size(VW * sizeof(float))));
+#define vf ATT_FN(vf)
+#define VLOAD(v, p) memcpy(&(v), (p), sizeof(vf))
+#define VSTORE(p, v) memcpy((p), &(v), sizeof(vf))
+
+/* Y[i, 0..N) = (load ? Y[i, 0..N) : 0) + sum_{k<K} A[i*am + k*ak] * X[k*ldx + 0..N)
+ * for i < M: every product of the forward and the backward. Each element is
+ * summed over k in order, one rounding per multiply and per add, so the bits
+ * match a plain sequential loop whatever the blocking. Rows go MR = 4 at a time,
+ * columns 2*VW then VW then one by one; named accumulators, as GCC spills an
+ * array of vectors to the stack. */
+static void ATT_FN(mm)(int64_t M, int64_t N, int64_t K, const float *restrict A, int64_t am, int64_t ak,
+                       const float *restrict X, int64_t ldx, float *restrict Y, int64_t ldy, int load) {
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR) {
+    const float *restrict a0 = A + i * am, *restrict a1 = a0 + am, *restrict a2 = a1 + am, *restrict a3 = a2 + am;
+    float *restrict y0 = Y + i * ldy, *restrict y1 = y0 + ldy, *restrict y2 = y1 + ldy, *restrict y3 = y2 + ldy;
+    int64_t n = 0;
+    for (; n + 2 * VW <= N; n += 2 * VW) {
+      vf c0 = {0}, d0 = {0}, c1 = {0}, d1 = {0}, c2 = {0}, d2 = {0}, c3 = {0}, d3 = {0};
+      if (load) {
+        VLOAD(c0, y0 + n), VLOAD(d0, y0 + n + VW);
+        VLOAD(c1, y1 + n), VLOAD(d1, y1 + n + VW);
+        VLOAD(c2, y2 + n), VLOAD(d2, y2 + n + VW);
+        VLOAD(c3, y3 + n), VLOAD(d3, y3 + n + VW);
+      }
+      for (int64_t k = 0; k < K; k++) {
+        vf x, z;
+        VLOAD(x, X + k * ldx + n);
+        VLOAD(z, X + k * ldx + n + VW);
+        const float e0 = a0[k * ak], e1 = a1[k * ak], e2 = a2[k * ak], e3 = a3[k * ak];
+        c0 += e0 * x, d0 += e0 * z;
+        c1 += e1 * x, d1 += e1 * z;
+        c2 += e2 * x, d2 += e2 * z;
+        c3 += e3 * x, d3 += e3 * z;
+      }
+      VSTORE(y0 + n, c0), VSTORE(y0 + n + VW, d0);
+      VSTORE(y1 + n, c1), VSTORE(y1 + n + VW, d1);
+      VSTORE(y2 + n, c2), VSTORE(y2 + n + VW, d2);
+      VSTORE(y3 + n, c3), VSTORE(y3 + n + VW, d3);
+    }
+    for (; n + VW <= N; n += VW) {
+      vf c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+      if (load) VLOAD(c0, y0 + n), VLOAD(c1, y1 + n), VLOAD(c2, y2 + n), VLOAD(c3, y3 + n);
+      for (int64_t k = 0; k < K; k++) {
+        vf x;
+        VLOAD(x, X + k * ldx + n);
+        c0 += a0[k * ak] * x, c1 += a1[k * ak] * x, c2 += a2[k * ak] * x, c3 += a3[k * ak] * x;
+      }
+      VSTORE(y0 + n, c0), VSTORE(y1 + n, c1), VSTORE(y2 + n, c2), VSTORE(y3 + n, c3);
+    }
+    for (; n < N; n++) {
+      float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+      if (load) c0 = y0[n], c1 = y1[n], c2 = y2[n], c3 = y3[n];
+      for (int64_t k = 0; k < K; k++) {
+        const float x = X[k * ldx + n];
+        c0 += a0[k * ak] * x, c1 += a1[k * ak] * x, c2 += a2[k * ak] * x, c3 += a3[k * ak] * x;
+      }
+      y0[n] = c0, y1[n] = c1, y2[n] = c2, y3[n] = c3;
+    }
+  }
+  for (; i < M; i++) {
+    const float *restrict a0 = A + i * am;
+    float *restrict y0 = Y + i * ldy;
+    int64_t n = 0;
+    for (; n + VW <= N; n += VW) {
+      vf c0 = {0};
+      if (load) VLOAD(c0, y0 + n);
+      for (int64_t k = 0; k < K; k++) {
+        vf x;
+        VLOAD(x, X + k * ldx + n);
+        c0 += a0[k * ak] * x;
+      }
+      VSTORE(y0 + n, c0);
+    }
+    for (; n < N; n++) {
+      float c0 = load ? y0[n] : 0.0f;
+      for (int64_t k = 0; k < K; k++) c0 += a0[k * ak] * X[k * ldx + n];
+      y0[n] = c0;
+    }
+  }
+}
+
+/* One query block [i0, i0 + BQ) of query head h: o rows and lse written. */
+static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *restrict kt,
+                             float *restrict st) {
   const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D;
   const int64_t g = h / (Hq / Hkv);
   const int bk = key_tile(D);
@@ -188,29 +374,23 @@ static void fwd_item(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
       const int rows = nq - r0 < MR ? nq - r0 : MR;
       const int64_t ilast = i0 + r0 + rows - 1;
       if (ilast < j0) continue;
-      /* keys this row block sees in the tile; row i sees n = i + 1 - j0 of them */
+      /* N keys of the tile reach this row block; row i sees i + 1 - j0 of them */
       const int N = (int)(ilast + 1 - j0 < nk ? ilast + 1 - j0 : nk);
-      mm(rows, N, D, qb0 + r0 * ldq, ldq, 1, kt, bk, st, BK_MAX, 0);
+      ATT_FN(mm)(rows, round_nr(N), D, qb0 + r0 * ldq, ldq, 1, kt, bk, st, BK_MAX, 0);
       for (int rr = 0; rr < rows; rr++) {
         const int r = r0 + rr;
         const int64_t seen = i0 + r + 1 - j0;
         const int n = (int)(seen < N ? (seen > 0 ? seen : 0) : N);
         float *restrict s = st + rr * BK_MAX;
-        float mx = m[r];
-        for (int c = 0; c < n; c++) {
-          s[c] *= scale;
-          mx = s[c] > mx ? s[c] : mx;
-        }
+        const float mx = scale_max(s, n, scale, m[r]);
         const float alpha = exp_f(m[r] - mx); /* 0 on the first tile (m = -inf); 1 if n = 0 */
-        for (int c = 0; c < n; c++) s[c] = exp_f(s[c] - mx);
+        const float sum = exp_sum(s, n, mx);
         for (int c = n; c < N; c++) s[c] = 0.0f;
-        float sum = 0.0f;
-        for (int c = 0; c < n; c++) sum += s[c];
         l[r] = l[r] * alpha + sum;
         m[r] = mx;
         if (alpha != 1.0f) scale_row(alpha, D, ob0 + r * ldq);
       }
-      mm(rows, D, N, st, BK_MAX, 1, vb0 + j0 * ldk, ldk, ob0 + r0 * ldq, ldq, 1);
+      ATT_FN(mm)(rows, D, N, st, BK_MAX, 1, vb0 + j0 * ldk, ldk, ob0 + r0 * ldq, ldq, 1);
     }
   }
   float *lse = a->lse + (b * Hq + h) * S + i0;
@@ -222,7 +402,7 @@ static void fwd_item(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
   }
 }
 
-static void fwd_task(void *ctx, int ti, int tn) {
+static void ATT_FN(fwd_task)(void *ctx, int ti, int tn) {
   const fwd_args *a = (const fwd_args *)ctx;
   float kt[KT_FLOATS];
   float st[MR * BK_MAX];
@@ -232,33 +412,14 @@ static void fwd_task(void *ctx, int ti, int tn) {
   for (size_t it = begin; it < end; it++) {
     const int64_t bh = (int64_t)it / nqb, t = (int64_t)it % nqb;
     const int64_t qb = (t & 1) ? nqb - 1 - t / 2 : t / 2;
-    fwd_item(a, bh / a->Hq, bh % a->Hq, qb, kt, st);
+    ATT_FN(fwd_item)(a, bh / a->Hq, bh % a->Hq, qb, kt, st);
   }
 }
 
-mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *k, const float *v, int64_t B,
-                               int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse) {
-  MF_CHECK(check_args("attention_fwd", B, S, Hq, Hkv, D));
-  if (B == 0 || S == 0) return MF_OK;
-  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, (S + BQ - 1) / BQ, scale, ctx && ctx->round_bf16};
-  mf_threadpool_run(ctx ? ctx->pool : NULL, fwd_task, &a);
-  return MF_OK;
-}
-
-/* ------------------------------------------------------------ backward */
-
-typedef struct {
-  const float *q, *k, *v, *o, *dout, *lse;
-  float *dq, *dk, *dv;
-  int64_t B, S, Hq, Hkv, D;
-  float scale;
-  int round_bf16;
-} bwd_args;
-
-/* One query block of query head h against every key tile it sees: dq rows
- * written (scaled, rounded) here; dk/dv rows of the group accumulated. */
-static void bwd_block(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_t i0, float *restrict kt,
-                      float *restrict vt, float *restrict pt, float *restrict dst) {
+/* One query block [i0, i0 + BQ) of query head h against every key tile it sees:
+ * its dq rows written (scaled, rounded); dk/dv rows of the group accumulated. */
+static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_t i0, float *restrict kt,
+                              float *restrict vt, float *restrict pt, float *restrict dst) {
   const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D;
   const int bk = key_tile(D);
   const int64_t ldq = Hq * D, ldk = Hkv * D;
@@ -285,14 +446,14 @@ static void bwd_block(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_
     const int nk = (int)(j0 + bk < i1 ? bk : i1 - j0);
     transpose_tile(kb0 + j0 * ldk, ldk, nk, D, bk, kt);
     transpose_tile(vb0 + j0 * ldk, ldk, nk, D, bk, vt);
-    /* p and ds for every row that sees the tile, masked entries 0 */
+    /* p and ds of every row that sees the tile; masked entries 0 */
     for (int r0 = 0; r0 < nq; r0 += MR) {
       const int rows = nq - r0 < MR ? nq - r0 : MR;
       const int64_t ilast = i0 + r0 + rows - 1;
       if (ilast < j0) continue;
       const int N = (int)(ilast + 1 - j0 < nk ? ilast + 1 - j0 : nk);
-      mm(rows, N, D, qb0 + r0 * ldq, ldq, 1, kt, bk, pt + r0 * BK_MAX, BK_MAX, 0);
-      mm(rows, N, D, dob0 + r0 * ldq, ldq, 1, vt, bk, dst + r0 * BK_MAX, BK_MAX, 0);
+      ATT_FN(mm)(rows, round_nr(N), D, qb0 + r0 * ldq, ldq, 1, kt, bk, pt + r0 * BK_MAX, BK_MAX, 0);
+      ATT_FN(mm)(rows, round_nr(N), D, dob0 + r0 * ldq, ldq, 1, vt, bk, dst + r0 * BK_MAX, BK_MAX, 0);
       for (int rr = 0; rr < rows; rr++) {
         const int r = r0 + rr;
         const int64_t seen = i0 + r + 1 - j0;
@@ -304,16 +465,16 @@ static void bwd_block(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_
         for (int c = n; c < nk; c++) p[c] = ds[c] = 0.0f;
       }
       /* dq[r] += sum_c ds[r,c] k[c] */
-      mm(rows, D, N, dst + r0 * BK_MAX, BK_MAX, 1, kb0 + j0 * ldk, ldk, dqb0 + r0 * ldq, ldq, 1);
+      ATT_FN(mm)(rows, D, N, dst + r0 * BK_MAX, BK_MAX, 1, kb0 + j0 * ldk, ldk, dqb0 + r0 * ldq, ldq, 1);
     }
-    /* dk[c] += sum_r ds[r,c] q[r], dv[c] += sum_r p[r,c] do[r], over rows r that see key c */
+    /* dk[c] += sum_r ds[r,c] q[r] and dv[c] += sum_r p[r,c] do[r], over the rows that see key c */
     for (int c0 = 0; c0 < nk; c0 += MR) {
       const int rows = nk - c0 < MR ? nk - c0 : MR;
       const int64_t r0 = j0 + c0 - i0 > 0 ? j0 + c0 - i0 : 0;
       if (r0 >= nq) break;
       const int64_t jo = (j0 + c0) * ldk;
-      mm(rows, D, nq - r0, dst + r0 * BK_MAX + c0, 1, BK_MAX, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
-      mm(rows, D, nq - r0, pt + r0 * BK_MAX + c0, 1, BK_MAX, dob0 + r0 * ldq, ldq, dvb0 + jo, ldk, 1);
+      ATT_FN(mm)(rows, D, nq - r0, dst + r0 * BK_MAX + c0, 1, BK_MAX, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
+      ATT_FN(mm)(rows, D, nq - r0, pt + r0 * BK_MAX + c0, 1, BK_MAX, dob0 + r0 * ldq, ldq, dvb0 + jo, ldk, 1);
     }
   }
   for (int r = 0; r < nq; r++) {
@@ -323,7 +484,10 @@ static void bwd_block(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_
   }
 }
 
-static void bwd_item(const bwd_args *a, int64_t b, int64_t g, float *kt, float *vt, float *pt, float *dst) {
+/* kv head g of sequence b: dk/dv of the group (query heads, then query blocks,
+ * in order) and dq of its query heads. */
+static void ATT_FN(bwd_item)(const bwd_args *a, int64_t b, int64_t g, float *kt, float *vt, float *pt,
+                             float *dst) {
   const int64_t S = a->S, D = a->D, ldk = a->Hkv * D, G = a->Hq / a->Hkv;
   float *dkb0 = a->dk + b * S * ldk + g * D, *dvb0 = a->dv + b * S * ldk + g * D;
   for (int64_t j = 0; j < S; j++) {
@@ -331,7 +495,7 @@ static void bwd_item(const bwd_args *a, int64_t b, int64_t g, float *kt, float *
     memset(dvb0 + j * ldk, 0, (size_t)D * sizeof(float));
   }
   for (int64_t h = g * G; h < (g + 1) * G; h++)
-    for (int64_t i0 = 0; i0 < S; i0 += BQ) bwd_block(a, b, h, g, i0, kt, vt, pt, dst);
+    for (int64_t i0 = 0; i0 < S; i0 += BQ) ATT_FN(bwd_block)(a, b, h, g, i0, kt, vt, pt, dst);
   for (int64_t j = 0; j < S; j++) {
     scale_row(a->scale, D, dkb0 + j * ldk);
     if (a->round_bf16) {
@@ -341,21 +505,18 @@ static void bwd_item(const bwd_args *a, int64_t b, int64_t g, float *kt, float *
   }
 }
 
-static void bwd_task(void *ctx, int ti, int tn) {
+static void ATT_FN(bwd_task)(void *ctx, int ti, int tn) {
   const bwd_args *a = (const bwd_args *)ctx;
   float kt[KT_FLOATS], vt[KT_FLOATS];
   float pt[BQ * BK_MAX], dst[BQ * BK_MAX];
   size_t begin, end;
   mf_partition((size_t)(a->B * a->Hkv), 1, ti, tn, &begin, &end);
-  for (size_t it = begin; it < end; it++) bwd_item(a, (int64_t)it / a->Hkv, (int64_t)it % a->Hkv, kt, vt, pt, dst);
+  for (size_t it = begin; it < end; it++)
+    ATT_FN(bwd_item)(a, (int64_t)it / a->Hkv, (int64_t)it % a->Hkv, kt, vt, pt, dst);
 }
 
-mf_status mf_cpu_attention_bwd(const mf_kctx *ctx, const float *q, const float *k, const float *v,
-                               const float *o, const float *dout, const float *lse, int64_t B, int64_t S,
-                               int64_t Hq, int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv) {
-  MF_CHECK(check_args("attention_bwd", B, S, Hq, Hkv, D));
-  if (B == 0 || S == 0) return MF_OK;
-  bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, scale, ctx && ctx->round_bf16};
-  mf_threadpool_run(ctx ? ctx->pool : NULL, bwd_task, &a);
-  return MF_OK;
-}
+#undef vf
+#undef VLOAD
+#undef VSTORE
+
+#endif /* ATT_BODY */

@@ -18,8 +18,8 @@ mf_status mf_cpu_aux_accumulate(const float *probs, const int32_t *topk_idx, int
                                 int64_t *counts, double *psum) {
   for (int64_t i = 0; i < T * K; i++) {
     if (topk_idx[i] < 0 || topk_idx[i] >= E)
-      return MF_ERR(MF_ERR_INVALID_ARG, "aux loss: topk_idx[%lld] = %d is not an expert of %lld", (long long)i,
-                    (int)topk_idx[i], (long long)E);
+      return MF_ERR(MF_ERR_INVALID_ARG, "aux loss: topk_idx[%lld] = %d is not an expert of %lld",
+                    (long long)i, (int)topk_idx[i], (long long)E);
   }
   for (int64_t i = 0; i < T * K; i++) counts[topk_idx[i]]++;
   for (int64_t t = 0; t < T; t++) {

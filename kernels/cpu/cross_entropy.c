@@ -37,32 +37,65 @@
  * B(d,j) = b[d*ldb + j]. Full and edge tiles accumulate in the same order. */
 enum { MR = 4, NR = 8 };
 
-static inline __attribute__((always_inline)) void micro_kernel(const float *a, int64_t sai, int64_t sad,
-                                                               const float *b, int64_t ldb, int64_t depth,
-                                                               float *c, int64_t ldc, int load_c, int round,
-                                                               int mr, int nr) {
-  float acc[MR][NR];
-  for (int i = 0; i < mr; i++)
-    for (int j = 0; j < nr; j++) acc[i][j] = load_c ? c[i * ldc + j] : 0.0f;
-  for (int64_t d = 0; d < depth; d++) {
-    const float *bd = b + d * ldb;
-    for (int i = 0; i < mr; i++) {
-      const float ai = a[i * sai + d * sad];
-      for (int j = 0; j < nr; j++) acc[i][j] += ai * bd[j];
+/* Four-lane vectors through the compiler's generic vector extension (SSE on
+ * baseline x86-64, NEON on arm64): lane-wise mul and add, so each lane is the
+ * same scalar sequence as the edge kernel. */
+typedef float v4f __attribute__((vector_size(16)));
+static inline v4f load4(const float *p) {
+  v4f v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void store4(float *p, v4f v) {
+  memcpy(p, &v, sizeof v);
+}
+
+static __attribute__((noinline)) void micro_full(const float *a, int64_t sai, int64_t sad, const float *b,
+                                                 int64_t ldb, int64_t depth, float *c, int64_t ldc,
+                                                 int load_c, int round) {
+  v4f acc[MR][2];
+  for (int i = 0; i < MR; i++) {
+    if (load_c) {
+      acc[i][0] = load4(c + i * ldc);
+      acc[i][1] = load4(c + i * ldc + 4);
+    } else {
+      acc[i][0] = (v4f){0.0f, 0.0f, 0.0f, 0.0f};
+      acc[i][1] = acc[i][0];
     }
   }
-  for (int i = 0; i < mr; i++)
-    for (int j = 0; j < nr; j++) c[i * ldc + j] = round ? mf_round_to_bf16(acc[i][j]) : acc[i][j];
+  for (int64_t d = 0; d < depth; d++) {
+    const v4f b0 = load4(b + d * ldb), b1 = load4(b + d * ldb + 4);
+    const float *ad = a + d * sad;
+    for (int i = 0; i < MR; i++) {
+      const float s = ad[i * sai];
+      const v4f ai = {s, s, s, s};
+      acc[i][0] += ai * b0;
+      acc[i][1] += ai * b1;
+    }
+  }
+  for (int i = 0; i < MR; i++) {
+    if (round) {
+      for (int j = 0; j < 4; j++) {
+        c[i * ldc + j] = mf_round_to_bf16(acc[i][0][j]);
+        c[i * ldc + 4 + j] = mf_round_to_bf16(acc[i][1][j]);
+      }
+    } else {
+      store4(c + i * ldc, acc[i][0]);
+      store4(c + i * ldc + 4, acc[i][1]);
+    }
+  }
 }
 
-static __attribute__((noinline)) void micro_full(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
-                       float *c, int64_t ldc, int load_c, int round) {
-  micro_kernel(a, sai, sad, b, ldb, depth, c, ldc, load_c, round, MR, NR);
-}
-
-static __attribute__((noinline)) void micro_edge(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
-                       float *c, int64_t ldc, int load_c, int round, int mr, int nr) {
-  micro_kernel(a, sai, sad, b, ldb, depth, c, ldc, load_c, round, mr, nr);
+static __attribute__((noinline)) void micro_edge(const float *a, int64_t sai, int64_t sad, const float *b,
+                                                 int64_t ldb, int64_t depth, float *c, int64_t ldc,
+                                                 int load_c, int round, int mr, int nr) {
+  for (int i = 0; i < mr; i++) {
+    for (int j = 0; j < nr; j++) {
+      float acc = load_c ? c[i * ldc + j] : 0.0f;
+      for (int64_t d = 0; d < depth; d++) acc += a[i * sai + d * sad] * b[d * ldb + j];
+      c[i * ldc + j] = round ? mf_round_to_bf16(acc) : acc;
+    }
+  }
 }
 
 static void tile_gemm(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
@@ -98,7 +131,7 @@ static void blocked_gemm(const float *a, int64_t sai, int64_t sad, const float *
 
 /* ------------------------------------------------------------ the passes */
 
-enum { TB = 64, LG_CB = 32, LG_KC = 256, DW_VB = 16, DW_KB = 64, DW_TC = 256 };
+enum { TB = 64, LG_CB = 32, LG_KC = 256, DW_VB = 16, DW_KB = 64, DW_TC = 128 };
 
 typedef struct {
   const float *h, *W;
@@ -192,14 +225,19 @@ static void pass2_vocab_task(void *vctx, int i, int n) {
   const int64_t nkb = (H + DW_KB - 1) / DW_KB, ntask = ((a->vc + DW_VB - 1) / DW_VB) * nkb;
   size_t b, e;
   mf_partition((size_t)ntask, 1, i, n, &b, &e);
+  float ap[DW_TC * DW_VB], bp[DW_TC * DW_KB];
   for (int64_t task = (int64_t)b; task < (int64_t)e; task++) {
     const int64_t j0 = (task / nkb) * DW_VB, k0 = (task % nkb) * DW_KB;
     const int64_t nj = a->vc - j0 < DW_VB ? a->vc - j0 : DW_VB, nk = H - k0 < DW_KB ? H - k0 : DW_KB;
     for (int64_t tc = 0; tc < a->T; tc += DW_TC) {
       const int64_t depth = a->T - tc < DW_TC ? a->T - tc : DW_TC;
-      /* A(i, d) = g[tc + d, j0 + i];  B(d, k) = h[tc + d, k0 + k] */
-      tile_gemm(a->ws + tc * ld + j0, 1, ld, a->h + tc * H + k0, H, depth, a->dW + (a->v0 + j0) * H + k0, H, nj,
-                nk, 1, 0);
+      /* A(i, d) = g[tc + d, j0 + i];  B(d, k) = h[tc + d, k0 + k], both packed
+       * (their rows are `chunk` and H floats apart, often a multiple of 4 KiB). */
+      for (int64_t d = 0; d < depth; d++) {
+        memcpy(ap + d * DW_VB, a->ws + (tc + d) * ld + j0, (size_t)nj * sizeof(float));
+        memcpy(bp + d * DW_KB, a->h + (tc + d) * H + k0, (size_t)nk * sizeof(float));
+      }
+      tile_gemm(ap, 1, DW_VB, bp, DW_KB, depth, a->dW + (a->v0 + j0) * H + k0, H, nj, nk, 1, 0);
     }
   }
 }
@@ -231,8 +269,8 @@ mf_status mf_cpu_cross_entropy(const mf_kctx *ctx, const float *h, const float *
                   (long long)chunk);
   for (int64_t t = 0; t < T; t++) {
     if (target[t] < -1 || target[t] >= V)
-      return MF_ERR(MF_ERR_INVALID_ARG, "cross-entropy: target[%lld] = %d is outside [-1, %lld)", (long long)t,
-                    (int)target[t], (long long)V);
+      return MF_ERR(MF_ERR_INVALID_ARG, "cross-entropy: target[%lld] = %d is outside [-1, %lld)",
+                    (long long)t, (int)target[t], (long long)V);
   }
   mf_threadpool *pool = ctx ? ctx->pool : NULL;
   ce_args a = {h, W, target, T, V, H, chunk, loss_scale, ws, lse, dh, dW, ctx ? ctx->round_bf16 : 0, 0, 0};

@@ -38,7 +38,7 @@
 
 /* Below this many multiply-adds a GEMM runs on the calling thread: waking the
  * pool costs more than it saves. The result is the same either way. */
-#define GEMM_PARALLEL_MIN (1 << 16)
+#define GEMM_PARALLEL_MIN (1 << 18)
 
 typedef struct gemm_args {
   const float *A;

@@ -28,20 +28,30 @@
 
 #include "kernels/cpu/cpu_ops.h"
 
-static inline mf_threadpool *pool_of(const mf_kctx *ctx) { return ctx ? ctx->pool : NULL; }
-static inline int round_of(const mf_kctx *ctx) { return ctx ? ctx->round_bf16 : 0; }
+static inline mf_threadpool *pool_of(const mf_kctx *ctx) {
+  return ctx ? ctx->pool : NULL;
+}
+static inline int round_of(const mf_kctx *ctx) {
+  return ctx ? ctx->round_bf16 : 0;
+}
 
 /* ------------------------------------------------------------- dispatch */
 
 mf_status mf_cpu_moe_dispatch(const int32_t *topk_idx, int64_t T, int64_t K, int64_t E, int64_t *counts,
                               int64_t *offsets, int32_t *row_of, int32_t *token_of_row) {
-  if (E <= 0 || K <= 0 || T < 0) return MF_ERR(MF_ERR_INVALID_ARG, "moe dispatch: T=%lld K=%lld E=%lld", (long long)T, (long long)K, (long long)E);
-  if (T * K > INT32_MAX) return MF_ERR(MF_ERR_INVALID_ARG, "moe dispatch: %lld rows do not fit int32 row indices", (long long)(T * K));
+  if (E <= 0 || K <= 0 || T < 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "moe dispatch: T=%lld K=%lld E=%lld", (long long)T, (long long)K,
+                  (long long)E);
+  if (T * K > INT32_MAX)
+    return MF_ERR(MF_ERR_INVALID_ARG, "moe dispatch: %lld rows do not fit int32 row indices",
+                  (long long)(T * K));
   const int64_t R = T * K;
   for (int64_t e = 0; e < E; e++) counts[e] = 0;
   for (int64_t i = 0; i < R; i++) {
     int32_t e = topk_idx[i];
-    if (e < 0 || e >= E) return MF_ERR(MF_ERR_INVALID_ARG, "moe dispatch: topk_idx[%lld] = %d is not an expert of %lld", (long long)i, (int)e, (long long)E);
+    if (e < 0 || e >= E)
+      return MF_ERR(MF_ERR_INVALID_ARG, "moe dispatch: topk_idx[%lld] = %d is not an expert of %lld",
+                    (long long)i, (int)e, (long long)E);
     counts[e]++;
   }
   offsets[0] = 0;
@@ -201,7 +211,8 @@ static void combine_bwd_task(void *vctx, int i, int n) {
 }
 
 mf_status mf_cpu_moe_combine_bwd(const mf_kctx *ctx, const float *dy, const float *ye, const float *w,
-                                 const int32_t *row_of, int64_t T, int64_t K, int64_t H, float *dye, float *dw) {
+                                 const int32_t *row_of, int64_t T, int64_t K, int64_t H, float *dye,
+                                 float *dw) {
   if (T <= 0) return MF_OK;
   combine_args a = {ye, w, dy, row_of, T, K, H, NULL, dye, dw, round_of(ctx)};
   mf_threadpool_run(pool_of(ctx), combine_bwd_task, &a);
@@ -217,32 +228,65 @@ mf_status mf_cpu_moe_combine_bwd(const mf_kctx *ctx, const float *dy, const floa
  * order is the same for a full and an edge tile. */
 enum { MR = 4, NR = 8 };
 
-static inline __attribute__((always_inline)) void micro_kernel(const float *a, int64_t sai, int64_t sad,
-                                                               const float *b, int64_t ldb, int64_t depth,
-                                                               float *c, int64_t ldc, int load_c, int round,
-                                                               int mr, int nr) {
-  float acc[MR][NR];
-  for (int i = 0; i < mr; i++)
-    for (int j = 0; j < nr; j++) acc[i][j] = load_c ? c[i * ldc + j] : 0.0f;
-  for (int64_t d = 0; d < depth; d++) {
-    const float *bd = b + d * ldb;
-    for (int i = 0; i < mr; i++) {
-      const float ai = a[i * sai + d * sad];
-      for (int j = 0; j < nr; j++) acc[i][j] += ai * bd[j];
+/* Four-lane vectors through the compiler's generic vector extension (SSE on
+ * baseline x86-64, NEON on arm64): lane-wise mul and add, so each lane is the
+ * same scalar sequence as the edge kernel. */
+typedef float v4f __attribute__((vector_size(16)));
+static inline v4f load4(const float *p) {
+  v4f v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void store4(float *p, v4f v) {
+  memcpy(p, &v, sizeof v);
+}
+
+static __attribute__((noinline)) void micro_full(const float *a, int64_t sai, int64_t sad, const float *b,
+                                                 int64_t ldb, int64_t depth, float *c, int64_t ldc,
+                                                 int load_c, int round) {
+  v4f acc[MR][2];
+  for (int i = 0; i < MR; i++) {
+    if (load_c) {
+      acc[i][0] = load4(c + i * ldc);
+      acc[i][1] = load4(c + i * ldc + 4);
+    } else {
+      acc[i][0] = (v4f){0.0f, 0.0f, 0.0f, 0.0f};
+      acc[i][1] = acc[i][0];
     }
   }
-  for (int i = 0; i < mr; i++)
-    for (int j = 0; j < nr; j++) c[i * ldc + j] = round ? mf_round_to_bf16(acc[i][j]) : acc[i][j];
+  for (int64_t d = 0; d < depth; d++) {
+    const v4f b0 = load4(b + d * ldb), b1 = load4(b + d * ldb + 4);
+    const float *ad = a + d * sad;
+    for (int i = 0; i < MR; i++) {
+      const float s = ad[i * sai];
+      const v4f ai = {s, s, s, s};
+      acc[i][0] += ai * b0;
+      acc[i][1] += ai * b1;
+    }
+  }
+  for (int i = 0; i < MR; i++) {
+    if (round) {
+      for (int j = 0; j < 4; j++) {
+        c[i * ldc + j] = mf_round_to_bf16(acc[i][0][j]);
+        c[i * ldc + 4 + j] = mf_round_to_bf16(acc[i][1][j]);
+      }
+    } else {
+      store4(c + i * ldc, acc[i][0]);
+      store4(c + i * ldc + 4, acc[i][1]);
+    }
+  }
 }
 
-static __attribute__((noinline)) void micro_full(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
-                       float *c, int64_t ldc, int load_c, int round) {
-  micro_kernel(a, sai, sad, b, ldb, depth, c, ldc, load_c, round, MR, NR);
-}
-
-static __attribute__((noinline)) void micro_edge(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
-                       float *c, int64_t ldc, int load_c, int round, int mr, int nr) {
-  micro_kernel(a, sai, sad, b, ldb, depth, c, ldc, load_c, round, mr, nr);
+static __attribute__((noinline)) void micro_edge(const float *a, int64_t sai, int64_t sad, const float *b,
+                                                 int64_t ldb, int64_t depth, float *c, int64_t ldc,
+                                                 int load_c, int round, int mr, int nr) {
+  for (int i = 0; i < mr; i++) {
+    for (int j = 0; j < nr; j++) {
+      float acc = load_c ? c[i * ldc + j] : 0.0f;
+      for (int64_t d = 0; d < depth; d++) acc += a[i * sai + d * sad] * b[d * ldb + j];
+      c[i * ldc + j] = round ? mf_round_to_bf16(acc) : acc;
+    }
+  }
 }
 
 /* C[m x n] (ldc) over depth, tiled into micro-kernel calls. */
@@ -326,7 +370,16 @@ typedef struct {
 
 /* Blocking: FWD_CB output columns x FWD_KC depth of W[e] is packed (transposed,
  * depth-major) on the stack and reused by every row of the task. */
-enum { GEMM_RB = 64, FWD_CB = 32, FWD_KC = 256, BWD_CB = 64, BWD_DC = 256, WGT_NB = 16, WGT_KB = 64 };
+enum {
+  GEMM_RB = 64,
+  FWD_CB = 32,
+  FWD_KC = 256,
+  BWD_CB = 64,
+  BWD_DC = 256,
+  WGT_NB = 16,
+  WGT_KB = 64,
+  WGT_DC = 128
+};
 
 static void fwd_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64_t cb) {
   const gemm_args *a = (const gemm_args *)vargs;
@@ -373,7 +426,8 @@ static void bwd_data_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, 
 }
 
 mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, const float *const *W,
-                                        const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, float *dxe) {
+                                        const int64_t *offsets, int64_t E, int64_t N, int64_t Kd,
+                                        float *dxe) {
   if (E <= 0 || Kd <= 0) return MF_OK;
   if (N <= 0) {
     for (int64_t r = offsets[0] * Kd; r < offsets[E] * Kd; r++) dxe[r] = 0.0f;
@@ -386,7 +440,7 @@ mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, co
 }
 
 /* dW[e] blocks of WGT_NB x WGT_KB, over all the expert's rows in row chunks of
- * BWD_DC (so the xe block stays in cache); cb enumerates (n block, k block). */
+ * WGT_DC; cb enumerates (n block, k block). */
 static void bwd_weight_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64_t cb) {
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
@@ -394,10 +448,17 @@ static void bwd_weight_task(const void *vargs, int64_t e, int64_t r0, int64_t r1
   const int64_t n0 = (cb / nkb) * WGT_NB, k0 = (cb % nkb) * WGT_KB;
   const int64_t nn = N - n0 < WGT_NB ? N - n0 : WGT_NB, kk = Kd - k0 < WGT_KB ? Kd - k0 : WGT_KB;
   float *dW = a->dW[e];
-  for (int64_t rc = r0; rc < r1; rc += BWD_DC) {
-    const int64_t depth = r1 - rc < BWD_DC ? r1 - rc : BWD_DC;
+  /* Both operands are packed: their rows are N and Kd floats apart (often a
+   * multiple of 4 KiB, which would make every row hit the same L1 set). */
+  float ap[WGT_DC * WGT_NB], bp[WGT_DC * WGT_KB];
+  for (int64_t rc = r0; rc < r1; rc += WGT_DC) {
+    const int64_t depth = r1 - rc < WGT_DC ? r1 - rc : WGT_DC;
+    for (int64_t d = 0; d < depth; d++) {
+      memcpy(ap + d * WGT_NB, a->x + (rc + d) * N + n0, (size_t)nn * sizeof(float));
+      memcpy(bp + d * WGT_KB, a->y + (rc + d) * Kd + k0, (size_t)kk * sizeof(float));
+    }
     /* A(i, d) = dye[rc + d, n0 + i];  B(d, j) = xe[rc + d, k0 + j] */
-    tile_gemm(a->x + rc * N + n0, 1, N, a->y + rc * Kd + k0, Kd, depth, dW + n0 * Kd + k0, Kd, nn, kk, 1, 0);
+    tile_gemm(ap, 1, WGT_NB, bp, WGT_KB, depth, dW + n0 * Kd + k0, Kd, nn, kk, 1, 0);
   }
 }
 

@@ -75,15 +75,16 @@ static void router_fwd_task(void *vctx, int i, int n) {
   size_t b, e;
   mf_partition((size_t)a->T, 1, i, n, &b, &e);
   for (size_t t = b; t < e; t++) {
-    router_fwd_row(a->logits + t * a->E, a->E, a->K, a->norm_topk, a->probs + t * a->E, a->topk_idx + t * a->K,
-                   a->topk_w + t * a->K);
+    router_fwd_row(a->logits + t * a->E, a->E, a->K, a->norm_topk, a->probs + t * a->E,
+                   a->topk_idx + t * a->K, a->topk_w + t * a->K);
   }
 }
 
 mf_status mf_cpu_router_fwd(const mf_kctx *ctx, const float *logits, int64_t T, int64_t E, int64_t K,
                             int norm_topk, float *probs, int32_t *topk_idx, float *topk_w) {
   if (T <= 0) return MF_OK;
-  if (E <= 0 || K <= 0 || K > E) return MF_ERR(MF_ERR_INVALID_ARG, "router: K=%lld experts of E=%lld", (long long)K, (long long)E);
+  if (E <= 0 || K <= 0 || K > E)
+    return MF_ERR(MF_ERR_INVALID_ARG, "router: K=%lld experts of E=%lld", (long long)K, (long long)E);
   router_fwd_args a = {logits, T, E, K, norm_topk, probs, topk_idx, topk_w};
   mf_threadpool_run(ctx ? ctx->pool : NULL, router_fwd_task, &a);
   return MF_OK;
@@ -137,7 +138,8 @@ mf_status mf_cpu_router_bwd(const mf_kctx *ctx, const float *probs, const int32_
                             const float *topk_w, const float *dtopk_w, const float *dprobs_extra, int64_t T,
                             int64_t E, int64_t K, int norm_topk, float *dlogits) {
   if (T <= 0) return MF_OK;
-  if (E <= 0 || K <= 0 || K > E) return MF_ERR(MF_ERR_INVALID_ARG, "router: K=%lld experts of E=%lld", (long long)K, (long long)E);
+  if (E <= 0 || K <= 0 || K > E)
+    return MF_ERR(MF_ERR_INVALID_ARG, "router: K=%lld experts of E=%lld", (long long)K, (long long)E);
   router_bwd_args a = {probs, topk_idx, topk_w, dtopk_w, dprobs_extra, T, E, K, norm_topk, dlogits};
   mf_threadpool_run(ctx ? ctx->pool : NULL, router_bwd_task, &a);
   return MF_OK;

@@ -168,8 +168,10 @@ static mf_status mkdir_p(const char *dir) {
 }
 
 /* AdamW over every parameter that got a gradient. A routed expert that saw no
- * token in the step has none: like PyTorch (grad None), it is not updated and
- * its step count does not advance. Weight decay applies to matrices only. */
+ * token in the step has none in Mixtral and Qwen (PyTorch leaves .grad None): it
+ * is not updated and its step count does not advance. OLMoE's experts always get
+ * a (zero) gradient, so they are updated, as transformers does. Weight decay
+ * applies to matrices only. */
 static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_tokens, const mf_config_train *tc,
                                 double lr, float *w, float *g, float *m, float *v, int64_t *steps,
                                 mf_threadpool *pool) {
@@ -178,7 +180,9 @@ static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_t
   h_nodecay.weight_decay = 0;
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
-    if (p->expert >= 0 && expert_tokens[p->layer * t->spec.experts + p->expert] == 0) continue;
+    if (p->expert >= 0 && expert_tokens[p->layer * t->spec.experts + p->expert] == 0 &&
+        !mf_family_idle_expert_has_grad(t->spec.family))
+      continue;
     steps[i]++;
     MF_CHECK(mf_adamw_update(p->ndim == 2 ? &h : &h_nodecay, steps[i], w + p->offset, g + p->offset, m + p->offset,
                              v + p->offset, (size_t)p->numel, NULL, pool));
@@ -253,7 +257,8 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
                   st, done);
     for (int64_t i = 0; i < t->n; i++) {
       const mf_param *p = &t->params[i];
-      int used = p->expert < 0 || mf_exec_expert_tokens(tr.exec)[p->layer * t->spec.experts + p->expert] > 0;
+      int used = p->expert < 0 || mf_family_idle_expert_has_grad(t->spec.family) ||
+                 mf_exec_expert_tokens(tr.exec)[p->layer * t->spec.experts + p->expert] > 0;
       bufs[i] = (mf_optim_buf){used ? g + p->offset : NULL, used ? (size_t)p->numel : 0};
     }
     double norm = 0, coef = 1;

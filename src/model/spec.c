@@ -25,6 +25,8 @@ const char *mf_family_model_type(mf_family f) {
   return (f > 0 && f < MF_FAMILY_COUNT_) ? k_families[f].model_type : "";
 }
 
+int mf_family_idle_expert_has_grad(mf_family f) { return f == MF_FAMILY_OLMOE; }
+
 mf_family mf_family_from_name(const char *name) {
   if (!name) return MF_FAMILY_INVALID;
   for (int f = 1; f < MF_FAMILY_COUNT_; f++)

@@ -67,6 +67,12 @@ mf_family mf_family_from_architecture(const char *arch);  /* "MixtralForCausalLM
 const char *mf_family_architecture(mf_family f);          /* the HF class name */
 const char *mf_family_model_type(mf_family f);            /* HF config "model_type": "mixtral" ... */
 
+/* 1 when transformers gives a routed expert that received no token an all-zero
+ * gradient (OLMoE loops over every expert), so AdamW still decays it and counts
+ * the step; 0 when the expert's .grad stays None and AdamW skips it (Mixtral,
+ * Qwen2-MoE, Qwen3-MoE loop over the experts hit). moefit follows the family. */
+int mf_family_idle_expert_has_grad(mf_family f);
+
 /* The transformers defaults of a family (the fields config.json may leave out). */
 void mf_model_spec_defaults(mf_family f, mf_model_spec *s);
 /* Checks dimensions and their relations; the message names the field (prefixed

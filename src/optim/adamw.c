@@ -16,7 +16,9 @@ typedef struct impl {
   int (*supported)(void);
 } impl;
 
-static int always(void) { return 1; }
+static int always(void) {
+  return 1;
+}
 #if defined(__x86_64__)
 static int have_fma(void) {
   __builtin_cpu_init();
@@ -52,7 +54,9 @@ static const impl *current(void) {
   return __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
 }
 
-const char *mf_adamw_impl_name(void) { return current()->name; }
+const char *mf_adamw_impl_name(void) {
+  return current()->name;
+}
 
 mf_status mf_adamw_select_impl(const char *name) {
   if (!name) return MF_ERR(MF_ERR_INVALID_ARG, "adamw: no body name given");
@@ -82,12 +86,14 @@ static mf_status check_hparams(const mf_adamw_hparams *h, int64_t step) {
   if (!h) return MF_ERR(MF_ERR_INVALID_ARG, "adamw: no hyper-parameters given");
   if (step < 1) return MF_ERR(MF_ERR_INVALID_ARG, "adamw: step %lld: steps count from 1", (long long)step);
   /* the negated comparisons also reject NaN */
-  if (!(h->lr >= 0) || !isfinite(h->lr)) return MF_ERR(MF_ERR_INVALID_ARG, "adamw: lr %g: must be >= 0", h->lr);
+  if (!(h->lr >= 0) || !isfinite(h->lr))
+    return MF_ERR(MF_ERR_INVALID_ARG, "adamw: lr %g: must be >= 0", h->lr);
   if (!(h->beta1 >= 0 && h->beta1 < 1))
     return MF_ERR(MF_ERR_INVALID_ARG, "adamw: beta1 %g: must be in [0, 1)", h->beta1);
   if (!(h->beta2 >= 0 && h->beta2 < 1))
     return MF_ERR(MF_ERR_INVALID_ARG, "adamw: beta2 %g: must be in [0, 1)", h->beta2);
-  if (!(h->eps >= 0) || !isfinite(h->eps)) return MF_ERR(MF_ERR_INVALID_ARG, "adamw: eps %g: must be >= 0", h->eps);
+  if (!(h->eps >= 0) || !isfinite(h->eps))
+    return MF_ERR(MF_ERR_INVALID_ARG, "adamw: eps %g: must be >= 0", h->eps);
   if (!(h->weight_decay >= 0) || !isfinite(h->weight_decay))
     return MF_ERR(MF_ERR_INVALID_ARG, "adamw: weight_decay %g: must be >= 0", h->weight_decay);
   return MF_OK;

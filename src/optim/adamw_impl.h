@@ -27,8 +27,8 @@ typedef struct mf_adamw_coefs {
 typedef void (*mf_adamw_tile_fn)(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
                                  uint16_t *bf16, size_t n);
 
-void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
-                          size_t n);
+void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+                          uint16_t *bf16, size_t n);
 #if defined(__x86_64__)
 void mf_adamw_tile_fma(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
                        size_t n);

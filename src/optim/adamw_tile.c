@@ -1,21 +1,27 @@
 /* The AdamW loop bodies. One body, written once as always-inline functions,
  * compiled twice: portable (fmaf is libm's, exact on any CPU) and for x86
- * AVX2+FMA (fmaf is one instruction, and the fixed-length inner loop lets the
- * compiler vectorize; vsqrtps, vdivps and vfmadd round exactly as their scalar
- * forms, so the bits do not change). The loop-invariant choices (lerp branch,
- * bf16 copy or not) are made outside the loop. -ffp-contract=off (BUILD) keeps
- * the compiler from fusing anything the body does not fuse itself. */
+ * AVX2+FMA (fmaf is one instruction and the compiler vectorizes the loop;
+ * vsqrtps, vdivps and vfmadd round exactly as their scalar forms, so the bits
+ * do not change). Hand-written AVX-512 / AVX2 bodies (issue #5) go beside
+ * these. The loop-invariant choices (lerp branch, bf16 copy or not) are made
+ * outside the loop. -ffp-contract=off (BUILD) keeps the compiler from fusing
+ * anything the body does not fuse itself. */
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC's -O2 cost model ("very-cheap") vectorizes no loop of unknown length;
+ * clang's -O2 does without being asked. */
+#pragma GCC optimize("vect-cost-model=dynamic")
+#endif
+
 #include <math.h>
 
 #include "src/core/core.h"
 #include "src/optim/adamw_impl.h"
 
-#define BLOCK 16 /* elements per inner loop: two AVX-512 or four AVX2 vectors */
-
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE void adamw_elem(const mf_adamw_coefs c, const int small, float *restrict p, const float *restrict g,
-                              float *restrict m, float *restrict v, uint16_t *restrict bf16, size_t i) {
+ALWAYS_INLINE void adamw_elem(const mf_adamw_coefs c, const int small, float *restrict p,
+                              const float *restrict g, float *restrict m, float *restrict v,
+                              uint16_t *restrict bf16, size_t i) {
   const float gi = g[i];
   const float pi = p[i] * c.decay;
   const float d = gi - m[i];
@@ -31,13 +37,11 @@ ALWAYS_INLINE void adamw_elem(const mf_adamw_coefs c, const int small, float *re
   if (bf16) bf16[i] = mf_fp32_to_bf16(pn);
 }
 
-ALWAYS_INLINE void adamw_loop(const mf_adamw_coefs *c, const int small, float *restrict p, const float *restrict g,
-                              float *restrict m, float *restrict v, uint16_t *restrict bf16, size_t n) {
+ALWAYS_INLINE void adamw_loop(const mf_adamw_coefs *c, const int small, float *restrict p,
+                              const float *restrict g, float *restrict m, float *restrict v,
+                              uint16_t *restrict bf16, size_t n) {
   const mf_adamw_coefs cc = *c; /* by value: the stores below cannot alias it */
-  size_t i = 0;
-  for (; i + BLOCK <= n; i += BLOCK)
-    for (size_t k = 0; k < BLOCK; k++) adamw_elem(cc, small, p, g, m, v, bf16, i + k);
-  for (; i < n; i++) adamw_elem(cc, small, p, g, m, v, bf16, i);
+  for (size_t i = 0; i < n; i++) adamw_elem(cc, small, p, g, m, v, bf16, i);
 }
 
 ALWAYS_INLINE void adamw_body(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
@@ -55,8 +59,8 @@ ALWAYS_INLINE void adamw_body(const mf_adamw_coefs *c, float *p, const float *g,
   }
 }
 
-void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
-                          size_t n) {
+void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+                          uint16_t *bf16, size_t n) {
   adamw_body(c, p, g, m, v, bf16, n);
 }
 

@@ -57,9 +57,15 @@ static void round_task(void *ctx, int i, int n_threads) {
   mf_partition(j->count, 1, i, n_threads, &b, &e);
   for (size_t k = b; k < e; k++) {
     switch (j->op) {
-      case OP_CHECK: j->bad[k] = chunk_has_nonfinite(j->data[k], j->len[k]); break;
-      case OP_SUMSQ: j->sum[k] = chunk_sumsq(j->data[k], j->len[k]); break;
-      case OP_SCALE: chunk_scale(j->data[k], j->len[k], j->scale); break;
+      case OP_CHECK:
+        j->bad[k] = chunk_has_nonfinite(j->data[k], j->len[k]);
+        break;
+      case OP_SUMSQ:
+        j->sum[k] = chunk_sumsq(j->data[k], j->len[k]);
+        break;
+      case OP_SCALE:
+        chunk_scale(j->data[k], j->len[k], j->scale);
+        break;
     }
   }
 }
@@ -80,9 +86,10 @@ static void run_round(round_job *j, mf_threadpool *pool, double *sum, int *bad) 
   j->count = 0;
 }
 
-static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, chunk_op op, float scale,
-                            double *sum, int *bad) {
-  if (n_bufs > 0 && !bufs) return MF_ERR(MF_ERR_INVALID_ARG, "gradients: %zu buffers but a NULL list", n_bufs);
+static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, chunk_op op,
+                            float scale, double *sum, int *bad) {
+  if (n_bufs > 0 && !bufs)
+    return MF_ERR(MF_ERR_INVALID_ARG, "gradients: %zu buffers but a NULL list", n_bufs);
   round_job j;
   j.op = op;
   j.scale = scale;
@@ -132,8 +139,8 @@ mf_status mf_optim_grad_scale(const mf_optim_buf *bufs, size_t n_bufs, double co
   return for_chunks(bufs, n_bufs, pool, OP_SCALE, (float)coef, &unused_sum, &unused_bad);
 }
 
-mf_status mf_optim_clip_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, double max_norm, mf_threadpool *pool,
-                                  double *norm, double *coef) {
+mf_status mf_optim_clip_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, double max_norm,
+                                  mf_threadpool *pool, double *norm, double *coef) {
   double total;
   MF_CHECK(mf_optim_grad_norm(bufs, n_bufs, pool, &total));
   double c = mf_optim_clip_coef(total, max_norm);

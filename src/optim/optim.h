@@ -18,17 +18,20 @@
  * torch's two-sided form: w = (float)(1 - beta1); |w| < 0.5: m = fma(w, g - m, m),
  * else m = fma(w - 1, g - m, g). Torch's AVX2/AVX-512 CPU kernels (what a pip
  * build runs on any current x86) fuse lerp and addcmul into one rounding (fma);
- * moefit does the same on every CPU. Measured against torch 2.15 on x86: p*decay,
- * lerp, mul+addcmul and addcdiv are bit-identical; Tensor.sqrt is not: torch
- * calls MKL VML (high-accuracy mode, within 1 ulp, wrong in about 1 of 5 cases),
- * moefit takes the correctly rounded sqrtf. So after k steps p differs from
- * torch's by a few ulp at most, and only where such a sqrt differed.
+ * moefit does the same on every CPU. Checked against torch 2.15 on x86
+ * (tests/optim/adamw_torch.bin): m and v are bit-identical; p is bit-identical
+ * once torch's Tensor.sqrt is swapped for a correctly rounded one. Stock torch
+ * computes that sqrt with MKL VML (high-accuracy mode: within 1 ulp, off in
+ * about 1 case of 5), so against it p differs in ~0.15% of elements per step,
+ * by at most an ulp of the update.
  *
  * Parallel updates split [0, n) into fixed tiles (mf_partition with a
  * cache-sized grain); every element's arithmetic is independent of the split,
  * so results are bit-identical for any thread count. The loop body exists in
- * variants (portable scalar; scalar with hardware FMA; AVX-512 / AVX2 later),
- * all bit-identical to each other, one chosen once from the CPU's flags.
+ * variants (portable scalar; the same body built for AVX2+FMA and vectorized by
+ * the compiler; hand-written AVX-512 / AVX2 later), all bit-identical to each
+ * other, one chosen once from the CPU's flags. `pool` must not be the pool
+ * whose worker is calling (its run does not nest).
  *
  * Gradient norms are sums of squares in double, per fixed chunk of
  * MF_OPTIM_NORM_CHUNK elements of each buffer (8 interleaved lanes, combined in
@@ -77,7 +80,7 @@ mf_status mf_adamw_update(const mf_adamw_hparams *h, int64_t step, float *param,
 #define MF_ADAMW_GRAIN ((size_t)16384)
 
 /* The loop body in use: "scalar" (portable, fmaf from libm) or "fma" (the same
- * body compiled for x86 FMA/AVX2). Chosen at the first update from the CPU. */
+ * body compiled for x86 AVX2+FMA). Chosen at the first update from the CPU. */
 const char *mf_adamw_impl_name(void);
 /* Forces a body ("auto", "scalar", "fma"): for tests and benchmarks; not to be
  * called while updates run. MF_ERR_UNSUPPORTED when this CPU lacks it,
@@ -114,8 +117,8 @@ mf_status mf_optim_grad_scale(const mf_optim_buf *bufs, size_t n_bufs, double co
  * *norm (not finite: the caller skips the step; nothing was changed) and *coef
  * (the factor applied; 1 when none) come back; either pointer may be NULL.
  * max_norm <= 0 computes the norm only. */
-mf_status mf_optim_clip_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, double max_norm, mf_threadpool *pool,
-                                  double *norm, double *coef);
+mf_status mf_optim_clip_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, double max_norm,
+                                  mf_threadpool *pool, double *norm, double *coef);
 
 /* ---------------------------------------------------- learning-rate schedule */
 

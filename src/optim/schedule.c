@@ -13,9 +13,12 @@ double mf_lr_at(const mf_config_train *t, int64_t step) {
   const int64_t span = steps - warmup > 1 ? steps - warmup : 1;
   const double progress = (double)(step - warmup) / (double)span;
   switch (t->schedule) {
-    case MF_CONFIG_SCHEDULE_LINEAR: return t->min_lr + (t->lr - t->min_lr) * (1.0 - progress);
-    case MF_CONFIG_SCHEDULE_COSINE: return t->min_lr + (t->lr - t->min_lr) * 0.5 * (1.0 + cos(M_PI * progress));
+    case MF_CONFIG_SCHEDULE_LINEAR:
+      return t->min_lr + (t->lr - t->min_lr) * (1.0 - progress);
+    case MF_CONFIG_SCHEDULE_COSINE:
+      return t->min_lr + (t->lr - t->min_lr) * 0.5 * (1.0 + cos(M_PI * progress));
     case MF_CONFIG_SCHEDULE_CONSTANT:
-    default: return t->lr;
+    default:
+      return t->lr;
   }
 }

@@ -3,6 +3,7 @@
 // never a signal or a sanitizer report.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -83,14 +84,14 @@ TEST(Cli, EverySubcommandHasHelp) {
 }
 
 TEST(Cli, UnbuiltSubcommandsSaySoAndFail) {
-  for (const char *c : {"plan", "eval", "init", "profile", "export", "bench"}) {
+  for (const char *c : {"plan", "profile", "export", "bench"}) {
     Result r = moefit(std::string(c) + " configs/demo.yaml");
     EXPECT_EQ(r.code, 1) << c;
     EXPECT_NE(r.out.find("not built yet"), std::string::npos) << c << ": " << r.out;
   }
 }
 
-TEST(Cli, TrainChecksItsInputsThenSaysNotBuilt) {
+TEST(Cli, TrainEvalInitAndInspect) {
   std::string dir = tmpdir();
   std::string text = dir + "/corpus.txt";
   std::string toks = dir + "/corpus.tokens";
@@ -98,15 +99,35 @@ TEST(Cli, TrainChecksItsInputsThenSaysNotBuilt) {
   for (int i = 0; i < 200; i++) corpus += "the quick brown fox jumps over the lazy dog\n";
   write_file(text, corpus);
   ASSERT_EQ(moefit("data bytes " + text + " " + toks).code, 0);
-  Result r = moefit("train configs/demo.yaml data.train=" + toks + " data.valid=null");
-  EXPECT_EQ(r.code, 1) << r.out;
+  const std::string run = dir + "/run";
+  const std::string common = " data.train=" + toks + " data.valid=null output.dir=" + run;
+  Result r = moefit("train configs/demo.yaml train.steps=3 train.warmup=1 train.log_every=1" + common);
+  EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("unigram entropy"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("not built yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step  3/3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("done: 3 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(access((run + "/metrics.jsonl").c_str(), R_OK), 0);
+  EXPECT_EQ(access((run + "/final/model.safetensors").c_str(), R_OK), 0);
+
+  Result e = moefit("eval configs/demo.yaml --tokens " + toks + common + " --dump-logits " + dir + "/logits.bin");
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("perplexity"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find(run + "/final"), std::string::npos) << "eval should use the trained weights: " << e.out;
+  std::ifstream logits(dir + "/logits.bin", std::ios::binary | std::ios::ate);
+  EXPECT_EQ((long long)logits.tellg(), 128LL * 256 * 4);  // [seq_len, vocab] float32
 
   Result missing = moefit("train configs/demo.yaml data.train=" + dir + "/nope.tokens data.valid=null");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("nope.tokens"), std::string::npos) << missing.out;
-  EXPECT_EQ(missing.out.find("not built yet"), std::string::npos) << missing.out;
+
+  Result init = moefit("init --family qwen2_moe --preset tiny --out " + dir + "/qwen --seed 3");
+  EXPECT_EQ(init.code, 0) << init.out;
+  Result ins = moefit("inspect " + dir + "/qwen");
+  EXPECT_EQ(ins.code, 0) << ins.out;
+  EXPECT_NE(ins.out.find("model.layers.1.mlp.shared_expert_gate.weight"), std::string::npos) << ins.out;
+  Result bad = moefit("init --family gpt2 --out " + dir + "/x");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("gpt2"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, ConfigErrorsNameTheKeyAndPlace) {

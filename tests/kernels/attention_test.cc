@@ -167,6 +167,24 @@ TEST(Attention, BackwardMatchesDoubleReference) {
       }
 }
 
+// Head dims that are not a multiple of the vector width, lengths that end
+// mid-tile: the kernels' tail paths.
+TEST(Attention, OddShapesMatchReference) {
+  const Shape shapes[] = {{1, 5, 2, 1, 1}, {2, 33, 4, 2, 3}, {1, 97, 3, 1, 12}, {1, 70, 2, 2, 20}, {1, 45, 2, 1, 200}};
+  uint32_t seed = 150;
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+        v = mf_fd::random_vec(sh.nkv(), seed++), dout = mf_fd::random_vec(sh.nq(), seed++);
+    Result r = run(sh, q, k, v, &dout);
+    Ref ref = reference(sh, q, k, v, &dout, sh.scale());
+    EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0) << name(sh);
+    EXPECT_LE(worst(r.lse, ref.lse, 2e-6, 1e-6), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0) << name(sh);
+  }
+}
+
 TEST(Attention, GradientsMatchFiniteDifferences) {
   const Shape shapes[] = {{1, 7, 4, 2, 8}, {2, 5, 8, 1, 16}, {1, 70, 4, 4, 8}, {3, 2, 4, 2, 16}, {1, 1, 4, 1, 8}};
   uint32_t seed = 200;
@@ -232,6 +250,25 @@ TEST(Attention, BitIdenticalForAnyThreadCount) {
         EXPECT_TRUE(same_bits(r.dv, ref.dv)) << name(sh) << " threads " << n;
       }
     }
+  }
+}
+
+// attention.c is compiled for the baseline ISA and for AVX2 (chosen at run
+// time; MF_CPU_SIMD=base forces the baseline): the two must agree bit for bit.
+TEST(Attention, SimdVariantsGiveSameBits) {
+  const Shape shapes[] = {{2, 130, 4, 2, 16}, {1, 75, 8, 1, 64}, {1, 33, 4, 2, 8}, {1, 20, 2, 1, 200}};
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), 51), k = mf_fd::random_vec(sh.nkv(), 52),
+        v = mf_fd::random_vec(sh.nkv(), 53), dout = mf_fd::random_vec(sh.nq(), 54);
+    Result best = run(sh, q, k, v, &dout);
+    ASSERT_EQ(setenv("MF_CPU_SIMD", "base", 1), 0);
+    Result base = run(sh, q, k, v, &dout);
+    unsetenv("MF_CPU_SIMD");
+    EXPECT_TRUE(same_bits(best.o, base.o)) << name(sh);
+    EXPECT_TRUE(same_bits(best.lse, base.lse)) << name(sh);
+    EXPECT_TRUE(same_bits(best.dq, base.dq)) << name(sh);
+    EXPECT_TRUE(same_bits(best.dk, base.dk)) << name(sh);
+    EXPECT_TRUE(same_bits(best.dv, base.dv)) << name(sh);
   }
 }
 

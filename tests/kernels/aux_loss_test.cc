@@ -15,14 +15,16 @@
 namespace {
 
 // The §11 formula as transformers writes it, on the concatenated rows of all layers.
-double direct_aux(const std::vector<float> &probs, const std::vector<int32_t> &sel, int64_t N, int64_t E, int64_t K) {
+double direct_aux(const std::vector<float> &probs, const std::vector<int32_t> &sel, int64_t N, int64_t E,
+                  int64_t K) {
   std::vector<double> mask((size_t)(N * K * E), 0.0);  // one_hot(sel): [N, k, E]
   for (int64_t n = 0; n < N; n++)
     for (int64_t j = 0; j < K; j++) mask[(size_t)((n * K + j) * E + sel[(size_t)(n * K + j)])] = 1.0;
   std::vector<double> f((size_t)(K * E), 0.0), P((size_t)E, 0.0);
   for (int64_t n = 0; n < N; n++) {
     for (int64_t j = 0; j < K; j++)
-      for (int64_t e = 0; e < E; e++) f[(size_t)(j * E + e)] += mask[(size_t)((n * K + j) * E + e)] / (double)N;
+      for (int64_t e = 0; e < E; e++)
+        f[(size_t)(j * E + e)] += mask[(size_t)((n * K + j) * E + e)] / (double)N;
     for (int64_t e = 0; e < E; e++) P[(size_t)e] += probs[(size_t)(n * E + e)] / (double)N;
   }
   double s = 0;
@@ -101,7 +103,8 @@ TEST(AuxLoss, NoRowsIsZero) {
   EXPECT_EQ(mf_cpu_aux_accumulate(nullptr, nullptr, 0, 4, 2, counts.data(), psum.data()), MF_OK);
   std::vector<int32_t> bad = {0, 4};
   std::vector<float> p(4, 0.25f);
-  EXPECT_EQ(mf_cpu_aux_accumulate(p.data(), bad.data(), 1, 4, 2, counts.data(), psum.data()), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_cpu_aux_accumulate(p.data(), bad.data(), 1, 4, 2, counts.data(), psum.data()),
+            MF_ERR_INVALID_ARG);
 }
 
 TEST(AuxLoss, GradientWrtProbsMatchesFiniteDifferences) {
@@ -118,8 +121,8 @@ TEST(AuxLoss, GradientWrtProbsMatchesFiniteDifferences) {
                         (float)(coef * ls.E * counts[(size_t)e] / ((double)ls.L * ls.T * ls.L * ls.T)));
     // Selection held fixed: aux is linear in probs.
     auto loss = [&]() { return coef * pooled_aux(ls); };
-    mf_fd::check_grad("d aux / d probs, layer " + std::to_string(l), ls.probs[(size_t)l], dp, loss, 1e-2, 66, 1e-4,
-                      1e-7);
+    mf_fd::check_grad("d aux / d probs, layer " + std::to_string(l), ls.probs[(size_t)l], dp, loss, 1e-2, 66,
+                      1e-4, 1e-7);
   }
 }
 
@@ -135,7 +138,8 @@ TEST(AuxLoss, GradientThroughTheRouterMatchesFiniteDifferences) {
       std::vector<int> perm((size_t)E);
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(), rng);
-      for (int64_t e = 0; e < E; e++) ls.logits[(size_t)l][(size_t)(t * E + e)] = 0.4f * (float)perm[(size_t)e] - 1.2f;
+      for (int64_t e = 0; e < E; e++)
+        ls.logits[(size_t)l][(size_t)(t * E + e)] = 0.4f * (float)perm[(size_t)e] - 1.2f;
     }
   }
   mf_kctx ctx = {nullptr, 0};
@@ -152,16 +156,16 @@ TEST(AuxLoss, GradientThroughTheRouterMatchesFiniteDifferences) {
   ASSERT_EQ(mf_cpu_aux_grad(counts.data(), E, L * T, coef, T, dp.data()), MF_OK);
   for (int64_t l = 0; l < L; l++) {
     std::vector<float> dl((size_t)(T * E));
-    ASSERT_EQ(mf_cpu_router_bwd(&ctx, ls.probs[(size_t)l].data(), ls.idx[(size_t)l].data(), ls.w[(size_t)l].data(),
-                                zeros.data(), dp.data(), T, E, K, 1, dl.data()),
+    ASSERT_EQ(mf_cpu_router_bwd(&ctx, ls.probs[(size_t)l].data(), ls.idx[(size_t)l].data(),
+                                ls.w[(size_t)l].data(), zeros.data(), dp.data(), T, E, K, 1, dl.data()),
               MF_OK);
     auto loss = [&]() {
       forward();
       EXPECT_EQ(ls.idx, idx0) << "a finite-difference step changed the selection";
       return coef * pooled_aux(ls);
     };
-    mf_fd::check_grad("d aux / d logits, layer " + std::to_string(l), ls.logits[(size_t)l], dl, loss, 1e-2, 63,
-                      2e-2, 1e-6);
+    mf_fd::check_grad("d aux / d logits, layer " + std::to_string(l), ls.logits[(size_t)l], dl, loss, 1e-2,
+                      63, 2e-2, 1e-6);
     forward();
   }
 }

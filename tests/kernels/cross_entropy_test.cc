@@ -20,8 +20,12 @@ struct Problem {
 };
 
 Problem make_problem(int64_t T, int64_t V, int64_t H, uint32_t seed) {
-  Problem p{T, V, H, mf_fd::random_vec((size_t)(T * H), seed, 1.0f),
-            mf_fd::random_vec((size_t)(V * H), seed + 1, 1.0f / std::sqrt((float)H) * 2.0f), {}};
+  Problem p{T,
+            V,
+            H,
+            mf_fd::random_vec((size_t)(T * H), seed, 1.0f),
+            mf_fd::random_vec((size_t)(V * H), seed + 1, 1.0f / std::sqrt((float)H) * 2.0f),
+            {}};
   std::mt19937 rng(seed + 2);
   for (int64_t t = 0; t < T; t++) {
     int32_t v = (int32_t)(rng() % (uint32_t)V);
@@ -46,8 +50,8 @@ Result run(const mf_kctx &ctx, const Problem &p, int64_t chunk, float scale, boo
     r.dW = dW0 ? *dW0 : std::vector<float>((size_t)(p.V * p.H), 0.0f);
   }
   EXPECT_EQ(mf_cpu_cross_entropy(&ctx, p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, chunk, scale,
-                                 ws.data(), r.lse.data(), &r.loss, &r.n_valid, backward ? r.dh.data() : nullptr,
-                                 backward ? r.dW.data() : nullptr),
+                                 ws.data(), r.lse.data(), &r.loss, &r.n_valid,
+                                 backward ? r.dh.data() : nullptr, backward ? r.dW.data() : nullptr),
             MF_OK);
   return r;
 }
@@ -91,7 +95,8 @@ Reference reference(const Problem &p, double scale) {
   return r;
 }
 
-void expect_close(const std::vector<float> &got, const std::vector<double> &want, double tol, const char *what) {
+void expect_close(const std::vector<float> &got, const std::vector<double> &want, double tol,
+                  const char *what) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); i++)
     ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << what << "[" << i << "]";
@@ -209,8 +214,8 @@ TEST(CrossEntropy, AllIgnoredAndBadTargets) {
   std::vector<float> ws((size_t)(p.T * 4)), lse((size_t)p.T);
   double loss = 0;
   int64_t nv = 0;
-  EXPECT_EQ(mf_cpu_cross_entropy(&ctx, p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, 4, 1.0f, ws.data(),
-                                 lse.data(), &loss, &nv, nullptr, nullptr),
+  EXPECT_EQ(mf_cpu_cross_entropy(&ctx, p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, 4, 1.0f,
+                                 ws.data(), lse.data(), &loss, &nv, nullptr, nullptr),
             MF_ERR_INVALID_ARG);
 }
 

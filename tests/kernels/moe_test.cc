@@ -47,7 +47,8 @@ Dispatch dispatch(const std::vector<int32_t> &idx, int64_t T, int64_t K, int64_t
   return d;
 }
 
-void check_dispatch_invariants(const std::vector<int32_t> &idx, int64_t T, int64_t K, int64_t E, const Dispatch &d) {
+void check_dispatch_invariants(const std::vector<int32_t> &idx, int64_t T, int64_t K, int64_t E,
+                               const Dispatch &d) {
   const int64_t R = T * K;
   int64_t sum = 0;
   ASSERT_EQ(d.offsets[0], 0);
@@ -110,7 +111,8 @@ TEST(MoeDispatch, NoTokensAndBadIndices) {
   Dispatch d;
   d.counts.assign(4, 9);
   d.offsets.assign(5, 9);
-  ASSERT_EQ(mf_cpu_moe_dispatch(nullptr, 0, 2, 4, d.counts.data(), d.offsets.data(), nullptr, nullptr), MF_OK);
+  ASSERT_EQ(mf_cpu_moe_dispatch(nullptr, 0, 2, 4, d.counts.data(), d.offsets.data(), nullptr, nullptr),
+            MF_OK);
   for (int e = 0; e < 4; e++) EXPECT_EQ(d.counts[(size_t)e], 0);
   for (int e = 0; e <= 4; e++) EXPECT_EQ(d.offsets[(size_t)e], 0);
   std::vector<int32_t> bad = {0, 4};
@@ -180,8 +182,8 @@ TEST(MoeCombine, ForwardMatchesReferenceAndBackwardMatchesFiniteDifferences) {
 
   auto c = mf_fd::random_vec((size_t)(T * H), 11);
   std::vector<float> dye((size_t)(R * H), 77.0f), dw((size_t)(T * K), 77.0f);
-  ASSERT_EQ(mf_cpu_moe_combine_bwd(&ctx, c.data(), ye.data(), w.data(), rt.d.row_of.data(), T, K, H, dye.data(),
-                                   dw.data()),
+  ASSERT_EQ(mf_cpu_moe_combine_bwd(&ctx, c.data(), ye.data(), w.data(), rt.d.row_of.data(), T, K, H,
+                                   dye.data(), dw.data()),
             MF_OK);
   auto loss = [&]() {
     std::vector<float> out((size_t)(T * H), 0.0f);
@@ -207,7 +209,8 @@ Experts make_experts(const std::vector<int64_t> &counts, int64_t N, int64_t Kd, 
   Experts x{(int64_t)counts.size(), N, Kd, {0}, {}, {}};
   for (size_t e = 0; e < counts.size(); e++) {
     x.offsets.push_back(x.offsets.back() + counts[e]);
-    x.W.push_back(counts[e] ? mf_fd::random_vec((size_t)(N * Kd), seed + (uint32_t)e, 0.2f) : std::vector<float>());
+    x.W.push_back(counts[e] ? mf_fd::random_vec((size_t)(N * Kd), seed + (uint32_t)e, 0.2f)
+                            : std::vector<float>());
   }
   for (auto &w : x.W) x.Wp.push_back(w.empty() ? nullptr : w.data());
   return x;
@@ -227,11 +230,13 @@ TEST(ExpertLinear, ForwardAndBackwardMatchDoubleReferences) {
   mf_kctx ctx = {nullptr, 0};
   auto xe = mf_fd::random_vec((size_t)(R * Kd), 12);
   std::vector<float> ye((size_t)(R * N), 55.0f);
-  ASSERT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()),
+            MF_OK);
   auto dye = mf_fd::random_vec((size_t)(R * N), 13);
   std::vector<float> dxe((size_t)(R * Kd), 55.0f);
-  ASSERT_EQ(mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
-            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
+      MF_OK);
   std::vector<std::vector<float>> dW(x.W.size());
   std::vector<float *> dWp;
   for (size_t e = 0; e < x.W.size(); e++) {
@@ -239,8 +244,9 @@ TEST(ExpertLinear, ForwardAndBackwardMatchDoubleReferences) {
     dWp.push_back(dW[e].empty() ? nullptr : dW[e].data());
   }
   auto dW0 = dW;
-  ASSERT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
-            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
+      MF_OK);
 
   for (int64_t r = 0; r < R; r++) {
     const float *W = x.Wp[(size_t)expert_of_row(x, r)];
@@ -262,7 +268,8 @@ TEST(ExpertLinear, ForwardAndBackwardMatchDoubleReferences) {
         double s = dW0[(size_t)e][(size_t)(n * Kd + k)];
         for (int64_t r = x.offsets[(size_t)e]; r < x.offsets[(size_t)e + 1]; r++)
           s += (double)dye[(size_t)(r * N + n)] * xe[(size_t)(r * Kd + k)];
-        ASSERT_NEAR(dW[(size_t)e][(size_t)(n * Kd + k)], s, 1e-5 * (1 + std::fabs(s))) << e << "," << n << "," << k;
+        ASSERT_NEAR(dW[(size_t)e][(size_t)(n * Kd + k)], s, 1e-5 * (1 + std::fabs(s)))
+            << e << "," << n << "," << k;
       }
   }
 }
@@ -279,8 +286,9 @@ TEST(ExpertLinear, BackwardMatchesFiniteDifferences) {
     return mf_fd::dot(c, ye.data());
   };
   std::vector<float> dxe((size_t)(R * Kd));
-  ASSERT_EQ(mf_cpu_expert_linear_bwd_data(&ctx, c.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
-            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_linear_bwd_data(&ctx, c.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
+      MF_OK);
   mf_fd::check_grad("expert dxe", xe, dxe, loss, 1e-2, 128, 1e-3, 1e-4);
 
   std::vector<std::vector<float>> dW(x.W.size());
@@ -289,8 +297,9 @@ TEST(ExpertLinear, BackwardMatchesFiniteDifferences) {
     if (!x.W[e].empty()) dW[e].assign((size_t)(N * Kd), 0.0f);
     dWp.push_back(dW[e].empty() ? nullptr : dW[e].data());
   }
-  ASSERT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, c.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
-            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_linear_bwd_weight(&ctx, c.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
+      MF_OK);
   for (size_t e = 0; e < x.W.size(); e++) {
     if (x.W[e].empty()) continue;
     mf_fd::check_grad("expert dW[" + std::to_string(e) + "]", x.W[e], dW[e], loss, 1e-2, 64, 1e-3, 1e-4);
@@ -313,16 +322,20 @@ TEST(ExpertLinear, ExpertWithNoRowsKeepsItsGradientBitForBit) {
   }
   std::vector<float> g1_before = g1;
   std::vector<float *> dWp = {g0.data(), g1.data(), g2.data(), nullptr};
-  ASSERT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
-            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
+      MF_OK);
   EXPECT_EQ(0, std::memcmp(g1.data(), g1_before.data(), g1.size() * sizeof(float)));
   std::vector<float> ye((size_t)(R * N)), dxe((size_t)(R * Kd));
-  EXPECT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
+  EXPECT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()),
             MF_OK);
+  EXPECT_EQ(
+      mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
+      MF_OK);
   // No rows at all: nothing is touched.
   std::vector<int64_t> none = {0, 0, 0, 0, 0};
-  EXPECT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), none.data(), 4, N, Kd, dWp.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), none.data(), 4, N, Kd, dWp.data()),
+            MF_OK);
   EXPECT_EQ(0, std::memcmp(g1.data(), g1_before.data(), g1.size() * sizeof(float)));
 }
 
@@ -343,19 +356,23 @@ AllOutputs run_all(const mf_kctx &ctx, uint32_t seed) {
   o.xe.assign((size_t)(R * H), 0.0f);
   EXPECT_EQ(mf_cpu_moe_gather(&ctx, x.data(), rt.d.token_of_row.data(), R, H, o.xe.data()), MF_OK);
   o.ye.assign((size_t)(R * I), 0.0f);
-  EXPECT_EQ(mf_cpu_expert_linear_fwd(&ctx, o.xe.data(), up.Wp.data(), up.offsets.data(), E, I, H, o.ye.data()), MF_OK);
+  EXPECT_EQ(
+      mf_cpu_expert_linear_fwd(&ctx, o.xe.data(), up.Wp.data(), up.offsets.data(), E, I, H, o.ye.data()),
+      MF_OK);
   auto dye = mf_fd::random_vec((size_t)(R * I), seed + 2);
   o.dxe.assign((size_t)(R * H), 0.0f);
-  EXPECT_EQ(mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), up.Wp.data(), up.offsets.data(), E, I, H, o.dxe.data()),
-            MF_OK);
+  EXPECT_EQ(
+      mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), up.Wp.data(), up.offsets.data(), E, I, H, o.dxe.data()),
+      MF_OK);
   o.dW.resize((size_t)E);
   std::vector<float *> dWp;
   for (int64_t e = 0; e < E; e++) {
     if (!up.W[(size_t)e].empty()) o.dW[(size_t)e] = mf_fd::random_vec((size_t)(I * H), seed + 3);
     dWp.push_back(o.dW[(size_t)e].empty() ? nullptr : o.dW[(size_t)e].data());
   }
-  EXPECT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), o.xe.data(), up.offsets.data(), E, I, H, dWp.data()),
-            MF_OK);
+  EXPECT_EQ(
+      mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), o.xe.data(), up.offsets.data(), E, I, H, dWp.data()),
+      MF_OK);
   o.dx = mf_fd::random_vec((size_t)(T * H), seed + 4);
   EXPECT_EQ(mf_cpu_moe_gather_bwd(&ctx, o.dxe.data(), rt.d.row_of.data(), T, K, H, o.dx.data(), 1), MF_OK);
   auto ye2 = mf_fd::random_vec((size_t)(R * H), seed + 5);
@@ -372,7 +389,8 @@ AllOutputs run_all(const mf_kctx &ctx, uint32_t seed) {
 }
 
 bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 bool bf16_representable(const std::vector<float> &v) {

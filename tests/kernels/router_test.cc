@@ -26,7 +26,8 @@ std::vector<float> separated_logits(int64_t T, int64_t E, uint32_t seed) {
   for (int64_t t = 0; t < T; t++) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
-    for (int64_t e = 0; e < E; e++) l[(size_t)(t * E + e)] = 0.3f * (float)perm[(size_t)e] - 1.0f + noise(rng);
+    for (int64_t e = 0; e < E; e++)
+      l[(size_t)(t * E + e)] = 0.3f * (float)perm[(size_t)e] - 1.0f + noise(rng);
   }
   return l;
 }
@@ -41,7 +42,8 @@ Fwd run_fwd(const mf_kctx &ctx, const std::vector<float> &logits, int64_t T, int
   f.probs.assign((size_t)(T * E), 0.0f);
   f.w.assign((size_t)(T * K), 0.0f);
   f.idx.assign((size_t)(T * K), -1);
-  EXPECT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, norm, f.probs.data(), f.idx.data(), f.w.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, norm, f.probs.data(), f.idx.data(), f.w.data()),
+            MF_OK);
   return f;
 }
 
@@ -64,7 +66,8 @@ TEST_P(RouterTest, ForwardMatchesDoubleReference) {
       for (int64_t e = 0; e < s.E; e++) sum += p[(size_t)e] = std::exp((double)l[e] - m);
       for (int64_t e = 0; e < s.E; e++) {
         p[(size_t)e] /= sum;
-        EXPECT_NEAR(f.probs[(size_t)(t * s.E + e)], p[(size_t)e], 1e-6 * std::max(1.0, p[(size_t)e])) << t << "," << e;
+        EXPECT_NEAR(f.probs[(size_t)(t * s.E + e)], p[(size_t)e], 1e-6 * std::max(1.0, p[(size_t)e]))
+            << t << "," << e;
       }
       // Top-k of the kernel's fp32 probs: descending, ties to the lower index.
       std::vector<int> order((size_t)s.E);
@@ -92,8 +95,8 @@ TEST_P(RouterTest, BackwardMatchesFiniteDifferences) {
       auto logits = separated_logits(s.T, s.E, 31 + (uint32_t)(2 * norm + extra));
       Fwd f = run_fwd(ctx, logits, s.T, s.E, s.K, norm);
       std::vector<float> dl((size_t)(s.T * s.E), 123.0f);
-      ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(), extra ? cp.data() : nullptr,
-                                  s.T, s.E, s.K, norm, dl.data()),
+      ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(),
+                                  extra ? cp.data() : nullptr, s.T, s.E, s.K, norm, dl.data()),
                 MF_OK);
       auto loss = [&]() {
         Fwd g = run_fwd(ctx, logits, s.T, s.E, s.K, norm);
@@ -102,7 +105,8 @@ TEST_P(RouterTest, BackwardMatchesFiniteDifferences) {
         if (extra) L += mf_fd::dot(cp, g.probs.data());
         return L;
       };
-      std::string what = std::string("dlogits norm=") + std::to_string(norm) + " extra=" + std::to_string(extra);
+      std::string what =
+          std::string("dlogits norm=") + std::to_string(norm) + " extra=" + std::to_string(extra);
       mf_fd::check_grad(what, logits, dl, loss, 1e-2, 96, 2e-2, 1e-4);
     }
   }
@@ -121,8 +125,8 @@ TEST_P(RouterTest, BitIdenticalAcrossPoolSizes) {
     mf_kctx ctx = {pool, 0};
     Fwd f = run_fwd(ctx, logits, s.T, s.E, s.K, 1);
     std::vector<float> dl((size_t)(s.T * s.E));
-    ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(), cp.data(), s.T, s.E, s.K, 1,
-                                dl.data()),
+    ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(), cp.data(), s.T,
+                                s.E, s.K, 1, dl.data()),
               MF_OK);
     mf_threadpool_free(pool);
     if (n == 1) {
@@ -130,7 +134,8 @@ TEST_P(RouterTest, BitIdenticalAcrossPoolSizes) {
       dref = dl;
       continue;
     }
-    EXPECT_EQ(0, std::memcmp(f.probs.data(), ref.probs.data(), f.probs.size() * sizeof(float))) << n << " threads";
+    EXPECT_EQ(0, std::memcmp(f.probs.data(), ref.probs.data(), f.probs.size() * sizeof(float)))
+        << n << " threads";
     EXPECT_EQ(0, std::memcmp(f.w.data(), ref.w.data(), f.w.size() * sizeof(float))) << n << " threads";
     EXPECT_EQ(f.idx, ref.idx) << n << " threads";
     EXPECT_EQ(0, std::memcmp(dl.data(), dref.data(), dl.size() * sizeof(float))) << n << " threads";
@@ -138,8 +143,9 @@ TEST_P(RouterTest, BitIdenticalAcrossPoolSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RouterTest,
-                         ::testing::Values(RouterShape{13, 8, 2}, RouterShape{9, 6, 6}, RouterShape{17, 16, 4},
-                                           RouterShape{5, 4, 1}, RouterShape{1, 60, 4}));
+                         ::testing::Values(RouterShape{13, 8, 2}, RouterShape{9, 6, 6},
+                                           RouterShape{17, 16, 4}, RouterShape{5, 4, 1},
+                                           RouterShape{1, 60, 4}));
 
 TEST(Router, TiesGoToTheLowerIndex) {
   mf_kctx ctx = {nullptr, 0};
@@ -165,8 +171,12 @@ TEST(Router, OutputsAreFp32EvenWithRoundBf16) {
   EXPECT_EQ(0, std::memcmp(a.probs.data(), b.probs.data(), a.probs.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(a.w.data(), b.w.data(), a.w.size() * sizeof(float)));
   std::vector<float> da((size_t)(T * E)), db((size_t)(T * E));
-  ASSERT_EQ(mf_cpu_router_bwd(&plain, a.probs.data(), a.idx.data(), a.w.data(), cw.data(), nullptr, T, E, K, 1, da.data()), MF_OK);
-  ASSERT_EQ(mf_cpu_router_bwd(&rounded, b.probs.data(), b.idx.data(), b.w.data(), cw.data(), nullptr, T, E, K, 1, db.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_router_bwd(&plain, a.probs.data(), a.idx.data(), a.w.data(), cw.data(), nullptr, T, E, K,
+                              1, da.data()),
+            MF_OK);
+  ASSERT_EQ(mf_cpu_router_bwd(&rounded, b.probs.data(), b.idx.data(), b.w.data(), cw.data(), nullptr, T, E, K,
+                              1, db.data()),
+            MF_OK);
   EXPECT_EQ(0, std::memcmp(da.data(), db.data(), da.size() * sizeof(float)));
   bool any_unrepresentable = false;
   for (float v : a.probs) any_unrepresentable |= mf_round_to_bf16(v) != v;

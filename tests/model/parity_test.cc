@@ -1,0 +1,273 @@
+// Parity with transformers (MODELS.md; fixtures written by tools/make_fixtures.py
+// with PyTorch and a pinned transformers 4.57): for each tiny model, one batch
+// through the cpu backend in fp32 must give the reference logits, loss and aux
+// loss (1e-5 relative), every parameter's gradient (1e-4 relative in norm) and
+// the parameters after one AdamW step (1e-6).
+#include <dirent.h>
+#include <unistd.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "src/core/core.h"
+#include "src/exec/exec.h"
+#include "src/io/hf_config.h"
+#include "src/io/safetensors.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+#include "src/optim/optim.h"
+
+namespace {
+
+const char kFixtures[] = "tests/fixtures";
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> out;
+  DIR *d = opendir(kFixtures);
+  if (!d) return out;
+  while (dirent *e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n[0] == '.') continue;
+    std::string f = std::string(kFixtures) + "/" + n + "/fixture.safetensors";
+    if (access(f.c_str(), R_OK) == 0) out.push_back(n);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const float *f32(const mf_safetensors *st, const std::string &name, int64_t numel) {
+  const mf_st_tensor *t = mf_safetensors_find(st, name.c_str());
+  if (!t || t->dtype != MF_DTYPE_F32 || (int64_t)t->numel != numel) return nullptr;
+  return (const float *)t->data;
+}
+
+double meta_num(const mf_safetensors *st, const char *key) {
+  const char *v = mf_safetensors_metadata(st, key);
+  return v ? atof(v) : NAN;
+}
+
+// Relative error in norm: ||a - b|| / ||b|| (absolute when b is 0).
+double rel_err(const float *a, const float *b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = (double)a[i] - (double)b[i];
+    num += d * d;
+    den += (double)b[i] * (double)b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct Result {
+  double loss = 0, ce = 0, aux = 0;
+  std::vector<float> logits, grads;
+  std::vector<int64_t> expert_tokens;
+};
+
+// One forward/backward of the fixture batch on the cpu backend (checking mode on).
+Result run_model(const mf_param_table *t, const std::vector<float> &w, const int32_t *ids,
+                 const std::vector<int32_t> &targets, int64_t B, int64_t S, double aux_coef) {
+  Result r;
+  mf_threadpool *pool = nullptr;
+  EXPECT_EQ(mf_threadpool_create(2, &pool), MF_OK);
+  mf_cpu_backend_opts bo = {pool, 0, 1};
+  mf_backend *b = nullptr;
+  EXPECT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
+  mf_program_opts po = {B, S, 1, aux_coef, 13, 0};  // a chunk that does not divide the vocabulary
+  mf_program *p = nullptr;
+  EXPECT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
+  mf_exec *x = nullptr;
+  EXPECT_EQ(mf_exec_create(p, b, &x), MF_OK) << mf_last_error();
+  const int64_t T = B * S, H = t->spec.hidden, V = t->spec.vocab;
+  std::vector<float> hidden((size_t)(T * H));
+  mf_exec_capture_final_hidden(x, hidden.data());
+  r.grads.assign((size_t)t->total_numel, 0.0f);
+  const int32_t *ip[1] = {ids}, *tp[1] = {targets.data()};
+  mf_step_result sr;
+  EXPECT_EQ(mf_exec_step(x, w.data(), ip, tp, r.grads.data(), &sr), MF_OK) << mf_last_error();
+  r.loss = sr.loss;
+  r.ce = sr.ce_loss;
+  r.aux = sr.aux_loss;
+  r.expert_tokens.assign(mf_exec_expert_tokens(x), mf_exec_expert_tokens(x) + t->spec.layers * t->spec.experts);
+  r.logits.assign((size_t)(T * V), 0.0f);
+  mf_kctx k = {nullptr, 0};
+  EXPECT_EQ(mf_cpu_linear_fwd(&k, hidden.data(), w.data() + t->params[mf_param_lm_head(t)].offset, nullptr, T, V, H,
+                              r.logits.data(), 0),
+            MF_OK);
+  mf_exec_free(x);
+  mf_program_free(p);
+  mf_backend_free(b);
+  mf_threadpool_free(pool);
+  return r;
+}
+
+class Parity : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(kFixtures) + "/" + GetParam();
+    ASSERT_EQ(mf_hf_config_load(dir_.c_str(), &spec_), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_param_table_build(&spec_, &t_), MF_OK) << mf_last_error();
+    w_.resize((size_t)t_->total_numel);
+    ASSERT_EQ(mf_params_load(t_, (dir_ + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_safetensors_open((dir_ + "/fixture.safetensors").c_str(), &fx_), MF_OK) << mf_last_error();
+    const mf_st_tensor *ids = mf_safetensors_find(fx_, "input_ids");
+    const mf_st_tensor *labels = mf_safetensors_find(fx_, "labels");
+    ASSERT_TRUE(ids && labels && ids->ndim == 2 && ids->dtype == MF_DTYPE_I32 && labels->dtype == MF_DTYPE_I32);
+    B_ = ids->shape[0];
+    S_ = ids->shape[1];
+    ids_ = (const int32_t *)ids->data;
+    const int32_t *lab = (const int32_t *)labels->data;
+    // Causal LM: the target of position s is the label at s + 1; -100 is ignored.
+    targets_.assign((size_t)(B_ * S_), -1);
+    for (int64_t b = 0; b < B_; b++)
+      for (int64_t s = 0; s + 1 < S_; s++) {
+        int32_t y = lab[b * S_ + s + 1];
+        targets_[b * S_ + s] = y == -100 ? -1 : y;
+      }
+    aux_coef_ = meta_num(fx_, "router_aux_loss_coef");
+    ASSERT_TRUE(std::isfinite(aux_coef_));
+  }
+  void TearDown() override {
+    mf_safetensors_close(fx_);
+    mf_param_table_free(t_);
+  }
+  std::string dir_;
+  mf_model_spec spec_{};
+  mf_param_table *t_ = nullptr;
+  std::vector<float> w_;
+  mf_safetensors *fx_ = nullptr;
+  int64_t B_ = 0, S_ = 0;
+  const int32_t *ids_ = nullptr;
+  std::vector<int32_t> targets_;
+  double aux_coef_ = 0;
+};
+
+TEST_P(Parity, LogitsLossAndAux) {
+  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  const int64_t V = spec_.vocab;
+  const float *logits = f32(fx_, "logits", B_ * S_ * V);
+  ASSERT_NE(logits, nullptr);
+  EXPECT_LT(rel_err(r.logits.data(), logits, B_ * S_ * V), 1e-5);
+  const float *loss = f32(fx_, "loss", 1), *ce = f32(fx_, "ce_loss", 1), *aux = f32(fx_, "aux_loss", 1);
+  ASSERT_TRUE(loss && ce && aux);
+  EXPECT_NEAR(r.loss, *loss, 1e-5 * std::fabs(*loss)) << "loss";
+  EXPECT_NEAR(r.ce, *ce, 1e-5 * std::fabs(*ce)) << "cross-entropy";
+  EXPECT_NEAR(r.aux, *aux, 1e-5 * std::fabs(*aux)) << "aux loss";
+}
+
+TEST_P(Parity, EveryGradient) {
+  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  const char *ng = mf_safetensors_metadata(fx_, "no_grad");
+  std::string no_grad = ng ? ng : "[]";
+  int checked = 0;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    const float *ref = f32(fx_, std::string("grad.") + p.name, p.numel);
+    const float *got = r.grads.data() + p.offset;
+    if (!ref) {
+      // transformers left .grad None: an expert that got no token. moefit must agree.
+      EXPECT_NE(no_grad.find(std::string("\"") + p.name + "\""), std::string::npos) << p.name << " has no reference";
+      ASSERT_GE(p.expert, 0) << p.name;
+      EXPECT_EQ(r.expert_tokens[p.layer * spec_.experts + p.expert], 0) << p.name;
+      for (int64_t j = 0; j < p.numel; j++) ASSERT_EQ(got[j], 0.0f) << p.name;
+      continue;
+    }
+    EXPECT_LT(rel_err(got, ref, p.numel), 1e-4) << p.name;
+    checked++;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+mf_adamw_hparams fixture_hparams(const mf_safetensors *fx) {
+  return {meta_num(fx, "lr"), meta_num(fx, "beta1"), meta_num(fx, "beta2"), meta_num(fx, "eps"),
+          meta_num(fx, "weight_decay")};
+}
+
+// The optimizer alone: the reference gradients through moefit's AdamW give the
+// reference parameters. A parameter without a gradient (.grad None) is skipped.
+TEST_P(Parity, OneAdamWStepFromReferenceGradients) {
+  mf_adamw_hparams h = fixture_hparams(fx_);
+  ASSERT_TRUE(std::isfinite(h.lr) && std::isfinite(h.beta1) && std::isfinite(h.weight_decay));
+  double worst = 0;
+  std::string worst_name;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    std::vector<float> w(w_.begin() + p.offset, w_.begin() + p.offset + p.numel);
+    std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
+    const float *g = f32(fx_, std::string("grad.") + p.name, p.numel);
+    if (g) ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), g, m.data(), v.data(), w.size(), nullptr, nullptr), MF_OK);
+    const float *ref = f32(fx_, std::string("after.") + p.name, p.numel);
+    ASSERT_NE(ref, nullptr) << p.name;
+    for (int64_t j = 0; j < p.numel; j++) {
+      double d = std::fabs((double)w[j] - (double)ref[j]);
+      if (d > worst) worst = d, worst_name = p.name;
+    }
+  }
+  EXPECT_LE(worst, 1e-6) << "largest difference in " << worst_name;
+}
+
+// End to end: moefit's own gradients, then AdamW. A first Adam step moves a
+// weight by lr * r(g) with r(g) = g / (|g| + eps) (after the decay), so where |g|
+// is near eps, fp32 rounding noise in g (well inside the gradient check) moves
+// the update: each element may differ by 1e-6 plus lr * |r(g_moefit) - r(g_torch)|,
+// the part the two gradients explain, and by nothing more.
+TEST_P(Parity, OneAdamWStepEndToEnd) {
+  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  mf_adamw_hparams h = fixture_hparams(fx_);
+  std::vector<float> w = w_;
+  std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
+  const int idle_has_grad = mf_family_idle_expert_has_grad(spec_.family);
+  double worst = 0;
+  std::string worst_name;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    bool idle = p.expert >= 0 && r.expert_tokens[p.layer * spec_.experts + p.expert] == 0;
+    if (!idle || idle_has_grad)
+      ASSERT_EQ(mf_adamw_update(&h, 1, w.data() + p.offset, r.grads.data() + p.offset, m.data() + p.offset,
+                                v.data() + p.offset, (size_t)p.numel, nullptr, nullptr),
+                MF_OK);
+    const float *ref = f32(fx_, std::string("after.") + p.name, p.numel);
+    const float *gref = f32(fx_, std::string("grad.") + p.name, p.numel);
+    ASSERT_NE(ref, nullptr) << p.name;
+    for (int64_t j = 0; j < p.numel; j++) {
+      double d = std::fabs((double)w[p.offset + j] - (double)ref[j]);
+      double tol = 1e-6;
+      if (gref) {
+        auto ratio = [&](double g) { return g / (std::fabs(g) + h.eps); };
+        tol += h.lr * std::fabs(ratio(r.grads[p.offset + j]) - ratio(gref[j]));
+      }
+      if (d / tol > worst) {
+        worst = d / tol;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s[%lld]: moefit %.9g, torch %.9g; gradient moefit %.9g, torch %.9g", p.name,
+                 (long long)j, w[p.offset + j], ref[j], r.grads[p.offset + j], gref ? gref[j] : 0.0f);
+        worst_name = buf;
+      }
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "largest difference (in tolerances) at " << worst_name;
+}
+
+// The parity checks can fail: one weight moved by 1e-3 breaks the logits check.
+TEST_P(Parity, APerturbedWeightIsCaught) {
+  std::vector<float> w = w_;
+  const mf_param &p = t_->params[mf_param_index(t_, MF_P_Q, 0, -1)];
+  w[p.offset + 3] += 1e-3f;
+  Result r = run_model(t_, w, ids_, targets_, B_, S_, aux_coef_);
+  const float *logits = f32(fx_, "logits", B_ * S_ * spec_.vocab);
+  ASSERT_NE(logits, nullptr);
+  EXPECT_GT(rel_err(r.logits.data(), logits, B_ * S_ * spec_.vocab), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixture_names()),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+TEST(ParityFixtures, ArePresent) { EXPECT_GE(fixture_names().size(), 4u) << "tests/fixtures has too few fixtures"; }
+
+}  // namespace
