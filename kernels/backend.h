@@ -74,6 +74,7 @@ typedef enum mf_kernel {
 
 const char *mf_kernel_name(mf_kernel k);
 
+
 #define MF_KBUF_MAX 10
 
 /* One operand: where it is, how many bytes the kernel may touch, and whether it
@@ -95,6 +96,15 @@ typedef struct mf_kernel_call {
   size_t expert_bytes;
   const char *label; /* the program op's name, for messages (may be NULL) */
 } mf_kernel_call;
+
+/* Which operands (bits of b[]) a kernel writes, and which it reads. An "added"
+ * operand (accumulated into) is both; operands with an accumulate flag are read
+ * only when it is set. For EXPERT_BWD_WEIGHT the per-expert gradients are added
+ * (mf_kernel_writes_experts); the other EXPERT_* kinds read their expert
+ * weights. The planner derives lifetimes and recompute chains from these. */
+uint32_t mf_kernel_writes(const mf_kernel_call *call);
+uint32_t mf_kernel_reads(const mf_kernel_call *call);
+int mf_kernel_writes_experts(mf_kernel k);
 
 typedef struct mf_stream mf_stream;
 typedef struct mf_event mf_event;

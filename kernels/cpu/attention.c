@@ -15,15 +15,17 @@
  * Shapes: q, o, dout, dq [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D] (token-major);
  * lse [B, Hq, S].
  *
- * Tiling: queries in blocks of BQ rows, keys in tiles of bk (<= BK_MAX). A key
- * tile is transposed into a stack buffer kt[D][bk], so every product is one
- * register-blocked kernel (mm) of axpys: Y[i,:] += A[i,k] * X[k,:]. Each output
+ * Tiling: queries in blocks of bq (<= BQ_MAX) rows, keys in tiles of BK. The
+ * query block is transposed once into a stack buffer qt[D][bq], so scores come
+ * out key-major (st[c][i] = k[c].q[i]) from one register-blocked kernel (mm)
+ * of axpys, Y[m,:] += A[m,k] * X[k,:], that does every product here. Each output
  * element is summed over k in order with one rounding per multiply and per add,
  * so a score is bit for bit the plain sequential fp32 dot, at any vector width.
- * Probabilities never exist beyond one BQ x bk tile. The forward keeps an
- * online softmax (running max and sum per row) and rescales its accumulator,
- * which is the output row itself (owned by the item: no heap). The backward
- * recomputes p from q, k and lse.
+ * The softmax bookkeeping then runs across query rows (contiguous), so it
+ * vectorises too. Probabilities never exist beyond one BK x bq tile. The forward
+ * keeps an online softmax (running max and sum per row) and rescales its
+ * accumulator, which is the output row itself (owned by the item: no heap). The
+ * backward recomputes p from q, k and lse.
  *
  * Threads: forward items are (b, query head, query block), spread with
  * mf_partition; query blocks are interleaved (0, last, 1, last-1, ...) so a
@@ -32,9 +34,9 @@
  * its query heads, summing heads, query blocks and rows in a fixed order. No
  * result depends on the thread count.
  *
- * Stack, per thread: kt and vt (KT_FLOATS each) and two BQ x BK_MAX tiles,
- * 48 KiB. bk shrinks as D grows (64 keys up to D = 64, 8 at D = 512); D > 512 is
- * refused with MF_ERR_UNSUPPORTED.
+ * Stack, per thread: qt and dot (QT_FLOATS each) and two BK x BQ_MAX tiles,
+ * 48 KiB. bq shrinks as D grows (32 rows up to D = 128, 8 at D = 512); D > 512
+ * is refused with MF_ERR_UNSUPPORTED.
  *
  * SIMD: the kernel body (below ATT_BODY) is compiled twice from this one file,
  * which includes itself: for the baseline ISA with 4-float vectors, and on
@@ -51,30 +53,32 @@
 #include "kernels/cpu/cpu_ops.h"
 
 enum {
-  BQ = 32,          /* query rows per block */
-  BK_MAX = 64,      /* keys per tile */
-  KT_FLOATS = 4096, /* floats in one transposed key (or value) tile */
-  D_MAX = KT_FLOATS / 8,
+  BQ_MAX = 32,      /* query rows per block */
+  BK = 64,          /* keys per tile */
+  QT_FLOATS = 4096, /* floats in one transposed query block */
+  D_MAX = QT_FLOATS / 8,
   MR = 4, /* rows of a register block */
-  NR = 8, /* key tiles are padded to NR columns; NR lanes in sums */
+  NR = 8, /* query blocks are padded to NR columns; NR lanes in sums */
 };
 
-static int key_tile(int64_t D) {
-  int64_t bk = KT_FLOATS / D;
-  if (bk > BK_MAX) bk = BK_MAX;
-  return (int)(bk & ~(int64_t)(NR - 1));
+static int query_block(int64_t D) {
+  int64_t bq = QT_FLOATS / D;
+  if (bq > BQ_MAX) bq = BQ_MAX;
+  return (int)(bq & ~(int64_t)(NR - 1));
 }
 
 /* n rounded up to whole NR blocks */
-static inline int round_nr(int n) { return (n + NR - 1) / NR * NR; }
+static inline int round_nr(int n) {
+  return (n + NR - 1) / NR * NR;
+}
 
 static mf_status check_args(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
   if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", op, (long long)B,
                   (long long)S, (long long)Hq, (long long)Hkv, (long long)D);
   if (D > D_MAX)
-    return MF_ERR(MF_ERR_UNSUPPORTED, "%s: head_dim D=%lld is larger than the cpu kernel's tile (at most %d)", op,
-                  (long long)D, (int)D_MAX);
+    return MF_ERR(MF_ERR_UNSUPPORTED, "%s: head_dim D=%lld is larger than the cpu kernel's tile (at most %d)",
+                  op, (long long)D, (int)D_MAX);
   return MF_OK;
 }
 
@@ -92,9 +96,13 @@ static inline float i2f(int32_t i) {
   return x;
 }
 /* Float order as int order (-0 just below +0; NaNs past the infinities). An involution. */
-static inline int32_t ordered(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
+static inline int32_t ordered(int32_t bits) {
+  return bits ^ ((bits >> 31) & 0x7fffffff);
+}
 /* a where the mask m is all ones, b where it is 0 */
-static inline float sel(int32_t m, float a, float b) { return i2f((f2i(a) & m) | (f2i(b) & ~m)); }
+static inline float sel(int32_t m, float a, float b) {
+  return i2f((f2i(a) & m) | (f2i(b) & ~m));
+}
 
 /* exp(x) as Cephes' expf (x = n ln2 + r with ln2 in two parts, a degree-5
  * polynomial in r; within 1.4 ulp of exp on [-87.3, 0]), branch-free so the
@@ -122,52 +130,22 @@ static inline float exp_f(float x) {
   return sel(nan, x, sel(under, 0.0f, sel(over, INFINITY, y)));
 }
 
-/* s[c] *= scale for c < n; returns max(m, s[0..n)) (exact, so lanes are free). */
-static inline float scale_max(float *restrict s, int n, float scale, float m) {
-  int32_t mo[NR];
-  for (int j = 0; j < NR; j++) mo[j] = ordered(f2i(m));
-  int c = 0;
-  for (; c + NR <= n; c += NR)
-    for (int j = 0; j < NR; j++) {
-      s[c + j] *= scale;
-      const int32_t o = ordered(f2i(s[c + j]));
-      mo[j] = o > mo[j] ? o : mo[j];
-    }
-  for (; c < n; c++) {
-    s[c] *= scale;
-    const int32_t o = ordered(f2i(s[c]));
-    mo[0] = o > mo[0] ? o : mo[0];
-  }
-  for (int j = 1; j < NR; j++) mo[0] = mo[j] > mo[0] ? mo[j] : mo[0];
-  return i2f(ordered(mo[0]));
-}
-
-/* s[c] = exp(s[c] - mx) for c < n; returns their sum, in NR lanes then a fixed tree. */
-static inline float exp_sum(float *restrict s, int n, float mx) {
-  float part[NR] = {0};
-  int c = 0;
-  for (; c + NR <= n; c += NR)
-    for (int j = 0; j < NR; j++) {
-      s[c + j] = exp_f(s[c + j] - mx);
-      part[j] += s[c + j];
-    }
-  for (int j = 0; c < n; c++, j++) {
-    s[c] = exp_f(s[c] - mx);
-    part[j] += s[c];
-  }
-  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
-/* kt[d*bk + c] = x[c*ld + d] for c < nk, and 0 up to the next multiple of NR
+/* t[d*bq + i] = x[i*ld + d] for i < nq, and 0 up to the next multiple of NR
  * (score products run over whole NR-column blocks; the padding is masked). */
-static inline void transpose_tile(const float *restrict x, int64_t ld, int nk, int64_t D, int bk,
-                                  float *restrict kt) {
-  for (int c = 0; c < nk; c++) {
-    const float *row = x + (int64_t)c * ld;
-    for (int64_t d = 0; d < D; d++) kt[d * bk + c] = row[d];
+static inline void transpose_block(const float *restrict x, int64_t ld, int nq, int64_t D, int bq,
+                                   float *restrict t) {
+  for (int i = 0; i < nq; i++) {
+    const float *row = x + (int64_t)i * ld;
+    for (int64_t d = 0; d < D; d++) t[d * bq + i] = row[d];
   }
   for (int64_t d = 0; d < D; d++)
-    for (int c = nk; c % NR; c++) kt[d * bk + c] = 0.0f;
+    for (int i = nq; i % NR; i++) t[d * bq + i] = 0.0f;
+}
+
+/* The first query column of a block (starting at query i0) that key j may
+ * touch, down to a whole NR block: the causal mask starts at column j - i0. */
+static inline int64_t first_col(int64_t j, int64_t i0) {
+  return j > i0 ? (j - i0) & ~(int64_t)(NR - 1) : 0;
 }
 
 /* y[0..D) *= a */
@@ -208,15 +186,23 @@ typedef struct {
 #undef ATT_SFX
 #undef VW
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#endif
 #define ATT_SFX _avx2
 #define VW 8
 #include "kernels/cpu/attention.c"
 #undef ATT_SFX
 #undef VW
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define HAVE_AVX2_BODY 1
 #endif
 
@@ -233,10 +219,12 @@ static int use_avx2(void) {
 }
 
 mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *k, const float *v, int64_t B,
-                               int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse) {
+                               int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o,
+                               float *lse) {
   MF_CHECK(check_args("attention_fwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
-  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, (S + BQ - 1) / BQ, scale, ctx && ctx->round_bf16};
+  const int bq = query_block(D);
+  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, (S + bq - 1) / bq, scale, ctx && ctx->round_bf16};
   mf_task_fn fn = fwd_task_base;
 #ifdef HAVE_AVX2_BODY
   if (use_avx2()) fn = fwd_task_avx2;
@@ -247,7 +235,8 @@ mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *
 
 mf_status mf_cpu_attention_bwd(const mf_kctx *ctx, const float *q, const float *k, const float *v,
                                const float *o, const float *dout, const float *lse, int64_t B, int64_t S,
-                               int64_t Hq, int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv) {
+                               int64_t Hq, int64_t Hkv, int64_t D, float scale, float *dq, float *dk,
+                               float *dv) {
   MF_CHECK(check_args("attention_bwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
   bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, scale, ctx && ctx->round_bf16};
@@ -278,8 +267,10 @@ static void ATT_FN(mm)(int64_t M, int64_t N, int64_t K, const float *restrict A,
                        const float *restrict X, int64_t ldx, float *restrict Y, int64_t ldy, int load) {
   int64_t i = 0;
   for (; i + MR <= M; i += MR) {
-    const float *restrict a0 = A + i * am, *restrict a1 = a0 + am, *restrict a2 = a1 + am, *restrict a3 = a2 + am;
-    float *restrict y0 = Y + i * ldy, *restrict y1 = y0 + ldy, *restrict y2 = y1 + ldy, *restrict y3 = y2 + ldy;
+    const float *restrict a0 = A + i * am, *restrict a1 = a0 + am, *restrict a2 = a1 + am,
+                          *restrict a3 = a2 + am;
+    float *restrict y0 = Y + i * ldy, *restrict y1 = y0 + ldy, *restrict y2 = y1 + ldy,
+                    *restrict y3 = y2 + ldy;
     int64_t n = 0;
     for (; n + 2 * VW <= N; n += 2 * VW) {
       vf c0 = {0}, d0 = {0}, c1 = {0}, d1 = {0}, c2 = {0}, d2 = {0}, c3 = {0}, d3 = {0};
@@ -346,85 +337,109 @@ static void ATT_FN(mm)(int64_t M, int64_t N, int64_t K, const float *restrict A,
   }
 }
 
-/* One query block [i0, i0 + BQ) of query head h: o rows and lse written. */
-static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *restrict kt,
+/* One query block [i0, i0 + bq) of query head h: o rows and lse written. */
+static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *restrict qt,
                              float *restrict st) {
   const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D;
   const int64_t g = h / (Hq / Hkv);
-  const int bk = key_tile(D);
+  const int bq = query_block(D);
   const int64_t ldq = Hq * D, ldk = Hkv * D;
-  const int64_t i0 = qb * BQ, i1 = i0 + BQ < S ? i0 + BQ : S;
-  const int nq = (int)(i1 - i0);
+  const int64_t i0 = qb * bq, i1 = i0 + bq < S ? i0 + bq : S;
+  const int nq = (int)(i1 - i0), nqp = round_nr(nq);
   const float *qb0 = a->q + (b * S + i0) * ldq + h * D;
   float *ob0 = a->o + (b * S + i0) * ldq + h * D;
   const float *kb0 = a->k + b * S * ldk + g * D;
   const float *vb0 = a->v + b * S * ldk + g * D;
   const float scale = a->scale;
-  float m[BQ], l[BQ];
+  float m[BQ_MAX], l[BQ_MAX], mx[BQ_MAX], alpha[BQ_MAX], sum[BQ_MAX];
+  int32_t mo[BQ_MAX];
 
-  for (int r = 0; r < nq; r++) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    memset(ob0 + r * ldq, 0, (size_t)D * sizeof(float));
+  transpose_block(qb0, ldq, nq, D, bq, qt);
+  for (int i = 0; i < nq; i++) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+    memset(ob0 + i * ldq, 0, (size_t)D * sizeof(float));
   }
-  for (int64_t j0 = 0; j0 < i1; j0 += bk) {
-    const int nk = (int)(j0 + bk < i1 ? bk : i1 - j0);
-    transpose_tile(kb0 + j0 * ldk, ldk, nk, D, bk, kt);
+  for (int64_t j0 = 0; j0 < i1; j0 += BK) {
+    const int nk = (int)(j0 + BK < i1 ? BK : i1 - j0); /* every key here reaches some row */
+    /* st[c][i] = k[j0+c] . q[i0+i], from the first column the key reaches */
+    for (int c0 = 0; c0 < nk; c0 += MR) {
+      const int64_t n0 = first_col(j0 + c0, i0);
+      ATT_FN(mm)
+      (nk - c0 < MR ? nk - c0 : MR, nqp - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq,
+       st + c0 * bq + n0, bq, 0);
+    }
+    /* online softmax across the block's rows; key c reaches rows i >= z */
+    for (int i = 0; i < nq; i++) mo[i] = ordered(f2i(m[i]));
+    for (int c = 0; c < nk; c++) {
+      float *restrict s = st + c * bq;
+      for (int64_t i = j0 + c > i0 ? j0 + c - i0 : 0; i < nq; i++) {
+        s[i] *= scale;
+        const int32_t o = ordered(f2i(s[i]));
+        mo[i] = o > mo[i] ? o : mo[i];
+      }
+    }
+    for (int i = 0; i < nq; i++) {
+      mx[i] = i2f(ordered(mo[i]));
+      alpha[i] = exp_f(m[i] - mx[i]); /* 0 on the first tile (m = -inf); 1 if no key reached i */
+      sum[i] = 0.0f;
+    }
+    for (int c = 0; c < nk; c++) {
+      float *restrict s = st + c * bq;
+      const int64_t z = j0 + c > i0 ? j0 + c - i0 : 0;
+      for (int64_t i = 0; i < z && i < nq; i++) s[i] = 0.0f;
+      for (int64_t i = z; i < nq; i++) {
+        s[i] = exp_f(s[i] - mx[i]);
+        sum[i] += s[i];
+      }
+    }
+    for (int i = 0; i < nq; i++) {
+      l[i] = l[i] * alpha[i] + sum[i];
+      m[i] = mx[i];
+      if (alpha[i] != 1.0f) scale_row(alpha[i], D, ob0 + i * ldq);
+    }
+    /* o[i] += sum_c p[c][i] v[j0+c], over the keys a row block reaches */
     for (int r0 = 0; r0 < nq; r0 += MR) {
       const int rows = nq - r0 < MR ? nq - r0 : MR;
-      const int64_t ilast = i0 + r0 + rows - 1;
-      if (ilast < j0) continue;
-      /* N keys of the tile reach this row block; row i sees i + 1 - j0 of them */
-      const int N = (int)(ilast + 1 - j0 < nk ? ilast + 1 - j0 : nk);
-      ATT_FN(mm)(rows, round_nr(N), D, qb0 + r0 * ldq, ldq, 1, kt, bk, st, BK_MAX, 0);
-      for (int rr = 0; rr < rows; rr++) {
-        const int r = r0 + rr;
-        const int64_t seen = i0 + r + 1 - j0;
-        const int n = (int)(seen < N ? (seen > 0 ? seen : 0) : N);
-        float *restrict s = st + rr * BK_MAX;
-        const float mx = scale_max(s, n, scale, m[r]);
-        const float alpha = exp_f(m[r] - mx); /* 0 on the first tile (m = -inf); 1 if n = 0 */
-        const float sum = exp_sum(s, n, mx);
-        for (int c = n; c < N; c++) s[c] = 0.0f;
-        l[r] = l[r] * alpha + sum;
-        m[r] = mx;
-        if (alpha != 1.0f) scale_row(alpha, D, ob0 + r * ldq);
-      }
-      ATT_FN(mm)(rows, D, N, st, BK_MAX, 1, vb0 + j0 * ldk, ldk, ob0 + r0 * ldq, ldq, 1);
+      const int64_t reach = i0 + r0 + rows - j0;
+      if (reach <= 0) continue;
+      ATT_FN(mm)
+      (rows, D, reach < nk ? reach : nk, st + r0, 1, bq, vb0 + j0 * ldk, ldk, ob0 + r0 * ldq, ldq, 1);
     }
   }
   float *lse = a->lse + (b * Hq + h) * S + i0;
-  for (int r = 0; r < nq; r++) {
-    float *orow = ob0 + r * ldq;
-    scale_row(1.0f / l[r], D, orow);
+  for (int i = 0; i < nq; i++) {
+    float *orow = ob0 + i * ldq;
+    scale_row(1.0f / l[i], D, orow);
     if (a->round_bf16) round_row(D, orow);
-    lse[r] = m[r] + logf(l[r]);
+    lse[i] = m[i] + logf(l[i]);
   }
 }
 
 static void ATT_FN(fwd_task)(void *ctx, int ti, int tn) {
   const fwd_args *a = (const fwd_args *)ctx;
-  float kt[KT_FLOATS];
-  float st[MR * BK_MAX];
+  float qt[QT_FLOATS];
+  float st[BK * BQ_MAX];
   const int64_t nqb = a->nqb;
   size_t begin, end;
   mf_partition((size_t)(a->B * a->Hq * nqb), 1, ti, tn, &begin, &end);
   for (size_t it = begin; it < end; it++) {
     const int64_t bh = (int64_t)it / nqb, t = (int64_t)it % nqb;
     const int64_t qb = (t & 1) ? nqb - 1 - t / 2 : t / 2;
-    ATT_FN(fwd_item)(a, bh / a->Hq, bh % a->Hq, qb, kt, st);
+    ATT_FN(fwd_item)(a, bh / a->Hq, bh % a->Hq, qb, qt, st);
   }
 }
 
-/* One query block [i0, i0 + BQ) of query head h against every key tile it sees:
+/* One query block [i0, i0 + bq) of query head h against every key tile it sees:
  * its dq rows written (scaled, rounded); dk/dv rows of the group accumulated. */
-static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_t i0, float *restrict kt,
-                              float *restrict vt, float *restrict pt, float *restrict dst) {
+static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_t i0,
+                              float *restrict qt, float *restrict dot, float *restrict pt,
+                              float *restrict dst) {
   const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D;
-  const int bk = key_tile(D);
+  const int bq = query_block(D);
   const int64_t ldq = Hq * D, ldk = Hkv * D;
-  const int64_t i1 = i0 + BQ < S ? i0 + BQ : S;
-  const int nq = (int)(i1 - i0);
+  const int64_t i1 = i0 + bq < S ? i0 + bq : S;
+  const int nq = (int)(i1 - i0), nqp = round_nr(nq);
   const int64_t qoff = (b * S + i0) * ldq + h * D;
   const float *qb0 = a->q + qoff, *ob0 = a->o + qoff, *dob0 = a->dout + qoff;
   float *dqb0 = a->dq + qoff;
@@ -433,52 +448,55 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
   float *dkb0 = a->dk + koff, *dvb0 = a->dv + koff;
   const float *lse = a->lse + (b * Hq + h) * S + i0;
   const float scale = a->scale;
-  float di[BQ];
+  float di[BQ_MAX];
 
-  for (int r = 0; r < nq; r++) {
-    const float *dor = dob0 + r * ldq, *orow = ob0 + r * ldq;
+  transpose_block(qb0, ldq, nq, D, bq, qt);
+  transpose_block(dob0, ldq, nq, D, bq, dot);
+  for (int i = 0; i < nq; i++) {
+    const float *dor = dob0 + i * ldq, *orow = ob0 + i * ldq;
     float acc = 0.0f;
     for (int64_t d = 0; d < D; d++) acc += dor[d] * orow[d];
-    di[r] = acc;
-    memset(dqb0 + r * ldq, 0, (size_t)D * sizeof(float));
+    di[i] = acc;
+    memset(dqb0 + i * ldq, 0, (size_t)D * sizeof(float));
   }
-  for (int64_t j0 = 0; j0 < i1; j0 += bk) {
-    const int nk = (int)(j0 + bk < i1 ? bk : i1 - j0);
-    transpose_tile(kb0 + j0 * ldk, ldk, nk, D, bk, kt);
-    transpose_tile(vb0 + j0 * ldk, ldk, nk, D, bk, vt);
-    /* p and ds of every row that sees the tile; masked entries 0 */
-    for (int r0 = 0; r0 < nq; r0 += MR) {
-      const int rows = nq - r0 < MR ? nq - r0 : MR;
-      const int64_t ilast = i0 + r0 + rows - 1;
-      if (ilast < j0) continue;
-      const int N = (int)(ilast + 1 - j0 < nk ? ilast + 1 - j0 : nk);
-      ATT_FN(mm)(rows, round_nr(N), D, qb0 + r0 * ldq, ldq, 1, kt, bk, pt + r0 * BK_MAX, BK_MAX, 0);
-      ATT_FN(mm)(rows, round_nr(N), D, dob0 + r0 * ldq, ldq, 1, vt, bk, dst + r0 * BK_MAX, BK_MAX, 0);
-      for (int rr = 0; rr < rows; rr++) {
-        const int r = r0 + rr;
-        const int64_t seen = i0 + r + 1 - j0;
-        const int n = (int)(seen < N ? (seen > 0 ? seen : 0) : N);
-        float *restrict p = pt + r * BK_MAX, *restrict ds = dst + r * BK_MAX;
-        const float lr = lse[r], dr = di[r];
-        for (int c = 0; c < n; c++) p[c] = exp_f(p[c] * scale - lr);
-        for (int c = 0; c < n; c++) ds[c] = p[c] * (ds[c] - dr);
-        for (int c = n; c < nk; c++) p[c] = ds[c] = 0.0f;
-      }
-      /* dq[r] += sum_c ds[r,c] k[c] */
-      ATT_FN(mm)(rows, D, N, dst + r0 * BK_MAX, BK_MAX, 1, kb0 + j0 * ldk, ldk, dqb0 + r0 * ldq, ldq, 1);
-    }
-    /* dk[c] += sum_r ds[r,c] q[r] and dv[c] += sum_r p[r,c] do[r], over the rows that see key c */
+  for (int64_t j0 = 0; j0 < i1; j0 += BK) {
+    const int nk = (int)(j0 + BK < i1 ? BK : i1 - j0);
+    /* pt[c][i] = k.q and dst[c][i] = v.do, from the first column key c reaches */
     for (int c0 = 0; c0 < nk; c0 += MR) {
       const int rows = nk - c0 < MR ? nk - c0 : MR;
-      const int64_t r0 = j0 + c0 - i0 > 0 ? j0 + c0 - i0 : 0;
-      if (r0 >= nq) break;
+      const int64_t n0 = first_col(j0 + c0, i0);
+      ATT_FN(mm)(rows, nqp - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq, pt + c0 * bq + n0, bq, 0);
+      ATT_FN(mm)(rows, nqp - n0, D, vb0 + (j0 + c0) * ldk, ldk, 1, dot + n0, bq, dst + c0 * bq + n0, bq, 0);
+    }
+    /* p = exp(scale*s - lse), ds = p * (dp - Di); 0 where masked */
+    for (int c = 0; c < nk; c++) {
+      float *restrict p = pt + c * bq, *restrict ds = dst + c * bq;
+      const int64_t z = j0 + c > i0 ? j0 + c - i0 : 0;
+      for (int64_t i = 0; i < z && i < nq; i++) p[i] = ds[i] = 0.0f;
+      for (int64_t i = z; i < nq; i++) {
+        p[i] = exp_f(p[i] * scale - lse[i]);
+        ds[i] = p[i] * (ds[i] - di[i]);
+      }
+    }
+    /* dq[i] += sum_c ds[c][i] k[j0+c], over the keys a row block reaches */
+    for (int r0 = 0; r0 < nq; r0 += MR) {
+      const int rows = nq - r0 < MR ? nq - r0 : MR;
+      const int64_t reach = i0 + r0 + rows - j0;
+      if (reach <= 0) continue;
+      ATT_FN(mm)
+      (rows, D, reach < nk ? reach : nk, dst + r0, 1, bq, kb0 + j0 * ldk, ldk, dqb0 + r0 * ldq, ldq, 1);
+    }
+    /* dk[c] += sum_i ds[c][i] q[i] and dv[c] += sum_i p[c][i] do[i], over the rows key c reaches */
+    for (int c0 = 0; c0 < nk; c0 += MR) {
+      const int rows = nk - c0 < MR ? nk - c0 : MR;
+      const int64_t r0 = j0 + c0 > i0 ? j0 + c0 - i0 : 0;
       const int64_t jo = (j0 + c0) * ldk;
-      ATT_FN(mm)(rows, D, nq - r0, dst + r0 * BK_MAX + c0, 1, BK_MAX, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
-      ATT_FN(mm)(rows, D, nq - r0, pt + r0 * BK_MAX + c0, 1, BK_MAX, dob0 + r0 * ldq, ldq, dvb0 + jo, ldk, 1);
+      ATT_FN(mm)(rows, D, nq - r0, dst + c0 * bq + r0, bq, 1, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
+      ATT_FN(mm)(rows, D, nq - r0, pt + c0 * bq + r0, bq, 1, dob0 + r0 * ldq, ldq, dvb0 + jo, ldk, 1);
     }
   }
-  for (int r = 0; r < nq; r++) {
-    float *dqr = dqb0 + r * ldq;
+  for (int i = 0; i < nq; i++) {
+    float *dqr = dqb0 + i * ldq;
     scale_row(scale, D, dqr);
     if (a->round_bf16) round_row(D, dqr);
   }
@@ -486,16 +504,17 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
 
 /* kv head g of sequence b: dk/dv of the group (query heads, then query blocks,
  * in order) and dq of its query heads. */
-static void ATT_FN(bwd_item)(const bwd_args *a, int64_t b, int64_t g, float *kt, float *vt, float *pt,
+static void ATT_FN(bwd_item)(const bwd_args *a, int64_t b, int64_t g, float *qt, float *dot, float *pt,
                              float *dst) {
   const int64_t S = a->S, D = a->D, ldk = a->Hkv * D, G = a->Hq / a->Hkv;
+  const int bq = query_block(D);
   float *dkb0 = a->dk + b * S * ldk + g * D, *dvb0 = a->dv + b * S * ldk + g * D;
   for (int64_t j = 0; j < S; j++) {
     memset(dkb0 + j * ldk, 0, (size_t)D * sizeof(float));
     memset(dvb0 + j * ldk, 0, (size_t)D * sizeof(float));
   }
   for (int64_t h = g * G; h < (g + 1) * G; h++)
-    for (int64_t i0 = 0; i0 < S; i0 += BQ) ATT_FN(bwd_block)(a, b, h, g, i0, kt, vt, pt, dst);
+    for (int64_t i0 = 0; i0 < S; i0 += bq) ATT_FN(bwd_block)(a, b, h, g, i0, qt, dot, pt, dst);
   for (int64_t j = 0; j < S; j++) {
     scale_row(a->scale, D, dkb0 + j * ldk);
     if (a->round_bf16) {
@@ -507,12 +526,12 @@ static void ATT_FN(bwd_item)(const bwd_args *a, int64_t b, int64_t g, float *kt,
 
 static void ATT_FN(bwd_task)(void *ctx, int ti, int tn) {
   const bwd_args *a = (const bwd_args *)ctx;
-  float kt[KT_FLOATS], vt[KT_FLOATS];
-  float pt[BQ * BK_MAX], dst[BQ * BK_MAX];
+  float qt[QT_FLOATS], dot[QT_FLOATS];
+  float pt[BK * BQ_MAX], dst[BK * BQ_MAX];
   size_t begin, end;
   mf_partition((size_t)(a->B * a->Hkv), 1, ti, tn, &begin, &end);
   for (size_t it = begin; it < end; it++)
-    ATT_FN(bwd_item)(a, (int64_t)it / a->Hkv, (int64_t)it % a->Hkv, kt, vt, pt, dst);
+    ATT_FN(bwd_item)(a, (int64_t)it / a->Hkv, (int64_t)it % a->Hkv, qt, dot, pt, dst);
 }
 
 #undef vf

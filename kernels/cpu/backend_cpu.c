@@ -25,44 +25,6 @@ struct mf_event {
   int unused;
 };
 
-static const char *const k_kernel_names[MF_K_COUNT_] = {
-    [MF_K_ZERO] = "zero",
-    [MF_K_EMBED_FWD] = "embed_fwd",
-    [MF_K_EMBED_BWD] = "embed_bwd",
-    [MF_K_RMSNORM_FWD] = "rmsnorm_fwd",
-    [MF_K_RMSNORM_BWD] = "rmsnorm_bwd",
-    [MF_K_LINEAR_FWD] = "linear_fwd",
-    [MF_K_LINEAR_BWD_DATA] = "linear_bwd_data",
-    [MF_K_LINEAR_BWD_WEIGHT] = "linear_bwd_weight",
-    [MF_K_ROPE_FWD] = "rope_fwd",
-    [MF_K_ROPE_BWD] = "rope_bwd",
-    [MF_K_ATTN_FWD] = "attn_fwd",
-    [MF_K_ATTN_BWD] = "attn_bwd",
-    [MF_K_SWIGLU_FWD] = "swiglu_fwd",
-    [MF_K_SWIGLU_BWD] = "swiglu_bwd",
-    [MF_K_SIGGATE_FWD] = "sigmoid_gate_fwd",
-    [MF_K_SIGGATE_BWD] = "sigmoid_gate_bwd",
-    [MF_K_ADD] = "add",
-    [MF_K_ROUTER_FWD] = "router_fwd",
-    [MF_K_ROUTER_BWD] = "router_bwd",
-    [MF_K_MOE_DISPATCH] = "moe_dispatch",
-    [MF_K_MOE_GATHER] = "moe_gather",
-    [MF_K_MOE_GATHER_BWD] = "moe_gather_bwd",
-    [MF_K_MOE_COMBINE] = "moe_combine",
-    [MF_K_MOE_COMBINE_BWD] = "moe_combine_bwd",
-    [MF_K_EXPERT_FWD] = "expert_fwd",
-    [MF_K_EXPERT_BWD_DATA] = "expert_bwd_data",
-    [MF_K_EXPERT_BWD_WEIGHT] = "expert_bwd_weight",
-    [MF_K_CROSS_ENTROPY] = "cross_entropy",
-    [MF_K_AUX_ACCUMULATE] = "aux_accumulate",
-    [MF_K_AUX_VALUE] = "aux_value",
-    [MF_K_AUX_GRAD] = "aux_grad",
-};
-
-const char *mf_kernel_name(mf_kernel k) {
-  return ((int)k >= 0 && k < MF_K_COUNT_ && k_kernel_names[k]) ? k_kernel_names[k] : "unknown";
-}
-
 static cpu_impl *impl_of(mf_backend *b) { return (cpu_impl *)b->impl; }
 
 static mf_status cpu_arena_create(mf_backend *b, size_t bytes, void **base) {

@@ -18,8 +18,8 @@
  *   fwd:        ye[r,n]   = sum_k  xe[r,k]  * W[n,k]      (k = 0..Kd-1)
  *   bwd_data:   dxe[r,k]  = sum_n  dye[r,n] * W[n,k]      (n = 0..N-1)
  *   bwd_weight: dW[n,k]  += dye[r,n] * xe[r,k] for the expert's rows in order
- * Partial sums are kept in the fp32 output between blocks of the contraction
- * (an fp32 store and load is exact), so blocking changes speed, never bits.
+ * Each task is one mf_cpu_gemm call (gemm_impl.h), whose blocking changes
+ * speed, never bits.
  * The work is split into tasks (expert, row block, column block) — or (expert,
  * n block, k block) for dW — each owning its output elements; tasks are dealt
  * to threads by their cost, which affects only the timing.
@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_impl.h"
 
 static inline mf_threadpool *pool_of(const mf_kctx *ctx) {
   return ctx ? ctx->pool : NULL;
@@ -221,92 +222,6 @@ mf_status mf_cpu_moe_combine_bwd(const mf_kctx *ctx, const float *dy, const floa
 
 /* --------------------------------------------------- grouped expert GEMM */
 
-/* The micro-kernel: C[i, j] over an mr x nr tile (mr <= MR, nr <= NR),
- *   acc = load_c ? C[i,j] : 0;  for d in [0, depth): acc += A(i, d) * B(d, j);
- *   C[i,j] = round ? bf16(acc) : acc
- * with A(i, d) = a[i*sai + d*sad] and B(d, j) = b[d*ldb + j]. The accumulation
- * order is the same for a full and an edge tile. */
-enum { MR = 4, NR = 8 };
-
-/* Four-lane vectors through the compiler's generic vector extension (SSE on
- * baseline x86-64, NEON on arm64): lane-wise mul and add, so each lane is the
- * same scalar sequence as the edge kernel. */
-typedef float v4f __attribute__((vector_size(16)));
-static inline v4f load4(const float *p) {
-  v4f v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-static inline void store4(float *p, v4f v) {
-  memcpy(p, &v, sizeof v);
-}
-
-static __attribute__((noinline)) void micro_full(const float *a, int64_t sai, int64_t sad, const float *b,
-                                                 int64_t ldb, int64_t depth, float *c, int64_t ldc,
-                                                 int load_c, int round) {
-  v4f acc[MR][2];
-  for (int i = 0; i < MR; i++) {
-    if (load_c) {
-      acc[i][0] = load4(c + i * ldc);
-      acc[i][1] = load4(c + i * ldc + 4);
-    } else {
-      acc[i][0] = (v4f){0.0f, 0.0f, 0.0f, 0.0f};
-      acc[i][1] = acc[i][0];
-    }
-  }
-  for (int64_t d = 0; d < depth; d++) {
-    const v4f b0 = load4(b + d * ldb), b1 = load4(b + d * ldb + 4);
-    const float *ad = a + d * sad;
-    for (int i = 0; i < MR; i++) {
-      const float s = ad[i * sai];
-      const v4f ai = {s, s, s, s};
-      acc[i][0] += ai * b0;
-      acc[i][1] += ai * b1;
-    }
-  }
-  for (int i = 0; i < MR; i++) {
-    if (round) {
-      for (int j = 0; j < 4; j++) {
-        c[i * ldc + j] = mf_round_to_bf16(acc[i][0][j]);
-        c[i * ldc + 4 + j] = mf_round_to_bf16(acc[i][1][j]);
-      }
-    } else {
-      store4(c + i * ldc, acc[i][0]);
-      store4(c + i * ldc + 4, acc[i][1]);
-    }
-  }
-}
-
-static __attribute__((noinline)) void micro_edge(const float *a, int64_t sai, int64_t sad, const float *b,
-                                                 int64_t ldb, int64_t depth, float *c, int64_t ldc,
-                                                 int load_c, int round, int mr, int nr) {
-  for (int i = 0; i < mr; i++) {
-    for (int j = 0; j < nr; j++) {
-      float acc = load_c ? c[i * ldc + j] : 0.0f;
-      for (int64_t d = 0; d < depth; d++) acc += a[i * sai + d * sad] * b[d * ldb + j];
-      c[i * ldc + j] = round ? mf_round_to_bf16(acc) : acc;
-    }
-  }
-}
-
-/* C[m x n] (ldc) over depth, tiled into micro-kernel calls. */
-static void tile_gemm(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
-                      float *c, int64_t ldc, int64_t m, int64_t n, int load_c, int round) {
-  for (int64_t i = 0; i < m; i += MR) {
-    int mr = m - i < MR ? (int)(m - i) : MR;
-    for (int64_t j = 0; j < n; j += NR) {
-      int nr = n - j < NR ? (int)(n - j) : NR;
-      const float *ai = a + i * sai;
-      float *cij = c + i * ldc + j;
-      if (mr == MR && nr == NR) {
-        micro_full(ai, sai, sad, b + j, ldb, depth, cij, ldc, load_c, round);
-      } else {
-        micro_edge(ai, sai, sad, b + j, ldb, depth, cij, ldc, load_c, round, mr, nr);
-      }
-    }
-  }
-}
-
 /* Tasks over experts with rows: expert e has n_rb(e) * ncb tasks of equal cost
  * (its rows per task). Thread i of n runs the tasks whose cumulative cost start
  * lies in [ceil(i*C/n), ceil((i+1)*C/n)). */
@@ -368,39 +283,17 @@ typedef struct {
   int round;
 } gemm_args;
 
-/* Blocking: FWD_CB output columns x FWD_KC depth of W[e] is packed (transposed,
- * depth-major) on the stack and reused by every row of the task. */
-enum {
-  GEMM_RB = 64,
-  FWD_CB = 32,
-  FWD_KC = 256,
-  BWD_CB = 64,
-  BWD_DC = 256,
-  WGT_NB = 16,
-  WGT_KB = 64,
-  WGT_DC = 128
-};
+/* Task sizes: row blocks of GEMM_RB rows by FWD_CB (fwd) or BWD_CB (bwd_data)
+ * output columns; dW blocks of WGT_NB x WGT_KB over all the expert's rows. */
+enum { GEMM_RB = 64, FWD_CB = 32, BWD_CB = 64, WGT_NB = 16, WGT_KB = 64 };
 
+/* ye[r0..r1, n0..] = xe[r0..r1, :] . W[e][n0.., :]^T */
 static void fwd_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64_t cb) {
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t n0 = cb * FWD_CB, nc = N - n0 < FWD_CB ? N - n0 : FWD_CB;
-  const float *W = a->W[e];
-  float panel[FWD_KC * FWD_CB];
-  for (int64_t k0 = 0; k0 < Kd; k0 += FWD_KC) {
-    const int64_t kc = Kd - k0 < FWD_KC ? Kd - k0 : FWD_KC;
-    for (int64_t j = 0; j < nc; j++) {
-      const float *wr = W + (n0 + j) * Kd + k0;
-      for (int64_t d = 0; d < kc; d++) panel[d * FWD_CB + j] = wr[d];
-    }
-    const int last = k0 + kc == Kd;
-    tile_gemm(a->x + r0 * Kd + k0, Kd, 1, panel, FWD_CB, kc, a->out + r0 * N + n0, N, r1 - r0, nc, k0 > 0,
-              last && a->round);
-  }
-  if (Kd == 0) { /* an empty contraction still writes zeros */
-    for (int64_t r = r0; r < r1; r++)
-      for (int64_t j = 0; j < nc; j++) a->out[r * N + n0 + j] = 0.0f;
-  }
+  mf_cpu_gemm(MF_CPU_GEMM_NT, a->x + r0 * Kd, Kd, a->W[e] + n0 * Kd, Kd, r1 - r0, nc, Kd, a->out + r0 * N + n0, N,
+              0, a->round);
 }
 
 mf_status mf_cpu_expert_linear_fwd(const mf_kctx *ctx, const float *xe, const float *const *W,
@@ -412,17 +305,13 @@ mf_status mf_cpu_expert_linear_fwd(const mf_kctx *ctx, const float *xe, const fl
   return MF_OK;
 }
 
+/* dxe[r0..r1, c0..] = dye[r0..r1, :] . W[e][:, c0..] */
 static void bwd_data_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64_t cb) {
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t c0 = cb * BWD_CB, cc = Kd - c0 < BWD_CB ? Kd - c0 : BWD_CB;
-  const float *W = a->W[e];
-  for (int64_t n0 = 0; n0 < N; n0 += BWD_DC) {
-    const int64_t nc = N - n0 < BWD_DC ? N - n0 : BWD_DC;
-    const int last = n0 + nc == N;
-    tile_gemm(a->x + r0 * N + n0, N, 1, W + n0 * Kd + c0, Kd, nc, a->out + r0 * Kd + c0, Kd, r1 - r0, cc,
-              n0 > 0, last && a->round);
-  }
+  mf_cpu_gemm(MF_CPU_GEMM_NN, a->x + r0 * N, N, a->W[e] + c0, Kd, r1 - r0, cc, N, a->out + r0 * Kd + c0, Kd, 0,
+              a->round);
 }
 
 mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, const float *const *W,
@@ -439,27 +328,16 @@ mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, co
   return MF_OK;
 }
 
-/* dW[e] blocks of WGT_NB x WGT_KB, over all the expert's rows in row chunks of
- * WGT_DC; cb enumerates (n block, k block). */
+/* dW[e][n0.., k0..] += dye[r0..r1, n0..]^T . xe[r0..r1, k0..]; cb enumerates
+ * (n block, k block). */
 static void bwd_weight_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64_t cb) {
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t nkb = (Kd + WGT_KB - 1) / WGT_KB;
   const int64_t n0 = (cb / nkb) * WGT_NB, k0 = (cb % nkb) * WGT_KB;
   const int64_t nn = N - n0 < WGT_NB ? N - n0 : WGT_NB, kk = Kd - k0 < WGT_KB ? Kd - k0 : WGT_KB;
-  float *dW = a->dW[e];
-  /* Both operands are packed: their rows are N and Kd floats apart (often a
-   * multiple of 4 KiB, which would make every row hit the same L1 set). */
-  float ap[WGT_DC * WGT_NB], bp[WGT_DC * WGT_KB];
-  for (int64_t rc = r0; rc < r1; rc += WGT_DC) {
-    const int64_t depth = r1 - rc < WGT_DC ? r1 - rc : WGT_DC;
-    for (int64_t d = 0; d < depth; d++) {
-      memcpy(ap + d * WGT_NB, a->x + (rc + d) * N + n0, (size_t)nn * sizeof(float));
-      memcpy(bp + d * WGT_KB, a->y + (rc + d) * Kd + k0, (size_t)kk * sizeof(float));
-    }
-    /* A(i, d) = dye[rc + d, n0 + i];  B(d, j) = xe[rc + d, k0 + j] */
-    tile_gemm(ap, 1, WGT_NB, bp, WGT_KB, depth, dW + n0 * Kd + k0, Kd, nn, kk, 1, 0);
-  }
+  mf_cpu_gemm(MF_CPU_GEMM_TN, a->x + r0 * N + n0, N, a->y + r0 * Kd + k0, Kd, nn, kk, r1 - r0,
+              a->dW[e] + n0 * Kd + k0, Kd, 1, 0);
 }
 
 mf_status mf_cpu_expert_linear_bwd_weight(const mf_kctx *ctx, const float *dye, const float *xe,

@@ -1,65 +1,91 @@
-/* Runs a step program on a backend (see exec.h). */
+/* Runs a step program under a schedule on a backend (see exec.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "src/exec/exec.h"
 
 struct mf_exec {
-  mf_program *p;
+  const mf_program *p;
+  const mf_schedule *s;
+  mf_schedule *owned; /* the default schedule, when we built it */
+  mf_decisions *owned_dec;
   mf_backend *b;
   mf_stream *stream;
   uint8_t *arena;
+  uint8_t *host_act;  /* host copies of offloaded activations */
+  float *grad_scratch;
   void **expert_ptrs;
-  int32_t *births; /* tensors ordered by first_op */
-  int32_t *deaths; /* tensors ordered by last_op */
-  int32_t *micro_first_op; /* [G] first op of each micro-batch */
+  int32_t *starts;    /* slots ordered by first instruction */
+  int32_t *ends;      /* slots ordered by last instruction */
   size_t peak_live;
-  float *capture; /* host copy of micro-batch 0's final hidden states, or NULL */
+  uint64_t h2d, d2h;
+  float *capture;
   int64_t *expert_tokens; /* [L * E] */
   int64_t *counts_tmp;    /* [E] */
 };
 
 static int cmp_first(const void *a, const void *b, void *arg) {
-  const mf_program *p = (const mf_program *)arg;
-  int32_t x = p->tensors[*(const int32_t *)a].first_op, y = p->tensors[*(const int32_t *)b].first_op;
+  const mf_schedule *s = (const mf_schedule *)arg;
+  int32_t x = s->slots[*(const int32_t *)a].first, y = s->slots[*(const int32_t *)b].first;
   return x != y ? (x < y ? -1 : 1) : *(const int32_t *)a - *(const int32_t *)b;
 }
 static int cmp_last(const void *a, const void *b, void *arg) {
-  const mf_program *p = (const mf_program *)arg;
-  int32_t x = p->tensors[*(const int32_t *)a].last_op, y = p->tensors[*(const int32_t *)b].last_op;
+  const mf_schedule *s = (const mf_schedule *)arg;
+  int32_t x = s->slots[*(const int32_t *)a].last, y = s->slots[*(const int32_t *)b].last;
   return x != y ? (x < y ? -1 : 1) : *(const int32_t *)a - *(const int32_t *)b;
 }
 
 mf_status mf_exec_create(mf_program *p, mf_backend *b, mf_exec **out) {
   *out = NULL;
-  if (p->arena_bytes == 0) MF_CHECK(mf_program_plan_memory(p));
+  mf_decisions *d = NULL;
+  mf_schedule *s = NULL;
+  MF_CHECK(mf_decisions_create(p, &d));
+  mf_status st = mf_schedule_build(p, d, &s);
+  if (st == MF_OK) st = mf_exec_create_scheduled(p, s, b, out);
+  if (st != MF_OK) {
+    mf_schedule_free(s);
+    mf_decisions_free(d);
+    return st;
+  }
+  (*out)->owned = s;
+  (*out)->owned_dec = d;
+  return MF_OK;
+}
+
+mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
+  *out = NULL;
+  if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
   mf_exec *x = (mf_exec *)calloc(1, sizeof *x);
   if (!x) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
   x->p = p;
+  x->s = s;
   x->b = b;
   mf_status st = MF_OK;
-  x->expert_ptrs = (void **)calloc((size_t)(p->spec.experts > 0 ? p->spec.experts : 1), sizeof(void *));
-  x->births = (int32_t *)malloc((size_t)p->n_tensors * sizeof(int32_t));
-  x->deaths = (int32_t *)malloc((size_t)p->n_tensors * sizeof(int32_t));
-  x->micro_first_op = (int32_t *)malloc((size_t)p->G * sizeof(int32_t));
   const int64_t E = p->spec.experts > 0 ? p->spec.experts : 1;
+  size_t max_param = 1;
+  for (int64_t i = 0; i < p->params->n; i++)
+    if ((size_t)p->params->params[i].numel > max_param) max_param = (size_t)p->params->params[i].numel;
+  x->expert_ptrs = (void **)calloc((size_t)E, sizeof(void *));
+  x->starts = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
+  x->ends = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
   x->expert_tokens = (int64_t *)calloc((size_t)(p->spec.layers * E), sizeof(int64_t));
   x->counts_tmp = (int64_t *)calloc((size_t)E, sizeof(int64_t));
-  if (!x->expert_ptrs || !x->births || !x->deaths || !x->micro_first_op || !x->expert_tokens || !x->counts_tmp) {
+  x->grad_scratch = (float *)malloc(max_param * sizeof(float));
+  if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->counts_tmp || !x->grad_scratch) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
     goto fail;
   }
-  for (int32_t i = 0; i < p->n_tensors; i++) x->births[i] = x->deaths[i] = i;
-  qsort_r(x->births, (size_t)p->n_tensors, sizeof(int32_t), cmp_first, p);
-  qsort_r(x->deaths, (size_t)p->n_tensors, sizeof(int32_t), cmp_last, p);
-  for (int32_t m = 0; m < (int32_t)p->G; m++) x->micro_first_op[m] = -1;
-  for (int32_t k = 0; k < p->n_ops; k++) {
-    int32_t m = p->ops[k].micro;
-    if (m >= 0 && x->micro_first_op[m] < 0) x->micro_first_op[m] = k;
-  }
+  for (int32_t i = 0; i < s->n_slots; i++) x->starts[i] = x->ends[i] = i;
+  qsort_r(x->starts, (size_t)s->n_slots, sizeof(int32_t), cmp_first, (void *)s);
+  qsort_r(x->ends, (size_t)s->n_slots, sizeof(int32_t), cmp_last, (void *)s);
   void *base = NULL;
-  MF_CHECK_GOTO(b->arena_create(b, p->arena_bytes, &base), st, fail);
+  MF_CHECK_GOTO(b->arena_create(b, s->arena_bytes, &base), st, fail);
   x->arena = (uint8_t *)base;
+  if (s->host_act_bytes > 0) {
+    void *h = NULL;
+    MF_CHECK_GOTO(b->host_alloc(b, s->host_act_bytes, &h), st, fail);
+    x->host_act = (uint8_t *)h;
+  }
   MF_CHECK_GOTO(b->stream_create(b, &x->stream), st, fail);
   *out = x;
   return MF_OK;
@@ -71,41 +97,130 @@ fail:
 void mf_exec_free(mf_exec *x) {
   if (!x) return;
   if (x->stream) x->b->stream_free(x->b, x->stream);
+  if (x->host_act) x->b->host_free(x->b, x->host_act);
   free(x->expert_ptrs);
-  free(x->births);
-  free(x->deaths);
-  free(x->micro_first_op);
+  free(x->starts);
+  free(x->ends);
   free(x->expert_tokens);
   free(x->counts_tmp);
+  free(x->grad_scratch);
+  mf_schedule_free(x->owned);
+  mf_decisions_free(x->owned_dec);
   free(x);
 }
 
-size_t mf_exec_arena_bytes(const mf_exec *x) { return x->p->arena_bytes; }
-const int64_t *mf_exec_expert_tokens(const mf_exec *x) { return x->expert_tokens; }
+size_t mf_exec_arena_bytes(const mf_exec *x) { return x->s->arena_bytes; }
 size_t mf_exec_peak_live_bytes(const mf_exec *x) { return x->peak_live; }
-
-static mf_status copy_h2d(mf_exec *x, int32_t t, const void *src) {
-  const mf_ptensor *pt = &x->p->tensors[t];
-  return x->b->copy(x->b, x->arena + pt->offset, src, pt->bytes, MF_COPY_H2D, x->stream);
+const int64_t *mf_exec_expert_tokens(const mf_exec *x) { return x->expert_tokens; }
+void mf_exec_capture_final_hidden(mf_exec *x, float *out) { x->capture = out; }
+void mf_exec_traffic(const mf_exec *x, uint64_t *h2d, uint64_t *d2h) {
+  *h2d = x->h2d;
+  *d2h = x->d2h;
 }
 
-static mf_status copy_d2h(mf_exec *x, int32_t t, void *dst) {
-  const mf_ptensor *pt = &x->p->tensors[t];
-  return x->b->copy(x->b, dst, x->arena + pt->offset, pt->bytes, MF_COPY_D2H, x->stream);
+static uint8_t *slot_ptr(const mf_exec *x, int32_t slot) { return x->arena + x->s->slots[slot].offset; }
+static size_t slot_bytes(const mf_exec *x, int32_t slot) { return x->p->tensors[x->s->slots[slot].tensor].bytes; }
+
+static mf_status d2h(mf_exec *x, int32_t slot, void *dst) {
+  x->d2h += slot_bytes(x, slot);
+  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream);
 }
 
-static mf_status mark(mf_exec *x, int32_t t, int live) {
+/* Reads a small result (loss scalars, expert counts) out of a slot. */
+static mf_status read_slot(mf_exec *x, int32_t slot, void *dst) {
+  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream);
+}
+
+typedef struct step_io {
+  const float *params;
+  const int32_t *const *ids;
+  const int32_t *const *targets;
+  const int32_t *positions;
+  float *grads;
+  const int64_t *n_valid;
+} step_io;
+
+static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
+  const mf_program *p = x->p;
+  const int32_t t = x->s->slots[slot].tensor;
+  const mf_ptensor *pt = &p->tensors[t];
+  const void *src = NULL;
+  if (pt->kind == MF_T_PARAM) {
+    src = io->params + p->params->params[pt->param].offset;
+  } else if (pt->kind == MF_T_INPUT) {
+    if (t == p->io[0].positions)
+      src = io->positions;
+    else if (pt->micro >= 0 && t == p->io[pt->micro].ids)
+      src = io->ids[pt->micro];
+    else if (pt->micro >= 0 && t == p->io[pt->micro].targets)
+      src = io->targets[pt->micro];
+  } else if (x->s->host_offset[t] != SIZE_MAX) {
+    src = x->host_act + x->s->host_offset[t];
+  }
+  if (!src) return MF_ERR(MF_ERR_INTERNAL, "executor: no host source for %s", pt->name);
+  x->h2d += pt->bytes;
+  return x->b->copy(x->b, slot_ptr(x, slot), src, pt->bytes, MF_COPY_H2D, x->stream);
+}
+
+static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
+  const mf_program *p = x->p;
+  const int32_t t = x->s->slots[in->slot].tensor;
+  const mf_ptensor *pt = &p->tensors[t];
+  if (pt->kind == MF_T_GRAD) {
+    if (!io->grads) return MF_OK;
+    float *dst = io->grads + p->params->params[pt->param].offset;
+    if (!in->accumulate) return d2h(x, in->slot, dst);
+    MF_CHECK(d2h(x, in->slot, x->grad_scratch));
+    MF_CHECK(x->b->stream_sync(x->b, x->stream));
+    for (int64_t i = 0; i < pt->numel; i++) dst[i] += x->grad_scratch[i];
+    return MF_OK;
+  }
+  if (x->s->host_offset[t] == SIZE_MAX) return MF_ERR(MF_ERR_INTERNAL, "executor: no host copy for %s", pt->name);
+  return d2h(x, in->slot, x->host_act + x->s->host_offset[t]);
+}
+
+static mf_status mark(mf_exec *x, int32_t slot, int live) {
   if (!x->b->mark) return MF_OK;
-  const mf_ptensor *pt = &x->p->tensors[t];
-  return x->b->mark(x->b, x->arena + pt->offset, pt->bytes, live);
+  return x->b->mark(x->b, slot_ptr(x, slot), slot_bytes(x, slot), live);
+}
+
+/* After a RUN: pick up losses and routing counts the host needs. */
+static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call *call, mf_step_result *r) {
+  const mf_program *p = x->p;
+  const mf_pop *o = &p->ops[in->op];
+  if (in->recompute || o->micro < 0) return MF_OK;
+  const int32_t *ops = x->s->slot_pool + in->operands;
+  const mf_program_io *io = &p->io[o->micro];
+  if (o->kind == MF_K_MOE_DISPATCH) {
+    const int64_t E = p->spec.experts;
+    MF_CHECK(read_slot(x, ops[1], x->counts_tmp));
+    for (int64_t e = 0; e < E; e++) x->expert_tokens[o->layer * E + e] += x->counts_tmp[e];
+  }
+  if ((o->kind == MF_K_AUX_VALUE && o->t[2] == io->aux_scalars) || (o->kind == MF_K_ZERO && o->t[0] == io->aux_scalars)) {
+    double aux = 0;
+    MF_CHECK(read_slot(x, ops[o->kind == MF_K_AUX_VALUE ? 2 : 0], &aux));
+    r->aux_loss += aux / (double)p->G;
+  }
+  if (o->kind == MF_K_CROSS_ENTROPY) {
+    double ce[2];
+    MF_CHECK(read_slot(x, ops[5], ce));
+    r->ce_loss += (ce[1] > 0 ? ce[0] / ce[1] : 0.0) / (double)p->G;
+    r->tokens += (int64_t)ce[1];
+    if (o->micro == 0 && x->capture) {
+      const mf_ptensor *h = &p->tensors[o->t[0]];
+      MF_CHECK(x->b->copy(x->b, x->capture, call->b[0].ptr, h->bytes, MF_COPY_D2H, x->stream));
+    }
+  }
+  return MF_OK;
 }
 
 mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *ids, const int32_t *const *targets,
                        float *grads, mf_step_result *r) {
-  mf_program *p = x->p;
-  const mf_param_table *pt = p->params;
+  const mf_program *p = x->p;
+  const mf_schedule *s = x->s;
   const double t0 = mf_time_now();
   memset(r, 0, sizeof *r);
+  x->h2d = x->d2h = 0;
   int64_t *n_valid = (int64_t *)calloc((size_t)p->G, sizeof(int64_t));
   int32_t *pos = (int32_t *)malloc((size_t)(p->B * p->S) * sizeof(int32_t));
   mf_status st = MF_OK;
@@ -114,74 +229,90 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     goto done;
   }
   for (int64_t bq = 0; bq < p->B; bq++)
-    for (int64_t s = 0; s < p->S; s++) pos[bq * p->S + s] = (int32_t)s;
+    for (int64_t q = 0; q < p->S; q++) pos[bq * p->S + q] = (int32_t)q;
   for (int64_t m = 0; m < p->G; m++)
     for (int64_t i = 0; i < p->B * p->S; i++) n_valid[m] += targets[m][i] >= 0;
-  memset(x->expert_tokens, 0, (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
+  memset(x->expert_tokens, 0,
+         (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
+  step_io io = {params, ids, targets, pos, grads, n_valid};
 
-  /* Tensors of the whole step are live from the start; the rest by lifetime. */
-  size_t live_bytes = 0;
+  size_t live = 0;
   x->peak_live = 0;
-  int32_t nb = 0, nd = 0;
-  for (; nb < p->n_tensors && p->tensors[x->births[nb]].first_op <= 0; nb++) {
-    const mf_ptensor *t = &p->tensors[x->births[nb]];
-    if (t->first_op < 0) continue;
-    MF_CHECK_GOTO(mark(x, x->births[nb], 1), st, done);
-    live_bytes += t->bytes;
-  }
-  for (int64_t i = 0; i < pt->n; i++) MF_CHECK_GOTO(copy_h2d(x, p->param_tensor[i], params + pt->params[i].offset), st, done);
-  MF_CHECK_GOTO(copy_h2d(x, p->io[0].positions, pos), st, done);
-
-  for (int32_t k = 0; k < p->n_ops; k++) {
-    for (; nb < p->n_tensors && p->tensors[x->births[nb]].first_op == k; nb++) {
-      MF_CHECK_GOTO(mark(x, x->births[nb], 1), st, done);
-      live_bytes += p->tensors[x->births[nb]].bytes;
+  int32_t ns = 0, ne = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    for (; ns < s->n_slots && s->slots[x->starts[ns]].first == i; ns++) {
+      MF_CHECK_GOTO(mark(x, x->starts[ns], 1), st, done);
+      live += slot_bytes(x, x->starts[ns]);
     }
-    if (live_bytes > x->peak_live) x->peak_live = live_bytes;
-    const mf_pop *o = &p->ops[k];
-    if (o->micro >= 0 && x->micro_first_op[o->micro] == k) {
-      MF_CHECK_GOTO(copy_h2d(x, p->io[o->micro].ids, ids[o->micro]), st, done);
-      MF_CHECK_GOTO(copy_h2d(x, p->io[o->micro].targets, targets[o->micro]), st, done);
+    if (live > x->peak_live) x->peak_live = live;
+    const mf_instr *in = &s->instr[i];
+    switch (in->kind) {
+      case MF_I_H2D:
+        MF_CHECK_GOTO(do_h2d(x, in->slot, &io), st, done);
+        break;
+      case MF_I_D2H:
+        MF_CHECK_GOTO(do_d2h(x, in, &io), st, done);
+        break;
+      case MF_I_ZERO: {
+        mf_kernel_call call;
+        memset(&call, 0, sizeof call);
+        call.kind = MF_K_ZERO;
+        call.b[0].ptr = slot_ptr(x, in->slot);
+        call.b[0].bytes = slot_bytes(x, in->slot);
+        call.label = "zero gradient slot";
+        MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
+        break;
+      }
+      case MF_I_ACCUM: {
+        mf_kernel_call call;
+        memset(&call, 0, sizeof call);
+        call.kind = MF_K_ADD;
+        call.b[0].ptr = slot_ptr(x, in->slot);
+        call.b[0].bytes = slot_bytes(x, in->slot);
+        call.b[1].ptr = slot_ptr(x, in->slot2);
+        call.b[1].bytes = slot_bytes(x, in->slot2);
+        call.i[0] = p->tensors[s->slots[in->slot].tensor].numel;
+        call.label = "accumulate gradient";
+        MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
+        break;
+      }
+      case MF_I_RUN: {
+        const mf_pop *o = &p->ops[in->op];
+        mf_kernel_call call;
+        memset(&call, 0, sizeof call);
+        call.kind = o->kind;
+        call.label = o->label;
+        const int32_t *sl = s->slot_pool + in->operands;
+        for (int j = 0; j < MF_KBUF_MAX; j++) {
+          if (sl[j] < 0) continue;
+          call.b[j].ptr = slot_ptr(x, sl[j]);
+          call.b[j].bytes = slot_bytes(x, sl[j]);
+        }
+        memcpy(call.i, o->i, sizeof call.i);
+        memcpy(call.f, o->f, sizeof call.f);
+        if (o->experts_at >= 0) {
+          for (int64_t e = 0; e < p->spec.experts; e++) x->expert_ptrs[e] = slot_ptr(x, sl[MF_KBUF_MAX + e]);
+          call.experts = x->expert_ptrs;
+          call.expert_bytes = slot_bytes(x, sl[MF_KBUF_MAX]);
+        }
+        if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
+          int64_t nv = n_valid[o->micro];
+          call.f[0] = nv > 0 ? 1.0 / ((double)p->G * (double)nv) : 0.0;
+        }
+        MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
+        MF_CHECK_GOTO(after_run(x, in, &call, r), st, done);
+        break;
+      }
+      default:
+        st = MF_ERR(MF_ERR_INTERNAL, "executor: unknown instruction %d", (int)in->kind);
+        goto done;
     }
-    mf_kernel_call call;
-    mf_program_kernel_call(p, k, x->arena, x->expert_ptrs, &call);
-    if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
-      int64_t nv = n_valid[o->micro];
-      call.f[0] = nv > 0 ? 1.0 / ((double)p->G * (double)nv) : 0.0;
-    }
-    MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
-    if (o->kind == MF_K_MOE_DISPATCH) {
-      const int64_t E = p->spec.experts;
-      MF_CHECK_GOTO(copy_d2h(x, o->t[1], x->counts_tmp), st, done);
-      for (int64_t e = 0; e < E; e++) x->expert_tokens[o->layer * E + e] += x->counts_tmp[e];
-    }
-    /* Read the micro-batch's losses right after the op that writes them, before
-     * their memory can be reused. */
-    if (o->micro >= 0 && o->t[o->kind == MF_K_AUX_VALUE ? 2 : 0] == p->io[o->micro].aux_scalars &&
-        (o->kind == MF_K_AUX_VALUE || o->kind == MF_K_ZERO)) {
-      double aux = 0;
-      MF_CHECK_GOTO(copy_d2h(x, p->io[o->micro].aux_scalars, &aux), st, done);
-      r->aux_loss += aux / (double)p->G;
-    }
-    if (o->kind == MF_K_CROSS_ENTROPY) {
-      double ce[2];
-      MF_CHECK_GOTO(copy_d2h(x, p->io[o->micro].ce_scalars, ce), st, done);
-      double ce_mean = ce[1] > 0 ? ce[0] / ce[1] : 0.0;
-      r->ce_loss += ce_mean / (double)p->G;
-      r->tokens += (int64_t)ce[1];
-      if (o->micro == 0 && x->capture) MF_CHECK_GOTO(copy_d2h(x, p->io[0].final_hidden, x->capture), st, done);
-    }
-    for (; nd < p->n_tensors && p->tensors[x->deaths[nd]].last_op == k; nd++) {
-      const mf_ptensor *t = &p->tensors[x->deaths[nd]];
-      if (k == p->n_ops - 1 || t->first_op < 0) continue; /* whole-step tensors stay */
-      if (t->kind == MF_T_PARAM || t->kind == MF_T_GRAD || t->micro < 0) continue;
-      MF_CHECK_GOTO(mark(x, x->deaths[nd], 0), st, done);
-      live_bytes -= t->bytes;
+    for (; ne < s->n_slots && s->slots[x->ends[ne]].last == i; ne++) {
+      MF_CHECK_GOTO(mark(x, x->ends[ne], 0), st, done);
+      live -= slot_bytes(x, x->ends[ne]);
     }
   }
   r->loss = r->ce_loss + p->aux_coef * r->aux_loss;
-  if (grads && !p->forward_only)
-    for (int64_t i = 0; i < pt->n; i++) MF_CHECK_GOTO(copy_d2h(x, p->grad_tensor[i], grads + pt->params[i].offset), st, done);
   MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
   r->seconds = mf_time_now() - t0;
 done:
@@ -189,5 +320,3 @@ done:
   free(pos);
   return st;
 }
-
-void mf_exec_capture_final_hidden(mf_exec *x, float *out) { x->capture = out; }

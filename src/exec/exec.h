@@ -5,8 +5,10 @@
  * gradients and losses home. In checking mode it tells the backend each
  * tensor's lifetime, so a kernel touching a dead tensor fails.
  *
- * Today every tensor is resident for the step (the planner's offload and
- * recompute decisions come with the planner work).
+ * It follows a schedule (planner/schedule.h): streamed weights are uploaded
+ * per group of uses, offloaded activations go home and come back, recomputed
+ * ones are produced again, streamed gradients are added up at home. Without a
+ * schedule, every tensor stays resident for the step.
  */
 #ifndef MF_EXEC_EXEC_H
 #define MF_EXEC_EXEC_H
@@ -14,6 +16,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "planner/schedule.h"
 #include "src/core/core.h"
 #include "src/model/program.h"
 
@@ -23,8 +26,10 @@ extern "C" {
 
 typedef struct mf_exec mf_exec;
 
-/* Plans the program's memory if that was not done, and allocates the arena. */
+/* Runs `p` with every tensor resident (the schedule of the default decisions). */
 mf_status mf_exec_create(mf_program *p, mf_backend *b, mf_exec **out);
+/* Runs `p` under schedule `s` (kept by the caller, alive as long as the executor). */
+mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out);
 void mf_exec_free(mf_exec *x); /* NULL is fine */
 
 typedef struct mf_step_result {
@@ -54,9 +59,11 @@ void mf_exec_capture_final_hidden(mf_exec *x, float *out);
 const int64_t *mf_exec_expert_tokens(const mf_exec *x);
 
 size_t mf_exec_arena_bytes(const mf_exec *x);
-/* The most arena bytes held by live tensors at any op of the last step (equals
- * the plan's peak for the resident plan). */
+/* The most device bytes held by live slots at any instruction of the last step,
+ * as measured while running it (equals the schedule's peak_live_bytes). */
 size_t mf_exec_peak_live_bytes(const mf_exec *x);
+/* Bytes the last step copied host->device and device->host. */
+void mf_exec_traffic(const mf_exec *x, uint64_t *h2d, uint64_t *d2h);
 
 #ifdef __cplusplus
 }

@@ -667,113 +667,12 @@ void mf_program_free(mf_program *p) {
   free(p);
 }
 
-/* ---------------------------------------------------------- memory plan */
-
-#define ALIGN 64
-static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
-
-typedef struct placed {
-  size_t off, end;
-} placed;
-
-static int cmp_size_desc(const void *a, const void *b, void *arg) {
-  const mf_program *p = (const mf_program *)arg;
-  const mf_ptensor *x = &p->tensors[*(const int32_t *)a], *y = &p->tensors[*(const int32_t *)b];
-  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
-  return *(const int32_t *)a - *(const int32_t *)b;
-}
-
-static int cmp_off(const void *a, const void *b) {
-  const placed *x = (const placed *)a, *y = (const placed *)b;
-  return x->off < y->off ? -1 : x->off > y->off ? 1 : 0;
-}
-
-mf_status mf_program_plan_memory(mf_program *p) {
-  size_t off = 0;
-  p->param_bytes = p->grad_bytes = 0;
-  int32_t n_rest = 0;
-  for (int32_t i = 0; i < p->n_tensors; i++) {
-    mf_ptensor *t = &p->tensors[i];
-    if (t->first_op < 0) continue; /* unused */
-    if (t->kind == MF_T_PARAM || t->kind == MF_T_GRAD || t->micro < 0) {
-      t->offset = off;
-      off = align_up(off + t->bytes);
-      if (t->kind == MF_T_PARAM) p->param_bytes += t->bytes;
-      if (t->kind == MF_T_GRAD) p->grad_bytes += t->bytes;
-    } else {
-      n_rest++;
-    }
-  }
-  const size_t base = off;
-  int32_t *order = (int32_t *)malloc((size_t)(n_rest ? n_rest : 1) * sizeof(int32_t));
-  placed *live = (placed *)malloc((size_t)(n_rest ? n_rest : 1) * sizeof(placed));
-  if (!order || !live) {
-    free(order);
-    free(live);
-    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "memory plan: out of memory");
-  }
-  n_rest = 0;
-  for (int32_t i = 0; i < p->n_tensors; i++) {
-    const mf_ptensor *t = &p->tensors[i];
-    if (t->first_op >= 0 && !(t->kind == MF_T_PARAM || t->kind == MF_T_GRAD || t->micro < 0)) order[n_rest++] = i;
-  }
-  qsort_r(order, (size_t)n_rest, sizeof *order, cmp_size_desc, p);
-  size_t peak = 0;
-  for (int32_t a = 0; a < n_rest; a++) {
-    mf_ptensor *t = &p->tensors[order[a]];
-    int32_t n_live = 0;
-    for (int32_t q = 0; q < a; q++) {
-      const mf_ptensor *u = &p->tensors[order[q]];
-      if (u->first_op <= t->last_op && t->first_op <= u->last_op)
-        live[n_live++] = (placed){u->offset - base, u->offset - base + u->bytes};
-    }
-    qsort(live, (size_t)n_live, sizeof *live, cmp_off);
-    size_t cand = 0;
-    for (int32_t q = 0; q < n_live; q++) {
-      if (live[q].off >= cand + t->bytes) break;
-      if (live[q].end > cand) cand = align_up(live[q].end);
-    }
-    t->offset = base + cand;
-    if (cand + t->bytes > peak) peak = cand + t->bytes;
-  }
-  free(order);
-  free(live);
-  p->peak_other_bytes = peak;
-  p->arena_bytes = align_up(base + peak);
-  return MF_OK;
-}
-
-/* ------------------------------------------------------------ execution */
-
-void mf_program_kernel_call(const mf_program *p, int32_t k, uint8_t *arena, void **expert_ptrs,
-                            mf_kernel_call *call) {
-  const mf_pop *o = &p->ops[k];
-  memset(call, 0, sizeof *call);
-  call->kind = o->kind;
-  for (int i = 0; i < MF_KBUF_MAX; i++) {
-    if (o->t[i] < 0) continue;
-    const mf_ptensor *t = &p->tensors[o->t[i]];
-    call->b[i].ptr = arena + t->offset;
-    call->b[i].bytes = t->bytes;
-  }
-  memcpy(call->i, o->i, sizeof call->i);
-  memcpy(call->f, o->f, sizeof call->f);
-  call->label = o->label;
-  if (o->experts_at >= 0) {
-    const int64_t E = p->spec.experts;
-    for (int64_t e = 0; e < E; e++) expert_ptrs[e] = arena + p->tensors[p->id_pool[o->experts_at + e]].offset;
-    call->experts = expert_ptrs;
-    call->expert_bytes = p->tensors[p->id_pool[o->experts_at]].bytes;
-  }
-}
-
 void mf_program_dump(const mf_program *p, FILE *f) {
-  fprintf(f, "program: %d tensors, %d ops, arena %zu bytes, %.3g FLOPs\n", p->n_tensors, p->n_ops, p->arena_bytes,
-          p->flops);
+  fprintf(f, "program: %d tensors, %d ops, %.3g FLOPs\n", p->n_tensors, p->n_ops, p->flops);
   for (int32_t i = 0; i < p->n_tensors; i++) {
     const mf_ptensor *t = &p->tensors[i];
-    fprintf(f, "  t%-5d %-8s %-4s %10zu B @ %10zu  ops [%d, %d]  %s\n", i, mf_tensor_kind_name(t->kind),
-            mf_dtype_name(t->dtype), t->bytes, t->offset, t->first_op, t->last_op, t->name);
+    fprintf(f, "  t%-5d %-8s %-4s %10zu B  ops [%d, %d]  %s\n", i, mf_tensor_kind_name(t->kind),
+            mf_dtype_name(t->dtype), t->bytes, t->first_op, t->last_op, t->name);
   }
   for (int32_t k = 0; k < p->n_ops; k++) {
     const mf_pop *o = &p->ops[k];

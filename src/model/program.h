@@ -10,10 +10,8 @@
  * T*K rows laid out by the dispatch permutation, so no size depends on routing.
  *
  * The program is built for a batch shape (B sequences of S tokens per
- * micro-batch, G micro-batches per step), in micro-batch-major order. Its
- * memory plan (mf_program_plan_memory) gives every tensor an offset in one
- * device arena: parameters and gradients for the whole step, everything else
- * packed by lifetime.
+ * micro-batch, G micro-batches per step), in micro-batch-major order. Where
+ * each tensor lives and when is the planner's business (planner/schedule.h).
  *
  * Loss. Micro-batch m's loss is CE_m (mean over its counted tokens) +
  * coef * aux_m (MODELS.md §11, pooled over its MoE layers); the step's loss
@@ -58,7 +56,6 @@ typedef struct mf_ptensor {
   int32_t micro; /* micro-batch, -1 for tensors of the whole step */
   int32_t layer; /* -1 when none */
   int32_t first_op, last_op; /* lifetime: the ops that first and last touch it */
-  size_t offset;  /* in the device arena (after mf_program_plan_memory) */
 } mf_ptensor;
 
 typedef enum mf_phase { MF_PHASE_SETUP = 0, MF_PHASE_FWD, MF_PHASE_LOSS, MF_PHASE_BWD } mf_phase;
@@ -100,8 +97,6 @@ typedef struct mf_program {
   mf_program_io *io;       /* [G] */
   int32_t *param_tensor;   /* [params->n] */
   int32_t *grad_tensor;    /* [params->n]; -1 in a forward-only program */
-  size_t arena_bytes;      /* after mf_program_plan_memory */
-  size_t param_bytes, grad_bytes, peak_other_bytes;
   double flops;            /* all ops of the step */
   int64_t ce_chunk;
   int forward_only;
@@ -118,15 +113,6 @@ typedef struct mf_program_opts {
 
 mf_status mf_program_build(const mf_param_table *params, const mf_program_opts *opts, mf_program **out);
 void mf_program_free(mf_program *p); /* NULL is fine */
-
-/* Gives every tensor its arena offset: parameters and gradients first (live all
- * step), then the rest packed first-fit by lifetime, each aligned to 64 bytes.
- * Sets arena_bytes. */
-mf_status mf_program_plan_memory(mf_program *p);
-
-/* The kernel call for op k, with tensor ids resolved against an arena base. */
-void mf_program_kernel_call(const mf_program *p, int32_t k, uint8_t *arena, void **expert_ptrs,
-                            mf_kernel_call *call);
 
 /* A one-line summary per op and tensor (for debugging). */
 void mf_program_dump(const mf_program *p, FILE *f);

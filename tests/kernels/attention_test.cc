@@ -92,8 +92,8 @@ struct Result {
   Vec o, lse, dq, dk, dv;
 };
 
-Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout, mf_threadpool *pool = nullptr,
-        int round_bf16 = 0, float scale = 0.0f) {
+Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout,
+           mf_threadpool *pool = nullptr, int round_bf16 = 0, float scale = 0.0f) {
   mf_kctx ctx = {pool, round_bf16};
   if (scale == 0.0f) scale = sh.scale();
   Result r;
@@ -107,9 +107,10 @@ Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec 
     r.dq.assign(sh.nq(), NAN);
     r.dk.assign(sh.nkv(), NAN);
     r.dv.assign(sh.nkv(), NAN);
-    EXPECT_EQ(mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(),
-                                   sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.dq.data(), r.dk.data(), r.dv.data()),
-              MF_OK)
+    EXPECT_EQ(
+        mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B,
+                             sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.dq.data(), r.dk.data(), r.dv.data()),
+        MF_OK)
         << mf_last_error();
   }
   return r;
@@ -170,7 +171,8 @@ TEST(Attention, BackwardMatchesDoubleReference) {
 // Head dims that are not a multiple of the vector width, lengths that end
 // mid-tile: the kernels' tail paths.
 TEST(Attention, OddShapesMatchReference) {
-  const Shape shapes[] = {{1, 5, 2, 1, 1}, {2, 33, 4, 2, 3}, {1, 97, 3, 1, 12}, {1, 70, 2, 2, 20}, {1, 45, 2, 1, 200}};
+  const Shape shapes[] = {
+      {1, 5, 2, 1, 1}, {2, 33, 4, 2, 3}, {1, 97, 3, 1, 12}, {1, 70, 2, 2, 20}, {1, 45, 2, 1, 200}};
   uint32_t seed = 150;
   for (const Shape &sh : shapes) {
     Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
@@ -186,7 +188,8 @@ TEST(Attention, OddShapesMatchReference) {
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  const Shape shapes[] = {{1, 7, 4, 2, 8}, {2, 5, 8, 1, 16}, {1, 70, 4, 4, 8}, {3, 2, 4, 2, 16}, {1, 1, 4, 1, 8}};
+  const Shape shapes[] = {
+      {1, 7, 4, 2, 8}, {2, 5, 8, 1, 16}, {1, 70, 4, 4, 8}, {3, 2, 4, 2, 16}, {1, 1, 4, 1, 8}};
   uint32_t seed = 200;
   for (const Shape &sh : shapes) {
     Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
@@ -208,8 +211,8 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 
 TEST(Attention, FutureKeysDoNotChangeEarlierOutputs) {
   const Shape sh{2, 130, 4, 2, 16};
-  Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2), v = mf_fd::random_vec(sh.nkv(), 3),
-      dout = mf_fd::random_vec(sh.nq(), 4);
+  Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2),
+      v = mf_fd::random_vec(sh.nkv(), 3), dout = mf_fd::random_vec(sh.nq(), 4);
   Result base = run(sh, q, k, v, &dout);
   for (int64_t j : {1, 31, 32, 33, 64, 100, 129}) {
     Vec k2 = k, v2 = v;
@@ -236,8 +239,8 @@ TEST(Attention, FutureKeysDoNotChangeEarlierOutputs) {
 TEST(Attention, BitIdenticalForAnyThreadCount) {
   const Shape shapes[] = {{3, 130, 4, 2, 16}, {1, 67, 8, 1, 64}, {2, 7, 4, 4, 8}};
   for (const Shape &sh : shapes) {
-    Vec q = mf_fd::random_vec(sh.nq(), 5), k = mf_fd::random_vec(sh.nkv(), 6), v = mf_fd::random_vec(sh.nkv(), 7),
-        dout = mf_fd::random_vec(sh.nq(), 8);
+    Vec q = mf_fd::random_vec(sh.nq(), 5), k = mf_fd::random_vec(sh.nkv(), 6),
+        v = mf_fd::random_vec(sh.nkv(), 7), dout = mf_fd::random_vec(sh.nq(), 8);
     for (int rb : {0, 1}) {
       Result ref = run(sh, q, k, v, &dout, nullptr, rb);
       for (int n : {1, 2, 3}) {
@@ -274,8 +277,8 @@ TEST(Attention, SimdVariantsGiveSameBits) {
 
 TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
   const Shape sh{2, 70, 4, 2, 16};
-  Vec q = mf_fd::random_vec(sh.nq(), 11), k = mf_fd::random_vec(sh.nkv(), 12), v = mf_fd::random_vec(sh.nkv(), 13),
-      dout = mf_fd::random_vec(sh.nq(), 14);
+  Vec q = mf_fd::random_vec(sh.nq(), 11), k = mf_fd::random_vec(sh.nkv(), 12),
+      v = mf_fd::random_vec(sh.nkv(), 13), dout = mf_fd::random_vec(sh.nq(), 14);
   Result exact = run(sh, q, k, v, &dout, nullptr, 0);
   Result r = run(sh, q, k, v, &dout, nullptr, 1);
   EXPECT_TRUE(same_bits(r.lse, exact.lse)) << "lse stays fp32";
@@ -283,7 +286,8 @@ TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
     int changed = 0;
     for (size_t i = 0; i < got.size(); i++) {
       ASSERT_EQ(got[i], mf_round_to_bf16(got[i])) << what << "[" << i << "] is not a bf16 value";
-      ASSERT_LE(std::fabs(got[i] - want[i]), std::ldexp(1.0, -8) * std::fabs(want[i]) + 1e-6) << what << "[" << i << "]";
+      ASSERT_LE(std::fabs(got[i] - want[i]), std::ldexp(1.0, -8) * std::fabs(want[i]) + 1e-6)
+          << what << "[" << i << "]";
       changed += got[i] != want[i];
     }
     EXPECT_GT(changed, 0) << what << ": rounding did nothing";
@@ -292,9 +296,10 @@ TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
   // The backward reads the rounded o, so compare it with an exact backward from that same o.
   Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
   mf_kctx ctx = {nullptr, 0};
-  ASSERT_EQ(mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B,
-                                 sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data()),
-            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B,
+                           sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data()),
+      MF_OK);
   check("dq", r.dq, dq);
   check("dk", r.dk, dk);
   check("dv", r.dv, dv);
@@ -302,8 +307,8 @@ TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
 
 TEST(Attention, SingleTokenIsValueAndScaledDot) {
   const Shape sh{2, 1, 8, 2, 16};
-  Vec q = mf_fd::random_vec(sh.nq(), 21), k = mf_fd::random_vec(sh.nkv(), 22), v = mf_fd::random_vec(sh.nkv(), 23),
-      dout = mf_fd::random_vec(sh.nq(), 24);
+  Vec q = mf_fd::random_vec(sh.nq(), 21), k = mf_fd::random_vec(sh.nkv(), 22),
+      v = mf_fd::random_vec(sh.nkv(), 23), dout = mf_fd::random_vec(sh.nq(), 24);
   Result r = run(sh, q, k, v, &dout);
   const int64_t G = sh.Hq / sh.Hkv;
   for (int64_t b = 0; b < sh.B; b++)
@@ -347,27 +352,35 @@ TEST(Attention, LargeScoresStayFiniteAndCorrect) {
   EXPECT_LE(worst(r.dv, ref.dv, 1e-4, 1e-3), 1.0);
 }
 
-TEST(Attention, HeadDim256WorksAndTooLargeIsRefused) {
-  const Shape sh{1, 40, 2, 1, 256};
-  Vec q = mf_fd::random_vec(sh.nq(), 41), k = mf_fd::random_vec(sh.nkv(), 42), v = mf_fd::random_vec(sh.nkv(), 43),
-      dout = mf_fd::random_vec(sh.nq(), 44);
-  Result r = run(sh, q, k, v, &dout);
-  Ref ref = reference(sh, q, k, v, &dout, sh.scale());
-  EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0);
-  EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0);
-  EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0);
-  EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0);
+TEST(Attention, LargeHeadDimsWorkAndTooLargeIsRefused) {
+  for (int64_t D : {256, 512}) {
+    const Shape sh{1, 40, 2, 1, D};
+    Vec q = mf_fd::random_vec(sh.nq(), 41), k = mf_fd::random_vec(sh.nkv(), 42),
+        v = mf_fd::random_vec(sh.nkv(), 43), dout = mf_fd::random_vec(sh.nq(), 44);
+    Result r = run(sh, q, k, v, &dout);
+    Ref ref = reference(sh, q, k, v, &dout, sh.scale());
+    EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0) << name(sh);
+    EXPECT_LE(worst(r.lse, ref.lse, 2e-6, 1e-6), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0) << name(sh);
+  }
 
-  const int64_t D = 1024;
-  Vec big(D, 0.5f), o(D), lse(1), g(D);
+  // Past the kernel's stack tile: refused with a message, nothing written.
+  const int64_t D = 520;
+  Vec big(D, 0.5f), o(D, 7.0f), lse(1, 7.0f), g(D);
   mf_kctx ctx = {nullptr, 0};
-  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 1.0f, o.data(), lse.data()),
+  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 1.0f, o.data(),
+                                 lse.data()),
             MF_ERR_UNSUPPORTED);
-  EXPECT_NE(std::strstr(mf_last_error(), "D=1024"), nullptr) << mf_last_error();
-  EXPECT_EQ(mf_cpu_attention_bwd(&ctx, big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1,
-                                 1, 1, D, 1.0f, g.data(), g.data(), g.data()),
+  EXPECT_NE(std::strstr(mf_last_error(), "D=520"), nullptr) << mf_last_error();
+  EXPECT_EQ(o[0], 7.0f);
+  EXPECT_EQ(lse[0], 7.0f);
+  EXPECT_EQ(mf_cpu_attention_bwd(&ctx, big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(),
+                                 1, 1, 1, 1, D, 1.0f, g.data(), g.data(), g.data()),
             MF_ERR_UNSUPPORTED);
-  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(), lse.data()),
+  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(),
+                                 lse.data()),
             MF_ERR_INVALID_ARG);
 }
 
@@ -376,8 +389,8 @@ TEST(Attention, HeadDim256WorksAndTooLargeIsRefused) {
 TEST(Attention, DISABLED_Throughput) {
   const Shape shapes[] = {{8, 128, 4, 2, 16}, {1, 1024, 16, 4, 64}};
   for (const Shape &sh : shapes) {
-    Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2), v = mf_fd::random_vec(sh.nkv(), 3),
-        dout = mf_fd::random_vec(sh.nq(), 4);
+    Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2),
+        v = mf_fd::random_vec(sh.nkv(), 3), dout = mf_fd::random_vec(sh.nq(), 4);
     Vec o(sh.nq()), lse(sh.nlse()), dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
     const double fwd_flops = 4.0 * sh.B * sh.Hq * (double)sh.S * sh.S * sh.D / 2;
     for (int n : {1, 2}) {
@@ -389,8 +402,8 @@ TEST(Attention, DISABLED_Throughput) {
         mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(),
                              o.data(), lse.data());
         double t1 = mf_time_now();
-        mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B, sh.S,
-                             sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data());
+        mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B,
+                             sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data());
         double t2 = mf_time_now();
         tf = std::min(tf, t1 - t0);
         tb = std::min(tb, t2 - t1);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "planner/schedule.h"
 #include "src/core/core.h"
 #include "src/exec/exec.h"
 #include "src/model/params.h"
@@ -107,30 +108,38 @@ StepOut run(const Model &m, int64_t B, int64_t S, int64_t G, const std::vector<s
 
 class Families : public ::testing::TestWithParam<mf_family> {};
 
-TEST_P(Families, MemoryPlanNeverOverlapsLiveTensors) {
+TEST_P(Families, MemoryPlanNeverOverlapsLiveSlots) {
   mf_model_spec s = tiny_spec(GetParam());
   Model m(s);
   mf_program_opts po = {2, 7, 2, 0.01, 16, 0};
   mf_program *p = nullptr;
   ASSERT_EQ(mf_program_build(m.t, &po, &p), MF_OK) << mf_last_error();
-  ASSERT_EQ(mf_program_plan_memory(p), MF_OK);
-  for (int32_t a = 0; a < p->n_tensors; a++) {
-    const mf_ptensor &x = p->tensors[a];
-    if (x.first_op < 0) continue;
-    EXPECT_LE(x.offset + x.bytes, p->arena_bytes) << x.name;
-    EXPECT_EQ(x.offset % 64, 0u) << x.name;
-    for (int32_t c = a + 1; c < p->n_tensors; c++) {
-      const mf_ptensor &y = p->tensors[c];
-      if (y.first_op < 0 || x.bytes == 0 || y.bytes == 0) continue;
-      bool time = x.first_op <= y.last_op && y.first_op <= x.last_op;
-      bool space = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
-      ASSERT_FALSE(time && space) << x.name << " and " << y.name << " share memory while both live";
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p, &d), MF_OK);
+  mf_schedule *sc = nullptr;
+  ASSERT_EQ(mf_schedule_build(p, d, &sc), MF_OK) << mf_last_error();
+  for (int32_t a = 0; a < sc->n_slots; a++) {
+    const mf_slot &x = sc->slots[a];
+    const size_t xb = p->tensors[x.tensor].bytes;
+    EXPECT_LE(x.offset + xb, sc->arena_bytes) << p->tensors[x.tensor].name;
+    EXPECT_EQ(x.offset % 64, 0u) << p->tensors[x.tensor].name;
+    for (int32_t c = a + 1; c < sc->n_slots; c++) {
+      const mf_slot &y = sc->slots[c];
+      const size_t yb = p->tensors[y.tensor].bytes;
+      if (xb == 0 || yb == 0) continue;
+      bool time = x.first <= y.last && y.first <= x.last;
+      bool space = x.offset < y.offset + yb && y.offset < x.offset + xb;
+      ASSERT_FALSE(time && space) << p->tensors[x.tensor].name << " and " << p->tensors[y.tensor].name
+                                  << " share memory while both live";
     }
   }
   // Reuse makes the arena smaller than the sum of everything.
   size_t sum = 0;
   for (int32_t a = 0; a < p->n_tensors; a++) sum += p->tensors[a].bytes;
-  EXPECT_LT(p->arena_bytes, sum);
+  EXPECT_LT(sc->arena_bytes, sum);
+  EXPECT_LE(sc->peak_live_bytes, sc->arena_bytes);
+  mf_schedule_free(sc);
+  mf_decisions_free(d);
   mf_program_free(p);
 }
 
@@ -167,38 +176,5 @@ TEST_P(Families, ThreadsCheckingAndAccumulation) {
 INSTANTIATE_TEST_SUITE_P(All, Families,
                          ::testing::Values(MF_FAMILY_MIXTRAL, MF_FAMILY_QWEN2_MOE, MF_FAMILY_QWEN3_MOE, MF_FAMILY_OLMOE),
                          [](const ::testing::TestParamInfo<mf_family> &i) { return std::string(mf_family_name(i.param)); });
-
-// A plan that releases a tensor before its last reader is caught by the checking mode.
-TEST(Checking, CatchesATensorReleasedTooEarly) {
-  mf_model_spec s = tiny_spec(MF_FAMILY_MIXTRAL);
-  Model m(s);
-  const int64_t B = 1, S = 5;
-  std::vector<int32_t> ids, tg;
-  make_batch(B, S, s.vocab, 4, ids, tg);
-  mf_cpu_backend_opts bo = {nullptr, 0, 1};
-  mf_backend *b = nullptr;
-  ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
-  mf_program_opts po = {B, S, 1, 0.01, 16, 0};
-  mf_program *p = nullptr;
-  ASSERT_EQ(mf_program_build(m.t, &po, &p), MF_OK);
-  // Break the plan: the attention output dies right after the attention forward,
-  // though o_proj and the backward still read it.
-  int32_t victim = -1;
-  for (int32_t i = 0; i < p->n_tensors; i++)
-    if (strstr(p->tensors[i].name, "layers.1.self_attn.attn_out") && !strstr(p->tensors[i].name, "grad")) victim = i;
-  ASSERT_GE(victim, 0);
-  p->tensors[victim].last_op = p->tensors[victim].first_op;
-  ASSERT_EQ(mf_program_plan_memory(p), MF_OK);
-  mf_exec *x = nullptr;
-  ASSERT_EQ(mf_exec_create(p, b, &x), MF_OK);
-  const int32_t *ip[1] = {ids.data()}, *tp[1] = {tg.data()};
-  std::vector<float> grads((size_t)m.t->total_numel);
-  mf_step_result sr;
-  EXPECT_EQ(mf_exec_step(x, m.w.data(), ip, tp, grads.data(), &sr), MF_ERR_INTERNAL);
-  EXPECT_NE(std::string(mf_last_error()).find("residency check"), std::string::npos) << mf_last_error();
-  mf_exec_free(x);
-  mf_program_free(p);
-  mf_backend_free(b);
-}
 
 }  // namespace

@@ -1,0 +1,636 @@
+/* Decisions -> schedule: the instruction list and its slots (see schedule.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/schedule.h"
+
+const char *mf_param_dec_name(mf_param_dec d) { return d == MF_PARAM_STREAM ? "stream" : "resident"; }
+const char *mf_grad_dec_name(mf_grad_dec d) { return d == MF_GRAD_STREAM ? "stream" : "device"; }
+const char *mf_act_dec_name(mf_act_dec d) {
+  return d == MF_ACT_OFFLOAD ? "offload" : d == MF_ACT_RECOMPUTE ? "recompute" : "keep";
+}
+
+mf_status mf_decisions_create(const mf_program *p, mf_decisions **out) {
+  *out = NULL;
+  mf_decisions *d = (mf_decisions *)calloc(1, sizeof *d);
+  if (!d) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "decisions: out of memory");
+  d->n_params = (int32_t)p->params->n;
+  d->n_tensors = p->n_tensors;
+  d->param = (uint8_t *)calloc((size_t)d->n_params + 1, 1);
+  d->grad = (uint8_t *)calloc((size_t)d->n_params + 1, 1);
+  d->act = (uint8_t *)calloc((size_t)d->n_tensors + 1, 1);
+  if (!d->param || !d->grad || !d->act) {
+    mf_decisions_free(d);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "decisions: out of memory");
+  }
+  *out = d;
+  return MF_OK;
+}
+
+void mf_decisions_free(mf_decisions *d) {
+  if (!d) return;
+  free(d->param);
+  free(d->grad);
+  free(d->act);
+  free(d);
+}
+
+mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to) {
+  if (from->n_params != to->n_params || from->n_tensors != to->n_tensors)
+    return MF_ERR(MF_ERR_INVALID_ARG, "decisions: copying between different programs");
+  memcpy(to->param, from->param, (size_t)from->n_params);
+  memcpy(to->grad, from->grad, (size_t)from->n_params);
+  memcpy(to->act, from->act, (size_t)from->n_tensors);
+  return MF_OK;
+}
+
+/* Operand masks of program op k (which b[] slots it reads / writes). */
+static void op_masks(const mf_program *p, int32_t k, uint32_t *reads, uint32_t *writes) {
+  mf_kernel_call c;
+  memset(&c, 0, sizeof c);
+  c.kind = p->ops[k].kind;
+  memcpy(c.i, p->ops[k].i, sizeof c.i);
+  *reads = mf_kernel_reads(&c);
+  *writes = mf_kernel_writes(&c);
+}
+
+int mf_schedule_can_offload(const mf_program *p, int32_t t) {
+  const mf_ptensor *x = &p->tensors[t];
+  if (x->micro < 0 || x->layer < 0 || x->first_op < 0) return 0;
+  if (x->kind != MF_T_ACT && x->kind != MF_T_STAT) return 0;
+  /* Worth it only when the backward reads it. */
+  return p->ops[x->last_op].phase == MF_PHASE_BWD && p->ops[x->first_op].phase == MF_PHASE_FWD;
+}
+
+static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t *memo);
+
+/* A writer's input the backward can count on: a weight, the step's inputs, an
+ * activation the backward reads anyway, or one that can itself be recomputed. */
+static int available_in_bwd(const mf_program *p, int32_t u, int depth, int8_t *memo) {
+  const mf_ptensor *x = &p->tensors[u];
+  if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT) return 1;
+  if (x->first_op < 0) return 0;
+  if (p->ops[x->last_op].phase == MF_PHASE_BWD) return 1;
+  return can_recompute_depth(p, u, depth + 1, memo);
+}
+
+static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t *memo) {
+  if (memo && memo[t] >= 0) return memo[t];
+  int ok = 1;
+  const mf_ptensor *x = &p->tensors[t];
+  if (depth > 64 || x->micro < 0 || x->layer < 0 || x->first_op < 0) { ok = 0; goto out; }
+  if (x->kind != MF_T_ACT && x->kind != MF_T_STAT) { ok = 0; goto out; }
+  if (p->ops[x->first_op].phase != MF_PHASE_FWD) { ok = 0; goto out; }
+  /* Every op that writes it is a forward op whose written operands are
+   * activations of the same layer and micro-batch (no side effects elsewhere),
+   * and whose inputs the backward still has. */
+  for (int32_t k = x->first_op; k <= x->last_op; k++) {
+    const mf_pop *o = &p->ops[k];
+    int writes_t = 0;
+    uint32_t r, w;
+    op_masks(p, k, &r, &w);
+    for (int i = 0; i < MF_KBUF_MAX; i++)
+      if (o->t[i] == t && (w >> i & 1)) writes_t = 1;
+    if (!writes_t) continue;
+    if (o->phase != MF_PHASE_FWD) { ok = 0; goto out; }
+    for (int i = 0; i < MF_KBUF_MAX; i++) {
+      if (o->t[i] < 0) continue;
+      const mf_ptensor *u = &p->tensors[o->t[i]];
+      if (w >> i & 1) {
+        if (u->micro != x->micro || u->layer != x->layer || (u->kind != MF_T_ACT && u->kind != MF_T_STAT)) { ok = 0; goto out; }
+      } else if ((r >> i & 1) && o->t[i] != t && !available_in_bwd(p, o->t[i], depth, memo)) {
+        { ok = 0; goto out; }
+      }
+    }
+    if (o->experts_at >= 0)
+      for (int64_t e = 0; e < p->spec.experts; e++)
+        if (!available_in_bwd(p, p->id_pool[o->experts_at + e], depth, memo)) { ok = 0; goto out; }
+  }
+  out:
+  if (memo && depth <= 64) memo[t] = (int8_t)ok;
+  return ok;
+}
+
+int mf_schedule_can_recompute(const mf_program *p, int32_t t) {
+  if (!mf_schedule_can_offload(p, t)) return 0;
+  return can_recompute_depth(p, t, 0, NULL);
+}
+
+/* ------------------------------------------------------------- builder */
+
+typedef struct builder {
+  const mf_program *p;
+  const mf_decisions *d;
+  mf_schedule *s;
+  int32_t cap_instr, cap_slots;
+  int64_t cap_pool;
+  int32_t *cur;        /* [n_tensors] resident slot or -1 */
+  int32_t *use_start;  /* CSR: uses of tensor t are use_ops[use_start[t] .. use_start[t+1]) */
+  int32_t *use_ops;
+  int32_t *last_fwd_writer; /* [n_tensors] */
+  uint8_t *host_valid;      /* offloaded activation has its host copy */
+  uint8_t *grad_home;       /* streamed gradient has reached the host once */
+  int32_t *acc_slot;        /* [n_params] the step's gradient sum on the device (DEVICE), or -1 */
+  int8_t *memo;             /* [n_tensors] structurally recomputable: -1 unknown, 0, 1 */
+  int32_t *temps;           /* tensors a recompute chain produced only as inputs of the chain */
+  int32_t n_temps, cap_temps;
+  int depth;
+  mf_status st;
+} builder;
+
+static int32_t param_of(const builder *b, int32_t t) { return b->p->tensors[t].param; }
+
+static mf_instr *emit(builder *b, mf_instr_kind kind) {
+  static mf_instr sink;
+  if (b->st != MF_OK) return &sink;
+  mf_schedule *s = b->s;
+  if (s->n_instr == b->cap_instr) {
+    int32_t cap = b->cap_instr ? 2 * b->cap_instr : 4096;
+    mf_instr *q = (mf_instr *)realloc(s->instr, (size_t)cap * sizeof *q);
+    if (!q) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+      return &sink;
+    }
+    s->instr = q;
+    b->cap_instr = cap;
+  }
+  mf_instr *in = &s->instr[s->n_instr++];
+  memset(in, 0, sizeof *in);
+  in->kind = kind;
+  in->op = in->slot = in->slot2 = in->operands = -1;
+  return in;
+}
+
+static int32_t new_slot(builder *b, int32_t t) {
+  if (b->st != MF_OK) return -1;
+  mf_schedule *s = b->s;
+  if (s->n_slots == b->cap_slots) {
+    int32_t cap = b->cap_slots ? 2 * b->cap_slots : 4096;
+    mf_slot *q = (mf_slot *)realloc(s->slots, (size_t)cap * sizeof *q);
+    if (!q) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+      return -1;
+    }
+    s->slots = q;
+    b->cap_slots = cap;
+  }
+  mf_slot *sl = &s->slots[s->n_slots];
+  sl->tensor = t;
+  sl->first = sl->last = -1;
+  sl->offset = 0;
+  b->cur[t] = s->n_slots;
+  return s->n_slots++;
+}
+
+static int64_t pool_reserve(builder *b, int64_t n) {
+  if (b->st != MF_OK) return -1;
+  mf_schedule *s = b->s;
+  if (s->n_pool + n > b->cap_pool) {
+    int64_t cap = b->cap_pool ? 2 * b->cap_pool : 65536;
+    while (cap < s->n_pool + n) cap *= 2;
+    int32_t *q = (int32_t *)realloc(s->slot_pool, (size_t)cap * sizeof *q);
+    if (!q) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+      return -1;
+    }
+    s->slot_pool = q;
+    b->cap_pool = cap;
+  }
+  int64_t at = s->n_pool;
+  s->n_pool += n;
+  return at;
+}
+
+/* The first program use of t at or after op `from`, or -1. */
+static int32_t next_use(const builder *b, int32_t t, int32_t from) {
+  for (int32_t u = b->use_start[t]; u < b->use_start[t + 1]; u++)
+    if (b->use_ops[u] >= from) return b->use_ops[u];
+  return -1;
+}
+
+/* Weights stream in groups: one layer's ops of one phase of one micro-batch. */
+static int64_t group_of(const mf_program *p, int32_t k) {
+  const mf_pop *o = &p->ops[k];
+  const int64_t L = p->spec.layers + 2;
+  int phase = o->phase == MF_PHASE_BWD ? 1 : 0;
+  return ((int64_t)(o->micro + 1) * 2 + phase) * L + (o->layer + 1);
+}
+
+static void run_op(builder *b, int32_t k, int recompute, int32_t ctx);
+
+/* Brings t onto the device holding its value, for op `ctx` (a program op). */
+static void materialize(builder *b, int32_t t, int32_t ctx) {
+  const mf_program *p = b->p;
+  const mf_ptensor *x = &p->tensors[t];
+  if (b->st != MF_OK || b->cur[t] >= 0) return;
+  if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT) {
+    mf_instr *in = emit(b, MF_I_H2D);
+    in->slot = new_slot(b, t);
+    return;
+  }
+  if (x->kind == MF_T_GRAD) {
+    mf_instr *in = emit(b, MF_I_ZERO);
+    in->slot = new_slot(b, t);
+    return;
+  }
+  mf_act_dec dec = (mf_act_dec)b->d->act[t];
+  if (dec == MF_ACT_OFFLOAD && b->host_valid[t]) {
+    mf_instr *in = emit(b, MF_I_H2D);
+    in->slot = new_slot(b, t);
+    return;
+  }
+  /* A tensor the forward no longer holds is produced again when it can be: the
+   * decision RECOMPUTE, or an input of another recompute (e.g. routing state). */
+  if (dec == MF_ACT_RECOMPUTE || can_recompute_depth(p, t, 0, b->memo)) {
+    if (++b->depth > 4096) {
+      b->st = MF_ERR(MF_ERR_INTERNAL, "schedule: recompute chain too deep at %s", x->name);
+      return;
+    }
+    /* Run again, in order, every forward op that wrote t. */
+    for (int32_t u = b->use_start[t]; u < b->use_start[t + 1] && b->st == MF_OK; u++) {
+      int32_t w = b->use_ops[u];
+      if (w > b->last_fwd_writer[t]) break;
+      uint32_t r, wm;
+      op_masks(p, w, &r, &wm);
+      int writes = 0;
+      for (int i = 0; i < MF_KBUF_MAX; i++)
+        if (p->ops[w].t[i] == t && (wm >> i & 1)) writes = 1;
+      if (writes) run_op(b, w, 1, ctx);
+    }
+    b->depth--;
+    if (b->cur[t] < 0 && b->st == MF_OK)
+      b->st = MF_ERR(MF_ERR_INTERNAL, "schedule: recomputing %s did not produce it", x->name);
+    if (b->depth == 0) {
+      for (int32_t i = 0; i < b->n_temps; i++)
+        if (b->temps[i] != t) b->cur[b->temps[i]] = -1;
+      b->n_temps = 0;
+    }
+    return;
+  }
+  b->st = MF_ERR(MF_ERR_INTERNAL, "schedule: %s is read at op %d (%s) but is not on the device", x->name, ctx,
+                 p->ops[ctx].label);
+}
+
+/* After a use: give up the device copy when the decisions say so. ctx is the
+ * program op being served (for a recompute, the backward op that needs it). */
+static void maybe_drop(builder *b, int32_t t, int32_t after, int32_t ctx) {
+  const mf_program *p = b->p;
+  const mf_ptensor *x = &p->tensors[t];
+  int32_t slot = b->cur[t];
+  if (slot < 0 || b->st != MF_OK) return;
+  int32_t nu = next_use(b, t, after);
+  if (x->kind == MF_T_PARAM) {
+    if (nu < 0 || (b->d->param[param_of(b, t)] == MF_PARAM_STREAM && group_of(p, nu) != group_of(p, ctx)))
+      b->cur[t] = -1;
+    return;
+  }
+  if (x->kind == MF_T_GRAD) {
+    const int32_t pi = param_of(b, t);
+    if (nu >= 0 && p->ops[nu].micro == p->ops[ctx].micro) return;
+    if (b->d->grad[pi] == MF_GRAD_STREAM) {
+      mf_instr *in = emit(b, MF_I_D2H);
+      in->slot = slot;
+      in->accumulate = b->grad_home[pi];
+      b->grad_home[pi] = 1;
+    } else {
+      /* A later micro-batch's gradient joins the step's sum. */
+      const int32_t acc = b->acc_slot[pi];
+      if (slot != acc) {
+        mf_instr *in = emit(b, MF_I_ACCUM);
+        in->slot = slot;
+        in->slot2 = acc;
+      }
+      if (nu < 0) {
+        mf_instr *in = emit(b, MF_I_D2H);
+        in->slot = acc;
+      }
+    }
+    b->cur[t] = -1;
+    return;
+  }
+  if (nu < 0) {
+    /* Inside a recompute chain, an input made only for the chain stays until
+     * the chain is done. */
+    if (b->depth > 0) {
+      if (b->n_temps < b->cap_temps)
+        b->temps[b->n_temps++] = t;
+      else
+        b->st = MF_ERR(MF_ERR_INTERNAL, "schedule: recompute chain too long at %s", x->name);
+      return;
+    }
+    b->cur[t] = -1;
+    return;
+  }
+  mf_act_dec dec = (mf_act_dec)b->d->act[t];
+  if (dec != MF_ACT_KEEP && p->ops[ctx].phase != MF_PHASE_BWD && p->ops[nu].phase == MF_PHASE_BWD) b->cur[t] = -1;
+}
+
+static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
+  const mf_program *p = b->p;
+  const mf_pop *o = &p->ops[k];
+  if (b->st != MF_OK) return;
+  uint32_t r, w;
+  op_masks(p, k, &r, &w);
+  const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
+  /* Operands: read ones must hold their value; written-only ones just need a slot. */
+  for (int i = 0; i < MF_KBUF_MAX; i++) {
+    int32_t t = o->t[i];
+    if (t < 0) continue;
+    if (r >> i & 1) {
+      materialize(b, t, ctx);
+    } else if (b->cur[t] < 0) {
+      int32_t sl = new_slot(b, t);
+      /* The first slot of a device-accumulated gradient (the step's zeroing) holds the sum. */
+      if (p->tensors[t].kind == MF_T_GRAD && b->acc_slot[param_of(b, t)] < 0) b->acc_slot[param_of(b, t)] = sl;
+    }
+  }
+  for (int64_t e = 0; e < E; e++) {
+    int32_t t = p->id_pool[o->experts_at + e];
+    if (mf_kernel_writes_experts(o->kind) && p->tensors[t].kind == MF_T_GRAD)
+      materialize(b, t, ctx); /* gradients are added into */
+    else
+      materialize(b, t, ctx);
+  }
+  if (b->st != MF_OK) return;
+  int64_t at = pool_reserve(b, MF_KBUF_MAX + E);
+  if (at < 0) return;
+  for (int i = 0; i < MF_KBUF_MAX; i++) b->s->slot_pool[at + i] = o->t[i] >= 0 ? b->cur[o->t[i]] : -1;
+  for (int64_t e = 0; e < E; e++) b->s->slot_pool[at + MF_KBUF_MAX + e] = b->cur[p->id_pool[o->experts_at + e]];
+  mf_instr *in = emit(b, MF_I_RUN);
+  in->op = k;
+  in->operands = (int32_t)at;
+  in->recompute = (uint8_t)recompute;
+  if (recompute) b->s->recomputed_ops++;
+  /* An offloaded activation goes home once its last forward writer has run. */
+  if (!recompute)
+    for (int i = 0; i < MF_KBUF_MAX; i++) {
+      int32_t t = o->t[i];
+      if (t < 0 || !(w >> i & 1) || b->d->act[t] != MF_ACT_OFFLOAD || b->last_fwd_writer[t] != k) continue;
+      mf_instr *d2h = emit(b, MF_I_D2H);
+      d2h->slot = b->cur[t];
+      b->host_valid[t] = 1;
+    }
+  const int32_t after = recompute ? ctx : k + 1;
+  for (int i = 0; i < MF_KBUF_MAX; i++)
+    if (o->t[i] >= 0) maybe_drop(b, o->t[i], after, recompute ? ctx : k);
+  for (int64_t e = 0; e < E; e++) maybe_drop(b, p->id_pool[o->experts_at + e], after, recompute ? ctx : k);
+}
+
+static mf_status validate(const mf_program *p, const mf_decisions *d) {
+  if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
+    return MF_ERR(MF_ERR_INVALID_ARG, "schedule: the decisions belong to another program");
+  for (int32_t t = 0; t < p->n_tensors; t++) {
+    mf_act_dec a = (mf_act_dec)d->act[t];
+    if (a == MF_ACT_KEEP) continue;
+    if (a == MF_ACT_OFFLOAD && !mf_schedule_can_offload(p, t))
+      return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be offloaded (only activations the backward reads)",
+                    p->tensors[t].name);
+    if (a == MF_ACT_RECOMPUTE && !mf_schedule_can_recompute(p, t))
+      return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be recomputed (its writers have side effects or it is not an "
+                    "activation of one layer)", p->tensors[t].name);
+    if (a > MF_ACT_RECOMPUTE) return MF_ERR(MF_ERR_CONFIG, "plan: bad decision %d for %s", a, p->tensors[t].name);
+  }
+  for (int32_t i = 0; i < d->n_params; i++)
+    if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM)
+      return MF_ERR(MF_ERR_CONFIG, "plan: bad decision for %s", p->params->params[i].name);
+  if (p->forward_only)
+    for (int32_t i = 0; i < d->n_params; i++)
+      if (d->grad[i] != MF_GRAD_DEVICE) return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no gradients");
+  return MF_OK;
+}
+
+/* ---------------------------------------------------------- memory plan */
+
+#define ALIGN 64
+static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+typedef struct span {
+  size_t off, end;
+} span;
+
+static int cmp_span(const void *a, const void *b) {
+  const span *x = (const span *)a, *y = (const span *)b;
+  return x->off < y->off ? -1 : x->off > y->off ? 1 : 0;
+}
+
+static int cmp_slot_size(const void *a, const void *b, void *arg) {
+  const mf_schedule *s = (const mf_schedule *)arg;
+  const mf_slot *x = &s->slots[*(const int32_t *)a], *y = &s->slots[*(const int32_t *)b];
+  size_t bx = s->prog->tensors[x->tensor].bytes, by = s->prog->tensors[y->tensor].bytes;
+  if (bx != by) return bx < by ? 1 : -1;
+  if (x->first != y->first) return x->first < y->first ? -1 : 1;
+  return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* First-fit interval packing, largest first; slots alive at the same
+ * instruction never share bytes. Also measures the live-bytes peak. */
+static mf_status pack(mf_schedule *s) {
+  const mf_program *p = s->prog;
+  int32_t n = s->n_slots;
+  int32_t *order = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+  span *live = (span *)malloc((size_t)(n ? n : 1) * sizeof(span));
+  int64_t *delta = (int64_t *)calloc((size_t)s->n_instr + 2, sizeof(int64_t));
+  if (!order || !live || !delta) {
+    free(order);
+    free(live);
+    free(delta);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+  }
+  for (int32_t i = 0; i < n; i++) order[i] = i;
+  qsort_r(order, (size_t)n, sizeof *order, cmp_slot_size, s);
+  /* Placed slots sorted by first instruction would make this faster; the
+   * quadratic scan is fine for programs of tens of thousands of slots. */
+  size_t top = 0;
+  for (int32_t a = 0; a < n; a++) {
+    mf_slot *x = &s->slots[order[a]];
+    size_t bytes = p->tensors[x->tensor].bytes;
+    int32_t nl = 0;
+    for (int32_t q = 0; q < a; q++) {
+      const mf_slot *y = &s->slots[order[q]];
+      if (y->first <= x->last && x->first <= y->last)
+        live[nl++] = (span){y->offset, y->offset + p->tensors[y->tensor].bytes};
+    }
+    qsort(live, (size_t)nl, sizeof *live, cmp_span);
+    size_t cand = 0;
+    for (int32_t q = 0; q < nl; q++) {
+      if (live[q].off >= cand + bytes) break;
+      if (live[q].end > cand) cand = align_up(live[q].end);
+    }
+    x->offset = cand;
+    if (cand + bytes > top) top = cand + bytes;
+    delta[x->first] += (int64_t)bytes;
+    delta[x->last + 1] -= (int64_t)bytes;
+  }
+  s->arena_bytes = align_up(top);
+  int64_t liveb = 0;
+  s->peak_live_bytes = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    liveb += delta[i];
+    if ((size_t)liveb > s->peak_live_bytes) {
+      s->peak_live_bytes = (size_t)liveb;
+      s->peak_instr = i;
+    }
+  }
+  free(order);
+  free(live);
+  free(delta);
+  return MF_OK;
+}
+
+mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out) {
+  *out = NULL;
+  MF_CHECK(validate(p, d));
+  mf_schedule *s = (mf_schedule *)calloc(1, sizeof *s);
+  if (!s) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+  s->prog = p;
+  builder b;
+  memset(&b, 0, sizeof b);
+  b.p = p;
+  b.d = d;
+  b.s = s;
+  const int32_t nt = p->n_tensors;
+  b.cur = (int32_t *)malloc((size_t)nt * sizeof(int32_t));
+  b.use_start = (int32_t *)calloc((size_t)nt + 1, sizeof(int32_t));
+  b.last_fwd_writer = (int32_t *)malloc((size_t)nt * sizeof(int32_t));
+  b.host_valid = (uint8_t *)calloc((size_t)nt, 1);
+  b.grad_home = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
+  b.acc_slot = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
+  if (b.acc_slot)
+    for (int64_t i = 0; i <= p->params->n; i++) b.acc_slot[i] = -1;
+  b.memo = (int8_t *)malloc((size_t)nt);
+  b.cap_temps = 8 * nt + 16;
+  b.temps = (int32_t *)malloc((size_t)b.cap_temps * sizeof(int32_t));
+  if (b.memo) memset(b.memo, -1, (size_t)nt);
+  s->host_offset = (size_t *)malloc((size_t)nt * sizeof(size_t));
+  if (!b.cur || !b.use_start || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.memo || !b.temps || !s->host_offset) {
+    b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+    goto done;
+  }
+  /* Uses of every tensor, in op order (CSR), and each one's last forward writer. */
+  int64_t n_uses = 0;
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k];
+    for (int i = 0; i < MF_KBUF_MAX; i++)
+      if (o->t[i] >= 0) b.use_start[o->t[i] + 1]++, n_uses++;
+    if (o->experts_at >= 0)
+      for (int64_t e = 0; e < p->spec.experts; e++) b.use_start[p->id_pool[o->experts_at + e] + 1]++, n_uses++;
+  }
+  for (int32_t t = 0; t < nt; t++) b.use_start[t + 1] += b.use_start[t];
+  b.use_ops = (int32_t *)malloc((size_t)(n_uses ? n_uses : 1) * sizeof(int32_t));
+  int32_t *fill = (int32_t *)malloc((size_t)nt * sizeof(int32_t));
+  if (!b.use_ops || !fill) {
+    free(fill);
+    b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+    goto done;
+  }
+  memcpy(fill, b.use_start, (size_t)nt * sizeof(int32_t));
+  for (int32_t t = 0; t < nt; t++) b.cur[t] = b.last_fwd_writer[t] = -1;
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k];
+    uint32_t r, w;
+    op_masks(p, k, &r, &w);
+    for (int i = 0; i < MF_KBUF_MAX; i++) {
+      int32_t t = o->t[i];
+      if (t < 0) continue;
+      /* An op naming a tensor twice counts once. */
+      if (fill[t] == b.use_start[t] || b.use_ops[fill[t] - 1] != k) b.use_ops[fill[t]++] = k;
+      if ((w >> i & 1) && o->phase == MF_PHASE_FWD) b.last_fwd_writer[t] = k;
+    }
+    if (o->experts_at >= 0)
+      for (int64_t e = 0; e < p->spec.experts; e++) {
+        int32_t t = p->id_pool[o->experts_at + e];
+        if (fill[t] == b.use_start[t] || b.use_ops[fill[t] - 1] != k) b.use_ops[fill[t]++] = k;
+      }
+  }
+  /* Deduplicated uses leave gaps: compact each tensor's list. */
+  {
+    int32_t out_i = 0;
+    for (int32_t t = 0; t < nt; t++) {
+      int32_t a = b.use_start[t], e = fill[t];
+      b.use_start[t] = out_i;
+      for (int32_t u = a; u < e; u++) b.use_ops[out_i++] = b.use_ops[u];
+    }
+    b.use_start[nt] = out_i;
+  }
+  free(fill);
+
+  for (int32_t k = 0; k < p->n_ops && b.st == MF_OK; k++) {
+    const mf_pop *o = &p->ops[k];
+    /* A streamed gradient is zeroed where its slot starts, not for the whole step. */
+    if (o->kind == MF_K_ZERO && o->phase == MF_PHASE_SETUP && o->t[0] >= 0 &&
+        p->tensors[o->t[0]].kind == MF_T_GRAD && d->grad[param_of(&b, o->t[0])] == MF_GRAD_STREAM)
+      continue;
+    run_op(&b, k, 0, k);
+  }
+  if (b.st != MF_OK) goto done;
+  /* Whatever is still on the device and holds a gradient goes home. */
+  for (int32_t t = 0; t < nt; t++)
+    if (b.cur[t] >= 0 && p->tensors[t].kind == MF_T_GRAD) {
+      int32_t pi = param_of(&b, t);
+      mf_instr *in = emit(&b, MF_I_D2H);
+      in->slot = b.cur[t];
+      in->accumulate = b.grad_home[pi];
+      b.grad_home[pi] = 1;
+    }
+  if (b.st != MF_OK) goto done;
+
+  /* Slot ranges, transfer volume, host copies of offloaded activations. */
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind == MF_I_RUN) {
+      const mf_pop *o = &p->ops[in->op];
+      const int64_t n = MF_KBUF_MAX + (o->experts_at >= 0 ? p->spec.experts : 0);
+      for (int64_t j = 0; j < n; j++) {
+        int32_t sl = s->slot_pool[in->operands + j];
+        if (sl < 0) continue;
+        if (s->slots[sl].first < 0) s->slots[sl].first = i;
+        s->slots[sl].last = i;
+      }
+    } else {
+      if (in->kind == MF_I_ACCUM) {
+        mf_slot *dst = &s->slots[in->slot2];
+        if (dst->first < 0) dst->first = i;
+        dst->last = i;
+      }
+      mf_slot *sl = &s->slots[in->slot];
+      if (sl->first < 0) sl->first = i;
+      sl->last = i;
+      size_t bytes = p->tensors[sl->tensor].bytes;
+      if (in->kind == MF_I_H2D) s->h2d_bytes += bytes;
+      if (in->kind == MF_I_D2H) s->d2h_bytes += bytes;
+    }
+  }
+  for (int32_t t = 0; t < nt; t++) {
+    s->host_offset[t] = SIZE_MAX;
+    if (d->act[t] == MF_ACT_OFFLOAD) {
+      s->host_offset[t] = s->host_act_bytes;
+      s->host_act_bytes += align_up(p->tensors[t].bytes);
+    }
+  }
+  b.st = pack(s);
+done:
+  free(b.cur);
+  free(b.use_start);
+  free(b.use_ops);
+  free(b.last_fwd_writer);
+  free(b.host_valid);
+  free(b.grad_home);
+  free(b.acc_slot);
+  free(b.memo);
+  free(b.temps);
+  if (b.st != MF_OK) {
+    mf_schedule_free(s);
+    return b.st;
+  }
+  *out = s;
+  return MF_OK;
+}
+
+void mf_schedule_free(mf_schedule *s) {
+  if (!s) return;
+  free(s->instr);
+  free(s->slots);
+  free(s->slot_pool);
+  free(s->host_offset);
+  free(s);
+}

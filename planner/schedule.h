@@ -1,0 +1,120 @@
+/*
+ * From decisions to a schedule: what the executor does, in order.
+ *
+ * Decisions say, per tensor of a step program, where it lives:
+ *   parameters   RESIDENT (uploaded once per step) or STREAM (uploaded for each
+ *                group of uses — one layer's forward or backward of one
+ *                micro-batch — and dropped after it);
+ *   gradients    DEVICE (accumulated on the device over the micro-batches,
+ *                brought home at the end) or STREAM (brought home after each
+ *                micro-batch's backward, added up on the host). Either way a
+ *                micro-batch after the first computes its gradient from zero
+ *                and adds it to the sum once (acc + g_m), so both give the same
+ *                bits;
+ *   activations  KEEP (on the device from the forward to the backward),
+ *                OFFLOAD (copied home after the forward writes them, brought
+ *                back before the backward reads them) or RECOMPUTE (dropped
+ *                after the forward; the ops that wrote them run again before
+ *                the backward reads them).
+ *
+ * The schedule is a list of instructions (run an op, copy host->device,
+ * copy device->host, zero a slot) over *slots*: a slot is one stay of one
+ * tensor on the device, from the instruction that first fills it to the one
+ * that last reads it. A streamed weight has a slot per group of uses; an
+ * offloaded activation one in the forward and one in the backward. The memory
+ * plan packs slots (not tensors) into the arena by their instruction ranges.
+ *
+ * Recompute and offload are exact: a copy is a copy and every kernel is
+ * deterministic, so any valid schedule gives the same bits (plan invariance).
+ */
+#ifndef MF_PLANNER_SCHEDULE_H
+#define MF_PLANNER_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/core/core.h"
+#include "src/model/program.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mf_param_dec { MF_PARAM_RESIDENT = 0, MF_PARAM_STREAM } mf_param_dec;
+typedef enum mf_grad_dec { MF_GRAD_DEVICE = 0, MF_GRAD_STREAM } mf_grad_dec;
+typedef enum mf_act_dec { MF_ACT_KEEP = 0, MF_ACT_OFFLOAD, MF_ACT_RECOMPUTE } mf_act_dec;
+
+const char *mf_param_dec_name(mf_param_dec d); /* "resident", "stream" */
+const char *mf_grad_dec_name(mf_grad_dec d);   /* "device", "stream" */
+const char *mf_act_dec_name(mf_act_dec d);     /* "keep", "offload", "recompute" */
+
+/* One decision per parameter (param, grad: indexed by parameter) and per
+ * program tensor (act: indexed by tensor id; only activations the program
+ * allows — mf_schedule_can_offload / _can_recompute — may be other than KEEP). */
+typedef struct mf_decisions {
+  uint8_t *param;
+  uint8_t *grad;
+  uint8_t *act;
+  int32_t n_params, n_tensors;
+} mf_decisions;
+
+mf_status mf_decisions_create(const mf_program *p, mf_decisions **out); /* all resident / device / keep */
+void mf_decisions_free(mf_decisions *d);
+mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to);
+
+/* An activation used by the backward that a copy could keep off the device. */
+int mf_schedule_can_offload(const mf_program *p, int32_t tensor);
+/* An activation whose forward writer ops can run again without side effects. */
+int mf_schedule_can_recompute(const mf_program *p, int32_t tensor);
+
+typedef enum mf_instr_kind {
+  MF_I_RUN = 0, /* run program op `op` (again, when `recompute`) */
+  MF_I_H2D,     /* fill `slot` from the host: the parameter's master copy, or the activation's host copy */
+  MF_I_D2H,     /* copy `slot` home: an offloaded activation, or a gradient (added to the host's when `accumulate`) */
+  MF_I_ZERO,    /* set `slot` to 0 (a gradient's fresh slot) */
+  MF_I_ACCUM,   /* add `slot` into `slot2` (a micro-batch's gradient into the step's, on the device) */
+  MF_I_KIND_COUNT_
+} mf_instr_kind;
+
+typedef struct mf_instr {
+  mf_instr_kind kind;
+  int32_t op;       /* RUN: program op */
+  int32_t slot;     /* H2D, D2H, ZERO, ACCUM: the slot */
+  int32_t slot2;    /* ACCUM: the destination slot */
+  int32_t operands; /* RUN: index into slot_pool of MF_KBUF_MAX slots (-1 absent) then E expert slots */
+  uint8_t recompute;  /* RUN: a re-run of a forward op */
+  uint8_t accumulate; /* D2H of a gradient: add to the host's instead of overwriting */
+} mf_instr;
+
+typedef struct mf_slot {
+  int32_t tensor;
+  int32_t first, last; /* instructions that first fill and last touch the slot */
+  size_t offset;       /* in the device arena */
+} mf_slot;
+
+typedef struct mf_schedule {
+  const mf_program *prog;
+  mf_instr *instr;
+  int32_t n_instr;
+  mf_slot *slots;
+  int32_t n_slots;
+  int32_t *slot_pool;
+  int64_t n_pool;
+  size_t arena_bytes;      /* the packed arena: every slot at its offset */
+  size_t peak_live_bytes;  /* max over instructions of the bytes of the slots alive there */
+  int32_t peak_instr;      /* where that peak is */
+  size_t host_act_bytes;   /* host memory for offloaded activations */
+  size_t *host_offset;     /* [n_tensors] offset of an offloaded activation's host copy, or SIZE_MAX */
+  int64_t recomputed_ops;  /* RUN instructions that re-run a forward op */
+  uint64_t h2d_bytes, d2h_bytes; /* bytes the step moves each way */
+} mf_schedule;
+
+/* Builds the schedule of `p` under `d` and packs its slots into the arena. */
+mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out);
+void mf_schedule_free(mf_schedule *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_PLANNER_SCHEDULE_H */

@@ -1,0 +1,243 @@
+// Plan invariance on the cpu backend (checking mode on): streamed weights,
+// streamed gradients, offloaded and recomputed activations, in any mix, give
+// bit-identical losses and gradients to the all-resident schedule; the
+// executor's measured peak equals the schedule's; and the decisions cut the
+// device memory they should.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "planner/schedule.h"
+#include "src/core/core.h"
+#include "src/exec/exec.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+
+namespace {
+
+struct Shape {
+  const char *name;
+  mf_model_spec spec;
+};
+
+Shape make_shape(int which) {
+  Shape sh;
+  mf_model_spec &s = sh.spec;
+  if (which == 0) {  // the demo's shape, smaller
+    sh.name = "mixtral";
+    mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
+    s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = 8, s.top_k = 2;
+    s.expert_ffn = 32, s.vocab = 64;
+  } else if (which == 1) {  // a dense layer and a shared expert
+    sh.name = "qwen2_dense_shared";
+    mf_model_spec_defaults(MF_FAMILY_QWEN2_MOE, &s);
+    s.hidden = 32, s.layers = 3, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = 8, s.top_k = 2;
+    s.expert_ffn = 16, s.shared_ffn = 24, s.dense_ffn = 20, s.vocab = 64, s.n_mlp_only = 1, s.mlp_only_layers[0] = 0;
+  } else {  // many small experts, q/k norm
+    sh.name = "olmoe_many_experts";
+    mf_model_spec_defaults(MF_FAMILY_OLMOE, &s);
+    s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 4, s.head_dim = 8, s.experts = 32, s.top_k = 4;
+    s.expert_ffn = 8, s.vocab = 64;
+  }
+  s.max_seq = 64;
+  s.rope_theta = 10000.0;
+  return sh;
+}
+
+struct Out {
+  double loss = 0, aux = 0;
+  std::vector<float> grads;
+  size_t peak = 0, sched_peak = 0, arena = 0;
+  uint64_t h2d = 0, d2h = 0;
+};
+
+class Invariance : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    sh_ = make_shape(GetParam());
+    ASSERT_EQ(mf_param_table_build(&sh_.spec, &t_), MF_OK) << mf_last_error();
+    w_.resize((size_t)t_->total_numel);
+    mf_params_init_random(t_, 11, 0.2f, w_.data());
+    // Enough tokens that activations, not weights, dominate the device memory.
+    mf_program_opts po = {2, 48, 2, 0.01, 16, 0};
+    ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
+    std::mt19937 rng(5);
+    for (int m = 0; m < 2; m++) {
+      ids_[m].resize(96);
+      tg_[m].resize(96);
+      for (auto &v : ids_[m]) v = (int32_t)(rng() % sh_.spec.vocab);
+      for (auto &v : tg_[m]) v = rng() % 6 == 0 ? -1 : (int32_t)(rng() % sh_.spec.vocab);
+    }
+  }
+  void TearDown() override {
+    mf_program_free(p_);
+    mf_param_table_free(t_);
+  }
+  Out run(const mf_decisions *d) {
+    Out o;
+    mf_schedule *s = nullptr;
+    EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
+    if (!s) return o;
+    mf_cpu_backend_opts bo = {nullptr, 0, 1};
+    mf_backend *b = nullptr;
+    EXPECT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
+    mf_exec *x = nullptr;
+    EXPECT_EQ(mf_exec_create_scheduled(p_, s, b, &x), MF_OK) << mf_last_error();
+    const int32_t *ip[2] = {ids_[0].data(), ids_[1].data()}, *tp[2] = {tg_[0].data(), tg_[1].data()};
+    o.grads.assign(w_.size(), 0.0f);
+    mf_step_result r;
+    EXPECT_EQ(mf_exec_step(x, w_.data(), ip, tp, o.grads.data(), &r), MF_OK) << mf_last_error();
+    o.loss = r.loss;
+    o.aux = r.aux_loss;
+    o.peak = mf_exec_peak_live_bytes(x);
+    o.sched_peak = s->peak_live_bytes;
+    o.arena = s->arena_bytes;
+    mf_exec_traffic(x, &o.h2d, &o.d2h);
+    EXPECT_EQ(o.h2d, s->h2d_bytes);
+    EXPECT_EQ(o.d2h, s->d2h_bytes);
+    mf_exec_free(x);
+    mf_backend_free(b);
+    mf_schedule_free(s);
+    return o;
+  }
+  mf_decisions *fresh() {
+    mf_decisions *d = nullptr;
+    EXPECT_EQ(mf_decisions_create(p_, &d), MF_OK);
+    return d;
+  }
+  void expect_same(const Out &a, const Out &b, const std::string &what) {
+    EXPECT_EQ(a.loss, b.loss) << what;
+    EXPECT_EQ(a.aux, b.aux) << what;
+    ASSERT_EQ(a.grads.size(), b.grads.size());
+    EXPECT_EQ(0, memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float))) << what << ": gradients differ";
+    EXPECT_EQ(b.peak, b.sched_peak) << what << ": executor peak vs schedule peak";
+  }
+  Shape sh_;
+  mf_param_table *t_ = nullptr;
+  std::vector<float> w_;
+  mf_program *p_ = nullptr;
+  std::vector<int32_t> ids_[2], tg_[2];
+};
+
+TEST_P(Invariance, EveryDecisionGivesTheSameBits) {
+  mf_decisions *d = fresh();
+  Out base = run(d);
+  ASSERT_TRUE(std::isfinite(base.loss));
+  EXPECT_EQ(base.peak, base.sched_peak);
+
+  // Stream every weight.
+  for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM;
+  Out stream = run(d);
+  expect_same(base, stream, "weights streamed");
+  EXPECT_LT(stream.peak, base.peak);
+  EXPECT_GT(stream.h2d, base.h2d);
+
+  // And gradients streamed home per micro-batch (added up on the host).
+  for (int32_t i = 0; i < d->n_params; i++) d->grad[i] = MF_GRAD_STREAM;
+  Out gstream = run(d);
+  expect_same(base, gstream, "weights and gradients streamed");
+  EXPECT_LT(gstream.peak, stream.peak);
+
+  // Offload every activation the backward needs.
+  mf_decisions *o = fresh();
+  int offloadable = 0, recomputable = 0;
+  for (int32_t t = 0; t < p_->n_tensors; t++) {
+    offloadable += mf_schedule_can_offload(p_, t);
+    recomputable += mf_schedule_can_recompute(p_, t);
+    if (mf_schedule_can_offload(p_, t)) o->act[t] = MF_ACT_OFFLOAD;
+  }
+  EXPECT_GT(offloadable, 10);
+  EXPECT_GT(recomputable, 10);
+  Out off = run(o);
+  expect_same(base, off, "activations offloaded");
+  EXPECT_LE(off.peak, base.peak);
+  // With weights and gradients streamed, activations dominate: offloading cuts the peak.
+  for (int32_t i = 0; i < o->n_params; i++) o->param[i] = MF_PARAM_STREAM, o->grad[i] = MF_GRAD_STREAM;
+  Out off_all = run(o);
+  expect_same(base, off_all, "everything streamed and offloaded");
+  EXPECT_LT(off_all.peak, gstream.peak);
+
+  // Recompute every activation that can be.
+  mf_decisions *rc = fresh();
+  for (int32_t t = 0; t < p_->n_tensors; t++)
+    if (mf_schedule_can_recompute(p_, t)) rc->act[t] = MF_ACT_RECOMPUTE;
+  Out rec = run(rc);
+  expect_same(base, rec, "activations recomputed");
+  EXPECT_LE(rec.peak, base.peak);
+  for (int32_t i = 0; i < rc->n_params; i++) rc->param[i] = MF_PARAM_STREAM, rc->grad[i] = MF_GRAD_STREAM;
+  Out rec_all = run(rc);
+  expect_same(base, rec_all, "everything streamed and recomputed");
+  EXPECT_LE(rec_all.peak, gstream.peak);  // lower unless the peak sits where everything is needed anyway
+  EXPECT_EQ(rec_all.d2h, gstream.d2h);  // recompute sends nothing home
+  EXPECT_GT(off_all.d2h, gstream.d2h);  // offload does
+
+  // Random mixes of everything.
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 6; trial++) {
+    mf_decisions *mx = fresh();
+    for (int32_t i = 0; i < mx->n_params; i++) {
+      mx->param[i] = rng() % 2;
+      mx->grad[i] = rng() % 2;
+    }
+    for (int32_t t = 0; t < p_->n_tensors; t++) {
+      int r = (int)(rng() % 3);
+      if (r == 1 && mf_schedule_can_offload(p_, t)) mx->act[t] = MF_ACT_OFFLOAD;
+      if (r == 2 && mf_schedule_can_recompute(p_, t)) mx->act[t] = MF_ACT_RECOMPUTE;
+    }
+    Out m = run(mx);
+    expect_same(base, m, "mix " + std::to_string(trial));
+    mf_decisions_free(mx);
+  }
+  mf_decisions_free(d);
+  mf_decisions_free(o);
+  mf_decisions_free(rc);
+}
+
+TEST_P(Invariance, ImpossibleDecisionsAreErrors) {
+  mf_decisions *d = fresh();
+  // A parameter is not an activation to offload.
+  d->act[p_->param_tensor[0]] = MF_ACT_OFFLOAD;
+  mf_schedule *s = nullptr;
+  EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find(p_->tensors[p_->param_tensor[0]].name), std::string::npos);
+  mf_decisions_free(d);
+}
+
+// A schedule that releases a slot before its last reader is caught by the
+// checking mode: the kernel that reads it fails with a residency error.
+TEST_P(Invariance, CheckingCatchesASlotReleasedTooEarly) {
+  mf_decisions *d = fresh();
+  mf_schedule *s = nullptr;
+  ASSERT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
+  int32_t victim = -1;
+  for (int32_t i = 0; i < s->n_slots; i++)
+    if (strstr(p_->tensors[s->slots[i].tensor].name, "layers.1.self_attn.attn_out") &&
+        !strstr(p_->tensors[s->slots[i].tensor].name, "grad"))
+      victim = i;
+  ASSERT_GE(victim, 0);
+  s->slots[victim].last = s->slots[victim].first;  // released right after the attention writes it
+  mf_cpu_backend_opts bo = {nullptr, 0, 1};
+  mf_backend *b = nullptr;
+  ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
+  mf_exec *x = nullptr;
+  ASSERT_EQ(mf_exec_create_scheduled(p_, s, b, &x), MF_OK);
+  const int32_t *ip[2] = {ids_[0].data(), ids_[1].data()}, *tp[2] = {tg_[0].data(), tg_[1].data()};
+  std::vector<float> grads(w_.size());
+  mf_step_result r;
+  EXPECT_EQ(mf_exec_step(x, w_.data(), ip, tp, grads.data(), &r), MF_ERR_INTERNAL);
+  EXPECT_NE(std::string(mf_last_error()).find("residency check"), std::string::npos) << mf_last_error();
+  mf_exec_free(x);
+  mf_backend_free(b);
+  mf_schedule_free(s);
+  mf_decisions_free(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Invariance, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int> &i) { return std::string(make_shape(i.param).name); });
+
+}  // namespace
