@@ -404,77 +404,133 @@ static mf_status validate(const mf_program *p, const mf_decisions *d) {
 #define ALIGN 64
 static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
-typedef struct span {
-  size_t off, end;
-} span;
+/* A sorted list of free blocks of the arena below its high-water mark. */
+typedef struct freelist {
+  size_t *off, *len;
+  int32_t n, cap;
+} freelist;
 
-static int cmp_span(const void *a, const void *b) {
-  const span *x = (const span *)a, *y = (const span *)b;
-  return x->off < y->off ? -1 : x->off > y->off ? 1 : 0;
+static int fl_insert(freelist *f, size_t off, size_t len) {
+  if (len == 0) return 1;
+  int32_t i = 0;
+  while (i < f->n && f->off[i] < off) i++;
+  /* Coalesce with the neighbours. */
+  int left = i > 0 && f->off[i - 1] + f->len[i - 1] == off;
+  int right = i < f->n && off + len == f->off[i];
+  if (left && right) {
+    f->len[i - 1] += len + f->len[i];
+    memmove(f->off + i, f->off + i + 1, (size_t)(f->n - i - 1) * sizeof(size_t));
+    memmove(f->len + i, f->len + i + 1, (size_t)(f->n - i - 1) * sizeof(size_t));
+    f->n--;
+    return 1;
+  }
+  if (left) {
+    f->len[i - 1] += len;
+    return 1;
+  }
+  if (right) {
+    f->off[i] = off;
+    f->len[i] += len;
+    return 1;
+  }
+  if (f->n == f->cap) {
+    int32_t cap = f->cap ? 2 * f->cap : 256;
+    size_t *o = (size_t *)realloc(f->off, (size_t)cap * sizeof(size_t));
+    if (!o) return 0;
+    f->off = o;
+    size_t *l = (size_t *)realloc(f->len, (size_t)cap * sizeof(size_t));
+    if (!l) return 0;
+    f->len = l;
+    f->cap = cap;
+  }
+  memmove(f->off + i + 1, f->off + i, (size_t)(f->n - i) * sizeof(size_t));
+  memmove(f->len + i + 1, f->len + i, (size_t)(f->n - i) * sizeof(size_t));
+  f->off[i] = off;
+  f->len[i] = len;
+  f->n++;
+  return 1;
 }
 
-static int cmp_slot_size(const void *a, const void *b, void *arg) {
+static int cmp_first_slot(const void *a, const void *b, void *arg) {
   const mf_schedule *s = (const mf_schedule *)arg;
   const mf_slot *x = &s->slots[*(const int32_t *)a], *y = &s->slots[*(const int32_t *)b];
-  size_t bx = s->prog->tensors[x->tensor].bytes, by = s->prog->tensors[y->tensor].bytes;
-  if (bx != by) return bx < by ? 1 : -1;
   if (x->first != y->first) return x->first < y->first ? -1 : 1;
   return *(const int32_t *)a - *(const int32_t *)b;
 }
 
-/* First-fit interval packing, largest first; slots alive at the same
- * instruction never share bytes. Also measures the live-bytes peak. */
+static int cmp_last_slot(const void *a, const void *b, void *arg) {
+  const mf_schedule *s = (const mf_schedule *)arg;
+  const mf_slot *x = &s->slots[*(const int32_t *)a], *y = &s->slots[*(const int32_t *)b];
+  if (x->last != y->last) return x->last < y->last ? -1 : 1;
+  return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* Static placement in instruction order: a slot takes the best-fitting free
+ * block when it is first filled (or grows the arena) and gives its bytes back
+ * after its last use, so slots alive at the same instruction never share
+ * bytes. O(slots x free blocks). Also measures the live-bytes peak. */
 static mf_status pack(mf_schedule *s) {
   const mf_program *p = s->prog;
-  int32_t n = s->n_slots;
-  int32_t *order = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-  span *live = (span *)malloc((size_t)(n ? n : 1) * sizeof(span));
-  int64_t *delta = (int64_t *)calloc((size_t)s->n_instr + 2, sizeof(int64_t));
-  if (!order || !live || !delta) {
-    free(order);
-    free(live);
-    free(delta);
-    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+  const int32_t n = s->n_slots;
+  int32_t *by_first = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+  int32_t *by_last = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+  freelist fl = {NULL, NULL, 0, 0};
+  mf_status st = MF_OK;
+  if (!by_first || !by_last) {
+    st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+    goto done;
   }
-  for (int32_t i = 0; i < n; i++) order[i] = i;
-  qsort_r(order, (size_t)n, sizeof *order, cmp_slot_size, s);
-  /* Placed slots sorted by first instruction would make this faster; the
-   * quadratic scan is fine for programs of tens of thousands of slots. */
-  size_t top = 0;
-  for (int32_t a = 0; a < n; a++) {
-    mf_slot *x = &s->slots[order[a]];
-    size_t bytes = p->tensors[x->tensor].bytes;
-    int32_t nl = 0;
-    for (int32_t q = 0; q < a; q++) {
-      const mf_slot *y = &s->slots[order[q]];
-      if (y->first <= x->last && x->first <= y->last)
-        live[nl++] = (span){y->offset, y->offset + p->tensors[y->tensor].bytes};
-    }
-    qsort(live, (size_t)nl, sizeof *live, cmp_span);
-    size_t cand = 0;
-    for (int32_t q = 0; q < nl; q++) {
-      if (live[q].off >= cand + bytes) break;
-      if (live[q].end > cand) cand = align_up(live[q].end);
-    }
-    x->offset = cand;
-    if (cand + bytes > top) top = cand + bytes;
-    delta[x->first] += (int64_t)bytes;
-    delta[x->last + 1] -= (int64_t)bytes;
-  }
-  s->arena_bytes = align_up(top);
-  int64_t liveb = 0;
+  for (int32_t i = 0; i < n; i++) by_first[i] = by_last[i] = i;
+  qsort_r(by_first, (size_t)n, sizeof(int32_t), cmp_first_slot, s);
+  qsort_r(by_last, (size_t)n, sizeof(int32_t), cmp_last_slot, s);
+  size_t top = 0, live = 0;
   s->peak_live_bytes = 0;
-  for (int32_t i = 0; i < s->n_instr; i++) {
-    liveb += delta[i];
-    if ((size_t)liveb > s->peak_live_bytes) {
-      s->peak_live_bytes = (size_t)liveb;
+  int32_t a = 0, r = 0;
+  for (int32_t i = 0; i < s->n_instr && st == MF_OK; i++) {
+    for (; a < n && s->slots[by_first[a]].first == i; a++) {
+      mf_slot *x = &s->slots[by_first[a]];
+      const size_t need = align_up(p->tensors[x->tensor].bytes);
+      int32_t best = -1;
+      for (int32_t k = 0; k < fl.n; k++)
+        if (fl.len[k] >= need && (best < 0 || fl.len[k] < fl.len[best])) best = k;
+      if (best >= 0) {
+        x->offset = fl.off[best];
+        fl.off[best] += need;
+        fl.len[best] -= need;
+        if (fl.len[best] == 0) {
+          memmove(fl.off + best, fl.off + best + 1, (size_t)(fl.n - best - 1) * sizeof(size_t));
+          memmove(fl.len + best, fl.len + best + 1, (size_t)(fl.n - best - 1) * sizeof(size_t));
+          fl.n--;
+        }
+      } else if (fl.n > 0 && fl.off[fl.n - 1] + fl.len[fl.n - 1] == top) {
+        /* Extend the free block at the top instead of leaving it behind. */
+        x->offset = fl.off[fl.n - 1];
+        top = x->offset + need;
+        fl.n--;
+      } else {
+        x->offset = top;
+        top += need;
+      }
+      live += p->tensors[x->tensor].bytes;
+    }
+    if (live > s->peak_live_bytes) {
+      s->peak_live_bytes = live;
       s->peak_instr = i;
     }
+    for (; r < n && s->slots[by_last[r]].last == i; r++) {
+      const mf_slot *x = &s->slots[by_last[r]];
+      live -= p->tensors[x->tensor].bytes;
+      if (!fl_insert(&fl, x->offset, align_up(p->tensors[x->tensor].bytes)))
+        st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+    }
   }
-  free(order);
-  free(live);
-  free(delta);
-  return MF_OK;
+  s->arena_bytes = top;
+done:
+  free(by_first);
+  free(by_last);
+  free(fl.off);
+  free(fl.len);
+  return st;
 }
 
 mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out) {

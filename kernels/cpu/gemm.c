@@ -155,6 +155,20 @@ static void gemm_nn(const float *a, int64_t lda, const float *b, int64_t ldb, in
   }
 }
 
+/* dst[d*ldd + j] = src[d*lds + j] for d < rows, j < w, four floats at a time:
+ * gcc turns a memcpy (or a plain loop) of a size it knows to be small into
+ * `rep movsq`, which costs more than the copy. */
+static inline void pack_rows(const float *src, int64_t lds, int64_t rows, int64_t w, float *restrict dst,
+                             int64_t ldd) {
+  for (int64_t d = 0; d < rows; d++) {
+    const float *s = src + d * lds;
+    float *t = dst + d * ldd;
+    int64_t j = 0;
+    for (; j + 4 <= w; j += 4) store4(t + j, load4(s + j));
+    for (; j < w; j++) t[j] = s[j];
+  }
+}
+
 static void gemm_tn(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t m, int64_t n, int64_t k,
                     float *c, int64_t ldc, int load_c, int round) {
   float ap[TN_DC * TN_MB], bp[TN_DC * TN_NB];
@@ -163,12 +177,10 @@ static void gemm_tn(const float *a, int64_t lda, const float *b, int64_t ldb, in
     int64_t p0 = 0;
     do {
       const int64_t dc = min64(TN_DC, k - p0);
-      for (int64_t d = 0; d < dc; d++)
-        memcpy(bp + d * TN_NB, b + (p0 + d) * ldb + j0, (size_t)nb * sizeof(float));
+      pack_rows(b + p0 * ldb + j0, ldb, dc, nb, bp, TN_NB);
       for (int64_t i0 = 0; i0 < m; i0 += TN_MB) {
         const int64_t mb = min64(TN_MB, m - i0);
-        for (int64_t d = 0; d < dc; d++)
-          memcpy(ap + d * TN_MB, a + (p0 + d) * lda + i0, (size_t)mb * sizeof(float));
+        pack_rows(a + p0 * lda + i0, lda, dc, mb, ap, TN_MB);
         /* constant panel strides: the compiler specialises the tiles for them */
         tiles(ap, 1, TN_MB, bp, TN_NB, dc, c + i0 * ldc + j0, ldc, mb, nb, load_c || p0 > 0,
               round && p0 + dc == k);
