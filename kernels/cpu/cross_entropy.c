@@ -48,8 +48,8 @@ typedef struct {
 
 /* ws[t, 0..vc) = logits of tokens [t0, t0+nt) against W rows [v0, v0+vc). */
 static void logits_block(const ce_args *a, int64_t t0, int64_t nt, int64_t v0, int64_t vc) {
-  mf_cpu_gemm(MF_CPU_GEMM_NT, a->h + t0 * a->H, a->H, a->W + v0 * a->H, a->H, nt, vc, a->H, a->ws + t0 * a->chunk,
-              a->chunk, 0, 0);
+  mf_cpu_gemm(MF_CPU_GEMM_NT, a->h + t0 * a->H, a->H, a->W + v0 * a->H, a->H, nt, vc, a->H,
+              a->ws + t0 * a->chunk, a->chunk, 0, 0);
 }
 
 static void pass1_task(void *vctx, int i, int n) {
@@ -119,8 +119,8 @@ static void pass2_vocab_task(void *vctx, int i, int n) {
   for (int64_t task = (int64_t)b; task < (int64_t)e; task++) {
     const int64_t j0 = (task / nkb) * DW_VB, k0 = (task % nkb) * DW_KB;
     const int64_t nj = a->vc - j0 < DW_VB ? a->vc - j0 : DW_VB, nk = H - k0 < DW_KB ? H - k0 : DW_KB;
-    mf_cpu_gemm(MF_CPU_GEMM_TN, a->ws + j0, ld, a->h + k0, H, nj, nk, a->T, a->dW + (a->v0 + j0) * H + k0, H, 1,
-                0);
+    mf_cpu_gemm(MF_CPU_GEMM_TN, a->ws + j0, ld, a->h + k0, H, nj, nk, a->T, a->dW + (a->v0 + j0) * H + k0, H,
+                1, 0);
   }
 }
 

@@ -104,8 +104,8 @@ static __attribute__((noinline)) void micro_edge(const float *a, int64_t sai, in
 }
 
 /* C[m x n] (ldc) over depth, tile by tile. */
-static void tiles(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth, float *c,
-                  int64_t ldc, int64_t m, int64_t n, int load_c, int round) {
+static void tiles(const float *a, int64_t sai, int64_t sad, const float *b, int64_t ldb, int64_t depth,
+                  float *c, int64_t ldc, int64_t m, int64_t n, int load_c, int round) {
   for (int64_t i = 0; i < m; i += MR) {
     const int mr = (int)min64(MR, m - i);
     for (int64_t j = 0; j < n; j += NR) {
@@ -155,18 +155,14 @@ static void gemm_nn(const float *a, int64_t lda, const float *b, int64_t ldb, in
   }
 }
 
-/* dst[d*ldd + j] = src[d*lds + j] for d < rows, j < w, four floats at a time:
- * gcc turns a memcpy (or a plain loop) of a size it knows to be small into
- * `rep movsq`, which costs more than the copy. */
+/* dst[d*ldd + j] = src[d*lds + j] for d < rows, j < w. The byte count is made
+ * opaque: seeing that it is small, gcc would expand the memcpy into
+ * `rep movsq`, which costs more than these short copies (a fifth of dW time). */
 static inline void pack_rows(const float *src, int64_t lds, int64_t rows, int64_t w, float *restrict dst,
                              int64_t ldd) {
-  for (int64_t d = 0; d < rows; d++) {
-    const float *s = src + d * lds;
-    float *t = dst + d * ldd;
-    int64_t j = 0;
-    for (; j + 4 <= w; j += 4) store4(t + j, load4(s + j));
-    for (; j < w; j++) t[j] = s[j];
-  }
+  size_t bytes = (size_t)w * sizeof(float);
+  __asm__("" : "+r"(bytes));
+  for (int64_t d = 0; d < rows; d++) memcpy(dst + d * ldd, src + d * lds, bytes);
 }
 
 static void gemm_tn(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t m, int64_t n, int64_t k,
@@ -190,8 +186,8 @@ static void gemm_tn(const float *a, int64_t lda, const float *b, int64_t ldb, in
   }
 }
 
-void mf_cpu_gemm(mf_cpu_gemm_layout layout, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t m,
-                 int64_t n, int64_t k, float *c, int64_t ldc, int load_c, int round) {
+void mf_cpu_gemm(mf_cpu_gemm_layout layout, const float *a, int64_t lda, const float *b, int64_t ldb,
+                 int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, int load_c, int round) {
   if (m <= 0 || n <= 0) return;
   switch (layout) {
     case MF_CPU_GEMM_NT:

@@ -29,7 +29,7 @@ typedef enum mf_cpu_gemm_layout {
   MF_CPU_GEMM_TN,
 } mf_cpu_gemm_layout;
 
-void mf_cpu_gemm(mf_cpu_gemm_layout layout, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t m,
-                 int64_t n, int64_t k, float *c, int64_t ldc, int load_c, int round);
+void mf_cpu_gemm(mf_cpu_gemm_layout layout, const float *a, int64_t lda, const float *b, int64_t ldb,
+                 int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, int load_c, int round);
 
 #endif /* MF_KERNELS_CPU_GEMM_IMPL_H */

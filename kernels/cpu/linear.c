@@ -46,7 +46,9 @@ typedef struct gemm_args {
   int64_t db_rows, db_cols;
 } gemm_args;
 
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 /* C block (m0, n0, mc x nc) from the finished sums in ct. */
 static void store_block(const gemm_args *g, int64_t m0, int64_t mc, int64_t n0, int64_t nc, const float *ct) {

@@ -292,8 +292,8 @@ static void fwd_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t n0 = cb * FWD_CB, nc = N - n0 < FWD_CB ? N - n0 : FWD_CB;
-  mf_cpu_gemm(MF_CPU_GEMM_NT, a->x + r0 * Kd, Kd, a->W[e] + n0 * Kd, Kd, r1 - r0, nc, Kd, a->out + r0 * N + n0, N,
-              0, a->round);
+  mf_cpu_gemm(MF_CPU_GEMM_NT, a->x + r0 * Kd, Kd, a->W[e] + n0 * Kd, Kd, r1 - r0, nc, Kd,
+              a->out + r0 * N + n0, N, 0, a->round);
 }
 
 mf_status mf_cpu_expert_linear_fwd(const mf_kctx *ctx, const float *xe, const float *const *W,
@@ -310,8 +310,8 @@ static void bwd_data_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, 
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t c0 = cb * BWD_CB, cc = Kd - c0 < BWD_CB ? Kd - c0 : BWD_CB;
-  mf_cpu_gemm(MF_CPU_GEMM_NN, a->x + r0 * N, N, a->W[e] + c0, Kd, r1 - r0, cc, N, a->out + r0 * Kd + c0, Kd, 0,
-              a->round);
+  mf_cpu_gemm(MF_CPU_GEMM_NN, a->x + r0 * N, N, a->W[e] + c0, Kd, r1 - r0, cc, N, a->out + r0 * Kd + c0, Kd,
+              0, a->round);
 }
 
 mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, const float *const *W,

@@ -20,23 +20,8 @@ static int run_pending(const pending_command *c, int argc, char **argv) {
   return MF_EXIT_FAIL;
 }
 
-static const pending_command k_plan = {
-    "plan",
-    "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n\n"
-    "Plans one training step for CONFIG's model, batch and memory budget: for every tensor\n"
-    "keep on the GPU, offload and prefetch, or recompute; the static device-memory layout; the\n"
-    "staging arena; and the predicted step time, beside the baselines (all resident,\n"
-    "ZeRO-Offload-like, MegaTrain-like, checkpoint every layer).\n",
-    "the planner comes with the planner/executor work"};
 
 
-
-static const pending_command k_profile = {
-    "profile",
-    "usage: moefit profile [--backend cpu|cuda] --out FILE.yaml\n\n"
-    "Measures this machine's hardware profile for the planner: copy bandwidths and latency,\n"
-    "GEMM / attention / elementwise rates by shape, host AdamW rate, NVMe bandwidth.\n",
-    "the hardware profile comes with the planner work"};
 
 static const pending_command k_export = {
     "export",
@@ -53,7 +38,5 @@ static const pending_command k_bench = {
     "transfer staging-arena H2D/D2H beside plain pinned copies\n",
     "the benchmarks come with the optimizer and cuda backend work"};
 
-int mf_cli_plan(int argc, char **argv) { return run_pending(&k_plan, argc, argv); }
-int mf_cli_profile(int argc, char **argv) { return run_pending(&k_profile, argc, argv); }
 int mf_cli_export(int argc, char **argv) { return run_pending(&k_export, argc, argv); }
 int mf_cli_bench(int argc, char **argv) { return run_pending(&k_bench, argc, argv); }

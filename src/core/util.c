@@ -64,8 +64,12 @@ int mf_parse_size(const char *s, uint64_t *out) {
     if (strlen(units[i].unit) == ulen && strncmp(end, units[i].unit, ulen) == 0) {
       double bytes = v * units[i].mult;
       if (bytes >= 18446744073709551615.0) return -1;
-      if (bytes != floor(bytes)) return -1; /* a fraction of a byte */
-      *out = (uint64_t)bytes;
+      /* "4.1GB" is 4100000000 bytes even though 4.1 * 1e9 is not exact in binary:
+       * accept what rounds to a whole byte within the product's rounding error,
+       * reject real fractions of a byte ("0.5"). */
+      double whole = nearbyint(bytes);
+      if (fabs(bytes - whole) > 1e-9 * (whole > 1.0 ? whole : 1.0)) return -1;
+      *out = (uint64_t)whole;
       return 0;
     }
   }

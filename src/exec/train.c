@@ -16,6 +16,7 @@
 #include "src/io/tokens.h"
 #include "src/model/program.h"
 #include "src/optim/optim.h"
+#include "planner/plan.h"
 
 static int is_dir_with_config(const char *dir) {
   char path[4096];
@@ -71,6 +72,7 @@ static mf_status check_backend(const mf_config *cfg) {
 typedef struct runner {
   mf_backend *backend;
   mf_program *prog;
+  mf_plan *plan; /* the planner's schedule, or NULL: everything resident */
   mf_exec *exec;
   int32_t **ids, **targets; /* [G][B*S] */
   int64_t G;
@@ -78,6 +80,7 @@ typedef struct runner {
 
 static void runner_free(runner *r) {
   mf_exec_free(r->exec);
+  mf_plan_free(r->plan);
   mf_program_free(r->prog);
   mf_backend_free(r->backend);
   for (int64_t m = 0; m < r->G; m++) {
@@ -89,6 +92,28 @@ static void runner_free(runner *r) {
   memset(r, 0, sizeof *r);
 }
 
+/* With an explicit memory.device_budget the planner decides (weights streamed,
+ * activations offloaded or recomputed as the budget requires); with `auto`
+ * every tensor stays resident on the cpu backend. */
+static mf_status plan_for(runner *r, const mf_config *cfg) {
+  if (cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO) return MF_OK;
+  mf_hwprofile hw;
+  MF_CHECK(mf_hwprofile_load(mf_plan_profile_path(cfg->hardware.profile), &hw));
+  mf_decisions *fixed = NULL;
+  mf_plan_pins pins = {NULL, NULL, NULL};
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_decisions_create(r->prog, &fixed), st, done);
+  MF_CHECK_GOTO(mf_plan_pins_create(r->prog, &pins), st, done);
+  MF_CHECK_GOTO(mf_plan_apply_overrides(r->prog, &cfg->memory, fixed, &pins), st, done);
+  MF_CHECK_GOTO(mf_plan_choose(r->prog, &hw, cfg->memory.device_budget, fixed,
+                               cfg->memory.n_overrides ? &pins : NULL, &r->plan),
+                st, done);
+done:
+  mf_plan_pins_free(&pins);
+  mf_decisions_free(fixed);
+  return st;
+}
+
 static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                              int64_t G, int forward_only) {
   memset(r, 0, sizeof *r);
@@ -97,7 +122,11 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
   mf_program_opts po = {cfg->train.micro_batch, cfg->data.seq_len, G, aux_coef_of(cfg, t), 0, forward_only};
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_program_build(t, &po, &r->prog), st, fail);
-  MF_CHECK_GOTO(mf_exec_create(r->prog, r->backend, &r->exec), st, fail);
+  MF_CHECK_GOTO(plan_for(r, cfg), st, fail);
+  if (r->plan)
+    MF_CHECK_GOTO(mf_exec_create_scheduled(r->prog, r->plan->s, r->backend, &r->exec), st, fail);
+  else
+    MF_CHECK_GOTO(mf_exec_create(r->prog, r->backend, &r->exec), st, fail);
   r->G = G;
   const size_t n = (size_t)(cfg->train.micro_batch * cfg->data.seq_len);
   MF_CHECK_GOTO(mf_calloc((size_t)G, sizeof(int32_t *), "batch pointers", (void **)&r->ids), st, fail);
@@ -246,6 +275,21 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
             mf_format_bytes(mf_exec_arena_bytes(tr.exec), arena, sizeof arena), tr.prog->n_ops, tr.prog->flops);
   }
 
+  if (!quiet && tr.plan) {
+    const mf_plan *pl = tr.plan;
+    int wr = 0, ws = 0, ak = 0, ao = 0, ar = 0;
+    for (int32_t i = 0; i < pl->d->n_params; i++) pl->d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+    for (int32_t x = 0; x < tr.prog->n_tensors; x++)
+      if (mf_schedule_can_offload(tr.prog, x))
+        pl->d->act[x] == MF_ACT_KEEP ? ak++ : pl->d->act[x] == MF_ACT_OFFLOAD ? ao++ : ar++;
+    char b1[32], b2[32], b3[32], b4[32], b5[32];
+    MF_LOGI("train", "plan: device budget %s, arena %s (peak %s); weights %d resident / %d streamed; activations "
+            "%d kept / %d offloaded / %d recomputed; %s up and %s home per step; predicted %.0f tokens/s",
+            mf_format_bytes(pl->budget, b1, sizeof b1), mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
+            mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), wr, ws, ak, ao, ar,
+            mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4), mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5),
+            (double)tokens_per_step / pl->sim.step_seconds);
+  }
   const double t_start = mf_time_now();
   double window_loss = 0;
   int64_t window_n = 0, window_tokens = 0;

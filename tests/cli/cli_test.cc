@@ -84,7 +84,7 @@ TEST(Cli, EverySubcommandHasHelp) {
 }
 
 TEST(Cli, UnbuiltSubcommandsSaySoAndFail) {
-  for (const char *c : {"plan", "profile", "export", "bench"}) {
+  for (const char *c : {"export", "bench"}) {
     Result r = moefit(std::string(c) + " configs/demo.yaml");
     EXPECT_EQ(r.code, 1) << c;
     EXPECT_NE(r.out.find("not built yet"), std::string::npos) << c << ": " << r.out;
@@ -128,6 +128,28 @@ TEST(Cli, TrainEvalInitAndInspect) {
   Result bad = moefit("init --family gpt2 --out " + dir + "/x");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("gpt2"), std::string::npos) << bad.out;
+}
+
+TEST(Cli, ProfileAndPlan) {
+  const std::string out = tmpdir() + "/hw.yaml";
+  Result prof = moefit("profile --quick --out " + out);
+  EXPECT_EQ(prof.code, 0) << prof.out;
+  EXPECT_EQ(access(out.c_str(), R_OK), 0);
+  Result cuda = moefit("profile --backend cuda");
+  EXPECT_EQ(cuda.code, 1) << cuda.out;
+  EXPECT_NE(cuda.out.find("not built yet"), std::string::npos) << cuda.out;
+
+  const std::string json = tmpdir() + "/plan.json";
+  Result plan = moefit("plan configs/demo.yaml hardware.profile=" + out + " --json " + json +
+                       " --tensor 'model.layers.1.self_attn.*'");
+  EXPECT_EQ(plan.code, 0) << plan.out;
+  for (const char *want : {"chosen", "all resident", "ZeRO-Offload-like", "MegaTrain-like", "checkpoint every layer",
+                           "per layer", "self_attn.q_proj.weight", "plan written to"})
+    EXPECT_NE(plan.out.find(want), std::string::npos) << want << "\n" << plan.out;
+  EXPECT_EQ(access(json.c_str(), R_OK), 0);
+  Result small = moefit("plan configs/demo.yaml hardware.profile=" + out + " memory.device_budget=64KiB");
+  EXPECT_EQ(small.code, 1);
+  EXPECT_NE(small.out.find("below the minimum"), std::string::npos) << small.out;
 }
 
 TEST(Cli, ConfigErrorsNameTheKeyAndPlace) {

@@ -290,6 +290,13 @@ TEST(Util, ParseSize) {
   EXPECT_EQ(v, 4096u);
   EXPECT_EQ(mf_parse_size(" 8 KiB ", &v), 0);
   EXPECT_EQ(v, 8192u);
+  // Decimal sizes that are whole bytes though their product is inexact in binary.
+  for (int tenths = 1; tenths < 1000; tenths++) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d.%dGB", tenths / 10, tenths % 10);
+    ASSERT_EQ(mf_parse_size(buf, &v), 0) << buf;
+    ASSERT_EQ(v, (uint64_t)tenths * 100000000ull) << buf;
+  }
   for (const char *bad : {"", "GiB", "-1GiB", "12 parsecs", "1e400", "0.5", "nan", "99999999999TiB", "1..2G"})
     EXPECT_EQ(mf_parse_size(bad, &v), -1) << bad;
   char buf[32];

@@ -47,7 +47,7 @@ std::string make_corpus() {
   return path;
 }
 
-mf_config *config(const std::string &out, int threads, int steps = 40) {
+mf_config *config(const std::string &out, int threads, int steps = 40, const char *memory = nullptr) {
   std::string corpus = make_corpus();
   std::ostringstream y;
   y << "model:\n  init: {family: mixtral, hidden: 32, layers: 2, heads: 4, kv_heads: 2, experts: 4, top_k: 2,\n"
@@ -56,6 +56,7 @@ mf_config *config(const std::string &out, int threads, int steps = 40) {
     << "train: {micro_batch: 4, grad_accum: 2, steps: " << steps
     << ", lr: 1e-2, warmup: " << (steps < 5 ? steps : 5) << ", weight_decay: 0.01, log_every: 10, threads: " << threads << "}\n"
     << "output: {dir: " << out << "}\nbackend: cpu\n";
+  if (memory) y << "memory: " << memory << "\nhardware: {profile: configs/hw/cpu-2core.yaml}\n";
   std::string text = y.str();
   mf_config *cfg = nullptr;
   EXPECT_EQ(mf_config_load_string(text.c_str(), text.size(), "test.yaml", nullptr, 0, &cfg), MF_OK) << mf_last_error();
@@ -112,6 +113,27 @@ TEST(Train, LearnsAndIsDeterministic) {
   EXPECT_NEAR(er.perplexity, std::exp(er.loss), 1e-9 * er.perplexity);
   mf_config_free(ca);
   mf_config_free(cb);
+  mf_config_free(cc);
+}
+
+// A device budget too small for everything resident: the planner streams
+// weights and recomputes or offloads activations, and training gives the same
+// bits as with everything resident (plan invariance over 5 steps).
+TEST(Train, PlannedRunMatchesResidentRun) {
+  mf_train_summary a, b;
+  mf_config *ca = config(tmp() + "/run_resident", 2, 5);
+  ASSERT_EQ(mf_train(ca, 1, &a), MF_OK) << mf_last_error();
+  mf_config *cb = config(tmp() + "/run_planned", 2, 5, "{device_budget: 700KiB}");
+  ASSERT_EQ(mf_train(cb, 1, &b), MF_OK) << mf_last_error();
+  EXPECT_EQ(a.final_loss, b.final_loss);
+  EXPECT_EQ(a.valid_loss, b.valid_loss);
+  EXPECT_EQ(slurp(tmp() + "/run_resident/final/model.safetensors"), slurp(tmp() + "/run_planned/final/model.safetensors"));
+  mf_config_free(ca);
+  mf_config_free(cb);
+  // Below the least-memory plan: an error that says what the minimum is.
+  mf_config *cc = config(tmp() + "/run_tiny", 2, 5, "{device_budget: 8KiB}");
+  EXPECT_EQ(mf_train(cc, 1, &b), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("below the minimum"), std::string::npos) << mf_last_error();
   mf_config_free(cc);
 }
 

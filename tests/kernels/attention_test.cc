@@ -11,9 +11,12 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
+using mf_kt::Pool;
+using mf_kt::same_bits;
 using Vec = std::vector<float>;
 
 struct Shape {
@@ -48,9 +51,7 @@ Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const V
       for (int64_t i = 0; i < S; i++) {
         double mx = -INFINITY;
         for (int64_t j = 0; j <= i; j++) {
-          double s = 0;
-          for (int64_t d = 0; d < D; d++) s += (double)q[qi(b, i, h) + d] * k[ki(b, j, g) + d];
-          p[j] = s * scale;
+          p[j] = mf_kt::ref_dot(q.data() + qi(b, i, h), 1, k.data() + ki(b, j, g), 1, D) * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
@@ -64,8 +65,7 @@ Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const V
         double di = 0;
         for (int64_t d = 0; d < D; d++) di += (double)(*dout)[qi(b, i, h) + d] * r.o[qi(b, i, h) + d];
         for (int64_t j = 0; j <= i; j++) {
-          double t = 0;
-          for (int64_t d = 0; d < D; d++) t += (double)(*dout)[qi(b, i, h) + d] * v[ki(b, j, g) + d];
+          const double t = mf_kt::ref_dot(dout->data() + qi(b, i, h), 1, v.data() + ki(b, j, g), 1, D);
           const double ds = p[j] * (t - di);
           for (int64_t d = 0; d < D; d++) {
             r.dq[qi(b, i, h) + d] += scale * ds * k[ki(b, j, g) + d];
@@ -120,16 +120,6 @@ std::string name(const Shape &s) {
   return "B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) + " Hq=" + std::to_string(s.Hq) +
          " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
 }
-
-bool same_bits(const Vec &a, const Vec &b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-struct Pool {
-  mf_threadpool *p = nullptr;
-  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
-  ~Pool() { mf_threadpool_free(p); }
-};
 
 const int64_t kHeads[][2] = {{4, 4}, {4, 2}, {8, 1}};
 

@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
+
+using mf_kt::bf16_representable;
+using mf_kt::same_bits;
 
 struct Problem {
   int64_t T, V, H;
@@ -71,8 +74,7 @@ Reference reference(const Problem &p, double scale) {
   for (int64_t t = 0; t < p.T; t++) {
     double m = -INFINITY;
     for (int64_t v = 0; v < p.V; v++) {
-      double s = 0;
-      for (int64_t k = 0; k < p.H; k++) s += (double)p.h[(size_t)(t * p.H + k)] * p.W[(size_t)(v * p.H + k)];
+      const double s = mf_kt::ref_dot(p.h.data() + t * p.H, 1, p.W.data() + v * p.H, 1, p.H);
       l[(size_t)v] = s;
       m = std::max(m, s);
     }
@@ -126,7 +128,7 @@ TEST_P(CrossEntropyChunk, MatchesDoubleReference) {
   Result f = run(ctx, p, chunk, scale, false);
   EXPECT_EQ(f.loss, r.loss);
   EXPECT_EQ(f.n_valid, r.n_valid);
-  EXPECT_EQ(0, std::memcmp(f.lse.data(), r.lse.data(), f.lse.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(f.lse, r.lse));
 }
 
 TEST_P(CrossEntropyChunk, BackwardMatchesFiniteDifferences) {
@@ -165,20 +167,19 @@ TEST(CrossEntropy, BitIdenticalAcrossPoolSizes) {
   for (int round = 0; round <= 1; round++) {
     Result ref;
     for (int n = 1; n <= 3; n++) {
-      mf_threadpool *pool = nullptr;
-      ASSERT_EQ(mf_threadpool_create(n, &pool), MF_OK);
-      mf_kctx ctx = {pool, round};
+      mf_kt::Pool pool(n);
+      ASSERT_EQ(pool.status, MF_OK);
+      mf_kctx ctx = {pool.p, round};
       Result r = run(ctx, p, 13, 0.01f, true);
-      mf_threadpool_free(pool);
       if (n == 1) {
         ref = r;
         continue;
       }
       EXPECT_EQ(r.loss, ref.loss) << n;
       EXPECT_EQ(r.n_valid, ref.n_valid) << n;
-      EXPECT_EQ(0, std::memcmp(r.lse.data(), ref.lse.data(), r.lse.size() * sizeof(float))) << n;
-      EXPECT_EQ(0, std::memcmp(r.dh.data(), ref.dh.data(), r.dh.size() * sizeof(float))) << n;
-      EXPECT_EQ(0, std::memcmp(r.dW.data(), ref.dW.data(), r.dW.size() * sizeof(float))) << n;
+      EXPECT_TRUE(same_bits(r.lse, ref.lse)) << n;
+      EXPECT_TRUE(same_bits(r.dh, ref.dh)) << n;
+      EXPECT_TRUE(same_bits(r.dW, ref.dW)) << n;
     }
   }
 }
@@ -187,16 +188,12 @@ TEST(CrossEntropy, RoundBf16RoundsOnlyDh) {
   const Problem p = make_problem(30, 50, 24, 5);
   mf_kctx plain = {nullptr, 0}, rounded = {nullptr, 1};
   Result a = run(plain, p, 16, 1.0f, true), b = run(rounded, p, 16, 1.0f, true);
-  bool plain_rounded = true;
-  for (size_t i = 0; i < b.dh.size(); i++) {
-    ASSERT_EQ(mf_round_to_bf16(b.dh[i]), b.dh[i]) << i;
-    ASSERT_EQ(b.dh[i], mf_round_to_bf16(a.dh[i])) << i;  // rounded once, at the end
-    plain_rounded &= mf_round_to_bf16(a.dh[i]) == a.dh[i];
-  }
-  EXPECT_FALSE(plain_rounded);
+  ASSERT_TRUE(bf16_representable(b.dh));
+  ASSERT_TRUE(mf_kt::rounded_once(b.dh, a.dh));  // rounded once, at the end
+  EXPECT_FALSE(bf16_representable(a.dh));
   EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.dW.data(), b.dW.data(), a.dW.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(a.lse, b.lse));
+  EXPECT_TRUE(same_bits(a.dW, b.dW));
 }
 
 TEST(CrossEntropy, AllIgnoredAndBadTargets) {
@@ -208,7 +205,7 @@ TEST(CrossEntropy, AllIgnoredAndBadTargets) {
   EXPECT_EQ(r.n_valid, 0);
   EXPECT_EQ(r.loss, 0.0);
   for (float v : r.dh) EXPECT_EQ(v, 0.0f);
-  EXPECT_EQ(0, std::memcmp(r.dW.data(), dW0.data(), dW0.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(r.dW, dW0));
 
   p.target[2] = 10;  // == V
   std::vector<float> ws((size_t)(p.T * 4)), lse((size_t)p.T);

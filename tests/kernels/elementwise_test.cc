@@ -4,27 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
 using mf_fd::random_vec;
+using mf_kt::Pool;
+using mf_kt::same_bits;
 using std::vector;
-
-struct Pool {
-  mf_threadpool *p = nullptr;
-  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
-  ~Pool() { mf_threadpool_free(p); }
-};
-
-bool same_bits(const vector<float> &a, const vector<float> &b) {
-  return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 double silu(double v) { return v * sigmoid(v); }
@@ -182,9 +174,9 @@ Outs run_all(mf_threadpool *pool, int round_bf16) {
 }
 
 TEST(Elementwise, BitIdenticalForAnyThreadCount) {
-  Pool p1(1), p2(2), p3(3);
+  mf_kt::Pools pools;
   Outs a = run_all(nullptr, 0);
-  for (mf_threadpool *p : {p1.p, p2.p, p3.p}) {
+  for (mf_threadpool *p : pools.all()) {
     Outs b = run_all(p, 0);
     EXPECT_TRUE(same_bits(a.act, b.act));
     EXPECT_TRUE(same_bits(a.dg, b.dg));
@@ -199,20 +191,13 @@ TEST(Elementwise, BitIdenticalForAnyThreadCount) {
 TEST(Elementwise, RoundBf16RoundsEveryActivationOutputOnce) {
   Pool p3(3);
   Outs f = run_all(p3.p, 0), r = run_all(p3.p, 1);
-  auto check = [](const char *what, const vector<float> &fv, const vector<float> &rv) {
-    ASSERT_EQ(fv.size(), rv.size());
-    for (size_t i = 0; i < fv.size(); i++) {
-      ASSERT_EQ(rv[i], mf_round_to_bf16(fv[i])) << what << "[" << i << "]";
-      ASSERT_LE(std::fabs(rv[i] - fv[i]), std::ldexp(std::fabs(fv[i]), -8)) << what << "[" << i << "]";
-    }
-  };
-  check("act", f.act, r.act);
-  check("dg", f.dg, r.dg);
-  check("du", f.du, r.du);
-  check("gate y", f.gy, r.gy);  // y0 + s*x, the sum rounded once
-  check("gate dx", f.gdx, r.gdx);
-  check("gate dgl", f.gdgl, r.gdgl);
-  check("add", f.ay, r.ay);
+  EXPECT_TRUE(mf_kt::rounded_once(r.act, f.act)) << "act";
+  EXPECT_TRUE(mf_kt::rounded_once(r.dg, f.dg)) << "dg";
+  EXPECT_TRUE(mf_kt::rounded_once(r.du, f.du)) << "du";
+  EXPECT_TRUE(mf_kt::rounded_once(r.gy, f.gy)) << "gate y";  // y0 + s*x, the sum rounded once
+  EXPECT_TRUE(mf_kt::rounded_once(r.gdx, f.gdx)) << "gate dx";
+  EXPECT_TRUE(mf_kt::rounded_once(r.gdgl, f.gdgl)) << "gate dgl";
+  EXPECT_TRUE(mf_kt::rounded_once(r.ay, f.ay)) << "add";
 }
 
 TEST(Elementwise, EmptyInputsTouchNothing) {

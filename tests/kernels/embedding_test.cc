@@ -11,21 +11,14 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
 using mf_fd::random_vec;
+using mf_kt::Pool;
+using mf_kt::same_bits;
 using std::vector;
-
-struct Pool {
-  mf_threadpool *p = nullptr;
-  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
-  ~Pool() { mf_threadpool_free(p); }
-};
-
-bool same_bits(const vector<float> &a, const vector<float> &b) {
-  return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // Ids with many repeats (small V) so the backward has real collisions.
 vector<int32_t> random_ids(int64_t T, int64_t V, uint32_t seed) {
@@ -87,14 +80,14 @@ TEST(Embedding, GradientMatchesFiniteDifferences) {
   auto loss = [&]() {
     double L = 0;
     for (int64_t t = 0; t < s.T; t++)
-      for (int64_t k = 0; k < s.H; k++) L += (double)c[t * s.H + k] * table[ids[t] * s.H + k];
+      L = mf_kt::ref_dot(c.data() + t * s.H, 1, table.data() + ids[t] * s.H, 1, s.H, L);
     return L;
   };
   mf_fd::check_grad("dtable", table, dtable, loss, 1e-2, 66);
 }
 
 TEST(Embedding, BitIdenticalForAnyThreadCount) {
-  Pool p1(1), p2(2), p3(3);
+  mf_kt::Pools pools;
   for (Shape s : {Shape{300, 20, 200}, Shape{5000, 3, 17}, Shape{64, 1000, 1030}}) {
     SCOPED_TRACE(testing::Message() << "T=" << s.T << " V=" << s.V << " H=" << s.H);
     auto table = random_vec(s.V * s.H, 21), dout = random_vec(s.T * s.H, 22);
@@ -108,7 +101,7 @@ TEST(Embedding, BitIdenticalForAnyThreadCount) {
     };
     vector<float> out0, dt0;
     run(nullptr, &out0, &dt0);
-    for (mf_threadpool *p : {p1.p, p2.p, p3.p}) {
+    for (mf_threadpool *p : pools.all()) {
       vector<float> out, dt;
       run(p, &out, &dt);
       EXPECT_TRUE(same_bits(out0, out));

@@ -7,24 +7,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
 using mf_fd::random_vec;
+using mf_kt::Pool;
+using mf_kt::same_bits;
 using std::vector;
-
-struct Pool {
-  mf_threadpool *p = nullptr;
-  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
-  ~Pool() { mf_threadpool_free(p); }
-};
 
 struct Shape {
   int64_t M, N, K;
@@ -39,11 +35,8 @@ const Shape kShapes[] = {{1, 1, 1},    {1, 17, 33},  {3, 5, 7},     {4, 8, 256},
 vector<double> ref_fwd(const vector<float> &x, const vector<float> &W, const float *b, Shape s) {
   vector<double> y((size_t)(s.M * s.N));
   for (int64_t m = 0; m < s.M; m++)
-    for (int64_t n = 0; n < s.N; n++) {
-      double acc = b ? b[n] : 0.0;
-      for (int64_t k = 0; k < s.K; k++) acc += (double)x[m * s.K + k] * W[n * s.K + k];
-      y[m * s.N + n] = acc;
-    }
+    for (int64_t n = 0; n < s.N; n++)
+      y[m * s.N + n] = mf_kt::ref_dot(x.data() + m * s.K, 1, W.data() + n * s.K, 1, s.K, b ? b[n] : 0.0);
   return y;
 }
 
@@ -97,7 +90,7 @@ TEST(Linear, SummationOrderIsFixed) {
       expect[m * s.N + n] = y[m * s.N + n] + acc;
     }
   ASSERT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 1), MF_OK);
-  EXPECT_EQ(0, memcmp(y.data(), expect.data(), y.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(y, expect));
 }
 
 TEST(Linear, BackwardMatchesDoubleReference) {
@@ -181,7 +174,7 @@ TEST(Linear, AccumulateAddsToTheWrittenResult) {
   // db == NULL leaves the bias gradient alone and dW unchanged.
   vector<float> dW2 = old_dW;
   mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW2.data(), nullptr);
-  EXPECT_EQ(0, memcmp(dW2.data(), dW_add.data(), dW2.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(dW2, dW_add));
 }
 
 struct AllOutputs {
@@ -203,17 +196,13 @@ AllOutputs run_all(mf_threadpool *pool, int round_bf16, Shape s, int accumulate)
   return o;
 }
 
-bool same_bits(const vector<float> &a, const vector<float> &b) {
-  return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 TEST(Linear, BitIdenticalForAnyThreadCount) {
-  Pool p1(1), p2(2), p3(3);
+  mf_kt::Pools pools;
   for (Shape s : {Shape{130, 70, 300}, Shape{1, 300, 1000}, Shape{1000, 1, 300}, Shape{257, 129, 64}}) {
     for (int acc = 0; acc < 2; acc++) {
       SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " acc=" << acc);
       AllOutputs a = run_all(nullptr, 0, s, acc);
-      for (mf_threadpool *p : {p1.p, p2.p, p3.p}) {
+      for (mf_threadpool *p : pools.all()) {
         AllOutputs b = run_all(p, 0, s, acc);
         EXPECT_TRUE(same_bits(a.y, b.y));
         EXPECT_TRUE(same_bits(a.dx, b.dx));
@@ -229,11 +218,8 @@ TEST(Linear, RoundBf16RoundsActivationsOnly) {
   for (int acc = 0; acc < 2; acc++) {
     Shape s = {67, 70, 300};
     AllOutputs f = run_all(p3.p, 0, s, acc), r = run_all(p3.p, 1, s, acc);
-    for (size_t i = 0; i < f.y.size(); i++) {
-      ASSERT_EQ(r.y[i], mf_round_to_bf16(f.y[i])) << i;  // the fp32 result, rounded once at the store
-      ASSERT_LE(std::fabs(r.y[i] - f.y[i]), std::ldexp(std::fabs(f.y[i]), -8)) << i;
-    }
-    for (size_t i = 0; i < f.dx.size(); i++) ASSERT_EQ(r.dx[i], mf_round_to_bf16(f.dx[i])) << i;
+    ASSERT_TRUE(mf_kt::rounded_once(r.y, f.y));  // the fp32 result, rounded once at the store
+    ASSERT_TRUE(mf_kt::rounded_once(r.dx, f.dx));
     EXPECT_TRUE(same_bits(f.dW, r.dW)) << "weight gradients stay fp32";
     EXPECT_TRUE(same_bits(f.db, r.db));
   }

@@ -14,8 +14,12 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
+
+using mf_kt::bf16_representable;
+using mf_kt::same_bits;
 
 // Distinct experts per token, drawn from the first `used` experts.
 std::vector<int32_t> random_topk(int64_t T, int64_t K, int64_t used, uint32_t seed) {
@@ -251,23 +255,21 @@ TEST(ExpertLinear, ForwardAndBackwardMatchDoubleReferences) {
   for (int64_t r = 0; r < R; r++) {
     const float *W = x.Wp[(size_t)expert_of_row(x, r)];
     for (int64_t n = 0; n < N; n++) {
-      double s = 0;
-      for (int64_t k = 0; k < Kd; k++) s += (double)xe[(size_t)(r * Kd + k)] * W[n * Kd + k];
+      const double s = mf_kt::ref_dot(xe.data() + r * Kd, 1, W + n * Kd, 1, Kd);
       ASSERT_NEAR(ye[(size_t)(r * N + n)], s, 1e-5 * (1 + std::fabs(s))) << r << "," << n;
     }
     for (int64_t k = 0; k < Kd; k++) {
-      double s = 0;
-      for (int64_t n = 0; n < N; n++) s += (double)dye[(size_t)(r * N + n)] * W[n * Kd + k];
+      const double s = mf_kt::ref_dot(dye.data() + r * N, 1, W + k, Kd, N);
       ASSERT_NEAR(dxe[(size_t)(r * Kd + k)], s, 1e-5 * (1 + std::fabs(s))) << r << "," << k;
     }
   }
   for (int64_t e = 0; e < x.E; e++) {
     if (dW[(size_t)e].empty()) continue;
+    const int64_t r0 = x.offsets[(size_t)e], rows = x.offsets[(size_t)e + 1] - r0;
     for (int64_t n = 0; n < N; n++)
       for (int64_t k = 0; k < Kd; k++) {
-        double s = dW0[(size_t)e][(size_t)(n * Kd + k)];
-        for (int64_t r = x.offsets[(size_t)e]; r < x.offsets[(size_t)e + 1]; r++)
-          s += (double)dye[(size_t)(r * N + n)] * xe[(size_t)(r * Kd + k)];
+        const double s = mf_kt::ref_dot(dye.data() + r0 * N + n, N, xe.data() + r0 * Kd + k, Kd, rows,
+                                        dW0[(size_t)e][(size_t)(n * Kd + k)]);
         ASSERT_NEAR(dW[(size_t)e][(size_t)(n * Kd + k)], s, 1e-5 * (1 + std::fabs(s)))
             << e << "," << n << "," << k;
       }
@@ -325,7 +327,7 @@ TEST(ExpertLinear, ExpertWithNoRowsKeepsItsGradientBitForBit) {
   ASSERT_EQ(
       mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
       MF_OK);
-  EXPECT_EQ(0, std::memcmp(g1.data(), g1_before.data(), g1.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(g1, g1_before));
   std::vector<float> ye((size_t)(R * N)), dxe((size_t)(R * Kd));
   EXPECT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()),
             MF_OK);
@@ -336,7 +338,7 @@ TEST(ExpertLinear, ExpertWithNoRowsKeepsItsGradientBitForBit) {
   std::vector<int64_t> none = {0, 0, 0, 0, 0};
   EXPECT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), none.data(), 4, N, Kd, dWp.data()),
             MF_OK);
-  EXPECT_EQ(0, std::memcmp(g1.data(), g1_before.data(), g1.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(g1, g1_before));
 }
 
 // ------------------------------------------------ pools and bf16 rounding
@@ -388,26 +390,14 @@ AllOutputs run_all(const mf_kctx &ctx, uint32_t seed) {
   return o;
 }
 
-bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-bool bf16_representable(const std::vector<float> &v) {
-  for (float f : v)
-    if (mf_round_to_bf16(f) != f) return false;
-  return true;
-}
-
 TEST(MoeKernels, BitIdenticalAcrossPoolSizes) {
   for (int round = 0; round <= 1; round++) {
     AllOutputs ref;
     for (int n = 1; n <= 3; n++) {
-      mf_threadpool *pool = nullptr;
-      ASSERT_EQ(mf_threadpool_create(n, &pool), MF_OK);
-      mf_kctx ctx = {pool, round};
+      mf_kt::Pool pool(n);
+      ASSERT_EQ(pool.status, MF_OK);
+      mf_kctx ctx = {pool.p, round};
       AllOutputs o = run_all(ctx, 500);
-      mf_threadpool_free(pool);
       if (n == 1) {
         ref = o;
         continue;

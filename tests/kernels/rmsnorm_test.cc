@@ -5,27 +5,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
 using mf_fd::random_vec;
+using mf_kt::Pool;
+using mf_kt::same_bits;
 using std::vector;
-
-struct Pool {
-  mf_threadpool *p = nullptr;
-  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
-  ~Pool() { mf_threadpool_free(p); }
-};
-
-bool same_bits(const vector<float> &a, const vector<float> &b) {
-  return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 struct Shape {
   int64_t R, C;
@@ -38,8 +30,7 @@ vector<double> ref_fwd(const vector<float> &x, const vector<float> &w, Shape s, 
   vector<double> y(x.size());
   if (rstd) rstd->assign(s.R, 0.0);
   for (int64_t r = 0; r < s.R; r++) {
-    double ss = 0;
-    for (int64_t c = 0; c < s.C; c++) ss += (double)x[r * s.C + c] * x[r * s.C + c];
+    const double ss = mf_kt::ref_dot(x.data() + r * s.C, 1, x.data() + r * s.C, 1, s.C);
     double rs = 1.0 / std::sqrt(ss / s.C + eps);
     if (rstd) (*rstd)[r] = rs;
     for (int64_t c = 0; c < s.C; c++) y[r * s.C + c] = w[c] * (x[r * s.C + c] * rs);
@@ -161,12 +152,12 @@ TEST(RmsNorm, AccumulateAddsToTheWrittenResult) {
 }
 
 TEST(RmsNorm, BitIdenticalForAnyThreadCount) {
-  Pool p1(1), p2(2), p3(3);
+  mf_kt::Pools pools;
   for (Shape s : {Shape{130, 300}, Shape{3, 8192}, Shape{1000, 17}}) {
     SCOPED_TRACE(testing::Message() << "R=" << s.R << " C=" << s.C);
     for (int acc = 0; acc < 2; acc++) {
       Outs a = run_all(nullptr, 0, s, acc);
-      for (mf_threadpool *p : {p1.p, p2.p, p3.p}) {
+      for (mf_threadpool *p : pools.all()) {
         Outs b = run_all(p, 0, s, acc);
         EXPECT_TRUE(same_bits(a.y, b.y));
         EXPECT_TRUE(same_bits(a.rstd, b.rstd));
@@ -183,12 +174,9 @@ TEST(RmsNorm, RoundBf16RoundsActivationsOnly) {
   for (int acc = 0; acc < 2; acc++) {
     Outs f = run_all(p3.p, 0, s, acc), r = run_all(p3.p, 1, s, acc);
     EXPECT_TRUE(same_bits(f.rstd, r.rstd)) << "rstd stays fp32";
-    for (size_t i = 0; i < f.y.size(); i++) {
-      ASSERT_EQ(r.y[i], mf_round_to_bf16(f.y[i])) << i;
-      ASSERT_LE(std::fabs(r.y[i] - f.y[i]), std::ldexp(std::fabs(f.y[i]), -8)) << i;
-    }
+    ASSERT_TRUE(mf_kt::rounded_once(r.y, f.y));
     // The backward reads the same (fp32) x and rstd, so dx is the fp32 dx rounded once.
-    for (size_t i = 0; i < f.dx.size(); i++) ASSERT_EQ(r.dx[i], mf_round_to_bf16(f.dx[i])) << i;
+    ASSERT_TRUE(mf_kt::rounded_once(r.dx, f.dx));
     EXPECT_TRUE(same_bits(f.dw, r.dw)) << "dw stays fp32";
   }
 }

@@ -19,21 +19,14 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
 
 using mf_fd::random_vec;
+using mf_kt::Pool;
+using mf_kt::same_bits;
 using std::vector;
-
-struct Pool {
-  mf_threadpool *p = nullptr;
-  explicit Pool(int n) { EXPECT_EQ(mf_threadpool_create(n, &p), MF_OK); }
-  ~Pool() { mf_threadpool_free(p); }
-};
-
-bool same_bits(const vector<float> &a, const vector<float> &b) {
-  return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // The fp32 angle transformers computes for (pos, i).
 float angle_f32(int32_t pos, int64_t i, int64_t D, float theta) {
@@ -157,7 +150,7 @@ TEST(Rope, BackwardMatchesFiniteDifferencesAndInverts) {
 }
 
 TEST(Rope, BitIdenticalForAnyThreadCount) {
-  Pool p1(1), p2(2), p3(3);
+  mf_kt::Pools pools;
   for (int64_t D : {64, 128, 600}) {
     const int64_t T = 301, nh = 4;
     auto pos = random_positions(T, 11);
@@ -174,7 +167,7 @@ TEST(Rope, BitIdenticalForAnyThreadCount) {
         return y;
       };
       auto a = run(nullptr);
-      for (mf_threadpool *p : {p1.p, p2.p, p3.p}) EXPECT_TRUE(same_bits(a, run(p)));
+      for (mf_threadpool *p : pools.all()) EXPECT_TRUE(same_bits(a, run(p)));
     }
   }
 }
@@ -190,10 +183,7 @@ TEST(Rope, RoundBf16RoundsOnce) {
     auto op = bwd ? mf_cpu_rope_bwd : mf_cpu_rope_fwd;
     op(&cf, f.data(), T, nh, D, pos.data(), 1e4f);
     op(&cr, r.data(), T, nh, D, pos.data(), 1e4f);
-    for (size_t i = 0; i < f.size(); i++) {
-      ASSERT_EQ(r[i], mf_round_to_bf16(f[i])) << i;
-      ASSERT_LE(std::fabs(r[i] - f[i]), std::ldexp(std::fabs(f[i]), -8)) << i;
-    }
+    ASSERT_TRUE(mf_kt::rounded_once(r, f));
   }
 }
 

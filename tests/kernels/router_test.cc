@@ -6,15 +6,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/kernels/fd.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace {
+
+using mf_kt::same_bits;
 
 // Logits whose values per row are at least 0.2 apart, so a finite-difference
 // step of 1e-2 never changes the top-k selection.
@@ -120,25 +122,23 @@ TEST_P(RouterTest, BitIdenticalAcrossPoolSizes) {
   Fwd ref;
   std::vector<float> dref;
   for (int n = 1; n <= 3; n++) {
-    mf_threadpool *pool = nullptr;
-    ASSERT_EQ(mf_threadpool_create(n, &pool), MF_OK);
-    mf_kctx ctx = {pool, 0};
+    mf_kt::Pool pool(n);
+    ASSERT_EQ(pool.status, MF_OK);
+    mf_kctx ctx = {pool.p, 0};
     Fwd f = run_fwd(ctx, logits, s.T, s.E, s.K, 1);
     std::vector<float> dl((size_t)(s.T * s.E));
     ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(), cp.data(), s.T,
                                 s.E, s.K, 1, dl.data()),
               MF_OK);
-    mf_threadpool_free(pool);
     if (n == 1) {
       ref = f;
       dref = dl;
       continue;
     }
-    EXPECT_EQ(0, std::memcmp(f.probs.data(), ref.probs.data(), f.probs.size() * sizeof(float)))
-        << n << " threads";
-    EXPECT_EQ(0, std::memcmp(f.w.data(), ref.w.data(), f.w.size() * sizeof(float))) << n << " threads";
+    EXPECT_TRUE(same_bits(f.probs, ref.probs)) << n << " threads";
+    EXPECT_TRUE(same_bits(f.w, ref.w)) << n << " threads";
     EXPECT_EQ(f.idx, ref.idx) << n << " threads";
-    EXPECT_EQ(0, std::memcmp(dl.data(), dref.data(), dl.size() * sizeof(float))) << n << " threads";
+    EXPECT_TRUE(same_bits(dl, dref)) << n << " threads";
   }
 }
 
@@ -168,8 +168,8 @@ TEST(Router, OutputsAreFp32EvenWithRoundBf16) {
   auto cw = mf_fd::random_vec((size_t)(T * K), 52);
   mf_kctx plain = {nullptr, 0}, rounded = {nullptr, 1};
   Fwd a = run_fwd(plain, logits, T, E, K, 1), b = run_fwd(rounded, logits, T, E, K, 1);
-  EXPECT_EQ(0, std::memcmp(a.probs.data(), b.probs.data(), a.probs.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.w.data(), b.w.data(), a.w.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(a.probs, b.probs));
+  EXPECT_TRUE(same_bits(a.w, b.w));
   std::vector<float> da((size_t)(T * E)), db((size_t)(T * E));
   ASSERT_EQ(mf_cpu_router_bwd(&plain, a.probs.data(), a.idx.data(), a.w.data(), cw.data(), nullptr, T, E, K,
                               1, da.data()),
@@ -177,10 +177,8 @@ TEST(Router, OutputsAreFp32EvenWithRoundBf16) {
   ASSERT_EQ(mf_cpu_router_bwd(&rounded, b.probs.data(), b.idx.data(), b.w.data(), cw.data(), nullptr, T, E, K,
                               1, db.data()),
             MF_OK);
-  EXPECT_EQ(0, std::memcmp(da.data(), db.data(), da.size() * sizeof(float)));
-  bool any_unrepresentable = false;
-  for (float v : a.probs) any_unrepresentable |= mf_round_to_bf16(v) != v;
-  EXPECT_TRUE(any_unrepresentable) << "probs look bf16-rounded";
+  EXPECT_TRUE(same_bits(da, db));
+  EXPECT_FALSE(mf_kt::bf16_representable(a.probs)) << "probs look bf16-rounded";
 }
 
 TEST(Router, RenormalisedWeightsSumToOne) {

@@ -1,0 +1,81 @@
+/*
+ * Plans as data: decisions written to and read from versioned JSON, and the
+ * config's memory.overrides applied to decisions.
+ *
+ * The JSON (format "moefit-plan", version 1):
+ *   {
+ *     "format": "moefit-plan", "version": 1,
+ *     "model": {"family": "mixtral", "layers": 32, "hidden": 4096, "experts": 8, ...},
+ *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8},
+ *     "device_budget_bytes": N, "peak_device_bytes": N, "arena_bytes": N,
+ *     "predicted_step_seconds": x,
+ *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "stream"}, ...]
+ *   }
+ * Every parameter appears twice — its weight ("param": resident | stream) and
+ * its gradient ("grad": device | stream) — and every activation that may be
+ * offloaded or recomputed once ("act": keep | offload | recompute). Names are
+ * the program's: the parameter's name, "grad." + it, and the activation's with
+ * its micro-batch ("mb1.model.layers.0.mlp.experts.act"); a forward-only
+ * program has no "grad" entries. Reading validates the format, the version,
+ * the model and batch against the program, every key (unknown ones are
+ * refused), name, byte size and decision, and that nothing is missing; an
+ * error names the file, the place and the fault: MF_ERR_FORMAT for a
+ * malformed file, MF_ERR_CONFIG for one that does not fit the program,
+ * MF_ERR_UNSUPPORTED for a newer version. On any error d and f are untouched.
+ */
+#ifndef MF_PLANNER_PLAN_IO_H
+#define MF_PLANNER_PLAN_IO_H
+
+#include <stdint.h>
+
+#include "planner/schedule.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/program.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Figures written alongside the decisions. */
+typedef struct mf_plan_figures {
+  uint64_t device_budget_bytes;
+  uint64_t peak_device_bytes;
+  uint64_t arena_bytes;
+  double predicted_step_seconds;
+} mf_plan_figures;
+
+mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const mf_plan_figures *f, const char *path);
+/* Reads decisions for program p (which must have the plan's model and batch);
+ * f may be NULL. */
+mf_status mf_plan_read_json(const mf_program *p, const char *path, mf_decisions *d, mf_plan_figures *f);
+
+/* Pins: which decisions the overrides fixed (1) — the planner leaves those alone. */
+typedef struct mf_plan_pins {
+  uint8_t *param; /* [n_params] */
+  uint8_t *grad;  /* [n_params] */
+  uint8_t *act;   /* [n_tensors] */
+} mf_plan_pins;
+
+mf_status mf_plan_pins_create(const mf_program *p, mf_plan_pins *pins);
+void mf_plan_pins_free(mf_plan_pins *pins);
+
+/* Applies memory.overrides: for each entry, every parameter whose name matches
+ * `match` (shell glob: * ? [..]) gets `params` (resident|stream) and `grads`
+ * (device|stream); every offloadable activation whose name without the "mbN."
+ * prefix (or with it, to pick one micro-batch) matches gets `activations`
+ * (keep|offload|recompute); `optimizer` accepts host only (device AdamW comes
+ * later). A pattern that matches no parameter (for params, grads, optimizer)
+ * or no offloadable activation (for activations), an unknown decision word, or
+ * an impossible one (recompute for an activation that cannot be recomputed) is
+ * an error naming the override's place in the config ("x.yaml:14:7:
+ * memory.overrides[0]: ..."). Later entries win; on error d and pins are
+ * untouched. pins may be NULL. */
+mf_status mf_plan_apply_overrides(const mf_program *p, const mf_config_memory *mem, mf_decisions *d,
+                                  mf_plan_pins *pins);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_PLANNER_PLAN_IO_H */

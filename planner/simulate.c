@@ -1,0 +1,535 @@
+/* The event simulation of a schedule's streams (see simulate.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/simulate.h"
+
+const char *mf_sim_stream_name(mf_sim_stream s) {
+  switch (s) {
+    case MF_SIM_COMPUTE:
+      return "compute";
+    case MF_SIM_H2D:
+      return "h2d";
+    case MF_SIM_D2H:
+      return "d2h";
+    default:
+      return "?";
+  }
+}
+
+/* ------------------------------------------------------------------ costs */
+
+static double gemm(const mf_hwprofile *hw, double m, double n, double k) {
+  return mf_hw_gemm_seconds(hw, m, n, k);
+}
+
+/* Bytes an elementwise op touches: each operand tensor once; an embedding
+ * table only in the T rows the tokens select. */
+static double op_bytes(const mf_program *p, const mf_pop *o) {
+  double bytes = 0;
+  for (int i = 0; i < MF_KBUF_MAX; i++) {
+    const int32_t t = o->t[i];
+    if (t < 0) continue;
+    int dup = 0;
+    for (int j = 0; j < i; j++) dup |= o->t[j] == t;
+    if (dup) continue;
+    double b = (double)p->tensors[t].bytes;
+    if ((o->kind == MF_K_EMBED_FWD || o->kind == MF_K_EMBED_BWD) &&
+        i == (o->kind == MF_K_EMBED_FWD ? 1 : 2) && o->i[1] > 0 && o->i[0] < o->i[1])
+      b = b / (double)o->i[1] * (double)o->i[0];
+    bytes += b;
+  }
+  return bytes;
+}
+
+/* A grouped GEMM over R = T*K routed rows: each of the experts expected to
+ * get rows (E (1 - (1 - K/E)^T)) takes an even share; one launch for all. */
+static double expert_seconds(const mf_program *p, const mf_pop *o, const mf_hwprofile *hw) {
+  const double E = (double)o->i[0], N = (double)o->i[1], Kd = (double)o->i[2];
+  const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
+  if (!(E > 0) || !(T > 0) || !(K > 0)) return 0;
+  const double R = T * K;
+  double active = E * (1.0 - pow(1.0 - (K < E ? K / E : 1.0), T));
+  if (active < 1.0) active = 1.0;
+  if (active > R) active = R;
+  const double m = R / active;
+  double one;
+  if (o->kind == MF_K_EXPERT_FWD)
+    one = gemm(hw, m, N, Kd); /* y[m,N] = x[m,Kd] W^T */
+  else if (o->kind == MF_K_EXPERT_BWD_DATA)
+    one = gemm(hw, m, Kd, N); /* dx[m,Kd] = dy[m,N] W */
+  else
+    one = gemm(hw, N, Kd, m); /* dW[N,Kd] = dy^T x */
+  if (!(one > 0)) return one; /* no work (0), or a profile that cannot price it (NAN) */
+  const double work = one - hw->launch_s;
+  return active * (work > 0 ? work : 0) + hw->launch_s;
+}
+
+double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw) {
+  const mf_pop *o = &p->ops[k];
+  switch (o->kind) {
+    case MF_K_LINEAR_FWD: /* y[M,N] = x[M,K] W^T */
+      return gemm(hw, (double)o->i[0], (double)o->i[1], (double)o->i[2]);
+    case MF_K_LINEAR_BWD_DATA: /* dx[M,K] = dy[M,N] W */
+      return gemm(hw, (double)o->i[0], (double)o->i[2], (double)o->i[1]);
+    case MF_K_LINEAR_BWD_WEIGHT: /* dW[N,K] = dy^T x */
+      return gemm(hw, (double)o->i[1], (double)o->i[2], (double)o->i[0]);
+    case MF_K_EXPERT_FWD:
+    case MF_K_EXPERT_BWD_DATA:
+    case MF_K_EXPERT_BWD_WEIGHT:
+      return expert_seconds(p, o, hw);
+    case MF_K_CROSS_ENTROPY: {
+      const int64_t T = o->i[0], V = o->i[1], H = o->i[2];
+      int64_t chunk = o->i[3];
+      if (T <= 0 || V <= 0 || H <= 0) return 0;
+      if (chunk <= 0 || chunk > V) chunk = V;
+      const double passes = o->flops / (2.0 * (double)T * (double)V * (double)H);
+      const int64_t full = V / chunk, rem = V % chunk;
+      double one = (double)full * gemm(hw, (double)T, (double)chunk, (double)H);
+      if (rem) one += gemm(hw, (double)T, (double)rem, (double)H);
+      return passes * one;
+    }
+    case MF_K_ATTN_FWD:
+    case MF_K_ATTN_BWD:
+      return mf_hw_attention_seconds(hw, o->flops, (double)o->i[1], (double)o->i[4]);
+    default:
+      return mf_hw_elementwise_seconds(hw, op_bytes(p, o));
+  }
+}
+
+/* ---------------------------------------------- arena segment tree (max) */
+
+/* Over the elementary intervals between the slots' offsets and ends: a range
+ * chmax (a slot is done at time t) and a range max (when is this memory free). */
+typedef struct segtree {
+  double *mx, *tag; /* mx: max over the node's range; tag: a value applying to all of it */
+  int32_t n;
+} segtree;
+
+static void seg_update(segtree *t, int32_t node, int32_t lo, int32_t hi, int32_t ql, int32_t qr, double v) {
+  if (qr <= lo || hi <= ql) return;
+  if (t->mx[node] < v) t->mx[node] = v;
+  if (ql <= lo && hi <= qr) {
+    if (t->tag[node] < v) t->tag[node] = v;
+    return;
+  }
+  const int32_t mid = lo + (hi - lo) / 2;
+  seg_update(t, 2 * node, lo, mid, ql, qr, v);
+  seg_update(t, 2 * node + 1, mid, hi, ql, qr, v);
+}
+
+static double seg_query(const segtree *t, int32_t node, int32_t lo, int32_t hi, int32_t ql, int32_t qr) {
+  if (qr <= lo || hi <= ql) return 0;
+  if (ql <= lo && hi <= qr) return t->mx[node];
+  const int32_t mid = lo + (hi - lo) / 2;
+  double r = t->tag[node];
+  double a = seg_query(t, 2 * node, lo, mid, ql, qr), b = seg_query(t, 2 * node + 1, mid, hi, ql, qr);
+  if (a > r) r = a;
+  if (b > r) r = b;
+  return r;
+}
+
+static int cmp_size(const void *a, const void *b) {
+  const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static int32_t coord_index(const size_t *c, int32_t n, size_t v) {
+  int32_t lo = 0, hi = n; /* first index with c[i] >= v */
+  while (lo < hi) {
+    int32_t mid = lo + (hi - lo) / 2;
+    if (c[mid] < v)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* ------------------------------------------------------------- simulation */
+
+typedef struct touch {
+  int32_t slot;
+  int32_t write;
+} touch;
+
+typedef struct param_ready {
+  double t;
+  int32_t param;
+} param_ready;
+
+static int cmp_ready(const void *a, const void *b) {
+  const param_ready *x = (const param_ready *)a, *y = (const param_ready *)b;
+  if (x->t != y->t) return x->t < y->t ? -1 : 1;
+  return x->param - y->param;
+}
+
+typedef struct scratch {
+  double *op_cost;            /* [n_ops] */
+  uint32_t *wmask;            /* [n_ops] operands each op writes */
+  double *last_write;         /* [n_slots] when the last writer of the slot ends */
+  double *last_touch;         /* [n_slots] when the last instruction touching it ends */
+  double *host_ready;         /* [n_tensors] when the host copy of an offloaded activation is complete */
+  int32_t *done_start;        /* [n_instr + 1] CSR: the slots whose last instruction is i */
+  int32_t *done;              /* [n_slots] */
+  int32_t *leaf_lo, *leaf_hi; /* [n_slots] the slot's elementary intervals, [lo, hi) */
+  size_t *coords;             /* [2 n_slots] */
+  int64_t *delta;             /* [n_instr + 1] live bytes, as differences */
+  touch *touches;             /* [MF_KBUF_MAX + E + 2] */
+  param_ready *ready;         /* [n_params] */
+  segtree seg;
+} scratch;
+
+static void scratch_free(scratch *w) {
+  free(w->op_cost);
+  free(w->wmask);
+  free(w->last_write);
+  free(w->last_touch);
+  free(w->host_ready);
+  free(w->done_start);
+  free(w->done);
+  free(w->leaf_lo);
+  free(w->leaf_hi);
+  free(w->coords);
+  free(w->delta);
+  free(w->touches);
+  free(w->ready);
+  free(w->seg.mx);
+  free(w->seg.tag);
+}
+
+void mf_sim_result_free(mf_sim_result *r) {
+  if (!r) return;
+  free(r->stream);
+  free(r->cost);
+  free(r->start);
+  free(r->end);
+  free(r->live_bytes);
+  memset(r, 0, sizeof *r);
+}
+
+/* The instruction's operands, with whether it writes them; its stream and cost. */
+static int32_t instr_touches(const mf_schedule *s, const mf_hwprofile *hw, const scratch *w, int32_t i,
+                             touch *tc, int *stream, double *cost) {
+  const mf_program *p = s->prog;
+  const mf_instr *in = &s->instr[i];
+  int32_t n = 0;
+  switch (in->kind) {
+    case MF_I_RUN: {
+      const mf_pop *o = &p->ops[in->op];
+      const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
+      const int32_t we = mf_kernel_writes_experts(o->kind);
+      for (int k = 0; k < MF_KBUF_MAX; k++) {
+        const int32_t sl = s->slot_pool[in->operands + k];
+        if (sl >= 0) tc[n++] = (touch){sl, (int32_t)(w->wmask[in->op] >> k & 1)};
+      }
+      for (int64_t e = 0; e < E; e++) {
+        const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
+        if (sl >= 0) tc[n++] = (touch){sl, we};
+      }
+      *stream = MF_SIM_COMPUTE;
+      *cost = w->op_cost[in->op];
+      break;
+    }
+    case MF_I_H2D:
+    case MF_I_D2H: {
+      const int h2d = in->kind == MF_I_H2D;
+      tc[n++] = (touch){in->slot, h2d};
+      *stream = h2d ? MF_SIM_H2D : MF_SIM_D2H;
+      *cost = mf_hw_copy_seconds(hw, h2d, (double)p->tensors[s->slots[in->slot].tensor].bytes);
+      break;
+    }
+    case MF_I_ZERO:
+      tc[n++] = (touch){in->slot, 1};
+      *stream = MF_SIM_COMPUTE;
+      *cost = mf_hw_elementwise_seconds(hw, (double)p->tensors[s->slots[in->slot].tensor].bytes);
+      break;
+    case MF_I_ACCUM:
+      tc[n++] = (touch){in->slot, 0};
+      tc[n++] = (touch){in->slot2, 1};
+      *stream = MF_SIM_COMPUTE;
+      *cost = mf_hw_elementwise_seconds(hw, (double)p->tensors[s->slots[in->slot].tensor].bytes +
+                                                (double)p->tensors[s->slots[in->slot2].tensor].bytes);
+      break;
+    default:
+      *stream = MF_SIM_COMPUTE;
+      *cost = 0;
+      break;
+  }
+  return n;
+}
+
+static mf_status validate(const mf_schedule *s) {
+  const mf_program *p = s->prog;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind == MF_I_RUN) {
+      if (in->op < 0 || in->op >= p->n_ops || in->operands < 0 ||
+          in->operands + MF_KBUF_MAX + (p->ops[in->op].experts_at >= 0 ? p->spec.experts : 0) > s->n_pool)
+        return MF_ERR(MF_ERR_INVALID_ARG, "simulate: instruction %d runs a bad op or operand list", i);
+      continue;
+    }
+    if ((int)in->kind < 0 || in->kind >= MF_I_KIND_COUNT_)
+      return MF_ERR(MF_ERR_INVALID_ARG, "simulate: instruction %d has a bad kind", i);
+    if (in->slot < 0 || in->slot >= s->n_slots ||
+        (in->kind == MF_I_ACCUM && (in->slot2 < 0 || in->slot2 >= s->n_slots)))
+      return MF_ERR(MF_ERR_INVALID_ARG, "simulate: instruction %d names a bad slot", i);
+  }
+  for (int64_t k = 0; k < s->n_pool; k++)
+    if (s->slot_pool[k] >= s->n_slots)
+      return MF_ERR(MF_ERR_INVALID_ARG, "simulate: operand %lld names a bad slot", (long long)k);
+  for (int32_t x = 0; x < s->n_slots; x++) {
+    const mf_slot *sl = &s->slots[x];
+    if (sl->tensor < 0 || sl->tensor >= p->n_tensors || sl->last >= s->n_instr || sl->first > sl->last)
+      return MF_ERR(MF_ERR_INVALID_ARG, "simulate: slot %d has a bad tensor or range", x);
+  }
+  return MF_OK;
+}
+
+static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
+  const mf_program *p = s->prog;
+  const size_t ni = (size_t)s->n_instr + 1, ns = (size_t)s->n_slots + 1;
+  r->stream = (uint8_t *)malloc(ni);
+  r->cost = (double *)malloc(ni * sizeof(double));
+  r->start = (double *)malloc(ni * sizeof(double));
+  r->end = (double *)malloc(ni * sizeof(double));
+  r->live_bytes = (size_t *)malloc(ni * sizeof(size_t));
+  w->op_cost = (double *)malloc(((size_t)p->n_ops + 1) * sizeof(double));
+  w->wmask = (uint32_t *)malloc(((size_t)p->n_ops + 1) * sizeof(uint32_t));
+  w->last_write = (double *)calloc(ns, sizeof(double));
+  w->last_touch = (double *)calloc(ns, sizeof(double));
+  w->host_ready = (double *)calloc((size_t)p->n_tensors + 1, sizeof(double));
+  w->done_start = (int32_t *)calloc(ni + 1, sizeof(int32_t));
+  w->done = (int32_t *)malloc(ns * sizeof(int32_t));
+  w->leaf_lo = (int32_t *)malloc(ns * sizeof(int32_t));
+  w->leaf_hi = (int32_t *)malloc(ns * sizeof(int32_t));
+  w->coords = (size_t *)malloc(2 * ns * sizeof(size_t));
+  w->delta = (int64_t *)calloc(ni + 1, sizeof(int64_t));
+  w->touches = (touch *)malloc(
+      ((size_t)MF_KBUF_MAX + (size_t)(p->spec.experts > 0 ? p->spec.experts : 0) + 2) * sizeof(touch));
+  w->ready = (param_ready *)malloc(((size_t)p->params->n + 1) * sizeof(param_ready));
+  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->wmask ||
+      !w->last_write || !w->last_touch || !w->host_ready || !w->done_start || !w->done || !w->leaf_lo ||
+      !w->leaf_hi || !w->coords || !w->delta || !w->touches || !w->ready)
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
+  return MF_OK;
+}
+
+/* Per-op costs and write masks, slots by their last instruction, the arena's
+ * elementary intervals, and the live-bytes curve. */
+static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, mf_sim_result *r) {
+  const mf_program *p = s->prog;
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    mf_kernel_call c;
+    memset(&c, 0, sizeof c);
+    c.kind = p->ops[k].kind;
+    memcpy(c.i, p->ops[k].i, sizeof c.i);
+    w->wmask[k] = mf_kernel_writes(&c);
+    w->op_cost[k] = mf_sim_op_seconds(p, k, hw);
+  }
+  int32_t nc = 0;
+  for (int32_t x = 0; x < s->n_slots; x++) {
+    const mf_slot *sl = &s->slots[x];
+    if (sl->first < 0) continue;
+    const size_t bytes = p->tensors[sl->tensor].bytes;
+    w->done_start[sl->last + 1]++;
+    w->delta[sl->first] += (int64_t)bytes;
+    w->delta[sl->last + 1] -= (int64_t)bytes;
+    if (bytes) {
+      w->coords[nc++] = sl->offset;
+      w->coords[nc++] = sl->offset + bytes;
+    }
+  }
+  for (int32_t i = 0; i < s->n_instr; i++) w->done_start[i + 1] += w->done_start[i];
+  {
+    int32_t *fill = (int32_t *)malloc(((size_t)s->n_instr + 1) * sizeof(int32_t));
+    if (!fill) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
+    memcpy(fill, w->done_start, ((size_t)s->n_instr + 1) * sizeof(int32_t));
+    for (int32_t x = 0; x < s->n_slots; x++)
+      if (s->slots[x].first >= 0) w->done[fill[s->slots[x].last]++] = x;
+    free(fill);
+  }
+  qsort(w->coords, (size_t)nc, sizeof(size_t), cmp_size);
+  int32_t nu = 0;
+  for (int32_t i = 0; i < nc; i++)
+    if (nu == 0 || w->coords[nu - 1] != w->coords[i]) w->coords[nu++] = w->coords[i];
+  for (int32_t x = 0; x < s->n_slots; x++) {
+    const mf_slot *sl = &s->slots[x];
+    const size_t bytes = p->tensors[sl->tensor].bytes;
+    w->leaf_lo[x] = w->leaf_hi[x] = 0;
+    if (sl->first < 0 || !bytes) continue;
+    w->leaf_lo[x] = coord_index(w->coords, nu, sl->offset);
+    w->leaf_hi[x] = coord_index(w->coords, nu, sl->offset + bytes);
+  }
+  w->seg.n = nu > 1 ? nu - 1 : 1;
+  w->seg.mx = (double *)calloc(4 * (size_t)w->seg.n, sizeof(double));
+  w->seg.tag = (double *)calloc(4 * (size_t)w->seg.n, sizeof(double));
+  if (!w->seg.mx || !w->seg.tag) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
+  int64_t live = 0;
+  r->peak_live_bytes = 0;
+  r->peak_instr = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    live += w->delta[i];
+    r->live_bytes[i] = (size_t)live;
+    if ((size_t)live > r->peak_live_bytes) {
+      r->peak_live_bytes = (size_t)live;
+      r->peak_instr = i;
+    }
+  }
+  return MF_OK;
+}
+
+/* When the host optimizer starts and when it ends. */
+static void optimizer(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim_opts *o, scratch *w,
+                      mf_sim_result *r) {
+  const mf_program *p = s->prog;
+  const double t0 = r->streams_seconds;
+  if (p->forward_only || p->params->n == 0) {
+    r->optimizer_start = t0;
+    r->step_seconds = t0;
+    return;
+  }
+  if (!o->overlap_optimizer) {
+    r->optimizer_seconds = mf_hw_adamw_seconds(hw, (double)p->params->total_numel);
+    r->optimizer_start = t0;
+    r->step_seconds = t0 + r->optimizer_seconds;
+    return;
+  }
+  /* A parameter's update waits for the last copy of its gradient home (one
+   * that never goes home waits for the end of the streams). */
+  const int32_t np = (int32_t)p->params->n;
+  for (int32_t i = 0; i < np; i++) w->ready[i] = (param_ready){-1.0, i};
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind != MF_I_D2H) continue;
+    const mf_ptensor *t = &p->tensors[s->slots[in->slot].tensor];
+    if (t->kind == MF_T_GRAD && t->param >= 0 && t->param < np && r->end[i] > w->ready[t->param].t)
+      w->ready[t->param].t = r->end[i];
+  }
+  for (int32_t i = 0; i < np; i++)
+    if (w->ready[i].t < 0) w->ready[i].t = t0;
+  qsort(w->ready, (size_t)np, sizeof *w->ready, cmp_ready);
+  double host = 0;
+  for (int32_t i = 0; i < np; i++) {
+    const double st = w->ready[i].t > host ? w->ready[i].t : host;
+    const double c = mf_hw_adamw_seconds(hw, (double)p->params->params[w->ready[i].param].numel);
+    if (i == 0) r->optimizer_start = st;
+    host = st + c;
+    r->optimizer_seconds += c;
+  }
+  r->step_seconds = host > t0 ? host : t0;
+}
+
+mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim_opts *o,
+                      mf_sim_result *out) {
+  if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "simulate: no result to fill");
+  memset(out, 0, sizeof *out);
+  if (!s || !hw || !s->prog)
+    return MF_ERR(MF_ERR_INVALID_ARG, "simulate: no schedule or no hardware profile");
+  const mf_sim_opts defaults = {0};
+  if (!o) o = &defaults;
+  MF_CHECK(validate(s));
+  const mf_program *p = s->prog;
+  scratch w;
+  memset(&w, 0, sizeof w);
+  mf_sim_result r;
+  memset(&r, 0, sizeof r);
+  r.n_instr = s->n_instr;
+  mf_status st = alloc_all(s, &w, &r);
+  if (st == MF_OK) st = prepare(s, hw, &w, &r);
+  if (st != MF_OK) {
+    scratch_free(&w);
+    mf_sim_result_free(&r);
+    return st;
+  }
+
+  const int serial = !hw->copies_overlap_compute;
+  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    int stream;
+    double cost;
+    const int32_t n = instr_touches(s, hw, &w, i, w.touches, &stream, &cost);
+    if (!(cost >= 0) || isinf(cost)) {
+      st = MF_ERR(
+          MF_ERR_INVALID_ARG,
+          "simulate: profile \"%s\" cannot price instruction %d (%s): %g s (it lacks gemm or attention "
+          "points, or a bandwidth)",
+          hw->name, i,
+          in->kind == MF_I_RUN ? p->ops[in->op].label : mf_sim_stream_name((mf_sim_stream)stream), cost);
+      break;
+    }
+    double ready;
+    if (serial) {
+      ready = t;
+    } else {
+      ready = free_at[stream];
+      for (int32_t k = 0; k < n; k++) {
+        const int32_t x = w.touches[k].slot;
+        if (w.last_write[x] > ready) ready = w.last_write[x];
+        if (w.touches[k].write && w.last_touch[x] > ready) ready = w.last_touch[x];
+        if (s->slots[x].first == i && w.leaf_lo[x] < w.leaf_hi[x]) {
+          const double m = seg_query(&w.seg, 1, 0, w.seg.n, w.leaf_lo[x], w.leaf_hi[x]);
+          if (m > ready) ready = m;
+        }
+      }
+      if (in->kind == MF_I_H2D) {
+        const double h = w.host_ready[s->slots[in->slot].tensor];
+        if (h > ready) ready = h;
+      }
+    }
+    const double end = ready + cost;
+    t = end;
+    free_at[stream] = end;
+    if (end > makespan) makespan = end;
+    r.stream[i] = (uint8_t)stream;
+    r.cost[i] = cost;
+    r.start[i] = ready;
+    r.end[i] = end;
+    r.busy[stream] += cost;
+    for (int32_t k = 0; k < n; k++) {
+      const int32_t x = w.touches[k].slot;
+      if (w.last_touch[x] < end) w.last_touch[x] = end;
+      if (w.touches[k].write && w.last_write[x] < end) w.last_write[x] = end;
+    }
+    if (in->kind == MF_I_H2D || in->kind == MF_I_D2H) {
+      const int32_t tn = s->slots[in->slot].tensor;
+      const uint64_t bytes = p->tensors[tn].bytes;
+      if (in->kind == MF_I_H2D) {
+        r.h2d_bytes += bytes;
+      } else {
+        r.d2h_bytes += bytes;
+        if (w.host_ready[tn] < end) w.host_ready[tn] = end;
+      }
+    }
+    /* Slots done with: their memory is free once everything touching them is. */
+    if (!serial)
+      for (int32_t d = w.done_start[i]; d < w.done_start[i + 1]; d++) {
+        const int32_t x = w.done[d];
+        if (w.leaf_lo[x] < w.leaf_hi[x])
+          seg_update(&w.seg, 1, 0, w.seg.n, w.leaf_lo[x], w.leaf_hi[x], w.last_touch[x]);
+      }
+  }
+  if (st != MF_OK) {
+    scratch_free(&w);
+    mf_sim_result_free(&r);
+    return st;
+  }
+  r.streams_seconds = serial ? t : makespan;
+  r.compute_seconds = r.busy[MF_SIM_COMPUTE];
+  r.exposed_transfer_seconds = r.streams_seconds - r.compute_seconds;
+  if (r.exposed_transfer_seconds < 0) r.exposed_transfer_seconds = 0;
+  optimizer(s, hw, o, &w, &r);
+  if (!(r.optimizer_seconds >= 0) || isinf(r.optimizer_seconds)) {
+    scratch_free(&w);
+    mf_sim_result_free(&r);
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)", hw->name);
+  }
+  r.exposed_optimizer_seconds = r.step_seconds - r.streams_seconds;
+  for (int k = 0; k < MF_SIM_STREAMS; k++) r.idle[k] = r.step_seconds - r.busy[k];
+  scratch_free(&w);
+  *out = r;
+  return MF_OK;
+}

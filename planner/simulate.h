@@ -1,0 +1,109 @@
+/*
+ * Predicting a schedule's step time: an event simulation of the executor's
+ * streams over the instructions of a schedule (planner/schedule.h), with the
+ * cost of each instruction from a hardware profile (planner/hwprofile.h).
+ *
+ * Streams. RUN, ZERO and ACCUM go on the compute stream, H2D copies on the H2D
+ * stream, D2H copies on the D2H stream, each in instruction order; the host
+ * AdamW over every parameter runs after the streams are done (or, with
+ * `overlap_optimizer`, per parameter as its gradient lands). On a profile with
+ * copies_overlap_compute == 0 (the cpu backend) every instruction runs on one
+ * timeline in instruction order, so the step is the plain sum of the costs.
+ *
+ * An instruction starts when its stream is free and its dependencies are done:
+ *   RAW/WAW  it waits for every earlier instruction that wrote a slot it
+ *            touches (an H2D before its readers, the last writer before a D2H);
+ *   WAR      one that writes a slot waits for every earlier one touching it
+ *            (a D2H still reading it);
+ *   memory   the first instruction of a slot waits until every earlier slot
+ *            sharing arena bytes with it is done — every instruction touching
+ *            that slot, its D2H included. This is what bounds prefetch: an
+ *            upload starts as soon as its memory is free, which may be long
+ *            before its place in the list;
+ *   host     an H2D of an offloaded activation waits for its D2H.
+ *
+ * Costs (seconds, from the profile's cost functions, which include a kernel's
+ * launch cost):
+ *   LINEAR_*, CROSS_ENTROPY   mf_hw_gemm_seconds at the op's GEMM shape (the
+ *                             cross-entropy: every vocabulary chunk of each of
+ *                             its o->flops / (2 T V H) GEMM passes);
+ *   EXPERT_*                  a grouped GEMM over the T*K rows: routing is not
+ *                             known, so the rows spread evenly over the experts
+ *                             expected to get any (E (1 - (1 - K/E)^T)); one
+ *                             launch for the group;
+ *   ATTN_*                    mf_hw_attention_seconds(o->flops, S, D);
+ *   anything else, ZERO, ACCUM  elementwise: the bytes of its operand tensors
+ *                             (each tensor once; an embedding's table counts
+ *                             only the T rows it touches);
+ *   H2D, D2H                  mf_hw_copy_seconds of the slot's tensor bytes.
+ * A profile that cannot price an instruction (no GEMM or attention points, a
+ * zero bandwidth or AdamW rate: a NaN or infinite cost) is MF_ERR_INVALID_ARG.
+ *
+ * The simulation is deterministic and runs in O(n_instr + n_pool + n_slots
+ * log n_slots): the memory dependency uses a segment tree over the slots'
+ * arena offsets (a slot is painted with the time it is done when its last
+ * instruction has been simulated; the arena packing guarantees that the slots
+ * sharing bytes with a new one are all painted by then).
+ */
+#ifndef MF_PLANNER_SIMULATE_H
+#define MF_PLANNER_SIMULATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "planner/hwprofile.h"
+#include "planner/schedule.h"
+#include "src/core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mf_sim_stream { MF_SIM_COMPUTE = 0, MF_SIM_H2D, MF_SIM_D2H, MF_SIM_STREAMS } mf_sim_stream;
+
+const char *mf_sim_stream_name(mf_sim_stream s); /* "compute", "h2d", "d2h" */
+
+typedef struct mf_sim_opts {
+  /* Host AdamW per parameter as soon as its gradient is home (one worker using
+   * all threads, in the order the gradients land) instead of after the step's
+   * streams are done. */
+  int overlap_optimizer;
+} mf_sim_opts;
+
+typedef struct mf_sim_result {
+  double step_seconds;    /* the predicted step: streams, then what the host optimizer adds */
+  double streams_seconds; /* when the last instruction ends */
+  /* step = compute + exposed transfer + exposed optimizer. */
+  double compute_seconds; /* = busy[MF_SIM_COMPUTE]: RUN, ZERO, ACCUM */
+  double
+      exposed_transfer_seconds;     /* streams_seconds - compute: the compute stream waiting on copies (and
+                                       the copies after its last instruction); every copy on a serial profile */
+  double exposed_optimizer_seconds; /* step_seconds - streams_seconds */
+  double optimizer_seconds;         /* host AdamW over every parameter (0 for a forward-only program) */
+  double optimizer_start;           /* when it starts (overlap_optimizer: the first parameter's update) */
+  double busy[MF_SIM_STREAMS];      /* seconds each stream works */
+  double idle[MF_SIM_STREAMS];      /* step_seconds - busy */
+  uint64_t h2d_bytes, d2h_bytes;
+  /* Per instruction [n_instr]: its stream, cost, start and end, and the device
+   * memory alive while it runs (bytes of the slots whose range holds it). */
+  int32_t n_instr;
+  uint8_t *stream;
+  double *cost, *start, *end;
+  size_t *live_bytes;
+  size_t peak_live_bytes; /* max of live_bytes: the schedule's peak_live_bytes */
+  int32_t peak_instr;
+} mf_sim_result;
+
+/* Simulates `s` on `hw`. `o` may be NULL (defaults: all zero). `out` is
+ * overwritten (it owns new arrays: release them with mf_sim_result_free). */
+mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim_opts *o, mf_sim_result *out);
+void mf_sim_result_free(mf_sim_result *r); /* frees the arrays and zeroes *r; NULL is fine */
+
+/* The cost in seconds of program op k on `hw` (a RUN of it), as above. */
+double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_PLANNER_SIMULATE_H */

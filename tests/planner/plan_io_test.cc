@@ -1,0 +1,701 @@
+// planner/plan_io: plans written and read back unchanged; every kind of
+// malformed or ill-fitting plan file an error naming the file, the place in it
+// and the fault (decisions untouched); memory.overrides pinning exactly the
+// tensors they match, and their errors naming the place in the config.
+#include <gtest/gtest.h>
+#include <jansson.h>
+
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "planner/plan_io.h"
+#include "planner/schedule.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+
+namespace {
+
+std::string TmpPath(const std::string &name) {
+  const char *d = getenv("TEST_TMPDIR");
+  return std::string(d ? d : "/tmp") + "/" + name;
+}
+
+void WriteText(const std::string &path, const std::string &text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+std::string Slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A tiny OLMoE: expert weights are named model.layers.L.mlp.experts.E.*.
+mf_model_spec TinySpec() {
+  mf_model_spec s;
+  mf_model_spec_defaults(MF_FAMILY_OLMOE, &s);
+  s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 4, s.head_dim = 8, s.experts = 4, s.top_k = 2;
+  s.expert_ffn = 16, s.vocab = 64, s.max_seq = 64, s.rope_theta = 10000.0;
+  return s;
+}
+
+struct Prog {
+  mf_param_table *t = nullptr;
+  mf_program *p = nullptr;
+  void Build(int64_t B, int64_t S, int64_t G, int forward_only = 0) {
+    mf_model_spec s = TinySpec();
+    ASSERT_EQ(mf_param_table_build(&s, &t), MF_OK) << mf_last_error();
+    mf_program_opts po = {B, S, G, 0.01, 0, forward_only};
+    ASSERT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
+  }
+  ~Prog() {
+    mf_program_free(p);
+    mf_param_table_free(t);
+  }
+};
+
+bool IsPlanAct(const mf_program *p, int32_t t) {
+  mf_tensor_kind k = p->tensors[t].kind;
+  return (k == MF_T_ACT || k == MF_T_STAT) && mf_schedule_can_offload(p, t);
+}
+
+int32_t FindTensor(const mf_program *p, const char *name) {
+  for (int32_t t = 0; t < p->n_tensors; t++)
+    if (strcmp(p->tensors[t].name, name) == 0) return t;
+  return -1;
+}
+
+// No model moefit builds today has an activation that can be offloaded but not
+// recomputed, so one is made: rmsnorm writes `out` and `rstd`; moving rstd out
+// of the layer (layer -1) makes out's writer write outside its layer.
+int32_t MakeUnrecomputable(mf_program *p) {
+  int32_t rstd = FindTensor(p, "mb0.model.layers.0.input_layernorm.rstd");
+  int32_t out = FindTensor(p, "mb0.model.layers.0.input_layernorm.out");
+  if (rstd < 0 || out < 0) return -1;
+  p->tensors[rstd].layer = -1;
+  if (!mf_schedule_can_offload(p, out) || mf_schedule_can_recompute(p, out)) return -1;
+  return out;
+}
+
+struct Result {
+  mf_status st;
+  std::string err;
+};
+
+// Expects status `status` and a message containing every one of the parts.
+#define EXPECT_ERROR(r, status, ...)                                                                  \
+  do {                                                                                                \
+    const Result r_ = (r);                                                                            \
+    EXPECT_EQ(r_.st, (status)) << mf_status_name(r_.st) << ": " << r_.err;                            \
+    for (const char *part_ : {__VA_ARGS__})                                                           \
+      EXPECT_NE(r_.err.find(part_), std::string::npos) << "missing '" << part_ << "' in: " << r_.err; \
+  } while (0)
+
+class PlanIo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prog_.Build(1, 8, 2);
+    p_ = prog_.p;
+    ASSERT_EQ(mf_decisions_create(p_, &d_), MF_OK);
+    // A mix of every decision.
+    for (int32_t i = 0; i < d_->n_params; i++) {
+      d_->param[i] = i % 3 == 0 ? MF_PARAM_STREAM : MF_PARAM_RESIDENT;
+      d_->grad[i] = i % 2 == 0 ? MF_GRAD_STREAM : MF_GRAD_DEVICE;
+    }
+    int k = 0;
+    for (int32_t t = 0; t < p_->n_tensors; t++) {
+      if (!IsPlanAct(p_, t)) continue;
+      n_acts_++;
+      int want = k++ % 3;
+      if (want == 2 && !mf_schedule_can_recompute(p_, t)) want = 1;
+      d_->act[t] = (uint8_t)want;
+    }
+    fig_ = {8ull << 30, 123456789, 98765, 0.1234567890123456789};
+    base_ = TmpPath("base.plan.json");
+    ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
+  }
+  void TearDown() override { mf_decisions_free(d_); }
+
+  // Reads `path` into decisions preset to a pattern; on failure they must be untouched.
+  Result Read(const std::string &path, const mf_program *p = nullptr) {
+    if (!p) p = p_;
+    mf_decisions *d = nullptr;
+    EXPECT_EQ(mf_decisions_create(p, &d), MF_OK);
+    for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM;
+    mf_plan_figures f = {1, 2, 3, 4.0};
+    mf_error_clear();
+    Result r;
+    r.st = mf_plan_read_json(p, path.c_str(), d, &f);
+    r.err = mf_last_error();
+    if (r.st != MF_OK) {
+      for (int32_t i = 0; i < d->n_params; i++)
+        EXPECT_EQ(d->param[i], MF_PARAM_STREAM) << "decisions changed";
+      for (int32_t i = 0; i < d->n_params; i++) EXPECT_EQ(d->grad[i], MF_GRAD_DEVICE) << "decisions changed";
+      for (int32_t t = 0; t < d->n_tensors; t++) EXPECT_EQ(d->act[t], MF_ACT_KEEP) << "decisions changed";
+      EXPECT_EQ(f.arena_bytes, 3u) << "figures changed";
+    }
+    mf_decisions_free(d);
+    return r;
+  }
+  // The base plan edited by `edit`, written as `name`.
+  std::string Edited(const std::string &name, const std::function<void(json_t *)> &edit) {
+    json_error_t e;
+    json_t *root = json_load_file(base_.c_str(), 0, &e);
+    EXPECT_NE(root, nullptr) << e.text;
+    edit(root);
+    std::string path = TmpPath(name);
+    EXPECT_EQ(json_dump_file(root, path.c_str(), JSON_INDENT(2) | JSON_PRESERVE_ORDER), 0);
+    json_decref(root);
+    return path;
+  }
+  static json_t *Entry(json_t *root, size_t i) { return json_array_get(json_object_get(root, "tensors"), i); }
+  static void SetDecision(json_t *root, const char *name, const char *decision) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(root, "tensors"), i, e) {
+      if (strcmp(json_string_value(json_object_get(e, "name")), name) == 0)
+        json_object_set_new(e, "decision", json_string(decision));
+    }
+  }
+  Result ReadFrom(const std::string &name, const std::string &text) {
+    std::string path = TmpPath(name);
+    WriteText(path, text);
+    return Read(path);
+  }
+
+  Prog prog_;
+  mf_program *p_ = nullptr;
+  mf_decisions *d_ = nullptr;
+  mf_plan_figures fig_;
+  std::string base_;
+  int n_acts_ = 0;
+};
+
+// ------------------------------------------------------------ round trip
+
+TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_plan_figures f = {0, 0, 0, 0.0};
+  ASSERT_EQ(mf_plan_read_json(p_, base_.c_str(), d, &f), MF_OK) << mf_last_error();
+  EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
+  EXPECT_EQ(0, memcmp(d->grad, d_->grad, (size_t)d->n_params));
+  EXPECT_EQ(0, memcmp(d->act, d_->act, (size_t)d->n_tensors));
+  EXPECT_EQ(f.device_budget_bytes, fig_.device_budget_bytes);
+  EXPECT_EQ(f.peak_device_bytes, fig_.peak_device_bytes);
+  EXPECT_EQ(f.arena_bytes, fig_.arena_bytes);
+  EXPECT_EQ(f.predicted_step_seconds, fig_.predicted_step_seconds);  // bit-exact
+
+  // Written again, the file is the same; figures may be left out when reading.
+  std::string again = TmpPath("again.plan.json");
+  ASSERT_EQ(mf_plan_write_json(p_, d, &f, again.c_str()), MF_OK) << mf_last_error();
+  EXPECT_EQ(Slurp(again), Slurp(base_));
+  EXPECT_EQ(mf_plan_read_json(p_, base_.c_str(), d, nullptr), MF_OK) << mf_last_error();
+  mf_decisions_free(d);
+}
+
+TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
+  std::string text = Slurp(base_);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(access((base_ + ".tmp").c_str(), F_OK), -1) << "temporary file left behind";
+  json_error_t e;
+  json_t *root = json_loads(text.c_str(), JSON_REJECT_DUPLICATES, &e);
+  ASSERT_NE(root, nullptr) << e.text;
+  EXPECT_STREQ(json_string_value(json_object_get(root, "format")), "moefit-plan");
+  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 1);
+  json_t *model = json_object_get(root, "model"), *batch = json_object_get(root, "batch");
+  EXPECT_STREQ(json_string_value(json_object_get(model, "family")), "olmoe");
+  EXPECT_EQ(json_integer_value(json_object_get(model, "experts")), 4);
+  EXPECT_EQ(json_integer_value(json_object_get(batch, "seq_len")), 8);
+  EXPECT_EQ(json_integer_value(json_object_get(batch, "grad_accum")), 2);
+  json_t *tensors = json_object_get(root, "tensors");
+  // Every parameter twice, every offloadable activation (both micro-batches) once.
+  ASSERT_EQ(json_array_size(tensors), (size_t)(2 * p_->params->n + n_acts_));
+  int kinds[3] = {0, 0, 0}, mb1 = 0;
+  size_t i;
+  json_t *e1;
+  json_array_foreach(tensors, i, e1) {
+    std::string kind = json_string_value(json_object_get(e1, "kind"));
+    std::string name = json_string_value(json_object_get(e1, "name"));
+    int32_t t = FindTensor(p_, name.c_str());
+    ASSERT_GE(t, 0) << name;
+    EXPECT_EQ((size_t)json_integer_value(json_object_get(e1, "bytes")), p_->tensors[t].bytes) << name;
+    kinds[kind == "param" ? 0 : kind == "grad" ? 1 : 2]++;
+    mb1 += name.rfind("mb1.", 0) == 0;
+  }
+  EXPECT_EQ(kinds[0], p_->params->n);
+  EXPECT_EQ(kinds[1], p_->params->n);
+  EXPECT_EQ(kinds[2], n_acts_);
+  EXPECT_EQ(2 * mb1, n_acts_);
+  EXPECT_STREQ(json_string_value(json_object_get(Entry(root, 0), "name")), "model.embed_tokens.weight");
+  json_decref(root);
+}
+
+TEST(PlanIoForwardOnly, NoGradientsListedOrRequired) {
+  Prog g;
+  g.Build(1, 8, 1, 1);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(g.p, &d), MF_OK);
+  for (int32_t i = 0; i < d->n_params; i += 2) d->param[i] = MF_PARAM_STREAM;
+  mf_plan_figures f = {1, 2, 3, 0.5};
+  std::string path = TmpPath("fwd.plan.json");
+  ASSERT_EQ(mf_plan_write_json(g.p, d, &f, path.c_str()), MF_OK) << mf_last_error();
+  EXPECT_EQ(Slurp(path).find("\"grad\""), std::string::npos);
+  mf_decisions *back = nullptr;
+  ASSERT_EQ(mf_decisions_create(g.p, &back), MF_OK);
+  ASSERT_EQ(mf_plan_read_json(g.p, path.c_str(), back, nullptr), MF_OK) << mf_last_error();
+  EXPECT_EQ(0, memcmp(back->param, d->param, (size_t)d->n_params));
+  mf_decisions_free(back);
+  mf_decisions_free(d);
+}
+
+TEST_F(PlanIo, WriteRefusesDecisionsTheProgramDoesNotAllow) {
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  std::string path = TmpPath("refused.plan.json");
+  d->param[3] = 7;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  d->param[3] = 0;
+  d->act[p_->io[0].ids] = MF_ACT_OFFLOAD;  // an input, not an activation
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("mb0.input_ids"), std::string::npos) << mf_last_error();
+  d->act[p_->io[0].ids] = MF_ACT_KEEP;
+  mf_plan_figures neg = fig_;
+  neg.predicted_step_seconds = -1;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &neg, path.c_str()), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(access(path.c_str(), F_OK), -1);
+  int32_t t = MakeUnrecomputable(p_);
+  ASSERT_GE(t, 0) << "program layout changed: pick another tensor";
+  d->act[t] = MF_ACT_RECOMPUTE;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  mf_decisions_free(d);
+}
+
+// ------------------------------------------------------- malformed files
+
+TEST_F(PlanIo, NotJson) {
+  Result r = ReadFrom("plan.json", "this is not a plan\n");
+  EXPECT_ERROR(r, MF_ERR_FORMAT, "plan.json: line 1, column", "invalid JSON");
+}
+
+TEST_F(PlanIo, Truncated) {
+  std::string text = Slurp(base_);
+  Result r = ReadFrom("plan.json", text.substr(0, text.size() / 2));
+  EXPECT_ERROR(r, MF_ERR_FORMAT, "plan.json: line ", "invalid JSON");
+}
+
+TEST_F(PlanIo, EmptyFile) {
+  EXPECT_ERROR(ReadFrom("plan.json", ""), MF_ERR_FORMAT, "plan.json: the file is empty");
+  EXPECT_ERROR(ReadFrom("plan.json", " \n\t\n"), MF_ERR_FORMAT, "plan.json: the file is empty");
+}
+
+TEST_F(PlanIo, MissingFile) {
+  EXPECT_ERROR(Read(TmpPath("no-such.plan.json")), MF_ERR_IO, "no-such.plan.json");
+}
+
+TEST_F(PlanIo, NotAnObject) {
+  EXPECT_ERROR(ReadFrom("plan.json", "[1, 2]"), MF_ERR_FORMAT, "plan.json: the top level is an array");
+}
+
+TEST_F(PlanIo, DuplicateKey) {
+  Result r = ReadFrom("plan.json", "{\"format\": \"moefit-plan\", \"format\": \"moefit-plan\"}");
+  EXPECT_ERROR(r, MF_ERR_FORMAT, "plan.json: line 1", "duplicate");
+}
+
+TEST_F(PlanIo, WrongFormatString) {
+  std::string path =
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "format", json_string("moefit-cfg")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: format: expected \"moefit-plan\", got 'moefit-cfg'");
+  path = Edited("plan.json", [](json_t *r) { json_object_del(r, "format"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing 'format'");
+  EXPECT_ERROR(ReadFrom("plan.json", "{\"a\": 1}"), MF_ERR_FORMAT, "missing 'format'");
+}
+
+TEST_F(PlanIo, NewerVersion) {
+  std::string path =
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(2)); });
+  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 2", "version 1 only");
+  path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(0)); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: version: expected a positive integer");
+}
+
+TEST_F(PlanIo, WrongTypes) {
+  struct Case {
+    const char *name;
+    std::function<void(json_t *)> edit;
+    const char *want;
+  } cases[] = {
+      {"version", [](json_t *r) { json_object_set_new(r, "version", json_string("1")); },
+       "version: expected a positive integer, got a string"},
+      {"model", [](json_t *r) { json_object_set_new(r, "model", json_integer(3)); },
+       "model: expected an object, got an integer"},
+      {"model.layers",
+       [](json_t *r) { json_object_set_new(json_object_get(r, "model"), "layers", json_real(2.0)); },
+       "model.layers: expected a non-negative integer, got a real number"},
+      {"model.family",
+       [](json_t *r) { json_object_set_new(json_object_get(r, "model"), "family", json_null()); },
+       "model.family: expected a string, got null"},
+      {"batch.seq_len",
+       [](json_t *r) { json_object_set_new(json_object_get(r, "batch"), "seq_len", json_integer(-8)); },
+       "batch.seq_len: expected a non-negative integer, got a negative one"},
+      {"figures", [](json_t *r) { json_object_set_new(r, "arena_bytes", json_string("big")); },
+       "arena_bytes: expected a non-negative integer, got a string"},
+      {"seconds", [](json_t *r) { json_object_set_new(r, "predicted_step_seconds", json_true()); },
+       "predicted_step_seconds: expected a non-negative number, got a boolean"},
+      {"tensors", [](json_t *r) { json_object_set_new(r, "tensors", json_object()); },
+       "tensors: expected an array, got an object"},
+      {"entry", [](json_t *r) { json_array_set_new(json_object_get(r, "tensors"), 2, json_integer(1)); },
+       "tensors[2]: expected an object, got an integer"},
+      {"name", [](json_t *r) { json_object_set_new(Entry(r, 3), "name", json_integer(5)); },
+       "tensors[3].name: expected a string, got an integer"},
+      {"bytes", [](json_t *r) { json_object_set_new(Entry(r, 3), "bytes", json_string("12")); },
+       "tensors[3].bytes: expected a non-negative integer, got a string"},
+      {"decision", [](json_t *r) { json_object_set_new(Entry(r, 4), "decision", json_array()); },
+       "tensors[4].decision: expected a string, got an array"},
+      {"missing", [](json_t *r) { json_object_del(Entry(r, 1), "decision"); },
+       "tensors[1]: missing 'decision'"},
+      {"unknown key", [](json_t *r) { json_object_set_new(Entry(r, 1), "colour", json_string("red")); },
+       "tensors[1]: unknown key 'colour'"},
+      {"unknown top key", [](json_t *r) { json_object_set_new(r, "notes", json_string("hi")); },
+       "(top level): unknown key 'notes'"},
+      {"missing batch", [](json_t *r) { json_object_del(r, "batch"); }, "(top level): missing 'batch'"},
+      {"bad kind word", [](json_t *r) { json_object_set_new(Entry(r, 1), "kind", json_string("weight")); },
+       "tensors[1].kind: 'weight' is not a tensor kind (param, grad, act)"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_ERROR(Read(Edited("plan.json", c.edit)), MF_ERR_FORMAT, "plan.json: ", c.want);
+  }
+}
+
+TEST_F(PlanIo, BadDecisionWord) {
+  std::string path = Edited(
+      "plan.json", [](json_t *r) { json_object_set_new(Entry(r, 17), "decision", json_string("sideways")); });
+  EXPECT_ERROR(
+      Read(path), MF_ERR_FORMAT,
+      "plan.json: tensors[17].decision: 'sideways' is not a decision for a param (resident, stream)");
+  // A word of another kind is not one of this kind's.
+  size_t last = 2 * (size_t)p_->params->n + (size_t)n_acts_ - 1;
+  path = Edited("plan.json",
+                [&](json_t *r) { json_object_set_new(Entry(r, last), "decision", json_string("stream")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "'stream' is not a decision for an act (keep, offload, recompute)");
+  // Control bytes from the file are escaped in the message.
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(Entry(r, 0), "decision", json_string("a\x1b[2Jb")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "'a\\x1b[2Jb' is not a decision");
+}
+
+TEST_F(PlanIo, UnknownTensor) {
+  std::string path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(Entry(r, 0), "name", json_string("model.layers.9.mlp.experts.0.up_proj.weight"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG,
+               "plan.json: tensors[0].name: 'model.layers.9.mlp.experts.0.up_proj.weight' is not a tensor");
+  // A program tensor a plan does not decide: an input.
+  path = Edited("plan.json", [](json_t *r) {
+    json_t *e = Entry(r, 0);
+    json_object_set_new(e, "name", json_string("mb0.input_ids"));
+    json_object_set_new(e, "kind", json_string("act"));
+    json_object_set_new(e, "decision", json_string("keep"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "tensors[0].name: 'mb0.input_ids' is not a tensor a plan decides");
+}
+
+TEST_F(PlanIo, WrongKind) {
+  std::string path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(Entry(r, 0), "kind", json_string("grad"));
+    json_object_set_new(Entry(r, 0), "decision", json_string("device"));
+  });
+  EXPECT_ERROR(
+      Read(path), MF_ERR_CONFIG,
+      "plan.json: tensors[0].kind: 'model.embed_tokens.weight' is a param in this program, not a grad");
+}
+
+TEST_F(PlanIo, WrongBytes) {
+  std::string path =
+      Edited("plan.json", [](json_t *r) { json_object_set_new(Entry(r, 2), "bytes", json_integer(4)); });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "plan.json: tensors[2].bytes: the plan has 4 bytes for");
+}
+
+TEST_F(PlanIo, RecomputeOfANonRecomputableTensor) {
+  int32_t t = MakeUnrecomputable(p_);
+  ASSERT_GE(t, 0) << "program layout changed: pick another tensor";
+  memset(d_->act, MF_ACT_KEEP, (size_t)d_->n_tensors);  // other recomputes may depend on it
+  ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
+  const char *name = p_->tensors[t].name;
+  std::string path = Edited("plan.json", [&](json_t *r) { SetDecision(r, name, "recompute"); });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "plan.json: tensors[",
+               "].decision: 'mb0.model.layers.0.input_layernorm.out'", "cannot be recomputed");
+  // Offloading it is fine.
+  path = Edited("plan.json", [&](json_t *r) { SetDecision(r, name, "offload"); });
+  EXPECT_EQ(Read(path).st, MF_OK);
+}
+
+TEST_F(PlanIo, DuplicateEntry) {
+  std::string path = Edited("plan.json", [](json_t *r) {
+    json_array_append_new(json_object_get(r, "tensors"), json_deep_copy(Entry(r, 5)));
+  });
+  size_t dup = 2 * (size_t)p_->params->n + (size_t)n_acts_;
+  std::string place = "plan.json: tensors[" + std::to_string(dup) + "]: ";
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, place.c_str(), "appears twice (first at tensors[5])");
+}
+
+TEST_F(PlanIo, MissingEntries) {
+  std::string path = Edited("plan.json", [](json_t *r) {
+    json_t *t = json_object_get(r, "tensors");
+    for (int k = 0; k < 7; k++) json_array_remove(t, json_array_size(t) - 1);
+    json_array_remove(t, 0);
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "plan.json: tensors: 8 of the program's tensors have no decision: ",
+               "model.embed_tokens.weight, mb1.", ", ...");
+  path = Edited("plan.json", [](json_t *r) { json_array_clear(json_object_get(r, "tensors")); });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "have no decision");
+}
+
+TEST_F(PlanIo, PlanForAnotherShape) {
+  Prog other;
+  other.Build(1, 16, 2);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(other.p, &d), MF_OK);
+  std::string path = TmpPath("plan.json");
+  ASSERT_EQ(mf_plan_write_json(other.p, d, &fig_, path.c_str()), MF_OK) << mf_last_error();
+  mf_decisions_free(d);
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG,
+               "plan.json: batch.seq_len: the plan was made for seq_len 16, the config has 8");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(json_object_get(r, "batch"), "grad_accum", json_integer(4));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG,
+               "batch.grad_accum: the plan was made for grad_accum 4, the config has 2");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(json_object_get(r, "model"), "hidden", json_integer(4096));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG,
+               "model.hidden: the plan was made for hidden 4096, the model has 32");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(json_object_get(r, "model"), "family", json_string("mixtral"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG,
+               "model.family: the plan was made for family mixtral, the model is olmoe");
+}
+
+TEST_F(PlanIo, DeepNesting) {
+  // Far past jansson's own limit; refused before it is parsed.
+  std::string deep =
+      "{\"format\": \"moefit-plan\", \"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}";
+  EXPECT_ERROR(ReadFrom("plan.json", deep), MF_ERR_FORMAT, "plan.json: line 1, column",
+               "nests deeper than 16 levels");
+  // Just past the plan's cap, on line 3.
+  std::string some = "{\n\"a\": 1,\n  \"x\": " + std::string(16, '[') + std::string(16, ']') + "}";
+  EXPECT_ERROR(ReadFrom("plan.json", some), MF_ERR_FORMAT, "plan.json: line 3, column 23:", "nests deeper");
+  // Brackets inside strings do not count.
+  std::string path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(Entry(r, 0), "name", json_string((std::string(100, '[') + "\\\"").c_str()));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "tensors[0].name: '[[[[", "is not a tensor");
+}
+
+TEST_F(PlanIo, HugeFile) {
+  std::string path = TmpPath("huge.plan.json");
+  WriteText(path, "");
+  ASSERT_EQ(truncate(path.c_str(), (off_t)(256 << 20) + 1), 0);  // sparse: nothing is written
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "huge.plan.json: 268435457 bytes is too large for a plan");
+  unlink(path.c_str());
+}
+
+TEST_F(PlanIo, GarbageBytes) {
+  std::string bin("{\"format\": \"moefit-plan\"\x00\xff\xfe", 27);
+  EXPECT_ERROR(ReadFrom("plan.json", bin), MF_ERR_FORMAT, "plan.json: line 1", "invalid JSON");
+}
+
+// -------------------------------------------------------------- overrides
+
+class Overrides : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prog_.Build(1, 8, 2);
+    p_ = prog_.p;
+    ASSERT_EQ(mf_decisions_create(p_, &d_), MF_OK);
+    ASSERT_EQ(mf_plan_pins_create(p_, &pins_), MF_OK);
+  }
+  void TearDown() override {
+    mf_plan_pins_free(&pins_);
+    mf_decisions_free(d_);
+    mf_config_free(cfg_);
+  }
+  // Loads a config whose memory.overrides are `items` (one "- {...}" per line,
+  // from line 9 of x.yaml) and applies them.
+  Result Apply(const std::vector<std::string> &items) {
+    std::string text =
+        "model:\n"
+        "  init: {family: olmoe, hidden: 32, layers: 2, heads: 4, kv_heads: 4, experts: 4, top_k: 2, "
+        "expert_ffn: 16, vocab: 64}\n"
+        "data:\n"
+        "  train: t.tokens\n"
+        "train:\n"
+        "  steps: 1\n"
+        "memory:\n"
+        "  overrides:\n";
+    for (const auto &i : items) text += "    - " + i + "\n";
+    mf_config_free(cfg_);
+    cfg_ = nullptr;
+    Result r;
+    r.st = mf_config_load_string(text.c_str(), text.size(), "x.yaml", nullptr, 0, &cfg_);
+    EXPECT_EQ(r.st, MF_OK) << mf_last_error();
+    if (r.st != MF_OK) return r;
+    mf_error_clear();
+    r.st = mf_plan_apply_overrides(p_, &cfg_->memory, d_, &pins_);
+    r.err = mf_last_error();
+    return r;
+  }
+  int Count(const uint8_t *a, int64_t n) {
+    int c = 0;
+    for (int64_t i = 0; i < n; i++) c += a[i] != 0;
+    return c;
+  }
+  Prog prog_;
+  mf_program *p_ = nullptr;
+  mf_decisions *d_ = nullptr;
+  mf_plan_pins pins_ = {nullptr, nullptr, nullptr};
+  mf_config *cfg_ = nullptr;
+};
+
+TEST_F(Overrides, ExpertParamsStream) {
+  Result r = Apply({"{match: \"model.layers.*.mlp.experts.*\", params: stream}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  int pinned = 0;
+  for (int64_t i = 0; i < p_->params->n; i++) {
+    mf_param_role role = p_->params->params[i].role;
+    bool expert = role == MF_P_EXPERT_GATE || role == MF_P_EXPERT_UP || role == MF_P_EXPERT_DOWN;
+    EXPECT_EQ(pins_.param[i], expert ? 1 : 0) << p_->params->params[i].name;
+    EXPECT_EQ(d_->param[i], expert ? MF_PARAM_STREAM : MF_PARAM_RESIDENT) << p_->params->params[i].name;
+    pinned += expert;
+  }
+  EXPECT_EQ(pinned, 2 * 4 * 3);
+  EXPECT_EQ(Count(pins_.grad, p_->params->n), 0);
+  EXPECT_EQ(Count(pins_.act, p_->n_tensors), 0);
+  EXPECT_EQ(Count(d_->act, p_->n_tensors), 0);
+}
+
+TEST_F(Overrides, ActivationsRecomputeEveryMicroBatch) {
+  Result r = Apply({"{match: \"model.layers.*.mlp.experts.act\", activations: recompute}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  int n = 0;
+  for (int32_t t = 0; t < p_->n_tensors; t++) {
+    std::string name = p_->tensors[t].name;
+    bool want = name.size() > 16 && name.compare(name.size() - 16, 16, ".mlp.experts.act") == 0;
+    EXPECT_EQ(pins_.act[t], want ? 1 : 0) << name;
+    EXPECT_EQ(d_->act[t], want ? MF_ACT_RECOMPUTE : MF_ACT_KEEP) << name;
+    n += want;
+  }
+  EXPECT_EQ(n, 2 * 2);  // layers x micro-batches
+  EXPECT_EQ(Count(pins_.param, p_->params->n), 0);
+
+  // The full name picks one micro-batch.
+  r = Apply({"{match: \"mb1.model.layers.0.*\", activations: offload}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  for (int32_t t = 0; t < p_->n_tensors; t++)
+    if (d_->act[t] == MF_ACT_OFFLOAD) {
+      EXPECT_EQ(p_->tensors[t].micro, 1) << p_->tensors[t].name;
+      EXPECT_EQ(p_->tensors[t].layer, 0) << p_->tensors[t].name;
+    }
+  EXPECT_GT(Count(pins_.act, p_->n_tensors), 4);
+}
+
+TEST_F(Overrides, GradsAndLaterEntriesWin) {
+  Result r =
+      Apply({"{match: \"model.layers.*.mlp.experts.*\", params: stream, grads: stream, optimizer: host}",
+             "{match: \"model.layers.0.mlp.experts.0.*\", params: resident}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  for (int64_t i = 0; i < p_->params->n; i++) {
+    const mf_param &q = p_->params->params[i];
+    if (q.expert < 0) continue;
+    EXPECT_EQ(pins_.param[i], 1);
+    EXPECT_EQ(pins_.grad[i], 1);
+    EXPECT_EQ(d_->grad[i], MF_GRAD_STREAM);
+    EXPECT_EQ(d_->param[i], q.layer == 0 && q.expert == 0 ? MF_PARAM_RESIDENT : MF_PARAM_STREAM) << q.name;
+  }
+  // optimizer: host alone decides nothing the plan holds.
+  r = Apply({"{match: \"model.norm.weight\", optimizer: host}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+}
+
+TEST_F(Overrides, PatternMatchingNothing) {
+  Result r = Apply({"{match: \"model.layers.*.block_sparse_moe.*\", params: stream}"});
+  EXPECT_ERROR(
+      r, MF_ERR_CONFIG,
+      "x.yaml:9:7: memory.overrides[0]: match 'model.layers.*.block_sparse_moe.*' matches no parameter");
+  // Activation names, not parameter names, for activations.
+  r = Apply({"{match: \"model.layers.0.self_attn.q\", activations: keep}",
+             "{match: \"model.embed_tokens.weight\", activations: offload}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG,
+               "x.yaml:10:7: memory.overrides[1]: match 'model.embed_tokens.weight' matches no activation");
+}
+
+TEST_F(Overrides, OptimizerOnDeviceIsUnsupported) {
+  Result r = Apply({"{match: \"model.layers.*\", optimizer: device}"});
+  EXPECT_ERROR(r, MF_ERR_UNSUPPORTED, "x.yaml:9:7: memory.overrides[0]: optimizer: device");
+}
+
+TEST_F(Overrides, BadWords) {
+  EXPECT_ERROR(
+      Apply({"{match: \"*\", params: sideways}"}), MF_ERR_CONFIG,
+      "x.yaml:9:7: memory.overrides[0]: params: 'sideways' is not a decision for params (resident, stream)");
+  EXPECT_ERROR(Apply({"{match: \"*\", params: host}"}), MF_ERR_CONFIG, "'host' is not a decision",
+               "is 'stream'");
+  EXPECT_ERROR(Apply({"{match: \"*\", grads: nowhere}"}), MF_ERR_CONFIG,
+               "grads: 'nowhere' is not a decision");
+  EXPECT_ERROR(Apply({"{match: \"*\", activations: evict}"}), MF_ERR_CONFIG,
+               "activations: 'evict' is not a decision for activations (keep, offload, recompute)");
+  EXPECT_ERROR(Apply({"{match: \"*\", optimizer: nvme}"}), MF_ERR_CONFIG, "optimizer: 'nvme' is not");
+}
+
+TEST_F(Overrides, RecomputeImpossible) {
+  int32_t t = MakeUnrecomputable(p_);
+  ASSERT_GE(t, 0) << "program layout changed: pick another tensor";
+  Result r = Apply({"{match: \"model.layers.0.input_layernorm.out\", activations: recompute}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG,
+               "x.yaml:9:7: memory.overrides[0]: activations: recompute is impossible for "
+               "mb0.model.layers.0.input_layernorm.out");
+}
+
+TEST_F(Overrides, AFailingEntryChangesNothing) {
+  Result r = Apply({"{match: \"model.layers.*.mlp.experts.*\", params: stream}",
+                    "{match: \"model.layers.*.mlp.experts.act\", activations: recompute}",
+                    "{match: \"*\", grads: sideways}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG, "x.yaml:11:7: memory.overrides[2]");
+  EXPECT_EQ(Count(d_->param, p_->params->n), 0);
+  EXPECT_EQ(Count(d_->act, p_->n_tensors), 0);
+  EXPECT_EQ(Count(pins_.param, p_->params->n), 0);
+  EXPECT_EQ(Count(pins_.act, p_->n_tensors), 0);
+}
+
+TEST_F(Overrides, NoOverridesAndNoPins) {
+  EXPECT_EQ(mf_plan_apply_overrides(p_, nullptr, d_, &pins_), MF_OK);
+  Result r = Apply({"{match: \"model.layers.*.mlp.experts.*\", params: stream}"});
+  ASSERT_EQ(r.st, MF_OK);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  EXPECT_EQ(mf_plan_apply_overrides(p_, &cfg_->memory, d, nullptr), MF_OK) << mf_last_error();
+  EXPECT_EQ(Count(d->param, p_->params->n), 24);
+  mf_decisions_free(d);
+  mf_plan_pins_free(nullptr);
+  mf_plan_pins_free(&pins_);
+  mf_plan_pins_free(&pins_);  // twice is fine
+}
+
+}  // namespace
