@@ -9,6 +9,7 @@
  * decisions land in the caller's arrays only when the whole file is good.
  */
 #include "planner/plan_io.h"
+#include "src/io/json_util.h"
 
 #include <ctype.h>
 #include <fnmatch.h>
@@ -71,26 +72,6 @@ static const char *printable(const char *s, char *buf, size_t cap) {
   }
   buf[o] = 0;
   return buf;
-}
-
-static const char *json_kind(const json_t *v) {
-  switch (json_typeof(v)) {
-    case JSON_OBJECT:
-      return "an object";
-    case JSON_ARRAY:
-      return "an array";
-    case JSON_STRING:
-      return "a string";
-    case JSON_INTEGER:
-      return "an integer";
-    case JSON_REAL:
-      return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-      return "a boolean";
-    default:
-      return "null";
-  }
 }
 
 /* --------------------------------------------------------------- writing */
@@ -242,34 +223,6 @@ static int32_t find_tensor(const reader *r, const char *name) {
   return -1;
 }
 
-/* Refuses nesting deeper than max before jansson parses (and recurses). */
-static int too_deep(const char *s, size_t n, int max, int *line, int *col) {
-  int depth = 0, in_str = 0, esc = 0;
-  *line = 1, *col = 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (c == '\n')
-      (*line)++, *col = 0;
-    else
-      (*col)++;
-    if (in_str) {
-      if (esc)
-        esc = 0;
-      else if (c == '\\')
-        esc = 1;
-      else if (c == '"')
-        in_str = 0;
-    } else if (c == '"') {
-      in_str = 1;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max) return 1;
-    } else if (c == '}' || c == ']') {
-      depth--;
-    }
-  }
-  return 0;
-}
-
 /* Every key of object o must be one of names[]. */
 static mf_status only_keys(const reader *r, const json_t *o, const char *place, const char *const *names,
                            int n) {
@@ -297,7 +250,7 @@ static mf_status get_int(const reader *r, const json_t *o, const char *sect, con
   MF_CHECK(get(r, o, *sect ? sect : "(top level)", key, &v));
   if (!json_is_integer(v) || json_integer_value(v) < 0)
     return rerr(r, MF_ERR_FORMAT, place, "expected a non-negative integer, got %s",
-                json_is_integer(v) ? "a negative one" : json_kind(v));
+                json_is_integer(v) ? "a negative one" : mf_io_json_kind(v, 0));
   *out = (int64_t)json_integer_value(v);
   return MF_OK;
 }
@@ -316,11 +269,11 @@ static mf_status check_shape(const reader *r, const json_t *root) {
   json_t *model, *batch, *fam;
   MF_CHECK(get(r, root, "(top level)", "model", &model));
   if (!json_is_object(model))
-    return rerr(r, MF_ERR_FORMAT, "model", "expected an object, got %s", json_kind(model));
+    return rerr(r, MF_ERR_FORMAT, "model", "expected an object, got %s", mf_io_json_kind(model, 0));
   MF_CHECK(only_keys(r, model, "model", mkeys, 9));
   MF_CHECK(get(r, model, "model", "family", &fam));
   if (!json_is_string(fam))
-    return rerr(r, MF_ERR_FORMAT, "model.family", "expected a string, got %s", json_kind(fam));
+    return rerr(r, MF_ERR_FORMAT, "model.family", "expected a string, got %s", mf_io_json_kind(fam, 0));
   if (strcmp(json_string_value(fam), mf_family_name(s->family)) != 0)
     return rerr(r, MF_ERR_CONFIG, "model.family", "the plan was made for family %s, the model is %s",
                 printable(json_string_value(fam), q, sizeof q), mf_family_name(s->family));
@@ -335,7 +288,7 @@ static mf_status check_shape(const reader *r, const json_t *root) {
   }
   MF_CHECK(get(r, root, "(top level)", "batch", &batch));
   if (!json_is_object(batch))
-    return rerr(r, MF_ERR_FORMAT, "batch", "expected an object, got %s", json_kind(batch));
+    return rerr(r, MF_ERR_FORMAT, "batch", "expected an object, got %s", mf_io_json_kind(batch, 0));
   MF_CHECK(only_keys(r, batch, "batch", bkeys, 3));
   for (int i = 0; i < 3; i++) {
     int64_t v;
@@ -358,7 +311,7 @@ static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figur
   MF_CHECK(get(r, root, "(top level)", "predicted_step_seconds", &sec));
   if (!json_is_number(sec) || json_number_value(sec) < 0)
     return rerr(r, MF_ERR_FORMAT, "predicted_step_seconds", "expected a non-negative number, got %s",
-                json_is_number(sec) ? "a negative one" : json_kind(sec));
+                json_is_number(sec) ? "a negative one" : mf_io_json_kind(sec, 0));
   f->device_budget_bytes = (uint64_t)v[0];
   f->peak_device_bytes = (uint64_t)v[1];
   f->arena_bytes = (uint64_t)v[2];
@@ -372,7 +325,7 @@ static mf_status read_entry(const reader *r, const json_t *e, size_t i, int32_t 
   const mf_program *p = r->p;
   char place[64], field[80], q[128];
   snprintf(place, sizeof place, "tensors[%zu]", i);
-  if (!json_is_object(e)) return rerr(r, MF_ERR_FORMAT, place, "expected an object, got %s", json_kind(e));
+  if (!json_is_object(e)) return rerr(r, MF_ERR_FORMAT, place, "expected an object, got %s", mf_io_json_kind(e, 0));
   MF_CHECK(only_keys(r, e, place, keys, 4));
   json_t *v[4];
   for (int k = 0; k < 4; k++) {
@@ -382,7 +335,7 @@ static mf_status read_entry(const reader *r, const json_t *e, size_t i, int32_t 
     if (!good)
       return rerr(r, MF_ERR_FORMAT, field, "expected %s, got %s",
                   k == 2 ? "a non-negative integer" : "a string",
-                  k == 2 && json_is_integer(v[k]) ? "a negative one" : json_kind(v[k]));
+                  k == 2 && json_is_integer(v[k]) ? "a negative one" : mf_io_json_kind(v[k], 0));
   }
   const char *name = json_string_value(v[0]), *kw = json_string_value(v[1]), *dw = json_string_value(v[3]);
   int kind = -1;
@@ -464,19 +417,19 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
   char q[128];
   if (!json_is_object(root))
     return MF_ERR(MF_ERR_FORMAT, "%s: the top level is %s, expected an object (a moefit plan)", r->path,
-                  json_kind(root));
+                  mf_io_json_kind(root, 0));
   json_t *fmt = json_object_get(root, "format");
   if (!fmt) return rerr(r, MF_ERR_FORMAT, "(top level)", "missing 'format' (is this a moefit plan?)");
   if (!json_is_string(fmt))
     return rerr(r, MF_ERR_FORMAT, "format", "expected the string \"" PLAN_FORMAT "\", got %s",
-                json_kind(fmt));
+                mf_io_json_kind(fmt, 0));
   if (strcmp(json_string_value(fmt), PLAN_FORMAT) != 0)
     return rerr(r, MF_ERR_FORMAT, "format", "expected \"" PLAN_FORMAT "\", got '%s' (not a moefit plan)",
                 printable(json_string_value(fmt), q, sizeof q));
   json_t *ver;
   MF_CHECK(get(r, root, "(top level)", "version", &ver));
   if (!json_is_integer(ver))
-    return rerr(r, MF_ERR_FORMAT, "version", "expected a positive integer, got %s", json_kind(ver));
+    return rerr(r, MF_ERR_FORMAT, "version", "expected a positive integer, got %s", mf_io_json_kind(ver, 0));
   if (json_integer_value(ver) < 1)
     return rerr(r, MF_ERR_FORMAT, "version", "expected a positive integer, got %lld",
                 (long long)json_integer_value(ver));
@@ -491,7 +444,7 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
   json_t *tensors;
   MF_CHECK(get(r, root, "(top level)", "tensors", &tensors));
   if (!json_is_array(tensors))
-    return rerr(r, MF_ERR_FORMAT, "tensors", "expected an array, got %s", json_kind(tensors));
+    return rerr(r, MF_ERR_FORMAT, "tensors", "expected an array, got %s", mf_io_json_kind(tensors, 0));
   int32_t *seen = NULL;
   MF_CHECK(mf_malloc(((size_t)r->p->n_tensors + 1) * sizeof *seen, "plan reader", (void **)&seen));
   memset(seen, 0xff, ((size_t)r->p->n_tensors + 1) * sizeof *seen);
@@ -526,7 +479,7 @@ mf_status mf_plan_read_json(const mf_program *p, const char *path, mf_decisions 
     st = MF_ERR(MF_ERR_FORMAT, "%s: the file is empty, expected a moefit plan (JSON)", path);
     goto done;
   }
-  if (too_deep(text, len, PLAN_MAX_DEPTH, &line, &col)) {
+  if (mf_io_json_too_deep(text, len, PLAN_MAX_DEPTH, NULL, &line, &col)) {
     st = MF_ERR(MF_ERR_FORMAT, "%s: line %d, column %d: nests deeper than %d levels; a plan needs 3", path,
                 line, col, PLAN_MAX_DEPTH);
     goto done;

@@ -114,20 +114,6 @@ static mf_status read_input(bytes_job *j, const char *path, const char *split_on
   return st;
 }
 
-/* mkdir -p of path's directory. */
-static mf_status make_parent_dirs(const char *path) {
-  char *p = mf_strdup(path);
-  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory");
-  mf_status st = MF_OK;
-  for (char *s = strchr(p + 1, '/'); s && st == MF_OK; s = strchr(s + 1, '/')) {
-    *s = 0;
-    if (mkdir(p, 0777) != 0 && errno != EEXIST)
-      st = MF_ERR(MF_ERR_IO, "%s: cannot create the directory %s: %s", path, p, strerror(errno));
-    *s = '/';
-  }
-  free(p);
-  return st;
-}
 
 /* The output must not replace one of the inputs. */
 static int same_file(const char *a, const char *b) {
@@ -226,10 +212,10 @@ static int data_bytes(int argc, char **argv) {
 
   bytes_job j = {.valid_fraction = fraction};
   mf_status st;
-  MF_CHECK_GOTO(make_parent_dirs(out), st, fail);
+  MF_CHECK_GOTO(mf_mkdir_parents(out), st, fail);
   MF_CHECK_GOTO(mf_tokens_writer_create(out, 256, 2, 0, &j.train), st, fail);
   if (valid_out) {
-    MF_CHECK_GOTO(make_parent_dirs(valid_out), st, fail);
+    MF_CHECK_GOTO(mf_mkdir_parents(valid_out), st, fail);
     MF_CHECK_GOTO(mf_tokens_writer_create(valid_out, 256, 2, 0, &j.valid), st, fail);
   }
   for (int i = 0; i < n_in; i++) MF_CHECK_GOTO(read_input(&j, pos[i], split_on, split_blank), st, fail);

@@ -206,20 +206,6 @@ static void cpu_model(char *buf, size_t cap) {
   fclose(f);
 }
 
-/* mkdir -p of path's directory. */
-static mf_status make_parent_dirs(const char *path) {
-  char *p = mf_strdup(path);
-  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory");
-  mf_status st = MF_OK;
-  for (char *s = strchr(p + 1, '/'); s && st == MF_OK; s = strchr(s + 1, '/')) {
-    *s = 0;
-    if (mkdir(p, 0777) != 0 && errno != EEXIST)
-      st = MF_ERR(MF_ERR_IO, "%s: cannot create the directory %s: %s", path, p, strerror(errno));
-    *s = '/';
-  }
-  free(p);
-  return st;
-}
 
 /* ------------------------------------------------------------ profile */
 
@@ -490,7 +476,7 @@ int mf_cli_profile(int argc, char **argv) {
   mf_status st = mf_calloc(1, sizeof *p, "hardware profile", (void **)&p);
   if (st != MF_OK) return mf_cli_fail(cmd, st);
   double t0 = mf_time_now();
-  st = make_parent_dirs(out); /* before measuring: a bad --out fails at once */
+  st = mf_mkdir_parents(out); /* before measuring: a bad --out fails at once */
   if (st == MF_OK) {
     fprintf(stderr, "moefit profile: measuring the cpu backend%s ...\n", quick ? " (quick)" : "");
     st = measure_cpu(p, &ri, cmdline);

@@ -262,6 +262,10 @@ void mf_atomic_file_abort(mf_atomic_file *f);
 
 /* open + write + commit. */
 mf_status mf_write_file_atomic(const char *path, const void *data, size_t n);
+/* mkdir -p: creates dir and its missing parents (0777 & ~umask). */
+mf_status mf_mkdir_p(const char *dir);
+/* Creates the missing directories above a file's path ("a/b/c.txt": a and a/b). */
+mf_status mf_mkdir_parents(const char *path);
 
 /* Writes all n bytes to fd (loops on short writes and EINTR); a failure is
  * MF_ERR_IO naming `path`. */

@@ -287,3 +287,31 @@ mf_status mf_map_file(const char *path, const uint8_t **base, size_t *size, int 
 void mf_unmap_file(const void *base, size_t size) {
   if (base && size) munmap((void *)base, size);
 }
+
+static mf_status mkdir_prefix(char *p, const char *shown) {
+  if (mkdir(p, 0777) != 0 && errno != EEXIST)
+    return MF_ERR(MF_ERR_IO, "%s: cannot create the directory %s: %s", shown, p, strerror(errno));
+  return MF_OK;
+}
+
+mf_status mf_mkdir_parents(const char *path) {
+  char *p = mf_strdup(path);
+  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  mf_status st = MF_OK;
+  for (char *s = strchr(p + 1, '/'); s && st == MF_OK; s = strchr(s + 1, '/')) {
+    *s = 0;
+    st = mkdir_prefix(p, path);
+    *s = '/';
+  }
+  free(p);
+  return st;
+}
+
+mf_status mf_mkdir_p(const char *dir) {
+  MF_CHECK(mf_mkdir_parents(dir));
+  char *p = mf_strdup(dir);
+  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
+  mf_status st = mkdir_prefix(p, dir);
+  free(p);
+  return st;
+}

@@ -181,20 +181,6 @@ static mf_status corpus_entropy(const char *path, double *nats) {
   return rc;
 }
 
-static mf_status mkdir_p(const char *dir) {
-  char buf[4096];
-  snprintf(buf, sizeof buf, "%s", dir);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-      return MF_ERR(MF_ERR_IO, "%s: cannot create the directory: %s", buf, strerror(errno));
-    *p = '/';
-  }
-  if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-    return MF_ERR(MF_ERR_IO, "%s: cannot create the directory: %s", buf, strerror(errno));
-  return MF_OK;
-}
 
 /* AdamW over every parameter that got a gradient. A routed expert that saw no
  * token in the step has none in Mixtral and Qwen (PyTorch leaves .grad None): it
@@ -254,7 +240,7 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   MF_CHECK_GOTO(mf_calloc(n, sizeof(float), "Adam second moments", (void **)&var), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(int64_t), "step counts", (void **)&steps), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_buf), "gradient list", (void **)&bufs), st, done);
-  MF_CHECK_GOTO(mkdir_p(cfg->output.dir), st, done);
+  MF_CHECK_GOTO(mf_mkdir_p(cfg->output.dir), st, done);
   MF_CHECK_GOTO(mf_metrics_open(cfg->output.dir, 0, &metrics), st, done);
 
   int64_t total = 0, active = 0;

@@ -57,36 +57,11 @@ mf_status mf_st_add_meta(mf_safetensors *st, mf_st_meta **arr, size_t *n, size_t
 
 /* jansson bounds its own recursion (2048 levels), but nothing valid here needs
  * more than a few, so deeper input is refused before it is parsed. */
-static int st_json_too_deep(const uint8_t *p, size_t n, int max_depth, size_t *where) {
-  int depth = 0, in_str = 0, esc = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint8_t c = p[i];
-    if (in_str) {
-      if (esc)
-        esc = 0;
-      else if (c == '\\')
-        esc = 1;
-      else if (c == '"')
-        in_str = 0;
-    } else if (c == '"') {
-      in_str = 1;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth) {
-        *where = i;
-        return 1;
-      }
-    } else if (c == '}' || c == ']') {
-      depth--;
-    }
-  }
-  return 0;
-}
-
 mf_status mf_st_json_load(const char *label, const char *what, const uint8_t *p, size_t n, size_t base,
                           int max_depth, json_t **out) {
   size_t where;
   *out = NULL;
-  if (st_json_too_deep(p, n, max_depth, &where))
+  if (mf_io_json_too_deep(p, n, max_depth, &where, NULL, NULL))
     return MF_ERR(MF_ERR_FORMAT, "%s: %s nests deeper than %d levels at byte offset %zu", label, what,
                   max_depth, base + where);
   json_error_t err;

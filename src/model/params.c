@@ -275,8 +275,7 @@ mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
 }
 
 mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, const char *dir) {
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-    return MF_ERR(MF_ERR_IO, "%s: cannot create the directory: %s", dir, strerror(errno));
+  MF_CHECK(mf_mkdir_p(dir));
   mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)t->n, sizeof *ts);
   if (!ts) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
   for (int64_t i = 0; i < t->n; i++) {

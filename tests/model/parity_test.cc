@@ -201,7 +201,9 @@ TEST_P(Parity, OneAdamWStepFromReferenceGradients) {
     std::vector<float> w(w_.begin() + p.offset, w_.begin() + p.offset + p.numel);
     std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
     const float *g = f32(fx_, std::string("grad.") + p.name, p.numel);
-    if (g) ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), g, m.data(), v.data(), w.size(), nullptr, nullptr), MF_OK);
+    if (g) {
+      ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), g, m.data(), v.data(), w.size(), nullptr, nullptr), MF_OK);
+    }
     const float *ref = f32(fx_, std::string("after.") + p.name, p.numel);
     ASSERT_NE(ref, nullptr) << p.name;
     for (int64_t j = 0; j < p.numel; j++) {
@@ -228,10 +230,11 @@ TEST_P(Parity, OneAdamWStepEndToEnd) {
   for (int64_t i = 0; i < t_->n; i++) {
     const mf_param &p = t_->params[i];
     bool idle = p.expert >= 0 && r.expert_tokens[p.layer * spec_.experts + p.expert] == 0;
-    if (!idle || idle_has_grad)
+    if (!idle || idle_has_grad) {
       ASSERT_EQ(mf_adamw_update(&h, 1, w.data() + p.offset, r.grads.data() + p.offset, m.data() + p.offset,
                                 v.data() + p.offset, (size_t)p.numel, nullptr, nullptr),
                 MF_OK);
+    }
     const float *ref = f32(fx_, std::string("after.") + p.name, p.numel);
     const float *gref = f32(fx_, std::string("grad.") + p.name, p.numel);
     ASSERT_NE(ref, nullptr) << p.name;

@@ -106,7 +106,9 @@ TEST_P(Planner, PinnedDecisionsStay) {
   mf_plan *c = nullptr;
   ASSERT_EQ(mf_plan_choose(p_, &hw_, UINT64_MAX, fixed, &pins, &c), MF_OK) << mf_last_error();
   for (int32_t i = 0; i < fixed->n_params; i++)
-    if (pins.param[i]) EXPECT_EQ(c->d->param[i], MF_PARAM_STREAM) << t_->params[i].name;
+    if (pins.param[i]) {
+      EXPECT_EQ(c->d->param[i], MF_PARAM_STREAM) << t_->params[i].name;
+    }
   mf_plan_free(c);
   mf_plan_pins_free(&pins);
   mf_decisions_free(fixed);
