@@ -111,6 +111,10 @@ int main(int argc, char **argv) {
     unsetenv("TEST_PREMATURE_EXIT_FILE");
     unsetenv("TEST_SHARD_STATUS_FILE");
   }
+  // gtest read XML_OUTPUT_FILE into its output flag during static
+  // initialisation, and InitGoogleTest installs the XML writer from the flag:
+  // clear it first on the other ranks, or they race rank 0 for Bazel's file.
+  if (mf_comm_rank(g_comm) != 0) GTEST_FLAG_SET(output, "");
   ::testing::InitGoogleTest(&argc, argv);
   int64_t failed = RUN_ALL_TESTS() != 0;
   mf_comm_allreduce_max_i64(g_comm, &failed, 1);
