@@ -59,15 +59,22 @@ static int is_layer_output(const mf_program *p, int32_t t) {
 }
 
 /* Every activation the backward reads: layer outputs offloaded, the rest
- * recomputed where they can be, else offloaded. */
-static void least_activations(const mf_program *p, mf_decisions *d) {
+ * recomputed where they can be, else offloaded. opt: mf_schedule_act_options. */
+static void least_activations(const mf_program *p, const uint8_t *opt, mf_decisions *d) {
   for (int32_t t = 0; t < p->n_tensors; t++) {
-    if (!mf_schedule_can_offload(p, t)) continue;
-    d->act[t] = (mf_schedule_can_recompute(p, t) && !is_layer_output(p, t)) ? MF_ACT_RECOMPUTE : MF_ACT_OFFLOAD;
+    if (!opt[t]) continue;
+    d->act[t] = (opt[t] == 3 && !is_layer_output(p, t)) ? MF_ACT_RECOMPUTE : MF_ACT_OFFLOAD;
   }
 }
 
-static void baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_decisions *d) {
+static mf_status baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_decisions *d) {
+  uint8_t *opt = (uint8_t *)malloc((size_t)p->n_tensors + 1);
+  if (!opt) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
+  mf_status st = mf_schedule_act_options(p, opt);
+  if (st != MF_OK) {
+    free(opt);
+    return st;
+  }
   for (int32_t i = 0; i < d->n_params; i++) {
     int stream_w = kind == MF_PLAN_MEGATRAIN || kind == MF_PLAN_LEAST_MEMORY;
     int stream_g = kind == MF_PLAN_ZERO_OFFLOAD || kind == MF_PLAN_MEGATRAIN || kind == MF_PLAN_LEAST_MEMORY;
@@ -75,19 +82,21 @@ static void baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_decisi
     d->grad[i] = (stream_g && !p->forward_only) ? MF_GRAD_STREAM : MF_GRAD_DEVICE;
   }
   memset(d->act, MF_ACT_KEEP, (size_t)d->n_tensors);
-  if (kind == MF_PLAN_LEAST_MEMORY) least_activations(p, d);
+  if (kind == MF_PLAN_LEAST_MEMORY) least_activations(p, opt, d);
   /* Both keep each layer's input and recompute the layer from it. */
   if (kind == MF_PLAN_MEGATRAIN || kind == MF_PLAN_CHECKPOINT)
     for (int32_t t = 0; t < p->n_tensors; t++)
-      if (mf_schedule_can_recompute(p, t) && !is_layer_output(p, t)) d->act[t] = MF_ACT_RECOMPUTE;
+      if (opt[t] == 3 && !is_layer_output(p, t)) d->act[t] = MF_ACT_RECOMPUTE;
+  free(opt);
+  return MF_OK;
 }
 
 mf_status mf_plan_baseline(const mf_program *p, const mf_hwprofile *hw, mf_plan_kind kind, uint64_t budget,
                            mf_plan **out) {
   mf_decisions *d = NULL;
   MF_CHECK(mf_decisions_create(p, &d));
-  baseline_decisions(p, kind, d);
-  mf_status st = mf_plan_evaluate(p, hw, d, budget, kind, out);
+  mf_status st = baseline_decisions(p, kind, d);
+  if (st == MF_OK) st = mf_plan_evaluate(p, hw, d, budget, kind, out);
   mf_decisions_free(d);
   return st;
 }
@@ -112,6 +121,13 @@ static const char *class_name(const char *name) {
     if (dot) return dot + 1;
   }
   return name;
+}
+
+static int cmp_class(const void *a, const void *b, void *arg) {
+  const mf_program *p = (const mf_program *)arg;
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  int c = strcmp(class_name(p->tensors[x].name), class_name(p->tensors[y].name));
+  return c ? c : x - y;
 }
 
 typedef struct chooser {
@@ -205,7 +221,7 @@ mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t b
   int32_t n_cands = 0;
 
   MF_CHECK_GOTO(mf_decisions_create(p, &d), st, done);
-  baseline_decisions(p, MF_PLAN_LEAST_MEMORY, d);
+  MF_CHECK_GOTO(baseline_decisions(p, MF_PLAN_LEAST_MEMORY, d), st, done);
   if (fixed && pins) {
     for (int32_t i = 0; i < d->n_params; i++) {
       if (pins->param[i]) d->param[i] = fixed->param[i];
@@ -223,16 +239,26 @@ mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t b
   /* Activation classes: one per name (all micro-batches together). */
   MF_CHECK_GOTO(mf_calloc((size_t)p->n_tensors, sizeof(int32_t), "plan", (void **)&c.klass), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)p->n_tensors, sizeof(int32_t), "plan", (void **)&c.klass_layer), st, done);
-  for (int32_t t = 0; t < p->n_tensors; t++) {
-    c.klass[t] = -1;
-    if (!mf_schedule_can_offload(p, t)) continue;
-    const char *cn = class_name(p->tensors[t].name);
-    for (int32_t u = 0; u < t && c.klass[t] < 0; u++)
-      if (c.klass[u] >= 0 && strcmp(class_name(p->tensors[u].name), cn) == 0) c.klass[t] = c.klass[u];
-    if (c.klass[t] < 0) {
-      c.klass_layer[c.n_klass] = p->tensors[t].layer;
-      c.klass[t] = c.n_klass++;
+  {
+    /* Sort the offloadable tensors by class name; equal names get one id. */
+    int32_t n = 0;
+    int32_t *order = NULL;
+    MF_CHECK_GOTO(mf_calloc((size_t)p->n_tensors + 1, sizeof(int32_t), "plan", (void **)&order), st, done);
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+      c.klass[t] = -1;
+      if (mf_schedule_can_offload(p, t)) order[n++] = t;
     }
+    qsort_r(order, (size_t)n, sizeof(int32_t), cmp_class, (void *)p);
+    for (int32_t i = 0; i < n; i++) {
+      const int32_t t = order[i];
+      if (i > 0 && strcmp(class_name(p->tensors[t].name), class_name(p->tensors[order[i - 1]].name)) == 0) {
+        c.klass[t] = c.klass[order[i - 1]];
+      } else {
+        c.klass_layer[c.n_klass] = p->tensors[t].layer;
+        c.klass[t] = c.n_klass++;
+      }
+    }
+    free(order);
   }
   /* Large programs get one activation candidate per layer, so planning stays fast. */
   const int32_t L = (int32_t)p->spec.layers;

@@ -54,6 +54,69 @@ static void op_masks(const mf_program *p, int32_t k, uint32_t *reads, uint32_t *
   *writes = mf_kernel_writes(&c);
 }
 
+/* What the planner reads of a program over and over: each op's operand masks
+ * and each tensor's uses (CSR, op order, one entry per op). */
+typedef struct pindex {
+  uint32_t *rd, *wr;  /* [n_ops] */
+  int32_t *use_start; /* [n_tensors + 1] */
+  int32_t *use_ops;
+} pindex;
+
+static void pindex_free(pindex *ix) {
+  free(ix->rd);
+  free(ix->wr);
+  free(ix->use_start);
+  free(ix->use_ops);
+  memset(ix, 0, sizeof *ix);
+}
+
+static mf_status pindex_build(const mf_program *p, pindex *ix) {
+  memset(ix, 0, sizeof *ix);
+  const int32_t nt = p->n_tensors;
+  ix->rd = (uint32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(uint32_t));
+  ix->wr = (uint32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(uint32_t));
+  ix->use_start = (int32_t *)calloc((size_t)nt + 1, sizeof(int32_t));
+  int32_t *last = (int32_t *)malloc((size_t)(nt + 1) * sizeof(int32_t));
+  if (!ix->rd || !ix->wr || !ix->use_start || !last) {
+    free(last);
+    pindex_free(ix);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+  }
+  for (int32_t t = 0; t < nt; t++) last[t] = -1;
+  /* Count distinct (tensor, op) pairs, then fill. */
+  for (int pass = 0; pass < 2; pass++) {
+    for (int32_t t = 0; t < nt; t++) last[t] = -1;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+      const mf_pop *o = &p->ops[k];
+      if (pass == 0) op_masks(p, k, &ix->rd[k], &ix->wr[k]);
+      const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
+      for (int64_t j = 0; j < MF_KBUF_MAX + E; j++) {
+        int32_t t = j < MF_KBUF_MAX ? o->t[j] : p->id_pool[o->experts_at + (j - MF_KBUF_MAX)];
+        if (t < 0 || last[t] == k) continue;
+        last[t] = k;
+        if (pass == 0)
+          ix->use_start[t + 1]++;
+        else
+          ix->use_ops[ix->use_start[t]++] = k;
+      }
+    }
+    if (pass == 0) {
+      for (int32_t t = 0; t < nt; t++) ix->use_start[t + 1] += ix->use_start[t];
+      ix->use_ops = (int32_t *)malloc((size_t)(ix->use_start[nt] + 1) * sizeof(int32_t));
+      if (!ix->use_ops) {
+        free(last);
+        pindex_free(ix);
+        return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+      }
+    }
+  }
+  /* The fill pass advanced each start to the next tensor's: shift back. */
+  for (int32_t t = nt; t > 0; t--) ix->use_start[t] = ix->use_start[t - 1];
+  ix->use_start[0] = 0;
+  free(last);
+  return MF_OK;
+}
+
 int mf_schedule_can_offload(const mf_program *p, int32_t t) {
   const mf_ptensor *x = &p->tensors[t];
   if (x->micro < 0 || x->layer < 0 || x->first_op < 0) return 0;
@@ -62,58 +125,86 @@ int mf_schedule_can_offload(const mf_program *p, int32_t t) {
   return p->ops[x->last_op].phase == MF_PHASE_BWD && p->ops[x->first_op].phase == MF_PHASE_FWD;
 }
 
-static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t *memo);
+static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t, int depth, int8_t *memo);
 
 /* A writer's input the backward can count on: a weight, the step's inputs, an
  * activation the backward reads anyway, or one that can itself be recomputed. */
-static int available_in_bwd(const mf_program *p, int32_t u, int depth, int8_t *memo) {
+static int available_in_bwd(const mf_program *p, const pindex *ix, int32_t u, int depth, int8_t *memo) {
   const mf_ptensor *x = &p->tensors[u];
   if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT) return 1;
   if (x->first_op < 0) return 0;
   if (p->ops[x->last_op].phase == MF_PHASE_BWD) return 1;
-  return can_recompute_depth(p, u, depth + 1, memo);
+  return can_recompute_depth(p, ix, u, depth + 1, memo);
 }
 
-static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t *memo) {
+/* Every op that writes t is a forward op whose written operands are
+ * activations of the same layer and micro-batch (no side effects elsewhere),
+ * and whose inputs the backward still has. */
+static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t, int depth, int8_t *memo) {
   if (memo && memo[t] >= 0) return memo[t];
-  int ok = 1;
   const mf_ptensor *x = &p->tensors[t];
-  if (depth > 64 || x->micro < 0 || x->layer < 0 || x->first_op < 0) { ok = 0; goto out; }
-  if (x->kind != MF_T_ACT && x->kind != MF_T_STAT) { ok = 0; goto out; }
-  if (p->ops[x->first_op].phase != MF_PHASE_FWD) { ok = 0; goto out; }
-  /* Every op that writes it is a forward op whose written operands are
-   * activations of the same layer and micro-batch (no side effects elsewhere),
-   * and whose inputs the backward still has. */
-  for (int32_t k = x->first_op; k <= x->last_op; k++) {
+  int ok = 1;
+  if (depth > 64 || x->micro < 0 || x->layer < 0 || x->first_op < 0 || (x->kind != MF_T_ACT && x->kind != MF_T_STAT) ||
+      p->ops[x->first_op].phase != MF_PHASE_FWD) {
+    ok = 0;
+    goto out;
+  }
+  for (int32_t u = ix->use_start[t]; u < ix->use_start[t + 1] && ok; u++) {
+    const int32_t k = ix->use_ops[u];
     const mf_pop *o = &p->ops[k];
+    const uint32_t r = ix->rd[k], w = ix->wr[k];
     int writes_t = 0;
-    uint32_t r, w;
-    op_masks(p, k, &r, &w);
     for (int i = 0; i < MF_KBUF_MAX; i++)
       if (o->t[i] == t && (w >> i & 1)) writes_t = 1;
     if (!writes_t) continue;
-    if (o->phase != MF_PHASE_FWD) { ok = 0; goto out; }
-    for (int i = 0; i < MF_KBUF_MAX; i++) {
+    if (o->phase != MF_PHASE_FWD) {
+      ok = 0;
+      break;
+    }
+    for (int i = 0; i < MF_KBUF_MAX && ok; i++) {
       if (o->t[i] < 0) continue;
-      const mf_ptensor *u = &p->tensors[o->t[i]];
+      const mf_ptensor *v = &p->tensors[o->t[i]];
       if (w >> i & 1) {
-        if (u->micro != x->micro || u->layer != x->layer || (u->kind != MF_T_ACT && u->kind != MF_T_STAT)) { ok = 0; goto out; }
-      } else if ((r >> i & 1) && o->t[i] != t && !available_in_bwd(p, o->t[i], depth, memo)) {
-        { ok = 0; goto out; }
+        if (v->micro != x->micro || v->layer != x->layer || (v->kind != MF_T_ACT && v->kind != MF_T_STAT)) ok = 0;
+      } else if ((r >> i & 1) && o->t[i] != t && !available_in_bwd(p, ix, o->t[i], depth, memo)) {
+        ok = 0;
       }
     }
     if (o->experts_at >= 0)
-      for (int64_t e = 0; e < p->spec.experts; e++)
-        if (!available_in_bwd(p, p->id_pool[o->experts_at + e], depth, memo)) { ok = 0; goto out; }
+      for (int64_t e = 0; e < p->spec.experts && ok; e++)
+        if (!available_in_bwd(p, ix, p->id_pool[o->experts_at + e], depth, memo)) ok = 0;
   }
-  out:
+out:
   if (memo && depth <= 64) memo[t] = (int8_t)ok;
   return ok;
 }
 
+mf_status mf_schedule_act_options(const mf_program *p, uint8_t *out) {
+  pindex ix;
+  MF_CHECK(pindex_build(p, &ix));
+  int8_t *memo = (int8_t *)malloc((size_t)p->n_tensors + 1);
+  if (!memo) {
+    pindex_free(&ix);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+  }
+  memset(memo, -1, (size_t)p->n_tensors + 1);
+  for (int32_t t = 0; t < p->n_tensors; t++) {
+    out[t] = 0;
+    if (!mf_schedule_can_offload(p, t)) continue;
+    out[t] = can_recompute_depth(p, &ix, t, 0, memo) ? 3 : 1;
+  }
+  free(memo);
+  pindex_free(&ix);
+  return MF_OK;
+}
+
 int mf_schedule_can_recompute(const mf_program *p, int32_t t) {
   if (!mf_schedule_can_offload(p, t)) return 0;
-  return can_recompute_depth(p, t, 0, NULL);
+  pindex ix;
+  if (pindex_build(p, &ix) != MF_OK) return 0;
+  int ok = can_recompute_depth(p, &ix, t, 0, NULL);
+  pindex_free(&ix);
+  return ok;
 }
 
 /* ------------------------------------------------------------- builder */
@@ -125,8 +216,7 @@ typedef struct builder {
   int32_t cap_instr, cap_slots;
   int64_t cap_pool;
   int32_t *cur;        /* [n_tensors] resident slot or -1 */
-  int32_t *use_start;  /* CSR: uses of tensor t are use_ops[use_start[t] .. use_start[t+1]) */
-  int32_t *use_ops;
+  pindex ix;           /* op masks and each tensor's uses */
   int32_t *last_fwd_writer; /* [n_tensors] */
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
@@ -203,8 +293,8 @@ static int64_t pool_reserve(builder *b, int64_t n) {
 
 /* The first program use of t at or after op `from`, or -1. */
 static int32_t next_use(const builder *b, int32_t t, int32_t from) {
-  for (int32_t u = b->use_start[t]; u < b->use_start[t + 1]; u++)
-    if (b->use_ops[u] >= from) return b->use_ops[u];
+  for (int32_t u = b->ix.use_start[t]; u < b->ix.use_start[t + 1]; u++)
+    if (b->ix.use_ops[u] >= from) return b->ix.use_ops[u];
   return -1;
 }
 
@@ -241,17 +331,16 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
   }
   /* A tensor the forward no longer holds is produced again when it can be: the
    * decision RECOMPUTE, or an input of another recompute (e.g. routing state). */
-  if (dec == MF_ACT_RECOMPUTE || can_recompute_depth(p, t, 0, b->memo)) {
+  if (dec == MF_ACT_RECOMPUTE || can_recompute_depth(p, &b->ix, t, 0, b->memo)) {
     if (++b->depth > 4096) {
       b->st = MF_ERR(MF_ERR_INTERNAL, "schedule: recompute chain too deep at %s", x->name);
       return;
     }
     /* Run again, in order, every forward op that wrote t. */
-    for (int32_t u = b->use_start[t]; u < b->use_start[t + 1] && b->st == MF_OK; u++) {
-      int32_t w = b->use_ops[u];
+    for (int32_t u = b->ix.use_start[t]; u < b->ix.use_start[t + 1] && b->st == MF_OK; u++) {
+      int32_t w = b->ix.use_ops[u];
       if (w > b->last_fwd_writer[t]) break;
-      uint32_t r, wm;
-      op_masks(p, w, &r, &wm);
+      const uint32_t wm = b->ix.wr[w];
       int writes = 0;
       for (int i = 0; i < MF_KBUF_MAX; i++)
         if (p->ops[w].t[i] == t && (wm >> i & 1)) writes = 1;
@@ -329,8 +418,7 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
   const mf_program *p = b->p;
   const mf_pop *o = &p->ops[k];
   if (b->st != MF_OK) return;
-  uint32_t r, w;
-  op_masks(p, k, &r, &w);
+  const uint32_t r = b->ix.rd[k], w = b->ix.wr[k];
   const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
   /* Operands: read ones must hold their value; written-only ones just need a slot. */
   for (int i = 0; i < MF_KBUF_MAX; i++) {
@@ -376,7 +464,7 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
   for (int64_t e = 0; e < E; e++) maybe_drop(b, p->id_pool[o->experts_at + e], after, recompute ? ctx : k);
 }
 
-static mf_status validate(const mf_program *p, const mf_decisions *d) {
+static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, const mf_decisions *d) {
   if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
     return MF_ERR(MF_ERR_INVALID_ARG, "schedule: the decisions belong to another program");
   for (int32_t t = 0; t < p->n_tensors; t++) {
@@ -385,7 +473,7 @@ static mf_status validate(const mf_program *p, const mf_decisions *d) {
     if (a == MF_ACT_OFFLOAD && !mf_schedule_can_offload(p, t))
       return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be offloaded (only activations the backward reads)",
                     p->tensors[t].name);
-    if (a == MF_ACT_RECOMPUTE && !mf_schedule_can_recompute(p, t))
+    if (a == MF_ACT_RECOMPUTE && !can_recompute_depth(p, ix, t, 0, memo))
       return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be recomputed (its writers have side effects or it is not an "
                     "activation of one layer)", p->tensors[t].name);
     if (a > MF_ACT_RECOMPUTE) return MF_ERR(MF_ERR_CONFIG, "plan: bad decision %d for %s", a, p->tensors[t].name);
@@ -535,7 +623,8 @@ done:
 
 mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out) {
   *out = NULL;
-  MF_CHECK(validate(p, d));
+  if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
+    return MF_ERR(MF_ERR_INVALID_ARG, "schedule: the decisions belong to another program");
   mf_schedule *s = (mf_schedule *)calloc(1, sizeof *s);
   if (!s) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
   s->prog = p;
@@ -546,7 +635,6 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.s = s;
   const int32_t nt = p->n_tensors;
   b.cur = (int32_t *)malloc((size_t)nt * sizeof(int32_t));
-  b.use_start = (int32_t *)calloc((size_t)nt + 1, sizeof(int32_t));
   b.last_fwd_writer = (int32_t *)malloc((size_t)nt * sizeof(int32_t));
   b.host_valid = (uint8_t *)calloc((size_t)nt, 1);
   b.grad_home = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
@@ -558,57 +646,21 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.temps = (int32_t *)malloc((size_t)b.cap_temps * sizeof(int32_t));
   if (b.memo) memset(b.memo, -1, (size_t)nt);
   s->host_offset = (size_t *)malloc((size_t)nt * sizeof(size_t));
-  if (!b.cur || !b.use_start || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.memo || !b.temps || !s->host_offset) {
+  if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.memo || !b.temps || !s->host_offset) {
     b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
-  /* Uses of every tensor, in op order (CSR), and each one's last forward writer. */
-  int64_t n_uses = 0;
-  for (int32_t k = 0; k < p->n_ops; k++) {
-    const mf_pop *o = &p->ops[k];
-    for (int i = 0; i < MF_KBUF_MAX; i++)
-      if (o->t[i] >= 0) b.use_start[o->t[i] + 1]++, n_uses++;
-    if (o->experts_at >= 0)
-      for (int64_t e = 0; e < p->spec.experts; e++) b.use_start[p->id_pool[o->experts_at + e] + 1]++, n_uses++;
-  }
-  for (int32_t t = 0; t < nt; t++) b.use_start[t + 1] += b.use_start[t];
-  b.use_ops = (int32_t *)malloc((size_t)(n_uses ? n_uses : 1) * sizeof(int32_t));
-  int32_t *fill = (int32_t *)malloc((size_t)nt * sizeof(int32_t));
-  if (!b.use_ops || !fill) {
-    free(fill);
-    b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
-    goto done;
-  }
-  memcpy(fill, b.use_start, (size_t)nt * sizeof(int32_t));
+  b.st = pindex_build(p, &b.ix);
+  if (b.st != MF_OK) goto done;
+  b.st = validate(p, &b.ix, b.memo, d);
+  if (b.st != MF_OK) goto done;
   for (int32_t t = 0; t < nt; t++) b.cur[t] = b.last_fwd_writer[t] = -1;
   for (int32_t k = 0; k < p->n_ops; k++) {
     const mf_pop *o = &p->ops[k];
-    uint32_t r, w;
-    op_masks(p, k, &r, &w);
-    for (int i = 0; i < MF_KBUF_MAX; i++) {
-      int32_t t = o->t[i];
-      if (t < 0) continue;
-      /* An op naming a tensor twice counts once. */
-      if (fill[t] == b.use_start[t] || b.use_ops[fill[t] - 1] != k) b.use_ops[fill[t]++] = k;
-      if ((w >> i & 1) && o->phase == MF_PHASE_FWD) b.last_fwd_writer[t] = k;
-    }
-    if (o->experts_at >= 0)
-      for (int64_t e = 0; e < p->spec.experts; e++) {
-        int32_t t = p->id_pool[o->experts_at + e];
-        if (fill[t] == b.use_start[t] || b.use_ops[fill[t] - 1] != k) b.use_ops[fill[t]++] = k;
-      }
+    if (o->phase != MF_PHASE_FWD) continue;
+    for (int i = 0; i < MF_KBUF_MAX; i++)
+      if (o->t[i] >= 0 && (b.ix.wr[k] >> i & 1)) b.last_fwd_writer[o->t[i]] = k;
   }
-  /* Deduplicated uses leave gaps: compact each tensor's list. */
-  {
-    int32_t out_i = 0;
-    for (int32_t t = 0; t < nt; t++) {
-      int32_t a = b.use_start[t], e = fill[t];
-      b.use_start[t] = out_i;
-      for (int32_t u = a; u < e; u++) b.use_ops[out_i++] = b.use_ops[u];
-    }
-    b.use_start[nt] = out_i;
-  }
-  free(fill);
 
   for (int32_t k = 0; k < p->n_ops && b.st == MF_OK; k++) {
     const mf_pop *o = &p->ops[k];
@@ -666,8 +718,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.st = pack(s);
 done:
   free(b.cur);
-  free(b.use_start);
-  free(b.use_ops);
+  pindex_free(&b.ix);
   free(b.last_fwd_writer);
   free(b.host_valid);
   free(b.grad_home);

@@ -66,6 +66,9 @@ mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to);
 int mf_schedule_can_offload(const mf_program *p, int32_t tensor);
 /* An activation whose forward writer ops can run again without side effects. */
 int mf_schedule_can_recompute(const mf_program *p, int32_t tensor);
+/* Both answers for every tensor at once (memoised: linear in the program):
+ * out[t] = 1 (offload only) | 3 (offload or recompute) | 0. */
+mf_status mf_schedule_act_options(const mf_program *p, uint8_t *out);
 
 typedef enum mf_instr_kind {
   MF_I_RUN = 0, /* run program op `op` (again, when `recompute`) */

@@ -30,13 +30,4 @@ static const pending_command k_export = {
     "config.json).\n",
     "checkpoints come with the training work"};
 
-static const pending_command k_bench = {
-    "bench",
-    "usage: moefit bench optim|kernels|transfer [options]\n\n"
-    "optim    host AdamW updates/s and GB/s beside the machine's STREAM triad\n"
-    "kernels  each GPU op's TFLOP/s or GB/s beside a dense GEMM and a device copy\n"
-    "transfer staging-arena H2D/D2H beside plain pinned copies\n",
-    "the benchmarks come with the optimizer and cuda backend work"};
-
 int mf_cli_export(int argc, char **argv) { return run_pending(&k_export, argc, argv); }
-int mf_cli_bench(int argc, char **argv) { return run_pending(&k_bench, argc, argv); }

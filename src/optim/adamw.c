@@ -24,11 +24,18 @@ static int have_fma(void) {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+static int have_avx512(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
 #endif
 
 /* Fastest first: "auto" takes the first one this CPU runs. */
 static const impl impls[] = {
 #if defined(__x86_64__)
+    {"avx512", mf_adamw_tile_avx512, have_avx512},
+    {"avx2", mf_adamw_tile_avx2, have_fma},
     {"fma", mf_adamw_tile_fma, have_fma},
 #endif
     {"scalar", mf_adamw_tile_scalar, always},
@@ -72,7 +79,7 @@ mf_status mf_adamw_select_impl(const char *name) {
     __atomic_store_n(&chosen, &impls[i], __ATOMIC_RELEASE);
     return MF_OK;
   }
-  return MF_ERR(MF_ERR_INVALID_ARG, "adamw: unknown body \"%s\" (auto, scalar, fma)", name);
+  return MF_ERR(MF_ERR_INVALID_ARG, "adamw: unknown body \"%s\" (auto, avx512, avx2, fma, scalar)", name);
 }
 
 /* ------------------------------------------------------------ coefficients */

@@ -3,8 +3,8 @@
  * Every body computes, per element, exactly the sequence documented in optim.h
  * with the same roundings (fma where torch fuses, nothing else fused), so all
  * bodies give the same bits and the choice among them is a matter of speed. A
- * vector body (AVX-512, AVX2: issue #5) processes [0, n) of its arguments with
- * any alignment, its tail included. */
+ * vector body (AVX-512, AVX2) processes [0, n) of its arguments with any
+ * alignment, its tail included. */
 #ifndef MF_OPTIM_ADAMW_IMPL_H
 #define MF_OPTIM_ADAMW_IMPL_H
 
@@ -32,6 +32,12 @@ void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, flo
 #if defined(__x86_64__)
 void mf_adamw_tile_fma(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
                        size_t n);
+/* Hand-written intrinsics (adamw_avx512.c, adamw_avx2.c), each file built with
+ * its own -m flags and called only on a CPU that has them. */
+void mf_adamw_tile_avx512(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+                          uint16_t *bf16, size_t n);
+void mf_adamw_tile_avx2(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
+                        size_t n);
 #endif
 
 #endif /* MF_OPTIM_ADAMW_IMPL_H */

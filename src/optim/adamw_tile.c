@@ -2,8 +2,8 @@
  * compiled twice: portable (fmaf is libm's, exact on any CPU) and for x86
  * AVX2+FMA (fmaf is one instruction and the compiler vectorizes the loop;
  * vsqrtps, vdivps and vfmadd round exactly as their scalar forms, so the bits
- * do not change). Hand-written AVX-512 / AVX2 bodies (issue #5) go beside
- * these. The loop-invariant choices (lerp branch, bf16 copy or not) are made
+ * do not change). The hand-written AVX-512 / AVX2 bodies (adamw_avx512.c,
+ * adamw_avx2.c) follow adamw_elem operand for operand. The loop-invariant choices (lerp branch, bf16 copy or not) are made
  * outside the loop. -ffp-contract=off (BUILD) keeps the compiler from fusing
  * anything the body does not fuse itself. */
 #if defined(__GNUC__) && !defined(__clang__)

@@ -29,7 +29,7 @@
  * cache-sized grain); every element's arithmetic is independent of the split,
  * so results are bit-identical for any thread count. The loop body exists in
  * variants (portable scalar; the same body built for AVX2+FMA and vectorized by
- * the compiler; hand-written AVX-512 / AVX2 later), all bit-identical to each
+ * the compiler; hand-written AVX-512 and AVX2 intrinsics), all bit-identical to each
  * other, one chosen once from the CPU's flags. `pool` must not be the pool
  * whose worker is calling (its run does not nest).
  *
@@ -79,10 +79,12 @@ mf_status mf_adamw_update(const mf_adamw_hparams *h, int64_t step, float *param,
 /* Elements per tile of the parallel split (a multiple of every vector width). */
 #define MF_ADAMW_GRAIN ((size_t)16384)
 
-/* The loop body in use: "scalar" (portable, fmaf from libm) or "fma" (the same
- * body compiled for x86 AVX2+FMA). Chosen at the first update from the CPU. */
+/* The loop body in use: "avx512" (intrinsics, AVX-512F/BW/VL), "avx2"
+ * (intrinsics, AVX2+FMA), "fma" (the portable body compiled for AVX2+FMA and
+ * vectorized by the compiler) or "scalar" (portable, fmaf from libm). Chosen
+ * at the first update from the CPU's flags, in that order of preference. */
 const char *mf_adamw_impl_name(void);
-/* Forces a body ("auto", "scalar", "fma"): for tests and benchmarks; not to be
+/* Forces a body ("auto", "avx512", "avx2", "fma", "scalar"): for tests and benchmarks; not to be
  * called while updates run. MF_ERR_UNSUPPORTED when this CPU lacks it,
  * MF_ERR_INVALID_ARG for an unknown name. */
 mf_status mf_adamw_select_impl(const char *name);
