@@ -157,8 +157,12 @@ static mf_status adamw_best(size_t n, mf_threadpool *pool, int reps, double *bes
   MF_CHECK(mf_malloc(4 * fbytes + n * sizeof(uint16_t) + 4096 + 4 * STAGGER, "bench optim buffers",
                      (void **)&buf));
   char *base = (char *)(((uintptr_t)buf + 4095) & ~(uintptr_t)4095);
-  fill_job f = {(float *)(base), (float *)(base + fbytes + STAGGER), (float *)(base + 2 * fbytes + 2 * STAGGER),
-                (float *)(base + 3 * fbytes + 3 * STAGGER), (uint16_t *)(base + 4 * fbytes + 4 * STAGGER), n};
+  fill_job f = {(float *)(base),
+                (float *)(base + fbytes + STAGGER),
+                (float *)(base + 2 * fbytes + 2 * STAGGER),
+                (float *)(base + 3 * fbytes + 3 * STAGGER),
+                (uint16_t *)(base + 4 * fbytes + 4 * STAGGER),
+                n};
   mf_threadpool_run(pool, fill_task, &f);
   mf_adamw_hparams h = {1e-4, 0.9, 0.999, 1e-8, 0.01};
   mf_status st = mf_adamw_update(&h, 1, f.p, f.g, f.m, f.v, n, f.bf16, pool); /* warm-up */
@@ -181,10 +185,23 @@ static int parse_count(const char *s, size_t *out) {
   double x = strtod(s, &end);
   double mul = 1;
   switch (*end) {
-    case 'K': case 'k': mul = 1024.0; end++; break;
-    case 'M': case 'm': mul = 1048576.0; end++; break;
-    case 'G': case 'g': mul = 1073741824.0; end++; break;
-    default: break;
+    case 'K':
+    case 'k':
+      mul = 1024.0;
+      end++;
+      break;
+    case 'M':
+    case 'm':
+      mul = 1048576.0;
+      end++;
+      break;
+    case 'G':
+    case 'g':
+      mul = 1073741824.0;
+      end++;
+      break;
+    default:
+      break;
   }
   if (end == s || *end != '\0' || !(x >= 1) || x * mul > 1e13) return -1;
   *out = (size_t)(x * mul);
@@ -192,9 +209,12 @@ static int parse_count(const char *s, size_t *out) {
 }
 
 static void fmt_count(size_t n, char *buf, size_t cap) {
-  if (n % (1u << 30) == 0) snprintf(buf, cap, "%zuG", n >> 30);
-  else if (n % (1u << 20) == 0) snprintf(buf, cap, "%zuM", n >> 20);
-  else snprintf(buf, cap, "%zu", n);
+  if (n % (1u << 30) == 0)
+    snprintf(buf, cap, "%zuG", n >> 30);
+  else if (n % (1u << 20) == 0)
+    snprintf(buf, cap, "%zuM", n >> 20);
+  else
+    snprintf(buf, cap, "%zu", n);
 }
 
 #define MAX_SIZES 16
@@ -206,8 +226,8 @@ static int bench_optim(int argc, char **argv) {
   const char *impl = "auto";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (i + 1 >= argc && (!strcmp(a, "--sizes") || !strcmp(a, "--threads") || !strcmp(a, "--reps") ||
-                          !strcmp(a, "--impl")))
+    if (i + 1 >= argc &&
+        (!strcmp(a, "--sizes") || !strcmp(a, "--threads") || !strcmp(a, "--reps") || !strcmp(a, "--impl")))
       return mf_cli_usage_error(cmd, "%s needs a value", a);
     if (!strcmp(a, "--sizes")) {
       char list[512];

@@ -76,6 +76,7 @@ void mf_adamw_tile_avx2(const mf_adamw_coefs *c, float *p, const float *g, float
   k.eps = _mm256_set1_ps(c->eps);
   k.neg_step = _mm256_set1_ps(c->neg_step);
   const size_t done = c->w1_small ? loop(&k, 1, p, g, m, v, bf16, n) : loop(&k, 0, p, g, m, v, bf16, n);
-  if (done < n) mf_adamw_tile_scalar(c, p + done, g + done, m + done, v + done, bf16 ? bf16 + done : NULL, n - done);
+  if (done < n)
+    mf_adamw_tile_scalar(c, p + done, g + done, m + done, v + done, bf16 ? bf16 + done : NULL, n - done);
 }
 #endif

@@ -84,11 +84,13 @@ TEST(Cli, EverySubcommandHasHelp) {
 }
 
 TEST(Cli, UnbuiltSubcommandsSaySoAndFail) {
-  for (const char *c : {"export", "bench"}) {
-    Result r = moefit(std::string(c) + " configs/demo.yaml");
+  for (const char *c : {"export configs/demo.yaml", "bench kernels", "bench transfer"}) {
+    Result r = moefit(c);
     EXPECT_EQ(r.code, 1) << c;
     EXPECT_NE(r.out.find("not built yet"), std::string::npos) << c << ": " << r.out;
   }
+  Result unknown = moefit("bench frobnicate");
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
 }
 
 TEST(Cli, TrainEvalInitAndInspect) {

@@ -342,7 +342,8 @@ TEST(AdamW, EveryBodyAndThreadCountBitIdenticalOnSpecialValues) {
   struct Case {
     double lr, b1, b2, eps, wd;
     int64_t step;
-  } cases[] = {{1e-3, 0.9, 0.999, 1e-8, 0.05, 3}, {0.5, 0.3, 0.95, 1e-30, 0.0, 1}, {1e-38, 0.0, 0.0, 0.0, 1e-3, 7}};
+  } cases[] = {
+      {1e-3, 0.9, 0.999, 1e-8, 0.05, 3}, {0.5, 0.3, 0.95, 1e-30, 0.0, 1}, {1e-38, 0.0, 0.0, 0.0, 1e-3, 7}};
   const size_t sizes[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 47, 100, 2 * MF_ADAMW_GRAIN + 13};
   std::vector<const char *> bodies;
   for (const char *name : {"avx512", "avx2", "fma", "scalar"}) {
@@ -383,9 +384,12 @@ TEST(AdamW, EveryBodyAndThreadCountBitIdenticalOnSpecialValues) {
                                     b.data() + 1, pool),
                     MF_OK);
           const int threads = pool ? mf_threadpool_size(pool) : 0;
-          EXPECT_TRUE(same_bits(p, rp)) << name << " p, n " << n << " threads " << threads << " beta1 " << c.b1;
-          EXPECT_TRUE(same_bits(m, rm)) << name << " m, n " << n << " threads " << threads << " beta1 " << c.b1;
-          EXPECT_TRUE(same_bits(v, rv)) << name << " v, n " << n << " threads " << threads << " beta1 " << c.b1;
+          EXPECT_TRUE(same_bits(p, rp))
+              << name << " p, n " << n << " threads " << threads << " beta1 " << c.b1;
+          EXPECT_TRUE(same_bits(m, rm))
+              << name << " m, n " << n << " threads " << threads << " beta1 " << c.b1;
+          EXPECT_TRUE(same_bits(v, rv))
+              << name << " v, n " << n << " threads " << threads << " beta1 " << c.b1;
           EXPECT_TRUE(same_bits(g, bufs[1])) << name << " g written";
           EXPECT_EQ(std::memcmp(b.data(), rb.data(), (n + 1) * 2), 0)
               << name << " bf16, n " << n << " threads " << threads << " beta1 " << c.b1;
