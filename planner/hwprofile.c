@@ -547,31 +547,6 @@ mf_status mf_hwprofile_load(const char *path, mf_hwprofile *out) {
 
 /* ---------------------------------------------------------- validation */
 
-static int utf8_valid(const unsigned char *s) {
-  while (*s) {
-    unsigned c = *s, n, cp;
-    if (c < 0x80) {
-      s++;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      n = 1, cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2, cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return 0;
-    }
-    for (unsigned k = 1; k <= n; k++) {
-      if ((s[k] & 0xc0) != 0x80) return 0;
-      cp = (cp << 6) | (s[k] & 0x3f);
-    }
-    static const unsigned min_cp[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    s += n + 1;
-  }
-  return 1;
-}
 
 static mf_status bad(const char *field, const char *fault) {
   return MF_ERR(MF_ERR_INVALID_ARG, "hardware profile: %s %s", field, fault);
@@ -580,7 +555,7 @@ static mf_status bad(const char *field, const char *fault) {
 static mf_status check_text(const char *s, size_t cap, const char *field) {
   if (!memchr(s, 0, cap)) return bad(field, "is not NUL-terminated");
   if (!*s) return bad(field, "is empty");
-  if (!utf8_valid((const unsigned char *)s)) return bad(field, "is not valid UTF-8");
+  if (mf_utf8_invalid_at(s, strlen(s)) != strlen(s)) return bad(field, "is not valid UTF-8");
   return MF_OK;
 }
 

@@ -176,36 +176,6 @@ static void offset_to_linecol(const char *text, size_t off, int *line, int *col)
   *line = l, *col = c;
 }
 
-/* Byte offset of the first byte that is not part of valid UTF-8, or len. */
-static size_t utf8_invalid_at(const unsigned char *s, size_t len) {
-  size_t i = 0;
-  while (i < len) {
-    unsigned c = s[i];
-    size_t n;
-    unsigned cp;
-    if (c < 0x80) {
-      i++;
-      continue;
-    } else if ((c & 0xe0) == 0xc0) {
-      n = 1, cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2, cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return i;
-    }
-    for (size_t k = 1; k <= n; k++) {
-      if (i + k >= len || (s[i + k] & 0xc0) != 0x80) return i;
-      cp = (cp << 6) | (s[i + k] & 0x3f);
-    }
-    static const unsigned min_cp[4] = {0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-    i += n + 1;
-  }
-  return len;
-}
-
 /* -------------------------------------------------------- the parser */
 
 typedef struct builder {
@@ -319,7 +289,7 @@ static mf_status check_text(const mf_ysrc *src, const char *text, size_t len) {
                   src->cmdline ? "command line: " : "", src->name, len, MF_YAML_MAX_BYTES);
   /* whichever comes first: a NUL byte (binary, UTF-16) or a byte that is not UTF-8 */
   const char *nul = memchr(text, 0, len);
-  size_t bad = utf8_invalid_at((const unsigned char *)text, nul ? (size_t)(nul - text) : len);
+  size_t bad = mf_utf8_invalid_at(text, nul ? (size_t)(nul - text) : len);
   if (nul && bad == (size_t)(nul - text)) {
     int line, col;
     offset_to_linecol(text, bad, &line, &col);

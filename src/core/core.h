@@ -226,6 +226,10 @@ int mf_parse_size(const char *s, uint64_t *out);
 /* Formats bytes for people: "1.50 GiB". buf of at least 32 bytes. */
 const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap);
 
+/* The byte offset of the first invalid UTF-8 sequence in s[0, len), or len
+ * when all of it is valid. */
+size_t mf_utf8_invalid_at(const void *s, size_t len);
+
 /* Monotonic seconds. */
 double mf_time_now(void);
 
