@@ -53,7 +53,8 @@ typedef enum mf_kernel {
   MF_K_SWIGLU_BWD,        /* b = {g, u, dact, dg, du};         i = {n} */
   MF_K_SIGGATE_FWD,       /* b = {gl, x, y (added)};           i = {R, C} */
   MF_K_SIGGATE_BWD,       /* b = {gl, x, dy, dx, dgl};         i = {R, C} */
-  MF_K_ADD,               /* b = {x, y (added)};               i = {n} */
+  MF_K_ADD,               /* b = {x, y (added)};               i = {n, fp32}: fp32 = 1 for gradients,
+                             which are never rounded to bf16 */
   MF_K_ROUTER_FWD,        /* b = {logits, probs, topk_idx, topk_w};  i = {T, E, K, norm_topk} */
   MF_K_ROUTER_BWD,        /* b = {probs, topk_idx, topk_w, dtopk_w, dprobs?, dlogits};  i = {T, E, K, norm_topk} */
   MF_K_MOE_DISPATCH,      /* b = {topk_idx, counts, offsets, row_of, token_of_row};  i = {T, K, E} */

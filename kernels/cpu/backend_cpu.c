@@ -196,8 +196,11 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
       return mf_cpu_sigmoid_gate_fwd(x, CF(0), CF(1), i[0], i[1], F(2));
     case MF_K_SIGGATE_BWD:
       return mf_cpu_sigmoid_gate_bwd(x, CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4));
-    case MF_K_ADD:
-      return mf_cpu_add(x, CF(0), i[0], F(1));
+    case MF_K_ADD: {
+      mf_kctx exact = *x;
+      if (i[1]) exact.round_bf16 = 0; /* gradient sums stay fp32 */
+      return mf_cpu_add(&exact, CF(0), i[0], F(1));
+    }
     case MF_K_ROUTER_FWD:
       return mf_cpu_router_fwd(x, CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3));
     case MF_K_ROUTER_BWD:

@@ -272,6 +272,7 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
         call.b[1].ptr = slot_ptr(x, in->slot2);
         call.b[1].bytes = slot_bytes(x, in->slot2);
         call.i[0] = p->tensors[s->slots[in->slot].tensor].numel;
+        call.i[1] = 1; /* a gradient: fp32 even when activations are rounded to bf16 */
         call.label = "accumulate gradient";
         MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
         break;

@@ -177,4 +177,29 @@ INSTANTIATE_TEST_SUITE_P(All, Families,
                          ::testing::Values(MF_FAMILY_MIXTRAL, MF_FAMILY_QWEN2_MOE, MF_FAMILY_QWEN3_MOE, MF_FAMILY_OLMOE),
                          [](const ::testing::TestParamInfo<mf_family> &i) { return std::string(mf_family_name(i.param)); });
 
+// In the bf16-rounding mode activations are rounded as they are stored, but a
+// gradient sum (ADD with the fp32 flag, what the executor's ACCUM uses) is not.
+TEST(Backend, GradientSumsStayFp32InBf16Mode) {
+  mf_cpu_backend_opts bo = {nullptr, 1, 0};
+  mf_backend *b = nullptr;
+  ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
+  float x[4] = {1.0f, 1e-3f, 3.14159f, -2.71828f}, y[4] = {1.0f, 1.0f, 1.0f, 1.0f}, z[4];
+  memcpy(z, y, sizeof y);
+  mf_kernel_call c;
+  memset(&c, 0, sizeof c);
+  c.kind = MF_K_ADD;
+  c.b[0] = {x, sizeof x, 0};
+  c.b[1] = {y, sizeof y, 1};
+  c.i[0] = 4;
+  c.i[1] = 1;
+  ASSERT_EQ(b->run(b, &c, nullptr), MF_OK);
+  for (int i = 0; i < 4; i++) EXPECT_EQ(y[i], 1.0f + x[i]) << i;
+  c.b[1].ptr = z;
+  c.i[1] = 0;  // an activation: rounded
+  ASSERT_EQ(b->run(b, &c, nullptr), MF_OK);
+  for (int i = 0; i < 4; i++) EXPECT_EQ(z[i], mf_bf16_to_fp32(mf_fp32_to_bf16(1.0f + x[i]))) << i;
+  EXPECT_NE(z[1], y[1]);
+  mf_backend_free(b);
+}
+
 }  // namespace
