@@ -8,6 +8,7 @@
 
 #include "planner/plan.h"
 #include "planner/plan_io.h"
+#include "planner/render.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/io/hf_config.h"
@@ -15,7 +16,7 @@
 #include "src/model/program.h"
 
 static const char k_usage[] =
-    "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE]\n\n"
+    "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n\n"
     "Plans one training step of CONFIG's model and batch within memory.device_budget: for every\n"
     "weight resident or streamed, every gradient kept on the device or streamed home, every\n"
     "activation kept, offloaded or recomputed; the device arena; and the predicted step time from\n"
@@ -23,7 +24,9 @@ static const char k_usage[] =
     "ZeRO-Offload-like, MegaTrain-like, checkpoint every layer, and the least-memory plan.\n\n"
     "  --tensor PATTERN   each matching tensor's decision and the predicted cost of the alternatives\n"
     "                     (shell glob over names; activations without their mbN. prefix)\n"
-    "  --json FILE        write the chosen plan (versioned JSON, readable by the executor)\n\n"
+    "  --json FILE        write the chosen plan (versioned JSON, readable by the executor)\n"
+    "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
+    "                     and the device memory curve against the budget (hover for names)\n\n"
     "hardware.profile: a profile file (configs/hw/*.yaml, or `moefit profile` output); auto uses\n"
     "runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml.\n";
 
@@ -121,17 +124,19 @@ int mf_cli_plan(int argc, char **argv) {
     printf("%s", k_usage);
     return MF_EXIT_OK;
   }
-  const char *path = NULL, *pattern = NULL, *json = NULL;
+  const char *path = NULL, *pattern = NULL, *json = NULL, *svg = NULL;
   const char *overrides[256];
   size_t n_over = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--tensor") == 0 || strcmp(a, "--json") == 0) {
+    if (strcmp(a, "--tensor") == 0 || strcmp(a, "--json") == 0 || strcmp(a, "--svg") == 0) {
       if (i + 1 >= argc) return mf_cli_usage_error("plan", "%s needs a value", a);
       if (strcmp(a, "--tensor") == 0)
         pattern = argv[++i];
-      else
+      else if (strcmp(a, "--json") == 0)
         json = argv[++i];
+      else
+        svg = argv[++i];
     } else if (strncmp(a, "--", 2) == 0) {
       return mf_cli_usage_error("plan", "unknown option '%s'", a);
     } else if (!path) {
@@ -206,6 +211,10 @@ int mf_cli_plan(int argc, char **argv) {
     mf_plan_figures fig = {budget, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds};
     MF_CHECK_GOTO(mf_plan_write_json(p, chosen->d, &fig, json), st, done);
     printf("\nplan written to %s\n", json);
+  }
+  if (svg) {
+    MF_CHECK_GOTO(mf_render_svg(chosen, path, svg), st, done);
+    printf("\ntimeline written to %s\n", svg);
   }
   printf("\nplanned in %.2f s\n", plan_s);
 done:

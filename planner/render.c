@@ -1,0 +1,457 @@
+/* mf_render_svg: the timeline and memory curve of one planned step as SVG. */
+#include "planner/render.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ the buffer */
+
+/* A growing text buffer; the first failed allocation sticks (later appends do
+ * nothing) and is reported once at the end. */
+typedef struct svgbuf {
+  char *p;
+  size_t n, cap;
+  int oom;
+} svgbuf;
+
+static int sb_reserve(svgbuf *b, size_t more) {
+  if (b->oom) return 0;
+  if (b->n + more + 1 <= b->cap) return 1;
+  size_t cap = b->cap ? b->cap : 1 << 16;
+  while (cap < b->n + more + 1) cap *= 2;
+  char *q = (char *)realloc(b->p, cap);
+  if (!q) {
+    b->oom = 1;
+    return 0;
+  }
+  b->p = q, b->cap = cap;
+  return 1;
+}
+
+static void sb_printf(svgbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(svgbuf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  va_list ap2;
+  va_copy(ap2, ap);
+  int need = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (need > 0 && sb_reserve(b, (size_t)need)) {
+    vsnprintf(b->p + b->n, (size_t)need + 1, fmt, ap2);
+    b->n += (size_t)need;
+  }
+  va_end(ap2);
+}
+
+/* Appends s with the five XML special characters escaped (text and attributes). */
+static void sb_escape(svgbuf *b, const char *s) {
+  for (; s && *s; s++) {
+    switch (*s) {
+      case '&': sb_printf(b, "&amp;"); break;
+      case '<': sb_printf(b, "&lt;"); break;
+      case '>': sb_printf(b, "&gt;"); break;
+      case '"': sb_printf(b, "&quot;"); break;
+      case '\'': sb_printf(b, "&apos;"); break;
+      default:
+        /* Control characters are not allowed in XML 1.0. */
+        if ((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n') {
+          sb_printf(b, "?");
+        } else if (sb_reserve(b, 1)) {
+          b->p[b->n++] = *s;
+        }
+    }
+  }
+}
+
+/* --------------------------------------------------------------- layout */
+
+enum { W = 1400, H = 700 };
+static const double k_x0 = 90, k_x1 = 1380;          /* plot area, both charts */
+static const double k_lane_y = 62, k_lane_h = 34, k_lane_gap = 8;
+static const double k_mem_top = 330, k_mem_bot = 640; /* memory chart */
+static const double k_min_px = 0.5;                  /* narrower rectangles are merged */
+
+typedef enum cat {
+  CAT_FWD = 0,
+  CAT_BWD,
+  CAT_RECOMPUTE,
+  CAT_LOSS,
+  CAT_UPLOAD,
+  CAT_DOWNLOAD,
+  CAT_ZERO,
+  CAT_N
+} cat;
+
+static const char *const k_cat_name[CAT_N] = {"forward",  "backward", "recompute",      "loss",
+                                              "upload",   "download", "zero/accumulate"};
+static const char *const k_cat_color[CAT_N] = {"#4c78a8", "#e45756", "#f58518", "#b279a2",
+                                               "#54a24b", "#72b7b2", "#9d9d9d"};
+static const char *const k_lane_name[MF_SIM_STREAMS] = {"compute", "H2D", "D2H"};
+
+static cat instr_cat(const mf_schedule *s, const mf_instr *in) {
+  switch (in->kind) {
+    case MF_I_RUN: {
+      if (in->recompute) return CAT_RECOMPUTE;
+      const mf_phase ph = s->prog->ops[in->op].phase;
+      return ph == MF_PHASE_BWD ? CAT_BWD : ph == MF_PHASE_LOSS ? CAT_LOSS : CAT_FWD;
+    }
+    case MF_I_H2D: return CAT_UPLOAD;
+    case MF_I_D2H: return CAT_DOWNLOAD;
+    default: return CAT_ZERO;
+  }
+}
+
+static const char *slot_name(const mf_schedule *s, int32_t slot) {
+  if (slot < 0 || slot >= s->n_slots) return "?";
+  const int32_t t = s->slots[slot].tensor;
+  return t >= 0 && t < s->prog->n_tensors ? s->prog->tensors[t].name : "?";
+}
+
+/* The instruction as people read it: an op label, or "upload <tensor>". */
+static void sb_instr_name(svgbuf *b, const mf_schedule *s, const mf_instr *in) {
+  switch (in->kind) {
+    case MF_I_RUN:
+      if (in->recompute) sb_printf(b, "recompute ");
+      sb_escape(b, in->op >= 0 && in->op < s->prog->n_ops ? s->prog->ops[in->op].label : "?");
+      break;
+    case MF_I_H2D: sb_printf(b, "upload "), sb_escape(b, slot_name(s, in->slot)); break;
+    case MF_I_D2H:
+      sb_printf(b, in->accumulate ? "download (add) " : "download ");
+      sb_escape(b, slot_name(s, in->slot));
+      break;
+    case MF_I_ZERO: sb_printf(b, "zero "), sb_escape(b, slot_name(s, in->slot)); break;
+    case MF_I_ACCUM:
+      sb_printf(b, "accumulate "), sb_escape(b, slot_name(s, in->slot));
+      sb_printf(b, " into "), sb_escape(b, slot_name(s, in->slot2));
+      break;
+    default: sb_printf(b, "instruction"); break;
+  }
+}
+
+static void sb_time(svgbuf *b, double sec) {
+  if (sec < 1e-3)
+    sb_printf(b, "%.2f us", sec * 1e6);
+  else if (sec < 1)
+    sb_printf(b, "%.3f ms", sec * 1e3);
+  else
+    sb_printf(b, "%.3f s", sec);
+}
+
+/* 1, 2 or 5 times a power of ten, giving at most about `n` steps over `range`. */
+static double nice_step(double range, int n) {
+  if (!(range > 0)) return 1;
+  const double raw = range / n, p = pow(10, floor(log10(raw))), f = raw / p;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
+}
+
+/* ----------------------------------------------------------- the lanes */
+
+typedef struct pending {
+  int n;             /* instructions merged (0: none pending) */
+  int32_t first, last;
+  double x0, x1;     /* pixels */
+  double t0, t1;     /* seconds */
+  double cat_s[CAT_N];
+} pending;
+
+typedef struct ctx {
+  svgbuf *b;
+  const mf_plan *pl;
+  double t_max, sx; /* seconds shown, pixels per second */
+} ctx;
+
+static double xat(const ctx *c, double t) { return k_x0 + t * c->sx; }
+
+static void flush(ctx *c, pending *g, double y) {
+  if (g->n == 0) return;
+  const mf_schedule *s = c->pl->s;
+  svgbuf *b = c->b;
+  int best = 0;
+  for (int k = 1; k < CAT_N; k++)
+    if (g->cat_s[k] > g->cat_s[best]) best = k;
+  double w = g->x1 - g->x0;
+  if (w < 0) w = 0;
+  sb_printf(b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>", g->x0, y, w,
+            k_lane_h, k_cat_color[best]);
+  if (g->n == 1) {
+    sb_instr_name(b, s, &s->instr[g->first]);
+  } else {
+    sb_printf(b, "%d instructions: ", g->n);
+    sb_instr_name(b, s, &s->instr[g->first]);
+    sb_printf(b, " ... ");
+    sb_instr_name(b, s, &s->instr[g->last]);
+  }
+  sb_printf(b, "\n");
+  sb_time(b, g->t0), sb_printf(b, " to "), sb_time(b, g->t1), sb_printf(b, " (");
+  sb_time(b, g->t1 - g->t0), sb_printf(b, ")</title></rect>\n");
+  g->n = 0;
+}
+
+/* One lane: each stream runs its instructions in order, so starts only grow
+ * along the instruction list and runs of tiny rectangles are neighbours. */
+static void lane(ctx *c, int stream, double y) {
+  const mf_sim_result *r = &c->pl->sim;
+  const mf_schedule *s = c->pl->s;
+  pending g = {0};
+  sb_printf(c->b, "<g id=\"lane-%s\">\n", k_lane_name[stream]);
+  for (int32_t i = 0; i < r->n_instr; i++) {
+    if (r->stream[i] != stream) continue;
+    double t0 = r->start[i], t1 = r->end[i];
+    if (!(t1 >= t0)) t1 = t0;
+    const double x0 = xat(c, t0), x1 = xat(c, t1);
+    const cat k = instr_cat(s, &s->instr[i]);
+    const int tiny = x1 - x0 < k_min_px;
+    /* Join the pending run when this one is tiny, touches it, and either has
+     * its colour or the run is itself still too narrow to see. */
+    if (tiny && g.n > 0 && x0 - g.x1 < k_min_px && g.x1 - g.x0 < 4 * k_min_px) {
+      int same = 1;
+      for (int q = 0; q < CAT_N; q++)
+        if (q != (int)k && g.cat_s[q] > 0) same = 0;
+      if (same || g.x1 - g.x0 < k_min_px) {
+        g.n++, g.last = i;
+        if (x1 > g.x1) g.x1 = x1, g.t1 = t1;
+        g.cat_s[k] += t1 - t0 + 1e-30;
+        continue;
+      }
+    }
+    flush(c, &g, y);
+    g.n = 1, g.first = g.last = i, g.x0 = x0, g.x1 = x1, g.t0 = t0, g.t1 = t1;
+    memset(g.cat_s, 0, sizeof g.cat_s);
+    g.cat_s[k] = t1 - t0 + 1e-30;
+    if (!tiny) flush(c, &g, y);
+  }
+  flush(c, &g, y);
+  sb_printf(c->b, "</g>\n");
+}
+
+/* ------------------------------------------------------ the memory curve */
+
+static int by_start(const void *a, const void *b, void *arg) {
+  const double *st = (const double *)arg;
+  const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+  if (st[i] < st[j]) return -1;
+  if (st[i] > st[j]) return 1;
+  return (i > j) - (i < j);
+}
+
+static void sb_bytes(svgbuf *b, double bytes) {
+  char buf[32];
+  sb_printf(b, "%s", mf_format_bytes((uint64_t)(bytes < 0 ? 0 : bytes), buf, sizeof buf));
+}
+
+static mf_status memory(ctx *c) {
+  const mf_sim_result *r = &c->pl->sim;
+  const mf_schedule *s = c->pl->s;
+  svgbuf *b = c->b;
+  const uint64_t budget = c->pl->budget;
+  double top = (double)(s->arena_bytes > r->peak_live_bytes ? s->arena_bytes : r->peak_live_bytes);
+  /* The budget sets the scale unless it dwarfs the plan (an unlimited budget). */
+  const int budget_on_scale = (double)budget <= 2.0 * top || top == 0;
+  if (budget_on_scale && (double)budget > top) top = (double)budget;
+  if (!(top > 0)) top = 1;
+  top *= 1.08;
+  const double h = k_mem_bot - k_mem_top;
+#define YAT(v) (k_mem_bot - (double)(v) / top * h)
+
+  /* Axis: memory ticks in the largest binary unit below the top. */
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && top >= 1024.0 * pow(1024, u)) u++;
+  const double unit = pow(1024, u), step = nice_step(top / unit, 6) * unit;
+  sb_printf(b, "<g id=\"memory-axis\" font-size=\"10\" fill=\"#333\">\n");
+  for (int k = 0; k * step <= top * 1.0001 && k <= 100; k++) {
+    const double v = k * step, y = YAT(v);
+    sb_printf(b, "<line x1=\"%.1f\" y1=\"%.2f\" x2=\"%.1f\" y2=\"%.2f\" stroke=\"#e4e4e4\"/>", k_x0, y, k_x1, y);
+    sb_printf(b, "<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">%g %s</text>\n", k_x0 - 6, y + 3, v / unit,
+              units[u]);
+  }
+  sb_printf(b, "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" text-anchor=\"middle\" "
+               "font-size=\"11\">device memory</text>\n</g>\n",
+            (k_mem_top + k_mem_bot) / 2, (k_mem_top + k_mem_bot) / 2);
+
+  /* The curve: instructions by start time; per pixel column the highest value
+   * seen (so the peak survives), then the value carried to the next column. */
+  const int32_t n = r->n_instr;
+  const int cols = (int)(k_x1 - k_x0) + 1;
+  int32_t *order = NULL;
+  double *colmax = NULL, *collast = NULL;
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_malloc((size_t)(n > 0 ? n : 1) * sizeof *order, "render: instruction order", (void **)&order), st,
+                done);
+  MF_CHECK_GOTO(mf_malloc((size_t)cols * sizeof *colmax, "render: memory curve", (void **)&colmax), st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)cols * sizeof *collast, "render: memory curve", (void **)&collast), st, done);
+  for (int32_t i = 0; i < n; i++) order[i] = i;
+  qsort_r(order, (size_t)n, sizeof *order, by_start, r->start);
+  for (int k = 0; k < cols; k++) colmax[k] = -1, collast[k] = -1;
+  for (int32_t j = 0; j < n; j++) {
+    const int32_t i = order[j];
+    int k = (int)floor(xat(c, r->start[i]) - k_x0);
+    k = k < 0 ? 0 : k >= cols ? cols - 1 : k;
+    const double v = (double)r->live_bytes[i];
+    if (v > colmax[k]) colmax[k] = v;
+    collast[k] = v;
+  }
+  sb_printf(b, "<g id=\"memory\">\n<path fill=\"#4c78a8\" fill-opacity=\"0.18\" stroke=\"#4c78a8\" "
+               "stroke-width=\"1\" d=\"M%.1f %.2f",
+            k_x0, YAT(0));
+  double cur = 0;
+  const double x_end = xat(c, r->streams_seconds);
+  for (int k = 0; k < cols; k++) {
+    if (colmax[k] < 0) continue;
+    const double x = k_x0 + k;
+    sb_printf(b, "H%.1f", x);
+    if (colmax[k] != cur) sb_printf(b, "V%.2f", YAT(colmax[k]));
+    if (collast[k] != colmax[k]) sb_printf(b, "H%.1fV%.2f", x + 1 > k_x1 ? k_x1 : x + 1, YAT(collast[k]));
+    cur = collast[k];
+  }
+  sb_printf(b, "H%.1fV%.2fZ\"><title>device memory alive (bytes of the slots live at each instruction)</title>"
+               "</path>\n",
+            x_end > k_x0 ? x_end : k_x0, YAT(0));
+
+  /* Budget (dashed), arena (dotted), peak (marked). */
+  const double yb = budget_on_scale ? YAT(budget) : k_mem_top;
+  sb_printf(b, "<line id=\"budget\" x1=\"%.1f\" y1=\"%.2f\" x2=\"%.1f\" y2=\"%.2f\" stroke=\"#d62728\" "
+               "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n",
+            k_x0, yb, k_x1, yb);
+  sb_printf(b, "<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\" fill=\"#d62728\" font-size=\"10\">budget ", k_x1 - 2,
+            yb - 4);
+  if (budget == UINT64_MAX)
+    sb_printf(b, "unlimited");
+  else
+    sb_bytes(b, (double)budget);
+  sb_printf(b, "%s</text>\n", budget_on_scale ? "" : " (above the scale)");
+  const double ya = YAT(s->arena_bytes);
+  sb_printf(b, "<line id=\"arena\" x1=\"%.1f\" y1=\"%.2f\" x2=\"%.1f\" y2=\"%.2f\" stroke=\"#555\" "
+               "stroke-dasharray=\"2 3\"/>\n<text x=\"%.1f\" y=\"%.2f\" fill=\"#555\" font-size=\"10\">arena ",
+            k_x0, ya, k_x1, ya, k_x0 + 4, ya - 4);
+  sb_bytes(b, (double)s->arena_bytes);
+  sb_printf(b, "</text>\n");
+  if (r->peak_instr >= 0 && r->peak_instr < n) {
+    const double xp = xat(c, r->start[r->peak_instr]), yp = YAT(r->peak_live_bytes);
+    sb_printf(b, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3.5\" fill=\"#d62728\"/>", xp, yp);
+    sb_printf(b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"%s\" font-size=\"11\" font-weight=\"bold\">peak ",
+              xp + (xp > k_x1 - 240 ? -6 : 6), yp + 14, xp > k_x1 - 240 ? "end" : "start");
+    sb_bytes(b, (double)r->peak_live_bytes);
+    sb_printf(b, " at "), sb_time(b, r->start[r->peak_instr]), sb_printf(b, " (");
+    sb_instr_name(b, s, &s->instr[r->peak_instr]);
+    sb_printf(b, ")</text>\n");
+  }
+  sb_printf(b, "</g>\n");
+#undef YAT
+done:
+  free(order);
+  free(colmax);
+  free(collast);
+  return st;
+}
+
+/* ------------------------------------------------------------- the rest */
+
+static void time_axis(ctx *c, double y_top, double y_bot, double y_labels) {
+  svgbuf *b = c->b;
+  const int ms = c->t_max < 1;
+  const double scale = ms ? 1e3 : 1, step = nice_step(c->t_max * scale, 10) / scale;
+  sb_printf(b, "<g class=\"time-axis\" font-size=\"10\" fill=\"#333\">\n");
+  for (int k = 0; k * step <= c->t_max * 1.0001 && k <= 100; k++) {
+    const double x = xat(c, k * step);
+    sb_printf(b, "<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>", x, y_top, x, y_bot);
+    sb_printf(b, "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%g %s</text>\n", x, y_labels,
+              k * step * scale, ms ? "ms" : "s");
+  }
+  sb_printf(b, "</g>\n");
+}
+
+static void legend(svgbuf *b, double y) {
+  double x = k_x0;
+  sb_printf(b, "<g id=\"legend\" font-size=\"11\">\n");
+  for (int k = 0; k < CAT_N; k++) {
+    sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>", x, y - 10, k_cat_color[k]);
+    sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x + 16, y, k_cat_name[k]);
+    x += 24 + 7.0 * (double)strlen(k_cat_name[k]) + 14;
+  }
+  sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#555\">(runs narrower than %.1f px merged; hover for "
+               "names and times)</text>\n</g>\n",
+            x + 10, y, k_min_px);
+}
+
+mf_status mf_render_svg(const mf_plan *plan, const char *title, const char *path) {
+  if (!plan || !plan->s || !plan->s->prog || !path)
+    return MF_ERR(MF_ERR_INVALID_ARG, "render: no plan, schedule or path");
+  const mf_sim_result *r = &plan->sim;
+  const mf_schedule *s = plan->s;
+  if (r->n_instr != s->n_instr || (r->n_instr > 0 && (!r->stream || !r->start || !r->end || !r->live_bytes)))
+    return MF_ERR(MF_ERR_INVALID_ARG, "render %s: the simulation (%d instructions) does not match the schedule (%d)",
+                  path, (int)r->n_instr, (int)s->n_instr);
+
+  svgbuf b = {0};
+  ctx c = {&b, plan, 0, 0};
+  c.t_max = r->step_seconds > r->streams_seconds ? r->step_seconds : r->streams_seconds;
+  for (int32_t i = 0; i < r->n_instr; i++)
+    if (r->end[i] > c.t_max) c.t_max = r->end[i];
+  if (!(c.t_max > 0) || !isfinite(c.t_max)) c.t_max = 1e-3;
+  c.sx = (k_x1 - k_x0) / c.t_max;
+
+  sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                "font-family=\"sans-serif\" font-size=\"11\">\n",
+            W, H, W, H);
+  sb_printf(&b, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
+  sb_printf(&b, "<text x=\"%.1f\" y=\"22\" font-size=\"15\" font-weight=\"bold\">", k_x0);
+  sb_escape(&b, title ? title : "moefit plan");
+  sb_printf(&b, " (%s plan)</text>\n<text x=\"%.1f\" y=\"42\" font-size=\"12\" fill=\"#333\">predicted step ",
+            mf_plan_kind_name(plan->kind), k_x0);
+  sb_time(&b, r->step_seconds);
+  sb_printf(&b, " (compute "), sb_time(&b, r->compute_seconds);
+  sb_printf(&b, ", exposed transfer "), sb_time(&b, r->exposed_transfer_seconds);
+  sb_printf(&b, ", exposed optimizer "), sb_time(&b, r->exposed_optimizer_seconds);
+  sb_printf(&b, ") · arena "), sb_bytes(&b, (double)s->arena_bytes);
+  sb_printf(&b, " · peak "), sb_bytes(&b, (double)r->peak_live_bytes);
+  sb_printf(&b, " · budget ");
+  if (plan->budget == UINT64_MAX)
+    sb_printf(&b, "unlimited");
+  else
+    sb_bytes(&b, (double)plan->budget);
+  sb_printf(&b, "%s · %d instructions</text>\n", plan->fits ? "" : " (does not fit)", (int)r->n_instr);
+
+  const double lanes_bot = k_lane_y + MF_SIM_STREAMS * (k_lane_h + k_lane_gap) - k_lane_gap;
+  time_axis(&c, k_lane_y - 4, lanes_bot + 4, lanes_bot + 18);
+  for (int k = 0; k < MF_SIM_STREAMS; k++) {
+    const double y = k_lane_y + k * (k_lane_h + k_lane_gap);
+    sb_printf(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#f6f6f6\"/>", k_x0, y,
+              k_x1 - k_x0, k_lane_h);
+    sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"12\">%s</text>\n", k_x0 - 8,
+              y + k_lane_h / 2 + 4, k_lane_name[k]);
+    lane(&c, k, y);
+  }
+  if (r->step_seconds > r->streams_seconds) {
+    const double xs = xat(&c, r->streams_seconds), xe = xat(&c, r->step_seconds);
+    sb_printf(&b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"#cccccc\" fill-opacity=\"0.5\">"
+                  "<title>host optimizer after the streams: ",
+              xs, k_lane_y, xe - xs, lanes_bot - k_lane_y);
+    sb_time(&b, r->step_seconds - r->streams_seconds);
+    sb_printf(&b, "</title></rect>\n");
+  }
+  legend(&b, lanes_bot + 44);
+
+  sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\">device memory over the step</text>\n",
+            k_x0, k_mem_top - 12);
+  time_axis(&c, k_mem_top, k_mem_bot, k_mem_bot + 16);
+  mf_status st = memory(&c);
+  if (st != MF_OK) {
+    free(b.p);
+    return st;
+  }
+  sb_printf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-size=\"11\">time (simulated)</text>\n",
+            (k_x0 + k_x1) / 2, H - 22);
+  sb_printf(&b, "</svg>\n");
+  if (b.oom) {
+    free(b.p);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "render %s: out of memory building the SVG", path);
+  }
+  st = mf_write_file_atomic(path, b.p, b.n);
+  free(b.p);
+  if (st != MF_OK) mf_error_trace(__FILE__, __LINE__, "mf_write_file_atomic(path, b.p, b.n)");
+  return st;
+}

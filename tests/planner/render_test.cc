@@ -1,0 +1,283 @@
+// `moefit plan --svg`: the picture of a planned step is written whole, is
+// well-formed XML, has its three lanes, the budget line and sane rectangles,
+// escapes every name, stays small for long schedules, and a path that cannot
+// be written is an error naming it.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "planner/plan.h"
+#include "planner/render.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+
+namespace {
+
+mf_hwprofile profile(int overlap) {
+  mf_hwprofile hw{};
+  snprintf(hw.name, sizeof hw.name, "test");
+  hw.device_memory = 1ull << 30;
+  hw.copies_overlap_compute = overlap;
+  hw.h2d_bandwidth = hw.d2h_bandwidth = 2e9;
+  hw.h2d_latency_s = hw.d2h_latency_s = 5e-6;
+  hw.gemm[0] = {64, 64, 64, 5e9};
+  hw.gemm[1] = {1024, 1024, 1024, 2e10};
+  hw.n_gemm = 2;
+  hw.attn[0] = {64, 8, 1e10};
+  hw.n_attn = 1;
+  hw.elementwise_bandwidth = 1e10;
+  hw.launch_s = 2e-6;
+  hw.host_memory = 1ull << 34;
+  hw.host_adamw_params_per_s = 5e8;
+  hw.host_memory_bandwidth = 2e10;
+  return hw;
+}
+
+std::string tmp_path(const std::string &name) {
+  const char *d = getenv("TEST_TMPDIR");
+  return std::string(d ? d : "/tmp") + "/" + name;
+}
+
+std::string slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A small XML well-formedness check: tags balance and nest, attribute values
+// are quoted, and '&' only starts an entity. Returns "" or what is wrong.
+std::string xml_check(const std::string &s) {
+  std::vector<std::string> stack;
+  size_t i = 0;
+  auto entity_ok = [&](size_t at) {
+    static const char *const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
+    for (const char *e : ents)
+      if (s.compare(at, strlen(e), e) == 0) return true;
+    return false;
+  };
+  while (i < s.size()) {
+    if (s[i] == '&') {
+      if (!entity_ok(i)) return "bad entity at " + std::to_string(i);
+      i++;
+      continue;
+    }
+    if (s[i] == '>') return "stray '>' at " + std::to_string(i);
+    if (s[i] != '<') {
+      i++;
+      continue;
+    }
+    if (s.compare(i, 4, "<!--") == 0) {
+      size_t e = s.find("-->", i);
+      if (e == std::string::npos) return "unclosed comment";
+      i = e + 3;
+      continue;
+    }
+    const bool closing = i + 1 < s.size() && s[i + 1] == '/';
+    size_t j = i + (closing ? 2 : 1);
+    size_t n0 = j;
+    while (j < s.size() && (isalnum((unsigned char)s[j]) || s[j] == '-' || s[j] == ':' || s[j] == '_')) j++;
+    const std::string name = s.substr(n0, j - n0);
+    if (name.empty()) return "tag without a name at " + std::to_string(i);
+    // Attributes: name="value" pairs up to '>' or '/>'.
+    bool self = false;
+    while (true) {
+      while (j < s.size() && isspace((unsigned char)s[j])) j++;
+      if (j >= s.size()) return "unterminated tag " + name;
+      if (s[j] == '>') break;
+      if (s.compare(j, 2, "/>") == 0 && !closing) {
+        self = true;
+        j++;
+        break;
+      }
+      if (closing) return "attribute on a closing tag " + name;
+      size_t a0 = j;
+      while (j < s.size() && s[j] != '=' && !isspace((unsigned char)s[j]) && s[j] != '>') j++;
+      if (j == a0 || j >= s.size() || s[j] != '=') return "bad attribute in " + name;
+      j++;
+      if (j >= s.size() || (s[j] != '"' && s[j] != '\'')) return "unquoted attribute in " + name;
+      const char q = s[j++];
+      size_t v0 = j;
+      while (j < s.size() && s[j] != q) {
+        if (s[j] == '<') return "'<' in an attribute of " + name;
+        j++;
+      }
+      if (j >= s.size()) return "unterminated attribute in " + name;
+      for (size_t k = v0; k < j; k++)
+        if (s[k] == '&' && !entity_ok(k)) return "bad entity in an attribute of " + name;
+      j++;
+    }
+    if (closing) {
+      if (stack.empty() || stack.back() != name) return "mismatched </" + name + ">";
+      stack.pop_back();
+    } else if (!self) {
+      stack.push_back(name);
+    }
+    i = j + 1;
+    if (stack.empty() && i < s.size() && s.find('<', i) != std::string::npos) return "content after the root";
+  }
+  if (!stack.empty()) return "unclosed <" + stack.back() + ">";
+  return "";
+}
+
+// Every <rect ... width="W"> with W parsed; -1 where one has no width.
+std::vector<double> rect_widths(const std::string &s) {
+  std::vector<double> w;
+  for (size_t i = s.find("<rect"); i != std::string::npos; i = s.find("<rect", i + 1)) {
+    const size_t end = s.find('>', i);
+    const size_t a = s.find(" width=\"", i);
+    w.push_back(a != std::string::npos && a < end ? strtod(s.c_str() + a + 8, nullptr) : -1);
+  }
+  return w;
+}
+
+class Render : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    mf_model_spec s;
+    mf_model_spec_defaults(MF_FAMILY_QWEN2_MOE, &s);
+    s.hidden = 32, s.layers = 3, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = 8, s.top_k = 2;
+    s.expert_ffn = 16, s.shared_ffn = 24, s.dense_ffn = 20, s.vocab = 64, s.max_seq = 64, s.n_mlp_only = 1;
+    s.mlp_only_layers[0] = 0;
+    ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
+    mf_program_opts po = {2, 32, 2, 0.01, 16, 0};
+    ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
+    hw_ = profile(GetParam());
+  }
+  void TearDown() override {
+    mf_program_free(p_);
+    mf_param_table_free(t_);
+  }
+  // A plan between the least-memory and the all-resident arenas: uploads,
+  // downloads and recompute all appear, and the budget is on the scale.
+  mf_plan *choose() {
+    mf_plan *least = nullptr, *resident = nullptr, *c = nullptr;
+    EXPECT_EQ(mf_plan_baseline(p_, &hw_, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK) << mf_last_error();
+    EXPECT_EQ(mf_plan_baseline(p_, &hw_, MF_PLAN_RESIDENT, UINT64_MAX, &resident), MF_OK) << mf_last_error();
+    if (!least || !resident) return nullptr;
+    const uint64_t budget = least->s->arena_bytes + (resident->s->arena_bytes - least->s->arena_bytes) / 4;
+    EXPECT_EQ(mf_plan_choose(p_, &hw_, budget, nullptr, nullptr, &c), MF_OK) << mf_last_error();
+    mf_plan_free(least);
+    mf_plan_free(resident);
+    return c;
+  }
+  mf_param_table *t_ = nullptr;
+  mf_program *p_ = nullptr;
+  mf_hwprofile hw_;
+};
+
+TEST_P(Render, WritesAWellFormedPicture) {
+  mf_plan *c = choose();
+  ASSERT_NE(c, nullptr);
+  const std::string path = tmp_path("plan" + std::to_string(GetParam()) + ".svg");
+  ASSERT_EQ(mf_render_svg(c, "configs/tiny.yaml", path.c_str()), MF_OK) << mf_last_error();
+  const std::string s = slurp(path);
+  ASSERT_EQ(s.compare(0, 4, "<svg"), 0) << s.substr(0, 80);
+  EXPECT_EQ(xml_check(s), "");
+  for (const char *want : {">compute<", ">H2D<", ">D2H<", "id=\"budget\"", "stroke-dasharray", "configs/tiny.yaml",
+                           ">forward<", ">backward<", ">upload<", "peak ", "<title>upload "})
+    EXPECT_NE(s.find(want), std::string::npos) << want;
+  EXPECT_EQ(s.find("<script"), std::string::npos);
+  EXPECT_EQ(s.find("@font-face"), std::string::npos);
+  EXPECT_EQ(s.find("href"), std::string::npos);
+  const std::vector<double> w = rect_widths(s);
+  // Lanes' rectangles are at least one per drawn instruction group; every
+  // instruction is in some group, so there are more than the legend's.
+  EXPECT_GT(w.size(), 20u);
+  for (double x : w) EXPECT_GE(x, 0.0);
+  EXPECT_LT(s.size(), 2u << 20);
+  // Written atomically: nothing left beside it.
+  EXPECT_TRUE(slurp(path + ".tmp").empty());
+  mf_plan_free(c);
+}
+
+TEST_P(Render, EscapesEveryName) {
+  for (int32_t k = 0; k < p_->n_ops; k++) snprintf(p_->ops[k].label, sizeof p_->ops[k].label, "op<&>\"'%d", k);
+  for (int32_t k = 0; k < p_->n_tensors; k++)
+    snprintf(p_->tensors[k].name, sizeof p_->tensors[k].name, "t<&>%d", k);
+  mf_plan *c = choose();
+  ASSERT_NE(c, nullptr);
+  const std::string path = tmp_path("escape" + std::to_string(GetParam()) + ".svg");
+  ASSERT_EQ(mf_render_svg(c, "a<b>&\"c\".yaml", path.c_str()), MF_OK) << mf_last_error();
+  const std::string s = slurp(path);
+  EXPECT_EQ(xml_check(s), "");
+  EXPECT_EQ(s.find("<&>"), std::string::npos);
+  EXPECT_NE(s.find("a&lt;b&gt;&amp;&quot;c&quot;.yaml"), std::string::npos);
+  EXPECT_NE(s.find("op&lt;&amp;&gt;&quot;&apos;"), std::string::npos);
+  EXPECT_NE(s.find("t&lt;&amp;&gt;"), std::string::npos);
+  mf_plan_free(c);
+}
+
+// A long schedule (300k instructions) draws in a bounded file: tiny
+// rectangles merge, the memory curve keeps one step per pixel column.
+TEST_P(Render, LongSchedulesStaySmall) {
+  mf_plan *c = choose();
+  ASSERT_NE(c, nullptr);
+  const int32_t n = 300000, base = c->s->n_instr;
+  std::vector<mf_instr> instr(n);
+  std::vector<uint8_t> stream(n);
+  std::vector<double> cost(n), start(n), end(n);
+  std::vector<size_t> live(n);
+  double t[MF_SIM_STREAMS] = {0, 0, 0};
+  size_t peak = 0;
+  int32_t peak_i = 0;
+  for (int32_t i = 0; i < n; i++) {
+    const int32_t j = i % base;
+    instr[i] = c->s->instr[j];
+    stream[i] = c->sim.stream[j];
+    cost[i] = c->sim.cost[j] > 0 ? c->sim.cost[j] : 1e-6;
+    start[i] = t[stream[i]];
+    end[i] = t[stream[i]] = start[i] + cost[i];
+    live[i] = c->sim.live_bytes[j] + (size_t)(i % 977) * 64;
+    if (live[i] > peak) peak = live[i], peak_i = i;
+  }
+  mf_schedule s = *c->s;
+  s.instr = instr.data();
+  s.n_instr = n;
+  mf_plan big = *c;
+  big.s = &s;
+  big.sim.n_instr = n;
+  big.sim.stream = stream.data();
+  big.sim.cost = cost.data();
+  big.sim.start = start.data();
+  big.sim.end = end.data();
+  big.sim.live_bytes = live.data();
+  big.sim.peak_live_bytes = peak;
+  big.sim.peak_instr = peak_i;
+  big.sim.streams_seconds = big.sim.step_seconds = std::max(t[0], std::max(t[1], t[2]));
+  const std::string path = tmp_path("long" + std::to_string(GetParam()) + ".svg");
+  ASSERT_EQ(mf_render_svg(&big, "long", path.c_str()), MF_OK) << mf_last_error();
+  const std::string out = slurp(path);
+  EXPECT_EQ(xml_check(out), "");
+  EXPECT_LT(out.size(), 3u << 20) << "bytes for " << n << " instructions";
+  EXPECT_NE(out.find(" instructions: "), std::string::npos) << "no merged run";
+  for (double x : rect_widths(out)) EXPECT_GE(x, 0.0);
+  mf_plan_free(c);
+}
+
+TEST_P(Render, UnwritablePathIsAnIoErrorNamingIt) {
+  mf_plan *c = choose();
+  ASSERT_NE(c, nullptr);
+  const char *bad = "/nonexistent-moefit-dir/plan.svg";
+  EXPECT_EQ(mf_render_svg(c, "x", bad), MF_ERR_IO);
+  EXPECT_NE(std::string(mf_last_error()).find("/nonexistent-moefit-dir/plan.svg"), std::string::npos)
+      << mf_last_error();
+  EXPECT_EQ(mf_render_svg(nullptr, "x", "/tmp/x.svg"), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_render_svg(c, "x", nullptr), MF_ERR_INVALID_ARG);
+  mf_plan_free(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Profiles, Render, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int> &i) {
+                           return std::string(i.param ? "overlapping_copies" : "serial");
+                         });
+
+}  // namespace
