@@ -16,30 +16,13 @@
 #include "planner/plan.h"
 #include "planner/render.h"
 #include "src/core/core.h"
+#include "tests/planner/planner_test_util.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
 
 namespace {
 
-mf_hwprofile profile(int overlap) {
-  mf_hwprofile hw{};
-  snprintf(hw.name, sizeof hw.name, "test");
-  hw.device_memory = 1ull << 30;
-  hw.copies_overlap_compute = overlap;
-  hw.h2d_bandwidth = hw.d2h_bandwidth = 2e9;
-  hw.h2d_latency_s = hw.d2h_latency_s = 5e-6;
-  hw.gemm[0] = {64, 64, 64, 5e9};
-  hw.gemm[1] = {1024, 1024, 1024, 2e10};
-  hw.n_gemm = 2;
-  hw.attn[0] = {64, 8, 1e10};
-  hw.n_attn = 1;
-  hw.elementwise_bandwidth = 1e10;
-  hw.launch_s = 2e-6;
-  hw.host_memory = 1ull << 34;
-  hw.host_adamw_params_per_s = 5e8;
-  hw.host_memory_bandwidth = 2e10;
-  return hw;
-}
+using namespace mf_pt;
 
 std::string tmp_path(const std::string &name) {
   const char *d = getenv("TEST_TMPDIR");
@@ -150,7 +133,7 @@ class Render : public ::testing::TestWithParam<int> {
     ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
     mf_program_opts po = {2, 32, 2, 0.01, 16, 0};
     ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
-    hw_ = profile(GetParam());
+    hw_ = small_profile(GetParam());
   }
   void TearDown() override {
     mf_program_free(p_);

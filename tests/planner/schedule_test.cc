@@ -14,40 +14,14 @@
 #include "kernels/backend.h"
 #include "planner/schedule.h"
 #include "src/core/core.h"
+#include "tests/planner/planner_test_util.h"
 #include "src/exec/exec.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
 
 namespace {
 
-struct Shape {
-  const char *name;
-  mf_model_spec spec;
-};
-
-Shape make_shape(int which) {
-  Shape sh;
-  mf_model_spec &s = sh.spec;
-  if (which == 0) {  // the demo's shape, smaller
-    sh.name = "mixtral";
-    mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);
-    s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = 8, s.top_k = 2;
-    s.expert_ffn = 32, s.vocab = 64;
-  } else if (which == 1) {  // a dense layer and a shared expert
-    sh.name = "qwen2_dense_shared";
-    mf_model_spec_defaults(MF_FAMILY_QWEN2_MOE, &s);
-    s.hidden = 32, s.layers = 3, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = 8, s.top_k = 2;
-    s.expert_ffn = 16, s.shared_ffn = 24, s.dense_ffn = 20, s.vocab = 64, s.n_mlp_only = 1, s.mlp_only_layers[0] = 0;
-  } else {  // many small experts, q/k norm
-    sh.name = "olmoe_many_experts";
-    mf_model_spec_defaults(MF_FAMILY_OLMOE, &s);
-    s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 4, s.head_dim = 8, s.experts = 32, s.top_k = 4;
-    s.expert_ffn = 8, s.vocab = 64;
-  }
-  s.max_seq = 64;
-  s.rope_theta = 10000.0;
-  return sh;
-}
+using namespace mf_pt;
 
 struct Out {
   double loss = 0, aux = 0;
