@@ -385,6 +385,95 @@ static mf_status read_table(const ld *c, const yaml_node_t *n, const char *path,
   return MF_OK;
 }
 
+/* Sizes trimmed of trailing zeros. */
+static int trim_sizes(const int64_t *sizes, int n) {
+  while (n > 0 && sizes[n - 1] == 0) n--;
+  return n;
+}
+
+static int same_key(const mf_hw_kernel_point *a, const char *kernel, const int64_t *sizes, int n_sizes,
+                    double bytes) {
+  if (a->n_sizes != n_sizes || a->bytes != bytes || strcmp(a->kernel, kernel) != 0) return 0;
+  for (int i = 0; i < n_sizes; i++)
+    if (a->sizes[i] != sizes[i]) return 0;
+  return 1;
+}
+
+/* Index j of a kernel point whose key repeats an earlier point i, or -1. */
+static int kernel_dup(const mf_hwprofile *p, int *i_out) {
+  for (int j = 0; j < p->n_kernels; j++)
+    for (int i = 0; i < j; i++) {
+      const mf_hw_kernel_point *b = &p->kernels[j];
+      if (same_key(&p->kernels[i], b->kernel, b->sizes, b->n_sizes, b->bytes)) {
+        *i_out = i;
+        return j;
+      }
+    }
+  return -1;
+}
+
+static int kernel_name_ok(const char *s) {
+  if (!*s) return 0;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_')) return 0;
+  return 1;
+}
+
+/* compute.kernels: a list of {kernel, sizes, bytes, seconds}. */
+static mf_status read_kernels(const ld *c, const yaml_node_t *n, mf_hwprofile *p) {
+  static const char *const keys[] = {"kernel", "sizes", "bytes", "seconds"};
+  char d[96], sub[64], item[96];
+  if (n->type != YAML_SEQUENCE_NODE)
+    return fail_at(c, n, "compute.kernels", "expected a list of timed kernels, got %s", describe(n, d, sizeof d));
+  ptrdiff_t np = n->data.sequence.items.top - n->data.sequence.items.start;
+  if (np > MF_HW_MAX_KERNELS)
+    return fail_at(c, n, "compute.kernels", "has %td points; at most %d", np, MF_HW_MAX_KERNELS);
+  for (ptrdiff_t i = 0; i < np; i++) {
+    const yaml_node_t *it = node_at(c, n->data.sequence.items.start[i]);
+    mf_hw_kernel_point *k = &p->kernels[i];
+    memset(k, 0, sizeof *k);
+    snprintf(sub, sizeof sub, "compute.kernels[%td]", i);
+    MF_CHECK(check_map(c, it, sub, keys, 4, "a timed kernel"));
+    yaml_node_t *v;
+    MF_CHECK(need(c, it, sub, "kernel", "a kernel name such as swiglu_fwd", &v));
+    join(item, sizeof item, sub, "kernel");
+    MF_CHECK(read_string(c, v, item, k->kernel, sizeof k->kernel));
+    if (!kernel_name_ok(k->kernel))
+      return fail_at(c, v, item, "expected a kernel name (a-z, 0-9, _), got %s", describe(v, d, sizeof d));
+    MF_CHECK(need(c, it, sub, "sizes", "the call's sizes, e.g. [1024, 64, 64]", &v));
+    join(item, sizeof item, sub, "sizes");
+    if (v->type != YAML_SEQUENCE_NODE)
+      return fail_at(c, v, item, "expected a list of sizes, got %s", describe(v, d, sizeof d));
+    ptrdiff_t ns = v->data.sequence.items.top - v->data.sequence.items.start;
+    if (ns > MF_HW_KERNEL_SIZES) return fail_at(c, v, item, "has %td sizes; at most %d", ns, MF_HW_KERNEL_SIZES);
+    for (ptrdiff_t j = 0; j < ns; j++) {
+      const yaml_node_t *e = node_at(c, v->data.sequence.items.start[j]);
+      char ep[112];
+      snprintf(ep, sizeof ep, "%s[%td]", item, j);
+      double x;
+      MF_CHECK(read_number(c, e, ep, 0, 0, "a size", &x));
+      if (x != floor(x) || x > 9.0e15)
+        return fail_at(c, e, ep, "expected a whole number, got %s", describe(e, d, sizeof d));
+      k->sizes[j] = (int64_t)x;
+    }
+    k->n_sizes = trim_sizes(k->sizes, (int)ns);
+    MF_CHECK(need(c, it, sub, "bytes", "operand bytes", &v));
+    join(item, sizeof item, sub, "bytes");
+    MF_CHECK(read_number(c, v, item, 0, 0, "operand bytes", &k->bytes));
+    MF_CHECK(need(c, it, sub, "seconds", "the measured time", &v));
+    join(item, sizeof item, sub, "seconds");
+    MF_CHECK(read_number(c, v, item, 1, 0, "seconds", &k->seconds));
+  }
+  p->n_kernels = (int)np;
+  int i, j = kernel_dup(p, &i);
+  if (j >= 0) {
+    snprintf(sub, sizeof sub, "compute.kernels[%d]", j);
+    return fail_at(c, node_at(c, n->data.sequence.items.start[j]), sub,
+                   "repeats the kernel, sizes and bytes of compute.kernels[%d]", i);
+  }
+  return MF_OK;
+}
+
 static double gemm_work(const mf_hw_gemm_point *g) {
   return 2.0 * g->m * g->n * g->k;
 }
@@ -408,7 +497,7 @@ static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
   static const char *const top[] = {"name", "source", "device", "links", "compute", "host", "nvme"};
   static const char *const dev_keys[] = {"memory", "reserve", "copies_overlap_compute"};
   static const char *const link_keys[] = {"h2d", "d2h"};
-  static const char *const comp_keys[] = {"gemm", "attention", "elementwise_bandwidth", "launch_us"};
+  static const char *const comp_keys[] = {"gemm", "attention", "elementwise_bandwidth", "launch_us", "kernels"};
   static const char *const host_keys[] = {"memory", "adamw_params_per_s", "memory_bandwidth"};
   static const char *const nvme_keys[] = {"bandwidth"};
   static const char *const gemm_keys[] = {"m", "n", "k", "flops"};
@@ -443,7 +532,7 @@ static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
   MF_CHECK(read_link(c, sec, "d2h", &p->d2h_bandwidth, &p->d2h_latency_s));
 
   MF_CHECK(need(c, root, "", "compute", "gemm, attention, elementwise_bandwidth", &sec));
-  MF_CHECK(check_map(c, sec, "compute", comp_keys, 4, "compute rates"));
+  MF_CHECK(check_map(c, sec, "compute", comp_keys, 5, "compute rates"));
   MF_CHECK(need(c, sec, "compute", "gemm", "a list of {m, n, k, flops}", &v));
   double pts[MF_HW_MAX_POINTS][4];
   MF_CHECK(read_table(c, v, "compute.gemm", gemm_keys, 4, pts, &p->n_gemm));
@@ -471,6 +560,8 @@ static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
   p->launch_s = 0;
   if ((v = get(c, sec, "launch_us")))
     MF_CHECK(read_number(c, v, "compute.launch_us", 0, -6, "microseconds per kernel", &p->launch_s));
+  p->n_kernels = 0;
+  if ((v = get(c, sec, "kernels"))) MF_CHECK(read_kernels(c, v, p));
 
   MF_CHECK(need(c, root, "", "host", "memory, adamw_params_per_s, memory_bandwidth", &sec));
   MF_CHECK(check_map(c, sec, "host", host_keys, 3, "the host"));
@@ -595,6 +686,25 @@ mf_status mf_hwprofile_validate(const mf_hwprofile *p) {
                     k);
   if (!pos(p->elementwise_bandwidth)) return bad("compute.elementwise_bandwidth", "must be > 0 and finite");
   if (!nonneg(p->launch_s)) return bad("compute.launch_us", "must be >= 0 and finite");
+  if (p->n_kernels < 0 || p->n_kernels > MF_HW_MAX_KERNELS) return bad("compute.kernels", "must have 0 to 256 points");
+  for (int k = 0; k < p->n_kernels; k++) {
+    const mf_hw_kernel_point *q = &p->kernels[k];
+    int sizes_ok = q->n_sizes >= 0 && q->n_sizes <= MF_HW_KERNEL_SIZES &&
+                   (q->n_sizes == 0 || q->sizes[q->n_sizes - 1] != 0);
+    for (int j = 0; sizes_ok && j < q->n_sizes; j++) sizes_ok = q->sizes[j] >= 0 && q->sizes[j] <= (int64_t)9e15;
+    if (!memchr(q->kernel, 0, sizeof q->kernel) || !kernel_name_ok(q->kernel) || !sizes_ok || !nonneg(q->bytes) ||
+        !pos(q->seconds))
+      return MF_ERR(MF_ERR_INVALID_ARG,
+                    "hardware profile: compute.kernels[%d]: needs a kernel name (a-z, 0-9, _), 0 to 8 sizes >= 0 "
+                    "(no trailing 0), bytes >= 0 and seconds > 0",
+                    k);
+  }
+  {
+    int i, j = kernel_dup(p, &i);
+    if (j >= 0)
+      return MF_ERR(MF_ERR_INVALID_ARG, "hardware profile: compute.kernels[%d] repeats the key of compute.kernels[%d]",
+                    j, i);
+  }
   if (p->host_memory == 0) return bad("host.memory", "must be > 0");
   if (!pos(p->host_adamw_params_per_s)) return bad("host.adamw_params_per_s", "must be > 0 and finite");
   if (!pos(p->host_memory_bandwidth)) return bad("host.memory_bandwidth", "must be > 0 and finite");
@@ -618,6 +728,11 @@ int mf_hwprofile_equal(const mf_hwprofile *a, const mf_hwprofile *b) {
   for (int i = 0; i < a->n_attn; i++)
     if (a->attn[i].s != b->attn[i].s || a->attn[i].d != b->attn[i].d || a->attn[i].flops != b->attn[i].flops)
       return 0;
+  if (a->n_kernels != b->n_kernels) return 0;
+  for (int i = 0; i < a->n_kernels; i++) {
+    const mf_hw_kernel_point *x = &a->kernels[i], *y = &b->kernels[i];
+    if (!same_key(x, y->kernel, y->sizes, y->n_sizes, y->bytes) || x->seconds != y->seconds) return 0;
+  }
   return a->elementwise_bandwidth == b->elementwise_bandwidth && a->launch_s == b->launch_s &&
          a->host_memory == b->host_memory && a->host_adamw_params_per_s == b->host_adamw_params_per_s &&
          a->host_memory_bandwidth == b->host_memory_bandwidth && a->nvme_bandwidth == b->nvme_bandwidth;
@@ -789,7 +904,17 @@ mf_status mf_hwprofile_write(const mf_hwprofile *p, FILE *f) {
   }
   fmt_bandwidth(p->elementwise_bandwidth, a, sizeof a);
   fmt_decimal(p->launch_s, 6, "", b, sizeof b);
-  fprintf(f, "  elementwise_bandwidth: %s\n  launch_us: %s\nhost:\n", a, b);
+  fprintf(f, "  elementwise_bandwidth: %s\n  launch_us: %s\n", a, b);
+  if (p->n_kernels > 0) fputs("  kernels:\n", f);
+  for (int i = 0; i < p->n_kernels; i++) {
+    const mf_hw_kernel_point *k = &p->kernels[i];
+    fprintf(f, "    - {kernel: %s, sizes: [", k->kernel);
+    for (int j = 0; j < k->n_sizes; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)k->sizes[j]);
+    fmt_number(k->bytes, a, sizeof a);
+    fmt_number(k->seconds, b, sizeof b);
+    fprintf(f, "], bytes: %s, seconds: %s}  # %s\n", a, b, fmt_duration(k->seconds, note, sizeof note));
+  }
+  fputs("host:\n", f);
   fmt_size(p->host_memory, a, sizeof a);
   fmt_number(p->host_adamw_params_per_s, b, sizeof b);
   fmt_bandwidth(p->host_memory_bandwidth, c, sizeof c);
@@ -881,6 +1006,14 @@ double mf_hw_elementwise_seconds(const mf_hwprofile *p, double bytes) {
 double mf_hw_copy_seconds(const mf_hwprofile *p, int h2d, double bytes) {
   if (!(bytes > 0)) return 0;
   return h2d ? p->h2d_latency_s + bytes / p->h2d_bandwidth : p->d2h_latency_s + bytes / p->d2h_bandwidth;
+}
+
+double mf_hw_kernel_seconds(const mf_hwprofile *p, const char *kernel, const int64_t *sizes, int n_sizes,
+                            double bytes) {
+  n_sizes = trim_sizes(sizes, n_sizes);
+  for (int i = 0; i < p->n_kernels && i < MF_HW_MAX_KERNELS; i++)
+    if (same_key(&p->kernels[i], kernel, sizes, n_sizes, bytes)) return p->kernels[i].seconds;
+  return NAN;
 }
 
 double mf_hw_adamw_seconds(const mf_hwprofile *p, double params) {

@@ -17,6 +17,8 @@
  *     attention: [{s: 4096, d: 128, flops: 3.5e14}, ...]
  *     elementwise_bandwidth: 2.0TB      # bytes per second for memory-bound kernels
  *     launch_us: 5                      # fixed cost per kernel (default 0)
+ *     kernels:                          # optional: kernels timed at one program's shapes
+ *       - {kernel: swiglu_fwd, sizes: [131072], bytes: 1572864, seconds: 0.00088}
  *   host:
  *     memory: 128GiB
  *     adamw_params_per_s: 1.2e9         # host AdamW updates per second (all threads)
@@ -32,6 +34,16 @@
  * bandwidths and memory must be > 0, latencies and reserve >= 0. Every section
  * and key is required unless marked otherwise; unknown and duplicate keys are
  * errors. Each table holds 1 to MF_HW_MAX_POINTS points, in any order.
+ *
+ * compute.kernels (written by `moefit profile --config CONFIG`) holds the
+ * measured seconds of moefit's kernels at the exact calls one step program
+ * makes: `kernel` is mf_kernel_name (lower case, digits, '_'; < 32 bytes),
+ * `sizes` the call's integer sizes (mf_kernel_call.i without its trailing
+ * zeros; at most 8, each >= 0), `bytes` the operand bytes the simulator counts
+ * for it (>= 0) and `seconds` (> 0) the time, launch included. The simulator
+ * uses such a point for an instruction with the same key instead of the rate
+ * model below (planner/simulate.h, mf_sim_instr_key); other shapes keep the
+ * model. At most MF_HW_MAX_KERNELS points; two with the same key are an error.
  *
  * Rates between table points are interpolated log-log: log(rate) is linear in
  * log(2mnk) for GEMMs and in log(s*d) for attention, between the nearest points
@@ -58,6 +70,9 @@ extern "C" {
 #define MF_HW_MAX_POINTS 64
 #define MF_HW_NAME_MAX 128    /* sizeof name, NUL included */
 #define MF_HW_SOURCE_MAX 2048 /* sizeof source, NUL included */
+#define MF_HW_MAX_KERNELS 256
+#define MF_HW_KERNEL_NAME_MAX 32 /* sizeof kernel, NUL included */
+#define MF_HW_KERNEL_SIZES 8
 
 typedef struct mf_hw_gemm_point {
   double m, n, k;
@@ -68,6 +83,15 @@ typedef struct mf_hw_attn_point {
   double s, d;  /* sequence length, head dim */
   double flops; /* achieved FLOP/s, forward and backward alike (mf_hw_attention_flops) */
 } mf_hw_attn_point;
+
+/* One kernel call timed at its exact key (see compute.kernels above). */
+typedef struct mf_hw_kernel_point {
+  char kernel[MF_HW_KERNEL_NAME_MAX];
+  int64_t sizes[MF_HW_KERNEL_SIZES];
+  int n_sizes;    /* sizes[n_sizes - 1] != 0 when n_sizes > 0 */
+  double bytes;   /* operand bytes, as the simulator counts them */
+  double seconds; /* measured, launch included */
+} mf_hw_kernel_point;
 
 typedef struct mf_hwprofile {
   char name[MF_HW_NAME_MAX];
@@ -83,6 +107,8 @@ typedef struct mf_hwprofile {
   int n_attn;
   double elementwise_bandwidth; /* bytes/s */
   double launch_s;
+  mf_hw_kernel_point kernels[MF_HW_MAX_KERNELS];
+  int n_kernels; /* 0: none */
   uint64_t host_memory;
   double host_adamw_params_per_s;
   double host_memory_bandwidth; /* bytes/s */
@@ -131,6 +157,10 @@ double mf_hw_elementwise_seconds(const mf_hwprofile *p, double bytes);
 double mf_hw_copy_seconds(const mf_hwprofile *p, int h2d, double bytes);
 /* params / host_adamw_params_per_s. */
 double mf_hw_adamw_seconds(const mf_hwprofile *p, double params);
+/* The measured seconds of the compute.kernels point with this key (sizes with
+ * trailing zeros are trimmed first), or NAN when the profile has none. */
+double mf_hw_kernel_seconds(const mf_hwprofile *p, const char *kernel, const int64_t *sizes, int n_sizes,
+                            double bytes);
 
 #ifdef __cplusplus
 }

@@ -7,11 +7,21 @@
  * recomputed where it can be, else offloaded); a budget that cannot hold even
  * that is an error stating the minimum and what takes it. Then spend the budget
  * greedily: candidate changes (a layer's weights resident, its gradients kept on
- * the device, an activation kept, or offloaded instead of recomputed) are each
- * simulated once against the least-memory plan and applied in order of
- * predicted seconds saved per device byte while the arena fits. Finally the
- * chosen plan is compared with the baselines that fit, and the planner never
- * returns a plan predicted slower than the best of them.
+ * the device, an activation class kept, or offloaded instead of recomputed) are
+ * each simulated once against the least-memory plan and applied in order of
+ * predicted seconds saved per device byte while the arena fits (each checked
+ * by building the schedule). Finally the chosen plan is compared with the
+ * baselines that fit, and the planner never returns a plan predicted slower
+ * than the best of them.
+ *
+ * Large steps (instructions x candidates past a few million) are scored on a
+ * proxy (planner/proxy.h): a short model with one representative of each kind
+ * of layer, whose scores stand for every layer of that kind; then the longest
+ * prefix of the sorted candidates that fits is found by bisection and up to 4
+ * more predicted to fit are tried one by one. The chosen decisions are always
+ * scheduled and simulated on the full step. The environment variable
+ * MF_PLAN_SCORING=exact (or proxy) forces one way for any size, to compare
+ * them. Set MF_LOG=debug to see the planner's phases and times.
  */
 #ifndef MF_PLANNER_PLAN_H
 #define MF_PLANNER_PLAN_H
@@ -43,7 +53,10 @@ const char *mf_plan_kind_name(mf_plan_kind k);
 
 typedef struct mf_plan {
   mf_plan_kind kind;
+  char name[1024]; /* what it is, for people: "the planner's choice", "MegaTrain-like", a plan file's path */
   const mf_program *prog;
+  const mf_hwprofile *hw; /* the profile it was simulated on (kept by the caller) */
+  mf_sim_opts so;         /* and the simulation's options */
   mf_decisions *d;
   mf_schedule *s;
   mf_sim_result sim;
@@ -54,6 +67,10 @@ typedef struct mf_plan {
 /* Schedules and simulates decisions `d` (copied). */
 mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d, uint64_t budget,
                            mf_plan_kind kind, mf_plan **out);
+/* Decisions d scheduled and simulated as `like` was: its program, profile,
+ * simulation options, budget and kind (the alternatives `moefit plan --tensor`
+ * prices). */
+mf_status mf_plan_evaluate_like(const mf_plan *like, const mf_decisions *d, mf_plan **out);
 /* A baseline's decisions, scheduled and simulated. */
 mf_status mf_plan_baseline(const mf_program *p, const mf_hwprofile *hw, mf_plan_kind kind, uint64_t budget,
                            mf_plan **out);
@@ -61,7 +78,51 @@ mf_status mf_plan_baseline(const mf_program *p, const mf_hwprofile *hw, mf_plan_
  * pinned by overrides (pins marks which; both may be NULL). */
 mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t budget, const mf_decisions *fixed,
                          const mf_plan_pins *pins, mf_plan **out);
+/* The same, and the plans it compared on the way: all[MF_PLAN_CHOSEN] is the
+ * choice, all[k] for every other kind that baseline (least memory: the
+ * starting point, with the pinned decisions). The caller frees each. */
+mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget, const mf_decisions *fixed,
+                             const mf_plan_pins *pins, mf_plan **all);
 void mf_plan_free(mf_plan *pl); /* NULL is fine */
+
+/* What a training run or `moefit plan` asks for: build the step program and
+ * plan it. */
+typedef struct mf_plan_request {
+  const mf_param_table *params;
+  mf_program_opts opts; /* the batch; opts.order unless choose_order */
+  int choose_order;     /* train.micro_batch_order auto: plan both orders, keep the faster */
+  const mf_hwprofile *hw;
+  mf_sim_opts sim;      /* e.g. overlap_optimizer (train.overlap_optimizer) */
+  uint64_t budget;      /* device arena bytes; UINT64_MAX: none (a named plan's own arena) */
+  const mf_config_memory *memory; /* memory.plan and memory.overrides (NULL: auto, none) */
+} mf_plan_request;
+
+/* Builds the program and plans it, as memory.plan says:
+ *   auto        the planner's choice within the budget (mf_plan_choose_all),
+ *               memory.overrides pinning its decisions;
+ *   a baseline  that baseline's decisions, memory.overrides on top (a pinned
+ *               decision replaces the baseline's for the tensors it matches);
+ *   a file      the decisions mf_plan_read_json reads, overrides on top; a
+ *               forward-only program (eval) cannot follow one (it describes
+ *               the training step) and gets auto instead.
+ * The planner's choice also keeps the offloaded activations' host copies
+ * within what host memory leaves them: memory.host_limit (auto: the
+ * profile's) less the working copy, memory.pinned_limit and, without NVMe
+ * to spill them to (planner/host.h), the master weights, gradient sums and
+ * moments.
+ * A named plan must fit the budget (an error says what it needs); all[] holds
+ * it as all[MF_PLAN_CHOSEN] beside the baselines. With choose_order the
+ * program is built in each order — micro-batch-major and, with G > 1, untied
+ * embeddings and a training step, layer-major — and the order whose plan is
+ * predicted faster is kept (micro-batch-major on a tie; a file's own order is
+ * the only one it reads in) — but one whose host memory fits (estimated with
+ * planner/host.h before planning) over one whose does not. Optimizer state
+ * that spills to NVMe slows the host optimizer: the estimated NVMe traffic's
+ * time is its floor (mf_sim_opts.optimizer_floor_seconds), so predicted steps
+ * include it. Gradient overrides are ignored for a
+ * forward-only program. *prog and all[] belong to the caller: free the plans
+ * before the program. When no order can be planned, the first order's error. */
+mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **all);
 
 /* The hardware profile a config's `hardware.profile` names: the file itself, or
  * for "auto" (or NULL) runs/hw/cpu.yaml when `moefit profile` wrote one, else

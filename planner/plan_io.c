@@ -21,7 +21,7 @@
 #include <string.h>
 
 #define PLAN_FORMAT "moefit-plan"
-#define PLAN_VERSION 1
+#define PLAN_VERSION 2 /* 2: staging and host figures; 1 is still read */
 #define PLAN_MAX_BYTES ((size_t)256 << 20)
 /* A plan nests three deep (top, tensors, entry); anything far deeper is not a
  * plan, and is refused before jansson recurses into it. */
@@ -122,7 +122,8 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: decisions are for another program", path);
   const uint64_t big = (uint64_t)INT64_MAX;
   if (f->device_budget_bytes > big || f->peak_device_bytes > big || f->arena_bytes > big ||
-      !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
+      f->staging_bytes > big || f->staging_slab_limit_bytes > big || f->staging_pool_bytes > big ||
+      f->host_bytes > big || !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
   MF_CHECK(check_decisions(p, d));
 
@@ -146,12 +147,17 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
     put(&b, batch, "micro_batch", json_integer(p->B));
     put(&b, batch, "seq_len", json_integer(p->S));
     put(&b, batch, "grad_accum", json_integer(p->G));
+    put(&b, batch, "order", json_string(mf_program_order_name(p->order)));
     put(&b, root, "batch", batch);
     model = batch = NULL; /* owned by root now */
     put(&b, root, "device_budget_bytes", json_integer((json_int_t)f->device_budget_bytes));
     put(&b, root, "peak_device_bytes", json_integer((json_int_t)f->peak_device_bytes));
     put(&b, root, "arena_bytes", json_integer((json_int_t)f->arena_bytes));
     put(&b, root, "predicted_step_seconds", json_real(f->predicted_step_seconds));
+    put(&b, root, "staging_bytes", json_integer((json_int_t)f->staging_bytes));
+    put(&b, root, "staging_slab_limit_bytes", json_integer((json_int_t)f->staging_slab_limit_bytes));
+    put(&b, root, "staging_pool_bytes", json_integer((json_int_t)f->staging_pool_bytes));
+    put(&b, root, "host_bytes", json_integer((json_int_t)f->host_bytes));
     for (int32_t i = 0; i < d->n_params; i++)
       put_entry(&b, tensors, &p->tensors[p->param_tensor[i]], K_PARAM, d->param[i]);
     if (!p->forward_only)
@@ -256,7 +262,7 @@ static mf_status get_int(const reader *r, const json_t *o, const char *sect, con
 }
 
 /* model.* and batch.*: the plan's shape must be this program's. */
-static mf_status check_shape(const reader *r, const json_t *root) {
+static mf_status check_shape(const reader *r, const json_t *root, int64_t version) {
   const mf_program *p = r->p;
   const mf_model_spec *s = &p->spec;
   static const char *const mkeys[] = {"family",  "layers", "hidden",     "heads", "kv_heads",
@@ -289,7 +295,27 @@ static mf_status check_shape(const reader *r, const json_t *root) {
   MF_CHECK(get(r, root, "(top level)", "batch", &batch));
   if (!json_is_object(batch))
     return rerr(r, MF_ERR_FORMAT, "batch", "expected an object, got %s", mf_io_json_kind(batch, 0));
-  MF_CHECK(only_keys(r, batch, "batch", bkeys, 3));
+  static const char *const bkeys2[] = {"micro_batch", "seq_len", "grad_accum", "order"};
+  MF_CHECK(only_keys(r, batch, "batch", version >= 2 ? bkeys2 : bkeys, version >= 2 ? 4 : 3));
+  /* The micro-batch order (version 2; a version-1 plan is micro-batch-major). */
+  mf_program_order order = MF_ORDER_MICRO_MAJOR;
+  if (version >= 2) {
+    json_t *o;
+    MF_CHECK(get(r, batch, "batch", "order", &o));
+    if (!json_is_string(o))
+      return rerr(r, MF_ERR_FORMAT, "batch.order", "expected \"%s\" or \"%s\", got %s",
+                  mf_program_order_name(MF_ORDER_MICRO_MAJOR), mf_program_order_name(MF_ORDER_LAYER_MAJOR),
+                  mf_io_json_kind(o, 0));
+    if (strcmp(json_string_value(o), mf_program_order_name(MF_ORDER_LAYER_MAJOR)) == 0)
+      order = MF_ORDER_LAYER_MAJOR;
+    else if (strcmp(json_string_value(o), mf_program_order_name(MF_ORDER_MICRO_MAJOR)) != 0)
+      return rerr(r, MF_ERR_FORMAT, "batch.order", "expected \"%s\" or \"%s\", got '%s'",
+                  mf_program_order_name(MF_ORDER_MICRO_MAJOR), mf_program_order_name(MF_ORDER_LAYER_MAJOR),
+                  printable(json_string_value(o), q, sizeof q));
+  }
+  if (order != p->order)
+    return rerr(r, MF_ERR_CONFIG, "batch.order", "the plan was made for the %s order, the program is %s",
+                mf_program_order_name(order), mf_program_order_name(p->order));
   for (int i = 0; i < 3; i++) {
     int64_t v;
     char place[64];
@@ -302,11 +328,21 @@ static mf_status check_shape(const reader *r, const json_t *root) {
   return MF_OK;
 }
 
-static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figures *f) {
-  int64_t v[3];
+static const char *const v2_figures[] = {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes",
+                                         "host_bytes"};
+
+static mf_status read_figures(const reader *r, const json_t *root, int64_t version, mf_plan_figures *f) {
+  int64_t v[7] = {0, 0, 0, 0, 0, 0, 0};
   MF_CHECK(get_int(r, root, "", "device_budget_bytes", &v[0]));
   MF_CHECK(get_int(r, root, "", "peak_device_bytes", &v[1]));
   MF_CHECK(get_int(r, root, "", "arena_bytes", &v[2]));
+  for (int i = 0; i < 4; i++) {
+    if (version >= 2)
+      MF_CHECK(get_int(r, root, "", v2_figures[i], &v[3 + i]));
+    else if (json_object_get(root, v2_figures[i]))
+      return rerr(r, MF_ERR_FORMAT, v2_figures[i], "a version-1 plan has no '%s' (it came with version 2)",
+                  v2_figures[i]);
+  }
   json_t *sec;
   MF_CHECK(get(r, root, "(top level)", "predicted_step_seconds", &sec));
   if (!json_is_number(sec) || json_number_value(sec) < 0)
@@ -316,6 +352,10 @@ static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figur
   f->peak_device_bytes = (uint64_t)v[1];
   f->arena_bytes = (uint64_t)v[2];
   f->predicted_step_seconds = json_number_value(sec);
+  f->staging_bytes = (uint64_t)v[3];
+  f->staging_slab_limit_bytes = (uint64_t)v[4];
+  f->staging_pool_bytes = (uint64_t)v[5];
+  f->host_bytes = (uint64_t)v[6];
   return MF_OK;
 }
 
@@ -413,6 +453,10 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
                                      "peak_device_bytes",
                                      "arena_bytes",
                                      "predicted_step_seconds",
+                                     "staging_bytes",
+                                     "staging_slab_limit_bytes",
+                                     "staging_pool_bytes",
+                                     "host_bytes",
                                      "tensors"};
   char q[128];
   if (!json_is_object(root))
@@ -433,14 +477,14 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
   if (json_integer_value(ver) < 1)
     return rerr(r, MF_ERR_FORMAT, "version", "expected a positive integer, got %lld",
                 (long long)json_integer_value(ver));
-  if (json_integer_value(ver) != PLAN_VERSION)
+  if (json_integer_value(ver) > PLAN_VERSION)
     return rerr(r, MF_ERR_UNSUPPORTED, "version",
-                "plan format version %lld is newer than this moefit reads (version %d only); "
+                "plan format version %lld is newer than this moefit reads (versions 1 to %d); "
                 "plan again or use a newer moefit",
                 (long long)json_integer_value(ver), PLAN_VERSION);
-  MF_CHECK(only_keys(r, root, "(top level)", keys, 9));
-  MF_CHECK(check_shape(r, root));
-  MF_CHECK(read_figures(r, root, f));
+  MF_CHECK(only_keys(r, root, "(top level)", keys, (int)(sizeof keys / sizeof keys[0])));
+  MF_CHECK(check_shape(r, root, json_integer_value(ver)));
+  MF_CHECK(read_figures(r, root, json_integer_value(ver), f));
   json_t *tensors;
   MF_CHECK(get(r, root, "(top level)", "tensors", &tensors));
   if (!json_is_array(tensors))
@@ -470,7 +514,8 @@ mf_status mf_plan_read_json(const mf_program *p, const char *path, mf_decisions 
   reader r = {.path = path, .p = p, .slot = NULL, .mask = 0};
   mf_decisions *tmp = NULL;
   json_t *root = NULL;
-  mf_plan_figures fig = {0, 0, 0, 0.0};
+  mf_plan_figures fig;
+  memset(&fig, 0, sizeof fig);
   mf_status st = MF_OK;
   int line, col;
   size_t lead = 0;

@@ -2,13 +2,15 @@
  * Plans as data: decisions written to and read from versioned JSON, and the
  * config's memory.overrides applied to decisions.
  *
- * The JSON (format "moefit-plan", version 1):
+ * The JSON (format "moefit-plan", version 2):
  *   {
- *     "format": "moefit-plan", "version": 1,
+ *     "format": "moefit-plan", "version": 2,
  *     "model": {"family": "mixtral", "layers": 32, "hidden": 4096, "experts": 8, ...},
- *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8},
+ *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8, "order": "layer-major"},
  *     "device_budget_bytes": N, "peak_device_bytes": N, "arena_bytes": N,
  *     "predicted_step_seconds": x,
+ *     "staging_bytes": N, "staging_slab_limit_bytes": N, "staging_pool_bytes": N,
+ *     "host_bytes": N,
  *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "stream"}, ...]
  *   }
  * Every parameter appears twice — its weight ("param": resident | stream) and
@@ -22,6 +24,11 @@
  * error names the file, the place and the fault: MF_ERR_FORMAT for a
  * malformed file, MF_ERR_CONFIG for one that does not fit the program,
  * MF_ERR_UNSUPPORTED for a newer version. On any error d and f are untouched.
+ * Version 1 files (written before the staging and host figures and the
+ * micro-batch order) are still read: they must not have the version-2 keys;
+ * the figures read back as 0 and the order is micro-batch-major. Version 2
+ * requires them; batch.order ("micro-batch-major" or "layer-major") must be
+ * the program's (MF_ERR_CONFIG otherwise). The writer writes version 2.
  */
 #ifndef MF_PLANNER_PLAN_IO_H
 #define MF_PLANNER_PLAN_IO_H
@@ -43,6 +50,11 @@ typedef struct mf_plan_figures {
   uint64_t peak_device_bytes;
   uint64_t arena_bytes;
   double predicted_step_seconds;
+  /* Version 2 (0 when read from a version-1 file). */
+  uint64_t staging_bytes;            /* the pinned staging arena (experts/staging.h) */
+  uint64_t staging_slab_limit_bytes; /* its max_slab_bytes, to lay it out again the same way */
+  uint64_t staging_pool_bytes;       /* the ZeRO-Infinity-style pool on the same timeline */
+  uint64_t host_bytes;               /* host memory in all (planner/host.h), the staging arena included */
 } mf_plan_figures;
 
 mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const mf_plan_figures *f, const char *path);

@@ -221,8 +221,10 @@ typedef struct builder {
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
   int32_t *acc_slot;        /* [n_params] the step's gradient sum on the device (DEVICE), or -1 */
+  int32_t *run_acc;         /* [n_params] a streamed gradient's sum over the current run, or -1 */
   int8_t *memo;             /* [n_tensors] structurally recomputable: -1 unknown, 0, 1 */
   int32_t *temps;           /* tensors a recompute chain produced only as inputs of the chain */
+  int32_t *group;           /* [n_ops] each op's streaming group (group_of) */
   int32_t n_temps, cap_temps;
   int depth;
   mf_status st;
@@ -298,13 +300,21 @@ static int32_t next_use(const builder *b, int32_t t, int32_t from) {
   return -1;
 }
 
-/* Weights stream in groups: one layer's ops of one phase of one micro-batch. */
-static int64_t group_of(const mf_program *p, int32_t k) {
-  const mf_pop *o = &p->ops[k];
-  const int64_t L = p->spec.layers + 2;
-  int phase = o->phase == MF_PHASE_BWD ? 1 : 0;
-  return ((int64_t)(o->micro + 1) * 2 + phase) * L + (o->layer + 1);
+/* Weights stream in groups: a run of consecutive program ops that share the
+ * direction (backward, or not) and the layer, whatever their micro-batch — one
+ * layer's forward or backward of one micro-batch in micro-batch-major order, of
+ * every micro-batch in layer-major order. A recompute belongs to the backward
+ * op it serves (maybe_drop's ctx). Numbers the groups of every op. */
+static void number_groups(const mf_program *p, int32_t *group) {
+  int32_t g = 0;
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k], *prev = k > 0 ? &p->ops[k - 1] : NULL;
+    if (prev && ((o->phase == MF_PHASE_BWD) != (prev->phase == MF_PHASE_BWD) || o->layer != prev->layer)) g++;
+    group[k] = g;
+  }
 }
+
+static int32_t group_of(const builder *b, int32_t k) { return b->group[k]; }
 
 static void run_op(builder *b, int32_t k, int recompute, int32_t ctx);
 
@@ -369,7 +379,7 @@ static void maybe_drop(builder *b, int32_t t, int32_t after, int32_t ctx) {
   if (slot < 0 || b->st != MF_OK) return;
   int32_t nu = next_use(b, t, after);
   if (x->kind == MF_T_PARAM) {
-    if (nu < 0 || (b->d->param[param_of(b, t)] == MF_PARAM_STREAM && group_of(p, nu) != group_of(p, ctx)))
+    if (nu < 0 || (b->d->param[param_of(b, t)] == MF_PARAM_STREAM && group_of(b, nu) != group_of(b, ctx)))
       b->cur[t] = -1;
     return;
   }
@@ -377,10 +387,25 @@ static void maybe_drop(builder *b, int32_t t, int32_t after, int32_t ctx) {
     const int32_t pi = param_of(b, t);
     if (nu >= 0 && p->ops[nu].micro == p->ops[ctx].micro) return;
     if (b->d->grad[pi] == MF_GRAD_STREAM) {
-      mf_instr *in = emit(b, MF_I_D2H);
-      in->slot = slot;
-      in->accumulate = b->grad_home[pi];
-      b->grad_home[pi] = 1;
+      /* The micro-batches of one run (layer-major order) add up on the device
+       * and the run's sum goes home once; else each micro-batch's goes home. */
+      int32_t acc = b->run_acc[pi];
+      if (acc < 0) {
+        acc = slot;
+      } else if (slot != acc) {
+        mf_instr *in = emit(b, MF_I_ACCUM);
+        in->slot = slot;
+        in->slot2 = acc;
+      }
+      if (nu >= 0 && group_of(b, nu) == group_of(b, ctx)) {
+        b->run_acc[pi] = acc;
+      } else {
+        mf_instr *in = emit(b, MF_I_D2H);
+        in->slot = acc;
+        in->accumulate = b->grad_home[pi];
+        b->grad_home[pi] = 1;
+        b->run_acc[pi] = -1;
+      }
     } else {
       /* A later micro-batch's gradient joins the step's sum. */
       const int32_t acc = b->acc_slot[pi];
@@ -492,65 +517,24 @@ static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, c
 #define ALIGN 64
 static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
-/* A sorted list of free blocks of the arena below its high-water mark. */
-typedef struct freelist {
-  size_t *off, *len;
-  int32_t n, cap;
-} freelist;
-
-static int fl_insert(freelist *f, size_t off, size_t len) {
-  if (len == 0) return 1;
-  int32_t i = 0;
-  while (i < f->n && f->off[i] < off) i++;
-  /* Coalesce with the neighbours. */
-  int left = i > 0 && f->off[i - 1] + f->len[i - 1] == off;
-  int right = i < f->n && off + len == f->off[i];
-  if (left && right) {
-    f->len[i - 1] += len + f->len[i];
-    memmove(f->off + i, f->off + i + 1, (size_t)(f->n - i - 1) * sizeof(size_t));
-    memmove(f->len + i, f->len + i + 1, (size_t)(f->n - i - 1) * sizeof(size_t));
-    f->n--;
-    return 1;
+/* Slot ids ordered by key (first or last instruction), ties by id: a
+ * counting sort over the instructions, O(slots + instructions). */
+static mf_status sort_slots(const mf_schedule *s, int by_last, int32_t *out) {
+  int32_t *count = (int32_t *)calloc((size_t)s->n_instr + 1, sizeof(int32_t));
+  if (!count) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+  for (int32_t i = 0; i < s->n_slots; i++) {
+    const int32_t key = by_last ? s->slots[i].last : s->slots[i].first;
+    if (key < 0 || key >= s->n_instr) {
+      free(count);
+      return MF_ERR(MF_ERR_INTERNAL, "schedule: slot %d of %s is never used", (int)i,
+                    s->prog->tensors[s->slots[i].tensor].name);
+    }
+    count[key + 1]++;
   }
-  if (left) {
-    f->len[i - 1] += len;
-    return 1;
-  }
-  if (right) {
-    f->off[i] = off;
-    f->len[i] += len;
-    return 1;
-  }
-  if (f->n == f->cap) {
-    int32_t cap = f->cap ? 2 * f->cap : 256;
-    size_t *o = (size_t *)realloc(f->off, (size_t)cap * sizeof(size_t));
-    if (!o) return 0;
-    f->off = o;
-    size_t *l = (size_t *)realloc(f->len, (size_t)cap * sizeof(size_t));
-    if (!l) return 0;
-    f->len = l;
-    f->cap = cap;
-  }
-  memmove(f->off + i + 1, f->off + i, (size_t)(f->n - i) * sizeof(size_t));
-  memmove(f->len + i + 1, f->len + i, (size_t)(f->n - i) * sizeof(size_t));
-  f->off[i] = off;
-  f->len[i] = len;
-  f->n++;
-  return 1;
-}
-
-static int cmp_first_slot(const void *a, const void *b, void *arg) {
-  const mf_schedule *s = (const mf_schedule *)arg;
-  const mf_slot *x = &s->slots[*(const int32_t *)a], *y = &s->slots[*(const int32_t *)b];
-  if (x->first != y->first) return x->first < y->first ? -1 : 1;
-  return *(const int32_t *)a - *(const int32_t *)b;
-}
-
-static int cmp_last_slot(const void *a, const void *b, void *arg) {
-  const mf_schedule *s = (const mf_schedule *)arg;
-  const mf_slot *x = &s->slots[*(const int32_t *)a], *y = &s->slots[*(const int32_t *)b];
-  if (x->last != y->last) return x->last < y->last ? -1 : 1;
-  return *(const int32_t *)a - *(const int32_t *)b;
+  for (int32_t k = 0; k < s->n_instr; k++) count[k + 1] += count[k];
+  for (int32_t i = 0; i < s->n_slots; i++) out[count[by_last ? s->slots[i].last : s->slots[i].first]++] = i;
+  free(count);
+  return MF_OK;
 }
 
 /* Static placement in instruction order: a slot takes the best-fitting free
@@ -562,43 +546,22 @@ static mf_status pack(mf_schedule *s) {
   const int32_t n = s->n_slots;
   int32_t *by_first = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof(int32_t));
   int32_t *by_last = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-  freelist fl = {NULL, NULL, 0, 0};
+  mf_packer pk;
+  memset(&pk, 0, sizeof pk);
   mf_status st = MF_OK;
   if (!by_first || !by_last) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
-  for (int32_t i = 0; i < n; i++) by_first[i] = by_last[i] = i;
-  qsort_r(by_first, (size_t)n, sizeof(int32_t), cmp_first_slot, s);
-  qsort_r(by_last, (size_t)n, sizeof(int32_t), cmp_last_slot, s);
-  size_t top = 0, live = 0;
+  MF_CHECK_GOTO(sort_slots(s, 0, by_first), st, done);
+  MF_CHECK_GOTO(sort_slots(s, 1, by_last), st, done);
+  size_t live = 0;
   s->peak_live_bytes = 0;
   int32_t a = 0, r = 0;
   for (int32_t i = 0; i < s->n_instr && st == MF_OK; i++) {
     for (; a < n && s->slots[by_first[a]].first == i; a++) {
       mf_slot *x = &s->slots[by_first[a]];
-      const size_t need = align_up(p->tensors[x->tensor].bytes);
-      int32_t best = -1;
-      for (int32_t k = 0; k < fl.n; k++)
-        if (fl.len[k] >= need && (best < 0 || fl.len[k] < fl.len[best])) best = k;
-      if (best >= 0) {
-        x->offset = fl.off[best];
-        fl.off[best] += need;
-        fl.len[best] -= need;
-        if (fl.len[best] == 0) {
-          memmove(fl.off + best, fl.off + best + 1, (size_t)(fl.n - best - 1) * sizeof(size_t));
-          memmove(fl.len + best, fl.len + best + 1, (size_t)(fl.n - best - 1) * sizeof(size_t));
-          fl.n--;
-        }
-      } else if (fl.n > 0 && fl.off[fl.n - 1] + fl.len[fl.n - 1] == top) {
-        /* Extend the free block at the top instead of leaving it behind. */
-        x->offset = fl.off[fl.n - 1];
-        top = x->offset + need;
-        fl.n--;
-      } else {
-        x->offset = top;
-        top += need;
-      }
+      x->offset = mf_packer_take(&pk, align_up(p->tensors[x->tensor].bytes));
       live += p->tensors[x->tensor].bytes;
     }
     if (live > s->peak_live_bytes) {
@@ -608,16 +571,14 @@ static mf_status pack(mf_schedule *s) {
     for (; r < n && s->slots[by_last[r]].last == i; r++) {
       const mf_slot *x = &s->slots[by_last[r]];
       live -= p->tensors[x->tensor].bytes;
-      if (!fl_insert(&fl, x->offset, align_up(p->tensors[x->tensor].bytes)))
-        st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
+      if (st == MF_OK) st = mf_packer_give(&pk, x->offset, align_up(p->tensors[x->tensor].bytes), "schedule");
     }
   }
-  s->arena_bytes = top;
+  s->arena_bytes = pk.top;
 done:
   free(by_first);
   free(by_last);
-  free(fl.off);
-  free(fl.len);
+  mf_packer_free(&pk);
   return st;
 }
 
@@ -639,14 +600,20 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.host_valid = (uint8_t *)calloc((size_t)nt, 1);
   b.grad_home = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   b.acc_slot = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
+  b.run_acc = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
   if (b.acc_slot)
     for (int64_t i = 0; i <= p->params->n; i++) b.acc_slot[i] = -1;
+  if (b.run_acc)
+    for (int64_t i = 0; i <= p->params->n; i++) b.run_acc[i] = -1;
   b.memo = (int8_t *)malloc((size_t)nt);
   b.cap_temps = 8 * nt + 16;
   b.temps = (int32_t *)malloc((size_t)b.cap_temps * sizeof(int32_t));
+  b.group = (int32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(int32_t));
+  if (b.group) number_groups(p, b.group);
   if (b.memo) memset(b.memo, -1, (size_t)nt);
   s->host_offset = (size_t *)malloc((size_t)nt * sizeof(size_t));
-  if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.memo || !b.temps || !s->host_offset) {
+  if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.run_acc || !b.memo || !b.temps || !b.group ||
+      !s->host_offset) {
     b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
@@ -723,8 +690,10 @@ done:
   free(b.host_valid);
   free(b.grad_home);
   free(b.acc_slot);
+  free(b.run_acc);
   free(b.memo);
   free(b.temps);
+  free(b.group);
   if (b.st != MF_OK) {
     mf_schedule_free(s);
     return b.st;

@@ -3,14 +3,20 @@
  *
  * Decisions say, per tensor of a step program, where it lives:
  *   parameters   RESIDENT (uploaded once per step) or STREAM (uploaded for each
- *                group of uses — one layer's forward or backward of one
- *                micro-batch — and dropped after it);
+ *                group of uses and dropped after it). A group is a run of
+ *                consecutive program ops of one layer in one direction (the
+ *                backward, or not): one layer's forward or backward of one
+ *                micro-batch in micro-batch-major order, of every micro-batch
+ *                in layer-major order (src/model/program.h);
  *   gradients    DEVICE (accumulated on the device over the micro-batches,
- *                brought home at the end) or STREAM (brought home after each
- *                micro-batch's backward, added up on the host). Either way a
- *                micro-batch after the first computes its gradient from zero
- *                and adds it to the sum once (acc + g_m), so both give the same
- *                bits;
+ *                brought home at the end) or STREAM (the micro-batches of one
+ *                group add up on the device and the group's sum goes home at
+ *                its end, where it is added to the host's sum: once per step
+ *                in layer-major order, once per micro-batch in
+ *                micro-batch-major). Either way a micro-batch after the first
+ *                computes its gradient from zero and adds it to the sum once
+ *                (acc + g_m, in micro-batch order, in fp32), so both give the
+ *                same bits;
  *   activations  KEEP (on the device from the forward to the backward),
  *                OFFLOAD (copied home after the forward writes them, brought
  *                back before the backward reads them) or RECOMPUTE (dropped

@@ -66,8 +66,51 @@ static double expert_seconds(const mf_program *p, const mf_pop *o, const mf_hwpr
   return active * (work > 0 ? work : 0) + hw->launch_s;
 }
 
+int mf_sim_instr_key(const mf_schedule *s, int32_t i, const char **kernel, int64_t sizes[8], int *n_sizes,
+                     double *bytes) {
+  const mf_program *p = s->prog;
+  const mf_instr *in = &s->instr[i];
+  memset(sizes, 0, 8 * sizeof(int64_t));
+  *n_sizes = 0;
+  *bytes = 0;
+  switch (in->kind) {
+    case MF_I_RUN: {
+      const mf_pop *o = &p->ops[in->op];
+      *kernel = mf_kernel_name(o->kind);
+      memcpy(sizes, o->i, 8 * sizeof(int64_t));
+      *n_sizes = 8;
+      *bytes = op_bytes(p, o);
+      return 1;
+    }
+    case MF_I_ZERO:
+      *kernel = mf_kernel_name(MF_K_ZERO);
+      *bytes = (double)p->tensors[s->slots[in->slot].tensor].bytes;
+      return 1;
+    case MF_I_ACCUM:
+      *kernel = mf_kernel_name(MF_K_ADD);
+      sizes[0] = p->tensors[s->slots[in->slot].tensor].numel;
+      sizes[1] = 1;
+      *n_sizes = 2;
+      *bytes = (double)p->tensors[s->slots[in->slot].tensor].bytes +
+               (double)p->tensors[s->slots[in->slot2].tensor].bytes;
+      return 1;
+    default:
+      *kernel = "";
+      return 0;
+  }
+}
+
+/* The profile's measured time for a key, or NAN. */
+static double measured(const mf_hwprofile *hw, const char *kernel, const int64_t *sizes, int n_sizes, double bytes) {
+  return hw->n_kernels > 0 ? mf_hw_kernel_seconds(hw, kernel, sizes, n_sizes, bytes) : NAN;
+}
+
 double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw) {
   const mf_pop *o = &p->ops[k];
+  if (hw->n_kernels > 0) {
+    const double m = measured(hw, mf_kernel_name(o->kind), o->i, 8, op_bytes(p, o));
+    if (!isnan(m)) return m;
+  }
   switch (o->kind) {
     case MF_K_LINEAR_FWD: /* y[M,N] = x[M,K] W^T */
       return gemm(hw, (double)o->i[0], (double)o->i[1], (double)o->i[2]);
@@ -154,17 +197,6 @@ typedef struct touch {
   int32_t write;
 } touch;
 
-typedef struct param_ready {
-  double t;
-  int32_t param;
-} param_ready;
-
-static int cmp_ready(const void *a, const void *b) {
-  const param_ready *x = (const param_ready *)a, *y = (const param_ready *)b;
-  if (x->t != y->t) return x->t < y->t ? -1 : 1;
-  return x->param - y->param;
-}
-
 typedef struct scratch {
   double *op_cost;            /* [n_ops] */
   uint32_t *wmask;            /* [n_ops] operands each op writes */
@@ -177,7 +209,9 @@ typedef struct scratch {
   size_t *coords;             /* [2 n_slots] */
   int64_t *delta;             /* [n_instr + 1] live bytes, as differences */
   touch *touches;             /* [MF_KBUF_MAX + E + 2] */
-  param_ready *ready;         /* [n_params] */
+  double *gate;               /* [n_instr] overlap_optimizer: when the update of the parameter the instruction
+                                 first uploads is done, else -1 */
+  uint8_t *seen;              /* [n_params] */
   segtree seg;
 } scratch;
 
@@ -194,7 +228,8 @@ static void scratch_free(scratch *w) {
   free(w->coords);
   free(w->delta);
   free(w->touches);
-  free(w->ready);
+  free(w->gate);
+  free(w->seen);
   free(w->seg.mx);
   free(w->seg.tag);
 }
@@ -241,17 +276,19 @@ static int32_t instr_touches(const mf_schedule *s, const mf_hwprofile *hw, const
       break;
     }
     case MF_I_ZERO:
-      tc[n++] = (touch){in->slot, 1};
+    case MF_I_ACCUM: {
+      tc[n++] = (touch){in->slot, in->kind == MF_I_ZERO};
+      if (in->kind == MF_I_ACCUM) tc[n++] = (touch){in->slot2, 1};
       *stream = MF_SIM_COMPUTE;
-      *cost = mf_hw_elementwise_seconds(hw, (double)p->tensors[s->slots[in->slot].tensor].bytes);
+      const char *kname;
+      int64_t sizes[8];
+      int ns;
+      double bytes;
+      mf_sim_instr_key(s, i, &kname, sizes, &ns, &bytes);
+      *cost = measured(hw, kname, sizes, ns, bytes);
+      if (isnan(*cost)) *cost = mf_hw_elementwise_seconds(hw, bytes);
       break;
-    case MF_I_ACCUM:
-      tc[n++] = (touch){in->slot, 0};
-      tc[n++] = (touch){in->slot2, 1};
-      *stream = MF_SIM_COMPUTE;
-      *cost = mf_hw_elementwise_seconds(hw, (double)p->tensors[s->slots[in->slot].tensor].bytes +
-                                                (double)p->tensors[s->slots[in->slot2].tensor].bytes);
-      break;
+    }
     default:
       *stream = MF_SIM_COMPUTE;
       *cost = 0;
@@ -308,10 +345,11 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
   w->delta = (int64_t *)calloc(ni + 1, sizeof(int64_t));
   w->touches = (touch *)malloc(
       ((size_t)MF_KBUF_MAX + (size_t)(p->spec.experts > 0 ? p->spec.experts : 0) + 2) * sizeof(touch));
-  w->ready = (param_ready *)malloc(((size_t)p->params->n + 1) * sizeof(param_ready));
+  w->gate = (double *)malloc(ni * sizeof(double));
+  w->seen = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->wmask ||
       !w->last_write || !w->last_touch || !w->host_ready || !w->done_start || !w->done || !w->leaf_lo ||
-      !w->leaf_hi || !w->coords || !w->delta || !w->touches || !w->ready)
+      !w->leaf_hi || !w->coords || !w->delta || !w->touches || !w->gate || !w->seen)
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
   return MF_OK;
 }
@@ -380,45 +418,118 @@ static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *
   return MF_OK;
 }
 
-/* When the host optimizer starts and when it ends. */
-static void optimizer(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim_opts *o, scratch *w,
-                      mf_sim_result *r) {
+/* overlap_optimizer, in the steady state of train.overlap_optimizer: the
+ * previous step's updates run on the host from t = 0, one parameter after
+ * another in the order the step first uploads them (those it never uploads
+ * last), each costing mf_hw_adamw_seconds of its size; the first H2D of each
+ * parameter waits for its update (w->gate). Returns the updates' total. */
+static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double scale, scratch *w) {
   const mf_program *p = s->prog;
-  const double t0 = r->streams_seconds;
-  if (p->forward_only || p->params->n == 0) {
-    r->optimizer_start = t0;
-    r->step_seconds = t0;
-    return;
-  }
-  if (!o->overlap_optimizer) {
-    r->optimizer_seconds = mf_hw_adamw_seconds(hw, (double)p->params->total_numel);
-    r->optimizer_start = t0;
-    r->step_seconds = t0 + r->optimizer_seconds;
-    return;
-  }
-  /* A parameter's update waits for the last copy of its gradient home (one
-   * that never goes home waits for the end of the streams). */
   const int32_t np = (int32_t)p->params->n;
-  for (int32_t i = 0; i < np; i++) w->ready[i] = (param_ready){-1.0, i};
+  double t = 0;
+  memset(w->seen, 0, (size_t)np + 1);
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
-    if (in->kind != MF_I_D2H) continue;
-    const mf_ptensor *t = &p->tensors[s->slots[in->slot].tensor];
-    if (t->kind == MF_T_GRAD && t->param >= 0 && t->param < np && r->end[i] > w->ready[t->param].t)
-      w->ready[t->param].t = r->end[i];
+    w->gate[i] = -1.0;
+    if (in->kind != MF_I_H2D) continue;
+    const mf_ptensor *x = &p->tensors[s->slots[in->slot].tensor];
+    if (x->kind != MF_T_PARAM || x->param < 0 || x->param >= np || w->seen[x->param]) continue;
+    w->seen[x->param] = 1;
+    t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[x->param].numel);
+    w->gate[i] = t;
   }
-  for (int32_t i = 0; i < np; i++)
-    if (w->ready[i].t < 0) w->ready[i].t = t0;
-  qsort(w->ready, (size_t)np, sizeof *w->ready, cmp_ready);
-  double host = 0;
-  for (int32_t i = 0; i < np; i++) {
-    const double st = w->ready[i].t > host ? w->ready[i].t : host;
-    const double c = mf_hw_adamw_seconds(hw, (double)p->params->params[w->ready[i].param].numel);
-    if (i == 0) r->optimizer_start = st;
-    host = st + c;
-    r->optimizer_seconds += c;
+  for (int32_t k = 0; k < np; k++)
+    if (!w->seen[k]) t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[k].numel);
+  return t;
+}
+
+/* One pass of the streams over the instructions. `gate` (or NULL): the time
+ * before which each instruction may not start. With r, each instruction's
+ * stream, cost, start and end, the streams' busy time and the bytes moved are
+ * recorded in it; *makespan gets when the last instruction ends; *delayed
+ * (when not NULL) whether some gate held an instruction back. */
+static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, const double *gate,
+                             mf_sim_result *r, double *makespan_out, int *delayed) {
+  const mf_program *p = s->prog;
+  const int serial = !hw->copies_overlap_compute;
+  memset(w->last_write, 0, ((size_t)s->n_slots + 1) * sizeof(double));
+  memset(w->last_touch, 0, ((size_t)s->n_slots + 1) * sizeof(double));
+  memset(w->host_ready, 0, ((size_t)p->n_tensors + 1) * sizeof(double));
+  memset(w->seg.mx, 0, 4 * (size_t)w->seg.n * sizeof(double));
+  memset(w->seg.tag, 0, 4 * (size_t)w->seg.n * sizeof(double));
+  if (delayed) *delayed = 0;
+  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    int stream;
+    double cost;
+    const int32_t n = instr_touches(s, hw, w, i, w->touches, &stream, &cost);
+    if (!(cost >= 0) || isinf(cost))
+      return MF_ERR(
+          MF_ERR_INVALID_ARG,
+          "simulate: profile \"%s\" cannot price instruction %d (%s): %g s (it lacks gemm or attention "
+          "points, or a bandwidth)",
+          hw->name, i,
+          in->kind == MF_I_RUN ? p->ops[in->op].label : mf_sim_stream_name((mf_sim_stream)stream), cost);
+    double ready;
+    if (serial) {
+      ready = t;
+    } else {
+      ready = free_at[stream];
+      for (int32_t k = 0; k < n; k++) {
+        const int32_t x = w->touches[k].slot;
+        if (w->last_write[x] > ready) ready = w->last_write[x];
+        if (w->touches[k].write && w->last_touch[x] > ready) ready = w->last_touch[x];
+        if (s->slots[x].first == i && w->leaf_lo[x] < w->leaf_hi[x]) {
+          const double m = seg_query(&w->seg, 1, 0, w->seg.n, w->leaf_lo[x], w->leaf_hi[x]);
+          if (m > ready) ready = m;
+        }
+      }
+      if (in->kind == MF_I_H2D) {
+        const double h = w->host_ready[s->slots[in->slot].tensor];
+        if (h > ready) ready = h;
+      }
+    }
+    if (gate && gate[i] > ready) {
+      ready = gate[i];
+      if (delayed) *delayed = 1;
+    }
+    const double end = ready + cost;
+    t = end;
+    free_at[stream] = end;
+    if (end > makespan) makespan = end;
+    if (r) {
+      r->stream[i] = (uint8_t)stream;
+      r->cost[i] = cost;
+      r->start[i] = ready;
+      r->end[i] = end;
+      r->busy[stream] += cost;
+    }
+    for (int32_t k = 0; k < n; k++) {
+      const int32_t x = w->touches[k].slot;
+      if (w->last_touch[x] < end) w->last_touch[x] = end;
+      if (w->touches[k].write && w->last_write[x] < end) w->last_write[x] = end;
+    }
+    if (in->kind == MF_I_H2D || in->kind == MF_I_D2H) {
+      const int32_t tn = s->slots[in->slot].tensor;
+      const uint64_t bytes = p->tensors[tn].bytes;
+      if (in->kind == MF_I_H2D) {
+        if (r) r->h2d_bytes += bytes;
+      } else {
+        if (r) r->d2h_bytes += bytes;
+        if (w->host_ready[tn] < end) w->host_ready[tn] = end;
+      }
+    }
+    /* Slots done with: their memory is free once everything touching them is. */
+    if (!serial)
+      for (int32_t d = w->done_start[i]; d < w->done_start[i + 1]; d++) {
+        const int32_t x = w->done[d];
+        if (w->leaf_lo[x] < w->leaf_hi[x])
+          seg_update(&w->seg, 1, 0, w->seg.n, w->leaf_lo[x], w->leaf_hi[x], w->last_touch[x]);
+      }
   }
-  r->step_seconds = host > t0 ? host : t0;
+  *makespan_out = serial ? t : makespan;
+  return MF_OK;
 }
 
 mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim_opts *o,
@@ -438,96 +549,47 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   r.n_instr = s->n_instr;
   mf_status st = alloc_all(s, &w, &r);
   if (st == MF_OK) st = prepare(s, hw, &w, &r);
+  /* The host optimizer: after the streams (the whole of it exposed), or
+   * overlapped (set_gates). Exposed then = how much later the streams end
+   * with the uploads waiting for their updates than without, plus the part of
+   * the updates the streams are too short to hold (a step's updates must be
+   * done before the next step's begin). */
+  const int has_opt = !p->forward_only && p->params->n > 0;
+  const int overlap = has_opt && o->overlap_optimizer;
+  double updates = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->total_numel) : 0.0;
+  /* A floor on the updates' total (optimizer state streaming from NVMe) slows every update alike. */
+  const double scale = o->optimizer_floor_seconds > updates && updates > 0 ? o->optimizer_floor_seconds / updates : 1.0;
+  updates *= scale;
+  if (st == MF_OK && overlap) updates = set_gates(s, hw, scale, &w);
+  if (st == MF_OK && (!(updates >= 0) || isinf(updates)))
+    st = MF_ERR(MF_ERR_INVALID_ARG, "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)",
+                hw->name);
+  int delayed = 0;
+  double ungated = 0;
+  if (st == MF_OK) st = run_streams(s, hw, &w, overlap ? w.gate : NULL, &r, &r.streams_seconds, &delayed);
+  ungated = r.streams_seconds;
+  if (st == MF_OK && delayed) st = run_streams(s, hw, &w, NULL, NULL, &ungated, NULL);
   if (st != MF_OK) {
     scratch_free(&w);
     mf_sim_result_free(&r);
     return st;
   }
-
-  const int serial = !hw->copies_overlap_compute;
-  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0;
-  for (int32_t i = 0; i < s->n_instr; i++) {
-    const mf_instr *in = &s->instr[i];
-    int stream;
-    double cost;
-    const int32_t n = instr_touches(s, hw, &w, i, w.touches, &stream, &cost);
-    if (!(cost >= 0) || isinf(cost)) {
-      st = MF_ERR(
-          MF_ERR_INVALID_ARG,
-          "simulate: profile \"%s\" cannot price instruction %d (%s): %g s (it lacks gemm or attention "
-          "points, or a bandwidth)",
-          hw->name, i,
-          in->kind == MF_I_RUN ? p->ops[in->op].label : mf_sim_stream_name((mf_sim_stream)stream), cost);
-      break;
-    }
-    double ready;
-    if (serial) {
-      ready = t;
-    } else {
-      ready = free_at[stream];
-      for (int32_t k = 0; k < n; k++) {
-        const int32_t x = w.touches[k].slot;
-        if (w.last_write[x] > ready) ready = w.last_write[x];
-        if (w.touches[k].write && w.last_touch[x] > ready) ready = w.last_touch[x];
-        if (s->slots[x].first == i && w.leaf_lo[x] < w.leaf_hi[x]) {
-          const double m = seg_query(&w.seg, 1, 0, w.seg.n, w.leaf_lo[x], w.leaf_hi[x]);
-          if (m > ready) ready = m;
-        }
-      }
-      if (in->kind == MF_I_H2D) {
-        const double h = w.host_ready[s->slots[in->slot].tensor];
-        if (h > ready) ready = h;
-      }
-    }
-    const double end = ready + cost;
-    t = end;
-    free_at[stream] = end;
-    if (end > makespan) makespan = end;
-    r.stream[i] = (uint8_t)stream;
-    r.cost[i] = cost;
-    r.start[i] = ready;
-    r.end[i] = end;
-    r.busy[stream] += cost;
-    for (int32_t k = 0; k < n; k++) {
-      const int32_t x = w.touches[k].slot;
-      if (w.last_touch[x] < end) w.last_touch[x] = end;
-      if (w.touches[k].write && w.last_write[x] < end) w.last_write[x] = end;
-    }
-    if (in->kind == MF_I_H2D || in->kind == MF_I_D2H) {
-      const int32_t tn = s->slots[in->slot].tensor;
-      const uint64_t bytes = p->tensors[tn].bytes;
-      if (in->kind == MF_I_H2D) {
-        r.h2d_bytes += bytes;
-      } else {
-        r.d2h_bytes += bytes;
-        if (w.host_ready[tn] < end) w.host_ready[tn] = end;
-      }
-    }
-    /* Slots done with: their memory is free once everything touching them is. */
-    if (!serial)
-      for (int32_t d = w.done_start[i]; d < w.done_start[i + 1]; d++) {
-        const int32_t x = w.done[d];
-        if (w.leaf_lo[x] < w.leaf_hi[x])
-          seg_update(&w.seg, 1, 0, w.seg.n, w.leaf_lo[x], w.leaf_hi[x], w.last_touch[x]);
-      }
-  }
-  if (st != MF_OK) {
-    scratch_free(&w);
-    mf_sim_result_free(&r);
-    return st;
-  }
-  r.streams_seconds = serial ? t : makespan;
   r.compute_seconds = r.busy[MF_SIM_COMPUTE];
-  r.exposed_transfer_seconds = r.streams_seconds - r.compute_seconds;
+  r.exposed_transfer_seconds = ungated - r.compute_seconds;
   if (r.exposed_transfer_seconds < 0) r.exposed_transfer_seconds = 0;
-  optimizer(s, hw, o, &w, &r);
-  if (!(r.optimizer_seconds >= 0) || isinf(r.optimizer_seconds)) {
-    scratch_free(&w);
-    mf_sim_result_free(&r);
-    return MF_ERR(MF_ERR_INVALID_ARG,
-                  "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)", hw->name);
+  r.optimizer_seconds = updates;
+  if (!has_opt) {
+    r.optimizer_start = r.streams_seconds;
+    r.step_seconds = r.streams_seconds;
+  } else if (!overlap) {
+    r.optimizer_start = r.streams_seconds;
+    r.step_seconds = r.streams_seconds + updates;
+  } else {
+    r.optimizer_start = 0;
+    r.step_seconds = r.streams_seconds > updates ? r.streams_seconds : updates;
   }
-  r.exposed_optimizer_seconds = r.step_seconds - r.streams_seconds;
+  r.exposed_optimizer_seconds = r.step_seconds - ungated;
+  if (r.exposed_optimizer_seconds < 0) r.exposed_optimizer_seconds = 0;
   for (int k = 0; k < MF_SIM_STREAMS; k++) r.idle[k] = r.step_seconds - r.busy[k];
   scratch_free(&w);
   *out = r;

@@ -6,7 +6,7 @@
  * Streams. RUN, ZERO and ACCUM go on the compute stream, H2D copies on the H2D
  * stream, D2H copies on the D2H stream, each in instruction order; the host
  * AdamW over every parameter runs after the streams are done (or, with
- * `overlap_optimizer`, per parameter as its gradient lands). On a profile with
+ * `overlap_optimizer`, behind the next step: see mf_sim_opts). On a profile with
  * copies_overlap_compute == 0 (the cpu backend) every instruction runs on one
  * timeline in instruction order, so the step is the plain sum of the costs.
  *
@@ -36,6 +36,12 @@
  *                             (each tensor once; an embedding's table counts
  *                             only the T rows it touches);
  *   H2D, D2H                  mf_hw_copy_seconds of the slot's tensor bytes.
+ * Before any of these, a RUN, ZERO or ACCUM whose key (mf_sim_instr_key: the
+ * kernel, its sizes and its operand bytes) has a measured point in the
+ * profile's compute.kernels costs that point's seconds: `moefit profile
+ * --config` times a program's own calls, which the rate model above prices
+ * only roughly (a small GEMM's efficiency depends on its shape, elementwise
+ * kernels with exp() are not bandwidth-bound, a memset pays no launch).
  * A profile that cannot price an instruction (no GEMM or attention points, a
  * zero bandwidth or AdamW rate: a NaN or infinite cost) is MF_ERR_INVALID_ARG.
  *
@@ -64,23 +70,33 @@ typedef enum mf_sim_stream { MF_SIM_COMPUTE = 0, MF_SIM_H2D, MF_SIM_D2H, MF_SIM_
 const char *mf_sim_stream_name(mf_sim_stream s); /* "compute", "h2d", "d2h" */
 
 typedef struct mf_sim_opts {
-  /* Host AdamW per parameter as soon as its gradient is home (one worker using
-   * all threads, in the order the gradients land) instead of after the step's
-   * streams are done. */
+  /* train.overlap_optimizer's steady state instead of AdamW after the streams:
+   * the previous step's updates run on the host from t = 0 (one worker using
+   * all threads), one parameter after another in the order the step first
+   * uploads them (those never uploaded last), each at the profile's AdamW
+   * rate; the first H2D of each parameter waits until its update is done. The
+   * step lasts until the streams end, and at least the updates' total (a
+   * step's updates finish before the next step's start). Exposed optimizer =
+   * that step - the streams' end without the waits. */
   int overlap_optimizer;
+  /* When > 0, the host optimizer's updates take at least this long in all
+   * (e.g. its state read from and written back to NVMe, planner/host.h):
+   * every update's cost is scaled by floor / (the profile's AdamW total). */
+  double optimizer_floor_seconds;
 } mf_sim_opts;
 
 typedef struct mf_sim_result {
   double step_seconds;    /* the predicted step: streams, then what the host optimizer adds */
-  double streams_seconds; /* when the last instruction ends */
+  double streams_seconds; /* when the last instruction ends (overlap_optimizer: uploads waiting included) */
   /* step = compute + exposed transfer + exposed optimizer. */
   double compute_seconds; /* = busy[MF_SIM_COMPUTE]: RUN, ZERO, ACCUM */
   double
-      exposed_transfer_seconds;     /* streams_seconds - compute: the compute stream waiting on copies (and
-                                       the copies after its last instruction); every copy on a serial profile */
-  double exposed_optimizer_seconds; /* step_seconds - streams_seconds */
+      exposed_transfer_seconds;     /* streams_seconds without the optimizer's waits - compute: the compute
+                                       stream waiting on copies (and the copies after its last instruction);
+                                       every copy on a serial profile */
+  double exposed_optimizer_seconds; /* step_seconds - streams_seconds without the optimizer's waits */
   double optimizer_seconds;         /* host AdamW over every parameter (0 for a forward-only program) */
-  double optimizer_start;           /* when it starts (overlap_optimizer: the first parameter's update) */
+  double optimizer_start;           /* when it starts: streams_seconds, or 0 with overlap_optimizer */
   double busy[MF_SIM_STREAMS];      /* seconds each stream works */
   double idle[MF_SIM_STREAMS];      /* step_seconds - busy */
   uint64_t h2d_bytes, d2h_bytes;
@@ -101,6 +117,14 @@ void mf_sim_result_free(mf_sim_result *r); /* frees the arrays and zeroes *r; NU
 
 /* The cost in seconds of program op k on `hw` (a RUN of it), as above. */
 double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw);
+
+/* The key under which the profile's compute.kernels holds a measured time for
+ * compute instruction i of `s` (RUN: the op's kernel and sizes; ZERO: "zero";
+ * ACCUM: "add" with {numel, 1}): the kernel's name (mf_kernel_name), its sizes
+ * (the call's i[], 8 written; trailing zeros count as absent) and the operand
+ * bytes the cost model counts. Returns 0 for H2D/D2H (copies have no key), else 1. */
+int mf_sim_instr_key(const mf_schedule *s, int32_t i, const char **kernel, int64_t sizes[8], int *n_sizes,
+                     double *bytes);
 
 #ifdef __cplusplus
 }

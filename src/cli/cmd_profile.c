@@ -15,14 +15,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "planner/hwprofile.h"
+#include "planner/simulate.h"
 #include "src/cli/commands.h"
+#include "src/config/config.h"
 #include "src/core/core.h"
+#include "src/exec/exec.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
 #include "src/optim/optim.h"
 
 static const char k_usage[] =
-    "usage: moefit profile [--backend cpu|cuda] [--out FILE.yaml] [--quick]\n"
+    "usage: moefit profile [--backend cpu|cuda] [--out FILE.yaml] [--quick] [--config CONFIG.yaml]\n"
     "\n"
     "Measures this machine's hardware profile for the planner's cost model and writes it\n"
     "as YAML (the format is in planner/hwprofile.h; configs/hw/ has bundled profiles).\n"
@@ -33,6 +39,10 @@ static const char k_usage[] =
     "  --out FILE          where to write (default runs/hw/cpu.yaml; directories are created;\n"
     "                      the file is replaced atomically)\n"
     "  --quick             fewer shapes and repeats: about 10 s on 2 cores (default about 60 s)\n"
+    "  --config CONFIG     also time every kernel call of the config's training step (its model,\n"
+    "                      micro-batch, sequence length and accumulation) and write them to\n"
+    "                      compute.kernels: the planner then prices those calls by their measured\n"
+    "                      time instead of the rate tables (threads: the config's train.threads)\n"
     "\n"
     "Measured on cpu, each figure the best of several runs:\n"
     "  links.h2d / d2h          one-thread memcpy of 64 MiB each way (what the cpu backend's\n"
@@ -45,6 +55,11 @@ static const char k_usage[] =
     "                           mf_cpu_add over 16M floats (12 bytes moved per element)\n"
     "  host.adamw_params_per_s  mf_adamw_update over 16M fp32 parameters, with the bf16 copy\n"
     "  host.memory              physical memory (the cgroup limit when lower)\n"
+    "  compute.kernels          (--config) each kernel call of one training step, run by the\n"
+    "                           executor with every tensor resident on random weights and tokens,\n"
+    "                           in 5 rounds between the other measurements: each call's median over\n"
+    "                           the fastest half of the steps, averaged over the calls with the\n"
+    "                           same kernel, sizes and operand bytes\n"
     "Set, not measured: device.memory = half of host memory, device.reserve = 0,\n"
     "copies_overlap_compute = false (the cpu backend copies on the compute thread), no nvme.\n";
 
@@ -360,18 +375,234 @@ done:
   return st;
 }
 
-static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline) {
+/* ------------------------------------------------------- program kernels */
+
+typedef struct kacc {
+  const char *kernel; /* mf_kernel_name: static */
+  int64_t sizes[8];
+  int n_sizes;
+  double bytes;
+  double sum; /* of the instances' medians */
+  int n;
+} kacc;
+
+static int cmp_dbl(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+typedef struct step_rank {
+  double total;
+  int rep;
+} step_rank;
+
+static int cmp_rank(const void *a, const void *b) {
+  const step_rank *x = (const step_rank *)a, *y = (const step_rank *)b;
+  return x->total < y->total ? -1 : x->total > y->total ? 1 : x->rep - y->rep;
+}
+
+static int cmp_kacc_total(const void *a, const void *b) {
+  const kacc *x = (const kacc *)a, *y = (const kacc *)b;
+  return x->sum < y->sum ? 1 : x->sum > y->sum ? -1 : 0;
+}
+
+/* Times every compute instruction of the config's step (all tensors
+ * resident: every op once, in program order; a planned schedule runs the same
+ * calls, recomputes included, so their keys and times carry over). The steps
+ * are taken in rounds spread over the whole profile run (a round between each
+ * of the other measurements), and each call's time is its median over the
+ * fastest half of all those steps: another process taking a core for a while
+ * slows whole steps, and this is the "best of several runs" of the other
+ * figures for calls too short to time one by one (a call's own best-of would
+ * be a lucky draw; the median is what a step pays). Times are averaged per key
+ * (mf_sim_instr_key); more keys than MF_HW_MAX_KERNELS: those with the least
+ * time per step are left to the rate model. Nothing here allocates per step. */
+typedef struct prog_timer {
+  mf_param_table *t;
+  mf_program *prog;
+  mf_backend *be;
+  mf_exec *x;
+  mf_decisions *dec;
+  mf_schedule *sched;
+  float *w, *g;
+  int32_t **ids, **tg;
+  int64_t G;
+  int32_t n;     /* instructions */
+  int per_round; /* timed steps per round (after one warm-up step) */
+  int steps;     /* timed so far */
+  int cap;       /* rounds * per_round */
+  double *times; /* [n][cap] */
+} prog_timer;
+
+static void prog_timer_free(prog_timer *pt) {
+  if (!pt) return;
+  for (int64_t m = 0; m < pt->G; m++) {
+    if (pt->ids) free(pt->ids[m]);
+    if (pt->tg) free(pt->tg[m]);
+  }
+  free(pt->ids);
+  free(pt->tg);
+  free(pt->w);
+  free(pt->g);
+  free(pt->times);
+  mf_exec_free(pt->x);
+  mf_schedule_free(pt->sched);
+  mf_decisions_free(pt->dec);
+  mf_backend_free(pt->be);
+  mf_program_free(pt->prog);
+  mf_param_table_free(pt->t);
+  free(pt);
+}
+
+static mf_status prog_timer_create(const mf_config *cfg, mf_threadpool *pool, int rounds, int per_round,
+                                   prog_timer **out) {
+  *out = NULL;
+  if (!cfg->model.has_init)
+    return MF_ERR(MF_ERR_CONFIG, "profile --config: model: only a model.init config can be timed (a profile reads "
+                  "no checkpoint)");
+  prog_timer *pt = NULL;
+  MF_CHECK(mf_calloc(1, sizeof *pt, "program timer", (void **)&pt));
+  mf_status st = MF_OK;
+  pt->G = cfg->train.grad_accum;
+  pt->per_round = per_round;
+  pt->cap = rounds * per_round;
+  MF_CHECK_GOTO(mf_param_table_build(&cfg->model.init, &pt->t), st, fail);
+  const mf_param_table *t = pt->t;
+  const double aux = isnan(cfg->train.aux_loss_coef) ? t->spec.router_aux_loss_coef : cfg->train.aux_loss_coef;
+  mf_program_opts po = {.micro_batch = cfg->train.micro_batch,
+                        .seq_len = cfg->data.seq_len,
+                        .grad_accum = pt->G,
+                        .aux_coef = aux,
+                        .order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR
+                                                                                            : MF_ORDER_MICRO_MAJOR};
+  MF_CHECK_GOTO(mf_program_build(t, &po, &pt->prog), st, fail);
+  mf_cpu_backend_opts bo = {pool, 0, 0};
+  MF_CHECK_GOTO(mf_backend_cpu_create(&bo, &pt->be), st, fail);
+  MF_CHECK_GOTO(mf_decisions_create(pt->prog, &pt->dec), st, fail);
+  MF_CHECK_GOTO(mf_schedule_build(pt->prog, pt->dec, &pt->sched), st, fail);
+  MF_CHECK_GOTO(mf_exec_create_scheduled(pt->prog, pt->sched, pt->be, &pt->x), st, fail);
+  MF_CHECK_GOTO(mf_exec_set_instr_timing(pt->x, 1), st, fail);
+  pt->n = pt->sched->n_instr;
+  const size_t np = (size_t)t->total_numel, T = (size_t)(pt->prog->B * pt->prog->S);
+  MF_CHECK_GOTO(mf_malloc(np * sizeof(float), "weights", (void **)&pt->w), st, fail);
+  MF_CHECK_GOTO(mf_malloc(np * sizeof(float), "gradients", (void **)&pt->g), st, fail);
+  mf_params_init_random(t, t->spec.seed, 0.02f, pt->w);
+  MF_CHECK_GOTO(mf_calloc((size_t)pt->G, sizeof(int32_t *), "token pointers", (void **)&pt->ids), st, fail);
+  MF_CHECK_GOTO(mf_calloc((size_t)pt->G, sizeof(int32_t *), "token pointers", (void **)&pt->tg), st, fail);
+  uint32_t seed = 12345;
+  for (int64_t m = 0; m < pt->G; m++) {
+    MF_CHECK_GOTO(mf_malloc(T * sizeof(int32_t), "token ids", (void **)&pt->ids[m]), st, fail);
+    MF_CHECK_GOTO(mf_malloc(T * sizeof(int32_t), "targets", (void **)&pt->tg[m]), st, fail);
+    for (size_t i = 0; i < T; i++) {
+      seed = seed * 1664525u + 1013904223u;
+      pt->ids[m][i] = (int32_t)((seed >> 8) % (uint32_t)t->spec.vocab);
+      seed = seed * 1664525u + 1013904223u;
+      pt->tg[m][i] = (int32_t)((seed >> 8) % (uint32_t)t->spec.vocab);
+    }
+  }
+  MF_CHECK_GOTO(mf_malloc((size_t)pt->n * (size_t)pt->cap * sizeof(double) + 1, "kernel times", (void **)&pt->times),
+                st, fail);
+  *out = pt;
+  return MF_OK;
+fail:
+  prog_timer_free(pt);
+  return st;
+}
+
+/* One round: a warm-up step, then per_round timed steps. */
+static mf_status prog_timer_round(prog_timer *pt) {
+  for (int r = -1; r < pt->per_round && pt->steps < pt->cap; r++) {
+    mf_step_result sr;
+    MF_CHECK(mf_exec_step(pt->x, pt->w, (const int32_t *const *)pt->ids, (const int32_t *const *)pt->tg, pt->g, &sr));
+    if (r < 0) continue;
+    const double *is = mf_exec_instr_seconds(pt->x);
+    for (int32_t i = 0; i < pt->n; i++) pt->times[(size_t)i * (size_t)pt->cap + (size_t)pt->steps] = is[i];
+    pt->steps++;
+  }
+  return MF_OK;
+}
+
+/* Fills p->kernels from the steps timed (see prog_timer). */
+static mf_status prog_timer_finish(prog_timer *pt, mf_hwprofile *p, int *n_calls, int *dropped) {
+  const int reps = pt->steps, cap = pt->cap;
+  const int32_t n = pt->n;
+  if (reps < 1) return MF_ERR(MF_ERR_INTERNAL, "profile: no program step was timed");
+  double *kept = NULL;
+  step_rank *rank = NULL;
+  kacc *acc = NULL;
+  int n_acc = 0;
+  mf_status st = MF_OK;
+  *n_calls = 0;
+  MF_CHECK_GOTO(mf_malloc((size_t)reps * sizeof(step_rank), "step order", (void **)&rank), st, done);
+  for (int r = 0; r < reps; r++) {
+    rank[r] = (step_rank){0, r};
+    for (int32_t i = 0; i < n; i++) rank[r].total += pt->times[(size_t)i * (size_t)cap + (size_t)r];
+  }
+  qsort(rank, (size_t)reps, sizeof *rank, cmp_rank);
+  const int keep = reps / 2 > 0 ? reps / 2 : 1;
+  MF_CHECK_GOTO(mf_malloc((size_t)keep * sizeof(double), "kernel times", (void **)&kept), st, done);
+  MF_CHECK_GOTO(mf_calloc((size_t)n + 1, sizeof(kacc), "kernel keys", (void **)&acc), st, done);
+  for (int32_t i = 0; i < n; i++) {
+    kacc k = {0};
+    if (!mf_sim_instr_key(pt->sched, i, &k.kernel, k.sizes, &k.n_sizes, &k.bytes)) continue;
+    ++*n_calls;
+    while (k.n_sizes > 0 && k.sizes[k.n_sizes - 1] == 0) k.n_sizes--;
+    const double *ti = pt->times + (size_t)i * (size_t)cap;
+    for (int r = 0; r < keep; r++) kept[r] = ti[rank[r].rep];
+    qsort(kept, (size_t)keep, sizeof(double), cmp_dbl);
+    const double med = keep % 2 ? kept[keep / 2] : 0.5 * (kept[keep / 2 - 1] + kept[keep / 2]);
+    int j = 0;
+    for (; j < n_acc; j++)
+      if (strcmp(acc[j].kernel, k.kernel) == 0 && acc[j].n_sizes == k.n_sizes && acc[j].bytes == k.bytes &&
+          memcmp(acc[j].sizes, k.sizes, sizeof k.sizes) == 0)
+        break;
+    if (j == n_acc) acc[n_acc++] = k;
+    acc[j].sum += med;
+    acc[j].n++;
+  }
+  qsort(acc, (size_t)n_acc, sizeof *acc, cmp_kacc_total);
+  *dropped = n_acc > MF_HW_MAX_KERNELS ? n_acc - MF_HW_MAX_KERNELS : 0;
+  p->n_kernels = 0;
+  for (int j = 0; j < n_acc && p->n_kernels < MF_HW_MAX_KERNELS; j++) {
+    mf_hw_kernel_point *q = &p->kernels[p->n_kernels++];
+    memset(q, 0, sizeof *q);
+    snprintf(q->kernel, sizeof q->kernel, "%s", acc[j].kernel);
+    memcpy(q->sizes, acc[j].sizes, sizeof q->sizes);
+    q->n_sizes = acc[j].n_sizes;
+    q->bytes = acc[j].bytes;
+    char txt[32]; /* 3 significant digits, as the shortest text that reads back */
+    snprintf(txt, sizeof txt, "%.3g", acc[j].sum / acc[j].n);
+    const double sec = strtod(txt, NULL);
+    q->seconds = sec > 0 ? sec : 1e-9; /* a clock too coarse for the call: keep it > 0 */
+  }
+done:
+  free(acc);
+  free(rank);
+  free(kept);
+  return st;
+}
+
+static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline, const mf_config *cfg,
+                             const char *cfg_path) {
   mf_threadpool *pool = NULL;
-  MF_CHECK(mf_threadpool_create(0, &pool));
+  MF_CHECK(mf_threadpool_create(cfg ? (int)cfg->train.threads : 0, &pool));
   ri->threads = mf_threadpool_size(pool);
   mf_kctx k = {pool, 0};
   mf_status st = MF_OK;
+  prog_timer *pt = NULL;
+  const int rounds = 5, per_round = ri->quick ? 5 : 9;
+  if (cfg) MF_CHECK_GOTO(prog_timer_create(cfg, pool, rounds, per_round, &pt), st, done);
+  /* The program's rounds go between the other measurements, spread in time. */
   MF_CHECK_GOTO(measure_links(p, ri), st, done);
+  if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   MF_CHECK_GOTO(measure_add(p, &k, ri), st, done); /* before the kernels: launch_s is taken off their times */
+  if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   MF_CHECK_GOTO(measure_gemm(p, &k, ri), st, done);
+  if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   MF_CHECK_GOTO(measure_attention(p, &k, ri), st, done);
+  if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   MF_CHECK_GOTO(measure_adamw(p, pool, ri), st, done);
-
+  if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   p->host_memory = host_memory_bytes() >> 20 << 20; /* whole MiB: readable, and exact enough */
   if (p->host_memory == 0) {
     st = MF_ERR(MF_ERR_IO, "cannot tell this machine's memory (sysconf and /proc)");
@@ -383,6 +614,19 @@ static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline)
   p->device_reserve = 0;
   p->copies_overlap_compute = 0;
   p->nvme_bandwidth = 0;
+  char kern_note[600] = "";
+  if (pt) {
+    int dropped = 0, n_calls = 0;
+    const int reps = pt->steps;
+    MF_CHECK_GOTO(prog_timer_finish(pt, p, &n_calls, &dropped), st, done);
+    snprintf(kern_note, sizeof kern_note,
+             " compute.kernels: the %d compute calls of one training step of %s (B=%lld, S=%lld, G=%lld, all "
+             "tensors resident, random weights and tokens), each the median over the fastest half of %d steps "
+             "timed in %d rounds spread over the run, averaged over the calls of the same kernel, sizes and "
+             "operand bytes%s.",
+             n_calls, cfg_path, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
+             (long long)cfg->train.grad_accum, reps, rounds, dropped ? " (the keys with the least time left out)" : "");
+  }
 
   char model[200], date[32];
   cpu_model(model, sizeof model);
@@ -403,9 +647,10 @@ static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline)
       "16M fp32 params with the bf16 copy (%s body). host.memory: physical memory or the cgroup limit. "
       "Figures rounded to 3 significant digits. Not measured: device.memory is half of host memory and "
       "device.reserve 0 (cpu-backend defaults), copies_overlap_compute false (the cpu backend copies on "
-      "the compute thread), no nvme.",
-      cmdline, date, ri->threads, ri->reps, ri->adamw_impl ? ri->adamw_impl : "?");
+      "the compute thread), no nvme.%s",
+      cmdline, date, ri->threads, ri->reps, ri->adamw_impl ? ri->adamw_impl : "?", kern_note);
 done:
+  prog_timer_free(pt);
   mf_threadpool_free(pool);
   return st;
 }
@@ -429,11 +674,15 @@ static void print_summary(const mf_hwprofile *p, const run_info *ri, const char 
   printf("  host AdamW       %.0f M params/s (%s body; %.1f GB/s at OFFLOAD.md's ~30 bytes/param)\n",
          p->host_adamw_params_per_s / 1e6, ri->adamw_impl ? ri->adamw_impl : "?",
          p->host_adamw_params_per_s * 30 / 1e9);
+  if (p->n_kernels > 0)
+    printf("  program kernels  %d kernel calls timed at the config's shapes (compute.kernels), the longest %s "
+           "%.3g ms\n",
+           p->n_kernels, p->kernels[0].kernel, p->kernels[0].seconds * 1e3);
   printf("wrote %s (%.1f s, best of %d runs each)\n", out, secs, ri->reps);
 }
 
 int mf_cli_profile(int argc, char **argv) {
-  const char *cmd = "profile", *backend = "cpu", *out = "runs/hw/cpu.yaml";
+  const char *cmd = "profile", *backend = "cpu", *out = "runs/hw/cpu.yaml", *config = NULL;
   int quick = 0;
   if (mf_cli_wants_help(argc, argv)) {
     printf("%s", k_usage);
@@ -443,12 +692,16 @@ int mf_cli_profile(int argc, char **argv) {
     const char *a = argv[i];
     if (strcmp(a, "--quick") == 0) {
       quick = 1;
-    } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--out") == 0) {
+    } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--out") == 0 || strcmp(a, "--config") == 0) {
       if (i + 1 >= argc) return mf_cli_usage_error(cmd, "%s needs a value", a);
       if (strcmp(a, "--backend") == 0)
         backend = argv[++i];
-      else
+      else if (strcmp(a, "--out") == 0)
         out = argv[++i];
+      else
+        config = argv[++i];
+    } else if (strncmp(a, "--config=", 9) == 0) {
+      config = a + 9;
     } else if (strncmp(a, "--backend=", 10) == 0) {
       backend = a + 10;
     } else if (strncmp(a, "--out=", 6) == 0) {
@@ -469,26 +722,39 @@ int mf_cli_profile(int argc, char **argv) {
   if (strcmp(backend, "cpu") != 0)
     return mf_cli_usage_error(cmd, "--backend must be cpu or cuda, not '%s'", backend);
 
-  char cmdline[256];
-  snprintf(cmdline, sizeof cmdline, "moefit profile --backend cpu%s", quick ? " --quick" : "");
+  if (config && !*config) return mf_cli_usage_error(cmd, "--config needs a file name");
+  mf_config *cfg = NULL;
+  if (config) {
+    mf_status cst = mf_config_load(config, NULL, 0, &cfg);
+    if (cst != MF_OK) return mf_cli_fail(cmd, cst);
+  }
+  char cmdline[1200];
+  snprintf(cmdline, sizeof cmdline, "moefit profile --backend cpu%s%s%s", quick ? " --quick" : "",
+           config ? " --config " : "", config ? config : "");
   run_info ri = {.quick = quick, .reps = quick ? 5 : 7, .min_run = quick ? 0.02 : 0.05};
   mf_hwprofile *p = NULL;
   mf_status st = mf_calloc(1, sizeof *p, "hardware profile", (void **)&p);
-  if (st != MF_OK) return mf_cli_fail(cmd, st);
+  if (st != MF_OK) {
+    mf_config_free(cfg);
+    return mf_cli_fail(cmd, st);
+  }
   double t0 = mf_time_now();
   st = mf_mkdir_parents(out); /* before measuring: a bad --out fails at once */
   if (st == MF_OK) {
     fprintf(stderr, "moefit profile: measuring the cpu backend%s ...\n", quick ? " (quick)" : "");
-    st = measure_cpu(p, &ri, cmdline);
+    st = measure_cpu(p, &ri, cmdline, cfg, config);
   }
   if (st == MF_OK) st = mf_hwprofile_save(p, out);
+  mf_hwprofile *back = NULL; /* what the planner will read */
+  if (st == MF_OK) st = mf_calloc(1, sizeof *back, "hardware profile", (void **)&back);
   if (st == MF_OK) {
-    mf_hwprofile back; /* what the planner will read */
-    st = mf_hwprofile_load(out, &back);
-    if (st == MF_OK && !mf_hwprofile_equal(p, &back))
+    st = mf_hwprofile_load(out, back);
+    if (st == MF_OK && !mf_hwprofile_equal(p, back))
       st = MF_ERR(MF_ERR_INTERNAL, "%s: the written profile does not read back equal", out);
   }
   if (st == MF_OK) print_summary(p, &ri, out, mf_time_now() - t0);
+  free(back);
   free(p);
+  mf_config_free(cfg);
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail(cmd, st);
 }

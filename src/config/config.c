@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -327,9 +328,44 @@ static mf_status set_mem_overrides(walk *w, const mf_config_key *k, const mf_yno
   return MF_OK;
 }
 
+static const char *const plan_words[] = {"auto", "resident", "zero_offload", "megatrain", "checkpoint",
+                                         "least_memory"};
+#define N_PLAN_WORDS (sizeof plan_words / sizeof plan_words[0])
+_Static_assert(N_PLAN_WORDS == MF_CONFIG_PLAN_FILE, "a word for every mf_config_plan but FILE");
+
+const char *mf_config_plan_word(mf_config_plan p) {
+  return (unsigned)p < N_PLAN_WORDS ? plan_words[p] : NULL;
+}
+
+/* memory.plan: a word, or a plan file (a path ending in .json, taken as
+ * written like every path; train reads and checks it). */
+static mf_status set_mem_plan(walk *w, const mf_config_key *k, const mf_ynode *v) {
+  MF_CHECK(set_scalar(w, k, v));
+  mf_config_memory *m = &w->cfg->memory;
+  for (size_t i = 0; i < N_PLAN_WORDS; i++) {
+    if (strcmp(m->plan, plan_words[i]) == 0) {
+      m->plan_kind = (mf_config_plan)i;
+      return MF_OK;
+    }
+  }
+  const size_t len = strlen(m->plan);
+  if (len > 5 && strcmp(m->plan + len - 5, ".json") == 0) {
+    m->plan_kind = MF_CONFIG_PLAN_FILE;
+    return MF_OK;
+  }
+  char got[128], hint[512];
+  mf_config_key_suggest(m->plan, plan_words, N_PLAN_WORDS, hint, sizeof hint);
+  if (strncmp(hint, " (did you mean", 14) != 0) hint[0] = 0; /* not close to any word */
+  return NODE_ERR(v,
+                  "%s must be auto, resident, zero_offload, megatrain, checkpoint, least_memory or a plan file "
+                  "ending in .json (got %s)%s",
+                  k->path, mf_ynode_describe(v, got, sizeof got), hint);
+}
+
 static mf_status set_value(walk *w, const mf_config_key *k, const mf_ynode *v) {
   if (k->kind == MF_CK_INTLIST) return set_intlist(w, k, v);
   if (k->kind == MF_CK_OVERRIDES) return set_mem_overrides(w, k, v);
+  if (k->off == offsetof(mf_config, memory.plan) && k->kind == MF_CK_STR) return set_mem_plan(w, k, v);
   return set_scalar(w, k, v);
 }
 
@@ -489,6 +525,7 @@ static mf_status finish(walk *w, const char *name) {
   if (c->train.min_lr > c->train.lr)
     return NODE_ERR(blame(w, seen_given(w, mf_config_key_find("train.min_lr")) ? "train.min_lr" : "train.lr"),
                     "train.min_lr (%g) must be <= train.lr (%g)", c->train.min_lr, c->train.lr);
+  c->memory.adam_moments = c->train.adam_moments;
   const mf_config_memory *m = &c->memory;
   if (m->pinned_limit != MF_CONFIG_SIZE_AUTO && m->host_limit != MF_CONFIG_SIZE_AUTO &&
       m->pinned_limit > m->host_limit) {
@@ -759,4 +796,14 @@ const char *mf_config_schedule_name(mf_config_schedule s) {
 const char *mf_config_backend_name(mf_config_backend b) {
   static const char *const n[] = {"auto", "cpu", "cuda"};
   return (unsigned)b < 3 ? n[b] : "invalid";
+}
+
+const char *mf_config_mb_order_name(mf_config_mb_order o) {
+  static const char *const n[] = {"auto", "layer", "micro"};
+  return (unsigned)o < 3 ? n[o] : "invalid";
+}
+
+const char *mf_config_moments_name(mf_config_moments m) {
+  static const char *const n[] = {"fp32", "bf16"};
+  return (unsigned)m < 2 ? n[m] : "invalid";
 }

@@ -6,7 +6,7 @@
  *   model:    {path: DIR} or {init: {family: mixtral, hidden: 64, ...}}
  *   data:     {train: FILE.tokens, valid: FILE.tokens, seq_len: 256}
  *   train:    {micro_batch, grad_accum, steps, lr, min_lr, warmup, schedule, ...}
- *   memory:   {device_budget: 8GiB, pinned_limit, host_limit, nvme_dir, overrides}
+ *   memory:   {device_budget: 8GiB, plan: auto, pinned_limit, host_limit, nvme_dir, overrides}
  *   hardware: {profile: auto}
  *   output:   {dir: runs/demo, checkpoint_every: 100}
  *   backend:  auto | cpu | cuda
@@ -46,6 +46,21 @@ typedef enum mf_config_backend {
   MF_CONFIG_BACKEND_CUDA,
 } mf_config_backend;
 
+/* train.micro_batch_order: the order of a step's ops over its micro-batches
+ * (src/model/program.h). */
+typedef enum mf_config_mb_order {
+  MF_CONFIG_MB_ORDER_AUTO = 0, /* the planner plans both and keeps the faster (planner/plan.h mf_plan_for) */
+  MF_CONFIG_MB_ORDER_LAYER,    /* layer-major: each layer for every micro-batch, weights loaded once a step */
+  MF_CONFIG_MB_ORDER_MICRO,    /* micro-batch-major: each micro-batch's forward and backward in turn */
+} mf_config_mb_order;
+
+/* train.adam_moments: the storage of AdamW's m and v (src/optim/optim.h,
+ * mf_adamw_update_bufs: computed in fp32, stored rounded to nearest even). */
+typedef enum mf_config_moments {
+  MF_CONFIG_MOMENTS_FP32 = 0, /* 8 bytes per parameter */
+  MF_CONFIG_MOMENTS_BF16,     /* 4 bytes per parameter */
+} mf_config_moments;
+
 typedef struct mf_config_model {
   char *path;         /* HF checkpoint directory; NULL when has_init */
   int has_init;       /* 1: a random model of shape `init` */
@@ -74,6 +89,9 @@ typedef struct mf_config_train {
   int64_t threads;          /* host worker threads; 0 = all online CPUs */
   int64_t log_every;        /* steps between progress lines */
   int64_t eval_every;       /* steps between validation runs; 0 = only at the end */
+  mf_config_mb_order micro_batch_order;
+  int overlap_optimizer;    /* host AdamW of step k behind step k+1's device work (same bits); 0 = after the step */
+  mf_config_moments adam_moments; /* m and v stored in fp32 or bf16 */
 } mf_config_train;
 
 /* One entry of memory.overrides, stored as written: the planner checks the
@@ -87,11 +105,28 @@ typedef struct mf_config_mem_override {
   char *where; /* "file:line:column" or "command line: ..." for messages */
 } mf_config_mem_override;
 
+/* memory.plan: which plan `train` runs. The words are the planner's baselines
+ * (planner/plan.h); a value ending in ".json" is a plan file. */
+typedef enum mf_config_plan {
+  MF_CONFIG_PLAN_AUTO = 0,      /* the planner chooses within device_budget (auto: all resident) */
+  MF_CONFIG_PLAN_RESIDENT,      /* everything on the device */
+  MF_CONFIG_PLAN_ZERO_OFFLOAD,  /* weights resident, gradients streamed home */
+  MF_CONFIG_PLAN_MEGATRAIN,     /* weights streamed, layers recomputed */
+  MF_CONFIG_PLAN_CHECKPOINT,    /* weights resident, layers recomputed */
+  MF_CONFIG_PLAN_LEAST_MEMORY,  /* the least-memory plan */
+  MF_CONFIG_PLAN_FILE,          /* decisions read from the file memory.plan names */
+} mf_config_plan;
+
 typedef struct mf_config_memory {
   uint64_t device_budget; /* bytes; MF_CONFIG_SIZE_AUTO = auto */
+  char *plan;               /* memory.plan as written: a word of mf_config_plan or a path */
+  mf_config_plan plan_kind; /* what `plan` says (derived, not a key) */
   uint64_t pinned_limit;
   uint64_t host_limit;
   char *nvme_dir; /* NULL: no NVMe spill */
+  /* train.adam_moments, copied here for the host accounting (planner/host.h;
+   * derived, not a key) */
+  mf_config_moments adam_moments;
   size_t n_overrides;
   mf_config_mem_override *overrides;
 } mf_config_memory;
@@ -137,6 +172,10 @@ void mf_config_print_keys(FILE *f);
 
 const char *mf_config_schedule_name(mf_config_schedule s); /* "cosine" */
 const char *mf_config_backend_name(mf_config_backend b);   /* "auto" */
+const char *mf_config_mb_order_name(mf_config_mb_order o); /* "layer" */
+const char *mf_config_moments_name(mf_config_moments m);   /* "bf16" */
+/* The memory.plan word of a baseline ("zero_offload"); "auto" for AUTO, NULL for FILE. */
+const char *mf_config_plan_word(mf_config_plan p);
 
 #ifdef __cplusplus
 }

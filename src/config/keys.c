@@ -72,6 +72,15 @@ const mf_config_key mf_config_keys[] = {
         "sequences per micro-batch"),
     KEY("train.grad_accum", MF_CK_INT, 0, train.grad_accum, 1, 1 << 20, NULL, "1",
         "micro-batches per optimizer step"),
+    KEY("train.micro_batch_order", MF_CK_ENUM, 0, train.micro_batch_order, NOLO, NOHI, "auto|layer|micro", "auto",
+        "op order over the micro-batches: layer (each layer for all micro-batches; streamed weights loaded once "
+        "per step, every micro-batch's activations held), micro (each micro-batch in turn), auto (micro for now)"),
+    KEY("train.overlap_optimizer", MF_CK_BOOL, 0, train.overlap_optimizer, NOLO, NOHI, NULL, "true",
+        "run the host AdamW of a step while the next step's device work goes on (each parameter's upload waits "
+        "for its own update; the same bits as false); false: after each step"),
+    KEY("train.adam_moments", MF_CK_ENUM, 0, train.adam_moments, NOLO, NOHI, "fp32|bf16", "fp32",
+        "storage of the AdamW moments m and v: fp32 (8 bytes per parameter) or bf16 (4 bytes; each update "
+        "computes in fp32 and stores m and v rounded to nearest even)"),
     KEY("train.steps", MF_CK_INT, MF_CK_REQUIRED, train.steps, 1, 1e12, NULL, NULL, "optimizer steps"),
     KEY("train.lr", MF_CK_FLOAT, MF_CK_LO_OPEN, train.lr, 0, 1e3, NULL, "1e-4", "peak learning rate"),
     KEY("train.min_lr", MF_CK_FLOAT, 0, train.min_lr, 0, 1e3, NULL, "0.0",
@@ -101,6 +110,9 @@ const mf_config_key mf_config_keys[] = {
     SEC("memory", 0, "memory budgets"),
     KEY("memory.device_budget", MF_CK_SIZE, 0, memory.device_budget, NOLO, NOHI, NULL, "auto",
         "device memory the plan may use, all included; auto: from the device at start-up"),
+    KEY("memory.plan", MF_CK_STR, 0, memory.plan, NOLO, NOHI, NULL, "auto",
+        "the plan train runs: auto (the planner's, within device_budget), a baseline (resident, zero_offload, "
+        "megatrain, checkpoint, least_memory) or a plan file (*.json, from `moefit plan --json`)"),
     KEY("memory.pinned_limit", MF_CK_SIZE, 0, memory.pinned_limit, NOLO, NOHI, NULL, "auto",
         "pinned host memory for transfers (<= host_limit); auto: decided at start-up"),
     KEY("memory.host_limit", MF_CK_SIZE, 0, memory.host_limit, NOLO, NOHI, NULL, "auto",

@@ -211,6 +211,25 @@ void mf_arena_reset(mf_arena *a);
 /* Bytes an arena needs for allocations of these sizes at this alignment. */
 size_t mf_arena_estimate(const size_t *sizes, size_t n, size_t align);
 
+/* ------------------------------------------------------- offset packing */
+
+/* Static placement of blocks that come and go in a known order (the device
+ * arena's slots, the staging arena's slabs): a block takes the smallest free
+ * range that holds it (best fit), else extends a free range at the top, else
+ * grows the top; a freed block's bytes merge with free neighbours. Blocks
+ * alive at the same time never share bytes; `top` is the arena size needed.
+ * O(free ranges) per call. A zeroed mf_packer is empty and ready. */
+typedef struct mf_packer {
+  size_t *off, *len; /* free ranges below top, sorted by offset */
+  int32_t n, cap;
+  size_t top;
+} mf_packer;
+
+size_t mf_packer_take(mf_packer *p, size_t bytes); /* the new block's offset */
+/* Gives [off, off + bytes) back; MF_ERR_OUT_OF_MEMORY naming `what` when the free list cannot grow. */
+mf_status mf_packer_give(mf_packer *p, size_t off, size_t bytes, const char *what);
+void mf_packer_free(mf_packer *p);
+
 /* ------------------------------------------------------------ utilities */
 
 /* Allocation wrappers that record an MF_ERR_OUT_OF_MEMORY naming `what`. */

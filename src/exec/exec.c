@@ -1,4 +1,5 @@
 /* Runs a step program under a schedule on a backend (see exec.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,12 @@ struct mf_exec {
   float *capture;
   int64_t *expert_tokens; /* [L * E] */
   int64_t *counts_tmp;    /* [E] */
+  int timed;              /* busy time from the host clock (a backend that runs work as it is submitted) */
+  mf_exec_stats stats;    /* the last step's */
+  double *instr_s;        /* [n_instr] per-instruction seconds, when turned on */
+  mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
+  int32_t *grad_final;    /* [n_instr] the parameter whose gradient is complete after it, or -1 */
+  int32_t *upload_order;  /* [n_params] */
 };
 
 static int cmp_first(const void *a, const void *b, void *arg) {
@@ -52,14 +59,57 @@ mf_status mf_exec_create(mf_program *p, mf_backend *b, mf_exec **out) {
   return MF_OK;
 }
 
+/* grad_final (after which instruction each gradient is complete at home) and
+ * upload_order (parameters by their first upload). */
+static mf_status param_order(mf_exec *x) {
+  const mf_program *p = x->p;
+  const mf_schedule *s = x->s;
+  const int32_t np = (int32_t)p->params->n;
+  int32_t *last = NULL;
+  uint8_t *seen = NULL;
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_malloc((size_t)(np ? np : 1) * sizeof(int32_t), "executor parameter marks", (void **)&last), st,
+                done);
+  MF_CHECK_GOTO(mf_calloc((size_t)(np ? np : 1), 1, "executor parameter marks", (void **)&seen), st, done);
+  for (int32_t i = 0; i < np; i++) last[i] = -1;
+  int32_t n = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    x->grad_final[i] = -1;
+    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+    const mf_ptensor *t = &p->tensors[s->slots[in->slot].tensor];
+    if (t->param < 0 || t->param >= np) continue;
+    if (in->kind == MF_I_H2D && t->kind == MF_T_PARAM && !seen[t->param]) {
+      seen[t->param] = 1;
+      x->upload_order[n++] = t->param;
+    }
+    if (in->kind == MF_I_D2H && t->kind == MF_T_GRAD) last[t->param] = i;
+  }
+  for (int32_t i = 0; i < np; i++) {
+    if (!seen[i]) x->upload_order[n++] = i;
+    if (last[i] >= 0) x->grad_final[last[i]] = i;
+  }
+done:
+  free(last);
+  free(seen);
+  return st;
+}
+
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
   *out = NULL;
   if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
+  if (p->storage != MF_DTYPE_F32 && b->name && strcmp(b->name, "cpu") == 0)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "executor: the cpu backend runs fp32 device storage; this step program stores "
+                  "weights and activations as %s (build it with F32 storage to run on cpu)",
+                  mf_dtype_name(p->storage));
   mf_exec *x = (mf_exec *)calloc(1, sizeof *x);
   if (!x) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
   x->p = p;
   x->s = s;
   x->b = b;
+  /* Only the cpu backend runs each submission to completion before returning
+   * (see exec.h, "timing"); elsewhere busy time needs backend events. */
+  x->timed = b->name && strcmp(b->name, "cpu") == 0;
   mf_status st = MF_OK;
   const int64_t E = p->spec.experts > 0 ? p->spec.experts : 1;
   size_t max_param = 1;
@@ -71,10 +121,14 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   x->expert_tokens = (int64_t *)calloc((size_t)(p->spec.layers * E), sizeof(int64_t));
   x->counts_tmp = (int64_t *)calloc((size_t)E, sizeof(int64_t));
   x->grad_scratch = (float *)malloc(max_param * sizeof(float));
-  if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->counts_tmp || !x->grad_scratch) {
+  x->grad_final = (int32_t *)malloc((size_t)(s->n_instr ? s->n_instr : 1) * sizeof(int32_t));
+  x->upload_order = (int32_t *)malloc((size_t)(p->params->n ? p->params->n : 1) * sizeof(int32_t));
+  if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->counts_tmp || !x->grad_scratch ||
+      !x->grad_final || !x->upload_order) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
     goto fail;
   }
+  MF_CHECK_GOTO(param_order(x), st, fail);
   for (int32_t i = 0; i < s->n_slots; i++) x->starts[i] = x->ends[i] = i;
   qsort_r(x->starts, (size_t)s->n_slots, sizeof(int32_t), cmp_first, (void *)s);
   qsort_r(x->ends, (size_t)s->n_slots, sizeof(int32_t), cmp_last, (void *)s);
@@ -104,6 +158,9 @@ void mf_exec_free(mf_exec *x) {
   free(x->expert_tokens);
   free(x->counts_tmp);
   free(x->grad_scratch);
+  free(x->instr_s);
+  free(x->grad_final);
+  free(x->upload_order);
   mf_schedule_free(x->owned);
   mf_decisions_free(x->owned_dec);
   free(x);
@@ -116,6 +173,40 @@ void mf_exec_capture_final_hidden(mf_exec *x, float *out) { x->capture = out; }
 void mf_exec_traffic(const mf_exec *x, uint64_t *h2d, uint64_t *d2h) {
   *h2d = x->h2d;
   *d2h = x->d2h;
+}
+
+void mf_exec_stats_get(const mf_exec *x, mf_exec_stats *out) { *out = x->stats; }
+
+mf_status mf_exec_set_instr_timing(mf_exec *x, int on) {
+  if (!on) {
+    free(x->instr_s);
+    x->instr_s = NULL;
+    return MF_OK;
+  }
+  if (x->instr_s || !x->timed) return MF_OK;
+  x->instr_s = (double *)calloc((size_t)(x->s->n_instr > 0 ? x->s->n_instr : 1), sizeof(double));
+  if (!x->instr_s) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory for per-instruction times");
+  return MF_OK;
+}
+
+const double *mf_exec_instr_seconds(const mf_exec *x) { return x->instr_s; }
+
+void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h) {
+  if (h)
+    x->hooks = *h;
+  else
+    memset(&x->hooks, 0, sizeof x->hooks);
+}
+
+const int32_t *mf_exec_param_upload_order(const mf_exec *x) { return x->upload_order; }
+
+/* The hand-off's wait before an instruction touching a parameter's host copies. */
+static mf_status param_gate(mf_exec *x, const mf_instr *in) {
+  if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) return MF_OK;
+  const mf_ptensor *t = &x->p->tensors[x->s->slots[in->slot].tensor];
+  if ((in->kind == MF_I_H2D && t->kind == MF_T_PARAM) || (in->kind == MF_I_D2H && t->kind == MF_T_GRAD))
+    return x->hooks.wait(x->hooks.ctx, t->param);
+  return MF_OK;
 }
 
 static uint8_t *slot_ptr(const mf_exec *x, int32_t slot) { return x->arena + x->s->slots[slot].offset; }
@@ -239,6 +330,10 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   size_t live = 0;
   x->peak_live = 0;
   int32_t ns = 0, ne = 0;
+  double busy[MF_EXEC_STREAMS] = {0, 0, 0};
+  int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
+  const int timed = x->timed;
+  double *instr_s = x->instr_s;
   for (int32_t i = 0; i < s->n_instr; i++) {
     for (; ns < s->n_slots && s->slots[x->starts[ns]].first == i; ns++) {
       MF_CHECK_GOTO(mark(x, x->starts[ns], 1), st, done);
@@ -246,6 +341,8 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     }
     if (live > x->peak_live) x->peak_live = live;
     const mf_instr *in = &s->instr[i];
+    if (x->hooks.wait) MF_CHECK_GOTO(param_gate(x, in), st, done);
+    const double ti = timed ? mf_time_now() : 0.0;
     switch (in->kind) {
       case MF_I_H2D:
         MF_CHECK_GOTO(do_h2d(x, in->slot, &io), st, done);
@@ -308,6 +405,19 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
         st = MF_ERR(MF_ERR_INTERNAL, "executor: unknown instruction %d", (int)in->kind);
         goto done;
     }
+    {
+      const int k = in->kind == MF_I_H2D ? MF_EXEC_H2D : in->kind == MF_I_D2H ? MF_EXEC_D2H : MF_EXEC_COMPUTE;
+      count[k]++;
+      if (timed) {
+        const double dt = mf_time_now() - ti;
+        busy[k] += dt;
+        if (instr_s) instr_s[i] = dt;
+      }
+    }
+    if (x->hooks.grad_home && x->grad_final[i] >= 0 && grads) {
+      MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
+      x->hooks.grad_home(x->hooks.ctx, x->grad_final[i]);
+    }
     for (; ne < s->n_slots && s->slots[x->ends[ne]].last == i; ne++) {
       MF_CHECK_GOTO(mark(x, x->ends[ne], 0), st, done);
       live -= slot_bytes(x, x->ends[ne]);
@@ -316,6 +426,19 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   r->loss = r->ce_loss + p->aux_coef * r->aux_loss;
   MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
   r->seconds = mf_time_now() - t0;
+  {
+    mf_exec_stats *z = &x->stats;
+    z->timed = timed;
+    z->wall_s = r->seconds;
+    for (int k = 0; k < MF_EXEC_STREAMS; k++) {
+      z->busy_s[k] = timed ? busy[k] : NAN;
+      z->idle_s[k] = timed ? r->seconds - busy[k] : NAN;
+      z->instr[k] = count[k];
+    }
+    z->h2d_bytes = x->h2d;
+    z->d2h_bytes = x->d2h;
+    z->peak_live_bytes = x->peak_live;
+  }
 done:
   free(n_valid);
   free(pos);

@@ -65,6 +65,80 @@ size_t mf_exec_peak_live_bytes(const mf_exec *x);
 /* Bytes the last step copied host->device and device->host. */
 void mf_exec_traffic(const mf_exec *x, uint64_t *h2d, uint64_t *d2h);
 
+/* ------------------------------------------------------------------ timing
+ *
+ * The executor's streams, as the simulator (planner/simulate.h) models them:
+ * RUN, ZERO and ACCUM on the compute stream, H2D copies on the h2d stream,
+ * D2H copies on the d2h stream. After each step mf_exec_stats gives how long
+ * each stream worked (busy) and did not (idle = the step's wall time - busy),
+ * the bytes moved each way and the peak of live device bytes.
+ *
+ * How busy time is measured depends on the backend:
+ *   cpu   every stream runs on the calling thread as work is submitted (a copy
+ *         is a memcpy, a kernel runs before `run` returns), so an instruction's
+ *         busy time is the monotonic clock read around its submission. Two
+ *         clock reads per instruction; nothing allocated in the step.
+ *   cuda  (not built yet) streams run concurrently with the host and each
+ *         other: the host clock around a submission measures only the launch.
+ *         TODO(cuda): record an mf_event before and after each instruction on
+ *         its stream (events created with timing, two per instruction, made
+ *         in create), and after the step's final sync sum the elapsed times
+ *         between each pair (cudaEventElapsedTime) into that stream's busy
+ *         seconds and the per-instruction array. That needs an elapsed-time
+ *         slot in mf_backend (event_elapsed); until a backend has one, the
+ *         executor reports NAN busy/idle seconds for it rather than host
+ *         submission times (mf_exec_stats.timed == 0). */
+
+typedef enum mf_exec_stream { MF_EXEC_COMPUTE = 0, MF_EXEC_H2D, MF_EXEC_D2H, MF_EXEC_STREAMS } mf_exec_stream;
+
+typedef struct mf_exec_stats {
+  int timed;                       /* 1: busy/idle measured (see above); 0: NAN */
+  double wall_s;                   /* the last step's wall time (mf_step_result.seconds) */
+  double busy_s[MF_EXEC_STREAMS];  /* seconds each stream worked in the last step */
+  double idle_s[MF_EXEC_STREAMS];  /* wall_s - busy_s */
+  int64_t instr[MF_EXEC_STREAMS];  /* instructions each stream ran */
+  uint64_t h2d_bytes, d2h_bytes;   /* as mf_exec_traffic */
+  size_t peak_live_bytes;          /* as mf_exec_peak_live_bytes */
+} mf_exec_stats;
+
+/* The last step's stream statistics (all zero before the first step). */
+void mf_exec_stats_get(const mf_exec *x, mf_exec_stats *out);
+
+/* Per-instruction timing, off by default (the comparison with the simulator
+ * turns it on): while on, each step writes the seconds of every instruction
+ * of the schedule into an array of the schedule's n_instr, which
+ * mf_exec_instr_seconds returns (NULL while off, or on a backend without
+ * measured timing). Turning it on allocates that array once (MF_ERR_OUT_OF_MEMORY). */
+mf_status mf_exec_set_instr_timing(mf_exec *x, int on);
+const double *mf_exec_instr_seconds(const mf_exec *x);
+
+/* ------------------------------------------------ host optimizer hand-off
+ *
+ * For an optimizer that updates the weights on the host while the executor
+ * runs (src/optim/worker.h). With hooks set, mf_exec_step calls
+ *   wait(ctx, i)       before an instruction reads or writes parameter i's host
+ *                      copies: each upload of its weights and each copy of its
+ *                      gradient home. It returns once they are current (the
+ *                      update of the previous step is done); a non-OK status
+ *                      ends the step with it. Outside the busy time of the
+ *                      streams (see timing).
+ *   grad_home(ctx, i)  after the last copy of parameter i's gradient home in
+ *                      the step (the stream synchronized first): `grads` holds
+ *                      its final value and the step does not touch it again.
+ * Both run on the thread calling mf_exec_step. */
+typedef struct mf_exec_param_hooks {
+  void *ctx;
+  mf_status (*wait)(void *ctx, int32_t param);
+  void (*grad_home)(void *ctx, int32_t param);
+} mf_exec_param_hooks;
+
+/* Sets the hooks (copied); NULL removes them. */
+void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h);
+
+/* The parameters in the order a step first uploads them ([n_params]; those
+ * never uploaded last, in index order): the order to update them in. */
+const int32_t *mf_exec_param_upload_order(const mf_exec *x);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,7 +14,7 @@
 typedef long long ll;
 
 #define METRICS_FILE "metrics.jsonl"
-#define LINE_CAP 1024 /* one line is about 300 bytes */
+#define LINE_CAP 1024 /* one line is about 600 bytes */
 
 struct mf_metrics {
   int fd; /* O_APPEND */
@@ -27,6 +27,8 @@ void mf_step_metrics_init(mf_step_metrics *s) {
   s->eval_loss = NAN;
   s->step_s = NAN;
   s->expert_imbalance = NAN;
+  for (int k = 0; k < 3; k++) s->busy_s[k] = s->idle_s[k] = NAN;
+  s->h2d_bytes = s->d2h_bytes = s->peak_device_bytes = NAN;
 }
 
 /* ---------------------------------------------------------- formatting */
@@ -49,6 +51,14 @@ static void json_num(char *buf, size_t cap, size_t *n, const char *key, double v
     appendf(buf, cap, n, ",\"%s\":null", key);
 }
 
+/* A count (bytes) kept in a double: every digit, so it reads back exactly. */
+static void json_count(char *buf, size_t cap, size_t *n, const char *key, double v) {
+  if (isfinite(v))
+    appendf(buf, cap, n, ",\"%s\":%.17g", key, v);
+  else
+    appendf(buf, cap, n, ",\"%s\":null", key);
+}
+
 size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   size_t n = 0;
   if (cap) buf[0] = 0;
@@ -65,6 +75,15 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   json_num(buf, cap, &n, "eval_loss", s->eval_loss);
   json_num(buf, cap, &n, "step_s", s->step_s);
   json_num(buf, cap, &n, "expert_imbalance", s->expert_imbalance);
+  static const char *const busy_keys[3] = {"compute_busy_s", "h2d_busy_s", "d2h_busy_s"};
+  static const char *const idle_keys[3] = {"compute_idle_s", "h2d_idle_s", "d2h_idle_s"};
+  for (int k = 0; k < 3; k++) json_num(buf, cap, &n, busy_keys[k], s->busy_s[k]);
+  for (int k = 0; k < 3; k++) json_num(buf, cap, &n, idle_keys[k], s->idle_s[k]);
+  json_count(buf, cap, &n, "h2d_bytes", s->h2d_bytes);
+  json_count(buf, cap, &n, "d2h_bytes", s->d2h_bytes);
+  json_count(buf, cap, &n, "peak_device_bytes", s->peak_device_bytes);
+  json_num(buf, cap, &n, "optimizer_hidden_s", s->optimizer_hidden_s);
+  json_num(buf, cap, &n, "optimizer_exposed_s", s->optimizer_exposed_s);
   appendf(buf, cap, &n, "}");
   return n;
 }
@@ -79,6 +98,20 @@ static void format_rate(char *buf, size_t cap, double v) {
     snprintf(buf, cap, "%.1fk", v / 1e3);
   else
     snprintf(buf, cap, "%.2fM", v / 1e6);
+}
+
+/* "950", "12.3K", "1.74M", "2.50G" (binary units); "-" when unknown. */
+static void format_bytes_short(char *buf, size_t cap, double v) {
+  if (!isfinite(v) || v < 0)
+    snprintf(buf, cap, "-");
+  else if (v < 1024)
+    snprintf(buf, cap, "%.0f", v);
+  else if (v < 1024.0 * 1024)
+    snprintf(buf, cap, "%.3gK", v / 1024);
+  else if (v < 1024.0 * 1024 * 1024)
+    snprintf(buf, cap, "%.3gM", v / (1024.0 * 1024));
+  else
+    snprintf(buf, cap, "%.3gG", v / (1024.0 * 1024 * 1024));
 }
 
 /* "45s", "1m32s", "2h05m"; "?" when unknown. */
@@ -121,6 +154,26 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
     format_duration(eta, sizeof eta, left == 0 ? 0.0 : (double)left * per_step);
     appendf(buf, cap, &n, "  eta %s", eta);
   }
+  if (isfinite(s->busy_s[0]) && isfinite(s->step_s) && s->step_s > 0) {
+    static const char *const names[3] = {"c", "up", "dn"};
+    appendf(buf, cap, &n, "  busy");
+    for (int k = 0; k < 3; k++)
+      appendf(buf, cap, &n, " %s %.0f%%", names[k], isfinite(s->busy_s[k]) ? 100.0 * s->busy_s[k] / s->step_s : 0.0);
+  }
+  if (isfinite(s->h2d_bytes) || isfinite(s->d2h_bytes)) {
+    char up[32], dn[32];
+    format_bytes_short(up, sizeof up, s->h2d_bytes);
+    format_bytes_short(dn, sizeof dn, s->d2h_bytes);
+    appendf(buf, cap, &n, "  io %s/%s", up, dn);
+  }
+  if (isfinite(s->peak_device_bytes)) {
+    char pk[32];
+    format_bytes_short(pk, sizeof pk, s->peak_device_bytes);
+    appendf(buf, cap, &n, "  peak %s", pk);
+  }
+  if (s->optimizer_hidden_s > 0 || s->optimizer_exposed_s > 0)
+    appendf(buf, cap, &n, "  opt hidden %.1fms exposed %.1fms", s->optimizer_hidden_s * 1e3,
+            s->optimizer_exposed_s * 1e3);
   if (s->skipped) appendf(buf, cap, &n, "  SKIPPED (non-finite gradients)");
   return n;
 }

@@ -16,6 +16,7 @@
 #include "src/io/tokens.h"
 #include "src/model/program.h"
 #include "src/optim/optim.h"
+#include "src/optim/worker.h"
 #include "planner/plan.h"
 
 static int is_dir_with_config(const char *dir) {
@@ -72,7 +73,9 @@ static mf_status check_backend(const mf_config *cfg) {
 typedef struct runner {
   mf_backend *backend;
   mf_program *prog;
-  mf_plan *plan; /* the planner's schedule, or NULL: everything resident */
+  mf_hwprofile hw; /* the profile the plan was made with */
+  mf_plan *plan;   /* the schedule memory.plan names, or NULL: everything resident */
+  char plan_desc[1024]; /* which plan: "ZeRO-Offload-like", a plan file's path */
   mf_exec *exec;
   int32_t **ids, **targets; /* [G][B*S] */
   int64_t G;
@@ -92,37 +95,46 @@ static void runner_free(runner *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* With an explicit memory.device_budget the planner decides (weights streamed,
- * activations offloaded or recomputed as the budget requires); with `auto`
- * every tensor stays resident on the cpu backend. */
-static mf_status plan_for(runner *r, const mf_config *cfg) {
-  if (cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO) return MF_OK;
-  mf_hwprofile hw;
-  MF_CHECK(mf_hwprofile_load(mf_plan_profile_path(cfg->hardware.profile), &hw));
-  mf_decisions *fixed = NULL;
-  mf_plan_pins pins = {NULL, NULL, NULL};
-  mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_decisions_create(r->prog, &fixed), st, done);
-  MF_CHECK_GOTO(mf_plan_pins_create(r->prog, &pins), st, done);
-  MF_CHECK_GOTO(mf_plan_apply_overrides(r->prog, &cfg->memory, fixed, &pins), st, done);
-  MF_CHECK_GOTO(mf_plan_choose(r->prog, &hw, cfg->memory.device_budget, fixed,
-                               cfg->memory.n_overrides ? &pins : NULL, &r->plan),
-                st, done);
-done:
-  mf_plan_pins_free(&pins);
-  mf_decisions_free(fixed);
-  return st;
-}
-
+/* The program and the plan a run follows (planner/plan.h mf_plan_for), from
+ * memory.plan: auto with memory.device_budget set, the planner's choice within
+ * it; a baseline or a plan file, that; auto with budget auto, none: every
+ * tensor resident on the cpu backend, unscheduled. train.micro_batch_order
+ * auto lets the planner choose the order; the simulation models
+ * train.overlap_optimizer. */
 static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                              int64_t G, int forward_only) {
   memset(r, 0, sizeof *r);
   mf_cpu_backend_opts bo = {pool, 0, 0};
   MF_CHECK(mf_backend_cpu_create(&bo, &r->backend));
-  mf_program_opts po = {cfg->train.micro_batch, cfg->data.seq_len, G, aux_coef_of(cfg, t), 0, forward_only};
+  /* Storage fp32: what the cpu backend runs. */
+  const mf_program_order order =
+      cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR;
+  mf_program_opts po = {cfg->train.micro_batch, cfg->data.seq_len, G, aux_coef_of(cfg, t), 0, forward_only,
+                        order, MF_DTYPE_F32};
+  const mf_config_memory *mem = &cfg->memory;
+  mf_config_plan which = mem->plan_kind;
+  if (which == MF_CONFIG_PLAN_FILE && forward_only) which = MF_CONFIG_PLAN_AUTO;
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_program_build(t, &po, &r->prog), st, fail);
-  MF_CHECK_GOTO(plan_for(r, cfg), st, fail);
+  if (which == MF_CONFIG_PLAN_AUTO && mem->device_budget == MF_CONFIG_SIZE_AUTO) {
+    MF_CHECK_GOTO(mf_program_build(t, &po, &r->prog), st, fail);
+  } else {
+    MF_CHECK_GOTO(mf_hwprofile_load(mf_plan_profile_path(cfg->hardware.profile), &r->hw), st, fail);
+    mf_plan_request rq;
+    memset(&rq, 0, sizeof rq);
+    rq.params = t;
+    rq.opts = po;
+    rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && !forward_only;
+    rq.hw = &r->hw;
+    rq.sim.overlap_optimizer = cfg->train.overlap_optimizer && !forward_only;
+    rq.budget = mem->device_budget == MF_CONFIG_SIZE_AUTO ? UINT64_MAX : mem->device_budget;
+    rq.memory = mem;
+    mf_plan *all[MF_PLAN_KIND_COUNT_];
+    MF_CHECK_GOTO(mf_plan_for(&rq, &r->prog, all), st, fail);
+    r->plan = all[MF_PLAN_CHOSEN];
+    for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
+      if (k != MF_PLAN_CHOSEN) mf_plan_free(all[k]);
+    snprintf(r->plan_desc, sizeof r->plan_desc, "%s", r->plan->name);
+  }
   if (r->plan)
     MF_CHECK_GOTO(mf_exec_create_scheduled(r->prog, r->plan->s, r->backend, &r->exec), st, fail);
   else
@@ -171,6 +183,11 @@ static mf_status eval_pass(runner *r, mf_loader *l, const float *w, mf_eval_resu
   return MF_OK;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
 static mf_status corpus_entropy(const char *path, double *nats) {
   mf_tokens *t = NULL;
   MF_CHECK(mf_tokens_open(path, &t));
@@ -182,14 +199,22 @@ static mf_status corpus_entropy(const char *path, double *nats) {
 }
 
 
+/* train.adam_moments: the dtype of the moment buffers m and v (each holds
+ * total_numel elements of it; mf_adamw_update_bufs). */
+static mf_dtype moment_dtype(const mf_config_train *tc) {
+  return tc->adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+}
+
 /* AdamW over every parameter that got a gradient. A routed expert that saw no
  * token in the step has none in Mixtral and Qwen (PyTorch leaves .grad None): it
  * is not updated and its step count does not advance. OLMoE's experts always get
  * a (zero) gradient, so they are updated, as transformers does. Weight decay
  * applies to matrices only. */
 static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_tokens, const mf_config_train *tc,
-                                double lr, float *w, float *g, float *m, float *v, int64_t *steps,
+                                double lr, float *w, float *g, void *m, void *v, int64_t *steps,
                                 mf_threadpool *pool) {
+  const mf_dtype md = moment_dtype(tc);
+  const size_t ms = mf_dtype_size(md);
   mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
   mf_adamw_hparams h_nodecay = h;
   h_nodecay.weight_decay = 0;
@@ -199,24 +224,82 @@ static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_t
         !mf_family_idle_expert_has_grad(t->spec.family))
       continue;
     steps[i]++;
-    MF_CHECK(mf_adamw_update(p->ndim == 2 ? &h : &h_nodecay, steps[i], w + p->offset, g + p->offset, m + p->offset,
-                             v + p->offset, (size_t)p->numel, NULL, pool));
+    const mf_adamw_bufs b = {w + p->offset, g + p->offset, (char *)m + (size_t)p->offset * ms,
+                             (char *)v + (size_t)p->offset * ms, NULL, (size_t)p->numel, MF_DTYPE_F32, md};
+    MF_CHECK(mf_adamw_update_bufs(p->ndim == 2 ? &h : &h_nodecay, steps[i], &b, pool));
   }
   return MF_OK;
+}
+
+/* train.overlap_optimizer: the optimizer worker (src/optim/worker.h) behind
+ * the executor's hooks. Step k's updates are queued once its gradients are all
+ * home and run while step k+1 runs; each upload of a weight in step k+1 (and
+ * each copy of its gradient home) waits for that parameter's update only.
+ * Before an evaluation and at the end of training the loop waits for all of
+ * them. Same bits as optimizer_step after mf_optim_clip_grad_norm: the same
+ * norm (worker.h), the same clip factor and skip decision, the same per-element
+ * scaling and AdamW, the same parameters and step counts. */
+static mf_status hook_wait(void *ctx, int32_t i) {
+  return mf_optim_worker_wait_param((mf_optim_worker *)ctx, i);
+}
+static void hook_grad_home(void *ctx, int32_t i) {
+  mf_optim_worker_grad_home((mf_optim_worker *)ctx, i);
+}
+
+static mf_status optimizer_worker_create(const mf_param_table *t, float *w, float *g, void *m, void *v,
+                                         mf_dtype md, int threads, mf_optim_worker **out) {
+  const size_t ms = mf_dtype_size(md);
+  mf_optim_tensor *ts = NULL;
+  MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof *ts, "optimizer tensors", (void **)&ts));
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    ts[i] = (mf_optim_tensor){w + p->offset, g + p->offset, (char *)m + (size_t)p->offset * ms,
+                              (char *)v + (size_t)p->offset * ms, (size_t)p->numel, md};
+  }
+  mf_status st = mf_optim_worker_create(ts, (int32_t)t->n, threads, out);
+  free(ts);
+  return st;
+}
+
+/* optimizer_step's updates, queued on the worker in the order the step program
+ * first uploads the parameters (`order`); `upd` holds t->n entries. */
+static mf_status optimizer_queue(const mf_param_table *t, const int64_t *expert_tokens, const mf_config_train *tc,
+                                 double lr, double coef, const int32_t *order, int64_t *steps, mf_optim_update *upd,
+                                 mf_optim_worker *wk) {
+  mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
+  mf_adamw_hparams h_nodecay = h;
+  h_nodecay.weight_decay = 0;
+  int32_t n = 0;
+  for (int64_t k = 0; k < t->n; k++) {
+    const int32_t i = order[k];
+    const mf_param *p = &t->params[i];
+    if (p->expert >= 0 && expert_tokens[p->layer * t->spec.experts + p->expert] == 0 &&
+        !mf_family_idle_expert_has_grad(t->spec.family))
+      continue;
+    steps[i]++;
+    upd[n++] = (mf_optim_update){i, steps[i], p->ndim == 2 ? h : h_nodecay};
+  }
+  return mf_optim_worker_update(wk, upd, n, coef);
 }
 
 mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   memset(out, 0, sizeof *out);
   out->valid_loss = NAN;
+  out->predicted_step_s = out->executed_step_s = NAN;
   MF_CHECK(check_backend(cfg));
   mf_status st = MF_OK;
   mf_threadpool *pool = NULL;
   mf_param_table *t = NULL;
-  float *w = NULL, *g = NULL, *mom = NULL, *var = NULL;
+  float *w = NULL, *g = NULL;
+  void *mom = NULL, *var = NULL; /* train.adam_moments: fp32 or bf16 */
   int64_t *steps = NULL;
   mf_loader *train = NULL, *valid = NULL;
   mf_metrics *metrics = NULL;
   mf_optim_buf *bufs = NULL;
+  mf_optim_worker *wk = NULL; /* train.overlap_optimizer */
+  mf_optim_update *upd = NULL;
+  uint8_t *used = NULL;
+  double *step_wall = NULL; /* [train.steps] each step's wall time, for the executed median */
   runner tr = {0}, ev = {0};
   char desc[4200];
 
@@ -236,10 +319,21 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
 
   const size_t n = (size_t)t->total_numel;
   MF_CHECK_GOTO(mf_calloc(n, sizeof(float), "gradients", (void **)&g), st, done);
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(float), "Adam first moments", (void **)&mom), st, done);
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(float), "Adam second moments", (void **)&var), st, done);
+  const size_t moment_size = mf_dtype_size(moment_dtype(&cfg->train));
+  MF_CHECK_GOTO(mf_calloc(n, moment_size, "Adam first moments", &mom), st, done);
+  MF_CHECK_GOTO(mf_calloc(n, moment_size, "Adam second moments", &var), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(int64_t), "step counts", (void **)&steps), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_buf), "gradient list", (void **)&bufs), st, done);
+  MF_CHECK_GOTO(mf_calloc((size_t)(cfg->train.steps > 0 ? cfg->train.steps : 1), sizeof(double), "step times",
+                          (void **)&step_wall), st, done);
+  if (cfg->train.overlap_optimizer) {
+    MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_update), "optimizer updates", (void **)&upd), st, done);
+    MF_CHECK_GOTO(mf_calloc((size_t)t->n, 1, "gradient flags", (void **)&used), st, done);
+    MF_CHECK_GOTO(optimizer_worker_create(t, w, g, mom, var, moment_dtype(&cfg->train), (int)cfg->train.threads,
+                                          &wk), st, done);
+    const mf_exec_param_hooks hooks = {wk, hook_wait, hook_grad_home};
+    mf_exec_set_param_hooks(tr.exec, &hooks);
+  }
   MF_CHECK_GOTO(mf_mkdir_p(cfg->output.dir), st, done);
   MF_CHECK_GOTO(mf_metrics_open(cfg->output.dir, 0, &metrics), st, done);
 
@@ -263,24 +357,38 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
 
   if (!quiet && tr.plan) {
     const mf_plan *pl = tr.plan;
-    int wr = 0, ws = 0, ak = 0, ao = 0, ar = 0;
-    for (int32_t i = 0; i < pl->d->n_params; i++) pl->d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+    int wr = 0, ws = 0, gd = 0, gs = 0, ak = 0, ao = 0, ar = 0;
+    for (int32_t i = 0; i < pl->d->n_params; i++) {
+      pl->d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+      pl->d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
+    }
     for (int32_t x = 0; x < tr.prog->n_tensors; x++)
       if (mf_schedule_can_offload(tr.prog, x))
         pl->d->act[x] == MF_ACT_KEEP ? ak++ : pl->d->act[x] == MF_ACT_OFFLOAD ? ao++ : ar++;
     char b1[32], b2[32], b3[32], b4[32], b5[32];
-    MF_LOGI("train", "plan: device budget %s, arena %s (peak %s); weights %d resident / %d streamed; activations "
-            "%d kept / %d offloaded / %d recomputed; %s up and %s home per step; predicted %.0f tokens/s",
-            mf_format_bytes(pl->budget, b1, sizeof b1), mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
-            mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), wr, ws, ak, ao, ar,
+    MF_LOGI("train", "plan: %s, arena %s (peak %s), predicted %.4g s/step (%.0f tokens/s); device budget %s%s; "
+            "weights %d resident / %d streamed; gradients %d on the device / %d streamed; activations %d kept / %d "
+            "offloaded / %d recomputed; %s up and %s home per step; %s order",
+            tr.plan_desc, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
+            mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
+            (double)tokens_per_step / pl->sim.step_seconds, mf_format_bytes(pl->budget, b1, sizeof b1),
+            cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO ? " (auto: the plan's arena)" : "", wr, ws, gd, gs, ak,
+            ao, ar,
             mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4), mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5),
-            (double)tokens_per_step / pl->sim.step_seconds);
+            mf_program_order_name(tr.prog->order));
   }
   const double t_start = mf_time_now();
   double window_loss = 0;
   int64_t window_n = 0, window_tokens = 0;
   double window_t0 = t_start;
+  double window_busy[MF_EXEC_STREAMS] = {0, 0, 0};
+  size_t window_peak = 0;
+  /* The host optimizer per step: hidden behind the device work / exposed (the
+   * loop waiting for it). Overlapped: from the worker's busy seconds and the
+   * loop's waits; otherwise all of it is exposed. */
+  double window_opt_hidden = 0, window_opt_exposed = 0, opt_busy_seen = 0, opt_waited_seen = 0;
   for (int64_t step = 1; step <= cfg->train.steps; step++) {
+    const double step_t0 = mf_time_now();
     for (int64_t m = 0; m < tr.G; m++) MF_CHECK_GOTO(mf_loader_next(train, tr.ids[m], tr.targets[m], NULL, NULL), st, done);
     mf_step_result sr;
     MF_CHECK_GOTO(mf_exec_step(tr.exec, w, (const int32_t *const *)tr.ids, (const int32_t *const *)tr.targets, g, &sr),
@@ -292,17 +400,34 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       bufs[i] = (mf_optim_buf){used ? g + p->offset : NULL, used ? (size_t)p->numel : 0};
     }
     double norm = 0, coef = 1;
-    MF_CHECK_GOTO(mf_optim_clip_grad_norm(bufs, (size_t)t->n, cfg->train.grad_clip, pool, &norm, &coef), st, done);
+    const double opt_t0 = mf_time_now();
+    if (wk) {
+      for (int64_t i = 0; i < t->n; i++) used[i] = bufs[i].data != NULL;
+      MF_CHECK_GOTO(mf_optim_worker_norm(wk, used, &norm), st, done);
+      coef = mf_optim_clip_coef(norm, cfg->train.grad_clip);
+    } else {
+      MF_CHECK_GOTO(mf_optim_clip_grad_norm(bufs, (size_t)t->n, cfg->train.grad_clip, pool, &norm, &coef), st, done);
+    }
     const double lr = mf_lr_at(&cfg->train, step);
     const int skip = !isfinite(norm) || !isfinite(sr.loss);
     if (skip) {
       out->skipped++;
       MF_LOGW("train", "step %lld: non-finite gradients or loss (loss %g, |g| %g): step skipped, weights and "
               "optimizer state unchanged", (long long)step, sr.loss, norm);
+    } else if (wk) {
+      MF_CHECK_GOTO(optimizer_queue(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, coef,
+                                    mf_exec_param_upload_order(tr.exec), steps, upd, wk),
+                    st, done);
     } else {
       MF_CHECK_GOTO(optimizer_step(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, w, g, mom, var, steps, pool),
                     st, done);
     }
+    if (!wk) window_opt_exposed += mf_time_now() - opt_t0;
+    step_wall[step - 1] = mf_time_now() - step_t0;
+    mf_exec_stats xs;
+    mf_exec_stats_get(tr.exec, &xs);
+    for (int k = 0; k < MF_EXEC_STREAMS; k++) window_busy[k] += xs.busy_s[k];
+    if (xs.peak_live_bytes > window_peak) window_peak = xs.peak_live_bytes;
     if (step == 1) out->first_loss = sr.loss;
     window_loss += sr.loss;
     window_n++;
@@ -311,6 +436,17 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
 
     const int last = step == cfg->train.steps;
     const int eval_now = valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
+    if (wk) {
+      /* An evaluation and the final weights need every update done. */
+      if (eval_now || last) MF_CHECK_GOTO(mf_optim_worker_wait_all(wk), st, done);
+      double busy, waited;
+      mf_optim_worker_stats(wk, &busy, &waited);
+      const double d_busy = busy - opt_busy_seen, d_waited = waited - opt_waited_seen;
+      opt_busy_seen = busy;
+      opt_waited_seen = waited;
+      window_opt_exposed += d_waited;
+      window_opt_hidden += d_busy > d_waited ? d_busy - d_waited : 0.0;
+    }
     double eval_loss = NAN;
     if (eval_now) {
       mf_eval_result er;
@@ -334,6 +470,20 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       sm.skipped = skip;
       sm.eval_loss = eval_loss;
       sm.step_s = (now - window_t0) / (double)window_n;
+      /* Streams: mean busy over the window (NaN on a backend without timing),
+       * bytes of this step (every step moves the same), the window's peak. */
+      for (int k = 0; k < MF_EXEC_STREAMS; k++) {
+        sm.busy_s[k] = window_busy[k] / (double)window_n;
+        sm.idle_s[k] = sm.step_s - sm.busy_s[k];
+        window_busy[k] = 0;
+      }
+      sm.h2d_bytes = (double)xs.h2d_bytes;
+      sm.d2h_bytes = (double)xs.d2h_bytes;
+      sm.peak_device_bytes = (double)window_peak;
+      window_peak = 0;
+      sm.optimizer_hidden_s = window_opt_hidden / (double)window_n;
+      sm.optimizer_exposed_s = window_opt_exposed / (double)window_n;
+      window_opt_hidden = window_opt_exposed = 0;
       MF_CHECK_GOTO(mf_metrics_write(metrics, &sm), st, done);
       if (!quiet) {
         char line[512];
@@ -349,6 +499,18 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   }
   out->seconds = mf_time_now() - t_start;
   out->tokens_per_s = (double)(out->steps * tokens_per_step) / (out->seconds > 0 ? out->seconds : 1e-9);
+  if (tr.plan) {
+    /* The first step pays for cold caches and page faults: the median of the rest. */
+    const int64_t n_rest = out->steps > 1 ? out->steps - 1 : out->steps;
+    double *rest = step_wall + (out->steps > 1 ? 1 : 0);
+    qsort(rest, (size_t)n_rest, sizeof(double), cmp_double);
+    out->predicted_step_s = tr.plan->sim.step_seconds;
+    out->executed_step_s = n_rest > 0 ? rest[n_rest / 2] : NAN;
+    if (!quiet)
+      MF_LOGI("train", "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps 2..%lld; profile %s)",
+              out->predicted_step_s, out->executed_step_s, out->predicted_step_s / out->executed_step_s,
+              (long long)out->steps, mf_plan_profile_path(cfg->hardware.profile));
+  }
   {
     char final_dir[4200];
     snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
@@ -363,6 +525,9 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     }
   }
 done:
+  mf_optim_worker_free(wk); /* first: it may still be writing the buffers freed below */
+  free(upd);
+  free(used);
   mf_metrics_close(metrics);
   runner_free(&tr);
   runner_free(&ev);
@@ -373,6 +538,7 @@ done:
   free(var);
   free(steps);
   free(bufs);
+  free(step_wall);
   free(w);
   mf_param_table_free(t);
   mf_threadpool_free(pool);

@@ -29,6 +29,11 @@ typedef struct mf_train_summary {
   double entropy_nats;    /* unigram entropy of the training tokens, nats/token */
   double tokens_per_s;
   double seconds;
+  /* With a plan (memory.device_budget set): the simulator's step time on the
+   * config's hardware profile, and the median wall time of the steps after the
+   * first (loader, executor, clipping and optimizer; no eval). NaN otherwise. */
+  double predicted_step_s;
+  double executed_step_s;
 } mf_train_summary;
 
 /* Trains as the config says: progress lines on stderr, OUTPUT/metrics.jsonl,

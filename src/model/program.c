@@ -18,8 +18,24 @@ typedef struct pb {
   mf_program *p;
   int32_t cap_t, cap_o;
   int64_t cap_pool;
+  int32_t stage;     /* the stage of the ops being built (see STAGE_*) */
+  int32_t *stage_of; /* [cap_o] each op's stage, for the layer-major reorder */
   mf_status st;
 } pb;
+
+/* A micro-batch's ops fall into stages, in build order: the embedding's
+ * forward, each layer's forward, the loss part, the final norm's backward, each
+ * layer's backward (last layer first), the embedding's backward. Layer-major
+ * order runs each stage for every micro-batch before the next stage. The
+ * final norm's backward is a stage of its own so that the loss part (the
+ * lm_head's one use) runs for all micro-batches in one stretch. */
+#define STAGE_SETUP (-1)
+#define STAGE_EMBED 0
+#define STAGE_FWD(l) (1 + (l))
+#define STAGE_LOSS(L) ((L) + 1)
+#define STAGE_NORM_BWD(L) ((L) + 2)
+#define STAGE_BWD(L, l) ((L) + 3 + ((L) - 1 - (l)))
+#define STAGE_EMBED_BWD(L) (2 * (L) + 3)
 
 static int32_t tensor(pb *b, mf_tensor_kind kind, mf_dtype dtype, int64_t numel, int32_t micro, int32_t layer,
                       const char *fmt, ...) __attribute__((format(printf, 7, 8)));
@@ -45,6 +61,11 @@ static int32_t tensor(pb *b, mf_tensor_kind kind, mf_dtype dtype, int64_t numel,
   vsnprintf(t->name, sizeof t->name, fmt, ap);
   va_end(ap);
   t->kind = kind;
+  /* Device storage: weights, activations and their gradients in the storage
+   * dtype; gradient sums, statistics, workspaces and inputs as built. */
+  if (p->storage == MF_DTYPE_BF16 && dtype == MF_DTYPE_F32 &&
+      (kind == MF_T_PARAM || kind == MF_T_ACT || kind == MF_T_ACT_GRAD))
+    dtype = MF_DTYPE_BF16;
   t->dtype = dtype;
   t->numel = numel;
   t->bytes = (size_t)numel * mf_dtype_size(dtype);
@@ -66,13 +87,16 @@ static mf_pop *op(pb *b, mf_kernel kind, mf_phase phase, int32_t micro, int32_t 
   if (p->n_ops == b->cap_o) {
     int32_t cap = b->cap_o ? 2 * b->cap_o : 1024;
     mf_pop *o = (mf_pop *)realloc(p->ops, (size_t)cap * sizeof *o);
-    if (!o) {
+    if (o) p->ops = o;
+    int32_t *sg = o ? (int32_t *)realloc(b->stage_of, (size_t)cap * sizeof *sg) : NULL;
+    if (sg) b->stage_of = sg;
+    if (!o || !sg) {
       b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
       return &sink;
     }
-    p->ops = o;
     b->cap_o = cap;
   }
+  b->stage_of[p->n_ops] = b->stage;
   mf_pop *o = &p->ops[p->n_ops++];
   memset(o, 0, sizeof *o);
   o->kind = kind;
@@ -222,6 +246,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   io->ce_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 2, m, -1, "mb%d.loss.ce", m);
   io->aux_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 1, m, -1, "mb%d.loss.aux", m);
   const int32_t pos = io->positions;
+  b->stage = STAGE_EMBED;
   int32_t aux_counts = -1, aux_psum = -1;
   if (n_moe > 0) {
     aux_counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, -1, "mb%d.aux.counts", m);
@@ -255,6 +280,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   for (int32_t l = 0; l < Li; l++) {
     layer_acts *a = &A[l];
     const int moe = mf_model_spec_layer_is_moe(s, l);
+    b->stage = STAGE_FWD(l);
     a->xn1 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out", m, l);
     a->rstd1 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "input_layernorm.rstd", m, l);
     rmsnorm_fwd(c, l, "input_layernorm", resid[l], P(c, MF_P_ATTN_NORM, l), a->xn1, a->rstd1, T, H);
@@ -380,6 +406,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   }
 
   /* Final norm, aux value, loss. */
+  b->stage = STAGE_LOSS(Li);
   int32_t hf = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.norm.out", m);
   int32_t rstdf = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, -1, "mb%d.model.norm.rstd", m);
   rmsnorm_fwd(c, -1, "final norm", resid[L], P(c, MF_P_FINAL_NORM, -1), hf, rstdf, T, H);
@@ -412,12 +439,14 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
     return;
   }
   /* Backward. gres is the gradient of the residual stream, updated layer by layer. */
+  b->stage = STAGE_NORM_BWD(Li);
   int32_t gres = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.residual.grad", m);
   rmsnorm_bwd(c, -1, "final norm", dhf, resid[L], P(c, MF_P_FINAL_NORM, -1), rstdf, gres, G(c, MF_P_FINAL_NORM, -1),
               T, H, 0);
   for (int32_t l = Li - 1; l >= 0; l--) {
     layer_acts *a = &A[l];
     const int moe = mf_model_spec_layer_is_moe(s, l);
+    b->stage = STAGE_BWD(Li, l);
     int32_t dxn2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out.grad", m, l);
     mf_pop *o;
     if (moe) {
@@ -548,6 +577,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
     rmsnorm_bwd(c, l, "input_layernorm", dxn1, resid[l], P(c, MF_P_ATTN_NORM, l), a->rstd1, gres,
                 G(c, MF_P_ATTN_NORM, l), T, H, 1);
   }
+  b->stage = STAGE_EMBED_BWD(Li);
   {
     mf_pop *o = op(b, MF_K_EMBED_BWD, MF_PHASE_BWD, m, -1, "embed bwd");
     SET(o, io->ids, gres, G(c, MF_P_EMBED, -1));
@@ -595,6 +625,49 @@ static void compute_lifetimes(mf_program *p) {
   }
 }
 
+const char *mf_program_order_name(mf_program_order o) {
+  return o == MF_ORDER_LAYER_MAJOR ? "layer-major" : "micro-batch-major";
+}
+
+typedef struct op_key {
+  int32_t stage, micro, k;
+} op_key;
+
+static int cmp_op_key(const void *a, const void *b) {
+  const op_key *x = (const op_key *)a, *y = (const op_key *)b;
+  if (x->stage != y->stage) return x->stage < y->stage ? -1 : 1;
+  if (x->micro != y->micro) return x->micro < y->micro ? -1 : 1;
+  return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* Layer-major order: the ops sorted by (stage, micro-batch), keeping build
+ * order inside each (the build order is micro-batch-major), then every op
+ * index kept outside the op list moved with its op. Runs before lifetimes. */
+static mf_status reorder_layer_major(mf_program *p, const int32_t *stage_of) {
+  const int32_t n = p->n_ops;
+  op_key *key = (op_key *)malloc((size_t)(n + 1) * sizeof *key);
+  mf_pop *ops = (mf_pop *)malloc((size_t)(n + 1) * sizeof *ops);
+  int32_t *moved_to = (int32_t *)malloc((size_t)(n + 1) * sizeof *moved_to);
+  if (!key || !ops || !moved_to) {
+    free(key);
+    free(ops);
+    free(moved_to);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+  }
+  for (int32_t k = 0; k < n; k++) key[k] = (op_key){stage_of[k], p->ops[k].micro, k};
+  qsort(key, (size_t)n, sizeof *key, cmp_op_key);
+  for (int32_t j = 0; j < n; j++) {
+    ops[j] = p->ops[key[j].k];
+    moved_to[key[j].k] = j;
+  }
+  free(p->ops);
+  p->ops = ops;
+  for (int64_t m = 0; m < p->G; m++) p->io[m].ce_op = moved_to[p->io[m].ce_op];
+  free(key);
+  free(moved_to);
+  return MF_OK;
+}
+
 mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts, mf_program **out) {
   *out = NULL;
   const mf_model_spec *s = &pt->spec;
@@ -609,6 +682,11 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   if (s->router_jitter > 0)
     return MF_ERR(MF_ERR_UNSUPPORTED, "model: router jitter noise is not implemented yet; set it to 0");
   if (s->experts > 65536) return MF_ERR(MF_ERR_UNSUPPORTED, "model: more than 65536 experts");
+  if (opts->order != MF_ORDER_MICRO_MAJOR && opts->order != MF_ORDER_LAYER_MAJOR)
+    return MF_ERR(MF_ERR_INVALID_ARG, "step program: unknown micro-batch order %d", (int)opts->order);
+  if (opts->storage != MF_DTYPE_INVALID && opts->storage != MF_DTYPE_F32 && opts->storage != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "step program: device storage must be F32 or BF16 (got %s)",
+                  mf_dtype_name(opts->storage));
   const double tokens = (double)opts->micro_batch * (double)opts->seq_len * (double)s->top_k;
   if (tokens > 2147483647.0)
     return MF_ERR(MF_ERR_UNSUPPORTED, "step program: micro_batch x seq_len x top_k is too large for 32-bit rows");
@@ -623,10 +701,16 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   p->aux_coef = opts->aux_coef;
   p->ce_chunk = opts->ce_chunk > 0 ? opts->ce_chunk : 4096;
   p->forward_only = opts->forward_only;
+  p->order = opts->order;
+  p->storage = opts->storage == MF_DTYPE_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
   p->io = (mf_program_io *)calloc((size_t)p->G, sizeof(mf_program_io));
   p->param_tensor = (int32_t *)malloc((size_t)pt->n * sizeof(int32_t));
   p->grad_tensor = (int32_t *)malloc((size_t)pt->n * sizeof(int32_t));
-  pb b = {p, 0, 0, 0, MF_OK};
+  pb b;
+  memset(&b, 0, sizeof b);
+  b.p = p;
+  b.stage = STAGE_SETUP;
+  b.st = MF_OK;
   if (!p->io || !p->param_tensor || !p->grad_tensor) b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
   for (int64_t i = 0; i < pt->n && b.st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
@@ -646,6 +730,8 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     o->t[0] = p->grad_tensor[i];
   }
   for (int32_t m = 0; m < (int32_t)p->G && b.st == MF_OK; m++) build_micro(&b, pt, m);
+  if (b.st == MF_OK && p->order == MF_ORDER_LAYER_MAJOR) b.st = reorder_layer_major(p, b.stage_of);
+  free(b.stage_of);
   if (b.st != MF_OK) {
     mf_program_free(p);
     return b.st;
@@ -668,7 +754,8 @@ void mf_program_free(mf_program *p) {
 }
 
 void mf_program_dump(const mf_program *p, FILE *f) {
-  fprintf(f, "program: %d tensors, %d ops, %.3g FLOPs\n", p->n_tensors, p->n_ops, p->flops);
+  fprintf(f, "program: %d tensors, %d ops, %.3g FLOPs, %s, %s storage\n", p->n_tensors, p->n_ops, p->flops,
+          mf_program_order_name(p->order), mf_dtype_name(p->storage));
   for (int32_t i = 0; i < p->n_tensors; i++) {
     const mf_ptensor *t = &p->tensors[i];
     fprintf(f, "  t%-5d %-8s %-4s %10zu B  ops [%d, %d]  %s\n", i, mf_tensor_kind_name(t->kind),

@@ -10,8 +10,28 @@
  * T*K rows laid out by the dispatch permutation, so no size depends on routing.
  *
  * The program is built for a batch shape (B sequences of S tokens per
- * micro-batch, G micro-batches per step), in micro-batch-major order. Where
- * each tensor lives and when is the planner's business (planner/schedule.h).
+ * micro-batch, G micro-batches per step). Where each tensor lives and when is
+ * the planner's business (planner/schedule.h).
+ *
+ * Order. Micro-batch-major (the default): micro-batch 0's forward, loss and
+ * backward, then micro-batch 1's, ... Layer-major: the embedding's forward for
+ * micro-batches 0..G-1, then layer 0's forward for 0..G-1, layer 1's, ...;
+ * then the loss part (final norm, aux loss, cross-entropy) of each micro-batch;
+ * then the final norm's backward for 0..G-1; then each layer's backward, last
+ * layer first, for 0..G-1; then the embedding's backward for 0..G-1. A layer's
+ * weights are used by one stretch of ops per direction (loaded once per step
+ * when streamed), and every micro-batch's activations are held at once. Inside
+ * one micro-batch's stage the ops keep their micro-batch-major order, and each
+ * parameter's gradient is still summed over micro-batches in ascending order,
+ * so both orders give the same bits — except with tied embeddings, where the
+ * shared matrix's gradient of micro-batch m arrives in two parts (the head's
+ * in the loss part, the embedding's at the end) and is added up in another
+ * grouping.
+ *
+ * Storage. The device dtype of weights, activations and activation gradients:
+ * F32 (what the cpu backend runs) or BF16 (the cuda backend's; such a program
+ * is for planning and for that backend). Gradient sums stay fp32; statistics,
+ * workspaces and inputs keep their own dtypes.
  *
  * Loss. Micro-batch m's loss is CE_m (mean over its counted tokens) +
  * coef * aux_m (MODELS.md §11, pooled over its MoE layers); the step's loss
@@ -83,6 +103,11 @@ typedef struct mf_program_io {
   int32_t final_hidden;            /* the final norm's output [B*S, H] (for logits) */
 } mf_program_io;
 
+typedef enum mf_program_order { MF_ORDER_MICRO_MAJOR = 0, MF_ORDER_LAYER_MAJOR } mf_program_order;
+
+/* "micro-batch-major", "layer-major". */
+const char *mf_program_order_name(mf_program_order o);
+
 typedef struct mf_program {
   const mf_param_table *params;
   mf_model_spec spec;
@@ -100,6 +125,8 @@ typedef struct mf_program {
   double flops;            /* all ops of the step */
   int64_t ce_chunk;
   int forward_only;
+  mf_program_order order;
+  mf_dtype storage;        /* F32 or BF16: PARAM, ACT and ACT_GRAD tensors are stored in it */
 } mf_program;
 
 typedef struct mf_program_opts {
@@ -109,6 +136,8 @@ typedef struct mf_program_opts {
   double aux_coef;     /* the load-balancing loss weight */
   int64_t ce_chunk;    /* vocabulary rows per cross-entropy chunk (0: a default) */
   int forward_only;    /* evaluation: forward and loss only, no gradients */
+  mf_program_order order; /* default (0): micro-batch-major */
+  mf_dtype storage;    /* device storage: F32 or BF16; MF_DTYPE_INVALID (0, left out): F32 */
 } mf_program_opts;
 
 mf_status mf_program_build(const mf_param_table *params, const mf_program_opts *opts, mf_program **out);

@@ -131,9 +131,11 @@ static mf_adamw_coefs make_coefs(const mf_adamw_hparams *h, int64_t step) {
 typedef struct adamw_job {
   mf_adamw_tile_fn fn;
   const mf_adamw_coefs *c;
+  int kind;        /* MF_ADAMW_G_BF16 | MF_ADAMW_M_BF16 */
+  size_t gsz, msz; /* bytes per gradient / moment element */
   float *p;
-  const float *g;
-  float *m, *v;
+  const char *g;
+  char *m, *v;
   uint16_t *bf16;
   size_t n;
 } adamw_job;
@@ -145,22 +147,43 @@ static void adamw_task(void *ctx, int i, int n_threads) {
   /* one tile at a time: the four input streams of a tile stay within L2 */
   for (size_t t = b; t < e; t += MF_ADAMW_GRAIN) {
     size_t len = e - t < MF_ADAMW_GRAIN ? e - t : MF_ADAMW_GRAIN;
-    j->fn(j->c, j->p + t, j->g + t, j->m + t, j->v + t, j->bf16 ? j->bf16 + t : NULL, len);
+    j->fn(j->c, j->kind, j->p + t, j->g + t * j->gsz, j->m + t * j->msz, j->v + t * j->msz,
+          j->bf16 ? j->bf16 + t : NULL, len);
   }
 }
 
-mf_status mf_adamw_update(const mf_adamw_hparams *h, int64_t step, float *param, const float *grad, float *m,
-                          float *v, size_t n, uint16_t *bf16_out, mf_threadpool *pool) {
+static mf_status check_dtype(mf_dtype d, const char *what) {
+  if (d == MF_DTYPE_F32 || d == MF_DTYPE_BF16) return MF_OK;
+  return MF_ERR(MF_ERR_INVALID_ARG, "adamw: %s dtype %s (%d): must be F32 or BF16", what, mf_dtype_name(d),
+                (int)d);
+}
+
+mf_status mf_adamw_update_bufs(const mf_adamw_hparams *h, int64_t step, const mf_adamw_bufs *b,
+                               mf_threadpool *pool) {
   MF_CHECK(check_hparams(h, step));
-  if (n == 0) return MF_OK;
-  if (!param || !grad || !m || !v)
-    return MF_ERR(MF_ERR_INVALID_ARG, "adamw: %zu elements but a NULL buffer (param %p grad %p m %p v %p)", n,
-                  (void *)param, (const void *)grad, (void *)m, (void *)v);
+  if (!b) return MF_ERR(MF_ERR_INVALID_ARG, "adamw: no buffers given");
+  MF_CHECK(check_dtype(b->grad_dtype, "gradient"));
+  MF_CHECK(check_dtype(b->moment_dtype, "moment"));
+  if (b->n == 0) return MF_OK;
+  if (!b->param || !b->grad || !b->m || !b->v)
+    return MF_ERR(MF_ERR_INVALID_ARG, "adamw: %zu elements but a NULL buffer (param %p grad %p m %p v %p)",
+                  b->n, (void *)b->param, b->grad, b->m, b->v);
   const mf_adamw_coefs c = make_coefs(h, step);
-  adamw_job job = {current()->fn, &c, param, grad, m, v, bf16_out, n};
-  if (!pool || n <= MF_ADAMW_GRAIN)
+  const int gbf = b->grad_dtype == MF_DTYPE_BF16, mbf = b->moment_dtype == MF_DTYPE_BF16;
+  adamw_job job = {
+      current()->fn,         &c,           (gbf ? MF_ADAMW_G_BF16 : 0) | (mbf ? MF_ADAMW_M_BF16 : 0),
+      gbf ? 2 : 4,           mbf ? 2 : 4,  b->param,
+      (const char *)b->grad, (char *)b->m, (char *)b->v,
+      b->bf16_out,           b->n};
+  if (!pool || b->n <= MF_ADAMW_GRAIN)
     adamw_task(&job, 0, 1);
   else
     mf_threadpool_run(pool, adamw_task, &job);
   return MF_OK;
+}
+
+mf_status mf_adamw_update(const mf_adamw_hparams *h, int64_t step, float *param, const float *grad, float *m,
+                          float *v, size_t n, uint16_t *bf16_out, mf_threadpool *pool) {
+  const mf_adamw_bufs b = {param, grad, m, v, bf16_out, n, MF_DTYPE_F32, MF_DTYPE_F32};
+  return mf_adamw_update_bufs(h, step, &b, pool);
 }

@@ -4,7 +4,9 @@
  * Each lane runs exactly the sequence of adamw_elem (adamw_tile.c), operation
  * for operation and operand for operand (see adamw_avx512.c for why the bits
  * match). Built with -mavx2 -mfma -ffp-contract=off (BUILD); chosen only when
- * cpuid says avx2 and fma (adamw.c). */
+ * cpuid says avx2 and fma (adamw.c). bf16 gradients and moments are widened
+ * (vpmovzxwd, vpslld: exact) where loaded and rounded by to_bf16_32 where
+ * stored: mf_bf16_to_fp32 and mf_fp32_to_bf16 lane by lane. */
 #include "src/optim/adamw_impl.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
@@ -39,34 +41,57 @@ static inline void step8(const vcoefs *k, const int small, __m256 pv, __m256 gv,
   const __m256 mi = _mm256_fmadd_ps(k->w, d, small ? mv : gv);
   const __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(k->one_minus_b2, gv), gv, _mm256_mul_ps(vv, k->beta2));
   const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), k->bc2_sqrt), k->eps);
-  *po = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(k->neg_step, mi), denom));
+  const __m256 sum = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(k->neg_step, mi), denom));
+  *po = _mm256_blendv_ps(sum, pi, _mm256_cmp_ps(pi, pi, _CMP_UNORD_Q)); /* a NaN pi kept */
   *mo = mi;
   *vo = vi;
 }
 
-static inline __attribute__((always_inline)) size_t loop(const vcoefs *k, const int small, float *p,
-                                                         const float *g, float *m, float *v, uint16_t *bf16,
-                                                         size_t n) {
+/* 8 elements of an fp32 or bf16 buffer (bf: constant); a bf16 load widens
+ * exactly (zero-extend, shift up 16): mf_bf16_to_fp32. */
+static inline __m256 load8(const void *base, const int bf, size_t i) {
+  if (!bf) return _mm256_loadu_ps((const float *)base + i);
+  const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* 16 elements: a then b. */
+static inline void store16(void *base, const int bf, size_t i, __m256 a, __m256 b) {
+  if (bf) {
+    store_bf16((uint16_t *)base + i, a, b);
+  } else {
+    _mm256_storeu_ps((float *)base + i, a);
+    _mm256_storeu_ps((float *)base + i + 8, b);
+  }
+}
+
+/* gbf, mbf: the gradient / the moments are bf16 (constants of each instantiation). */
+static inline __attribute__((always_inline)) size_t loop(const vcoefs *k, const int small, const int gbf,
+                                                         const int mbf, float *p, const void *g, void *m,
+                                                         void *v, uint16_t *bf16, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256 p0, m0, v0, p1, m1, v1;
-    step8(k, small, _mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i), _mm256_loadu_ps(m + i),
-          _mm256_loadu_ps(v + i), &p0, &m0, &v0);
-    step8(k, small, _mm256_loadu_ps(p + i + 8), _mm256_loadu_ps(g + i + 8), _mm256_loadu_ps(m + i + 8),
-          _mm256_loadu_ps(v + i + 8), &p1, &m1, &v1);
+    step8(k, small, _mm256_loadu_ps(p + i), load8(g, gbf, i), load8(m, mbf, i), load8(v, mbf, i), &p0, &m0,
+          &v0);
+    step8(k, small, _mm256_loadu_ps(p + i + 8), load8(g, gbf, i + 8), load8(m, mbf, i + 8),
+          load8(v, mbf, i + 8), &p1, &m1, &v1);
     _mm256_storeu_ps(p + i, p0);
-    _mm256_storeu_ps(m + i, m0);
-    _mm256_storeu_ps(v + i, v0);
     _mm256_storeu_ps(p + i + 8, p1);
-    _mm256_storeu_ps(m + i + 8, m1);
-    _mm256_storeu_ps(v + i + 8, v1);
+    store16(m, mbf, i, m0, m1);
+    store16(v, mbf, i, v0, v1);
     if (bf16) store_bf16(bf16 + i, p0, p1);
   }
   return i;
 }
 
-void mf_adamw_tile_avx2(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
-                        size_t n) {
+static inline __attribute__((always_inline)) size_t loop_small(const vcoefs *k, const int gbf, const int mbf,
+                                                               int small, float *p, const void *g, void *m,
+                                                               void *v, uint16_t *bf16, size_t n) {
+  return small ? loop(k, 1, gbf, mbf, p, g, m, v, bf16, n) : loop(k, 0, gbf, mbf, p, g, m, v, bf16, n);
+}
+
+void mf_adamw_tile_avx2(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
+                        uint16_t *bf16, size_t n) {
   vcoefs k;
   k.decay = _mm256_set1_ps(c->decay);
   k.w = _mm256_set1_ps(c->w1_small ? c->w1 : c->w1_minus_1);
@@ -75,8 +100,20 @@ void mf_adamw_tile_avx2(const mf_adamw_coefs *c, float *p, const float *g, float
   k.bc2_sqrt = _mm256_set1_ps(c->bc2_sqrt);
   k.eps = _mm256_set1_ps(c->eps);
   k.neg_step = _mm256_set1_ps(c->neg_step);
-  const size_t done = c->w1_small ? loop(&k, 1, p, g, m, v, bf16, n) : loop(&k, 0, p, g, m, v, bf16, n);
-  if (done < n)
-    mf_adamw_tile_scalar(c, p + done, g + done, m + done, v + done, bf16 ? bf16 + done : NULL, n - done);
+  const int gbf = (kind & MF_ADAMW_G_BF16) != 0, mbf = (kind & MF_ADAMW_M_BF16) != 0;
+  size_t done;
+  if (!gbf && !mbf)
+    done = loop_small(&k, 0, 0, c->w1_small, p, g, m, v, bf16, n);
+  else if (gbf && !mbf)
+    done = loop_small(&k, 1, 0, c->w1_small, p, g, m, v, bf16, n);
+  else if (!gbf)
+    done = loop_small(&k, 0, 1, c->w1_small, p, g, m, v, bf16, n);
+  else
+    done = loop_small(&k, 1, 1, c->w1_small, p, g, m, v, bf16, n);
+  if (done < n) {
+    const size_t gs = gbf ? 2 : 4, ms = mbf ? 2 : 4; /* bytes per element */
+    mf_adamw_tile_scalar(c, kind, p + done, (const char *)g + done * gs, (char *)m + done * ms,
+                         (char *)v + done * ms, bf16 ? bf16 + done : NULL, n - done);
+  }
 }
 #endif

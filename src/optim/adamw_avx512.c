@@ -7,7 +7,9 @@
  * operations of their scalar forms, so every lane's bits equal the scalar
  * body's, denormals included (MXCSR is left at its default: no FTZ/DAZ). Built
  * with -mavx512f -mavx512bw -mavx512vl -ffp-contract=off (BUILD); chosen only
- * when cpuid says avx512f/bw/vl (adamw.c). */
+ * when cpuid says avx512f/bw/vl (adamw.c). bf16 gradients and moments are
+ * widened (vpmovzxwd, vpslld: exact) where loaded and rounded by to_bf16 where
+ * stored: mf_bf16_to_fp32 and mf_fp32_to_bf16 lane by lane. */
 #include "src/optim/adamw_impl.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -37,27 +39,54 @@ static inline void step16(const vcoefs *k, const int small, __m512 pv, __m512 gv
   const __m512 mi = _mm512_fmadd_ps(k->w, d, small ? mv : gv);
   const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(k->one_minus_b2, gv), gv, _mm512_mul_ps(vv, k->beta2));
   const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), k->bc2_sqrt), k->eps);
-  *po = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(k->neg_step, mi), denom));
+  const __m512 sum = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(k->neg_step, mi), denom));
+  *po = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(pi, pi, _CMP_UNORD_Q), sum, pi); /* a NaN pi kept */
   *mo = mi;
   *vo = vi;
 }
 
-static inline __attribute__((always_inline)) void loop(const vcoefs *k, const int small, float *p,
-                                                       const float *g, float *m, float *v, uint16_t *bf16,
-                                                       size_t n) {
+/* Loads and stores of one vector of an fp32 or bf16 buffer (bf: constant).
+ * A bf16 load widens exactly (zero-extend, shift up 16): mf_bf16_to_fp32. */
+static inline __m512 load16(const void *base, const int bf, size_t i) {
+  if (!bf) return _mm512_loadu_ps((const float *)base + i);
+  const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m512 load16_mask(const void *base, const int bf, __mmask16 k, size_t i) {
+  if (!bf) return _mm512_maskz_loadu_ps(k, (const float *)base + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)base + i);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline void store16(void *base, const int bf, size_t i, __m512 x) {
+  if (bf)
+    _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), to_bf16(x));
+  else
+    _mm512_storeu_ps((float *)base + i, x);
+}
+static inline void store16_mask(void *base, const int bf, __mmask16 k, size_t i, __m512 x) {
+  if (bf)
+    _mm256_mask_storeu_epi16((uint16_t *)base + i, k, to_bf16(x));
+  else
+    _mm512_mask_storeu_ps((float *)base + i, k, x);
+}
+
+/* gbf, mbf: the gradient / the moments are bf16 (constants of each instantiation). */
+static inline __attribute__((always_inline)) void loop(const vcoefs *k, const int small, const int gbf,
+                                                       const int mbf, float *p, const void *g, void *m,
+                                                       void *v, uint16_t *bf16, size_t n) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     __m512 p0, m0, v0, p1, m1, v1;
-    step16(k, small, _mm512_loadu_ps(p + i), _mm512_loadu_ps(g + i), _mm512_loadu_ps(m + i),
-           _mm512_loadu_ps(v + i), &p0, &m0, &v0);
-    step16(k, small, _mm512_loadu_ps(p + i + 16), _mm512_loadu_ps(g + i + 16), _mm512_loadu_ps(m + i + 16),
-           _mm512_loadu_ps(v + i + 16), &p1, &m1, &v1);
+    step16(k, small, _mm512_loadu_ps(p + i), load16(g, gbf, i), load16(m, mbf, i), load16(v, mbf, i), &p0,
+           &m0, &v0);
+    step16(k, small, _mm512_loadu_ps(p + i + 16), load16(g, gbf, i + 16), load16(m, mbf, i + 16),
+           load16(v, mbf, i + 16), &p1, &m1, &v1);
     _mm512_storeu_ps(p + i, p0);
-    _mm512_storeu_ps(m + i, m0);
-    _mm512_storeu_ps(v + i, v0);
+    store16(m, mbf, i, m0);
+    store16(v, mbf, i, v0);
     _mm512_storeu_ps(p + i + 16, p1);
-    _mm512_storeu_ps(m + i + 16, m1);
-    _mm512_storeu_ps(v + i + 16, v1);
+    store16(m, mbf, i + 16, m1);
+    store16(v, mbf, i + 16, v1);
     if (bf16) {
       _mm256_storeu_si256((__m256i *)(bf16 + i), to_bf16(p0));
       _mm256_storeu_si256((__m256i *)(bf16 + i + 16), to_bf16(p1));
@@ -67,16 +96,26 @@ static inline __attribute__((always_inline)) void loop(const vcoefs *k, const in
     const size_t left = n - i;
     const __mmask16 k16 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
     __m512 po, mo, vo;
-    step16(k, small, _mm512_maskz_loadu_ps(k16, p + i), _mm512_maskz_loadu_ps(k16, g + i),
-           _mm512_maskz_loadu_ps(k16, m + i), _mm512_maskz_loadu_ps(k16, v + i), &po, &mo, &vo);
+    step16(k, small, _mm512_maskz_loadu_ps(k16, p + i), load16_mask(g, gbf, k16, i),
+           load16_mask(m, mbf, k16, i), load16_mask(v, mbf, k16, i), &po, &mo, &vo);
     _mm512_mask_storeu_ps(p + i, k16, po);
-    _mm512_mask_storeu_ps(m + i, k16, mo);
-    _mm512_mask_storeu_ps(v + i, k16, vo);
+    store16_mask(m, mbf, k16, i, mo);
+    store16_mask(v, mbf, k16, i, vo);
     if (bf16) _mm256_mask_storeu_epi16(bf16 + i, k16, to_bf16(po));
   }
 }
 
-void mf_adamw_tile_avx512(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+/* One instantiation per lerp form and dtype combination. */
+static inline __attribute__((always_inline)) void loop_small(const vcoefs *k, const int gbf, const int mbf,
+                                                             int small, float *p, const void *g, void *m,
+                                                             void *v, uint16_t *bf16, size_t n) {
+  if (small)
+    loop(k, 1, gbf, mbf, p, g, m, v, bf16, n);
+  else
+    loop(k, 0, gbf, mbf, p, g, m, v, bf16, n);
+}
+
+void mf_adamw_tile_avx512(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
                           uint16_t *bf16, size_t n) {
   vcoefs k;
   k.decay = _mm512_set1_ps(c->decay);
@@ -86,9 +125,19 @@ void mf_adamw_tile_avx512(const mf_adamw_coefs *c, float *p, const float *g, flo
   k.bc2_sqrt = _mm512_set1_ps(c->bc2_sqrt);
   k.eps = _mm512_set1_ps(c->eps);
   k.neg_step = _mm512_set1_ps(c->neg_step);
-  if (c->w1_small)
-    loop(&k, 1, p, g, m, v, bf16, n);
-  else
-    loop(&k, 0, p, g, m, v, bf16, n);
+  switch (kind & (MF_ADAMW_G_BF16 | MF_ADAMW_M_BF16)) {
+    case 0:
+      loop_small(&k, 0, 0, c->w1_small, p, g, m, v, bf16, n);
+      break;
+    case MF_ADAMW_G_BF16:
+      loop_small(&k, 1, 0, c->w1_small, p, g, m, v, bf16, n);
+      break;
+    case MF_ADAMW_M_BF16:
+      loop_small(&k, 0, 1, c->w1_small, p, g, m, v, bf16, n);
+      break;
+    default:
+      loop_small(&k, 1, 1, c->w1_small, p, g, m, v, bf16, n);
+      break;
+  }
 }
 #endif

@@ -4,7 +4,10 @@
  * with the same roundings (fma where torch fuses, nothing else fused), so all
  * bodies give the same bits and the choice among them is a matter of speed. A
  * vector body (AVX-512, AVX2) processes [0, n) of its arguments with any
- * alignment, its tail included. */
+ * alignment, its tail included. Gradients and moments may be bf16 (optim.h:
+ * widened exactly where loaded, m and v rounded to nearest even, NaN kept,
+ * where stored): each body does those conversions with the same bits as
+ * mf_bf16_to_fp32 / mf_fp32_to_bf16. */
 #ifndef MF_OPTIM_ADAMW_IMPL_H
 #define MF_OPTIM_ADAMW_IMPL_H
 
@@ -24,20 +27,26 @@ typedef struct mf_adamw_coefs {
   float neg_step;     /* (float)-(lr / (1 - pow(beta1, t))) */
 } mf_adamw_coefs;
 
-typedef void (*mf_adamw_tile_fn)(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+/* The dtypes of a tile's gradient and moments: bits of a body's `kind`. */
+#define MF_ADAMW_G_BF16 1 /* gradient: bf16 (uint16_t), else fp32 */
+#define MF_ADAMW_M_BF16 2 /* m and v: bf16 (uint16_t), else fp32 */
+
+/* One tile of n elements: g, m and v point at elements of the dtypes `kind`
+ * names (their first element is the tile's first). */
+typedef void (*mf_adamw_tile_fn)(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
                                  uint16_t *bf16, size_t n);
 
-void mf_adamw_tile_scalar(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+void mf_adamw_tile_scalar(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
                           uint16_t *bf16, size_t n);
 #if defined(__x86_64__)
-void mf_adamw_tile_fma(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
-                       size_t n);
+void mf_adamw_tile_fma(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
+                       uint16_t *bf16, size_t n);
 /* Hand-written intrinsics (adamw_avx512.c, adamw_avx2.c), each file built with
  * its own -m flags and called only on a CPU that has them. */
-void mf_adamw_tile_avx512(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v,
+void mf_adamw_tile_avx512(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
                           uint16_t *bf16, size_t n);
-void mf_adamw_tile_avx2(const mf_adamw_coefs *c, float *p, const float *g, float *m, float *v, uint16_t *bf16,
-                        size_t n);
+void mf_adamw_tile_avx2(const mf_adamw_coefs *c, int kind, float *p, const void *g, void *m, void *v,
+                        uint16_t *bf16, size_t n);
 #endif
 
 #endif /* MF_OPTIM_ADAMW_IMPL_H */

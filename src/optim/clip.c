@@ -70,8 +70,9 @@ static void round_task(void *ctx, int i, int n_threads) {
   }
 }
 
-/* Runs a full round and folds its results, in chunk order, into *sum / *bad. */
-static void run_round(round_job *j, mf_threadpool *pool, double *sum, int *bad) {
+/* Runs a full round and folds its results, in chunk order, into *sum / *bad;
+ * keep, when not NULL, receives the round's chunk sums (OP_SUMSQ). */
+static void run_round(round_job *j, mf_threadpool *pool, double *sum, int *bad, double *keep) {
   if (j->count == 0) return;
   size_t elems = 0;
   for (size_t k = 0; k < j->count; k++) elems += j->len[k];
@@ -83,6 +84,7 @@ static void run_round(round_job *j, mf_threadpool *pool, double *sum, int *bad) 
     if (j->op == OP_SUMSQ) *sum += j->sum[k];
     if (j->op == OP_CHECK) *bad |= j->bad[k];
   }
+  if (keep && j->op == OP_SUMSQ) memcpy(keep, j->sum, j->count * sizeof(double));
   j->count = 0;
 }
 
@@ -102,10 +104,33 @@ static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpo
       size_t left = bufs[b].n - off;
       j.data[j.count] = bufs[b].data + off;
       j.len[j.count] = left < MF_OPTIM_NORM_CHUNK ? left : MF_OPTIM_NORM_CHUNK;
-      if (++j.count == ROUND) run_round(&j, pool, sum, bad);
+      if (++j.count == ROUND) run_round(&j, pool, sum, bad, NULL);
     }
   }
-  run_round(&j, pool, sum, bad);
+  run_round(&j, pool, sum, bad, NULL);
+  return MF_OK;
+}
+
+mf_status mf_optim_grad_chunk_sumsq(const float *g, size_t n, mf_threadpool *pool, double *sums) {
+  if (n == 0) return MF_OK;
+  if (!g || !sums) return MF_ERR(MF_ERR_INVALID_ARG, "gradient chunk sums: %zu elements but a NULL buffer", n);
+  round_job j;
+  j.op = OP_SUMSQ;
+  j.scale = 1.0f;
+  j.count = 0;
+  double unused_sum = 0.0;
+  int unused_bad = 0;
+  size_t done = 0;
+  for (size_t off = 0; off < n; off += MF_OPTIM_NORM_CHUNK) {
+    size_t left = n - off;
+    j.data[j.count] = (float *)(uintptr_t)(g + off); /* OP_SUMSQ only reads */
+    j.len[j.count] = left < MF_OPTIM_NORM_CHUNK ? left : MF_OPTIM_NORM_CHUNK;
+    if (++j.count == ROUND) {
+      run_round(&j, pool, &unused_sum, &unused_bad, sums + done);
+      done += ROUND;
+    }
+  }
+  run_round(&j, pool, &unused_sum, &unused_bad, sums + done);
   return MF_OK;
 }
 

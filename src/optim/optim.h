@@ -14,6 +14,12 @@
  *   denom = sqrtf(v) / (float)bc2_sqrt + (float)eps
  *   p  = p + ((float)(-step_size) * m) / denom        param.addcdiv_(m, denom, value=-step_size)
  *
+ * NaN: a NaN p (after the decay) stays that NaN (the add would otherwise
+ * return whichever of two NaN operands the compiler put first). Elsewhere
+ * two different NaNs meet only in the fmas, when the gradient and a moment are
+ * both NaN; there every body returns the same one today (the special-value
+ * tests in tests/optim check it), not by a rule the C code pins down.
+ *
  * Tensor ops are fp32 with each scalar rounded to fp32, as ATen does. lerp is
  * torch's two-sided form: w = (float)(1 - beta1); |w| < 0.5: m = fma(w, g - m, m),
  * else m = fma(w - 1, g - m, g). Torch's AVX2/AVX-512 CPU kernels (what a pip
@@ -24,6 +30,20 @@
  * computes that sqrt with MKL VML (high-accuracy mode: within 1 ulp, off in
  * about 1 case of 5), so against it p differs in ~0.15% of elements per step,
  * by at most an ulp of the update.
+ *
+ * Other dtypes (mf_adamw_update_bufs). The gradient may be bf16 and the two
+ * moments may be stored as bf16 (2 bytes each instead of 4). A bf16 value is
+ * widened exactly to fp32 (its 16 bits above 16 zero bits) where the body
+ * loads it; from there every element runs the fp32 sequence above,
+ * unchanged: m_new and v_new come from the widened stored m and v and the
+ * widened gradient, and the new p is computed from the fp32 m_new and v_new
+ * (not from their rounded copies). Then m and v are stored as
+ * mf_fp32_to_bf16(m_new) and mf_fp32_to_bf16(v_new): round to nearest even
+ * (a value past the largest bf16 rounds to Inf), NaN kept as a quiet NaN with
+ * its sign. Nothing else is rounded to bf16 (p stays fp32; the bf16 working
+ * copy is the rounded new p, as with fp32 buffers). So with fp32 buffers the
+ * result is mf_adamw_update's, bit for bit, and every body and thread count
+ * gives the same bits for every dtype combination.
  *
  * Parallel updates split [0, n) into fixed tiles (mf_partition with a
  * cache-sized grain); every element's arithmetic is independent of the split,
@@ -71,10 +91,29 @@ mf_adamw_hparams mf_adamw_hparams_from_config(const mf_config_train *t, double l
  * caller checks the gradients first (mf_optim_grad_check / mf_optim_grad_norm)
  * and skips the step when one is not finite. Buffers must not overlap.
  * MF_ERR_INVALID_ARG for t < 1, hyper-parameters out of range or NULL buffers
- * with n > 0; nothing is written then. Fp32 gradients only (bf16 gradients
- * will get their own entry point over the same coefficients). */
+ * with n > 0; nothing is written then. Fp32 buffers; bf16 gradients or
+ * moments: mf_adamw_update_bufs. */
 mf_status mf_adamw_update(const mf_adamw_hparams *h, int64_t step, float *param, const float *grad, float *m,
                           float *v, size_t n, uint16_t *bf16_out, mf_threadpool *pool);
+
+/* The buffers of one update, with their dtypes (mf_adamw_update_bufs). */
+typedef struct mf_adamw_bufs {
+  float *param;          /* fp32 master weights, updated in place */
+  const void *grad;      /* read; grad_dtype */
+  void *m, *v;           /* first and second moments, updated in place; moment_dtype */
+  uint16_t *bf16_out;    /* NULL, or the new param rounded to bf16 */
+  size_t n;              /* elements of each buffer */
+  mf_dtype grad_dtype;   /* MF_DTYPE_F32 or MF_DTYPE_BF16 */
+  mf_dtype moment_dtype; /* MF_DTYPE_F32 or MF_DTYPE_BF16 (both moments) */
+} mf_adamw_bufs;
+
+/* mf_adamw_update over buffers of the dtypes `b` names (the rounding is
+ * defined at the top). mf_adamw_update(h, t, p, g, m, v, n, out, pool) is
+ * this call with grad_dtype = moment_dtype = MF_DTYPE_F32. Same contract:
+ * MF_ERR_INVALID_ARG for a NULL b, a dtype other than those two, bad
+ * hyper-parameters, t < 1 or NULL buffers with n > 0; nothing is written then. */
+mf_status mf_adamw_update_bufs(const mf_adamw_hparams *h, int64_t step, const mf_adamw_bufs *b,
+                               mf_threadpool *pool);
 
 /* Elements per tile of the parallel split (a multiple of every vector width). */
 #define MF_ADAMW_GRAIN ((size_t)16384)
@@ -100,6 +139,19 @@ typedef struct mf_optim_buf {
 
 /* Elements per chunk of the norm's partial sums: part of its definition. */
 #define MF_OPTIM_NORM_CHUNK ((size_t)65536)
+
+/* The number of norm chunks of an n-element buffer. */
+static inline size_t mf_optim_norm_chunks(size_t n) {
+  return (n + MF_OPTIM_NORM_CHUNK - 1) / MF_OPTIM_NORM_CHUNK;
+}
+
+/* sums[k] = the sum of squares of chunk k of g (mf_optim_norm_chunks(n) of
+ * them), as the norm computes it. mf_optim_grad_norm over a list of buffers is
+ * sqrt of these sums added one at a time, from 0.0, in chunk order, buffer by
+ * buffer (skipped buffers contribute nothing): a caller that keeps the chunk
+ * sums of each buffer as it arrives and adds them up that way at the end gets
+ * the same bits. Reads only. */
+mf_status mf_optim_grad_chunk_sumsq(const float *g, size_t n, mf_threadpool *pool, double *sums);
 
 /* *all_finite = 1 when no element is NaN or +-Inf, else 0. Reads only. */
 mf_status mf_optim_grad_check(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, int *all_finite);

@@ -653,6 +653,54 @@ TEST(ConfigPrint, KeyListHasEveryKeyWithItsDefault) {
   EXPECT_GT(lines, 50);
 }
 
+// ----------------------------------------------------------- memory.plan
+
+TEST(ConfigMemoryPlan, WordsAndPlanFiles) {
+  Loaded d = Load(Minimal());
+  ASSERT_EQ(d.st, MF_OK) << d.err;
+  EXPECT_STREQ(d.cfg->memory.plan, "auto");
+  EXPECT_EQ(d.cfg->memory.plan_kind, MF_CONFIG_PLAN_AUTO);
+  const struct {
+    const char *word;
+    mf_config_plan kind;
+  } words[] = {{"auto", MF_CONFIG_PLAN_AUTO},           {"resident", MF_CONFIG_PLAN_RESIDENT},
+               {"zero_offload", MF_CONFIG_PLAN_ZERO_OFFLOAD}, {"megatrain", MF_CONFIG_PLAN_MEGATRAIN},
+               {"checkpoint", MF_CONFIG_PLAN_CHECKPOINT},   {"least_memory", MF_CONFIG_PLAN_LEAST_MEMORY}};
+  for (const auto &w : words) {
+    Loaded r = Load(Minimal() + "memory:\n  plan: " + w.word + "\n");
+    ASSERT_EQ(r.st, MF_OK) << r.err;
+    EXPECT_EQ(r.cfg->memory.plan_kind, w.kind) << w.word;
+    EXPECT_STREQ(mf_config_plan_word(w.kind), w.word);
+  }
+  EXPECT_EQ(mf_config_plan_word(MF_CONFIG_PLAN_FILE), nullptr);
+  // A path ending in .json is a plan file, kept as written (as every path is).
+  Loaded f = Load(Minimal(), {"memory.plan=runs/plans/demo plan.json"});
+  ASSERT_EQ(f.st, MF_OK) << f.err;
+  EXPECT_EQ(f.cfg->memory.plan_kind, MF_CONFIG_PLAN_FILE);
+  EXPECT_STREQ(f.cfg->memory.plan, "runs/plans/demo plan.json");
+  ExpectRoundTrip(Minimal(), {"memory.plan=runs/plans/demo plan.json"});
+  ExpectRoundTrip(Minimal(), {"memory.plan=zero_offload"});
+  // Printed with every default.
+  EXPECT_NE(Print(d.cfg).find("  plan: auto\n"), std::string::npos) << Print(d.cfg);
+}
+
+TEST(ConfigMemoryPlan, UnknownWordsAreErrorsListingTheChoices) {
+  Loaded a = Load(Minimal() + "memory:\n  plan: megatrian\n", {}, "x.yaml");
+  EXPECT_CONFIG_ERROR(a, "x.yaml:17:9: memory.plan must be auto, resident, zero_offload, megatrain, checkpoint, "
+                         "least_memory or a plan file ending in .json (got 'megatrian') (did you mean 'megatrain'?)");
+  Loaded b = Load(Minimal(), {"memory.plan=bogus"});
+  EXPECT_CONFIG_ERROR(b, "command line: memory.plan=bogus: memory.plan must be auto,", "(got 'bogus')");
+  EXPECT_EQ(b.err.find("did you mean"), std::string::npos) << b.err;
+  Loaded c = Load(Minimal(), {"memory.plan=plan.yaml"});
+  EXPECT_CONFIG_ERROR(c, "a plan file ending in .json (got 'plan.yaml')");
+  Loaded e = Load(Minimal(), {"memory.plan=.json"});
+  EXPECT_CONFIG_ERROR(e, "(got '.json')");
+  Loaded n = Load(Minimal(), {"memory.plan=null"});
+  EXPECT_CONFIG_ERROR(n, "memory.plan must be a string (got null)");
+  Loaded m = Load(Minimal(), {"memory.plan=[resident]"});
+  EXPECT_CONFIG_ERROR(m, "memory.plan must be a string");
+}
+
 // -------------------------------------------------------------- demo
 
 std::string DemoPath() {
@@ -697,6 +745,84 @@ TEST(ConfigDemo, Loads) {
   Loaded b = Load(printed, {}, "demo_printed.yaml");
   ASSERT_EQ(b.st, MF_OK) << b.err;
   EXPECT_TRUE(mf_config_equal(c, b.cfg));
+}
+
+// ------------------------------------------------- micro_batch_order
+
+TEST(ConfigMicroBatchOrder, DefaultFileOverrideAndRoundTrip) {
+  Loaded a = Load(Minimal());
+  ASSERT_EQ(a.st, MF_OK) << a.err;
+  EXPECT_EQ(a.cfg->train.micro_batch_order, MF_CONFIG_MB_ORDER_AUTO);
+  EXPECT_NE(Print(a.cfg).find("  micro_batch_order: auto\n"), std::string::npos) << Print(a.cfg);
+
+  Loaded b = Load(Minimal() + "  micro_batch_order: layer\n");
+  ASSERT_EQ(b.st, MF_OK) << b.err;
+  EXPECT_EQ(b.cfg->train.micro_batch_order, MF_CONFIG_MB_ORDER_LAYER);
+  EXPECT_FALSE(mf_config_equal(a.cfg, b.cfg));
+
+  Loaded c = Load(Minimal() + "  micro_batch_order: layer\n", {"train.micro_batch_order=micro"});
+  ASSERT_EQ(c.st, MF_OK) << c.err;
+  EXPECT_EQ(c.cfg->train.micro_batch_order, MF_CONFIG_MB_ORDER_MICRO);
+
+  ExpectRoundTrip(Minimal() + "  micro_batch_order: layer\n");
+  ExpectRoundTrip(Minimal(), {"train.micro_batch_order=micro"});
+  EXPECT_STREQ(mf_config_mb_order_name(MF_CONFIG_MB_ORDER_AUTO), "auto");
+  EXPECT_STREQ(mf_config_mb_order_name(MF_CONFIG_MB_ORDER_LAYER), "layer");
+  EXPECT_STREQ(mf_config_mb_order_name(MF_CONFIG_MB_ORDER_MICRO), "micro");
+
+  char *buf = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  mf_config_print_keys(f);
+  fclose(f);
+  std::string keys(buf, len);
+  free(buf);
+  EXPECT_NE(keys.find("train.micro_batch_order"), std::string::npos) << keys;
+  EXPECT_NE(keys.find("auto|layer|micro"), std::string::npos) << keys;
+}
+
+TEST(ConfigMicroBatchOrder, OtherValuesAreErrors) {
+  // Line 16 of Minimal() + one line: the value starts at column 22.
+  Loaded a = Load(Minimal() + "  micro_batch_order: layers\n");
+  EXPECT_CONFIG_ERROR(a, "c.yaml:16:22: train.micro_batch_order must be one of auto|layer|micro (got 'layers')");
+  Loaded b = Load(Minimal() + "  micro_batch_order: 1\n");
+  EXPECT_CONFIG_ERROR(b, "train.micro_batch_order must be one of auto|layer|micro");
+  Loaded c = Load(Minimal() + "  micro_batch_order: [layer]\n");
+  EXPECT_CONFIG_ERROR(c, "train.micro_batch_order must be one of auto|layer|micro");
+  Loaded d = Load(Minimal(), {"train.micro_batch_order=null"});
+  EXPECT_CONFIG_ERROR(d, "command line: train.micro_batch_order=null", "must be one of auto|layer|micro");
+  Loaded e = Load(Minimal(), {"train.micro_batch_order=Layer"});
+  EXPECT_CONFIG_ERROR(e, "train.micro_batch_order must be one of auto|layer|micro (got 'Layer')");
+}
+
+// ------------------------------------------------------ adam_moments
+
+TEST(ConfigAdamMoments, DefaultFileOverrideRoundTripAndErrors) {
+  Loaded a = Load(Minimal());
+  ASSERT_EQ(a.st, MF_OK) << a.err;
+  EXPECT_EQ(a.cfg->train.adam_moments, MF_CONFIG_MOMENTS_FP32);
+  EXPECT_EQ(a.cfg->memory.adam_moments, MF_CONFIG_MOMENTS_FP32);
+  EXPECT_NE(Print(a.cfg).find("  adam_moments: fp32\n"), std::string::npos) << Print(a.cfg);
+
+  Loaded b = Load(Minimal() + "  adam_moments: bf16\n");
+  ASSERT_EQ(b.st, MF_OK) << b.err;
+  EXPECT_EQ(b.cfg->train.adam_moments, MF_CONFIG_MOMENTS_BF16);
+  EXPECT_EQ(b.cfg->memory.adam_moments, MF_CONFIG_MOMENTS_BF16) << "copied for the host accounting";
+  EXPECT_FALSE(mf_config_equal(a.cfg, b.cfg));
+
+  Loaded c = Load(Minimal() + "  adam_moments: bf16\n", {"train.adam_moments=fp32"});
+  ASSERT_EQ(c.st, MF_OK) << c.err;
+  EXPECT_EQ(c.cfg->train.adam_moments, MF_CONFIG_MOMENTS_FP32);
+  EXPECT_EQ(c.cfg->memory.adam_moments, MF_CONFIG_MOMENTS_FP32);
+
+  ExpectRoundTrip(Minimal() + "  adam_moments: bf16\n");
+  EXPECT_STREQ(mf_config_moments_name(MF_CONFIG_MOMENTS_FP32), "fp32");
+  EXPECT_STREQ(mf_config_moments_name(MF_CONFIG_MOMENTS_BF16), "bf16");
+
+  Loaded d = Load(Minimal() + "  adam_moments: fp16\n");
+  EXPECT_CONFIG_ERROR(d, "c.yaml:16:17: train.adam_moments must be one of fp32|bf16 (got 'fp16')");
+  Loaded e = Load(Minimal(), {"train.adam_moments=BF16"});
+  EXPECT_CONFIG_ERROR(e, "train.adam_moments must be one of fp32|bf16 (got 'BF16')");
 }
 
 }  // namespace

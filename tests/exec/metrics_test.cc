@@ -78,6 +78,13 @@ TEST(Metrics, LinesAreJson) {
       s.eval_loss = 1.75;
       s.step_s = 0.25;
       s.expert_imbalance = 1.5;
+      s.busy_s[0] = 0.125, s.busy_s[1] = 0.0625, s.busy_s[2] = 0.03125;
+      for (int k = 0; k < 3; k++) s.idle_s[k] = s.step_s - s.busy_s[k];
+      s.h2d_bytes = 1824768;
+      s.d2h_bytes = 9007199254740992.0;  // 2^53: bytes stay exact integers
+      s.peak_device_bytes = 14145536;
+      s.optimizer_hidden_s = 0.015;
+      s.optimizer_exposed_s = 0.005;
     }
     ASSERT_EQ(mf_metrics_write(m, &s), MF_OK) << mf_last_error();
     // Each line is in the file as soon as write returns.
@@ -89,7 +96,9 @@ TEST(Metrics, LinesAreJson) {
   ASSERT_EQ(lines.size(), 3u);
   const char *keys[] = {"step",      "loss",         "ce_loss",         "aux_loss",  "lr",
                         "grad_norm", "tokens_per_s", "tokens",          "elapsed_s", "skipped",
-                        "eval_loss", "step_s",       "expert_imbalance"};
+                        "eval_loss", "step_s",       "expert_imbalance",
+                        "compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s", "d2h_idle_s",
+                        "h2d_bytes", "d2h_bytes", "peak_device_bytes", "optimizer_hidden_s", "optimizer_exposed_s"};
   for (size_t i = 0; i < lines.size(); i++) {
     json_t *j = Parse(lines[i]);
     ASSERT_NE(j, nullptr);
@@ -110,6 +119,17 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_DOUBLE_EQ(Num(j, "eval_loss"), 1.75);
       EXPECT_DOUBLE_EQ(Num(j, "step_s"), 0.25);
       EXPECT_DOUBLE_EQ(Num(j, "expert_imbalance"), 1.5);
+      EXPECT_DOUBLE_EQ(Num(j, "compute_busy_s"), 0.125);
+      EXPECT_DOUBLE_EQ(Num(j, "h2d_busy_s"), 0.0625);
+      EXPECT_DOUBLE_EQ(Num(j, "d2h_busy_s"), 0.03125);
+      EXPECT_DOUBLE_EQ(Num(j, "compute_idle_s"), 0.125);
+      EXPECT_DOUBLE_EQ(Num(j, "h2d_idle_s"), 0.1875);
+      EXPECT_DOUBLE_EQ(Num(j, "d2h_idle_s"), 0.21875);
+      EXPECT_DOUBLE_EQ(Num(j, "h2d_bytes"), 1824768.0);
+      EXPECT_DOUBLE_EQ(Num(j, "d2h_bytes"), 9007199254740992.0);
+      EXPECT_DOUBLE_EQ(Num(j, "peak_device_bytes"), 14145536.0);
+      EXPECT_DOUBLE_EQ(Num(j, "optimizer_hidden_s"), 0.015);
+      EXPECT_DOUBLE_EQ(Num(j, "optimizer_exposed_s"), 0.005);
     } else {
       EXPECT_DOUBLE_EQ(Num(j, "loss"), s.loss);
       EXPECT_DOUBLE_EQ(Num(j, "ce_loss"), s.ce_loss);
@@ -119,6 +139,12 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_TRUE(json_is_null(json_object_get(j, "eval_loss")));
       EXPECT_TRUE(json_is_null(json_object_get(j, "step_s")));
       EXPECT_TRUE(json_is_null(json_object_get(j, "expert_imbalance")));
+      // Streams not measured: null; the optimizer's overlap fields default to 0.
+      for (const char *k : {"compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s",
+                            "d2h_idle_s", "h2d_bytes", "d2h_bytes", "peak_device_bytes"})
+        EXPECT_TRUE(json_is_null(json_object_get(j, k))) << k;
+      EXPECT_EQ(Num(j, "optimizer_hidden_s"), 0.0);
+      EXPECT_EQ(Num(j, "optimizer_exposed_s"), 0.0);
     }
     json_decref(j);
   }
@@ -307,6 +333,44 @@ TEST(Progress, Format) {
   size_t need = mf_progress_format(small, sizeof small, &s, 10);
   EXPECT_GT(need, sizeof small);
   EXPECT_EQ(strlen(small), sizeof small - 1);
+}
+
+TEST(Progress, Streams) {
+  mf_step_metrics s;
+  mf_step_metrics_init(&s);
+  s.step = 40;
+  s.loss = 2.34121;
+  s.aux_loss = 2.01041;
+  s.lr = 2.6666e-3;
+  s.grad_norm = 0.51234;
+  s.tokens_per_s = 12301.5;
+  s.step_s = 0.04;
+  s.elapsed_s = 40 * 0.04;
+  s.busy_s[0] = 0.0312, s.busy_s[1] = 0.0006, s.busy_s[2] = 0.0002;
+  s.h2d_bytes = 1824768;        // 1.74 MiB
+  s.d2h_bytes = 1803264;        // 1.72 MiB
+  s.peak_device_bytes = 14145536;  // 13.49 MiB
+  char buf[512];
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_STREQ(buf,
+               "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3k tok/s  eta 10s"
+               "  busy c 78% up 2% dn 0%  io 1.74M/1.72M  peak 13.5M");
+  // Small and large byte counts; the optimizer's overlap when it is reported.
+  s.h2d_bytes = 512;
+  s.d2h_bytes = 3.5 * 1024;
+  s.peak_device_bytes = 2.5 * 1024 * 1024 * 1024;
+  s.optimizer_hidden_s = 0.012;
+  s.optimizer_exposed_s = 0.003;
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_NE(std::string(buf).find("io 512/3.5K  peak 2.5G  opt hidden 12.0ms exposed 3.0ms"), std::string::npos)
+      << buf;
+  // Not measured (a backend without stream timing): no busy part.
+  mf_step_metrics_init(&s);
+  s.step = 1;
+  s.step_s = 0.04;
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_EQ(std::string(buf).find("busy"), std::string::npos) << buf;
+  EXPECT_EQ(std::string(buf).find("peak"), std::string::npos) << buf;
 }
 
 }  // namespace

@@ -13,10 +13,16 @@
 #include <string>
 #include <vector>
 
+#include <jansson.h>
+
+#include "planner/hwprofile.h"
+#include "planner/plan.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/exec/train.h"
 #include "src/io/tokens.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
 
 namespace {
 
@@ -135,6 +141,81 @@ TEST(Train, PlannedRunMatchesResidentRun) {
   EXPECT_EQ(mf_train(cc, 1, &b), MF_ERR_CONFIG);
   EXPECT_NE(std::string(mf_last_error()).find("below the minimum"), std::string::npos) << mf_last_error();
   mf_config_free(cc);
+}
+
+// A planned run reports its streams in metrics.jsonl: busy within the step,
+// bytes each way and the peak equal to the plan's schedule; and the summary's
+// predicted step is the plan's simulated one.
+TEST(Train, StreamMetricsMatchThePlan) {
+  mf_config *cfg = config(tmp() + "/run_streams", 2, 12, "{device_budget: 700KiB}");
+  ASSERT_NE(cfg, nullptr);
+  mf_train_summary sum;
+  ASSERT_EQ(mf_train(cfg, 1, &sum), MF_OK) << mf_last_error();
+
+  // The plan train follows, chosen the same way.
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK) << mf_last_error();
+  mf_program_opts po = {};
+  po.micro_batch = cfg->train.micro_batch, po.seq_len = cfg->data.seq_len, po.grad_accum = cfg->train.grad_accum;
+  po.aux_coef = std::isnan(cfg->train.aux_loss_coef) ? t->spec.router_aux_loss_coef : cfg->train.aux_loss_coef;
+  mf_program *prog = nullptr;
+  mf_hwprofile hw;
+  ASSERT_EQ(mf_hwprofile_load("configs/hw/cpu-2core.yaml", &hw), MF_OK) << mf_last_error();
+  mf_plan_request rq{};
+  rq.params = t;
+  rq.opts = po;
+  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
+  rq.hw = &hw;
+  rq.sim.overlap_optimizer = cfg->train.overlap_optimizer;
+  rq.budget = cfg->memory.device_budget;
+  rq.memory = &cfg->memory;
+  mf_plan *all[MF_PLAN_KIND_COUNT_];
+  ASSERT_EQ(mf_plan_for(&rq, &prog, all), MF_OK) << mf_last_error();
+  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
+    if (k != MF_PLAN_CHOSEN) mf_plan_free(all[k]);
+  mf_plan *plan = all[MF_PLAN_CHOSEN];
+  const mf_schedule *s = plan->s;
+  ASSERT_GT(s->h2d_bytes, 0u) << "the budget should make the plan stream";
+  EXPECT_EQ(sum.predicted_step_s, plan->sim.step_seconds);
+  EXPECT_GT(sum.executed_step_s, 0.0);
+
+  std::istringstream in(slurp(tmp() + "/run_streams/metrics.jsonl"));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    json_error_t err;
+    json_t *j = json_loads(line.c_str(), 0, &err);
+    ASSERT_NE(j, nullptr) << err.text << ": " << line;
+    auto num = [&](const char *k) {
+      json_t *v = json_object_get(j, k);
+      EXPECT_TRUE(v && json_is_number(v)) << k << " in " << line;
+      return v && json_is_number(v) ? json_number_value(v) : NAN;
+    };
+    const double step_s = num("step_s");
+    double busy_sum = 0;
+    for (const char *st : {"compute", "h2d", "d2h"}) {
+      const double busy = num((std::string(st) + "_busy_s").c_str()), idle = num((std::string(st) + "_idle_s").c_str());
+      EXPECT_GE(busy, 0.0) << st;
+      EXPECT_LE(busy, step_s) << st;
+      EXPECT_NEAR(idle, step_s - busy, 1e-8 * step_s) << st;  // each written to 9 digits
+      busy_sum += busy;
+    }
+    EXPECT_GT(num("compute_busy_s"), 0.0);
+    EXPECT_GT(num("h2d_busy_s"), 0.0);
+    EXPECT_LE(busy_sum, step_s) << "one timeline on the cpu backend";
+    EXPECT_EQ(num("h2d_bytes"), (double)s->h2d_bytes);
+    EXPECT_EQ(num("d2h_bytes"), (double)s->d2h_bytes);
+    EXPECT_EQ(num("peak_device_bytes"), (double)s->peak_live_bytes);
+    EXPECT_GE(num("optimizer_hidden_s"), 0.0);
+    EXPECT_GE(num("optimizer_exposed_s"), 0.0);
+    json_decref(j);
+    n++;
+  }
+  EXPECT_GE(n, 2);  // steps 1, 10, 12
+  mf_plan_free(plan);
+  mf_program_free(prog);
+  mf_param_table_free(t);
+  mf_config_free(cfg);
 }
 
 TEST(Train, BadInputsAreErrors) {

@@ -243,6 +243,10 @@ mf_hwprofile Awkward() {
   p.host_adamw_params_per_s = 0.1;
   p.host_memory_bandwidth = 18446744073709551616.0 * 4;  // beyond uint64
   p.nvme_bandwidth = 2.5e9;
+  p.n_kernels = 3;
+  p.kernels[0] = {"swiglu_fwd", {262144}, 1, 3145728, 2.3e-3};
+  p.kernels[1] = {"linear_bwd_data", {1024, 32, 64, 1}, 4, 401408, 1.0 / 7.0 * 1e-3};
+  p.kernels[2] = {"zero", {}, 0, 0.5, 1e-9};  // no sizes; any byte count
   return p;
 }
 
@@ -531,6 +535,111 @@ TEST(HwCost, MonotoneInSize) {
       prev = t;
     }
   }
+}
+
+// ------------------------------------------------------- timed kernels
+
+const char kKernels[] =
+    "  kernels:\n"                                                                        // 18
+    "    - {kernel: swiglu_fwd, sizes: [262144], bytes: 3145728, seconds: 0.0023}\n"       // 19
+    "    - {kernel: zero, sizes: [], bytes: 4096, seconds: 1.5e-6}\n"                      // 20
+    "    - {kernel: linear_fwd, sizes: [1024, 64, 64, 0], bytes: 540672, seconds: 2.8e-4}\n";  // 21
+
+std::string WithKernels(const std::string &kernels = kKernels) {
+  return Edit("  launch_us: 5\n", "  launch_us: 5\n" + kernels);
+}
+
+TEST(HwKernels, LoadAndPriceTheirKeyOnly) {
+  std::string text = WithKernels();
+  mf_hwprofile p;
+  ASSERT_EQ(mf_hwprofile_parse(text.data(), text.size(), "k.yaml", &p), MF_OK) << mf_last_error();
+  ASSERT_EQ(p.n_kernels, 3);
+  EXPECT_STREQ(p.kernels[0].kernel, "swiglu_fwd");
+  EXPECT_EQ(p.kernels[0].n_sizes, 1);
+  EXPECT_EQ(p.kernels[0].sizes[0], 262144);
+  EXPECT_EQ(p.kernels[0].bytes, 3145728);
+  EXPECT_EQ(p.kernels[0].seconds, 0.0023);
+  EXPECT_EQ(p.kernels[1].n_sizes, 0);
+  EXPECT_EQ(p.kernels[2].n_sizes, 3) << "a trailing 0 is no size";
+  const int64_t sw[8] = {262144, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(mf_hw_kernel_seconds(&p, "swiglu_fwd", sw, 8, 3145728), 0.0023);
+  EXPECT_TRUE(std::isnan(mf_hw_kernel_seconds(&p, "swiglu_fwd", sw, 8, 3145729))) << "other bytes";
+  EXPECT_TRUE(std::isnan(mf_hw_kernel_seconds(&p, "swiglu_bwd", sw, 8, 3145728))) << "other kernel";
+  const int64_t sw2[2] = {262144, 1};
+  EXPECT_TRUE(std::isnan(mf_hw_kernel_seconds(&p, "swiglu_fwd", sw2, 2, 3145728))) << "other sizes";
+  EXPECT_EQ(mf_hw_kernel_seconds(&p, "zero", nullptr, 0, 4096), 1.5e-6);
+  const int64_t lf[4] = {1024, 64, 64, 0};
+  EXPECT_EQ(mf_hw_kernel_seconds(&p, "linear_fwd", lf, 4, 540672), 2.8e-4);
+  EXPECT_EQ(mf_hw_kernel_seconds(&p, "linear_fwd", lf, 3, 540672), 2.8e-4);
+  EXPECT_EQ(mf_hwprofile_validate(&p), MF_OK);
+  // Without the section: none, and every lookup is NaN.
+  mf_hwprofile q;
+  ASSERT_EQ(mf_hwprofile_parse(kGood, strlen(kGood), "good.yaml", &q), MF_OK) << mf_last_error();
+  EXPECT_EQ(q.n_kernels, 0);
+  EXPECT_TRUE(std::isnan(mf_hw_kernel_seconds(&q, "swiglu_fwd", sw, 8, 3145728)));
+}
+
+TEST(HwKernels, MalformedNamePlaceAndKey) {
+  std::string many = "  kernels:\n";
+  for (int i = 0; i < MF_HW_MAX_KERNELS + 1; i++)
+    many += "    - {kernel: add, sizes: [" + std::to_string(i + 1) + "], bytes: 1, seconds: 1}\n";
+  const std::vector<Bad> cases = {
+      {WithKernels("  kernels: {a: 1}\n"), "18:12: compute.kernels: expected a list of timed kernels"},
+      {WithKernels("  kernels:\n    - {kernel: Swiglu, sizes: [1], bytes: 1, seconds: 1}\n"),
+       "19:16: compute.kernels[0].kernel: expected a kernel name (a-z, 0-9, _), got 'Swiglu'"},
+      {WithKernels("  kernels:\n    - {kernel: " + std::string(MF_HW_KERNEL_NAME_MAX, 'a') +
+                   ", sizes: [1], bytes: 1, seconds: 1}\n"),
+       "19:16: compute.kernels[0].kernel: is 32 bytes long; at most 31"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: 7, bytes: 1, seconds: 1}\n"),
+       "19:28: compute.kernels[0].sizes: expected a list of sizes, got '7'"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [1, 2, 3, 4, 5, 6, 7, 8, 9], bytes: 1, seconds: 1}\n"),
+       "19:28: compute.kernels[0].sizes: has 9 sizes; at most 8"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [1.5], bytes: 1, seconds: 1}\n"),
+       "19:29: compute.kernels[0].sizes[0]: expected a whole number, got '1.5'"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [-1], bytes: 1, seconds: 1}\n"),
+       "19:29: compute.kernels[0].sizes[0]: must be >= 0"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [1], bytes: 1, seconds: 0}\n"),
+       "19:52: compute.kernels[0].seconds: must be > 0"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [1], seconds: 1}\n"),
+       "19:7: compute.kernels[0].bytes: missing"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [1], bytes: 1, seconds: 1, flops: 2}\n"),
+       "19:55: compute.kernels[0].flops: unknown key"},
+      {WithKernels("  kernels:\n    - {kernel: add, sizes: [1, 0], bytes: 1, seconds: 1}\n"
+                   "    - {kernel: add, sizes: [1], bytes: 1, seconds: 2}\n"),
+       "20:7: compute.kernels[1]: repeats the kernel, sizes and bytes of compute.kernels[0]"},
+      {WithKernels(many), "19:5: compute.kernels: has 257 points; at most 256"},
+  };
+  for (size_t i = 0; i < cases.size(); i++) {
+    const Bad &c = cases[i];
+    std::string path = WriteFile("badk" + std::to_string(i) + ".yaml", c.text);
+    SCOPED_TRACE(c.want);
+    mf_hwprofile p;
+    Result r = LoadFile(path, &p);
+    EXPECT_EQ(r.st, MF_ERR_CONFIG) << r.err;
+    std::string want = path + ":" + c.want;
+    EXPECT_EQ(r.err.compare(0, want.size(), want), 0) << "got:  " << r.err << "\nwant: " << want;
+  }
+}
+
+TEST(HwKernels, ValidateRefusesBadPoints) {
+  mf_hwprofile p = Awkward();
+  ASSERT_EQ(mf_hwprofile_validate(&p), MF_OK) << mf_last_error();
+  mf_hwprofile q = p;
+  q.kernels[1].seconds = 0;
+  EXPECT_EQ(mf_hwprofile_validate(&q), MF_ERR_INVALID_ARG);
+  q = p;
+  q.kernels[1].sizes[3] = 0;  // a trailing 0 counted as a size
+  EXPECT_EQ(mf_hwprofile_validate(&q), MF_ERR_INVALID_ARG);
+  q = p;
+  snprintf(q.kernels[0].kernel, sizeof q.kernels[0].kernel, "bad name");
+  EXPECT_EQ(mf_hwprofile_validate(&q), MF_ERR_INVALID_ARG);
+  q = p;
+  q.kernels[2] = q.kernels[0];  // the same key twice
+  EXPECT_EQ(mf_hwprofile_validate(&q), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("compute.kernels[2] repeats"), std::string::npos) << mf_last_error();
+  q = p;
+  q.kernels[0].seconds = 1.0;  // equality sees every field
+  EXPECT_FALSE(mf_hwprofile_equal(&p, &q));
 }
 
 }  // namespace

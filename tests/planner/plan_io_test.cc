@@ -123,7 +123,7 @@ class PlanIo : public ::testing::Test {
       if (want == 2 && !mf_schedule_can_recompute(p_, t)) want = 1;
       d_->act[t] = (uint8_t)want;
     }
-    fig_ = {8ull << 30, 123456789, 98765, 0.1234567890123456789};
+    fig_ = {8ull << 30, 123456789, 98765, 0.1234567890123456789, 4567, 1u << 20, 891011, 1ull << 40};
     base_ = TmpPath("base.plan.json");
     ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
   }
@@ -198,6 +198,10 @@ TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
   EXPECT_EQ(f.peak_device_bytes, fig_.peak_device_bytes);
   EXPECT_EQ(f.arena_bytes, fig_.arena_bytes);
   EXPECT_EQ(f.predicted_step_seconds, fig_.predicted_step_seconds);  // bit-exact
+  EXPECT_EQ(f.staging_bytes, fig_.staging_bytes);
+  EXPECT_EQ(f.staging_slab_limit_bytes, fig_.staging_slab_limit_bytes);
+  EXPECT_EQ(f.staging_pool_bytes, fig_.staging_pool_bytes);
+  EXPECT_EQ(f.host_bytes, fig_.host_bytes);
 
   // Written again, the file is the same; figures may be left out when reading.
   std::string again = TmpPath("again.plan.json");
@@ -216,7 +220,11 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   json_t *root = json_loads(text.c_str(), JSON_REJECT_DUPLICATES, &e);
   ASSERT_NE(root, nullptr) << e.text;
   EXPECT_STREQ(json_string_value(json_object_get(root, "format")), "moefit-plan");
-  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 1);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 2);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "staging_bytes")), 4567);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "staging_slab_limit_bytes")), 1 << 20);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "staging_pool_bytes")), 891011);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "host_bytes")), 1ll << 40);
   json_t *model = json_object_get(root, "model"), *batch = json_object_get(root, "batch");
   EXPECT_STREQ(json_string_value(json_object_get(model, "family")), "olmoe");
   EXPECT_EQ(json_integer_value(json_object_get(model, "experts")), 4);
@@ -327,10 +335,70 @@ TEST_F(PlanIo, WrongFormatString) {
 
 TEST_F(PlanIo, NewerVersion) {
   std::string path =
-      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(2)); });
-  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 2", "version 1 only");
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(3)); });
+  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 3", "versions 1 to 2");
   path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(0)); });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: version: expected a positive integer");
+}
+
+// Version 1 (before the staging and host figures) still reads, its new figures 0;
+// version 2 needs them, and a version-1 file must not have them.
+TEST_F(PlanIo, Version1StillReads) {
+  static const char *const v2[] = {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes",
+                                   "host_bytes"};
+  std::string path = Edited("v1.plan.json", [](json_t *r) {
+    json_object_set_new(r, "version", json_integer(1));
+    for (const char *k : v2) json_object_del(r, k);
+    json_object_del(json_object_get(r, "batch"), "order");
+  });
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9};
+  ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
+  EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
+  EXPECT_EQ(f.arena_bytes, fig_.arena_bytes);
+  EXPECT_EQ(f.staging_bytes, 0u);
+  EXPECT_EQ(f.staging_slab_limit_bytes, 0u);
+  EXPECT_EQ(f.staging_pool_bytes, 0u);
+  EXPECT_EQ(f.host_bytes, 0u);
+  mf_decisions_free(d);
+  for (const char *k : v2) {
+    std::string key = k;
+    path = Edited("plan.json", [&](json_t *r) { json_object_del(r, key.c_str()); });
+    EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing '", k);
+    path = Edited("plan.json", [&](json_t *r) {
+      json_object_set_new(r, "version", json_integer(1));
+      json_object_del(json_object_get(r, "batch"), "order");
+      for (const char *o : v2)
+        if (key != o) json_object_del(r, o);
+    });
+    EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: ", k, "a version-1 plan has no");
+    path = Edited("plan.json", [&](json_t *r) { json_object_set_new(r, key.c_str(), json_integer(-5)); });
+    EXPECT_ERROR(Read(path), MF_ERR_FORMAT, k, "expected a non-negative integer");
+  }
+}
+
+// batch.order: required from version 2, one of the two words, and the program's.
+TEST_F(PlanIo, MicroBatchOrder) {
+  std::string path = Edited("plan.json", [](json_t *r) { json_object_del(json_object_get(r, "batch"), "order"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch: missing 'order'");
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(json_object_get(r, "batch"), "order", json_string("sideways")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch.order: expected", "got 'sideways'");
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(json_object_get(r, "batch"), "order", json_integer(1)); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch.order: expected", "got an integer");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(json_object_get(r, "batch"), "order", json_string("layer-major"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "plan.json: batch.order: the plan was made for the layer-major order",
+               "the program is micro-batch-major");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(r, "version", json_integer(1));
+    for (const char *k : {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes", "host_bytes"})
+      json_object_del(r, k);
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch: ", "order");  // not a version-1 key
 }
 
 TEST_F(PlanIo, WrongTypes) {

@@ -97,6 +97,77 @@ TEST_P(Planner, PinnedDecisionsStay) {
   mf_decisions_free(fixed);
 }
 
+// train.micro_batch_order auto: the planner plans both orders and keeps the
+// one predicted faster; with one micro-batch or tied embeddings only
+// micro-batch-major is considered.
+TEST_P(Planner, ChoosesTheFasterMicroBatchOrder) {
+  mf_plan_request rq{};
+  rq.params = t_;
+  rq.opts = {2, 32, 3, 0.01, 16, 0};
+  rq.hw = &hw_;
+  mf_plan *least = nullptr;
+  ASSERT_EQ(mf_plan_baseline(p_, &hw_, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK);
+  double fixed_order[2];
+  for (uint64_t budget : {(uint64_t)least->s->arena_bytes * 3, (uint64_t)UINT64_MAX}) {
+    rq.budget = budget;
+    for (int o = 0; o < 2; o++) {
+      rq.choose_order = 0;
+      rq.opts.order = o ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR;
+      mf_program *p = nullptr;
+      mf_plan *all[MF_PLAN_KIND_COUNT_];
+      ASSERT_EQ(mf_plan_for(&rq, &p, all), MF_OK) << mf_last_error();
+      EXPECT_EQ(p->order, rq.opts.order);
+      fixed_order[o] = all[MF_PLAN_CHOSEN]->sim.step_seconds;
+      for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(all[k]);
+      mf_program_free(p);
+    }
+    rq.choose_order = 1;
+    rq.opts.order = MF_ORDER_MICRO_MAJOR;
+    mf_program *p = nullptr;
+    mf_plan *all[MF_PLAN_KIND_COUNT_];
+    ASSERT_EQ(mf_plan_for(&rq, &p, all), MF_OK) << mf_last_error();
+    const int expect_layer = fixed_order[1] < fixed_order[0];
+    EXPECT_EQ(p->order, expect_layer ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR)
+        << "micro " << fixed_order[0] << " s, layer " << fixed_order[1] << " s";
+    EXPECT_EQ(all[MF_PLAN_CHOSEN]->sim.step_seconds, fixed_order[expect_layer]);
+    EXPECT_EQ(all[MF_PLAN_CHOSEN]->prog, p);
+    for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
+      ASSERT_NE(all[k], nullptr) << k;
+      EXPECT_EQ(all[k]->prog, p) << k;
+      mf_plan_free(all[k]);
+    }
+    mf_program_free(p);
+  }
+  mf_plan_free(least);
+  // One micro-batch, or tied embeddings: micro-batch-major only.
+  for (int variant = 0; variant < 2; variant++) {
+    mf_model_spec s = t_->spec;
+    if (variant) s.tie_embeddings = 1;
+    mf_param_table *t = nullptr;
+    ASSERT_EQ(mf_param_table_build(&s, &t), MF_OK);
+    rq.params = t;
+    rq.opts.grad_accum = variant ? 3 : 1;
+    rq.budget = UINT64_MAX;
+    rq.choose_order = 1;
+    mf_program *p = nullptr;
+    mf_plan *all[MF_PLAN_KIND_COUNT_];
+    ASSERT_EQ(mf_plan_for(&rq, &p, all), MF_OK) << mf_last_error();
+    EXPECT_EQ(p->order, MF_ORDER_MICRO_MAJOR) << variant;
+    for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(all[k]);
+    mf_program_free(p);
+    mf_param_table_free(t);
+  }
+  // A budget no order can meet: the error names the minimum.
+  rq.params = t_;
+  rq.opts.grad_accum = 3;
+  rq.budget = 4096;
+  mf_program *p = nullptr;
+  mf_plan *all[MF_PLAN_KIND_COUNT_];
+  EXPECT_EQ(mf_plan_for(&rq, &p, all), MF_ERR_CONFIG);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_NE(std::string(mf_last_error()).find("below the minimum"), std::string::npos) << mf_last_error();
+}
+
 INSTANTIATE_TEST_SUITE_P(Profiles, Planner, ::testing::Values(0, 1),
                          [](const ::testing::TestParamInfo<int> &i) {
                            return std::string(i.param ? "overlapping_copies" : "serial");

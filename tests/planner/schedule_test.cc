@@ -214,4 +214,153 @@ TEST_P(Invariance, CheckingCatchesASlotReleasedTooEarly) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Invariance, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int> &i) { return std::string(make_shape(i.param).name); });
 
+// ------------------------------------------------ micro-batch order
+
+// Bytes the schedule uploads into parameter slots.
+uint64_t param_h2d_bytes(const mf_program *p, const mf_schedule *s) {
+  uint64_t n = 0;
+  for (int32_t i = 0; i < s->n_instr; i++)
+    if (s->instr[i].kind == MF_I_H2D && p->tensors[s->slots[s->instr[i].slot].tensor].kind == MF_T_PARAM)
+      n += p->tensors[s->slots[s->instr[i].slot].tensor].bytes;
+  return n;
+}
+
+class MicroBatchOrder : public ::testing::TestWithParam<int> {
+ protected:
+  static constexpr int64_t kG = 3;
+  void SetUp() override {
+    sh_ = make_shape(GetParam());
+    ASSERT_EQ(mf_param_table_build(&sh_.spec, &t_), MF_OK) << mf_last_error();
+    mf_program_opts mo = {2, 48, kG, 0.01, 16, 0, MF_ORDER_MICRO_MAJOR, MF_DTYPE_F32};
+    mf_program_opts lo = {2, 48, kG, 0.01, 16, 0, MF_ORDER_LAYER_MAJOR, MF_DTYPE_F32};
+    ASSERT_EQ(mf_program_build(t_, &mo, &mm_), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_program_build(t_, &lo, &lm_), MF_OK) << mf_last_error();
+  }
+  void TearDown() override {
+    mf_program_free(mm_);
+    mf_program_free(lm_);
+    mf_param_table_free(t_);
+  }
+  Shape sh_;
+  mf_param_table *t_ = nullptr;
+  mf_program *mm_ = nullptr, *lm_ = nullptr;
+};
+
+// Every weight streamed, gradients on the device, activations kept. A streamed
+// weight is uploaded once per stretch of consecutive ops of one layer and one
+// direction that read it. Layer-major runs each layer's forward, and each
+// layer's backward, of all micro-batches as one stretch: a weight is uploaded
+// once for each direction whose ops read it — a layer's matrices and norms
+// twice (the backward reads W for dx, w for the norm's gradient), a bias once
+// (only the forward reads it), the final norm twice, the embedding table once
+// (its backward reads only ids and the gradient), lm_head once (only the
+// loss part's cross-entropy reads it, one stretch for all micro-batches).
+// Micro-batch-major uploads the same per micro-batch: G times as much.
+TEST_P(MicroBatchOrder, StreamedWeightsLoadOncePerDirectionInLayerMajor) {
+  // Directions that read each parameter, from the program's operands (1 forward or loss, 2 backward).
+  std::vector<int> dirs(t_->n, 0);
+  for (int32_t k = 0; k < lm_->n_ops; k++) {
+    const mf_pop &o = lm_->ops[k];
+    std::vector<int32_t> ids(o.t, o.t + MF_KBUF_MAX);
+    if (o.experts_at >= 0) ids.insert(ids.end(), lm_->id_pool + o.experts_at, lm_->id_pool + o.experts_at + lm_->spec.experts);
+    for (int32_t t : ids)
+      if (t >= 0 && lm_->tensors[t].kind == MF_T_PARAM) dirs[lm_->tensors[t].param] |= o.phase == MF_PHASE_BWD ? 2 : 1;
+  }
+  uint64_t want = 0, all = 0;
+  int once = 0;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const uint64_t bytes = lm_->tensors[lm_->param_tensor[i]].bytes;
+    const int n = (dirs[i] & 1) + (dirs[i] >> 1 & 1);
+    EXPECT_GE(n, 1) << t_->params[i].name;
+    once += n == 1;
+    want += (uint64_t)n * bytes;
+    all += bytes;
+  }
+  EXPECT_GE(once, 2);  // the embedding table and lm_head at least
+  EXPECT_LT(want, 2 * all);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(lm_, &d), MF_OK);
+  for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM;
+  mf_schedule *sl = nullptr, *sm = nullptr;
+  ASSERT_EQ(mf_schedule_build(lm_, d, &sl), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_schedule_build(mm_, d, &sm), MF_OK) << mf_last_error();
+  EXPECT_EQ(param_h2d_bytes(lm_, sl), want);
+  EXPECT_EQ(param_h2d_bytes(mm_, sm), (uint64_t)kG * want);
+  // The rest of the traffic (inputs; gradients home once) is the same.
+  EXPECT_EQ(sl->h2d_bytes - param_h2d_bytes(lm_, sl), sm->h2d_bytes - param_h2d_bytes(mm_, sm));
+  EXPECT_EQ(sl->d2h_bytes, sm->d2h_bytes);
+  mf_schedule_free(sl);
+  mf_schedule_free(sm);
+  mf_decisions_free(d);
+}
+
+// Bytes the schedule copies home from gradient slots.
+uint64_t grad_d2h_bytes(const mf_program *p, const mf_schedule *s) {
+  uint64_t n = 0;
+  for (int32_t i = 0; i < s->n_instr; i++)
+    if (s->instr[i].kind == MF_I_D2H && p->tensors[s->slots[s->instr[i].slot].tensor].kind == MF_T_GRAD)
+      n += p->tensors[s->slots[s->instr[i].slot].tensor].bytes;
+  return n;
+}
+
+// Every gradient streamed. Layer-major computes a parameter's gradients of all
+// micro-batches in one stretch (untied embeddings: each gradient is written in
+// one direction, one stretch); they add up on the device and the sum goes
+// home once: the gradient bytes once. Micro-batch-major sends each
+// micro-batch's home: G times. Same bits either way (the Invariance tests and
+// tests/model:order_test run these decisions).
+TEST_P(MicroBatchOrder, StreamedGradientsGoHomeOncePerStepInLayerMajor) {
+  ASSERT_FALSE(t_->spec.tie_embeddings);
+  uint64_t grads = 0;
+  for (int64_t i = 0; i < t_->n; i++) grads += lm_->tensors[lm_->grad_tensor[i]].bytes;
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(lm_, &d), MF_OK);
+  for (int32_t i = 0; i < d->n_params; i++) d->grad[i] = MF_GRAD_STREAM;
+  mf_schedule *sl = nullptr, *sm = nullptr;
+  ASSERT_EQ(mf_schedule_build(lm_, d, &sl), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_schedule_build(mm_, d, &sm), MF_OK) << mf_last_error();
+  EXPECT_EQ(grad_d2h_bytes(lm_, sl), grads);
+  EXPECT_EQ(grad_d2h_bytes(mm_, sm), (uint64_t)kG * grads);
+  // Of the gradient copies home, exactly one per parameter does not add to the host's sum.
+  int overwrite = 0;
+  for (int32_t i = 0; i < sl->n_instr; i++)
+    if (sl->instr[i].kind == MF_I_D2H && lm_->tensors[sl->slots[sl->instr[i].slot].tensor].kind == MF_T_GRAD)
+      overwrite += !sl->instr[i].accumulate;
+  EXPECT_EQ(overwrite, (int)t_->n);
+  mf_schedule_free(sl);
+  mf_schedule_free(sm);
+  mf_decisions_free(d);
+}
+
+// Layer-major holds every micro-batch's kept activations at once: a larger
+// arena when activations are kept (here by about G times the activation part,
+// checked only as larger).
+TEST_P(MicroBatchOrder, LayerMajorHoldsMoreActivations) {
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(lm_, &d), MF_OK);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1)
+      for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM, d->grad[i] = MF_GRAD_STREAM;
+    mf_schedule *sl = nullptr, *sm = nullptr;
+    ASSERT_EQ(mf_schedule_build(lm_, d, &sl), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_schedule_build(mm_, d, &sm), MF_OK) << mf_last_error();
+    EXPECT_GT(sl->peak_live_bytes, sm->peak_live_bytes) << "pass " << pass;
+    EXPECT_GT(sl->arena_bytes, sm->arena_bytes) << "pass " << pass;
+    mf_schedule_free(sl);
+    mf_schedule_free(sm);
+  }
+  // Every weight and gradient streamed: what stays is activations, so
+  // layer-major's peak is well over micro-batch-major's.
+  mf_schedule *sl = nullptr, *sm = nullptr;
+  ASSERT_EQ(mf_schedule_build(lm_, d, &sl), MF_OK);
+  ASSERT_EQ(mf_schedule_build(mm_, d, &sm), MF_OK);
+  EXPECT_GT((double)sl->peak_live_bytes, 1.5 * (double)sm->peak_live_bytes);
+  mf_schedule_free(sl);
+  mf_schedule_free(sm);
+  mf_decisions_free(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MicroBatchOrder, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int> &i) { return std::string(make_shape(i.param).name); });
+
 }  // namespace

@@ -438,19 +438,156 @@ TEST_P(Simulate, PrefetchIsBoundedByMemoryNotByPosition) {
   EXPECT_GT(early, 0);
 }
 
-TEST_P(Simulate, OverlappedOptimizerStartsWithTheFirstGradient) {
+// The first H2D of each parameter, in order, with the time its update (the
+// previous step's, in upload order from t = 0) is done.
+std::vector<std::pair<int32_t, double>> update_gates(const mf_schedule *s, const mf_hwprofile &hw, double *total) {
+  const mf_program *p = s->prog;
+  std::vector<char> seen((size_t)p->params->n, 0);
+  std::vector<std::pair<int32_t, double>> g;
+  double t = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    if (s->instr[i].kind != MF_I_H2D) continue;
+    const mf_ptensor *x = &p->tensors[s->slots[s->instr[i].slot].tensor];
+    if (x->kind != MF_T_PARAM || seen[x->param]) continue;
+    seen[x->param] = 1;
+    t += mf_hw_adamw_seconds(&hw, (double)p->params->params[x->param].numel);
+    g.push_back({i, t});
+  }
+  for (int64_t k = 0; k < p->params->n; k++)
+    if (!seen[k]) t += mf_hw_adamw_seconds(&hw, (double)p->params->params[k].numel);
+  *total = t;
+  return g;
+}
+
+void expect_overlapped(const mf_schedule *s, const mf_hwprofile &hw, const Sim &end, const Sim &ovl) {
+  expect_accounting(s, ovl.r);
+  double total = 0;
+  const auto gates = update_gates(s, hw, &total);
+  ASSERT_FALSE(gates.empty());
+  // The same updates, started at 0: the previous step's, behind this one.
+  EXPECT_NEAR(ovl.r.optimizer_seconds, end.r.optimizer_seconds, 1e-9 * end.r.optimizer_seconds);
+  EXPECT_NEAR(ovl.r.optimizer_seconds, total, 1e-9 * total);
+  EXPECT_EQ(ovl.r.optimizer_start, 0);
+  EXPECT_EQ(end.r.optimizer_start, end.r.streams_seconds);
+  // Every first upload waits for its parameter's update; nothing else moves earlier.
+  for (const auto &g : gates) EXPECT_GE(ovl.r.start[g.first], g.second) << "instruction " << g.first;
+  for (int32_t i = 0; i < ovl.r.n_instr; i++) EXPECT_GE(ovl.r.start[i], end.r.start[i]) << "instruction " << i;
+  // The step: the streams with the waits, at least the updates; exposed =
+  // the step less the streams without the waits (the plain run's).
+  EXPECT_EQ(ovl.r.step_seconds, std::max(ovl.r.streams_seconds, total));
+  EXPECT_NEAR(ovl.r.exposed_optimizer_seconds, ovl.r.step_seconds - end.r.streams_seconds, 1e-12);
+  EXPECT_NEAR(ovl.r.exposed_transfer_seconds, end.r.exposed_transfer_seconds, 1e-12);
+  EXPECT_LE(ovl.r.step_seconds, end.r.step_seconds * (1 + 1e-12));
+}
+
+TEST_P(Simulate, OverlappedOptimizerHidesBehindTheNextStep) {
   mf_decisions *d = streamed();
   for (int32_t i = 0; i < d->n_params; i++) d->grad[i] = MF_GRAD_STREAM;
   const mf_schedule *s = build(d);
+  for (int serial : {0, 1}) {
+    SCOPED_TRACE(serial ? "serial profile" : "overlapping profile");
+    mf_hwprofile hw = profile(1, serial ? 0 : 1);
+    // A rate at which all the updates take a tenth of the plain step's streams.
+    Sim probe(s, hw, 0);
+    hw.host_adamw_params_per_s = (double)s->prog->params->total_numel / (0.1 * probe.r.streams_seconds);
+    Sim end(s, hw, 0), ovl(s, hw, 1);
+    expect_overlapped(s, hw, end, ovl);
+    // Mostly hidden: the step is well below streams + optimizer.
+    EXPECT_LT(ovl.r.step_seconds, end.r.step_seconds);
+    EXPECT_LT(ovl.r.exposed_optimizer_seconds, end.r.exposed_optimizer_seconds);
+    if (serial) {
+      // One timeline: exposed = the sum of the waits.
+      double waits = 0, t = 0;
+      for (int32_t i = 0; i < ovl.r.n_instr; i++) {
+        waits += ovl.r.start[i] - t;
+        t = ovl.r.end[i];
+      }
+      EXPECT_NEAR(ovl.r.exposed_optimizer_seconds, waits, 1e-12);
+    }
+  }
+}
+
+TEST_P(Simulate, OverlappedOptimizerSlowerThanTheStepBoundsIt) {
+  const mf_schedule *s = build(streamed());
   mf_hwprofile hw = profile(1);
-  hw.host_adamw_params_per_s = 1e7;  // slow enough to matter
+  Sim probe(s, hw, 0);
+  // All the updates take three plain steps' streams.
+  hw.host_adamw_params_per_s = (double)s->prog->params->total_numel / (3 * probe.r.streams_seconds);
   Sim end(s, hw, 0), ovl(s, hw, 1);
-  expect_accounting(s, ovl.r);
-  EXPECT_NEAR(ovl.r.optimizer_seconds, end.r.optimizer_seconds, 1e-9 * end.r.optimizer_seconds);
-  EXPECT_LT(ovl.r.optimizer_start, ovl.r.streams_seconds);
+  expect_overlapped(s, hw, end, ovl);
+  EXPECT_GE(ovl.r.step_seconds, ovl.r.optimizer_seconds);
+  EXPECT_GT(ovl.r.exposed_optimizer_seconds, 0.5 * ovl.r.optimizer_seconds) << "mostly exposed";
   EXPECT_LT(ovl.r.step_seconds, end.r.step_seconds);
-  EXPECT_GE(ovl.r.step_seconds, ovl.r.streams_seconds);
-  EXPECT_EQ(end.r.optimizer_start, end.r.streams_seconds);
+}
+
+// Kernels timed at the program's own calls (profile compute.kernels) price the
+// instructions with their key — RUNs, ZEROs and ACCUMs alike, recomputes
+// included — and nothing else; copies keep the link model.
+TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
+  mf_decisions *d = fresh();
+  for (int32_t t = 0; t < p_->n_tensors; t++)
+    if (mf_schedule_can_recompute(p_, t)) d->act[t] = MF_ACT_RECOMPUTE;
+  const mf_schedule *s = build(d);
+  ASSERT_NE(s, nullptr);
+  mf_hwprofile hw = profile(1, 0);
+  snprintf(hw.source, sizeof hw.source, "test");
+  // Time every third distinct key, and every ZERO and ACCUM key.
+  std::vector<double> want(s->n_instr, -1);
+  int distinct = 0;
+  bool zero = false, accum = false;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const char *k;
+    int64_t sizes[8];
+    int ns;
+    double bytes;
+    if (!mf_sim_instr_key(s, i, &k, sizes, &ns, &bytes)) {
+      EXPECT_TRUE(s->instr[i].kind == MF_I_H2D || s->instr[i].kind == MF_I_D2H);
+      continue;
+    }
+    double have = mf_hw_kernel_seconds(&hw, k, sizes, ns, bytes);
+    if (std::isnan(have) && (distinct++ % 3 == 0 || s->instr[i].kind != MF_I_RUN) && hw.n_kernels < MF_HW_MAX_KERNELS) {
+      mf_hw_kernel_point &q = hw.kernels[hw.n_kernels++];
+      memset(&q, 0, sizeof q);
+      snprintf(q.kernel, sizeof q.kernel, "%s", k);
+      memcpy(q.sizes, sizes, sizeof q.sizes);
+      q.n_sizes = ns;
+      while (q.n_sizes > 0 && q.sizes[q.n_sizes - 1] == 0) q.n_sizes--;
+      q.bytes = bytes;
+      q.seconds = 1e-3 * (1 + hw.n_kernels);  // distinct, far from the model's microseconds
+      have = q.seconds;
+    }
+    zero |= s->instr[i].kind == MF_I_ZERO;
+    accum |= s->instr[i].kind == MF_I_ACCUM;
+  }
+  for (int32_t i = 0; i < s->n_instr; i++) {  // every instruction with a timed key, earlier ones too
+    const char *k;
+    int64_t sizes[8];
+    int ns;
+    double bytes;
+    if (!mf_sim_instr_key(s, i, &k, sizes, &ns, &bytes)) continue;
+    const double have = mf_hw_kernel_seconds(&hw, k, sizes, ns, bytes);
+    if (!std::isnan(have)) want[i] = have;
+  }
+  ASSERT_EQ(mf_hwprofile_validate(&hw), MF_OK) << mf_last_error();
+  EXPECT_TRUE(zero && accum) << "the schedule should zero and accumulate gradients (G = 2)";
+  Sim a(s, hw);
+  double sum = 0;
+  int measured = 0, modelled = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    if (want[i] >= 0) {
+      EXPECT_EQ(a.r.cost[i], want[i]) << i;
+      measured++;
+    } else {
+      EXPECT_NEAR(a.r.cost[i], ref_cost(s, i, hw), 1e-12 * ref_cost(s, i, hw)) << i;
+      modelled++;
+    }
+    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute && want[i] >= 0)
+      EXPECT_EQ(mf_sim_op_seconds(p_, s->instr[i].op, &hw), want[i]);
+    sum += a.r.cost[i];
+  }
+  EXPECT_GT(measured, 0);
+  EXPECT_GT(modelled, 0);
+  EXPECT_NEAR(a.r.streams_seconds, sum, 1e-9 * sum) << "a serial profile: the plain sum";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Simulate, ::testing::Values(0, 1, 2),

@@ -1,0 +1,69 @@
+/* Host memory of a plan and its NVMe spill (see host.h). */
+#include <math.h>
+#include <string.h>
+
+#include "planner/host.h"
+
+mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pinned_bytes,
+                          const mf_config_memory *mem, const mf_hwprofile *hw, mf_host_usage *out) {
+  if (!p || !hw || !out) return MF_ERR(MF_ERR_INVALID_ARG, "host memory: NULL argument");
+  if (s && s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "host memory: the schedule belongs to another program");
+  mf_host_usage u;
+  memset(&u, 0, sizeof u);
+  /* m + v per parameter: train.adam_moments, as the config copies it into mem */
+  const uint64_t moment = mem && mem->adam_moments == MF_CONFIG_MOMENTS_BF16 ? 4 : 8;
+  for (int64_t i = 0; i < p->params->n; i++) {
+    const uint64_t numel = (uint64_t)p->params->params[i].numel;
+    u.master_bytes += 4 * numel;
+    const mf_ptensor *w = &p->tensors[p->param_tensor[i]];
+    if (w->dtype != MF_DTYPE_F32) u.working_bytes += w->bytes;
+    if (!p->forward_only) {
+      u.grad_bytes += 4 * numel;
+      u.moment_bytes += moment * numel;
+    }
+  }
+  u.act_bytes = s ? s->host_act_bytes : 0;
+  u.pinned_bytes = pinned_bytes;
+  u.total_bytes =
+      u.master_bytes + u.working_bytes + u.grad_bytes + u.moment_bytes + u.act_bytes + u.pinned_bytes;
+  u.host_limit = mem && mem->host_limit != MF_CONFIG_SIZE_AUTO ? mem->host_limit : hw->host_memory;
+  u.pinned_limit = mem ? mem->pinned_limit : 0;
+  u.pinned_fits = u.pinned_limit == 0 || u.pinned_bytes <= u.pinned_limit;
+  u.host_fits = u.total_bytes <= u.host_limit;
+  u.nvme = mem && mem->nvme_dir && hw->nvme_bandwidth > 0;
+  if (!u.host_fits) {
+    uint64_t excess = u.total_bytes - u.host_limit;
+    if (u.nvme) {
+      u.spill_moment_bytes = excess < u.moment_bytes ? excess : u.moment_bytes;
+      excess -= u.spill_moment_bytes;
+      u.spill_master_bytes = excess < u.master_bytes ? excess : u.master_bytes;
+      excess -= u.spill_master_bytes;
+      /* Gradient sums that land home once a step (no copy adds into them:
+       * layer-major order, or kept on the device) are written once and read
+       * once by the optimizer, like the states above. */
+      int once = !p->forward_only && (s || p->order == MF_ORDER_LAYER_MAJOR || p->G == 1);
+      for (int32_t i = 0; s && i < s->n_instr && once; i++) {
+        const mf_instr *in = &s->instr[i];
+        if (in->kind == MF_I_D2H && in->accumulate && p->tensors[s->slots[in->slot].tensor].kind == MF_T_GRAD) once = 0;
+      }
+      if (once) {
+        u.spill_grad_bytes = excess < u.grad_bytes ? excess : u.grad_bytes;
+        excess -= u.spill_grad_bytes;
+      }
+    }
+    u.unplaced_bytes = excess;
+  }
+  *out = u;
+  return MF_OK;
+}
+
+uint64_t mf_host_spill_traffic_bytes(const mf_host_usage *u) {
+  return 2 * (u->spill_moment_bytes + u->spill_master_bytes + u->spill_grad_bytes);
+}
+
+double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw) {
+  if (u->unplaced_bytes > 0) return INFINITY;
+  const uint64_t traffic = mf_host_spill_traffic_bytes(u);
+  if (traffic == 0) return 0.0;
+  return hw->nvme_bandwidth > 0 ? (double)traffic / hw->nvme_bandwidth : INFINITY;
+}

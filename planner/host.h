@@ -1,0 +1,75 @@
+/*
+ * Host memory a plan needs, against memory.host_limit and memory.pinned_limit,
+ * and what would spill to NVMe past them (DESIGN.md "Memory tiers").
+ *
+ * Parts (bytes, for the whole step; a program's parameters are counted once):
+ *   master    fp32 master weights: 4 x numel
+ *   working   the working copy the device reads (the program's parameter
+ *             dtype); 0 when that dtype is fp32: the master itself is uploaded
+ *   grads     fp32 gradient sums: 4 x numel (0 for a forward-only program)
+ *   moments   AdamW m and v: 8 x numel in fp32, 4 x numel in bf16
+ *             (train.adam_moments, which the config copies into
+ *             mem->adam_moments; mem NULL: fp32); 0 forward-only
+ *   acts      offloaded activations' host copies (mf_schedule.host_act_bytes)
+ *   pinned    the staging arena (experts/staging.h), pinned
+ * total = the sum. The pinned part is checked against pinned_limit too.
+ *
+ * NVMe spill. Past host_limit, moments spill first, then master weights (each
+ * read and written once per step by the host AdamW, so they cost the least
+ * traffic per byte spilled), then the gradient sums when every gradient lands
+ * home once a step (no gradient copy adds into the host's sum: layer-major
+ * order or gradients kept on the device), written once and read once; the
+ * working copy, offloaded activations, the staging arena and gradient sums
+ * that micro-batches add into never spill. Spill needs memory.nvme_dir and a profile with an NVMe bandwidth;
+ * without either, the excess is unplaced (the plan does not fit the host).
+ */
+#ifndef MF_PLANNER_HOST_H
+#define MF_PLANNER_HOST_H
+
+#include <stdint.h>
+
+#include "planner/hwprofile.h"
+#include "planner/schedule.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/program.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mf_host_usage {
+  uint64_t master_bytes, working_bytes, grad_bytes, moment_bytes, act_bytes, pinned_bytes;
+  uint64_t total_bytes;
+  uint64_t host_limit;   /* memory.host_limit; for auto, the profile's host memory */
+  uint64_t pinned_limit; /* memory.pinned_limit; 0 (auto): bounded by host_limit only */
+  int pinned_fits;       /* pinned_bytes <= pinned_limit (1 for auto) */
+  int host_fits;         /* total_bytes <= host_limit */
+  int nvme;              /* spill possible: memory.nvme_dir set and the profile has an NVMe bandwidth */
+  uint64_t spill_moment_bytes, spill_master_bytes, spill_grad_bytes; /* what goes to NVMe (0: fits, or no NVMe) */
+  uint64_t unplaced_bytes;                         /* what fits neither host memory nor NVMe */
+} mf_host_usage;
+
+/* The host memory of schedule `s` of program `p` with a staging arena of
+ * `pinned_bytes` (mf_staging.arena_bytes). `mem` may be NULL (every limit
+ * auto, no NVMe). `s` may be NULL for an estimate before planning: no
+ * offloaded activations, and gradient sums counted as landing once a step
+ * when the program is layer-major or has one micro-batch.
+ * MF_ERR_INVALID_ARG for a schedule of another program. */
+mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pinned_bytes,
+                          const mf_config_memory *mem, const mf_hwprofile *hw, mf_host_usage *out);
+
+/* NVMe traffic per step of the spilled state: every spilled byte read and
+ * written once by the host optimizer. */
+uint64_t mf_host_spill_traffic_bytes(const mf_host_usage *u);
+
+/* Seconds per step that the spill costs at the profile's NVMe bandwidth
+ * (traffic / nvme_bandwidth), to add to the optimizer's predicted time: 0
+ * with nothing spilled, INFINITY when something is unplaced. */
+double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_PLANNER_HOST_H */

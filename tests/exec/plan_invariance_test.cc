@@ -1,0 +1,397 @@
+// Plan invariance through the whole user path: for the demo model and two
+// other shapes (a dense layer and a shared expert; many small experts), five
+// training steps under everything resident, the planner's plan at 50% of the
+// resident need and at the minimum feasible budget, each baseline plan
+// (memory.plan), and a plan file give bit-identical weights and losses.
+//
+// Every run goes through mf_config_load + mf_train, as `moefit train` does.
+// The budgets come from the planner API on the program train builds (the
+// resident plan's arena, the least-memory plan's arena); which plan a run
+// really followed comes from train's own start-up line ("plan: NAME, arena
+// ...; weights R resident / S streamed; gradients ...; activations ..."),
+// so the test cannot pass by running the same plan every time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "planner/plan.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/exec/train.h"
+#include "src/io/tokens.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+
+namespace {
+
+const char kProfile[] = "configs/hw/cpu-2core.yaml";
+
+std::string tmp() {
+  const char *t = getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+std::string slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void spit(const std::string &path, const std::string &text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+// A token file of `n` phrases over a 64-token vocabulary (fits every shape).
+std::string tokens(const std::string &name, int n) {
+  std::string path = tmp() + "/" + name;
+  mf_tokens_writer *w = nullptr;
+  EXPECT_EQ(mf_tokens_writer_create(path.c_str(), 64, 2, 0, &w), MF_OK) << mf_last_error();
+  const char *phrases[] = {"the cat sat on the mat. ", "a dog ran in the park. ", "birds sing at dawn. "};
+  uint32_t state = 11;
+  for (int i = 0; i < n; i++) {
+    state = state * 1103515245u + 12345u;
+    std::vector<uint32_t> ids;
+    for (const char *c = phrases[(state >> 16) % 3]; *c; c++) ids.push_back((uint32_t)(*c) % 64);
+    EXPECT_EQ(mf_tokens_writer_append(w, ids.data(), nullptr, ids.size()), MF_OK);
+  }
+  EXPECT_EQ(mf_tokens_writer_end_document(w), MF_OK);
+  EXPECT_EQ(mf_tokens_writer_finish(w), MF_OK) << mf_last_error();
+  mf_tokens_writer_free(w);
+  return path;
+}
+
+// What one mf_train run left: status, message, log, results.
+struct TrainRun {
+  mf_status st = MF_OK;
+  std::string err, log, dir;
+  mf_train_summary sum{};
+  // From the "plan: ..." start-up line; found == false when train ran unscheduled.
+  bool found = false;
+  std::string name;
+  long w_res = 0, w_stream = 0, g_dev = 0, g_stream = 0, a_keep = 0, a_off = 0, a_rec = 0;
+  long moved() const { return w_stream + g_stream + a_off + a_rec; }
+};
+
+// The losses of every step from metrics.jsonl, as written (timings and
+// traffic, which differ by plan and run, left out).
+std::string losses(const std::string &dir) {
+  static const char *const keys[] = {"step",      "loss",   "ce_loss", "aux_loss",  "lr",
+                                     "grad_norm", "tokens", "skipped", "eval_loss", "expert_imbalance"};
+  std::istringstream in(slurp(dir + "/metrics.jsonl"));
+  std::string line, out;
+  while (std::getline(in, line)) {
+    for (const char *k : keys) {
+      std::string key = std::string("\"") + k + "\":";
+      size_t a = line.find(key);
+      if (a == std::string::npos) {
+        out += std::string(k) + "=missing ";
+        continue;
+      }
+      a += key.size();
+      size_t b = line.find_first_of(",}", a);
+      out += std::string(k) + "=" + line.substr(a, b - a) + " ";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+class Shape {
+ public:
+  // `base`: a config file; every run applies the common overrides to it.
+  Shape(const std::string &name, const std::string &base) : name_(name), base_(base) {}
+
+  std::vector<std::string> common(const std::string &dir) const {
+    static const std::string train = tokens("train.tokens", 300), valid = tokens("valid.tokens", 12);
+    return {"data.train=" + train,
+            "data.valid=" + valid,
+            "data.seq_len=16",
+            "train.micro_batch=2",
+            "train.grad_accum=2",
+            "train.micro_batch_order=micro",
+            "train.steps=5",
+            "train.warmup=1",
+            "train.log_every=1",
+            "train.eval_every=0",
+            "train.threads=2",
+            "output.dir=" + dir,
+            "output.checkpoint_every=0",
+            std::string("hardware.profile=") + kProfile,
+            "backend=cpu"};
+  }
+
+  mf_config *load(const std::string &tag, const std::string &budget, const std::string &plan,
+                  const std::vector<std::string> &extra = {}) const {
+    std::vector<std::string> ov = common(dir(tag));
+    ov.push_back("memory.device_budget=" + budget);
+    ov.push_back("memory.plan=" + plan);
+    for (const auto &e : extra) ov.push_back(e);
+    std::vector<const char *> p;
+    for (const auto &o : ov) p.push_back(o.c_str());
+    mf_config *cfg = nullptr;
+    EXPECT_EQ(mf_config_load(base_.c_str(), p.data(), p.size(), &cfg), MF_OK) << mf_last_error();
+    return cfg;
+  }
+
+  std::string dir(const std::string &tag) const { return tmp() + "/" + name_ + "_" + tag; }
+
+  TrainRun train(const std::string &tag, const std::string &budget, const std::string &plan,
+                 const std::vector<std::string> &extra = {}) const {
+    TrainRun r;
+    r.dir = dir(tag);
+    mf_config *cfg = load(tag, budget, plan, extra);
+    if (!cfg) {
+      r.st = MF_ERR_CONFIG;
+      r.err = mf_last_error();
+      return r;
+    }
+    FILE *f = tmpfile();
+    mf_log_set_level(MF_LOG_INFO);
+    mf_log_set_stream(f);
+    mf_error_clear();
+    r.st = mf_train(cfg, 0, &r.sum);
+    mf_log_set_stream(nullptr);
+    if (r.st != MF_OK) r.err = mf_last_error();
+    fflush(f);
+    long n = ftell(f);
+    r.log.resize(n > 0 ? (size_t)n : 0);
+    rewind(f);
+    if (n > 0) {
+      EXPECT_EQ(fread(&r.log[0], 1, (size_t)n, f), (size_t)n);
+    }
+    fclose(f);
+    mf_config_free(cfg);
+    // "plan: NAME, arena ...; weights R resident / S streamed; gradients ...; activations ..."
+    const size_t a = r.log.find("plan: ");
+    if (a != std::string::npos) {
+      const size_t end = r.log.find('\n', a), comma = r.log.find(", arena ", a),
+                   w = r.log.find("weights ", a);
+      if (comma < end && w < end) {
+        r.name = r.log.substr(a + 6, comma - a - 6);
+        r.found = sscanf(r.log.c_str() + w,
+                         "weights %ld resident / %ld streamed; gradients %ld on the device / %ld streamed; "
+                         "activations %ld kept / %ld offloaded / %ld recomputed",
+                         &r.w_res, &r.w_stream, &r.g_dev, &r.g_stream, &r.a_keep, &r.a_off, &r.a_rec) == 7;
+      }
+    }
+    return r;
+  }
+
+ private:
+  std::string name_, base_;
+};
+
+// The program train builds for a config (micro-batch-major, as the runs pin
+// train.micro_batch_order), and the planner's figures on it.
+struct Planner {
+  mf_param_table *t = nullptr;
+  mf_program *p = nullptr;
+  mf_hwprofile hw{};
+  explicit Planner(const mf_config *cfg) {
+    EXPECT_EQ(mf_hwprofile_load(kProfile, &hw), MF_OK) << mf_last_error();
+    EXPECT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK) << mf_last_error();
+    mf_program_opts po{};
+    po.micro_batch = cfg->train.micro_batch;
+    po.seq_len = cfg->data.seq_len;
+    po.grad_accum = cfg->train.grad_accum;
+    po.aux_coef = cfg->train.aux_loss_coef;
+    po.order = MF_ORDER_MICRO_MAJOR;
+    EXPECT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
+  }
+  ~Planner() {
+    mf_program_free(p);
+    mf_param_table_free(t);
+  }
+  uint64_t arena(mf_plan_kind k) {
+    mf_plan *pl = nullptr;
+    EXPECT_EQ(mf_plan_baseline(p, &hw, k, UINT64_MAX, &pl), MF_OK) << mf_last_error();
+    uint64_t a = pl ? pl->s->arena_bytes : 0;
+    mf_plan_free(pl);
+    return a;
+  }
+};
+
+// Same bits as the resident run: weights byte for byte, every step's losses
+// in metrics.jsonl, and the summary's doubles exactly.
+void ExpectSameBits(const TrainRun &ref, const TrainRun &r, const std::string &what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  EXPECT_EQ(r.sum.steps, 5);
+  const std::string w = slurp(r.dir + "/final/model.safetensors");
+  EXPECT_FALSE(w.empty());
+  EXPECT_TRUE(w == slurp(ref.dir + "/final/model.safetensors")) << "the final weights differ";
+  EXPECT_EQ(losses(r.dir), losses(ref.dir));
+  EXPECT_EQ(r.sum.first_loss, ref.sum.first_loss);
+  EXPECT_EQ(r.sum.final_loss, ref.sum.final_loss);
+  EXPECT_EQ(r.sum.valid_loss, ref.sum.valid_loss);
+}
+
+void CheckShape(const Shape &s) {
+  // (a) everything resident: budget auto, plan auto (unscheduled).
+  const TrainRun ref = s.train("resident", "auto", "auto");
+  ASSERT_EQ(ref.st, MF_OK) << ref.err;
+  EXPECT_FALSE(ref.found) << "budget auto runs unscheduled:\n" << ref.log;
+  const std::string ref_losses = losses(ref.dir);
+  ASSERT_EQ(std::count(ref_losses.begin(), ref_losses.end(), '\n'), 5) << "a metrics line per step";
+  EXPECT_EQ(ref_losses.find("missing"), std::string::npos) << ref_losses;
+  EXPECT_LT(ref.sum.final_loss, ref.sum.first_loss) << "it trains";
+
+  mf_config *cfg = s.load("resident", "auto", "auto");
+  ASSERT_NE(cfg, nullptr);
+  Planner pl(cfg);
+  mf_config_free(cfg);
+  ASSERT_NE(pl.p, nullptr);
+  const uint64_t need = pl.arena(MF_PLAN_RESIDENT), least = pl.arena(MF_PLAN_LEAST_MEMORY);
+  const uint64_t half = need / 2;
+  ASSERT_GT(least, 0u);
+  ASSERT_LT(least, half) << "the shape must leave the planner room between the minimum and 50%";
+
+  // (b) the planner's plan at 50% of the resident need and at the minimum.
+  for (uint64_t budget : {half, least}) {
+    const std::string b = std::to_string(budget);
+    const TrainRun r = s.train("budget_" + b, b, "auto");
+    ExpectSameBits(ref, r, "planner at " + b + " bytes");
+    ASSERT_TRUE(r.found) << r.log;
+    EXPECT_EQ(r.name, "the planner's choice");
+    EXPECT_GT(r.moved(), 0) << "a plan under the resident need streams, offloads or recomputes:\n" << r.log;
+  }
+  // One byte under the minimum is refused, saying so.
+  const TrainRun tiny = s.train("below_min", std::to_string(least - 1), "auto");
+  EXPECT_EQ(tiny.st, MF_ERR_CONFIG);
+  EXPECT_NE(tiny.err.find("below the minimum"), std::string::npos) << tiny.err;
+
+  // (c) every baseline by name, its own arena as the budget.
+  const struct {
+    const char *word, *name;
+  } baselines[] = {{"resident", "all resident"},
+                   {"zero_offload", "ZeRO-Offload-like"},
+                   {"megatrain", "MegaTrain-like"},
+                   {"checkpoint", "checkpoint every layer"},
+                   {"least_memory", "least memory"}};
+  for (const auto &b : baselines) {
+    const TrainRun r = s.train(std::string("plan_") + b.word, "auto", b.word);
+    ExpectSameBits(ref, r, std::string("memory.plan=") + b.word);
+    ASSERT_TRUE(r.found) << r.log;
+    EXPECT_EQ(r.name, b.name);
+    if (std::string(b.word) == "resident") {
+      EXPECT_EQ(r.moved(), 0) << r.log;
+    } else {
+      EXPECT_GT(r.moved(), 0) << b.word << " streams, offloads or recomputes:\n" << r.log;
+    }
+  }
+  // A named plan that does not fit an explicit budget is an error naming both.
+  const TrainRun big = s.train("resident_over", std::to_string(half), "resident");
+  EXPECT_EQ(big.st, MF_ERR_CONFIG);
+  EXPECT_NE(big.err.find("memory.plan: resident: all resident needs a device arena of"), std::string::npos)
+      << big.err;
+  EXPECT_NE(big.err.find("memory.device_budget"), std::string::npos) << big.err;
+  // One that fits it runs within it.
+  const TrainRun lm = s.train("least_at_min", std::to_string(least), "least_memory");
+  ExpectSameBits(ref, lm, "memory.plan=least_memory at the minimum budget");
+
+  // A plan file of the planner's choice at 50%, as `moefit plan --json` writes it.
+  mf_plan *chosen = nullptr;
+  ASSERT_EQ(mf_plan_choose(pl.p, &pl.hw, half, nullptr, nullptr, &chosen), MF_OK) << mf_last_error();
+  const std::string file = s.dir("chosen") + ".json";
+  mf_plan_figures fig = {half, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds};
+  ASSERT_EQ(mf_plan_write_json(pl.p, chosen->d, &fig, file.c_str()), MF_OK) << mf_last_error();
+  mf_plan_free(chosen);
+  for (const std::string &budget : {std::string("auto"), std::to_string(half)}) {
+    const TrainRun r = s.train("file_" + budget, budget, file);
+    ExpectSameBits(ref, r, "memory.plan=" + file + " with budget " + budget);
+    ASSERT_TRUE(r.found) << r.log;
+    EXPECT_EQ(r.name, file);
+    EXPECT_GT(r.moved(), 0) << r.log;
+  }
+}
+
+std::string demo() {
+  return "configs/demo.yaml";
+}
+
+// A config file for a shape given as its model.init map; data and train come
+// from the common overrides.
+std::string shape_config(const std::string &name, const std::string &init) {
+  std::string path = tmp() + "/" + name + ".yaml";
+  spit(path, "model:\n  init: " + init + "\ndata: {train: x.tokens}\ntrain: {steps: 5}\n");
+  return path;
+}
+
+const char kDenseShared[] =
+    "{family: qwen2_moe, hidden: 32, layers: 3, heads: 4, kv_heads: 2, experts: 4, top_k: 2, expert_ffn: 32, "
+    "shared_ffn: 48, dense_ffn: 64, mlp_only_layers: [0], vocab: 64, max_seq: 32, seed: 3}";
+const char kManySmall[] =
+    "{family: qwen3_moe, hidden: 32, layers: 2, heads: 4, kv_heads: 2, experts: 32, top_k: 4, expert_ffn: 8, "
+    "vocab: 64, max_seq: 32, seed: 4}";
+
+TEST(PlanInvariance, DemoModel) {
+  CheckShape(Shape("demo", demo()));
+}
+
+TEST(PlanInvariance, DenseLayerAndSharedExpert) {
+  CheckShape(Shape("dense_shared", shape_config("dense_shared", kDenseShared)));
+}
+
+TEST(PlanInvariance, ManySmallExperts) {
+  CheckShape(Shape("many_small", shape_config("many_small", kManySmall)));
+}
+
+// memory.overrides pin decisions on top of a baseline; same bits.
+TEST(PlanInvariance, OverridesApplyOnTopOfABaseline) {
+  Shape s("demo_ov", demo());
+  const TrainRun ref = s.train("resident", "auto", "auto");
+  ASSERT_EQ(ref.st, MF_OK) << ref.err;
+  const TrainRun r =
+      s.train("resident_ov", "auto", "resident",
+              {"memory.overrides=[{match: 'model.layers.0.*', params: stream, grads: stream}]"});
+  ExpectSameBits(ref, r, "resident with layer 0 streamed");
+  ASSERT_TRUE(r.found) << r.log;
+  EXPECT_EQ(r.name, "all resident with memory.overrides");
+  EXPECT_GT(r.w_stream, 0) << r.log;
+  EXPECT_GT(r.g_stream, 0) << r.log;
+  EXPECT_GT(r.w_res, 0) << "layer 1 stays resident:\n" << r.log;
+}
+
+// Plan files that cannot be followed: clean errors naming the file.
+TEST(PlanInvariance, BadPlanFilesAreErrorsNamingTheFile) {
+  Shape s("demo_bad", demo());
+  const std::string malformed = tmp() + "/malformed.json";
+  spit(malformed, "{\"format\": \"moefit-plan\", \"version\": 1, \"tensors\": [");
+  const TrainRun a = s.train("malformed", "auto", malformed);
+  EXPECT_EQ(a.st, MF_ERR_FORMAT) << a.err;
+  EXPECT_NE(a.err.find(malformed), std::string::npos) << a.err;
+
+  // A valid plan for another model (the many-small-experts shape).
+  Shape other("other", shape_config("other", kManySmall));
+  mf_config *cfg = other.load("x", "auto", "auto");
+  ASSERT_NE(cfg, nullptr);
+  Planner pl(cfg);
+  mf_config_free(cfg);
+  mf_plan *least = nullptr;
+  ASSERT_EQ(mf_plan_baseline(pl.p, &pl.hw, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK)
+      << mf_last_error();
+  const std::string mismatched = tmp() + "/other_model.json";
+  mf_plan_figures fig = {least->s->arena_bytes, least->s->peak_live_bytes, least->s->arena_bytes,
+                         least->sim.step_seconds};
+  ASSERT_EQ(mf_plan_write_json(pl.p, least->d, &fig, mismatched.c_str()), MF_OK) << mf_last_error();
+  mf_plan_free(least);
+  const TrainRun b = s.train("mismatched", "auto", mismatched);
+  EXPECT_EQ(b.st, MF_ERR_CONFIG) << b.err;
+  EXPECT_NE(b.err.find(mismatched), std::string::npos) << b.err;
+
+  const std::string missing = tmp() + "/no_such_plan.json";
+  const TrainRun c = s.train("missing", "auto", missing);
+  EXPECT_NE(c.st, MF_OK);
+  EXPECT_NE(c.err.find(missing), std::string::npos) << c.err;
+}
+
+}  // namespace
