@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner/segtree.h"
 #include "planner/simulate.h"
 
 const char *mf_sim_stream_name(mf_sim_stream s) {
@@ -143,36 +144,6 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
 
 /* ---------------------------------------------- arena segment tree (max) */
 
-/* Over the elementary intervals between the slots' offsets and ends: a range
- * chmax (a slot is done at time t) and a range max (when is this memory free). */
-typedef struct segtree {
-  double *mx, *tag; /* mx: max over the node's range; tag: a value applying to all of it */
-  int32_t n;
-} segtree;
-
-static void seg_update(segtree *t, int32_t node, int32_t lo, int32_t hi, int32_t ql, int32_t qr, double v) {
-  if (qr <= lo || hi <= ql) return;
-  if (t->mx[node] < v) t->mx[node] = v;
-  if (ql <= lo && hi <= qr) {
-    if (t->tag[node] < v) t->tag[node] = v;
-    return;
-  }
-  const int32_t mid = lo + (hi - lo) / 2;
-  seg_update(t, 2 * node, lo, mid, ql, qr, v);
-  seg_update(t, 2 * node + 1, mid, hi, ql, qr, v);
-}
-
-static double seg_query(const segtree *t, int32_t node, int32_t lo, int32_t hi, int32_t ql, int32_t qr) {
-  if (qr <= lo || hi <= ql) return 0;
-  if (ql <= lo && hi <= qr) return t->mx[node];
-  const int32_t mid = lo + (hi - lo) / 2;
-  double r = t->tag[node];
-  double a = seg_query(t, 2 * node, lo, mid, ql, qr), b = seg_query(t, 2 * node + 1, mid, hi, ql, qr);
-  if (a > r) r = a;
-  if (b > r) r = b;
-  return r;
-}
-
 static int cmp_size(const void *a, const void *b) {
   const size_t x = *(const size_t *)a, y = *(const size_t *)b;
   return x < y ? -1 : x > y ? 1 : 0;
@@ -212,7 +183,7 @@ typedef struct scratch {
   double *gate;               /* [n_instr] overlap_optimizer: when the update of the parameter the instruction
                                  first uploads is done, else -1 */
   uint8_t *seen;              /* [n_params] */
-  segtree seg;
+  mf_segtree seg;
 } scratch;
 
 static void scratch_free(scratch *w) {
@@ -401,8 +372,10 @@ static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *
     w->leaf_hi[x] = coord_index(w->coords, nu, sl->offset + bytes);
   }
   w->seg.n = nu > 1 ? nu - 1 : 1;
-  w->seg.mx = (double *)calloc(4 * (size_t)w->seg.n, sizeof(double));
-  w->seg.tag = (double *)calloc(4 * (size_t)w->seg.n, sizeof(double));
+  w->seg.size = 1;
+  while (w->seg.size < w->seg.n) w->seg.size *= 2;
+  w->seg.mx = (double *)calloc(2 * (size_t)w->seg.size, sizeof(double));
+  w->seg.tag = (double *)calloc(2 * (size_t)w->seg.size, sizeof(double));
   if (!w->seg.mx || !w->seg.tag) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
   int64_t live = 0;
   r->peak_live_bytes = 0;
@@ -455,8 +428,8 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
   memset(w->last_write, 0, ((size_t)s->n_slots + 1) * sizeof(double));
   memset(w->last_touch, 0, ((size_t)s->n_slots + 1) * sizeof(double));
   memset(w->host_ready, 0, ((size_t)p->n_tensors + 1) * sizeof(double));
-  memset(w->seg.mx, 0, 4 * (size_t)w->seg.n * sizeof(double));
-  memset(w->seg.tag, 0, 4 * (size_t)w->seg.n * sizeof(double));
+  memset(w->seg.mx, 0, 2 * (size_t)w->seg.size * sizeof(double));
+  memset(w->seg.tag, 0, 2 * (size_t)w->seg.size * sizeof(double));
   if (delayed) *delayed = 0;
   double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
@@ -481,7 +454,7 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
         if (w->last_write[x] > ready) ready = w->last_write[x];
         if (w->touches[k].write && w->last_touch[x] > ready) ready = w->last_touch[x];
         if (s->slots[x].first == i && w->leaf_lo[x] < w->leaf_hi[x]) {
-          const double m = seg_query(&w->seg, 1, 0, w->seg.n, w->leaf_lo[x], w->leaf_hi[x]);
+          const double m = mf_seg_query(&w->seg, w->leaf_lo[x], w->leaf_hi[x]);
           if (m > ready) ready = m;
         }
       }
@@ -525,7 +498,7 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
       for (int32_t d = w->done_start[i]; d < w->done_start[i + 1]; d++) {
         const int32_t x = w->done[d];
         if (w->leaf_lo[x] < w->leaf_hi[x])
-          seg_update(&w->seg, 1, 0, w->seg.n, w->leaf_lo[x], w->leaf_hi[x], w->last_touch[x]);
+          mf_seg_update(&w->seg, w->leaf_lo[x], w->leaf_hi[x], w->last_touch[x]);
       }
   }
   *makespan_out = serial ? t : makespan;
