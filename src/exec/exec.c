@@ -23,6 +23,15 @@ struct mf_exec {
   float *capture;
   int64_t *expert_tokens; /* [L * E] */
   int64_t *counts_tmp;    /* [E] */
+  int64_t *n_valid;       /* [G] counted target tokens of each micro-batch, this step */
+  /* Routing-aware transfers: the micro-batches whose expert ops use each slot
+   * (an expert weight's or gradient's; -1 for others), each micro-batch's
+   * tokens per expert of each layer this step, and whether they are known yet. */
+  int32_t *slot_mlo, *slot_mhi; /* [n_slots] */
+  int64_t *route;               /* [G * L * E] */
+  uint8_t *route_known;         /* [G * L] */
+  uint64_t h2d_skipped, d2h_skipped;
+  int32_t *pos;           /* [B*S] token positions (set at create) */
   int timed;              /* busy time from the host clock (a backend that runs work as it is submitted) */
   mf_exec_stats stats;    /* the last step's */
   double *instr_s;        /* [n_instr] per-instruction seconds, when turned on */
@@ -95,6 +104,51 @@ done:
   return st;
 }
 
+/* For every expert weight or gradient slot, the range of micro-batches whose
+ * expert ops use it: a weight's uses, a gradient's writers and, through
+ * ACCUM, every micro-batch summed into it. */
+static void expert_slot_micros(mf_exec *x) {
+  const mf_program *p = x->p;
+  const mf_schedule *s = x->s;
+  for (int32_t i = 0; i < s->n_slots; i++) x->slot_mlo[i] = x->slot_mhi[i] = -1;
+  const int64_t E = p->spec.experts;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind == MF_I_ACCUM) {
+      const int32_t a = in->slot, b = in->slot2;
+      if (x->slot_mlo[a] < 0) continue;
+      if (x->slot_mlo[b] < 0 || x->slot_mlo[a] < x->slot_mlo[b]) x->slot_mlo[b] = x->slot_mlo[a];
+      if (x->slot_mhi[a] > x->slot_mhi[b]) x->slot_mhi[b] = x->slot_mhi[a];
+      continue;
+    }
+    if (in->kind != MF_I_RUN || p->ops[in->op].experts_at < 0 || p->ops[in->op].micro < 0) continue;
+    const int32_t m = p->ops[in->op].micro;
+    for (int64_t e = 0; e < E; e++) {
+      const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
+      if (sl < 0) continue;
+      if (x->slot_mlo[sl] < 0 || m < x->slot_mlo[sl]) x->slot_mlo[sl] = m;
+      if (m > x->slot_mhi[sl]) x->slot_mhi[sl] = m;
+    }
+  }
+}
+
+/* 1 when slot (an expert's weight or gradient) serves only micro-batches whose
+ * routing is known and sends that expert no token: its weights are not read
+ * (an expert with no rows) and its gradient is all zeros. */
+static int expert_idle(const mf_exec *x, int32_t slot) {
+  const mf_program *p = x->p;
+  const mf_ptensor *t = &p->tensors[x->s->slots[slot].tensor];
+  if ((t->kind != MF_T_PARAM && t->kind != MF_T_GRAD) || t->param < 0 || x->slot_mlo[slot] < 0) return 0;
+  const mf_param *pr = &p->params->params[t->param];
+  if (pr->expert < 0 || pr->layer < 0) return 0;
+  const int64_t L = p->spec.layers, E = p->spec.experts;
+  for (int32_t m = x->slot_mlo[slot]; m <= x->slot_mhi[slot]; m++) {
+    if (!x->route_known[m * L + pr->layer]) return 0;
+    if (x->route[(m * L + pr->layer) * E + pr->expert] > 0) return 0;
+  }
+  return 1;
+}
+
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
   *out = NULL;
   if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
@@ -123,11 +177,22 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   x->grad_scratch = (float *)malloc(max_param * sizeof(float));
   x->grad_final = (int32_t *)malloc((size_t)(s->n_instr ? s->n_instr : 1) * sizeof(int32_t));
   x->upload_order = (int32_t *)malloc((size_t)(p->params->n ? p->params->n : 1) * sizeof(int32_t));
+  x->n_valid = (int64_t *)calloc((size_t)(p->G > 0 ? p->G : 1), sizeof(int64_t));
+  x->pos = (int32_t *)malloc((size_t)(p->B * p->S > 0 ? p->B * p->S : 1) * sizeof(int32_t));
+  const size_t GL = (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1);
+  x->slot_mlo = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
+  x->slot_mhi = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
+  x->route = (int64_t *)calloc(GL * (size_t)E, sizeof(int64_t));
+  x->route_known = (uint8_t *)calloc(GL, 1);
   if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->counts_tmp || !x->grad_scratch ||
-      !x->grad_final || !x->upload_order) {
+      !x->grad_final || !x->upload_order || !x->n_valid || !x->pos || !x->slot_mlo || !x->slot_mhi || !x->route ||
+      !x->route_known) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
     goto fail;
   }
+  for (int64_t bq = 0; bq < p->B; bq++) /* positions: the same every step */
+    for (int64_t q = 0; q < p->S; q++) x->pos[bq * p->S + q] = (int32_t)q;
+  expert_slot_micros(x);
   MF_CHECK_GOTO(param_order(x), st, fail);
   for (int32_t i = 0; i < s->n_slots; i++) x->starts[i] = x->ends[i] = i;
   qsort_r(x->starts, (size_t)s->n_slots, sizeof(int32_t), cmp_first, (void *)s);
@@ -161,6 +226,12 @@ void mf_exec_free(mf_exec *x) {
   free(x->instr_s);
   free(x->grad_final);
   free(x->upload_order);
+  free(x->n_valid);
+  free(x->pos);
+  free(x->slot_mlo);
+  free(x->slot_mhi);
+  free(x->route);
+  free(x->route_known);
   mf_schedule_free(x->owned);
   mf_decisions_free(x->owned_dec);
   free(x);
@@ -238,6 +309,10 @@ static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
   const void *src = NULL;
   if (pt->kind == MF_T_PARAM) {
     src = io->params + p->params->params[pt->param].offset;
+    if (expert_idle(x, slot)) { /* no token routed to it: its weights are not read */
+      x->h2d_skipped += pt->bytes;
+      return MF_OK;
+    }
   } else if (pt->kind == MF_T_INPUT) {
     if (t == p->io[0].positions)
       src = io->positions;
@@ -260,6 +335,11 @@ static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
   if (pt->kind == MF_T_GRAD) {
     if (!io->grads) return MF_OK;
     float *dst = io->grads + p->params->params[pt->param].offset;
+    if (expert_idle(x, in->slot)) { /* an expert no token reached: its gradient is zeros */
+      x->d2h_skipped += pt->bytes;
+      if (!in->accumulate) memset(dst, 0, pt->bytes);
+      return MF_OK;
+    }
     if (!in->accumulate) return d2h(x, in->slot, dst);
     MF_CHECK(d2h(x, in->slot, x->grad_scratch));
     MF_CHECK(x->b->stream_sync(x->b, x->stream));
@@ -285,7 +365,13 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
   if (o->kind == MF_K_MOE_DISPATCH) {
     const int64_t E = p->spec.experts;
     MF_CHECK(read_slot(x, ops[1], x->counts_tmp));
-    for (int64_t e = 0; e < E; e++) x->expert_tokens[o->layer * E + e] += x->counts_tmp[e];
+    MF_CHECK(x->b->stream_sync(x->b, x->stream));
+    const int64_t ml = (int64_t)o->micro * p->spec.layers + o->layer;
+    for (int64_t e = 0; e < E; e++) {
+      x->expert_tokens[o->layer * E + e] += x->counts_tmp[e];
+      x->route[ml * E + e] = x->counts_tmp[e];
+    }
+    x->route_known[ml] = 1;
   }
   if ((o->kind == MF_K_AUX_VALUE && o->t[2] == io->aux_scalars) || (o->kind == MF_K_ZERO && o->t[0] == io->aux_scalars)) {
     double aux = 0;
@@ -312,19 +398,17 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   const double t0 = mf_time_now();
   memset(r, 0, sizeof *r);
   x->h2d = x->d2h = 0;
-  int64_t *n_valid = (int64_t *)calloc((size_t)p->G, sizeof(int64_t));
-  int32_t *pos = (int32_t *)malloc((size_t)(p->B * p->S) * sizeof(int32_t));
+  int64_t *n_valid = x->n_valid;
+  const int32_t *pos = x->pos;
   mf_status st = MF_OK;
-  if (!n_valid || !pos) {
-    st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
-    goto done;
-  }
-  for (int64_t bq = 0; bq < p->B; bq++)
-    for (int64_t q = 0; q < p->S; q++) pos[bq * p->S + q] = (int32_t)q;
-  for (int64_t m = 0; m < p->G; m++)
+  for (int64_t m = 0; m < p->G; m++) {
+    n_valid[m] = 0;
     for (int64_t i = 0; i < p->B * p->S; i++) n_valid[m] += targets[m][i] >= 0;
+  }
   memset(x->expert_tokens, 0,
          (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
+  memset(x->route_known, 0, (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
+  x->h2d_skipped = x->d2h_skipped = 0;
   step_io io = {params, ids, targets, pos, grads, n_valid};
 
   size_t live = 0;
@@ -437,10 +521,10 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     }
     z->h2d_bytes = x->h2d;
     z->d2h_bytes = x->d2h;
+    z->h2d_skipped_bytes = x->h2d_skipped;
+    z->d2h_skipped_bytes = x->d2h_skipped;
     z->peak_live_bytes = x->peak_live;
   }
 done:
-  free(n_valid);
-  free(pos);
   return st;
 }

@@ -98,6 +98,12 @@ typedef struct mf_exec_stats {
   double idle_s[MF_EXEC_STREAMS];  /* wall_s - busy_s */
   int64_t instr[MF_EXEC_STREAMS];  /* instructions each stream ran */
   uint64_t h2d_bytes, d2h_bytes;   /* as mf_exec_traffic */
+  /* Copies the schedule has but the step did not need: the weights and the
+   * (all-zero) gradients of experts that no token of the micro-batches they
+   * serve was routed to, once that routing is known (a weight upload before
+   * its micro-batches are routed still happens). h2d_bytes + h2d_skipped_bytes
+   * is the schedule's h2d_bytes, and so for d2h. */
+  uint64_t h2d_skipped_bytes, d2h_skipped_bytes;
   size_t peak_live_bytes;          /* as mf_exec_peak_live_bytes */
 } mf_exec_stats;
 

@@ -203,8 +203,11 @@ TEST(Train, StreamMetricsMatchThePlan) {
     EXPECT_GT(num("compute_busy_s"), 0.0);
     EXPECT_GT(num("h2d_busy_s"), 0.0);
     EXPECT_LE(busy_sum, step_s) << "one timeline on the cpu backend";
-    EXPECT_EQ(num("h2d_bytes"), (double)s->h2d_bytes);
-    EXPECT_EQ(num("d2h_bytes"), (double)s->d2h_bytes);
+    // The schedule's copies, less those of experts no token reached (src/exec/exec.h).
+    EXPECT_LE(num("h2d_bytes"), (double)s->h2d_bytes);
+    EXPECT_GT(num("h2d_bytes"), 0.5 * (double)s->h2d_bytes);
+    EXPECT_LE(num("d2h_bytes"), (double)s->d2h_bytes);
+    EXPECT_GT(num("d2h_bytes"), 0.5 * (double)s->d2h_bytes);
     EXPECT_EQ(num("peak_device_bytes"), (double)s->peak_live_bytes);
     EXPECT_GE(num("optimizer_hidden_s"), 0.0);
     EXPECT_GE(num("optimizer_exposed_s"), 0.0);
