@@ -1027,7 +1027,8 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
   free(j);
   if (mem) {
     /* The NVMe floor again, now with the chosen plan's offloaded activations
-     * (which leave less host memory to the optimizer's state). */
+     * (which leave less host memory to the optimizer's state): every plan
+     * shown is simulated again with it, so they compare alike. */
     mf_plan *c = all[MF_PLAN_CHOSEN];
     mf_host_usage u;
     mf_status st = mf_host_account(*prog, c->s, 0, mem, rq->hw, &u);
@@ -1036,13 +1037,12 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
     if (st == MF_OK && floor > c->so.optimizer_floor_seconds) {
       mf_sim_opts so = c->so;
       so.optimizer_floor_seconds = floor;
-      mf_plan *again = NULL;
-      st = evaluate(*prog, rq->hw, &so, c->d, c->budget, c->kind, &again);
-      if (st == MF_OK) {
-        snprintf(again->name, sizeof again->name, "%s", c->name);
-        again->fits = c->fits;
-        mf_plan_free(c);
-        all[MF_PLAN_CHOSEN] = again;
+      for (int k = 0; k < MF_PLAN_KIND_COUNT_ && st == MF_OK; k++) {
+        mf_plan *pl = all[k];
+        if (!pl) continue;
+        mf_sim_result_free(&pl->sim);
+        pl->so = so;
+        st = mf_simulate(pl->s, rq->hw, &pl->so, &pl->sim);
       }
     }
     if (st != MF_OK) {

@@ -1,0 +1,119 @@
+// The bundled real-size configs planned as `moefit plan` plans them: each
+// chosen plan fits its budget and is never predicted slower than a baseline
+// that fits; for Qwen3-30B-A3B the compact staging arena is at most half the
+// ZeRO-Infinity-style pool. With MF_PLAN_SPEED_CHECK=1 (the bench-tagged
+// twin, //tests/planner:plan_speed_bench) also the planning times:
+// under 2 s for Mixtral-8x7B and Qwen3-30B-A3B, under 10 s for 61 layers x
+// 256 experts, on the machine at hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "experts/staging.h"
+#include "planner/plan.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+
+namespace {
+
+struct Planned {
+  mf_config *cfg = nullptr;
+  mf_param_table *t = nullptr;
+  mf_hwprofile hw{};
+  mf_program *p = nullptr;
+  mf_plan *all[MF_PLAN_KIND_COUNT_] = {};
+  double seconds = 0;
+  ~Planned() {
+    for (mf_plan *pl : all) mf_plan_free(pl);
+    mf_program_free(p);
+    mf_param_table_free(t);
+    mf_config_free(cfg);
+  }
+};
+
+// What src/cli/cmd_plan.c does up to the printing.
+void plan(const char *path, Planned *out) {
+  const double t0 = mf_time_now();
+  ASSERT_EQ(mf_config_load(path, nullptr, 0, &out->cfg), MF_OK) << mf_last_error();
+  const mf_config *cfg = out->cfg;
+  ASSERT_TRUE(cfg->model.has_init) << path;
+  ASSERT_EQ(mf_hwprofile_load(cfg->hardware.profile, &out->hw), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_param_table_build(&cfg->model.init, &out->t), MF_OK) << mf_last_error();
+  mf_plan_request rq{};
+  rq.params = out->t;
+  const double aux = std::isnan(cfg->train.aux_loss_coef) ? cfg->model.init.router_aux_loss_coef
+                                                          : cfg->train.aux_loss_coef;
+  rq.opts = {cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, MF_ORDER_MICRO_MAJOR,
+             cfg->backend == MF_CONFIG_BACKEND_CUDA ? MF_DTYPE_BF16 : MF_DTYPE_F32};
+  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
+  rq.hw = &out->hw;
+  rq.sim.overlap_optimizer = cfg->train.overlap_optimizer;
+  rq.budget = cfg->memory.device_budget;
+  rq.memory = &cfg->memory;
+  ASSERT_EQ(mf_plan_for(&rq, &out->p, out->all), MF_OK) << mf_last_error();
+  out->seconds = mf_time_now() - t0;
+}
+
+void expect_sound(const Planned &pl, const char *what) {
+  const mf_plan *c = pl.all[MF_PLAN_CHOSEN];
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->fits) << what;
+  EXPECT_LE(c->s->arena_bytes, pl.cfg->memory.device_budget) << what;
+  EXPECT_EQ(c->s->peak_live_bytes, c->sim.peak_live_bytes) << what;
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
+    ASSERT_NE(pl.all[k], nullptr) << what << " " << k;
+    if (pl.all[k]->fits) {
+      EXPECT_LE(c->sim.step_seconds, pl.all[k]->sim.step_seconds) << what << " vs " << pl.all[k]->name;
+    }
+  }
+}
+
+bool speed_check() {
+  const char *e = getenv("MF_PLAN_SPEED_CHECK");
+  return e && e[0] == '1';
+}
+
+TEST(RealConfigs, Mixtral8x7b) {
+  Planned pl;
+  plan("configs/mixtral-8x7b.yaml", &pl);
+  expect_sound(pl, "mixtral-8x7b");
+  printf("mixtral-8x7b: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
+  if (speed_check()) EXPECT_LT(pl.seconds, 2.0);
+}
+
+TEST(RealConfigs, Qwen3_30bA3bAndItsStagingArena) {
+  Planned pl;
+  plan("configs/qwen3-30b-a3b.yaml", &pl);
+  expect_sound(pl, "qwen3-30b-a3b");
+  printf("qwen3-30b-a3b: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
+  if (speed_check()) EXPECT_LT(pl.seconds, 2.0);
+  const mf_plan *c = pl.all[MF_PLAN_CHOSEN];
+  mf_staging *sg = nullptr;
+  int fits = 0;
+  ASSERT_EQ(mf_staging_build_within(c->s, &c->sim, &pl.hw, nullptr, pl.cfg->memory.pinned_limit, &sg, &fits), MF_OK)
+      << mf_last_error();
+  EXPECT_TRUE(fits);
+  ASSERT_GT(sg->pool_bytes, 0u);
+  const double ratio = (double)sg->arena_bytes / (double)sg->pool_bytes;
+  printf("qwen3-30b-a3b: staging %llu bytes, ZeRO-Infinity-style pool %llu bytes, ratio %.3f\n",
+         (unsigned long long)sg->arena_bytes, (unsigned long long)sg->pool_bytes, ratio);
+  EXPECT_LE(ratio, 0.5);
+  mf_staging_free(sg);
+}
+
+TEST(RealConfigs, Layers61Experts256) {
+  Planned pl;
+  plan("configs/moe-61x256.yaml", &pl);
+  expect_sound(pl, "moe-61x256");
+  EXPECT_EQ(pl.t->spec.layers, 61);
+  EXPECT_EQ(pl.t->spec.experts, 256);
+  printf("moe-61x256: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
+  if (speed_check()) EXPECT_LT(pl.seconds, 10.0);
+}
+
+}  // namespace
