@@ -901,6 +901,17 @@ static uint64_t host_act_budget(const mf_plan_request *rq, const mf_program *p) 
   return limit > keep ? limit - keep : 0;
 }
 
+/* mf_plan_for's failure after it had a result: frees it, returns st. */
+static mf_status drop_all(mf_status st, mf_program **prog, mf_plan **all) {
+  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
+    mf_plan_free(all[k]);
+    all[k] = NULL;
+  }
+  mf_program_free(*prog);
+  *prog = NULL;
+  return st;
+}
+
 /* One order's program and plans (a task of mf_plan_for). */
 typedef struct order_job {
   const mf_plan_request *rq;
@@ -1045,15 +1056,7 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
         st = mf_simulate(pl->s, rq->hw, &pl->so, &pl->sim);
       }
     }
-    if (st != MF_OK) {
-      for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
-        mf_plan_free(all[k]);
-        all[k] = NULL;
-      }
-      mf_program_free(*prog);
-      *prog = NULL;
-      return st;
-    }
+    if (st != MF_OK) return drop_all(st, prog, all);
   }
   if (n > 1 && which == MF_CONFIG_PLAN_AUTO) {
     /* The baselines of the order kept (the choice compared with them there). */
@@ -1064,15 +1067,7 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
       st = adopt_baselines(*prog, rq->hw, &so, rq->budget, mem && mem->n_overrides > 0, pool, &all[MF_PLAN_CHOSEN],
                            all);
     mf_threadpool_free(pool);
-    if (st != MF_OK) {
-      for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
-        mf_plan_free(all[k]);
-        all[k] = NULL;
-      }
-      mf_program_free(*prog);
-      *prog = NULL;
-      return st;
-    }
+    if (st != MF_OK) return drop_all(st, prog, all);
   }
   return MF_OK;
 }

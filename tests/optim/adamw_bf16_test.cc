@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/optim/special_values.h"
 #include "src/core/core.h"
 #include "src/optim/optim.h"
 
@@ -195,23 +196,14 @@ struct Bufs {
   }
 };
 
-const float kSpecial[] = {std::numeric_limits<float>::quiet_NaN(),
-                          -std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::denorm_min(),
-                          -std::numeric_limits<float>::denorm_min(),
-                          1e-40f,
-                          -3e-39f,
-                          std::numeric_limits<float>::min(),
-                          0.0f,
-                          -0.0f,
-                          std::numeric_limits<float>::max(),
-                          -1e30f,
-                          1e20f,
-                          1.00390625f,    // a bf16 tie
-                          -1.01171875f};  // another
-const size_t kSpecials = sizeof kSpecial / sizeof kSpecial[0];
+// The shared special values and two bf16 rounding ties.
+const std::vector<float> kSpecial = [] {
+  std::vector<float> v = mf_ot::special_values();
+  v.push_back(1.00390625f);
+  v.push_back(-1.01171875f);
+  return v;
+}();
+const size_t kSpecials = kSpecial.size();
 
 // Random values over many decades, with specials and, for fp32, values whose
 // low 16 bits sit on a bf16 tie or next to one.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/optim/special_values.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/optim/optim.h"
@@ -324,21 +325,8 @@ TEST(AdamW, EveryBodyGivesTheSameBits) {
 // negative v mixed into every buffer, both lerp forms, lengths that leave every
 // vector tail, buffers off vector alignment, the bf16 copy on.
 TEST(AdamW, EveryBodyAndThreadCountBitIdenticalOnSpecialValues) {
-  const float kSpecial[] = {std::numeric_limits<float>::quiet_NaN(),
-                            -std::numeric_limits<float>::quiet_NaN(),
-                            std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::denorm_min(),
-                            -std::numeric_limits<float>::denorm_min(),
-                            1e-40f,
-                            -3e-39f,
-                            std::numeric_limits<float>::min(),
-                            0.0f,
-                            -0.0f,
-                            std::numeric_limits<float>::max(),
-                            -1e30f,
-                            1e20f};
-  const size_t kSpecials = sizeof kSpecial / sizeof kSpecial[0];
+  const std::vector<float> kSpecial = mf_ot::special_values();
+  const size_t kSpecials = kSpecial.size();
   struct Case {
     double lr, b1, b2, eps, wd;
     int64_t step;
