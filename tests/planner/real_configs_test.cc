@@ -83,7 +83,9 @@ TEST(RealConfigs, Mixtral8x7b) {
   plan("configs/mixtral-8x7b.yaml", &pl);
   expect_sound(pl, "mixtral-8x7b");
   printf("mixtral-8x7b: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
-  if (speed_check()) EXPECT_LT(pl.seconds, 2.0);
+  if (speed_check()) {
+    EXPECT_LT(pl.seconds, 2.0);
+  }
 }
 
 TEST(RealConfigs, Qwen3_30bA3bAndItsStagingArena) {
@@ -91,7 +93,9 @@ TEST(RealConfigs, Qwen3_30bA3bAndItsStagingArena) {
   plan("configs/qwen3-30b-a3b.yaml", &pl);
   expect_sound(pl, "qwen3-30b-a3b");
   printf("qwen3-30b-a3b: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
-  if (speed_check()) EXPECT_LT(pl.seconds, 2.0);
+  if (speed_check()) {
+    EXPECT_LT(pl.seconds, 2.0);
+  }
   const mf_plan *c = pl.all[MF_PLAN_CHOSEN];
   mf_staging *sg = nullptr;
   int fits = 0;
@@ -113,7 +117,9 @@ TEST(RealConfigs, Layers61Experts256) {
   EXPECT_EQ(pl.t->spec.layers, 61);
   EXPECT_EQ(pl.t->spec.experts, 256);
   printf("moe-61x256: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
-  if (speed_check()) EXPECT_LT(pl.seconds, 10.0);
+  if (speed_check()) {
+    EXPECT_LT(pl.seconds, 10.0);
+  }
 }
 
 }  // namespace
