@@ -1,6 +1,7 @@
 /* The cuda entry points in a build without the CUDA toolkit: no GPU, cleanly. */
 #include <stdio.h>
 
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda.h"
 
 int mf_cuda_compiled(void) { return 0; }
@@ -24,3 +25,9 @@ mf_status mf_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) { return 
 mf_status mf_cuda_cast_f32_to_bf16(const float *src, uint16_t *dst, size_t n, void *stream) { return NO_CUDA(); }
 mf_status mf_cuda_cast_bf16_to_f32(const uint16_t *src, float *dst, size_t n, void *stream) { return NO_CUDA(); }
 mf_status mf_cuda_stream_sync(void *stream) { return NO_CUDA(); }
+
+mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out) {
+  *out = NULL;
+  return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend is not available: moefit was built without CUDA "
+                                    "(--config=nocuda or no toolkit)");
+}

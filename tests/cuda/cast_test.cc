@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda.h"
+#include "tests/cuda/gpu_test_util.h"
 #include "src/core/core.h"
 
 namespace {
@@ -15,10 +16,7 @@ namespace {
 class CudaCast : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    char why[256] = "";
-    ASSERT_EQ(mf_cuda_device_count(&n, why, sizeof why), MF_OK) << mf_last_error();
-    if (n == 0) GTEST_SKIP() << "no GPU: " << why;
+    MF_SKIP_WITHOUT_GPU();
   }
 };
 

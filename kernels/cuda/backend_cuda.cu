@@ -1,0 +1,426 @@
+// The cuda backend (kernels/cuda/backend_cuda.h): kernels/backend.h over the CUDA
+// runtime. One device arena (one cudaMalloc, once), kernel scratch allocated at
+// create, pinned host staging, non-blocking streams, timing-free events, async
+// copies, and `run` dispatching mf_kernel_call.kind to the launchers of
+// kernels/cuda/ops.cuh. Every CUDA call is checked (MF_CUDA_CHECK); nothing is
+// allocated on the device after create except the arena.
+//
+// Kernel scratch is one buffer shared by every stream: kernels that use it are
+// serialised across streams by an event (each waits for the previous user's
+// record, then records its own) under a host mutex, so concurrent streams never
+// share partial sums and the bits stay those of a lone call.
+//
+// Every entry point selects the backend's device first (cudaSetDevice is per
+// host thread, and the executor may call from more than one thread).
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.cuh"
+
+struct mf_stream {
+  cudaStream_t s;
+};
+struct mf_event {
+  cudaEvent_t e;
+};
+
+typedef struct cuda_impl {
+  int device;
+  void *arena;
+  size_t arena_bytes;
+  void *scratch;
+  size_t scratch_bytes;
+  cudaEvent_t scratch_done; /* recorded after the last kernel that used scratch */
+  int have_scratch_event;
+  pthread_mutex_t scratch_lock;
+  mf_backend_stats stats;
+} cuda_impl;
+
+static cuda_impl *impl_of(mf_backend *b) {
+  return (cuda_impl *)b->impl;
+}
+static cudaStream_t stream_of(mf_stream *s) {
+  return s ? s->s : (cudaStream_t)0;
+}
+
+#define SET_DEVICE(c) MF_CUDA_CHECK(cudaSetDevice((c)->device))
+
+// ----------------------------------------------------------------- memory
+
+static mf_status cuda_arena_create(mf_backend *b, size_t bytes, void **base) {
+  cuda_impl *c = impl_of(b);
+  *base = NULL;
+  if (c->arena) return MF_ERR(MF_ERR_INTERNAL, "cuda backend: the device arena exists already");
+  SET_DEVICE(c);
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+  if (e != cudaSuccess) {
+    char buf[32];
+    size_t free_b = 0, total_b = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaGetLastError();
+    char fbuf[32];
+    return MF_ERR(e == cudaErrorMemoryAllocation ? MF_ERR_OUT_OF_MEMORY : MF_ERR_CUDA,
+                  "cuda backend: cudaMalloc of the device arena (%s) on device %d failed: %s (%s); %s free",
+                  mf_format_bytes(bytes, buf, sizeof buf), c->device, cudaGetErrorString(e),
+                  cudaGetErrorName(e), mf_format_bytes(free_b, fbuf, sizeof fbuf));
+  }
+  c->arena = p;
+  c->arena_bytes = bytes;
+  *base = p;
+  return MF_OK;
+}
+
+static mf_status cuda_host_alloc(mf_backend *b, size_t bytes, void **out) {
+  cuda_impl *c = impl_of(b);
+  *out = NULL;
+  SET_DEVICE(c);
+  MF_CUDA_CHECK(cudaHostAlloc(out, bytes ? bytes : 64, cudaHostAllocPortable));
+  return MF_OK;
+}
+
+static void cuda_host_free(mf_backend *b, void *p) {
+  if (p) cudaFreeHost(p);
+}
+
+// ------------------------------------------------------- streams, events
+
+static mf_status cuda_stream_create(mf_backend *b, mf_stream **out) {
+  cuda_impl *c = impl_of(b);
+  *out = NULL;
+  SET_DEVICE(c);
+  mf_stream *s = (mf_stream *)calloc(1, sizeof *s);
+  if (!s) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cuda backend: out of memory for a stream");
+  cudaError_t e = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    free(s);
+    MF_CUDA_CHECK(e);
+  }
+  *out = s;
+  return MF_OK;
+}
+
+static void cuda_stream_free(mf_backend *b, mf_stream *s) {
+  if (!s) return;
+  cudaSetDevice(impl_of(b)->device);
+  cudaStreamDestroy(s->s);
+  free(s);
+}
+
+static mf_status cuda_stream_sync(mf_backend *b, mf_stream *s) {
+  SET_DEVICE(impl_of(b));
+  MF_CUDA_CHECK(cudaStreamSynchronize(stream_of(s)));
+  return MF_OK;
+}
+
+static mf_status cuda_event_create(mf_backend *b, mf_event **out) {
+  cuda_impl *c = impl_of(b);
+  *out = NULL;
+  SET_DEVICE(c);
+  mf_event *ev = (mf_event *)calloc(1, sizeof *ev);
+  if (!ev) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cuda backend: out of memory for an event");
+  cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    free(ev);
+    MF_CUDA_CHECK(e);
+  }
+  *out = ev;
+  return MF_OK;
+}
+
+static void cuda_event_free(mf_backend *b, mf_event *e) {
+  if (!e) return;
+  cudaSetDevice(impl_of(b)->device);
+  cudaEventDestroy(e->e);
+  free(e);
+}
+
+static mf_status cuda_event_record(mf_backend *b, mf_event *e, mf_stream *s) {
+  SET_DEVICE(impl_of(b));
+  MF_CUDA_CHECK(cudaEventRecord(e->e, stream_of(s)));
+  return MF_OK;
+}
+
+static mf_status cuda_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) {
+  SET_DEVICE(impl_of(b));
+  MF_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), e->e, 0));
+  return MF_OK;
+}
+
+// ----------------------------------------------------------------- copies
+
+static mf_status cuda_copy(mf_backend *b, void *dst, const void *src, size_t bytes, mf_copy_kind kind,
+                           mf_stream *s) {
+  cuda_impl *c = impl_of(b);
+  if (bytes == 0) return MF_OK;
+  cudaMemcpyKind k;
+  switch (kind) {
+    case MF_COPY_H2D:
+      k = cudaMemcpyHostToDevice;
+      break;
+    case MF_COPY_D2H:
+      k = cudaMemcpyDeviceToHost;
+      break;
+    case MF_COPY_D2D:
+      k = cudaMemcpyDeviceToDevice;
+      break;
+    default:
+      return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: copy of unknown kind %d", (int)kind);
+  }
+  if (!dst || !src)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: copy of %zu bytes with a NULL %s", bytes,
+                  dst ? "source" : "destination");
+  SET_DEVICE(c);
+  MF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, stream_of(s)));
+  if (kind == MF_COPY_H2D) c->stats.bytes_h2d += bytes;
+  if (kind == MF_COPY_D2H) c->stats.bytes_d2h += bytes;
+  if (kind == MF_COPY_D2D) c->stats.bytes_d2d += bytes;
+  return MF_OK;
+}
+
+// ---------------------------------------------------------------- kernels
+
+// Operands each built kind needs (a bit per slot of b[]); optional ones left out.
+static uint32_t required_operands(mf_kernel kind) {
+  switch (kind) {
+    case MF_K_ZERO:
+      return 0x1;
+    case MF_K_EMBED_FWD:
+      return 0x7;
+    case MF_K_EMBED_BWD:
+      return 0x7;
+    case MF_K_RMSNORM_FWD:
+      return 0xf;
+    case MF_K_RMSNORM_BWD:
+      return 0x3f;
+    case MF_K_ROPE_FWD:
+      return 0x3;
+    case MF_K_ROPE_BWD:
+      return 0x3;
+    case MF_K_SWIGLU_FWD:
+      return 0x7;
+    case MF_K_SWIGLU_BWD:
+      return 0x1f;
+    case MF_K_SIGGATE_FWD:
+      return 0x7;
+    case MF_K_SIGGATE_BWD:
+      return 0x1f;
+    case MF_K_ADD:
+      return 0x3;
+    case MF_K_ROUTER_FWD:
+      return 0xf;
+    case MF_K_ROUTER_BWD:
+      return 0x2f; /* dprobs (slot 4) is optional */
+    case MF_K_MOE_DISPATCH:
+      return 0x1f;
+    case MF_K_MOE_GATHER:
+      return 0x7;
+    case MF_K_MOE_GATHER_BWD:
+      return 0x7;
+    case MF_K_MOE_COMBINE:
+      return 0xf;
+    case MF_K_MOE_COMBINE_BWD:
+      return 0x3f;
+    case MF_K_AUX_ACCUMULATE:
+      return 0xf;
+    case MF_K_AUX_VALUE:
+      return 0x7;
+    case MF_K_AUX_GRAD:
+      return 0x3;
+    default:
+      return 0;
+  }
+}
+
+#define F(j) ((float *)k->b[j].ptr)
+#define CF(j) ((const float *)k->b[j].ptr)
+#define I32(j) ((int32_t *)k->b[j].ptr)
+#define CI32(j) ((const int32_t *)k->b[j].ptr)
+#define I64(j) ((int64_t *)k->b[j].ptr)
+#define CI64(j) ((const int64_t *)k->b[j].ptr)
+#define D64(j) ((double *)k->b[j].ptr)
+#define CD64(j) ((const double *)k->b[j].ptr)
+
+static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
+  const int64_t *i = k->i;
+  switch (k->kind) {
+    case MF_K_ZERO:
+      if (k->b[0].bytes) MF_CUDA_CHECK(cudaMemsetAsync(k->b[0].ptr, 0, k->b[0].bytes, s));
+      return MF_OK;
+    case MF_K_EMBED_FWD:
+      return mf_cuda_embed_fwd(CI32(0), i[0], CF(1), i[2], F(2), s);
+    case MF_K_EMBED_BWD:
+      return mf_cuda_embed_bwd(CI32(0), i[0], CF(1), i[2], F(2), s);
+    case MF_K_RMSNORM_FWD:
+      return mf_cuda_rmsnorm_fwd(CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3), s);
+    case MF_K_RMSNORM_BWD: {
+      const int64_t R = i[0], C = i[1];
+      if (R > 0 && C > 0) {
+        const size_t need = (size_t)mf_cuda_rmsnorm_dw_parts(R) * (size_t)C * sizeof(float);
+        if (need > c->scratch_bytes)
+          return MF_ERR(MF_ERR_OUT_OF_MEMORY,
+                        "cuda backend: rmsnorm_bwd over %lld columns needs %zu bytes of kernel scratch; the "
+                        "backend has %zu (mf_cuda_backend_opts.scratch_bytes)",
+                        (long long)C, need, c->scratch_bytes);
+      }
+      pthread_mutex_lock(&c->scratch_lock);
+      cudaError_t e = cudaStreamWaitEvent(s, c->scratch_done, 0);
+      mf_status st = e == cudaSuccess
+                         ? mf_cuda_rmsnorm_bwd(CF(0), CF(1), CF(2), CF(3), R, C, F(4), F(5), (int)i[2],
+                                               (float *)c->scratch, s)
+                         : MF_ERR(MF_ERR_CUDA, "cudaStreamWaitEvent on the scratch event failed: %s",
+                                  cudaGetErrorString(e));
+      if (st == MF_OK && (e = cudaEventRecord(c->scratch_done, s)) != cudaSuccess)
+        st = MF_ERR(MF_ERR_CUDA, "cudaEventRecord of the scratch event failed: %s", cudaGetErrorString(e));
+      pthread_mutex_unlock(&c->scratch_lock);
+      return st;
+    }
+    case MF_K_ROPE_FWD:
+      return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 0, s);
+    case MF_K_ROPE_BWD:
+      return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 1, s);
+    case MF_K_SWIGLU_FWD:
+      return mf_cuda_swiglu_fwd(CF(0), CF(1), i[0], F(2), s);
+    case MF_K_SWIGLU_BWD:
+      return mf_cuda_swiglu_bwd(CF(0), CF(1), CF(2), i[0], F(3), F(4), s);
+    case MF_K_SIGGATE_FWD:
+      return mf_cuda_siggate_fwd(CF(0), CF(1), i[0], i[1], F(2), s);
+    case MF_K_SIGGATE_BWD:
+      return mf_cuda_siggate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), s);
+    case MF_K_ADD: /* fp32 storage: the fp32 flag (no bf16 rounding of gradient sums) changes nothing */
+      return mf_cuda_add(CF(0), i[0], F(1), s);
+    case MF_K_ROUTER_FWD:
+      return mf_cuda_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), s);
+    case MF_K_ROUTER_BWD:
+      return mf_cuda_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5), s);
+    case MF_K_MOE_DISPATCH:
+      return mf_cuda_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4), s);
+    case MF_K_MOE_GATHER:
+      return mf_cuda_moe_gather(CF(0), CI32(1), i[0], i[1], F(2), s);
+    case MF_K_MOE_GATHER_BWD:
+      return mf_cuda_moe_gather_bwd(CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3], s);
+    case MF_K_MOE_COMBINE:
+      return mf_cuda_moe_combine(CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3), s);
+    case MF_K_MOE_COMBINE_BWD:
+      return mf_cuda_moe_combine_bwd(CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5), s);
+    case MF_K_AUX_ACCUMULATE:
+      return mf_cuda_aux_accumulate(CF(0), CI32(1), i[0], i[1], i[2], I64(2), D64(3), s);
+    case MF_K_AUX_VALUE:
+      return mf_cuda_aux_value(CI64(0), CD64(1), i[0], i[1], D64(2), s);
+    case MF_K_AUX_GRAD:
+      return mf_cuda_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1), s);
+    default:
+      return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel yet", mf_kernel_name(k->kind));
+  }
+}
+
+static mf_status cuda_run(mf_backend *b, const mf_kernel_call *k, mf_stream *st) {
+  cuda_impl *c = impl_of(b);
+  const char *name = mf_kernel_name(k->kind);
+  const char *label = k->label ? k->label : "";
+  const uint32_t need = required_operands(k->kind);
+  for (int j = 0; j < MF_KBUF_MAX; j++)
+    if ((need >> j & 1u) && !k->b[j].ptr && k->b[j].bytes)
+      return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: kernel %s%s%s: operand %d (%zu bytes) is NULL", name,
+                    *label ? " in " : "", label, j, k->b[j].bytes);
+  SET_DEVICE(c);
+  mf_status st_ = launch(c, k, stream_of(st));
+  if (st_ != MF_OK) {
+    mf_error_prefix("cuda backend: kernel %s%s%s", name, *label ? " in " : "", label);
+    return st_;
+  }
+  c->stats.kernels++;
+  return MF_OK;
+}
+
+// ------------------------------------------------------------ lifecycle
+
+static void cuda_get_stats(mf_backend *b, mf_backend_stats *out) {
+  *out = impl_of(b)->stats;
+}
+
+static void cuda_free(mf_backend *b) {
+  cuda_impl *c = impl_of(b);
+  if (c) {
+    cudaSetDevice(c->device);
+    if (c->arena || c->scratch) cudaDeviceSynchronize(); /* no kernel may still use them */
+    if (c->arena) cudaFree(c->arena);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->have_scratch_event) cudaEventDestroy(c->scratch_done);
+    pthread_mutex_destroy(&c->scratch_lock);
+    free(c);
+  }
+  free(b);
+}
+
+extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out) {
+  *out = NULL;
+  mf_cuda_backend_opts o = {0, 0};
+  if (opts) o = *opts;
+  if (o.scratch_bytes == 0) o.scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;
+  int n = 0;
+  char why[256] = "";
+  MF_CHECK(mf_cuda_device_count(&n, why, sizeof why));
+  if (n == 0) return MF_ERR(MF_ERR_NO_DEVICE, "cuda backend: no usable GPU (%s)", why);
+  if (o.device < 0 || o.device >= n)
+    return MF_ERR(MF_ERR_NO_DEVICE, "cuda backend: device %d asked for, %d device%s visible", o.device, n,
+                  n == 1 ? "" : "s");
+
+  mf_backend *b = (mf_backend *)calloc(1, sizeof *b);
+  cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
+  if (!b || !c) {
+    free(b);
+    free(c);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cuda backend: out of memory");
+  }
+  c->device = o.device;
+  pthread_mutex_init(&c->scratch_lock, NULL);
+  *b = mf_backend{
+      /* .name = */ "cuda",
+      /* .impl = */ c,
+      /* .arena_create = */ cuda_arena_create,
+      /* .host_alloc = */ cuda_host_alloc,
+      /* .host_free = */ cuda_host_free,
+      /* .stream_create = */ cuda_stream_create,
+      /* .stream_free = */ cuda_stream_free,
+      /* .stream_sync = */ cuda_stream_sync,
+      /* .event_create = */ cuda_event_create,
+      /* .event_free = */ cuda_event_free,
+      /* .event_record = */ cuda_event_record,
+      /* .stream_wait = */ cuda_stream_wait,
+      /* .copy = */ cuda_copy,
+      /* .run = */ cuda_run,
+      /* .mark = */ NULL, /* no checking mode on cuda */
+      /* .get_stats = */ cuda_get_stats,
+      /* .free = */ cuda_free,
+  };
+  mf_status st = MF_OK;
+  cudaError_t e = cudaSetDevice(c->device);
+  if (e == cudaSuccess) {
+    void *p = NULL;
+    e = cudaMalloc(&p, o.scratch_bytes);
+    if (e == cudaSuccess) c->scratch = p;
+  }
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->scratch_done, cudaEventDisableTiming);
+  if (e == cudaSuccess) c->have_scratch_event = 1;
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    st = MF_ERR(MF_ERR_CUDA,
+                "cuda backend: setting up device %d (kernel scratch of %zu bytes) failed: %s (%s)", c->device,
+                o.scratch_bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+    cuda_free(b);
+    return st;
+  }
+  c->scratch_bytes = o.scratch_bytes;
+  *out = b;
+  return MF_OK;
+}
