@@ -269,7 +269,7 @@ int mf_cli_plan(int argc, char **argv) {
                               storage};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
   rq.hw = &hw;
-  rq.sim.overlap_optimizer = cfg->train.overlap_optimizer;
+  rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
   rq.budget = budget;
   rq.memory = &cfg->memory;
   MF_CHECK_GOTO(mf_plan_for(&rq, &p, all), st, done);
@@ -293,8 +293,8 @@ int mf_cli_plan(int argc, char **argv) {
   for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) row(mf_plan_kind_name((mf_plan_kind)k), all[k]);
   printf("\n%s: %.4f s/step predicted = %.0f tokens/s; host optimizer %s\n", chosen->name, chosen->sim.step_seconds,
          (double)tokens / chosen->sim.step_seconds,
-         cfg->train.overlap_optimizer ? "behind the next step's device work (train.overlap_optimizer)"
-                                      : "after each step (train.overlap_optimizer: false)");
+         mf_config_overlaps_optimizer(cfg) ? "behind the next step's device work (train.overlap_optimizer)"
+                                           : "after each step (train.overlap_optimizer)");
   mf_plan_figures fig = {budget, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds,
                          0, 0, 0, 0};
   MF_CHECK_GOTO(memory_summary(p, &hw, &cfg->memory, chosen, &fig), st, done);

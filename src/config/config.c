@@ -803,6 +803,11 @@ const char *mf_config_mb_order_name(mf_config_mb_order o) {
   return (unsigned)o < 3 ? n[o] : "invalid";
 }
 
+int mf_config_overlaps_optimizer(const mf_config *cfg) {
+  if (cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_AUTO) return cfg->backend == MF_CONFIG_BACKEND_CUDA;
+  return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
+}
+
 const char *mf_config_moments_name(mf_config_moments m) {
   static const char *const n[] = {"fp32", "bf16"};
   return (unsigned)m < 2 ? n[m] : "invalid";

@@ -61,6 +61,13 @@ typedef enum mf_config_moments {
   MF_CONFIG_MOMENTS_BF16,     /* 4 bytes per parameter */
 } mf_config_moments;
 
+/* train.overlap_optimizer. */
+typedef enum mf_config_overlap {
+  MF_CONFIG_OVERLAP_AUTO = 0, /* on for the cuda backend, off on cpu (mf_config_overlaps_optimizer) */
+  MF_CONFIG_OVERLAP_ON,
+  MF_CONFIG_OVERLAP_OFF,
+} mf_config_overlap;
+
 typedef struct mf_config_model {
   char *path;         /* HF checkpoint directory; NULL when has_init */
   int has_init;       /* 1: a random model of shape `init` */
@@ -90,7 +97,7 @@ typedef struct mf_config_train {
   int64_t log_every;        /* steps between progress lines */
   int64_t eval_every;       /* steps between validation runs; 0 = only at the end */
   mf_config_mb_order micro_batch_order;
-  int overlap_optimizer;    /* host AdamW of step k behind step k+1's device work (same bits); 0 = after the step */
+  mf_config_overlap overlap_optimizer; /* host AdamW of step k behind step k+1's device work (same bits) */
   mf_config_moments adam_moments; /* m and v stored in fp32 or bf16 */
 } mf_config_train;
 
@@ -174,6 +181,10 @@ const char *mf_config_schedule_name(mf_config_schedule s); /* "cosine" */
 const char *mf_config_backend_name(mf_config_backend b);   /* "auto" */
 const char *mf_config_mb_order_name(mf_config_mb_order o); /* "layer" */
 const char *mf_config_moments_name(mf_config_moments m);   /* "bf16" */
+/* Whether the host optimizer overlaps the next step: train.overlap_optimizer,
+ * with auto on for backend cuda and off otherwise — on the cpu backend the
+ * "device" work runs on the host's own cores, so the overlap only contends. */
+int mf_config_overlaps_optimizer(const mf_config *cfg);
 /* The memory.plan word of a baseline ("zero_offload"); "auto" for AUTO, NULL for FILE. */
 const char *mf_config_plan_word(mf_config_plan p);
 

@@ -74,10 +74,12 @@ const mf_config_key mf_config_keys[] = {
         "micro-batches per optimizer step"),
     KEY("train.micro_batch_order", MF_CK_ENUM, 0, train.micro_batch_order, NOLO, NOHI, "auto|layer|micro", "auto",
         "op order over the micro-batches: layer (each layer for all micro-batches; streamed weights loaded once "
-        "per step, every micro-batch's activations held), micro (each micro-batch in turn), auto (micro for now)"),
-    KEY("train.overlap_optimizer", MF_CK_BOOL, 0, train.overlap_optimizer, NOLO, NOHI, NULL, "true",
-        "run the host AdamW of a step while the next step's device work goes on (each parameter's upload waits "
-        "for its own update; the same bits as false); false: after each step"),
+        "per step, every micro-batch's activations held), micro (each micro-batch in turn), auto (the planner plans "
+        "both and keeps the faster)"),
+    KEY("train.overlap_optimizer", MF_CK_ENUM, 0, train.overlap_optimizer, NOLO, NOHI, "auto|true|false", "auto",
+        "true: run the host AdamW of a step while the next step's device work goes on (each parameter's upload "
+        "waits for its own update; the same bits as false); false: after each step; auto: true on the cuda "
+        "backend, false on cpu (whose device work runs on the same cores)"),
     KEY("train.adam_moments", MF_CK_ENUM, 0, train.adam_moments, NOLO, NOHI, "fp32|bf16", "fp32",
         "storage of the AdamW moments m and v: fp32 (8 bytes per parameter) or bf16 (4 bytes; each update "
         "computes in fp32 and stores m and v rounded to nearest even)"),

@@ -125,7 +125,7 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
     rq.opts = po;
     rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && !forward_only;
     rq.hw = &r->hw;
-    rq.sim.overlap_optimizer = cfg->train.overlap_optimizer && !forward_only;
+    rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg) && !forward_only;
     rq.budget = mem->device_budget == MF_CONFIG_SIZE_AUTO ? UINT64_MAX : mem->device_budget;
     rq.memory = mem;
     mf_plan *all[MF_PLAN_KIND_COUNT_];
@@ -326,7 +326,7 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_buf), "gradient list", (void **)&bufs), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)(cfg->train.steps > 0 ? cfg->train.steps : 1), sizeof(double), "step times",
                           (void **)&step_wall), st, done);
-  if (cfg->train.overlap_optimizer) {
+  if (mf_config_overlaps_optimizer(cfg)) {
     MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_update), "optimizer updates", (void **)&upd), st, done);
     MF_CHECK_GOTO(mf_calloc((size_t)t->n, 1, "gradient flags", (void **)&used), st, done);
     MF_CHECK_GOTO(optimizer_worker_create(t, w, g, mom, var, moment_dtype(&cfg->train), (int)cfg->train.threads,

@@ -826,3 +826,28 @@ TEST(ConfigAdamMoments, DefaultFileOverrideRoundTripAndErrors) {
 }
 
 }  // namespace
+
+// ------------------------------------------------- overlap_optimizer
+
+// auto follows the backend (on for cuda, off for cpu and auto); true and false
+// are what they say; other words are errors.
+TEST(ConfigOverlapOptimizer, AutoFollowsTheBackend) {
+  Loaded a = Load(Minimal());
+  ASSERT_EQ(a.st, MF_OK) << a.err;
+  EXPECT_EQ(a.cfg->train.overlap_optimizer, MF_CONFIG_OVERLAP_AUTO);
+  EXPECT_EQ(mf_config_overlaps_optimizer(a.cfg), 0) << "backend auto / cpu: off";
+  Loaded b = Load(Minimal(), {"backend=cuda"});
+  ASSERT_EQ(b.st, MF_OK) << b.err;
+  EXPECT_EQ(mf_config_overlaps_optimizer(b.cfg), 1);
+  Loaded c = Load(Minimal() + "  overlap_optimizer: true\n", {"backend=cpu"});
+  ASSERT_EQ(c.st, MF_OK) << c.err;
+  EXPECT_EQ(c.cfg->train.overlap_optimizer, MF_CONFIG_OVERLAP_ON);
+  EXPECT_EQ(mf_config_overlaps_optimizer(c.cfg), 1);
+  Loaded d = Load(Minimal() + "  overlap_optimizer: false\n", {"backend=cuda"});
+  ASSERT_EQ(d.st, MF_OK) << d.err;
+  EXPECT_EQ(mf_config_overlaps_optimizer(d.cfg), 0);
+  ExpectRoundTrip(Minimal() + "  overlap_optimizer: false\n");
+  ExpectRoundTrip(Minimal(), {"train.overlap_optimizer=true"});
+  Loaded e = Load(Minimal() + "  overlap_optimizer: yes\n");
+  EXPECT_CONFIG_ERROR(e, "train.overlap_optimizer must be one of auto|true|false (got 'yes')");
+}

@@ -341,7 +341,7 @@ void train(const std::string &dir, bool overlap, const char *memory) {
   if (memory) y << "memory: " << memory << "\nhardware: {profile: configs/hw/cpu-2core.yaml}\n";
   mf_config *cfg = load(y.str());
   ASSERT_NE(cfg, nullptr);
-  EXPECT_EQ(cfg->train.overlap_optimizer, overlap ? 1 : 0);
+  EXPECT_EQ(mf_config_overlaps_optimizer(cfg), overlap ? 1 : 0);
   mf_train_summary sum;
   ASSERT_EQ(mf_train(cfg, 1, &sum), MF_OK) << mf_last_error();
   EXPECT_EQ(sum.skipped, 0);

@@ -166,7 +166,7 @@ TEST(Train, StreamMetricsMatchThePlan) {
   rq.opts = po;
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
   rq.hw = &hw;
-  rq.sim.overlap_optimizer = cfg->train.overlap_optimizer;
+  rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
   rq.budget = cfg->memory.device_budget;
   rq.memory = &cfg->memory;
   mf_plan *all[MF_PLAN_KIND_COUNT_];

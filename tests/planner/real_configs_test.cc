@@ -52,7 +52,7 @@ void plan(const char *path, Planned *out) {
              cfg->backend == MF_CONFIG_BACKEND_CUDA ? MF_DTYPE_BF16 : MF_DTYPE_F32};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
   rq.hw = &out->hw;
-  rq.sim.overlap_optimizer = cfg->train.overlap_optimizer;
+  rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
   rq.budget = cfg->memory.device_budget;
   rq.memory = &cfg->memory;
   ASSERT_EQ(mf_plan_for(&rq, &out->p, out->all), MF_OK) << mf_last_error();
