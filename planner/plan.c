@@ -9,9 +9,9 @@
 #include "planner/proxy.h"
 
 const char *mf_plan_kind_name(mf_plan_kind k) {
-  static const char *const names[MF_PLAN_KIND_COUNT_] = {"chosen", "all resident", "ZeRO-Offload-like",
-                                                          "MegaTrain-like", "checkpoint every layer",
-                                                          "least memory"};
+  static const char *const names[MF_PLAN_KIND_COUNT_] = {
+      "chosen",         "all resident",           "ZeRO-Offload-like",
+      "MegaTrain-like", "checkpoint every layer", "least memory"};
   return ((int)k >= 0 && k < MF_PLAN_KIND_COUNT_) ? names[k] : "unknown";
 }
 
@@ -30,8 +30,8 @@ void mf_plan_free(mf_plan *pl) {
 }
 
 /* Schedules and simulates d with simulation options so (NULL: defaults). */
-static mf_status evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so, const mf_decisions *d,
-                          uint64_t budget, mf_plan_kind kind, mf_plan **out) {
+static mf_status evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                          const mf_decisions *d, uint64_t budget, mf_plan_kind kind, mf_plan **out) {
   *out = NULL;
   mf_plan *pl = (mf_plan *)calloc(1, sizeof *pl);
   if (!pl) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
@@ -40,7 +40,8 @@ static mf_status evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_
   pl->hw = hw;
   if (so) pl->so = *so;
   pl->budget = budget;
-  snprintf(pl->name, sizeof pl->name, "%s", kind == MF_PLAN_CHOSEN ? "the planner's choice" : mf_plan_kind_name(kind));
+  snprintf(pl->name, sizeof pl->name, "%s",
+           kind == MF_PLAN_CHOSEN ? "the planner's choice" : mf_plan_kind_name(kind));
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_decisions_create(p, &pl->d), st, fail);
   MF_CHECK_GOTO(mf_decisions_copy(d, pl->d), st, fail);
@@ -54,8 +55,8 @@ fail:
   return st;
 }
 
-mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d, uint64_t budget,
-                           mf_plan_kind kind, mf_plan **out) {
+mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d,
+                           uint64_t budget, mf_plan_kind kind, mf_plan **out) {
   return evaluate(p, hw, NULL, d, budget, kind, out);
 }
 
@@ -106,8 +107,8 @@ static mf_status baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_d
   return MF_OK;
 }
 
-static mf_status baseline(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so, mf_plan_kind kind,
-                          uint64_t budget, mf_plan **out) {
+static mf_status baseline(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                          mf_plan_kind kind, uint64_t budget, mf_plan **out) {
   mf_decisions *d = NULL;
   MF_CHECK(mf_decisions_create(p, &d));
   mf_status st = baseline_decisions(p, kind, d);
@@ -123,16 +124,25 @@ mf_status mf_plan_baseline(const mf_program *p, const mf_hwprofile *hw, mf_plan_
 
 /* ------------------------------------------------------------ the choice */
 
-typedef enum cand_kind { C_PARAMS_RESIDENT = 0, C_GRADS_DEVICE, C_ACT_KEEP, C_ACT_OFFLOAD } cand_kind;
+typedef enum cand_kind {
+  C_PARAMS_RESIDENT = 0,
+  C_GRADS_DEVICE,
+  C_ACT_KEEP,
+  C_ACT_OFFLOAD,
+  C_EXPERTS_HOT
+} cand_kind;
+#define N_CAND_KINDS 5
 
 typedef struct cand {
   cand_kind kind;
-  int32_t layer;       /* C_PARAMS_*, C_GRADS_*: the layer (-1: embeddings, final norm, head) */
-  int32_t klass;       /* C_ACT_*: index of the activation class, or -1 for the whole layer */
-  double gain;         /* predicted seconds saved against the least-memory plan */
-  double bytes;        /* extra arena bytes */
-  double host;         /* extra host bytes for offloaded activations */
+  int32_t layer; /* C_PARAMS_*, C_GRADS_*: the layer (-1: embeddings, final norm, head) */
+  int32_t klass; /* C_ACT_*: index of the activation class, or -1 for the whole layer */
+  double gain;   /* predicted seconds saved against the least-memory plan */
+  double bytes;  /* extra arena bytes */
+  double host;   /* extra host bytes for offloaded activations */
   double score;
+  int32_t
+      quarters; /* C_EXPERTS_HOT: q: the layer's q-th hottest quarter of experts resident (1: the hottest) */
 } cand;
 
 /* The "class" of a per-micro-batch tensor is its name without "mbN.". */
@@ -157,13 +167,15 @@ static int cmp_class(const void *a, const void *b, void *arg) {
 typedef struct side {
   const mf_program *p;
   const mf_plan_pins *pins;
-  int32_t *klass;        /* [n_tensors] class id, -1 for tensors that cannot be offloaded */
+  int32_t *klass; /* [n_tensors] class id, -1 for tensors that cannot be offloaded */
   int32_t n_klass;
-  int32_t *klass_layer;  /* [n_klass] */
-  int32_t *klass_first;  /* [n_klass] its first tensor (for the name) */
+  int32_t *klass_layer;       /* [n_klass] */
+  int32_t *klass_first;       /* [n_klass] its first tensor (for the name) */
   int32_t *kstart, *ktensors; /* class k's tensors: ktensors[kstart[k] .. kstart[k + 1]) */
   int32_t *lstart, *ltensors; /* layer l's classed tensors: ltensors[lstart[l + 1] .. lstart[l + 2]) */
   int32_t *pstart, *pparams;  /* layer l's parameters: pparams[pstart[l + 1] .. pstart[l + 2]) */
+  const double *share;        /* measured routing [layers * experts], or NULL */
+  int32_t *hot_rank;          /* [n_params] an expert's rank in its layer by share, hottest 0; -1 others */
 } side;
 
 static void side_free(side *s) {
@@ -176,6 +188,7 @@ static void side_free(side *s) {
   free(s->ltensors);
   free(s->pstart);
   free(s->pparams);
+  free(s->hot_rank);
   memset(s, 0, sizeof *s);
 }
 
@@ -191,10 +204,11 @@ static void bucket(const int32_t *key, int32_t n, int32_t nkeys, int32_t *start,
   start[0] = 0;
 }
 
-static mf_status side_build(const mf_program *p, const mf_plan_pins *pins, side *s) {
+static mf_status side_build(const mf_program *p, const mf_plan_pins *pins, const double *share, side *s) {
   memset(s, 0, sizeof *s);
   s->p = p;
   s->pins = pins;
+  s->share = p->spec.experts > 0 ? share : NULL;
   const int32_t nt = p->n_tensors, np = (int32_t)p->params->n, L = (int32_t)p->spec.layers;
   mf_status st = MF_OK;
   int32_t *order = NULL, *key = NULL;
@@ -233,6 +247,23 @@ static mf_status side_build(const mf_program *p, const mf_plan_pins *pins, side 
   bucket(key, nt, L + 1, s->lstart, s->ltensors);
   for (int32_t i = 0; i < np; i++) key[i] = p->params->params[i].layer + 1;
   bucket(key, np, L + 1, s->pstart, s->pparams);
+  if (s->share) {
+    /* Each expert's rank by its share of the layer's tokens (ties: lower index first). */
+    const int64_t E = p->spec.experts;
+    MF_CHECK_GOTO(mf_calloc((size_t)np + 1, sizeof(int32_t), "plan", (void **)&s->hot_rank), st, fail);
+    for (int32_t i = 0; i < np; i++) {
+      const mf_param *a = &p->params->params[i];
+      s->hot_rank[i] = -1;
+      if (a->expert < 0 || a->layer < 0) continue;
+      const double sa = s->share[a->layer * E + a->expert];
+      int32_t r = 0;
+      for (int64_t e = 0; e < E; e++) {
+        const double se = s->share[a->layer * E + e];
+        r += se > sa || (se == sa && e < a->expert);
+      }
+      s->hot_rank[i] = r;
+    }
+  }
   free(order);
   free(key);
   return MF_OK;
@@ -243,17 +274,32 @@ fail:
   return st;
 }
 
-static int pinned_param(const side *s, int32_t i) { return s->pins && s->pins->param[i]; }
-static int pinned_grad(const side *s, int32_t i) { return s->pins && s->pins->grad[i]; }
-static int pinned_act(const side *s, int32_t t) { return s->pins && s->pins->act[t]; }
+static int pinned_param(const side *s, int32_t i) {
+  return s->pins && s->pins->param[i];
+}
+static int pinned_grad(const side *s, int32_t i) {
+  return s->pins && s->pins->grad[i];
+}
+static int pinned_act(const side *s, int32_t t) {
+  return s->pins && s->pins->act[t];
+}
 
 /* Applies candidate k to d; returns how many decisions it changed. */
 static int apply(const side *s, const cand *k, mf_decisions *d) {
   const mf_program *p = s->p;
   int changed = 0;
-  if (k->kind == C_PARAMS_RESIDENT || k->kind == C_GRADS_DEVICE) {
+  if (k->kind == C_PARAMS_RESIDENT || k->kind == C_GRADS_DEVICE || k->kind == C_EXPERTS_HOT) {
+    /* C_EXPERTS_HOT: the quarter of the layer's experts ranked [(q-1) E/4, q E/4) by share. */
+    const int64_t hot_lo = k->kind == C_EXPERTS_HOT ? (int64_t)(k->quarters - 1) * p->spec.experts / 4 : 0;
+    const int64_t hot_hi = k->kind == C_EXPERTS_HOT ? (int64_t)k->quarters * p->spec.experts / 4 : 0;
     for (int32_t j = s->pstart[k->layer + 1]; j < s->pstart[k->layer + 2]; j++) {
       const int32_t i = s->pparams[j];
+      if (k->kind == C_EXPERTS_HOT) {
+        if (s->hot_rank && s->hot_rank[i] >= hot_lo && s->hot_rank[i] < hot_hi && !pinned_param(s, i) &&
+            d->param[i] != MF_PARAM_RESIDENT)
+          d->param[i] = MF_PARAM_RESIDENT, changed++;
+        continue;
+      }
       if (k->kind == C_PARAMS_RESIDENT && !pinned_param(s, i) && d->param[i] != MF_PARAM_RESIDENT)
         d->param[i] = MF_PARAM_RESIDENT, changed++;
       if (k->kind == C_GRADS_DEVICE && !pinned_grad(s, i) && d->grad[i] != MF_GRAD_DEVICE)
@@ -261,7 +307,8 @@ static int apply(const side *s, const cand *k, mf_decisions *d) {
     }
     return changed;
   }
-  const int32_t *list = k->klass >= 0 ? s->ktensors + s->kstart[k->klass] : s->ltensors + s->lstart[k->layer + 1];
+  const int32_t *list =
+      k->klass >= 0 ? s->ktensors + s->kstart[k->klass] : s->ltensors + s->lstart[k->layer + 1];
   const int32_t n = k->klass >= 0 ? s->kstart[k->klass + 1] - s->kstart[k->klass]
                                   : s->lstart[k->layer + 2] - s->lstart[k->layer + 1];
   for (int32_t j = 0; j < n; j++) {
@@ -279,13 +326,15 @@ static int cmp_score(const void *a, const void *b) {
   if (x->score != y->score) return x->score > y->score ? -1 : 1;
   if (x->kind != y->kind) return (int)x->kind - (int)y->kind;
   if (x->layer != y->layer) return x->layer - y->layer;
+  if (x->quarters != y->quarters) return x->quarters - y->quarters;
   return x->klass - y->klass;
 }
 
 /* The candidates of a side: a layer's weights resident and its gradients on
- * the device, for the layers `want` marks (NULL: all, -1 included, as
+ * the device, with measured routing its hottest and second-hottest quarter
+ * of experts resident, for the layers `want` marks (NULL: all, -1 included, as
  * want[l + 1]); its activations kept, or offloaded instead of recomputed —
- * per class, or per layer when `coarse`. `out` holds 2 (L + 1) + 2 max(L,
+ * per class, or per layer when `coarse`. `out` holds 4 (L + 1) + 2 max(L,
  * n_klass) entries. */
 static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *out) {
   const mf_program *p = s->p;
@@ -293,20 +342,22 @@ static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *
   int32_t n = 0;
   for (int32_t l = -1; l < L; l++) {
     if (want && !want[l + 1]) continue;
-    out[n++] = (cand){C_PARAMS_RESIDENT, l, -1, 0, 0, 0, 0};
-    if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0};
+    out[n++] = (cand){C_PARAMS_RESIDENT, l, -1, 0, 0, 0, 0, 0};
+    if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0, 0};
+    if (s->share && l >= 0 && mf_model_spec_layer_is_moe(&p->spec, l) && p->spec.experts >= 4)
+      for (int32_t q = 1; q <= 2; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
   }
   if (coarse) {
     for (int32_t l = 0; l < L; l++) {
       if (want && !want[l + 1]) continue;
-      out[n++] = (cand){C_ACT_KEEP, l, -1, 0, 0, 0, 0};
-      out[n++] = (cand){C_ACT_OFFLOAD, l, -1, 0, 0, 0, 0};
+      out[n++] = (cand){C_ACT_KEEP, l, -1, 0, 0, 0, 0, 0};
+      out[n++] = (cand){C_ACT_OFFLOAD, l, -1, 0, 0, 0, 0, 0};
     }
   } else {
     for (int32_t k = 0; k < s->n_klass; k++) {
       if (want && !want[s->klass_layer[k] + 1]) continue;
-      out[n++] = (cand){C_ACT_KEEP, s->klass_layer[k], k, 0, 0, 0, 0};
-      out[n++] = (cand){C_ACT_OFFLOAD, s->klass_layer[k], k, 0, 0, 0, 0};
+      out[n++] = (cand){C_ACT_KEEP, s->klass_layer[k], k, 0, 0, 0, 0, 0};
+      out[n++] = (cand){C_ACT_OFFLOAD, s->klass_layer[k], k, 0, 0, 0, 0, 0};
     }
   }
   return n;
@@ -346,7 +397,6 @@ typedef struct score_job {
   cand *c;
   int32_t n;
 } score_job;
-
 
 static void score_task(void *ctx, int i, int nw) {
   score_job *j = (score_job *)ctx;
@@ -437,12 +487,30 @@ static mf_status too_small(const mf_program *p, uint64_t budget, const mf_plan *
                           mf_format_bytes(p->tensors[s->slots[best].tensor].bytes, sz, sizeof sz));
     if (n >= sizeof list) break;
   }
-  return MF_ERR(MF_ERR_CONFIG,
-                "memory.device_budget %s is below the minimum this model and batch need, %s (every weight and "
-                "gradient streamed, every activation recomputed or offloaded); at its peak (%s) the largest tensors "
-                "on the device are %s",
-                mf_format_bytes(budget, have, sizeof have), mf_format_bytes(s->arena_bytes, need, sizeof need),
-                s->instr[s->peak_instr].op >= 0 ? p->ops[s->instr[s->peak_instr].op].label : "a copy", list);
+  return MF_ERR(
+      MF_ERR_CONFIG,
+      "memory.device_budget %s is below the minimum this model and batch need, %s (every weight and "
+      "gradient streamed, every activation recomputed or offloaded); at its peak (%s) the largest tensors "
+      "on the device are %s",
+      mf_format_bytes(budget, have, sizeof have), mf_format_bytes(s->arena_bytes, need, sizeof need),
+      s->instr[s->peak_instr].op >= 0 ? p->ops[s->instr[s->peak_instr].op].label : "a copy", list);
+}
+
+/* How often the experts of the q-th hottest quarter of a layer with routing
+ * `row` are used by a micro-batch, summed: each 1 - (1 - K share)^T. */
+static double hot_use(const mf_program *p, const double *row, int32_t quarters) {
+  const int64_t E = p->spec.experts, lo = (int64_t)(quarters - 1) * E / 4, n = (int64_t)quarters * E / 4;
+  const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
+  double sum = 0;
+  for (int64_t e = 0; e < E; e++) {
+    int64_t r = 0;
+    for (int64_t f = 0; f < E; f++) r += row[f] > row[e] || (row[f] == row[e] && f < e);
+    if (r < lo || r >= n) continue;
+    double q = K * row[e];
+    if (q > 1) q = 1;
+    sum += 1.0 - pow(1.0 - q, T);
+  }
+  return sum;
 }
 
 /* Scores the full program's candidates on the proxy: each full candidate takes
@@ -460,7 +528,8 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
   memset(&ps, 0, sizeof ps);
   cand *pc = NULL;
   uint8_t *want = NULL, *opt = NULL;
-  int32_t *pcand = NULL; /* [4 * (n_klass + L + 1)]: proxy candidate by (kind, class or layer) */
+  int32_t *pcand = NULL; /* [N_CAND_KINDS * nkey]: proxy candidate by (kind, class, layer or hot set) */
+  double *pshare = NULL; /* the proxy's routing: each proxy layer the full layer it stands for */
 
   /* The proxy's least-memory decisions and pins: the full plan's, mapped. */
   MF_CHECK_GOTO(mf_decisions_create(pp, &pd), st, done);
@@ -482,15 +551,24 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
     pd->act[t] = least->d->act[f];
     if (full->pins) ppins.act[t] = full->pins->act[f];
   }
-  MF_CHECK_GOTO(evaluate(pp, hw, &least->so, pd, least->budget, MF_PLAN_LEAST_MEMORY, &pleast), st, done);
-  MF_CHECK_GOTO(side_build(pp, full->pins ? &ppins : NULL, &ps), st, done);
+  mf_sim_opts pso = least->so;
+  if (full->share) {
+    const int64_t E = pp->spec.experts;
+    MF_CHECK_GOTO(mf_calloc((size_t)(pp->spec.layers * E) + 1, sizeof(double), "plan", (void **)&pshare), st,
+                  done);
+    for (int64_t r = 0; r < pp->spec.layers; r++)
+      memcpy(pshare + r * E, full->share + (int64_t)x->full_layer[r] * E, (size_t)E * sizeof(double));
+    pso.expert_share = pshare;
+  }
+  MF_CHECK_GOTO(evaluate(pp, hw, &pso, pd, least->budget, MF_PLAN_LEAST_MEMORY, &pleast), st, done);
+  MF_CHECK_GOTO(side_build(pp, full->pins ? &ppins : NULL, pshare, &ps), st, done);
 
   /* Candidates at the embeddings/head and the representative layers. */
   const int32_t PL = (int32_t)pp->spec.layers;
   MF_CHECK_GOTO(mf_calloc((size_t)PL + 1, 1, "plan", (void **)&want), st, done);
   want[0] = 1;
   for (int32_t l = 0; l < L; l++) want[x->rep[l] + 1] = 1;
-  const int32_t cap = 2 * (PL + 1) + 2 * (ps.n_klass > PL ? ps.n_klass : PL);
+  const int32_t cap = 4 * (PL + 1) + 2 * (ps.n_klass > PL ? ps.n_klass : PL);
   MF_CHECK_GOTO(mf_calloc((size_t)cap, sizeof(cand), "plan", (void **)&pc), st, done);
   const int32_t np = make_cands(&ps, want, 0, pc);
   MF_CHECK_GOTO(score_cands(&ps, hw, pleast, pc, np, pool), st, done);
@@ -498,21 +576,27 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
           (int)np);
 
   /* Index the proxy candidates, then give each full candidate its score. */
-  const int32_t nkey = ps.n_klass + PL + 1;
-  MF_CHECK_GOTO(mf_calloc((size_t)4 * nkey, sizeof(int32_t), "plan", (void **)&pcand), st, done);
-  for (int32_t i = 0; i < 4 * nkey; i++) pcand[i] = -1;
+  const int32_t nkey = ps.n_klass + PL + 1 + 2 * PL;
+  const int32_t hot0 = ps.n_klass + PL + 1; /* hot sets: hot0 + 2 layer + quarters - 1 */
+  MF_CHECK_GOTO(mf_calloc((size_t)N_CAND_KINDS * nkey, sizeof(int32_t), "plan", (void **)&pcand), st, done);
+  for (int32_t i = 0; i < N_CAND_KINDS * nkey; i++) pcand[i] = -1;
   for (int32_t k = 0; k < np; k++) {
-    const int32_t key = pc[k].klass >= 0 ? pc[k].klass : ps.n_klass + pc[k].layer + 1;
+    const int32_t key = pc[k].kind == C_EXPERTS_HOT ? hot0 + 2 * pc[k].layer + pc[k].quarters - 1
+                        : pc[k].klass >= 0          ? pc[k].klass
+                                                    : ps.n_klass + pc[k].layer + 1;
     pcand[(int32_t)pc[k].kind * nkey + key] = k;
   }
   for (int32_t k = 0; k < nf; k++) {
     cand *c = &fc[k];
     const int32_t rl = c->layer < 0 ? -1 : x->rep[c->layer];
     int32_t key = -1;
-    if (c->klass < 0) {
+    if (c->kind == C_EXPERTS_HOT) {
+      key = hot0 + 2 * rl + c->quarters - 1;
+    } else if (c->klass < 0) {
       key = ps.n_klass + rl + 1;
     } else {
-      /* The class's name at the representative layer, looked up among the proxy's classes (sorted by name). */
+      /* The class's name at the representative layer, looked up among the proxy's classes (sorted by name).
+       */
       char name[sizeof fp->tensors[0].name];
       const char *cn = class_name(fp->tensors[full->klass_first[c->klass]].name);
       if (mf_plan_proxy_rename(cn, c->layer, rl, name, sizeof name)) {
@@ -540,9 +624,20 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
     c->bytes = pc[j].bytes;
     c->host = pc[j].host;
     c->score = pc[j].score;
+    if (c->kind == C_EXPERTS_HOT && c->gain > 0) {
+      /* The representative's hot set saves in proportion to how often its
+       * experts are copied; this layer's may be used more or less. */
+      const double uf = hot_use(fp, full->share + (int64_t)c->layer * fp->spec.experts, c->quarters);
+      const double up = hot_use(pp, pshare + (int64_t)rl * pp->spec.experts, c->quarters);
+      if (up > 0) {
+        c->gain *= uf / up;
+        c->score *= uf / up;
+      }
+    }
   }
 done:
   free(pcand);
+  free(pshare);
   free(want);
   free(opt);
   free(pc);
@@ -559,7 +654,8 @@ typedef struct limits {
   uint64_t device, host_acts;
 } limits;
 
-static mf_status fit_of(const mf_program *p, const mf_decisions *d, const limits *lim, size_t *arena, int *fit) {
+static mf_status fit_of(const mf_program *p, const mf_decisions *d, const limits *lim, size_t *arena,
+                        int *fit) {
   mf_schedule *s = NULL;
   MF_CHECK(mf_schedule_build(p, d, &s));
   *arena = s->arena_bytes;
@@ -666,8 +762,9 @@ done:
 
 /* Evaluates the baselines into all[RESIDENT..CHECKPOINT] and, unless
  * `pinned`, replaces *best with the fastest that fits when it beats it. */
-static mf_status adopt_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so, uint64_t budget,
-                                 int pinned, mf_threadpool *pool, mf_plan **best, mf_plan **all) {
+static mf_status adopt_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                                 uint64_t budget, int pinned, mf_threadpool *pool, mf_plan **best,
+                                 mf_plan **all) {
   baseline_job *j = (baseline_job *)calloc(1, sizeof *j);
   if (!j) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
   j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->all = all;
@@ -687,9 +784,9 @@ static mf_status adopt_baselines(const mf_program *p, const mf_hwprofile *hw, co
 
 /* The choice (all[CHOSEN]), its starting point (all[LEAST_MEMORY]) and, with
  * `with_baselines`, the baselines (adopted when faster). */
-static mf_status choose_all(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so, uint64_t budget,
-                            uint64_t host_acts, const mf_decisions *fixed, const mf_plan_pins *pins,
-                            int with_baselines, mf_plan **all) {
+static mf_status choose_all(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                            uint64_t budget, uint64_t host_acts, const mf_decisions *fixed,
+                            const mf_plan_pins *pins, int with_baselines, mf_plan **all) {
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) all[k] = NULL;
   mf_status st = MF_OK;
   mf_plan *least = NULL, *best = NULL;
@@ -716,10 +813,10 @@ static mf_status choose_all(const mf_program *p, const mf_hwprofile *hw, const m
     st = too_small(p, budget, least);
     goto done;
   }
-  MF_CHECK_GOTO(side_build(p, pins, &full), st, done);
+  MF_CHECK_GOTO(side_build(p, pins, so ? so->expert_share : NULL, &full), st, done);
   MF_CHECK_GOTO(mf_threadpool_create(0, &pool), st, done);
   const int32_t L = (int32_t)p->spec.layers;
-  const int32_t cap = 2 * (L + 1) + 2 * (full.n_klass > L ? full.n_klass : L);
+  const int32_t cap = 4 * (L + 1) + 2 * (full.n_klass > L ? full.n_klass : L);
   MF_CHECK_GOTO(mf_calloc((size_t)cap, sizeof(cand), "plan", (void **)&cands), st, done);
 
   /* Scoring every candidate on the full step costs a simulation each; past a
@@ -752,7 +849,8 @@ static mf_status choose_all(const mf_program *p, const mf_hwprofile *hw, const m
   }
   /* Never predicted slower than a baseline that fits (baselines ignore
    * overrides, so with overrides they are shown but not taken). */
-  if (with_baselines) MF_CHECK_GOTO(adopt_baselines(p, hw, so, budget, pins != NULL, pool, &best, all), st, done);
+  if (with_baselines)
+    MF_CHECK_GOTO(adopt_baselines(p, hw, so, budget, pins != NULL, pool, &best, all), st, done);
   MF_LOGD("plan", "chosen and baselines in %.2f s", mf_time_now() - t0);
   all[MF_PLAN_CHOSEN] = best;
   all[MF_PLAN_LEAST_MEMORY] = least;
@@ -773,13 +871,13 @@ done:
   return st;
 }
 
-mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget, const mf_decisions *fixed,
-                             const mf_plan_pins *pins, mf_plan **all) {
+mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
+                             const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **all) {
   return choose_all(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 1, all);
 }
 
-mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t budget, const mf_decisions *fixed,
-                         const mf_plan_pins *pins, mf_plan **out) {
+mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
+                         const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **out) {
   mf_plan *all[MF_PLAN_KIND_COUNT_];
   *out = NULL;
   MF_CHECK(choose_all(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 1, all));
@@ -804,18 +902,24 @@ static mf_status apply_overrides(const mf_program *p, const mf_config_memory *me
 
 static mf_plan_kind kind_of(mf_config_plan c) {
   switch (c) {
-    case MF_CONFIG_PLAN_RESIDENT: return MF_PLAN_RESIDENT;
-    case MF_CONFIG_PLAN_ZERO_OFFLOAD: return MF_PLAN_ZERO_OFFLOAD;
-    case MF_CONFIG_PLAN_MEGATRAIN: return MF_PLAN_MEGATRAIN;
-    case MF_CONFIG_PLAN_CHECKPOINT: return MF_PLAN_CHECKPOINT;
-    case MF_CONFIG_PLAN_LEAST_MEMORY: return MF_PLAN_LEAST_MEMORY;
-    default: return MF_PLAN_CHOSEN;
+    case MF_CONFIG_PLAN_RESIDENT:
+      return MF_PLAN_RESIDENT;
+    case MF_CONFIG_PLAN_ZERO_OFFLOAD:
+      return MF_PLAN_ZERO_OFFLOAD;
+    case MF_CONFIG_PLAN_MEGATRAIN:
+      return MF_PLAN_MEGATRAIN;
+    case MF_CONFIG_PLAN_CHECKPOINT:
+      return MF_PLAN_CHECKPOINT;
+    case MF_CONFIG_PLAN_LEAST_MEMORY:
+      return MF_PLAN_LEAST_MEMORY;
+    default:
+      return MF_PLAN_CHOSEN;
   }
 }
 
 /* The baselines of p beside `all[MF_PLAN_CHOSEN]`, on the planner's threads. */
-static mf_status all_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so, uint64_t budget,
-                               mf_plan **all) {
+static mf_status all_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                               uint64_t budget, mf_plan **all) {
   mf_threadpool *pool = NULL;
   MF_CHECK(mf_threadpool_create(0, &pool));
   baseline_job *j = (baseline_job *)calloc(1, sizeof *j);
@@ -835,14 +939,15 @@ static mf_status all_baselines(const mf_program *p, const mf_hwprofile *hw, cons
 
 /* A named plan (memory.plan: a baseline or a file) for p, memory.overrides on
  * top; it must fit the budget (UINT64_MAX: none, its own arena is the budget). */
-static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, const mf_program *p, mf_plan **all) {
+static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, const mf_program *p,
+                            mf_plan **all) {
   const mf_config_memory *mem = rq->memory;
   const mf_plan_kind kind = kind_of(mem->plan_kind);
   mf_decisions *d = NULL;
   mf_plan_pins pins = {NULL, NULL, NULL};
   mf_plan *pl = NULL;
   mf_status st = MF_OK;
-  char name[sizeof ((mf_plan *)0)->name];
+  char name[sizeof((mf_plan *)0)->name];
   MF_CHECK_GOTO(mf_decisions_create(p, &d), st, done);
   MF_CHECK_GOTO(mf_plan_pins_create(p, &pins), st, done);
   if (mem->plan_kind == MF_CONFIG_PLAN_FILE) {
@@ -864,11 +969,12 @@ static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, co
     pl->fits = 1;
   } else if (!pl->fits) {
     char need[32], have[32];
-    st = MF_ERR(MF_ERR_CONFIG,
-                "memory.plan: %s: %s needs a device arena of %s, more than memory.device_budget %s (raise the "
-                "budget, or set memory.plan: auto to let the planner fit one)",
-                mem->plan, name, mf_format_bytes(pl->s->arena_bytes, need, sizeof need),
-                mf_format_bytes(rq->budget, have, sizeof have));
+    st =
+        MF_ERR(MF_ERR_CONFIG,
+               "memory.plan: %s: %s needs a device arena of %s, more than memory.device_budget %s (raise the "
+               "budget, or set memory.plan: auto to let the planner fit one)",
+               mem->plan, name, mf_format_bytes(pl->s->arena_bytes, need, sizeof need),
+               mf_format_bytes(rq->budget, have, sizeof have));
     goto done;
   }
   all[MF_PLAN_CHOSEN] = pl;
@@ -916,7 +1022,7 @@ static mf_status drop_all(mf_status st, mf_program **prog, mf_plan **all) {
 typedef struct order_job {
   const mf_plan_request *rq;
   mf_config_plan which;
-  int n;                          /* orders planned */
+  int n; /* orders planned */
   mf_program_order order[2];
   mf_sim_opts so[2]; /* the request's, with the NVMe floor of each order's program */
   int host_fits[2];  /* its host memory (estimated before planning) fits host_limit and NVMe */
@@ -940,6 +1046,7 @@ static void order_task(void *ctx, int i, int nw) {
     /* Optimizer state spilled to NVMe bounds the host optimizer (an estimate
      * before planning: no offloaded activations, no staging). */
     j->so[o] = rq->sim;
+    j->so[o].expert_share = rq->expert_share;
     j->host_fits[o] = 1;
     if (st == MF_OK && mem) {
       mf_host_usage u;
@@ -1010,10 +1117,9 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
             j->so[o].optimizer_floor_seconds, j->host_fits[o] ? "fits" : "does not fit");
     /* One whose host memory fits over one whose does not; then the faster;
      * on a tie the first (micro-batch-major). */
-    const int better =
-        !*prog || j->host_fits[o] > kept_fits ||
-        (j->host_fits[o] == kept_fits &&
-         j->plans[o][MF_PLAN_CHOSEN]->sim.step_seconds < all[MF_PLAN_CHOSEN]->sim.step_seconds);
+    const int better = !*prog || j->host_fits[o] > kept_fits ||
+                       (j->host_fits[o] == kept_fits && j->plans[o][MF_PLAN_CHOSEN]->sim.step_seconds <
+                                                            all[MF_PLAN_CHOSEN]->sim.step_seconds);
     if (better) {
       kept_fits = j->host_fits[o];
       for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) { /* the slower one kept before */
@@ -1064,8 +1170,8 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
     mf_threadpool *pool = NULL;
     mf_status st = mf_threadpool_create(0, &pool);
     if (st == MF_OK)
-      st = adopt_baselines(*prog, rq->hw, &so, rq->budget, mem && mem->n_overrides > 0, pool, &all[MF_PLAN_CHOSEN],
-                           all);
+      st = adopt_baselines(*prog, rq->hw, &so, rq->budget, mem && mem->n_overrides > 0, pool,
+                           &all[MF_PLAN_CHOSEN], all);
     mf_threadpool_free(pool);
     if (st != MF_OK) return drop_all(st, prog, all);
   }

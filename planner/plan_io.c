@@ -55,25 +55,6 @@ static int plan_kind(const mf_program *p, int32_t t) {
   return -1;
 }
 
-/* Text from a file, made safe to print: control bytes escaped, long text cut. */
-static const char *printable(const char *s, char *buf, size_t cap) {
-  size_t o = 0;
-  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-    if (o + 8 >= cap) {
-      memcpy(buf + o, "...", 3);
-      o += 3;
-      break;
-    }
-    if (isprint(*c)) {
-      buf[o++] = (char)*c;
-    } else {
-      o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", *c);
-    }
-  }
-  buf[o] = 0;
-  return buf;
-}
-
 /* --------------------------------------------------------------- writing */
 
 typedef struct builder {
@@ -229,24 +210,13 @@ static int32_t find_tensor(const reader *r, const char *name) {
   return -1;
 }
 
-/* Every key of object o must be one of names[]. */
 static mf_status only_keys(const reader *r, const json_t *o, const char *place, const char *const *names,
                            int n) {
-  const char *key;
-  json_t *v;
-  char q[128];
-  json_object_foreach((json_t *)o, key, v) {
-    int known = 0;
-    for (int i = 0; i < n && !known; i++) known = strcmp(key, names[i]) == 0;
-    if (!known) return rerr(r, MF_ERR_FORMAT, place, "unknown key '%s'", printable(key, q, sizeof q));
-  }
-  return MF_OK;
+  return mf_io_json_only_keys(r->path, o, place, names, n);
 }
 
 static mf_status get(const reader *r, const json_t *o, const char *place, const char *key, json_t **out) {
-  *out = json_object_get(o, key);
-  if (!*out) return rerr(r, MF_ERR_FORMAT, place, "missing '%s'", key);
-  return MF_OK;
+  return mf_io_json_get(r->path, o, place, key, out);
 }
 
 static mf_status get_int(const reader *r, const json_t *o, const char *sect, const char *key, int64_t *out) {
@@ -282,7 +252,7 @@ static mf_status check_shape(const reader *r, const json_t *root, int64_t versio
     return rerr(r, MF_ERR_FORMAT, "model.family", "expected a string, got %s", mf_io_json_kind(fam, 0));
   if (strcmp(json_string_value(fam), mf_family_name(s->family)) != 0)
     return rerr(r, MF_ERR_CONFIG, "model.family", "the plan was made for family %s, the model is %s",
-                printable(json_string_value(fam), q, sizeof q), mf_family_name(s->family));
+                mf_io_json_printable(json_string_value(fam), q, sizeof q), mf_family_name(s->family));
   for (int i = 1; i < 9; i++) {
     int64_t v;
     char place[64];
@@ -311,7 +281,7 @@ static mf_status check_shape(const reader *r, const json_t *root, int64_t versio
     else if (strcmp(json_string_value(o), mf_program_order_name(MF_ORDER_MICRO_MAJOR)) != 0)
       return rerr(r, MF_ERR_FORMAT, "batch.order", "expected \"%s\" or \"%s\", got '%s'",
                   mf_program_order_name(MF_ORDER_MICRO_MAJOR), mf_program_order_name(MF_ORDER_LAYER_MAJOR),
-                  printable(json_string_value(o), q, sizeof q));
+                  mf_io_json_printable(json_string_value(o), q, sizeof q));
   }
   if (order != p->order)
     return rerr(r, MF_ERR_CONFIG, "batch.order", "the plan was made for the %s order, the program is %s",
@@ -365,7 +335,8 @@ static mf_status read_entry(const reader *r, const json_t *e, size_t i, int32_t 
   const mf_program *p = r->p;
   char place[64], field[80], q[128];
   snprintf(place, sizeof place, "tensors[%zu]", i);
-  if (!json_is_object(e)) return rerr(r, MF_ERR_FORMAT, place, "expected an object, got %s", mf_io_json_kind(e, 0));
+  if (!json_is_object(e))
+    return rerr(r, MF_ERR_FORMAT, place, "expected an object, got %s", mf_io_json_kind(e, 0));
   MF_CHECK(only_keys(r, e, place, keys, 4));
   json_t *v[4];
   for (int k = 0; k < 4; k++) {
@@ -384,14 +355,15 @@ static mf_status read_entry(const reader *r, const json_t *e, size_t i, int32_t 
   snprintf(field, sizeof field, "%s.kind", place);
   if (kind < 0)
     return rerr(r, MF_ERR_FORMAT, field, "'%s' is not a tensor kind (param, grad, act)",
-                printable(kw, q, sizeof q));
+                mf_io_json_printable(kw, q, sizeof q));
   int dec = decision_from_word(kind, dw);
   snprintf(field, sizeof field, "%s.decision", place);
   if (dec < 0)
-    return rerr(r, MF_ERR_FORMAT, field, "'%s' is not a decision for a%s %s (%s)", printable(dw, q, sizeof q),
-                kind == K_ACT ? "n" : "", kind_names[kind], kind_words[kind]);
+    return rerr(r, MF_ERR_FORMAT, field, "'%s' is not a decision for a%s %s (%s)",
+                mf_io_json_printable(dw, q, sizeof q), kind == K_ACT ? "n" : "", kind_names[kind],
+                kind_words[kind]);
 
-  printable(name, q, sizeof q);
+  mf_io_json_printable(name, q, sizeof q);
   int32_t t = find_tensor(r, name);
   snprintf(field, sizeof field, "%s.name", place);
   if (t < 0) return rerr(r, MF_ERR_CONFIG, field, "'%s' is not a tensor of this model's step program", q);
@@ -469,7 +441,7 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
                 mf_io_json_kind(fmt, 0));
   if (strcmp(json_string_value(fmt), PLAN_FORMAT) != 0)
     return rerr(r, MF_ERR_FORMAT, "format", "expected \"" PLAN_FORMAT "\", got '%s' (not a moefit plan)",
-                printable(json_string_value(fmt), q, sizeof q));
+                mf_io_json_printable(json_string_value(fmt), q, sizeof q));
   json_t *ver;
   MF_CHECK(get(r, root, "(top level)", "version", &ver));
   if (!json_is_integer(ver))
@@ -534,7 +506,7 @@ mf_status mf_plan_read_json(const mf_program *p, const char *path, mf_decisions 
   if (!root) {
     char clean[JSON_ERROR_TEXT_LENGTH + 64];
     st = MF_ERR(MF_ERR_FORMAT, "%s: line %d, column %d: invalid JSON: %s", path, jerr.line, jerr.column,
-                printable(jerr.text, clean, sizeof clean));
+                mf_io_json_printable(jerr.text, clean, sizeof clean));
     goto done;
   }
   MF_CHECK_GOTO(index_names(&r), st, done);
@@ -610,20 +582,20 @@ static mf_status apply_one(const mf_program *p, const mf_config_mem_override *o,
   char q[128], q2[128];
   if (!o->match || !*o->match) return OV_ERR(MF_ERR_CONFIG, "missing 'match' (the tensor-name pattern)");
   const char *pat = o->match;
-  printable(pat, q, sizeof q);
+  mf_io_json_printable(pat, q, sizeof q);
   int pd = -1, gd = -1, ad = -1;
   if (o->params && (pd = decision_from_word(K_PARAM, o->params)) < 0)
     return OV_ERR(MF_ERR_CONFIG, "params: '%s' is not a decision for params (resident, stream)%s",
-                  printable(o->params, q2, sizeof q2),
+                  mf_io_json_printable(o->params, q2, sizeof q2),
                   strcmp(o->params, "host") == 0 ? "; a weight kept at home is 'stream'" : "");
   if (o->grads && (gd = decision_from_word(K_GRAD, o->grads)) < 0)
     return OV_ERR(MF_ERR_CONFIG, "grads: '%s' is not a decision for grads (device, stream)%s",
-                  printable(o->grads, q2, sizeof q2),
+                  mf_io_json_printable(o->grads, q2, sizeof q2),
                   strcmp(o->grads, "host") == 0 ? "; a gradient sent home is 'stream'" : "");
   if (o->activations && (ad = decision_from_word(K_ACT, o->activations)) < 0)
     return OV_ERR(MF_ERR_CONFIG,
                   "activations: '%s' is not a decision for activations (keep, offload, recompute)",
-                  printable(o->activations, q2, sizeof q2));
+                  mf_io_json_printable(o->activations, q2, sizeof q2));
   if (o->optimizer) {
     if (strcmp(o->optimizer, "device") == 0)
       return OV_ERR(MF_ERR_UNSUPPORTED,
@@ -631,7 +603,7 @@ static mf_status apply_one(const mf_program *p, const mf_config_mem_override *o,
                     "use host (or leave optimizer out)");
     if (strcmp(o->optimizer, "host") != 0)
       return OV_ERR(MF_ERR_CONFIG, "optimizer: '%s' is not an optimizer placement (host, device)",
-                    printable(o->optimizer, q2, sizeof q2));
+                    mf_io_json_printable(o->optimizer, q2, sizeof q2));
   }
   if (pd >= 0 || gd >= 0 || o->optimizer) {
     int64_t hit = 0;

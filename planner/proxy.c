@@ -122,8 +122,8 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
   MF_CHECK_GOTO(mf_calloc((size_t)n, sizeof(int32_t), "plan", (void **)&x->full_layer), st, fail);
   MF_CHECK_GOTO(mf_calloc((size_t)L, sizeof(int32_t), "plan", (void **)&x->rep), st, fail);
   MF_CHECK_GOTO(mf_calloc((size_t)x->params->n, sizeof(int32_t), "plan", (void **)&x->param_full), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)x->prog->n_tensors + 1, sizeof(int32_t), "plan", (void **)&x->tensor_full), st,
-                fail);
+  MF_CHECK_GOTO(mf_calloc((size_t)x->prog->n_tensors + 1, sizeof(int32_t), "plan", (void **)&x->tensor_full),
+                st, fail);
   for (int i = 0; i < n; i++) x->full_layer[i] = middle[kinds[i]];
   for (int32_t l = 0; l < L; l++) x->rep[l] = scored[mf_model_spec_layer_is_moe(fs, l)];
 

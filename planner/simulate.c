@@ -102,7 +102,8 @@ int mf_sim_instr_key(const mf_schedule *s, int32_t i, const char **kernel, int64
 }
 
 /* The profile's measured time for a key, or NAN. */
-static double measured(const mf_hwprofile *hw, const char *kernel, const int64_t *sizes, int n_sizes, double bytes) {
+static double measured(const mf_hwprofile *hw, const char *kernel, const int64_t *sizes, int n_sizes,
+                       double bytes) {
   return hw->n_kernels > 0 ? mf_hw_kernel_seconds(hw, kernel, sizes, n_sizes, bytes) : NAN;
 }
 
@@ -183,6 +184,7 @@ typedef struct scratch {
   double *gate;               /* [n_instr] overlap_optimizer: when the update of the parameter the instruction
                                  first uploads is done, else -1 */
   uint8_t *seen;              /* [n_params] */
+  float *use;                 /* [n_slots] the chance the slot's copies happen (expert_share), or NULL: 1 */
   mf_segtree seg;
 } scratch;
 
@@ -201,6 +203,7 @@ static void scratch_free(scratch *w) {
   free(w->touches);
   free(w->gate);
   free(w->seen);
+  free(w->use);
   free(w->seg.mx);
   free(w->seg.tag);
 }
@@ -244,6 +247,7 @@ static int32_t instr_touches(const mf_schedule *s, const mf_hwprofile *hw, const
       tc[n++] = (touch){in->slot, h2d};
       *stream = h2d ? MF_SIM_H2D : MF_SIM_D2H;
       *cost = mf_hw_copy_seconds(hw, h2d, (double)p->tensors[s->slots[in->slot].tensor].bytes);
+      if (w->use) *cost *= (double)w->use[in->slot];
       break;
     }
     case MF_I_ZERO:
@@ -327,6 +331,73 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
 
 /* Per-op costs and write masks, slots by their last instruction, the arena's
  * elementary intervals, and the live-bytes curve. */
+/* expert_share: the chance each expert weight's or gradient's copies happen.
+ * The executor skips the copies of an expert that no token of the
+ * micro-batches its slot serves was routed to, once their routing is known
+ * (src/exec/exec.h): for a weight, when every one of those micro-batches'
+ * dispatch runs before the upload; for a gradient, always (the backward comes
+ * after). A token picks expert e with chance q = min(1, K share_e); with T
+ * tokens a micro-batch over n micro-batches, use = 1 - (1 - q)^(T n). */
+static mf_status expert_use(const mf_schedule *s, const mf_sim_opts *o, scratch *w) {
+  const mf_program *p = s->prog;
+  const int64_t L = p->spec.layers, E = p->spec.experts, G = p->G > 0 ? p->G : 1;
+  if (!o->expert_share || E <= 0 || L <= 0) return MF_OK;
+  const int32_t ns = s->n_slots;
+  int32_t *lo = (int32_t *)malloc(((size_t)ns + 1) * sizeof(int32_t));
+  int32_t *hi = (int32_t *)malloc(((size_t)ns + 1) * sizeof(int32_t));
+  int32_t *disp = (int32_t *)malloc((size_t)(G * L) * sizeof(int32_t));
+  w->use = (float *)malloc(((size_t)ns + 1) * sizeof(float));
+  if (!lo || !hi || !disp || !w->use) {
+    free(lo);
+    free(hi);
+    free(disp);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
+  }
+  for (int32_t x = 0; x < ns; x++) lo[x] = hi[x] = -1, w->use[x] = 1.0f;
+  for (int64_t i = 0; i < G * L; i++) disp[i] = INT32_MAX;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind == MF_I_ACCUM) {
+      const int32_t a = in->slot, b = in->slot2;
+      if (lo[a] < 0) continue;
+      if (lo[b] < 0 || lo[a] < lo[b]) lo[b] = lo[a];
+      if (hi[a] > hi[b]) hi[b] = hi[a];
+      continue;
+    }
+    if (in->kind != MF_I_RUN) continue;
+    const mf_pop *op = &p->ops[in->op];
+    if (op->micro < 0 || op->layer < 0) continue;
+    if (op->kind == MF_K_MOE_DISPATCH && disp[op->micro * L + op->layer] == INT32_MAX)
+      disp[op->micro * L + op->layer] = i;
+    if (op->experts_at < 0) continue;
+    for (int64_t e = 0; e < E; e++) {
+      const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
+      if (sl < 0) continue;
+      if (lo[sl] < 0 || op->micro < lo[sl]) lo[sl] = op->micro;
+      if (op->micro > hi[sl]) hi[sl] = op->micro;
+    }
+  }
+  const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
+  for (int32_t x = 0; x < ns; x++) {
+    const mf_ptensor *t = &p->tensors[s->slots[x].tensor];
+    if (lo[x] < 0 || t->param < 0 || (t->kind != MF_T_PARAM && t->kind != MF_T_GRAD)) continue;
+    const mf_param *pr = &p->params->params[t->param];
+    if (pr->expert < 0 || pr->layer < 0) continue;
+    int known = 1;
+    for (int32_t m = lo[x]; m <= hi[x] && known; m++)
+      if (t->kind == MF_T_PARAM && disp[m * L + pr->layer] >= s->slots[x].first) known = 0;
+    if (!known) continue;
+    double q = K * o->expert_share[pr->layer * E + pr->expert];
+    if (q > 1) q = 1;
+    if (q < 0) q = 0;
+    w->use[x] = (float)(1.0 - pow(1.0 - q, T * (double)(hi[x] - lo[x] + 1)));
+  }
+  free(lo);
+  free(hi);
+  free(disp);
+  return MF_OK;
+}
+
 static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, mf_sim_result *r) {
   const mf_program *p = s->prog;
   for (int32_t k = 0; k < p->n_ops; k++) {
@@ -522,6 +593,7 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   r.n_instr = s->n_instr;
   mf_status st = alloc_all(s, &w, &r);
   if (st == MF_OK) st = prepare(s, hw, &w, &r);
+  if (st == MF_OK) st = expert_use(s, o, &w);
   /* The host optimizer: after the streams (the whole of it exposed), or
    * overlapped (set_gates). Exposed then = how much later the streams end
    * with the uploads waiting for their updates than without, plus the part of
@@ -531,12 +603,13 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   const int overlap = has_opt && o->overlap_optimizer;
   double updates = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->total_numel) : 0.0;
   /* A floor on the updates' total (optimizer state streaming from NVMe) slows every update alike. */
-  const double scale = o->optimizer_floor_seconds > updates && updates > 0 ? o->optimizer_floor_seconds / updates : 1.0;
+  const double scale =
+      o->optimizer_floor_seconds > updates && updates > 0 ? o->optimizer_floor_seconds / updates : 1.0;
   updates *= scale;
   if (st == MF_OK && overlap) updates = set_gates(s, hw, scale, &w);
   if (st == MF_OK && (!(updates >= 0) || isinf(updates)))
-    st = MF_ERR(MF_ERR_INVALID_ARG, "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)",
-                hw->name);
+    st = MF_ERR(MF_ERR_INVALID_ARG,
+                "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)", hw->name);
   int delayed = 0;
   double ungated = 0;
   if (st == MF_OK) st = run_streams(s, hw, &w, overlap ? w.gate : NULL, &r, &r.streams_seconds, &delayed);

@@ -83,6 +83,14 @@ typedef struct mf_sim_opts {
    * (e.g. its state read from and written back to NVMe, planner/host.h):
    * every update's cost is scaled by floor / (the profile's AdamW total). */
   double optimizer_floor_seconds;
+  /* Measured routing (planner/routing.h mf_routing.share: [layers * experts],
+   * each expert's fraction of its layer's assignments), or NULL. With it, a
+   * copy of an expert's weight or gradient costs its time times the chance
+   * it happens: the executor skips the copies of an expert no token of the
+   * slot's micro-batches reached once their routing is known (for a weight:
+   * when their dispatch runs before the upload). With K experts per token and
+   * T tokens per micro-batch, over n micro-batches: 1 - (1 - K share)^(T n). */
+  const double *expert_share;
 } mf_sim_opts;
 
 typedef struct mf_sim_result {

@@ -11,6 +11,7 @@
 #include "planner/plan.h"
 #include "planner/plan_io.h"
 #include "planner/render.h"
+#include "planner/routing.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/io/hf_config.h"
@@ -36,9 +37,10 @@ static void row(const char *name, const mf_plan *pl) {
   char arena[32], peak[32], h2d[32], d2h[32];
   const mf_sim_result *r = &pl->sim;
   printf("  %-24s %10s %10s %10s %10s %9.4f %9.4f %9.4f %9.4f  %s\n", name,
-         mf_format_bytes(pl->s->arena_bytes, arena, sizeof arena), mf_format_bytes(pl->s->peak_live_bytes, peak, sizeof peak),
-         mf_format_bytes(r->h2d_bytes, h2d, sizeof h2d), mf_format_bytes(r->d2h_bytes, d2h, sizeof d2h), r->step_seconds,
-         r->compute_seconds, r->exposed_transfer_seconds, r->exposed_optimizer_seconds,
+         mf_format_bytes(pl->s->arena_bytes, arena, sizeof arena),
+         mf_format_bytes(pl->s->peak_live_bytes, peak, sizeof peak),
+         mf_format_bytes(r->h2d_bytes, h2d, sizeof h2d), mf_format_bytes(r->d2h_bytes, d2h, sizeof d2h),
+         r->step_seconds, r->compute_seconds, r->exposed_transfer_seconds, r->exposed_optimizer_seconds,
          pl->fits ? "fits" : "does not fit");
 }
 
@@ -107,13 +109,15 @@ static mf_status memory_summary(const mf_program *p, const mf_hwprofile *hw, con
     printf(": over by %s\n", mf_format_bytes(u.total_bytes - u.host_limit, a, sizeof a));
     char g[32];
     if (u.spill_moment_bytes + u.spill_master_bytes + u.spill_grad_bytes > 0)
-      printf("  NVMe spill: moments %s, master weights %s, gradient sums %s: %s read+written per step = %.3f "
-             "s/step at %s/s\n",
-             mf_format_bytes(u.spill_moment_bytes, a, sizeof a), mf_format_bytes(u.spill_master_bytes, b, sizeof b),
-             mf_format_bytes(u.spill_grad_bytes, g, sizeof g),
-             mf_format_bytes(mf_host_spill_traffic_bytes(&u), c, sizeof c),
-             (double)mf_host_spill_traffic_bytes(&u) / hw->nvme_bandwidth,
-             mf_format_bytes((uint64_t)hw->nvme_bandwidth, d, sizeof d));
+      printf(
+          "  NVMe spill: moments %s, master weights %s, gradient sums %s: %s read+written per step = %.3f "
+          "s/step at %s/s\n",
+          mf_format_bytes(u.spill_moment_bytes, a, sizeof a),
+          mf_format_bytes(u.spill_master_bytes, b, sizeof b),
+          mf_format_bytes(u.spill_grad_bytes, g, sizeof g),
+          mf_format_bytes(mf_host_spill_traffic_bytes(&u), c, sizeof c),
+          (double)mf_host_spill_traffic_bytes(&u) / hw->nvme_bandwidth,
+          mf_format_bytes((uint64_t)hw->nvme_bandwidth, d, sizeof d));
     if (u.unplaced_bytes > 0)
       printf("  DOES NOT FIT: %s fit neither host memory nor NVMe (%s)\n",
              mf_format_bytes(u.unplaced_bytes, a, sizeof a),
@@ -147,7 +151,8 @@ static void layer_table(const mf_program *p, const mf_decisions *d) {
     if (l < 0)
       printf("  embed/head   %5d/%-5d          %5d/%-5d\n", wr, ws, gd, gs);
     else
-      printf("  layer %-5d  %5d/%-5d          %5d/%-5d          %5d/%-5d/%-5d\n", l, wr, ws, gd, gs, ak, ao, ar);
+      printf("  layer %-5d  %5d/%-5d          %5d/%-5d          %5d/%-5d/%-5d\n", l, wr, ws, gd, gs, ak, ao,
+             ar);
   }
 }
 
@@ -176,7 +181,7 @@ static mf_status explain(const mf_program *p, const mf_plan *chosen, const char 
     shown++;
     int n_alt = is_act ? 3 : 2;
     int cur = is_param ? chosen->d->param[x->param] : is_grad ? chosen->d->grad[x->param] : chosen->d->act[t];
-    const char *cur_name = is_param ? mf_param_dec_name((mf_param_dec)cur)
+    const char *cur_name = is_param  ? mf_param_dec_name((mf_param_dec)cur)
                            : is_grad ? mf_grad_dec_name((mf_grad_dec)cur)
                                      : mf_act_dec_name((mf_act_dec)cur);
     printf("  %-64s %-9s", strip_micro(x->name), cur_name);
@@ -193,11 +198,11 @@ static mf_status explain(const mf_program *p, const mf_plan *chosen, const char 
       mf_plan *alt = NULL;
       MF_CHECK_GOTO(mf_plan_evaluate_like(chosen, d, &alt), st, done);
       char arena[32];
-      const char *an = is_param ? mf_param_dec_name((mf_param_dec)a)
+      const char *an = is_param  ? mf_param_dec_name((mf_param_dec)a)
                        : is_grad ? mf_grad_dec_name((mf_grad_dec)a)
                                  : mf_act_dec_name((mf_act_dec)a);
-      printf("  %s %.4fs %s%s", an, alt->sim.step_seconds, mf_format_bytes(alt->s->arena_bytes, arena, sizeof arena),
-             alt->fits ? "" : " (over budget)");
+      printf("  %s %.4fs %s%s", an, alt->sim.step_seconds,
+             mf_format_bytes(alt->s->arena_bytes, arena, sizeof arena), alt->fits ? "" : " (over budget)");
       mf_plan_free(alt);
     }
     printf("\n");
@@ -243,6 +248,8 @@ int mf_cli_plan(int argc, char **argv) {
   mf_param_table *t = NULL;
   mf_program *p = NULL;
   mf_plan *all[MF_PLAN_KIND_COUNT_] = {NULL};
+  mf_routing routing;
+  memset(&routing, 0, sizeof routing);
   mf_hwprofile hw;
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_config_load(path, overrides, n_over, &cfg), st, done);
@@ -265,13 +272,17 @@ int mf_cli_plan(int argc, char **argv) {
   mf_plan_request rq;
   memset(&rq, 0, sizeof rq);
   rq.params = t;
-  rq.opts = (mf_program_opts){cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, order,
-                              storage};
+  rq.opts = (mf_program_opts){
+      cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, order, storage};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
   rq.hw = &hw;
   rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
   rq.budget = budget;
   rq.memory = &cfg->memory;
+  int routed = 0;
+  char rpath[1024];
+  MF_CHECK_GOTO(mf_routing_for_config(cfg, &spec, &routing, &routed, rpath, sizeof rpath), st, done);
+  rq.expert_share = routed ? routing.share : NULL;
   MF_CHECK_GOTO(mf_plan_for(&rq, &p, all), st, done);
   const mf_plan *chosen = all[MF_PLAN_CHOSEN];
 
@@ -279,24 +290,33 @@ int mf_cli_plan(int argc, char **argv) {
   mf_model_spec_param_count(&spec, &total, &active);
   char b1[32];
   const int64_t tokens = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
-  printf("plan for %s: %s, %.4gM parameters (%.4gM active), %lld layers, %lld experts top-%lld; %s order, %s "
-         "device storage\n",
-         path, mf_family_name(spec.family), (double)total / 1e6, (double)active / 1e6, (long long)spec.layers,
-         (long long)spec.experts, (long long)spec.top_k, mf_program_order_name(p->order), mf_dtype_name(p->storage));
+  printf(
+      "plan for %s: %s, %.4gM parameters (%.4gM active), %lld layers, %lld experts top-%lld; %s order, %s "
+      "device storage\n",
+      path, mf_family_name(spec.family), (double)total / 1e6, (double)active / 1e6, (long long)spec.layers,
+      (long long)spec.experts, (long long)spec.top_k, mf_program_order_name(p->order),
+      mf_dtype_name(p->storage));
   printf("batch: %lld micro-batches x %lld sequences x %lld tokens = %lld tokens per step\n",
          (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
          (long long)tokens);
-  printf("device budget %s; hardware profile %s (%s)\n", mf_format_bytes(budget, b1, sizeof b1), profile, hw.name);
+  printf("device budget %s; hardware profile %s (%s)\n", mf_format_bytes(budget, b1, sizeof b1), profile,
+         hw.name);
+  if (routed)
+    printf("routing: measured, %s (%llu tokens): expert copies priced by the chance they happen\n", rpath,
+           (unsigned long long)routing.tokens);
+  else
+    printf("routing: uniform (memory.routing: %s)\n", cfg->memory.routing ? cfg->memory.routing : "auto");
   printf("\n  %-24s %10s %10s %10s %10s %9s %9s %9s %9s\n", "plan", "arena", "peak", "H2D/step", "D2H/step",
          "step s", "compute", "exp.xfer", "exp.opt");
   row(cfg->memory.plan_kind == MF_CONFIG_PLAN_AUTO ? "chosen" : "memory.plan", chosen);
-  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) row(mf_plan_kind_name((mf_plan_kind)k), all[k]);
-  printf("\n%s: %.4f s/step predicted = %.0f tokens/s; host optimizer %s\n", chosen->name, chosen->sim.step_seconds,
-         (double)tokens / chosen->sim.step_seconds,
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++)
+    row(mf_plan_kind_name((mf_plan_kind)k), all[k]);
+  printf("\n%s: %.4f s/step predicted = %.0f tokens/s; host optimizer %s\n", chosen->name,
+         chosen->sim.step_seconds, (double)tokens / chosen->sim.step_seconds,
          mf_config_overlaps_optimizer(cfg) ? "behind the next step's device work (train.overlap_optimizer)"
                                            : "after each step (train.overlap_optimizer)");
-  mf_plan_figures fig = {budget, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds,
-                         0, 0, 0, 0};
+  mf_plan_figures fig = {
+      budget, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds, 0, 0, 0, 0};
   MF_CHECK_GOTO(memory_summary(p, &hw, &cfg->memory, chosen, &fig), st, done);
   layer_table(p, chosen->d);
   if (pattern) MF_CHECK_GOTO(explain(p, chosen, pattern), st, done);
@@ -311,6 +331,7 @@ int mf_cli_plan(int argc, char **argv) {
   printf("\nplanned in %.2f s\n", mf_time_now() - t0);
 done:
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(all[k]);
+  mf_routing_free(&routing);
   mf_program_free(p);
   mf_param_table_free(t);
   mf_config_free(cfg);

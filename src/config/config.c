@@ -362,10 +362,35 @@ static mf_status set_mem_plan(walk *w, const mf_config_key *k, const mf_ynode *v
                   k->path, mf_ynode_describe(v, got, sizeof got), hint);
 }
 
+/* memory.routing: auto, none, or a routing file (a path ending in .json, taken
+ * as written; the planner reads and checks it). */
+static mf_status set_mem_routing(walk *w, const mf_config_key *k, const mf_ynode *v) {
+  static const char *const words[] = {"auto", "none"};
+  MF_CHECK(set_scalar(w, k, v));
+  mf_config_memory *m = &w->cfg->memory;
+  for (size_t i = 0; i < 2; i++) {
+    if (strcmp(m->routing, words[i]) == 0) {
+      m->routing_kind = (mf_config_routing)i;
+      return MF_OK;
+    }
+  }
+  const size_t len = strlen(m->routing);
+  if (len > 5 && strcmp(m->routing + len - 5, ".json") == 0) {
+    m->routing_kind = MF_CONFIG_ROUTING_FILE;
+    return MF_OK;
+  }
+  char got[128], hint[512];
+  mf_config_key_suggest(m->routing, words, 2, hint, sizeof hint);
+  if (strncmp(hint, " (did you mean", 14) != 0) hint[0] = 0; /* not close to either word */
+  return NODE_ERR(v, "%s must be auto, none or a routing file ending in .json (got %s)%s", k->path,
+                  mf_ynode_describe(v, got, sizeof got), hint);
+}
+
 static mf_status set_value(walk *w, const mf_config_key *k, const mf_ynode *v) {
   if (k->kind == MF_CK_INTLIST) return set_intlist(w, k, v);
   if (k->kind == MF_CK_OVERRIDES) return set_mem_overrides(w, k, v);
   if (k->off == offsetof(mf_config, memory.plan) && k->kind == MF_CK_STR) return set_mem_plan(w, k, v);
+  if (k->off == offsetof(mf_config, memory.routing) && k->kind == MF_CK_STR) return set_mem_routing(w, k, v);
   return set_scalar(w, k, v);
 }
 

@@ -6,7 +6,7 @@
  *   model:    {path: DIR} or {init: {family: mixtral, hidden: 64, ...}}
  *   data:     {train: FILE.tokens, valid: FILE.tokens, seq_len: 256}
  *   train:    {micro_batch, grad_accum, steps, lr, min_lr, warmup, schedule, ...}
- *   memory:   {device_budget: 8GiB, plan: auto, pinned_limit, host_limit, nvme_dir, overrides}
+ *   memory:   {device_budget: 8GiB, plan: auto, routing: auto, pinned_limit, host_limit, nvme_dir, overrides}
  *   hardware: {profile: auto}
  *   output:   {dir: runs/demo, checkpoint_every: 100}
  *   backend:  auto | cpu | cuda
@@ -124,10 +124,20 @@ typedef enum mf_config_plan {
   MF_CONFIG_PLAN_FILE,          /* decisions read from the file memory.plan names */
 } mf_config_plan;
 
+/* memory.routing: the routing statistics the planner plans with
+ * (planner/routing.h). */
+typedef enum mf_config_routing {
+  MF_CONFIG_ROUTING_AUTO = 0, /* <output.dir>/routing.json when that file exists, else uniform */
+  MF_CONFIG_ROUTING_NONE,     /* uniform routing */
+  MF_CONFIG_ROUTING_FILE,     /* the file memory.routing names */
+} mf_config_routing;
+
 typedef struct mf_config_memory {
   uint64_t device_budget; /* bytes; MF_CONFIG_SIZE_AUTO = auto */
   char *plan;               /* memory.plan as written: a word of mf_config_plan or a path */
   mf_config_plan plan_kind; /* what `plan` says (derived, not a key) */
+  char *routing;                  /* memory.routing as written: auto, none or a path */
+  mf_config_routing routing_kind; /* what `routing` says (derived, not a key) */
   uint64_t pinned_limit;
   uint64_t host_limit;
   char *nvme_dir; /* NULL: no NVMe spill */

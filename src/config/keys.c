@@ -115,6 +115,9 @@ const mf_config_key mf_config_keys[] = {
     KEY("memory.plan", MF_CK_STR, 0, memory.plan, NOLO, NOHI, NULL, "auto",
         "the plan train runs: auto (the planner's, within device_budget), a baseline (resident, zero_offload, "
         "megatrain, checkpoint, least_memory) or a plan file (*.json, from `moefit plan --json`)"),
+    KEY("memory.routing", MF_CK_STR, 0, memory.routing, NOLO, NOHI, NULL, "auto",
+        "routing statistics the planner plans with: auto (<output.dir>/routing.json, as train writes it, when "
+        "it exists, else uniform), none (uniform) or a routing file (*.json)"),
     KEY("memory.pinned_limit", MF_CK_SIZE, 0, memory.pinned_limit, NOLO, NOHI, NULL, "auto",
         "pinned host memory for transfers (<= host_limit); auto: decided at start-up"),
     KEY("memory.host_limit", MF_CK_SIZE, 0, memory.host_limit, NOLO, NOHI, NULL, "auto",

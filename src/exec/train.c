@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "planner/plan.h"
+#include "planner/routing.h"
 #include "src/exec/exec.h"
 #include "src/exec/loader.h"
 #include "src/exec/metrics.h"
@@ -17,7 +19,6 @@
 #include "src/model/program.h"
 #include "src/optim/optim.h"
 #include "src/optim/worker.h"
-#include "planner/plan.h"
 
 static int is_dir_with_config(const char *dir) {
   char path[4096];
@@ -38,7 +39,8 @@ mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_para
   }
   MF_CHECK(mf_param_table_build(&spec, table));
   float *weights = NULL;
-  mf_status st = mf_malloc((size_t)(*table)->total_numel * sizeof(float), "the model's weights", (void **)&weights);
+  mf_status st =
+      mf_malloc((size_t)(*table)->total_numel * sizeof(float), "the model's weights", (void **)&weights);
   if (st == MF_OK) {
     if (dir) {
       st = mf_params_load(*table, dir, weights);
@@ -73,8 +75,9 @@ static mf_status check_backend(const mf_config *cfg) {
 typedef struct runner {
   mf_backend *backend;
   mf_program *prog;
-  mf_hwprofile hw; /* the profile the plan was made with */
-  mf_plan *plan;   /* the schedule memory.plan names, or NULL: everything resident */
+  mf_hwprofile hw;      /* the profile the plan was made with */
+  mf_routing routing;   /* the routing it was made with (share NULL: uniform) */
+  mf_plan *plan;        /* the schedule memory.plan names, or NULL: everything resident */
   char plan_desc[1024]; /* which plan: "ZeRO-Offload-like", a plan file's path */
   mf_exec *exec;
   int32_t **ids, **targets; /* [G][B*S] */
@@ -84,6 +87,7 @@ typedef struct runner {
 static void runner_free(runner *r) {
   mf_exec_free(r->exec);
   mf_plan_free(r->plan);
+  mf_routing_free(&r->routing);
   mf_program_free(r->prog);
   mf_backend_free(r->backend);
   for (int64_t m = 0; m < r->G; m++) {
@@ -109,8 +113,14 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
   /* Storage fp32: what the cpu backend runs. */
   const mf_program_order order =
       cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR;
-  mf_program_opts po = {cfg->train.micro_batch, cfg->data.seq_len, G, aux_coef_of(cfg, t), 0, forward_only,
-                        order, MF_DTYPE_F32};
+  mf_program_opts po = {cfg->train.micro_batch,
+                        cfg->data.seq_len,
+                        G,
+                        aux_coef_of(cfg, t),
+                        0,
+                        forward_only,
+                        order,
+                        MF_DTYPE_F32};
   const mf_config_memory *mem = &cfg->memory;
   mf_config_plan which = mem->plan_kind;
   if (which == MF_CONFIG_PLAN_FILE && forward_only) which = MF_CONFIG_PLAN_AUTO;
@@ -128,6 +138,16 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
     rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg) && !forward_only;
     rq.budget = mem->device_budget == MF_CONFIG_SIZE_AUTO ? UINT64_MAX : mem->device_budget;
     rq.memory = mem;
+    /* Measured routing (memory.routing; auto: the last run's routing.json in output.dir). */
+    int found = 0;
+    char rpath[1024];
+    MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &r->routing, &found, rpath, sizeof rpath), st, fail);
+    if (found) {
+      rq.expert_share = r->routing.share;
+      if (!forward_only)
+        MF_LOGI("train", "planning with the routing measured in %s (%llu tokens)", rpath,
+                (unsigned long long)r->routing.tokens);
+    }
     mf_plan *all[MF_PLAN_KIND_COUNT_];
     MF_CHECK_GOTO(mf_plan_for(&rq, &r->prog, all), st, fail);
     r->plan = all[MF_PLAN_CHOSEN];
@@ -155,8 +175,8 @@ fail:
 
 static mf_status check_vocab(const mf_loader *l, const mf_param_table *t) {
   if ((int64_t)mf_loader_vocab(l) > t->spec.vocab)
-    return MF_ERR(MF_ERR_CONFIG, "%s: its vocabulary (%u) is larger than the model's (%lld)", mf_loader_path(l),
-                  mf_loader_vocab(l), (long long)t->spec.vocab);
+    return MF_ERR(MF_ERR_CONFIG, "%s: its vocabulary (%u) is larger than the model's (%lld)",
+                  mf_loader_path(l), mf_loader_vocab(l), (long long)t->spec.vocab);
   return MF_OK;
 }
 
@@ -170,7 +190,8 @@ static mf_status eval_pass(runner *r, mf_loader *l, const float *w, mf_eval_resu
     MF_CHECK(mf_loader_next(l, r->ids[0], r->targets[0], NULL, &b));
     mf_exec_capture_final_hidden(r->exec, first ? capture : NULL);
     mf_step_result sr;
-    MF_CHECK(mf_exec_step(r->exec, w, (const int32_t *const *)r->ids, (const int32_t *const *)r->targets, NULL, &sr));
+    MF_CHECK(mf_exec_step(r->exec, w, (const int32_t *const *)r->ids, (const int32_t *const *)r->targets,
+                          NULL, &sr));
     first = 0;
     sum += sr.ce_loss * (double)sr.tokens;
     out->tokens += sr.tokens;
@@ -198,7 +219,6 @@ static mf_status corpus_entropy(const char *path, double *nats) {
   return rc;
 }
 
-
 /* train.adam_moments: the dtype of the moment buffers m and v (each holds
  * total_numel elements of it; mf_adamw_update_bufs). */
 static mf_dtype moment_dtype(const mf_config_train *tc) {
@@ -210,9 +230,9 @@ static mf_dtype moment_dtype(const mf_config_train *tc) {
  * is not updated and its step count does not advance. OLMoE's experts always get
  * a (zero) gradient, so they are updated, as transformers does. Weight decay
  * applies to matrices only. */
-static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_tokens, const mf_config_train *tc,
-                                double lr, float *w, float *g, void *m, void *v, int64_t *steps,
-                                mf_threadpool *pool) {
+static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_tokens,
+                                const mf_config_train *tc, double lr, float *w, float *g, void *m, void *v,
+                                int64_t *steps, mf_threadpool *pool) {
   const mf_dtype md = moment_dtype(tc);
   const size_t ms = mf_dtype_size(md);
   mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
@@ -224,8 +244,14 @@ static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_t
         !mf_family_idle_expert_has_grad(t->spec.family))
       continue;
     steps[i]++;
-    const mf_adamw_bufs b = {w + p->offset, g + p->offset, (char *)m + (size_t)p->offset * ms,
-                             (char *)v + (size_t)p->offset * ms, NULL, (size_t)p->numel, MF_DTYPE_F32, md};
+    const mf_adamw_bufs b = {w + p->offset,
+                             g + p->offset,
+                             (char *)m + (size_t)p->offset * ms,
+                             (char *)v + (size_t)p->offset * ms,
+                             NULL,
+                             (size_t)p->numel,
+                             MF_DTYPE_F32,
+                             md};
     MF_CHECK(mf_adamw_update_bufs(p->ndim == 2 ? &h : &h_nodecay, steps[i], &b, pool));
   }
   return MF_OK;
@@ -253,8 +279,12 @@ static mf_status optimizer_worker_create(const mf_param_table *t, float *w, floa
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof *ts, "optimizer tensors", (void **)&ts));
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
-    ts[i] = (mf_optim_tensor){w + p->offset, g + p->offset, (char *)m + (size_t)p->offset * ms,
-                              (char *)v + (size_t)p->offset * ms, (size_t)p->numel, md};
+    ts[i] = (mf_optim_tensor){w + p->offset,
+                              g + p->offset,
+                              (char *)m + (size_t)p->offset * ms,
+                              (char *)v + (size_t)p->offset * ms,
+                              (size_t)p->numel,
+                              md};
   }
   mf_status st = mf_optim_worker_create(ts, (int32_t)t->n, threads, out);
   free(ts);
@@ -263,9 +293,9 @@ static mf_status optimizer_worker_create(const mf_param_table *t, float *w, floa
 
 /* optimizer_step's updates, queued on the worker in the order the step program
  * first uploads the parameters (`order`); `upd` holds t->n entries. */
-static mf_status optimizer_queue(const mf_param_table *t, const int64_t *expert_tokens, const mf_config_train *tc,
-                                 double lr, double coef, const int32_t *order, int64_t *steps, mf_optim_update *upd,
-                                 mf_optim_worker *wk) {
+static mf_status optimizer_queue(const mf_param_table *t, const int64_t *expert_tokens,
+                                 const mf_config_train *tc, double lr, double coef, const int32_t *order,
+                                 int64_t *steps, mf_optim_update *upd, mf_optim_worker *wk) {
   mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
   mf_adamw_hparams h_nodecay = h;
   h_nodecay.weight_decay = 0;
@@ -300,17 +330,20 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   mf_optim_update *upd = NULL;
   uint8_t *used = NULL;
   double *step_wall = NULL; /* [train.steps] each step's wall time, for the executed median */
+  int64_t *routed = NULL;   /* [layers * experts] tokens routed to each expert, summed over the steps */
   runner tr = {0}, ev = {0};
   char desc[4200];
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
   MF_CHECK_GOTO(mf_run_load_model(cfg, NULL, &t, &w, desc, sizeof desc), st, done);
   MF_CHECK_GOTO(mf_loader_create(cfg->data.train, cfg->data.seq_len, cfg->train.micro_batch, cfg->train.seed,
-                                 MF_LOADER_TRAIN, &train), st, done);
+                                 MF_LOADER_TRAIN, &train),
+                st, done);
   MF_CHECK_GOTO(check_vocab(train, t), st, done);
   if (cfg->data.valid) {
-    MF_CHECK_GOTO(mf_loader_create(cfg->data.valid, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL,
-                                   &valid), st, done);
+    MF_CHECK_GOTO(mf_loader_create(cfg->data.valid, cfg->data.seq_len, cfg->train.micro_batch, 0,
+                                   MF_LOADER_EVAL, &valid),
+                  st, done);
     MF_CHECK_GOTO(check_vocab(valid, t), st, done);
   }
   MF_CHECK_GOTO(corpus_entropy(cfg->data.train, &out->entropy_nats), st, done);
@@ -325,12 +358,17 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(int64_t), "step counts", (void **)&steps), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_buf), "gradient list", (void **)&bufs), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)(cfg->train.steps > 0 ? cfg->train.steps : 1), sizeof(double), "step times",
-                          (void **)&step_wall), st, done);
+                          (void **)&step_wall),
+                st, done);
+  const size_t n_routed = (size_t)(t->spec.layers * (t->spec.experts > 0 ? t->spec.experts : 1));
+  MF_CHECK_GOTO(mf_calloc(n_routed, sizeof(int64_t), "routing counts", (void **)&routed), st, done);
   if (mf_config_overlaps_optimizer(cfg)) {
-    MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_update), "optimizer updates", (void **)&upd), st, done);
+    MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_update), "optimizer updates", (void **)&upd), st,
+                  done);
     MF_CHECK_GOTO(mf_calloc((size_t)t->n, 1, "gradient flags", (void **)&used), st, done);
-    MF_CHECK_GOTO(optimizer_worker_create(t, w, g, mom, var, moment_dtype(&cfg->train), (int)cfg->train.threads,
-                                          &wk), st, done);
+    MF_CHECK_GOTO(
+        optimizer_worker_create(t, w, g, mom, var, moment_dtype(&cfg->train), (int)cfg->train.threads, &wk),
+        st, done);
     const mf_exec_param_hooks hooks = {wk, hook_wait, hook_grad_home};
     mf_exec_set_param_hooks(tr.exec, &hooks);
   }
@@ -342,17 +380,22 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   const int64_t tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
   if (!quiet) {
     char arena[32];
-    MF_LOGI("train", "model: %s, %s: %.3fM parameters (%.3fM active per token), %lld layers, %lld experts top-%lld",
+    MF_LOGI("train",
+            "model: %s, %s: %.3fM parameters (%.3fM active per token), %lld layers, %lld experts top-%lld",
             mf_family_name(t->spec.family), desc, (double)total / 1e6, (double)active / 1e6,
             (long long)t->spec.layers, (long long)t->spec.experts, (long long)t->spec.top_k);
-    MF_LOGI("train", "data: %s: %llu windows of %lld tokens; unigram entropy %.4f nats/token (a model that ignores "
-            "context scores this)", cfg->data.train, (unsigned long long)mf_loader_windows(train),
-            (long long)cfg->data.seq_len, out->entropy_nats);
-    MF_LOGI("train", "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; cpu backend, device "
+    MF_LOGI("train",
+            "data: %s: %llu windows of %lld tokens; unigram entropy %.4f nats/token (a model that ignores "
+            "context scores this)",
+            cfg->data.train, (unsigned long long)mf_loader_windows(train), (long long)cfg->data.seq_len,
+            out->entropy_nats);
+    MF_LOGI("train",
+            "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; cpu backend, device "
             "arena %s, %d ops, %.3g FLOP/step",
             (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
             (long long)tokens_per_step, mf_threadpool_size(pool),
-            mf_format_bytes(mf_exec_arena_bytes(tr.exec), arena, sizeof arena), tr.prog->n_ops, tr.prog->flops);
+            mf_format_bytes(mf_exec_arena_bytes(tr.exec), arena, sizeof arena), tr.prog->n_ops,
+            tr.prog->flops);
   }
 
   if (!quiet && tr.plan) {
@@ -366,16 +409,17 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       if (mf_schedule_can_offload(tr.prog, x))
         pl->d->act[x] == MF_ACT_KEEP ? ak++ : pl->d->act[x] == MF_ACT_OFFLOAD ? ao++ : ar++;
     char b1[32], b2[32], b3[32], b4[32], b5[32];
-    MF_LOGI("train", "plan: %s, arena %s (peak %s), predicted %.4g s/step (%.0f tokens/s); device budget %s%s; "
-            "weights %d resident / %d streamed; gradients %d on the device / %d streamed; activations %d kept / %d "
+    MF_LOGI("train",
+            "plan: %s, arena %s (peak %s), predicted %.4g s/step (%.0f tokens/s); device budget %s%s; "
+            "weights %d resident / %d streamed; gradients %d on the device / %d streamed; activations %d "
+            "kept / %d "
             "offloaded / %d recomputed; %s up and %s home per step; %s order",
             tr.plan_desc, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
             mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
             (double)tokens_per_step / pl->sim.step_seconds, mf_format_bytes(pl->budget, b1, sizeof b1),
-            cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO ? " (auto: the plan's arena)" : "", wr, ws, gd, gs, ak,
-            ao, ar,
-            mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4), mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5),
-            mf_program_order_name(tr.prog->order));
+            cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO ? " (auto: the plan's arena)" : "", wr, ws, gd,
+            gs, ak, ao, ar, mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
+            mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5), mf_program_order_name(tr.prog->order));
   }
   const double t_start = mf_time_now();
   double window_loss = 0;
@@ -389,10 +433,14 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   double window_opt_hidden = 0, window_opt_exposed = 0, opt_busy_seen = 0, opt_waited_seen = 0;
   for (int64_t step = 1; step <= cfg->train.steps; step++) {
     const double step_t0 = mf_time_now();
-    for (int64_t m = 0; m < tr.G; m++) MF_CHECK_GOTO(mf_loader_next(train, tr.ids[m], tr.targets[m], NULL, NULL), st, done);
+    for (int64_t m = 0; m < tr.G; m++)
+      MF_CHECK_GOTO(mf_loader_next(train, tr.ids[m], tr.targets[m], NULL, NULL), st, done);
     mf_step_result sr;
-    MF_CHECK_GOTO(mf_exec_step(tr.exec, w, (const int32_t *const *)tr.ids, (const int32_t *const *)tr.targets, g, &sr),
-                  st, done);
+    MF_CHECK_GOTO(
+        mf_exec_step(tr.exec, w, (const int32_t *const *)tr.ids, (const int32_t *const *)tr.targets, g, &sr),
+        st, done);
+    /* Every input token is routed, masked targets too: B*S*G tokens a step. */
+    for (size_t i = 0; i < n_routed; i++) routed[i] += mf_exec_expert_tokens(tr.exec)[i];
     for (int64_t i = 0; i < t->n; i++) {
       const mf_param *p = &t->params[i];
       int used = p->expert < 0 || mf_family_idle_expert_has_grad(t->spec.family) ||
@@ -406,21 +454,25 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       MF_CHECK_GOTO(mf_optim_worker_norm(wk, used, &norm), st, done);
       coef = mf_optim_clip_coef(norm, cfg->train.grad_clip);
     } else {
-      MF_CHECK_GOTO(mf_optim_clip_grad_norm(bufs, (size_t)t->n, cfg->train.grad_clip, pool, &norm, &coef), st, done);
+      MF_CHECK_GOTO(mf_optim_clip_grad_norm(bufs, (size_t)t->n, cfg->train.grad_clip, pool, &norm, &coef), st,
+                    done);
     }
     const double lr = mf_lr_at(&cfg->train, step);
     const int skip = !isfinite(norm) || !isfinite(sr.loss);
     if (skip) {
       out->skipped++;
-      MF_LOGW("train", "step %lld: non-finite gradients or loss (loss %g, |g| %g): step skipped, weights and "
-              "optimizer state unchanged", (long long)step, sr.loss, norm);
+      MF_LOGW("train",
+              "step %lld: non-finite gradients or loss (loss %g, |g| %g): step skipped, weights and "
+              "optimizer state unchanged",
+              (long long)step, sr.loss, norm);
     } else if (wk) {
       MF_CHECK_GOTO(optimizer_queue(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, coef,
                                     mf_exec_param_upload_order(tr.exec), steps, upd, wk),
                     st, done);
     } else {
-      MF_CHECK_GOTO(optimizer_step(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, w, g, mom, var, steps, pool),
-                    st, done);
+      MF_CHECK_GOTO(
+          optimizer_step(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, w, g, mom, var, steps, pool), st,
+          done);
     }
     if (!wk) window_opt_exposed += mf_time_now() - opt_t0;
     step_wall[step - 1] = mf_time_now() - step_t0;
@@ -465,7 +517,8 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       sm.lr = lr;
       sm.grad_norm = norm;
       sm.tokens = window_tokens;
-      sm.tokens_per_s = (double)window_n * (double)tokens_per_step / (now - window_t0 > 0 ? now - window_t0 : 1e-9);
+      sm.tokens_per_s =
+          (double)window_n * (double)tokens_per_step / (now - window_t0 > 0 ? now - window_t0 : 1e-9);
       sm.elapsed_s = now - t_start;
       sm.skipped = skip;
       sm.eval_loss = eval_loss;
@@ -507,7 +560,8 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     out->predicted_step_s = tr.plan->sim.step_seconds;
     out->executed_step_s = n_rest > 0 ? rest[n_rest / 2] : NAN;
     if (!quiet)
-      MF_LOGI("train", "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps 2..%lld; profile %s)",
+      MF_LOGI("train",
+              "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps 2..%lld; profile %s)",
               out->predicted_step_s, out->executed_step_s, out->predicted_step_s / out->executed_step_s,
               (long long)out->steps, mf_plan_profile_path(cfg->hardware.profile));
   }
@@ -515,12 +569,21 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     char final_dir[4200];
     snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
     MF_CHECK_GOTO(mf_params_save_model_dir(t, w, final_dir), st, done);
+    char routing_path[4200];
+    const uint64_t routed_tokens = (uint64_t)out->steps * (uint64_t)tokens_per_step;
+    snprintf(routing_path, sizeof routing_path, "%s/routing.json", cfg->output.dir);
+    MF_CHECK_GOTO(mf_routing_write(routing_path, &t->spec, routed, routed_tokens), st, done);
+    if (!quiet)
+      MF_LOGI("train", "routing: %s (%llu tokens)", routing_path, (unsigned long long)routed_tokens);
     if (!quiet) {
-      MF_LOGI("train", "done: %lld steps in %.1f s (%.0f tokens/s); loss %.4f -> %.4f nats/token; unigram entropy "
-              "%.4f%s", (long long)out->steps, out->seconds, out->tokens_per_s, out->first_loss, out->final_loss,
+      MF_LOGI("train",
+              "done: %lld steps in %.1f s (%.0f tokens/s); loss %.4f -> %.4f nats/token; unigram entropy "
+              "%.4f%s",
+              (long long)out->steps, out->seconds, out->tokens_per_s, out->first_loss, out->final_loss,
               out->entropy_nats, out->skipped ? " (some steps skipped)" : "");
-      if (valid) MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),
-                         cfg->data.valid);
+      if (valid)
+        MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss,
+                exp(out->valid_loss), cfg->data.valid);
       MF_LOGI("train", "weights: %s (HF model dir); metrics: %s", final_dir, mf_metrics_path(metrics));
     }
   }
@@ -539,6 +602,7 @@ done:
   free(steps);
   free(bufs);
   free(step_wall);
+  free(routed);
   free(w);
   mf_param_table_free(t);
   mf_threadpool_free(pool);
@@ -562,11 +626,13 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
   MF_CHECK_GOTO(mf_run_load_model(cfg, model_dir, &t, &w, desc, sizeof desc), st, done);
-  MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st, done);
+  MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l),
+                st, done);
   MF_CHECK_GOTO(check_vocab(l, t), st, done);
   MF_CHECK_GOTO(runner_init(&r, cfg, t, pool, 1, 1), st, done);
   const int64_t T = cfg->train.micro_batch * cfg->data.seq_len, H = t->spec.hidden, V = t->spec.vocab;
-  if (opts->dump_logits) MF_CHECK_GOTO(mf_malloc((size_t)(T * H) * sizeof(float), "hidden states", (void **)&hidden), st, done);
+  if (opts->dump_logits)
+    MF_CHECK_GOTO(mf_malloc((size_t)(T * H) * sizeof(float), "hidden states", (void **)&hidden), st, done);
   MF_LOGI("eval", "model: %s; tokens: %s", desc, tokens);
   MF_CHECK_GOTO(eval_pass(&r, l, w, out, hidden), st, done);
   if (opts->dump_logits) {

@@ -1,6 +1,9 @@
 /* JSON value names for the io readers' messages (json_util.h). */
 #include "src/io/json_util.h"
 
+#include <stdio.h>
+#include <string.h>
+
 const char *mf_io_json_kind(const json_t *v, int bool_as_value) {
   switch (json_typeof(v)) {
     case JSON_OBJECT:
@@ -53,4 +56,43 @@ int mf_io_json_too_deep(const void *text, size_t n, int max_depth, size_t *where
     }
   }
   return 0;
+}
+
+const char *mf_io_json_printable(const char *s, char *buf, size_t cap) {
+  size_t o = 0;
+  for (const unsigned char *c = (const unsigned char *)s; c && *c; c++) {
+    if (o + 8 >= cap) {
+      memcpy(buf + o, "...", 3);
+      o += 3;
+      break;
+    }
+    if (*c >= 0x20 && *c < 0x7f)
+      buf[o++] = (char)*c;
+    else
+      o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", *c);
+  }
+  buf[o] = 0;
+  return buf;
+}
+
+mf_status mf_io_json_only_keys(const char *path, const json_t *o, const char *place, const char *const *names,
+                               int n) {
+  const char *key;
+  json_t *v;
+  char q[128];
+  json_object_foreach((json_t *)o, key, v) {
+    int known = 0;
+    for (int i = 0; i < n && !known; i++) known = strcmp(key, names[i]) == 0;
+    if (!known)
+      return MF_ERR(MF_ERR_FORMAT, "%s: %s: unknown key '%s'", path, place,
+                    mf_io_json_printable(key, q, sizeof q));
+  }
+  return MF_OK;
+}
+
+mf_status mf_io_json_get(const char *path, const json_t *o, const char *place, const char *key,
+                         json_t **out) {
+  *out = json_object_get(o, key);
+  if (!*out) return MF_ERR(MF_ERR_FORMAT, "%s: %s: missing '%s'", path, place, key);
+  return MF_OK;
 }

@@ -851,3 +851,47 @@ TEST(ConfigOverlapOptimizer, AutoFollowsTheBackend) {
   Loaded e = Load(Minimal() + "  overlap_optimizer: yes\n");
   EXPECT_CONFIG_ERROR(e, "train.overlap_optimizer must be one of auto|true|false (got 'yes')");
 }
+
+// ------------------------------------------------------- memory.routing
+
+// auto (the default) and none are words; a path ending in .json is a routing
+// file, kept as written; anything else is an error naming the choices.
+TEST(ConfigMemoryRouting, WordsAndRoutingFiles) {
+  Loaded d = Load(Minimal());
+  ASSERT_EQ(d.st, MF_OK) << d.err;
+  EXPECT_STREQ(d.cfg->memory.routing, "auto");
+  EXPECT_EQ(d.cfg->memory.routing_kind, MF_CONFIG_ROUTING_AUTO);
+  Loaded n = Load(Minimal() + "memory:\n  routing: none\n");
+  ASSERT_EQ(n.st, MF_OK) << n.err;
+  EXPECT_EQ(n.cfg->memory.routing_kind, MF_CONFIG_ROUTING_NONE);
+  Loaded a = Load(Minimal(), {"memory.routing=auto"});
+  ASSERT_EQ(a.st, MF_OK) << a.err;
+  EXPECT_EQ(a.cfg->memory.routing_kind, MF_CONFIG_ROUTING_AUTO);
+  Loaded f = Load(Minimal(), {"memory.routing=runs/old run/routing.json"});
+  ASSERT_EQ(f.st, MF_OK) << f.err;
+  EXPECT_EQ(f.cfg->memory.routing_kind, MF_CONFIG_ROUTING_FILE);
+  EXPECT_STREQ(f.cfg->memory.routing, "runs/old run/routing.json");
+  ExpectRoundTrip(Minimal(), {"memory.routing=runs/old run/routing.json"});
+  ExpectRoundTrip(Minimal(), {"memory.routing=none"});
+  EXPECT_NE(Print(d.cfg).find("  routing: auto\n"), std::string::npos) << Print(d.cfg);
+  // The kind is derived from the text, so configs differing in it differ.
+  EXPECT_FALSE(mf_config_equal(d.cfg, n.cfg));
+  EXPECT_TRUE(mf_config_equal(d.cfg, a.cfg));
+}
+
+TEST(ConfigMemoryRouting, OtherValuesAreErrors) {
+  Loaded a = Load(Minimal() + "memory:\n  routing: none2\n", {}, "x.yaml");
+  EXPECT_CONFIG_ERROR(a, "x.yaml:17:12: memory.routing must be auto, none or a routing file ending in .json "
+                         "(got 'none2') (did you mean 'none'?)");
+  Loaded b = Load(Minimal(), {"memory.routing=uniform"});
+  EXPECT_CONFIG_ERROR(b, "command line: memory.routing=uniform: memory.routing must be auto, none", "(got 'uniform')");
+  EXPECT_EQ(b.err.find("did you mean"), std::string::npos) << b.err;
+  Loaded c = Load(Minimal(), {"memory.routing=routing.yaml"});
+  EXPECT_CONFIG_ERROR(c, "a routing file ending in .json (got 'routing.yaml')");
+  Loaded e = Load(Minimal(), {"memory.routing=.json"});
+  EXPECT_CONFIG_ERROR(e, "(got '.json')");
+  Loaded n = Load(Minimal(), {"memory.routing=null"});
+  EXPECT_CONFIG_ERROR(n, "memory.routing must be a string (got null)");
+  Loaded m = Load(Minimal(), {"memory.routing=[auto]"});
+  EXPECT_CONFIG_ERROR(m, "memory.routing must be a string");
+}

@@ -174,3 +174,86 @@ INSTANTIATE_TEST_SUITE_P(Profiles, Planner, ::testing::Values(0, 1),
                          });
 
 }  // namespace
+
+namespace {
+
+// With measured routing the planner can keep a layer's hottest experts
+// resident, the hot ones before the cold ones (the cold ones' copies rarely
+// happen, so keeping them saves little); without routing only whole layers.
+class PlannerRouting : public ::testing::TestWithParam<int> {};
+
+// 0: 2 layers scored exactly; 1: 6 layers scored on the proxy.
+TEST_P(PlannerRouting, HotExpertsGoResidentFirst) {
+  const int proxy = GetParam();
+  setenv("MF_PLAN_SCORING", proxy ? "proxy" : "exact", 1);
+  mf_model_spec spec = make_shape(2).spec;  // many small experts, top-4
+  spec.experts = 16;
+  spec.layers = proxy ? 6 : 2;
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&spec, &t), MF_OK) << mf_last_error();
+  mf_hwprofile hw = small_profile(1);
+  hw.h2d_bandwidth = hw.d2h_bandwidth = 2e8;  // copies dominate
+  // Experts 0..3 take every token, the rest none.
+  std::vector<double> share((size_t)(spec.layers * spec.experts), 0.0);
+  for (int64_t l = 0; l < spec.layers; l++)
+    for (int e = 0; e < 4; e++) share[(size_t)(l * spec.experts + e)] = 0.25;
+  mf_plan_request rq{};
+  rq.params = t;
+  rq.opts = {1, 8, 2, 0.01, 16, 0, MF_ORDER_MICRO_MAJOR, MF_DTYPE_F32};
+  rq.hw = &hw;
+  mf_program *p0 = nullptr;
+  ASSERT_EQ(mf_program_build(t, &rq.opts, &p0), MF_OK);
+  mf_plan *least = nullptr, *resident = nullptr;
+  ASSERT_EQ(mf_plan_baseline(p0, &hw, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK);
+  ASSERT_EQ(mf_plan_baseline(p0, &hw, MF_PLAN_RESIDENT, UINT64_MAX, &resident), MF_OK);
+  const uint64_t lo = least->s->arena_bytes, hi = resident->s->arena_bytes;
+  mf_plan_free(least);
+  mf_plan_free(resident);
+  mf_program_free(p0);
+  int saw_hot_only = 0;
+  for (int step = 1; step <= 4; step++) {
+    rq.budget = lo + (hi - lo) * (uint64_t)step / 8;
+    double secs[2] = {0, 0};
+    for (int routed = 0; routed < 2; routed++) {
+      rq.expert_share = routed ? share.data() : nullptr;
+      mf_program *p = nullptr;
+      mf_plan *all[MF_PLAN_KIND_COUNT_];
+      ASSERT_EQ(mf_plan_for(&rq, &p, all), MF_OK) << mf_last_error();
+      const mf_plan *c = all[MF_PLAN_CHOSEN];
+      EXPECT_LE(c->s->arena_bytes, rq.budget);
+      secs[routed] = c->sim.step_seconds;
+      std::vector<int> hot((size_t)spec.layers, 0), cold((size_t)spec.layers, 0);
+      int partial = 0;
+      for (int64_t i = 0; i < t->n; i++) {
+        const mf_param &x = t->params[i];
+        if (x.expert < 0 || c->d->param[i] != MF_PARAM_RESIDENT) continue;
+        (x.expert < 4 ? hot : cold)[(size_t)x.layer]++;
+      }
+      int hot_n = 0, cold_n = 0;
+      for (int64_t l = 0; l < spec.layers; l++) {
+        hot_n += hot[(size_t)l];
+        cold_n += cold[(size_t)l];
+        if (hot[(size_t)l] + cold[(size_t)l] > 0 && hot[(size_t)l] + cold[(size_t)l] < 3 * 16) partial++;
+        if (routed && cold[(size_t)l] > 0) {
+          EXPECT_EQ(hot[(size_t)l], 3 * 4) << "layer " << l << ": a cold expert kept before every hot one";
+        }
+      }
+      if (!routed) {
+        EXPECT_EQ(partial, 0) << "without routing a layer's experts are kept all or none";
+      } else if (hot_n > 0 && cold_n == 0) {
+        saw_hot_only++;
+      }
+      for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(all[k]);
+      mf_program_free(p);
+    }
+    EXPECT_LE(secs[1], secs[0] * (1 + 1e-12)) << "routing at budget step " << step;
+  }
+  EXPECT_GT(saw_hot_only, 0) << "at some budget only hot experts are kept";
+  mf_param_table_free(t);
+  unsetenv("MF_PLAN_SCORING");
+}
+
+INSTANTIATE_TEST_SUITE_P(Scoring, PlannerRouting, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int> &i) { return std::string(i.param ? "proxy" : "exact"); });
+
+}  // namespace

@@ -581,8 +581,9 @@ TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
       EXPECT_NEAR(a.r.cost[i], ref_cost(s, i, hw), 1e-12 * ref_cost(s, i, hw)) << i;
       modelled++;
     }
-    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute && want[i] >= 0)
+    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute && want[i] >= 0) {
       EXPECT_EQ(mf_sim_op_seconds(p_, s->instr[i].op, &hw), want[i]);
+    }
     sum += a.r.cost[i];
   }
   EXPECT_GT(measured, 0);
@@ -695,6 +696,73 @@ TEST(SimulateForwardOnly, HasNoOptimizer) {
   EXPECT_EQ(a.r.optimizer_seconds, 0);
   EXPECT_EQ(a.r.step_seconds, a.r.streams_seconds);
   EXPECT_EQ(a.r.d2h_bytes, 0u);
+  mf_schedule_free(s);
+  mf_decisions_free(d);
+  mf_program_free(p);
+  mf_param_table_free(t);
+}
+
+}  // namespace
+
+namespace {
+
+// Measured routing prices an expert's copies by the chance they happen: an
+// expert with no share is never copied once its micro-batch's routing is
+// known (every gradient; a weight whose dispatch precedes its upload), one
+// with a large share always is; without routing every copy costs in full.
+TEST(SimulateRouting, ExpertCopiesCostTheirChanceOfHappening) {
+  mf_model_spec spec = make_shape(2).spec;  // OLMoE-like: many small experts, top-4
+  spec.experts = 16;
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&spec, &t), MF_OK) << mf_last_error();
+  mf_program_opts po = {1, 8, 2, 0.01, 16, 0, MF_ORDER_MICRO_MAJOR, MF_DTYPE_F32};
+  mf_program *p = nullptr;
+  ASSERT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p, &d), MF_OK);
+  for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM, d->grad[i] = MF_GRAD_STREAM;
+  mf_schedule *s = nullptr;
+  ASSERT_EQ(mf_schedule_build(p, d, &s), MF_OK) << mf_last_error();
+  // Experts 0..3 take every token; 4..15 none.
+  std::vector<double> share((size_t)(spec.layers * spec.experts), 0.0);
+  for (int64_t l = 0; l < spec.layers; l++)
+    for (int e = 0; e < 4; e++) share[(size_t)(l * spec.experts + e)] = 0.25;
+  mf_hwprofile hw = small_profile(1);
+  mf_sim_opts plain{}, routed{};
+  routed.expert_share = share.data();
+  mf_sim_result a{}, b{};
+  ASSERT_EQ(mf_simulate(s, &hw, &plain, &a), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_simulate(s, &hw, &routed, &b), MF_OK) << mf_last_error();
+  int idle_free = 0, hot_full = 0, others_same = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr &in = s->instr[i];
+    if (in.kind != MF_I_H2D && in.kind != MF_I_D2H) continue;
+    const mf_ptensor &x = p->tensors[s->slots[in.slot].tensor];
+    const int expert = x.param >= 0 ? t->params[x.param].expert : -1;
+    if (expert < 0) {
+      EXPECT_EQ(b.cost[i], a.cost[i]) << x.name;  // not an expert: unchanged
+      others_same++;
+    } else if (expert >= 4) {
+      // Idle: a gradient copy is always skipped; a weight upload when its routing is known by then.
+      if (x.kind == MF_T_GRAD || b.cost[i] == 0.0) {
+        EXPECT_EQ(b.cost[i], 0.0) << x.name;
+        idle_free++;
+      } else {
+        EXPECT_EQ(b.cost[i], a.cost[i]) << x.name << ": routing not known yet";
+      }
+    } else {
+      // 1 - (1 - 4 * 0.25)^8 = 1: always copied.
+      EXPECT_DOUBLE_EQ(b.cost[i], a.cost[i]) << x.name;
+      hot_full++;
+    }
+  }
+  EXPECT_GT(idle_free, 0);
+  EXPECT_GT(hot_full, 0);
+  EXPECT_GT(others_same, 0);
+  EXPECT_LE(b.step_seconds, a.step_seconds);
+  EXPECT_LT(b.busy[MF_SIM_H2D] + b.busy[MF_SIM_D2H], a.busy[MF_SIM_H2D] + a.busy[MF_SIM_D2H]);
+  mf_sim_result_free(&a);
+  mf_sim_result_free(&b);
   mf_schedule_free(s);
   mf_decisions_free(d);
   mf_program_free(p);
