@@ -1,12 +1,12 @@
-/* The planner's choice and the baselines (see plan.h). */
+/* Plans evaluated (scheduled and simulated) and the baselines (see plan.h);
+ * the choice is in choose.c, programs and named plans in plan_for.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "planner/host.h"
 #include "planner/plan.h"
-#include "planner/proxy.h"
+#include "planner/plan_internal.h"
 
 const char *mf_plan_kind_name(mf_plan_kind k) {
   static const char *const names[MF_PLAN_KIND_COUNT_] = {
@@ -30,8 +30,8 @@ void mf_plan_free(mf_plan *pl) {
 }
 
 /* Schedules and simulates d with simulation options so (NULL: defaults). */
-static mf_status evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                          const mf_decisions *d, uint64_t budget, mf_plan_kind kind, mf_plan **out) {
+mf_status mf_plan_eval(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                       const mf_decisions *d, uint64_t budget, mf_plan_kind kind, mf_plan **out) {
   *out = NULL;
   mf_plan *pl = (mf_plan *)calloc(1, sizeof *pl);
   if (!pl) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
@@ -57,11 +57,11 @@ fail:
 
 mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d,
                            uint64_t budget, mf_plan_kind kind, mf_plan **out) {
-  return evaluate(p, hw, NULL, d, budget, kind, out);
+  return mf_plan_eval(p, hw, NULL, d, budget, kind, out);
 }
 
 mf_status mf_plan_evaluate_like(const mf_plan *like, const mf_decisions *d, mf_plan **out) {
-  return evaluate(like->prog, like->hw, &like->so, d, like->budget, like->kind, out);
+  return mf_plan_eval(like->prog, like->hw, &like->so, d, like->budget, like->kind, out);
 }
 
 /* A layer's output (the residual stream after it): the checkpoint a layer's
@@ -76,14 +76,14 @@ static int is_layer_output(const mf_program *p, int32_t t) {
 
 /* Every activation the backward reads: layer outputs offloaded, the rest
  * recomputed where they can be, else offloaded. opt: mf_schedule_act_options. */
-static void least_activations(const mf_program *p, const uint8_t *opt, mf_decisions *d) {
+void mf_plan_least_activations(const mf_program *p, const uint8_t *opt, mf_decisions *d) {
   for (int32_t t = 0; t < p->n_tensors; t++) {
     if (!opt[t]) continue;
     d->act[t] = (opt[t] == 3 && !is_layer_output(p, t)) ? MF_ACT_RECOMPUTE : MF_ACT_OFFLOAD;
   }
 }
 
-static mf_status baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_decisions *d) {
+mf_status mf_plan_baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_decisions *d) {
   uint8_t *opt = (uint8_t *)malloc((size_t)p->n_tensors + 1);
   if (!opt) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
   mf_status st = mf_schedule_act_options(p, opt);
@@ -98,7 +98,7 @@ static mf_status baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_d
     d->grad[i] = (stream_g && !p->forward_only) ? MF_GRAD_STREAM : MF_GRAD_DEVICE;
   }
   memset(d->act, MF_ACT_KEEP, (size_t)d->n_tensors);
-  if (kind == MF_PLAN_LEAST_MEMORY) least_activations(p, opt, d);
+  if (kind == MF_PLAN_LEAST_MEMORY) mf_plan_least_activations(p, opt, d);
   /* Both keep each layer's input and recompute the layer from it. */
   if (kind == MF_PLAN_MEGATRAIN || kind == MF_PLAN_CHECKPOINT)
     for (int32_t t = 0; t < p->n_tensors; t++)
@@ -107,343 +107,42 @@ static mf_status baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_d
   return MF_OK;
 }
 
-static mf_status baseline(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                          mf_plan_kind kind, uint64_t budget, mf_plan **out) {
+mf_status mf_plan_baseline_so(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                              mf_plan_kind kind, uint64_t budget, mf_plan **out) {
   mf_decisions *d = NULL;
   MF_CHECK(mf_decisions_create(p, &d));
-  mf_status st = baseline_decisions(p, kind, d);
-  if (st == MF_OK) st = evaluate(p, hw, so, d, budget, kind, out);
+  mf_status st = mf_plan_baseline_decisions(p, kind, d);
+  if (st == MF_OK) st = mf_plan_eval(p, hw, so, d, budget, kind, out);
   mf_decisions_free(d);
   return st;
 }
 
 mf_status mf_plan_baseline(const mf_program *p, const mf_hwprofile *hw, mf_plan_kind kind, uint64_t budget,
                            mf_plan **out) {
-  return baseline(p, hw, NULL, kind, budget, out);
-}
-
-/* ------------------------------------------------------------ the choice */
-
-typedef enum cand_kind {
-  C_PARAMS_RESIDENT = 0,
-  C_GRADS_DEVICE,
-  C_ACT_KEEP,
-  C_ACT_OFFLOAD,
-  C_EXPERTS_HOT
-} cand_kind;
-#define N_CAND_KINDS 5
-
-typedef struct cand {
-  cand_kind kind;
-  int32_t layer; /* C_PARAMS_*, C_GRADS_*: the layer (-1: embeddings, final norm, head) */
-  int32_t klass; /* C_ACT_*: index of the activation class, or -1 for the whole layer */
-  double gain;   /* predicted seconds saved against the least-memory plan */
-  double bytes;  /* extra arena bytes */
-  double host;   /* extra host bytes for offloaded activations */
-  double score;
-  int32_t
-      quarters; /* C_EXPERTS_HOT: q: the layer's q-th hottest quarter of experts resident (1: the hottest) */
-} cand;
-
-/* The "class" of a per-micro-batch tensor is its name without "mbN.". */
-static const char *class_name(const char *name) {
-  if (name[0] == 'm' && name[1] == 'b') {
-    const char *dot = strchr(name, '.');
-    if (dot) return dot + 1;
-  }
-  return name;
-}
-
-static int cmp_class(const void *a, const void *b, void *arg) {
-  const mf_program *p = (const mf_program *)arg;
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  int c = strcmp(class_name(p->tensors[x].name), class_name(p->tensors[y].name));
-  return c ? c : x - y;
-}
-
-/* What candidates work on in one program: activation classes (one per name,
- * all micro-batches together, sorted by name) and, for quick application,
- * the tensors of each class and layer and the parameters of each layer. */
-typedef struct side {
-  const mf_program *p;
-  const mf_plan_pins *pins;
-  int32_t *klass; /* [n_tensors] class id, -1 for tensors that cannot be offloaded */
-  int32_t n_klass;
-  int32_t *klass_layer;       /* [n_klass] */
-  int32_t *klass_first;       /* [n_klass] its first tensor (for the name) */
-  int32_t *kstart, *ktensors; /* class k's tensors: ktensors[kstart[k] .. kstart[k + 1]) */
-  int32_t *lstart, *ltensors; /* layer l's classed tensors: ltensors[lstart[l + 1] .. lstart[l + 2]) */
-  int32_t *pstart, *pparams;  /* layer l's parameters: pparams[pstart[l + 1] .. pstart[l + 2]) */
-  const double *share;        /* measured routing [layers * experts], or NULL */
-  int32_t *hot_rank;          /* [n_params] an expert's rank in its layer by share, hottest 0; -1 others */
-} side;
-
-static void side_free(side *s) {
-  free(s->klass);
-  free(s->klass_layer);
-  free(s->klass_first);
-  free(s->kstart);
-  free(s->ktensors);
-  free(s->lstart);
-  free(s->ltensors);
-  free(s->pstart);
-  free(s->pparams);
-  free(s->hot_rank);
-  memset(s, 0, sizeof *s);
-}
-
-/* Counting sort of n items by key in [0, nkeys): start[nkeys + 1], items[n]. */
-static void bucket(const int32_t *key, int32_t n, int32_t nkeys, int32_t *start, int32_t *items) {
-  memset(start, 0, (size_t)(nkeys + 1) * sizeof *start);
-  for (int32_t i = 0; i < n; i++)
-    if (key[i] >= 0) start[key[i] + 1]++;
-  for (int32_t k = 0; k < nkeys; k++) start[k + 1] += start[k];
-  for (int32_t i = 0; i < n; i++)
-    if (key[i] >= 0) items[start[key[i]]++] = i;
-  for (int32_t k = nkeys; k > 0; k--) start[k] = start[k - 1];
-  start[0] = 0;
-}
-
-static mf_status side_build(const mf_program *p, const mf_plan_pins *pins, const double *share, side *s) {
-  memset(s, 0, sizeof *s);
-  s->p = p;
-  s->pins = pins;
-  s->share = p->spec.experts > 0 ? share : NULL;
-  const int32_t nt = p->n_tensors, np = (int32_t)p->params->n, L = (int32_t)p->spec.layers;
-  mf_status st = MF_OK;
-  int32_t *order = NULL, *key = NULL;
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 1, sizeof(int32_t), "plan", (void **)&s->klass), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 1, sizeof(int32_t), "plan", (void **)&s->klass_layer), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 1, sizeof(int32_t), "plan", (void **)&s->klass_first), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 2, sizeof(int32_t), "plan", (void **)&s->kstart), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 1, sizeof(int32_t), "plan", (void **)&s->ktensors), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)L + 2, sizeof(int32_t), "plan", (void **)&s->lstart), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 1, sizeof(int32_t), "plan", (void **)&s->ltensors), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)L + 2, sizeof(int32_t), "plan", (void **)&s->pstart), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)np + 1, sizeof(int32_t), "plan", (void **)&s->pparams), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)nt + 1, sizeof(int32_t), "plan", (void **)&order), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)(nt > np ? nt : np) + 1, sizeof(int32_t), "plan", (void **)&key), st, fail);
-  {
-    /* Sort the offloadable tensors by class name; equal names get one id. */
-    int32_t n = 0;
-    for (int32_t t = 0; t < nt; t++) {
-      s->klass[t] = -1;
-      if (mf_schedule_can_offload(p, t)) order[n++] = t;
-    }
-    qsort_r(order, (size_t)n, sizeof(int32_t), cmp_class, (void *)p);
-    for (int32_t i = 0; i < n; i++) {
-      const int32_t t = order[i];
-      if (i > 0 && strcmp(class_name(p->tensors[t].name), class_name(p->tensors[order[i - 1]].name)) == 0) {
-        s->klass[t] = s->klass[order[i - 1]];
-      } else {
-        s->klass_layer[s->n_klass] = p->tensors[t].layer;
-        s->klass_first[s->n_klass] = t;
-        s->klass[t] = s->n_klass++;
-      }
-    }
-  }
-  bucket(s->klass, nt, s->n_klass, s->kstart, s->ktensors);
-  for (int32_t t = 0; t < nt; t++) key[t] = s->klass[t] >= 0 ? p->tensors[t].layer + 1 : -1;
-  bucket(key, nt, L + 1, s->lstart, s->ltensors);
-  for (int32_t i = 0; i < np; i++) key[i] = p->params->params[i].layer + 1;
-  bucket(key, np, L + 1, s->pstart, s->pparams);
-  if (s->share) {
-    /* Each expert's rank by its share of the layer's tokens (ties: lower index first). */
-    const int64_t E = p->spec.experts;
-    MF_CHECK_GOTO(mf_calloc((size_t)np + 1, sizeof(int32_t), "plan", (void **)&s->hot_rank), st, fail);
-    for (int32_t i = 0; i < np; i++) {
-      const mf_param *a = &p->params->params[i];
-      s->hot_rank[i] = -1;
-      if (a->expert < 0 || a->layer < 0) continue;
-      const double sa = s->share[a->layer * E + a->expert];
-      int32_t r = 0;
-      for (int64_t e = 0; e < E; e++) {
-        const double se = s->share[a->layer * E + e];
-        r += se > sa || (se == sa && e < a->expert);
-      }
-      s->hot_rank[i] = r;
-    }
-  }
-  free(order);
-  free(key);
-  return MF_OK;
-fail:
-  free(order);
-  free(key);
-  side_free(s);
-  return st;
-}
-
-static int pinned_param(const side *s, int32_t i) {
-  return s->pins && s->pins->param[i];
-}
-static int pinned_grad(const side *s, int32_t i) {
-  return s->pins && s->pins->grad[i];
-}
-static int pinned_act(const side *s, int32_t t) {
-  return s->pins && s->pins->act[t];
-}
-
-/* Applies candidate k to d; returns how many decisions it changed. */
-static int apply(const side *s, const cand *k, mf_decisions *d) {
-  const mf_program *p = s->p;
-  int changed = 0;
-  if (k->kind == C_PARAMS_RESIDENT || k->kind == C_GRADS_DEVICE || k->kind == C_EXPERTS_HOT) {
-    /* C_EXPERTS_HOT: the quarter of the layer's experts ranked [(q-1) E/4, q E/4) by share. */
-    const int64_t hot_lo = k->kind == C_EXPERTS_HOT ? (int64_t)(k->quarters - 1) * p->spec.experts / 4 : 0;
-    const int64_t hot_hi = k->kind == C_EXPERTS_HOT ? (int64_t)k->quarters * p->spec.experts / 4 : 0;
-    for (int32_t j = s->pstart[k->layer + 1]; j < s->pstart[k->layer + 2]; j++) {
-      const int32_t i = s->pparams[j];
-      if (k->kind == C_EXPERTS_HOT) {
-        if (s->hot_rank && s->hot_rank[i] >= hot_lo && s->hot_rank[i] < hot_hi && !pinned_param(s, i) &&
-            d->param[i] != MF_PARAM_RESIDENT)
-          d->param[i] = MF_PARAM_RESIDENT, changed++;
-        continue;
-      }
-      if (k->kind == C_PARAMS_RESIDENT && !pinned_param(s, i) && d->param[i] != MF_PARAM_RESIDENT)
-        d->param[i] = MF_PARAM_RESIDENT, changed++;
-      if (k->kind == C_GRADS_DEVICE && !pinned_grad(s, i) && d->grad[i] != MF_GRAD_DEVICE)
-        d->grad[i] = MF_GRAD_DEVICE, changed++;
-    }
-    return changed;
-  }
-  const int32_t *list =
-      k->klass >= 0 ? s->ktensors + s->kstart[k->klass] : s->ltensors + s->lstart[k->layer + 1];
-  const int32_t n = k->klass >= 0 ? s->kstart[k->klass + 1] - s->kstart[k->klass]
-                                  : s->lstart[k->layer + 2] - s->lstart[k->layer + 1];
-  for (int32_t j = 0; j < n; j++) {
-    const int32_t t = list[j];
-    if (pinned_act(s, t)) continue;
-    if (k->kind == C_ACT_KEEP && d->act[t] != MF_ACT_KEEP) d->act[t] = MF_ACT_KEEP, changed++;
-    if (k->kind == C_ACT_OFFLOAD && d->act[t] == MF_ACT_RECOMPUTE && mf_schedule_can_offload(p, t))
-      d->act[t] = MF_ACT_OFFLOAD, changed++;
-  }
-  return changed;
-}
-
-static int cmp_score(const void *a, const void *b) {
-  const cand *x = (const cand *)a, *y = (const cand *)b;
-  if (x->score != y->score) return x->score > y->score ? -1 : 1;
-  if (x->kind != y->kind) return (int)x->kind - (int)y->kind;
-  if (x->layer != y->layer) return x->layer - y->layer;
-  if (x->quarters != y->quarters) return x->quarters - y->quarters;
-  return x->klass - y->klass;
-}
-
-/* The candidates of a side: a layer's weights resident and its gradients on
- * the device, with measured routing its hottest and second-hottest quarter
- * of experts resident, for the layers `want` marks (NULL: all, -1 included, as
- * want[l + 1]); its activations kept, or offloaded instead of recomputed —
- * per class, or per layer when `coarse`. `out` holds 4 (L + 1) + 2 max(L,
- * n_klass) entries. */
-static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *out) {
-  const mf_program *p = s->p;
-  const int32_t L = (int32_t)p->spec.layers;
-  int32_t n = 0;
-  for (int32_t l = -1; l < L; l++) {
-    if (want && !want[l + 1]) continue;
-    out[n++] = (cand){C_PARAMS_RESIDENT, l, -1, 0, 0, 0, 0, 0};
-    if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0, 0};
-    if (s->share && l >= 0 && mf_model_spec_layer_is_moe(&p->spec, l) && p->spec.experts >= 4)
-      for (int32_t q = 1; q <= 2; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
-  }
-  if (coarse) {
-    for (int32_t l = 0; l < L; l++) {
-      if (want && !want[l + 1]) continue;
-      out[n++] = (cand){C_ACT_KEEP, l, -1, 0, 0, 0, 0, 0};
-      out[n++] = (cand){C_ACT_OFFLOAD, l, -1, 0, 0, 0, 0, 0};
-    }
-  } else {
-    for (int32_t k = 0; k < s->n_klass; k++) {
-      if (want && !want[s->klass_layer[k] + 1]) continue;
-      out[n++] = (cand){C_ACT_KEEP, s->klass_layer[k], k, 0, 0, 0, 0, 0};
-      out[n++] = (cand){C_ACT_OFFLOAD, s->klass_layer[k], k, 0, 0, 0, 0, 0};
-    }
-  }
-  return n;
+  return mf_plan_baseline_so(p, hw, NULL, kind, budget, out);
 }
 
 /* Work spread over the planner's threads: worker i takes items i, i + n, ...
  * Each item's result depends on the item only, so any thread count gives the
  * same plan. A failing worker's status and message come back to the caller. */
-#define MAX_WORKERS 64
-
-typedef struct par {
-  mf_status st[MAX_WORKERS];
-  char msg[MAX_WORKERS][512];
-} par;
-
-static void par_fail(par *q, int i, mf_status st) {
+void mf_plan_par_fail(mf_plan_par *q, int i, mf_status st) {
   q->st[i] = st;
   snprintf(q->msg[i], sizeof q->msg[i], "%s", mf_last_error());
 }
 
-static mf_status par_status(const par *q, int n) {
+mf_status mf_plan_par_status(const mf_plan_par *q, int n) {
   for (int i = 0; i < n; i++)
     if (q->st[i] != MF_OK) return MF_ERR(q->st[i], "%s", q->msg[i]);
   return MF_OK;
 }
 
-static int pool_size(mf_threadpool *pool) {
+int mf_plan_pool_size(mf_threadpool *pool) {
   int n = pool ? mf_threadpool_size(pool) : 1;
-  return n < MAX_WORKERS ? n : MAX_WORKERS;
-}
-
-typedef struct score_job {
-  par q;
-  const side *s;
-  const mf_hwprofile *hw;
-  const mf_plan *least;
-  cand *c;
-  int32_t n;
-} score_job;
-
-static void score_task(void *ctx, int i, int nw) {
-  score_job *j = (score_job *)ctx;
-  if (i >= MAX_WORKERS) return;
-  if (nw > MAX_WORKERS) nw = MAX_WORKERS;
-  mf_decisions *work = NULL;
-  mf_plan *trial = NULL;
-  mf_status st = mf_decisions_create(j->s->p, &work);
-  for (int32_t k = i; st == MF_OK && k < j->n; k += nw) {
-    cand *c = &j->c[k];
-    st = mf_decisions_copy(j->least->d, work);
-    if (st != MF_OK) break;
-    if (apply(j->s, c, work) == 0) {
-      c->score = -INFINITY;
-      continue;
-    }
-    st = evaluate(j->s->p, j->hw, &j->least->so, work, j->least->budget, MF_PLAN_CHOSEN, &trial);
-    if (st != MF_OK) break;
-    c->gain = j->least->sim.step_seconds - trial->sim.step_seconds;
-    c->bytes = (double)trial->s->arena_bytes - (double)j->least->s->arena_bytes;
-    c->host = (double)trial->s->host_act_bytes - (double)j->least->s->host_act_bytes;
-    c->score = c->gain > 0 ? c->gain / (c->bytes > 64 ? c->bytes : 64) : -INFINITY;
-    mf_plan_free(trial);
-    trial = NULL;
-  }
-  if (st != MF_OK) par_fail(&j->q, i, st);
-  mf_plan_free(trial);
-  mf_decisions_free(work);
-}
-
-/* Simulates each candidate once against `least` (on its side's program). */
-static mf_status score_cands(const side *s, const mf_hwprofile *hw, const mf_plan *least, cand *c, int32_t n,
-                             mf_threadpool *pool) {
-  score_job *j = (score_job *)calloc(1, sizeof *j);
-  if (!j) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
-  j->s = s, j->hw = hw, j->least = least, j->c = c, j->n = n;
-  if (pool)
-    mf_threadpool_run(pool, score_task, j);
-  else
-    score_task(j, 0, 1);
-  mf_status st = par_status(&j->q, pool_size(pool));
-  free(j);
-  return st;
+  return n < MF_PLAN_MAX_WORKERS ? n : MF_PLAN_MAX_WORKERS;
 }
 
 typedef struct baseline_job {
-  par q;
+  mf_plan_par q;
   const mf_program *p;
   const mf_hwprofile *hw;
   const mf_sim_opts *so;
@@ -453,473 +152,42 @@ typedef struct baseline_job {
 
 static void baseline_task(void *ctx, int i, int nw) {
   baseline_job *j = (baseline_job *)ctx;
-  if (i >= MAX_WORKERS) return;
-  if (nw > MAX_WORKERS) nw = MAX_WORKERS;
+  if (i >= MF_PLAN_MAX_WORKERS) return;
+  if (nw > MF_PLAN_MAX_WORKERS) nw = MF_PLAN_MAX_WORKERS;
   for (int k = MF_PLAN_RESIDENT + i; k <= MF_PLAN_CHECKPOINT; k += nw) {
-    mf_status st = baseline(j->p, j->hw, j->so, (mf_plan_kind)k, j->budget, &j->all[k]);
+    mf_status st = mf_plan_baseline_so(j->p, j->hw, j->so, (mf_plan_kind)k, j->budget, &j->all[k]);
     if (st != MF_OK) {
-      par_fail(&j->q, i, st);
+      mf_plan_par_fail(&j->q, i, st);
       return;
     }
   }
 }
 
-/* A budget below the least-memory plan: say what it needs and what takes it. */
-static mf_status too_small(const mf_program *p, uint64_t budget, const mf_plan *least) {
-  const mf_schedule *s = least->s;
-  char need[32], have[32], list[1024];
-  size_t n = 0;
-  list[0] = 0;
-  /* The largest slots alive at the peak. */
-  for (int round = 0; round < 4; round++) {
-    int32_t best = -1;
-    for (int32_t i = 0; i < s->n_slots; i++) {
-      const mf_slot *x = &s->slots[i];
-      if (x->first > s->peak_instr || x->last < s->peak_instr) continue;
-      size_t b = p->tensors[x->tensor].bytes;
-      int already = strstr(list, p->tensors[x->tensor].name) != NULL;
-      if (!already && (best < 0 || b > p->tensors[s->slots[best].tensor].bytes)) best = i;
-    }
-    if (best < 0) break;
-    char sz[32];
-    n += (size_t)snprintf(list + n, sizeof list - n, "%s%s (%s)", round ? ", " : "",
-                          p->tensors[s->slots[best].tensor].name,
-                          mf_format_bytes(p->tensors[s->slots[best].tensor].bytes, sz, sizeof sz));
-    if (n >= sizeof list) break;
-  }
-  return MF_ERR(
-      MF_ERR_CONFIG,
-      "memory.device_budget %s is below the minimum this model and batch need, %s (every weight and "
-      "gradient streamed, every activation recomputed or offloaded); at its peak (%s) the largest tensors "
-      "on the device are %s",
-      mf_format_bytes(budget, have, sizeof have), mf_format_bytes(s->arena_bytes, need, sizeof need),
-      s->instr[s->peak_instr].op >= 0 ? p->ops[s->instr[s->peak_instr].op].label : "a copy", list);
-}
-
-/* How often the experts of the q-th hottest quarter of a layer with routing
- * `row` are used by a micro-batch, summed: each 1 - (1 - K share)^T. */
-static double hot_use(const mf_program *p, const double *row, int32_t quarters) {
-  const int64_t E = p->spec.experts, lo = (int64_t)(quarters - 1) * E / 4, n = (int64_t)quarters * E / 4;
-  const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
-  double sum = 0;
-  for (int64_t e = 0; e < E; e++) {
-    int64_t r = 0;
-    for (int64_t f = 0; f < E; f++) r += row[f] > row[e] || (row[f] == row[e] && f < e);
-    if (r < lo || r >= n) continue;
-    double q = K * row[e];
-    if (q > 1) q = 1;
-    sum += 1.0 - pow(1.0 - q, T);
-  }
-  return sum;
-}
-
-/* Scores the full program's candidates on the proxy: each full candidate takes
- * the gain and bytes of the proxy candidate of the same kind at its layer's
- * representative (activation classes matched by name). */
-static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf_plan_proxy *x,
-                                const mf_hwprofile *hw, cand *fc, int32_t nf, mf_threadpool *pool) {
-  const mf_program *pp = x->prog, *fp = full->p;
-  const int32_t L = (int32_t)fp->spec.layers;
-  mf_status st = MF_OK;
-  mf_plan_pins ppins = {NULL, NULL, NULL};
-  mf_decisions *pd = NULL;
-  mf_plan *pleast = NULL;
-  side ps;
-  memset(&ps, 0, sizeof ps);
-  cand *pc = NULL;
-  uint8_t *want = NULL, *opt = NULL;
-  int32_t *pcand = NULL; /* [N_CAND_KINDS * nkey]: proxy candidate by (kind, class, layer or hot set) */
-  double *pshare = NULL; /* the proxy's routing: each proxy layer the full layer it stands for */
-
-  /* The proxy's least-memory decisions and pins: the full plan's, mapped. */
-  MF_CHECK_GOTO(mf_decisions_create(pp, &pd), st, done);
-  MF_CHECK_GOTO(mf_plan_pins_create(pp, &ppins), st, done);
-  MF_CHECK_GOTO(mf_calloc((size_t)pp->n_tensors + 1, 1, "plan", (void **)&opt), st, done);
-  MF_CHECK_GOTO(mf_schedule_act_options(pp, opt), st, done);
-  least_activations(pp, opt, pd);
-  for (int32_t i = 0; i < pd->n_params; i++) {
-    const int32_t f = x->param_full[i];
-    pd->param[i] = least->d->param[f];
-    pd->grad[i] = least->d->grad[f];
-    if (full->pins) ppins.param[i] = full->pins->param[f], ppins.grad[i] = full->pins->grad[f];
-  }
-  for (int32_t t = 0; t < pd->n_tensors; t++) {
-    const int32_t f = x->tensor_full[t];
-    if (f < 0 || !opt[t]) continue;
-    /* A decision the proxy tensor cannot take (it sits at another place in a shorter model) keeps its own. */
-    if (least->d->act[f] == MF_ACT_RECOMPUTE && opt[t] != 3) continue;
-    pd->act[t] = least->d->act[f];
-    if (full->pins) ppins.act[t] = full->pins->act[f];
-  }
-  mf_sim_opts pso = least->so;
-  if (full->share) {
-    const int64_t E = pp->spec.experts;
-    MF_CHECK_GOTO(mf_calloc((size_t)(pp->spec.layers * E) + 1, sizeof(double), "plan", (void **)&pshare), st,
-                  done);
-    for (int64_t r = 0; r < pp->spec.layers; r++)
-      memcpy(pshare + r * E, full->share + (int64_t)x->full_layer[r] * E, (size_t)E * sizeof(double));
-    pso.expert_share = pshare;
-  }
-  MF_CHECK_GOTO(evaluate(pp, hw, &pso, pd, least->budget, MF_PLAN_LEAST_MEMORY, &pleast), st, done);
-  MF_CHECK_GOTO(side_build(pp, full->pins ? &ppins : NULL, pshare, &ps), st, done);
-
-  /* Candidates at the embeddings/head and the representative layers. */
-  const int32_t PL = (int32_t)pp->spec.layers;
-  MF_CHECK_GOTO(mf_calloc((size_t)PL + 1, 1, "plan", (void **)&want), st, done);
-  want[0] = 1;
-  for (int32_t l = 0; l < L; l++) want[x->rep[l] + 1] = 1;
-  const int32_t cap = 4 * (PL + 1) + 2 * (ps.n_klass > PL ? ps.n_klass : PL);
-  MF_CHECK_GOTO(mf_calloc((size_t)cap, sizeof(cand), "plan", (void **)&pc), st, done);
-  const int32_t np = make_cands(&ps, want, 0, pc);
-  MF_CHECK_GOTO(score_cands(&ps, hw, pleast, pc, np, pool), st, done);
-  MF_LOGD("plan", "proxy: %d layers, %d instructions, %d candidates scored", (int)PL, (int)pleast->s->n_instr,
-          (int)np);
-
-  /* Index the proxy candidates, then give each full candidate its score. */
-  const int32_t nkey = ps.n_klass + PL + 1 + 2 * PL;
-  const int32_t hot0 = ps.n_klass + PL + 1; /* hot sets: hot0 + 2 layer + quarters - 1 */
-  MF_CHECK_GOTO(mf_calloc((size_t)N_CAND_KINDS * nkey, sizeof(int32_t), "plan", (void **)&pcand), st, done);
-  for (int32_t i = 0; i < N_CAND_KINDS * nkey; i++) pcand[i] = -1;
-  for (int32_t k = 0; k < np; k++) {
-    const int32_t key = pc[k].kind == C_EXPERTS_HOT ? hot0 + 2 * pc[k].layer + pc[k].quarters - 1
-                        : pc[k].klass >= 0          ? pc[k].klass
-                                                    : ps.n_klass + pc[k].layer + 1;
-    pcand[(int32_t)pc[k].kind * nkey + key] = k;
-  }
-  for (int32_t k = 0; k < nf; k++) {
-    cand *c = &fc[k];
-    const int32_t rl = c->layer < 0 ? -1 : x->rep[c->layer];
-    int32_t key = -1;
-    if (c->kind == C_EXPERTS_HOT) {
-      key = hot0 + 2 * rl + c->quarters - 1;
-    } else if (c->klass < 0) {
-      key = ps.n_klass + rl + 1;
-    } else {
-      /* The class's name at the representative layer, looked up among the proxy's classes (sorted by name).
-       */
-      char name[sizeof fp->tensors[0].name];
-      const char *cn = class_name(fp->tensors[full->klass_first[c->klass]].name);
-      if (mf_plan_proxy_rename(cn, c->layer, rl, name, sizeof name)) {
-        int32_t lo = 0, hi = ps.n_klass - 1;
-        while (lo <= hi) {
-          const int32_t mid = lo + (hi - lo) / 2;
-          const int cmp = strcmp(class_name(pp->tensors[ps.klass_first[mid]].name), name);
-          if (cmp == 0) {
-            key = mid;
-            break;
-          }
-          if (cmp < 0)
-            lo = mid + 1;
-          else
-            hi = mid - 1;
-        }
-      }
-    }
-    const int32_t j = key >= 0 ? pcand[(int32_t)c->kind * nkey + key] : -1;
-    if (j < 0) {
-      c->score = -INFINITY;
-      continue;
-    }
-    c->gain = pc[j].gain;
-    c->bytes = pc[j].bytes;
-    c->host = pc[j].host;
-    c->score = pc[j].score;
-    if (c->kind == C_EXPERTS_HOT && c->gain > 0) {
-      /* The representative's hot set saves in proportion to how often its
-       * experts are copied; this layer's may be used more or less. */
-      const double uf = hot_use(fp, full->share + (int64_t)c->layer * fp->spec.experts, c->quarters);
-      const double up = hot_use(pp, pshare + (int64_t)rl * pp->spec.experts, c->quarters);
-      if (up > 0) {
-        c->gain *= uf / up;
-        c->score *= uf / up;
-      }
-    }
-  }
-done:
-  free(pcand);
-  free(pshare);
-  free(want);
-  free(opt);
-  free(pc);
-  side_free(&ps);
-  mf_plan_free(pleast);
-  mf_decisions_free(pd);
-  mf_plan_pins_free(&ppins);
-  return st;
-}
-
-/* Whether decisions d fit: the arena within the device budget and the
- * offloaded activations' host copies within what host memory leaves them. */
-typedef struct limits {
-  uint64_t device, host_acts;
-} limits;
-
-static mf_status fit_of(const mf_program *p, const mf_decisions *d, const limits *lim, size_t *arena,
-                        int *fit) {
-  mf_schedule *s = NULL;
-  MF_CHECK(mf_schedule_build(p, d, &s));
-  *arena = s->arena_bytes;
-  *fit = s->arena_bytes <= lim->device && s->host_act_bytes <= lim->host_acts;
-  mf_schedule_free(s);
-  return MF_OK;
-}
-
-/* Applies the sorted candidates to `work` (the least-memory decisions) while
- * they fit (fit_of). Exact: one by one, each checked by building the
- * schedule. Fast (proxy scores): the longest prefix that fits, found by a
- * galloping search from the prefix the predicted bytes allow, then a few more
- * candidates predicted to fit in what is left, checked one by one. */
-static mf_status apply_greedy(const side *s, const limits *lim, const cand *c, int32_t n, int fast,
-                              mf_decisions *work) {
-  const mf_program *p = s->p;
-  mf_decisions *d = NULL, *base = NULL;
-  mf_status st = MF_OK;
-  size_t arena = 0;
-  int fit = 0;
-  int32_t *sel = NULL, nsel = 0;
-  MF_CHECK(mf_decisions_create(p, &d));
-  MF_CHECK_GOTO(mf_decisions_create(p, &base), st, done);
-  int32_t npos = 0;
-  while (npos < n && c[npos].score > -INFINITY) npos++;
-  if (fast) {
-    /* The candidates the predictions say fit, in order (sel); then the
-     * longest prefix of them that really fits. */
-    MF_CHECK_GOTO(mf_decisions_copy(work, base), st, done);
-    MF_CHECK_GOTO(mf_calloc((size_t)npos + 1, sizeof(int32_t), "plan", (void **)&sel), st, done);
-    {
-      mf_schedule *b0 = NULL;
-      MF_CHECK_GOTO(mf_schedule_build(p, base, &b0), st, done);
-      double dev = (double)b0->arena_bytes, host = (double)b0->host_act_bytes;
-      mf_schedule_free(b0);
-      for (int32_t k = 0; k < npos; k++) {
-        if (dev + c[k].bytes > (double)lim->device || host + c[k].host > (double)lim->host_acts) continue;
-        dev += c[k].bytes;
-        host += c[k].host;
-        sel[nsel++] = k;
-      }
-    }
-    int32_t lo = 0, hi = nsel, builds = 0; /* prefix lo of sel fits; prefixes > hi do not */
-    int32_t probe = nsel, step = 1;
-    int dir = 0; /* 1: searching up, -1: down, 2: bracketed */
-    while (lo < hi) {
-      const int32_t mid = probe;
-      MF_CHECK_GOTO(mf_decisions_copy(base, d), st, done);
-      for (int32_t k = 0; k < mid; k++) apply(s, &c[sel[k]], d);
-      MF_CHECK_GOTO(fit_of(p, d, lim, &arena, &fit), st, done);
-      builds++;
-      if (fit) {
-        lo = mid;
-        MF_CHECK_GOTO(mf_decisions_copy(d, work), st, done);
-      } else {
-        hi = mid - 1;
-      }
-      if (lo >= hi) break;
-      /* Gallop down while it does not fit, then bisect. */
-      if (dir != 2 && (dir == 0 || (dir > 0) == fit)) {
-        dir = fit ? 1 : -1;
-        probe = fit ? mid + step : mid - step;
-        step *= 2;
-      } else {
-        dir = 2;
-      }
-      if (dir == 2 || probe > hi || probe <= lo) probe = lo + (hi - lo + 1) / 2;
-    }
-    /* Then up to 4 of the others predicted to fit in what is left. */
-    MF_CHECK_GOTO(fit_of(p, work, lim, &arena, &fit), st, done);
-    uint8_t *taken = NULL;
-    MF_CHECK_GOTO(mf_calloc((size_t)npos + 1, 1, "plan", (void **)&taken), st, done);
-    for (int32_t k = 0; k < lo; k++) taken[sel[k]] = 1;
-    int tries = 0;
-    for (int32_t k = 0; k < npos && tries < 4 && st == MF_OK; k++) {
-      if (taken[k] || (double)arena + c[k].bytes > (double)lim->device) continue;
-      st = mf_decisions_copy(work, d);
-      if (st != MF_OK || apply(s, &c[k], d) == 0) continue;
-      size_t a = 0;
-      st = fit_of(p, d, lim, &a, &fit);
-      tries++;
-      if (st == MF_OK && fit) {
-        st = mf_decisions_copy(d, work);
-        arena = a;
-      }
-    }
-    free(taken);
-    MF_LOGD("plan", "applied %d of %d candidates (%d predicted to fit; %d schedules), then %d tries", (int)lo,
-            (int)npos, (int)nsel, builds, tries);
-    goto done;
-  }
-  for (int32_t k = 0; k < npos; k++) {
-    MF_CHECK_GOTO(mf_decisions_copy(work, d), st, done);
-    if (apply(s, &c[k], d) == 0) continue;
-    MF_CHECK_GOTO(fit_of(p, d, lim, &arena, &fit), st, done);
-    if (fit) MF_CHECK_GOTO(mf_decisions_copy(d, work), st, done);
-  }
-done:
-  free(sel);
-  mf_decisions_free(d);
-  mf_decisions_free(base);
-  return st;
-}
-
 /* Evaluates the baselines into all[RESIDENT..CHECKPOINT] and, unless
  * `pinned`, replaces *best with the fastest that fits when it beats it. */
-static mf_status adopt_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                                 uint64_t budget, int pinned, mf_threadpool *pool, mf_plan **best,
-                                 mf_plan **all) {
+mf_status mf_plan_adopt_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                                  uint64_t budget, int pinned, mf_threadpool *pool, mf_plan **best,
+                                  mf_plan **all) {
   baseline_job *j = (baseline_job *)calloc(1, sizeof *j);
   if (!j) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
   j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->all = all;
   mf_threadpool_run(pool, baseline_task, j);
-  mf_status st = par_status(&j->q, pool_size(pool));
+  mf_status st = mf_plan_par_status(&j->q, mf_plan_pool_size(pool));
   free(j);
   if (st != MF_OK) return st;
   for (int k = MF_PLAN_RESIDENT; k <= MF_PLAN_CHECKPOINT; k++) {
     if (pinned || !all[k]->fits || all[k]->sim.step_seconds >= (*best)->sim.step_seconds) continue;
     mf_plan *b = NULL;
-    MF_CHECK(evaluate(p, hw, so, all[k]->d, budget, MF_PLAN_CHOSEN, &b));
+    MF_CHECK(mf_plan_eval(p, hw, so, all[k]->d, budget, MF_PLAN_CHOSEN, &b));
     mf_plan_free(*best);
     *best = b;
   }
   return MF_OK;
 }
 
-/* The choice (all[CHOSEN]), its starting point (all[LEAST_MEMORY]) and, with
- * `with_baselines`, the baselines (adopted when faster). */
-static mf_status choose_all(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                            uint64_t budget, uint64_t host_acts, const mf_decisions *fixed,
-                            const mf_plan_pins *pins, int with_baselines, mf_plan **all) {
-  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) all[k] = NULL;
-  mf_status st = MF_OK;
-  mf_plan *least = NULL, *best = NULL;
-  mf_decisions *work = NULL;
-  mf_plan_proxy *proxy = NULL;
-  side full;
-  memset(&full, 0, sizeof full);
-  cand *cands = NULL;
-  mf_threadpool *pool = NULL;
-  const double t0 = mf_time_now();
-
-  MF_CHECK_GOTO(mf_decisions_create(p, &work), st, done);
-  MF_CHECK_GOTO(baseline_decisions(p, MF_PLAN_LEAST_MEMORY, work), st, done);
-  if (fixed && pins) {
-    for (int32_t i = 0; i < work->n_params; i++) {
-      if (pins->param[i]) work->param[i] = fixed->param[i];
-      if (pins->grad[i]) work->grad[i] = fixed->grad[i];
-    }
-    for (int32_t t = 0; t < work->n_tensors; t++)
-      if (pins->act[t]) work->act[t] = fixed->act[t];
-  }
-  MF_CHECK_GOTO(evaluate(p, hw, so, work, budget, MF_PLAN_LEAST_MEMORY, &least), st, done);
-  if (!least->fits) {
-    st = too_small(p, budget, least);
-    goto done;
-  }
-  MF_CHECK_GOTO(side_build(p, pins, so ? so->expert_share : NULL, &full), st, done);
-  MF_CHECK_GOTO(mf_threadpool_create(0, &pool), st, done);
-  const int32_t L = (int32_t)p->spec.layers;
-  const int32_t cap = 4 * (L + 1) + 2 * (full.n_klass > L ? full.n_klass : L);
-  MF_CHECK_GOTO(mf_calloc((size_t)cap, sizeof(cand), "plan", (void **)&cands), st, done);
-
-  /* Scoring every candidate on the full step costs a simulation each; past a
-   * few million instruction-simulations, score them on the proxy instead. */
-  int32_t n_cands = make_cands(&full, NULL, 0, cands);
-  const char *mode = getenv("MF_PLAN_SCORING");
-  int large = (double)least->s->n_instr * (double)n_cands > 4e6;
-  if (mode && strcmp(mode, "exact") == 0) large = 0;
-  if (mode && strcmp(mode, "proxy") == 0) large = 1;
-  if (large) MF_CHECK_GOTO(mf_plan_proxy_build(p, &proxy), st, done);
-  if (proxy) {
-    MF_CHECK_GOTO(score_on_proxy(&full, least, proxy, hw, cands, n_cands, pool), st, done);
-  } else {
-    /* Large programs without a proxy get one activation candidate per layer. */
-    if (large) n_cands = make_cands(&full, NULL, 1, cands);
-    MF_CHECK_GOTO(score_cands(&full, hw, least, cands, n_cands, pool), st, done);
-  }
-  MF_LOGD("plan", "%d candidates scored%s in %.2f s (least-memory step: %d instructions)", (int)n_cands,
-          proxy ? " on the proxy" : "", mf_time_now() - t0, (int)least->s->n_instr);
-  qsort(cands, (size_t)n_cands, sizeof *cands, cmp_score);
-  const limits lim = {budget, host_acts};
-  MF_CHECK_GOTO(apply_greedy(&full, &lim, cands, n_cands, proxy != NULL, work), st, done);
-  MF_LOGD("plan", "applied in %.2f s", mf_time_now() - t0);
-
-  MF_CHECK_GOTO(evaluate(p, hw, so, work, budget, MF_PLAN_CHOSEN, &best), st, done);
-  if (best->sim.step_seconds > least->sim.step_seconds || !best->fits) {
-    /* Never worse than where it started. */
-    mf_plan_free(best);
-    MF_CHECK_GOTO(evaluate(p, hw, so, least->d, budget, MF_PLAN_CHOSEN, &best), st, done);
-  }
-  /* Never predicted slower than a baseline that fits (baselines ignore
-   * overrides, so with overrides they are shown but not taken). */
-  if (with_baselines)
-    MF_CHECK_GOTO(adopt_baselines(p, hw, so, budget, pins != NULL, pool, &best, all), st, done);
-  MF_LOGD("plan", "chosen and baselines in %.2f s", mf_time_now() - t0);
-  all[MF_PLAN_CHOSEN] = best;
-  all[MF_PLAN_LEAST_MEMORY] = least;
-  best = least = NULL;
-done:
-  if (st != MF_OK)
-    for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
-      mf_plan_free(all[k]);
-      all[k] = NULL;
-    }
-  mf_plan_free(least);
-  mf_plan_free(best);
-  mf_decisions_free(work);
-  mf_plan_proxy_free(proxy);
-  side_free(&full);
-  free(cands);
-  mf_threadpool_free(pool);
-  return st;
-}
-
-mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
-                             const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **all) {
-  return choose_all(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 1, all);
-}
-
-mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
-                         const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **out) {
-  mf_plan *all[MF_PLAN_KIND_COUNT_];
-  *out = NULL;
-  MF_CHECK(choose_all(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 1, all));
-  *out = all[MF_PLAN_CHOSEN];
-  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
-    if (k != MF_PLAN_CHOSEN) mf_plan_free(all[k]);
-  return MF_OK;
-}
-
-/* memory.overrides onto d. A forward-only program has no gradients: what the
- * overrides say about them is for the training step, not for eval. */
-static mf_status apply_overrides(const mf_program *p, const mf_config_memory *mem, mf_decisions *d,
-                                 mf_plan_pins *pins) {
-  MF_CHECK(mf_plan_apply_overrides(p, mem, d, pins));
-  if (p->forward_only)
-    for (int32_t i = 0; i < d->n_params; i++) {
-      d->grad[i] = MF_GRAD_DEVICE;
-      pins->grad[i] = 0;
-    }
-  return MF_OK;
-}
-
-static mf_plan_kind kind_of(mf_config_plan c) {
-  switch (c) {
-    case MF_CONFIG_PLAN_RESIDENT:
-      return MF_PLAN_RESIDENT;
-    case MF_CONFIG_PLAN_ZERO_OFFLOAD:
-      return MF_PLAN_ZERO_OFFLOAD;
-    case MF_CONFIG_PLAN_MEGATRAIN:
-      return MF_PLAN_MEGATRAIN;
-    case MF_CONFIG_PLAN_CHECKPOINT:
-      return MF_PLAN_CHECKPOINT;
-    case MF_CONFIG_PLAN_LEAST_MEMORY:
-      return MF_PLAN_LEAST_MEMORY;
-    default:
-      return MF_PLAN_CHOSEN;
-  }
-}
-
 /* The baselines of p beside `all[MF_PLAN_CHOSEN]`, on the planner's threads. */
-static mf_status all_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                               uint64_t budget, mf_plan **all) {
+mf_status mf_plan_all_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                                uint64_t budget, mf_plan **all) {
   mf_threadpool *pool = NULL;
   MF_CHECK(mf_threadpool_create(0, &pool));
   baseline_job *j = (baseline_job *)calloc(1, sizeof *j);
@@ -929,251 +197,11 @@ static mf_status all_baselines(const mf_program *p, const mf_hwprofile *hw, cons
   } else {
     j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->all = all;
     mf_threadpool_run(pool, baseline_task, j);
-    st = par_status(&j->q, pool_size(pool));
+    st = mf_plan_par_status(&j->q, mf_plan_pool_size(pool));
     free(j);
   }
   mf_threadpool_free(pool);
-  if (st == MF_OK) st = baseline(p, hw, so, MF_PLAN_LEAST_MEMORY, budget, &all[MF_PLAN_LEAST_MEMORY]);
+  if (st == MF_OK)
+    st = mf_plan_baseline_so(p, hw, so, MF_PLAN_LEAST_MEMORY, budget, &all[MF_PLAN_LEAST_MEMORY]);
   return st;
-}
-
-/* A named plan (memory.plan: a baseline or a file) for p, memory.overrides on
- * top; it must fit the budget (UINT64_MAX: none, its own arena is the budget). */
-static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, const mf_program *p,
-                            mf_plan **all) {
-  const mf_config_memory *mem = rq->memory;
-  const mf_plan_kind kind = kind_of(mem->plan_kind);
-  mf_decisions *d = NULL;
-  mf_plan_pins pins = {NULL, NULL, NULL};
-  mf_plan *pl = NULL;
-  mf_status st = MF_OK;
-  char name[sizeof((mf_plan *)0)->name];
-  MF_CHECK_GOTO(mf_decisions_create(p, &d), st, done);
-  MF_CHECK_GOTO(mf_plan_pins_create(p, &pins), st, done);
-  if (mem->plan_kind == MF_CONFIG_PLAN_FILE) {
-    MF_CHECK_GOTO(mf_plan_read_json(p, mem->plan, d, NULL), st, done);
-    snprintf(name, sizeof name, "%s", mem->plan);
-  } else {
-    MF_CHECK_GOTO(baseline_decisions(p, kind, d), st, done);
-    snprintf(name, sizeof name, "%s", mf_plan_kind_name(kind));
-  }
-  if (mem->n_overrides) {
-    MF_CHECK_GOTO(apply_overrides(p, mem, d, &pins), st, done);
-    const size_t n = strlen(name);
-    snprintf(name + n, sizeof name - n, " with memory.overrides");
-  }
-  MF_CHECK_GOTO(evaluate(p, rq->hw, so, d, rq->budget, kind, &pl), st, done);
-  snprintf(pl->name, sizeof pl->name, "%s", name);
-  if (rq->budget == UINT64_MAX) {
-    pl->budget = pl->s->arena_bytes;
-    pl->fits = 1;
-  } else if (!pl->fits) {
-    char need[32], have[32];
-    st =
-        MF_ERR(MF_ERR_CONFIG,
-               "memory.plan: %s: %s needs a device arena of %s, more than memory.device_budget %s (raise the "
-               "budget, or set memory.plan: auto to let the planner fit one)",
-               mem->plan, name, mf_format_bytes(pl->s->arena_bytes, need, sizeof need),
-               mf_format_bytes(rq->budget, have, sizeof have));
-    goto done;
-  }
-  all[MF_PLAN_CHOSEN] = pl;
-  pl = NULL;
-  st = all_baselines(p, rq->hw, so, all[MF_PLAN_CHOSEN]->budget, all);
-done:
-  mf_plan_free(pl);
-  mf_plan_pins_free(&pins);
-  mf_decisions_free(d);
-  return st;
-}
-
-/* Host bytes left for offloaded activations: memory.host_limit (auto: the
- * profile's host memory) less what must stay in host memory — the working copy
- * (a device storage dtype other than fp32), the pinned staging limit, and,
- * without NVMe (memory.nvme_dir and a profile NVMe bandwidth), the fp32
- * master weights, gradient sums and Adam moments, which with NVMe can spill
- * (planner/host.h). UINT64_MAX without a memory section. */
-static uint64_t host_act_budget(const mf_plan_request *rq, const mf_program *p) {
-  const mf_config_memory *mem = rq->memory;
-  if (!mem) return UINT64_MAX;
-  uint64_t limit = mem->host_limit != MF_CONFIG_SIZE_AUTO ? mem->host_limit : rq->hw->host_memory;
-  uint64_t keep = mem->pinned_limit;
-  const int nvme = mem->nvme_dir && rq->hw->nvme_bandwidth > 0;
-  for (int64_t i = 0; i < p->params->n; i++) {
-    const uint64_t numel = (uint64_t)p->params->params[i].numel;
-    if (p->storage != MF_DTYPE_F32) keep += p->tensors[p->param_tensor[i]].bytes;
-    if (!nvme) keep += (p->forward_only ? 4 : 16) * numel;
-  }
-  return limit > keep ? limit - keep : 0;
-}
-
-/* mf_plan_for's failure after it had a result: frees it, returns st. */
-static mf_status drop_all(mf_status st, mf_program **prog, mf_plan **all) {
-  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
-    mf_plan_free(all[k]);
-    all[k] = NULL;
-  }
-  mf_program_free(*prog);
-  *prog = NULL;
-  return st;
-}
-
-/* One order's program and plans (a task of mf_plan_for). */
-typedef struct order_job {
-  const mf_plan_request *rq;
-  mf_config_plan which;
-  int n; /* orders planned */
-  mf_program_order order[2];
-  mf_sim_opts so[2]; /* the request's, with the NVMe floor of each order's program */
-  int host_fits[2];  /* its host memory (estimated before planning) fits host_limit and NVMe */
-  mf_program *prog[2];
-  mf_plan *plans[2][MF_PLAN_KIND_COUNT_];
-  mf_status st[2];
-  char msg[2][1024];
-} order_job;
-
-static void order_task(void *ctx, int i, int nw) {
-  order_job *j = (order_job *)ctx;
-  const mf_plan_request *rq = j->rq;
-  const mf_config_memory *mem = rq->memory;
-  for (int o = i; o < j->n; o += nw) {
-    mf_program_opts po = rq->opts;
-    po.order = j->order[o];
-    mf_decisions *fixed = NULL;
-    mf_plan_pins pins = {NULL, NULL, NULL};
-    const int overrides = mem && mem->n_overrides > 0;
-    mf_status st = mf_program_build(rq->params, &po, &j->prog[o]);
-    /* Optimizer state spilled to NVMe bounds the host optimizer (an estimate
-     * before planning: no offloaded activations, no staging). */
-    j->so[o] = rq->sim;
-    j->so[o].expert_share = rq->expert_share;
-    j->host_fits[o] = 1;
-    if (st == MF_OK && mem) {
-      mf_host_usage u;
-      st = mf_host_account(j->prog[o], NULL, 0, mem, rq->hw, &u);
-      j->host_fits[o] = st == MF_OK && u.unplaced_bytes == 0;
-      const double spill =
-          rq->hw->nvme_bandwidth > 0 ? (double)mf_host_spill_traffic_bytes(&u) / rq->hw->nvme_bandwidth : 0.0;
-      if (st == MF_OK && spill > j->so[o].optimizer_floor_seconds) j->so[o].optimizer_floor_seconds = spill;
-    }
-    if (st == MF_OK && j->which != MF_CONFIG_PLAN_AUTO) {
-      st = named_plan(rq, &j->so[o], j->prog[o], j->plans[o]);
-    } else if (st == MF_OK) {
-      if (overrides) st = mf_decisions_create(j->prog[o], &fixed);
-      if (st == MF_OK && overrides) st = mf_plan_pins_create(j->prog[o], &pins);
-      if (st == MF_OK && overrides) st = apply_overrides(j->prog[o], mem, fixed, &pins);
-      if (st == MF_OK)
-        st = choose_all(j->prog[o], rq->hw, &j->so[o], rq->budget, host_act_budget(rq, j->prog[o]), fixed,
-                        overrides ? &pins : NULL, j->n == 1, j->plans[o]);
-    }
-    mf_plan_pins_free(&pins);
-    mf_decisions_free(fixed);
-    j->st[o] = st;
-    if (st != MF_OK) snprintf(j->msg[o], sizeof j->msg[o], "%s", mf_last_error());
-  }
-}
-
-mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **all) {
-  *prog = NULL;
-  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) all[k] = NULL;
-  const mf_config_memory *mem = rq->memory;
-  order_job *j = (order_job *)calloc(1, sizeof *j);
-  if (!j) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
-  j->rq = rq;
-  j->which = mem ? mem->plan_kind : MF_CONFIG_PLAN_AUTO;
-  /* A plan file describes the training step (its gradients, its micro-batches). */
-  if (j->which == MF_CONFIG_PLAN_FILE && rq->opts.forward_only) j->which = MF_CONFIG_PLAN_AUTO;
-  const mf_config_plan which = j->which;
-  j->order[0] = rq->opts.order;
-  j->n = 1;
-  if (rq->choose_order) {
-    j->order[0] = MF_ORDER_MICRO_MAJOR;
-    /* One micro-batch: both orders are the same program. Tied embeddings: the
-     * shared matrix's gradient adds up in another grouping in layer-major
-     * order (src/model/program.h), so only micro-batch-major keeps the bits of
-     * a run that fits. */
-    if (rq->opts.grad_accum > 1 && !rq->params->spec.tie_embeddings && !rq->opts.forward_only)
-      j->order[j->n++] = MF_ORDER_LAYER_MAJOR;
-  }
-  /* Both orders at once, on two threads (each plans on its own threads too). */
-  mf_threadpool *two = NULL;
-  if (j->n > 1 && mf_threadpool_create(2, &two) != MF_OK) two = NULL;
-  if (two)
-    mf_threadpool_run(two, order_task, j);
-  else
-    order_task(j, 0, 1);
-  mf_threadpool_free(two);
-  const int n = j->n;
-  mf_status first_err = MF_OK;
-  const char *first_msg = "";
-  int kept_fits = 0;
-  for (int o = 0; o < n; o++) {
-    if (j->st[o] != MF_OK) {
-      if (first_err == MF_OK) first_err = j->st[o], first_msg = j->msg[o];
-      continue;
-    }
-    MF_LOGD("plan", "%s order: %.4f s/step predicted (host optimizer at least %.3f s); host memory %s",
-            mf_program_order_name(j->order[o]), j->plans[o][MF_PLAN_CHOSEN]->sim.step_seconds,
-            j->so[o].optimizer_floor_seconds, j->host_fits[o] ? "fits" : "does not fit");
-    /* One whose host memory fits over one whose does not; then the faster;
-     * on a tie the first (micro-batch-major). */
-    const int better = !*prog || j->host_fits[o] > kept_fits ||
-                       (j->host_fits[o] == kept_fits && j->plans[o][MF_PLAN_CHOSEN]->sim.step_seconds <
-                                                            all[MF_PLAN_CHOSEN]->sim.step_seconds);
-    if (better) {
-      kept_fits = j->host_fits[o];
-      for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) { /* the slower one kept before */
-        mf_plan_free(all[k]);
-        all[k] = j->plans[o][k];
-        j->plans[o][k] = NULL;
-      }
-      mf_program_free(*prog);
-      *prog = j->prog[o];
-      j->prog[o] = NULL;
-    }
-  }
-  for (int o = 0; o < n; o++) {
-    for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(j->plans[o][k]);
-    mf_program_free(j->prog[o]);
-  }
-  if (!*prog) {
-    mf_status st = MF_ERR(first_err, "%s", first_msg);
-    free(j);
-    return st;
-  }
-  free(j);
-  if (mem) {
-    /* The NVMe floor again, now with the chosen plan's offloaded activations
-     * (which leave less host memory to the optimizer's state): every plan
-     * shown is simulated again with it, so they compare alike. */
-    mf_plan *c = all[MF_PLAN_CHOSEN];
-    mf_host_usage u;
-    mf_status st = mf_host_account(*prog, c->s, 0, mem, rq->hw, &u);
-    const double floor =
-        rq->hw->nvme_bandwidth > 0 ? (double)mf_host_spill_traffic_bytes(&u) / rq->hw->nvme_bandwidth : 0.0;
-    if (st == MF_OK && floor > c->so.optimizer_floor_seconds) {
-      mf_sim_opts so = c->so;
-      so.optimizer_floor_seconds = floor;
-      for (int k = 0; k < MF_PLAN_KIND_COUNT_ && st == MF_OK; k++) {
-        mf_plan *pl = all[k];
-        if (!pl) continue;
-        mf_sim_result_free(&pl->sim);
-        pl->so = so;
-        st = mf_simulate(pl->s, rq->hw, &pl->so, &pl->sim);
-      }
-    }
-    if (st != MF_OK) return drop_all(st, prog, all);
-  }
-  if (n > 1 && which == MF_CONFIG_PLAN_AUTO) {
-    /* The baselines of the order kept (the choice compared with them there). */
-    const mf_sim_opts so = all[MF_PLAN_CHOSEN]->so;
-    mf_threadpool *pool = NULL;
-    mf_status st = mf_threadpool_create(0, &pool);
-    if (st == MF_OK)
-      st = adopt_baselines(*prog, rq->hw, &so, rq->budget, mem && mem->n_overrides > 0, pool,
-                           &all[MF_PLAN_CHOSEN], all);
-    mf_threadpool_free(pool);
-    if (st != MF_OK) return drop_all(st, prog, all);
-  }
-  return MF_OK;
 }
