@@ -1,6 +1,7 @@
 /*
  * Hardware profiles: YAML <-> mf_hwprofile, checked key by key, and the cost
- * model's pieces.
+ * model's pieces (this file: reading and validation; hwprofile_write.c:
+ * writing; hwprofile_cost.c: the cost model).
  *
  * Reading uses libyaml's document API and walks the tree by the schema in
  * hwprofile.h, so only expected nodes are visited (a profile is a handful of
@@ -10,6 +11,7 @@
  * loader reads back as the same double, so save -> load is exact.
  */
 #include "planner/hwprofile.h"
+#include "planner/hwprofile_internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -386,18 +388,6 @@ static mf_status read_table(const ld *c, const yaml_node_t *n, const char *path,
 }
 
 /* Sizes trimmed of trailing zeros. */
-static int trim_sizes(const int64_t *sizes, int n) {
-  while (n > 0 && sizes[n - 1] == 0) n--;
-  return n;
-}
-
-static int same_key(const mf_hw_kernel_point *a, const char *kernel, const int64_t *sizes, int n_sizes,
-                    double bytes) {
-  if (a->n_sizes != n_sizes || a->bytes != bytes || strcmp(a->kernel, kernel) != 0) return 0;
-  for (int i = 0; i < n_sizes; i++)
-    if (a->sizes[i] != sizes[i]) return 0;
-  return 1;
-}
 
 /* Index j of a kernel point whose key repeats an earlier point i, or -1. */
 static int kernel_dup(const mf_hwprofile *p, int *i_out) {
@@ -424,7 +414,8 @@ static mf_status read_kernels(const ld *c, const yaml_node_t *n, mf_hwprofile *p
   static const char *const keys[] = {"kernel", "sizes", "bytes", "seconds"};
   char d[96], sub[64], item[96];
   if (n->type != YAML_SEQUENCE_NODE)
-    return fail_at(c, n, "compute.kernels", "expected a list of timed kernels, got %s", describe(n, d, sizeof d));
+    return fail_at(c, n, "compute.kernels", "expected a list of timed kernels, got %s",
+                   describe(n, d, sizeof d));
   ptrdiff_t np = n->data.sequence.items.top - n->data.sequence.items.start;
   if (np > MF_HW_MAX_KERNELS)
     return fail_at(c, n, "compute.kernels", "has %td points; at most %d", np, MF_HW_MAX_KERNELS);
@@ -445,7 +436,8 @@ static mf_status read_kernels(const ld *c, const yaml_node_t *n, mf_hwprofile *p
     if (v->type != YAML_SEQUENCE_NODE)
       return fail_at(c, v, item, "expected a list of sizes, got %s", describe(v, d, sizeof d));
     ptrdiff_t ns = v->data.sequence.items.top - v->data.sequence.items.start;
-    if (ns > MF_HW_KERNEL_SIZES) return fail_at(c, v, item, "has %td sizes; at most %d", ns, MF_HW_KERNEL_SIZES);
+    if (ns > MF_HW_KERNEL_SIZES)
+      return fail_at(c, v, item, "has %td sizes; at most %d", ns, MF_HW_KERNEL_SIZES);
     for (ptrdiff_t j = 0; j < ns; j++) {
       const yaml_node_t *e = node_at(c, v->data.sequence.items.start[j]);
       char ep[112];
@@ -474,10 +466,6 @@ static mf_status read_kernels(const ld *c, const yaml_node_t *n, mf_hwprofile *p
   return MF_OK;
 }
 
-static double gemm_work(const mf_hw_gemm_point *g) {
-  return 2.0 * g->m * g->n * g->k;
-}
-
 /* Index j of a GEMM point that takes less time than a point i with less work, or -1. */
 static int gemm_order_fault(const mf_hwprofile *p, int *i_out) {
   for (int j = 0; j < p->n_gemm; j++) {
@@ -497,7 +485,8 @@ static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
   static const char *const top[] = {"name", "source", "device", "links", "compute", "host", "nvme"};
   static const char *const dev_keys[] = {"memory", "reserve", "copies_overlap_compute"};
   static const char *const link_keys[] = {"h2d", "d2h"};
-  static const char *const comp_keys[] = {"gemm", "attention", "elementwise_bandwidth", "launch_us", "kernels"};
+  static const char *const comp_keys[] = {"gemm", "attention", "elementwise_bandwidth", "launch_us",
+                                          "kernels"};
   static const char *const host_keys[] = {"memory", "adamw_params_per_s", "memory_bandwidth"};
   static const char *const nvme_keys[] = {"bandwidth"};
   static const char *const gemm_keys[] = {"m", "n", "k", "flops"};
@@ -638,7 +627,6 @@ mf_status mf_hwprofile_load(const char *path, mf_hwprofile *out) {
 
 /* ---------------------------------------------------------- validation */
 
-
 static mf_status bad(const char *field, const char *fault) {
   return MF_ERR(MF_ERR_INVALID_ARG, "hardware profile: %s %s", field, fault);
 }
@@ -686,24 +674,27 @@ mf_status mf_hwprofile_validate(const mf_hwprofile *p) {
                     k);
   if (!pos(p->elementwise_bandwidth)) return bad("compute.elementwise_bandwidth", "must be > 0 and finite");
   if (!nonneg(p->launch_s)) return bad("compute.launch_us", "must be >= 0 and finite");
-  if (p->n_kernels < 0 || p->n_kernels > MF_HW_MAX_KERNELS) return bad("compute.kernels", "must have 0 to 256 points");
+  if (p->n_kernels < 0 || p->n_kernels > MF_HW_MAX_KERNELS)
+    return bad("compute.kernels", "must have 0 to 256 points");
   for (int k = 0; k < p->n_kernels; k++) {
     const mf_hw_kernel_point *q = &p->kernels[k];
     int sizes_ok = q->n_sizes >= 0 && q->n_sizes <= MF_HW_KERNEL_SIZES &&
                    (q->n_sizes == 0 || q->sizes[q->n_sizes - 1] != 0);
-    for (int j = 0; sizes_ok && j < q->n_sizes; j++) sizes_ok = q->sizes[j] >= 0 && q->sizes[j] <= (int64_t)9e15;
-    if (!memchr(q->kernel, 0, sizeof q->kernel) || !kernel_name_ok(q->kernel) || !sizes_ok || !nonneg(q->bytes) ||
-        !pos(q->seconds))
-      return MF_ERR(MF_ERR_INVALID_ARG,
-                    "hardware profile: compute.kernels[%d]: needs a kernel name (a-z, 0-9, _), 0 to 8 sizes >= 0 "
-                    "(no trailing 0), bytes >= 0 and seconds > 0",
-                    k);
+    for (int j = 0; sizes_ok && j < q->n_sizes; j++)
+      sizes_ok = q->sizes[j] >= 0 && q->sizes[j] <= (int64_t)9e15;
+    if (!memchr(q->kernel, 0, sizeof q->kernel) || !kernel_name_ok(q->kernel) || !sizes_ok ||
+        !nonneg(q->bytes) || !pos(q->seconds))
+      return MF_ERR(
+          MF_ERR_INVALID_ARG,
+          "hardware profile: compute.kernels[%d]: needs a kernel name (a-z, 0-9, _), 0 to 8 sizes >= 0 "
+          "(no trailing 0), bytes >= 0 and seconds > 0",
+          k);
   }
   {
     int i, j = kernel_dup(p, &i);
     if (j >= 0)
-      return MF_ERR(MF_ERR_INVALID_ARG, "hardware profile: compute.kernels[%d] repeats the key of compute.kernels[%d]",
-                    j, i);
+      return MF_ERR(MF_ERR_INVALID_ARG,
+                    "hardware profile: compute.kernels[%d] repeats the key of compute.kernels[%d]", j, i);
   }
   if (p->host_memory == 0) return bad("host.memory", "must be > 0");
   if (!pos(p->host_adamw_params_per_s)) return bad("host.adamw_params_per_s", "must be > 0 and finite");
@@ -736,287 +727,4 @@ int mf_hwprofile_equal(const mf_hwprofile *a, const mf_hwprofile *b) {
   return a->elementwise_bandwidth == b->elementwise_bandwidth && a->launch_s == b->launch_s &&
          a->host_memory == b->host_memory && a->host_adamw_params_per_s == b->host_adamw_params_per_s &&
          a->host_memory_bandwidth == b->host_memory_bandwidth && a->nvme_bandwidth == b->nvme_bandwidth;
-}
-
-/* ------------------------------------------------------------- writing */
-
-/* v's shortest decimal that reads back as v, times 10^shift, written plain or
- * with an exponent (whichever is shorter), then `suffix`. parse_scaled(text,
- * -shift) gives v back exactly: the shift moves only the decimal point. */
-static void fmt_decimal(double v, int shift, const char *suffix, char *buf, size_t cap) {
-  if (v == 0) {
-    snprintf(buf, cap, "0%s", suffix);
-    return;
-  }
-  char e[40];
-  for (int prec = 0; prec <= 16; prec++) {
-    snprintf(e, sizeof e, "%.*e", prec, v);
-    if (strtod(e, NULL) == v) break;
-  }
-  const char *x = e + (e[0] == '-');
-  char ds[24];
-  int n = 0;
-  for (; *x && *x != 'e' && n < 23; x++)
-    if (*x != '.') ds[n++] = *x;
-  while (n > 1 && ds[n - 1] == '0') n--;
-  ds[n] = 0;
-  long ex = strtol(x + 1, NULL, 10) + shift; /* v = d.ddd x 10^ex */
-  const char *sign = e[0] == '-' ? "-" : "";
-  char sci[64], plain[64] = "";
-  if (n > 1)
-    snprintf(sci, sizeof sci, "%s%c.%se%ld", sign, ds[0], ds + 1, ex);
-  else
-    snprintf(sci, sizeof sci, "%s%ce%ld", sign, ds[0], ex);
-  long point = ex + 1; /* digits before the decimal point */
-  if (point > -24 && point < 24) {
-    size_t o = (size_t)snprintf(plain, sizeof plain, "%s", sign);
-    if (point <= 0) {
-      o += (size_t)snprintf(plain + o, sizeof plain - o, "0.");
-      for (long i = 0; i < -point; i++) plain[o++] = '0';
-      snprintf(plain + o, sizeof plain - o, "%s", ds);
-    } else if (point >= n) {
-      o += (size_t)snprintf(plain + o, sizeof plain - o, "%s", ds);
-      for (long i = n; i < point; i++) plain[o++] = '0';
-      plain[o] = 0;
-    } else {
-      snprintf(plain + o, sizeof plain - o, "%.*s.%s", (int)point, ds, ds + point);
-    }
-  }
-  snprintf(buf, cap, "%s%s", *plain && strlen(plain) <= strlen(sci) ? plain : sci, suffix);
-}
-
-static void fmt_number(double v, char *buf, size_t cap) {
-  fmt_decimal(v, 0, "", buf, cap);
-}
-
-/* A bandwidth: the shortest text, with a decimal unit (the larger on a tie) or
- * a plain number. */
-static void fmt_bandwidth(double v, char *buf, size_t cap) {
-  static const char *const units[] = {"KB", "MB", "GB", "TB"};
-  fmt_number(v, buf, cap);
-  for (int u = 0; u < 4; u++) {
-    char cand[64];
-    if (v < pow(10.0, 3 * (u + 1))) break;
-    fmt_decimal(v, -3 * (u + 1), units[u], cand, sizeof cand);
-    if (strlen(cand) <= strlen(buf)) snprintf(buf, cap, "%s", cand);
-  }
-}
-
-/* A size: the shortest exact text, with a binary unit or as digits. */
-static void fmt_size(uint64_t v, char *buf, size_t cap) {
-  static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
-  snprintf(buf, cap, "%llu", (unsigned long long)v);
-  for (int u = 3; u >= 0; u--) {
-    uint64_t m = (uint64_t)1 << (10 * (4 - u));
-    if (v < m) continue;
-    for (int prec = 1; prec <= 17; prec++) {
-      char cand[64];
-      uint64_t back;
-      snprintf(cand, sizeof cand, "%.*g%s", prec, (double)v / (double)m, units[u]);
-      if (strchr(cand, 'e') || mf_parse_size(cand, &back) != 0 || back != v) continue;
-      if (strlen(cand) <= strlen(buf)) snprintf(buf, cap, "%s", cand);
-      break;
-    }
-  }
-}
-
-/* "  # 23.54 GiB" after a size of a GiB or more not written in GiB or TiB, for people. */
-static const char *size_note(const char *text, uint64_t v, char *buf, size_t cap) {
-  char h[32];
-  if (strstr(text, "GiB") || strstr(text, "TiB") || v < ((uint64_t)1 << 30)) return "";
-  snprintf(buf, cap, "  # %s", mf_format_bytes(v, h, sizeof h));
-  return buf;
-}
-
-static const char *fmt_duration(double s, char *buf, size_t cap) {
-  if (s < 1e-3)
-    snprintf(buf, cap, "%.3g us", s * 1e6);
-  else if (s < 1)
-    snprintf(buf, cap, "%.3g ms", s * 1e3);
-  else
-    snprintf(buf, cap, "%.3g s", s);
-  return buf;
-}
-
-static void put_quoted(FILE *f, const char *s) {
-  fputc('"', f);
-  const unsigned char *u = (const unsigned char *)s;
-  while (*u) {
-    unsigned c = *u, n = 0, cp = c;
-    if (c >= 0x80) {
-      n = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : 3;
-      cp = c & (0x3f >> n);
-      for (unsigned k = 1; k <= n; k++) cp = (cp << 6) | (u[k] & 0x3f);
-    }
-    if (c == '"' || c == '\\') {
-      fprintf(f, "\\%c", c);
-    } else if (c == '\n') {
-      fputs("\\n", f);
-    } else if (c == '\t') {
-      fputs("\\t", f);
-    } else if (cp < 0x20 || cp == 0x7f) {
-      fprintf(f, "\\x%02x", cp);
-    } else if (cp == 0x85 || cp == 0x2028 || cp == 0x2029) {
-      fputs(cp == 0x85 ? "\\N" : cp == 0x2028 ? "\\L" : "\\P", f); /* YAML line breaks */
-    } else if ((cp >= 0x80 && cp < 0xa0) || cp == 0xfffe || cp == 0xffff) {
-      fprintf(f, "\\u%04x", cp); /* not printable in YAML */
-    } else {
-      fwrite(u, 1, n + 1, f);
-    }
-    u += n + 1;
-  }
-  fputc('"', f);
-}
-
-mf_status mf_hwprofile_write(const mf_hwprofile *p, FILE *f) {
-  MF_CHECK(mf_hwprofile_validate(p));
-  char a[64], b[64], c[64], d[64];
-  fputs("# moefit hardware profile (format: planner/hwprofile.h)\nname: ", f);
-  put_quoted(f, p->name);
-  fputs("\nsource: ", f);
-  put_quoted(f, p->source);
-  char note[48], note2[48];
-  fmt_size(p->device_memory, a, sizeof a);
-  fmt_size(p->device_reserve, b, sizeof b);
-  fprintf(f, "\ndevice:\n  memory: %s%s\n  reserve: %s%s\n  copies_overlap_compute: %s\nlinks:\n", a,
-          size_note(a, p->device_memory, note, sizeof note), b,
-          size_note(b, p->device_reserve, note2, sizeof note2), p->copies_overlap_compute ? "true" : "false");
-  fmt_bandwidth(p->h2d_bandwidth, a, sizeof a);
-  fmt_decimal(p->h2d_latency_s, 6, "", b, sizeof b);
-  fprintf(f, "  h2d: {bandwidth: %s, latency_us: %s}\n", a, b);
-  fmt_bandwidth(p->d2h_bandwidth, a, sizeof a);
-  fmt_decimal(p->d2h_latency_s, 6, "", b, sizeof b);
-  fprintf(f, "  d2h: {bandwidth: %s, latency_us: %s}\ncompute:\n  gemm:\n", a, b);
-  for (int i = 0; i < p->n_gemm; i++) {
-    fmt_number(p->gemm[i].m, a, sizeof a);
-    fmt_number(p->gemm[i].n, b, sizeof b);
-    fmt_number(p->gemm[i].k, c, sizeof c);
-    fmt_number(p->gemm[i].flops, d, sizeof d);
-    fprintf(f, "    - {m: %s, n: %s, k: %s, flops: %s}  # %s\n", a, b, c, d,
-            fmt_duration(gemm_work(&p->gemm[i]) / p->gemm[i].flops, note, sizeof note));
-  }
-  fputs("  attention:\n", f);
-  for (int i = 0; i < p->n_attn; i++) {
-    fmt_number(p->attn[i].s, a, sizeof a);
-    fmt_number(p->attn[i].d, b, sizeof b);
-    fmt_number(p->attn[i].flops, c, sizeof c);
-    fprintf(f, "    - {s: %s, d: %s, flops: %s}\n", a, b, c);
-  }
-  fmt_bandwidth(p->elementwise_bandwidth, a, sizeof a);
-  fmt_decimal(p->launch_s, 6, "", b, sizeof b);
-  fprintf(f, "  elementwise_bandwidth: %s\n  launch_us: %s\n", a, b);
-  if (p->n_kernels > 0) fputs("  kernels:\n", f);
-  for (int i = 0; i < p->n_kernels; i++) {
-    const mf_hw_kernel_point *k = &p->kernels[i];
-    fprintf(f, "    - {kernel: %s, sizes: [", k->kernel);
-    for (int j = 0; j < k->n_sizes; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)k->sizes[j]);
-    fmt_number(k->bytes, a, sizeof a);
-    fmt_number(k->seconds, b, sizeof b);
-    fprintf(f, "], bytes: %s, seconds: %s}  # %s\n", a, b, fmt_duration(k->seconds, note, sizeof note));
-  }
-  fputs("host:\n", f);
-  fmt_size(p->host_memory, a, sizeof a);
-  fmt_number(p->host_adamw_params_per_s, b, sizeof b);
-  fmt_bandwidth(p->host_memory_bandwidth, c, sizeof c);
-  fprintf(f, "  memory: %s%s\n  adamw_params_per_s: %s\n  memory_bandwidth: %s\n", a,
-          size_note(a, p->host_memory, note, sizeof note), b, c);
-  if (p->nvme_bandwidth > 0) {
-    fmt_bandwidth(p->nvme_bandwidth, a, sizeof a);
-    fprintf(f, "nvme: {bandwidth: %s}\n", a);
-  }
-  if (ferror(f)) return MF_ERR(MF_ERR_IO, "writing a hardware profile: the stream failed");
-  return MF_OK;
-}
-
-mf_status mf_hwprofile_save(const mf_hwprofile *p, const char *path) {
-  if (!p || !path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_hwprofile_save: NULL argument");
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  if (!f) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: cannot buffer the profile text", path);
-  mf_status st = mf_hwprofile_write(p, f);
-  if (fclose(f) != 0 && st == MF_OK)
-    st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: cannot buffer the profile text", path);
-  if (st == MF_OK) st = mf_write_file_atomic(path, text, len);
-  free(text);
-  if (st != MF_OK) mf_error_trace(__FILE__, __LINE__, "mf_hwprofile_save");
-  return st;
-}
-
-/* ---------------------------------------------------------- cost model */
-
-/* rate at x from (key[i], rate[i]): log-log between the nearest keys below and
- * above (equal keys averaged), clamped outside. NAN for an empty table. */
-static double interp(const double *key, const double *rate, int n, double x) {
-  double lo = -INFINITY, hi = INFINITY;
-  for (int i = 0; i < n; i++) {
-    double k = key[i];
-    if (k <= x && k > lo) lo = k;
-    if (k >= x && k < hi) hi = k;
-  }
-  double r_lo = 0, r_hi = 0;
-  int c_lo = 0, c_hi = 0;
-  for (int i = 0; i < n; i++) {
-    double k = key[i];
-    if (k == lo) r_lo += rate[i], c_lo++;
-    if (k == hi) r_hi += rate[i], c_hi++;
-  }
-  if (!c_lo && !c_hi) return NAN;
-  if (!c_lo) return r_hi / c_hi;
-  if (!c_hi || lo == hi) return r_lo / c_lo;
-  r_lo /= c_lo, r_hi /= c_hi;
-  double t = log(x / lo) / log(hi / lo);
-  return exp(log(r_lo) + t * log(r_hi / r_lo));
-}
-
-double mf_hw_gemm_rate(const mf_hwprofile *p, double m, double n, double k) {
-  double key[MF_HW_MAX_POINTS], rate[MF_HW_MAX_POINTS];
-  int np = p->n_gemm < MF_HW_MAX_POINTS ? p->n_gemm : MF_HW_MAX_POINTS;
-  for (int i = 0; i < np; i++) key[i] = gemm_work(&p->gemm[i]), rate[i] = p->gemm[i].flops;
-  return interp(key, rate, np, 2.0 * m * n * k);
-}
-
-double mf_hw_attention_rate(const mf_hwprofile *p, double s, double d) {
-  double key[MF_HW_MAX_POINTS], rate[MF_HW_MAX_POINTS];
-  int np = p->n_attn < MF_HW_MAX_POINTS ? p->n_attn : MF_HW_MAX_POINTS;
-  for (int i = 0; i < np; i++) key[i] = p->attn[i].s * p->attn[i].d, rate[i] = p->attn[i].flops;
-  return interp(key, rate, np, s * d);
-}
-
-double mf_hw_attention_flops(double B, double S, double Hq, double D, int backward) {
-  double fwd = 2.0 * B * Hq * D * S * (S + 1);
-  return backward ? 2.5 * fwd : fwd;
-}
-
-double mf_hw_gemm_seconds(const mf_hwprofile *p, double m, double n, double k) {
-  if (!(m > 0 && n > 0 && k > 0)) return 0;
-  return 2.0 * m * n * k / mf_hw_gemm_rate(p, m, n, k) + p->launch_s;
-}
-
-double mf_hw_attention_seconds(const mf_hwprofile *p, double flops, double s, double d) {
-  if (!(flops > 0)) return 0;
-  return flops / mf_hw_attention_rate(p, s, d) + p->launch_s;
-}
-
-double mf_hw_elementwise_seconds(const mf_hwprofile *p, double bytes) {
-  if (!(bytes > 0)) return 0;
-  return bytes / p->elementwise_bandwidth + p->launch_s;
-}
-
-double mf_hw_copy_seconds(const mf_hwprofile *p, int h2d, double bytes) {
-  if (!(bytes > 0)) return 0;
-  return h2d ? p->h2d_latency_s + bytes / p->h2d_bandwidth : p->d2h_latency_s + bytes / p->d2h_bandwidth;
-}
-
-double mf_hw_kernel_seconds(const mf_hwprofile *p, const char *kernel, const int64_t *sizes, int n_sizes,
-                            double bytes) {
-  n_sizes = trim_sizes(sizes, n_sizes);
-  for (int i = 0; i < p->n_kernels && i < MF_HW_MAX_KERNELS; i++)
-    if (same_key(&p->kernels[i], kernel, sizes, n_sizes, bytes)) return p->kernels[i].seconds;
-  return NAN;
-}
-
-double mf_hw_adamw_seconds(const mf_hwprofile *p, double params) {
-  if (!(params > 0)) return 0;
-  return params / p->host_adamw_params_per_s;
 }
