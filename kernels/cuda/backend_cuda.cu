@@ -41,6 +41,7 @@ typedef struct cuda_impl {
   cudaEvent_t scratch_done; /* recorded after the last kernel that used scratch */
   int have_scratch_event;
   pthread_mutex_t scratch_lock;
+  mf_cuda_blas *blas; /* cuBLASLt handle, workspace and algorithm cache (gemm.cu) */
   mf_backend_stats stats;
 } cuda_impl;
 
@@ -236,6 +237,22 @@ static uint32_t required_operands(mf_kernel kind) {
       return 0x7;
     case MF_K_AUX_GRAD:
       return 0x3;
+    case MF_K_LINEAR_FWD:
+      return 0xb; /* bias (slot 2) is optional */
+    case MF_K_LINEAR_BWD_DATA:
+      return 0x7;
+    case MF_K_LINEAR_BWD_WEIGHT:
+      return 0x7; /* dbias (slot 3) is optional */
+    case MF_K_EXPERT_FWD:
+    case MF_K_EXPERT_BWD_DATA:
+    case MF_K_EXPERT_BWD_WEIGHT:
+      return 0x7;
+    case MF_K_CROSS_ENTROPY:
+      return 0x3f; /* dh, dW (slots 6, 7) are optional */
+    case MF_K_ATTN_FWD:
+      return 0x1f;
+    case MF_K_ATTN_BWD:
+      return 0x1ff;
     default:
       return 0;
   }
@@ -288,6 +305,12 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 0, s);
     case MF_K_ROPE_BWD:
       return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 1, s);
+    case MF_K_ATTN_FWD:
+      return mf_cuda_attention_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3),
+                                   F(4), s);
+    case MF_K_ATTN_BWD:
+      return mf_cuda_attention_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                                   (float)k->f[0], F(6), F(7), F(8), s);
     case MF_K_SWIGLU_FWD:
       return mf_cuda_swiglu_fwd(CF(0), CF(1), i[0], F(2), s);
     case MF_K_SWIGLU_BWD:
@@ -318,6 +341,27 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return mf_cuda_aux_value(CI64(0), CD64(1), i[0], i[1], D64(2), s);
     case MF_K_AUX_GRAD:
       return mf_cuda_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1), s);
+    case MF_K_LINEAR_FWD:
+      return mf_cuda_linear_fwd(c->blas, CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], s);
+    case MF_K_LINEAR_BWD_DATA:
+      return mf_cuda_linear_bwd_data(c->blas, CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], s);
+    case MF_K_LINEAR_BWD_WEIGHT:
+      return mf_cuda_linear_bwd_weight(c->blas, CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), s);
+    case MF_K_EXPERT_FWD: { /* rows: the size of xe [R, Kd] */
+      const int64_t R = i[2] > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / i[2] : 0;
+      return mf_cuda_expert_fwd(CF(0), CI64(1), R, i[0], i[1], i[2], (const void *const *)k->experts, F(2),
+                                s);
+    }
+    case MF_K_EXPERT_BWD_DATA: { /* rows: the size of dye [R, N] */
+      const int64_t R = i[1] > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / i[1] : 0;
+      return mf_cuda_expert_bwd_data(CF(0), CI64(1), R, i[0], i[1], i[2], (const void *const *)k->experts,
+                                     F(2), s);
+    }
+    case MF_K_EXPERT_BWD_WEIGHT:
+      return mf_cuda_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (void *const *)k->experts, s);
+    case MF_K_CROSS_ENTROPY:
+      return mf_cuda_cross_entropy(c->blas, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0],
+                                   F(3), F(4), D64(5), F(6), F(7), s);
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel yet", mf_kernel_name(k->kind));
   }
@@ -355,6 +399,7 @@ static void cuda_free(mf_backend *b) {
     if (c->arena || c->scratch) cudaDeviceSynchronize(); /* no kernel may still use them */
     if (c->arena) cudaFree(c->arena);
     if (c->scratch) cudaFree(c->scratch);
+    mf_cuda_blas_free(c->blas);
     if (c->have_scratch_event) cudaEventDestroy(c->scratch_done);
     pthread_mutex_destroy(&c->scratch_lock);
     free(c);
@@ -364,7 +409,7 @@ static void cuda_free(mf_backend *b) {
 
 extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out) {
   *out = NULL;
-  mf_cuda_backend_opts o = {0, 0};
+  mf_cuda_backend_opts o = {0, 0, 0};
   if (opts) o = *opts;
   if (o.scratch_bytes == 0) o.scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;
   int n = 0;
@@ -421,6 +466,12 @@ extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf
     return st;
   }
   c->scratch_bytes = o.scratch_bytes;
+  if (o.gemm_workspace_bytes == 0) o.gemm_workspace_bytes = MF_CUDA_GEMM_WORKSPACE_DEFAULT;
+  st = mf_cuda_blas_create(c->device, o.gemm_workspace_bytes, &c->blas);
+  if (st != MF_OK) {
+    cuda_free(b);
+    return st;
+  }
   *out = b;
   return MF_OK;
 }

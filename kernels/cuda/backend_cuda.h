@@ -9,7 +9,10 @@
  *                 kinds not built yet fail with MF_ERR_UNSUPPORTED naming them
  *
  * Nothing is allocated on the device after mf_backend_cuda_create except the
- * one arena: kernel scratch (opts.scratch_bytes) is allocated at create.
+ * one arena: kernel scratch (opts.scratch_bytes) and the cuBLASLt handle and
+ * workspace (opts.gemm_workspace_bytes) are allocated at create. The dense
+ * GEMMs (LINEAR_*, the LM head of CROSS_ENTROPY) run through cuBLASLt in fp32
+ * with TF32 off; the expert GEMMs are a grouped kernel of ours (gemm.cu).
  * Storage is fp32 (the program's F32 storage) with fp32 math; every kernel is
  * deterministic (no floating-point atomics, fixed reduction orders), so two
  * runs of one call give the same bits.
@@ -23,6 +26,7 @@
 #define MF_KERNELS_CUDA_BACKEND_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/backend.h"
 
@@ -33,13 +37,51 @@ extern "C" {
 typedef struct mf_cuda_backend_opts {
   int device;           /* CUDA device ordinal (0 = the first visible GPU) */
   size_t scratch_bytes; /* device scratch for the kernels' partial sums; 0 = MF_CUDA_SCRATCH_DEFAULT */
+  /* cuBLASLt workspace (split-K partials), allocated at create; 0 = MF_CUDA_GEMM_WORKSPACE_DEFAULT */
+  size_t gemm_workspace_bytes;
 } mf_cuda_backend_opts;
+
+/* 32 MiB: what cuBLASLt's heuristics ask for the largest fp32 split-K problems. */
+#define MF_CUDA_GEMM_WORKSPACE_DEFAULT ((size_t)32 << 20)
 
 /* 16 MiB: RMSNorm's dw partials (at most 32 row blocks x C floats) for C up to 131072. */
 #define MF_CUDA_SCRATCH_DEFAULT ((size_t)16 << 20)
 
+/* The most experts an EXPERT_* call may have (their weight pointers travel as
+ * one kernel parameter); more: MF_ERR_UNSUPPORTED. */
+#define MF_CUDA_MAX_EXPERTS 1024
+
 /* opts may be NULL (device 0, default scratch). *out is NULL on failure. */
 mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out);
+
+/* ------------------------------------------------- optimizer kernels
+ * Device twins of src/optim, callable from C; not used by the backend table.
+ * Launched on `stream` (a cudaStream_t; NULL = the default stream); buffers are
+ * device memory; a launch error is reported at once (MF_ERR_CUDA). */
+
+/* One AdamW step's hyper-parameters (src/optim/optim.h mf_adamw_hparams, plus
+ * the step t >= 1). */
+typedef struct mf_cuda_adamw_step {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;
+} mf_cuda_adamw_step;
+
+/* mf_adamw_update_bufs on the device: the same element arithmetic and the same
+ * bits (optim.h). grad is bf16 (uint16_t) when grad_bf16, else fp32; m and v are
+ * bf16 when moment_bf16, else fp32; bf16_out (NULL or n elements) receives the
+ * new param rounded to bf16 (nearest even, NaN kept). Same argument checks as
+ * the host update (MF_ERR_INVALID_ARG, nothing launched). */
+mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const void *grad, int grad_bf16,
+                               void *m, void *v, int moment_bf16, uint16_t *bf16_out, size_t n, void *stream);
+
+/* Elements per chunk of the gradient norm: src/optim's MF_OPTIM_NORM_CHUNK. */
+#define MF_CUDA_NORM_CHUNK ((size_t)65536)
+
+/* sums[k] (device, ceil(n / MF_CUDA_NORM_CHUNK) doubles) = the sum of squares of
+ * chunk k of g, bit for bit as mf_optim_grad_chunk_sumsq computes it: adding the
+ * copied-back sums on the host in chunk order (mf_optim_grad_chunk_sumsq's
+ * contract) gives mf_optim_grad_norm's bits. */
+mf_status mf_cuda_grad_chunk_sumsq(const float *g, size_t n, double *sums, void *stream);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,11 @@ mf_status mf_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) { return 
 mf_status mf_cuda_cast_f32_to_bf16(const float *src, uint16_t *dst, size_t n, void *stream) { return NO_CUDA(); }
 mf_status mf_cuda_cast_bf16_to_f32(const uint16_t *src, float *dst, size_t n, void *stream) { return NO_CUDA(); }
 mf_status mf_cuda_stream_sync(void *stream) { return NO_CUDA(); }
+mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const void *grad, int grad_bf16,
+                               void *m, void *v, int moment_bf16, uint16_t *bf16_out, size_t n, void *stream) {
+  return NO_CUDA();
+}
+mf_status mf_cuda_grad_chunk_sumsq(const float *g, size_t n, double *sums, void *stream) { return NO_CUDA(); }
 
 mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out) {
   *out = NULL;

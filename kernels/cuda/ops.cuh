@@ -83,6 +83,51 @@ mf_status mf_cuda_aux_value(const int64_t *counts, const double *psum, int64_t E
 mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, double coef, int64_t T,
                            float *dprobs, cudaStream_t s);
 
+// ------------------------------------------------------------ attention.cu
+// Causal GQA attention (kernels/cpu/attention.c's maths): q, o, dout, dq
+// [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D]; lse [B, Hq, S]; Hq % Hkv == 0,
+// D <= 256 (MF_ERR_UNSUPPORTED above). Forward writes o and lse. Backward writes
+// dq, dk, dv (never added) with three launches and no scratch: it stashes
+// do.o per row in dq before overwriting it, so dq must not alias an input.
+mf_status mf_cuda_attention_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S,
+                                int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse,
+                                cudaStream_t s);
+mf_status mf_cuda_attention_bwd(const float *q, const float *k, const float *v, const float *o,
+                                const float *dout, const float *lse, int64_t B, int64_t S, int64_t Hq,
+                                int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv,
+                                cudaStream_t s);
+
+// ----------------------------------------------------- gemm.cu, loss.cu
+// cuBLASLt state of one backend: a handle, one workspace (GEMMs on different
+// streams are serialised on it by an event), and the algorithm cache.
+typedef struct mf_cuda_blas mf_cuda_blas;
+mf_status mf_cuda_blas_create(int device, size_t workspace_bytes, mf_cuda_blas **out);
+void mf_cuda_blas_free(mf_cuda_blas *b);  // NULL is fine; the device must be idle
+// Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] (+ C when accumulate) (+ bias[N]):
+// op(A) is A [M,K] (lda) or, transA, A stored [K,M]; likewise B. fp32, TF32 off.
+mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
+                       int accumulate, const float *bias, cudaStream_t s);
+mf_status mf_cuda_linear_fwd(mf_cuda_blas *b, const float *x, const float *W, const float *bias, int64_t M,
+                             int64_t N, int64_t K, float *y, int accumulate, cudaStream_t s);
+mf_status mf_cuda_linear_bwd_data(mf_cuda_blas *b, const float *dy, const float *W, int64_t M, int64_t N,
+                                  int64_t K, float *dx, int accumulate, cudaStream_t s);
+// dW += dy^T . x; db (may be NULL) += column sums of dy.
+mf_status mf_cuda_linear_bwd_weight(mf_cuda_blas *b, const float *dy, const float *x, int64_t M, int64_t N,
+                                    int64_t K, float *dW, float *db, cudaStream_t s);
+// Grouped expert GEMMs (one launch each): R = rows of xe / ye (an upper bound on
+// offsets[E]), W / dW: E device pointers (host array), NULL for experts without
+// rows; E at most MF_CUDA_MAX_EXPERTS (backend_cuda.h).
+mf_status mf_cuda_expert_fwd(const float *xe, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
+                             int64_t Kd, const void *const *W, float *ye, cudaStream_t s);
+mf_status mf_cuda_expert_bwd_data(const float *dye, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
+                                  int64_t Kd, const void *const *W, float *dxe, cudaStream_t s);
+mf_status mf_cuda_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
+                                    int64_t N, int64_t Kd, void *const *dW, cudaStream_t s);
+// MF_K_CROSS_ENTROPY: scalars (device, 2 doubles) = {loss_sum, n_valid}.
+mf_status mf_cuda_cross_entropy(mf_cuda_blas *b, const float *h, const float *W, const int32_t *target,
+                                int64_t T, int64_t V, int64_t H, int64_t chunk, float loss_scale, float *ws,
+                                float *lse, double *scalars, float *dh, float *dW, cudaStream_t s);
 // ------------------------------------------------------- device helpers
 #ifdef __CUDACC__
 // Sum of one value per thread over a block of exactly MF_CUDA_BLOCK threads, in

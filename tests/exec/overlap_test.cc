@@ -259,7 +259,9 @@ void check_plan(Plan plan) {
   ASSERT_EQ(plain.skipped.size(), (size_t)N);
   EXPECT_EQ(plain.skipped[inject - 1], 1) << "the injected NaN must skip its step";
   for (int64_t s = 0; s < N; s++) {
-    if (s != inject - 1) EXPECT_EQ(plain.skipped[s], 0) << "step " << s + 1;
+    if (s != inject - 1) {
+      EXPECT_EQ(plain.skipped[s], 0) << "step " << s + 1;
+    }
   }
   EXPECT_EQ(plain.clipped_steps, (int)N - 1) << "the clip factor must be < 1 in every finite step";
   EXPECT_GT(plain.zero_token_experts, 0) << "some expert must get no token";

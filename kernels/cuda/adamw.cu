@@ -1,0 +1,200 @@
+// Device AdamW and the gradient norm's chunk sums (kernels/cuda/backend_cuda.h).
+//
+// AdamW: one thread per element runs src/optim's element sequence
+// (src/optim/adamw_tile.c, adamw_elem) operand for operand, with the
+// step's coefficients computed on the host exactly as src/optim/adamw.c's
+// make_coefs does (double pow, then fp32 roundings). Every operation is a
+// round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
+// __fsqrt_rn, __fmaf_rn), which nvcc never contracts or approximates, so the
+// bits equal the host scalar body's, denormals included (no flush: the file is
+// built without -ftz / --use_fast_math). bf16: widened exactly on load; stores
+// round to nearest even with NaN kept quiet with its sign (mf_fp32_to_bf16).
+//
+// NaN bits. A GPU returns its one canonical NaN (0x7fffffff) from any operation
+// that meets or makes a NaN; x86 returns the NaN operand, quieted, and makes the
+// "indefinite" NaN 0xffc00000 from an invalid operation (0 * Inf, Inf - Inf,
+// sqrt of a negative). Each operation here goes through x86_nan*, which gives
+// the x86 answer: the first NaN operand in the source order, quieted, else the
+// indefinite NaN. Where two different NaNs meet (the gradient and a moment both
+// NaN, in the fmas) the host body's choice follows the instruction's operand
+// order, which the C source does not pin down (optim.h); there only "NaN" is
+// promised.
+//
+// Norm: per chunk of MF_CUDA_NORM_CHUNK elements, 8 lanes (element i of the
+// chunk into lane i % 8, each lane summed in order in double), lanes added in
+// the tree ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)): src/optim/clip.c's chunk_sumsq,
+// bit for bit. Eight threads per chunk, 32 chunks per block.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.cuh"
+
+typedef struct adamw_coefs {
+  float decay, w1, w1_minus_1;
+  int w1_small;
+  float beta2, one_minus_b2, bc2_sqrt, eps, neg_step;
+} adamw_coefs;
+
+__device__ __forceinline__ uint16_t to_bf16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)((u + rounding) >> 16);
+}
+__device__ __forceinline__ float from_bf16(uint16_t h) {
+  return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ __forceinline__ float quiet(float a) {
+  return __uint_as_float(__float_as_uint(a) | 0x00400000u);
+}
+// r = op(a, b) as computed here, with x86's NaN result.
+__device__ __forceinline__ float x86_nan2(float r, float a, float b) {
+  if (!isnan(r)) return r;
+  if (isnan(a)) return quiet(a);
+  if (isnan(b)) return quiet(b);
+  return __uint_as_float(0xffc00000u);
+}
+__device__ __forceinline__ float x86_nan3(float r, float a, float b, float c) {
+  if (!isnan(r)) return r;
+  if (isnan(a)) return quiet(a);
+  if (isnan(b)) return quiet(b);
+  if (isnan(c)) return quiet(c);
+  return __uint_as_float(0xffc00000u);
+}
+__device__ __forceinline__ float mul_(float a, float b) {
+  return x86_nan2(__fmul_rn(a, b), a, b);
+}
+__device__ __forceinline__ float add_(float a, float b) {
+  return x86_nan2(__fadd_rn(a, b), a, b);
+}
+__device__ __forceinline__ float sub_(float a, float b) {
+  return x86_nan2(__fsub_rn(a, b), a, b);
+}
+__device__ __forceinline__ float div_(float a, float b) {
+  return x86_nan2(__fdiv_rn(a, b), a, b);
+}
+__device__ __forceinline__ float sqrt_(float a) {
+  return x86_nan2(__fsqrt_rn(a), a, 0.0f);
+}
+__device__ __forceinline__ float fma_(float a, float b, float c) {
+  return x86_nan3(__fmaf_rn(a, b, c), a, b, c);
+}
+
+template <bool GBF, bool MBF>
+__global__ void adamw_kernel(const adamw_coefs c, float *p, const void *g, void *m, void *v, uint16_t *out,
+                             int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const float gi = GBF ? from_bf16(((const uint16_t *)g)[i]) : ((const float *)g)[i];
+    const float m0 = MBF ? from_bf16(((const uint16_t *)m)[i]) : ((const float *)m)[i];
+    const float v0 = MBF ? from_bf16(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+    const float pi = mul_(p[i], c.decay);
+    const float d = sub_(gi, m0);
+    const float mi = c.w1_small ? fma_(c.w1, d, m0) : fma_(c.w1_minus_1, d, gi);
+    const float vi = fma_(mul_(c.one_minus_b2, gi), gi, mul_(v0, c.beta2));
+    const float denom = add_(div_(sqrt_(vi), c.bc2_sqrt), c.eps);
+    const float sum = add_(pi, div_(mul_(c.neg_step, mi), denom));
+    const float pn = isnan(pi) ? pi : sum;
+    if (MBF) {
+      ((uint16_t *)m)[i] = to_bf16(mi);
+      ((uint16_t *)v)[i] = to_bf16(vi);
+    } else {
+      ((float *)m)[i] = mi;
+      ((float *)v)[i] = vi;
+    }
+    p[i] = pn;
+    if (out) out[i] = to_bf16(pn);
+  }
+}
+
+extern "C" mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const void *grad,
+                                          int grad_bf16, void *m, void *v, int moment_bf16,
+                                          uint16_t *bf16_out, size_t n, void *stream) {
+  if (!h) return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: no hyper-parameters given");
+  if (h->step < 1)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: step %lld: steps count from 1", (long long)h->step);
+  if (!(h->lr >= 0) || !isfinite(h->lr))
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: lr %g: must be >= 0", h->lr);
+  if (!(h->beta1 >= 0 && h->beta1 < 1))
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: beta1 %g: must be in [0, 1)", h->beta1);
+  if (!(h->beta2 >= 0 && h->beta2 < 1))
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: beta2 %g: must be in [0, 1)", h->beta2);
+  if (!(h->eps >= 0) || !isfinite(h->eps))
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: eps %g: must be >= 0", h->eps);
+  if (!(h->weight_decay >= 0) || !isfinite(h->weight_decay))
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: weight_decay %g: must be >= 0", h->weight_decay);
+  if (n == 0) return MF_OK;
+  if (!param || !grad || !m || !v)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "cuda adamw: %zu elements but a NULL buffer (param %p grad %p m %p v %p)", n, (void *)param,
+                  grad, m, v);
+  // src/optim/adamw.c make_coefs, step for step.
+  const double t = (double)h->step;
+  const double bc1 = 1.0 - pow(h->beta1, t);
+  const double bc2 = 1.0 - pow(h->beta2, t);
+  const double step_size = h->lr / bc1;
+  adamw_coefs c;
+  c.decay = (float)(1.0 - h->lr * h->weight_decay);
+  c.w1 = (float)(1.0 - h->beta1);
+  c.w1_minus_1 = c.w1 - 1.0f;
+  c.w1_small = fabsf(c.w1) < 0.5f;
+  c.beta2 = (float)h->beta2;
+  c.one_minus_b2 = (float)(1.0 - h->beta2);
+  c.bc2_sqrt = (float)pow(bc2, 0.5);
+  c.eps = (float)h->eps;
+  c.neg_step = (float)-step_size;
+  cudaStream_t s = (cudaStream_t)stream;
+  const unsigned grid = mf_cuda_grid((int64_t)n);
+  const int64_t nn = (int64_t)n;
+  if (grad_bf16 && moment_bf16)
+    adamw_kernel<true, true><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+  else if (grad_bf16)
+    adamw_kernel<true, false><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+  else if (moment_bf16)
+    adamw_kernel<false, true><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+  else
+    adamw_kernel<false, false><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
+// 32 chunks per block, 8 lanes per chunk.
+__global__ void sumsq_kernel(const float *g, int64_t n, int64_t n_chunks, double *sums) {
+  __shared__ double sh[MF_CUDA_BLOCK];
+  const int lane = threadIdx.x & 7;
+  const int64_t chunk = blockIdx.x * (int64_t)(MF_CUDA_BLOCK / 8) + (threadIdx.x >> 3);
+  double a = 0.0;
+  if (chunk < n_chunks) {
+    const int64_t b = chunk * (int64_t)MF_CUDA_NORM_CHUNK;
+    const int64_t len = n - b < (int64_t)MF_CUDA_NORM_CHUNK ? n - b : (int64_t)MF_CUDA_NORM_CHUNK;
+    const float *x = g + b;
+    for (int64_t i = lane; i < len; i += 8) {
+      const double xi = (double)x[i];
+      a = __dadd_rn(a, __dmul_rn(xi, xi));
+    }
+  }
+  sh[threadIdx.x] = a;
+  __syncthreads();
+  if (lane == 0 && chunk < n_chunks) {
+    const double *q = &sh[threadIdx.x];
+    sums[chunk] = __dadd_rn(__dadd_rn(__dadd_rn(q[0], q[1]), __dadd_rn(q[2], q[3])),
+                            __dadd_rn(__dadd_rn(q[4], q[5]), __dadd_rn(q[6], q[7])));
+  }
+}
+
+extern "C" mf_status mf_cuda_grad_chunk_sumsq(const float *g, size_t n, double *sums, void *stream) {
+  if (n == 0) return MF_OK;
+  if (!g || !sums)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda gradient chunk sums: %zu elements but a NULL buffer", n);
+  const int64_t n_chunks = (int64_t)((n + MF_CUDA_NORM_CHUNK - 1) / MF_CUDA_NORM_CHUNK);
+  const int64_t blocks = (n_chunks + MF_CUDA_BLOCK / 8 - 1) / (MF_CUDA_BLOCK / 8);
+  if (blocks > INT32_MAX)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda gradient chunk sums: %zu elements is too many", n);
+  sumsq_kernel<<<(unsigned)blocks, MF_CUDA_BLOCK, 0, (cudaStream_t)stream>>>(g, (int64_t)n, n_chunks, sums);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}

@@ -1,0 +1,469 @@
+// Causal GQA attention of the cuda backend, flash style: fp32 storage and fp32
+// math, the semantics of the cpu twin (kernels/cpu/attention.c).
+//
+// Maths (sequence b, query head h, kv head g = h / (Hq/Hkv), head dim D):
+//   s[i,j] = (q[i].k[j]) * scale          (dot first, then the scale, as the cpu)
+//   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log sum_{j<=i} exp(s[i,j])
+//   o[i]   = sum_{j<=i} p[i,j] v[j]
+// Backward, with Di = do[i].o[i]:  dp = do.v,  ds = p * (dp - Di)
+//   dq[i] = scale * sum_j ds[i,j] k[j]
+//   dk[j] = scale * sum_{h in group} sum_i ds[i,j] q[i]
+//   dv[j] =         sum_{h in group} sum_i p[i,j] do[i]
+// dq, dk, dv are written (not added), as the cpu twin does.
+//
+// Shapes: q, o, do, dq [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D] (token-major,
+// heads inside a token's row); lse [B, Hq, S].
+//
+// Tiling. Every kernel is a block of NT = 128 threads working on BQ = 32 query
+// rows and BK = 32 keys at a time, with D padded to DP (64, 128 or 256: the
+// template; padding columns are loaded as zeros, so they add nothing to a dot).
+// Tiles live in dynamic shared memory with rows of DP + 1 floats (no bank
+// conflicts between rows). Four threads share a tile row (lanes 4r..4r+3 of one
+// warp): a thread computes 8 of its 32 scores (columns t%4 + 4m) and owns the
+// output columns d = t%4 + 4m of that row in registers. Row max and row sum are
+// xor-shuffles over those four lanes, which give every lane the same bits.
+// No S x S matrix exists: scores live one BQ x BK tile at a time.
+//
+//   forward   grid (query blocks, Hq, B), heaviest (last) query block first. Per
+//             key tile up to the diagonal: scores, online softmax (running max m
+//             and sum l per row, accumulator rescaled by exp(m_old - m_new)),
+//             o += p v. Then o = acc / l, lse = m + log l.
+//   backward  three launches on the stream, none with atomics:
+//             1. Di = do.o per (token, head), one warp each (a fixed xor tree),
+//                stashed in dq[token, head, 0] (dq is written only by launch 3,
+//                whose block reads the stash of exactly the rows it later writes).
+//             2. dk, dv: grid (key blocks, Hkv, B). A block holds its K and V tile
+//                and loops over the group's query heads in order, and for each
+//                over the query blocks from the diagonal to the end in order,
+//                recomputing p from q, k and lse; dk and dv accumulate in
+//                registers in that fixed order.
+//             3. dq: grid (query blocks, Hq, B). A block holds its q and do tile
+//                and loops over key tiles up to the diagonal in order.
+//
+// Shared memory (bytes) at DP = 128 / 256: forward 53 760 / 102 912, dk/dv
+// 74 752 / 140 288, dq 70 528 / 136 064: above 48 KiB, so each launch opts in
+// (cudaFuncAttributeMaxDynamicSharedMemorySize); sm_80 allows 163 KiB per block.
+// D > 256 is refused with MF_ERR_UNSUPPORTED.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.cuh"
+
+namespace {
+
+constexpr int NT = 128;        // threads per block
+constexpr int BQ = 32;         // query rows per tile
+constexpr int BK = 32;         // keys per tile
+constexpr int TPR = NT / BQ;   // threads per tile row (4)
+constexpr int CPT = BK / TPR;  // scores per thread (8)
+constexpr int DMAX = 256;
+static_assert(BQ == BK, "the thread mapping uses one row count for both tiles");
+static_assert(TPR == 4, "row reductions are two xor shuffles");
+
+// Floats of one [rows][DP + 1] tile.
+template <int DP>
+__host__ __device__ constexpr int tile_floats(int rows) {
+  return rows * (DP + 1);
+}
+template <int DP>
+constexpr size_t fwd_smem() {
+  return sizeof(float) * (size_t)(3 * tile_floats<DP>(BQ) + BQ * (BK + 1));
+}
+template <int DP>
+constexpr size_t dkdv_smem() {
+  return sizeof(float) * (size_t)(4 * tile_floats<DP>(BQ) + 2 * BK * (BQ + 1) + 2 * BQ);
+}
+template <int DP>
+constexpr size_t dq_smem() {
+  return sizeof(float) * (size_t)(4 * tile_floats<DP>(BQ) + BQ * (BK + 1) + 2 * BQ);
+}
+// sm_80's largest opt-in shared memory per block (163 KiB) bounds the largest tile.
+static_assert(fwd_smem<DMAX>() <= 166912 && dkdv_smem<DMAX>() <= 166912 && dq_smem<DMAX>() <= 166912,
+              "attention tiles at D = 256 exceed sm_80's shared memory per block");
+
+// Loads rows [r0, r0 + BQ) of one head (row r at src + r*ld) into t[BQ][DP+1];
+// rows at or past `rows` and columns at or past D are zeros.
+template <int DP>
+__device__ __forceinline__ void load_tile(const float *__restrict__ src, int64_t ld, int64_t r0, int64_t rows,
+                                          int D, float *__restrict__ t) {
+  for (int x = threadIdx.x; x < BQ * DP; x += NT) {
+    const int r = x / DP, d = x % DP;
+    const int64_t gr = r0 + r;
+    t[r * (DP + 1) + d] = (gr < rows && d < D) ? src[gr * ld + d] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float row_max4(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float row_sum4(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---------------------------------------------------------------- forward
+
+template <int DP>
+__global__ void __launch_bounds__(NT)
+    attn_fwd_kernel(const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
+                    int64_t S, int Hq, int Hkv, int D, float scale, float *__restrict__ o,
+                    float *__restrict__ lse) {
+  constexpr int NC = DP / TPR;  // output columns per thread
+  extern __shared__ float smem[];
+  float *Qs = smem, *Ks = Qs + tile_floats<DP>(BQ), *Vs = Ks + tile_floats<DP>(BK);
+  float *Ps = Vs + tile_floats<DP>(BK);  // [BQ][BK+1]
+
+  const int64_t nqb = (S + BQ - 1) / BQ;
+  const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BQ;
+  const int h = blockIdx.y, g = h / (Hq / Hkv);
+  const int64_t b = blockIdx.z;
+  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
+  const float *qh = q + b * S * ldq + (int64_t)h * D;
+  const float *kh = k + b * S * ldk + (int64_t)g * D;
+  const float *vh = v + b * S * ldk + (int64_t)g * D;
+
+  const int t = threadIdx.x, r = t / TPR, lane4 = t % TPR;
+  const int64_t i = q0 + r;  // this thread's query row
+  float acc[NC];
+#pragma unroll
+  for (int n = 0; n < NC; n++) acc[n] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+
+  load_tile<DP>(qh, ldq, q0, S, D, Qs);
+  const int64_t kend = q0 + BQ < S ? q0 + BQ : S;  // keys past the block's last row are masked for all
+  for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+    __syncthreads();  // the previous tile's Ks, Vs, Ps are no longer read
+    load_tile<DP>(kh, ldk, j0, S, D, Ks);
+    load_tile<DP>(vh, ldk, j0, S, D, Vs);
+    __syncthreads();
+    float s[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; c++) s[c] = 0.0f;
+    const float *qr = Qs + r * (DP + 1);
+#pragma unroll 4
+    for (int d = 0; d < DP; d++) {
+      const float qd = qr[d];
+#pragma unroll
+      for (int c = 0; c < CPT; c++) s[c] += qd * Ks[(lane4 + TPR * c) * (DP + 1) + d];
+    }
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+      const int64_t j = j0 + lane4 + TPR * c;
+      s[c] = (i < S && j <= i) ? s[c] * scale : -INFINITY;
+      tmax = fmaxf(tmax, s[c]);
+    }
+    tmax = row_max4(tmax);
+    const float mnew = fmaxf(m, tmax);
+    // A row with no key yet (mnew = -inf: padding rows, or keys all masked so far) stays empty.
+    const float alpha = mnew == -INFINITY ? 1.0f : expf(m - mnew);
+    float psum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; c++) {
+      const float p = mnew == -INFINITY ? 0.0f : expf(s[c] - mnew);
+      Ps[r * (BK + 1) + lane4 + TPR * c] = p;
+      psum += p;
+    }
+    l = l * alpha + row_sum4(psum);
+    m = mnew;
+#pragma unroll
+    for (int n = 0; n < NC; n++) acc[n] *= alpha;
+    __syncwarp();  // Ps row r is written and read by the four lanes of one warp
+    const float *pr = Ps + r * (BK + 1);
+#pragma unroll 4
+    for (int c = 0; c < BK; c++) {
+      const float p = pr[c];
+      const float *vr = Vs + c * (DP + 1) + lane4;
+#pragma unroll
+      for (int n = 0; n < NC; n++) acc[n] += p * vr[TPR * n];
+    }
+  }
+  if (i < S) {
+    const float inv = 1.0f / l;
+    float *orow = o + (b * S + i) * ldq + (int64_t)h * D;
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+      const int d = lane4 + TPR * n;
+      if (d < D) orow[d] = acc[n] * inv;
+    }
+    if (lane4 == 0) lse[((int64_t)b * Hq + h) * S + i] = m + logf(l);
+  }
+}
+
+// --------------------------------------------------------------- backward
+
+// Di = do[row].o[row] for every (token, query head), stashed in dq[token, head, 0].
+__global__ void attn_bwd_di_kernel(const float *__restrict__ o, const float *__restrict__ dout,
+                                   int64_t n_rows, int D, float *__restrict__ dq) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = (int64_t)gridDim.x * (NT / 32);
+  for (int64_t w = (int64_t)blockIdx.x * (NT / 32) + threadIdx.x / 32; w < n_rows; w += warps) {
+    const float *orow = o + w * D, *drow = dout + w * D;
+    float acc = 0.0f;
+    for (int d = lane; d < D; d += 32) acc += orow[d] * drow[d];
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+    if (lane == 0) dq[w * D] = acc;
+  }
+}
+
+// Loads lse and Di (from the stash in dq) of rows [q0, q0 + BQ) of head h; 0 past S.
+__device__ __forceinline__ void load_row_stats(const float *__restrict__ lse_h,
+                                               const float *__restrict__ dq_h, int64_t ldq, int64_t q0,
+                                               int64_t S, float *__restrict__ Ls, float *__restrict__ Ds) {
+  for (int x = threadIdx.x; x < BQ; x += NT) {
+    const int64_t i = q0 + x;
+    Ls[x] = i < S ? lse_h[i] : 0.0f;
+    Ds[x] = i < S ? dq_h[i * ldq] : 0.0f;
+  }
+}
+
+template <int DP>
+__global__ void __launch_bounds__(NT)
+    attn_bwd_dkdv_kernel(const float *__restrict__ q, const float *__restrict__ k,
+                         const float *__restrict__ v, const float *__restrict__ dout,
+                         const float *__restrict__ lse, const float *dq_stash, int64_t S, int Hq, int Hkv,
+                         int D, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+  constexpr int NC = DP / TPR;
+  extern __shared__ float smem[];
+  float *Ks = smem, *Vs = Ks + tile_floats<DP>(BK), *Qs = Vs + tile_floats<DP>(BK);
+  float *Os = Qs + tile_floats<DP>(BQ);  // do tile
+  float *Ps = Os + tile_floats<DP>(BQ);  // [BK][BQ+1]: p transposed (key-major)
+  float *Ss = Ps + BK * (BQ + 1);        // [BK][BQ+1]: ds transposed
+  float *Ls = Ss + BK * (BQ + 1), *Ds = Ls + BQ;
+
+  const int64_t j0 = (int64_t)blockIdx.x * BK;
+  const int g = blockIdx.y, G = Hq / Hkv;
+  const int64_t b = blockIdx.z;
+  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
+  const int t = threadIdx.x, c = t / TPR, lane4 = t % TPR;  // c: this thread's key row in the tile
+  const int64_t j = j0 + c;
+
+  load_tile<DP>(k + b * S * ldk + (int64_t)g * D, ldk, j0, S, D, Ks);
+  load_tile<DP>(v + b * S * ldk + (int64_t)g * D, ldk, j0, S, D, Vs);
+  float dka[NC], dva[NC];
+#pragma unroll
+  for (int n = 0; n < NC; n++) dka[n] = dva[n] = 0.0f;
+
+  const int64_t qstart = j0 / BQ * BQ;  // the first query block with a row >= j0
+  for (int h = g * G; h < (g + 1) * G; h++) {
+    const int64_t qoff = b * S * ldq + (int64_t)h * D;
+    const float *lse_h = lse + ((int64_t)b * Hq + h) * S;
+    for (int64_t q0 = qstart; q0 < S; q0 += BQ) {
+      __syncthreads();  // the previous query tile is no longer read
+      load_tile<DP>(q + qoff, ldq, q0, S, D, Qs);
+      load_tile<DP>(dout + qoff, ldq, q0, S, D, Os);
+      load_row_stats(lse_h, dq_stash + qoff, ldq, q0, S, Ls, Ds);
+      __syncthreads();
+      float s[CPT], dp[CPT];
+#pragma unroll
+      for (int x = 0; x < CPT; x++) s[x] = dp[x] = 0.0f;
+      const float *kr = Ks + c * (DP + 1), *vr = Vs + c * (DP + 1);
+#pragma unroll 2
+      for (int d = 0; d < DP; d++) {
+        const float kd = kr[d], vd = vr[d];
+#pragma unroll
+        for (int x = 0; x < CPT; x++) {
+          const int ii = lane4 + TPR * x;
+          s[x] += kd * Qs[ii * (DP + 1) + d];
+          dp[x] += vd * Os[ii * (DP + 1) + d];
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < CPT; x++) {
+        const int ii = lane4 + TPR * x;
+        const int64_t i = q0 + ii;
+        const float p = (i < S && j <= i) ? expf(s[x] * scale - Ls[ii]) : 0.0f;
+        Ps[c * (BQ + 1) + ii] = p;
+        Ss[c * (BQ + 1) + ii] = p * (dp[x] - Ds[ii]);
+      }
+      __syncwarp();  // Ps, Ss row c belongs to the four lanes of one warp
+      const float *pr = Ps + c * (BQ + 1), *sr = Ss + c * (BQ + 1);
+#pragma unroll 4
+      for (int ii = 0; ii < BQ; ii++) {
+        const float p = pr[ii], ds = sr[ii];
+        const float *orow = Os + ii * (DP + 1) + lane4, *qrow = Qs + ii * (DP + 1) + lane4;
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+          dva[n] += p * orow[TPR * n];
+          dka[n] += ds * qrow[TPR * n];
+        }
+      }
+    }
+  }
+  if (j < S) {
+    float *dkr = dk + (b * S + j) * ldk + (int64_t)g * D, *dvr = dv + (b * S + j) * ldk + (int64_t)g * D;
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+      const int d = lane4 + TPR * n;
+      if (d < D) {
+        dkr[d] = dka[n] * scale;
+        dvr[d] = dva[n];
+      }
+    }
+  }
+}
+
+template <int DP>
+__global__ void __launch_bounds__(NT)
+    attn_bwd_dq_kernel(const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
+                       const float *__restrict__ dout, const float *__restrict__ lse, int64_t S, int Hq,
+                       int Hkv, int D, float scale, float *dq) {
+  constexpr int NC = DP / TPR;
+  extern __shared__ float smem[];
+  float *Qs = smem, *Os = Qs + tile_floats<DP>(BQ), *Ks = Os + tile_floats<DP>(BQ);
+  float *Vs = Ks + tile_floats<DP>(BK);
+  float *Ss = Vs + tile_floats<DP>(BK);  // [BQ][BK+1]: ds
+  float *Ls = Ss + BQ * (BK + 1), *Ds = Ls + BQ;
+
+  const int64_t nqb = (S + BQ - 1) / BQ;
+  const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BQ;
+  const int h = blockIdx.y, g = h / (Hq / Hkv);
+  const int64_t b = blockIdx.z;
+  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
+  const int64_t qoff = b * S * ldq + (int64_t)h * D;
+  const float *kh = k + b * S * ldk + (int64_t)g * D, *vh = v + b * S * ldk + (int64_t)g * D;
+  const int t = threadIdx.x, r = t / TPR, lane4 = t % TPR;
+  const int64_t i = q0 + r;
+
+  load_tile<DP>(q + qoff, ldq, q0, S, D, Qs);
+  load_tile<DP>(dout + qoff, ldq, q0, S, D, Os);
+  load_row_stats(lse + ((int64_t)b * Hq + h) * S, dq + qoff, ldq, q0, S, Ls, Ds);
+  float acc[NC];
+#pragma unroll
+  for (int n = 0; n < NC; n++) acc[n] = 0.0f;
+
+  const int64_t kend = q0 + BQ < S ? q0 + BQ : S;
+  for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+    __syncthreads();  // the previous key tile is no longer read (and the stats are loaded)
+    load_tile<DP>(kh, ldk, j0, S, D, Ks);
+    load_tile<DP>(vh, ldk, j0, S, D, Vs);
+    __syncthreads();
+    float s[CPT], dp[CPT];
+#pragma unroll
+    for (int x = 0; x < CPT; x++) s[x] = dp[x] = 0.0f;
+    const float *qr = Qs + r * (DP + 1), *dor = Os + r * (DP + 1);
+#pragma unroll 2
+    for (int d = 0; d < DP; d++) {
+      const float qd = qr[d], dd = dor[d];
+#pragma unroll
+      for (int x = 0; x < CPT; x++) {
+        const int cc = lane4 + TPR * x;
+        s[x] += qd * Ks[cc * (DP + 1) + d];
+        dp[x] += dd * Vs[cc * (DP + 1) + d];
+      }
+    }
+    const float lse_i = Ls[r], di = Ds[r];
+#pragma unroll
+    for (int x = 0; x < CPT; x++) {
+      const int cc = lane4 + TPR * x;
+      const int64_t j = j0 + cc;
+      const float p = (i < S && j <= i) ? expf(s[x] * scale - lse_i) : 0.0f;
+      Ss[r * (BK + 1) + cc] = p * (dp[x] - di);
+    }
+    __syncwarp();  // Ss row r belongs to the four lanes of one warp
+    const float *sr = Ss + r * (BK + 1);
+#pragma unroll 4
+    for (int cc = 0; cc < BK; cc++) {
+      const float ds = sr[cc];
+      const float *kr = Ks + cc * (DP + 1) + lane4;
+#pragma unroll
+      for (int n = 0; n < NC; n++) acc[n] += ds * kr[TPR * n];
+    }
+  }
+  // The stash of these rows was read into Ds before the loop, and no other block
+  // reads or writes them: overwriting it here is safe.
+  if (i < S) {
+    float *dqr = dq + qoff + i * ldq;
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+      const int d = lane4 + TPR * n;
+      if (d < D) dqr[d] = acc[n] * scale;
+    }
+  }
+}
+
+mf_status check_shape(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
+  if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", op, (long long)B,
+                  (long long)S, (long long)Hq, (long long)Hkv, (long long)D);
+  if (D > DMAX)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "%s: head_dim D=%lld is larger than the cuda kernel's tile (at most %d)", op, (long long)D,
+                  DMAX);
+  if (B > 65535 || Hq > 65535 || (S + BQ - 1) / BQ > INT32_MAX)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "%s: B=%lld, Hq=%lld or S=%lld exceeds the cuda grid", op, (long long)B,
+                  (long long)Hq, (long long)S);
+  return MF_OK;
+}
+
+// Lets kernel f use `bytes` of dynamic shared memory (above the 48 KiB default).
+template <typename F>
+mf_status allow_smem(F *f, size_t bytes) {
+  MF_CUDA_CHECK(
+      cudaFuncSetAttribute((const void *)f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  return MF_OK;
+}
+
+template <int DP>
+mf_status fwd_launch(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
+                     int64_t Hkv, int64_t D, float scale, float *o, float *lse, cudaStream_t s) {
+  const size_t smem = fwd_smem<DP>();
+  MF_CHECK(allow_smem(attn_fwd_kernel<DP>, smem));
+  const dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
+  attn_fwd_kernel<DP><<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, scale, o, lse);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
+template <int DP>
+mf_status bwd_launch(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                     const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                     float *dq, float *dk, float *dv, cudaStream_t s) {
+  const int64_t rows = B * S * Hq;
+  int64_t di_blocks = (rows + NT / 32 - 1) / (NT / 32);
+  if (di_blocks > (1 << 20)) di_blocks = 1 << 20;
+  attn_bwd_di_kernel<<<(unsigned)di_blocks, NT, 0, s>>>(o, dout, rows, (int)D, dq);
+  MF_CUDA_CHECK_LAUNCH();
+
+  const size_t smem_kv = dkdv_smem<DP>();
+  MF_CHECK(allow_smem(attn_bwd_dkdv_kernel<DP>, smem_kv));
+  const dim3 grid_kv((unsigned)((S + BK - 1) / BK), (unsigned)Hkv, (unsigned)B);
+  attn_bwd_dkdv_kernel<DP>
+      <<<grid_kv, NT, smem_kv, s>>>(q, k, v, dout, lse, dq, S, (int)Hq, (int)Hkv, (int)D, scale, dk, dv);
+  MF_CUDA_CHECK_LAUNCH();
+
+  const size_t smem_q = dq_smem<DP>();
+  MF_CHECK(allow_smem(attn_bwd_dq_kernel<DP>, smem_q));
+  const dim3 grid_q((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
+  attn_bwd_dq_kernel<DP>
+      <<<grid_q, NT, smem_q, s>>>(q, k, v, dout, lse, S, (int)Hq, (int)Hkv, (int)D, scale, dq);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
+}  // namespace
+
+mf_status mf_cuda_attention_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S,
+                                int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse,
+                                cudaStream_t s) {
+  MF_CHECK(check_shape("attention_fwd", B, S, Hq, Hkv, D));
+  if (B == 0 || S == 0) return MF_OK;
+  if (D <= 64) return fwd_launch<64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+  if (D <= 128) return fwd_launch<128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+  return fwd_launch<256>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+}
+
+mf_status mf_cuda_attention_bwd(const float *q, const float *k, const float *v, const float *o,
+                                const float *dout, const float *lse, int64_t B, int64_t S, int64_t Hq,
+                                int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv,
+                                cudaStream_t s) {
+  MF_CHECK(check_shape("attention_bwd", B, S, Hq, Hkv, D));
+  if (B == 0 || S == 0) return MF_OK;
+  if (D <= 64) return bwd_launch<64>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  if (D <= 128) return bwd_launch<128>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  return bwd_launch<256>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+}

@@ -1,0 +1,238 @@
+// Causal GQA attention on the cuda backend against the cpu backend (the
+// reference, fp32 storage: round_bf16 off), on fresh random data at several
+// (B, S, Hq, Hkv, D): S = 1, odd S, S not a multiple of the tiles, GQA ratios
+// 1, 2 and 4, D = 64 and 128 (the models), plus D = 40, 96 and 256 (padding of
+// the head dim, the largest tile). Outputs start as NaN, so an element the cuda
+// kernels never write fails the comparison; two cuda runs of one call must give
+// the same bits (no atomics, fixed reduction orders).
+//
+// Comparison: NMSE = sum (gpu - cpu)^2 / sum cpu^2 per output operand.
+// Tolerances (why):
+//   o, lse: 1e-10 — the cpu runs its online softmax over 64-key tiles with a
+//     Cephes exp and sequential dots, the gpu over 32-key tiles with the device
+//     expf and fma-contracted dots: a few ulps per value (NMSE ~1e-14 expected).
+//   dq, dk, dv: 1e-8 — as above, plus the cancellation in ds = p * (dp - Di) and
+//     sums over up to S x (Hq/Hkv) terms in a different order.
+// The backward's inputs o and lse come from the cpu forward, so the backward is
+// compared on its own.
+// The reference's mean square is floored at (1e-2)^2: where the exact gradient
+// is 0 (S = 1: p = 1, o = v, so dp - Di = do.v - do.o cancels), both sides are
+// rounding noise (the cpu's happens to be exactly 0) and the check becomes an
+// RMS error of at most 1e-6; elsewhere the gradients' RMS is well above the floor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
+#include "src/core/core.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace {
+
+struct Shape {
+  int64_t B, S, Hq, Hkv, D;
+};
+
+std::string name_of(const char *op, const Shape &s) {
+  return std::string(op) + " B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) +
+         " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+}
+
+std::vector<float> uniform(std::mt19937 &rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto &x : v) x = d(rng);
+  return v;
+}
+
+// NMSE with the reference's mean square floored at kRmsFloor^2 (see the top).
+constexpr double kRmsFloor = 1e-2;
+double nmse(const std::vector<float> &want, const std::vector<float> &got) {
+  double num = 0, den = 0;
+  for (size_t k = 0; k < want.size(); k++) {
+    const double a = want[k], b = got[k];
+    num += (b - a) * (b - a);
+    den += a * a;
+  }
+  den = std::max(den, (double)want.size() * kRmsFloor * kRmsFloor);
+  return std::isfinite(num) ? num / den : INFINITY;
+}
+
+constexpr double kTolFwd = 1e-10;
+constexpr double kTolBwd = 1e-8;
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  static constexpr size_t kArena = (size_t)512 << 20;
+
+  void SetUp() override {
+    MF_SKIP_WITHOUT_GPU();
+    mf_cpu_backend_opts co = {};
+    ASSERT_EQ(mf_backend_cpu_create(&co, &cpu_), MF_OK) << mf_last_error();
+    ASSERT_EQ(cpu_->stream_create(cpu_, &cpu_s_), MF_OK) << mf_last_error();
+    // A tiny kernel scratch: attention must need none (no S x S matrix anywhere).
+    mf_cuda_backend_opts go = {0, 4096};
+    ASSERT_EQ(mf_backend_cuda_create(&go, &gpu_), MF_OK) << mf_last_error();
+    ASSERT_EQ(gpu_->stream_create(gpu_, &gpu_s_), MF_OK) << mf_last_error();
+    void *base = nullptr;
+    ASSERT_EQ(gpu_->arena_create(gpu_, kArena, &base), MF_OK) << mf_last_error();
+    arena_ = static_cast<uint8_t *>(base);
+  }
+  void TearDown() override {
+    if (gpu_) {
+      if (gpu_s_) gpu_->stream_free(gpu_, gpu_s_);
+      mf_backend_free(gpu_);
+    }
+    if (cpu_) {
+      if (cpu_s_) cpu_->stream_free(cpu_, cpu_s_);
+      mf_backend_free(cpu_);
+    }
+  }
+
+  static mf_kernel_call call(mf_kernel kind, const Shape &s, float scale, const char *label) {
+    mf_kernel_call k = {};
+    k.kind = kind;
+    k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D;
+    k.f[0] = scale;
+    k.label = label;
+    return k;
+  }
+
+  // Runs `kind` on the cpu in place on bufs (the outputs are in bufs too).
+  mf_status run_cpu(mf_kernel kind, const Shape &s, float scale, std::vector<std::vector<float>> &bufs) {
+    mf_kernel_call k = call(kind, s, scale, "cpu");
+    for (size_t j = 0; j < bufs.size(); j++) k.b[j] = {bufs[j].data(), bufs[j].size() * sizeof(float), 0};
+    return cpu_->run(cpu_, &k, cpu_s_);
+  }
+
+  // Copies bufs to the arena, runs `kind` on the gpu, returns every buffer after.
+  mf_status run_gpu(mf_kernel kind, const Shape &s, float scale, const std::vector<std::vector<float>> &bufs,
+                    std::vector<std::vector<float>> *out) {
+    mf_kernel_call k = call(kind, s, scale, "gpu");
+    size_t off = 0;
+    std::vector<uint8_t *> dev(bufs.size());
+    for (size_t j = 0; j < bufs.size(); j++) {
+      const size_t bytes = bufs[j].size() * sizeof(float);
+      dev[j] = arena_ + off;
+      off += (bytes + 255) / 256 * 256 + 256;
+      if (off > kArena) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "test arena too small");
+      MF_CHECK(gpu_->copy(gpu_, dev[j], bufs[j].data(), bytes, MF_COPY_H2D, gpu_s_));
+      k.b[j] = {dev[j], bytes, 0};
+    }
+    MF_CHECK(gpu_->run(gpu_, &k, gpu_s_));
+    out->assign(bufs.size(), {});
+    for (size_t j = 0; j < bufs.size(); j++) {
+      (*out)[j].resize(bufs[j].size());
+      MF_CHECK(
+          gpu_->copy(gpu_, (*out)[j].data(), dev[j], bufs[j].size() * sizeof(float), MF_COPY_D2H, gpu_s_));
+    }
+    return gpu_->stream_sync(gpu_, gpu_s_);
+  }
+
+  // Forward and backward of one shape; q scaled by q_amp (large: peaked softmax).
+  void check(const Shape &s, uint32_t seed, float q_amp = 1.0f) {
+    SCOPED_TRACE(name_of("attention", s));
+    std::mt19937 rng(seed);
+    const size_t nq = (size_t)(s.B * s.S * s.Hq * s.D), nk = (size_t)(s.B * s.S * s.Hkv * s.D);
+    const size_t nl = (size_t)(s.B * s.Hq * s.S);
+    const float scale = 1.0f / std::sqrt((float)s.D);
+    const float nan = std::nanf("");
+    auto q = uniform(rng, nq, -q_amp, q_amp), k = uniform(rng, nk, -1, 1), v = uniform(rng, nk, -1, 1);
+    auto dout = uniform(rng, nq, -1, 1);
+
+    // forward: b = {q, k, v, o, lse}
+    std::vector<std::vector<float>> fwd = {q, k, v, std::vector<float>(nq, nan), std::vector<float>(nl, nan)};
+    std::vector<std::vector<float>> want_f = fwd, got_f, again_f;
+    ASSERT_EQ(run_cpu(MF_K_ATTN_FWD, s, scale, want_f), MF_OK) << mf_last_error();
+    ASSERT_EQ(run_gpu(MF_K_ATTN_FWD, s, scale, fwd, &got_f), MF_OK) << mf_last_error();
+    ASSERT_EQ(run_gpu(MF_K_ATTN_FWD, s, scale, fwd, &again_f), MF_OK) << mf_last_error();
+    const char *fnames[] = {"o", "lse"};
+    for (int j = 3; j < 5; j++) {
+      const double e = nmse(want_f[j], got_f[j]);
+      EXPECT_LE(e, kTolFwd) << fnames[j - 3] << ": NMSE " << e;
+      EXPECT_EQ(memcmp(got_f[j].data(), again_f[j].data(), got_f[j].size() * sizeof(float)), 0)
+          << fnames[j - 3] << ": two cuda runs differ in bits";
+    }
+    // The inputs are left as they were.
+    for (int j = 0; j < 3; j++)
+      EXPECT_EQ(memcmp(got_f[j].data(), fwd[j].data(), fwd[j].size() * sizeof(float)), 0) << "input " << j;
+
+    // backward: b = {q, k, v, o, do, lse, dq, dk, dv}, o and lse from the cpu forward
+    std::vector<std::vector<float>> bwd = {q,
+                                           k,
+                                           v,
+                                           want_f[3],
+                                           dout,
+                                           want_f[4],
+                                           std::vector<float>(nq, nan),
+                                           std::vector<float>(nk, nan),
+                                           std::vector<float>(nk, nan)};
+    std::vector<std::vector<float>> want_b = bwd, got_b, again_b;
+    ASSERT_EQ(run_cpu(MF_K_ATTN_BWD, s, scale, want_b), MF_OK) << mf_last_error();
+    ASSERT_EQ(run_gpu(MF_K_ATTN_BWD, s, scale, bwd, &got_b), MF_OK) << mf_last_error();
+    ASSERT_EQ(run_gpu(MF_K_ATTN_BWD, s, scale, bwd, &again_b), MF_OK) << mf_last_error();
+    const char *bnames[] = {"dq", "dk", "dv"};
+    for (int j = 6; j < 9; j++) {
+      const double e = nmse(want_b[j], got_b[j]);
+      EXPECT_LE(e, kTolBwd) << bnames[j - 6] << ": NMSE " << e;
+      EXPECT_EQ(memcmp(got_b[j].data(), again_b[j].data(), got_b[j].size() * sizeof(float)), 0)
+          << bnames[j - 6] << ": two cuda runs differ in bits";
+    }
+    for (int j = 0; j < 6; j++)
+      EXPECT_EQ(memcmp(got_b[j].data(), bwd[j].data(), bwd[j].size() * sizeof(float)), 0) << "input " << j;
+  }
+
+  mf_backend *cpu_ = nullptr, *gpu_ = nullptr;
+  mf_stream *cpu_s_ = nullptr, *gpu_s_ = nullptr;
+  uint8_t *arena_ = nullptr;
+};
+
+TEST_F(CudaAttention, SingleToken) {
+  check({1, 1, 1, 1, 64}, 1);
+  check({3, 1, 4, 2, 128}, 2);
+}
+
+TEST_F(CudaAttention, OddLengthsAndGqaRatios) {
+  uint32_t seed = 10;
+  for (int64_t S : {2, 31, 33, 37, 65, 100}) {
+    check({2, S, 2, 2, 64}, seed++);   // ratio 1
+    check({1, S, 4, 2, 128}, seed++);  // ratio 2
+    check({2, S, 8, 2, 64}, seed++);   // ratio 4
+    check({1, S, 4, 1, 128}, seed++);  // ratio 4, one kv head
+  }
+}
+
+TEST_F(CudaAttention, HeadDimPadding) {
+  check({1, 45, 2, 1, 40}, 50);
+  check({2, 70, 3, 1, 96}, 51);
+  check({1, 77, 4, 2, 256}, 52);
+  check({1, 9, 2, 2, 1}, 53);
+}
+
+TEST_F(CudaAttention, PeakedSoftmax) {
+  // Scores of tens: the running max moves by large steps across key tiles.
+  check({1, 129, 2, 1, 64}, 60, 12.0f);
+  check({2, 97, 4, 4, 128}, 61, 8.0f);
+}
+
+TEST_F(CudaAttention, LongSequence) {
+  // S = 4096: one head's S x S scores (64 MiB) fit neither the 4 KiB kernel
+  // scratch nor, with the rest, anything but a tiled kernel.
+  check({1, 4096, 2, 1, 64}, 70);
+}
+
+TEST_F(CudaAttention, RefusesBadShapes) {
+  std::vector<std::vector<float>> bufs(5, std::vector<float>(64, 0.0f)), out;
+  EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 300}, 1.0f, bufs, &out), MF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mf_last_error()).find("head_dim"), std::string::npos) << mf_last_error();
+  EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 3, 2, 8}, 1.0f, bufs, &out), MF_ERR_INVALID_ARG);
+}
+
+}  // namespace
