@@ -373,6 +373,17 @@ void check_train(const char *memory, const std::string &tag, bool expect_hidden)
   for (double e : values(m_off, "optimizer_exposed_s")) exposed_off += e;
   for (double e : values(m_on, "optimizer_exposed_s")) EXPECT_GE(e, 0.0);
   if (expect_hidden) {
+    // Hidden time needs the worker thread to run while the step computes; on a
+    // loaded 2-core machine (CI runs tests side by side) a whole run can have
+    // the worker scheduled only while the loop waits. Up to 4 more overlapped
+    // runs (the same bits each: checked) until one shows it.
+    for (int retry = 1; retry <= 4 && hidden_on <= 0.0; retry++) {
+      const std::string again = on + "_again" + std::to_string(retry);
+      train(again, true, memory);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_TRUE(w_on == slurp(again + "/final/model.safetensors")) << "final weights differ, retry " << retry;
+      for (double h : values(slurp(again + "/metrics.jsonl"), "optimizer_hidden_s")) hidden_on += h;
+    }
     EXPECT_GT(hidden_on, 0.0) << m_on;
   } else {
     EXPECT_GE(hidden_on, 0.0) << m_on;
