@@ -224,11 +224,7 @@ static mf_status get_int(const reader *r, const json_t *o, const char *sect, con
   snprintf(place, sizeof place, "%s%s%s", sect, *sect ? "." : "", key);
   json_t *v;
   MF_CHECK(get(r, o, *sect ? sect : "(top level)", key, &v));
-  if (!json_is_integer(v) || json_integer_value(v) < 0)
-    return rerr(r, MF_ERR_FORMAT, place, "expected a non-negative integer, got %s",
-                json_is_integer(v) ? "a negative one" : mf_io_json_kind(v, 0));
-  *out = (int64_t)json_integer_value(v);
-  return MF_OK;
+  return mf_io_json_nonneg(r->path, v, place, out);
 }
 
 /* model.* and batch.*: the plan's shape must be this program's. */
@@ -242,26 +238,9 @@ static mf_status check_shape(const reader *r, const json_t *root, int64_t versio
                            s->experts, s->top_k,  s->expert_ffn, s->vocab};
   const int64_t bvals[] = {p->B, p->S, p->G};
   char q[128];
-  json_t *model, *batch, *fam;
-  MF_CHECK(get(r, root, "(top level)", "model", &model));
-  if (!json_is_object(model))
-    return rerr(r, MF_ERR_FORMAT, "model", "expected an object, got %s", mf_io_json_kind(model, 0));
-  MF_CHECK(only_keys(r, model, "model", mkeys, 9));
-  MF_CHECK(get(r, model, "model", "family", &fam));
-  if (!json_is_string(fam))
-    return rerr(r, MF_ERR_FORMAT, "model.family", "expected a string, got %s", mf_io_json_kind(fam, 0));
-  if (strcmp(json_string_value(fam), mf_family_name(s->family)) != 0)
-    return rerr(r, MF_ERR_CONFIG, "model.family", "the plan was made for family %s, the model is %s",
-                mf_io_json_printable(json_string_value(fam), q, sizeof q), mf_family_name(s->family));
-  for (int i = 1; i < 9; i++) {
-    int64_t v;
-    char place[64];
-    snprintf(place, sizeof place, "model.%s", mkeys[i]);
-    MF_CHECK(get_int(r, model, "model", mkeys[i], &v));
-    if (v != mvals[i])
-      return rerr(r, MF_ERR_CONFIG, place, "the plan was made for %s %lld, the model has %lld", mkeys[i],
-                  (long long)v, (long long)mvals[i]);
-  }
+  json_t *batch;
+  MF_CHECK(mf_io_json_check_model(r->path, root, s, mkeys, mvals, 9, "the plan was made for",
+                                  "the plan was made for"));
   MF_CHECK(get(r, root, "(top level)", "batch", &batch));
   if (!json_is_object(batch))
     return rerr(r, MF_ERR_FORMAT, "batch", "expected an object, got %s", mf_io_json_kind(batch, 0));

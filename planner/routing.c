@@ -24,7 +24,6 @@
 /* A routing file nests three deep (top, counts, a row). */
 #define ROUTING_MAX_DEPTH 8
 
-
 static mf_status check_spec(const mf_model_spec *s, const char *who) {
   if (s->layers < 1 || s->layers > MF_MAX_LAYERS || s->experts < 1 || s->top_k < 1 || s->top_k > s->experts)
     return MF_ERR(MF_ERR_INVALID_ARG,
@@ -172,43 +171,15 @@ static mf_status get(const char *path, const json_t *o, const char *place, const
   return mf_io_json_get(path, o, place, key, out);
 }
 
-/* A non-negative integer at `place`. */
 static mf_status nonneg(const char *path, const json_t *v, const char *place, int64_t *out) {
-  if (!json_is_integer(v) || json_integer_value(v) < 0)
-    return rerr(path, MF_ERR_FORMAT, place, "expected a non-negative integer, got %s",
-                json_is_integer(v) ? "a negative one" : mf_io_json_kind(v, 0));
-  *out = (int64_t)json_integer_value(v);
-  return MF_OK;
+  return mf_io_json_nonneg(path, v, place, out);
 }
 
 static mf_status check_model(const char *path, const json_t *root, const mf_model_spec *s) {
   static const char *const keys[] = {"family", "layers", "experts", "top_k"};
   const int64_t want[] = {0, s->layers, s->experts, s->top_k};
-  char q[128];
-  json_t *model, *fam;
-  MF_CHECK(get(path, root, "(top level)", "model", &model));
-  if (!json_is_object(model))
-    return rerr(path, MF_ERR_FORMAT, "model", "expected an object, got %s", mf_io_json_kind(model, 0));
-  MF_CHECK(only_keys(path, model, "model", keys, 4));
-  MF_CHECK(get(path, model, "model", "family", &fam));
-  if (!json_is_string(fam))
-    return rerr(path, MF_ERR_FORMAT, "model.family", "expected a string, got %s", mf_io_json_kind(fam, 0));
-  if (strcmp(json_string_value(fam), mf_family_name(s->family)) != 0)
-    return rerr(path, MF_ERR_CONFIG, "model.family", "the routing was measured on family %s, the model is %s",
-                mf_io_json_printable(json_string_value(fam), q, sizeof q), mf_family_name(s->family));
-  for (int i = 1; i < 4; i++) {
-    char place[32];
-    snprintf(place, sizeof place, "model.%s", keys[i]);
-    json_t *v;
-    int64_t got;
-    MF_CHECK(get(path, model, "model", keys[i], &v));
-    MF_CHECK(nonneg(path, v, place, &got));
-    if (got != want[i])
-      return rerr(path, MF_ERR_CONFIG, place,
-                  "the routing was measured on a model with %s %lld, the model has %lld", keys[i],
-                  (long long)got, (long long)want[i]);
-  }
-  return MF_OK;
+  return mf_io_json_check_model(path, root, s, keys, want, 4, "the routing was measured on",
+                                "the routing was measured on a model with");
 }
 
 /* counts: an array of `layers` arrays of `experts` non-negative integers, into c. */

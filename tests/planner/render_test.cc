@@ -125,11 +125,7 @@ std::vector<double> rect_widths(const std::string &s) {
 class Render : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    mf_model_spec s;
-    mf_model_spec_defaults(MF_FAMILY_QWEN2_MOE, &s);
-    s.hidden = 32, s.layers = 3, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = 8, s.top_k = 2;
-    s.expert_ffn = 16, s.shared_ffn = 24, s.dense_ffn = 20, s.vocab = 64, s.max_seq = 64, s.n_mlp_only = 1;
-    s.mlp_only_layers[0] = 0;
+    const mf_model_spec s = make_shape(1).spec;  // a dense layer and a shared expert
     ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
     mf_program_opts po = {2, 32, 2, 0.01, 16, 0};
     ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
