@@ -33,6 +33,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "src/core/core.h"
 #include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/twin_fixture.h"
 
 namespace {
 
@@ -68,32 +69,12 @@ double nmse(const std::vector<float> &want, const std::vector<float> &got) {
 constexpr double kTolFwd = 1e-10;
 constexpr double kTolBwd = 1e-8;
 
-class CudaAttention : public ::testing::Test {
+class CudaAttention : public CudaTwin<(size_t)512 << 20> {
  protected:
-  static constexpr size_t kArena = (size_t)512 << 20;
-
-  void SetUp() override {
-    MF_SKIP_WITHOUT_GPU();
-    mf_cpu_backend_opts co = {};
-    ASSERT_EQ(mf_backend_cpu_create(&co, &cpu_), MF_OK) << mf_last_error();
-    ASSERT_EQ(cpu_->stream_create(cpu_, &cpu_s_), MF_OK) << mf_last_error();
-    // A tiny kernel scratch: attention must need none (no S x S matrix anywhere).
-    mf_cuda_backend_opts go = {0, 4096};
-    ASSERT_EQ(mf_backend_cuda_create(&go, &gpu_), MF_OK) << mf_last_error();
-    ASSERT_EQ(gpu_->stream_create(gpu_, &gpu_s_), MF_OK) << mf_last_error();
-    void *base = nullptr;
-    ASSERT_EQ(gpu_->arena_create(gpu_, kArena, &base), MF_OK) << mf_last_error();
-    arena_ = static_cast<uint8_t *>(base);
-  }
-  void TearDown() override {
-    if (gpu_) {
-      if (gpu_s_) gpu_->stream_free(gpu_, gpu_s_);
-      mf_backend_free(gpu_);
-    }
-    if (cpu_) {
-      if (cpu_s_) cpu_->stream_free(cpu_, cpu_s_);
-      mf_backend_free(cpu_);
-    }
+  // A tiny kernel scratch: attention must need none (no S x S matrix anywhere).
+  const mf_cuda_backend_opts *cuda_opts() override {
+    static const mf_cuda_backend_opts go = {0, 4096};
+    return &go;
   }
 
   static mf_kernel_call call(mf_kernel kind, const Shape &s, float scale, const char *label) {
@@ -188,10 +169,6 @@ class CudaAttention : public ::testing::Test {
     for (int j = 0; j < 6; j++)
       EXPECT_EQ(memcmp(got_b[j].data(), bwd[j].data(), bwd[j].size() * sizeof(float)), 0) << "input " << j;
   }
-
-  mf_backend *cpu_ = nullptr, *gpu_ = nullptr;
-  mf_stream *cpu_s_ = nullptr, *gpu_s_ = nullptr;
-  uint8_t *arena_ = nullptr;
 };
 
 TEST_F(CudaAttention, SingleToken) {

@@ -32,6 +32,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "src/core/core.h"
 #include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/twin_fixture.h"
 
 namespace {
 
@@ -99,32 +100,8 @@ double nmse(const Slot &s, const std::vector<uint8_t> &want, const std::vector<u
 
 typedef std::vector<std::vector<uint8_t>> Mem;
 
-class CudaGemm : public ::testing::Test {
+class CudaGemm : public CudaTwin<(size_t)256 << 20> {
  protected:
-  static constexpr size_t kArena = (size_t)256 << 20;
-
-  void SetUp() override {
-    MF_SKIP_WITHOUT_GPU();
-    mf_cpu_backend_opts co = {};
-    ASSERT_EQ(mf_backend_cpu_create(&co, &cpu_), MF_OK) << mf_last_error();
-    ASSERT_EQ(cpu_->stream_create(cpu_, &cpu_s_), MF_OK);
-    ASSERT_EQ(mf_backend_cuda_create(nullptr, &gpu_), MF_OK) << mf_last_error();
-    ASSERT_EQ(gpu_->stream_create(gpu_, &gpu_s_), MF_OK) << mf_last_error();
-    void *base = nullptr;
-    ASSERT_EQ(gpu_->arena_create(gpu_, kArena, &base), MF_OK) << mf_last_error();
-    arena_ = static_cast<uint8_t *>(base);
-  }
-  void TearDown() override {
-    if (gpu_) {
-      if (gpu_s_) gpu_->stream_free(gpu_, gpu_s_);
-      mf_backend_free(gpu_);
-    }
-    if (cpu_) {
-      if (cpu_s_) cpu_->stream_free(cpu_, cpu_s_);
-      mf_backend_free(cpu_);
-    }
-  }
-
   mf_kernel_call call_of(const Case &c) {
     mf_kernel_call k = {};
     k.kind = c.kind;
@@ -233,10 +210,6 @@ class CudaGemm : public ::testing::Test {
     }
     EXPECT_GT(compared, 0);
   }
-
-  mf_backend *cpu_ = nullptr, *gpu_ = nullptr;
-  mf_stream *cpu_s_ = nullptr, *gpu_s_ = nullptr;
-  uint8_t *arena_ = nullptr;
 };
 
 std::string shape(const char *op, std::initializer_list<int64_t> dims) {
