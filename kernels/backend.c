@@ -33,6 +33,8 @@ static const char *const k_kernel_names[MF_K_COUNT_] = {
     [MF_K_AUX_ACCUMULATE] = "aux_accumulate",
     [MF_K_AUX_VALUE] = "aux_value",
     [MF_K_AUX_GRAD] = "aux_grad",
+    [MF_K_GRAD_SUMSQ] = "grad_sumsq",
+    [MF_K_ADAMW] = "adamw",
 };
 
 const char *mf_kernel_name(mf_kernel k) {
@@ -74,6 +76,8 @@ static const char *const k_roles[MF_K_COUNT_] = {
     [MF_K_AUX_ACCUMULATE] = "RRAA",
     [MF_K_AUX_VALUE] = "RRW",
     [MF_K_AUX_GRAD] = "RW",
+    [MF_K_GRAD_SUMSQ] = "RW",
+    [MF_K_ADAMW] = "AAA",
 };
 
 /* The accumulate flag of kinds with a conditional ('w') operand. */

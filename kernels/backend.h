@@ -70,6 +70,18 @@ typedef enum mf_kernel {
   MF_K_AUX_ACCUMULATE,    /* b = {probs, topk_idx, counts, psum};  i = {T, E, K} (counts i64, psum f64: added) */
   MF_K_AUX_VALUE,         /* b = {counts, psum, scalars};      i = {E, n_rows}; scalars[0] = aux (written) */
   MF_K_AUX_GRAD,          /* b = {counts, dprobs};             i = {E, n_rows, T};  f = {coef} */
+  /* The optimizer on the device (src/optim/optim.h defines the arithmetic, bit
+   * for bit). GRAD_SUMSQ writes the norm's chunk sums of one gradient (fp32)
+   * into sums (f64) at [first, first + ceil(n / 65536)): sums[first + k] = the
+   * sum of squares of elements [65536 k, 65536 (k + 1)) as
+   * mf_optim_grad_chunk_sumsq computes it. ADAMW first multiplies the
+   * gradient in place by (float)coef when coef < 1 (clipping, as
+   * mf_optim_grad_scale), then runs one mf_adamw_update_bufs step t over n
+   * elements: state holds m then v, n elements each, bf16 when moment_bf16
+   * else fp32. */
+  MF_K_GRAD_SUMSQ,        /* b = {g, sums};                    i = {n, first} */
+  MF_K_ADAMW,             /* b = {param (fp32), grad (fp32, scaled), state};  i = {n, t, moment_bf16};
+                             f = {lr, beta1, beta2, eps, weight_decay, coef} */
   MF_K_COUNT_
 } mf_kernel;
 
@@ -90,7 +102,7 @@ typedef struct mf_kernel_call {
   mf_kernel kind;
   mf_kbuf b[MF_KBUF_MAX];
   int64_t i[8];
-  double f[2];
+  double f[6];
   /* Per-expert weights (EXPERT_*): E pointers, each to `expert_bytes` bytes;
    * NULL for an expert with no rows. Written for EXPERT_BWD_WEIGHT. */
   void **experts;
@@ -157,11 +169,16 @@ struct mf_backend {
 };
 
 /* The cpu backend. `pool` (may be NULL) runs the kernels; `round_bf16` stores
- * activations rounded to bf16 precision; `checking` turns on the checking mode. */
+ * activations rounded to bf16 precision; `checking` turns on the checking mode.
+ * `optim` runs GRAD_SUMSQ and ADAMW: on the cpu backend the device is host
+ * memory, and its optimizer is the host's (src/optim mf_optim_run_kernel,
+ * passed in because kernels/ does not depend on src/); NULL: those two kinds
+ * fail with MF_ERR_UNSUPPORTED. */
 typedef struct mf_cpu_backend_opts {
   mf_threadpool *pool;
   int round_bf16;
   int checking;
+  mf_status (*optim)(const mf_kernel_call *call, mf_threadpool *pool);
 } mf_cpu_backend_opts;
 
 mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **out);

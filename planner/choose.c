@@ -17,16 +17,18 @@ typedef enum cand_kind {
   C_GRADS_DEVICE,
   C_ACT_KEEP,
   C_ACT_OFFLOAD,
-  C_EXPERTS_HOT
+  C_EXPERTS_HOT,
+  C_OPTIM_DEVICE
 } cand_kind;
-#define N_CAND_KINDS 5
+#define N_CAND_KINDS 6
 
 typedef struct cand {
   cand_kind kind;
-  int32_t layer; /* C_PARAMS_*, C_GRADS_*: the layer (-1: embeddings, final norm, head) */
+  int32_t layer; /* C_PARAMS_*, C_GRADS_*, C_OPTIM_*: the layer (-1: embeddings, final norm, head) */
   int32_t klass; /* C_ACT_*: index of the activation class, or -1 for the whole layer */
-  double gain;   /* predicted seconds saved against the least-memory plan */
-  double bytes;  /* extra arena bytes */
+  double gain;   /* predicted seconds saved against the least-memory plan (C_OPTIM_DEVICE: against it with
+                    the layer's weights resident and gradients on the device) */
+  double bytes;  /* extra arena bytes (against the same) */
   double host;   /* extra host bytes for offloaded activations */
   double score;
   int32_t
@@ -171,11 +173,45 @@ static int pinned_grad(const side *s, int32_t i) {
 static int pinned_act(const side *s, int32_t t) {
   return s->pins && s->pins->act[t];
 }
+static int pinned_optim(const side *s, int32_t i) {
+  return s->pins && s->pins->optim && s->pins->optim[i];
+}
+
+/* Whether putting layer l's optimizer on the device would change a pinned
+ * decision (d holds the pinned ones, which nothing changes). */
+static int optim_blocked(const side *s, int32_t l, const mf_decisions *d) {
+  for (int32_t j = s->pstart[l + 1]; j < s->pstart[l + 2]; j++) {
+    const int32_t i = s->pparams[j];
+    if ((pinned_param(s, i) && d->param[i] != MF_PARAM_RESIDENT) ||
+        (pinned_grad(s, i) && d->grad[i] != MF_GRAD_DEVICE) ||
+        (pinned_optim(s, i) && d->optim[i] != MF_OPTIM_DEVICE))
+      return 1;
+  }
+  return 0;
+}
+
+/* C_OPTIM_DEVICE on layer l: every parameter of the layer resident, its
+ * gradient on the device and its optimizer there. 0 (nothing changed) when
+ * that would change a pinned decision. */
+static int apply_optim(const side *s, int32_t l, mf_decisions *d) {
+  if (optim_blocked(s, l, d)) return 0;
+  int changed = 0;
+  for (int32_t j = s->pstart[l + 1]; j < s->pstart[l + 2]; j++) {
+    const int32_t i = s->pparams[j];
+    changed +=
+        d->param[i] != MF_PARAM_RESIDENT || d->grad[i] != MF_GRAD_DEVICE || d->optim[i] != MF_OPTIM_DEVICE;
+    d->param[i] = MF_PARAM_RESIDENT;
+    d->grad[i] = MF_GRAD_DEVICE;
+    d->optim[i] = MF_OPTIM_DEVICE;
+  }
+  return changed;
+}
 
 /* Applies candidate k to d; returns how many decisions it changed. */
 static int apply(const side *s, const cand *k, mf_decisions *d) {
   const mf_program *p = s->p;
   int changed = 0;
+  if (k->kind == C_OPTIM_DEVICE) return apply_optim(s, k->layer, d);
   if (k->kind == C_PARAMS_RESIDENT || k->kind == C_GRADS_DEVICE || k->kind == C_EXPERTS_HOT) {
     /* C_EXPERTS_HOT: the quarter of the layer's experts ranked [(q-1) E/4, q E/4) by share. */
     const int64_t hot_lo = k->kind == C_EXPERTS_HOT ? (int64_t)(k->quarters - 1) * p->spec.experts / 4 : 0;
@@ -209,6 +245,9 @@ static int apply(const side *s, const cand *k, mf_decisions *d) {
   return changed;
 }
 
+/* Per layer: weights, gradients, two hot quarters, the optimizer. */
+#define MAX_LAYER_CANDS 5
+
 static int cmp_score(const void *a, const void *b) {
   const cand *x = (const cand *)a, *y = (const cand *)b;
   if (x->score != y->score) return x->score > y->score ? -1 : 1;
@@ -220,10 +259,11 @@ static int cmp_score(const void *a, const void *b) {
 
 /* The candidates of a side: a layer's weights resident and its gradients on
  * the device, with measured routing its hottest and second-hottest quarter
- * of experts resident, for the layers `want` marks (NULL: all, -1 included, as
- * want[l + 1]); its activations kept, or offloaded instead of recomputed —
- * per class, or per layer when `coarse`. `out` holds 4 (L + 1) + 2 max(L,
- * n_klass) entries. */
+ * of experts resident, and (a training program) its optimizer on the device,
+ * for the layers `want` marks (NULL: all, -1 — embeddings, final norm, head —
+ * included, as want[l + 1]); its activations kept, or offloaded instead of
+ * recomputed — per class, or per layer when `coarse`. `out` holds
+ * MAX_LAYER_CANDS (L + 1) + 2 max(L, n_klass) entries. */
 static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *out) {
   const mf_program *p = s->p;
   const int32_t L = (int32_t)p->spec.layers;
@@ -234,6 +274,8 @@ static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *
     if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0, 0};
     if (s->share && l >= 0 && mf_model_spec_layer_is_moe(&p->spec, l) && p->spec.experts >= 4)
       for (int32_t q = 1; q <= 2; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
+    if (!p->forward_only && p->adamw_op && s->pstart[l + 2] > s->pstart[l + 1])
+      out[n++] = (cand){C_OPTIM_DEVICE, l, -1, 0, 0, 0, 0, 0};
   }
   if (coarse) {
     for (int32_t l = 0; l < L; l++) {
@@ -265,27 +307,49 @@ static void score_task(void *ctx, int i, int nw) {
   if (i >= MF_PLAN_MAX_WORKERS) return;
   if (nw > MF_PLAN_MAX_WORKERS) nw = MF_PLAN_MAX_WORKERS;
   mf_decisions *work = NULL;
-  mf_plan *trial = NULL;
+  mf_plan *trial = NULL, *base = NULL;
   mf_status st = mf_decisions_create(j->s->p, &work);
   for (int32_t k = i; st == MF_OK && k < j->n; k += nw) {
     cand *c = &j->c[k];
+    const mf_plan *from = j->least;
     st = mf_decisions_copy(j->least->d, work);
     if (st != MF_OK) break;
+    if (c->kind == C_OPTIM_DEVICE) {
+      /* Scored against the layer's weights resident and gradients on the
+       * device (what it needs, which those candidates score): its gain is
+       * the host optimizer's work and the gradients' copies home it saves,
+       * its bytes the state's and the longer lifetimes. */
+      const cand w = {C_PARAMS_RESIDENT, c->layer, -1, 0, 0, 0, 0, 0};
+      const cand g = {C_GRADS_DEVICE, c->layer, -1, 0, 0, 0, 0, 0};
+      if (optim_blocked(j->s, c->layer, work)) {
+        c->score = -INFINITY;
+        continue;
+      }
+      apply(j->s, &w, work);
+      apply(j->s, &g, work);
+      st = mf_plan_eval(j->s->p, j->hw, &j->least->so, work, j->least->budget, MF_PLAN_CHOSEN, &base);
+      if (st != MF_OK) break;
+      from = base;
+    }
     if (apply(j->s, c, work) == 0) {
       c->score = -INFINITY;
+      mf_plan_free(base);
+      base = NULL;
       continue;
     }
     st = mf_plan_eval(j->s->p, j->hw, &j->least->so, work, j->least->budget, MF_PLAN_CHOSEN, &trial);
     if (st != MF_OK) break;
-    c->gain = j->least->sim.step_seconds - trial->sim.step_seconds;
-    c->bytes = (double)trial->s->arena_bytes - (double)j->least->s->arena_bytes;
-    c->host = (double)trial->s->host_act_bytes - (double)j->least->s->host_act_bytes;
+    c->gain = from->sim.step_seconds - trial->sim.step_seconds;
+    c->bytes = (double)trial->s->arena_bytes - (double)from->s->arena_bytes;
+    c->host = (double)trial->s->host_act_bytes - (double)from->s->host_act_bytes;
     c->score = c->gain > 0 ? c->gain / (c->bytes > 64 ? c->bytes : 64) : -INFINITY;
     mf_plan_free(trial);
-    trial = NULL;
+    mf_plan_free(base);
+    trial = base = NULL;
   }
   if (st != MF_OK) mf_plan_par_fail(&j->q, i, st);
   mf_plan_free(trial);
+  mf_plan_free(base);
   mf_decisions_free(work);
 }
 
@@ -361,7 +425,7 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
   const mf_program *pp = x->prog, *fp = full->p;
   const int32_t L = (int32_t)fp->spec.layers;
   mf_status st = MF_OK;
-  mf_plan_pins ppins = {NULL, NULL, NULL};
+  mf_plan_pins ppins = {NULL, NULL, NULL, NULL};
   mf_decisions *pd = NULL;
   mf_plan *pleast = NULL;
   side ps;
@@ -381,7 +445,9 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
     const int32_t f = x->param_full[i];
     pd->param[i] = least->d->param[f];
     pd->grad[i] = least->d->grad[f];
+    pd->optim[i] = least->d->optim[f];
     if (full->pins) ppins.param[i] = full->pins->param[f], ppins.grad[i] = full->pins->grad[f];
+    if (full->pins && full->pins->optim) ppins.optim[i] = full->pins->optim[f];
   }
   for (int32_t t = 0; t < pd->n_tensors; t++) {
     const int32_t f = x->tensor_full[t];
@@ -408,7 +474,7 @@ static mf_status score_on_proxy(const side *full, const mf_plan *least, const mf
   MF_CHECK_GOTO(mf_calloc((size_t)PL + 1, 1, "plan", (void **)&want), st, done);
   want[0] = 1;
   for (int32_t l = 0; l < L; l++) want[x->rep[l] + 1] = 1;
-  const int32_t cap = 4 * (PL + 1) + 2 * (ps.n_klass > PL ? ps.n_klass : PL);
+  const int32_t cap = MAX_LAYER_CANDS * (PL + 1) + 2 * (ps.n_klass > PL ? ps.n_klass : PL);
   MF_CHECK_GOTO(mf_calloc((size_t)cap, sizeof(cand), "plan", (void **)&pc), st, done);
   const int32_t np = make_cands(&ps, want, 0, pc);
   MF_CHECK_GOTO(score_cands(&ps, hw, pleast, pc, np, pool), st, done);
@@ -495,28 +561,95 @@ typedef struct limits {
 } limits;
 
 static mf_status fit_of(const mf_program *p, const mf_decisions *d, const limits *lim, size_t *arena,
-                        int *fit) {
+                        size_t *host, int *fit) {
   mf_schedule *s = NULL;
   MF_CHECK(mf_schedule_build(p, d, &s));
   *arena = s->arena_bytes;
+  *host = s->host_act_bytes;
   *fit = s->arena_bytes <= lim->device && s->host_act_bytes <= lim->host_acts;
   mf_schedule_free(s);
   return MF_OK;
 }
 
+/* What the fast path predicts a candidate adds to the arena, given what is
+ * already counted: a layer's optimizer on the device brings the layer's
+ * weights and gradients with it (their own candidates' bytes, unless
+ * counted: it is scored against them), and once it is counted those
+ * candidates, and the layer's hot experts, add nothing. */
+typedef struct predict {
+  const cand *c;
+  int32_t *pre; /* [2 (L + 1)]: layer l's C_PARAMS_RESIDENT, C_GRADS_DEVICE candidate at [2 (l + 1) + 0, 1],
+                   or -1 */
+  uint8_t
+      *counted; /* [3 (L + 1)]: layer l's weights, gradients, optimizer counted, at [3 (l + 1) + 0, 1, 2] */
+} predict;
+
+static mf_status predict_init(const cand *c, int32_t n, int32_t L, predict *q) {
+  memset(q, 0, sizeof *q);
+  q->c = c;
+  mf_status st = mf_calloc(2 * ((size_t)L + 1), sizeof(int32_t), "plan", (void **)&q->pre);
+  if (st == MF_OK) st = mf_calloc(3 * ((size_t)L + 1), 1, "plan", (void **)&q->counted);
+  if (st != MF_OK) return st;
+  for (int32_t i = 0; i < 2 * (L + 1); i++) q->pre[i] = -1;
+  for (int32_t k = 0; k < n; k++)
+    if (c[k].kind == C_PARAMS_RESIDENT || c[k].kind == C_GRADS_DEVICE)
+      q->pre[2 * (c[k].layer + 1) + (c[k].kind == C_GRADS_DEVICE)] = k;
+  return MF_OK;
+}
+
+static void predict_free(predict *q) {
+  free(q->pre);
+  free(q->counted);
+}
+
+static double predict_bytes(const predict *q, const cand *k) {
+  const uint8_t *f = q->counted + 3 * (k->layer + 1);
+  switch (k->kind) {
+    case C_PARAMS_RESIDENT:
+      return f[0] || f[2] ? 0.0 : k->bytes;
+    case C_GRADS_DEVICE:
+      return f[1] || f[2] ? 0.0 : k->bytes;
+    case C_EXPERTS_HOT:
+      return f[2] ? 0.0 : k->bytes;
+    case C_OPTIM_DEVICE: {
+      double b = k->bytes;
+      for (int j = 0; j < 2; j++) {
+        const int32_t i = q->pre[2 * (k->layer + 1) + j];
+        if (!f[j] && i >= 0 && q->c[i].bytes > 0) b += q->c[i].bytes;
+      }
+      return b;
+    }
+    default:
+      return k->bytes;
+  }
+}
+
+static void predict_take(predict *q, const cand *k) {
+  uint8_t *f = q->counted + 3 * (k->layer + 1);
+  if (k->kind == C_PARAMS_RESIDENT) f[0] = 1;
+  if (k->kind == C_GRADS_DEVICE) f[1] = 1;
+  if (k->kind == C_OPTIM_DEVICE) f[0] = f[1] = f[2] = 1;
+}
+
 /* Applies the sorted candidates to `work` (the least-memory decisions) while
  * they fit (fit_of). Exact: one by one, each checked by building the
- * schedule. Fast (proxy scores): the longest prefix that fits, found by a
- * galloping search from the prefix the predicted bytes allow, then a few more
+ * schedule. Fast (proxy scores): the longest prefix that fits, searched from
+ * the prefix the predicted bytes allow — each next probe where the
+ * predictions, shifted by the last probe's miss, put the budget's edge, or
+ * the middle of what is left after two misses on one side — then a few more
  * candidates predicted to fit in what is left, checked one by one. */
 static mf_status apply_greedy(const side *s, const limits *lim, const cand *c, int32_t n, int fast,
-                              mf_decisions *work) {
+                              const mf_schedule *start, mf_decisions *work) {
   const mf_program *p = s->p;
   mf_decisions *d = NULL, *base = NULL;
   mf_status st = MF_OK;
-  size_t arena = 0;
+  size_t arena = 0, host = 0;
   int fit = 0;
   int32_t *sel = NULL, nsel = 0;
+  double *cum = NULL;    /* [nsel + 1] the predicted arena of each prefix of sel */
+  uint8_t *taken = NULL; /* [npos] applied */
+  predict q;
+  memset(&q, 0, sizeof q);
   MF_CHECK(mf_decisions_create(p, &d));
   MF_CHECK_GOTO(mf_decisions_create(p, &base), st, done);
   int32_t npos = 0;
@@ -526,75 +659,126 @@ static mf_status apply_greedy(const side *s, const limits *lim, const cand *c, i
      * longest prefix of them that really fits. */
     MF_CHECK_GOTO(mf_decisions_copy(work, base), st, done);
     MF_CHECK_GOTO(mf_calloc((size_t)npos + 1, sizeof(int32_t), "plan", (void **)&sel), st, done);
+    MF_CHECK_GOTO(mf_calloc((size_t)npos + 1, sizeof(double), "plan", (void **)&cum), st, done);
+    MF_CHECK_GOTO(predict_init(c, n, (int32_t)p->spec.layers, &q), st, done);
+    size_t arena_lo = start->arena_bytes, host_lo = start->host_act_bytes; /* prefix lo's */
     {
-      mf_schedule *b0 = NULL;
-      MF_CHECK_GOTO(mf_schedule_build(p, base, &b0), st, done);
-      double dev = (double)b0->arena_bytes, host = (double)b0->host_act_bytes;
-      mf_schedule_free(b0);
+      double dev = (double)start->arena_bytes, host = (double)start->host_act_bytes;
+      cum[0] = dev;
       for (int32_t k = 0; k < npos; k++) {
-        if (dev + c[k].bytes > (double)lim->device || host + c[k].host > (double)lim->host_acts) continue;
-        dev += c[k].bytes;
+        const double b = predict_bytes(&q, &c[k]);
+        if (dev + b > (double)lim->device || host + c[k].host > (double)lim->host_acts) continue;
+        dev += b;
         host += c[k].host;
+        predict_take(&q, &c[k]);
         sel[nsel++] = k;
+        cum[nsel] = dev;
       }
     }
     int32_t lo = 0, hi = nsel, builds = 0; /* prefix lo of sel fits; prefixes > hi do not */
-    int32_t probe = nsel, step = 1;
-    int dir = 0; /* 1: searching up, -1: down, 2: bracketed */
+    int32_t probe = nsel;
+    int last = -1, same = 0; /* the last probe's outcome, and how many in a row gave it */
     while (lo < hi) {
       const int32_t mid = probe;
       MF_CHECK_GOTO(mf_decisions_copy(base, d), st, done);
       for (int32_t k = 0; k < mid; k++) apply(s, &c[sel[k]], d);
-      MF_CHECK_GOTO(fit_of(p, d, lim, &arena, &fit), st, done);
+      MF_CHECK_GOTO(fit_of(p, d, lim, &arena, &host, &fit), st, done);
       builds++;
       if (fit) {
         lo = mid;
+        arena_lo = arena;
+        host_lo = host;
         MF_CHECK_GOTO(mf_decisions_copy(d, work), st, done);
       } else {
         hi = mid - 1;
       }
       if (lo >= hi) break;
-      /* Gallop down while it does not fit, then bisect. */
-      if (dir != 2 && (dir == 0 || (dir > 0) == fit)) {
-        dir = fit ? 1 : -1;
-        probe = fit ? mid + step : mid - step;
-        step *= 2;
-      } else {
-        dir = 2;
+      same = fit == last ? same + 1 : 1;
+      last = fit;
+      /* The longest prefix whose predicted arena, shifted by this probe's
+       * miss, is within the budget (when the arena is what did not fit). */
+      probe = -1;
+      if (same < 2 && (fit || (double)arena > (double)lim->device)) {
+        const double edge = (double)lim->device - ((double)arena - cum[mid]);
+        for (int32_t k = hi; k > lo && probe < 0; k--)
+          if (cum[k] <= edge) probe = k;
       }
-      if (dir == 2 || probe > hi || probe <= lo) probe = lo + (hi - lo + 1) / 2;
+      if (probe <= lo || probe > hi) probe = lo + (hi - lo + 1) / 2;
     }
-    /* Then up to 4 of the others predicted to fit in what is left. */
-    MF_CHECK_GOTO(fit_of(p, work, lim, &arena, &fit), st, done);
-    uint8_t *taken = NULL;
+    /* Then up to 4 of the others predicted to fit in what is left: first
+     * all of them at once, then, when they do not fit together, one by one. */
+    arena = arena_lo;
+    host = host_lo;
     MF_CHECK_GOTO(mf_calloc((size_t)npos + 1, 1, "plan", (void **)&taken), st, done);
-    for (int32_t k = 0; k < lo; k++) taken[sel[k]] = 1;
-    int tries = 0;
-    for (int32_t k = 0; k < npos && tries < 4 && st == MF_OK; k++) {
-      if (taken[k] || (double)arena + c[k].bytes > (double)lim->device) continue;
+    const size_t ncounted = 3 * ((size_t)p->spec.layers + 1);
+    memset(q.counted, 0, ncounted);
+    for (int32_t k = 0; k < lo; k++) taken[sel[k]] = 1, predict_take(&q, &c[sel[k]]);
+    int tries = 0, kept = 0, one_by_one = 1;
+    {
+      int32_t batch[4], nb = 0;
+      double dev = (double)arena, hb = (double)host;
+      MF_CHECK_GOTO(mf_decisions_copy(work, d), st, done);
+      for (int32_t k = 0; k < npos && nb < 4; k++) {
+        if (taken[k]) continue;
+        const double b = predict_bytes(&q, &c[k]);
+        if (dev + b > (double)lim->device || hb + c[k].host > (double)lim->host_acts ||
+            apply(s, &c[k], d) == 0)
+          continue;
+        dev += b;
+        hb += c[k].host;
+        batch[nb++] = k;
+        predict_take(&q, &c[k]);
+      }
+      size_t a = 0, h = 0;
+      if (nb > 1) {
+        MF_CHECK_GOTO(fit_of(p, d, lim, &a, &h, &fit), st, done);
+        tries++;
+        one_by_one = !fit;
+      }
+      if (one_by_one) { /* what the batch counted is not taken */
+        memset(q.counted, 0, ncounted);
+        for (int32_t k = 0; k < lo; k++) predict_take(&q, &c[sel[k]]);
+      } else {
+        MF_CHECK_GOTO(mf_decisions_copy(d, work), st, done);
+        for (int32_t b = 0; b < nb; b++) taken[batch[b]] = 1;
+        kept = nb;
+        arena = a;
+        host = h;
+      }
+    }
+    for (int32_t k = 0, n1 = 0; one_by_one && k < npos && n1 < 4 && st == MF_OK; k++) {
+      if (taken[k] || (double)arena + predict_bytes(&q, &c[k]) > (double)lim->device ||
+          (double)host + c[k].host > (double)lim->host_acts)
+        continue;
       st = mf_decisions_copy(work, d);
       if (st != MF_OK || apply(s, &c[k], d) == 0) continue;
-      size_t a = 0;
-      st = fit_of(p, d, lim, &a, &fit);
-      tries++;
+      size_t a = 0, h = 0;
+      st = fit_of(p, d, lim, &a, &h, &fit);
+      tries++, n1++;
       if (st == MF_OK && fit) {
         st = mf_decisions_copy(d, work);
+        predict_take(&q, &c[k]);
         arena = a;
+        host = h;
+        kept++;
       }
     }
-    free(taken);
-    MF_LOGD("plan", "applied %d of %d candidates (%d predicted to fit; %d schedules), then %d tries", (int)lo,
-            (int)npos, (int)nsel, builds, tries);
+    MF_LOGD("plan",
+            "applied %d of %d candidates (%d predicted to fit; %d schedules), then %d tries (%d kept)",
+            (int)lo, (int)npos, (int)nsel, builds, tries, kept);
     goto done;
   }
   for (int32_t k = 0; k < npos; k++) {
     MF_CHECK_GOTO(mf_decisions_copy(work, d), st, done);
     if (apply(s, &c[k], d) == 0) continue;
-    MF_CHECK_GOTO(fit_of(p, d, lim, &arena, &fit), st, done);
+    MF_CHECK_GOTO(fit_of(p, d, lim, &arena, &host, &fit), st, done);
     if (fit) MF_CHECK_GOTO(mf_decisions_copy(d, work), st, done);
   }
 done:
   free(sel);
+  free(cum);
+  free(taken);
+  predict_free(&q);
   mf_decisions_free(d);
   mf_decisions_free(base);
   return st;
@@ -622,6 +806,14 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
     for (int32_t i = 0; i < work->n_params; i++) {
       if (pins->param[i]) work->param[i] = fixed->param[i];
       if (pins->grad[i]) work->grad[i] = fixed->grad[i];
+      if (pins->optim && pins->optim[i]) {
+        work->optim[i] = fixed->optim[i];
+        /* The optimizer pinned on the device needs the weights resident and
+         * the gradient on the device (unless pinned otherwise: then the
+         * schedule says why it cannot be). */
+        if (work->optim[i] == MF_OPTIM_DEVICE && !pins->param[i]) work->param[i] = MF_PARAM_RESIDENT;
+        if (work->optim[i] == MF_OPTIM_DEVICE && !pins->grad[i]) work->grad[i] = MF_GRAD_DEVICE;
+      }
     }
     for (int32_t t = 0; t < work->n_tensors; t++)
       if (pins->act[t]) work->act[t] = fixed->act[t];
@@ -634,7 +826,7 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
   MF_CHECK_GOTO(side_build(p, pins, so ? so->expert_share : NULL, &full), st, done);
   MF_CHECK_GOTO(mf_threadpool_create(0, &pool), st, done);
   const int32_t L = (int32_t)p->spec.layers;
-  const int32_t cap = 4 * (L + 1) + 2 * (full.n_klass > L ? full.n_klass : L);
+  const int32_t cap = MAX_LAYER_CANDS * (L + 1) + 2 * (full.n_klass > L ? full.n_klass : L);
   MF_CHECK_GOTO(mf_calloc((size_t)cap, sizeof(cand), "plan", (void **)&cands), st, done);
 
   /* Scoring every candidate on the full step costs a simulation each; past a
@@ -656,7 +848,7 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
           proxy ? " on the proxy" : "", mf_time_now() - t0, (int)least->s->n_instr);
   qsort(cands, (size_t)n_cands, sizeof *cands, cmp_score);
   const limits lim = {budget, host_acts};
-  MF_CHECK_GOTO(apply_greedy(&full, &lim, cands, n_cands, proxy != NULL, work), st, done);
+  MF_CHECK_GOTO(apply_greedy(&full, &lim, cands, n_cands, proxy != NULL, least->s, work), st, done);
   MF_LOGD("plan", "applied in %.2f s", mf_time_now() - t0);
 
   MF_CHECK_GOTO(mf_plan_eval(p, hw, so, work, budget, MF_PLAN_CHOSEN, &best), st, done);

@@ -96,6 +96,10 @@ mf_status mf_plan_baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_
     int stream_g = kind == MF_PLAN_ZERO_OFFLOAD || kind == MF_PLAN_MEGATRAIN || kind == MF_PLAN_LEAST_MEMORY;
     d->param[i] = stream_w ? MF_PARAM_STREAM : MF_PARAM_RESIDENT;
     d->grad[i] = (stream_g && !p->forward_only) ? MF_GRAD_STREAM : MF_GRAD_DEVICE;
+    /* All resident and checkpointing update on the device, as plain PyTorch
+     * does; the offloading baselines keep the host optimizer. */
+    const int device_optim = kind == MF_PLAN_RESIDENT || kind == MF_PLAN_CHECKPOINT;
+    d->optim[i] = device_optim && !p->forward_only && p->adamw_op ? MF_OPTIM_DEVICE : MF_OPTIM_HOST;
   }
   memset(d->act, MF_ACT_KEEP, (size_t)d->n_tensors);
   if (kind == MF_PLAN_LEAST_MEMORY) mf_plan_least_activations(p, opt, d);

@@ -4,15 +4,23 @@
  *
  * Method (DESIGN.md "The planner, in short"): start from the least-memory plan
  * (every weight and gradient streamed, every activation the backward needs
- * recomputed where it can be, else offloaded); a budget that cannot hold even
- * that is an error stating the minimum and what takes it. Then spend the budget
- * greedily: candidate changes (a layer's weights resident, its gradients kept on
- * the device, an activation class kept, or offloaded instead of recomputed) are
- * each simulated once against the least-memory plan and applied in order of
- * predicted seconds saved per device byte while the arena fits (each checked
- * by building the schedule). Finally the chosen plan is compared with the
- * baselines that fit, and the planner never returns a plan predicted slower
- * than the best of them.
+ * recomputed where it can be, else offloaded, the optimizer on the host); a
+ * budget that cannot hold even that is an error stating the minimum and what
+ * takes it. Then spend the budget greedily: candidate changes (a layer's
+ * weights resident, its gradients kept on the device, an activation class
+ * kept, or offloaded instead of recomputed, and — a training step — a layer's
+ * optimizer on the device: all its parameters resident, their gradients on
+ * the device and their AdamW state there, for the layers and for the
+ * parameters of no layer: embeddings, final norm, head) are each simulated
+ * once against the least-memory plan (the optimizer's against the layer's
+ * weights resident and gradients on the device, so its gain is what the
+ * device optimizer saves — host AdamW time and the gradients' copies home —
+ * and its bytes the state's and the longer lifetimes) and applied in order
+ * of predicted seconds saved per device byte while the arena fits (each
+ * checked by building the schedule). Pinned decisions (mf_plan_pins) never
+ * change: a candidate that would change one is not offered. Finally the
+ * chosen plan is compared with the baselines that fit, and the planner never
+ * returns a plan predicted slower than the best of them.
  *
  * Large steps (instructions x candidates past a few million) are scored on a
  * proxy (planner/proxy.h): a short model with one representative of each kind
@@ -41,11 +49,14 @@ extern "C" {
 
 typedef enum mf_plan_kind {
   MF_PLAN_CHOSEN = 0,    /* the planner's */
-  MF_PLAN_RESIDENT,      /* everything on the device */
+  MF_PLAN_RESIDENT,      /* everything on the device, the optimizer (AdamW state) included: plain
+                            PyTorch-like */
   MF_PLAN_ZERO_OFFLOAD,  /* weights resident, gradients and optimizer at home (ZeRO-Offload-like) */
-  MF_PLAN_MEGATRAIN,     /* stream every layer's weights, recompute everything (MegaTrain-like) */
-  MF_PLAN_CHECKPOINT,    /* weights resident, every layer checkpointed: recompute inside layers */
-  MF_PLAN_LEAST_MEMORY,  /* the planner's starting point */
+  MF_PLAN_MEGATRAIN,     /* stream every layer's weights, recompute everything, optimizer at home
+                            (MegaTrain-like) */
+  MF_PLAN_CHECKPOINT,    /* all resident (the optimizer on the device too), every layer checkpointed:
+                            recompute inside layers */
+  MF_PLAN_LEAST_MEMORY,  /* the planner's starting point: optimizer at home */
   MF_PLAN_KIND_COUNT_
 } mf_plan_kind;
 

@@ -10,7 +10,8 @@
 #include "planner/plan_internal.h"
 
 /* memory.overrides onto d. A forward-only program has no gradients: what the
- * overrides say about them is for the training step, not for eval. */
+ * overrides say about them is for the training step, not for eval. (The
+ * optimizer's placement: mf_plan_apply_overrides keeps it consistent.) */
 static mf_status apply_overrides(const mf_program *p, const mf_config_memory *mem, mf_decisions *d,
                                  mf_plan_pins *pins) {
   MF_CHECK(mf_plan_apply_overrides(p, mem, d, pins));
@@ -46,7 +47,7 @@ static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, co
   const mf_config_memory *mem = rq->memory;
   const mf_plan_kind kind = kind_of(mem->plan_kind);
   mf_decisions *d = NULL;
-  mf_plan_pins pins = {NULL, NULL, NULL};
+  mf_plan_pins pins = {NULL, NULL, NULL, NULL};
   mf_plan *pl = NULL;
   mf_status st = MF_OK;
   char name[sizeof((mf_plan *)0)->name];
@@ -142,7 +143,7 @@ static void order_task(void *ctx, int i, int nw) {
     mf_program_opts po = rq->opts;
     po.order = j->order[o];
     mf_decisions *fixed = NULL;
-    mf_plan_pins pins = {NULL, NULL, NULL};
+    mf_plan_pins pins = {NULL, NULL, NULL, NULL};
     const int overrides = mem && mem->n_overrides > 0;
     mf_status st = mf_program_build(rq->params, &po, &j->prog[o]);
     /* Optimizer state spilled to NVMe bounds the host optimizer (an estimate

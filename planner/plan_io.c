@@ -21,7 +21,7 @@
 #include <string.h>
 
 #define PLAN_FORMAT "moefit-plan"
-#define PLAN_VERSION 2 /* 2: staging and host figures; 1 is still read */
+#define PLAN_VERSION 3 /* 3: optimizer placement; 2: staging and host figures; 1, 2 still read */
 #define PLAN_MAX_BYTES ((size_t)256 << 20)
 /* A plan nests three deep (top, tensors, entry); anything far deeper is not a
  * plan, and is refused before jansson recurses into it. */
@@ -33,6 +33,7 @@ static const char *const kind_names[K_COUNT_] = {"param", "grad", "act"};
 static const char *const kind_words[K_COUNT_] = {"resident, stream", "device, stream",
                                                  "keep, offload, recompute"};
 static const int kind_n_decisions[K_COUNT_] = {2, 2, 3};
+#define OPTIM_WORDS "host, device"
 
 static const char *decision_name(int kind, int dec) {
   if (kind == K_PARAM) return mf_param_dec_name((mf_param_dec)dec);
@@ -43,6 +44,13 @@ static const char *decision_name(int kind, int dec) {
 static int decision_from_word(int kind, const char *w) {
   for (int i = 0; i < kind_n_decisions[kind]; i++)
     if (strcmp(w, decision_name(kind, i)) == 0) return i;
+  return -1;
+}
+
+/* "host" / "device" -> mf_optim_dec, or -1. */
+static int optim_from_word(const char *w) {
+  for (int i = MF_OPTIM_HOST; i <= MF_OPTIM_DEVICE; i++)
+    if (strcmp(w, mf_optim_dec_name((mf_optim_dec)i)) == 0) return i;
   return -1;
 }
 
@@ -65,7 +73,8 @@ static void put(builder *b, json_t *o, const char *key, json_t *v) {
   if (!v || json_object_set_new(o, key, v) != 0) b->ok = 0;
 }
 
-static void put_entry(builder *b, json_t *arr, const mf_ptensor *x, int kind, int dec) {
+/* optim: the parameter's optimizer placement on a "param" entry, -1 on the others. */
+static void put_entry(builder *b, json_t *arr, const mf_ptensor *x, int kind, int dec, int optim) {
   json_t *e = json_object();
   if (!e) {
     b->ok = 0;
@@ -75,15 +84,27 @@ static void put_entry(builder *b, json_t *arr, const mf_ptensor *x, int kind, in
   put(b, e, "kind", json_string(kind_names[kind]));
   put(b, e, "bytes", json_integer((json_int_t)x->bytes));
   put(b, e, "decision", json_string(decision_name(kind, dec)));
+  if (optim >= 0) put(b, e, "optimizer", json_string(mf_optim_dec_name((mf_optim_dec)optim)));
   if (json_array_append_new(arr, e) != 0) b->ok = 0;
 }
 
 /* Refuses decisions the program does not allow, so every written plan reads back. */
 static mf_status check_decisions(const mf_program *p, const mf_decisions *d) {
-  for (int32_t i = 0; i < d->n_params; i++)
-    if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM)
-      return MF_ERR(MF_ERR_INVALID_ARG, "plan: parameter %s has decision %d/%d, out of range",
-                    p->params->params[i].name, d->param[i], d->grad[i]);
+  for (int32_t i = 0; i < d->n_params; i++) {
+    if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM || d->optim[i] > MF_OPTIM_DEVICE)
+      return MF_ERR(MF_ERR_INVALID_ARG, "plan: parameter %s has decision %d/%d/%d, out of range",
+                    p->params->params[i].name, d->param[i], d->grad[i], d->optim[i]);
+    if (d->optim[i] == MF_OPTIM_DEVICE && p->forward_only)
+      return MF_ERR(MF_ERR_INVALID_ARG,
+                    "plan: parameter %s has its optimizer on the device in a forward-only program",
+                    p->params->params[i].name);
+    if (d->optim[i] == MF_OPTIM_DEVICE && (d->param[i] != MF_PARAM_RESIDENT || d->grad[i] != MF_GRAD_DEVICE))
+      return MF_ERR(
+          MF_ERR_INVALID_ARG,
+          "plan: parameter %s has its optimizer on the device but its %s streamed (the optimizer on "
+          "the device needs params: resident, grads: device)",
+          p->params->params[i].name, d->param[i] != MF_PARAM_RESIDENT ? "weights" : "gradient");
+  }
   for (int32_t t = 0; t < d->n_tensors; t++) {
     uint8_t a = d->act[t];
     if (a == MF_ACT_KEEP) continue;
@@ -104,7 +125,8 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
   const uint64_t big = (uint64_t)INT64_MAX;
   if (f->device_budget_bytes > big || f->peak_device_bytes > big || f->arena_bytes > big ||
       f->staging_bytes > big || f->staging_slab_limit_bytes > big || f->staging_pool_bytes > big ||
-      f->host_bytes > big || !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
+      f->host_bytes > big || f->persist_bytes > big || !isfinite(f->predicted_step_seconds) ||
+      f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
   MF_CHECK(check_decisions(p, d));
 
@@ -139,13 +161,14 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
     put(&b, root, "staging_slab_limit_bytes", json_integer((json_int_t)f->staging_slab_limit_bytes));
     put(&b, root, "staging_pool_bytes", json_integer((json_int_t)f->staging_pool_bytes));
     put(&b, root, "host_bytes", json_integer((json_int_t)f->host_bytes));
+    put(&b, root, "persist_bytes", json_integer((json_int_t)f->persist_bytes));
     for (int32_t i = 0; i < d->n_params; i++)
-      put_entry(&b, tensors, &p->tensors[p->param_tensor[i]], K_PARAM, d->param[i]);
+      put_entry(&b, tensors, &p->tensors[p->param_tensor[i]], K_PARAM, d->param[i], d->optim[i]);
     if (!p->forward_only)
       for (int32_t i = 0; i < d->n_params; i++)
-        put_entry(&b, tensors, &p->tensors[p->grad_tensor[i]], K_GRAD, d->grad[i]);
+        put_entry(&b, tensors, &p->tensors[p->grad_tensor[i]], K_GRAD, d->grad[i], -1);
     for (int32_t t = 0; t < p->n_tensors; t++)
-      if (plan_kind(p, t) == K_ACT) put_entry(&b, tensors, &p->tensors[t], K_ACT, d->act[t]);
+      if (plan_kind(p, t) == K_ACT) put_entry(&b, tensors, &p->tensors[t], K_ACT, d->act[t], -1);
     put(&b, root, "tensors", tensors);
     tensors = NULL;
   }
@@ -281,7 +304,7 @@ static const char *const v2_figures[] = {"staging_bytes", "staging_slab_limit_by
                                          "host_bytes"};
 
 static mf_status read_figures(const reader *r, const json_t *root, int64_t version, mf_plan_figures *f) {
-  int64_t v[7] = {0, 0, 0, 0, 0, 0, 0};
+  int64_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   MF_CHECK(get_int(r, root, "", "device_budget_bytes", &v[0]));
   MF_CHECK(get_int(r, root, "", "peak_device_bytes", &v[1]));
   MF_CHECK(get_int(r, root, "", "arena_bytes", &v[2]));
@@ -292,6 +315,11 @@ static mf_status read_figures(const reader *r, const json_t *root, int64_t versi
       return rerr(r, MF_ERR_FORMAT, v2_figures[i], "a version-1 plan has no '%s' (it came with version 2)",
                   v2_figures[i]);
   }
+  if (version >= 3)
+    MF_CHECK(get_int(r, root, "", "persist_bytes", &v[7]));
+  else if (json_object_get(root, "persist_bytes"))
+    return rerr(r, MF_ERR_FORMAT, "persist_bytes",
+                "a version-%lld plan has no 'persist_bytes' (it came with version 3)", (long long)version);
   json_t *sec;
   MF_CHECK(get(r, root, "(top level)", "predicted_step_seconds", &sec));
   if (!json_is_number(sec) || json_number_value(sec) < 0)
@@ -305,18 +333,60 @@ static mf_status read_figures(const reader *r, const json_t *root, int64_t versi
   f->staging_slab_limit_bytes = (uint64_t)v[4];
   f->staging_pool_bytes = (uint64_t)v[5];
   f->host_bytes = (uint64_t)v[6];
+  f->persist_bytes = (uint64_t)v[7];
+  return MF_OK;
+}
+
+/* A "param" entry's "optimizer" (version 3; absent before: host). The
+ * placement's other needs — the weights resident (this entry's decision) and
+ * the gradient on the device (its own entry, checked once all are read:
+ * check_optim) — are checked here and there. */
+static mf_status read_optim(const reader *r, const json_t *e, const char *place, int kind, int dec,
+                            int64_t version, const char *name, int *optim) {
+  char field[80], q[128];
+  const json_t *o = json_object_get(e, "optimizer");
+  snprintf(field, sizeof field, "%s.optimizer", place);
+  *optim = MF_OPTIM_HOST;
+  if (kind != K_PARAM) {
+    if (o)
+      return rerr(r, MF_ERR_FORMAT, field, "only a param entry has an optimizer placement, this is a%s %s",
+                  kind == K_ACT ? "n" : "", kind_names[kind]);
+    return MF_OK;
+  }
+  if (version < 3) {
+    if (o)
+      return rerr(r, MF_ERR_FORMAT, field, "a version-%lld plan has no 'optimizer' (it came with version 3)",
+                  (long long)version);
+    return MF_OK;
+  }
+  if (!o) return rerr(r, MF_ERR_FORMAT, place, "missing 'optimizer' (" OPTIM_WORDS ")");
+  if (!json_is_string(o))
+    return rerr(r, MF_ERR_FORMAT, field, "expected a string (" OPTIM_WORDS ") for '%s', got %s", name,
+                mf_io_json_kind(o, 0));
+  *optim = optim_from_word(json_string_value(o));
+  if (*optim < 0)
+    return rerr(r, MF_ERR_FORMAT, field, "'%s' is not an optimizer placement (" OPTIM_WORDS ") for '%s'",
+                mf_io_json_printable(json_string_value(o), q, sizeof q), name);
+  if (*optim == MF_OPTIM_DEVICE && r->p->forward_only)
+    return rerr(r, MF_ERR_CONFIG, field, "'%s': a forward-only program has no optimizer; host", name);
+  if (*optim == MF_OPTIM_DEVICE && dec != MF_PARAM_RESIDENT)
+    return rerr(r, MF_ERR_CONFIG, field,
+                "'%s' has its optimizer on the device but its weights streamed; the optimizer on the device "
+                "needs them resident (decision: resident, or optimizer: host)",
+                name);
   return MF_OK;
 }
 
 /* One entry of "tensors"; seen[t] holds the entry that named tensor t, or -1. */
-static mf_status read_entry(const reader *r, const json_t *e, size_t i, int32_t *seen, mf_decisions *d) {
-  static const char *const keys[] = {"name", "kind", "bytes", "decision"};
+static mf_status read_entry(const reader *r, const json_t *e, size_t i, int64_t version, int32_t *seen,
+                            mf_decisions *d) {
+  static const char *const keys[] = {"name", "kind", "bytes", "decision", "optimizer"};
   const mf_program *p = r->p;
   char place[64], field[80], q[128];
   snprintf(place, sizeof place, "tensors[%zu]", i);
   if (!json_is_object(e))
     return rerr(r, MF_ERR_FORMAT, place, "expected an object, got %s", mf_io_json_kind(e, 0));
-  MF_CHECK(only_keys(r, e, place, keys, 4));
+  MF_CHECK(only_keys(r, e, place, keys, 5));
   json_t *v[4];
   for (int k = 0; k < 4; k++) {
     MF_CHECK(get(r, e, place, keys[k], &v[k]));
@@ -369,12 +439,33 @@ static mf_status read_entry(const reader *r, const json_t *e, size_t i, int32_t 
                 "'%s' cannot be recomputed (its forward ops cannot run again before "
                 "the backward); keep or offload it",
                 q);
-  if (kind == K_PARAM)
+  int optim;
+  MF_CHECK(read_optim(r, e, place, kind, dec, version, q, &optim));
+  if (kind == K_PARAM) {
     d->param[p->tensors[t].param] = (uint8_t)dec;
-  else if (kind == K_GRAD)
+    d->optim[p->tensors[t].param] = (uint8_t)optim;
+  } else if (kind == K_GRAD)
     d->grad[p->tensors[t].param] = (uint8_t)dec;
   else
     d->act[t] = (uint8_t)dec;
+  return MF_OK;
+}
+
+/* The optimizer on the device needs the gradient on the device too; the
+ * gradient's entry may come anywhere in the file, so this waits for all. */
+static mf_status check_optim(const reader *r, const int32_t *seen, const mf_decisions *d) {
+  const mf_program *p = r->p;
+  char place[80], q[128];
+  for (int32_t i = 0; i < d->n_params; i++) {
+    if (d->optim[i] != MF_OPTIM_DEVICE || d->grad[i] == MF_GRAD_DEVICE) continue;
+    snprintf(place, sizeof place, "tensors[%d].optimizer", (int)seen[p->param_tensor[i]]);
+    mf_io_json_printable(p->params->params[i].name, q, sizeof q);
+    return rerr(r, MF_ERR_CONFIG, place,
+                "'%s' has its optimizer on the device but its gradient streamed (tensors[%d]: '%s' is "
+                "stream); the optimizer on the device needs the gradient on the device (decision: device, or "
+                "optimizer: host)",
+                q, (int)seen[p->grad_tensor[i]], p->tensors[p->grad_tensor[i]].name);
+  }
   return MF_OK;
 }
 
@@ -408,6 +499,7 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
                                      "staging_slab_limit_bytes",
                                      "staging_pool_bytes",
                                      "host_bytes",
+                                     "persist_bytes",
                                      "tensors"};
   char q[128];
   if (!json_is_object(root))
@@ -447,9 +539,10 @@ static mf_status read_root(const reader *r, const json_t *root, mf_decisions *d,
   size_t i;
   json_t *e;
   json_array_foreach(tensors, i, e) {
-    MF_CHECK_GOTO(read_entry(r, e, i, seen, d), st, done);
+    MF_CHECK_GOTO(read_entry(r, e, i, json_integer_value(ver), seen, d), st, done);
   }
   MF_CHECK_GOTO(check_covered(r, seen), st, done);
+  MF_CHECK_GOTO(check_optim(r, seen, d), st, done);
 done:
   free(seen);
   return st;
@@ -510,7 +603,8 @@ mf_status mf_plan_pins_create(const mf_program *p, mf_plan_pins *pins) {
   pins->param = (uint8_t *)calloc(np, 1);
   pins->grad = (uint8_t *)calloc(np, 1);
   pins->act = (uint8_t *)calloc(nt, 1);
-  if (!pins->param || !pins->grad || !pins->act) {
+  pins->optim = (uint8_t *)calloc(np, 1);
+  if (!pins->param || !pins->grad || !pins->act || !pins->optim) {
     mf_plan_pins_free(pins);
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan pins: out of memory");
   }
@@ -522,6 +616,7 @@ void mf_plan_pins_free(mf_plan_pins *pins) {
   free(pins->param);
   free(pins->grad);
   free(pins->act);
+  free(pins->optim);
   memset(pins, 0, sizeof *pins);
 }
 
@@ -540,8 +635,8 @@ static int matches(const char *pattern, const char *name) {
 }
 
 typedef struct scratch {
-  uint8_t *param, *grad, *act;    /* decisions being built */
-  uint8_t *pparam, *pgrad, *pact; /* pins being built */
+  uint8_t *param, *grad, *act, *optim;     /* decisions being built */
+  uint8_t *pparam, *pgrad, *pact, *poptim; /* pins being built */
 } scratch;
 
 #define OV_ERR(st, ...) ov_err((st), where, k, __VA_ARGS__)
@@ -556,13 +651,34 @@ static mf_status ov_err(mf_status s, const char *where, size_t k, const char *fm
   return MF_ERR(s, "%s: memory.overrides[%zu]: %s", where, k, msg);
 }
 
-static mf_status apply_one(const mf_program *p, const mf_config_mem_override *o, size_t k, scratch *x) {
+/* Where the pin on parameter i's weights (grads 0) or gradient (grads 1)
+ * came from, for a message: the last override before k that decided it (every
+ * one before k applied cleanly, so that one set the pinned value), or the
+ * caller's pins. */
+static void pin_origin(const mf_program *p, const mf_config_memory *mem, size_t k, int64_t i, int grads,
+                       char *out, size_t n) {
+  for (size_t j = k; j-- > 0;) {
+    const mf_config_mem_override *o = &mem->overrides[j];
+    if (!(grads ? o->grads : o->params) || !o->match || !matches(o->match, p->params->params[i].name))
+      continue;
+    const char *w = o->where ? o->where : "config", *here = mem->overrides[k].where;
+    if (here && strcmp(w, here) == 0) /* the same place (a command-line list): the index says it */
+      snprintf(out, n, "memory.overrides[%zu]", j);
+    else
+      snprintf(out, n, "memory.overrides[%zu] (%s)", j, w);
+    return;
+  }
+  snprintf(out, n, "a pin made before memory.overrides");
+}
+
+static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, size_t k, scratch *x) {
+  const mf_config_mem_override *o = &mem->overrides[k];
   const char *where = o->where ? o->where : "config";
   char q[128], q2[128];
   if (!o->match || !*o->match) return OV_ERR(MF_ERR_CONFIG, "missing 'match' (the tensor-name pattern)");
   const char *pat = o->match;
   mf_io_json_printable(pat, q, sizeof q);
-  int pd = -1, gd = -1, ad = -1;
+  int pd = -1, gd = -1, ad = -1, od = -1;
   if (o->params && (pd = decision_from_word(K_PARAM, o->params)) < 0)
     return OV_ERR(MF_ERR_CONFIG, "params: '%s' is not a decision for params (resident, stream)%s",
                   mf_io_json_printable(o->params, q2, sizeof q2),
@@ -575,22 +691,49 @@ static mf_status apply_one(const mf_program *p, const mf_config_mem_override *o,
     return OV_ERR(MF_ERR_CONFIG,
                   "activations: '%s' is not a decision for activations (keep, offload, recompute)",
                   mf_io_json_printable(o->activations, q2, sizeof q2));
-  if (o->optimizer) {
-    if (strcmp(o->optimizer, "device") == 0)
-      return OV_ERR(MF_ERR_UNSUPPORTED,
-                    "optimizer: device: AdamW on the device is not supported yet; "
-                    "use host (or leave optimizer out)");
-    if (strcmp(o->optimizer, "host") != 0)
-      return OV_ERR(MF_ERR_CONFIG, "optimizer: '%s' is not an optimizer placement (host, device)",
-                    mf_io_json_printable(o->optimizer, q2, sizeof q2));
+  if (o->optimizer && (od = optim_from_word(o->optimizer)) < 0)
+    return OV_ERR(MF_ERR_CONFIG, "optimizer: '%s' is not an optimizer placement (" OPTIM_WORDS ")",
+                  mf_io_json_printable(o->optimizer, q2, sizeof q2));
+  /* A forward-only program has no optimizer: the placement is the training
+   * step's, so it changes nothing here (its words are still checked). */
+  const int optim = od >= 0 && !p->forward_only;
+  if (optim && od == MF_OPTIM_DEVICE) {
+    if (pd == MF_PARAM_STREAM)
+      return OV_ERR(MF_ERR_CONFIG,
+                    "optimizer: device needs the weights resident, but this override says params: stream "
+                    "(the optimizer on the device updates weights that stay on the device)");
+    if (gd == MF_GRAD_STREAM)
+      return OV_ERR(MF_ERR_CONFIG,
+                    "optimizer: device needs the gradients on the device, but this override says grads: "
+                    "stream");
+    for (int64_t i = 0; i < p->params->n; i++) {
+      if (!matches(pat, p->params->params[i].name)) continue;
+      const int weights = x->pparam[i] && x->param[i] == MF_PARAM_STREAM;
+      if (!weights && !(x->pgrad[i] && x->grad[i] == MF_GRAD_STREAM)) continue;
+      char from[600];
+      pin_origin(p, mem, k, i, !weights, from, sizeof from);
+      return OV_ERR(MF_ERR_CONFIG,
+                    "optimizer: device for %s, which '%s' matches: %s pins its %s to stream, and the "
+                    "optimizer on the device needs %s on the device (drop that pin, or optimizer: host)",
+                    p->params->params[i].name, q, from, weights ? "weights" : "gradient",
+                    weights ? "them" : "it");
+    }
   }
-  if (pd >= 0 || gd >= 0 || o->optimizer) {
+  if (pd >= 0 || gd >= 0 || od >= 0) {
     int64_t hit = 0;
     for (int64_t i = 0; i < p->params->n; i++) {
       if (!matches(pat, p->params->params[i].name)) continue;
       hit++;
       if (pd >= 0) x->param[i] = (uint8_t)pd, x->pparam[i] = 1;
       if (gd >= 0) x->grad[i] = (uint8_t)gd, x->pgrad[i] = 1;
+      if (optim) x->optim[i] = (uint8_t)od, x->poptim[i] = 1;
+      if (optim && od == MF_OPTIM_DEVICE) { /* what the optimizer on the device needs, pinned with it */
+        x->param[i] = MF_PARAM_RESIDENT, x->pparam[i] = 1;
+        x->grad[i] = MF_GRAD_DEVICE, x->pgrad[i] = 1;
+      }
+      /* Weights or gradient streamed (this entry winning over an earlier
+       * optimizer: device, or over the base decisions): the host updates. */
+      if (x->param[i] != MF_PARAM_RESIDENT || x->grad[i] != MF_GRAD_DEVICE) x->optim[i] = MF_OPTIM_HOST;
     }
     if (!hit) {
       int64_t ex = p->params->n > 1 ? 1 : 0;
@@ -628,24 +771,32 @@ mf_status mf_plan_apply_overrides(const mf_program *p, const mf_config_memory *m
   if (!p || !d) return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_apply_overrides: NULL argument");
   if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_apply_overrides: decisions are for another program");
-  if (pins && (!pins->param || !pins->grad || !pins->act))
+  if (pins && (!pins->param || !pins->grad || !pins->act || !pins->optim))
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_apply_overrides: pins not created");
   if (!mem || mem->n_overrides == 0) return MF_OK;
   /* Built on copies, so a failing override leaves decisions and pins as they were. */
-  const size_t np = (size_t)d->n_params, nt = (size_t)d->n_tensors, total = 2 * (np + np + nt);
+  const size_t np = (size_t)d->n_params, nt = (size_t)d->n_tensors, half = 3 * np + nt;
   uint8_t *buf = NULL;
-  MF_CHECK(mf_calloc(total + 1, 1, "memory.overrides", (void **)&buf));
-  scratch x = {buf, buf + np, buf + 2 * np, buf + 2 * np + nt, buf + 3 * np + nt, buf + 4 * np + nt};
+  MF_CHECK(mf_calloc(2 * half + 1, 1, "memory.overrides", (void **)&buf));
+  scratch x = {buf,        buf + np,        buf + 2 * np,        buf + 2 * np + nt,
+               buf + half, buf + half + np, buf + half + 2 * np, buf + half + 2 * np + nt};
   memcpy(x.param, d->param, np), memcpy(x.grad, d->grad, np), memcpy(x.act, d->act, nt);
-  if (pins) memcpy(x.pparam, pins->param, np), memcpy(x.pgrad, pins->grad, np), memcpy(x.pact, pins->act, nt);
+  memcpy(x.optim, d->optim, np);
+  if (pins) {
+    memcpy(x.pparam, pins->param, np), memcpy(x.pgrad, pins->grad, np), memcpy(x.pact, pins->act, nt);
+    memcpy(x.poptim, pins->optim, np);
+  }
   mf_status st = MF_OK;
-  for (size_t k = 0; k < mem->n_overrides && st == MF_OK; k++) st = apply_one(p, &mem->overrides[k], k, &x);
+  for (size_t k = 0; k < mem->n_overrides && st == MF_OK; k++) st = apply_one(p, mem, k, &x);
   if (st == MF_OK) {
     memcpy(d->param, x.param, np), memcpy(d->grad, x.grad, np), memcpy(d->act, x.act, nt);
-    if (pins)
+    memcpy(d->optim, x.optim, np);
+    if (pins) {
       memcpy(pins->param, x.pparam, np), memcpy(pins->grad, x.pgrad, np), memcpy(pins->act, x.pact, nt);
+      memcpy(pins->optim, x.poptim, np);
+    }
   } else {
-    mf_error_trace(__FILE__, __LINE__, "apply_one(p, &mem->overrides[k], k, &x)");
+    mf_error_trace(__FILE__, __LINE__, "apply_one(p, mem, k, &x)");
   }
   free(buf);
   return st;

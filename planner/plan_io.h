@@ -2,20 +2,29 @@
  * Plans as data: decisions written to and read from versioned JSON, and the
  * config's memory.overrides applied to decisions.
  *
- * The JSON (format "moefit-plan", version 2):
+ * The JSON (format "moefit-plan", version 3):
  *   {
- *     "format": "moefit-plan", "version": 2,
+ *     "format": "moefit-plan", "version": 3,
  *     "model": {"family": "mixtral", "layers": 32, "hidden": 4096, "experts": 8, ...},
  *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8, "order": "layer-major"},
  *     "device_budget_bytes": N, "peak_device_bytes": N, "arena_bytes": N,
  *     "predicted_step_seconds": x,
  *     "staging_bytes": N, "staging_slab_limit_bytes": N, "staging_pool_bytes": N,
- *     "host_bytes": N,
- *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "stream"}, ...]
+ *     "host_bytes": N, "persist_bytes": N,
+ *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "resident",
+ *                  "optimizer": "device"},
+ *                 {"name": "grad....", "kind": "grad", "bytes": N, "decision": "device"}, ...]
  *   }
- * Every parameter appears twice — its weight ("param": resident | stream) and
- * its gradient ("grad": device | stream) — and every activation that may be
- * offloaded or recomputed once ("act": keep | offload | recompute). Names are
+ * Every parameter appears twice — its weight ("param": resident | stream, and
+ * "optimizer": host | device, where its AdamW update runs: mf_decisions.optim)
+ * and its gradient ("grad": device | stream) — and every activation that may
+ * be offloaded or recomputed once ("act": keep | offload | recompute); only
+ * "param" entries have "optimizer". "device" needs the weights resident and
+ * the gradient on the device (planner/schedule.h); reading refuses it
+ * otherwise, and in a forward-only program (MF_ERR_CONFIG, naming the file,
+ * the entry and the tensor). persist_bytes is the schedule's persistent
+ * device bytes (weights and AdamW state of the parameters updated on the
+ * device, filled once and kept across steps). Names are
  * the program's: the parameter's name, "grad." + it, and the activation's with
  * its micro-batch ("mb1.model.layers.0.mlp.experts.act"); a forward-only
  * program has no "grad" entries. Reading validates the format, the version,
@@ -28,7 +37,10 @@
  * micro-batch order) are still read: they must not have the version-2 keys;
  * the figures read back as 0 and the order is micro-batch-major. Version 2
  * requires them; batch.order ("micro-batch-major" or "layer-major") must be
- * the program's (MF_ERR_CONFIG otherwise). The writer writes version 2.
+ * the program's (MF_ERR_CONFIG otherwise). Version 1 and 2 files (written
+ * before the optimizer's placement) must not have "optimizer" or
+ * "persist_bytes": every optimizer reads back as host and persist_bytes as 0.
+ * Version 3 requires both. The writer writes version 3.
  */
 #ifndef MF_PLANNER_PLAN_IO_H
 #define MF_PLANNER_PLAN_IO_H
@@ -55,8 +67,16 @@ typedef struct mf_plan_figures {
   uint64_t staging_slab_limit_bytes; /* its max_slab_bytes, to lay it out again the same way */
   uint64_t staging_pool_bytes;       /* the ZeRO-Infinity-style pool on the same timeline */
   uint64_t host_bytes;               /* host memory in all (planner/host.h), the staging arena included */
+  /* Version 3 (0 when read from an older file). */
+  uint64_t persist_bytes; /* the schedule's persist_bytes: device bytes kept across steps (weights and
+                             AdamW state of the parameters whose optimizer is on the device) */
 } mf_plan_figures;
 
+/* Writes d (which must be decisions the program allows: an activation decision
+ * only on an offloadable activation, recompute only on a recomputable one, the
+ * optimizer on the device only with the weights resident and the gradient on
+ * the device, never in a forward-only program — MF_ERR_INVALID_ARG otherwise,
+ * nothing written) and f to path, atomically. */
 mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const mf_plan_figures *f, const char *path);
 /* Reads decisions for program p (which must have the plan's model and batch);
  * f may be NULL. */
@@ -67,19 +87,35 @@ typedef struct mf_plan_pins {
   uint8_t *param; /* [n_params] */
   uint8_t *grad;  /* [n_params] */
   uint8_t *act;   /* [n_tensors] */
+  uint8_t *optim; /* [n_params] the optimizer's placement (mf_decisions.optim) */
 } mf_plan_pins;
 
 mf_status mf_plan_pins_create(const mf_program *p, mf_plan_pins *pins);
 void mf_plan_pins_free(mf_plan_pins *pins);
 
 /* Applies memory.overrides: for each entry, every parameter whose name matches
- * `match` (shell glob: * ? [..]) gets `params` (resident|stream) and `grads`
- * (device|stream); every offloadable activation whose name without the "mbN."
- * prefix (or with it, to pick one micro-batch) matches gets `activations`
- * (keep|offload|recompute); `optimizer` accepts host only (device AdamW comes
- * later). A pattern that matches no parameter (for params, grads, optimizer)
- * or no offloadable activation (for activations), an unknown decision word, or
- * an impossible one (recompute for an activation that cannot be recomputed) is
+ * `match` (shell glob: * ? [..]) gets `params` (resident|stream), `grads`
+ * (device|stream) and `optimizer` (host|device: where its AdamW update runs);
+ * every offloadable activation whose name without the "mbN." prefix (or with
+ * it, to pick one micro-batch) matches gets `activations`
+ * (keep|offload|recompute). Each decision given is pinned.
+ *
+ * `optimizer: device` needs the weights resident and the gradient on the
+ * device, so it pins those too: an entry with `optimizer: device` and nothing
+ * else pins params resident, grads device and optimizer device for the
+ * parameters it matches. With `params: stream` or `grads: stream` in the same
+ * entry, or for a parameter an earlier entry (or pins made before) pinned to
+ * stream weights or gradient, it is an error naming the override's place (and
+ * the earlier entry's, with the parameter). A later entry that streams the
+ * weights or gradient of a parameter wins over an earlier `optimizer: device`:
+ * that parameter's optimizer goes back to the host (as it does for any
+ * parameter whose weights or gradient end up streamed, whatever d said). A
+ * forward-only program has no optimizer: `optimizer` changes nothing there
+ * (its word and pattern are still checked).
+ *
+ * A pattern that matches no parameter (for params, grads, optimizer) or no
+ * offloadable activation (for activations), an unknown decision word, or an
+ * impossible one (recompute for an activation that cannot be recomputed) is
  * an error naming the override's place in the config ("x.yaml:14:7:
  * memory.overrides[0]: ..."). Later entries win; on error d and pins are
  * untouched. pins may be NULL. */

@@ -117,6 +117,7 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
     po.forward_only = full->forward_only;
     po.order = full->order;
     po.storage = full->storage;
+    po.moments = full->moments;
     MF_CHECK_GOTO(mf_program_build(x->params, &po, &x->prog), st, fail);
   }
   MF_CHECK_GOTO(mf_calloc((size_t)n, sizeof(int32_t), "plan", (void **)&x->full_layer), st, fail);
@@ -149,7 +150,8 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
     char name[sizeof pt->name];
     int32_t r = pt->layer;
     x->tensor_full[t] = -1;
-    if (pt->kind == MF_T_PARAM || pt->kind == MF_T_GRAD) continue; /* by parameter */
+    if (pt->kind == MF_T_PARAM || pt->kind == MF_T_GRAD || pt->kind == MF_T_OPT) continue; /* by parameter */
+    if (t == x->prog->norm_sums) continue; /* every parameter's: no one tensor of the full program's */
     if (!mf_plan_proxy_rename(pt->name, r, r >= 0 ? x->full_layer[r] : r, name, sizeof name)) {
       ok = 0;
       break;

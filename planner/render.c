@@ -79,16 +79,17 @@ typedef enum cat {
   CAT_BWD,
   CAT_RECOMPUTE,
   CAT_LOSS,
+  CAT_OPTIM, /* the optimizer on the device: NORM (gradient chunk sums) and OPTIM (AdamW) ops */
   CAT_UPLOAD,
   CAT_DOWNLOAD,
   CAT_ZERO,
   CAT_N
 } cat;
 
-static const char *const k_cat_name[CAT_N] = {"forward",  "backward", "recompute",      "loss",
-                                              "upload",   "download", "zero/accumulate"};
+static const char *const k_cat_name[CAT_N] = {"forward",          "backward", "recompute", "loss",
+                                              "device optimizer", "upload",   "download",  "zero/accumulate"};
 static const char *const k_cat_color[CAT_N] = {"#4c78a8", "#e45756", "#f58518", "#b279a2",
-                                               "#54a24b", "#72b7b2", "#9d9d9d"};
+                                               "#eeca3b", "#54a24b", "#72b7b2", "#9d9d9d"};
 static const char *const k_lane_name[MF_SIM_STREAMS] = {"compute", "H2D", "D2H"};
 
 static cat instr_cat(const mf_schedule *s, const mf_instr *in) {
@@ -96,6 +97,7 @@ static cat instr_cat(const mf_schedule *s, const mf_instr *in) {
     case MF_I_RUN: {
       if (in->recompute) return CAT_RECOMPUTE;
       const mf_phase ph = s->prog->ops[in->op].phase;
+      if (ph == MF_PHASE_NORM || ph == MF_PHASE_OPTIM) return CAT_OPTIM;
       return ph == MF_PHASE_BWD ? CAT_BWD : ph == MF_PHASE_LOSS ? CAT_LOSS : CAT_FWD;
     }
     case MF_I_H2D: return CAT_UPLOAD;
@@ -425,6 +427,22 @@ mf_status mf_render_svg(const mf_plan *plan, const char *title, const char *path
               y + k_lane_h / 2 + 4, k_lane_name[k]);
     lane(&c, k, y);
   }
+  /* The OPTIM part (planner/schedule.h optim_begin): the device's AdamW
+   * updates, which wait for the host's global gradient norm. */
+  if (s->optim_begin >= 0 && s->optim_begin < s->n_instr) {
+    double t_opt = r->start[s->optim_begin];
+    for (int32_t i = s->optim_begin; i < s->n_instr; i++)
+      if (r->start[i] < t_opt) t_opt = r->start[i];
+    const double xo = xat(&c, t_opt);
+    sb_printf(
+        &b,
+        "<line id=\"optim-begin\" x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"%s\" "
+        "stroke-width=\"1.5\" stroke-dasharray=\"3 2\"><title>device optimizer (AdamW of %d parameters) "
+        "from ",
+        xo, k_lane_y - 6, xo, lanes_bot + 6, k_cat_color[CAT_OPTIM], (int)s->n_optim_device);
+    sb_time(&b, t_opt);
+    sb_printf(&b, ", once the host has the global gradient norm</title></line>\n");
+  }
   if (r->step_seconds > r->streams_seconds) {
     const double xs = xat(&c, r->streams_seconds), xe = xat(&c, r->step_seconds);
     sb_printf(&b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"#cccccc\" fill-opacity=\"0.5\">"
@@ -454,4 +472,92 @@ mf_status mf_render_svg(const mf_plan *plan, const char *title, const char *path
   free(b.p);
   if (st != MF_OK) mf_error_trace(__FILE__, __LINE__, "mf_write_file_atomic(path, b.p, b.n)");
   return st;
+}
+
+/* ------------------------------------------------------ the text tables */
+
+static mf_status check_text_args(const mf_program *p, const mf_decisions *d, FILE *out, const char *fn) {
+  if (!p || !d || !out) return MF_ERR(MF_ERR_INVALID_ARG, "%s: NULL argument", fn);
+  if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors || !d->optim)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: decisions are for another program", fn);
+  return MF_OK;
+}
+
+static mf_status text_done(FILE *out, const char *fn) {
+  if (ferror(out)) return MF_ERR(MF_ERR_IO, "%s: writing the table failed", fn);
+  return MF_OK;
+}
+
+/* "host", "device", "mixed D/N" (D of the N on the device) or "-" (none, or no optimizer). */
+static void optim_word(const mf_program *p, int n, int dev, char *buf, size_t cap) {
+  if (p->forward_only || n == 0)
+    snprintf(buf, cap, "-");
+  else if (dev == 0)
+    snprintf(buf, cap, "host");
+  else if (dev == n)
+    snprintf(buf, cap, "device");
+  else
+    snprintf(buf, cap, "mixed %d/%d", dev, n);
+}
+
+mf_status mf_render_layer_table(const mf_program *p, const mf_decisions *d, FILE *out) {
+  MF_CHECK(check_text_args(p, d, out, "mf_render_layer_table"));
+  const int32_t L = (int32_t)p->spec.layers;
+  fprintf(out,
+          "\nper layer:  weights res/stream   grads dev/stream        optimizer      "
+          "activations keep/offload/recompute\n");
+  for (int32_t l = -1; l < L; l++) {
+    int wr = 0, ws = 0, gd = 0, gs = 0, od = 0, n = 0, ak = 0, ao = 0, ar = 0;
+    for (int32_t i = 0; i < d->n_params; i++) {
+      if (p->params->params[i].layer != l) continue;
+      n++;
+      d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+      d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
+      od += d->optim[i] == MF_OPTIM_DEVICE;
+    }
+    for (int32_t t = 0; t < p->n_tensors; t++) {
+      if (p->tensors[t].layer != l || !mf_schedule_can_offload(p, t)) continue;
+      d->act[t] == MF_ACT_KEEP ? ak++ : d->act[t] == MF_ACT_OFFLOAD ? ao++ : ar++;
+    }
+    char ow[32];
+    optim_word(p, n, od, ow, sizeof ow);
+    if (l < 0)
+      fprintf(out, "  embed/head   %5d/%-5d          %5d/%-5d          %s\n", wr, ws, gd, gs, ow);
+    else
+      fprintf(out, "  layer %-5d  %5d/%-5d          %5d/%-5d          %-13s  %5d/%-5d/%-5d\n", l, wr, ws, gd,
+              gs, ow, ak, ao, ar);
+  }
+  return text_done(out, "mf_render_layer_table");
+}
+
+mf_status mf_render_optimizer_summary(const mf_program *p, const mf_decisions *d, FILE *out) {
+  MF_CHECK(check_text_args(p, d, out, "mf_render_optimizer_summary"));
+  if (p->forward_only) {
+    fprintf(out, "optimizer: none (a forward-only step)\n");
+    return text_done(out, "mf_render_optimizer_summary");
+  }
+  int n_dev = 0;
+  int64_t numel = 0, numel_dev = 0;
+  uint64_t weight_bytes = 0, state_bytes = 0;
+  for (int32_t i = 0; i < d->n_params; i++) {
+    numel += p->params->params[i].numel;
+    if (d->optim[i] != MF_OPTIM_DEVICE) continue;
+    n_dev++;
+    numel_dev += p->params->params[i].numel;
+    weight_bytes += p->tensors[p->param_tensor[i]].bytes;
+    if (p->state_tensor && p->state_tensor[i] >= 0) state_bytes += p->tensors[p->state_tensor[i]].bytes;
+  }
+  if (n_dev == 0) {
+    fprintf(out, "optimizer: all %d parameters updated on the host (AdamW at home)\n", (int)d->n_params);
+    return text_done(out, "mf_render_optimizer_summary");
+  }
+  char a[32], b[32];
+  fprintf(
+      out,
+      "optimizer: %d of %d parameters (%.4gM of %.4gM elements) updated on the device: %s of weights and %s "
+      "of AdamW state (%s moments) stay there across steps; %d on the host\n",
+      n_dev, (int)d->n_params, (double)numel_dev / 1e6, (double)numel / 1e6,
+      mf_format_bytes(weight_bytes, a, sizeof a), mf_format_bytes(state_bytes, b, sizeof b),
+      p->moments == MF_DTYPE_BF16 ? "bf16" : "fp32", (int)d->n_params - n_dev);
+  return text_done(out, "mf_render_optimizer_summary");
 }

@@ -16,12 +16,25 @@
  * one ("N instructions ..."), and the memory curve keeps the maximum per pixel
  * column, so the file is bounded by the width of the picture, not by the
  * length of the schedule (a few hundred KB for any schedule).
+ *
+ * Instructions are coloured by what they do; the RUNs of the NORM and OPTIM
+ * phases (the optimizer on the device: gradient norm chunk sums and AdamW,
+ * src/model/program.h) are their own category, "device optimizer", and the
+ * start of the schedule's OPTIM part (planner/schedule.h optim_begin) is
+ * marked with a dashed line (id "optim-begin") when there is one.
+ *
+ * Also the text `moefit plan` prints about the decisions: the per-layer table
+ * and the optimizer summary.
  */
 #ifndef MF_PLANNER_RENDER_H
 #define MF_PLANNER_RENDER_H
 
+#include <stdio.h>
+
 #include "planner/plan.h"
+#include "planner/schedule.h"
 #include "src/core/core.h"
+#include "src/model/program.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +45,23 @@ extern "C" {
  * every name is XML-escaped. A path that cannot be written is MF_ERR_IO naming
  * it; a plan without a schedule or simulation is MF_ERR_INVALID_ARG. */
 mf_status mf_render_svg(const mf_plan *plan, const char *title, const char *path);
+
+/* The per-layer table of decisions d for program p, to `out`: a header line,
+ * then one row for the parameters outside the layers ("embed/head") and one
+ * per layer with the weights resident/streamed, the gradients on the
+ * device/streamed, the optimizer ("host", "device", "mixed D/N" when D of the
+ * layer's N parameters are updated on the device, "-" for a forward-only
+ * program) and, for layers, the offloadable activations kept/offloaded/
+ * recomputed. MF_ERR_INVALID_ARG for NULL arguments or decisions of another
+ * program; MF_ERR_IO when `out` reports a write error. */
+mf_status mf_render_layer_table(const mf_program *p, const mf_decisions *d, FILE *out);
+
+/* One line about the optimizer under d: "optimizer: all N parameters updated
+ * on the host ...", or "optimizer: D of N parameters (... elements) updated on
+ * the device: X of weights and Y of AdamW state (fp32|bf16 moments) stay
+ * there across steps; H on the host", or for a forward-only program "optimizer:
+ * none ...". Errors as mf_render_layer_table. */
+mf_status mf_render_optimizer_summary(const mf_program *p, const mf_decisions *d, FILE *out);
 
 #ifdef __cplusplus
 }

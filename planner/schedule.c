@@ -9,6 +9,7 @@ const char *mf_grad_dec_name(mf_grad_dec d) { return d == MF_GRAD_STREAM ? "stre
 const char *mf_act_dec_name(mf_act_dec d) {
   return d == MF_ACT_OFFLOAD ? "offload" : d == MF_ACT_RECOMPUTE ? "recompute" : "keep";
 }
+const char *mf_optim_dec_name(mf_optim_dec d) { return d == MF_OPTIM_DEVICE ? "device" : "host"; }
 
 mf_status mf_decisions_create(const mf_program *p, mf_decisions **out) {
   *out = NULL;
@@ -19,7 +20,8 @@ mf_status mf_decisions_create(const mf_program *p, mf_decisions **out) {
   d->param = (uint8_t *)calloc((size_t)d->n_params + 1, 1);
   d->grad = (uint8_t *)calloc((size_t)d->n_params + 1, 1);
   d->act = (uint8_t *)calloc((size_t)d->n_tensors + 1, 1);
-  if (!d->param || !d->grad || !d->act) {
+  d->optim = (uint8_t *)calloc((size_t)d->n_params + 1, 1);
+  if (!d->param || !d->grad || !d->act || !d->optim) {
     mf_decisions_free(d);
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "decisions: out of memory");
   }
@@ -32,6 +34,7 @@ void mf_decisions_free(mf_decisions *d) {
   free(d->param);
   free(d->grad);
   free(d->act);
+  free(d->optim);
   free(d);
 }
 
@@ -41,6 +44,7 @@ mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to) {
   memcpy(to->param, from->param, (size_t)from->n_params);
   memcpy(to->grad, from->grad, (size_t)from->n_params);
   memcpy(to->act, from->act, (size_t)from->n_tensors);
+  memcpy(to->optim, from->optim, (size_t)from->n_params);
   return MF_OK;
 }
 
@@ -226,6 +230,9 @@ typedef struct builder {
   int32_t *temps;           /* tensors a recompute chain produced only as inputs of the chain */
   int32_t *group;           /* [n_ops] each op's streaming group (group_of) */
   int32_t n_temps, cap_temps;
+  uint8_t *skip;            /* [n_ops] ops the schedule does not run: the NORM and OPTIM ops of
+                               parameters the host updates */
+  int32_t last_sumsq;       /* the last GRAD_SUMSQ op that runs, or -1 */
   int depth;
   mf_status st;
 } builder;
@@ -293,12 +300,23 @@ static int64_t pool_reserve(builder *b, int64_t n) {
   return at;
 }
 
-/* The first program use of t at or after op `from`, or -1. */
+/* The first program use of t at or after op `from` that the schedule runs, or -1. */
 static int32_t next_use(const builder *b, int32_t t, int32_t from) {
-  for (int32_t u = b->ix.use_start[t]; u < b->ix.use_start[t + 1]; u++)
-    if (b->ix.use_ops[u] >= from) return b->ix.use_ops[u];
+  int32_t lo = b->ix.use_start[t], hi = b->ix.use_start[t + 1];
+  while (lo < hi) { /* the first use at or after `from`: a tensor's uses are in op order */
+    const int32_t mid = lo + (hi - lo) / 2;
+    if (b->ix.use_ops[mid] < from)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  for (int32_t u = lo; u < b->ix.use_start[t + 1]; u++)
+    if (!b->skip[b->ix.use_ops[u]]) return b->ix.use_ops[u];
   return -1;
 }
+
+/* The optimizer on the device: NORM and OPTIM ops. */
+static int optim_phase(const mf_pop *o) { return o->phase == MF_PHASE_NORM || o->phase == MF_PHASE_OPTIM; }
 
 /* Weights stream in groups: a run of consecutive program ops that share the
  * direction (backward, or not) and the layer, whatever their micro-batch — one
@@ -323,9 +341,11 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
   const mf_program *p = b->p;
   const mf_ptensor *x = &p->tensors[t];
   if (b->st != MF_OK || b->cur[t] >= 0) return;
-  if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT) {
+  if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT || x->kind == MF_T_OPT) {
     mf_instr *in = emit(b, MF_I_H2D);
     in->slot = new_slot(b, t);
+    /* Weights and AdamW state the device updates stay there across steps. */
+    in->persist = x->kind == MF_T_OPT || (x->kind == MF_T_PARAM && b->d->optim[x->param] == MF_OPTIM_DEVICE);
     return;
   }
   if (x->kind == MF_T_GRAD) {
@@ -385,6 +405,10 @@ static void maybe_drop(builder *b, int32_t t, int32_t after, int32_t ctx) {
   }
   if (x->kind == MF_T_GRAD) {
     const int32_t pi = param_of(b, t);
+    if (optim_phase(&p->ops[ctx])) { /* read by the device optimizer: done after its update */
+      if (nu < 0) b->cur[t] = -1;
+      return;
+    }
     if (nu >= 0 && p->ops[nu].micro == p->ops[ctx].micro) return;
     if (b->d->grad[pi] == MF_GRAD_STREAM) {
       /* The micro-batches of one run (layer-major order) add up on the device
@@ -413,6 +437,10 @@ static void maybe_drop(builder *b, int32_t t, int32_t after, int32_t ctx) {
         mf_instr *in = emit(b, MF_I_ACCUM);
         in->slot = slot;
         in->slot2 = acc;
+      }
+      if (nu >= 0 && optim_phase(&p->ops[nu])) { /* the step's sum stays for the device optimizer */
+        b->cur[t] = acc;
+        return;
       }
       if (nu < 0) {
         mf_instr *in = emit(b, MF_I_D2H);
@@ -483,6 +511,11 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
       d2h->slot = b->cur[t];
       b->host_valid[t] = 1;
     }
+  /* The norm chunk sums go home once the last of them is written. */
+  if (k == b->last_sumsq && !recompute) {
+    mf_instr *d2h = emit(b, MF_I_D2H);
+    d2h->slot = b->cur[o->t[1]];
+  }
   const int32_t after = recompute ? ctx : k + 1;
   for (int i = 0; i < MF_KBUF_MAX; i++)
     if (o->t[i] >= 0) maybe_drop(b, o->t[i], after, recompute ? ctx : k);
@@ -503,9 +536,18 @@ static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, c
                     "activation of one layer)", p->tensors[t].name);
     if (a > MF_ACT_RECOMPUTE) return MF_ERR(MF_ERR_CONFIG, "plan: bad decision %d for %s", a, p->tensors[t].name);
   }
-  for (int32_t i = 0; i < d->n_params; i++)
-    if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM)
+  for (int32_t i = 0; i < d->n_params; i++) {
+    if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM || d->optim[i] > MF_OPTIM_DEVICE)
       return MF_ERR(MF_ERR_CONFIG, "plan: bad decision for %s", p->params->params[i].name);
+    if (d->optim[i] == MF_OPTIM_DEVICE && (d->param[i] != MF_PARAM_RESIDENT || d->grad[i] != MF_GRAD_DEVICE))
+      return MF_ERR(MF_ERR_CONFIG,
+                    "plan: %s: the optimizer on the device needs its weights resident and its gradient on the "
+                    "device (params: resident, grads: device)",
+                    p->params->params[i].name);
+    if (d->optim[i] == MF_OPTIM_DEVICE && (p->forward_only || !p->adamw_op))
+      return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no optimizer (%s)",
+                    p->params->params[i].name);
+  }
   if (p->forward_only)
     for (int32_t i = 0; i < d->n_params; i++)
       if (d->grad[i] != MF_GRAD_DEVICE) return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no gradients");
@@ -612,8 +654,11 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   if (b.group) number_groups(p, b.group);
   if (b.memo) memset(b.memo, -1, (size_t)nt);
   s->host_offset = (size_t *)malloc((size_t)nt * sizeof(size_t));
+  s->optim_device = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
+  b.skip = (uint8_t *)calloc((size_t)p->n_ops + 1, 1);
+  b.last_sumsq = -1;
   if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.run_acc || !b.memo || !b.temps || !b.group ||
-      !s->host_offset) {
+      !s->host_offset || !s->optim_device || !b.skip) {
     b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
@@ -621,6 +666,17 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   if (b.st != MF_OK) goto done;
   b.st = validate(p, &b.ix, b.memo, d);
   if (b.st != MF_OK) goto done;
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k];
+    if (!optim_phase(o)) continue;
+    const int32_t pi = p->tensors[o->t[0]].param; /* the weight (ADAMW) or the gradient (GRAD_SUMSQ) */
+    b.skip[k] = d->optim[pi] != MF_OPTIM_DEVICE;
+    if (!b.skip[k] && o->kind == MF_K_GRAD_SUMSQ) b.last_sumsq = k;
+  }
+  for (int32_t i = 0; i < d->n_params; i++) {
+    s->optim_device[i] = d->optim[i] == MF_OPTIM_DEVICE;
+    s->n_optim_device += s->optim_device[i];
+  }
   for (int32_t t = 0; t < nt; t++) b.cur[t] = b.last_fwd_writer[t] = -1;
   for (int32_t k = 0; k < p->n_ops; k++) {
     const mf_pop *o = &p->ops[k];
@@ -629,8 +685,27 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
       if (o->t[i] >= 0 && (b.ix.wr[k] >> i & 1)) b.last_fwd_writer[o->t[i]] = k;
   }
 
-  for (int32_t k = 0; k < p->n_ops && b.st == MF_OK; k++) {
-    const mf_pop *o = &p->ops[k];
+  s->optim_begin = -1;
+  int home_done = 0;
+  for (int32_t k = 0; k <= p->n_ops && b.st == MF_OK; k++) {
+    const mf_pop *o = k < p->n_ops ? &p->ops[k] : NULL;
+    if (!home_done && (!o || optim_phase(o))) {
+      /* Whatever is still on the device and holds a gradient the host
+       * updates goes home (before the device optimizer's part). */
+      home_done = 1;
+      for (int32_t t = 0; t < nt; t++)
+        if (b.cur[t] >= 0 && p->tensors[t].kind == MF_T_GRAD && d->optim[param_of(&b, t)] != MF_OPTIM_DEVICE) {
+          int32_t pi = param_of(&b, t);
+          mf_instr *in = emit(&b, MF_I_D2H);
+          in->slot = b.cur[t];
+          in->accumulate = b.grad_home[pi];
+          b.grad_home[pi] = 1;
+          b.cur[t] = -1;
+        }
+    }
+    if (!o) break;
+    if (b.skip[k]) continue;
+    if (o->phase == MF_PHASE_OPTIM && s->optim_begin < 0) s->optim_begin = s->n_instr;
     /* A streamed gradient is zeroed where its slot starts, not for the whole step. */
     if (o->kind == MF_K_ZERO && o->phase == MF_PHASE_SETUP && o->t[0] >= 0 &&
         p->tensors[o->t[0]].kind == MF_T_GRAD && d->grad[param_of(&b, o->t[0])] == MF_GRAD_STREAM)
@@ -638,16 +713,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
     run_op(&b, k, 0, k);
   }
   if (b.st != MF_OK) goto done;
-  /* Whatever is still on the device and holds a gradient goes home. */
-  for (int32_t t = 0; t < nt; t++)
-    if (b.cur[t] >= 0 && p->tensors[t].kind == MF_T_GRAD) {
-      int32_t pi = param_of(&b, t);
-      mf_instr *in = emit(&b, MF_I_D2H);
-      in->slot = b.cur[t];
-      in->accumulate = b.grad_home[pi];
-      b.grad_home[pi] = 1;
-    }
-  if (b.st != MF_OK) goto done;
+  if (s->optim_begin < 0) s->optim_begin = s->n_instr;
 
   /* Slot ranges, transfer volume, host copies of offloaded activations. */
   for (int32_t i = 0; i < s->n_instr; i++) {
@@ -671,9 +737,19 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
       if (sl->first < 0) sl->first = i;
       sl->last = i;
       size_t bytes = p->tensors[sl->tensor].bytes;
-      if (in->kind == MF_I_H2D) s->h2d_bytes += bytes;
+      if (in->kind == MF_I_H2D && !in->persist) s->h2d_bytes += bytes;
       if (in->kind == MF_I_D2H) s->d2h_bytes += bytes;
     }
+  }
+  /* Persistent slots hold their bytes for the whole step, so no other slot
+   * ever shares them and their contents survive from step to step. */
+  for (int32_t i = 0; i < s->n_slots; i++) {
+    const mf_ptensor *x = &p->tensors[s->slots[i].tensor];
+    s->slots[i].persist = x->kind == MF_T_OPT || (x->kind == MF_T_PARAM && d->optim[x->param] == MF_OPTIM_DEVICE);
+    if (!s->slots[i].persist) continue;
+    s->slots[i].first = 0;
+    s->slots[i].last = s->n_instr - 1;
+    s->persist_bytes += x->bytes;
   }
   for (int32_t t = 0; t < nt; t++) {
     s->host_offset[t] = SIZE_MAX;
@@ -694,6 +770,7 @@ done:
   free(b.memo);
   free(b.temps);
   free(b.group);
+  free(b.skip);
   if (b.st != MF_OK) {
     mf_schedule_free(s);
     return b.st;
@@ -708,5 +785,6 @@ void mf_schedule_free(mf_schedule *s) {
   free(s->slots);
   free(s->slot_pool);
   free(s->host_offset);
+  free(s->optim_device);
   free(s);
 }

@@ -17,6 +17,16 @@
  *                computes its gradient from zero and adds it to the sum once
  *                (acc + g_m, in micro-batch order, in fp32), so both give the
  *                same bits;
+ *   optimizer    HOST (the gradient goes home, the host updates the master
+ *                weights and their moments) or DEVICE (the program's NORM and
+ *                OPTIM ops run for it: the gradient's norm chunk sums and the
+ *                AdamW update on the device). DEVICE needs the weights
+ *                RESIDENT and the gradient DEVICE; then the weights and the
+ *                AdamW state stay on the device across steps — their slots
+ *                are *persistent*: they span the whole step, so nothing else
+ *                ever shares their bytes, and the H2D that fills each is
+ *                marked `persist` (run only when the device copy is not
+ *                current: the first step, or after the host changed it);
  *   activations  KEEP (on the device from the forward to the backward),
  *                OFFLOAD (copied home after the forward writes them, brought
  *                back before the backward reads them) or RECOMPUTE (dropped
@@ -49,22 +59,25 @@ extern "C" {
 typedef enum mf_param_dec { MF_PARAM_RESIDENT = 0, MF_PARAM_STREAM } mf_param_dec;
 typedef enum mf_grad_dec { MF_GRAD_DEVICE = 0, MF_GRAD_STREAM } mf_grad_dec;
 typedef enum mf_act_dec { MF_ACT_KEEP = 0, MF_ACT_OFFLOAD, MF_ACT_RECOMPUTE } mf_act_dec;
+typedef enum mf_optim_dec { MF_OPTIM_HOST = 0, MF_OPTIM_DEVICE } mf_optim_dec;
 
 const char *mf_param_dec_name(mf_param_dec d); /* "resident", "stream" */
 const char *mf_grad_dec_name(mf_grad_dec d);   /* "device", "stream" */
 const char *mf_act_dec_name(mf_act_dec d);     /* "keep", "offload", "recompute" */
+const char *mf_optim_dec_name(mf_optim_dec d); /* "host", "device" */
 
-/* One decision per parameter (param, grad: indexed by parameter) and per
+/* One decision per parameter (param, grad, optim: indexed by parameter) and per
  * program tensor (act: indexed by tensor id; only activations the program
  * allows — mf_schedule_can_offload / _can_recompute — may be other than KEEP). */
 typedef struct mf_decisions {
   uint8_t *param;
   uint8_t *grad;
   uint8_t *act;
+  uint8_t *optim; /* mf_optim_dec; forward-only programs: all HOST */
   int32_t n_params, n_tensors;
 } mf_decisions;
 
-mf_status mf_decisions_create(const mf_program *p, mf_decisions **out); /* all resident / device / keep */
+mf_status mf_decisions_create(const mf_program *p, mf_decisions **out); /* all resident / device / keep / host */
 void mf_decisions_free(mf_decisions *d);
 mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to);
 
@@ -93,12 +106,14 @@ typedef struct mf_instr {
   int32_t operands; /* RUN: index into slot_pool of MF_KBUF_MAX slots (-1 absent) then E expert slots */
   uint8_t recompute;  /* RUN: a re-run of a forward op */
   uint8_t accumulate; /* D2H of a gradient: add to the host's instead of overwriting */
+  uint8_t persist;    /* H2D of a persistent slot: only when the device copy is not current */
 } mf_instr;
 
 typedef struct mf_slot {
   int32_t tensor;
   int32_t first, last; /* instructions that first fill and last touch the slot */
   size_t offset;       /* in the device arena */
+  uint8_t persist;     /* kept across steps (first = 0, last = n_instr - 1): optimizer on the device */
 } mf_slot;
 
 typedef struct mf_schedule {
@@ -115,7 +130,16 @@ typedef struct mf_schedule {
   size_t host_act_bytes;   /* host memory for offloaded activations */
   size_t *host_offset;     /* [n_tensors] offset of an offloaded activation's host copy, or SIZE_MAX */
   int64_t recomputed_ops;  /* RUN instructions that re-run a forward op */
-  uint64_t h2d_bytes, d2h_bytes; /* bytes the step moves each way */
+  uint64_t h2d_bytes, d2h_bytes; /* bytes the step moves each way (persistent fills not counted) */
+  uint64_t persist_bytes;  /* bytes of the persistent slots (filled once, not per step) */
+  /* The optimizer on the device. Instructions [0, optim_begin) are the step
+   * (forward, backward, gradients home, the NORM ops and the D2H of the
+   * norm chunk sums); [optim_begin, n_instr) are the OPTIM part, which runs
+   * once the host has the global norm (src/exec/exec.h mf_exec_optimize).
+   * optim_begin == n_instr when no optimizer is on the device. */
+  int32_t optim_begin;
+  uint8_t *optim_device;   /* [n_params] 1: that parameter's optimizer is on the device */
+  int32_t n_optim_device;  /* how many */
 } mf_schedule;
 
 /* Builds the schedule of `p` under `d` and packs its slots into the arena. */

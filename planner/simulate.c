@@ -28,6 +28,17 @@ static double gemm(const mf_hwprofile *hw, double m, double n, double k) {
 /* Bytes an elementwise op touches: each operand tensor once; an embedding
  * table only in the T rows the tokens select. */
 static double op_bytes(const mf_program *p, const mf_pop *o) {
+  /* The device optimizer: GRAD_SUMSQ reads the gradient (its chunk sums are a
+   * few bytes); ADAMW reads and writes the weight and the state, and reads
+   * the gradient. */
+  if (o->kind == MF_K_GRAD_SUMSQ) return o->t[0] >= 0 ? (double)p->tensors[o->t[0]].bytes : 0.0;
+  if (o->kind == MF_K_ADAMW) {
+    double b = 0;
+    if (o->t[0] >= 0) b += 2.0 * (double)p->tensors[o->t[0]].bytes;
+    if (o->t[1] >= 0) b += (double)p->tensors[o->t[1]].bytes;
+    if (o->t[2] >= 0) b += 2.0 * (double)p->tensors[o->t[2]].bytes;
+    return b;
+  }
   double bytes = 0;
   for (int i = 0; i < MF_KBUF_MAX; i++) {
     const int32_t t = o->t[i];
@@ -67,6 +78,13 @@ static double expert_seconds(const mf_program *p, const mf_pop *o, const mf_hwpr
   return active * (work > 0 ? work : 0) + hw->launch_s;
 }
 
+/* A RUN's key sizes: the call's i[]; GRAD_SUMSQ's without where its sums go
+ * (i[1], first), which is no part of the work. */
+static void op_sizes(const mf_pop *o, int64_t sizes[8]) {
+  memcpy(sizes, o->i, 8 * sizeof(int64_t));
+  if (o->kind == MF_K_GRAD_SUMSQ) sizes[1] = 0;
+}
+
 int mf_sim_instr_key(const mf_schedule *s, int32_t i, const char **kernel, int64_t sizes[8], int *n_sizes,
                      double *bytes) {
   const mf_program *p = s->prog;
@@ -78,7 +96,7 @@ int mf_sim_instr_key(const mf_schedule *s, int32_t i, const char **kernel, int64
     case MF_I_RUN: {
       const mf_pop *o = &p->ops[in->op];
       *kernel = mf_kernel_name(o->kind);
-      memcpy(sizes, o->i, 8 * sizeof(int64_t));
+      op_sizes(o, sizes);
       *n_sizes = 8;
       *bytes = op_bytes(p, o);
       return 1;
@@ -110,7 +128,9 @@ static double measured(const mf_hwprofile *hw, const char *kernel, const int64_t
 double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw) {
   const mf_pop *o = &p->ops[k];
   if (hw->n_kernels > 0) {
-    const double m = measured(hw, mf_kernel_name(o->kind), o->i, 8, op_bytes(p, o));
+    int64_t sizes[8];
+    op_sizes(o, sizes);
+    const double m = measured(hw, mf_kernel_name(o->kind), sizes, 8, op_bytes(p, o));
     if (!isnan(m)) return m;
   }
   switch (o->kind) {
@@ -138,6 +158,15 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
     case MF_K_ATTN_FWD:
     case MF_K_ATTN_BWD:
       return mf_hw_attention_seconds(hw, o->flops, (double)o->i[1], (double)o->i[4]);
+    case MF_K_ADAMW:
+      /* On a serial profile (the cpu backend) the device's optimizer is the
+       * host's own code, at its rate; on a GPU a bandwidth-bound kernel. */
+      if (!hw->copies_overlap_compute) {
+        const int32_t pi = o->t[0] >= 0 ? p->tensors[o->t[0]].param : -1;
+        const double n = pi >= 0 && pi < p->params->n ? (double)p->params->params[pi].numel : (double)o->i[0];
+        return mf_hw_adamw_seconds(hw, n);
+      }
+      return mf_hw_elementwise_seconds(hw, op_bytes(p, o));
     default:
       return mf_hw_elementwise_seconds(hw, op_bytes(p, o));
   }
@@ -246,7 +275,10 @@ static int32_t instr_touches(const mf_schedule *s, const mf_hwprofile *hw, const
       const int h2d = in->kind == MF_I_H2D;
       tc[n++] = (touch){in->slot, h2d};
       *stream = h2d ? MF_SIM_H2D : MF_SIM_D2H;
-      *cost = mf_hw_copy_seconds(hw, h2d, (double)p->tensors[s->slots[in->slot].tensor].bytes);
+      /* A persistent slot's fill: the device copy is current in the steady state. */
+      *cost = in->persist && h2d
+                  ? 0.0
+                  : mf_hw_copy_seconds(hw, h2d, (double)p->tensors[s->slots[in->slot].tensor].bytes);
       if (w->use) *cost *= (double)w->use[in->slot];
       break;
     }
@@ -288,6 +320,10 @@ static mf_status validate(const mf_schedule *s) {
         (in->kind == MF_I_ACCUM && (in->slot2 < 0 || in->slot2 >= s->n_slots)))
       return MF_ERR(MF_ERR_INVALID_ARG, "simulate: instruction %d names a bad slot", i);
   }
+  if (s->optim_begin < 0 || s->optim_begin > s->n_instr)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "simulate: the optimizer part begins at %d, outside the %d instructions", s->optim_begin,
+                  s->n_instr);
   for (int64_t k = 0; k < s->n_pool; k++)
     if (s->slot_pool[k] >= s->n_slots)
       return MF_ERR(MF_ERR_INVALID_ARG, "simulate: operand %lld names a bad slot", (long long)k);
@@ -462,11 +498,19 @@ static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *
   return MF_OK;
 }
 
+/* Whether parameter i's optimizer is on the device (the schedule runs its
+ * AdamW; the host does not update it). */
+static int on_device(const mf_schedule *s, int32_t i) {
+  return s->optim_device && s->optim_device[i];
+}
+
 /* overlap_optimizer, in the steady state of train.overlap_optimizer: the
- * previous step's updates run on the host from t = 0, one parameter after
- * another in the order the step first uploads them (those it never uploads
- * last), each costing mf_hw_adamw_seconds of its size; the first H2D of each
- * parameter waits for its update (w->gate). Returns the updates' total. */
+ * previous step's host updates run on the host from t = 0, one parameter
+ * after another in the order the step first uploads them (those it never
+ * uploads last), each costing mf_hw_adamw_seconds of its size; the first H2D
+ * of each parameter waits for its update (w->gate). Parameters whose
+ * optimizer is on the device are not updated by the host (and their weights
+ * are never uploaded per step). Returns the updates' total. */
 static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double scale, scratch *w) {
   const mf_program *p = s->prog;
   const int32_t np = (int32_t)p->params->n;
@@ -477,23 +521,28 @@ static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double sca
     w->gate[i] = -1.0;
     if (in->kind != MF_I_H2D) continue;
     const mf_ptensor *x = &p->tensors[s->slots[in->slot].tensor];
-    if (x->kind != MF_T_PARAM || x->param < 0 || x->param >= np || w->seen[x->param]) continue;
+    if (x->kind != MF_T_PARAM || x->param < 0 || x->param >= np || w->seen[x->param] ||
+        on_device(s, x->param))
+      continue;
     w->seen[x->param] = 1;
     t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[x->param].numel);
     w->gate[i] = t;
   }
   for (int32_t k = 0; k < np; k++)
-    if (!w->seen[k]) t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[k].numel);
+    if (!w->seen[k] && !on_device(s, k))
+      t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[k].numel);
   return t;
 }
 
 /* One pass of the streams over the instructions. `gate` (or NULL): the time
  * before which each instruction may not start. With r, each instruction's
  * stream, cost, start and end, the streams' busy time and the bytes moved are
- * recorded in it; *makespan gets when the last instruction ends; *delayed
- * (when not NULL) whether some gate held an instruction back. */
+ * recorded in it; *makespan gets when the last instruction ends; *barrier
+ * when the last instruction before the optimizer part (s->optim_begin) ends —
+ * no instruction of that part starts before it; *delayed (when not NULL)
+ * whether some gate held an instruction back. */
 static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, const double *gate,
-                             mf_sim_result *r, double *makespan_out, int *delayed) {
+                             mf_sim_result *r, double *makespan_out, double *barrier_out, int *delayed) {
   const mf_program *p = s->prog;
   const int serial = !hw->copies_overlap_compute;
   memset(w->last_write, 0, ((size_t)s->n_slots + 1) * sizeof(double));
@@ -502,9 +551,12 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
   memset(w->seg.mx, 0, 2 * (size_t)w->seg.size * sizeof(double));
   memset(w->seg.tag, 0, 2 * (size_t)w->seg.size * sizeof(double));
   if (delayed) *delayed = 0;
-  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0;
+  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0, barrier = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
+    /* The optimizer part runs once the host has the global norm: after
+     * everything before it (serial: already so). */
+    if (i == s->optim_begin) barrier = serial ? t : makespan;
     int stream;
     double cost;
     const int32_t n = instr_touches(s, hw, w, i, w->touches, &stream, &cost);
@@ -534,6 +586,7 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
         if (h > ready) ready = h;
       }
     }
+    if (i >= s->optim_begin && barrier > ready) ready = barrier;
     if (gate && gate[i] > ready) {
       ready = gate[i];
       if (delayed) *delayed = 1;
@@ -558,7 +611,7 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
       const int32_t tn = s->slots[in->slot].tensor;
       const uint64_t bytes = p->tensors[tn].bytes;
       if (in->kind == MF_I_H2D) {
-        if (r) r->h2d_bytes += bytes;
+        if (r && !in->persist) r->h2d_bytes += bytes; /* a persistent fill is not per step */
       } else {
         if (r) r->d2h_bytes += bytes;
         if (w->host_ready[tn] < end) w->host_ready[tn] = end;
@@ -573,6 +626,8 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
       }
   }
   *makespan_out = serial ? t : makespan;
+  if (s->optim_begin >= s->n_instr) barrier = *makespan_out;
+  if (barrier_out) *barrier_out = barrier;
   return MF_OK;
 }
 
@@ -594,27 +649,32 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   mf_status st = alloc_all(s, &w, &r);
   if (st == MF_OK) st = prepare(s, hw, &w, &r);
   if (st == MF_OK) st = expert_use(s, o, &w);
-  /* The host optimizer: after the streams (the whole of it exposed), or
-   * overlapped (set_gates). Exposed then = how much later the streams end
-   * with the uploads waiting for their updates than without, plus the part of
-   * the updates the streams are too short to hold (a step's updates must be
-   * done before the next step's begin). */
+  /* The host optimizer, over the parameters whose optimizer is not on the
+   * device: after the step part (the whole of it exposed, beside the device's
+   * optimizer part), or overlapped (set_gates). Exposed then = how much later
+   * the streams end with the uploads waiting for their updates than without,
+   * plus the part of the updates the streams are too short to hold (a step's
+   * updates must be done before the next step's begin). */
   const int has_opt = !p->forward_only && p->params->n > 0;
   const int overlap = has_opt && o->overlap_optimizer;
-  double updates = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->total_numel) : 0.0;
-  /* A floor on the updates' total (optimizer state streaming from NVMe) slows every update alike. */
-  const double scale =
-      o->optimizer_floor_seconds > updates && updates > 0 ? o->optimizer_floor_seconds / updates : 1.0;
-  updates *= scale;
+  int64_t host_numel = 0;
+  for (int32_t i = 0; has_opt && i < (int32_t)p->params->n; i++)
+    if (!on_device(s, i)) host_numel += p->params->params[i].numel;
+  /* A floor on the updates' total (optimizer state streaming from NVMe, an
+   * estimate for every parameter) slows every host update alike. */
+  const double all = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->total_numel) : 0.0;
+  const double scale = o->optimizer_floor_seconds > all && all > 0 ? o->optimizer_floor_seconds / all : 1.0;
+  double updates = host_numel > 0 ? scale * mf_hw_adamw_seconds(hw, (double)host_numel) : 0.0;
   if (st == MF_OK && overlap) updates = set_gates(s, hw, scale, &w);
   if (st == MF_OK && (!(updates >= 0) || isinf(updates)))
     st = MF_ERR(MF_ERR_INVALID_ARG,
                 "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)", hw->name);
   int delayed = 0;
-  double ungated = 0;
-  if (st == MF_OK) st = run_streams(s, hw, &w, overlap ? w.gate : NULL, &r, &r.streams_seconds, &delayed);
+  double ungated = 0, barrier = 0;
+  if (st == MF_OK)
+    st = run_streams(s, hw, &w, overlap ? w.gate : NULL, &r, &r.streams_seconds, &barrier, &delayed);
   ungated = r.streams_seconds;
-  if (st == MF_OK && delayed) st = run_streams(s, hw, &w, NULL, NULL, &ungated, NULL);
+  if (st == MF_OK && delayed) st = run_streams(s, hw, &w, NULL, NULL, &ungated, NULL, NULL);
   if (st != MF_OK) {
     scratch_free(&w);
     mf_sim_result_free(&r);
@@ -624,15 +684,25 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   r.exposed_transfer_seconds = ungated - r.compute_seconds;
   if (r.exposed_transfer_seconds < 0) r.exposed_transfer_seconds = 0;
   r.optimizer_seconds = updates;
+  for (int32_t i = 0; i < s->n_instr; i++)
+    if (s->instr[i].kind == MF_I_RUN &&
+        (p->ops[s->instr[i].op].phase == MF_PHASE_NORM || p->ops[s->instr[i].op].phase == MF_PHASE_OPTIM))
+      r.device_optimizer_seconds += r.cost[i];
+  r.optimizer_barrier = barrier;
   if (!has_opt) {
     r.optimizer_start = r.streams_seconds;
     r.step_seconds = r.streams_seconds;
-  } else if (!overlap) {
+  } else if (overlap) {
+    r.optimizer_start = 0;
+    r.step_seconds = r.streams_seconds > updates ? r.streams_seconds : updates;
+  } else if (!hw->copies_overlap_compute) {
+    /* One timeline: the host updates after every instruction. */
     r.optimizer_start = r.streams_seconds;
     r.step_seconds = r.streams_seconds + updates;
   } else {
-    r.optimizer_start = 0;
-    r.step_seconds = r.streams_seconds > updates ? r.streams_seconds : updates;
+    /* From the barrier, beside the device's optimizer part. */
+    r.optimizer_start = barrier;
+    r.step_seconds = barrier + updates > r.streams_seconds ? barrier + updates : r.streams_seconds;
   }
   r.exposed_optimizer_seconds = r.step_seconds - ungated;
   if (r.exposed_optimizer_seconds < 0) r.exposed_optimizer_seconds = 0;

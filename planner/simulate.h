@@ -4,11 +4,22 @@
  * cost of each instruction from a hardware profile (planner/hwprofile.h).
  *
  * Streams. RUN, ZERO and ACCUM go on the compute stream, H2D copies on the H2D
- * stream, D2H copies on the D2H stream, each in instruction order; the host
- * AdamW over every parameter runs after the streams are done (or, with
- * `overlap_optimizer`, behind the next step: see mf_sim_opts). On a profile with
- * copies_overlap_compute == 0 (the cpu backend) every instruction runs on one
- * timeline in instruction order, so the step is the plain sum of the costs.
+ * stream, D2H copies on the D2H stream, each in instruction order. On a
+ * profile with copies_overlap_compute == 0 (the cpu backend) every
+ * instruction runs on one timeline in instruction order, so the streams take
+ * the plain sum of the costs.
+ *
+ * The optimizer. Parameters whose optimizer is on the device
+ * (s->optim_device) are updated by the schedule's own GRAD_SUMSQ and ADAMW
+ * instructions; the instructions from s->optim_begin on (the OPTIM part) run
+ * once the host has the global gradient norm, so none of them starts before
+ * every instruction before optim_begin has ended (the *barrier*). The host
+ * AdamW updates the other parameters (those with s->optim_device[i] == 0):
+ *   - by default it starts at the barrier and runs beside the OPTIM part:
+ *     step = max(streams' end, barrier + host updates) (with no optimizer on
+ *     the device the barrier is the streams' end: step = streams + updates);
+ *     on a serial profile everything is one timeline: step = streams + updates;
+ *   - with `overlap_optimizer`, behind the next step (see mf_sim_opts).
  *
  * An instruction starts when its stream is free and its dependencies are done:
  *   RAW/WAW  it waits for every earlier instruction that wrote a slot it
@@ -20,7 +31,9 @@
  *            that slot, its D2H included. This is what bounds prefetch: an
  *            upload starts as soon as its memory is free, which may be long
  *            before its place in the list;
- *   host     an H2D of an offloaded activation waits for its D2H.
+ *   host     an H2D of an offloaded activation waits for its D2H;
+ *   barrier  an instruction at or after s->optim_begin waits until every
+ *            instruction before it has ended.
  *
  * Costs (seconds, from the profile's cost functions, which include a kernel's
  * launch cost):
@@ -32,10 +45,22 @@
  *                             expected to get any (E (1 - (1 - K/E)^T)); one
  *                             launch for the group;
  *   ATTN_*                    mf_hw_attention_seconds(o->flops, S, D);
+ *   GRAD_SUMSQ                elementwise: the gradient's bytes;
+ *   ADAMW                     on a serial profile (the cpu backend, whose
+ *                             device optimizer is the host's code)
+ *                             mf_hw_adamw_seconds of its parameter's numel;
+ *                             else elementwise: the weight's bytes read and
+ *                             written, the gradient's read, the state's read
+ *                             and written (2 w + g + 2 state);
  *   anything else, ZERO, ACCUM  elementwise: the bytes of its operand tensors
  *                             (each tensor once; an embedding's table counts
  *                             only the T rows it touches);
- *   H2D, D2H                  mf_hw_copy_seconds of the slot's tensor bytes.
+ *   H2D, D2H                  mf_hw_copy_seconds of the slot's tensor bytes;
+ *                             an H2D marked `persist` (a persistent slot's
+ *                             fill: weights and state the device optimizer
+ *                             keeps) costs 0 — in the steady state the device
+ *                             copy is current — and its bytes are not counted
+ *                             in h2d_bytes (it stays in the timeline).
  * Before any of these, a RUN, ZERO or ACCUM whose key (mf_sim_instr_key: the
  * kernel, its sizes and its operand bytes) has a measured point in the
  * profile's compute.kernels costs that point's seconds: `moefit profile
@@ -70,18 +95,21 @@ typedef enum mf_sim_stream { MF_SIM_COMPUTE = 0, MF_SIM_H2D, MF_SIM_D2H, MF_SIM_
 const char *mf_sim_stream_name(mf_sim_stream s); /* "compute", "h2d", "d2h" */
 
 typedef struct mf_sim_opts {
-  /* train.overlap_optimizer's steady state instead of AdamW after the streams:
-   * the previous step's updates run on the host from t = 0 (one worker using
-   * all threads), one parameter after another in the order the step first
+  /* train.overlap_optimizer's steady state instead of the host AdamW after
+   * the barrier: the previous step's host updates (parameters whose optimizer
+   * is not on the device) run on the host from t = 0 (one worker using all
+   * threads), one parameter after another in the order the step first
    * uploads them (those never uploaded last), each at the profile's AdamW
    * rate; the first H2D of each parameter waits until its update is done. The
    * step lasts until the streams end, and at least the updates' total (a
    * step's updates finish before the next step's start). Exposed optimizer =
    * that step - the streams' end without the waits. */
   int overlap_optimizer;
-  /* When > 0, the host optimizer's updates take at least this long in all
-   * (e.g. its state read from and written back to NVMe, planner/host.h):
-   * every update's cost is scaled by floor / (the profile's AdamW total). */
+  /* When > 0, the optimizer's updates over every parameter would take at
+   * least this long in all (e.g. its state read from and written back to
+   * NVMe, planner/host.h): every host update's cost is scaled by floor / (the
+   * profile's AdamW time over every parameter), so the host's share of the
+   * floor shrinks with the parameters the device updates. */
   double optimizer_floor_seconds;
   /* Measured routing (planner/routing.h mf_routing.share: [layers * experts],
    * each expert's fraction of its layer's assignments), or NULL. With it, a
@@ -103,8 +131,14 @@ typedef struct mf_sim_result {
                                        stream waiting on copies (and the copies after its last instruction);
                                        every copy on a serial profile */
   double exposed_optimizer_seconds; /* step_seconds - streams_seconds without the optimizer's waits */
-  double optimizer_seconds;         /* host AdamW over every parameter (0 for a forward-only program) */
-  double optimizer_start;           /* when it starts: streams_seconds, or 0 with overlap_optimizer */
+  double optimizer_seconds;         /* host AdamW over the parameters the host updates (those whose
+                                       optimizer is not on the device; 0 for a forward-only program) */
+  double optimizer_start;           /* when it starts: the barrier (streams_seconds on a serial profile),
+                                       or 0 with overlap_optimizer */
+  double optimizer_barrier;         /* when the last instruction before s->optim_begin ends (streams_seconds
+                                       when no optimizer is on the device) */
+  double device_optimizer_seconds;  /* the device optimizer's kernels (GRAD_SUMSQ and ADAMW RUNs): part of
+                                       compute_seconds */
   double busy[MF_SIM_STREAMS];      /* seconds each stream works */
   double idle[MF_SIM_STREAMS];      /* step_seconds - busy */
   uint64_t h2d_bytes, d2h_bytes;
@@ -127,10 +161,13 @@ void mf_sim_result_free(mf_sim_result *r); /* frees the arrays and zeroes *r; NU
 double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw);
 
 /* The key under which the profile's compute.kernels holds a measured time for
- * compute instruction i of `s` (RUN: the op's kernel and sizes; ZERO: "zero";
- * ACCUM: "add" with {numel, 1}): the kernel's name (mf_kernel_name), its sizes
- * (the call's i[], 8 written; trailing zeros count as absent) and the operand
- * bytes the cost model counts. Returns 0 for H2D/D2H (copies have no key), else 1. */
+ * compute instruction i of `s` (RUN: the op's kernel and sizes, GRAD_SUMSQ
+ * and ADAMW included; ZERO: "zero"; ACCUM: "add" with {numel, 1}): the
+ * kernel's name (mf_kernel_name), its sizes (the call's i[], 8 written;
+ * trailing zeros count as absent; GRAD_SUMSQ's without i[1], where its sums
+ * go, so parameters of one size share a key) and the operand bytes the cost
+ * model counts (GRAD_SUMSQ: the gradient's; ADAMW: 2 w + g + 2 state, as
+ * above). Returns 0 for H2D/D2H (copies have no key), else 1. */
 int mf_sim_instr_key(const mf_schedule *s, int32_t i, const char **kernel, int64_t sizes[8], int *n_sizes,
                      double *bytes);
 

@@ -240,6 +240,15 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
       return MF_OK;
     case MF_K_AUX_GRAD:
       return mf_cpu_aux_grad((const int64_t *)k->b[0].ptr, i[0], i[1], k->f[0], i[2], F(1));
+    case MF_K_GRAD_SUMSQ:
+    case MF_K_ADAMW:
+      /* The device is host memory: the host optimizer's code, passed in. */
+      if (!c->opts.optim)
+        return MF_ERR(MF_ERR_UNSUPPORTED,
+                      "cpu backend: %s needs the optimizer kernels (mf_cpu_backend_opts.optim = "
+                      "mf_optim_run_kernel)",
+                      mf_kernel_name(k->kind));
+      return c->opts.optim(k, c->opts.pool);
     default:
       return MF_ERR(MF_ERR_INTERNAL, "cpu backend: unknown kernel %d", (int)k->kind);
   }

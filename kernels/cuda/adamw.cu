@@ -10,6 +10,12 @@
 // built without -ftz / --use_fast_math). bf16: widened exactly on load; stores
 // round to nearest even with NaN kept quiet with its sign (mf_fp32_to_bf16).
 //
+// Clipping (mf_cuda_adamw_update_scaled, the backend's MF_K_ADAMW): the same
+// thread first multiplies its gradient element by (float)coef with mul_ and
+// stores it back (src/optim/clip.c chunk_scale: x *= (float)coef, one fp32
+// multiply, x86's NaN bits), then updates from that value: one pass, the
+// bits of mf_optim_grad_scale followed by the update.
+//
 // NaN bits. A GPU returns its one canonical NaN (0x7fffffff) from any operation
 // that meets or makes a NaN; x86 returns the NaN operand, quieted, and makes the
 // "indefinite" NaN 0xffc00000 from an invalid operation (0 * Inf, Inf - Inf,
@@ -84,12 +90,21 @@ __device__ __forceinline__ float fma_(float a, float b, float c) {
   return x86_nan3(__fmaf_rn(a, b, c), a, b, c);
 }
 
-template <bool GBF, bool MBF>
-__global__ void adamw_kernel(const adamw_coefs c, float *p, const void *g, void *m, void *v, uint16_t *out,
-                             int64_t n) {
+// SCALE: the gradient (fp32) is first multiplied by `scale` and stored back
+// (mf_optim_grad_scale's x *= (float)coef, x86's NaN bits), and the update
+// reads the scaled value: gw is g, writable. Otherwise gw is unused.
+template <bool GBF, bool MBF, bool SCALE>
+__global__ void adamw_kernel(const adamw_coefs c, float *p, const void *g, float *gw, float scale, void *m,
+                             void *v, uint16_t *out, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const float gi = GBF ? from_bf16(((const uint16_t *)g)[i]) : ((const float *)g)[i];
+    float gi;
+    if (SCALE) {
+      gi = mul_(gw[i], scale);
+      gw[i] = gi;
+    } else {
+      gi = GBF ? from_bf16(((const uint16_t *)g)[i]) : ((const float *)g)[i];
+    }
     const float m0 = MBF ? from_bf16(((const uint16_t *)m)[i]) : ((const float *)m)[i];
     const float v0 = MBF ? from_bf16(((const uint16_t *)v)[i]) : ((const float *)v)[i];
     const float pi = mul_(p[i], c.decay);
@@ -111,9 +126,9 @@ __global__ void adamw_kernel(const adamw_coefs c, float *p, const void *g, void 
   }
 }
 
-extern "C" mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const void *grad,
-                                          int grad_bf16, void *m, void *v, int moment_bf16,
-                                          uint16_t *bf16_out, size_t n, void *stream) {
+// The host update's argument checks (nothing launched on a failure), then the
+// step's coefficients: src/optim/adamw.c make_coefs, step for step.
+static mf_status adamw_coefs_of(const mf_cuda_adamw_step *h, adamw_coefs *c) {
   if (!h) return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: no hyper-parameters given");
   if (h->step < 1)
     return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: step %lld: steps count from 1", (long long)h->step);
@@ -127,37 +142,75 @@ extern "C" mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *pa
     return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: eps %g: must be >= 0", h->eps);
   if (!(h->weight_decay >= 0) || !isfinite(h->weight_decay))
     return MF_ERR(MF_ERR_INVALID_ARG, "cuda adamw: weight_decay %g: must be >= 0", h->weight_decay);
-  if (n == 0) return MF_OK;
-  if (!param || !grad || !m || !v)
-    return MF_ERR(MF_ERR_INVALID_ARG,
-                  "cuda adamw: %zu elements but a NULL buffer (param %p grad %p m %p v %p)", n, (void *)param,
-                  grad, m, v);
-  // src/optim/adamw.c make_coefs, step for step.
   const double t = (double)h->step;
   const double bc1 = 1.0 - pow(h->beta1, t);
   const double bc2 = 1.0 - pow(h->beta2, t);
   const double step_size = h->lr / bc1;
+  c->decay = (float)(1.0 - h->lr * h->weight_decay);
+  c->w1 = (float)(1.0 - h->beta1);
+  c->w1_minus_1 = c->w1 - 1.0f;
+  c->w1_small = fabsf(c->w1) < 0.5f;
+  c->beta2 = (float)h->beta2;
+  c->one_minus_b2 = (float)(1.0 - h->beta2);
+  c->bc2_sqrt = (float)pow(bc2, 0.5);
+  c->eps = (float)h->eps;
+  c->neg_step = (float)-step_size;
+  return MF_OK;
+}
+
+static mf_status adamw_null_check(const float *param, const void *grad, const void *m, const void *v,
+                                  size_t n) {
+  if (!param || !grad || !m || !v)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "cuda adamw: %zu elements but a NULL buffer (param %p grad %p m %p v %p)", n,
+                  (const void *)param, grad, m, v);
+  return MF_OK;
+}
+
+extern "C" mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const void *grad,
+                                          int grad_bf16, void *m, void *v, int moment_bf16,
+                                          uint16_t *bf16_out, size_t n, void *stream) {
   adamw_coefs c;
-  c.decay = (float)(1.0 - h->lr * h->weight_decay);
-  c.w1 = (float)(1.0 - h->beta1);
-  c.w1_minus_1 = c.w1 - 1.0f;
-  c.w1_small = fabsf(c.w1) < 0.5f;
-  c.beta2 = (float)h->beta2;
-  c.one_minus_b2 = (float)(1.0 - h->beta2);
-  c.bc2_sqrt = (float)pow(bc2, 0.5);
-  c.eps = (float)h->eps;
-  c.neg_step = (float)-step_size;
+  MF_CHECK(adamw_coefs_of(h, &c));
+  if (n == 0) return MF_OK;
+  MF_CHECK(adamw_null_check(param, grad, m, v, n));
   cudaStream_t s = (cudaStream_t)stream;
   const unsigned grid = mf_cuda_grid((int64_t)n);
   const int64_t nn = (int64_t)n;
   if (grad_bf16 && moment_bf16)
-    adamw_kernel<true, true><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+    adamw_kernel<true, true, false>
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, NULL, 1.0f, m, v, bf16_out, nn);
   else if (grad_bf16)
-    adamw_kernel<true, false><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+    adamw_kernel<true, false, false>
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, NULL, 1.0f, m, v, bf16_out, nn);
   else if (moment_bf16)
-    adamw_kernel<false, true><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+    adamw_kernel<false, true, false>
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, NULL, 1.0f, m, v, bf16_out, nn);
   else
-    adamw_kernel<false, false><<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, m, v, bf16_out, nn);
+    adamw_kernel<false, false, false>
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, NULL, 1.0f, m, v, bf16_out, nn);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
+extern "C" mf_status mf_cuda_adamw_update_scaled(const mf_cuda_adamw_step *h, float *param, float *grad,
+                                                 double coef, void *m, void *v, int moment_bf16, size_t n,
+                                                 void *stream) {
+  if (!(coef < 1.0)) return mf_cuda_adamw_update(h, param, grad, 0, m, v, moment_bf16, NULL, n, stream);
+  adamw_coefs c;
+  MF_CHECK(adamw_coefs_of(h, &c));
+  if (n == 0) return MF_OK;
+  MF_CHECK(adamw_null_check(param, grad, m, v, n));
+  const float scale = (float)coef; /* mf_optim_grad_scale's rounding of the factor */
+  cudaStream_t s = (cudaStream_t)stream;
+  const unsigned grid = mf_cuda_grid((int64_t)n);
+  const int64_t nn = (int64_t)n;
+  if (moment_bf16)
+    adamw_kernel<false, true, true>
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, grad, scale, m, v, NULL, nn);
+  else
+    adamw_kernel<false, false, true>
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, grad, scale, m, v, NULL, nn);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }

@@ -253,6 +253,10 @@ static uint32_t required_operands(mf_kernel kind) {
       return 0x1f;
     case MF_K_ATTN_BWD:
       return 0x1ff;
+    case MF_K_GRAD_SUMSQ:
+      return 0x3;
+    case MF_K_ADAMW:
+      return 0x7;
     default:
       return 0;
   }
@@ -266,6 +270,41 @@ static uint32_t required_operands(mf_kernel kind) {
 #define CI64(j) ((const int64_t *)k->b[j].ptr)
 #define D64(j) ((double *)k->b[j].ptr)
 #define CD64(j) ((const double *)k->b[j].ptr)
+
+// The optimizer kinds (kernels/backend.h), with src/optim/kernel.c's checks of
+// the element count against the operands' bytes.
+static mf_status launch_grad_sumsq(const mf_kernel_call *k, cudaStream_t s) {
+  const int64_t n = k->i[0], first = k->i[1];
+  if (n < 0 || first < 0 || (uint64_t)n > SIZE_MAX / 8 || (uint64_t)first > SIZE_MAX / 16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%lld elements from chunk %lld: not a valid count or chunk",
+                  (long long)n, (long long)first);
+  const size_t chunks = ((size_t)n + MF_CUDA_NORM_CHUNK - 1) / MF_CUDA_NORM_CHUNK;
+  if (k->b[0].bytes < (size_t)n * sizeof(float) || k->b[1].bytes / sizeof(double) < (size_t)first + chunks)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "%lld elements (%zu chunk sums from chunk %lld) do not fit the operands (g %zu bytes, "
+                  "sums %zu bytes)",
+                  (long long)n, chunks, (long long)first, k->b[0].bytes, k->b[1].bytes);
+  if (n == 0) return MF_OK;
+  return mf_cuda_grad_chunk_sumsq(CF(0), (size_t)n, D64(1) + first, s);
+}
+
+static mf_status launch_adamw(const mf_kernel_call *k, cudaStream_t s) {
+  const int64_t n = k->i[0];
+  const int mbf = k->i[2] != 0;
+  const size_t ms = mbf ? sizeof(uint16_t) : sizeof(float);
+  if (n < 0 || (uint64_t)n > SIZE_MAX / 8)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%lld elements: not a valid count", (long long)n);
+  if (k->b[0].bytes < (size_t)n * sizeof(float) || k->b[1].bytes < (size_t)n * sizeof(float) ||
+      k->b[2].bytes < 2 * (size_t)n * ms)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "%lld elements (%s moments) do not fit the operands (param %zu bytes, grad %zu bytes, "
+                  "state %zu bytes)",
+                  (long long)n, mbf ? "bf16" : "fp32", k->b[0].bytes, k->b[1].bytes, k->b[2].bytes);
+  const mf_cuda_adamw_step h = {k->f[0], k->f[1], k->f[2], k->f[3], k->f[4], k->i[1]};
+  char *state = (char *)k->b[2].ptr; /* m, then v */
+  return mf_cuda_adamw_update_scaled(&h, F(0), F(1), k->f[5], state, state + (size_t)n * ms, mbf, (size_t)n,
+                                     s);
+}
 
 static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
   const int64_t *i = k->i;
@@ -362,6 +401,10 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_CROSS_ENTROPY:
       return mf_cuda_cross_entropy(c->blas, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0],
                                    F(3), F(4), D64(5), F(6), F(7), s);
+    case MF_K_GRAD_SUMSQ:
+      return launch_grad_sumsq(k, s);
+    case MF_K_ADAMW:
+      return launch_adamw(k, s);
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel yet", mf_kernel_name(k->kind));
   }

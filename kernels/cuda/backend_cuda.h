@@ -55,9 +55,11 @@ typedef struct mf_cuda_backend_opts {
 mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out);
 
 /* ------------------------------------------------- optimizer kernels
- * Device twins of src/optim, callable from C; not used by the backend table.
- * Launched on `stream` (a cudaStream_t; NULL = the default stream); buffers are
- * device memory; a launch error is reported at once (MF_ERR_CUDA). */
+ * Device twins of src/optim, callable from C; the backend's run() runs
+ * MF_K_GRAD_SUMSQ through mf_cuda_grad_chunk_sumsq and MF_K_ADAMW through
+ * mf_cuda_adamw_update_scaled (kernels/backend.h has their operands).
+ * Launched on `stream` (a cudaStream_t; NULL = the default stream); buffers
+ * are device memory; a launch error is reported at once (MF_ERR_CUDA). */
 
 /* One AdamW step's hyper-parameters (src/optim/optim.h mf_adamw_hparams, plus
  * the step t >= 1). */
@@ -73,6 +75,17 @@ typedef struct mf_cuda_adamw_step {
  * the host update (MF_ERR_INVALID_ARG, nothing launched). */
 mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const void *grad, int grad_bf16,
                                void *m, void *v, int moment_bf16, uint16_t *bf16_out, size_t n, void *stream);
+
+/* Clipping, then the update, in one pass over an fp32 gradient (MF_K_ADAMW):
+ * when coef < 1, every gradient element is first multiplied by (float)coef and
+ * stored back (mf_optim_grad_scale: one fp32 multiply, the same bits, a NaN
+ * quieted as x86 does even where (float)coef is 1), and the update reads the
+ * scaled value; the result is mf_optim_grad_scale followed by
+ * mf_cuda_adamw_update, bit for bit. coef >= 1 or NaN: no scaling, grad only
+ * read (mf_cuda_adamw_update). No bf16 working copy. Same argument checks as
+ * mf_cuda_adamw_update, made before anything is launched. */
+mf_status mf_cuda_adamw_update_scaled(const mf_cuda_adamw_step *h, float *param, float *grad, double coef,
+                                      void *m, void *v, int moment_bf16, size_t n, void *stream);
 
 /* Elements per chunk of the gradient norm: src/optim's MF_OPTIM_NORM_CHUNK. */
 #define MF_CUDA_NORM_CHUNK ((size_t)65536)

@@ -22,11 +22,13 @@ static const char k_usage[] =
     "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n\n"
     "Plans one training step of CONFIG's model and batch within memory.device_budget: for every\n"
     "weight resident or streamed, every gradient kept on the device or streamed home, every\n"
-    "activation kept, offloaded or recomputed; the device arena; and the predicted step time from\n"
+    "parameter's AdamW update on the host or on the device, every activation kept, offloaded or\n"
+    "recomputed; the device arena; and the predicted step time from\n"
     "the hardware profile (hardware.profile), beside the baselines: everything resident,\n"
     "ZeRO-Offload-like, MegaTrain-like, checkpoint every layer, and the least-memory plan.\n\n"
     "  --tensor PATTERN   each matching tensor's decision and the predicted cost of the alternatives\n"
-    "                     (shell glob over names; activations without their mbN. prefix)\n"
+    "                     (shell glob over names; activations without their mbN. prefix); for a\n"
+    "                     weight also where its optimizer runs (host or device) and the other place\n"
     "  --json FILE        write the chosen plan (versioned JSON, readable by the executor)\n"
     "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
     "                     and the device memory curve against the budget (hover for names)\n\n"
@@ -133,29 +135,6 @@ static mf_status memory_summary(const mf_program *p, const mf_hwprofile *hw, con
   return MF_OK;
 }
 
-/* Per layer: how many weights are resident / streamed, and what the activations do. */
-static void layer_table(const mf_program *p, const mf_decisions *d) {
-  const int32_t L = (int32_t)p->spec.layers;
-  printf("\nper layer:  weights res/stream   grads dev/stream   activations keep/offload/recompute\n");
-  for (int32_t l = -1; l < L; l++) {
-    int wr = 0, ws = 0, gd = 0, gs = 0, ak = 0, ao = 0, ar = 0;
-    for (int32_t i = 0; i < d->n_params; i++) {
-      if (p->params->params[i].layer != l) continue;
-      d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
-      d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
-    }
-    for (int32_t t = 0; t < p->n_tensors; t++) {
-      if (p->tensors[t].layer != l || !mf_schedule_can_offload(p, t)) continue;
-      d->act[t] == MF_ACT_KEEP ? ak++ : d->act[t] == MF_ACT_OFFLOAD ? ao++ : ar++;
-    }
-    if (l < 0)
-      printf("  embed/head   %5d/%-5d          %5d/%-5d\n", wr, ws, gd, gs);
-    else
-      printf("  layer %-5d  %5d/%-5d          %5d/%-5d          %5d/%-5d/%-5d\n", l, wr, ws, gd, gs, ak, ao,
-             ar);
-  }
-}
-
 static const char *strip_micro(const char *name) {
   if (name[0] == 'm' && name[1] == 'b') {
     const char *dot = strchr(name, '.');
@@ -164,7 +143,19 @@ static const char *strip_micro(const char *name) {
   return name;
 }
 
-/* --tensor: each matching tensor's decision and what the alternatives would cost. */
+/* One alternative of --tensor: d scheduled and simulated as the chosen plan was. */
+static mf_status price(const mf_plan *chosen, const mf_decisions *d, const char *what) {
+  mf_plan *alt = NULL;
+  MF_CHECK(mf_plan_evaluate_like(chosen, d, &alt));
+  char arena[32];
+  printf("  %s %.4fs %s%s", what, alt->sim.step_seconds,
+         mf_format_bytes(alt->s->arena_bytes, arena, sizeof arena), alt->fits ? "" : " (over budget)");
+  mf_plan_free(alt);
+  return MF_OK;
+}
+
+/* --tensor: each matching tensor's decision and what the alternatives would
+ * cost; for a weight, also its optimizer's placement and the other one. */
 static mf_status explain(const mf_program *p, const mf_plan *chosen, const char *pattern) {
   mf_decisions *d = NULL;
   MF_CHECK(mf_decisions_create(p, &d));
@@ -195,20 +186,43 @@ static mf_status explain(const mf_program *p, const mf_plan *chosen, const char 
           if (p->tensors[u].micro >= 0 && strcmp(strip_micro(p->tensors[u].name), strip_micro(x->name)) == 0)
             d->act[u] = (uint8_t)a;
       }
-      mf_plan *alt = NULL;
-      MF_CHECK_GOTO(mf_plan_evaluate_like(chosen, d, &alt), st, done);
-      char arena[32];
-      const char *an = is_param  ? mf_param_dec_name((mf_param_dec)a)
-                       : is_grad ? mf_grad_dec_name((mf_grad_dec)a)
-                                 : mf_act_dec_name((mf_act_dec)a);
-      printf("  %s %.4fs %s%s", an, alt->sim.step_seconds,
-             mf_format_bytes(alt->s->arena_bytes, arena, sizeof arena), alt->fits ? "" : " (over budget)");
-      mf_plan_free(alt);
+      /* Streamed weights or gradient: the host updates them (the optimizer
+       * on the device needs both on the device). */
+      int home = 0;
+      if ((is_param || is_grad) && d->optim[x->param] == MF_OPTIM_DEVICE &&
+          (d->param[x->param] != MF_PARAM_RESIDENT || d->grad[x->param] != MF_GRAD_DEVICE)) {
+        d->optim[x->param] = MF_OPTIM_HOST;
+        home = 1;
+      }
+      char what[64];
+      snprintf(what, sizeof what, "%s%s",
+               is_param  ? mf_param_dec_name((mf_param_dec)a)
+               : is_grad ? mf_grad_dec_name((mf_grad_dec)a)
+                         : mf_act_dec_name((mf_act_dec)a),
+               home ? " (optimizer host)" : "");
+      MF_CHECK_GOTO(price(chosen, d, what), st, done);
     }
     printf("\n");
+    if (is_param && !p->forward_only) {
+      const int32_t i = x->param;
+      printf("  %-64s %-9s", "  its optimizer", mf_optim_dec_name((mf_optim_dec)chosen->d->optim[i]));
+      for (int a = MF_OPTIM_HOST; a <= MF_OPTIM_DEVICE; a++) {
+        if (a == MF_OPTIM_DEVICE &&
+            (chosen->d->param[i] != MF_PARAM_RESIDENT || chosen->d->grad[i] != MF_GRAD_DEVICE)) {
+          printf("  device: not with its %s streamed",
+                 chosen->d->param[i] != MF_PARAM_RESIDENT ? "weights" : "gradient");
+          continue;
+        }
+        MF_CHECK_GOTO(mf_decisions_copy(chosen->d, d), st, done);
+        d->optim[i] = (uint8_t)a;
+        MF_CHECK_GOTO(price(chosen, d, mf_optim_dec_name((mf_optim_dec)a)), st, done);
+      }
+      printf("\n");
+    }
   }
   if (shown == 0) printf("  (no weight, gradient or activation matches)\n");
 done:
+  if (st != MF_OK) printf("\n");
   mf_decisions_free(d);
   return st;
 }
@@ -273,7 +287,8 @@ int mf_cli_plan(int argc, char **argv) {
   memset(&rq, 0, sizeof rq);
   rq.params = t;
   rq.opts = (mf_program_opts){
-      cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, order, storage};
+      cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, order, storage,
+      cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
   rq.hw = &hw;
   rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
@@ -315,10 +330,15 @@ int mf_cli_plan(int argc, char **argv) {
          chosen->sim.step_seconds, (double)tokens / chosen->sim.step_seconds,
          mf_config_overlaps_optimizer(cfg) ? "behind the next step's device work (train.overlap_optimizer)"
                                            : "after each step (train.overlap_optimizer)");
-  mf_plan_figures fig = {
-      budget, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds, 0, 0, 0, 0};
+  /* The staging and host figures come from memory_summary. */
+  mf_plan_figures fig = {.device_budget_bytes = budget,
+                         .peak_device_bytes = chosen->s->peak_live_bytes,
+                         .arena_bytes = chosen->s->arena_bytes,
+                         .predicted_step_seconds = chosen->sim.step_seconds,
+                         .persist_bytes = chosen->s->persist_bytes};
+  MF_CHECK_GOTO(mf_render_optimizer_summary(p, chosen->d, stdout), st, done);
   MF_CHECK_GOTO(memory_summary(p, &hw, &cfg->memory, chosen, &fig), st, done);
-  layer_table(p, chosen->d);
+  MF_CHECK_GOTO(mf_render_layer_table(p, chosen->d, stdout), st, done);
   if (pattern) MF_CHECK_GOTO(explain(p, chosen, pattern), st, done);
   if (json) {
     MF_CHECK_GOTO(mf_plan_write_json(p, chosen->d, &fig, json), st, done);

@@ -108,7 +108,7 @@ typedef struct mf_config_mem_override {
   char *params; /* decision strings, NULL when not given */
   char *activations;
   char *grads;
-  char *optimizer;
+  char *optimizer; /* host | device; device pins params resident and grads device with it (plan_io.h) */
   char *where; /* "file:line:column" or "command line: ..." for messages */
 } mf_config_mem_override;
 

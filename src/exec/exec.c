@@ -38,6 +38,14 @@ struct mf_exec {
   mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
   int32_t *grad_final;    /* [n_instr] the parameter whose gradient is complete after it, or -1 */
   int32_t *upload_order;  /* [n_params] */
+  /* The optimizer on the device. */
+  double *norm_host;      /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
+  void *m_host, *v_host;  /* the host moments (mf_exec_set_optim_state) */
+  int weights_current, state_current; /* the persistent slots hold the truth */
+  int step_done;          /* mf_exec_step ran [0, optim_begin) and mf_exec_optimize may follow */
+  /* Progress through the instructions, kept between the step and its optimizer part. */
+  int32_t ns, ne;
+  size_t live;
 };
 
 static int cmp_first(const void *a, const void *b, void *arg) {
@@ -205,6 +213,12 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
     MF_CHECK_GOTO(b->host_alloc(b, s->host_act_bytes, &h), st, fail);
     x->host_act = (uint8_t *)h;
   }
+  if (s->n_optim_device > 0) {
+    void *h = NULL;
+    MF_CHECK_GOTO(b->host_alloc(b, (size_t)(p->norm_chunks > 0 ? p->norm_chunks : 1) * sizeof(double), &h), st,
+                  fail);
+    x->norm_host = (double *)h;
+  }
   MF_CHECK_GOTO(b->stream_create(b, &x->stream), st, fail);
   *out = x;
   return MF_OK;
@@ -217,6 +231,7 @@ void mf_exec_free(mf_exec *x) {
   if (!x) return;
   if (x->stream) x->b->stream_free(x->b, x->stream);
   if (x->host_act) x->b->host_free(x->b, x->host_act);
+  if (x->norm_host) x->b->host_free(x->b, x->norm_host);
   free(x->expert_ptrs);
   free(x->starts);
   free(x->ends);
@@ -293,6 +308,22 @@ static mf_status read_slot(mf_exec *x, int32_t slot, void *dst) {
   return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream);
 }
 
+/* A parameter's AdamW state slot (m then v) from the host moments, when the
+ * device's copy is not current. */
+static mf_status fill_state(mf_exec *x, int32_t slot) {
+  const mf_program *p = x->p;
+  const mf_ptensor *pt = &p->tensors[x->s->slots[slot].tensor];
+  if (x->state_current) return MF_OK;
+  if (!x->m_host || !x->v_host)
+    return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device has no host moments "
+                  "(mf_exec_set_optim_state)");
+  const mf_param *q = &p->params->params[pt->param];
+  const size_t ms = mf_dtype_size(p->moments), n = (size_t)q->numel * ms;
+  uint8_t *dst = slot_ptr(x, slot);
+  MF_CHECK(x->b->copy(x->b, dst, (uint8_t *)x->m_host + (size_t)q->offset * ms, n, MF_COPY_H2D, x->stream));
+  return x->b->copy(x->b, dst + n, (uint8_t *)x->v_host + (size_t)q->offset * ms, n, MF_COPY_H2D, x->stream);
+}
+
 typedef struct step_io {
   const float *params;
   const int32_t *const *ids;
@@ -307,6 +338,13 @@ static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
   const int32_t t = x->s->slots[slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
   const void *src = NULL;
+  if (pt->kind == MF_T_OPT) return fill_state(x, slot);
+  if (pt->kind == MF_T_PARAM && x->s->slots[slot].persist) {
+    if (x->weights_current) return MF_OK; /* the device's copy is the truth */
+    x->h2d += pt->bytes;                  /* the first fill: a step's traffic */
+    return x->b->copy(x->b, slot_ptr(x, slot), io->params + p->params->params[pt->param].offset, pt->bytes,
+                      MF_COPY_H2D, x->stream);
+  }
   if (pt->kind == MF_T_PARAM) {
     src = io->params + p->params->params[pt->param].offset;
     if (expert_idle(x, slot)) { /* no token routed to it: its weights are not read */
@@ -332,6 +370,7 @@ static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
   const mf_program *p = x->p;
   const int32_t t = x->s->slots[in->slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
+  if (t == p->norm_sums) return d2h(x, in->slot, x->norm_host);
   if (pt->kind == MF_T_GRAD) {
     if (!io->grads) return MF_OK;
     float *dst = io->grads + p->params->params[pt->param].offset;
@@ -391,48 +430,31 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
   return MF_OK;
 }
 
-mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *ids, const int32_t *const *targets,
-                       float *grads, mf_step_result *r) {
+/* Runs instructions [from, to) of the schedule: the step's part or the
+ * optimizer's (opt: its hyper-parameters; NULL in the step's part). Slot
+ * marks, live bytes and the peak carry over in x between the two. */
+static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *io, const mf_exec_optim *opt,
+                           mf_step_result *r, double busy[MF_EXEC_STREAMS], int64_t count[MF_EXEC_STREAMS]) {
   const mf_program *p = x->p;
   const mf_schedule *s = x->s;
-  const double t0 = mf_time_now();
-  memset(r, 0, sizeof *r);
-  x->h2d = x->d2h = 0;
-  int64_t *n_valid = x->n_valid;
-  const int32_t *pos = x->pos;
   mf_status st = MF_OK;
-  for (int64_t m = 0; m < p->G; m++) {
-    n_valid[m] = 0;
-    for (int64_t i = 0; i < p->B * p->S; i++) n_valid[m] += targets[m][i] >= 0;
-  }
-  memset(x->expert_tokens, 0,
-         (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
-  memset(x->route_known, 0, (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
-  x->h2d_skipped = x->d2h_skipped = 0;
-  step_io io = {params, ids, targets, pos, grads, n_valid};
-
-  size_t live = 0;
-  x->peak_live = 0;
-  int32_t ns = 0, ne = 0;
-  double busy[MF_EXEC_STREAMS] = {0, 0, 0};
-  int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
   const int timed = x->timed;
   double *instr_s = x->instr_s;
-  for (int32_t i = 0; i < s->n_instr; i++) {
-    for (; ns < s->n_slots && s->slots[x->starts[ns]].first == i; ns++) {
-      MF_CHECK_GOTO(mark(x, x->starts[ns], 1), st, done);
-      live += slot_bytes(x, x->starts[ns]);
+  for (int32_t i = from; i < to; i++) {
+    for (; x->ns < s->n_slots && s->slots[x->starts[x->ns]].first == i; x->ns++) {
+      MF_CHECK_GOTO(mark(x, x->starts[x->ns], 1), st, done);
+      x->live += slot_bytes(x, x->starts[x->ns]);
     }
-    if (live > x->peak_live) x->peak_live = live;
+    if (x->live > x->peak_live) x->peak_live = x->live;
     const mf_instr *in = &s->instr[i];
     if (x->hooks.wait) MF_CHECK_GOTO(param_gate(x, in), st, done);
     const double ti = timed ? mf_time_now() : 0.0;
     switch (in->kind) {
       case MF_I_H2D:
-        MF_CHECK_GOTO(do_h2d(x, in->slot, &io), st, done);
+        MF_CHECK_GOTO(do_h2d(x, in->slot, io), st, done);
         break;
       case MF_I_D2H:
-        MF_CHECK_GOTO(do_d2h(x, in, &io), st, done);
+        MF_CHECK_GOTO(do_d2h(x, in, io), st, done);
         break;
       case MF_I_ZERO: {
         mf_kernel_call call;
@@ -478,8 +500,19 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
           call.expert_bytes = slot_bytes(x, sl[MF_KBUF_MAX]);
         }
         if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
-          int64_t nv = n_valid[o->micro];
+          int64_t nv = io->n_valid[o->micro];
           call.f[0] = nv > 0 ? 1.0 / ((double)p->G * (double)nv) : 0.0;
+        }
+        if (o->kind == MF_K_ADAMW) {
+          const int32_t pi = p->tensors[o->t[0]].param;
+          if (!opt || !opt->update[pi]) break; /* no gradient this step: left alone, as PyTorch does */
+          call.i[1] = opt->step[pi];
+          call.f[0] = opt->lr;
+          call.f[1] = opt->beta1;
+          call.f[2] = opt->beta2;
+          call.f[3] = opt->eps;
+          call.f[4] = !opt->decays || opt->decays[pi] ? opt->weight_decay : 0.0;
+          call.f[5] = opt->coef;
         }
         MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
         MF_CHECK_GOTO(after_run(x, in, &call, r), st, done);
@@ -498,15 +531,48 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
         if (instr_s) instr_s[i] = dt;
       }
     }
-    if (x->hooks.grad_home && x->grad_final[i] >= 0 && grads) {
+    if (x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads) {
       MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
       x->hooks.grad_home(x->hooks.ctx, x->grad_final[i]);
     }
-    for (; ne < s->n_slots && s->slots[x->ends[ne]].last == i; ne++) {
-      MF_CHECK_GOTO(mark(x, x->ends[ne], 0), st, done);
-      live -= slot_bytes(x, x->ends[ne]);
+    for (; x->ne < s->n_slots && s->slots[x->ends[x->ne]].last == i; x->ne++) {
+      /* A persistent slot keeps its bytes: its contents are the next step's. */
+      if (!s->slots[x->ends[x->ne]].persist) MF_CHECK_GOTO(mark(x, x->ends[x->ne], 0), st, done);
+      x->live -= slot_bytes(x, x->ends[x->ne]);
     }
   }
+done:
+  return st;
+}
+
+mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *ids, const int32_t *const *targets,
+                       float *grads, mf_step_result *r) {
+  const mf_program *p = x->p;
+  const mf_schedule *s = x->s;
+  const double t0 = mf_time_now();
+  memset(r, 0, sizeof *r);
+  x->h2d = x->d2h = 0;
+  int64_t *n_valid = x->n_valid;
+  const int32_t *pos = x->pos;
+  mf_status st = MF_OK;
+  for (int64_t m = 0; m < p->G; m++) {
+    n_valid[m] = 0;
+    for (int64_t i = 0; i < p->B * p->S; i++) n_valid[m] += targets[m][i] >= 0;
+  }
+  memset(x->expert_tokens, 0,
+         (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
+  memset(x->route_known, 0, (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
+  x->h2d_skipped = x->d2h_skipped = 0;
+  step_io io = {params, ids, targets, pos, grads, n_valid};
+
+  x->peak_live = 0;
+  double busy[MF_EXEC_STREAMS] = {0, 0, 0};
+  int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
+  const int timed = x->timed;
+  x->ns = x->ne = 0;
+  x->live = 0;
+  x->step_done = 0;
+  MF_CHECK_GOTO(run_range(x, 0, s->optim_begin, &io, NULL, r, busy, count), st, done);
   r->loss = r->ce_loss + p->aux_coef * r->aux_loss;
   MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
   r->seconds = mf_time_now() - t0;
@@ -524,7 +590,68 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     z->h2d_skipped_bytes = x->h2d_skipped;
     z->d2h_skipped_bytes = x->d2h_skipped;
     z->peak_live_bytes = x->peak_live;
+    z->optimizer_s = 0;
   }
+  x->weights_current = 1;
+  x->step_done = 1;
 done:
   return st;
+}
+
+int32_t mf_exec_optim_on_device(const mf_exec *x) { return x->s->n_optim_device; }
+const double *mf_exec_norm_sums(const mf_exec *x) { return x->norm_host; }
+
+void mf_exec_set_optim_state(mf_exec *x, void *m, void *v) {
+  x->m_host = m;
+  x->v_host = v;
+}
+
+void mf_exec_invalidate(mf_exec *x) { x->weights_current = x->state_current = 0; }
+
+mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a) {
+  const mf_schedule *s = x->s;
+  if (s->n_optim_device == 0) return MF_OK;
+  if (!x->step_done)
+    return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer part runs only after a successful step");
+  if (!a || !a->step || !a->update) return MF_ERR(MF_ERR_INVALID_ARG, "executor: optimizer step without its arguments");
+  x->step_done = 0;
+  const double t0 = mf_time_now();
+  step_io io;
+  memset(&io, 0, sizeof io);
+  io.n_valid = x->n_valid;
+  double busy[MF_EXEC_STREAMS] = {0, 0, 0};
+  int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
+  mf_step_result unused;
+  memset(&unused, 0, sizeof unused);
+  const mf_exec_param_hooks hooks = x->hooks;
+  memset(&x->hooks, 0, sizeof x->hooks); /* the host optimizer's hand-off is the step's */
+  mf_status st = run_range(x, s->optim_begin, s->n_instr, &io, a, &unused, busy, count);
+  x->hooks = hooks;
+  MF_CHECK(st);
+  MF_CHECK(x->b->stream_sync(x->b, x->stream));
+  x->state_current = 1;
+  x->stats.optimizer_s = mf_time_now() - t0;
+  return MF_OK;
+}
+
+mf_status mf_exec_sync_home(mf_exec *x, float *params) {
+  const mf_program *p = x->p;
+  const mf_schedule *s = x->s;
+  if (s->n_optim_device == 0) return MF_OK;
+  const size_t ms = mf_dtype_size(p->moments);
+  for (int32_t i = 0; i < s->n_slots; i++) {
+    if (!s->slots[i].persist) continue;
+    const mf_ptensor *t = &p->tensors[s->slots[i].tensor];
+    const mf_param *q = &p->params->params[t->param];
+    if (t->kind == MF_T_PARAM && x->weights_current && params)
+      MF_CHECK(x->b->copy(x->b, params + q->offset, slot_ptr(x, i), t->bytes, MF_COPY_D2H, x->stream));
+    if (t->kind == MF_T_OPT && x->state_current && x->m_host && x->v_host) {
+      const size_t n = (size_t)q->numel * ms;
+      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, slot_ptr(x, i), n, MF_COPY_D2H,
+                          x->stream));
+      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, slot_ptr(x, i) + n, n,
+                          MF_COPY_D2H, x->stream));
+    }
+  }
+  return x->b->stream_sync(x->b, x->stream);
 }

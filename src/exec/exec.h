@@ -44,7 +44,11 @@ typedef struct mf_step_result {
  * layout) are uploaded; ids[m] and targets[m] hold micro-batch m's
  * [B*S] tokens (target -1: not counted); the gradients (mean over the
  * micro-batches) are written to grads (host, the table's layout) unless NULL.
- * A forward-only program gives the losses only. */
+ * A forward-only program gives the losses only. With the optimizer of some
+ * parameters on the device (see below) it runs the schedule up to
+ * optim_begin: those parameters' weights are uploaded only when the device
+ * copy is not current, their gradients stay on the device and only their
+ * norm chunk sums come home (mf_exec_norm_sums). */
 mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *ids, const int32_t *const *targets,
                        float *grads, mf_step_result *r);
 
@@ -105,6 +109,7 @@ typedef struct mf_exec_stats {
    * is the schedule's h2d_bytes, and so for d2h. */
   uint64_t h2d_skipped_bytes, d2h_skipped_bytes;
   size_t peak_live_bytes;          /* as mf_exec_peak_live_bytes */
+  double optimizer_s;              /* the last mf_exec_optimize's wall time (not in wall_s) */
 } mf_exec_stats;
 
 /* The last step's stream statistics (all zero before the first step). */
@@ -144,6 +149,61 @@ void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h);
 /* The parameters in the order a step first uploads them ([n_params]; those
  * never uploaded last, in index order): the order to update them in. */
 const int32_t *mf_exec_param_upload_order(const mf_exec *x);
+
+/* ------------------------------------------- the optimizer on the device
+ *
+ * For the parameters whose optimizer the schedule puts on the device
+ * (mf_schedule.optim_device; planner/schedule.h), the device copy of the
+ * weights and their AdamW state is the truth between steps. A training loop:
+ *   1. mf_exec_set_optim_state once: the host moments (the first fill's
+ *      source and mf_exec_sync_home's destination);
+ *   2. each step mf_exec_step, then combines the global gradient norm from
+ *      the host gradients and mf_exec_norm_sums (in parameter order: the
+ *      same bits as mf_optim_grad_norm over every gradient), then — unless
+ *      it skips the step — mf_exec_optimize with the clip factor;
+ *   3. before anything reads the host copies (an evaluation, a checkpoint,
+ *      the final weights): mf_exec_sync_home.
+ * After the host copies change (a checkpoint loaded) mf_exec_invalidate makes
+ * the next step upload them again. With no optimizer on the device these
+ * are no-ops (mf_exec_optimize returns MF_OK at once). */
+
+/* How many parameters have their optimizer on the device (0: none). */
+int32_t mf_exec_optim_on_device(const mf_exec *x);
+
+/* After mf_exec_step: the norm chunk sums of the gradients of the parameters
+ * whose optimizer is on the device, at the program's norm_first[i] (the
+ * layout of every parameter's chunks in order; others' entries are not
+ * written). NULL with none on the device. */
+const double *mf_exec_norm_sums(const mf_exec *x);
+
+/* The host AdamW moments m and v (the parameter table's layout: parameter i
+ * at offset * the moment size; the program's moment dtype). Kept, not copied. */
+void mf_exec_set_optim_state(mf_exec *x, void *m, void *v);
+
+/* One update on the device (kernels/backend.h MF_K_ADAMW) of each parameter
+ * whose optimizer is there and update[i] is set, with step[i] (t >= 1), the
+ * learning rate, betas and eps, weight_decay for those with decays[i] (NULL:
+ * all) and the gradient first scaled by (float)coef when coef < 1. Only
+ * after a successful mf_exec_step (MF_ERR_INTERNAL otherwise); the state is
+ * filled from the host first when the device copy is not current. */
+typedef struct mf_exec_optim {
+  double lr, beta1, beta2, eps, weight_decay, coef;
+  const int64_t *step;   /* [n_params] */
+  const uint8_t *update; /* [n_params] */
+  const uint8_t *decays; /* [n_params] or NULL */
+} mf_exec_optim;
+
+mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a);
+
+/* Copies the device's current weights (into params, the table's layout) and
+ * AdamW state (into the moments set above) home, for the parameters whose
+ * optimizer is on the device; waits for the copies. Nothing when the device
+ * copies were never filled. */
+mf_status mf_exec_sync_home(mf_exec *x, float *params);
+
+/* The host copies of those weights and state changed: the next step uploads
+ * them again. */
+void mf_exec_invalidate(mf_exec *x);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "planner/host.h"
 #include "planner/plan.h"
 #include "planner/routing.h"
 #include "src/exec/exec.h"
@@ -16,6 +17,7 @@
 #include "src/exec/train.h"
 #include "src/io/hf_config.h"
 #include "src/io/tokens.h"
+#include "src/core/hostbuf.h"
 #include "src/model/program.h"
 #include "src/optim/optim.h"
 #include "src/optim/worker.h"
@@ -108,7 +110,7 @@ static void runner_free(runner *r) {
 static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                              int64_t G, int forward_only) {
   memset(r, 0, sizeof *r);
-  mf_cpu_backend_opts bo = {pool, 0, 0};
+  mf_cpu_backend_opts bo = {pool, 0, 0, mf_optim_run_kernel};
   MF_CHECK(mf_backend_cpu_create(&bo, &r->backend));
   /* Storage fp32: what the cpu backend runs. */
   const mf_program_order order =
@@ -120,7 +122,8 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
                         0,
                         forward_only,
                         order,
-                        MF_DTYPE_F32};
+                        MF_DTYPE_F32,
+                        cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
   const mf_config_memory *mem = &cfg->memory;
   mf_config_plan which = mem->plan_kind;
   if (which == MF_CONFIG_PLAN_FILE && forward_only) which = MF_CONFIG_PLAN_AUTO;
@@ -225,6 +228,114 @@ static mf_dtype moment_dtype(const mf_config_train *tc) {
   return tc->adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
 }
 
+/* The host state of a run: fp32 master weights, gradient sums and AdamW
+ * moments, each in host memory or — the parts the plan's host accounting
+ * spills past memory.host_limit (planner/host.h: moments first, then the
+ * master weights, then gradient sums that land once a step) — in a file in
+ * memory.nvme_dir, mapped (src/core/hostbuf.h): the page cache moves the
+ * pages, the bits are the same. A part spills whole when any of it does. */
+typedef struct host_state {
+  mf_hostbuf master, grads, m, v; /* master: only when it spills (else the loaded w) */
+  mf_host_usage u;
+  int spill_master, spill_grads, spill_moments;
+} host_state;
+
+static void host_state_free(host_state *h) {
+  mf_hostbuf_free(&h->master);
+  mf_hostbuf_free(&h->grads);
+  mf_hostbuf_free(&h->m);
+  mf_hostbuf_free(&h->v);
+}
+
+/* Places the state for the plan `pl` (NULL: everything in memory); *w moves
+ * into a file when the master weights spill (*w_owned then 0: the buffer is
+ * h->master's). */
+static mf_status host_state_init(host_state *h, const mf_config *cfg, const mf_param_table *t,
+                                 const mf_program *prog, const mf_plan *pl, float **w, int *w_owned, int quiet) {
+  memset(h, 0, sizeof *h);
+  const char *dir = cfg->memory.nvme_dir;
+  if (pl && pl->hw) {
+    MF_CHECK(mf_host_account(prog, pl->s, 0, &cfg->memory, pl->hw, &h->u));
+    h->spill_moments = h->u.spill_moment_bytes > 0;
+    h->spill_master = h->u.spill_master_bytes > 0;
+    h->spill_grads = h->u.spill_grad_bytes > 0;
+    char need[32], lim[32];
+    mf_format_bytes(h->u.total_bytes, need, sizeof need);
+    mf_format_bytes(h->u.host_limit, lim, sizeof lim);
+    if (h->u.unplaced_bytes > 0)
+      MF_LOGW("train",
+              "host memory: the plan needs %s against memory.host_limit %s and %s fits nowhere (%s); the run "
+              "may fail to allocate or swap",
+              need, lim, mf_format_bytes(h->u.unplaced_bytes, (char[32]){0}, 32),
+              h->u.nvme ? "NVMe spill cannot take it" : "no memory.nvme_dir or the profile has no NVMe bandwidth");
+  }
+  const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(moment_dtype(&cfg->train));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_grads ? dir : NULL, "gradients", n * sizeof(float), &h->grads));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-m", n * ms, &h->m));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-v", n * ms, &h->v));
+  if (h->spill_master) {
+    MF_CHECK(mf_hostbuf_alloc(dir, "master-weights", n * sizeof(float), &h->master));
+    if (n) memcpy(h->master.ptr, *w, n * sizeof(float));
+    free(*w);
+    *w = (float *)h->master.ptr;
+    *w_owned = 0;
+  }
+  if (!quiet && (h->spill_master || h->spill_grads || h->spill_moments)) {
+    char a[32], b[32], c[32];
+    MF_LOGI("train", "host state on NVMe (%s, files unlinked): %s%s%s%s%s%s (the plan spills %s past "
+            "memory.host_limit %s)",
+            dir, h->spill_moments ? "AdamW moments " : "",
+            h->spill_moments ? mf_format_bytes(2 * n * ms, a, sizeof a) : "",
+            h->spill_master ? (h->spill_moments ? ", master weights " : "master weights ") : "",
+            h->spill_master ? mf_format_bytes(n * sizeof(float), b, sizeof b) : "",
+            h->spill_grads ? (h->spill_moments || h->spill_master ? ", gradient sums " : "gradient sums ") : "",
+            h->spill_grads ? mf_format_bytes(n * sizeof(float), c, sizeof c) : "",
+            mf_format_bytes(h->u.spill_moment_bytes + h->u.spill_master_bytes + h->u.spill_grad_bytes,
+                            (char[32]){0}, 32),
+            mf_format_bytes(h->u.host_limit, (char[32]){0}, 32));
+  }
+  return MF_OK;
+}
+
+/* Parameter i's host state is done with for this step: the kernel may write
+ * its spilled pages back and drop them (nothing for parts in memory). */
+static void host_state_release(host_state *h, const mf_param_table *t, int64_t i, size_t ms) {
+  const mf_param *p = &t->params[i];
+  const size_t o = (size_t)p->offset, n = (size_t)p->numel;
+  if (h->spill_moments) {
+    (void)mf_hostbuf_advise(&h->m, o * ms, n * ms, 0);
+    (void)mf_hostbuf_advise(&h->v, o * ms, n * ms, 0);
+  }
+  if (h->spill_master) (void)mf_hostbuf_advise(&h->master, o * sizeof(float), n * sizeof(float), 0);
+  if (h->spill_grads) (void)mf_hostbuf_advise(&h->grads, o * sizeof(float), n * sizeof(float), 0);
+}
+
+/* Parameter i got a gradient this step: a routed expert that no token reached
+ * has none in Mixtral and Qwen (PyTorch leaves .grad None); OLMoE's experts
+ * always get one (a zero gradient), as in transformers. */
+static int has_gradient(const mf_param_table *t, const int64_t *expert_tokens, int64_t i) {
+  const mf_param *p = &t->params[i];
+  return p->expert < 0 || mf_family_idle_expert_has_grad(t->spec.family) ||
+         expert_tokens[p->layer * t->spec.experts + p->expert] > 0;
+}
+
+/* The updates of the parameters whose optimizer the plan put on the device
+ * (mf_exec_optimize): the same selection, step counts and hyper-parameters as
+ * optimizer_step's, the gradients scaled by coef there. */
+static mf_status device_optimizer_step(const mf_param_table *t, mf_exec *x, const mf_config_train *tc,
+                                       double lr, double coef, const uint8_t *on_device, int64_t *steps,
+                                       uint8_t *update, const uint8_t *decays) {
+  if (!on_device) return MF_OK;
+  const int64_t *tokens = mf_exec_expert_tokens(x);
+  for (int64_t i = 0; i < t->n; i++) {
+    update[i] = on_device[i] && has_gradient(t, tokens, i);
+    if (update[i]) steps[i]++;
+  }
+  const mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
+  const mf_exec_optim a = {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, coef, steps, update, decays};
+  return mf_exec_optimize(x, &a);
+}
+
 /* AdamW over every parameter that got a gradient. A routed expert that saw no
  * token in the step has none in Mixtral and Qwen (PyTorch leaves .grad None): it
  * is not updated and its step count does not advance. OLMoE's experts always get
@@ -232,7 +343,7 @@ static mf_dtype moment_dtype(const mf_config_train *tc) {
  * applies to matrices only. */
 static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_tokens,
                                 const mf_config_train *tc, double lr, float *w, float *g, void *m, void *v,
-                                int64_t *steps, mf_threadpool *pool) {
+                                int64_t *steps, const uint8_t *on_device, host_state *hs, mf_threadpool *pool) {
   const mf_dtype md = moment_dtype(tc);
   const size_t ms = mf_dtype_size(md);
   mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
@@ -240,9 +351,8 @@ static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_t
   h_nodecay.weight_decay = 0;
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
-    if (p->expert >= 0 && expert_tokens[p->layer * t->spec.experts + p->expert] == 0 &&
-        !mf_family_idle_expert_has_grad(t->spec.family))
-      continue;
+    if (on_device && on_device[i]) continue; /* updated on the device (device_optimizer_step) */
+    if (!has_gradient(t, expert_tokens, i)) continue;
     steps[i]++;
     const mf_adamw_bufs b = {w + p->offset,
                              g + p->offset,
@@ -253,6 +363,7 @@ static mf_status optimizer_step(const mf_param_table *t, const int64_t *expert_t
                              MF_DTYPE_F32,
                              md};
     MF_CHECK(mf_adamw_update_bufs(p->ndim == 2 ? &h : &h_nodecay, steps[i], &b, pool));
+    host_state_release(hs, t, i, ms);
   }
   return MF_OK;
 }
@@ -295,7 +406,8 @@ static mf_status optimizer_worker_create(const mf_param_table *t, float *w, floa
  * first uploads the parameters (`order`); `upd` holds t->n entries. */
 static mf_status optimizer_queue(const mf_param_table *t, const int64_t *expert_tokens,
                                  const mf_config_train *tc, double lr, double coef, const int32_t *order,
-                                 int64_t *steps, mf_optim_update *upd, mf_optim_worker *wk) {
+                                 int64_t *steps, const uint8_t *on_device, mf_optim_update *upd,
+                                 mf_optim_worker *wk) {
   mf_adamw_hparams h = mf_adamw_hparams_from_config(tc, lr);
   mf_adamw_hparams h_nodecay = h;
   h_nodecay.weight_decay = 0;
@@ -303,9 +415,7 @@ static mf_status optimizer_queue(const mf_param_table *t, const int64_t *expert_
   for (int64_t k = 0; k < t->n; k++) {
     const int32_t i = order[k];
     const mf_param *p = &t->params[i];
-    if (p->expert >= 0 && expert_tokens[p->layer * t->spec.experts + p->expert] == 0 &&
-        !mf_family_idle_expert_has_grad(t->spec.family))
-      continue;
+    if ((on_device && on_device[i]) || !has_gradient(t, expert_tokens, i)) continue;
     steps[i]++;
     upd[n++] = (mf_optim_update){i, steps[i], p->ndim == 2 ? h : h_nodecay};
   }
@@ -329,9 +439,16 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   mf_optim_worker *wk = NULL; /* train.overlap_optimizer */
   mf_optim_update *upd = NULL;
   uint8_t *used = NULL;
+  /* The optimizer on the device (the plan's optim decisions; NULL: none). */
+  const uint8_t *on_device = NULL;
+  const double **ext_sums = NULL; /* [n_params] a device parameter's norm chunk sums, else NULL */
+  uint8_t *dev_update = NULL, *decays = NULL;
   double *step_wall = NULL; /* [train.steps] each step's wall time, for the executed median */
   int64_t *routed = NULL;   /* [layers * experts] tokens routed to each expert, summed over the steps */
   runner tr = {0}, ev = {0};
+  host_state hs;
+  memset(&hs, 0, sizeof hs);
+  int w_owned = 1; /* w is ours to free (0: it moved into hs.master) */
   char desc[4200];
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
@@ -350,16 +467,23 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   MF_CHECK_GOTO(runner_init(&tr, cfg, t, pool, cfg->train.grad_accum, 0), st, done);
   if (valid) MF_CHECK_GOTO(runner_init(&ev, cfg, t, pool, 1, 1), st, done);
 
-  const size_t n = (size_t)t->total_numel;
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(float), "gradients", (void **)&g), st, done);
-  const size_t moment_size = mf_dtype_size(moment_dtype(&cfg->train));
-  MF_CHECK_GOTO(mf_calloc(n, moment_size, "Adam first moments", &mom), st, done);
-  MF_CHECK_GOTO(mf_calloc(n, moment_size, "Adam second moments", &var), st, done);
+  MF_CHECK_GOTO(host_state_init(&hs, cfg, t, tr.prog, tr.plan, &w, &w_owned, quiet), st, done);
+  g = (float *)hs.grads.ptr;
+  mom = hs.m.ptr;
+  var = hs.v.ptr;
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(int64_t), "step counts", (void **)&steps), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(mf_optim_buf), "gradient list", (void **)&bufs), st, done);
   MF_CHECK_GOTO(mf_calloc((size_t)(cfg->train.steps > 0 ? cfg->train.steps : 1), sizeof(double), "step times",
                           (void **)&step_wall),
                 st, done);
+  if (tr.plan && tr.plan->s->n_optim_device > 0) {
+    on_device = tr.plan->s->optim_device;
+    mf_exec_set_optim_state(tr.exec, mom, var);
+    MF_CHECK_GOTO(mf_calloc((size_t)t->n, sizeof(double *), "norm sums", (void **)&ext_sums), st, done);
+    MF_CHECK_GOTO(mf_calloc((size_t)t->n, 1, "device updates", (void **)&dev_update), st, done);
+    MF_CHECK_GOTO(mf_calloc((size_t)t->n, 1, "weight decay flags", (void **)&decays), st, done);
+    for (int64_t i = 0; i < t->n; i++) decays[i] = t->params[i].ndim == 2; /* as optimizer_step */
+  }
   const size_t n_routed = (size_t)(t->spec.layers * (t->spec.experts > 0 ? t->spec.experts : 1));
   MF_CHECK_GOTO(mf_calloc(n_routed, sizeof(int64_t), "routing counts", (void **)&routed), st, done);
   if (mf_config_overlaps_optimizer(cfg)) {
@@ -413,12 +537,14 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
             "plan: %s, arena %s (peak %s), predicted %.4g s/step (%.0f tokens/s); device budget %s%s; "
             "weights %d resident / %d streamed; gradients %d on the device / %d streamed; activations %d "
             "kept / %d "
-            "offloaded / %d recomputed; %s up and %s home per step; %s order",
+            "offloaded / %d recomputed; optimizer %d on the device / %d on the host; %s up and %s home per "
+            "step; %s order",
             tr.plan_desc, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
             mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
             (double)tokens_per_step / pl->sim.step_seconds, mf_format_bytes(pl->budget, b1, sizeof b1),
             cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO ? " (auto: the plan's arena)" : "", wr, ws, gd,
-            gs, ak, ao, ar, mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
+            gs, ak, ao, ar, pl->s->n_optim_device, pl->d->n_params - pl->s->n_optim_device,
+            mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
             mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5), mf_program_order_name(tr.prog->order));
   }
   const double t_start = mf_time_now();
@@ -443,19 +569,23 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     for (size_t i = 0; i < n_routed; i++) routed[i] += mf_exec_expert_tokens(tr.exec)[i];
     for (int64_t i = 0; i < t->n; i++) {
       const mf_param *p = &t->params[i];
-      int used = p->expert < 0 || mf_family_idle_expert_has_grad(t->spec.family) ||
-                 mf_exec_expert_tokens(tr.exec)[p->layer * t->spec.experts + p->expert] > 0;
-      bufs[i] = (mf_optim_buf){used ? g + p->offset : NULL, used ? (size_t)p->numel : 0};
+      const int has = has_gradient(t, mf_exec_expert_tokens(tr.exec), i);
+      const int dev = on_device && on_device[i]; /* its gradient stayed on the device */
+      bufs[i] = (mf_optim_buf){has && !dev ? g + p->offset : NULL, has ? (size_t)p->numel : 0};
+      if (ext_sums) ext_sums[i] = dev ? mf_exec_norm_sums(tr.exec) + tr.prog->norm_first[i] : NULL;
     }
+    /* The global norm over every gradient, in parameter order, the device's
+     * chunk sums in their places: the same bits wherever each was computed. */
     double norm = 0, coef = 1;
     const double opt_t0 = mf_time_now();
     if (wk) {
-      for (int64_t i = 0; i < t->n; i++) used[i] = bufs[i].data != NULL;
-      MF_CHECK_GOTO(mf_optim_worker_norm(wk, used, &norm), st, done);
+      for (int64_t i = 0; i < t->n; i++) used[i] = bufs[i].n > 0;
+      MF_CHECK_GOTO(mf_optim_worker_norm_ext(wk, used, ext_sums, &norm), st, done);
       coef = mf_optim_clip_coef(norm, cfg->train.grad_clip);
     } else {
-      MF_CHECK_GOTO(mf_optim_clip_grad_norm(bufs, (size_t)t->n, cfg->train.grad_clip, pool, &norm, &coef), st,
-                    done);
+      MF_CHECK_GOTO(mf_optim_grad_norm_ext(bufs, (size_t)t->n, ext_sums, pool, &norm), st, done);
+      coef = mf_optim_clip_coef(norm, cfg->train.grad_clip);
+      if (coef < 1.0) MF_CHECK_GOTO(mf_optim_grad_scale(bufs, (size_t)t->n, coef, pool), st, done);
     }
     const double lr = mf_lr_at(&cfg->train, step);
     const int skip = !isfinite(norm) || !isfinite(sr.loss);
@@ -465,13 +595,17 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
               "step %lld: non-finite gradients or loss (loss %g, |g| %g): step skipped, weights and "
               "optimizer state unchanged",
               (long long)step, sr.loss, norm);
-    } else if (wk) {
-      MF_CHECK_GOTO(optimizer_queue(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, coef,
-                                    mf_exec_param_upload_order(tr.exec), steps, upd, wk),
-                    st, done);
     } else {
+      if (wk)
+        MF_CHECK_GOTO(optimizer_queue(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, coef,
+                                      mf_exec_param_upload_order(tr.exec), steps, on_device, upd, wk),
+                      st, done);
+      else
+        MF_CHECK_GOTO(optimizer_step(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, w, g, mom, var, steps,
+                                     on_device, &hs, pool),
+                      st, done);
       MF_CHECK_GOTO(
-          optimizer_step(t, mf_exec_expert_tokens(tr.exec), &cfg->train, lr, w, g, mom, var, steps, pool), st,
+          device_optimizer_step(t, tr.exec, &cfg->train, lr, coef, on_device, steps, dev_update, decays), st,
           done);
     }
     if (!wk) window_opt_exposed += mf_time_now() - opt_t0;
@@ -491,6 +625,10 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     if (wk) {
       /* An evaluation and the final weights need every update done. */
       if (eval_now || last) MF_CHECK_GOTO(mf_optim_worker_wait_all(wk), st, done);
+    }
+    /* ... and the weights the device updates, home. */
+    if (on_device && (eval_now || last)) MF_CHECK_GOTO(mf_exec_sync_home(tr.exec, w), st, done);
+    if (wk) {
       double busy, waited;
       mf_optim_worker_stats(wk, &busy, &waited);
       const double d_busy = busy - opt_busy_seen, d_waited = waited - opt_waited_seen;
@@ -591,19 +729,20 @@ done:
   mf_optim_worker_free(wk); /* first: it may still be writing the buffers freed below */
   free(upd);
   free(used);
+  free(ext_sums);
+  free(dev_update);
+  free(decays);
   mf_metrics_close(metrics);
   runner_free(&tr);
   runner_free(&ev);
   mf_loader_free(train);
   mf_loader_free(valid);
-  free(g);
-  free(mom);
-  free(var);
+  host_state_free(&hs); /* g, mom, var (and w when it spilled) */
   free(steps);
   free(bufs);
   free(step_wall);
   free(routed);
-  free(w);
+  if (w_owned) free(w);
   mf_param_table_free(t);
   mf_threadpool_free(pool);
   return st;

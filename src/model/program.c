@@ -8,7 +8,8 @@
 #include "src/model/program.h"
 
 const char *mf_tensor_kind_name(mf_tensor_kind k) {
-  static const char *const names[MF_T_KIND_COUNT_] = {"param", "grad", "input", "act", "act_grad", "stat", "work"};
+  static const char *const names[MF_T_KIND_COUNT_] = {"param", "grad", "input", "act", "act_grad", "stat", "work",
+                                                              "opt"};
   return ((int)k >= 0 && k < MF_T_KIND_COUNT_) ? names[k] : "unknown";
 }
 
@@ -587,6 +588,64 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   free(A);
 }
 
+/* The optimizer on the device, after the backward (program.h MF_PHASE_NORM,
+ * MF_PHASE_OPTIM): every parameter's norm chunk sums, then every parameter's
+ * update, in parameter order. The planner runs them only for the parameters
+ * whose optimizer it places on the device. */
+static void build_optimizer(pb *b, const mf_param_table *pt) {
+  mf_program *p = b->p;
+  const size_t n = (size_t)(pt->n ? pt->n : 1);
+  p->state_tensor = (int32_t *)malloc(n * sizeof(int32_t));
+  p->sumsq_op = (int32_t *)malloc(n * sizeof(int32_t));
+  p->adamw_op = (int32_t *)malloc(n * sizeof(int32_t));
+  p->norm_first = (int64_t *)malloc(n * sizeof(int64_t));
+  if (!p->state_tensor || !p->sumsq_op || !p->adamw_op || !p->norm_first) {
+    b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+    return;
+  }
+  const int64_t chunk = 65536; /* MF_OPTIM_NORM_CHUNK (kernels/backend.h MF_K_GRAD_SUMSQ) */
+  p->norm_chunks = 0;
+  for (int64_t i = 0; i < pt->n; i++) {
+    p->norm_first[i] = p->norm_chunks;
+    p->norm_chunks += (pt->params[i].numel + chunk - 1) / chunk;
+  }
+  b->stage = INT32_MAX;
+  p->norm_sums = tensor(b, MF_T_WORK, MF_DTYPE_F64, p->norm_chunks > 0 ? p->norm_chunks : 1, -1, -1,
+                        "optimizer.norm_chunk_sums");
+  const size_t ms = mf_dtype_size(p->moments);
+  for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
+    const mf_param *q = &pt->params[i];
+    int32_t t = tensor(b, MF_T_OPT, p->moments, 2 * q->numel, -1, q->layer, "adam.%s", q->name);
+    if (t < 0) return;
+    /* BF16 storage: the fp32 master beside the moments (cuda). */
+    p->tensors[t].bytes = (size_t)q->numel * (2 * ms + (p->storage == MF_DTYPE_BF16 ? 4 : 0));
+    p->tensors[t].param = (int32_t)i;
+    p->state_tensor[i] = t;
+  }
+  for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
+    const mf_param *q = &pt->params[i];
+    mf_pop *o = op(b, MF_K_GRAD_SUMSQ, MF_PHASE_NORM, -1, q->layer, "norm %s", q->name);
+    if (b->st != MF_OK) return;
+    o->t[0] = p->grad_tensor[i];
+    o->t[1] = p->norm_sums;
+    o->i[0] = q->numel;
+    o->i[1] = p->norm_first[i];
+    p->sumsq_op[i] = p->n_ops - 1;
+  }
+  for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
+    const mf_param *q = &pt->params[i];
+    mf_pop *o = op(b, MF_K_ADAMW, MF_PHASE_OPTIM, -1, q->layer, "adamw %s", q->name);
+    if (b->st != MF_OK) return;
+    o->t[0] = p->param_tensor[i];
+    o->t[1] = p->grad_tensor[i];
+    o->t[2] = p->state_tensor[i];
+    o->i[0] = q->numel;
+    o->i[1] = 0; /* t: the executor's, at run time, as lr, coef and the rest of f[] */
+    o->i[2] = p->moments == MF_DTYPE_BF16;
+    p->adamw_op[i] = p->n_ops - 1;
+  }
+}
+
 static void compute_lifetimes(mf_program *p) {
   for (int32_t k = 0; k < p->n_ops; k++) {
     const mf_pop *o = &p->ops[k];
@@ -684,6 +743,9 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   if (s->experts > 65536) return MF_ERR(MF_ERR_UNSUPPORTED, "model: more than 65536 experts");
   if (opts->order != MF_ORDER_MICRO_MAJOR && opts->order != MF_ORDER_LAYER_MAJOR)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: unknown micro-batch order %d", (int)opts->order);
+  if (opts->moments != MF_DTYPE_INVALID && opts->moments != MF_DTYPE_F32 && opts->moments != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "step program: AdamW moments must be F32 or BF16 (got %s)",
+                  mf_dtype_name(opts->moments));
   if (opts->storage != MF_DTYPE_INVALID && opts->storage != MF_DTYPE_F32 && opts->storage != MF_DTYPE_BF16)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: device storage must be F32 or BF16 (got %s)",
                   mf_dtype_name(opts->storage));
@@ -703,6 +765,8 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   p->forward_only = opts->forward_only;
   p->order = opts->order;
   p->storage = opts->storage == MF_DTYPE_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+  p->moments = opts->moments == MF_DTYPE_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+  p->norm_sums = -1;
   p->io = (mf_program_io *)calloc((size_t)p->G, sizeof(mf_program_io));
   p->param_tensor = (int32_t *)malloc((size_t)pt->n * sizeof(int32_t));
   p->grad_tensor = (int32_t *)malloc((size_t)pt->n * sizeof(int32_t));
@@ -730,7 +794,11 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     o->t[0] = p->grad_tensor[i];
   }
   for (int32_t m = 0; m < (int32_t)p->G && b.st == MF_OK; m++) build_micro(&b, pt, m);
-  if (b.st == MF_OK && p->order == MF_ORDER_LAYER_MAJOR) b.st = reorder_layer_major(p, b.stage_of);
+  if (b.st == MF_OK && p->order == MF_ORDER_LAYER_MAJOR) {
+    b.st = reorder_layer_major(p, b.stage_of);
+    b.cap_o = p->n_ops + 1; /* the reordered list's room */
+  }
+  if (b.st == MF_OK && !p->forward_only) build_optimizer(&b, pt);
   free(b.stage_of);
   if (b.st != MF_OK) {
     mf_program_free(p);
@@ -750,6 +818,10 @@ void mf_program_free(mf_program *p) {
   free(p->io);
   free(p->param_tensor);
   free(p->grad_tensor);
+  free(p->state_tensor);
+  free(p->sumsq_op);
+  free(p->adamw_op);
+  free(p->norm_first);
   free(p);
 }
 

@@ -61,6 +61,8 @@ typedef enum mf_tensor_kind {
   MF_T_ACT_GRAD,  /* the gradient of an activation */
   MF_T_STAT,      /* per-row statistics and routing state (rstd, lse, probs, indices) */
   MF_T_WORK,      /* workspace and scalar outputs */
+  MF_T_OPT,       /* a parameter's AdamW state on the device: m then v (the moments' dtype); with BF16
+                     storage an fp32 master copy first (counted for planning; the cuda backend's) */
   MF_T_KIND_COUNT_
 } mf_tensor_kind;
 
@@ -78,7 +80,21 @@ typedef struct mf_ptensor {
   int32_t first_op, last_op; /* lifetime: the ops that first and last touch it */
 } mf_ptensor;
 
-typedef enum mf_phase { MF_PHASE_SETUP = 0, MF_PHASE_FWD, MF_PHASE_LOSS, MF_PHASE_BWD } mf_phase;
+/* NORM and OPTIM end a training step: per parameter, its gradient's norm
+ * chunk sums (GRAD_SUMSQ into the program's norm_sums) and its AdamW update
+ * (ADAMW over the weight, the gradient and the state tensor). They are the
+ * optimizer *on the device*: the planner runs them for the parameters whose
+ * optimizer it places there and skips them for the others, which the host
+ * updates. The executor runs the NORM ops with the step and the OPTIM ops
+ * once the host has combined the global norm (src/exec/exec.h). */
+typedef enum mf_phase {
+  MF_PHASE_SETUP = 0,
+  MF_PHASE_FWD,
+  MF_PHASE_LOSS,
+  MF_PHASE_BWD,
+  MF_PHASE_NORM,
+  MF_PHASE_OPTIM
+} mf_phase;
 
 #define MF_PROGRAM_LOSS_SCALE_RUNTIME (-1.0)
 
@@ -89,7 +105,7 @@ typedef struct mf_pop {
   int32_t t[MF_KBUF_MAX]; /* operand tensor ids, -1 when absent */
   int32_t experts_at;     /* EXPERT_*: index into the program's id pool of E tensor ids, else -1 */
   int64_t i[8];
-  double f[2];
+  double f[6];
   double flops;
   char label[64];
 } mf_pop;
@@ -127,6 +143,14 @@ typedef struct mf_program {
   int forward_only;
   mf_program_order order;
   mf_dtype storage;        /* F32 or BF16: PARAM, ACT and ACT_GRAD tensors are stored in it */
+  /* The optimizer on the device (training programs; -1 / NULL forward-only). */
+  mf_dtype moments;        /* F32 or BF16: the dtype of m and v in the OPT tensors */
+  int32_t *state_tensor;   /* [params->n] the OPT tensor of each parameter */
+  int32_t *sumsq_op;       /* [params->n] its GRAD_SUMSQ op */
+  int32_t *adamw_op;       /* [params->n] its ADAMW op */
+  int64_t *norm_first;     /* [params->n] its first chunk in norm_sums */
+  int32_t norm_sums;       /* WORK tensor: every parameter's norm chunk sums (f64), in parameter order */
+  int64_t norm_chunks;     /* its length */
 } mf_program;
 
 typedef struct mf_program_opts {
@@ -138,6 +162,7 @@ typedef struct mf_program_opts {
   int forward_only;    /* evaluation: forward and loss only, no gradients */
   mf_program_order order; /* default (0): micro-batch-major */
   mf_dtype storage;    /* device storage: F32 or BF16; MF_DTYPE_INVALID (0, left out): F32 */
+  mf_dtype moments;    /* AdamW moments (train.adam_moments): F32 or BF16; 0: F32 */
 } mf_program_opts;
 
 mf_status mf_program_build(const mf_param_table *params, const mf_program_opts *opts, mf_program **out);

@@ -88,8 +88,8 @@ static void run_round(round_job *j, mf_threadpool *pool, double *sum, int *bad, 
   j->count = 0;
 }
 
-static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, chunk_op op,
-                            float scale, double *sum, int *bad) {
+static mf_status for_chunks_ext(const mf_optim_buf *bufs, size_t n_bufs, const double *const *ext,
+                                mf_threadpool *pool, chunk_op op, float scale, double *sum, int *bad) {
   if (n_bufs > 0 && !bufs)
     return MF_ERR(MF_ERR_INVALID_ARG, "gradients: %zu buffers but a NULL list", n_bufs);
   round_job j;
@@ -99,6 +99,13 @@ static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpo
   *sum = 0.0;
   *bad = 0;
   for (size_t b = 0; b < n_bufs; b++) {
+    if (ext && ext[b] && bufs[b].n > 0) {
+      /* Chunk sums computed elsewhere: added at this buffer's place in the order. */
+      run_round(&j, pool, sum, bad, NULL);
+      if (op == OP_SUMSQ)
+        for (size_t k = 0; k < mf_optim_norm_chunks(bufs[b].n); k++) *sum += ext[b][k];
+      continue;
+    }
     if (!bufs[b].data || bufs[b].n == 0) continue; /* no gradient: an expert without tokens */
     for (size_t off = 0; off < bufs[b].n; off += MF_OPTIM_NORM_CHUNK) {
       size_t left = bufs[b].n - off;
@@ -109,6 +116,11 @@ static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpo
   }
   run_round(&j, pool, sum, bad, NULL);
   return MF_OK;
+}
+
+static mf_status for_chunks(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, chunk_op op,
+                            float scale, double *sum, int *bad) {
+  return for_chunks_ext(bufs, n_bufs, NULL, pool, op, scale, sum, bad);
 }
 
 mf_status mf_optim_grad_chunk_sumsq(const float *g, size_t n, mf_threadpool *pool, double *sums) {
@@ -148,6 +160,16 @@ mf_status mf_optim_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, mf_threadp
   double sum;
   int unused;
   MF_CHECK(for_chunks(bufs, n_bufs, pool, OP_SUMSQ, 1.0f, &sum, &unused));
+  *norm = sqrt(sum);
+  return MF_OK;
+}
+
+mf_status mf_optim_grad_norm_ext(const mf_optim_buf *bufs, size_t n_bufs, const double *const *ext,
+                                 mf_threadpool *pool, double *norm) {
+  if (!norm) return MF_ERR(MF_ERR_INVALID_ARG, "gradient norm: no result pointer");
+  double sum;
+  int unused;
+  MF_CHECK(for_chunks_ext(bufs, n_bufs, ext, pool, OP_SUMSQ, 1.0f, &sum, &unused));
   *norm = sqrt(sum);
   return MF_OK;
 }

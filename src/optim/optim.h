@@ -160,6 +160,14 @@ mf_status mf_optim_grad_check(const mf_optim_buf *bufs, size_t n_bufs, mf_thread
  * described at the top); +Inf or NaN when some element is not finite. */
 mf_status mf_optim_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, mf_threadpool *pool, double *norm);
 
+/* mf_optim_grad_norm where some buffers' chunk sums were computed elsewhere
+ * (the optimizer on the device: kernels/backend.h MF_K_GRAD_SUMSQ): for
+ * buffer b with ext[b] != NULL and n > 0, its mf_optim_norm_chunks(n) sums are
+ * ext[b][0..] and its data is not read (may be NULL). The sums are added in
+ * the same order, so the same bits as computing them here. ext may be NULL. */
+mf_status mf_optim_grad_norm_ext(const mf_optim_buf *bufs, size_t n_bufs, const double *const *ext,
+                                 mf_threadpool *pool, double *norm);
+
 /* torch.nn.utils.clip_grad_norm_'s factor: max_norm / (total_norm + 1e-6),
  * capped at 1. 1 when max_norm <= 0 (clipping off) or total_norm is not finite. */
 double mf_optim_clip_coef(double total_norm, double max_norm);
@@ -173,6 +181,16 @@ mf_status mf_optim_grad_scale(const mf_optim_buf *bufs, size_t n_bufs, double co
  * max_norm <= 0 computes the norm only. */
 mf_status mf_optim_clip_grad_norm(const mf_optim_buf *bufs, size_t n_bufs, double max_norm,
                                   mf_threadpool *pool, double *norm, double *coef);
+
+/* ------------------------------------------------- the backend's kernels */
+
+struct mf_kernel_call;
+
+/* Runs MF_K_GRAD_SUMSQ and MF_K_ADAMW (kernels/backend.h) on host memory with
+ * the functions above: the cpu backend's optimizer kernels
+ * (mf_cpu_backend_opts.optim), so the optimizer on its "device" gives the
+ * host optimizer's bits. MF_ERR_INVALID_ARG for another kind or bad sizes. */
+mf_status mf_optim_run_kernel(const struct mf_kernel_call *call, mf_threadpool *pool);
 
 /* ---------------------------------------------------- learning-rate schedule */
 

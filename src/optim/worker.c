@@ -192,12 +192,17 @@ mf_status mf_optim_worker_wait_all(mf_optim_worker *wk) {
 }
 
 mf_status mf_optim_worker_norm(mf_optim_worker *wk, const uint8_t *used, double *norm) {
+  return mf_optim_worker_norm_ext(wk, used, NULL, norm);
+}
+
+mf_status mf_optim_worker_norm_ext(mf_optim_worker *wk, const uint8_t *used, const double *const *ext,
+                                   double *norm) {
   if (!used || !norm)
     return MF_ERR(MF_ERR_INVALID_ARG, "optimizer worker: no used flags or no result pointer");
   pthread_mutex_lock(&wk->lock);
   int pushed = 0;
   for (int32_t i = 0; i < wk->n; i++)
-    if (used[i] && !wk->homed[i]) {
+    if (used[i] && !wk->homed[i] && !(ext && ext[i])) {
       push_locked(wk, i);
       pushed = 1;
     }
@@ -208,7 +213,8 @@ mf_status mf_optim_worker_norm(mf_optim_worker *wk, const uint8_t *used, double 
   double sum = 0.0;
   for (int32_t i = 0; i < wk->n; i++) {
     if (!used[i] || !wk->t[i].g || wk->t[i].n == 0) continue;
-    for (size_t k = wk->chunk_off[i]; k < wk->chunk_off[i + 1]; k++) sum += wk->sums[k];
+    const double *from = ext && ext[i] ? ext[i] : wk->sums + wk->chunk_off[i];
+    for (size_t k = 0; k < wk->chunk_off[i + 1] - wk->chunk_off[i]; k++) sum += from[k];
   }
   memset(wk->homed, 0, (size_t)wk->n);
   *norm = sqrt(sum);

@@ -91,6 +91,12 @@ void mf_optim_worker_grad_home(mf_optim_worker *wk, int32_t i);
  * not finite). Starts the next step's hand-overs afresh. A failure of an
  * earlier queued job is returned here (or at the next wait). */
 mf_status mf_optim_worker_norm(mf_optim_worker *wk, const uint8_t *used, double *norm);
+/* The same, where parameter i with ext[i] != NULL had its chunk sums computed
+ * elsewhere (the optimizer on the device): ext[i][k] is its chunk k's sum, no
+ * norm pass runs for it here and its host gradient is not read. ext may be
+ * NULL. Same bits as mf_optim_grad_norm_ext. */
+mf_status mf_optim_worker_norm_ext(mf_optim_worker *wk, const uint8_t *used, const double *const *ext,
+                                   double *norm);
 
 /* Queues n updates, run in the order given; each first multiplies its
  * gradient by (float)coef when coef < 1. Returns at once. Only after

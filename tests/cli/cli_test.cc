@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,58 @@ TEST(Cli, ProfileAndPlan) {
   Result small = moefit("plan configs/demo.yaml hardware.profile=" + out + " memory.device_budget=64KiB");
   EXPECT_EQ(small.code, 1);
   EXPECT_NE(small.out.find("below the minimum"), std::string::npos) << small.out;
+}
+
+// The optimizer on the device through memory.overrides: shown in the summary,
+// the per-layer table and --tensor (with the other placement priced), written
+// to the plan file and read back; an impossible override is a clean error
+// naming its place.
+TEST(Cli, PlanOptimizerOnTheDevice) {
+  const std::string dir = tmpdir(), json = dir + "/optim.plan.json", svg = dir + "/optim.svg";
+  const std::string common =
+      "plan configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml "
+      "memory.device_budget=1GiB ";
+  // Every optimizer at home but layer 1's, whatever the baseline decided.
+  Result r = moefit(common +
+                    "memory.plan=resident 'memory.overrides=[{match: \"*\", optimizer: host}, "
+                    "{match: \"model.layers.1.*\", optimizer: device}]'"
+                    " --tensor 'model.layers.1.self_attn.q_proj.weight' --json " +
+                    json + " --svg " + svg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char *want : {"parameters (", "updated on the device", "of AdamW state (fp32 moments)",
+                           "optimizer      activations", "its optimizer", "device     host "})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // The table: layer 1 on the device, layer 0 and the rest at home.
+  const size_t l1 = r.out.find("\n  layer 1 "), l0 = r.out.find("\n  layer 0 ");
+  ASSERT_NE(l1, std::string::npos) << r.out;
+  ASSERT_NE(l0, std::string::npos) << r.out;
+  const std::string row1 = r.out.substr(l1, r.out.find('\n', l1 + 1) - l1);
+  const std::string row0 = r.out.substr(l0, r.out.find('\n', l0 + 1) - l0);
+  EXPECT_NE(row1.find(" device "), std::string::npos) << row1;
+  EXPECT_NE(row0.find(" host "), std::string::npos) << row0;
+  std::ifstream jf(json);
+  std::string text((std::istreambuf_iterator<char>(jf)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"optimizer\": \"device\""), std::string::npos);
+  EXPECT_NE(text.find("\"version\": 3"), std::string::npos);
+  std::ifstream sf(svg);
+  std::string pic((std::istreambuf_iterator<char>(sf)), std::istreambuf_iterator<char>());
+  EXPECT_NE(pic.find("id=\"optim-begin\""), std::string::npos);
+  // The same summary from the plan file.
+  const size_t at = r.out.find("\noptimizer: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string summary = r.out.substr(at, r.out.find('\n', at + 1) - at);
+  Result back = moefit(common + "memory.plan=" + json);
+  ASSERT_EQ(back.code, 0) << back.out;
+  EXPECT_NE(back.out.find(summary), std::string::npos) << summary << "\n" << back.out;
+
+  Result bad = moefit(
+      common + "'memory.overrides=[{match: \"model.layers.1.*\", params: stream, optimizer: device}]'");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("command line: memory.overrides="), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("memory.overrides[0]: optimizer: device needs the weights resident"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_EQ(bad.out.find("Sanitizer"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, ConfigErrorsNameTheKeyAndPlace) {

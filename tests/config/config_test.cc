@@ -617,6 +617,30 @@ TEST(ConfigPrint, RoundTrips) {
                               "data.train='123'", "hardware.profile=yes", "train.aux_loss_coef=0"});
 }
 
+// optimizer: device in memory.overrides is kept as written (the planner checks
+// and applies it, planner/plan_io.h), from the file or the command line, and
+// prints and loads back the same.
+TEST(ConfigPrint, OptimizerDeviceOverrideIsKeptAsWritten) {
+  const std::string text =
+      Minimal() + "memory:\n  overrides:\n    - {match: \"model.layers.*\", optimizer: device}\n";
+  Loaded a = Load(text);
+  ASSERT_EQ(a.st, MF_OK) << a.err;
+  ASSERT_EQ(a.cfg->memory.n_overrides, 1u);
+  EXPECT_STREQ(a.cfg->memory.overrides[0].match, "model.layers.*");
+  EXPECT_STREQ(a.cfg->memory.overrides[0].optimizer, "device");
+  EXPECT_EQ(a.cfg->memory.overrides[0].params, nullptr);  // what device needs is the planner's to pin
+  EXPECT_EQ(a.cfg->memory.overrides[0].grads, nullptr);
+  EXPECT_NE(Print(a.cfg).find("optimizer: device"), std::string::npos) << Print(a.cfg);
+  ExpectRoundTrip(text);
+  Loaded b = Load(Minimal(), {"memory.overrides=[{match: \"*.self_attn.*\", optimizer: device}]"});
+  ASSERT_EQ(b.st, MF_OK) << b.err;
+  ASSERT_EQ(b.cfg->memory.n_overrides, 1u);
+  EXPECT_STREQ(b.cfg->memory.overrides[0].optimizer, "device");
+  EXPECT_NE(std::string(b.cfg->memory.overrides[0].where).find("command line"), std::string::npos)
+      << b.cfg->memory.overrides[0].where;
+  ExpectRoundTrip(Minimal(), {"memory.overrides=[{match: \"*.self_attn.*\", optimizer: device}]"});
+}
+
 TEST(ConfigPrint, WritesEveryDefault) {
   Loaded a = Load(Minimal());
   ASSERT_EQ(a.st, MF_OK) << a.err;

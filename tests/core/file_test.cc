@@ -15,17 +15,10 @@
 #include <vector>
 
 #include "src/core/core.h"
+#include "tests/core/test_dir.h"
 
 namespace {
 
-// A fresh directory under TEST_TMPDIR, named after the running test.
-std::string TestDir() {
-  const char *base = std::getenv("TEST_TMPDIR");
-  const ::testing::TestInfo *info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string dir = std::string(base ? base : "/tmp") + "/" + info->test_suite_name() + "." + info->name();
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
 
 void WriteFile(const std::string &path, const std::string &bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);

@@ -194,6 +194,25 @@ TEST(CudaOptimArgs, AdamwRejectsBadArguments) {
   EXPECT_EQ(mf_cuda_grad_chunk_sumsq(nullptr, 5, nullptr, nullptr), want);
 }
 
+// The clipped update (the backend's MF_K_ADAMW) checks as the plain one does,
+// with and without scaling.
+TEST(CudaOptimArgs, AdamwScaledRejectsBadArguments) {
+  const mf_status want = mf_cuda_compiled() ? MF_ERR_INVALID_ARG : MF_ERR_NO_DEVICE;
+  mf_cuda_adamw_step h = {1e-3, 0.9, 0.999, 1e-8, 0.0, 0};
+  float x = 0;
+  for (double coef : {0.5, 1.0}) {
+    SCOPED_TRACE("coef " + std::to_string(coef));
+    h.step = 0;
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, &x, coef, &x, &x, 0, 1, nullptr), want);
+    h.step = 1;
+    h.eps = -1;
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, &x, coef, &x, &x, 0, 1, nullptr), want);
+    h.eps = 1e-8;
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, nullptr, coef, &x, &x, 1, 1, nullptr), want);
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(nullptr, &x, &x, coef, &x, &x, 0, 1, nullptr), want);
+  }
+}
+
 TEST_F(CudaOptim, NormChunkSumsBitIdentical) {
   static_assert(MF_CUDA_NORM_CHUNK == MF_OPTIM_NORM_CHUNK, "the device norm chunk must be src/optim's");
   std::mt19937 rng(7);

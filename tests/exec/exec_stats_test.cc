@@ -45,7 +45,7 @@ class ExecStats : public ::testing::Test {
     for (int32_t t = 0; t < p_->n_tensors; t++)
       if (mf_schedule_can_offload(p_, t)) d_->act[t] = MF_ACT_OFFLOAD;
     ASSERT_EQ(mf_schedule_build(p_, d_, &s_), MF_OK) << mf_last_error();
-    mf_cpu_backend_opts bo = {nullptr, 0, 0};
+    mf_cpu_backend_opts bo = {nullptr, 0, 0, nullptr};
     ASSERT_EQ(mf_backend_cpu_create(&bo, &b_), MF_OK);
     ASSERT_EQ(mf_exec_create_scheduled(p_, s_, b_, &x_), MF_OK) << mf_last_error();
   }
@@ -130,7 +130,7 @@ TEST_F(ExecStats, PerInstructionTimesAddUpToBusy) {
 // A backend that does not run work as it is submitted gets no host-clock busy
 // times: NaN, not a launch time passed off as a kernel's.
 TEST_F(ExecStats, OtherBackendsAreNotTimedByTheHostClock) {
-  mf_cpu_backend_opts bo = {nullptr, 0, 0};
+  mf_cpu_backend_opts bo = {nullptr, 0, 0, nullptr};
   mf_backend *fake = nullptr;
   ASSERT_EQ(mf_backend_cpu_create(&bo, &fake), MF_OK);
   const char *real_name = fake->name;

@@ -113,7 +113,7 @@ void run(Plan plan, bool overlap, double clip, int64_t n_steps, int64_t inject_s
 
   mf_threadpool *pool = nullptr;
   ASSERT_EQ(mf_threadpool_create(2, &pool), MF_OK);
-  mf_cpu_backend_opts bo = {pool, 0, 0};
+  mf_cpu_backend_opts bo = {pool, 0, 0, nullptr};
   mf_backend *backend = nullptr;
   ASSERT_EQ(mf_backend_cpu_create(&bo, &backend), MF_OK);
   const int64_t B = 2, S = 8, G = 2;

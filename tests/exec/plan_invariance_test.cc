@@ -78,6 +78,7 @@ struct TrainRun {
   bool found = false;
   std::string name;
   long w_res = 0, w_stream = 0, g_dev = 0, g_stream = 0, a_keep = 0, a_off = 0, a_rec = 0;
+  long o_dev = -1, o_host = -1;  // optimizer on the device / on the host
   long moved() const { return w_stream + g_stream + a_off + a_rec; }
 };
 
@@ -181,6 +182,10 @@ class Shape {
                          "weights %ld resident / %ld streamed; gradients %ld on the device / %ld streamed; "
                          "activations %ld kept / %ld offloaded / %ld recomputed",
                          &r.w_res, &r.w_stream, &r.g_dev, &r.g_stream, &r.a_keep, &r.a_off, &r.a_rec) == 7;
+        const size_t o = r.log.find("optimizer ", w);
+        if (o < end && sscanf(r.log.c_str() + o, "optimizer %ld on the device / %ld on the host", &r.o_dev,
+                              &r.o_host) != 2)
+          r.found = false;
       }
     }
     return r;
@@ -359,6 +364,37 @@ TEST(PlanInvariance, OverridesApplyOnTopOfABaseline) {
   EXPECT_GT(r.w_stream, 0) << r.log;
   EXPECT_GT(r.g_stream, 0) << r.log;
   EXPECT_GT(r.w_res, 0) << "layer 1 stays resident:\n" << r.log;
+}
+
+// The optimizer on the device (the resident baseline: every parameter's;
+// overrides: some layers'), with fp32 and bf16 moments and with the host
+// part overlapped: the same bits as the host optimizer's unscheduled run —
+// the final weights, every step's loss and gradient norm, and the validation
+// loss (the device's weights brought home before the evaluation).
+TEST(PlanInvariance, OptimizerOnTheDevice) {
+  Shape s("demo_devopt", demo());
+  for (const std::string moments : {"fp32", "bf16"}) {
+    SCOPED_TRACE("train.adam_moments=" + moments);
+    const std::vector<std::string> m = {"train.adam_moments=" + moments};
+    const TrainRun ref = s.train("resident_" + moments, "auto", "auto", m);
+    ASSERT_EQ(ref.st, MF_OK) << ref.err;
+    const TrainRun all = s.train("dev_all_" + moments, "auto", "resident", m);
+    ExpectSameBits(ref, all, "every optimizer on the device");
+    ASSERT_TRUE(all.found) << all.log;
+    EXPECT_GT(all.o_dev, 0) << all.log;
+    EXPECT_EQ(all.o_host, 0) << all.log;
+    for (const std::string overlap : {"false", "true"}) {
+      std::vector<std::string> ov = m;
+      ov.push_back("train.overlap_optimizer=" + overlap);
+      ov.push_back("memory.overrides=[{match: 'model.layers.1.*', optimizer: device}]");
+      const TrainRun mixed = s.train("dev_mixed_" + moments + "_" + overlap, "auto", "zero_offload", ov);
+      ExpectSameBits(ref, mixed, "layer 1's optimizer on the device, overlap_optimizer=" + overlap);
+      ASSERT_TRUE(mixed.found) << mixed.log;
+      EXPECT_GT(mixed.o_dev, 0) << mixed.log;
+      EXPECT_GT(mixed.o_host, 0) << mixed.log;
+      EXPECT_GT(mixed.g_stream, 0) << "the other layers stream their gradients home:\n" << mixed.log;
+    }
+  }
 }
 
 // Plan files that cannot be followed: clean errors naming the file.

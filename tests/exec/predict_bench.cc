@@ -160,7 +160,7 @@ TEST(PredictBench, DemoStepWithin15Percent) {
       << mf_last_error();
   mf_threadpool *pool = nullptr;
   ASSERT_EQ(mf_threadpool_create((int)cfg->train.threads, &pool), MF_OK);
-  mf_cpu_backend_opts bo = {pool, 0, 0};
+  mf_cpu_backend_opts bo = {pool, 0, 0, nullptr};
   mf_backend *be = nullptr;
   ASSERT_EQ(mf_backend_cpu_create(&bo, &be), MF_OK);
   mf_exec *x = nullptr;

@@ -4,6 +4,9 @@
 // are written; eval reads the weights back.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -141,6 +144,71 @@ TEST(Train, PlannedRunMatchesResidentRun) {
   EXPECT_EQ(mf_train(cc, 1, &b), MF_ERR_CONFIG);
   EXPECT_NE(std::string(mf_last_error()).find("below the minimum"), std::string::npos) << mf_last_error();
   mf_config_free(cc);
+}
+
+// memory.nvme_dir: past memory.host_limit the plan's host accounting spills
+// the AdamW moments, then the master weights, then the gradient sums, and the
+// run keeps those in (unlinked) files there — the same bits as in memory, for
+// a host limit that spills only the moments and for one that spills all three.
+TEST(Train, HostStateSpilledToNvmeGivesTheSameBits) {
+  // The bundled cpu profile has no NVMe (no spill possible): one that has.
+  const std::string profile = tmp() + "/cpu-nvme.yaml";
+  {
+    std::ofstream f(profile);
+    f << slurp("configs/hw/cpu-2core.yaml") << "nvme: {bandwidth: 1GB}\n";
+  }
+  const std::string nvme = tmp() + "/nvme";
+  ASSERT_EQ(mkdir(nvme.c_str(), 0755), 0);
+  mf_config *ref = config(tmp() + "/run_spill_ref", 2, 5, "{device_budget: 700KiB}");
+  mf_train_summary a;
+  ASSERT_EQ(mf_train(ref, 1, &a), MF_OK) << mf_last_error();
+  mf_config_free(ref);
+  // The model has 35k parameters: 140 KB of master weights, as much of
+  // gradients, 280 KB of moments. 300 KB of host spills the moments only;
+  // 16 KB all three — gradient sums spill only when they land home once a
+  // step, so that run is layer-major (the same bits: order_test).
+  for (const char *limit : {"300KB", "16KB"}) {
+    SCOPED_TRACE(limit);
+    const std::string dir = tmp() + "/run_spill_" + limit;
+    mf_config *cfg = config(dir, 2, 5,
+                            ("{device_budget: 700KiB, host_limit: " + std::string(limit) + ", nvme_dir: " + nvme + "}")
+                                .c_str());
+    ASSERT_NE(cfg, nullptr);
+    free(cfg->hardware.profile);
+    cfg->hardware.profile = strdup(profile.c_str());
+    const bool all = std::string(limit) == "16KB";
+    if (all) cfg->train.micro_batch_order = MF_CONFIG_MB_ORDER_LAYER;
+    FILE *log = tmpfile();
+    mf_log_set_level(MF_LOG_INFO);
+    mf_log_set_stream(log);
+    mf_train_summary b;
+    const mf_status st = mf_train(cfg, 0, &b);
+    mf_log_set_stream(nullptr);
+    std::string text(ftell(log) > 0 ? (size_t)ftell(log) : 0, '\0');
+    rewind(log);
+    if (!text.empty()) {
+      EXPECT_EQ(fread(&text[0], 1, text.size(), log), text.size());
+    }
+    fclose(log);
+    mf_config_free(cfg);
+    ASSERT_EQ(st, MF_OK) << mf_last_error();
+    EXPECT_NE(text.find("host state on NVMe (" + nvme), std::string::npos) << text;
+    EXPECT_NE(text.find("AdamW moments"), std::string::npos) << text;
+    EXPECT_EQ(text.find("master weights") != std::string::npos, all) << text;
+    EXPECT_EQ(text.find("gradient sums") != std::string::npos, all) << text;
+    EXPECT_EQ(a.final_loss, b.final_loss);
+    EXPECT_EQ(a.valid_loss, b.valid_loss);
+    EXPECT_EQ(slurp(tmp() + "/run_spill_ref/final/model.safetensors"), slurp(dir + "/final/model.safetensors"));
+    EXPECT_EQ(losses_of(slurp(tmp() + "/run_spill_ref/metrics.jsonl")), losses_of(slurp(dir + "/metrics.jsonl")));
+  }
+  // Nothing left behind in the directory.
+  DIR *d = opendir(nvme.c_str());
+  ASSERT_NE(d, nullptr);
+  int entries = 0;
+  while (struct dirent *e = readdir(d))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) entries++;
+  closedir(d);
+  EXPECT_EQ(entries, 0);
 }
 
 // A planned run reports its streams in metrics.jsonl: busy within the step,

@@ -54,9 +54,12 @@ mf_program *build(const mf_param_table *t, int64_t G, mf_program_order order, in
 // from how the program builds it): the setup, the embedding's forward (with
 // the aux statistics' zeroing), each layer's forward, the loss part (final
 // norm, aux value, cross-entropy), the final norm's backward, each layer's
-// backward from the last, the embedding's backward.
+// backward from the last, the embedding's backward; then the optimizer's
+// NORM and OPTIM ops.
 int block_of(const mf_pop &o, int64_t L) {
   if (o.phase == MF_PHASE_SETUP) return 0;
+  if (o.phase == MF_PHASE_NORM) return (int)(2 * L + 5);
+  if (o.phase == MF_PHASE_OPTIM) return (int)(2 * L + 6);
   if (o.layer >= 0) return o.phase == MF_PHASE_BWD ? (int)(L + 4 + (L - 1 - o.layer)) : (int)(2 + o.layer);
   if (o.phase == MF_PHASE_LOSS || (o.phase == MF_PHASE_FWD && o.kind == MF_K_RMSNORM_FWD)) return (int)L + 2;
   if (o.phase == MF_PHASE_FWD) return 1;
@@ -128,8 +131,14 @@ TEST_P(Order, LayerMajorIsTheSameOpsStageByStage) {
     }
     // Micro-batch-major: micro-batches one after the other, the stages in
     // build order inside each.
+    // The optimizer's NORM and OPTIM ops (of no micro-batch) end both orders.
     int32_t prev_micro = -1;
+    bool optimizer_part = false;
     for (int32_t k = 0; k < mm->n_ops; k++) {
+      const bool opt = mm->ops[k].phase == MF_PHASE_NORM || mm->ops[k].phase == MF_PHASE_OPTIM;
+      ASSERT_TRUE(opt || !optimizer_part) << k << " " << mm->ops[k].label;
+      optimizer_part = optimizer_part || opt;
+      if (opt) continue;
       ASSERT_GE(mm->ops[k].micro, prev_micro) << k;
       prev_micro = mm->ops[k].micro;
     }
@@ -157,7 +166,7 @@ TEST_P(Order, LayerMajorIsTheSameOpsStageByStage) {
       prev_block = blk;
       prev_micro = o.micro;
     }
-    EXPECT_EQ(prev_block, (int)(2 * L + 4));
+    EXPECT_EQ(prev_block, (int)(2 * L + 6));
     // With one micro-batch both orders are the same program.
     if (G == 1) {
       for (int32_t k = 0; k < mm->n_ops; k++) ASSERT_TRUE(same_op(mm->ops[k], lm->ops[k])) << k;
@@ -190,7 +199,7 @@ Out run(const mf_program *p, const mf_decisions *d, const mf_param_table *t, con
   mf_schedule *s = nullptr;
   EXPECT_EQ(mf_schedule_build(p, d, &s), MF_OK) << mf_last_error();
   if (!s) return o;
-  mf_cpu_backend_opts bo = {nullptr, round_bf16, 1};
+  mf_cpu_backend_opts bo = {nullptr, round_bf16, 1, nullptr};
   mf_backend *b = nullptr;
   EXPECT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
   mf_exec *x = nullptr;
@@ -390,6 +399,9 @@ TEST(ProgramStorage, Bf16SizesAndTheCpuExecutorRefusesIt) {
         EXPECT_EQ(b.bytes, (size_t)a.numel * 2) << b.name;
         EXPECT_EQ(b.dtype, MF_DTYPE_BF16) << b.name;
         halved++;
+      } else if (a.kind == MF_T_OPT) {  // m and v, and with bf16 storage the fp32 master
+        EXPECT_EQ(a.bytes, (size_t)a.numel * 4) << a.name;
+        EXPECT_EQ(b.bytes, (size_t)a.numel * 4 + (size_t)a.numel / 2 * 4) << b.name;
       } else {
         EXPECT_EQ(b.bytes, a.bytes) << b.name;
         EXPECT_EQ(b.dtype, a.dtype) << b.name;
@@ -408,7 +420,7 @@ TEST(ProgramStorage, Bf16SizesAndTheCpuExecutorRefusesIt) {
     EXPECT_LT(sh16->peak_live_bytes, sf->peak_live_bytes);
     EXPECT_GT(2 * sh16->peak_live_bytes, sf->peak_live_bytes);  // gradients, stats, workspaces stay
     // The cpu backend runs fp32: it refuses, naming the problem.
-    mf_cpu_backend_opts bo = {nullptr, 1, 0};
+    mf_cpu_backend_opts bo = {nullptr, 1, 0, nullptr};
     mf_backend *b = nullptr;
     ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
     mf_exec *x = nullptr;

@@ -76,7 +76,7 @@ Result run_model(const mf_param_table *t, const std::vector<float> &w, const int
   Result r;
   mf_threadpool *pool = nullptr;
   EXPECT_EQ(mf_threadpool_create(2, &pool), MF_OK);
-  mf_cpu_backend_opts bo = {pool, 0, 1};
+  mf_cpu_backend_opts bo = {pool, 0, 1, nullptr};
   mf_backend *b = nullptr;
   EXPECT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
   mf_program_opts po = {B, S, 1, aux_coef, 13, 0};  // a chunk that does not divide the vocabulary

@@ -80,7 +80,7 @@ StepOut run(const Model &m, int64_t B, int64_t S, int64_t G, const std::vector<s
   StepOut r;
   mf_threadpool *pool = nullptr;
   EXPECT_EQ(mf_threadpool_create(threads, &pool), MF_OK);
-  mf_cpu_backend_opts bo = {pool, 0, checking};
+  mf_cpu_backend_opts bo = {pool, 0, checking, nullptr};
   mf_backend *b = nullptr;
   EXPECT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
   mf_program_opts po = {B, S, G, 0.01, chunk, 0};
@@ -180,7 +180,7 @@ INSTANTIATE_TEST_SUITE_P(All, Families,
 // In the bf16-rounding mode activations are rounded as they are stored, but a
 // gradient sum (ADD with the fp32 flag, what the executor's ACCUM uses) is not.
 TEST(Backend, GradientSumsStayFp32InBf16Mode) {
-  mf_cpu_backend_opts bo = {nullptr, 1, 0};
+  mf_cpu_backend_opts bo = {nullptr, 1, 0, nullptr};
   mf_backend *b = nullptr;
   ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
   float x[4] = {1.0f, 1e-3f, 3.14159f, -2.71828f}, y[4] = {1.0f, 1.0f, 1.0f, 1.0f}, z[4];

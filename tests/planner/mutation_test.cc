@@ -147,7 +147,8 @@ TEST_F(Mutation, PlanFiles) {
   hammer(
       "m.plan.json", good,
       {"\"param\"", "\"act\"", "\"grad\"", "\"stream\"", "\"recompute\"", "\"offload\"", "\"layer-major\"",
-       "\"version\"", "null", "[]", "{}", "-1", "1e308", "18446744073709551616", "\"\\u0000\""},
+       "\"version\"", "\"optimizer\"", "\"device\"", "\"host\"", "null", "[]", "{}", "-1", "1e308",
+       "18446744073709551616", "\"\\u0000\""},
       {MF_ERR_FORMAT, MF_ERR_CONFIG, MF_ERR_UNSUPPORTED, MF_ERR_IO},
       [&](const std::string &path) {
         mf_status st = mf_plan_read_json(p_, path.c_str(), d, nullptr);

@@ -1,7 +1,9 @@
-// planner/plan_io: plans written and read back unchanged; every kind of
-// malformed or ill-fitting plan file an error naming the file, the place in it
-// and the fault (decisions untouched); memory.overrides pinning exactly the
-// tensors they match, and their errors naming the place in the config.
+// planner/plan_io: plans written and read back unchanged (the optimizer's
+// placement included); older versions still read; every kind of malformed or
+// ill-fitting plan file an error naming the file, the place in it and the
+// fault (decisions untouched); memory.overrides pinning exactly the tensors
+// they match (optimizer: device with the weights and gradients it needs), and
+// their errors naming the place in the config.
 #include <gtest/gtest.h>
 #include <jansson.h>
 
@@ -114,6 +116,11 @@ class PlanIo : public ::testing::Test {
     for (int32_t i = 0; i < d_->n_params; i++) {
       d_->param[i] = i % 3 == 0 ? MF_PARAM_STREAM : MF_PARAM_RESIDENT;
       d_->grad[i] = i % 2 == 0 ? MF_GRAD_STREAM : MF_GRAD_DEVICE;
+      // The optimizer on the device wherever it may be, but not everywhere.
+      if (d_->param[i] == MF_PARAM_RESIDENT && d_->grad[i] == MF_GRAD_DEVICE && i % 5 != 1) {
+        d_->optim[i] = MF_OPTIM_DEVICE;
+        n_optim_device_++;
+      }
     }
     int k = 0;
     for (int32_t t = 0; t < p_->n_tensors; t++) {
@@ -123,7 +130,7 @@ class PlanIo : public ::testing::Test {
       if (want == 2 && !mf_schedule_can_recompute(p_, t)) want = 1;
       d_->act[t] = (uint8_t)want;
     }
-    fig_ = {8ull << 30, 123456789, 98765, 0.1234567890123456789, 4567, 1u << 20, 891011, 1ull << 40};
+    fig_ = {8ull << 30, 123456789, 98765, 0.1234567890123456789, 4567, 1u << 20, 891011, 1ull << 40, 24680};
     base_ = TmpPath("base.plan.json");
     ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
   }
@@ -145,6 +152,7 @@ class PlanIo : public ::testing::Test {
         EXPECT_EQ(d->param[i], MF_PARAM_STREAM) << "decisions changed";
       for (int32_t i = 0; i < d->n_params; i++) EXPECT_EQ(d->grad[i], MF_GRAD_DEVICE) << "decisions changed";
       for (int32_t t = 0; t < d->n_tensors; t++) EXPECT_EQ(d->act[t], MF_ACT_KEEP) << "decisions changed";
+      for (int32_t i = 0; i < d->n_params; i++) EXPECT_EQ(d->optim[i], MF_OPTIM_HOST) << "decisions changed";
       EXPECT_EQ(f.arena_bytes, 3u) << "figures changed";
     }
     mf_decisions_free(d);
@@ -162,13 +170,42 @@ class PlanIo : public ::testing::Test {
     return path;
   }
   static json_t *Entry(json_t *root, size_t i) { return json_array_get(json_object_get(root, "tensors"), i); }
-  static void SetDecision(json_t *root, const char *name, const char *decision) {
+  static void SetDecision(json_t *root, const char *name, const char *decision,
+                          const char *key = "decision") {
     size_t i;
     json_t *e;
     json_array_foreach(json_object_get(root, "tensors"), i, e) {
       if (strcmp(json_string_value(json_object_get(e, "name")), name) == 0)
-        json_object_set_new(e, "decision", json_string(decision));
+        json_object_set_new(e, key, json_string(decision));
     }
+  }
+  // The index of the entry named `name` in the base plan, or -1.
+  int EntryOf(const char *name) {
+    json_error_t e;
+    json_t *root = json_load_file(base_.c_str(), 0, &e);
+    int at = -1;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(root, "tensors"), i, x) {
+      if (strcmp(json_string_value(json_object_get(x, "name")), name) == 0) at = (int)i;
+    }
+    json_decref(root);
+    return at;
+  }
+  // The base plan as an older version wrote it: no optimizer placements, no
+  // persist_bytes (and for version 1, no staging and host figures or order).
+  static void MakeVersion(json_t *r, int version) {
+    json_object_set_new(r, "version", json_integer(version));
+    json_object_del(r, "persist_bytes");
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(r, "tensors"), i, e) {
+      json_object_del(e, "optimizer");
+    }
+    if (version >= 2) return;
+    for (const char *k : {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes", "host_bytes"})
+      json_object_del(r, k);
+    json_object_del(json_object_get(r, "batch"), "order");
   }
   Result ReadFrom(const std::string &name, const std::string &text) {
     std::string path = TmpPath(name);
@@ -182,6 +219,7 @@ class PlanIo : public ::testing::Test {
   mf_plan_figures fig_;
   std::string base_;
   int n_acts_ = 0;
+  int n_optim_device_ = 0;
 };
 
 // ------------------------------------------------------------ round trip
@@ -194,6 +232,9 @@ TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
   EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
   EXPECT_EQ(0, memcmp(d->grad, d_->grad, (size_t)d->n_params));
   EXPECT_EQ(0, memcmp(d->act, d_->act, (size_t)d->n_tensors));
+  ASSERT_GT(n_optim_device_, 0);
+  ASSERT_LT(n_optim_device_, d->n_params);
+  EXPECT_EQ(0, memcmp(d->optim, d_->optim, (size_t)d->n_params));
   EXPECT_EQ(f.device_budget_bytes, fig_.device_budget_bytes);
   EXPECT_EQ(f.peak_device_bytes, fig_.peak_device_bytes);
   EXPECT_EQ(f.arena_bytes, fig_.arena_bytes);
@@ -202,6 +243,7 @@ TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
   EXPECT_EQ(f.staging_slab_limit_bytes, fig_.staging_slab_limit_bytes);
   EXPECT_EQ(f.staging_pool_bytes, fig_.staging_pool_bytes);
   EXPECT_EQ(f.host_bytes, fig_.host_bytes);
+  EXPECT_EQ(f.persist_bytes, fig_.persist_bytes);
 
   // Written again, the file is the same; figures may be left out when reading.
   std::string again = TmpPath("again.plan.json");
@@ -220,7 +262,8 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   json_t *root = json_loads(text.c_str(), JSON_REJECT_DUPLICATES, &e);
   ASSERT_NE(root, nullptr) << e.text;
   EXPECT_STREQ(json_string_value(json_object_get(root, "format")), "moefit-plan");
-  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 2);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 3);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "persist_bytes")), 24680);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_bytes")), 4567);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_slab_limit_bytes")), 1 << 20);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_pool_bytes")), 891011);
@@ -233,7 +276,7 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   json_t *tensors = json_object_get(root, "tensors");
   // Every parameter twice, every offloadable activation (both micro-batches) once.
   ASSERT_EQ(json_array_size(tensors), (size_t)(2 * p_->params->n + n_acts_));
-  int kinds[3] = {0, 0, 0}, mb1 = 0;
+  int kinds[3] = {0, 0, 0}, mb1 = 0, on_device = 0;
   size_t i;
   json_t *e1;
   json_array_foreach(tensors, i, e1) {
@@ -241,6 +284,16 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
     std::string name = json_string_value(json_object_get(e1, "name"));
     int32_t t = FindTensor(p_, name.c_str());
     ASSERT_GE(t, 0) << name;
+    // Only a weight's entry says where its optimizer runs, and every one does.
+    json_t *o = json_object_get(e1, "optimizer");
+    if (kind == "param") {
+      ASSERT_TRUE(json_is_string(o)) << name;
+      const std::string w = json_string_value(o);
+      EXPECT_EQ(w, d_->optim[p_->tensors[t].param] == MF_OPTIM_DEVICE ? "device" : "host") << name;
+      on_device += w == "device";
+    } else {
+      EXPECT_EQ(o, nullptr) << name;
+    }
     EXPECT_EQ((size_t)json_integer_value(json_object_get(e1, "bytes")), p_->tensors[t].bytes) << name;
     kinds[kind == "param" ? 0 : kind == "grad" ? 1 : 2]++;
     mb1 += name.rfind("mb1.", 0) == 0;
@@ -249,6 +302,7 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   EXPECT_EQ(kinds[1], p_->params->n);
   EXPECT_EQ(kinds[2], n_acts_);
   EXPECT_EQ(2 * mb1, n_acts_);
+  EXPECT_EQ(on_device, n_optim_device_);
   EXPECT_STREQ(json_string_value(json_object_get(Entry(root, 0), "name")), "model.embed_tokens.weight");
   json_decref(root);
 }
@@ -263,10 +317,28 @@ TEST(PlanIoForwardOnly, NoGradientsListedOrRequired) {
   std::string path = TmpPath("fwd.plan.json");
   ASSERT_EQ(mf_plan_write_json(g.p, d, &f, path.c_str()), MF_OK) << mf_last_error();
   EXPECT_EQ(Slurp(path).find("\"grad\""), std::string::npos);
+  EXPECT_EQ(Slurp(path).find("\"device\""), std::string::npos);  // no optimizer on the device
   mf_decisions *back = nullptr;
   ASSERT_EQ(mf_decisions_create(g.p, &back), MF_OK);
   ASSERT_EQ(mf_plan_read_json(g.p, path.c_str(), back, nullptr), MF_OK) << mf_last_error();
   EXPECT_EQ(0, memcmp(back->param, d->param, (size_t)d->n_params));
+  // A forward-only program has no optimizer: it is never on the device.
+  d->optim[1] = MF_OPTIM_DEVICE;
+  d->param[1] = MF_PARAM_RESIDENT;
+  EXPECT_EQ(mf_plan_write_json(g.p, d, &f, TmpPath("fwd2.plan.json").c_str()), MF_ERR_INVALID_ARG);
+  json_error_t e;
+  json_t *root = json_load_file(path.c_str(), 0, &e);
+  ASSERT_NE(root, nullptr) << e.text;
+  json_t *entry = json_array_get(json_object_get(root, "tensors"), 1);
+  ASSERT_STREQ(json_string_value(json_object_get(entry, "decision")), "resident");
+  json_object_set_new(entry, "optimizer", json_string("device"));
+  ASSERT_EQ(json_dump_file(root, path.c_str(), JSON_INDENT(2)), 0);
+  json_decref(root);
+  mf_error_clear();
+  EXPECT_EQ(mf_plan_read_json(g.p, path.c_str(), back, nullptr), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("fwd.plan.json: tensors[1].optimizer: "), std::string::npos)
+      << mf_last_error();
+  EXPECT_NE(std::string(mf_last_error()).find("forward-only"), std::string::npos) << mf_last_error();
   mf_decisions_free(back);
   mf_decisions_free(d);
 }
@@ -290,6 +362,119 @@ TEST_F(PlanIo, WriteRefusesDecisionsTheProgramDoesNotAllow) {
   ASSERT_GE(t, 0) << "program layout changed: pick another tensor";
   d->act[t] = MF_ACT_RECOMPUTE;
   EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  d->act[t] = MF_ACT_KEEP;
+  // The optimizer on the device with the weights or the gradient streamed,
+  // or a placement out of range.
+  d->optim[4] = MF_OPTIM_DEVICE;
+  d->param[4] = MF_PARAM_STREAM;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find(p_->params->params[4].name), std::string::npos)
+      << mf_last_error();
+  d->param[4] = MF_PARAM_RESIDENT;
+  d->grad[4] = MF_GRAD_STREAM;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  d->grad[4] = MF_GRAD_DEVICE;
+  d->optim[4] = 2;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_ERR_INVALID_ARG);
+  d->optim[4] = MF_OPTIM_DEVICE;
+  EXPECT_EQ(mf_plan_write_json(p_, d, &fig_, path.c_str()), MF_OK) << mf_last_error();
+  mf_decisions_free(d);
+}
+
+// Version 2 (before the optimizer's placement) still reads: every optimizer
+// on the host, persist_bytes 0; it must not have the version-3 keys.
+TEST_F(PlanIo, Version2ReadsWithTheOptimizerOnTheHost) {
+  std::string path = Edited("v2.plan.json", [](json_t *r) { MakeVersion(r, 2); });
+  EXPECT_EQ(Slurp(path).find("optimizer"), std::string::npos);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  memset(d->optim, MF_OPTIM_DEVICE, (size_t)d->n_params);  // every one must be overwritten
+  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9, 9};
+  ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
+  EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
+  EXPECT_EQ(0, memcmp(d->grad, d_->grad, (size_t)d->n_params));
+  EXPECT_EQ(0, memcmp(d->act, d_->act, (size_t)d->n_tensors));
+  for (int32_t i = 0; i < d->n_params; i++) EXPECT_EQ(d->optim[i], MF_OPTIM_HOST) << i;
+  EXPECT_EQ(f.host_bytes, fig_.host_bytes);
+  EXPECT_EQ(f.persist_bytes, 0u);
+  mf_decisions_free(d);
+  // A version-2 file with a version-3 key.
+  path = Edited("plan.json", [](json_t *r) {
+    MakeVersion(r, 2);
+    json_object_set_new(Entry(r, 2), "optimizer", json_string("host"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT,
+               "plan.json: tensors[2].optimizer: a version-2 plan has no 'optimizer'");
+  path = Edited("plan.json", [](json_t *r) {
+    MakeVersion(r, 2);
+    json_object_set_new(r, "persist_bytes", json_integer(5));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT,
+               "plan.json: persist_bytes: a version-2 plan has no 'persist_bytes'");
+  // Version 3 needs both.
+  path = Edited("plan.json", [](json_t *r) { json_object_del(r, "persist_bytes"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing 'persist_bytes'");
+  path = Edited("plan.json", [](json_t *r) { json_object_del(Entry(r, 3), "optimizer"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: tensors[3]: missing 'optimizer' (host, device)");
+}
+
+// Malformed or impossible placements: errors naming the file, the entry and
+// the tensor; decisions untouched (Read checks).
+TEST_F(PlanIo, OptimizerPlacement) {
+  const size_t np = (size_t)p_->params->n;
+  const std::string w1 = "for '" + std::string(p_->params->params[1].name) + "'";
+  EXPECT_ERROR(
+      Read(Edited("plan.json",
+                  [](json_t *r) { json_object_set_new(Entry(r, 1), "optimizer", json_string("gpu")); })),
+      MF_ERR_FORMAT, "plan.json: tensors[1].optimizer: 'gpu' is not an optimizer placement (host, device)",
+      w1.c_str());
+  EXPECT_ERROR(
+      Read(Edited("plan.json",
+                  [](json_t *r) { json_object_set_new(Entry(r, 1), "optimizer", json_integer(1)); })),
+      MF_ERR_FORMAT, "plan.json: tensors[1].optimizer: expected a string (host, device) for ", w1.c_str(),
+      "got an integer");
+  // Only a weight's entry has one (entry np is the first gradient's).
+  std::string place = "plan.json: tensors[" + std::to_string(np) + "].optimizer: ";
+  EXPECT_ERROR(
+      Read(Edited("plan.json",
+                  [&](json_t *r) { json_object_set_new(Entry(r, np), "optimizer", json_string("host")); })),
+      MF_ERR_FORMAT, place.c_str(), "only a param entry has an optimizer placement, this is a grad");
+
+  // "device" for a weight that is streamed: parameter 0 (i % 3 == 0) is.
+  ASSERT_EQ(d_->param[0], MF_PARAM_STREAM);
+  const char *w0 = p_->params->params[0].name;
+  EXPECT_ERROR(Read(Edited("plan.json", [&](json_t *r) { SetDecision(r, w0, "device", "optimizer"); })),
+               MF_ERR_CONFIG, "plan.json: tensors[0].optimizer: '", w0, "' has its optimizer on the device",
+               "weights streamed");
+  // "device" for a weight whose gradient is streamed: parameter 2 (resident, gradient streamed).
+  ASSERT_EQ(d_->param[2], MF_PARAM_RESIDENT);
+  ASSERT_EQ(d_->grad[2], MF_GRAD_STREAM);
+  const char *w2 = p_->params->params[2].name;
+  const int at = EntryOf(w2), gat = EntryOf(p_->tensors[p_->grad_tensor[2]].name);
+  ASSERT_GE(at, 0);
+  ASSERT_GE(gat, 0);
+  place = "plan.json: tensors[" + std::to_string(at) + "].optimizer: '" + w2 + "'";
+  const std::string grad_place =
+      "tensors[" + std::to_string(gat) + "]: 'grad." + std::string(w2) + "' is stream";
+  EXPECT_ERROR(Read(Edited("plan.json", [&](json_t *r) { SetDecision(r, w2, "device", "optimizer"); })),
+               MF_ERR_CONFIG, place.c_str(), "gradient streamed", grad_place.c_str());
+  // ... and fine once the gradient is on the device.
+  std::string ok = Edited("plan.json", [&](json_t *r) {
+    SetDecision(r, w2, "device", "optimizer");
+    SetDecision(r, p_->tensors[p_->grad_tensor[2]].name, "device");
+  });
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  ASSERT_EQ(mf_plan_read_json(p_, ok.c_str(), d, nullptr), MF_OK) << mf_last_error();
+  EXPECT_EQ(d->optim[2], MF_OPTIM_DEVICE);
+  EXPECT_EQ(d->grad[2], MF_GRAD_DEVICE);
+  // What reads back schedules.
+  mf_schedule *s = nullptr;
+  EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
+  if (s) {
+    EXPECT_EQ(s->n_optim_device, n_optim_device_ + 1);
+  }
+  mf_schedule_free(s);
   mf_decisions_free(d);
 }
 
@@ -335,8 +520,8 @@ TEST_F(PlanIo, WrongFormatString) {
 
 TEST_F(PlanIo, NewerVersion) {
   std::string path =
-      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(3)); });
-  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 3", "versions 1 to 2");
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(4)); });
+  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 4", "versions 1 to 3");
   path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(0)); });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: version: expected a positive integer");
 }
@@ -346,11 +531,7 @@ TEST_F(PlanIo, NewerVersion) {
 TEST_F(PlanIo, Version1StillReads) {
   static const char *const v2[] = {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes",
                                    "host_bytes"};
-  std::string path = Edited("v1.plan.json", [](json_t *r) {
-    json_object_set_new(r, "version", json_integer(1));
-    for (const char *k : v2) json_object_del(r, k);
-    json_object_del(json_object_get(r, "batch"), "order");
-  });
+  std::string path = Edited("v1.plan.json", [](json_t *r) { MakeVersion(r, 1); });
   mf_decisions *d = nullptr;
   ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
   mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9};
@@ -367,10 +548,9 @@ TEST_F(PlanIo, Version1StillReads) {
     path = Edited("plan.json", [&](json_t *r) { json_object_del(r, key.c_str()); });
     EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing '", k);
     path = Edited("plan.json", [&](json_t *r) {
-      json_object_set_new(r, "version", json_integer(1));
-      json_object_del(json_object_get(r, "batch"), "order");
-      for (const char *o : v2)
-        if (key != o) json_object_del(r, o);
+      const json_int_t keep = json_integer_value(json_object_get(r, key.c_str()));
+      MakeVersion(r, 1);
+      json_object_set_new(r, key.c_str(), json_integer(keep));
     });
     EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: ", k, "a version-1 plan has no");
     path = Edited("plan.json", [&](json_t *r) { json_object_set_new(r, key.c_str(), json_integer(-5)); });
@@ -394,9 +574,8 @@ TEST_F(PlanIo, MicroBatchOrder) {
   EXPECT_ERROR(Read(path), MF_ERR_CONFIG, "plan.json: batch.order: the plan was made for the layer-major order",
                "the program is micro-batch-major");
   path = Edited("plan.json", [](json_t *r) {
-    json_object_set_new(r, "version", json_integer(1));
-    for (const char *k : {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes", "host_bytes"})
-      json_object_del(r, k);
+    MakeVersion(r, 1);
+    json_object_set_new(json_object_get(r, "batch"), "order", json_string("micro-batch-major"));
   });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch: ", "order");  // not a version-1 key
 }
@@ -638,7 +817,7 @@ class Overrides : public ::testing::Test {
   Prog prog_;
   mf_program *p_ = nullptr;
   mf_decisions *d_ = nullptr;
-  mf_plan_pins pins_ = {nullptr, nullptr, nullptr};
+  mf_plan_pins pins_ = {nullptr, nullptr, nullptr, nullptr};
   mf_config *cfg_ = nullptr;
 };
 
@@ -697,9 +876,13 @@ TEST_F(Overrides, GradsAndLaterEntriesWin) {
     EXPECT_EQ(d_->grad[i], MF_GRAD_STREAM);
     EXPECT_EQ(d_->param[i], q.layer == 0 && q.expert == 0 ? MF_PARAM_RESIDENT : MF_PARAM_STREAM) << q.name;
   }
-  // optimizer: host alone decides nothing the plan holds.
+  // optimizer: host pins the placement and nothing else.
+  mf_plan_pins_free(&pins_);
+  ASSERT_EQ(mf_plan_pins_create(p_, &pins_), MF_OK);
   r = Apply({"{match: \"model.norm.weight\", optimizer: host}"});
   ASSERT_EQ(r.st, MF_OK) << r.err;
+  EXPECT_EQ(Count(pins_.optim, p_->params->n), 1);
+  EXPECT_EQ(Count(pins_.param, p_->params->n) + Count(pins_.grad, p_->params->n), 0);
 }
 
 TEST_F(Overrides, PatternMatchingNothing) {
@@ -714,9 +897,161 @@ TEST_F(Overrides, PatternMatchingNothing) {
                "x.yaml:10:7: memory.overrides[1]: match 'model.embed_tokens.weight' matches no activation");
 }
 
-TEST_F(Overrides, OptimizerOnDeviceIsUnsupported) {
-  Result r = Apply({"{match: \"model.layers.*\", optimizer: device}"});
-  EXPECT_ERROR(r, MF_ERR_UNSUPPORTED, "x.yaml:9:7: memory.overrides[0]: optimizer: device");
+static bool InLayer(const mf_param &q, int layer) {
+  return std::string(q.name).rfind("model.layers." + std::to_string(layer) + ".", 0) == 0;
+}
+
+// optimizer: device alone pins what it needs with it: the weights resident,
+// the gradient on the device and the optimizer on the device, for exactly the
+// parameters it matches, whatever the decisions were.
+TEST_F(Overrides, OptimizerDevicePinsWeightsAndGradients) {
+  memset(d_->param, MF_PARAM_STREAM, (size_t)d_->n_params);
+  memset(d_->grad, MF_GRAD_STREAM, (size_t)d_->n_params);
+  Result r = Apply({"{match: \"model.layers.1.*\", optimizer: device}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  int n = 0;
+  for (int64_t i = 0; i < p_->params->n; i++) {
+    const mf_param &q = p_->params->params[i];
+    const bool hit = InLayer(q, 1);
+    n += hit;
+    EXPECT_EQ(d_->optim[i], hit ? MF_OPTIM_DEVICE : MF_OPTIM_HOST) << q.name;
+    EXPECT_EQ(d_->param[i], hit ? MF_PARAM_RESIDENT : MF_PARAM_STREAM) << q.name;
+    EXPECT_EQ(d_->grad[i], hit ? MF_GRAD_DEVICE : MF_GRAD_STREAM) << q.name;
+    EXPECT_EQ(pins_.optim[i], hit ? 1 : 0) << q.name;
+    EXPECT_EQ(pins_.param[i], hit ? 1 : 0) << q.name;
+    EXPECT_EQ(pins_.grad[i], hit ? 1 : 0) << q.name;
+  }
+  EXPECT_GT(n, 4 * 3);  // the layer's experts and more
+  EXPECT_LT(n, p_->params->n);
+  EXPECT_EQ(Count(pins_.act, p_->n_tensors), 0);
+  // The decisions schedule.
+  mf_schedule *s = nullptr;
+  EXPECT_EQ(mf_schedule_build(p_, d_, &s), MF_OK) << mf_last_error();
+  if (s) {
+    EXPECT_EQ(s->n_optim_device, n);
+  }
+  mf_schedule_free(s);
+}
+
+TEST_F(Overrides, OptimizerDeviceWithStreamInTheSameEntryIsAnError) {
+  Result r = Apply({"{match: \"model.layers.0.*\", activations: offload}",
+                    "{match: \"model.layers.*\", params: stream, optimizer: device}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG,
+               "x.yaml:10:7: memory.overrides[1]: optimizer: device needs the weights resident",
+               "params: stream");
+  r = Apply({"{match: \"model.layers.*\", grads: stream, optimizer: device}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG,
+               "x.yaml:9:7: memory.overrides[0]: optimizer: device needs the gradients on the device",
+               "grads: stream");
+  // Nothing changed.
+  EXPECT_EQ(
+      Count(d_->param, p_->params->n) + Count(d_->grad, p_->params->n) + Count(d_->optim, p_->params->n), 0);
+  EXPECT_EQ(Count(pins_.param, p_->params->n) + Count(pins_.optim, p_->params->n), 0);
+  EXPECT_EQ(Count(d_->act, p_->n_tensors) + Count(pins_.act, p_->n_tensors), 0);
+}
+
+TEST_F(Overrides, OptimizerDeviceOverAnEarlierStreamPinIsAnError) {
+  Result r = Apply({"{match: \"model.layers.0.mlp.*\", params: stream}",
+                    "{match: \"model.layers.*\", optimizer: device}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG,
+               "x.yaml:10:7: memory.overrides[1]: optimizer: device for model.layers.0.mlp.",
+               "which 'model.layers.*' matches: memory.overrides[0] (x.yaml:9:7) pins its weights to stream");
+  r = Apply({"{match: \"model.layers.1.self_attn.*\", grads: stream}", "{match: \"*\", optimizer: host}",
+             "{match: \"model.layers.1.*\", optimizer: device}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG,
+               "x.yaml:11:7: memory.overrides[2]: optimizer: device for model.layers.1.self_attn.",
+               "memory.overrides[0] (x.yaml:9:7) pins its gradient to stream");
+  EXPECT_EQ(
+      Count(d_->param, p_->params->n) + Count(d_->grad, p_->params->n) + Count(d_->optim, p_->params->n), 0);
+  EXPECT_EQ(Count(pins_.param, p_->params->n) + Count(pins_.grad, p_->params->n) +
+                Count(pins_.optim, p_->params->n),
+            0);
+  // A pin made before the overrides (the caller's) is named as such.
+  pins_.param[p_->params->n - 1] = 1;
+  d_->param[p_->params->n - 1] = MF_PARAM_STREAM;
+  r = Apply({"{match: \"*\", optimizer: device}"});
+  EXPECT_ERROR(r, MF_ERR_CONFIG, "x.yaml:9:7: memory.overrides[0]: optimizer: device for ",
+               (const char *)p_->params->params[p_->params->n - 1].name,
+               "a pin made before memory.overrides");
+}
+
+// Later entries win: streaming weights (or gradients) after optimizer: device
+// sends those parameters' optimizer home; optimizer: host pins only the placement.
+TEST_F(Overrides, LaterStreamSendsTheOptimizerHome) {
+  Result r = Apply({"{match: \"model.layers.*\", optimizer: device}",
+                    "{match: \"model.layers.0.mlp.*\", params: stream}",
+                    "{match: \"model.layers.1.mlp.*\", grads: stream}",
+                    "{match: \"model.layers.1.self_attn.*\", optimizer: host}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  int dev = 0;
+  for (int64_t i = 0; i < p_->params->n; i++) {
+    const mf_param &q = p_->params->params[i];
+    const std::string name = q.name;
+    const bool layer = q.layer >= 0;
+    const bool mlp0 = name.rfind("model.layers.0.mlp.", 0) == 0,
+               mlp1 = name.rfind("model.layers.1.mlp.", 0) == 0;
+    const bool attn1 = name.rfind("model.layers.1.self_attn.", 0) == 0;
+    const bool want = layer && !mlp0 && !mlp1 && !attn1;
+    dev += want;
+    EXPECT_EQ(d_->optim[i], want ? MF_OPTIM_DEVICE : MF_OPTIM_HOST) << name;
+    EXPECT_EQ(pins_.optim[i], layer ? 1 : 0) << name;
+    EXPECT_EQ(d_->param[i], mlp0 ? MF_PARAM_STREAM : MF_PARAM_RESIDENT) << name;
+    EXPECT_EQ(d_->grad[i], mlp1 ? MF_GRAD_STREAM : MF_GRAD_DEVICE) << name;
+    EXPECT_EQ(pins_.param[i], layer ? 1 : 0) << name;
+  }
+  EXPECT_GT(dev, 0);
+  mf_schedule *s = nullptr;
+  EXPECT_EQ(mf_schedule_build(p_, d_, &s), MF_OK) << mf_last_error();
+  mf_schedule_free(s);
+}
+
+// Decisions that came with the optimizer on the device (a baseline, a plan
+// file): an override streaming the weights sends the optimizer home, unpinned.
+TEST_F(Overrides, StreamOverADeviceOptimizerDecision) {
+  memset(d_->optim, MF_OPTIM_DEVICE, (size_t)d_->n_params);
+  Result r = Apply({"{match: \"model.layers.*.mlp.experts.*\", params: stream}"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  for (int64_t i = 0; i < p_->params->n; i++) {
+    const mf_param &q = p_->params->params[i];
+    EXPECT_EQ(d_->optim[i], q.expert >= 0 ? MF_OPTIM_HOST : MF_OPTIM_DEVICE) << q.name;
+  }
+  EXPECT_EQ(Count(pins_.optim, p_->params->n), 0);
+}
+
+// A forward-only program has no optimizer: optimizer overrides change nothing
+// (not even the pins optimizer: device implies), but their words are checked.
+TEST_F(Overrides, ForwardOnlyIgnoresTheOptimizer) {
+  Result r = Apply({"{match: \"model.layers.*\", optimizer: device}",
+                    "{match: \"model.layers.0.*\", params: stream, optimizer: device}"});
+  ASSERT_NE(r.st, MF_OK);  // a training program refuses the second entry
+  Prog fwd;
+  fwd.Build(1, 8, 1, 1);
+  mf_decisions *d = nullptr;
+  mf_plan_pins pins = {nullptr, nullptr, nullptr, nullptr};
+  ASSERT_EQ(mf_decisions_create(fwd.p, &d), MF_OK);
+  ASSERT_EQ(mf_plan_pins_create(fwd.p, &pins), MF_OK);
+  EXPECT_EQ(mf_plan_apply_overrides(fwd.p, &cfg_->memory, d, &pins), MF_OK) << mf_last_error();
+  int streamed = 0;
+  for (int64_t i = 0; i < fwd.p->params->n; i++) {
+    const mf_param &q = fwd.p->params->params[i];
+    EXPECT_EQ(d->optim[i], MF_OPTIM_HOST) << q.name;
+    EXPECT_EQ(pins.optim[i], 0) << q.name;
+    EXPECT_EQ(pins.param[i], InLayer(q, 0) ? 1 : 0) << q.name;
+    EXPECT_EQ(d->param[i], InLayer(q, 0) ? MF_PARAM_STREAM : MF_PARAM_RESIDENT) << q.name;
+    streamed += d->param[i] == MF_PARAM_STREAM;
+  }
+  EXPECT_GT(streamed, 0);
+  mf_schedule *s = nullptr;
+  EXPECT_EQ(mf_schedule_build(fwd.p, d, &s), MF_OK) << mf_last_error();
+  mf_schedule_free(s);
+  // A bad word is still an error.
+  ASSERT_EQ(Apply({"{match: \"*\", optimizer: gpu}"}).st, MF_ERR_CONFIG);
+  EXPECT_EQ(mf_plan_apply_overrides(fwd.p, &cfg_->memory, d, &pins), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("optimizer: 'gpu' is not an optimizer placement"),
+            std::string::npos)
+      << mf_last_error();
+  mf_plan_pins_free(&pins);
+  mf_decisions_free(d);
 }
 
 TEST_F(Overrides, BadWords) {

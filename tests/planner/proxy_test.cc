@@ -61,7 +61,11 @@ void expect_stands_for(const mf_program *full, const mf_plan_proxy *x) {
   int mapped = 0;
   for (int32_t t = 0; t < pp->n_tensors; t++) {
     const mf_ptensor &pt = pp->tensors[t];
-    if (pt.kind == MF_T_PARAM || pt.kind == MF_T_GRAD) continue;
+    if (pt.kind == MF_T_PARAM || pt.kind == MF_T_GRAD || pt.kind == MF_T_OPT) continue;  // by parameter
+    if (t == pp->norm_sums) {  // every parameter's chunk sums: no one tensor of the full program's
+      EXPECT_EQ(x->tensor_full[t], -1);
+      continue;
+    }
     const int32_t f = x->tensor_full[t];
     ASSERT_GE(f, 0) << pt.name;
     const mf_ptensor &ft = full->tensors[f];

@@ -49,7 +49,8 @@ void plan(const char *path, Planned *out) {
   const double aux = std::isnan(cfg->train.aux_loss_coef) ? cfg->model.init.router_aux_loss_coef
                                                           : cfg->train.aux_loss_coef;
   rq.opts = {cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, MF_ORDER_MICRO_MAJOR,
-             cfg->backend == MF_CONFIG_BACKEND_CUDA ? MF_DTYPE_BF16 : MF_DTYPE_F32};
+             cfg->backend == MF_CONFIG_BACKEND_CUDA ? MF_DTYPE_BF16 : MF_DTYPE_F32,
+             cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
   rq.hw = &out->hw;
   rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
@@ -71,6 +72,22 @@ void expect_sound(const Planned &pl, const char *what) {
       EXPECT_LE(c->sim.step_seconds, pl.all[k]->sim.step_seconds) << what << " vs " << pl.all[k]->name;
     }
   }
+  // The optimizer: the least-memory plan keeps it at home; where the choice
+  // puts it on the device, the weights stay resident and the gradients there.
+  EXPECT_EQ(pl.all[MF_PLAN_LEAST_MEMORY]->s->n_optim_device, 0) << what;
+  int64_t dev = 0;
+  for (int32_t i = 0; i < c->d->n_params; i++)
+    if (c->d->optim[i] == MF_OPTIM_DEVICE) {
+      EXPECT_EQ(c->d->param[i], MF_PARAM_RESIDENT) << what << " " << pl.t->params[i].name;
+      EXPECT_EQ(c->d->grad[i], MF_GRAD_DEVICE) << what << " " << pl.t->params[i].name;
+      dev += pl.t->params[i].numel;
+    }
+  printf(
+      "%s: %.4f s/step predicted; optimizer of %d of %d parameters (%.1f%% of the elements) on the device "
+      "(%.3f s of device updates; host AdamW %.3f s)\n",
+      what, c->sim.step_seconds, c->s->n_optim_device, c->d->n_params,
+      100.0 * (double)dev / (double)pl.t->total_numel, c->sim.device_optimizer_seconds,
+      c->sim.optimizer_seconds);
 }
 
 bool speed_check() {

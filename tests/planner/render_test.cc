@@ -1,24 +1,28 @@
 // `moefit plan --svg`: the picture of a planned step is written whole, is
 // well-formed XML, has its three lanes, the budget line and sane rectangles,
-// escapes every name, stays small for long schedules, and a path that cannot
-// be written is an error naming it.
+// escapes every name, stays small for long schedules, draws the optimizer on
+// the device as its own category, and a path that cannot be written is an
+// error naming it. And the text `moefit plan` prints about decisions: the
+// per-layer table (with the optimizer column) and the optimizer summary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "planner/plan.h"
 #include "planner/render.h"
+#include "planner/schedule.h"
 #include "src/core/core.h"
-#include "tests/planner/planner_test_util.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
+#include "tests/planner/planner_test_util.h"
 
 namespace {
 
@@ -34,6 +38,44 @@ std::string slurp(const std::string &path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// What `write` prints to a FILE, and its status.
+std::string capture(const std::function<mf_status(FILE *)> &write, mf_status *st) {
+  char *buf = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) {
+    *st = MF_ERR_IO;
+    return "";
+  }
+  *st = write(f);
+  fclose(f);
+  std::string s(buf ? buf : "", len);
+  free(buf);
+  return s;
+}
+
+// The whitespace-separated words of the table row that starts with `head`
+// ("  layer 1 ", "  embed/head "), or none.
+std::vector<std::string> row_words(const std::string &table, const std::string &head) {
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, head.size(), head) == 0) {
+      std::istringstream w(line);
+      std::vector<std::string> words;
+      std::string x;
+      while (w >> x) words.push_back(x);
+      return words;
+    }
+  return {};
+}
+
+int count(const std::string &s, const std::string &what) {
+  int n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) n++;
+  return n;
 }
 
 // A small XML well-formedness check: tags balance and nest, attribute values
@@ -161,8 +203,9 @@ TEST_P(Render, WritesAWellFormedPicture) {
   const std::string s = slurp(path);
   ASSERT_EQ(s.compare(0, 4, "<svg"), 0) << s.substr(0, 80);
   EXPECT_EQ(xml_check(s), "");
-  for (const char *want : {">compute<", ">H2D<", ">D2H<", "id=\"budget\"", "stroke-dasharray", "configs/tiny.yaml",
-                           ">forward<", ">backward<", ">upload<", "peak ", "<title>upload "})
+  for (const char *want :
+       {">compute<", ">H2D<", ">D2H<", "id=\"budget\"", "stroke-dasharray", "configs/tiny.yaml", ">forward<",
+        ">backward<", ">upload<", ">device optimizer<", "peak ", "<title>upload "})
     EXPECT_NE(s.find(want), std::string::npos) << want;
   EXPECT_EQ(s.find("<script"), std::string::npos);
   EXPECT_EQ(s.find("@font-face"), std::string::npos);
@@ -240,6 +283,127 @@ TEST_P(Render, LongSchedulesStaySmall) {
   EXPECT_NE(out.find(" instructions: "), std::string::npos) << "no merged run";
   for (double x : rect_widths(out)) EXPECT_GE(x, 0.0);
   mf_plan_free(c);
+}
+
+// The optimizer on the device: its NORM and OPTIM runs are their own colour
+// and the OPTIM part's start is marked; with every optimizer on the host,
+// neither appears (the colour only in the legend).
+TEST_P(Render, DeviceOptimizerIsItsOwnCategory) {
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  const std::string optim_fill = "fill=\"#eeca3b\"";
+  for (int device = 0; device < 2; device++) {
+    memset(d->optim, device ? MF_OPTIM_DEVICE : MF_OPTIM_HOST, (size_t)d->n_params);
+    mf_plan *pl = nullptr;
+    ASSERT_EQ(mf_plan_evaluate(p_, &hw_, d, UINT64_MAX, MF_PLAN_CHOSEN, &pl), MF_OK) << mf_last_error();
+    ASSERT_EQ(pl->s->n_optim_device, device ? d->n_params : 0);
+    const std::string path = tmp_path("optim" + std::to_string(device) + std::to_string(GetParam()) + ".svg");
+    ASSERT_EQ(mf_render_svg(pl, "optim", path.c_str()), MF_OK) << mf_last_error();
+    const std::string s = slurp(path);
+    EXPECT_EQ(xml_check(s), "");
+    EXPECT_NE(s.find(">device optimizer<"), std::string::npos);  // the legend, always
+    if (device) {
+      EXPECT_GE(count(s, optim_fill), 2) << "no lane rectangle of the device optimizer";
+      EXPECT_NE(s.find("id=\"optim-begin\""), std::string::npos);
+      EXPECT_NE(s.find("adamw model."), std::string::npos) << "an AdamW run named in a title";
+    } else {
+      EXPECT_EQ(count(s, optim_fill), 1);
+      EXPECT_EQ(s.find("id=\"optim-begin\""), std::string::npos);
+      EXPECT_EQ(s.find("adamw model."), std::string::npos);
+    }
+    mf_plan_free(pl);
+  }
+  mf_decisions_free(d);
+}
+
+TEST_P(Render, LayerTableHasTheOptimizerColumn) {
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_status st;
+  std::string t = capture([&](FILE *f) { return mf_render_layer_table(p_, d, f); }, &st);
+  ASSERT_EQ(st, MF_OK) << mf_last_error();
+  EXPECT_NE(t.find("per layer:"), std::string::npos) << t;
+  EXPECT_NE(t.find("optimizer"), std::string::npos) << t;
+  const int L = (int)p_->spec.layers;
+  ASSERT_GE(L, 2);
+  EXPECT_EQ(row_words(t, "  embed/head ").at(3), "host") << t;
+  for (int l = 0; l < L; l++)
+    EXPECT_EQ(row_words(t, "  layer " + std::to_string(l) + " ").at(4), "host") << t;
+
+  // Layer 0 on the device, one parameter of layer 1, the rest at home.
+  int n1 = 0, first1 = -1;
+  for (int32_t i = 0; i < d->n_params; i++) {
+    const int layer = p_->params->params[i].layer;
+    if (layer == 0) d->optim[i] = MF_OPTIM_DEVICE;
+    if (layer == 1 && n1++ == 0) first1 = i;
+  }
+  ASSERT_GT(n1, 1);
+  d->optim[first1] = MF_OPTIM_DEVICE;
+  t = capture([&](FILE *f) { return mf_render_layer_table(p_, d, f); }, &st);
+  ASSERT_EQ(st, MF_OK) << mf_last_error();
+  EXPECT_EQ(row_words(t, "  embed/head ").at(3), "host") << t;
+  EXPECT_EQ(row_words(t, "  layer 0 ").at(4), "device") << t;
+  const std::vector<std::string> w1 = row_words(t, "  layer 1 ");
+  ASSERT_GE(w1.size(), 6u) << t;
+  EXPECT_EQ(w1[4], "mixed") << t;
+  EXPECT_EQ(w1[5], "1/" + std::to_string(n1)) << t;
+  EXPECT_EQ(row_words(t, "  layer 2 ").at(4), "host") << t;
+  // The other columns did not move: weights and gradients, all resident/on the device.
+  EXPECT_EQ(w1[3], std::to_string(n1) + "/0") << t;
+
+  // A forward-only program has no optimizer.
+  mf_program *fwd = nullptr;
+  mf_program_opts po = {2, 32, 1, 0.01, 16, 1};
+  ASSERT_EQ(mf_program_build(t_, &po, &fwd), MF_OK) << mf_last_error();
+  mf_decisions *fd = nullptr;
+  ASSERT_EQ(mf_decisions_create(fwd, &fd), MF_OK);
+  t = capture([&](FILE *f) { return mf_render_layer_table(fwd, fd, f); }, &st);
+  ASSERT_EQ(st, MF_OK) << mf_last_error();
+  EXPECT_EQ(row_words(t, "  layer 0 ").at(4), "-") << t;
+  std::string sum = capture([&](FILE *f) { return mf_render_optimizer_summary(fwd, fd, f); }, &st);
+  EXPECT_EQ(st, MF_OK);
+  EXPECT_NE(sum.find("optimizer: none"), std::string::npos) << sum;
+  // Decisions of another program, NULLs.
+  capture([&](FILE *f) { return mf_render_layer_table(p_, fd, f); }, &st);
+  EXPECT_EQ(st, MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_render_layer_table(p_, d, nullptr), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_render_optimizer_summary(nullptr, d, stdout), MF_ERR_INVALID_ARG);
+  mf_decisions_free(fd);
+  mf_program_free(fwd);
+  mf_decisions_free(d);
+}
+
+TEST_P(Render, OptimizerSummaryCountsParametersAndState) {
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_status st;
+  std::string s = capture([&](FILE *f) { return mf_render_optimizer_summary(p_, d, f); }, &st);
+  ASSERT_EQ(st, MF_OK) << mf_last_error();
+  EXPECT_NE(s.find("optimizer: all " + std::to_string(d->n_params) + " parameters updated on the host"),
+            std::string::npos)
+      << s;
+  // Every other parameter on the device: fp32 weights (4 bytes an element)
+  // and fp32 m and v (8 bytes an element) stay there.
+  int dev = 0;
+  uint64_t numel = 0;
+  for (int32_t i = 0; i < d->n_params; i += 2) {
+    d->optim[i] = MF_OPTIM_DEVICE;
+    dev++;
+    numel += (uint64_t)p_->params->params[i].numel;
+  }
+  s = capture([&](FILE *f) { return mf_render_optimizer_summary(p_, d, f); }, &st);
+  ASSERT_EQ(st, MF_OK) << mf_last_error();
+  char w[32], m[32];
+  const std::string want =
+      "optimizer: " + std::to_string(dev) + " of " + std::to_string(d->n_params) + " parameters";
+  EXPECT_NE(s.find(want), std::string::npos) << s;
+  EXPECT_NE(s.find(std::string(mf_format_bytes(4 * numel, w, sizeof w)) + " of weights"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find(std::string(mf_format_bytes(8 * numel, m, sizeof m)) + " of AdamW state (fp32 moments)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("; " + std::to_string(d->n_params - dev) + " on the host"), std::string::npos) << s;
+  mf_decisions_free(d);
 }
 
 TEST_P(Render, UnwritablePathIsAnIoErrorNamingIt) {

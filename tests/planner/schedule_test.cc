@@ -58,7 +58,7 @@ class Invariance : public ::testing::TestWithParam<int> {
     mf_schedule *s = nullptr;
     EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
     if (!s) return o;
-    mf_cpu_backend_opts bo = {nullptr, 0, 1};
+    mf_cpu_backend_opts bo = {nullptr, 0, 1, nullptr};
     mf_backend *b = nullptr;
     EXPECT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
     mf_exec *x = nullptr;
@@ -204,7 +204,7 @@ TEST(IdleExperts, MoveNothingAndChangeNothing) {
         for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM, d->grad[i] = MF_GRAD_STREAM;
       mf_schedule *s = nullptr;
       ASSERT_EQ(mf_schedule_build(p, d, &s), MF_OK) << mf_last_error();
-      mf_cpu_backend_opts bo = {nullptr, 0, 1};
+      mf_cpu_backend_opts bo = {nullptr, 0, 1, nullptr};
       mf_backend *b = nullptr;
       ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
       mf_exec *x = nullptr;
@@ -253,7 +253,7 @@ TEST_P(Invariance, CheckingCatchesASlotReleasedTooEarly) {
       victim = i;
   ASSERT_GE(victim, 0);
   s->slots[victim].last = s->slots[victim].first;  // released right after the attention writes it
-  mf_cpu_backend_opts bo = {nullptr, 0, 1};
+  mf_cpu_backend_opts bo = {nullptr, 0, 1, nullptr};
   mf_backend *b = nullptr;
   ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
   mf_exec *x = nullptr;

@@ -70,7 +70,7 @@ double ref_cost(const mf_schedule *s, int32_t i, const mf_hwprofile &hw) {
   const mf_program *p = s->prog;
   const mf_instr &in = s->instr[i];
   auto tbytes = [&](int32_t slot) { return (double)p->tensors[s->slots[slot].tensor].bytes; };
-  if (in.kind == MF_I_H2D) return mf_hw_copy_seconds(&hw, 1, tbytes(in.slot));
+  if (in.kind == MF_I_H2D) return in.persist ? 0.0 : mf_hw_copy_seconds(&hw, 1, tbytes(in.slot));
   if (in.kind == MF_I_D2H) return mf_hw_copy_seconds(&hw, 0, tbytes(in.slot));
   if (in.kind == MF_I_ZERO) return mf_hw_elementwise_seconds(&hw, tbytes(in.slot));
   if (in.kind == MF_I_ACCUM) return mf_hw_elementwise_seconds(&hw, tbytes(in.slot) + tbytes(in.slot2));
@@ -86,6 +86,15 @@ double ref_cost(const mf_schedule *s, int32_t i, const mf_hwprofile &hw) {
     case MF_K_ATTN_FWD:
     case MF_K_ATTN_BWD:
       return mf_hw_attention_seconds(&hw, o.flops, i1, (double)o.i[4]);
+    case MF_K_GRAD_SUMSQ:  // reads the gradient
+      return mf_hw_elementwise_seconds(&hw, (double)p->tensors[o.t[0]].bytes);
+    case MF_K_ADAMW: {  // serial: the host's AdamW over the parameter; else weight, gradient, state
+      if (!hw.copies_overlap_compute)
+        return mf_hw_adamw_seconds(&hw, (double)p->params->params[p->tensors[o.t[0]].param].numel);
+      return mf_hw_elementwise_seconds(&hw, 2.0 * (double)p->tensors[o.t[0]].bytes +
+                                                (double)p->tensors[o.t[1]].bytes +
+                                                2.0 * (double)p->tensors[o.t[2]].bytes);
+    }
     case MF_K_EXPERT_FWD:
     case MF_K_EXPERT_BWD_DATA:
     case MF_K_EXPERT_BWD_WEIGHT: {
@@ -186,6 +195,8 @@ std::vector<double> naive_starts(const mf_schedule *s, const mf_sim_result &r) {
         if (s->instr[j].kind == MF_I_D2H &&
             s->slots[s->instr[j].slot].tensor == s->slots[s->instr[i].slot].tensor)
           ready = std::max(ready, end[j]);
+    if (i >= s->optim_begin)  // the optimizer part: after everything before it
+      for (int32_t j = 0; j < s->optim_begin; j++) ready = std::max(ready, end[j]);
     start[i] = ready;
     end[i] = ready + r.cost[i];
   }
@@ -217,6 +228,18 @@ class Simulate : public ::testing::TestWithParam<int> {
     for (int32_t i = 0; i < d->n_params; i++) d->param[i] = MF_PARAM_STREAM;
     return d;
   }
+  // Every `every`-th parameter (from `first`) updated on the device (resident,
+  // gradient on the device); the others streamed, their gradients streamed.
+  mf_decisions *device_optim(int every, int first = 0) {
+    mf_decisions *d = fresh();
+    for (int32_t i = 0; i < d->n_params; i++) {
+      const bool dev = i % every == first;
+      d->param[i] = dev ? MF_PARAM_RESIDENT : MF_PARAM_STREAM;
+      d->grad[i] = dev ? MF_GRAD_DEVICE : MF_GRAD_STREAM;
+      d->optim[i] = dev ? MF_OPTIM_DEVICE : MF_OPTIM_HOST;
+    }
+    return d;
+  }
   const mf_schedule *build(const mf_decisions *d) {
     mf_schedule *s = nullptr;
     EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
@@ -246,6 +269,12 @@ class Simulate : public ::testing::TestWithParam<int> {
       }
       v.push_back(build(mx));
     }
+    // The optimizer on the device for some parameters (kept last: Deterministic takes [5]).
+    v.push_back(build(device_optim(2)));
+    mf_decisions *dm = device_optim(3, 1);
+    for (int32_t t = 0; t < p_->n_tensors; t++)
+      if (mf_schedule_can_recompute(p_, t)) dm->act[t] = MF_ACT_RECOMPUTE;
+    v.push_back(build(dm));
     return v;
   }
   Shape sh_;
@@ -438,8 +467,8 @@ TEST_P(Simulate, PrefetchIsBoundedByMemoryNotByPosition) {
   EXPECT_GT(early, 0);
 }
 
-// The first H2D of each parameter, in order, with the time its update (the
-// previous step's, in upload order from t = 0) is done.
+// The first H2D of each parameter the host updates, in order, with the time
+// its update (the previous step's, in upload order from t = 0) is done.
 std::vector<std::pair<int32_t, double>> update_gates(const mf_schedule *s, const mf_hwprofile &hw, double *total) {
   const mf_program *p = s->prog;
   std::vector<char> seen((size_t)p->params->n, 0);
@@ -448,13 +477,13 @@ std::vector<std::pair<int32_t, double>> update_gates(const mf_schedule *s, const
   for (int32_t i = 0; i < s->n_instr; i++) {
     if (s->instr[i].kind != MF_I_H2D) continue;
     const mf_ptensor *x = &p->tensors[s->slots[s->instr[i].slot].tensor];
-    if (x->kind != MF_T_PARAM || seen[x->param]) continue;
+    if (x->kind != MF_T_PARAM || seen[x->param] || s->optim_device[x->param]) continue;
     seen[x->param] = 1;
     t += mf_hw_adamw_seconds(&hw, (double)p->params->params[x->param].numel);
     g.push_back({i, t});
   }
   for (int64_t k = 0; k < p->params->n; k++)
-    if (!seen[k]) t += mf_hw_adamw_seconds(&hw, (double)p->params->params[k].numel);
+    if (!seen[k] && !s->optim_device[k]) t += mf_hw_adamw_seconds(&hw, (double)p->params->params[k].numel);
   *total = t;
   return g;
 }
@@ -521,12 +550,13 @@ TEST_P(Simulate, OverlappedOptimizerSlowerThanTheStepBoundsIt) {
 }
 
 // Kernels timed at the program's own calls (profile compute.kernels) price the
-// instructions with their key — RUNs, ZEROs and ACCUMs alike, recomputes
-// included — and nothing else; copies keep the link model.
+// instructions with their key — RUNs, ZEROs and ACCUMs alike, recomputes and
+// the device optimizer's included — and nothing else; copies keep the link model.
 TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
   mf_decisions *d = fresh();
   for (int32_t t = 0; t < p_->n_tensors; t++)
     if (mf_schedule_can_recompute(p_, t)) d->act[t] = MF_ACT_RECOMPUTE;
+  for (int32_t i = 0; i < d->n_params; i += 2) d->optim[i] = MF_OPTIM_DEVICE;
   const mf_schedule *s = build(d);
   ASSERT_NE(s, nullptr);
   mf_hwprofile hw = profile(1, 0);
@@ -534,7 +564,7 @@ TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
   // Time every third distinct key, and every ZERO and ACCUM key.
   std::vector<double> want(s->n_instr, -1);
   int distinct = 0;
-  bool zero = false, accum = false;
+  bool zero = false, accum = false, timed_kind[2] = {false, false};  // ADAMW, GRAD_SUMSQ
   for (int32_t i = 0; i < s->n_instr; i++) {
     const char *k;
     int64_t sizes[8];
@@ -545,7 +575,16 @@ TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
       continue;
     }
     double have = mf_hw_kernel_seconds(&hw, k, sizes, ns, bytes);
-    if (std::isnan(have) && (distinct++ % 3 == 0 || s->instr[i].kind != MF_I_RUN) && hw.n_kernels < MF_HW_MAX_KERNELS) {
+    const mf_kernel kind = s->instr[i].kind == MF_I_RUN ? p_->ops[s->instr[i].op].kind : MF_K_COUNT_;
+    const int opt = kind == MF_K_ADAMW ? 0 : kind == MF_K_GRAD_SUMSQ ? 1 : -1;
+    if (kind == MF_K_GRAD_SUMSQ) {  // its size, not where its sums go: parameters of one size share a key
+      EXPECT_EQ(sizes[0], p_->ops[s->instr[i].op].i[0]);
+      EXPECT_EQ(sizes[1], 0);
+    }
+    if (std::isnan(have) &&
+        (distinct++ % 3 == 0 || s->instr[i].kind != MF_I_RUN || (opt >= 0 && !timed_kind[opt])) &&
+        hw.n_kernels < MF_HW_MAX_KERNELS) {
+      if (opt >= 0) timed_kind[opt] = true;
       mf_hw_kernel_point &q = hw.kernels[hw.n_kernels++];
       memset(&q, 0, sizeof q);
       snprintf(q.kernel, sizeof q.kernel, "%s", k);
@@ -570,6 +609,7 @@ TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
   }
   ASSERT_EQ(mf_hwprofile_validate(&hw), MF_OK) << mf_last_error();
   EXPECT_TRUE(zero && accum) << "the schedule should zero and accumulate gradients (G = 2)";
+  EXPECT_TRUE(timed_kind[0] && timed_kind[1]) << "the device optimizer's calls timed";
   Sim a(s, hw);
   double sum = 0;
   int measured = 0, modelled = 0;
@@ -589,6 +629,142 @@ TEST_P(Simulate, MeasuredKernelsPriceTheirKeyOnly) {
   EXPECT_GT(measured, 0);
   EXPECT_GT(modelled, 0);
   EXPECT_NEAR(a.r.streams_seconds, sum, 1e-9 * sum) << "a serial profile: the plain sum";
+}
+
+// The optimizer on the device. The host AdamW prices only the parameters the
+// host updates (the floor scales them as it scales all of them); the device's
+// GRAD_SUMSQ and ADAMW cost as simulate.h says, the persistent fills nothing.
+TEST_P(Simulate, HostOptimizerPricesOnlyTheHostsParameters) {
+  for (int overlap : {0, 1}) {
+    SCOPED_TRACE(overlap ? "overlapping profile" : "serial profile");
+    const mf_hwprofile hw = profile(1, overlap);
+    mf_decisions *d = device_optim(2);
+    const mf_schedule *s = build(d);
+    ASSERT_NE(s, nullptr);
+    int64_t host = 0, dev = 0;
+    for (int32_t i = 0; i < d->n_params; i++) (d->optim[i] ? dev : host) += t_->params[i].numel;
+    ASSERT_GT(host, 0);
+    ASSERT_GT(dev, 0);
+    Sim a(s, hw);
+    expect_accounting(s, a.r);
+    EXPECT_NEAR(a.r.optimizer_seconds, mf_hw_adamw_seconds(&hw, (double)host), 1e-12 * a.r.optimizer_seconds);
+    EXPECT_LT(a.r.optimizer_seconds, 0.99 * mf_hw_adamw_seconds(&hw, (double)t_->total_numel));
+    // A floor twice the AdamW time of every parameter doubles the host's part.
+    mf_sim_opts fo{};
+    fo.optimizer_floor_seconds = 2 * mf_hw_adamw_seconds(&hw, (double)t_->total_numel);
+    mf_sim_result f{};
+    ASSERT_EQ(mf_simulate(s, &hw, &fo, &f), MF_OK) << mf_last_error();
+    EXPECT_NEAR(f.optimizer_seconds, 2 * mf_hw_adamw_seconds(&hw, (double)host), 1e-9 * f.optimizer_seconds);
+    mf_sim_result_free(&f);
+    // Every parameter on the device: nothing left for the host.
+    const mf_schedule *all = build(device_optim(1));
+    Sim b(all, hw);
+    expect_accounting(all, b.r);
+    EXPECT_EQ(b.r.optimizer_seconds, 0);
+    EXPECT_EQ(b.r.step_seconds, b.r.streams_seconds);
+    // Overlapped: the gates and the total cover the host's parameters only.
+    Sim ovl(s, hw, 1);
+    expect_accounting(s, ovl.r);
+    double total = 0;
+    const auto gates = update_gates(s, hw, &total);
+    ASSERT_FALSE(gates.empty());
+    EXPECT_NEAR(total, mf_hw_adamw_seconds(&hw, (double)host), 1e-9 * total);
+    EXPECT_NEAR(ovl.r.optimizer_seconds, total, 1e-9 * total);
+    EXPECT_EQ(ovl.r.optimizer_start, 0);
+    for (const auto &g : gates) EXPECT_GE(ovl.r.start[g.first], g.second) << "instruction " << g.first;
+    EXPECT_EQ(ovl.r.step_seconds, std::max(ovl.r.streams_seconds, total));
+    // Every parameter on the device: nothing for the overlapped host to gate.
+    Sim ball(all, hw, 1);
+    EXPECT_EQ(ball.r.optimizer_seconds, 0);
+    EXPECT_EQ(ball.r.step_seconds, b.r.step_seconds);
+    EXPECT_EQ(0, memcmp(ball.r.start, b.r.start, (size_t)all->n_instr * sizeof(double)));
+  }
+}
+
+TEST_P(Simulate, PersistentFillsAreFreeAndTheDeviceOptimizerCosts) {
+  for (int overlap : {0, 1}) {
+    SCOPED_TRACE(overlap ? "overlapping profile" : "serial profile");
+    const mf_hwprofile hw = profile(1, overlap);
+    const mf_schedule *s = build(device_optim(2));
+    ASSERT_NE(s, nullptr);
+    Sim a(s, hw);
+    expect_accounting(s, a.r);
+    int fills = 0, adamw = 0, sumsq = 0;
+    double dev = 0;
+    uint64_t h2d = 0;
+    for (int32_t i = 0; i < s->n_instr; i++) {
+      const mf_instr &in = s->instr[i];
+      if (in.kind == MF_I_H2D && !in.persist) h2d += p_->tensors[s->slots[in.slot].tensor].bytes;
+      if (in.kind == MF_I_H2D && in.persist) {
+        EXPECT_EQ(a.r.cost[i], 0.0) << i;
+        EXPECT_GT(mf_hw_copy_seconds(&hw, 1, (double)p_->tensors[s->slots[in.slot].tensor].bytes), 0);
+        fills++;
+      }
+      if (in.kind != MF_I_RUN) continue;
+      const mf_pop &o = p_->ops[in.op];
+      if (o.kind != MF_K_ADAMW && o.kind != MF_K_GRAD_SUMSQ) continue;
+      (o.kind == MF_K_ADAMW ? adamw : sumsq)++;
+      const mf_ptensor &w = p_->tensors[o.t[0]];
+      double want;
+      if (o.kind == MF_K_GRAD_SUMSQ)
+        want = mf_hw_elementwise_seconds(&hw, (double)w.bytes);
+      else if (!overlap)
+        want = mf_hw_adamw_seconds(&hw, (double)t_->params[w.param].numel);
+      else
+        want = mf_hw_elementwise_seconds(&hw, 2.0 * (double)w.bytes + (double)p_->tensors[o.t[1]].bytes +
+                                                  2.0 * (double)p_->tensors[o.t[2]].bytes);
+      EXPECT_GT(want, 0);
+      EXPECT_DOUBLE_EQ(a.r.cost[i], want) << o.label;
+      dev += a.r.cost[i];
+    }
+    EXPECT_GT(fills, 0);
+    EXPECT_EQ(adamw, s->n_optim_device);
+    EXPECT_EQ(sumsq, s->n_optim_device);
+    EXPECT_NEAR(a.r.device_optimizer_seconds, dev, 1e-12 * dev);
+    EXPECT_GT(a.r.device_optimizer_seconds, 0);
+    EXPECT_EQ(a.r.h2d_bytes, h2d);
+    EXPECT_EQ(a.r.h2d_bytes, s->h2d_bytes);
+  }
+}
+
+// The OPTIM part runs once the host has the global norm: none of its
+// instructions starts before every instruction before it has ended, and the
+// host's updates start there too, beside it (serial: one timeline, the sum).
+TEST_P(Simulate, TheOptimizerPartWaitsForTheStep) {
+  for (double link : {1e-3, 1.0}) {
+    const mf_hwprofile hw = profile(link);
+    const mf_schedule *s = build(device_optim(2));
+    ASSERT_NE(s, nullptr);
+    ASSERT_LT(s->optim_begin, s->n_instr);
+    ASSERT_GT(s->optim_begin, 0);
+    Sim a(s, hw);
+    expect_accounting(s, a.r);
+    double barrier = 0;
+    for (int32_t j = 0; j < s->optim_begin; j++) barrier = std::max(barrier, a.r.end[j]);
+    EXPECT_EQ(a.r.optimizer_barrier, barrier);
+    int held = 0;
+    for (int32_t i = s->optim_begin; i < s->n_instr; i++) {
+      EXPECT_GE(a.r.start[i], barrier) << "link " << link << " instruction " << i;
+      // A free fill at the part's start would have started on its own stream earlier.
+      if (a.r.start[i] == barrier && a.r.stream[i] != MF_SIM_COMPUTE) held++;
+    }
+    EXPECT_GT(held, 0) << "some copy of the optimizer part is held by the barrier alone";
+    EXPECT_EQ(a.r.optimizer_start, barrier);
+    EXPECT_EQ(a.r.step_seconds, std::max(a.r.streams_seconds, barrier + a.r.optimizer_seconds));
+    EXPECT_GT(a.r.streams_seconds, barrier) << "the device's updates come after the barrier";
+    // On one timeline the host's updates come after every instruction.
+    const mf_hwprofile serial = profile(link, 0);
+    Sim b(s, serial);
+    expect_accounting(s, b.r);
+    EXPECT_EQ(b.r.step_seconds, b.r.streams_seconds + b.r.optimizer_seconds);
+    EXPECT_EQ(b.r.optimizer_start, b.r.streams_seconds);
+  }
+  // No optimizer on the device: the barrier is the streams' end.
+  const mf_schedule *h = build(streamed());
+  EXPECT_EQ(h->optim_begin, h->n_instr);
+  Sim c(h, profile(1));
+  EXPECT_EQ(c.r.optimizer_barrier, c.r.streams_seconds);
+  EXPECT_EQ(c.r.device_optimizer_seconds, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Simulate, ::testing::Values(0, 1, 2),
