@@ -174,11 +174,6 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
 
 /* ---------------------------------------------- arena segment tree (max) */
 
-static int cmp_size(const void *a, const void *b) {
-  const size_t x = *(const size_t *)a, y = *(const size_t *)b;
-  return x < y ? -1 : x > y ? 1 : 0;
-}
-
 static int32_t coord_index(const size_t *c, int32_t n, size_t v) {
   int32_t lo = 0, hi = n; /* first index with c[i] >= v */
   while (lo < hi) {
@@ -207,7 +202,7 @@ typedef struct scratch {
   int32_t *done_start;        /* [n_instr + 1] CSR: the slots whose last instruction is i */
   int32_t *done;              /* [n_slots] */
   int32_t *leaf_lo, *leaf_hi; /* [n_slots] the slot's elementary intervals, [lo, hi) */
-  size_t *coords;             /* [2 n_slots] */
+  size_t *coords;             /* [2 n_slots], then as much scratch for the sort */
   int64_t *delta;             /* [n_instr + 1] live bytes, as differences */
   touch *touches;             /* [MF_KBUF_MAX + E + 2] */
   double *gate;               /* [n_instr] overlap_optimizer: when the update of the parameter the instruction
@@ -352,7 +347,7 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
   w->done = (int32_t *)malloc(ns * sizeof(int32_t));
   w->leaf_lo = (int32_t *)malloc(ns * sizeof(int32_t));
   w->leaf_hi = (int32_t *)malloc(ns * sizeof(int32_t));
-  w->coords = (size_t *)malloc(2 * ns * sizeof(size_t));
+  w->coords = (size_t *)malloc(4 * ns * sizeof(size_t)); /* and the sort's scratch */
   w->delta = (int64_t *)calloc(ni + 1, sizeof(int64_t));
   w->touches = (touch *)malloc(
       ((size_t)MF_KBUF_MAX + (size_t)(p->spec.experts > 0 ? p->spec.experts : 0) + 2) * sizeof(touch));
@@ -466,7 +461,7 @@ static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *
       if (s->slots[x].first >= 0) w->done[fill[s->slots[x].last]++] = x;
     free(fill);
   }
-  qsort(w->coords, (size_t)nc, sizeof(size_t), cmp_size);
+  mf_sort_size(w->coords, (size_t)nc, w->coords + nc);
   int32_t nu = 0;
   for (int32_t i = 0; i < nc; i++)
     if (nu == 0 || w->coords[nu - 1] != w->coords[i]) w->coords[nu++] = w->coords[i];

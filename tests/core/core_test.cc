@@ -2,6 +2,7 @@
 // pool's partition, arenas and byte sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -274,6 +275,30 @@ TEST(Arena, AlignsAndReportsExhaustion) {
   for (size_t s : sizes) ASSERT_EQ(mf_arena_alloc(&b, s, 64, "x", &p1), MF_OK);
   EXPECT_EQ(mf_arena_alloc(&b, 1, 1, "x", &p1), MF_ERR_OUT_OF_MEMORY);
   mf_arena_destroy(&b);
+}
+
+// The radix sort against std::sort: empty, one, duplicates, keys past 32
+// bits (the top digit's pass), all equal, already sorted and reversed.
+TEST(Util, SortSizeMatchesStdSort) {
+  std::mt19937_64 rng(7);
+  for (size_t n : {0, 1, 2, 7, 1000, 50000}) {
+    for (int kind = 0; kind < 5; kind++) {
+      std::vector<size_t> a(n), tmp(n);
+      for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+          case 0: a[i] = rng() % 97; break;                          // many duplicates, one pass
+          case 1: a[i] = rng(); break;                               // every bit, every pass
+          case 2: a[i] = (size_t)1 << 40; break;                     // all equal
+          case 3: a[i] = i * 64; break;                              // sorted
+          default: a[i] = (n - i) * ((size_t)1 << 33) + (rng() & 7);  // reversed, high bits
+        }
+      }
+      std::vector<size_t> want = a;
+      std::sort(want.begin(), want.end());
+      mf_sort_size(a.data(), n, tmp.data());
+      EXPECT_EQ(a, want) << "n " << n << " kind " << kind;
+    }
+  }
 }
 
 TEST(Util, ParseSize) {
