@@ -496,6 +496,11 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     const mf_exec_param_hooks hooks = {wk, hook_wait, hook_grad_home};
     mf_exec_set_param_hooks(tr.exec, &hooks);
   }
+  if (cfg->output.checkpoint_every > 0)
+    MF_LOGW("train",
+            "output.checkpoint_every: %lld: resume checkpoints are not built yet; only the final weights are "
+            "written (%s/final)",
+            (long long)cfg->output.checkpoint_every, cfg->output.dir);
   MF_CHECK_GOTO(mf_mkdir_p(cfg->output.dir), st, done);
   MF_CHECK_GOTO(mf_metrics_open(cfg->output.dir, 0, &metrics), st, done);
 
