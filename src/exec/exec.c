@@ -303,9 +303,11 @@ static mf_status d2h(mf_exec *x, int32_t slot, void *dst) {
   return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream);
 }
 
-/* Reads a small result (loss scalars, expert counts) out of a slot. */
+/* Reads a small result (loss scalars, expert counts) out of a slot and waits
+ * for it: the host reads dst next (on cuda the copy is asynchronous). */
 static mf_status read_slot(mf_exec *x, int32_t slot, void *dst) {
-  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream);
+  MF_CHECK(x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream));
+  return x->b->stream_sync(x->b, x->stream);
 }
 
 /* A parameter's AdamW state slot (m then v) from the host moments, when the
@@ -404,7 +406,6 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
   if (o->kind == MF_K_MOE_DISPATCH) {
     const int64_t E = p->spec.experts;
     MF_CHECK(read_slot(x, ops[1], x->counts_tmp));
-    MF_CHECK(x->b->stream_sync(x->b, x->stream));
     const int64_t ml = (int64_t)o->micro * p->spec.layers + o->layer;
     for (int64_t e = 0; e < E; e++) {
       x->expert_tokens[o->layer * E + e] += x->counts_tmp[e];

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
 #include "planner/host.h"
 #include "planner/plan.h"
 #include "planner/routing.h"
@@ -66,11 +67,24 @@ static double aux_coef_of(const mf_config *cfg, const mf_param_table *t) {
   return isnan(cfg->train.aux_loss_coef) ? t->spec.router_aux_loss_coef : cfg->train.aux_loss_coef;
 }
 
+/* backend: cuda runs the step on the GPU (kernels/cuda, fp32 storage; no
+ * GPU: MF_ERR_NO_DEVICE from the backend, a build without the toolkit:
+ * MF_ERR_UNSUPPORTED). auto stays on the cpu backend until the cuda path has
+ * been run on a GPU (issue 6). */
 static mf_status check_backend(const mf_config *cfg) {
-  if (cfg->backend == MF_CONFIG_BACKEND_CUDA)
-    return MF_ERR(MF_ERR_NOT_IMPLEMENTED,
-                  "backend: cuda: the cuda backend's ops are not built yet; use backend: cpu (or auto)");
+  (void)cfg;
   return MF_OK;
+}
+
+static mf_status backend_create(const mf_config *cfg, mf_threadpool *pool, mf_backend **out) {
+  if (cfg->backend == MF_CONFIG_BACKEND_CUDA) {
+    const mf_cuda_backend_opts co = {0, 0, 0};
+    mf_status st = mf_backend_cuda_create(&co, out);
+    if (st != MF_OK) mf_error_prefix("backend: cuda");
+    return st;
+  }
+  mf_cpu_backend_opts bo = {pool, 0, 0, mf_optim_run_kernel};
+  return mf_backend_cpu_create(&bo, out);
 }
 
 /* Everything one run of the executor needs. */
@@ -110,9 +124,8 @@ static void runner_free(runner *r) {
 static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                              int64_t G, int forward_only) {
   memset(r, 0, sizeof *r);
-  mf_cpu_backend_opts bo = {pool, 0, 0, mf_optim_run_kernel};
-  MF_CHECK(mf_backend_cpu_create(&bo, &r->backend));
-  /* Storage fp32: what the cpu backend runs. */
+  MF_CHECK(backend_create(cfg, pool, &r->backend));
+  /* Storage fp32: what the cpu backend runs, and the cuda backend's kernels today. */
   const mf_program_order order =
       cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR;
   mf_program_opts po = {cfg->train.micro_batch,
@@ -519,10 +532,10 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
             cfg->data.train, (unsigned long long)mf_loader_windows(train), (long long)cfg->data.seq_len,
             out->entropy_nats);
     MF_LOGI("train",
-            "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; cpu backend, device "
+            "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; %s backend, device "
             "arena %s, %d ops, %.3g FLOP/step",
             (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
-            (long long)tokens_per_step, mf_threadpool_size(pool),
+            (long long)tokens_per_step, mf_threadpool_size(pool), tr.backend->name,
             mf_format_bytes(mf_exec_arena_bytes(tr.exec), arena, sizeof arena), tr.prog->n_ops,
             tr.prog->flops);
   }
