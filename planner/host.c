@@ -15,6 +15,13 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   for (int64_t i = 0; i < p->params->n; i++) {
     const uint64_t numel = (uint64_t)p->params->params[i].numel;
     u.master_bytes += 4 * numel;
+    /* The optimizer on the device: the weights come home for evaluations and
+     * the final save (master), but no working copy goes up, no gradient comes
+     * home and the moments live on the device. */
+    if (s && s->optim_device && s->optim_device[i]) {
+      u.cold_master_bytes += 4 * numel;
+      continue;
+    }
     const mf_ptensor *w = &p->tensors[p->param_tensor[i]];
     if (w->dtype != MF_DTYPE_F32) u.working_bytes += w->bytes;
     if (!p->forward_only) {
@@ -34,9 +41,12 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   if (!u.host_fits) {
     uint64_t excess = u.total_bytes - u.host_limit;
     if (u.nvme) {
+      u.spill_cold_master_bytes = excess < u.cold_master_bytes ? excess : u.cold_master_bytes;
+      excess -= u.spill_cold_master_bytes;
       u.spill_moment_bytes = excess < u.moment_bytes ? excess : u.moment_bytes;
       excess -= u.spill_moment_bytes;
-      u.spill_master_bytes = excess < u.master_bytes ? excess : u.master_bytes;
+      const uint64_t warm = u.master_bytes - u.cold_master_bytes;
+      u.spill_master_bytes = excess < warm ? excess : warm;
       excess -= u.spill_master_bytes;
       /* Gradient sums that land home once a step (no copy adds into them:
        * layer-major order, or kept on the device) are written once and read

@@ -13,8 +13,15 @@
  *   acts      offloaded activations' host copies (mf_schedule.host_act_bytes)
  *   pinned    the staging arena (experts/staging.h), pinned
  * total = the sum. The pinned part is checked against pinned_limit too.
+ * Parameters whose optimizer the schedule puts on the device count their
+ * master weights only (they come home for evaluations and the final save):
+ * no working copy, gradient sum or moments on the host. (train's host
+ * buffers span every parameter, but those ranges are never touched, so
+ * anonymous memory never backs them.)
  *
- * NVMe spill. Past host_limit, moments spill first, then master weights (each
+ * NVMe spill. Past host_limit, the master weights of parameters updated on
+ * the device spill first (read only for an evaluation or the final save: no
+ * per-step traffic), then moments, then the other master weights (each
  * read and written once per step by the host AdamW, so they cost the least
  * traffic per byte spilled), then the gradient sums when every gradient lands
  * home once a step (no gradient copy adds into the host's sum: layer-major
@@ -47,6 +54,8 @@ typedef struct mf_host_usage {
   int host_fits;         /* total_bytes <= host_limit */
   int nvme;              /* spill possible: memory.nvme_dir set and the profile has an NVMe bandwidth */
   uint64_t spill_moment_bytes, spill_master_bytes, spill_grad_bytes; /* what goes to NVMe (0: fits, or no NVMe) */
+  uint64_t cold_master_bytes;       /* master weights of parameters updated on the device (in master_bytes) */
+  uint64_t spill_cold_master_bytes; /* the part of those on NVMe: no per-step traffic (not in spill_master_bytes) */
   uint64_t unplaced_bytes;                         /* what fits neither host memory nor NVMe */
 } mf_host_usage;
 

@@ -250,8 +250,14 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
      * (which leave less host memory to the optimizer's state): every plan
      * shown is simulated again with it, so they compare alike. */
     mf_plan *c = all[MF_PLAN_CHOSEN];
+    /* Every parameter counted as the host's, as the estimate did: the
+     * simulation scales the floor by the host's share of the parameters
+     * (mf_sim_opts.optimizer_floor_seconds), so it is the figure for all of
+     * them. */
+    mf_schedule every_host = *c->s;
+    every_host.optim_device = NULL;
     mf_host_usage u;
-    mf_status st = mf_host_account(*prog, c->s, 0, mem, rq->hw, &u);
+    mf_status st = mf_host_account(*prog, &every_host, 0, mem, rq->hw, &u);
     const double floor =
         rq->hw->nvme_bandwidth > 0 ? (double)mf_host_spill_traffic_bytes(&u) / rq->hw->nvme_bandwidth : 0.0;
     if (st == MF_OK && floor > c->so.optimizer_floor_seconds) {

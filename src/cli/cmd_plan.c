@@ -110,6 +110,9 @@ static mf_status memory_summary(const mf_program *p, const mf_hwprofile *hw, con
   } else {
     printf(": over by %s\n", mf_format_bytes(u.total_bytes - u.host_limit, a, sizeof a));
     char g[32];
+    if (u.spill_cold_master_bytes > 0)
+      printf("  NVMe spill: master weights of parameters updated on the device %s (no per-step traffic)\n",
+             mf_format_bytes(u.spill_cold_master_bytes, a, sizeof a));
     if (u.spill_moment_bytes + u.spill_master_bytes + u.spill_grad_bytes > 0)
       printf(
           "  NVMe spill: moments %s, master weights %s, gradient sums %s: %s read+written per step = %.3f "

@@ -635,7 +635,7 @@ mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a) {
   return MF_OK;
 }
 
-mf_status mf_exec_sync_home(mf_exec *x, float *params) {
+mf_status mf_exec_sync_home(mf_exec *x, float *params, int state) {
   const mf_program *p = x->p;
   const mf_schedule *s = x->s;
   if (s->n_optim_device == 0) return MF_OK;
@@ -646,7 +646,7 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params) {
     const mf_param *q = &p->params->params[t->param];
     if (t->kind == MF_T_PARAM && x->weights_current && params)
       MF_CHECK(x->b->copy(x->b, params + q->offset, slot_ptr(x, i), t->bytes, MF_COPY_D2H, x->stream));
-    if (t->kind == MF_T_OPT && x->state_current && x->m_host && x->v_host) {
+    if (t->kind == MF_T_OPT && state && x->state_current && x->m_host && x->v_host) {
       const size_t n = (size_t)q->numel * ms;
       MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, slot_ptr(x, i), n, MF_COPY_D2H,
                           x->stream));

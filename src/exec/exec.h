@@ -161,8 +161,8 @@ const int32_t *mf_exec_param_upload_order(const mf_exec *x);
  *      the host gradients and mf_exec_norm_sums (in parameter order: the
  *      same bits as mf_optim_grad_norm over every gradient), then — unless
  *      it skips the step — mf_exec_optimize with the clip factor;
- *   3. before anything reads the host copies (an evaluation, a checkpoint,
- *      the final weights): mf_exec_sync_home.
+ *   3. before anything reads the host copies (an evaluation, the final
+ *      weights; a checkpoint would need the state too): mf_exec_sync_home.
  * After the host copies change (a checkpoint loaded) mf_exec_invalidate makes
  * the next step upload them again. With no optimizer on the device these
  * are no-ops (mf_exec_optimize returns MF_OK at once). */
@@ -195,11 +195,13 @@ typedef struct mf_exec_optim {
 
 mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a);
 
-/* Copies the device's current weights (into params, the table's layout) and
- * AdamW state (into the moments set above) home, for the parameters whose
- * optimizer is on the device; waits for the copies. Nothing when the device
- * copies were never filled. */
-mf_status mf_exec_sync_home(mf_exec *x, float *params);
+/* Copies the device's current weights (into params, the table's layout) and,
+ * with `state`, their AdamW state (into the moments set above) home, for the
+ * parameters whose optimizer is on the device; waits for the copies. Nothing
+ * for what the device never filled. An evaluation or the final weights need
+ * the weights only; the moments stay on the device (the host's copies of
+ * them are only the first fill's source). */
+mf_status mf_exec_sync_home(mf_exec *x, float *params, int state);
 
 /* The host copies of those weights and state changed: the next step uploads
  * them again. */

@@ -251,6 +251,7 @@ typedef struct host_state {
   mf_hostbuf master, grads, m, v; /* master: only when it spills (else the loaded w) */
   mf_host_usage u;
   int spill_master, spill_grads, spill_moments;
+  int release_master; /* drop the master's pages after each update (not only the cold part spills) */
 } host_state;
 
 static void host_state_free(host_state *h) {
@@ -270,7 +271,8 @@ static mf_status host_state_init(host_state *h, const mf_config *cfg, const mf_p
   if (pl && pl->hw) {
     MF_CHECK(mf_host_account(prog, pl->s, 0, &cfg->memory, pl->hw, &h->u));
     h->spill_moments = h->u.spill_moment_bytes > 0;
-    h->spill_master = h->u.spill_master_bytes > 0;
+    h->spill_master = h->u.spill_master_bytes + h->u.spill_cold_master_bytes > 0;
+    h->release_master = h->u.spill_master_bytes > 0; /* host-updated master pages spill too */
     h->spill_grads = h->u.spill_grad_bytes > 0;
     char need[32], lim[32];
     mf_format_bytes(h->u.total_bytes, need, sizeof need);
@@ -303,7 +305,8 @@ static mf_status host_state_init(host_state *h, const mf_config *cfg, const mf_p
             h->spill_master ? mf_format_bytes(n * sizeof(float), b, sizeof b) : "",
             h->spill_grads ? (h->spill_moments || h->spill_master ? ", gradient sums " : "gradient sums ") : "",
             h->spill_grads ? mf_format_bytes(n * sizeof(float), c, sizeof c) : "",
-            mf_format_bytes(h->u.spill_moment_bytes + h->u.spill_master_bytes + h->u.spill_grad_bytes,
+            mf_format_bytes(h->u.spill_moment_bytes + h->u.spill_master_bytes + h->u.spill_cold_master_bytes +
+                                h->u.spill_grad_bytes,
                             (char[32]){0}, 32),
             mf_format_bytes(h->u.host_limit, (char[32]){0}, 32));
   }
@@ -319,7 +322,7 @@ static void host_state_release(host_state *h, const mf_param_table *t, int64_t i
     (void)mf_hostbuf_advise(&h->m, o * ms, n * ms, 0);
     (void)mf_hostbuf_advise(&h->v, o * ms, n * ms, 0);
   }
-  if (h->spill_master) (void)mf_hostbuf_advise(&h->master, o * sizeof(float), n * sizeof(float), 0);
+  if (h->release_master) (void)mf_hostbuf_advise(&h->master, o * sizeof(float), n * sizeof(float), 0);
   if (h->spill_grads) (void)mf_hostbuf_advise(&h->grads, o * sizeof(float), n * sizeof(float), 0);
 }
 
@@ -645,7 +648,7 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       if (eval_now || last) MF_CHECK_GOTO(mf_optim_worker_wait_all(wk), st, done);
     }
     /* ... and the weights the device updates, home. */
-    if (on_device && (eval_now || last)) MF_CHECK_GOTO(mf_exec_sync_home(tr.exec, w), st, done);
+    if (on_device && (eval_now || last)) MF_CHECK_GOTO(mf_exec_sync_home(tr.exec, w, 0), st, done);
     if (wk) {
       double busy, waited;
       mf_optim_worker_stats(wk, &busy, &waited);

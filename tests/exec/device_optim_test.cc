@@ -165,7 +165,7 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
                                coef, steps.data(), update.data(), decays.data()};
       EXPECT_EQ(mf_exec_optimize(x, &a), MF_OK) << mf_last_error();
     }
-    EXPECT_EQ(mf_exec_sync_home(x, out.w.data()), MF_OK) << mf_last_error();
+    EXPECT_EQ(mf_exec_sync_home(x, out.w.data(), 1), MF_OK) << mf_last_error();
     mf_exec_free(x);
     mf_backend_free(b);
     mf_schedule_free(s);

@@ -96,6 +96,49 @@ TEST(Host, Bf16StorageAddsAWorkingCopyAndForwardOnlyHasNoState) {
   EXPECT_EQ(u.total_bytes, 4 * e.numel);
 }
 
+// The optimizer on the device for every other parameter: those count their
+// master weights only (no working copy, gradient sum or moments at home).
+TEST(Host, OptimizerOnTheDeviceKeepsOnlyTheMasterAtHome) {
+  for (mf_dtype storage : {MF_DTYPE_F32, MF_DTYPE_BF16}) {
+    Fixture f;
+    f.Build(storage, 0, false);
+    ASSERT_NE(f.s, nullptr);
+    uint64_t dev = 0;
+    for (int32_t i = 0; i < f.d->n_params; i++)
+      if (i % 2) {
+        f.d->optim[i] = MF_OPTIM_DEVICE;
+        dev += (uint64_t)f.t->params[i].numel;
+      }
+    ASSERT_GT(dev, 0u);
+    mf_schedule *s = nullptr;
+    ASSERT_EQ(mf_schedule_build(f.p, f.d, &s), MF_OK) << mf_last_error();
+    mf_hwprofile hw = mf_pt::small_profile(1);
+    mf_host_usage u;
+    ASSERT_EQ(mf_host_account(f.p, s, 0, nullptr, &hw, &u), MF_OK) << mf_last_error();
+    const uint64_t host = f.numel - dev;
+    EXPECT_EQ(u.master_bytes, 4 * f.numel);
+    EXPECT_EQ(u.working_bytes, storage == MF_DTYPE_BF16 ? 2 * host : 0u);
+    EXPECT_EQ(u.grad_bytes, 4 * host);
+    EXPECT_EQ(u.moment_bytes, 8 * host);
+    EXPECT_EQ(u.cold_master_bytes, 4 * dev);
+    // Past host_limit with NVMe, the cold master weights spill first and
+    // cost no per-step traffic; then the moments.
+    mf_hwprofile nv = hw;
+    nv.nvme_bandwidth = 1e9;
+    mf_config_memory m = Mem(u.total_bytes - 4 * dev, 0, "/nvme");
+    mf_host_usage c;
+    ASSERT_EQ(mf_host_account(f.p, s, 0, &m, &nv, &c), MF_OK) << mf_last_error();
+    EXPECT_EQ(c.spill_cold_master_bytes, 4 * dev);
+    EXPECT_EQ(c.spill_moment_bytes, 0u);
+    EXPECT_EQ(mf_host_spill_traffic_bytes(&c), 0u);
+    m.host_limit -= 1000;
+    ASSERT_EQ(mf_host_account(f.p, s, 0, &m, &nv, &c), MF_OK) << mf_last_error();
+    EXPECT_EQ(c.spill_moment_bytes, 1000u);
+    EXPECT_EQ(mf_host_spill_traffic_bytes(&c), 2000u);
+    mf_schedule_free(s);
+  }
+}
+
 TEST(Host, SpillsMomentsThenMasterToNvme) {
   Fixture f;
   f.Build(MF_DTYPE_F32, 0, false);
