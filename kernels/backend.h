@@ -174,11 +174,25 @@ struct mf_backend {
  * memory, and its optimizer is the host's (src/optim mf_optim_run_kernel,
  * passed in because kernels/ does not depend on src/); NULL: those two kinds
  * fail with MF_ERR_UNSUPPORTED. */
+typedef enum mf_cpu_streams {
+  MF_CPU_STREAMS_IMMEDIATE = 0, /* work runs when submitted (events complete when recorded) */
+  /* For testing what a GPU's streams would do: each stream is a queue whose
+   * work runs only when something needs it — a stream_sync, or a stream that
+   * reaches a stream_wait on one of its events — as late as possible, so a
+   * missing wait shows as a reader running before its writer; */
+  MF_CPU_STREAMS_LAZY,
+  /* the same, but a stream runs as soon as it is given a copy (after what
+   * it waits for): copies as early as possible, so a missing wait shows as a
+   * copy overwriting memory queued work still reads. */
+  MF_CPU_STREAMS_COPIES_FIRST,
+} mf_cpu_streams;
+
 typedef struct mf_cpu_backend_opts {
   mf_threadpool *pool;
   int round_bf16;
-  int checking;
+  int checking; /* ignored with deferred streams (marks are made in submission order) */
   mf_status (*optim)(const mf_kernel_call *call, mf_threadpool *pool);
+  mf_cpu_streams streams; /* 0: immediate */
 } mf_cpu_backend_opts;
 
 mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **out);

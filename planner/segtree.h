@@ -1,5 +1,6 @@
 /*
- * Private to planner/ (and its tests): the simulation's arena segment tree.
+ * The simulation's arena segment tree (planner/simulate.c), also the
+ * executor's for its cross-stream memory dependencies (src/exec/exec.c).
  * Over `n` elementary intervals (leaves), values only grow: mf_seg_update
  * raises every leaf of [l, r) to at least v (range chmax), mf_seg_query gives
  * the largest value over [l, r) (range max; 0 for an empty range or before

@@ -18,11 +18,33 @@ typedef struct cpu_impl {
   mf_backend_stats stats;
 } cpu_impl;
 
+/* Deferred streams (mf_cpu_backend_opts.streams != MF_CPU_STREAMS_IMMEDIATE):
+ * each stream is a FIFO of work run only when something needs it — a
+ * stream_sync, a stream_wait on an event of it reached by another stream's
+ * work, or (MF_CPU_STREAMS_COPIES_FIRST) a copy's own submission. Positions
+ * count every item a stream ever took; an event is a position. */
+typedef enum { Q_COPY, Q_RUN, Q_WAIT } qkind;
+
+typedef struct qitem {
+  qkind kind;
+  mf_kernel_call call; /* Q_RUN; call.experts points into `experts` */
+  void **experts;      /* Q_RUN: owned copy of the expert pointers */
+  void *dst;           /* Q_COPY */
+  const void *src;
+  size_t bytes;
+  mf_copy_kind ck;
+  mf_stream *on; /* Q_WAIT: the stream and position waited for */
+  uint64_t pos;
+} qitem;
+
 struct mf_stream {
-  int unused;
+  qitem *q;
+  size_t n, cap, done; /* items held, room, items run (of q) */
+  uint64_t base;       /* items dropped from the front of q before q[0] */
 };
 struct mf_event {
-  int unused;
+  mf_stream *on; /* NULL: complete */
+  uint64_t pos;
 };
 
 static cpu_impl *impl_of(mf_backend *b) { return (cpu_impl *)b->impl; }
@@ -64,16 +86,83 @@ static mf_status cpu_stream_create(mf_backend *b, mf_stream **out) {
   *out = (mf_stream *)calloc(1, sizeof(mf_stream));
   return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a stream");
 }
-static void cpu_stream_free(mf_backend *b, mf_stream *s) { free(s); }
-static mf_status cpu_stream_sync(mf_backend *b, mf_stream *s) { return MF_OK; }
+static void drop_items(mf_stream *s) {
+  for (size_t i = 0; i < s->n; i++) free(s->q[i].experts);
+}
+static void cpu_stream_free(mf_backend *b, mf_stream *s) {
+  if (!s) return;
+  drop_items(s);
+  free(s->q);
+  free(s);
+}
 static mf_status cpu_event_create(mf_backend *b, mf_event **out) {
   *out = (mf_event *)calloc(1, sizeof(mf_event));
   return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for an event");
 }
 static void cpu_event_free(mf_backend *b, mf_event *e) { free(e); }
-/* Work runs when submitted, so an event is complete when it is recorded. */
-static mf_status cpu_event_record(mf_backend *b, mf_event *e, mf_stream *s) { return MF_OK; }
-static mf_status cpu_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) { return MF_OK; }
+
+static mf_status run_now(cpu_impl *c, const mf_kernel_call *k);
+static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes, mf_copy_kind kind);
+
+/* Runs s's items until `pos` items have run (deferred streams). */
+static mf_status drain(cpu_impl *c, mf_stream *s, uint64_t pos) {
+  while (s->base + s->done < pos && s->done < s->n) {
+    qitem *it = &s->q[s->done++];
+    switch (it->kind) {
+      case Q_WAIT:
+        MF_CHECK(drain(c, it->on, it->pos));
+        break;
+      case Q_COPY:
+        MF_CHECK(copy_now(c, it->dst, it->src, it->bytes, it->ck));
+        break;
+      case Q_RUN:
+        MF_CHECK(run_now(c, &it->call));
+        break;
+    }
+  }
+  if (s->done == s->n) { /* all run: start the queue afresh */
+    drop_items(s);
+    s->base += s->n;
+    s->n = s->done = 0;
+  }
+  return MF_OK;
+}
+
+static mf_status enqueue(mf_stream *s, const qitem *it) {
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 256;
+    qitem *q = (qitem *)realloc(s->q, cap * sizeof *q);
+    if (!q) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a deferred stream");
+    s->q = q;
+    s->cap = cap;
+  }
+  s->q[s->n++] = *it;
+  return MF_OK;
+}
+
+static mf_status cpu_stream_sync(mf_backend *b, mf_stream *s) {
+  cpu_impl *c = impl_of(b);
+  if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return MF_OK;
+  return drain(c, s, s->base + s->n);
+}
+/* Immediate streams run work when submitted, so an event is complete when it is recorded. */
+static mf_status cpu_event_record(mf_backend *b, mf_event *e, mf_stream *s) {
+  cpu_impl *c = impl_of(b);
+  e->on = c->opts.streams == MF_CPU_STREAMS_IMMEDIATE ? NULL : s;
+  e->pos = s->base + s->n;
+  return MF_OK;
+}
+static mf_status cpu_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) {
+  cpu_impl *c = impl_of(b);
+  if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE || !e->on) return MF_OK;
+  if (e->on == s) return MF_OK; /* a stream runs in order */
+  qitem it;
+  memset(&it, 0, sizeof it);
+  it.kind = Q_WAIT;
+  it.on = e->on;
+  it.pos = e->pos;
+  return enqueue(s, &it);
+}
 
 /* ------------------------------------------------------------- checking */
 
@@ -136,6 +225,20 @@ static mf_status check_call(cpu_impl *c, const mf_kernel_call *k) {
 static mf_status cpu_copy(mf_backend *b, void *dst, const void *src, size_t bytes, mf_copy_kind kind,
                           mf_stream *s) {
   cpu_impl *c = impl_of(b);
+  if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return copy_now(c, dst, src, bytes, kind);
+  qitem it;
+  memset(&it, 0, sizeof it);
+  it.kind = Q_COPY;
+  it.dst = dst;
+  it.src = src;
+  it.bytes = bytes;
+  it.ck = kind;
+  MF_CHECK(enqueue(s, &it));
+  /* Copies first: a copy stream runs as soon as it is given work. */
+  return c->opts.streams == MF_CPU_STREAMS_COPIES_FIRST ? drain(c, s, s->base + s->n) : MF_OK;
+}
+
+static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes, mf_copy_kind kind) {
   if (bytes == 0) return MF_OK;
   if (kind == MF_COPY_H2D || kind == MF_COPY_D2D) MF_CHECK(check_range(c, dst, bytes, "copy", "destination", 0));
   if (kind == MF_COPY_D2H || kind == MF_COPY_D2D) MF_CHECK(check_range(c, src, bytes, "copy", "source", 1));
@@ -157,6 +260,24 @@ static mf_status cpu_copy(mf_backend *b, void *dst, const void *src, size_t byte
 
 static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
   cpu_impl *c = impl_of(b);
+  if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return run_now(c, k);
+  qitem it;
+  memset(&it, 0, sizeof it);
+  it.kind = Q_RUN;
+  it.call = *k;
+  if (k->experts) {
+    const int64_t E = k->i[0] > 0 ? k->i[0] : 1;
+    it.experts = (void **)malloc((size_t)E * sizeof(void *));
+    if (!it.experts) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a deferred kernel");
+    memcpy(it.experts, k->experts, (size_t)E * sizeof(void *));
+    it.call.experts = it.experts;
+  }
+  mf_status st = enqueue(s, &it);
+  if (st != MF_OK) free(it.experts);
+  return st;
+}
+
+static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
   const mf_kctx *x = &c->kctx;
   const int64_t *i = k->i;
   MF_CHECK(check_call(c, k));
@@ -274,6 +395,15 @@ mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **ou
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory");
   }
   if (opts) c->opts = *opts;
+  if (c->opts.streams < MF_CPU_STREAMS_IMMEDIATE || c->opts.streams > MF_CPU_STREAMS_COPIES_FIRST) {
+    const int mode = (int)c->opts.streams;
+    free(b);
+    free(c);
+    return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: unknown streams mode %d", mode);
+  }
+  /* Deferred streams run work out of submission order: the liveness marks,
+   * made in submission order, would poison memory queued work still reads. */
+  if (c->opts.streams != MF_CPU_STREAMS_IMMEDIATE) c->opts.checking = 0;
   c->kctx.pool = c->opts.pool;
   c->kctx.round_bf16 = c->opts.round_bf16;
   *b = (mf_backend){

@@ -476,7 +476,7 @@ static mf_status prog_timer_create(const mf_config *cfg, mf_threadpool *pool, in
                         .order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR
                                                                                             : MF_ORDER_MICRO_MAJOR};
   MF_CHECK_GOTO(mf_program_build(t, &po, &pt->prog), st, fail);
-  mf_cpu_backend_opts bo = {pool, 0, 0, NULL};
+  mf_cpu_backend_opts bo = {pool, 0, 0, NULL, MF_CPU_STREAMS_IMMEDIATE};
   MF_CHECK_GOTO(mf_backend_cpu_create(&bo, &pt->be), st, fail);
   MF_CHECK_GOTO(mf_decisions_create(pt->prog, &pt->dec), st, fail);
   MF_CHECK_GOTO(mf_schedule_build(pt->prog, pt->dec, &pt->sched), st, fail);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner/segtree.h"
 #include "src/exec/exec.h"
 
 struct mf_exec {
@@ -11,7 +12,12 @@ struct mf_exec {
   mf_schedule *owned; /* the default schedule, when we built it */
   mf_decisions *owned_dec;
   mf_backend *b;
-  mf_stream *stream;
+  mf_stream *st[MF_EXEC_STREAMS]; /* compute, h2d, d2h (exec.h "timing") */
+  /* Cross-stream order (deps_build): instruction i waits, on its stream, for
+   * instruction wait_on[3 i + k] of stream k (-1: none); ev[i] is recorded
+   * after instruction i when some instruction waits for it (else NULL). */
+  int32_t *wait_on;
+  mf_event **ev;
   uint8_t *arena;
   uint8_t *host_act;  /* host copies of offloaded activations */
   float *grad_scratch;
@@ -157,6 +163,201 @@ static int expert_idle(const mf_exec *x, int32_t slot) {
   return 1;
 }
 
+/* The stream an instruction runs on (exec.h "timing"). */
+static int instr_stream(const mf_instr *in) {
+  return in->kind == MF_I_H2D ? MF_EXEC_H2D : in->kind == MF_I_D2H ? MF_EXEC_D2H : MF_EXEC_COMPUTE;
+}
+
+static mf_status sync_all(mf_exec *x) {
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK(x->b->stream_sync(x->b, x->st[k]));
+  return MF_OK;
+}
+
+/* One access of instruction i (on stream k) to a slot: what it must wait for
+ * on the other streams — the slot's last write (a read or a write after
+ * it), and the reads since (a write after them) — and the bookkeeping. */
+typedef struct dep_state {
+  int32_t *last_write;   /* [n_slots] */
+  int32_t *last_read;    /* [3 n_slots] reads since the last write, per stream */
+  int32_t *last_acc;     /* [3 n_slots] last access of any kind, per stream */
+  int32_t *host_writer;  /* [n_tensors] the D2H that last wrote a tensor's host copy */
+} dep_state;
+
+static void need(int32_t *w, int k, int32_t j) {
+  if (j >= 0 && j > w[k]) w[k] = j;
+}
+
+static void dep_access(dep_state *d, const mf_schedule *s, int32_t i, int k, int32_t slot, int rd, int wr, int32_t *w) {
+  (void)s;
+  const size_t b = 3 * (size_t)slot;
+  const int32_t lw = d->last_write[slot];
+  if (lw >= 0) need(w, instr_stream(&s->instr[lw]), lw);
+  if (wr)
+    for (int q = 0; q < MF_EXEC_STREAMS; q++) need(w, q, d->last_read[b + (size_t)q]);
+  if (wr) {
+    d->last_write[slot] = i;
+    for (int q = 0; q < MF_EXEC_STREAMS; q++) d->last_read[b + (size_t)q] = -1;
+  } else if (rd) {
+    d->last_read[b + (size_t)k] = i;
+  }
+  d->last_acc[b + (size_t)k] = i;
+}
+
+/* Cross-stream dependencies of every instruction, as planner/simulate.h lists
+ * them: RAW/WAW/WAR on each slot touched; memory (a slot's first instruction
+ * waits for the last access, on each other stream, of every earlier slot that
+ * held any of its bytes: a segment tree per stream over the arena, raised as
+ * slots end); host (the H2D of an offloaded activation waits for the D2H that
+ * wrote its host copy). Within a stream the order is the submission order,
+ * so only the latest instruction of each other stream is waited for. */
+static mf_status deps_build(mf_exec *x) {
+  const mf_program *p = x->p;
+  const mf_schedule *s = x->s;
+  const int32_t n = s->n_instr, ns = s->n_slots;
+  dep_state d;
+  memset(&d, 0, sizeof d);
+  size_t *coords = NULL;
+  int32_t *lo = NULL, *hi = NULL;
+  mf_segtree tree[MF_EXEC_STREAMS];
+  memset(tree, 0, sizeof tree);
+  uint8_t *needed = NULL;
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_malloc(3 * (size_t)(n ? n : 1) * sizeof(int32_t), "executor streams", (void **)&x->wait_on), st,
+                done);
+  MF_CHECK_GOTO(mf_calloc((size_t)(n ? n : 1), sizeof(mf_event *), "executor events", (void **)&x->ev), st, done);
+  MF_CHECK_GOTO(mf_calloc((size_t)(n ? n : 1), 1, "executor events", (void **)&needed), st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&d.last_write), st,
+                done);
+  MF_CHECK_GOTO(mf_malloc(3 * (size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&d.last_read),
+                st, done);
+  MF_CHECK_GOTO(mf_malloc(3 * (size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&d.last_acc),
+                st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof(int32_t), "executor streams",
+                          (void **)&d.host_writer),
+                st, done);
+  for (int32_t i = 0; i < ns; i++) d.last_write[i] = -1;
+  for (size_t i = 0; i < 3 * (size_t)ns; i++) d.last_read[i] = d.last_acc[i] = -1;
+  for (int32_t t = 0; t < p->n_tensors; t++) d.host_writer[t] = -1;
+  /* The arena's elementary intervals between slot boundaries. */
+  MF_CHECK_GOTO(mf_malloc(4 * (size_t)(ns ? ns : 1) * sizeof(size_t), "executor streams", (void **)&coords), st,
+                done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&lo), st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&hi), st, done);
+  size_t nc = 0;
+  for (int32_t i = 0; i < ns; i++) {
+    coords[nc++] = s->slots[i].offset;
+    coords[nc++] = s->slots[i].offset + p->tensors[s->slots[i].tensor].bytes;
+  }
+  mf_sort_size(coords, nc, coords + nc);
+  size_t nu = 0;
+  for (size_t i = 0; i < nc; i++)
+    if (nu == 0 || coords[nu - 1] != coords[i]) coords[nu++] = coords[i];
+  for (int32_t i = 0; i < ns; i++) {
+    const size_t a = s->slots[i].offset, e = a + p->tensors[s->slots[i].tensor].bytes;
+    size_t l = 0, h = nu;
+    while (l < h) { /* first coordinate >= a */
+      const size_t m = l + (h - l) / 2;
+      if (coords[m] < a) l = m + 1; else h = m;
+    }
+    lo[i] = (int32_t)l;
+    h = nu;
+    while (l < h) {
+      const size_t m = l + (h - l) / 2;
+      if (coords[m] < e) l = m + 1; else h = m;
+    }
+    hi[i] = (int32_t)l;
+  }
+  int32_t size = 1;
+  while ((size_t)size < (nu ? nu : 1)) size *= 2;
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) {
+    tree[k].n = (int32_t)nu;
+    tree[k].size = size;
+    MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].mx), st, done);
+    MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].tag), st, done);
+  }
+  int32_t a = 0, r = 0;
+  for (int32_t i = 0; i < n; i++) {
+    const mf_instr *in = &s->instr[i];
+    const int k = instr_stream(in);
+    int32_t w[MF_EXEC_STREAMS] = {-1, -1, -1};
+    /* Memory: slots first filled here wait for what held their bytes. */
+    for (; a < ns && s->slots[x->starts[a]].first == i; a++) {
+      const int32_t sl = x->starts[a];
+      for (int q = 0; q < MF_EXEC_STREAMS; q++) need(w, q, (int32_t)mf_seg_query(&tree[q], lo[sl], hi[sl]) - 1);
+    }
+    switch (in->kind) {
+      case MF_I_H2D: {
+        const int32_t t = s->slots[in->slot].tensor;
+        if (s->host_offset[t] != SIZE_MAX) need(w, MF_EXEC_D2H, d.host_writer[t]);
+        dep_access(&d, s, i, k, in->slot, 0, 1, w);
+        break;
+      }
+      case MF_I_D2H:
+        dep_access(&d, s, i, k, in->slot, 1, 0, w);
+        d.host_writer[s->slots[in->slot].tensor] = i;
+        break;
+      case MF_I_ZERO:
+        dep_access(&d, s, i, k, in->slot, 0, 1, w);
+        break;
+      case MF_I_ACCUM:
+        dep_access(&d, s, i, k, in->slot, 1, 0, w);
+        dep_access(&d, s, i, k, in->slot2, 1, 1, w);
+        break;
+      case MF_I_RUN: {
+        const mf_pop *o = &p->ops[in->op];
+        mf_kernel_call c;
+        memset(&c, 0, sizeof c);
+        c.kind = o->kind;
+        memcpy(c.i, o->i, sizeof c.i);
+        const uint32_t rm = mf_kernel_reads(&c), wm = mf_kernel_writes(&c);
+        const int32_t *ops = s->slot_pool + in->operands;
+        for (int j = 0; j < MF_KBUF_MAX; j++)
+          if (ops[j] >= 0) dep_access(&d, s, i, k, ops[j], (int)(rm >> j & 1), (int)(wm >> j & 1), w);
+        if (o->experts_at >= 0) {
+          const int ew = mf_kernel_writes_experts(o->kind);
+          for (int64_t e = 0; e < p->spec.experts; e++) {
+            const int32_t sl = ops[MF_KBUF_MAX + e];
+            if (sl >= 0) dep_access(&d, s, i, k, sl, 1, ew, w);
+          }
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    for (int q = 0; q < MF_EXEC_STREAMS; q++) {
+      const int32_t j = q == k ? -1 : w[q];
+      x->wait_on[3 * (size_t)i + (size_t)q] = j;
+      if (j >= 0) needed[j] = 1;
+    }
+    /* Slots whose last instruction this is: their bytes are free after it. */
+    for (; r < ns && s->slots[x->ends[r]].last == i; r++) {
+      const int32_t sl = x->ends[r];
+      if (s->slots[sl].persist) continue;
+      for (int q = 0; q < MF_EXEC_STREAMS; q++) {
+        const int32_t la = d.last_acc[3 * (size_t)sl + (size_t)q];
+        if (la >= 0) mf_seg_update(&tree[q], lo[sl], hi[sl], (double)la + 1.0);
+      }
+    }
+  }
+  for (int32_t i = 0; i < n && st == MF_OK; i++)
+    if (needed[i]) st = x->b->event_create(x->b, &x->ev[i]);
+done:
+  free(needed);
+  free(d.last_write);
+  free(d.last_read);
+  free(d.last_acc);
+  free(d.host_writer);
+  free(coords);
+  free(lo);
+  free(hi);
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) {
+    free(tree[k].mx);
+    free(tree[k].tag);
+  }
+  return st;
+}
+
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
   *out = NULL;
   if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
@@ -219,7 +420,8 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
                   fail);
     x->norm_host = (double *)h;
   }
-  MF_CHECK_GOTO(b->stream_create(b, &x->stream), st, fail);
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK_GOTO(b->stream_create(b, &x->st[k]), st, fail);
+  MF_CHECK_GOTO(deps_build(x), st, fail);
   *out = x;
   return MF_OK;
 fail:
@@ -229,7 +431,13 @@ fail:
 
 void mf_exec_free(mf_exec *x) {
   if (!x) return;
-  if (x->stream) x->b->stream_free(x->b, x->stream);
+  for (int k = 0; k < MF_EXEC_STREAMS; k++)
+    if (x->st[k]) x->b->stream_free(x->b, x->st[k]);
+  if (x->ev)
+    for (int32_t i = 0; i < x->s->n_instr; i++)
+      if (x->ev[i]) x->b->event_free(x->b, x->ev[i]);
+  free(x->ev);
+  free(x->wait_on);
   if (x->host_act) x->b->host_free(x->b, x->host_act);
   if (x->norm_host) x->b->host_free(x->b, x->norm_host);
   free(x->expert_ptrs);
@@ -300,14 +508,15 @@ static size_t slot_bytes(const mf_exec *x, int32_t slot) { return x->p->tensors[
 
 static mf_status d2h(mf_exec *x, int32_t slot, void *dst) {
   x->d2h += slot_bytes(x, slot);
-  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream);
+  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->st[MF_EXEC_D2H]);
 }
 
 /* Reads a small result (loss scalars, expert counts) out of a slot and waits
  * for it: the host reads dst next (on cuda the copy is asynchronous). */
 static mf_status read_slot(mf_exec *x, int32_t slot, void *dst) {
-  MF_CHECK(x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->stream));
-  return x->b->stream_sync(x->b, x->stream);
+  mf_stream *c = x->st[MF_EXEC_COMPUTE]; /* after the kernel that wrote it */
+  MF_CHECK(x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, c));
+  return x->b->stream_sync(x->b, c);
 }
 
 /* A parameter's AdamW state slot (m then v) from the host moments, when the
@@ -322,8 +531,9 @@ static mf_status fill_state(mf_exec *x, int32_t slot) {
   const mf_param *q = &p->params->params[pt->param];
   const size_t ms = mf_dtype_size(p->moments), n = (size_t)q->numel * ms;
   uint8_t *dst = slot_ptr(x, slot);
-  MF_CHECK(x->b->copy(x->b, dst, (uint8_t *)x->m_host + (size_t)q->offset * ms, n, MF_COPY_H2D, x->stream));
-  return x->b->copy(x->b, dst + n, (uint8_t *)x->v_host + (size_t)q->offset * ms, n, MF_COPY_H2D, x->stream);
+  mf_stream *h = x->st[MF_EXEC_H2D];
+  MF_CHECK(x->b->copy(x->b, dst, (uint8_t *)x->m_host + (size_t)q->offset * ms, n, MF_COPY_H2D, h));
+  return x->b->copy(x->b, dst + n, (uint8_t *)x->v_host + (size_t)q->offset * ms, n, MF_COPY_H2D, h);
 }
 
 typedef struct step_io {
@@ -345,7 +555,7 @@ static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
     if (x->weights_current) return MF_OK; /* the device's copy is the truth */
     x->h2d += pt->bytes;                  /* the first fill: a step's traffic */
     return x->b->copy(x->b, slot_ptr(x, slot), io->params + p->params->params[pt->param].offset, pt->bytes,
-                      MF_COPY_H2D, x->stream);
+                      MF_COPY_H2D, x->st[MF_EXEC_H2D]);
   }
   if (pt->kind == MF_T_PARAM) {
     src = io->params + p->params->params[pt->param].offset;
@@ -365,7 +575,7 @@ static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
   }
   if (!src) return MF_ERR(MF_ERR_INTERNAL, "executor: no host source for %s", pt->name);
   x->h2d += pt->bytes;
-  return x->b->copy(x->b, slot_ptr(x, slot), src, pt->bytes, MF_COPY_H2D, x->stream);
+  return x->b->copy(x->b, slot_ptr(x, slot), src, pt->bytes, MF_COPY_H2D, x->st[MF_EXEC_H2D]);
 }
 
 static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
@@ -383,7 +593,7 @@ static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
     }
     if (!in->accumulate) return d2h(x, in->slot, dst);
     MF_CHECK(d2h(x, in->slot, x->grad_scratch));
-    MF_CHECK(x->b->stream_sync(x->b, x->stream));
+    MF_CHECK(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]));
     for (int64_t i = 0; i < pt->numel; i++) dst[i] += x->grad_scratch[i];
     return MF_OK;
   }
@@ -425,7 +635,7 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
     r->tokens += (int64_t)ce[1];
     if (o->micro == 0 && x->capture) {
       const mf_ptensor *h = &p->tensors[o->t[0]];
-      MF_CHECK(x->b->copy(x->b, x->capture, call->b[0].ptr, h->bytes, MF_COPY_D2H, x->stream));
+      MF_CHECK(x->b->copy(x->b, x->capture, call->b[0].ptr, h->bytes, MF_COPY_D2H, x->st[MF_EXEC_COMPUTE]));
     }
   }
   return MF_OK;
@@ -449,6 +659,11 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     if (x->live > x->peak_live) x->peak_live = x->live;
     const mf_instr *in = &s->instr[i];
     if (x->hooks.wait) MF_CHECK_GOTO(param_gate(x, in), st, done);
+    const int sk = instr_stream(in);
+    for (int k = 0; k < MF_EXEC_STREAMS; k++) {
+      const int32_t j = x->wait_on[3 * (size_t)i + (size_t)k];
+      if (j >= 0) MF_CHECK_GOTO(x->b->stream_wait(x->b, x->st[sk], x->ev[j]), st, done);
+    }
     const double ti = timed ? mf_time_now() : 0.0;
     switch (in->kind) {
       case MF_I_H2D:
@@ -464,7 +679,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         call.b[0].ptr = slot_ptr(x, in->slot);
         call.b[0].bytes = slot_bytes(x, in->slot);
         call.label = "zero gradient slot";
-        MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
+        MF_CHECK_GOTO(x->b->run(x->b, &call, x->st[MF_EXEC_COMPUTE]), st, done);
         break;
       }
       case MF_I_ACCUM: {
@@ -478,7 +693,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         call.i[0] = p->tensors[s->slots[in->slot].tensor].numel;
         call.i[1] = 1; /* a gradient: fp32 even when activations are rounded to bf16 */
         call.label = "accumulate gradient";
-        MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
+        MF_CHECK_GOTO(x->b->run(x->b, &call, x->st[MF_EXEC_COMPUTE]), st, done);
         break;
       }
       case MF_I_RUN: {
@@ -515,7 +730,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           call.f[4] = !opt->decays || opt->decays[pi] ? opt->weight_decay : 0.0;
           call.f[5] = opt->coef;
         }
-        MF_CHECK_GOTO(x->b->run(x->b, &call, x->stream), st, done);
+        MF_CHECK_GOTO(x->b->run(x->b, &call, x->st[MF_EXEC_COMPUTE]), st, done);
         MF_CHECK_GOTO(after_run(x, in, &call, r), st, done);
         break;
       }
@@ -523,8 +738,9 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         st = MF_ERR(MF_ERR_INTERNAL, "executor: unknown instruction %d", (int)in->kind);
         goto done;
     }
+    if (x->ev[i]) MF_CHECK_GOTO(x->b->event_record(x->b, x->ev[i], x->st[sk]), st, done);
     {
-      const int k = in->kind == MF_I_H2D ? MF_EXEC_H2D : in->kind == MF_I_D2H ? MF_EXEC_D2H : MF_EXEC_COMPUTE;
+      const int k = sk;
       count[k]++;
       if (timed) {
         const double dt = mf_time_now() - ti;
@@ -533,7 +749,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
       }
     }
     if (x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads) {
-      MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
+      MF_CHECK_GOTO(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]), st, done);
       x->hooks.grad_home(x->hooks.ctx, x->grad_final[i]);
     }
     for (; x->ne < s->n_slots && s->slots[x->ends[x->ne]].last == i; x->ne++) {
@@ -575,7 +791,7 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   x->step_done = 0;
   MF_CHECK_GOTO(run_range(x, 0, s->optim_begin, &io, NULL, r, busy, count), st, done);
   r->loss = r->ce_loss + p->aux_coef * r->aux_loss;
-  MF_CHECK_GOTO(x->b->stream_sync(x->b, x->stream), st, done);
+  MF_CHECK_GOTO(sync_all(x), st, done);
   r->seconds = mf_time_now() - t0;
   {
     mf_exec_stats *z = &x->stats;
@@ -629,7 +845,7 @@ mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a) {
   mf_status st = run_range(x, s->optim_begin, s->n_instr, &io, a, &unused, busy, count);
   x->hooks = hooks;
   MF_CHECK(st);
-  MF_CHECK(x->b->stream_sync(x->b, x->stream));
+  MF_CHECK(sync_all(x));
   x->state_current = 1;
   x->stats.optimizer_s = mf_time_now() - t0;
   return MF_OK;
@@ -645,14 +861,14 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params, int state) {
     const mf_ptensor *t = &p->tensors[s->slots[i].tensor];
     const mf_param *q = &p->params->params[t->param];
     if (t->kind == MF_T_PARAM && x->weights_current && params)
-      MF_CHECK(x->b->copy(x->b, params + q->offset, slot_ptr(x, i), t->bytes, MF_COPY_D2H, x->stream));
+      MF_CHECK(x->b->copy(x->b, params + q->offset, slot_ptr(x, i), t->bytes, MF_COPY_D2H, x->st[MF_EXEC_D2H]));
     if (t->kind == MF_T_OPT && state && x->state_current && x->m_host && x->v_host) {
       const size_t n = (size_t)q->numel * ms;
       MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, slot_ptr(x, i), n, MF_COPY_D2H,
-                          x->stream));
+                          x->st[MF_EXEC_D2H]));
       MF_CHECK(x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, slot_ptr(x, i) + n, n,
-                          MF_COPY_D2H, x->stream));
+                          MF_COPY_D2H, x->st[MF_EXEC_D2H]));
     }
   }
-  return x->b->stream_sync(x->b, x->stream);
+  return x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]);
 }

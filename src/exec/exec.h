@@ -9,6 +9,19 @@
  * per group of uses, offloaded activations go home and come back, recomputed
  * ones are produced again, streamed gradients are added up at home. Without a
  * schedule, every tensor stays resident for the step.
+ *
+ * Streams. Kernels run on a compute stream, uploads on an h2d stream, copies
+ * home on a d2h stream (on a GPU they overlap: uploads run ahead into memory
+ * the plan has freed). The order between them is what planner/simulate.h
+ * models, built once at create: each instruction waits (an event of the other
+ * stream) for the last write of every slot it touches, a write for the reads
+ * since, the first use of a slot for the last use of every earlier slot that
+ * held its bytes, the upload of an offloaded activation for its copy home.
+ * The host waits for a stream only where it reads what the stream made (loss
+ * scalars, routing counts, a gradient added at home) and at the end of a step.
+ * `//tests/exec:streams_test` runs every kind of plan on the cpu backend's
+ * deferred streams (work as late as the waits allow, or copies as early) and
+ * requires the same bits.
  */
 #ifndef MF_EXEC_EXEC_H
 #define MF_EXEC_EXEC_H

@@ -83,7 +83,7 @@ static mf_status backend_create(const mf_config *cfg, mf_threadpool *pool, mf_ba
     if (st != MF_OK) mf_error_prefix("backend: cuda");
     return st;
   }
-  mf_cpu_backend_opts bo = {pool, 0, 0, mf_optim_run_kernel};
+  mf_cpu_backend_opts bo = {pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE};
   return mf_backend_cpu_create(&bo, out);
 }
 
