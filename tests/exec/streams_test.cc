@@ -68,7 +68,9 @@ TEST(DeferredStreams, LazyRunsAReaderBeforeAnUnawaitedWriter) {
     ASSERT_EQ(k.b->stream_sync(k.b, k.s1), MF_OK);
     ASSERT_EQ(k.b->copy(k.b, k.arena, &two, sizeof two, MF_COPY_H2D, k.s1), MF_OK);
     ASSERT_EQ(k.b->event_record(k.b, k.e, k.s1), MF_OK);
-    if (wait) ASSERT_EQ(k.b->stream_wait(k.b, k.s2, k.e), MF_OK);
+    if (wait) {
+      ASSERT_EQ(k.b->stream_wait(k.b, k.s2, k.e), MF_OK);
+    }
     ASSERT_EQ(k.b->copy(k.b, &out, k.arena, sizeof out, MF_COPY_D2H, k.s2), MF_OK);
     ASSERT_EQ(k.b->stream_sync(k.b, k.s2), MF_OK);
     EXPECT_EQ(out, wait ? 2.0f : 1.0f);
@@ -88,7 +90,9 @@ TEST(DeferredStreams, CopiesFirstOverwriteUnawaitedReaders) {
     const mf_kernel_call c = k.add(x, y, 1);
     ASSERT_EQ(k.b->run(k.b, &c, k.s2), MF_OK);  // queued, not run
     ASSERT_EQ(k.b->event_record(k.b, k.e, k.s2), MF_OK);
-    if (wait) ASSERT_EQ(k.b->stream_wait(k.b, k.s1, k.e), MF_OK);
+    if (wait) {
+      ASSERT_EQ(k.b->stream_wait(k.b, k.s1, k.e), MF_OK);
+    }
     ASSERT_EQ(k.b->copy(k.b, x, &five, sizeof five, MF_COPY_H2D, k.s1), MF_OK);  // runs now
     ASSERT_EQ(k.b->stream_sync(k.b, k.s2), MF_OK);
     EXPECT_EQ(y[0], wait ? 3.0f : 5.0f);
@@ -120,7 +124,8 @@ class ExecStreams : public ::testing::TestWithParam<std::tuple<Plan, mf_program_
     s.n_mlp_only = 1, s.mlp_only_layers[0] = 0;
     ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
     mf_program_opts po = {};
-    po.micro_batch = 2, po.seq_len = 16, po.grad_accum = 2, po.aux_coef = 0.01, po.order = std::get<1>(GetParam());
+    po.micro_batch = 2, po.seq_len = 16, po.grad_accum = 2, po.aux_coef = 0.01,
+    po.order = std::get<1>(GetParam());
     ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_decisions_create(p_, &d_), MF_OK);
     const Plan plan = std::get<0>(GetParam());
