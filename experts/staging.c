@@ -165,37 +165,63 @@ static double throttle(mf_staging_slab *x, unit *u, int32_t from, int32_t to, in
 
 /* ----------------------------------------------------------------- packing */
 
-/* Best fit in time order: a slab takes the smallest free block that holds it
- * when it becomes busy (or extends the block at the top, or grows the arena)
- * and gives its bytes back when it is free. Slabs busy at the same instant
- * never share bytes. Also measures the bytes and slabs in flight. */
-static mf_status pack(mf_staging *st, const unit *u) {
-  const int32_t n = st->n_slabs;
-  event *ev = make_events(u, n);
+/* Best fit in time order, each direction in a region of its own: a slab
+ * takes the smallest free block of its region that holds it when it becomes
+ * busy (or extends the block at the top, or grows the region) and gives its
+ * bytes back when it is free. Slabs busy at the same instant never share
+ * bytes. Two slabs of one direction that share bytes are also in stream
+ * order, so the executor orders them by an event of the earlier one (its
+ * last DMA, or its copy-out); a D2H and an H2D slab would have no such
+ * order (the later in time may be submitted first), so the directions do
+ * not share. The H2D region comes first, then the D2H region. */
+static mf_status pack_region(mf_staging *st, const unit *u, int32_t from, int32_t to, size_t base, size_t *top) {
+  const int32_t n = to - from;
+  *top = 0;
+  if (n == 0) return MF_OK;
+  event *ev = make_events(u + from, n);
   if (!ev) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
   mf_packer pk;
   memset(&pk, 0, sizeof pk);
   mf_status rc = MF_OK;
+  for (int32_t e = 0; e < 2 * n && rc == MF_OK; e++) {
+    mf_staging_slab *x = &st->slabs[from + ev[e].idx];
+    if (!ev[e].is_start)
+      rc = mf_packer_give(&pk, x->offset - base, x->bytes, "staging");
+    else
+      x->offset = base + mf_packer_take(&pk, x->bytes);
+  }
+  *top = pk.top;
+  free(ev);
+  mf_packer_free(&pk);
+  return rc;
+}
+
+/* The packing, and the bytes and slabs in flight at once (both directions). */
+static mf_status pack(mf_staging *st, const unit *u) {
+  const int32_t n = st->n_slabs;
+  event *ev = make_events(u, n);
+  if (!ev) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
   size_t live = 0;
   int32_t live_n = 0;
-  for (int32_t e = 0; e < 2 * n && rc == MF_OK; e++) {
-    mf_staging_slab *x = &st->slabs[ev[e].idx];
+  for (int32_t e = 0; e < 2 * n; e++) {
+    const mf_staging_slab *x = &st->slabs[ev[e].idx];
     if (!ev[e].is_start) {
       live -= x->bytes;
       live_n--;
-      rc = mf_packer_give(&pk, x->offset, x->bytes, "staging");
       continue;
     }
-    x->offset = mf_packer_take(&pk, x->bytes);
     live += x->bytes;
     live_n++;
     if (live > st->peak_inflight_bytes) st->peak_inflight_bytes = live;
     if (live_n > st->max_slabs_inflight) st->max_slabs_inflight = live_n;
   }
-  st->arena_bytes = pk.top;
   free(ev);
-  mf_packer_free(&pk);
-  return rc;
+  size_t h2d_top = 0, d2h_top = 0;
+  MF_CHECK(pack_region(st, u, 0, st->n_h2d_slabs, 0, &h2d_top));
+  MF_CHECK(pack_region(st, u, st->n_h2d_slabs, st->n_slabs, h2d_top, &d2h_top));
+  st->h2d_region_bytes = h2d_top;
+  st->arena_bytes = h2d_top + d2h_top;
+  return MF_OK;
 }
 
 /* ------------------------------------------------------------------ build */
@@ -287,9 +313,11 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
     const mf_instr_kind kind = dir == 0 ? MF_I_H2D : MF_I_D2H;
     const int32_t first_slab = st->n_slabs;
     mf_staging_slab *cur = NULL;
+    int cur_part = 0; /* the step's instructions, or the optimizer part's (run apart: exec.h) */
     for (int32_t i = 0; i < s->n_instr; i++) {
       const mf_instr *in = &s->instr[i];
       if (in->kind != kind) continue;
+      const int part = i >= s->optim_begin;
       if (in->slot < 0 || in->slot >= s->n_slots) {
         rc = MF_ERR(MF_ERR_INVALID_ARG, "staging: instruction %d copies slot %d of %d", i, in->slot,
                     s->n_slots);
@@ -297,7 +325,9 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
       }
       const int32_t t = s->slots[in->slot].tensor;
       const size_t bytes = p->tensors[t].bytes, need = align_up(bytes, opts.align);
-      if (!cur || cur->group != key[i] || (cur->bytes > 0 && cur->bytes + need > opts.max_slab_bytes)) {
+      if (!cur || cur->group != key[i] || part != cur_part ||
+          (cur->bytes > 0 && cur->bytes + need > opts.max_slab_bytes)) {
+        cur_part = part;
         cur = &st->slabs[st->n_slabs++];
         cur->dir = (uint8_t)kind;
         cur->group = key[i];

@@ -10,7 +10,8 @@
  * e.g. a layer's streamed weights (all its experts packed together) for its
  * backward, or its gradients going home. A run is cut when the next copy
  * would take the slab past opts.max_slab_bytes (a tensor bigger than that gets
- * a slab of its own, exactly its size). Inside a slab, copy j sits at
+ * a slab of its own, exactly its size), and where the optimizer part of the
+ * schedule begins (mf_schedule.optim_begin: it runs apart from the step). Inside a slab, copy j sits at
  * offset_j = sum of align_up(bytes_i, opts.align) for i < j, and the slab is
  * sum align_up(bytes_i, align) bytes: no power-of-two rounding, no pinning
  * per tensor.
@@ -29,7 +30,12 @@
  *        gradient added into the host's sum (read slab, read sum, write sum).
  * Slabs are packed into one arena by these intervals (half-open [start, end);
  * best fit in time order, as the device arena is packed), so slabs whose
- * intervals do not meet share bytes: the arena is reused across layers.
+ * intervals do not meet share bytes: the arena is reused across layers. The
+ * H2D slabs are packed in the arena's first h2d_region_bytes, the D2H slabs
+ * after them: within one direction two slabs that share bytes follow each
+ * other on their stream, so the executor can order them by an event of the
+ * earlier (its last DMA, or its copy-out), which it could not always do for
+ * an H2D and a D2H slab (the one later in time may be submitted first).
  *
  * The ZeRO-Infinity-style pool it is compared with: a fixed number of pinned
  * buffers, each sized for the largest tensor any copy of the step moves, as
@@ -110,6 +116,7 @@ typedef struct mf_staging {
   int32_t *copy_of_instr; /* [n_instr]: index into copies, -1 for instructions that copy nothing */
   int32_t n_instr;
   size_t arena_bytes;         /* the packed arena */
+  size_t h2d_region_bytes;    /* its first part, the H2D slabs' (the D2H slabs' follows) */
   uint64_t sum_slab_bytes;    /* every slab side by side (no reuse) */
   size_t peak_inflight_bytes; /* max over time of the bytes of the slabs busy at that instant */
   int32_t max_slabs_inflight; /* max over time of the number of slabs busy at once */

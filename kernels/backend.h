@@ -155,6 +155,21 @@ struct mf_backend {
   mf_status (*event_record)(mf_backend *b, mf_event *e, mf_stream *s);
   /* Work submitted to `s` after this waits for `e`. */
   mf_status (*stream_wait)(mf_backend *b, mf_stream *s, mf_event *e);
+  /* Runs fn(ctx) on the host once the work submitted to `s` before it is
+   * done; work submitted to `s` after it waits for it to return. fn must not
+   * call the backend, and may run on another host thread (cuda:
+   * cudaLaunchHostFunc, on a driver thread): the executor's host copies into
+   * and out of the pinned staging arena. */
+  mf_status (*host_fn)(mf_backend *b, mf_stream *s, void (*fn)(void *ctx), void *ctx);
+  /* Without waiting: *done = 1 when the work before the event's last record
+   * is done (or it was never recorded), else 0. */
+  mf_status (*event_query)(mf_backend *b, mf_event *e, int *done);
+  /* Timing (optional: NULL when a backend cannot time its streams). An event
+   * from event_create_timed carries the time its record was reached on its
+   * stream; event_elapsed gives the seconds between two such records, once
+   * both are done (after a sync). */
+  mf_status (*event_create_timed)(mf_backend *b, mf_event **out);
+  mf_status (*event_elapsed)(mf_backend *b, mf_event *from, mf_event *to, double *seconds);
 
   mf_status (*copy)(mf_backend *b, void *dst, const void *src, size_t bytes, mf_copy_kind kind, mf_stream *s);
   mf_status (*run)(mf_backend *b, const mf_kernel_call *call, mf_stream *s);
@@ -179,11 +194,16 @@ typedef enum mf_cpu_streams {
   /* For testing what a GPU's streams would do: each stream is a queue whose
    * work runs only when something needs it — a stream_sync, or a stream that
    * reaches a stream_wait on one of its events — as late as possible, so a
-   * missing wait shows as a reader running before its writer; */
+   * missing wait shows as a reader running before its writer; host functions
+   * the other way round, as soon as what they wait for allows (so a host copy
+   * into memory a queued copy has not read yet shows) — unless a copy or a
+   * kernel is queued before one on its stream: then it waits with them; */
   MF_CPU_STREAMS_LAZY,
   /* the same, but a stream runs as soon as it is given a copy (after what
    * it waits for): copies as early as possible, so a missing wait shows as a
-   * copy overwriting memory queued work still reads. */
+   * copy overwriting memory queued work still reads; host functions as late
+   * as possible (so a copy into memory a host function has not read yet
+   * shows). */
   MF_CPU_STREAMS_COPIES_FIRST,
 } mf_cpu_streams;
 

@@ -23,7 +23,7 @@ typedef struct cpu_impl {
  * stream_sync, a stream_wait on an event of it reached by another stream's
  * work, or (MF_CPU_STREAMS_COPIES_FIRST) a copy's own submission. Positions
  * count every item a stream ever took; an event is a position. */
-typedef enum { Q_COPY, Q_RUN, Q_WAIT } qkind;
+typedef enum { Q_COPY, Q_RUN, Q_WAIT, Q_HOST, Q_STAMP } qkind;
 
 typedef struct qitem {
   qkind kind;
@@ -35,16 +35,22 @@ typedef struct qitem {
   mf_copy_kind ck;
   mf_stream *on; /* Q_WAIT: the stream and position waited for */
   uint64_t pos;
+  void (*fn)(void *); /* Q_HOST */
+  void *ctx;
+  mf_event *ev; /* Q_STAMP: the timed event whose time this sets */
 } qitem;
 
 struct mf_stream {
   qitem *q;
   size_t n, cap, done; /* items held, room, items run (of q) */
   uint64_t base;       /* items dropped from the front of q before q[0] */
+  int eager;           /* the last item given to it ran when given (a copy first, a lazy host function) */
 };
 struct mf_event {
   mf_stream *on; /* NULL: complete */
   uint64_t pos;
+  int timed;
+  double t; /* timed: when its last record was reached (mf_time_now) */
 };
 
 static cpu_impl *impl_of(mf_backend *b) { return (cpu_impl *)b->impl; }
@@ -99,6 +105,11 @@ static mf_status cpu_event_create(mf_backend *b, mf_event **out) {
   *out = (mf_event *)calloc(1, sizeof(mf_event));
   return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for an event");
 }
+static mf_status cpu_event_create_timed(mf_backend *b, mf_event **out) {
+  MF_CHECK(cpu_event_create(b, out));
+  (*out)->timed = 1;
+  return MF_OK;
+}
 static void cpu_event_free(mf_backend *b, mf_event *e) { free(e); }
 
 static mf_status run_now(cpu_impl *c, const mf_kernel_call *k);
@@ -117,6 +128,12 @@ static mf_status drain(cpu_impl *c, mf_stream *s, uint64_t pos) {
         break;
       case Q_RUN:
         MF_CHECK(run_now(c, &it->call));
+        break;
+      case Q_HOST:
+        it->fn(it->ctx);
+        break;
+      case Q_STAMP:
+        it->ev->t = mf_time_now();
         break;
     }
   }
@@ -137,6 +154,7 @@ static mf_status enqueue(mf_stream *s, const qitem *it) {
     s->cap = cap;
   }
   s->q[s->n++] = *it;
+  s->eager = 0;
   return MF_OK;
 }
 
@@ -145,11 +163,69 @@ static mf_status cpu_stream_sync(mf_backend *b, mf_stream *s) {
   if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return MF_OK;
   return drain(c, s, s->base + s->n);
 }
-/* Immediate streams run work when submitted, so an event is complete when it is recorded. */
+/* Immediate streams run work when submitted, so an event is complete when it
+ * is recorded. On deferred streams a timed event's record is an item that
+ * stamps the time when the stream reaches it (at once when the stream ran its
+ * last work as it was given and has nothing queued). */
 static mf_status cpu_event_record(mf_backend *b, mf_event *e, mf_stream *s) {
   cpu_impl *c = impl_of(b);
-  e->on = c->opts.streams == MF_CPU_STREAMS_IMMEDIATE ? NULL : s;
+  if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) {
+    e->on = NULL;
+    if (e->timed) e->t = mf_time_now();
+    return MF_OK;
+  }
+  if (e->timed && s->eager && s->done == s->n) {
+    e->t = mf_time_now(); /* its last work ran when given, nothing since: the stream is there now */
+  } else if (e->timed) {
+    qitem it;
+    memset(&it, 0, sizeof it);
+    it.kind = Q_STAMP;
+    it.ev = e;
+    MF_CHECK(enqueue(s, &it));
+  }
+  e->on = s;
   e->pos = s->base + s->n;
+  return MF_OK;
+}
+static mf_status cpu_event_query(mf_backend *b, mf_event *e, int *done) {
+  *done = !e->on || e->on->base + e->on->done >= e->pos;
+  return MF_OK;
+}
+static mf_status cpu_event_elapsed(mf_backend *b, mf_event *from, mf_event *to, double *seconds) {
+  *seconds = 0;
+  if (!from->timed || !to->timed)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: elapsed time between events not made by event_create_timed");
+  int d1 = 0, d2 = 0;
+  MF_CHECK(cpu_event_query(b, from, &d1));
+  MF_CHECK(cpu_event_query(b, to, &d2));
+  if (!d1 || !d2) return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: elapsed time of an event not reached yet");
+  *seconds = to->t - from->t;
+  return MF_OK;
+}
+/* Host functions: at once on immediate streams; on deferred ones an item run
+ * in order, as early as its waits allow (lazy, unless it follows a queued copy
+ * or kernel on its stream) or as late as possible (copies first) — the
+ * opposite of that mode's copies (backend.h). */
+static mf_status cpu_host_fn(mf_backend *b, mf_stream *s, void (*fn)(void *ctx), void *ctx) {
+  cpu_impl *c = impl_of(b);
+  if (!fn) return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: host function is NULL");
+  if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) {
+    fn(ctx);
+    return MF_OK;
+  }
+  qitem it;
+  memset(&it, 0, sizeof it);
+  it.kind = Q_HOST;
+  it.fn = fn;
+  it.ctx = ctx;
+  /* Lazy: early only behind waits and other host functions; behind a queued
+   * copy or kernel it stays as late as they are. */
+  int early = c->opts.streams == MF_CPU_STREAMS_LAZY;
+  for (size_t i = s->done; i < s->n && early; i++) early = s->q[i].kind != Q_COPY && s->q[i].kind != Q_RUN;
+  MF_CHECK(enqueue(s, &it));
+  if (!early) return MF_OK;
+  MF_CHECK(drain(c, s, s->base + s->n));
+  s->eager = 1;
   return MF_OK;
 }
 static mf_status cpu_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) {
@@ -235,7 +311,10 @@ static mf_status cpu_copy(mf_backend *b, void *dst, const void *src, size_t byte
   it.ck = kind;
   MF_CHECK(enqueue(s, &it));
   /* Copies first: a copy stream runs as soon as it is given work. */
-  return c->opts.streams == MF_CPU_STREAMS_COPIES_FIRST ? drain(c, s, s->base + s->n) : MF_OK;
+  if (c->opts.streams != MF_CPU_STREAMS_COPIES_FIRST) return MF_OK;
+  MF_CHECK(drain(c, s, s->base + s->n));
+  s->eager = 1;
+  return MF_OK;
 }
 
 static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes, mf_copy_kind kind) {
@@ -419,6 +498,10 @@ mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **ou
       /* .event_free = */ cpu_event_free,
       /* .event_record = */ cpu_event_record,
       /* .stream_wait = */ cpu_stream_wait,
+      /* .host_fn = */ cpu_host_fn,
+      /* .event_query = */ cpu_event_query,
+      /* .event_create_timed = */ cpu_event_create_timed,
+      /* .event_elapsed = */ cpu_event_elapsed,
       /* .copy = */ cpu_copy,
       /* .run = */ cpu_run,
       /* .mark = */ cpu_mark,

@@ -58,10 +58,21 @@ static void emb_run(const mf_kctx *ctx, mf_task_fn fn, emb_args *a) {
     mf_threadpool_run(ctx->pool, fn, a);
 }
 
+/* An id outside the table is an error, not a read past it (as cross-entropy
+ * checks its targets): the ids reach the kernel through copies. */
+static mf_status check_ids(const int32_t *ids, int64_t T, int64_t V) {
+  for (int64_t t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= V)
+      return MF_ERR(MF_ERR_INVALID_ARG, "embedding: ids[%lld] = %d is outside [0, %lld)", (long long)t, (int)ids[t],
+                    (long long)V);
+  return MF_OK;
+}
+
 mf_status mf_cpu_embedding_fwd(const mf_kctx *ctx, const int32_t *ids, int64_t T, const float *table,
                                int64_t V, int64_t H, float *out) {
   emb_args a = {ids, T, H, table, out, ctx->round_bf16};
   if (T <= 0 || H <= 0) return MF_OK;
+  MF_CHECK(check_ids(ids, T, V));
   emb_run(ctx, emb_fwd_task, &a);
   return MF_OK;
 }
@@ -70,6 +81,7 @@ mf_status mf_cpu_embedding_bwd(const mf_kctx *ctx, const int32_t *ids, int64_t T
                                int64_t V, int64_t H, float *dtable) {
   emb_args a = {ids, T, H, dout, dtable, 0};
   if (T <= 0 || H <= 0) return MF_OK;
+  MF_CHECK(check_ids(ids, T, V));
   emb_run(ctx, emb_bwd_task, &a);
   return MF_OK;
 }

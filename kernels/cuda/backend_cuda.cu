@@ -123,19 +123,29 @@ static mf_status cuda_stream_sync(mf_backend *b, mf_stream *s) {
   return MF_OK;
 }
 
-static mf_status cuda_event_create(mf_backend *b, mf_event **out) {
+// Events order streams without timing (cheaper to record and wait for); the
+// timed ones (cudaEventDefault) carry a time for cudaEventElapsedTime.
+static mf_status make_event(mf_backend *b, unsigned flags, mf_event **out) {
   cuda_impl *c = impl_of(b);
   *out = NULL;
   SET_DEVICE(c);
   mf_event *ev = (mf_event *)calloc(1, sizeof *ev);
   if (!ev) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cuda backend: out of memory for an event");
-  cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+  cudaError_t e = cudaEventCreateWithFlags(&ev->e, flags);
   if (e != cudaSuccess) {
     free(ev);
     MF_CUDA_CHECK(e);
   }
   *out = ev;
   return MF_OK;
+}
+
+static mf_status cuda_event_create(mf_backend *b, mf_event **out) {
+  return make_event(b, cudaEventDisableTiming, out);
+}
+
+static mf_status cuda_event_create_timed(mf_backend *b, mf_event **out) {
+  return make_event(b, cudaEventDefault, out);
 }
 
 static void cuda_event_free(mf_backend *b, mf_event *e) {
@@ -154,6 +164,38 @@ static mf_status cuda_event_record(mf_backend *b, mf_event *e, mf_stream *s) {
 static mf_status cuda_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) {
   SET_DEVICE(impl_of(b));
   MF_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), e->e, 0));
+  return MF_OK;
+}
+
+// A host function on a stream (cudaLaunchHostFunc): it runs on a driver
+// thread once the stream's earlier work is done, and the stream's later work
+// waits for it. It must not call CUDA.
+static mf_status cuda_host_fn(mf_backend *b, mf_stream *s, void (*fn)(void *ctx), void *ctx) {
+  if (!fn) return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: host function is NULL");
+  SET_DEVICE(impl_of(b));
+  MF_CUDA_CHECK(cudaLaunchHostFunc(stream_of(s), (cudaHostFn_t)fn, ctx));
+  return MF_OK;
+}
+
+static mf_status cuda_event_query(mf_backend *b, mf_event *e, int *done) {
+  *done = 0;
+  SET_DEVICE(impl_of(b));
+  const cudaError_t r = cudaEventQuery(e->e);
+  if (r == cudaErrorNotReady) {
+    cudaGetLastError(); /* not an error: the work is still running */
+    return MF_OK;
+  }
+  MF_CUDA_CHECK(r);
+  *done = 1;
+  return MF_OK;
+}
+
+static mf_status cuda_event_elapsed(mf_backend *b, mf_event *from, mf_event *to, double *seconds) {
+  *seconds = 0;
+  SET_DEVICE(impl_of(b));
+  float ms = 0;
+  MF_CUDA_CHECK(cudaEventElapsedTime(&ms, from->e, to->e));
+  *seconds = (double)ms * 1e-3;
   return MF_OK;
 }
 
@@ -485,6 +527,10 @@ extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf
       /* .event_free = */ cuda_event_free,
       /* .event_record = */ cuda_event_record,
       /* .stream_wait = */ cuda_stream_wait,
+      /* .host_fn = */ cuda_host_fn,
+      /* .event_query = */ cuda_event_query,
+      /* .event_create_timed = */ cuda_event_create_timed,
+      /* .event_elapsed = */ cuda_event_elapsed,
       /* .copy = */ cuda_copy,
       /* .run = */ cuda_run,
       /* .mark = */ NULL, /* no checking mode on cuda */

@@ -3,7 +3,9 @@
  *
  *   arena_create  one cudaMalloc of exactly the bytes asked, once per backend
  *   host_alloc    pinned host memory (cudaHostAlloc, portable), host_free frees it
- *   streams       cudaStreamNonBlocking streams; events without timing
+ *   streams       cudaStreamNonBlocking streams; events without timing, except
+ *                 event_create_timed's (cudaEventElapsedTime gives busy time)
+ *   host_fn       cudaLaunchHostFunc; event_query cudaEventQuery
  *   copy          cudaMemcpyAsync of the given kind on the given stream
  *   run           the kernels of kernels/cuda/ops.h, launched on the stream;
  *                 kinds not built yet fail with MF_ERR_UNSUPPORTED naming them

@@ -5,54 +5,7 @@
 
 #include "planner/segtree.h"
 #include "src/exec/exec.h"
-
-struct mf_exec {
-  const mf_program *p;
-  const mf_schedule *s;
-  mf_schedule *owned; /* the default schedule, when we built it */
-  mf_decisions *owned_dec;
-  mf_backend *b;
-  mf_stream *st[MF_EXEC_STREAMS]; /* compute, h2d, d2h (exec.h "timing") */
-  /* Cross-stream order (deps_build): instruction i waits, on its stream, for
-   * instruction wait_on[3 i + k] of stream k (-1: none); ev[i] is recorded
-   * after instruction i when some instruction waits for it (else NULL). */
-  int32_t *wait_on;
-  mf_event **ev;
-  uint8_t *arena;
-  uint8_t *host_act;  /* host copies of offloaded activations */
-  float *grad_scratch;
-  void **expert_ptrs;
-  int32_t *starts;    /* slots ordered by first instruction */
-  int32_t *ends;      /* slots ordered by last instruction */
-  size_t peak_live;
-  uint64_t h2d, d2h;
-  float *capture;
-  int64_t *expert_tokens; /* [L * E] */
-  int64_t *counts_tmp;    /* [E] */
-  int64_t *n_valid;       /* [G] counted target tokens of each micro-batch, this step */
-  /* Routing-aware transfers: the micro-batches whose expert ops use each slot
-   * (an expert weight's or gradient's; -1 for others), each micro-batch's
-   * tokens per expert of each layer this step, and whether they are known yet. */
-  int32_t *slot_mlo, *slot_mhi; /* [n_slots] */
-  int64_t *route;               /* [G * L * E] */
-  uint8_t *route_known;         /* [G * L] */
-  uint64_t h2d_skipped, d2h_skipped;
-  int32_t *pos;           /* [B*S] token positions (set at create) */
-  int timed;              /* busy time from the host clock (a backend that runs work as it is submitted) */
-  mf_exec_stats stats;    /* the last step's */
-  double *instr_s;        /* [n_instr] per-instruction seconds, when turned on */
-  mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
-  int32_t *grad_final;    /* [n_instr] the parameter whose gradient is complete after it, or -1 */
-  int32_t *upload_order;  /* [n_params] */
-  /* The optimizer on the device. */
-  double *norm_host;      /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
-  void *m_host, *v_host;  /* the host moments (mf_exec_set_optim_state) */
-  int weights_current, state_current; /* the persistent slots hold the truth */
-  int step_done;          /* mf_exec_step ran [0, optim_begin) and mf_exec_optimize may follow */
-  /* Progress through the instructions, kept between the step and its optimizer part. */
-  int32_t ns, ne;
-  size_t live;
-};
+#include "src/exec/exec_internal.h"
 
 static int cmp_first(const void *a, const void *b, void *arg) {
   const mf_schedule *s = (const mf_schedule *)arg;
@@ -146,10 +99,20 @@ static void expert_slot_micros(mf_exec *x) {
   }
 }
 
+/* Whether micro-batch m's routing of layer l has landed at home, without
+ * waiting: the copy of its counts was issued this step and its event is done. */
+static int route_known(mf_exec *x, int64_t ml) {
+  if (x->route_state[ml] != 1) return x->route_state[ml] == 2;
+  int done = 0;
+  if (!x->b->event_query || x->b->event_query(x->b, x->route_ev[ml], &done) != MF_OK || !done) return 0;
+  x->route_state[ml] = 2;
+  return 1;
+}
+
 /* 1 when slot (an expert's weight or gradient) serves only micro-batches whose
  * routing is known and sends that expert no token: its weights are not read
  * (an expert with no rows) and its gradient is all zeros. */
-static int expert_idle(const mf_exec *x, int32_t slot) {
+static int expert_idle(mf_exec *x, int32_t slot) {
   const mf_program *p = x->p;
   const mf_ptensor *t = &p->tensors[x->s->slots[slot].tensor];
   if ((t->kind != MF_T_PARAM && t->kind != MF_T_GRAD) || t->param < 0 || x->slot_mlo[slot] < 0) return 0;
@@ -157,8 +120,8 @@ static int expert_idle(const mf_exec *x, int32_t slot) {
   if (pr->expert < 0 || pr->layer < 0) return 0;
   const int64_t L = p->spec.layers, E = p->spec.experts;
   for (int32_t m = x->slot_mlo[slot]; m <= x->slot_mhi[slot]; m++) {
-    if (!x->route_known[m * L + pr->layer]) return 0;
-    if (x->route[(m * L + pr->layer) * E + pr->expert] > 0) return 0;
+    if (!route_known(x, m * L + pr->layer)) return 0;
+    if (x->route_host[(m * L + pr->layer) * E + pr->expert] > 0) return 0;
   }
   return 1;
 }
@@ -170,6 +133,40 @@ static int instr_stream(const mf_instr *in) {
 
 static mf_status sync_all(mf_exec *x) {
   for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK(x->b->stream_sync(x->b, x->st[k]));
+  return x->sg ? mf_exec_sg_sync(x) : MF_OK;
+}
+
+mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
+                         int32_t *n_leaves) {
+  size_t *c = NULL;
+  *n_leaves = 0;
+  MF_CHECK(mf_malloc(4 * (size_t)(n ? n : 1) * sizeof(size_t), "executor intervals", (void **)&c));
+  size_t nc = 0;
+  for (int32_t i = 0; i < n; i++) {
+    c[nc++] = off[i];
+    c[nc++] = off[i] + len[i];
+  }
+  mf_sort_size(c, nc, c + nc);
+  size_t nu = 0;
+  for (size_t i = 0; i < nc; i++)
+    if (nu == 0 || c[nu - 1] != c[i]) c[nu++] = c[i];
+  for (int32_t i = 0; i < n; i++) {
+    const size_t a = off[i], e = off[i] + len[i];
+    size_t l = 0, h = nu;
+    while (l < h) { /* first boundary >= a */
+      const size_t m = l + (h - l) / 2;
+      if (c[m] < a) l = m + 1; else h = m;
+    }
+    lo[i] = (int32_t)l;
+    h = nu;
+    while (l < h) {
+      const size_t m = l + (h - l) / 2;
+      if (c[m] < e) l = m + 1; else h = m;
+    }
+    hi[i] = (int32_t)l;
+  }
+  free(c);
+  *n_leaves = (int32_t)nu;
   return MF_OK;
 }
 
@@ -239,38 +236,20 @@ static mf_status deps_build(mf_exec *x) {
   for (size_t i = 0; i < 3 * (size_t)ns; i++) d.last_read[i] = d.last_acc[i] = -1;
   for (int32_t t = 0; t < p->n_tensors; t++) d.host_writer[t] = -1;
   /* The arena's elementary intervals between slot boundaries. */
-  MF_CHECK_GOTO(mf_malloc(4 * (size_t)(ns ? ns : 1) * sizeof(size_t), "executor streams", (void **)&coords), st,
+  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(ns ? ns : 1) * sizeof(size_t), "executor streams", (void **)&coords), st,
                 done);
   MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&lo), st, done);
   MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&hi), st, done);
-  size_t nc = 0;
   for (int32_t i = 0; i < ns; i++) {
-    coords[nc++] = s->slots[i].offset;
-    coords[nc++] = s->slots[i].offset + p->tensors[s->slots[i].tensor].bytes;
+    coords[i] = s->slots[i].offset;
+    coords[ns + i] = p->tensors[s->slots[i].tensor].bytes;
   }
-  mf_sort_size(coords, nc, coords + nc);
-  size_t nu = 0;
-  for (size_t i = 0; i < nc; i++)
-    if (nu == 0 || coords[nu - 1] != coords[i]) coords[nu++] = coords[i];
-  for (int32_t i = 0; i < ns; i++) {
-    const size_t a = s->slots[i].offset, e = a + p->tensors[s->slots[i].tensor].bytes;
-    size_t l = 0, h = nu;
-    while (l < h) { /* first coordinate >= a */
-      const size_t m = l + (h - l) / 2;
-      if (coords[m] < a) l = m + 1; else h = m;
-    }
-    lo[i] = (int32_t)l;
-    h = nu;
-    while (l < h) {
-      const size_t m = l + (h - l) / 2;
-      if (coords[m] < e) l = m + 1; else h = m;
-    }
-    hi[i] = (int32_t)l;
-  }
+  int32_t nu = 0;
+  MF_CHECK_GOTO(mf_exec_leaves(ns, coords, coords + ns, lo, hi, &nu), st, done);
   int32_t size = 1;
-  while ((size_t)size < (nu ? nu : 1)) size *= 2;
+  while (size < (nu ? nu : 1)) size *= 2;
   for (int k = 0; k < MF_EXEC_STREAMS; k++) {
-    tree[k].n = (int32_t)nu;
+    tree[k].n = nu;
     tree[k].size = size;
     MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].mx), st, done);
     MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].tag), st, done);
@@ -370,9 +349,7 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   x->p = p;
   x->s = s;
   x->b = b;
-  /* Only the cpu backend runs each submission to completion before returning
-   * (see exec.h, "timing"); elsewhere busy time needs backend events. */
-  x->timed = b->name && strcmp(b->name, "cpu") == 0;
+  x->timed = b->event_create_timed && b->event_elapsed; /* exec.h, "timing" */
   mf_status st = MF_OK;
   const int64_t E = p->spec.experts > 0 ? p->spec.experts : 1;
   size_t max_param = 1;
@@ -382,7 +359,6 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   x->starts = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
   x->ends = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
   x->expert_tokens = (int64_t *)calloc((size_t)(p->spec.layers * E), sizeof(int64_t));
-  x->counts_tmp = (int64_t *)calloc((size_t)E, sizeof(int64_t));
   x->grad_scratch = (float *)malloc(max_param * sizeof(float));
   x->grad_final = (int32_t *)malloc((size_t)(s->n_instr ? s->n_instr : 1) * sizeof(int32_t));
   x->upload_order = (int32_t *)malloc((size_t)(p->params->n ? p->params->n : 1) * sizeof(int32_t));
@@ -391,11 +367,19 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   const size_t GL = (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1);
   x->slot_mlo = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
   x->slot_mhi = (int32_t *)malloc((size_t)(s->n_slots ? s->n_slots : 1) * sizeof(int32_t));
-  x->route = (int64_t *)calloc(GL * (size_t)E, sizeof(int64_t));
-  x->route_known = (uint8_t *)calloc(GL, 1);
-  if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->counts_tmp || !x->grad_scratch ||
-      !x->grad_final || !x->upload_order || !x->n_valid || !x->pos || !x->slot_mlo || !x->slot_mhi || !x->route ||
-      !x->route_known) {
+  x->route_ev = (mf_event **)calloc(GL, sizeof(mf_event *));
+  x->route_state = (uint8_t *)calloc(GL, 1);
+  /* The loss scalars the host reads: a cross-entropy and an aux value per micro-batch at most. */
+  for (int32_t i = 0; i < s->optim_begin; i++)
+    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute) {
+      const mf_pop *o = &p->ops[s->instr[i].op];
+      x->max_reads += o->kind == MF_K_CROSS_ENTROPY || o->kind == MF_K_AUX_VALUE || o->kind == MF_K_ZERO;
+    }
+  x->read_kind = (uint8_t *)calloc((size_t)x->max_reads + 1, 1);
+  x->read_micro = (int32_t *)calloc((size_t)x->max_reads + 1, sizeof(int32_t));
+  if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->grad_scratch || !x->grad_final ||
+      !x->upload_order || !x->n_valid || !x->pos || !x->slot_mlo || !x->slot_mhi || !x->route_ev ||
+      !x->route_state || !x->read_kind || !x->read_micro) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
     goto fail;
   }
@@ -420,8 +404,31 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
                   fail);
     x->norm_host = (double *)h;
   }
+  {
+    void *h = NULL; /* landing places of the small results the host reads (pinned on cuda) */
+    MF_CHECK_GOTO(b->host_alloc(b, GL * (size_t)E * sizeof(int64_t), &h), st, fail);
+    x->route_host = (int64_t *)h;
+    MF_CHECK_GOTO(b->host_alloc(b, 2 * ((size_t)x->max_reads + 1) * sizeof(double), &h), st, fail);
+    x->scalars = (double *)h;
+  }
+  for (int32_t i = 0; i < s->optim_begin; i++) /* a dispatch's counts are read without a wait */
+    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute && p->ops[s->instr[i].op].kind == MF_K_MOE_DISPATCH &&
+        p->ops[s->instr[i].op].micro >= 0) {
+      const mf_pop *o = &p->ops[s->instr[i].op];
+      const size_t ml = (size_t)o->micro * (size_t)p->spec.layers + (size_t)o->layer;
+      if (ml < GL && !x->route_ev[ml]) MF_CHECK_GOTO(b->event_create(b, &x->route_ev[ml]), st, fail);
+    }
   for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK_GOTO(b->stream_create(b, &x->st[k]), st, fail);
   MF_CHECK_GOTO(deps_build(x), st, fail);
+  if (x->timed) {
+    const size_t n = (size_t)(s->n_instr ? s->n_instr : 1);
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "executor timing events", (void **)&x->t0), st, fail);
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "executor timing events", (void **)&x->t1), st, fail);
+    for (int32_t i = 0; i < s->n_instr; i++) {
+      MF_CHECK_GOTO(b->event_create_timed(b, &x->t0[i]), st, fail);
+      MF_CHECK_GOTO(b->event_create_timed(b, &x->t1[i]), st, fail);
+    }
+  }
   *out = x;
   return MF_OK;
 fail:
@@ -429,14 +436,28 @@ fail:
   return st;
 }
 
+void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n) {
+  if (ev)
+    for (size_t i = 0; i < n; i++)
+      if (ev[i]) b->event_free(b, ev[i]);
+  free(ev);
+}
+
 void mf_exec_free(mf_exec *x) {
   if (!x) return;
+  mf_exec_sg_free(x);
   for (int k = 0; k < MF_EXEC_STREAMS; k++)
     if (x->st[k]) x->b->stream_free(x->b, x->st[k]);
-  if (x->ev)
-    for (int32_t i = 0; i < x->s->n_instr; i++)
-      if (x->ev[i]) x->b->event_free(x->b, x->ev[i]);
-  free(x->ev);
+  const size_t GL = (size_t)(x->p->G > 0 ? x->p->G : 1) * (size_t)(x->p->spec.layers > 0 ? x->p->spec.layers : 1);
+  mf_exec_free_events(x->b, x->ev, (size_t)x->s->n_instr);
+  mf_exec_free_events(x->b, x->t0, (size_t)x->s->n_instr);
+  mf_exec_free_events(x->b, x->t1, (size_t)x->s->n_instr);
+  mf_exec_free_events(x->b, x->route_ev, GL);
+  if (x->route_host) x->b->host_free(x->b, x->route_host);
+  if (x->scalars) x->b->host_free(x->b, x->scalars);
+  free(x->route_state);
+  free(x->read_kind);
+  free(x->read_micro);
   free(x->wait_on);
   if (x->host_act) x->b->host_free(x->b, x->host_act);
   if (x->norm_host) x->b->host_free(x->b, x->norm_host);
@@ -444,7 +465,6 @@ void mf_exec_free(mf_exec *x) {
   free(x->starts);
   free(x->ends);
   free(x->expert_tokens);
-  free(x->counts_tmp);
   free(x->grad_scratch);
   free(x->instr_s);
   free(x->grad_final);
@@ -453,8 +473,6 @@ void mf_exec_free(mf_exec *x) {
   free(x->pos);
   free(x->slot_mlo);
   free(x->slot_mhi);
-  free(x->route);
-  free(x->route_known);
   mf_schedule_free(x->owned);
   mf_decisions_free(x->owned_dec);
   free(x);
@@ -495,7 +513,7 @@ void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h) {
 const int32_t *mf_exec_param_upload_order(const mf_exec *x) { return x->upload_order; }
 
 /* The hand-off's wait before an instruction touching a parameter's host copies. */
-static mf_status param_gate(mf_exec *x, const mf_instr *in) {
+mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in) {
   if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) return MF_OK;
   const mf_ptensor *t = &x->p->tensors[x->s->slots[in->slot].tensor];
   if ((in->kind == MF_I_H2D && t->kind == MF_T_PARAM) || (in->kind == MF_I_D2H && t->kind == MF_T_GRAD))
@@ -503,102 +521,124 @@ static mf_status param_gate(mf_exec *x, const mf_instr *in) {
   return MF_OK;
 }
 
-static uint8_t *slot_ptr(const mf_exec *x, int32_t slot) { return x->arena + x->s->slots[slot].offset; }
-static size_t slot_bytes(const mf_exec *x, int32_t slot) { return x->p->tensors[x->s->slots[slot].tensor].bytes; }
+#define slot_ptr mf_exec_slot_ptr
+#define slot_bytes mf_exec_slot_bytes
 
 static mf_status d2h(mf_exec *x, int32_t slot, void *dst) {
-  x->d2h += slot_bytes(x, slot);
   return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->st[MF_EXEC_D2H]);
 }
 
-/* Reads a small result (loss scalars, expert counts) out of a slot and waits
- * for it: the host reads dst next (on cuda the copy is asynchronous). */
-static mf_status read_slot(mf_exec *x, int32_t slot, void *dst) {
-  mf_stream *c = x->st[MF_EXEC_COMPUTE]; /* after the kernel that wrote it */
-  MF_CHECK(x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, c));
-  return x->b->stream_sync(x->b, c);
+/* Copies a small result (a loss scalar, expert counts) out of a slot on the
+ * compute stream, after the kernel that wrote it, into host_alloc'd memory the
+ * host reads once the step is synced (or once an event says it landed): no
+ * wait inside the step. */
+static mf_status copy_small(mf_exec *x, int32_t slot, void *dst) {
+  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->st[MF_EXEC_COMPUTE]);
 }
 
-/* A parameter's AdamW state slot (m then v) from the host moments, when the
- * device's copy is not current. */
-static mf_status fill_state(mf_exec *x, int32_t slot) {
-  const mf_program *p = x->p;
-  const mf_ptensor *pt = &p->tensors[x->s->slots[slot].tensor];
-  if (x->state_current) return MF_OK;
-  if (!x->m_host || !x->v_host)
-    return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device has no host moments "
-                  "(mf_exec_set_optim_state)");
-  const mf_param *q = &p->params->params[pt->param];
-  const size_t ms = mf_dtype_size(p->moments), n = (size_t)q->numel * ms;
-  uint8_t *dst = slot_ptr(x, slot);
-  mf_stream *h = x->st[MF_EXEC_H2D];
-  MF_CHECK(x->b->copy(x->b, dst, (uint8_t *)x->m_host + (size_t)q->offset * ms, n, MF_COPY_H2D, h));
-  return x->b->copy(x->b, dst + n, (uint8_t *)x->v_host + (size_t)q->offset * ms, n, MF_COPY_H2D, h);
-}
-
-typedef struct step_io {
-  const float *params;
-  const int32_t *const *ids;
-  const int32_t *const *targets;
-  const int32_t *positions;
-  float *grads;
-  const int64_t *n_valid;
-} step_io;
-
-static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
+mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src, const void **src2) {
   const mf_program *p = x->p;
   const int32_t t = x->s->slots[slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
-  const void *src = NULL;
-  if (pt->kind == MF_T_OPT) return fill_state(x, slot);
+  *src = *src2 = NULL;
+  if (pt->kind == MF_T_OPT) { /* AdamW state (m then v) from the host moments, unless the device's is current */
+    if (x->state_current) return MF_OK;
+    if (!x->m_host || !x->v_host)
+      return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device has no host moments "
+                    "(mf_exec_set_optim_state)");
+    const size_t off = (size_t)p->params->params[pt->param].offset * mf_dtype_size(p->moments);
+    *src = (const uint8_t *)x->m_host + off;
+    *src2 = (const uint8_t *)x->v_host + off;
+    return MF_OK;
+  }
   if (pt->kind == MF_T_PARAM && x->s->slots[slot].persist) {
     if (x->weights_current) return MF_OK; /* the device's copy is the truth */
-    x->h2d += pt->bytes;                  /* the first fill: a step's traffic */
-    return x->b->copy(x->b, slot_ptr(x, slot), io->params + p->params->params[pt->param].offset, pt->bytes,
-                      MF_COPY_H2D, x->st[MF_EXEC_H2D]);
-  }
-  if (pt->kind == MF_T_PARAM) {
-    src = io->params + p->params->params[pt->param].offset;
+    *src = io->params + p->params->params[pt->param].offset;
+  } else if (pt->kind == MF_T_PARAM) {
     if (expert_idle(x, slot)) { /* no token routed to it: its weights are not read */
       x->h2d_skipped += pt->bytes;
       return MF_OK;
     }
+    *src = io->params + p->params->params[pt->param].offset;
   } else if (pt->kind == MF_T_INPUT) {
     if (t == p->io[0].positions)
-      src = io->positions;
+      *src = io->positions;
     else if (pt->micro >= 0 && t == p->io[pt->micro].ids)
-      src = io->ids[pt->micro];
+      *src = io->ids[pt->micro];
     else if (pt->micro >= 0 && t == p->io[pt->micro].targets)
-      src = io->targets[pt->micro];
+      *src = io->targets[pt->micro];
   } else if (x->s->host_offset[t] != SIZE_MAX) {
-    src = x->host_act + x->s->host_offset[t];
+    *src = x->host_act + x->s->host_offset[t];
   }
-  if (!src) return MF_ERR(MF_ERR_INTERNAL, "executor: no host source for %s", pt->name);
-  x->h2d += pt->bytes;
-  return x->b->copy(x->b, slot_ptr(x, slot), src, pt->bytes, MF_COPY_H2D, x->st[MF_EXEC_H2D]);
+  if (!*src) return MF_ERR(MF_ERR_INTERNAL, "executor: no host source for %s", pt->name);
+  x->h2d += pt->bytes; /* a persistent weight's first fill counts as the step's traffic */
+  return MF_OK;
 }
 
-static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
+mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, void **dst, d2h_mode *mode) {
   const mf_program *p = x->p;
   const int32_t t = x->s->slots[in->slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
-  if (t == p->norm_sums) return d2h(x, in->slot, x->norm_host);
-  if (pt->kind == MF_T_GRAD) {
+  *dst = NULL;
+  *mode = D2H_NONE;
+  if (t == p->norm_sums) {
+    *dst = x->norm_host;
+  } else if (pt->kind == MF_T_GRAD) {
     if (!io->grads) return MF_OK;
-    float *dst = io->grads + p->params->params[pt->param].offset;
+    *dst = io->grads + p->params->params[pt->param].offset;
     if (expert_idle(x, in->slot)) { /* an expert no token reached: its gradient is zeros */
       x->d2h_skipped += pt->bytes;
-      if (!in->accumulate) memset(dst, 0, pt->bytes);
+      if (!in->accumulate) *mode = D2H_ZERO;
       return MF_OK;
     }
-    if (!in->accumulate) return d2h(x, in->slot, dst);
-    MF_CHECK(d2h(x, in->slot, x->grad_scratch));
-    MF_CHECK(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]));
-    for (int64_t i = 0; i < pt->numel; i++) dst[i] += x->grad_scratch[i];
-    return MF_OK;
+    if (in->accumulate) *mode = D2H_ADD;
+  } else if (x->s->host_offset[t] != SIZE_MAX) {
+    *dst = x->host_act + x->s->host_offset[t];
+  } else {
+    return MF_ERR(MF_ERR_INTERNAL, "executor: no host copy for %s", pt->name);
   }
-  if (x->s->host_offset[t] == SIZE_MAX) return MF_ERR(MF_ERR_INTERNAL, "executor: no host copy for %s", pt->name);
-  return d2h(x, in->slot, x->host_act + x->s->host_offset[t]);
+  if (*mode == D2H_NONE) *mode = D2H_COPY;
+  x->d2h += pt->bytes;
+  return MF_OK;
+}
+
+/* An H2D straight from host memory (no staging arena). */
+static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
+  const void *src = NULL, *src2 = NULL;
+  MF_CHECK(mf_exec_h2d_source(x, slot, io, &src, &src2));
+  if (!src) return MF_OK;
+  uint8_t *dst = slot_ptr(x, slot);
+  const size_t n = slot_bytes(x, slot);
+  mf_stream *h = x->st[MF_EXEC_H2D];
+  if (!src2) return x->b->copy(x->b, dst, src, n, MF_COPY_H2D, h);
+  MF_CHECK(x->b->copy(x->b, dst, src, n / 2, MF_COPY_H2D, h));
+  return x->b->copy(x->b, dst + n / 2, src2, n / 2, MF_COPY_H2D, h);
+}
+
+/* A D2H straight into host memory (no staging arena): a gradient added into
+ * the host's sum goes through the scratch buffer, which the host reads. */
+static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
+  void *dst = NULL;
+  d2h_mode mode = D2H_NONE;
+  MF_CHECK(mf_exec_d2h_target(x, in, io, &dst, &mode));
+  const mf_ptensor *pt = &x->p->tensors[x->s->slots[in->slot].tensor];
+  switch (mode) {
+    case D2H_NONE:
+      return MF_OK;
+    case D2H_ZERO:
+      memset(dst, 0, pt->bytes);
+      return MF_OK;
+    case D2H_COPY:
+      return d2h(x, in->slot, dst);
+    case D2H_ADD: {
+      MF_CHECK(d2h(x, in->slot, x->grad_scratch));
+      MF_CHECK(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]));
+      float *g = (float *)dst;
+      for (int64_t i = 0; i < pt->numel; i++) g[i] += x->grad_scratch[i];
+      return MF_OK;
+    }
+  }
+  return MF_OK;
 }
 
 static mf_status mark(mf_exec *x, int32_t slot, int live) {
@@ -606,37 +646,35 @@ static mf_status mark(mf_exec *x, int32_t slot, int live) {
   return x->b->mark(x->b, slot_ptr(x, slot), slot_bytes(x, slot), live);
 }
 
-/* After a RUN: pick up losses and routing counts the host needs. */
-static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call *call, mf_step_result *r) {
+/* After a RUN: send home the losses and routing counts the host needs, read
+ * after the step (mf_exec_step) or, for the counts, once they landed. */
+static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call *call) {
   const mf_program *p = x->p;
   const mf_pop *o = &p->ops[in->op];
   if (in->recompute || o->micro < 0) return MF_OK;
   const int32_t *ops = x->s->slot_pool + in->operands;
   const mf_program_io *io = &p->io[o->micro];
   if (o->kind == MF_K_MOE_DISPATCH) {
-    const int64_t E = p->spec.experts;
-    MF_CHECK(read_slot(x, ops[1], x->counts_tmp));
     const int64_t ml = (int64_t)o->micro * p->spec.layers + o->layer;
-    for (int64_t e = 0; e < E; e++) {
-      x->expert_tokens[o->layer * E + e] += x->counts_tmp[e];
-      x->route[ml * E + e] = x->counts_tmp[e];
-    }
-    x->route_known[ml] = 1;
+    MF_CHECK(copy_small(x, ops[1], x->route_host + ml * p->spec.experts));
+    MF_CHECK(x->b->event_record(x->b, x->route_ev[ml], x->st[MF_EXEC_COMPUTE]));
+    x->route_state[ml] = 1;
   }
-  if ((o->kind == MF_K_AUX_VALUE && o->t[2] == io->aux_scalars) || (o->kind == MF_K_ZERO && o->t[0] == io->aux_scalars)) {
-    double aux = 0;
-    MF_CHECK(read_slot(x, ops[o->kind == MF_K_AUX_VALUE ? 2 : 0], &aux));
-    r->aux_loss += aux / (double)p->G;
+  const int aux = (o->kind == MF_K_AUX_VALUE && o->t[2] == io->aux_scalars) ||
+                  (o->kind == MF_K_ZERO && o->t[0] == io->aux_scalars);
+  if (aux || o->kind == MF_K_CROSS_ENTROPY) {
+    if (x->n_reads >= x->max_reads) return MF_ERR(MF_ERR_INTERNAL, "executor: more loss reads than counted");
+    const int32_t sl = ops[o->kind == MF_K_CROSS_ENTROPY ? 5 : o->kind == MF_K_AUX_VALUE ? 2 : 0];
+    if (slot_bytes(x, sl) > 2 * sizeof(double))
+      return MF_ERR(MF_ERR_INTERNAL, "executor: a loss scalar slot of %zu bytes", slot_bytes(x, sl));
+    x->read_kind[x->n_reads] = aux ? READ_AUX : READ_CE;
+    x->read_micro[x->n_reads] = o->micro;
+    MF_CHECK(copy_small(x, sl, x->scalars + 2 * (size_t)x->n_reads));
+    x->n_reads++;
   }
-  if (o->kind == MF_K_CROSS_ENTROPY) {
-    double ce[2];
-    MF_CHECK(read_slot(x, ops[5], ce));
-    r->ce_loss += (ce[1] > 0 ? ce[0] / ce[1] : 0.0) / (double)p->G;
-    r->tokens += (int64_t)ce[1];
-    if (o->micro == 0 && x->capture) {
-      const mf_ptensor *h = &p->tensors[o->t[0]];
-      MF_CHECK(x->b->copy(x->b, x->capture, call->b[0].ptr, h->bytes, MF_COPY_D2H, x->st[MF_EXEC_COMPUTE]));
-    }
+  if (o->kind == MF_K_CROSS_ENTROPY && o->micro == 0 && x->capture) {
+    const mf_ptensor *h = &p->tensors[o->t[0]];
+    MF_CHECK(x->b->copy(x->b, x->capture, call->b[0].ptr, h->bytes, MF_COPY_D2H, x->st[MF_EXEC_COMPUTE]));
   }
   return MF_OK;
 }
@@ -645,12 +683,10 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
  * optimizer's (opt: its hyper-parameters; NULL in the step's part). Slot
  * marks, live bytes and the peak carry over in x between the two. */
 static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *io, const mf_exec_optim *opt,
-                           mf_step_result *r, double busy[MF_EXEC_STREAMS], int64_t count[MF_EXEC_STREAMS]) {
+                           int64_t count[MF_EXEC_STREAMS]) {
   const mf_program *p = x->p;
   const mf_schedule *s = x->s;
   mf_status st = MF_OK;
-  const int timed = x->timed;
-  double *instr_s = x->instr_s;
   for (int32_t i = from; i < to; i++) {
     for (; x->ns < s->n_slots && s->slots[x->starts[x->ns]].first == i; x->ns++) {
       MF_CHECK_GOTO(mark(x, x->starts[x->ns], 1), st, done);
@@ -658,19 +694,22 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     }
     if (x->live > x->peak_live) x->peak_live = x->live;
     const mf_instr *in = &s->instr[i];
-    if (x->hooks.wait) MF_CHECK_GOTO(param_gate(x, in), st, done);
+    const int staged = x->sg && (in->kind == MF_I_H2D || in->kind == MF_I_D2H);
+    /* Staged uploads pass the gate when their slab is filled (mf_exec_sg_before). */
+    if (x->hooks.wait && !(staged && in->kind == MF_I_H2D)) MF_CHECK_GOTO(mf_exec_param_gate(x, in), st, done);
+    if (staged) MF_CHECK_GOTO(mf_exec_sg_before(x, i, io), st, done);
     const int sk = instr_stream(in);
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
       const int32_t j = x->wait_on[3 * (size_t)i + (size_t)k];
       if (j >= 0) MF_CHECK_GOTO(x->b->stream_wait(x->b, x->st[sk], x->ev[j]), st, done);
     }
-    const double ti = timed ? mf_time_now() : 0.0;
+    if (x->t0) MF_CHECK_GOTO(x->b->event_record(x->b, x->t0[i], x->st[sk]), st, done);
     switch (in->kind) {
       case MF_I_H2D:
-        MF_CHECK_GOTO(do_h2d(x, in->slot, io), st, done);
+        MF_CHECK_GOTO(staged ? mf_exec_sg_copy(x, i) : do_h2d(x, in->slot, io), st, done);
         break;
       case MF_I_D2H:
-        MF_CHECK_GOTO(do_d2h(x, in, io), st, done);
+        MF_CHECK_GOTO(staged ? mf_exec_sg_copy(x, i) : do_d2h(x, in, io), st, done);
         break;
       case MF_I_ZERO: {
         mf_kernel_call call;
@@ -731,24 +770,19 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           call.f[5] = opt->coef;
         }
         MF_CHECK_GOTO(x->b->run(x->b, &call, x->st[MF_EXEC_COMPUTE]), st, done);
-        MF_CHECK_GOTO(after_run(x, in, &call, r), st, done);
+        MF_CHECK_GOTO(after_run(x, in, &call), st, done);
         break;
       }
       default:
         st = MF_ERR(MF_ERR_INTERNAL, "executor: unknown instruction %d", (int)in->kind);
         goto done;
     }
+    if (x->t1) MF_CHECK_GOTO(x->b->event_record(x->b, x->t1[i], x->st[sk]), st, done);
     if (x->ev[i]) MF_CHECK_GOTO(x->b->event_record(x->b, x->ev[i], x->st[sk]), st, done);
-    {
-      const int k = sk;
-      count[k]++;
-      if (timed) {
-        const double dt = mf_time_now() - ti;
-        busy[k] += dt;
-        if (instr_s) instr_s[i] = dt;
-      }
-    }
-    if (x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads) {
+    if (staged) MF_CHECK_GOTO(mf_exec_sg_after(x, i), st, done);
+    count[sk]++;
+    /* A staged gradient is handed over by its slab's copy-out (exec_staging.c). */
+    if (!staged && x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads) {
       MF_CHECK_GOTO(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]), st, done);
       x->hooks.grad_home(x->hooks.ctx, x->grad_final[i]);
     }
@@ -760,6 +794,41 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
   }
 done:
   return st;
+}
+
+/* After the step's last sync: the loss scalars in the order they were copied
+ * (the sums' order, so the same bits as reading each at once), and the
+ * tokens each expert got. */
+static void read_results(mf_exec *x, mf_step_result *r) {
+  const mf_program *p = x->p;
+  for (int32_t k = 0; k < x->n_reads; k++) {
+    const double *v = x->scalars + 2 * (size_t)k;
+    if (x->read_kind[k] == READ_AUX) {
+      r->aux_loss += v[0] / (double)p->G;
+    } else {
+      r->ce_loss += (v[1] > 0 ? v[0] / v[1] : 0.0) / (double)p->G;
+      r->tokens += (int64_t)v[1];
+    }
+  }
+  r->loss = r->ce_loss + p->aux_coef * r->aux_loss;
+  const int64_t L = p->spec.layers, E = p->spec.experts;
+  for (int64_t m = 0; m < p->G; m++)
+    for (int64_t l = 0; l < L; l++) {
+      if (!x->route_state[m * L + l]) continue;
+      for (int64_t e = 0; e < E; e++) x->expert_tokens[l * E + e] += x->route_host[(m * L + l) * E + e];
+    }
+}
+
+/* Busy seconds of each stream over instructions [from, to), from the timed
+ * events around each (exec.h, "timing"); per instruction too when asked. */
+static mf_status stream_busy(mf_exec *x, int32_t from, int32_t to, double busy[MF_EXEC_STREAMS]) {
+  for (int32_t i = from; i < to; i++) {
+    double dt = 0;
+    MF_CHECK(x->b->event_elapsed(x->b, x->t0[i], x->t1[i], &dt));
+    busy[instr_stream(&x->s->instr[i])] += dt;
+    if (x->instr_s) x->instr_s[i] = dt;
+  }
+  return MF_OK;
 }
 
 mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *ids, const int32_t *const *targets,
@@ -778,28 +847,29 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   }
   memset(x->expert_tokens, 0,
          (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
-  memset(x->route_known, 0, (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
+  memset(x->route_state, 0, (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
+  x->n_reads = 0;
   x->h2d_skipped = x->d2h_skipped = 0;
   step_io io = {params, ids, targets, pos, grads, n_valid};
 
   x->peak_live = 0;
   double busy[MF_EXEC_STREAMS] = {0, 0, 0};
   int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
-  const int timed = x->timed;
   x->ns = x->ne = 0;
   x->live = 0;
   x->step_done = 0;
-  MF_CHECK_GOTO(run_range(x, 0, s->optim_begin, &io, NULL, r, busy, count), st, done);
-  r->loss = r->ce_loss + p->aux_coef * r->aux_loss;
+  MF_CHECK_GOTO(run_range(x, 0, s->optim_begin, &io, NULL, count), st, done);
   MF_CHECK_GOTO(sync_all(x), st, done);
   r->seconds = mf_time_now() - t0;
+  read_results(x, r);
+  if (x->timed) MF_CHECK_GOTO(stream_busy(x, 0, s->optim_begin, busy), st, done);
   {
     mf_exec_stats *z = &x->stats;
-    z->timed = timed;
+    z->timed = x->timed;
     z->wall_s = r->seconds;
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
-      z->busy_s[k] = timed ? busy[k] : NAN;
-      z->idle_s[k] = timed ? r->seconds - busy[k] : NAN;
+      z->busy_s[k] = x->timed ? busy[k] : NAN;
+      z->idle_s[k] = x->timed ? r->seconds - busy[k] : NAN;
       z->instr[k] = count[k];
     }
     z->h2d_bytes = x->h2d;
@@ -808,6 +878,9 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     z->d2h_skipped_bytes = x->d2h_skipped;
     z->peak_live_bytes = x->peak_live;
     z->optimizer_s = 0;
+    z->staged = x->sg != NULL;
+    z->fill_s = z->drain_s = NAN;
+    if (x->sg && x->timed) MF_CHECK_GOTO(mf_exec_sg_busy(x, &z->fill_s, &z->drain_s), st, done);
   }
   x->weights_current = 1;
   x->step_done = 1;
@@ -836,13 +909,10 @@ mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a) {
   step_io io;
   memset(&io, 0, sizeof io);
   io.n_valid = x->n_valid;
-  double busy[MF_EXEC_STREAMS] = {0, 0, 0};
   int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
-  mf_step_result unused;
-  memset(&unused, 0, sizeof unused);
   const mf_exec_param_hooks hooks = x->hooks;
   memset(&x->hooks, 0, sizeof x->hooks); /* the host optimizer's hand-off is the step's */
-  mf_status st = run_range(x, s->optim_begin, s->n_instr, &io, a, &unused, busy, count);
+  mf_status st = run_range(x, s->optim_begin, s->n_instr, &io, a, count);
   x->hooks = hooks;
   MF_CHECK(st);
   MF_CHECK(sync_all(x));

@@ -17,8 +17,11 @@
  * stream) for the last write of every slot it touches, a write for the reads
  * since, the first use of a slot for the last use of every earlier slot that
  * held its bytes, the upload of an offloaded activation for its copy home.
- * The host waits for a stream only where it reads what the stream made (loss
- * scalars, routing counts, a gradient added at home) and at the end of a step.
+ * Inside a step the host waits for nothing but the host optimizer's hand-off
+ * (below) and, without a staging arena, a gradient it adds at home: loss
+ * scalars and routing counts are copied into host_alloc'd memory without a
+ * wait, the scalars read after the step's final sync, the counts as soon as
+ * an event query says they landed (until then an expert counts as busy).
  * `//tests/exec:streams_test` runs every kind of plan on the cpu backend's
  * deferred streams (work as late as the waits allow, or copies as early) and
  * requires the same bits.
@@ -28,6 +31,7 @@
 
 #include <stdint.h>
 
+#include "experts/staging.h"
 #include "kernels/backend.h"
 #include "planner/schedule.h"
 #include "src/core/core.h"
@@ -90,21 +94,16 @@ void mf_exec_traffic(const mf_exec *x, uint64_t *h2d, uint64_t *d2h);
  * each stream worked (busy) and did not (idle = the step's wall time - busy),
  * the bytes moved each way and the peak of live device bytes.
  *
- * How busy time is measured depends on the backend:
- *   cpu   every stream runs on the calling thread as work is submitted (a copy
- *         is a memcpy, a kernel runs before `run` returns), so an instruction's
- *         busy time is the monotonic clock read around its submission. Two
- *         clock reads per instruction; nothing allocated in the step.
- *   cuda  (not built yet) streams run concurrently with the host and each
- *         other: the host clock around a submission measures only the launch.
- *         TODO(cuda): record an mf_event before and after each instruction on
- *         its stream (events created with timing, two per instruction, made
- *         in create), and after the step's final sync sum the elapsed times
- *         between each pair (cudaEventElapsedTime) into that stream's busy
- *         seconds and the per-instruction array. That needs an elapsed-time
- *         slot in mf_backend (event_elapsed); until a backend has one, the
- *         executor reports NAN busy/idle seconds for it rather than host
- *         submission times (mf_exec_stats.timed == 0). */
+ * Busy time comes from the backend's timed events (kernels/backend.h
+ * event_create_timed, event_elapsed): two per instruction, made at create,
+ * recorded on the instruction's stream after its waits and after its work;
+ * after the step's final sync the elapsed time between each pair is that
+ * instruction's seconds, summed per stream. On the cpu backend an event's
+ * time is the clock when its stream reached it (at once on immediate
+ * streams: the clock around the work); on cuda, cudaEventElapsedTime. A
+ * backend without timed events gets NAN busy/idle seconds
+ * (mf_exec_stats.timed == 0), never host submission times. With a staging
+ * arena the fills and copy-outs are timed the same way, per slab. */
 
 typedef enum mf_exec_stream { MF_EXEC_COMPUTE = 0, MF_EXEC_H2D, MF_EXEC_D2H, MF_EXEC_STREAMS } mf_exec_stream;
 
@@ -123,6 +122,9 @@ typedef struct mf_exec_stats {
   uint64_t h2d_skipped_bytes, d2h_skipped_bytes;
   size_t peak_live_bytes;          /* as mf_exec_peak_live_bytes */
   double optimizer_s;              /* the last mf_exec_optimize's wall time (not in wall_s) */
+  int staged;                      /* 1: the copies went through a staging arena (mf_exec_use_staging) */
+  double fill_s, drain_s;          /* seconds the host spent filling slabs and copying them out (NAN
+                                      unstaged or untimed) */
 } mf_exec_stats;
 
 /* The last step's stream statistics (all zero before the first step). */
@@ -149,7 +151,10 @@ const double *mf_exec_instr_seconds(const mf_exec *x);
  *   grad_home(ctx, i)  after the last copy of parameter i's gradient home in
  *                      the step (the stream synchronized first): `grads` holds
  *                      its final value and the step does not touch it again.
- * Both run on the thread calling mf_exec_step. */
+ * wait runs on the thread calling mf_exec_step. grad_home too without a
+ * staging arena; with one it runs in the copy-out that wrote the gradient
+ * home, which the backend may run on another thread (cuda: a host function):
+ * it must be safe to call from there, and it must not call the backend. */
 typedef struct mf_exec_param_hooks {
   void *ctx;
   mf_status (*wait)(void *ctx, int32_t param);
@@ -219,6 +224,45 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params, int state);
 /* The host copies of those weights and state changed: the next step uploads
  * them again. */
 void mf_exec_invalidate(mf_exec *x);
+
+/* ----------------------------------------- the pinned staging arena
+ *
+ * With a staging layout of this executor's schedule (experts/staging.h,
+ * mf_staging_build over the same schedule; kept by the caller while the
+ * executor lives), every H2D and D2H instruction copies through one block of
+ * the backend's host_alloc memory (pinned on cuda) of the layout's
+ * arena_bytes, allocated here once, instead of straight between host memory
+ * and the arena (on cuda a copy from or to pageable memory cannot overlap).
+ * Two more streams carry the host's side as host functions (kernels/backend.h
+ * host_fn):
+ *   H2D  at a slab's first copy, the fill stream copies each of its tensors'
+ *        host bytes into the slab (all the slab's decisions made then: an
+ *        idle expert or a current persistent copy is left out), after the
+ *        slab's previous occupant — the last earlier H2D slab that shares any
+ *        of its bytes — has finished its DMAs, and after the copy-out that
+ *        wrote any offloaded activation it reads; the slab's DMAs wait for
+ *        the fill. The hooks' wait runs for the slab's parameters before it.
+ *   D2H  a slab's first DMA waits for the copy-out of its previous occupant;
+ *        after its last DMA the drain stream copies each tensor home (adds a
+ *        gradient into the host's sum, writes an idle expert's zeros) and then
+ *        hands each finished gradient to the hooks' grad_home.
+ * The order between slabs is built at create from the layout (a segment tree
+ * over its bytes per direction; the layout never lets an H2D and a D2H slab
+ * share bytes) and the host never waits for it. Same bits as unstaged:
+ * `//tests/exec:staging_exec_test`. */
+typedef struct mf_exec_staging_opts {
+  int threads;    /* host threads for the fills and for the copy-outs, each (0 or 1: the host function's
+                     own thread) */
+  int poison;     /* write NaN over a slab's bytes once its DMAs or its copy-out are done, and over the
+                     whole arena at the start (tests: a missing wait shows as a NaN) */
+  int drop_waits; /* tests only: leave out the waits between slabs that share bytes, to show they matter */
+} mf_exec_staging_opts;
+
+/* Before the first step; `o` may be NULL (defaults). MF_ERR_INVALID_ARG for a
+ * layout of another schedule (or one whose order cannot be followed),
+ * MF_ERR_UNSUPPORTED for a backend without host functions, MF_ERR_OUT_OF_MEMORY
+ * when the host_alloc fails; on an error nothing changes. Once. */
+mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *sg, const mf_exec_staging_opts *o);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,7 @@ struct mf_optim_worker {
   int32_t n;
   size_t *chunk_off;    /* [n + 1] where each gradient's chunk sums start in `sums` */
   double *sums;         /* [chunk_off[n]] */
-  uint8_t *homed;       /* [n] handed over this step (step loop only) */
+  uint8_t *homed;       /* [n] handed over this step (under lock: grad_home may come from another thread) */
   int32_t *pos;         /* [n] index in upd of the parameter's pending update, or -1 (step loop only) */
   mf_optim_update *upd; /* [n] the current update list */
   int32_t n_upd;
@@ -163,12 +163,16 @@ static void push_locked(mf_optim_worker *wk, int32_t job) {
   wk->tail++;
 }
 
+/* May run on a thread other than the step loop's (the executor's copy-out, a
+ * host function on cuda): `homed` is read and set under the lock. */
 void mf_optim_worker_grad_home(mf_optim_worker *wk, int32_t i) {
-  if (i < 0 || i >= wk->n || wk->homed[i]) return;
-  wk->homed[i] = 1;
+  if (i < 0 || i >= wk->n) return;
   pthread_mutex_lock(&wk->lock);
-  push_locked(wk, i);
-  pthread_cond_signal(&wk->work);
+  if (!wk->homed[i]) {
+    wk->homed[i] = 1;
+    push_locked(wk, i);
+    pthread_cond_signal(&wk->work);
+  }
   pthread_mutex_unlock(&wk->lock);
 }
 

@@ -34,9 +34,11 @@
  * point). So the updates start when the whole step's gradients are home, and
  * hide behind the next step's forward instead.
  *
- * Threads: create, grad_home, norm, update, wait_param, wait_all, stats and
- * free are called from one thread (the step loop's; the executor's hooks run
- * on it). The worker's pool is its own: a pool's run does not nest, and the
+ * Threads: create, norm, update, wait_param, wait_all, stats and free are
+ * called from one thread (the step loop's; the executor's wait hook runs on
+ * it). grad_home may also come from another thread during the step — the
+ * executor's copy-out of a staging slab, a host function on cuda — but never
+ * after the step is synced. The worker's pool is its own: a pool's run does not nest, and the
  * step loop's pool runs the compute meanwhile. Nothing is allocated after
  * create.
  */

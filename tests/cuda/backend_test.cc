@@ -248,4 +248,73 @@ TEST(CudaBackendScratch, TooLittleScratchIsAnErrorNotAnAllocation) {
   free_backend(b);
 }
 
+// Host functions run in their stream's order: a host copy into a pinned buffer,
+// then the upload of that buffer and a copy home see the host copy's bytes. The
+// staging arena's fill and copy-out rely on this order (src/exec/exec_staging.c).
+struct HostCopy {
+  const uint8_t *from;
+  uint8_t *to;
+  size_t n;
+  static void Run(void *ctx) {
+    HostCopy *h = (HostCopy *)ctx;
+    memcpy(h->to, h->from, h->n);
+  }
+};
+
+TEST_F(CudaBackend, HostFunctionsRunInStreamOrder) {
+  const size_t n = 8u << 20;
+  void *base = nullptr;
+  ASSERT_EQ(b_->arena_create(b_, n, &base), MF_OK) << mf_last_error();
+  void *a = nullptr, *c = nullptr;
+  ASSERT_EQ(b_->host_alloc(b_, n, &a), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->host_alloc(b_, n, &c), MF_OK) << mf_last_error();
+  std::vector<uint8_t> src(n);
+  std::mt19937 rng(5);
+  for (auto &v : src) v = (uint8_t)rng();
+  memset(a, 0, n);
+  memset(c, 0, n);
+  // fill a (host function), upload a, copy it home into c: c == src.
+  HostCopy fill{src.data(), static_cast<uint8_t *>(a), n};
+  ASSERT_EQ(b_->host_fn(b_, s_, HostCopy::Run, &fill), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->copy(b_, base, a, n, MF_COPY_H2D, s_), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->copy(b_, c, base, n, MF_COPY_D2H, s_), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->stream_sync(b_, s_), MF_OK) << mf_last_error();
+  EXPECT_EQ(memcmp(c, src.data(), n), 0);
+  b_->host_free(b_, a);
+  b_->host_free(b_, c);
+}
+
+TEST_F(CudaBackend, EventQueryAndTimedEvents) {
+  const size_t n = 64u << 20;
+  void *base = nullptr;
+  ASSERT_EQ(b_->arena_create(b_, n, &base), MF_OK) << mf_last_error();
+  mf_event *t0 = nullptr, *t1 = nullptr, *e = nullptr;
+  ASSERT_EQ(b_->event_create_timed(b_, &t0), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->event_create_timed(b_, &t1), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->event_create(b_, &e), MF_OK) << mf_last_error();
+  int done = -1;
+  ASSERT_EQ(b_->event_query(b_, e, &done), MF_OK) << mf_last_error();
+  EXPECT_EQ(done, 1) << "never recorded";
+  ASSERT_EQ(b_->event_record(b_, t0, s_), MF_OK);
+  mf_kernel_call k;
+  memset(&k, 0, sizeof k);
+  k.kind = MF_K_ZERO;
+  k.b[0] = {base, n, 1};
+  for (int r = 0; r < 20; r++) ASSERT_EQ(run(&k), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->event_record(b_, t1, s_), MF_OK);
+  ASSERT_EQ(b_->event_record(b_, e, s_), MF_OK);
+  ASSERT_EQ(b_->stream_sync(b_, s_), MF_OK) << mf_last_error();
+  ASSERT_EQ(b_->event_query(b_, e, &done), MF_OK) << mf_last_error();
+  EXPECT_EQ(done, 1);
+  double sec = 0;
+  ASSERT_EQ(b_->event_elapsed(b_, t0, t1, &sec), MF_OK) << mf_last_error();
+  // 20 x 64 MiB of writes: more than nothing, less than a second on any GPU.
+  EXPECT_GT(sec, 0.0);
+  EXPECT_LT(sec, 1.0);
+  EXPECT_NE(b_->event_elapsed(b_, t0, e, &sec), MF_OK) << "an event without timing";
+  b_->event_free(b_, t0);
+  b_->event_free(b_, t1);
+  b_->event_free(b_, e);
+}
+
 }  // namespace

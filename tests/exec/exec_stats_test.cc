@@ -127,16 +127,16 @@ TEST_F(ExecStats, PerInstructionTimesAddUpToBusy) {
   step();  // and the step still runs without it
 }
 
-// A backend that does not run work as it is submitted gets no host-clock busy
-// times: NaN, not a launch time passed off as a kernel's.
-TEST_F(ExecStats, OtherBackendsAreNotTimedByTheHostClock) {
+// A backend without timed events gets no busy times: NaN, not host submission
+// times passed off as a kernel's.
+TEST_F(ExecStats, BackendsWithoutTimedEventsAreNotTimed) {
   mf_cpu_backend_opts bo = {nullptr, 0, 0, nullptr};
-  mf_backend *fake = nullptr;
-  ASSERT_EQ(mf_backend_cpu_create(&bo, &fake), MF_OK);
-  const char *real_name = fake->name;
-  fake->name = "cuda";  // a backend whose streams run beside the host
+  mf_backend *untimed = nullptr;
+  ASSERT_EQ(mf_backend_cpu_create(&bo, &untimed), MF_OK);
+  untimed->event_create_timed = nullptr;
+  untimed->event_elapsed = nullptr;
   mf_exec *y = nullptr;
-  ASSERT_EQ(mf_exec_create_scheduled(p_, s_, fake, &y), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_exec_create_scheduled(p_, s_, untimed, &y), MF_OK) << mf_last_error();
   ASSERT_EQ(mf_exec_set_instr_timing(y, 1), MF_OK);
   EXPECT_EQ(mf_exec_instr_seconds(y), nullptr);
   const int32_t *ip[2] = {ids_[0].data(), ids_[1].data()}, *tp[2] = {tg_[0].data(), tg_[1].data()};
@@ -150,8 +150,41 @@ TEST_F(ExecStats, OtherBackendsAreNotTimedByTheHostClock) {
   EXPECT_EQ(z.h2d_bytes, s_->h2d_bytes);
   EXPECT_EQ(z.peak_live_bytes, s_->peak_live_bytes);
   mf_exec_free(y);
-  fake->name = real_name;
-  mf_backend_free(fake);
+  mf_backend_free(untimed);
+}
+
+// Streams that run beside the host (here the cpu backend's deferred streams,
+// whose work runs when something needs it, not when it is submitted): busy
+// time is what the events around each instruction saw when the stream reached
+// them, so each instruction's time is its own work, whenever it ran.
+TEST_F(ExecStats, DeferredStreamsAreTimedByTheirEvents) {
+  for (mf_cpu_streams mode : {MF_CPU_STREAMS_LAZY, MF_CPU_STREAMS_COPIES_FIRST}) {
+    mf_cpu_backend_opts bo = {nullptr, 0, 0, nullptr, mode};
+    mf_backend *b = nullptr;
+    ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
+    mf_exec *y = nullptr;
+    ASSERT_EQ(mf_exec_create_scheduled(p_, s_, b, &y), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_exec_set_instr_timing(y, 1), MF_OK);
+    const int32_t *ip[2] = {ids_[0].data(), ids_[1].data()}, *tp[2] = {tg_[0].data(), tg_[1].data()};
+    mf_step_result r;
+    ASSERT_EQ(mf_exec_step(y, w_.data(), ip, tp, g_.data(), &r), MF_OK) << mf_last_error();
+    mf_exec_stats z;
+    mf_exec_stats_get(y, &z);
+    EXPECT_EQ(z.timed, 1);
+    const double *is = mf_exec_instr_seconds(y);
+    ASSERT_NE(is, nullptr);
+    double sum = 0;
+    for (int32_t i = 0; i < s_->n_instr; i++) EXPECT_GE(is[i], 0.0) << "instruction " << i;
+    for (int k = 0; k < MF_EXEC_STREAMS; k++) {
+      EXPECT_GT(z.busy_s[k], 0.0) << "stream " << k;
+      sum += z.busy_s[k];
+    }
+    // All of it ran on this thread, within the step.
+    EXPECT_LE(sum, z.wall_s);
+    EXPECT_TRUE(std::isnan(z.fill_s)) << "no staging arena";
+    mf_exec_free(y);
+    mf_backend_free(b);
+  }
 }
 
 }  // namespace

@@ -99,6 +99,101 @@ TEST(DeferredStreams, CopiesFirstOverwriteUnawaitedReaders) {
   }
 }
 
+// Host functions (the staging arena's fills and copy-outs) run in their
+// stream's order: at once on immediate streams; lazy runs one as soon as its
+// waits allow, so a host copy over memory a queued upload still reads shows
+// without the wait.
+struct Probe {
+  const float *from;
+  float got = -1;
+  static void Read(void *ctx) {
+    Probe *p = (Probe *)ctx;
+    p->got = *p->from;
+  }
+};
+
+TEST(DeferredStreams, LazyRunsHostFunctionsEarly) {
+  for (bool wait : {false, true}) {
+    Backend k(MF_CPU_STREAMS_LAZY);
+    const float one = 1.0f, two = 2.0f;
+    ASSERT_EQ(k.b->copy(k.b, k.arena, &one, sizeof one, MF_COPY_H2D, k.s1), MF_OK);
+    ASSERT_EQ(k.b->stream_sync(k.b, k.s1), MF_OK);
+    ASSERT_EQ(k.b->copy(k.b, k.arena, &two, sizeof two, MF_COPY_H2D, k.s1), MF_OK);  // queued
+    ASSERT_EQ(k.b->event_record(k.b, k.e, k.s1), MF_OK);
+    if (wait) {
+      ASSERT_EQ(k.b->stream_wait(k.b, k.s2, k.e), MF_OK);
+    }
+    Probe p{k.arena};
+    ASSERT_EQ(k.b->host_fn(k.b, k.s2, Probe::Read, &p), MF_OK);
+    EXPECT_EQ(p.got, wait ? 2.0f : 1.0f) << "ran when given, after what it waits for";
+    ASSERT_EQ(k.b->stream_sync(k.b, k.s1), MF_OK);
+  }
+}
+
+// Copies first: a host function runs as late as possible, so a copy over the
+// memory it reads (here a copy home into the host buffer it reads) runs before
+// it without the wait.
+TEST(DeferredStreams, CopiesFirstRunHostFunctionsLate) {
+  for (bool wait : {false, true}) {
+    Backend k(MF_CPU_STREAMS_COPIES_FIRST);
+    float host = 3.0f;
+    k.arena[0] = 7.0f;
+    Probe p{&host};
+    ASSERT_EQ(k.b->host_fn(k.b, k.s2, Probe::Read, &p), MF_OK);
+    EXPECT_EQ(p.got, -1.0f) << "not run yet";
+    ASSERT_EQ(k.b->event_record(k.b, k.e, k.s2), MF_OK);
+    if (wait) {
+      ASSERT_EQ(k.b->stream_wait(k.b, k.s1, k.e), MF_OK);
+    }
+    ASSERT_EQ(k.b->copy(k.b, &host, k.arena, sizeof host, MF_COPY_D2H, k.s1), MF_OK);  // runs now
+    ASSERT_EQ(k.b->stream_sync(k.b, k.s2), MF_OK);
+    EXPECT_EQ(p.got, wait ? 3.0f : 7.0f);
+  }
+}
+
+TEST(DeferredStreams, HostFunctionsRunAtOnceOnImmediateStreams) {
+  Backend k(MF_CPU_STREAMS_IMMEDIATE);
+  k.arena[0] = 5.0f;
+  Probe p{k.arena};
+  ASSERT_EQ(k.b->host_fn(k.b, k.s1, Probe::Read, &p), MF_OK);
+  EXPECT_EQ(p.got, 5.0f);
+  EXPECT_EQ(k.b->host_fn(k.b, k.s1, nullptr, &p), MF_ERR_INVALID_ARG);
+}
+
+// event_query says whether the work before a record has run, without running
+// it; timed events give the seconds between two records once both are reached.
+TEST(DeferredStreams, EventQueryAndElapsedTime) {
+  for (mf_cpu_streams mode : {MF_CPU_STREAMS_IMMEDIATE, MF_CPU_STREAMS_LAZY}) {
+    Backend k(mode);
+    mf_event *t0 = nullptr, *t1 = nullptr;
+    ASSERT_EQ(k.b->event_create_timed(k.b, &t0), MF_OK);
+    ASSERT_EQ(k.b->event_create_timed(k.b, &t1), MF_OK);
+    int done = -1;
+    ASSERT_EQ(k.b->event_query(k.b, k.e, &done), MF_OK);
+    EXPECT_EQ(done, 1) << "never recorded";
+    ASSERT_EQ(k.b->event_record(k.b, t0, k.s1), MF_OK);
+    const mf_kernel_call c = k.add(k.arena, k.arena + 32, 32);
+    for (int r = 0; r < 2000; r++) ASSERT_EQ(k.b->run(k.b, &c, k.s1), MF_OK);
+    ASSERT_EQ(k.b->event_record(k.b, t1, k.s1), MF_OK);
+    ASSERT_EQ(k.b->event_record(k.b, k.e, k.s1), MF_OK);
+    ASSERT_EQ(k.b->event_query(k.b, k.e, &done), MF_OK);
+    EXPECT_EQ(done, mode == MF_CPU_STREAMS_IMMEDIATE ? 1 : 0);
+    double sec = -1;
+    if (mode == MF_CPU_STREAMS_LAZY) {
+      EXPECT_EQ(k.b->event_elapsed(k.b, t0, t1, &sec), MF_ERR_INVALID_ARG) << "not reached yet";
+    }
+    ASSERT_EQ(k.b->stream_sync(k.b, k.s1), MF_OK);
+    ASSERT_EQ(k.b->event_query(k.b, k.e, &done), MF_OK);
+    EXPECT_EQ(done, 1);
+    ASSERT_EQ(k.b->event_elapsed(k.b, t0, t1, &sec), MF_OK);
+    EXPECT_GT(sec, 0.0);
+    EXPECT_LT(sec, 10.0);
+    EXPECT_EQ(k.b->event_elapsed(k.b, t0, k.e, &sec), MF_ERR_INVALID_ARG) << "an event without timing";
+    k.b->event_free(k.b, t0);
+    k.b->event_free(k.b, t1);
+  }
+}
+
 TEST(DeferredStreams, UnknownModeIsRefused) {
   mf_cpu_backend_opts o = {nullptr, 0, 0, nullptr, (mf_cpu_streams)7};
   mf_backend *b = nullptr;

@@ -44,7 +44,8 @@ size_t AlignUp(size_t x, size_t a) {
 }
 
 // Decisions: 0 everything resident/kept; 1 everything streamed, activations
-// offloaded; 2 random (seeded).
+// offloaded; 2 random (seeded); 3 random, every third parameter's optimizer on
+// the device (its slabs in the schedule's optimizer part).
 mf_decisions *MakeDecisions(const mf_program *p, int kind, unsigned seed) {
   mf_decisions *d = nullptr;
   EXPECT_EQ(mf_decisions_create(p, &d), MF_OK);
@@ -58,11 +59,16 @@ mf_decisions *MakeDecisions(const mf_program *p, int kind, unsigned seed) {
     d->grad[i] = (uint8_t)(kind == 1   ? (int)MF_GRAD_STREAM
                            : kind == 2 ? (int)(rng() % 2)
                                        : (int)MF_GRAD_DEVICE);
+    if (kind == 3) {
+      d->param[i] = (uint8_t)(rng() % 2), d->grad[i] = (uint8_t)(rng() % 2);
+      if (i % 3 == 0)
+        d->param[i] = MF_PARAM_RESIDENT, d->grad[i] = MF_GRAD_DEVICE, d->optim[i] = MF_OPTIM_DEVICE;
+    }
   }
   for (int32_t t = 0; t < p->n_tensors; t++) {
     if (!opt[t]) continue;
     if (kind == 1) d->act[t] = MF_ACT_OFFLOAD;
-    if (kind == 2) d->act[t] = (uint8_t)(rng() % (opt[t] == 3 ? 3 : 2));
+    if (kind >= 2) d->act[t] = (uint8_t)(rng() % (opt[t] == 3 ? 3 : 2));
   }
   return d;
 }
@@ -250,8 +256,13 @@ TEST_P(Staging, LayoutHoldsItsInvariants) {
       EXPECT_EQ(x.busy_start, x.dma_start);
       EXPECT_GE(x.busy_end, x.dma_end + host_s * (1 - 1e-12));
     }
-    // Runs are cut only at a group change or at the cap.
-    if (k + 1 < st->n_slabs && st->slabs[k + 1].dir == x.dir && st->slabs[k + 1].group == x.group) {
+    // Runs are cut only at a group change, at the cap or where the optimizer part begins.
+    const int32_t last_instr = st->copies[x.first_copy + x.n_copies - 1].instr;
+    for (int32_t j = x.first_copy; j < x.first_copy + x.n_copies; j++)
+      EXPECT_EQ(st->copies[j].instr < s->optim_begin, st->copies[x.first_copy].instr < s->optim_begin)
+          << "slab " << k << " spans the start of the optimizer part";
+    if (k + 1 < st->n_slabs && st->slabs[k + 1].dir == x.dir && st->slabs[k + 1].group == x.group &&
+        (st->copies[st->slabs[k + 1].first_copy].instr < s->optim_begin) == (last_instr < s->optim_begin)) {
       const size_t next = AlignUp(st->copies[st->slabs[k + 1].first_copy].bytes, A);
       EXPECT_GT(x.bytes + next, st->opts.max_slab_bytes) << "slab " << k << " was cut early";
     }
@@ -288,6 +299,15 @@ TEST_P(Staging, LayoutHoldsItsInvariants) {
   EXPECT_LE(st->arena_bytes, sum);
   for (int32_t a = 0; a < st->n_slabs; a++)
     EXPECT_LE(st->slabs[a].offset + st->slabs[a].bytes, st->arena_bytes);
+  // The directions never share bytes: H2D slabs in the first region, D2H after it.
+  EXPECT_LE(st->h2d_region_bytes, st->arena_bytes);
+  for (int32_t a = 0; a < st->n_slabs; a++) {
+    const mf_staging_slab &x = st->slabs[a];
+    if (x.dir == MF_I_H2D)
+      EXPECT_LE(x.offset + x.bytes, st->h2d_region_bytes) << "H2D slab " << a;
+    else
+      EXPECT_GE(x.offset, st->h2d_region_bytes) << "D2H slab " << a;
+  }
 
   // The pool equals an independent recount on the same timeline.
   size_t big = 0;
@@ -311,7 +331,8 @@ INSTANTIATE_TEST_SUITE_P(Schedules, Staging,
                                            Case{0, 2, 1, 1, 0}, Case{0, 0, 1, 2, 0}, Case{2, 1, 1, 2, 512},
                                            Case{1, 1, 1, 2, SIZE_MAX}, Case{0, 2, 1, 2, 1},
                                            Case{2, 1, 1, 3, 512, 0.5}, Case{1, 1, 1, 2, 256, 0.5},
-                                           Case{2, 2, 1, 2, 256, 0.4}, Case{0, 1, 1, 3, 256, 0.6}));
+                                           Case{2, 2, 1, 2, 256, 0.4}, Case{0, 1, 1, 3, 256, 0.6},
+                                           Case{0, 3, 1, 2, 0}, Case{2, 3, 1, 2, 512}));
 
 struct Planned {
   Prog g;

@@ -1,0 +1,139 @@
+/*
+ * The executor's state and the helpers its two files share: exec.c (create,
+ * the cross-stream order, the step) and exec_staging.c (copies through the
+ * pinned staging arena). Private to src/exec.
+ */
+#ifndef MF_EXEC_EXEC_INTERNAL_H
+#define MF_EXEC_EXEC_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/exec/exec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct exec_staging exec_staging; /* exec_staging.c */
+
+/* A small result the host reads once the step is done (no sync inside it). */
+enum { READ_AUX = 0, READ_CE = 1 };
+
+struct mf_exec {
+  const mf_program *p;
+  const mf_schedule *s;
+  mf_schedule *owned; /* the default schedule, when we built it */
+  mf_decisions *owned_dec;
+  mf_backend *b;
+  mf_stream *st[MF_EXEC_STREAMS]; /* compute, h2d, d2h (exec.h "timing") */
+  /* Cross-stream order (deps_build): instruction i waits, on its stream, for
+   * instruction wait_on[3 i + k] of stream k (-1: none); ev[i] is recorded
+   * after instruction i when some instruction waits for it (else NULL). */
+  int32_t *wait_on;
+  mf_event **ev;
+  /* Busy time (backends with timed events): t0[i] and t1[i] are recorded on
+   * instruction i's stream around its work. NULL: not timed. */
+  mf_event **t0, **t1;
+  uint8_t *arena;
+  uint8_t *host_act;  /* host copies of offloaded activations */
+  float *grad_scratch;
+  void **expert_ptrs;
+  int32_t *starts;    /* slots ordered by first instruction */
+  int32_t *ends;      /* slots ordered by last instruction */
+  size_t peak_live;
+  uint64_t h2d, d2h;
+  float *capture;
+  int64_t *expert_tokens; /* [L * E] */
+  int64_t *n_valid;       /* [G] counted target tokens of each micro-batch, this step */
+  /* Routing-aware transfers: the micro-batches whose expert ops use each slot
+   * (an expert weight's or gradient's; -1 for others). Each micro-batch's
+   * tokens per expert of each layer are copied home (host_alloc'd route_host)
+   * after its dispatch, without a wait; route_ev[m L + l] is recorded after
+   * that copy and route_state says where it stands this step (0: not copied,
+   * 1: copied, maybe not landed, 2: landed: the host may read it). */
+  int32_t *slot_mlo, *slot_mhi; /* [n_slots] */
+  int64_t *route_host;          /* [G * L * E] */
+  mf_event **route_ev;          /* [G * L] */
+  uint8_t *route_state;         /* [G * L] */
+  uint64_t h2d_skipped, d2h_skipped;
+  /* Loss scalars copied home (host_alloc'd, 2 doubles each) in submission
+   * order, read after the step's last sync. */
+  double *scalars;
+  uint8_t *read_kind; /* [max_reads] READ_AUX or READ_CE */
+  int32_t *read_micro;
+  int32_t n_reads, max_reads;
+  int32_t *pos;           /* [B*S] token positions (set at create) */
+  int timed;              /* busy time from the backend's timed events */
+  mf_exec_stats stats;    /* the last step's */
+  double *instr_s;        /* [n_instr] per-instruction seconds, when turned on */
+  mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
+  int32_t *grad_final;    /* [n_instr] the parameter whose gradient is complete after it, or -1 */
+  int32_t *upload_order;  /* [n_params] */
+  /* The optimizer on the device. */
+  double *norm_host;      /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
+  void *m_host, *v_host;  /* the host moments (mf_exec_set_optim_state) */
+  int weights_current, state_current; /* the persistent slots hold the truth */
+  int step_done;          /* mf_exec_step ran [0, optim_begin) and mf_exec_optimize may follow */
+  /* Progress through the instructions, kept between the step and its optimizer part. */
+  int32_t ns, ne;
+  size_t live;
+  exec_staging *sg; /* NULL: copies straight between host memory and the arena */
+};
+
+/* The host side of one step. */
+typedef struct step_io {
+  const float *params;
+  const int32_t *const *ids;
+  const int32_t *const *targets;
+  const int32_t *positions;
+  float *grads;
+  const int64_t *n_valid;
+} step_io;
+
+static inline uint8_t *mf_exec_slot_ptr(const mf_exec *x, int32_t slot) {
+  return x->arena + x->s->slots[slot].offset;
+}
+static inline size_t mf_exec_slot_bytes(const mf_exec *x, int32_t slot) {
+  return x->p->tensors[x->s->slots[slot].tensor].bytes;
+}
+
+/* What an H2D of `slot` reads this step: *src NULL when it copies nothing (a
+ * persistent copy that is current, an idle expert), else `bytes` from *src —
+ * or, for AdamW state, half of them from *src (m) and half from *src2 (v).
+ * Counts the traffic. */
+mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src, const void **src2);
+
+/* Where a D2H instruction's bytes go this step (*dst) and how. Counts the traffic. */
+typedef enum d2h_mode { D2H_NONE = 0, D2H_COPY, D2H_ADD, D2H_ZERO } d2h_mode;
+mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, void **dst, d2h_mode *mode);
+
+/* The wait hook for an instruction that touches a parameter's host copies. */
+mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in);
+
+/* Frees the non-NULL events of ev[n], then ev. */
+void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n);
+
+/* Elementary intervals of n ranges [off[i], off[i] + len[i]): lo[i], hi[i]
+ * index the sorted distinct boundaries (*n_leaves of them) that each range
+ * covers, for a segment tree over them (planner/segtree.h). */
+mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
+                         int32_t *n_leaves);
+
+/* exec_staging.c: the staged copies of instruction i (an H2D or a D2H), in
+ * three parts around the instruction's own waits and timing events — before
+ * (the slab's fill, the waits between slabs), the copy itself, after (the
+ * slab's release: an event, the copy-out). */
+mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io);
+mf_status mf_exec_sg_copy(mf_exec *x, int32_t i);
+mf_status mf_exec_sg_after(mf_exec *x, int32_t i);
+mf_status mf_exec_sg_sync(mf_exec *x);
+/* The last step's host seconds filling and draining slabs. */
+mf_status mf_exec_sg_busy(mf_exec *x, double *fill_s, double *drain_s);
+void mf_exec_sg_free(mf_exec *x);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_EXEC_EXEC_INTERNAL_H */

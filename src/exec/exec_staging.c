@@ -1,0 +1,492 @@
+/* Copies through the pinned staging arena (exec.h, "the pinned staging arena").
+ *
+ * Per slab k of the layout (experts/staging.h), in the order the executor
+ * submits its instructions:
+ *
+ *   H2D slab (first copy at instruction f, last at l)
+ *     at f, fill stream:  wait ev_free[wait_slab[k]]   the previous occupant's DMAs
+ *                         wait ev_free[wait_host[k]]   the copy-out of offloaded activations it reads
+ *                         [tf0] host: fill k [tf1], record ev_fill[k]
+ *     at f, h2d stream:   wait ev_fill[k]; then each copy's DMA at its instruction
+ *     at l, h2d stream:   (poison k), record ev_free[k]
+ *   D2H slab
+ *     at f, d2h stream:   wait ev_free[wait_slab[k]]   the previous occupant's copy-out
+ *     each copy's DMA at its instruction
+ *     at l, d2h stream:   record ev_dma[k]
+ *           drain stream: wait ev_dma[k]; [tf0] host: copy-out k [tf1]; record ev_free[k]
+ *
+ * Every wait names an event recorded earlier in submission order (checked
+ * when the layout is taken), so no stream waits for work not yet submitted.
+ * A slab with nothing to fill or copy out this step (idle experts, current
+ * persistent copies) skips its host function but still records ev_free, so
+ * a later slab that waits for it also waits, through it, for what it waited
+ * for. Nothing is allocated after mf_exec_use_staging.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/segtree.h"
+#include "src/exec/exec_internal.h"
+
+enum { C_SKIP = 0, C_COPY, C_MOMENTS, C_ADD, C_ZERO };
+
+typedef struct sg_copy_rt {
+  void *host;        /* H2D: the source; D2H: the destination */
+  const void *host2; /* C_MOMENTS: v (host is m) */
+  uint8_t mode;
+  int32_t home; /* D2H: the parameter whose gradient is final once this copy is out (grad_home), or -1 */
+} sg_copy_rt;
+
+typedef struct sg_slab_ctx {
+  exec_staging *g;
+  int32_t slab;
+} sg_slab_ctx;
+
+struct exec_staging {
+  mf_exec *x;
+  const mf_staging *L;
+  mf_exec_staging_opts o;
+  uint8_t *mem;
+  mf_stream *fill, *drain;
+  mf_event **ev_fill, **ev_free, **ev_dma; /* [n_slabs] */
+  mf_event **tf0, **tf1;                   /* [n_slabs] timed, around a fill or a copy-out (when timed) */
+  int32_t *wait_slab;                      /* [n_slabs] the previous occupant of any of its bytes, or -1 */
+  int32_t *wait_host;                      /* [n_slabs] H2D: the D2H slab whose copy-out it reads, or -1 */
+  uint8_t *work;                           /* [n_slabs] its host function ran in its part of the step */
+  sg_copy_rt *rt;                          /* [n_copies] this step's decisions */
+  sg_slab_ctx *ctx;                        /* [n_slabs] */
+  mf_threadpool *pool[2];                  /* fills, copy-outs (threads > 1) */
+};
+
+/* ------------------------------------------------------- host copies */
+
+static void poison(uint8_t *p, size_t bytes) {
+  const uint32_t nan_bits = 0x7fc00000u;
+  size_t i = 0;
+  for (; i + 4 <= bytes; i += 4) memcpy(p + i, &nan_bits, 4);
+  memset(p + i, 0xff, bytes - i);
+}
+
+/* The part [lo, hi) of slab k's host copies, counted in bytes along its
+ * copies one after the other (a moments copy is m's bytes then v's). Every
+ * copy's bytes are a multiple of 4, and so are lo and hi: an ADD stays on
+ * whole floats. */
+static void host_copies(exec_staging *g, int32_t k, size_t lo, size_t hi) {
+  const mf_staging *L = g->L;
+  const mf_staging_slab *sl = &L->slabs[k];
+  const int h2d = sl->dir == MF_I_H2D;
+  size_t at = 0; /* where the current copy starts in that count */
+  for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies && at < hi; c++) {
+    const mf_staging_copy *cp = &L->copies[c];
+    const sg_copy_rt *r = &g->rt[c];
+    const size_t n = cp->bytes, a = lo > at ? lo - at : 0, e = hi - at < n ? hi - at : n;
+    at += n;
+    if (a >= e || r->mode == C_SKIP) continue;
+    uint8_t *slab = g->mem + cp->offset;
+    uint8_t *host = (uint8_t *)r->host;
+    switch (r->mode) {
+      case C_COPY:
+        if (h2d)
+          memcpy(slab + a, host + a, e - a);
+        else
+          memcpy(host + a, slab + a, e - a);
+        break;
+      case C_MOMENTS: { /* m fills the first half of the slot, v the second */
+        const size_t half = n / 2;
+        if (a < half) memcpy(slab + a, host + a, (e < half ? e : half) - a);
+        if (e > half) {
+          const size_t b = a > half ? a : half;
+          memcpy(slab + b, (const uint8_t *)r->host2 + (b - half), e - b);
+        }
+        break;
+      }
+      case C_ADD: { /* a gradient added into the host's sum, float by float */
+        float *dst = (float *)(host + a);
+        const float *src = (const float *)(slab + a);
+        for (size_t i = 0; i < (e - a) / sizeof(float); i++) dst[i] += src[i];
+        break;
+      }
+      case C_ZERO:
+        memset(host + a, 0, e - a);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+static size_t slab_copy_bytes(const exec_staging *g, int32_t k) {
+  const mf_staging_slab *sl = &g->L->slabs[k];
+  size_t n = 0;
+  for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++) n += g->L->copies[c].bytes;
+  return n;
+}
+
+static void host_copies_task(void *ctx, int i, int n) {
+  const sg_slab_ctx *c = (const sg_slab_ctx *)ctx;
+  size_t lo = 0, hi = 0;
+  mf_partition(slab_copy_bytes(c->g, c->slab), 256, i, n, &lo, &hi);
+  host_copies(c->g, c->slab, lo, hi);
+}
+
+static void run_host_copies(exec_staging *g, int32_t k, mf_threadpool *pool) {
+  if (pool)
+    mf_threadpool_run(pool, host_copies_task, &g->ctx[k]);
+  else
+    host_copies(g, k, 0, SIZE_MAX);
+}
+
+/* The fill stream's host function: slab k from host memory. */
+static void fill_fn(void *ctx) {
+  const sg_slab_ctx *c = (const sg_slab_ctx *)ctx;
+  run_host_copies(c->g, c->slab, c->g->pool[0]);
+}
+
+/* The h2d stream's, after a slab's last DMA (poison mode). */
+static void poison_fn(void *ctx) {
+  const sg_slab_ctx *c = (const sg_slab_ctx *)ctx;
+  const mf_staging_slab *sl = &c->g->L->slabs[c->slab];
+  poison(c->g->mem + sl->offset, sl->bytes);
+}
+
+/* The drain stream's: slab k home, then the finished gradients handed over. */
+static void drain_fn(void *ctx) {
+  const sg_slab_ctx *c = (const sg_slab_ctx *)ctx;
+  exec_staging *g = c->g;
+  const mf_staging_slab *sl = &g->L->slabs[c->slab];
+  run_host_copies(g, c->slab, g->pool[1]);
+  const mf_exec_param_hooks *h = &g->x->hooks;
+  for (int32_t k = sl->first_copy; k < sl->first_copy + sl->n_copies; k++)
+    if (g->rt[k].home >= 0 && h->grad_home) h->grad_home(h->ctx, g->rt[k].home);
+  if (g->o.poison) poison(g->mem + sl->offset, sl->bytes);
+}
+
+/* ------------------------------------------------------------- the step */
+
+static int first_of(const exec_staging *g, int32_t c) {
+  return c == g->L->slabs[g->L->copies[c].slab].first_copy;
+}
+static int last_of(const exec_staging *g, int32_t c) {
+  const mf_staging_slab *sl = &g->L->slabs[g->L->copies[c].slab];
+  return c == sl->first_copy + sl->n_copies - 1;
+}
+
+static mf_status wait_for(mf_exec *x, mf_stream *s, int32_t slab) {
+  exec_staging *g = x->sg;
+  if (slab < 0) return MF_OK;
+  return x->b->stream_wait(x->b, s, g->ev_free[slab]);
+}
+
+/* Slab k's fill: every copy decided now, the gate passed for its weights, then
+ * the host function once what it overwrites and what it reads are ready. */
+static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
+  exec_staging *g = x->sg;
+  const mf_staging_slab *sl = &g->L->slabs[k];
+  mf_backend *b = x->b;
+  int work = 0;
+  for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++) {
+    const mf_instr *in = &x->s->instr[g->L->copies[c].instr];
+    if (x->hooks.wait) MF_CHECK(mf_exec_param_gate(x, in));
+    const void *src = NULL, *src2 = NULL;
+    MF_CHECK(mf_exec_h2d_source(x, in->slot, io, &src, &src2));
+    sg_copy_rt *r = &g->rt[c];
+    r->host = (void *)src;
+    r->host2 = src2;
+    r->mode = !src ? C_SKIP : src2 ? C_MOMENTS : C_COPY;
+    work |= r->mode != C_SKIP;
+  }
+  g->work[k] = (uint8_t)work;
+  if (!work) return MF_OK;
+  if (!g->o.drop_waits) MF_CHECK(wait_for(x, g->fill, g->wait_slab[k]));
+  MF_CHECK(wait_for(x, g->fill, g->wait_host[k]));
+  if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->fill));
+  MF_CHECK(b->host_fn(b, g->fill, fill_fn, &g->ctx[k]));
+  if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->fill));
+  return b->event_record(b, g->ev_fill[k], g->fill);
+}
+
+mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io) {
+  exec_staging *g = x->sg;
+  const int32_t c = g->L->copy_of_instr[i];
+  const int32_t k = g->L->copies[c].slab;
+  const mf_instr *in = &x->s->instr[i];
+  if (in->kind == MF_I_H2D) {
+    if (!first_of(g, c)) return MF_OK;
+    MF_CHECK(fill_begin(x, k, io));
+    return g->work[k] ? x->b->stream_wait(x->b, x->st[MF_EXEC_H2D], g->ev_fill[k]) : MF_OK;
+  }
+  void *dst = NULL;
+  d2h_mode mode = D2H_NONE;
+  MF_CHECK(mf_exec_d2h_target(x, in, io, &dst, &mode));
+  sg_copy_rt *r = &g->rt[c];
+  r->host = dst;
+  r->host2 = NULL;
+  r->mode = mode == D2H_COPY ? C_COPY : mode == D2H_ADD ? C_ADD : mode == D2H_ZERO ? C_ZERO : C_SKIP;
+  r->home = x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads ? x->grad_final[i] : -1;
+  if (first_of(g, c) && !g->o.drop_waits) MF_CHECK(wait_for(x, x->st[MF_EXEC_D2H], g->wait_slab[k]));
+  return MF_OK;
+}
+
+mf_status mf_exec_sg_copy(mf_exec *x, int32_t i) {
+  exec_staging *g = x->sg;
+  const int32_t c = g->L->copy_of_instr[i];
+  const mf_staging_copy *cp = &g->L->copies[c];
+  const uint8_t mode = g->rt[c].mode;
+  uint8_t *dev = mf_exec_slot_ptr(x, x->s->instr[i].slot);
+  if (x->s->instr[i].kind == MF_I_H2D)
+    return mode == C_SKIP ? MF_OK
+                          : x->b->copy(x->b, dev, g->mem + cp->offset, cp->bytes, MF_COPY_H2D, x->st[MF_EXEC_H2D]);
+  if (mode != C_COPY && mode != C_ADD) return MF_OK; /* nothing to bring home: zeros, or no destination */
+  return x->b->copy(x->b, g->mem + cp->offset, dev, cp->bytes, MF_COPY_D2H, x->st[MF_EXEC_D2H]);
+}
+
+mf_status mf_exec_sg_after(mf_exec *x, int32_t i) {
+  exec_staging *g = x->sg;
+  const int32_t c = g->L->copy_of_instr[i];
+  if (!last_of(g, c)) return MF_OK;
+  const int32_t k = g->L->copies[c].slab;
+  const mf_staging_slab *sl = &g->L->slabs[k];
+  mf_backend *b = x->b;
+  if (x->s->instr[i].kind == MF_I_H2D) {
+    mf_stream *h = x->st[MF_EXEC_H2D];
+    if (g->o.poison && g->work[k]) MF_CHECK(b->host_fn(b, h, poison_fn, &g->ctx[k]));
+    return b->event_record(b, g->ev_free[k], h);
+  }
+  int work = g->o.poison;
+  for (int32_t j = sl->first_copy; j < sl->first_copy + sl->n_copies; j++)
+    work |= g->rt[j].mode != C_SKIP || g->rt[j].home >= 0;
+  g->work[k] = (uint8_t)work;
+  MF_CHECK(b->event_record(b, g->ev_dma[k], x->st[MF_EXEC_D2H]));
+  MF_CHECK(b->stream_wait(b, g->drain, g->ev_dma[k]));
+  if (work) {
+    if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->drain));
+    MF_CHECK(b->host_fn(b, g->drain, drain_fn, &g->ctx[k]));
+    if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->drain));
+  }
+  return b->event_record(b, g->ev_free[k], g->drain);
+}
+
+mf_status mf_exec_sg_sync(mf_exec *x) {
+  MF_CHECK(x->b->stream_sync(x->b, x->sg->fill));
+  return x->b->stream_sync(x->b, x->sg->drain);
+}
+
+mf_status mf_exec_sg_busy(mf_exec *x, double *fill_s, double *drain_s) {
+  exec_staging *g = x->sg;
+  *fill_s = *drain_s = 0;
+  if (!g->tf0) return MF_OK;
+  for (int32_t k = 0; k < g->L->n_slabs; k++) {
+    const mf_staging_slab *sl = &g->L->slabs[k];
+    if (!g->work[k] || g->L->copies[sl->first_copy].instr >= x->s->optim_begin) continue;
+    double dt = 0;
+    MF_CHECK(x->b->event_elapsed(x->b, g->tf0[k], g->tf1[k], &dt));
+    *(sl->dir == MF_I_H2D ? fill_s : drain_s) += dt;
+  }
+  return MF_OK;
+}
+
+/* ------------------------------------------------------- taking a layout */
+
+static void staging_free(mf_backend *b, exec_staging *g) {
+  if (!g) return;
+  const size_t n = (size_t)g->L->n_slabs;
+  if (g->fill) b->stream_free(b, g->fill);
+  if (g->drain) b->stream_free(b, g->drain);
+  mf_exec_free_events(b, g->ev_fill, n);
+  mf_exec_free_events(b, g->ev_free, n);
+  mf_exec_free_events(b, g->ev_dma, n);
+  mf_exec_free_events(b, g->tf0, n);
+  mf_exec_free_events(b, g->tf1, n);
+  if (g->mem) b->host_free(b, g->mem);
+  for (int k = 0; k < 2; k++) mf_threadpool_free(g->pool[k]);
+  free(g->wait_slab);
+  free(g->wait_host);
+  free(g->work);
+  free(g->rt);
+  free(g->ctx);
+  free(g);
+}
+
+void mf_exec_sg_free(mf_exec *x) {
+  staging_free(x->b, x->sg);
+  x->sg = NULL;
+}
+
+/* The layout must be this schedule's: a copy for every H2D and D2H
+ * instruction, each slab a run of them on one stream in order, inside the
+ * arena, within one part of the schedule. */
+static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
+  const mf_schedule *s = x->s;
+  if (L->n_instr != s->n_instr || !L->copy_of_instr || (L->n_copies > 0 && (!L->copies || !L->slabs)))
+    return MF_ERR(MF_ERR_INVALID_ARG, "executor: the staging layout is of a schedule of %d instructions, not %d",
+                  L->n_instr, s->n_instr);
+  int32_t n_copy = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    const int copies = in->kind == MF_I_H2D || in->kind == MF_I_D2H;
+    const int32_t c = L->copy_of_instr[i];
+    if (!copies) {
+      if (c != -1) return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d copies nothing", i);
+      continue;
+    }
+    n_copy++;
+    if (c < 0 || c >= L->n_copies || L->copies[c].instr != i || L->copies[c].tensor != s->slots[in->slot].tensor ||
+        L->copies[c].bytes != mf_exec_slot_bytes(x, in->slot))
+      return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d has no copy of its tensor", i);
+  }
+  if (n_copy != L->n_copies)
+    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: %d copies for %d copy instructions", L->n_copies,
+                  n_copy);
+  int32_t next = 0, prev_instr[2] = {-1, -1};
+  for (int32_t k = 0; k < L->n_slabs; k++) {
+    const mf_staging_slab *sl = &L->slabs[k];
+    const int dir = sl->dir == MF_I_D2H;
+    if ((sl->dir != MF_I_H2D && sl->dir != MF_I_D2H) || (k < L->n_h2d_slabs) != (sl->dir == MF_I_H2D) ||
+        sl->first_copy != next || sl->n_copies <= 0 || sl->offset > L->arena_bytes ||
+        sl->bytes > L->arena_bytes - sl->offset ||
+        (dir ? sl->offset < L->h2d_region_bytes : sl->offset + sl->bytes > L->h2d_region_bytes))
+      return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: slab %d is malformed", k);
+    next += sl->n_copies;
+    if (next > L->n_copies) return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: slab %d overruns", k);
+    const int part = L->copies[sl->first_copy].instr >= s->optim_begin;
+    for (int32_t c = sl->first_copy; c < next; c++) {
+      const mf_staging_copy *cp = &L->copies[c];
+      if (cp->slab != k || s->instr[cp->instr].kind != sl->dir || cp->instr <= prev_instr[dir] ||
+          (cp->instr >= s->optim_begin) != part || cp->offset < sl->offset || cp->bytes > sl->bytes ||
+          cp->offset - sl->offset > sl->bytes - cp->bytes)
+        return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: copy %d of slab %d is out of place", c, k);
+      prev_instr[dir] = cp->instr;
+    }
+  }
+  if (next != L->n_copies) return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: copies outside slabs");
+  return MF_OK;
+}
+
+/* wait_slab: per direction, in stream order, the latest earlier slab holding
+ * any of its bytes (a segment tree over the region's boundaries). wait_host:
+ * the D2H slab whose copy-out wrote the offloaded activations an H2D slab
+ * reads, which must be submitted before the slab's fill. */
+static mf_status build_waits(mf_exec *x, exec_staging *g) {
+  const mf_staging *L = g->L;
+  const mf_schedule *s = x->s;
+  const int32_t n = L->n_slabs;
+  size_t *coords = NULL;
+  int32_t *lo = NULL, *hi = NULL, *writer = NULL;
+  mf_segtree tree = {NULL, NULL, 0, 0};
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(size_t), "staging waits", (void **)&coords), st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(n ? n : 1) * sizeof(int32_t), "staging waits", (void **)&lo), st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(n ? n : 1) * sizeof(int32_t), "staging waits", (void **)&hi), st, done);
+  for (int dir = 0; dir < 2; dir++) {
+    const int32_t from = dir ? L->n_h2d_slabs : 0, to = dir ? n : L->n_h2d_slabs, m = to - from;
+    if (m == 0) continue;
+    for (int32_t k = 0; k < m; k++) {
+      coords[k] = L->slabs[from + k].offset;
+      coords[m + k] = L->slabs[from + k].bytes;
+    }
+    int32_t leaves = 0;
+    MF_CHECK_GOTO(mf_exec_leaves(m, coords, coords + m, lo, hi, &leaves), st, done);
+    tree.n = leaves;
+    tree.size = 1;
+    while (tree.size < (leaves ? leaves : 1)) tree.size *= 2;
+    free(tree.mx);
+    free(tree.tag);
+    tree.mx = tree.tag = NULL;
+    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.mx), st, done);
+    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.tag), st, done);
+    for (int32_t k = 0; k < m; k++) {
+      g->wait_slab[from + k] = (int32_t)mf_seg_query(&tree, lo[k], hi[k]) - 1;
+      mf_seg_update(&tree, lo[k], hi[k], (double)(from + k) + 1.0);
+    }
+  }
+  /* The copy-outs that wrote the host copies each H2D reads. */
+  MF_CHECK_GOTO(mf_malloc((size_t)(x->p->n_tensors ? x->p->n_tensors : 1) * sizeof(int32_t), "staging waits",
+                          (void **)&writer),
+                st, done);
+  for (int32_t t = 0; t < x->p->n_tensors; t++) writer[t] = -1;
+  for (int32_t k = 0; k < n; k++) g->wait_host[k] = -1;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+    const int32_t t = s->slots[in->slot].tensor, k = L->copies[L->copy_of_instr[i]].slab;
+    if (in->kind == MF_I_D2H) {
+      writer[t] = k;
+      continue;
+    }
+    if (s->host_offset[t] == SIZE_MAX) continue;
+    const int32_t w = writer[t];
+    const mf_staging_slab *ws = w >= 0 ? &L->slabs[w] : NULL;
+    const int32_t fill_at = L->copies[L->slabs[k].first_copy].instr;
+    if (!ws || L->copies[ws->first_copy + ws->n_copies - 1].instr >= fill_at) {
+      st = MF_ERR(MF_ERR_INVALID_ARG,
+                  "executor: staging layout: slab %d reads %s home before the slab that copies it out is done", k,
+                  x->p->tensors[t].name);
+      goto done;
+    }
+    if (w > g->wait_host[k]) g->wait_host[k] = w;
+  }
+done:
+  free(coords);
+  free(lo);
+  free(hi);
+  free(writer);
+  free(tree.mx);
+  free(tree.tag);
+  return st;
+}
+
+mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_staging_opts *o) {
+  mf_backend *b = x->b;
+  if (!L) return MF_ERR(MF_ERR_INVALID_ARG, "executor: no staging layout");
+  if (x->sg) return MF_ERR(MF_ERR_INVALID_ARG, "executor: a staging layout is set already");
+  if (!b->host_fn)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "executor: the %s backend cannot run host functions, which staging needs",
+                  b->name ? b->name : "?");
+  MF_CHECK(check_layout(x, L));
+  exec_staging *g = (exec_staging *)calloc(1, sizeof *g);
+  if (!g) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory for staging");
+  g->x = x;
+  g->L = L;
+  if (o) g->o = *o;
+  const size_t n = (size_t)(L->n_slabs ? L->n_slabs : 1);
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_fill), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_free), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_dma), st, fail);
+  MF_CHECK_GOTO(mf_malloc(n * sizeof(int32_t), "staging waits", (void **)&g->wait_slab), st, fail);
+  MF_CHECK_GOTO(mf_malloc(n * sizeof(int32_t), "staging waits", (void **)&g->wait_host), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, 1, "staging", (void **)&g->work), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(sg_slab_ctx), "staging", (void **)&g->ctx), st, fail);
+  MF_CHECK_GOTO(mf_calloc((size_t)(L->n_copies ? L->n_copies : 1), sizeof(sg_copy_rt), "staging", (void **)&g->rt),
+                st, fail);
+  for (int32_t c = 0; c < L->n_copies; c++) g->rt[c].home = -1;
+  MF_CHECK_GOTO(build_waits(x, g), st, fail);
+  for (int32_t k = 0; k < L->n_slabs; k++) {
+    g->ctx[k] = (sg_slab_ctx){g, k};
+    MF_CHECK_GOTO(b->event_create(b, &g->ev_free[k]), st, fail);
+    MF_CHECK_GOTO(b->event_create(b, L->slabs[k].dir == MF_I_H2D ? &g->ev_fill[k] : &g->ev_dma[k]), st, fail);
+  }
+  if (x->timed) {
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->tf0), st, fail);
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->tf1), st, fail);
+    for (int32_t k = 0; k < L->n_slabs; k++) {
+      MF_CHECK_GOTO(b->event_create_timed(b, &g->tf0[k]), st, fail);
+      MF_CHECK_GOTO(b->event_create_timed(b, &g->tf1[k]), st, fail);
+    }
+  }
+  MF_CHECK_GOTO(b->stream_create(b, &g->fill), st, fail);
+  MF_CHECK_GOTO(b->stream_create(b, &g->drain), st, fail);
+  if (g->o.threads > 1)
+    for (int k = 0; k < 2; k++) MF_CHECK_GOTO(mf_threadpool_create(g->o.threads, &g->pool[k]), st, fail);
+  {
+    void *mem = NULL;
+    MF_CHECK_GOTO(b->host_alloc(b, L->arena_bytes, &mem), st, fail);
+    g->mem = (uint8_t *)mem;
+  }
+  if (g->o.poison) poison(g->mem, L->arena_bytes);
+  x->sg = g;
+  return MF_OK;
+fail:
+  staging_free(b, g);
+  return st;
+}
