@@ -2,9 +2,9 @@
 # GPU check: runs every gpu-tagged test on a machine with an NVIDIA GPU, with
 # MF_REQUIRE_GPU=1 so that a test which cannot see the GPU fails instead of
 # skipping; then the demo on cuda beside the cpu backend (60 steps, losses
-# within 2%) and plan invariance on cuda (resident vs MegaTrain-like: the same
-# final weights, bit for bit); prints one summary table at the end. Under 10
-# minutes.
+# within 2%), plan invariance on cuda (resident vs MegaTrain-like: the same
+# final weights, bit for bit) and staged vs straight copies (the same bits);
+# prints one summary table at the end. Under 10 minutes.
 #
 # usage:
 #   tools/gpu_check.sh [BAZEL_FLAGS...]   build (bazel build //...) and run the gpu
@@ -221,6 +221,20 @@ elif [[ -x "$moefit" ]]; then
     row "plan invariance on cuda" "resident == megatrain (bits)" "$(($(now) - t))"
   else
     row "plan invariance on cuda" "FAILED" "$(($(now) - t))"
+    cuda_ok=0
+  fi
+  # The copies through the pinned staging arena (memory.staging: auto is on
+  # for cuda) against straight copies from pageable memory: the same bits, and
+  # the staged run's host seconds per step in its metrics.
+  t=$(now)
+  if train_run stg_off backend=cuda memory.plan=megatrain memory.staging=false hardware.profile=configs/hw/h100-pcie.yaml >/dev/null &&
+      cmp -s /tmp/mf_gpu_check_runs/inv_megatrain/final/model.safetensors \
+        /tmp/mf_gpu_check_runs/stg_off/final/model.safetensors; then
+    st=$(python3 -c "import json,sys; l=[json.loads(x) for x in open(sys.argv[1])][-1]; print('in %.2gs out %.2gs per step' % (l['staging_fill_s'], l['staging_drain_s']))" \
+         /tmp/mf_gpu_check_runs/inv_megatrain/metrics.jsonl 2>/dev/null || echo "?")
+    row "staged == straight copies on cuda" "bits equal; staging $st" "$(($(now) - t))"
+  else
+    row "staged == straight copies on cuda" "FAILED" "$(($(now) - t))"
     cuda_ok=0
   fi
 else

@@ -833,6 +833,11 @@ int mf_config_overlaps_optimizer(const mf_config *cfg) {
   return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
 }
 
+int mf_config_stages_copies(const mf_config *cfg) {
+  if (cfg->memory.staging == MF_CONFIG_STAGING_AUTO) return cfg->backend == MF_CONFIG_BACKEND_CUDA;
+  return cfg->memory.staging == MF_CONFIG_STAGING_ON;
+}
+
 const char *mf_config_moments_name(mf_config_moments m) {
   static const char *const n[] = {"fp32", "bf16"};
   return (unsigned)m < 2 ? n[m] : "invalid";

@@ -68,6 +68,13 @@ typedef enum mf_config_overlap {
   MF_CONFIG_OVERLAP_OFF,
 } mf_config_overlap;
 
+/* memory.staging. */
+typedef enum mf_config_staging {
+  MF_CONFIG_STAGING_AUTO = 0, /* on for the cuda backend, off on cpu (mf_config_stages_copies) */
+  MF_CONFIG_STAGING_ON,
+  MF_CONFIG_STAGING_OFF,
+} mf_config_staging;
+
 typedef struct mf_config_model {
   char *path;         /* HF checkpoint directory; NULL when has_init */
   int has_init;       /* 1: a random model of shape `init` */
@@ -139,6 +146,7 @@ typedef struct mf_config_memory {
   char *routing;                  /* memory.routing as written: auto, none or a path */
   mf_config_routing routing_kind; /* what `routing` says (derived, not a key) */
   uint64_t pinned_limit;
+  mf_config_staging staging; /* copies through the pinned staging arena (src/exec/exec.h) */
   uint64_t host_limit;
   char *nvme_dir; /* NULL: no NVMe spill */
   /* train.adam_moments, copied here for the host accounting (planner/host.h;
@@ -195,6 +203,11 @@ const char *mf_config_moments_name(mf_config_moments m);   /* "bf16" */
  * with auto on for backend cuda and off otherwise — on the cpu backend the
  * "device" work runs on the host's own cores, so the overlap only contends. */
 int mf_config_overlaps_optimizer(const mf_config *cfg);
+/* Whether a planned run copies through the pinned staging arena:
+ * memory.staging, with auto on for backend cuda (a copy from or to pageable
+ * memory cannot overlap there) and off otherwise (on the cpu backend the
+ * "device" is host memory: staging only adds a copy). */
+int mf_config_stages_copies(const mf_config *cfg);
 /* The memory.plan word of a baseline ("zero_offload"); "auto" for AUTO, NULL for FILE. */
 const char *mf_config_plan_word(mf_config_plan p);
 

@@ -120,6 +120,10 @@ const mf_config_key mf_config_keys[] = {
         "it exists, else uniform), none (uniform) or a routing file (*.json)"),
     KEY("memory.pinned_limit", MF_CK_SIZE, 0, memory.pinned_limit, NOLO, NOHI, NULL, "auto",
         "pinned host memory for transfers (<= host_limit); auto: decided at start-up"),
+    KEY("memory.staging", MF_CK_ENUM, 0, memory.staging, NOLO, NOHI, "auto|true|false", "auto",
+        "true: a planned run copies between host memory and the device through the compact pinned staging "
+        "arena (laid out by the planner, within pinned_limit); false: straight; auto: true on the cuda backend "
+        "(copies from pageable memory cannot overlap there), false on cpu (where it only adds a copy)"),
     KEY("memory.host_limit", MF_CK_SIZE, 0, memory.host_limit, NOLO, NOHI, NULL, "auto",
         "host memory for weights, optimizer state, offloaded activations; auto: from the machine"),
     KEY("memory.nvme_dir", MF_CK_STR, MF_CK_NULLABLE, memory.nvme_dir, NOLO, NOHI, NULL, "null",

@@ -29,6 +29,7 @@ void mf_step_metrics_init(mf_step_metrics *s) {
   s->expert_imbalance = NAN;
   for (int k = 0; k < 3; k++) s->busy_s[k] = s->idle_s[k] = NAN;
   s->h2d_bytes = s->d2h_bytes = s->peak_device_bytes = NAN;
+  s->staging_fill_s = s->staging_drain_s = NAN;
 }
 
 /* ---------------------------------------------------------- formatting */
@@ -84,6 +85,8 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   json_count(buf, cap, &n, "peak_device_bytes", s->peak_device_bytes);
   json_num(buf, cap, &n, "optimizer_hidden_s", s->optimizer_hidden_s);
   json_num(buf, cap, &n, "optimizer_exposed_s", s->optimizer_exposed_s);
+  json_num(buf, cap, &n, "staging_fill_s", s->staging_fill_s);
+  json_num(buf, cap, &n, "staging_drain_s", s->staging_drain_s);
   appendf(buf, cap, &n, "}");
   return n;
 }
@@ -174,6 +177,9 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
   if (s->optimizer_hidden_s > 0 || s->optimizer_exposed_s > 0)
     appendf(buf, cap, &n, "  opt hidden %.1fms exposed %.1fms", s->optimizer_hidden_s * 1e3,
             s->optimizer_exposed_s * 1e3);
+  if (isfinite(s->staging_fill_s) && isfinite(s->staging_drain_s) && isfinite(s->step_s) && s->step_s > 0)
+    appendf(buf, cap, &n, "  staging in %.0f%% out %.0f%%", 100.0 * s->staging_fill_s / s->step_s,
+            100.0 * s->staging_drain_s / s->step_s);
   if (s->skipped) appendf(buf, cap, &n, "  SKIPPED (non-finite gradients)");
   return n;
 }

@@ -12,7 +12,8 @@
  *    "compute_busy_s":0.0261,"h2d_busy_s":0.00021,"d2h_busy_s":0.00024,
  *    "compute_idle_s":0.0069,"h2d_idle_s":0.0328,"d2h_idle_s":0.0328,
  *    "h2d_bytes":1824768,"d2h_bytes":1803264,"peak_device_bytes":14145536,
- *    "optimizer_hidden_s":0,"optimizer_exposed_s":0}
+ *    "optimizer_hidden_s":0,"optimizer_exposed_s":0,
+ *    "staging_fill_s":null,"staging_drain_s":null}
  *
  * The stream fields follow the executor's streams (src/exec/exec.h, timing):
  * X_busy_s is the seconds stream X worked per step, X_idle_s = step_s - X_busy_s
@@ -21,6 +22,8 @@
  * device bytes live at once in the step. optimizer_hidden_s / _exposed_s: the
  * host optimizer's seconds per step that ran under the device streams / that
  * the step waited for (0 until the optimizer overlaps the streams).
+ * staging_fill_s / _drain_s: with the copies staged (memory.staging), the
+ * host's seconds per step copying into the pinned slabs and out of them.
  *
  * Numbers are printed with %.9g (enough to read a float back exactly), byte
  * counts with every digit (exact below 2^53); a value
@@ -76,6 +79,10 @@ typedef struct mf_step_metrics {
    * overlap reports its time elsewhere (step_s). */
   double optimizer_hidden_s;
   double optimizer_exposed_s;
+  /* With the pinned staging arena (src/exec/exec.h): the host's seconds per
+   * step filling slabs and copying them out (NaN: copies not staged). */
+  double staging_fill_s;
+  double staging_drain_s;
 } mf_step_metrics;
 
 void mf_step_metrics_init(mf_step_metrics *s); /* zeros, optional fields NaN */

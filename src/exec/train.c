@@ -96,12 +96,14 @@ typedef struct runner {
   mf_plan *plan;        /* the schedule memory.plan names, or NULL: everything resident */
   char plan_desc[1024]; /* which plan: "ZeRO-Offload-like", a plan file's path */
   mf_exec *exec;
+  mf_staging *staging;      /* the pinned staging arena's layout (memory.staging), or NULL */
   int32_t **ids, **targets; /* [G][B*S] */
   int64_t G;
 } runner;
 
 static void runner_free(runner *r) {
   mf_exec_free(r->exec);
+  mf_staging_free(r->staging);
   mf_plan_free(r->plan);
   mf_routing_free(&r->routing);
   mf_program_free(r->prog);
@@ -115,12 +117,42 @@ static void runner_free(runner *r) {
   memset(r, 0, sizeof *r);
 }
 
+/* Host threads for each of the staging arena's fill and copy-out: one on the
+ * cpu backend (its device is host memory and its own cores run the kernels);
+ * on cuda a few, so that the host copies keep up with a PCIe 5 link (one
+ * thread's memcpy moves about a quarter of it; not measured on a GPU yet). */
+static int staging_threads(const mf_config *cfg) {
+  if (cfg->backend != MF_CONFIG_BACKEND_CUDA) return 1;
+  const long cores = cfg->train.threads > 0 ? (long)cfg->train.threads : sysconf(_SC_NPROCESSORS_ONLN);
+  return cores >= 16 ? 4 : cores >= 8 ? 2 : 1;
+}
+
+/* memory.staging: the plan's pinned staging arena laid out within
+ * memory.pinned_limit (experts/staging.h), the executor copying through it. */
+static mf_status runner_stage(runner *r, const mf_config *cfg) {
+  int fits = 0;
+  MF_CHECK(mf_staging_build_within(r->plan->s, &r->plan->sim, &r->hw, NULL, cfg->memory.pinned_limit, &r->staging,
+                                   &fits));
+  if (!fits) {
+    char a[32], b[32];
+    return MF_ERR(MF_ERR_CONFIG,
+                  "memory.pinned_limit %s: the pinned staging arena needs at least %s (its largest slab, one "
+                  "tensor's copy); raise memory.pinned_limit or set memory.staging: false",
+                  mf_format_bytes(cfg->memory.pinned_limit, a, sizeof a),
+                  mf_format_bytes(r->staging->largest_slab_bytes, b, sizeof b));
+  }
+  const mf_exec_staging_opts so = {staging_threads(cfg), 0, 0};
+  return mf_exec_use_staging(r->exec, r->staging, &so);
+}
+
 /* The program and the plan a run follows (planner/plan.h mf_plan_for), from
  * memory.plan: auto with memory.device_budget set, the planner's choice within
  * it; a baseline or a plan file, that; auto with budget auto, none: every
  * tensor resident on the cpu backend, unscheduled. train.micro_batch_order
  * auto lets the planner choose the order; the simulation models
- * train.overlap_optimizer. */
+ * train.overlap_optimizer. Copies staged (memory.staging) need a layout,
+ * which needs a timeline: an unplanned run then simulates its all-resident
+ * schedule (the one it runs anyway) with the profile. */
 static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                              int64_t G, int forward_only) {
   memset(r, 0, sizeof *r);
@@ -141,8 +173,19 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
   mf_config_plan which = mem->plan_kind;
   if (which == MF_CONFIG_PLAN_FILE && forward_only) which = MF_CONFIG_PLAN_AUTO;
   mf_status st = MF_OK;
+  const int staged = mf_config_stages_copies(cfg);
   if (which == MF_CONFIG_PLAN_AUTO && mem->device_budget == MF_CONFIG_SIZE_AUTO) {
     MF_CHECK_GOTO(mf_program_build(t, &po, &r->prog), st, fail);
+    if (staged) {
+      MF_CHECK_GOTO(mf_hwprofile_load(mf_plan_profile_path(cfg->hardware.profile), &r->hw), st, fail);
+      mf_decisions *d = NULL;
+      MF_CHECK_GOTO(mf_decisions_create(r->prog, &d), st, fail);
+      st = mf_plan_evaluate(r->prog, &r->hw, d, UINT64_MAX, MF_PLAN_CHOSEN, &r->plan);
+      mf_decisions_free(d);
+      MF_CHECK_GOTO(st, st, fail);
+      snprintf(r->plan->name, sizeof r->plan->name, "everything resident (no device budget set)");
+      snprintf(r->plan_desc, sizeof r->plan_desc, "%s", r->plan->name);
+    }
   } else {
     MF_CHECK_GOTO(mf_hwprofile_load(mf_plan_profile_path(cfg->hardware.profile), &r->hw), st, fail);
     mf_plan_request rq;
@@ -175,6 +218,7 @@ static mf_status runner_init(runner *r, const mf_config *cfg, const mf_param_tab
     MF_CHECK_GOTO(mf_exec_create_scheduled(r->prog, r->plan->s, r->backend, &r->exec), st, fail);
   else
     MF_CHECK_GOTO(mf_exec_create(r->prog, r->backend, &r->exec), st, fail);
+  if (staged) MF_CHECK_GOTO(runner_stage(r, cfg), st, fail);
   r->G = G;
   const size_t n = (size_t)(cfg->train.micro_batch * cfg->data.seq_len);
   MF_CHECK_GOTO(mf_calloc((size_t)G, sizeof(int32_t *), "batch pointers", (void **)&r->ids), st, fail);
@@ -568,11 +612,23 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
             mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
             mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5), mf_program_order_name(tr.prog->order));
   }
+  if (!quiet && tr.staging) {
+    const mf_staging *sg = tr.staging;
+    char b1[32], b2[32], b3[32];
+    MF_LOGI("train",
+            "copies staged: %s of pinned memory in %d exact-size slabs (%s for uploads, %s for copies home), "
+            "%d host thread%s each way",
+            mf_format_bytes(sg->arena_bytes, b1, sizeof b1), sg->n_slabs,
+            mf_format_bytes(sg->h2d_region_bytes, b2, sizeof b2),
+            mf_format_bytes(sg->arena_bytes - sg->h2d_region_bytes, b3, sizeof b3), staging_threads(cfg),
+            staging_threads(cfg) == 1 ? "" : "s");
+  }
   const double t_start = mf_time_now();
   double window_loss = 0;
   int64_t window_n = 0, window_tokens = 0;
   double window_t0 = t_start;
   double window_busy[MF_EXEC_STREAMS] = {0, 0, 0};
+  double window_fill = 0, window_drain = 0; /* staged copies: the host's seconds */
   size_t window_peak = 0;
   /* The host optimizer per step: hidden behind the device work / exposed (the
    * loop waiting for it). Overlapped: from the worker's busy seconds and the
@@ -634,6 +690,8 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
     mf_exec_stats xs;
     mf_exec_stats_get(tr.exec, &xs);
     for (int k = 0; k < MF_EXEC_STREAMS; k++) window_busy[k] += xs.busy_s[k];
+    window_fill += xs.fill_s; /* NaN unstaged: so is the mean */
+    window_drain += xs.drain_s;
     if (xs.peak_live_bytes > window_peak) window_peak = xs.peak_live_bytes;
     if (step == 1) out->first_loss = sr.loss;
     window_loss += sr.loss;
@@ -696,6 +754,9 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
       sm.optimizer_hidden_s = window_opt_hidden / (double)window_n;
       sm.optimizer_exposed_s = window_opt_exposed / (double)window_n;
       window_opt_hidden = window_opt_exposed = 0;
+      sm.staging_fill_s = window_fill / (double)window_n;
+      sm.staging_drain_s = window_drain / (double)window_n;
+      window_fill = window_drain = 0;
       MF_CHECK_GOTO(mf_metrics_write(metrics, &sm), st, done);
       if (!quiet) {
         char line[512];

@@ -85,6 +85,8 @@ TEST(Metrics, LinesAreJson) {
       s.peak_device_bytes = 14145536;
       s.optimizer_hidden_s = 0.015;
       s.optimizer_exposed_s = 0.005;
+      s.staging_fill_s = 0.0078125;
+      s.staging_drain_s = 0.00390625;
     }
     ASSERT_EQ(mf_metrics_write(m, &s), MF_OK) << mf_last_error();
     // Each line is in the file as soon as write returns.
@@ -98,7 +100,8 @@ TEST(Metrics, LinesAreJson) {
                         "grad_norm", "tokens_per_s", "tokens",          "elapsed_s", "skipped",
                         "eval_loss", "step_s",       "expert_imbalance",
                         "compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s", "d2h_idle_s",
-                        "h2d_bytes", "d2h_bytes", "peak_device_bytes", "optimizer_hidden_s", "optimizer_exposed_s"};
+                        "h2d_bytes", "d2h_bytes", "peak_device_bytes", "optimizer_hidden_s", "optimizer_exposed_s",
+                        "staging_fill_s", "staging_drain_s"};
   for (size_t i = 0; i < lines.size(); i++) {
     json_t *j = Parse(lines[i]);
     ASSERT_NE(j, nullptr);
@@ -130,6 +133,8 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_DOUBLE_EQ(Num(j, "peak_device_bytes"), 14145536.0);
       EXPECT_DOUBLE_EQ(Num(j, "optimizer_hidden_s"), 0.015);
       EXPECT_DOUBLE_EQ(Num(j, "optimizer_exposed_s"), 0.005);
+      EXPECT_DOUBLE_EQ(Num(j, "staging_fill_s"), 0.0078125);
+      EXPECT_DOUBLE_EQ(Num(j, "staging_drain_s"), 0.00390625);
     } else {
       EXPECT_DOUBLE_EQ(Num(j, "loss"), s.loss);
       EXPECT_DOUBLE_EQ(Num(j, "ce_loss"), s.ce_loss);
@@ -141,7 +146,8 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_TRUE(json_is_null(json_object_get(j, "expert_imbalance")));
       // Streams not measured: null; the optimizer's overlap fields default to 0.
       for (const char *k : {"compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s",
-                            "d2h_idle_s", "h2d_bytes", "d2h_bytes", "peak_device_bytes"})
+                            "d2h_idle_s", "h2d_bytes", "d2h_bytes", "peak_device_bytes", "staging_fill_s",
+                            "staging_drain_s"})
         EXPECT_TRUE(json_is_null(json_object_get(j, k))) << k;
       EXPECT_EQ(Num(j, "optimizer_hidden_s"), 0.0);
       EXPECT_EQ(Num(j, "optimizer_exposed_s"), 0.0);
@@ -364,6 +370,13 @@ TEST(Progress, Streams) {
   mf_progress_format(buf, sizeof buf, &s, 300);
   EXPECT_NE(std::string(buf).find("io 512/3.5K  peak 2.5G  opt hidden 12.0ms exposed 3.0ms"), std::string::npos)
       << buf;
+  EXPECT_EQ(std::string(buf).find("staging"), std::string::npos) << "not staged: " << buf;
+  // With the copies staged: the host's share of the step filling and draining slabs.
+  s.step_s = 0.5;
+  s.staging_fill_s = 0.05;
+  s.staging_drain_s = 0.025;
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_NE(std::string(buf).find("  staging in 10% out 5%"), std::string::npos) << buf;
   // Not measured (a backend without stream timing): no busy part.
   mf_step_metrics_init(&s);
   s.step = 1;

@@ -397,6 +397,43 @@ TEST(PlanInvariance, OptimizerOnTheDevice) {
   }
 }
 
+// Copies through the pinned staging arena (memory.staging=true; on the cpu
+// backend auto leaves them straight): the same bits under the least-memory
+// plan (weights and gradients streamed, activations offloaded or recomputed),
+// a plan with the optimizer on the device for one layer and the host part
+// overlapped (gradients handed over from the copy-outs), and unplanned (a
+// resident schedule simulated for the layout); the start-up line says so and
+// metrics.jsonl has the host's staging seconds. A pinned_limit under the
+// largest copy is refused, naming the key.
+TEST(PlanInvariance, StagedCopies) {
+  Shape s("demo_staged", demo());
+  const TrainRun ref = s.train("resident", "auto", "auto");
+  ASSERT_EQ(ref.st, MF_OK) << ref.err;
+  EXPECT_EQ(ref.log.find("copies staged"), std::string::npos) << "auto: not on cpu\n" << ref.log;
+  const struct {
+    const char *tag, *plan;
+    std::vector<std::string> extra;
+  } runs[] = {
+      {"least", "least_memory", {}},
+      {"devopt", "zero_offload",
+       {"train.overlap_optimizer=true", "memory.overrides=[{match: 'model.layers.1.*', optimizer: device}]"}},
+      {"unplanned", "auto", {}},
+  };
+  for (const auto &c : runs) {
+    std::vector<std::string> ov = c.extra;
+    ov.push_back("memory.staging=true");
+    const TrainRun r = s.train(std::string("staged_") + c.tag, "auto", c.plan, ov);
+    ExpectSameBits(ref, r, std::string("staged, memory.plan=") + c.plan);
+    EXPECT_NE(r.log.find("copies staged: "), std::string::npos) << r.log;
+    const std::string m = slurp(r.dir + "/metrics.jsonl");
+    EXPECT_NE(m.find("\"staging_fill_s\":"), std::string::npos);
+    EXPECT_EQ(m.find("\"staging_fill_s\":null"), std::string::npos) << "measured on every line:\n" << m;
+  }
+  const TrainRun tight = s.train("staged_tight", "auto", "least_memory", {"memory.staging=true", "memory.pinned_limit=1KiB"});
+  EXPECT_EQ(tight.st, MF_ERR_CONFIG);
+  EXPECT_NE(tight.err.find("memory.pinned_limit"), std::string::npos) << tight.err;
+}
+
 // Plan files that cannot be followed: clean errors naming the file.
 TEST(PlanInvariance, BadPlanFilesAreErrorsNamingTheFile) {
   Shape s("demo_bad", demo());
