@@ -174,7 +174,8 @@ static double throttle(mf_staging_slab *x, unit *u, int32_t from, int32_t to, in
  * last DMA, or its copy-out); a D2H and an H2D slab would have no such
  * order (the later in time may be submitted first), so the directions do
  * not share. The H2D region comes first, then the D2H region. */
-static mf_status pack_region(mf_staging *st, const unit *u, int32_t from, int32_t to, size_t base, size_t *top) {
+static mf_status pack_region(mf_staging *st, const unit *u, int32_t from, int32_t to, size_t base,
+                             size_t *top) {
   const int32_t n = to - from;
   *top = 0;
   if (n == 0) return MF_OK;

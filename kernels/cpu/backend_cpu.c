@@ -194,7 +194,8 @@ static mf_status cpu_event_query(mf_backend *b, mf_event *e, int *done) {
 static mf_status cpu_event_elapsed(mf_backend *b, mf_event *from, mf_event *to, double *seconds) {
   *seconds = 0;
   if (!from->timed || !to->timed)
-    return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: elapsed time between events not made by event_create_timed");
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "cpu backend: elapsed time between events not made by event_create_timed");
   int d1 = 0, d2 = 0;
   MF_CHECK(cpu_event_query(b, from, &d1));
   MF_CHECK(cpu_event_query(b, to, &d2));

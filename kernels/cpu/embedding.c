@@ -63,8 +63,8 @@ static void emb_run(const mf_kctx *ctx, mf_task_fn fn, emb_args *a) {
 static mf_status check_ids(const int32_t *ids, int64_t T, int64_t V) {
   for (int64_t t = 0; t < T; t++)
     if (ids[t] < 0 || ids[t] >= V)
-      return MF_ERR(MF_ERR_INVALID_ARG, "embedding: ids[%lld] = %d is outside [0, %lld)", (long long)t, (int)ids[t],
-                    (long long)V);
+      return MF_ERR(MF_ERR_INVALID_ARG, "embedding: ids[%lld] = %d is outside [0, %lld)", (long long)t,
+                    (int)ids[t], (long long)V);
   return MF_OK;
 }
 

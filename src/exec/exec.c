@@ -155,13 +155,19 @@ mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_
     size_t l = 0, h = nu;
     while (l < h) { /* first boundary >= a */
       const size_t m = l + (h - l) / 2;
-      if (c[m] < a) l = m + 1; else h = m;
+      if (c[m] < a)
+        l = m + 1;
+      else
+        h = m;
     }
     lo[i] = (int32_t)l;
     h = nu;
     while (l < h) {
       const size_t m = l + (h - l) / 2;
-      if (c[m] < e) l = m + 1; else h = m;
+      if (c[m] < e)
+        l = m + 1;
+      else
+        h = m;
     }
     hi[i] = (int32_t)l;
   }
@@ -236,10 +242,11 @@ static mf_status deps_build(mf_exec *x) {
   for (size_t i = 0; i < 3 * (size_t)ns; i++) d.last_read[i] = d.last_acc[i] = -1;
   for (int32_t t = 0; t < p->n_tensors; t++) d.host_writer[t] = -1;
   /* The arena's elementary intervals between slot boundaries. */
-  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(ns ? ns : 1) * sizeof(size_t), "executor streams", (void **)&coords), st,
-                done);
+  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(ns ? ns : 1) * sizeof(size_t), "executor streams", (void **)&coords),
+                st, done);
   MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&lo), st, done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&hi), st, done);
+  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&hi), st,
+                done);
   for (int32_t i = 0; i < ns; i++) {
     coords[i] = s->slots[i].offset;
     coords[ns + i] = p->tensors[s->slots[i].tensor].bytes;
@@ -376,10 +383,9 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
       x->max_reads += o->kind == MF_K_CROSS_ENTROPY || o->kind == MF_K_AUX_VALUE || o->kind == MF_K_ZERO;
     }
   x->read_kind = (uint8_t *)calloc((size_t)x->max_reads + 1, 1);
-  x->read_micro = (int32_t *)calloc((size_t)x->max_reads + 1, sizeof(int32_t));
   if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->grad_scratch || !x->grad_final ||
       !x->upload_order || !x->n_valid || !x->pos || !x->slot_mlo || !x->slot_mhi || !x->route_ev ||
-      !x->route_state || !x->read_kind || !x->read_micro) {
+      !x->route_state || !x->read_kind) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
     goto fail;
   }
@@ -412,8 +418,8 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
     x->scalars = (double *)h;
   }
   for (int32_t i = 0; i < s->optim_begin; i++) /* a dispatch's counts are read without a wait */
-    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute && p->ops[s->instr[i].op].kind == MF_K_MOE_DISPATCH &&
-        p->ops[s->instr[i].op].micro >= 0) {
+    if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute &&
+        p->ops[s->instr[i].op].kind == MF_K_MOE_DISPATCH && p->ops[s->instr[i].op].micro >= 0) {
       const mf_pop *o = &p->ops[s->instr[i].op];
       const size_t ml = (size_t)o->micro * (size_t)p->spec.layers + (size_t)o->layer;
       if (ml < GL && !x->route_ev[ml]) MF_CHECK_GOTO(b->event_create(b, &x->route_ev[ml]), st, fail);
@@ -448,7 +454,8 @@ void mf_exec_free(mf_exec *x) {
   mf_exec_sg_free(x);
   for (int k = 0; k < MF_EXEC_STREAMS; k++)
     if (x->st[k]) x->b->stream_free(x->b, x->st[k]);
-  const size_t GL = (size_t)(x->p->G > 0 ? x->p->G : 1) * (size_t)(x->p->spec.layers > 0 ? x->p->spec.layers : 1);
+  const size_t GL =
+      (size_t)(x->p->G > 0 ? x->p->G : 1) * (size_t)(x->p->spec.layers > 0 ? x->p->spec.layers : 1);
   mf_exec_free_events(x->b, x->ev, (size_t)x->s->n_instr);
   mf_exec_free_events(x->b, x->t0, (size_t)x->s->n_instr);
   mf_exec_free_events(x->b, x->t1, (size_t)x->s->n_instr);
@@ -457,7 +464,6 @@ void mf_exec_free(mf_exec *x) {
   if (x->scalars) x->b->host_free(x->b, x->scalars);
   free(x->route_state);
   free(x->read_kind);
-  free(x->read_micro);
   free(x->wait_on);
   if (x->host_act) x->b->host_free(x->b, x->host_act);
   if (x->norm_host) x->b->host_free(x->b, x->norm_host);
@@ -521,11 +527,9 @@ mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in) {
   return MF_OK;
 }
 
-#define slot_ptr mf_exec_slot_ptr
-#define slot_bytes mf_exec_slot_bytes
-
 static mf_status d2h(mf_exec *x, int32_t slot, void *dst) {
-  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->st[MF_EXEC_D2H]);
+  return x->b->copy(x->b, dst, mf_exec_slot_ptr(x, slot), mf_exec_slot_bytes(x, slot), MF_COPY_D2H,
+                    x->st[MF_EXEC_D2H]);
 }
 
 /* Copies a small result (a loss scalar, expert counts) out of a slot on the
@@ -533,18 +537,22 @@ static mf_status d2h(mf_exec *x, int32_t slot, void *dst) {
  * host reads once the step is synced (or once an event says it landed): no
  * wait inside the step. */
 static mf_status copy_small(mf_exec *x, int32_t slot, void *dst) {
-  return x->b->copy(x->b, dst, slot_ptr(x, slot), slot_bytes(x, slot), MF_COPY_D2H, x->st[MF_EXEC_COMPUTE]);
+  return x->b->copy(x->b, dst, mf_exec_slot_ptr(x, slot), mf_exec_slot_bytes(x, slot), MF_COPY_D2H,
+                    x->st[MF_EXEC_COMPUTE]);
 }
 
-mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src, const void **src2) {
+mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src,
+                             const void **src2) {
   const mf_program *p = x->p;
   const int32_t t = x->s->slots[slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
   *src = *src2 = NULL;
-  if (pt->kind == MF_T_OPT) { /* AdamW state (m then v) from the host moments, unless the device's is current */
+  /* AdamW state (m then v) from the host moments, unless the device's is current. */
+  if (pt->kind == MF_T_OPT) {
     if (x->state_current) return MF_OK;
     if (!x->m_host || !x->v_host)
-      return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device has no host moments "
+      return MF_ERR(MF_ERR_INTERNAL,
+                    "executor: the optimizer on the device has no host moments "
                     "(mf_exec_set_optim_state)");
     const size_t off = (size_t)p->params->params[pt->param].offset * mf_dtype_size(p->moments);
     *src = (const uint8_t *)x->m_host + off;
@@ -607,8 +615,8 @@ static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
   const void *src = NULL, *src2 = NULL;
   MF_CHECK(mf_exec_h2d_source(x, slot, io, &src, &src2));
   if (!src) return MF_OK;
-  uint8_t *dst = slot_ptr(x, slot);
-  const size_t n = slot_bytes(x, slot);
+  uint8_t *dst = mf_exec_slot_ptr(x, slot);
+  const size_t n = mf_exec_slot_bytes(x, slot);
   mf_stream *h = x->st[MF_EXEC_H2D];
   if (!src2) return x->b->copy(x->b, dst, src, n, MF_COPY_H2D, h);
   MF_CHECK(x->b->copy(x->b, dst, src, n / 2, MF_COPY_H2D, h));
@@ -643,7 +651,7 @@ static mf_status do_d2h(mf_exec *x, const mf_instr *in, const step_io *io) {
 
 static mf_status mark(mf_exec *x, int32_t slot, int live) {
   if (!x->b->mark) return MF_OK;
-  return x->b->mark(x->b, slot_ptr(x, slot), slot_bytes(x, slot), live);
+  return x->b->mark(x->b, mf_exec_slot_ptr(x, slot), mf_exec_slot_bytes(x, slot), live);
 }
 
 /* After a RUN: send home the losses and routing counts the host needs, read
@@ -665,10 +673,9 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
   if (aux || o->kind == MF_K_CROSS_ENTROPY) {
     if (x->n_reads >= x->max_reads) return MF_ERR(MF_ERR_INTERNAL, "executor: more loss reads than counted");
     const int32_t sl = ops[o->kind == MF_K_CROSS_ENTROPY ? 5 : o->kind == MF_K_AUX_VALUE ? 2 : 0];
-    if (slot_bytes(x, sl) > 2 * sizeof(double))
-      return MF_ERR(MF_ERR_INTERNAL, "executor: a loss scalar slot of %zu bytes", slot_bytes(x, sl));
+    if (mf_exec_slot_bytes(x, sl) > 2 * sizeof(double))
+      return MF_ERR(MF_ERR_INTERNAL, "executor: a loss scalar slot of %zu bytes", mf_exec_slot_bytes(x, sl));
     x->read_kind[x->n_reads] = aux ? READ_AUX : READ_CE;
-    x->read_micro[x->n_reads] = o->micro;
     MF_CHECK(copy_small(x, sl, x->scalars + 2 * (size_t)x->n_reads));
     x->n_reads++;
   }
@@ -690,13 +697,14 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
   for (int32_t i = from; i < to; i++) {
     for (; x->ns < s->n_slots && s->slots[x->starts[x->ns]].first == i; x->ns++) {
       MF_CHECK_GOTO(mark(x, x->starts[x->ns], 1), st, done);
-      x->live += slot_bytes(x, x->starts[x->ns]);
+      x->live += mf_exec_slot_bytes(x, x->starts[x->ns]);
     }
     if (x->live > x->peak_live) x->peak_live = x->live;
     const mf_instr *in = &s->instr[i];
     const int staged = x->sg && (in->kind == MF_I_H2D || in->kind == MF_I_D2H);
     /* Staged uploads pass the gate when their slab is filled (mf_exec_sg_before). */
-    if (x->hooks.wait && !(staged && in->kind == MF_I_H2D)) MF_CHECK_GOTO(mf_exec_param_gate(x, in), st, done);
+    if (x->hooks.wait && !(staged && in->kind == MF_I_H2D))
+      MF_CHECK_GOTO(mf_exec_param_gate(x, in), st, done);
     if (staged) MF_CHECK_GOTO(mf_exec_sg_before(x, i, io), st, done);
     const int sk = instr_stream(in);
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
@@ -715,8 +723,8 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         mf_kernel_call call;
         memset(&call, 0, sizeof call);
         call.kind = MF_K_ZERO;
-        call.b[0].ptr = slot_ptr(x, in->slot);
-        call.b[0].bytes = slot_bytes(x, in->slot);
+        call.b[0].ptr = mf_exec_slot_ptr(x, in->slot);
+        call.b[0].bytes = mf_exec_slot_bytes(x, in->slot);
         call.label = "zero gradient slot";
         MF_CHECK_GOTO(x->b->run(x->b, &call, x->st[MF_EXEC_COMPUTE]), st, done);
         break;
@@ -725,10 +733,10 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         mf_kernel_call call;
         memset(&call, 0, sizeof call);
         call.kind = MF_K_ADD;
-        call.b[0].ptr = slot_ptr(x, in->slot);
-        call.b[0].bytes = slot_bytes(x, in->slot);
-        call.b[1].ptr = slot_ptr(x, in->slot2);
-        call.b[1].bytes = slot_bytes(x, in->slot2);
+        call.b[0].ptr = mf_exec_slot_ptr(x, in->slot);
+        call.b[0].bytes = mf_exec_slot_bytes(x, in->slot);
+        call.b[1].ptr = mf_exec_slot_ptr(x, in->slot2);
+        call.b[1].bytes = mf_exec_slot_bytes(x, in->slot2);
         call.i[0] = p->tensors[s->slots[in->slot].tensor].numel;
         call.i[1] = 1; /* a gradient: fp32 even when activations are rounded to bf16 */
         call.label = "accumulate gradient";
@@ -744,15 +752,16 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         const int32_t *sl = s->slot_pool + in->operands;
         for (int j = 0; j < MF_KBUF_MAX; j++) {
           if (sl[j] < 0) continue;
-          call.b[j].ptr = slot_ptr(x, sl[j]);
-          call.b[j].bytes = slot_bytes(x, sl[j]);
+          call.b[j].ptr = mf_exec_slot_ptr(x, sl[j]);
+          call.b[j].bytes = mf_exec_slot_bytes(x, sl[j]);
         }
         memcpy(call.i, o->i, sizeof call.i);
         memcpy(call.f, o->f, sizeof call.f);
         if (o->experts_at >= 0) {
-          for (int64_t e = 0; e < p->spec.experts; e++) x->expert_ptrs[e] = slot_ptr(x, sl[MF_KBUF_MAX + e]);
+          for (int64_t e = 0; e < p->spec.experts; e++)
+            x->expert_ptrs[e] = mf_exec_slot_ptr(x, sl[MF_KBUF_MAX + e]);
           call.experts = x->expert_ptrs;
-          call.expert_bytes = slot_bytes(x, sl[MF_KBUF_MAX]);
+          call.expert_bytes = mf_exec_slot_bytes(x, sl[MF_KBUF_MAX]);
         }
         if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
           int64_t nv = io->n_valid[o->micro];
@@ -789,7 +798,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     for (; x->ne < s->n_slots && s->slots[x->ends[x->ne]].last == i; x->ne++) {
       /* A persistent slot keeps its bytes: its contents are the next step's. */
       if (!s->slots[x->ends[x->ne]].persist) MF_CHECK_GOTO(mark(x, x->ends[x->ne], 0), st, done);
-      x->live -= slot_bytes(x, x->ends[x->ne]);
+      x->live -= mf_exec_slot_bytes(x, x->ends[x->ne]);
     }
   }
 done:
@@ -847,7 +856,8 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   }
   memset(x->expert_tokens, 0,
          (size_t)(p->spec.layers * (p->spec.experts > 0 ? p->spec.experts : 1)) * sizeof(int64_t));
-  memset(x->route_state, 0, (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
+  memset(x->route_state, 0,
+         (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1));
   x->n_reads = 0;
   x->h2d_skipped = x->d2h_skipped = 0;
   step_io io = {params, ids, targets, pos, grads, n_valid};
@@ -931,12 +941,13 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params, int state) {
     const mf_ptensor *t = &p->tensors[s->slots[i].tensor];
     const mf_param *q = &p->params->params[t->param];
     if (t->kind == MF_T_PARAM && x->weights_current && params)
-      MF_CHECK(x->b->copy(x->b, params + q->offset, slot_ptr(x, i), t->bytes, MF_COPY_D2H, x->st[MF_EXEC_D2H]));
+      MF_CHECK(x->b->copy(x->b, params + q->offset, mf_exec_slot_ptr(x, i), t->bytes, MF_COPY_D2H,
+                          x->st[MF_EXEC_D2H]));
     if (t->kind == MF_T_OPT && state && x->state_current && x->m_host && x->v_host) {
       const size_t n = (size_t)q->numel * ms;
-      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, slot_ptr(x, i), n, MF_COPY_D2H,
-                          x->st[MF_EXEC_D2H]));
-      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, slot_ptr(x, i) + n, n,
+      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, mf_exec_slot_ptr(x, i), n,
+                          MF_COPY_D2H, x->st[MF_EXEC_D2H]));
+      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, mf_exec_slot_ptr(x, i) + n, n,
                           MF_COPY_D2H, x->st[MF_EXEC_D2H]));
     }
   }

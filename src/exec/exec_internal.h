@@ -36,11 +36,11 @@ struct mf_exec {
    * instruction i's stream around its work. NULL: not timed. */
   mf_event **t0, **t1;
   uint8_t *arena;
-  uint8_t *host_act;  /* host copies of offloaded activations */
+  uint8_t *host_act; /* host copies of offloaded activations */
   float *grad_scratch;
   void **expert_ptrs;
-  int32_t *starts;    /* slots ordered by first instruction */
-  int32_t *ends;      /* slots ordered by last instruction */
+  int32_t *starts; /* slots ordered by first instruction */
+  int32_t *ends;   /* slots ordered by last instruction */
   size_t peak_live;
   uint64_t h2d, d2h;
   float *capture;
@@ -61,20 +61,19 @@ struct mf_exec {
    * order, read after the step's last sync. */
   double *scalars;
   uint8_t *read_kind; /* [max_reads] READ_AUX or READ_CE */
-  int32_t *read_micro;
   int32_t n_reads, max_reads;
-  int32_t *pos;           /* [B*S] token positions (set at create) */
-  int timed;              /* busy time from the backend's timed events */
-  mf_exec_stats stats;    /* the last step's */
-  double *instr_s;        /* [n_instr] per-instruction seconds, when turned on */
+  int32_t *pos;              /* [B*S] token positions (set at create) */
+  int timed;                 /* busy time from the backend's timed events */
+  mf_exec_stats stats;       /* the last step's */
+  double *instr_s;           /* [n_instr] per-instruction seconds, when turned on */
   mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
-  int32_t *grad_final;    /* [n_instr] the parameter whose gradient is complete after it, or -1 */
-  int32_t *upload_order;  /* [n_params] */
+  int32_t *grad_final;       /* [n_instr] the parameter whose gradient is complete after it, or -1 */
+  int32_t *upload_order;     /* [n_params] */
   /* The optimizer on the device. */
-  double *norm_host;      /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
-  void *m_host, *v_host;  /* the host moments (mf_exec_set_optim_state) */
+  double *norm_host;                  /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
+  void *m_host, *v_host;              /* the host moments (mf_exec_set_optim_state) */
   int weights_current, state_current; /* the persistent slots hold the truth */
-  int step_done;          /* mf_exec_step ran [0, optim_begin) and mf_exec_optimize may follow */
+  int step_done;                      /* mf_exec_step ran [0, optim_begin) and mf_exec_optimize may follow */
   /* Progress through the instructions, kept between the step and its optimizer part. */
   int32_t ns, ne;
   size_t live;
@@ -102,7 +101,8 @@ static inline size_t mf_exec_slot_bytes(const mf_exec *x, int32_t slot) {
  * persistent copy that is current, an idle expert), else `bytes` from *src —
  * or, for AdamW state, half of them from *src (m) and half from *src2 (v).
  * Counts the traffic. */
-mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src, const void **src2);
+mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src,
+                             const void **src2);
 
 /* Where a D2H instruction's bytes go this step (*dst) and how. Counts the traffic. */
 typedef enum d2h_mode { D2H_NONE = 0, D2H_COPY, D2H_ADD, D2H_ZERO } d2h_mode;

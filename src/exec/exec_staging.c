@@ -234,8 +234,9 @@ mf_status mf_exec_sg_copy(mf_exec *x, int32_t i) {
   const uint8_t mode = g->rt[c].mode;
   uint8_t *dev = mf_exec_slot_ptr(x, x->s->instr[i].slot);
   if (x->s->instr[i].kind == MF_I_H2D)
-    return mode == C_SKIP ? MF_OK
-                          : x->b->copy(x->b, dev, g->mem + cp->offset, cp->bytes, MF_COPY_H2D, x->st[MF_EXEC_H2D]);
+    return mode == C_SKIP
+               ? MF_OK
+               : x->b->copy(x->b, dev, g->mem + cp->offset, cp->bytes, MF_COPY_H2D, x->st[MF_EXEC_H2D]);
   if (mode != C_COPY && mode != C_ADD) return MF_OK; /* nothing to bring home: zeros, or no destination */
   return x->b->copy(x->b, g->mem + cp->offset, dev, cp->bytes, MF_COPY_D2H, x->st[MF_EXEC_D2H]);
 }
@@ -318,25 +319,29 @@ void mf_exec_sg_free(mf_exec *x) {
 static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
   const mf_schedule *s = x->s;
   if (L->n_instr != s->n_instr || !L->copy_of_instr || (L->n_copies > 0 && (!L->copies || !L->slabs)))
-    return MF_ERR(MF_ERR_INVALID_ARG, "executor: the staging layout is of a schedule of %d instructions, not %d",
-                  L->n_instr, s->n_instr);
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "executor: the staging layout is of a schedule of %d instructions, not %d", L->n_instr,
+                  s->n_instr);
   int32_t n_copy = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
     const int copies = in->kind == MF_I_H2D || in->kind == MF_I_D2H;
     const int32_t c = L->copy_of_instr[i];
     if (!copies) {
-      if (c != -1) return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d copies nothing", i);
+      if (c != -1)
+        return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d copies nothing", i);
       continue;
     }
     n_copy++;
-    if (c < 0 || c >= L->n_copies || L->copies[c].instr != i || L->copies[c].tensor != s->slots[in->slot].tensor ||
+    if (c < 0 || c >= L->n_copies || L->copies[c].instr != i ||
+        L->copies[c].tensor != s->slots[in->slot].tensor ||
         L->copies[c].bytes != mf_exec_slot_bytes(x, in->slot))
-      return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d has no copy of its tensor", i);
+      return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d has no copy of its tensor",
+                    i);
   }
   if (n_copy != L->n_copies)
-    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: %d copies for %d copy instructions", L->n_copies,
-                  n_copy);
+    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: %d copies for %d copy instructions",
+                  L->n_copies, n_copy);
   int32_t next = 0, prev_instr[2] = {-1, -1};
   for (int32_t k = 0; k < L->n_slabs; k++) {
     const mf_staging_slab *sl = &L->slabs[k];
@@ -347,18 +352,21 @@ static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
         (dir ? sl->offset < L->h2d_region_bytes : sl->offset + sl->bytes > L->h2d_region_bytes))
       return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: slab %d is malformed", k);
     next += sl->n_copies;
-    if (next > L->n_copies) return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: slab %d overruns", k);
+    if (next > L->n_copies)
+      return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: slab %d overruns", k);
     const int part = L->copies[sl->first_copy].instr >= s->optim_begin;
     for (int32_t c = sl->first_copy; c < next; c++) {
       const mf_staging_copy *cp = &L->copies[c];
       if (cp->slab != k || s->instr[cp->instr].kind != sl->dir || cp->instr <= prev_instr[dir] ||
           (cp->instr >= s->optim_begin) != part || cp->offset < sl->offset || cp->bytes > sl->bytes ||
           cp->offset - sl->offset > sl->bytes - cp->bytes)
-        return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: copy %d of slab %d is out of place", c, k);
+        return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: copy %d of slab %d is out of place", c,
+                      k);
       prev_instr[dir] = cp->instr;
     }
   }
-  if (next != L->n_copies) return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: copies outside slabs");
+  if (next != L->n_copies)
+    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: copies outside slabs");
   return MF_OK;
 }
 
@@ -374,7 +382,8 @@ static mf_status build_waits(mf_exec *x, exec_staging *g) {
   int32_t *lo = NULL, *hi = NULL, *writer = NULL;
   mf_segtree tree = {NULL, NULL, 0, 0};
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(size_t), "staging waits", (void **)&coords), st, done);
+  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(size_t), "staging waits", (void **)&coords), st,
+                done);
   MF_CHECK_GOTO(mf_malloc((size_t)(n ? n : 1) * sizeof(int32_t), "staging waits", (void **)&lo), st, done);
   MF_CHECK_GOTO(mf_malloc((size_t)(n ? n : 1) * sizeof(int32_t), "staging waits", (void **)&hi), st, done);
   for (int dir = 0; dir < 2; dir++) {
@@ -392,8 +401,10 @@ static mf_status build_waits(mf_exec *x, exec_staging *g) {
     free(tree.mx);
     free(tree.tag);
     tree.mx = tree.tag = NULL;
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.mx), st, done);
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.tag), st, done);
+    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.mx), st,
+                  done);
+    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.tag), st,
+                  done);
     for (int32_t k = 0; k < m; k++) {
       g->wait_slab[from + k] = (int32_t)mf_seg_query(&tree, lo[k], hi[k]) - 1;
       mf_seg_update(&tree, lo[k], hi[k], (double)(from + k) + 1.0);
@@ -418,9 +429,10 @@ static mf_status build_waits(mf_exec *x, exec_staging *g) {
     const mf_staging_slab *ws = w >= 0 ? &L->slabs[w] : NULL;
     const int32_t fill_at = L->copies[L->slabs[k].first_copy].instr;
     if (!ws || L->copies[ws->first_copy + ws->n_copies - 1].instr >= fill_at) {
-      st = MF_ERR(MF_ERR_INVALID_ARG,
-                  "executor: staging layout: slab %d reads %s home before the slab that copies it out is done", k,
-                  x->p->tensors[t].name);
+      st =
+          MF_ERR(MF_ERR_INVALID_ARG,
+                 "executor: staging layout: slab %d reads %s home before the slab that copies it out is done",
+                 k, x->p->tensors[t].name);
       goto done;
     }
     if (w > g->wait_host[k]) g->wait_host[k] = w;
@@ -440,7 +452,8 @@ mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_sta
   if (!L) return MF_ERR(MF_ERR_INVALID_ARG, "executor: no staging layout");
   if (x->sg) return MF_ERR(MF_ERR_INVALID_ARG, "executor: a staging layout is set already");
   if (!b->host_fn)
-    return MF_ERR(MF_ERR_UNSUPPORTED, "executor: the %s backend cannot run host functions, which staging needs",
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "executor: the %s backend cannot run host functions, which staging needs",
                   b->name ? b->name : "?");
   MF_CHECK(check_layout(x, L));
   exec_staging *g = (exec_staging *)calloc(1, sizeof *g);
@@ -457,8 +470,9 @@ mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_sta
   MF_CHECK_GOTO(mf_malloc(n * sizeof(int32_t), "staging waits", (void **)&g->wait_host), st, fail);
   MF_CHECK_GOTO(mf_calloc(n, 1, "staging", (void **)&g->work), st, fail);
   MF_CHECK_GOTO(mf_calloc(n, sizeof(sg_slab_ctx), "staging", (void **)&g->ctx), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)(L->n_copies ? L->n_copies : 1), sizeof(sg_copy_rt), "staging", (void **)&g->rt),
-                st, fail);
+  MF_CHECK_GOTO(
+      mf_calloc((size_t)(L->n_copies ? L->n_copies : 1), sizeof(sg_copy_rt), "staging", (void **)&g->rt), st,
+      fail);
   for (int32_t c = 0; c < L->n_copies; c++) g->rt[c].home = -1;
   MF_CHECK_GOTO(build_waits(x, g), st, fail);
   for (int32_t k = 0; k < L->n_slabs; k++) {

@@ -131,8 +131,8 @@ static int staging_threads(const mf_config *cfg) {
  * memory.pinned_limit (experts/staging.h), the executor copying through it. */
 static mf_status runner_stage(runner *r, const mf_config *cfg) {
   int fits = 0;
-  MF_CHECK(mf_staging_build_within(r->plan->s, &r->plan->sim, &r->hw, NULL, cfg->memory.pinned_limit, &r->staging,
-                                   &fits));
+  MF_CHECK(mf_staging_build_within(r->plan->s, &r->plan->sim, &r->hw, NULL, cfg->memory.pinned_limit,
+                                   &r->staging, &fits));
   if (!fits) {
     char a[32], b[32];
     return MF_ERR(MF_ERR_CONFIG,

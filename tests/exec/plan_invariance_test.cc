@@ -415,7 +415,8 @@ TEST(PlanInvariance, StagedCopies) {
     std::vector<std::string> extra;
   } runs[] = {
       {"least", "least_memory", {}},
-      {"devopt", "zero_offload",
+      {"devopt",
+       "zero_offload",
        {"train.overlap_optimizer=true", "memory.overrides=[{match: 'model.layers.1.*', optimizer: device}]"}},
       {"unplanned", "auto", {}},
   };
@@ -429,7 +430,8 @@ TEST(PlanInvariance, StagedCopies) {
     EXPECT_NE(m.find("\"staging_fill_s\":"), std::string::npos);
     EXPECT_EQ(m.find("\"staging_fill_s\":null"), std::string::npos) << "measured on every line:\n" << m;
   }
-  const TrainRun tight = s.train("staged_tight", "auto", "least_memory", {"memory.staging=true", "memory.pinned_limit=1KiB"});
+  const TrainRun tight =
+      s.train("staged_tight", "auto", "least_memory", {"memory.staging=true", "memory.pinned_limit=1KiB"});
   EXPECT_EQ(tight.st, MF_ERR_CONFIG);
   EXPECT_NE(tight.err.find("memory.pinned_limit"), std::string::npos) << tight.err;
 }

@@ -82,7 +82,8 @@ struct Staged {
     mf_pt::Shape sh = mf_pt::make_shape(shape);
     ASSERT_EQ(mf_param_table_build(&sh.spec, &t), MF_OK) << mf_last_error();
     mf_program_opts po = {};
-    po.micro_batch = shape == 2 ? 1 : 2, po.seq_len = shape == 2 ? 8 : 16, po.grad_accum = 2, po.aux_coef = 0.01;
+    po.micro_batch = shape == 2 ? 1 : 2, po.seq_len = shape == 2 ? 8 : 16, po.grad_accum = 2,
+    po.aux_coef = 0.01;
     po.order = order;
     ASSERT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
     mf_decisions *d = nullptr;
@@ -95,7 +96,8 @@ struct Staged {
         d->param[i] = MF_PARAM_STREAM, d->grad[i] = MF_GRAD_STREAM;
       if (plan == Plan::kMixed) {
         d->param[i] = (uint8_t)(rng() % 2), d->grad[i] = (uint8_t)(rng() % 2);
-        if (i % 3 == 0) d->param[i] = MF_PARAM_RESIDENT, d->grad[i] = MF_GRAD_DEVICE, d->optim[i] = MF_OPTIM_DEVICE;
+        if (i % 3 == 0)
+          d->param[i] = MF_PARAM_RESIDENT, d->grad[i] = MF_GRAD_DEVICE, d->optim[i] = MF_OPTIM_DEVICE;
       }
     }
     for (int32_t x = 0; x < p->n_tensors; x++) {
@@ -188,8 +190,8 @@ struct Staged {
         for (int32_t i = 0; i < t->n; i++) {
           if (hk.calls[(size_t)i] == 0) continue;
           const mf_param &q = t->params[i];
-          if (hk.calls[(size_t)i] != 1 || !std::equal(hk.seen[(size_t)i].begin(), hk.seen[(size_t)i].end(),
-                                                      g.begin() + q.offset))
+          if (hk.calls[(size_t)i] != 1 ||
+              !std::equal(hk.seen[(size_t)i].begin(), hk.seen[(size_t)i].end(), g.begin() + q.offset))
             out.hooks_ok = 0;
         }
       if (s->n_optim_device) {
@@ -216,7 +218,8 @@ struct Staged {
 };
 
 bool Same(const Result &a, const Result &b) {
-  return a.status == b.status && a.losses == b.losses && a.grads == b.grads && a.w == b.w && a.tokens == b.tokens;
+  return a.status == b.status && a.losses == b.losses && a.grads == b.grads && a.w == b.w &&
+         a.tokens == b.tokens;
 }
 
 class ExecStaging : public ::testing::TestWithParam<std::tuple<int, Plan, mf_program_order>> {};
@@ -236,9 +239,10 @@ TEST_P(ExecStaging, StagedCopiesGiveTheSameBits) {
     mf_cpu_streams mode;
     int threads;
   };
-  for (const Variant &v : {Variant{"immediate", MF_CPU_STREAMS_IMMEDIATE, 1}, Variant{"lazy", MF_CPU_STREAMS_LAZY, 1},
-                           Variant{"copies first", MF_CPU_STREAMS_COPIES_FIRST, 1},
-                           Variant{"lazy, 3 host threads", MF_CPU_STREAMS_LAZY, 3}}) {
+  for (const Variant &v :
+       {Variant{"immediate", MF_CPU_STREAMS_IMMEDIATE, 1}, Variant{"lazy", MF_CPU_STREAMS_LAZY, 1},
+        Variant{"copies first", MF_CPU_STREAMS_COPIES_FIRST, 1},
+        Variant{"lazy, 3 host threads", MF_CPU_STREAMS_LAZY, 3}}) {
     SCOPED_TRACE(v.name);
     RunOpts ro;
     ro.mode = v.mode;
@@ -266,7 +270,8 @@ std::string Name(const ::testing::TestParamInfo<ExecStaging::ParamType> &i) {
 
 INSTANTIATE_TEST_SUITE_P(Plans, ExecStaging,
                          ::testing::Combine(::testing::Values(1, 2),
-                                            ::testing::Values(Plan::kResident, Plan::kStreamOffload, Plan::kMixed),
+                                            ::testing::Values(Plan::kResident, Plan::kStreamOffload,
+                                                              Plan::kMixed),
                                             ::testing::Values(MF_ORDER_MICRO_MAJOR, MF_ORDER_LAYER_MAJOR)),
                          Name);
 
