@@ -136,7 +136,8 @@ struct Staged {
     std::vector<float> g(n), m(n), v(n);
     std::vector<int64_t> step((size_t)t->n, 0);
     std::vector<uint8_t> update((size_t)t->n, 0);
-    mf_cpu_backend_opts o = {nullptr, 0, 0, mf_optim_run_kernel, ro.mode};
+    // The checking mode on (immediate streams only): every copy and kernel operand in live arena memory.
+    mf_cpu_backend_opts o = {nullptr, 0, 1, mf_optim_run_kernel, ro.mode};
     mf_backend *b = nullptr;
     EXPECT_EQ(mf_backend_cpu_create(&o, &b), MF_OK);
     mf_exec *x = nullptr;
