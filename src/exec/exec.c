@@ -136,6 +136,18 @@ static mf_status sync_all(mf_exec *x) {
   return x->sg ? mf_exec_sg_sync(x) : MF_OK;
 }
 
+/* The first index in [l, h) of sorted c whose value is >= v (h: none). */
+static size_t first_at_least(const size_t *c, size_t l, size_t h, size_t v) {
+  while (l < h) {
+    const size_t m = l + (h - l) / 2;
+    if (c[m] < v)
+      l = m + 1;
+    else
+      h = m;
+  }
+  return l;
+}
+
 mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
                          int32_t *n_leaves) {
   size_t *c = NULL;
@@ -151,25 +163,8 @@ mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_
   for (size_t i = 0; i < nc; i++)
     if (nu == 0 || c[nu - 1] != c[i]) c[nu++] = c[i];
   for (int32_t i = 0; i < n; i++) {
-    const size_t a = off[i], e = off[i] + len[i];
-    size_t l = 0, h = nu;
-    while (l < h) { /* first boundary >= a */
-      const size_t m = l + (h - l) / 2;
-      if (c[m] < a)
-        l = m + 1;
-      else
-        h = m;
-    }
-    lo[i] = (int32_t)l;
-    h = nu;
-    while (l < h) {
-      const size_t m = l + (h - l) / 2;
-      if (c[m] < e)
-        l = m + 1;
-      else
-        h = m;
-    }
-    hi[i] = (int32_t)l;
+    lo[i] = (int32_t)first_at_least(c, 0, nu, off[i]);
+    hi[i] = (int32_t)first_at_least(c, (size_t)lo[i], nu, off[i] + len[i]);
   }
   free(c);
   *n_leaves = (int32_t)nu;
