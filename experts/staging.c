@@ -199,24 +199,10 @@ static mf_status pack_region(mf_staging *st, const unit *u, int32_t from, int32_
 
 /* The packing, and the bytes and slabs in flight at once (both directions). */
 static mf_status pack(mf_staging *st, const unit *u) {
-  const int32_t n = st->n_slabs;
-  event *ev = make_events(u, n);
-  if (!ev) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
-  size_t live = 0;
-  int32_t live_n = 0;
-  for (int32_t e = 0; e < 2 * n; e++) {
-    const mf_staging_slab *x = &st->slabs[ev[e].idx];
-    if (!ev[e].is_start) {
-      live -= x->bytes;
-      live_n--;
-      continue;
-    }
-    live += x->bytes;
-    live_n++;
-    if (live > st->peak_inflight_bytes) st->peak_inflight_bytes = live;
-    if (live_n > st->max_slabs_inflight) st->max_slabs_inflight = live_n;
-  }
-  free(ev);
+  uint64_t peak = 0;
+  MF_CHECK(peak_bytes(u, st->slabs, 0, st->n_slabs, &peak));
+  MF_CHECK(max_overlap(u, st->n_slabs, &st->max_slabs_inflight));
+  st->peak_inflight_bytes = (size_t)peak;
   size_t h2d_top = 0, d2h_top = 0;
   MF_CHECK(pack_region(st, u, 0, st->n_h2d_slabs, 0, &h2d_top));
   MF_CHECK(pack_region(st, u, st->n_h2d_slabs, st->n_slabs, h2d_top, &d2h_top));
