@@ -22,6 +22,9 @@ int mf_cuda_compiled(void);
  * error: *count = 0 and `why` (if given) says which. */
 mf_status mf_cuda_device_count(int *count, char *why, size_t why_cap);
 mf_status mf_cuda_device_name(int device, char *buf, size_t cap);
+/* The device's free and total memory now (cudaMemGetInfo; creates the
+ * device's context when it has none yet, so the context is no longer free). */
+mf_status mf_cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* Device buffers for tests and tools (the executor uses its one arena). */
 mf_status mf_cuda_malloc(size_t bytes, void **out);

@@ -30,6 +30,16 @@ extern "C" mf_status mf_cuda_device_name(int device, char *buf, size_t cap) {
   return MF_OK;
 }
 
+extern "C" mf_status mf_cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  *free_bytes = *total_bytes = 0;
+  MF_CUDA_CHECK(cudaSetDevice(device));
+  size_t f = 0, t = 0;
+  MF_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  *free_bytes = f;
+  *total_bytes = t;
+  return MF_OK;
+}
+
 extern "C" mf_status mf_cuda_malloc(size_t bytes, void **out) {
   *out = NULL;
   MF_CUDA_CHECK(cudaMalloc(out, bytes ? bytes : 1));

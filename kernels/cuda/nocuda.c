@@ -15,6 +15,10 @@ mf_status mf_cuda_device_count(int *count, char *why, size_t why_cap) {
 #define NO_CUDA() MF_ERR(MF_ERR_NO_DEVICE, "moefit was built without CUDA")
 
 mf_status mf_cuda_device_name(int device, char *buf, size_t cap) { return NO_CUDA(); }
+mf_status mf_cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  *free_bytes = *total_bytes = 0;
+  return NO_CUDA();
+}
 mf_status mf_cuda_malloc(size_t bytes, void **out) {
   *out = NULL;
   return NO_CUDA();

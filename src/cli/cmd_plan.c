@@ -6,12 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "experts/staging.h"
-#include "planner/host.h"
-#include "planner/plan.h"
-#include "planner/plan_io.h"
 #include "planner/render.h"
-#include "planner/routing.h"
+#include "planner/run_plan.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/io/hf_config.h"
@@ -46,26 +42,21 @@ static void row(const char *name, const mf_plan *pl) {
          pl->fits ? "fits" : "does not fit");
 }
 
-/* The chosen plan's pinned staging arena beside a ZeRO-Infinity-style pool, and
- * its host memory against memory.host_limit, with the NVMe spill past it.
- * Fills the plan file's staging and host figures. */
-static mf_status memory_summary(const mf_program *p, const mf_hwprofile *hw, const mf_config_memory *mem,
-                                const mf_plan *pl, mf_plan_figures *fig) {
-  mf_staging *sg = NULL;
-  int fits = 0;
-  MF_CHECK(mf_staging_build_within(pl->s, &pl->sim, hw, NULL, mem->pinned_limit, &sg, &fits));
-  mf_host_usage u;
-  mf_status st = mf_host_account(p, pl->s, sg->arena_bytes, mem, hw, &u);
-  if (st != MF_OK) {
-    mf_staging_free(sg);
-    return st;
-  }
+/* The run's pinned staging arena (when copies are staged) beside a
+ * ZeRO-Infinity-style pool, and its host memory against memory.host_limit,
+ * with the NVMe spill past it. */
+static void staging_summary(const mf_run_plan *rp, const mf_config_memory *mem) {
+  const mf_staging *sg = rp->staging;
   char a[32], b[32], c[32], d[32];
+  if (!sg) {
+    printf("\ncopies: straight between host memory and the device arena (memory.staging %s on the %s backend)\n",
+           mem->staging == MF_CONFIG_STAGING_OFF ? "false" : "auto: off", rp->dev.name);
+    return;
+  }
   printf(
       "\npinned staging: %s in %d exact-size slabs (<= %s each, largest %s; %d busy at once, %s in flight at "
       "most)\n",
-      mf_format_bytes(sg->arena_bytes, a, sizeof a), sg->n_slabs,
-      mf_format_bytes(sg->opts.max_slab_bytes, b, sizeof b),
+      mf_format_bytes(sg->arena_bytes, a, sizeof a), sg->n_slabs, mf_format_bytes(sg->opts.max_slab_bytes, b, sizeof b),
       mf_format_bytes(sg->largest_slab_bytes, c, sizeof c), sg->max_slabs_inflight,
       mf_format_bytes(sg->peak_inflight_bytes, d, sizeof d));
   printf(
@@ -76,66 +67,55 @@ static mf_status memory_summary(const mf_program *p, const mf_hwprofile *hw, con
          sg->pool_buffers, mf_format_bytes(sg->pool_buffer_bytes, a, sizeof a),
          mf_format_bytes(sg->pool_bytes, b, sizeof b),
          sg->pool_bytes ? (double)sg->arena_bytes / (double)sg->pool_bytes : 0.0);
-  if (mem->pinned_limit) {
-    mf_format_bytes(mem->pinned_limit, a, sizeof a);
-    if (fits && !sg->throttled)
-      printf("  within memory.pinned_limit %s\n", a);
-    else if (fits)
-      printf(
-          "  within memory.pinned_limit %s only by holding copies back: H2D starts up to %.3f s and D2H up "
-          "to "
-          "%.3f s later than simulated (not in the predicted step)\n",
-          a, sg->h2d_slip_seconds, sg->d2h_slip_seconds);
-    else
-      printf(
-          "  OVER memory.pinned_limit %s: no layout found within it (the largest slab alone is %s); raise "
-          "the "
-          "limit\n",
-          a, mf_format_bytes(sg->largest_slab_bytes, b, sizeof b));
-  }
-  const int bf16_moments = mem && mem->adam_moments == MF_CONFIG_MOMENTS_BF16; /* train.adam_moments */
+  if (!mem->pinned_limit) return;
+  mf_format_bytes(mem->pinned_limit, a, sizeof a);
+  if (rp->staging_fits && !sg->throttled)
+    printf("  within memory.pinned_limit %s\n", a);
+  else if (rp->staging_fits)
+    printf(
+        "  within memory.pinned_limit %s only by holding copies back: H2D starts up to %.3f s and D2H up to %.3f "
+        "s later than simulated (not in the predicted step)\n",
+        a, sg->h2d_slip_seconds, sg->d2h_slip_seconds);
+  else
+    printf("  OVER memory.pinned_limit %s: no layout found within it (the largest slab alone is %s); raise the "
+           "limit\n",
+           a, mf_format_bytes(sg->largest_slab_bytes, b, sizeof b));
+}
+
+static void host_summary(const mf_run_plan *rp, const mf_config_memory *mem) {
+  const mf_host_usage *u = &rp->host;
+  const mf_hwprofile *hw = &rp->hw;
+  char a[32], b[32], c[32], d[32], g[32];
+  const int bf16_moments = mem->adam_moments == MF_CONFIG_MOMENTS_BF16; /* train.adam_moments */
   const char *parts[6] = {
       "fp32 master weights",   "working copy",
       "fp32 gradient sums",    bf16_moments ? "Adam moments (bf16)" : "Adam moments (fp32)",
       "offloaded activations", "pinned staging"};
-  const uint64_t bytes[6] = {u.master_bytes, u.working_bytes, u.grad_bytes,
-                             u.moment_bytes, u.act_bytes,     u.pinned_bytes};
+  const uint64_t bytes[6] = {u->master_bytes, u->working_bytes, u->grad_bytes,
+                             u->moment_bytes, u->act_bytes,     u->pinned_bytes};
   printf("host memory:");
-  for (int i = 0; i < 6; i++)
-    printf("%s %s %s", i ? " +" : "", parts[i], mf_format_bytes(bytes[i], a, sizeof a));
-  printf(" = %s of host_limit %s", mf_format_bytes(u.total_bytes, a, sizeof a),
-         mf_format_bytes(u.host_limit, b, sizeof b));
-  if (u.host_fits) {
+  for (int i = 0; i < 6; i++) printf("%s %s %s", i ? " +" : "", parts[i], mf_format_bytes(bytes[i], a, sizeof a));
+  printf(" = %s of host_limit %s", mf_format_bytes(u->total_bytes, a, sizeof a),
+         mf_format_bytes(u->host_limit, b, sizeof b));
+  if (u->host_fits) {
     printf(": fits\n");
-  } else {
-    printf(": over by %s\n", mf_format_bytes(u.total_bytes - u.host_limit, a, sizeof a));
-    char g[32];
-    if (u.spill_cold_master_bytes > 0)
-      printf("  NVMe spill: master weights of parameters updated on the device %s (no per-step traffic)\n",
-             mf_format_bytes(u.spill_cold_master_bytes, a, sizeof a));
-    if (u.spill_moment_bytes + u.spill_master_bytes + u.spill_grad_bytes > 0)
-      printf(
-          "  NVMe spill: moments %s, master weights %s, gradient sums %s: %s read+written per step = %.3f "
-          "s/step at %s/s\n",
-          mf_format_bytes(u.spill_moment_bytes, a, sizeof a),
-          mf_format_bytes(u.spill_master_bytes, b, sizeof b),
-          mf_format_bytes(u.spill_grad_bytes, g, sizeof g),
-          mf_format_bytes(mf_host_spill_traffic_bytes(&u), c, sizeof c),
-          (double)mf_host_spill_traffic_bytes(&u) / hw->nvme_bandwidth,
-          mf_format_bytes((uint64_t)hw->nvme_bandwidth, d, sizeof d));
-    if (u.unplaced_bytes > 0)
-      printf("  DOES NOT FIT: %s fit neither host memory nor NVMe (%s)\n",
-             mf_format_bytes(u.unplaced_bytes, a, sizeof a),
-             !u.nvme ? (mem->nvme_dir ? "the hardware profile has no NVMe bandwidth"
-                                      : "memory.nvme_dir is not set")
-                     : "only moments, master weights and gradient sums that land home once a step spill");
+    return;
   }
-  fig->staging_bytes = sg->arena_bytes;
-  fig->staging_slab_limit_bytes = sg->opts.max_slab_bytes;
-  fig->staging_pool_bytes = sg->pool_bytes;
-  fig->host_bytes = u.total_bytes;
-  mf_staging_free(sg);
-  return MF_OK;
+  printf(": over by %s\n", mf_format_bytes(u->total_bytes - u->host_limit, a, sizeof a));
+  if (u->spill_cold_master_bytes > 0)
+    printf("  NVMe spill: master weights of parameters updated on the device %s (no per-step traffic)\n",
+           mf_format_bytes(u->spill_cold_master_bytes, a, sizeof a));
+  if (u->spill_moment_bytes + u->spill_master_bytes + u->spill_grad_bytes > 0)
+    printf("  NVMe spill: moments %s, master weights %s, gradient sums %s: %s read+written per step = %.3f s/step "
+           "at %s/s\n",
+           mf_format_bytes(u->spill_moment_bytes, a, sizeof a), mf_format_bytes(u->spill_master_bytes, b, sizeof b),
+           mf_format_bytes(u->spill_grad_bytes, g, sizeof g), mf_format_bytes(mf_host_spill_traffic_bytes(u), c, sizeof c),
+           (double)mf_host_spill_traffic_bytes(u) / hw->nvme_bandwidth,
+           mf_format_bytes((uint64_t)hw->nvme_bandwidth, d, sizeof d));
+  if (u->unplaced_bytes > 0)
+    printf("  DOES NOT FIT: %s fit neither host memory nor NVMe (%s)\n", mf_format_bytes(u->unplaced_bytes, a, sizeof a),
+           !u->nvme ? (mem->nvme_dir ? "the hardware profile has no NVMe bandwidth" : "memory.nvme_dir is not set")
+                    : "only moments, master weights and gradient sums that land home once a step spill");
 }
 
 static const char *strip_micro(const char *name) {
@@ -263,88 +243,63 @@ int mf_cli_plan(int argc, char **argv) {
   const double t0 = mf_time_now();
   mf_config *cfg = NULL;
   mf_param_table *t = NULL;
-  mf_program *p = NULL;
-  mf_plan *all[MF_PLAN_KIND_COUNT_] = {NULL};
-  mf_routing routing;
-  memset(&routing, 0, sizeof routing);
-  mf_hwprofile hw;
+  mf_run_plan *rp = NULL;
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_config_load(path, overrides, n_over, &cfg), st, done);
+  MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
   mf_model_spec spec;
   if (cfg->model.has_init)
     spec = cfg->model.init;
   else
     MF_CHECK_GOTO(mf_hf_config_load(cfg->model.path, &spec), st, done);
-  const char *profile = mf_plan_profile_path(cfg->hardware.profile);
-  MF_CHECK_GOTO(mf_hwprofile_load(profile, &hw), st, done);
   MF_CHECK_GOTO(mf_param_table_build(&spec, &t), st, done);
-  double aux = isnan(cfg->train.aux_loss_coef) ? spec.router_aux_loss_coef : cfg->train.aux_loss_coef;
-  /* The cuda backend stores weights and activations as bf16 on the device: size them so. */
-  const mf_program_order order =
-      cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR;
-  const mf_dtype storage = cfg->backend == MF_CONFIG_BACKEND_CUDA ? MF_DTYPE_BF16 : MF_DTYPE_F32;
-  uint64_t budget = cfg->memory.device_budget;
-  if (budget == MF_CONFIG_SIZE_AUTO)
-    budget = hw.device_memory > hw.device_reserve ? hw.device_memory - hw.device_reserve : 0;
-  mf_plan_request rq;
-  memset(&rq, 0, sizeof rq);
-  rq.params = t;
-  rq.opts = (mf_program_opts){
-      cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, order, storage,
-      cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
-  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
-  rq.hw = &hw;
-  rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
-  rq.budget = budget;
-  rq.memory = &cfg->memory;
-  int routed = 0;
-  char rpath[1024];
-  MF_CHECK_GOTO(mf_routing_for_config(cfg, &spec, &routing, &routed, rpath, sizeof rpath), st, done);
-  rq.expert_share = routed ? routing.share : NULL;
-  MF_CHECK_GOTO(mf_plan_for(&rq, &p, all), st, done);
-  const mf_plan *chosen = all[MF_PLAN_CHOSEN];
+  MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
+  const mf_program *p = rp->prog;
+  const mf_plan *chosen = rp->plan;
 
   int64_t total = 0, active = 0;
   mf_model_spec_param_count(&spec, &total, &active);
-  char b1[32];
+  char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
   const int64_t tokens = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
   printf(
       "plan for %s: %s, %.4gM parameters (%.4gM active), %lld layers, %lld experts top-%lld; %s order, %s "
       "device storage\n",
       path, mf_family_name(spec.family), (double)total / 1e6, (double)active / 1e6, (long long)spec.layers,
-      (long long)spec.experts, (long long)spec.top_k, mf_program_order_name(p->order),
-      mf_dtype_name(p->storage));
+      (long long)spec.experts, (long long)spec.top_k, mf_program_order_name(p->order), mf_dtype_name(p->storage));
   printf("batch: %lld micro-batches x %lld sequences x %lld tokens = %lld tokens per step\n",
          (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
          (long long)tokens);
-  printf("device budget %s; hardware profile %s (%s)\n", mf_format_bytes(budget, b1, sizeof b1), profile,
-         hw.name);
-  if (routed)
-    printf("routing: measured, %s (%llu tokens): expert copies priced by the chance they happen\n", rpath,
-           (unsigned long long)routing.tokens);
+  if (rp->dev.total_bytes > 0)
+    printf("device budget %s (%s) = %s the %s backend keeps (cuBLASLt workspace %s, kernel scratch %s, CUDA "
+           "context %s) + %s for the arena\n",
+           mf_format_bytes(rp->budget, b1, sizeof b1), rp->budget_source,
+           mf_format_bytes(rp->dev.total_bytes, b2, sizeof b2), rp->dev.name,
+           mf_format_bytes(rp->dev.workspace_bytes, b3, sizeof b3),
+           mf_format_bytes(rp->dev.scratch_bytes, b4, sizeof b4), mf_format_bytes(rp->dev.context_bytes, b5, sizeof b5),
+           mf_format_bytes(rp->arena_limit, b6, sizeof b6));
+  else
+    printf("device budget %s (%s), all of it for the arena (the %s backend keeps nothing beside it)\n",
+           mf_format_bytes(rp->budget, b1, sizeof b1), rp->budget_source, rp->dev.name);
+  printf("hardware profile %s (%s)\n", rp->profile_path, rp->hw.name);
+  if (rp->routed)
+    printf("routing: measured, %s (%llu tokens): expert copies priced by the chance they happen\n",
+           rp->routing_path, (unsigned long long)rp->routing.tokens);
   else
     printf("routing: uniform (memory.routing: %s)\n", cfg->memory.routing ? cfg->memory.routing : "auto");
   printf("\n  %-24s %10s %10s %10s %10s %9s %9s %9s %9s\n", "plan", "arena", "peak", "H2D/step", "D2H/step",
          "step s", "compute", "exp.xfer", "exp.opt");
   row(cfg->memory.plan_kind == MF_CONFIG_PLAN_AUTO ? "chosen" : "memory.plan", chosen);
-  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++)
-    row(mf_plan_kind_name((mf_plan_kind)k), all[k]);
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) row(mf_plan_kind_name((mf_plan_kind)k), rp->all[k]);
   printf("\n%s: %.4f s/step predicted = %.0f tokens/s; host optimizer %s\n", chosen->name,
          chosen->sim.step_seconds, (double)tokens / chosen->sim.step_seconds,
-         mf_config_overlaps_optimizer(cfg) ? "behind the next step's device work (train.overlap_optimizer)"
-                                           : "after each step (train.overlap_optimizer)");
-  /* The staging and host figures come from memory_summary. */
-  mf_plan_figures fig = {.device_budget_bytes = budget,
-                         .peak_device_bytes = chosen->s->peak_live_bytes,
-                         .arena_bytes = chosen->s->arena_bytes,
-                         .predicted_step_seconds = chosen->sim.step_seconds,
-                         .persist_bytes = chosen->s->persist_bytes};
+         rp->overlap_optimizer ? "behind the next step's device work (train.overlap_optimizer)"
+                               : "after each step (train.overlap_optimizer)");
   MF_CHECK_GOTO(mf_render_optimizer_summary(p, chosen->d, stdout), st, done);
-  MF_CHECK_GOTO(memory_summary(p, &hw, &cfg->memory, chosen, &fig), st, done);
+  staging_summary(rp, &cfg->memory);
+  host_summary(rp, &cfg->memory);
   MF_CHECK_GOTO(mf_render_layer_table(p, chosen->d, stdout), st, done);
   if (pattern) MF_CHECK_GOTO(explain(p, chosen, pattern), st, done);
   if (json) {
-    MF_CHECK_GOTO(mf_plan_write_json(p, chosen->d, &fig, json), st, done);
+    MF_CHECK_GOTO(mf_run_plan_write_json(rp, json), st, done);
     printf("\nplan written to %s\n", json);
   }
   if (svg) {
@@ -353,9 +308,7 @@ int mf_cli_plan(int argc, char **argv) {
   }
   printf("\nplanned in %.2f s\n", mf_time_now() - t0);
 done:
-  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(all[k]);
-  mf_routing_free(&routing);
-  mf_program_free(p);
+  mf_run_plan_free(rp);
   mf_param_table_free(t);
   mf_config_free(cfg);
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail("plan", st);

@@ -4,7 +4,7 @@
 
 #include "src/cli/commands.h"
 #include "src/config/config.h"
-#include "src/exec/train.h"
+#include "src/train/train.h"
 
 static const char k_train_usage[] =
     "usage: moefit train CONFIG [key=value ...]\n"
@@ -12,8 +12,9 @@ static const char k_train_usage[] =
     "Trains CONFIG's model on its token files. key=value pairs override the file\n"
     "(e.g. train.lr=1e-4 train.steps=50); `moefit config --help` lists the keys.\n"
     "Progress lines go to stderr; OUTPUT_DIR/metrics.jsonl gets one JSON object per logged\n"
-    "step; the final weights go to OUTPUT_DIR/final as a Hugging Face model directory.\n"
-    "The cpu backend runs today (backend: cpu or auto).\n";
+    "step; the final weights go to OUTPUT_DIR/final as a Hugging Face model directory, and\n"
+    "OUTPUT_DIR/plan.json gets the plan the run follows (written before the backend starts;\n"
+    "`moefit plan CONFIG --json FILE` writes the same file for the same config and overrides).\n";
 
 static const char k_eval_usage[] =
     "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--model DIR] [--dump-logits FILE]\n\n"
@@ -24,7 +25,7 @@ static const char k_eval_usage[] =
     "--dump-logits FILE writes the first sequence's logits: float32, row-major [seq_len, vocab].\n";
 
 /* Splits argv into the config, key=value overrides and --options (name, value). */
-static int load_config(const char *cmd, int argc, char **argv, const char *const *opt_names, const char **opt_values,
+static int load_config(const char *cmd, mf_config_use use, int argc, char **argv, const char *const *opt_names, const char **opt_values,
                        int n_opts, mf_config **cfg) {
   const char *path = NULL;
   const char *overrides[256];
@@ -50,7 +51,7 @@ static int load_config(const char *cmd, int argc, char **argv, const char *const
     }
   }
   if (!path) return mf_cli_usage_error(cmd, "expected a CONFIG file");
-  mf_status st = mf_config_load(path, overrides, n_over, cfg);
+  mf_status st = mf_config_load_for(path, overrides, n_over, use, cfg);
   if (st != MF_OK) return mf_cli_fail(cmd, st);
   return MF_EXIT_OK;
 }
@@ -61,7 +62,7 @@ int mf_cli_train(int argc, char **argv) {
     return MF_EXIT_OK;
   }
   mf_config *cfg = NULL;
-  int rc = load_config("train", argc, argv, NULL, NULL, 0, &cfg);
+  int rc = load_config("train", MF_CONFIG_FOR_TRAIN, argc, argv, NULL, NULL, 0, &cfg);
   if (rc != MF_EXIT_OK) return rc;
   mf_train_summary sum;
   mf_status st = mf_train(cfg, 0, &sum);
@@ -77,7 +78,7 @@ int mf_cli_eval(int argc, char **argv) {
   const char *names[3] = {"--tokens", "--model", "--dump-logits"};
   const char *values[3] = {NULL, NULL, NULL};
   mf_config *cfg = NULL;
-  int rc = load_config("eval", argc, argv, names, values, 3, &cfg);
+  int rc = load_config("eval", MF_CONFIG_FOR_EVAL, argc, argv, names, values, 3, &cfg);
   if (rc != MF_EXIT_OK) return rc;
   mf_eval_opts o = {values[0], values[1], values[2]};
   mf_eval_result r;

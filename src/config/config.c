@@ -24,6 +24,7 @@ _Static_assert(sizeof(mf_family) == sizeof(int), "enum fields are written as int
 
 typedef struct walk {
   mf_config *cfg;
+  mf_config_use use; /* which keys are required */
   const mf_ynode *root;
   const mf_ynode *seen[MAX_KEYS]; /* the value node of every key given */
 } walk;
@@ -477,6 +478,12 @@ static char *default_output_dir(const char *name) {
   return mf_strdup(buf);
 }
 
+/* The model is required by every command; what trains only by train. */
+static int required_for(const char *path, mf_config_use use) {
+  if (use == MF_CONFIG_FOR_TRAIN) return 1;
+  return strcmp(path, "data.train") != 0 && strcmp(path, "train.steps") != 0;
+}
+
 static mf_status finish(walk *w, const char *name) {
   mf_config *c = w->cfg;
   char loc[512];
@@ -503,6 +510,7 @@ static mf_status finish(walk *w, const char *name) {
   for (size_t i = 0; i < mf_config_n_keys; i++) {
     const mf_config_key *k = &mf_config_keys[i];
     if (!(k->flags & MF_CK_REQUIRED) || k->kind == MF_CK_SECTION || k->kind == MF_CK_FAMILY) continue;
+    if (!required_for(k->path, w->use)) continue;
     if (!w->seen[i]) return NODE_ERR(blame(w, k->path), "missing required key '%s' (%s)", k->path, k->help);
   }
   if (c->model.has_init) {
@@ -542,7 +550,8 @@ static mf_status finish(walk *w, const char *name) {
           (long long)s->max_seq);
     if (isnan(c->train.aux_loss_coef)) c->train.aux_loss_coef = s->router_aux_loss_coef;
   }
-  if (c->train.warmup > c->train.steps)
+  /* Without train.steps (plan, eval) there is no schedule to check warmup against. */
+  if (w->seen[mf_config_key_find("train.steps")] && c->train.warmup > c->train.steps)
     return NODE_ERR(
         blame(w, seen_given(w, mf_config_key_find("train.warmup")) ? "train.warmup" : "train.steps"),
         "train.warmup (%lld) must be <= train.steps (%lld)", (long long)c->train.warmup,
@@ -652,8 +661,8 @@ static mf_status apply_override(mf_ydoc *doc, const char *ov) {
 
 /* --------------------------------------------------------------- API */
 
-mf_status mf_config_load_string(const char *text, size_t len, const char *name, const char *const *overrides,
-                                size_t n_overrides, mf_config **out) {
+static mf_status load_string(const char *text, size_t len, const char *name, const char *const *overrides,
+                             size_t n_overrides, mf_config_use use, mf_config **out) {
   if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load_string: out is NULL");
   *out = NULL;
   if (!text && len) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load_string: text is NULL");
@@ -691,6 +700,7 @@ mf_status mf_config_load_string(const char *text, size_t len, const char *name, 
   MF_CHECK_GOTO(mf_calloc(1, sizeof *cfg, "config", (void **)&cfg), st, done);
   MF_CHECK_GOTO(mf_calloc(1, sizeof *w, "config walk", (void **)&w), st, done);
   w->cfg = cfg;
+  w->use = use;
   w->root = doc.root;
   MF_CHECK_GOTO(apply_defaults(w), st, done);
   MF_CHECK_GOTO(walk_map(w, doc.root, ""), st, done);
@@ -708,8 +718,17 @@ done:
   return st;
 }
 
-mf_status mf_config_load(const char *path, const char *const *overrides, size_t n_overrides,
-                         mf_config **out) {
+mf_status mf_config_load_string(const char *text, size_t len, const char *name, const char *const *overrides,
+                                size_t n_overrides, mf_config **out) {
+  return load_string(text, len, name, overrides, n_overrides, MF_CONFIG_FOR_TRAIN, out);
+}
+
+mf_status mf_config_load(const char *path, const char *const *overrides, size_t n_overrides, mf_config **out) {
+  return mf_config_load_for(path, overrides, n_overrides, MF_CONFIG_FOR_TRAIN, out);
+}
+
+mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides, mf_config_use use,
+                             mf_config **out) {
   if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: out is NULL");
   *out = NULL;
   if (!path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: path is NULL");
@@ -741,7 +760,7 @@ mf_status mf_config_load(const char *path, const char *const *overrides, size_t 
     }
   }
   fclose(f);
-  if (st == MF_OK) st = mf_config_load_string(buf, len, path, overrides, n_overrides, out);
+  if (st == MF_OK) st = load_string(buf, len, path, overrides, n_overrides, use, out);
   free(buf);
   return st;
 }
@@ -826,16 +845,6 @@ const char *mf_config_backend_name(mf_config_backend b) {
 const char *mf_config_mb_order_name(mf_config_mb_order o) {
   static const char *const n[] = {"auto", "layer", "micro"};
   return (unsigned)o < 3 ? n[o] : "invalid";
-}
-
-int mf_config_overlaps_optimizer(const mf_config *cfg) {
-  if (cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_AUTO) return cfg->backend == MF_CONFIG_BACKEND_CUDA;
-  return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
-}
-
-int mf_config_stages_copies(const mf_config *cfg) {
-  if (cfg->memory.staging == MF_CONFIG_STAGING_AUTO) return cfg->backend == MF_CONFIG_BACKEND_CUDA;
-  return cfg->memory.staging == MF_CONFIG_STAGING_ON;
 }
 
 const char *mf_config_moments_name(mf_config_moments m) {

@@ -63,14 +63,14 @@ typedef enum mf_config_moments {
 
 /* train.overlap_optimizer. */
 typedef enum mf_config_overlap {
-  MF_CONFIG_OVERLAP_AUTO = 0, /* on for the cuda backend, off on cpu (mf_config_overlaps_optimizer) */
+  MF_CONFIG_OVERLAP_AUTO = 0, /* on for the cuda backend, off on cpu (planner/run_plan.h decides) */
   MF_CONFIG_OVERLAP_ON,
   MF_CONFIG_OVERLAP_OFF,
 } mf_config_overlap;
 
 /* memory.staging. */
 typedef enum mf_config_staging {
-  MF_CONFIG_STAGING_AUTO = 0, /* on for the cuda backend, off on cpu (mf_config_stages_copies) */
+  MF_CONFIG_STAGING_AUTO = 0, /* on for the cuda backend, off on cpu (planner/run_plan.h decides) */
   MF_CONFIG_STAGING_ON,
   MF_CONFIG_STAGING_OFF,
 } mf_config_staging;
@@ -187,6 +187,21 @@ mf_status mf_config_load_string(const char *text, size_t len, const char *name, 
                                 size_t n_overrides, mf_config **out);
 void mf_config_free(mf_config *cfg); /* NULL is fine */
 
+/* What a config is loaded for: each command requires only the keys it uses.
+ * Every one needs the model (model.path or model.init); TRAIN also data.train
+ * and train.steps (mf_config_load); PLAN and EVAL neither (eval's tokens come
+ * from --tokens, data.valid or data.train; plan reads no data). The keys not
+ * given take their defaults; train.warmup is checked against train.steps only
+ * when train.steps is given. */
+typedef enum mf_config_use {
+  MF_CONFIG_FOR_TRAIN = 0,
+  MF_CONFIG_FOR_PLAN,
+  MF_CONFIG_FOR_EVAL,
+} mf_config_use;
+
+mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides, mf_config_use use,
+                             mf_config **out);
+
 /* Writes the resolved config as YAML, every default filled in; loading the
  * output gives a config equal to `cfg`. MF_ERR_IO when the write fails. */
 mf_status mf_config_print(const mf_config *cfg, FILE *f);
@@ -199,15 +214,6 @@ const char *mf_config_schedule_name(mf_config_schedule s); /* "cosine" */
 const char *mf_config_backend_name(mf_config_backend b);   /* "auto" */
 const char *mf_config_mb_order_name(mf_config_mb_order o); /* "layer" */
 const char *mf_config_moments_name(mf_config_moments m);   /* "bf16" */
-/* Whether the host optimizer overlaps the next step: train.overlap_optimizer,
- * with auto on for backend cuda and off otherwise — on the cpu backend the
- * "device" work runs on the host's own cores, so the overlap only contends. */
-int mf_config_overlaps_optimizer(const mf_config *cfg);
-/* Whether a planned run copies through the pinned staging arena:
- * memory.staging, with auto on for backend cuda (a copy from or to pageable
- * memory cannot overlap there) and off otherwise (on the cpu backend the
- * "device" is host memory: staging only adds a copy). */
-int mf_config_stages_copies(const mf_config *cfg);
 /* The memory.plan word of a baseline ("zero_offload"); "auto" for AUTO, NULL for FILE. */
 const char *mf_config_plan_word(mf_config_plan p);
 

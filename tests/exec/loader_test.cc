@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "src/exec/loader.h"
+#include "src/train/loader.h"
 #include "src/io/tokens.h"
 
 namespace {

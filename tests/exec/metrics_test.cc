@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "src/exec/metrics.h"
+#include "src/train/metrics.h"
 
 namespace {
 

@@ -33,7 +33,7 @@
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/exec/exec.h"
-#include "src/exec/train.h"
+#include "src/train/train.h"
 #include "src/io/tokens.h"
 #include "src/model/params.h"
 #include "src/model/program.h"

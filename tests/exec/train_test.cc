@@ -18,12 +18,13 @@
 
 #include <jansson.h>
 
-#include "kernels/cuda/cuda.h"
+#include "kernels/registry.h"
 #include "planner/hwprofile.h"
 #include "planner/plan.h"
+#include "planner/run_plan.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
-#include "src/exec/train.h"
+#include "src/train/train.h"
 #include "src/io/tokens.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
@@ -148,12 +149,13 @@ TEST(Train, PlannedRunMatchesResidentRun) {
 }
 
 // backend: cuda on a machine without a GPU (or a build without the toolkit):
-// a clean error naming the backend, no run started. (On a GPU machine
-// tools/gpu_check.sh runs the demo on cuda.)
+// a clean error naming the backend, no run started — after the plan it would
+// have run is written to OUTPUT/plan.json. (On a GPU machine tools/gpu_check.sh
+// runs the demo on cuda.)
 TEST(Train, CudaBackendWithoutAGpuIsACleanError) {
-  int n = 0;
-  char why[256];
-  if (mf_cuda_device_count(&n, why, sizeof why) == MF_OK && n > 0) GTEST_SKIP() << "a GPU is present";
+  const char *found = nullptr;
+  ASSERT_EQ(mf_backend_resolve("auto", &found), MF_OK);
+  if (std::string(found) == "cuda") GTEST_SKIP() << "a GPU is present";
   mf_config *cfg = config(tmp() + "/run_cuda", 2, 2);
   ASSERT_NE(cfg, nullptr);
   cfg->backend = MF_CONFIG_BACKEND_CUDA;
@@ -163,6 +165,7 @@ TEST(Train, CudaBackendWithoutAGpuIsACleanError) {
   EXPECT_TRUE(st == MF_ERR_NO_DEVICE || st == MF_ERR_UNSUPPORTED) << mf_status_name(st);
   EXPECT_NE(std::string(mf_last_error()).find("backend: cuda"), std::string::npos) << mf_last_error();
   EXPECT_EQ(sum.steps, 0);
+  EXPECT_FALSE(slurp(tmp() + "/run_cuda/plan.json").empty()) << "the plan is written before the backend starts";
 }
 
 // memory.nvme_dir: past memory.host_limit the plan's host accounting spills
@@ -239,28 +242,12 @@ TEST(Train, StreamMetricsMatchThePlan) {
   mf_train_summary sum;
   ASSERT_EQ(mf_train(cfg, 1, &sum), MF_OK) << mf_last_error();
 
-  // The plan train follows, chosen the same way.
+  // The plan train follows: the run plan of the same config.
   mf_param_table *t = nullptr;
   ASSERT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK) << mf_last_error();
-  mf_program_opts po = {};
-  po.micro_batch = cfg->train.micro_batch, po.seq_len = cfg->data.seq_len, po.grad_accum = cfg->train.grad_accum;
-  po.aux_coef = std::isnan(cfg->train.aux_loss_coef) ? t->spec.router_aux_loss_coef : cfg->train.aux_loss_coef;
-  mf_program *prog = nullptr;
-  mf_hwprofile hw;
-  ASSERT_EQ(mf_hwprofile_load("configs/hw/cpu-2core.yaml", &hw), MF_OK) << mf_last_error();
-  mf_plan_request rq{};
-  rq.params = t;
-  rq.opts = po;
-  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
-  rq.hw = &hw;
-  rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
-  rq.budget = cfg->memory.device_budget;
-  rq.memory = &cfg->memory;
-  mf_plan *all[MF_PLAN_KIND_COUNT_];
-  ASSERT_EQ(mf_plan_for(&rq, &prog, all), MF_OK) << mf_last_error();
-  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
-    if (k != MF_PLAN_CHOSEN) mf_plan_free(all[k]);
-  mf_plan *plan = all[MF_PLAN_CHOSEN];
+  mf_run_plan *rp = nullptr;
+  ASSERT_EQ(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), MF_OK) << mf_last_error();
+  const mf_plan *plan = rp->plan;
   const mf_schedule *s = plan->s;
   ASSERT_GT(s->h2d_bytes, 0u) << "the budget should make the plan stream";
   EXPECT_EQ(sum.predicted_step_s, plan->sim.step_seconds);
@@ -302,8 +289,7 @@ TEST(Train, StreamMetricsMatchThePlan) {
     n++;
   }
   EXPECT_GE(n, 2);  // steps 1, 10, 12
-  mf_plan_free(plan);
-  mf_program_free(prog);
+  mf_run_plan_free(rp);
   mf_param_table_free(t);
   mf_config_free(cfg);
 }

@@ -13,7 +13,7 @@
 
 #include "src/config/config.h"
 #include "src/core/core.h"
-#include "src/exec/train.h"
+#include "src/train/train.h"
 #include "src/io/tokens.h"
 
 namespace {

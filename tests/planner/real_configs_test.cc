@@ -14,6 +14,7 @@
 
 #include "experts/staging.h"
 #include "planner/plan.h"
+#include "planner/run_plan.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/model/params.h"
@@ -24,39 +25,27 @@ namespace {
 struct Planned {
   mf_config *cfg = nullptr;
   mf_param_table *t = nullptr;
-  mf_hwprofile hw{};
-  mf_program *p = nullptr;
-  mf_plan *all[MF_PLAN_KIND_COUNT_] = {};
+  mf_run_plan *rp = nullptr;
+  mf_plan **all = nullptr;     // rp->all
+  const mf_program *p = nullptr;  // rp->prog
   double seconds = 0;
   ~Planned() {
-    for (mf_plan *pl : all) mf_plan_free(pl);
-    mf_program_free(p);
+    mf_run_plan_free(rp);
     mf_param_table_free(t);
     mf_config_free(cfg);
   }
 };
 
-// What src/cli/cmd_plan.c does up to the printing.
+// What src/cli/cmd_plan.c does up to the printing: the run plan.
 void plan(const char *path, Planned *out) {
   const double t0 = mf_time_now();
-  ASSERT_EQ(mf_config_load(path, nullptr, 0, &out->cfg), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_config_load_for(path, nullptr, 0, MF_CONFIG_FOR_PLAN, &out->cfg), MF_OK) << mf_last_error();
   const mf_config *cfg = out->cfg;
   ASSERT_TRUE(cfg->model.has_init) << path;
-  ASSERT_EQ(mf_hwprofile_load(cfg->hardware.profile, &out->hw), MF_OK) << mf_last_error();
   ASSERT_EQ(mf_param_table_build(&cfg->model.init, &out->t), MF_OK) << mf_last_error();
-  mf_plan_request rq{};
-  rq.params = out->t;
-  const double aux = std::isnan(cfg->train.aux_loss_coef) ? cfg->model.init.router_aux_loss_coef
-                                                          : cfg->train.aux_loss_coef;
-  rq.opts = {cfg->train.micro_batch, cfg->data.seq_len, cfg->train.grad_accum, aux, 0, 0, MF_ORDER_MICRO_MAJOR,
-             cfg->backend == MF_CONFIG_BACKEND_CUDA ? MF_DTYPE_BF16 : MF_DTYPE_F32,
-             cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
-  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO;
-  rq.hw = &out->hw;
-  rq.sim.overlap_optimizer = mf_config_overlaps_optimizer(cfg);
-  rq.budget = cfg->memory.device_budget;
-  rq.memory = &cfg->memory;
-  ASSERT_EQ(mf_plan_for(&rq, &out->p, out->all), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_run_plan_make(cfg, out->t, MF_RUN_TRAIN, 1, &out->rp), MF_OK) << mf_last_error();
+  out->all = out->rp->all;
+  out->p = out->rp->prog;
   out->seconds = mf_time_now() - t0;
 }
 
@@ -64,7 +53,8 @@ void expect_sound(const Planned &pl, const char *what) {
   const mf_plan *c = pl.all[MF_PLAN_CHOSEN];
   ASSERT_NE(c, nullptr);
   EXPECT_TRUE(c->fits) << what;
-  EXPECT_LE(c->s->arena_bytes, pl.cfg->memory.device_budget) << what;
+  EXPECT_LE(c->s->arena_bytes, pl.rp->arena_limit) << what;
+  EXPECT_LE(pl.rp->arena_limit + pl.rp->dev.total_bytes, pl.cfg->memory.device_budget) << what;
   EXPECT_EQ(c->s->peak_live_bytes, c->sim.peak_live_bytes) << what;
   for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
     ASSERT_NE(pl.all[k], nullptr) << what << " " << k;
@@ -113,18 +103,14 @@ TEST(RealConfigs, Qwen3_30bA3bAndItsStagingArena) {
   if (speed_check()) {
     EXPECT_LT(pl.seconds, 2.0);
   }
-  const mf_plan *c = pl.all[MF_PLAN_CHOSEN];
-  mf_staging *sg = nullptr;
-  int fits = 0;
-  ASSERT_EQ(mf_staging_build_within(c->s, &c->sim, &pl.hw, nullptr, pl.cfg->memory.pinned_limit, &sg, &fits), MF_OK)
-      << mf_last_error();
-  EXPECT_TRUE(fits);
+  const mf_staging *sg = pl.rp->staging;
+  ASSERT_NE(sg, nullptr) << "backend: cuda stages its copies";
+  EXPECT_TRUE(pl.rp->staging_fits);
   ASSERT_GT(sg->pool_bytes, 0u);
   const double ratio = (double)sg->arena_bytes / (double)sg->pool_bytes;
   printf("qwen3-30b-a3b: staging %llu bytes, ZeRO-Infinity-style pool %llu bytes, ratio %.3f\n",
          (unsigned long long)sg->arena_bytes, (unsigned long long)sg->pool_bytes, ratio);
   EXPECT_LE(ratio, 0.5);
-  mf_staging_free(sg);
 }
 
 TEST(RealConfigs, Layers61Experts256) {

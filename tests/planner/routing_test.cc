@@ -17,7 +17,7 @@
 #include "planner/routing.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
-#include "src/exec/train.h"
+#include "src/train/train.h"
 #include "src/io/tokens.h"
 #include "src/model/spec.h"
 

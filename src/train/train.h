@@ -2,8 +2,8 @@
  * The training loop and evaluation on the executor: `moefit train` and
  * `moefit eval`. Everything a run does is decided by its mf_config.
  */
-#ifndef MF_EXEC_TRAIN_H
-#define MF_EXEC_TRAIN_H
+#ifndef MF_TRAIN_TRAIN_H
+#define MF_TRAIN_TRAIN_H
 
 #include "src/config/config.h"
 #include "src/core/core.h"
@@ -19,6 +19,11 @@ extern "C" {
  * receives a short description of where the weights came from. */
 mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_param_table **table, float **w,
                             char *desc, size_t desc_cap);
+/* Its two halves: the parameter table (from the spec alone: what planning
+ * needs), then the weights (loaded or initialised; the slow part). */
+mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_param_table **table);
+mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t, float **w,
+                              char *desc, size_t desc_cap);
 
 typedef struct mf_train_summary {
   int64_t steps;          /* optimizer steps taken (skipped ones included) */
@@ -63,4 +68,4 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
 }
 #endif
 
-#endif /* MF_EXEC_TRAIN_H */
+#endif /* MF_TRAIN_TRAIN_H */

@@ -1,5 +1,5 @@
 /* The training data loader: windows of a .tokens file, shuffled per epoch (see loader.h). */
-#include "src/exec/loader.h"
+#include "src/train/loader.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -33,8 +33,8 @@
  * a billion tokens at S = 1024) and a scratch window; next allocates nothing.
  * The file stays memory-mapped (mf_tokens_open); a loader is not thread-safe.
  */
-#ifndef MF_EXEC_LOADER_H
-#define MF_EXEC_LOADER_H
+#ifndef MF_TRAIN_LOADER_H
+#define MF_TRAIN_LOADER_H
 
 #include <stdint.h>
 
@@ -111,4 +111,4 @@ const char *mf_loader_path(const mf_loader *l);
 }
 #endif
 
-#endif /* MF_EXEC_LOADER_H */
+#endif /* MF_TRAIN_LOADER_H */

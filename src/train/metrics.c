@@ -1,5 +1,5 @@
 /* metrics.jsonl and the progress line (see metrics.h). */
-#include "src/exec/metrics.h"
+#include "src/train/metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -36,8 +36,8 @@
  * mf_metrics_rewind, a step may appear twice and the later line is the one that
  * counts.
  */
-#ifndef MF_EXEC_METRICS_H
-#define MF_EXEC_METRICS_H
+#ifndef MF_TRAIN_METRICS_H
+#define MF_TRAIN_METRICS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -123,4 +123,4 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
 }
 #endif
 
-#endif /* MF_EXEC_METRICS_H */
+#endif /* MF_TRAIN_METRICS_H */

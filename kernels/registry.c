@@ -1,0 +1,64 @@
+/* Backends by name (see registry.h). */
+#include "kernels/registry.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/cuda.h"
+
+static int gpu_visible(void) {
+  if (!mf_cuda_compiled()) return 0;
+  int n = 0;
+  return mf_cuda_device_count(&n, NULL, 0) == MF_OK && n > 0;
+}
+
+mf_status mf_backend_resolve(const char *name, const char **out) {
+  *out = NULL;
+  if (!name || strcmp(name, "auto") == 0) {
+    *out = gpu_visible() ? "cuda" : "cpu";
+    return MF_OK;
+  }
+  if (strcmp(name, "cpu") == 0 || strcmp(name, "cuda") == 0) {
+    *out = strcmp(name, "cpu") == 0 ? "cpu" : "cuda";
+    return MF_OK;
+  }
+  return MF_ERR(MF_ERR_INVALID_ARG, "backend '%s': not a backend (cpu, cuda or auto)", name);
+}
+
+mf_status mf_backend_query_memory(const char *name, const mf_backend_params *p, int ask_device,
+                                  mf_backend_memory *out) {
+  memset(out, 0, sizeof *out);
+  const char *r = NULL;
+  MF_CHECK(mf_backend_resolve(name, &r));
+  snprintf(out->name, sizeof out->name, "%s", r);
+  /* Both backends' kernels store fp32 today; cuda moves to bf16 with its bf16 kernels. */
+  out->storage = MF_DTYPE_F32;
+  if (strcmp(r, "cpu") == 0) return MF_OK; /* its device is host memory: nothing beside the arena */
+  out->workspace_bytes = MF_CUDA_GEMM_WORKSPACE_DEFAULT;
+  out->scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;
+  out->context_bytes = MF_CUDA_CONTEXT_RESERVE;
+  out->total_bytes = out->workspace_bytes + out->scratch_bytes + out->context_bytes;
+  if (!ask_device || !gpu_visible()) return MF_OK;
+  const int dev = p ? p->device : 0;
+  MF_CHECK(mf_cuda_device_memory(dev, &out->device_free_bytes, &out->device_total_bytes));
+  MF_CHECK(mf_cuda_device_name(dev, out->device_name, sizeof out->device_name));
+  out->device_known = 1;
+  return MF_OK;
+}
+
+mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_backend **out) {
+  *out = NULL;
+  const char *r = NULL;
+  MF_CHECK(mf_backend_resolve(name, &r));
+  const mf_backend_params none = {0};
+  if (!p) p = &none;
+  if (strcmp(r, "cuda") == 0) {
+    const mf_cuda_backend_opts co = {p->device, 0, 0};
+    mf_status st = mf_backend_cuda_create(&co, out);
+    if (st != MF_OK) mf_error_prefix("backend: cuda");
+    return st;
+  }
+  const mf_cpu_backend_opts co = {p->pool, p->round_bf16, p->checking, p->optim, p->streams};
+  return mf_backend_cpu_create(&co, out);
+}

@@ -1,0 +1,153 @@
+/* The run plan from a config (see run_plan.h): the one composition root of
+ * `moefit plan`, `train` and `eval`. */
+#include "planner/run_plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern const char mf_bundled_cpu_profile[]; /* configs/hw/cpu-2core.yaml, built in (configs/BUILD) */
+
+/* hardware.profile: a file, or auto (planner/plan.h mf_plan_profile_path);
+ * auto run from a directory without configs/hw/cpu-2core.yaml uses the copy
+ * built into moefit, so a run that needs no profile of its own never fails
+ * for want of one. */
+static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
+  const char *path = mf_plan_profile_path(cfg->hardware.profile);
+  const int is_auto = !cfg->hardware.profile || strcmp(cfg->hardware.profile, "auto") == 0;
+  if (is_auto && access(path, R_OK) != 0) {
+    snprintf(rp->profile_path, sizeof rp->profile_path, "%s (built in)", path);
+    return mf_hwprofile_parse(mf_bundled_cpu_profile, strlen(mf_bundled_cpu_profile), rp->profile_path, &rp->hw);
+  }
+  snprintf(rp->profile_path, sizeof rp->profile_path, "%s", path);
+  return mf_hwprofile_load(path, &rp->hw);
+}
+
+/* memory.staging: auto is on where the "device" is a GPU across a link. */
+static int stages_copies(const mf_config *cfg, const mf_backend_memory *dev) {
+  if (cfg->memory.staging == MF_CONFIG_STAGING_AUTO) return strcmp(dev->name, "cuda") == 0;
+  return cfg->memory.staging == MF_CONFIG_STAGING_ON;
+}
+
+/* train.overlap_optimizer: auto overlaps where the device's work does not run on the host's cores. */
+static int overlaps_optimizer(const mf_config *cfg, const char *backend) {
+  if (cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_AUTO) return strcmp(backend, "cuda") == 0;
+  return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
+}
+
+/* The device budget and the arena's share of it (see run_plan.h). */
+static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
+  const mf_backend_memory *dev = &rp->dev;
+  char a[32], b[32], c[32], d[32], e[32];
+  if (cfg->memory.device_budget != MF_CONFIG_SIZE_AUTO) {
+    rp->budget = cfg->memory.device_budget;
+    snprintf(rp->budget_source, sizeof rp->budget_source, "memory.device_budget");
+  } else if (dev->device_known) {
+    rp->budget = dev->device_free_bytes;
+    snprintf(rp->budget_source, sizeof rp->budget_source, "auto: the free memory of %s", dev->device_name);
+  } else {
+    rp->budget = rp->hw.device_memory > rp->hw.device_reserve ? rp->hw.device_memory - rp->hw.device_reserve : 0;
+    snprintf(rp->budget_source, sizeof rp->budget_source, "auto: the profile's device.memory less device.reserve");
+  }
+  if (rp->budget <= dev->total_bytes)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "memory.device_budget %s (%s): the %s backend keeps %s on the device beside the arena "
+                  "(cuBLASLt workspace %s, kernel scratch %s, CUDA context %s), which leaves no arena; raise "
+                  "memory.device_budget",
+                  mf_format_bytes(rp->budget, a, sizeof a), rp->budget_source, dev->name,
+                  mf_format_bytes(dev->total_bytes, b, sizeof b), mf_format_bytes(dev->workspace_bytes, c, sizeof c),
+                  mf_format_bytes(dev->scratch_bytes, d, sizeof d), mf_format_bytes(dev->context_bytes, e, sizeof e));
+  rp->arena_limit = rp->budget - dev->total_bytes;
+  return MF_OK;
+}
+
+/* The program and its plans: every planning option comes from the config here. */
+static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_plan *rp) {
+  const int train = rp->use == MF_RUN_TRAIN;
+  const double aux = isnan(cfg->train.aux_loss_coef) ? t->spec.router_aux_loss_coef : cfg->train.aux_loss_coef;
+  mf_plan_request rq;
+  memset(&rq, 0, sizeof rq);
+  rq.params = t;
+  rq.opts = (mf_program_opts){
+      cfg->train.micro_batch,
+      cfg->data.seq_len,
+      train ? cfg->train.grad_accum : 1,
+      aux,
+      0,
+      !train,
+      cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR,
+      rp->dev.storage,
+      cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
+  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train;
+  rq.hw = &rp->hw;
+  rq.sim.overlap_optimizer = rp->overlap_optimizer;
+  rq.budget = rp->arena_limit;
+  rq.memory = &cfg->memory;
+  rq.expert_share = rp->routed ? rp->routing.share : NULL;
+  MF_CHECK(mf_plan_for(&rq, &rp->prog, rp->all));
+  rp->plan = rp->all[MF_PLAN_CHOSEN];
+  return MF_OK;
+}
+
+/* The staging layout (when staged), the host memory, and the plan file's figures. */
+static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
+  const mf_plan *pl = rp->plan;
+  rp->staging_fits = 1;
+  if (rp->staged)
+    MF_CHECK(mf_staging_build_within(pl->s, &pl->sim, &rp->hw, NULL, cfg->memory.pinned_limit, &rp->staging,
+                                     &rp->staging_fits));
+  const mf_staging *sg = rp->staging;
+  MF_CHECK(mf_host_account(rp->prog, pl->s, sg ? sg->arena_bytes : 0, &cfg->memory, &rp->hw, &rp->host));
+  mf_plan_figures *f = &rp->fig;
+  memset(f, 0, sizeof *f);
+  f->device_budget_bytes = rp->budget;
+  f->peak_device_bytes = pl->s->peak_live_bytes;
+  f->arena_bytes = pl->s->arena_bytes;
+  f->predicted_step_seconds = pl->sim.step_seconds;
+  f->staging_bytes = sg ? sg->arena_bytes : 0;
+  f->staging_slab_limit_bytes = sg ? sg->opts.max_slab_bytes : 0;
+  f->staging_pool_bytes = sg ? sg->pool_bytes : 0;
+  f->host_bytes = rp->host.total_bytes;
+  f->persist_bytes = pl->s->persist_bytes;
+  return MF_OK;
+}
+
+mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
+                           mf_run_plan **out) {
+  *out = NULL;
+  mf_run_plan *rp = NULL;
+  MF_CHECK(mf_calloc(1, sizeof *rp, "the run plan", (void **)&rp));
+  rp->use = use;
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), NULL, ask_device, &rp->dev), st,
+                fail);
+  MF_CHECK_GOTO(load_profile(cfg, rp), st, fail);
+  MF_CHECK_GOTO(budget_of(cfg, rp), st, fail);
+  rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
+  rp->staged = stages_copies(cfg, &rp->dev);
+  MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
+                                      sizeof rp->routing_path),
+                st, fail);
+  MF_CHECK_GOTO(plan_of(cfg, t, rp), st, fail);
+  MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
+  *out = rp;
+  return MF_OK;
+fail:
+  mf_run_plan_free(rp);
+  return st;
+}
+
+void mf_run_plan_free(mf_run_plan *rp) {
+  if (!rp) return;
+  mf_staging_free(rp->staging);
+  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(rp->all[k]); /* before their program */
+  mf_program_free(rp->prog);
+  mf_routing_free(&rp->routing);
+  free(rp);
+}
+
+mf_status mf_run_plan_write_json(const mf_run_plan *rp, const char *path) {
+  return mf_plan_write_json(rp->prog, rp->plan->d, &rp->fig, path);
+}

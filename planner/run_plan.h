@@ -1,0 +1,107 @@
+/*
+ * The run plan: the one place that turns a validated config (with its
+ * overrides) and a backend into what a run will do — the step program, the
+ * plan (decisions, schedule, arena, predicted timeline) beside the
+ * baselines, the pinned staging layout, and the host-memory accounting.
+ * `moefit plan`, `moefit train` and `moefit eval` all call
+ * mf_run_plan_make; nothing else maps config keys to planning options, so
+ * what `moefit plan` shows is what `moefit train` runs (DESIGN.md "One run
+ * plan"), and the plan.json that train writes equals `moefit plan --json`.
+ *
+ * What it decides from the config:
+ *   backend      `backend` resolved by name (kernels/registry.h: auto is cuda
+ *                when a GPU is visible): its device storage dtype, and the
+ *                device memory it keeps beside the arena (cuBLASLt workspace,
+ *                kernel scratch, the CUDA context);
+ *   profile      hardware.profile (auto: runs/hw/cpu.yaml when `moefit
+ *                profile` wrote one, else configs/hw/cpu-2core.yaml, else
+ *                that file's copy built into moefit);
+ *   budget       memory.device_budget covers everything on the device; auto:
+ *                the device's free memory when the backend can ask the GPU
+ *                (cuda, with a GPU present), else the hardware profile's
+ *                device.memory less its device.reserve. The planner plans the
+ *                arena within the budget less the backend's own bytes;
+ *   program      train.micro_batch x data.seq_len tokens per micro-batch,
+ *                train.grad_accum micro-batches (1 for eval), the aux-loss
+ *                weight (train.aux_loss_coef, else the model's), the
+ *                micro-batch order (train.micro_batch_order; auto: both
+ *                planned, the faster kept), train.adam_moments;
+ *   plan         memory.plan (auto: the planner's choice; a baseline; a plan
+ *                file — a training step's, so eval plans auto instead),
+ *                memory.overrides, memory.routing (measured routing prices
+ *                expert copies), train.overlap_optimizer in the simulation,
+ *                memory.host_limit / nvme_dir / pinned_limit for the host;
+ *   staging      memory.staging (auto: on for cuda, off for cpu): the pinned
+ *                staging arena laid out within memory.pinned_limit, its bytes
+ *                counted in host memory.
+ */
+#ifndef MF_PLANNER_RUN_PLAN_H
+#define MF_PLANNER_RUN_PLAN_H
+
+#include <stdint.h>
+
+#include "experts/staging.h"
+#include "kernels/registry.h"
+#include "planner/host.h"
+#include "planner/hwprofile.h"
+#include "planner/plan.h"
+#include "planner/plan_io.h"
+#include "planner/routing.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+#include "src/model/program.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mf_run_use {
+  MF_RUN_TRAIN = 0, /* the training step: grad_accum micro-batches, gradients, the optimizer */
+  MF_RUN_EVAL,      /* a forward pass of one micro-batch (moefit eval, train's evaluations) */
+} mf_run_use;
+
+typedef struct mf_run_plan {
+  mf_run_use use;
+  mf_backend_memory dev;   /* the backend (dev.name) and what it keeps on the device */
+  uint64_t budget;         /* the device budget: everything on the device */
+  uint64_t arena_limit;    /* budget less dev.total_bytes: what the arena is planned within */
+  char budget_source[160]; /* where the budget came from, for people */
+  char profile_path[1024];
+  mf_hwprofile hw;         /* the hardware profile the plan is simulated on */
+  mf_routing routing;      /* measured routing (share NULL: uniform) */
+  int routed;              /* 1: planned with routing read from routing_path */
+  char routing_path[1024];
+  mf_program *prog;
+  mf_plan *all[MF_PLAN_KIND_COUNT_]; /* all[MF_PLAN_CHOSEN] is the run's plan; the others the baselines */
+  mf_plan *plan;                     /* = all[MF_PLAN_CHOSEN] */
+  int overlap_optimizer;             /* the host optimizer runs behind the next step (train.overlap_optimizer;
+                                        auto: on for cuda) — simulated so, and train runs it so */
+  int staged;                        /* copies go through the pinned staging arena (memory.staging;
+                                        auto: on for cuda) */
+  mf_staging *staging;               /* its layout when staged, else NULL */
+  int staging_fits;                  /* the layout fits memory.pinned_limit (1 when not staged) */
+  mf_host_usage host;                /* host memory, the staging arena included */
+  mf_plan_figures fig;               /* what plan.json records beside the decisions */
+} mf_run_plan;
+
+/* Plans the run of `cfg` on model `t` for `use` (see the top of this file).
+ * `ask_device`: a backend with a device is asked for its free memory (train
+ * and eval; `moefit plan` too — on a machine without the GPU the profile
+ * stands in). Errors name the key at fault: a budget smaller than the
+ * backend's own device memory, a named plan over the budget, a staging layout
+ * over memory.pinned_limit (only train and eval refuse that: `moefit plan`
+ * shows it). *out is NULL on failure. */
+mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
+                           mf_run_plan **out);
+void mf_run_plan_free(mf_run_plan *rp); /* NULL is fine */
+
+/* The run's plan as plan JSON (planner/plan_io.h), atomically: the decisions
+ * and rp->fig. The same config and overrides give the same bytes. */
+mf_status mf_run_plan_write_json(const mf_run_plan *rp, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_PLANNER_RUN_PLAN_H */

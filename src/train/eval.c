@@ -1,0 +1,129 @@
+/* `moefit eval`, and the model a config names (see train.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/io/hf_config.h"
+#include "src/train/train_internal.h"
+
+static int is_dir_with_config(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  return access(path, R_OK) == 0;
+}
+
+/* The checkpoint directory the weights come from, or NULL for model.init. */
+static const char *model_dir_of(const mf_config *cfg, const char *model_dir) {
+  return model_dir ? model_dir : cfg->model.has_init ? NULL : cfg->model.path;
+}
+
+mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_param_table **table) {
+  *table = NULL;
+  mf_model_spec spec;
+  const char *dir = model_dir_of(cfg, model_dir);
+  if (dir)
+    MF_CHECK(mf_hf_config_load(dir, &spec));
+  else
+    spec = cfg->model.init;
+  return mf_param_table_build(&spec, table);
+}
+
+mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t, float **w,
+                              char *desc, size_t desc_cap) {
+  *w = NULL;
+  const char *dir = model_dir_of(cfg, model_dir);
+  float *weights = NULL;
+  MF_CHECK(mf_malloc((size_t)t->total_numel * sizeof(float), "the model's weights", (void **)&weights));
+  mf_status st = MF_OK;
+  if (dir) {
+    st = mf_params_load(t, dir, weights);
+    snprintf(desc, desc_cap, "%s", dir);
+  } else {
+    mf_params_init_random(t, t->spec.seed, 0.02f, weights);
+    snprintf(desc, desc_cap, "random init (seed %llu)", (unsigned long long)t->spec.seed);
+  }
+  if (st != MF_OK) {
+    free(weights);
+    return st;
+  }
+  *w = weights;
+  return MF_OK;
+}
+
+mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_param_table **table, float **w,
+                            char *desc, size_t desc_cap) {
+  *w = NULL;
+  MF_CHECK(mf_run_model_table(cfg, model_dir, table));
+  mf_status st = mf_run_load_weights(cfg, model_dir, *table, w, desc, desc_cap);
+  if (st != MF_OK) {
+    mf_param_table_free(*table);
+    *table = NULL;
+  }
+  return st;
+}
+
+/* logits of the first sequence = final hidden . lm_head^T, on the host. */
+static mf_status dump_logits(const mf_config *cfg, const mf_param_table *t, const float *w, const float *hidden,
+                             const char *path) {
+  const int64_t S = cfg->data.seq_len, H = t->spec.hidden, V = t->spec.vocab;
+  float *logits = NULL;
+  MF_CHECK(mf_malloc((size_t)(S * V) * sizeof(float), "logits", (void **)&logits));
+  const float *W = w + t->params[mf_param_lm_head(t)].offset;
+  for (int64_t s = 0; s < S; s++)
+    for (int64_t v = 0; v < V; v++) {
+      const float *hrow = hidden + s * H, *wrow = W + v * H;
+      float acc = 0;
+      for (int64_t k = 0; k < H; k++) acc += hrow[k] * wrow[k];
+      logits[s * V + v] = acc;
+    }
+  mf_status st = mf_write_file_atomic(path, logits, (size_t)(S * V) * sizeof(float));
+  free(logits);
+  MF_CHECK(st);
+  MF_LOGI("eval", "logits of the first sequence: %s (float32, [%lld, %lld] row-major)", path, (long long)S,
+          (long long)V);
+  return MF_OK;
+}
+
+mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result *out) {
+  memset(out, 0, sizeof *out);
+  mf_status st = MF_OK;
+  mf_threadpool *pool = NULL;
+  mf_param_table *t = NULL;
+  float *w = NULL, *hidden = NULL;
+  mf_loader *l = NULL;
+  mf_runner r;
+  memset(&r, 0, sizeof r);
+  char desc[4200], final_dir[4200];
+  const char *model_dir = opts->model_dir;
+  snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
+  if (!model_dir && cfg->model.has_init && is_dir_with_config(final_dir)) model_dir = final_dir;
+  const char *tokens = opts->tokens ? opts->tokens : cfg->data.valid ? cfg->data.valid : cfg->data.train;
+  if (!tokens)
+    return MF_ERR(MF_ERR_CONFIG, "%s: nothing to evaluate on: give --tokens FILE, data.valid or data.train",
+                  cfg->source ? cfg->source : "config");
+
+  MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
+  MF_CHECK_GOTO(mf_run_model_table(cfg, model_dir, &t), st, done);
+  MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
+                done);
+  MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
+  MF_CHECK_GOTO(mf_runner_init(&r, cfg, t, pool, MF_RUN_EVAL, NULL), st, done);
+  MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, &w, desc, sizeof desc), st, done);
+  if (opts->dump_logits)
+    MF_CHECK_GOTO(mf_malloc((size_t)(cfg->train.micro_batch * cfg->data.seq_len * t->spec.hidden) * sizeof(float),
+                            "hidden states", (void **)&hidden),
+                  st, done);
+  MF_LOGI("eval", "model: %s; tokens: %s", desc, tokens);
+  MF_CHECK_GOTO(mf_runner_eval_pass(&r, l, w, out, hidden), st, done);
+  if (opts->dump_logits) MF_CHECK_GOTO(dump_logits(cfg, t, w, hidden, opts->dump_logits), st, done);
+done:
+  mf_runner_free(&r);
+  mf_loader_free(l);
+  free(hidden);
+  free(w);
+  mf_param_table_free(t);
+  mf_threadpool_free(pool);
+  return st;
+}

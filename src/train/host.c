@@ -1,0 +1,80 @@
+/* The host state of a run (train_internal.h): fp32 master weights, gradient
+ * sums and AdamW moments, each in host memory or — the parts the plan's host
+ * accounting spills past memory.host_limit (planner/host.h: moments first,
+ * then the master weights, then gradient sums that land once a step) — in a
+ * file in memory.nvme_dir, mapped (src/core/hostbuf.h): the page cache moves
+ * the pages, the bits are the same. A part spills whole when any of it does. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/train/train_internal.h"
+
+void mf_host_state_free(mf_host_state *h) {
+  mf_hostbuf_free(&h->master);
+  mf_hostbuf_free(&h->grads);
+  mf_hostbuf_free(&h->m);
+  mf_hostbuf_free(&h->v);
+}
+
+static void log_spill(const mf_host_state *h, const char *dir, size_t n) {
+  const size_t ms = mf_dtype_size(h->moments);
+  char a[32], b[32], c[32], d[32], e[32];
+  MF_LOGI("train",
+          "host state on NVMe (%s, files unlinked): %s%s%s%s%s%s (the plan spills %s past memory.host_limit %s)",
+          dir, h->spill_moments ? "AdamW moments " : "",
+          h->spill_moments ? mf_format_bytes(2 * n * ms, a, sizeof a) : "",
+          h->spill_master ? (h->spill_moments ? ", master weights " : "master weights ") : "",
+          h->spill_master ? mf_format_bytes(n * sizeof(float), b, sizeof b) : "",
+          h->spill_grads ? (h->spill_moments || h->spill_master ? ", gradient sums " : "gradient sums ") : "",
+          h->spill_grads ? mf_format_bytes(n * sizeof(float), c, sizeof c) : "",
+          mf_format_bytes(h->u.spill_moment_bytes + h->u.spill_master_bytes + h->u.spill_cold_master_bytes +
+                              h->u.spill_grad_bytes,
+                          d, sizeof d),
+          mf_format_bytes(h->u.host_limit, e, sizeof e));
+}
+
+mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
+                             const mf_run_plan *rp, float **w, int *w_owned, int quiet) {
+  memset(h, 0, sizeof *h);
+  const char *dir = cfg->memory.nvme_dir;
+  h->u = rp->host;
+  h->moments = cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+  h->spill_moments = h->u.spill_moment_bytes > 0;
+  h->spill_master = h->u.spill_master_bytes + h->u.spill_cold_master_bytes > 0;
+  h->release_master = h->u.spill_master_bytes > 0; /* host-updated master pages spill too */
+  h->spill_grads = h->u.spill_grad_bytes > 0;
+  if (h->u.unplaced_bytes > 0) {
+    char need[32], lim[32], un[32];
+    MF_LOGW("train",
+            "host memory: the plan needs %s against memory.host_limit %s and %s fits nowhere (%s); the run may "
+            "fail to allocate or swap",
+            mf_format_bytes(h->u.total_bytes, need, sizeof need), mf_format_bytes(h->u.host_limit, lim, sizeof lim),
+            mf_format_bytes(h->u.unplaced_bytes, un, sizeof un),
+            h->u.nvme ? "NVMe spill cannot take it" : "no memory.nvme_dir or the profile has no NVMe bandwidth");
+  }
+  const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(h->moments);
+  MF_CHECK(mf_hostbuf_alloc(h->spill_grads ? dir : NULL, "gradients", n * sizeof(float), &h->grads));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-m", n * ms, &h->m));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-v", n * ms, &h->v));
+  if (h->spill_master) {
+    MF_CHECK(mf_hostbuf_alloc(dir, "master-weights", n * sizeof(float), &h->master));
+    if (n) memcpy(h->master.ptr, *w, n * sizeof(float));
+    free(*w);
+    *w = (float *)h->master.ptr;
+    *w_owned = 0;
+  }
+  if (!quiet && (h->spill_master || h->spill_grads || h->spill_moments)) log_spill(h, dir, n);
+  return MF_OK;
+}
+
+void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i) {
+  const mf_param *p = &t->params[i];
+  const size_t o = (size_t)p->offset, n = (size_t)p->numel, ms = mf_dtype_size(h->moments);
+  if (h->spill_moments) {
+    (void)mf_hostbuf_advise(&h->m, o * ms, n * ms, 0);
+    (void)mf_hostbuf_advise(&h->v, o * ms, n * ms, 0);
+  }
+  if (h->release_master) (void)mf_hostbuf_advise(&h->master, o * sizeof(float), n * sizeof(float), 0);
+  if (h->spill_grads) (void)mf_hostbuf_advise(&h->grads, o * sizeof(float), n * sizeof(float), 0);
+}

@@ -1,0 +1,102 @@
+/* One program running on one backend under its run plan (train_internal.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/registry.h"
+#include "src/train/train_internal.h"
+
+/* Host threads for each of the staging arena's fill and copy-out: one on the
+ * cpu backend (its device is host memory and its own cores run the kernels);
+ * on cuda a few, so that the host copies keep up with a PCIe 5 link (one
+ * thread's memcpy moves about a quarter of it; not measured on a GPU yet). */
+static int staging_threads(const mf_config *cfg, const char *backend) {
+  if (strcmp(backend, "cuda") != 0) return 1;
+  const long cores = cfg->train.threads > 0 ? (long)cfg->train.threads : sysconf(_SC_NPROCESSORS_ONLN);
+  return cores >= 16 ? 4 : cores >= 8 ? 2 : 1;
+}
+
+/* The pinned staging arena laid out by the run plan, the executor copying through it. */
+static mf_status use_staging(mf_runner *r, const mf_config *cfg) {
+  const mf_run_plan *rp = r->rp;
+  if (!rp->staging_fits) {
+    char a[32], b[32];
+    return MF_ERR(MF_ERR_CONFIG,
+                  "memory.pinned_limit %s: the pinned staging arena needs at least %s (its largest slab, one "
+                  "tensor's copy); raise memory.pinned_limit or set memory.staging: false",
+                  mf_format_bytes(cfg->memory.pinned_limit, a, sizeof a),
+                  mf_format_bytes(rp->staging->largest_slab_bytes, b, sizeof b));
+  }
+  r->staging_threads = staging_threads(cfg, rp->dev.name);
+  const mf_exec_staging_opts so = {r->staging_threads, 0, 0};
+  return mf_exec_use_staging(r->exec, rp->staging, &so);
+}
+
+void mf_runner_free(mf_runner *r) {
+  mf_exec_free(r->exec);
+  mf_backend_free(r->backend);
+  mf_run_plan_free(r->rp);
+  for (int64_t m = 0; m < r->G; m++) {
+    if (r->ids) free(r->ids[m]);
+    if (r->targets) free(r->targets[m]);
+  }
+  free(r->ids);
+  free(r->targets);
+  memset(r, 0, sizeof *r);
+}
+
+mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
+                         mf_run_use use, const char *plan_json) {
+  memset(r, 0, sizeof *r);
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_run_plan_make(cfg, t, use, 1, &r->rp), st, fail);
+  if (plan_json) MF_CHECK_GOTO(mf_run_plan_write_json(r->rp, plan_json), st, fail);
+  const mf_backend_params bp = {pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, 0};
+  MF_CHECK_GOTO(mf_backend_create(r->rp->dev.name, &bp, &r->backend), st, fail);
+  MF_CHECK_GOTO(mf_exec_create_scheduled(r->rp->prog, r->rp->plan->s, r->backend, &r->exec), st, fail);
+  if (r->rp->staged) MF_CHECK_GOTO(use_staging(r, cfg), st, fail);
+  r->G = r->rp->prog->G;
+  const size_t n = (size_t)(cfg->train.micro_batch * cfg->data.seq_len);
+  MF_CHECK_GOTO(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->ids), st, fail);
+  MF_CHECK_GOTO(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->targets), st, fail);
+  for (int64_t m = 0; m < r->G; m++) {
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(int32_t), "token ids", (void **)&r->ids[m]), st, fail);
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(int32_t), "targets", (void **)&r->targets[m]), st, fail);
+  }
+  return MF_OK;
+fail:
+  mf_runner_free(r);
+  return st;
+}
+
+mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t) {
+  if ((int64_t)mf_loader_vocab(l) > t->spec.vocab)
+    return MF_ERR(MF_ERR_CONFIG, "%s: its vocabulary (%u) is larger than the model's (%lld)", mf_loader_path(l),
+                  mf_loader_vocab(l), (long long)t->spec.vocab);
+  return MF_OK;
+}
+
+mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, mf_eval_result *out, float *capture) {
+  memset(out, 0, sizeof *out);
+  double sum = 0;
+  int first = 1;
+  for (;;) {
+    mf_loader_batch b;
+    MF_CHECK(mf_loader_next(l, r->ids[0], r->targets[0], NULL, &b));
+    mf_exec_capture_final_hidden(r->exec, first ? capture : NULL);
+    mf_step_result sr;
+    MF_CHECK(mf_exec_step(r->exec, w, (const int32_t *const *)r->ids, (const int32_t *const *)r->targets, NULL,
+                          &sr));
+    first = 0;
+    sum += sr.ce_loss * (double)sr.tokens;
+    out->tokens += sr.tokens;
+    out->sequences += b.n_seq;
+    if (b.end_of_pass) break;
+  }
+  mf_exec_capture_final_hidden(r->exec, NULL);
+  out->loss = out->tokens > 0 ? sum / (double)out->tokens : NAN;
+  out->perplexity = exp(out->loss);
+  return MF_OK;
+}

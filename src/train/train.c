@@ -1,0 +1,367 @@
+/* `moefit train`: setup, the step loop, finish (see train.h and train_internal.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner/routing.h"
+#include "src/io/tokens.h"
+#include "src/train/train_internal.h"
+
+/* Everything one training run owns. */
+typedef struct run {
+  const mf_config *cfg;
+  int quiet;
+  mf_threadpool *pool;
+  mf_param_table *t;
+  float *w;    /* fp32 master weights (in hs.master when they spill) */
+  int w_owned; /* w is ours to free (0: it moved into hs.master) */
+  char desc[4200];
+  mf_loader *train, *valid;
+  mf_runner tr, ev; /* the training step; the evaluation (with data.valid) */
+  mf_host_state hs;
+  mf_updates up;
+  mf_optim_buf *bufs;      /* [n] the gradients the host holds this step */
+  const double **ext_sums; /* [n] a device-optimized parameter's norm chunk sums, else NULL */
+  uint8_t *used;           /* [n] got a gradient (the overlapped worker's norm) */
+  mf_optim_worker *wk;     /* train.overlap_optimizer */
+  mf_metrics *metrics;
+  double *step_wall; /* [train.steps] each step's wall time, for the executed median */
+  int64_t *routed;   /* [layers * experts] tokens routed to each expert, summed over the steps */
+  size_t n_routed;
+  int64_t tokens_per_step;
+  mf_window win;
+  double t_start;
+} run;
+
+static void run_free(run *r) {
+  mf_optim_worker_free(r->wk); /* first: it may still be writing the buffers freed below */
+  mf_updates_free(&r->up);
+  free(r->used);
+  free(r->ext_sums);
+  free(r->bufs);
+  mf_metrics_close(r->metrics);
+  mf_runner_free(&r->tr);
+  mf_runner_free(&r->ev);
+  mf_loader_free(r->train);
+  mf_loader_free(r->valid);
+  mf_host_state_free(&r->hs); /* gradients and moments (and w when it spilled) */
+  free(r->step_wall);
+  free(r->routed);
+  if (r->w_owned) free(r->w);
+  mf_param_table_free(r->t);
+  mf_threadpool_free(r->pool);
+}
+
+static mf_status corpus_entropy(const char *path, double *nats) {
+  mf_tokens *t = NULL;
+  MF_CHECK(mf_tokens_open(path, &t));
+  mf_tokens_stats st;
+  mf_status rc = mf_tokens_compute_stats(t, &st);
+  mf_tokens_close(t);
+  *nats = st.entropy_bits * 0.69314718055994531;
+  return rc;
+}
+
+/* train.overlap_optimizer: the optimizer worker (src/optim/worker.h) behind
+ * the executor's hooks. Step k's updates are queued once its gradients are all
+ * home and run while step k+1 runs; each upload of a weight in step k+1 (and
+ * each copy of its gradient home) waits for that parameter's update only.
+ * Before an evaluation and at the end of training the loop waits for all of
+ * them. Same bits as the host updates after the step: the same norm
+ * (worker.h), clip factor, skip decision and updates (updates.c). */
+static mf_status hook_wait(void *ctx, int32_t i) { return mf_optim_worker_wait_param((mf_optim_worker *)ctx, i); }
+static void hook_grad_home(void *ctx, int32_t i) { mf_optim_worker_grad_home((mf_optim_worker *)ctx, i); }
+
+static mf_status worker_create(run *r) {
+  const mf_param_table *t = r->t;
+  const size_t ms = mf_dtype_size(r->hs.moments);
+  mf_optim_tensor *ts = NULL;
+  MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof *ts, "optimizer tensors", (void **)&ts));
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    ts[i] = (mf_optim_tensor){r->w + p->offset,
+                              (float *)r->hs.grads.ptr + p->offset,
+                              (char *)r->hs.m.ptr + (size_t)p->offset * ms,
+                              (char *)r->hs.v.ptr + (size_t)p->offset * ms,
+                              (size_t)p->numel,
+                              r->hs.moments};
+  }
+  mf_status st = mf_optim_worker_create(ts, (int32_t)t->n, (int)r->cfg->train.threads, &r->wk);
+  free(ts);
+  MF_CHECK(st);
+  MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "gradient flags", (void **)&r->used));
+  const mf_exec_param_hooks hooks = {r->wk, hook_wait, hook_grad_home};
+  mf_exec_set_param_hooks(r->tr.exec, &hooks);
+  return MF_OK;
+}
+
+/* The data, the plan (written to OUTPUT/plan.json before the backend is
+ * created), the executors, the weights, the host state and the optimizer. */
+static mf_status setup(run *r, mf_train_summary *out) {
+  const mf_config *cfg = r->cfg;
+  MF_CHECK(mf_threadpool_create((int)cfg->train.threads, &r->pool));
+  MF_CHECK(mf_run_model_table(cfg, NULL, &r->t));
+  const mf_param_table *t = r->t;
+  MF_CHECK(mf_loader_create(cfg->data.train, cfg->data.seq_len, cfg->train.micro_batch, cfg->train.seed,
+                            MF_LOADER_TRAIN, &r->train));
+  MF_CHECK(mf_train_check_vocab(r->train, t));
+  if (cfg->data.valid) {
+    MF_CHECK(
+        mf_loader_create(cfg->data.valid, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &r->valid));
+    MF_CHECK(mf_train_check_vocab(r->valid, t));
+  }
+  MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
+  MF_CHECK(mf_mkdir_p(cfg->output.dir));
+  char plan_json[4200];
+  snprintf(plan_json, sizeof plan_json, "%s/plan.json", cfg->output.dir);
+  MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, plan_json));
+  if (r->valid) MF_CHECK(mf_runner_init(&r->ev, cfg, t, r->pool, MF_RUN_EVAL, NULL));
+  /* The weights last: a run that cannot start (no GPU, a plan over a limit)
+   * says so before a large model is read or initialised. */
+  MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
+  const mf_run_plan *rp = r->tr.rp;
+  MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
+  const uint8_t *on_device = rp->plan->s->n_optim_device > 0 ? rp->plan->s->optim_device : NULL;
+  MF_CHECK(mf_updates_init(&r->up, t, on_device, mf_exec_param_upload_order(r->tr.exec)));
+  MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof(mf_optim_buf), "gradient list", (void **)&r->bufs));
+  if (on_device) {
+    mf_exec_set_optim_state(r->tr.exec, r->hs.m.ptr, r->hs.v.ptr);
+    MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof(double *), "norm sums", (void **)&r->ext_sums));
+  }
+  MF_CHECK(mf_calloc((size_t)(cfg->train.steps > 0 ? cfg->train.steps : 1), sizeof(double), "step times",
+                     (void **)&r->step_wall));
+  r->n_routed = (size_t)(t->spec.layers * (t->spec.experts > 0 ? t->spec.experts : 1));
+  MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
+  if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
+  if (cfg->output.checkpoint_every > 0)
+    MF_LOGW("train",
+            "output.checkpoint_every: %lld: resume checkpoints are not built yet; only the final weights are "
+            "written (%s/final)",
+            (long long)cfg->output.checkpoint_every, cfg->output.dir);
+  MF_CHECK(mf_metrics_open(cfg->output.dir, 0, &r->metrics));
+  r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
+  return MF_OK;
+}
+
+/* The start-up lines: model, data, step, plan, staged copies. */
+static void log_start(const run *r, const mf_train_summary *out) {
+  const mf_config *cfg = r->cfg;
+  const mf_param_table *t = r->t;
+  const mf_run_plan *rp = r->tr.rp;
+  const mf_plan *pl = rp->plan;
+  int64_t total = 0, active = 0;
+  mf_model_spec_param_count(&t->spec, &total, &active);
+  char b1[32], b2[32], b3[32], b4[32], b5[32];
+  MF_LOGI("train", "model: %s, %s: %.3fM parameters (%.3fM active per token), %lld layers, %lld experts top-%lld",
+          mf_family_name(t->spec.family), r->desc, (double)total / 1e6, (double)active / 1e6,
+          (long long)t->spec.layers, (long long)t->spec.experts, (long long)t->spec.top_k);
+  MF_LOGI("train",
+          "data: %s: %llu windows of %lld tokens; unigram entropy %.4f nats/token (a model that ignores context "
+          "scores this)",
+          cfg->data.train, (unsigned long long)mf_loader_windows(r->train), (long long)cfg->data.seq_len,
+          out->entropy_nats);
+  MF_LOGI("train",
+          "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; %s backend, device arena %s, %d "
+          "ops, %.3g FLOP/step",
+          (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
+          (long long)r->tokens_per_step, mf_threadpool_size(r->pool), r->tr.backend->name,
+          mf_format_bytes(mf_exec_arena_bytes(r->tr.exec), b1, sizeof b1), rp->prog->n_ops, rp->prog->flops);
+  if (rp->routed)
+    MF_LOGI("train", "planning with the routing measured in %s (%llu tokens)", rp->routing_path,
+            (unsigned long long)rp->routing.tokens);
+  int wr = 0, ws = 0, gd = 0, gs = 0, ak = 0, ao = 0, ar = 0;
+  for (int32_t i = 0; i < pl->d->n_params; i++) {
+    pl->d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+    pl->d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
+  }
+  for (int32_t x = 0; x < rp->prog->n_tensors; x++)
+    if (mf_schedule_can_offload(rp->prog, x))
+      pl->d->act[x] == MF_ACT_KEEP ? ak++ : pl->d->act[x] == MF_ACT_OFFLOAD ? ao++ : ar++;
+  MF_LOGI("train",
+          "plan: %s, arena %s (peak %s), predicted %.4g s/step (%.0f tokens/s); device budget %s (%s); weights %d "
+          "resident / %d streamed; gradients %d on the device / %d streamed; activations %d kept / %d "
+          "offloaded / %d recomputed; optimizer %d on the device / %d on the host; %s up and %s home per step; "
+          "%s order; plan.json in %s",
+          pl->name, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
+          mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
+          (double)r->tokens_per_step / pl->sim.step_seconds, mf_format_bytes(rp->budget, b1, sizeof b1),
+          rp->budget_source, wr, ws, gd, gs, ak, ao, ar, pl->s->n_optim_device,
+          pl->d->n_params - pl->s->n_optim_device, mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
+          mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5), mf_program_order_name(rp->prog->order), cfg->output.dir);
+  if (rp->staging) {
+    const mf_staging *sg = rp->staging;
+    MF_LOGI("train",
+            "copies staged: %s of pinned memory in %d exact-size slabs (%s for uploads, %s for copies home), %d "
+            "host thread%s each way",
+            mf_format_bytes(sg->arena_bytes, b1, sizeof b1), sg->n_slabs,
+            mf_format_bytes(sg->h2d_region_bytes, b2, sizeof b2),
+            mf_format_bytes(sg->arena_bytes - sg->h2d_region_bytes, b3, sizeof b3), r->tr.staging_threads,
+            r->tr.staging_threads == 1 ? "" : "s");
+  }
+}
+
+/* The global norm over every gradient, in parameter order, the device's chunk
+ * sums in their places (the same bits wherever each was computed), then the
+ * clip factor; without the worker, the host's gradients are clipped here. */
+static mf_status clip(run *r, double *norm, double *coef) {
+  const mf_param_table *t = r->t;
+  const int64_t *tokens = mf_exec_expert_tokens(r->tr.exec);
+  float *g = (float *)r->hs.grads.ptr;
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    const int has = mf_updates_has_gradient(t, tokens, i);
+    const int dev = r->up.on_device && r->up.on_device[i]; /* its gradient stayed on the device */
+    r->bufs[i] = (mf_optim_buf){has && !dev ? g + p->offset : NULL, has ? (size_t)p->numel : 0};
+    if (r->ext_sums) r->ext_sums[i] = dev ? mf_exec_norm_sums(r->tr.exec) + r->tr.rp->prog->norm_first[i] : NULL;
+  }
+  if (r->wk) {
+    for (int64_t i = 0; i < t->n; i++) r->used[i] = r->bufs[i].n > 0;
+    MF_CHECK(mf_optim_worker_norm_ext(r->wk, r->used, r->ext_sums, norm));
+    *coef = mf_optim_clip_coef(*norm, r->cfg->train.grad_clip);
+    return MF_OK;
+  }
+  MF_CHECK(mf_optim_grad_norm_ext(r->bufs, (size_t)t->n, r->ext_sums, r->pool, norm));
+  *coef = mf_optim_clip_coef(*norm, r->cfg->train.grad_clip);
+  if (*coef < 1.0) MF_CHECK(mf_optim_grad_scale(r->bufs, (size_t)t->n, *coef, r->pool));
+  return MF_OK;
+}
+
+/* One optimizer step: the batches, the executor's forward and backward, the
+ * norm and clipping, the updates (or the skip of a non-finite step). */
+static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
+  const mf_config *cfg = r->cfg;
+  const double t0 = mf_time_now();
+  mf_runner *tr = &r->tr;
+  for (int64_t m = 0; m < tr->G; m++) MF_CHECK(mf_loader_next(r->train, tr->ids[m], tr->targets[m], NULL, NULL));
+  mf_step_result sr;
+  MF_CHECK(mf_exec_step(tr->exec, r->w, (const int32_t *const *)tr->ids, (const int32_t *const *)tr->targets,
+                        (float *)r->hs.grads.ptr, &sr));
+  /* Every input token is routed, masked targets too: B*S*G tokens a step. */
+  const int64_t *tokens = mf_exec_expert_tokens(tr->exec);
+  for (size_t i = 0; i < r->n_routed; i++) r->routed[i] += tokens[i];
+  double norm = 0, coef = 1;
+  const double opt_t0 = mf_time_now();
+  MF_CHECK(clip(r, &norm, &coef));
+  const double lr = mf_lr_at(&cfg->train, step);
+  const int skip = !isfinite(norm) || !isfinite(sr.loss);
+  if (skip) {
+    out->skipped++;
+    MF_LOGW("train",
+            "step %lld: non-finite gradients or loss (loss %g, |g| %g): step skipped, weights and optimizer state "
+            "unchanged",
+            (long long)step, sr.loss, norm);
+  } else {
+    mf_updates_plan(&r->up, tokens, &cfg->train, lr);
+    if (r->wk)
+      MF_CHECK(mf_optim_worker_update(r->wk, r->up.host, r->up.n_host, coef));
+    else
+      MF_CHECK(mf_updates_run_host(&r->up, r->w, (float *)r->hs.grads.ptr, &r->hs, r->pool));
+    MF_CHECK(mf_updates_run_device(&r->up, tr->exec, coef));
+  }
+  if (!r->wk) r->win.opt_exposed += mf_time_now() - opt_t0;
+  r->step_wall[step - 1] = mf_time_now() - t0;
+  mf_exec_stats xs;
+  mf_exec_stats_get(tr->exec, &xs);
+  mf_window_add(&r->win, &sr, &xs);
+  if (step == 1) out->first_loss = sr.loss;
+  out->steps = step;
+  mf_step_metrics_init(sm);
+  sm->step = step;
+  sm->ce_loss = sr.ce_loss;
+  sm->aux_loss = sr.aux_loss;
+  sm->lr = lr;
+  sm->grad_norm = norm;
+  sm->skipped = skip;
+  return MF_OK;
+}
+
+/* After step `step`: the evaluation when due (every update and the device's
+ * weights home first) and the progress line when due. */
+static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
+  const mf_config *cfg = r->cfg;
+  const int last = step == cfg->train.steps;
+  const int eval_now = r->valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
+  if (r->wk && (eval_now || last)) MF_CHECK(mf_optim_worker_wait_all(r->wk));
+  if (r->up.on_device && (eval_now || last)) MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, 0));
+  if (r->wk) {
+    double busy, waited;
+    mf_optim_worker_stats(r->wk, &busy, &waited);
+    mf_window_add_worker(&r->win, busy, waited);
+  }
+  if (eval_now) {
+    mf_eval_result er;
+    MF_CHECK(mf_runner_eval_pass(&r->ev, r->valid, r->w, &er, NULL));
+    sm->eval_loss = er.loss;
+    out->valid_loss = er.loss;
+  }
+  if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now) {
+    mf_exec_stats xs;
+    mf_exec_stats_get(r->tr.exec, &xs);
+    sm->elapsed_s = mf_time_now() - r->t_start;
+    MF_CHECK(mf_window_flush(&r->win, r->metrics, sm, &xs, r->tokens_per_step, cfg->train.steps, r->quiet,
+                             &out->final_loss));
+  }
+  return MF_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/* Predicted vs executed, the final weights, the routing statistics. */
+static mf_status finish(run *r, mf_train_summary *out) {
+  const mf_config *cfg = r->cfg;
+  out->seconds = mf_time_now() - r->t_start;
+  out->tokens_per_s = (double)(out->steps * r->tokens_per_step) / (out->seconds > 0 ? out->seconds : 1e-9);
+  /* The first step pays for cold caches and page faults: the median of the rest. */
+  const int64_t n_rest = out->steps > 1 ? out->steps - 1 : out->steps;
+  double *rest = r->step_wall + (out->steps > 1 ? 1 : 0);
+  qsort(rest, (size_t)n_rest, sizeof(double), cmp_double);
+  out->predicted_step_s = r->tr.rp->plan->sim.step_seconds;
+  out->executed_step_s = n_rest > 0 ? rest[n_rest / 2] : NAN;
+  if (!r->quiet)
+    MF_LOGI("train", "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps 2..%lld; profile %s)",
+            out->predicted_step_s, out->executed_step_s, out->predicted_step_s / out->executed_step_s,
+            (long long)out->steps, r->tr.rp->profile_path);
+  char final_dir[4200], routing_path[4200];
+  snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
+  MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
+  const uint64_t routed_tokens = (uint64_t)out->steps * (uint64_t)r->tokens_per_step;
+  snprintf(routing_path, sizeof routing_path, "%s/routing.json", cfg->output.dir);
+  MF_CHECK(mf_routing_write(routing_path, &r->t->spec, r->routed, routed_tokens));
+  if (r->quiet) return MF_OK;
+  MF_LOGI("train", "routing: %s (%llu tokens)", routing_path, (unsigned long long)routed_tokens);
+  MF_LOGI("train", "done: %lld steps in %.1f s (%.0f tokens/s); loss %.4f -> %.4f nats/token; unigram entropy %.4f%s",
+          (long long)out->steps, out->seconds, out->tokens_per_s, out->first_loss, out->final_loss,
+          out->entropy_nats, out->skipped ? " (some steps skipped)" : "");
+  if (r->valid)
+    MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),
+            cfg->data.valid);
+  MF_LOGI("train", "weights: %s (HF model dir); metrics: %s", final_dir, mf_metrics_path(r->metrics));
+  return MF_OK;
+}
+
+mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
+  memset(out, 0, sizeof *out);
+  out->valid_loss = NAN;
+  out->predicted_step_s = out->executed_step_s = NAN;
+  run r;
+  memset(&r, 0, sizeof r);
+  r.cfg = cfg;
+  r.quiet = quiet;
+  r.w_owned = 1;
+  mf_status st = setup(&r, out);
+  if (st == MF_OK && !quiet) log_start(&r, out);
+  r.t_start = mf_time_now();
+  mf_window_start(&r.win, r.t_start);
+  for (int64_t step = 1; st == MF_OK && step <= cfg->train.steps; step++) {
+    mf_step_metrics sm;
+    st = step_once(&r, step, out, &sm);
+    if (st == MF_OK) st = after_step(&r, step, out, &sm);
+  }
+  if (st == MF_OK) st = finish(&r, out);
+  run_free(&r);
+  return st;
+}

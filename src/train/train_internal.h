@@ -1,0 +1,143 @@
+/*
+ * Private to src/train: the parts of a training run, each in its own file.
+ *
+ *   runner.c   one program running on one backend under its run plan
+ *              (planner/run_plan.h): the backend created by name, the
+ *              executor, the staging arena, the batch buffers; an eval pass
+ *   host.c     the host state: fp32 master weights, gradient sums and AdamW
+ *              moments in memory or spilled to NVMe as the plan's host
+ *              accounting says
+ *   updates.c  the step's one list of parameter updates and the three ways it
+ *              runs: the host AdamW after the step, the overlapped host worker
+ *              behind the next step, the optimizer on the device
+ *   window.c   the logging window: per-step figures summed between progress
+ *              lines, written to metrics.jsonl and the progress line
+ *   train.c    mf_train: setup, the step loop, finish; eval.c mf_eval
+ */
+#ifndef MF_TRAIN_INTERNAL_H
+#define MF_TRAIN_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "planner/run_plan.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/core/hostbuf.h"
+#include "src/exec/exec.h"
+#include "src/model/params.h"
+#include "src/optim/optim.h"
+#include "src/optim/worker.h"
+#include "src/train/loader.h"
+#include "src/train/metrics.h"
+#include "src/train/train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ runner.c */
+
+typedef struct mf_runner {
+  mf_run_plan *rp; /* the plan it runs (planner/run_plan.h) */
+  mf_backend *backend;
+  mf_exec *exec;
+  int staging_threads;      /* host threads each way through the staging arena (0: not staged) */
+  int32_t **ids, **targets; /* [G][B*S] */
+  int64_t G;
+} mf_runner;
+
+/* Plans the run of cfg on t for `use`; with plan_json (train), writes the plan
+ * there before the backend exists (so a run that cannot start still shows what
+ * it would have run); then creates the backend, the executor (copies staged
+ * as the plan says) and the batch buffers. */
+mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
+                         mf_run_use use, const char *plan_json);
+void mf_runner_free(mf_runner *r);
+
+/* One full pass over an eval loader with weights w: mean cross-entropy per
+ * counted token; capture (may be NULL) receives the first batch's final hidden
+ * states. */
+mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, mf_eval_result *out, float *capture);
+
+/* MF_ERR_CONFIG when the token file's vocabulary is larger than the model's. */
+mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t);
+
+/* -------------------------------------------------------------- host.c */
+
+typedef struct mf_host_state {
+  mf_hostbuf master, grads, m, v; /* master: only when it spills (else the loaded w) */
+  mf_host_usage u;
+  mf_dtype moments;               /* train.adam_moments */
+  int spill_master, spill_grads, spill_moments;
+  int release_master; /* drop the master's pages after each update (not only the cold part spills) */
+} mf_host_state;
+
+/* Places the state as the run plan's host accounting says; *w moves into a
+ * file when the master weights spill (*w_owned then 0: the buffer is
+ * h->master's). */
+mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
+                             const mf_run_plan *rp, float **w, int *w_owned, int quiet);
+void mf_host_state_free(mf_host_state *h);
+/* Parameter i's host state is done with for this step: spilled pages may go. */
+void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i);
+
+/* ----------------------------------------------------------- updates.c */
+
+/* The step's parameter updates, decided once: which parameters AdamW updates
+ * (every one that got a gradient: a routed expert that saw no token has none
+ * in Mixtral and Qwen, as PyTorch leaves .grad None; OLMoE's experts always
+ * get one), their step counts (advanced only when updated), the weight decay
+ * rule (matrices only), and where each runs (the plan's optimizer placement). */
+typedef struct mf_updates {
+  const mf_param_table *t;
+  const uint8_t *on_device; /* [n] the plan's optimizer placement, or NULL: all on the host */
+  const int32_t *order;     /* [n] the order the step first uploads the parameters */
+  int64_t *steps;           /* [n] each parameter's AdamW step count */
+  uint8_t *decays;          /* [n] weight decay applies */
+  mf_optim_update *host;    /* this step's host updates, in upload order */
+  int32_t n_host;
+  uint8_t *device;          /* [n] 1: updated on the device this step */
+  mf_adamw_hparams h;       /* this step's hyper-parameters (weight decay for matrices) */
+} mf_updates;
+
+mf_status mf_updates_init(mf_updates *u, const mf_param_table *t, const uint8_t *on_device, const int32_t *order);
+void mf_updates_free(mf_updates *u);
+/* Parameter i got a gradient this step (expert_tokens: the executor's counts). */
+int mf_updates_has_gradient(const mf_param_table *t, const int64_t *expert_tokens, int64_t i);
+/* Decides the step's updates and advances the step counts of those updated. */
+void mf_updates_plan(mf_updates *u, const int64_t *expert_tokens, const mf_config_train *tc, double lr);
+/* The host's part after the step: AdamW on each (gradients already clipped). */
+mf_status mf_updates_run_host(const mf_updates *u, float *w, float *g, mf_host_state *hs, mf_threadpool *pool);
+/* The device's part (gradients scaled by coef there). */
+mf_status mf_updates_run_device(const mf_updates *u, mf_exec *x, double coef);
+
+/* ------------------------------------------------------------ window.c */
+
+/* Figures of the steps since the last progress line. */
+typedef struct mf_window {
+  double t0;    /* when it began */
+  double loss;  /* summed step losses */
+  int64_t n, tokens;
+  double busy[MF_EXEC_STREAMS];
+  double fill, drain; /* staged copies: the host's seconds (NaN unstaged) */
+  size_t peak;
+  double opt_hidden, opt_exposed; /* the host optimizer: hidden behind the device work / exposed */
+  double opt_busy_seen, opt_waited_seen; /* the worker's totals at the last step */
+} mf_window;
+
+void mf_window_start(mf_window *w, double now);
+/* Adds one step: its result and the executor's statistics. */
+void mf_window_add(mf_window *w, const mf_step_result *sr, const mf_exec_stats *xs);
+/* The overlapped optimizer's totals (busy, waited) after a step. */
+void mf_window_add_worker(mf_window *w, double busy, double waited);
+/* Writes the window's metrics line (and the progress line unless quiet) and
+ * starts a new window; *mean_loss gets its mean loss. */
+mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *base, const mf_exec_stats *xs,
+                          int64_t tokens_per_step, int64_t total_steps, int quiet, double *mean_loss);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_TRAIN_INTERNAL_H */

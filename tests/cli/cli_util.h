@@ -1,0 +1,57 @@
+// Running the real `moefit` binary from a test (it lies in the runfiles'
+// root, where Bazel runs the test): exit status, signal and output.
+#ifndef MF_TESTS_CLI_UTIL_H
+#define MF_TESTS_CLI_UTIL_H
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;    // exit status; -1 when killed by a signal
+  int signal;  // the signal, or 0
+  std::string out;
+};
+
+std::string tmpdir() {
+  const char *t = getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+Result moefit(const std::string &args) {
+  std::string cmd = "./moefit " + args + " 2>&1";
+  Result r{0, 0, ""};
+  FILE *p = popen(cmd.c_str(), "r");
+  if (!p) return Result{-1, 0, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  if (WIFEXITED(st)) {
+    r.code = WEXITSTATUS(st);
+  } else {
+    r.code = -1;
+    r.signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+  }
+  return r;
+}
+
+void write_file(const std::string &path, const std::string &bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+#endif  // MF_TESTS_CLI_UTIL_H
