@@ -86,6 +86,23 @@ TEST(Cli, TrainEvalInitAndInspect) {
   std::ifstream logits(dir + "/logits.bin", std::ios::binary | std::ios::ate);
   EXPECT_EQ((long long)logits.tellg(), 128LL * 256 * 4);  // [seq_len, vocab] float32
 
+  // eval and plan need no train.steps or data.train: a config with the model alone.
+  const std::string model_only = dir + "/model_only.yaml";
+  write_file(model_only, "model:\n  init: {family: mixtral, hidden: 64, layers: 2, heads: 4, kv_heads: 2, experts: 8, "
+                         "top_k: 2, expert_ffn: 128, vocab: 256, max_seq: 128}\ndata: {seq_len: 128}\noutput: {dir: " +
+                         run + "}\n");
+  Result me = moefit("eval " + model_only + " --tokens " + toks);
+  EXPECT_EQ(me.code, 0) << me.out;
+  EXPECT_NE(me.out.find("perplexity"), std::string::npos) << me.out;
+  Result mp = moefit("plan " + model_only);
+  EXPECT_EQ(mp.code, 0) << mp.out;
+  Result mn = moefit("eval " + model_only);
+  EXPECT_EQ(mn.code, 1) << mn.out;
+  EXPECT_NE(mn.out.find("give --tokens FILE, data.valid or data.train"), std::string::npos) << mn.out;
+  Result mt = moefit("train " + model_only);
+  EXPECT_EQ(mt.code, 1) << mt.out;
+  EXPECT_NE(mt.out.find("missing required key 'data.train'"), std::string::npos) << mt.out;
+
   Result missing = moefit("train configs/demo.yaml data.train=" + dir + "/nope.tokens data.valid=null");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("nope.tokens"), std::string::npos) << missing.out;

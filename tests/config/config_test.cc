@@ -914,3 +914,33 @@ TEST(ConfigMemoryRouting, OtherValuesAreErrors) {
   Loaded m = Load(Minimal(), {"memory.routing=[auto]"});
   EXPECT_CONFIG_ERROR(m, "memory.routing must be a string");
 }
+
+// ------------------------------------------------------- required keys per use
+
+// Each command requires only the keys it uses: plan and eval need the model
+// only (no data.train, no train.steps); train needs all three. train.warmup is
+// checked against train.steps only where steps is given.
+TEST(ConfigUse, PlanAndEvalNeedOnlyTheModel) {
+  const std::string path = WriteFile("model_only.yaml", std::string(kInit) + "train:\n  warmup: 30\n");
+  for (mf_config_use use : {MF_CONFIG_FOR_PLAN, MF_CONFIG_FOR_EVAL}) {
+    mf_config *cfg = nullptr;
+    ASSERT_EQ(mf_config_load_for(path.c_str(), nullptr, 0, use, &cfg), MF_OK) << mf_last_error();
+    EXPECT_EQ(cfg->data.train, nullptr);
+    EXPECT_EQ(cfg->train.warmup, 30);
+    mf_config_free(cfg);
+  }
+  mf_config *cfg = nullptr;
+  EXPECT_EQ(mf_config_load_for(path.c_str(), nullptr, 0, MF_CONFIG_FOR_TRAIN, &cfg), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("missing required key 'data.train'"), std::string::npos)
+      << mf_last_error();
+  EXPECT_EQ(cfg, nullptr);
+  // Given, train.steps is still checked against warmup for every use.
+  const std::string bad = WriteFile("warmup.yaml", std::string(kInit) + "train:\n  steps: 10\n  warmup: 30\n");
+  EXPECT_EQ(mf_config_load_for(bad.c_str(), nullptr, 0, MF_CONFIG_FOR_PLAN, &cfg), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("train.warmup (30) must be <= train.steps (10)"), std::string::npos)
+      << mf_last_error();
+  // The model stays required everywhere.
+  const std::string none = WriteFile("no_model.yaml", "data:\n  train: t.tokens\n");
+  EXPECT_EQ(mf_config_load_for(none.c_str(), nullptr, 0, MF_CONFIG_FOR_EVAL, &cfg), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("model.path' or 'model.init'"), std::string::npos) << mf_last_error();
+}
