@@ -10,6 +10,7 @@
  */
 #include "planner/plan_io.h"
 #include "src/io/json_util.h"
+#include "src/model/hf_config.h"
 
 #include <ctype.h>
 #include <fnmatch.h>
@@ -262,7 +263,7 @@ static mf_status check_shape(const reader *r, const json_t *root, int64_t versio
   const int64_t bvals[] = {p->B, p->S, p->G};
   char q[128];
   json_t *batch;
-  MF_CHECK(mf_io_json_check_model(r->path, root, s, mkeys, mvals, 9, "the plan was made for",
+  MF_CHECK(mf_model_json_check(r->path, root, s, mkeys, mvals, 9, "the plan was made for",
                                   "the plan was made for"));
   MF_CHECK(get(r, root, "(top level)", "batch", &batch));
   if (!json_is_object(batch))

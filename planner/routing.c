@@ -9,6 +9,7 @@
  */
 #include "planner/routing.h"
 #include "src/io/json_util.h"
+#include "src/model/hf_config.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -178,7 +179,7 @@ static mf_status nonneg(const char *path, const json_t *v, const char *place, in
 static mf_status check_model(const char *path, const json_t *root, const mf_model_spec *s) {
   static const char *const keys[] = {"family", "layers", "experts", "top_k"};
   const int64_t want[] = {0, s->layers, s->experts, s->top_k};
-  return mf_io_json_check_model(path, root, s, keys, want, 4, "the routing was measured on",
+  return mf_model_json_check(path, root, s, keys, want, 4, "the routing was measured on",
                                 "the routing was measured on a model with");
 }
 

@@ -95,3 +95,12 @@ def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps
         visibility = ["//visibility:public"],
         **kwargs
     )
+
+def mf_sources(name = "sources"):
+    """The package's C, C++ and CUDA sources as a filegroup: what
+    //tests/arch:include_test reads to check the folders' include arrows."""
+    native.filegroup(
+        name = name,
+        srcs = native.glob(["*.c", "*.h", "*.cc", "*.cu", "*.cuh"]),
+        visibility = ["//tests/arch:__pkg__"],
+    )

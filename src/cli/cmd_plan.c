@@ -10,7 +10,7 @@
 #include "planner/run_plan.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
-#include "src/io/hf_config.h"
+#include "src/model/hf_config.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
 

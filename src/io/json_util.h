@@ -9,7 +9,6 @@
 #include <jansson.h>
 
 #include "src/core/core.h"
-#include "src/model/spec.h"
 
 /* "an object", "an array", "a string", "an integer", "a real number", "null";
  * a boolean as "a boolean" (its type, for "expected X, got a boolean"), or,
@@ -34,13 +33,5 @@ mf_status mf_io_json_get(const char *path, const json_t *o, const char *place, c
 
 /* A non-negative integer at `place` ("expected a non-negative integer, got ..."). */
 mf_status mf_io_json_nonneg(const char *path, const json_t *v, const char *place, int64_t *out);
-
-/* A file's "model" section against spec s: an object with exactly keys[0..n),
- * keys[0] "family" naming s's family, keys[1..n) non-negative integers equal to
- * want[1..n). A mismatch is MF_ERR_CONFIG: "<made> family F, the model is G"
- * and "<made_with> KEY V, the model has W" ("the plan was made for"). */
-mf_status mf_io_json_check_model(const char *path, const json_t *root, const mf_model_spec *s,
-                                 const char *const *keys, const int64_t *want, int n, const char *made,
-                                 const char *made_with);
 
 #endif /* MF_IO_JSON_UTIL_H */

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "src/io/hf_config.h"
+#include "src/model/hf_config.h"
 #include "src/io/safetensors.h"
 #include "src/model/params.h"
 

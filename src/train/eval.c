@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/io/hf_config.h"
+#include "src/model/hf_config.h"
 #include "src/train/train_internal.h"
 
 static int is_dir_with_config(const char *dir) {

@@ -1,4 +1,4 @@
-// HF config.json <-> mf_model_spec (src/io/hf_config.h), the model-spec
+// HF config.json <-> mf_model_spec (src/model/hf_config.h), the model-spec
 // defaults against transformers (data/expected.json, written by
 // tools/make_hf_configs.py), and parameter counts against MODELS.md §12.
 #include <dirent.h>
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "src/core/core.h"
-#include "src/io/hf_config.h"
+#include "src/model/hf_config.h"
 #include "src/model/spec.h"
 
 namespace {

@@ -17,7 +17,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "src/exec/exec.h"
-#include "src/io/hf_config.h"
+#include "src/model/hf_config.h"
 #include "src/io/safetensors.h"
 #include "src/model/params.h"
 #include "src/model/program.h"

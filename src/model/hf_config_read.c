@@ -12,8 +12,8 @@
 
 #include <jansson.h>
 
-#include "src/io/hf_config.h"
-#include "src/io/hf_config_impl.h"
+#include "src/model/hf_config.h"
+#include "src/model/hf_config_impl.h"
 #include "src/io/json_util.h"
 
 typedef struct reader {

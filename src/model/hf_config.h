@@ -32,10 +32,12 @@
  *   MF_ERR_FORMAT with the message "FILE: KEY: fault" (invalid JSON:
  *   "FILE: line L, column C: fault").
  */
-#ifndef MF_IO_HF_CONFIG_H
-#define MF_IO_HF_CONFIG_H
+#ifndef MF_MODEL_HF_CONFIG_H
+#define MF_MODEL_HF_CONFIG_H
 
 #include <stddef.h>
+
+#include <jansson.h>
 
 #include "src/core/core.h"
 #include "src/model/spec.h"
@@ -74,8 +76,17 @@ mf_status mf_hf_config_write_dtype(const mf_model_spec *s, mf_dtype dtype, const
  * buffer the caller frees. */
 mf_status mf_hf_config_format(const mf_model_spec *s, mf_dtype dtype, char **out_text);
 
+/* Files moefit writes about a model (plans, routing statistics) record its
+ * shape as a "model" section; checking one against spec s: an object with exactly keys[0..n),
+ * keys[0] "family" naming s's family, keys[1..n) non-negative integers equal to
+ * want[1..n). A mismatch is MF_ERR_CONFIG: "<made> family F, the model is G"
+ * and "<made_with> KEY V, the model has W" ("the plan was made for"). */
+mf_status mf_model_json_check(const char *path, const json_t *root, const mf_model_spec *s,
+                             const char *const *keys, const int64_t *want, int n, const char *made,
+                             const char *made_with);
+
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* MF_IO_HF_CONFIG_H */
+#endif /* MF_MODEL_HF_CONFIG_H */

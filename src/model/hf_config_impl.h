@@ -2,8 +2,8 @@
  * Private to src/io (not part of its API): what the config.json reader
  * (hf_config_read.c) and writer (hf_config_write.c) share.
  */
-#ifndef MF_IO_HF_CONFIG_IMPL_H
-#define MF_IO_HF_CONFIG_IMPL_H
+#ifndef MF_MODEL_HF_CONFIG_IMPL_H
+#define MF_MODEL_HF_CONFIG_IMPL_H
 
 #include <stddef.h>
 
@@ -16,4 +16,4 @@ void mf_hf_format_double(double x, char *buf, size_t cap);
 /* DIR/config.json in a malloc'ed string the caller frees. */
 mf_status mf_hf_config_in_dir(const char *dir, char **out);
 
-#endif /* MF_IO_HF_CONFIG_IMPL_H */
+#endif /* MF_MODEL_HF_CONFIG_IMPL_H */

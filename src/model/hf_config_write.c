@@ -8,8 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "src/io/hf_config.h"
-#include "src/io/hf_config_impl.h"
+#include "src/model/hf_config.h"
+#include "src/model/hf_config_impl.h"
 
 /* What Python's json.dumps writes for a float (its repr): the shortest digits
  * that read back exactly; fixed notation for exponents -4..15, else 1e-05. */
