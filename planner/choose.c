@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "experts/experts.h"
 #include "planner/plan.h"
 #include "planner/plan_internal.h"
 #include "planner/proxy.h"
@@ -145,13 +146,7 @@ static mf_status side_build(const mf_program *p, const mf_plan_pins *pins, const
       const mf_param *a = &p->params->params[i];
       s->hot_rank[i] = -1;
       if (a->expert < 0 || a->layer < 0) continue;
-      const double sa = s->share[a->layer * E + a->expert];
-      int32_t r = 0;
-      for (int64_t e = 0; e < E; e++) {
-        const double se = s->share[a->layer * E + e];
-        r += se > sa || (se == sa && e < a->expert);
-      }
-      s->hot_rank[i] = r;
+      s->hot_rank[i] = mf_experts_heat_rank(s->share + a->layer * E, E, a->expert);
     }
   }
   free(order);
@@ -213,9 +208,9 @@ static int apply(const side *s, const cand *k, mf_decisions *d) {
   int changed = 0;
   if (k->kind == C_OPTIM_DEVICE) return apply_optim(s, k->layer, d);
   if (k->kind == C_PARAMS_RESIDENT || k->kind == C_GRADS_DEVICE || k->kind == C_EXPERTS_HOT) {
-    /* C_EXPERTS_HOT: the quarter of the layer's experts ranked [(q-1) E/4, q E/4) by share. */
-    const int64_t hot_lo = k->kind == C_EXPERTS_HOT ? (int64_t)(k->quarters - 1) * p->spec.experts / 4 : 0;
-    const int64_t hot_hi = k->kind == C_EXPERTS_HOT ? (int64_t)k->quarters * p->spec.experts / 4 : 0;
+    /* C_EXPERTS_HOT: the layer's q-th hottest quarter of experts. */
+    int64_t hot_lo = 0, hot_hi = 0;
+    if (k->kind == C_EXPERTS_HOT) mf_experts_hot_quarter(p->spec.experts, k->quarters, &hot_lo, &hot_hi);
     for (int32_t j = s->pstart[k->layer + 1]; j < s->pstart[k->layer + 2]; j++) {
       const int32_t i = s->pparams[j];
       if (k->kind == C_EXPERTS_HOT) {
@@ -273,7 +268,7 @@ static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *
     out[n++] = (cand){C_PARAMS_RESIDENT, l, -1, 0, 0, 0, 0, 0};
     if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0, 0};
     if (s->share && l >= 0 && mf_model_spec_layer_is_moe(&p->spec, l) && p->spec.experts >= 4)
-      for (int32_t q = 1; q <= 2; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
+      for (int32_t q = 1; q <= MF_EXPERTS_HOT_QUARTERS; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
     if (!p->forward_only && p->adamw_op && s->pstart[l + 2] > s->pstart[l + 1])
       out[n++] = (cand){C_OPTIM_DEVICE, l, -1, 0, 0, 0, 0, 0};
   }
@@ -403,16 +398,13 @@ static mf_status too_small(const mf_program *p, uint64_t budget, const mf_plan *
 /* How often the experts of the q-th hottest quarter of a layer with routing
  * `row` are used by a micro-batch, summed: each 1 - (1 - K share)^T. */
 static double hot_use(const mf_program *p, const double *row, int32_t quarters) {
-  const int64_t E = p->spec.experts, lo = (int64_t)(quarters - 1) * E / 4, n = (int64_t)quarters * E / 4;
-  const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
+  const int64_t E = p->spec.experts;
+  int64_t lo, hi;
+  mf_experts_hot_quarter(E, quarters, &lo, &hi);
   double sum = 0;
   for (int64_t e = 0; e < E; e++) {
-    int64_t r = 0;
-    for (int64_t f = 0; f < E; f++) r += row[f] > row[e] || (row[f] == row[e] && f < e);
-    if (r < lo || r >= n) continue;
-    double q = K * row[e];
-    if (q > 1) q = 1;
-    sum += 1.0 - pow(1.0 - q, T);
+    const int32_t r = mf_experts_heat_rank(row, E, e);
+    if (r >= lo && r < hi) sum += mf_experts_use_chance(row[e], p->spec.top_k, (double)(p->B * p->S));
   }
   return sum;
 }

@@ -107,7 +107,7 @@ typedef struct mf_plan_request {
   uint64_t budget;      /* device arena bytes; UINT64_MAX: none (a named plan's own arena) */
   const mf_config_memory *memory; /* memory.plan and memory.overrides (NULL: auto, none) */
   /* Measured routing, or NULL (uniform): each expert's share of its layer's
-   * assignments, [layers * experts] (planner/routing.h; kept by the caller
+   * assignments, [layers * experts] (experts/routing.h; kept by the caller
    * while the plans live). It prices expert copies by the chance they happen
    * (mf_sim_opts.expert_share) and adds candidates that keep a layer's
    * hottest experts resident (its top quarter, its top half). */

@@ -46,7 +46,7 @@
 #include "planner/hwprofile.h"
 #include "planner/plan.h"
 #include "planner/plan_io.h"
-#include "planner/routing.h"
+#include "experts/routing.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/model/params.h"

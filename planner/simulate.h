@@ -111,7 +111,7 @@ typedef struct mf_sim_opts {
    * profile's AdamW time over every parameter), so the host's share of the
    * floor shrinks with the parameters the device updates. */
   double optimizer_floor_seconds;
-  /* Measured routing (planner/routing.h mf_routing.share: [layers * experts],
+  /* Measured routing (experts/routing.h mf_routing.share: [layers * experts],
    * each expert's fraction of its layer's assignments), or NULL. With it, a
    * copy of an expert's weight or gradient costs its time times the chance
    * it happens: the executor skips the copies of an expert no token of the

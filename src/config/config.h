@@ -132,7 +132,7 @@ typedef enum mf_config_plan {
 } mf_config_plan;
 
 /* memory.routing: the routing statistics the planner plans with
- * (planner/routing.h). */
+ * (experts/routing.h). */
 typedef enum mf_config_routing {
   MF_CONFIG_ROUTING_AUTO = 0, /* <output.dir>/routing.json when that file exists, else uniform */
   MF_CONFIG_ROUTING_NONE,     /* uniform routing */

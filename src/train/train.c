@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/routing.h"
+#include "experts/routing.h"
 #include "src/io/tokens.h"
 #include "src/train/train_internal.h"
 

@@ -18,7 +18,7 @@
 #include "planner/hwprofile.h"
 #include "planner/plan.h"
 #include "planner/plan_io.h"
-#include "planner/routing.h"
+#include "experts/routing.h"
 #include "planner/schedule.h"
 #include "src/core/core.h"
 #include "src/model/params.h"

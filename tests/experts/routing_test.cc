@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "planner/routing.h"
+#include "experts/routing.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/train/train.h"

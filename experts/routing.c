@@ -7,7 +7,7 @@
  * fills the caller's struct; the counts' arithmetic checks are the same
  * function for a file and for counts handed in (check_counts).
  */
-#include "planner/routing.h"
+#include "experts/routing.h"
 #include "src/io/json_util.h"
 #include "src/model/hf_config.h"
 

@@ -21,8 +21,8 @@
  * malformed file, MF_ERR_CONFIG for one made for another model,
  * MF_ERR_UNSUPPORTED for a newer version.
  */
-#ifndef MF_PLANNER_ROUTING_H
-#define MF_PLANNER_ROUTING_H
+#ifndef MF_EXPERTS_ROUTING_H
+#define MF_EXPERTS_ROUTING_H
 
 #include <stdint.h>
 
@@ -76,4 +76,4 @@ mf_status mf_routing_for_config(const mf_config *cfg, const mf_model_spec *spec,
 }
 #endif
 
-#endif /* MF_PLANNER_ROUTING_H */
+#endif /* MF_EXPERTS_ROUTING_H */
