@@ -117,3 +117,7 @@ uint32_t mf_kernel_reads(const mf_kernel_call *k) {
 
 int mf_kernel_writes_experts(mf_kernel k) { return k == MF_K_EXPERT_BWD_WEIGHT; }
 
+int64_t mf_kernel_expert_rows(const mf_kernel_call *k) {
+  const int64_t width = k->kind == MF_K_EXPERT_FWD ? k->i[2] : k->kind == MF_K_EXPERT_BWD_DATA ? k->i[1] : 0;
+  return width > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / width : 0;
+}

@@ -119,6 +119,11 @@ uint32_t mf_kernel_writes(const mf_kernel_call *call);
 uint32_t mf_kernel_reads(const mf_kernel_call *call);
 int mf_kernel_writes_experts(mf_kernel k);
 
+/* The rows R of an EXPERT_FWD or EXPERT_BWD_DATA call, from its first operand's
+ * bytes (xe [R, Kd], dye [R, N] in fp32): a bound on offsets[E] that a device
+ * can use without reading offsets. 0 for other kinds and empty rows. */
+int64_t mf_kernel_expert_rows(const mf_kernel_call *call);
+
 typedef struct mf_stream mf_stream;
 typedef struct mf_event mf_event;
 typedef struct mf_backend mf_backend;

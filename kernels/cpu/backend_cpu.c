@@ -336,7 +336,9 @@ static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes,
 #define I32(j) ((int32_t *)k->b[j].ptr)
 #define CI32(j) ((const int32_t *)k->b[j].ptr)
 #define I64(j) ((int64_t *)k->b[j].ptr)
+#define CI64(j) ((const int64_t *)k->b[j].ptr)
 #define D64(j) ((double *)k->b[j].ptr)
+#define CD64(j) ((const double *)k->b[j].ptr)
 
 static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
   cpu_impl *c = impl_of(b);
@@ -367,80 +369,73 @@ static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
       memset(k->b[0].ptr, 0, k->b[0].bytes);
       return MF_OK;
     case MF_K_EMBED_FWD:
-      return mf_cpu_embedding_fwd(x, CI32(0), i[0], CF(1), i[1], i[2], F(2));
+      return mf_cpu_embed_fwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), x);
     case MF_K_EMBED_BWD:
-      return mf_cpu_embedding_bwd(x, CI32(0), i[0], CF(1), i[1], i[2], F(2));
+      return mf_cpu_embed_bwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), x);
     case MF_K_RMSNORM_FWD:
-      return mf_cpu_rmsnorm_fwd(x, CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3));
+      return mf_cpu_rmsnorm_fwd(CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3), x);
     case MF_K_RMSNORM_BWD:
-      return mf_cpu_rmsnorm_bwd(x, CF(0), CF(1), CF(2), CF(3), i[0], i[1], F(4), F(5), (int)i[2]);
+      return mf_cpu_rmsnorm_bwd(CF(0), CF(1), CF(2), CF(3), i[0], i[1], F(4), F(5), (int)i[2], x);
     case MF_K_LINEAR_FWD:
-      return mf_cpu_linear_fwd(x, CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3]);
+      return mf_cpu_linear_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], x);
     case MF_K_LINEAR_BWD_DATA:
-      return mf_cpu_linear_bwd_data(x, CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3]);
+      return mf_cpu_linear_bwd_data(CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], x);
     case MF_K_LINEAR_BWD_WEIGHT:
-      return mf_cpu_linear_bwd_weight(x, CF(0), CF(1), i[0], i[1], i[2], F(2), F(3));
+      return mf_cpu_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), x);
     case MF_K_ROPE_FWD:
-      return mf_cpu_rope_fwd(x, F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0]);
+      return mf_cpu_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], x);
     case MF_K_ROPE_BWD:
-      return mf_cpu_rope_bwd(x, F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0]);
+      return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], x);
     case MF_K_ATTN_FWD:
-      return mf_cpu_attention_fwd(x, CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4));
+      return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
+                             x);
     case MF_K_ATTN_BWD:
-      return mf_cpu_attention_bwd(x, CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
-                                  (float)k->f[0], F(6), F(7), F(8));
+      return mf_cpu_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                             (float)k->f[0], F(6), F(7), F(8), x);
     case MF_K_SWIGLU_FWD:
-      return mf_cpu_swiglu_fwd(x, CF(0), CF(1), i[0], F(2));
+      return mf_cpu_swiglu_fwd(CF(0), CF(1), i[0], F(2), x);
     case MF_K_SWIGLU_BWD:
-      return mf_cpu_swiglu_bwd(x, CF(0), CF(1), CF(2), i[0], F(3), F(4));
+      return mf_cpu_swiglu_bwd(CF(0), CF(1), CF(2), i[0], F(3), F(4), x);
     case MF_K_SIGGATE_FWD:
-      return mf_cpu_sigmoid_gate_fwd(x, CF(0), CF(1), i[0], i[1], F(2));
+      return mf_cpu_sigmoid_gate_fwd(CF(0), CF(1), i[0], i[1], F(2), x);
     case MF_K_SIGGATE_BWD:
-      return mf_cpu_sigmoid_gate_bwd(x, CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4));
+      return mf_cpu_sigmoid_gate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), x);
     case MF_K_ADD: {
       mf_kctx exact = *x;
       if (i[1]) exact.round_bf16 = 0; /* gradient sums stay fp32 */
-      return mf_cpu_add(&exact, CF(0), i[0], F(1));
+      return mf_cpu_add(CF(0), i[0], F(1), &exact);
     }
     case MF_K_ROUTER_FWD:
-      return mf_cpu_router_fwd(x, CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3));
+      return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), x);
     case MF_K_ROUTER_BWD:
-      return mf_cpu_router_bwd(x, CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5));
+      return mf_cpu_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5), x);
     case MF_K_MOE_DISPATCH:
       return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
     case MF_K_MOE_GATHER:
-      return mf_cpu_moe_gather(x, CF(0), CI32(1), i[0], i[1], F(2));
+      return mf_cpu_moe_gather(CF(0), CI32(1), i[0], i[1], F(2), x);
     case MF_K_MOE_GATHER_BWD:
-      return mf_cpu_moe_gather_bwd(x, CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3]);
+      return mf_cpu_moe_gather_bwd(CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3], x);
     case MF_K_MOE_COMBINE:
-      return mf_cpu_moe_combine(x, CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3));
+      return mf_cpu_moe_combine(CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3), x);
     case MF_K_MOE_COMBINE_BWD:
-      return mf_cpu_moe_combine_bwd(x, CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5));
+      return mf_cpu_moe_combine_bwd(CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5), x);
     case MF_K_EXPERT_FWD:
-      return mf_cpu_expert_linear_fwd(x, CF(0), (const float *const *)k->experts, (const int64_t *)k->b[1].ptr,
-                                      i[0], i[1], i[2], F(2));
+      return mf_cpu_expert_fwd(CF(0), (const float *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
+                               i[0], i[1], i[2], F(2), x);
     case MF_K_EXPERT_BWD_DATA:
-      return mf_cpu_expert_linear_bwd_data(x, CF(0), (const float *const *)k->experts,
-                                           (const int64_t *)k->b[1].ptr, i[0], i[1], i[2], F(2));
+      return mf_cpu_expert_bwd_data(CF(0), (const float *const *)k->experts, CI64(1),
+                                    mf_kernel_expert_rows(k), i[0], i[1], i[2], F(2), x);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cpu_expert_linear_bwd_weight(x, CF(0), CF(1), (const int64_t *)k->b[2].ptr, i[0], i[1], i[2],
-                                             (float *const *)k->experts);
-    case MF_K_CROSS_ENTROPY: {
-      double loss = 0;
-      int64_t n_valid = 0;
-      MF_CHECK(mf_cpu_cross_entropy(x, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
-                                    &loss, &n_valid, F(6), F(7)));
-      D64(5)[0] = loss;
-      D64(5)[1] = (double)n_valid;
-      return MF_OK;
-    }
+      return mf_cpu_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts, x);
+    case MF_K_CROSS_ENTROPY:
+      return mf_cpu_cross_entropy(CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
+                                  D64(5), F(6), F(7), x);
     case MF_K_AUX_ACCUMULATE:
       return mf_cpu_aux_accumulate(CF(0), CI32(1), i[0], i[1], i[2], I64(2), D64(3));
     case MF_K_AUX_VALUE:
-      D64(2)[0] = mf_cpu_aux_value((const int64_t *)k->b[0].ptr, (const double *)k->b[1].ptr, i[0], i[1]);
-      return MF_OK;
+      return mf_cpu_aux_value(CI64(0), CD64(1), i[0], i[1], D64(2));
     case MF_K_AUX_GRAD:
-      return mf_cpu_aux_grad((const int64_t *)k->b[0].ptr, i[0], i[1], k->f[0], i[2], F(1));
+      return mf_cpu_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1));
     case MF_K_GRAD_SUMSQ:
     case MF_K_ADAMW:
       /* The device is host memory: the host optimizer's code, passed in. */

@@ -355,9 +355,9 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       if (k->b[0].bytes) MF_CUDA_CHECK(cudaMemsetAsync(k->b[0].ptr, 0, k->b[0].bytes, s));
       return MF_OK;
     case MF_K_EMBED_FWD:
-      return mf_cuda_embed_fwd(CI32(0), i[0], CF(1), i[2], F(2), s);
+      return mf_cuda_embed_fwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), s);
     case MF_K_EMBED_BWD:
-      return mf_cuda_embed_bwd(CI32(0), i[0], CF(1), i[2], F(2), s);
+      return mf_cuda_embed_bwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), s);
     case MF_K_RMSNORM_FWD:
       return mf_cuda_rmsnorm_fwd(CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3), s);
     case MF_K_RMSNORM_BWD: {
@@ -383,23 +383,23 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return st;
     }
     case MF_K_ROPE_FWD:
-      return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 0, s);
+      return mf_cuda_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ROPE_BWD:
-      return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 1, s);
+      return mf_cuda_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ATTN_FWD:
-      return mf_cuda_attention_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3),
-                                   F(4), s);
+      return mf_cuda_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
+                              s);
     case MF_K_ATTN_BWD:
-      return mf_cuda_attention_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
-                                   (float)k->f[0], F(6), F(7), F(8), s);
+      return mf_cuda_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                              (float)k->f[0], F(6), F(7), F(8), s);
     case MF_K_SWIGLU_FWD:
       return mf_cuda_swiglu_fwd(CF(0), CF(1), i[0], F(2), s);
     case MF_K_SWIGLU_BWD:
       return mf_cuda_swiglu_bwd(CF(0), CF(1), CF(2), i[0], F(3), F(4), s);
     case MF_K_SIGGATE_FWD:
-      return mf_cuda_siggate_fwd(CF(0), CF(1), i[0], i[1], F(2), s);
+      return mf_cuda_sigmoid_gate_fwd(CF(0), CF(1), i[0], i[1], F(2), s);
     case MF_K_SIGGATE_BWD:
-      return mf_cuda_siggate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), s);
+      return mf_cuda_sigmoid_gate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), s);
     case MF_K_ADD: /* fp32 storage: the fp32 flag (no bf16 rounding of gradient sums) changes nothing */
       return mf_cuda_add(CF(0), i[0], F(1), s);
     case MF_K_ROUTER_FWD:
@@ -423,26 +423,23 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_AUX_GRAD:
       return mf_cuda_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1), s);
     case MF_K_LINEAR_FWD:
-      return mf_cuda_linear_fwd(c->blas, CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], s);
+      return mf_cuda_linear_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], c->blas, s);
     case MF_K_LINEAR_BWD_DATA:
-      return mf_cuda_linear_bwd_data(c->blas, CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], s);
+      return mf_cuda_linear_bwd_data(CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], c->blas, s);
     case MF_K_LINEAR_BWD_WEIGHT:
-      return mf_cuda_linear_bwd_weight(c->blas, CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), s);
-    case MF_K_EXPERT_FWD: { /* rows: the size of xe [R, Kd] */
-      const int64_t R = i[2] > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / i[2] : 0;
-      return mf_cuda_expert_fwd(CF(0), CI64(1), R, i[0], i[1], i[2], (const void *const *)k->experts, F(2),
-                                s);
-    }
-    case MF_K_EXPERT_BWD_DATA: { /* rows: the size of dye [R, N] */
-      const int64_t R = i[1] > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / i[1] : 0;
-      return mf_cuda_expert_bwd_data(CF(0), CI64(1), R, i[0], i[1], i[2], (const void *const *)k->experts,
-                                     F(2), s);
-    }
+      return mf_cuda_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), c->blas, s);
+    case MF_K_EXPERT_FWD:
+      return mf_cuda_expert_fwd(CF(0), (const float *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
+                                i[0], i[1], i[2], F(2), s);
+    case MF_K_EXPERT_BWD_DATA:
+      return mf_cuda_expert_bwd_data(CF(0), (const float *const *)k->experts, CI64(1),
+                                     mf_kernel_expert_rows(k), i[0], i[1], i[2], F(2), s);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cuda_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (void *const *)k->experts, s);
+      return mf_cuda_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts,
+                                       s);
     case MF_K_CROSS_ENTROPY:
-      return mf_cuda_cross_entropy(c->blas, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0],
-                                   F(3), F(4), D64(5), F(6), F(7), s);
+      return mf_cuda_cross_entropy(CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
+                                   D64(5), F(6), F(7), c->blas, s);
     case MF_K_GRAD_SUMSQ:
       return launch_grad_sumsq(k, s);
     case MF_K_ADAMW:

@@ -49,7 +49,7 @@ static const char k_usage[] =
     "                           copies do); latency from 4 KiB copies\n"
     "  compute.gemm             mf_cpu_linear_fwd (fp32) at square shapes 64^3 .. 1024^3\n"
     "                           (.. 2048^3 without --quick)\n"
-    "  compute.attention        mf_cpu_attention_fwd + _bwd, causal, 8 query / 2 kv heads\n"
+    "  compute.attention        mf_cpu_attn_fwd + _bwd, causal, 8 query / 2 kv heads\n"
     "  compute.launch_us        an empty mf_threadpool_run (what each parallel cpu kernel pays)\n"
     "  compute.elementwise_bandwidth, host.memory_bandwidth\n"
     "                           mf_cpu_add over 16M floats (12 bytes moved per element)\n"
@@ -131,7 +131,7 @@ typedef struct {
 
 static mf_status run_gemm(void *ctx) {
   gemm_job *j = ctx;
-  return mf_cpu_linear_fwd(j->k, j->x, j->w, NULL, j->m, j->n, j->kk, j->y, 0);
+  return mf_cpu_linear_fwd(j->x, j->w, NULL, j->m, j->n, j->kk, j->y, 0, j->k);
 }
 
 typedef struct {
@@ -143,14 +143,14 @@ typedef struct {
 
 static mf_status run_attn_fwd(void *ctx) {
   attn_job *j = ctx;
-  return mf_cpu_attention_fwd(j->k, j->q, j->kk, j->v, 1, j->s, j->hq, j->hkv, j->d,
-                              1.0f / sqrtf((float)j->d), j->o, j->lse);
+  return mf_cpu_attn_fwd(j->q, j->kk, j->v, 1, j->s, j->hq, j->hkv, j->d, 1.0f / sqrtf((float)j->d), j->o,
+                         j->lse, j->k);
 }
 
 static mf_status run_attn_bwd(void *ctx) {
   attn_job *j = ctx;
-  return mf_cpu_attention_bwd(j->k, j->q, j->kk, j->v, j->o, j->dout, j->lse, 1, j->s, j->hq, j->hkv, j->d,
-                              1.0f / sqrtf((float)j->d), j->dq, j->dk, j->dv);
+  return mf_cpu_attn_bwd(j->q, j->kk, j->v, j->o, j->dout, j->lse, 1, j->s, j->hq, j->hkv, j->d,
+                         1.0f / sqrtf((float)j->d), j->dq, j->dk, j->dv, j->k);
 }
 
 typedef struct {
@@ -169,7 +169,7 @@ static mf_status run_dispatch(void *ctx) {
 
 static mf_status run_add(void *ctx) {
   add_job *j = ctx;
-  return mf_cpu_add(j->k, j->x, j->n, j->y);
+  return mf_cpu_add(j->x, j->n, j->y, j->k);
 }
 
 typedef struct {
@@ -639,7 +639,7 @@ static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline,
       p->source, sizeof p->source,
       "Measured on this machine by `%s` on %s, %d threads; each figure the best of %d runs. "
       "links: one-thread memcpy of 64 MiB (latency: 4 KiB copies less bytes/bandwidth). "
-      "gemm: mf_cpu_linear_fwd, fp32, square shapes. attention: mf_cpu_attention_fwd+bwd, causal, B=1, "
+      "gemm: mf_cpu_linear_fwd, fp32, square shapes. attention: mf_cpu_attn_fwd+bwd, causal, B=1, "
       "Hq=8, Hkv=2, rate = fwd+bwd FLOPs (mf_hw_attention_flops) / time. launch_us: an empty "
       "mf_threadpool_run (what each parallel cpu kernel pays), taken off the gemm and attention times. "
       "elementwise_bandwidth and "

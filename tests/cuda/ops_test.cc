@@ -483,7 +483,7 @@ TEST_F(CudaOps, RouterBwd) {
         auto logits = router_logits(rng, T, E);
         std::vector<float> probs((size_t)(T * E)), w((size_t)(T * K));
         std::vector<int32_t> idx((size_t)(T * K));
-        ASSERT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, norm, probs.data(), idx.data(), w.data()),
+        ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, norm, probs.data(), idx.data(), w.data(), &ctx),
                   MF_OK);
         Case c{shape("router_bwd", {T, E, K, norm, extra}), MF_K_ROUTER_BWD};
         c.b = {in_f32(probs),
@@ -598,7 +598,7 @@ TEST_F(CudaOps, AuxLoss) {
     auto logits = router_logits(rng, T, E);
     std::vector<float> probs((size_t)(T * E)), w((size_t)(T * K));
     std::vector<int32_t> idx((size_t)(T * K));
-    ASSERT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, 1, probs.data(), idx.data(), w.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, 1, probs.data(), idx.data(), w.data(), &ctx), MF_OK);
     std::vector<int64_t> counts0((size_t)E);
     std::vector<double> psum0((size_t)E);
     for (auto &v : counts0) v = std::uniform_int_distribution<int64_t>(0, 1000)(rng);

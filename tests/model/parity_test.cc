@@ -97,8 +97,8 @@ Result run_model(const mf_param_table *t, const std::vector<float> &w, const int
   r.expert_tokens.assign(mf_exec_expert_tokens(x), mf_exec_expert_tokens(x) + t->spec.layers * t->spec.experts);
   r.logits.assign((size_t)(T * V), 0.0f);
   mf_kctx k = {nullptr, 0};
-  EXPECT_EQ(mf_cpu_linear_fwd(&k, hidden.data(), w.data() + t->params[mf_param_lm_head(t)].offset, nullptr, T, V, H,
-                              r.logits.data(), 0),
+  EXPECT_EQ(mf_cpu_linear_fwd(hidden.data(), w.data() + t->params[mf_param_lm_head(t)].offset, nullptr, T, V,
+                              H, r.logits.data(), 0, &k),
             MF_OK);
   mf_exec_free(x);
   mf_program_free(p);
