@@ -1,6 +1,7 @@
 /* The cpu backend: a real "device" arena of exactly the budgeted size, memcpy
  * copies, streams that run work as it is submitted, and the checking mode
  * (NaN-poisoned releases, every operand checked against the live ranges). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,33 +270,54 @@ static mf_status cpu_mark(mf_backend *b, void *ptr, size_t bytes, int live) {
   return MF_OK;
 }
 
-/* An operand must lie in the arena, in ranges marked live. */
-static mf_status check_range(cpu_impl *c, const void *ptr, size_t bytes, const char *what, const char *label,
-                             int index) {
-  if (!c->opts.checking || !ptr || bytes == 0) return MF_OK;
+/* Whether [ptr, ptr+bytes) passes the residency check: 0 it does (or checking
+ * is off), 1 it is not inside the arena, 2 it covers bytes that hold no live
+ * tensor, the first at *dead. */
+static int residency_fault(cpu_impl *c, const void *ptr, size_t bytes, size_t *dead) {
+  if (!c->opts.checking || !ptr || bytes == 0) return 0;
   c->stats.checks++;
   const uint8_t *p = (const uint8_t *)ptr;
-  if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes)
-    return MF_ERR(MF_ERR_INTERNAL, "residency check: %s%s%s operand %d (%zu bytes) is not in the device arena",
-                  what, label ? " in " : "", label ? label : "", index, bytes);
+  if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes) return 1;
   size_t off = (size_t)(p - c->arena);
   size_t g0 = off / GRANULE, g1 = (off + bytes + GRANULE - 1) / GRANULE;
   for (size_t g = g0; g < g1; g++)
-    if (!bit_get(c->live, g))
-      return MF_ERR(MF_ERR_INTERNAL,
-                    "residency check: %s%s%s operand %d reads or writes arena bytes [%zu, %zu) that hold no live "
-                    "tensor (first dead byte at %zu)",
-                    what, label ? " in " : "", label ? label : "", index, off, off + bytes, g * GRANULE);
-  return MF_OK;
+    if (!bit_get(c->live, g)) {
+      *dead = g * GRANULE;
+      return 2;
+    }
+  return 0;
+}
+
+/* An operand must lie in the arena, in ranges marked live. `what` names it:
+ * "copy destination", or (what NULL) operand `slot` of kernel call k, by the
+ * operand table's names. */
+static mf_status check_range(cpu_impl *c, const void *ptr, size_t bytes, const char *what,
+                             const mf_kernel_call *k, int slot) {
+  size_t dead = 0;
+  const int fault = residency_fault(c, ptr, bytes, &dead);
+  if (!fault) return MF_OK;
+  char name[256], op[64];
+  if (!what) {
+    snprintf(name, sizeof name, "%s%s%s %s", mf_kernel_name(k->kind), k->label ? " in " : "",
+             k->label ? k->label : "", mf_kernel_operand_text(k->kind, slot, op, sizeof op));
+    what = name;
+  }
+  if (fault == 1)
+    return MF_ERR(MF_ERR_INTERNAL, "residency check: %s (%zu bytes) is not in the device arena", what, bytes);
+  const size_t off = (size_t)((const uint8_t *)ptr - c->arena);
+  return MF_ERR(
+      MF_ERR_INTERNAL,
+      "residency check: %s reads or writes arena bytes [%zu, %zu) that hold no live tensor (first dead "
+      "byte at %zu)",
+      what, off, off + bytes, dead);
 }
 
 static mf_status check_call(cpu_impl *c, const mf_kernel_call *k) {
   if (!c->opts.checking) return MF_OK;
-  const char *name = mf_kernel_name(k->kind);
-  for (int i = 0; i < MF_KBUF_MAX; i++) MF_CHECK(check_range(c, k->b[i].ptr, k->b[i].bytes, name, k->label, i));
+  for (int j = 0; j < MF_KBUF_MAX; j++) MF_CHECK(check_range(c, k->b[j].ptr, k->b[j].bytes, NULL, k, j));
   if (k->experts)
     for (int64_t e = 0; e < k->i[0]; e++)
-      MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, name, k->label, 100 + (int)e));
+      MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, NULL, k, 100 + (int)e));
   return MF_OK;
 }
 
@@ -320,8 +342,10 @@ static mf_status cpu_copy(mf_backend *b, void *dst, const void *src, size_t byte
 
 static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes, mf_copy_kind kind) {
   if (bytes == 0) return MF_OK;
-  if (kind == MF_COPY_H2D || kind == MF_COPY_D2D) MF_CHECK(check_range(c, dst, bytes, "copy", "destination", 0));
-  if (kind == MF_COPY_D2H || kind == MF_COPY_D2D) MF_CHECK(check_range(c, src, bytes, "copy", "source", 1));
+  if (kind == MF_COPY_H2D || kind == MF_COPY_D2D)
+    MF_CHECK(check_range(c, dst, bytes, "copy destination", NULL, 0));
+  if (kind == MF_COPY_D2H || kind == MF_COPY_D2D)
+    MF_CHECK(check_range(c, src, bytes, "copy source", NULL, 0));
   memmove(dst, src, bytes);
   if (kind == MF_COPY_H2D) c->stats.bytes_h2d += bytes;
   if (kind == MF_COPY_D2H) c->stats.bytes_d2h += bytes;
@@ -342,6 +366,11 @@ static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes,
 
 static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
   cpu_impl *c = impl_of(b);
+  mf_status st = mf_kernel_call_check(k);
+  if (st != MF_OK) {
+    mf_error_prefix("cpu backend");
+    return st;
+  }
   if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return run_now(c, k);
   qitem it;
   memset(&it, 0, sizeof it);
@@ -354,7 +383,7 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
     memcpy(it.experts, k->experts, (size_t)E * sizeof(void *));
     it.call.experts = it.experts;
   }
-  mf_status st = enqueue(s, &it);
+  st = enqueue(s, &it);
   if (st != MF_OK) free(it.experts);
   return st;
 }
@@ -445,8 +474,8 @@ static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
                       "mf_optim_run_kernel)",
                       mf_kernel_name(k->kind));
       return c->opts.optim(k, c->opts.pool);
-    default:
-      return MF_ERR(MF_ERR_INTERNAL, "cpu backend: unknown kernel %d", (int)k->kind);
+    default: /* a kind of the table without a case here */
+      return MF_ERR(MF_ERR_UNSUPPORTED, "cpu backend: no %s kernel", mf_kernel_name(k->kind));
   }
 }
 

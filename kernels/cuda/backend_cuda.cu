@@ -232,78 +232,6 @@ static mf_status cuda_copy(mf_backend *b, void *dst, const void *src, size_t byt
 
 // ---------------------------------------------------------------- kernels
 
-// Operands each built kind needs (a bit per slot of b[]); optional ones left out.
-static uint32_t required_operands(mf_kernel kind) {
-  switch (kind) {
-    case MF_K_ZERO:
-      return 0x1;
-    case MF_K_EMBED_FWD:
-      return 0x7;
-    case MF_K_EMBED_BWD:
-      return 0x7;
-    case MF_K_RMSNORM_FWD:
-      return 0xf;
-    case MF_K_RMSNORM_BWD:
-      return 0x3f;
-    case MF_K_ROPE_FWD:
-      return 0x3;
-    case MF_K_ROPE_BWD:
-      return 0x3;
-    case MF_K_SWIGLU_FWD:
-      return 0x7;
-    case MF_K_SWIGLU_BWD:
-      return 0x1f;
-    case MF_K_SIGGATE_FWD:
-      return 0x7;
-    case MF_K_SIGGATE_BWD:
-      return 0x1f;
-    case MF_K_ADD:
-      return 0x3;
-    case MF_K_ROUTER_FWD:
-      return 0xf;
-    case MF_K_ROUTER_BWD:
-      return 0x2f; /* dprobs (slot 4) is optional */
-    case MF_K_MOE_DISPATCH:
-      return 0x1f;
-    case MF_K_MOE_GATHER:
-      return 0x7;
-    case MF_K_MOE_GATHER_BWD:
-      return 0x7;
-    case MF_K_MOE_COMBINE:
-      return 0xf;
-    case MF_K_MOE_COMBINE_BWD:
-      return 0x3f;
-    case MF_K_AUX_ACCUMULATE:
-      return 0xf;
-    case MF_K_AUX_VALUE:
-      return 0x7;
-    case MF_K_AUX_GRAD:
-      return 0x3;
-    case MF_K_LINEAR_FWD:
-      return 0xb; /* bias (slot 2) is optional */
-    case MF_K_LINEAR_BWD_DATA:
-      return 0x7;
-    case MF_K_LINEAR_BWD_WEIGHT:
-      return 0x7; /* dbias (slot 3) is optional */
-    case MF_K_EXPERT_FWD:
-    case MF_K_EXPERT_BWD_DATA:
-    case MF_K_EXPERT_BWD_WEIGHT:
-      return 0x7;
-    case MF_K_CROSS_ENTROPY:
-      return 0x3f; /* dh, dW (slots 6, 7) are optional */
-    case MF_K_ATTN_FWD:
-      return 0x1f;
-    case MF_K_ATTN_BWD:
-      return 0x1ff;
-    case MF_K_GRAD_SUMSQ:
-      return 0x3;
-    case MF_K_ADAMW:
-      return 0x7;
-    default:
-      return 0;
-  }
-}
-
 #define F(j) ((float *)k->b[j].ptr)
 #define CF(j) ((const float *)k->b[j].ptr)
 #define I32(j) ((int32_t *)k->b[j].ptr)
@@ -445,7 +373,7 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_ADAMW:
       return launch_adamw(k, s);
     default:
-      return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel yet", mf_kernel_name(k->kind));
+      return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel", mf_kernel_name(k->kind));
   }
 }
 
@@ -453,11 +381,11 @@ static mf_status cuda_run(mf_backend *b, const mf_kernel_call *k, mf_stream *st)
   cuda_impl *c = impl_of(b);
   const char *name = mf_kernel_name(k->kind);
   const char *label = k->label ? k->label : "";
-  const uint32_t need = required_operands(k->kind);
-  for (int j = 0; j < MF_KBUF_MAX; j++)
-    if ((need >> j & 1u) && !k->b[j].ptr && k->b[j].bytes)
-      return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: kernel %s%s%s: operand %d (%zu bytes) is NULL", name,
-                    *label ? " in " : "", label, j, k->b[j].bytes);
+  mf_status checked = mf_kernel_call_check(k); /* a kind of the table, its required operands present */
+  if (checked != MF_OK) {
+    mf_error_prefix("cuda backend");
+    return checked;
+  }
   SET_DEVICE(c);
   mf_status st_ = launch(c, k, stream_of(st));
   if (st_ != MF_OK) {
