@@ -74,10 +74,10 @@ mf_status mf_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, co
 
 /* --------------------------------------------------------------- linear */
 
-/* y[M,N] = x[M,K] . W[N,K]^T (+ b[N] when b != NULL). Written, or added when
+/* y[M,N] = x[M,K] . W[N,K]^T (+ bias[N] when bias != NULL). Written, or added when
  * accumulate (the bias is added once either way). */
-mf_status mf_cpu_linear_fwd(const float *x, const float *W, const float *b, int64_t M, int64_t N, int64_t K,
-                            float *y, int accumulate, const mf_kctx *ctx);
+mf_status mf_cpu_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
+                            int64_t K, float *y, int accumulate, const mf_kctx *ctx);
 /* dx[M,K] = dy[M,N] . W[N,K]  (written, or added when accumulate). */
 mf_status mf_cpu_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
                                  int accumulate, const mf_kctx *ctx);

@@ -116,14 +116,14 @@ static void gemm_run(const mf_kctx *ctx, gemm_args *g) {
     mf_threadpool_run(ctx->pool, gemm_task, g);
 }
 
-mf_status mf_cpu_linear_fwd(const float *x, const float *W, const float *b, int64_t M, int64_t N, int64_t K,
-                            float *y, int accumulate, const mf_kctx *ctx) {
+mf_status mf_cpu_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
+                            int64_t K, float *y, int accumulate, const mf_kctx *ctx) {
   gemm_args g = {0};
   g.layout = MF_CPU_GEMM_NT;
   g.A = x, g.lda = K;
   g.B = W, g.ldb = K;
   g.C = y, g.ldc = N;
-  g.bias = b;
+  g.bias = bias;
   g.M = M, g.N = N, g.K = K;
   g.accumulate = accumulate, g.round_bf16 = ctx->round_bf16;
   gemm_run(ctx, &g);
