@@ -33,60 +33,60 @@
 extern "C" {
 #endif
 
-/* The kernels, and the layout of each call's operands (b[]) and sizes (i[], f[]).
- * Semantics of every kernel: kernels/cpu/cpu_ops.h (the reference). "?" marks an
- * operand that may be absent (ptr NULL). */
+/* The kernels. What each computes is the contract of its cpu twin,
+ * mf_cpu_<name> in kernels/cpu/cpu_ops.h (the reference; the cuda twin is
+ * mf_cuda_<name> in kernels/cuda/ops.cuh), <name> being mf_kernel_name(kind).
+ * The layout of each kind's calls — its operands b[] with their names and
+ * roles, its sizes i[] and scalars f[] — is written once, in the operand table
+ * of kernels/backend.c (mf_kernel_info_of below). */
 typedef enum mf_kernel {
-  MF_K_ZERO = 0,          /* b = {x (written 0)} */
-  MF_K_EMBED_FWD,         /* b = {ids, table, out};            i = {T, V, H} */
-  MF_K_EMBED_BWD,         /* b = {ids, dout, dtable};          i = {T, V, H} */
-  MF_K_RMSNORM_FWD,       /* b = {x, w, y, rstd};              i = {R, C};  f = {eps} */
-  MF_K_RMSNORM_BWD,       /* b = {dy, x, w, rstd, dx, dw};     i = {R, C, accumulate} */
-  MF_K_LINEAR_FWD,        /* b = {x, W, bias?, y};             i = {M, N, K, accumulate} */
-  MF_K_LINEAR_BWD_DATA,   /* b = {dy, W, dx};                  i = {M, N, K, accumulate} */
-  MF_K_LINEAR_BWD_WEIGHT, /* b = {dy, x, dW, dbias?};          i = {M, N, K} */
-  MF_K_ROPE_FWD,          /* b = {x (in place), pos};          i = {T, nh, D};  f = {theta} */
-  MF_K_ROPE_BWD,          /* b = {dx (in place), pos};         i = {T, nh, D};  f = {theta} */
-  MF_K_ATTN_FWD,          /* b = {q, k, v, o, lse};            i = {B, S, Hq, Hkv, D};  f = {scale} */
-  MF_K_ATTN_BWD,          /* b = {q, k, v, o, do, lse, dq, dk, dv};  i = {B, S, Hq, Hkv, D};  f = {scale} */
-  MF_K_SWIGLU_FWD,        /* b = {g, u, act};                  i = {n} */
-  MF_K_SWIGLU_BWD,        /* b = {g, u, dact, dg, du};         i = {n} */
-  MF_K_SIGGATE_FWD,       /* b = {gl, x, y (added)};           i = {R, C} */
-  MF_K_SIGGATE_BWD,       /* b = {gl, x, dy, dx, dgl};         i = {R, C} */
-  MF_K_ADD,               /* b = {x, y (added)};               i = {n, fp32}: fp32 = 1 for gradients,
-                             which are never rounded to bf16 */
-  MF_K_ROUTER_FWD,        /* b = {logits, probs, topk_idx, topk_w};  i = {T, E, K, norm_topk} */
-  MF_K_ROUTER_BWD,        /* b = {probs, topk_idx, topk_w, dtopk_w, dprobs?, dlogits};  i = {T, E, K, norm_topk} */
-  MF_K_MOE_DISPATCH,      /* b = {topk_idx, counts, offsets, row_of, token_of_row};  i = {T, K, E} */
-  MF_K_MOE_GATHER,        /* b = {x, token_of_row, xe};        i = {R, H} */
-  MF_K_MOE_GATHER_BWD,    /* b = {dxe, row_of, dx};            i = {T, K, H, accumulate} */
-  MF_K_MOE_COMBINE,       /* b = {ye, w, row_of, y (added)};   i = {T, K, H} */
-  MF_K_MOE_COMBINE_BWD,   /* b = {dy, ye, w, row_of, dye, dw}; i = {T, K, H} */
-  MF_K_EXPERT_FWD,        /* b = {xe, offsets, ye};  experts = W[E];   i = {E, N, Kd} */
-  MF_K_EXPERT_BWD_DATA,   /* b = {dye, offsets, dxe}; experts = W[E];  i = {E, N, Kd} */
-  MF_K_EXPERT_BWD_WEIGHT, /* b = {dye, xe, offsets}; experts = dW[E];  i = {E, N, Kd} */
-  MF_K_CROSS_ENTROPY,     /* b = {h, W, target, ws, lse, scalars, dh?, dW?};  i = {T, V, H, chunk};
-                             f = {loss_scale}; scalars (2 doubles, written) = {loss_sum, n_valid} */
-  MF_K_AUX_ACCUMULATE,    /* b = {probs, topk_idx, counts, psum};  i = {T, E, K} (counts i64, psum f64: added) */
-  MF_K_AUX_VALUE,         /* b = {counts, psum, scalars};      i = {E, n_rows}; scalars[0] = aux (written) */
-  MF_K_AUX_GRAD,          /* b = {counts, dprobs};             i = {E, n_rows, T};  f = {coef} */
-  /* The optimizer on the device (src/optim/optim.h defines the arithmetic, bit
-   * for bit). GRAD_SUMSQ writes the norm's chunk sums of one gradient (fp32)
-   * into sums (f64) at [first, first + ceil(n / 65536)): sums[first + k] = the
-   * sum of squares of elements [65536 k, 65536 (k + 1)) as
-   * mf_optim_grad_chunk_sumsq computes it. ADAMW first multiplies the
-   * gradient in place by (float)coef when coef < 1 (clipping, as
+  MF_K_ZERO = 0, /* no twin: its one operand's bytes are set to 0 */
+  MF_K_EMBED_FWD,
+  MF_K_EMBED_BWD,
+  MF_K_RMSNORM_FWD,
+  MF_K_RMSNORM_BWD,
+  MF_K_LINEAR_FWD,
+  MF_K_LINEAR_BWD_DATA,
+  MF_K_LINEAR_BWD_WEIGHT,
+  MF_K_ROPE_FWD,
+  MF_K_ROPE_BWD,
+  MF_K_ATTN_FWD,
+  MF_K_ATTN_BWD,
+  MF_K_SWIGLU_FWD,
+  MF_K_SWIGLU_BWD,
+  MF_K_SIGGATE_FWD, /* the twins: mf_cpu_sigmoid_gate_fwd, mf_cuda_sigmoid_gate_fwd */
+  MF_K_SIGGATE_BWD,
+  MF_K_ADD,
+  MF_K_ROUTER_FWD,
+  MF_K_ROUTER_BWD,
+  MF_K_MOE_DISPATCH,
+  MF_K_MOE_GATHER,
+  MF_K_MOE_GATHER_BWD,
+  MF_K_MOE_COMBINE,
+  MF_K_MOE_COMBINE_BWD,
+  MF_K_EXPERT_FWD,
+  MF_K_EXPERT_BWD_DATA,
+  MF_K_EXPERT_BWD_WEIGHT,
+  MF_K_CROSS_ENTROPY,
+  MF_K_AUX_ACCUMULATE,
+  MF_K_AUX_VALUE,
+  MF_K_AUX_GRAD,
+  /* The optimizer on the device; its cpu twins are src/optim's (passed to the
+   * cpu backend, kernels/ does not depend on src/), and src/optim/optim.h
+   * defines the arithmetic, bit for bit. GRAD_SUMSQ writes the norm's chunk
+   * sums of one gradient (fp32) into sums (f64) at [first, first + ceil(n /
+   * 65536)): sums[first + k] = the sum of squares of elements [65536 k, 65536
+   * (k + 1)) as mf_optim_grad_chunk_sumsq computes it. ADAMW first multiplies
+   * the gradient in place by (float)coef when coef < 1 (clipping, as
    * mf_optim_grad_scale), then runs one mf_adamw_update_bufs step t over n
    * elements: state holds m then v, n elements each, bf16 when moment_bf16
    * else fp32. */
-  MF_K_GRAD_SUMSQ,        /* b = {g, sums};                    i = {n, first} */
-  MF_K_ADAMW,             /* b = {param (fp32), grad (fp32, scaled), state};  i = {n, t, moment_bf16};
-                             f = {lr, beta1, beta2, eps, weight_decay, coef} */
+  MF_K_GRAD_SUMSQ,
+  MF_K_ADAMW,
   MF_K_COUNT_
 } mf_kernel;
 
-const char *mf_kernel_name(mf_kernel k);
-
+const char *mf_kernel_name(mf_kernel k); /* "unknown" for a kind out of range */
 
 #define MF_KBUF_MAX 10
 
@@ -110,14 +110,64 @@ typedef struct mf_kernel_call {
   const char *label; /* the program op's name, for messages (may be NULL) */
 } mf_kernel_call;
 
-/* Which operands (bits of b[]) a kernel writes, and which it reads. An "added"
- * operand (accumulated into) is both; operands with an accumulate flag are read
- * only when it is set. For EXPERT_BWD_WEIGHT the per-expert gradients are added
+/* ------------------------------------------------------- operand table
+ * One entry per kind (kernels/backend.c): what the planner (lifetimes,
+ * recompute chains), both backends (operand checks and their messages) and
+ * the tests know of a call's layout, and nothing else restates. */
+
+/* What a kernel does to an operand. */
+typedef enum mf_kop_role {
+  MF_KOP_READ = 1,
+  MF_KOP_WRITE = 2,                        /* overwritten: not read */
+  MF_KOP_ADD = MF_KOP_READ | MF_KOP_WRITE, /* added into (or updated in place): read and written */
+  MF_KOP_ACCUMULATE = MF_KOP_WRITE | 4,    /* written, or added (so read too) when the call's
+                                              `accumulate` size is non-zero */
+} mf_kop_role;
+
+typedef struct mf_kop {
+  const char *name; /* as the cpu twin names it; NULL: no such operand */
+  mf_kop_role role;
+  int optional; /* may be absent (ptr NULL): the kernel then does without it */
+} mf_kop;
+
+typedef struct mf_kernel_info {
+  const char *name;      /* mf_kernel_name */
+  mf_kop b[MF_KBUF_MAX]; /* operands b[0..], in order; unnamed past the last */
+  const char *i[8];      /* what i[0..] hold; NULL past the last */
+  const char *f[6];      /* what f[0..] hold; NULL past the last */
+  mf_kop experts;        /* the per-expert weights (EXPERT_*); unnamed for other kinds */
+} mf_kernel_info;
+
+/* The kind's entry; NULL for a kind out of range. */
+const mf_kernel_info *mf_kernel_info_of(mf_kernel k);
+/* Operands of a kind (named slots of b[]); 0 out of range. */
+int mf_kernel_n_operands(mf_kernel k);
+/* Whether the call's `accumulate` flag is set (0 for kinds without one). */
+int mf_kernel_accumulates(const mf_kernel_call *call);
+
+/* Which operands (bits of b[]) a call writes, and which it reads, by the table:
+ * an added operand is both; an ACCUMULATE one is read only when the call
+ * accumulates. For EXPERT_BWD_WEIGHT the per-expert gradients are added
  * (mf_kernel_writes_experts); the other EXPERT_* kinds read their expert
  * weights. The planner derives lifetimes and recompute chains from these. */
 uint32_t mf_kernel_writes(const mf_kernel_call *call);
 uint32_t mf_kernel_reads(const mf_kernel_call *call);
 int mf_kernel_writes_experts(mf_kernel k);
+
+/* The checks both backends make of a call before running it: its kind is one
+ * of the table's (else MF_ERR_INVALID_ARG naming the kind's number), and no
+ * operand the table does not mark optional is a NULL pointer with bytes
+ * (MF_ERR_INVALID_ARG naming the kernel, the call's label and the operand). */
+mf_status mf_kernel_call_check(const mf_kernel_call *call);
+
+/* "operand 3 (y)": how messages name operand `slot` of a kind (slot >= 100:
+ * expert slot - 100's weight). Returns buf. */
+const char *mf_kernel_operand_text(mf_kernel k, int slot, char *buf, size_t cap);
+
+/* The rows R of an EXPERT_FWD or EXPERT_BWD_DATA call, from its first operand's
+ * bytes (xe [R, Kd], dye [R, N] in fp32): a bound on offsets[E] that a device
+ * can use without reading offsets. 0 for other kinds and empty rows. */
+int64_t mf_kernel_expert_rows(const mf_kernel_call *call);
 
 typedef struct mf_stream mf_stream;
 typedef struct mf_event mf_event;

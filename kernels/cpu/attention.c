@@ -218,10 +218,9 @@ static int use_avx2(void) {
 #endif
 }
 
-mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *k, const float *v, int64_t B,
-                               int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o,
-                               float *lse) {
-  MF_CHECK(check_args("attention_fwd", B, S, Hq, Hkv, D));
+mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
+                          int64_t Hkv, int64_t D, float scale, float *o, float *lse, const mf_kctx *ctx) {
+  MF_CHECK(check_args("attn_fwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
   const int bq = query_block(D);
   fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, (S + bq - 1) / bq, scale, ctx && ctx->round_bf16};
@@ -233,11 +232,10 @@ mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *
   return MF_OK;
 }
 
-mf_status mf_cpu_attention_bwd(const mf_kctx *ctx, const float *q, const float *k, const float *v,
-                               const float *o, const float *dout, const float *lse, int64_t B, int64_t S,
-                               int64_t Hq, int64_t Hkv, int64_t D, float scale, float *dq, float *dk,
-                               float *dv) {
-  MF_CHECK(check_args("attention_bwd", B, S, Hq, Hkv, D));
+mf_status mf_cpu_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                          const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                          float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx) {
+  MF_CHECK(check_args("attn_bwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
   bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, scale, ctx && ctx->round_bf16};
   mf_task_fn fn = bwd_task_base;

@@ -29,12 +29,15 @@ mf_status mf_cpu_aux_accumulate(const float *probs, const int32_t *topk_idx, int
   return MF_OK;
 }
 
-double mf_cpu_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows) {
-  if (n_rows <= 0) return 0.0;
+mf_status mf_cpu_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows,
+                           double *aux) {
+  *aux = 0.0;
+  if (n_rows <= 0) return MF_OK;
   const double N = (double)n_rows;
   double s = 0.0;
   for (int64_t e = 0; e < E; e++) s += ((double)counts[e] / N) * (psum[e] / N);
-  return (double)E * s;
+  *aux = (double)E * s;
+  return MF_OK;
 }
 
 mf_status mf_cpu_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, double coef, int64_t T,

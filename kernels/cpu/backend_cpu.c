@@ -1,6 +1,7 @@
 /* The cpu backend: a real "device" arena of exactly the budgeted size, memcpy
  * copies, streams that run work as it is submitted, and the checking mode
  * (NaN-poisoned releases, every operand checked against the live ranges). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,33 +270,54 @@ static mf_status cpu_mark(mf_backend *b, void *ptr, size_t bytes, int live) {
   return MF_OK;
 }
 
-/* An operand must lie in the arena, in ranges marked live. */
-static mf_status check_range(cpu_impl *c, const void *ptr, size_t bytes, const char *what, const char *label,
-                             int index) {
-  if (!c->opts.checking || !ptr || bytes == 0) return MF_OK;
+/* Whether [ptr, ptr+bytes) passes the residency check: 0 it does (or checking
+ * is off), 1 it is not inside the arena, 2 it covers bytes that hold no live
+ * tensor, the first at *dead. */
+static int residency_fault(cpu_impl *c, const void *ptr, size_t bytes, size_t *dead) {
+  if (!c->opts.checking || !ptr || bytes == 0) return 0;
   c->stats.checks++;
   const uint8_t *p = (const uint8_t *)ptr;
-  if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes)
-    return MF_ERR(MF_ERR_INTERNAL, "residency check: %s%s%s operand %d (%zu bytes) is not in the device arena",
-                  what, label ? " in " : "", label ? label : "", index, bytes);
+  if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes) return 1;
   size_t off = (size_t)(p - c->arena);
   size_t g0 = off / GRANULE, g1 = (off + bytes + GRANULE - 1) / GRANULE;
   for (size_t g = g0; g < g1; g++)
-    if (!bit_get(c->live, g))
-      return MF_ERR(MF_ERR_INTERNAL,
-                    "residency check: %s%s%s operand %d reads or writes arena bytes [%zu, %zu) that hold no live "
-                    "tensor (first dead byte at %zu)",
-                    what, label ? " in " : "", label ? label : "", index, off, off + bytes, g * GRANULE);
-  return MF_OK;
+    if (!bit_get(c->live, g)) {
+      *dead = g * GRANULE;
+      return 2;
+    }
+  return 0;
+}
+
+/* An operand must lie in the arena, in ranges marked live. `what` names it:
+ * "copy destination", or (what NULL) operand `slot` of kernel call k, by the
+ * operand table's names. */
+static mf_status check_range(cpu_impl *c, const void *ptr, size_t bytes, const char *what,
+                             const mf_kernel_call *k, int slot) {
+  size_t dead = 0;
+  const int fault = residency_fault(c, ptr, bytes, &dead);
+  if (!fault) return MF_OK;
+  char name[256], op[64];
+  if (!what) {
+    snprintf(name, sizeof name, "%s%s%s %s", mf_kernel_name(k->kind), k->label ? " in " : "",
+             k->label ? k->label : "", mf_kernel_operand_text(k->kind, slot, op, sizeof op));
+    what = name;
+  }
+  if (fault == 1)
+    return MF_ERR(MF_ERR_INTERNAL, "residency check: %s (%zu bytes) is not in the device arena", what, bytes);
+  const size_t off = (size_t)((const uint8_t *)ptr - c->arena);
+  return MF_ERR(
+      MF_ERR_INTERNAL,
+      "residency check: %s reads or writes arena bytes [%zu, %zu) that hold no live tensor (first dead "
+      "byte at %zu)",
+      what, off, off + bytes, dead);
 }
 
 static mf_status check_call(cpu_impl *c, const mf_kernel_call *k) {
   if (!c->opts.checking) return MF_OK;
-  const char *name = mf_kernel_name(k->kind);
-  for (int i = 0; i < MF_KBUF_MAX; i++) MF_CHECK(check_range(c, k->b[i].ptr, k->b[i].bytes, name, k->label, i));
+  for (int j = 0; j < MF_KBUF_MAX; j++) MF_CHECK(check_range(c, k->b[j].ptr, k->b[j].bytes, NULL, k, j));
   if (k->experts)
     for (int64_t e = 0; e < k->i[0]; e++)
-      MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, name, k->label, 100 + (int)e));
+      MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, NULL, k, 100 + (int)e));
   return MF_OK;
 }
 
@@ -320,8 +342,10 @@ static mf_status cpu_copy(mf_backend *b, void *dst, const void *src, size_t byte
 
 static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes, mf_copy_kind kind) {
   if (bytes == 0) return MF_OK;
-  if (kind == MF_COPY_H2D || kind == MF_COPY_D2D) MF_CHECK(check_range(c, dst, bytes, "copy", "destination", 0));
-  if (kind == MF_COPY_D2H || kind == MF_COPY_D2D) MF_CHECK(check_range(c, src, bytes, "copy", "source", 1));
+  if (kind == MF_COPY_H2D || kind == MF_COPY_D2D)
+    MF_CHECK(check_range(c, dst, bytes, "copy destination", NULL, 0));
+  if (kind == MF_COPY_D2H || kind == MF_COPY_D2D)
+    MF_CHECK(check_range(c, src, bytes, "copy source", NULL, 0));
   memmove(dst, src, bytes);
   if (kind == MF_COPY_H2D) c->stats.bytes_h2d += bytes;
   if (kind == MF_COPY_D2H) c->stats.bytes_d2h += bytes;
@@ -336,10 +360,17 @@ static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes,
 #define I32(j) ((int32_t *)k->b[j].ptr)
 #define CI32(j) ((const int32_t *)k->b[j].ptr)
 #define I64(j) ((int64_t *)k->b[j].ptr)
+#define CI64(j) ((const int64_t *)k->b[j].ptr)
 #define D64(j) ((double *)k->b[j].ptr)
+#define CD64(j) ((const double *)k->b[j].ptr)
 
 static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
   cpu_impl *c = impl_of(b);
+  mf_status st = mf_kernel_call_check(k);
+  if (st != MF_OK) {
+    mf_error_prefix("cpu backend");
+    return st;
+  }
   if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return run_now(c, k);
   qitem it;
   memset(&it, 0, sizeof it);
@@ -352,7 +383,7 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
     memcpy(it.experts, k->experts, (size_t)E * sizeof(void *));
     it.call.experts = it.experts;
   }
-  mf_status st = enqueue(s, &it);
+  st = enqueue(s, &it);
   if (st != MF_OK) free(it.experts);
   return st;
 }
@@ -367,80 +398,73 @@ static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
       memset(k->b[0].ptr, 0, k->b[0].bytes);
       return MF_OK;
     case MF_K_EMBED_FWD:
-      return mf_cpu_embedding_fwd(x, CI32(0), i[0], CF(1), i[1], i[2], F(2));
+      return mf_cpu_embed_fwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), x);
     case MF_K_EMBED_BWD:
-      return mf_cpu_embedding_bwd(x, CI32(0), i[0], CF(1), i[1], i[2], F(2));
+      return mf_cpu_embed_bwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), x);
     case MF_K_RMSNORM_FWD:
-      return mf_cpu_rmsnorm_fwd(x, CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3));
+      return mf_cpu_rmsnorm_fwd(CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3), x);
     case MF_K_RMSNORM_BWD:
-      return mf_cpu_rmsnorm_bwd(x, CF(0), CF(1), CF(2), CF(3), i[0], i[1], F(4), F(5), (int)i[2]);
+      return mf_cpu_rmsnorm_bwd(CF(0), CF(1), CF(2), CF(3), i[0], i[1], F(4), F(5), (int)i[2], x);
     case MF_K_LINEAR_FWD:
-      return mf_cpu_linear_fwd(x, CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3]);
+      return mf_cpu_linear_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], x);
     case MF_K_LINEAR_BWD_DATA:
-      return mf_cpu_linear_bwd_data(x, CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3]);
+      return mf_cpu_linear_bwd_data(CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], x);
     case MF_K_LINEAR_BWD_WEIGHT:
-      return mf_cpu_linear_bwd_weight(x, CF(0), CF(1), i[0], i[1], i[2], F(2), F(3));
+      return mf_cpu_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), x);
     case MF_K_ROPE_FWD:
-      return mf_cpu_rope_fwd(x, F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0]);
+      return mf_cpu_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], x);
     case MF_K_ROPE_BWD:
-      return mf_cpu_rope_bwd(x, F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0]);
+      return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], x);
     case MF_K_ATTN_FWD:
-      return mf_cpu_attention_fwd(x, CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4));
+      return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
+                             x);
     case MF_K_ATTN_BWD:
-      return mf_cpu_attention_bwd(x, CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
-                                  (float)k->f[0], F(6), F(7), F(8));
+      return mf_cpu_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                             (float)k->f[0], F(6), F(7), F(8), x);
     case MF_K_SWIGLU_FWD:
-      return mf_cpu_swiglu_fwd(x, CF(0), CF(1), i[0], F(2));
+      return mf_cpu_swiglu_fwd(CF(0), CF(1), i[0], F(2), x);
     case MF_K_SWIGLU_BWD:
-      return mf_cpu_swiglu_bwd(x, CF(0), CF(1), CF(2), i[0], F(3), F(4));
+      return mf_cpu_swiglu_bwd(CF(0), CF(1), CF(2), i[0], F(3), F(4), x);
     case MF_K_SIGGATE_FWD:
-      return mf_cpu_sigmoid_gate_fwd(x, CF(0), CF(1), i[0], i[1], F(2));
+      return mf_cpu_sigmoid_gate_fwd(CF(0), CF(1), i[0], i[1], F(2), x);
     case MF_K_SIGGATE_BWD:
-      return mf_cpu_sigmoid_gate_bwd(x, CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4));
+      return mf_cpu_sigmoid_gate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), x);
     case MF_K_ADD: {
       mf_kctx exact = *x;
       if (i[1]) exact.round_bf16 = 0; /* gradient sums stay fp32 */
-      return mf_cpu_add(&exact, CF(0), i[0], F(1));
+      return mf_cpu_add(CF(0), i[0], F(1), &exact);
     }
     case MF_K_ROUTER_FWD:
-      return mf_cpu_router_fwd(x, CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3));
+      return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), x);
     case MF_K_ROUTER_BWD:
-      return mf_cpu_router_bwd(x, CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5));
+      return mf_cpu_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5), x);
     case MF_K_MOE_DISPATCH:
       return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
     case MF_K_MOE_GATHER:
-      return mf_cpu_moe_gather(x, CF(0), CI32(1), i[0], i[1], F(2));
+      return mf_cpu_moe_gather(CF(0), CI32(1), i[0], i[1], F(2), x);
     case MF_K_MOE_GATHER_BWD:
-      return mf_cpu_moe_gather_bwd(x, CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3]);
+      return mf_cpu_moe_gather_bwd(CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3], x);
     case MF_K_MOE_COMBINE:
-      return mf_cpu_moe_combine(x, CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3));
+      return mf_cpu_moe_combine(CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3), x);
     case MF_K_MOE_COMBINE_BWD:
-      return mf_cpu_moe_combine_bwd(x, CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5));
+      return mf_cpu_moe_combine_bwd(CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5), x);
     case MF_K_EXPERT_FWD:
-      return mf_cpu_expert_linear_fwd(x, CF(0), (const float *const *)k->experts, (const int64_t *)k->b[1].ptr,
-                                      i[0], i[1], i[2], F(2));
+      return mf_cpu_expert_fwd(CF(0), (const float *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
+                               i[0], i[1], i[2], F(2), x);
     case MF_K_EXPERT_BWD_DATA:
-      return mf_cpu_expert_linear_bwd_data(x, CF(0), (const float *const *)k->experts,
-                                           (const int64_t *)k->b[1].ptr, i[0], i[1], i[2], F(2));
+      return mf_cpu_expert_bwd_data(CF(0), (const float *const *)k->experts, CI64(1),
+                                    mf_kernel_expert_rows(k), i[0], i[1], i[2], F(2), x);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cpu_expert_linear_bwd_weight(x, CF(0), CF(1), (const int64_t *)k->b[2].ptr, i[0], i[1], i[2],
-                                             (float *const *)k->experts);
-    case MF_K_CROSS_ENTROPY: {
-      double loss = 0;
-      int64_t n_valid = 0;
-      MF_CHECK(mf_cpu_cross_entropy(x, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
-                                    &loss, &n_valid, F(6), F(7)));
-      D64(5)[0] = loss;
-      D64(5)[1] = (double)n_valid;
-      return MF_OK;
-    }
+      return mf_cpu_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts, x);
+    case MF_K_CROSS_ENTROPY:
+      return mf_cpu_cross_entropy(CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
+                                  D64(5), F(6), F(7), x);
     case MF_K_AUX_ACCUMULATE:
       return mf_cpu_aux_accumulate(CF(0), CI32(1), i[0], i[1], i[2], I64(2), D64(3));
     case MF_K_AUX_VALUE:
-      D64(2)[0] = mf_cpu_aux_value((const int64_t *)k->b[0].ptr, (const double *)k->b[1].ptr, i[0], i[1]);
-      return MF_OK;
+      return mf_cpu_aux_value(CI64(0), CD64(1), i[0], i[1], D64(2));
     case MF_K_AUX_GRAD:
-      return mf_cpu_aux_grad((const int64_t *)k->b[0].ptr, i[0], i[1], k->f[0], i[2], F(1));
+      return mf_cpu_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1));
     case MF_K_GRAD_SUMSQ:
     case MF_K_ADAMW:
       /* The device is host memory: the host optimizer's code, passed in. */
@@ -450,8 +474,8 @@ static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
                       "mf_optim_run_kernel)",
                       mf_kernel_name(k->kind));
       return c->opts.optim(k, c->opts.pool);
-    default:
-      return MF_ERR(MF_ERR_INTERNAL, "cpu backend: unknown kernel %d", (int)k->kind);
+    default: /* a kind of the table without a case here */
+      return MF_ERR(MF_ERR_UNSUPPORTED, "cpu backend: no %s kernel", mf_kernel_name(k->kind));
   }
 }
 

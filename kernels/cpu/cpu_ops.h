@@ -22,6 +22,13 @@
  *  - Pointers of one call do not alias unless stated (in-place ops say so).
  *  - Kernels trust their arguments (sizes checked by the program builder); they
  *    return MF_OK, or an error only for things like a pool failure.
+ *
+ * Twins. The kernel of kind MF_K_<X> (kernels/backend.h) is mf_cpu_<name> here
+ * and mf_cuda_<name> in kernels/cuda/ops.cuh, <name> being mf_kernel_name(kind)
+ * ("linear_fwd", "attn_bwd", "sigmoid_gate_fwd", ...). The two take the same
+ * arguments in the same order; the backend's own context comes last (here the
+ * mf_kctx, where a kernel uses one; on cuda the stream, after the cuBLASLt
+ * state or scratch a launcher needs).
  */
 #ifndef MF_KERNELS_CPU_OPS_H
 #define MF_KERNELS_CPU_OPS_H
@@ -46,11 +53,11 @@ static inline float mf_round_to_bf16(float v) { return mf_bf16_to_fp32(mf_fp32_t
 /* ------------------------------------------------------------ embedding */
 
 /* out[t,:] = table[ids[t],:]   (written). ids[t] in [0, V). */
-mf_status mf_cpu_embedding_fwd(const mf_kctx *ctx, const int32_t *ids, int64_t T, const float *table,
-                               int64_t V, int64_t H, float *out);
+mf_status mf_cpu_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t V, int64_t H,
+                           float *out, const mf_kctx *ctx);
 /* dtable[ids[t],:] += dout[t,:]  (added; threads own column ranges, tokens summed in order). */
-mf_status mf_cpu_embedding_bwd(const mf_kctx *ctx, const int32_t *ids, int64_t T, const float *dout,
-                               int64_t V, int64_t H, float *dtable);
+mf_status mf_cpu_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t V, int64_t H,
+                           float *dtable, const mf_kctx *ctx);
 
 /* -------------------------------------------------------------- RMSNorm */
 
@@ -58,25 +65,25 @@ mf_status mf_cpu_embedding_bwd(const mf_kctx *ctx, const int32_t *ids, int64_t T
  * y written, rstd written (fp32). Used for the layer norms (R=T, C=H), Qwen3's
  * per-head q/k norm (R=T*heads, C=D) and OLMoE's whole-projection norm. y may
  * equal x (in place). */
-mf_status mf_cpu_rmsnorm_fwd(const mf_kctx *ctx, const float *x, const float *w, int64_t R, int64_t C,
-                             float eps, float *y, float *rstd);
+mf_status mf_cpu_rmsnorm_fwd(const float *x, const float *w, int64_t R, int64_t C, float eps, float *y,
+                             float *rstd, const mf_kctx *ctx);
 /* dx = rstd * (w*dy - xhat * mean(w*dy*xhat)),  xhat = x*rstd  (written, or added
  * when accumulate);  dw[c] += sum_r dy[r,c]*xhat[r,c]  (added). */
-mf_status mf_cpu_rmsnorm_bwd(const mf_kctx *ctx, const float *dy, const float *x, const float *w,
-                             const float *rstd, int64_t R, int64_t C, float *dx, float *dw, int accumulate);
+mf_status mf_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, int64_t R,
+                             int64_t C, float *dx, float *dw, int accumulate, const mf_kctx *ctx);
 
 /* --------------------------------------------------------------- linear */
 
-/* y[M,N] = x[M,K] . W[N,K]^T (+ b[N] when b != NULL). Written, or added when
+/* y[M,N] = x[M,K] . W[N,K]^T (+ bias[N] when bias != NULL). Written, or added when
  * accumulate (the bias is added once either way). */
-mf_status mf_cpu_linear_fwd(const mf_kctx *ctx, const float *x, const float *W, const float *b, int64_t M,
-                            int64_t N, int64_t K, float *y, int accumulate);
+mf_status mf_cpu_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
+                            int64_t K, float *y, int accumulate, const mf_kctx *ctx);
 /* dx[M,K] = dy[M,N] . W[N,K]  (written, or added when accumulate). */
-mf_status mf_cpu_linear_bwd_data(const mf_kctx *ctx, const float *dy, const float *W, int64_t M, int64_t N,
-                                 int64_t K, float *dx, int accumulate);
+mf_status mf_cpu_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
+                                 int accumulate, const mf_kctx *ctx);
 /* dW[N,K] += dy^T . x;  db[N] += sum_m dy[m,:] when db != NULL  (added, fp32). */
-mf_status mf_cpu_linear_bwd_weight(const mf_kctx *ctx, const float *dy, const float *x, int64_t M, int64_t N,
-                                   int64_t K, float *dW, float *db);
+mf_status mf_cpu_linear_bwd_weight(const float *dy, const float *x, int64_t M, int64_t N, int64_t K,
+                                   float *dW, float *db, const mf_kctx *ctx);
 
 /* ----------------------------------------------------------------- RoPE */
 
@@ -85,10 +92,10 @@ mf_status mf_cpu_linear_bwd_weight(const mf_kctx *ctx, const float *dy, const fl
  * f = pos[t] * inv_freq[i], c = cos f, s = sin f:
  *   x1' = x1*c - x2*s,  x2' = x2*c + x1*s   for x1 = x[.., i], x2 = x[.., i + D/2].
  * bwd applies the inverse rotation to the gradient in place. */
-mf_status mf_cpu_rope_fwd(const mf_kctx *ctx, float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos,
-                          float theta);
-mf_status mf_cpu_rope_bwd(const mf_kctx *ctx, float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos,
-                          float theta);
+mf_status mf_cpu_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                          const mf_kctx *ctx);
+mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                          const mf_kctx *ctx);
 
 /* ------------------------------------------------------------ attention */
 
@@ -97,44 +104,44 @@ mf_status mf_cpu_rope_bwd(const mf_kctx *ctx, float *dx, int64_t T, int64_t nh, 
  * reads kv head h / (Hq/Hkv). p = softmax(scale * q.k^T) over keys 0..i;
  * o[B*S, Hq, D] = p.v (written); lse[B, Hq, S] = logsumexp of the scaled scores
  * (written, fp32) for the backward. Never forms an S x S matrix. */
-mf_status mf_cpu_attention_fwd(const mf_kctx *ctx, const float *q, const float *k, const float *v, int64_t B,
-                               int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse);
+mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
+                          int64_t Hkv, int64_t D, float scale, float *o, float *lse, const mf_kctx *ctx);
 /* dq, dk, dv written (dk/dv sum over the query heads of their group). */
-mf_status mf_cpu_attention_bwd(const mf_kctx *ctx, const float *q, const float *k, const float *v,
-                               const float *o, const float *dout, const float *lse, int64_t B, int64_t S,
-                               int64_t Hq, int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv);
+mf_status mf_cpu_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                          const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                          float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx);
 
 /* --------------------------------------------------------- elementwise */
 
 /* act = silu(g) * u  (written). */
-mf_status mf_cpu_swiglu_fwd(const mf_kctx *ctx, const float *g, const float *u, int64_t n, float *act);
+mf_status mf_cpu_swiglu_fwd(const float *g, const float *u, int64_t n, float *act, const mf_kctx *ctx);
 /* dg = dact * u * silu'(g),  du = dact * silu(g)  (written). */
-mf_status mf_cpu_swiglu_bwd(const mf_kctx *ctx, const float *g, const float *u, const float *dact, int64_t n,
-                            float *dg, float *du);
+mf_status mf_cpu_swiglu_bwd(const float *g, const float *u, const float *dact, int64_t n, float *dg,
+                            float *du, const mf_kctx *ctx);
 /* y[r,:] (+)= sigmoid(gl[r]) * x[r,:] — Qwen2-MoE's shared-expert gate (gl is the
  * [R] output of a Linear(H,1)); added. */
-mf_status mf_cpu_sigmoid_gate_fwd(const mf_kctx *ctx, const float *gl, const float *x, int64_t R, int64_t C,
-                                  float *y);
+mf_status mf_cpu_sigmoid_gate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
+                                  const mf_kctx *ctx);
 /* dx[r,:] = sigmoid(gl[r]) * dy[r,:] (written);
  * dgl[r] = sigmoid'(gl[r]) * dot(dy[r,:], x[r,:]) (written). */
-mf_status mf_cpu_sigmoid_gate_bwd(const mf_kctx *ctx, const float *gl, const float *x, const float *dy,
-                                  int64_t R, int64_t C, float *dx, float *dgl);
+mf_status mf_cpu_sigmoid_gate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
+                                  float *dx, float *dgl, const mf_kctx *ctx);
 /* y += x (n elements). */
-mf_status mf_cpu_add(const mf_kctx *ctx, const float *x, int64_t n, float *y);
+mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx);
 
 /* --------------------------------------------------------------- router */
 
 /* From router logits[T,E]: probs = softmax (fp32, written); (topk_w, topk_idx) =
  * the k largest probs per row in descending order (ties: lower expert index
  * first); when norm_topk, topk_w /= sum(topk_w). */
-mf_status mf_cpu_router_fwd(const mf_kctx *ctx, const float *logits, int64_t T, int64_t E, int64_t K,
-                            int norm_topk, float *probs, int32_t *topk_idx, float *topk_w);
+mf_status mf_cpu_router_fwd(const float *logits, int64_t T, int64_t E, int64_t K, int norm_topk, float *probs,
+                            int32_t *topk_idx, float *topk_w, const mf_kctx *ctx);
 /* dlogits[T,E] (written) from d topk_w[T,K] through the renormalisation, the
  * top-k selection and the softmax, plus dprobs_extra[T,E] (the aux loss's
  * gradient w.r.t. probs; NULL when none). */
-mf_status mf_cpu_router_bwd(const mf_kctx *ctx, const float *probs, const int32_t *topk_idx,
-                            const float *topk_w, const float *dtopk_w, const float *dprobs_extra, int64_t T,
-                            int64_t E, int64_t K, int norm_topk, float *dlogits);
+mf_status mf_cpu_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
+                            const float *dtopk_w, const float *dprobs_extra, int64_t T, int64_t E, int64_t K,
+                            int norm_topk, float *dlogits, const mf_kctx *ctx);
 
 /* ---------------------------------------------------------- permutation */
 
@@ -146,36 +153,37 @@ mf_status mf_cpu_router_bwd(const mf_kctx *ctx, const float *probs, const int32_
 mf_status mf_cpu_moe_dispatch(const int32_t *topk_idx, int64_t T, int64_t K, int64_t E, int64_t *counts,
                               int64_t *offsets, int32_t *row_of, int32_t *token_of_row);
 /* xe[r,:] = x[token_of_row[r],:]  (written), r < T*K. */
-mf_status mf_cpu_moe_gather(const mf_kctx *ctx, const float *x, const int32_t *token_of_row, int64_t R,
-                            int64_t H, float *xe);
+mf_status mf_cpu_moe_gather(const float *x, const int32_t *token_of_row, int64_t R, int64_t H, float *xe,
+                            const mf_kctx *ctx);
 /* dx[t,:] (+)= sum_j dxe[row_of[t*K+j],:]  (written, or added when accumulate);
  * summed in j order. */
-mf_status mf_cpu_moe_gather_bwd(const mf_kctx *ctx, const float *dxe, const int32_t *row_of, int64_t T,
-                                int64_t K, int64_t H, float *dx, int accumulate);
+mf_status mf_cpu_moe_gather_bwd(const float *dxe, const int32_t *row_of, int64_t T, int64_t K, int64_t H,
+                                float *dx, int accumulate, const mf_kctx *ctx);
 /* y[t,:] += sum_j w[t,j] * ye[row_of[t*K+j],:]  (added), summed in j order. */
-mf_status mf_cpu_moe_combine(const mf_kctx *ctx, const float *ye, const float *w, const int32_t *row_of,
-                             int64_t T, int64_t K, int64_t H, float *y);
+mf_status mf_cpu_moe_combine(const float *ye, const float *w, const int32_t *row_of, int64_t T, int64_t K,
+                             int64_t H, float *y, const mf_kctx *ctx);
 /* dye[row_of[t*K+j],:] = w[t,j] * dy[t,:]  (written);
  * dw[t,j] = dot(dy[t,:], ye[row_of[t*K+j],:])  (written). */
-mf_status mf_cpu_moe_combine_bwd(const mf_kctx *ctx, const float *dy, const float *ye, const float *w,
-                                 const int32_t *row_of, int64_t T, int64_t K, int64_t H, float *dye, float *dw);
+mf_status mf_cpu_moe_combine_bwd(const float *dy, const float *ye, const float *w, const int32_t *row_of,
+                                 int64_t T, int64_t K, int64_t H, float *dye, float *dw, const mf_kctx *ctx);
 
 /* --------------------------------------------------- grouped expert GEMM */
 
 /* For each expert e with rows [offsets[e], offsets[e+1]):
  *   ye[rows, N] = xe[rows, Kd] . W[e][N, Kd]^T   (written).
  * W is an array of E pointers (each expert's weight is its own tensor, so it can
- * be streamed alone). Experts with no rows are skipped (W[e] may be NULL then). */
-mf_status mf_cpu_expert_linear_fwd(const mf_kctx *ctx, const float *xe, const float *const *W,
-                                   const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, float *ye);
+ * be streamed alone). Experts with no rows are skipped (W[e] may be NULL then).
+ * R is the rows of xe and ye, at least offsets[E]: the cuda twin needs the bound
+ * (its offsets are on the device); this one reads offsets. */
+mf_status mf_cpu_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
+                            int64_t E, int64_t N, int64_t Kd, float *ye, const mf_kctx *ctx);
 /* dxe[rows, Kd] = dye[rows, N] . W[e]  (written). */
-mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, const float *const *W,
-                                        const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, float *dxe);
+mf_status mf_cpu_expert_bwd_data(const float *dye, const float *const *W, const int64_t *offsets, int64_t R,
+                                 int64_t E, int64_t N, int64_t Kd, float *dxe, const mf_kctx *ctx);
 /* dW[e] += dye[rows]^T . xe[rows]  (added) for experts with rows; the others'
  * gradients are not touched (dW[e] may be NULL then). */
-mf_status mf_cpu_expert_linear_bwd_weight(const mf_kctx *ctx, const float *dye, const float *xe,
-                                          const int64_t *offsets, int64_t E, int64_t N, int64_t Kd,
-                                          float *const *dW);
+mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
+                                   int64_t N, int64_t Kd, float *const *dW, const mf_kctx *ctx);
 
 /* -------------------------------------------------------- cross-entropy */
 
@@ -183,14 +191,14 @@ mf_status mf_cpu_expert_linear_bwd_weight(const mf_kctx *ctx, const float *dye, 
  * chunked over the vocabulary: logits of at most `chunk` vocabulary rows exist
  * at a time (ws holds T*chunk floats), so [T,V] is never formed.
  *   target[t] in [0,V), or -1 to ignore the token.
- *   *loss_sum = sum over non-ignored t of (lse[t] - logit[t,target[t]])  (written, double)
- *   *n_valid  = number of non-ignored tokens (written)
+ *   scalars[0] = loss_sum: sum over non-ignored t of (lse[t] - logit[t,target[t]])  (written)
+ *   scalars[1] = n_valid: the number of non-ignored tokens (written, an exact double)
  * When dh != NULL, also the backward of loss_scale * loss_sum:
  *   dh[T,H] (written) and dW[V,H] (added). Ignored tokens get dh = 0.
  * lse[T] (written) is workspace the caller provides. */
-mf_status mf_cpu_cross_entropy(const mf_kctx *ctx, const float *h, const float *W, const int32_t *target,
-                               int64_t T, int64_t V, int64_t H, int64_t chunk, float loss_scale, float *ws,
-                               float *lse, double *loss_sum, int64_t *n_valid, float *dh, float *dW);
+mf_status mf_cpu_cross_entropy(const float *h, const float *W, const int32_t *target, int64_t T, int64_t V,
+                               int64_t H, int64_t chunk, float loss_scale, float *ws, float *lse,
+                               double *scalars, float *dh, float *dW, const mf_kctx *ctx);
 
 /* ------------------------------------------------- load-balancing loss */
 
@@ -200,8 +208,8 @@ mf_status mf_cpu_cross_entropy(const mf_kctx *ctx, const float *h, const float *
  * Accumulate one layer: counts[e] += picks, psum[e] += sum_t probs[t,e] (double). */
 mf_status mf_cpu_aux_accumulate(const float *probs, const int32_t *topk_idx, int64_t T, int64_t E, int64_t K,
                                 int64_t *counts, double *psum);
-/* aux from the totals over n_rows rows. */
-double mf_cpu_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows);
+/* *aux (written) from the totals over n_rows rows. */
+mf_status mf_cpu_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows, double *aux);
 /* d(coef*aux)/d probs[t,e] = coef * E * counts[e] / n_rows^2, the same for every
  * row: written to dprobs[T,E] for one layer's T rows. */
 mf_status mf_cpu_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, double coef, int64_t T,

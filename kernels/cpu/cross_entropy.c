@@ -140,11 +140,10 @@ static void target_logit_task(void *vctx, int i, int n) {
   }
 }
 
-mf_status mf_cpu_cross_entropy(const mf_kctx *ctx, const float *h, const float *W, const int32_t *target,
-                               int64_t T, int64_t V, int64_t H, int64_t chunk, float loss_scale, float *ws,
-                               float *lse, double *loss_sum, int64_t *n_valid, float *dh, float *dW) {
-  *loss_sum = 0.0;
-  *n_valid = 0;
+mf_status mf_cpu_cross_entropy(const float *h, const float *W, const int32_t *target, int64_t T, int64_t V,
+                               int64_t H, int64_t chunk, float loss_scale, float *ws, float *lse,
+                               double *scalars, float *dh, float *dW, const mf_kctx *ctx) {
+  scalars[0] = scalars[1] = 0.0;
   if (T <= 0) return MF_OK;
   if (V <= 0 || H <= 0 || chunk <= 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "cross-entropy: V=%lld H=%lld chunk=%lld", (long long)V, (long long)H,
@@ -173,7 +172,7 @@ mf_status mf_cpu_cross_entropy(const mf_kctx *ctx, const float *h, const float *
     sum += (double)lse[t] - (double)ws[t];
     nv++;
   }
-  *loss_sum = sum;
-  *n_valid = nv;
+  scalars[0] = sum;
+  scalars[1] = (double)nv;
   return MF_OK;
 }

@@ -68,7 +68,7 @@ static void swiglu_bwd_task(void *arg, int i, int n) {
   }
 }
 
-mf_status mf_cpu_swiglu_fwd(const mf_kctx *ctx, const float *g, const float *u, int64_t n, float *act) {
+mf_status mf_cpu_swiglu_fwd(const float *g, const float *u, int64_t n, float *act, const mf_kctx *ctx) {
   if (n <= 0) return MF_OK;
   ew_args a = {0};
   a.g = g, a.u = u, a.out0 = act, a.n = n, a.round_bf16 = ctx->round_bf16;
@@ -76,8 +76,8 @@ mf_status mf_cpu_swiglu_fwd(const mf_kctx *ctx, const float *g, const float *u, 
   return MF_OK;
 }
 
-mf_status mf_cpu_swiglu_bwd(const mf_kctx *ctx, const float *g, const float *u, const float *dact, int64_t n,
-                            float *dg, float *du) {
+mf_status mf_cpu_swiglu_bwd(const float *g, const float *u, const float *dact, int64_t n, float *dg,
+                            float *du, const mf_kctx *ctx) {
   if (n <= 0) return MF_OK;
   ew_args a = {0};
   a.g = g, a.u = u, a.dact = dact, a.out0 = dg, a.out1 = du, a.n = n, a.round_bf16 = ctx->round_bf16;
@@ -120,8 +120,8 @@ static void gate_bwd_task(void *arg, int i, int n) {
   }
 }
 
-mf_status mf_cpu_sigmoid_gate_fwd(const mf_kctx *ctx, const float *gl, const float *x, int64_t R, int64_t C,
-                                  float *y) {
+mf_status mf_cpu_sigmoid_gate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
+                                  const mf_kctx *ctx) {
   if (R <= 0) return MF_OK;
   ew_args a = {0};
   a.g = gl, a.x = x, a.out0 = y, a.R = R, a.C = C, a.round_bf16 = ctx->round_bf16;
@@ -129,8 +129,8 @@ mf_status mf_cpu_sigmoid_gate_fwd(const mf_kctx *ctx, const float *gl, const flo
   return MF_OK;
 }
 
-mf_status mf_cpu_sigmoid_gate_bwd(const mf_kctx *ctx, const float *gl, const float *x, const float *dy,
-                                  int64_t R, int64_t C, float *dx, float *dgl) {
+mf_status mf_cpu_sigmoid_gate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
+                                  float *dx, float *dgl, const mf_kctx *ctx) {
   if (R <= 0) return MF_OK;
   ew_args a = {0};
   a.g = gl, a.x = x, a.dy = dy, a.out0 = dx, a.out1 = dgl, a.R = R, a.C = C, a.round_bf16 = ctx->round_bf16;
@@ -151,7 +151,7 @@ static void add_task(void *arg, int i, int n) {
   }
 }
 
-mf_status mf_cpu_add(const mf_kctx *ctx, const float *x, int64_t n, float *y) {
+mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx) {
   if (n <= 0) return MF_OK;
   ew_args a = {0};
   a.x = x, a.out0 = y, a.n = n, a.round_bf16 = ctx->round_bf16;

@@ -68,8 +68,8 @@ static mf_status check_ids(const int32_t *ids, int64_t T, int64_t V) {
   return MF_OK;
 }
 
-mf_status mf_cpu_embedding_fwd(const mf_kctx *ctx, const int32_t *ids, int64_t T, const float *table,
-                               int64_t V, int64_t H, float *out) {
+mf_status mf_cpu_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t V, int64_t H,
+                           float *out, const mf_kctx *ctx) {
   emb_args a = {ids, T, H, table, out, ctx->round_bf16};
   if (T <= 0 || H <= 0) return MF_OK;
   MF_CHECK(check_ids(ids, T, V));
@@ -77,8 +77,8 @@ mf_status mf_cpu_embedding_fwd(const mf_kctx *ctx, const int32_t *ids, int64_t T
   return MF_OK;
 }
 
-mf_status mf_cpu_embedding_bwd(const mf_kctx *ctx, const int32_t *ids, int64_t T, const float *dout,
-                               int64_t V, int64_t H, float *dtable) {
+mf_status mf_cpu_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t V, int64_t H,
+                           float *dtable, const mf_kctx *ctx) {
   emb_args a = {ids, T, H, dout, dtable, 0};
   if (T <= 0 || H <= 0) return MF_OK;
   MF_CHECK(check_ids(ids, T, V));

@@ -116,22 +116,22 @@ static void gemm_run(const mf_kctx *ctx, gemm_args *g) {
     mf_threadpool_run(ctx->pool, gemm_task, g);
 }
 
-mf_status mf_cpu_linear_fwd(const mf_kctx *ctx, const float *x, const float *W, const float *b, int64_t M,
-                            int64_t N, int64_t K, float *y, int accumulate) {
+mf_status mf_cpu_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
+                            int64_t K, float *y, int accumulate, const mf_kctx *ctx) {
   gemm_args g = {0};
   g.layout = MF_CPU_GEMM_NT;
   g.A = x, g.lda = K;
   g.B = W, g.ldb = K;
   g.C = y, g.ldc = N;
-  g.bias = b;
+  g.bias = bias;
   g.M = M, g.N = N, g.K = K;
   g.accumulate = accumulate, g.round_bf16 = ctx->round_bf16;
   gemm_run(ctx, &g);
   return MF_OK;
 }
 
-mf_status mf_cpu_linear_bwd_data(const mf_kctx *ctx, const float *dy, const float *W, int64_t M, int64_t N,
-                                 int64_t K, float *dx, int accumulate) {
+mf_status mf_cpu_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
+                                 int accumulate, const mf_kctx *ctx) {
   gemm_args g = {0};
   g.layout = MF_CPU_GEMM_NN;
   g.A = dy, g.lda = N;
@@ -143,8 +143,8 @@ mf_status mf_cpu_linear_bwd_data(const mf_kctx *ctx, const float *dy, const floa
   return MF_OK;
 }
 
-mf_status mf_cpu_linear_bwd_weight(const mf_kctx *ctx, const float *dy, const float *x, int64_t M, int64_t N,
-                                   int64_t K, float *dW, float *db) {
+mf_status mf_cpu_linear_bwd_weight(const float *dy, const float *x, int64_t M, int64_t N, int64_t K,
+                                   float *dW, float *db, const mf_kctx *ctx) {
   gemm_args g = {0};
   g.layout = MF_CPU_GEMM_TN;
   g.A = dy, g.lda = N;

@@ -94,8 +94,8 @@ static void gather_task(void *vctx, int i, int n) {
   }
 }
 
-mf_status mf_cpu_moe_gather(const mf_kctx *ctx, const float *x, const int32_t *token_of_row, int64_t R,
-                            int64_t H, float *xe) {
+mf_status mf_cpu_moe_gather(const float *x, const int32_t *token_of_row, int64_t R, int64_t H, float *xe,
+                            const mf_kctx *ctx) {
   if (R <= 0 || H <= 0) return MF_OK;
   gather_args a = {x, token_of_row, R, H, xe, round_of(ctx)};
   mf_threadpool_run(pool_of(ctx), gather_task, &a);
@@ -136,8 +136,8 @@ static void gather_bwd_task(void *vctx, int i, int n) {
   }
 }
 
-mf_status mf_cpu_moe_gather_bwd(const mf_kctx *ctx, const float *dxe, const int32_t *row_of, int64_t T,
-                                int64_t K, int64_t H, float *dx, int accumulate) {
+mf_status mf_cpu_moe_gather_bwd(const float *dxe, const int32_t *row_of, int64_t T, int64_t K, int64_t H,
+                                float *dx, int accumulate, const mf_kctx *ctx) {
   if (T <= 0 || H <= 0) return MF_OK;
   gather_bwd_args a = {dxe, row_of, T, K, H, dx, accumulate, round_of(ctx)};
   mf_threadpool_run(pool_of(ctx), gather_bwd_task, &a);
@@ -178,8 +178,8 @@ static void combine_task(void *vctx, int i, int n) {
   }
 }
 
-mf_status mf_cpu_moe_combine(const mf_kctx *ctx, const float *ye, const float *w, const int32_t *row_of,
-                             int64_t T, int64_t K, int64_t H, float *y) {
+mf_status mf_cpu_moe_combine(const float *ye, const float *w, const int32_t *row_of, int64_t T, int64_t K,
+                             int64_t H, float *y, const mf_kctx *ctx) {
   if (T <= 0 || H <= 0) return MF_OK;
   combine_args a = {ye, w, NULL, row_of, T, K, H, y, NULL, NULL, round_of(ctx)};
   mf_threadpool_run(pool_of(ctx), combine_task, &a);
@@ -211,9 +211,8 @@ static void combine_bwd_task(void *vctx, int i, int n) {
   }
 }
 
-mf_status mf_cpu_moe_combine_bwd(const mf_kctx *ctx, const float *dy, const float *ye, const float *w,
-                                 const int32_t *row_of, int64_t T, int64_t K, int64_t H, float *dye,
-                                 float *dw) {
+mf_status mf_cpu_moe_combine_bwd(const float *dy, const float *ye, const float *w, const int32_t *row_of,
+                                 int64_t T, int64_t K, int64_t H, float *dye, float *dw, const mf_kctx *ctx) {
   if (T <= 0) return MF_OK;
   combine_args a = {ye, w, dy, row_of, T, K, H, NULL, dye, dw, round_of(ctx)};
   mf_threadpool_run(pool_of(ctx), combine_bwd_task, &a);
@@ -296,8 +295,8 @@ static void fwd_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64
               a->out + r0 * N + n0, N, 0, a->round);
 }
 
-mf_status mf_cpu_expert_linear_fwd(const mf_kctx *ctx, const float *xe, const float *const *W,
-                                   const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, float *ye) {
+mf_status mf_cpu_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
+                            int64_t E, int64_t N, int64_t Kd, float *ye, const mf_kctx *ctx) {
   if (E <= 0 || N <= 0) return MF_OK;
   gemm_args a = {xe, NULL, W, NULL, N, Kd, ye, round_of(ctx)};
   expert_tasks et = {offsets, E, GEMM_RB, (N + FWD_CB - 1) / FWD_CB, fwd_task, &a};
@@ -314,9 +313,8 @@ static void bwd_data_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, 
               0, a->round);
 }
 
-mf_status mf_cpu_expert_linear_bwd_data(const mf_kctx *ctx, const float *dye, const float *const *W,
-                                        const int64_t *offsets, int64_t E, int64_t N, int64_t Kd,
-                                        float *dxe) {
+mf_status mf_cpu_expert_bwd_data(const float *dye, const float *const *W, const int64_t *offsets, int64_t R,
+                                 int64_t E, int64_t N, int64_t Kd, float *dxe, const mf_kctx *ctx) {
   if (E <= 0 || Kd <= 0) return MF_OK;
   if (N <= 0) {
     for (int64_t r = offsets[0] * Kd; r < offsets[E] * Kd; r++) dxe[r] = 0.0f;
@@ -340,9 +338,8 @@ static void bwd_weight_task(const void *vargs, int64_t e, int64_t r0, int64_t r1
               a->dW[e] + n0 * Kd + k0, Kd, 1, 0);
 }
 
-mf_status mf_cpu_expert_linear_bwd_weight(const mf_kctx *ctx, const float *dye, const float *xe,
-                                          const int64_t *offsets, int64_t E, int64_t N, int64_t Kd,
-                                          float *const *dW) {
+mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
+                                   int64_t N, int64_t Kd, float *const *dW, const mf_kctx *ctx) {
   if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
   gemm_args a = {dye, xe, NULL, dW, N, Kd, NULL, 0};
   int64_t ncb = ((N + WGT_NB - 1) / WGT_NB) * ((Kd + WGT_KB - 1) / WGT_KB);

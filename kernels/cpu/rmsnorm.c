@@ -113,8 +113,8 @@ static void norm_run(const mf_kctx *ctx, mf_task_fn fn, norm_args *a) {
     mf_threadpool_run(ctx->pool, fn, a);
 }
 
-mf_status mf_cpu_rmsnorm_fwd(const mf_kctx *ctx, const float *x, const float *w, int64_t R, int64_t C,
-                             float eps, float *y, float *rstd) {
+mf_status mf_cpu_rmsnorm_fwd(const float *x, const float *w, int64_t R, int64_t C, float eps, float *y,
+                             float *rstd, const mf_kctx *ctx) {
   if (R <= 0) return MF_OK;
   norm_args a = {0};
   a.x = x, a.w = w, a.y = y, a.rstd_out = rstd;
@@ -123,8 +123,8 @@ mf_status mf_cpu_rmsnorm_fwd(const mf_kctx *ctx, const float *x, const float *w,
   return MF_OK;
 }
 
-mf_status mf_cpu_rmsnorm_bwd(const mf_kctx *ctx, const float *dy, const float *x, const float *w,
-                             const float *rstd, int64_t R, int64_t C, float *dx, float *dw, int accumulate) {
+mf_status mf_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, int64_t R,
+                             int64_t C, float *dx, float *dw, int accumulate, const mf_kctx *ctx) {
   if (R <= 0 || C <= 0) return MF_OK;
   norm_args a = {0};
   a.x = x, a.w = w, a.dy = dy, a.rstd = rstd, a.dx = dx, a.dw = dw;

@@ -85,12 +85,12 @@ static mf_status rope_run(const mf_kctx *ctx, float *x, int64_t T, int64_t nh, i
   return MF_OK;
 }
 
-mf_status mf_cpu_rope_fwd(const mf_kctx *ctx, float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos,
-                          float theta) {
+mf_status mf_cpu_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                          const mf_kctx *ctx) {
   return rope_run(ctx, x, T, nh, D, pos, theta, 0);
 }
 
-mf_status mf_cpu_rope_bwd(const mf_kctx *ctx, float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos,
-                          float theta) {
+mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                          const mf_kctx *ctx) {
   return rope_run(ctx, dx, T, nh, D, pos, theta, 1);
 }

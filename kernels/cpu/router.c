@@ -80,8 +80,8 @@ static void router_fwd_task(void *vctx, int i, int n) {
   }
 }
 
-mf_status mf_cpu_router_fwd(const mf_kctx *ctx, const float *logits, int64_t T, int64_t E, int64_t K,
-                            int norm_topk, float *probs, int32_t *topk_idx, float *topk_w) {
+mf_status mf_cpu_router_fwd(const float *logits, int64_t T, int64_t E, int64_t K, int norm_topk, float *probs,
+                            int32_t *topk_idx, float *topk_w, const mf_kctx *ctx) {
   if (T <= 0) return MF_OK;
   if (E <= 0 || K <= 0 || K > E)
     return MF_ERR(MF_ERR_INVALID_ARG, "router: K=%lld experts of E=%lld", (long long)K, (long long)E);
@@ -134,9 +134,9 @@ static void router_bwd_task(void *vctx, int i, int n) {
   for (size_t t = b; t < e; t++) router_bwd_row(a, (int64_t)t);
 }
 
-mf_status mf_cpu_router_bwd(const mf_kctx *ctx, const float *probs, const int32_t *topk_idx,
-                            const float *topk_w, const float *dtopk_w, const float *dprobs_extra, int64_t T,
-                            int64_t E, int64_t K, int norm_topk, float *dlogits) {
+mf_status mf_cpu_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
+                            const float *dtopk_w, const float *dprobs_extra, int64_t T, int64_t E, int64_t K,
+                            int norm_topk, float *dlogits, const mf_kctx *ctx) {
   if (T <= 0) return MF_OK;
   if (E <= 0 || K <= 0 || K > E)
     return MF_ERR(MF_ERR_INVALID_ARG, "router: K=%lld experts of E=%lld", (long long)K, (long long)E);

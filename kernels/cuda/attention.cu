@@ -447,21 +447,19 @@ mf_status bwd_launch(const float *q, const float *k, const float *v, const float
 
 }  // namespace
 
-mf_status mf_cuda_attention_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S,
-                                int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse,
-                                cudaStream_t s) {
-  MF_CHECK(check_shape("attention_fwd", B, S, Hq, Hkv, D));
+mf_status mf_cuda_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
+                           int64_t Hkv, int64_t D, float scale, float *o, float *lse, cudaStream_t s) {
+  MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
   if (D <= 64) return fwd_launch<64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
   if (D <= 128) return fwd_launch<128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
   return fwd_launch<256>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
 }
 
-mf_status mf_cuda_attention_bwd(const float *q, const float *k, const float *v, const float *o,
-                                const float *dout, const float *lse, int64_t B, int64_t S, int64_t Hq,
-                                int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv,
-                                cudaStream_t s) {
-  MF_CHECK(check_shape("attention_bwd", B, S, Hq, Hkv, D));
+mf_status mf_cuda_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                           float scale, float *dq, float *dk, float *dv, cudaStream_t s) {
+  MF_CHECK(check_shape("attn_bwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
   if (D <= 64) return bwd_launch<64>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
   if (D <= 128) return bwd_launch<128>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);

@@ -232,78 +232,6 @@ static mf_status cuda_copy(mf_backend *b, void *dst, const void *src, size_t byt
 
 // ---------------------------------------------------------------- kernels
 
-// Operands each built kind needs (a bit per slot of b[]); optional ones left out.
-static uint32_t required_operands(mf_kernel kind) {
-  switch (kind) {
-    case MF_K_ZERO:
-      return 0x1;
-    case MF_K_EMBED_FWD:
-      return 0x7;
-    case MF_K_EMBED_BWD:
-      return 0x7;
-    case MF_K_RMSNORM_FWD:
-      return 0xf;
-    case MF_K_RMSNORM_BWD:
-      return 0x3f;
-    case MF_K_ROPE_FWD:
-      return 0x3;
-    case MF_K_ROPE_BWD:
-      return 0x3;
-    case MF_K_SWIGLU_FWD:
-      return 0x7;
-    case MF_K_SWIGLU_BWD:
-      return 0x1f;
-    case MF_K_SIGGATE_FWD:
-      return 0x7;
-    case MF_K_SIGGATE_BWD:
-      return 0x1f;
-    case MF_K_ADD:
-      return 0x3;
-    case MF_K_ROUTER_FWD:
-      return 0xf;
-    case MF_K_ROUTER_BWD:
-      return 0x2f; /* dprobs (slot 4) is optional */
-    case MF_K_MOE_DISPATCH:
-      return 0x1f;
-    case MF_K_MOE_GATHER:
-      return 0x7;
-    case MF_K_MOE_GATHER_BWD:
-      return 0x7;
-    case MF_K_MOE_COMBINE:
-      return 0xf;
-    case MF_K_MOE_COMBINE_BWD:
-      return 0x3f;
-    case MF_K_AUX_ACCUMULATE:
-      return 0xf;
-    case MF_K_AUX_VALUE:
-      return 0x7;
-    case MF_K_AUX_GRAD:
-      return 0x3;
-    case MF_K_LINEAR_FWD:
-      return 0xb; /* bias (slot 2) is optional */
-    case MF_K_LINEAR_BWD_DATA:
-      return 0x7;
-    case MF_K_LINEAR_BWD_WEIGHT:
-      return 0x7; /* dbias (slot 3) is optional */
-    case MF_K_EXPERT_FWD:
-    case MF_K_EXPERT_BWD_DATA:
-    case MF_K_EXPERT_BWD_WEIGHT:
-      return 0x7;
-    case MF_K_CROSS_ENTROPY:
-      return 0x3f; /* dh, dW (slots 6, 7) are optional */
-    case MF_K_ATTN_FWD:
-      return 0x1f;
-    case MF_K_ATTN_BWD:
-      return 0x1ff;
-    case MF_K_GRAD_SUMSQ:
-      return 0x3;
-    case MF_K_ADAMW:
-      return 0x7;
-    default:
-      return 0;
-  }
-}
-
 #define F(j) ((float *)k->b[j].ptr)
 #define CF(j) ((const float *)k->b[j].ptr)
 #define I32(j) ((int32_t *)k->b[j].ptr)
@@ -355,9 +283,9 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       if (k->b[0].bytes) MF_CUDA_CHECK(cudaMemsetAsync(k->b[0].ptr, 0, k->b[0].bytes, s));
       return MF_OK;
     case MF_K_EMBED_FWD:
-      return mf_cuda_embed_fwd(CI32(0), i[0], CF(1), i[2], F(2), s);
+      return mf_cuda_embed_fwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), s);
     case MF_K_EMBED_BWD:
-      return mf_cuda_embed_bwd(CI32(0), i[0], CF(1), i[2], F(2), s);
+      return mf_cuda_embed_bwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), s);
     case MF_K_RMSNORM_FWD:
       return mf_cuda_rmsnorm_fwd(CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3), s);
     case MF_K_RMSNORM_BWD: {
@@ -383,23 +311,23 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return st;
     }
     case MF_K_ROPE_FWD:
-      return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 0, s);
+      return mf_cuda_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ROPE_BWD:
-      return mf_cuda_rope(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], 1, s);
+      return mf_cuda_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ATTN_FWD:
-      return mf_cuda_attention_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3),
-                                   F(4), s);
+      return mf_cuda_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
+                              s);
     case MF_K_ATTN_BWD:
-      return mf_cuda_attention_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
-                                   (float)k->f[0], F(6), F(7), F(8), s);
+      return mf_cuda_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                              (float)k->f[0], F(6), F(7), F(8), s);
     case MF_K_SWIGLU_FWD:
       return mf_cuda_swiglu_fwd(CF(0), CF(1), i[0], F(2), s);
     case MF_K_SWIGLU_BWD:
       return mf_cuda_swiglu_bwd(CF(0), CF(1), CF(2), i[0], F(3), F(4), s);
     case MF_K_SIGGATE_FWD:
-      return mf_cuda_siggate_fwd(CF(0), CF(1), i[0], i[1], F(2), s);
+      return mf_cuda_sigmoid_gate_fwd(CF(0), CF(1), i[0], i[1], F(2), s);
     case MF_K_SIGGATE_BWD:
-      return mf_cuda_siggate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), s);
+      return mf_cuda_sigmoid_gate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), s);
     case MF_K_ADD: /* fp32 storage: the fp32 flag (no bf16 rounding of gradient sums) changes nothing */
       return mf_cuda_add(CF(0), i[0], F(1), s);
     case MF_K_ROUTER_FWD:
@@ -423,32 +351,29 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_AUX_GRAD:
       return mf_cuda_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1), s);
     case MF_K_LINEAR_FWD:
-      return mf_cuda_linear_fwd(c->blas, CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], s);
+      return mf_cuda_linear_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], c->blas, s);
     case MF_K_LINEAR_BWD_DATA:
-      return mf_cuda_linear_bwd_data(c->blas, CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], s);
+      return mf_cuda_linear_bwd_data(CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], c->blas, s);
     case MF_K_LINEAR_BWD_WEIGHT:
-      return mf_cuda_linear_bwd_weight(c->blas, CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), s);
-    case MF_K_EXPERT_FWD: { /* rows: the size of xe [R, Kd] */
-      const int64_t R = i[2] > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / i[2] : 0;
-      return mf_cuda_expert_fwd(CF(0), CI64(1), R, i[0], i[1], i[2], (const void *const *)k->experts, F(2),
-                                s);
-    }
-    case MF_K_EXPERT_BWD_DATA: { /* rows: the size of dye [R, N] */
-      const int64_t R = i[1] > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / i[1] : 0;
-      return mf_cuda_expert_bwd_data(CF(0), CI64(1), R, i[0], i[1], i[2], (const void *const *)k->experts,
-                                     F(2), s);
-    }
+      return mf_cuda_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), c->blas, s);
+    case MF_K_EXPERT_FWD:
+      return mf_cuda_expert_fwd(CF(0), (const float *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
+                                i[0], i[1], i[2], F(2), s);
+    case MF_K_EXPERT_BWD_DATA:
+      return mf_cuda_expert_bwd_data(CF(0), (const float *const *)k->experts, CI64(1),
+                                     mf_kernel_expert_rows(k), i[0], i[1], i[2], F(2), s);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cuda_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (void *const *)k->experts, s);
+      return mf_cuda_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts,
+                                       s);
     case MF_K_CROSS_ENTROPY:
-      return mf_cuda_cross_entropy(c->blas, CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0],
-                                   F(3), F(4), D64(5), F(6), F(7), s);
+      return mf_cuda_cross_entropy(CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
+                                   D64(5), F(6), F(7), c->blas, s);
     case MF_K_GRAD_SUMSQ:
       return launch_grad_sumsq(k, s);
     case MF_K_ADAMW:
       return launch_adamw(k, s);
     default:
-      return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel yet", mf_kernel_name(k->kind));
+      return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel", mf_kernel_name(k->kind));
   }
 }
 
@@ -456,11 +381,11 @@ static mf_status cuda_run(mf_backend *b, const mf_kernel_call *k, mf_stream *st)
   cuda_impl *c = impl_of(b);
   const char *name = mf_kernel_name(k->kind);
   const char *label = k->label ? k->label : "";
-  const uint32_t need = required_operands(k->kind);
-  for (int j = 0; j < MF_KBUF_MAX; j++)
-    if ((need >> j & 1u) && !k->b[j].ptr && k->b[j].bytes)
-      return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: kernel %s%s%s: operand %d (%zu bytes) is NULL", name,
-                    *label ? " in " : "", label, j, k->b[j].bytes);
+  mf_status checked = mf_kernel_call_check(k); /* a kind of the table, its required operands present */
+  if (checked != MF_OK) {
+    mf_error_prefix("cuda backend");
+    return checked;
+  }
   SET_DEVICE(c);
   mf_status st_ = launch(c, k, stream_of(st));
   if (st_ != MF_OK) {

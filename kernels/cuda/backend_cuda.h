@@ -7,8 +7,9 @@
  *                 event_create_timed's (cudaEventElapsedTime gives busy time)
  *   host_fn       cudaLaunchHostFunc; event_query cudaEventQuery
  *   copy          cudaMemcpyAsync of the given kind on the given stream
- *   run           the kernels of kernels/cuda/ops.h, launched on the stream;
- *                 kinds not built yet fail with MF_ERR_UNSUPPORTED naming them
+ *   run           the kernels of kernels/cuda/ops.cuh, launched on the stream,
+ *                 after the checks of mf_kernel_call_check (kernels/backend.h:
+ *                 a kind of the operand table, required operands present)
  *
  * Nothing is allocated on the device after mf_backend_cuda_create except the
  * one arena: kernel scratch (opts.scratch_bytes) and the cuBLASLt handle and

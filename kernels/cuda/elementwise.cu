@@ -3,6 +3,7 @@
 // elementwise}.c), restated here with each kernel's thread mapping.
 //
 //   embed fwd   out[t,:] = table[ids[t],:]                 ids[T] table[V,H] out[T,H]
+//               (V is not read: ids are trusted to lie in [0, V), as on the cpu)
 //               one thread per output element (grid-stride).
 //   embed bwd   dtable[ids[t],:] += dout[t,:]   (added)
 //               one thread per column c, walking t = 0..T-1 in order: a row hit
@@ -17,15 +18,16 @@
 //               (mf_cuda_rmsnorm_dw_parts, from R alone); thread (c, p) sums its
 //               rows in order into scratch[p,c]; then thread c adds
 //               scratch[0..P-1, c] in order to dw[c].
-//   rope        in place on x[T,nh,D], i < D/2: inv = 1/theta^((float)2i/(float)D),
-//               f = (float)pos[t]*inv, c = cos f, s = sin f;
+//   rope        in place on x[T,nh,D] (dx for bwd), i < D/2:
+//               inv = 1/theta^((float)2i/(float)D), f = (float)pos[t]*inv, c = cos f, s = sin f;
 //               fwd: x1' = x1*c - x2*s, x2' = x2*c + x1*s;  bwd: d1 = g1*c + g2*s,
 //               d2 = g2*c - g1*s.  One thread per (t, head, i) pair.
 //   swiglu      act = silu(g)*u; dg = dact*u*silu'(g), du = dact*silu(g), with
 //               silu(g) = g/(1+e^-g), s = sigmoid(g), silu' = s*(1 + g*(1-s)).
 //               One thread per element.
-//   siggate fwd y[r,:] += sigmoid(gl[r]) * x[r,:]   (added) one thread per element.
-//   siggate bwd dx = s*dy (written); dgl[r] = s*(1-s)*dot(dy[r,:], x[r,:])
+//   sigmoid_gate
+//               fwd: y[r,:] += sigmoid(gl[r]) * x[r,:]   (added) one thread per element.
+//               bwd: dx = s*dy (written); dgl[r] = s*(1-s)*dot(dy[r,:], x[r,:])
 //               (written): one block per row, the dot a block sum.
 //   add         y += x: one thread per element.
 #include <cuda_runtime.h>
@@ -67,16 +69,16 @@ __global__ void embed_bwd_kernel(const int32_t *__restrict__ ids, const float *_
   }
 }
 
-mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t H, float *out,
-                            cudaStream_t s) {
+mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t V, int64_t H,
+                            float *out, cudaStream_t s) {
   if (T <= 0 || H <= 0) return MF_OK;
   embed_fwd_kernel<<<mf_cuda_grid(T * H), MF_CUDA_BLOCK, 0, s>>>(ids, table, T, H, out);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
-mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t H, float *dtable,
-                            cudaStream_t s) {
+mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t V, int64_t H,
+                            float *dtable, cudaStream_t s) {
   if (T <= 0 || H <= 0) return MF_OK;
   embed_bwd_kernel<<<mf_cuda_grid(H), MF_CUDA_BLOCK, 0, s>>>(ids, dout, T, H, dtable);
   MF_CUDA_CHECK_LAUNCH();
@@ -188,12 +190,22 @@ __global__ void rope_kernel(float *x, int64_t T, int64_t nh, int64_t D, const in
   }
 }
 
-mf_status mf_cuda_rope(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                       int backward, cudaStream_t s) {
+static mf_status rope(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                      int backward, cudaStream_t s) {
   if (T <= 0 || nh <= 0 || D < 2) return MF_OK;
   rope_kernel<<<mf_cuda_grid(T * nh * (D / 2)), MF_CUDA_BLOCK, 0, s>>>(x, T, nh, D, pos, theta, backward);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
+}
+
+mf_status mf_cuda_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                           cudaStream_t s) {
+  return rope(x, T, nh, D, pos, theta, 0, s);
+}
+
+mf_status mf_cuda_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                           cudaStream_t s) {
+  return rope(dx, T, nh, D, pos, theta, 1, s);
 }
 
 // --------------------------------------------------------------- SwiGLU
@@ -268,16 +280,16 @@ __global__ void siggate_bwd_kernel(const float *__restrict__ gl, const float *__
   }
 }
 
-mf_status mf_cuda_siggate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
-                              cudaStream_t s) {
+mf_status mf_cuda_sigmoid_gate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
+                                   cudaStream_t s) {
   if (R <= 0 || C <= 0) return MF_OK;
   siggate_fwd_kernel<<<mf_cuda_grid(R * C), MF_CUDA_BLOCK, 0, s>>>(gl, x, R, C, y);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
-mf_status mf_cuda_siggate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
-                              float *dx, float *dgl, cudaStream_t s) {
+mf_status mf_cuda_sigmoid_gate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
+                                   float *dx, float *dgl, cudaStream_t s) {
   if (R <= 0) return MF_OK;
   siggate_bwd_kernel<<<mf_cuda_grid_rows(R), MF_CUDA_BLOCK, 0, s>>>(gl, x, dy, R, C, dx, dgl);
   MF_CUDA_CHECK_LAUNCH();

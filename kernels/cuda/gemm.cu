@@ -306,18 +306,18 @@ __global__ void dbias_kernel(const float *dy, int64_t M, int64_t N, float *db) {
   }
 }
 
-mf_status mf_cuda_linear_fwd(mf_cuda_blas *b, const float *x, const float *W, const float *bias, int64_t M,
-                             int64_t N, int64_t K, float *y, int accumulate, cudaStream_t s) {
+mf_status mf_cuda_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
+                             int64_t K, float *y, int accumulate, mf_cuda_blas *b, cudaStream_t s) {
   return mf_cuda_gemm(b, 0, 1, M, N, K, x, K, W, K, y, N, accumulate, bias, s);
 }
 
-mf_status mf_cuda_linear_bwd_data(mf_cuda_blas *b, const float *dy, const float *W, int64_t M, int64_t N,
-                                  int64_t K, float *dx, int accumulate, cudaStream_t s) {
+mf_status mf_cuda_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
+                                  int accumulate, mf_cuda_blas *b, cudaStream_t s) {
   return mf_cuda_gemm(b, 0, 0, M, K, N, dy, N, W, K, dx, K, accumulate, NULL, s);
 }
 
-mf_status mf_cuda_linear_bwd_weight(mf_cuda_blas *b, const float *dy, const float *x, int64_t M, int64_t N,
-                                    int64_t K, float *dW, float *db, cudaStream_t s) {
+mf_status mf_cuda_linear_bwd_weight(const float *dy, const float *x, int64_t M, int64_t N, int64_t K,
+                                    float *dW, float *db, mf_cuda_blas *b, cudaStream_t s) {
   MF_CHECK(mf_cuda_gemm(b, 1, 0, N, K, M, dy, N, x, K, dW, K, 1, NULL, s));
   if (db && N > 0) {
     dbias_kernel<<<(unsigned)((N + 31) / 32), MF_CUDA_BLOCK, 0, s>>>(dy, M, N, db);
@@ -462,19 +462,19 @@ __global__ void __launch_bounds__(MF_CUDA_BLOCK)
       if (ty + 16 * i < rows && tx + 16 * j < cols) w[(n0 + ty + 16 * i) * Kd + k0 + tx + 16 * j] = acc[i][j];
 }
 
-static mf_status expert_args(int64_t E, const void *const *experts, expert_ptrs *p) {
+static mf_status expert_args(int64_t E, const float *const *experts, expert_ptrs *p) {
   if (E <= 0) return MF_OK;
   if (E > MF_CUDA_MAX_EXPERTS)
     return MF_ERR(MF_ERR_UNSUPPORTED, "cuda expert GEMM: %lld experts; at most %d", (long long)E,
                   MF_CUDA_MAX_EXPERTS);
   if (!experts) return MF_ERR(MF_ERR_INVALID_ARG, "cuda expert GEMM: no expert weight list");
   memset(p, 0, sizeof *p);
-  for (int64_t e = 0; e < E; e++) p->p[e] = (const float *)experts[e];
+  for (int64_t e = 0; e < E; e++) p->p[e] = experts[e];
   return MF_OK;
 }
 
 static mf_status expert_rows(int kind, const float *in, const int64_t *offsets, int64_t R, int64_t E,
-                             int64_t Kin, int64_t Nout, const void *const *experts, float *out,
+                             int64_t Kin, int64_t Nout, const float *const *experts, float *out,
                              cudaStream_t s) {
   if (R <= 0 || E <= 0 || Nout <= 0) return MF_OK;
   expert_ptrs p;
@@ -496,21 +496,21 @@ static mf_status expert_rows(int kind, const float *in, const int64_t *offsets, 
   return MF_OK;
 }
 
-mf_status mf_cuda_expert_fwd(const float *xe, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
-                             int64_t Kd, const void *const *W, float *ye, cudaStream_t s) {
+mf_status mf_cuda_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
+                             int64_t E, int64_t N, int64_t Kd, float *ye, cudaStream_t s) {
   return expert_rows(KIND_FWD, xe, offsets, R, E, Kd, N, W, ye, s);
 }
 
-mf_status mf_cuda_expert_bwd_data(const float *dye, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
-                                  int64_t Kd, const void *const *W, float *dxe, cudaStream_t s) {
+mf_status mf_cuda_expert_bwd_data(const float *dye, const float *const *W, const int64_t *offsets, int64_t R,
+                                  int64_t E, int64_t N, int64_t Kd, float *dxe, cudaStream_t s) {
   return expert_rows(KIND_DATA, dye, offsets, R, E, N, Kd, W, dxe, s);
 }
 
 mf_status mf_cuda_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
-                                    int64_t N, int64_t Kd, void *const *dW, cudaStream_t s) {
+                                    int64_t N, int64_t Kd, float *const *dW, cudaStream_t s) {
   if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
   expert_ptrs p;
-  MF_CHECK(expert_args(E, (const void *const *)dW, &p));
+  MF_CHECK(expert_args(E, (const float *const *)dW, &p));
   const int64_t n_tiles = (N + EBM - 1) / EBM, k_tiles = (Kd + EBN - 1) / EBN;
   if (E * n_tiles > INT32_MAX || k_tiles > 65535)
     return MF_ERR(MF_ERR_UNSUPPORTED, "cuda expert GEMM: dW of %lld x %lld is too large a grid", (long long)N,

@@ -116,9 +116,9 @@ __global__ void ce_loss_kernel(const float *lse, const float *tl, const int32_t 
   }
 }
 
-mf_status mf_cuda_cross_entropy(mf_cuda_blas *b, const float *h, const float *W, const int32_t *target,
-                                int64_t T, int64_t V, int64_t H, int64_t chunk, float loss_scale, float *ws,
-                                float *lse, double *scalars, float *dh, float *dW, cudaStream_t s) {
+mf_status mf_cuda_cross_entropy(const float *h, const float *W, const int32_t *target, int64_t T, int64_t V,
+                                int64_t H, int64_t chunk, float loss_scale, float *ws, float *lse,
+                                double *scalars, float *dh, float *dW, mf_cuda_blas *b, cudaStream_t s) {
   if (T <= 0) {
     MF_CUDA_CHECK(cudaMemsetAsync(scalars, 0, 2 * sizeof(double), s));
     return MF_OK;

@@ -1,6 +1,10 @@
 // The cuda backend's op kernels (nvcc only): one launcher per kernel kind of
 // kernels/backend.h, with the semantics of its cpu twin in kernels/cpu/cpu_ops.h
 // (the reference), fp32 storage and fp32 math (double where the twin uses it).
+// A launcher is named as its twin, mf_cuda_<name> for mf_cpu_<name> (<name> =
+// mf_kernel_name of its kind), and takes the twin's arguments in the twin's
+// order, less the twin's trailing mf_kctx, plus its own trailing context: the
+// cuBLASLt state or scratch it needs, then the stream.
 //
 // Every launcher enqueues its work on `s` and returns after the launch (a launch
 // error is reported at once as MF_ERR_CUDA; a fault during execution surfaces at
@@ -39,25 +43,27 @@ static inline unsigned mf_cuda_grid_rows(int64_t rows) {
 int64_t mf_cuda_rmsnorm_dw_parts(int64_t R);
 
 // ---------------------------------------------------------- elementwise.cu
-mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t H, float *out,
-                            cudaStream_t s);
-mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t H, float *dtable,
-                            cudaStream_t s);
+mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t V, int64_t H,
+                            float *out, cudaStream_t s);
+mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t V, int64_t H,
+                            float *dtable, cudaStream_t s);
 mf_status mf_cuda_rmsnorm_fwd(const float *x, const float *w, int64_t R, int64_t C, float eps, float *y,
                               float *rstd, cudaStream_t s);
 // scratch: mf_cuda_rmsnorm_dw_parts(R) * C floats.
 mf_status mf_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, int64_t R,
                               int64_t C, float *dx, float *dw, int accumulate, float *scratch,
                               cudaStream_t s);
-mf_status mf_cuda_rope(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                       int backward, cudaStream_t s);
+mf_status mf_cuda_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                           cudaStream_t s);
+mf_status mf_cuda_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+                           cudaStream_t s);
 mf_status mf_cuda_swiglu_fwd(const float *g, const float *u, int64_t n, float *act, cudaStream_t s);
 mf_status mf_cuda_swiglu_bwd(const float *g, const float *u, const float *dact, int64_t n, float *dg,
                              float *du, cudaStream_t s);
-mf_status mf_cuda_siggate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
-                              cudaStream_t s);
-mf_status mf_cuda_siggate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
-                              float *dx, float *dgl, cudaStream_t s);
+mf_status mf_cuda_sigmoid_gate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
+                                   cudaStream_t s);
+mf_status mf_cuda_sigmoid_gate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
+                                   float *dx, float *dgl, cudaStream_t s);
 mf_status mf_cuda_add(const float *x, int64_t n, float *y, cudaStream_t s);
 
 // -------------------------------------------------------------- routing.cu
@@ -78,7 +84,7 @@ mf_status mf_cuda_moe_combine_bwd(const float *dy, const float *ye, const float 
                                   int64_t T, int64_t K, int64_t H, float *dye, float *dw, cudaStream_t s);
 mf_status mf_cuda_aux_accumulate(const float *probs, const int32_t *topk_idx, int64_t T, int64_t E, int64_t K,
                                  int64_t *counts, double *psum, cudaStream_t s);
-mf_status mf_cuda_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows, double *out,
+mf_status mf_cuda_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows, double *aux,
                             cudaStream_t s);
 mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, double coef, int64_t T,
                            float *dprobs, cudaStream_t s);
@@ -89,13 +95,11 @@ mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, dou
 // D <= 256 (MF_ERR_UNSUPPORTED above). Forward writes o and lse. Backward writes
 // dq, dk, dv (never added) with three launches and no scratch: it stashes
 // do.o per row in dq before overwriting it, so dq must not alias an input.
-mf_status mf_cuda_attention_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S,
-                                int64_t Hq, int64_t Hkv, int64_t D, float scale, float *o, float *lse,
-                                cudaStream_t s);
-mf_status mf_cuda_attention_bwd(const float *q, const float *k, const float *v, const float *o,
-                                const float *dout, const float *lse, int64_t B, int64_t S, int64_t Hq,
-                                int64_t Hkv, int64_t D, float scale, float *dq, float *dk, float *dv,
-                                cudaStream_t s);
+mf_status mf_cuda_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
+                           int64_t Hkv, int64_t D, float scale, float *o, float *lse, cudaStream_t s);
+mf_status mf_cuda_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                           float scale, float *dq, float *dk, float *dv, cudaStream_t s);
 
 // ----------------------------------------------------- gemm.cu, loss.cu
 // cuBLASLt state of one backend: a handle, one workspace (GEMMs on different
@@ -108,26 +112,26 @@ void mf_cuda_blas_free(mf_cuda_blas *b);  // NULL is fine; the device must be id
 mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K,
                        const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
                        int accumulate, const float *bias, cudaStream_t s);
-mf_status mf_cuda_linear_fwd(mf_cuda_blas *b, const float *x, const float *W, const float *bias, int64_t M,
-                             int64_t N, int64_t K, float *y, int accumulate, cudaStream_t s);
-mf_status mf_cuda_linear_bwd_data(mf_cuda_blas *b, const float *dy, const float *W, int64_t M, int64_t N,
-                                  int64_t K, float *dx, int accumulate, cudaStream_t s);
+mf_status mf_cuda_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
+                             int64_t K, float *y, int accumulate, mf_cuda_blas *b, cudaStream_t s);
+mf_status mf_cuda_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
+                                  int accumulate, mf_cuda_blas *b, cudaStream_t s);
 // dW += dy^T . x; db (may be NULL) += column sums of dy.
-mf_status mf_cuda_linear_bwd_weight(mf_cuda_blas *b, const float *dy, const float *x, int64_t M, int64_t N,
-                                    int64_t K, float *dW, float *db, cudaStream_t s);
+mf_status mf_cuda_linear_bwd_weight(const float *dy, const float *x, int64_t M, int64_t N, int64_t K,
+                                    float *dW, float *db, mf_cuda_blas *b, cudaStream_t s);
 // Grouped expert GEMMs (one launch each): R = rows of xe / ye (an upper bound on
 // offsets[E]), W / dW: E device pointers (host array), NULL for experts without
 // rows; E at most MF_CUDA_MAX_EXPERTS (backend_cuda.h).
-mf_status mf_cuda_expert_fwd(const float *xe, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
-                             int64_t Kd, const void *const *W, float *ye, cudaStream_t s);
-mf_status mf_cuda_expert_bwd_data(const float *dye, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
-                                  int64_t Kd, const void *const *W, float *dxe, cudaStream_t s);
+mf_status mf_cuda_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
+                             int64_t E, int64_t N, int64_t Kd, float *ye, cudaStream_t s);
+mf_status mf_cuda_expert_bwd_data(const float *dye, const float *const *W, const int64_t *offsets, int64_t R,
+                                  int64_t E, int64_t N, int64_t Kd, float *dxe, cudaStream_t s);
 mf_status mf_cuda_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
-                                    int64_t N, int64_t Kd, void *const *dW, cudaStream_t s);
+                                    int64_t N, int64_t Kd, float *const *dW, cudaStream_t s);
 // MF_K_CROSS_ENTROPY: scalars (device, 2 doubles) = {loss_sum, n_valid}.
-mf_status mf_cuda_cross_entropy(mf_cuda_blas *b, const float *h, const float *W, const int32_t *target,
-                                int64_t T, int64_t V, int64_t H, int64_t chunk, float loss_scale, float *ws,
-                                float *lse, double *scalars, float *dh, float *dW, cudaStream_t s);
+mf_status mf_cuda_cross_entropy(const float *h, const float *W, const int32_t *target, int64_t T, int64_t V,
+                                int64_t H, int64_t chunk, float loss_scale, float *ws, float *lse,
+                                double *scalars, float *dh, float *dW, mf_cuda_blas *b, cudaStream_t s);
 // ------------------------------------------------------- device helpers
 #ifdef __CUDACC__
 // Sum of one value per thread over a block of exactly MF_CUDA_BLOCK threads, in

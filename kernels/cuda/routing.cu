@@ -329,9 +329,9 @@ mf_status mf_cuda_aux_accumulate(const float *probs, const int32_t *topk_idx, in
   return MF_OK;
 }
 
-mf_status mf_cuda_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows, double *out,
+mf_status mf_cuda_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows, double *aux,
                             cudaStream_t s) {
-  aux_value_kernel<<<1, 1, 0, s>>>(counts, psum, E, n_rows, out);
+  aux_value_kernel<<<1, 1, 0, s>>>(counts, psum, E, n_rows, aux);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }

@@ -2,8 +2,9 @@
  * cost model (planner/hwprofile.h) and writes it as YAML.
  *
  * On the cpu backend the "device" is host memory and every kernel is one of
- * moefit's cpu kernels on the thread pool, so each figure is measured with the
- * code the cpu backend runs. Every measurement is the best of several runs (a
+ * moefit's cpu kernels on the thread pool; each figure is measured through the
+ * cpu backend itself (kernels/backend.h: its copy and run, operands in its
+ * arena), as the executor drives it. Every measurement is the best of several runs (a
  * shared machine is noisy one way: slower), each run long enough (~20 ms) for
  * the clock. */
 #include <errno.h>
@@ -16,7 +17,6 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_ops.h"
 #include "planner/hwprofile.h"
 #include "planner/simulate.h"
 #include "src/cli/commands.h"
@@ -44,15 +44,16 @@ static const char k_usage[] =
     "                      compute.kernels: the planner then prices those calls by their measured\n"
     "                      time instead of the rate tables (threads: the config's train.threads)\n"
     "\n"
-    "Measured on cpu, each figure the best of several runs:\n"
-    "  links.h2d / d2h          one-thread memcpy of 64 MiB each way (what the cpu backend's\n"
-    "                           copies do); latency from 4 KiB copies\n"
-    "  compute.gemm             mf_cpu_linear_fwd (fp32) at square shapes 64^3 .. 1024^3\n"
+    "Measured on cpu, each figure the best of several runs; copies and kernels are submitted to\n"
+    "the cpu backend (its copy and run) with their device operands in its arena:\n"
+    "  links.h2d / d2h          the backend's copies (a one-thread memcpy) of 64 MiB each way;\n"
+    "                           latency from 4 KiB copies\n"
+    "  compute.gemm             linear_fwd kernels (fp32) at square shapes 64^3 .. 1024^3\n"
     "                           (.. 2048^3 without --quick)\n"
-    "  compute.attention        mf_cpu_attention_fwd + _bwd, causal, 8 query / 2 kv heads\n"
+    "  compute.attention        attn_fwd + attn_bwd kernels, causal, 8 query / 2 kv heads\n"
     "  compute.launch_us        an empty mf_threadpool_run (what each parallel cpu kernel pays)\n"
     "  compute.elementwise_bandwidth, host.memory_bandwidth\n"
-    "                           mf_cpu_add over 16M floats (12 bytes moved per element)\n"
+    "                           an add kernel over 16M floats (12 bytes moved per element)\n"
     "  host.adamw_params_per_s  mf_adamw_update over 16M fp32 parameters, with the bf16 copy\n"
     "  host.memory              physical memory (the cgroup limit when lower)\n"
     "  compute.kernels          (--config) each kernel call of one training step, run by the\n"
@@ -110,66 +111,93 @@ static void fill(float *x, size_t n, uint32_t seed) {
 
 /* ------------------------------------------------------------ benches */
 
+/* The copies and kernels are timed as the executor runs them: submitted to
+ * the cpu backend (copy, run) on its one stream, with their device operands
+ * in its arena, each timed call followed by a stream_sync (which returns at
+ * once on the cpu backend's immediate streams). */
+typedef struct kbench {
+  mf_backend *b;
+  mf_stream *s;
+  uint8_t *arena; /* the device arena, arena_bytes */
+  size_t arena_bytes;
+  float *host; /* host staging, host_bytes: what uploads go through */
+  size_t host_bytes;
+} kbench;
+
+/* The device arena's size: the largest measurement's operands (links, add:
+ * two 64 MiB buffers; gemm at 2048^3: 48 MiB; attention at S = 2048: 40 MiB). */
+#define KBENCH_ARENA ((size_t)128 << 20)
+#define KBENCH_HOST ((size_t)64 << 20)
+
+static void kbench_free(kbench *kb) {
+  if (!kb->b) return;
+  if (kb->host) kb->b->host_free(kb->b, kb->host);
+  if (kb->s) kb->b->stream_free(kb->b, kb->s);
+  mf_backend_free(kb->b);
+  memset(kb, 0, sizeof *kb);
+}
+
+static mf_status kbench_create(mf_threadpool *pool, kbench *kb) {
+  memset(kb, 0, sizeof *kb);
+  mf_cpu_backend_opts o = {.pool = pool, .round_bf16 = 0, .checking = 0, .streams = MF_CPU_STREAMS_IMMEDIATE};
+  mf_status st = mf_backend_cpu_create(&o, &kb->b);
+  void *base = NULL, *host = NULL;
+  if (st == MF_OK) st = kb->b->stream_create(kb->b, &kb->s);
+  if (st == MF_OK) st = kb->b->arena_create(kb->b, KBENCH_ARENA, &base);
+  if (st == MF_OK) st = kb->b->host_alloc(kb->b, KBENCH_HOST, &host);
+  kb->arena = base;
+  kb->arena_bytes = KBENCH_ARENA;
+  kb->host = host;
+  kb->host_bytes = KBENCH_HOST;
+  if (st != MF_OK) kbench_free(kb);
+  return st;
+}
+
+/* dst (n floats of the arena) = fill(seed), uploaded through the host staging. */
+static mf_status upload(kbench *kb, float *dst, size_t n, uint32_t seed) {
+  if (n * sizeof(float) > kb->host_bytes || (uint8_t *)(dst + n) > kb->arena + kb->arena_bytes)
+    return MF_ERR(MF_ERR_INTERNAL, "profile: %zu floats do not fit the benchmark's buffers", n);
+  fill(kb->host, n, seed);
+  MF_CHECK(kb->b->copy(kb->b, dst, kb->host, n * sizeof(float), MF_COPY_H2D, kb->s));
+  return kb->b->stream_sync(kb->b, kb->s);
+}
+
+/* Operand j of call k: ptr, bytes, and whether the kernel writes it (the
+ * operand table's word). */
+static void operand(mf_kernel_call *k, int j, void *ptr, size_t bytes) {
+  k->b[j] = (mf_kbuf){ptr, bytes, (int)(mf_kernel_writes(k) >> j & 1u)};
+}
+
 typedef struct {
+  kbench *kb;
+  mf_kernel_call call;
+} kernel_job;
+
+static mf_status run_kernel(void *ctx) {
+  kernel_job *j = ctx;
+  MF_CHECK(j->kb->b->run(j->kb->b, &j->call, j->kb->s));
+  return j->kb->b->stream_sync(j->kb->b, j->kb->s);
+}
+
+typedef struct {
+  kbench *kb;
   void *dst;
   const void *src;
   size_t bytes;
+  mf_copy_kind kind;
 } copy_job;
 
 static mf_status run_copy(void *ctx) {
   copy_job *j = ctx;
-  memmove(j->dst, j->src, j->bytes);
-  return MF_OK;
+  MF_CHECK(j->kb->b->copy(j->kb->b, j->dst, j->src, j->bytes, j->kind, j->kb->s));
+  return j->kb->b->stream_sync(j->kb->b, j->kb->s);
 }
-
-typedef struct {
-  const mf_kctx *k;
-  const float *x, *w;
-  float *y;
-  int64_t m, n, kk;
-} gemm_job;
-
-static mf_status run_gemm(void *ctx) {
-  gemm_job *j = ctx;
-  return mf_cpu_linear_fwd(j->k, j->x, j->w, NULL, j->m, j->n, j->kk, j->y, 0);
-}
-
-typedef struct {
-  const mf_kctx *k;
-  const float *q, *kk, *v, *dout;
-  float *o, *lse, *dq, *dk, *dv;
-  int64_t s, hq, hkv, d;
-} attn_job;
-
-static mf_status run_attn_fwd(void *ctx) {
-  attn_job *j = ctx;
-  return mf_cpu_attention_fwd(j->k, j->q, j->kk, j->v, 1, j->s, j->hq, j->hkv, j->d,
-                              1.0f / sqrtf((float)j->d), j->o, j->lse);
-}
-
-static mf_status run_attn_bwd(void *ctx) {
-  attn_job *j = ctx;
-  return mf_cpu_attention_bwd(j->k, j->q, j->kk, j->v, j->o, j->dout, j->lse, 1, j->s, j->hq, j->hkv, j->d,
-                              1.0f / sqrtf((float)j->d), j->dq, j->dk, j->dv);
-}
-
-typedef struct {
-  const mf_kctx *k;
-  const float *x;
-  float *y;
-  int64_t n;
-} add_job;
 
 static void empty_task(void *ctx, int i, int n) {}
 
 static mf_status run_dispatch(void *ctx) {
   mf_threadpool_run(ctx, empty_task, NULL);
   return MF_OK;
-}
-
-static mf_status run_add(void *ctx) {
-  add_job *j = ctx;
-  return mf_cpu_add(j->k, j->x, j->n, j->y);
 }
 
 typedef struct {
@@ -224,72 +252,63 @@ static void cpu_model(char *buf, size_t cap) {
 
 /* ------------------------------------------------------------ profile */
 
-static mf_status measure_links(mf_hwprofile *p, const run_info *ri) {
+static mf_status measure_links(mf_hwprofile *p, kbench *kb, const run_info *ri) {
   const size_t big = (size_t)64 << 20, small = 4096;
-  uint8_t *a = NULL, *b = NULL;
-  mf_status st = mf_malloc(big, "copy source", (void **)&a);
-  if (st == MF_OK) st = mf_malloc(big, "copy destination", (void **)&b);
-  if (st == MF_OK) {
-    memset(a, 1, big); /* fault the pages in before timing */
-    memset(b, 2, big);
-    double t_h2d, t_d2h, t_small;
-    copy_job up = {b, a, big}, down = {a, b, big}, tiny = {b, a, small};
-    MF_CHECK_GOTO(best_seconds(run_copy, &up, ri, &t_h2d), st, done);
-    MF_CHECK_GOTO(best_seconds(run_copy, &down, ri, &t_d2h), st, done);
-    MF_CHECK_GOTO(best_seconds(run_copy, &tiny, ri, &t_small), st, done);
-    p->h2d_bandwidth = round_sig((double)big / t_h2d, 3, 0);
-    p->d2h_bandwidth = round_sig((double)big / t_d2h, 3, 0);
-    double bw = p->h2d_bandwidth > p->d2h_bandwidth ? p->h2d_bandwidth : p->d2h_bandwidth;
-    double lat = t_small - (double)small / bw;
-    p->h2d_latency_s = p->d2h_latency_s = lat > 0 ? round_sig(lat * 1e6, 2, 0) / 1e6 : 0;
-  }
-done:
-  free(a);
-  free(b);
-  return st;
+  memset(kb->host, 1, big); /* fault the pages in before timing */
+  copy_job up = {kb, kb->arena, kb->host, big, MF_COPY_H2D},
+           down = {kb, kb->host, kb->arena, big, MF_COPY_D2H};
+  copy_job tiny = {kb, kb->arena, kb->host, small, MF_COPY_H2D};
+  MF_CHECK(run_copy(&up));
+  double t_h2d, t_d2h, t_small;
+  MF_CHECK(best_seconds(run_copy, &up, ri, &t_h2d));
+  MF_CHECK(best_seconds(run_copy, &down, ri, &t_d2h));
+  MF_CHECK(best_seconds(run_copy, &tiny, ri, &t_small));
+  p->h2d_bandwidth = round_sig((double)big / t_h2d, 3, 0);
+  p->d2h_bandwidth = round_sig((double)big / t_d2h, 3, 0);
+  double bw = p->h2d_bandwidth > p->d2h_bandwidth ? p->h2d_bandwidth : p->d2h_bandwidth;
+  double lat = t_small - (double)small / bw;
+  p->h2d_latency_s = p->d2h_latency_s = lat > 0 ? round_sig(lat * 1e6, 2, 0) / 1e6 : 0;
+  return MF_OK;
 }
 
-static mf_status measure_add(mf_hwprofile *p, const mf_kctx *k, const run_info *ri) {
+static mf_status measure_add(mf_hwprofile *p, kbench *kb, mf_threadpool *pool, const run_info *ri) {
   const int64_t n = (int64_t)16 << 20;
+  const size_t bytes = (size_t)n * sizeof(float);
   double t_dispatch, t_big;
-  MF_CHECK(best_seconds(run_dispatch, k->pool, ri, &t_dispatch));
+  MF_CHECK(best_seconds(run_dispatch, pool, ri, &t_dispatch));
   p->launch_s = round_sig(t_dispatch * 1e6, 2, 0) / 1e6;
-  float *x = NULL, *y = NULL;
-  mf_status st = mf_malloc((size_t)n * sizeof(float), "add input", (void **)&x);
-  if (st == MF_OK) st = mf_malloc((size_t)n * sizeof(float), "add output", (void **)&y);
-  if (st == MF_OK) {
-    fill(x, (size_t)n, 1);
-    memset(y, 0, (size_t)n * sizeof(float));
-    add_job big = {k, x, y, n};
-    MF_CHECK_GOTO(best_seconds(run_add, &big, ri, &t_big), st, done);
-    double t = t_big - p->launch_s > 0.5 * t_big ? t_big - p->launch_s : 0.5 * t_big;
-    p->elementwise_bandwidth = round_sig(12.0 * (double)n / t, 3, 0);
-    p->host_memory_bandwidth = p->elementwise_bandwidth;
-  }
-done:
-  free(x);
-  free(y);
-  return st;
+  float *x = (float *)kb->arena, *y = x + n;
+  MF_CHECK(upload(kb, x, (size_t)n, 1));
+  kernel_job zero = {kb, {.kind = MF_K_ZERO, .label = "profile y"}};
+  operand(&zero.call, 0, y, bytes);
+  MF_CHECK(run_kernel(&zero));
+  kernel_job add = {kb, {.kind = MF_K_ADD, .i = {n, 0}, .label = "profile add"}};
+  operand(&add.call, 0, x, bytes);
+  operand(&add.call, 1, y, bytes);
+  MF_CHECK(best_seconds(run_kernel, &add, ri, &t_big));
+  double t = t_big - p->launch_s > 0.5 * t_big ? t_big - p->launch_s : 0.5 * t_big;
+  p->elementwise_bandwidth = round_sig(12.0 * (double)n / t, 3, 0);
+  p->host_memory_bandwidth = p->elementwise_bandwidth;
+  return MF_OK;
 }
 
-static mf_status measure_gemm(mf_hwprofile *p, const mf_kctx *k, const run_info *ri) {
+static mf_status measure_gemm(mf_hwprofile *p, kbench *kb, const run_info *ri) {
   static const int64_t sizes[] = {64, 128, 256, 512, 1024, 2048};
   const int n_sizes = ri->quick ? 5 : 6;
   const int64_t max = sizes[n_sizes - 1];
-  float *x = NULL, *w = NULL, *y = NULL;
-  size_t bytes = (size_t)(max * max) * sizeof(float);
-  mf_status st = mf_malloc(bytes, "gemm input", (void **)&x);
-  if (st == MF_OK) st = mf_malloc(bytes, "gemm weight", (void **)&w);
-  if (st == MF_OK) st = mf_malloc(bytes, "gemm output", (void **)&y);
-  if (st != MF_OK) goto done;
-  fill(x, (size_t)(max * max), 2);
-  fill(w, (size_t)(max * max), 3);
+  float *x = (float *)kb->arena, *w = x + max * max, *y = w + max * max;
+  MF_CHECK(upload(kb, x, (size_t)(max * max), 2));
+  MF_CHECK(upload(kb, w, (size_t)(max * max), 3));
   double prev_t = 0;
   for (int i = 0; i < n_sizes; i++) {
-    int64_t s = sizes[i];
-    gemm_job j = {k, x, w, y, s, s, s};
+    const int64_t s = sizes[i];
+    const size_t bytes = (size_t)(s * s) * sizeof(float);
+    kernel_job j = {kb, {.kind = MF_K_LINEAR_FWD, .i = {s, s, s, 0}, .label = "profile gemm"}};
+    operand(&j.call, 0, x, bytes);
+    operand(&j.call, 1, w, bytes);
+    operand(&j.call, 3, y, bytes);
     double t;
-    MF_CHECK_GOTO(best_seconds(run_gemm, &j, ri, &t), st, done);
+    MF_CHECK(best_seconds(run_kernel, &j, ri, &t));
     double work = 2.0 * (double)s * (double)s * (double)s;
     /* the profile adds launch_s to every GEMM: the table's rate is the rest */
     double tc = t - p->launch_s > 0.5 * t ? t - p->launch_s : 0.5 * t;
@@ -300,51 +319,55 @@ static mf_status measure_gemm(mf_hwprofile *p, const mf_kctx *k, const run_info 
     p->gemm[i] = (mf_hw_gemm_point){.m = (double)s, .n = (double)s, .k = (double)s, .flops = rate};
   }
   p->n_gemm = n_sizes;
-done:
-  free(x);
-  free(w);
-  free(y);
-  return st;
+  return MF_OK;
 }
 
-static mf_status measure_attention(mf_hwprofile *p, const mf_kctx *k, const run_info *ri) {
+/* The attention figures' heads: 8 query heads, 2 kv heads (GQA), B = 1. */
+#define ATTN_HQ 8
+#define ATTN_HKV 2
+
+/* Causal attention forward and backward at S tokens, head_dim D: the calls
+ * over buffers laid out for the largest shape (nq, nkv floats per q, kv). */
+static void attention_calls(float *buf, size_t nq, size_t nkv, int64_t S, int64_t D, kernel_job *fwd,
+                            kernel_job *bwd) {
+  const int64_t hq = ATTN_HQ, hkv = ATTN_HKV;
+  float *q = buf, *k = buf + nq, *v = buf + nq + nkv, *dout = buf + nq + 2 * nkv, *o = buf + 2 * nq + 2 * nkv;
+  float *dq = buf + 3 * nq + 2 * nkv, *dk = buf + 4 * nq + 2 * nkv, *dv = buf + 4 * nq + 3 * nkv;
+  float *lse = buf + 4 * nq + 4 * nkv;
+  const size_t bq = (size_t)(S * hq * D) * sizeof(float), bkv = (size_t)(S * hkv * D) * sizeof(float);
+  const size_t bl = (size_t)(S * hq) * sizeof(float);
+  fwd->call = (mf_kernel_call){.kind = MF_K_ATTN_FWD, .i = {1, S, hq, hkv, D}, .f = {1.0f / sqrtf((float)D)}};
+  bwd->call = (mf_kernel_call){.kind = MF_K_ATTN_BWD, .i = {1, S, hq, hkv, D}, .f = {1.0f / sqrtf((float)D)}};
+  float *const fb[] = {q, k, v, o, lse}, *const bb[] = {q, k, v, o, dout, lse, dq, dk, dv};
+  const size_t fs[] = {bq, bkv, bkv, bq, bl}, bs[] = {bq, bkv, bkv, bq, bq, bl, bq, bkv, bkv};
+  for (int j = 0; j < 5; j++) operand(&fwd->call, j, fb[j], fs[j]);
+  for (int j = 0; j < 9; j++) operand(&bwd->call, j, bb[j], bs[j]);
+}
+
+static mf_status measure_attention(mf_hwprofile *p, kbench *kb, const run_info *ri) {
   static const int64_t shapes[][2] = {{128, 64}, {256, 64}, {512, 64}, {512, 128}, {1024, 128}, {2048, 128}};
   const int n_shapes = ri->quick ? 4 : 6;
-  const int64_t hq = 8, hkv = 2, max_s = shapes[n_shapes - 1][0], max_d = shapes[n_shapes - 1][1];
-  size_t nq = (size_t)(max_s * hq * max_d), nkv = (size_t)(max_s * hkv * max_d);
-  float *buf = NULL;
+  const int64_t hq = ATTN_HQ, max_s = shapes[n_shapes - 1][0], max_d = shapes[n_shapes - 1][1];
+  size_t nq = (size_t)(max_s * hq * max_d), nkv = (size_t)(max_s * ATTN_HKV * max_d);
   /* q, o, dout, dq: nq each; k, v, dk, dv: nkv each; lse: hq * max_s */
-  mf_status st = mf_malloc((4 * nq + 4 * nkv + (size_t)(hq * max_s)) * sizeof(float), "attention buffers",
-                           (void **)&buf);
-  if (st != MF_OK) return st;
-  fill(buf, 4 * nq + 4 * nkv, 4);
-  attn_job j = {.k = k,
-                .q = buf,
-                .kk = buf + nq,
-                .v = buf + nq + nkv,
-                .dout = buf + nq + 2 * nkv,
-                .o = buf + 2 * nq + 2 * nkv,
-                .dq = buf + 3 * nq + 2 * nkv,
-                .dk = buf + 4 * nq + 2 * nkv,
-                .dv = buf + 4 * nq + 3 * nkv,
-                .lse = buf + 4 * nq + 4 * nkv,
-                .hq = hq,
-                .hkv = hkv};
+  float *buf = (float *)kb->arena;
+  if ((4 * nq + 4 * nkv + (size_t)(hq * max_s)) * sizeof(float) > kb->arena_bytes)
+    return MF_ERR(MF_ERR_INTERNAL, "profile: the attention buffers do not fit the benchmark's arena");
+  MF_CHECK(upload(kb, buf, 4 * nq + 4 * nkv, 4));
   for (int i = 0; i < n_shapes; i++) {
-    j.s = shapes[i][0];
-    j.d = shapes[i][1];
+    const int64_t S = shapes[i][0], D = shapes[i][1];
+    kernel_job fwd = {.kb = kb}, bwd = {.kb = kb};
+    attention_calls(buf, nq, nkv, S, D, &fwd, &bwd);
     double tf, tb;
-    MF_CHECK_GOTO(best_seconds(run_attn_fwd, &j, ri, &tf), st, done);
-    MF_CHECK_GOTO(best_seconds(run_attn_bwd, &j, ri, &tb), st, done);
-    double flops = mf_hw_attention_flops(1, (double)j.s, (double)hq, (double)j.d, 0) +
-                   mf_hw_attention_flops(1, (double)j.s, (double)hq, (double)j.d, 1);
+    MF_CHECK(best_seconds(run_kernel, &fwd, ri, &tf));
+    MF_CHECK(best_seconds(run_kernel, &bwd, ri, &tb));
+    double flops = mf_hw_attention_flops(1, (double)S, (double)hq, (double)D, 0) +
+                   mf_hw_attention_flops(1, (double)S, (double)hq, (double)D, 1);
     double t = tf + tb - 2 * p->launch_s > 0.5 * (tf + tb) ? tf + tb - 2 * p->launch_s : 0.5 * (tf + tb);
-    p->attn[i] = (mf_hw_attn_point){.s = (double)j.s, .d = (double)j.d, .flops = round_sig(flops / t, 3, 0)};
+    p->attn[i] = (mf_hw_attn_point){.s = (double)S, .d = (double)D, .flops = round_sig(flops / t, 3, 0)};
   }
   p->n_attn = n_shapes;
-done:
-  free(buf);
-  return st;
+  return MF_OK;
 }
 
 static mf_status measure_adamw(mf_hwprofile *p, mf_threadpool *pool, run_info *ri) {
@@ -587,19 +610,21 @@ static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline,
   mf_threadpool *pool = NULL;
   MF_CHECK(mf_threadpool_create(cfg ? (int)cfg->train.threads : 0, &pool));
   ri->threads = mf_threadpool_size(pool);
-  mf_kctx k = {pool, 0};
   mf_status st = MF_OK;
   prog_timer *pt = NULL;
+  kbench kb = {0};
   const int rounds = 5, per_round = ri->quick ? 5 : 9;
   if (cfg) MF_CHECK_GOTO(prog_timer_create(cfg, pool, rounds, per_round, &pt), st, done);
+  MF_CHECK_GOTO(kbench_create(pool, &kb), st, done);
   /* The program's rounds go between the other measurements, spread in time. */
-  MF_CHECK_GOTO(measure_links(p, ri), st, done);
+  MF_CHECK_GOTO(measure_links(p, &kb, ri), st, done);
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
-  MF_CHECK_GOTO(measure_add(p, &k, ri), st, done); /* before the kernels: launch_s is taken off their times */
+  /* add before the kernels: launch_s comes off their times */
+  MF_CHECK_GOTO(measure_add(p, &kb, pool, ri), st, done);
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
-  MF_CHECK_GOTO(measure_gemm(p, &k, ri), st, done);
+  MF_CHECK_GOTO(measure_gemm(p, &kb, ri), st, done);
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
-  MF_CHECK_GOTO(measure_attention(p, &k, ri), st, done);
+  MF_CHECK_GOTO(measure_attention(p, &kb, ri), st, done);
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   MF_CHECK_GOTO(measure_adamw(p, pool, ri), st, done);
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
@@ -635,21 +660,22 @@ static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline,
   gmtime_r(&now, &tm);
   strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &tm);
   snprintf(p->name, sizeof p->name, "cpu backend: %s, %d threads", model, ri->threads);
-  snprintf(
-      p->source, sizeof p->source,
-      "Measured on this machine by `%s` on %s, %d threads; each figure the best of %d runs. "
-      "links: one-thread memcpy of 64 MiB (latency: 4 KiB copies less bytes/bandwidth). "
-      "gemm: mf_cpu_linear_fwd, fp32, square shapes. attention: mf_cpu_attention_fwd+bwd, causal, B=1, "
-      "Hq=8, Hkv=2, rate = fwd+bwd FLOPs (mf_hw_attention_flops) / time. launch_us: an empty "
-      "mf_threadpool_run (what each parallel cpu kernel pays), taken off the gemm and attention times. "
-      "elementwise_bandwidth and "
-      "host.memory_bandwidth: mf_cpu_add over 16M floats, 12 bytes per element. adamw: mf_adamw_update over "
-      "16M fp32 params with the bf16 copy (%s body). host.memory: physical memory or the cgroup limit. "
-      "Figures rounded to 3 significant digits. Not measured: device.memory is half of host memory and "
-      "device.reserve 0 (cpu-backend defaults), copies_overlap_compute false (the cpu backend copies on "
-      "the compute thread), no nvme.%s",
-      cmdline, date, ri->threads, ri->reps, ri->adamw_impl ? ri->adamw_impl : "?", kern_note);
+  snprintf(p->source, sizeof p->source,
+           "Measured on this machine by `%s` on %s, %d threads; each figure the best of %d runs. "
+           "Copies and kernels run through the cpu backend (copy, run), device operands in its arena. "
+           "links: its copies, a one-thread memcpy of 64 MiB (latency: 4 KiB copies less bytes/bandwidth). "
+           "gemm: linear_fwd, fp32, square shapes. attention: attn_fwd+attn_bwd, causal, B=1, "
+           "Hq=8, Hkv=2, rate = fwd+bwd FLOPs (mf_hw_attention_flops) / time. launch_us: an empty "
+           "mf_threadpool_run (what each parallel cpu kernel pays), taken off the gemm and attention times. "
+           "elementwise_bandwidth and "
+           "host.memory_bandwidth: add over 16M floats, 12 bytes per element. adamw: mf_adamw_update over "
+           "16M fp32 params with the bf16 copy (%s body). host.memory: physical memory or the cgroup limit. "
+           "Figures rounded to 3 significant digits. Not measured: device.memory is half of host memory and "
+           "device.reserve 0 (cpu-backend defaults), copies_overlap_compute false (the cpu backend copies on "
+           "the compute thread), no nvme.%s",
+           cmdline, date, ri->threads, ri->reps, ri->adamw_impl ? ri->adamw_impl : "?", kern_note);
 done:
+  kbench_free(&kb);
   prog_timer_free(pt);
   mf_threadpool_free(pool);
   return st;
@@ -663,7 +689,7 @@ static void print_summary(const mf_hwprofile *p, const run_info *ri, const char 
   printf("  copies (memcpy)  h2d %.2f GB/s, d2h %.2f GB/s, latency %.2g us\n", p->h2d_bandwidth / 1e9,
          p->d2h_bandwidth / 1e9, p->h2d_latency_s * 1e6);
   printf("  kernel launch    %.2g us (thread-pool dispatch)\n", p->launch_s * 1e6);
-  printf("  elementwise      %.2f GB/s (mf_cpu_add, 12 bytes/element; also host.memory_bandwidth)\n",
+  printf("  elementwise      %.2f GB/s (add kernel, 12 bytes/element; also host.memory_bandwidth)\n",
          p->elementwise_bandwidth / 1e9);
   printf("  gemm (fp32)     ");
   for (int i = 0; i < p->n_gemm; i++) printf(" %.0f^3 %.3g", p->gemm[i].m, p->gemm[i].flops / 1e9);

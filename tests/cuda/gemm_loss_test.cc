@@ -36,22 +36,23 @@
 
 namespace {
 
-// One operand: bytes, whether it is compared after the call, its tolerance,
-// and whether it is a double buffer (else fp32 or integers, never compared).
+// One operand: bytes, its tolerance when the kernel writes it (the operand
+// table's word, kernels/backend.h: written operands are compared after the
+// call, except scratch), and whether it is a double buffer (else fp32, or
+// integers, which no kind here writes).
 struct Slot {
   std::vector<uint8_t> data;
-  bool present = false, out = false, f64 = false;
-  bool write = false;  // written by the kernel but not compared (scratch)
+  bool present = false, f64 = false;
+  bool scratch = false;  // written by the kernel, but with contents of its own: not compared
   double tol = 0;
 };
 
 template <typename T>
-Slot slot(const std::vector<T> &v, bool out = false, double tol = 0) {
+Slot slot(const std::vector<T> &v, double tol = 0) {
   Slot s;
   s.data.resize(v.size() * sizeof(T));
   if (!v.empty()) memcpy(s.data.data(), v.data(), s.data.size());
   s.present = true;
-  s.out = out;
   s.tol = tol;
   s.f64 = sizeof(T) == 8 && std::is_floating_point<T>::value;
   return s;
@@ -62,8 +63,7 @@ struct Case {
   mf_kernel kind;
   std::vector<Slot> b;
   std::vector<Slot> experts;  // absent (present = false): NULL pointer
-  bool experts_out = false;
-  double experts_tol = 0;
+  double experts_tol = 0;     // when the kind writes them
   int64_t i[8] = {0};
   double f[2] = {0, 0};
   size_t misalign = 0;  // bytes added to every device operand's offset (multiple of 4)
@@ -102,12 +102,19 @@ typedef std::vector<std::vector<uint8_t>> Mem;
 
 class CudaGemm : public CudaTwin<(size_t)256 << 20> {
  protected:
+  // The call without its operands; the case's operands checked against the
+  // operand table: one per operand of the kind, absent only where optional.
   mf_kernel_call call_of(const Case &c) {
     mf_kernel_call k = {};
     k.kind = c.kind;
     memcpy(k.i, c.i, sizeof k.i);
     memcpy(k.f, c.f, sizeof k.f);
     k.label = c.name.c_str();
+    const mf_kernel_info *t = mf_kernel_info_of(c.kind);
+    EXPECT_EQ((int)c.b.size(), mf_kernel_n_operands(c.kind)) << c.name;
+    for (size_t j = 0; t && j < c.b.size() && j < MF_KBUF_MAX; j++)
+      EXPECT_TRUE(c.b[j].present || t->b[j].optional) << c.name << ": operand " << t->b[j].name << " absent";
+    EXPECT_EQ(!c.experts.empty(), t && t->experts.name != nullptr) << c.name;
     if (!c.experts.empty()) {
       for (auto &e : c.experts)
         if (e.present) k.expert_bytes = e.data.size();
@@ -123,7 +130,7 @@ class CudaGemm : public CudaTwin<(size_t)256 << 20> {
     for (size_t j = 0; j < c.b.size(); j++) {
       if (!c.b[j].present) continue;
       (*slots)[j] = c.b[j].data;
-      k.b[j] = {(*slots)[j].data(), c.b[j].data.size(), c.b[j].out || c.b[j].write ? 1 : 0};
+      k.b[j] = {(*slots)[j].data(), c.b[j].data.size(), (int)(mf_kernel_writes(&k) >> j & 1u)};
     }
     std::vector<void *> ptrs(c.experts.size(), nullptr);
     for (size_t e = 0; e < c.experts.size(); e++) {
@@ -152,7 +159,7 @@ class CudaGemm : public CudaTwin<(size_t)256 << 20> {
       if (!c.b[j].present) continue;
       dev[j] = place(c.b[j].data);
       ASSERT_NE(dev[j], nullptr) << c.name << ": the test arena is too small";
-      k.b[j] = {dev[j], c.b[j].data.size(), c.b[j].out || c.b[j].write ? 1 : 0};
+      k.b[j] = {dev[j], c.b[j].data.size(), (int)(mf_kernel_writes(&k) >> j & 1u)};
     }
     std::vector<void *> ptrs(c.experts.size(), nullptr);
     for (size_t e = 0; e < c.experts.size(); e++) {
@@ -193,13 +200,15 @@ class CudaGemm : public CudaTwin<(size_t)256 << 20> {
     run_cpu(c, &want, &want_e);
     run_gpu(c, &got, &got_e);
     run_gpu(c, &again, &again_e);
+    const mf_kernel_call k = call_of(c);
     int compared = 0;
     for (size_t j = 0; j < c.b.size(); j++) {
-      if (!c.b[j].present || !c.b[j].out) continue;
-      compare("slot " + std::to_string(j), c.b[j], want[j], got[j], again[j]);
+      if (!c.b[j].present || c.b[j].scratch || !(mf_kernel_writes(&k) >> j & 1u)) continue;
+      compare(std::string("operand ") + mf_kernel_info_of(c.kind)->b[j].name, c.b[j], want[j], got[j],
+              again[j]);
       compared++;
     }
-    if (c.experts_out) {
+    if (mf_kernel_writes_experts(c.kind)) {
       for (size_t e = 0; e < c.experts.size(); e++) {
         if (!c.experts[e].present) continue;
         Slot s = c.experts[e];
@@ -233,7 +242,7 @@ TEST_F(CudaGemm, LinearFwd) {
         std::vector<float> y0 =
             acc ? uniform(rng, (size_t)(M * N)) : std::vector<float>((size_t)(M * N), NAN);
         c.b = {slot(uniform(rng, (size_t)(M * K))), slot(uniform(rng, (size_t)(N * K))),
-               bias ? slot(uniform(rng, (size_t)N)) : Slot(), slot(y0, true, 1e-10)};
+               bias ? slot(uniform(rng, (size_t)N)) : Slot(), slot(y0, 1e-10)};
         c.i[0] = M, c.i[1] = N, c.i[2] = K, c.i[3] = acc;
         c.misalign = (bias && acc) ? 4 : 0;  // operands only 4-byte aligned
         check(c);
@@ -248,8 +257,7 @@ TEST_F(CudaGemm, LinearBwdData) {
     for (int acc = 0; acc < 2; acc++) {
       Case c{shape(acc ? "linear_bwd_data acc" : "linear_bwd_data", {M, N, K}), MF_K_LINEAR_BWD_DATA};
       std::vector<float> dx0 = acc ? uniform(rng, (size_t)(M * K)) : std::vector<float>((size_t)(M * K), NAN);
-      c.b = {slot(uniform(rng, (size_t)(M * N))), slot(uniform(rng, (size_t)(N * K))),
-             slot(dx0, true, 1e-10)};
+      c.b = {slot(uniform(rng, (size_t)(M * N))), slot(uniform(rng, (size_t)(N * K))), slot(dx0, 1e-10)};
       c.i[0] = M, c.i[1] = N, c.i[2] = K, c.i[3] = acc;
       c.misalign = acc ? 8 : 0;
       check(c);
@@ -264,8 +272,8 @@ TEST_F(CudaGemm, LinearBwdWeight) {
     for (int bias = 0; bias < 2; bias++) {
       Case c{shape("linear_bwd_weight", {M, N, K, bias}), MF_K_LINEAR_BWD_WEIGHT};
       c.b = {slot(uniform(rng, (size_t)(M * N))), slot(uniform(rng, (size_t)(M * K))),
-             slot(uniform(rng, (size_t)(N * K)), true, 1e-10),
-             bias ? slot(uniform(rng, (size_t)N), true, 1e-10) : Slot()};
+             slot(uniform(rng, (size_t)(N * K)), 1e-10),
+             bias ? slot(uniform(rng, (size_t)N), 1e-10) : Slot()};
       c.i[0] = M, c.i[1] = N, c.i[2] = K;
       check(c);
     }
@@ -299,28 +307,27 @@ TEST_F(CudaGemm, Experts) {
     if (E >= 5) empty = {1, (int)E - 1};  // experts without rows, their weights absent
     if (E == 3) empty = {0};
     auto off = expert_offsets(rng, R, E, empty);
-    auto weights = [&](bool out) {
+    auto weights = [&]() {
       std::vector<Slot> w((size_t)E);
       for (int64_t e = 0; e < E; e++)
-        if (off[(size_t)e + 1] > off[(size_t)e]) w[(size_t)e] = slot(uniform(rng, (size_t)(N * Kd)), out);
+        if (off[(size_t)e + 1] > off[(size_t)e]) w[(size_t)e] = slot(uniform(rng, (size_t)(N * Kd)));
       return w;
     };
     Case f{shape("expert_fwd", {R, E, N, Kd}), MF_K_EXPERT_FWD};
     f.b = {slot(uniform(rng, (size_t)(R * Kd))), slot(off),
-           slot(std::vector<float>((size_t)(R * N), NAN), true, 1e-10)};
-    f.experts = weights(false);
+           slot(std::vector<float>((size_t)(R * N), NAN), 1e-10)};
+    f.experts = weights();
     f.i[0] = E, f.i[1] = N, f.i[2] = Kd;
     check(f);
     Case d{shape("expert_bwd_data", {R, E, N, Kd}), MF_K_EXPERT_BWD_DATA};
     d.b = {slot(uniform(rng, (size_t)(R * N))), slot(off),
-           slot(std::vector<float>((size_t)(R * Kd), NAN), true, 1e-10)};
-    d.experts = weights(false);
+           slot(std::vector<float>((size_t)(R * Kd), NAN), 1e-10)};
+    d.experts = weights();
     d.i[0] = E, d.i[1] = N, d.i[2] = Kd;
     check(d);
     Case w{shape("expert_bwd_weight", {R, E, N, Kd}), MF_K_EXPERT_BWD_WEIGHT};
     w.b = {slot(uniform(rng, (size_t)(R * N))), slot(uniform(rng, (size_t)(R * Kd))), slot(off)};
-    w.experts = weights(true);
-    w.experts_out = true;
+    w.experts = weights();
     w.experts_tol = 1e-10;
     w.i[0] = E, w.i[1] = N, w.i[2] = Kd;
     check(w);
@@ -344,12 +351,12 @@ TEST_F(CudaGemm, CrossEntropy) {
       c.b = {slot(uniform(rng, (size_t)(T * H), -2, 2)),
              slot(uniform(rng, (size_t)(V * H), -0.5f, 0.5f)),
              slot(target),
-             slot(std::vector<float>((size_t)(T * chunk), NAN)),  // ws: scratch, not compared
-             slot(std::vector<float>((size_t)T, NAN), true, 1e-11),
-             slot(std::vector<double>{NAN, NAN}, true, 1e-10),
-             grads >= 1 ? slot(std::vector<float>((size_t)(T * H), NAN), true, 1e-9) : Slot(),
-             grads >= 2 ? slot(uniform(rng, (size_t)(V * H)), true, 1e-9) : Slot()};
-      c.b[3].write = true;
+             slot(std::vector<float>((size_t)(T * chunk), NAN)),  // ws: scratch
+             slot(std::vector<float>((size_t)T, NAN), 1e-11),
+             slot(std::vector<double>{NAN, NAN}, 1e-10),
+             grads >= 1 ? slot(std::vector<float>((size_t)(T * H), NAN), 1e-9) : Slot(),
+             grads >= 2 ? slot(uniform(rng, (size_t)(V * H)), 1e-9) : Slot()};
+      c.b[3].scratch = true;
       c.i[0] = T, c.i[1] = V, c.i[2] = H, c.i[3] = chunk;
       c.f[0] = grads == 2 ? 1.0 / 1024 : 1.0;
       check(c);

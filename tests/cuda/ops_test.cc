@@ -3,6 +3,10 @@
 // shapes (ones, odd sizes, a few hundred rows), plus determinism: two cuda runs
 // of one call from the same inputs give the same bits.
 //
+// Each case gives one operand per operand of its kind in the operand table
+// (kernels/backend.h mf_kernel_info_of; absent only where optional), and the
+// table's roles say which are written: those are compared.
+//
 // Comparison per output operand: integer outputs must be equal; float and
 // double outputs must have NMSE = sum (gpu - cpu)^2 / sum cpu^2 at most the
 // operand's tolerance (0 where both sides do the same IEEE operations in the
@@ -45,48 +49,40 @@ size_t ty_size(Ty t) {
   return t == F32 || t == I32 ? 4 : t == NONE ? 0 : 8;
 }
 
+// One operand's initial contents. Whether the kernel writes it (and so whether
+// it is compared after the call) is the operand table's word (kernels/backend.h
+// mf_kernel_writes), not the case's.
 struct Buf {
   Ty ty = NONE;
   std::vector<uint8_t> data;  // initial contents
-  bool out = false;           // compared after the call
-  double tol = 0;             // NMSE tolerance (float types)
+  double tol = 0;             // NMSE tolerance when written (float types)
   int alias = -1;             // >= 0: same memory as that slot (in-place calls)
   size_t count() const { return ty == NONE ? 0 : data.size() / ty_size(ty); }
 };
 
 template <typename T>
-Buf make(Ty ty, const std::vector<T> &v, bool out, double tol) {
+Buf make(Ty ty, const std::vector<T> &v, double tol) {
   Buf b;
   b.ty = ty;
   b.data.resize(v.size() * sizeof(T));
   if (!v.empty()) memcpy(b.data.data(), v.data(), b.data.size());
-  b.out = out;
   b.tol = tol;
   return b;
 }
-Buf in_f32(const std::vector<float> &v) {
-  return make(F32, v, false, 0);
+Buf f32(const std::vector<float> &v, double tol = 0) {
+  return make(F32, v, tol);
 }
-Buf in_i32(const std::vector<int32_t> &v) {
-  return make(I32, v, false, 0);
+Buf i32(const std::vector<int32_t> &v) {
+  return make(I32, v, 0);
 }
-Buf in_i64(const std::vector<int64_t> &v) {
-  return make(I64, v, false, 0);
+Buf i32_unset(size_t n) {  // an integer output: -7 until written
+  return make(I32, std::vector<int32_t>(n, -7), 0);
 }
-Buf in_f64(const std::vector<double> &v) {
-  return make(F64, v, false, 0);
+Buf i64(const std::vector<int64_t> &v) {
+  return make(I64, v, 0);
 }
-Buf out_f32(const std::vector<float> &init, double tol) {
-  return make(F32, init, true, tol);
-}
-Buf out_i32(size_t n) {
-  return make(I32, std::vector<int32_t>(n, -7), true, 0);
-}
-Buf out_i64(const std::vector<int64_t> &init) {
-  return make(I64, init, true, 0);
-}
-Buf out_f64(const std::vector<double> &init, double tol) {
-  return make(F64, init, true, tol);
+Buf f64(const std::vector<double> &v, double tol = 0) {
+  return make(F64, v, tol);
 }
 Buf absent() {
   return Buf();
@@ -148,14 +144,24 @@ double nmse(const Buf &want_b, const std::vector<uint8_t> &want, const std::vect
 
 class CudaOps : public CudaTwin<(size_t)256 << 20> {
  protected:
+  // The call without its operands; the case's operands checked against the
+  // operand table: one per operand of the kind, absent only where optional.
   mf_kernel_call call_of(const Case &c) {
     mf_kernel_call k = {};
     k.kind = c.kind;
     memcpy(k.i, c.i, sizeof k.i);
     memcpy(k.f, c.f, sizeof k.f);
     k.label = c.name.c_str();
+    const mf_kernel_info *t = mf_kernel_info_of(c.kind);
+    EXPECT_EQ((int)c.b.size(), mf_kernel_n_operands(c.kind)) << c.name;
+    for (size_t j = 0; t && j < c.b.size() && j < MF_KBUF_MAX; j++)
+      EXPECT_TRUE(c.b[j].ty != NONE || t->b[j].optional)
+          << c.name << ": operand " << t->b[j].name << " absent";
     return k;
   }
+
+  // Where operand j's memory is (its alias's for an in-place operand).
+  static size_t home(const Case &c, size_t j) { return c.b[j].alias >= 0 ? (size_t)c.b[j].alias : j; }
 
   // The cpu reference: outputs per slot.
   std::vector<std::vector<uint8_t>> run_cpu(const Case &c) {
@@ -169,8 +175,7 @@ class CudaOps : public CudaTwin<(size_t)256 << 20> {
     for (size_t j = 0; j < c.b.size(); j++) {
       const Buf &b = c.b[j];
       if (b.ty == NONE) continue;
-      void *p = b.alias >= 0 ? mem[(size_t)b.alias].data() : mem[j].data();
-      k.b[j] = {p, b.data.size(), b.out ? 1 : 0};
+      k.b[j] = {mem[home(c, j)].data(), b.data.size(), (int)(mf_kernel_writes(&k) >> j & 1u)};
     }
     EXPECT_EQ(cpu_->run(cpu_, &k, cpu_s_), MF_OK) << c.name << ": " << mf_last_error();
     return mem;
@@ -196,7 +201,7 @@ class CudaOps : public CudaTwin<(size_t)256 << 20> {
       const Buf &b = c.b[j];
       if (b.ty == NONE) continue;
       if (b.alias >= 0) dev[j] = dev[(size_t)b.alias];
-      k.b[j] = {dev[j], b.data.size(), b.out ? 1 : 0};
+      k.b[j] = {dev[j], b.data.size(), (int)(mf_kernel_writes(&k) >> j & 1u)};
     }
     EXPECT_EQ(gpu_->run(gpu_, &k, gpu_s_), MF_OK) << c.name << ": " << mf_last_error();
     for (size_t j = 0; j < c.b.size(); j++) {
@@ -210,30 +215,35 @@ class CudaOps : public CudaTwin<(size_t)256 << 20> {
     return mem;
   }
 
+  // Every operand the table says the kind writes, compared (in its alias's
+  // memory for an in-place operand) with the tolerance its case gives it.
   void check(const Case &c) {
     SCOPED_TRACE(c.name);
     auto want = run_cpu(c);
     auto got = run_gpu(c);
     auto again = run_gpu(c);
+    const mf_kernel_call k = call_of(c);
     int compared = 0;
     for (size_t j = 0; j < c.b.size(); j++) {
       const Buf &b = c.b[j];
-      if (!b.out) continue;
-      ASSERT_EQ(got[j].size(), b.data.size()) << "slot " << j;
-      ASSERT_EQ(again[j].size(), b.data.size()) << "slot " << j;
-      EXPECT_TRUE(got[j] == again[j]) << "slot " << j << ": two cuda runs differ (not deterministic)";
+      if (b.ty == NONE || !(mf_kernel_writes(&k) >> j & 1u)) continue;
+      const std::string what = std::string("operand ") + mf_kernel_info_of(c.kind)->b[j].name;
+      const size_t m = home(c, j);
+      ASSERT_EQ(got[m].size(), b.data.size()) << what;
+      ASSERT_EQ(again[m].size(), b.data.size()) << what;
+      EXPECT_TRUE(got[m] == again[m]) << what << ": two cuda runs differ (not deterministic)";
       compared++;
       if (b.ty == I32 || b.ty == I64) {
         size_t bad = 0, first = 0;
         for (size_t e = 0; e < b.data.size(); e += ty_size(b.ty))
-          if (memcmp(&got[j][e], &want[j][e], ty_size(b.ty)) != 0 && bad++ == 0) first = e / ty_size(b.ty);
-        EXPECT_EQ(bad, 0u) << "slot " << j << ": integer outputs differ, first at element " << first;
+          if (memcmp(&got[m][e], &want[m][e], ty_size(b.ty)) != 0 && bad++ == 0) first = e / ty_size(b.ty);
+        EXPECT_EQ(bad, 0u) << what << ": integer outputs differ, first at element " << first;
       } else {
-        double err = nmse(b, want[j], got[j]);
-        EXPECT_LE(err, b.tol) << "slot " << j << " (" << b.count() << " values): NMSE " << err;
+        double err = nmse(b, want[m], got[m]);
+        EXPECT_LE(err, b.tol) << what << " (" << b.count() << " values): NMSE " << err;
         if (b.tol == 0) {
-          EXPECT_EQ(memcmp(got[j].data(), want[j].data(), b.data.size()), 0)
-              << "slot " << j << ": expected identical bits";
+          EXPECT_EQ(memcmp(got[m].data(), want[m].data(), b.data.size()), 0)
+              << what << ": expected identical bits";
         }
       }
     }
@@ -254,7 +264,7 @@ TEST_F(CudaOps, Zero) {
   std::mt19937 rng(1);
   for (int64_t n : {1, 7, 100003}) {
     Case c{shape("zero", {n}), MF_K_ZERO};
-    c.b = {out_f32(uniform(rng, (size_t)n, -1, 1), 0)};
+    c.b = {f32(uniform(rng, (size_t)n, -1, 1), 0)};
     check(c);
   }
 }
@@ -266,12 +276,12 @@ TEST_F(CudaOps, EmbedFwdBwd) {
     for (int64_t V : {int64_t(1), int64_t(5), int64_t(1000)}) {
       auto ids = ints(rng, (size_t)T, 0, (int32_t)V - 1);  // V=1, 5: ids repeat
       Case f{shape("embed_fwd", {T, V, H}), MF_K_EMBED_FWD};
-      f.b = {in_i32(ids), in_f32(uniform(rng, (size_t)(V * H), -1, 1)), out_f32(nans((size_t)(T * H)), 0)};
+      f.b = {i32(ids), f32(uniform(rng, (size_t)(V * H), -1, 1)), f32(nans((size_t)(T * H)), 0)};
       f.i[0] = T, f.i[1] = V, f.i[2] = H;
       check(f);
       Case b{shape("embed_bwd", {T, V, H}), MF_K_EMBED_BWD};
-      b.b = {in_i32(ids), in_f32(uniform(rng, (size_t)(T * H), -1, 1)),
-             out_f32(uniform(rng, (size_t)(V * H), -1, 1), 0)};
+      b.b = {i32(ids), f32(uniform(rng, (size_t)(T * H), -1, 1)),
+             f32(uniform(rng, (size_t)(V * H), -1, 1), 0)};
       b.i[0] = T, b.i[1] = V, b.i[2] = H;
       check(b);
     }
@@ -283,15 +293,15 @@ TEST_F(CudaOps, RmsnormFwd) {
   for (auto &s : kShapes) {
     const int64_t R = s[0], C = s[1];
     Case c{shape("rmsnorm_fwd", {R, C}), MF_K_RMSNORM_FWD};
-    c.b = {in_f32(uniform(rng, (size_t)(R * C), -2, 2)), in_f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),
-           out_f32(nans((size_t)(R * C)), 1e-10), out_f32(nans((size_t)R), 1e-10)};
+    c.b = {f32(uniform(rng, (size_t)(R * C), -2, 2)), f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),
+           f32(nans((size_t)(R * C)), 1e-10), f32(nans((size_t)R), 1e-10)};
     c.i[0] = R, c.i[1] = C;
     c.f[0] = 1e-6;
     check(c);
     // In place: y is x.
     Case p{shape("rmsnorm_fwd in place", {R, C}), MF_K_RMSNORM_FWD};
-    p.b = {out_f32(uniform(rng, (size_t)(R * C), -2, 2), 1e-10), in_f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),
-           in_f32(nans((size_t)(R * C))), out_f32(nans((size_t)R), 1e-10)};
+    p.b = {f32(uniform(rng, (size_t)(R * C), -2, 2)), f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),
+           f32(nans((size_t)(R * C)), 1e-10), f32(nans((size_t)R), 1e-10)};
     p.b[2].alias = 0;
     p.i[0] = R, p.i[1] = C;
     p.f[0] = 1e-5;
@@ -305,12 +315,12 @@ TEST_F(CudaOps, RmsnormBwd) {
     for (int acc = 0; acc < 2; acc++) {
       const int64_t R = s[0], C = s[1];
       Case c{shape("rmsnorm_bwd", {R, C, acc}), MF_K_RMSNORM_BWD};
-      c.b = {in_f32(uniform(rng, (size_t)(R * C), -1, 1)),
-             in_f32(uniform(rng, (size_t)(R * C), -2, 2)),
-             in_f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),
-             in_f32(uniform(rng, (size_t)R, 0.5f, 2.0f)),
-             out_f32(acc ? uniform(rng, (size_t)(R * C), -1, 1) : nans((size_t)(R * C)), 1e-9),
-             out_f32(uniform(rng, (size_t)C, -1, 1), 1e-9)};
+      c.b = {f32(uniform(rng, (size_t)(R * C), -1, 1)),
+             f32(uniform(rng, (size_t)(R * C), -2, 2)),
+             f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),
+             f32(uniform(rng, (size_t)R, 0.5f, 2.0f)),
+             f32(acc ? uniform(rng, (size_t)(R * C), -1, 1) : nans((size_t)(R * C)), 1e-9),
+             f32(uniform(rng, (size_t)C, -1, 1), 1e-9)};
       c.i[0] = R, c.i[1] = C, c.i[2] = acc;
       check(c);
     }
@@ -380,8 +390,7 @@ TEST_F(CudaOps, RopeFwdBwd) {
       for (double theta : {10000.0, 1000000.0}) {
         Case c{shape(bwd ? "rope_bwd" : "rope_fwd", {T, nh, D, (int64_t)theta}),
                bwd ? MF_K_ROPE_BWD : MF_K_ROPE_FWD};
-        c.b = {out_f32(uniform(rng, (size_t)(T * nh * D), -2, 2), 1e-6),
-               in_i32(ints(rng, (size_t)T, 0, 511))};
+        c.b = {f32(uniform(rng, (size_t)(T * nh * D), -2, 2), 1e-6), i32(ints(rng, (size_t)T, 0, 511))};
         c.i[0] = T, c.i[1] = nh, c.i[2] = D;
         c.f[0] = theta;
         check(c);
@@ -397,12 +406,12 @@ TEST_F(CudaOps, SwigluFwdBwd) {
     if (n >= 3) g[0] = -100.0f, g[1] = 100.0f, g[2] = 0.0f;  // e^-g overflow / underflow
     auto u = uniform(rng, (size_t)n, -2, 2);
     Case f{shape("swiglu_fwd", {n}), MF_K_SWIGLU_FWD};
-    f.b = {in_f32(g), in_f32(u), out_f32(nans((size_t)n), 1e-10)};
+    f.b = {f32(g), f32(u), f32(nans((size_t)n), 1e-10)};
     f.i[0] = n;
     check(f);
     Case b{shape("swiglu_bwd", {n}), MF_K_SWIGLU_BWD};
-    b.b = {in_f32(g), in_f32(u), in_f32(uniform(rng, (size_t)n, -1, 1)), out_f32(nans((size_t)n), 1e-10),
-           out_f32(nans((size_t)n), 1e-10)};
+    b.b = {f32(g), f32(u), f32(uniform(rng, (size_t)n, -1, 1)), f32(nans((size_t)n), 1e-10),
+           f32(nans((size_t)n), 1e-10)};
     b.i[0] = n;
     check(b);
   }
@@ -415,12 +424,12 @@ TEST_F(CudaOps, SigmoidGateFwdBwd) {
     auto gl = uniform(rng, (size_t)R, -4, 4);
     auto x = uniform(rng, (size_t)(R * C), -1, 1);
     Case f{shape("sigmoid_gate_fwd", {R, C}), MF_K_SIGGATE_FWD};
-    f.b = {in_f32(gl), in_f32(x), out_f32(uniform(rng, (size_t)(R * C), -1, 1), 1e-10)};
+    f.b = {f32(gl), f32(x), f32(uniform(rng, (size_t)(R * C), -1, 1), 1e-10)};
     f.i[0] = R, f.i[1] = C;
     check(f);
     Case b{shape("sigmoid_gate_bwd", {R, C}), MF_K_SIGGATE_BWD};
-    b.b = {in_f32(gl), in_f32(x), in_f32(uniform(rng, (size_t)(R * C), -1, 1)),
-           out_f32(nans((size_t)(R * C)), 1e-10), out_f32(nans((size_t)R), 1e-9)};
+    b.b = {f32(gl), f32(x), f32(uniform(rng, (size_t)(R * C), -1, 1)), f32(nans((size_t)(R * C)), 1e-10),
+           f32(nans((size_t)R), 1e-9)};
     b.i[0] = R, b.i[1] = C;
     check(b);
   }
@@ -431,7 +440,7 @@ TEST_F(CudaOps, Add) {
   for (int64_t n : {1, 5, 262147}) {
     for (int fp32 = 0; fp32 < 2; fp32++) {
       Case c{shape("add", {n, fp32}), MF_K_ADD};
-      c.b = {in_f32(uniform(rng, (size_t)n, -1, 1)), out_f32(uniform(rng, (size_t)n, -1, 1), 0)};
+      c.b = {f32(uniform(rng, (size_t)n, -1, 1)), f32(uniform(rng, (size_t)n, -1, 1), 0)};
       c.i[0] = n, c.i[1] = fp32;
       check(c);
     }
@@ -465,8 +474,8 @@ TEST_F(CudaOps, RouterFwd) {
     const int64_t T = s[0], E = s[1], K = s[2];
     for (int norm = 0; norm < 2; norm++) {
       Case c{shape("router_fwd", {T, E, K, norm}), MF_K_ROUTER_FWD};
-      c.b = {in_f32(router_logits(rng, T, E)), out_f32(nans((size_t)(T * E)), 1e-10),
-             out_i32((size_t)(T * K)), out_f32(nans((size_t)(T * K)), 1e-10)};
+      c.b = {f32(router_logits(rng, T, E)), f32(nans((size_t)(T * E)), 1e-10), i32_unset((size_t)(T * K)),
+             f32(nans((size_t)(T * K)), 1e-10)};
       c.i[0] = T, c.i[1] = E, c.i[2] = K, c.i[3] = norm;
       check(c);
     }
@@ -483,15 +492,15 @@ TEST_F(CudaOps, RouterBwd) {
         auto logits = router_logits(rng, T, E);
         std::vector<float> probs((size_t)(T * E)), w((size_t)(T * K));
         std::vector<int32_t> idx((size_t)(T * K));
-        ASSERT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, norm, probs.data(), idx.data(), w.data()),
+        ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, norm, probs.data(), idx.data(), w.data(), &ctx),
                   MF_OK);
         Case c{shape("router_bwd", {T, E, K, norm, extra}), MF_K_ROUTER_BWD};
-        c.b = {in_f32(probs),
-               in_i32(idx),
-               in_f32(w),
-               in_f32(uniform(rng, (size_t)(T * K), -1, 1)),
-               extra ? in_f32(uniform(rng, (size_t)(T * E), -0.1f, 0.1f)) : absent(),
-               out_f32(nans((size_t)(T * E)), 1e-9)};
+        c.b = {f32(probs),
+               i32(idx),
+               f32(w),
+               f32(uniform(rng, (size_t)(T * K), -1, 1)),
+               extra ? f32(uniform(rng, (size_t)(T * E), -0.1f, 0.1f)) : absent(),
+               f32(nans((size_t)(T * E)), 1e-9)};
         c.i[0] = T, c.i[1] = E, c.i[2] = K, c.i[3] = norm;
         check(c);
       }
@@ -526,17 +535,17 @@ TEST_F(CudaOps, MoeDispatch) {
   for (auto &s : kMoe) {
     const int64_t T = s[0], E = s[1], K = s[2];
     Case c{shape("moe_dispatch", {T, K, E}), MF_K_MOE_DISPATCH};
-    c.b = {in_i32(topk_ids(rng, T, E, K)), out_i64(std::vector<int64_t>((size_t)E, -7)),
-           out_i64(std::vector<int64_t>((size_t)E + 1, -7)), out_i32((size_t)(T * K)),
-           out_i32((size_t)(T * K))};
+    c.b = {i32(topk_ids(rng, T, E, K)), i64(std::vector<int64_t>((size_t)E, -7)),
+           i64(std::vector<int64_t>((size_t)E + 1, -7)), i32_unset((size_t)(T * K)),
+           i32_unset((size_t)(T * K))};
     c.i[0] = T, c.i[1] = K, c.i[2] = E;
     check(c);
   }
   // Every token to one expert: one expert owns every row.
   Case one{"moe_dispatch all to expert 2", MF_K_MOE_DISPATCH};
   const int64_t T = 700, K = 1, E = 4;
-  one.b = {in_i32(std::vector<int32_t>((size_t)T, 2)), out_i64(std::vector<int64_t>((size_t)E, -7)),
-           out_i64(std::vector<int64_t>((size_t)E + 1, -7)), out_i32((size_t)T), out_i32((size_t)T)};
+  one.b = {i32(std::vector<int32_t>((size_t)T, 2)), i64(std::vector<int64_t>((size_t)E, -7)),
+           i64(std::vector<int64_t>((size_t)E + 1, -7)), i32_unset((size_t)T), i32_unset((size_t)T)};
   one.i[0] = T, one.i[1] = K, one.i[2] = E;
   check(one);
 }
@@ -550,14 +559,13 @@ TEST_F(CudaOps, MoeGatherAndBwd) {
     Routing rt = routing(rng, T, E, K);
     for (int64_t H : kHidden) {
       Case g{shape("moe_gather", {R, H}), MF_K_MOE_GATHER};
-      g.b = {in_f32(uniform(rng, (size_t)(T * H), -1, 1)), in_i32(rt.token_of_row),
-             out_f32(nans((size_t)(R * H)), 0)};
+      g.b = {f32(uniform(rng, (size_t)(T * H), -1, 1)), i32(rt.token_of_row), f32(nans((size_t)(R * H)), 0)};
       g.i[0] = R, g.i[1] = H;
       check(g);
       for (int acc = 0; acc < 2; acc++) {
         Case b{shape("moe_gather_bwd", {T, K, H, acc}), MF_K_MOE_GATHER_BWD};
-        b.b = {in_f32(uniform(rng, (size_t)(R * H), -1, 1)), in_i32(rt.row_of),
-               out_f32(acc ? uniform(rng, (size_t)(T * H), -1, 1) : nans((size_t)(T * H)), 0)};
+        b.b = {f32(uniform(rng, (size_t)(R * H), -1, 1)), i32(rt.row_of),
+               f32(acc ? uniform(rng, (size_t)(T * H), -1, 1) : nans((size_t)(T * H)), 0)};
         b.i[0] = T, b.i[1] = K, b.i[2] = H, b.i[3] = acc;
         check(b);
       }
@@ -574,16 +582,16 @@ TEST_F(CudaOps, MoeCombineAndBwd) {
       auto ye = uniform(rng, (size_t)(R * H), -1, 1);
       auto w = uniform(rng, (size_t)(T * K), 0, 1);
       Case c{shape("moe_combine", {T, K, H}), MF_K_MOE_COMBINE};
-      c.b = {in_f32(ye), in_f32(w), in_i32(rt.row_of), out_f32(uniform(rng, (size_t)(T * H), -1, 1), 1e-10)};
+      c.b = {f32(ye), f32(w), i32(rt.row_of), f32(uniform(rng, (size_t)(T * H), -1, 1), 1e-10)};
       c.i[0] = T, c.i[1] = K, c.i[2] = H;
       check(c);
       Case b{shape("moe_combine_bwd", {T, K, H}), MF_K_MOE_COMBINE_BWD};
-      b.b = {in_f32(uniform(rng, (size_t)(T * H), -1, 1)),
-             in_f32(ye),
-             in_f32(w),
-             in_i32(rt.row_of),
-             out_f32(nans((size_t)(R * H)), 0),
-             out_f32(nans((size_t)(T * K)), 1e-9)};
+      b.b = {f32(uniform(rng, (size_t)(T * H), -1, 1)),
+             f32(ye),
+             f32(w),
+             i32(rt.row_of),
+             f32(nans((size_t)(R * H)), 0),
+             f32(nans((size_t)(T * K)), 1e-9)};
       b.i[0] = T, b.i[1] = K, b.i[2] = H;
       check(b);
     }
@@ -598,25 +606,25 @@ TEST_F(CudaOps, AuxLoss) {
     auto logits = router_logits(rng, T, E);
     std::vector<float> probs((size_t)(T * E)), w((size_t)(T * K));
     std::vector<int32_t> idx((size_t)(T * K));
-    ASSERT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, 1, probs.data(), idx.data(), w.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, 1, probs.data(), idx.data(), w.data(), &ctx), MF_OK);
     std::vector<int64_t> counts0((size_t)E);
     std::vector<double> psum0((size_t)E);
     for (auto &v : counts0) v = std::uniform_int_distribution<int64_t>(0, 1000)(rng);
     for (auto &v : psum0) v = std::uniform_real_distribution<double>(0, 100)(rng);
 
     Case a{shape("aux_accumulate", {T, E, K}), MF_K_AUX_ACCUMULATE};
-    a.b = {in_f32(probs), in_i32(idx), out_i64(counts0), out_f64(psum0, 1e-24)};
+    a.b = {f32(probs), i32(idx), i64(counts0), f64(psum0, 1e-24)};
     a.i[0] = T, a.i[1] = E, a.i[2] = K;
     check(a);
 
     const int64_t n_rows = 3 * T + 1;
     Case v{shape("aux_value", {E, n_rows}), MF_K_AUX_VALUE};
-    v.b = {in_i64(counts0), in_f64(psum0), out_f64({std::nan("")}, 1e-24)};
+    v.b = {i64(counts0), f64(psum0), f64({std::nan("")}, 1e-24)};
     v.i[0] = E, v.i[1] = n_rows;
     check(v);
 
     Case g{shape("aux_grad", {E, n_rows, T}), MF_K_AUX_GRAD};
-    g.b = {in_i64(counts0), out_f32(nans((size_t)(T * E)), 1e-20)};
+    g.b = {i64(counts0), f32(nans((size_t)(T * E)), 1e-20)};
     g.i[0] = E, g.i[1] = n_rows, g.i[2] = T;
     g.f[0] = 0.01;
     check(g);

@@ -99,18 +99,17 @@ Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec 
   Result r;
   r.o.assign(sh.nq(), NAN);
   r.lse.assign(sh.nlse(), NAN);
-  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, scale,
-                                 r.o.data(), r.lse.data()),
+  EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.o.data(),
+                            r.lse.data(), &ctx),
             MF_OK)
       << mf_last_error();
   if (dout) {
     r.dq.assign(sh.nq(), NAN);
     r.dk.assign(sh.nkv(), NAN);
     r.dv.assign(sh.nkv(), NAN);
-    EXPECT_EQ(
-        mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B,
-                             sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.dq.data(), r.dk.data(), r.dv.data()),
-        MF_OK)
+    EXPECT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B,
+                              sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.dq.data(), r.dk.data(), r.dv.data(), &ctx),
+              MF_OK)
         << mf_last_error();
   }
   return r;
@@ -188,8 +187,8 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
     Vec o(sh.nq()), lse(sh.nlse());
     mf_kctx ctx = {nullptr, 0};
     auto loss = [&]() {
-      EXPECT_EQ(mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D,
-                                     sh.scale(), o.data(), lse.data()),
+      EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(),
+                                o.data(), lse.data(), &ctx),
                 MF_OK);
       return mf_fd::dot(c, o.data());
     };
@@ -286,10 +285,9 @@ TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
   // The backward reads the rounded o, so compare it with an exact backward from that same o.
   Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
   mf_kctx ctx = {nullptr, 0};
-  ASSERT_EQ(
-      mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B,
-                           sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data()),
-      MF_OK);
+  ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B, sh.S,
+                            sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx),
+            MF_OK);
   check("dq", r.dq, dq);
   check("dk", r.dk, dk);
   check("dv", r.dv, dv);
@@ -360,18 +358,18 @@ TEST(Attention, LargeHeadDimsWorkAndTooLargeIsRefused) {
   const int64_t D = 520;
   Vec big(D, 0.5f), o(D, 7.0f), lse(1, 7.0f), g(D);
   mf_kctx ctx = {nullptr, 0};
-  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 1.0f, o.data(),
-                                 lse.data()),
-            MF_ERR_UNSUPPORTED);
+  EXPECT_EQ(
+      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 1.0f, o.data(), lse.data(), &ctx),
+      MF_ERR_UNSUPPORTED);
   EXPECT_NE(std::strstr(mf_last_error(), "D=520"), nullptr) << mf_last_error();
   EXPECT_EQ(o[0], 7.0f);
   EXPECT_EQ(lse[0], 7.0f);
-  EXPECT_EQ(mf_cpu_attention_bwd(&ctx, big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(),
-                                 1, 1, 1, 1, D, 1.0f, g.data(), g.data(), g.data()),
+  EXPECT_EQ(mf_cpu_attn_bwd(big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1, 1,
+                            1, D, 1.0f, g.data(), g.data(), g.data(), &ctx),
             MF_ERR_UNSUPPORTED);
-  EXPECT_EQ(mf_cpu_attention_fwd(&ctx, big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(),
-                                 lse.data()),
-            MF_ERR_INVALID_ARG);
+  EXPECT_EQ(
+      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(), lse.data(), &ctx),
+      MF_ERR_INVALID_ARG);
 }
 
 // Not run by default: bazel test ... --test_arg=--gtest_also_run_disabled_tests
@@ -389,11 +387,11 @@ TEST(Attention, DISABLED_Throughput) {
       double tf = 1e30, tb = 1e30;
       for (int rep = 0; rep < 5; rep++) {
         double t0 = mf_time_now();
-        mf_cpu_attention_fwd(&ctx, q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(),
-                             o.data(), lse.data());
+        mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), o.data(),
+                        lse.data(), &ctx);
         double t1 = mf_time_now();
-        mf_cpu_attention_bwd(&ctx, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B,
-                             sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data());
+        mf_cpu_attn_bwd(q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B, sh.S, sh.Hq,
+                        sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx);
         double t2 = mf_time_now();
         tf = std::min(tf, t1 - t0);
         tb = std::min(tb, t2 - t1);

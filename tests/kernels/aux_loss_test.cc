@@ -43,7 +43,9 @@ TEST(AuxLoss, EqualsKUnderUniformRouting) {
     std::vector<double> psum((size_t)E, 0.0);
     for (int layer = 0; layer < 3; layer++)
       ASSERT_EQ(mf_cpu_aux_accumulate(probs.data(), idx.data(), T, E, K, counts.data(), psum.data()), MF_OK);
-    EXPECT_NEAR(mf_cpu_aux_value(counts.data(), psum.data(), E, 3 * T), (double)K, 1e-6) << "K=" << K;
+    double aux = NAN;
+    ASSERT_EQ(mf_cpu_aux_value(counts.data(), psum.data(), E, 3 * T, &aux), MF_OK);
+    EXPECT_NEAR(aux, (double)K, 1e-6) << "K=" << K;
   }
 }
 
@@ -61,8 +63,8 @@ Layers route_layers(int64_t L, int64_t T, int64_t E, int64_t K, uint32_t seed) {
     ls.probs.emplace_back((size_t)(T * E));
     ls.w.emplace_back((size_t)(T * K));
     ls.idx.emplace_back((size_t)(T * K));
-    EXPECT_EQ(mf_cpu_router_fwd(&ctx, ls.logits.back().data(), T, E, K, 1, ls.probs.back().data(),
-                                ls.idx.back().data(), ls.w.back().data()),
+    EXPECT_EQ(mf_cpu_router_fwd(ls.logits.back().data(), T, E, K, 1, ls.probs.back().data(),
+                                ls.idx.back().data(), ls.w.back().data(), &ctx),
               MF_OK);
   }
   return ls;
@@ -76,7 +78,9 @@ double pooled_aux(const Layers &ls, std::vector<int64_t> *counts_out = nullptr) 
                                     counts.data(), psum.data()),
               MF_OK);
   if (counts_out) *counts_out = counts;
-  return mf_cpu_aux_value(counts.data(), psum.data(), ls.E, ls.L * ls.T);
+  double aux = NAN;
+  EXPECT_EQ(mf_cpu_aux_value(counts.data(), psum.data(), ls.E, ls.L * ls.T, &aux), MF_OK);
+  return aux;
 }
 
 TEST(AuxLoss, MatchesTheDirectFormulaPooledOverLayers) {
@@ -99,7 +103,9 @@ TEST(AuxLoss, MatchesTheDirectFormulaPooledOverLayers) {
 TEST(AuxLoss, NoRowsIsZero) {
   std::vector<int64_t> counts(4, 0);
   std::vector<double> psum(4, 0.0);
-  EXPECT_EQ(mf_cpu_aux_value(counts.data(), psum.data(), 4, 0), 0.0);
+  double aux = NAN;
+  EXPECT_EQ(mf_cpu_aux_value(counts.data(), psum.data(), 4, 0, &aux), MF_OK);
+  EXPECT_EQ(aux, 0.0);
   EXPECT_EQ(mf_cpu_aux_accumulate(nullptr, nullptr, 0, 4, 2, counts.data(), psum.data()), MF_OK);
   std::vector<int32_t> bad = {0, 4};
   std::vector<float> p(4, 0.25f);
@@ -145,8 +151,8 @@ TEST(AuxLoss, GradientThroughTheRouterMatchesFiniteDifferences) {
   mf_kctx ctx = {nullptr, 0};
   auto forward = [&]() {
     for (int64_t l = 0; l < L; l++)
-      mf_cpu_router_fwd(&ctx, ls.logits[(size_t)l].data(), T, E, K, 1, ls.probs[(size_t)l].data(),
-                        ls.idx[(size_t)l].data(), ls.w[(size_t)l].data());
+      mf_cpu_router_fwd(ls.logits[(size_t)l].data(), T, E, K, 1, ls.probs[(size_t)l].data(),
+                        ls.idx[(size_t)l].data(), ls.w[(size_t)l].data(), &ctx);
   };
   forward();
   std::vector<int64_t> counts;
@@ -156,8 +162,8 @@ TEST(AuxLoss, GradientThroughTheRouterMatchesFiniteDifferences) {
   ASSERT_EQ(mf_cpu_aux_grad(counts.data(), E, L * T, coef, T, dp.data()), MF_OK);
   for (int64_t l = 0; l < L; l++) {
     std::vector<float> dl((size_t)(T * E));
-    ASSERT_EQ(mf_cpu_router_bwd(&ctx, ls.probs[(size_t)l].data(), ls.idx[(size_t)l].data(),
-                                ls.w[(size_t)l].data(), zeros.data(), dp.data(), T, E, K, 1, dl.data()),
+    ASSERT_EQ(mf_cpu_router_bwd(ls.probs[(size_t)l].data(), ls.idx[(size_t)l].data(), ls.w[(size_t)l].data(),
+                                zeros.data(), dp.data(), T, E, K, 1, dl.data(), &ctx),
               MF_OK);
     auto loss = [&]() {
       forward();

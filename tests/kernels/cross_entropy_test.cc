@@ -52,10 +52,14 @@ Result run(const mf_kctx &ctx, const Problem &p, int64_t chunk, float scale, boo
     r.dh.assign((size_t)(p.T * p.H), NAN);  // written: must not be read
     r.dW = dW0 ? *dW0 : std::vector<float>((size_t)(p.V * p.H), 0.0f);
   }
-  EXPECT_EQ(mf_cpu_cross_entropy(&ctx, p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, chunk, scale,
-                                 ws.data(), r.lse.data(), &r.loss, &r.n_valid,
-                                 backward ? r.dh.data() : nullptr, backward ? r.dW.data() : nullptr),
+  double scalars[2] = {NAN, NAN};  // {loss_sum, n_valid}: written
+  EXPECT_EQ(mf_cpu_cross_entropy(p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, chunk, scale,
+                                 ws.data(), r.lse.data(), scalars, backward ? r.dh.data() : nullptr,
+                                 backward ? r.dW.data() : nullptr, &ctx),
             MF_OK);
+  r.loss = scalars[0];
+  r.n_valid = (int64_t)scalars[1];
+  EXPECT_EQ((double)r.n_valid, scalars[1]);
   return r;
 }
 
@@ -209,10 +213,9 @@ TEST(CrossEntropy, AllIgnoredAndBadTargets) {
 
   p.target[2] = 10;  // == V
   std::vector<float> ws((size_t)(p.T * 4)), lse((size_t)p.T);
-  double loss = 0;
-  int64_t nv = 0;
-  EXPECT_EQ(mf_cpu_cross_entropy(&ctx, p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, 4, 1.0f,
-                                 ws.data(), lse.data(), &loss, &nv, nullptr, nullptr),
+  double scalars[2];
+  EXPECT_EQ(mf_cpu_cross_entropy(p.h.data(), p.W.data(), p.target.data(), p.T, p.V, p.H, 4, 1.0f, ws.data(),
+                                 lse.data(), scalars, nullptr, nullptr, &ctx),
             MF_ERR_INVALID_ARG);
 }
 

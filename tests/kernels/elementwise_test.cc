@@ -31,8 +31,8 @@ TEST(SwiGlu, ForwardAndBackwardMatchDoubleReference) {
     SCOPED_TRACE(n);
     auto g = spread_vec(n, 1), u = random_vec(n, 2), dact = random_vec(n, 3);
     vector<float> act(n, NAN), dg(n, NAN), du(n, NAN);
-    ASSERT_EQ(mf_cpu_swiglu_fwd(&ctx, g.data(), u.data(), n, act.data()), MF_OK);
-    ASSERT_EQ(mf_cpu_swiglu_bwd(&ctx, g.data(), u.data(), dact.data(), n, dg.data(), du.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_swiglu_fwd(g.data(), u.data(), n, act.data(), &ctx), MF_OK);
+    ASSERT_EQ(mf_cpu_swiglu_bwd(g.data(), u.data(), dact.data(), n, dg.data(), du.data(), &ctx), MF_OK);
     for (int64_t i = 0; i < n; i++) {
       double s = sigmoid(g[i]), sl = silu(g[i]);
       double ds = s * (1 + g[i] * (1 - s));
@@ -50,7 +50,7 @@ TEST(SwiGlu, GradientsMatchFiniteDifferences) {
   const int64_t n = 200;
   auto g = spread_vec(n, 11), u = random_vec(n, 12), c = random_vec(n, 13);
   vector<float> dg(n), du(n);
-  ASSERT_EQ(mf_cpu_swiglu_bwd(&ctx, g.data(), u.data(), c.data(), n, dg.data(), du.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_swiglu_bwd(g.data(), u.data(), c.data(), n, dg.data(), du.data(), &ctx), MF_OK);
   auto loss = [&]() {
     double L = 0;
     for (int64_t i = 0; i < n; i++) L += c[i] * silu(g[i]) * u[i];
@@ -65,8 +65,8 @@ TEST(SwiGlu, LargeGateIsFinite) {
   vector<float> g = {100.0f, -100.0f, 88.0f, -88.0f, 89.0f, -89.0f, 1e4f, -1e4f, 1e30f, -1e30f, 0.0f, -0.0f};
   const int64_t n = (int64_t)g.size();
   vector<float> u(n, 2.0f), dact(n, 3.0f), act(n), dg(n), du(n);
-  ASSERT_EQ(mf_cpu_swiglu_fwd(&ctx, g.data(), u.data(), n, act.data()), MF_OK);
-  ASSERT_EQ(mf_cpu_swiglu_bwd(&ctx, g.data(), u.data(), dact.data(), n, dg.data(), du.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_swiglu_fwd(g.data(), u.data(), n, act.data(), &ctx), MF_OK);
+  ASSERT_EQ(mf_cpu_swiglu_bwd(g.data(), u.data(), dact.data(), n, dg.data(), du.data(), &ctx), MF_OK);
   for (int64_t i = 0; i < n; i++) {
     EXPECT_TRUE(std::isfinite(act[i]) && std::isfinite(dg[i]) && std::isfinite(du[i]))
         << "g=" << g[i] << ": " << act[i] << " " << dg[i] << " " << du[i];
@@ -93,8 +93,9 @@ TEST(SigmoidGate, ForwardAddsAndBackwardMatchesReference) {
     auto gl = spread_vec(s.R, 1), x = random_vec(s.R * s.C, 2), dy = random_vec(s.R * s.C, 3);
     auto y0 = random_vec(s.R * s.C, 4), y = y0;
     vector<float> dx(s.R * s.C, NAN), dgl(s.R, NAN);
-    ASSERT_EQ(mf_cpu_sigmoid_gate_fwd(&ctx, gl.data(), x.data(), s.R, s.C, y.data()), MF_OK);
-    ASSERT_EQ(mf_cpu_sigmoid_gate_bwd(&ctx, gl.data(), x.data(), dy.data(), s.R, s.C, dx.data(), dgl.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_sigmoid_gate_fwd(gl.data(), x.data(), s.R, s.C, y.data(), &ctx), MF_OK);
+    ASSERT_EQ(mf_cpu_sigmoid_gate_bwd(gl.data(), x.data(), dy.data(), s.R, s.C, dx.data(), dgl.data(), &ctx),
+              MF_OK);
     for (int64_t r = 0; r < s.R; r++) {
       double sg = sigmoid(gl[r]), dot = 0, mag = 0;
       for (int64_t c = 0; c < s.C; c++) {
@@ -116,7 +117,7 @@ TEST(SigmoidGate, GradientsMatchFiniteDifferences) {
   const int64_t R = 6, C = 37;
   auto gl = spread_vec(R, 21), x = random_vec(R * C, 22), c = random_vec(R * C, 23);
   vector<float> dx(R * C), dgl(R);
-  ASSERT_EQ(mf_cpu_sigmoid_gate_bwd(&ctx, gl.data(), x.data(), c.data(), R, C, dx.data(), dgl.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_sigmoid_gate_bwd(gl.data(), x.data(), c.data(), R, C, dx.data(), dgl.data(), &ctx), MF_OK);
   auto loss = [&]() {
     double L = 0;
     for (int64_t r = 0; r < R; r++)
@@ -133,8 +134,8 @@ TEST(SigmoidGate, ForwardIsAdded) {
   const int64_t R = 9, C = 21;
   auto gl = spread_vec(R, 31), x = random_vec(R * C, 32), y0 = random_vec(R * C, 33), y = y0;
   vector<float> z(R * C, 0.0f);
-  mf_cpu_sigmoid_gate_fwd(&ctx, gl.data(), x.data(), R, C, y.data());
-  mf_cpu_sigmoid_gate_fwd(&ctx, gl.data(), x.data(), R, C, z.data());
+  mf_cpu_sigmoid_gate_fwd(gl.data(), x.data(), R, C, y.data(), &ctx);
+  mf_cpu_sigmoid_gate_fwd(gl.data(), x.data(), R, C, z.data(), &ctx);
   for (int64_t i = 0; i < R * C; i++) ASSERT_EQ(y[i], y0[i] + z[i]) << i;
 }
 
@@ -144,7 +145,7 @@ TEST(Add, AddsExactly) {
   mf_kctx ctx = {nullptr, 0};
   for (int64_t n : {1, 3, 4097, 100003}) {
     auto x = random_vec(n, 41), y0 = random_vec(n, 42), y = y0;
-    ASSERT_EQ(mf_cpu_add(&ctx, x.data(), n, y.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_add(x.data(), n, y.data(), &ctx), MF_OK);
     for (int64_t i = 0; i < n; i++) ASSERT_EQ(y[i], y0[i] + x[i]) << i;
   }
 }
@@ -162,14 +163,15 @@ Outs run_all(mf_threadpool *pool, int round_bf16) {
   auto gl = spread_vec(R, 54), x = random_vec(R * C, 55), dy = random_vec(R * C, 56);
   Outs o;
   o.act.assign(n, NAN), o.dg.assign(n, NAN), o.du.assign(n, NAN);
-  EXPECT_EQ(mf_cpu_swiglu_fwd(&ctx, g.data(), u.data(), n, o.act.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_swiglu_bwd(&ctx, g.data(), u.data(), dact.data(), n, o.dg.data(), o.du.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_swiglu_fwd(g.data(), u.data(), n, o.act.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_swiglu_bwd(g.data(), u.data(), dact.data(), n, o.dg.data(), o.du.data(), &ctx), MF_OK);
   o.gy = random_vec(R * C, 57);
   o.gdx.assign(R * C, NAN), o.gdgl.assign(R, NAN);
-  EXPECT_EQ(mf_cpu_sigmoid_gate_fwd(&ctx, gl.data(), x.data(), R, C, o.gy.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_sigmoid_gate_bwd(&ctx, gl.data(), x.data(), dy.data(), R, C, o.gdx.data(), o.gdgl.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_sigmoid_gate_fwd(gl.data(), x.data(), R, C, o.gy.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_sigmoid_gate_bwd(gl.data(), x.data(), dy.data(), R, C, o.gdx.data(), o.gdgl.data(), &ctx),
+            MF_OK);
   o.ay = random_vec(n, 58);
-  EXPECT_EQ(mf_cpu_add(&ctx, u.data(), n, o.ay.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_add(u.data(), n, o.ay.data(), &ctx), MF_OK);
   return o;
 }
 
@@ -203,16 +205,18 @@ TEST(Elementwise, RoundBf16RoundsEveryActivationOutputOnce) {
 TEST(Elementwise, EmptyInputsTouchNothing) {
   mf_kctx ctx = {nullptr, 0};
   vector<float> a(4, 1.0f), out(4, 7.0f), out2(4, 7.0f);
-  EXPECT_EQ(mf_cpu_swiglu_fwd(&ctx, a.data(), a.data(), 0, out.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_swiglu_bwd(&ctx, a.data(), a.data(), a.data(), 0, out.data(), out2.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_sigmoid_gate_fwd(&ctx, a.data(), a.data(), 0, 4, out.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_sigmoid_gate_bwd(&ctx, a.data(), a.data(), a.data(), 0, 4, out.data(), out2.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_add(&ctx, a.data(), 0, out.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_swiglu_fwd(a.data(), a.data(), 0, out.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_swiglu_bwd(a.data(), a.data(), a.data(), 0, out.data(), out2.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_sigmoid_gate_fwd(a.data(), a.data(), 0, 4, out.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_sigmoid_gate_bwd(a.data(), a.data(), a.data(), 0, 4, out.data(), out2.data(), &ctx),
+            MF_OK);
+  EXPECT_EQ(mf_cpu_add(a.data(), 0, out.data(), &ctx), MF_OK);
   for (float v : out) EXPECT_EQ(v, 7.0f);
   for (float v : out2) EXPECT_EQ(v, 7.0f);
   // C = 0: the gate's dgl is an empty dot product, 0.
   vector<float> gl = {0.5f, -2.0f}, dgl(2, NAN);
-  EXPECT_EQ(mf_cpu_sigmoid_gate_bwd(&ctx, gl.data(), a.data(), a.data(), 2, 0, out.data(), dgl.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_sigmoid_gate_bwd(gl.data(), a.data(), a.data(), 2, 0, out.data(), dgl.data(), &ctx),
+            MF_OK);
   EXPECT_EQ(dgl[0], 0.0f);
   EXPECT_EQ(dgl[1], 0.0f);
 }

@@ -1,4 +1,4 @@
-// kernels/cpu embedding.c: mf_cpu_embedding_fwd / _bwd: exact gathers, the
+// kernels/cpu embedding.c: mf_cpu_embed_fwd / _bwd: exact gathers, the
 // gradient summed in token order, finite differences, thread-count invariance
 // with repeated ids, bf16 rounding and edge shapes.
 #include <gtest/gtest.h>
@@ -41,7 +41,7 @@ TEST(Embedding, ForwardCopiesRows) {
     auto table = random_vec(s.V * s.H, 1);
     auto ids = random_ids(s.T, s.V, 2);
     vector<float> out(s.T * s.H, NAN);
-    ASSERT_EQ(mf_cpu_embedding_fwd(&ctx, ids.data(), s.T, table.data(), s.V, s.H, out.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_embed_fwd(ids.data(), s.T, table.data(), s.V, s.H, out.data(), &ctx), MF_OK);
     for (int64_t t = 0; t < s.T; t++)
       ASSERT_EQ(0, memcmp(&out[t * s.H], &table[ids[t] * s.H], s.H * sizeof(float))) << t;
   }
@@ -63,7 +63,7 @@ TEST(Embedding, BackwardSumsTokensInOrder) {
         ref[ids[t] * s.H + c] += dout[t * s.H + c];
         mag[ids[t] * s.H + c] += std::fabs(dout[t * s.H + c]);
       }
-    ASSERT_EQ(mf_cpu_embedding_bwd(&ctx, ids.data(), s.T, dout.data(), s.V, s.H, dtable.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_embed_bwd(ids.data(), s.T, dout.data(), s.V, s.H, dtable.data(), &ctx), MF_OK);
     EXPECT_TRUE(same_bits(dtable, expect));
     for (size_t i = 0; i < dtable.size(); i++)
       ASSERT_NEAR(dtable[i], ref[i], 1e-6 * (mag[i] + std::fabs(ref[i])) + 1e-30) << i;
@@ -76,7 +76,7 @@ TEST(Embedding, GradientMatchesFiniteDifferences) {
   auto table = random_vec(s.V * s.H, 11), c = random_vec(s.T * s.H, 12);
   auto ids = random_ids(s.T, s.V, 13);
   vector<float> dtable(table.size(), 0.0f);
-  ASSERT_EQ(mf_cpu_embedding_bwd(&ctx, ids.data(), s.T, c.data(), s.V, s.H, dtable.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_embed_bwd(ids.data(), s.T, c.data(), s.V, s.H, dtable.data(), &ctx), MF_OK);
   auto loss = [&]() {
     double L = 0;
     for (int64_t t = 0; t < s.T; t++)
@@ -96,8 +96,8 @@ TEST(Embedding, BitIdenticalForAnyThreadCount) {
       mf_kctx ctx = {p, 0};
       out->assign(s.T * s.H, NAN);
       *dtable = random_vec(s.V * s.H, 24);
-      EXPECT_EQ(mf_cpu_embedding_fwd(&ctx, ids.data(), s.T, table.data(), s.V, s.H, out->data()), MF_OK);
-      EXPECT_EQ(mf_cpu_embedding_bwd(&ctx, ids.data(), s.T, dout.data(), s.V, s.H, dtable->data()), MF_OK);
+      EXPECT_EQ(mf_cpu_embed_fwd(ids.data(), s.T, table.data(), s.V, s.H, out->data(), &ctx), MF_OK);
+      EXPECT_EQ(mf_cpu_embed_bwd(ids.data(), s.T, dout.data(), s.V, s.H, dtable->data(), &ctx), MF_OK);
     };
     vector<float> out0, dt0;
     run(nullptr, &out0, &dt0);
@@ -117,15 +117,15 @@ TEST(Embedding, RoundBf16RoundsTheOutputOnly) {
   auto table = random_vec(s.V * s.H, 31), dout = random_vec(s.T * s.H, 32);
   auto ids = random_ids(s.T, s.V, 33);
   vector<float> out(s.T * s.H), dt_f(s.V * s.H, 0.0f), dt_r(s.V * s.H, 0.0f);
-  ASSERT_EQ(mf_cpu_embedding_fwd(&r, ids.data(), s.T, table.data(), s.V, s.H, out.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_embed_fwd(ids.data(), s.T, table.data(), s.V, s.H, out.data(), &r), MF_OK);
   for (int64_t t = 0; t < s.T; t++)
     for (int64_t c = 0; c < s.H; c++) {
       float v = table[ids[t] * s.H + c];
       ASSERT_EQ(out[t * s.H + c], mf_round_to_bf16(v));
       ASSERT_LE(std::fabs(out[t * s.H + c] - v), std::ldexp(std::fabs(v), -8));
     }
-  mf_cpu_embedding_bwd(&f, ids.data(), s.T, dout.data(), s.V, s.H, dt_f.data());
-  mf_cpu_embedding_bwd(&r, ids.data(), s.T, dout.data(), s.V, s.H, dt_r.data());
+  mf_cpu_embed_bwd(ids.data(), s.T, dout.data(), s.V, s.H, dt_f.data(), &f);
+  mf_cpu_embed_bwd(ids.data(), s.T, dout.data(), s.V, s.H, dt_r.data(), &r);
   EXPECT_TRUE(same_bits(dt_f, dt_r)) << "dtable is a weight gradient: fp32";
 }
 
@@ -133,12 +133,12 @@ TEST(Embedding, EmptyAndUnusedRows) {
   mf_kctx ctx = {nullptr, 0};
   vector<float> table(12, 1.0f), out(12, 7.0f), dt(12, 7.0f), dout(12, 1.0f);
   vector<int32_t> ids = {2, 2, 2};
-  EXPECT_EQ(mf_cpu_embedding_fwd(&ctx, ids.data(), 0, table.data(), 3, 4, out.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_embedding_bwd(&ctx, ids.data(), 0, dout.data(), 3, 4, dt.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_embed_fwd(ids.data(), 0, table.data(), 3, 4, out.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_embed_bwd(ids.data(), 0, dout.data(), 3, 4, dt.data(), &ctx), MF_OK);
   for (float v : out) EXPECT_EQ(v, 7.0f);
   for (float v : dt) EXPECT_EQ(v, 7.0f);
   // Rows no token uses keep their gradient.
-  EXPECT_EQ(mf_cpu_embedding_bwd(&ctx, ids.data(), 3, dout.data(), 3, 4, dt.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_embed_bwd(ids.data(), 3, dout.data(), 3, 4, dt.data(), &ctx), MF_OK);
   for (int i = 0; i < 8; i++) EXPECT_EQ(dt[i], 7.0f);
   for (int i = 8; i < 12; i++) EXPECT_EQ(dt[i], 10.0f);
 }

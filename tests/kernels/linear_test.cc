@@ -68,7 +68,7 @@ TEST(Linear, ForwardMatchesDoubleReference) {
     for (int with_bias = 0; with_bias < 2; with_bias++) {
       const float *bp = with_bias ? b.data() : nullptr;
       vector<float> y(s.M * s.N, NAN);
-      ASSERT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), bp, s.M, s.N, s.K, y.data(), 0), MF_OK);
+      ASSERT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), bp, s.M, s.N, s.K, y.data(), 0, &ctx), MF_OK);
       expect_close_to_ref("y", y, ref_fwd(x, W, bp, s), fwd_magnitude(x, W, bp, s));
     }
   }
@@ -89,7 +89,7 @@ TEST(Linear, SummationOrderIsFixed) {
       acc += b[n];
       expect[m * s.N + n] = y[m * s.N + n] + acc;
     }
-  ASSERT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 1), MF_OK);
+  ASSERT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 1, &ctx), MF_OK);
   EXPECT_TRUE(same_bits(y, expect));
 }
 
@@ -99,8 +99,9 @@ TEST(Linear, BackwardMatchesDoubleReference) {
     SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K);
     auto x = random_vec(s.M * s.K, 11), W = random_vec(s.N * s.K, 12), dy = random_vec(s.M * s.N, 13);
     vector<float> dx(s.M * s.K, NAN), dW(s.N * s.K, 0.0f), db(s.N, 0.0f);
-    ASSERT_EQ(mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0), MF_OK);
-    ASSERT_EQ(mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_linear_bwd_data(dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0, &ctx), MF_OK);
+    ASSERT_EQ(mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data(), &ctx),
+              MF_OK);
     vector<double> rdx(dx.size()), mdx(dx.size()), rdW(dW.size()), mdW(dW.size()), rdb(db.size()),
         mdb(db.size());
     for (int64_t m = 0; m < s.M; m++)
@@ -138,8 +139,8 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
       return L;
     };
     vector<float> dx(x.size()), dW(W.size(), 0.0f), db(b.size(), 0.0f);
-    ASSERT_EQ(mf_cpu_linear_bwd_data(&ctx, c.data(), W.data(), s.M, s.N, s.K, dx.data(), 0), MF_OK);
-    ASSERT_EQ(mf_cpu_linear_bwd_weight(&ctx, c.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data()), MF_OK);
+    ASSERT_EQ(mf_cpu_linear_bwd_data(c.data(), W.data(), s.M, s.N, s.K, dx.data(), 0, &ctx), MF_OK);
+    ASSERT_EQ(mf_cpu_linear_bwd_weight(c.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data(), &ctx), MF_OK);
     mf_fd::check_grad("dx", x, dx, loss);
     mf_fd::check_grad("dW", W, dW, loss);
     mf_fd::check_grad("db", b, db, loss);
@@ -156,24 +157,24 @@ TEST(Linear, AccumulateAddsToTheWrittenResult) {
   auto old_dW = random_vec(s.N * s.K, 37), old_db = random_vec(s.N, 38);
 
   vector<float> y(s.M * s.N), y_add = old_y;
-  mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 0);
-  mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, y_add.data(), 1);
+  mf_cpu_linear_fwd(x.data(), W.data(), b.data(), s.M, s.N, s.K, y.data(), 0, &ctx);
+  mf_cpu_linear_fwd(x.data(), W.data(), b.data(), s.M, s.N, s.K, y_add.data(), 1, &ctx);
   for (size_t i = 0; i < y.size(); i++) ASSERT_EQ(y_add[i], old_y[i] + y[i]) << i;
 
   vector<float> dx(s.M * s.K), dx_add = old_dx;
-  mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0);
-  mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx_add.data(), 1);
+  mf_cpu_linear_bwd_data(dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0, &ctx);
+  mf_cpu_linear_bwd_data(dy.data(), W.data(), s.M, s.N, s.K, dx_add.data(), 1, &ctx);
   for (size_t i = 0; i < dx.size(); i++) ASSERT_EQ(dx_add[i], old_dx[i] + dx[i]) << i;
 
   vector<float> dW(s.N * s.K, 0.0f), db(s.N, 0.0f), dW_add = old_dW, db_add = old_db;
-  mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data());
-  mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW_add.data(), db_add.data());
+  mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, dW.data(), db.data(), &ctx);
+  mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, dW_add.data(), db_add.data(), &ctx);
   for (size_t i = 0; i < dW.size(); i++) ASSERT_EQ(dW_add[i], old_dW[i] + dW[i]) << i;
   for (size_t i = 0; i < db.size(); i++) ASSERT_EQ(db_add[i], old_db[i] + db[i]) << i;
 
   // db == NULL leaves the bias gradient alone and dW unchanged.
   vector<float> dW2 = old_dW;
-  mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW2.data(), nullptr);
+  mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, dW2.data(), nullptr, &ctx);
   EXPECT_TRUE(same_bits(dW2, dW_add));
 }
 
@@ -190,9 +191,11 @@ AllOutputs run_all(mf_threadpool *pool, int round_bf16, Shape s, int accumulate)
   o.dx = random_vec(s.M * s.K, 46);
   o.dW = random_vec(s.N * s.K, 47);
   o.db = random_vec(s.N, 48);
-  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), s.M, s.N, s.K, o.y.data(), accumulate), MF_OK);
-  EXPECT_EQ(mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, o.dx.data(), accumulate), MF_OK);
-  EXPECT_EQ(mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, o.dW.data(), o.db.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), b.data(), s.M, s.N, s.K, o.y.data(), accumulate, &ctx),
+            MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_data(dy.data(), W.data(), s.M, s.N, s.K, o.dx.data(), accumulate, &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, o.dW.data(), o.db.data(), &ctx),
+            MF_OK);
   return o;
 }
 
@@ -230,26 +233,26 @@ TEST(Linear, EmptyAndDegenerateShapes) {
   const float sentinel = 12345.0f;
   // M = 0 or N = 0: nothing to write; nothing read or written.
   vector<float> x(64, 1.0f), W(64, 1.0f), b(8, 1.0f), y(64, sentinel), dW(64, sentinel), db(8, sentinel);
-  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), 0, 8, 8, y.data(), 0), MF_OK);
-  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), b.data(), 8, 0, 8, y.data(), 0), MF_OK);
-  EXPECT_EQ(mf_cpu_linear_bwd_data(&ctx, y.data(), W.data(), 0, 8, 8, x.data(), 0), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), b.data(), 0, 8, 8, y.data(), 0, &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), b.data(), 8, 0, 8, y.data(), 0, &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_data(y.data(), W.data(), 0, 8, 8, x.data(), 0, &ctx), MF_OK);
   for (float v : y) EXPECT_EQ(v, sentinel);
   for (float v : x) EXPECT_EQ(v, 1.0f);
   // M = 0 for the weight gradient: an empty sum, dW and db unchanged.
-  EXPECT_EQ(mf_cpu_linear_bwd_weight(&ctx, y.data(), x.data(), 0, 8, 8, dW.data(), db.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_weight(y.data(), x.data(), 0, 8, 8, dW.data(), db.data(), &ctx), MF_OK);
   for (float v : dW) EXPECT_EQ(v, sentinel);
   for (float v : db) EXPECT_EQ(v, sentinel);
   // K = 0: y = b (written) or old + b (added); bwd_data over N = 0 gives zeros.
   auto bb = random_vec(8, 51);
   vector<float> y2(3 * 8, NAN);
-  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), bb.data(), 3, 8, 0, y2.data(), 0), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), bb.data(), 3, 8, 0, y2.data(), 0, &ctx), MF_OK);
   for (int m = 0; m < 3; m++)
     for (int n = 0; n < 8; n++) EXPECT_EQ(y2[m * 8 + n], bb[n]);
-  EXPECT_EQ(mf_cpu_linear_fwd(&ctx, x.data(), W.data(), nullptr, 3, 8, 0, y2.data(), 1), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_fwd(x.data(), W.data(), nullptr, 3, 8, 0, y2.data(), 1, &ctx), MF_OK);
   for (int m = 0; m < 3; m++)
     for (int n = 0; n < 8; n++) EXPECT_EQ(y2[m * 8 + n], bb[n]);
   vector<float> dx(3 * 5, NAN);
-  EXPECT_EQ(mf_cpu_linear_bwd_data(&ctx, y2.data(), W.data(), 3, 0, 5, dx.data(), 0), MF_OK);
+  EXPECT_EQ(mf_cpu_linear_bwd_data(y2.data(), W.data(), 3, 0, 5, dx.data(), 0, &ctx), MF_OK);
   for (float v : dx) EXPECT_EQ(v, 0.0f);
 }
 
@@ -279,9 +282,9 @@ TEST(Linear, Throughput) {
         int reps = 0;
         double t0 = mf_time_now(), c0 = cpu_seconds(), t;
         do {
-          if (op == 0) mf_cpu_linear_fwd(&ctx, x.data(), W.data(), nullptr, s.M, s.N, s.K, y.data(), 0);
-          if (op == 1) mf_cpu_linear_bwd_data(&ctx, dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0);
-          if (op == 2) mf_cpu_linear_bwd_weight(&ctx, dy.data(), x.data(), s.M, s.N, s.K, dW.data(), nullptr);
+          if (op == 0) mf_cpu_linear_fwd(x.data(), W.data(), nullptr, s.M, s.N, s.K, y.data(), 0, &ctx);
+          if (op == 1) mf_cpu_linear_bwd_data(dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0, &ctx);
+          if (op == 2) mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, dW.data(), nullptr, &ctx);
           reps++;
           t = mf_time_now() - t0;
         } while (t < 0.2);

@@ -145,17 +145,17 @@ TEST(MoeGather, ForwardAndBackward) {
   mf_kctx ctx = {nullptr, 0};
   auto x = mf_fd::random_vec((size_t)(rt.T * H), 4);
   std::vector<float> xe((size_t)(R * H));
-  ASSERT_EQ(mf_cpu_moe_gather(&ctx, x.data(), rt.d.token_of_row.data(), R, H, xe.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_moe_gather(x.data(), rt.d.token_of_row.data(), R, H, xe.data(), &ctx), MF_OK);
   for (int64_t r = 0; r < R; r++)
     for (int64_t h = 0; h < H; h++)
       ASSERT_EQ(xe[(size_t)(r * H + h)], x[(size_t)(rt.d.token_of_row[(size_t)r] * H + h)]);
 
   auto c = mf_fd::random_vec((size_t)(R * H), 5);
   std::vector<float> dx((size_t)(rt.T * H), 99.0f);
-  ASSERT_EQ(mf_cpu_moe_gather_bwd(&ctx, c.data(), rt.d.row_of.data(), rt.T, rt.K, H, dx.data(), 0), MF_OK);
+  ASSERT_EQ(mf_cpu_moe_gather_bwd(c.data(), rt.d.row_of.data(), rt.T, rt.K, H, dx.data(), 0, &ctx), MF_OK);
   auto loss = [&]() {
     std::vector<float> y((size_t)(R * H));
-    mf_cpu_moe_gather(&ctx, x.data(), rt.d.token_of_row.data(), R, H, y.data());
+    mf_cpu_moe_gather(x.data(), rt.d.token_of_row.data(), R, H, y.data(), &ctx);
     return mf_fd::dot(c, y.data());
   };
   mf_fd::check_grad("gather dx", x, dx, loss, 1e-2, 128, 1e-3, 1e-4);
@@ -163,7 +163,7 @@ TEST(MoeGather, ForwardAndBackward) {
   // accumulate adds to what is there
   auto base = mf_fd::random_vec((size_t)(rt.T * H), 6);
   std::vector<float> acc = base;
-  ASSERT_EQ(mf_cpu_moe_gather_bwd(&ctx, c.data(), rt.d.row_of.data(), rt.T, rt.K, H, acc.data(), 1), MF_OK);
+  ASSERT_EQ(mf_cpu_moe_gather_bwd(c.data(), rt.d.row_of.data(), rt.T, rt.K, H, acc.data(), 1, &ctx), MF_OK);
   for (size_t i = 0; i < acc.size(); i++) EXPECT_NEAR(acc[i], base[i] + dx[i], 1e-5f);
 }
 
@@ -175,7 +175,7 @@ TEST(MoeCombine, ForwardMatchesReferenceAndBackwardMatchesFiniteDifferences) {
   auto w = mf_fd::random_vec((size_t)(T * K), 9, 0.5f);
   auto y0 = mf_fd::random_vec((size_t)(T * H), 10);
   std::vector<float> y = y0;
-  ASSERT_EQ(mf_cpu_moe_combine(&ctx, ye.data(), w.data(), rt.d.row_of.data(), T, K, H, y.data()), MF_OK);
+  ASSERT_EQ(mf_cpu_moe_combine(ye.data(), w.data(), rt.d.row_of.data(), T, K, H, y.data(), &ctx), MF_OK);
   for (int64_t t = 0; t < T; t++)
     for (int64_t h = 0; h < H; h++) {
       double s = y0[(size_t)(t * H + h)];
@@ -186,12 +186,12 @@ TEST(MoeCombine, ForwardMatchesReferenceAndBackwardMatchesFiniteDifferences) {
 
   auto c = mf_fd::random_vec((size_t)(T * H), 11);
   std::vector<float> dye((size_t)(R * H), 77.0f), dw((size_t)(T * K), 77.0f);
-  ASSERT_EQ(mf_cpu_moe_combine_bwd(&ctx, c.data(), ye.data(), w.data(), rt.d.row_of.data(), T, K, H,
-                                   dye.data(), dw.data()),
+  ASSERT_EQ(mf_cpu_moe_combine_bwd(c.data(), ye.data(), w.data(), rt.d.row_of.data(), T, K, H, dye.data(),
+                                   dw.data(), &ctx),
             MF_OK);
   auto loss = [&]() {
     std::vector<float> out((size_t)(T * H), 0.0f);
-    mf_cpu_moe_combine(&ctx, ye.data(), w.data(), rt.d.row_of.data(), T, K, H, out.data());
+    mf_cpu_moe_combine(ye.data(), w.data(), rt.d.row_of.data(), T, K, H, out.data(), &ctx);
     return mf_fd::dot(c, out.data());
   };
   mf_fd::check_grad("combine dye", ye, dye, loss, 1e-2, 128, 1e-3, 1e-4);
@@ -234,12 +234,12 @@ TEST(ExpertLinear, ForwardAndBackwardMatchDoubleReferences) {
   mf_kctx ctx = {nullptr, 0};
   auto xe = mf_fd::random_vec((size_t)(R * Kd), 12);
   std::vector<float> ye((size_t)(R * N), 55.0f);
-  ASSERT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()),
+  ASSERT_EQ(mf_cpu_expert_fwd(xe.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, ye.data(), &ctx),
             MF_OK);
   auto dye = mf_fd::random_vec((size_t)(R * N), 13);
   std::vector<float> dxe((size_t)(R * Kd), 55.0f);
   ASSERT_EQ(
-      mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
+      mf_cpu_expert_bwd_data(dye.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, dxe.data(), &ctx),
       MF_OK);
   std::vector<std::vector<float>> dW(x.W.size());
   std::vector<float *> dWp;
@@ -248,9 +248,8 @@ TEST(ExpertLinear, ForwardAndBackwardMatchDoubleReferences) {
     dWp.push_back(dW[e].empty() ? nullptr : dW[e].data());
   }
   auto dW0 = dW;
-  ASSERT_EQ(
-      mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
-      MF_OK);
+  ASSERT_EQ(mf_cpu_expert_bwd_weight(dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data(), &ctx),
+            MF_OK);
 
   for (int64_t r = 0; r < R; r++) {
     const float *W = x.Wp[(size_t)expert_of_row(x, r)];
@@ -284,13 +283,12 @@ TEST(ExpertLinear, BackwardMatchesFiniteDifferences) {
   auto c = mf_fd::random_vec((size_t)(R * N), 15);
   auto loss = [&]() {
     std::vector<float> ye((size_t)(R * N));
-    mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data());
+    mf_cpu_expert_fwd(xe.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, ye.data(), &ctx);
     return mf_fd::dot(c, ye.data());
   };
   std::vector<float> dxe((size_t)(R * Kd));
-  ASSERT_EQ(
-      mf_cpu_expert_linear_bwd_data(&ctx, c.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
-      MF_OK);
+  ASSERT_EQ(mf_cpu_expert_bwd_data(c.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, dxe.data(), &ctx),
+            MF_OK);
   mf_fd::check_grad("expert dxe", xe, dxe, loss, 1e-2, 128, 1e-3, 1e-4);
 
   std::vector<std::vector<float>> dW(x.W.size());
@@ -299,9 +297,8 @@ TEST(ExpertLinear, BackwardMatchesFiniteDifferences) {
     if (!x.W[e].empty()) dW[e].assign((size_t)(N * Kd), 0.0f);
     dWp.push_back(dW[e].empty() ? nullptr : dW[e].data());
   }
-  ASSERT_EQ(
-      mf_cpu_expert_linear_bwd_weight(&ctx, c.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
-      MF_OK);
+  ASSERT_EQ(mf_cpu_expert_bwd_weight(c.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data(), &ctx),
+            MF_OK);
   for (size_t e = 0; e < x.W.size(); e++) {
     if (x.W[e].empty()) continue;
     mf_fd::check_grad("expert dW[" + std::to_string(e) + "]", x.W[e], dW[e], loss, 1e-2, 64, 1e-3, 1e-4);
@@ -324,20 +321,18 @@ TEST(ExpertLinear, ExpertWithNoRowsKeepsItsGradientBitForBit) {
   }
   std::vector<float> g1_before = g1;
   std::vector<float *> dWp = {g0.data(), g1.data(), g2.data(), nullptr};
-  ASSERT_EQ(
-      mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data()),
-      MF_OK);
+  ASSERT_EQ(mf_cpu_expert_bwd_weight(dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data(), &ctx),
+            MF_OK);
   EXPECT_TRUE(same_bits(g1, g1_before));
   std::vector<float> ye((size_t)(R * N)), dxe((size_t)(R * Kd));
-  EXPECT_EQ(mf_cpu_expert_linear_fwd(&ctx, xe.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, ye.data()),
+  EXPECT_EQ(mf_cpu_expert_fwd(xe.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, ye.data(), &ctx),
             MF_OK);
   EXPECT_EQ(
-      mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), x.Wp.data(), x.offsets.data(), x.E, N, Kd, dxe.data()),
+      mf_cpu_expert_bwd_data(dye.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, dxe.data(), &ctx),
       MF_OK);
   // No rows at all: nothing is touched.
   std::vector<int64_t> none = {0, 0, 0, 0, 0};
-  EXPECT_EQ(mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), xe.data(), none.data(), 4, N, Kd, dWp.data()),
-            MF_OK);
+  EXPECT_EQ(mf_cpu_expert_bwd_weight(dye.data(), xe.data(), none.data(), 4, N, Kd, dWp.data(), &ctx), MF_OK);
   EXPECT_TRUE(same_bits(g1, g1_before));
 }
 
@@ -356,15 +351,14 @@ AllOutputs run_all(const mf_kctx &ctx, uint32_t seed) {
   AllOutputs o;
   auto x = mf_fd::random_vec((size_t)(T * H), seed + 1);
   o.xe.assign((size_t)(R * H), 0.0f);
-  EXPECT_EQ(mf_cpu_moe_gather(&ctx, x.data(), rt.d.token_of_row.data(), R, H, o.xe.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_moe_gather(x.data(), rt.d.token_of_row.data(), R, H, o.xe.data(), &ctx), MF_OK);
   o.ye.assign((size_t)(R * I), 0.0f);
-  EXPECT_EQ(
-      mf_cpu_expert_linear_fwd(&ctx, o.xe.data(), up.Wp.data(), up.offsets.data(), E, I, H, o.ye.data()),
-      MF_OK);
+  EXPECT_EQ(mf_cpu_expert_fwd(o.xe.data(), up.Wp.data(), up.offsets.data(), R, E, I, H, o.ye.data(), &ctx),
+            MF_OK);
   auto dye = mf_fd::random_vec((size_t)(R * I), seed + 2);
   o.dxe.assign((size_t)(R * H), 0.0f);
   EXPECT_EQ(
-      mf_cpu_expert_linear_bwd_data(&ctx, dye.data(), up.Wp.data(), up.offsets.data(), E, I, H, o.dxe.data()),
+      mf_cpu_expert_bwd_data(dye.data(), up.Wp.data(), up.offsets.data(), R, E, I, H, o.dxe.data(), &ctx),
       MF_OK);
   o.dW.resize((size_t)E);
   std::vector<float *> dWp;
@@ -372,20 +366,19 @@ AllOutputs run_all(const mf_kctx &ctx, uint32_t seed) {
     if (!up.W[(size_t)e].empty()) o.dW[(size_t)e] = mf_fd::random_vec((size_t)(I * H), seed + 3);
     dWp.push_back(o.dW[(size_t)e].empty() ? nullptr : o.dW[(size_t)e].data());
   }
-  EXPECT_EQ(
-      mf_cpu_expert_linear_bwd_weight(&ctx, dye.data(), o.xe.data(), up.offsets.data(), E, I, H, dWp.data()),
-      MF_OK);
+  EXPECT_EQ(mf_cpu_expert_bwd_weight(dye.data(), o.xe.data(), up.offsets.data(), E, I, H, dWp.data(), &ctx),
+            MF_OK);
   o.dx = mf_fd::random_vec((size_t)(T * H), seed + 4);
-  EXPECT_EQ(mf_cpu_moe_gather_bwd(&ctx, o.dxe.data(), rt.d.row_of.data(), T, K, H, o.dx.data(), 1), MF_OK);
+  EXPECT_EQ(mf_cpu_moe_gather_bwd(o.dxe.data(), rt.d.row_of.data(), T, K, H, o.dx.data(), 1, &ctx), MF_OK);
   auto ye2 = mf_fd::random_vec((size_t)(R * H), seed + 5);
   auto w = mf_fd::random_vec((size_t)(T * K), seed + 6);
   o.y = mf_fd::random_vec((size_t)(T * H), seed + 7);
-  EXPECT_EQ(mf_cpu_moe_combine(&ctx, ye2.data(), w.data(), rt.d.row_of.data(), T, K, H, o.y.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_moe_combine(ye2.data(), w.data(), rt.d.row_of.data(), T, K, H, o.y.data(), &ctx), MF_OK);
   auto dy = mf_fd::random_vec((size_t)(T * H), seed + 8);
   o.dye_c.assign((size_t)(R * H), 0.0f);
   o.dw.assign((size_t)(T * K), 0.0f);
-  EXPECT_EQ(mf_cpu_moe_combine_bwd(&ctx, dy.data(), ye2.data(), w.data(), rt.d.row_of.data(), T, K, H,
-                                   o.dye_c.data(), o.dw.data()),
+  EXPECT_EQ(mf_cpu_moe_combine_bwd(dy.data(), ye2.data(), w.data(), rt.d.row_of.data(), T, K, H,
+                                   o.dye_c.data(), o.dw.data(), &ctx),
             MF_OK);
   return o;
 }

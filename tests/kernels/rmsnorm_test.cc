@@ -45,7 +45,7 @@ TEST(RmsNorm, ForwardMatchesDoubleReference) {
       SCOPED_TRACE(testing::Message() << "R=" << s.R << " C=" << s.C << " eps=" << eps);
       auto x = random_vec(s.R * s.C, 1), w = random_vec(s.C, 2);
       vector<float> y(x.size(), NAN), rstd(s.R, NAN);
-      ASSERT_EQ(mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), s.R, s.C, eps, y.data(), rstd.data()), MF_OK);
+      ASSERT_EQ(mf_cpu_rmsnorm_fwd(x.data(), w.data(), s.R, s.C, eps, y.data(), rstd.data(), &ctx), MF_OK);
       vector<double> rrstd;
       auto ry = ref_fwd(x, w, s, eps, &rrstd);
       for (int64_t r = 0; r < s.R; r++) ASSERT_NEAR(rstd[r], rrstd[r], 1e-6 * rrstd[r]) << r;
@@ -59,8 +59,8 @@ TEST(RmsNorm, ForwardInPlaceMatchesOutOfPlace) {
   Shape s = {65, 300};
   auto x = random_vec(s.R * s.C, 3), w = random_vec(s.C, 4);
   vector<float> y(x.size()), rstd(s.R), rstd2(s.R), xy = x;
-  mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), s.R, s.C, 1e-6f, y.data(), rstd.data());
-  mf_cpu_rmsnorm_fwd(&ctx, xy.data(), w.data(), s.R, s.C, 1e-6f, xy.data(), rstd2.data());
+  mf_cpu_rmsnorm_fwd(x.data(), w.data(), s.R, s.C, 1e-6f, y.data(), rstd.data(), &ctx);
+  mf_cpu_rmsnorm_fwd(xy.data(), w.data(), s.R, s.C, 1e-6f, xy.data(), rstd2.data(), &ctx);
   EXPECT_TRUE(same_bits(y, xy));
   EXPECT_TRUE(same_bits(rstd, rstd2));
 }
@@ -72,8 +72,9 @@ TEST(RmsNorm, BackwardMatchesDoubleReference) {
     SCOPED_TRACE(testing::Message() << "R=" << s.R << " C=" << s.C);
     auto x = random_vec(s.R * s.C, 5), w = random_vec(s.C, 6), dy = random_vec(s.R * s.C, 7);
     vector<float> y(x.size()), rstd(s.R), dx(x.size(), NAN), dw(s.C, 0.0f);
-    mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), s.R, s.C, 1e-5f, y.data(), rstd.data());
-    ASSERT_EQ(mf_cpu_rmsnorm_bwd(&ctx, dy.data(), x.data(), w.data(), rstd.data(), s.R, s.C, dx.data(), dw.data(), 0),
+    mf_cpu_rmsnorm_fwd(x.data(), w.data(), s.R, s.C, 1e-5f, y.data(), rstd.data(), &ctx);
+    ASSERT_EQ(mf_cpu_rmsnorm_bwd(dy.data(), x.data(), w.data(), rstd.data(), s.R, s.C, dx.data(), dw.data(),
+                                 0, &ctx),
               MF_OK);
     vector<double> rdw(s.C, 0.0), mdw(s.C, 0.0);
     for (int64_t r = 0; r < s.R; r++) {
@@ -104,8 +105,8 @@ TEST(RmsNorm, GradientsMatchFiniteDifferences) {
     const float eps = 1e-5f;
     auto x = random_vec(s.R * s.C, 11), w = random_vec(s.C, 12), c = random_vec(s.R * s.C, 13);
     vector<float> y(x.size()), rstd(s.R), dx(x.size()), dw(s.C, 0.0f);
-    mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), s.R, s.C, eps, y.data(), rstd.data());
-    mf_cpu_rmsnorm_bwd(&ctx, c.data(), x.data(), w.data(), rstd.data(), s.R, s.C, dx.data(), dw.data(), 0);
+    mf_cpu_rmsnorm_fwd(x.data(), w.data(), s.R, s.C, eps, y.data(), rstd.data(), &ctx);
+    mf_cpu_rmsnorm_bwd(c.data(), x.data(), w.data(), rstd.data(), s.R, s.C, dx.data(), dw.data(), 0, &ctx);
     auto loss = [&]() {
       auto ry = ref_fwd(x, w, s, eps, nullptr);
       double L = 0;
@@ -129,9 +130,9 @@ Outs run_all(mf_threadpool *pool, int round_bf16, Shape s, int accumulate) {
   o.rstd.assign(s.R, NAN);
   o.dx = random_vec(x.size(), 24);
   o.dw = random_vec(s.C, 25);
-  EXPECT_EQ(mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), s.R, s.C, 1e-6f, o.y.data(), o.rstd.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_rmsnorm_bwd(&ctx, dy.data(), x.data(), w.data(), o.rstd.data(), s.R, s.C, o.dx.data(),
-                               o.dw.data(), accumulate),
+  EXPECT_EQ(mf_cpu_rmsnorm_fwd(x.data(), w.data(), s.R, s.C, 1e-6f, o.y.data(), o.rstd.data(), &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_rmsnorm_bwd(dy.data(), x.data(), w.data(), o.rstd.data(), s.R, s.C, o.dx.data(),
+                               o.dw.data(), accumulate, &ctx),
             MF_OK);
   return o;
 }
@@ -147,7 +148,7 @@ TEST(RmsNorm, AccumulateAddsToTheWrittenResult) {
   mf_kctx ctx = {nullptr, 0};
   auto x = random_vec(s.R * s.C, 21), w = random_vec(s.C, 22), dy = random_vec(s.R * s.C, 23);
   vector<float> dx(x.size()), dw0(s.C, 0.0f);
-  mf_cpu_rmsnorm_bwd(&ctx, dy.data(), x.data(), w.data(), wr.rstd.data(), s.R, s.C, dx.data(), dw0.data(), 0);
+  mf_cpu_rmsnorm_bwd(dy.data(), x.data(), w.data(), wr.rstd.data(), s.R, s.C, dx.data(), dw0.data(), 0, &ctx);
   for (int64_t c = 0; c < s.C; c++) ASSERT_EQ(wr.dw[c], old_dw[c] + dw0[c]) << c;
 }
 
@@ -185,20 +186,22 @@ TEST(RmsNorm, EmptyRowsAndZeroInput) {
   mf_kctx ctx = {nullptr, 0};
   vector<float> x(8, 0.0f), w(8, 1.0f), y(8, 7.0f), rstd(1, 7.0f), dx(8, 7.0f), dw(8, 7.0f);
   // R = 0: nothing touched.
-  EXPECT_EQ(mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), 0, 8, 1e-6f, y.data(), rstd.data()), MF_OK);
-  EXPECT_EQ(mf_cpu_rmsnorm_bwd(&ctx, x.data(), x.data(), w.data(), rstd.data(), 0, 8, dx.data(), dw.data(), 0),
-            MF_OK);
+  EXPECT_EQ(mf_cpu_rmsnorm_fwd(x.data(), w.data(), 0, 8, 1e-6f, y.data(), rstd.data(), &ctx), MF_OK);
+  EXPECT_EQ(
+      mf_cpu_rmsnorm_bwd(x.data(), x.data(), w.data(), rstd.data(), 0, 8, dx.data(), dw.data(), 0, &ctx),
+      MF_OK);
   for (float v : y) EXPECT_EQ(v, 7.0f);
   for (float v : dx) EXPECT_EQ(v, 7.0f);
   for (float v : dw) EXPECT_EQ(v, 7.0f);
   EXPECT_EQ(rstd[0], 7.0f);
   // An all-zero row: rstd = 1/sqrt(eps), y = 0, finite gradients.
-  EXPECT_EQ(mf_cpu_rmsnorm_fwd(&ctx, x.data(), w.data(), 1, 8, 1e-6f, y.data(), rstd.data()), MF_OK);
+  EXPECT_EQ(mf_cpu_rmsnorm_fwd(x.data(), w.data(), 1, 8, 1e-6f, y.data(), rstd.data(), &ctx), MF_OK);
   EXPECT_FLOAT_EQ(rstd[0], 1000.0f);
   for (float v : y) EXPECT_EQ(v, 0.0f);
   auto dy = random_vec(8, 31);
-  EXPECT_EQ(mf_cpu_rmsnorm_bwd(&ctx, dy.data(), x.data(), w.data(), rstd.data(), 1, 8, dx.data(), dw.data(), 0),
-            MF_OK);
+  EXPECT_EQ(
+      mf_cpu_rmsnorm_bwd(dy.data(), x.data(), w.data(), rstd.data(), 1, 8, dx.data(), dw.data(), 0, &ctx),
+      MF_OK);
   for (int c = 0; c < 8; c++) EXPECT_FLOAT_EQ(dx[c], 1000.0f * dy[c]);
 }
 

@@ -95,7 +95,7 @@ TEST(Rope, ForwardMatchesTransformersFloat32Exactly) {
       for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)t;
       auto x = random_vec(T * nh * D, (uint32_t)D);
       auto expect = ref_fwd_f32(x, T, nh, D, pos, theta);
-      ASSERT_EQ(mf_cpu_rope_fwd(&ctx, x.data(), T, nh, D, pos.data(), theta), MF_OK);
+      ASSERT_EQ(mf_cpu_rope_fwd(x.data(), T, nh, D, pos.data(), theta, &ctx), MF_OK);
       size_t bad = 0;
       for (size_t i = 0; i < x.size(); i++) bad += memcmp(&x[i], &expect[i], sizeof(float)) != 0;
       EXPECT_EQ(bad, 0u);
@@ -112,7 +112,7 @@ TEST(Rope, ForwardMatchesDoubleRotation) {
       auto x = random_vec(T * nh * D, 6);
       auto ref = ref_fwd_f64(x, T, nh, D, pos, theta);
       vector<float> y = x;
-      ASSERT_EQ(mf_cpu_rope_fwd(&ctx, y.data(), T, nh, D, pos.data(), theta), MF_OK);
+      ASSERT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, pos.data(), theta, &ctx), MF_OK);
       for (int64_t r = 0; r < T * nh; r++)
         for (int64_t i = 0; i < D / 2; i++) {
           double scale = std::fabs(x[r * D + i]) + std::fabs(x[r * D + i + D / 2]);
@@ -133,7 +133,7 @@ TEST(Rope, BackwardMatchesFiniteDifferencesAndInverts) {
       auto pos = random_positions(T, 7);
       auto x = random_vec(T * nh * D, 8), c = random_vec(T * nh * D, 9);
       vector<float> dx = c;
-      ASSERT_EQ(mf_cpu_rope_bwd(&ctx, dx.data(), T, nh, D, pos.data(), theta), MF_OK);
+      ASSERT_EQ(mf_cpu_rope_bwd(dx.data(), T, nh, D, pos.data(), theta, &ctx), MF_OK);
       auto loss = [&]() {
         auto y = ref_fwd_f64(x, T, nh, D, pos, theta);
         double L = 0;
@@ -143,8 +143,8 @@ TEST(Rope, BackwardMatchesFiniteDifferencesAndInverts) {
       mf_fd::check_grad("dx", x, dx, loss);
 
       vector<float> y = x;
-      mf_cpu_rope_fwd(&ctx, y.data(), T, nh, D, pos.data(), theta);
-      mf_cpu_rope_bwd(&ctx, y.data(), T, nh, D, pos.data(), theta);
+      mf_cpu_rope_fwd(y.data(), T, nh, D, pos.data(), theta, &ctx);
+      mf_cpu_rope_bwd(y.data(), T, nh, D, pos.data(), theta, &ctx);
       for (size_t i = 0; i < y.size(); i++) ASSERT_NEAR(y[i], x[i], 1e-6 * (1 + std::fabs(x[i]))) << i;
     }
 }
@@ -161,9 +161,9 @@ TEST(Rope, BitIdenticalForAnyThreadCount) {
         mf_kctx ctx = {p, 0};
         vector<float> y = x;
         if (bwd)
-          EXPECT_EQ(mf_cpu_rope_bwd(&ctx, y.data(), T, nh, D, pos.data(), 1e6f), MF_OK);
+          EXPECT_EQ(mf_cpu_rope_bwd(y.data(), T, nh, D, pos.data(), 1e6f, &ctx), MF_OK);
         else
-          EXPECT_EQ(mf_cpu_rope_fwd(&ctx, y.data(), T, nh, D, pos.data(), 1e6f), MF_OK);
+          EXPECT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, pos.data(), 1e6f, &ctx), MF_OK);
         return y;
       };
       auto a = run(nullptr);
@@ -181,8 +181,8 @@ TEST(Rope, RoundBf16RoundsOnce) {
     vector<float> f = x, r = x;
     mf_kctx cf = {p3.p, 0}, cr = {p3.p, 1};
     auto op = bwd ? mf_cpu_rope_bwd : mf_cpu_rope_fwd;
-    op(&cf, f.data(), T, nh, D, pos.data(), 1e4f);
-    op(&cr, r.data(), T, nh, D, pos.data(), 1e4f);
+    op(f.data(), T, nh, D, pos.data(), 1e4f, &cf);
+    op(r.data(), T, nh, D, pos.data(), 1e4f, &cr);
     ASSERT_TRUE(mf_kt::rounded_once(r, f));
   }
 }
@@ -192,15 +192,15 @@ TEST(Rope, EdgeCases) {
   // T = 0 touches nothing.
   vector<float> x = random_vec(16, 31), y = x;
   vector<int32_t> pos = {0, 5};
-  EXPECT_EQ(mf_cpu_rope_fwd(&ctx, y.data(), 0, 1, 8, pos.data(), 1e4f), MF_OK);
+  EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 0, 1, 8, pos.data(), 1e4f, &ctx), MF_OK);
   EXPECT_TRUE(same_bits(x, y));
   // Position 0 is the identity, bit for bit; T = 1, nh = 1.
-  EXPECT_EQ(mf_cpu_rope_fwd(&ctx, y.data(), 1, 1, 8, pos.data(), 1e4f), MF_OK);
+  EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 1, 1, 8, pos.data(), 1e4f, &ctx), MF_OK);
   EXPECT_TRUE(same_bits(x, y));
   // D = 2: one pair rotated by pos * 1 radian.
   vector<float> z = {1.0f, 0.0f};
   vector<int32_t> p1 = {1};
-  EXPECT_EQ(mf_cpu_rope_fwd(&ctx, z.data(), 1, 1, 2, p1.data(), 1e4f), MF_OK);
+  EXPECT_EQ(mf_cpu_rope_fwd(z.data(), 1, 1, 2, p1.data(), 1e4f, &ctx), MF_OK);
   EXPECT_EQ(z[0], cosf(1.0f));
   EXPECT_EQ(z[1], sinf(1.0f));
 }

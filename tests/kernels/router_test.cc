@@ -44,7 +44,7 @@ Fwd run_fwd(const mf_kctx &ctx, const std::vector<float> &logits, int64_t T, int
   f.probs.assign((size_t)(T * E), 0.0f);
   f.w.assign((size_t)(T * K), 0.0f);
   f.idx.assign((size_t)(T * K), -1);
-  EXPECT_EQ(mf_cpu_router_fwd(&ctx, logits.data(), T, E, K, norm, f.probs.data(), f.idx.data(), f.w.data()),
+  EXPECT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, norm, f.probs.data(), f.idx.data(), f.w.data(), &ctx),
             MF_OK);
   return f;
 }
@@ -97,8 +97,8 @@ TEST_P(RouterTest, BackwardMatchesFiniteDifferences) {
       auto logits = separated_logits(s.T, s.E, 31 + (uint32_t)(2 * norm + extra));
       Fwd f = run_fwd(ctx, logits, s.T, s.E, s.K, norm);
       std::vector<float> dl((size_t)(s.T * s.E), 123.0f);
-      ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(),
-                                  extra ? cp.data() : nullptr, s.T, s.E, s.K, norm, dl.data()),
+      ASSERT_EQ(mf_cpu_router_bwd(f.probs.data(), f.idx.data(), f.w.data(), cw.data(),
+                                  extra ? cp.data() : nullptr, s.T, s.E, s.K, norm, dl.data(), &ctx),
                 MF_OK);
       auto loss = [&]() {
         Fwd g = run_fwd(ctx, logits, s.T, s.E, s.K, norm);
@@ -127,8 +127,8 @@ TEST_P(RouterTest, BitIdenticalAcrossPoolSizes) {
     mf_kctx ctx = {pool.p, 0};
     Fwd f = run_fwd(ctx, logits, s.T, s.E, s.K, 1);
     std::vector<float> dl((size_t)(s.T * s.E));
-    ASSERT_EQ(mf_cpu_router_bwd(&ctx, f.probs.data(), f.idx.data(), f.w.data(), cw.data(), cp.data(), s.T,
-                                s.E, s.K, 1, dl.data()),
+    ASSERT_EQ(mf_cpu_router_bwd(f.probs.data(), f.idx.data(), f.w.data(), cw.data(), cp.data(), s.T, s.E, s.K,
+                                1, dl.data(), &ctx),
               MF_OK);
     if (n == 1) {
       ref = f;
@@ -171,11 +171,11 @@ TEST(Router, OutputsAreFp32EvenWithRoundBf16) {
   EXPECT_TRUE(same_bits(a.probs, b.probs));
   EXPECT_TRUE(same_bits(a.w, b.w));
   std::vector<float> da((size_t)(T * E)), db((size_t)(T * E));
-  ASSERT_EQ(mf_cpu_router_bwd(&plain, a.probs.data(), a.idx.data(), a.w.data(), cw.data(), nullptr, T, E, K,
-                              1, da.data()),
+  ASSERT_EQ(mf_cpu_router_bwd(a.probs.data(), a.idx.data(), a.w.data(), cw.data(), nullptr, T, E, K, 1,
+                              da.data(), &plain),
             MF_OK);
-  ASSERT_EQ(mf_cpu_router_bwd(&rounded, b.probs.data(), b.idx.data(), b.w.data(), cw.data(), nullptr, T, E, K,
-                              1, db.data()),
+  ASSERT_EQ(mf_cpu_router_bwd(b.probs.data(), b.idx.data(), b.w.data(), cw.data(), nullptr, T, E, K, 1,
+                              db.data(), &rounded),
             MF_OK);
   EXPECT_TRUE(same_bits(da, db));
   EXPECT_FALSE(mf_kt::bf16_representable(a.probs)) << "probs look bf16-rounded";

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "src/exec/exec.h"
 #include "src/model/hf_config.h"
@@ -70,6 +69,36 @@ struct Result {
   std::vector<int64_t> expert_tokens;
 };
 
+// logits[T, V] = hidden[T, H] . lm_head[V, H]^T: a LINEAR_FWD kernel on a cpu
+// backend of its own (fp32), operands copied into its arena and the result out.
+void logits_of(const float *hidden, const float *lm_head, int64_t T, int64_t V, int64_t H, float *logits) {
+  mf_backend *b = nullptr;
+  mf_cpu_backend_opts bo = {};
+  ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK) << mf_last_error();
+  mf_stream *s = nullptr;
+  void *base = nullptr;
+  const size_t bh = (size_t)(T * H) * 4, bw = (size_t)(V * H) * 4, by = (size_t)(T * V) * 4;
+  EXPECT_EQ(b->stream_create(b, &s), MF_OK) << mf_last_error();
+  EXPECT_EQ(b->arena_create(b, bh + bw + by, &base), MF_OK) << mf_last_error();
+  if (s && base) {
+    uint8_t *x = static_cast<uint8_t *>(base), *w = x + bh, *y = w + bw;
+    mf_kernel_call k = {};
+    k.kind = MF_K_LINEAR_FWD;
+    k.b[0] = {x, bh, 0};
+    k.b[1] = {w, bw, 0};
+    k.b[3] = {y, by, 1};
+    k.i[0] = T, k.i[1] = V, k.i[2] = H, k.i[3] = 0;
+    k.label = "logits";
+    EXPECT_EQ(b->copy(b, x, hidden, bh, MF_COPY_H2D, s), MF_OK) << mf_last_error();
+    EXPECT_EQ(b->copy(b, w, lm_head, bw, MF_COPY_H2D, s), MF_OK) << mf_last_error();
+    EXPECT_EQ(b->run(b, &k, s), MF_OK) << mf_last_error();
+    EXPECT_EQ(b->copy(b, logits, y, by, MF_COPY_D2H, s), MF_OK) << mf_last_error();
+    EXPECT_EQ(b->stream_sync(b, s), MF_OK) << mf_last_error();
+  }
+  if (s) b->stream_free(b, s);
+  mf_backend_free(b);
+}
+
 // One forward/backward of the fixture batch on the cpu backend (checking mode on).
 Result run_model(const mf_param_table *t, const std::vector<float> &w, const int32_t *ids,
                  const std::vector<int32_t> &targets, int64_t B, int64_t S, double aux_coef) {
@@ -96,10 +125,7 @@ Result run_model(const mf_param_table *t, const std::vector<float> &w, const int
   r.aux = sr.aux_loss;
   r.expert_tokens.assign(mf_exec_expert_tokens(x), mf_exec_expert_tokens(x) + t->spec.layers * t->spec.experts);
   r.logits.assign((size_t)(T * V), 0.0f);
-  mf_kctx k = {nullptr, 0};
-  EXPECT_EQ(mf_cpu_linear_fwd(&k, hidden.data(), w.data() + t->params[mf_param_lm_head(t)].offset, nullptr, T, V, H,
-                              r.logits.data(), 0),
-            MF_OK);
+  logits_of(hidden.data(), w.data() + t->params[mf_param_lm_head(t)].offset, T, V, H, r.logits.data());
   mf_exec_free(x);
   mf_program_free(p);
   mf_backend_free(b);
