@@ -54,6 +54,22 @@ static int optim_from_word(const char *w) {
   return -1;
 }
 
+/* mf_schedule_act_options for every tensor, in one pass over the program
+ * (mf_schedule_can_recompute indexes the whole program on each call: once per
+ * activation, that made writing and reading a real-size plan take seconds).
+ * out[t] & ACT_CAN_RECOMPUTE: t may be recomputed. Free with free(). */
+#define ACT_CAN_RECOMPUTE 2
+static mf_status act_options(const mf_program *p, uint8_t **out) {
+  MF_CHECK(mf_malloc((size_t)p->n_tensors + 1, "plan activation options", (void **)out));
+  mf_status st = mf_schedule_act_options(p, *out);
+  if (st != MF_OK) {
+    free(*out);
+    *out = NULL;
+    mf_error_trace(__FILE__, __LINE__, "mf_schedule_act_options(p, *out)");
+  }
+  return st;
+}
+
 /* What a plan calls program tensor t, or -1 when a plan says nothing about it. */
 static int plan_kind(const mf_program *p, int32_t t) {
   mf_tensor_kind k = p->tensors[t].kind;
@@ -89,7 +105,7 @@ static void put_entry(builder *b, json_t *arr, const mf_ptensor *x, int kind, in
 }
 
 /* Refuses decisions the program does not allow, so every written plan reads back. */
-static mf_status check_decisions(const mf_program *p, const mf_decisions *d) {
+static mf_status check_decisions(const mf_program *p, const mf_decisions *d, const uint8_t *opt) {
   for (int32_t i = 0; i < d->n_params; i++) {
     if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM || d->optim[i] > MF_OPTIM_DEVICE)
       return MF_ERR(MF_ERR_INVALID_ARG, "plan: parameter %s has decision %d/%d/%d, out of range",
@@ -109,7 +125,7 @@ static mf_status check_decisions(const mf_program *p, const mf_decisions *d) {
     uint8_t a = d->act[t];
     if (a == MF_ACT_KEEP) continue;
     if (a > MF_ACT_RECOMPUTE || plan_kind(p, t) != K_ACT ||
-        (a == MF_ACT_RECOMPUTE && !mf_schedule_can_recompute(p, t)))
+        (a == MF_ACT_RECOMPUTE && !(opt[t] & ACT_CAN_RECOMPUTE)))
       return MF_ERR(MF_ERR_INVALID_ARG,
                     "plan: tensor %s has activation decision %d, which the program does not allow",
                     p->tensors[t].name, a);
@@ -128,7 +144,11 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
       f->host_bytes > big || f->persist_bytes > big || !isfinite(f->predicted_step_seconds) ||
       f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
-  MF_CHECK(check_decisions(p, d));
+  uint8_t *opt = NULL;
+  MF_CHECK(act_options(p, &opt));
+  mf_status chk = check_decisions(p, d, opt);
+  free(opt);
+  MF_CHECK(chk);
 
   const mf_model_spec *s = &p->spec;
   builder b = {1};
@@ -193,6 +213,7 @@ typedef struct reader {
   const mf_program *p;
   int32_t *slot; /* open-addressing table of tensor ids by name, -1 empty */
   uint32_t mask;
+  uint8_t *opt; /* act_options */
 } reader;
 
 /* "<file>: <place>: <fault>" */
@@ -434,7 +455,7 @@ static mf_status read_entry(const reader *r, const json_t *e, size_t i, int64_t 
     return rerr(r, MF_ERR_CONFIG, field, "the plan has %lld bytes for '%s', the program has %zu",
                 (long long)json_integer_value(v[2]), q, p->tensors[t].bytes);
   snprintf(field, sizeof field, "%s.decision", place);
-  if (kind == K_ACT && dec == MF_ACT_RECOMPUTE && !mf_schedule_can_recompute(p, t))
+  if (kind == K_ACT && dec == MF_ACT_RECOMPUTE && !(r->opt[t] & ACT_CAN_RECOMPUTE))
     return rerr(r, MF_ERR_CONFIG, field,
                 "'%s' cannot be recomputed (its forward ops cannot run again before "
                 "the backward); keep or offload it",
@@ -555,7 +576,7 @@ mf_status mf_plan_read_json(const mf_program *p, const char *path, mf_decisions 
   char *text = NULL;
   size_t len = 0;
   MF_CHECK(mf_read_file(path, PLAN_MAX_BYTES, "a plan", &text, &len));
-  reader r = {.path = path, .p = p, .slot = NULL, .mask = 0};
+  reader r = {.path = path, .p = p, .slot = NULL, .mask = 0, .opt = NULL};
   mf_decisions *tmp = NULL;
   json_t *root = NULL;
   mf_plan_figures fig;
@@ -582,6 +603,7 @@ mf_status mf_plan_read_json(const mf_program *p, const char *path, mf_decisions 
     goto done;
   }
   MF_CHECK_GOTO(index_names(&r), st, done);
+  MF_CHECK_GOTO(act_options(p, &r.opt), st, done);
   MF_CHECK_GOTO(mf_decisions_create(p, &tmp), st, done);
   MF_CHECK_GOTO(read_root(&r, root, tmp, &fig), st, done);
   MF_CHECK_GOTO(mf_decisions_copy(tmp, d), st, done);
@@ -590,6 +612,7 @@ done:
   json_decref(root);
   mf_decisions_free(tmp);
   free(r.slot);
+  free(r.opt);
   free(text);
   return st;
 }
@@ -637,6 +660,7 @@ static int matches(const char *pattern, const char *name) {
 typedef struct scratch {
   uint8_t *param, *grad, *act, *optim;     /* decisions being built */
   uint8_t *pparam, *pgrad, *pact, *poptim; /* pins being built */
+  uint8_t *opt;                            /* act_options, made when an override first recomputes */
 } scratch;
 
 #define OV_ERR(st, ...) ov_err((st), where, k, __VA_ARGS__)
@@ -743,13 +767,14 @@ static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, siz
                     p->params->params[ex].name);
     }
   }
+  if (ad == MF_ACT_RECOMPUTE && !x->opt) MF_CHECK(act_options(p, &x->opt));
   if (ad >= 0) {
     int64_t hit = 0;
     for (int32_t t = 0; t < p->n_tensors; t++) {
       if (plan_kind(p, t) != K_ACT) continue;
       const char *name = p->tensors[t].name;
       if (!matches(pat, without_micro(name)) && !matches(pat, name)) continue;
-      if (ad == MF_ACT_RECOMPUTE && !mf_schedule_can_recompute(p, t))
+      if (ad == MF_ACT_RECOMPUTE && !(x->opt[t] & ACT_CAN_RECOMPUTE))
         return OV_ERR(MF_ERR_CONFIG,
                       "activations: recompute is impossible for %s, which '%s' matches (its forward "
                       "ops cannot run again before the backward); keep or offload it",
@@ -779,7 +804,7 @@ mf_status mf_plan_apply_overrides(const mf_program *p, const mf_config_memory *m
   uint8_t *buf = NULL;
   MF_CHECK(mf_calloc(2 * half + 1, 1, "memory.overrides", (void **)&buf));
   scratch x = {buf,        buf + np,        buf + 2 * np,        buf + 2 * np + nt,
-               buf + half, buf + half + np, buf + half + 2 * np, buf + half + 2 * np + nt};
+               buf + half, buf + half + np, buf + half + 2 * np, buf + half + 2 * np + nt, NULL};
   memcpy(x.param, d->param, np), memcpy(x.grad, d->grad, np), memcpy(x.act, d->act, nt);
   memcpy(x.optim, d->optim, np);
   if (pins) {
@@ -798,6 +823,7 @@ mf_status mf_plan_apply_overrides(const mf_program *p, const mf_config_memory *m
   } else {
     mf_error_trace(__FILE__, __LINE__, "apply_one(p, mem, k, &x)");
   }
+  free(x.opt);
   free(buf);
   return st;
 }
