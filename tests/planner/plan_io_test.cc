@@ -769,6 +769,53 @@ TEST_F(PlanIo, GarbageBytes) {
   EXPECT_ERROR(ReadFrom("plan.json", bin), MF_ERR_FORMAT, "plan.json: line 1", "invalid JSON");
 }
 
+// The reader parses JSON itself (planner/plan_io_json.c): on the corners of
+// the syntax it refuses what jansson (JSON_REJECT_DUPLICATES) refuses, with
+// "invalid JSON" and the line and column, and takes what jansson takes (none
+// of these texts is a plan, so those fail later, as not plans).
+TEST_F(PlanIo, JsonSyntaxAsJanssonJudgesIt) {
+  std::string many = "{";
+  for (int k = 0; k < 40; k++) many += "\"k" + std::to_string(k) + "\": 0, ";
+  const std::vector<std::string> texts = {
+      // numbers
+      "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": .5}", "{\"a\": -}", "{\"a\": +1}", "{\"a\": 1e}",
+      "{\"a\": 1e+}", "{\"a\": 1e999}", "{\"a\": -1e999}", "{\"a\": 1e-999}", "{\"a\": -0}",
+      "{\"a\": 0.5E+3}", "{\"a\": 9223372036854775807}", "{\"a\": 9223372036854775808}",
+      "{\"a\": -9223372036854775808}", "{\"a\": -9223372036854775809}",
+      // escapes
+      "{\"a\": \"\\u0000\"}", "{\"a\": \"\\ud800\"}", "{\"a\": \"\\udc00\"}",
+      "{\"a\": \"\\ud83d\\ude00\"}", "{\"a\": \"\\ud83d\\u0041\"}", "{\"a\": \"\\u12\"}",
+      "{\"a\": \"\\uZZZZ\"}", "{\"a\": \"\\q\"}", "{\"a\": \"\\/\\b\\f\\n\\r\\t\\\\\\\"\"}",
+      // bytes in strings: control, UTF-8, overlong, surrogate, past U+10FFFF, cut, stray
+      "{\"a\": \"\x01\"}", "{\"a\": \"\xc3\xa9\"}", "{\"a\": \"\xc0\xaf\"}", "{\"a\": \"\xed\xa0\x80\"}",
+      "{\"a\": \"\xf4\x90\x80\x80\"}", "{\"a\": \"\xe2\x82\"}", "{\"a\": \"\x80\"}",
+      // structure
+      "{\"a\": [1,]}", "{\"a\": 1,}", "{\"a\" 1}", "{\"a\": 1} x", "{\"a\": 1}\n \t\r", "{\"a\": tru}",
+      "{\"a\": nul}", "{\"a\": true, \"b\": false, \"c\": null}", "{a: 1}", "{\"a\": 1 \"b\": 2}",
+      "{\"a\": [1 2]}", "\"plan\"", "42", "{\"a\": \"unterminated", "{\"a\": [", "{,}",
+      "{\"a\": {}, \"b\": []}", "[]", std::string("{\"a\": 1}\0", 9),
+      // repeated keys (the same once decoded; in a large object)
+      "{\"a\": 1, \"a\": 2}", "{\"\xc3\xa9\": 1, \"\\u00e9\": 2}", many + "\"k7\": 1}", many + "\"k40\": 1}",
+  };
+
+  for (const std::string &text : texts) {
+    SCOPED_TRACE(text);
+    json_error_t e;
+    json_t *j = json_loadb(text.data(), text.size(), JSON_REJECT_DUPLICATES, &e);
+    const Result r = ReadFrom("plan.json", text);
+    EXPECT_NE(r.st, MF_OK);
+    const bool refused = r.err.find("invalid JSON") != std::string::npos;
+    EXPECT_EQ(refused, j == nullptr) << "moefit: " << r.err << "; jansson: " << (j ? "accepted" : e.text);
+    if (refused) EXPECT_ERROR(r, MF_ERR_FORMAT, "plan.json: line 1, column ");
+    json_decref(j);
+  }
+  // A repeated key in a large object: where it repeats.
+  EXPECT_ERROR(ReadFrom("plan.json", many + "\n\"k7\": 1}"), MF_ERR_FORMAT, "plan.json: line 2, column 1: ",
+               "invalid JSON: duplicate object key 'k7'");
+  EXPECT_ERROR(ReadFrom("plan.json", "{\n  \"a\": 1,\n  \"b\": [1, 2,, 3]}"), MF_ERR_FORMAT,
+               "plan.json: line 3, column 14: invalid JSON: expected a value, got ','");
+}
+
 // -------------------------------------------------------------- overrides
 
 class Overrides : public ::testing::Test {
