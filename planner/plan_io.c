@@ -63,6 +63,10 @@ int mf_plan_io_kind_of(const mf_program *p, int32_t t) {
   return -1;
 }
 
+const char *mf_plan_io_storage_name(mf_dtype storage) {
+  return storage == MF_DTYPE_F32 ? "fp32" : storage == MF_DTYPE_BF16 ? "bf16" : NULL;
+}
+
 /* --------------------------------------------------------------- writing */
 
 /* Refuses decisions the program does not allow, so every written plan reads
@@ -133,6 +137,7 @@ static void put_head(mf_pj_writer *w, const mf_program *p, const mf_plan_figures
   put_int(w, "seq_len", p->S);
   put_int(w, "grad_accum", p->G);
   put_str(w, "order", mf_program_order_name(p->order));
+  put_str(w, "storage", mf_plan_io_storage_name(p->storage));
   mf_pj_close(w, '}');
   put_int(w, "device_budget_bytes", (int64_t)f->device_budget_bytes);
   put_int(w, "peak_device_bytes", (int64_t)f->peak_device_bytes);
@@ -144,6 +149,7 @@ static void put_head(mf_pj_writer *w, const mf_program *p, const mf_plan_figures
   put_int(w, "staging_pool_bytes", (int64_t)f->staging_pool_bytes);
   put_int(w, "host_bytes", (int64_t)f->host_bytes);
   put_int(w, "persist_bytes", (int64_t)f->persist_bytes);
+  put_int(w, "device_backend_bytes", (int64_t)f->device_backend_bytes);
 }
 
 /* optim: the parameter's optimizer placement on a "param" entry, -1 on the others. */
@@ -166,9 +172,12 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
   const uint64_t big = (uint64_t)INT64_MAX;
   if (f->device_budget_bytes > big || f->peak_device_bytes > big || f->arena_bytes > big ||
       f->staging_bytes > big || f->staging_slab_limit_bytes > big || f->staging_pool_bytes > big ||
-      f->host_bytes > big || f->persist_bytes > big || !isfinite(f->predicted_step_seconds) ||
-      f->predicted_step_seconds < 0)
+      f->host_bytes > big || f->persist_bytes > big || f->device_backend_bytes > big ||
+      !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
+  if (!mf_plan_io_storage_name(p->storage))
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: device storage %s is neither fp32 nor bf16",
+                  path, mf_dtype_name(p->storage));
   uint8_t *opt = NULL;
   MF_CHECK(mf_plan_io_act_options(p, &opt));
   mf_status chk = check_decisions(p, d, opt);

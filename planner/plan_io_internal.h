@@ -10,8 +10,9 @@
 #include "planner/plan_io.h"
 
 #define MF_PLAN_FORMAT "moefit-plan"
-/* 3: optimizer placement; 2: staging and host figures; 1 and 2 still read. */
-#define MF_PLAN_VERSION 3
+/* 4: device storage and the backend's bytes; 3: optimizer placement; 2:
+ * staging and host figures; 1 to 3 still read. */
+#define MF_PLAN_VERSION 4
 #define MF_PLAN_OPTIM_WORDS "host, device"
 
 /* The kinds of a plan's entries ("kind"). */
@@ -24,6 +25,8 @@ int mf_plan_io_decision_from_word(int kind, const char *w); /* or -1 */
 int mf_plan_io_optim_from_word(const char *w);              /* "host" / "device" -> mf_optim_dec, or -1 */
 /* The plan's entry kind of program tensor t, or -1 when a plan says nothing about it. */
 int mf_plan_io_kind_of(const mf_program *p, int32_t t);
+/* batch.storage: "fp32" for F32, "bf16" for BF16, NULL for any other dtype. */
+const char *mf_plan_io_storage_name(mf_dtype storage);
 
 /* mf_schedule_act_options for every tensor, in one pass over the program
  * (mf_schedule_can_recompute indexes the whole program on each call: once per

@@ -130,7 +130,8 @@ static mf_status batch_word(const reader *r, const json_t *batch, const char *ke
               mf_io_json_printable(json_string_value(o), q, sizeof q));
 }
 
-/* batch.order (version 2; a version-1 plan is micro-batch-major): the program's. */
+/* batch.order (version 2; a version-1 plan is micro-batch-major) and
+ * batch.storage (version 4): the program's. */
 static mf_status check_batch_words(const reader *r, const json_t *batch) {
   const mf_program *p = r->p;
   const char *const orders[2] = {mf_program_order_name(MF_ORDER_MICRO_MAJOR),
@@ -141,6 +142,15 @@ static mf_status check_batch_words(const reader *r, const json_t *batch) {
   if (order != p->order)
     return rerr(r, MF_ERR_CONFIG, "batch.order", "the plan was made for the %s order, the program is %s",
                 mf_program_order_name(order), mf_program_order_name(p->order));
+  if (r->version < 4) return MF_OK;
+  const char *const storages[2] = {mf_plan_io_storage_name(MF_DTYPE_F32),
+                                   mf_plan_io_storage_name(MF_DTYPE_BF16)};
+  MF_CHECK(batch_word(r, batch, "storage", storages, &w));
+  const char *ours = mf_plan_io_storage_name(p->storage);
+  if (!ours || strcmp(ours, storages[w]) != 0)
+    return rerr(r, MF_ERR_CONFIG, "batch.storage",
+                "the plan was made for %s device storage, the program stores %s (plan again for this config)",
+                storages[w], ours ? ours : mf_dtype_name(p->storage));
   return MF_OK;
 }
 
@@ -150,7 +160,7 @@ static mf_status check_shape(const reader *r, const json_t *root) {
   const mf_model_spec *s = &p->spec;
   static const char *const mkeys[] = {"family",  "layers", "hidden",     "heads", "kv_heads",
                                       "experts", "top_k",  "expert_ffn", "vocab"};
-  static const char *const bkeys[] = {"micro_batch", "seq_len", "grad_accum", "order"};
+  static const char *const bkeys[] = {"micro_batch", "seq_len", "grad_accum", "order", "storage"};
   const int64_t mvals[] = {0,          s->layers, s->hidden,     s->heads, s->kv_heads,
                            s->experts, s->top_k,  s->expert_ffn, s->vocab};
   const int64_t bvals[] = {p->B, p->S, p->G};
@@ -160,7 +170,8 @@ static mf_status check_shape(const reader *r, const json_t *root) {
   MF_CHECK(get(r, root, "(top level)", "batch", &batch));
   if (!json_is_object(batch))
     return rerr(r, MF_ERR_FORMAT, "batch", "expected an object, got %s", mf_io_json_kind(batch, 0));
-  MF_CHECK(only_keys(r, batch, "batch", bkeys, r->version >= 2 ? 4 : 3)); /* order came with version 2 */
+  /* order came with version 2, storage with version 4 */
+  MF_CHECK(only_keys(r, batch, "batch", bkeys, r->version >= 4 ? 5 : r->version >= 2 ? 4 : 3));
   MF_CHECK(check_batch_words(r, batch));
   for (int i = 0; i < 3; i++) {
     int64_t v;
@@ -186,12 +197,13 @@ static mf_status later_figure(const reader *r, const json_t *root, int since, co
 static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figures *f) {
   static const char *const v2_figures[] = {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes",
                                            "host_bytes"};
-  int64_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
   MF_CHECK(get_int(r, root, "", "device_budget_bytes", &v[0]));
   MF_CHECK(get_int(r, root, "", "peak_device_bytes", &v[1]));
   MF_CHECK(get_int(r, root, "", "arena_bytes", &v[2]));
   for (int i = 0; i < 4; i++) MF_CHECK(later_figure(r, root, 2, v2_figures[i], &v[3 + i]));
   MF_CHECK(later_figure(r, root, 3, "persist_bytes", &v[7]));
+  MF_CHECK(later_figure(r, root, 4, "device_backend_bytes", &v[8]));
   json_t *sec;
   MF_CHECK(get(r, root, "(top level)", "predicted_step_seconds", &sec));
   if (!json_is_number(sec) || json_number_value(sec) < 0)
@@ -206,6 +218,7 @@ static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figur
   f->staging_pool_bytes = (uint64_t)v[5];
   f->host_bytes = (uint64_t)v[6];
   f->persist_bytes = (uint64_t)v[7];
+  f->device_backend_bytes = (uint64_t)v[8];
   return MF_OK;
 }
 
@@ -224,6 +237,7 @@ static mf_status read_head(reader *r, const json_t *root, mf_plan_figures *f) {
                                      "staging_pool_bytes",
                                      "host_bytes",
                                      "persist_bytes",
+                                     "device_backend_bytes",
                                      "tensors"};
   char q[128];
   json_t *fmt = json_object_get(root, "format");

@@ -149,8 +149,8 @@ void plan_file_speed(const char *config, const Planned &pl, const char *what) {
   if (fp && fseek(fp, 0, SEEK_END) == 0) size = ftell(fp);
   if (fp) fclose(fp);
   printf(
-      "%s: plan file %.1f MB: planning alone %.3f s, planning and writing %.3f s (+%.3f s), planning from the "
-      "file %.3f s (%+.3f s); the read alone %.3f s\n",
+      "%s: plan file %.1f MB: planning alone %.3f s, planning and writing %.3f s (+%.3f s), "
+      "planning from the file %.3f s (%+.3f s); the read alone %.3f s\n",
       what, (double)size / 1e6, pl.seconds, with_write, with_write - pl.seconds, again.seconds,
       again.seconds - pl.seconds, read);
   EXPECT_LT(with_write - pl.seconds, 0.5) << what;
