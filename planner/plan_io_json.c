@@ -112,9 +112,14 @@ size_t mf_pj_utf8_len(const unsigned char *s, size_t n) {
 }
 
 int mf_pj_utf8_valid(const char *s) {
-  const size_t n = strlen(s);
-  for (size_t i = 0, k; i < n; i += k)
-    if (!(k = mf_pj_utf8_len((const unsigned char *)s + i, n - i))) return 0;
+  const unsigned char *u = (const unsigned char *)s;
+  for (size_t i = 0, k; u[i]; i += k) {
+    if (u[i] < 0x80) { /* the common case: no length to find */
+      k = 1;
+      continue;
+    }
+    if (!(k = mf_pj_utf8_len(u + i, strlen(s + i)))) return 0;
+  }
   return 1;
 }
 
@@ -176,12 +181,17 @@ static const char *string(parser *p) {
   const size_t start = p->w;
   size_t i = p->i + 1, w = p->w;
   for (;;) {
+    const unsigned char c = p->s[i]; /* s[len] is NUL: it stops the run below */
+    if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+      o[w++] = (char)c;
+      i++;
+      continue;
+    }
+    if (c == '"') break;
     if (i >= p->len) {
       fail(p, i, "the file ends inside a string");
       return NULL;
     }
-    const unsigned char c = p->s[i];
-    if (c == '"') break;
     if (c < 0x20) {
       fail(p, i, "control character 0x%02x in a string (write it as an escape)", c);
       return NULL;
