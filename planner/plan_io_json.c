@@ -2,7 +2,7 @@
  * appending writer (plan_io_json.h). */
 #include "planner/plan_io_json.h"
 
-#include <errno.h>
+#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +10,24 @@
 #include <string.h>
 
 #include "src/io/json_util.h"
+
+/* Numbers are read and printed in the C locale's form ('.' as the decimal
+ * point) whatever locale the caller set, as jansson does: this thread's
+ * locale is the C one in between. */
+typedef struct c_numbers {
+  locale_t c, old;
+} c_numbers;
+
+static void c_numbers_begin(c_numbers *n) {
+  n->c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+  n->old = n->c ? uselocale(n->c) : (locale_t)0;
+}
+
+static void c_numbers_end(c_numbers *n) {
+  if (!n->c) return;
+  uselocale(n->old);
+  freelocale(n->c);
+}
 
 /* ------------------------------------------------------------- parsing */
 
@@ -260,9 +278,7 @@ static int32_t number(parser *p) {
   if (x < 0) return -1;
   if (real) {
     char *end;
-    errno = 0;
-    const double v =
-        strtod((const char *)p->s + b, &end); /* the text is NUL-terminated; the C locale's '.' */
+    const double v = strtod((const char *)p->s + b, &end); /* the text is NUL-terminated */
     if ((const unsigned char *)end != p->s + i) return fail(p, b, "a number that does not parse");
     if (isinf(v)) return fail(p, b, "real number overflow");
     p->doc->node[x].v.r = v;
@@ -418,12 +434,15 @@ mf_status mf_pj_parse(const char *path, const char *text, size_t len, int max_de
   MF_CHECK_GOTO(mf_malloc((size_t)doc->cap * sizeof *doc->node, "plan values", (void **)&doc->node), p.st,
                 done);
   skip_ws(&p);
+  c_numbers cn;
+  c_numbers_begin(&cn);
   if (p.i < len && text[p.i] != '{' && text[p.i] != '[')
     unexpected(&p, "'{' or '[' (an object or an array)");
   else if (value(&p, 0) >= 0) {
     skip_ws(&p);
     if (p.i < len) fail(&p, p.i, "text after the end of the top-level value");
   }
+  c_numbers_end(&cn);
 done:
   if (p.st != MF_OK) mf_pj_free(doc);
   return p.st;
@@ -538,7 +557,10 @@ void mf_pj_put_i64(mf_pj_out *o, int64_t v) {
 
 void mf_pj_put_real(mf_pj_out *o, double v) {
   char b[40];
+  c_numbers cn;
+  c_numbers_begin(&cn);
   int n = snprintf(b, sizeof b, "%.17g", v);
+  c_numbers_end(&cn);
   if (!strchr(b, '.') && !strchr(b, 'e')) n += snprintf(b + n, sizeof b - (size_t)n, ".0");
   char *e = strchr(b, 'e');
   if (e) { /* "1e+20" -> "1e20", "1e-05" -> "1e-5" */

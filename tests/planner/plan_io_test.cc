@@ -10,6 +10,7 @@
 #include <fnmatch.h>
 #include <unistd.h>
 
+#include <clocale>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -539,6 +540,28 @@ TEST_F(PlanIo, NumbersPrintedOneWay) {
     EXPECT_EQ(back.predicted_step_seconds, sec);
     EXPECT_EQ(back.device_budget_bytes, (uint64_t)INT64_MAX);
     mf_decisions_free(d);
+  }
+  // The same under a locale whose decimal point is a comma (where the
+  // machine has one): numbers are JSON's whatever the caller's locale.
+  const char *comma = nullptr;
+  for (const char *l : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "fr_FR.utf8"})
+    if (!comma && setlocale(LC_NUMERIC, l)) comma = l;
+  if (comma) {
+    SCOPED_TRACE(comma);
+    mf_plan_figures f = fig_;
+    f.predicted_step_seconds = 2.5;
+    const std::string a = TmpPath("comma.plan.json");
+    const mf_status st = mf_plan_write_json(p_, d_, &f, a.c_str());
+    mf_plan_figures back{};
+    mf_decisions *d = nullptr;
+    EXPECT_EQ(mf_decisions_create(p_, &d), MF_OK);
+    const mf_status rst = mf_plan_read_json(p_, a.c_str(), d, &back);
+    setlocale(LC_NUMERIC, "C");
+    mf_decisions_free(d);
+    ASSERT_EQ(st, MF_OK) << mf_last_error();
+    EXPECT_NE(Slurp(a).find("\"predicted_step_seconds\": 2.5,\n"), std::string::npos);
+    EXPECT_EQ(rst, MF_OK) << mf_last_error();
+    EXPECT_EQ(back.predicted_step_seconds, 2.5);
   }
   // Past int64 is refused, not written.
   mf_plan_figures f = fig_;
