@@ -2,11 +2,13 @@
  * The plan file's JSON text, read and written without a tree of allocations
  * (internal to planner/plan_io*.c).
  *
- * A real-size plan is large (61 layers x 256 experts: 17 MB, some 130000
+ * A real-size plan is large (61 layers x 256 experts: 16.7 MB, some 100000
  * entries), and jansson allocates a hash table per object and a string per
- * value: 0.6 s to parse that file and 0.4 s to build and dump it. Here a
- * parse is one pass into one array of nodes, the strings decoded into one
- * buffer; the writer appends to one buffer. Both are linear in the text.
+ * value: json_loadb took 0.58 s on that file and json_dumps 0.30 s, besides
+ * building the tree (2 loaded cores). Here a parse is one pass into one array
+ * of nodes, the strings decoded into one buffer; the writer appends to one
+ * buffer. Both are linear in the text. A NUL byte is refused anywhere
+ * (jansson drops one that follows a number).
  *
  * The parser takes what jansson's json_loadb(JSON_REJECT_DUPLICATES) takes:
  * an object or array at the top, RFC 8259 otherwise, strings valid UTF-8
