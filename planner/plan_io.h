@@ -2,19 +2,23 @@
  * Plans as data: decisions written to and read from versioned JSON, and the
  * config's memory.overrides applied to decisions.
  *
- * The JSON (format "moefit-plan", version 3):
+ * The JSON (format "moefit-plan", version 4):
  *   {
- *     "format": "moefit-plan", "version": 3,
+ *     "format": "moefit-plan", "version": 4,
  *     "model": {"family": "mixtral", "layers": 32, "hidden": 4096, "experts": 8, ...},
- *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8, "order": "layer-major"},
+ *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8, "order": "layer-major",
+ *               "storage": "bf16"},
  *     "device_budget_bytes": N, "peak_device_bytes": N, "arena_bytes": N,
  *     "predicted_step_seconds": x,
  *     "staging_bytes": N, "staging_slab_limit_bytes": N, "staging_pool_bytes": N,
- *     "host_bytes": N, "persist_bytes": N,
+ *     "host_bytes": N, "persist_bytes": N, "device_backend_bytes": N,
  *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "resident",
  *                  "optimizer": "device"},
  *                 {"name": "grad....", "kind": "grad", "bytes": N, "decision": "device"}, ...]
  *   }
+ * The layout is fixed (keys in this order, two-space indent, integers in
+ * decimal, the seconds as "%.17g" with ".0" where that reads as an integer),
+ * so the same decisions and figures give a byte-identical file.
  * Every parameter appears twice — its weight ("param": resident | stream, and
  * "optimizer": host | device, where its AdamW update runs: mf_decisions.optim)
  * and its gradient ("grad": device | stream) — and every activation that may
@@ -24,7 +28,11 @@
  * otherwise, and in a forward-only program (MF_ERR_CONFIG, naming the file,
  * the entry and the tensor). persist_bytes is the schedule's persistent
  * device bytes (weights and AdamW state of the parameters updated on the
- * device, filled once and kept across steps). Names are
+ * device, filled once and kept across steps). batch.storage is the program's
+ * device storage dtype ("fp32" or "bf16": p->storage), which sets every
+ * tensor's bytes; device_backend_bytes is the backend's own device memory
+ * beside the arena (library workspaces, kernel scratch, a reserve for the
+ * CUDA context). Names are
  * the program's: the parameter's name, "grad." + it, and the activation's with
  * its micro-batch ("mb1.model.layers.0.mlp.experts.act"); a forward-only
  * program has no "grad" entries. Reading validates the format, the version,
@@ -40,7 +48,11 @@
  * the program's (MF_ERR_CONFIG otherwise). Version 1 and 2 files (written
  * before the optimizer's placement) must not have "optimizer" or
  * "persist_bytes": every optimizer reads back as host and persist_bytes as 0.
- * Version 3 requires both. The writer writes version 3.
+ * Version 3 requires both. Version 1 to 3 files (written before the storage
+ * and the backend's bytes) must not have batch.storage or
+ * "device_backend_bytes": device_backend_bytes reads back as 0 and the
+ * storage is not checked. Version 4 requires both; batch.storage must be the
+ * program's (MF_ERR_CONFIG otherwise). The writer writes version 4.
  */
 #ifndef MF_PLANNER_PLAN_IO_H
 #define MF_PLANNER_PLAN_IO_H
@@ -70,6 +82,9 @@ typedef struct mf_plan_figures {
   /* Version 3 (0 when read from an older file). */
   uint64_t persist_bytes; /* the schedule's persist_bytes: device bytes kept across steps (weights and
                              AdamW state of the parameters whose optimizer is on the device) */
+  /* Version 4 (0 when read from an older file). */
+  uint64_t device_backend_bytes; /* the backend's device memory beside the arena: library workspaces,
+                                    kernel scratch, a reserve for the CUDA context */
 } mf_plan_figures;
 
 /* Writes d (which must be decisions the program allows: an activation decision

@@ -111,6 +111,7 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   f->staging_pool_bytes = sg ? sg->pool_bytes : 0;
   f->host_bytes = rp->host.total_bytes;
   f->persist_bytes = pl->s->persist_bytes;
+  f->device_backend_bytes = rp->dev.total_bytes;
   return MF_OK;
 }
 

@@ -5,7 +5,11 @@
 #include <string.h>
 
 const char *mf_io_json_kind(const json_t *v, int bool_as_value) {
-  switch (json_typeof(v)) {
+  return mf_io_json_type_kind(json_typeof(v), bool_as_value);
+}
+
+const char *mf_io_json_type_kind(json_type t, int bool_as_value) {
+  switch (t) {
     case JSON_OBJECT:
       return "an object";
     case JSON_ARRAY:

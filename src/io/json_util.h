@@ -14,6 +14,8 @@
  * a boolean as "a boolean" (its type, for "expected X, got a boolean"), or,
  * with bool_as_value, as the literal "true" / "false" (for "X is true"). */
 const char *mf_io_json_kind(const json_t *v, int bool_as_value);
+/* The same for a value of type t (for a parser that keeps its own values). */
+const char *mf_io_json_type_kind(json_type t, int bool_as_value);
 
 /* 1 when the JSON text nests objects/arrays deeper than max_depth (strings are
  * skipped); *where gets the byte offset of the bracket that went too deep and

@@ -3,9 +3,11 @@
 // mutations of a valid file — bit flips, random bytes, syntax characters,
 // tokens of the format, cut, duplicated and deleted runs. Each read either
 // succeeds or fails with a status of its contract and a message naming the
-// file; a plan that reads back schedules cleanly. Under --config=asan (CI runs
+// file; a plan that reads back schedules cleanly, and the plan reader's own
+// JSON parser judges each text as jansson does. Under --config=asan (CI runs
 // it) any out-of-bounds access, leak or undefined behaviour fails the test.
 #include <gtest/gtest.h>
+#include <jansson.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -152,6 +154,21 @@ TEST_F(Mutation, PlanFiles) {
       {MF_ERR_FORMAT, MF_ERR_CONFIG, MF_ERR_UNSUPPORTED, MF_ERR_IO},
       [&](const std::string &path) {
         mf_status st = mf_plan_read_json(p_, path.c_str(), d, nullptr);
+        // The plan reader parses JSON itself: it must take what jansson
+        // (JSON_REJECT_DUPLICATES) takes and refuse what it refuses. Not
+        // compared: nesting (refused at 16 levels, jansson's limit is 2048),
+        // and NUL bytes, which the reader always refuses but jansson drops
+        // after a number ("[1, 2\0]" loads as [1, 2]).
+        const std::string msg = st == MF_OK ? "" : mf_last_error(), text = slurp(path);
+        if (msg.find("nests deeper") == std::string::npos && text.find('\0') == std::string::npos) {
+          json_error_t e;
+          json_t *j = json_loadb(text.data(), text.size(), JSON_REJECT_DUPLICATES, &e);
+          const bool refused =
+              msg.find("invalid JSON") != std::string::npos || msg.find("is empty") != std::string::npos;
+          EXPECT_EQ(refused, j == nullptr)
+              << "moefit: " << (msg.empty() ? "accepted" : msg) << "; jansson: " << (j ? "accepted" : e.text);
+          json_decref(j);
+        }
         if (st == MF_OK) {
           mf_schedule *s = nullptr;
           EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_OK)

@@ -10,6 +10,7 @@
 #include <fnmatch.h>
 #include <unistd.h>
 
+#include <clocale>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,10 +58,10 @@ mf_model_spec TinySpec() {
 struct Prog {
   mf_param_table *t = nullptr;
   mf_program *p = nullptr;
-  void Build(int64_t B, int64_t S, int64_t G, int forward_only = 0) {
+  void Build(int64_t B, int64_t S, int64_t G, int forward_only = 0, mf_dtype storage = MF_DTYPE_F32) {
     mf_model_spec s = TinySpec();
     ASSERT_EQ(mf_param_table_build(&s, &t), MF_OK) << mf_last_error();
-    mf_program_opts po = {B, S, G, 0.01, 0, forward_only};
+    mf_program_opts po = {B, S, G, 0.01, 0, forward_only, MF_ORDER_MICRO_MAJOR, storage, MF_DTYPE_F32};
     ASSERT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
   }
   ~Prog() {
@@ -130,7 +131,8 @@ class PlanIo : public ::testing::Test {
       if (want == 2 && !mf_schedule_can_recompute(p_, t)) want = 1;
       d_->act[t] = (uint8_t)want;
     }
-    fig_ = {8ull << 30, 123456789, 98765, 0.1234567890123456789, 4567, 1u << 20, 891011, 1ull << 40, 24680};
+    fig_ = {8ull << 30, 123456789,  98765, 0.1234567890123456789, 4567, 1u << 20,
+            891011,     1ull << 40, 24680, (3ull << 30) + 17};
     base_ = TmpPath("base.plan.json");
     ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
   }
@@ -192,10 +194,14 @@ class PlanIo : public ::testing::Test {
     json_decref(root);
     return at;
   }
-  // The base plan as an older version wrote it: no optimizer placements, no
-  // persist_bytes (and for version 1, no staging and host figures or order).
+  // The base plan as an older version wrote it: no storage or backend bytes
+  // (version 3), no optimizer placements or persist_bytes (version 2), no
+  // staging and host figures or order (version 1).
   static void MakeVersion(json_t *r, int version) {
     json_object_set_new(r, "version", json_integer(version));
+    json_object_del(r, "device_backend_bytes");
+    json_object_del(json_object_get(r, "batch"), "storage");
+    if (version >= 3) return;
     json_object_del(r, "persist_bytes");
     size_t i;
     json_t *e;
@@ -244,6 +250,7 @@ TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
   EXPECT_EQ(f.staging_pool_bytes, fig_.staging_pool_bytes);
   EXPECT_EQ(f.host_bytes, fig_.host_bytes);
   EXPECT_EQ(f.persist_bytes, fig_.persist_bytes);
+  EXPECT_EQ(f.device_backend_bytes, fig_.device_backend_bytes);
 
   // Written again, the file is the same; figures may be left out when reading.
   std::string again = TmpPath("again.plan.json");
@@ -262,8 +269,9 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   json_t *root = json_loads(text.c_str(), JSON_REJECT_DUPLICATES, &e);
   ASSERT_NE(root, nullptr) << e.text;
   EXPECT_STREQ(json_string_value(json_object_get(root, "format")), "moefit-plan");
-  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 3);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 4);
   EXPECT_EQ(json_integer_value(json_object_get(root, "persist_bytes")), 24680);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "device_backend_bytes")), (3ll << 30) + 17);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_bytes")), 4567);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_slab_limit_bytes")), 1 << 20);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_pool_bytes")), 891011);
@@ -273,6 +281,17 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   EXPECT_EQ(json_integer_value(json_object_get(model, "experts")), 4);
   EXPECT_EQ(json_integer_value(json_object_get(batch, "seq_len")), 8);
   EXPECT_EQ(json_integer_value(json_object_get(batch, "grad_accum")), 2);
+  EXPECT_STREQ(json_string_value(json_object_get(batch, "storage")), "fp32");
+  // The documented order of the top level's keys.
+  std::string keys;
+  for (size_t at = text.find("\n  \""); at != std::string::npos; at = text.find("\n  \"", at + 1))
+    keys += text.substr(at + 4, text.find('"', at + 4) - at - 4) + " ";
+  EXPECT_EQ(keys,
+            "format version model batch device_budget_bytes peak_device_bytes arena_bytes predicted_step_seconds "
+            "staging_bytes staging_slab_limit_bytes staging_pool_bytes host_bytes persist_bytes "
+            "device_backend_bytes tensors ");
+  EXPECT_NE(text.find("\"order\": \"micro-batch-major\",\n    \"storage\": \"fp32\"\n  },"),
+            std::string::npos);
   json_t *tensors = json_object_get(root, "tensors");
   // Every parameter twice, every offloadable activation (both micro-batches) once.
   ASSERT_EQ(json_array_size(tensors), (size_t)(2 * p_->params->n + n_acts_));
@@ -389,7 +408,7 @@ TEST_F(PlanIo, Version2ReadsWithTheOptimizerOnTheHost) {
   mf_decisions *d = nullptr;
   ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
   memset(d->optim, MF_OPTIM_DEVICE, (size_t)d->n_params);  // every one must be overwritten
-  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9, 9};
+  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9, 9, 9};
   ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
   EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
   EXPECT_EQ(0, memcmp(d->grad, d_->grad, (size_t)d->n_params));
@@ -397,6 +416,7 @@ TEST_F(PlanIo, Version2ReadsWithTheOptimizerOnTheHost) {
   for (int32_t i = 0; i < d->n_params; i++) EXPECT_EQ(d->optim[i], MF_OPTIM_HOST) << i;
   EXPECT_EQ(f.host_bytes, fig_.host_bytes);
   EXPECT_EQ(f.persist_bytes, 0u);
+  EXPECT_EQ(f.device_backend_bytes, 0u);
   mf_decisions_free(d);
   // A version-2 file with a version-3 key.
   path = Edited("plan.json", [](json_t *r) {
@@ -416,6 +436,137 @@ TEST_F(PlanIo, Version2ReadsWithTheOptimizerOnTheHost) {
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing 'persist_bytes'");
   path = Edited("plan.json", [](json_t *r) { json_object_del(Entry(r, 3), "optimizer"); });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: tensors[3]: missing 'optimizer' (host, device)");
+}
+
+// Version 3 (before the device storage and the backend's bytes) still reads:
+// the same decisions and figures, device_backend_bytes 0; it must not have
+// the version-4 keys, and version 4 needs both.
+TEST_F(PlanIo, Version3StillReads) {
+  std::string path = Edited("v3.plan.json", [](json_t *r) { MakeVersion(r, 3); });
+  EXPECT_EQ(Slurp(path).find("storage"), std::string::npos);
+  EXPECT_EQ(Slurp(path).find("device_backend_bytes"), std::string::npos);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9, 9, 9};
+  ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
+  EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
+  EXPECT_EQ(0, memcmp(d->grad, d_->grad, (size_t)d->n_params));
+  EXPECT_EQ(0, memcmp(d->act, d_->act, (size_t)d->n_tensors));
+  EXPECT_EQ(0, memcmp(d->optim, d_->optim, (size_t)d->n_params));
+  EXPECT_EQ(f.persist_bytes, fig_.persist_bytes);
+  EXPECT_EQ(f.predicted_step_seconds, fig_.predicted_step_seconds);
+  EXPECT_EQ(f.device_backend_bytes, 0u);
+  mf_decisions_free(d);
+  // A version-3 file with a version-4 key.
+  path = Edited("plan.json", [](json_t *r) {
+    MakeVersion(r, 3);
+    json_object_set_new(r, "device_backend_bytes", json_integer(5));
+  });
+  EXPECT_ERROR(
+      Read(path), MF_ERR_FORMAT,
+      "plan.json: device_backend_bytes: a version-3 plan has no 'device_backend_bytes' (it came with "
+      "version 4)");
+  path = Edited("plan.json", [](json_t *r) {
+    MakeVersion(r, 3);
+    json_object_set_new(json_object_get(r, "batch"), "storage", json_string("fp32"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch: unknown key 'storage'");
+  // Version 4 needs both, storage one of the two words.
+  path = Edited("plan.json", [](json_t *r) { json_object_del(r, "device_backend_bytes"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing 'device_backend_bytes'");
+  path = Edited("plan.json", [](json_t *r) { json_object_del(json_object_get(r, "batch"), "storage"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch: missing 'storage'");
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(r, "device_backend_bytes", json_integer(-1)); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: device_backend_bytes: expected a non-negative integer");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(json_object_get(r, "batch"), "storage", json_string("fp16"));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT,
+               "plan.json: batch.storage: expected \"fp32\" or \"bf16\", got 'fp16'");
+  path = Edited("plan.json", [](json_t *r) {
+    json_object_set_new(json_object_get(r, "batch"), "storage", json_integer(16));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch.storage: expected", "got an integer");
+}
+
+// batch.storage must be the program's: a plan made for fp32 storage does not
+// fit a bf16 program of the same shape, nor the other way round.
+TEST_F(PlanIo, StorageMismatch) {
+  Prog bf16;
+  bf16.Build(1, 8, 2, 0, MF_DTYPE_BF16);
+  ASSERT_EQ(bf16.p->storage, MF_DTYPE_BF16);
+  EXPECT_ERROR(
+      Read(base_, bf16.p), MF_ERR_CONFIG,
+      "base.plan.json: batch.storage: the plan was made for fp32 device storage, the program stores bf16");
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(bf16.p, &d), MF_OK);
+  const std::string path = TmpPath("bf16.plan.json");
+  ASSERT_EQ(mf_plan_write_json(bf16.p, d, &fig_, path.c_str()), MF_OK) << mf_last_error();
+  EXPECT_NE(Slurp(path).find("\"storage\": \"bf16\""), std::string::npos);
+  EXPECT_EQ(Read(path, bf16.p).st, MF_OK);
+  EXPECT_ERROR(
+      Read(path), MF_ERR_CONFIG,
+      "bf16.plan.json: batch.storage: the plan was made for bf16 device storage, the program stores fp32");
+  mf_decisions_free(d);
+}
+
+// Numbers are printed one way: integers in decimal, the seconds as jansson
+// prints a real ("%.17g", ".0" where that reads as an integer, no '+' or
+// leading zeros in the exponent), so a file is the same bytes every time and
+// the seconds read back bit-exact.
+TEST_F(PlanIo, NumbersPrintedOneWay) {
+  for (double sec : {0.0, 2.0, 0.1, 1e-7, 123456789.125, 1e300, 4.9e-324}) {
+    SCOPED_TRACE(sec);
+    mf_plan_figures f = fig_;
+    f.predicted_step_seconds = sec;
+    f.device_budget_bytes = (uint64_t)INT64_MAX;
+    const std::string a = TmpPath("a.plan.json"), b = TmpPath("b.plan.json");
+    ASSERT_EQ(mf_plan_write_json(p_, d_, &f, a.c_str()), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_plan_write_json(p_, d_, &f, b.c_str()), MF_OK) << mf_last_error();
+    const std::string text = Slurp(a);
+    EXPECT_EQ(text, Slurp(b));
+    json_t *real = json_real(sec);
+    char *want = json_dumps(real, JSON_ENCODE_ANY);
+    EXPECT_NE(text.find("\"predicted_step_seconds\": " + std::string(want) + ",\n"), std::string::npos)
+        << want;
+    free(want);
+    json_decref(real);
+    EXPECT_NE(text.find("\"device_budget_bytes\": 9223372036854775807,\n"), std::string::npos);
+    mf_decisions *d = nullptr;
+    ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+    mf_plan_figures back{};
+    ASSERT_EQ(mf_plan_read_json(p_, a.c_str(), d, &back), MF_OK) << mf_last_error();
+    EXPECT_EQ(back.predicted_step_seconds, sec);
+    EXPECT_EQ(back.device_budget_bytes, (uint64_t)INT64_MAX);
+    mf_decisions_free(d);
+  }
+  // The same under a locale whose decimal point is a comma (where the
+  // machine has one): numbers are JSON's whatever the caller's locale.
+  const char *comma = nullptr;
+  for (const char *l : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "fr_FR.utf8"})
+    if (!comma && setlocale(LC_NUMERIC, l)) comma = l;
+  if (comma) {
+    SCOPED_TRACE(comma);
+    mf_plan_figures f = fig_;
+    f.predicted_step_seconds = 2.5;
+    const std::string a = TmpPath("comma.plan.json");
+    const mf_status st = mf_plan_write_json(p_, d_, &f, a.c_str());
+    mf_plan_figures back{};
+    mf_decisions *d = nullptr;
+    EXPECT_EQ(mf_decisions_create(p_, &d), MF_OK);
+    const mf_status rst = mf_plan_read_json(p_, a.c_str(), d, &back);
+    setlocale(LC_NUMERIC, "C");
+    mf_decisions_free(d);
+    ASSERT_EQ(st, MF_OK) << mf_last_error();
+    EXPECT_NE(Slurp(a).find("\"predicted_step_seconds\": 2.5,\n"), std::string::npos);
+    EXPECT_EQ(rst, MF_OK) << mf_last_error();
+    EXPECT_EQ(back.predicted_step_seconds, 2.5);
+  }
+  // Past int64 is refused, not written.
+  mf_plan_figures f = fig_;
+  f.device_backend_bytes = (uint64_t)INT64_MAX + 1;
+  EXPECT_EQ(mf_plan_write_json(p_, d_, &f, TmpPath("c.plan.json").c_str()), MF_ERR_INVALID_ARG);
 }
 
 // Malformed or impossible placements: errors naming the file, the entry and
@@ -520,8 +671,8 @@ TEST_F(PlanIo, WrongFormatString) {
 
 TEST_F(PlanIo, NewerVersion) {
   std::string path =
-      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(4)); });
-  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 4", "versions 1 to 3");
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(5)); });
+  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 5", "versions 1 to 4");
   path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(0)); });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: version: expected a positive integer");
 }
@@ -534,10 +685,11 @@ TEST_F(PlanIo, Version1StillReads) {
   std::string path = Edited("v1.plan.json", [](json_t *r) { MakeVersion(r, 1); });
   mf_decisions *d = nullptr;
   ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
-  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9};
+  mf_plan_figures f = {9, 9, 9, 9.0, 9, 9, 9, 9, 9, 9};
   ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
   EXPECT_EQ(0, memcmp(d->param, d_->param, (size_t)d->n_params));
   EXPECT_EQ(f.arena_bytes, fig_.arena_bytes);
+  EXPECT_EQ(f.device_backend_bytes, 0u);
   EXPECT_EQ(f.staging_bytes, 0u);
   EXPECT_EQ(f.staging_slab_limit_bytes, 0u);
   EXPECT_EQ(f.staging_pool_bytes, 0u);
@@ -767,6 +919,97 @@ TEST_F(PlanIo, HugeFile) {
 TEST_F(PlanIo, GarbageBytes) {
   std::string bin("{\"format\": \"moefit-plan\"\x00\xff\xfe", 27);
   EXPECT_ERROR(ReadFrom("plan.json", bin), MF_ERR_FORMAT, "plan.json: line 1", "invalid JSON");
+}
+
+// The reader parses JSON itself (planner/plan_io_json.c): on the corners of
+// the syntax it refuses what jansson (JSON_REJECT_DUPLICATES) refuses, with
+// "invalid JSON" and the line and column, and takes what jansson takes (none
+// of these texts is a plan, so those fail later, as not plans).
+TEST_F(PlanIo, JsonSyntaxAsJanssonJudgesIt) {
+  std::string many = "{";
+  for (int k = 0; k < 40; k++) many += "\"k" + std::to_string(k) + "\": 0, ";
+  const std::vector<std::string> texts = {
+      // numbers
+      "{\"a\": 01}",
+      "{\"a\": 1.}",
+      "{\"a\": .5}",
+      "{\"a\": -}",
+      "{\"a\": +1}",
+      "{\"a\": 1e}",
+      "{\"a\": 1e+}",
+      "{\"a\": 1e999}",
+      "{\"a\": -1e999}",
+      "{\"a\": 1e-999}",
+      "{\"a\": -0}",
+      "{\"a\": 0.5E+3}",
+      "{\"a\": 9223372036854775807}",
+      "{\"a\": 9223372036854775808}",
+      "{\"a\": -9223372036854775808}",
+      "{\"a\": -9223372036854775809}",
+      // escapes
+      "{\"a\": \"\\u0000\"}",
+      "{\"a\": \"\\ud800\"}",
+      "{\"a\": \"\\udc00\"}",
+      "{\"a\": \"\\ud83d\\ude00\"}",
+      "{\"a\": \"\\ud83d\\u0041\"}",
+      "{\"a\": \"\\u12\"}",
+      "{\"a\": \"\\uZZZZ\"}",
+      "{\"a\": \"\\q\"}",
+      "{\"a\": \"\\/\\b\\f\\n\\r\\t\\\\\\\"\"}",
+      // bytes in strings: control, UTF-8, overlong, surrogate, past U+10FFFF, cut, stray
+      "{\"a\": \"\x01\"}",
+      "{\"a\": \"\xc3\xa9\"}",
+      "{\"a\": \"\xc0\xaf\"}",
+      "{\"a\": \"\xed\xa0\x80\"}",
+      "{\"a\": \"\xf4\x90\x80\x80\"}",
+      "{\"a\": \"\xe2\x82\"}",
+      "{\"a\": \"\x80\"}",
+      // structure
+      "{\"a\": [1,]}",
+      "{\"a\": 1,}",
+      "{\"a\" 1}",
+      "{\"a\": 1} x",
+      "{\"a\": 1}\n \t\r",
+      "{\"a\": tru}",
+      "{\"a\": nul}",
+      "{\"a\": true, \"b\": false, \"c\": null}",
+      "{a: 1}",
+      "{\"a\": 1 \"b\": 2}",
+      "{\"a\": [1 2]}",
+      "\"plan\"",
+      "42",
+      "{\"a\": \"unterminated",
+      "{\"a\": [",
+      "{,}",
+      "{\"a\": {}, \"b\": []}",
+      "[]",
+      std::string("{\"a\": 1}\0", 9),
+      // repeated keys (the same once decoded; in a large object)
+      "{\"a\": 1, \"a\": 2}",
+      "{\"\xc3\xa9\": 1, \"\\u00e9\": 2}",
+      many + "\"k7\": 1}",
+      many + "\"k40\": 1}",
+  };
+
+  for (const std::string &text : texts) {
+    SCOPED_TRACE(text);
+    json_error_t e;
+    json_t *j = json_loadb(text.data(), text.size(), JSON_REJECT_DUPLICATES, &e);
+    const Result r = ReadFrom("plan.json", text);
+    EXPECT_NE(r.st, MF_OK);
+    const bool refused = r.err.find("invalid JSON") != std::string::npos;
+    EXPECT_EQ(refused, j == nullptr) << "moefit: " << r.err << "; jansson: " << (j ? "accepted" : e.text);
+    if (refused) EXPECT_ERROR(r, MF_ERR_FORMAT, "plan.json: line 1, column ");
+    json_decref(j);
+  }
+  // A NUL byte is refused anywhere (jansson drops one that follows a number).
+  EXPECT_ERROR(ReadFrom("plan.json", std::string("{\"a\": [1, 2\0]}", 14)), MF_ERR_FORMAT,
+               "plan.json: line 1, column 12: invalid JSON: expected ',' or ']', got byte 0x00");
+  // A repeated key in a large object: where it repeats.
+  EXPECT_ERROR(ReadFrom("plan.json", many + "\n\"k7\": 1}"), MF_ERR_FORMAT,
+               "plan.json: line 2, column 1: ", "invalid JSON: duplicate object key 'k7'");
+  EXPECT_ERROR(ReadFrom("plan.json", "{\n  \"a\": 1,\n  \"b\": [1, 2,, 3]}"), MF_ERR_FORMAT,
+               "plan.json: line 3, column 14: invalid JSON: expected a value, got ','");
 }
 
 // -------------------------------------------------------------- overrides
