@@ -5,6 +5,7 @@
 
 #include "planner/segtree.h"
 #include "planner/simulate.h"
+#include "src/core/interval.h"
 
 const char *mf_sim_stream_name(mf_sim_stream s) {
   switch (s) {
@@ -172,20 +173,6 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
   }
 }
 
-/* ---------------------------------------------- arena segment tree (max) */
-
-static int32_t coord_index(const size_t *c, int32_t n, size_t v) {
-  int32_t lo = 0, hi = n; /* first index with c[i] >= v */
-  while (lo < hi) {
-    int32_t mid = lo + (hi - lo) / 2;
-    if (c[mid] < v)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
 /* ------------------------------------------------------------- simulation */
 
 typedef struct touch {
@@ -202,7 +189,7 @@ typedef struct scratch {
   int32_t *done_start;        /* [n_instr + 1] CSR: the slots whose last instruction is i */
   int32_t *done;              /* [n_slots] */
   int32_t *leaf_lo, *leaf_hi; /* [n_slots] the slot's elementary intervals, [lo, hi) */
-  size_t *coords;             /* [2 n_slots], then as much scratch for the sort */
+  size_t *coords;             /* [2 n_slots]: the slots' offsets, then their bytes (0: never used) */
   int64_t *delta;             /* [n_instr + 1] live bytes, as differences */
   touch *touches;             /* [MF_KBUF_MAX + E + 2] */
   double *gate;               /* [n_instr] overlap_optimizer: when the update of the parameter the instruction
@@ -347,7 +334,7 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
   w->done = (int32_t *)malloc(ns * sizeof(int32_t));
   w->leaf_lo = (int32_t *)malloc(ns * sizeof(int32_t));
   w->leaf_hi = (int32_t *)malloc(ns * sizeof(int32_t));
-  w->coords = (size_t *)malloc(4 * ns * sizeof(size_t)); /* and the sort's scratch */
+  w->coords = (size_t *)malloc(2 * ns * sizeof(size_t));
   w->delta = (int64_t *)calloc(ni + 1, sizeof(int64_t));
   w->touches = (touch *)malloc(
       ((size_t)MF_KBUF_MAX + (size_t)(p->spec.experts > 0 ? p->spec.experts : 0) + 2) * sizeof(touch));
@@ -439,18 +426,17 @@ static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *
     w->wmask[k] = mf_kernel_writes(&c);
     w->op_cost[k] = mf_sim_op_seconds(p, k, hw);
   }
-  int32_t nc = 0;
-  for (int32_t x = 0; x < s->n_slots; x++) {
+  const int32_t ns = s->n_slots;
+  for (int32_t x = 0; x < ns; x++) {
     const mf_slot *sl = &s->slots[x];
+    w->coords[x] = sl->offset;
+    w->coords[ns + x] = 0;
     if (sl->first < 0) continue;
     const size_t bytes = p->tensors[sl->tensor].bytes;
+    w->coords[ns + x] = bytes;
     w->done_start[sl->last + 1]++;
     w->delta[sl->first] += (int64_t)bytes;
     w->delta[sl->last + 1] -= (int64_t)bytes;
-    if (bytes) {
-      w->coords[nc++] = sl->offset;
-      w->coords[nc++] = sl->offset + bytes;
-    }
   }
   for (int32_t i = 0; i < s->n_instr; i++) w->done_start[i + 1] += w->done_start[i];
   {
@@ -461,19 +447,9 @@ static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *
       if (s->slots[x].first >= 0) w->done[fill[s->slots[x].last]++] = x;
     free(fill);
   }
-  mf_sort_size(w->coords, (size_t)nc, w->coords + nc);
-  int32_t nu = 0;
-  for (int32_t i = 0; i < nc; i++)
-    if (nu == 0 || w->coords[nu - 1] != w->coords[i]) w->coords[nu++] = w->coords[i];
-  for (int32_t x = 0; x < s->n_slots; x++) {
-    const mf_slot *sl = &s->slots[x];
-    const size_t bytes = p->tensors[sl->tensor].bytes;
-    w->leaf_lo[x] = w->leaf_hi[x] = 0;
-    if (sl->first < 0 || !bytes) continue;
-    w->leaf_lo[x] = coord_index(w->coords, nu, sl->offset);
-    w->leaf_hi[x] = coord_index(w->coords, nu, sl->offset + bytes);
-  }
-  w->seg.n = nu > 1 ? nu - 1 : 1;
+  int32_t leaves = 0;
+  MF_CHECK(mf_interval_leaves(ns, w->coords, w->coords + ns, w->leaf_lo, w->leaf_hi, &leaves));
+  w->seg.n = leaves > 0 ? leaves : 1;
   w->seg.size = 1;
   while (w->seg.size < w->seg.n) w->seg.size *= 2;
   w->seg.mx = (double *)calloc(2 * (size_t)w->seg.size, sizeof(double));

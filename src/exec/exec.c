@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/segtree.h"
+#include "src/core/interval.h"
 #include "src/exec/exec.h"
 #include "src/exec/exec_internal.h"
 
@@ -136,41 +136,6 @@ static mf_status sync_all(mf_exec *x) {
   return x->sg ? mf_exec_sg_sync(x) : MF_OK;
 }
 
-/* The first index in [l, h) of sorted c whose value is >= v (h: none). */
-static size_t first_at_least(const size_t *c, size_t l, size_t h, size_t v) {
-  while (l < h) {
-    const size_t m = l + (h - l) / 2;
-    if (c[m] < v)
-      l = m + 1;
-    else
-      h = m;
-  }
-  return l;
-}
-
-mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
-                         int32_t *n_leaves) {
-  size_t *c = NULL;
-  *n_leaves = 0;
-  MF_CHECK(mf_malloc(4 * (size_t)(n ? n : 1) * sizeof(size_t), "executor intervals", (void **)&c));
-  size_t nc = 0;
-  for (int32_t i = 0; i < n; i++) {
-    c[nc++] = off[i];
-    c[nc++] = off[i] + len[i];
-  }
-  mf_sort_size(c, nc, c + nc);
-  size_t nu = 0;
-  for (size_t i = 0; i < nc; i++)
-    if (nu == 0 || c[nu - 1] != c[i]) c[nu++] = c[i];
-  for (int32_t i = 0; i < n; i++) {
-    lo[i] = (int32_t)first_at_least(c, 0, nu, off[i]);
-    hi[i] = (int32_t)first_at_least(c, (size_t)lo[i], nu, off[i] + len[i]);
-  }
-  free(c);
-  *n_leaves = (int32_t)nu;
-  return MF_OK;
-}
-
 /* One access of instruction i (on stream k) to a slot: what it must wait for
  * on the other streams — the slot's last write (a read or a write after
  * it), and the reads since (a write after them) — and the bookkeeping. */
@@ -216,8 +181,7 @@ static mf_status deps_build(mf_exec *x) {
   memset(&d, 0, sizeof d);
   size_t *coords = NULL;
   int32_t *lo = NULL, *hi = NULL;
-  mf_segtree tree[MF_EXEC_STREAMS];
-  memset(tree, 0, sizeof tree);
+  mf_segtree *tree[MF_EXEC_STREAMS] = {NULL, NULL, NULL};
   uint8_t *needed = NULL;
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_malloc(3 * (size_t)(n ? n : 1) * sizeof(int32_t), "executor streams", (void **)&x->wait_on), st,
@@ -247,15 +211,8 @@ static mf_status deps_build(mf_exec *x) {
     coords[ns + i] = p->tensors[s->slots[i].tensor].bytes;
   }
   int32_t nu = 0;
-  MF_CHECK_GOTO(mf_exec_leaves(ns, coords, coords + ns, lo, hi, &nu), st, done);
-  int32_t size = 1;
-  while (size < (nu ? nu : 1)) size *= 2;
-  for (int k = 0; k < MF_EXEC_STREAMS; k++) {
-    tree[k].n = nu;
-    tree[k].size = size;
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].mx), st, done);
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].tag), st, done);
-  }
+  MF_CHECK_GOTO(mf_interval_leaves(ns, coords, coords + ns, lo, hi, &nu), st, done);
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK_GOTO(mf_segtree_create(nu, &tree[k]), st, done);
   int32_t a = 0, r = 0;
   for (int32_t i = 0; i < n; i++) {
     const mf_instr *in = &s->instr[i];
@@ -264,7 +221,7 @@ static mf_status deps_build(mf_exec *x) {
     /* Memory: slots first filled here wait for what held their bytes. */
     for (; a < ns && s->slots[x->starts[a]].first == i; a++) {
       const int32_t sl = x->starts[a];
-      for (int q = 0; q < MF_EXEC_STREAMS; q++) need(w, q, (int32_t)mf_seg_query(&tree[q], lo[sl], hi[sl]) - 1);
+      for (int q = 0; q < MF_EXEC_STREAMS; q++) need(w, q, mf_segtree_max(tree[q], lo[sl], hi[sl]));
     }
     switch (in->kind) {
       case MF_I_H2D: {
@@ -317,7 +274,7 @@ static mf_status deps_build(mf_exec *x) {
       if (s->slots[sl].persist) continue;
       for (int q = 0; q < MF_EXEC_STREAMS; q++) {
         const int32_t la = d.last_acc[3 * (size_t)sl + (size_t)q];
-        if (la >= 0) mf_seg_update(&tree[q], lo[sl], hi[sl], (double)la + 1.0);
+        if (la >= 0) mf_segtree_chmax(tree[q], lo[sl], hi[sl], la);
       }
     }
   }
@@ -332,10 +289,7 @@ done:
   free(coords);
   free(lo);
   free(hi);
-  for (int k = 0; k < MF_EXEC_STREAMS; k++) {
-    free(tree[k].mx);
-    free(tree[k].tag);
-  }
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) mf_segtree_free(tree[k]);
   return st;
 }
 

@@ -114,12 +114,6 @@ mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in);
 /* Frees the non-NULL events of ev[n], then ev. */
 void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n);
 
-/* Elementary intervals of n ranges [off[i], off[i] + len[i]): lo[i], hi[i]
- * index the sorted distinct boundaries (*n_leaves of them) that each range
- * covers, for a segment tree over them (planner/segtree.h). */
-mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
-                         int32_t *n_leaves);
-
 /* exec_staging.c: the staged copies of instruction i (an H2D or a D2H), in
  * three parts around the instruction's own waits and timing events — before
  * (the slab's fill, the waits between slabs), the copy itself, after (the

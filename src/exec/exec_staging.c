@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/segtree.h"
+#include "src/core/interval.h"
 #include "src/exec/exec_internal.h"
 
 enum { C_SKIP = 0, C_COPY, C_MOMENTS, C_ADD, C_ZERO };
@@ -380,7 +380,7 @@ static mf_status build_waits(mf_exec *x, exec_staging *g) {
   const int32_t n = L->n_slabs;
   size_t *coords = NULL;
   int32_t *lo = NULL, *hi = NULL, *writer = NULL;
-  mf_segtree tree = {NULL, NULL, 0, 0};
+  mf_segtree *tree = NULL;
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(size_t), "staging waits", (void **)&coords), st,
                 done);
@@ -394,20 +394,13 @@ static mf_status build_waits(mf_exec *x, exec_staging *g) {
       coords[m + k] = L->slabs[from + k].bytes;
     }
     int32_t leaves = 0;
-    MF_CHECK_GOTO(mf_exec_leaves(m, coords, coords + m, lo, hi, &leaves), st, done);
-    tree.n = leaves;
-    tree.size = 1;
-    while (tree.size < (leaves ? leaves : 1)) tree.size *= 2;
-    free(tree.mx);
-    free(tree.tag);
-    tree.mx = tree.tag = NULL;
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.mx), st,
-                  done);
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.tag), st,
-                  done);
+    MF_CHECK_GOTO(mf_interval_leaves(m, coords, coords + m, lo, hi, &leaves), st, done);
+    mf_segtree_free(tree);
+    tree = NULL;
+    MF_CHECK_GOTO(mf_segtree_create(leaves, &tree), st, done);
     for (int32_t k = 0; k < m; k++) {
-      g->wait_slab[from + k] = (int32_t)mf_seg_query(&tree, lo[k], hi[k]) - 1;
-      mf_seg_update(&tree, lo[k], hi[k], (double)(from + k) + 1.0);
+      g->wait_slab[from + k] = mf_segtree_max(tree, lo[k], hi[k]);
+      mf_segtree_chmax(tree, lo[k], hi[k], from + k);
     }
   }
   /* The copy-outs that wrote the host copies each H2D reads. */
@@ -442,8 +435,7 @@ done:
   free(lo);
   free(hi);
   free(writer);
-  free(tree.mx);
-  free(tree.tag);
+  mf_segtree_free(tree);
   return st;
 }
 
