@@ -48,27 +48,14 @@ mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to) {
   return MF_OK;
 }
 
-/* Operand masks of program op k (which b[] slots it reads / writes). */
-static void op_masks(const mf_program *p, int32_t k, uint32_t *reads, uint32_t *writes) {
-  mf_kernel_call c;
-  memset(&c, 0, sizeof c);
-  c.kind = p->ops[k].kind;
-  memcpy(c.i, p->ops[k].i, sizeof c.i);
-  *reads = mf_kernel_reads(&c);
-  *writes = mf_kernel_writes(&c);
-}
-
-/* What the planner reads of a program over and over: each op's operand masks
- * and each tensor's uses (CSR, op order, one entry per op). */
+/* What the planner reads of a program over and over: each tensor's uses
+ * (CSR, op order, one entry per op). */
 typedef struct pindex {
-  uint32_t *rd, *wr;  /* [n_ops] */
   int32_t *use_start; /* [n_tensors + 1] */
   int32_t *use_ops;
 } pindex;
 
 static void pindex_free(pindex *ix) {
-  free(ix->rd);
-  free(ix->wr);
   free(ix->use_start);
   free(ix->use_ops);
   memset(ix, 0, sizeof *ix);
@@ -77,11 +64,9 @@ static void pindex_free(pindex *ix) {
 static mf_status pindex_build(const mf_program *p, pindex *ix) {
   memset(ix, 0, sizeof *ix);
   const int32_t nt = p->n_tensors;
-  ix->rd = (uint32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(uint32_t));
-  ix->wr = (uint32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(uint32_t));
   ix->use_start = (int32_t *)calloc((size_t)nt + 1, sizeof(int32_t));
   int32_t *last = (int32_t *)malloc((size_t)(nt + 1) * sizeof(int32_t));
-  if (!ix->rd || !ix->wr || !ix->use_start || !last) {
+  if (!ix->use_start || !last) {
     free(last);
     pindex_free(ix);
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
@@ -92,7 +77,6 @@ static mf_status pindex_build(const mf_program *p, pindex *ix) {
     for (int32_t t = 0; t < nt; t++) last[t] = -1;
     for (int32_t k = 0; k < p->n_ops; k++) {
       const mf_pop *o = &p->ops[k];
-      if (pass == 0) op_masks(p, k, &ix->rd[k], &ix->wr[k]);
       const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
       for (int64_t j = 0; j < MF_KBUF_MAX + E; j++) {
         int32_t t = j < MF_KBUF_MAX ? o->t[j] : p->id_pool[o->experts_at + (j - MF_KBUF_MAX)];
@@ -156,7 +140,7 @@ static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t,
   for (int32_t u = ix->use_start[t]; u < ix->use_start[t + 1] && ok; u++) {
     const int32_t k = ix->use_ops[u];
     const mf_pop *o = &p->ops[k];
-    const uint32_t r = ix->rd[k], w = ix->wr[k];
+    const uint32_t r = o->reads, w = o->writes;
     int writes_t = 0;
     for (int i = 0; i < MF_KBUF_MAX; i++)
       if (o->t[i] == t && (w >> i & 1)) writes_t = 1;
@@ -220,7 +204,7 @@ typedef struct builder {
   int32_t cap_instr, cap_slots;
   int64_t cap_pool;
   int32_t *cur;        /* [n_tensors] resident slot or -1 */
-  pindex ix;           /* op masks and each tensor's uses */
+  pindex ix;           /* each tensor's uses */
   int32_t *last_fwd_writer; /* [n_tensors] */
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
@@ -370,7 +354,7 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
     for (int32_t u = b->ix.use_start[t]; u < b->ix.use_start[t + 1] && b->st == MF_OK; u++) {
       int32_t w = b->ix.use_ops[u];
       if (w > b->last_fwd_writer[t]) break;
-      const uint32_t wm = b->ix.wr[w];
+      const uint32_t wm = p->ops[w].writes;
       int writes = 0;
       for (int i = 0; i < MF_KBUF_MAX; i++)
         if (p->ops[w].t[i] == t && (wm >> i & 1)) writes = 1;
@@ -471,7 +455,7 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
   const mf_program *p = b->p;
   const mf_pop *o = &p->ops[k];
   if (b->st != MF_OK) return;
-  const uint32_t r = b->ix.rd[k], w = b->ix.wr[k];
+  const uint32_t r = o->reads, w = o->writes;
   const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
   /* Operands: read ones must hold their value; written-only ones just need a slot. */
   for (int i = 0; i < MF_KBUF_MAX; i++) {
@@ -485,13 +469,8 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
       if (p->tensors[t].kind == MF_T_GRAD && b->acc_slot[param_of(b, t)] < 0) b->acc_slot[param_of(b, t)] = sl;
     }
   }
-  for (int64_t e = 0; e < E; e++) {
-    int32_t t = p->id_pool[o->experts_at + e];
-    if (mf_kernel_writes_experts(o->kind) && p->tensors[t].kind == MF_T_GRAD)
-      materialize(b, t, ctx); /* gradients are added into */
-    else
-      materialize(b, t, ctx);
-  }
+  /* Expert operands hold their value whether read or added into (gradients). */
+  for (int64_t e = 0; e < E; e++) materialize(b, p->id_pool[o->experts_at + e], ctx);
   if (b->st != MF_OK) return;
   int64_t at = pool_reserve(b, MF_KBUF_MAX + E);
   if (at < 0) return;
@@ -682,7 +661,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
     const mf_pop *o = &p->ops[k];
     if (o->phase != MF_PHASE_FWD) continue;
     for (int i = 0; i < MF_KBUF_MAX; i++)
-      if (o->t[i] >= 0 && (b.ix.wr[k] >> i & 1)) b.last_fwd_writer[o->t[i]] = k;
+      if (o->t[i] >= 0 && (o->writes >> i & 1)) b.last_fwd_writer[o->t[i]] = k;
   }
 
   s->optim_begin = -1;

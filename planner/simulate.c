@@ -182,7 +182,6 @@ typedef struct touch {
 
 typedef struct scratch {
   double *op_cost;            /* [n_ops] */
-  uint32_t *wmask;            /* [n_ops] operands each op writes */
   double *last_write;         /* [n_slots] when the last writer of the slot ends */
   double *last_touch;         /* [n_slots] when the last instruction touching it ends */
   double *host_ready;         /* [n_tensors] when the host copy of an offloaded activation is complete */
@@ -201,7 +200,6 @@ typedef struct scratch {
 
 static void scratch_free(scratch *w) {
   free(w->op_cost);
-  free(w->wmask);
   free(w->last_write);
   free(w->last_touch);
   free(w->host_ready);
@@ -239,10 +237,10 @@ static int32_t instr_touches(const mf_schedule *s, const mf_hwprofile *hw, const
     case MF_I_RUN: {
       const mf_pop *o = &p->ops[in->op];
       const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
-      const int32_t we = mf_kernel_writes_experts(o->kind);
+      const int32_t we = o->writes_experts;
       for (int k = 0; k < MF_KBUF_MAX; k++) {
         const int32_t sl = s->slot_pool[in->operands + k];
-        if (sl >= 0) tc[n++] = (touch){sl, (int32_t)(w->wmask[in->op] >> k & 1)};
+        if (sl >= 0) tc[n++] = (touch){sl, (int32_t)(o->writes >> k & 1)};
       }
       for (int64_t e = 0; e < E; e++) {
         const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
@@ -326,7 +324,6 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
   r->end = (double *)malloc(ni * sizeof(double));
   r->live_bytes = (size_t *)malloc(ni * sizeof(size_t));
   w->op_cost = (double *)malloc(((size_t)p->n_ops + 1) * sizeof(double));
-  w->wmask = (uint32_t *)malloc(((size_t)p->n_ops + 1) * sizeof(uint32_t));
   w->last_write = (double *)calloc(ns, sizeof(double));
   w->last_touch = (double *)calloc(ns, sizeof(double));
   w->host_ready = (double *)calloc((size_t)p->n_tensors + 1, sizeof(double));
@@ -340,7 +337,7 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
       ((size_t)MF_KBUF_MAX + (size_t)(p->spec.experts > 0 ? p->spec.experts : 0) + 2) * sizeof(touch));
   w->gate = (double *)malloc(ni * sizeof(double));
   w->seen = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
-  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->wmask ||
+  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost ||
       !w->last_write || !w->last_touch || !w->host_ready || !w->done_start || !w->done || !w->leaf_lo ||
       !w->leaf_hi || !w->coords || !w->delta || !w->touches || !w->gate || !w->seen)
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
@@ -418,14 +415,7 @@ static mf_status expert_use(const mf_schedule *s, const mf_sim_opts *o, scratch 
 
 static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, mf_sim_result *r) {
   const mf_program *p = s->prog;
-  for (int32_t k = 0; k < p->n_ops; k++) {
-    mf_kernel_call c;
-    memset(&c, 0, sizeof c);
-    c.kind = p->ops[k].kind;
-    memcpy(c.i, p->ops[k].i, sizeof c.i);
-    w->wmask[k] = mf_kernel_writes(&c);
-    w->op_cost[k] = mf_sim_op_seconds(p, k, hw);
-  }
+  for (int32_t k = 0; k < p->n_ops; k++) w->op_cost[k] = mf_sim_op_seconds(p, k, hw);
   const int32_t ns = s->n_slots;
   for (int32_t x = 0; x < ns; x++) {
     const mf_slot *sl = &s->slots[x];

@@ -243,16 +243,11 @@ static mf_status deps_build(mf_exec *x) {
         break;
       case MF_I_RUN: {
         const mf_pop *o = &p->ops[in->op];
-        mf_kernel_call c;
-        memset(&c, 0, sizeof c);
-        c.kind = o->kind;
-        memcpy(c.i, o->i, sizeof c.i);
-        const uint32_t rm = mf_kernel_reads(&c), wm = mf_kernel_writes(&c);
         const int32_t *ops = s->slot_pool + in->operands;
         for (int j = 0; j < MF_KBUF_MAX; j++)
-          if (ops[j] >= 0) dep_access(&d, s, i, k, ops[j], (int)(rm >> j & 1), (int)(wm >> j & 1), w);
+          if (ops[j] >= 0) dep_access(&d, s, i, k, ops[j], (int)(o->reads >> j & 1), (int)(o->writes >> j & 1), w);
         if (o->experts_at >= 0) {
-          const int ew = mf_kernel_writes_experts(o->kind);
+          const int ew = o->writes_experts;
           for (int64_t e = 0; e < p->spec.experts; e++) {
             const int32_t sl = ops[MF_KBUF_MAX + e];
             if (sl >= 0) dep_access(&d, s, i, k, sl, 1, ew, w);
