@@ -9,11 +9,13 @@
  * leaves; range i covers leaves [lo[i], hi[i]) (none when it is empty), so two
  * ranges share bytes exactly when their leaf ranges meet.
  *
- * The segment tree holds an int32 per leaf, -1 at first, that only grows:
- * mf_segtree_chmax raises every leaf of [l, r) to at least v (v >= 0),
- * mf_segtree_max gives the largest over [l, r) (-1 for an empty range, or
- * where nothing was raised). Typically a leaf holds the last instruction (or
- * slab) that used its bytes: a range's max is what a new occupant waits for.
+ * The segment tree holds `lanes` int32 values per leaf, -1 at first, that
+ * only grow: mf_segtree_chmax raises lane q of every leaf of [l, r) to at
+ * least v[q], mf_segtree_max gives each lane's largest over [l, r) (-1 for
+ * an empty range, or where nothing was raised). Typically a leaf holds the
+ * last instruction (or slab) that used its bytes, a lane per stream: a
+ * range's max is what a new occupant waits for. The lanes share one walk of
+ * the tree: one tree of three lanes costs little more than one of one.
  */
 #ifndef MF_CORE_INTERVAL_H
 #define MF_CORE_INTERVAL_H
@@ -35,13 +37,18 @@ mf_status mf_interval_leaves(int32_t n, const size_t *off, const size_t *len, in
 
 typedef struct mf_segtree mf_segtree;
 
-/* A tree over n_leaves >= 0 leaves, each at -1 (MF_ERR_OUT_OF_MEMORY). */
-mf_status mf_segtree_create(int32_t n_leaves, mf_segtree **out);
+#define MF_SEGTREE_MAX_LANES 4
+
+/* A tree over n_leaves >= 0 leaves of 1..MF_SEGTREE_MAX_LANES lanes, every
+ * value -1 (MF_ERR_INVALID_ARG for other lane counts, MF_ERR_OUT_OF_MEMORY). */
+mf_status mf_segtree_create(int32_t n_leaves, int lanes, mf_segtree **out);
 void mf_segtree_free(mf_segtree *t); /* NULL is fine */
-/* Every leaf of [l, r) to at least v; nothing for an empty range. */
-void mf_segtree_chmax(mf_segtree *t, int32_t l, int32_t r, int32_t v);
-/* The largest value over [l, r); -1 for an empty range. */
-int32_t mf_segtree_max(const mf_segtree *t, int32_t l, int32_t r);
+/* Lane q of every leaf of [l, r) to at least v[q] (v[lanes]; -1 leaves a lane
+ * as it is); nothing for an empty range. */
+void mf_segtree_chmax(mf_segtree *t, int32_t l, int32_t r, const int32_t *v);
+/* out[q]: the largest value of lane q over [l, r) (out[lanes]); -1 for an
+ * empty range. */
+void mf_segtree_max(const mf_segtree *t, int32_t l, int32_t r, int32_t *out);
 
 #ifdef __cplusplus
 }

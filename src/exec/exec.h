@@ -12,11 +12,13 @@
  *
  * Streams. Kernels run on a compute stream, uploads on an h2d stream, copies
  * home on a d2h stream (on a GPU they overlap: uploads run ahead into memory
- * the plan has freed). The order between them is what planner/simulate.h
- * models, built once at create: each instruction waits (an event of the other
- * stream) for the last write of every slot it touches, a write for the reads
- * since, the first use of a slot for the last use of every earlier slot that
- * held its bytes, the upload of an offloaded activation for its copy home.
+ * the plan has freed). The order between them is the schedule's
+ * (planner/schedule.h mf_schedule_waits: decided once, and what
+ * planner/simulate.h times); the executor only enforces it, with an event of
+ * the other stream: each instruction waits for the last write of every slot
+ * it touches, a write for the reads since, the first use of a slot for the
+ * last use of every earlier slot that held its bytes, the upload of an
+ * offloaded activation for its copy home.
  * Inside a step the host waits for nothing but the host optimizer's hand-off
  * (below) and, without a staging arena, a gradient it adds at home: loss
  * scalars and routing counts are copied into host_alloc'd memory without a

@@ -27,10 +27,11 @@ struct mf_exec {
   mf_decisions *owned_dec;
   mf_backend *b;
   mf_stream *st[MF_EXEC_STREAMS]; /* compute, h2d, d2h (exec.h "timing") */
-  /* Cross-stream order (deps_build): instruction i waits, on its stream, for
-   * instruction wait_on[3 i + k] of stream k (-1: none); ev[i] is recorded
-   * after instruction i when some instruction waits for it (else NULL). */
-  int32_t *wait_on;
+  /* Cross-stream order, the schedule's (mf_schedule_waits, kept by it):
+   * instruction i waits, on its stream, for instruction wait_on[3 i + k] of
+   * stream k (-1: none); ev[i] is recorded after instruction i when some
+   * instruction waits for it (else NULL). */
+  const int32_t *wait_on;
   mf_event **ev;
   /* Busy time (backends with timed events): t0[i] and t1[i] are recorded on
    * instruction i's stream around its work. NULL: not timed. */

@@ -397,10 +397,11 @@ static mf_status build_waits(mf_exec *x, exec_staging *g) {
     MF_CHECK_GOTO(mf_interval_leaves(m, coords, coords + m, lo, hi, &leaves), st, done);
     mf_segtree_free(tree);
     tree = NULL;
-    MF_CHECK_GOTO(mf_segtree_create(leaves, &tree), st, done);
+    MF_CHECK_GOTO(mf_segtree_create(leaves, 1, &tree), st, done);
     for (int32_t k = 0; k < m; k++) {
-      g->wait_slab[from + k] = mf_segtree_max(tree, lo[k], hi[k]);
-      mf_segtree_chmax(tree, lo[k], hi[k], from + k);
+      const int32_t slab = from + k;
+      mf_segtree_max(tree, lo[k], hi[k], &g->wait_slab[slab]);
+      mf_segtree_chmax(tree, lo[k], hi[k], &slab);
     }
   }
   /* The copy-outs that wrote the host copies each H2D reads. */

@@ -14,49 +14,75 @@ namespace {
 
 struct Tree {
   mf_segtree *t = nullptr;
-  explicit Tree(int32_t n) { EXPECT_EQ(mf_segtree_create(n, &t), MF_OK); }
+  Tree(int32_t n, int lanes = 1) { EXPECT_EQ(mf_segtree_create(n, lanes, &t), MF_OK); }
   ~Tree() { mf_segtree_free(t); }
+  int32_t max(int32_t l, int32_t r) const {
+    int32_t m = 0;
+    mf_segtree_max(t, l, r, &m);
+    return m;
+  }
+  void chmax(int32_t l, int32_t r, int32_t v) { mf_segtree_chmax(t, l, r, &v); }
 };
 
-TEST(SegTree, MatchesAPlainArray) {
-  std::mt19937 rng(7);
+// Random raises and maxima on `lanes` lanes at once, against plain arrays;
+// a lane raised with -1 stays as it is.
+int check_against_arrays(int lanes, uint32_t seed) {
+  std::mt19937 rng(seed);
   int queries = 0;
   for (int32_t n = 1; n <= 70; n++) {
     for (int trial = 0; trial < 20; trial++) {
-      Tree tr(n);
-      std::vector<int32_t> plain((size_t)n, -1);
+      Tree tr(n, lanes);
+      std::vector<std::vector<int32_t>> plain((size_t)lanes, std::vector<int32_t>((size_t)n, -1));
       for (int k = 0; k < 60; k++) {
         const int32_t l = (int32_t)(rng() % (uint32_t)n);
         const int32_t r = l + 1 + (int32_t)(rng() % (uint32_t)(n - l));
+        int32_t v[MF_SEGTREE_MAX_LANES];
         if (rng() % 2) {
-          const int32_t v = (int32_t)(rng() % 1000);
+          for (int q = 0; q < lanes; q++) {
+            v[q] = rng() % 4 == 0 ? -1 : (int32_t)(rng() % 1000);
+            for (int32_t i = l; i < r; i++) plain[q][(size_t)i] = std::max(plain[q][(size_t)i], v[q]);
+          }
           mf_segtree_chmax(tr.t, l, r, v);
-          for (int32_t i = l; i < r; i++) plain[(size_t)i] = std::max(plain[(size_t)i], v);
         } else {
-          const int32_t want = *std::max_element(plain.begin() + l, plain.begin() + r);
-          ASSERT_EQ(mf_segtree_max(tr.t, l, r), want) << "n " << n << " [" << l << ", " << r << ")";
+          mf_segtree_max(tr.t, l, r, v);
+          for (int q = 0; q < lanes; q++) {
+            const int32_t want = *std::max_element(plain[q].begin() + l, plain[q].begin() + r);
+            EXPECT_EQ(v[q], want) << "n " << n << " [" << l << ", " << r << ") lane " << q;
+            if (v[q] != want) return queries;
+          }
           queries++;
         }
       }
     }
   }
-  EXPECT_GT(queries, 10000);
+  return queries;
+}
+
+TEST(SegTree, MatchesAPlainArray) { EXPECT_GT(check_against_arrays(1, 7), 10000); }
+
+TEST(SegTree, LanesMatchPlainArrays) {
+  EXPECT_GT(check_against_arrays(3, 11), 10000);
+  EXPECT_GT(check_against_arrays(MF_SEGTREE_MAX_LANES, 13), 10000);
+  mf_segtree *t = nullptr;
+  EXPECT_EQ(mf_segtree_create(4, 0, &t), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_segtree_create(4, MF_SEGTREE_MAX_LANES + 1, &t), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(t, nullptr);
 }
 
 TEST(SegTree, UpdateRaisesEveryAncestor) {
   Tree tr(8);
-  mf_segtree_chmax(tr.t, 4, 6, 8);  // canonical node 6, whose parent 3 must learn of it
-  EXPECT_EQ(mf_segtree_max(tr.t, 2, 8), 8);
-  EXPECT_EQ(mf_segtree_max(tr.t, 0, 4), -1);
-  EXPECT_EQ(mf_segtree_max(tr.t, 5, 6), 8);
-  EXPECT_EQ(mf_segtree_max(tr.t, 3, 3), -1);  // empty
+  tr.chmax(4, 6, 8);  // canonical node 6, whose parent 3 must learn of it
+  EXPECT_EQ(tr.max(2, 8), 8);
+  EXPECT_EQ(tr.max(0, 4), -1);
+  EXPECT_EQ(tr.max(5, 6), 8);
+  EXPECT_EQ(tr.max(3, 3), -1);  // empty
 }
 
 TEST(SegTree, NoLeaves) {
   Tree tr(0);
-  EXPECT_EQ(mf_segtree_max(tr.t, 0, 0), -1);
-  mf_segtree_chmax(tr.t, 0, 0, 3);
-  EXPECT_EQ(mf_segtree_max(tr.t, 0, 0), -1);
+  EXPECT_EQ(tr.max(0, 0), -1);
+  tr.chmax(0, 0, 3);
+  EXPECT_EQ(tr.max(0, 0), -1);
   mf_segtree_free(nullptr);
 }
 

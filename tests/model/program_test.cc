@@ -165,8 +165,11 @@ TEST_P(Families, OpsCarryTheirOperandRoles) {
       EXPECT_EQ(o.writes_experts != 0, mf_kernel_writes_experts(o.kind) != 0) << o.label;
       accumulating += (o.reads & o.writes) != 0;
       expert_writers += o.writes_experts;
-      for (int i = 0; i < MF_KBUF_MAX; i++)  // every operand present is read or written
-        if (o.t[i] >= 0) EXPECT_NE((o.reads | o.writes) >> i & 1, 0u) << o.label << " operand " << i;
+      for (int i = 0; i < MF_KBUF_MAX; i++) {  // every operand present is read or written
+        if (o.t[i] >= 0) {
+          EXPECT_NE((o.reads | o.writes) >> i & 1, 0u) << o.label << " operand " << i;
+        }
+      }
     }
     EXPECT_GT(accumulating, 0);
     EXPECT_GT(expert_writers, 0);
