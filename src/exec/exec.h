@@ -248,9 +248,10 @@ void mf_exec_invalidate(mf_exec *x);
  *        after its last DMA the drain stream copies each tensor home (adds a
  *        gradient into the host's sum, writes an idle expert's zeros) and then
  *        hands each finished gradient to the hooks' grad_home.
- * The order between slabs is built at create from the layout (a segment tree
- * over its bytes per direction; the layout never lets an H2D and a D2H slab
- * share bytes) and the host never waits for it. Same bits as unstaged:
+ * The order between slabs is the layout's (mf_staging.wait_slab, wait_host:
+ * decided when it is built; the layout never lets an H2D and a D2H slab
+ * share bytes); the executor checks that each wait names a slab submitted
+ * before it and enforces it, and the host never waits for it. Same bits as unstaged:
  * `//tests/exec:staging_exec_test`. */
 typedef struct mf_exec_staging_opts {
   int threads;    /* host threads for the fills and for the copy-outs, each (0 or 1: the host function's
