@@ -609,15 +609,15 @@ done:
 /* What the walk over the instructions remembers (mf_schedule_waits). */
 typedef struct order {
   const mf_schedule *s;
-  int32_t *last_write;  /* [n_slots] the last instruction writing the slot */
-  int32_t *last_read;   /* [3 n_slots] per stream, the last one reading it since that write */
-  int32_t *last_acc;    /* [3 n_slots] per stream, the last one touching it */
-  int32_t *host_writer; /* [n_tensors] the last D2H of the tensor */
+  int32_t *last_write;         /* [n_slots] the last instruction writing the slot */
+  int32_t *last_read;          /* [3 n_slots] per stream, the last one reading it since that write */
+  int32_t *last_acc;           /* [3 n_slots] per stream, the last one touching it */
+  int32_t *host_writer;        /* [n_tensors] the last D2H of the tensor */
   int32_t *by_first, *by_last; /* [n_slots] slots by first and by last instruction */
-  int32_t *lo, *hi;     /* [n_slots] each slot's elementary intervals of the arena */
-  size_t *ranges;       /* [2 n_slots] the slots' offsets, then their bytes */
-  mf_segtree *tree;     /* a lane per stream: the last instruction touching each arena byte's slots
-                           that are done */
+  int32_t *lo, *hi;            /* [n_slots] each slot's elementary intervals of the arena */
+  size_t *ranges;              /* [2 n_slots] the slots' offsets, then their bytes */
+  mf_segtree *tree;            /* a lane per stream: the last instruction touching each arena byte's slots
+                                  that are done */
 } order;
 
 static void need(int32_t *w, int q, int32_t j) {
@@ -669,7 +669,8 @@ static void order_instr(order *o, int32_t i, int k, int32_t *w) {
       const mf_pop *op = &p->ops[in->op];
       const int32_t *sl = s->slot_pool + in->operands;
       for (int j = 0; j < MF_KBUF_MAX; j++)
-        if (sl[j] >= 0) order_access(o, i, k, sl[j], (int)(op->reads >> j & 1), (int)(op->writes >> j & 1), w);
+        if (sl[j] >= 0)
+          order_access(o, i, k, sl[j], (int)(op->reads >> j & 1), (int)(op->writes >> j & 1), w);
       if (op->experts_at >= 0)
         for (int64_t e = 0; e < p->spec.experts; e++)
           if (sl[MF_KBUF_MAX + e] >= 0) order_access(o, i, k, sl[MF_KBUF_MAX + e], 1, op->writes_experts, w);

@@ -278,8 +278,8 @@ static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
   w->delta = (int64_t *)calloc(ni + 1, sizeof(int64_t));
   w->gate = (double *)malloc(ni * sizeof(double));
   w->seen = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
-  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->end || !w->delta ||
-      !w->gate || !w->seen)
+  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->end ||
+      !w->delta || !w->gate || !w->seen)
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
   return MF_OK;
 }
@@ -444,8 +444,9 @@ static mf_status price(const mf_schedule *s, const mf_hwprofile *hw, const scrat
  * Writes each start (when `start` is not NULL) and end; *makespan gets when
  * the last one ends, *barrier (when not NULL) the barrier, *delayed (when not
  * NULL) whether some gate held an instruction back. */
-static void run_streams(const mf_schedule *s, const int32_t *waits, const mf_sim_result *r, const double *gate,
-                        double *start, double *end, double *makespan_out, double *barrier_out, int *delayed) {
+static void run_streams(const mf_schedule *s, const int32_t *waits, const mf_sim_result *r,
+                        const double *gate, double *start, double *end, double *makespan_out,
+                        double *barrier_out, int *delayed) {
   if (delayed) *delayed = 0;
   double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0, barrier = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
@@ -524,7 +525,8 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   const int32_t *waits = NULL;
   if (st == MF_OK && hw->copies_overlap_compute) st = mf_schedule_waits(s, &waits);
   if (st == MF_OK) {
-    run_streams(s, waits, &r, overlap ? w.gate : NULL, r.start, r.end, &r.streams_seconds, &barrier, &delayed);
+    run_streams(s, waits, &r, overlap ? w.gate : NULL, r.start, r.end, &r.streams_seconds, &barrier,
+                &delayed);
     ungated = r.streams_seconds;
     if (delayed) run_streams(s, waits, &r, NULL, NULL, w.end, &ungated, NULL, NULL);
   }

@@ -72,7 +72,9 @@ mf_status mf_segtree_create(int32_t n_leaves, int lanes, mf_segtree **out) {
   return MF_OK;
 }
 
-void mf_segtree_free(mf_segtree *t) { free(t); }
+void mf_segtree_free(mf_segtree *t) {
+  free(t);
+}
 
 static inline __attribute__((always_inline)) void raise_to(int32_t *a, const int32_t *v, int lanes) {
 #pragma GCC unroll 4

@@ -135,7 +135,8 @@ static mf_status sync_all(mf_exec *x) {
 static mf_status order_events(mf_exec *x) {
   const mf_schedule *s = x->s;
   MF_CHECK(mf_schedule_waits(s, &x->wait_on));
-  MF_CHECK(mf_calloc((size_t)(s->n_instr ? s->n_instr : 1), sizeof(mf_event *), "executor events", (void **)&x->ev));
+  MF_CHECK(mf_calloc((size_t)(s->n_instr ? s->n_instr : 1), sizeof(mf_event *), "executor events",
+                     (void **)&x->ev));
   for (size_t k = 0; k < 3 * (size_t)s->n_instr; k++) {
     const int32_t j = x->wait_on[k];
     if (j >= 0 && !x->ev[j]) MF_CHECK(x->b->event_create(x->b, &x->ev[j]));

@@ -58,7 +58,9 @@ int check_against_arrays(int lanes, uint32_t seed) {
   return queries;
 }
 
-TEST(SegTree, MatchesAPlainArray) { EXPECT_GT(check_against_arrays(1, 7), 10000); }
+TEST(SegTree, MatchesAPlainArray) {
+  EXPECT_GT(check_against_arrays(1, 7), 10000);
+}
 
 TEST(SegTree, LanesMatchPlainArrays) {
   EXPECT_GT(check_against_arrays(3, 11), 10000);
@@ -101,7 +103,8 @@ TEST(IntervalLeaves, MeetExactlyWhenTheRangesShareBytes) {
     int32_t leaves = -1;
     ASSERT_EQ(mf_interval_leaves(n, off.data(), len.data(), lo.data(), hi.data(), &leaves), MF_OK);
     std::vector<size_t> ends;
-    for (int32_t i = 0; i < n; i++) ends.push_back(off[(size_t)i]), ends.push_back(off[(size_t)i] + len[(size_t)i]);
+    for (int32_t i = 0; i < n; i++)
+      ends.push_back(off[(size_t)i]), ends.push_back(off[(size_t)i] + len[(size_t)i]);
     std::sort(ends.begin(), ends.end());
     ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
     EXPECT_EQ(leaves, (int32_t)ends.size() - 1);
@@ -110,7 +113,8 @@ TEST(IntervalLeaves, MeetExactlyWhenTheRangesShareBytes) {
       EXPECT_LE(hi[(size_t)i], leaves);
       EXPECT_EQ(lo[(size_t)i] == hi[(size_t)i], len[(size_t)i] == 0);
       for (int32_t j = 0; j < n; j++) {
-        const bool bytes = len[(size_t)i] && len[(size_t)j] && off[(size_t)i] < off[(size_t)j] + len[(size_t)j] &&
+        const bool bytes = len[(size_t)i] && len[(size_t)j] &&
+                           off[(size_t)i] < off[(size_t)j] + len[(size_t)j] &&
                            off[(size_t)j] < off[(size_t)i] + len[(size_t)i];
         const bool leaves_meet =
             std::max(lo[(size_t)i], lo[(size_t)j]) < std::min(hi[(size_t)i], hi[(size_t)j]);

@@ -242,8 +242,8 @@ TEST(Waits, EqualABruteForceDerivation) {
         for (int32_t i = 0; i < s->n_instr && bad < 5; i++)
           for (int q = 0; q < 3; q++)
             if (w[3 * i + q] != want[3 * (size_t)i + q] && bad++ < 5)
-              ADD_FAILURE() << "instruction " << i << " stream " << q << ": " << w[3 * i + q] << ", brute force "
-                            << want[3 * (size_t)i + q];
+              ADD_FAILURE() << "instruction " << i << " stream " << q << ": " << w[3 * i + q]
+                            << ", brute force " << want[3 * (size_t)i + q];
         for (int32_t i = 0; i < s->n_instr; i++) {
           waited += w[3 * i] >= 0 || w[3 * i + 1] >= 0 || w[3 * i + 2] >= 0;
           memory += s->instr[i].kind == MF_I_H2D && w[3 * i + 2] >= 0;
