@@ -176,12 +176,13 @@ void mf_schedule_free(mf_schedule *s);
  * it: the executor meets it with a host sync, the simulator by its own rule.
  *
  * Computed on the first call (O(n_instr + n_pool + n_slots log n_slots):
- * the memory rule uses a segment tree per stream over the arena's elementary
- * intervals) and kept in s->waits until mf_schedule_free; later calls, from
- * any thread, return it. On demand, not in mf_schedule_build: the planner
- * builds many schedules only to see whether they fit, and simulates the
- * others, on a serial profile (one timeline) without needing it. A copy of
- * the struct shares the array: change no instruction of a copy that has it.
+ * the memory rule uses a segment tree over the arena's elementary intervals,
+ * with a lane per stream) and kept in s->waits until mf_schedule_free; later
+ * calls, from any thread, return it. On demand, not in mf_schedule_build:
+ * the planner builds many schedules only to see whether they fit, which are
+ * never simulated, and a simulation on a serial profile (one timeline) needs
+ * none. A copy of the struct shares the array: change no instruction of a
+ * copy that has it.
  * MF_ERR_OUT_OF_MEMORY, MF_ERR_INTERNAL for a schedule that did not come from
  * mf_schedule_build (a slot never used). */
 mf_status mf_schedule_waits(const mf_schedule *s, const int32_t **out);

@@ -5,6 +5,12 @@
 
 #include "planner/simulate.h"
 
+/* The schedule's stream numbers are the simulator's (its order between
+ * streams is indexed by them). */
+_Static_assert((int)MF_SIM_COMPUTE == MF_SCHED_COMPUTE && (int)MF_SIM_H2D == MF_SCHED_H2D &&
+                   (int)MF_SIM_D2H == MF_SCHED_D2H && (int)MF_SIM_STREAMS == MF_SCHED_STREAMS,
+               "stream numbers");
+
 const char *mf_sim_stream_name(mf_sim_stream s) {
   switch (s) {
     case MF_SIM_COMPUTE:

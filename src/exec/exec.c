@@ -130,6 +130,11 @@ static mf_status sync_all(mf_exec *x) {
   return x->sg ? mf_exec_sg_sync(x) : MF_OK;
 }
 
+/* The schedule's stream numbers are the executor's. */
+_Static_assert((int)MF_EXEC_COMPUTE == MF_SCHED_COMPUTE && (int)MF_EXEC_H2D == MF_SCHED_H2D &&
+                   (int)MF_EXEC_D2H == MF_SCHED_D2H && (int)MF_EXEC_STREAMS == MF_SCHED_STREAMS,
+               "stream numbers");
+
 /* The order between the streams is the schedule's (mf_schedule_waits):
  * events for the instructions something waits for, recorded after them. */
 static mf_status order_events(mf_exec *x) {
