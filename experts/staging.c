@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "experts/staging.h"
+#include "src/core/interval.h"
 
 static size_t align_up(size_t x, size_t a) {
   return (x + a - 1) & ~(a - 1);
@@ -211,6 +212,66 @@ static mf_status pack(mf_staging *st, const unit *u) {
   return MF_OK;
 }
 
+/* ------------------------------------------------------- order of slabs */
+
+/* wait_slab: per direction, in stream order, the latest earlier slab holding
+ * any of its bytes (a segment tree over the region's elementary intervals). */
+static mf_status reuse_order(mf_staging *st) {
+  const int32_t n = st->n_slabs;
+  size_t *ranges = NULL;
+  int32_t *lo = NULL, *hi = NULL;
+  mf_segtree *tree = NULL;
+  mf_status rc = MF_OK;
+  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(size_t), "staging order", (void **)&ranges), rc,
+                done);
+  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(int32_t), "staging order", (void **)&lo), rc,
+                done);
+  hi = lo + n;
+  for (int dir = 0; dir < 2; dir++) {
+    const int32_t from = dir ? st->n_h2d_slabs : 0, m = (dir ? n : st->n_h2d_slabs) - from;
+    for (int32_t k = 0; k < m; k++) {
+      ranges[k] = st->slabs[from + k].offset;
+      ranges[m + k] = st->slabs[from + k].bytes;
+    }
+    int32_t leaves = 0;
+    MF_CHECK_GOTO(mf_interval_leaves(m, ranges, ranges + m, lo, hi, &leaves), rc, done);
+    mf_segtree_free(tree);
+    tree = NULL;
+    MF_CHECK_GOTO(mf_segtree_create(leaves, 1, &tree), rc, done);
+    for (int32_t k = 0; k < m; k++) {
+      const int32_t slab = from + k;
+      mf_segtree_max(tree, lo[k], hi[k], &st->wait_slab[slab]);
+      mf_segtree_chmax(tree, lo[k], hi[k], &slab);
+    }
+  }
+done:
+  free(ranges);
+  free(lo);
+  mf_segtree_free(tree);
+  return rc;
+}
+
+/* wait_host: the D2H slab whose copy-out wrote the host copy of each
+ * offloaded activation an H2D slab uploads (the last D2H of it before the
+ * upload), the latest of them. */
+static mf_status host_order(const mf_schedule *s, mf_staging *st) {
+  int32_t *writer = NULL;
+  MF_CHECK(mf_malloc((size_t)(s->prog->n_tensors + 1) * sizeof(int32_t), "staging order", (void **)&writer));
+  for (int32_t t = 0; t < s->prog->n_tensors; t++) writer[t] = -1;
+  for (int32_t k = 0; k < st->n_slabs; k++) st->wait_host[k] = -1;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+    const int32_t t = s->slots[in->slot].tensor, k = st->copies[st->copy_of_instr[i]].slab;
+    if (in->kind == MF_I_D2H)
+      writer[t] = k;
+    else if (s->host_offset[t] != SIZE_MAX && writer[t] > st->wait_host[k])
+      st->wait_host[k] = writer[t];
+  }
+  free(writer);
+  return MF_OK;
+}
+
 /* ------------------------------------------------------------------ build */
 
 void mf_staging_free(mf_staging *st) {
@@ -218,6 +279,8 @@ void mf_staging_free(mf_staging *st) {
   free(st->slabs);
   free(st->copies);
   free(st->copy_of_instr);
+  free(st->wait_slab);
+  free(st->wait_host);
   free(st);
 }
 
@@ -273,10 +336,13 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
   st->copy_of_instr = (int32_t *)malloc((size_t)(s->n_instr + 1) * sizeof(int32_t));
   st->copies = (mf_staging_copy *)calloc((size_t)n_copy + 1, sizeof *st->copies);
   st->slabs = (mf_staging_slab *)calloc((size_t)n_copy + 1, sizeof *st->slabs); /* at most a slab per copy */
+  st->wait_slab = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
+  st->wait_host = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
   key = (int64_t *)malloc((size_t)(s->n_instr + 1) * sizeof(int64_t));
   u = (unit *)calloc((size_t)n_copy + 1, sizeof *u);
   queue = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
-  if (!st->copy_of_instr || !st->copies || !st->slabs || !key || !u || !queue) {
+  if (!st->copy_of_instr || !st->copies || !st->slabs || !st->wait_slab || !st->wait_host || !key || !u ||
+      !queue) {
     rc = MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
     goto done;
   }
@@ -374,6 +440,8 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
   }
   MF_CHECK_GOTO(pack(st, u), rc, done);
   for (int32_t c = 0; c < st->n_copies; c++) st->copies[c].offset += st->slabs[st->copies[c].slab].offset;
+  MF_CHECK_GOTO(reuse_order(st), rc, done);
+  MF_CHECK_GOTO(host_order(s, st), rc, done);
 
   /* The ZeRO-Infinity-style pool: the same copies, one buffer each. */
   {

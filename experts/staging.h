@@ -49,6 +49,13 @@
  * With opts.inflight_limit the copies are counted where the throttle put them
  * (each shifted with its slab), so both figures describe the same timeline.
  *
+ * The order between slabs, decided here with the layout (the executor only
+ * enforces it, src/exec/exec.h): a slab waits for its previous occupant —
+ * wait_slab, the latest earlier slab of its direction that shares any of its
+ * bytes (its last DMA for an H2D slab, its copy-out for a D2H slab) — and an
+ * H2D slab's fill also for wait_host, the latest D2H slab whose copy-out
+ * wrote the host copy of an offloaded activation it uploads.
+ *
  * The executor copies through the arena with what is exposed here: each
  * slab's offset, bytes and copies; each copy's instruction, tensor and arena
  * offset; copy_of_instr maps a schedule instruction to its copy. A slab is
@@ -115,6 +122,13 @@ typedef struct mf_staging {
   int32_t n_copies;
   int32_t *copy_of_instr; /* [n_instr]: index into copies, -1 for instructions that copy nothing */
   int32_t n_instr;
+  /* The order between slabs (above): [n_slabs] each, a slab index or -1.
+   * wait_slab[k]: the previous occupant of any of k's bytes, a slab of k's
+   * direction before it in stream order. wait_host[k]: for an H2D slab, the
+   * D2H slab whose copy-out it reads (the last one that copies home any
+   * offloaded activation k uploads, before k's copy of it); -1 for a D2H slab. */
+  int32_t *wait_slab;
+  int32_t *wait_host;
   size_t arena_bytes;         /* the packed arena */
   size_t h2d_region_bytes;    /* its first part, the H2D slabs' (the D2H slabs' follows) */
   uint64_t sum_slab_bytes;    /* every slab side by side (no reuse) */

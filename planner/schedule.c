@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "planner/schedule.h"
+#include "src/core/interval.h"
 
 const char *mf_param_dec_name(mf_param_dec d) { return d == MF_PARAM_STREAM ? "stream" : "resident"; }
 const char *mf_grad_dec_name(mf_grad_dec d) { return d == MF_GRAD_STREAM ? "stream" : "device"; }
@@ -48,27 +49,14 @@ mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to) {
   return MF_OK;
 }
 
-/* Operand masks of program op k (which b[] slots it reads / writes). */
-static void op_masks(const mf_program *p, int32_t k, uint32_t *reads, uint32_t *writes) {
-  mf_kernel_call c;
-  memset(&c, 0, sizeof c);
-  c.kind = p->ops[k].kind;
-  memcpy(c.i, p->ops[k].i, sizeof c.i);
-  *reads = mf_kernel_reads(&c);
-  *writes = mf_kernel_writes(&c);
-}
-
-/* What the planner reads of a program over and over: each op's operand masks
- * and each tensor's uses (CSR, op order, one entry per op). */
+/* What the planner reads of a program over and over: each tensor's uses
+ * (CSR, op order, one entry per op). */
 typedef struct pindex {
-  uint32_t *rd, *wr;  /* [n_ops] */
   int32_t *use_start; /* [n_tensors + 1] */
   int32_t *use_ops;
 } pindex;
 
 static void pindex_free(pindex *ix) {
-  free(ix->rd);
-  free(ix->wr);
   free(ix->use_start);
   free(ix->use_ops);
   memset(ix, 0, sizeof *ix);
@@ -77,11 +65,9 @@ static void pindex_free(pindex *ix) {
 static mf_status pindex_build(const mf_program *p, pindex *ix) {
   memset(ix, 0, sizeof *ix);
   const int32_t nt = p->n_tensors;
-  ix->rd = (uint32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(uint32_t));
-  ix->wr = (uint32_t *)malloc((size_t)(p->n_ops + 1) * sizeof(uint32_t));
   ix->use_start = (int32_t *)calloc((size_t)nt + 1, sizeof(int32_t));
   int32_t *last = (int32_t *)malloc((size_t)(nt + 1) * sizeof(int32_t));
-  if (!ix->rd || !ix->wr || !ix->use_start || !last) {
+  if (!ix->use_start || !last) {
     free(last);
     pindex_free(ix);
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
@@ -92,7 +78,6 @@ static mf_status pindex_build(const mf_program *p, pindex *ix) {
     for (int32_t t = 0; t < nt; t++) last[t] = -1;
     for (int32_t k = 0; k < p->n_ops; k++) {
       const mf_pop *o = &p->ops[k];
-      if (pass == 0) op_masks(p, k, &ix->rd[k], &ix->wr[k]);
       const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
       for (int64_t j = 0; j < MF_KBUF_MAX + E; j++) {
         int32_t t = j < MF_KBUF_MAX ? o->t[j] : p->id_pool[o->experts_at + (j - MF_KBUF_MAX)];
@@ -156,7 +141,7 @@ static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t,
   for (int32_t u = ix->use_start[t]; u < ix->use_start[t + 1] && ok; u++) {
     const int32_t k = ix->use_ops[u];
     const mf_pop *o = &p->ops[k];
-    const uint32_t r = ix->rd[k], w = ix->wr[k];
+    const uint32_t r = o->reads, w = o->writes;
     int writes_t = 0;
     for (int i = 0; i < MF_KBUF_MAX; i++)
       if (o->t[i] == t && (w >> i & 1)) writes_t = 1;
@@ -220,7 +205,7 @@ typedef struct builder {
   int32_t cap_instr, cap_slots;
   int64_t cap_pool;
   int32_t *cur;        /* [n_tensors] resident slot or -1 */
-  pindex ix;           /* op masks and each tensor's uses */
+  pindex ix;           /* each tensor's uses */
   int32_t *last_fwd_writer; /* [n_tensors] */
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
@@ -370,7 +355,7 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
     for (int32_t u = b->ix.use_start[t]; u < b->ix.use_start[t + 1] && b->st == MF_OK; u++) {
       int32_t w = b->ix.use_ops[u];
       if (w > b->last_fwd_writer[t]) break;
-      const uint32_t wm = b->ix.wr[w];
+      const uint32_t wm = p->ops[w].writes;
       int writes = 0;
       for (int i = 0; i < MF_KBUF_MAX; i++)
         if (p->ops[w].t[i] == t && (wm >> i & 1)) writes = 1;
@@ -471,7 +456,7 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
   const mf_program *p = b->p;
   const mf_pop *o = &p->ops[k];
   if (b->st != MF_OK) return;
-  const uint32_t r = b->ix.rd[k], w = b->ix.wr[k];
+  const uint32_t r = o->reads, w = o->writes;
   const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
   /* Operands: read ones must hold their value; written-only ones just need a slot. */
   for (int i = 0; i < MF_KBUF_MAX; i++) {
@@ -485,13 +470,8 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
       if (p->tensors[t].kind == MF_T_GRAD && b->acc_slot[param_of(b, t)] < 0) b->acc_slot[param_of(b, t)] = sl;
     }
   }
-  for (int64_t e = 0; e < E; e++) {
-    int32_t t = p->id_pool[o->experts_at + e];
-    if (mf_kernel_writes_experts(o->kind) && p->tensors[t].kind == MF_T_GRAD)
-      materialize(b, t, ctx); /* gradients are added into */
-    else
-      materialize(b, t, ctx);
-  }
+  /* Expert operands hold their value whether read or added into (gradients). */
+  for (int64_t e = 0; e < E; e++) materialize(b, p->id_pool[o->experts_at + e], ctx);
   if (b->st != MF_OK) return;
   int64_t at = pool_reserve(b, MF_KBUF_MAX + E);
   if (at < 0) return;
@@ -624,6 +604,170 @@ done:
   return st;
 }
 
+/* ------------------------------------------------- order between streams */
+
+/* What the walk over the instructions remembers (mf_schedule_waits). */
+typedef struct order {
+  const mf_schedule *s;
+  int32_t *last_write;         /* [n_slots] the last instruction writing the slot */
+  int32_t *last_read;          /* [3 n_slots] per stream, the last one reading it since that write */
+  int32_t *last_acc;           /* [3 n_slots] per stream, the last one touching it */
+  int32_t *host_writer;        /* [n_tensors] the last D2H of the tensor */
+  int32_t *by_first, *by_last; /* [n_slots] slots by first and by last instruction */
+  int32_t *lo, *hi;            /* [n_slots] each slot's elementary intervals of the arena */
+  size_t *ranges;              /* [2 n_slots] the slots' offsets, then their bytes */
+  mf_segtree *tree;            /* a lane per stream: the last instruction touching each arena byte's slots
+                                  that are done */
+} order;
+
+static void need(int32_t *w, int q, int32_t j) {
+  if (j > w[q]) w[q] = j;
+}
+
+/* Instruction i (on stream k) reads and/or writes `slot`: what it waits for
+ * (RAW/WAW: the last write; WAR: the reads since), then the bookkeeping. */
+static void order_access(order *o, int32_t i, int k, int32_t slot, int rd, int wr, int32_t *w) {
+  const size_t b = 3 * (size_t)slot;
+  const int32_t lw = o->last_write[slot];
+  if (lw >= 0) need(w, mf_schedule_stream(o->s->instr[lw].kind), lw);
+  if (wr) {
+    for (int q = 0; q < MF_SCHED_STREAMS; q++) {
+      need(w, q, o->last_read[b + (size_t)q]);
+      o->last_read[b + (size_t)q] = -1;
+    }
+    o->last_write[slot] = i;
+  } else if (rd) {
+    o->last_read[b + (size_t)k] = i;
+  }
+  o->last_acc[b + (size_t)k] = i;
+}
+
+/* Every slot instruction i touches, and how. */
+static void order_instr(order *o, int32_t i, int k, int32_t *w) {
+  const mf_schedule *s = o->s;
+  const mf_program *p = s->prog;
+  const mf_instr *in = &s->instr[i];
+  switch (in->kind) {
+    case MF_I_H2D: {
+      const int32_t t = s->slots[in->slot].tensor;
+      if (s->host_offset[t] != SIZE_MAX) need(w, MF_SCHED_D2H, o->host_writer[t]);
+      order_access(o, i, k, in->slot, 0, 1, w);
+      break;
+    }
+    case MF_I_D2H:
+      order_access(o, i, k, in->slot, 1, 0, w);
+      o->host_writer[s->slots[in->slot].tensor] = i;
+      break;
+    case MF_I_ZERO:
+      order_access(o, i, k, in->slot, 0, 1, w);
+      break;
+    case MF_I_ACCUM:
+      order_access(o, i, k, in->slot, 1, 0, w);
+      order_access(o, i, k, in->slot2, 1, 1, w);
+      break;
+    case MF_I_RUN: {
+      const mf_pop *op = &p->ops[in->op];
+      const int32_t *sl = s->slot_pool + in->operands;
+      for (int j = 0; j < MF_KBUF_MAX; j++)
+        if (sl[j] >= 0)
+          order_access(o, i, k, sl[j], (int)(op->reads >> j & 1), (int)(op->writes >> j & 1), w);
+      if (op->experts_at >= 0)
+        for (int64_t e = 0; e < p->spec.experts; e++)
+          if (sl[MF_KBUF_MAX + e] >= 0) order_access(o, i, k, sl[MF_KBUF_MAX + e], 1, op->writes_experts, w);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+/* The walk's memory, in two allocations: eleven arrays of n_slots and one of
+ * n_tensors, and the slots' byte ranges; then the arena's elementary
+ * intervals and a tree over them with a lane per stream. */
+static mf_status order_init(order *o, const mf_schedule *s) {
+  const int32_t ns = s->n_slots;
+  memset(o, 0, sizeof *o);
+  o->s = s;
+  MF_CHECK(mf_malloc((11 * (size_t)ns + (size_t)s->prog->n_tensors + 1) * sizeof(int32_t), "schedule order",
+                     (void **)&o->last_write));
+  MF_CHECK(mf_malloc((2 * (size_t)ns + 1) * sizeof(size_t), "schedule order", (void **)&o->ranges));
+  o->last_read = o->last_write + ns;
+  o->last_acc = o->last_read + 3 * (size_t)ns;
+  o->by_first = o->last_acc + 3 * (size_t)ns;
+  o->by_last = o->by_first + ns;
+  o->lo = o->by_last + ns;
+  o->hi = o->lo + ns;
+  o->host_writer = o->hi + ns;
+  memset(o->last_write, 0xff, 7 * (size_t)ns * sizeof(int32_t)); /* -1: none yet */
+  memset(o->host_writer, 0xff, (size_t)s->prog->n_tensors * sizeof(int32_t));
+  MF_CHECK(sort_slots(s, 0, o->by_first));
+  MF_CHECK(sort_slots(s, 1, o->by_last));
+  for (int32_t x = 0; x < ns; x++) {
+    o->ranges[x] = s->slots[x].offset;
+    o->ranges[ns + x] = s->prog->tensors[s->slots[x].tensor].bytes;
+  }
+  int32_t leaves = 0;
+  MF_CHECK(mf_interval_leaves(ns, o->ranges, o->ranges + ns, o->lo, o->hi, &leaves));
+  return mf_segtree_create(leaves, MF_SCHED_STREAMS, &o->tree);
+}
+
+static void order_free(order *o) {
+  mf_segtree_free(o->tree);
+  free(o->last_write);
+  free(o->ranges);
+}
+
+/* One walk in instruction order: waits[3 n_instr] (see mf_schedule_waits). */
+static mf_status order_build(const mf_schedule *s, int32_t *waits) {
+  const int32_t n = s->n_instr, ns = s->n_slots;
+  order o;
+  mf_status st = order_init(&o, s);
+  int32_t a = 0, r = 0;
+  for (int32_t i = 0; i < n && st == MF_OK; i++) {
+    const int k = mf_schedule_stream(s->instr[i].kind);
+    int32_t w[MF_SCHED_STREAMS] = {-1, -1, -1};
+    /* Memory: a slot first filled here waits for what held its bytes. */
+    for (; a < ns && s->slots[o.by_first[a]].first == i; a++) {
+      const int32_t x = o.by_first[a];
+      int32_t held[MF_SCHED_STREAMS];
+      mf_segtree_max(o.tree, o.lo[x], o.hi[x], held);
+      for (int q = 0; q < MF_SCHED_STREAMS; q++) need(w, q, held[q]);
+    }
+    order_instr(&o, i, k, w);
+    for (int q = 0; q < MF_SCHED_STREAMS; q++) waits[3 * (size_t)i + (size_t)q] = q == k ? -1 : w[q];
+    /* Slots whose last instruction this is: their bytes are free once every
+     * stream is past its last touch of them. */
+    for (; r < ns && s->slots[o.by_last[r]].last == i; r++) {
+      const int32_t x = o.by_last[r];
+      if (!s->slots[x].persist) mf_segtree_chmax(o.tree, o.lo[x], o.hi[x], o.last_acc + 3 * (size_t)x);
+    }
+  }
+  order_free(&o);
+  return st;
+}
+
+mf_status mf_schedule_waits(const mf_schedule *s, const int32_t **out) {
+  int32_t *w = __atomic_load_n(&s->waits, __ATOMIC_ACQUIRE);
+  if (!w) {
+    MF_CHECK(mf_malloc((3 * (size_t)s->n_instr + 1) * sizeof(int32_t), "schedule order", (void **)&w));
+    const mf_status st = order_build(s, w);
+    if (st != MF_OK) {
+      free(w);
+      return st;
+    }
+    /* Memoised in the schedule (allocated writable by mf_schedule_build):
+     * the first of threads racing here publishes, the others free theirs. */
+    int32_t *none = NULL;
+    if (!__atomic_compare_exchange_n(&((mf_schedule *)s)->waits, &none, w, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+      free(w);
+      w = none;
+    }
+  }
+  *out = w;
+  return MF_OK;
+}
+
 mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out) {
   *out = NULL;
   if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
@@ -682,7 +826,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
     const mf_pop *o = &p->ops[k];
     if (o->phase != MF_PHASE_FWD) continue;
     for (int i = 0; i < MF_KBUF_MAX; i++)
-      if (o->t[i] >= 0 && (b.ix.wr[k] >> i & 1)) b.last_fwd_writer[o->t[i]] = k;
+      if (o->t[i] >= 0 && (o->writes >> i & 1)) b.last_fwd_writer[o->t[i]] = k;
   }
 
   s->optim_begin = -1;
@@ -786,5 +930,6 @@ void mf_schedule_free(mf_schedule *s) {
   free(s->slot_pool);
   free(s->host_offset);
   free(s->optim_device);
+  free(s->waits);
   free(s);
 }

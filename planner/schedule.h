@@ -109,6 +109,15 @@ typedef struct mf_instr {
   uint8_t persist;    /* H2D of a persistent slot: only when the device copy is not current */
 } mf_instr;
 
+/* The streams instructions run on, each in instruction order (the
+ * executor's, src/exec/exec.h; the simulator's, planner/simulate.h: same
+ * numbers as mf_exec_stream and mf_sim_stream): RUN, ZERO and ACCUM on the
+ * compute stream, H2D on the h2d stream, D2H on the d2h stream. */
+enum { MF_SCHED_COMPUTE = 0, MF_SCHED_H2D, MF_SCHED_D2H, MF_SCHED_STREAMS };
+static inline int mf_schedule_stream(mf_instr_kind k) {
+  return k == MF_I_H2D ? MF_SCHED_H2D : k == MF_I_D2H ? MF_SCHED_D2H : MF_SCHED_COMPUTE;
+}
+
 typedef struct mf_slot {
   int32_t tensor;
   int32_t first, last; /* instructions that first fill and last touch the slot */
@@ -140,11 +149,43 @@ typedef struct mf_schedule {
   int32_t optim_begin;
   uint8_t *optim_device;   /* [n_params] 1: that parameter's optimizer is on the device */
   int32_t n_optim_device;  /* how many */
+  int32_t *waits;          /* [3 n_instr] the order between streams: NULL until mf_schedule_waits */
 } mf_schedule;
 
 /* Builds the schedule of `p` under `d` and packs its slots into the arena. */
 mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out);
 void mf_schedule_free(mf_schedule *s);
+
+/* The order between the streams, decided once: the simulator times it
+ * (planner/simulate.h), the executor enforces it with events
+ * (src/exec/exec.h). Instruction i, on stream mf_schedule_stream(kind), waits
+ * for instruction (*out)[3 i + q] of stream q: the latest one of that stream
+ * it depends on, or -1 (always -1 for its own stream, which runs in order).
+ * It depends on
+ *   RAW/WAW  the last earlier instruction writing a slot it touches;
+ *   WAR      if it writes a slot, the reads of that slot since that write;
+ *   memory   if it first fills a slot, every instruction touching an earlier
+ *            slot that shared any of those arena bytes and whose last
+ *            instruction came before it (persistent slots are never
+ *            reused: their bytes are theirs for the whole step);
+ *   host     if it uploads an offloaded activation, the last earlier D2H of
+ *            it (which wrote its host copy).
+ * With the streams in order that is all the simulator's dependencies:
+ * an earlier writer of a slot, or a read before the last write, is ordered
+ * before that last write already. The barrier before optim_begin is not in
+ * it: the executor meets it with a host sync, the simulator by its own rule.
+ *
+ * Computed on the first call (O(n_instr + n_pool + n_slots log n_slots):
+ * the memory rule uses a segment tree over the arena's elementary intervals,
+ * with a lane per stream) and kept in s->waits until mf_schedule_free; later
+ * calls, from any thread, return it. On demand, not in mf_schedule_build:
+ * the planner builds many schedules only to see whether they fit, which are
+ * never simulated, and a simulation on a serial profile (one timeline) needs
+ * none. A copy of the struct shares the array: change no instruction of a
+ * copy that has it.
+ * MF_ERR_OUT_OF_MEMORY, MF_ERR_INTERNAL for a schedule that did not come from
+ * mf_schedule_build (a slot never used). */
+mf_status mf_schedule_waits(const mf_schedule *s, const int32_t **out);
 
 #ifdef __cplusplus
 }

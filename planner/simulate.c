@@ -3,8 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/segtree.h"
 #include "planner/simulate.h"
+
+/* The schedule's stream numbers are the simulator's (its order between
+ * streams is indexed by them). */
+_Static_assert((int)MF_SIM_COMPUTE == MF_SCHED_COMPUTE && (int)MF_SIM_H2D == MF_SCHED_H2D &&
+                   (int)MF_SIM_D2H == MF_SCHED_D2H && (int)MF_SIM_STREAMS == MF_SCHED_STREAMS,
+               "stream numbers");
 
 const char *mf_sim_stream_name(mf_sim_stream s) {
   switch (s) {
@@ -172,64 +177,25 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
   }
 }
 
-/* ---------------------------------------------- arena segment tree (max) */
-
-static int32_t coord_index(const size_t *c, int32_t n, size_t v) {
-  int32_t lo = 0, hi = n; /* first index with c[i] >= v */
-  while (lo < hi) {
-    int32_t mid = lo + (hi - lo) / 2;
-    if (c[mid] < v)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
 /* ------------------------------------------------------------- simulation */
 
-typedef struct touch {
-  int32_t slot;
-  int32_t write;
-} touch;
-
 typedef struct scratch {
-  double *op_cost;            /* [n_ops] */
-  uint32_t *wmask;            /* [n_ops] operands each op writes */
-  double *last_write;         /* [n_slots] when the last writer of the slot ends */
-  double *last_touch;         /* [n_slots] when the last instruction touching it ends */
-  double *host_ready;         /* [n_tensors] when the host copy of an offloaded activation is complete */
-  int32_t *done_start;        /* [n_instr + 1] CSR: the slots whose last instruction is i */
-  int32_t *done;              /* [n_slots] */
-  int32_t *leaf_lo, *leaf_hi; /* [n_slots] the slot's elementary intervals, [lo, hi) */
-  size_t *coords;             /* [2 n_slots], then as much scratch for the sort */
-  int64_t *delta;             /* [n_instr + 1] live bytes, as differences */
-  touch *touches;             /* [MF_KBUF_MAX + E + 2] */
-  double *gate;               /* [n_instr] overlap_optimizer: when the update of the parameter the instruction
-                                 first uploads is done, else -1 */
-  uint8_t *seen;              /* [n_params] */
-  float *use;                 /* [n_slots] the chance the slot's copies happen (expert_share), or NULL: 1 */
-  mf_segtree seg;
+  double *op_cost; /* [n_ops] */
+  double *end;     /* [n_instr] a pass's end times when they are not the result's */
+  int64_t *delta;  /* [n_instr + 1] live bytes, as differences */
+  double *gate;    /* [n_instr] overlap_optimizer: when the update of the parameter the instruction first
+                      uploads is done, else -1 */
+  uint8_t *seen;   /* [n_params] */
+  float *use;      /* [n_slots] the chance the slot's copies happen (expert_share), or NULL: 1 */
 } scratch;
 
 static void scratch_free(scratch *w) {
   free(w->op_cost);
-  free(w->wmask);
-  free(w->last_write);
-  free(w->last_touch);
-  free(w->host_ready);
-  free(w->done_start);
-  free(w->done);
-  free(w->leaf_lo);
-  free(w->leaf_hi);
-  free(w->coords);
+  free(w->end);
   free(w->delta);
-  free(w->touches);
   free(w->gate);
   free(w->seen);
   free(w->use);
-  free(w->seg.mx);
-  free(w->seg.tag);
 }
 
 void mf_sim_result_free(mf_sim_result *r) {
@@ -242,61 +208,36 @@ void mf_sim_result_free(mf_sim_result *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* The instruction's operands, with whether it writes them; its stream and cost. */
-static int32_t instr_touches(const mf_schedule *s, const mf_hwprofile *hw, const scratch *w, int32_t i,
-                             touch *tc, int *stream, double *cost) {
+/* The cost of instruction i in seconds (see simulate.h). */
+static double instr_cost(const mf_schedule *s, const mf_hwprofile *hw, const scratch *w, int32_t i) {
   const mf_program *p = s->prog;
   const mf_instr *in = &s->instr[i];
-  int32_t n = 0;
   switch (in->kind) {
-    case MF_I_RUN: {
-      const mf_pop *o = &p->ops[in->op];
-      const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
-      const int32_t we = mf_kernel_writes_experts(o->kind);
-      for (int k = 0; k < MF_KBUF_MAX; k++) {
-        const int32_t sl = s->slot_pool[in->operands + k];
-        if (sl >= 0) tc[n++] = (touch){sl, (int32_t)(w->wmask[in->op] >> k & 1)};
-      }
-      for (int64_t e = 0; e < E; e++) {
-        const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
-        if (sl >= 0) tc[n++] = (touch){sl, we};
-      }
-      *stream = MF_SIM_COMPUTE;
-      *cost = w->op_cost[in->op];
-      break;
-    }
+    case MF_I_RUN:
+      return w->op_cost[in->op];
     case MF_I_H2D:
     case MF_I_D2H: {
       const int h2d = in->kind == MF_I_H2D;
-      tc[n++] = (touch){in->slot, h2d};
-      *stream = h2d ? MF_SIM_H2D : MF_SIM_D2H;
       /* A persistent slot's fill: the device copy is current in the steady state. */
-      *cost = in->persist && h2d
-                  ? 0.0
-                  : mf_hw_copy_seconds(hw, h2d, (double)p->tensors[s->slots[in->slot].tensor].bytes);
-      if (w->use) *cost *= (double)w->use[in->slot];
-      break;
+      double cost = in->persist && h2d
+                        ? 0.0
+                        : mf_hw_copy_seconds(hw, h2d, (double)p->tensors[s->slots[in->slot].tensor].bytes);
+      if (w->use) cost *= (double)w->use[in->slot];
+      return cost;
     }
     case MF_I_ZERO:
     case MF_I_ACCUM: {
-      tc[n++] = (touch){in->slot, in->kind == MF_I_ZERO};
-      if (in->kind == MF_I_ACCUM) tc[n++] = (touch){in->slot2, 1};
-      *stream = MF_SIM_COMPUTE;
       const char *kname;
       int64_t sizes[8];
       int ns;
       double bytes;
       mf_sim_instr_key(s, i, &kname, sizes, &ns, &bytes);
-      *cost = measured(hw, kname, sizes, ns, bytes);
-      if (isnan(*cost)) *cost = mf_hw_elementwise_seconds(hw, bytes);
-      break;
+      const double cost = measured(hw, kname, sizes, ns, bytes);
+      return isnan(cost) ? mf_hw_elementwise_seconds(hw, bytes) : cost;
     }
     default:
-      *stream = MF_SIM_COMPUTE;
-      *cost = 0;
-      break;
+      return 0;
   }
-  return n;
 }
 
 static mf_status validate(const mf_schedule *s) {
@@ -332,36 +273,23 @@ static mf_status validate(const mf_schedule *s) {
 
 static mf_status alloc_all(const mf_schedule *s, scratch *w, mf_sim_result *r) {
   const mf_program *p = s->prog;
-  const size_t ni = (size_t)s->n_instr + 1, ns = (size_t)s->n_slots + 1;
+  const size_t ni = (size_t)s->n_instr + 1;
   r->stream = (uint8_t *)malloc(ni);
   r->cost = (double *)malloc(ni * sizeof(double));
   r->start = (double *)malloc(ni * sizeof(double));
   r->end = (double *)malloc(ni * sizeof(double));
   r->live_bytes = (size_t *)malloc(ni * sizeof(size_t));
   w->op_cost = (double *)malloc(((size_t)p->n_ops + 1) * sizeof(double));
-  w->wmask = (uint32_t *)malloc(((size_t)p->n_ops + 1) * sizeof(uint32_t));
-  w->last_write = (double *)calloc(ns, sizeof(double));
-  w->last_touch = (double *)calloc(ns, sizeof(double));
-  w->host_ready = (double *)calloc((size_t)p->n_tensors + 1, sizeof(double));
-  w->done_start = (int32_t *)calloc(ni + 1, sizeof(int32_t));
-  w->done = (int32_t *)malloc(ns * sizeof(int32_t));
-  w->leaf_lo = (int32_t *)malloc(ns * sizeof(int32_t));
-  w->leaf_hi = (int32_t *)malloc(ns * sizeof(int32_t));
-  w->coords = (size_t *)malloc(4 * ns * sizeof(size_t)); /* and the sort's scratch */
+  w->end = (double *)malloc(ni * sizeof(double));
   w->delta = (int64_t *)calloc(ni + 1, sizeof(int64_t));
-  w->touches = (touch *)malloc(
-      ((size_t)MF_KBUF_MAX + (size_t)(p->spec.experts > 0 ? p->spec.experts : 0) + 2) * sizeof(touch));
   w->gate = (double *)malloc(ni * sizeof(double));
   w->seen = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
-  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->wmask ||
-      !w->last_write || !w->last_touch || !w->host_ready || !w->done_start || !w->done || !w->leaf_lo ||
-      !w->leaf_hi || !w->coords || !w->delta || !w->touches || !w->gate || !w->seen)
+  if (!r->stream || !r->cost || !r->start || !r->end || !r->live_bytes || !w->op_cost || !w->end ||
+      !w->delta || !w->gate || !w->seen)
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
   return MF_OK;
 }
 
-/* Per-op costs and write masks, slots by their last instruction, the arena's
- * elementary intervals, and the live-bytes curve. */
 /* expert_share: the chance each expert weight's or gradient's copies happen.
  * The executor skips the copies of an expert that no token of the
  * micro-batches its slot serves was routed to, once their routing is known
@@ -429,56 +357,17 @@ static mf_status expert_use(const mf_schedule *s, const mf_sim_opts *o, scratch 
   return MF_OK;
 }
 
+/* Per-op costs and the live-bytes curve. */
 static mf_status prepare(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, mf_sim_result *r) {
   const mf_program *p = s->prog;
-  for (int32_t k = 0; k < p->n_ops; k++) {
-    mf_kernel_call c;
-    memset(&c, 0, sizeof c);
-    c.kind = p->ops[k].kind;
-    memcpy(c.i, p->ops[k].i, sizeof c.i);
-    w->wmask[k] = mf_kernel_writes(&c);
-    w->op_cost[k] = mf_sim_op_seconds(p, k, hw);
-  }
-  int32_t nc = 0;
+  for (int32_t k = 0; k < p->n_ops; k++) w->op_cost[k] = mf_sim_op_seconds(p, k, hw);
   for (int32_t x = 0; x < s->n_slots; x++) {
     const mf_slot *sl = &s->slots[x];
     if (sl->first < 0) continue;
-    const size_t bytes = p->tensors[sl->tensor].bytes;
-    w->done_start[sl->last + 1]++;
-    w->delta[sl->first] += (int64_t)bytes;
-    w->delta[sl->last + 1] -= (int64_t)bytes;
-    if (bytes) {
-      w->coords[nc++] = sl->offset;
-      w->coords[nc++] = sl->offset + bytes;
-    }
+    const int64_t bytes = (int64_t)p->tensors[sl->tensor].bytes;
+    w->delta[sl->first] += bytes;
+    w->delta[sl->last + 1] -= bytes;
   }
-  for (int32_t i = 0; i < s->n_instr; i++) w->done_start[i + 1] += w->done_start[i];
-  {
-    int32_t *fill = (int32_t *)malloc(((size_t)s->n_instr + 1) * sizeof(int32_t));
-    if (!fill) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
-    memcpy(fill, w->done_start, ((size_t)s->n_instr + 1) * sizeof(int32_t));
-    for (int32_t x = 0; x < s->n_slots; x++)
-      if (s->slots[x].first >= 0) w->done[fill[s->slots[x].last]++] = x;
-    free(fill);
-  }
-  mf_sort_size(w->coords, (size_t)nc, w->coords + nc);
-  int32_t nu = 0;
-  for (int32_t i = 0; i < nc; i++)
-    if (nu == 0 || w->coords[nu - 1] != w->coords[i]) w->coords[nu++] = w->coords[i];
-  for (int32_t x = 0; x < s->n_slots; x++) {
-    const mf_slot *sl = &s->slots[x];
-    const size_t bytes = p->tensors[sl->tensor].bytes;
-    w->leaf_lo[x] = w->leaf_hi[x] = 0;
-    if (sl->first < 0 || !bytes) continue;
-    w->leaf_lo[x] = coord_index(w->coords, nu, sl->offset);
-    w->leaf_hi[x] = coord_index(w->coords, nu, sl->offset + bytes);
-  }
-  w->seg.n = nu > 1 ? nu - 1 : 1;
-  w->seg.size = 1;
-  while (w->seg.size < w->seg.n) w->seg.size *= 2;
-  w->seg.mx = (double *)calloc(2 * (size_t)w->seg.size, sizeof(double));
-  w->seg.tag = (double *)calloc(2 * (size_t)w->seg.size, sizeof(double));
-  if (!w->seg.mx || !w->seg.tag) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
   int64_t live = 0;
   r->peak_live_bytes = 0;
   r->peak_instr = 0;
@@ -529,32 +418,14 @@ static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double sca
   return t;
 }
 
-/* One pass of the streams over the instructions. `gate` (or NULL): the time
- * before which each instruction may not start. With r, each instruction's
- * stream, cost, start and end, the streams' busy time and the bytes moved are
- * recorded in it; *makespan gets when the last instruction ends; *barrier
- * when the last instruction before the optimizer part (s->optim_begin) ends —
- * no instruction of that part starts before it; *delayed (when not NULL)
- * whether some gate held an instruction back. */
-static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scratch *w, const double *gate,
-                             mf_sim_result *r, double *makespan_out, double *barrier_out, int *delayed) {
+/* Each instruction's stream and cost (r->stream, r->cost), the streams' busy
+ * time and the bytes moved; a cost the profile cannot give is an error. */
+static mf_status price(const mf_schedule *s, const mf_hwprofile *hw, const scratch *w, mf_sim_result *r) {
   const mf_program *p = s->prog;
-  const int serial = !hw->copies_overlap_compute;
-  memset(w->last_write, 0, ((size_t)s->n_slots + 1) * sizeof(double));
-  memset(w->last_touch, 0, ((size_t)s->n_slots + 1) * sizeof(double));
-  memset(w->host_ready, 0, ((size_t)p->n_tensors + 1) * sizeof(double));
-  memset(w->seg.mx, 0, 2 * (size_t)w->seg.size * sizeof(double));
-  memset(w->seg.tag, 0, 2 * (size_t)w->seg.size * sizeof(double));
-  if (delayed) *delayed = 0;
-  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0, barrier = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
-    /* The optimizer part runs once the host has the global norm: after
-     * everything before it (serial: already so). */
-    if (i == s->optim_begin) barrier = serial ? t : makespan;
-    int stream;
-    double cost;
-    const int32_t n = instr_touches(s, hw, w, i, w->touches, &stream, &cost);
+    const int stream = mf_schedule_stream(in->kind);
+    const double cost = instr_cost(s, hw, w, i);
     if (!(cost >= 0) || isinf(cost))
       return MF_ERR(
           MF_ERR_INVALID_ARG,
@@ -562,23 +433,39 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
           "points, or a bandwidth)",
           hw->name, i,
           in->kind == MF_I_RUN ? p->ops[in->op].label : mf_sim_stream_name((mf_sim_stream)stream), cost);
-    double ready;
-    if (serial) {
-      ready = t;
-    } else {
+    r->stream[i] = (uint8_t)stream;
+    r->cost[i] = cost;
+    r->busy[stream] += cost;
+    if (in->kind == MF_I_H2D && !in->persist) r->h2d_bytes += p->tensors[s->slots[in->slot].tensor].bytes;
+    if (in->kind == MF_I_D2H) r->d2h_bytes += p->tensors[s->slots[in->slot].tensor].bytes;
+  }
+  return MF_OK;
+}
+
+/* One pass of the streams over the instructions: each starts when its stream
+ * is free and the instructions it waits for (mf_schedule_waits; NULL on a
+ * serial profile, where everything is one timeline) have ended, and not
+ * before the barrier (when the last instruction before s->optim_begin ends)
+ * if it is in the optimizer part, nor before gate[i] (when gate is not NULL).
+ * Writes each start (when `start` is not NULL) and end; *makespan gets when
+ * the last one ends, *barrier (when not NULL) the barrier, *delayed (when not
+ * NULL) whether some gate held an instruction back. */
+static void run_streams(const mf_schedule *s, const int32_t *waits, const mf_sim_result *r,
+                        const double *gate, double *start, double *end, double *makespan_out,
+                        double *barrier_out, int *delayed) {
+  if (delayed) *delayed = 0;
+  double free_at[MF_SIM_STREAMS] = {0, 0, 0}, t = 0, makespan = 0, barrier = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    /* The optimizer part runs once the host has the global norm: after
+     * everything before it (serial: already so). */
+    if (i == s->optim_begin) barrier = waits ? makespan : t;
+    const int stream = r->stream[i];
+    double ready = t;
+    if (waits) {
       ready = free_at[stream];
-      for (int32_t k = 0; k < n; k++) {
-        const int32_t x = w->touches[k].slot;
-        if (w->last_write[x] > ready) ready = w->last_write[x];
-        if (w->touches[k].write && w->last_touch[x] > ready) ready = w->last_touch[x];
-        if (s->slots[x].first == i && w->leaf_lo[x] < w->leaf_hi[x]) {
-          const double m = mf_seg_query(&w->seg, w->leaf_lo[x], w->leaf_hi[x]);
-          if (m > ready) ready = m;
-        }
-      }
-      if (in->kind == MF_I_H2D) {
-        const double h = w->host_ready[s->slots[in->slot].tensor];
-        if (h > ready) ready = h;
+      for (int q = 0; q < MF_SIM_STREAMS; q++) {
+        const int32_t j = waits[3 * (size_t)i + (size_t)q];
+        if (j >= 0 && end[j] > ready) ready = end[j];
       }
     }
     if (i >= s->optim_begin && barrier > ready) ready = barrier;
@@ -586,44 +473,16 @@ static mf_status run_streams(const mf_schedule *s, const mf_hwprofile *hw, scrat
       ready = gate[i];
       if (delayed) *delayed = 1;
     }
-    const double end = ready + cost;
-    t = end;
-    free_at[stream] = end;
-    if (end > makespan) makespan = end;
-    if (r) {
-      r->stream[i] = (uint8_t)stream;
-      r->cost[i] = cost;
-      r->start[i] = ready;
-      r->end[i] = end;
-      r->busy[stream] += cost;
-    }
-    for (int32_t k = 0; k < n; k++) {
-      const int32_t x = w->touches[k].slot;
-      if (w->last_touch[x] < end) w->last_touch[x] = end;
-      if (w->touches[k].write && w->last_write[x] < end) w->last_write[x] = end;
-    }
-    if (in->kind == MF_I_H2D || in->kind == MF_I_D2H) {
-      const int32_t tn = s->slots[in->slot].tensor;
-      const uint64_t bytes = p->tensors[tn].bytes;
-      if (in->kind == MF_I_H2D) {
-        if (r && !in->persist) r->h2d_bytes += bytes; /* a persistent fill is not per step */
-      } else {
-        if (r) r->d2h_bytes += bytes;
-        if (w->host_ready[tn] < end) w->host_ready[tn] = end;
-      }
-    }
-    /* Slots done with: their memory is free once everything touching them is. */
-    if (!serial)
-      for (int32_t d = w->done_start[i]; d < w->done_start[i + 1]; d++) {
-        const int32_t x = w->done[d];
-        if (w->leaf_lo[x] < w->leaf_hi[x])
-          mf_seg_update(&w->seg, w->leaf_lo[x], w->leaf_hi[x], w->last_touch[x]);
-      }
+    const double e = ready + r->cost[i];
+    t = e;
+    free_at[stream] = e;
+    if (e > makespan) makespan = e;
+    if (start) start[i] = ready;
+    end[i] = e;
   }
-  *makespan_out = serial ? t : makespan;
+  *makespan_out = waits ? makespan : t;
   if (s->optim_begin >= s->n_instr) barrier = *makespan_out;
   if (barrier_out) *barrier_out = barrier;
-  return MF_OK;
 }
 
 mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim_opts *o,
@@ -666,10 +525,17 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
                 "simulate: profile \"%s\" cannot price the host optimizer (adamw_params_per_s)", hw->name);
   int delayed = 0;
   double ungated = 0, barrier = 0;
-  if (st == MF_OK)
-    st = run_streams(s, hw, &w, overlap ? w.gate : NULL, &r, &r.streams_seconds, &barrier, &delayed);
-  ungated = r.streams_seconds;
-  if (st == MF_OK && delayed) st = run_streams(s, hw, &w, NULL, NULL, &ungated, NULL, NULL);
+  if (st == MF_OK) st = price(s, hw, &w, &r);
+  /* The order between the streams, once per schedule (a serial profile's
+   * one timeline needs none). */
+  const int32_t *waits = NULL;
+  if (st == MF_OK && hw->copies_overlap_compute) st = mf_schedule_waits(s, &waits);
+  if (st == MF_OK) {
+    run_streams(s, waits, &r, overlap ? w.gate : NULL, r.start, r.end, &r.streams_seconds, &barrier,
+                &delayed);
+    ungated = r.streams_seconds;
+    if (delayed) run_streams(s, waits, &r, NULL, NULL, w.end, &ungated, NULL, NULL);
+  }
   if (st != MF_OK) {
     scratch_free(&w);
     mf_sim_result_free(&r);

@@ -34,6 +34,11 @@
  *   host     an H2D of an offloaded activation waits for its D2H;
  *   barrier  an instruction at or after s->optim_begin waits until every
  *            instruction before it has ended.
+ * All but the barrier are the schedule's order between streams
+ * (mf_schedule_waits): each instruction waits for at most one instruction of
+ * each other stream, the latest it depends on, and that covers the rest
+ * because every stream runs in order — the executor enforces the same waits
+ * with events.
  *
  * Costs (seconds, from the profile's cost functions, which include a kernel's
  * launch cost):
@@ -70,11 +75,10 @@
  * A profile that cannot price an instruction (no GEMM or attention points, a
  * zero bandwidth or AdamW rate: a NaN or infinite cost) is MF_ERR_INVALID_ARG.
  *
- * The simulation is deterministic and runs in O(n_instr + n_pool + n_slots
- * log n_slots): the memory dependency uses a segment tree over the slots'
- * arena offsets (a slot is painted with the time it is done when its last
- * instruction has been simulated; the arena packing guarantees that the slots
- * sharing bytes with a new one are all painted by then).
+ * The simulation is deterministic and runs in O(n_instr + n_ops + n_slots),
+ * plus, the first time a schedule is simulated on an overlapping profile,
+ * the order between its streams (mf_schedule_waits: O(n_instr + n_pool +
+ * n_slots log n_slots), kept in the schedule for later simulations).
  */
 #ifndef MF_PLANNER_SIMULATE_H
 #define MF_PLANNER_SIMULATE_H

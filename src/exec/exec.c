@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/segtree.h"
 #include "src/exec/exec.h"
 #include "src/exec/exec_internal.h"
 
@@ -126,217 +125,28 @@ static int expert_idle(mf_exec *x, int32_t slot) {
   return 1;
 }
 
-/* The stream an instruction runs on (exec.h "timing"). */
-static int instr_stream(const mf_instr *in) {
-  return in->kind == MF_I_H2D ? MF_EXEC_H2D : in->kind == MF_I_D2H ? MF_EXEC_D2H : MF_EXEC_COMPUTE;
-}
-
 static mf_status sync_all(mf_exec *x) {
   for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK(x->b->stream_sync(x->b, x->st[k]));
   return x->sg ? mf_exec_sg_sync(x) : MF_OK;
 }
 
-/* The first index in [l, h) of sorted c whose value is >= v (h: none). */
-static size_t first_at_least(const size_t *c, size_t l, size_t h, size_t v) {
-  while (l < h) {
-    const size_t m = l + (h - l) / 2;
-    if (c[m] < v)
-      l = m + 1;
-    else
-      h = m;
-  }
-  return l;
-}
+/* The schedule's stream numbers are the executor's. */
+_Static_assert((int)MF_EXEC_COMPUTE == MF_SCHED_COMPUTE && (int)MF_EXEC_H2D == MF_SCHED_H2D &&
+                   (int)MF_EXEC_D2H == MF_SCHED_D2H && (int)MF_EXEC_STREAMS == MF_SCHED_STREAMS,
+               "stream numbers");
 
-mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
-                         int32_t *n_leaves) {
-  size_t *c = NULL;
-  *n_leaves = 0;
-  MF_CHECK(mf_malloc(4 * (size_t)(n ? n : 1) * sizeof(size_t), "executor intervals", (void **)&c));
-  size_t nc = 0;
-  for (int32_t i = 0; i < n; i++) {
-    c[nc++] = off[i];
-    c[nc++] = off[i] + len[i];
-  }
-  mf_sort_size(c, nc, c + nc);
-  size_t nu = 0;
-  for (size_t i = 0; i < nc; i++)
-    if (nu == 0 || c[nu - 1] != c[i]) c[nu++] = c[i];
-  for (int32_t i = 0; i < n; i++) {
-    lo[i] = (int32_t)first_at_least(c, 0, nu, off[i]);
-    hi[i] = (int32_t)first_at_least(c, (size_t)lo[i], nu, off[i] + len[i]);
-  }
-  free(c);
-  *n_leaves = (int32_t)nu;
-  return MF_OK;
-}
-
-/* One access of instruction i (on stream k) to a slot: what it must wait for
- * on the other streams — the slot's last write (a read or a write after
- * it), and the reads since (a write after them) — and the bookkeeping. */
-typedef struct dep_state {
-  int32_t *last_write;   /* [n_slots] */
-  int32_t *last_read;    /* [3 n_slots] reads since the last write, per stream */
-  int32_t *last_acc;     /* [3 n_slots] last access of any kind, per stream */
-  int32_t *host_writer;  /* [n_tensors] the D2H that last wrote a tensor's host copy */
-} dep_state;
-
-static void need(int32_t *w, int k, int32_t j) {
-  if (j >= 0 && j > w[k]) w[k] = j;
-}
-
-static void dep_access(dep_state *d, const mf_schedule *s, int32_t i, int k, int32_t slot, int rd, int wr, int32_t *w) {
-  (void)s;
-  const size_t b = 3 * (size_t)slot;
-  const int32_t lw = d->last_write[slot];
-  if (lw >= 0) need(w, instr_stream(&s->instr[lw]), lw);
-  if (wr)
-    for (int q = 0; q < MF_EXEC_STREAMS; q++) need(w, q, d->last_read[b + (size_t)q]);
-  if (wr) {
-    d->last_write[slot] = i;
-    for (int q = 0; q < MF_EXEC_STREAMS; q++) d->last_read[b + (size_t)q] = -1;
-  } else if (rd) {
-    d->last_read[b + (size_t)k] = i;
-  }
-  d->last_acc[b + (size_t)k] = i;
-}
-
-/* Cross-stream dependencies of every instruction, as planner/simulate.h lists
- * them: RAW/WAW/WAR on each slot touched; memory (a slot's first instruction
- * waits for the last access, on each other stream, of every earlier slot that
- * held any of its bytes: a segment tree per stream over the arena, raised as
- * slots end); host (the H2D of an offloaded activation waits for the D2H that
- * wrote its host copy). Within a stream the order is the submission order,
- * so only the latest instruction of each other stream is waited for. */
-static mf_status deps_build(mf_exec *x) {
-  const mf_program *p = x->p;
+/* The order between the streams is the schedule's (mf_schedule_waits):
+ * events for the instructions something waits for, recorded after them. */
+static mf_status order_events(mf_exec *x) {
   const mf_schedule *s = x->s;
-  const int32_t n = s->n_instr, ns = s->n_slots;
-  dep_state d;
-  memset(&d, 0, sizeof d);
-  size_t *coords = NULL;
-  int32_t *lo = NULL, *hi = NULL;
-  mf_segtree tree[MF_EXEC_STREAMS];
-  memset(tree, 0, sizeof tree);
-  uint8_t *needed = NULL;
-  mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_malloc(3 * (size_t)(n ? n : 1) * sizeof(int32_t), "executor streams", (void **)&x->wait_on), st,
-                done);
-  MF_CHECK_GOTO(mf_calloc((size_t)(n ? n : 1), sizeof(mf_event *), "executor events", (void **)&x->ev), st, done);
-  MF_CHECK_GOTO(mf_calloc((size_t)(n ? n : 1), 1, "executor events", (void **)&needed), st, done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&d.last_write), st,
-                done);
-  MF_CHECK_GOTO(mf_malloc(3 * (size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&d.last_read),
-                st, done);
-  MF_CHECK_GOTO(mf_malloc(3 * (size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&d.last_acc),
-                st, done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof(int32_t), "executor streams",
-                          (void **)&d.host_writer),
-                st, done);
-  for (int32_t i = 0; i < ns; i++) d.last_write[i] = -1;
-  for (size_t i = 0; i < 3 * (size_t)ns; i++) d.last_read[i] = d.last_acc[i] = -1;
-  for (int32_t t = 0; t < p->n_tensors; t++) d.host_writer[t] = -1;
-  /* The arena's elementary intervals between slot boundaries. */
-  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(ns ? ns : 1) * sizeof(size_t), "executor streams", (void **)&coords),
-                st, done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&lo), st, done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(ns ? ns : 1) * sizeof(int32_t), "executor streams", (void **)&hi), st,
-                done);
-  for (int32_t i = 0; i < ns; i++) {
-    coords[i] = s->slots[i].offset;
-    coords[ns + i] = p->tensors[s->slots[i].tensor].bytes;
+  MF_CHECK(mf_schedule_waits(s, &x->wait_on));
+  MF_CHECK(mf_calloc((size_t)(s->n_instr ? s->n_instr : 1), sizeof(mf_event *), "executor events",
+                     (void **)&x->ev));
+  for (size_t k = 0; k < 3 * (size_t)s->n_instr; k++) {
+    const int32_t j = x->wait_on[k];
+    if (j >= 0 && !x->ev[j]) MF_CHECK(x->b->event_create(x->b, &x->ev[j]));
   }
-  int32_t nu = 0;
-  MF_CHECK_GOTO(mf_exec_leaves(ns, coords, coords + ns, lo, hi, &nu), st, done);
-  int32_t size = 1;
-  while (size < (nu ? nu : 1)) size *= 2;
-  for (int k = 0; k < MF_EXEC_STREAMS; k++) {
-    tree[k].n = nu;
-    tree[k].size = size;
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].mx), st, done);
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)size, sizeof(double), "executor streams", (void **)&tree[k].tag), st, done);
-  }
-  int32_t a = 0, r = 0;
-  for (int32_t i = 0; i < n; i++) {
-    const mf_instr *in = &s->instr[i];
-    const int k = instr_stream(in);
-    int32_t w[MF_EXEC_STREAMS] = {-1, -1, -1};
-    /* Memory: slots first filled here wait for what held their bytes. */
-    for (; a < ns && s->slots[x->starts[a]].first == i; a++) {
-      const int32_t sl = x->starts[a];
-      for (int q = 0; q < MF_EXEC_STREAMS; q++) need(w, q, (int32_t)mf_seg_query(&tree[q], lo[sl], hi[sl]) - 1);
-    }
-    switch (in->kind) {
-      case MF_I_H2D: {
-        const int32_t t = s->slots[in->slot].tensor;
-        if (s->host_offset[t] != SIZE_MAX) need(w, MF_EXEC_D2H, d.host_writer[t]);
-        dep_access(&d, s, i, k, in->slot, 0, 1, w);
-        break;
-      }
-      case MF_I_D2H:
-        dep_access(&d, s, i, k, in->slot, 1, 0, w);
-        d.host_writer[s->slots[in->slot].tensor] = i;
-        break;
-      case MF_I_ZERO:
-        dep_access(&d, s, i, k, in->slot, 0, 1, w);
-        break;
-      case MF_I_ACCUM:
-        dep_access(&d, s, i, k, in->slot, 1, 0, w);
-        dep_access(&d, s, i, k, in->slot2, 1, 1, w);
-        break;
-      case MF_I_RUN: {
-        const mf_pop *o = &p->ops[in->op];
-        mf_kernel_call c;
-        memset(&c, 0, sizeof c);
-        c.kind = o->kind;
-        memcpy(c.i, o->i, sizeof c.i);
-        const uint32_t rm = mf_kernel_reads(&c), wm = mf_kernel_writes(&c);
-        const int32_t *ops = s->slot_pool + in->operands;
-        for (int j = 0; j < MF_KBUF_MAX; j++)
-          if (ops[j] >= 0) dep_access(&d, s, i, k, ops[j], (int)(rm >> j & 1), (int)(wm >> j & 1), w);
-        if (o->experts_at >= 0) {
-          const int ew = mf_kernel_writes_experts(o->kind);
-          for (int64_t e = 0; e < p->spec.experts; e++) {
-            const int32_t sl = ops[MF_KBUF_MAX + e];
-            if (sl >= 0) dep_access(&d, s, i, k, sl, 1, ew, w);
-          }
-        }
-        break;
-      }
-      default:
-        break;
-    }
-    for (int q = 0; q < MF_EXEC_STREAMS; q++) {
-      const int32_t j = q == k ? -1 : w[q];
-      x->wait_on[3 * (size_t)i + (size_t)q] = j;
-      if (j >= 0) needed[j] = 1;
-    }
-    /* Slots whose last instruction this is: their bytes are free after it. */
-    for (; r < ns && s->slots[x->ends[r]].last == i; r++) {
-      const int32_t sl = x->ends[r];
-      if (s->slots[sl].persist) continue;
-      for (int q = 0; q < MF_EXEC_STREAMS; q++) {
-        const int32_t la = d.last_acc[3 * (size_t)sl + (size_t)q];
-        if (la >= 0) mf_seg_update(&tree[q], lo[sl], hi[sl], (double)la + 1.0);
-      }
-    }
-  }
-  for (int32_t i = 0; i < n && st == MF_OK; i++)
-    if (needed[i]) st = x->b->event_create(x->b, &x->ev[i]);
-done:
-  free(needed);
-  free(d.last_write);
-  free(d.last_read);
-  free(d.last_acc);
-  free(d.host_writer);
-  free(coords);
-  free(lo);
-  free(hi);
-  for (int k = 0; k < MF_EXEC_STREAMS; k++) {
-    free(tree[k].mx);
-    free(tree[k].tag);
-  }
-  return st;
+  return MF_OK;
 }
 
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
@@ -420,7 +230,7 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
       if (ml < GL && !x->route_ev[ml]) MF_CHECK_GOTO(b->event_create(b, &x->route_ev[ml]), st, fail);
     }
   for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK_GOTO(b->stream_create(b, &x->st[k]), st, fail);
-  MF_CHECK_GOTO(deps_build(x), st, fail);
+  MF_CHECK_GOTO(order_events(x), st, fail);
   if (x->timed) {
     const size_t n = (size_t)(s->n_instr ? s->n_instr : 1);
     MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "executor timing events", (void **)&x->t0), st, fail);
@@ -459,7 +269,6 @@ void mf_exec_free(mf_exec *x) {
   if (x->scalars) x->b->host_free(x->b, x->scalars);
   free(x->route_state);
   free(x->read_kind);
-  free(x->wait_on);
   if (x->host_act) x->b->host_free(x->b, x->host_act);
   if (x->norm_host) x->b->host_free(x->b, x->norm_host);
   free(x->expert_ptrs);
@@ -701,7 +510,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     if (x->hooks.wait && !(staged && in->kind == MF_I_H2D))
       MF_CHECK_GOTO(mf_exec_param_gate(x, in), st, done);
     if (staged) MF_CHECK_GOTO(mf_exec_sg_before(x, i, io), st, done);
-    const int sk = instr_stream(in);
+    const int sk = mf_schedule_stream(in->kind);
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
       const int32_t j = x->wait_on[3 * (size_t)i + (size_t)k];
       if (j >= 0) MF_CHECK_GOTO(x->b->stream_wait(x->b, x->st[sk], x->ev[j]), st, done);
@@ -829,7 +638,7 @@ static mf_status stream_busy(mf_exec *x, int32_t from, int32_t to, double busy[M
   for (int32_t i = from; i < to; i++) {
     double dt = 0;
     MF_CHECK(x->b->event_elapsed(x->b, x->t0[i], x->t1[i], &dt));
-    busy[instr_stream(&x->s->instr[i])] += dt;
+    busy[mf_schedule_stream(x->s->instr[i].kind)] += dt;
     if (x->instr_s) x->instr_s[i] = dt;
   }
   return MF_OK;

@@ -12,11 +12,13 @@
  *
  * Streams. Kernels run on a compute stream, uploads on an h2d stream, copies
  * home on a d2h stream (on a GPU they overlap: uploads run ahead into memory
- * the plan has freed). The order between them is what planner/simulate.h
- * models, built once at create: each instruction waits (an event of the other
- * stream) for the last write of every slot it touches, a write for the reads
- * since, the first use of a slot for the last use of every earlier slot that
- * held its bytes, the upload of an offloaded activation for its copy home.
+ * the plan has freed). The order between them is the schedule's
+ * (planner/schedule.h mf_schedule_waits: decided once, and what
+ * planner/simulate.h times); the executor only enforces it, with an event of
+ * the other stream: each instruction waits for the last write of every slot
+ * it touches, a write for the reads since, the first use of a slot for the
+ * last use of every earlier slot that held its bytes, the upload of an
+ * offloaded activation for its copy home.
  * Inside a step the host waits for nothing but the host optimizer's hand-off
  * (below) and, without a staging arena, a gradient it adds at home: loss
  * scalars and routing counts are copied into host_alloc'd memory without a
@@ -246,9 +248,10 @@ void mf_exec_invalidate(mf_exec *x);
  *        after its last DMA the drain stream copies each tensor home (adds a
  *        gradient into the host's sum, writes an idle expert's zeros) and then
  *        hands each finished gradient to the hooks' grad_home.
- * The order between slabs is built at create from the layout (a segment tree
- * over its bytes per direction; the layout never lets an H2D and a D2H slab
- * share bytes) and the host never waits for it. Same bits as unstaged:
+ * The order between slabs is the layout's (mf_staging.wait_slab, wait_host:
+ * decided when it is built; the layout never lets an H2D and a D2H slab
+ * share bytes); the executor checks that each wait names a slab submitted
+ * before it and enforces it, and the host never waits for it. Same bits as unstaged:
  * `//tests/exec:staging_exec_test`. */
 typedef struct mf_exec_staging_opts {
   int threads;    /* host threads for the fills and for the copy-outs, each (0 or 1: the host function's

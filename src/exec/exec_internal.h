@@ -27,10 +27,11 @@ struct mf_exec {
   mf_decisions *owned_dec;
   mf_backend *b;
   mf_stream *st[MF_EXEC_STREAMS]; /* compute, h2d, d2h (exec.h "timing") */
-  /* Cross-stream order (deps_build): instruction i waits, on its stream, for
-   * instruction wait_on[3 i + k] of stream k (-1: none); ev[i] is recorded
-   * after instruction i when some instruction waits for it (else NULL). */
-  int32_t *wait_on;
+  /* Cross-stream order, the schedule's (mf_schedule_waits, kept by it):
+   * instruction i waits, on its stream, for instruction wait_on[3 i + k] of
+   * stream k (-1: none); ev[i] is recorded after instruction i when some
+   * instruction waits for it (else NULL). */
+  const int32_t *wait_on;
   mf_event **ev;
   /* Busy time (backends with timed events): t0[i] and t1[i] are recorded on
    * instruction i's stream around its work. NULL: not timed. */
@@ -113,12 +114,6 @@ mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in);
 
 /* Frees the non-NULL events of ev[n], then ev. */
 void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n);
-
-/* Elementary intervals of n ranges [off[i], off[i] + len[i]): lo[i], hi[i]
- * index the sorted distinct boundaries (*n_leaves of them) that each range
- * covers, for a segment tree over them (planner/segtree.h). */
-mf_status mf_exec_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
-                         int32_t *n_leaves);
 
 /* exec_staging.c: the staged copies of instruction i (an H2D or a D2H), in
  * three parts around the instruction's own waits and timing events — before

@@ -3,6 +3,9 @@
  * Per slab k of the layout (experts/staging.h), in the order the executor
  * submits its instructions:
  *
+ * The waits between slabs are the layout's (experts/staging.h wait_slab,
+ * wait_host), checked when it is taken.
+ *
  *   H2D slab (first copy at instruction f, last at l)
  *     at f, fill stream:  wait ev_free[wait_slab[k]]   the previous occupant's DMAs
  *                         wait ev_free[wait_host[k]]   the copy-out of offloaded activations it reads
@@ -25,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/segtree.h"
 #include "src/exec/exec_internal.h"
 
 enum { C_SKIP = 0, C_COPY, C_MOMENTS, C_ADD, C_ZERO };
@@ -50,8 +52,6 @@ struct exec_staging {
   mf_stream *fill, *drain;
   mf_event **ev_fill, **ev_free, **ev_dma; /* [n_slabs] */
   mf_event **tf0, **tf1;                   /* [n_slabs] timed, around a fill or a copy-out (when timed) */
-  int32_t *wait_slab;                      /* [n_slabs] the previous occupant of any of its bytes, or -1 */
-  int32_t *wait_host;                      /* [n_slabs] H2D: the D2H slab whose copy-out it reads, or -1 */
   uint8_t *work;                           /* [n_slabs] its host function ran in its part of the step */
   sg_copy_rt *rt;                          /* [n_copies] this step's decisions */
   sg_slab_ctx *ctx;                        /* [n_slabs] */
@@ -197,8 +197,8 @@ static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
   }
   g->work[k] = (uint8_t)work;
   if (!work) return MF_OK;
-  if (!g->o.drop_waits) MF_CHECK(wait_for(x, g->fill, g->wait_slab[k]));
-  MF_CHECK(wait_for(x, g->fill, g->wait_host[k]));
+  if (!g->o.drop_waits) MF_CHECK(wait_for(x, g->fill, g->L->wait_slab[k]));
+  MF_CHECK(wait_for(x, g->fill, g->L->wait_host[k]));
   if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->fill));
   MF_CHECK(b->host_fn(b, g->fill, fill_fn, &g->ctx[k]));
   if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->fill));
@@ -223,7 +223,7 @@ mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io) {
   r->host2 = NULL;
   r->mode = mode == D2H_COPY ? C_COPY : mode == D2H_ADD ? C_ADD : mode == D2H_ZERO ? C_ZERO : C_SKIP;
   r->home = x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads ? x->grad_final[i] : -1;
-  if (first_of(g, c) && !g->o.drop_waits) MF_CHECK(wait_for(x, x->st[MF_EXEC_D2H], g->wait_slab[k]));
+  if (first_of(g, c) && !g->o.drop_waits) MF_CHECK(wait_for(x, x->st[MF_EXEC_D2H], g->L->wait_slab[k]));
   return MF_OK;
 }
 
@@ -300,8 +300,6 @@ static void staging_free(mf_backend *b, exec_staging *g) {
   mf_exec_free_events(b, g->tf1, n);
   if (g->mem) b->host_free(b, g->mem);
   for (int k = 0; k < 2; k++) mf_threadpool_free(g->pool[k]);
-  free(g->wait_slab);
-  free(g->wait_host);
   free(g->work);
   free(g->rt);
   free(g->ctx);
@@ -370,81 +368,44 @@ static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
   return MF_OK;
 }
 
-/* wait_slab: per direction, in stream order, the latest earlier slab holding
- * any of its bytes (a segment tree over the region's boundaries). wait_host:
- * the D2H slab whose copy-out wrote the offloaded activations an H2D slab
- * reads, which must be submitted before the slab's fill. */
-static mf_status build_waits(mf_exec *x, exec_staging *g) {
-  const mf_staging *L = g->L;
-  const mf_schedule *s = x->s;
-  const int32_t n = L->n_slabs;
-  size_t *coords = NULL;
-  int32_t *lo = NULL, *hi = NULL, *writer = NULL;
-  mf_segtree tree = {NULL, NULL, 0, 0};
-  mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_malloc(2 * (size_t)(n ? n : 1) * sizeof(size_t), "staging waits", (void **)&coords), st,
-                done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(n ? n : 1) * sizeof(int32_t), "staging waits", (void **)&lo), st, done);
-  MF_CHECK_GOTO(mf_malloc((size_t)(n ? n : 1) * sizeof(int32_t), "staging waits", (void **)&hi), st, done);
-  for (int dir = 0; dir < 2; dir++) {
-    const int32_t from = dir ? L->n_h2d_slabs : 0, to = dir ? n : L->n_h2d_slabs, m = to - from;
-    if (m == 0) continue;
-    for (int32_t k = 0; k < m; k++) {
-      coords[k] = L->slabs[from + k].offset;
-      coords[m + k] = L->slabs[from + k].bytes;
-    }
-    int32_t leaves = 0;
-    MF_CHECK_GOTO(mf_exec_leaves(m, coords, coords + m, lo, hi, &leaves), st, done);
-    tree.n = leaves;
-    tree.size = 1;
-    while (tree.size < (leaves ? leaves : 1)) tree.size *= 2;
-    free(tree.mx);
-    free(tree.tag);
-    tree.mx = tree.tag = NULL;
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.mx), st,
-                  done);
-    MF_CHECK_GOTO(mf_calloc(2 * (size_t)tree.size, sizeof(double), "staging waits", (void **)&tree.tag), st,
-                  done);
-    for (int32_t k = 0; k < m; k++) {
-      g->wait_slab[from + k] = (int32_t)mf_seg_query(&tree, lo[k], hi[k]) - 1;
-      mf_seg_update(&tree, lo[k], hi[k], (double)(from + k) + 1.0);
-    }
+/* The layout's order between slabs (experts/staging.h wait_slab, wait_host):
+ * every wait names a slab whose event is recorded earlier in submission
+ * order — for wait_slab an earlier slab of the same direction (its last DMA
+ * or its copy-out is submitted at its last copy, before this slab's first),
+ * for wait_host a D2H slab whose copy-out is submitted before this H2D slab's
+ * fill — so no stream waits for work not yet submitted; and an H2D slab that
+ * uploads an offloaded activation waits for some copy-out. */
+static int32_t last_instr(const mf_staging *L, int32_t slab) {
+  return L->copies[L->slabs[slab].first_copy + L->slabs[slab].n_copies - 1].instr;
+}
+
+static mf_status check_waits(const mf_exec *x, const mf_staging *L) {
+  if (L->n_slabs > 0 && (!L->wait_slab || !L->wait_host))
+    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: no order between its slabs");
+  for (int32_t k = 0; k < L->n_slabs; k++) {
+    const mf_staging_slab *sl = &L->slabs[k];
+    const int32_t first = L->copies[sl->first_copy].instr, ws = L->wait_slab[k], wh = L->wait_host[k];
+    if (ws < -1 || ws >= k || (ws >= 0 && (L->slabs[ws].dir != sl->dir || last_instr(L, ws) >= first)))
+      return MF_ERR(MF_ERR_INVALID_ARG,
+                    "executor: staging layout: slab %d waits for slab %d, not an earlier one of its stream",
+                    k, ws);
+    if (wh < -1 || wh >= L->n_slabs || (wh >= 0 && (sl->dir != MF_I_H2D || L->slabs[wh].dir != MF_I_D2H)))
+      return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: slab %d waits for the copy-out of slab %d",
+                    k, wh);
+    if (wh >= 0 && last_instr(L, wh) >= first)
+      return MF_ERR(
+          MF_ERR_INVALID_ARG,
+          "executor: staging layout: slab %d reads activations home before slab %d, which copies them "
+          "out, is done",
+          k, wh);
+    if (sl->dir != MF_I_H2D || wh >= 0) continue;
+    for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++)
+      if (x->s->host_offset[L->copies[c].tensor] != SIZE_MAX)
+        return MF_ERR(MF_ERR_INVALID_ARG,
+                      "executor: staging layout: slab %d reads %s home but waits for no copy-out", k,
+                      x->p->tensors[L->copies[c].tensor].name);
   }
-  /* The copy-outs that wrote the host copies each H2D reads. */
-  MF_CHECK_GOTO(mf_malloc((size_t)(x->p->n_tensors ? x->p->n_tensors : 1) * sizeof(int32_t), "staging waits",
-                          (void **)&writer),
-                st, done);
-  for (int32_t t = 0; t < x->p->n_tensors; t++) writer[t] = -1;
-  for (int32_t k = 0; k < n; k++) g->wait_host[k] = -1;
-  for (int32_t i = 0; i < s->n_instr; i++) {
-    const mf_instr *in = &s->instr[i];
-    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
-    const int32_t t = s->slots[in->slot].tensor, k = L->copies[L->copy_of_instr[i]].slab;
-    if (in->kind == MF_I_D2H) {
-      writer[t] = k;
-      continue;
-    }
-    if (s->host_offset[t] == SIZE_MAX) continue;
-    const int32_t w = writer[t];
-    const mf_staging_slab *ws = w >= 0 ? &L->slabs[w] : NULL;
-    const int32_t fill_at = L->copies[L->slabs[k].first_copy].instr;
-    if (!ws || L->copies[ws->first_copy + ws->n_copies - 1].instr >= fill_at) {
-      st =
-          MF_ERR(MF_ERR_INVALID_ARG,
-                 "executor: staging layout: slab %d reads %s home before the slab that copies it out is done",
-                 k, x->p->tensors[t].name);
-      goto done;
-    }
-    if (w > g->wait_host[k]) g->wait_host[k] = w;
-  }
-done:
-  free(coords);
-  free(lo);
-  free(hi);
-  free(writer);
-  free(tree.mx);
-  free(tree.tag);
-  return st;
+  return MF_OK;
 }
 
 mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_staging_opts *o) {
@@ -456,6 +417,7 @@ mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_sta
                   "executor: the %s backend cannot run host functions, which staging needs",
                   b->name ? b->name : "?");
   MF_CHECK(check_layout(x, L));
+  MF_CHECK(check_waits(x, L));
   exec_staging *g = (exec_staging *)calloc(1, sizeof *g);
   if (!g) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory for staging");
   g->x = x;
@@ -466,15 +428,12 @@ mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_sta
   MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_fill), st, fail);
   MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_free), st, fail);
   MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_dma), st, fail);
-  MF_CHECK_GOTO(mf_malloc(n * sizeof(int32_t), "staging waits", (void **)&g->wait_slab), st, fail);
-  MF_CHECK_GOTO(mf_malloc(n * sizeof(int32_t), "staging waits", (void **)&g->wait_host), st, fail);
   MF_CHECK_GOTO(mf_calloc(n, 1, "staging", (void **)&g->work), st, fail);
   MF_CHECK_GOTO(mf_calloc(n, sizeof(sg_slab_ctx), "staging", (void **)&g->ctx), st, fail);
   MF_CHECK_GOTO(
       mf_calloc((size_t)(L->n_copies ? L->n_copies : 1), sizeof(sg_copy_rt), "staging", (void **)&g->rt), st,
       fail);
   for (int32_t c = 0; c < L->n_copies; c++) g->rt[c].home = -1;
-  MF_CHECK_GOTO(build_waits(x, g), st, fail);
   for (int32_t k = 0; k < L->n_slabs; k++) {
     g->ctx[k] = (sg_slab_ctx){g, k};
     MF_CHECK_GOTO(b->event_create(b, &g->ev_free[k]), st, fail);

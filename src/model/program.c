@@ -646,6 +646,21 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   }
 }
 
+/* Each op's operand roles (mf_pop.reads, writes, writes_experts), derived
+ * here once so that the planner and the executor never re-derive them. */
+static void set_roles(mf_program *p) {
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    mf_pop *o = &p->ops[k];
+    mf_kernel_call c;
+    memset(&c, 0, sizeof c);
+    c.kind = o->kind;
+    memcpy(c.i, o->i, sizeof c.i);
+    o->reads = mf_kernel_reads(&c);
+    o->writes = mf_kernel_writes(&c);
+    o->writes_experts = (uint8_t)(mf_kernel_writes_experts(o->kind) != 0);
+  }
+}
+
 static void compute_lifetimes(mf_program *p) {
   for (int32_t k = 0; k < p->n_ops; k++) {
     const mf_pop *o = &p->ops[k];
@@ -805,6 +820,7 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     return b.st;
   }
   for (int32_t k = 0; k < p->n_ops; k++) p->flops += p->ops[k].flops;
+  set_roles(p);
   compute_lifetimes(p);
   *out = p;
   return MF_OK;

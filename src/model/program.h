@@ -103,6 +103,14 @@ typedef struct mf_pop {
   mf_phase phase;
   int32_t micro, layer;
   int32_t t[MF_KBUF_MAX]; /* operand tensor ids, -1 when absent */
+  /* Operand roles, set once when the program is built from the kernel's kind
+   * and sizes (kernels/backend.h mf_kernel_reads, mf_kernel_writes): bit k of
+   * reads / writes says the op reads / writes t[k] (an operand added into is
+   * both); writes_experts, that an EXPERT_* op adds into its E expert operands
+   * (mf_kernel_writes_experts) rather than only reading them. The planner's
+   * slots and recompute chains and the order between streams follow these. */
+  uint32_t reads, writes;
+  uint8_t writes_experts;
   int32_t experts_at;     /* EXPERT_*: index into the program's id pool of E tensor ids, else -1 */
   int64_t i[8];
   double f[6];

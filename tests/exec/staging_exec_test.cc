@@ -344,6 +344,28 @@ TEST(ExecStagingLayout, BadLayoutsAreRefused) {
   slabs[0].offset = A.sg->h2d_region_bytes;
   bad.slabs = slabs.data();
   EXPECT_EQ(mf_exec_use_staging(x, &bad, nullptr), MF_ERR_INVALID_ARG);
+  // Waits that name a slab not submitted before the one waiting, or none.
+  bad = *A.sg;
+  std::vector<int32_t> wait_slab(A.sg->wait_slab, A.sg->wait_slab + A.sg->n_slabs);
+  std::vector<int32_t> wait_host(A.sg->wait_host, A.sg->wait_host + A.sg->n_slabs);
+  bad.wait_slab = wait_slab.data();
+  bad.wait_host = wait_host.data();
+  ASSERT_GE(A.sg->n_h2d_slabs, 2);
+  wait_slab[0] = 1;  // a later slab
+  EXPECT_EQ(mf_exec_use_staging(x, &bad, nullptr), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("not an earlier one"), std::string::npos) << mf_last_error();
+  wait_slab[0] = -1;
+  int32_t reads_home = -1;  // an H2D slab that uploads an offloaded activation
+  for (int32_t k = 0; k < A.sg->n_h2d_slabs && reads_home < 0; k++)
+    if (A.sg->wait_host[k] >= 0) reads_home = k;
+  ASSERT_GE(reads_home, 0) << "no slab reads an offloaded activation home";
+  wait_host[reads_home] = -1;
+  EXPECT_EQ(mf_exec_use_staging(x, &bad, nullptr), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("waits for no copy-out"), std::string::npos) << mf_last_error();
+  wait_host[reads_home] = A.sg->n_slabs - 1;  // the last D2H slab: copied out after this fill
+  EXPECT_EQ(mf_exec_use_staging(x, &bad, nullptr), MF_ERR_INVALID_ARG);
+  bad.wait_host = nullptr;
+  EXPECT_EQ(mf_exec_use_staging(x, &bad, nullptr), MF_ERR_INVALID_ARG);
   EXPECT_EQ(mf_exec_use_staging(x, A.sg, nullptr), MF_OK) << mf_last_error();
   EXPECT_EQ(mf_exec_use_staging(x, A.sg, nullptr), MF_ERR_INVALID_ARG) << "twice";
   mf_exec_free(x);

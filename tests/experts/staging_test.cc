@@ -309,6 +309,37 @@ TEST_P(Staging, LayoutHoldsItsInvariants) {
       EXPECT_GE(x.offset, st->h2d_region_bytes) << "D2H slab " << a;
   }
 
+  // The order between slabs, quadratically: each slab's previous occupant is
+  // the latest earlier slab of its direction sharing any byte; an H2D slab
+  // waits for the last copy-out, before it, of every offloaded activation it
+  // uploads — and that copy-out comes before its first copy.
+  for (int32_t k = 0; k < st->n_slabs; k++) {
+    const mf_staging_slab &x = st->slabs[k];
+    int32_t prev = -1;
+    for (int32_t j = 0; j < k; j++) {
+      const mf_staging_slab &y = st->slabs[j];
+      if (y.dir == x.dir && y.offset < x.offset + x.bytes && x.offset < y.offset + y.bytes) prev = j;
+    }
+    EXPECT_EQ(st->wait_slab[k], prev) << "slab " << k;
+    int32_t host = -1;
+    for (int32_t c = x.first_copy; x.dir == MF_I_H2D && c < x.first_copy + x.n_copies; c++) {
+      if (s->host_offset[st->copies[c].tensor] == SIZE_MAX) continue;
+      int32_t out = -1;
+      for (int32_t i = 0; i < st->copies[c].instr; i++)
+        if (s->instr[i].kind == MF_I_D2H && s->slots[s->instr[i].slot].tensor == st->copies[c].tensor)
+          out = st->copies[st->copy_of_instr[i]].slab;
+      ASSERT_GE(out, 0) << "slab " << k << " uploads " << g.p->tensors[st->copies[c].tensor].name
+                        << ", which never went home";
+      host = std::max(host, out);
+    }
+    EXPECT_EQ(st->wait_host[k], host) << "slab " << k;
+    if (host >= 0) {
+      const mf_staging_slab &w = st->slabs[host];
+      EXPECT_LT(st->copies[w.first_copy + w.n_copies - 1].instr, st->copies[x.first_copy].instr)
+          << "slab " << k << " is filled before slab " << host << " is copied out";
+    }
+  }
+
   // The pool equals an independent recount on the same timeline.
   size_t big = 0;
   std::vector<double> shift((size_t)s->n_instr, 0.0);

@@ -143,6 +143,40 @@ TEST_P(Families, MemoryPlanNeverOverlapsLiveSlots) {
   mf_program_free(p);
 }
 
+// Every op carries its operand roles, as the backend's table gives them for
+// its kind and sizes (accumulate flags included), in either micro-batch order
+// (layer-major moves the ops, and their roles with them).
+TEST_P(Families, OpsCarryTheirOperandRoles) {
+  mf_model_spec s = tiny_spec(GetParam());
+  Model m(s);
+  for (mf_program_order order : {MF_ORDER_MICRO_MAJOR, MF_ORDER_LAYER_MAJOR}) {
+    mf_program_opts po = {2, 7, 2, 0.01, 16, 0, order};
+    mf_program *p = nullptr;
+    ASSERT_EQ(mf_program_build(m.t, &po, &p), MF_OK) << mf_last_error();
+    int accumulating = 0, expert_writers = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+      const mf_pop &o = p->ops[k];
+      mf_kernel_call c;
+      memset(&c, 0, sizeof c);
+      c.kind = o.kind;
+      memcpy(c.i, o.i, sizeof c.i);
+      EXPECT_EQ(o.reads, mf_kernel_reads(&c)) << o.label;
+      EXPECT_EQ(o.writes, mf_kernel_writes(&c)) << o.label;
+      EXPECT_EQ(o.writes_experts != 0, mf_kernel_writes_experts(o.kind) != 0) << o.label;
+      accumulating += (o.reads & o.writes) != 0;
+      expert_writers += o.writes_experts;
+      for (int i = 0; i < MF_KBUF_MAX; i++) {  // every operand present is read or written
+        if (o.t[i] >= 0) {
+          EXPECT_NE((o.reads | o.writes) >> i & 1, 0u) << o.label << " operand " << i;
+        }
+      }
+    }
+    EXPECT_GT(accumulating, 0);
+    EXPECT_GT(expert_writers, 0);
+    mf_program_free(p);
+  }
+}
+
 TEST_P(Families, ThreadsCheckingAndAccumulation) {
   mf_model_spec s = tiny_spec(GetParam());
   Model m(s);

@@ -433,11 +433,31 @@ TEST_P(Simulate, Deterministic) {
   EXPECT_EQ(a.r.optimizer_start, b.r.optimizer_start);
 }
 
+// The step the naive simulation gives (simulate.h): the host optimizer, over
+// the parameters whose optimizer is not on the device, starts at the barrier
+// (the end of the last instruction before optim_begin, or of the streams).
+double naive_step(const mf_schedule *s, const mf_sim_result &r, const std::vector<double> &start,
+                  const mf_hwprofile &hw) {
+  const mf_program *p = s->prog;
+  double streams = 0, barrier = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    streams = std::max(streams, start[i] + r.cost[i]);
+    if (i < s->optim_begin) barrier = std::max(barrier, start[i] + r.cost[i]);
+  }
+  if (s->optim_begin >= s->n_instr) barrier = streams;
+  int64_t host = 0;
+  for (int64_t i = 0; i < p->params->n; i++)
+    if (!s->optim_device || !s->optim_device[i]) host += p->params->params[i].numel;
+  const double updates = host > 0 ? mf_hw_adamw_seconds(&hw, (double)host) : 0.0;
+  return std::max(streams, barrier + updates);
+}
+
 TEST_P(Simulate, StartsMatchANaiveSimulation) {
   for (double link : {1e-3, 1.0, 30.0}) {
     int k = 0;
     for (const mf_schedule *s : variety()) {
-      Sim a(s, profile(link));
+      const mf_hwprofile hw = profile(link);
+      Sim a(s, hw);
       std::vector<double> naive = naive_starts(s, a.r);
       int bad = 0;
       for (int32_t i = 0; i < a.r.n_instr && bad < 5; i++)
@@ -446,6 +466,7 @@ TEST_P(Simulate, StartsMatchANaiveSimulation) {
           ADD_FAILURE() << "link " << link << " schedule " << k << " instruction " << i << ": start "
                         << a.r.start[i] << ", naive " << naive[i];
         }
+      EXPECT_EQ(a.r.step_seconds, naive_step(s, a.r, naive, hw)) << "link " << link << " schedule " << k;
       k++;
     }
   }
