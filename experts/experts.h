@@ -55,7 +55,7 @@ double mf_experts_expected_busy(int64_t E, int64_t top_k, double tokens);
 int mf_experts_idle(const int64_t *counts, int64_t L, int64_t E, int32_t layer, int32_t e, int32_t mlo,
                     int32_t mhi);
 
-/* The staging group of op k of program p (see experts/staging.h): copies
+/* The staging group of op k of program p (see planner/staging.h): copies
  * with the same key serve one layer, one phase (forward; backward and the
  * recomputes before it) and one micro-batch, and share a slab. `recompute`:
  * the op runs again for the backward. Ops of no layer (embedding, head)

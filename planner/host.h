@@ -11,7 +11,7 @@
  *             (train.adam_moments, which the config copies into
  *             mem->adam_moments; mem NULL: fp32); 0 forward-only
  *   acts      offloaded activations' host copies (mf_schedule.host_act_bytes)
- *   pinned    the staging arena (experts/staging.h), pinned
+ *   pinned    the staging arena (planner/staging.h), pinned
  * total = the sum. The pinned part is checked against pinned_limit too.
  * Parameters whose optimizer the schedule puts on the device count their
  * master weights only (they come home for evaluations and the final save):

@@ -75,7 +75,7 @@ typedef struct mf_plan_figures {
   uint64_t arena_bytes;
   double predicted_step_seconds;
   /* Version 2 (0 when read from a version-1 file). */
-  uint64_t staging_bytes;            /* the pinned staging arena (experts/staging.h) */
+  uint64_t staging_bytes;            /* the pinned staging arena (planner/staging.h) */
   uint64_t staging_slab_limit_bytes; /* its max_slab_bytes, to lay it out again the same way */
   uint64_t staging_pool_bytes;       /* the ZeRO-Infinity-style pool on the same timeline */
   uint64_t host_bytes;               /* host memory in all (planner/host.h), the staging arena included */

@@ -40,7 +40,7 @@
 
 #include <stdint.h>
 
-#include "experts/staging.h"
+#include "planner/staging.h"
 #include "kernels/registry.h"
 #include "planner/host.h"
 #include "planner/hwprofile.h"

@@ -933,3 +933,27 @@ void mf_schedule_free(mf_schedule *s) {
   free(s->waits);
   free(s);
 }
+
+void mf_schedule_expert_micros(const mf_schedule *s, int32_t *lo, int32_t *hi) {
+  const mf_program *p = s->prog;
+  const int64_t E = p->spec.experts;
+  for (int32_t x = 0; x < s->n_slots; x++) lo[x] = hi[x] = -1;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind == MF_I_ACCUM) {
+      const int32_t a = in->slot, b = in->slot2;
+      if (lo[a] < 0) continue;
+      if (lo[b] < 0 || lo[a] < lo[b]) lo[b] = lo[a];
+      if (hi[a] > hi[b]) hi[b] = hi[a];
+      continue;
+    }
+    if (in->kind != MF_I_RUN || p->ops[in->op].experts_at < 0 || p->ops[in->op].micro < 0) continue;
+    const int32_t m = p->ops[in->op].micro;
+    for (int64_t e = 0; e < E; e++) {
+      const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
+      if (sl < 0) continue;
+      if (lo[sl] < 0 || m < lo[sl]) lo[sl] = m;
+      if (m > hi[sl]) hi[sl] = m;
+    }
+  }
+}

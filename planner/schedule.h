@@ -187,6 +187,13 @@ void mf_schedule_free(mf_schedule *s);
  * mf_schedule_build (a slot never used). */
 mf_status mf_schedule_waits(const mf_schedule *s, const int32_t **out);
 
+/* For every slot of an expert's weight or gradient, the micro-batches whose
+ * expert ops it serves, [lo[x], hi[x]]: a weight's uses, a gradient's writers
+ * and, through ACCUM, every micro-batch summed into it; -1 for other slots.
+ * lo and hi hold n_slots entries. What the idle-expert skip (the executor)
+ * and the expert copies' use chances (the simulation) are about. */
+void mf_schedule_expert_micros(const mf_schedule *s, int32_t *lo, int32_t *hi);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,8 @@
 
 #include "planner/simulate.h"
 
+#include "experts/experts.h"
+
 /* The schedule's stream numbers are the simulator's (its order between
  * streams is indexed by them). */
 _Static_assert((int)MF_SIM_COMPUTE == MF_SCHED_COMPUTE && (int)MF_SIM_H2D == MF_SCHED_H2D &&
@@ -67,9 +69,7 @@ static double expert_seconds(const mf_program *p, const mf_pop *o, const mf_hwpr
   const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
   if (!(E > 0) || !(T > 0) || !(K > 0)) return 0;
   const double R = T * K;
-  double active = E * (1.0 - pow(1.0 - (K < E ? K / E : 1.0), T));
-  if (active < 1.0) active = 1.0;
-  if (active > R) active = R;
+  const double active = mf_experts_expected_busy(o->i[0], p->spec.top_k, T);
   const double m = R / active;
   double one;
   if (o->kind == MF_K_EXPERT_FWD)
@@ -312,31 +312,19 @@ static mf_status expert_use(const mf_schedule *s, const mf_sim_opts *o, scratch 
     free(disp);
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "simulate: out of memory");
   }
-  for (int32_t x = 0; x < ns; x++) lo[x] = hi[x] = -1, w->use[x] = 1.0f;
+  for (int32_t x = 0; x < ns; x++) w->use[x] = 1.0f;
+  mf_schedule_expert_micros(s, lo, hi);
+  /* Where each micro-batch's routing of each layer is first known: its dispatch. */
   for (int64_t i = 0; i < G * L; i++) disp[i] = INT32_MAX;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
-    if (in->kind == MF_I_ACCUM) {
-      const int32_t a = in->slot, b = in->slot2;
-      if (lo[a] < 0) continue;
-      if (lo[b] < 0 || lo[a] < lo[b]) lo[b] = lo[a];
-      if (hi[a] > hi[b]) hi[b] = hi[a];
-      continue;
-    }
     if (in->kind != MF_I_RUN) continue;
     const mf_pop *op = &p->ops[in->op];
-    if (op->micro < 0 || op->layer < 0) continue;
-    if (op->kind == MF_K_MOE_DISPATCH && disp[op->micro * L + op->layer] == INT32_MAX)
+    if (op->kind == MF_K_MOE_DISPATCH && op->micro >= 0 && op->layer >= 0 &&
+        disp[op->micro * L + op->layer] == INT32_MAX)
       disp[op->micro * L + op->layer] = i;
-    if (op->experts_at < 0) continue;
-    for (int64_t e = 0; e < E; e++) {
-      const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
-      if (sl < 0) continue;
-      if (lo[sl] < 0 || op->micro < lo[sl]) lo[sl] = op->micro;
-      if (op->micro > hi[sl]) hi[sl] = op->micro;
-    }
   }
-  const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
+  const double T = (double)(p->B * p->S);
   for (int32_t x = 0; x < ns; x++) {
     const mf_ptensor *t = &p->tensors[s->slots[x].tensor];
     if (lo[x] < 0 || t->param < 0 || (t->kind != MF_T_PARAM && t->kind != MF_T_GRAD)) continue;
@@ -346,10 +334,8 @@ static mf_status expert_use(const mf_schedule *s, const mf_sim_opts *o, scratch 
     for (int32_t m = lo[x]; m <= hi[x] && known; m++)
       if (t->kind == MF_T_PARAM && disp[m * L + pr->layer] >= s->slots[x].first) known = 0;
     if (!known) continue;
-    double q = K * o->expert_share[pr->layer * E + pr->expert];
-    if (q > 1) q = 1;
-    if (q < 0) q = 0;
-    w->use[x] = (float)(1.0 - pow(1.0 - q, T * (double)(hi[x] - lo[x] + 1)));
+    w->use[x] = (float)mf_experts_use_chance(o->expert_share[pr->layer * E + pr->expert], p->spec.top_k,
+                                             T * (double)(hi[x] - lo[x] + 1));
   }
   free(lo);
   free(hi);

@@ -3,7 +3,7 @@
  * intervals of a set of ranges [offset, offset + len), and a segment tree over
  * them. The schedule's order between streams (planner/schedule.h: the device
  * arena's slots) and the staging layout's order between slabs
- * (experts/staging.h) are both found with it, in O(n log n).
+ * (planner/staging.h) are both found with it, in O(n log n).
  *
  * Elementary intervals. The sorted distinct ends of n ranges cut the line into
  * leaves; range i covers leaves [lo[i], hi[i]) (none when it is empty), so two

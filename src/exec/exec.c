@@ -6,6 +6,8 @@
 #include "src/exec/exec.h"
 #include "src/exec/exec_internal.h"
 
+#include "experts/experts.h"
+
 static int cmp_first(const void *a, const void *b, void *arg) {
   const mf_schedule *s = (const mf_schedule *)arg;
   int32_t x = s->slots[*(const int32_t *)a].first, y = s->slots[*(const int32_t *)b].first;
@@ -70,34 +72,6 @@ done:
   return st;
 }
 
-/* For every expert weight or gradient slot, the range of micro-batches whose
- * expert ops use it: a weight's uses, a gradient's writers and, through
- * ACCUM, every micro-batch summed into it. */
-static void expert_slot_micros(mf_exec *x) {
-  const mf_program *p = x->p;
-  const mf_schedule *s = x->s;
-  for (int32_t i = 0; i < s->n_slots; i++) x->slot_mlo[i] = x->slot_mhi[i] = -1;
-  const int64_t E = p->spec.experts;
-  for (int32_t i = 0; i < s->n_instr; i++) {
-    const mf_instr *in = &s->instr[i];
-    if (in->kind == MF_I_ACCUM) {
-      const int32_t a = in->slot, b = in->slot2;
-      if (x->slot_mlo[a] < 0) continue;
-      if (x->slot_mlo[b] < 0 || x->slot_mlo[a] < x->slot_mlo[b]) x->slot_mlo[b] = x->slot_mlo[a];
-      if (x->slot_mhi[a] > x->slot_mhi[b]) x->slot_mhi[b] = x->slot_mhi[a];
-      continue;
-    }
-    if (in->kind != MF_I_RUN || p->ops[in->op].experts_at < 0 || p->ops[in->op].micro < 0) continue;
-    const int32_t m = p->ops[in->op].micro;
-    for (int64_t e = 0; e < E; e++) {
-      const int32_t sl = s->slot_pool[in->operands + MF_KBUF_MAX + e];
-      if (sl < 0) continue;
-      if (x->slot_mlo[sl] < 0 || m < x->slot_mlo[sl]) x->slot_mlo[sl] = m;
-      if (m > x->slot_mhi[sl]) x->slot_mhi[sl] = m;
-    }
-  }
-}
-
 /* Whether micro-batch m's routing of layer l has landed at home, without
  * waiting: the copy of its counts was issued this step and its event is done. */
 static int route_known(mf_exec *x, int64_t ml) {
@@ -117,12 +91,11 @@ static int expert_idle(mf_exec *x, int32_t slot) {
   if ((t->kind != MF_T_PARAM && t->kind != MF_T_GRAD) || t->param < 0 || x->slot_mlo[slot] < 0) return 0;
   const mf_param *pr = &p->params->params[t->param];
   if (pr->expert < 0 || pr->layer < 0) return 0;
-  const int64_t L = p->spec.layers, E = p->spec.experts;
-  for (int32_t m = x->slot_mlo[slot]; m <= x->slot_mhi[slot]; m++) {
+  const int64_t L = p->spec.layers;
+  for (int32_t m = x->slot_mlo[slot]; m <= x->slot_mhi[slot]; m++)
     if (!route_known(x, m * L + pr->layer)) return 0;
-    if (x->route_host[(m * L + pr->layer) * E + pr->expert] > 0) return 0;
-  }
-  return 1;
+  return mf_experts_idle(x->route_host, L, p->spec.experts, pr->layer, pr->expert, x->slot_mlo[slot],
+                         x->slot_mhi[slot]);
 }
 
 static mf_status sync_all(mf_exec *x) {
@@ -196,7 +169,7 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   }
   for (int64_t bq = 0; bq < p->B; bq++) /* positions: the same every step */
     for (int64_t q = 0; q < p->S; q++) x->pos[bq * p->S + q] = (int32_t)q;
-  expert_slot_micros(x);
+  mf_schedule_expert_micros(s, x->slot_mlo, x->slot_mhi);
   MF_CHECK_GOTO(param_order(x), st, fail);
   for (int32_t i = 0; i < s->n_slots; i++) x->starts[i] = x->ends[i] = i;
   qsort_r(x->starts, (size_t)s->n_slots, sizeof(int32_t), cmp_first, (void *)s);

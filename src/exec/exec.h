@@ -33,7 +33,7 @@
 
 #include <stdint.h>
 
-#include "experts/staging.h"
+#include "planner/staging.h"
 #include "kernels/backend.h"
 #include "planner/schedule.h"
 #include "src/core/core.h"
@@ -229,7 +229,7 @@ void mf_exec_invalidate(mf_exec *x);
 
 /* ----------------------------------------- the pinned staging arena
  *
- * With a staging layout of this executor's schedule (experts/staging.h,
+ * With a staging layout of this executor's schedule (planner/staging.h,
  * mf_staging_build over the same schedule; kept by the caller while the
  * executor lives), every H2D and D2H instruction copies through one block of
  * the backend's host_alloc memory (pinned on cuda) of the layout's

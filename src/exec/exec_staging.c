@@ -1,9 +1,9 @@
 /* Copies through the pinned staging arena (exec.h, "the pinned staging arena").
  *
- * Per slab k of the layout (experts/staging.h), in the order the executor
+ * Per slab k of the layout (planner/staging.h), in the order the executor
  * submits its instructions:
  *
- * The waits between slabs are the layout's (experts/staging.h wait_slab,
+ * The waits between slabs are the layout's (planner/staging.h wait_slab,
  * wait_host), checked when it is taken.
  *
  *   H2D slab (first copy at instruction f, last at l)
@@ -368,7 +368,7 @@ static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
   return MF_OK;
 }
 
-/* The layout's order between slabs (experts/staging.h wait_slab, wait_host):
+/* The layout's order between slabs (planner/staging.h wait_slab, wait_host):
  * every wait names a slab whose event is recorded earlier in submission
  * order — for wait_slab an earlier slab of the same direction (its last DMA
  * or its copy-out is submitted at its last copy, before this slab's first),

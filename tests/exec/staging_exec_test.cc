@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "experts/staging.h"
+#include "planner/staging.h"
 #include "kernels/backend.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "experts/staging.h"
+#include "planner/staging.h"
 #include "planner/plan.h"
 #include "planner/run_plan.h"
 #include "src/config/config.h"

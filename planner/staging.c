@@ -4,18 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "experts/staging.h"
+#include "planner/staging.h"
+
+#include "experts/experts.h"
 #include "src/core/interval.h"
 
 static size_t align_up(size_t x, size_t a) {
   return (x + a - 1) & ~(a - 1);
-}
-
-static int64_t group_of_op(const mf_program *p, const mf_instr *run) {
-  const mf_pop *o = &p->ops[run->op];
-  const int64_t L = p->spec.layers + 2;
-  const int bwd = (o->phase == MF_PHASE_BWD || run->recompute) ? 1 : 0;
-  return ((int64_t)(o->micro + 1) * 2 + bwd) * L + (o->layer + 1);
 }
 
 int64_t mf_staging_group_of(const mf_schedule *s, int32_t i) {
@@ -23,10 +18,10 @@ int64_t mf_staging_group_of(const mf_schedule *s, int32_t i) {
   const mf_instr_kind k = s->instr[i].kind;
   if (k == MF_I_H2D) {
     for (int32_t j = i + 1; j < s->n_instr; j++)
-      if (s->instr[j].kind == MF_I_RUN) return group_of_op(s->prog, &s->instr[j]);
+      if (s->instr[j].kind == MF_I_RUN) return mf_experts_group_key(s->prog, s->instr[j].op, s->instr[j].recompute);
   } else if (k == MF_I_D2H) {
     for (int32_t j = i - 1; j >= 0; j--)
-      if (s->instr[j].kind == MF_I_RUN) return group_of_op(s->prog, &s->instr[j]);
+      if (s->instr[j].kind == MF_I_RUN) return mf_experts_group_key(s->prog, s->instr[j].op, s->instr[j].recompute);
   }
   return -1;
 }
@@ -291,77 +286,52 @@ static double traffic_of(const mf_schedule *s, const mf_instr *in, size_t bytes)
   return per_byte * (double)bytes;
 }
 
-mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw,
-                           const mf_staging_opts *o, mf_staging **out) {
-  if (!s || !r || !hw || !out) return MF_ERR(MF_ERR_INVALID_ARG, "staging: NULL argument");
-  *out = NULL;
-  if (r->n_instr != s->n_instr || (s->n_instr > 0 && (!r->start || !r->end)))
-    return MF_ERR(MF_ERR_INVALID_ARG, "staging: the timeline has %d instructions, the schedule %d",
-                  r->n_instr, s->n_instr);
-  if (!(hw->host_memory_bandwidth > 0) || !isfinite(hw->host_memory_bandwidth))
-    return MF_ERR(MF_ERR_INVALID_ARG, "staging: the hardware profile '%s' has no host memory bandwidth",
-                  hw->name);
-  mf_staging_opts opts = {MF_STAGING_ALIGN_DEFAULT, MF_STAGING_MAX_SLAB_DEFAULT, 0};
-  if (o && o->align) opts.align = o->align;
-  if (o) opts.inflight_limit = o->inflight_limit;
-  if (opts.align > 4096 || (opts.align & (opts.align - 1)) != 0)
-    return MF_ERR(MF_ERR_INVALID_ARG, "staging: align %zu is not a power of two up to 4096", opts.align);
+/* The options as used: defaults filled in, checked; max_slab_bytes by default
+ * no bigger than the pool's buffers (the largest copy, aligned), so a slab
+ * never holds more than the pool per buffer. */
+static mf_status resolve_opts(const mf_schedule *s, const mf_staging_opts *o, mf_staging_opts *opts) {
+  *opts = (mf_staging_opts){MF_STAGING_ALIGN_DEFAULT, MF_STAGING_MAX_SLAB_DEFAULT, 0};
+  if (o && o->align) opts->align = o->align;
+  if (o) opts->inflight_limit = o->inflight_limit;
+  if (opts->align > 4096 || (opts->align & (opts->align - 1)) != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "staging: align %zu is not a power of two up to 4096", opts->align);
   if (o && o->max_slab_bytes) {
-    opts.max_slab_bytes = o->max_slab_bytes;
-  } else { /* no bigger than the pool's buffers: the default never holds more per slab than the pool per
-              buffer */
-    size_t biggest = 0;
-    for (int32_t i = 0; i < s->n_instr; i++) {
-      const mf_instr *in = &s->instr[i];
-      if ((in->kind == MF_I_H2D || in->kind == MF_I_D2H) && in->slot >= 0 && in->slot < s->n_slots &&
-          s->prog->tensors[s->slots[in->slot].tensor].bytes > biggest)
-        biggest = s->prog->tensors[s->slots[in->slot].tensor].bytes;
-    }
-    biggest = align_up(biggest ? biggest : 1, opts.align);
-    if (biggest < opts.max_slab_bytes) opts.max_slab_bytes = biggest;
+    opts->max_slab_bytes = o->max_slab_bytes;
+    return MF_OK;
   }
+  size_t biggest = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if ((in->kind == MF_I_H2D || in->kind == MF_I_D2H) && in->slot >= 0 && in->slot < s->n_slots &&
+        s->prog->tensors[s->slots[in->slot].tensor].bytes > biggest)
+      biggest = s->prog->tensors[s->slots[in->slot].tensor].bytes;
+  }
+  biggest = align_up(biggest ? biggest : 1, opts->align);
+  if (biggest < opts->max_slab_bytes) opts->max_slab_bytes = biggest;
+  return MF_OK;
+}
 
+/* Each instruction's staging group (experts/experts.h): an H2D serves the
+ * next RUN, a D2H follows the previous one. */
+static void group_keys(const mf_schedule *s, int64_t *key) {
+  int64_t g = -1;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    if (s->instr[i].kind == MF_I_RUN) g = mf_experts_group_key(s->prog, s->instr[i].op, s->instr[i].recompute);
+    key[i] = g;
+  }
+  g = -1;
+  for (int32_t i = s->n_instr - 1; i >= 0; i--) {
+    if (s->instr[i].kind == MF_I_RUN) g = mf_experts_group_key(s->prog, s->instr[i].op, s->instr[i].recompute);
+    if (s->instr[i].kind == MF_I_H2D) key[i] = g;
+  }
+}
+
+/* Slabs: runs of same-group copies on each stream, cut at max_slab_bytes and
+ * where the optimizer part begins; each direction's busy intervals timed. */
+static mf_status cut_slabs(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw,
+                           const int64_t *key, mf_staging *st, unit *u) {
   const mf_program *p = s->prog;
-  mf_staging *st = (mf_staging *)calloc(1, sizeof *st);
-  mf_status rc = MF_OK;
-  int64_t *key = NULL;
-  unit *u = NULL;
-  int32_t *queue = NULL;
-  if (!st) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
-  st->opts = opts;
-  st->n_instr = s->n_instr;
-  int32_t n_copy = 0;
-  for (int32_t i = 0; i < s->n_instr; i++)
-    if (s->instr[i].kind == MF_I_H2D || s->instr[i].kind == MF_I_D2H) n_copy++;
-  st->copy_of_instr = (int32_t *)malloc((size_t)(s->n_instr + 1) * sizeof(int32_t));
-  st->copies = (mf_staging_copy *)calloc((size_t)n_copy + 1, sizeof *st->copies);
-  st->slabs = (mf_staging_slab *)calloc((size_t)n_copy + 1, sizeof *st->slabs); /* at most a slab per copy */
-  st->wait_slab = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
-  st->wait_host = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
-  key = (int64_t *)malloc((size_t)(s->n_instr + 1) * sizeof(int64_t));
-  u = (unit *)calloc((size_t)n_copy + 1, sizeof *u);
-  queue = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
-  if (!st->copy_of_instr || !st->copies || !st->slabs || !st->wait_slab || !st->wait_host || !key || !u ||
-      !queue) {
-    rc = MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
-    goto done;
-  }
-  /* Group keys: an H2D serves the next RUN, a D2H follows the previous one. */
-  {
-    int64_t g = -1;
-    for (int32_t i = 0; i < s->n_instr; i++) {
-      if (s->instr[i].kind == MF_I_RUN) g = group_of_op(p, &s->instr[i]);
-      key[i] = g;
-    }
-    g = -1;
-    for (int32_t i = s->n_instr - 1; i >= 0; i--) {
-      if (s->instr[i].kind == MF_I_RUN) g = group_of_op(p, &s->instr[i]);
-      if (s->instr[i].kind == MF_I_H2D) key[i] = g;
-    }
-  }
-  for (int32_t i = 0; i < s->n_instr; i++) st->copy_of_instr[i] = -1;
-
-  /* Slabs: runs of same-group copies on each stream, cut at max_slab_bytes. */
+  const mf_staging_opts *opts = &st->opts;
   for (int dir = 0; dir < 2; dir++) {
     const mf_instr_kind kind = dir == 0 ? MF_I_H2D : MF_I_D2H;
     const int32_t first_slab = st->n_slabs;
@@ -371,15 +341,13 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
       const mf_instr *in = &s->instr[i];
       if (in->kind != kind) continue;
       const int part = i >= s->optim_begin;
-      if (in->slot < 0 || in->slot >= s->n_slots) {
-        rc = MF_ERR(MF_ERR_INVALID_ARG, "staging: instruction %d copies slot %d of %d", i, in->slot,
-                    s->n_slots);
-        goto done;
-      }
+      if (in->slot < 0 || in->slot >= s->n_slots)
+        return MF_ERR(MF_ERR_INVALID_ARG, "staging: instruction %d copies slot %d of %d", i, in->slot,
+                      s->n_slots);
       const int32_t t = s->slots[in->slot].tensor;
-      const size_t bytes = p->tensors[t].bytes, need = align_up(bytes, opts.align);
+      const size_t bytes = p->tensors[t].bytes, need = align_up(bytes, opts->align);
       if (!cur || cur->group != key[i] || part != cur_part ||
-          (cur->bytes > 0 && cur->bytes + need > opts.max_slab_bytes)) {
+          (cur->bytes > 0 && cur->bytes + need > opts->max_slab_bytes)) {
         cur_part = part;
         cur = &st->slabs[st->n_slabs++];
         cur->dir = (uint8_t)kind;
@@ -410,27 +378,95 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
       st->host_copy_seconds += u[k].traffic / hw->host_memory_bandwidth;
     if (dir == 0) st->n_h2d_slabs = st->n_slabs;
   }
-  if (opts.inflight_limit) {
-    /* Each direction gets its share of the bound (a direction's slabs are busy
-     * in stream order, which keeps the throttle exact): H2D, whose slips stall
-     * the compute stream, what it needs up to half (more when D2H needs less),
-     * D2H the rest. */
-    uint64_t ph = 0, pd = 0;
-    MF_CHECK_GOTO(peak_bytes(u, st->slabs, 0, st->n_h2d_slabs, &ph), rc, done);
-    MF_CHECK_GOTO(peak_bytes(u, st->slabs, st->n_h2d_slabs, st->n_slabs, &pd), rc, done);
-    const uint64_t lim = opts.inflight_limit;
-    if (ph + pd > lim) {
-      uint64_t cap_h = lim / 2;
-      if (pd < lim - cap_h) cap_h = lim - pd;
-      if (cap_h > ph) cap_h = ph;
-      const uint64_t cap_d = lim - cap_h;
-      st->h2d_slip_seconds =
-          throttle(st->slabs, u, 0, st->n_h2d_slabs, 1, cap_h, hw->host_memory_bandwidth, queue);
-      st->d2h_slip_seconds =
-          throttle(st->slabs, u, st->n_h2d_slabs, st->n_slabs, 0, cap_d, hw->host_memory_bandwidth, queue);
-      st->throttled = 1;
+  return MF_OK;
+}
+
+/* opts.inflight_limit: each direction gets its share of the bound (a
+ * direction's slabs are busy in stream order, which keeps the throttle
+ * exact): H2D, whose slips stall the compute stream, what it needs up to
+ * half (more when D2H needs less), D2H the rest. */
+static mf_status limit_inflight(const mf_hwprofile *hw, mf_staging *st, unit *u, int32_t *queue) {
+  uint64_t ph = 0, pd = 0;
+  MF_CHECK(peak_bytes(u, st->slabs, 0, st->n_h2d_slabs, &ph));
+  MF_CHECK(peak_bytes(u, st->slabs, st->n_h2d_slabs, st->n_slabs, &pd));
+  const uint64_t lim = st->opts.inflight_limit;
+  if (ph + pd <= lim) return MF_OK;
+  uint64_t cap_h = lim / 2;
+  if (pd < lim - cap_h) cap_h = lim - pd;
+  if (cap_h > ph) cap_h = ph;
+  const uint64_t cap_d = lim - cap_h;
+  st->h2d_slip_seconds = throttle(st->slabs, u, 0, st->n_h2d_slabs, 1, cap_h, hw->host_memory_bandwidth, queue);
+  st->d2h_slip_seconds =
+      throttle(st->slabs, u, st->n_h2d_slabs, st->n_slabs, 0, cap_d, hw->host_memory_bandwidth, queue);
+  st->throttled = 1;
+  return MF_OK;
+}
+
+/* The ZeRO-Infinity-style pool: the same copies, one buffer each (u reused). */
+static mf_status count_pool(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw, mf_staging *st,
+                            unit *u) {
+  int32_t n = 0;
+  for (int dir = 0; dir < 2; dir++) {
+    const int32_t from = n;
+    for (int32_t k = dir == 0 ? 0 : st->n_h2d_slabs; k < (dir == 0 ? st->n_h2d_slabs : st->n_slabs); k++) {
+      const mf_staging_slab *x = &st->slabs[k];
+      const double shift = x->dma_start - r->start[st->copies[x->first_copy].instr]; /* 0 unless throttled */
+      for (int32_t c = x->first_copy; c < x->first_copy + x->n_copies; c++) {
+        const mf_staging_copy *cp = &st->copies[c];
+        u[n].traffic = traffic_of(s, &s->instr[cp->instr], cp->bytes);
+        u[n].dma_start = r->start[cp->instr] + shift;
+        u[n].dma_end = r->end[cp->instr] + shift;
+        if (cp->bytes > st->pool_buffer_bytes) st->pool_buffer_bytes = cp->bytes;
+        n++;
+      }
     }
+    time_units(u + from, n - from, dir == 0, hw->host_memory_bandwidth);
   }
+  MF_CHECK(max_overlap(u, n, &st->pool_buffers));
+  st->pool_bytes = (uint64_t)st->pool_buffers * st->pool_buffer_bytes;
+  return MF_OK;
+}
+
+mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw,
+                           const mf_staging_opts *o, mf_staging **out) {
+  if (!s || !r || !hw || !out) return MF_ERR(MF_ERR_INVALID_ARG, "staging: NULL argument");
+  *out = NULL;
+  if (r->n_instr != s->n_instr || (s->n_instr > 0 && (!r->start || !r->end)))
+    return MF_ERR(MF_ERR_INVALID_ARG, "staging: the timeline has %d instructions, the schedule %d",
+                  r->n_instr, s->n_instr);
+  if (!(hw->host_memory_bandwidth > 0) || !isfinite(hw->host_memory_bandwidth))
+    return MF_ERR(MF_ERR_INVALID_ARG, "staging: the hardware profile '%s' has no host memory bandwidth",
+                  hw->name);
+  mf_staging_opts opts;
+  MF_CHECK(resolve_opts(s, o, &opts));
+  mf_staging *st = (mf_staging *)calloc(1, sizeof *st);
+  mf_status rc = MF_OK;
+  int64_t *key = NULL;
+  unit *u = NULL;
+  int32_t *queue = NULL;
+  if (!st) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
+  st->opts = opts;
+  st->n_instr = s->n_instr;
+  int32_t n_copy = 0;
+  for (int32_t i = 0; i < s->n_instr; i++)
+    if (s->instr[i].kind == MF_I_H2D || s->instr[i].kind == MF_I_D2H) n_copy++;
+  st->copy_of_instr = (int32_t *)malloc((size_t)(s->n_instr + 1) * sizeof(int32_t));
+  st->copies = (mf_staging_copy *)calloc((size_t)n_copy + 1, sizeof *st->copies);
+  st->slabs = (mf_staging_slab *)calloc((size_t)n_copy + 1, sizeof *st->slabs); /* at most a slab per copy */
+  st->wait_slab = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
+  st->wait_host = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
+  key = (int64_t *)malloc((size_t)(s->n_instr + 1) * sizeof(int64_t));
+  u = (unit *)calloc((size_t)n_copy + 1, sizeof *u);
+  queue = (int32_t *)malloc((size_t)(n_copy + 1) * sizeof(int32_t));
+  if (!st->copy_of_instr || !st->copies || !st->slabs || !st->wait_slab || !st->wait_host || !key || !u ||
+      !queue) {
+    rc = MF_ERR(MF_ERR_OUT_OF_MEMORY, "staging: out of memory");
+    goto done;
+  }
+  group_keys(s, key);
+  for (int32_t i = 0; i < s->n_instr; i++) st->copy_of_instr[i] = -1;
+  MF_CHECK_GOTO(cut_slabs(s, r, hw, key, st, u), rc, done);
+  if (opts.inflight_limit) MF_CHECK_GOTO(limit_inflight(hw, st, u, queue), rc, done);
   for (int32_t k = 0; k < st->n_slabs; k++) {
     mf_staging_slab *x = &st->slabs[k];
     x->busy_start = u[k].start;
@@ -442,30 +478,7 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
   for (int32_t c = 0; c < st->n_copies; c++) st->copies[c].offset += st->slabs[st->copies[c].slab].offset;
   MF_CHECK_GOTO(reuse_order(st), rc, done);
   MF_CHECK_GOTO(host_order(s, st), rc, done);
-
-  /* The ZeRO-Infinity-style pool: the same copies, one buffer each. */
-  {
-    int32_t n = 0;
-    for (int dir = 0; dir < 2; dir++) {
-      const int32_t from = n;
-      for (int32_t k = dir == 0 ? 0 : st->n_h2d_slabs; k < (dir == 0 ? st->n_h2d_slabs : st->n_slabs); k++) {
-        const mf_staging_slab *x = &st->slabs[k];
-        const double shift =
-            x->dma_start - r->start[st->copies[x->first_copy].instr]; /* 0 unless throttled */
-        for (int32_t c = x->first_copy; c < x->first_copy + x->n_copies; c++) {
-          const mf_staging_copy *cp = &st->copies[c];
-          u[n].traffic = traffic_of(s, &s->instr[cp->instr], cp->bytes);
-          u[n].dma_start = r->start[cp->instr] + shift;
-          u[n].dma_end = r->end[cp->instr] + shift;
-          if (cp->bytes > st->pool_buffer_bytes) st->pool_buffer_bytes = cp->bytes;
-          n++;
-        }
-      }
-      time_units(u + from, n - from, dir == 0, hw->host_memory_bandwidth);
-    }
-    MF_CHECK_GOTO(max_overlap(u, n, &st->pool_buffers), rc, done);
-    st->pool_bytes = (uint64_t)st->pool_buffers * st->pool_buffer_bytes;
-  }
+  MF_CHECK_GOTO(count_pool(s, r, hw, st, u), rc, done);
 done:
   free(key);
   free(u);

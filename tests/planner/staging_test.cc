@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "experts/staging.h"
+#include "planner/staging.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "planner/simulate.h"

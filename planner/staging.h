@@ -63,8 +63,8 @@
  * ends are scattered over the plan's slots, so the executor issues one async
  * copy per tensor, back to back on the stream, out of or into the slab.
  */
-#ifndef MF_EXPERTS_STAGING_H
-#define MF_EXPERTS_STAGING_H
+#ifndef MF_PLANNER_STAGING_H
+#define MF_PLANNER_STAGING_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -186,4 +186,4 @@ int64_t mf_staging_group_of(const mf_schedule *s, int32_t i);
 }
 #endif
 
-#endif /* MF_EXPERTS_STAGING_H */
+#endif /* MF_PLANNER_STAGING_H */
