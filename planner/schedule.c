@@ -768,6 +768,55 @@ mf_status mf_schedule_waits(const mf_schedule *s, const int32_t **out) {
   return MF_OK;
 }
 
+/* Slot ranges, transfer volume, persistent slots, host copies of offloaded
+ * activations: what the instruction list says about the slots. */
+static void slot_ranges(mf_schedule *s, const mf_decisions *d) {
+  const mf_program *p = s->prog;
+  const int32_t nt = p->n_tensors;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind == MF_I_RUN) {
+      const mf_pop *o = &p->ops[in->op];
+      const int64_t n = MF_KBUF_MAX + (o->experts_at >= 0 ? p->spec.experts : 0);
+      for (int64_t j = 0; j < n; j++) {
+        int32_t sl = s->slot_pool[in->operands + j];
+        if (sl < 0) continue;
+        if (s->slots[sl].first < 0) s->slots[sl].first = i;
+        s->slots[sl].last = i;
+      }
+    } else {
+      if (in->kind == MF_I_ACCUM) {
+        mf_slot *dst = &s->slots[in->slot2];
+        if (dst->first < 0) dst->first = i;
+        dst->last = i;
+      }
+      mf_slot *sl = &s->slots[in->slot];
+      if (sl->first < 0) sl->first = i;
+      sl->last = i;
+      size_t bytes = p->tensors[sl->tensor].bytes;
+      if (in->kind == MF_I_H2D && !in->persist) s->h2d_bytes += bytes;
+      if (in->kind == MF_I_D2H) s->d2h_bytes += bytes;
+    }
+  }
+  /* Persistent slots hold their bytes for the whole step, so no other slot
+   * ever shares them and their contents survive from step to step. */
+  for (int32_t i = 0; i < s->n_slots; i++) {
+    const mf_ptensor *x = &p->tensors[s->slots[i].tensor];
+    s->slots[i].persist = x->kind == MF_T_OPT || (x->kind == MF_T_PARAM && d->optim[x->param] == MF_OPTIM_DEVICE);
+    if (!s->slots[i].persist) continue;
+    s->slots[i].first = 0;
+    s->slots[i].last = s->n_instr - 1;
+    s->persist_bytes += x->bytes;
+  }
+  for (int32_t t = 0; t < nt; t++) {
+    s->host_offset[t] = SIZE_MAX;
+    if (d->act[t] == MF_ACT_OFFLOAD) {
+      s->host_offset[t] = s->host_act_bytes;
+      s->host_act_bytes += align_up(p->tensors[t].bytes);
+    }
+  }
+}
+
 mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_schedule **out) {
   *out = NULL;
   if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
@@ -859,49 +908,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   if (b.st != MF_OK) goto done;
   if (s->optim_begin < 0) s->optim_begin = s->n_instr;
 
-  /* Slot ranges, transfer volume, host copies of offloaded activations. */
-  for (int32_t i = 0; i < s->n_instr; i++) {
-    const mf_instr *in = &s->instr[i];
-    if (in->kind == MF_I_RUN) {
-      const mf_pop *o = &p->ops[in->op];
-      const int64_t n = MF_KBUF_MAX + (o->experts_at >= 0 ? p->spec.experts : 0);
-      for (int64_t j = 0; j < n; j++) {
-        int32_t sl = s->slot_pool[in->operands + j];
-        if (sl < 0) continue;
-        if (s->slots[sl].first < 0) s->slots[sl].first = i;
-        s->slots[sl].last = i;
-      }
-    } else {
-      if (in->kind == MF_I_ACCUM) {
-        mf_slot *dst = &s->slots[in->slot2];
-        if (dst->first < 0) dst->first = i;
-        dst->last = i;
-      }
-      mf_slot *sl = &s->slots[in->slot];
-      if (sl->first < 0) sl->first = i;
-      sl->last = i;
-      size_t bytes = p->tensors[sl->tensor].bytes;
-      if (in->kind == MF_I_H2D && !in->persist) s->h2d_bytes += bytes;
-      if (in->kind == MF_I_D2H) s->d2h_bytes += bytes;
-    }
-  }
-  /* Persistent slots hold their bytes for the whole step, so no other slot
-   * ever shares them and their contents survive from step to step. */
-  for (int32_t i = 0; i < s->n_slots; i++) {
-    const mf_ptensor *x = &p->tensors[s->slots[i].tensor];
-    s->slots[i].persist = x->kind == MF_T_OPT || (x->kind == MF_T_PARAM && d->optim[x->param] == MF_OPTIM_DEVICE);
-    if (!s->slots[i].persist) continue;
-    s->slots[i].first = 0;
-    s->slots[i].last = s->n_instr - 1;
-    s->persist_bytes += x->bytes;
-  }
-  for (int32_t t = 0; t < nt; t++) {
-    s->host_offset[t] = SIZE_MAX;
-    if (d->act[t] == MF_ACT_OFFLOAD) {
-      s->host_offset[t] = s->host_act_bytes;
-      s->host_act_bytes += align_up(p->tensors[t].bytes);
-    }
-  }
+  slot_ranges(s, d);
   b.st = pack(s);
 done:
   free(b.cur);

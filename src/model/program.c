@@ -228,193 +228,199 @@ static void simple(const ctx *c, mf_kernel k, mf_phase ph, int32_t l, const char
 /* Names of per-micro-batch tensors: "mb0.model.layers.3.self_attn.q". */
 #define LNAME "mb%d.model.layers.%d."
 
-static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
+/* A layer's forward activations, kept for its backward. */
+typedef struct layer_acts {
+  int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
+  int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
+  int32_t sg, su, sa, sy, sgl, dg, du, da;
+} layer_acts;
+
+/* One micro-batch's build: its sizes, the residual stream and each layer's
+ * activations, the aux-loss statistics. */
+typedef struct mb {
+  pb *b;
+  const ctx *c;
+  const mf_model_spec *s;
+  int32_t m, pos;
+  int64_t B, S, T, H, D, Hq, Hkv, E, TK, I, V;
+  float scale;
+  int32_t aux_counts, aux_psum;
+  int64_t aux_rows;
+  int32_t *resid;         /* [L + 1] the residual stream into each layer, and out of the last */
+  layer_acts *A;          /* [L] */
+  int32_t hf, rstdf, dhf; /* the final norm's output, its rstd, the output's gradient */
+} mb;
+
+/* Layer l's attention block and its norms; the layer's output zeroed for the MLP to add into. */
+static void fwd_attention(const mb *z, int32_t l) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m, pos = z->pos;
+  const int64_t B = z->B, S = z->S, T = z->T, H = z->H, D = z->D, Hq = z->Hq, Hkv = z->Hkv;
+  int32_t *resid = z->resid;
+  layer_acts *a = &z->A[l];
+  a->xn1 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out", m, l);
+  a->rstd1 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "input_layernorm.rstd", m, l);
+  rmsnorm_fwd(c, l, "input_layernorm", resid[l], P(c, MF_P_ATTN_NORM, l), a->xn1, a->rstd1, T, H);
+  a->q = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q", m, l);
+  a->k = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k", m, l);
+  a->v = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v", m, l);
+  linear_fwd(c, l, "q_proj", a->xn1, P(c, MF_P_Q, l), P(c, MF_P_Q_BIAS, l), a->q, Hq * D, H, 0);
+  linear_fwd(c, l, "k_proj", a->xn1, P(c, MF_P_K, l), P(c, MF_P_K_BIAS, l), a->k, Hkv * D, H, 0);
+  linear_fwd(c, l, "v_proj", a->xn1, P(c, MF_P_V, l), P(c, MF_P_V_BIAS, l), a->v, Hkv * D, H, 0);
+  a->qa = a->q;
+  a->ka = a->k;
+  if (s->qk_norm != MF_QK_NORM_NONE) {
+    const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
+    const int64_t Rq = per_head ? T * Hq : T, Cq = per_head ? D : Hq * D;
+    const int64_t Rk = per_head ? T * Hkv : T, Ck = per_head ? D : Hkv * D;
+    a->qn = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_norm.out", m, l);
+    a->kn = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_norm.out", m, l);
+    a->qr = tensor(b, MF_T_STAT, MF_DTYPE_F32, Rq, m, l, LNAME "self_attn.q_norm.rstd", m, l);
+    a->kr = tensor(b, MF_T_STAT, MF_DTYPE_F32, Rk, m, l, LNAME "self_attn.k_norm.rstd", m, l);
+    rmsnorm_fwd(c, l, "q_norm", a->q, P(c, MF_P_Q_NORM, l), a->qn, a->qr, Rq, Cq);
+    rmsnorm_fwd(c, l, "k_norm", a->k, P(c, MF_P_K_NORM, l), a->kn, a->kr, Rk, Ck);
+    a->qa = a->qn;
+    a->ka = a->kn;
+  }
+  mf_pop *o = op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope q", l);
+  SET(o, a->qa, pos);
+  INTS(o, T, Hq, D);
+  o->f[0] = s->rope_theta;
+  o = op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope k", l);
+  SET(o, a->ka, pos);
+  INTS(o, T, Hkv, D);
+  o->f[0] = s->rope_theta;
+  a->att = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out", m, l);
+  a->lse = tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
+  o = op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
+  SET(o, a->qa, a->ka, a->v, a->att, a->lse);
+  INTS(o, B, S, Hq, Hkv, D);
+  o->f[0] = z->scale;
+  o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+  a->hmid = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "self_attn.residual_out", m, l);
+  linear_fwd(c, l, "o_proj", a->att, P(c, MF_P_O, l), -1, a->hmid, H, Hq * D, 0);
+  simple(c, MF_K_ADD, MF_PHASE_FWD, l, "attn residual", resid[l], a->hmid, -1, -1, -1, T * H);
+  a->xn2 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out", m, l);
+  a->rstd2 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "post_attention_layernorm.rstd", m, l);
+  rmsnorm_fwd(c, l, "post_attention_layernorm", a->hmid, P(c, MF_P_MLP_NORM, l), a->xn2, a->rstd2, T, H);
+  resid[l + 1] = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "out", m, l);
+  simple(c, MF_K_ZERO, MF_PHASE_FWD, l, "mlp out = 0", resid[l + 1], -1, -1, -1, -1, T * H);
+}
+
+/* Layer l's routed experts (and shared expert), added into the layer's output. */
+static void fwd_moe(const mb *z, int32_t l) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, E = z->E, TK = z->TK, I = z->I;
+  int32_t *resid = z->resid;
+  layer_acts *a = &z->A[l];
+  const int32_t aux_counts = z->aux_counts, aux_psum = z->aux_psum;
+  mf_pop *o;
+  const int64_t R = T * TK;
+  a->rl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits", m, l);
+  linear_fwd(c, l, "router", a->xn2, P(c, MF_P_ROUTER, l), -1, a->rl, E, H, 0);
+  a->probs = tensor(b, MF_T_STAT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs", m, l);
+  a->tki = tensor(b, MF_T_STAT, MF_DTYPE_I32, T * TK, m, l, LNAME "mlp.topk_idx", m, l);
+  a->tkw = tensor(b, MF_T_STAT, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w", m, l);
+  o = op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
+  SET(o, a->rl, a->probs, a->tki, a->tkw);
+  INTS(o, T, E, TK, s->norm_topk_prob);
+  o = op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
+  SET(o, a->probs, a->tki, aux_counts, aux_psum);
+  INTS(o, T, E, TK);
+  a->counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.expert_counts", m, l);
+  a->offsets = tensor(b, MF_T_STAT, MF_DTYPE_I64, E + 1, m, l, LNAME "mlp.expert_offsets", m, l);
+  a->row_of = tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.row_of", m, l);
+  a->tor = tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.token_of_row", m, l);
+  o = op(b, MF_K_MOE_DISPATCH, MF_PHASE_FWD, m, l, "L%d dispatch", l);
+  SET(o, a->tki, a->counts, a->offsets, a->row_of, a->tor);
+  INTS(o, T, TK, E);
+  a->xe = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in", m, l);
+  o = op(b, MF_K_MOE_GATHER, MF_PHASE_FWD, m, l, "L%d gather", l);
+  SET(o, a->xn2, a->tor, a->xe);
+  INTS(o, R, H);
+  a->eg = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate", m, l);
+  a->eu = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up", m, l);
+  a->ea = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act", m, l);
+  a->ey = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out", m, l);
+  const struct {
+    mf_param_role role;
+    int32_t in, out;
+    int64_t N, K;
+    const char *what;
+  } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj"},
+               {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj"},
+               {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj"}};
+  for (int j = 0; j < 3; j++) {
+    if (j == 2)
+      simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
+    int32_t at = experts_of(c, proj[j].role, l, 0);
+    o = op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
+    SET(o, proj[j].in, a->offsets, proj[j].out);
+    INTS(o, E, proj[j].N, proj[j].K);
+    o->experts_at = at;
+    o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
+  }
+  o = op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
+  SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
+  INTS(o, T, TK, H);
+  if (s->shared_ffn > 0) {
+    const int64_t Is = s->shared_ffn;
+    a->sg = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate", m, l);
+    a->su = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up", m, l);
+    a->sa = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act", m, l);
+    a->sy = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l);
+    a->sgl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
+    linear_fwd(c, l, "shared gate_proj", a->xn2, P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
+    linear_fwd(c, l, "shared up_proj", a->xn2, P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
+    simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
+    linear_fwd(c, l, "shared down_proj", a->sa, P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is, 0);
+    linear_fwd(c, l, "shared_expert_gate", a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl, 1, H, 0);
+    o = op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
+    SET(o, a->sgl, a->sy, resid[l + 1]);
+    INTS(o, T, H);
+  }
+}
+
+/* Layer l's dense MLP, written into the layer's output. */
+static void fwd_dense(const mb *z, int32_t l) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H;
+  int32_t *resid = z->resid;
+  layer_acts *a = &z->A[l];
+  const int64_t Id = s->dense_ffn;
+  a->dg = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.gate", m, l);
+  a->du = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up", m, l);
+  a->da = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act", m, l);
+  linear_fwd(c, l, "gate_proj", a->xn2, P(c, MF_P_DENSE_GATE, l), -1, a->dg, Id, H, 0);
+  linear_fwd(c, l, "up_proj", a->xn2, P(c, MF_P_DENSE_UP, l), -1, a->du, Id, H, 0);
+  simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "swiglu", a->dg, a->du, a->da, -1, -1, T * Id);
+  linear_fwd(c, l, "down_proj", a->da, P(c, MF_P_DENSE_DOWN, l), -1, resid[l + 1], H, Id, 1);
+}
+
+/* The final norm, the aux loss's value and the cross-entropy. */
+static void fwd_loss(mb *z) {
+  pb *b = z->b;
+  const ctx *c = z->c;
   mf_program *p = b->p;
-  const mf_model_spec *s = &pt->spec;
-  const int64_t B = p->B, S = p->S, T = B * S, H = s->hidden, D = s->head_dim, Hq = s->heads, Hkv = s->kv_heads;
-  const int64_t E = s->experts, TK = s->top_k, I = s->expert_ffn, V = s->vocab, L = s->layers;
-  const int32_t Li = (int32_t)L;
-  ctx cx = {b, pt, s, m, T};
-  const ctx *c = &cx;
-  int64_t n_moe = 0;
-  for (int64_t l = 0; l < L; l++) n_moe += mf_model_spec_layer_is_moe(s, l);
-  const int64_t aux_rows = n_moe * T;
-
+  const mf_param_table *pt = c->pt;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, E = z->E, V = z->V, L = z->s->layers;
   mf_program_io *io = &p->io[m];
-  io->ids = tensor(b, MF_T_INPUT, MF_DTYPE_I32, T, m, -1, "mb%d.input_ids", m);
-  io->targets = tensor(b, MF_T_INPUT, MF_DTYPE_I32, T, m, -1, "mb%d.targets", m);
-  io->positions = p->io[0].positions;
-  io->ce_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 2, m, -1, "mb%d.loss.ce", m);
-  io->aux_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 1, m, -1, "mb%d.loss.aux", m);
-  const int32_t pos = io->positions;
-  b->stage = STAGE_EMBED;
-  int32_t aux_counts = -1, aux_psum = -1;
-  if (n_moe > 0) {
-    aux_counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, -1, "mb%d.aux.counts", m);
-    aux_psum = tensor(b, MF_T_STAT, MF_DTYPE_F64, E, m, -1, "mb%d.aux.psum", m);
-    simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux counts = 0", aux_counts, -1, -1, -1, -1, E);
-    simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux psum = 0", aux_psum, -1, -1, -1, -1, E);
-  }
-
-  /* Per-layer activations kept for the backward. */
-  int32_t *resid = (int32_t *)calloc((size_t)L + 1, sizeof(int32_t));
-  typedef struct {
-    int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
-    int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
-    int32_t sg, su, sa, sy, sgl, dg, du, da;
-  } layer_acts;
-  layer_acts *A = (layer_acts *)calloc((size_t)L, sizeof(layer_acts));
-  if (!resid || !A) {
-    free(resid);
-    free(A);
-    b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
-    return;
-  }
-
-  resid[0] = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.embed_tokens.out", m);
-  {
-    mf_pop *o = op(b, MF_K_EMBED_FWD, MF_PHASE_FWD, m, -1, "embed");
-    SET(o, io->ids, P(c, MF_P_EMBED, -1), resid[0]);
-    INTS(o, T, V, H);
-  }
-  const float scale = (float)(1.0 / sqrt((double)D));
-  for (int32_t l = 0; l < Li; l++) {
-    layer_acts *a = &A[l];
-    const int moe = mf_model_spec_layer_is_moe(s, l);
-    b->stage = STAGE_FWD(l);
-    a->xn1 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out", m, l);
-    a->rstd1 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "input_layernorm.rstd", m, l);
-    rmsnorm_fwd(c, l, "input_layernorm", resid[l], P(c, MF_P_ATTN_NORM, l), a->xn1, a->rstd1, T, H);
-    a->q = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q", m, l);
-    a->k = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k", m, l);
-    a->v = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v", m, l);
-    linear_fwd(c, l, "q_proj", a->xn1, P(c, MF_P_Q, l), P(c, MF_P_Q_BIAS, l), a->q, Hq * D, H, 0);
-    linear_fwd(c, l, "k_proj", a->xn1, P(c, MF_P_K, l), P(c, MF_P_K_BIAS, l), a->k, Hkv * D, H, 0);
-    linear_fwd(c, l, "v_proj", a->xn1, P(c, MF_P_V, l), P(c, MF_P_V_BIAS, l), a->v, Hkv * D, H, 0);
-    a->qa = a->q;
-    a->ka = a->k;
-    if (s->qk_norm != MF_QK_NORM_NONE) {
-      const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
-      const int64_t Rq = per_head ? T * Hq : T, Cq = per_head ? D : Hq * D;
-      const int64_t Rk = per_head ? T * Hkv : T, Ck = per_head ? D : Hkv * D;
-      a->qn = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_norm.out", m, l);
-      a->kn = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_norm.out", m, l);
-      a->qr = tensor(b, MF_T_STAT, MF_DTYPE_F32, Rq, m, l, LNAME "self_attn.q_norm.rstd", m, l);
-      a->kr = tensor(b, MF_T_STAT, MF_DTYPE_F32, Rk, m, l, LNAME "self_attn.k_norm.rstd", m, l);
-      rmsnorm_fwd(c, l, "q_norm", a->q, P(c, MF_P_Q_NORM, l), a->qn, a->qr, Rq, Cq);
-      rmsnorm_fwd(c, l, "k_norm", a->k, P(c, MF_P_K_NORM, l), a->kn, a->kr, Rk, Ck);
-      a->qa = a->qn;
-      a->ka = a->kn;
-    }
-    mf_pop *o = op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope q", l);
-    SET(o, a->qa, pos);
-    INTS(o, T, Hq, D);
-    o->f[0] = s->rope_theta;
-    o = op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope k", l);
-    SET(o, a->ka, pos);
-    INTS(o, T, Hkv, D);
-    o->f[0] = s->rope_theta;
-    a->att = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out", m, l);
-    a->lse = tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
-    o = op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
-    SET(o, a->qa, a->ka, a->v, a->att, a->lse);
-    INTS(o, B, S, Hq, Hkv, D);
-    o->f[0] = scale;
-    o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
-    a->hmid = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "self_attn.residual_out", m, l);
-    linear_fwd(c, l, "o_proj", a->att, P(c, MF_P_O, l), -1, a->hmid, H, Hq * D, 0);
-    simple(c, MF_K_ADD, MF_PHASE_FWD, l, "attn residual", resid[l], a->hmid, -1, -1, -1, T * H);
-    a->xn2 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out", m, l);
-    a->rstd2 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "post_attention_layernorm.rstd", m, l);
-    rmsnorm_fwd(c, l, "post_attention_layernorm", a->hmid, P(c, MF_P_MLP_NORM, l), a->xn2, a->rstd2, T, H);
-    resid[l + 1] = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "out", m, l);
-    simple(c, MF_K_ZERO, MF_PHASE_FWD, l, "mlp out = 0", resid[l + 1], -1, -1, -1, -1, T * H);
-    if (moe) {
-      const int64_t R = T * TK;
-      a->rl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits", m, l);
-      linear_fwd(c, l, "router", a->xn2, P(c, MF_P_ROUTER, l), -1, a->rl, E, H, 0);
-      a->probs = tensor(b, MF_T_STAT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs", m, l);
-      a->tki = tensor(b, MF_T_STAT, MF_DTYPE_I32, T * TK, m, l, LNAME "mlp.topk_idx", m, l);
-      a->tkw = tensor(b, MF_T_STAT, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w", m, l);
-      o = op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
-      SET(o, a->rl, a->probs, a->tki, a->tkw);
-      INTS(o, T, E, TK, s->norm_topk_prob);
-      o = op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
-      SET(o, a->probs, a->tki, aux_counts, aux_psum);
-      INTS(o, T, E, TK);
-      a->counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.expert_counts", m, l);
-      a->offsets = tensor(b, MF_T_STAT, MF_DTYPE_I64, E + 1, m, l, LNAME "mlp.expert_offsets", m, l);
-      a->row_of = tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.row_of", m, l);
-      a->tor = tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.token_of_row", m, l);
-      o = op(b, MF_K_MOE_DISPATCH, MF_PHASE_FWD, m, l, "L%d dispatch", l);
-      SET(o, a->tki, a->counts, a->offsets, a->row_of, a->tor);
-      INTS(o, T, TK, E);
-      a->xe = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in", m, l);
-      o = op(b, MF_K_MOE_GATHER, MF_PHASE_FWD, m, l, "L%d gather", l);
-      SET(o, a->xn2, a->tor, a->xe);
-      INTS(o, R, H);
-      a->eg = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate", m, l);
-      a->eu = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up", m, l);
-      a->ea = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act", m, l);
-      a->ey = tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out", m, l);
-      const struct {
-        mf_param_role role;
-        int32_t in, out;
-        int64_t N, K;
-        const char *what;
-      } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj"},
-                   {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj"},
-                   {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj"}};
-      for (int j = 0; j < 3; j++) {
-        if (j == 2) simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
-        int32_t at = experts_of(c, proj[j].role, l, 0);
-        o = op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
-        SET(o, proj[j].in, a->offsets, proj[j].out);
-        INTS(o, E, proj[j].N, proj[j].K);
-        o->experts_at = at;
-        o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
-      }
-      o = op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
-      SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
-      INTS(o, T, TK, H);
-      if (s->shared_ffn > 0) {
-        const int64_t Is = s->shared_ffn;
-        a->sg = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate", m, l);
-        a->su = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up", m, l);
-        a->sa = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act", m, l);
-        a->sy = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l);
-        a->sgl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
-        linear_fwd(c, l, "shared gate_proj", a->xn2, P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
-        linear_fwd(c, l, "shared up_proj", a->xn2, P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
-        simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
-        linear_fwd(c, l, "shared down_proj", a->sa, P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is, 0);
-        linear_fwd(c, l, "shared_expert_gate", a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl, 1, H, 0);
-        o = op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
-        SET(o, a->sgl, a->sy, resid[l + 1]);
-        INTS(o, T, H);
-      }
-    } else {
-      const int64_t Id = s->dense_ffn;
-      a->dg = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.gate", m, l);
-      a->du = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up", m, l);
-      a->da = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act", m, l);
-      linear_fwd(c, l, "gate_proj", a->xn2, P(c, MF_P_DENSE_GATE, l), -1, a->dg, Id, H, 0);
-      linear_fwd(c, l, "up_proj", a->xn2, P(c, MF_P_DENSE_UP, l), -1, a->du, Id, H, 0);
-      simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "swiglu", a->dg, a->du, a->da, -1, -1, T * Id);
-      linear_fwd(c, l, "down_proj", a->da, P(c, MF_P_DENSE_DOWN, l), -1, resid[l + 1], H, Id, 1);
-    }
-    simple(c, MF_K_ADD, MF_PHASE_FWD, l, "mlp residual", a->hmid, resid[l + 1], -1, -1, -1, T * H);
-  }
-
-  /* Final norm, aux value, loss. */
-  b->stage = STAGE_LOSS(Li);
   int32_t hf = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.norm.out", m);
   int32_t rstdf = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, -1, "mb%d.model.norm.rstd", m);
-  rmsnorm_fwd(c, -1, "final norm", resid[L], P(c, MF_P_FINAL_NORM, -1), hf, rstdf, T, H);
-  if (n_moe > 0) {
+  rmsnorm_fwd(c, -1, "final norm", z->resid[L], P(c, MF_P_FINAL_NORM, -1), hf, rstdf, T, H);
+  if (z->aux_counts >= 0) {
     mf_pop *o = op(b, MF_K_AUX_VALUE, MF_PHASE_LOSS, m, -1, "aux loss");
-    SET(o, aux_counts, aux_psum, io->aux_scalars);
-    INTS(o, E, aux_rows);
+    SET(o, z->aux_counts, z->aux_psum, io->aux_scalars);
+    INTS(o, E, z->aux_rows);
   } else {
     simple(c, MF_K_ZERO, MF_PHASE_LOSS, -1, "aux loss = 0", io->aux_scalars, -1, -1, -1, -1, 1);
   }
@@ -422,7 +428,9 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   int32_t ce_ws = tensor(b, MF_T_WORK, MF_DTYPE_F32, T * chunk, m, -1, "mb%d.loss.workspace", m);
   int32_t ce_lse = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, -1, "mb%d.loss.lse", m);
   io->final_hidden = hf;
-  int32_t dhf = p->forward_only ? -1 : tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.norm.out.grad", m);
+  int32_t dhf = p->forward_only
+                    ? -1
+                    : tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.norm.out.grad", m);
   {
     const int32_t lm = mf_param_lm_head(pt);
     io->ce_op = p->n_ops;
@@ -433,159 +441,284 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
     o->f[0] = MF_PROGRAM_LOSS_SCALE_RUNTIME;
     o->flops = 4.0 * 2.0 * (double)T * (double)V * (double)H; /* two logit passes + two gradient GEMMs */
   }
+  z->hf = hf;
+  z->rstdf = rstdf;
+  z->dhf = dhf;
+}
 
-  if (p->forward_only) {
-    free(resid);
-    free(A);
+/* Layer l's routed experts (and shared expert) backward: into dxn2, the
+ * gradient of the post-attention norm's output. */
+static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const mf_program *p = b->p;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, E = z->E, TK = z->TK, I = z->I;
+  const layer_acts *a = &z->A[l];
+  const int32_t aux_counts = z->aux_counts;
+  const int64_t aux_rows = z->aux_rows;
+  mf_pop *o;
+  const int64_t R = T * TK;
+  int32_t dye = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out.grad", m, l);
+  int32_t dtkw = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w.grad", m, l);
+  o = op(b, MF_K_MOE_COMBINE_BWD, MF_PHASE_BWD, m, l, "L%d combine bwd", l);
+  SET(o, gres, a->ey, a->tkw, a->row_of, dye, dtkw);
+  INTS(o, T, TK, H);
+  int32_t dea = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act.grad", m, l);
+  int32_t deg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate.grad", m, l);
+  int32_t deu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up.grad", m, l);
+  int32_t dxe = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
+  int32_t dxe2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
+  /* down: dW then dx */
+  o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
+  SET(o, dye, a->ea, a->offsets);
+  INTS(o, E, H, I);
+  o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1);
+  o->flops = 2.0 * (double)R * (double)H * (double)I;
+  o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
+  SET(o, dye, a->offsets, dea);
+  INTS(o, E, H, I);
+  o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0);
+  o->flops = 2.0 * (double)R * (double)H * (double)I;
+  o = op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
+  SET(o, a->eg, a->eu, dea, deg, deu);
+  INTS(o, R * I);
+  const struct {
+    mf_param_role role;
+    int32_t dy, dx;
+    const char *what;
+  } gu[2] = {{MF_P_EXPERT_GATE, deg, dxe, "gate_proj"}, {MF_P_EXPERT_UP, deu, dxe2, "up_proj"}};
+  for (int j = 0; j < 2; j++) {
+    o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
+    SET(o, gu[j].dy, a->xe, a->offsets);
+    INTS(o, E, I, H);
+    o->experts_at = experts_of(c, gu[j].role, l, 1);
+    o->flops = 2.0 * (double)R * (double)I * (double)H;
+    o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
+    SET(o, gu[j].dy, a->offsets, gu[j].dx);
+    INTS(o, E, I, H);
+    o->experts_at = experts_of(c, gu[j].role, l, 0);
+    o->flops = 2.0 * (double)R * (double)I * (double)H;
+  }
+  simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, R * H);
+  o = op(b, MF_K_MOE_GATHER_BWD, MF_PHASE_BWD, m, l, "L%d gather bwd", l);
+  SET(o, dxe, a->row_of, dxn2);
+  INTS(o, T, TK, H, 0);
+  int32_t dprobs = -1;
+  if (p->aux_coef > 0) {
+    dprobs = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l);
+    o = op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
+    SET(o, aux_counts, dprobs);
+    INTS(o, E, aux_rows, T);
+    o->f[0] = p->aux_coef / (double)p->G;
+  }
+  int32_t drl = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits.grad", m, l);
+  o = op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
+  SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
+  INTS(o, T, E, TK, s->norm_topk_prob);
+  linear_bwd(c, l, "router", drl, a->xn2, P(c, MF_P_ROUTER, l), G(c, MF_P_ROUTER, l), -1, dxn2, E, H, 1);
+  if (s->shared_ffn > 0) {
+    const int64_t Is = s->shared_ffn;
+    int32_t dsy =
+        tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out.grad", m, l);
+    int32_t dsgl =
+        tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out.grad", m, l);
+    o = op(b, MF_K_SIGGATE_BWD, MF_PHASE_BWD, m, l, "L%d shared gate bwd", l);
+    SET(o, a->sgl, a->sy, gres, dsy, dsgl);
+    INTS(o, T, H);
+    linear_bwd(c, l, "shared_expert_gate", dsgl, a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l),
+               G(c, MF_P_SHARED_EXPERT_GATE, l), -1, dxn2, 1, H, 1);
+    int32_t dsa =
+        tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act.grad", m, l);
+    int32_t dsg =
+        tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate.grad", m, l);
+    int32_t dsu =
+        tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up.grad", m, l);
+    linear_bwd(c, l, "shared down_proj", dsy, a->sa, P(c, MF_P_SHARED_DOWN, l), G(c, MF_P_SHARED_DOWN, l), -1,
+               dsa, H, Is, 0);
+    simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu, T * Is);
+    linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, P(c, MF_P_SHARED_GATE, l), G(c, MF_P_SHARED_GATE, l),
+               -1, dxn2, Is, H, 1);
+    linear_bwd(c, l, "shared up_proj", dsu, a->xn2, P(c, MF_P_SHARED_UP, l), G(c, MF_P_SHARED_UP, l), -1,
+               dxn2, Is, H, 1);
+  }
+}
+
+static void bwd_dense(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H;
+  const layer_acts *a = &z->A[l];
+  const int64_t Id = s->dense_ffn;
+  int32_t dda = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act.grad", m, l);
+  int32_t ddg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.gate.grad", m, l);
+  int32_t ddu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up.grad", m, l);
+  linear_bwd(c, l, "down_proj", gres, a->da, P(c, MF_P_DENSE_DOWN, l), G(c, MF_P_DENSE_DOWN, l), -1, dda, H,
+             Id, 0);
+  simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "swiglu bwd", a->dg, a->du, dda, ddg, ddu, T * Id);
+  linear_bwd(c, l, "gate_proj", ddg, a->xn2, P(c, MF_P_DENSE_GATE, l), G(c, MF_P_DENSE_GATE, l), -1, dxn2, Id,
+             H, 0);
+  linear_bwd(c, l, "up_proj", ddu, a->xn2, P(c, MF_P_DENSE_UP, l), G(c, MF_P_DENSE_UP, l), -1, dxn2, Id, H,
+             1);
+}
+
+/* Layer l's attention block backward, from the post-attention norm down to the
+ * input norm: the residual gradient gres updated. */
+static void bwd_attention(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m, pos = z->pos;
+  const int64_t B = z->B, S = z->S, T = z->T, H = z->H, D = z->D, Hq = z->Hq, Hkv = z->Hkv;
+  const layer_acts *a = &z->A[l];
+  mf_pop *o;
+  rmsnorm_bwd(c, l, "post_attention_layernorm", dxn2, a->hmid, P(c, MF_P_MLP_NORM, l), a->rstd2, gres,
+              G(c, MF_P_MLP_NORM, l), T, H, 1);
+  /* Attention. */
+  int32_t datt =
+      tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out.grad", m, l);
+  linear_bwd(c, l, "o_proj", gres, a->att, P(c, MF_P_O, l), G(c, MF_P_O, l), -1, datt, H, Hq * D, 0);
+  int32_t dqa = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_rope.grad", m, l);
+  int32_t dka =
+      tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_rope.grad", m, l);
+  int32_t dv = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v.grad", m, l);
+  o = op(b, MF_K_ATTN_BWD, MF_PHASE_BWD, m, l, "L%d attention bwd", l);
+  SET(o, a->qa, a->ka, a->v, a->att, datt, a->lse, dqa, dka, dv);
+  INTS(o, B, S, Hq, Hkv, D);
+  o->f[0] = z->scale;
+  o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+  o = op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope q bwd", l);
+  SET(o, dqa, pos);
+  INTS(o, T, Hq, D);
+  o->f[0] = s->rope_theta;
+  o = op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope k bwd", l);
+  SET(o, dka, pos);
+  INTS(o, T, Hkv, D);
+  o->f[0] = s->rope_theta;
+  int32_t dq = dqa, dk = dka;
+  if (s->qk_norm != MF_QK_NORM_NONE) {
+    const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
+    dq = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q.grad", m, l);
+    dk = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k.grad", m, l);
+    rmsnorm_bwd(c, l, "q_norm", dqa, a->q, P(c, MF_P_Q_NORM, l), a->qr, dq, G(c, MF_P_Q_NORM, l),
+                per_head ? T * Hq : T, per_head ? D : Hq * D, 0);
+    rmsnorm_bwd(c, l, "k_norm", dka, a->k, P(c, MF_P_K_NORM, l), a->kr, dk, G(c, MF_P_K_NORM, l),
+                per_head ? T * Hkv : T, per_head ? D : Hkv * D, 0);
+  }
+  int32_t dxn1 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);
+  linear_bwd(c, l, "q_proj", dq, a->xn1, P(c, MF_P_Q, l), G(c, MF_P_Q, l), G(c, MF_P_Q_BIAS, l), dxn1, Hq * D,
+             H, 0);
+  linear_bwd(c, l, "k_proj", dk, a->xn1, P(c, MF_P_K, l), G(c, MF_P_K, l), G(c, MF_P_K_BIAS, l), dxn1,
+             Hkv * D, H, 1);
+  linear_bwd(c, l, "v_proj", dv, a->xn1, P(c, MF_P_V, l), G(c, MF_P_V, l), G(c, MF_P_V_BIAS, l), dxn1,
+             Hkv * D, H, 1);
+  rmsnorm_bwd(c, l, "input_layernorm", dxn1, z->resid[l], P(c, MF_P_ATTN_NORM, l), a->rstd1, gres,
+              G(c, MF_P_ATTN_NORM, l), T, H, 1);
+}
+
+static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
+  mf_program *p = b->p;
+  const mf_model_spec *s = &pt->spec;
+  const int64_t L = s->layers;
+  const int32_t Li = (int32_t)L;
+  ctx cx = {b, pt, s, m, p->B * p->S};
+  const ctx *c = &cx;
+  mb z = {b,
+          c,
+          s,
+          m,
+          -1,
+          p->B,
+          p->S,
+          p->B * p->S,
+          s->hidden,
+          s->head_dim,
+          s->heads,
+          s->kv_heads,
+          s->experts,
+          s->top_k,
+          s->expert_ffn,
+          s->vocab,
+          (float)(1.0 / sqrt((double)s->head_dim)),
+          -1,
+          -1,
+          0,
+          NULL,
+          NULL,
+          -1,
+          -1,
+          -1};
+  const int64_t T = z.T, H = z.H, E = z.E, V = z.V;
+  int64_t n_moe = 0;
+  for (int64_t l = 0; l < L; l++) n_moe += mf_model_spec_layer_is_moe(s, l);
+  z.aux_rows = n_moe * T;
+
+  mf_program_io *io = &p->io[m];
+  io->ids = tensor(b, MF_T_INPUT, MF_DTYPE_I32, T, m, -1, "mb%d.input_ids", m);
+  io->targets = tensor(b, MF_T_INPUT, MF_DTYPE_I32, T, m, -1, "mb%d.targets", m);
+  io->positions = p->io[0].positions;
+  io->ce_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 2, m, -1, "mb%d.loss.ce", m);
+  io->aux_scalars = tensor(b, MF_T_WORK, MF_DTYPE_F64, 1, m, -1, "mb%d.loss.aux", m);
+  z.pos = io->positions;
+  b->stage = STAGE_EMBED;
+  if (n_moe > 0) {
+    z.aux_counts = tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, -1, "mb%d.aux.counts", m);
+    z.aux_psum = tensor(b, MF_T_STAT, MF_DTYPE_F64, E, m, -1, "mb%d.aux.psum", m);
+    simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux counts = 0", z.aux_counts, -1, -1, -1, -1, E);
+    simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux psum = 0", z.aux_psum, -1, -1, -1, -1, E);
+  }
+  z.resid = (int32_t *)calloc((size_t)L + 1, sizeof(int32_t));
+  z.A = (layer_acts *)calloc((size_t)L, sizeof(layer_acts));
+  if (!z.resid || !z.A) {
+    free(z.resid);
+    free(z.A);
+    b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
     return;
   }
-  /* Backward. gres is the gradient of the residual stream, updated layer by layer. */
-  b->stage = STAGE_NORM_BWD(Li);
-  int32_t gres = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.residual.grad", m);
-  rmsnorm_bwd(c, -1, "final norm", dhf, resid[L], P(c, MF_P_FINAL_NORM, -1), rstdf, gres, G(c, MF_P_FINAL_NORM, -1),
-              T, H, 0);
-  for (int32_t l = Li - 1; l >= 0; l--) {
-    layer_acts *a = &A[l];
-    const int moe = mf_model_spec_layer_is_moe(s, l);
-    b->stage = STAGE_BWD(Li, l);
-    int32_t dxn2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out.grad", m, l);
-    mf_pop *o;
-    if (moe) {
-      const int64_t R = T * TK;
-      int32_t dye = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out.grad", m, l);
-      int32_t dtkw = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w.grad", m, l);
-      o = op(b, MF_K_MOE_COMBINE_BWD, MF_PHASE_BWD, m, l, "L%d combine bwd", l);
-      SET(o, gres, a->ey, a->tkw, a->row_of, dye, dtkw);
-      INTS(o, T, TK, H);
-      int32_t dea = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act.grad", m, l);
-      int32_t deg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate.grad", m, l);
-      int32_t deu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up.grad", m, l);
-      int32_t dxe = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
-      int32_t dxe2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
-      /* down: dW then dx */
-      o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
-      SET(o, dye, a->ea, a->offsets);
-      INTS(o, E, H, I);
-      o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1);
-      o->flops = 2.0 * (double)R * (double)H * (double)I;
-      o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
-      SET(o, dye, a->offsets, dea);
-      INTS(o, E, H, I);
-      o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0);
-      o->flops = 2.0 * (double)R * (double)H * (double)I;
-      o = op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
-      SET(o, a->eg, a->eu, dea, deg, deu);
-      INTS(o, R * I);
-      const struct {
-        mf_param_role role;
-        int32_t dy, dx;
-        const char *what;
-      } gu[2] = {{MF_P_EXPERT_GATE, deg, dxe, "gate_proj"}, {MF_P_EXPERT_UP, deu, dxe2, "up_proj"}};
-      for (int j = 0; j < 2; j++) {
-        o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
-        SET(o, gu[j].dy, a->xe, a->offsets);
-        INTS(o, E, I, H);
-        o->experts_at = experts_of(c, gu[j].role, l, 1);
-        o->flops = 2.0 * (double)R * (double)I * (double)H;
-        o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
-        SET(o, gu[j].dy, a->offsets, gu[j].dx);
-        INTS(o, E, I, H);
-        o->experts_at = experts_of(c, gu[j].role, l, 0);
-        o->flops = 2.0 * (double)R * (double)I * (double)H;
-      }
-      simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, R * H);
-      o = op(b, MF_K_MOE_GATHER_BWD, MF_PHASE_BWD, m, l, "L%d gather bwd", l);
-      SET(o, dxe, a->row_of, dxn2);
-      INTS(o, T, TK, H, 0);
-      int32_t dprobs = -1;
-      if (p->aux_coef > 0) {
-        dprobs = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l);
-        o = op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
-        SET(o, aux_counts, dprobs);
-        INTS(o, E, aux_rows, T);
-        o->f[0] = p->aux_coef / (double)p->G;
-      }
-      int32_t drl = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits.grad", m, l);
-      o = op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
-      SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
-      INTS(o, T, E, TK, s->norm_topk_prob);
-      linear_bwd(c, l, "router", drl, a->xn2, P(c, MF_P_ROUTER, l), G(c, MF_P_ROUTER, l), -1, dxn2, E, H, 1);
-      if (s->shared_ffn > 0) {
-        const int64_t Is = s->shared_ffn;
-        int32_t dsy = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out.grad", m, l);
-        int32_t dsgl = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out.grad", m, l);
-        o = op(b, MF_K_SIGGATE_BWD, MF_PHASE_BWD, m, l, "L%d shared gate bwd", l);
-        SET(o, a->sgl, a->sy, gres, dsy, dsgl);
-        INTS(o, T, H);
-        linear_bwd(c, l, "shared_expert_gate", dsgl, a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l),
-                   G(c, MF_P_SHARED_EXPERT_GATE, l), -1, dxn2, 1, H, 1);
-        int32_t dsa = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act.grad", m, l);
-        int32_t dsg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate.grad", m, l);
-        int32_t dsu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up.grad", m, l);
-        linear_bwd(c, l, "shared down_proj", dsy, a->sa, P(c, MF_P_SHARED_DOWN, l), G(c, MF_P_SHARED_DOWN, l), -1,
-                   dsa, H, Is, 0);
-        simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu, T * Is);
-        linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, P(c, MF_P_SHARED_GATE, l), G(c, MF_P_SHARED_GATE, l), -1,
-                   dxn2, Is, H, 1);
-        linear_bwd(c, l, "shared up_proj", dsu, a->xn2, P(c, MF_P_SHARED_UP, l), G(c, MF_P_SHARED_UP, l), -1, dxn2,
-                   Is, H, 1);
-      }
-    } else {
-      const int64_t Id = s->dense_ffn;
-      int32_t dda = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act.grad", m, l);
-      int32_t ddg = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.gate.grad", m, l);
-      int32_t ddu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up.grad", m, l);
-      linear_bwd(c, l, "down_proj", gres, a->da, P(c, MF_P_DENSE_DOWN, l), G(c, MF_P_DENSE_DOWN, l), -1, dda, H, Id, 0);
-      simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "swiglu bwd", a->dg, a->du, dda, ddg, ddu, T * Id);
-      linear_bwd(c, l, "gate_proj", ddg, a->xn2, P(c, MF_P_DENSE_GATE, l), G(c, MF_P_DENSE_GATE, l), -1, dxn2, Id, H, 0);
-      linear_bwd(c, l, "up_proj", ddu, a->xn2, P(c, MF_P_DENSE_UP, l), G(c, MF_P_DENSE_UP, l), -1, dxn2, Id, H, 1);
-    }
-    rmsnorm_bwd(c, l, "post_attention_layernorm", dxn2, a->hmid, P(c, MF_P_MLP_NORM, l), a->rstd2, gres,
-                G(c, MF_P_MLP_NORM, l), T, H, 1);
-    /* Attention. */
-    int32_t datt = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out.grad", m, l);
-    linear_bwd(c, l, "o_proj", gres, a->att, P(c, MF_P_O, l), G(c, MF_P_O, l), -1, datt, H, Hq * D, 0);
-    int32_t dqa = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_rope.grad", m, l);
-    int32_t dka = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_rope.grad", m, l);
-    int32_t dv = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v.grad", m, l);
-    o = op(b, MF_K_ATTN_BWD, MF_PHASE_BWD, m, l, "L%d attention bwd", l);
-    SET(o, a->qa, a->ka, a->v, a->att, datt, a->lse, dqa, dka, dv);
-    INTS(o, B, S, Hq, Hkv, D);
-    o->f[0] = scale;
-    o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
-    o = op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope q bwd", l);
-    SET(o, dqa, pos);
-    INTS(o, T, Hq, D);
-    o->f[0] = s->rope_theta;
-    o = op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope k bwd", l);
-    SET(o, dka, pos);
-    INTS(o, T, Hkv, D);
-    o->f[0] = s->rope_theta;
-    int32_t dq = dqa, dk = dka;
-    if (s->qk_norm != MF_QK_NORM_NONE) {
-      const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
-      dq = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q.grad", m, l);
-      dk = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k.grad", m, l);
-      rmsnorm_bwd(c, l, "q_norm", dqa, a->q, P(c, MF_P_Q_NORM, l), a->qr, dq, G(c, MF_P_Q_NORM, l),
-                  per_head ? T * Hq : T, per_head ? D : Hq * D, 0);
-      rmsnorm_bwd(c, l, "k_norm", dka, a->k, P(c, MF_P_K_NORM, l), a->kr, dk, G(c, MF_P_K_NORM, l),
-                  per_head ? T * Hkv : T, per_head ? D : Hkv * D, 0);
-    }
-    int32_t dxn1 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);
-    linear_bwd(c, l, "q_proj", dq, a->xn1, P(c, MF_P_Q, l), G(c, MF_P_Q, l), G(c, MF_P_Q_BIAS, l), dxn1, Hq * D, H, 0);
-    linear_bwd(c, l, "k_proj", dk, a->xn1, P(c, MF_P_K, l), G(c, MF_P_K, l), G(c, MF_P_K_BIAS, l), dxn1, Hkv * D, H, 1);
-    linear_bwd(c, l, "v_proj", dv, a->xn1, P(c, MF_P_V, l), G(c, MF_P_V, l), G(c, MF_P_V_BIAS, l), dxn1, Hkv * D, H, 1);
-    rmsnorm_bwd(c, l, "input_layernorm", dxn1, resid[l], P(c, MF_P_ATTN_NORM, l), a->rstd1, gres,
-                G(c, MF_P_ATTN_NORM, l), T, H, 1);
-  }
-  b->stage = STAGE_EMBED_BWD(Li);
+  int32_t *resid = z.resid;
+  resid[0] = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, -1, "mb%d.model.embed_tokens.out", m);
   {
+    mf_pop *o = op(b, MF_K_EMBED_FWD, MF_PHASE_FWD, m, -1, "embed");
+    SET(o, io->ids, P(c, MF_P_EMBED, -1), resid[0]);
+    INTS(o, T, V, H);
+  }
+  for (int32_t l = 0; l < Li; l++) {
+    b->stage = STAGE_FWD(l);
+    fwd_attention(&z, l);
+    if (mf_model_spec_layer_is_moe(s, l))
+      fwd_moe(&z, l);
+    else
+      fwd_dense(&z, l);
+    simple(c, MF_K_ADD, MF_PHASE_FWD, l, "mlp residual", z.A[l].hmid, resid[l + 1], -1, -1, -1, T * H);
+  }
+  b->stage = STAGE_LOSS(Li);
+  fwd_loss(&z);
+  if (!p->forward_only) {
+    /* Backward. gres is the gradient of the residual stream, updated layer by layer. */
+    b->stage = STAGE_NORM_BWD(Li);
+    int32_t gres = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, -1, "mb%d.residual.grad", m);
+    rmsnorm_bwd(c, -1, "final norm", z.dhf, resid[L], P(c, MF_P_FINAL_NORM, -1), z.rstdf, gres,
+                G(c, MF_P_FINAL_NORM, -1), T, H, 0);
+    for (int32_t l = Li - 1; l >= 0; l--) {
+      b->stage = STAGE_BWD(Li, l);
+      int32_t dxn2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l,
+                            LNAME "post_attention_layernorm.out.grad", m, l);
+      if (mf_model_spec_layer_is_moe(s, l))
+        bwd_moe(&z, l, gres, dxn2);
+      else
+        bwd_dense(&z, l, gres, dxn2);
+      bwd_attention(&z, l, gres, dxn2);
+    }
+    b->stage = STAGE_EMBED_BWD(Li);
     mf_pop *o = op(b, MF_K_EMBED_BWD, MF_PHASE_BWD, m, -1, "embed bwd");
     SET(o, io->ids, gres, G(c, MF_P_EMBED, -1));
     INTS(o, T, V, H);
   }
-  free(resid);
-  free(A);
+  free(z.resid);
+  free(z.A);
 }
 
 /* The optimizer on the device, after the backward (program.h MF_PHASE_NORM,
