@@ -53,10 +53,11 @@ static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
   }
   if (rp->budget <= dev->total_bytes)
     return MF_ERR(MF_ERR_CONFIG,
-                  "memory.device_budget %s (%s): the %s backend keeps %s on the device beside the arena "
+                  "memory.device_budget %s%s%s%s: the %s backend keeps %s on the device beside the arena "
                   "(cuBLASLt workspace %s, kernel scratch %s, CUDA context %s), which leaves no arena; raise "
                   "memory.device_budget",
-                  mf_format_bytes(rp->budget, a, sizeof a), rp->budget_source, dev->name,
+                  mf_format_bytes(rp->budget, a, sizeof a), cfg->memory.device_budget ? "" : " (",
+                  cfg->memory.device_budget ? "" : rp->budget_source, cfg->memory.device_budget ? "" : ")", dev->name,
                   mf_format_bytes(dev->total_bytes, b, sizeof b), mf_format_bytes(dev->workspace_bytes, c, sizeof c),
                   mf_format_bytes(dev->scratch_bytes, d, sizeof d), mf_format_bytes(dev->context_bytes, e, sizeof e));
   rp->arena_limit = rp->budget - dev->total_bytes;
