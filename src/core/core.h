@@ -232,11 +232,6 @@ void mf_packer_free(mf_packer *p);
 
 /* ------------------------------------------------------------ utilities */
 
-/* Sorts a[0..n) ascending: an LSD radix sort, 11 bits a pass, as many passes
- * as the largest key needs; tmp holds n values. O(n) per pass, stable, no
- * allocation (the planner sorts the arena's coordinates at every simulation). */
-void mf_sort_size(size_t *a, size_t n, size_t *tmp);
-
 /* Allocation wrappers that record an MF_ERR_OUT_OF_MEMORY naming `what`. */
 mf_status mf_malloc(size_t size, const char *what, void **out);
 mf_status mf_calloc(size_t count, size_t size, const char *what, void **out);

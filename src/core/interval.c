@@ -4,39 +4,56 @@
 
 #include "src/core/interval.h"
 
-/* The first index in [l, h) of sorted c whose value is >= v (h: none). */
-static size_t first_at_least(const size_t *c, size_t l, size_t h, size_t v) {
-  while (l < h) {
-    const size_t m = l + (h - l) / 2;
-    if (c[m] < v)
-      l = m + 1;
-    else
-      h = m;
+/* An end of a range: its byte, and which (2 i: range i's start, 2 i + 1: its end). */
+typedef struct range_end {
+  size_t at;
+  int32_t id;
+} range_end;
+
+/* Sorts a[0..n) by `at`: an LSD radix sort, 11 bits a pass, as many passes as
+ * the largest value needs; tmp holds n. Stable, O(n) per pass (the planner
+ * sorts the arena's slots for every schedule it simulates). Returns where
+ * the sorted ends are. */
+static range_end *sort_ends(range_end *a, size_t n, range_end *tmp) {
+  enum { BITS = 11, BUCKETS = 1 << BITS };
+  size_t max = 0;
+  for (size_t i = 0; i < n; i++)
+    if (a[i].at > max) max = a[i].at;
+  range_end *src = a, *dst = tmp;
+  for (unsigned shift = 0; shift < 8 * sizeof(size_t) && (max >> shift) > 0; shift += BITS) {
+    size_t count[BUCKETS + 1];
+    memset(count, 0, sizeof count);
+    for (size_t i = 0; i < n; i++) count[((src[i].at >> shift) & (BUCKETS - 1)) + 1]++;
+    for (size_t b = 0; b < BUCKETS; b++) count[b + 1] += count[b];
+    for (size_t i = 0; i < n; i++) dst[count[(src[i].at >> shift) & (BUCKETS - 1)]++] = src[i];
+    range_end *t = src;
+    src = dst;
+    dst = t;
   }
-  return l;
+  return src;
 }
 
+/* The ends sorted with their ids, then one pass numbering the distinct
+ * values: each end learns its leaf boundary without a search. */
 mf_status mf_interval_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
                              int32_t *n_leaves) {
-  size_t *c = NULL;
+  range_end *e = NULL;
   *n_leaves = 0;
-  /* The ends, then as much again for the radix sort's scratch. */
-  MF_CHECK(mf_malloc(4 * (size_t)(n > 0 ? n : 1) * sizeof(size_t), "intervals", (void **)&c));
-  size_t nc = 0;
+  const size_t ne = 2 * (size_t)(n > 0 ? n : 0);
+  MF_CHECK(mf_malloc(2 * (ne ? ne : 1) * sizeof(range_end), "intervals", (void **)&e));
   for (int32_t i = 0; i < n; i++) {
-    c[nc++] = off[i];
-    c[nc++] = off[i] + len[i];
+    e[2 * (size_t)i] = (range_end){off[i], 2 * i};
+    e[2 * (size_t)i + 1] = (range_end){off[i] + len[i], 2 * i + 1};
   }
-  mf_sort_size(c, nc, c + nc);
-  size_t nu = 0;
-  for (size_t i = 0; i < nc; i++)
-    if (nu == 0 || c[nu - 1] != c[i]) c[nu++] = c[i];
-  for (int32_t i = 0; i < n; i++) {
-    lo[i] = (int32_t)first_at_least(c, 0, nu, off[i]);
-    hi[i] = (int32_t)first_at_least(c, (size_t)lo[i], nu, off[i] + len[i]);
+  const range_end *sorted = sort_ends(e, ne, e + ne);
+  int32_t rank = -1;
+  for (size_t k = 0; k < ne; k++) {
+    if (k == 0 || sorted[k].at != sorted[k - 1].at) rank++;
+    const int32_t id = sorted[k].id;
+    (id & 1 ? hi : lo)[id >> 1] = rank;
   }
-  free(c);
-  *n_leaves = nu > 0 ? (int32_t)nu - 1 : 0;
+  free(e);
+  *n_leaves = rank > 0 ? rank : 0;
   return MF_OK;
 }
 

@@ -31,7 +31,8 @@ extern "C" {
 
 /* lo[i], hi[i] for the n ranges [off[i], off[i] + len[i]); *n_leaves, how many
  * leaves there are (the distinct ends less one; 0 without ranges). Sorts the
- * ends in scratch of its own (MF_ERR_OUT_OF_MEMORY). */
+ * ends (a radix sort: O(n) a pass, no search) in scratch of its own
+ * (MF_ERR_OUT_OF_MEMORY). */
 mf_status mf_interval_leaves(int32_t n, const size_t *off, const size_t *len, int32_t *lo, int32_t *hi,
                              int32_t *n_leaves);
 

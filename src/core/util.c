@@ -127,22 +127,3 @@ size_t mf_utf8_invalid_at(const void *text, size_t len) {
   }
   return len;
 }
-
-void mf_sort_size(size_t *a, size_t n, size_t *tmp) {
-  enum { BITS = 11, BUCKETS = 1 << BITS };
-  size_t max = 0;
-  for (size_t i = 0; i < n; i++)
-    if (a[i] > max) max = a[i];
-  size_t *src = a, *dst = tmp;
-  for (unsigned shift = 0; shift < 8 * sizeof(size_t) && (max >> shift) > 0; shift += BITS) {
-    size_t count[BUCKETS + 1];
-    memset(count, 0, sizeof count);
-    for (size_t i = 0; i < n; i++) count[((src[i] >> shift) & (BUCKETS - 1)) + 1]++;
-    for (size_t b = 0; b < BUCKETS; b++) count[b + 1] += count[b];
-    for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & (BUCKETS - 1)]++] = src[i];
-    size_t *t = src;
-    src = dst;
-    dst = t;
-  }
-  if (src != a) memcpy(a, src, n * sizeof(size_t));
-}

@@ -277,30 +277,6 @@ TEST(Arena, AlignsAndReportsExhaustion) {
   mf_arena_destroy(&b);
 }
 
-// The radix sort against std::sort: empty, one, duplicates, keys past 32
-// bits (the top digit's pass), all equal, already sorted and reversed.
-TEST(Util, SortSizeMatchesStdSort) {
-  std::mt19937_64 rng(7);
-  for (size_t n : {0, 1, 2, 7, 1000, 50000}) {
-    for (int kind = 0; kind < 5; kind++) {
-      std::vector<size_t> a(n), tmp(n);
-      for (size_t i = 0; i < n; i++) {
-        switch (kind) {
-          case 0: a[i] = rng() % 97; break;                          // many duplicates, one pass
-          case 1: a[i] = rng(); break;                               // every bit, every pass
-          case 2: a[i] = (size_t)1 << 40; break;                     // all equal
-          case 3: a[i] = i * 64; break;                              // sorted
-          default: a[i] = (n - i) * ((size_t)1 << 33) + (rng() & 7);  // reversed, high bits
-        }
-      }
-      std::vector<size_t> want = a;
-      std::sort(want.begin(), want.end());
-      mf_sort_size(a.data(), n, tmp.data());
-      EXPECT_EQ(a, want) << "n " << n << " kind " << kind;
-    }
-  }
-}
-
 TEST(Util, ParseSize) {
   uint64_t v = 0;
   EXPECT_EQ(mf_parse_size("24GiB", &v), 0);

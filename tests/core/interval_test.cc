@@ -127,4 +127,40 @@ TEST(IntervalLeaves, MeetExactlyWhenTheRangesShareBytes) {
   EXPECT_EQ(leaves, 0);
 }
 
+// The ends' numbering (a radix sort) against std::sort: one, duplicates,
+// ends past 32 bits (every digit's pass), all equal, already sorted and
+// reversed.
+TEST(IntervalLeaves, NumberTheEndsAsASortWould) {
+  std::mt19937_64 rng(7);
+  for (size_t n : {1, 2, 7, 1000, 50000}) {
+    for (int kind = 0; kind < 5; kind++) {
+      std::vector<size_t> off(n), len(n);
+      for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+          case 0: off[i] = rng() % 97, len[i] = rng() % 5; break;            // many duplicates, one pass
+          case 1: off[i] = rng() >> 2, len[i] = rng() >> 2; break;           // every bit, every pass
+          case 2: off[i] = (size_t)1 << 40, len[i] = 0; break;               // all equal
+          case 3: off[i] = i * 64, len[i] = 64; break;                       // sorted, adjacent
+          default: off[i] = (n - i) * ((size_t)1 << 33), len[i] = rng() & 7;  // reversed, high bits
+        }
+      }
+      std::vector<size_t> ends;
+      for (size_t i = 0; i < n; i++) ends.push_back(off[i]), ends.push_back(off[i] + len[i]);
+      std::sort(ends.begin(), ends.end());
+      ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+      std::vector<int32_t> lo(n), hi(n);
+      int32_t leaves = -1;
+      ASSERT_EQ(mf_interval_leaves((int32_t)n, off.data(), len.data(), lo.data(), hi.data(), &leaves), MF_OK);
+      EXPECT_EQ(leaves, (int32_t)ends.size() - 1) << "n " << n << " kind " << kind;
+      for (size_t i = 0; i < n; i++) {
+        const auto rank = [&](size_t v) {
+          return (int32_t)(std::lower_bound(ends.begin(), ends.end(), v) - ends.begin());
+        };
+        ASSERT_EQ(lo[i], rank(off[i])) << "n " << n << " kind " << kind << " range " << i;
+        ASSERT_EQ(hi[i], rank(off[i] + len[i])) << "n " << n << " kind " << kind << " range " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
