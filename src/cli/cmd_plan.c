@@ -16,12 +16,18 @@
 
 static const char k_usage[] =
     "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n\n"
-    "Plans one training step of CONFIG's model and batch within memory.device_budget: for every\n"
-    "weight resident or streamed, every gradient kept on the device or streamed home, every\n"
-    "parameter's AdamW update on the host or on the device, every activation kept, offloaded or\n"
-    "recomputed; the device arena; and the predicted step time from\n"
-    "the hardware profile (hardware.profile), beside the baselines: everything resident,\n"
-    "ZeRO-Offload-like, MegaTrain-like, checkpoint every layer, and the least-memory plan.\n\n"
+    "Shows what `moefit train CONFIG` will run: one training step of CONFIG's model and batch\n"
+    "planned within memory.device_budget — for every weight resident or streamed, every\n"
+    "gradient kept on the device or streamed home, every parameter's AdamW update on the host\n"
+    "or on the device, every activation kept, offloaded or recomputed; the device arena; and\n"
+    "the predicted step time from the hardware profile (hardware.profile), beside the\n"
+    "baselines: everything resident, ZeRO-Offload-like, MegaTrain-like, checkpoint every layer,\n"
+    "and the least-memory plan. The device budget covers everything on the device: what the\n"
+    "backend keeps beside the arena (cuda: cuBLASLt workspace, kernel scratch, the CUDA\n"
+    "context) comes off it first; auto is the GPU's free memory, or without one to ask the\n"
+    "profile's device memory. train makes its plan with the same function and writes it to\n"
+    "OUTPUT_DIR/plan.json: the same bytes as --json gives for the same config and overrides.\n"
+    "A config for plan needs only the model (no data.train, no train.steps).\n\n"
     "  --tensor PATTERN   each matching tensor's decision and the predicted cost of the alternatives\n"
     "                     (shell glob over names; activations without their mbN. prefix); for a\n"
     "                     weight also where its optimizer runs (host or device) and the other place\n"
@@ -29,7 +35,8 @@ static const char k_usage[] =
     "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
     "                     and the device memory curve against the budget (hover for names)\n\n"
     "hardware.profile: a profile file (configs/hw/*.yaml, or `moefit profile` output); auto uses\n"
-    "runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml.\n";
+    "runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml (built in\n"
+    "when that file is not there).\n";
 
 static void row(const char *name, const mf_plan *pl) {
   char arena[32], peak[32], h2d[32], d2h[32];
