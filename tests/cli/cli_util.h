@@ -19,12 +19,12 @@ struct Result {
   std::string out;
 };
 
-std::string tmpdir() {
+inline std::string tmpdir() {
   const char *t = getenv("TEST_TMPDIR");
   return t ? t : "/tmp";
 }
 
-Result moefit(const std::string &args) {
+inline Result moefit(const std::string &args) {
   std::string cmd = "./moefit " + args + " 2>&1";
   Result r{0, 0, ""};
   FILE *p = popen(cmd.c_str(), "r");
@@ -42,12 +42,12 @@ Result moefit(const std::string &args) {
   return r;
 }
 
-void write_file(const std::string &path, const std::string &bytes) {
+inline void write_file(const std::string &path, const std::string &bytes) {
   std::ofstream f(path, std::ios::binary);
   f << bytes;
 }
 
-std::string read_file(const std::string &path) {
+inline std::string read_file(const std::string &path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
