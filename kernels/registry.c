@@ -44,6 +44,9 @@ mf_status mf_backend_query_memory(const char *name, const mf_backend_params *p, 
   MF_CHECK(mf_cuda_device_memory(dev, &out->device_free_bytes, &out->device_total_bytes));
   MF_CHECK(mf_cuda_device_name(dev, out->device_name, sizeof out->device_name));
   out->device_known = 1;
+  /* Asking made the context: it is already outside the free memory measured. */
+  out->total_bytes -= out->context_bytes;
+  out->context_bytes = 0;
   return MF_OK;
 }
 

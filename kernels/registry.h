@@ -48,7 +48,8 @@ typedef struct mf_backend_memory {
   mf_dtype storage;          /* the dtype its kernels store weights and activations in */
   uint64_t workspace_bytes;  /* library workspaces (cuBLASLt) */
   uint64_t scratch_bytes;    /* the kernels' scratch */
-  uint64_t context_bytes;    /* the CUDA context and the kernels' module images (an estimate) */
+  uint64_t context_bytes;    /* the CUDA context and the kernels' module images (an estimate); 0 once the
+                                device was asked: the context then exists, outside its free memory */
   uint64_t total_bytes;      /* the sum: what the device budget loses before the arena */
   /* The device, when asked and present (ask_device on a machine with the GPU). */
   int device_known;

@@ -46,20 +46,23 @@ static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
     snprintf(rp->budget_source, sizeof rp->budget_source, "memory.device_budget");
   } else if (dev->device_known) {
     rp->budget = dev->device_free_bytes;
-    snprintf(rp->budget_source, sizeof rp->budget_source, "auto: the free memory of %s", dev->device_name);
+    snprintf(rp->budget_source, sizeof rp->budget_source, "auto: the free memory of %s with moefit's context made",
+             dev->device_name);
   } else {
     rp->budget = rp->hw.device_memory > rp->hw.device_reserve ? rp->hw.device_memory - rp->hw.device_reserve : 0;
     snprintf(rp->budget_source, sizeof rp->budget_source, "auto: the profile's device.memory less device.reserve");
   }
-  if (rp->budget <= dev->total_bytes)
+  if (rp->budget <= dev->total_bytes) {
+    char where[200] = "";
+    if (cfg->memory.device_budget == MF_CONFIG_SIZE_AUTO) snprintf(where, sizeof where, " (%s)", rp->budget_source);
     return MF_ERR(MF_ERR_CONFIG,
-                  "memory.device_budget %s%s%s%s: the %s backend keeps %s on the device beside the arena "
-                  "(cuBLASLt workspace %s, kernel scratch %s, CUDA context %s), which leaves no arena; raise "
+                  "memory.device_budget %s%s: the %s backend keeps %s on the device beside the arena (cuBLASLt "
+                  "workspace %s, kernel scratch %s, CUDA context %s), which leaves no arena; raise "
                   "memory.device_budget",
-                  mf_format_bytes(rp->budget, a, sizeof a), cfg->memory.device_budget ? "" : " (",
-                  cfg->memory.device_budget ? "" : rp->budget_source, cfg->memory.device_budget ? "" : ")", dev->name,
+                  mf_format_bytes(rp->budget, a, sizeof a), where, dev->name,
                   mf_format_bytes(dev->total_bytes, b, sizeof b), mf_format_bytes(dev->workspace_bytes, c, sizeof c),
                   mf_format_bytes(dev->scratch_bytes, d, sizeof d), mf_format_bytes(dev->context_bytes, e, sizeof e));
+  }
   rp->arena_limit = rp->budget - dev->total_bytes;
   return MF_OK;
 }

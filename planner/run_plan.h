@@ -18,7 +18,9 @@
  *                that file's copy built into moefit);
  *   budget       memory.device_budget covers everything on the device; auto:
  *                the device's free memory when the backend can ask the GPU
- *                (cuda, with a GPU present), else the hardware profile's
+ *                (cuda, with a GPU present; asking makes the CUDA context,
+ *                so its memory is then outside both the free memory and the
+ *                backend's own), else the hardware profile's
  *                device.memory less its device.reserve. The planner plans the
  *                arena within the budget less the backend's own bytes;
  *   program      train.micro_batch x data.seq_len tokens per micro-batch,

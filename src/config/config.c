@@ -551,7 +551,7 @@ static mf_status finish(walk *w, const char *name) {
     if (isnan(c->train.aux_loss_coef)) c->train.aux_loss_coef = s->router_aux_loss_coef;
   }
   /* Without train.steps (plan, eval) there is no schedule to check warmup against. */
-  if (w->seen[mf_config_key_find("train.steps")] && c->train.warmup > c->train.steps)
+  if (seen_given(w, mf_config_key_find("train.steps")) && c->train.warmup > c->train.steps)
     return NODE_ERR(
         blame(w, seen_given(w, mf_config_key_find("train.warmup")) ? "train.warmup" : "train.steps"),
         "train.warmup (%lld) must be <= train.steps (%lld)", (long long)c->train.warmup,
