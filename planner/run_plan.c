@@ -19,10 +19,18 @@ static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
   const int is_auto = !cfg->hardware.profile || strcmp(cfg->hardware.profile, "auto") == 0;
   if (is_auto && access(path, R_OK) != 0) {
     snprintf(rp->profile_path, sizeof rp->profile_path, "%s (built in)", path);
-    return mf_hwprofile_parse(mf_bundled_cpu_profile, strlen(mf_bundled_cpu_profile), rp->profile_path, &rp->hw);
+    MF_CHECK(mf_hwprofile_parse(mf_bundled_cpu_profile, strlen(mf_bundled_cpu_profile), rp->profile_path, &rp->hw));
+  } else {
+    snprintf(rp->profile_path, sizeof rp->profile_path, "%s", path);
+    MF_CHECK(mf_hwprofile_load(path, &rp->hw));
   }
-  snprintf(rp->profile_path, sizeof rp->profile_path, "%s", path);
-  return mf_hwprofile_load(path, &rp->hw);
+  /* auto without a profile measured here: say whose rates the plan uses. */
+  if (is_auto && strcmp(path, "runs/hw/cpu.yaml") != 0)
+    MF_LOGI("plan",
+            "hardware.profile auto: %s, bundled with moefit (%s), not measured on this machine: "
+            "`moefit profile` measures this one into runs/hw/cpu.yaml, which auto then uses",
+            rp->profile_path, rp->hw.name);
+  return MF_OK;
 }
 
 /* memory.staging: auto is on where the "device" is a GPU across a link. */

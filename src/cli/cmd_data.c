@@ -37,8 +37,8 @@ static const char k_usage[] =
     "\n"
     "example (the demo's data, from the Debian package `fortunes`):\n"
     "  F=/usr/share/games/fortunes\n"
-    "  moefit data bytes $F/computers $F/science $F/wisdom data/fortunes.train.tokens \\\n"
-    "      --split-on % --valid-fraction 0.05 --valid-out data/fortunes.valid.tokens\n"
+    "  moefit data bytes $F/computers $F/science $F/wisdom $F/fortunes runs/demo/data/train.tokens \\\n"
+    "      --split-on % --valid-fraction 0.05 --valid-out runs/demo/data/valid.tokens\n"
     "\n"
     "Inspect a result with `moefit inspect FILE.tokens`.\n";
 
@@ -160,12 +160,6 @@ static int data_bytes(int argc, char **argv) {
       value = &valid_out;
     else if (strcmp(a, "--valid-fraction") == 0)
       value = &fraction_s;
-    else if (strncmp(a, "--split-on=", 11) == 0)
-      split_on = a + 11;
-    else if (strncmp(a, "--valid-out=", 12) == 0)
-      valid_out = a + 12;
-    else if (strncmp(a, "--valid-fraction=", 17) == 0)
-      fraction_s = a + 17;
     else
       return mf_cli_usage_error("data", "unknown option '%s'", a);
     if (value) {

@@ -29,8 +29,9 @@ static const char k_usage[] =
     "OUTPUT_DIR/plan.json: the same bytes as --json gives for the same config and overrides.\n"
     "A config for plan needs only the model (no data.train, no train.steps).\n\n"
     "  --tensor PATTERN   each matching tensor's decision and the predicted cost of the alternatives\n"
-    "                     (shell glob over names; activations without their mbN. prefix); for a\n"
-    "                     weight also where its optimizer runs (host or device) and the other place\n"
+    "                     (a shell glob over names, e.g. 'model.layers.0.*'): a weight's name shows\n"
+    "                     the weight, its gradient and where its optimizer runs (host or device);\n"
+    "                     'grad.NAME' the gradient alone; activations without their mbN. prefix\n"
     "  --json FILE        write the chosen plan (versioned JSON, readable by the executor)\n"
     "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
     "                     and the device memory curve against the budget (hover for names)\n\n"
@@ -158,7 +159,11 @@ static mf_status explain(const mf_program *p, const mf_plan *chosen, const char 
     int is_act = mf_schedule_can_offload(p, t);
     if (!is_param && !is_grad && !is_act) continue;
     if (is_act && x->micro != 0) continue; /* one micro-batch speaks for all */
-    if (fnmatch(pattern, strip_micro(x->name), 0) != 0) continue;
+    /* A gradient answers to its weight's name too: a weight's pattern shows
+     * both (and the gradient alone as grad.NAME). */
+    const char *name = strip_micro(x->name);
+    if (fnmatch(pattern, name, 0) != 0 && !(is_grad && strncmp(name, "grad.", 5) == 0 && fnmatch(pattern, name + 5, 0) == 0))
+      continue;
     shown++;
     int n_alt = is_act ? 3 : 2;
     int cur = is_param ? chosen->d->param[x->param] : is_grad ? chosen->d->grad[x->param] : chosen->d->act[t];
@@ -210,7 +215,16 @@ static mf_status explain(const mf_program *p, const mf_plan *chosen, const char 
       printf("\n");
     }
   }
-  if (shown == 0) printf("  (no weight, gradient or activation matches)\n");
+  if (shown == 0) {
+    const char *weight = "?", *act = NULL;
+    for (int32_t t = p->n_tensors - 1; t >= 0; t--) {
+      if (p->tensors[t].kind == MF_T_PARAM) weight = p->tensors[t].name;
+      if (mf_schedule_can_offload(p, t)) act = strip_micro(p->tensors[t].name);
+    }
+    printf("  (no weight, gradient or activation matches; names look like '%s' (a weight, shown with its "
+           "gradient and optimizer)%s%s%s)\n",
+           weight, act ? " and '" : "", act ? act : "", act ? "' (an activation)" : "");
+  }
 done:
   if (st != MF_OK) printf("\n");
   mf_decisions_free(d);

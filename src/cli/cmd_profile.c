@@ -697,7 +697,7 @@ static void print_summary(const mf_hwprofile *p, const run_info *ri, const char 
   for (int i = 0; i < p->n_attn; i++)
     printf(" s%.0f/d%.0f %.3g", p->attn[i].s, p->attn[i].d, p->attn[i].flops / 1e9);
   printf("  GFLOP/s (fwd+bwd)\n");
-  printf("  host AdamW       %.0f M params/s (%s body; %.1f GB/s at OFFLOAD.md's ~30 bytes/param)\n",
+  printf("  host AdamW       %.0f M params/s (%s body; %.1f GB/s at the ~30 bytes an update moves per param)\n",
          p->host_adamw_params_per_s / 1e6, ri->adamw_impl ? ri->adamw_impl : "?",
          p->host_adamw_params_per_s * 30 / 1e9);
   if (p->n_kernels > 0)
@@ -726,12 +726,6 @@ int mf_cli_profile(int argc, char **argv) {
         out = argv[++i];
       else
         config = argv[++i];
-    } else if (strncmp(a, "--config=", 9) == 0) {
-      config = a + 9;
-    } else if (strncmp(a, "--backend=", 10) == 0) {
-      backend = a + 10;
-    } else if (strncmp(a, "--out=", 6) == 0) {
-      out = a + 6;
     } else {
       return mf_cli_usage_error(cmd, "unexpected argument '%s'", a);
     }

@@ -17,7 +17,7 @@ typedef struct {
 } command;
 
 static const command k_commands[] = {
-    {"train", mf_cli_train, "fine-tune a model from a YAML config (mpirun -np N moefit train ...)"},
+    {"train", mf_cli_train, "fine-tune a model from a YAML config (one rank; mpirun -np N: not built yet)"},
     {"plan", mf_cli_plan, "show the planner's per-tensor decisions, memory and predicted step time"},
     {"eval", mf_cli_eval, "mean loss and perplexity of a model over a token file"},
     {"init", mf_cli_init, "write a randomly initialised model dir (config.json + safetensors)"},
@@ -25,8 +25,8 @@ static const command k_commands[] = {
     {"config", mf_cli_config, "print a config with every default filled in, after overrides"},
     {"inspect", mf_cli_inspect, "list a safetensors file's / model dir's tensors, or a .tokens file's header"},
     {"profile", mf_cli_profile, "measure this machine's hardware profile for the planner"},
-    {"export", mf_cli_export, "export a checkpoint to Hugging Face safetensors"},
-    {"bench", mf_cli_bench, "benchmarks: optimizer, kernels, transfers"},
+    {"export", mf_cli_export, "export a checkpoint to Hugging Face safetensors (not built yet)"},
+    {"bench", mf_cli_bench, "benchmarks: the host optimizer (kernels, transfers: not built yet)"},
 };
 #define N_COMMANDS (sizeof k_commands / sizeof k_commands[0])
 
@@ -44,7 +44,31 @@ static void print_help(FILE *f) {
           "environment:\n"
           "  MF_LOG=error|warn|info|debug|trace   log level (default info)\n"
           "  MF_LOG_SUBSYS=io,config,...           limit debug/trace output to these subsystems\n"
-          "  MF_THREADS=N                          host worker threads (default: all cores)\n");
+          "  MF_THREADS=N                          host worker threads (default: all cores)\n\n"
+          "Long options take their value as the next argument or after '=': --json FILE, --json=FILE.\n");
+}
+
+/* "--name=value" -> "--name" "value", for every command's options alike
+ * (key=value overrides have no leading "--" and pass through). Returns the
+ * new argv (argc updated) or NULL when out of memory; "--" ends the options. */
+static char **split_long_options(int *argc, char **argv) {
+  char **out = malloc(sizeof *out * (size_t)(2 * *argc + 1));
+  if (!out) return NULL;
+  int n = 0, options = 1;
+  for (int i = 0; i < *argc; i++) {
+    char *a = argv[i], *eq = strchr(a, '=');
+    if (options && strcmp(a, "--") == 0) options = 0;
+    if (options && i > 0 && strncmp(a, "--", 2) == 0 && a[2] && eq && eq > a + 2) {
+      *eq = '\0'; /* argv's strings are ours to change (C11 5.1.2.2.1) */
+      out[n++] = a;
+      out[n++] = eq + 1;
+    } else {
+      out[n++] = a;
+    }
+  }
+  out[n] = NULL;
+  *argc = n;
+  return out;
 }
 
 int main(int argc, char **argv) {
@@ -67,8 +91,18 @@ int main(int argc, char **argv) {
     printf("moefit %s\n", MF_VERSION);
     return MF_EXIT_OK;
   }
-  for (size_t i = 0; i < N_COMMANDS; i++)
-    if (strcmp(cmd, k_commands[i].name) == 0) return k_commands[i].run(argc - 1, argv + 1);
+  for (size_t i = 0; i < N_COMMANDS; i++) {
+    if (strcmp(cmd, k_commands[i].name) != 0) continue;
+    int n = argc - 1;
+    char **args = split_long_options(&n, argv + 1);
+    if (!args) {
+      fprintf(stderr, "moefit: out of memory\n");
+      return MF_EXIT_FAIL;
+    }
+    const int rc = k_commands[i].run(n, args);
+    free(args);
+    return rc;
+  }
   fprintf(stderr, "moefit: unknown command '%s'\n\n", cmd);
   print_help(stderr);
   return MF_EXIT_USAGE;

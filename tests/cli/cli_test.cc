@@ -61,6 +61,63 @@ TEST(Cli, UnbuiltSubcommandsSaySoAndFail) {
   EXPECT_EQ(unknown.code, 2) << unknown.out;
 }
 
+// The top-level help says which commands are not built yet, as each command does.
+TEST(Cli, HelpSaysWhatIsNotBuilt) {
+  Result help = moefit("--help");
+  for (const char *c : {"export", "bench"}) {
+    const size_t at = help.out.find(std::string("\n  ") + c + " ");
+    ASSERT_NE(at, std::string::npos) << c;
+    const std::string line = help.out.substr(at + 1, help.out.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find("not built yet"), std::string::npos) << line;
+  }
+}
+
+// Every long option takes its value after '=' too, for every command.
+TEST(Cli, LongOptionsTakeEquals) {
+  const std::string json = tmpdir() + "/eq-plan.json", svg = tmpdir() + "/eq-plan.svg";
+  Result plan = moefit("plan configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml --json=" + json +
+                       " --svg=" + svg + " --tensor=model.norm.weight");
+  EXPECT_EQ(plan.code, 0) << plan.out;
+  EXPECT_EQ(access(json.c_str(), R_OK), 0) << plan.out;
+  EXPECT_EQ(access(svg.c_str(), R_OK), 0) << plan.out;
+  EXPECT_NE(plan.out.find("tensors matching model.norm.weight"), std::string::npos) << plan.out;
+  const std::string in = tmpdir() + "/eq-in.txt", tok = tmpdir() + "/eq.tokens", valid = tmpdir() + "/eq-v.tokens";
+  write_file(in, "one\n%\ntwo\n%\nthree\n%\nfour\n");
+  Result data = moefit("data bytes " + in + " " + tok + " --split-on=% --valid-fraction=0.25 --valid-out=" + valid);
+  EXPECT_EQ(data.code, 0) << data.out;
+  EXPECT_NE(data.out.find("4 documents"), std::string::npos) << data.out;
+  Result unknown = moefit("plan configs/demo.yaml --frobnicate=1");
+  EXPECT_EQ(unknown.code, 2) << unknown.out;
+  EXPECT_NE(unknown.out.find("unknown option '--frobnicate'"), std::string::npos) << unknown.out;
+}
+
+// --tensor with a weight's name shows the weight, its optimizer and its
+// gradient (named grad.NAME); a pattern that matches nothing shows what names
+// look like.
+TEST(Cli, PlanTensorShowsAWeightsGradient) {
+  Result r = moefit("plan configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml --tensor "
+                    "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\n  model.layers.0.self_attn.q_proj.weight "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("its optimizer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  grad.model.layers.0.self_attn.q_proj.weight "), std::string::npos) << r.out;
+  Result none = moefit("plan configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml --tensor 'model.layers.*.nothing*'");
+  EXPECT_EQ(none.code, 0) << none.out;
+  EXPECT_NE(none.out.find("names look like 'model."), std::string::npos) << none.out;
+}
+
+// hardware.profile auto without a profile measured here says whose rates the
+// plan uses and how to measure this machine's.
+TEST(Cli, AutoProfileSaysItIsBundled) {
+  Result r = moefit("plan configs/demo.yaml");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("hardware.profile auto: configs/hw/cpu-2core.yaml, bundled with moefit"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("`moefit profile` measures this one"), std::string::npos) << r.out;
+  Result named = moefit("plan configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml");
+  EXPECT_EQ(named.out.find("bundled with moefit"), std::string::npos) << named.out;
+}
+
 TEST(Cli, TrainEvalInitAndInspect) {
   std::string dir = tmpdir();
   std::string text = dir + "/corpus.txt";
