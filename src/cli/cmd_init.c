@@ -1,4 +1,6 @@
 /* `moefit init`: a randomly initialised model directory that transformers loads. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +61,11 @@ int mf_cli_init(int argc, char **argv) {
     } else if (strcmp(a, "--out") == 0) {
       out = v;
     } else if (strcmp(a, "--seed") == 0) {
-      char *end = NULL;
-      seed = strtoull(v, &end, 10);
-      if (!end || *end || !*v) return mf_cli_usage_error("init", "--seed must be a non-negative integer (got '%s')", v);
+      /* digits only: strtoull alone takes "-1" as 2^64 - 1 and " 7" as 7 */
+      errno = 0;
+      if (!*v || strspn(v, "0123456789") != strlen(v) || (seed = strtoull(v, NULL, 10), errno == ERANGE))
+        return mf_cli_usage_error("init", "--seed must be an integer from 0 to %llu (got '%s')", ULLONG_MAX,
+                                  v);
     } else {
       return mf_cli_usage_error("init", "unknown option '%s'", a);
     }

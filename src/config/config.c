@@ -52,18 +52,73 @@ static int seen_given(const walk *w, int idx) {
   return idx >= 0 && w->seen[idx] && !mf_ynode_is_null(w->seen[idx]);
 }
 
-/* The node to blame for key `idx`: its key in the file, else the nearest given section, else the root. */
+/* The node to blame for key `path`: its place (the override that set it, or
+ * its key in the file), else the nearest given section's, else the root. */
 static const mf_ynode *blame(const walk *w, const char *path) {
   char p[256];
   snprintf(p, sizeof p, "%s", path);
   while (p[0]) {
     int idx = mf_config_key_find(p);
-    if (idx >= 0 && w->seen[idx]) return w->seen[idx]->key ? w->seen[idx]->key : w->seen[idx];
+    if (idx >= 0 && w->seen[idx]) return mf_ynode_place(w->seen[idx]);
     char up[256];
     mf_config_key_parent(p, up, sizeof up);
     memcpy(p, up, sizeof up);
   }
   return w->root;
+}
+
+/* The value of key `path` as given (in the file or by an override), or NULL. */
+static const mf_ynode *given(const walk *w, const char *path) {
+  const int idx = mf_config_key_find(path);
+  return idx >= 0 ? w->seen[idx] : NULL;
+}
+
+/* The override number that set n (0: the file, or not given). */
+static int override_no(const mf_ynode *n) {
+  return n && n->src ? n->src->cmdline : 0;
+}
+
+/* Where key `path`'s value came from: "set at FILE:L:C", "set by override N
+ * '...'" or "not set: its default". */
+static const char *origin_of(const walk *w, const char *path, char *buf, size_t cap) {
+  const mf_ynode *v = given(w, path);
+  if (!v) {
+    snprintf(buf, cap, "not set: its default");
+    return buf;
+  }
+  return mf_ynode_origin(v, buf, cap);
+}
+
+/* A relation between keys a and b failed ("a (30) must be <= b (20)"). It is
+ * blamed on the value that made the pair inconsistent: the later override of
+ * the two, else a when it is given, else b; the message ends with where the
+ * other one came from, so that it names both places. */
+static mf_status cross_err(const char *file, int line, const walk *w, const char *a, const char *b,
+                           const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static mf_status cross_err(const char *file, int line, const walk *w, const char *a, const char *b,
+                           const char *fmt, ...) {
+  const mf_ynode *na = given(w, a), *nb = given(w, b);
+  int blame_b = !na && nb;
+  if (override_no(na) || override_no(nb)) blame_b = override_no(nb) > override_no(na);
+  char msg[1400], other[700];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char *o = blame_b ? a : b;
+  return node_err(file, line, blame(w, blame_b ? b : a), "%s; %s is %s", msg, o,
+                  origin_of(w, o, other, sizeof other));
+}
+#define CROSS_ERR(w, a, b, ...) cross_err(__FILE__, __LINE__, (w), (a), (b), __VA_ARGS__)
+
+/* The last override that set a key under `prefix` ("model.init."), or NULL. */
+static const mf_ynode *last_override_under(const walk *w, const char *prefix) {
+  const mf_ynode *last = NULL;
+  for (size_t i = 0; i < mf_config_n_keys; i++)
+    if (strncmp(mf_config_keys[i].path, prefix, strlen(prefix)) == 0 &&
+        override_no(w->seen[i]) > override_no(last))
+      last = w->seen[i];
+  return last;
 }
 
 /* ---------------------------------------------------------- scalars */
@@ -134,6 +189,29 @@ static mf_status scalar_int(const mf_config_key *k, const mf_ynode *v, const cha
     return NODE_ERR(v, "%s must be %s (got %s)", path, range_text(k, range, sizeof range), got);
   *out = x;
   return MF_OK;
+}
+
+/* A size that mf_parse_size refuses only because it is not a whole number of
+ * bytes ("1.3MiB"): 1, and buf gets "1363148.8 bytes): write e.g. 1331KiB or
+ * 1363148". A size is whole bytes: rounding would hide a typo's "0.5". */
+static int size_fraction(const char *text, char *buf, size_t cap) {
+  if (!((text[0] >= '0' && text[0] <= '9') || text[0] == '.')) return 0;
+  char *end, one[64];
+  const double v = strtod(text, &end);
+  uint64_t unit = 0;
+  snprintf(one, sizeof one, "1%s", end);
+  if (!(v > 0) || !isfinite(v) || mf_parse_size(one, &unit) != 0) return 0;
+  const double bytes = v * (double)unit, whole = floor(bytes);
+  if (bytes == whole || bytes >= 1e19) return 0;
+  char b[64];
+  const int digits = bytes >= 1 ? (int)floor(log10(bytes)) + 1 : 0; /* keep 15 significant digits */
+  snprintf(b, sizeof b, "%.*f", digits < 14 ? 15 - digits : 1, bytes);
+  for (size_t l = strlen(b); b[l - 1] == '0'; l--) b[l - 1] = 0; /* 1363148.8, not 1363148.800 */
+  int n = snprintf(buf, cap, "%s bytes): write e.g. ", b);
+  if (whole >= 1024 && n > 0 && (size_t)n < cap)
+    n += snprintf(buf + n, cap - (size_t)n, "%.0fKiB or ", floor(whole / 1024));
+  if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "%.0f", whole < 1 ? 1.0 : whole);
+  return 1;
 }
 
 static const char *family_choices = "mixtral|qwen2_moe|qwen3_moe|olmoe";
@@ -235,8 +313,12 @@ static mf_status set_scalar(walk *w, const mf_config_key *k, const mf_ynode *v) 
         *(uint64_t *)dst = MF_CONFIG_SIZE_AUTO;
         return MF_OK;
       }
-      if (strlen(v->text) != v->len || mf_parse_size(v->text, &x) != 0)
+      if (strlen(v->text) != v->len || mf_parse_size(v->text, &x) != 0) {
+        char whole[160];
+        if (size_fraction(v->text, whole, sizeof whole))
+          return NODE_ERR(v, "%s must be a whole number of bytes (got %s = %s", path, got, whole);
         return NODE_ERR(v, "%s must be %s (got %s)", path, expect[k->kind], got);
+      }
       if (x == 0)
         return NODE_ERR(v, "%s must be more than 0 bytes (got %s); write auto to let moefit decide", path,
                         got);
@@ -432,7 +514,7 @@ static mf_status walk_map(walk *w, const mf_ynode *map, const char *prefix) {
 static mf_status walk_init(walk *w, const mf_ynode *map) {
   const mf_ynode *fam = mf_ynode_get(map, "family", NULL);
   if (!fam)
-    return NODE_ERR(map->key ? map->key : map, "missing required key 'model.init.family' (one of %s)",
+    return NODE_ERR(mf_ynode_place(map), "missing required key 'model.init.family' (one of %s)",
                     family_choices);
   const mf_config_key *k = &mf_config_keys[mf_config_key_find("model.init.family")];
   mf_family f = MF_FAMILY_INVALID;
@@ -484,6 +566,51 @@ static int required_for(const char *path, mf_config_use use) {
   return strcmp(path, "data.train") != 0 && strcmp(path, "train.steps") != 0;
 }
 
+/* model.init's relations to itself and to the data; a value given by an
+ * override is blamed before the file (cross_err). */
+static mf_status finish_init(walk *w, const mf_ynode *in) {
+  mf_config *c = w->cfg;
+  mf_model_spec *s = &c->model.init;
+  char loc[512], oloc[512];
+  if (!seen_given(w, mf_config_key_find("model.init.head_dim"))) {
+    if (s->hidden % s->heads != 0)
+      return CROSS_ERR(w, "model.init.hidden", "model.init.heads",
+                       "model.init: hidden (%lld) is not a multiple of heads (%lld): give head_dim",
+                       (long long)s->hidden, (long long)s->heads);
+    s->head_dim = s->hidden / s->heads;
+  }
+  /* the relations a user most often gets wrong; mf_model_spec_validate checks the rest */
+  if (s->top_k > s->experts)
+    return CROSS_ERR(w, "model.init.top_k", "model.init.experts",
+                     "model.init.top_k (%lld) exceeds model.init.experts (%lld)", (long long)s->top_k,
+                     (long long)s->experts);
+  if (s->heads % s->kv_heads != 0)
+    return CROSS_ERR(w, "model.init.kv_heads", "model.init.heads",
+                     "model.init.heads (%lld) must be a multiple of model.init.kv_heads (%lld)",
+                     (long long)s->heads, (long long)s->kv_heads);
+  for (int64_t i = 0; i < s->n_mlp_only; i++)
+    if (s->mlp_only_layers[i] >= s->layers)
+      return CROSS_ERR(w, "model.init.mlp_only_layers", "model.init.layers",
+                       "model.init.mlp_only_layers[%lld] = %d is not a layer (the model has %lld)",
+                       (long long)i, s->mlp_only_layers[i], (long long)s->layers);
+  /* the rest, blamed on the last override under model.init when there is one */
+  const mf_ynode *at = mf_ynode_place(in), *ov = last_override_under(w, "model.init.");
+  char where[1100];
+  if (override_no(ov) > override_no(at))
+    snprintf(where, sizeof where, "%s: model.init (%s)", mf_ynode_loc(ov, oloc, sizeof oloc),
+             mf_ynode_origin(in, loc, sizeof loc));
+  else
+    snprintf(where, sizeof where, "%s: model.init", mf_ynode_loc(at, loc, sizeof loc));
+  MF_CHECK(mf_model_spec_validate(s, where));
+  /* eval may run another model (--model DIR, OUTPUT/final): it checks the one it loads */
+  if (w->use != MF_CONFIG_FOR_EVAL && c->data.seq_len > s->max_seq)
+    return CROSS_ERR(w, "data.seq_len", "model.init.max_seq",
+                     "data.seq_len (%lld) exceeds model.init.max_seq (%lld)", (long long)c->data.seq_len,
+                     (long long)s->max_seq);
+  if (isnan(c->train.aux_loss_coef)) c->train.aux_loss_coef = s->router_aux_loss_coef;
+  return MF_OK;
+}
+
 static mf_status finish(walk *w, const char *name) {
   mf_config *c = w->cfg;
   char loc[512];
@@ -491,12 +618,14 @@ static mf_status finish(walk *w, const char *name) {
   const int ip = mf_config_key_find("model.path"), ii = mf_config_key_find("model.init");
   const mf_ynode *pn = seen_given(w, ip) ? w->seen[ip] : NULL, *in = seen_given(w, ii) ? w->seen[ii] : NULL;
   if (pn && in) {
+    /* blamed on the later override, else the later line */
     const mf_ynode *bad = in, *other = pn;
-    if (pn->src->cmdline || (!in->src->cmdline && pn->line > in->line)) bad = pn, other = in;
-    return NODE_ERR(bad->key ? bad->key : bad,
+    if (override_no(pn) || override_no(in) ? override_no(pn) > override_no(in) : pn->line > in->line)
+      bad = pn, other = in;
+    return NODE_ERR(mf_ynode_place(bad),
                     "give exactly one of 'model.path' and 'model.init' (the other is at %s); "
                     "override the other with null to switch",
-                    mf_ynode_loc(other->key ? other->key : other, loc, sizeof loc));
+                    mf_ynode_loc(mf_ynode_place(other), loc, sizeof loc));
   }
   if (!pn && !in)
     return NODE_ERR(blame(w, "model"),
@@ -513,64 +642,44 @@ static mf_status finish(walk *w, const char *name) {
     if (!required_for(k->path, w->use)) continue;
     if (!w->seen[i]) return NODE_ERR(blame(w, k->path), "missing required key '%s' (%s)", k->path, k->help);
   }
-  if (c->model.has_init) {
-    mf_model_spec *s = &c->model.init;
-    const mf_ynode *at = in->key ? in->key : in;
-    if (!seen_given(w, mf_config_key_find("model.init.head_dim"))) {
-      if (s->hidden % s->heads != 0)
-        return NODE_ERR(at, "model.init: hidden (%lld) is not a multiple of heads (%lld): give head_dim",
-                        (long long)s->hidden, (long long)s->heads);
-      s->head_dim = s->hidden / s->heads;
-    }
-    /* the relations a user most often gets wrong, blamed on the key given;
-       mf_model_spec_validate checks the rest */
-    if (s->top_k > s->experts)
-      return NODE_ERR(blame(w, seen_given(w, mf_config_key_find("model.init.top_k")) ? "model.init.top_k"
-                                                                                     : "model.init.experts"),
-                      "model.init.top_k (%lld) exceeds model.init.experts (%lld)", (long long)s->top_k,
-                      (long long)s->experts);
-    if (s->heads % s->kv_heads != 0)
-      return NODE_ERR(
-          blame(w, seen_given(w, mf_config_key_find("model.init.kv_heads")) ? "model.init.kv_heads"
-                                                                            : "model.init.heads"),
-          "model.init.heads (%lld) must be a multiple of model.init.kv_heads (%lld)", (long long)s->heads,
-          (long long)s->kv_heads);
-    for (int64_t i = 0; i < s->n_mlp_only; i++)
-      if (s->mlp_only_layers[i] >= s->layers)
-        return NODE_ERR(blame(w, "model.init.mlp_only_layers"),
-                        "model.init.mlp_only_layers[%lld] = %d is not a layer (the model has %lld)",
-                        (long long)i, s->mlp_only_layers[i], (long long)s->layers);
-    char where[600];
-    snprintf(where, sizeof where, "%s: model.init", mf_ynode_loc(at, loc, sizeof loc));
-    MF_CHECK(mf_model_spec_validate(s, where));
-    if (c->data.seq_len > s->max_seq)
-      return NODE_ERR(
-          blame(w, seen_given(w, mf_config_key_find("data.seq_len")) ? "data.seq_len" : "model.init.max_seq"),
-          "data.seq_len (%lld) exceeds model.init.max_seq (%lld)", (long long)c->data.seq_len,
-          (long long)s->max_seq);
-    if (isnan(c->train.aux_loss_coef)) c->train.aux_loss_coef = s->router_aux_loss_coef;
-  }
+  if (c->model.has_init) MF_CHECK(finish_init(w, in));
   /* Without train.steps (plan, eval) there is no schedule to check warmup against. */
   if (seen_given(w, mf_config_key_find("train.steps")) && c->train.warmup > c->train.steps)
-    return NODE_ERR(
-        blame(w, seen_given(w, mf_config_key_find("train.warmup")) ? "train.warmup" : "train.steps"),
-        "train.warmup (%lld) must be <= train.steps (%lld)", (long long)c->train.warmup,
-        (long long)c->train.steps);
+    return CROSS_ERR(w, "train.warmup", "train.steps", "train.warmup (%lld) must be <= train.steps (%lld)",
+                     (long long)c->train.warmup, (long long)c->train.steps);
   if (c->train.min_lr > c->train.lr)
-    return NODE_ERR(blame(w, seen_given(w, mf_config_key_find("train.min_lr")) ? "train.min_lr" : "train.lr"),
-                    "train.min_lr (%g) must be <= train.lr (%g)", c->train.min_lr, c->train.lr);
+    return CROSS_ERR(w, "train.min_lr", "train.lr", "train.min_lr (%g) must be <= train.lr (%g)",
+                     c->train.min_lr, c->train.lr);
   c->memory.adam_moments = c->train.adam_moments;
   const mf_config_memory *m = &c->memory;
   if (m->pinned_limit != MF_CONFIG_SIZE_AUTO && m->host_limit != MF_CONFIG_SIZE_AUTO &&
       m->pinned_limit > m->host_limit) {
     char a[32], b[32];
-    return NODE_ERR(
-        blame(w, "memory.pinned_limit"), "memory.pinned_limit (%s) must be <= memory.host_limit (%s)",
-        mf_format_bytes(m->pinned_limit, a, sizeof a), mf_format_bytes(m->host_limit, b, sizeof b));
+    return CROSS_ERR(w, "memory.pinned_limit", "memory.host_limit",
+                     "memory.pinned_limit (%s) must be <= memory.host_limit (%s)",
+                     mf_format_bytes(m->pinned_limit, a, sizeof a),
+                     mf_format_bytes(m->host_limit, b, sizeof b));
   }
   if (!c->output.dir && !(c->output.dir = default_output_dir(name)))
     return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory");
   return MF_OK;
+}
+
+/* Keeps where each given value came from (mf_config_where). */
+static mf_status keep_places(walk *w) {
+  char loc[512];
+  MF_CHECK(mf_calloc(mf_config_n_keys, sizeof *w->cfg->where, "config places", (void **)&w->cfg->where));
+  for (size_t i = 0; i < mf_config_n_keys; i++) {
+    if (!w->seen[i]) continue;
+    if (!(w->cfg->where[i] = mf_strdup(mf_ynode_loc(mf_ynode_place(w->seen[i]), loc, sizeof loc))))
+      return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory");
+  }
+  return MF_OK;
+}
+
+const char *mf_config_where(const mf_config *cfg, const char *path) {
+  const int idx = cfg && cfg->where && path ? mf_config_key_find(path) : -1;
+  return idx >= 0 ? cfg->where[idx] : NULL;
 }
 
 /* ----------------------------------------------------------- overrides */
@@ -631,7 +740,8 @@ static mf_status splice(mf_ynode *root, const mf_ysrc *src, const char *path, mf
   }
 }
 
-static mf_status apply_override(mf_ydoc *doc, const char *ov) {
+/* Applies override number `no` (1-based, for messages). */
+static mf_status apply_override(mf_ydoc *doc, const char *ov, int no) {
   const char *eq = strchr(ov, '=');
   if (!eq || eq == ov)
     return MF_ERR(MF_ERR_CONFIG, "command line: '%s': an override is key.path=value (e.g. train.lr=1e-4)",
@@ -646,7 +756,7 @@ static mf_status apply_override(mf_ydoc *doc, const char *ov) {
     return MF_ERR(MF_ERR_CONFIG, "command line: %s: unknown key '%s'%s", ov, key, hint);
   }
   mf_ynode *val = NULL;
-  MF_CHECK(mf_yaml_parse(doc, eq + 1, strlen(eq + 1), ov, 1, &val));
+  MF_CHECK(mf_yaml_parse(doc, eq + 1, strlen(eq + 1), ov, no, &val));
   const mf_ysrc *src = doc->srcs; /* the one just added */
   if (!val) {                     /* `key=` is null, as in a file */
     MF_CHECK(mf_ynode_new(MF_YSCALAR, src, &val));
@@ -695,7 +805,7 @@ static mf_status load_string(const char *text, size_t len, const char *name, con
       st = MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: override %zu is NULL", i);
       goto done;
     }
-    MF_CHECK_GOTO(apply_override(&doc, overrides[i]), st, done);
+    MF_CHECK_GOTO(apply_override(&doc, overrides[i], (int)i + 1), st, done);
   }
   MF_CHECK_GOTO(mf_calloc(1, sizeof *cfg, "config", (void **)&cfg), st, done);
   MF_CHECK_GOTO(mf_calloc(1, sizeof *w, "config walk", (void **)&w), st, done);
@@ -705,6 +815,7 @@ static mf_status load_string(const char *text, size_t len, const char *name, con
   MF_CHECK_GOTO(apply_defaults(w), st, done);
   MF_CHECK_GOTO(walk_map(w, doc.root, ""), st, done);
   MF_CHECK_GOTO(finish(w, name), st, done);
+  MF_CHECK_GOTO(keep_places(w), st, done);
   if (!(cfg->source = mf_strdup(name))) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory");
     goto done;
@@ -770,6 +881,8 @@ void mf_config_free(mf_config *cfg) {
   for (size_t i = 0; i < mf_config_n_keys; i++)
     if (mf_config_keys[i].kind == MF_CK_STR) free(*(char **)field(cfg, &mf_config_keys[i]));
   free_mem_overrides(&cfg->memory);
+  for (size_t i = 0; cfg->where && i < mf_config_n_keys; i++) free(cfg->where[i]);
+  free(cfg->where);
   free(cfg->source);
   free(cfg);
 }

@@ -16,6 +16,13 @@
  * An error is MF_ERR_CONFIG (MF_ERR_IO for an unreadable file) whose message
  * starts with the place — "configs/x.yaml:12:3: " (1-based line and column)
  * or "command line: train.lr=bogus: " — and names the key path and the fault.
+ * An error between two keys starts with the place of the value that made the
+ * pair inconsistent (the later override, else the dependent key: warmup
+ * before steps) and ends with where the other one came from: "command line:
+ * train.steps=20: train.warmup (30) must be <= train.steps (20); train.warmup
+ * is set at configs/demo.yaml:36:3" ("set by override 2 '...'", "not set: its
+ * default"). A key missing because an override emptied its section is blamed
+ * on that override.
  */
 #ifndef MF_CONFIG_H
 #define MF_CONFIG_H
@@ -167,6 +174,7 @@ typedef struct mf_config_output {
 
 typedef struct mf_config {
   char *source; /* the file (or name) it was loaded from */
+  char **where; /* per key: where its value came from (mf_config_where; private) */
   mf_config_model model;
   mf_config_data data;
   mf_config_train train;
@@ -201,6 +209,13 @@ typedef enum mf_config_use {
 
 mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides, mf_config_use use,
                              mf_config **out);
+
+/* Where the value of key `path` came from, for the messages of checks made
+ * after loading (eval checks data.seq_len against the model it loads):
+ * "configs/x.yaml:28:3" (its key in the file) or "command line:
+ * data.seq_len=4096" (the override that set it); NULL when the key took its
+ * default or is not a key. */
+const char *mf_config_where(const mf_config *cfg, const char *path);
 
 /* Writes the resolved config as YAML, every default filled in; loading the
  * output gives a config equal to `cfg`. MF_ERR_IO when the write fails. */

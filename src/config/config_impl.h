@@ -18,8 +18,8 @@
 
 /* Where nodes came from: a file, or one command-line override. */
 typedef struct mf_ysrc {
-  char *name; /* file name, or the override text "train.lr=1e-4" */
-  int cmdline;
+  char *name;  /* file name, or the override text "train.lr=1e-4" */
+  int cmdline; /* 0: a file; else the override's number on the command line (1-based) */
   struct mf_ysrc *next;
 } mf_ysrc;
 
@@ -44,8 +44,9 @@ typedef struct mf_ydoc {
   mf_ysrc *srcs;
 } mf_ydoc;
 
-/* Parses one YAML document. *out is NULL for an empty stream. The source is
- * owned by doc; the returned tree is the caller's (mf_ynode_free). */
+/* Parses one YAML document. *out is NULL for an empty stream. `cmdline` is 0
+ * for a file, else the override's number (1-based). The source is owned by
+ * doc; the returned tree is the caller's (mf_ynode_free). */
 mf_status mf_yaml_parse(mf_ydoc *doc, const char *text, size_t len, const char *name, int cmdline,
                         mf_ynode **out);
 void mf_ydoc_free(mf_ydoc *doc); /* frees root and sources */
@@ -59,6 +60,12 @@ int mf_ynode_is_null(const mf_ynode *n); /* a plain null, ~, Null, NULL or empty
 mf_ynode *mf_ynode_get(const mf_ynode *map, const char *key, size_t *i);
 /* "file:12:3", or "command line: train.lr=1e-4". */
 const char *mf_ynode_loc(const mf_ynode *n, char *buf, size_t cap);
+/* Where a value came from, for naming a second place in a message:
+ * "set at file:12:3" or "set by override 2 'train.steps=20'". */
+const char *mf_ynode_origin(const mf_ynode *n, char *buf, size_t cap);
+/* The node that names a value's place: a value given by an override itself
+ * (its key may be the file's), else its key in the file. */
+const mf_ynode *mf_ynode_place(const mf_ynode *v);
 /* The key path: "train.lr", "memory.overrides[1].match"; "" for the root. */
 const char *mf_ynode_path(const mf_ynode *n, char *buf, size_t cap);
 /* A short description for messages: "'text'", "null", "a map", "a list". */

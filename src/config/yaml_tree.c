@@ -94,6 +94,20 @@ const char *mf_ynode_loc(const mf_ynode *n, char *buf, size_t cap) {
   return buf;
 }
 
+const char *mf_ynode_origin(const mf_ynode *n, char *buf, size_t cap) {
+  char loc[512];
+  if (n && n->src && n->src->cmdline)
+    snprintf(buf, cap, "set by override %d '%s'", n->src->cmdline, n->src->name);
+  else
+    snprintf(buf, cap, "set at %s", mf_ynode_loc(mf_ynode_place(n), loc, sizeof loc));
+  return buf;
+}
+
+const mf_ynode *mf_ynode_place(const mf_ynode *v) {
+  if (!v || (v->src && v->src->cmdline) || !v->key) return v;
+  return v->key;
+}
+
 static void path_into(const mf_ynode *n, char *buf, size_t cap, size_t *len) {
   if (!n || !n->parent) return;
   path_into(n->parent, buf, cap, len);
@@ -176,11 +190,26 @@ static void offset_to_linecol(const char *text, size_t off, int *line, int *col)
   *line = l, *col = c;
 }
 
+/* The byte offset of libyaml's 0-based line and column (which count
+ * characters; a UTF-8 BOM is not one); *line_start gets the line's offset. */
+static size_t linecol_to_offset(const char *text, size_t len, size_t line, size_t col, size_t *line_start) {
+  size_t i = len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
+  for (size_t l = 0; l < line && i < len; i++)
+    if (text[i] == '\n') l++;
+  *line_start = i;
+  for (size_t c = 0; c < col && i < len; c++) {
+    i++;
+    while (i < len && ((unsigned char)text[i] & 0xc0) == 0x80) i++; /* the rest of a UTF-8 character */
+  }
+  return i;
+}
+
 /* -------------------------------------------------------- the parser */
 
 typedef struct builder {
   const mf_ysrc *src;
   const char *text;
+  size_t len;
   mf_ynode *root;
   mf_ynode *stack[MF_YAML_MAX_DEPTH + 1];
   mf_ynode *pending_key[MF_YAML_MAX_DEPTH + 1]; /* a map's key waiting for its value */
@@ -275,6 +304,14 @@ static mf_status syntax_err(builder *b, const yaml_parser_t *p) {
                      p->problem ? p->problem : "unreadable text", (unsigned)p->problem_value & 0xffu, in);
   }
   const char *what = b->src->cmdline ? "not a valid YAML value" : "YAML syntax error";
+  size_t start, at = linecol_to_offset(b->text, b->len, p->problem_mark.line, p->problem_mark.column, &start);
+  if (at < b->len && b->text[at] == '\t') { /* libyaml: "found character that cannot start any token" */
+    const int indent = strspn(b->text + start, " \t") >= at - start;
+    return place_err(
+        b->src, (int)p->problem_mark.line + 1, (int)p->problem_mark.column + 1,
+        "%s: %s: indent with spaces%s", what,
+        indent ? "tabs are not allowed for indentation in YAML" : "a tab cannot start a YAML token here", in);
+  }
   if (p->context)
     return place_err(b->src, (int)p->problem_mark.line + 1, (int)p->problem_mark.column + 1,
                      "%s: %s (%s at line %d, column %d)%s", what, p->problem ? p->problem : "?", p->context,
@@ -416,6 +453,7 @@ mf_status mf_yaml_parse(mf_ydoc *doc, const char *text, size_t len, const char *
   memset(&b, 0, sizeof b);
   b.src = src;
   b.text = text;
+  b.len = len;
   mf_status st = build(&b, &p);
   yaml_parser_delete(&p);
   /* on an error the open nodes hang under the root; pending keys are loose */

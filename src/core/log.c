@@ -1,5 +1,6 @@
 /* Levelled logging filtered by subsystem, configured from the environment once. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -17,16 +18,34 @@ static FILE *g_stream;
 
 static const char *const k_level_names[] = {"error", "warn", "info", "debug", "trace"};
 
+/* A bad MF_LOG or MF_LOG_SUBSYS, written straight to the stream (mf_log would
+ * configure again), once for each value. */
+static void warn_env(const char *name, const char *value, const char *why) {
+  static char warned[2][128];
+  char *last = warned[strcmp(name, "MF_LOG") != 0];
+  if (strncmp(last, value, sizeof warned[0] - 1) == 0) return;
+  snprintf(last, sizeof warned[0], "%s", value);
+  FILE *out = g_stream ? g_stream : stderr;
+  fprintf(out, "[warn log] %s='%.80s%s' %s\n", name, value, strlen(value) > 80 ? "..." : "", why);
+  fflush(out);
+}
+
 static void configure_from_env(void) {
   const char *lv = getenv("MF_LOG");
   g_level = MF_LOG_INFO;
   if (lv && *lv) {
+    int found = 0;
     for (int i = 0; i <= MF_LOG_TRACE; i++)
-      if (strcasecmp(lv, k_level_names[i]) == 0) g_level = (mf_log_level)i;
+      if (strcasecmp(lv, k_level_names[i]) == 0) g_level = (mf_log_level)i, found = 1;
+    if (!found)
+      warn_env("MF_LOG", lv, "is not a log level (error, warn, info, debug or trace): logging at info");
   }
   const char *ss = getenv("MF_LOG_SUBSYS");
   g_subsys[0] = 0;
   if (ss && *ss && strlen(ss) + 3 < sizeof g_subsys) snprintf(g_subsys, sizeof g_subsys, ",%s,", ss);
+  if (ss && strlen(ss) + 3 >= sizeof g_subsys)
+    warn_env("MF_LOG_SUBSYS", ss,
+             "is too long (a comma-separated list of subsystems): logging every subsystem");
 }
 
 void mf_log_configure(void) {

@@ -150,6 +150,27 @@ static mf_status st_index_metadata(mf_safetensors *st, const char *path, json_t 
   return MF_OK;
 }
 
+/* A JSON file without "weight_map": a Hugging Face config.json (it has
+ * model_type or architectures) is named as one, with the directory to open
+ * instead; anything else is not an index. */
+static mf_status st_no_weight_map(const char *path, json_t *root) {
+  json_t *type = json_object_get(root, "model_type");
+  if (type || json_object_get(root, "architectures")) {
+    const char *slash = strrchr(path, '/');
+    const int dir_len = slash ? (slash == path ? 1 : (int)(slash - path)) : 1; /* "/config.json": "/" */
+    return MF_ERR(
+        MF_ERR_FORMAT,
+        "%s: a Hugging Face model config.json (model_type %.60s), not safetensors weights or their index "
+        "(no \"weight_map\" key): open the model directory, %.*s, instead",
+        path, json_is_string(type) ? json_string_value(type) : "not given", dir_len, slash ? path : ".");
+  }
+  return MF_ERR(
+      MF_ERR_FORMAT,
+      "%s: no \"weight_map\" key: not a safetensors index (model.safetensors.index.json maps each tensor to "
+      "its shard)",
+      path);
+}
+
 /* Opens the set of an index. `want_shard` (a basename, may be NULL) must be one
  * of its shards: opening a shard file opens its set. */
 static mf_status st_open_index(const char *path, const char *want_shard, mf_safetensors **out) {
@@ -167,7 +188,7 @@ static mf_status st_open_index(const char *path, const char *want_shard, mf_safe
   json_t *wm = json_object_get(root, "weight_map");
   json_t *meta = json_object_get(root, "metadata");
   if (!wm) {
-    s = MF_ERR(MF_ERR_FORMAT, "%s: no \"weight_map\" key", path);
+    s = st_no_weight_map(path, root);
     goto done;
   }
   if (!json_is_object(wm)) {

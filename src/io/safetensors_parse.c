@@ -205,12 +205,56 @@ static int st_cmp_offset(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
+/* What a file that is not safetensors looks like by its first bytes: "YAML
+ * text", "JSON text", "text", or NULL (binary: the header checks report it).
+ * A safetensors file's 8-byte little-endian header length has zero high
+ * bytes, so it never passes for text. */
+static const char *st_other_kind(const uint8_t *b, size_t size) {
+  const size_t n = size < 256 ? size : 256;
+  if (n < 8) return NULL; /* "too short" says it better */
+  for (size_t i = 0; i < n; i++)
+    if ((b[i] < 0x20 && b[i] != '\t' && b[i] != '\n' && b[i] != '\r') || b[i] == 0x7f) return NULL;
+  const size_t bad = mf_utf8_invalid_at(b, n); /* text is UTF-8; a character cut at byte n is fine */
+  if (bad < n && (n == size || n - bad >= 4)) return NULL;
+  size_t i = n >= 3 && memcmp(b, "\xef\xbb\xbf", 3) == 0 ? 3 : 0; /* a UTF-8 BOM */
+  while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r')) i++;
+  if (i < n && (b[i] == '{' || b[i] == '[')) return "JSON text";
+  if (i < n && (b[i] == '#' || (n - i >= 3 && memcmp(b + i, "---", 3) == 0) || b[i] == '%'))
+    return "YAML text";
+  size_t k = i; /* a first line "key: ..." */
+  while (k < n && (b[k] == '_' || b[k] == '-' || b[k] == '.' || (b[k] >= '0' && b[k] <= '9') ||
+                   ((b[k] | 0x20) >= 'a' && (b[k] | 0x20) <= 'z')))
+    k++;
+  if (k > i && k < n && b[k] == ':' &&
+      (k + 1 == n || b[k + 1] == ' ' || b[k + 1] == '\n' || b[k + 1] == '\r'))
+    return "YAML text";
+  return "text";
+}
+
+/* "not a safetensors file" when the first bytes say what it is instead, else MF_OK. */
+static mf_status st_not_safetensors(const char *label, const uint8_t *bytes, size_t size) {
+  const char *kind = st_other_kind(bytes, size);
+  if (!kind) return MF_OK;
+  char first[48];
+  size_t o = 0;
+  for (size_t i = 0; i < size && i < 32 && bytes[i] != '\n' && bytes[i] != '\r'; i++)
+    first[o++] = bytes[i] == '\t' ? ' ' : (char)bytes[i];
+  first[o] = 0;
+  return MF_ERR(
+      MF_ERR_FORMAT,
+      "%s: not a safetensors file: it is %s (it begins \"%s%s\"), and a safetensors file begins with "
+      "an 8-byte header length",
+      label, kind, first, o == 32 ? "..." : "");
+}
+
 mf_status mf_st_parse(mf_safetensors *st, int shard, const char *label, const uint8_t *bytes, size_t size) {
+  uint64_t hlen = 0;
+  for (int i = 7; size >= 8 && i >= 0; i--) hlen = (hlen << 8) | bytes[i];
+  if (size < 8 || hlen > size - 8 || hlen == 0 || bytes[8] != '{')
+    MF_CHECK(st_not_safetensors(label, bytes, size));
   if (size < 8)
     return MF_ERR(MF_ERR_FORMAT, "%s: file is %zu bytes, too short for the 8-byte header length", label,
                   size);
-  uint64_t hlen = 0;
-  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | bytes[i];
   if (hlen > MF_ST_MAX_HEADER_BYTES)
     return MF_ERR(MF_ERR_FORMAT, "%s: header length %llu (byte offset 0) exceeds the %llu-byte limit", label,
                   (unsigned long long)hlen, (unsigned long long)MF_ST_MAX_HEADER_BYTES);

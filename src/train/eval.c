@@ -64,6 +64,24 @@ mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_para
   return st;
 }
 
+/* data.seq_len against the model eval runs (--model DIR, OUTPUT/final or
+ * model.init), not the config's model.init alone; the message names both places. */
+static mf_status check_seq_len(const mf_config *cfg, const char *dir, const mf_param_table *t) {
+  if (cfg->data.seq_len <= t->spec.max_seq) return MF_OK;
+  const char *at = mf_config_where(cfg, "data.seq_len"),
+             *init_at = mf_config_where(cfg, "model.init.max_seq");
+  char model[4400];
+  if (dir)
+    snprintf(model, sizeof model, "max_position_embeddings (%lld) in %s/config.json, the model evaluated",
+             (long long)t->spec.max_seq, dir);
+  else
+    snprintf(model, sizeof model, "model.init.max_seq (%lld; %s%s)", (long long)t->spec.max_seq,
+             init_at ? "set at " : "the family's default", init_at ? init_at : "");
+  if (!at) at = cfg->source ? cfg->source : "config";
+  return MF_ERR(MF_ERR_CONFIG, "%s: data.seq_len (%lld%s) exceeds %s", at, (long long)cfg->data.seq_len,
+                mf_config_where(cfg, "data.seq_len") ? "" : ", its default", model);
+}
+
 /* logits of the first sequence = final hidden . lm_head^T, on the host. */
 static mf_status dump_logits(const mf_config *cfg, const mf_param_table *t, const float *w, const float *hidden,
                              const char *path) {
@@ -106,6 +124,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
   MF_CHECK_GOTO(mf_run_model_table(cfg, model_dir, &t), st, done);
+  MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);
   MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
                 done);
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);

@@ -392,7 +392,8 @@ TEST(ConfigErrors, CrossFieldChecks) {
   std::string init65 = kInit;
   init65.replace(init65.find("hidden: 64"), 10, "hidden: 66");
   Loaded g = Load(init65 + kRest);
-  EXPECT_CONFIG_ERROR(g, "c.yaml:2:3: model.init: hidden (66) is not a multiple of heads (4): give head_dim");
+  EXPECT_CONFIG_ERROR(g, "c.yaml:4:5: model.init: hidden (66) is not a multiple of heads (4): give head_dim",
+                      "; model.init.heads is set at ", "c.yaml:6:5");
   std::string init9 = kInit;
   init9.replace(init9.find("top_k: 2"), 8, "top_k: 9");
   Loaded h = Load(init9 + kRest);
@@ -405,7 +406,8 @@ TEST(ConfigErrors, CrossFieldChecks) {
   Loaded k = Load(init18 + kRest);  // head_dim 18 is fine; odd head_dim is not
   EXPECT_EQ(k.st, MF_OK) << k.err;
   Loaded l = Load(Minimal(), {"model.init.head_dim=15"});
-  EXPECT_CONFIG_ERROR(l, "c.yaml:2:3: model.init:", "head_dim (15) must be even");
+  EXPECT_CONFIG_ERROR(l, "command line: model.init.head_dim=15: model.init (set at ",
+                      "c.yaml:2:3): ", "head_dim (15) must be even");
   Loaded i = Load(std::string(kInit) + "    shared_ffn: 64\n" + kRest);
   EXPECT_CONFIG_ERROR(i, "c.yaml:2:3: model.init:", "shared expert is only defined for qwen2_moe");
 }
@@ -432,6 +434,120 @@ TEST(ConfigErrors, MissingRequiredKeys) {
   EXPECT_CONFIG_ERROR(i, "c.yaml:18:7: memory.overrides[0] decides nothing");
 }
 
+// issue 13: an error between two keys names both places, and is blamed on the
+// override that made the pair inconsistent rather than on the file's line.
+TEST(ConfigErrors, CrossKeyErrorsNameBothPlaces) {
+  Loaded a = Load(Minimal() + "  warmup: 200\n");  // both in the file: blamed on warmup, steps named too
+  EXPECT_CONFIG_ERROR(a,
+                      "c.yaml:16:3: train.warmup (200) must be <= train.steps (100); train.steps is set at ",
+                      "c.yaml:15:3");
+  Loaded b = Load(Minimal() + "  min_lr: 1\n");  // the other one not given: said so
+  EXPECT_CONFIG_ERROR(
+      b, "c.yaml:16:3: train.min_lr (1) must be <= train.lr (0.0001); train.lr is not set: its default");
+  Loaded c = Load(std::string(kInit) + "    max_seq: 64\n" + kRest);
+  EXPECT_CONFIG_ERROR(
+      c, "c.yaml:12:5: data.seq_len (256) exceeds model.init.max_seq (64); data.seq_len is not set");
+  Loaded d = Load(Minimal() + "memory:\n  pinned_limit: 8GiB\n  host_limit: 4GiB\n");
+  EXPECT_CONFIG_ERROR(d,
+                      "c.yaml:17:3: memory.pinned_limit (8.00 GiB) must be <= memory.host_limit (4.00 GiB); ",
+                      "memory.host_limit is set at ", "c.yaml:18:3");
+}
+
+TEST(ConfigOverrides, CrossKeyErrorsBlameTheOverride) {
+  const std::string warm = Minimal() + "  warmup: 30\n";
+  Loaded a = Load(warm, {"train.steps=20"});  // was blamed on the file's warmup line
+  EXPECT_CONFIG_ERROR(a, "command line: train.steps=20: train.warmup (30) must be <= train.steps (20); ",
+                      "train.warmup is set at ", "c.yaml:16:3");
+  EXPECT_EQ(a.err.rfind("command line: ", 0), 0u) << a.err;
+  Loaded b = Load(warm, {"train.lr=1e-3", "train.warmup=50", "train.steps=40"});  // the later override
+  EXPECT_CONFIG_ERROR(b, "command line: train.steps=40: train.warmup (50) must be <= train.steps (40); ",
+                      "train.warmup is set by override 2 'train.warmup=50'");
+  Loaded c = Load(warm, {"train.steps=40", "train.warmup=50"});
+  EXPECT_CONFIG_ERROR(c,
+                      "command line: train.warmup=50: ", "train.steps is set by override 1 'train.steps=40'");
+  Loaded d = Load(Minimal() + "  min_lr: 1e-4\n", {"train.lr=1e-5"});
+  EXPECT_CONFIG_ERROR(d, "command line: train.lr=1e-5: train.min_lr (0.0001) must be <= train.lr (1e-05); ",
+                      "train.min_lr is set at ", "c.yaml:16:3");
+  Loaded e = Load(std::string(kInit) + "    max_seq: 512\n" + kRest, {"data.seq_len=1024"});
+  EXPECT_CONFIG_ERROR(
+      e, "command line: data.seq_len=1024: data.seq_len (1024) exceeds model.init.max_seq (512); ",
+      "model.init.max_seq is set at ", "c.yaml:12:5");
+  Loaded f = Load(Minimal(), {"model.init.experts=1"});
+  EXPECT_CONFIG_ERROR(
+      f, "command line: model.init.experts=1: model.init.top_k (2) exceeds model.init.experts (1); ",
+      "model.init.top_k is set at ", "c.yaml:9:5");
+  Loaded g = Load(Minimal() + "memory: {pinned_limit: 2GiB}\n", {"memory.host_limit=1GiB"});
+  EXPECT_CONFIG_ERROR(g, "command line: memory.host_limit=1GiB: memory.pinned_limit (2.00 GiB) must be <= ",
+                      "memory.pinned_limit is set at ", "c.yaml:16:10");
+  Loaded h = Load(Minimal(), {"model.init.heads=3"});
+  EXPECT_CONFIG_ERROR(h, "command line: model.init.heads=3: ");
+}
+
+// A required key missing because an override emptied or replaced its section
+// is blamed on that override, not on the section's line in the file.
+TEST(ConfigOverrides, MissingKeysBlameTheOverrideThatRemovedThem) {
+  Loaded a = Load(Minimal(), {"train="});
+  EXPECT_CONFIG_ERROR(a, "command line: train=: missing required key 'train.steps'");
+  Loaded b = Load(Minimal(), {"train={lr: 1e-3}"});
+  EXPECT_CONFIG_ERROR(b, "command line: train={lr: 1e-3}: missing required key 'train.steps'");
+  Loaded c = Load(Minimal(), {"data=null"});
+  EXPECT_CONFIG_ERROR(c, "command line: data=null: missing required key 'data.train'");
+  Loaded d = Load(Minimal(), {"model="});
+  EXPECT_CONFIG_ERROR(d, "command line: model=: missing required key 'model.path' or 'model.init'");
+  Loaded e = Load(Minimal(), {"model.init={hidden: 8}"});
+  EXPECT_CONFIG_ERROR(e, "command line: model.init={hidden: 8}: missing required key 'model.init.family'");
+  Loaded f = Load(Minimal(), {"model.init=null", "model.path=/m"});  // a switch, as the message suggests
+  EXPECT_EQ(f.st, MF_OK) << f.err;
+}
+
+// Where each value came from stays with the config, for checks made later
+// (eval's data.seq_len against the model it loads).
+TEST(ConfigOverrides, WhereEachValueCameFrom) {
+  Loaded a = Load(Minimal() + "  lr: 1e-3\n", {"train.steps=7"});
+  ASSERT_EQ(a.st, MF_OK) << a.err;
+  const char *lr = mf_config_where(a.cfg, "train.lr"), *steps = mf_config_where(a.cfg, "train.steps");
+  ASSERT_NE(lr, nullptr);
+  EXPECT_NE(std::string(lr).find("c.yaml:16:3"), std::string::npos) << lr;
+  ASSERT_NE(steps, nullptr);
+  EXPECT_STREQ(steps, "command line: train.steps=7");
+  EXPECT_EQ(mf_config_where(a.cfg, "data.seq_len"), nullptr);  // its default
+  EXPECT_EQ(mf_config_where(a.cfg, "no.such.key"), nullptr);
+  EXPECT_EQ(mf_config_where(nullptr, "train.lr"), nullptr);
+}
+
+TEST(ConfigErrors, TabIndentationSaysSo) {
+  Loaded a = Load("model:\n  init:\n  \tfamily: mixtral\n");
+  EXPECT_CONFIG_ERROR(a, "c.yaml:3:3: YAML syntax error: tabs are not allowed for indentation in YAML",
+                      "(in 'model.init')");
+  Loaded b = Load("model:\n  init: {family: mixtral}\n\ttrain: 1\n");
+  EXPECT_CONFIG_ERROR(b, "c.yaml:3:1: YAML syntax error: tabs are not allowed for indentation in YAML");
+  // after a multi-byte character the column counts characters, and the tab is still found
+  Loaded c = Load("model:\n  path: \xc3\xa9t\xc3\xa9\n\tdata: 1\n");
+  EXPECT_CONFIG_ERROR(c, "c.yaml:3:1: YAML syntax error: tabs are not allowed for indentation in YAML");
+  Loaded d = Load(Minimal() + "  lr:\t1e-3\n");  // a tab after the colon separates, as a space does
+  EXPECT_EQ(d.st, MF_OK) << d.err;
+}
+
+// A size that is a fraction of a byte says so and what would be accepted.
+TEST(ConfigErrors, FractionalSizesSayWhy) {
+  Loaded a = Load(Minimal(), {"memory.device_budget=1.3MiB"});
+  EXPECT_CONFIG_ERROR(
+      a,
+      "command line: memory.device_budget=1.3MiB: memory.device_budget must be a whole number of bytes "
+      "(got '1.3MiB' = 1363148.8 bytes): write e.g. 1331KiB or 1363148");
+  Loaded b = Load(Minimal() + "memory: {host_limit: 0.5}\n");
+  EXPECT_CONFIG_ERROR(
+      b,
+      "c.yaml:16:22: memory.host_limit must be a whole number of bytes (got '0.5' = 0.5 bytes): "
+      "write e.g. 1");
+  Loaded c = Load(Minimal(), {"memory.device_budget=1.5MiB"});  // whole bytes: fine
+  ASSERT_EQ(c.st, MF_OK) << c.err;
+  EXPECT_EQ(c.cfg->memory.device_budget, 3ull << 19);
+  Loaded d = Load(Minimal(), {"memory.device_budget=12 parsecs"});  // not a size at all: the general message
+  EXPECT_CONFIG_ERROR(
+      d, "memory.device_budget must be a size such as 24GiB or 512MiB, or auto (got '12 parsecs')");
+}
+
 TEST(ConfigErrors, PathAndInitTogether) {
   Loaded r = Load(std::string(kInit) + "  path: /m\n" + kRest);
   EXPECT_CONFIG_ERROR(r, "c.yaml:12:3: give exactly one of 'model.path' and 'model.init' (the other is at ",
@@ -444,7 +560,7 @@ TEST(ConfigErrors, YamlSyntax) {
   Loaded b = Load("model:\n  init: {family: mixtral}\n bad: 1\n");
   EXPECT_CONFIG_ERROR(b, "c.yaml:3:", "YAML syntax error");
   Loaded c = Load("model:\n\tinit: 1\n");
-  EXPECT_CONFIG_ERROR(c, "c.yaml:2:1: YAML syntax error: found character that cannot start any token");
+  EXPECT_CONFIG_ERROR(c, "c.yaml:2:1: YAML syntax error: tabs are not allowed for indentation in YAML");
   Loaded d = Load("train: {steps: 1\n");
   EXPECT_CONFIG_ERROR(d, "c.yaml:2:1: YAML syntax error");
   Loaded e = Load("data: 'unterminated\n");
@@ -934,6 +1050,18 @@ TEST(ConfigUse, PlanAndEvalNeedOnlyTheModel) {
   EXPECT_NE(std::string(mf_last_error()).find("missing required key 'data.train'"), std::string::npos)
       << mf_last_error();
   EXPECT_EQ(cfg, nullptr);
+  // eval may run another model (--model DIR): data.seq_len is checked against
+  // the model eval loads (src/train/eval.c), not model.init; plan and train check it here.
+  const char *const long_seq[] = {"model.init.max_seq=128", "data.seq_len=4096"};
+  mf_config *ev = nullptr;
+  ASSERT_EQ(mf_config_load_for(path.c_str(), long_seq, 2, MF_CONFIG_FOR_EVAL, &ev), MF_OK) << mf_last_error();
+  EXPECT_EQ(ev->data.seq_len, 4096);
+  mf_config_free(ev);
+  mf_config *pl = nullptr;
+  EXPECT_EQ(mf_config_load_for(path.c_str(), long_seq, 2, MF_CONFIG_FOR_PLAN, &pl), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("data.seq_len (4096) exceeds model.init.max_seq"),
+            std::string::npos)
+      << mf_last_error();
   // Given, train.steps is still checked against warmup for every use.
   const std::string bad = WriteFile("warmup.yaml", std::string(kInit) + "train:\n  steps: 10\n  warmup: 30\n");
   EXPECT_EQ(mf_config_load_for(bad.c_str(), nullptr, 0, MF_CONFIG_FOR_PLAN, &cfg), MF_ERR_CONFIG);
