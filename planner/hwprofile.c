@@ -20,6 +20,8 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "src/config/config.h"
+
 /* A profile is a page of text; anything much bigger is not one. */
 #define HW_MAX_BYTES ((size_t)1 << 20)
 /* Relative slack in the GEMM-time order check: a table built as
@@ -100,6 +102,8 @@ static mf_status syntax_error(const yaml_parser_t *p, const char *name, const ch
   } else {
     line = (int)p->problem_mark.line + 1;
     col = (int)p->problem_mark.column + 1;
+    const char *tab = mf_yaml_tab_problem(text, len, p->problem_mark.line, p->problem_mark.column);
+    if (tab) return MF_ERR(MF_ERR_CONFIG, "%s:%d:%d: YAML syntax error: %s", name, line, col, tab);
     if (p->context)
       snprintf(what, sizeof what, " (%s at line %d, column %d)", p->context, (int)p->context_mark.line + 1,
                (int)p->context_mark.column + 1);

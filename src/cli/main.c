@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "moefit: cannot enter %s\n", wd);
     return MF_EXIT_FAIL;
   }
+  mf_log_configure(); /* a bad MF_LOG / MF_LOG_SUBSYS is reported by every command */
   if (argc < 2) {
     print_help(stderr);
     return MF_EXIT_USAGE;

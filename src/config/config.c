@@ -593,6 +593,17 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
       return CROSS_ERR(w, "model.init.mlp_only_layers", "model.init.layers",
                        "model.init.mlp_only_layers[%lld] = %d is not a layer (the model has %lld)",
                        (long long)i, s->mlp_only_layers[i], (long long)s->layers);
+  /* keys only Qwen's decoder reads: given for another family they would be
+   * ignored in silence (every layer of Mixtral and OLMoE is MoE) */
+  const int qwen = s->family == MF_FAMILY_QWEN2_MOE || s->family == MF_FAMILY_QWEN3_MOE;
+  if (!qwen && s->n_mlp_only > 0)
+    return CROSS_ERR(w, "model.init.mlp_only_layers", "model.init.family",
+                     "model.init.mlp_only_layers is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
+                     mf_family_name(s->family));
+  if (!qwen && s->decoder_sparse_step != 1)
+    return CROSS_ERR(w, "model.init.decoder_sparse_step", "model.init.family",
+                     "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
+                     mf_family_name(s->family));
   /* the rest, blamed on the last override under model.init when there is one */
   const mf_ynode *at = mf_ynode_place(in), *ov = last_override_under(w, "model.init.");
   char where[1100];

@@ -207,6 +207,11 @@ typedef enum mf_config_use {
   MF_CONFIG_FOR_EVAL,
 } mf_config_use;
 
+/* libyaml's problem at 0-based (line, col) of text restated when it is a tab
+ * ("tabs are not allowed for indentation in YAML: indent with spaces"), else
+ * NULL: for every reader of YAML files (configs, hardware profiles). */
+const char *mf_yaml_tab_problem(const char *text, size_t len, size_t line, size_t col);
+
 mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides, mf_config_use use,
                              mf_config **out);
 

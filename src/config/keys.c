@@ -133,16 +133,18 @@ const mf_config_key mf_config_keys[] = {
 
     SEC("hardware", 0, "the machine"),
     KEY("hardware.profile", MF_CK_STR, 0, hardware.profile, NOLO, NOHI, NULL, "auto",
-        "auto (detect and measure) or a hardware profile file (configs/hw/)"),
+        "a hardware profile file (configs/hw/, or what `moefit profile` writes) or auto: runs/hw/cpu.yaml "
+        "when `moefit profile` wrote one, else the bundled configs/hw/cpu-2core.yaml (measured on the "
+        "development machine, not yours; the run says so)"),
 
     SEC("output", 0, "where results go"),
     KEY("output.dir", MF_CK_STR, MF_CK_DOCDEF, output.dir, NOLO, NOHI, NULL, "runs/<config name>",
         "run directory: checkpoints, logs, metrics"),
     KEY("output.checkpoint_every", MF_CK_INT, 0, output.checkpoint_every, 0, 1e12, NULL, "0",
-        "steps between resume checkpoints; 0: at the end only"),
+        "steps between resume checkpoints; 0: at the end only (not built yet: train warns when set)"),
 
     KEY("backend", MF_CK_ENUM, 0, backend, NOLO, NOHI, "auto|cpu|cuda", "auto",
-        "compute backend; auto: cuda when a GPU is present, else cpu"),
+        "compute backend; auto: cuda when this build has it and a GPU is visible, else cpu"),
 };
 
 const size_t mf_config_n_keys = sizeof mf_config_keys / sizeof mf_config_keys[0];

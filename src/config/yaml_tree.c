@@ -204,6 +204,13 @@ static size_t linecol_to_offset(const char *text, size_t len, size_t line, size_
   return i;
 }
 
+const char *mf_yaml_tab_problem(const char *text, size_t len, size_t line, size_t col) {
+  size_t start, at = linecol_to_offset(text, len, line, col, &start);
+  if (at >= len || text[at] != '\t') return NULL; /* libyaml: "found character that cannot start any token" */
+  return strspn(text + start, " \t") >= at - start ? "tabs are not allowed for indentation in YAML: indent with spaces"
+                                                    : "a tab cannot start a YAML token here: use spaces";
+}
+
 /* -------------------------------------------------------- the parser */
 
 typedef struct builder {
@@ -304,14 +311,10 @@ static mf_status syntax_err(builder *b, const yaml_parser_t *p) {
                      p->problem ? p->problem : "unreadable text", (unsigned)p->problem_value & 0xffu, in);
   }
   const char *what = b->src->cmdline ? "not a valid YAML value" : "YAML syntax error";
-  size_t start, at = linecol_to_offset(b->text, b->len, p->problem_mark.line, p->problem_mark.column, &start);
-  if (at < b->len && b->text[at] == '\t') { /* libyaml: "found character that cannot start any token" */
-    const int indent = strspn(b->text + start, " \t") >= at - start;
-    return place_err(
-        b->src, (int)p->problem_mark.line + 1, (int)p->problem_mark.column + 1,
-        "%s: %s: indent with spaces%s", what,
-        indent ? "tabs are not allowed for indentation in YAML" : "a tab cannot start a YAML token here", in);
-  }
+  const char *tab = mf_yaml_tab_problem(b->text, b->len, p->problem_mark.line, p->problem_mark.column);
+  if (tab)
+    return place_err(b->src, (int)p->problem_mark.line + 1, (int)p->problem_mark.column + 1, "%s: %s%s", what, tab,
+                     in);
   if (p->context)
     return place_err(b->src, (int)p->problem_mark.line + 1, (int)p->problem_mark.column + 1,
                      "%s: %s (%s at line %d, column %d)%s", what, p->problem ? p->problem : "?", p->context,

@@ -185,6 +185,9 @@ TEST(Errors, BadEnvironmentVariablesWarnOnce) {
   Result fail =
       moefit_env("MF_LOG", "verbose", "config " + tmpdir() + "/none.yaml");  // a failure consults it too
   EXPECT_EQ(count(fail.out, "MF_LOG='verbose' is not a log level"), 1) << fail.out;
+  Result quiet = moefit_env("MF_LOG", "bogus", "config configs/demo.yaml");  // a command that logs nothing
+  EXPECT_EQ(quiet.code, 0) << quiet.out;
+  EXPECT_EQ(count(quiet.out, "MF_LOG='bogus' is not a log level"), 1) << quiet.out;
 
   Result thr = moefit_env("MF_THREADS", "abc", eval);
   EXPECT_EQ(thr.code, 0) << thr.out;

@@ -453,6 +453,20 @@ TEST(ConfigErrors, CrossKeyErrorsNameBothPlaces) {
                       "memory.host_limit is set at ", "c.yaml:18:3");
 }
 
+// Keys only Qwen's decoder reads are refused for the other families, which
+// would ignore them (every Mixtral and OLMoE layer is MoE).
+TEST(ConfigErrors, QwenOnlyKeysForOtherFamilies) {
+  Loaded a = Load(Minimal(), {"model.init.mlp_only_layers=[0]"});
+  EXPECT_CONFIG_ERROR(a, "command line: model.init.mlp_only_layers=[0]: model.init.mlp_only_layers is a "
+                         "qwen2_moe / qwen3_moe key: every layer of mixtral is MoE");
+  Loaded b = Load(Minimal(), {"model.init.family=olmoe", "model.init.decoder_sparse_step=2"});
+  EXPECT_CONFIG_ERROR(b, "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of olmoe is MoE");
+  Loaded q = Load(Minimal(), {"model.init.family=qwen3_moe", "model.init.mlp_only_layers=[0]"});
+  EXPECT_EQ(q.st, MF_OK) << q.err;
+  Loaded none = Load(Minimal(), {"model.init.mlp_only_layers=[]"});
+  EXPECT_EQ(none.st, MF_OK) << none.err;
+}
+
 TEST(ConfigOverrides, CrossKeyErrorsBlameTheOverride) {
   const std::string warm = Minimal() + "  warmup: 30\n";
   Loaded a = Load(warm, {"train.steps=20"});  // was blamed on the file's warmup line

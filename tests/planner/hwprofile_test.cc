@@ -370,7 +370,7 @@ TEST(HwProfile, MalformedFilesNamePlaceAndKey) {
       {Edit("  h2d: {bandwidth: 25GB, latency_us: 10}", "  h2d: {bandwidth: 25GB, latency_us: 10"),
        "9:6: YAML syntax error: did not find expected ',' or '}'"},
       {Edit("  memory: 80GiB", "\tmemory: 80GiB"),
-       "4:1: YAML syntax error: found character that cannot start any token"},
+       "4:1: YAML syntax error: tabs are not allowed for indentation in YAML"},
       {Edit("test machine", "test \xff machine"), "1:12: YAML syntax error: invalid leading UTF-8 octet"},
       {std::string(kGood) + "---\nname: two\n", "24:1: a second YAML document"},
       {"", "1:1: empty file"},
