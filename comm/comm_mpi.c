@@ -27,7 +27,7 @@ struct mf_comm {
 };
 
 static int launched_by_mpirun(void) {
-  const char *force = getenv("MF_COMM");
+  const char *force = mf_env_word("MF_COMM", "mpi|none");
   if (force && strcmp(force, "mpi") == 0) return 1;
   if (force && strcmp(force, "none") == 0) return 0;
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");

@@ -209,8 +209,7 @@ typedef struct {
 /* Per call: getenv and the cpuid cache are cheap next to an attention. */
 static int use_avx2(void) {
 #ifdef HAVE_AVX2_BODY
-  const char *e = getenv("MF_CPU_SIMD");
-  if (e && strcmp(e, "base") == 0) return 0;
+  if (mf_env_word("MF_CPU_SIMD", "base")) return 0;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2");
 #else

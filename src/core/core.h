@@ -111,6 +111,12 @@ void mf_log(mf_log_level level, const char *subsys, const char *fmt, ...)
 #define MF_LOGD(subsys, ...) mf_log(MF_LOG_DEBUG, (subsys), __VA_ARGS__)
 #define MF_LOGT(subsys, ...) mf_log(MF_LOG_TRACE, (subsys), __VA_ARGS__)
 
+/* An environment variable that takes one of a few words ("a|b|c"): its value
+ * when it is one of them, else NULL — unset or empty silently, any other
+ * value with one warning per variable and process naming the variable, the
+ * value and the words accepted (e.g. MF_CPU_SIMD=base, MF_COMM=mpi|none). */
+const char *mf_env_word(const char *name, const char *words);
+
 /* ---------------------------------------------------------------- dtypes */
 
 /* The safetensors dtypes (MODELS.md §13); F32/BF16/F16 are the ones computed with. */

@@ -197,6 +197,11 @@ TEST(Errors, BadEnvironmentVariablesWarnOnce) {
       << thr.out;
   Result zero = moefit_env("MF_THREADS", "0", eval);
   EXPECT_EQ(count(zero.out, "MF_THREADS='0' is not a number of threads"), 1) << zero.out;
+  Result simd = moefit_env("MF_CPU_SIMD", "avx9", eval);  // read at every attention call: said once
+  EXPECT_EQ(simd.code, 0) << simd.out;
+  EXPECT_EQ(count(simd.out, "MF_CPU_SIMD='avx9' is not one of base: ignored"), 1) << simd.out;
+  Result scoring = moefit_env("MF_PLAN_SCORING", "fast", "plan configs/demo.yaml");
+  EXPECT_EQ(count(scoring.out, "MF_PLAN_SCORING='fast' is not one of exact|proxy: ignored"), 1) << scoring.out;
   Result good = moefit_env("MF_THREADS", "2", eval);
   EXPECT_EQ(good.code, 0) << good.out;
   EXPECT_EQ(good.out.find("MF_THREADS"), std::string::npos) << good.out;
