@@ -161,7 +161,7 @@ def from_runs(lines):
             continue
         name, rc, xml, sec = line.split()
         ok = rc == "0"
-        status = "exit status %s" % rc if rc.lstrip("-").isdigit() else rc
+        status = "exit %s" % rc if rc.lstrip("-").isdigit() else rc
         xmls = [] if xml == "-" else [(xml, None)]
         results.append(Result(name, ok, status, xmls, sec))
     return results

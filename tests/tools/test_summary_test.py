@@ -196,7 +196,7 @@ class SummaryTest(unittest.TestCase):
                            capture_output=True, text=True)
         rows = p.stdout.strip().splitlines()
         self.assertEqual(rows[0], "ok|2 passed, 0 failed, 0 skipped|3")
-        self.assertEqual(rows[1], "crash|1 passed, 1 failed, 0 skipped; exit status 134|4")
+        self.assertEqual(rows[1], "crash|1 passed, 1 failed, 0 skipped; exit 134|4")
         self.assertEqual(rows[-1], "TOTAL|3|2|0")
         self.assertEqual(p.returncode, 1)
 
