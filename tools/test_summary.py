@@ -88,6 +88,8 @@ class Result:
         if f == 0:
             # Failed outside its cases (at exit, on another rank, before any
             # XML), or passed by its status with nothing to show for it.
+            if not self.ok and p + s > 0:
+                why.append("no case failed in its test.xml: it failed outside them (at exit? another rank?)")
             f = 1
         return p, f, s, "; ".join(why)
 
