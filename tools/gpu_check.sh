@@ -22,8 +22,9 @@
 # .gpu_bin` here (.gpu_bin ignored by git), carry it, and run
 # `tools/gpu_check.sh --prebuilt .gpu_bin` on the machine.
 #
-# Exit status: 0 only when a GPU was found and every gpu test case passed (none
-# failed, none skipped).
+# Exit status: 0 only when a GPU was found, bazel test exited 0 (or, with
+# --prebuilt, every binary exited 0), every gpu test case passed (none failed,
+# none skipped) and the cuda runs below agree.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # BAZEL may name another bazel command line, e.g. BAZEL="bazel --output_base=/tmp/ob".
@@ -38,39 +39,23 @@ row() { rows+=("$1|$2|$3"); }
 print_table() {
   echo
   echo "================ moefit gpu check ================"
-  printf '%-44s %-34s %6s\n' "step" "result" "sec"
+  printf '%-44s %-46s %6s\n' "step" "result" "sec"
   for r in "${rows[@]}"; do
     IFS='|' read -r a b c <<<"$r"
-    printf '%-44s %-34s %6s\n' "$a" "$b" "$c"
+    printf '%-44s %-46s %6s\n' "$a" "$b" "$c"
   done
-  printf '%-44s %-34s %6s\n' "total" "$1" "$(($(now) - t_start))"
+  printf '%-44s %-46s %6s\n' "total" "$1" "$(($(now) - t_start))"
 }
 
-# Per-binary GoogleTest counts from test.xml files: "NAME XML SECONDS" lines on stdin.
+# Per-binary rows and the verdict: tools/test_summary.py, which fails a binary
+# (or a bazel target) whose exit status (bazel status) is not a pass even where
+# its test.xml shows every case passed (a crash at teardown).
+#   count_cases --runs          stdin: "NAME EXIT_STATUS XML SECONDS" lines
+#   count_cases --bep FILE TARGET...
+# prints "NAME|counts|SECONDS" rows, then "TOTAL|P|F|S".
 count_cases() {
-  python3 -c "$COUNT_PY"
+  python3 tools/test_summary.py --rows "$@"
 }
-COUNT_PY=$(cat <<'PY'
-import sys, xml.etree.ElementTree as ET
-tot = [0, 0, 0]
-for line in sys.stdin:
-    name, path, sec = line.split()
-    try:
-        root = ET.parse(path).getroot()
-        p = f = s = 0
-        for c in root.iter("testcase"):
-            if c.find("failure") is not None or c.find("error") is not None: f += 1
-            elif c.get("result") == "skipped" or c.find("skipped") is not None: s += 1
-            else: p += 1
-        if p + f + s == 0: raise ValueError("no test cases")
-    except Exception as e:
-        p, f, s = 0, 1, 0
-        print(f"{name}: no results ({e})", file=sys.stderr)
-    tot[0] += p; tot[1] += f; tot[2] += s
-    print(f"{name}|{p} passed, {f} failed, {s} skipped|{sec}")
-print(f"TOTAL|{tot[0]}|{tot[1]}|{tot[2]}")
-PY
-)
 
 gpu_targets() {
   "${BZ[@]}" query --noshow_progress "attr(tags, 'gpu', tests(//...)) except attr(tags, 'manual', tests(//...))" 2>/dev/null
@@ -108,6 +93,7 @@ export MF_REQUIRE_GPU=1
 passed=0
 failed=0
 skipped=0
+bazel_rc=0
 
 # ---------------------------------------------------------- --prebuilt
 if [[ "${1:-}" == "--prebuilt" ]]; then
@@ -125,9 +111,12 @@ if [[ "${1:-}" == "--prebuilt" ]]; then
     timeout 300 "$b" --gtest_output="xml:$logs/$n.xml" >"$logs/$n.log" 2>&1
     rc=$?
     [[ $rc -ne 0 ]] && tail -n 40 "$logs/$n.log"
-    list+="$n $logs/$n.xml $(($(now) - t))"$'\n'
+    xml="$logs/$n.xml"
+    [[ -f "$xml" ]] || xml=-
+    list+="$n $rc $xml $(($(now) - t))"$'\n'
   done
   [[ -n "$list" ]] || { row "prebuilt binaries" "none in $dir" 0; print_table "FAIL"; exit 1; }
+  counted=$(printf '%s' "$list" | count_cases --runs)
 else
   # ------------------------------------------------------- build, test
   t=$(now)
@@ -141,19 +130,18 @@ else
   targets=$(gpu_targets) || { echo "gpu_check: bazel query failed" >&2; exit 1; }
   t=$(now)
   # Tests run outside the sandbox (strategy local) so /dev/nvidia* is visible;
-  # no caching, so a pass is always a run on this machine.
+  # no caching, so a pass is always a run on this machine. The build events
+  # give each target's status and the test.xml of this run.
+  bep=$(mktemp /tmp/mf_gpu_check_bep.XXXXXX)
   # shellcheck disable=SC2086
   "${BZ[@]}" test "$@" --strategy=TestRunner=local --nocache_test_results --test_env=MF_REQUIRE_GPU=1 \
-    --test_env=CUDA_VISIBLE_DEVICES --test_env=NVIDIA_VISIBLE_DEVICES --test_output=errors $targets
-  row "bazel test (gpu-tagged)" "exit $?" "$(($(now) - t))"
-  logs=$("${BZ[@]}" info "$@" bazel-testlogs 2>/dev/null)
-  list=""
-  for tg in $targets; do
-    pkg=${tg#//}; pkg=${pkg%%:*}; name=${tg##*:}
-    sec=$(python3 -c "import sys,xml.etree.ElementTree as E; print(int(float(E.parse(sys.argv[1]).getroot().get('time','0'))))" \
-          "$logs/$pkg/$name/test.xml" 2>/dev/null || echo "?")
-    list+="$tg $logs/$pkg/$name/test.xml $sec"$'\n'
-  done
+    --test_env=CUDA_VISIBLE_DEVICES --test_env=NVIDIA_VISIBLE_DEVICES --test_output=errors \
+    --build_event_json_file="$bep" $targets
+  bazel_rc=$?
+  row "bazel test (gpu-tagged)" "exit $bazel_rc" "$(($(now) - t))"
+  # shellcheck disable=SC2086
+  counted=$(count_cases --bep "$bep" --bazel-exit "$bazel_rc" $targets)
+  rm -f "$bep"
 fi
 
 while IFS= read -r line; do
@@ -167,7 +155,7 @@ while IFS= read -r line; do
     IFS='|' read -r a b c <<<"$line"
     row "  $a" "$b" "$c"
   fi
-done < <(printf '%s' "$list" | count_cases)
+done <<<"$counted"
 
 # ------------------------------------------------- the demo and plans on cuda
 # The moefit binary: bazel-bin's, or the one --pack put in DIR.
@@ -249,7 +237,7 @@ fi
 #   timings table against the bandwidth/FLOP floors.
 row "moefit bench kernels" "TODO (next slice)" ""
 
-if [[ "$passed" -eq 0 || "$failed" -ne 0 || "$skipped" -ne 0 || "$cuda_ok" -ne 1 ]]; then
+if [[ "$bazel_rc" -ne 0 || "$passed" -eq 0 || "$failed" -ne 0 || "$skipped" -ne 0 || "$cuda_ok" -ne 1 ]]; then
   print_table "FAIL"
   exit 1
 fi

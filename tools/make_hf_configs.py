@@ -28,8 +28,21 @@ mf_hf_config_write produces for each <family>_tiny.json spec against the checked
 -- --gtest_filter='*Golden*'`). This script then loads every <family>_written.json
 through `AutoConfig.from_pretrained(<dir holding it as config.json>)` and
 requires that transformers resolves it to exactly the values of the matching tiny
-config (and to the torch_dtype written). So: C writes -> checked-in golden ->
-transformers reads it back -> same model as the fixture moefit loaded.
+config (and to the torch_dtype written), that every key written is one
+transformers reads (declared by the config class or read by the family's
+modeling code: a misspelt key would be ignored in silence), and that each keeps
+the value written. So: C writes -> checked-in golden -> transformers reads it
+back -> same model as the fixture moefit loaded.
+
+--check changes nothing: it regenerates every fixture with transformers and
+compares it with the checked-in file, then checks the <family>_written.json
+golden files as above; exit status 0 only when all agree. The test
+//tests/hf_config:transformers_check runs it (skipped, saying so, without a
+python that has transformers: tools/test passes MF_HF_PYTHON, by default
+~/.cache/moefit/hfvenv/bin/python, which .ci/run makes with
+    python3 -m venv ~/.cache/moefit/hfvenv
+    ~/.cache/moefit/hfvenv/bin/pip install transformers==4.57.6
+the version of tools/requirements-fixtures.txt).
 
 Parameter counts are not recorded: computing them from transformers needs torch
 (instantiating the models). tests/hf_config checks mf_model_spec_param_count
@@ -39,12 +52,17 @@ against the published figures of MODELS.md §12 instead.
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 
-import transformers
-from transformers import AutoConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing here needs the hub
+try:
+    import transformers
+    from transformers import AutoConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+except ImportError as e:
+    sys.exit("tools/make_hf_configs.py needs transformers 4.57 (see its docstring for a venv): %s" % e)
 
 PINNED = "4.57"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -158,12 +176,15 @@ MODELING_RULES = {
 }
 
 
+def modeling_source(fam):
+    path = os.path.join(os.path.dirname(transformers.__file__), "models", fam, "modeling_%s.py" % fam)
+    with open(path) as f:
+        return path, f.read()
+
+
 def check_modeling_rules():
-    root = os.path.dirname(transformers.__file__)
     for fam, needles in MODELING_RULES.items():
-        path = os.path.join(root, "models", fam, "modeling_%s.py" % fam)
-        with open(path) as f:
-            src = f.read()
+        path, src = modeling_source(fam)
         for n in needles:
             if n not in src:
                 sys.exit("transformers %s changed %s: missing %r" % (transformers.__version__, path, n))
@@ -240,6 +261,32 @@ def load_via_autoconfig(path):
         shutil.rmtree(d)
 
 
+def unread_or_changed_keys(fam, written, cfg):
+    """Keys of a written config.json that transformers ignores or does not keep.
+
+    A key counts as read when the family's config class declares it or its
+    modeling code reads it (config.KEY, or "KEY" in a getattr/hasattr); each
+    must come back from the loaded config with the value written. torch_dtype
+    is the name transformers 4.57 still reads for its dtype."""
+    cls = FAMILIES[fam][0]
+    declared = set(cls().to_dict())
+    _, src = modeling_source(fam)
+    loaded = cfg.to_dict()
+    problems = []
+    for key, value in sorted(written.items()):
+        if key == "transformers_version":
+            continue
+        if key == "torch_dtype":
+            if str(cfg.dtype).replace("torch.", "") != value:
+                problems.append("torch_dtype %r loads as dtype %r" % (value, cfg.dtype))
+            continue
+        if key not in declared and not re.search(r'config\.%s\b|"%s"' % (re.escape(key), re.escape(key)), src):
+            problems.append("%s: neither %s nor modeling_%s.py reads it" % (key, cls.__name__, fam))
+        elif loaded.get(key, "<absent>") != value:
+            problems.append("%s: written %r, transformers holds %r" % (key, value, loaded.get(key, "<absent>")))
+    return problems
+
+
 def dump(obj):
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
@@ -304,13 +351,19 @@ def main():
             bad += 1
             continue
         cfg = load_via_autoconfig(path)
+        with open(path) as f:
+            written = json.load(f)
         if type(cfg) is not cls or cfg.architectures != [arch]:
             print("%s: AutoConfig gave %s %s" % (path, type(cfg).__name__, cfg.architectures))
             bad += 1
             continue
         got = resolve(fam, cfg)
         want = expected["configs"]["%s_tiny.json" % fam]
-        if got != want:
+        keys = unread_or_changed_keys(fam, written, cfg)
+        if keys:
+            print("%s: %s" % (path, "; ".join(keys)))
+            bad += 1
+        elif got != want:
             diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
             print("%s: transformers reads it differently from %s_tiny.json: %s" % (path, fam, diff))
             bad += 1

@@ -11,8 +11,9 @@
 // be identical — with clipping active, a NaN injected into one step's gradient
 // (the step skipped in both), experts that got no token (left alone), and with
 // resident, streamed-weight and streamed-gradient plans. Then mf_train end to
-// end with the key on and off: the same final weights and losses, and
-// metrics.jsonl shows hidden optimizer time with it on and none with it off.
+// end with the key on and off: the same final weights and losses, metrics.jsonl
+// accounts for the optimizer's time either way and shows none hidden with it
+// off, and hidden optimizer time with it on where nothing is streamed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -349,9 +350,10 @@ void train(const std::string &dir, bool overlap, const char *memory) {
   mf_config_free(cfg);
 }
 
-// expect_hidden: the overlap must show hidden time. Where every weight is
-// streamed, each upload waits for its update and how much of the optimizer
-// hides depends on the machine's load: there only the bits are checked.
+// expect_hidden: the overlap must show hidden time. Where weights are streamed,
+// each upload waits for its update and whether any of the optimizer hides
+// depends on the machine's load (on a loaded 2-core machine, none may): there
+// the bits and the accounting are checked, not the hiding.
 void check_train(const char *memory, const std::string &tag, bool expect_hidden) {
   const std::string on = tmp() + "/overlap_on_" + tag, off = tmp() + "/overlap_off_" + tag;
   train(on, true, memory);
@@ -365,12 +367,17 @@ void check_train(const char *memory, const std::string &tag, bool expect_hidden)
   ASSERT_EQ(l_on.size(), 6u);
   EXPECT_EQ(l_on, l_off);
   EXPECT_EQ(values(m_on, "grad_norm"), values(m_off, "grad_norm"));
-  double hidden_on = 0, exposed_off = 0;
+  double hidden_on = 0, exposed_on = 0, exposed_off = 0;
   for (double h : values(m_on, "optimizer_hidden_s")) hidden_on += h;
   for (double h : values(m_off, "optimizer_hidden_s"))
     EXPECT_EQ(h, 0.0) << "nothing is hidden with overlap off";
   for (double e : values(m_off, "optimizer_exposed_s")) exposed_off += e;
-  for (double e : values(m_on, "optimizer_exposed_s")) EXPECT_GE(e, 0.0);
+  for (double e : values(m_on, "optimizer_exposed_s")) {
+    EXPECT_GE(e, 0.0);
+    exposed_on += e;
+  }
+  // With overlap the worker's busy time is counted, hidden or exposed.
+  EXPECT_GT(hidden_on + exposed_on, 0.0) << "the overlapped optimizer's time is not in the metrics: " << m_on;
   if (expect_hidden) {
     // Hidden time needs the worker thread to run while the step computes; on a
     // loaded 2-core machine (CI runs tests side by side) a whole run can have
@@ -384,8 +391,6 @@ void check_train(const char *memory, const std::string &tag, bool expect_hidden)
       for (double h : values(slurp(again + "/metrics.jsonl"), "optimizer_hidden_s")) hidden_on += h;
     }
     EXPECT_GT(hidden_on, 0.0) << m_on;
-  } else {
-    EXPECT_GE(hidden_on, 0.0) << m_on;
   }
   EXPECT_GT(exposed_off, 0.0) << "without overlap the optimizer is all exposed";
 }
@@ -393,10 +398,10 @@ void check_train(const char *memory, const std::string &tag, bool expect_hidden)
 TEST(OverlapOptimizer, TrainSameBitsAndHiddenTimeResident) {
   check_train(nullptr, "resident", true);
 }
-TEST(OverlapOptimizer, TrainSameBitsAndHiddenTimeStreamed) {
+TEST(OverlapOptimizer, TrainSameBitsStreamed) {
   check_train("{plan: megatrain}", "megatrain", false);
 }
-TEST(OverlapOptimizer, TrainSameBitsAndHiddenTimeSmallBudget) {
+TEST(OverlapOptimizer, TrainSameBitsSmallBudget) {
   check_train("{device_budget: 300KiB}", "budget", false);
 }
 

@@ -88,6 +88,17 @@ double worst(const Vec &a, const std::vector<double> &b, double atol, double rto
   return w;
 }
 
+// max |a - b| / max |b|: an error measured against the tensor's scale.
+double err_to_max(const Vec &a, const std::vector<double> &b) {
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    err = std::max(err, std::fabs(a[i] - b[i]));
+    mag = std::max(mag, std::fabs(b[i]));
+  }
+  return err / mag;
+}
+
 struct Result {
   Vec o, lse, dq, dk, dv;
 };
@@ -333,11 +344,18 @@ TEST(Attention, LargeScoresStayFiniteAndCorrect) {
   EXPECT_GT(maxlogit, 70.0);
   EXPECT_LE(worst(r.o, ref.o, 1e-5, 1e-4), 1.0);
   EXPECT_LE(worst(r.lse, ref.lse, 1e-5, 1e-6), 1.0);
-  // Large logits amplify fp32 rounding of the scores (an ulp of 80 is ~1e-5),
-  // so the gradients carry a looser bound; they stay finite.
-  EXPECT_LE(worst(r.dq, ref.dq, 1e-3, 1e-2), 1.0);
-  EXPECT_LE(worst(r.dk, ref.dk, 1e-3, 1e-2), 1.0);
-  EXPECT_LE(worst(r.dv, ref.dv, 1e-4, 1e-3), 1.0);
+  // Large logits amplify the fp32 rounding of the scores: s = scale*q.k near
+  // 80 is off by about an ulp of 80 (7.6e-6), which p = exp(s - lse) turns into
+  // a relative error of that size. A gradient element then errs by that much
+  // of the gradient's scale, not of its own size (dq[i] = scale sum_j p_j
+  // (dp_j - D_i) k_j cancels down to small values whose error stays), so the
+  // bound is on max |err| / max |ref|: 2 ulps of 80, 1.5e-5. Measured here
+  // (the same bits on every SIMD body and thread count): 4.3e-6 (dq), 4.5e-6
+  // (dk), 1.3e-6 (dv). An elementwise relative bound would need 7e-4 for dk
+  // at an absolute floor of 1e-5.
+  EXPECT_LE(err_to_max(r.dq, ref.dq), 1.5e-5);
+  EXPECT_LE(err_to_max(r.dk, ref.dk), 1.5e-5);
+  EXPECT_LE(err_to_max(r.dv, ref.dv), 1.5e-5);
 }
 
 TEST(Attention, LargeHeadDimsWorkAndTooLargeIsRefused) {
@@ -370,38 +388,6 @@ TEST(Attention, LargeHeadDimsWorkAndTooLargeIsRefused) {
   EXPECT_EQ(
       mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(), lse.data(), &ctx),
       MF_ERR_INVALID_ARG);
-}
-
-// Not run by default: bazel test ... --test_arg=--gtest_also_run_disabled_tests
-//   --test_arg=--gtest_filter='*Throughput*' --test_output=all
-TEST(Attention, DISABLED_Throughput) {
-  const Shape shapes[] = {{8, 128, 4, 2, 16}, {1, 1024, 16, 4, 64}};
-  for (const Shape &sh : shapes) {
-    Vec q = mf_fd::random_vec(sh.nq(), 1), k = mf_fd::random_vec(sh.nkv(), 2),
-        v = mf_fd::random_vec(sh.nkv(), 3), dout = mf_fd::random_vec(sh.nq(), 4);
-    Vec o(sh.nq()), lse(sh.nlse()), dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
-    const double fwd_flops = 4.0 * sh.B * sh.Hq * (double)sh.S * sh.S * sh.D / 2;
-    for (int n : {1, 2}) {
-      Pool pool(n);
-      mf_kctx ctx = {pool.p, 0};
-      double tf = 1e30, tb = 1e30;
-      for (int rep = 0; rep < 5; rep++) {
-        double t0 = mf_time_now();
-        mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(), o.data(),
-                        lse.data(), &ctx);
-        double t1 = mf_time_now();
-        mf_cpu_attn_bwd(q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B, sh.S, sh.Hq,
-                        sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx);
-        double t2 = mf_time_now();
-        tf = std::min(tf, t1 - t0);
-        tb = std::min(tb, t2 - t1);
-      }
-      // Backward FLOPs: 2.5x the forward (5 matmuls to the forward's 2).
-      printf("%s threads=%d  fwd %.3f ms %.2f GFLOP/s  bwd %.3f ms %.2f GFLOP/s  fwd+bwd %.2f GFLOP/s\n",
-             name(sh).c_str(), n, tf * 1e3, fwd_flops / tf * 1e-9, tb * 1e3, 2.5 * fwd_flops / tb * 1e-9,
-             3.5 * fwd_flops / (tf + tb) * 1e-9);
-    }
-  }
 }
 
 }  // namespace

@@ -1,13 +1,11 @@
 // kernels/cpu linear.c: mf_cpu_linear_fwd / _bwd_data / _bwd_weight against a
 // double reference, the documented summation order (bit for bit), finite
 // differences, written vs added, thread-count invariance, bf16 rounding, edge
-// shapes around the tile sizes, and a throughput figure.
+// shapes around the tile sizes. The throughput figures: kernels_bench.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <ctime>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -254,46 +252,6 @@ TEST(Linear, EmptyAndDegenerateShapes) {
   vector<float> dx(3 * 5, NAN);
   EXPECT_EQ(mf_cpu_linear_bwd_data(y2.data(), W.data(), 3, 0, 5, dx.data(), 0, &ctx), MF_OK);
   for (float v : dx) EXPECT_EQ(v, 0.0f);
-}
-
-double cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// Throughput at the shapes the brief names, on the calling thread and on a pool
-// of all cores. Printed, not asserted (machines vary); run with
-// --test_output=all. "wall" is GFLOP per elapsed second; "per core" is GFLOP
-// per CPU-second of the process, which stays meaningful on a shared machine.
-TEST(Linear, Throughput) {
-  const Shape shapes[] = {{1024, 64, 64}, {1024, 256, 256}, {1024, 512, 512}, {1024, 256, 64}};
-  const char *names[3] = {"fwd", "bwd_data", "bwd_weight"};
-  Pool all(0);
-  for (mf_threadpool *p : {(mf_threadpool *)nullptr, all.p}) {
-    mf_kctx ctx = {p, 0};
-    for (const Shape &s : shapes) {
-      auto x = random_vec(s.M * s.K, 61), W = random_vec(s.N * s.K, 62), dy = random_vec(s.M * s.N, 63);
-      vector<float> y(s.M * s.N), dx(s.M * s.K), dW(s.N * s.K, 0.0f);
-      double flops = 2.0 * s.M * s.N * s.K;
-      printf("linear M=%lld N=%lld K=%lld threads=%d:", (long long)s.M, (long long)s.N, (long long)s.K,
-             mf_threadpool_size(p));
-      for (int op = 0; op < 3; op++) {
-        int reps = 0;
-        double t0 = mf_time_now(), c0 = cpu_seconds(), t;
-        do {
-          if (op == 0) mf_cpu_linear_fwd(x.data(), W.data(), nullptr, s.M, s.N, s.K, y.data(), 0, &ctx);
-          if (op == 1) mf_cpu_linear_bwd_data(dy.data(), W.data(), s.M, s.N, s.K, dx.data(), 0, &ctx);
-          if (op == 2) mf_cpu_linear_bwd_weight(dy.data(), x.data(), s.M, s.N, s.K, dW.data(), nullptr, &ctx);
-          reps++;
-          t = mf_time_now() - t0;
-        } while (t < 0.2);
-        double c = cpu_seconds() - c0;
-        printf("  %s %.1f wall, %.1f per core", names[op], flops * reps / t / 1e9, flops * reps / c / 1e9);
-      }
-      printf(" GFLOP/s\n");
-    }
-  }
 }
 
 }  // namespace
