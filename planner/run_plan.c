@@ -141,7 +141,7 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
   rp->staged = stages_copies(cfg, &rp->dev);
   MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
-                                      sizeof rp->routing_path),
+                                      sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),
                 st, fail);
   MF_CHECK_GOTO(plan_of(cfg, t, rp), st, fail);
   MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);

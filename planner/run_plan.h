@@ -74,6 +74,8 @@ typedef struct mf_run_plan {
   mf_routing routing;      /* measured routing (share NULL: uniform) */
   int routed;              /* 1: planned with routing read from routing_path */
   char routing_path[1024];
+  char routing_note[1536]; /* memory.routing auto passed over a routing file measured on another model:
+                              one line saying so (experts/routing.h); else empty */
   mf_program *prog;
   mf_plan *all[MF_PLAN_KIND_COUNT_]; /* all[MF_PLAN_CHOSEN] is the run's plan; the others the baselines */
   mf_plan *plan;                     /* = all[MF_PLAN_CHOSEN] */

@@ -304,6 +304,8 @@ int mf_cli_plan(int argc, char **argv) {
   if (rp->routed)
     printf("routing: measured, %s (%llu tokens): expert copies priced by the chance they happen\n",
            rp->routing_path, (unsigned long long)rp->routing.tokens);
+  else if (rp->routing_note[0])
+    printf("%s\n", rp->routing_note);
   else
     printf("routing: uniform (memory.routing: %s)\n", cfg->memory.routing ? cfg->memory.routing : "auto");
   printf("\n  %-24s %10s %10s %10s %10s %9s %9s %9s %9s\n", "plan", "arena", "peak", "H2D/step", "D2H/step",

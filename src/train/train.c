@@ -11,6 +11,7 @@
 /* Everything one training run owns. */
 typedef struct run {
   const mf_config *cfg;
+  mf_config ev_cfg; /* the evaluation's config: cfg, planned with the training plan's routing (setup) */
   int quiet;
   mf_threadpool *pool;
   mf_param_table *t;
@@ -116,7 +117,12 @@ static mf_status setup(run *r, mf_train_summary *out) {
   char plan_json[4200];
   snprintf(plan_json, sizeof plan_json, "%s/plan.json", cfg->output.dir);
   MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, plan_json));
-  if (r->valid) MF_CHECK(mf_runner_init(&r->ev, cfg, t, r->pool, MF_RUN_EVAL, NULL));
+  /* The evaluation plans with the routing the training plan used: a routing
+   * file passed over (measured on another model) is passed over again without
+   * a second note. */
+  r->ev_cfg = *cfg;
+  if (r->tr.rp->routing_note[0]) r->ev_cfg.memory.routing_kind = MF_CONFIG_ROUTING_NONE;
+  if (r->valid) MF_CHECK(mf_runner_init(&r->ev, &r->ev_cfg, t, r->pool, MF_RUN_EVAL, NULL));
   /* The weights last: a run that cannot start (no GPU, a plan over a limit)
    * says so before a large model is read or initialised. */
   MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
