@@ -238,10 +238,10 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
         mem->host_limit == MF_CONFIG_SIZE_AUTO ? " (auto: the hardware profile's host memory)" : "",
         mf_format_bytes(u->unplaced_bytes, c, sizeof c), mf_host_unplaced_why(u, mem),
         !u->nvme ? (mem->nvme_dir ? "raise memory.host_limit, use a hardware.profile with an NVMe bandwidth, "
-                                    "or train a smaller model"
-                                  : "raise memory.host_limit, set memory.nvme_dir to spill to NVMe, or train "
-                                    "a smaller model")
-                 : "raise memory.host_limit or train a smaller model");
+                                    "or use a smaller model"
+                                  : "raise memory.host_limit, set memory.nvme_dir to spill to NVMe, or use a "
+                                    "smaller model")
+                 : "raise memory.host_limit or use a smaller model");
   if (!rp->fit.pinned)
     add_reason(
         buf, cap, &n,
@@ -270,7 +270,7 @@ mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg) {
     add_reason(
         why, sizeof why, &n,
         "this machine: the plan keeps %s in its memory (%s; %s spilled to NVMe) but it has %s available "
-        "(%s): train a smaller model, or set memory.host_limit below that with memory.nvme_dir to spill "
+        "(%s): use a smaller model, or set memory.host_limit below that with memory.nvme_dir to spill "
         "the rest%s",
         mf_format_bytes(resident + arena, c, sizeof c), parts,
         mf_format_bytes(rp->host.total_bytes - resident, d, sizeof d), mf_format_bytes(have, b, sizeof b),

@@ -30,7 +30,7 @@ static const char k_usage[] =
     "A config for plan needs only the model (no data.train, no train.steps).\n\n"
     "Exit status: 0 when the chosen plan fits every limit — its arena the device budget, its\n"
     "host memory memory.host_limit (the excess spilled to NVMe under memory.nvme_dir), its\n"
-    "pinned staging memory.pinned_limit; 1 when it does not (train would refuse it): the plan is\n"
+    "pinned staging memory.pinned_limit; 1 when it does not (train and eval refuse it): the plan is\n"
     "still shown (and --json/--svg written), then a closing line on stderr names each limit it\n"
     "is over and the keys to change. A row's last column says \"fits\" only when that plan fits\n"
     "all three, else which limits it is over. 2: a usage error.\n\n"

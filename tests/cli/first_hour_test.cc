@@ -229,8 +229,8 @@ TEST(FirstHour, TheMinimalConfigIsNoTrap) {
   EXPECT_EQ(host.code, 1) << host.out;
   EXPECT_TRUE(has(host.out, "moefit train: error: the plan cannot run: host memory: the plan needs "))
       << host.out;
-  EXPECT_TRUE(has(host.out,
-                  "raise memory.host_limit, set memory.nvme_dir to spill to NVMe, or train a smaller model"))
+  EXPECT_TRUE(
+      has(host.out, "raise memory.host_limit, set memory.nvme_dir to spill to NVMe, or use a smaller model"))
       << host.out;
   EXPECT_FALSE(has(host.out, "cannot allocate")) << host.out;
   EXPECT_LT(seconds_since(t0), 10.0);
@@ -244,7 +244,7 @@ TEST(FirstHour, TheMinimalConfigIsNoTrap) {
     EXPECT_TRUE(has(ram.out, "moefit train: error: the plan cannot run: this machine: the plan keeps "))
         << ram.out;
     EXPECT_TRUE(has(ram.out,
-                    "but it has 1.00 GiB available (MF_HOST_MEMORY): train a smaller model, or set "
+                    "but it has 1.00 GiB available (MF_HOST_MEMORY): use a smaller model, or set "
                     "memory.host_limit below that with memory.nvme_dir"))
         << ram.out;
     EXPECT_FALSE(has(ram.out, "host memory: the plan needs")) << "within host_limit: " << ram.out;
