@@ -37,8 +37,9 @@ static mf_status check_spec(const mf_model_spec *s, const char *who) {
 /* The counts' arithmetic: each non-negative, an MoE layer's summing to
  * tokens * top_k, a dense layer's all 0. `who` starts the message (a file
  * name, or the function's); from a file the faults are MF_ERR_FORMAT (a bad
- * sum) and MF_ERR_CONFIG (a dense layer of this model with routed tokens),
- * from a caller MF_ERR_INVALID_ARG. */
+ * sum) and MF_ERR_CONFIG (another model's layout of dense layers: a dense
+ * layer of this model with routed tokens, or an MoE layer of this model with
+ * none), from a caller MF_ERR_INVALID_ARG. */
 static mf_status check_counts(const mf_model_spec *s, const int64_t *counts, uint64_t tokens, const char *who,
                               int from_file) {
   const int64_t E = s->experts;
@@ -66,6 +67,12 @@ static mf_status check_counts(const mf_model_spec *s, const int64_t *counts, uin
       sum += (uint64_t)row[e];
       if (sum > want) break;
     }
+    if (moe && sum == 0 && want > 0 && from_file)
+      return MF_ERR(
+          MF_ERR_CONFIG,
+          "%s: counts[%lld]: no tokens routed in layer %lld: the routing was measured on a model whose "
+          "layer %lld is a dense MLP layer; this model's is an MoE layer",
+          who, (long long)l, (long long)l, (long long)l);
     if (moe && sum != want)
       return MF_ERR(
           from_file ? MF_ERR_FORMAT : MF_ERR_INVALID_ARG,
@@ -300,21 +307,39 @@ done:
 }
 
 mf_status mf_routing_for_config(const mf_config *cfg, const mf_model_spec *spec, mf_routing *out, int *found,
-                                char *path, size_t path_cap) {
+                                char *path, size_t path_cap, char *note, size_t note_cap) {
   memset(out, 0, sizeof *out);
   *found = 0;
   if (path && path_cap) path[0] = 0;
+  if (note && note_cap) note[0] = 0;
   const mf_config_memory *mem = &cfg->memory;
   char buf[4096];
   if (mem->routing_kind == MF_CONFIG_ROUTING_NONE) return MF_OK;
-  if (mem->routing_kind == MF_CONFIG_ROUTING_FILE) {
+  const int named = mem->routing_kind == MF_CONFIG_ROUTING_FILE;
+  if (named) {
     snprintf(buf, sizeof buf, "%s", mem->routing);
   } else {
     if (!cfg->output.dir) return MF_OK;
     const int n = snprintf(buf, sizeof buf, "%s/routing.json", cfg->output.dir);
     if (n < 0 || (size_t)n >= sizeof buf || access(buf, F_OK) != 0) return MF_OK;
   }
-  MF_CHECK(mf_routing_read(buf, spec, out));
+  const mf_status st = mf_routing_read(buf, spec, out);
+  if (st == MF_ERR_CONFIG) {
+    /* Measured on another model (its model section or its dense layers). */
+    char why[1536];
+    snprintf(why, sizeof why, "%s", mf_last_error());
+    if (named)
+      return MF_ERR(
+          MF_ERR_CONFIG,
+          "memory.routing: %s; it is not this model's routing: set memory.routing=none to plan with "
+          "uniform routing",
+          why);
+    if (note && note_cap)
+      snprintf(note, note_cap, "routing: %s; planning with uniform routing (memory.routing: auto)", why);
+    mf_error_clear();
+    return MF_OK;
+  }
+  MF_CHECK(st);
   *found = 1;
   if (path && path_cap) snprintf(path, path_cap, "%s", buf);
   return MF_OK;

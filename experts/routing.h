@@ -63,14 +63,25 @@ mf_status mf_routing_read(const char *path, const mf_model_spec *spec, mf_routin
 /* Frees the shares and zeroes *r; NULL is fine. */
 void mf_routing_free(mf_routing *r);
 
-/* The routing a config's memory.routing names, for model `spec`: auto —
- * <output.dir>/routing.json when that file exists (as the last run wrote
- * it), else none; none — uniform; a path — that file (it must exist). A file
- * that is malformed or made for another model is an error naming it. *found
- * says whether statistics were read (else *out is zeroed: share NULL) and
- * `path` (may be NULL) receives the file read. */
+/* The routing a config's memory.routing names, for model `spec`:
+ *   auto  <output.dir>/routing.json when that file exists (as the last run
+ *         wrote it) and was measured on this model, else uniform. A file
+ *         measured on another model (mf_routing_read's MF_ERR_CONFIG: another
+ *         family, layer count, expert count, top_k, or another layout of
+ *         dense layers: routed tokens in a layer this model has dense, or none
+ *         in one it has MoE) is not this model's routing: uniform,
+ *         and `note` (may be NULL) receives one line for people saying why
+ *         ("routing: FILE: <fault>; planning with uniform routing ...");
+ *   none  uniform;
+ *   path  that file: it must exist and be this model's — a file measured on
+ *         another model is MF_ERR_CONFIG naming it and suggesting
+ *         memory.routing=none.
+ * A malformed file, or one of a newer version, is an error naming it
+ * whichever way it was found. *found says whether statistics were read (else
+ * *out is zeroed: share NULL) and `path` (may be NULL) receives the file
+ * read; `note` is empty unless a file was passed over. */
 mf_status mf_routing_for_config(const mf_config *cfg, const mf_model_spec *spec, mf_routing *out, int *found,
-                                char *path, size_t path_cap);
+                                char *path, size_t path_cap, char *note, size_t note_cap);
 
 #ifdef __cplusplus
 }

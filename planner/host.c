@@ -1,6 +1,9 @@
 /* Host memory of a plan and its NVMe spill (see host.h). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/host.h"
 
@@ -76,4 +79,60 @@ double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw) {
   const uint64_t traffic = mf_host_spill_traffic_bytes(u);
   if (traffic == 0) return 0.0;
   return hw->nvme_bandwidth > 0 ? (double)traffic / hw->nvme_bandwidth : INFINITY;
+}
+
+const char *mf_host_unplaced_why(const mf_host_usage *u, const mf_config_memory *mem) {
+  if (!u->nvme)
+    return mem && mem->nvme_dir ? "the hardware profile has no NVMe bandwidth" : "memory.nvme_dir is not set";
+  return "only moments, master weights and gradient sums that land home once a step spill";
+}
+
+uint64_t mf_host_resident_bytes(const mf_host_usage *u) {
+  return u->total_bytes - u->spill_cold_master_bytes - u->spill_moment_bytes - u->spill_master_bytes -
+         u->spill_grad_bytes;
+}
+
+/* The first number on the line of /proc/meminfo (in KiB) or the file (in
+ * bytes) that starts with `key` ("" for the whole file); 0 when absent. */
+static uint64_t number_in(const char *file, const char *key, uint64_t unit) {
+  FILE *f = fopen(file, "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t v = 0;
+  const size_t k = strlen(key);
+  while (!v && fgets(line, sizeof line, f))
+    if (strncmp(line, key, k) == 0) v = strtoull(line + k, NULL, 10) * unit;
+  fclose(f);
+  return v;
+}
+
+mf_status mf_host_machine_memory(uint64_t *bytes, char *source, size_t source_cap) {
+  *bytes = 0;
+  const char *env = getenv("MF_HOST_MEMORY");
+  if (env && *env) {
+    if (mf_parse_size(env, bytes) != 0 || *bytes == 0)
+      return MF_ERR(MF_ERR_CONFIG,
+                    "MF_HOST_MEMORY=%s: expected a size such as 64GiB (it stands in for this "
+                    "machine's available memory)",
+                    env);
+    snprintf(source, source_cap, "MF_HOST_MEMORY");
+    return MF_OK;
+  }
+  *bytes = number_in("/proc/meminfo", "MemAvailable:", 1024);
+  snprintf(source, source_cap, "MemAvailable in /proc/meminfo");
+  if (!*bytes) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    *bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    snprintf(source, source_cap, "available physical pages (sysconf)");
+  }
+  static const char *const limits[] = {"/sys/fs/cgroup/memory.max",
+                                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    const uint64_t lim = number_in(limits[i], "", 1);
+    if (lim > 0 && (*bytes == 0 || lim < *bytes)) {
+      *bytes = lim;
+      snprintf(source, source_cap, "the cgroup limit in %s", limits[i]);
+    }
+  }
+  return MF_OK;
 }

@@ -77,6 +77,32 @@ uint64_t mf_host_spill_traffic_bytes(const mf_host_usage *u);
  * with nothing spilled, INFINITY when something is unplaced. */
 double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw);
 
+/* Why host bytes are unplaced (u->unplaced_bytes > 0), for people: no
+ * memory.nvme_dir, a profile without an NVMe bandwidth, or the rest is not a
+ * part that spills. `mem` as given to mf_host_account (may be NULL). */
+const char *mf_host_unplaced_why(const mf_host_usage *u, const mf_config_memory *mem);
+
+/* The host memory the plan keeps in this machine's memory: total_bytes less
+ * what spills to NVMe (the unplaced bytes count: they have nowhere else). */
+uint64_t mf_host_resident_bytes(const mf_host_usage *u);
+
+/* The memory this machine can give a run now, for refusing a run whose host
+ * memory it cannot hold before anything large is allocated:
+ *   MF_HOST_MEMORY   when set, a size (mf_parse_size: 64GiB, 512MB) standing
+ *                    in for the machine (tests; a machine that misreports);
+ *   else MemAvailable of /proc/meminfo: what the kernel can hand out without
+ *                    swapping (free memory and the page cache it can drop).
+ *                    Not MemTotal: memory other processes hold is not the
+ *                    run's, and a run past MemAvailable swaps or meets the
+ *                    OOM killer. Bounded by the cgroup's memory limit when
+ *                    that is lower (cgroup v2 memory.max, v1
+ *                    memory.limit_in_bytes);
+ *   else             sysconf's available pages.
+ * *bytes 0: unknown (nothing to compare with). `source` receives where the
+ * figure came from, for messages. A malformed MF_HOST_MEMORY: MF_ERR_CONFIG
+ * naming it. */
+mf_status mf_host_machine_memory(uint64_t *bytes, char *source, size_t source_cap);
+
 #ifdef __cplusplus
 }
 #endif

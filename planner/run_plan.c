@@ -3,6 +3,7 @@
 #include "planner/run_plan.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,15 +104,35 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
   return MF_OK;
 }
 
-/* The staging layout (when staged), the host memory, and the plan file's figures. */
+/* Plan pl's staging layout (when copies are staged; else *sg NULL) and its host memory. */
+static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const mf_plan *pl, mf_staging **sg,
+                             int *pinned_fits, mf_host_usage *u) {
+  *sg = NULL;
+  *pinned_fits = 1;
+  if (rp->staged)
+    MF_CHECK(
+        mf_staging_build_within(pl->s, &pl->sim, &rp->hw, NULL, cfg->memory.pinned_limit, sg, pinned_fits));
+  const mf_status st =
+      mf_host_account(rp->prog, pl->s, *sg ? (*sg)->arena_bytes : 0, &cfg->memory, &rp->hw, u);
+  if (st != MF_OK) {
+    mf_staging_free(*sg);
+    *sg = NULL;
+  }
+  return st;
+}
+
+static mf_run_fit fit_from(const mf_plan *pl, const mf_host_usage *u, int pinned_fits) {
+  mf_run_fit f = {pl->fits, u->unplaced_bytes == 0, pinned_fits, 0};
+  f.all = f.device && f.host && f.pinned;
+  return f;
+}
+
+/* The staging layout (when staged), the host memory, what the plan fits, and the plan file's figures. */
 static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   const mf_plan *pl = rp->plan;
-  rp->staging_fits = 1;
-  if (rp->staged)
-    MF_CHECK(mf_staging_build_within(pl->s, &pl->sim, &rp->hw, NULL, cfg->memory.pinned_limit, &rp->staging,
-                                     &rp->staging_fits));
+  MF_CHECK(plan_memory(cfg, rp, pl, &rp->staging, &rp->staging_fits, &rp->host));
+  rp->fit = fit_from(pl, &rp->host, rp->staging_fits);
   const mf_staging *sg = rp->staging;
-  MF_CHECK(mf_host_account(rp->prog, pl->s, sg ? sg->arena_bytes : 0, &cfg->memory, &rp->hw, &rp->host));
   mf_plan_figures *f = &rp->fig;
   memset(f, 0, sizeof *f);
   f->device_budget_bytes = rp->budget;
@@ -141,7 +162,7 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
   rp->staged = stages_copies(cfg, &rp->dev);
   MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
-                                      sizeof rp->routing_path),
+                                      sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),
                 st, fail);
   MF_CHECK_GOTO(plan_of(cfg, t, rp), st, fail);
   MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
@@ -163,4 +184,99 @@ void mf_run_plan_free(mf_run_plan *rp) {
 
 mf_status mf_run_plan_write_json(const mf_run_plan *rp, const char *path) {
   return mf_plan_write_json(rp->prog, rp->plan->d, &rp->fig, path);
+}
+
+mf_status mf_run_plan_fit_of(const mf_run_plan *rp, const mf_config *cfg, mf_plan_kind kind,
+                             mf_run_fit *out) {
+  if (kind == MF_PLAN_CHOSEN) {
+    *out = rp->fit;
+    return MF_OK;
+  }
+  if ((int)kind < 0 || kind >= MF_PLAN_KIND_COUNT_ || !rp->all[kind])
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_run_plan_fit_of: no plan of kind %d", (int)kind);
+  mf_staging *sg = NULL;
+  int pinned_fits = 1;
+  mf_host_usage u;
+  MF_CHECK(plan_memory(cfg, rp, rp->all[kind], &sg, &pinned_fits, &u));
+  mf_staging_free(sg);
+  *out = fit_from(rp->all[kind], &u, pinned_fits);
+  return MF_OK;
+}
+
+/* Appends "; " (after the first) and one reason to buf. */
+static void add_reason(char *buf, size_t cap, int *n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void add_reason(char *buf, size_t cap, int *n, const char *fmt, ...) {
+  size_t o = strlen(buf);
+  if (*n && o + 2 < cap) o += (size_t)snprintf(buf + o, cap - o, "; ");
+  va_list ap;
+  va_start(ap, fmt);
+  if (o < cap) vsnprintf(buf + o, cap - o, fmt, ap);
+  va_end(ap);
+  (*n)++;
+}
+
+int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, size_t cap) {
+  const mf_host_usage *u = &rp->host;
+  const mf_config_memory *mem = &cfg->memory;
+  char a[32], b[32], c[32];
+  int n = 0;
+  if (cap) buf[0] = 0;
+  if (!rp->fit.device)
+    add_reason(buf, cap, &n,
+               "device: the arena of %s is over the %s the device budget (%s, %s) leaves it: raise "
+               "memory.device_budget",
+               mf_format_bytes(rp->plan->s->arena_bytes, a, sizeof a),
+               mf_format_bytes(rp->arena_limit, b, sizeof b), mf_format_bytes(rp->budget, c, sizeof c),
+               rp->budget_source);
+  if (!rp->fit.host)
+    add_reason(
+        buf, cap, &n,
+        "host memory: the plan needs %s against memory.host_limit %s%s, and %s of it fits neither there nor "
+        "on NVMe (%s): %s",
+        mf_format_bytes(u->total_bytes, a, sizeof a), mf_format_bytes(u->host_limit, b, sizeof b),
+        mem->host_limit == MF_CONFIG_SIZE_AUTO ? " (auto: the hardware profile's host memory)" : "",
+        mf_format_bytes(u->unplaced_bytes, c, sizeof c), mf_host_unplaced_why(u, mem),
+        !u->nvme ? (mem->nvme_dir ? "raise memory.host_limit, use a hardware.profile with an NVMe bandwidth, "
+                                    "or use a smaller model"
+                                  : "raise memory.host_limit, set memory.nvme_dir to spill to NVMe, or use a "
+                                    "smaller model")
+                 : "raise memory.host_limit or use a smaller model");
+  if (!rp->fit.pinned)
+    add_reason(
+        buf, cap, &n,
+        "pinned staging: no layout fits memory.pinned_limit %s (its largest slab, one tensor's copy, is %s): "
+        "raise memory.pinned_limit or set memory.staging: false",
+        mf_format_bytes(u->pinned_limit, a, sizeof a),
+        mf_format_bytes(rp->staging ? rp->staging->largest_slab_bytes : 0, b, sizeof b));
+  return n;
+}
+
+mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg) {
+  char why[1800], a[32], b[32], c[32], d[32];
+  int n = mf_run_plan_misfit(rp, cfg, why, sizeof why);
+  uint64_t have = 0;
+  char source[160];
+  MF_CHECK(mf_host_machine_memory(&have, source, sizeof source));
+  /* The cpu backend's device arena is host memory too. */
+  const uint64_t arena = strcmp(rp->dev.name, "cpu") == 0 ? rp->plan->s->arena_bytes : 0;
+  const uint64_t resident = mf_host_resident_bytes(&rp->host);
+  if (have > 0 && resident + arena > have) {
+    char parts[160];
+    const int o = snprintf(parts, sizeof parts, "host state %s", mf_format_bytes(resident, a, sizeof a));
+    if (arena)
+      snprintf(parts + o, sizeof parts - (size_t)o, " + the cpu backend's device arena %s",
+               mf_format_bytes(arena, b, sizeof b));
+    add_reason(
+        why, sizeof why, &n,
+        "this machine: the plan keeps %s in its memory (%s; %s spilled to NVMe) but it has %s available "
+        "(%s): use a smaller model, or set memory.host_limit below that with memory.nvme_dir to spill "
+        "the rest%s",
+        mf_format_bytes(resident + arena, c, sizeof c), parts,
+        mf_format_bytes(rp->host.total_bytes - resident, d, sizeof d), mf_format_bytes(have, b, sizeof b),
+        source, arena ? ", or lower memory.device_budget" : "");
+  }
+  if (n) return MF_ERR(MF_ERR_CONFIG, "the plan cannot run: %s", why);
+  if (rp->routing_note[0]) MF_LOGI("plan", "%s", rp->routing_note);
+  return MF_OK;
 }

@@ -36,6 +36,15 @@
  *   staging      memory.staging (auto: on for cuda, off for cpu): the pinned
  *                staging arena laid out within memory.pinned_limit, its bytes
  *                counted in host memory.
+ *
+ * A plan fits (mf_run_fit) when it fits every limit: its device arena the
+ * budget less the backend's own bytes, its host memory memory.host_limit
+ * with the excess spilled to NVMe (nothing unplaced), its staging arena
+ * memory.pinned_limit. mf_run_plan_make makes a plan that does not fit all
+ * the same (`moefit plan` shows it, then exits 1 with the reasons); a run
+ * refuses it (mf_run_plan_admit), and refuses one whose host memory this
+ * machine cannot give (planner/host.h mf_host_machine_memory), before it
+ * allocates anything large.
  */
 #ifndef MF_PLANNER_RUN_PLAN_H
 #define MF_PLANNER_RUN_PLAN_H
@@ -63,6 +72,14 @@ typedef enum mf_run_use {
   MF_RUN_EVAL,      /* a forward pass of one micro-batch (moefit eval, train's evaluations) */
 } mf_run_use;
 
+/* Which limits a plan fits (1: it does). */
+typedef struct mf_run_fit {
+  int device; /* its arena within the budget less the backend's own bytes (memory.device_budget) */
+  int host;   /* its host memory within memory.host_limit, the excess spilled to NVMe (nothing unplaced) */
+  int pinned; /* its staging arena within memory.pinned_limit (1 when copies are not staged) */
+  int all;    /* all three: the plan can run */
+} mf_run_fit;
+
 typedef struct mf_run_plan {
   mf_run_use use;
   mf_backend_memory dev;   /* the backend (dev.name) and what it keeps on the device */
@@ -74,6 +91,8 @@ typedef struct mf_run_plan {
   mf_routing routing;      /* measured routing (share NULL: uniform) */
   int routed;              /* 1: planned with routing read from routing_path */
   char routing_path[1024];
+  char routing_note[1536]; /* memory.routing auto passed over a routing file measured on another model:
+                              one line saying so (experts/routing.h); else empty */
   mf_program *prog;
   mf_plan *all[MF_PLAN_KIND_COUNT_]; /* all[MF_PLAN_CHOSEN] is the run's plan; the others the baselines */
   mf_plan *plan;                     /* = all[MF_PLAN_CHOSEN] */
@@ -84,6 +103,7 @@ typedef struct mf_run_plan {
   mf_staging *staging;               /* its layout when staged, else NULL */
   int staging_fits;                  /* the layout fits memory.pinned_limit (1 when not staged) */
   mf_host_usage host;                /* host memory, the staging arena included */
+  mf_run_fit fit;                    /* what the chosen plan fits */
   mf_plan_figures fig;               /* what plan.json records beside the decisions */
 } mf_run_plan;
 
@@ -91,12 +111,33 @@ typedef struct mf_run_plan {
  * `ask_device`: a backend with a device is asked for its free memory (train
  * and eval; `moefit plan` too — on a machine without the GPU the profile
  * stands in). Errors name the key at fault: a budget smaller than the
- * backend's own device memory, a named plan over the budget, a staging layout
- * over memory.pinned_limit (only train and eval refuse that: `moefit plan`
- * shows it). *out is NULL on failure. */
+ * backend's own device memory, a named plan over the budget. A plan over a
+ * host or pinned limit is made (rp->fit says so): a run refuses it with
+ * mf_run_plan_admit. *out is NULL on failure. */
 mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
                            mf_run_plan **out);
 void mf_run_plan_free(mf_run_plan *rp); /* NULL is fine */
+
+/* What rp->all[kind] fits: rp->fit for the chosen plan; for another, its
+ * arena against the budget and its host memory accounted as the chosen
+ * plan's is (its own staging arena laid out within memory.pinned_limit when
+ * copies are staged). `cfg` is the config rp was made from. */
+mf_status mf_run_plan_fit_of(const mf_run_plan *rp, const mf_config *cfg, mf_plan_kind kind, mf_run_fit *out);
+
+/* Why the chosen plan cannot run, for people: each limit it exceeds with its
+ * figures and the keys to change, joined by "; " into buf (empty when it
+ * fits). Returns the number of reasons. */
+int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, size_t cap);
+
+/* Before a run starts on rp (train and eval, before they allocate the device
+ * arena or the host state): MF_ERR_CONFIG "the plan cannot run: <reasons>"
+ * when the chosen plan does not fit (mf_run_plan_misfit), or when the host
+ * memory it keeps (rp->host less what spills to NVMe, and on the cpu backend
+ * the device arena, which is host memory) is more than this machine can give
+ * (mf_host_machine_memory), naming both figures and the keys to change. Each
+ * run plan is checked alone: on the cpu backend train's evaluation arena
+ * comes on top of the training plan's. On success, logs rp->routing_note. */
+mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg);
 
 /* The run's plan as plan JSON (planner/plan_io.h), atomically: the decisions
  * and rp->fig. The same config and overrides give the same bytes. */

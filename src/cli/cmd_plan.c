@@ -28,6 +28,12 @@ static const char k_usage[] =
     "profile's device memory. train makes its plan with the same function and writes it to\n"
     "OUTPUT_DIR/plan.json: the same bytes as --json gives for the same config and overrides.\n"
     "A config for plan needs only the model (no data.train, no train.steps).\n\n"
+    "Exit status: 0 when the chosen plan fits every limit — its arena the device budget, its\n"
+    "host memory memory.host_limit (the excess spilled to NVMe under memory.nvme_dir), its\n"
+    "pinned staging memory.pinned_limit; 1 when it does not (train and eval refuse it): the plan is\n"
+    "still shown (and --json/--svg written), then a closing line on stderr names each limit it\n"
+    "is over and the keys to change. A row's last column says \"fits\" only when that plan fits\n"
+    "all three, else which limits it is over. 2: a usage error.\n\n"
     "  --tensor PATTERN   each matching tensor's decision and the predicted cost of the alternatives\n"
     "                     (a shell glob over names, e.g. 'model.layers.0.*'): a weight's name shows\n"
     "                     the weight, its gradient and where its optimizer runs (host or device);\n"
@@ -39,7 +45,16 @@ static const char k_usage[] =
     "runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml (built in\n"
     "when that file is not there).\n";
 
-static void row(const char *name, const mf_plan *pl) {
+/* A row's last column: "fits" only when the plan fits every limit, else the limits it is over. */
+static const char *fit_label(const mf_run_fit *f, char *buf, size_t cap) {
+  if (f->all) return "fits";
+  snprintf(buf, cap, "over %s%s%s%s%s", f->device ? "" : "device_budget", !f->device && !f->host ? ", " : "",
+           f->host ? "" : "host_limit", !f->pinned && (!f->device || !f->host) ? ", " : "",
+           f->pinned ? "" : "pinned_limit");
+  return buf;
+}
+
+static void row(const char *name, const mf_plan *pl, const char *status) {
   char arena[32], peak[32], h2d[32], d2h[32];
   const mf_sim_result *r = &pl->sim;
   printf("  %-24s %10s %10s %10s %10s %9.4f %9.4f %9.4f %9.4f  %s\n", name,
@@ -47,7 +62,7 @@ static void row(const char *name, const mf_plan *pl) {
          mf_format_bytes(pl->s->peak_live_bytes, peak, sizeof peak),
          mf_format_bytes(r->h2d_bytes, h2d, sizeof h2d), mf_format_bytes(r->d2h_bytes, d2h, sizeof d2h),
          r->step_seconds, r->compute_seconds, r->exposed_transfer_seconds, r->exposed_optimizer_seconds,
-         pl->fits ? "fits" : "does not fit");
+         status);
 }
 
 /* The run's pinned staging arena (when copies are staged) beside a
@@ -121,9 +136,8 @@ static void host_summary(const mf_run_plan *rp, const mf_config_memory *mem) {
            (double)mf_host_spill_traffic_bytes(u) / hw->nvme_bandwidth,
            mf_format_bytes((uint64_t)hw->nvme_bandwidth, d, sizeof d));
   if (u->unplaced_bytes > 0)
-    printf("  DOES NOT FIT: %s fit neither host memory nor NVMe (%s)\n", mf_format_bytes(u->unplaced_bytes, a, sizeof a),
-           !u->nvme ? (mem->nvme_dir ? "the hardware profile has no NVMe bandwidth" : "memory.nvme_dir is not set")
-                    : "only moments, master weights and gradient sums that land home once a step spill");
+    printf("  DOES NOT FIT: %s fit neither host memory nor NVMe (%s)\n",
+           mf_format_bytes(u->unplaced_bytes, a, sizeof a), mf_host_unplaced_why(u, mem));
 }
 
 static const char *strip_micro(const char *name) {
@@ -304,12 +318,20 @@ int mf_cli_plan(int argc, char **argv) {
   if (rp->routed)
     printf("routing: measured, %s (%llu tokens): expert copies priced by the chance they happen\n",
            rp->routing_path, (unsigned long long)rp->routing.tokens);
+  else if (rp->routing_note[0])
+    printf("%s\n", rp->routing_note);
   else
     printf("routing: uniform (memory.routing: %s)\n", cfg->memory.routing ? cfg->memory.routing : "auto");
   printf("\n  %-24s %10s %10s %10s %10s %9s %9s %9s %9s\n", "plan", "arena", "peak", "H2D/step", "D2H/step",
          "step s", "compute", "exp.xfer", "exp.opt");
-  row(cfg->memory.plan_kind == MF_CONFIG_PLAN_AUTO ? "chosen" : "memory.plan", chosen);
-  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) row(mf_plan_kind_name((mf_plan_kind)k), rp->all[k]);
+  char status[64];
+  row(cfg->memory.plan_kind == MF_CONFIG_PLAN_AUTO ? "chosen" : "memory.plan", chosen,
+      fit_label(&rp->fit, status, sizeof status));
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
+    mf_run_fit f;
+    MF_CHECK_GOTO(mf_run_plan_fit_of(rp, cfg, (mf_plan_kind)k, &f), st, done);
+    row(mf_plan_kind_name((mf_plan_kind)k), rp->all[k], fit_label(&f, status, sizeof status));
+  }
   printf("\n%s: %.4f s/step predicted = %.0f tokens/s; host optimizer %s\n", chosen->name,
          chosen->sim.step_seconds, (double)tokens / chosen->sim.step_seconds,
          rp->overlap_optimizer ? "behind the next step's device work (train.overlap_optimizer)"
@@ -328,6 +350,11 @@ int mf_cli_plan(int argc, char **argv) {
     printf("\ntimeline written to %s\n", svg);
   }
   printf("\nplanned in %.2f s\n", mf_time_now() - t0);
+  char why[1800];
+  if (mf_run_plan_misfit(rp, cfg, why, sizeof why) > 0) {
+    fflush(stdout); /* the closing line after the report, also when both go to one file */
+    st = MF_ERR(MF_ERR_CONFIG, "the plan cannot run: %s", why);
+  }
 done:
   mf_run_plan_free(rp);
   mf_param_table_free(t);

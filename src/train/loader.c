@@ -137,9 +137,10 @@ mf_status mf_loader_create(const char *path, int64_t seq_len, int64_t micro_batc
 
   uint64_t count = mf_tokens_count(l->tokens);
   if (count < (uint64_t)seq_len + 1) {
-    st = MF_ERR(MF_ERR_CONFIG,
-                "%s: %llu tokens are too few for one sequence: seq_len %lld needs seq_len + 1 = %lld tokens",
-                path, (ull)count, (ll)seq_len, (ll)seq_len + 1);
+    st = MF_ERR(
+        MF_ERR_CONFIG,
+        "%s: %llu tokens are too few for one sequence: data.seq_len %lld needs seq_len + 1 = %lld tokens",
+        path, (ull)count, (ll)seq_len, (ll)seq_len + 1);
     goto fail;
   }
   if (mf_tokens_vocab(l->tokens) > (uint32_t)INT32_MAX + 1u) {

@@ -11,6 +11,7 @@
 /* Everything one training run owns. */
 typedef struct run {
   const mf_config *cfg;
+  mf_config ev_cfg; /* the evaluation's config: cfg, planned with the training plan's routing (setup) */
   int quiet;
   mf_threadpool *pool;
   mf_param_table *t;
@@ -96,27 +97,43 @@ static mf_status worker_create(run *r) {
   return MF_OK;
 }
 
+/* A token file of the config (`key`: data.train or data.valid): opened,
+ * checked, its vocabulary within the model's; an error names the key. */
+static mf_status open_data(const mf_config *cfg, const char *key, const char *path, mf_loader_mode mode,
+                           uint64_t seed, const mf_param_table *t, mf_loader **out) {
+  mf_status st = mf_loader_create(path, cfg->data.seq_len, cfg->train.micro_batch, seed, mode, out);
+  if (st == MF_OK) st = mf_train_check_vocab(*out, t);
+  if (st != MF_OK) mf_error_prefix("%s", key);
+  return st;
+}
+
 /* The data, the plan (written to OUTPUT/plan.json before the backend is
- * created), the executors, the weights, the host state and the optimizer. */
+ * created), the executors, the weights, the host state and the optimizer.
+ * Everything that can refuse the run comes before anything large is
+ * allocated: the config (already checked whole), the model's shape, the
+ * token files, the plan's limits and this machine's memory (the runner
+ * admits the plan before it creates the device arena), and only then the
+ * arenas, the weights and the host state. */
 static mf_status setup(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   MF_CHECK(mf_threadpool_create((int)cfg->train.threads, &r->pool));
   MF_CHECK(mf_run_model_table(cfg, NULL, &r->t));
   const mf_param_table *t = r->t;
-  MF_CHECK(mf_loader_create(cfg->data.train, cfg->data.seq_len, cfg->train.micro_batch, cfg->train.seed,
-                            MF_LOADER_TRAIN, &r->train));
-  MF_CHECK(mf_train_check_vocab(r->train, t));
-  if (cfg->data.valid) {
-    MF_CHECK(
-        mf_loader_create(cfg->data.valid, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &r->valid));
-    MF_CHECK(mf_train_check_vocab(r->valid, t));
-  }
-  MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
+  MF_CHECK(open_data(cfg, "data.train", cfg->data.train, MF_LOADER_TRAIN, cfg->train.seed, t, &r->train));
+  if (cfg->data.valid)
+    MF_CHECK(open_data(cfg, "data.valid", cfg->data.valid, MF_LOADER_EVAL, 0, t, &r->valid));
   MF_CHECK(mf_mkdir_p(cfg->output.dir));
   char plan_json[4200];
   snprintf(plan_json, sizeof plan_json, "%s/plan.json", cfg->output.dir);
   MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, plan_json));
-  if (r->valid) MF_CHECK(mf_runner_init(&r->ev, cfg, t, r->pool, MF_RUN_EVAL, NULL));
+  /* The evaluation plans with the routing the training plan used: a routing
+   * file passed over (measured on another model) is passed over again without
+   * a second note. */
+  r->ev_cfg = *cfg;
+  if (r->tr.rp->routing_note[0]) r->ev_cfg.memory.routing_kind = MF_CONFIG_ROUTING_NONE;
+  if (r->valid) MF_CHECK(mf_runner_init(&r->ev, &r->ev_cfg, t, r->pool, MF_RUN_EVAL, NULL));
+  /* A pass over the corpus: after the checks that can refuse the run. */
+  MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
   /* The weights last: a run that cannot start (no GPU, a plan over a limit)
    * says so before a large model is read or initialised. */
   MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));

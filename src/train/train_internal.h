@@ -49,8 +49,10 @@ typedef struct mf_runner {
 
 /* Plans the run of cfg on t for `use`; with plan_json (train), writes the plan
  * there before the backend exists (so a run that cannot start still shows what
- * it would have run); then creates the backend, the executor (copies staged
- * as the plan says) and the batch buffers. */
+ * it would have run); then creates the backend, admits the plan
+ * (mf_run_plan_admit: a plan over a limit, or whose host memory this machine
+ * cannot give, is refused before anything large is allocated), creates the
+ * executor (copies staged as the plan says) and the batch buffers. */
 mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                          mf_run_use use, const char *plan_json);
 void mf_runner_free(mf_runner *r);

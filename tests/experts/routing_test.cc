@@ -341,6 +341,12 @@ TEST(Routing, MalformedFilesAreErrorsNamingFilePlaceAndFault) {
        edit(g, "[0,0,0,0], [7", "[0,2,0,0], [7"),
        MF_ERR_CONFIG,
        {"counts[0][1]: 2 tokens routed in layer 0, a dense MLP layer"}},
+      {"MoE layer that routed nothing (another model's dense layer)",
+       edit(g, "[5,5,5,5]", "[0,0,0,0]"),
+       MF_ERR_CONFIG,
+       {"counts[3]: no tokens routed in layer 3: the routing was measured on a model whose layer 3 is a "
+        "dense MLP "
+        "layer; this model's is an MoE layer"}},
   };
   for (const Bad &b : cases) {
     put(path, b.text);
@@ -434,7 +440,8 @@ TEST(Routing, TrainWritesRoutingOfEveryStep) {
   // memory.routing auto finds it in output.dir; none ignores it; a path reads that file.
   int found = 0;
   char used[1024];
-  ASSERT_EQ(mf_routing_for_config(cfg, &cfg->model.init, &r, &found, used, sizeof used), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_routing_for_config(cfg, &cfg->model.init, &r, &found, used, sizeof used, nullptr, 0), MF_OK)
+      << mf_last_error();
   EXPECT_EQ(found, 1);
   EXPECT_EQ(std::string(used), path);
   EXPECT_EQ(r.tokens, tokens);
@@ -442,30 +449,73 @@ TEST(Routing, TrainWritesRoutingOfEveryStep) {
   mf_config *none = nullptr, *file = nullptr, *missing = nullptr, *fresh = nullptr;
   const char *o_none[] = {"memory.routing=none"};
   ASSERT_EQ(mf_config_load_string(text.c_str(), text.size(), "routing.yaml", o_none, 1, &none), MF_OK);
-  ASSERT_EQ(mf_routing_for_config(none, &none->model.init, &r, &found, nullptr, 0), MF_OK);
+  ASSERT_EQ(mf_routing_for_config(none, &none->model.init, &r, &found, nullptr, 0, nullptr, 0), MF_OK);
   EXPECT_EQ(found, 0);
   EXPECT_EQ(r.share, nullptr);
   const std::string o_file_s = "memory.routing=" + path;
   const char *o_file[] = {o_file_s.c_str()};
   ASSERT_EQ(mf_config_load_string(text.c_str(), text.size(), "routing.yaml", o_file, 1, &file), MF_OK);
-  ASSERT_EQ(mf_routing_for_config(file, &file->model.init, &r, &found, nullptr, 0), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_routing_for_config(file, &file->model.init, &r, &found, nullptr, 0, nullptr, 0), MF_OK)
+      << mf_last_error();
   EXPECT_EQ(found, 1);
   mf_routing_free(&r);
   const std::string o_missing_s = "memory.routing=" + tmp() + "/nowhere/routing.json";
   const char *o_missing[] = {o_missing_s.c_str()};
   ASSERT_EQ(mf_config_load_string(text.c_str(), text.size(), "routing.yaml", o_missing, 1, &missing), MF_OK);
-  EXPECT_NE(mf_routing_for_config(missing, &missing->model.init, &r, &found, nullptr, 0), MF_OK);
+  EXPECT_NE(mf_routing_for_config(missing, &missing->model.init, &r, &found, nullptr, 0, nullptr, 0), MF_OK);
   EXPECT_NE(std::string(mf_last_error()).find("nowhere/routing.json"), std::string::npos) << mf_last_error();
   const std::string o_fresh_s = "output.dir=" + tmp() + "/routing_fresh_dir";
   const char *o_fresh[] = {o_fresh_s.c_str()};
   ASSERT_EQ(mf_config_load_string(text.c_str(), text.size(), "routing.yaml", o_fresh, 1, &fresh), MF_OK);
-  ASSERT_EQ(mf_routing_for_config(fresh, &fresh->model.init, &r, &found, nullptr, 0), MF_OK);
+  ASSERT_EQ(mf_routing_for_config(fresh, &fresh->model.init, &r, &found, nullptr, 0, nullptr, 0), MF_OK);
   EXPECT_EQ(found, 0) << "auto without a routing.json: uniform";
-  // A file made for another model is an error naming it.
+  // auto: a file measured on another model is not this model's routing —
+  // uniform, and one line saying why. A file named in memory.routing that was
+  // measured on another model is an error naming it and the way out.
   mf_model_spec other = cfg->model.init;
   other.experts = 8;
-  EXPECT_NE(mf_routing_for_config(cfg, &other, &r, &found, nullptr, 0), MF_OK);
-  EXPECT_NE(std::string(mf_last_error()).find("routing.json"), std::string::npos) << mf_last_error();
+  char note[1536] = "unset";
+  ASSERT_EQ(mf_routing_for_config(cfg, &other, &r, &found, used, sizeof used, note, sizeof note), MF_OK)
+      << mf_last_error();
+  EXPECT_EQ(found, 0);
+  EXPECT_EQ(r.share, nullptr);
+  EXPECT_STREQ(used, "");
+  EXPECT_EQ(std::string(note),
+            "routing: " + path +
+                ": model.experts: the routing was measured on a model with experts 4, the model "
+                "has 8; planning with uniform routing (memory.routing: auto)");
+  EXPECT_EQ(mf_routing_for_config(file, &other, &r, &found, nullptr, 0, note, sizeof note), MF_ERR_CONFIG);
+  EXPECT_EQ(std::string(mf_last_error()),
+            "memory.routing: " + path +
+                ": model.experts: the routing was measured on a model with experts "
+                "4, the model has 8; it is not this model's routing: set "
+                "memory.routing=none to plan with uniform routing");
+  EXPECT_EQ(found, 0);
+  // Measured on this model: no note.
+  ASSERT_EQ(mf_routing_for_config(cfg, &cfg->model.init, &r, &found, nullptr, 0, note, sizeof note), MF_OK);
+  EXPECT_EQ(found, 1);
+  EXPECT_STREQ(note, "");
+  mf_routing_free(&r);
+  // Another family (the spec's layers and dense layers kept): also passed over.
+  mf_model_spec olmoe = cfg->model.init;
+  olmoe.family = MF_FAMILY_OLMOE;
+  ASSERT_EQ(mf_routing_for_config(cfg, &olmoe, &r, &found, nullptr, 0, note, sizeof note), MF_OK);
+  EXPECT_EQ(found, 0);
+  EXPECT_NE(std::string(note).find("the routing was measured on family qwen3_moe, the model is olmoe"),
+            std::string::npos)
+      << note;
+  // Another layout of dense layers (every layer MoE here; the file's layers 0
+  // and 2 are dense): passed over too.
+  mf_model_spec all_moe = cfg->model.init;
+  all_moe.decoder_sparse_step = 1;
+  ASSERT_EQ(mf_routing_for_config(cfg, &all_moe, &r, &found, nullptr, 0, note, sizeof note), MF_OK);
+  EXPECT_EQ(found, 0);
+  EXPECT_NE(std::string(note).find("counts[0]: no tokens routed in layer 0"), std::string::npos) << note;
+  // A malformed file stays an error, auto or not.
+  put(path, "{");
+  EXPECT_EQ(mf_routing_for_config(cfg, &cfg->model.init, &r, &found, nullptr, 0, note, sizeof note),
+            MF_ERR_FORMAT);
+  EXPECT_NE(std::string(mf_last_error()).find(path), std::string::npos) << mf_last_error();
   mf_config_free(none);
   mf_config_free(file);
   mf_config_free(missing);

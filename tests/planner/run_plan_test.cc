@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include "experts/routing.h"
 #include "kernels/registry.h"
 #include "planner/run_plan.h"
 #include "src/config/config.h"
@@ -141,6 +145,194 @@ TEST(RunPlan, ThePlanFileIsTheSameBytesEveryTime) {
   }
   EXPECT_FALSE(slurp(files[0]).empty());
   EXPECT_EQ(slurp(files[0]), slurp(files[1]));
+}
+
+std::string tmp() {
+  const char *p = getenv("TEST_TMPDIR");
+  return p ? p : "/tmp";
+}
+
+bool has(const std::string &text, const std::string &key) {
+  return text.find(key) != std::string::npos;
+}
+
+// A plan fits when it fits every limit; the chosen plan's host memory over
+// memory.host_limit with no NVMe does not, and the reason names the keys.
+TEST(RunPlan, FitsMeansEveryLimit) {
+  Planned ok;
+  make(&ok, {"backend=cpu", "memory.device_budget=600KiB"});
+  ASSERT_EQ(ok.st, MF_OK) << ok.err;
+  EXPECT_TRUE(ok.rp->fit.device && ok.rp->fit.host && ok.rp->fit.pinned && ok.rp->fit.all);
+  char why[1800] = "unset";
+  EXPECT_EQ(mf_run_plan_misfit(ok.rp, ok.cfg, why, sizeof why), 0);
+  EXPECT_STREQ(why, "");
+
+  Planned host;
+  make(&host, {"backend=cpu", "memory.device_budget=600KiB", "memory.host_limit=64KiB"});
+  ASSERT_EQ(host.st, MF_OK) << "a plan over a host limit is made (moefit plan shows it): " << host.err;
+  ASSERT_GT(host.rp->host.unplaced_bytes, 0u);
+  EXPECT_TRUE(host.rp->fit.device);
+  EXPECT_FALSE(host.rp->fit.host);
+  EXPECT_FALSE(host.rp->fit.all);
+  ASSERT_EQ(mf_run_plan_misfit(host.rp, host.cfg, why, sizeof why), 1);
+  const std::string w = why;
+  for (const char *want : {"host memory: the plan needs ", "against memory.host_limit 64.00 KiB",
+                           "(memory.nvme_dir is not set)", "raise memory.host_limit", "set memory.nvme_dir"})
+    EXPECT_TRUE(has(w, want)) << want << "\n" << w;
+  // Every row's fit: a baseline's arena against the budget, its host memory
+  // against the same limit.
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
+    mf_run_fit f;
+    ASSERT_EQ(mf_run_plan_fit_of(host.rp, host.cfg, (mf_plan_kind)k, &f), MF_OK) << mf_last_error();
+    EXPECT_EQ(f.device, host.rp->all[k]->s->arena_bytes <= host.rp->arena_limit) << k;
+    EXPECT_FALSE(f.host) << k << ": every plan keeps the master weights, more than 64 KiB";
+    EXPECT_FALSE(f.all) << k;
+    mf_run_fit g;
+    ASSERT_EQ(mf_run_plan_fit_of(ok.rp, ok.cfg, (mf_plan_kind)k, &g), MF_OK) << mf_last_error();
+    EXPECT_TRUE(g.host && g.pinned) << k;
+    EXPECT_EQ(g.all, g.device) << k;
+  }
+}
+
+// Copies staged through a pinned arena over memory.pinned_limit: the plan is
+// made, does not fit, and the reason names the key — also for the baselines.
+TEST(RunPlan, APinnedLimitUnderTheLargestCopyDoesNotFit) {
+  Planned r;
+  make(&r, {"backend=cpu", "memory.device_budget=600KiB", "memory.staging=true", "memory.pinned_limit=1KiB"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  ASSERT_TRUE(r.rp->staged);
+  EXPECT_FALSE(r.rp->staging_fits);
+  EXPECT_FALSE(r.rp->fit.pinned);
+  EXPECT_TRUE(r.rp->fit.host);
+  EXPECT_FALSE(r.rp->fit.all);
+  char why[1800];
+  ASSERT_EQ(mf_run_plan_misfit(r.rp, r.cfg, why, sizeof why), 1);
+  EXPECT_TRUE(has(why, "pinned staging: no layout fits memory.pinned_limit 1.00 KiB")) << why;
+  EXPECT_TRUE(has(why, "raise memory.pinned_limit or set memory.staging: false")) << why;
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
+    mf_run_fit f;
+    ASSERT_EQ(mf_run_plan_fit_of(r.rp, r.cfg, (mf_plan_kind)k, &f), MF_OK) << mf_last_error();
+    EXPECT_FALSE(f.pinned) << k;
+  }
+}
+
+// Sets an environment variable for one scope.
+struct Env {
+  std::string name;
+  Env(const char *n, const char *v) : name(n) { setenv(n, v, 1); }
+  ~Env() { unsetenv(name.c_str()); }
+};
+
+// A run admits a plan only when it fits and this machine can hold its host
+// memory (MF_HOST_MEMORY stands in for the machine).
+TEST(RunPlan, ARunAdmitsOnlyWhatFitsThisMachine) {
+  Planned r;
+  make(&r, {"backend=cpu", "memory.device_budget=600KiB"});
+  ASSERT_EQ(r.st, MF_OK) << r.err;
+  const uint64_t need = mf_host_resident_bytes(&r.rp->host) + r.rp->plan->s->arena_bytes;
+  {
+    Env e("MF_HOST_MEMORY", "1TiB");
+    EXPECT_EQ(mf_run_plan_admit(r.rp, r.cfg), MF_OK) << mf_last_error();
+  }
+  {
+    const std::string just = std::to_string(need);  // exactly enough
+    Env e("MF_HOST_MEMORY", just.c_str());
+    EXPECT_EQ(mf_run_plan_admit(r.rp, r.cfg), MF_OK) << mf_last_error();
+  }
+  {
+    const std::string less = std::to_string(need - 1);
+    Env e("MF_HOST_MEMORY", less.c_str());
+    ASSERT_EQ(mf_run_plan_admit(r.rp, r.cfg), MF_ERR_CONFIG);
+    char a[32], b[32], c[32];
+    const std::string err = mf_last_error();
+    for (const std::string &want :
+         {std::string("the plan cannot run: this machine: the plan keeps ") +
+              mf_format_bytes(need, a, sizeof a),
+          std::string("host state ") + mf_format_bytes(mf_host_resident_bytes(&r.rp->host), b, sizeof b) +
+              " + the cpu backend's device arena " + mf_format_bytes(r.rp->plan->s->arena_bytes, c, sizeof c),
+          std::string("(MF_HOST_MEMORY)"), std::string("memory.host_limit"), std::string("memory.nvme_dir"),
+          std::string("memory.device_budget")})
+      EXPECT_TRUE(has(err, want)) << want << "\n" << err;
+  }
+  {
+    Env e("MF_HOST_MEMORY", "lots");
+    EXPECT_EQ(mf_run_plan_admit(r.rp, r.cfg), MF_ERR_CONFIG);
+    EXPECT_TRUE(has(mf_last_error(), "MF_HOST_MEMORY=lots")) << mf_last_error();
+  }
+  // Over memory.host_limit: refused with the same reason moefit plan gives.
+  Planned host;
+  make(&host, {"backend=cpu", "memory.device_budget=600KiB", "memory.host_limit=64KiB"});
+  ASSERT_EQ(host.st, MF_OK) << host.err;
+  char why[1800];
+  ASSERT_EQ(mf_run_plan_misfit(host.rp, host.cfg, why, sizeof why), 1);
+  Env e("MF_HOST_MEMORY", "1TiB");
+  ASSERT_EQ(mf_run_plan_admit(host.rp, host.cfg), MF_ERR_CONFIG);
+  EXPECT_EQ(std::string(mf_last_error()), std::string("the plan cannot run: ") + why);
+}
+
+// Without MF_HOST_MEMORY: the kernel's figure, within the machine's memory.
+TEST(RunPlan, TheMachinesMemory) {
+  unsetenv("MF_HOST_MEMORY");
+  uint64_t have = 0;
+  char source[160];
+  ASSERT_EQ(mf_host_machine_memory(&have, source, sizeof source), MF_OK) << mf_last_error();
+  const uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  EXPECT_GT(have, 0u);
+  EXPECT_LE(have, total);
+  EXPECT_TRUE(has(source, "MemAvailable") || has(source, "cgroup") || has(source, "sysconf")) << source;
+}
+
+// memory.routing auto with a routing file measured on another model: planned
+// with uniform routing, one note (logged when a run admits the plan).
+TEST(RunPlan, ARoutingFileOfAnotherModelIsPassedOver) {
+  const std::string dir = tmp() + "/run_plan_routing";
+  ASSERT_EQ(mf_mkdir_p(dir.c_str()), MF_OK);
+  mf_config *cfg = nullptr;
+  const std::string path = tmp() + "/run_plan.yaml";
+  std::ofstream(path) << kConfig;
+  const std::string out = "output.dir=" + dir;
+  std::vector<const char *> o = {"backend=cpu", "memory.routing=auto", out.c_str()};
+  ASSERT_EQ(mf_config_load_for(path.c_str(), o.data(), o.size(), MF_CONFIG_FOR_PLAN, &cfg), MF_OK)
+      << mf_last_error();
+  // Measured on a 3-layer model of the same shape otherwise.
+  mf_model_spec three = cfg->model.init;
+  three.layers = 3;
+  std::vector<int64_t> counts((size_t)(3 * three.experts), 0);
+  for (int l = 0; l < 3; l++) counts[(size_t)(l * three.experts)] = 10 * three.top_k;
+  ASSERT_EQ(mf_routing_write((dir + "/routing.json").c_str(), &three, counts.data(), 10), MF_OK)
+      << mf_last_error();
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK);
+  mf_run_plan *rp = nullptr;
+  ASSERT_EQ(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), MF_OK) << mf_last_error();
+  EXPECT_FALSE(rp->routed);
+  EXPECT_EQ(rp->routing.share, nullptr);
+  EXPECT_TRUE(has(rp->routing_note, "routing: " + dir + "/routing.json: model.layers:")) << rp->routing_note;
+  EXPECT_TRUE(has(rp->routing_note, "planning with uniform routing")) << rp->routing_note;
+  FILE *log = tmpfile();
+  mf_log_set_level(MF_LOG_INFO);
+  mf_log_set_stream(log);
+  Env e("MF_HOST_MEMORY", "1TiB");
+  const mf_status st = mf_run_plan_admit(rp, cfg);
+  mf_log_set_stream(nullptr);
+  EXPECT_EQ(st, MF_OK) << mf_last_error();
+  std::string text(4096, '\0');
+  rewind(log);
+  text.resize(fread(&text[0], 1, text.size(), log));
+  fclose(log);
+  EXPECT_TRUE(has(text, rp->routing_note)) << text;
+  // Measured on this model: used, no note.
+  std::vector<int64_t> mine((size_t)(2 * three.experts), 0);
+  for (int l = 0; l < 2; l++) mine[(size_t)(l * three.experts + 1)] = 10 * three.top_k;
+  ASSERT_EQ(mf_routing_write((dir + "/routing.json").c_str(), &cfg->model.init, mine.data(), 10), MF_OK);
+  mf_run_plan *again = nullptr;
+  ASSERT_EQ(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &again), MF_OK) << mf_last_error();
+  EXPECT_TRUE(again->routed);
+  EXPECT_STREQ(again->routing_note, "");
+  mf_run_plan_free(again);
+  mf_run_plan_free(rp);
+  mf_param_table_free(t);
+  mf_config_free(cfg);
 }
 
 }  // namespace
