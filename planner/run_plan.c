@@ -2,6 +2,8 @@
  * `moefit plan`, `train` and `eval`. */
 #include "planner/run_plan.h"
 
+#include "src/core/hostbuf.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -121,9 +123,19 @@ static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const 
   return st;
 }
 
-static mf_run_fit fit_from(const mf_plan *pl, const mf_host_usage *u, int pinned_fits) {
-  mf_run_fit f = {pl->fits, u->unplaced_bytes == 0, pinned_fits, 0};
-  f.all = f.device && f.host && f.pinned;
+/* What a plan puts in files in memory.nvme_dir. */
+static uint64_t spill_bytes(const mf_host_usage *u) {
+  return u->spill_moment_bytes + u->spill_master_bytes + u->spill_cold_master_bytes + u->spill_grad_bytes;
+}
+
+static mf_run_fit fit_from(const mf_config *cfg, const mf_plan *pl, const mf_host_usage *u, int pinned_fits) {
+  mf_run_fit f = {pl->fits, u->unplaced_bytes == 0, pinned_fits, 1, 0};
+  const uint64_t spill = spill_bytes(u);
+  if (spill > 0 && cfg->memory.nvme_dir) {
+    const int64_t room = mf_hostbuf_dir_free(cfg->memory.nvme_dir);
+    f.nvme = access(cfg->memory.nvme_dir, W_OK | X_OK) == 0 && (room < 0 || (uint64_t)room >= spill);
+  }
+  f.all = f.device && f.host && f.pinned && f.nvme;
   return f;
 }
 
@@ -131,7 +143,7 @@ static mf_run_fit fit_from(const mf_plan *pl, const mf_host_usage *u, int pinned
 static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   const mf_plan *pl = rp->plan;
   MF_CHECK(plan_memory(cfg, rp, pl, &rp->staging, &rp->staging_fits, &rp->host));
-  rp->fit = fit_from(pl, &rp->host, rp->staging_fits);
+  rp->fit = fit_from(cfg, pl, &rp->host, rp->staging_fits);
   const mf_staging *sg = rp->staging;
   mf_plan_figures *f = &rp->fig;
   memset(f, 0, sizeof *f);
@@ -199,7 +211,7 @@ mf_status mf_run_plan_fit_of(const mf_run_plan *rp, const mf_config *cfg, mf_pla
   mf_host_usage u;
   MF_CHECK(plan_memory(cfg, rp, rp->all[kind], &sg, &pinned_fits, &u));
   mf_staging_free(sg);
-  *out = fit_from(rp->all[kind], &u, pinned_fits);
+  *out = fit_from(cfg, rp->all[kind], &u, pinned_fits);
   return MF_OK;
 }
 
@@ -242,6 +254,21 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
                                   : "raise memory.host_limit, set memory.nvme_dir to spill to NVMe, or use a "
                                     "smaller model")
                  : "raise memory.host_limit or use a smaller model");
+  if (!rp->fit.nvme) {
+    const char *dir = mem->nvme_dir;
+    const int64_t room = mf_hostbuf_dir_free(dir);
+    if (access(dir, W_OK | X_OK) != 0)
+      add_reason(buf, cap, &n,
+                 "NVMe: the plan spills %s to memory.nvme_dir %s, which %s: create it on an NVMe drive, or point "
+                 "memory.nvme_dir at one",
+                 mf_format_bytes(spill_bytes(u), a, sizeof a), dir,
+                 access(dir, F_OK) != 0 ? "does not exist" : "is not a directory moefit may write in");
+    else
+      add_reason(buf, cap, &n,
+                 "NVMe: the plan spills %s to memory.nvme_dir %s, which has %s free: free space there, point "
+                 "memory.nvme_dir at a larger drive, or raise memory.host_limit",
+                 mf_format_bytes(spill_bytes(u), a, sizeof a), dir, mf_format_bytes((uint64_t)room, b, sizeof b));
+  }
   if (!rp->fit.pinned)
     add_reason(
         buf, cap, &n,

@@ -77,7 +77,9 @@ typedef struct mf_run_fit {
   int device; /* its arena within the budget less the backend's own bytes (memory.device_budget) */
   int host;   /* its host memory within memory.host_limit, the excess spilled to NVMe (nothing unplaced) */
   int pinned; /* its staging arena within memory.pinned_limit (1 when copies are not staged) */
-  int all;    /* all three: the plan can run */
+  int nvme;   /* what it spills fits memory.nvme_dir: the directory exists and has the room (1 when
+                 nothing spills; room unknown, e.g. on a network filesystem, counts as room) */
+  int all;    /* all four: the plan can run */
 } mf_run_fit;
 
 typedef struct mf_run_plan {

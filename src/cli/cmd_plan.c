@@ -48,9 +48,11 @@ static const char k_usage[] =
 /* A row's last column: "fits" only when the plan fits every limit, else the limits it is over. */
 static const char *fit_label(const mf_run_fit *f, char *buf, size_t cap) {
   if (f->all) return "fits";
-  snprintf(buf, cap, "over %s%s%s%s%s", f->device ? "" : "device_budget", !f->device && !f->host ? ", " : "",
-           f->host ? "" : "host_limit", !f->pinned && (!f->device || !f->host) ? ", " : "",
-           f->pinned ? "" : "pinned_limit");
+  const char *over[4] = {f->device ? NULL : "device_budget", f->host ? NULL : "host_limit",
+                         f->nvme ? NULL : "nvme_dir", f->pinned ? NULL : "pinned_limit"};
+  size_t o = (size_t)snprintf(buf, cap, "over");
+  for (int i = 0, k = 0; i < 4; i++)
+    if (over[i] && o < cap) o += (size_t)snprintf(buf + o, cap - o, "%s %s", k++ ? "," : "", over[i]);
   return buf;
 }
 

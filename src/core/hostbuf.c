@@ -25,7 +25,7 @@ static size_t page_size(void) {
 /* Bytes statvfs says an unprivileged user may still write in dir; -1 when
  * unknown (a filesystem reporting no blocks at all, as pseudo and some
  * network filesystems do, says nothing about its space). */
-static int64_t free_bytes(const char *dir) {
+int64_t mf_hostbuf_dir_free(const char *dir) {
   struct statvfs v;
   if (statvfs(dir, &v) != 0 || v.f_frsize == 0 || v.f_blocks == 0) return -1;
   uint64_t n;
@@ -36,7 +36,7 @@ static int64_t free_bytes(const char *dir) {
 
 /* ", X free" for messages ("" when statvfs fails). */
 static const char *free_note(const char *dir, char *buf, size_t cap) {
-  int64_t f = free_bytes(dir);
+  int64_t f = mf_hostbuf_dir_free(dir);
   if (f < 0) return "";
   char h[32];
   snprintf(buf, cap, " (%s free there)", mf_format_bytes((uint64_t)f, h, sizeof h));
@@ -82,7 +82,7 @@ static mf_status alloc_file(const char *dir, const char *what, size_t bytes, con
   if ((uint64_t)bytes > (uint64_t)INT64_MAX) /* off_t */
     return MF_ERR(MF_ERR_IO, "%s: cannot hold %s (%zu bytes) for %s: larger than any file", dir, size_h,
                   bytes, what);
-  int64_t avail = free_bytes(dir);
+  int64_t avail = mf_hostbuf_dir_free(dir);
   if (avail >= 0 && (uint64_t)bytes > (uint64_t)avail)
     return MF_ERR(MF_ERR_IO, "%s: cannot hold %s for %s: not enough space%s", dir, size_h, what,
                   free_note(dir, note, sizeof note));

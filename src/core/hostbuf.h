@@ -64,6 +64,11 @@ typedef struct mf_hostbuf {
  * safe on it whatever the outcome). */
 mf_status mf_hostbuf_alloc(const char *dir, const char *what, size_t bytes, mf_hostbuf *out);
 
+/* Bytes statvfs says an unprivileged user may still write in dir; -1 when
+ * unknown (dir missing or unreadable, or a filesystem reporting no blocks at
+ * all, as pseudo and some network filesystems do). */
+int64_t mf_hostbuf_dir_free(const char *dir);
+
 /* Unmaps the buffer and closes its file (whose blocks the filesystem then
  * frees); zeroes *b. NULL, a zeroed struct, or a second free are fine. */
 void mf_hostbuf_free(mf_hostbuf *b);

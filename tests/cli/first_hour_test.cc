@@ -173,6 +173,28 @@ TEST(FirstHour, PlanExitsOneWhenThePlanCannotRun) {
   EXPECT_TRUE(has(help.out, "Exit status: 0 when the chosen plan fits every limit")) << help.out;
 }
 
+// What a plan spills to NVMe must have a place: memory.nvme_dir existing (and
+// with the room), else the plan cannot run here — moe-61x256 as written spills
+// about 1 TiB to /nvme/moefit.
+TEST(FirstHour, PlanSpillNeedsTheNvmeDirectory) {
+  const std::string dir = tmpdir() + "/first_hour_nvme", missing = tmpdir() + "/first_hour_no_nvme";
+  mkdir(dir.c_str(), 0755);
+  const std::string spill = "plan configs/demo.yaml hardware.profile=configs/hw/h100-pcie.yaml memory.host_limit=4MiB";
+  Result there = moefit(spill + " memory.nvme_dir=" + dir);
+  EXPECT_EQ(there.code, 0) << there.out;
+  EXPECT_TRUE(has(there.out, "NVMe spill")) << there.out;
+  Result gone = moefit(spill + " memory.nvme_dir=" + missing);
+  EXPECT_EQ(gone.code, 1) << gone.out;
+  EXPECT_TRUE(ends_with(table_rows(gone.out)[0], "over nvme_dir")) << gone.out;
+  EXPECT_TRUE(has(last_line(gone.out), "NVMe: the plan spills ")) << gone.out;
+  EXPECT_TRUE(has(last_line(gone.out), missing + ", which does not exist")) << gone.out;
+
+  Result big = moefit("plan configs/moe-61x256.yaml");
+  EXPECT_EQ(big.code, 1) << big.out;
+  EXPECT_EQ(last_line(big.out).rfind("moefit plan: error: the plan cannot run: NVMe: the plan spills ", 0), 0u)
+      << big.out;
+}
+
 // Limits this process's address space for the commands it runs (their
 // children inherit it), so that a command that tries to allocate a large
 // model fails instead of swapping. Not under ASan, which reserves terabytes

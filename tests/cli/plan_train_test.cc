@@ -29,12 +29,15 @@ std::string corpus_tokens() {
 
 // Plans with `moefit plan --json`, then trains (or tries to) with the same
 // overrides; returns the train's result and checks the two plan files.
-Result plan_then_train(const std::string &config, const std::string &tag, const std::string &overrides) {
+// `plan_code`: moefit plan's exit status (1: the plan cannot run here, which
+// it still shows and writes).
+Result plan_then_train(const std::string &config, const std::string &tag, const std::string &overrides,
+                       int plan_code = 0) {
   const std::string dir = tmpdir() + "/plan_train_" + tag;
   const std::string common = " data.train=" + corpus_tokens() + " data.valid=null output.dir=" + dir + overrides;
   const std::string shown = dir + ".plan.json";
   Result p = moefit("plan " + config + common + " --json " + shown);
-  EXPECT_EQ(p.code, 0) << p.out;
+  EXPECT_EQ(p.code, plan_code) << p.out;
   Result t = moefit("train " + config + common);
   const std::string ran = read_file(dir + "/plan.json");
   EXPECT_FALSE(ran.empty()) << tag << ": train wrote no plan.json:\n" << t.out;
@@ -65,8 +68,12 @@ TEST(PlanIsWhatTrainRuns, RealSizeConfigsOnCuda) {
       {"configs/qwen3-30b-a3b.yaml", "qwen3_40g", " memory.device_budget=40GiB"},
       {"configs/mixtral-8x7b.yaml", "mixtral_24g", " memory.device_budget=24GiB"},
   };
+  // Each spills its host state to NVMe: into a directory that is not there,
+  // so `moefit plan` says the plan cannot run here (and exits 1), and shows
+  // and writes it all the same.
+  const std::string nvme = " memory.nvme_dir=" + tmpdir() + "/no-nvme-here";
   for (const Case &c : cases) {
-    Result t = plan_then_train(c.config, c.tag, c.overrides);
+    Result t = plan_then_train(c.config, c.tag, std::string(c.overrides) + nvme, 1);
     EXPECT_EQ(t.code, 1) << c.tag << ": " << t.out;
     EXPECT_TRUE(t.out.find("no usable GPU") != std::string::npos ||
                 t.out.find("built without CUDA") != std::string::npos)
