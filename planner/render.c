@@ -500,33 +500,59 @@ static void optim_word(const mf_program *p, int n, int dev, char *buf, size_t ca
     snprintf(buf, cap, "mixed %d/%d", dev, n);
 }
 
+/* The layer table's columns: the row's name, weights resident/streamed,
+ * gradients on the device/streamed, the optimizer, activations
+ * kept/offloaded/recomputed. */
+static const char k_layer_align[] = "lrrrrlrrr";
+
+static void layer_table_header(mf_table *tb) {
+  mf_table_group(tb, 1, 2, "weights");
+  mf_table_group(tb, 3, 2, "gradients");
+  mf_table_group(tb, 6, 3, "activations");
+  static const char *const head[] = {"", "resident", "streamed", "device", "streamed", "optimizer",
+                                     "kept", "offloaded", "recomputed"};
+  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) mf_table_cell(tb, "%s", head[i]);
+}
+
+/* Layer l's row (-1: the parameters outside the layers, no activations). */
+static void layer_row(mf_table *tb, const mf_program *p, const mf_decisions *d, int32_t l) {
+  int wr = 0, ws = 0, gd = 0, gs = 0, od = 0, n = 0, ak = 0, ao = 0, ar = 0;
+  for (int32_t i = 0; i < d->n_params; i++) {
+    if (p->params->params[i].layer != l) continue;
+    n++;
+    d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+    d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
+    od += d->optim[i] == MF_OPTIM_DEVICE;
+  }
+  for (int32_t t = 0; t < p->n_tensors; t++) {
+    if (p->tensors[t].layer != l || !mf_schedule_can_offload(p, t)) continue;
+    d->act[t] == MF_ACT_KEEP ? ak++ : d->act[t] == MF_ACT_OFFLOAD ? ao++ : ar++;
+  }
+  char ow[32];
+  optim_word(p, n, od, ow, sizeof ow);
+  if (l < 0)
+    mf_table_cell(tb, "embed/head");
+  else
+    mf_table_cell(tb, "layer %d", (int)l);
+  mf_table_cell(tb, "%d", wr), mf_table_cell(tb, "%d", ws);
+  mf_table_cell(tb, "%d", gd), mf_table_cell(tb, "%d", gs);
+  mf_table_cell(tb, "%s", ow);
+  if (l < 0)
+    for (int k = 0; k < 3; k++) mf_table_cell(tb, "%s", "");
+  else
+    mf_table_cell(tb, "%d", ak), mf_table_cell(tb, "%d", ao), mf_table_cell(tb, "%d", ar);
+}
+
 mf_status mf_render_layer_table(const mf_program *p, const mf_decisions *d, FILE *out) {
   MF_CHECK(check_text_args(p, d, out, "mf_render_layer_table"));
-  const int32_t L = (int32_t)p->spec.layers;
-  fprintf(out,
-          "\nper layer:  weights res/stream   grads dev/stream        optimizer      "
-          "activations keep/offload/recompute\n");
-  for (int32_t l = -1; l < L; l++) {
-    int wr = 0, ws = 0, gd = 0, gs = 0, od = 0, n = 0, ak = 0, ao = 0, ar = 0;
-    for (int32_t i = 0; i < d->n_params; i++) {
-      if (p->params->params[i].layer != l) continue;
-      n++;
-      d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
-      d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
-      od += d->optim[i] == MF_OPTIM_DEVICE;
-    }
-    for (int32_t t = 0; t < p->n_tensors; t++) {
-      if (p->tensors[t].layer != l || !mf_schedule_can_offload(p, t)) continue;
-      d->act[t] == MF_ACT_KEEP ? ak++ : d->act[t] == MF_ACT_OFFLOAD ? ao++ : ar++;
-    }
-    char ow[32];
-    optim_word(p, n, od, ow, sizeof ow);
-    if (l < 0)
-      fprintf(out, "  embed/head   %5d/%-5d          %5d/%-5d          %s\n", wr, ws, gd, gs, ow);
-    else
-      fprintf(out, "  layer %-5d  %5d/%-5d          %5d/%-5d          %-13s  %5d/%-5d/%-5d\n", l, wr, ws, gd,
-              gs, ow, ak, ao, ar);
-  }
+  mf_table *tb = NULL;
+  MF_CHECK(mf_table_create(k_layer_align, &tb));
+  layer_table_header(tb);
+  for (int32_t l = -1; l < (int32_t)p->spec.layers; l++) layer_row(tb, p, d, l);
+  fprintf(out, "\nper layer: tensors by decision\n");
+  const mf_status st = mf_table_print(tb, out, "  ");
+  mf_table_free(tb);
+  MF_CHECK(st);
   return text_done(out, "mf_render_layer_table");
 }
 
@@ -551,13 +577,14 @@ mf_status mf_render_optimizer_summary(const mf_program *p, const mf_decisions *d
     fprintf(out, "optimizer: all %d parameters updated on the host (AdamW at home)\n", (int)d->n_params);
     return text_done(out, "mf_render_optimizer_summary");
   }
-  char a[32], b[32];
+  char a[32], b[32], c[32], e[32];
   fprintf(
       out,
-      "optimizer: %d of %d parameters (%.4gM of %.4gM elements) updated on the device: %s of weights and %s "
+      "optimizer: %d of %d parameters (%s of %s elements) updated on the device: %s of weights and %s "
       "of AdamW state (%s moments) stay there across steps; %d on the host\n",
-      n_dev, (int)d->n_params, (double)numel_dev / 1e6, (double)numel / 1e6,
-      mf_format_bytes(weight_bytes, a, sizeof a), mf_format_bytes(state_bytes, b, sizeof b),
-      p->moments == MF_DTYPE_BF16 ? "bf16" : "fp32", (int)d->n_params - n_dev);
+      n_dev, (int)d->n_params, mf_format_count((double)numel_dev, c, sizeof c),
+      mf_format_count((double)numel, e, sizeof e), mf_format_bytes(weight_bytes, a, sizeof a),
+      mf_format_bytes(state_bytes, b, sizeof b), p->moments == MF_DTYPE_BF16 ? "bf16" : "fp32",
+      (int)d->n_params - n_dev);
   return text_done(out, "mf_render_optimizer_summary");
 }

@@ -46,14 +46,17 @@ extern "C" {
  * it; a plan without a schedule or simulation is MF_ERR_INVALID_ARG. */
 mf_status mf_render_svg(const mf_plan *plan, const char *title, const char *path);
 
-/* The per-layer table of decisions d for program p, to `out`: a header line,
- * then one row for the parameters outside the layers ("embed/head") and one
- * per layer with the weights resident/streamed, the gradients on the
+/* The per-layer table of decisions d for program p, to `out`: a title line,
+ * the column groups and the header, then one row for the parameters outside
+ * the layers ("embed/head") and one per layer ("layer N") with how many
+ * tensors got each decision: weights resident/streamed, gradients on the
  * device/streamed, the optimizer ("host", "device", "mixed D/N" when D of the
  * layer's N parameters are updated on the device, "-" for a forward-only
  * program) and, for layers, the offloadable activations kept/offloaded/
- * recomputed. MF_ERR_INVALID_ARG for NULL arguments or decisions of another
- * program; MF_ERR_IO when `out` reports a write error. */
+ * recomputed. Each column is right-aligned to its widest value (the words
+ * left-aligned), as mf_table prints. MF_ERR_INVALID_ARG for NULL arguments
+ * or decisions of another program; MF_ERR_IO when `out` reports a write
+ * error. */
 mf_status mf_render_layer_table(const mf_program *p, const mf_decisions *d, FILE *out);
 
 /* One line about the optimizer under d: "optimizer: all N parameters updated

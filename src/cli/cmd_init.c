@@ -91,8 +91,9 @@ int mf_cli_init(int argc, char **argv) {
   if (st == MF_OK) {
     int64_t total = 0, active = 0;
     mf_model_spec_param_count(&s, &total, &active);
-    printf("moefit init: %s %s model, %.3fM parameters (%lld tensors), seed %llu -> %s/\n", family, pre,
-           (double)total / 1e6, (long long)t->n, seed, out);
+    char n[32];
+    printf("moefit init: %s %s model, %s parameters (%lld tensors), seed %llu -> %s/\n", family, pre,
+           mf_format_count((double)total, n, sizeof n), (long long)t->n, seed, out);
   }
   free(w);
   mf_param_table_free(t);

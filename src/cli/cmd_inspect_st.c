@@ -41,19 +41,6 @@ static void format_shape(const mf_st_tensor *t, char *buf, size_t cap) {
   if (len < cap) snprintf(buf + len, cap - len, "]");
 }
 
-/* 46702792704 -> "46.70B" */
-static const char *format_count(uint64_t n, char *buf, size_t cap) {
-  static const char *const unit[] = {"", "K", "M", "B", "T"};
-  double v = (double)n;
-  int u = 0;
-  while (v >= 1000.0 && u < 4) v /= 1000.0, u++;
-  if (u == 0)
-    snprintf(buf, cap, "%llu", (unsigned long long)n);
-  else
-    snprintf(buf, cap, "%.2f%s", v, unit[u]);
-  return buf;
-}
-
 /* A metadata key or value on one line: control characters shown as '?',
  * values past 200 bytes cut (some exporters store whole configs there). */
 static void print_meta(const mf_st_meta *m) {
@@ -115,13 +102,13 @@ int mf_cli_inspect_safetensors(const char *path) {
 
   uint64_t bytes = mf_safetensors_total_bytes(st);
   printf("\ntotal: %zu tensors, %s parameters (%llu), %s (%llu bytes), %zu shard%s\n", n,
-         format_count(params, b1, sizeof b1), (unsigned long long)params,
+         mf_format_count((double)params, b1, sizeof b1), (unsigned long long)params,
          mf_format_bytes(bytes, b2, sizeof b2), (unsigned long long)bytes, n_shards,
          n_shards == 1 ? "" : "s");
   for (int d = 1; d < MF_DTYPE_COUNT_; d++) {
     if (!dt_count[d]) continue;
     printf("  %-8s %8llu tensors  %10s parameters  %12s\n", mf_dtype_name((mf_dtype)d),
-           (unsigned long long)dt_count[d], format_count(dt_params[d], b1, sizeof b1),
+           (unsigned long long)dt_count[d], mf_format_count((double)dt_params[d], b1, sizeof b1),
            mf_format_bytes(dt_bytes[d], b2, sizeof b2));
   }
   if (index) {

@@ -56,15 +56,27 @@ static const char *fit_label(const mf_run_fit *f, char *buf, size_t cap) {
   return buf;
 }
 
-static void row(const char *name, const mf_plan *pl, const char *status) {
+/* The plans table: its header row, then one row per plan (row()). */
+static const char k_plans_align[] = "lrrrrrrrrl";
+
+static void plans_header(mf_table *tb) {
+  static const char *const head[] = {"plan",   "arena",   "peak",     "H2D/step", "D2H/step",
+                                     "step s", "compute", "exp.xfer", "exp.opt",  ""};
+  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) mf_table_cell(tb, "%s", head[i]);
+}
+
+static void row(mf_table *tb, const char *name, const mf_plan *pl, const char *status) {
   char arena[32], peak[32], h2d[32], d2h[32];
   const mf_sim_result *r = &pl->sim;
-  printf("  %-24s %10s %10s %10s %10s %9.4f %9.4f %9.4f %9.4f  %s\n", name,
-         mf_format_bytes(pl->s->arena_bytes, arena, sizeof arena),
-         mf_format_bytes(pl->s->peak_live_bytes, peak, sizeof peak),
-         mf_format_bytes(r->h2d_bytes, h2d, sizeof h2d), mf_format_bytes(r->d2h_bytes, d2h, sizeof d2h),
-         r->step_seconds, r->compute_seconds, r->exposed_transfer_seconds, r->exposed_optimizer_seconds,
-         status);
+  mf_table_cell(tb, "%s", name);
+  mf_table_cell(tb, "%s", mf_format_bytes(pl->s->arena_bytes, arena, sizeof arena));
+  mf_table_cell(tb, "%s", mf_format_bytes(pl->s->peak_live_bytes, peak, sizeof peak));
+  mf_table_cell(tb, "%s", mf_format_bytes(r->h2d_bytes, h2d, sizeof h2d));
+  mf_table_cell(tb, "%s", mf_format_bytes(r->d2h_bytes, d2h, sizeof d2h));
+  const double secs[4] = {r->step_seconds, r->compute_seconds, r->exposed_transfer_seconds,
+                          r->exposed_optimizer_seconds};
+  for (int k = 0; k < 4; k++) mf_table_cell(tb, "%.4f", secs[k]);
+  mf_table_cell(tb, "%s", status);
 }
 
 /* The run's pinned staging arena (when copies are staged) beside a
@@ -297,11 +309,13 @@ int mf_cli_plan(int argc, char **argv) {
   mf_model_spec_param_count(&spec, &total, &active);
   char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
   const int64_t tokens = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
+  char n1[32], n2[32];
   printf(
-      "plan for %s: %s, %.4gM parameters (%.4gM active), %lld layers, %lld experts top-%lld; %s order, %s "
+      "plan for %s: %s, %s parameters (%s active), %lld layers, %lld experts top-%lld; %s order, %s "
       "device storage\n",
-      path, mf_family_name(spec.family), (double)total / 1e6, (double)active / 1e6, (long long)spec.layers,
-      (long long)spec.experts, (long long)spec.top_k, mf_program_order_name(p->order), mf_dtype_name(p->storage));
+      path, mf_family_name(spec.family), mf_format_count((double)total, n1, sizeof n1),
+      mf_format_count((double)active, n2, sizeof n2), (long long)spec.layers, (long long)spec.experts,
+      (long long)spec.top_k, mf_program_order_name(p->order), mf_dtype_name(p->storage));
   printf("batch: %lld micro-batches x %lld sequences x %lld tokens = %lld tokens per step\n",
          (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
          (long long)tokens);
@@ -324,18 +338,27 @@ int mf_cli_plan(int argc, char **argv) {
     printf("%s\n", rp->routing_note);
   else
     printf("routing: uniform (memory.routing: %s)\n", cfg->memory.routing ? cfg->memory.routing : "auto");
-  printf("\n  %-24s %10s %10s %10s %10s %9s %9s %9s %9s\n", "plan", "arena", "peak", "H2D/step", "D2H/step",
-         "step s", "compute", "exp.xfer", "exp.opt");
+  mf_table *tb = NULL;
+  MF_CHECK_GOTO(mf_table_create(k_plans_align, &tb), st, done);
+  plans_header(tb);
   char status[64];
-  row(cfg->memory.plan_kind == MF_CONFIG_PLAN_AUTO ? "chosen" : "memory.plan", chosen,
+  row(tb, cfg->memory.plan_kind == MF_CONFIG_PLAN_AUTO ? "chosen" : "memory.plan", chosen,
       fit_label(&rp->fit, status, sizeof status));
-  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
+  for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_ && st == MF_OK; k++) {
     mf_run_fit f;
-    MF_CHECK_GOTO(mf_run_plan_fit_of(rp, cfg, (mf_plan_kind)k, &f), st, done);
-    row(mf_plan_kind_name((mf_plan_kind)k), rp->all[k], fit_label(&f, status, sizeof status));
+    st = mf_run_plan_fit_of(rp, cfg, (mf_plan_kind)k, &f);
+    if (st == MF_OK) row(tb, mf_plan_kind_name((mf_plan_kind)k), rp->all[k], fit_label(&f, status, sizeof status));
   }
-  printf("\n%s: %.4f s/step predicted = %.0f tokens/s; host optimizer %s\n", chosen->name,
-         chosen->sim.step_seconds, (double)tokens / chosen->sim.step_seconds,
+  if (st != MF_OK) {
+    mf_table_free(tb);
+    goto done;
+  }
+  printf("\n");
+  st = mf_table_print(tb, stdout, "  ");
+  mf_table_free(tb);
+  if (st != MF_OK) goto done;
+  printf("\n%s: %.4f s/step predicted = %s tokens/s; host optimizer %s\n", chosen->name,
+         chosen->sim.step_seconds, mf_format_count((double)tokens / chosen->sim.step_seconds, n1, sizeof n1),
          rp->overlap_optimizer ? "behind the next step's device work (train.overlap_optimizer)"
                                : "after each step (train.overlap_optimizer)");
   MF_CHECK_GOTO(mf_render_optimizer_summary(p, chosen->d, stdout), st, done);

@@ -248,8 +248,16 @@ char *mf_strdup(const char *s); /* NULL on failure */
  * of 1000. Returns 0 and sets *out on success, -1 on a malformed or
  * overflowing size. */
 int mf_parse_size(const char *s, uint64_t *out);
-/* Formats bytes for people: "1.50 GiB". buf of at least 32 bytes. */
+/* Formats bytes for people: "1.50 GiB" (binary units, two decimals; "12 B"
+ * below 1 KiB; never "1024.00 KiB"). buf of at least 32 bytes. */
 const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap);
+/* Formats a count or a rate for people with three significant digits and
+ * decimal units: "950", "1.00K", "12.3K", "452K", "1.27B", "46.7B" (K = 10^3,
+ * M = 10^6, B = 10^9, T = 10^12; "1000T" and up stay in T). Below 1000 it is
+ * the value rounded to a whole number; negative values keep their sign; NaN
+ * and infinities give "-". Parameters, tokens, tokens/s: wherever people read
+ * a count. buf of at least 32 bytes. */
+const char *mf_format_count(double n, char *buf, size_t cap);
 
 /* The byte offset of the first invalid UTF-8 sequence in s[0, len), or len
  * when all of it is valid. */
@@ -257,6 +265,30 @@ size_t mf_utf8_invalid_at(const void *s, size_t len);
 
 /* Monotonic seconds. */
 double mf_time_now(void);
+
+/* ---------------------------------------------------------- text tables */
+
+/* A table for people: every column as wide as its widest cell (the header
+ * row's included), each right- or left-aligned as the column says, two spaces
+ * between columns, no trailing spaces. Group labels over runs of columns
+ * ("weights" over "res" and "stream") go on a line of their own above the
+ * first row, centred over their columns (which widen to fit the label). Cells
+ * are added row by row: a row ends after its last column's cell. Allocation
+ * failures stick and are reported by mf_table_print.
+ *
+ *   mf_table *t; mf_table_create("lrr", &t);
+ *   mf_table_cell(t, "plan"); mf_table_cell(t, "arena"); mf_table_cell(t, "step s");
+ *   mf_table_cell(t, "chosen"); mf_table_cell(t, "%s", bytes); mf_table_cell(t, "%.4f", s);
+ *   mf_table_print(t, stdout, "  "); mf_table_free(t);
+ */
+typedef struct mf_table mf_table;
+/* align: one 'l' or 'r' per column ("lrrrl"); MF_ERR_INVALID_ARG otherwise. */
+mf_status mf_table_create(const char *align, mf_table **out);
+void mf_table_group(mf_table *t, int first_col, int n_cols, const char *label);
+void mf_table_cell(mf_table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Every row, each line after `indent`; MF_ERR_IO when `out` reports an error. */
+mf_status mf_table_print(mf_table *t, FILE *out, const char *indent);
+void mf_table_free(mf_table *t); /* NULL is fine */
 
 /* ---------------------------------------------------------- atomic files */
 

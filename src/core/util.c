@@ -1,4 +1,4 @@
-/* Allocation wrappers, byte sizes for people, the clock. */
+/* Allocation wrappers, byte sizes and counts for people, the clock. */
 #include <ctype.h>
 #include <pthread.h>
 #include <math.h>
@@ -77,18 +77,45 @@ int mf_parse_size(const char *s, uint64_t *out) {
   return -1;
 }
 
-const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = (double)bytes;
+/* v scaled by `base` until it prints as at most "999.5" (so rounding never
+ * shows "1024.00 KiB" or "1e+03K"); *unit gets how many times, up to max_unit. */
+static double scale_to_unit(double v, double base, double below, int max_unit, int *unit) {
   int u = 0;
-  while (v >= 1024.0 && u < 6) {
-    v /= 1024.0;
+  while (fabs(v) >= below && u < max_unit) {
+    v /= base;
     u++;
   }
+  *unit = u;
+  return v;
+}
+
+const char *mf_format_bytes(uint64_t bytes, char *buf, size_t cap) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  const double v = scale_to_unit((double)bytes, 1024.0, 1023.995, 6, &u); /* %.2f of 1023.995 is 1024.00 */
   if (u == 0)
     snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
   else
     snprintf(buf, cap, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+const char *mf_format_count(double n, char *buf, size_t cap) {
+  static const char *const units[] = {"", "K", "M", "B", "T"};
+  if (!isfinite(n)) {
+    snprintf(buf, cap, "-");
+    return buf;
+  }
+  int u = 0;
+  const double v = scale_to_unit(n, 1000.0, 999.5, 4, &u);
+  const double a = fabs(v);
+  /* Three significant digits, the thresholds where %.Nf would round up a digit. */
+  if (u == 0 || a >= 99.95)
+    snprintf(buf, cap, "%.0f%s", v, units[u]);
+  else if (a >= 9.995)
+    snprintf(buf, cap, "%.1f%s", v, units[u]);
+  else
+    snprintf(buf, cap, "%.2f%s", v, units[u]);
   return buf;
 }
 

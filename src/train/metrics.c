@@ -24,7 +24,8 @@ struct mf_metrics {
 
 void mf_step_metrics_init(mf_step_metrics *s) {
   memset(s, 0, sizeof *s);
-  s->eval_loss = NAN;
+  s->window_loss = s->window_aux_loss = NAN;
+  s->eval_loss = s->eval_s = NAN;
   s->step_s = NAN;
   s->expert_imbalance = NAN;
   for (int k = 0; k < 3; k++) s->busy_s[k] = s->idle_s[k] = NAN;
@@ -67,6 +68,9 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   json_num(buf, cap, &n, "loss", s->loss);
   json_num(buf, cap, &n, "ce_loss", s->ce_loss);
   json_num(buf, cap, &n, "aux_loss", s->aux_loss);
+  appendf(buf, cap, &n, ",\"window_steps\":%lld", (ll)s->window_steps);
+  json_num(buf, cap, &n, "window_loss", s->window_loss);
+  json_num(buf, cap, &n, "window_aux_loss", s->window_aux_loss);
   json_num(buf, cap, &n, "lr", s->lr);
   json_num(buf, cap, &n, "grad_norm", s->grad_norm);
   json_num(buf, cap, &n, "tokens_per_s", s->tokens_per_s);
@@ -74,6 +78,7 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   json_num(buf, cap, &n, "elapsed_s", s->elapsed_s);
   appendf(buf, cap, &n, ",\"skipped\":%s", s->skipped ? "true" : "false");
   json_num(buf, cap, &n, "eval_loss", s->eval_loss);
+  json_num(buf, cap, &n, "eval_s", s->eval_s);
   json_num(buf, cap, &n, "step_s", s->step_s);
   json_num(buf, cap, &n, "expert_imbalance", s->expert_imbalance);
   static const char *const busy_keys[3] = {"compute_busy_s", "h2d_busy_s", "d2h_busy_s"};
@@ -91,30 +96,13 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   return n;
 }
 
-/* "950", "12.3k", "4.56M" */
-static void format_rate(char *buf, size_t cap, double v) {
+/* mf_format_bytes of a byte count kept in a double; "-" when unknown. */
+static const char *format_bytes(char *buf, size_t cap, double v) {
   if (!isfinite(v) || v < 0)
     snprintf(buf, cap, "-");
-  else if (v < 1e3)
-    snprintf(buf, cap, "%.0f", v);
-  else if (v < 1e6)
-    snprintf(buf, cap, "%.1fk", v / 1e3);
   else
-    snprintf(buf, cap, "%.2fM", v / 1e6);
-}
-
-/* "950", "12.3K", "1.74M", "2.50G" (binary units); "-" when unknown. */
-static void format_bytes_short(char *buf, size_t cap, double v) {
-  if (!isfinite(v) || v < 0)
-    snprintf(buf, cap, "-");
-  else if (v < 1024)
-    snprintf(buf, cap, "%.0f", v);
-  else if (v < 1024.0 * 1024)
-    snprintf(buf, cap, "%.3gK", v / 1024);
-  else if (v < 1024.0 * 1024 * 1024)
-    snprintf(buf, cap, "%.3gM", v / (1024.0 * 1024));
-  else
-    snprintf(buf, cap, "%.3gG", v / (1024.0 * 1024 * 1024));
+    mf_format_bytes(v < 18446744073709549568.0 ? (uint64_t)v : UINT64_MAX, buf, cap);
+  return buf;
 }
 
 /* "45s", "1m32s", "2h05m"; "?" when unknown. */
@@ -132,6 +120,11 @@ static void format_duration(char *buf, size_t cap, double seconds) {
     snprintf(buf, cap, "%lldh%02lldm", t / 3600, (t % 3600) / 60);
 }
 
+/* The ETA of `left` more units at `per_unit` seconds each, or "?". */
+static void format_eta(char *buf, size_t cap, double left, double per_unit) {
+  format_duration(buf, cap, left <= 0 ? 0.0 : left * per_unit);
+}
+
 size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64_t total_steps) {
   size_t n = 0;
   if (cap) buf[0] = 0;
@@ -141,10 +134,15 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
   } else {
     appendf(buf, cap, &n, "step %lld", (ll)s->step);
   }
-  appendf(buf, cap, &n, "  loss %.4f  aux %.4f", s->loss, s->aux_loss);
+  if (s->window_steps > 0) {
+    appendf(buf, cap, &n, "  loss %.4f  aux %.4f", s->window_loss, s->window_aux_loss);
+    if (s->window_steps > 1) appendf(buf, cap, &n, " (mean of %lld steps)", (ll)s->window_steps);
+  } else {
+    appendf(buf, cap, &n, "  loss %.4f  aux %.4f", s->loss, s->aux_loss);
+  }
   if (isfinite(s->eval_loss)) appendf(buf, cap, &n, "  eval %.4f", s->eval_loss);
   char rate[32];
-  format_rate(rate, sizeof rate, s->tokens_per_s);
+  mf_format_count(isfinite(s->tokens_per_s) && s->tokens_per_s >= 0 ? s->tokens_per_s : NAN, rate, sizeof rate);
   appendf(buf, cap, &n, "  lr %.2e  |g| %.3g  %s tok/s", s->lr, s->grad_norm, rate);
   if (total_steps > 0) {
     double per_step = NAN;
@@ -152,9 +150,8 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
       per_step = s->step_s;
     else if (s->step > 0)
       per_step = s->elapsed_s / (double)s->step;
-    int64_t left = total_steps > s->step ? total_steps - s->step : 0;
     char eta[32];
-    format_duration(eta, sizeof eta, left == 0 ? 0.0 : (double)left * per_step);
+    format_eta(eta, sizeof eta, (double)(total_steps - s->step), per_step);
     appendf(buf, cap, &n, "  eta %s", eta);
   }
   if (isfinite(s->busy_s[0]) && isfinite(s->step_s) && s->step_s > 0) {
@@ -165,14 +162,12 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
   }
   if (isfinite(s->h2d_bytes) || isfinite(s->d2h_bytes)) {
     char up[32], dn[32];
-    format_bytes_short(up, sizeof up, s->h2d_bytes);
-    format_bytes_short(dn, sizeof dn, s->d2h_bytes);
-    appendf(buf, cap, &n, "  io %s/%s", up, dn);
+    appendf(buf, cap, &n, "  io %s/%s", format_bytes(up, sizeof up, s->h2d_bytes),
+            format_bytes(dn, sizeof dn, s->d2h_bytes));
   }
   if (isfinite(s->peak_device_bytes)) {
     char pk[32];
-    format_bytes_short(pk, sizeof pk, s->peak_device_bytes);
-    appendf(buf, cap, &n, "  peak %s", pk);
+    appendf(buf, cap, &n, "  peak %s", format_bytes(pk, sizeof pk, s->peak_device_bytes));
   }
   if (s->optimizer_hidden_s > 0 || s->optimizer_exposed_s > 0)
     appendf(buf, cap, &n, "  opt hidden %.1fms exposed %.1fms", s->optimizer_hidden_s * 1e3,
@@ -181,6 +176,21 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
     appendf(buf, cap, &n, "  staging in %.0f%% out %.0f%%", 100.0 * s->staging_fill_s / s->step_s,
             100.0 * s->staging_drain_s / s->step_s);
   if (s->skipped) appendf(buf, cap, &n, "  SKIPPED (non-finite gradients)");
+  return n;
+}
+
+size_t mf_eval_progress_format(char *buf, size_t cap, const char *what, uint64_t done, uint64_t total,
+                               double elapsed_s) {
+  size_t n = 0;
+  if (cap) buf[0] = 0;
+  char t[32], eta[32];
+  format_duration(t, sizeof t, elapsed_s);
+  appendf(buf, cap, &n, "eval %s: %llu/%llu windows (%.0f%%), %s", what, (unsigned long long)done,
+          (unsigned long long)total, total ? 100.0 * (double)done / (double)total : 100.0, t);
+  if (done > 0 && done < total) {
+    format_eta(eta, sizeof eta, (double)(total - done), elapsed_s / (double)done);
+    appendf(buf, cap, &n, ", eta %s", eta);
+  }
   return n;
 }
 

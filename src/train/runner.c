@@ -79,9 +79,35 @@ mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t) {
   return MF_OK;
 }
 
-mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, mf_eval_result *out, float *capture) {
+/* A long evaluation reports its progress every this many seconds, the first
+ * time after as many: an evaluation shorter than that prints nothing.
+ * MF_PROGRESS_EVERY=SECONDS sets it (0: after every batch). */
+#define EVAL_PROGRESS_S 2.0
+
+static double progress_every(void) {
+  static int warned;
+  const char *e = getenv("MF_PROGRESS_EVERY");
+  if (!e || !*e) return EVAL_PROGRESS_S;
+  char *end = NULL;
+  const double v = strtod(e, &end);
+  if (end != e && *end == 0 && v >= 0 && isfinite(v)) return v;
+  if (!warned) MF_LOGW("eval", "MF_PROGRESS_EVERY=%s is not a number of seconds >= 0: using %g", e, EVAL_PROGRESS_S);
+  warned = 1;
+  return EVAL_PROGRESS_S;
+}
+
+static void eval_progress(const mf_loader *l, uint64_t done, double t0) {
+  char line[4200];
+  mf_eval_progress_format(line, sizeof line, mf_loader_path(l), done, mf_loader_windows(l), mf_time_now() - t0);
+  MF_LOGI("eval", "%s", line);
+}
+
+mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
+                              float *capture) {
   memset(out, 0, sizeof *out);
-  double sum = 0;
+  const double t0 = mf_time_now(), every = progress ? progress_every() : 0;
+  double sum = 0, shown = 0; /* shown: when progress was last reported (0: never) */
+  uint64_t done = 0;
   int first = 1;
   for (;;) {
     mf_loader_batch b;
@@ -94,10 +120,18 @@ mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, mf_eva
     sum += sr.ce_loss * (double)sr.tokens;
     out->tokens += sr.tokens;
     out->sequences += b.n_seq;
+    done += (uint64_t)b.n_seq;
     if (b.end_of_pass) break;
+    const double now = mf_time_now();
+    if (progress && now - (shown > 0 ? shown : t0) >= every) {
+      eval_progress(l, done, t0);
+      shown = now;
+    }
   }
   mf_exec_capture_final_hidden(r->exec, NULL);
   out->loss = out->tokens > 0 ? sum / (double)out->tokens : NAN;
   out->perplexity = exp(out->loss);
+  out->seconds = mf_time_now() - t0;
+  if (shown > 0) eval_progress(l, done, t0); /* it said how far it was: say that it finished */
   return MF_OK;
 }

@@ -169,10 +169,11 @@ static void log_start(const run *r, const mf_train_summary *out) {
   const mf_plan *pl = rp->plan;
   int64_t total = 0, active = 0;
   mf_model_spec_param_count(&t->spec, &total, &active);
-  char b1[32], b2[32], b3[32], b4[32], b5[32];
-  MF_LOGI("train", "model: %s, %s: %.3fM parameters (%.3fM active per token), %lld layers, %lld experts top-%lld",
-          mf_family_name(t->spec.family), r->desc, (double)total / 1e6, (double)active / 1e6,
-          (long long)t->spec.layers, (long long)t->spec.experts, (long long)t->spec.top_k);
+  char b1[32], b2[32], b3[32], b4[32], b5[32], n1[32], n2[32];
+  MF_LOGI("train", "model: %s, %s: %s parameters (%s active per token), %lld layers, %lld experts top-%lld",
+          mf_family_name(t->spec.family), r->desc, mf_format_count((double)total, n1, sizeof n1),
+          mf_format_count((double)active, n2, sizeof n2), (long long)t->spec.layers, (long long)t->spec.experts,
+          (long long)t->spec.top_k);
   MF_LOGI("train",
           "data: %s: %llu windows of %lld tokens; unigram entropy %.4f nats/token (a model that ignores context "
           "scores this)",
@@ -180,10 +181,11 @@ static void log_start(const run *r, const mf_train_summary *out) {
           out->entropy_nats);
   MF_LOGI("train",
           "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; %s backend, device arena %s, %d "
-          "ops, %.3g FLOP/step",
+          "ops, %s FLOP/step",
           (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
           (long long)r->tokens_per_step, mf_threadpool_size(r->pool), r->tr.backend->name,
-          mf_format_bytes(mf_exec_arena_bytes(r->tr.exec), b1, sizeof b1), rp->prog->n_ops, rp->prog->flops);
+          mf_format_bytes(mf_exec_arena_bytes(r->tr.exec), b1, sizeof b1), rp->prog->n_ops,
+          mf_format_count(rp->prog->flops, n1, sizeof n1));
   if (rp->routed)
     MF_LOGI("train", "planning with the routing measured in %s (%llu tokens)", rp->routing_path,
             (unsigned long long)rp->routing.tokens);
@@ -196,13 +198,14 @@ static void log_start(const run *r, const mf_train_summary *out) {
     if (mf_schedule_can_offload(rp->prog, x))
       pl->d->act[x] == MF_ACT_KEEP ? ak++ : pl->d->act[x] == MF_ACT_OFFLOAD ? ao++ : ar++;
   MF_LOGI("train",
-          "plan: %s, arena %s (peak %s), predicted %.4g s/step (%.0f tokens/s); device budget %s (%s); weights %d "
+          "plan: %s, arena %s (peak %s), predicted %.4g s/step (%s tokens/s); device budget %s (%s); weights %d "
           "resident / %d streamed; gradients %d on the device / %d streamed; activations %d kept / %d "
           "offloaded / %d recomputed; optimizer %d on the device / %d on the host; %s up and %s home per step; "
           "%s order; plan.json in %s",
           pl->name, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
           mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
-          (double)r->tokens_per_step / pl->sim.step_seconds, mf_format_bytes(rp->budget, b1, sizeof b1),
+          mf_format_count((double)r->tokens_per_step / pl->sim.step_seconds, n2, sizeof n2),
+          mf_format_bytes(rp->budget, b1, sizeof b1),
           rp->budget_source, wr, ws, gd, gs, ak, ao, ar, pl->s->n_optim_device,
           pl->d->n_params - pl->s->n_optim_device, mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
           mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5), mf_program_order_name(rp->prog->order), cfg->output.dir);
@@ -285,6 +288,7 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
   out->steps = step;
   mf_step_metrics_init(sm);
   sm->step = step;
+  sm->loss = sr.loss;
   sm->ce_loss = sr.ce_loss;
   sm->aux_loss = sr.aux_loss;
   sm->lr = lr;
@@ -308,16 +312,21 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   }
   if (eval_now) {
     mf_eval_result er;
-    MF_CHECK(mf_runner_eval_pass(&r->ev, r->valid, r->w, &er, NULL));
+    MF_CHECK(mf_runner_eval_pass(&r->ev, r->valid, r->w, !r->quiet, &er, NULL));
     sm->eval_loss = er.loss;
+    sm->eval_s = er.seconds;
     out->valid_loss = er.loss;
+    out->eval_seconds += er.seconds;
+    mf_window_exclude(&r->win, er.seconds); /* not training: out of tokens/s, step_s and the ETA */
   }
   if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now) {
     mf_exec_stats xs;
     mf_exec_stats_get(r->tr.exec, &xs);
     sm->elapsed_s = mf_time_now() - r->t_start;
-    MF_CHECK(mf_window_flush(&r->win, r->metrics, sm, &xs, r->tokens_per_step, cfg->train.steps, r->quiet,
-                             &out->final_loss));
+    mf_step_metrics line;
+    MF_CHECK(mf_window_flush(&r->win, r->metrics, sm, &xs, r->tokens_per_step, cfg->train.steps, r->quiet, &line));
+    out->final_loss = line.window_loss;
+    out->final_loss_steps = line.window_steps;
   }
   return MF_OK;
 }
@@ -331,7 +340,8 @@ static int cmp_double(const void *a, const void *b) {
 static mf_status finish(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   out->seconds = mf_time_now() - r->t_start;
-  out->tokens_per_s = (double)(out->steps * r->tokens_per_step) / (out->seconds > 0 ? out->seconds : 1e-9);
+  const double train_s = out->seconds - out->eval_seconds;
+  out->tokens_per_s = (double)(out->steps * r->tokens_per_step) / (train_s > 0 ? train_s : 1e-9);
   /* The first step pays for cold caches and page faults: the median of the rest. */
   const int64_t n_rest = out->steps > 1 ? out->steps - 1 : out->steps;
   double *rest = r->step_wall + (out->steps > 1 ? 1 : 0);
@@ -350,8 +360,20 @@ static mf_status finish(run *r, mf_train_summary *out) {
   MF_CHECK(mf_routing_write(routing_path, &r->t->spec, r->routed, routed_tokens));
   if (r->quiet) return MF_OK;
   MF_LOGI("train", "routing: %s (%llu tokens)", routing_path, (unsigned long long)routed_tokens);
-  MF_LOGI("train", "done: %lld steps in %.1f s (%.0f tokens/s); loss %.4f -> %.4f nats/token; unigram entropy %.4f%s",
-          (long long)out->steps, out->seconds, out->tokens_per_s, out->first_loss, out->final_loss,
+  /* Training time and evaluation time apart; the losses say which they are:
+   * step 1's, then the mean of the last progress line's window. */
+  char rate[32], evals[64] = "", last[64];
+  if (out->eval_seconds > 0) snprintf(evals, sizeof evals, " + %.1f s of evaluation", out->eval_seconds);
+  if (out->final_loss_steps > 1)
+    snprintf(last, sizeof last, "mean of steps %lld-%lld", (long long)(out->steps - out->final_loss_steps + 1),
+             (long long)out->steps);
+  else
+    snprintf(last, sizeof last, "step %lld", (long long)out->steps);
+  MF_LOGI("train",
+          "done: %lld steps in %.1f s of training (%s tokens/s)%s; train loss %.4f -> %.4f nats/token (step 1 "
+          "-> %s); unigram entropy %.4f%s",
+          (long long)out->steps, out->seconds - out->eval_seconds,
+          mf_format_count(out->tokens_per_s, rate, sizeof rate), evals, out->first_loss, out->final_loss, last,
           out->entropy_nats, out->skipped ? " (some steps skipped)" : "");
   if (r->valid)
     MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),

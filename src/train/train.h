@@ -29,11 +29,13 @@ typedef struct mf_train_summary {
   int64_t steps;          /* optimizer steps taken (skipped ones included) */
   int64_t skipped;        /* steps skipped for non-finite gradients */
   double first_loss;      /* the first step's loss */
-  double final_loss;      /* mean loss of the last log window */
+  double final_loss;      /* mean loss of the last log window (final_loss_steps steps) */
+  int64_t final_loss_steps;
   double valid_loss;      /* the final validation loss (NaN without data.valid) */
   double entropy_nats;    /* unigram entropy of the training tokens, nats/token */
-  double tokens_per_s;
-  double seconds;
+  double tokens_per_s;    /* tokens trained / training seconds (seconds - eval_seconds) */
+  double seconds;         /* wall time of the step loop, evaluations included */
+  double eval_seconds;    /* the part of it spent evaluating */
   /* With a plan (memory.device_budget set): the simulator's step time on the
    * config's hardware profile, and the median wall time of the steps after the
    * first (loader, executor, clipping and optimizer; no eval). NaN otherwise. */
@@ -57,6 +59,7 @@ typedef struct mf_eval_result {
   double perplexity; /* exp(loss) */
   int64_t tokens;    /* counted tokens */
   int64_t sequences;
+  double seconds;    /* wall time of the pass */
 } mf_eval_result;
 
 /* Mean loss over every window of a token file. The weights are model_dir when

@@ -58,9 +58,13 @@ mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_tabl
 void mf_runner_free(mf_runner *r);
 
 /* One full pass over an eval loader with weights w: mean cross-entropy per
- * counted token; capture (may be NULL) receives the first batch's final hidden
- * states. */
-mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, mf_eval_result *out, float *capture);
+ * counted token and the pass's seconds; capture (may be NULL) receives the
+ * first batch's final hidden states. With `progress`, a pass that runs longer
+ * than two seconds (MF_PROGRESS_EVERY=SECONDS: that many) says on stderr how
+ * many windows are done and its ETA, at most that often, and ends with a line
+ * saying it finished; a shorter one prints nothing. */
+mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
+                              float *capture);
 
 /* MF_ERR_CONFIG when the token file's vocabulary is larger than the model's. */
 mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t);
@@ -118,9 +122,10 @@ mf_status mf_updates_run_device(const mf_updates *u, mf_exec *x, double coef);
 
 /* Figures of the steps since the last progress line. */
 typedef struct mf_window {
-  double t0;    /* when it began */
-  double loss;  /* summed step losses */
-  int64_t n, tokens;
+  double t0;       /* when it began */
+  double excluded; /* seconds in it that were not training (evaluations) */
+  double loss, aux; /* summed step losses (loss, aux_loss) */
+  int64_t n;
   double busy[MF_EXEC_STREAMS];
   double fill, drain; /* staged copies: the host's seconds (NaN unstaged) */
   size_t peak;
@@ -133,10 +138,14 @@ void mf_window_start(mf_window *w, double now);
 void mf_window_add(mf_window *w, const mf_step_result *sr, const mf_exec_stats *xs);
 /* The overlapped optimizer's totals (busy, waited) after a step. */
 void mf_window_add_worker(mf_window *w, double busy, double waited);
+/* `seconds` of the window went to something other than training (an
+ * evaluation): they are not in its step_s, tokens_per_s or ETA. */
+void mf_window_exclude(mf_window *w, double seconds);
 /* Writes the window's metrics line (and the progress line unless quiet) and
- * starts a new window; *mean_loss gets its mean loss. */
+ * starts a new window. `base` holds the step's own fields; *line gets the
+ * line as written (its window_loss, window_steps). */
 mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *base, const mf_exec_stats *xs,
-                          int64_t tokens_per_step, int64_t total_steps, int quiet, double *mean_loss);
+                          int64_t tokens_per_step, int64_t total_steps, int quiet, mf_step_metrics *line);
 
 #ifdef __cplusplus
 }

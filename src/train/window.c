@@ -18,8 +18,12 @@ void mf_window_add(mf_window *w, const mf_step_result *sr, const mf_exec_stats *
   w->drain += xs->drain_s;
   if (xs->peak_live_bytes > w->peak) w->peak = xs->peak_live_bytes;
   w->loss += sr->loss;
+  w->aux += sr->aux_loss;
   w->n++;
-  w->tokens += sr->tokens;
+}
+
+void mf_window_exclude(mf_window *w, double seconds) {
+  if (seconds > 0) w->excluded += seconds;
 }
 
 /* The overlapped optimizer per step: the loop's waits are exposed, the rest of
@@ -33,13 +37,16 @@ void mf_window_add_worker(mf_window *w, double busy, double waited) {
 }
 
 mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *base, const mf_exec_stats *xs,
-                          int64_t tokens_per_step, int64_t total_steps, int quiet, double *mean_loss) {
-  const double now = mf_time_now(), n = (double)w->n, span = now - w->t0 > 0 ? now - w->t0 : 1e-9;
+                          int64_t tokens_per_step, int64_t total_steps, int quiet, mf_step_metrics *line) {
+  const double now = mf_time_now(), n = (double)w->n;
+  const double train_s = now - w->t0 - w->excluded, span = train_s > 0 ? train_s : 1e-9;
   mf_step_metrics sm = *base;
-  sm.loss = w->loss / n;
-  sm.tokens = w->tokens;
+  sm.window_steps = w->n;
+  sm.window_loss = w->loss / n;
+  sm.window_aux_loss = w->aux / n;
+  sm.tokens = sm.step * tokens_per_step;
   sm.tokens_per_s = n * (double)tokens_per_step / span;
-  sm.step_s = (now - w->t0) / n;
+  sm.step_s = span / n;
   /* Streams: mean busy over the window (NaN on a backend without timing),
    * bytes of this step (every step moves the same), the window's peak. */
   for (int k = 0; k < MF_EXEC_STREAMS; k++) {
@@ -55,11 +62,11 @@ mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *ba
   sm.staging_drain_s = w->drain / n;
   MF_CHECK(mf_metrics_write(m, &sm));
   if (!quiet) {
-    char line[512];
-    mf_progress_format(line, sizeof line, &sm, total_steps);
-    MF_LOGI("train", "%s", line);
+    char text[512];
+    mf_progress_format(text, sizeof text, &sm, total_steps);
+    MF_LOGI("train", "%s", text);
   }
-  *mean_loss = sm.loss;
+  *line = sm;
   mf_window_start(w, now);
   return MF_OK;
 }

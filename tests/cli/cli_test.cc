@@ -213,7 +213,7 @@ TEST(Cli, PlanOptimizerOnTheDevice) {
                     json + " --svg " + svg);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char *want : {"parameters (", "updated on the device", "of AdamW state (fp32 moments)",
-                           "optimizer      activations", "its optimizer", "device     host "})
+                           "  offloaded  recomputed", "its optimizer", "device     host "})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   // The table: layer 1 on the device, layer 0 and the rest at home.
   const size_t l1 = r.out.find("\n  layer 1 "), l0 = r.out.find("\n  layer 0 ");

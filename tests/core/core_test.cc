@@ -305,4 +305,102 @@ TEST(Util, ParseSize) {
   EXPECT_STREQ(mf_format_bytes(12, buf, sizeof buf), "12 B");
 }
 
+// Bytes switch unit where two decimals would round up to 1024 of the smaller one.
+TEST(Util, FormatBytesNeverShows1024OfAUnit) {
+  char buf[32];
+  EXPECT_STREQ(mf_format_bytes(1023, buf, sizeof buf), "1023 B");
+  EXPECT_STREQ(mf_format_bytes(1024, buf, sizeof buf), "1.00 KiB");
+  EXPECT_STREQ(mf_format_bytes(1048575, buf, sizeof buf), "1.00 MiB");  // 1023.999 KiB
+  EXPECT_STREQ(mf_format_bytes(1048570, buf, sizeof buf), "1023.99 KiB");
+  EXPECT_STREQ(mf_format_bytes(18874368, buf, sizeof buf), "18.00 MiB");
+  EXPECT_STREQ(mf_format_bytes((1ull << 40) - 1, buf, sizeof buf), "1.00 TiB");
+  EXPECT_STREQ(mf_format_bytes(UINT64_MAX, buf, sizeof buf), "16.00 EiB");
+}
+
+// Counts for people: three significant digits, K/M/B/T, never "1e+03K".
+TEST(Util, FormatCount) {
+  char buf[32];
+  const struct {
+    double n;
+    const char *want;
+  } cases[] = {
+      {0, "0"},
+      {7, "7"},
+      {950, "950"},
+      {999, "999"},
+      {999.4, "999"},
+      {999.5, "1.00K"},
+      {1000, "1.00K"},
+      {1010, "1.01K"},
+      {9994, "9.99K"},
+      {9995, "10.0K"},  // where %.2f would show 10.00K
+      {12345, "12.3K"},
+      {99949, "99.9K"},
+      {99950, "100K"},  // where %.1f would show 100.0K
+      {451904, "452K"},
+      {999499, "999K"},
+      {999500, "1.00M"},  // not "1e+03K" or "1000K"
+      {1034000, "1.03M"},
+      {3042000000.0, "3.04B"},
+      {12750000000.0, "12.8B"},
+      {46702792704.0, "46.7B"},
+      {75490000000.0, "75.5B"},
+      {1.5e12, "1.50T"},
+      {2.5e15, "2500T"},
+      {-12345, "-12.3K"},
+      {0.4, "0"},
+      {NAN, "-"},
+      {INFINITY, "-"},
+  };
+  for (const auto &c : cases) EXPECT_STREQ(mf_format_count(c.n, buf, sizeof buf), c.want) << c.n;
+  // A short buffer is cut like snprintf's and stays a C string.
+  char small[4];
+  EXPECT_STREQ(mf_format_count(46702792704.0, small, sizeof small), "46.");
+}
+
+std::string PrintTable(mf_table *t, const char *indent) {
+  char *text = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  EXPECT_EQ(mf_table_print(t, f, indent), MF_OK) << mf_last_error();
+  fclose(f);
+  std::string s(text, len);
+  free(text);
+  return s;
+}
+
+// Each column as wide as its widest cell, header included; numbers right,
+// words left; no trailing spaces; group labels centred over their columns.
+TEST(Table, AlignsEachColumnToItsWidestCell) {
+  mf_table *t = nullptr;
+  ASSERT_EQ(mf_table_create("lrrl", &t), MF_OK);
+  for (const char *c : {"layer", "res", "stream", "optimizer"}) mf_table_cell(t, "%s", c);
+  mf_table_cell(t, "layer %d", 0), mf_table_cell(t, "%d", 777), mf_table_cell(t, "%d", 0), mf_table_cell(t, "device");
+  mf_table_cell(t, "layer %d", 10), mf_table_cell(t, "%d", 10), mf_table_cell(t, "%d", 11), mf_table_cell(t, "host");
+  EXPECT_EQ(PrintTable(t, "  "),
+            "  layer     res  stream  optimizer\n"
+            "  layer 0   777       0  device\n"
+            "  layer 10   10      11  host\n");
+  mf_table_free(t);
+
+  // A group label wider than its columns widens the last of them; a short
+  // last row is padded with empty cells.
+  ASSERT_EQ(mf_table_create("lrr", &t), MF_OK);
+  mf_table_group(t, 1, 2, "activations kept");
+  for (const char *c : {"", "a", "b"}) mf_table_cell(t, "%s", c);
+  mf_table_cell(t, "x"), mf_table_cell(t, "1"), mf_table_cell(t, "22");
+  mf_table_cell(t, "embed/head");
+  EXPECT_EQ(PrintTable(t, ""),
+            "            activations kept\n"
+            "            a              b\n"
+            "x           1             22\n"
+            "embed/head\n");
+  mf_table_free(t);
+
+  EXPECT_EQ(mf_table_create("lx", &t), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(mf_table_create("", &t), MF_ERR_INVALID_ARG);
+  mf_table_free(nullptr);
+}
+
 }  // namespace

@@ -76,6 +76,10 @@ TEST(Metrics, LinesAreJson) {
       s.loss = NAN;
       s.grad_norm = INFINITY;
       s.eval_loss = 1.75;
+      s.eval_s = 12.5;
+      s.window_steps = 10;
+      s.window_loss = 2.375;
+      s.window_aux_loss = 2.0625;
       s.step_s = 0.25;
       s.expert_imbalance = 1.5;
       s.busy_s[0] = 0.125, s.busy_s[1] = 0.0625, s.busy_s[2] = 0.03125;
@@ -96,9 +100,10 @@ TEST(Metrics, LinesAreJson) {
 
   std::vector<std::string> lines = Lines(dir + "/metrics.jsonl");
   ASSERT_EQ(lines.size(), 3u);
-  const char *keys[] = {"step",      "loss",         "ce_loss",         "aux_loss",  "lr",
+  const char *keys[] = {"step",      "loss",         "ce_loss",         "aux_loss",  "window_steps",
+                        "window_loss", "window_aux_loss", "lr",
                         "grad_norm", "tokens_per_s", "tokens",          "elapsed_s", "skipped",
-                        "eval_loss", "step_s",       "expert_imbalance",
+                        "eval_loss", "eval_s", "step_s",       "expert_imbalance",
                         "compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s", "d2h_idle_s",
                         "h2d_bytes", "d2h_bytes", "peak_device_bytes", "optimizer_hidden_s", "optimizer_exposed_s",
                         "staging_fill_s", "staging_drain_s"};
@@ -120,6 +125,10 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_TRUE(json_is_null(json_object_get(j, "grad_norm"))) << "Inf is written as null";
       EXPECT_TRUE(json_is_true(json_object_get(j, "skipped")));
       EXPECT_DOUBLE_EQ(Num(j, "eval_loss"), 1.75);
+      EXPECT_DOUBLE_EQ(Num(j, "eval_s"), 12.5);
+      EXPECT_EQ(json_integer_value(json_object_get(j, "window_steps")), 10);
+      EXPECT_DOUBLE_EQ(Num(j, "window_loss"), 2.375);
+      EXPECT_DOUBLE_EQ(Num(j, "window_aux_loss"), 2.0625);
       EXPECT_DOUBLE_EQ(Num(j, "step_s"), 0.25);
       EXPECT_DOUBLE_EQ(Num(j, "expert_imbalance"), 1.5);
       EXPECT_DOUBLE_EQ(Num(j, "compute_busy_s"), 0.125);
@@ -142,6 +151,10 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_TRUE(json_is_false(json_object_get(j, "skipped")));
       // Optional fields left at their init value (NaN) are null.
       EXPECT_TRUE(json_is_null(json_object_get(j, "eval_loss")));
+      EXPECT_TRUE(json_is_null(json_object_get(j, "eval_s")));
+      EXPECT_EQ(json_integer_value(json_object_get(j, "window_steps")), 0) << "no window";
+      EXPECT_TRUE(json_is_null(json_object_get(j, "window_loss")));
+      EXPECT_TRUE(json_is_null(json_object_get(j, "window_aux_loss")));
       EXPECT_TRUE(json_is_null(json_object_get(j, "step_s")));
       EXPECT_TRUE(json_is_null(json_object_get(j, "expert_imbalance")));
       // Streams not measured: null; the optimizer's overlap fields default to 0.
@@ -287,7 +300,8 @@ TEST(Metrics, OpenErrorsNameThePath) {
   mf_metrics_close(nullptr);
 }
 
-TEST(Progress, Format) {
+// Step 40 of 300 as the progress tests print it, at step_s seconds a step.
+mf_step_metrics Step40(double step_s) {
   mf_step_metrics s;
   mf_step_metrics_init(&s);
   s.step = 40;
@@ -296,12 +310,17 @@ TEST(Progress, Format) {
   s.lr = 2.6666e-3;
   s.grad_norm = 0.51234;
   s.tokens_per_s = 12301.5;
-  s.elapsed_s = 40 * 0.35;
-  s.step_s = 0.35;  // 260 steps left × 0.35 s = 91 s
+  s.step_s = step_s;
+  s.elapsed_s = 40 * step_s;
+  return s;
+}
+
+TEST(Progress, Format) {
+  mf_step_metrics s = Step40(0.35);  // 260 steps left × 0.35 s = 91 s
   char buf[256];
   size_t n = mf_progress_format(buf, sizeof buf, &s, 300);
   EXPECT_EQ(n, strlen(buf));
-  EXPECT_STREQ(buf, "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3k tok/s  eta 1m31s");
+  EXPECT_STREQ(buf, "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 1m31s");
 
   // Without step_s the ETA comes from the mean step time so far.
   s.step_s = NAN;
@@ -342,16 +361,7 @@ TEST(Progress, Format) {
 }
 
 TEST(Progress, Streams) {
-  mf_step_metrics s;
-  mf_step_metrics_init(&s);
-  s.step = 40;
-  s.loss = 2.34121;
-  s.aux_loss = 2.01041;
-  s.lr = 2.6666e-3;
-  s.grad_norm = 0.51234;
-  s.tokens_per_s = 12301.5;
-  s.step_s = 0.04;
-  s.elapsed_s = 40 * 0.04;
+  mf_step_metrics s = Step40(0.04);
   s.busy_s[0] = 0.0312, s.busy_s[1] = 0.0006, s.busy_s[2] = 0.0002;
   s.h2d_bytes = 1824768;        // 1.74 MiB
   s.d2h_bytes = 1803264;        // 1.72 MiB
@@ -359,8 +369,8 @@ TEST(Progress, Streams) {
   char buf[512];
   mf_progress_format(buf, sizeof buf, &s, 300);
   EXPECT_STREQ(buf,
-               "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3k tok/s  eta 10s"
-               "  busy c 78% up 2% dn 0%  io 1.74M/1.72M  peak 13.5M");
+               "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 10s"
+               "  busy c 78% up 2% dn 0%  io 1.74 MiB/1.72 MiB  peak 13.49 MiB");
   // Small and large byte counts; the optimizer's overlap when it is reported.
   s.h2d_bytes = 512;
   s.d2h_bytes = 3.5 * 1024;
@@ -368,8 +378,18 @@ TEST(Progress, Streams) {
   s.optimizer_hidden_s = 0.012;
   s.optimizer_exposed_s = 0.003;
   mf_progress_format(buf, sizeof buf, &s, 300);
-  EXPECT_NE(std::string(buf).find("io 512/3.5K  peak 2.5G  opt hidden 12.0ms exposed 3.0ms"), std::string::npos)
+  EXPECT_NE(std::string(buf).find("io 512 B/3.50 KiB  peak 2.50 GiB  opt hidden 12.0ms exposed 3.0ms"),
+            std::string::npos)
       << buf;
+  // Where %.3g of K showed "1.01e+03K" (1010 KiB) the units move up.
+  s.h2d_bytes = 1010 * 1024;
+  s.d2h_bytes = 997 * 1024;
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_NE(std::string(buf).find("io 1010.00 KiB/997.00 KiB"), std::string::npos) << buf;
+  s.h2d_bytes = 1048575;  // 1023.999 KiB
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_NE(std::string(buf).find("io 1.00 MiB/"), std::string::npos) << buf;
+  EXPECT_EQ(std::string(buf).find("e+"), std::string::npos) << buf;
   EXPECT_EQ(std::string(buf).find("staging"), std::string::npos) << "not staged: " << buf;
   // With the copies staged: the host's share of the step filling and draining slabs.
   s.step_s = 0.5;
@@ -384,6 +404,47 @@ TEST(Progress, Streams) {
   mf_progress_format(buf, sizeof buf, &s, 300);
   EXPECT_EQ(std::string(buf).find("busy"), std::string::npos) << buf;
   EXPECT_EQ(std::string(buf).find("peak"), std::string::npos) << buf;
+}
+
+// The loss and aux of a progress line are the window's means and say so when
+// the window holds more than one step; one step's are shown as they are.
+TEST(Progress, WindowMeans) {
+  mf_step_metrics s = Step40(0.35);
+  s.window_steps = 10;
+  s.window_loss = s.loss;
+  s.window_aux_loss = s.aux_loss;
+  s.loss = 2.5;  // the step's own
+  s.aux_loss = 2.25;
+  char buf[256];
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_STREQ(buf,
+               "step   40/300  loss 2.3412  aux 2.0104 (mean of 10 steps)  lr 2.67e-03  |g| 0.512  12.3K tok/s"
+               "  eta 1m31s");
+  s.window_steps = 1;
+  s.window_loss = 2.5;
+  s.window_aux_loss = 2.25;
+  mf_progress_format(buf, sizeof buf, &s, 300);
+  EXPECT_STREQ(buf, "step   40/300  loss 2.5000  aux 2.2500  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 1m31s");
+}
+
+// An evaluation under way: windows done of all, the share, the time so far
+// and the ETA at the pace so far; the closing line without an ETA.
+TEST(Progress, Evaluation) {
+  char buf[256];
+  size_t n = mf_eval_progress_format(buf, sizeof buf, "valid.tokens", 1200, 3326, 4.0);
+  EXPECT_EQ(n, strlen(buf));
+  // 2126 windows left at 300 windows/s: 7.09 s.
+  EXPECT_STREQ(buf, "eval valid.tokens: 1200/3326 windows (36%), 4s, eta 7s");
+  mf_eval_progress_format(buf, sizeof buf, "v", 10, 1000, 125.0);  // 990 x 12.5 s = 3 h 26 min
+  EXPECT_STREQ(buf, "eval v: 10/1000 windows (1%), 2m05s, eta 3h26m");
+  mf_eval_progress_format(buf, sizeof buf, "valid.tokens", 3326, 3326, 12.4);
+  EXPECT_STREQ(buf, "eval valid.tokens: 3326/3326 windows (100%), 12s");
+  mf_eval_progress_format(buf, sizeof buf, "v", 0, 8, 0.0);
+  EXPECT_STREQ(buf, "eval v: 0/8 windows (0%), 0s");
+  char small[12];
+  size_t need = mf_eval_progress_format(small, sizeof small, "valid.tokens", 1, 2, 1.0);
+  EXPECT_GT(need, sizeof small);
+  EXPECT_EQ(strlen(small), sizeof small - 1);
 }
 
 }  // namespace
