@@ -28,7 +28,8 @@ static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
     MF_CHECK(mf_hwprofile_load(path, &rp->hw));
   }
   /* auto without a profile measured here: say whose rates the plan uses. */
-  if (is_auto && strcmp(path, "runs/hw/cpu.yaml") != 0)
+  static int said; /* once a process: train plans its evaluation with the same profile */
+  if (is_auto && strcmp(path, "runs/hw/cpu.yaml") != 0 && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
     MF_LOGI("plan",
             "hardware.profile auto: %s, bundled with moefit (%s), not measured on this machine: "
             "`moefit profile` measures this one into runs/hw/cpu.yaml, which auto then uses",
