@@ -38,6 +38,13 @@ int mf_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((for
 /* 1 when any argument is -h or --help. */
 int mf_cli_wants_help(int argc, char **argv);
 
+/* A command's arguments as main hands them over: "--name=value" split into
+ * "--name" "value" for every command's options alike (key=value overrides
+ * have no leading "--" and pass through; "--" ends the options). Returns a
+ * new NULL-terminated argv to free() (argc updated; the strings are argv's,
+ * changed in place), or NULL when out of memory. */
+char **mf_cli_split_options(int *argc, char **argv);
+
 #ifdef __cplusplus
 }
 #endif

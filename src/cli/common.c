@@ -1,5 +1,6 @@
 /* Shared pieces of the subcommands: error reporting and help detection. */
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/cli/commands.h"
@@ -26,4 +27,25 @@ int mf_cli_wants_help(int argc, char **argv) {
     if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) return 1;
   }
   return 0;
+}
+
+/* See commands.h. */
+char **mf_cli_split_options(int *argc, char **argv) {
+  char **out = malloc(sizeof *out * (size_t)(2 * *argc + 1));
+  if (!out) return NULL;
+  int n = 0, options = 1;
+  for (int i = 0; i < *argc; i++) {
+    char *a = argv[i], *eq = strchr(a, '=');
+    if (options && strcmp(a, "--") == 0) options = 0;
+    if (options && i > 0 && strncmp(a, "--", 2) == 0 && a[2] && eq && eq > a + 2) {
+      *eq = '\0'; /* argv's strings are ours to change (C11 5.1.2.2.1) */
+      out[n++] = a;
+      out[n++] = eq + 1;
+    } else {
+      out[n++] = a;
+    }
+  }
+  out[n] = NULL;
+  *argc = n;
+  return out;
 }

@@ -48,29 +48,6 @@ static void print_help(FILE *f) {
           "Long options take their value as the next argument or after '=': --json FILE, --json=FILE.\n");
 }
 
-/* "--name=value" -> "--name" "value", for every command's options alike
- * (key=value overrides have no leading "--" and pass through). Returns the
- * new argv (argc updated) or NULL when out of memory; "--" ends the options. */
-static char **split_long_options(int *argc, char **argv) {
-  char **out = malloc(sizeof *out * (size_t)(2 * *argc + 1));
-  if (!out) return NULL;
-  int n = 0, options = 1;
-  for (int i = 0; i < *argc; i++) {
-    char *a = argv[i], *eq = strchr(a, '=');
-    if (options && strcmp(a, "--") == 0) options = 0;
-    if (options && i > 0 && strncmp(a, "--", 2) == 0 && a[2] && eq && eq > a + 2) {
-      *eq = '\0'; /* argv's strings are ours to change (C11 5.1.2.2.1) */
-      out[n++] = a;
-      out[n++] = eq + 1;
-    } else {
-      out[n++] = a;
-    }
-  }
-  out[n] = NULL;
-  *argc = n;
-  return out;
-}
-
 int main(int argc, char **argv) {
   /* `bazel run` starts us in the runfiles tree; work where the user typed the command. */
   const char *wd = getenv("BUILD_WORKING_DIRECTORY");
@@ -95,7 +72,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < N_COMMANDS; i++) {
     if (strcmp(cmd, k_commands[i].name) != 0) continue;
     int n = argc - 1;
-    char **args = split_long_options(&n, argv + 1);
+    char **args = mf_cli_split_options(&n, argv + 1);
     if (!args) {
       fprintf(stderr, "moefit: out of memory\n");
       return MF_EXIT_FAIL;

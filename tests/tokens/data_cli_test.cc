@@ -40,9 +40,12 @@ Result RunCmd(int (*fn)(int, char **), std::initializer_list<std::string> args) 
   std::vector<char *> argv;
   for (auto &a : keep) argv.push_back(&a[0]);
   argv.push_back(nullptr);
+  int argc = (int)keep.size();
+  char **split = mf_cli_split_options(&argc, argv.data());  // as main hands them over
   testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();
-  int code = fn((int)keep.size(), argv.data());
+  int code = fn(argc, split);
+  free(split);
   fflush(stdout);
   Result r{code, testing::internal::GetCapturedStdout(), testing::internal::GetCapturedStderr()};
   return r;
