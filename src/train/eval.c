@@ -104,6 +104,32 @@ static mf_status dump_logits(const mf_config *cfg, const mf_param_table *t, cons
   return MF_OK;
 }
 
+/* eval picked OUTPUT/final over the config's model.init: say so when the
+ * model a run left there has another shape than the config describes. */
+static void note_other_final(const mf_config *cfg, const char *final_dir, const mf_model_spec *s) {
+  const mf_model_spec *c = &cfg->model.init;
+  const struct {
+    const char *key;
+    int64_t config, final;
+  } k[] = {{"layers", c->layers, s->layers},       {"hidden", c->hidden, s->hidden},
+           {"experts", c->experts, s->experts},    {"top_k", c->top_k, s->top_k},
+           {"expert_ffn", c->expert_ffn, s->expert_ffn}, {"vocab", c->vocab, s->vocab},
+           {"heads", c->heads, s->heads},          {"kv_heads", c->kv_heads, s->kv_heads}};
+  if (c->family != s->family) {
+    MF_LOGW("eval", "%s is a %s model, not the config's model.init (%s): the model a run left in output.dir; "
+            "--model DIR or output.dir=DIR picks another",
+            final_dir, mf_family_name(s->family), mf_family_name(c->family));
+    return;
+  }
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (k[i].config != k[i].final) {
+      MF_LOGW("eval", "%s has %s %lld, the config's model.init %lld: it is the model a run left in output.dir; "
+              "--model DIR or output.dir=DIR picks another",
+              final_dir, k[i].key, (long long)k[i].final, (long long)k[i].config);
+      return;
+    }
+}
+
 mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result *out) {
   memset(out, 0, sizeof *out);
   mf_status st = MF_OK;
@@ -124,6 +150,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
   MF_CHECK_GOTO(mf_run_model_table(cfg, model_dir, &t), st, done);
+  if (model_dir == final_dir) note_other_final(cfg, final_dir, &t->spec);
   MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);
   MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
                 done);

@@ -91,6 +91,8 @@ TEST(FirstHour, ARoutingFileOfAnotherModelBreaksNoCommand) {
   Result eval = moefit("eval configs/demo.yaml" + common);
   EXPECT_EQ(eval.code, 0) << eval.out;
   EXPECT_TRUE(has(eval.out, "perplexity")) << eval.out;
+  EXPECT_TRUE(has(eval.out, out + "/final has layers 3, the config's model.init 2: it is the model a run left"))
+      << eval.out;
   // Another family's model with the demo config.
   const std::string qwen = tmpdir() + "/first_hour_qwen3";
   Result init = moefit("init --family qwen3_moe --preset tiny --out " + qwen);
