@@ -3,8 +3,10 @@
 # MF_REQUIRE_GPU=1 so that a test which cannot see the GPU fails instead of
 # skipping; then the demo on cuda beside the cpu backend (60 steps, losses
 # within 2%), plan invariance on cuda (resident vs MegaTrain-like: the same
-# final weights, bit for bit) and staged vs straight copies (the same bits);
-# prints one summary table at the end. Under 10 minutes.
+# final weights, bit for bit), staged vs straight copies (the same bits), and
+# moefit beside transformers on the 644M shape of configs/bench-644m.yaml
+# (tools/peer_bench.py; tokens/s and the ratio); prints one summary table at the
+# end. Under 10 minutes.
 #
 # usage:
 #   tools/gpu_check.sh [BAZEL_FLAGS...]   build (bazel build //...) and run the gpu
@@ -233,9 +235,39 @@ else
   row "demo on cuda" "no moefit binary" ""
   cuda_ok=0
 fi
-# TODO(issue 6, next slice): `moefit bench kernels --backend cuda`, the kernel
-#   timings table against the bandwidth/FLOP floors.
-row "moefit bench kernels" "TODO (next slice)" ""
+# moefit beside its peer on one shape (configs/bench-644m.yaml, 644M
+# parameters, 4 x 1024 tokens a step): moefit everything resident on cuda, then
+# transformers (tools/peer_bench.py: bf16, sdpa, fused AdamW, random weights)
+# on the config.json that run wrote; each one's tokens/s and moefit/peer. A
+# measurement: moefit failing to train fails the check, the ratio does not; no
+# torch here only leaves the peer's figure out.
+peer_step() {
+  local out=/tmp/mf_gpu_check_runs/bench644 t mf peer
+  t=$(now)
+  rm -rf "$out"
+  if [[ ! -x "$moefit" || ! -f runs/demo/data/train.tokens ]]; then
+    row "644M shape: moefit vs transformers" "no moefit binary or no runs/demo/data" ""
+    return 1
+  fi
+  if ! timeout 600 "$moefit" train configs/bench-644m.yaml "output.dir=$out" >"$out.log" 2>&1; then
+    tail -n 20 "$out.log" >&2
+    row "644M shape: moefit resident on cuda" "FAILED (see $out.log)" "$(($(now) - t))"
+    return 1
+  fi
+  mf=$(python3 -c "import json,sys; l=[json.loads(x) for x in open(sys.argv[1])]; print('%.0f' % l[-1]['tokens_per_s'])"        "$out/metrics.jsonl" 2>/dev/null || echo "")
+  row "644M shape: moefit resident on cuda" "${mf:-?} tokens/s (last window)" "$(($(now) - t))"
+  t=$(now)
+  if ! timeout 600 python3 tools/peer_bench.py "$out/final" --seq-len 1024 --micro-batch 4 --json "$out.peer.json"       >"$out.peer.log" 2>&1; then
+    tail -n 5 "$out.peer.log" >&2
+    row "644M shape: transformers bf16 (peer)" "not run (see $out.peer.log)" "$(($(now) - t))"
+    return 0
+  fi
+  peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$out.peer.json")
+  row "644M shape: transformers bf16 (peer)" "$peer tokens/s; moefit/peer $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "${mf:-0}" "$peer")" "$(($(now) - t))"
+  return 0
+}
+peer_step || cuda_ok=0
+row "moefit bench kernels" "not built yet (issue 14)" ""
 
 if [[ "$bazel_rc" -ne 0 || "$passed" -eq 0 || "$failed" -ne 0 || "$skipped" -ne 0 || "$cuda_ok" -ne 1 ]]; then
   print_table "FAIL"
