@@ -7,6 +7,8 @@
 
 #include "planner/host.h"
 
+#include "src/core/hostbuf.h"
+
 mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pinned_bytes,
                           const mf_config_memory *mem, const mf_hwprofile *hw, mf_host_usage *out) {
   if (!p || !hw || !out) return MF_ERR(MF_ERR_INVALID_ARG, "host memory: NULL argument");
@@ -92,20 +94,6 @@ uint64_t mf_host_resident_bytes(const mf_host_usage *u) {
          u->spill_grad_bytes;
 }
 
-/* The first number on the line of /proc/meminfo (in KiB) or the file (in
- * bytes) that starts with `key` ("" for the whole file); 0 when absent. */
-static uint64_t number_in(const char *file, const char *key, uint64_t unit) {
-  FILE *f = fopen(file, "r");
-  if (!f) return 0;
-  char line[256];
-  uint64_t v = 0;
-  const size_t k = strlen(key);
-  while (!v && fgets(line, sizeof line, f))
-    if (strncmp(line, key, k) == 0) v = strtoull(line + k, NULL, 10) * unit;
-  fclose(f);
-  return v;
-}
-
 mf_status mf_host_machine_memory(uint64_t *bytes, char *source, size_t source_cap) {
   *bytes = 0;
   const char *env = getenv("MF_HOST_MEMORY");
@@ -118,21 +106,6 @@ mf_status mf_host_machine_memory(uint64_t *bytes, char *source, size_t source_ca
     snprintf(source, source_cap, "MF_HOST_MEMORY");
     return MF_OK;
   }
-  *bytes = number_in("/proc/meminfo", "MemAvailable:", 1024);
-  snprintf(source, source_cap, "MemAvailable in /proc/meminfo");
-  if (!*bytes) {
-    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    *bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-    snprintf(source, source_cap, "available physical pages (sysconf)");
-  }
-  static const char *const limits[] = {"/sys/fs/cgroup/memory.max",
-                                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
-  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
-    const uint64_t lim = number_in(limits[i], "", 1);
-    if (lim > 0 && (*bytes == 0 || lim < *bytes)) {
-      *bytes = lim;
-      snprintf(source, source_cap, "the cgroup limit in %s", limits[i]);
-    }
-  }
+  *bytes = mf_hostbuf_machine_memory(1, source, source_cap);
   return MF_OK;
 }

@@ -24,6 +24,7 @@
 
 #include "src/cli/commands.h"
 #include "src/core/core.h"
+#include "src/core/hostbuf.h"
 #include "src/optim/optim.h"
 
 static const char k_usage[] =
@@ -53,35 +54,6 @@ static const char k_usage[] =
     "of max(4 x last-level cache, 64 MiB) each. GB = 1e9 bytes.\n";
 
 /* ------------------------------------------------------------ machine */
-
-static uint64_t meminfo_kib(const char *key) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  uint64_t v = 0;
-  size_t klen = strlen(key);
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, key, klen) == 0 && line[klen] == ':') {
-      v = strtoull(line + klen + 1, NULL, 10);
-      break;
-    }
-  fclose(f);
-  return v;
-}
-
-static uint64_t mem_available(void) {
-  uint64_t kib = meminfo_kib("MemAvailable");
-  if (kib) return kib * 1024;
-  long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-  return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-}
-
-static uint64_t mem_total(void) {
-  uint64_t kib = meminfo_kib("MemTotal");
-  if (kib) return kib * 1024;
-  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-  return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-}
 
 static size_t llc_bytes(void) {
   long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -272,7 +244,7 @@ static int bench_optim(int argc, char **argv) {
       return mf_cli_usage_error(cmd, "unknown argument \"%s\"", a);
     }
   }
-  const uint64_t total = mem_total();
+  const uint64_t total = mf_hostbuf_machine_memory(0, NULL, 0);
   if (n_sizes == 0) {
     sizes[n_sizes++] = (size_t)64 << 20;
     sizes[n_sizes++] = (size_t)256 << 20;
@@ -286,7 +258,7 @@ static int bench_optim(int argc, char **argv) {
   if (st != MF_OK) return mf_cli_fail(cmd, st);
   char b1[32], b2[32];
   printf("bench optim: %d threads, adamw body %s, memory %s available of %s\n", mf_threadpool_size(pool),
-         mf_adamw_impl_name(), mf_format_bytes(mem_available(), b1, sizeof b1),
+         mf_adamw_impl_name(), mf_format_bytes(mf_hostbuf_machine_memory(1, NULL, 0), b1, sizeof b1),
          mf_format_bytes(total, b2, sizeof b2));
 
   /* triad arrays: >= 4x the last-level cache each (and at least 64 MiB) */
@@ -319,7 +291,7 @@ static int bench_optim(int argc, char **argv) {
     char name[32];
     fmt_count(n, name, sizeof name);
     const uint64_t need = (uint64_t)n * 18u;
-    const uint64_t avail = mem_available();
+    const uint64_t avail = mf_hostbuf_machine_memory(1, NULL, 0);
     if (need > avail / 10 * 9) {
       printf("adamw n=%-6s skipped: needs %s, %s available\n", name, mf_format_bytes(need, b1, sizeof b1),
              mf_format_bytes(avail, b2, sizeof b2));

@@ -22,6 +22,7 @@
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
+#include "src/core/hostbuf.h"
 #include "src/exec/exec.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
@@ -215,21 +216,6 @@ static mf_status run_adamw(void *ctx) {
 }
 
 /* ------------------------------------------------------------ machine */
-
-static uint64_t host_memory_bytes(void) {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  uint64_t mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-  static const char *const limits[] = {"/sys/fs/cgroup/memory.max",
-                                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
-  for (size_t i = 0; i < 2; i++) {
-    FILE *f = fopen(limits[i], "r");
-    if (!f) continue;
-    unsigned long long lim;
-    if (fscanf(f, "%llu", &lim) == 1 && lim > 0 && (mem == 0 || lim < mem)) mem = lim;
-    fclose(f);
-  }
-  return mem;
-}
 
 static void cpu_model(char *buf, size_t cap) {
   snprintf(buf, cap, "unknown CPU");
@@ -628,7 +614,7 @@ static mf_status measure_cpu(mf_hwprofile *p, run_info *ri, const char *cmdline,
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
   MF_CHECK_GOTO(measure_adamw(p, pool, ri), st, done);
   if (pt) MF_CHECK_GOTO(prog_timer_round(pt), st, done);
-  p->host_memory = host_memory_bytes() >> 20 << 20; /* whole MiB: readable, and exact enough */
+  p->host_memory = mf_hostbuf_machine_memory(0, NULL, 0) >> 20 << 20; /* whole MiB: readable, and exact enough */
   if (p->host_memory == 0) {
     st = MF_ERR(MF_ERR_IO, "cannot tell this machine's memory (sysconf and /proc)");
     goto done;

@@ -202,3 +202,39 @@ mf_status mf_hostbuf_advise(mf_hostbuf *b, size_t offset, size_t bytes, int will
                   lo, hi, strerror(e));
   return MF_OK;
 }
+
+/* The first number on the line of `file` that starts with `key` ("" for the
+ * file's first line), times `unit`; 0 when absent or not a number. */
+static uint64_t number_in(const char *file, const char *key, uint64_t unit) {
+  FILE *f = fopen(file, "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t v = 0;
+  const size_t k = strlen(key);
+  while (!v && fgets(line, sizeof line, f))
+    if (strncmp(line, key, k) == 0) v = strtoull(line + k, NULL, 10) * unit;
+  fclose(f);
+  return v;
+}
+
+uint64_t mf_hostbuf_machine_memory(int available, char *source, size_t source_cap) {
+  char dummy[8];
+  if (!source) source = dummy, source_cap = sizeof dummy;
+  const char *key = available ? "MemAvailable:" : "MemTotal:";
+  uint64_t bytes = number_in("/proc/meminfo", key, 1024);
+  snprintf(source, source_cap, "%.*s in /proc/meminfo", (int)strlen(key) - 1, key);
+  if (!bytes) {
+    const long pages = sysconf(available ? _SC_AVPHYS_PAGES : _SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    snprintf(source, source_cap, "%s physical pages (sysconf)", available ? "available" : "all");
+  }
+  static const char *const limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    const uint64_t lim = number_in(limits[i], "", 1);
+    if (lim > 0 && (bytes == 0 || lim < bytes)) {
+      bytes = lim;
+      snprintf(source, source_cap, "the cgroup limit in %s", limits[i]);
+    }
+  }
+  return bytes;
+}

@@ -69,6 +69,13 @@ mf_status mf_hostbuf_alloc(const char *dir, const char *what, size_t bytes, mf_h
  * all, as pseudo and some network filesystems do). */
 int64_t mf_hostbuf_dir_free(const char *dir);
 
+/* This machine's memory as a process here can use it: `available` 1 —
+ * MemAvailable (what the kernel can hand out without swapping), else 0 — all
+ * of it (MemTotal); either bounded by the cgroup's memory limit (v2 or v1).
+ * /proc/meminfo missing: sysconf's pages. `source` (may be NULL) gets where
+ * the figure came from, for messages. 0 when nothing says. */
+uint64_t mf_hostbuf_machine_memory(int available, char *source, size_t source_cap);
+
 /* Unmaps the buffer and closes its file (whose blocks the filesystem then
  * frees); zeroes *b. NULL, a zeroed struct, or a second free are fine. */
 void mf_hostbuf_free(mf_hostbuf *b);

@@ -21,14 +21,8 @@ static int staging_threads(const mf_config *cfg, const char *backend) {
 /* The pinned staging arena laid out by the run plan, the executor copying through it. */
 static mf_status use_staging(mf_runner *r, const mf_config *cfg) {
   const mf_run_plan *rp = r->rp;
-  if (!rp->staging_fits) {
-    char a[32], b[32];
-    return MF_ERR(MF_ERR_CONFIG,
-                  "memory.pinned_limit %s: the pinned staging arena needs at least %s (its largest slab, one "
-                  "tensor's copy); raise memory.pinned_limit or set memory.staging: false",
-                  mf_format_bytes(cfg->memory.pinned_limit, a, sizeof a),
-                  mf_format_bytes(rp->staging->largest_slab_bytes, b, sizeof b));
-  }
+  if (!rp->staging_fits) /* mf_run_plan_admit refused such a plan, naming memory.pinned_limit */
+    return MF_ERR(MF_ERR_INTERNAL, "runner: a staging layout over memory.pinned_limit was admitted");
   r->staging_threads = staging_threads(cfg, rp->dev.name);
   const mf_exec_staging_opts so = {r->staging_threads, 0, 0};
   return mf_exec_use_staging(r->exec, rp->staging, &so);
