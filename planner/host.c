@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "planner/host.h"
 
@@ -89,10 +88,11 @@ const char *mf_host_unplaced_why(const mf_host_usage *u, const mf_config_memory 
   return "only moments, master weights and gradient sums that land home once a step spill";
 }
 
-uint64_t mf_host_resident_bytes(const mf_host_usage *u) {
-  return u->total_bytes - u->spill_cold_master_bytes - u->spill_moment_bytes - u->spill_master_bytes -
-         u->spill_grad_bytes;
+uint64_t mf_host_spill_bytes(const mf_host_usage *u) {
+  return u->spill_moment_bytes + u->spill_master_bytes + u->spill_cold_master_bytes + u->spill_grad_bytes;
 }
+
+uint64_t mf_host_resident_bytes(const mf_host_usage *u) { return u->total_bytes - mf_host_spill_bytes(u); }
 
 mf_status mf_host_machine_memory(uint64_t *bytes, char *source, size_t source_cap) {
   *bytes = 0;

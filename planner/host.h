@@ -82,6 +82,10 @@ double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw);
  * part that spills. `mem` as given to mf_host_account (may be NULL). */
 const char *mf_host_unplaced_why(const mf_host_usage *u, const mf_config_memory *mem);
 
+/* What the plan keeps in files in memory.nvme_dir: every spilled part, the
+ * cold master weights (no per-step traffic) included. */
+uint64_t mf_host_spill_bytes(const mf_host_usage *u);
+
 /* The host memory the plan keeps in this machine's memory: total_bytes less
  * what spills to NVMe (the unplaced bytes count: they have nowhere else). */
 uint64_t mf_host_resident_bytes(const mf_host_usage *u);

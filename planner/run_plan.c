@@ -124,14 +124,9 @@ static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const 
   return st;
 }
 
-/* What a plan puts in files in memory.nvme_dir. */
-static uint64_t spill_bytes(const mf_host_usage *u) {
-  return u->spill_moment_bytes + u->spill_master_bytes + u->spill_cold_master_bytes + u->spill_grad_bytes;
-}
-
 static mf_run_fit fit_from(const mf_config *cfg, const mf_plan *pl, const mf_host_usage *u, int pinned_fits) {
   mf_run_fit f = {pl->fits, u->unplaced_bytes == 0, pinned_fits, 1, 0};
-  const uint64_t spill = spill_bytes(u);
+  const uint64_t spill = mf_host_spill_bytes(u);
   if (spill > 0 && cfg->memory.nvme_dir) {
     const int64_t room = mf_hostbuf_dir_free(cfg->memory.nvme_dir);
     f.nvme = access(cfg->memory.nvme_dir, W_OK | X_OK) == 0 && (room < 0 || (uint64_t)room >= spill);
@@ -262,13 +257,13 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
       add_reason(buf, cap, &n,
                  "NVMe: the plan spills %s to memory.nvme_dir %s, which %s: create it on an NVMe drive, or point "
                  "memory.nvme_dir at one",
-                 mf_format_bytes(spill_bytes(u), a, sizeof a), dir,
+                 mf_format_bytes(mf_host_spill_bytes(u), a, sizeof a), dir,
                  access(dir, F_OK) != 0 ? "does not exist" : "is not a directory moefit may write in");
     else
       add_reason(buf, cap, &n,
                  "NVMe: the plan spills %s to memory.nvme_dir %s, which has %s free: free space there, point "
                  "memory.nvme_dir at a larger drive, or raise memory.host_limit",
-                 mf_format_bytes(spill_bytes(u), a, sizeof a), dir, mf_format_bytes((uint64_t)room, b, sizeof b));
+                 mf_format_bytes(mf_host_spill_bytes(u), a, sizeof a), dir, mf_format_bytes((uint64_t)room, b, sizeof b));
   }
   if (!rp->fit.pinned)
     add_reason(

@@ -68,7 +68,7 @@ mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_para
  * model.init), not the config's model.init alone; the message names both places. */
 static mf_status check_seq_len(const mf_config *cfg, const char *dir, const mf_param_table *t) {
   if (cfg->data.seq_len <= t->spec.max_seq) return MF_OK;
-  const char *at = mf_config_where(cfg, "data.seq_len"),
+  const char *set_at = mf_config_where(cfg, "data.seq_len"),
              *init_at = mf_config_where(cfg, "model.init.max_seq");
   char model[4400];
   if (dir)
@@ -77,9 +77,9 @@ static mf_status check_seq_len(const mf_config *cfg, const char *dir, const mf_p
   else
     snprintf(model, sizeof model, "model.init.max_seq (%lld; %s%s)", (long long)t->spec.max_seq,
              init_at ? "set at " : "the family's default", init_at ? init_at : "");
-  if (!at) at = cfg->source ? cfg->source : "config";
+  const char *at = set_at ? set_at : cfg->source ? cfg->source : "config";
   return MF_ERR(MF_ERR_CONFIG, "%s: data.seq_len (%lld%s) exceeds %s", at, (long long)cfg->data.seq_len,
-                mf_config_where(cfg, "data.seq_len") ? "" : ", its default", model);
+                set_at ? "" : ", its default", model);
 }
 
 /* logits of the first sequence = final hidden . lm_head^T, on the host. */

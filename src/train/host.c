@@ -28,9 +28,7 @@ static void log_spill(const mf_host_state *h, const char *dir, size_t n) {
           h->spill_master ? mf_format_bytes(n * sizeof(float), b, sizeof b) : "",
           h->spill_grads ? (h->spill_moments || h->spill_master ? ", gradient sums " : "gradient sums ") : "",
           h->spill_grads ? mf_format_bytes(n * sizeof(float), c, sizeof c) : "",
-          mf_format_bytes(h->u.spill_moment_bytes + h->u.spill_master_bytes + h->u.spill_cold_master_bytes +
-                              h->u.spill_grad_bytes,
-                          d, sizeof d),
+          mf_format_bytes(mf_host_spill_bytes(&h->u), d, sizeof d),
           mf_format_bytes(h->u.host_limit, e, sizeof e));
 }
 
