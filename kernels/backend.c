@@ -15,15 +15,24 @@
 #define W MF_KOP_WRITE
 #define A MF_KOP_ADD
 #define ACC MF_KOP_ACCUMULATE
-#define OPT(name, role) {name, role, 1}
+#define OPT(name, role) {name, role, 1, MF_KT_FLOAT}
+/* an operand of a fixed type: F32, F64, I32, I64, BYTES */
+#define F32(name, role) {name, role, 0, MF_KT_F32}
+#define F64(name, role) {name, role, 0, MF_KT_F64}
+#define I32(name, role) {name, role, 0, MF_KT_I32}
+#define I64(name, role) {name, role, 0, MF_KT_I64}
+#define BYTES(name, role) {name, role, 0, MF_KT_BYTES}
 
+/* Operands without a type are FLOAT (the call's storage dtype). Gradients of
+ * weights (dtable, dw, dW, db, the experts' dW) are fp32 sums whatever the
+ * storage; so are rstd, lse, the router's probabilities and top-k weights. */
 static const mf_kernel_info k_info[MF_K_COUNT_] = {
-    [MF_K_ZERO] = {"zero", {{"x", W}}},
-    [MF_K_EMBED_FWD] = {"embed_fwd", {{"ids", R}, {"table", R}, {"out", W}}, {"T", "V", "H"}},
-    [MF_K_EMBED_BWD] = {"embed_bwd", {{"ids", R}, {"dout", R}, {"dtable", A}}, {"T", "V", "H"}},
-    [MF_K_RMSNORM_FWD] = {"rmsnorm_fwd", {{"x", R}, {"w", R}, {"y", W}, {"rstd", W}}, {"R", "C"}, {"eps"}},
+    [MF_K_ZERO] = {"zero", {BYTES("x", W)}},
+    [MF_K_EMBED_FWD] = {"embed_fwd", {I32("ids", R), {"table", R}, {"out", W}}, {"T", "V", "H"}},
+    [MF_K_EMBED_BWD] = {"embed_bwd", {I32("ids", R), {"dout", R}, F32("dtable", A)}, {"T", "V", "H"}},
+    [MF_K_RMSNORM_FWD] = {"rmsnorm_fwd", {{"x", R}, {"w", R}, {"y", W}, F32("rstd", W)}, {"R", "C"}, {"eps"}},
     [MF_K_RMSNORM_BWD] = {"rmsnorm_bwd",
-                          {{"dy", R}, {"x", R}, {"w", R}, {"rstd", R}, {"dx", ACC}, {"dw", A}},
+                          {{"dy", R}, {"x", R}, {"w", R}, F32("rstd", R), {"dx", ACC}, F32("dw", A)},
                           {"R", "C", "accumulate"}},
     [MF_K_LINEAR_FWD] = {"linear_fwd",
                          {{"x", R}, {"W", R}, OPT("bias", R), {"y", ACC}},
@@ -32,17 +41,17 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                               {{"dy", R}, {"W", R}, {"dx", ACC}},
                               {"M", "N", "K", "accumulate"}},
     [MF_K_LINEAR_BWD_WEIGHT] = {"linear_bwd_weight",
-                                {{"dy", R}, {"x", R}, {"dW", A}, OPT("db", A)},
+                                {{"dy", R}, {"x", R}, F32("dW", A), {"db", A, 1, MF_KT_F32}},
                                 {"M", "N", "K"}},
     /* in place: x (dx) is read and overwritten */
-    [MF_K_ROPE_FWD] = {"rope_fwd", {{"x", A}, {"pos", R}}, {"T", "nh", "D"}, {"theta"}},
-    [MF_K_ROPE_BWD] = {"rope_bwd", {{"dx", A}, {"pos", R}}, {"T", "nh", "D"}, {"theta"}},
+    [MF_K_ROPE_FWD] = {"rope_fwd", {{"x", A}, I32("pos", R)}, {"T", "nh", "D"}, {"theta"}},
+    [MF_K_ROPE_BWD] = {"rope_bwd", {{"dx", A}, I32("pos", R)}, {"T", "nh", "D"}, {"theta"}},
     [MF_K_ATTN_FWD] = {"attn_fwd",
-                       {{"q", R}, {"k", R}, {"v", R}, {"o", W}, {"lse", W}},
+                       {{"q", R}, {"k", R}, {"v", R}, {"o", W}, F32("lse", W)},
                        {"B", "S", "Hq", "Hkv", "D"},
                        {"scale"}},
     [MF_K_ATTN_BWD] = {"attn_bwd",
-                       {{"q", R}, {"k", R}, {"v", R}, {"o", R}, {"dout", R}, {"lse", R}, {"dq", W}, {"dk", W},
+                       {{"q", R}, {"k", R}, {"v", R}, {"o", R}, {"dout", R}, F32("lse", R), {"dq", W}, {"dk", W},
                         {"dv", W}},
                        {"B", "S", "Hq", "Hkv", "D"},
                        {"scale"}},
@@ -52,64 +61,67 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_SIGGATE_BWD] = {"sigmoid_gate_bwd",
                           {{"gl", R}, {"x", R}, {"dy", R}, {"dx", W}, {"dgl", W}},
                           {"R", "C"}},
-    /* fp32 = 1 for gradient sums, which are never rounded to bf16 */
+    /* fp32 = 1 for gradient sums, which are never rounded to bf16 (their
+     * operands are F32 in a BF16 program too) */
     [MF_K_ADD] = {"add", {{"x", R}, {"y", A}}, {"n", "fp32"}},
     [MF_K_ROUTER_FWD] = {"router_fwd",
-                         {{"logits", R}, {"probs", W}, {"topk_idx", W}, {"topk_w", W}},
+                         {{"logits", R}, F32("probs", W), I32("topk_idx", W), F32("topk_w", W)},
                          {"T", "E", "K", "norm_topk"}},
     [MF_K_ROUTER_BWD] = {"router_bwd",
-                         {{"probs", R}, {"topk_idx", R}, {"topk_w", R}, {"dtopk_w", R},
-                          OPT("dprobs_extra", R), {"dlogits", W}},
+                         {F32("probs", R), I32("topk_idx", R), F32("topk_w", R), {"dtopk_w", R},
+                          {"dprobs_extra", R, 1, MF_KT_F32}, {"dlogits", W}},
                          {"T", "E", "K", "norm_topk"}},
     /* counts and offsets are int64, the row maps int32 */
     [MF_K_MOE_DISPATCH] = {"moe_dispatch",
-                           {{"topk_idx", R}, {"counts", W}, {"offsets", W}, {"row_of", W},
-                            {"token_of_row", W}},
+                           {I32("topk_idx", R), I64("counts", W), I64("offsets", W), I32("row_of", W),
+                            I32("token_of_row", W)},
                            {"T", "K", "E"}},
-    [MF_K_MOE_GATHER] = {"moe_gather", {{"x", R}, {"token_of_row", R}, {"xe", W}}, {"R", "H"}},
+    [MF_K_MOE_GATHER] = {"moe_gather", {{"x", R}, I32("token_of_row", R), {"xe", W}}, {"R", "H"}},
     [MF_K_MOE_GATHER_BWD] = {"moe_gather_bwd",
-                             {{"dxe", R}, {"row_of", R}, {"dx", ACC}},
+                             {{"dxe", R}, I32("row_of", R), {"dx", ACC}},
                              {"T", "K", "H", "accumulate"}},
-    [MF_K_MOE_COMBINE] = {"moe_combine", {{"ye", R}, {"w", R}, {"row_of", R}, {"y", A}}, {"T", "K", "H"}},
+    [MF_K_MOE_COMBINE] = {"moe_combine", {{"ye", R}, F32("w", R), I32("row_of", R), {"y", A}}, {"T", "K", "H"}},
     [MF_K_MOE_COMBINE_BWD] = {"moe_combine_bwd",
-                              {{"dy", R}, {"ye", R}, {"w", R}, {"row_of", R}, {"dye", W}, {"dw", W}},
+                              {{"dy", R}, {"ye", R}, F32("w", R), I32("row_of", R), {"dye", W}, {"dw", W}},
                               {"T", "K", "H"}},
     /* The expert weights: E pointers of expert_bytes each, NULL for an expert
      * without rows; the rows R come from the first operand's bytes
      * (mf_kernel_expert_rows). */
     [MF_K_EXPERT_FWD] = {"expert_fwd",
-                         {{"xe", R}, {"offsets", R}, {"ye", W}},
+                         {{"xe", R}, I64("offsets", R), {"ye", W}},
                          {"E", "N", "Kd"},
                          {0},
                          {"W", R}},
     [MF_K_EXPERT_BWD_DATA] = {"expert_bwd_data",
-                              {{"dye", R}, {"offsets", R}, {"dxe", W}},
+                              {{"dye", R}, I64("offsets", R), {"dxe", W}},
                               {"E", "N", "Kd"},
                               {0},
                               {"W", R}},
     [MF_K_EXPERT_BWD_WEIGHT] = {"expert_bwd_weight",
-                                {{"dye", R}, {"xe", R}, {"offsets", R}},
+                                {{"dye", R}, {"xe", R}, I64("offsets", R)},
                                 {"E", "N", "Kd"},
                                 {0},
-                                {"dW", A}},
+                                F32("dW", A)},
     /* ws and lse are workspace; scalars: 2 doubles {loss_sum, n_valid}; dh
      * and dW present for the backward */
     [MF_K_CROSS_ENTROPY] = {"cross_entropy",
-                            {{"h", R}, {"W", R}, {"target", R}, {"ws", W}, {"lse", W}, {"scalars", W},
-                             OPT("dh", W), OPT("dW", A)},
+                            {{"h", R}, {"W", R}, I32("target", R), F32("ws", W), F32("lse", W),
+                             F64("scalars", W), OPT("dh", W), {"dW", A, 1, MF_KT_F32}},
                             {"T", "V", "H", "chunk"},
                             {"loss_scale"}},
     /* counts int64, psum double; aux (AUX_VALUE) one double */
     [MF_K_AUX_ACCUMULATE] = {"aux_accumulate",
-                             {{"probs", R}, {"topk_idx", R}, {"counts", A}, {"psum", A}},
+                             {F32("probs", R), I32("topk_idx", R), I64("counts", A), F64("psum", A)},
                              {"T", "E", "K"}},
-    [MF_K_AUX_VALUE] = {"aux_value", {{"counts", R}, {"psum", R}, {"aux", W}}, {"E", "n_rows"}},
-    [MF_K_AUX_GRAD] = {"aux_grad", {{"counts", R}, {"dprobs", W}}, {"E", "n_rows", "T"}, {"coef"}},
+    [MF_K_AUX_VALUE] = {"aux_value", {I64("counts", R), F64("psum", R), F64("aux", W)}, {"E", "n_rows"}},
+    [MF_K_AUX_GRAD] = {"aux_grad", {I64("counts", R), F32("dprobs", W)}, {"E", "n_rows", "T"}, {"coef"}},
     /* g fp32, sums double: chunk sums written from sums[first] on */
-    [MF_K_GRAD_SUMSQ] = {"grad_sumsq", {{"g", R}, {"sums", W}}, {"n", "first"}},
-    /* param and grad fp32 (grad scaled in place), state m then v */
+    [MF_K_GRAD_SUMSQ] = {"grad_sumsq", {F32("g", R), F64("sums", W)}, {"n", "first"}},
+    /* param in the storage dtype, grad fp32 (scaled in place), state: with
+     * BF16 storage the fp32 master first, then m and v (fp32, or bf16 when
+     * moment_bf16); the param is then the master's bf16 working copy */
     [MF_K_ADAMW] = {"adamw",
-                    {{"param", A}, {"grad", A}, {"state", A}},
+                    {{"param", A}, F32("grad", A), BYTES("state", A)},
                     {"n", "t", "moment_bf16"},
                     {"lr", "beta1", "beta2", "eps", "weight_decay", "coef"}},
 };
@@ -120,6 +132,11 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
 #undef A
 #undef ACC
 #undef OPT
+#undef F32
+#undef F64
+#undef I32
+#undef I64
+#undef BYTES
 
 const mf_kernel_info *mf_kernel_info_of(mf_kernel k) {
   return (int)k >= 0 && k < MF_K_COUNT_ ? &k_info[k] : NULL;
@@ -194,10 +211,78 @@ mf_status mf_kernel_call_check(const mf_kernel_call *k) {
                     k->b[j].bytes);
     }
   }
+  mf_dtype storage;
+  return mf_kernel_call_dtype(k, &storage);
+}
+
+mf_dtype mf_kop_type_dtype(mf_kop_type t, mf_dtype storage) {
+  switch (t) {
+    case MF_KT_FLOAT:
+      return storage;
+    case MF_KT_F32:
+      return MF_DTYPE_F32;
+    case MF_KT_F64:
+      return MF_DTYPE_F64;
+    case MF_KT_I32:
+      return MF_DTYPE_I32;
+    case MF_KT_I64:
+      return MF_DTYPE_I64;
+    default:
+      return MF_DTYPE_INVALID;
+  }
+}
+
+/* An operand's dtype as given; 0 stands for its type's dtype with F32 storage. */
+static mf_dtype given(const mf_kop *op, mf_dtype d) {
+  return d != MF_DTYPE_INVALID ? d : mf_kop_type_dtype(op->type, MF_DTYPE_F32);
+}
+
+mf_status mf_kernel_call_dtype(const mf_kernel_call *k, mf_dtype *storage) {
+  const mf_kernel_info *t = mf_kernel_info_of(k->kind);
+  const char *label = k->label ? k->label : "";
+  *storage = MF_DTYPE_F32;
+  if (!t)
+    return MF_ERR(MF_ERR_INVALID_ARG, "kernel kind %d%s%s is not one of the %d kinds of kernels/backend.h",
+                  (int)k->kind, *label ? " in " : "", label, (int)MF_K_COUNT_);
+  /* The storage: the first FLOAT operand present (an expert weight counts as
+   * slot 100). */
+  const int n = mf_kernel_n_operands(k->kind);
+  int from = -1;
+  mf_dtype st = MF_DTYPE_INVALID;
+  for (int j = 0; j <= n && from < 0; j++) {
+    const mf_kop *op = j < n ? &t->b[j] : &t->experts;
+    const int present = j < n ? k->b[j].ptr != NULL : op->name && k->experts != NULL;
+    if (!present || op->type != MF_KT_FLOAT) continue;
+    st = given(op, j < n ? k->b[j].dtype : k->expert_dtype);
+    from = j < n ? j : 100;
+  }
+  char what[64], what2[64];
+  if (from >= 0 && st != MF_DTYPE_F32 && st != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "kernel %s%s%s: %s is %s; its storage must be F32 or BF16", t->name,
+                  *label ? " in " : "", label, mf_kernel_operand_text(k->kind, from, what, sizeof what),
+                  mf_dtype_name(st));
+  if (from < 0) st = MF_DTYPE_F32;
+  for (int j = 0; j <= n; j++) {
+    const mf_kop *op = j < n ? &t->b[j] : &t->experts;
+    const int present = j < n ? k->b[j].ptr != NULL : op->name && k->experts != NULL;
+    if (!present || op->type == MF_KT_BYTES) continue;
+    const mf_dtype want = mf_kop_type_dtype(op->type, st);
+    const mf_dtype got = given(op, j < n ? k->b[j].dtype : k->expert_dtype);
+    if (got == want) continue;
+    mf_kernel_operand_text(k->kind, j < n ? j : 100, what, sizeof what);
+    if (op->type == MF_KT_FLOAT)
+      return MF_ERR(MF_ERR_INVALID_ARG, "kernel %s%s%s: %s is %s but %s is %s; a call computes in one storage dtype",
+                    t->name, *label ? " in " : "", label, what, mf_dtype_name(got),
+                    mf_kernel_operand_text(k->kind, from, what2, sizeof what2), mf_dtype_name(st));
+    return MF_ERR(MF_ERR_INVALID_ARG, "kernel %s%s%s: %s is %s; it must be %s", t->name, *label ? " in " : "",
+                  label, what, mf_dtype_name(got), mf_dtype_name(want));
+  }
+  *storage = st;
   return MF_OK;
 }
 
 int64_t mf_kernel_expert_rows(const mf_kernel_call *k) {
   const int64_t width = k->kind == MF_K_EXPERT_FWD ? k->i[2] : k->kind == MF_K_EXPERT_BWD_DATA ? k->i[1] : 0;
-  return width > 0 ? (int64_t)(k->b[0].bytes / sizeof(float)) / width : 0;
+  const size_t es = mf_dtype_size(k->b[0].dtype != MF_DTYPE_INVALID ? k->b[0].dtype : MF_DTYPE_F32);
+  return width > 0 && es ? (int64_t)(k->b[0].bytes / es) / width : 0;
 }

@@ -90,12 +90,15 @@ const char *mf_kernel_name(mf_kernel k); /* "unknown" for a kind out of range */
 
 #define MF_KBUF_MAX 10
 
-/* One operand: where it is, how many bytes the kernel may touch, and whether it
- * writes them. */
+/* One operand: where it is, how many bytes the kernel may touch, whether it
+ * writes them, and the dtype of its elements. dtype MF_DTYPE_INVALID (0, left
+ * out) stands for the operand's type in the operand table with fp32 storage
+ * (mf_kop_type below): F32 for a FLOAT operand. */
 typedef struct mf_kbuf {
   void *ptr;
   size_t bytes;
   int write;
+  mf_dtype dtype;
 } mf_kbuf;
 
 typedef struct mf_kernel_call {
@@ -107,6 +110,7 @@ typedef struct mf_kernel_call {
    * NULL for an expert with no rows. Written for EXPERT_BWD_WEIGHT. */
   void **experts;
   size_t expert_bytes;
+  mf_dtype expert_dtype; /* their elements' dtype (0: as a kbuf's dtype 0) */
   const char *label; /* the program op's name, for messages (may be NULL) */
 } mf_kernel_call;
 
@@ -124,10 +128,25 @@ typedef enum mf_kop_role {
                                               `accumulate` size is non-zero */
 } mf_kop_role;
 
+/* The element type of an operand. A call computes in one storage dtype, F32
+ * or BF16 (the step program's: weights, activations and their gradients):
+ * every FLOAT operand of a call has it. The other types are fixed whatever the
+ * storage: gradient sums, statistics and softmax sums stay fp32, indices are
+ * integers, loss and norm sums are doubles. */
+typedef enum mf_kop_type {
+  MF_KT_FLOAT = 0, /* the call's storage dtype: F32 or BF16 */
+  MF_KT_F32,
+  MF_KT_F64,
+  MF_KT_I32,
+  MF_KT_I64,
+  MF_KT_BYTES, /* any dtype: raw bytes laid out by the call's sizes (ZERO; ADAMW's state) */
+} mf_kop_type;
+
 typedef struct mf_kop {
   const char *name; /* as the cpu twin names it; NULL: no such operand */
   mf_kop_role role;
   int optional; /* may be absent (ptr NULL): the kernel then does without it */
+  mf_kop_type type;
 } mf_kop;
 
 typedef struct mf_kernel_info {
@@ -155,17 +174,30 @@ uint32_t mf_kernel_reads(const mf_kernel_call *call);
 int mf_kernel_writes_experts(mf_kernel k);
 
 /* The checks both backends make of a call before running it: its kind is one
- * of the table's (else MF_ERR_INVALID_ARG naming the kind's number), and no
+ * of the table's (else MF_ERR_INVALID_ARG naming the kind's number), no
  * operand the table does not mark optional is a NULL pointer with bytes
- * (MF_ERR_INVALID_ARG naming the kernel, the call's label and the operand). */
+ * (MF_ERR_INVALID_ARG naming the kernel, the call's label and the operand),
+ * and its operands' dtypes agree with the table (mf_kernel_call_dtype). Which
+ * storage dtypes a backend computes is its own check. */
 mf_status mf_kernel_call_check(const mf_kernel_call *call);
+
+/* The dtype a call computes in (its storage): that of its FLOAT operands and
+ * FLOAT expert weights (dtype 0 read as F32), which must be F32 or BF16 and all
+ * the same; every operand of a fixed type must have that type's dtype (or 0).
+ * Otherwise MF_ERR_INVALID_ARG naming the kernel, the call's label, the operand
+ * and the dtypes. A call without FLOAT operands computes in F32. */
+mf_status mf_kernel_call_dtype(const mf_kernel_call *call, mf_dtype *storage);
+
+/* The dtype an operand of type `t` has in a call computing in `storage`
+ * (MF_DTYPE_INVALID for BYTES: any). */
+mf_dtype mf_kop_type_dtype(mf_kop_type t, mf_dtype storage);
 
 /* "operand 3 (y)": how messages name operand `slot` of a kind (slot >= 100:
  * expert slot - 100's weight). Returns buf. */
 const char *mf_kernel_operand_text(mf_kernel k, int slot, char *buf, size_t cap);
 
 /* The rows R of an EXPERT_FWD or EXPERT_BWD_DATA call, from its first operand's
- * bytes (xe [R, Kd], dye [R, N] in fp32): a bound on offsets[E] that a device
+ * bytes and dtype (xe [R, Kd], dye [R, N]): a bound on offsets[E] that a device
  * can use without reading offsets. 0 for other kinds and empty rows. */
 int64_t mf_kernel_expert_rows(const mf_kernel_call *call);
 

@@ -371,6 +371,14 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
     mf_error_prefix("cpu backend");
     return st;
   }
+  mf_dtype storage;
+  MF_CHECK(mf_kernel_call_dtype(k, &storage));
+  if (storage != MF_DTYPE_F32)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "cpu backend: kernel %s%s%s: its operands are %s; the cpu backend computes F32 storage (its "
+                  "round_bf16 mode rounds F32 values to bf16)",
+                  mf_kernel_name(k->kind), k->label ? " in " : "", k->label ? k->label : "",
+                  mf_dtype_name(storage));
   if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return run_now(c, k);
   qitem it;
   memset(&it, 0, sizeof it);

@@ -194,9 +194,9 @@ extern "C" mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *pa
 }
 
 extern "C" mf_status mf_cuda_adamw_update_scaled(const mf_cuda_adamw_step *h, float *param, float *grad,
-                                                 double coef, void *m, void *v, int moment_bf16, size_t n,
-                                                 void *stream) {
-  if (!(coef < 1.0)) return mf_cuda_adamw_update(h, param, grad, 0, m, v, moment_bf16, NULL, n, stream);
+                                                 double coef, void *m, void *v, int moment_bf16,
+                                                 uint16_t *bf16_out, size_t n, void *stream) {
+  if (!(coef < 1.0)) return mf_cuda_adamw_update(h, param, grad, 0, m, v, moment_bf16, bf16_out, n, stream);
   adamw_coefs c;
   MF_CHECK(adamw_coefs_of(h, &c));
   if (n == 0) return MF_OK;
@@ -207,10 +207,10 @@ extern "C" mf_status mf_cuda_adamw_update_scaled(const mf_cuda_adamw_step *h, fl
   const int64_t nn = (int64_t)n;
   if (moment_bf16)
     adamw_kernel<false, true, true>
-        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, grad, scale, m, v, NULL, nn);
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, grad, scale, m, v, bf16_out, nn);
   else
     adamw_kernel<false, false, true>
-        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, grad, scale, m, v, NULL, nn);
+        <<<grid, MF_CUDA_BLOCK, 0, s>>>(c, param, grad, grad, scale, m, v, bf16_out, nn);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }

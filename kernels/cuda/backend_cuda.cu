@@ -234,6 +234,9 @@ static mf_status cuda_copy(mf_backend *b, void *dst, const void *src, size_t byt
 
 #define F(j) ((float *)k->b[j].ptr)
 #define CF(j) ((const float *)k->b[j].ptr)
+// A FLOAT operand (kernels/backend.c): the call's storage type T.
+#define S(j) ((T *)k->b[j].ptr)
+#define CS(j) ((const T *)k->b[j].ptr)
 #define I32(j) ((int32_t *)k->b[j].ptr)
 #define CI32(j) ((const int32_t *)k->b[j].ptr)
 #define I64(j) ((int64_t *)k->b[j].ptr)
@@ -258,24 +261,35 @@ static mf_status launch_grad_sumsq(const mf_kernel_call *k, cudaStream_t s) {
   return mf_cuda_grad_chunk_sumsq(CF(0), (size_t)n, D64(1) + first, s);
 }
 
-static mf_status launch_adamw(const mf_kernel_call *k, cudaStream_t s) {
+// bf16_param (BF16 storage): the state holds the fp32 master first, then m
+// and v; the update runs on the master and writes the param as its bf16
+// working copy.
+static mf_status launch_adamw(const mf_kernel_call *k, int bf16_param, cudaStream_t s) {
   const int64_t n = k->i[0];
   const int mbf = k->i[2] != 0;
   const size_t ms = mbf ? sizeof(uint16_t) : sizeof(float);
-  if (n < 0 || (uint64_t)n > SIZE_MAX / 8)
+  if (n < 0 || (uint64_t)n > SIZE_MAX / 16)
     return MF_ERR(MF_ERR_INVALID_ARG, "%lld elements: not a valid count", (long long)n);
-  if (k->b[0].bytes < (size_t)n * sizeof(float) || k->b[1].bytes < (size_t)n * sizeof(float) ||
-      k->b[2].bytes < 2 * (size_t)n * ms)
+  const size_t ps = bf16_param ? sizeof(uint16_t) : sizeof(float);
+  const size_t master = bf16_param ? (size_t)n * sizeof(float) : 0;
+  if (k->b[0].bytes < (size_t)n * ps || k->b[1].bytes < (size_t)n * sizeof(float) ||
+      k->b[2].bytes < master + 2 * (size_t)n * ms)
     return MF_ERR(MF_ERR_INVALID_ARG,
-                  "%lld elements (%s moments) do not fit the operands (param %zu bytes, grad %zu bytes, "
-                  "state %zu bytes)",
-                  (long long)n, mbf ? "bf16" : "fp32", k->b[0].bytes, k->b[1].bytes, k->b[2].bytes);
+                  "%lld elements (%s param, %s moments) do not fit the operands (param %zu bytes, grad %zu "
+                  "bytes, state %zu bytes)",
+                  (long long)n, bf16_param ? "bf16" : "fp32", mbf ? "bf16" : "fp32", k->b[0].bytes,
+                  k->b[1].bytes, k->b[2].bytes);
   const mf_cuda_adamw_step h = {k->f[0], k->f[1], k->f[2], k->f[3], k->f[4], k->i[1]};
-  char *state = (char *)k->b[2].ptr; /* m, then v */
-  return mf_cuda_adamw_update_scaled(&h, F(0), F(1), k->f[5], state, state + (size_t)n * ms, mbf, (size_t)n,
-                                     s);
+  char *state = (char *)k->b[2].ptr;
+  char *mv = state + master; /* m, then v */
+  float *param = bf16_param ? (float *)state : F(0);
+  uint16_t *working = bf16_param ? (uint16_t *)k->b[0].ptr : NULL;
+  return mf_cuda_adamw_update_scaled(&h, param, F(1), k->f[5], mv, mv + (size_t)n * ms, mbf, working,
+                                     (size_t)n, s);
 }
 
+// The kernels of a call computing in storage T (float: F32, mf_bf16: BF16).
+template <typename T>
 static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
   const int64_t *i = k->i;
   switch (k->kind) {
@@ -283,11 +297,11 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       if (k->b[0].bytes) MF_CUDA_CHECK(cudaMemsetAsync(k->b[0].ptr, 0, k->b[0].bytes, s));
       return MF_OK;
     case MF_K_EMBED_FWD:
-      return mf_cuda_embed_fwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), s);
+      return mf_cuda_embed_fwd<T>(CI32(0), i[0], CS(1), i[1], i[2], S(2), s);
     case MF_K_EMBED_BWD:
-      return mf_cuda_embed_bwd(CI32(0), i[0], CF(1), i[1], i[2], F(2), s);
+      return mf_cuda_embed_bwd<T>(CI32(0), i[0], CS(1), i[1], i[2], F(2), s);
     case MF_K_RMSNORM_FWD:
-      return mf_cuda_rmsnorm_fwd(CF(0), CF(1), i[0], i[1], (float)k->f[0], F(2), F(3), s);
+      return mf_cuda_rmsnorm_fwd<T>(CS(0), CS(1), i[0], i[1], (float)k->f[0], S(2), F(3), s);
     case MF_K_RMSNORM_BWD: {
       const int64_t R = i[0], C = i[1];
       if (R > 0 && C > 0) {
@@ -301,7 +315,7 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       pthread_mutex_lock(&c->scratch_lock);
       cudaError_t e = cudaStreamWaitEvent(s, c->scratch_done, 0);
       mf_status st = e == cudaSuccess
-                         ? mf_cuda_rmsnorm_bwd(CF(0), CF(1), CF(2), CF(3), R, C, F(4), F(5), (int)i[2],
+                         ? mf_cuda_rmsnorm_bwd<T>(CS(0), CS(1), CS(2), CF(3), R, C, S(4), F(5), (int)i[2],
                                                (float *)c->scratch, s)
                          : MF_ERR(MF_ERR_CUDA, "cudaStreamWaitEvent on the scratch event failed: %s",
                                   cudaGetErrorString(e));
@@ -311,39 +325,39 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return st;
     }
     case MF_K_ROPE_FWD:
-      return mf_cuda_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
+      return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ROPE_BWD:
-      return mf_cuda_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
+      return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ATTN_FWD:
-      return mf_cuda_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
+      return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], S(3), F(4),
                               s);
     case MF_K_ATTN_BWD:
-      return mf_cuda_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
-                              (float)k->f[0], F(6), F(7), F(8), s);
+      return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+                              (float)k->f[0], S(6), S(7), S(8), s);
     case MF_K_SWIGLU_FWD:
-      return mf_cuda_swiglu_fwd(CF(0), CF(1), i[0], F(2), s);
+      return mf_cuda_swiglu_fwd<T>(CS(0), CS(1), i[0], S(2), s);
     case MF_K_SWIGLU_BWD:
-      return mf_cuda_swiglu_bwd(CF(0), CF(1), CF(2), i[0], F(3), F(4), s);
+      return mf_cuda_swiglu_bwd<T>(CS(0), CS(1), CS(2), i[0], S(3), S(4), s);
     case MF_K_SIGGATE_FWD:
-      return mf_cuda_sigmoid_gate_fwd(CF(0), CF(1), i[0], i[1], F(2), s);
+      return mf_cuda_sigmoid_gate_fwd<T>(CS(0), CS(1), i[0], i[1], S(2), s);
     case MF_K_SIGGATE_BWD:
-      return mf_cuda_sigmoid_gate_bwd(CF(0), CF(1), CF(2), i[0], i[1], F(3), F(4), s);
-    case MF_K_ADD: /* fp32 storage: the fp32 flag (no bf16 rounding of gradient sums) changes nothing */
-      return mf_cuda_add(CF(0), i[0], F(1), s);
+      return mf_cuda_sigmoid_gate_bwd<T>(CS(0), CS(1), CS(2), i[0], i[1], S(3), S(4), s);
+    case MF_K_ADD: /* the fp32 flag (gradient sums): their operands are F32, so T is float */
+      return mf_cuda_add<T>(CS(0), i[0], S(1), s);
     case MF_K_ROUTER_FWD:
-      return mf_cuda_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), s);
+      return mf_cuda_router_fwd<T>(CS(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), s);
     case MF_K_ROUTER_BWD:
-      return mf_cuda_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5), s);
+      return mf_cuda_router_bwd<T>(CF(0), CI32(1), CF(2), CS(3), CF(4), i[0], i[1], i[2], (int)i[3], S(5), s);
     case MF_K_MOE_DISPATCH:
       return mf_cuda_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4), s);
     case MF_K_MOE_GATHER:
-      return mf_cuda_moe_gather(CF(0), CI32(1), i[0], i[1], F(2), s);
+      return mf_cuda_moe_gather<T>(CS(0), CI32(1), i[0], i[1], S(2), s);
     case MF_K_MOE_GATHER_BWD:
-      return mf_cuda_moe_gather_bwd(CF(0), CI32(1), i[0], i[1], i[2], F(2), (int)i[3], s);
+      return mf_cuda_moe_gather_bwd<T>(CS(0), CI32(1), i[0], i[1], i[2], S(2), (int)i[3], s);
     case MF_K_MOE_COMBINE:
-      return mf_cuda_moe_combine(CF(0), CF(1), CI32(2), i[0], i[1], i[2], F(3), s);
+      return mf_cuda_moe_combine<T>(CS(0), CF(1), CI32(2), i[0], i[1], i[2], S(3), s);
     case MF_K_MOE_COMBINE_BWD:
-      return mf_cuda_moe_combine_bwd(CF(0), CF(1), CF(2), CI32(3), i[0], i[1], i[2], F(4), F(5), s);
+      return mf_cuda_moe_combine_bwd<T>(CS(0), CS(1), CF(2), CI32(3), i[0], i[1], i[2], S(4), S(5), s);
     case MF_K_AUX_ACCUMULATE:
       return mf_cuda_aux_accumulate(CF(0), CI32(1), i[0], i[1], i[2], I64(2), D64(3), s);
     case MF_K_AUX_VALUE:
@@ -351,30 +365,39 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_AUX_GRAD:
       return mf_cuda_aux_grad(CI64(0), i[0], i[1], k->f[0], i[2], F(1), s);
     case MF_K_LINEAR_FWD:
-      return mf_cuda_linear_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], F(3), (int)i[3], c->blas, s);
+      return mf_cuda_linear_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], S(3), (int)i[3], c->blas, s);
     case MF_K_LINEAR_BWD_DATA:
-      return mf_cuda_linear_bwd_data(CF(0), CF(1), i[0], i[1], i[2], F(2), (int)i[3], c->blas, s);
+      return mf_cuda_linear_bwd_data<T>(CS(0), CS(1), i[0], i[1], i[2], S(2), (int)i[3], c->blas, s);
     case MF_K_LINEAR_BWD_WEIGHT:
-      return mf_cuda_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), c->blas, s);
+      return mf_cuda_linear_bwd_weight<T>(CS(0), CS(1), i[0], i[1], i[2], F(2), F(3), c->blas, s);
     case MF_K_EXPERT_FWD:
-      return mf_cuda_expert_fwd(CF(0), (const float *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
-                                i[0], i[1], i[2], F(2), s);
+      return mf_cuda_expert_fwd<T>(CS(0), (const T *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
+                                i[0], i[1], i[2], S(2), s);
     case MF_K_EXPERT_BWD_DATA:
-      return mf_cuda_expert_bwd_data(CF(0), (const float *const *)k->experts, CI64(1),
-                                     mf_kernel_expert_rows(k), i[0], i[1], i[2], F(2), s);
+      return mf_cuda_expert_bwd_data<T>(CS(0), (const T *const *)k->experts, CI64(1),
+                                     mf_kernel_expert_rows(k), i[0], i[1], i[2], S(2), s);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cuda_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts,
+      return mf_cuda_expert_bwd_weight<T>(CS(0), CS(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts,
                                        s);
     case MF_K_CROSS_ENTROPY:
-      return mf_cuda_cross_entropy(CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
-                                   D64(5), F(6), F(7), c->blas, s);
+      return mf_cuda_cross_entropy<T>(CS(0), CS(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
+                                   D64(5), S(6), F(7), c->blas, s);
     case MF_K_GRAD_SUMSQ:
       return launch_grad_sumsq(k, s);
     case MF_K_ADAMW:
-      return launch_adamw(k, s);
+      return launch_adamw(k, sizeof(T) == 2, s);
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel", mf_kernel_name(k->kind));
   }
+}
+
+// The storage a call computes in (mf_kernel_call_dtype, checked by
+// mf_kernel_call_check) picks the instantiation.
+static mf_status launch_call(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
+  mf_dtype storage;
+  MF_CHECK(mf_kernel_call_dtype(k, &storage));
+  if (storage == MF_DTYPE_BF16) return launch<mf_bf16>(c, k, s);
+  return launch<float>(c, k, s);
 }
 
 static mf_status cuda_run(mf_backend *b, const mf_kernel_call *k, mf_stream *st) {
@@ -387,7 +410,7 @@ static mf_status cuda_run(mf_backend *b, const mf_kernel_call *k, mf_stream *st)
     return checked;
   }
   SET_DEVICE(c);
-  mf_status st_ = launch(c, k, stream_of(st));
+  mf_status st_ = launch_call(c, k, stream_of(st));
   if (st_ != MF_OK) {
     mf_error_prefix("cuda backend: kernel %s%s%s", name, *label ? " in " : "", label);
     return st_;

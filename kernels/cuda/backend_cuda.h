@@ -85,10 +85,13 @@ mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const 
  * quieted as x86 does even where (float)coef is 1), and the update reads the
  * scaled value; the result is mf_optim_grad_scale followed by
  * mf_cuda_adamw_update, bit for bit. coef >= 1 or NaN: no scaling, grad only
- * read (mf_cuda_adamw_update). No bf16 working copy. Same argument checks as
- * mf_cuda_adamw_update, made before anything is launched. */
+ * read (mf_cuda_adamw_update). bf16_out (NULL or n elements) receives the new
+ * param rounded to bf16: BF16 storage's working copy, param being the fp32
+ * master. Same argument checks as mf_cuda_adamw_update, made before anything is
+ * launched. */
 mf_status mf_cuda_adamw_update_scaled(const mf_cuda_adamw_step *h, float *param, float *grad, double coef,
-                                      void *m, void *v, int moment_bf16, size_t n, void *stream);
+                                      void *m, void *v, int moment_bf16, uint16_t *bf16_out, size_t n,
+                                      void *stream);
 
 /* Elements per chunk of the gradient norm: src/optim's MF_OPTIM_NORM_CHUNK. */
 #define MF_CUDA_NORM_CHUNK ((size_t)65536)

@@ -34,7 +34,8 @@ mf_status mf_cuda_adamw_update(const mf_cuda_adamw_step *h, float *param, const 
   return NO_CUDA();
 }
 mf_status mf_cuda_adamw_update_scaled(const mf_cuda_adamw_step *h, float *param, float *grad, double coef,
-                                      void *m, void *v, int moment_bf16, size_t n, void *stream) {
+                                      void *m, void *v, int moment_bf16, uint16_t *bf16_out, size_t n,
+                                      void *stream) {
   return NO_CUDA();
 }
 mf_status mf_cuda_grad_chunk_sumsq(const float *g, size_t n, double *sums, void *stream) { return NO_CUDA(); }

@@ -1,6 +1,7 @@
 // The cuda backend's op kernels (nvcc only): one launcher per kernel kind of
 // kernels/backend.h, with the semantics of its cpu twin in kernels/cpu/cpu_ops.h
-// (the reference), fp32 storage and fp32 math (double where the twin uses it).
+// (the reference), fp32 math (double where the twin uses it) over fp32 or bf16
+// storage (below).
 // A launcher is named as its twin, mf_cuda_<name> for mf_cpu_<name> (<name> =
 // mf_kernel_name of its kind), and takes the twin's arguments in the twin's
 // order, less the twin's trailing mf_kctx, plus its own trailing context: the
@@ -19,6 +20,7 @@
 #ifndef MF_KERNELS_CUDA_OPS_CUH
 #define MF_KERNELS_CUDA_OPS_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -42,46 +44,71 @@ static inline unsigned mf_cuda_grid_rows(int64_t rows) {
 // and the scratch floats they need (parts * C).
 int64_t mf_cuda_rmsnorm_dw_parts(int64_t R);
 
+// Storage. Every launcher whose twin takes float weights, activations or their
+// gradients is a template over the storage type T: float (F32 storage) or
+// mf_bf16 (BF16 storage), both instantiated in the launcher's .cu file. A T
+// operand is read widened to fp32 (exact) and written rounded to nearest even
+// (mf_st); all arithmetic is fp32 (double where the twin uses it), so a BF16
+// call equals its cpu twin run on the same values with round_bf16 — the
+// rounding of each stored output — up to the order of fp32 sums. Operands that
+// are fp32 whatever the storage (kernels/backend.c's F32 types: gradients of
+// weights, rstd, lse, the router's probabilities) stay float.
+typedef __nv_bfloat16 mf_bf16;
+
 // ---------------------------------------------------------- elementwise.cu
-mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T, const float *table, int64_t V, int64_t H,
-                            float *out, cudaStream_t s);
-mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t V, int64_t H,
-                            float *dtable, cudaStream_t s);
-mf_status mf_cuda_rmsnorm_fwd(const float *x, const float *w, int64_t R, int64_t C, float eps, float *y,
-                              float *rstd, cudaStream_t s);
-// scratch: mf_cuda_rmsnorm_dw_parts(R) * C floats.
-mf_status mf_cuda_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, int64_t R,
-                              int64_t C, float *dx, float *dw, int accumulate, float *scratch,
+template <typename T>
+mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T_, const T *table, int64_t V, int64_t H, T *out,
+                            cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T_, const T *dout, int64_t V, int64_t H, float *dtable,
+                            cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_rmsnorm_fwd(const T *x, const T *w, int64_t R, int64_t C, float eps, T *y, float *rstd,
                               cudaStream_t s);
-mf_status mf_cuda_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+// scratch: mf_cuda_rmsnorm_dw_parts(R) * C floats.
+template <typename T>
+mf_status mf_cuda_rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *rstd, int64_t R, int64_t C,
+                              T *dx, float *dw, int accumulate, float *scratch, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta,
                            cudaStream_t s);
-mf_status mf_cuda_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
+template <typename T>
+mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta,
                            cudaStream_t s);
-mf_status mf_cuda_swiglu_fwd(const float *g, const float *u, int64_t n, float *act, cudaStream_t s);
-mf_status mf_cuda_swiglu_bwd(const float *g, const float *u, const float *dact, int64_t n, float *dg,
-                             float *du, cudaStream_t s);
-mf_status mf_cuda_sigmoid_gate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
+template <typename T>
+mf_status mf_cuda_swiglu_fwd(const T *g, const T *u, int64_t n, T *act, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_swiglu_bwd(const T *g, const T *u, const T *dact, int64_t n, T *dg, T *du, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_sigmoid_gate_fwd(const T *gl, const T *x, int64_t R, int64_t C, T *y, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_sigmoid_gate_bwd(const T *gl, const T *x, const T *dy, int64_t R, int64_t C, T *dx, T *dgl,
                                    cudaStream_t s);
-mf_status mf_cuda_sigmoid_gate_bwd(const float *gl, const float *x, const float *dy, int64_t R, int64_t C,
-                                   float *dx, float *dgl, cudaStream_t s);
-mf_status mf_cuda_add(const float *x, int64_t n, float *y, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_add(const T *x, int64_t n, T *y, cudaStream_t s);
 
 // -------------------------------------------------------------- routing.cu
-mf_status mf_cuda_router_fwd(const float *logits, int64_t T, int64_t E, int64_t K, int norm_topk,
-                             float *probs, int32_t *topk_idx, float *topk_w, cudaStream_t s);
-mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
-                             const float *dtopk_w, const float *dprobs_extra, int64_t T, int64_t E, int64_t K,
-                             int norm_topk, float *dlogits, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, int norm_topk, float *probs,
+                             int32_t *topk_idx, float *topk_w, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w, const T *dtopk_w,
+                             const float *dprobs_extra, int64_t T_, int64_t E, int64_t K, int norm_topk,
+                             T *dlogits, cudaStream_t s);
 mf_status mf_cuda_moe_dispatch(const int32_t *topk_idx, int64_t T, int64_t K, int64_t E, int64_t *counts,
                                int64_t *offsets, int32_t *row_of, int32_t *token_of_row, cudaStream_t s);
-mf_status mf_cuda_moe_gather(const float *x, const int32_t *token_of_row, int64_t R, int64_t H, float *xe,
+template <typename T>
+mf_status mf_cuda_moe_gather(const T *x, const int32_t *token_of_row, int64_t R, int64_t H, T *xe,
                              cudaStream_t s);
-mf_status mf_cuda_moe_gather_bwd(const float *dxe, const int32_t *row_of, int64_t T, int64_t K, int64_t H,
-                                 float *dx, int accumulate, cudaStream_t s);
-mf_status mf_cuda_moe_combine(const float *ye, const float *w, const int32_t *row_of, int64_t T, int64_t K,
-                              int64_t H, float *y, cudaStream_t s);
-mf_status mf_cuda_moe_combine_bwd(const float *dy, const float *ye, const float *w, const int32_t *row_of,
-                                  int64_t T, int64_t K, int64_t H, float *dye, float *dw, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_moe_gather_bwd(const T *dxe, const int32_t *row_of, int64_t T_, int64_t K, int64_t H, T *dx,
+                                 int accumulate, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_moe_combine(const T *ye, const float *w, const int32_t *row_of, int64_t T_, int64_t K,
+                              int64_t H, T *y, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_moe_combine_bwd(const T *dy, const T *ye, const float *w, const int32_t *row_of, int64_t T_,
+                                  int64_t K, int64_t H, T *dye, T *dw, cudaStream_t s);
 mf_status mf_cuda_aux_accumulate(const float *probs, const int32_t *topk_idx, int64_t T, int64_t E, int64_t K,
                                  int64_t *counts, double *psum, cudaStream_t s);
 mf_status mf_cuda_aux_value(const int64_t *counts, const double *psum, int64_t E, int64_t n_rows, double *aux,
@@ -91,15 +118,17 @@ mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, dou
 
 // ------------------------------------------------------------ attention.cu
 // Causal GQA attention (kernels/cpu/attention.c's maths): q, o, dout, dq
-// [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D]; lse [B, Hq, S]; Hq % Hkv == 0,
-// D <= 256 (MF_ERR_UNSUPPORTED above). Forward writes o and lse. Backward writes
-// dq, dk, dv (never added) with three launches and no scratch: it stashes
-// do.o per row in dq before overwriting it, so dq must not alias an input.
-mf_status mf_cuda_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                           int64_t Hkv, int64_t D, float scale, float *o, float *lse, cudaStream_t s);
-mf_status mf_cuda_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
-                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                           float scale, float *dq, float *dk, float *dv, cudaStream_t s);
+// [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D]; lse [B, Hq, S] (fp32); Hq % Hkv ==
+// 0, D <= 256 (MF_ERR_UNSUPPORTED above). Forward writes o and lse. Backward
+// writes dq, dk, dv (never added) and needs no scratch; dq must not alias an
+// input.
+template <typename T>
+mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
+                           int64_t D, float scale, T *o, float *lse, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk,
+                           T *dv, cudaStream_t s);
 
 // ----------------------------------------------------- gemm.cu, loss.cu
 // cuBLASLt state of one backend: a handle, one workspace (GEMMs on different
@@ -108,32 +137,55 @@ typedef struct mf_cuda_blas mf_cuda_blas;
 mf_status mf_cuda_blas_create(int device, size_t workspace_bytes, mf_cuda_blas **out);
 void mf_cuda_blas_free(mf_cuda_blas *b);  // NULL is fine; the device must be idle
 // Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] (+ C when accumulate) (+ bias[N]):
-// op(A) is A [M,K] (lda) or, transA, A stored [K,M]; likewise B. fp32, TF32 off.
-mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K,
-                       const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
-                       int accumulate, const float *bias, cudaStream_t s);
-mf_status mf_cuda_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
-                             int64_t K, float *y, int accumulate, mf_cuda_blas *b, cudaStream_t s);
-mf_status mf_cuda_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
+// op(A) is A [M,K] (lda) or, transA, A stored [K,M]; likewise B. A and B of
+// type TA, C and bias of type TC: (float, float) fp32 with TF32 off; (mf_bf16,
+// mf_bf16) and (mf_bf16, float) bf16 tensor cores with fp32 compute.
+template <typename TA, typename TC>
+mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K, const TA *A,
+                       int64_t lda, const TA *B, int64_t ldb, TC *C, int64_t ldc, int accumulate, const TC *bias,
+                       cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_linear_fwd(const T *x, const T *W, const T *bias, int64_t M, int64_t N, int64_t K, T *y,
+                             int accumulate, mf_cuda_blas *b, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_linear_bwd_data(const T *dy, const T *W, int64_t M, int64_t N, int64_t K, T *dx,
                                   int accumulate, mf_cuda_blas *b, cudaStream_t s);
-// dW += dy^T . x; db (may be NULL) += column sums of dy.
-mf_status mf_cuda_linear_bwd_weight(const float *dy, const float *x, int64_t M, int64_t N, int64_t K,
-                                    float *dW, float *db, mf_cuda_blas *b, cudaStream_t s);
+// dW += dy^T . x; db (may be NULL) += column sums of dy. dW and db are fp32.
+template <typename T>
+mf_status mf_cuda_linear_bwd_weight(const T *dy, const T *x, int64_t M, int64_t N, int64_t K, float *dW,
+                                    float *db, mf_cuda_blas *b, cudaStream_t s);
 // Grouped expert GEMMs (one launch each): R = rows of xe / ye (an upper bound on
 // offsets[E]), W / dW: E device pointers (host array), NULL for experts without
-// rows; E at most MF_CUDA_MAX_EXPERTS (backend_cuda.h).
-mf_status mf_cuda_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
-                             int64_t E, int64_t N, int64_t Kd, float *ye, cudaStream_t s);
-mf_status mf_cuda_expert_bwd_data(const float *dye, const float *const *W, const int64_t *offsets, int64_t R,
-                                  int64_t E, int64_t N, int64_t Kd, float *dxe, cudaStream_t s);
-mf_status mf_cuda_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
-                                    int64_t N, int64_t Kd, float *const *dW, cudaStream_t s);
-// MF_K_CROSS_ENTROPY: scalars (device, 2 doubles) = {loss_sum, n_valid}.
-mf_status mf_cuda_cross_entropy(const float *h, const float *W, const int32_t *target, int64_t T, int64_t V,
-                                int64_t H, int64_t chunk, float loss_scale, float *ws, float *lse,
-                                double *scalars, float *dh, float *dW, mf_cuda_blas *b, cudaStream_t s);
+// rows; E at most MF_CUDA_MAX_EXPERTS (backend_cuda.h). dW is fp32.
+template <typename T>
+mf_status mf_cuda_expert_fwd(const T *xe, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
+                             int64_t N, int64_t Kd, T *ye, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_expert_bwd_data(const T *dye, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
+                                  int64_t N, int64_t Kd, T *dxe, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_expert_bwd_weight(const T *dye, const T *xe, const int64_t *offsets, int64_t E, int64_t N,
+                                    int64_t Kd, float *const *dW, cudaStream_t s);
+// MF_K_CROSS_ENTROPY: scalars (device, 2 doubles) = {loss_sum, n_valid}; ws,
+// lse and dW fp32.
+template <typename T>
+mf_status mf_cuda_cross_entropy(const T *h, const T *W, const int32_t *target, int64_t T_, int64_t V, int64_t H,
+                                int64_t chunk, float loss_scale, float *ws, float *lse, double *scalars, T *dh,
+                                float *dW, mf_cuda_blas *b, cudaStream_t s);
 // ------------------------------------------------------- device helpers
 #ifdef __CUDACC__
+// A stored element widened to fp32 (exact), and an fp32 value stored: as is,
+// or rounded to the nearest even bf16 (NaN stays NaN).
+__device__ __forceinline__ float mf_ld(const float *p) { return *p; }
+__device__ __forceinline__ float mf_ld(const mf_bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void mf_st(float *p, float v) { *p = v; }
+__device__ __forceinline__ void mf_st(mf_bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+// Elements of T in one 16-byte vector access (4 fp32, 8 bf16).
+template <typename T>
+struct mf_vec {
+  static constexpr int n = 16 / (int)sizeof(T);
+};
+
 // Sum of one value per thread over a block of exactly MF_CUDA_BLOCK threads, in
 // a fixed tree; every thread gets the result. sh: MF_CUDA_BLOCK elements of
 // shared memory. All threads of the block must call it.

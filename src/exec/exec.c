@@ -502,6 +502,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         call.kind = MF_K_ZERO;
         call.b[0].ptr = mf_exec_slot_ptr(x, in->slot);
         call.b[0].bytes = mf_exec_slot_bytes(x, in->slot);
+        call.b[0].dtype = p->tensors[s->slots[in->slot].tensor].dtype;
         call.label = "zero gradient slot";
         MF_CHECK_GOTO(x->b->run(x->b, &call, x->st[MF_EXEC_COMPUTE]), st, done);
         break;
@@ -514,6 +515,8 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         call.b[0].bytes = mf_exec_slot_bytes(x, in->slot);
         call.b[1].ptr = mf_exec_slot_ptr(x, in->slot2);
         call.b[1].bytes = mf_exec_slot_bytes(x, in->slot2);
+        call.b[0].dtype = p->tensors[s->slots[in->slot].tensor].dtype;
+        call.b[1].dtype = p->tensors[s->slots[in->slot2].tensor].dtype;
         call.i[0] = p->tensors[s->slots[in->slot].tensor].numel;
         call.i[1] = 1; /* a gradient: fp32 even when activations are rounded to bf16 */
         call.label = "accumulate gradient";
@@ -531,6 +534,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           if (sl[j] < 0) continue;
           call.b[j].ptr = mf_exec_slot_ptr(x, sl[j]);
           call.b[j].bytes = mf_exec_slot_bytes(x, sl[j]);
+          call.b[j].dtype = p->tensors[s->slots[sl[j]].tensor].dtype;
         }
         memcpy(call.i, o->i, sizeof call.i);
         memcpy(call.f, o->f, sizeof call.f);
@@ -539,6 +543,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
             x->expert_ptrs[e] = mf_exec_slot_ptr(x, sl[MF_KBUF_MAX + e]);
           call.experts = x->expert_ptrs;
           call.expert_bytes = mf_exec_slot_bytes(x, sl[MF_KBUF_MAX]);
+          call.expert_dtype = p->tensors[p->id_pool[o->experts_at]].dtype;
         }
         if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
           int64_t nv = io->n_valid[o->micro];

@@ -203,13 +203,13 @@ TEST(CudaOptimArgs, AdamwScaledRejectsBadArguments) {
   for (double coef : {0.5, 1.0}) {
     SCOPED_TRACE("coef " + std::to_string(coef));
     h.step = 0;
-    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, &x, coef, &x, &x, 0, 1, nullptr), want);
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, &x, coef, &x, &x, 0, nullptr, 1, nullptr), want);
     h.step = 1;
     h.eps = -1;
-    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, &x, coef, &x, &x, 0, 1, nullptr), want);
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, &x, coef, &x, &x, 0, nullptr, 1, nullptr), want);
     h.eps = 1e-8;
-    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, nullptr, coef, &x, &x, 1, 1, nullptr), want);
-    EXPECT_EQ(mf_cuda_adamw_update_scaled(nullptr, &x, &x, coef, &x, &x, 0, 1, nullptr), want);
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(&h, &x, nullptr, coef, &x, &x, 1, nullptr, 1, nullptr), want);
+    EXPECT_EQ(mf_cuda_adamw_update_scaled(nullptr, &x, &x, coef, &x, &x, 0, nullptr, 1, nullptr), want);
   }
 }
 
