@@ -32,8 +32,6 @@ mf_status mf_backend_query_memory(const char *name, const mf_backend_params *p, 
   const char *r = NULL;
   MF_CHECK(mf_backend_resolve(name, &r));
   snprintf(out->name, sizeof out->name, "%s", r);
-  /* Both backends' kernels store fp32 today; cuda moves to bf16 with its bf16 kernels. */
-  out->storage = MF_DTYPE_F32;
   if (strcmp(r, "cpu") == 0) return MF_OK; /* its device is host memory: nothing beside the arena */
   out->workspace_bytes = MF_CUDA_GEMM_WORKSPACE_DEFAULT;
   out->scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;

@@ -45,7 +45,6 @@ typedef struct mf_backend_params {
 /* The device memory a backend keeps beside its arena, and the device. */
 typedef struct mf_backend_memory {
   char name[16];             /* the backend: "cpu" or "cuda" (auto resolved) */
-  mf_dtype storage;          /* the dtype its kernels store weights and activations in */
   uint64_t workspace_bytes;  /* library workspaces (cuBLASLt) */
   uint64_t scratch_bytes;    /* the kernels' scratch */
   uint64_t context_bytes;    /* the CUDA context and the kernels' module images (an estimate); 0 once the

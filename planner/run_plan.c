@@ -49,6 +49,14 @@ static int overlaps_optimizer(const mf_config *cfg, const char *backend) {
   return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
 }
 
+/* train.precision: auto stores bf16 where the device has bf16 tensor cores
+ * (cuda) and fp32 on cpu, whose fp32 runs match PyTorch's fp32 exactly. */
+static mf_dtype storage_of(const mf_config *cfg, const char *backend) {
+  if (cfg->train.precision == MF_CONFIG_PRECISION_AUTO)
+    return strcmp(backend, "cuda") == 0 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+  return cfg->train.precision == MF_CONFIG_PRECISION_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+}
+
 /* The device budget and the arena's share of it (see run_plan.h). */
 static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
   const mf_backend_memory *dev = &rp->dev;
@@ -94,7 +102,7 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
       0,
       !train,
       cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR,
-      rp->dev.storage,
+      rp->storage,
       cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train;
   rq.hw = &rp->hw;
@@ -168,6 +176,7 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   MF_CHECK_GOTO(load_profile(cfg, rp), st, fail);
   MF_CHECK_GOTO(budget_of(cfg, rp), st, fail);
   rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
+  rp->storage = storage_of(cfg, rp->dev.name);
   rp->staged = stages_copies(cfg, &rp->dev);
   MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
                                       sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),

@@ -10,9 +10,11 @@
  *
  * What it decides from the config:
  *   backend      `backend` resolved by name (kernels/registry.h: auto is cuda
- *                when a GPU is visible): its device storage dtype, and the
- *                device memory it keeps beside the arena (cuBLASLt workspace,
- *                kernel scratch, the CUDA context);
+ *                when a GPU is visible) and the device memory it keeps beside
+ *                the arena (cuBLASLt workspace, kernel scratch, the CUDA
+ *                context);
+ *   storage      train.precision: the device storage of weights, activations
+ *                and their gradients (auto: BF16 on cuda, F32 on cpu);
  *   profile      hardware.profile (auto: runs/hw/cpu.yaml when `moefit
  *                profile` wrote one, else configs/hw/cpu-2core.yaml, else
  *                that file's copy built into moefit);
@@ -85,6 +87,7 @@ typedef struct mf_run_fit {
 typedef struct mf_run_plan {
   mf_run_use use;
   mf_backend_memory dev;   /* the backend (dev.name) and what it keeps on the device */
+  mf_dtype storage;        /* device storage of weights and activations (train.precision): F32 or BF16 */
   uint64_t budget;         /* the device budget: everything on the device */
   uint64_t arena_limit;    /* budget less dev.total_bytes: what the arena is planned within */
   char budget_source[160]; /* where the budget came from, for people */

@@ -163,10 +163,11 @@ static mf_status upload(kbench *kb, float *dst, size_t n, uint32_t seed) {
   return kb->b->stream_sync(kb->b, kb->s);
 }
 
-/* Operand j of call k: ptr, bytes, and whether the kernel writes it (the
- * operand table's word). */
+/* Operand j of call k: ptr, bytes, whether the kernel writes it and its
+ * dtype with fp32 storage (the operand table's words). */
 static void operand(mf_kernel_call *k, int j, void *ptr, size_t bytes) {
-  k->b[j] = (mf_kbuf){ptr, bytes, (int)(mf_kernel_writes(k) >> j & 1u)};
+  k->b[j] = (mf_kbuf){ptr, bytes, (int)(mf_kernel_writes(k) >> j & 1u),
+                      mf_kop_type_dtype(mf_kernel_info_of(k->kind)->b[j].type, MF_DTYPE_F32)};
 }
 
 typedef struct {

@@ -68,6 +68,15 @@ typedef enum mf_config_moments {
   MF_CONFIG_MOMENTS_BF16,     /* 4 bytes per parameter */
 } mf_config_moments;
 
+/* train.precision: the device storage of weights, activations and their
+ * gradients (math is fp32 either way; weight gradients, master weights and
+ * moments stay as they are). */
+typedef enum mf_config_precision {
+  MF_CONFIG_PRECISION_AUTO = 0, /* bf16 on the cuda backend, fp32 on cpu (planner/run_plan.h decides) */
+  MF_CONFIG_PRECISION_FP32,
+  MF_CONFIG_PRECISION_BF16,
+} mf_config_precision;
+
 /* train.overlap_optimizer. */
 typedef enum mf_config_overlap {
   MF_CONFIG_OVERLAP_AUTO = 0, /* on for the cuda backend, off on cpu (planner/run_plan.h decides) */
@@ -113,6 +122,7 @@ typedef struct mf_config_train {
   mf_config_mb_order micro_batch_order;
   mf_config_overlap overlap_optimizer; /* host AdamW of step k behind step k+1's device work (same bits) */
   mf_config_moments adam_moments; /* m and v stored in fp32 or bf16 */
+  mf_config_precision precision;  /* device storage: fp32 or bf16 */
 } mf_config_train;
 
 /* One entry of memory.overrides, stored as written: the planner checks the

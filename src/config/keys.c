@@ -83,6 +83,11 @@ const mf_config_key mf_config_keys[] = {
     KEY("train.adam_moments", MF_CK_ENUM, 0, train.adam_moments, NOLO, NOHI, "fp32|bf16", "fp32",
         "storage of the AdamW moments m and v: fp32 (8 bytes per parameter) or bf16 (4 bytes; each update "
         "computes in fp32 and stores m and v rounded to nearest even)"),
+    KEY("train.precision", MF_CK_ENUM, 0, train.precision, NOLO, NOHI, "auto|fp32|bf16", "auto",
+        "device storage of weights, activations and their gradients: bf16 (2 bytes a value on the device and "
+        "in every transfer; the math accumulates in fp32; weight gradients, fp32 master weights and AdamW "
+        "moments stay at home in their own dtypes; on cpu each kernel rounds what it stores, as cuda does) or "
+        "fp32; auto: bf16 on the cuda backend, fp32 on cpu (exact parity with PyTorch fp32)"),
     KEY("train.steps", MF_CK_INT, MF_CK_REQUIRED, train.steps, 1, 1e12, NULL, NULL, "optimizer steps"),
     KEY("train.lr", MF_CK_FLOAT, MF_CK_LO_OPEN, train.lr, 0, 1e3, NULL, "1e-4", "peak learning rate"),
     KEY("train.min_lr", MF_CK_FLOAT, 0, train.min_lr, 0, 1e3, NULL, "0.0",

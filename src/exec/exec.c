@@ -318,44 +318,84 @@ static mf_status copy_small(mf_exec *x, int32_t slot, void *dst) {
                     x->st[MF_EXEC_COMPUTE]);
 }
 
-mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src,
-                             const void **src2) {
+static void src_add(mf_exec_src *src, const void *p, size_t bytes) {
+  src->part[src->n] = p;
+  src->bytes[src->n++] = bytes;
+}
+
+void mf_exec_src_copy(const mf_exec_src *src, uint8_t *dst, size_t a, size_t e) {
+  size_t at = 0;
+  for (int k = 0; k < src->n && at < e; k++) {
+    const size_t lo = a > at ? a : at, hi = e < at + src->bytes[k] ? e : at + src->bytes[k];
+    if (lo < hi) memcpy(dst + lo, (const uint8_t *)src->part[k] + (lo - at), hi - lo);
+    at += src->bytes[k];
+  }
+}
+
+/* AdamW state from the host: with BF16 storage the fp32 master (the last
+ * step's params) first, then m and v. */
+static mf_status state_source(mf_exec *x, const mf_ptensor *pt, mf_exec_src *src) {
+  const mf_program *p = x->p;
+  const mf_param *q = &p->params->params[pt->param];
+  if (!x->m_host || !x->v_host)
+    return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device has no host moments "
+                                   "(mf_exec_set_optim_state)");
+  const size_t ms = mf_dtype_size(p->moments), off = (size_t)q->offset * ms, n = (size_t)q->numel * ms;
+  if (p->storage == MF_DTYPE_BF16) {
+    if (!x->params_host)
+      return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device needs the master weights of a step");
+    src_add(src, x->params_host + q->offset, (size_t)q->numel * sizeof(float));
+  }
+  src_add(src, (const uint8_t *)x->m_host + off, n);
+  src_add(src, (const uint8_t *)x->v_host + off, n);
+  return MF_OK;
+}
+
+/* A parameter's weights as the device stores them: the fp32 master itself,
+ * or with BF16 storage its bf16 working copy. */
+static mf_status weight_source(mf_exec *x, const mf_ptensor *pt, const step_io *io, mf_exec_src *src) {
+  const mf_program *p = x->p;
+  const int64_t off = p->params->params[pt->param].offset;
+  if (p->storage != MF_DTYPE_BF16) {
+    src_add(src, io->params + off, pt->bytes);
+    return MF_OK;
+  }
+  if (!x->working)
+    return MF_ERR(MF_ERR_INTERNAL, "executor: BF16 storage without the host's bf16 working copy "
+                                   "(mf_exec_set_working_copy)");
+  src_add(src, x->working + off, pt->bytes);
+  return MF_OK;
+}
+
+mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, mf_exec_src *src) {
   const mf_program *p = x->p;
   const int32_t t = x->s->slots[slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
-  *src = *src2 = NULL;
-  /* AdamW state (m then v) from the host moments, unless the device's is current. */
+  memset(src, 0, sizeof *src);
   if (pt->kind == MF_T_OPT) {
-    if (x->state_current) return MF_OK;
-    if (!x->m_host || !x->v_host)
-      return MF_ERR(MF_ERR_INTERNAL,
-                    "executor: the optimizer on the device has no host moments "
-                    "(mf_exec_set_optim_state)");
-    const size_t off = (size_t)p->params->params[pt->param].offset * mf_dtype_size(p->moments);
-    *src = (const uint8_t *)x->m_host + off;
-    *src2 = (const uint8_t *)x->v_host + off;
-    return MF_OK;
+    if (x->state_current) return MF_OK; /* the device's state is current */
+    return state_source(x, pt, src);
   }
   if (pt->kind == MF_T_PARAM && x->s->slots[slot].persist) {
     if (x->weights_current) return MF_OK; /* the device's copy is the truth */
-    *src = io->params + p->params->params[pt->param].offset;
+    MF_CHECK(weight_source(x, pt, io, src));
   } else if (pt->kind == MF_T_PARAM) {
     if (expert_idle(x, slot)) { /* no token routed to it: its weights are not read */
       x->h2d_skipped += pt->bytes;
       return MF_OK;
     }
-    *src = io->params + p->params->params[pt->param].offset;
+    MF_CHECK(weight_source(x, pt, io, src));
   } else if (pt->kind == MF_T_INPUT) {
     if (t == p->io[0].positions)
-      *src = io->positions;
+      src_add(src, io->positions, pt->bytes);
     else if (pt->micro >= 0 && t == p->io[pt->micro].ids)
-      *src = io->ids[pt->micro];
+      src_add(src, io->ids[pt->micro], pt->bytes);
     else if (pt->micro >= 0 && t == p->io[pt->micro].targets)
-      *src = io->targets[pt->micro];
+      src_add(src, io->targets[pt->micro], pt->bytes);
   } else if (x->s->host_offset[t] != SIZE_MAX) {
-    *src = x->host_act + x->s->host_offset[t];
+    src_add(src, x->host_act + x->s->host_offset[t], pt->bytes);
   }
-  if (!*src) return MF_ERR(MF_ERR_INTERNAL, "executor: no host source for %s", pt->name);
+  if (src->n == 0 || !src->part[0]) return MF_ERR(MF_ERR_INTERNAL, "executor: no host source for %s", pt->name);
   x->h2d += pt->bytes; /* a persistent weight's first fill counts as the step's traffic */
   return MF_OK;
 }
@@ -389,15 +429,14 @@ mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, 
 
 /* An H2D straight from host memory (no staging arena). */
 static mf_status do_h2d(mf_exec *x, int32_t slot, const step_io *io) {
-  const void *src = NULL, *src2 = NULL;
-  MF_CHECK(mf_exec_h2d_source(x, slot, io, &src, &src2));
-  if (!src) return MF_OK;
+  mf_exec_src src;
+  MF_CHECK(mf_exec_h2d_source(x, slot, io, &src));
   uint8_t *dst = mf_exec_slot_ptr(x, slot);
-  const size_t n = mf_exec_slot_bytes(x, slot);
-  mf_stream *h = x->st[MF_EXEC_H2D];
-  if (!src2) return x->b->copy(x->b, dst, src, n, MF_COPY_H2D, h);
-  MF_CHECK(x->b->copy(x->b, dst, src, n / 2, MF_COPY_H2D, h));
-  return x->b->copy(x->b, dst + n / 2, src2, n / 2, MF_COPY_H2D, h);
+  for (int k = 0; k < src.n; k++) {
+    MF_CHECK(x->b->copy(x->b, dst, src.part[k], src.bytes[k], MF_COPY_H2D, x->st[MF_EXEC_H2D]));
+    dst += src.bytes[k];
+  }
+  return MF_OK;
 }
 
 /* A D2H straight into host memory (no staging arena): a gradient added into
@@ -457,8 +496,10 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
     x->n_reads++;
   }
   if (o->kind == MF_K_CROSS_ENTROPY && o->micro == 0 && x->capture) {
+    /* bf16 storage lands in the buffer's first half; widened after the step's sync */
     const mf_ptensor *h = &p->tensors[o->t[0]];
     MF_CHECK(x->b->copy(x->b, x->capture, call->b[0].ptr, h->bytes, MF_COPY_D2H, x->st[MF_EXEC_COMPUTE]));
+    x->captured = h->dtype == MF_DTYPE_BF16 ? h->numel : 0;
   }
   return MF_OK;
 }
@@ -643,6 +684,7 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   x->n_reads = 0;
   x->h2d_skipped = x->d2h_skipped = 0;
   step_io io = {params, ids, targets, pos, grads, n_valid};
+  x->params_host = params;
 
   x->peak_live = 0;
   double busy[MF_EXEC_STREAMS] = {0, 0, 0};
@@ -654,6 +696,11 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   MF_CHECK_GOTO(sync_all(x), st, done);
   r->seconds = mf_time_now() - t0;
   read_results(x, r);
+  if (x->captured > 0) { /* bf16 hidden states widened in place, from the end */
+    const uint16_t *h = (const uint16_t *)x->capture;
+    for (int64_t i = x->captured - 1; i >= 0; i--) x->capture[i] = mf_bf16_to_fp32(h[i]);
+    x->captured = 0;
+  }
   if (x->timed) MF_CHECK_GOTO(stream_busy(x, 0, s->optim_begin, busy), st, done);
   {
     mf_exec_stats *z = &x->stats;
@@ -688,6 +735,8 @@ void mf_exec_set_optim_state(mf_exec *x, void *m, void *v) {
   x->v_host = v;
 }
 
+void mf_exec_set_working_copy(mf_exec *x, uint16_t *working) { x->working = working; }
+
 void mf_exec_invalidate(mf_exec *x) { x->weights_current = x->state_current = 0; }
 
 mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a) {
@@ -718,20 +767,28 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params, int state) {
   const mf_schedule *s = x->s;
   if (s->n_optim_device == 0) return MF_OK;
   const size_t ms = mf_dtype_size(p->moments);
+  const int bf16 = p->storage == MF_DTYPE_BF16;
+  mf_stream *d = x->st[MF_EXEC_D2H];
   for (int32_t i = 0; i < s->n_slots; i++) {
     if (!s->slots[i].persist) continue;
     const mf_ptensor *t = &p->tensors[s->slots[i].tensor];
     const mf_param *q = &p->params->params[t->param];
-    if (t->kind == MF_T_PARAM && x->weights_current && params)
-      MF_CHECK(x->b->copy(x->b, params + q->offset, mf_exec_slot_ptr(x, i), t->bytes, MF_COPY_D2H,
-                          x->st[MF_EXEC_D2H]));
-    if (t->kind == MF_T_OPT && state && x->state_current && x->m_host && x->v_host) {
+    const uint8_t *dev = mf_exec_slot_ptr(x, i);
+    /* The weights: fp32 storage holds the master itself; BF16 storage its
+     * working copy, the master being the state's first part. */
+    if (t->kind == MF_T_PARAM && x->weights_current && !bf16 && params)
+      MF_CHECK(x->b->copy(x->b, params + q->offset, dev, t->bytes, MF_COPY_D2H, d));
+    if (t->kind == MF_T_PARAM && x->weights_current && bf16 && x->working)
+      MF_CHECK(x->b->copy(x->b, x->working + q->offset, dev, t->bytes, MF_COPY_D2H, d));
+    if (t->kind != MF_T_OPT || !x->state_current) continue;
+    const size_t master = bf16 ? (size_t)q->numel * sizeof(float) : 0;
+    if (bf16 && params) MF_CHECK(x->b->copy(x->b, params + q->offset, dev, master, MF_COPY_D2H, d));
+    if (state && x->m_host && x->v_host) {
       const size_t n = (size_t)q->numel * ms;
-      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, mf_exec_slot_ptr(x, i), n,
-                          MF_COPY_D2H, x->st[MF_EXEC_D2H]));
-      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, mf_exec_slot_ptr(x, i) + n, n,
-                          MF_COPY_D2H, x->st[MF_EXEC_D2H]));
+      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, dev + master, n, MF_COPY_D2H, d));
+      MF_CHECK(
+          x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, dev + master + n, n, MF_COPY_D2H, d));
     }
   }
-  return x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]);
+  return x->b->stream_sync(x->b, d);
 }

@@ -60,7 +60,8 @@ typedef struct mf_step_result {
 } mf_step_result;
 
 /* One optimizer step's forward and backward: params (host, fp32, the table's
- * layout) are uploaded; ids[m] and targets[m] hold micro-batch m's
+ * layout) are uploaded (with BF16 storage their bf16 working copy is:
+ * mf_exec_set_working_copy); ids[m] and targets[m] hold micro-batch m's
  * [B*S] tokens (target -1: not counted); the gradients (mean over the
  * micro-batches) are written to grads (host, the table's layout) unless NULL.
  * A forward-only program gives the losses only. With the optimizer of some
@@ -200,6 +201,14 @@ const double *mf_exec_norm_sums(const mf_exec *x);
  * at offset * the moment size; the program's moment dtype). Kept, not copied. */
 void mf_exec_set_optim_state(mf_exec *x, void *m, void *v);
 
+/* BF16 storage (the program's): the host's bf16 working copy of the weights,
+ * the table's layout, which every weight upload reads (2 bytes a weight);
+ * mf_exec_sync_home writes the device-optimized parameters' copy back into
+ * it. Kept, not copied; whoever updates the master weights on the host keeps
+ * it equal to them rounded to bf16 (mf_adamw_bufs.bf16_out). A step with BF16
+ * storage and no working copy fails with MF_ERR_INTERNAL. */
+void mf_exec_set_working_copy(mf_exec *x, uint16_t *working);
+
 /* One update on the device (kernels/backend.h MF_K_ADAMW) of each parameter
  * whose optimizer is there and update[i] is set, with step[i] (t >= 1), the
  * learning rate, betas and eps, weight_decay for those with decays[i] (NULL:
@@ -215,9 +224,11 @@ typedef struct mf_exec_optim {
 
 mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a);
 
-/* Copies the device's current weights (into params, the table's layout) and,
- * with `state`, their AdamW state (into the moments set above) home, for the
- * parameters whose optimizer is on the device; waits for the copies. Nothing
+/* Copies the device's current weights (into params, the table's layout; with
+ * BF16 storage the fp32 master from the device's state, and the bf16 copy
+ * into the working copy) and, with `state`, their AdamW state (into the
+ * moments set above) home, for the parameters whose optimizer is on the
+ * device; waits for the copies. Nothing
  * for what the device never filled. An evaluation or the final weights need
  * the weights only; the moments stay on the device (the host's copies of
  * them are only the first fill's source). */

@@ -45,6 +45,7 @@ struct mf_exec {
   size_t peak_live;
   uint64_t h2d, d2h;
   float *capture;
+  int64_t captured; /* bf16 values the step copied into capture's first half, to widen (0: none) */
   int64_t *expert_tokens; /* [L * E] */
   int64_t *n_valid;       /* [G] counted target tokens of each micro-batch, this step */
   /* Routing-aware transfers: the micro-batches whose expert ops use each slot
@@ -73,6 +74,9 @@ struct mf_exec {
   /* The optimizer on the device. */
   double *norm_host;                  /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
   void *m_host, *v_host;              /* the host moments (mf_exec_set_optim_state) */
+  uint16_t *working;                  /* BF16 storage: the host's bf16 working copy (mf_exec_set_working_copy) */
+  const float *params_host;           /* the fp32 master weights of the last mf_exec_step (BF16 storage: the
+                                         device optimizer's state fill takes its master from them) */
   int weights_current, state_current; /* the persistent slots hold the truth */
   int step_done;                      /* mf_exec_step ran [0, optim_begin) and mf_exec_optimize may follow */
   /* Progress through the instructions, kept between the step and its optimizer part. */
@@ -98,12 +102,21 @@ static inline size_t mf_exec_slot_bytes(const mf_exec *x, int32_t slot) {
   return x->p->tensors[x->s->slots[slot].tensor].bytes;
 }
 
-/* What an H2D of `slot` reads this step: *src NULL when it copies nothing (a
- * persistent copy that is current, an idle expert), else `bytes` from *src —
- * or, for AdamW state, half of them from *src (m) and half from *src2 (v).
- * Counts the traffic. */
-mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, const void **src,
-                             const void **src2);
+/* What an H2D of a slot reads this step: n parts laid end to end in the
+ * slot — one for a tensor; AdamW state: m and v, with BF16 storage after the
+ * fp32 master. n = 0: nothing (a persistent copy that is current, an idle
+ * expert). */
+typedef struct mf_exec_src {
+  const void *part[3];
+  size_t bytes[3];
+  int n;
+} mf_exec_src;
+
+/* Fills *src for `slot` and counts the traffic. */
+mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, mf_exec_src *src);
+
+/* Bytes [a, e) of what src lays end to end, copied to dst + a. */
+void mf_exec_src_copy(const mf_exec_src *src, uint8_t *dst, size_t a, size_t e);
 
 /* Where a D2H instruction's bytes go this step (*dst) and how. Counts the traffic. */
 typedef enum d2h_mode { D2H_NONE = 0, D2H_COPY, D2H_ADD, D2H_ZERO } d2h_mode;

@@ -30,11 +30,11 @@
 
 #include "src/exec/exec_internal.h"
 
-enum { C_SKIP = 0, C_COPY, C_MOMENTS, C_ADD, C_ZERO };
+enum { C_SKIP = 0, C_COPY, C_PARTS, C_ADD, C_ZERO };
 
 typedef struct sg_copy_rt {
-  void *host;        /* H2D: the source; D2H: the destination */
-  const void *host2; /* C_MOMENTS: v (host is m) */
+  void *host;      /* D2H: the destination */
+  mf_exec_src src; /* H2D (C_PARTS): the host parts laid end to end in the slab */
   uint8_t mode;
   int32_t home; /* D2H: the parameter whose gradient is final once this copy is out (grad_home), or -1 */
 } sg_copy_rt;
@@ -68,9 +68,12 @@ static void poison(uint8_t *p, size_t bytes) {
 }
 
 /* The part [lo, hi) of slab k's host copies, counted in bytes along its
- * copies one after the other (a moments copy is m's bytes then v's). Every
- * copy's bytes are a multiple of 4, and so are lo and hi: an ADD stays on
- * whole floats. */
+ * copies one after the other (an AdamW state copy is its parts in order). A
+ * bf16 tensor may have a byte count that is not a multiple of 4, so a part's
+ * edges may fall inside a float of a later copy: an ADD (fp32 gradients, a
+ * multiple of 4 bytes) takes the floats that start in [a, e) after rounding
+ * both down to a float, so the parts that meet at an edge take each float
+ * once. */
 static void host_copies(exec_staging *g, int32_t k, size_t lo, size_t hi) {
   const mf_staging *L = g->L;
   const mf_staging_slab *sl = &L->slabs[k];
@@ -91,19 +94,13 @@ static void host_copies(exec_staging *g, int32_t k, size_t lo, size_t hi) {
         else
           memcpy(host + a, slab + a, e - a);
         break;
-      case C_MOMENTS: { /* m fills the first half of the slot, v the second */
-        const size_t half = n / 2;
-        if (a < half) memcpy(slab + a, host + a, (e < half ? e : half) - a);
-        if (e > half) {
-          const size_t b = a > half ? a : half;
-          memcpy(slab + b, (const uint8_t *)r->host2 + (b - half), e - b);
-        }
+      case C_PARTS: /* H2D: a tensor, or AdamW state's parts one after another */
+        mf_exec_src_copy(&r->src, slab, a, e);
         break;
-      }
       case C_ADD: { /* a gradient added into the host's sum, float by float */
-        float *dst = (float *)(host + a);
-        const float *src = (const float *)(slab + a);
-        for (size_t i = 0; i < (e - a) / sizeof(float); i++) dst[i] += src[i];
+        float *dst = (float *)host;
+        const float *src = (const float *)slab;
+        for (size_t i = a / sizeof(float); i < e / sizeof(float); i++) dst[i] += src[i];
         break;
       }
       case C_ZERO:
@@ -187,12 +184,10 @@ static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
   for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++) {
     const mf_instr *in = &x->s->instr[g->L->copies[c].instr];
     if (x->hooks.wait) MF_CHECK(mf_exec_param_gate(x, in));
-    const void *src = NULL, *src2 = NULL;
-    MF_CHECK(mf_exec_h2d_source(x, in->slot, io, &src, &src2));
     sg_copy_rt *r = &g->rt[c];
-    r->host = (void *)src;
-    r->host2 = src2;
-    r->mode = !src ? C_SKIP : src2 ? C_MOMENTS : C_COPY;
+    MF_CHECK(mf_exec_h2d_source(x, in->slot, io, &r->src));
+    r->host = NULL;
+    r->mode = r->src.n ? C_PARTS : C_SKIP;
     work |= r->mode != C_SKIP;
   }
   g->work[k] = (uint8_t)work;
@@ -220,7 +215,7 @@ mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io) {
   MF_CHECK(mf_exec_d2h_target(x, in, io, &dst, &mode));
   sg_copy_rt *r = &g->rt[c];
   r->host = dst;
-  r->host2 = NULL;
+  r->src.n = 0;
   r->mode = mode == D2H_COPY ? C_COPY : mode == D2H_ADD ? C_ADD : mode == D2H_ZERO ? C_ZERO : C_SKIP;
   r->home = x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads ? x->grad_final[i] : -1;
   if (first_of(g, c) && !g->o.drop_waits) MF_CHECK(wait_for(x, x->st[MF_EXEC_D2H], g->L->wait_slab[k]));

@@ -51,7 +51,7 @@ static mf_status run_job(mf_optim_worker *wk, int32_t job) {
     const mf_optim_buf b = {t->g, t->n};
     MF_CHECK(mf_optim_grad_scale(&b, 1, wk->coef, wk->pool));
   }
-  const mf_adamw_bufs b = {t->w, t->g, t->m, t->v, NULL, t->n, MF_DTYPE_F32, t->moments};
+  const mf_adamw_bufs b = {t->w, t->g, t->m, t->v, t->bf16_out, t->n, MF_DTYPE_F32, t->moments};
   return mf_adamw_update_bufs(&u->h, u->step, &b, wk->pool);
 }
 

@@ -63,6 +63,7 @@ typedef struct mf_optim_tensor {
   void *m, *v;
   size_t n;
   mf_dtype moments;
+  uint16_t *bf16_out; /* NULL, or w's bf16 working copy, rewritten by each update */
 } mf_optim_tensor;
 
 /* One queued update: AdamW step `step` (>= 1) of parameter `param` with `h`. */

@@ -29,6 +29,7 @@ static mf_status use_staging(mf_runner *r, const mf_config *cfg) {
 }
 
 void mf_runner_free(mf_runner *r) {
+  if (r->working_owned) free(r->working);
   mf_exec_free(r->exec);
   mf_backend_free(r->backend);
   mf_run_plan_free(r->rp);
@@ -64,6 +65,41 @@ mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_tabl
 fail:
   mf_runner_free(r);
   return st;
+}
+
+typedef struct round_job {
+  const float *w;
+  uint16_t *out;
+  size_t n;
+} round_job;
+
+static void round_part(void *ctx, int i, int n) {
+  const round_job *j = (const round_job *)ctx;
+  size_t lo = 0, hi = 0;
+  mf_partition(j->n, 4096, i, n, &lo, &hi);
+  if (hi > lo) mf_fp32_to_bf16_n(j->w + lo, j->out + lo, hi - lo);
+}
+
+mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, mf_threadpool *pool) {
+  if (r->rp->storage != MF_DTYPE_BF16) return MF_OK;
+  if (!r->working) {
+    MF_CHECK(mf_malloc((n ? n : 1) * sizeof(uint16_t), "the bf16 working copy of the weights", (void **)&r->working));
+    r->working_owned = 1;
+  }
+  round_job j = {w, r->working, n};
+  if (pool)
+    mf_threadpool_run(pool, round_part, &j);
+  else
+    round_part(&j, 0, 1);
+  mf_exec_set_working_copy(r->exec, r->working);
+  return MF_OK;
+}
+
+void mf_runner_share_working(mf_runner *r, const mf_runner *from) {
+  if (r->rp->storage != MF_DTYPE_BF16) return;
+  r->working = from->working;
+  r->working_owned = 0;
+  mf_exec_set_working_copy(r->exec, r->working);
 }
 
 mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t) {

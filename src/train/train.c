@@ -86,7 +86,8 @@ static mf_status worker_create(run *r) {
                               (char *)r->hs.m.ptr + (size_t)p->offset * ms,
                               (char *)r->hs.v.ptr + (size_t)p->offset * ms,
                               (size_t)p->numel,
-                              r->hs.moments};
+                              r->hs.moments,
+                              r->tr.working ? r->tr.working + p->offset : NULL};
   }
   mf_status st = mf_optim_worker_create(ts, (int32_t)t->n, (int)r->cfg->train.threads, &r->wk);
   free(ts);
@@ -139,6 +140,8 @@ static mf_status setup(run *r, mf_train_summary *out) {
   MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
   const mf_run_plan *rp = r->tr.rp;
   MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
+  MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, r->pool));
+  if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
   const uint8_t *on_device = rp->plan->s->n_optim_device > 0 ? rp->plan->s->optim_device : NULL;
   MF_CHECK(mf_updates_init(&r->up, t, on_device, mf_exec_param_upload_order(r->tr.exec)));
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof(mf_optim_buf), "gradient list", (void **)&r->bufs));
@@ -276,7 +279,7 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
     if (r->wk)
       MF_CHECK(mf_optim_worker_update(r->wk, r->up.host, r->up.n_host, coef));
     else
-      MF_CHECK(mf_updates_run_host(&r->up, r->w, (float *)r->hs.grads.ptr, &r->hs, r->pool));
+      MF_CHECK(mf_updates_run_host(&r->up, r->w, r->tr.working, (float *)r->hs.grads.ptr, &r->hs, r->pool));
     MF_CHECK(mf_updates_run_device(&r->up, tr->exec, coef));
   }
   if (!r->wk) r->win.opt_exposed += mf_time_now() - opt_t0;

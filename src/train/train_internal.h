@@ -45,6 +45,8 @@ typedef struct mf_runner {
   int staging_threads;      /* host threads each way through the staging arena (0: not staged) */
   int32_t **ids, **targets; /* [G][B*S] */
   int64_t G;
+  uint16_t *working; /* BF16 storage: the weights' bf16 working copy the executor uploads (else NULL) */
+  int working_owned;
 } mf_runner;
 
 /* Plans the run of cfg on t for `use`; with plan_json (train), writes the plan
@@ -65,6 +67,15 @@ void mf_runner_free(mf_runner *r);
  * saying it finished; a shorter one prints nothing. */
 mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
                               float *capture);
+
+/* BF16 storage (the plan's): the executor uploads weights from a bf16 working
+ * copy. mf_runner_round_working gives this runner its own (allocated once)
+ * holding the n weights w rounded to nearest even, converted by the pool's
+ * threads; mf_runner_share_working hands it another runner's (train's
+ * evaluation reads the copy training keeps current). With fp32 storage both
+ * do nothing. */
+mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, mf_threadpool *pool);
+void mf_runner_share_working(mf_runner *r, const mf_runner *from);
 
 /* MF_ERR_CONFIG when the token file's vocabulary is larger than the model's. */
 mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t);
@@ -113,8 +124,11 @@ void mf_updates_free(mf_updates *u);
 int mf_updates_has_gradient(const mf_param_table *t, const int64_t *expert_tokens, int64_t i);
 /* Decides the step's updates and advances the step counts of those updated. */
 void mf_updates_plan(mf_updates *u, const int64_t *expert_tokens, const mf_config_train *tc, double lr);
-/* The host's part after the step: AdamW on each (gradients already clipped). */
-mf_status mf_updates_run_host(const mf_updates *u, float *w, float *g, mf_host_state *hs, mf_threadpool *pool);
+/* The host's part after the step: AdamW on each (gradients already clipped);
+ * working (BF16 storage; else NULL): the weights' bf16 working copy, rewritten
+ * with each update. */
+mf_status mf_updates_run_host(const mf_updates *u, float *w, uint16_t *working, float *g, mf_host_state *hs,
+                              mf_threadpool *pool);
 /* The device's part (gradients scaled by coef there). */
 mf_status mf_updates_run_device(const mf_updates *u, mf_exec *x, double coef);
 

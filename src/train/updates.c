@@ -54,7 +54,8 @@ void mf_updates_plan(mf_updates *u, const int64_t *expert_tokens, const mf_confi
   }
 }
 
-mf_status mf_updates_run_host(const mf_updates *u, float *w, float *g, mf_host_state *hs, mf_threadpool *pool) {
+mf_status mf_updates_run_host(const mf_updates *u, float *w, uint16_t *working, float *g, mf_host_state *hs,
+                              mf_threadpool *pool) {
   const size_t ms = mf_dtype_size(hs->moments);
   for (int32_t k = 0; k < u->n_host; k++) {
     const mf_optim_update *q = &u->host[k];
@@ -63,7 +64,7 @@ mf_status mf_updates_run_host(const mf_updates *u, float *w, float *g, mf_host_s
                              g + p->offset,
                              (char *)hs->m.ptr + (size_t)p->offset * ms,
                              (char *)hs->v.ptr + (size_t)p->offset * ms,
-                             NULL,
+                             working ? working + p->offset : NULL,
                              (size_t)p->numel,
                              MF_DTYPE_F32,
                              hs->moments};

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -79,6 +80,25 @@ TEST(RunPlan, CpuBudgetAutoIsTheProfilesDeviceMemory) {
   EXPECT_FALSE(r.rp->prog->forward_only);
 }
 
+// train.precision: auto is bf16 on cuda, fp32 on cpu; fp32 and bf16 are taken
+// as given; the program (what the plan sizes) stores what was decided.
+TEST(RunPlan, PrecisionDecidesTheDeviceStorage) {
+  struct Case {
+    const char *backend, *precision;
+    mf_dtype want;
+  } cases[] = {{"cpu", "auto", MF_DTYPE_F32},   {"cpu", "fp32", MF_DTYPE_F32},  {"cpu", "bf16", MF_DTYPE_BF16},
+               {"cuda", "auto", MF_DTYPE_BF16}, {"cuda", "fp32", MF_DTYPE_F32}, {"cuda", "bf16", MF_DTYPE_BF16}};
+  for (const Case &c : cases) {
+    if (!strcmp(c.backend, "cuda") && gpu_present()) continue; /* the budget would be the GPU's */
+    Planned r;
+    const std::string be = std::string("backend=") + c.backend, pr = std::string("train.precision=") + c.precision;
+    make(&r, {be.c_str(), pr.c_str(), "memory.device_budget=600MiB", "memory.plan=resident"});
+    ASSERT_EQ(r.st, MF_OK) << c.backend << " " << c.precision << ": " << r.err;
+    EXPECT_EQ(r.rp->storage, c.want) << c.backend << " " << c.precision;
+    EXPECT_EQ(r.rp->prog->storage, c.want) << c.backend << " " << c.precision;
+  }
+}
+
 TEST(RunPlan, CudaBudgetCoversWhatTheBackendKeeps) {
   if (gpu_present()) GTEST_SKIP() << "a GPU is present: the budget would be its free memory";
   Planned r;
@@ -92,7 +112,8 @@ TEST(RunPlan, CudaBudgetCoversWhatTheBackendKeeps) {
   EXPECT_EQ(r.rp->arena_limit, r.rp->budget - r.rp->dev.total_bytes);
   EXPECT_LE(r.rp->plan->s->arena_bytes, r.rp->arena_limit);
   EXPECT_EQ(r.rp->fig.device_backend_bytes, r.rp->dev.total_bytes);
-  EXPECT_EQ(r.rp->prog->storage, r.rp->dev.storage) << "the plan sizes tensors as the backend stores them";
+  EXPECT_EQ(r.rp->storage, MF_DTYPE_BF16) << "train.precision auto: bf16 on cuda";
+  EXPECT_EQ(r.rp->prog->storage, r.rp->storage) << "the plan sizes tensors as the run stores them";
   EXPECT_TRUE(r.rp->staged) << "memory.staging auto: on for cuda";
   EXPECT_TRUE(r.rp->overlap_optimizer) << "train.overlap_optimizer auto: on for cuda";
   ASSERT_NE(r.rp->staging, nullptr);
