@@ -183,10 +183,11 @@ static void log_start(const run *r, const mf_train_summary *out) {
           cfg->data.train, (unsigned long long)mf_loader_windows(r->train), (long long)cfg->data.seq_len,
           out->entropy_nats);
   MF_LOGI("train",
-          "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; %s backend, device arena %s, %d "
-          "ops, %s FLOP/step",
+          "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; %s backend, %s storage "
+          "(train.precision), device arena %s, %d ops, %s FLOP/step",
           (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
           (long long)r->tokens_per_step, mf_threadpool_size(r->pool), r->tr.backend->name,
+          mf_dtype_name(rp->storage),
           mf_format_bytes(mf_exec_arena_bytes(r->tr.exec), b1, sizeof b1), rp->prog->n_ops,
           mf_format_count(rp->prog->flops, n1, sizeof n1));
   if (rp->routed)
