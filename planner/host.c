@@ -19,15 +19,17 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   for (int64_t i = 0; i < p->params->n; i++) {
     const uint64_t numel = (uint64_t)p->params->params[i].numel;
     u.master_bytes += 4 * numel;
+    /* A working copy in another dtype than the master's: the first fill of a
+     * device-updated weight reads it too, and the weights come home into it. */
+    const mf_ptensor *w = &p->tensors[p->param_tensor[i]];
+    if (w->dtype != MF_DTYPE_F32) u.working_bytes += w->bytes;
     /* The optimizer on the device: the weights come home for evaluations and
-     * the final save (master), but no working copy goes up, no gradient comes
-     * home and the moments live on the device. */
+     * the final save (master), but no gradient comes home and the moments
+     * live on the device. */
     if (s && s->optim_device && s->optim_device[i]) {
       u.cold_master_bytes += 4 * numel;
       continue;
     }
-    const mf_ptensor *w = &p->tensors[p->param_tensor[i]];
-    if (w->dtype != MF_DTYPE_F32) u.working_bytes += w->bytes;
     if (!p->forward_only) {
       u.grad_bytes += 4 * numel;
       u.moment_bytes += moment * numel;
@@ -52,6 +54,9 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
       const uint64_t warm = u.master_bytes - u.cold_master_bytes;
       u.spill_master_bytes = excess < warm ? excess : warm;
       excess -= u.spill_master_bytes;
+      /* The working copy: written once by the optimizer, read once by the uploads. */
+      u.spill_working_bytes = excess < u.working_bytes ? excess : u.working_bytes;
+      excess -= u.spill_working_bytes;
       /* Gradient sums that land home once a step (no copy adds into them:
        * layer-major order, or kept on the device) are written once and read
        * once by the optimizer, like the states above. */
@@ -72,7 +77,7 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
 }
 
 uint64_t mf_host_spill_traffic_bytes(const mf_host_usage *u) {
-  return 2 * (u->spill_moment_bytes + u->spill_master_bytes + u->spill_grad_bytes);
+  return 2 * (u->spill_moment_bytes + u->spill_master_bytes + u->spill_working_bytes + u->spill_grad_bytes);
 }
 
 double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw) {
@@ -85,11 +90,12 @@ double mf_host_spill_seconds(const mf_host_usage *u, const mf_hwprofile *hw) {
 const char *mf_host_unplaced_why(const mf_host_usage *u, const mf_config_memory *mem) {
   if (!u->nvme)
     return mem && mem->nvme_dir ? "the hardware profile has no NVMe bandwidth" : "memory.nvme_dir is not set";
-  return "only moments, master weights and gradient sums that land home once a step spill";
+  return "only moments, master weights, the working copy and gradient sums that land home once a step spill";
 }
 
 uint64_t mf_host_spill_bytes(const mf_host_usage *u) {
-  return u->spill_moment_bytes + u->spill_master_bytes + u->spill_cold_master_bytes + u->spill_grad_bytes;
+  return u->spill_moment_bytes + u->spill_master_bytes + u->spill_cold_master_bytes + u->spill_working_bytes +
+         u->spill_grad_bytes;
 }
 
 uint64_t mf_host_resident_bytes(const mf_host_usage *u) { return u->total_bytes - mf_host_spill_bytes(u); }

@@ -5,7 +5,8 @@
  * Parts (bytes, for the whole step; a program's parameters are counted once):
  *   master    fp32 master weights: 4 x numel
  *   working   the working copy the device reads (the program's parameter
- *             dtype); 0 when that dtype is fp32: the master itself is uploaded
+ *             dtype: bf16 with BF16 storage, 2 x numel); 0 when that dtype is
+ *             fp32: the master itself is uploaded
  *   grads     fp32 gradient sums: 4 x numel (0 for a forward-only program)
  *   moments   AdamW m and v: 8 x numel in fp32, 4 x numel in bf16
  *             (train.adam_moments, which the config copies into
@@ -14,20 +15,22 @@
  *   pinned    the staging arena (planner/staging.h), pinned
  * total = the sum. The pinned part is checked against pinned_limit too.
  * Parameters whose optimizer the schedule puts on the device count their
- * master weights only (they come home for evaluations and the final save):
- * no working copy, gradient sum or moments on the host. (train's host
- * buffers span every parameter, but those ranges are never touched, so
- * anonymous memory never backs them.)
+ * master weights (they come home for evaluations and the final save) and
+ * their working copy (their first upload, and where they come home): no
+ * gradient sum or moments on the host. (train's host buffers span every
+ * parameter, but those ranges are never touched, so anonymous memory never
+ * backs them.)
  *
  * NVMe spill. Past host_limit, the master weights of parameters updated on
  * the device spill first (read only for an evaluation or the final save: no
  * per-step traffic), then moments, then the other master weights (each
  * read and written once per step by the host AdamW, so they cost the least
- * traffic per byte spilled), then the gradient sums when every gradient lands
+ * traffic per byte spilled), then the working copy (written by the AdamW,
+ * read by the uploads), then the gradient sums when every gradient lands
  * home once a step (no gradient copy adds into the host's sum: layer-major
- * order or gradients kept on the device), written once and read once; the
- * working copy, offloaded activations, the staging arena and gradient sums
- * that micro-batches add into never spill. Spill needs memory.nvme_dir and a profile with an NVMe bandwidth;
+ * order or gradients kept on the device), written once and read once;
+ * offloaded activations, the staging arena and gradient sums that
+ * micro-batches add into never spill. Spill needs memory.nvme_dir and a profile with an NVMe bandwidth;
  * without either, the excess is unplaced (the plan does not fit the host).
  */
 #ifndef MF_PLANNER_HOST_H
@@ -54,6 +57,7 @@ typedef struct mf_host_usage {
   int host_fits;         /* total_bytes <= host_limit */
   int nvme;              /* spill possible: memory.nvme_dir set and the profile has an NVMe bandwidth */
   uint64_t spill_moment_bytes, spill_master_bytes, spill_grad_bytes; /* what goes to NVMe (0: fits, or no NVMe) */
+  uint64_t spill_working_bytes;     /* the part of the working copy on NVMe */
   uint64_t cold_master_bytes;       /* master weights of parameters updated on the device (in master_bytes) */
   uint64_t spill_cold_master_bytes; /* the part of those on NVMe: no per-step traffic (not in spill_master_bytes) */
   uint64_t unplaced_bytes;                         /* what fits neither host memory nor NVMe */

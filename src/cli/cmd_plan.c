@@ -143,11 +143,13 @@ static void host_summary(const mf_run_plan *rp, const mf_config_memory *mem) {
   if (u->spill_cold_master_bytes > 0)
     printf("  NVMe spill: master weights of parameters updated on the device %s (no per-step traffic)\n",
            mf_format_bytes(u->spill_cold_master_bytes, a, sizeof a));
-  if (u->spill_moment_bytes + u->spill_master_bytes + u->spill_grad_bytes > 0)
-    printf("  NVMe spill: moments %s, master weights %s, gradient sums %s: %s read+written per step = %.3f s/step "
-           "at %s/s\n",
+  char wk[32];
+  if (u->spill_moment_bytes + u->spill_master_bytes + u->spill_working_bytes + u->spill_grad_bytes > 0)
+    printf("  NVMe spill: moments %s, master weights %s, working copy %s, gradient sums %s: %s read+written per "
+           "step = %.3f s/step at %s/s\n",
            mf_format_bytes(u->spill_moment_bytes, a, sizeof a), mf_format_bytes(u->spill_master_bytes, b, sizeof b),
-           mf_format_bytes(u->spill_grad_bytes, g, sizeof g), mf_format_bytes(mf_host_spill_traffic_bytes(u), c, sizeof c),
+           mf_format_bytes(u->spill_working_bytes, wk, sizeof wk), mf_format_bytes(u->spill_grad_bytes, g, sizeof g),
+           mf_format_bytes(mf_host_spill_traffic_bytes(u), c, sizeof c),
            (double)mf_host_spill_traffic_bytes(u) / hw->nvme_bandwidth,
            mf_format_bytes((uint64_t)hw->nvme_bandwidth, d, sizeof d));
   if (u->unplaced_bytes > 0)

@@ -97,7 +97,8 @@ TEST(Host, Bf16StorageAddsAWorkingCopyAndForwardOnlyHasNoState) {
 }
 
 // The optimizer on the device for every other parameter: those count their
-// master weights only (no working copy, gradient sum or moments at home).
+// master weights and, with BF16 storage, their working copy (no gradient sum
+// or moments at home).
 TEST(Host, OptimizerOnTheDeviceKeepsOnlyTheMasterAtHome) {
   for (mf_dtype storage : {MF_DTYPE_F32, MF_DTYPE_BF16}) {
     Fixture f;
@@ -117,7 +118,7 @@ TEST(Host, OptimizerOnTheDeviceKeepsOnlyTheMasterAtHome) {
     ASSERT_EQ(mf_host_account(f.p, s, 0, nullptr, &hw, &u), MF_OK) << mf_last_error();
     const uint64_t host = f.numel - dev;
     EXPECT_EQ(u.master_bytes, 4 * f.numel);
-    EXPECT_EQ(u.working_bytes, storage == MF_DTYPE_BF16 ? 2 * host : 0u);
+    EXPECT_EQ(u.working_bytes, storage == MF_DTYPE_BF16 ? 2 * f.numel : 0u);
     EXPECT_EQ(u.grad_bytes, 4 * host);
     EXPECT_EQ(u.moment_bytes, 8 * host);
     EXPECT_EQ(u.cold_master_bytes, 4 * dev);
@@ -179,6 +180,34 @@ TEST(Host, SpillsMomentsThenMasterToNvme) {
   EXPECT_EQ(u.spill_grad_bytes, 4 * f.numel);
   EXPECT_EQ(u.unplaced_bytes, pinned - 1);
   EXPECT_TRUE(std::isinf(mf_host_spill_seconds(&u, &hw)));
+}
+
+// BF16 storage's working copy spills after the master weights and before the
+// gradient sums, read and written once a step like them.
+TEST(Host, TheWorkingCopySpillsAfterTheMaster) {
+  Fixture b;
+  b.Build(MF_DTYPE_BF16, 0, false);
+  ASSERT_NE(b.s, nullptr);
+  mf_hwprofile hw = mf_pt::small_profile(1);
+  hw.nvme_bandwidth = 1e9;
+  mf_host_usage u;
+  ASSERT_EQ(mf_host_account(b.p, b.s, 0, nullptr, &hw, &u), MF_OK) << mf_last_error();
+  ASSERT_EQ(u.total_bytes, 18 * b.numel);
+  // Short by moments + master + 1 byte a parameter: that much of the working copy.
+  mf_config_memory m = Mem(u.total_bytes - 13 * b.numel, 0, "/nvme");
+  ASSERT_EQ(mf_host_account(b.p, b.s, 0, &m, &hw, &u), MF_OK) << mf_last_error();
+  EXPECT_EQ(u.spill_moment_bytes, 8 * b.numel);
+  EXPECT_EQ(u.spill_master_bytes, 4 * b.numel);
+  EXPECT_EQ(u.spill_working_bytes, 1 * b.numel);
+  EXPECT_EQ(u.spill_grad_bytes, 0u);
+  EXPECT_EQ(mf_host_spill_bytes(&u), 13 * b.numel);
+  EXPECT_EQ(mf_host_spill_traffic_bytes(&u), 26 * b.numel);
+  // Short by 15 bytes a parameter: the whole working copy, then gradient sums.
+  m = Mem(u.total_bytes - 15 * b.numel, 0, "/nvme");
+  ASSERT_EQ(mf_host_account(b.p, b.s, 0, &m, &hw, &u), MF_OK) << mf_last_error();
+  EXPECT_EQ(u.spill_working_bytes, 2 * b.numel);
+  EXPECT_EQ(u.spill_grad_bytes, 1 * b.numel);
+  EXPECT_EQ(u.unplaced_bytes, 0u);
 }
 
 // train.adam_moments: bf16 (copied into the memory section): m and v take 4
