@@ -1,14 +1,46 @@
 /* The cpu backend: a real "device" arena of exactly the budgeted size, memcpy
  * copies, streams that run work as it is submitted, and the checking mode
- * (NaN-poisoned releases, every operand checked against the live ranges). */
+ * (NaN-poisoned releases, every operand checked against the live ranges).
+ *
+ * BF16 storage. The cpu kernels compute on fp32 arrays; a call whose storage
+ * is BF16 (mf_kernel_call_dtype) runs as the twin of the cuda backend's bf16
+ * kernels: every FLOAT operand present (the operand table's MF_KT_FLOAT, and
+ * the expert weights when they are FLOAT) is widened from bf16 into an fp32
+ * copy (exact), the fp32 kernel runs on the copies with round_bf16 on, and
+ * every FLOAT operand the call writes is narrowed back to bf16 (round to
+ * nearest even, mf_fp32_to_bf16). Operands of fixed types are passed as they
+ * are. So a BF16 call gives, bit for bit, the round_bf16 fp32 call on the
+ * widened values, narrowed. Written-only operands are widened too: a kernel
+ * may leave part of an output alone (rows of ye past offsets[E]) and those
+ * bytes must come back unchanged.
+ *
+ * Where the fp32 copies live (sized once, allocated once):
+ *  - an operand inside the arena: in the shadow, an fp32 image of the arena
+ *    made at arena_create (2 x its bytes of address space, mapped without
+ *    reserving memory: pages are touched only where BF16 operands lie, and
+ *    then kept, so a BF16 program holds up to 2 x its arena again); arena
+ *    byte o has its copy at shadow byte 2 o, so operands that alias (an
+ *    in-place y == x) have aliasing copies, and no two calls' copies collide;
+ *  - an operand outside the arena (tests pass host pointers when checking is
+ *    off): in the side buffer, grown to the largest call seen and then kept;
+ *    one that lies inside an earlier operand of b[] shares that one's copy (in
+ *    place), the others get their own. Partial overlaps outside the arena are
+ *    not supported (the twins assume none).
+ * MF_K_ADAMW with a BF16 param is not converted: the optimizer kernel reads
+ * the param's dtype and keeps the fp32 master in the state (backend.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 
 #define GRANULE 4 /* bytes per bit of the residency bitmap */
+/* The poison of dead arena bytes: a NaN read as one fp32 (0x7fc07fc0) and as
+ * each of two bf16 (0x7fc0). */
+#define POISON 0x7fc07fc0u
+#define SIDE_ALIGN 64 /* bytes: each copy in the side buffer starts on a cache line */
 
 typedef struct cpu_impl {
   mf_cpu_backend_opts opts;
@@ -17,6 +49,13 @@ typedef struct cpu_impl {
   size_t arena_bytes;
   uint64_t *live; /* one bit per GRANULE bytes of the arena (checking mode) */
   mf_backend_stats stats;
+  /* BF16 storage (top of the file): the fp32 copies of a call's FLOAT operands. */
+  float *shadow;       /* arena byte o's copy at shadow + o / 2; NULL: not mapped (side buffer) */
+  size_t shadow_bytes; /* 2 x arena_bytes */
+  uint8_t *side;       /* copies of operands outside the arena */
+  size_t side_bytes;
+  void **experts; /* the fp32 copies of a call's expert weights */
+  size_t experts_cap;
 } cpu_impl;
 
 /* Deferred streams (mf_cpu_backend_opts.streams != MF_CPU_STREAMS_IMMEDIATE):
@@ -56,6 +95,19 @@ struct mf_event {
 
 static cpu_impl *impl_of(mf_backend *b) { return (cpu_impl *)b->impl; }
 
+/* The shadow of BF16 storage, 2 x the arena's bytes of address space. Mapped
+ * without a reservation, so an F32 program never gives it memory. Where the
+ * mapping fails (an address space too small) it stays NULL and the side
+ * buffer takes arena operands too. */
+static void map_shadow(cpu_impl *c) {
+  size_t bytes;
+  if (c->arena_bytes == 0 || __builtin_mul_overflow(c->arena_bytes, (size_t)2, &bytes)) return;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return;
+  c->shadow = (float *)p;
+  c->shadow_bytes = bytes;
+}
+
 static mf_status cpu_arena_create(mf_backend *b, size_t bytes, void **base) {
   cpu_impl *c = impl_of(b);
   *base = NULL;
@@ -73,9 +125,10 @@ static mf_status cpu_arena_create(mf_backend *b, size_t bytes, void **base) {
     c->live = (uint64_t *)calloc((granules + 63) / 64 + 1, sizeof(uint64_t));
     if (!c->live) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: no memory for the residency map");
     /* Nothing is live yet: the whole arena starts poisoned. */
-    uint32_t nan_bits = 0x7fc00000u;
+    uint32_t nan_bits = POISON;
     for (size_t i = 0; i + 4 <= bytes; i += 4) memcpy(c->arena + i, &nan_bits, 4);
   }
+  map_shadow(c);
   *base = p;
   return MF_OK;
 }
@@ -262,7 +315,7 @@ static mf_status cpu_mark(mf_backend *b, void *ptr, size_t bytes, int live) {
   size_t g0 = off / GRANULE, g1 = (off + bytes + GRANULE - 1) / GRANULE;
   for (size_t g = g0; g < g1; g++) bit_set(c->live, g, live);
   if (!live) {
-    uint32_t nan_bits = 0x7fc00000u;
+    uint32_t nan_bits = POISON;
     size_t i = 0;
     for (; i + 4 <= bytes; i += 4) memcpy(p + i, &nan_bits, 4);
     memset(p + i, 0xff, bytes - i);
@@ -371,14 +424,6 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
     mf_error_prefix("cpu backend");
     return st;
   }
-  mf_dtype storage;
-  MF_CHECK(mf_kernel_call_dtype(k, &storage));
-  if (storage != MF_DTYPE_F32)
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "cpu backend: kernel %s%s%s: its operands are %s; the cpu backend computes F32 storage (its "
-                  "round_bf16 mode rounds F32 values to bf16)",
-                  mf_kernel_name(k->kind), k->label ? " in " : "", k->label ? k->label : "",
-                  mf_dtype_name(storage));
   if (c->opts.streams == MF_CPU_STREAMS_IMMEDIATE) return run_now(c, k);
   qitem it;
   memset(&it, 0, sizeof it);
@@ -396,10 +441,23 @@ static mf_status cpu_run(mf_backend *b, const mf_kernel_call *k, mf_stream *s) {
   return st;
 }
 
+static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx *x);
+static mf_status run_bf16(cpu_impl *c, const mf_kernel_call *k);
+
+/* A call when it runs (at once, or when its deferred stream reaches it). */
 static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
-  const mf_kctx *x = &c->kctx;
-  const int64_t *i = k->i;
   MF_CHECK(check_call(c, k));
+  mf_dtype storage;
+  MF_CHECK(mf_kernel_call_dtype(k, &storage));
+  /* ADAMW's BF16 param is the optimizer kernel's own (the master is in the state). */
+  if (storage == MF_DTYPE_BF16 && k->kind != MF_K_ADAMW) return run_bf16(c, k);
+  return run_kernel(c, k, &c->kctx);
+}
+
+/* The kernel on the call's buffers as they are: FLOAT operands fp32 (ADAMW's
+ * param either: the optimizer kernel reads its dtype). */
+static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx *x) {
+  const int64_t *i = k->i;
   c->stats.kernels++;
   switch (k->kind) {
     case MF_K_ZERO:
@@ -487,12 +545,170 @@ static mf_status run_now(cpu_impl *c, const mf_kernel_call *k) {
   }
 }
 
-static void cpu_get_stats(mf_backend *b, mf_backend_stats *out) { *out = impl_of(b)->stats; }
+/* ---------------------------------------------------------- BF16 storage */
+
+#define CVT_GRAIN ((size_t)1 << 14) /* elements per part of a parallel conversion */
+
+/* Widening (exact) or narrowing (each element rounded on its own) of n
+ * elements, in parts of a fixed split: the bits do not depend on it. */
+typedef struct cvt_job {
+  uint16_t *h;
+  float *f;
+  size_t n;
+  int narrow; /* 1: f -> h; 0: h -> f */
+} cvt_job;
+
+static void cvt_part(void *ctx, int i, int n) {
+  const cvt_job *j = (const cvt_job *)ctx;
+  size_t b, e;
+  mf_partition(j->n, CVT_GRAIN, i, n, &b, &e);
+  if (j->narrow)
+    mf_fp32_to_bf16_n(j->f + b, j->h + b, e - b);
+  else
+    mf_bf16_to_fp32_n(j->h + b, j->f + b, e - b);
+}
+
+static void convert(cpu_impl *c, void *h, float *f, size_t n, int narrow) {
+  cvt_job j = {(uint16_t *)h, f, n, narrow};
+  if (c->opts.pool && n >= 4 * CVT_GRAIN)
+    mf_threadpool_run(c->opts.pool, cvt_part, &j);
+  else
+    cvt_part(&j, 0, 1);
+}
+
+/* Whether operand j of the call is a FLOAT one present. */
+static int float_operand(const mf_kernel_call *k, int j) {
+  const mf_kernel_info *t = mf_kernel_info_of(k->kind);
+  return j < mf_kernel_n_operands(k->kind) && t->b[j].type == MF_KT_FLOAT && k->b[j].ptr;
+}
+
+/* The expert weights the call converts: E when they are FLOAT, else 0. */
+static int64_t float_experts(const mf_kernel_call *k) {
+  const mf_kernel_info *t = mf_kernel_info_of(k->kind);
+  return t->experts.name && t->experts.type == MF_KT_FLOAT && k->experts && k->i[0] > 0 ? k->i[0] : 0;
+}
+
+static int in_shadow(const cpu_impl *c, const void *p, size_t bytes) {
+  const uint8_t *q = (const uint8_t *)p;
+  return c->shadow && q >= c->arena && (size_t)(q - c->arena) <= c->arena_bytes &&
+         bytes <= c->arena_bytes - (size_t)(q - c->arena);
+}
+
+/* A BF16 operand (slot: mf_kernel_operand_text's) must hold whole, aligned
+ * bf16 elements; *side grows by the room its copy takes in the side buffer. */
+static mf_status size_bf16(const cpu_impl *c, const mf_kernel_call *k, int slot, const void *p, size_t bytes,
+                           size_t *side) {
+  char what[64];
+  if (((uintptr_t)p | bytes) & 1u)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: kernel %s%s%s: %s is BF16 but %s",
+                  mf_kernel_name(k->kind), k->label ? " in " : "", k->label ? k->label : "",
+                  mf_kernel_operand_text(k->kind, slot, what, sizeof what),
+                  (uintptr_t)p & 1u ? "at an odd address" : "of an odd number of bytes");
+  const size_t room = (2 * bytes + SIDE_ALIGN - 1) / SIDE_ALIGN * SIDE_ALIGN;
+  if (!in_shadow(c, p, bytes) && (bytes > SIZE_MAX / 4 || !mf_add_size(*side, room, side)))
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "cpu backend: kernel %s: the fp32 copies of its operands overflow a size",
+                  mf_kernel_name(k->kind));
+  return MF_OK;
+}
+
+/* The side buffer of at least `bytes`, and room for E expert pointers: grown
+ * (once, to the largest call seen) before any copy is placed. */
+static mf_status reserve_bf16(cpu_impl *c, size_t bytes, int64_t E) {
+  if (bytes > c->side_bytes) {
+    free(c->side);
+    c->side = NULL;
+    c->side_bytes = 0;
+    void *p = NULL;
+    if (posix_memalign(&p, SIDE_ALIGN, bytes) != 0)
+      return MF_ERR(MF_ERR_OUT_OF_MEMORY,
+                    "cpu backend: no memory for %zu bytes of fp32 copies of BF16 operands", bytes);
+    c->side = (uint8_t *)p;
+    c->side_bytes = bytes;
+  }
+  if ((size_t)E > c->experts_cap) {
+    void **e = (void **)realloc(c->experts, (size_t)E * sizeof *e);
+    if (!e)
+      return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: no memory for %lld expert pointers", (long long)E);
+    c->experts = e;
+    c->experts_cap = (size_t)E;
+  }
+  return MF_OK;
+}
+
+/* Where the fp32 copy of [p, p + bytes) goes (top of the file): its image in
+ * the shadow, or the next room of the side buffer at *used. */
+static float *copy_at(cpu_impl *c, const void *p, size_t bytes, size_t *used) {
+  if (in_shadow(c, p, bytes)) return c->shadow + ((const uint8_t *)p - c->arena) / 2;
+  float *f = (float *)(c->side + *used);
+  *used += (2 * bytes + SIDE_ALIGN - 1) / SIDE_ALIGN * SIDE_ALIGN;
+  return f;
+}
+
+/* The call with its FLOAT operands replaced by widened fp32 copies. */
+static mf_status widen_call(cpu_impl *c, const mf_kernel_call *k, mf_kernel_call *w) {
+  const int64_t E = float_experts(k);
+  size_t side = 0;
+  for (int j = 0; j < MF_KBUF_MAX; j++)
+    if (float_operand(k, j)) MF_CHECK(size_bf16(c, k, j, k->b[j].ptr, k->b[j].bytes, &side));
+  for (int64_t e = 0; e < E; e++)
+    if (k->experts[e]) MF_CHECK(size_bf16(c, k, 100 + (int)e, k->experts[e], k->expert_bytes, &side));
+  MF_CHECK(reserve_bf16(c, side, E));
+  *w = *k;
+  size_t used = 0;
+  for (int j = 0; j < MF_KBUF_MAX; j++) {
+    if (!float_operand(k, j)) continue;
+    const uint8_t *p = (const uint8_t *)k->b[j].ptr;
+    float *f = NULL;
+    /* Outside the arena an operand inside an earlier one shares its copy (in place). */
+    for (int i = 0; i < j && !f && !in_shadow(c, p, k->b[j].bytes); i++) {
+      const uint8_t *q = (const uint8_t *)k->b[i].ptr;
+      if (float_operand(k, i) && p >= q && p + k->b[j].bytes <= q + k->b[i].bytes)
+        f = (float *)w->b[i].ptr + (p - q) / 2;
+    }
+    if (!f) f = copy_at(c, p, k->b[j].bytes, &used);
+    convert(c, k->b[j].ptr, f, k->b[j].bytes / 2, 0);
+    w->b[j] = (mf_kbuf){f, 2 * k->b[j].bytes, k->b[j].write, MF_DTYPE_F32};
+  }
+  if (E == 0) return MF_OK;
+  for (int64_t e = 0; e < E; e++) {
+    c->experts[e] = k->experts[e] ? copy_at(c, k->experts[e], k->expert_bytes, &used) : NULL;
+    if (c->experts[e]) convert(c, k->experts[e], (float *)c->experts[e], k->expert_bytes / 2, 0);
+  }
+  w->experts = c->experts;
+  w->expert_bytes = 2 * k->expert_bytes;
+  w->expert_dtype = MF_DTYPE_F32;
+  return MF_OK;
+}
+
+/* A call with BF16 storage: the fp32 kernel with round_bf16 on the widened
+ * copies, then every FLOAT operand it writes narrowed back. */
+static mf_status run_bf16(cpu_impl *c, const mf_kernel_call *k) {
+  mf_kernel_call w;
+  MF_CHECK(widen_call(c, k, &w));
+  mf_kctx x = c->kctx;
+  x.round_bf16 = 1;
+  MF_CHECK(run_kernel(c, &w, &x));
+  const uint32_t writes = mf_kernel_writes(k);
+  for (int j = 0; j < MF_KBUF_MAX; j++)
+    if ((writes >> j & 1u) && float_operand(k, j)) convert(c, k->b[j].ptr, w.b[j].ptr, k->b[j].bytes / 2, 1);
+  const int64_t E = mf_kernel_writes_experts(k->kind) ? float_experts(k) : 0;
+  for (int64_t e = 0; e < E; e++)
+    if (k->experts[e]) convert(c, k->experts[e], (float *)w.experts[e], k->expert_bytes / 2, 1);
+  return MF_OK;
+}
+
+static void cpu_get_stats(mf_backend *b, mf_backend_stats *out) {
+  *out = impl_of(b)->stats;
+}
 
 static void cpu_free(mf_backend *b) {
   cpu_impl *c = impl_of(b);
   free(c->arena);
   free(c->live);
+  if (c->shadow) munmap(c->shadow, c->shadow_bytes);
+  free(c->side);
+  free(c->experts);
   free(c);
   free(b);
 }
