@@ -80,7 +80,9 @@ typedef enum mf_kernel {
    * the gradient in place by (float)coef when coef < 1 (clipping, as
    * mf_optim_grad_scale), then runs one mf_adamw_update_bufs step t over n
    * elements: state holds m then v, n elements each, bf16 when moment_bf16
-   * else fp32. */
+   * else fp32; with a BF16 param (BF16 storage) the fp32 master comes first
+   * in state, the update runs on it and the param receives it rounded to
+   * bf16. */
   MF_K_GRAD_SUMSQ,
   MF_K_ADAMW,
   MF_K_COUNT_

@@ -125,10 +125,6 @@ static mf_status order_events(mf_exec *x) {
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
   *out = NULL;
   if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
-  if (p->storage != MF_DTYPE_F32 && b->name && strcmp(b->name, "cpu") == 0)
-    return MF_ERR(MF_ERR_UNSUPPORTED, "executor: the cpu backend runs fp32 device storage; this step program stores "
-                  "weights and activations as %s (build it with F32 storage to run on cpu)",
-                  mf_dtype_name(p->storage));
   mf_exec *x = (mf_exec *)calloc(1, sizeof *x);
   if (!x) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
   x->p = p;

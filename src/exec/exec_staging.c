@@ -61,7 +61,7 @@ struct exec_staging {
 /* ------------------------------------------------------- host copies */
 
 static void poison(uint8_t *p, size_t bytes) {
-  const uint32_t nan_bits = 0x7fc00000u;
+  const uint32_t nan_bits = 0x7fc07fc0u; /* NaN as one fp32 and as each of two bf16 */
   size_t i = 0;
   for (; i + 4 <= bytes; i += 4) memcpy(p + i, &nan_bits, 4);
   memset(p + i, 0xff, bytes - i);

@@ -77,6 +77,16 @@ static int32_t tensor(pb *b, mf_tensor_kind kind, mf_dtype dtype, int64_t numel,
   return p->n_tensors++;
 }
 
+/* Tensor t stays fp32 whatever the storage: the gradient of an fp32
+ * statistic (the router's probabilities). */
+static int32_t keep_fp32(pb *b, int32_t t) {
+  if (t < 0) return t;
+  mf_ptensor *x = &b->p->tensors[t];
+  x->dtype = MF_DTYPE_F32;
+  x->bytes = (size_t)x->numel * sizeof(float);
+  return t;
+}
+
 /* A new op; operands default to absent. The pointer is valid until the next op. */
 static mf_pop *op(pb *b, mf_kernel kind, mf_phase phase, int32_t micro, int32_t layer, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -507,7 +517,7 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   INTS(o, T, TK, H, 0);
   int32_t dprobs = -1;
   if (p->aux_coef > 0) {
-    dprobs = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l);
+    dprobs = keep_fp32(b, tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l));
     o = op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
     SET(o, aux_counts, dprobs);
     INTS(o, E, aux_rows, T);

@@ -157,7 +157,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
   MF_CHECK_GOTO(mf_runner_init(&r, cfg, t, pool, MF_RUN_EVAL, NULL), st, done);
   MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, &w, desc, sizeof desc), st, done);
-  MF_CHECK_GOTO(mf_runner_round_working(&r, w, (size_t)t->total_numel, pool), st, done);
+  MF_CHECK_GOTO(mf_runner_round_working(&r, w, (size_t)t->total_numel, NULL, pool), st, done);
   if (opts->dump_logits)
     MF_CHECK_GOTO(mf_malloc((size_t)(cfg->train.micro_batch * cfg->data.seq_len * t->spec.hidden) * sizeof(float),
                             "hidden states", (void **)&hidden),

@@ -15,19 +15,22 @@ void mf_host_state_free(mf_host_state *h) {
   mf_hostbuf_free(&h->grads);
   mf_hostbuf_free(&h->m);
   mf_hostbuf_free(&h->v);
+  mf_hostbuf_free(&h->working);
 }
 
 static void log_spill(const mf_host_state *h, const char *dir, size_t n) {
   const size_t ms = mf_dtype_size(h->moments);
-  char a[32], b[32], c[32], d[32], e[32];
+  char a[32], b[32], c[32], d[32], e[32], f[32];
   MF_LOGI("train",
-          "host state on NVMe (%s, files unlinked): %s%s%s%s%s%s (the plan spills %s past memory.host_limit %s)",
+          "host state on NVMe (%s, files unlinked): %s%s%s%s%s%s%s%s (the plan spills %s past memory.host_limit %s)",
           dir, h->spill_moments ? "AdamW moments " : "",
           h->spill_moments ? mf_format_bytes(2 * n * ms, a, sizeof a) : "",
           h->spill_master ? (h->spill_moments ? ", master weights " : "master weights ") : "",
           h->spill_master ? mf_format_bytes(n * sizeof(float), b, sizeof b) : "",
           h->spill_grads ? (h->spill_moments || h->spill_master ? ", gradient sums " : "gradient sums ") : "",
           h->spill_grads ? mf_format_bytes(n * sizeof(float), c, sizeof c) : "",
+          h->spill_working ? (h->spill_moments || h->spill_master || h->spill_grads ? ", bf16 working copy " : "bf16 working copy ") : "",
+          h->spill_working ? mf_format_bytes(n * sizeof(uint16_t), f, sizeof f) : "",
           mf_format_bytes(mf_host_spill_bytes(&h->u), d, sizeof d),
           mf_format_bytes(h->u.host_limit, e, sizeof e));
 }
@@ -42,6 +45,7 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
   h->spill_master = h->u.spill_master_bytes + h->u.spill_cold_master_bytes > 0;
   h->release_master = h->u.spill_master_bytes > 0; /* host-updated master pages spill too */
   h->spill_grads = h->u.spill_grad_bytes > 0;
+  h->spill_working = h->u.spill_working_bytes > 0;
   if (h->u.unplaced_bytes > 0) {
     char need[32], lim[32], un[32];
     MF_LOGW("train",
@@ -55,6 +59,9 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
   MF_CHECK(mf_hostbuf_alloc(h->spill_grads ? dir : NULL, "gradients", n * sizeof(float), &h->grads));
   MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-m", n * ms, &h->m));
   MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-v", n * ms, &h->v));
+  if (rp->storage == MF_DTYPE_BF16) /* filled by the runner (mf_runner_round_working) */
+    MF_CHECK(mf_hostbuf_alloc(h->spill_working ? dir : NULL, "bf16-working-copy", n * sizeof(uint16_t),
+                              &h->working));
   if (h->spill_master) {
     MF_CHECK(mf_hostbuf_alloc(dir, "master-weights", n * sizeof(float), &h->master));
     if (n) memcpy(h->master.ptr, *w, n * sizeof(float));
@@ -62,7 +69,7 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
     *w = (float *)h->master.ptr;
     *w_owned = 0;
   }
-  if (!quiet && (h->spill_master || h->spill_grads || h->spill_moments)) log_spill(h, dir, n);
+  if (!quiet && (h->spill_master || h->spill_grads || h->spill_moments || h->spill_working)) log_spill(h, dir, n);
   return MF_OK;
 }
 
@@ -75,4 +82,5 @@ void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i)
   }
   if (h->release_master) (void)mf_hostbuf_advise(&h->master, o * sizeof(float), n * sizeof(float), 0);
   if (h->spill_grads) (void)mf_hostbuf_advise(&h->grads, o * sizeof(float), n * sizeof(float), 0);
+  if (h->spill_working) (void)mf_hostbuf_advise(&h->working, o * sizeof(uint16_t), n * sizeof(uint16_t), 0);
 }

@@ -80,9 +80,13 @@ static void round_part(void *ctx, int i, int n) {
   if (hi > lo) mf_fp32_to_bf16_n(j->w + lo, j->out + lo, hi - lo);
 }
 
-mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, mf_threadpool *pool) {
+mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool) {
   if (r->rp->storage != MF_DTYPE_BF16) return MF_OK;
-  if (!r->working) {
+  if (buf) {
+    if (r->working_owned) free(r->working);
+    r->working = buf;
+    r->working_owned = 0;
+  } else if (!r->working) {
     MF_CHECK(mf_malloc((n ? n : 1) * sizeof(uint16_t), "the bf16 working copy of the weights", (void **)&r->working));
     r->working_owned = 1;
   }

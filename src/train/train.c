@@ -140,7 +140,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
   MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
   const mf_run_plan *rp = r->tr.rp;
   MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
-  MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, r->pool));
+  MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, (uint16_t *)r->hs.working.ptr, r->pool));
   if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
   const uint8_t *on_device = rp->plan->s->n_optim_device > 0 ? rp->plan->s->optim_device : NULL;
   MF_CHECK(mf_updates_init(&r->up, t, on_device, mf_exec_param_upload_order(r->tr.exec)));

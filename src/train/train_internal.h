@@ -69,12 +69,13 @@ mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int pr
                               float *capture);
 
 /* BF16 storage (the plan's): the executor uploads weights from a bf16 working
- * copy. mf_runner_round_working gives this runner its own (allocated once)
- * holding the n weights w rounded to nearest even, converted by the pool's
- * threads; mf_runner_share_working hands it another runner's (train's
+ * copy. mf_runner_round_working fills `buf` (n bf16 values; NULL: a buffer of
+ * the runner's own, allocated once) with the n weights w rounded to nearest
+ * even, converted by the pool's threads, and hands it to the executor;
+ * mf_runner_share_working hands another runner's to this one (train's
  * evaluation reads the copy training keeps current). With fp32 storage both
  * do nothing. */
-mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, mf_threadpool *pool);
+mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool);
 void mf_runner_share_working(mf_runner *r, const mf_runner *from);
 
 /* MF_ERR_CONFIG when the token file's vocabulary is larger than the model's. */
@@ -84,9 +85,10 @@ mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t);
 
 typedef struct mf_host_state {
   mf_hostbuf master, grads, m, v; /* master: only when it spills (else the loaded w) */
+  mf_hostbuf working;             /* BF16 storage: the weights' bf16 working copy (empty with fp32) */
   mf_host_usage u;
   mf_dtype moments;               /* train.adam_moments */
-  int spill_master, spill_grads, spill_moments;
+  int spill_master, spill_grads, spill_moments, spill_working;
   int release_master; /* drop the master's pages after each update (not only the cold part spills) */
 } mf_host_state;
 
