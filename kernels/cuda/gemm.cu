@@ -1,24 +1,41 @@
-// Dense GEMMs through cuBLASLt and the grouped expert GEMM (kernels/cuda/ops.cuh).
+// Dense GEMMs through cuBLASLt and the grouped expert GEMM (kernels/cuda/ops.cuh),
+// over fp32 or bf16 storage.
 //
 // Dense (LINEAR_FWD / BWD_DATA / BWD_WEIGHT, and the LM head's GEMMs in
 // loss.cu): row-major C[M,N] = op(A)[M,K] . op(B)[K,N] (+ beta C) (+ bias[N]),
 // run as the column-major product C^T = op(B)^T . op(A)^T, so no operand is
-// copied or transposed. fp32 storage, CUBLAS_COMPUTE_32F (TF32 off), scale type
-// fp32. The accumulate flags are beta = 1 (beta = 0 never reads C). The bias is
-// cuBLASLt's BIAS epilogue; dbias is a kernel of ours (dbias_kernel: a fixed
-// row split and a fixed shared-memory tree, no atomics).
+// copied or transposed. mf_cuda_gemm<TA, TC>: A and B of type TA, C (= D) and
+// bias of type TC, always CUBLAS_COMPUTE_32F with an fp32 scale type:
+//   <float, float>      fp32 FMA with TF32 off (the compute type without _FAST_TF32);
+//   <mf_bf16, mf_bf16>  bf16 tensor cores: bf16 products are exact in fp32 and summed
+//                       in fp32; alpha AB + beta C + bias is formed in fp32 and
+//                       rounded to bf16 once, when D is stored;
+//   <mf_bf16, float>    the same products into fp32 C / D (weight gradients, logits).
+// The accumulate flags are beta = 1 (beta = 0 never reads C). The bias is
+// cuBLASLt's BIAS epilogue, whose vector has D's type (cublasLt.h,
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), so TC for all three pairs: no kernel of
+// ours adds it. LINEAR_FWD / BWD_DATA<T> are <T, T>; LINEAR_BWD_WEIGHT<T> is
+// <T, float> with beta = 1 (dW is an fp32 sum), and db += the column sums of
+// the T dy in fp32 (dbias_kernel: a fixed row split and a fixed tree, no
+// atomics).
 //
 // Algorithm choice: cublasLtMatmulAlgoGetHeuristic once per (shape, layout,
-// epilogue, operand alignment) key, cached in a fixed table of GEMM_CACHE
-// entries (round-robin replacement), so a shape always runs the same algorithm
-// and the step allocates nothing: descriptors are the stack-initialised
-// ("Init") kind. Reduction schemes are limited to NONE, COMPUTE_TYPE and
-// OUTPUT_TYPE (split-K through the workspace, reduced in a fixed order). The
-// INPLACE scheme (partial products added into the output, ordered by counters
-// in the workspace) is documented as deterministic too, but is left out to be
-// safe: it is the one that writes partial sums into C while beta = 1 reads it.
-// So a call's result does not depend on timing (never checked on a GPU here:
-// the tests check it, two runs and two streams).
+// types, epilogue, operand alignment) key, cached in a fixed table of
+// GEMM_CACHE entries (round-robin replacement), so a shape always runs the same
+// algorithm — its split of K and reduction scheme included — and the step
+// allocates nothing: descriptors are the stack-initialised ("Init") kind. The
+// heuristic may use no more workspace than the one allocated at create (the
+// budget's). Split-K is allowed only with reductions of a fixed order whose
+// partial sums are fp32: NONE, COMPUTE_TYPE (fp32 partials in the workspace,
+// reduced in a separate step) and, for fp32 output only, OUTPUT_TYPE. Left out:
+// INPLACE (parts added into the output itself in the output type, ordered by
+// counters in the workspace: sequential by its documentation, but it writes
+// partial sums into C while beta = 1 reads it), and OUTPUT_TYPE for bf16
+// output (each part rounded to bf16: more roundings than the one of D). cuBLAS
+// documents run-to-run bit-wise reproducibility on one GPU model for
+// cublasLtMatmul with the caller's workspace, as here; the tests check it (two
+// runs, two streams, and a bf16 contraction of 65536 where the heuristic splits
+// K).
 //
 // One cuBLASLt workspace per backend: GEMMs on different streams are
 // serialised on it by an event under a mutex (as the kernel scratch is).
@@ -33,6 +50,9 @@
 // their weight pointers (which may be NULL) are never read. The expert weight
 // pointers travel as a kernel parameter (up to MF_CUDA_MAX_EXPERTS of them:
 // CUDA >= 12.1 allows 32 KiB of parameters on sm_70+), so nothing is staged.
+// T operands are widened to fp32 as the shared-memory tiles are loaded (CUDA
+// cores, fp32 FMA, for both storages: tensor cores are the next issue's), T
+// outputs stored with mf_st (one rounding), dW fp32.
 // Every output element is one dot product summed sequentially (fma) over the
 // contraction index in order, from 0 (from the old dW for BWD_WEIGHT, which is
 // added) — deterministic and independent of the tiling.
@@ -51,8 +71,40 @@
 typedef struct gemm_key {
   int64_t m, n, k, lda, ldb, ldc; /* the column-major problem */
   int opa, opb, bias, beta1;
-  int align; /* min alignment in bytes of A, B, C (and bias), capped at 256 */
+  int align;             /* min alignment in bytes of A, B, C (and bias), capped at 256 */
+  cudaDataType_t ta, tc; /* of A and B; of C, D and bias */
 } gemm_key;
+
+// One row-major GEMM of mf_cuda_gemm, its operands untyped: A and B of type
+// ta, C and bias of type tc.
+typedef struct gemm_call {
+  int transA, transB;
+  int64_t M, N, K;
+  const void *A, *B, *bias;
+  int64_t lda, ldb, ldc;
+  void *C;
+  int accumulate;
+  cudaDataType_t ta, tc;
+} gemm_call;
+
+// cuBLASLt's data type of a storage type.
+template <typename T>
+constexpr cudaDataType_t lt_type();
+template <>
+constexpr cudaDataType_t lt_type<float>() {
+  return CUDA_R_32F;
+}
+template <>
+constexpr cudaDataType_t lt_type<mf_bf16>() {
+  return CUDA_R_16BF;
+}
+
+static const char *type_name(cudaDataType_t t) {
+  return t == CUDA_R_16BF ? "bf16" : "fp32";
+}
+static int type_bytes(cudaDataType_t t) {
+  return t == CUDA_R_16BF ? 2 : 4;
+}
 
 typedef struct gemm_entry {
   int used;
@@ -151,10 +203,11 @@ void mf_cuda_blas_free(mf_cuda_blas *b) {
   free(b);
 }
 
-static int align_of(const void *p) {
+// The alignment in bytes of p, from 256 down to its element's size `floor`.
+static int align_of(const void *p, int floor) {
   uintptr_t u = (uintptr_t)p;
   int a = 256;
-  while (a > 4 && (u & (uintptr_t)(a - 1))) a >>= 1;
+  while (a > floor && (u & (uintptr_t)(a - 1))) a >>= 1;
   return a;
 }
 
@@ -177,8 +230,9 @@ static mf_status pick_algo(mf_cuda_blas *b, const gemm_key *key, cublasLtMatmulD
   uint64_t ws = b->workspace_bytes;
   LT_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
-                     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  // Split-K only with fp32 partials reduced in a fixed order (the header).
+  uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (key->tc == CUDA_R_32F) schemes |= CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
   LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                 sizeof schemes));
   uint32_t al = (uint32_t)key->align;
@@ -195,10 +249,11 @@ static mf_status pick_algo(mf_cuda_blas *b, const gemm_key *key, cublasLtMatmulD
   LT_CHECK(cublasLtMatmulAlgoGetHeuristic(b->lt, desc, la, lb, lc, lc, pref, 1, &res, &found));
   if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
     return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "cuBLASLt has no fp32 algorithm for m=%lld n=%lld k=%lld (ops %c%c, alignment %d bytes, "
-                  "workspace %zu bytes)",
-                  (long long)key->m, (long long)key->n, (long long)key->k, key->opa ? 'T' : 'N',
-                  key->opb ? 'T' : 'N', key->align, b->workspace_bytes);
+                  "cuBLASLt has no %s x %s -> %s algorithm for m=%lld n=%lld k=%lld (ops %c%c, alignment %d "
+                  "bytes, workspace %zu bytes)",
+                  type_name(key->ta), type_name(key->ta), type_name(key->tc), (long long)key->m,
+                  (long long)key->n, (long long)key->k, key->opa ? 'T' : 'N', key->opb ? 'T' : 'N',
+                  key->align, b->workspace_bytes);
   gemm_entry *e = &b->cache[b->next_victim];
   b->next_victim = (b->next_victim + 1) % GEMM_CACHE;
   e->used = 1;
@@ -209,34 +264,36 @@ static mf_status pick_algo(mf_cuda_blas *b, const gemm_key *key, cublasLtMatmulD
 }
 
 // C = beta * C (beta 0: written 0) plus bias[col]: the GEMM with an empty contraction.
-__global__ void empty_k_kernel(float *C, int64_t M, int64_t N, int64_t ldc, int keep, const float *bias) {
+template <typename TC>
+__global__ void empty_k_kernel(TC *C, int64_t M, int64_t N, int64_t ldc, int keep, const TC *bias) {
   const int64_t n = M * N;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / N, c = i % N;
     float v = 0.0f;
-    if (bias) v += bias[c];
-    if (keep) v = C[r * ldc + c] + v;
-    C[r * ldc + c] = v;
+    if (bias) v += mf_ld(bias + c);
+    if (keep) v = mf_ld(C + r * ldc + c) + v;
+    mf_st(C + r * ldc + c, v);
   }
 }
 
-static mf_status gemm_locked(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K,
-                             const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
-                             int accumulate, const float *bias, cudaStream_t s) {
+static mf_status gemm_locked(mf_cuda_blas *b, const gemm_call *g, cudaStream_t s) {
   // Column-major: C^T[N, M] = opB(B)^T [N, K] . opA(A)^T [K, M]; matrix "a" is B, "b" is A.
+  const int64_t M = g->M, N = g->N, K = g->K;
   gemm_key key;
   memset(&key, 0, sizeof key);
   key.m = N, key.n = M, key.k = K;
-  key.lda = ldb, key.ldb = lda, key.ldc = ldc;
-  key.opa = transB ? 1 : 0;
-  key.opb = transA ? 1 : 0;
-  key.bias = bias != NULL;
-  key.beta1 = accumulate != 0;
-  int al = align_of(A);
-  if (align_of(B) < al) al = align_of(B);
-  if (align_of(C) < al) al = align_of(C);
-  if (bias && align_of(bias) < al) al = align_of(bias);
+  key.lda = g->ldb, key.ldb = g->lda, key.ldc = g->ldc;
+  key.opa = g->transB ? 1 : 0;
+  key.opb = g->transA ? 1 : 0;
+  key.bias = g->bias != NULL;
+  key.beta1 = g->accumulate != 0;
+  key.ta = g->ta, key.tc = g->tc;
+  const int ea = type_bytes(g->ta), ec = type_bytes(g->tc);
+  int al = align_of(g->A, ea);
+  if (align_of(g->B, ea) < al) al = align_of(g->B, ea);
+  if (align_of(g->C, ec) < al) al = align_of(g->C, ec);
+  if (g->bias && align_of(g->bias, ec) < al) al = align_of(g->bias, ec);
   key.align = al;
 
   cublasLtMatmulDescOpaque_t desc_mem;
@@ -245,58 +302,70 @@ static mf_status gemm_locked(mf_cuda_blas *b, int transA, int transB, int64_t M,
   cublasOperation_t opa = key.opa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key.opb ? CUBLAS_OP_T : CUBLAS_OP_N;
   LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
   LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-  if (bias) {
+  if (g->bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = CUDA_R_32F;
+    int32_t bt = (int32_t)g->tc;  // D's type, as cuBLASLt's default would be
     LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    LT_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
   }
   // Stored shapes (rows x cols, column-major) of the two operands.
   cublasLtMatrixLayoutOpaque_t la_mem, lb_mem, lc_mem;
   cublasLtMatrixLayout_t la = &la_mem, lb = &lb_mem, lc = &lc_mem;
-  LT_CHECK(cublasLtMatrixLayoutInit(la, CUDA_R_32F, key.opa ? K : N, key.opa ? N : K, ldb));
-  LT_CHECK(cublasLtMatrixLayoutInit(lb, CUDA_R_32F, key.opb ? M : K, key.opb ? K : M, lda));
-  LT_CHECK(cublasLtMatrixLayoutInit(lc, CUDA_R_32F, N, M, ldc));
+  LT_CHECK(cublasLtMatrixLayoutInit(la, g->ta, key.opa ? K : N, key.opa ? N : K, g->ldb));
+  LT_CHECK(cublasLtMatrixLayoutInit(lb, g->ta, key.opb ? M : K, key.opb ? K : M, g->lda));
+  LT_CHECK(cublasLtMatrixLayoutInit(lc, g->tc, N, M, g->ldc));
   cublasLtMatmulAlgo_t algo;
   MF_CHECK(pick_algo(b, &key, desc, la, lb, lc, &algo));
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
   MF_CUDA_CHECK(cudaStreamWaitEvent(s, b->ws_done, 0));
-  LT_CHECK(cublasLtMatmul(b->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &algo, b->workspace,
-                          b->workspace_bytes, s));
+  LT_CHECK(cublasLtMatmul(b->lt, desc, &alpha, g->B, la, g->A, lb, &beta, g->C, lc, g->C, lc, &algo,
+                          b->workspace, b->workspace_bytes, s));
   MF_CUDA_CHECK(cudaEventRecord(b->ws_done, s));
   return MF_OK;
 }
 
-mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K,
-                       const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
-                       int accumulate, const float *bias, cudaStream_t s) {
-  if (M <= 0 || N <= 0) return MF_OK;
-  if (K <= 0) {
-    empty_k_kernel<<<mf_cuda_grid(M * N), MF_CUDA_BLOCK, 0, s>>>(C, M, N, ldc, accumulate, bias);
-    MF_CUDA_CHECK_LAUNCH();
-    return MF_OK;
-  }
+static mf_status gemm_run(mf_cuda_blas *b, const gemm_call *g, cudaStream_t s) {
   if (!b) return MF_ERR(MF_ERR_INTERNAL, "cuda gemm: the backend has no cuBLASLt handle");
   pthread_mutex_lock(&b->lock);
-  mf_status st = gemm_locked(b, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias, s);
+  mf_status st = gemm_locked(b, g, s);
   pthread_mutex_unlock(&b->lock);
   if (st != MF_OK)
-    mf_error_prefix("cuBLASLt GEMM %lldx%lldx%lld (op %c%c)", (long long)M, (long long)N, (long long)K,
-                    transA ? 'T' : 'N', transB ? 'T' : 'N');
+    mf_error_prefix("cuBLASLt GEMM %lldx%lldx%lld (op %c%c, %s -> %s)", (long long)g->M, (long long)g->N,
+                    (long long)g->K, g->transA ? 'T' : 'N', g->transB ? 'T' : 'N', type_name(g->ta),
+                    type_name(g->tc));
   return st;
 }
 
-// db[c] += sum over rows r (in a fixed split) of dy[r, c]: blocks of 32 columns x
-// 8 row slices; slice j sums rows j, j+8, ... in order, then the 8 slice sums
-// are added in a fixed tree.
-__global__ void dbias_kernel(const float *dy, int64_t M, int64_t N, float *db) {
+template <typename TA, typename TC>
+mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K, const TA *A,
+                       int64_t lda, const TA *B, int64_t ldb, TC *C, int64_t ldc, int accumulate,
+                       const TC *bias, cudaStream_t s) {
+  if (M <= 0 || N <= 0) return MF_OK;
+  if (K <= 0) {
+    empty_k_kernel<TC><<<mf_cuda_grid(M * N), MF_CUDA_BLOCK, 0, s>>>(C, M, N, ldc, accumulate, bias);
+    MF_CUDA_CHECK_LAUNCH();
+    return MF_OK;
+  }
+  gemm_call g;
+  g.transA = transA, g.transB = transB, g.M = M, g.N = N, g.K = K;
+  g.A = A, g.B = B, g.bias = bias, g.lda = lda, g.ldb = ldb, g.ldc = ldc, g.C = C;
+  g.accumulate = accumulate, g.ta = lt_type<TA>(), g.tc = lt_type<TC>();
+  return gemm_run(b, &g, s);
+}
+
+// db[c] += sum over rows r (in a fixed split) of dy[r, c], in fp32: blocks of
+// 32 columns x 8 row slices; slice j sums rows j, j+8, ... in order, then the 8
+// slice sums are added in a fixed tree.
+template <typename T>
+__global__ void dbias_kernel(const T *dy, int64_t M, int64_t N, float *db) {
   __shared__ float sh[8][33];
   const int cx = threadIdx.x & 31, sl = threadIdx.x >> 5;
   const int64_t c = blockIdx.x * (int64_t)32 + cx;
   float acc = 0.0f;
   if (c < N)
-    for (int64_t r = sl; r < M; r += 8) acc += dy[r * N + c];
+    for (int64_t r = sl; r < M; r += 8) acc += mf_ld(dy + r * N + c);
   sh[sl][cx] = acc;
   __syncthreads();
   if (sl == 0 && c < N) {
@@ -306,21 +375,24 @@ __global__ void dbias_kernel(const float *dy, int64_t M, int64_t N, float *db) {
   }
 }
 
-mf_status mf_cuda_linear_fwd(const float *x, const float *W, const float *bias, int64_t M, int64_t N,
-                             int64_t K, float *y, int accumulate, mf_cuda_blas *b, cudaStream_t s) {
-  return mf_cuda_gemm(b, 0, 1, M, N, K, x, K, W, K, y, N, accumulate, bias, s);
+template <typename T>
+mf_status mf_cuda_linear_fwd(const T *x, const T *W, const T *bias, int64_t M, int64_t N, int64_t K, T *y,
+                             int accumulate, mf_cuda_blas *b, cudaStream_t s) {
+  return mf_cuda_gemm<T, T>(b, 0, 1, M, N, K, x, K, W, K, y, N, accumulate, bias, s);
 }
 
-mf_status mf_cuda_linear_bwd_data(const float *dy, const float *W, int64_t M, int64_t N, int64_t K, float *dx,
+template <typename T>
+mf_status mf_cuda_linear_bwd_data(const T *dy, const T *W, int64_t M, int64_t N, int64_t K, T *dx,
                                   int accumulate, mf_cuda_blas *b, cudaStream_t s) {
-  return mf_cuda_gemm(b, 0, 0, M, K, N, dy, N, W, K, dx, K, accumulate, NULL, s);
+  return mf_cuda_gemm<T, T>(b, 0, 0, M, K, N, dy, N, W, K, dx, K, accumulate, (const T *)NULL, s);
 }
 
-mf_status mf_cuda_linear_bwd_weight(const float *dy, const float *x, int64_t M, int64_t N, int64_t K,
-                                    float *dW, float *db, mf_cuda_blas *b, cudaStream_t s) {
-  MF_CHECK(mf_cuda_gemm(b, 1, 0, N, K, M, dy, N, x, K, dW, K, 1, NULL, s));
+template <typename T>
+mf_status mf_cuda_linear_bwd_weight(const T *dy, const T *x, int64_t M, int64_t N, int64_t K, float *dW,
+                                    float *db, mf_cuda_blas *b, cudaStream_t s) {
+  MF_CHECK((mf_cuda_gemm<T, float>(b, 1, 0, N, K, M, dy, N, x, K, dW, K, 1, (const float *)NULL, s)));
   if (db && N > 0) {
-    dbias_kernel<<<(unsigned)((N + 31) / 32), MF_CUDA_BLOCK, 0, s>>>(dy, M, N, db);
+    dbias_kernel<T><<<(unsigned)((N + 31) / 32), MF_CUDA_BLOCK, 0, s>>>(dy, M, N, db);
     MF_CUDA_CHECK_LAUNCH();
   }
   return MF_OK;
@@ -330,9 +402,10 @@ mf_status mf_cuda_linear_bwd_weight(const float *dy, const float *x, int64_t M, 
 
 enum { EBM = 64, EBN = 64, EBK = 16 };
 
-typedef struct expert_ptrs {
-  const float *p[MF_CUDA_MAX_EXPERTS];
-} expert_ptrs;
+template <typename P>
+struct expert_ptrs {
+  const P *p[MF_CUDA_MAX_EXPERTS];
+};
 
 // The three products, as C[m, n] = sum_k A(m, k) B(k, n) per expert:
 //   FWD:  A = xe rows (contiguous in k), B(k,n) = W[n*Kd + k] (contiguous in k)
@@ -341,10 +414,11 @@ typedef struct expert_ptrs {
 enum { KIND_FWD = 0, KIND_DATA = 1, KIND_WGT = 2 };
 
 // One 64x64 tile of C: acc[i][j] for row ty + 16 i, column tx + 16 j. A(m, k) =
-// A[m*sam + k*sak] (m < Mt, k < Kt), B(k, n) = B[k*sbk + n*sbn] (n < Nt).
+// A[m*sam + k*sak] (m < Mt, k < Kt), B(k, n) = B[k*sbk + n*sbn] (n < Nt), of
+// storage T, widened to fp32 into the shared tiles.
 // A_K_CONTIG / B_K_CONTIG: which index is contiguous, for coalesced tile loads.
-template <bool A_K_CONTIG, bool B_K_CONTIG>
-__device__ __forceinline__ void tile_mma(const float *A, int64_t sam, int64_t sak, int64_t Mt, const float *B,
+template <bool A_K_CONTIG, bool B_K_CONTIG, typename T>
+__device__ __forceinline__ void tile_mma(const T *A, int64_t sam, int64_t sak, int64_t Mt, const T *B,
                                          int64_t sbk, int64_t sbn, int64_t Nt, int64_t Kt, float acc[4][4]) {
   __shared__ float As[EBK][EBM + 1];
   __shared__ float Bs[EBK][EBN + 1];
@@ -355,14 +429,14 @@ __device__ __forceinline__ void tile_mma(const float *A, int64_t sam, int64_t sa
       const int e = tid + q * MF_CUDA_BLOCK;
       const int kk = A_K_CONTIG ? e % EBK : e / EBM, mm = A_K_CONTIG ? e / EBK : e % EBM;
       const int64_t k = k0 + kk;
-      As[kk][mm] = (mm < Mt && k < Kt) ? A[mm * sam + k * sak] : 0.0f;
+      As[kk][mm] = (mm < Mt && k < Kt) ? mf_ld(A + mm * sam + k * sak) : 0.0f;
     }
 #pragma unroll
     for (int q = 0; q < (EBN * EBK) / MF_CUDA_BLOCK; q++) {
       const int e = tid + q * MF_CUDA_BLOCK;
       const int kk = B_K_CONTIG ? e % EBK : e / EBN, nn = B_K_CONTIG ? e / EBK : e % EBN;
       const int64_t k = k0 + kk;
-      Bs[kk][nn] = (nn < Nt && k < Kt) ? B[k * sbk + nn * sbn] : 0.0f;
+      Bs[kk][nn] = (nn < Nt && k < Kt) ? mf_ld(B + k * sbk + nn * sbn) : 0.0f;
     }
     __syncthreads();
     const int kn = Kt - k0 < EBK ? (int)(Kt - k0) : EBK;
@@ -384,10 +458,10 @@ __device__ __forceinline__ void tile_mma(const float *A, int64_t sam, int64_t sa
 // FWD / DATA: blockIdx.x enumerates (expert, row tile) over the experts with
 // rows, in expert order; blockIdx.y the column tile. In: the row width Kin,
 // out: the row width Nout.
-template <int KIND>
+template <int KIND, typename T>
 __global__ void __launch_bounds__(MF_CUDA_BLOCK)
-    expert_rows_kernel(const float *in, const int64_t *offsets, int64_t E, int64_t Kin, int64_t Nout,
-                       const expert_ptrs W, float *out) {
+    expert_rows_kernel(const T *in, const int64_t *offsets, int64_t E, int64_t Kin, int64_t Nout,
+                       const expert_ptrs<T> W, T *out) {
   __shared__ int64_t s_e, s_r0, s_rows;
   if (threadIdx.x == 0) {
     int64_t t = blockIdx.x;
@@ -410,12 +484,12 @@ __global__ void __launch_bounds__(MF_CUDA_BLOCK)
   const int64_t r0 = s_r0, rows = s_rows, n0 = blockIdx.y * (int64_t)EBN;
   const int64_t cols = Nout - n0 < EBN ? Nout - n0 : EBN;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-  const float *w = W.p[e];
+  const T *w = W.p[e];
   if (!w) {  // an expert with rows but no weights: a caller bug, made loud
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < 4; j++)
         if (ty + 16 * i < rows && tx + 16 * j < cols)
-          out[(r0 + ty + 16 * i) * Nout + n0 + tx + 16 * j] = __int_as_float(0x7fc00000);
+          mf_st(out + (r0 + ty + 16 * i) * Nout + n0 + tx + 16 * j, __int_as_float(0x7fc00000));
     return;
   }
   float acc[4][4];
@@ -432,14 +506,15 @@ __global__ void __launch_bounds__(MF_CUDA_BLOCK)
 #pragma unroll
     for (int j = 0; j < 4; j++)
       if (ty + 16 * i < rows && tx + 16 * j < cols)
-        out[(r0 + ty + 16 * i) * Nout + n0 + tx + 16 * j] = acc[i][j];
+        mf_st(out + (r0 + ty + 16 * i) * Nout + n0 + tx + 16 * j, acc[i][j]);
 }
 
-// WGT: dW[e][n, k] += sum over the expert's rows r (in order) dye[r, n] xe[r, k].
-// blockIdx.x = e * n_tiles + n tile, blockIdx.y = k tile.
+// WGT: dW[e][n, k] += sum over the expert's rows r (in order) dye[r, n] xe[r, k],
+// dW fp32. blockIdx.x = e * n_tiles + n tile, blockIdx.y = k tile.
+template <typename T>
 __global__ void __launch_bounds__(MF_CUDA_BLOCK)
-    expert_wgt_kernel(const float *dye, const float *xe, const int64_t *offsets, int64_t N, int64_t Kd,
-                      int64_t n_tiles, const expert_ptrs dW) {
+    expert_wgt_kernel(const T *dye, const T *xe, const int64_t *offsets, int64_t N, int64_t Kd,
+                      int64_t n_tiles, const expert_ptrs<float> dW) {
   const int64_t e = blockIdx.x / n_tiles, n0 = (blockIdx.x % n_tiles) * (int64_t)EBM;
   const int64_t k0 = blockIdx.y * (int64_t)EBN;
   const int64_t r0 = offsets[e], cnt = offsets[e + 1] - r0;
@@ -462,7 +537,8 @@ __global__ void __launch_bounds__(MF_CUDA_BLOCK)
       if (ty + 16 * i < rows && tx + 16 * j < cols) w[(n0 + ty + 16 * i) * Kd + k0 + tx + 16 * j] = acc[i][j];
 }
 
-static mf_status expert_args(int64_t E, const float *const *experts, expert_ptrs *p) {
+template <typename P>
+static mf_status expert_args(int64_t E, const P *const *experts, expert_ptrs<P> *p) {
   if (E <= 0) return MF_OK;
   if (E > MF_CUDA_MAX_EXPERTS)
     return MF_ERR(MF_ERR_UNSUPPORTED, "cuda expert GEMM: %lld experts; at most %d", (long long)E,
@@ -473,50 +549,82 @@ static mf_status expert_args(int64_t E, const float *const *experts, expert_ptrs
   return MF_OK;
 }
 
-static mf_status expert_rows(int kind, const float *in, const int64_t *offsets, int64_t R, int64_t E,
-                             int64_t Kin, int64_t Nout, const float *const *experts, float *out,
-                             cudaStream_t s) {
+template <typename T>
+static mf_status expert_rows(int kind, const T *in, const int64_t *offsets, int64_t R, int64_t E, int64_t Kin,
+                             int64_t Nout, const T *const *experts, T *out, cudaStream_t s) {
   if (R <= 0 || E <= 0 || Nout <= 0) return MF_OK;
-  expert_ptrs p;
+  expert_ptrs<T> p;
   MF_CHECK(expert_args(E, experts, &p));
   const int64_t row_tiles = (R + EBM - 1) / EBM + E, col_tiles = (Nout + EBN - 1) / EBN;
   if (row_tiles > INT32_MAX || col_tiles > 65535)
     return MF_ERR(MF_ERR_UNSUPPORTED, "cuda expert GEMM: %lld rows x %lld columns is too large a grid",
                   (long long)R, (long long)Nout);
   if (Kin <= 0) {  // empty contraction: the output rows are 0
-    MF_CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)R * (size_t)Nout * sizeof(float), s));
+    MF_CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)R * (size_t)Nout * sizeof(T), s));  // 0 in fp32 and bf16
     return MF_OK;
   }
   dim3 grid((unsigned)row_tiles, (unsigned)col_tiles);
   if (kind == KIND_FWD)
-    expert_rows_kernel<KIND_FWD><<<grid, MF_CUDA_BLOCK, 0, s>>>(in, offsets, E, Kin, Nout, p, out);
+    expert_rows_kernel<KIND_FWD, T><<<grid, MF_CUDA_BLOCK, 0, s>>>(in, offsets, E, Kin, Nout, p, out);
   else
-    expert_rows_kernel<KIND_DATA><<<grid, MF_CUDA_BLOCK, 0, s>>>(in, offsets, E, Kin, Nout, p, out);
+    expert_rows_kernel<KIND_DATA, T><<<grid, MF_CUDA_BLOCK, 0, s>>>(in, offsets, E, Kin, Nout, p, out);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
-mf_status mf_cuda_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
-                             int64_t E, int64_t N, int64_t Kd, float *ye, cudaStream_t s) {
-  return expert_rows(KIND_FWD, xe, offsets, R, E, Kd, N, W, ye, s);
+template <typename T>
+mf_status mf_cuda_expert_fwd(const T *xe, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
+                             int64_t N, int64_t Kd, T *ye, cudaStream_t s) {
+  return expert_rows<T>(KIND_FWD, xe, offsets, R, E, Kd, N, W, ye, s);
 }
 
-mf_status mf_cuda_expert_bwd_data(const float *dye, const float *const *W, const int64_t *offsets, int64_t R,
-                                  int64_t E, int64_t N, int64_t Kd, float *dxe, cudaStream_t s) {
-  return expert_rows(KIND_DATA, dye, offsets, R, E, N, Kd, W, dxe, s);
+template <typename T>
+mf_status mf_cuda_expert_bwd_data(const T *dye, const T *const *W, const int64_t *offsets, int64_t R,
+                                  int64_t E, int64_t N, int64_t Kd, T *dxe, cudaStream_t s) {
+  return expert_rows<T>(KIND_DATA, dye, offsets, R, E, N, Kd, W, dxe, s);
 }
 
-mf_status mf_cuda_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
-                                    int64_t N, int64_t Kd, float *const *dW, cudaStream_t s) {
+template <typename T>
+mf_status mf_cuda_expert_bwd_weight(const T *dye, const T *xe, const int64_t *offsets, int64_t E, int64_t N,
+                                    int64_t Kd, float *const *dW, cudaStream_t s) {
   if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
-  expert_ptrs p;
-  MF_CHECK(expert_args(E, (const float *const *)dW, &p));
+  expert_ptrs<float> p;
+  MF_CHECK(expert_args<float>(E, (const float *const *)dW, &p));
   const int64_t n_tiles = (N + EBM - 1) / EBM, k_tiles = (Kd + EBN - 1) / EBN;
   if (E * n_tiles > INT32_MAX || k_tiles > 65535)
     return MF_ERR(MF_ERR_UNSUPPORTED, "cuda expert GEMM: dW of %lld x %lld is too large a grid", (long long)N,
                   (long long)Kd);
   dim3 grid((unsigned)(E * n_tiles), (unsigned)k_tiles);
-  expert_wgt_kernel<<<grid, MF_CUDA_BLOCK, 0, s>>>(dye, xe, offsets, N, Kd, n_tiles, p);
+  expert_wgt_kernel<T><<<grid, MF_CUDA_BLOCK, 0, s>>>(dye, xe, offsets, N, Kd, n_tiles, p);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
+
+// ------------------------------------------------------- instantiations
+
+template mf_status mf_cuda_gemm<float, float>(mf_cuda_blas *, int, int, int64_t, int64_t, int64_t,
+                                              const float *, int64_t, const float *, int64_t, float *,
+                                              int64_t, int, const float *, cudaStream_t);
+template mf_status mf_cuda_gemm<mf_bf16, mf_bf16>(mf_cuda_blas *, int, int, int64_t, int64_t, int64_t,
+                                                  const mf_bf16 *, int64_t, const mf_bf16 *, int64_t,
+                                                  mf_bf16 *, int64_t, int, const mf_bf16 *, cudaStream_t);
+template mf_status mf_cuda_gemm<mf_bf16, float>(mf_cuda_blas *, int, int, int64_t, int64_t, int64_t,
+                                                const mf_bf16 *, int64_t, const mf_bf16 *, int64_t, float *,
+                                                int64_t, int, const float *, cudaStream_t);
+
+// The launchers of one storage type T.
+#define GEMM_LAUNCHERS(T)                                                                                   \
+  template mf_status mf_cuda_linear_fwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t, T *, \
+                                           int, mf_cuda_blas *, cudaStream_t);                              \
+  template mf_status mf_cuda_linear_bwd_data<T>(const T *, const T *, int64_t, int64_t, int64_t, T *, int,  \
+                                                mf_cuda_blas *, cudaStream_t);                              \
+  template mf_status mf_cuda_linear_bwd_weight<T>(const T *, const T *, int64_t, int64_t, int64_t, float *, \
+                                                  float *, mf_cuda_blas *, cudaStream_t);                   \
+  template mf_status mf_cuda_expert_fwd<T>(const T *, const T *const *, const int64_t *, int64_t, int64_t,  \
+                                           int64_t, int64_t, T *, cudaStream_t);                            \
+  template mf_status mf_cuda_expert_bwd_data<T>(const T *, const T *const *, const int64_t *, int64_t,      \
+                                                int64_t, int64_t, int64_t, T *, cudaStream_t);              \
+  template mf_status mf_cuda_expert_bwd_weight<T>(const T *, const T *, const int64_t *, int64_t, int64_t,  \
+                                                  int64_t, float *const *, cudaStream_t);
+GEMM_LAUNCHERS(float)
+GEMM_LAUNCHERS(mf_bf16)
