@@ -288,6 +288,28 @@ static mf_status launch_adamw(const mf_kernel_call *k, int bf16_param, cudaStrea
                                      (size_t)n, s);
 }
 
+// Runs `launch` (a launcher using the kernel scratch) after the scratch's
+// previous user on any stream, under the scratch lock, and records it as the
+// last user. More than the backend's scratch (`need` bytes): MF_ERR_OUT_OF_MEMORY
+// naming `what`, nothing launched.
+template <typename Launch>
+static mf_status with_scratch(cuda_impl *c, size_t need, const char *what, cudaStream_t s, Launch launch) {
+  if (need > c->scratch_bytes)
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY,
+                  "cuda backend: %s needs %zu bytes of kernel scratch; the backend has %zu "
+                  "(mf_cuda_backend_opts.scratch_bytes)",
+                  what, need, c->scratch_bytes);
+  pthread_mutex_lock(&c->scratch_lock);
+  cudaError_t e = cudaStreamWaitEvent(s, c->scratch_done, 0);
+  mf_status st = e == cudaSuccess ? launch()
+                                  : MF_ERR(MF_ERR_CUDA, "cudaStreamWaitEvent on the scratch event failed: %s",
+                                           cudaGetErrorString(e));
+  if (st == MF_OK && (e = cudaEventRecord(c->scratch_done, s)) != cudaSuccess)
+    st = MF_ERR(MF_ERR_CUDA, "cudaEventRecord of the scratch event failed: %s", cudaGetErrorString(e));
+  pthread_mutex_unlock(&c->scratch_lock);
+  return st;
+}
+
 // The kernels of a call computing in storage T (float: F32, mf_bf16: BF16).
 template <typename T>
 static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
@@ -298,31 +320,26 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return MF_OK;
     case MF_K_EMBED_FWD:
       return mf_cuda_embed_fwd<T>(CI32(0), i[0], CS(1), i[1], i[2], S(2), s);
-    case MF_K_EMBED_BWD:
-      return mf_cuda_embed_bwd<T>(CI32(0), i[0], CS(1), i[1], i[2], F(2), s);
+    case MF_K_EMBED_BWD: {
+      char what[80];
+      snprintf(what, sizeof what, "embed_bwd over %lld tokens and %lld rows", (long long)i[0],
+               (long long)i[1]);
+      return with_scratch(c, mf_cuda_embed_bwd_scratch_bytes(i[0], i[1]), what, s, [&] {
+        return mf_cuda_embed_bwd<T>(CI32(0), i[0], CS(1), i[1], i[2], F(2), (int32_t *)c->scratch, s);
+      });
+    }
     case MF_K_RMSNORM_FWD:
       return mf_cuda_rmsnorm_fwd<T>(CS(0), CS(1), i[0], i[1], (float)k->f[0], S(2), F(3), s);
     case MF_K_RMSNORM_BWD: {
       const int64_t R = i[0], C = i[1];
-      if (R > 0 && C > 0) {
-        const size_t need = (size_t)mf_cuda_rmsnorm_dw_parts(R) * (size_t)C * sizeof(float);
-        if (need > c->scratch_bytes)
-          return MF_ERR(MF_ERR_OUT_OF_MEMORY,
-                        "cuda backend: rmsnorm_bwd over %lld columns needs %zu bytes of kernel scratch; the "
-                        "backend has %zu (mf_cuda_backend_opts.scratch_bytes)",
-                        (long long)C, need, c->scratch_bytes);
-      }
-      pthread_mutex_lock(&c->scratch_lock);
-      cudaError_t e = cudaStreamWaitEvent(s, c->scratch_done, 0);
-      mf_status st = e == cudaSuccess
-                         ? mf_cuda_rmsnorm_bwd<T>(CS(0), CS(1), CS(2), CF(3), R, C, S(4), F(5), (int)i[2],
-                                               (float *)c->scratch, s)
-                         : MF_ERR(MF_ERR_CUDA, "cudaStreamWaitEvent on the scratch event failed: %s",
-                                  cudaGetErrorString(e));
-      if (st == MF_OK && (e = cudaEventRecord(c->scratch_done, s)) != cudaSuccess)
-        st = MF_ERR(MF_ERR_CUDA, "cudaEventRecord of the scratch event failed: %s", cudaGetErrorString(e));
-      pthread_mutex_unlock(&c->scratch_lock);
-      return st;
+      const size_t need =
+          R > 0 && C > 0 ? (size_t)mf_cuda_rmsnorm_dw_parts(R) * (size_t)C * sizeof(float) : 0;
+      char what[64];
+      snprintf(what, sizeof what, "rmsnorm_bwd over %lld columns", (long long)C);
+      return with_scratch(c, need, what, s, [&] {
+        return mf_cuda_rmsnorm_bwd<T>(CS(0), CS(1), CS(2), CF(3), R, C, S(4), F(5), (int)i[2],
+                                      (float *)c->scratch, s);
+      });
     }
     case MF_K_ROPE_FWD:
       return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);

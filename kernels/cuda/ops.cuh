@@ -59,9 +59,12 @@ typedef __nv_bfloat16 mf_bf16;
 template <typename T>
 mf_status mf_cuda_embed_fwd(const int32_t *ids, int64_t T_, const T *table, int64_t V, int64_t H, T *out,
                             cudaStream_t s);
+// scratch: mf_cuda_embed_bwd_scratch_bytes(T_, V) bytes, 4-byte aligned (the
+// tokens bucketed by id: 4 * (V + 1 + 2 T_)).
+size_t mf_cuda_embed_bwd_scratch_bytes(int64_t T_, int64_t V);
 template <typename T>
-mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T_, const T *dout, int64_t V, int64_t H, float *dtable,
-                            cudaStream_t s);
+mf_status mf_cuda_embed_bwd(const int32_t *ids, int64_t T_, const T *dout, int64_t V, int64_t H,
+                            float *dtable, int32_t *scratch, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_rmsnorm_fwd(const T *x, const T *w, int64_t R, int64_t C, float eps, T *y, float *rstd,
                               cudaStream_t s);
