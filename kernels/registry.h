@@ -6,7 +6,9 @@
  * kernels/cuda headers (tests/arch checks it).
  *
  *   "cpu"   the reference backend: its "device" is host memory, it keeps
- *           nothing beside the arena, and its kernels store fp32;
+ *           nothing beside the arena, and its kernels compute fp32 storage
+ *           and, as the twin of cuda's, BF16 storage (widened, computed
+ *           with round_bf16, narrowed);
  *   "cuda"  one GPU: beside the arena it keeps the cuBLASLt workspace, the
  *           kernels' scratch and the CUDA context (an estimate until measured
  *           on the GPU), all allocated when it is created;

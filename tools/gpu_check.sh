@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU check: runs every gpu-tagged test on a machine with an NVIDIA GPU, with
 # MF_REQUIRE_GPU=1 so that a test which cannot see the GPU fails instead of
-# skipping; then the demo on cuda beside the cpu backend (60 steps, losses
-# within 2%), plan invariance on cuda (resident vs MegaTrain-like: the same
-# final weights, bit for bit), staged vs straight copies (the same bits), and
-# moefit beside transformers on the 644M shape of configs/bench-644m.yaml
-# (tools/peer_bench.py; tokens/s and the ratio); prints one summary table at the
-# end. Under 10 minutes.
+# skipping; then the demo on cuda in bf16 (train.precision auto) and in fp32
+# beside the cpu backend's fp32 run (60 steps, losses within 2%), plan
+# invariance on cuda in bf16 (resident vs MegaTrain-like, and vs the planner
+# at 25% of the resident arena: the same final weights, bit for bit), staged
+# vs straight copies (the same bits), `moefit bench kernels` on the 644M shape,
+# and moefit in bf16 and fp32 beside transformers on the 644M shape of
+# configs/bench-644m.yaml (tools/peer_bench.py; tokens/s and the ratios);
+# prints one summary table at the end. Under 10 minutes.
 #
 # usage:
 #   tools/gpu_check.sh [BAZEL_FLAGS...]   build (bazel build //...) and run the gpu
@@ -196,14 +198,17 @@ elif [[ -x "$moefit" ]]; then
   # for everything resident (21 MiB).
   t=$(now)
   l_cpu=$(train_run demo_cpu backend=cpu) || l_cpu=""
-  l_cuda=$(train_run demo_cuda backend=cuda memory.device_budget=575MiB hardware.profile=configs/hw/h100-pcie.yaml) || l_cuda=""
-  if [[ -n "$l_cpu" && -n "$l_cuda" ]] &&
-      python3 -c "import sys; a,b=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b) <= 0.02*a else 1)" "$l_cpu" "$l_cuda"; then
-    row "demo on cuda (60 steps)" "loss $l_cuda (cpu $l_cpu)" "$(($(now) - t))"
-  else
-    row "demo on cuda (60 steps)" "FAILED (cuda '$l_cuda', cpu '$l_cpu')" "$(($(now) - t))"
-    cuda_ok=0
-  fi
+  for prec in bf16 fp32; do
+    l_cuda=$(train_run "demo_cuda_$prec" backend=cuda "train.precision=$prec" memory.device_budget=575MiB hardware.profile=configs/hw/h100-pcie.yaml) || l_cuda=""
+    if [[ -n "$l_cpu" && -n "$l_cuda" ]] &&
+        python3 -c "import sys; a,b=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b) <= 0.02*a else 1)" "$l_cpu" "$l_cuda"; then
+      row "demo on cuda $prec (60 steps)" "loss $l_cuda (cpu fp32 $l_cpu)" "$(($(now) - t))"
+    else
+      row "demo on cuda $prec (60 steps)" "FAILED (cuda '$l_cuda', cpu '$l_cpu')" "$(($(now) - t))"
+      cuda_ok=0
+    fi
+    t=$(now)
+  done
   # Plan invariance on cuda: everything resident (the optimizer on the
   # device) and MegaTrain-like (streamed weights, recompute, host optimizer)
   # give the same final weights, bit for bit.
@@ -212,9 +217,26 @@ elif [[ -x "$moefit" ]]; then
       train_run inv_megatrain backend=cuda memory.plan=megatrain memory.device_budget=600MiB hardware.profile=configs/hw/h100-pcie.yaml >/dev/null &&
       cmp -s /tmp/mf_gpu_check_runs/inv_resident/final/model.safetensors \
         /tmp/mf_gpu_check_runs/inv_megatrain/final/model.safetensors; then
-    row "plan invariance on cuda" "resident == megatrain (bits)" "$(($(now) - t))"
+    row "plan invariance on cuda (bf16)" "resident == megatrain (bits)" "$(($(now) - t))"
   else
-    row "plan invariance on cuda" "FAILED" "$(($(now) - t))"
+    row "plan invariance on cuda (bf16)" "FAILED" "$(($(now) - t))"
+    cuda_ok=0
+  fi
+  # The planner's own plan at 25% of the resident plan's arena (its device
+  # budget: that arena plus the 560 MiB the backend keeps).
+  t=$(now)
+  arena=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['arena_bytes'])" \
+          /tmp/mf_gpu_check_runs/inv_resident/plan.json 2>/dev/null || echo 0)
+  budget=$(( arena / 4 + (560 << 20) ))
+  if [[ "$arena" -gt 0 ]] &&
+      train_run inv_quarter backend=cuda memory.plan=auto "memory.device_budget=$budget" hardware.profile=configs/hw/h100-pcie.yaml >/dev/null &&
+      cmp -s /tmp/mf_gpu_check_runs/inv_resident/final/model.safetensors \
+        /tmp/mf_gpu_check_runs/inv_quarter/final/model.safetensors &&
+      cmp -s <(python3 -c "import json,sys; [print(json.loads(l).get('loss')) for l in open(sys.argv[1])]" /tmp/mf_gpu_check_runs/inv_resident/metrics.jsonl) \
+        <(python3 -c "import json,sys; [print(json.loads(l).get('loss')) for l in open(sys.argv[1])]" /tmp/mf_gpu_check_runs/inv_quarter/metrics.jsonl); then
+    row "plan invariance on cuda (bf16)" "resident == planner at 25% arena (bits)" "$(($(now) - t))"
+  else
+    row "plan invariance on cuda (bf16)" "FAILED at 25% of arena $arena" "$(($(now) - t))"
     cuda_ok=0
   fi
   # The copies through the pinned staging arena (memory.staging: auto is on
@@ -249,13 +271,34 @@ peer_step() {
     row "644M shape: moefit vs transformers" "no moefit binary or no runs/demo/data" ""
     return 1
   fi
-  if ! timeout 600 "$moefit" train configs/bench-644m.yaml "output.dir=$out" >"$out.log" 2>&1; then
-    tail -n 20 "$out.log" >&2
-    row "644M shape: moefit resident on cuda" "FAILED (see $out.log)" "$(($(now) - t))"
-    return 1
+  # fp32 first (the figure bf16 is measured against), then bf16 (auto on cuda).
+  local prec mf32=""
+  for prec in fp32 bf16; do
+    t=$(now)
+    rm -rf "$out"
+    if ! timeout 600 "$moefit" train configs/bench-644m.yaml "output.dir=$out" "train.precision=$prec" >"$out.log" 2>&1; then
+      tail -n 20 "$out.log" >&2
+      row "644M shape: moefit $prec resident" "FAILED (see $out.log)" "$(($(now) - t))"
+      return 1
+    fi
+    mf=$(python3 -c "import json,sys; l=[json.loads(x) for x in open(sys.argv[1])]; print('%.0f' % l[-1]['tokens_per_s'])"        "$out/metrics.jsonl" 2>/dev/null || echo "")
+    pe=$(grep -o 'predicted [0-9.e+-]* s/step, executed [0-9.e+-]* s/step ([0-9.]*' "$out.log" | tail -1 | sed 's/.*(//')
+    if [[ "$prec" == fp32 ]]; then
+      mf32=$mf
+      row "644M shape: moefit fp32 resident" "${mf:-?} tokens/s; predicted/executed ${pe:-?}" "$(($(now) - t))"
+    else
+      row "644M shape: moefit bf16 resident" "${mf:-?} tokens/s; bf16/fp32 $(python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "${mf:-0}" "${mf32:-1}"); pred/exec ${pe:-?}" "$(($(now) - t))"
+    fi
+  done
+  # Each kernel of that step beside a dense bf16 GEMM and a device copy.
+  t=$(now)
+  if timeout 300 "$moefit" bench kernels configs/bench-644m.yaml --reps 3 >"$out.bench.log" 2>&1; then
+    row "bench kernels (644M, bf16)" "$(grep '^kernels:' "$out.bench.log" | tail -1 | cut -c1-46)" "$(($(now) - t))"
+    cat "$out.bench.log"
+  else
+    tail -n 5 "$out.bench.log" >&2
+    row "bench kernels (644M, bf16)" "FAILED (see $out.bench.log)" "$(($(now) - t))"
   fi
-  mf=$(python3 -c "import json,sys; l=[json.loads(x) for x in open(sys.argv[1])]; print('%.0f' % l[-1]['tokens_per_s'])"        "$out/metrics.jsonl" 2>/dev/null || echo "")
-  row "644M shape: moefit resident on cuda" "${mf:-?} tokens/s (last window)" "$(($(now) - t))"
   t=$(now)
   if ! timeout 600 python3 tools/peer_bench.py "$out/final" --seq-len 1024 --micro-batch 4 --json "$out.peer.json"       >"$out.peer.log" 2>&1; then
     tail -n 5 "$out.peer.log" >&2
@@ -267,7 +310,6 @@ peer_step() {
   return 0
 }
 peer_step || cuda_ok=0
-row "moefit bench kernels" "not built yet (issue 14)" ""
 
 if [[ "$bazel_rc" -ne 0 || "$passed" -eq 0 || "$failed" -ne 0 || "$skipped" -ne 0 || "$cuda_ok" -ne 1 ]]; then
   print_table "FAIL"
