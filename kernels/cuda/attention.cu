@@ -1,5 +1,12 @@
-// Causal GQA attention of the cuda backend, flash style: fp32 storage and fp32
-// math, the semantics of the cpu twin (kernels/cpu/attention.c).
+// Causal GQA attention of the cuda backend, flash style: fp32 math over fp32 or
+// bf16 storage (T, ops.cuh), the semantics of the cpu twin (kernels/cpu/
+// attention.c).
+//
+// Storage: q, k, v, o, do, dq, dk, dv are T; lse is fp32. A T value is widened
+// to fp32 as its tile is loaded into shared memory (the tiles are fp32), and
+// each stored output is rounded once (mf_st): a bf16 call is the cpu twin with
+// round_bf16 up to the order of fp32 sums. The float instantiation is the fp32
+// kernel bit for bit. (Issue 15 replaces these kernels with tensor-core ones.)
 //
 // Maths (sequence b, query head h, kv head g = h / (Hq/Hkv), head dim D):
 //   s[i,j] = (q[i].k[j]) * scale          (dot first, then the scale, as the cpu)
@@ -30,8 +37,10 @@
 //             o += p v. Then o = acc / l, lse = m + log l.
 //   backward  three launches on the stream, none with atomics:
 //             1. Di = do.o per (token, head), one warp each (a fixed xor tree),
-//                stashed in dq[token, head, 0] (dq is written only by launch 3,
-//                whose block reads the stash of exactly the rows it later writes).
+//                stashed exactly in the row dq[token, head, :] (fp32: element 0;
+//                bf16: its 32 bits in elements 0 and 1, so D >= 2 there) — dq is
+//                written only by launch 3, whose block reads the stash of
+//                exactly the rows it later writes.
 //             2. dk, dv: grid (key blocks, Hkv, B). A block holds its K and V tile
 //                and loops over the group's query heads in order, and for each
 //                over the query blocks from the diagonal to the end in order,
@@ -43,7 +52,8 @@
 // Shared memory (bytes) at DP = 128 / 256: forward 53 760 / 102 912, dk/dv
 // 74 752 / 140 288, dq 70 528 / 136 064: above 48 KiB, so each launch opts in
 // (cudaFuncAttributeMaxDynamicSharedMemorySize); sm_80 allows 163 KiB per block.
-// D > 256 is refused with MF_ERR_UNSUPPORTED.
+// D > 256 is refused with MF_ERR_UNSUPPORTED, and so is D = 1 with bf16 storage
+// (no room for the stash).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -83,16 +93,35 @@ constexpr size_t dq_smem() {
 static_assert(fwd_smem<DMAX>() <= 166912 && dkdv_smem<DMAX>() <= 166912 && dq_smem<DMAX>() <= 166912,
               "attention tiles at D = 256 exceed sm_80's shared memory per block");
 
-// Loads rows [r0, r0 + BQ) of one head (row r at src + r*ld) into t[BQ][DP+1];
-// rows at or past `rows` and columns at or past D are zeros.
-template <int DP>
-__device__ __forceinline__ void load_tile(const float *__restrict__ src, int64_t ld, int64_t r0, int64_t rows,
+// Loads rows [r0, r0 + BQ) of one head (row r at src + r*ld) into t[BQ][DP+1],
+// widened to fp32; rows at or past `rows` and columns at or past D are zeros.
+template <int DP, typename T>
+__device__ __forceinline__ void load_tile(const T *__restrict__ src, int64_t ld, int64_t r0, int64_t rows,
                                           int D, float *__restrict__ t) {
   for (int x = threadIdx.x; x < BQ * DP; x += NT) {
     const int r = x / DP, d = x % DP;
     const int64_t gr = r0 + r;
-    t[r * (DP + 1) + d] = (gr < rows && d < D) ? src[gr * ld + d] : 0.0f;
+    t[r * (DP + 1) + d] = (gr < rows && d < D) ? mf_ld(src + gr * ld + d) : 0.0f;
   }
+}
+
+// The backward's Di stash at the start of a row of dq, exact in either storage:
+// a float row holds it in element 0, a bf16 row its bits in elements 0 and 1.
+__device__ __forceinline__ void stash_put(float *row, float v) {
+  row[0] = v;
+}
+__device__ __forceinline__ void stash_put(mf_bf16 *row, float v) {
+  const unsigned u = __float_as_uint(v);
+  unsigned short *h = reinterpret_cast<unsigned short *>(row);
+  h[0] = (unsigned short)(u & 0xffffu);
+  h[1] = (unsigned short)(u >> 16);
+}
+__device__ __forceinline__ float stash_get(const float *row) {
+  return row[0];
+}
+__device__ __forceinline__ float stash_get(const mf_bf16 *row) {
+  const unsigned short *h = reinterpret_cast<const unsigned short *>(row);
+  return __uint_as_float((unsigned)h[0] | (unsigned)h[1] << 16);
 }
 
 __device__ __forceinline__ float row_max4(float v) {
@@ -106,11 +135,10 @@ __device__ __forceinline__ float row_sum4(float v) {
 
 // ---------------------------------------------------------------- forward
 
-template <int DP>
+template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
-    attn_fwd_kernel(const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
-                    int64_t S, int Hq, int Hkv, int D, float scale, float *__restrict__ o,
-                    float *__restrict__ lse) {
+    attn_fwd_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, int64_t S,
+                    int Hq, int Hkv, int D, float scale, T *__restrict__ o, float *__restrict__ lse) {
   constexpr int NC = DP / TPR;  // output columns per thread
   extern __shared__ float smem[];
   float *Qs = smem, *Ks = Qs + tile_floats<DP>(BQ), *Vs = Ks + tile_floats<DP>(BK);
@@ -121,9 +149,9 @@ __global__ void __launch_bounds__(NT)
   const int h = blockIdx.y, g = h / (Hq / Hkv);
   const int64_t b = blockIdx.z;
   const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
-  const float *qh = q + b * S * ldq + (int64_t)h * D;
-  const float *kh = k + b * S * ldk + (int64_t)g * D;
-  const float *vh = v + b * S * ldk + (int64_t)g * D;
+  const T *qh = q + b * S * ldq + (int64_t)h * D;
+  const T *kh = k + b * S * ldk + (int64_t)g * D;
+  const T *vh = v + b * S * ldk + (int64_t)g * D;
 
   const int t = threadIdx.x, r = t / TPR, lane4 = t % TPR;
   const int64_t i = q0 + r;  // this thread's query row
@@ -183,11 +211,11 @@ __global__ void __launch_bounds__(NT)
   }
   if (i < S) {
     const float inv = 1.0f / l;
-    float *orow = o + (b * S + i) * ldq + (int64_t)h * D;
+    T *orow = o + (b * S + i) * ldq + (int64_t)h * D;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       const int d = lane4 + TPR * n;
-      if (d < D) orow[d] = acc[n] * inv;
+      if (d < D) mf_st(orow + d, acc[n] * inv);
     }
     if (lane4 == 0) lse[((int64_t)b * Hq + h) * S + i] = m + logf(l);
   }
@@ -195,38 +223,40 @@ __global__ void __launch_bounds__(NT)
 
 // --------------------------------------------------------------- backward
 
-// Di = do[row].o[row] for every (token, query head), stashed in dq[token, head, 0].
-__global__ void attn_bwd_di_kernel(const float *__restrict__ o, const float *__restrict__ dout,
-                                   int64_t n_rows, int D, float *__restrict__ dq) {
+// Di = do[row].o[row] for every (token, query head), stashed in dq[token, head, :].
+template <typename T>
+__global__ void attn_bwd_di_kernel(const T *__restrict__ o, const T *__restrict__ dout, int64_t n_rows, int D,
+                                   T *__restrict__ dq) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = (int64_t)gridDim.x * (NT / 32);
   for (int64_t w = (int64_t)blockIdx.x * (NT / 32) + threadIdx.x / 32; w < n_rows; w += warps) {
-    const float *orow = o + w * D, *drow = dout + w * D;
+    const T *orow = o + w * D, *drow = dout + w * D;
     float acc = 0.0f;
-    for (int d = lane; d < D; d += 32) acc += orow[d] * drow[d];
+    for (int d = lane; d < D; d += 32) acc += mf_ld(orow + d) * mf_ld(drow + d);
 #pragma unroll
     for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
-    if (lane == 0) dq[w * D] = acc;
+    if (lane == 0) stash_put(dq + w * D, acc);
   }
 }
 
 // Loads lse and Di (from the stash in dq) of rows [q0, q0 + BQ) of head h; 0 past S.
-__device__ __forceinline__ void load_row_stats(const float *__restrict__ lse_h,
-                                               const float *__restrict__ dq_h, int64_t ldq, int64_t q0,
-                                               int64_t S, float *__restrict__ Ls, float *__restrict__ Ds) {
+template <typename T>
+__device__ __forceinline__ void load_row_stats(const float *__restrict__ lse_h, const T *dq_h, int64_t ldq,
+                                               int64_t q0, int64_t S, float *__restrict__ Ls,
+                                               float *__restrict__ Ds) {
   for (int x = threadIdx.x; x < BQ; x += NT) {
     const int64_t i = q0 + x;
     Ls[x] = i < S ? lse_h[i] : 0.0f;
-    Ds[x] = i < S ? dq_h[i * ldq] : 0.0f;
+    Ds[x] = i < S ? stash_get(dq_h + i * ldq) : 0.0f;
   }
 }
 
-template <int DP>
+template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
-    attn_bwd_dkdv_kernel(const float *__restrict__ q, const float *__restrict__ k,
-                         const float *__restrict__ v, const float *__restrict__ dout,
-                         const float *__restrict__ lse, const float *dq_stash, int64_t S, int Hq, int Hkv,
-                         int D, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+    attn_bwd_dkdv_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                         const T *__restrict__ dout, const float *__restrict__ lse, const T *dq_stash,
+                         int64_t S, int Hq, int Hkv, int D, float scale, T *__restrict__ dk,
+                         T *__restrict__ dv) {
   constexpr int NC = DP / TPR;
   extern __shared__ float smem[];
   float *Ks = smem, *Vs = Ks + tile_floats<DP>(BK), *Qs = Vs + tile_floats<DP>(BK);
@@ -295,23 +325,23 @@ __global__ void __launch_bounds__(NT)
     }
   }
   if (j < S) {
-    float *dkr = dk + (b * S + j) * ldk + (int64_t)g * D, *dvr = dv + (b * S + j) * ldk + (int64_t)g * D;
+    T *dkr = dk + (b * S + j) * ldk + (int64_t)g * D, *dvr = dv + (b * S + j) * ldk + (int64_t)g * D;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       const int d = lane4 + TPR * n;
       if (d < D) {
-        dkr[d] = dka[n] * scale;
-        dvr[d] = dva[n];
+        mf_st(dkr + d, dka[n] * scale);
+        mf_st(dvr + d, dva[n]);
       }
     }
   }
 }
 
-template <int DP>
+template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
-    attn_bwd_dq_kernel(const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
-                       const float *__restrict__ dout, const float *__restrict__ lse, int64_t S, int Hq,
-                       int Hkv, int D, float scale, float *dq) {
+    attn_bwd_dq_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                       const T *__restrict__ dout, const float *__restrict__ lse, int64_t S, int Hq, int Hkv,
+                       int D, float scale, T *dq) {
   constexpr int NC = DP / TPR;
   extern __shared__ float smem[];
   float *Qs = smem, *Os = Qs + tile_floats<DP>(BQ), *Ks = Os + tile_floats<DP>(BQ);
@@ -325,7 +355,7 @@ __global__ void __launch_bounds__(NT)
   const int64_t b = blockIdx.z;
   const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
   const int64_t qoff = b * S * ldq + (int64_t)h * D;
-  const float *kh = k + b * S * ldk + (int64_t)g * D, *vh = v + b * S * ldk + (int64_t)g * D;
+  const T *kh = k + b * S * ldk + (int64_t)g * D, *vh = v + b * S * ldk + (int64_t)g * D;
   const int t = threadIdx.x, r = t / TPR, lane4 = t % TPR;
   const int64_t i = q0 + r;
 
@@ -377,11 +407,11 @@ __global__ void __launch_bounds__(NT)
   // The stash of these rows was read into Ds before the loop, and no other block
   // reads or writes them: overwriting it here is safe.
   if (i < S) {
-    float *dqr = dq + qoff + i * ldq;
+    T *dqr = dq + qoff + i * ldq;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       const int d = lane4 + TPR * n;
-      if (d < D) dqr[d] = acc[n] * scale;
+      if (d < D) mf_st(dqr + d, acc[n] * scale);
     }
   }
 }
@@ -408,38 +438,38 @@ mf_status allow_smem(F *f, size_t bytes) {
   return MF_OK;
 }
 
-template <int DP>
-mf_status fwd_launch(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                     int64_t Hkv, int64_t D, float scale, float *o, float *lse, cudaStream_t s) {
+template <typename T, int DP>
+mf_status fwd_launch(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
+                     int64_t D, float scale, T *o, float *lse, cudaStream_t s) {
   const size_t smem = fwd_smem<DP>();
-  MF_CHECK(allow_smem(attn_fwd_kernel<DP>, smem));
+  MF_CHECK(allow_smem(attn_fwd_kernel<T, DP>, smem));
   const dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
-  attn_fwd_kernel<DP><<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, scale, o, lse);
+  attn_fwd_kernel<T, DP><<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, scale, o, lse);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
-template <int DP>
-mf_status bwd_launch(const float *q, const float *k, const float *v, const float *o, const float *dout,
-                     const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                     float *dq, float *dk, float *dv, cudaStream_t s) {
+template <typename T, int DP>
+mf_status bwd_launch(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
+                     int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk,
+                     T *dv, cudaStream_t s) {
   const int64_t rows = B * S * Hq;
   int64_t di_blocks = (rows + NT / 32 - 1) / (NT / 32);
   if (di_blocks > (1 << 20)) di_blocks = 1 << 20;
-  attn_bwd_di_kernel<<<(unsigned)di_blocks, NT, 0, s>>>(o, dout, rows, (int)D, dq);
+  attn_bwd_di_kernel<T><<<(unsigned)di_blocks, NT, 0, s>>>(o, dout, rows, (int)D, dq);
   MF_CUDA_CHECK_LAUNCH();
 
   const size_t smem_kv = dkdv_smem<DP>();
-  MF_CHECK(allow_smem(attn_bwd_dkdv_kernel<DP>, smem_kv));
+  MF_CHECK(allow_smem(attn_bwd_dkdv_kernel<T, DP>, smem_kv));
   const dim3 grid_kv((unsigned)((S + BK - 1) / BK), (unsigned)Hkv, (unsigned)B);
-  attn_bwd_dkdv_kernel<DP>
+  attn_bwd_dkdv_kernel<T, DP>
       <<<grid_kv, NT, smem_kv, s>>>(q, k, v, dout, lse, dq, S, (int)Hq, (int)Hkv, (int)D, scale, dk, dv);
   MF_CUDA_CHECK_LAUNCH();
 
   const size_t smem_q = dq_smem<DP>();
-  MF_CHECK(allow_smem(attn_bwd_dq_kernel<DP>, smem_q));
+  MF_CHECK(allow_smem(attn_bwd_dq_kernel<T, DP>, smem_q));
   const dim3 grid_q((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
-  attn_bwd_dq_kernel<DP>
+  attn_bwd_dq_kernel<T, DP>
       <<<grid_q, NT, smem_q, s>>>(q, k, v, dout, lse, S, (int)Hq, (int)Hkv, (int)D, scale, dq);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
@@ -447,21 +477,39 @@ mf_status bwd_launch(const float *q, const float *k, const float *v, const float
 
 }  // namespace
 
-mf_status mf_cuda_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                           int64_t Hkv, int64_t D, float scale, float *o, float *lse, cudaStream_t s) {
+template <typename T>
+mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
+                           int64_t D, float scale, T *o, float *lse, cudaStream_t s) {
   MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
-  if (D <= 64) return fwd_launch<64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
-  if (D <= 128) return fwd_launch<128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
-  return fwd_launch<256>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+  if (D <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+  if (D <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+  return fwd_launch<T, 256>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
 }
 
-mf_status mf_cuda_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
-                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                           float scale, float *dq, float *dk, float *dv, cudaStream_t s) {
+template <typename T>
+mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq,
+                           T *dk, T *dv, cudaStream_t s) {
   MF_CHECK(check_shape("attn_bwd", B, S, Hq, Hkv, D));
+  if (sizeof(T) < sizeof(float) && D < 2)
+    return MF_ERR(
+        MF_ERR_UNSUPPORTED,
+        "attn_bwd: head_dim D=%lld with bf16 storage: a row of dq must hold the fp32 Di stash (D >= 2)",
+        (long long)D);
   if (B == 0 || S == 0) return MF_OK;
-  if (D <= 64) return bwd_launch<64>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
-  if (D <= 128) return bwd_launch<128>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
-  return bwd_launch<256>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  if (D <= 64) return bwd_launch<T, 64>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  if (D <= 128) return bwd_launch<T, 128>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  return bwd_launch<T, 256>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
 }
+
+// Both storages.
+#define ATTENTION_INSTANTIATE(T)                                                                            \
+  template mf_status mf_cuda_attn_fwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,        \
+                                         int64_t, int64_t, float, T *, float *, cudaStream_t);              \
+  template mf_status mf_cuda_attn_bwd<T>(const T *, const T *, const T *, const T *, const T *,             \
+                                         const float *, int64_t, int64_t, int64_t, int64_t, int64_t, float, \
+                                         T *, T *, T *, cudaStream_t);
+ATTENTION_INSTANTIATE(float)
+ATTENTION_INSTANTIATE(mf_bf16)
+#undef ATTENTION_INSTANTIATE

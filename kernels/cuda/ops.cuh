@@ -122,9 +122,9 @@ mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, dou
 // ------------------------------------------------------------ attention.cu
 // Causal GQA attention (kernels/cpu/attention.c's maths): q, o, dout, dq
 // [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D]; lse [B, Hq, S] (fp32); Hq % Hkv ==
-// 0, D <= 256 (MF_ERR_UNSUPPORTED above). Forward writes o and lse. Backward
-// writes dq, dk, dv (never added) and needs no scratch; dq must not alias an
-// input.
+// 0, D <= 256 (MF_ERR_UNSUPPORTED above; also D = 1 for the bf16 backward).
+// Forward writes o and lse. Backward writes dq, dk, dv (never added) and needs
+// no scratch; dq must not alias an input.
 template <typename T>
 mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
                            int64_t D, float scale, T *o, float *lse, cudaStream_t s);

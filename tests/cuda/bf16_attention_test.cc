@@ -1,0 +1,151 @@
+// Causal GQA attention of the cuda backend with BF16 storage against the cpu
+// backend with round_bf16 (tests/cuda/bf16_twin.h): q, k, v, dout are
+// bf16-representable, so both sides compute in fp32 from the same numbers and
+// round o, dq, dk, dv once; lse is fp32 on both. The backward's o and lse are
+// the cpu forward's (o already bf16), so it is compared on its own. Two cuda
+// runs of the backward must give the same bits.
+//
+// Shapes: the models' head dims D = 64 and 128 with GQA (Hq/Hkv = 4 and 2) at
+// S = 256 (eight 32-row tiles), an odd S with a padded head dim, S = 1.
+//
+// Tolerances, per element |gpu - cpu| <= atol + rtol * |cpu| (why):
+//   o: rtol kBf16Ulp = 2^-7 — the sides' fp32 values (64- vs 32-key tiles, the
+//     device expf vs the cpu's, fma contraction) are a few ulps apart and may
+//     round to neighbouring bf16 values: one bf16 ulp, at most 2^-7 of the value
+//     (8 significant bits); atol 1e-5 for values near 0.
+//   lse: fp32 on both sides, rtol and atol 1e-5 (a few ulps of log-sum-exp).
+//   dq, dk, dv: rtol 2^-7 as o, atol 2e-3 x the reference's RMS: the fp32
+//     gradients differ by the cancellation in ds = p * (dp - Di) and sums over
+//     up to S x Hq/Hkv terms in another order; the fp32 twin test
+//     (attention_test) bounds that by an NMSE of 1e-8 (an RMS error of 1e-4 of
+//     the RMS), and no element is expected beyond 20 times it. The RMS is
+//     floored at 1e-2 as there: where the exact gradient is 0 (S = 1: p = 1,
+//     o = v, dp - Di cancels) both sides hold rounding noise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "tests/cuda/bf16_twin.h"
+
+namespace {
+
+constexpr float kBf16Ulp = 1.0f / 128.0f;
+
+struct Shape {
+  int64_t B, S, Hq, Hkv, D;
+};
+
+std::string name_of(const char *op, const Shape &s) {
+  return std::string(op) + " B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) +
+         " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+}
+
+mf_kernel_call call_of(mf_kernel kind, const Shape &s, float scale, const std::string &label) {
+  mf_kernel_call k = {};
+  k.kind = kind;
+  k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D;
+  k.f[0] = scale;
+  k.label = label.c_str();
+  return k;
+}
+
+// The RMS of v, at least 1e-2 (see the top).
+float rms_floored(const std::vector<float> &v) {
+  double s = 0;
+  for (float x : v) s += (double)x * x;
+  const float r = v.empty() ? 0.0f : (float)std::sqrt(s / (double)v.size());
+  return r > 1e-2f ? r : 1e-2f;
+}
+
+using Op = MfTwinOperand;
+using Res = MfTwinResult;
+
+class Bf16Attention : public MfBf16Twin {
+ protected:
+  void check(const Shape &s, uint64_t seed) {
+    const std::string fname = name_of("attn_fwd", s), bname = name_of("attn_bwd", s);
+    SCOPED_TRACE(fname);
+    const size_t nq = (size_t)(s.B * s.S * s.Hq * s.D), nk = (size_t)(s.B * s.S * s.Hkv * s.D);
+    const size_t nl = (size_t)(s.B * s.Hq * s.S);
+    const float scale = 1.0f / std::sqrt((float)s.D);
+    const auto q = mf_test_bf16_values(nq, seed), k = mf_test_bf16_values(nk, seed + 1);
+    const auto v = mf_test_bf16_values(nk, seed + 2), dout = mf_test_bf16_values(nq, seed + 3);
+
+    // forward: b = {q, k, v, o, lse}
+    Res f = run(call_of(MF_K_ATTN_FWD, s, scale, fname),
+                {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(nq, NAN)),
+                 Op::of(std::vector<float>(nl, NAN))});
+    const auto o_cpu = Res::as<float>(f.cpu[3]), lse_cpu = Res::as<float>(f.cpu[4]);
+    EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[3]), o_cpu, kBf16Ulp, 1e-5f)) << "o";
+    EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[4]), lse_cpu, 1e-5f, 1e-5f)) << "lse";
+
+    // backward: b = {q, k, v, o, dout, lse, dq, dk, dv}, o and lse from the cpu
+    SCOPED_TRACE(bname);
+    const mf_kernel_call c = call_of(MF_K_ATTN_BWD, s, scale, bname);
+    const std::vector<Op> ops = {Op::of(q),
+                                 Op::of(k),
+                                 Op::of(v),
+                                 Op::of(o_cpu),
+                                 Op::of(dout),
+                                 Op::of(lse_cpu),
+                                 Op::of(std::vector<float>(nq, NAN)),
+                                 Op::of(std::vector<float>(nk, NAN)),
+                                 Op::of(std::vector<float>(nk, NAN))};
+    Res b = run(c, ops);
+    const char *names[] = {"dq", "dk", "dv"};
+    for (int j = 6; j < 9; j++) {
+      const auto want = Res::as<float>(b.cpu[j]);
+      EXPECT_TRUE(mf_test_close(Res::as<float>(b.gpu[j]), want, kBf16Ulp, 2e-3f * rms_floored(want)))
+          << names[j - 6];
+    }
+    Res again = run(c, ops);
+    for (int j = 6; j < 9; j++)
+      EXPECT_TRUE(again.gpu[j] == b.gpu[j]) << names[j - 6] << ": two cuda runs differ";
+  }
+};
+
+TEST_F(Bf16Attention, GqaHeadDim64) {
+  check({2, 256, 8, 2, 64}, 100);
+}
+
+TEST_F(Bf16Attention, GqaHeadDim128) {
+  check({1, 256, 4, 2, 128}, 200);
+}
+
+TEST_F(Bf16Attention, OddLengthPaddedHeadDimAndOneToken) {
+  check({1, 37, 4, 1, 40}, 300);
+  check({3, 1, 4, 2, 64}, 400);
+}
+
+TEST_F(Bf16Attention, ForwardAtHeadDimOne) {
+  const Shape s = {1, 9, 2, 2, 1};
+  const size_t n = 18;
+  Res f = run(call_of(MF_K_ATTN_FWD, s, 1.0f, "attn_fwd D=1"),
+              {Op::of(mf_test_bf16_values(n, 1)), Op::of(mf_test_bf16_values(n, 2)),
+               Op::of(mf_test_bf16_values(n, 3)), Op::of(std::vector<float>(n, NAN)),
+               Op::of(std::vector<float>(n, NAN))});
+  EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[3]), Res::as<float>(f.cpu[3]), kBf16Ulp, 1e-5f)) << "o";
+}
+
+// The backward stashes the fp32 Di in two bf16 elements of a row of dq: at
+// D = 1 there is no room, and the call is refused naming the kernel, the head
+// dim and the storage.
+TEST_F(Bf16Attention, BackwardRefusesHeadDimOne) {
+  mf_kernel_call c = call_of(MF_K_ATTN_BWD, {1, 4, 2, 2, 1}, 1.0f, "attn_bwd D=1");
+  const mf_kernel_info *info = mf_kernel_info_of(MF_K_ATTN_BWD);
+  ASSERT_NE(info, nullptr);
+  for (int j = 0; j < mf_kernel_n_operands(MF_K_ATTN_BWD); j++)
+    c.b[j] = {arena_ + (size_t)j * 4096, 64, 0,
+              info->b[j].type == MF_KT_FLOAT ? MF_DTYPE_BF16 : MF_DTYPE_F32};
+  EXPECT_EQ(gpu_->run(gpu_, &c, gpu_s_), MF_ERR_UNSUPPORTED);
+  const std::string err = mf_last_error();
+  EXPECT_NE(err.find("attn_bwd"), std::string::npos) << err;
+  EXPECT_NE(err.find("D=1"), std::string::npos) << err;
+  EXPECT_NE(err.find("bf16"), std::string::npos) << err;
+}
+
+}  // namespace
