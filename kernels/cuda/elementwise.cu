@@ -241,21 +241,11 @@ static __global__ void embed_scan_kernel(int32_t *start, int64_t V) {
       run += c0 + j < V ? start[c0 + j] : 0;
       v[j] = run;
     }
-    int32_t inc = run;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int32_t o = __shfl_up_sync(0xffffffffu, inc, d);
-      if (lane >= d) inc += o;
-    }
+    const int32_t inc = mf_warp_inclusive_scan(run);
     if (lane == 31) warp_incl[wid] = inc;
     __syncthreads();
     if (wid == 0) {
-      int32_t ws = lane < W ? warp_incl[lane] : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int32_t o = __shfl_up_sync(0xffffffffu, ws, d);
-        if (lane >= d) ws += o;
-      }
+      const int32_t ws = mf_warp_inclusive_scan(lane < W ? warp_incl[lane] : 0);
       if (lane < W) warp_incl[lane] = ws;
     }
     __syncthreads();

@@ -189,6 +189,18 @@ struct mf_vec {
   static constexpr int n = 16 / (int)sizeof(T);
 };
 
+// Inclusive prefix sum of one int per lane over a warp (every lane of the
+// warp calls it): lane i gets v[0] + ... + v[i], in a fixed order.
+__device__ __forceinline__ int32_t mf_warp_inclusive_scan(int32_t v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t o = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += o;
+  }
+  return v;
+}
+
 // Sum of one value per thread over a block of exactly MF_CUDA_BLOCK threads, in
 // a fixed tree; every thread gets the result. sh: MF_CUDA_BLOCK elements of
 // shared memory. All threads of the block must call it.

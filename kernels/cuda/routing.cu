@@ -277,12 +277,7 @@ __global__ void dispatch_count_kernel(const int32_t *__restrict__ topk_idx, int6
 // calls it); *total: the block's sum. warp_sum: WARPS ints of shared memory.
 __device__ __forceinline__ int block_exclusive_scan(int v, int *warp_sum, int *total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int inc = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
+  const int inc = mf_warp_inclusive_scan(v);
   if (lane == 31) warp_sum[warp] = inc;
   __syncthreads();
   int before = 0, all = 0;

@@ -25,6 +25,7 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "src/core/core.h"
 #include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/twin_fixture.h"
 
 // n values uniform in [-scale, scale], rounded to bf16 (exactly representable).
 inline std::vector<float> mf_test_bf16_values(size_t n, uint64_t seed, float scale = 1.0f) {
@@ -61,30 +62,9 @@ struct MfTwinResult {
   }
 };
 
-class MfBf16Twin : public ::testing::Test {
+class MfBf16Twin : public CudaTwin<((size_t)256 << 20)> {
  protected:
-  void SetUp() override {
-    MF_SKIP_WITHOUT_GPU();
-    mf_cpu_backend_opts co = {};
-    co.round_bf16 = 1;
-    ASSERT_EQ(mf_backend_cpu_create(&co, &cpu_), MF_OK) << mf_last_error();
-    ASSERT_EQ(cpu_->stream_create(cpu_, &cpu_s_), MF_OK) << mf_last_error();
-    ASSERT_EQ(mf_backend_cuda_create(nullptr, &gpu_), MF_OK) << mf_last_error();
-    ASSERT_EQ(gpu_->stream_create(gpu_, &gpu_s_), MF_OK) << mf_last_error();
-    void *base = nullptr;
-    ASSERT_EQ(gpu_->arena_create(gpu_, kArena, &base), MF_OK) << mf_last_error();
-    arena_ = static_cast<uint8_t *>(base);
-  }
-  void TearDown() override {
-    if (gpu_) {
-      if (gpu_s_) gpu_->stream_free(gpu_, gpu_s_);
-      mf_backend_free(gpu_);
-    }
-    if (cpu_) {
-      if (cpu_s_) cpu_->stream_free(cpu_, cpu_s_);
-      mf_backend_free(cpu_);
-    }
-  }
+  int cpu_round_bf16() override { return 1; }
 
   // Runs `call` (its kind, i[], f[], label; b[] and experts are filled here
   // from `ops` and `experts`) on both backends. ops[j] is operand j's host
@@ -203,10 +183,6 @@ class MfBf16Twin : public ::testing::Test {
     return r;
   }
 
-  static constexpr size_t kArena = (size_t)256 << 20;
-  mf_backend *cpu_ = nullptr, *gpu_ = nullptr;
-  mf_stream *cpu_s_ = nullptr, *gpu_s_ = nullptr;
-  uint8_t *arena_ = nullptr;
 };
 
 // Relative closeness of two fp32 arrays: every |a - b| <= atol + rtol * |b|.

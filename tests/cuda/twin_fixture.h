@@ -20,10 +20,13 @@ class CudaTwin : public ::testing::Test {
 
   // The cuda backend's options (NULL: defaults); a test may narrow them.
   virtual const mf_cuda_backend_opts *cuda_opts() { return nullptr; }
+  // The cpu twin's bf16 rounding (mf_cpu_backend_opts.round_bf16).
+  virtual int cpu_round_bf16() { return 0; }
 
   void SetUp() override {
     MF_SKIP_WITHOUT_GPU();
     mf_cpu_backend_opts co = {};
+    co.round_bf16 = cpu_round_bf16();
     ASSERT_EQ(mf_backend_cpu_create(&co, &cpu_), MF_OK) << mf_last_error();
     ASSERT_EQ(cpu_->stream_create(cpu_, &cpu_s_), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_backend_cuda_create(cuda_opts(), &gpu_), MF_OK) << mf_last_error();
