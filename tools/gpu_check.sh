@@ -80,6 +80,9 @@ if [[ "${1:-}" == "--pack" ]]; then
   done
   "${BZ[@]}" build "$@" //:moefit || exit 1
   cp -f "$bin/moefit" "$dir/moefit"
+  # The device machines lack libyaml and libjansson: they travel beside the
+  # binaries (--prebuilt puts DIR on LD_LIBRARY_PATH).
+  for lib in $(ldd "$dir/moefit" | awk '/libyaml|libjansson/ {print $3}'); do cp -fL "$lib" "$dir/"; done
   ls -l "$dir"
   exit 0
 fi
@@ -104,13 +107,14 @@ if [[ "${1:-}" == "--prebuilt" ]]; then
   dir=${2:?usage: tools/gpu_check.sh --prebuilt DIR}
   # The binaries find cuBLAS through bazel's solib links, which are not packed:
   # the machine's toolkit has the same sonames.
-  export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$(cd "$dir" && pwd):${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   logs=$(mktemp -d /tmp/mf_gpu_check.XXXXXX)
   list=""
   for b in "$dir"/*; do
     [[ -x "$b" && -f "$b" ]] || continue
     n=$(basename "$b")
     [[ "$n" == moefit ]] && continue # the CLI, run below
+    [[ "$n" == *.so* ]] && continue  # the libraries carried beside them
     t=$(now)
     timeout 300 "$b" --gtest_output="xml:$logs/$n.xml" >"$logs/$n.log" 2>&1
     rc=$?
