@@ -23,8 +23,9 @@
 #
 # The lent device machines (H100/H200: /work/.library/device) have nvcc and the
 # driver but no bazel and no network, so the usual route there is: `--pack
-# .gpu_bin` here (.gpu_bin ignored by git), carry it, and run
-# `tools/gpu_check.sh --prebuilt .gpu_bin` on the machine.
+# .gpu_bin` here (.gpu_bin and .gpu_bin.tgz ignored by git), carry
+# .gpu_bin.tgz and runs/demo/data, and run `tar xzf .gpu_bin.tgz &&
+# tools/gpu_check.sh --prebuilt .gpu_bin` on the machine.
 #
 # Exit status: 0 only when a GPU was found, bazel test exited 0 (or, with
 # --prebuilt, every binary exited 0), every gpu test case passed (none failed,
@@ -84,6 +85,11 @@ if [[ "${1:-}" == "--pack" ]]; then
   # binaries (--prebuilt puts DIR on LD_LIBRARY_PATH).
   for lib in $(ldd "$dir/moefit" | awk '/libyaml|libjansson/ {print $3}'); do cp -fL "$lib" "$dir/"; done
   ls -l "$dir"
+  # The binaries are about 63 MiB (each test holds the kernels' fatbins), over
+  # what a device call carries beside the demo data (64 MiB): DIR.tgz is about
+  # a third of that. There: tar xzf DIR.tgz, then --prebuilt DIR.
+  tar czf "$dir.tgz" -C "$(dirname "$dir")" "$(basename "$dir")" || exit 1
+  ls -l "$dir.tgz"
   exit 0
 fi
 
