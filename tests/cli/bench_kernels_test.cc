@@ -46,7 +46,9 @@ Step step_of(const std::vector<const char *> &overrides) {
   mf_param_table *t = nullptr;
   mf_run_plan *rp = nullptr;
   EXPECT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK) << mf_last_error();
-  if (t) EXPECT_EQ(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), MF_OK) << mf_last_error();
+  if (t) {
+    EXPECT_EQ(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), MF_OK) << mf_last_error();
+  }
   std::set<std::tuple<std::string, std::vector<int64_t>, double>> keys;
   for (int32_t i = 0; rp && i < rp->plan->s->n_instr; i++) {
     const char *kernel;
