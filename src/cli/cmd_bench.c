@@ -9,7 +9,8 @@
  * traffic is not counted by either), each array at least 4x the last-level
  * cache. Every figure is the best of several repeats (a shared machine is
  * noisy one way: slower); triad is measured before and after the AdamW sizes
- * and the better kept. `kernels` and `transfer` are not built yet. */
+ * and the better kept. `moefit bench kernels` is cmd_bench_kernels.c;
+ * `transfer` is not built yet. */
 #if defined(__GNUC__) && !defined(__clang__)
 /* STREAM is built vectorized; GCC's -O2 cost model vectorizes no loop of
  * unknown length (clang's does). Baseline ISA only: no -m flags here. */
@@ -29,7 +30,8 @@
 
 static const char k_usage[] =
     "usage: moefit bench optim [--sizes 64M,256M,1G] [--threads N] [--reps R] [--impl NAME]\n"
-    "       moefit bench kernels|transfer   (not built yet)\n"
+    "       moefit bench kernels CONFIG [key=value ...] [--reps R] [--json FILE]\n"
+    "       moefit bench transfer   (not built yet)\n"
     "\n"
     "optim: measures the host AdamW (mf_adamw_update with the bf16 copy, the loop body\n"
     "chosen from this CPU's flags) at each size, with fp32 moments and with bf16\n"
@@ -333,7 +335,7 @@ static int bench_optim(int argc, char **argv) {
 
 int mf_cli_bench(int argc, char **argv) {
   if (argc < 2 || (argv[1][0] == '-' && mf_cli_wants_help(argc, argv))) {
-    printf("%s", k_usage);
+    printf("%s\n%s", k_usage, mf_cli_bench_kernels_usage);
     return argc < 2 ? MF_EXIT_USAGE : MF_EXIT_OK;
   }
   if (!strcmp(argv[1], "optim")) {
@@ -343,7 +345,14 @@ int mf_cli_bench(int argc, char **argv) {
     }
     return bench_optim(argc - 1, argv + 1);
   }
-  if (!strcmp(argv[1], "kernels") || !strcmp(argv[1], "transfer")) {
+  if (!strcmp(argv[1], "kernels")) {
+    if (mf_cli_wants_help(argc - 1, argv + 1)) {
+      printf("%s", mf_cli_bench_kernels_usage);
+      return MF_EXIT_OK;
+    }
+    return mf_cli_bench_kernels(argc - 1, argv + 1);
+  }
+  if (!strcmp(argv[1], "transfer")) {
     fprintf(stderr, "moefit bench %s: not built yet: comes with the cuda backend work\n", argv[1]);
     return MF_EXIT_FAIL;
   }

@@ -298,13 +298,9 @@ int mf_cli_plan(int argc, char **argv) {
   mf_run_plan *rp = NULL;
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
-  mf_model_spec spec;
-  if (cfg->model.has_init)
-    spec = cfg->model.init;
-  else
-    MF_CHECK_GOTO(mf_hf_config_load(cfg->model.path, &spec), st, done);
-  MF_CHECK_GOTO(mf_param_table_build(&spec, &t), st, done);
+  MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
+  const mf_model_spec spec = t->spec;
   const mf_program *p = rp->prog;
   const mf_plan *chosen = rp->plan;
 

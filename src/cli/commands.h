@@ -6,7 +6,9 @@
 #ifndef MF_CLI_COMMANDS_H
 #define MF_CLI_COMMANDS_H
 
+#include "src/config/config.h"
 #include "src/core/core.h"
+#include "src/model/params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +27,10 @@ int mf_cli_profile(int argc, char **argv);
 int mf_cli_export(int argc, char **argv);
 int mf_cli_bench(int argc, char **argv);
 
+/* `moefit bench kernels` (cmd_bench_kernels.c) and its usage text. */
+int mf_cli_bench_kernels(int argc, char **argv);
+extern const char mf_cli_bench_kernels_usage[];
+
 /* `moefit inspect` on a safetensors file, a sharded index or a checkpoint/model dir. */
 int mf_cli_inspect_safetensors(const char *path);
 /* `moefit inspect` on a .tokens file: header and statistics. */
@@ -37,6 +43,10 @@ int mf_cli_fail(const char *cmd, mf_status s);
 int mf_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* 1 when any argument is -h or --help. */
 int mf_cli_wants_help(int argc, char **argv);
+
+/* The parameter table of cfg's model: model.init's, or the config.json of
+ * model.path's checkpoint (the shapes only: no weights are read). */
+mf_status mf_cli_param_table(const mf_config *cfg, mf_param_table **out);
 
 /* A command's arguments as main hands them over: "--name=value" split into
  * "--name" "value" for every command's options alike (key=value overrides

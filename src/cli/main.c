@@ -26,7 +26,7 @@ static const command k_commands[] = {
     {"inspect", mf_cli_inspect, "list a safetensors file's / model dir's tensors, or a .tokens file's header"},
     {"profile", mf_cli_profile, "measure this machine's hardware profile for the planner"},
     {"export", mf_cli_export, "export a checkpoint to Hugging Face safetensors (not built yet)"},
-    {"bench", mf_cli_bench, "benchmarks: the host optimizer (kernels, transfers: not built yet)"},
+    {"bench", mf_cli_bench, "benchmarks: host AdamW, the step's kernels (transfer: not built yet)"},
 };
 #define N_COMMANDS (sizeof k_commands / sizeof k_commands[0])
 
