@@ -151,6 +151,9 @@ typedef enum mf_plan_profile_origin {
 /* The file hardware.profile auto on cuda measures into, in output.dir
  * (src/train/hwmeasure.h mf_hwmeasure_auto). */
 #define MF_PLAN_CUDA_PROFILE_CACHE "hw-cuda.yaml"
+/* The longest profile path (NUL included) the run plan reads: a cache in an
+ * output dir whose path is longer is neither looked for nor written. */
+#define MF_PLAN_PROFILE_PATH_MAX 1000
 #define MF_PLAN_CPU_PROFILE_BUNDLED "configs/hw/cpu-2core.yaml"
 #define MF_PLAN_CUDA_PROFILE_BUNDLED "configs/hw/h100-pcie.yaml"
 

@@ -42,7 +42,7 @@ static void say_bundled(const mf_run_plan *rp, int cuda) {
 static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
   const int cuda = strcmp(rp->dev.name, "cuda") == 0;
   mf_plan_profile_origin origin;
-  char path[sizeof rp->profile_path - 16];
+  char path[MF_PLAN_PROFILE_PATH_MAX]; /* + " (built in)" fits rp->profile_path */
   mf_plan_profile_path(cfg->hardware.profile, rp->dev.name, cfg->output.dir, path, sizeof path, &origin);
   if (origin == MF_PROFILE_BUNDLED && access(path, R_OK) != 0) {
     const char *text = cuda ? mf_bundled_h100_profile : mf_bundled_cpu_profile;

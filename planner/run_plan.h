@@ -96,7 +96,7 @@ typedef struct mf_run_plan {
   uint64_t budget;         /* the device budget: everything on the device */
   uint64_t arena_limit;    /* budget less dev.total_bytes: what the arena is planned within */
   char budget_source[160]; /* where the budget came from, for people */
-  char profile_path[1024];
+  char profile_path[MF_PLAN_PROFILE_PATH_MAX + 24];
   mf_hwprofile hw;         /* the hardware profile the plan is simulated on */
   mf_routing routing;      /* measured routing (share NULL: uniform) */
   int routed;              /* 1: planned with routing read from routing_path */

@@ -277,16 +277,16 @@ static mf_status measure_into(const mf_config *cfg, const mf_param_table *t, mf_
 mf_status mf_hwmeasure_auto(const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool) {
   const char *backend = NULL;
   MF_CHECK(mf_backend_resolve(mf_config_backend_name(cfg->backend), &backend));
-  char path[1100];
+  char path[MF_PLAN_PROFILE_PATH_MAX], out[MF_PLAN_PROFILE_PATH_MAX];
   mf_plan_profile_origin origin;
   mf_plan_profile_path(cfg->hardware.profile, backend, cfg->output.dir, path, sizeof path, &origin);
   if (strcmp(backend, "cuda") != 0 || origin != MF_PROFILE_BUNDLED || !cfg->output.dir || !*cfg->output.dir)
     return MF_OK;
+  const int n = snprintf(out, sizeof out, "%s/%s", cfg->output.dir, MF_PLAN_CUDA_PROFILE_CACHE);
+  if (n < 0 || (size_t)n >= sizeof out) return MF_OK; /* a path the plan would not look for */
   mf_backend_memory mem;
   MF_CHECK(mf_backend_query_memory(backend, NULL, 1, &mem));
   if (!mem.device_known) return MF_OK; /* no GPU: the plan says it uses the bundled profile */
-  char out[1100];
-  snprintf(out, sizeof out, "%s/%s", cfg->output.dir, MF_PLAN_CUDA_PROFILE_CACHE);
   MF_CHECK(mf_mkdir_parents(out));
   MF_LOGI("plan",
           "hardware.profile auto: no profile measured on %s yet: measuring one once (as `moefit profile --backend "
