@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "planner/hwprofile.h"
 #include "tests/cli/cli_util.h"
@@ -144,6 +145,43 @@ TEST(ProfileCuda, PlanOnCudaWithTheDemoBudgetSaysWhichProfile) {
   EXPECT_NE(r.out.find("hardware.profile auto: configs/hw/h100-pcie.yaml, bundled with moefit"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("memory.device_budget 15.00 MiB: the cuda backend keeps"), std::string::npos) << r.out;
+}
+
+// The step's calls are timed in the storage the run would use, so their keys
+// (operand bytes) are the ones the planner looks up: a train.precision bf16
+// config's calls move fewer bytes than the fp32 demo's (cpu backend, CI).
+TEST(ProfileStorage, StepCallsAreTimedInTheRunsStorage) {
+  const std::string dir = tmpdir() + "/storage";
+  ASSERT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);
+  std::string demo = read_file("configs/demo.yaml");
+  const size_t at = demo.find("\ntrain:\n");
+  ASSERT_NE(at, std::string::npos);
+  demo.insert(at + 8, "  precision: bf16\n");
+  write_file(dir + "/bf16.yaml", demo);
+  mf_hwprofile f32, bf16;
+  for (auto [cfg, p] : {std::pair{std::string("configs/demo.yaml"), &f32}, {dir + "/bf16.yaml", &bf16}}) {
+    const std::string out = dir + "/" + std::to_string(p == &bf16) + ".yaml";
+    Result r = moefit("profile --quick --config " + cfg + " --out " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(mf_hwprofile_load(out.c_str(), p), MF_OK) << mf_last_error();
+    ASSERT_GT(p->n_kernels, 0) << r.out;
+    EXPECT_NE(std::string(p->source).find("compute.kernels: the "), std::string::npos) << p->source;
+  }
+  EXPECT_NE(std::string(f32.source).find("gemm: linear_fwd, fp32"), std::string::npos) << f32.source;
+  EXPECT_NE(std::string(bf16.source).find("gemm: linear_fwd, bf16"), std::string::npos) << bf16.source;
+  EXPECT_NE(std::string(bf16.source).find("6 bytes per element"), std::string::npos) << bf16.source;
+  auto bytes_of = [](const mf_hwprofile &p, const char *kernel) {
+    for (int i = 0; i < p.n_kernels; i++)
+      if (strcmp(p.kernels[i].kernel, kernel) == 0) return p.kernels[i].bytes;
+    return -1.0;
+  };
+  for (const char *k : {"cross_entropy", "swiglu_fwd", "attn_fwd"}) {
+    SCOPED_TRACE(k);
+    const double a = bytes_of(f32, k), b = bytes_of(bf16, k);
+    ASSERT_GT(a, 0);
+    ASSERT_GT(b, 0);
+    EXPECT_LT(b, a) << "bf16 operands are half the fp32 ones";
+  }
 }
 
 // A profile shaped as --backend cuda writes it (bf16 keys, a GPU's rates and
