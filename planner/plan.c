@@ -1,6 +1,7 @@
 /* Plans evaluated (scheduled and simulated) and the baselines (see plan.h);
  * the choice is in choose.c, programs and named plans in plan_for.c. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,10 +16,31 @@ const char *mf_plan_kind_name(mf_plan_kind k) {
   return ((int)k >= 0 && k < MF_PLAN_KIND_COUNT_) ? names[k] : "unknown";
 }
 
-const char *mf_plan_profile_path(const char *setting) {
-  if (setting && strcmp(setting, "auto") != 0) return setting;
-  if (access("runs/hw/cpu.yaml", R_OK) == 0) return "runs/hw/cpu.yaml";
-  return "configs/hw/cpu-2core.yaml";
+/* 1 when buf (cap bytes) receives "dir/name" and that file is readable. */
+static int readable_in(const char *dir, const char *name, char *buf, size_t cap) {
+  if (!dir || !*dir) return 0;
+  const int n = snprintf(buf, cap, "%s/%s", dir, name);
+  return n > 0 && (size_t)n < cap && access(buf, R_OK) == 0;
+}
+
+const char *mf_plan_profile_path(const char *setting, const char *backend, const char *out_dir, char *buf,
+                                 size_t cap, mf_plan_profile_origin *origin) {
+  const int cuda = backend && strcmp(backend, "cuda") == 0;
+  const char *measured = cuda ? "runs/hw/cuda.yaml" : "runs/hw/cpu.yaml";
+  mf_plan_profile_origin o = MF_PROFILE_MEASURED;
+  if (setting && strcmp(setting, "auto") != 0) {
+    o = MF_PROFILE_NAMED;
+    snprintf(buf, cap, "%s", setting);
+  } else if (cuda && readable_in(out_dir, MF_PLAN_CUDA_PROFILE_CACHE, buf, cap)) {
+    /* measured for this run's output dir: buf holds it */
+  } else if (access(measured, R_OK) == 0) {
+    snprintf(buf, cap, "%s", measured);
+  } else {
+    o = MF_PROFILE_BUNDLED;
+    snprintf(buf, cap, "%s", cuda ? MF_PLAN_CUDA_PROFILE_BUNDLED : MF_PLAN_CPU_PROFILE_BUNDLED);
+  }
+  if (origin) *origin = o;
+  return buf;
 }
 
 void mf_plan_free(mf_plan *pl) {

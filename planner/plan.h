@@ -141,10 +141,36 @@ typedef struct mf_plan_request {
  * before the program. When no order can be planned, the first order's error. */
 mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **all);
 
-/* The hardware profile a config's `hardware.profile` names: the file itself, or
- * for "auto" (or NULL) runs/hw/cpu.yaml when `moefit profile` wrote one, else
- * the bundled configs/hw/cpu-2core.yaml. */
-const char *mf_plan_profile_path(const char *setting);
+/* Where a run's hardware profile comes from (mf_plan_profile_path). */
+typedef enum mf_plan_profile_origin {
+  MF_PROFILE_NAMED = 0, /* hardware.profile names the file */
+  MF_PROFILE_MEASURED,  /* auto: a profile measured on this machine */
+  MF_PROFILE_BUNDLED,   /* auto: the backend's bundled profile (a copy is built into moefit) */
+} mf_plan_profile_origin;
+
+/* The file hardware.profile auto on cuda measures into, in output.dir
+ * (src/train/hwmeasure.h mf_hwmeasure_auto). */
+#define MF_PLAN_CUDA_PROFILE_CACHE "hw-cuda.yaml"
+/* The longest profile path (NUL included) the run plan reads: a cache in an
+ * output dir whose path is longer is neither looked for nor written. */
+#define MF_PLAN_PROFILE_PATH_MAX 1000
+#define MF_PLAN_CPU_PROFILE_BUNDLED "configs/hw/cpu-2core.yaml"
+#define MF_PLAN_CUDA_PROFILE_BUNDLED "configs/hw/h100-pcie.yaml"
+
+/* The hardware profile a config's `hardware.profile` names for a run on
+ * `backend` ("cpu" or "cuda", resolved) that writes to out_dir (may be NULL):
+ * the file itself; for "auto" (or NULL)
+ *   cpu:  runs/hw/cpu.yaml when `moefit profile` wrote one, else the bundled
+ *         configs/hw/cpu-2core.yaml (measured on the development machine);
+ *   cuda: <out_dir>/hw-cuda.yaml when auto measured one there (train, eval
+ *         or plan with the GPU present), else runs/hw/cuda.yaml when
+ *         `moefit profile --backend cuda` wrote one, else the bundled
+ *         configs/hw/h100-pcie.yaml (spec-sheet estimates).
+ * The path is written to buf (cap bytes) and returned; *origin (may be
+ * NULL) says which it is. Only reads whether files exist: the planner never
+ * measures. */
+const char *mf_plan_profile_path(const char *setting, const char *backend, const char *out_dir, char *buf,
+                                 size_t cap, mf_plan_profile_origin *origin);
 
 #ifdef __cplusplus
 }

@@ -11,29 +11,48 @@
 #include <string.h>
 #include <unistd.h>
 
-extern const char mf_bundled_cpu_profile[]; /* configs/hw/cpu-2core.yaml, built in (configs/BUILD) */
+/* The bundled profiles, built in (configs/BUILD): configs/hw/cpu-2core.yaml and configs/hw/h100-pcie.yaml. */
+extern const char mf_bundled_cpu_profile[];
+extern const char mf_bundled_h100_profile[];
 
-/* hardware.profile: a file, or auto (planner/plan.h mf_plan_profile_path);
- * auto run from a directory without configs/hw/cpu-2core.yaml uses the copy
- * built into moefit, so a run that needs no profile of its own never fails
- * for want of one. */
-static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
-  const char *path = mf_plan_profile_path(cfg->hardware.profile);
-  const int is_auto = !cfg->hardware.profile || strcmp(cfg->hardware.profile, "auto") == 0;
-  if (is_auto && access(path, R_OK) != 0) {
-    snprintf(rp->profile_path, sizeof rp->profile_path, "%s (built in)", path);
-    MF_CHECK(mf_hwprofile_parse(mf_bundled_cpu_profile, strlen(mf_bundled_cpu_profile), rp->profile_path, &rp->hw));
-  } else {
-    snprintf(rp->profile_path, sizeof rp->profile_path, "%s", path);
-    MF_CHECK(mf_hwprofile_load(path, &rp->hw));
-  }
-  /* auto without a profile measured here: say whose rates the plan uses. */
-  static int said; /* once a process: train plans its evaluation with the same profile */
-  if (is_auto && strcmp(path, "runs/hw/cpu.yaml") != 0 && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+/* Once a process, the line saying that auto uses a bundled profile (train
+ * plans its evaluation with the same profile). */
+static void say_bundled(const mf_run_plan *rp, int cuda) {
+  static int said;
+  if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) return;
+  if (cuda)
+    MF_LOGI("plan",
+            "hardware.profile auto: %s, bundled with moefit (%s), not measured on this machine: with the GPU "
+            "present, train, eval and plan measure it once into <output.dir>/" MF_PLAN_CUDA_PROFILE_CACHE
+            " (`moefit profile --backend cuda`: into runs/hw/cuda.yaml), which auto then uses",
+            rp->profile_path, rp->hw.name);
+  else
     MF_LOGI("plan",
             "hardware.profile auto: %s, bundled with moefit (%s), not measured on this machine: "
             "`moefit profile` measures this one into runs/hw/cpu.yaml, which auto then uses",
             rp->profile_path, rp->hw.name);
+}
+
+/* hardware.profile: a file, or auto (planner/plan.h mf_plan_profile_path:
+ * by the backend, a profile measured here, else the backend's bundled one).
+ * A bundled profile missing where moefit runs is read from the copy built
+ * into moefit, so a run that needs no profile of its own never fails for
+ * want of one. Nothing is measured here (src/train/hwmeasure.h measures for
+ * auto on cuda before the plan is made). */
+static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
+  const int cuda = strcmp(rp->dev.name, "cuda") == 0;
+  mf_plan_profile_origin origin;
+  char path[MF_PLAN_PROFILE_PATH_MAX]; /* + " (built in)" fits rp->profile_path */
+  mf_plan_profile_path(cfg->hardware.profile, rp->dev.name, cfg->output.dir, path, sizeof path, &origin);
+  if (origin == MF_PROFILE_BUNDLED && access(path, R_OK) != 0) {
+    const char *text = cuda ? mf_bundled_h100_profile : mf_bundled_cpu_profile;
+    snprintf(rp->profile_path, sizeof rp->profile_path, "%s (built in)", path);
+    MF_CHECK(mf_hwprofile_parse(text, strlen(text), rp->profile_path, &rp->hw));
+  } else {
+    snprintf(rp->profile_path, sizeof rp->profile_path, "%s", path);
+    MF_CHECK(mf_hwprofile_load(path, &rp->hw));
+  }
+  if (origin == MF_PROFILE_BUNDLED) say_bundled(rp, cuda);
   return MF_OK;
 }
 
@@ -51,8 +70,8 @@ static int overlaps_optimizer(const mf_config *cfg, const char *backend) {
 
 /* train.precision: auto stores bf16 where the device has bf16 tensor cores
  * (cuda) and fp32 on cpu, whose fp32 runs match PyTorch's fp32 exactly. */
-static mf_dtype storage_of(const mf_config *cfg, const char *backend) {
-  if (cfg->train.precision == MF_CONFIG_PRECISION_AUTO)
+mf_dtype mf_run_plan_storage(const mf_config *cfg, const char *backend) {
+  if (!cfg || cfg->train.precision == MF_CONFIG_PRECISION_AUTO)
     return strcmp(backend, "cuda") == 0 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
   return cfg->train.precision == MF_CONFIG_PRECISION_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
 }
@@ -176,7 +195,7 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   MF_CHECK_GOTO(load_profile(cfg, rp), st, fail);
   MF_CHECK_GOTO(budget_of(cfg, rp), st, fail);
   rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
-  rp->storage = storage_of(cfg, rp->dev.name);
+  rp->storage = mf_run_plan_storage(cfg, rp->dev.name);
   rp->staged = stages_copies(cfg, &rp->dev);
   MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
                                       sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),

@@ -15,9 +15,14 @@
  *                context);
  *   storage      train.precision: the device storage of weights, activations
  *                and their gradients (auto: BF16 on cuda, F32 on cpu);
- *   profile      hardware.profile (auto: runs/hw/cpu.yaml when `moefit
- *                profile` wrote one, else configs/hw/cpu-2core.yaml, else
- *                that file's copy built into moefit);
+ *   profile      hardware.profile (auto, planner/plan.h
+ *                mf_plan_profile_path: on cpu runs/hw/cpu.yaml when `moefit
+ *                profile` wrote one, else configs/hw/cpu-2core.yaml; on cuda
+ *                <output.dir>/hw-cuda.yaml when auto measured the GPU there
+ *                (src/train/hwmeasure.h, before the plan is made), else
+ *                runs/hw/cuda.yaml, else configs/hw/h100-pcie.yaml, spec-sheet
+ *                estimates; a bundled file missing where moefit runs is read
+ *                from its copy built into moefit);
  *   budget       memory.device_budget covers everything on the device; auto:
  *                the device's free memory when the backend can ask the GPU
  *                (cuda, with a GPU present; asking makes the CUDA context,
@@ -91,7 +96,7 @@ typedef struct mf_run_plan {
   uint64_t budget;         /* the device budget: everything on the device */
   uint64_t arena_limit;    /* budget less dev.total_bytes: what the arena is planned within */
   char budget_source[160]; /* where the budget came from, for people */
-  char profile_path[1024];
+  char profile_path[MF_PLAN_PROFILE_PATH_MAX + 24];
   mf_hwprofile hw;         /* the hardware profile the plan is simulated on */
   mf_routing routing;      /* measured routing (share NULL: uniform) */
   int routed;              /* 1: planned with routing read from routing_path */
@@ -147,6 +152,11 @@ mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg);
 /* The run's plan as plan JSON (planner/plan_io.h), atomically: the decisions
  * and rp->fig. The same config and overrides give the same bytes. */
 mf_status mf_run_plan_write_json(const mf_run_plan *rp, const char *path);
+
+/* The device storage a run of cfg on `backend` ("cpu" or "cuda", resolved)
+ * uses: train.precision, auto being BF16 on cuda and F32 on cpu (cfg NULL:
+ * auto). What rp->storage holds; `moefit profile` times kernels in it. */
+mf_dtype mf_run_plan_storage(const mf_config *cfg, const char *backend);
 
 #ifdef __cplusplus
 }

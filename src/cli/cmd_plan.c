@@ -13,6 +13,7 @@
 #include "src/model/hf_config.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
+#include "src/train/hwmeasure.h"
 
 static const char k_usage[] =
     "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n\n"
@@ -43,8 +44,11 @@ static const char k_usage[] =
     "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
     "                     and the device memory curve against the budget (hover for names)\n\n"
     "hardware.profile: a profile file (configs/hw/*.yaml, or `moefit profile` output); auto uses\n"
-    "runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml (built in\n"
-    "when that file is not there).\n";
+    "on cpu runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml; on\n"
+    "cuda OUTPUT/hw-cuda.yaml, else runs/hw/cuda.yaml, else configs/hw/h100-pcie.yaml (spec-sheet\n"
+    "estimates; a bundled file is built in when it is not there). With the GPU present and no\n"
+    "cuda profile measured, plan (like train) first measures one into OUTPUT/hw-cuda.yaml\n"
+    "(`moefit profile --help`).\n";
 
 /* A row's last column: "fits" only when the plan fits every limit, else the limits it is over. */
 static const char *fit_label(const mf_run_fit *f, char *buf, size_t cap) {
@@ -299,6 +303,7 @@ int mf_cli_plan(int argc, char **argv) {
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
   MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
+  MF_CHECK_GOTO(mf_hwmeasure_auto(cfg, t, NULL), st, done); /* as train does: the plan is what train runs */
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
   const mf_model_spec spec = t->spec;
   const mf_program *p = rp->prog;

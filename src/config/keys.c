@@ -138,9 +138,12 @@ const mf_config_key mf_config_keys[] = {
 
     SEC("hardware", 0, "the machine"),
     KEY("hardware.profile", MF_CK_STR, 0, hardware.profile, NOLO, NOHI, NULL, "auto",
-        "a hardware profile file (configs/hw/, or what `moefit profile` writes) or auto: runs/hw/cpu.yaml "
-        "when `moefit profile` wrote one, else the bundled configs/hw/cpu-2core.yaml (measured on the "
-        "development machine, not yours; the run says so)"),
+        "a hardware profile file (configs/hw/, or what `moefit profile` writes) or auto: on cpu "
+        "runs/hw/cpu.yaml when `moefit profile` wrote one, else the bundled configs/hw/cpu-2core.yaml "
+        "(measured on the development machine, not yours; the run says so); on cuda "
+        "<output.dir>/hw-cuda.yaml, else runs/hw/cuda.yaml, else the bundled configs/hw/h100-pcie.yaml "
+        "(spec-sheet estimates; the run says so); with the GPU present and neither file, train, eval and "
+        "plan first measure the GPU once into <output.dir>/hw-cuda.yaml"),
 
     SEC("output", 0, "where results go"),
     KEY("output.dir", MF_CK_STR, MF_CK_DOCDEF, output.dir, NOLO, NOHI, NULL, "runs/<config name>",

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kernels/registry.h"
+#include "src/train/hwmeasure.h"
 #include "src/train/train_internal.h"
 
 /* Host threads for each of the staging arena's fill and copy-out: one on the
@@ -46,6 +47,7 @@ mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_tabl
                          mf_run_use use, const char *plan_json) {
   memset(r, 0, sizeof *r);
   mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_hwmeasure_auto(cfg, t, pool), st, fail); /* before the plan reads the profile */
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, use, 1, &r->rp), st, fail);
   if (plan_json) MF_CHECK_GOTO(mf_run_plan_write_json(r->rp, plan_json), st, fail);
   const mf_backend_params bp = {pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, 0};

@@ -24,8 +24,8 @@ inline std::string tmpdir() {
   return t ? t : "/tmp";
 }
 
-inline Result moefit(const std::string &args) {
-  std::string cmd = "./moefit " + args + " 2>&1";
+// A shell command line's result (its stderr too when it says 2>&1).
+inline Result shell(const std::string &cmd) {
   Result r{0, 0, ""};
   FILE *p = popen(cmd.c_str(), "r");
   if (!p) return Result{-1, 0, "popen failed"};
@@ -41,6 +41,8 @@ inline Result moefit(const std::string &args) {
   }
   return r;
 }
+
+inline Result moefit(const std::string &args) { return shell("./moefit " + args + " 2>&1"); }
 
 inline void write_file(const std::string &path, const std::string &bytes) {
   std::ofstream f(path, std::ios::binary);
