@@ -281,12 +281,25 @@ peer_step() {
     row "644M shape: moefit vs transformers" "no moefit binary or no runs/demo/data" ""
     return 1
   fi
+  # This GPU's profile with the 644M step's kernel calls (bf16), so the
+  # runs below compare the planner's prediction with a measured profile.
+  local prof=/tmp/mf_gpu_check_runs/hw-cuda.yaml pov="hardware.profile=configs/hw/h100-pcie.yaml"
+  t=$(now)
+  if timeout 300 "$moefit" profile --backend cuda --quick --config configs/bench-644m.yaml --out "$prof" \
+      >"$out.profile.log" 2>&1; then
+    pov="hardware.profile=$prof"
+    row "profile on cuda (--quick, 644M calls)" "written; $(grep -c . "$prof") lines" "$(($(now) - t))"
+    tail -n 30 "$out.profile.log"
+  else
+    tail -n 10 "$out.profile.log" >&2
+    row "profile on cuda (--quick, 644M calls)" "FAILED (see $out.profile.log)" "$(($(now) - t))"
+  fi
   # fp32 first (the figure bf16 is measured against), then bf16 (auto on cuda).
   local prec mf32=""
   for prec in fp32 bf16; do
     t=$(now)
     rm -rf "$out"
-    if ! timeout 600 "$moefit" train configs/bench-644m.yaml "output.dir=$out" "train.precision=$prec" >"$out.log" 2>&1; then
+    if ! timeout 600 "$moefit" train configs/bench-644m.yaml "output.dir=$out" "train.precision=$prec" "$pov" >"$out.log" 2>&1; then
       tail -n 20 "$out.log" >&2
       row "644M shape: moefit $prec resident" "FAILED (see $out.log)" "$(($(now) - t))"
       return 1
