@@ -51,8 +51,11 @@
 // pointers travel as a kernel parameter (up to MF_CUDA_MAX_EXPERTS of them:
 // CUDA >= 12.1 allows 32 KiB of parameters on sm_70+), so nothing is staged.
 // T operands are widened to fp32 as the shared-memory tiles are loaded (CUDA
-// cores, fp32 FMA, for both storages: tensor cores are the next issue's), T
-// outputs stored with mf_st (one rounding), dW fp32.
+// cores, fp32 FMA), T outputs stored with mf_st (one rounding), dW fp32. This
+// is the kernel of fp32 storage; BF16 storage runs on tensor cores
+// (expert_mma.cu: mma.sync, fp32 accumulators, the same tile enumeration)
+// whenever N and Kd are multiples of 8 and its pointers 16-byte aligned, and
+// on this kernel otherwise.
 // Every output element is one dot product summed sequentially (fma) over the
 // contraction index in order, from 0 (from the old dW for BWD_WEIGHT, which is
 // added) — deterministic and independent of the tiling.
@@ -61,6 +64,8 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_check.h"
@@ -572,21 +577,38 @@ static mf_status expert_rows(int kind, const T *in, const int64_t *offsets, int6
   return MF_OK;
 }
 
+// BF16 storage runs on tensor cores (expert_mma.cu) where its alignment allows;
+// fp32 storage, and the bf16 calls it does not take, on the kernels above.
 template <typename T>
 mf_status mf_cuda_expert_fwd(const T *xe, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
                              int64_t N, int64_t Kd, T *ye, cudaStream_t s) {
+  if constexpr (std::is_same<T, mf_bf16>::value) {
+    int ran = 0;
+    MF_CHECK(mf_cuda_expert_mma_fwd(xe, W, offsets, R, E, N, Kd, ye, &ran, s));
+    if (ran) return MF_OK;
+  }
   return expert_rows<T>(KIND_FWD, xe, offsets, R, E, Kd, N, W, ye, s);
 }
 
 template <typename T>
 mf_status mf_cuda_expert_bwd_data(const T *dye, const T *const *W, const int64_t *offsets, int64_t R,
                                   int64_t E, int64_t N, int64_t Kd, T *dxe, cudaStream_t s) {
+  if constexpr (std::is_same<T, mf_bf16>::value) {
+    int ran = 0;
+    MF_CHECK(mf_cuda_expert_mma_bwd_data(dye, W, offsets, R, E, N, Kd, dxe, &ran, s));
+    if (ran) return MF_OK;
+  }
   return expert_rows<T>(KIND_DATA, dye, offsets, R, E, N, Kd, W, dxe, s);
 }
 
 template <typename T>
 mf_status mf_cuda_expert_bwd_weight(const T *dye, const T *xe, const int64_t *offsets, int64_t E, int64_t N,
                                     int64_t Kd, float *const *dW, cudaStream_t s) {
+  if constexpr (std::is_same<T, mf_bf16>::value) {
+    int ran = 0;
+    MF_CHECK(mf_cuda_expert_mma_bwd_weight(dye, xe, offsets, E, N, Kd, dW, &ran, s));
+    if (ran) return MF_OK;
+  }
   if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
   expert_ptrs<float> p;
   MF_CHECK(expert_args<float>(E, (const float *const *)dW, &p));

@@ -175,6 +175,24 @@ template <typename T>
 mf_status mf_cuda_cross_entropy(const T *h, const T *W, const int32_t *target, int64_t T_, int64_t V, int64_t H,
                                 int64_t chunk, float loss_scale, float *ws, float *lse, double *scalars, T *dh,
                                 float *dW, mf_cuda_blas *b, cudaStream_t s);
+
+// ---------------------------------------------------------- expert_mma.cu
+// The grouped expert GEMMs of BF16 storage on tensor cores (mma.sync), called by
+// gemm.cu's mf_cuda_expert_*<mf_bf16>: the operands and results of
+// mf_cuda_expert_*, plus *ran: 1 when launched; 0 (MF_OK, nothing launched)
+// for a call the path does not take — N or Kd not a multiple of 8, a
+// row-operand or expert pointer not 16-byte aligned, an empty shape, E out of
+// range — which the caller then runs on its CUDA-core kernel.
+mf_status mf_cuda_expert_mma_fwd(const mf_bf16 *xe, const mf_bf16 *const *W, const int64_t *offsets,
+                                 int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *ye, int *ran,
+                                 cudaStream_t s);
+mf_status mf_cuda_expert_mma_bwd_data(const mf_bf16 *dye, const mf_bf16 *const *W, const int64_t *offsets,
+                                      int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *dxe, int *ran,
+                                      cudaStream_t s);
+mf_status mf_cuda_expert_mma_bwd_weight(const mf_bf16 *dye, const mf_bf16 *xe, const int64_t *offsets,
+                                        int64_t E, int64_t N, int64_t Kd, float *const *dW, int *ran,
+                                        cudaStream_t s);
+
 // ------------------------------------------------------- device helpers
 #ifdef __CUDACC__
 // A stored element widened to fp32 (exact), and an fp32 value stored: as is,
