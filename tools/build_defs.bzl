@@ -36,13 +36,13 @@ def mf_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
         **kwargs
     )
 
-def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", **kwargs):
+def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", copts = [], **kwargs):
     """A GoogleTest file calling the C API."""
     native.cc_test(
         name = name,
         srcs = srcs,
         deps = deps + ["//third_party:gtest_main"],
-        copts = MF_TEST_COPTS,
+        copts = MF_TEST_COPTS + copts,
         tags = tags,
         data = data + ["//tests:lsan.supp"],
         size = size,
