@@ -107,18 +107,23 @@ TEST(Output, EvaluationTimeIsNotTrainingTime) {
   ASSERT_EQ(m.size(), 4u) << read_file(run + "/metrics.jsonl");
   EXPECT_TRUE(std::isnan(m[0].eval_s));
   EXPECT_TRUE(std::isnan(m[2].eval_s));
+  // Each step here is 32 tokens and a few ms; the evaluation beside it about a
+  // hundred steps' time. Had the evaluation been counted in the step (the bug:
+  // ~100x slower steps), a step's time would exceed its evaluation's and its
+  // rate would be at most 32 / (step + eval). The bounds leave a factor of 3 to
+  // 5 for a loaded machine (a 2-core CI runner once gave a 45 ms step between
+  // 5 ms ones, 11x: a ratio to another step's time is noise, not the bug).
+  const double tokens = 32;
   for (int i : {1, 3}) {
-    // Before the fix the evaluation was in the step's time: ~100x slower.
-    EXPECT_LT(m[i].step_s, 10 * m[2].step_s) << "step " << i + 1 << " vs step 3";
-    EXPECT_GT(m[i].tokens_per_s, 0.1 * m[2].tokens_per_s) << "step " << i + 1 << " vs step 3";
-    EXPECT_GT(m[i].eval_s, 10 * m[i].step_s) << "the evaluation is long beside a step: " << i;
+    EXPECT_LT(m[i].step_s, 0.2 * m[i].eval_s) << "step " << i + 1 << " counts its evaluation";
+    EXPECT_GT(m[i].tokens_per_s, 3 * tokens / (m[i].step_s + m[i].eval_s)) << "step " << i + 1;
   }
   // The progress lines say the same.
   std::vector<std::string> steps = lines_with(r.out, " tok/s");
   ASSERT_EQ(steps.size(), 4u) << r.out;
   EXPECT_NE(steps[3].find("step  4/4"), std::string::npos) << steps[3];
-  EXPECT_GT(rate_in(steps[3]), 0.1 * rate_in(steps[2])) << steps[2] << "\n" << steps[3];
-  EXPECT_GT(rate_in(steps[1]), 0.1 * rate_in(steps[2])) << steps[1] << "\n" << steps[2];
+  for (int i : {1, 3})
+    EXPECT_GT(rate_in(steps[i]), 3 * tokens / (m[i].step_s + m[i].eval_s)) << steps[i];
   // The summary: training and evaluation time apart.
   std::vector<std::string> done = lines_with(r.out, "done: 4 steps in ");
   ASSERT_EQ(done.size(), 1u) << r.out;
