@@ -313,6 +313,158 @@ __global__ void __launch_bounds__(ANT)
   }
 }
 
+// --------------------------------------------------------------- backward
+
+// p = exp(s scale - lse[i]) (0 where masked: key j > query i, or i past S) and
+// ds = p (dp - Di[i]) on a warp's 16 x 64 fragments (accumulator layout):
+// (row, column) = (key, query) when KEY_ROWS (dk/dv), else (query, key). i0 /
+// j0: the query / key of the fragment's row or column 0; lse_row / di_row
+// (not KEY_ROWS): lse and Di of the thread's rows lane / 4 and + 8; lse_h /
+// stash_h (KEY_ROWS): the head's lse and Di stash, read per column.
+template <bool KEY_ROWS, int NI>
+__device__ __forceinline__ void softmax_grad(float (&s)[NI][4], float (&dp)[NI][4], int64_t i0, int64_t j0,
+                                             int64_t S, float scale, const float (&lse_row)[2],
+                                             const float (&di_row)[2], const float *lse_h,
+                                             const mf_bf16 *stash_h, int64_t ldq) {
+  const int lane = (int)threadIdx.x & 31, r = lane >> 2, c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int n = 0; n < NI; n++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const int row = r + 8 * (c >> 1), col = 8 * n + c2 + (c & 1);
+      const int64_t i = KEY_ROWS ? i0 + col : i0 + row, j = KEY_ROWS ? j0 + row : j0 + col;
+      float p = 0.0f, di = 0.0f;
+      if (i < S && j <= i) {
+        const float l = KEY_ROWS ? lse_h[i] : lse_row[c >> 1];
+        di = KEY_ROWS ? stash_get(stash_h + i * ldq) : di_row[c >> 1];
+        p = expf(s[n][c] * scale - l);
+      }
+      s[n][c] = p;
+      dp[n][c] = p * (dp[n][c] - di);
+    }
+}
+
+template <int DP>
+__global__ void __launch_bounds__(ANT)
+    attn_dkdv_mma(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, const mf_bf16 *dout, const float *lse,
+                  const mf_bf16 *dq_stash, int64_t S, int Hq, int Hkv, int D, float scale, mf_bf16 *dk,
+                  mf_bf16 *dv) {
+  constexpr int TE = tile_elems<DP>(), NI = AROWS / 8, NO = DP / 8;
+  mf_bf16 *const Ks = reinterpret_cast<mf_bf16 *>(mma_smem()), *const Vs = Ks + TE, *const QO = Vs + TE;
+  const int64_t j0 = (int64_t)blockIdx.x * AROWS;
+  const int g = (int)blockIdx.y, G = Hq / Hkv;
+  const int64_t b = blockIdx.z;
+  const head_rows kh = head_of(k, b, S, Hkv, g, D), vh = head_of(v, b, S, Hkv, g, D);
+  const int lane = (int)threadIdx.x & 31, w0 = 16 * ((int)threadIdx.x >> 5);
+
+  load_tile<DP>(kh.p, kh.ld, j0, S, D, Ks);
+  load_tile<DP>(vh.p, vh.ld, j0, S, D, Vs);
+  float dka[NO][4], dva[NO][4];
+  zero(dka);
+  zero(dva);
+  // Tile t: query head g G + t / nq, query block j0 + (t % nq) rows (the
+  // diagonal block first: 64-row query and key blocks are aligned).
+  const int nq = (int)((S - j0 + AROWS - 1) / AROWS);
+  const float none[2] = {0.0f, 0.0f};
+  stream_tiles(
+      G * nq,
+      [&](int t, int st) {
+        const int h = g * G + t / nq;
+        const int64_t q0 = j0 + (int64_t)(t % nq) * AROWS;
+        const head_rows qh = head_of(q, b, S, Hq, h, D), oh = head_of(dout, b, S, Hq, h, D);
+        load_tile<DP>(qh.p, qh.ld, q0, S, D, QO + 2 * st * TE);
+        load_tile<DP>(oh.p, oh.ld, q0, S, D, QO + (2 * st + 1) * TE);
+      },
+      [&](int t, int st) {
+        const int h = g * G + t / nq;
+        const int64_t q0 = j0 + (int64_t)(t % nq) * AROWS;
+        const mf_bf16 *const Qs = QO + 2 * st * TE, *const Os = Qs + TE;
+        float s[NI][4], dp[NI][4];
+        mma_abt<DP, NI>(s, Ks + w0 * row_ld<DP>(), Qs, D);   // S^T: keys x queries
+        mma_abt<DP, NI>(dp, Vs + w0 * row_ld<DP>(), Os, D);  // dP^T
+        const head_rows sh = head_of(dq_stash, b, S, Hq, h, D);
+        softmax_grad<true, NI>(s, dp, q0, j0 + w0, S, scale, none, none, lse + ((int64_t)b * Hq + h) * S,
+                               sh.p, sh.ld);
+        uint32_t pa[NI / 2][4];
+        to_a_frags<NI>(pa, s);
+        mma_pv<DP, NI / 2>(dva, pa, Os, D);  // dV += P^T dO
+        to_a_frags<NI>(pa, dp);
+        mma_pv<DP, NI / 2>(dka, pa, Qs, D);  // dK += dS^T Q
+      });
+
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int64_t j = j0 + w0 + (lane >> 2) + 8 * hh;
+    if (j >= S) continue;
+    mf_bf16 *const dkr = dk + (b * S + j) * kh.ld + (int64_t)g * D, *const dvr = dv + (dkr - dk);
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+      if (8 * n + c2 < D) {
+        st_bf16x2(dkr + 8 * n + c2, dka[n][2 * hh] * scale, dka[n][2 * hh + 1] * scale);
+        st_bf16x2(dvr + 8 * n + c2, dva[n][2 * hh], dva[n][2 * hh + 1]);
+      }
+  }
+}
+
+// dq reads the Di stash of its rows (attn_stash.cuh) before the loop and
+// overwrites those rows at the end; no other CTA reads or writes them.
+template <int DP>
+__global__ void __launch_bounds__(ANT)
+    attn_dq_mma(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, const mf_bf16 *dout, const float *lse,
+                int64_t S, int Hq, int Hkv, int D, float scale, mf_bf16 *dq) {
+  constexpr int TE = tile_elems<DP>(), NI = AROWS / 8, NO = DP / 8;
+  mf_bf16 *const Qs = reinterpret_cast<mf_bf16 *>(mma_smem()), *const Os = Qs + TE, *const KV = Os + TE;
+  const int64_t q0 = ((S + AROWS - 1) / AROWS - 1 - (int64_t)blockIdx.x) * AROWS;
+  const int h = (int)blockIdx.y, g = h / (Hq / Hkv);
+  const int64_t b = blockIdx.z;
+  const head_rows qh = head_of(q, b, S, Hq, h, D), oh = head_of(dout, b, S, Hq, h, D),
+                  kh = head_of(k, b, S, Hkv, g, D), vh = head_of(v, b, S, Hkv, g, D);
+  mf_bf16 *const dqh = dq + (qh.p - q);
+  const int lane = (int)threadIdx.x & 31, w0 = 16 * ((int)threadIdx.x >> 5);
+
+  load_tile<DP>(qh.p, qh.ld, q0, S, D, Qs);
+  load_tile<DP>(oh.p, oh.ld, q0, S, D, Os);
+  float lse_row[2], di_row[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int64_t i = q0 + w0 + (lane >> 2) + 8 * hh;
+    lse_row[hh] = i < S ? lse[((int64_t)b * Hq + h) * S + i] : 0.0f;
+    di_row[hh] = i < S ? stash_get(dqh + i * qh.ld) : 0.0f;
+  }
+  float dqa[NO][4];
+  zero(dqa);
+  stream_tiles((int)(q0 / AROWS) + 1,  // key tiles 0 .. the diagonal
+               [&](int t, int st) {
+                 load_tile<DP>(kh.p, kh.ld, (int64_t)t * AROWS, S, D, KV + 2 * st * TE);
+                 load_tile<DP>(vh.p, vh.ld, (int64_t)t * AROWS, S, D, KV + (2 * st + 1) * TE);
+               },
+               [&](int t, int st) {
+                 const mf_bf16 *const Ks = KV + 2 * st * TE, *const Vs = Ks + TE;
+                 float s[NI][4], dp[NI][4];
+                 mma_abt<DP, NI>(s, Qs + w0 * row_ld<DP>(), Ks, D);
+                 mma_abt<DP, NI>(dp, Os + w0 * row_ld<DP>(), Vs, D);
+                 softmax_grad<false, NI>(s, dp, q0 + w0, (int64_t)t * AROWS, S, scale, lse_row, di_row,
+                                         nullptr, nullptr, 0);
+                 uint32_t pa[NI / 2][4];
+                 to_a_frags<NI>(pa, dp);
+                 mma_pv<DP, NI / 2>(dqa, pa, Ks, D);  // dQ += dS K
+               });
+
+  // Every lane of the warp has read its rows' stash (before the mma.sync of
+  // the loop, which all lanes execute together).
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int64_t i = q0 + w0 + (lane >> 2) + 8 * hh;
+    if (i >= S) continue;
+    mf_bf16 *const row = dqh + i * qh.ld;
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+      if (8 * n + c2 < D) st_bf16x2(row + 8 * n + c2, dqa[n][2 * hh] * scale, dqa[n][2 * hh + 1] * scale);
+  }
+}
+
 // ------------------------------------------------------------- launch
 
 bool aligned16(const void *p) {
@@ -346,6 +498,22 @@ mf_status fwd_launch(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, int64
   return MF_OK;
 }
 
+template <int DP>
+mf_status bwd_launch(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, const mf_bf16 *dout,
+                     const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                     mf_bf16 *dq, mf_bf16 *dk, mf_bf16 *dv, cudaStream_t s) {
+  constexpr size_t smem = bwd_smem<DP>();
+  const unsigned blocks = (unsigned)((S + AROWS - 1) / AROWS);
+  MF_CHECK(allow_smem(attn_dkdv_mma<DP>, smem));
+  attn_dkdv_mma<DP><<<dim3(blocks, (unsigned)Hkv, (unsigned)B), ANT, smem, s>>>(
+      q, k, v, dout, lse, dq, S, (int)Hq, (int)Hkv, (int)D, scale, dk, dv);
+  MF_CUDA_CHECK_LAUNCH();
+  MF_CHECK(allow_smem(attn_dq_mma<DP>, smem));
+  attn_dq_mma<DP><<<dim3(blocks, (unsigned)Hq, (unsigned)B), ANT, smem, s>>>(q, k, v, dout, lse, S, (int)Hq,
+                                                                             (int)Hkv, (int)D, scale, dq);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
 #endif  // MF_MMA_EMULATE
 
 }  // namespace
@@ -368,3 +536,20 @@ mf_status mf_cuda_attn_mma_fwd(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16
 }
 #endif  // MF_MMA_EMULATE
 
+#ifndef MF_MMA_EMULATE
+mf_status mf_cuda_attn_mma_bwd(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, const mf_bf16 *dout,
+                               const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                               float scale, mf_bf16 *dq, mf_bf16 *dk, mf_bf16 *dv, int *ran, cudaStream_t s) {
+  *ran = 0;
+  const void *ptrs[] = {q, k, v, dout, dq, dk, dv};
+  if (!mma_fits(D, ptrs, 7)) return MF_OK;
+  if (B > 0 && S > 0) {
+    if (D <= 64)
+      MF_CHECK(bwd_launch<64>(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s));
+    else
+      MF_CHECK(bwd_launch<128>(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s));
+  }
+  *ran = 1;
+  return MF_OK;
+}
+#endif  // MF_MMA_EMULATE

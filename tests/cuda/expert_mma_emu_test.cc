@@ -166,12 +166,8 @@ static int run_all() {
   return 0;
 }
 
-// A failure ends the process (die: _exit(1)) naming what the emulator caught.
+// A failure ends the process (emu_die: _exit(1)) naming what the emulator caught.
 TEST(ExpertMmaEmulated, IndexArithmeticHazardsAndResults) {
-#ifdef MF_EMU_UNDER_ASAN
-  GTEST_SKIP()
-      << "the emulator's coroutines switch stacks (swapcontext), which AddressSanitizer does not follow";
-#else
+  MF_EMU_SKIP_UNDER_ASAN();
   EXPECT_EQ(run_all(), 0);
-#endif
 }

@@ -43,6 +43,14 @@
 #define MF_EMU_UNDER_ASAN 1
 #endif
 #endif
+// In a TEST body: skips the test under AddressSanitizer.
+#ifdef MF_EMU_UNDER_ASAN
+#define MF_EMU_SKIP_UNDER_ASAN() \
+  GTEST_SKIP()                   \
+      << "the emulator's coroutines switch stacks (swapcontext), which AddressSanitizer does not follow"
+#else
+#define MF_EMU_SKIP_UNDER_ASAN() (void)0
+#endif
 
 // ------------------------------------------------------------- CUDA shims
 #define MF_MMA_EMULATE 1
