@@ -96,6 +96,25 @@ def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps
         **kwargs
     )
 
+def cu_textual(name, textual_hdrs = [], visibility = None):
+    """NAME.cu as an includable file for the CPU emulation tests (tests/cuda/mma_emu.h).
+
+    Bazel takes no .cu as a header: a genrule NAME_inc copies it to NAME_cu.inc,
+    and a cc_library NAME_textual offers that copy (and `textual_hdrs`, the
+    headers the .cu includes in emulation) to the tests.
+    """
+    native.genrule(
+        name = name + "_inc",
+        srcs = [name + ".cu"],
+        outs = [name + "_cu.inc"],
+        cmd = "cp $< $@",
+    )
+    native.cc_library(
+        name = name + "_textual",
+        textual_hdrs = [":" + name + "_inc"] + textual_hdrs,
+        visibility = visibility,
+    )
+
 def mf_sources(name = "sources"):
     """The package's C, C++ and CUDA sources as a filegroup: what
     //tests/arch:include_test reads to check the folders' include arrows."""

@@ -6,7 +6,9 @@
 // to fp32 as its tile is loaded into shared memory (the tiles are fp32), and
 // each stored output is rounded once (mf_st): a bf16 call is the cpu twin with
 // round_bf16 up to the order of fp32 sums. The float instantiation is the fp32
-// kernel bit for bit. (Issue 15 replaces these kernels with tensor-core ones.)
+// kernel bit for bit. BF16 calls go to the tensor-core kernels of
+// attention_mma.cu where they take the shape (D a multiple of 16, at most 128,
+// operands 16-byte aligned); these kernels run the rest and all fp32 calls.
 //
 // Maths (sequence b, query head h, kv head g = h / (Hq/Hkv), head dim D):
 //   s[i,j] = (q[i].k[j]) * scale          (dot first, then the scale, as the cpu)
@@ -58,6 +60,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/cuda/attn_stash.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -103,25 +106,6 @@ __device__ __forceinline__ void load_tile(const T *__restrict__ src, int64_t ld,
     const int64_t gr = r0 + r;
     t[r * (DP + 1) + d] = (gr < rows && d < D) ? mf_ld(src + gr * ld + d) : 0.0f;
   }
-}
-
-// The backward's Di stash at the start of a row of dq, exact in either storage:
-// a float row holds it in element 0, a bf16 row its bits in elements 0 and 1.
-__device__ __forceinline__ void stash_put(float *row, float v) {
-  row[0] = v;
-}
-__device__ __forceinline__ void stash_put(mf_bf16 *row, float v) {
-  const unsigned u = __float_as_uint(v);
-  unsigned short *h = reinterpret_cast<unsigned short *>(row);
-  h[0] = (unsigned short)(u & 0xffffu);
-  h[1] = (unsigned short)(u >> 16);
-}
-__device__ __forceinline__ float stash_get(const float *row) {
-  return row[0];
-}
-__device__ __forceinline__ float stash_get(const mf_bf16 *row) {
-  const unsigned short *h = reinterpret_cast<const unsigned short *>(row);
-  return __uint_as_float((unsigned)h[0] | (unsigned)h[1] << 16);
 }
 
 __device__ __forceinline__ float row_max4(float v) {
@@ -449,16 +433,23 @@ mf_status fwd_launch(const T *q, const T *k, const T *v, int64_t B, int64_t S, i
   return MF_OK;
 }
 
-template <typename T, int DP>
-mf_status bwd_launch(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
-                     int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk,
-                     T *dv, cudaStream_t s) {
+// Launch 1: the Di stash in dq.
+template <typename T>
+mf_status di_launch(const T *o, const T *dout, int64_t B, int64_t S, int64_t Hq, int64_t D, T *dq,
+                    cudaStream_t s) {
   const int64_t rows = B * S * Hq;
   int64_t di_blocks = (rows + NT / 32 - 1) / (NT / 32);
   if (di_blocks > (1 << 20)) di_blocks = 1 << 20;
   attn_bwd_di_kernel<T><<<(unsigned)di_blocks, NT, 0, s>>>(o, dout, rows, (int)D, dq);
   MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
 
+// Launches 2 and 3 (dk, dv; dq) on the CUDA cores.
+template <typename T, int DP>
+mf_status bwd_launch(const T *q, const T *k, const T *v, const float *lse, const T *dout, int64_t B,
+                     int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk, T *dv,
+                     cudaStream_t s) {
   const size_t smem_kv = dkdv_smem<DP>();
   MF_CHECK(allow_smem(attn_bwd_dkdv_kernel<T, DP>, smem_kv));
   const dim3 grid_kv((unsigned)((S + BK - 1) / BK), (unsigned)Hkv, (unsigned)B);
@@ -482,6 +473,11 @@ mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_
                            int64_t D, float scale, T *o, float *lse, cudaStream_t s) {
   MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D));
   if (B == 0 || S == 0) return MF_OK;
+  if constexpr (sizeof(T) < sizeof(float)) {  // bf16: the tensor-core kernel when it takes the call
+    int ran = 0;
+    MF_CHECK(mf_cuda_attn_mma_fwd(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, &ran, s));
+    if (ran) return MF_OK;
+  }
   if (D <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
   if (D <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
   return fwd_launch<T, 256>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
@@ -498,9 +494,15 @@ mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const
         "attn_bwd: head_dim D=%lld with bf16 storage: a row of dq must hold the fp32 Di stash (D >= 2)",
         (long long)D);
   if (B == 0 || S == 0) return MF_OK;
-  if (D <= 64) return bwd_launch<T, 64>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
-  if (D <= 128) return bwd_launch<T, 128>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
-  return bwd_launch<T, 256>(q, k, v, o, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  MF_CHECK(di_launch(o, dout, B, S, Hq, D, dq, s));
+  if constexpr (sizeof(T) < sizeof(float)) {  // bf16: the tensor-core kernels when they take the call
+    int ran = 0;
+    MF_CHECK(mf_cuda_attn_mma_bwd(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, &ran, s));
+    if (ran) return MF_OK;
+  }
+  if (D <= 64) return bwd_launch<T, 64>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  if (D <= 128) return bwd_launch<T, 128>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  return bwd_launch<T, 256>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
 }
 
 // Both storages.

@@ -77,16 +77,18 @@
 // kernel and the cpu twin only the order of the fp32 sums differs (bf16
 // products are exact in fp32).
 //
-// The primitives below are the only inline PTX. MF_EXPERT_MMA_EMULATE leaves
-// them and the launchers out so that a host program can include this file
-// with its own primitives and run the kernels' index arithmetic on the CPU.
-#ifndef MF_EXPERT_MMA_EMULATE
+// The PTX primitives come from mma.cuh, the only inline PTX. MF_MMA_EMULATE
+// leaves them and the launchers out so that a host program can include this
+// file with its own primitives (tests/cuda/mma_emu.h) and run the kernels'
+// index arithmetic on the CPU.
+#ifndef MF_MMA_EMULATE
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.cuh"
 #endif
 
@@ -101,66 +103,9 @@ struct expert_list {
   const void *p[MF_CUDA_MAX_EXPERTS];
 };
 
-#ifndef MF_EXPERT_MMA_EMULATE
-// ------------------------------------------------------------- primitives
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes from global src to shared dst, asynchronously; when !valid the 16
-// bytes are zero-filled and nothing is read (src-size 0).
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-               "l"((unsigned long long)__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8
-// and gets, in r[j], row l / 4 elements 2 (l % 4), +1 of matrix j — or with
-// TRANS column l / 4, rows 2 (l % 4), +1 (the lower index in the low half).
-template <bool TRANS>
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const mf_bf16 *p) {
-  if (TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-}
-
-// d += a . b on one m16n8k16 tile (bf16 in, fp32 accumulate).
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// p[0] = lo, p[1] = hi, each rounded to the nearest even bf16 (p 4-byte aligned).
-__device__ __forceinline__ void st_bf16x2(mf_bf16 *p, float lo, float hi) {
-  *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(lo, hi);
-}
-
 __device__ __forceinline__ mf_bf16 *stage_memory() {
-  extern __shared__ __align__(16) unsigned char expert_mma_smem[];
-  return reinterpret_cast<mf_bf16 *>(expert_mma_smem);
+  return reinterpret_cast<mf_bf16 *>(mma_smem());
 }
-#endif  // MF_EXPERT_MMA_EMULATE
 
 // ------------------------------------------------------------- tiles
 
@@ -461,7 +406,7 @@ static bool rows_grid(int64_t R, int64_t E, int64_t Nout, int bm, unsigned *x, u
   return true;
 }
 
-#ifndef MF_EXPERT_MMA_EMULATE
+#ifndef MF_MMA_EMULATE
 template <int KIND, int BM>
 mf_status rows_launch(const mf_bf16 *in, const int64_t *offsets, int64_t E, int64_t Kin, int64_t Nout,
                       const expert_list &W, mf_bf16 *out, dim3 grid, cudaStream_t s) {
@@ -493,11 +438,11 @@ mf_status expert_rows(const mf_bf16 *in, const mf_bf16 *const *W, const int64_t 
   *ran = 1;
   return MF_OK;
 }
-#endif  // MF_EXPERT_MMA_EMULATE
+#endif  // MF_MMA_EMULATE
 
 }  // namespace
 
-#ifndef MF_EXPERT_MMA_EMULATE
+#ifndef MF_MMA_EMULATE
 mf_status mf_cuda_expert_mma_fwd(const mf_bf16 *xe, const mf_bf16 *const *W, const int64_t *offsets,
                                  int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *ye, int *ran,
                                  cudaStream_t s) {
@@ -527,4 +472,4 @@ mf_status mf_cuda_expert_mma_bwd_weight(const mf_bf16 *dye, const mf_bf16 *xe, c
   *ran = 1;
   return MF_OK;
 }
-#endif  // MF_EXPERT_MMA_EMULATE
+#endif  // MF_MMA_EMULATE

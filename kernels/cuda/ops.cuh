@@ -133,6 +133,21 @@ mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const
                            int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk,
                            T *dv, cudaStream_t s);
 
+// ------------------------------------------------------- attention_mma.cu
+// Causal GQA attention of BF16 storage on tensor cores (mma.sync), called by
+// attention.cu's mf_cuda_attn_*<mf_bf16>: their operands, plus *ran: 1 when
+// launched; 0 (MF_OK, nothing launched) for a call the path does not take —
+// D not a multiple of 16 or above 128, an operand not 16-byte aligned — which
+// the caller then runs on its CUDA-core kernels. The caller checks the shape.
+mf_status mf_cuda_attn_mma_fwd(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, int64_t B, int64_t S,
+                               int64_t Hq, int64_t Hkv, int64_t D, float scale, mf_bf16 *o, float *lse,
+                               int *ran, cudaStream_t s);
+// Launches 2 and 3 of the backward (dk, dv; dq): dq holds the Di stash of
+// launch 1 (attention.cu), which the dq launch reads and overwrites.
+mf_status mf_cuda_attn_mma_bwd(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, const mf_bf16 *dout,
+                               const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                               float scale, mf_bf16 *dq, mf_bf16 *dk, mf_bf16 *dv, int *ran, cudaStream_t s);
+
 // ----------------------------------------------------- gemm.cu, loss.cu
 // cuBLASLt state of one backend: a handle, one workspace (GEMMs on different
 // streams are serialised on it by an event), and the algorithm cache.
