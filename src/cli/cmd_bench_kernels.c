@@ -47,7 +47,18 @@
  * to the roofline: GEMM-like kinds (linear_*, expert_*, attn_*,
  * cross_entropy) in TFLOP/s against the GEMM's, the others in GB/s against
  * the copy's (read + write bytes per second), and the key's share of the
- * step's summed time (copies and the host optimizer are not in it). */
+ * step's summed time (copies and the host optimizer are not in it).
+ *
+ * Copies (src/cli/bench_copies.c), after the kernels, in the arena's first
+ * 2 x the copy roofline's bytes: one host<->device copy of those bytes each
+ * way from host_alloc memory (pinned on cuda) alone, both at once on two
+ * streams (the aggregate and each direction's rate), and the same bytes of
+ * pageable memory through staging slabs with the executor's own slab code
+ * (src/exec/exec.h mf_exec_stager) — the slab size, slabs in flight and host
+ * threads of the run (the chosen plan's staging layout and train's thread
+ * count; the layout's default slab, two in flight, when the plan stages
+ * nothing) — each staged rate with its ratio to the pinned copy of its
+ * direction. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -57,6 +68,7 @@
 #include "kernels/registry.h"
 #include "planner/run_plan.h"
 #include "planner/simulate.h"
+#include "src/cli/bench_copies.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/optim/optim.h"
@@ -76,14 +88,24 @@ const char mf_cli_bench_kernels_usage[] =
     "against the GEMM's) or GB/s (the others: against the copy's, read + write bytes), the\n"
     "ratio to that roofline, and the share of the step's summed kernel time; then one line:\n"
     "  kernels: step <ms> ms; gemm roofline <X> TFLOP/s; copy <Y> GB/s\n"
+    "Then the copies, in the same run on the same backend, bytes moved per second: rows h2d\n"
+    "pinned, d2h pinned (one copy of the D2D copy's bytes each way from host_alloc memory,\n"
+    "pinned on cuda), h2d+d2h pinned (both at once on two streams: the aggregate and each\n"
+    "direction's), h2d staged, d2h staged (pageable host memory through staging slabs with the\n"
+    "executor's own fill and copy-out code, with the ratio to the pinned copy of the same\n"
+    "direction). The slabs are the run's: the chosen plan's staging layout (memory.staging;\n"
+    "its slab size and most slabs busy at once) and the host threads train gives the fills and\n"
+    "copy-outs on the backend; a plan that stages nothing gets 64 MiB slabs, two in flight\n"
+    "(the line above the rows says which). It ends with one line:\n"
+    "  copies: h2d staged <r> of pinned, d2h staged <r> of pinned; h2d+d2h pinned <Z> GB/s\n"
     "Operands hold small random values; token ids, positions and the routing indices are\n"
     "valid (the routing from the router and dispatch kernels run once on random logits).\n"
     "\n"
     "  --reps R      timed calls per kernel after one warm-up, the best kept (default 5)\n"
-    "  --json FILE   also write the rows, the rooflines and the step as JSON\n"
+    "  --json FILE   also write the rows, the rooflines, the step and the copies as JSON\n"
     "\n"
     "Exit status 1: the config does not load, the backend cannot be created (backend=cuda\n"
-    "without a GPU, or a build without CUDA), or a kernel fails; 2: a usage error.\n"
+    "without a GPU, or a build without CUDA), or a kernel or a copy fails; 2: a usage error.\n"
     "\n"
     "example (the demo's step on the cpu backend, a few seconds):\n"
     "  moefit bench kernels configs/demo.yaml backend=cpu --reps 2 --json runs/bench/demo-kernels.json\n";
@@ -667,7 +689,7 @@ typedef struct report {
 } report;
 
 static mf_status write_json(const char *path, const bench *k, const report *rp, const kkey *keys, int n,
-                            const roofline *rl, double step_s) {
+                            const roofline *rl, double step_s, const mf_cli_copies *copies) {
   json_t *root = json_object(), *rows = json_array(), *gemm = json_object(), *copy = json_object();
   json_object_set_new(root, "config", json_string(rp->config));
   json_object_set_new(root, "backend", json_string(k->b->name));
@@ -689,6 +711,7 @@ static mf_status write_json(const char *path, const bench *k, const report *rp, 
   json_object_set_new(root, "step_ms", json_real(step_s * 1e3));
   for (int j = 0; j < n; j++) json_array_append_new(rows, json_row(&keys[j], rl, step_s));
   json_object_set_new(root, "rows", rows);
+  json_object_set_new(root, "copies", mf_cli_copies_json(copies));
   char *text = json_dumps(root, JSON_INDENT(1));
   json_decref(root);
   if (!text) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "bench kernels: out of memory writing %s", path);
@@ -737,7 +760,8 @@ static mf_status bench_create(bench *k, const mf_run_plan *rp, int reps) {
 }
 
 /* Everything after the plan on the backend of k: the rooflines, each key, the report. */
-static mf_status run(bench *k, const mf_run_plan *rp, const char *path, int reps, const char *json) {
+static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, const char *path, int reps,
+                     const char *json) {
   const mf_schedule *s = rp->plan->s;
   kkey *keys = NULL;
   int n = 0;
@@ -782,9 +806,17 @@ static mf_status run(bench *k, const mf_run_plan *rp, const char *path, int reps
   MF_CHECK_GOTO(print_table(keys, n, &rl, step_s), st, done);
   printf("\nkernels: step %.3f ms; gemm roofline %.3g TFLOP/s; copy %.1f GB/s\n", step_s * 1e3,
          rl.gemm_rate / 1e12, rl.copy_rate / 1e9);
+  fflush(stdout);
+  /* The copies after the kernels, in the arena's first 2 x copy_bytes (the D2D roofline's). */
+  const mf_cli_copies_in ci = {k->b, k->s, k->arena, rl.copy_bytes, reps};
+  mf_cli_copies_layout lay;
+  mf_cli_copies copies;
+  mf_cli_copies_layout_of(rp, cfg, rl.copy_bytes, &lay);
+  MF_CHECK_GOTO(mf_cli_copies_measure(&ci, &lay, &copies), st, done);
+  MF_CHECK_GOTO(mf_cli_copies_print(&copies, k->b->name), st, done);
   if (json) {
     const report r = {path, device, rp->plan->name, timer, reps};
-    MF_CHECK_GOTO(write_json(json, k, &r, keys, n, &rl, step_s), st, done);
+    MF_CHECK_GOTO(write_json(json, k, &r, keys, n, &rl, step_s, &copies), st, done);
     printf("rows written to %s\n", json);
   }
 done:
@@ -834,7 +866,7 @@ int mf_cli_bench_kernels(int argc, char **argv) {
   MF_CHECK_GOTO(bench_backend(&k, cfg, pool), st, done);
   MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
-  st = run(&k, rp, path, reps, json);
+  st = run(&k, rp, cfg, path, reps, json);
 done:
   bench_free(&k);
   mf_threadpool_free(pool);

@@ -278,6 +278,34 @@ typedef struct mf_exec_staging_opts {
  * when the host_alloc fails; on an error nothing changes. Once. */
 mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *sg, const mf_exec_staging_opts *o);
 
+/* ------------------------------------- bytes streamed through the slabs
+ *
+ * What the staged copies achieve, measured with the executor's own slab code
+ * (`moefit bench kernels`): one block of pageable host memory moved to or
+ * from device memory in slabs of slab_bytes (the last one shorter), `slabs`
+ * of them in flight: a ring of `slabs` H2D slabs and `slabs` D2H slabs
+ * (2 x slabs x slab_bytes of host_alloc memory, pinned on cuda), slab j
+ * taking the bytes of slab j - slabs once that one's DMA (H2D) or copy-out
+ * (D2H) is done. Each slab is filled and copied out as a staged step does it:
+ * the same host functions (with o->threads host threads each way), streams,
+ * events and waits; one DMA per slab. A call returns once the bytes have
+ * arrived (the streams synchronized). Nothing is allocated after create. */
+typedef struct mf_exec_stager mf_exec_stager;
+
+/* For moves of up to max_bytes; slab_bytes >= 1, slabs >= 1 (at most 65536
+ * slabs per move: MF_ERR_INVALID_ARG beyond). o may be NULL (defaults;
+ * drop_waits is ignored). MF_ERR_UNSUPPORTED for a backend without host
+ * functions, MF_ERR_OUT_OF_MEMORY when an allocation fails. */
+mf_status mf_exec_stager_create(mf_backend *b, size_t max_bytes, size_t slab_bytes, int slabs,
+                                const mf_exec_staging_opts *o, mf_exec_stager **out);
+void mf_exec_stager_free(mf_exec_stager *sg); /* NULL is fine */
+/* dev[0, bytes) = host[0, bytes) through the H2D slabs (bytes <= max_bytes). */
+mf_status mf_exec_stager_h2d(mf_exec_stager *sg, void *dev, const void *host, size_t bytes);
+/* host[0, bytes) = dev[0, bytes) through the D2H slabs. */
+mf_status mf_exec_stager_d2h(mf_exec_stager *sg, void *host, const void *dev, size_t bytes);
+/* The pinned bytes it holds (both rings). */
+size_t mf_exec_stager_pinned_bytes(const mf_exec_stager *sg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -128,6 +128,63 @@ mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in);
 /* Frees the non-NULL events of ev[n], then ev. */
 void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n);
 
+/* ------------------------------------------- the staging slabs (exec_staging.c)
+ *
+ * What a slab's copies do this step (exec_staging.c decides it per step for
+ * the executor; the stager, exec_stager.c, per call). */
+enum { MF_SG_SKIP = 0, MF_SG_COPY, MF_SG_PARTS, MF_SG_ADD, MF_SG_ZERO };
+
+typedef struct sg_copy_rt {
+  void *host;      /* D2H: the destination */
+  mf_exec_src src; /* H2D (MF_SG_PARTS): the host parts laid end to end in the slab */
+  uint8_t mode;
+  int32_t home; /* D2H: the parameter whose gradient is final once this copy is out (grad_home), or -1 */
+} sg_copy_rt;
+
+typedef struct sg_slab_ctx {
+  exec_staging *g;
+  int32_t slab;
+} sg_slab_ctx;
+
+/* The slabs of a layout in pinned memory, with the streams, events and host
+ * threads that fill them and copy them out: the executor's (x set, its h2d
+ * and d2h streams borrowed) or the stager's (x NULL, streams its own). */
+struct exec_staging {
+  mf_exec *x; /* NULL: no executor (no hooks to call) */
+  mf_backend *b;
+  const mf_staging *L;
+  mf_exec_staging_opts o;
+  uint8_t *mem;
+  mf_stream *fill, *drain;
+  mf_stream *h2d, *d2h;                    /* the DMAs' streams (not owned) */
+  mf_event **ev_fill, **ev_free, **ev_dma; /* [n_slabs] */
+  mf_event **tf0, **tf1;                   /* [n_slabs] timed, around a fill or a copy-out (when timed) */
+  uint8_t *work;                           /* [n_slabs] its host function ran in its part of the step */
+  sg_copy_rt *rt;                          /* [n_copies] this step's decisions */
+  sg_slab_ctx *ctx;                        /* [n_slabs] */
+  mf_threadpool *pool[2];                  /* fills, copy-outs (threads > 1) */
+};
+
+/* The slabs of L (kept by the caller) on b: the pinned arena, two streams,
+ * the events (timed ones too with `timed`), the host threads of o. */
+mf_status mf_exec_slabs_create(mf_backend *b, const mf_staging *L, const mf_exec_staging_opts *o, int timed,
+                               exec_staging **out);
+void mf_exec_slabs_free(exec_staging *g); /* NULL is fine */
+/* An H2D slab k whose copies are decided (g->rt): on the fill stream, after
+ * its previous occupant's DMAs and the copy-out it reads, the host function
+ * fills it; the h2d stream waits for the fill. */
+mf_status mf_exec_slab_fill(exec_staging *g, int32_t k);
+/* Copy c's DMA between its place in the arena and `dev`, on its direction's stream. */
+mf_status mf_exec_slab_dma(exec_staging *g, int32_t c, void *dev);
+/* After H2D slab k's last DMA: its bytes are free (poisoned first in poison mode). */
+mf_status mf_exec_slab_uploaded(exec_staging *g, int32_t k);
+/* Before D2H slab k's first DMA: the d2h stream waits for its previous occupant's copy-out. */
+mf_status mf_exec_slab_wait(exec_staging *g, int32_t k);
+/* After D2H slab k's last DMA: the drain stream copies it out (when `work`),
+ * then its bytes are free. */
+mf_status mf_exec_slab_drain(exec_staging *g, int32_t k, int work);
+mf_status mf_exec_slabs_sync(exec_staging *g); /* the fill and drain streams */
+
 /* exec_staging.c: the staged copies of instruction i (an H2D or a D2H), in
  * three parts around the instruction's own waits and timing events — before
  * (the slab's fill, the waits between slabs), the copy itself, after (the

@@ -24,39 +24,16 @@
  * persistent copies) skips its host function but still records ev_free, so
  * a later slab that waits for it also waits, through it, for what it waited
  * for. Nothing is allocated after mf_exec_use_staging.
+ *
+ * What one slab submits (its fill, DMA, release, copy-out: mf_exec_slab_*,
+ * exec_internal.h) is apart from the step's decisions, so that the stager
+ * (exec_stager.c: bytes streamed through slabs, what `moefit bench kernels`
+ * times) runs the same code.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "src/exec/exec_internal.h"
-
-enum { C_SKIP = 0, C_COPY, C_PARTS, C_ADD, C_ZERO };
-
-typedef struct sg_copy_rt {
-  void *host;      /* D2H: the destination */
-  mf_exec_src src; /* H2D (C_PARTS): the host parts laid end to end in the slab */
-  uint8_t mode;
-  int32_t home; /* D2H: the parameter whose gradient is final once this copy is out (grad_home), or -1 */
-} sg_copy_rt;
-
-typedef struct sg_slab_ctx {
-  exec_staging *g;
-  int32_t slab;
-} sg_slab_ctx;
-
-struct exec_staging {
-  mf_exec *x;
-  const mf_staging *L;
-  mf_exec_staging_opts o;
-  uint8_t *mem;
-  mf_stream *fill, *drain;
-  mf_event **ev_fill, **ev_free, **ev_dma; /* [n_slabs] */
-  mf_event **tf0, **tf1;                   /* [n_slabs] timed, around a fill or a copy-out (when timed) */
-  uint8_t *work;                           /* [n_slabs] its host function ran in its part of the step */
-  sg_copy_rt *rt;                          /* [n_copies] this step's decisions */
-  sg_slab_ctx *ctx;                        /* [n_slabs] */
-  mf_threadpool *pool[2];                  /* fills, copy-outs (threads > 1) */
-};
 
 /* ------------------------------------------------------- host copies */
 
@@ -84,26 +61,26 @@ static void host_copies(exec_staging *g, int32_t k, size_t lo, size_t hi) {
     const sg_copy_rt *r = &g->rt[c];
     const size_t n = cp->bytes, a = lo > at ? lo - at : 0, e = hi - at < n ? hi - at : n;
     at += n;
-    if (a >= e || r->mode == C_SKIP) continue;
+    if (a >= e || r->mode == MF_SG_SKIP) continue;
     uint8_t *slab = g->mem + cp->offset;
     uint8_t *host = (uint8_t *)r->host;
     switch (r->mode) {
-      case C_COPY:
+      case MF_SG_COPY:
         if (h2d)
           memcpy(slab + a, host + a, e - a);
         else
           memcpy(host + a, slab + a, e - a);
         break;
-      case C_PARTS: /* H2D: a tensor, or AdamW state's parts one after another */
+      case MF_SG_PARTS: /* H2D: a tensor, or AdamW state's parts one after another */
         mf_exec_src_copy(&r->src, slab, a, e);
         break;
-      case C_ADD: { /* a gradient added into the host's sum, float by float */
+      case MF_SG_ADD: { /* a gradient added into the host's sum, float by float */
         float *dst = (float *)host;
         const float *src = (const float *)slab;
         for (size_t i = a / sizeof(float); i < e / sizeof(float); i++) dst[i] += src[i];
         break;
       }
-      case C_ZERO:
+      case MF_SG_ZERO:
         memset(host + a, 0, e - a);
         break;
       default:
@@ -152,10 +129,66 @@ static void drain_fn(void *ctx) {
   exec_staging *g = c->g;
   const mf_staging_slab *sl = &g->L->slabs[c->slab];
   run_host_copies(g, c->slab, g->pool[1]);
-  const mf_exec_param_hooks *h = &g->x->hooks;
-  for (int32_t k = sl->first_copy; k < sl->first_copy + sl->n_copies; k++)
+  const mf_exec_param_hooks *h = g->x ? &g->x->hooks : NULL;
+  for (int32_t k = sl->first_copy; h && k < sl->first_copy + sl->n_copies; k++)
     if (g->rt[k].home >= 0 && h->grad_home) h->grad_home(h->ctx, g->rt[k].home);
   if (g->o.poison) poison(g->mem + sl->offset, sl->bytes);
+}
+
+/* ------------------------------------------------------------- the slabs
+ *
+ * What one slab's fill, DMAs and copy-out submit (the top of the file): the
+ * executor's step below and the stager (exec_stager.c) both call these. */
+
+static mf_status wait_for(exec_staging *g, mf_stream *s, int32_t slab) {
+  if (slab < 0) return MF_OK;
+  return g->b->stream_wait(g->b, s, g->ev_free[slab]);
+}
+
+mf_status mf_exec_slab_fill(exec_staging *g, int32_t k) {
+  mf_backend *b = g->b;
+  if (!g->o.drop_waits) MF_CHECK(wait_for(g, g->fill, g->L->wait_slab[k]));
+  MF_CHECK(wait_for(g, g->fill, g->L->wait_host[k]));
+  if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->fill));
+  MF_CHECK(b->host_fn(b, g->fill, fill_fn, &g->ctx[k]));
+  if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->fill));
+  MF_CHECK(b->event_record(b, g->ev_fill[k], g->fill));
+  return b->stream_wait(b, g->h2d, g->ev_fill[k]);
+}
+
+mf_status mf_exec_slab_dma(exec_staging *g, int32_t c, void *dev) {
+  const mf_staging_copy *cp = &g->L->copies[c];
+  if (g->L->slabs[cp->slab].dir == MF_I_H2D)
+    return g->b->copy(g->b, dev, g->mem + cp->offset, cp->bytes, MF_COPY_H2D, g->h2d);
+  return g->b->copy(g->b, g->mem + cp->offset, dev, cp->bytes, MF_COPY_D2H, g->d2h);
+}
+
+mf_status mf_exec_slab_uploaded(exec_staging *g, int32_t k) {
+  mf_backend *b = g->b;
+  if (g->o.poison && g->work[k]) MF_CHECK(b->host_fn(b, g->h2d, poison_fn, &g->ctx[k]));
+  return b->event_record(b, g->ev_free[k], g->h2d);
+}
+
+mf_status mf_exec_slab_wait(exec_staging *g, int32_t k) {
+  return g->o.drop_waits ? MF_OK : wait_for(g, g->d2h, g->L->wait_slab[k]);
+}
+
+mf_status mf_exec_slab_drain(exec_staging *g, int32_t k, int work) {
+  mf_backend *b = g->b;
+  g->work[k] = (uint8_t)work;
+  MF_CHECK(b->event_record(b, g->ev_dma[k], g->d2h));
+  MF_CHECK(b->stream_wait(b, g->drain, g->ev_dma[k]));
+  if (work) {
+    if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->drain));
+    MF_CHECK(b->host_fn(b, g->drain, drain_fn, &g->ctx[k]));
+    if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->drain));
+  }
+  return b->event_record(b, g->ev_free[k], g->drain);
+}
+
+mf_status mf_exec_slabs_sync(exec_staging *g) {
+  MF_CHECK(g->b->stream_sync(g->b, g->fill));
+  return g->b->stream_sync(g->b, g->drain);
 }
 
 /* ------------------------------------------------------------- the step */
@@ -168,18 +201,11 @@ static int last_of(const exec_staging *g, int32_t c) {
   return c == sl->first_copy + sl->n_copies - 1;
 }
 
-static mf_status wait_for(mf_exec *x, mf_stream *s, int32_t slab) {
-  exec_staging *g = x->sg;
-  if (slab < 0) return MF_OK;
-  return x->b->stream_wait(x->b, s, g->ev_free[slab]);
-}
-
 /* Slab k's fill: every copy decided now, the gate passed for its weights, then
  * the host function once what it overwrites and what it reads are ready. */
 static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
   exec_staging *g = x->sg;
   const mf_staging_slab *sl = &g->L->slabs[k];
-  mf_backend *b = x->b;
   int work = 0;
   for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++) {
     const mf_instr *in = &x->s->instr[g->L->copies[c].instr];
@@ -187,17 +213,11 @@ static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
     sg_copy_rt *r = &g->rt[c];
     MF_CHECK(mf_exec_h2d_source(x, in->slot, io, &r->src));
     r->host = NULL;
-    r->mode = r->src.n ? C_PARTS : C_SKIP;
-    work |= r->mode != C_SKIP;
+    r->mode = r->src.n ? MF_SG_PARTS : MF_SG_SKIP;
+    work |= r->mode != MF_SG_SKIP;
   }
   g->work[k] = (uint8_t)work;
-  if (!work) return MF_OK;
-  if (!g->o.drop_waits) MF_CHECK(wait_for(x, g->fill, g->L->wait_slab[k]));
-  MF_CHECK(wait_for(x, g->fill, g->L->wait_host[k]));
-  if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->fill));
-  MF_CHECK(b->host_fn(b, g->fill, fill_fn, &g->ctx[k]));
-  if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->fill));
-  return b->event_record(b, g->ev_fill[k], g->fill);
+  return work ? mf_exec_slab_fill(g, k) : MF_OK;
 }
 
 mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io) {
@@ -205,35 +225,30 @@ mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io) {
   const int32_t c = g->L->copy_of_instr[i];
   const int32_t k = g->L->copies[c].slab;
   const mf_instr *in = &x->s->instr[i];
-  if (in->kind == MF_I_H2D) {
-    if (!first_of(g, c)) return MF_OK;
-    MF_CHECK(fill_begin(x, k, io));
-    return g->work[k] ? x->b->stream_wait(x->b, x->st[MF_EXEC_H2D], g->ev_fill[k]) : MF_OK;
-  }
+  if (in->kind == MF_I_H2D) return first_of(g, c) ? fill_begin(x, k, io) : MF_OK;
   void *dst = NULL;
   d2h_mode mode = D2H_NONE;
   MF_CHECK(mf_exec_d2h_target(x, in, io, &dst, &mode));
   sg_copy_rt *r = &g->rt[c];
   r->host = dst;
   r->src.n = 0;
-  r->mode = mode == D2H_COPY ? C_COPY : mode == D2H_ADD ? C_ADD : mode == D2H_ZERO ? C_ZERO : C_SKIP;
+  r->mode = mode == D2H_COPY   ? MF_SG_COPY
+            : mode == D2H_ADD  ? MF_SG_ADD
+            : mode == D2H_ZERO ? MF_SG_ZERO
+                               : MF_SG_SKIP;
   r->home = x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads ? x->grad_final[i] : -1;
-  if (first_of(g, c) && !g->o.drop_waits) MF_CHECK(wait_for(x, x->st[MF_EXEC_D2H], g->L->wait_slab[k]));
-  return MF_OK;
+  return first_of(g, c) ? mf_exec_slab_wait(g, k) : MF_OK;
 }
 
 mf_status mf_exec_sg_copy(mf_exec *x, int32_t i) {
   exec_staging *g = x->sg;
   const int32_t c = g->L->copy_of_instr[i];
-  const mf_staging_copy *cp = &g->L->copies[c];
   const uint8_t mode = g->rt[c].mode;
   uint8_t *dev = mf_exec_slot_ptr(x, x->s->instr[i].slot);
-  if (x->s->instr[i].kind == MF_I_H2D)
-    return mode == C_SKIP
-               ? MF_OK
-               : x->b->copy(x->b, dev, g->mem + cp->offset, cp->bytes, MF_COPY_H2D, x->st[MF_EXEC_H2D]);
-  if (mode != C_COPY && mode != C_ADD) return MF_OK; /* nothing to bring home: zeros, or no destination */
-  return x->b->copy(x->b, g->mem + cp->offset, dev, cp->bytes, MF_COPY_D2H, x->st[MF_EXEC_D2H]);
+  if (x->s->instr[i].kind == MF_I_H2D) return mode == MF_SG_SKIP ? MF_OK : mf_exec_slab_dma(g, c, dev);
+  if (mode != MF_SG_COPY && mode != MF_SG_ADD)
+    return MF_OK; /* nothing to bring home: zeros, or no destination */
+  return mf_exec_slab_dma(g, c, dev);
 }
 
 mf_status mf_exec_sg_after(mf_exec *x, int32_t i) {
@@ -242,29 +257,15 @@ mf_status mf_exec_sg_after(mf_exec *x, int32_t i) {
   if (!last_of(g, c)) return MF_OK;
   const int32_t k = g->L->copies[c].slab;
   const mf_staging_slab *sl = &g->L->slabs[k];
-  mf_backend *b = x->b;
-  if (x->s->instr[i].kind == MF_I_H2D) {
-    mf_stream *h = x->st[MF_EXEC_H2D];
-    if (g->o.poison && g->work[k]) MF_CHECK(b->host_fn(b, h, poison_fn, &g->ctx[k]));
-    return b->event_record(b, g->ev_free[k], h);
-  }
+  if (x->s->instr[i].kind == MF_I_H2D) return mf_exec_slab_uploaded(g, k);
   int work = g->o.poison;
   for (int32_t j = sl->first_copy; j < sl->first_copy + sl->n_copies; j++)
-    work |= g->rt[j].mode != C_SKIP || g->rt[j].home >= 0;
-  g->work[k] = (uint8_t)work;
-  MF_CHECK(b->event_record(b, g->ev_dma[k], x->st[MF_EXEC_D2H]));
-  MF_CHECK(b->stream_wait(b, g->drain, g->ev_dma[k]));
-  if (work) {
-    if (g->tf0) MF_CHECK(b->event_record(b, g->tf0[k], g->drain));
-    MF_CHECK(b->host_fn(b, g->drain, drain_fn, &g->ctx[k]));
-    if (g->tf1) MF_CHECK(b->event_record(b, g->tf1[k], g->drain));
-  }
-  return b->event_record(b, g->ev_free[k], g->drain);
+    work |= g->rt[j].mode != MF_SG_SKIP || g->rt[j].home >= 0;
+  return mf_exec_slab_drain(g, k, work);
 }
 
 mf_status mf_exec_sg_sync(mf_exec *x) {
-  MF_CHECK(x->b->stream_sync(x->b, x->sg->fill));
-  return x->b->stream_sync(x->b, x->sg->drain);
+  return mf_exec_slabs_sync(x->sg);
 }
 
 mf_status mf_exec_sg_busy(mf_exec *x, double *fill_s, double *drain_s) {
@@ -283,8 +284,9 @@ mf_status mf_exec_sg_busy(mf_exec *x, double *fill_s, double *drain_s) {
 
 /* ------------------------------------------------------- taking a layout */
 
-static void staging_free(mf_backend *b, exec_staging *g) {
+void mf_exec_slabs_free(exec_staging *g) {
   if (!g) return;
+  mf_backend *b = g->b;
   const size_t n = (size_t)g->L->n_slabs;
   if (g->fill) b->stream_free(b, g->fill);
   if (g->drain) b->stream_free(b, g->drain);
@@ -302,8 +304,60 @@ static void staging_free(mf_backend *b, exec_staging *g) {
 }
 
 void mf_exec_sg_free(mf_exec *x) {
-  staging_free(x->b, x->sg);
+  mf_exec_slabs_free(x->sg);
   x->sg = NULL;
+}
+
+mf_status mf_exec_slabs_create(mf_backend *b, const mf_staging *L, const mf_exec_staging_opts *o, int timed,
+                               exec_staging **out) {
+  if (!b->host_fn)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "executor: the %s backend cannot run host functions, which staging needs",
+                  b->name ? b->name : "?");
+  exec_staging *g = (exec_staging *)calloc(1, sizeof *g);
+  if (!g) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory for staging");
+  g->b = b;
+  g->L = L;
+  if (o) g->o = *o;
+  const size_t n = (size_t)(L->n_slabs ? L->n_slabs : 1);
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_fill), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_free), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_dma), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, 1, "staging", (void **)&g->work), st, fail);
+  MF_CHECK_GOTO(mf_calloc(n, sizeof(sg_slab_ctx), "staging", (void **)&g->ctx), st, fail);
+  MF_CHECK_GOTO(
+      mf_calloc((size_t)(L->n_copies ? L->n_copies : 1), sizeof(sg_copy_rt), "staging", (void **)&g->rt), st,
+      fail);
+  for (int32_t c = 0; c < L->n_copies; c++) g->rt[c].home = -1;
+  for (int32_t k = 0; k < L->n_slabs; k++) {
+    g->ctx[k] = (sg_slab_ctx){g, k};
+    MF_CHECK_GOTO(b->event_create(b, &g->ev_free[k]), st, fail);
+    MF_CHECK_GOTO(b->event_create(b, L->slabs[k].dir == MF_I_H2D ? &g->ev_fill[k] : &g->ev_dma[k]), st, fail);
+  }
+  if (timed) {
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->tf0), st, fail);
+    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->tf1), st, fail);
+    for (int32_t k = 0; k < L->n_slabs; k++) {
+      MF_CHECK_GOTO(b->event_create_timed(b, &g->tf0[k]), st, fail);
+      MF_CHECK_GOTO(b->event_create_timed(b, &g->tf1[k]), st, fail);
+    }
+  }
+  MF_CHECK_GOTO(b->stream_create(b, &g->fill), st, fail);
+  MF_CHECK_GOTO(b->stream_create(b, &g->drain), st, fail);
+  if (g->o.threads > 1)
+    for (int k = 0; k < 2; k++) MF_CHECK_GOTO(mf_threadpool_create(g->o.threads, &g->pool[k]), st, fail);
+  {
+    void *mem = NULL;
+    MF_CHECK_GOTO(b->host_alloc(b, L->arena_bytes, &mem), st, fail);
+    g->mem = (uint8_t *)mem;
+  }
+  if (g->o.poison) poison(g->mem, L->arena_bytes);
+  *out = g;
+  return MF_OK;
+fail:
+  mf_exec_slabs_free(g);
+  return st;
 }
 
 /* The layout must be this schedule's: a copy for every H2D and D2H
@@ -404,57 +458,19 @@ static mf_status check_waits(const mf_exec *x, const mf_staging *L) {
 }
 
 mf_status mf_exec_use_staging(mf_exec *x, const mf_staging *L, const mf_exec_staging_opts *o) {
-  mf_backend *b = x->b;
   if (!L) return MF_ERR(MF_ERR_INVALID_ARG, "executor: no staging layout");
   if (x->sg) return MF_ERR(MF_ERR_INVALID_ARG, "executor: a staging layout is set already");
-  if (!b->host_fn)
+  if (!x->b->host_fn) /* before the checks: the reason a backend cannot stage at all */
     return MF_ERR(MF_ERR_UNSUPPORTED,
                   "executor: the %s backend cannot run host functions, which staging needs",
-                  b->name ? b->name : "?");
+                  x->b->name ? x->b->name : "?");
   MF_CHECK(check_layout(x, L));
   MF_CHECK(check_waits(x, L));
-  exec_staging *g = (exec_staging *)calloc(1, sizeof *g);
-  if (!g) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory for staging");
+  exec_staging *g = NULL;
+  MF_CHECK(mf_exec_slabs_create(x->b, L, o, x->timed, &g));
   g->x = x;
-  g->L = L;
-  if (o) g->o = *o;
-  const size_t n = (size_t)(L->n_slabs ? L->n_slabs : 1);
-  mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_fill), st, fail);
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_free), st, fail);
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->ev_dma), st, fail);
-  MF_CHECK_GOTO(mf_calloc(n, 1, "staging", (void **)&g->work), st, fail);
-  MF_CHECK_GOTO(mf_calloc(n, sizeof(sg_slab_ctx), "staging", (void **)&g->ctx), st, fail);
-  MF_CHECK_GOTO(
-      mf_calloc((size_t)(L->n_copies ? L->n_copies : 1), sizeof(sg_copy_rt), "staging", (void **)&g->rt), st,
-      fail);
-  for (int32_t c = 0; c < L->n_copies; c++) g->rt[c].home = -1;
-  for (int32_t k = 0; k < L->n_slabs; k++) {
-    g->ctx[k] = (sg_slab_ctx){g, k};
-    MF_CHECK_GOTO(b->event_create(b, &g->ev_free[k]), st, fail);
-    MF_CHECK_GOTO(b->event_create(b, L->slabs[k].dir == MF_I_H2D ? &g->ev_fill[k] : &g->ev_dma[k]), st, fail);
-  }
-  if (x->timed) {
-    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->tf0), st, fail);
-    MF_CHECK_GOTO(mf_calloc(n, sizeof(mf_event *), "staging events", (void **)&g->tf1), st, fail);
-    for (int32_t k = 0; k < L->n_slabs; k++) {
-      MF_CHECK_GOTO(b->event_create_timed(b, &g->tf0[k]), st, fail);
-      MF_CHECK_GOTO(b->event_create_timed(b, &g->tf1[k]), st, fail);
-    }
-  }
-  MF_CHECK_GOTO(b->stream_create(b, &g->fill), st, fail);
-  MF_CHECK_GOTO(b->stream_create(b, &g->drain), st, fail);
-  if (g->o.threads > 1)
-    for (int k = 0; k < 2; k++) MF_CHECK_GOTO(mf_threadpool_create(g->o.threads, &g->pool[k]), st, fail);
-  {
-    void *mem = NULL;
-    MF_CHECK_GOTO(b->host_alloc(b, L->arena_bytes, &mem), st, fail);
-    g->mem = (uint8_t *)mem;
-  }
-  if (g->o.poison) poison(g->mem, L->arena_bytes);
+  g->h2d = x->st[MF_EXEC_H2D];
+  g->d2h = x->st[MF_EXEC_D2H];
   x->sg = g;
   return MF_OK;
-fail:
-  staging_free(b, g);
-  return st;
 }

@@ -13,7 +13,7 @@
  * cpu backend (its device is host memory and its own cores run the kernels);
  * on cuda a few, so that the host copies keep up with a PCIe 5 link (one
  * thread's memcpy moves about a quarter of it; not measured on a GPU yet). */
-static int staging_threads(const mf_config *cfg, const char *backend) {
+int mf_train_staging_threads(const mf_config *cfg, const char *backend) {
   if (strcmp(backend, "cuda") != 0) return 1;
   const long cores = cfg->train.threads > 0 ? (long)cfg->train.threads : sysconf(_SC_NPROCESSORS_ONLN);
   return cores >= 16 ? 4 : cores >= 8 ? 2 : 1;
@@ -24,7 +24,7 @@ static mf_status use_staging(mf_runner *r, const mf_config *cfg) {
   const mf_run_plan *rp = r->rp;
   if (!rp->staging_fits) /* mf_run_plan_admit refused such a plan, naming memory.pinned_limit */
     return MF_ERR(MF_ERR_INTERNAL, "runner: a staging layout over memory.pinned_limit was admitted");
-  r->staging_threads = staging_threads(cfg, rp->dev.name);
+  r->staging_threads = mf_train_staging_threads(cfg, rp->dev.name);
   const mf_exec_staging_opts so = {r->staging_threads, 0, 0};
   return mf_exec_use_staging(r->exec, rp->staging, &so);
 }

@@ -48,6 +48,12 @@ typedef struct mf_train_summary {
  * the progress lines (tests). */
 mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out);
 
+/* Host threads each of the staging arena's fills and copy-outs get in a run
+ * of cfg on `backend` ("cpu" or "cuda", resolved): what train passes the
+ * executor (src/exec/exec.h mf_exec_staging_opts.threads) and what `moefit
+ * bench kernels` stages with. */
+int mf_train_staging_threads(const mf_config *cfg, const char *backend);
+
 typedef struct mf_eval_opts {
   const char *tokens;      /* token file (default data.valid, else data.train) */
   const char *model_dir;   /* weights to evaluate (default: see mf_eval) */

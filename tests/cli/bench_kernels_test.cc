@@ -1,10 +1,13 @@
 // `moefit bench kernels` on the demo's step (cpu backend): one row for every
 // group of kernel calls the chosen plan's step makes — the groups and their
 // calls derived here from the plan through the C API — each timed, with a
-// finite ratio to its roofline, the two rooflines measured; and its errors.
+// finite ratio to its roofline, the two rooflines measured; the copies
+// section (pinned each way, both at once, staged through the slabs of the
+// plan's layout or the default ones); and its errors.
 #include <gtest/gtest.h>
 #include <jansson.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -33,6 +36,10 @@ struct Step {
   std::map<std::string, int64_t> calls;
   std::set<Shape> shapes;
   size_t groups = 0;
+  // The staging layout's slab cut (its largest slab if smaller) and slabs in
+  // flight; 0 when the plan stages nothing.
+  size_t slab_bytes = 0;
+  int slabs = 0;
 };
 
 Step step_of(const std::vector<const char *> &overrides) {
@@ -62,6 +69,10 @@ Step step_of(const std::vector<const char *> &overrides) {
     keys.insert(std::make_tuple(std::string(kernel), std::vector<int64_t>(sizes, sizes + n), bytes));
   }
   out.groups = keys.size();
+  if (rp && rp->staged && rp->staging && rp->staging->n_slabs > 0) {
+    out.slab_bytes = std::min(rp->staging->opts.max_slab_bytes, rp->staging->largest_slab_bytes);
+    out.slabs = rp->staging->max_slabs_inflight;
+  }
   mf_run_plan_free(rp);
   mf_param_table_free(t);
   mf_config_free(cfg);
@@ -72,6 +83,50 @@ double num(const json_t *o, const char *key) {
   const json_t *v = json_object_get(o, key);
   EXPECT_TRUE(json_is_number(v)) << key;
   return json_number_value(v);
+}
+
+// The copies section: its five rows in the table and in the JSON, each with a
+// positive finite rate; the staged ones with their ratio to the pinned copy of
+// their direction; the slabs the plan's layout gives, or the default ones.
+void check_copies(const Result &r, const json_t *root, const Step &want) {
+  EXPECT_NE(r.out.find("\ncopies: h2d staged "), std::string::npos) << r.out;
+  const json_t *c = json_object_get(root, "copies");
+  ASSERT_TRUE(json_is_object(c));
+  const std::string layout = json_string_value(json_object_get(c, "layout"));
+  if (want.slab_bytes) {
+    EXPECT_EQ(layout, "plan");
+    EXPECT_EQ(num(c, "slab_bytes"), (double)want.slab_bytes);
+    EXPECT_EQ(num(c, "slabs_in_flight"), want.slabs);
+  } else {
+    EXPECT_EQ(layout, "default");
+    EXPECT_EQ(num(c, "slab_bytes"), 64.0 * 1024 * 1024);
+    EXPECT_EQ(num(c, "slabs_in_flight"), 2);
+  }
+  EXPECT_EQ(num(c, "threads"), 1);  // train's on cpu
+  const json_t *rows = json_object_get(c, "rows");
+  const char *names[] = {"h2d pinned", "d2h pinned", "h2d+d2h pinned", "h2d staged", "d2h staged"};
+  ASSERT_EQ(json_array_size(rows), 5u);
+  std::map<std::string, double> gbs;
+  for (size_t i = 0; i < 5; i++) {
+    const json_t *row = json_array_get(rows, i);
+    const std::string name = json_string_value(json_object_get(row, "copy"));
+    EXPECT_EQ(name, names[i]);
+    gbs[name] = num(row, "gbs");
+    EXPECT_TRUE(std::isfinite(gbs[name]) && gbs[name] > 0) << name << " " << gbs[name];
+    EXPECT_GT(num(row, "ms"), 0) << name;
+    EXPECT_EQ(num(row, "bytes"), (i == 2 ? 512.0 : 256.0) * 1024 * 1024) << name;
+    EXPECT_NE(r.out.find("\n  " + name + " "), std::string::npos) << name << "\n" << r.out;
+    if (i == 2) {
+      EXPECT_TRUE(num(row, "h2d_gbs") > 0 && std::isfinite(num(row, "h2d_gbs")));
+      EXPECT_TRUE(num(row, "d2h_gbs") > 0 && std::isfinite(num(row, "d2h_gbs")));
+    }
+    if (i >= 3) {
+      const double pinned = gbs[i == 3 ? "h2d pinned" : "d2h pinned"];
+      EXPECT_NEAR(num(row, "ratio"), gbs[name] / pinned, 1e-9 * gbs[name] / pinned) << name;
+    } else {
+      EXPECT_EQ(json_object_get(row, "ratio"), nullptr) << name;
+    }
+  }
 }
 
 // Runs bench kernels on the demo with `extra` overrides and checks its rows
@@ -131,6 +186,7 @@ void check_rows(const std::string &extra, const std::vector<const char *> &overr
   EXPECT_EQ(json_array_size(rows), want.groups);
   EXPECT_NEAR(step_ms, num(root, "step_ms"), 1e-9 * step_ms);
   EXPECT_NEAR(shares, 1.0, 1e-6);
+  check_copies(r, root, want);
   json_decref(root);
 }
 
@@ -147,6 +203,14 @@ TEST(BenchKernels, DeviceOptimizerStep) {
              {"backend=cpu", "hardware.profile=configs/hw/cpu-2core.yaml", "memory.plan=resident",
               "memory.device_budget=auto", "train.grad_accum=2"},
              {"adamw", "grad_sumsq", "linear_fwd", "expert_fwd", "attn_fwd", "cross_entropy"});
+}
+
+// A plan that stages its copies: the staged rows use its layout's slabs.
+TEST(BenchKernels, StagedPlanCopiesThroughItsSlabs) {
+  check_rows("memory.device_budget=9MiB memory.staging=true",
+             {"backend=cpu", "hardware.profile=configs/hw/cpu-2core.yaml", "memory.device_budget=9MiB",
+              "memory.staging=true"},
+             {"linear_fwd", "expert_fwd"});
 }
 
 TEST(BenchKernels, ErrorsExitWithAStatus) {
