@@ -296,7 +296,8 @@ static mf_status write_manifest(mf_ckpt_writer *w, const char *dir) {
 
 /* ------------------------------------------------------- the checkpoint */
 
-/* Removes complete checkpoints older than the newest `keep`. */
+/* Removes complete checkpoints older than the newest `keep`; one that cannot
+ * be removed is a warning (the new checkpoint is complete either way). */
 static mf_status prune(const mf_ckpt_writer *w, int64_t newest) {
   if (w->keep <= 0) return MF_OK;
   DIR *d = opendir(w->root);
@@ -310,7 +311,6 @@ static mf_status prune(const mf_ckpt_writer *w, int64_t newest) {
     if (s >= 0 && s <= newest && access(marker, F_OK) == 0) steps[n++] = s;
   }
   closedir(d);
-  mf_status st = MF_OK;
   for (size_t i = 0; i < n; i++) {
     int64_t newer = 0; /* complete checkpoints newer than this one */
     for (size_t j = 0; j < n; j++) newer += steps[j] > steps[i];
@@ -320,13 +320,11 @@ static mf_status prune(const mf_ckpt_writer *w, int64_t newest) {
     /* The marker first: a prune cut short leaves an incomplete checkpoint, never a damaged "complete" one. */
     char marker[4500];
     snprintf(marker, sizeof marker, "%s/COMPLETE", dir);
-    if (unlink(marker) != 0 || mf_ckpt_remove_dir(dir) != MF_OK) {
+    if (unlink(marker) != 0 || mf_ckpt_remove_dir(dir) != MF_OK)
       MF_LOGW("ckpt", "could not remove the old checkpoint %s (output.keep_checkpoints %lld)", dir,
               (long long)w->keep);
-      st = MF_OK;
-    }
   }
-  return st;
+  return MF_OK;
 }
 
 static mf_status write_all(mf_ckpt_writer *w, const char *tmp, const mf_ckpt_data *d, const mf_ckpt_state *s) {
