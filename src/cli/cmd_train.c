@@ -1,20 +1,32 @@
 /* `moefit train CONFIG [key=value ...]` and `moefit eval CONFIG [...]`. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/train/train.h"
 
 static const char k_train_usage[] =
-    "usage: moefit train CONFIG [key=value ...]\n"
+    "usage: moefit train CONFIG [key=value ...] [--resume [DIR]]\n"
     "       mpirun -np N moefit train CONFIG [key=value ...]   (multi-rank runs come later)\n\n"
     "Trains CONFIG's model on its token files. key=value pairs override the file\n"
     "(e.g. train.lr=1e-4 train.steps=50); `moefit config --help` lists the keys.\n"
     "Progress lines go to stderr; OUTPUT_DIR/metrics.jsonl gets one JSON object per logged\n"
     "step; the final weights go to OUTPUT_DIR/final as a Hugging Face model directory, and\n"
     "OUTPUT_DIR/plan.json gets the plan the run follows (written before the backend starts;\n"
-    "`moefit plan CONFIG --json FILE` writes the same file for the same config and overrides).\n";
+    "`moefit plan CONFIG --json FILE` writes the same file for the same config and overrides).\n\n"
+    "Resume checkpoints go to OUTPUT_DIR/checkpoints/step-NNNNNN every output.checkpoint_every\n"
+    "steps and at the end: master weights, AdamW moments, the data position and the rest of\n"
+    "what the next step needs, with a manifest of checksums (output.checkpoint_compression,\n"
+    "output.keep_checkpoints).\n"
+    "--resume [DIR] continues from checkpoint DIR, or without DIR from the newest complete one\n"
+    "in OUTPUT_DIR/checkpoints (newer unfinished or damaged ones are passed over with a\n"
+    "warning); the steps after it give the same losses and weights, bit for bit, as a run that\n"
+    "never stopped. A checkpoint that fails its checksums, of another model, or written under\n"
+    "settings that change the training (model, data, train.* but steps, threads, log_every,\n"
+    "eval_every, overlap_optimizer) is refused. metrics.jsonl keeps its lines up to the\n"
+    "checkpoint's step and gets a line marking the resume.\n";
 
 static const char k_eval_usage[] =
     "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--model DIR] [--dump-logits FILE]\n\n"
@@ -56,16 +68,41 @@ static int load_config(const char *cmd, mf_config_use use, int argc, char **argv
   return MF_EXIT_OK;
 }
 
+/* Takes `--resume [DIR]` out of argv (DIR: the next word unless it is an
+ * option, a key=value or a *.yaml file that is not a directory); *resume 1
+ * when it was there. Returns the new argc. */
+static int take_resume(int argc, char **argv, int *resume, const char **dir) {
+  int n = 0;
+  for (int i = 0; i < argc; i++) {
+    if (i > 0 && strcmp(argv[i], "--resume") == 0) {
+      *resume = 1;
+      struct stat sb;
+      const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+      const size_t len = next ? strlen(next) : 0;
+      const int yaml = len > 5 && (strcmp(next + len - 5, ".yaml") == 0 || strcmp(next + len - 4, ".yml") == 0);
+      if (next && strncmp(next, "--", 2) != 0 && !strchr(next, '=') &&
+          ((stat(next, &sb) == 0 && S_ISDIR(sb.st_mode)) || !yaml))
+        *dir = argv[++i];
+      continue;
+    }
+    argv[n++] = argv[i];
+  }
+  return n;
+}
+
 int mf_cli_train(int argc, char **argv) {
   if (mf_cli_wants_help(argc, argv)) {
     printf("%s", k_train_usage);
     return MF_EXIT_OK;
   }
+  int resume = 0;
+  const char *dir = NULL;
+  argc = take_resume(argc, argv, &resume, &dir);
   mf_config *cfg = NULL;
   int rc = load_config("train", MF_CONFIG_FOR_TRAIN, argc, argv, NULL, NULL, 0, &cfg);
   if (rc != MF_EXIT_OK) return rc;
   mf_train_summary sum;
-  mf_status st = mf_train(cfg, 0, &sum);
+  mf_status st = resume ? mf_train_resume(cfg, dir, 0, &sum) : mf_train(cfg, 0, &sum);
   mf_config_free(cfg);
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail("train", st);
 }

@@ -469,11 +469,32 @@ static mf_status set_mem_routing(walk *w, const mf_config_key *k, const mf_ynode
                   mf_ynode_describe(v, got, sizeof got), hint);
 }
 
+/* output.checkpoint_compression: none or zstd-N, N in 1..19. */
+static mf_status set_ckpt_compression(walk *w, const mf_config_key *k, const mf_ynode *v) {
+  MF_CHECK(set_scalar(w, k, v));
+  mf_config_output *o = &w->cfg->output;
+  if (strcmp(o->checkpoint_compression, "none") == 0) {
+    o->checkpoint_zstd = 0;
+    return MF_OK;
+  }
+  const char *c = o->checkpoint_compression;
+  char *end = NULL;
+  const long lvl = strncmp(c, "zstd-", 5) == 0 && c[5] >= '0' && c[5] <= '9' ? strtol(c + 5, &end, 10) : -1;
+  if (lvl >= 1 && lvl <= 19 && end && !*end) {
+    o->checkpoint_zstd = (int)lvl;
+    return MF_OK;
+  }
+  char got[128];
+  return NODE_ERR(v, "%s must be none or zstd-N with N from 1 to 19 (got %s)", k->path,
+                  mf_ynode_describe(v, got, sizeof got));
+}
+
 static mf_status set_value(walk *w, const mf_config_key *k, const mf_ynode *v) {
   if (k->kind == MF_CK_INTLIST) return set_intlist(w, k, v);
   if (k->kind == MF_CK_OVERRIDES) return set_mem_overrides(w, k, v);
   if (k->off == offsetof(mf_config, memory.plan) && k->kind == MF_CK_STR) return set_mem_plan(w, k, v);
   if (k->off == offsetof(mf_config, memory.routing) && k->kind == MF_CK_STR) return set_mem_routing(w, k, v);
+  if (k->off == offsetof(mf_config, output.checkpoint_compression)) return set_ckpt_compression(w, k, v);
   return set_scalar(w, k, v);
 }
 
@@ -902,58 +923,76 @@ static int str_eq(const char *a, const char *b) {
   return (!a && !b) || (a && b && strcmp(a, b) == 0);
 }
 
+/* Key k has the same value in a and b. */
+static int key_equal(const mf_config *a, const mf_config *b, const mf_config_key *k) {
+  const void *x = cfield(a, k), *y = cfield(b, k);
+  switch (k->kind) {
+    case MF_CK_SECTION:
+      return 1;
+    case MF_CK_INT:
+      return *(const int64_t *)x == *(const int64_t *)y;
+    case MF_CK_U64:
+    case MF_CK_SIZE:
+      return *(const uint64_t *)x == *(const uint64_t *)y;
+    case MF_CK_FLOAT: {
+      double p = *(const double *)x, q = *(const double *)y;
+      return p == q || (isnan(p) && isnan(q));
+    }
+    case MF_CK_BOOL:
+    case MF_CK_ENUM:
+    case MF_CK_FAMILY:
+      return memcmp(x, y, sizeof(int)) == 0;
+    case MF_CK_STR:
+      return str_eq(*(char *const *)x, *(char *const *)y);
+    case MF_CK_INTLIST: {
+      const mf_model_spec *s = &a->model.init, *t = &b->model.init;
+      if (s->n_mlp_only != t->n_mlp_only) return 0;
+      for (int64_t j = 0; j < s->n_mlp_only; j++)
+        if (s->mlp_only_layers[j] != t->mlp_only_layers[j]) return 0;
+      return 1;
+    }
+    case MF_CK_OVERRIDES: {
+      const mf_config_memory *m = &a->memory, *n = &b->memory;
+      if (m->n_overrides != n->n_overrides) return 0;
+      for (size_t j = 0; j < m->n_overrides; j++) {
+        const mf_config_mem_override *o = &m->overrides[j], *p = &n->overrides[j];
+        if (!str_eq(o->match, p->match) || !str_eq(o->params, p->params) ||
+            !str_eq(o->activations, p->activations) || !str_eq(o->grads, p->grads) ||
+            !str_eq(o->optimizer, p->optimizer))
+          return 0;
+      }
+      return 1;
+    }
+  }
+  return 1;
+}
+
 int mf_config_equal(const mf_config *a, const mf_config *b) {
   if (!a || !b) return a == b;
   if (a->model.has_init != b->model.has_init) return 0;
   for (size_t i = 0; i < mf_config_n_keys; i++) {
     const mf_config_key *k = &mf_config_keys[i];
     if (!a->model.has_init && strncmp(k->path, "model.init.", 11) == 0) continue;
-    const void *x = cfield(a, k), *y = cfield(b, k);
-    switch (k->kind) {
-      case MF_CK_SECTION:
-        break;
-      case MF_CK_INT:
-        if (*(const int64_t *)x != *(const int64_t *)y) return 0;
-        break;
-      case MF_CK_U64:
-      case MF_CK_SIZE:
-        if (*(const uint64_t *)x != *(const uint64_t *)y) return 0;
-        break;
-      case MF_CK_FLOAT: {
-        double p = *(const double *)x, q = *(const double *)y;
-        if (!(p == q || (isnan(p) && isnan(q)))) return 0;
-        break;
-      }
-      case MF_CK_BOOL:
-      case MF_CK_ENUM:
-      case MF_CK_FAMILY:
-        if (memcmp(x, y, sizeof(int)) != 0) return 0;
-        break;
-      case MF_CK_STR:
-        if (!str_eq(*(char *const *)x, *(char *const *)y)) return 0;
-        break;
-      case MF_CK_INTLIST: {
-        const mf_model_spec *s = &a->model.init, *t = &b->model.init;
-        if (s->n_mlp_only != t->n_mlp_only) return 0;
-        for (int64_t j = 0; j < s->n_mlp_only; j++)
-          if (s->mlp_only_layers[j] != t->mlp_only_layers[j]) return 0;
-        break;
-      }
-      case MF_CK_OVERRIDES: {
-        const mf_config_memory *m = &a->memory, *n = &b->memory;
-        if (m->n_overrides != n->n_overrides) return 0;
-        for (size_t j = 0; j < m->n_overrides; j++) {
-          const mf_config_mem_override *o = &m->overrides[j], *p = &n->overrides[j];
-          if (!str_eq(o->match, p->match) || !str_eq(o->params, p->params) ||
-              !str_eq(o->activations, p->activations) || !str_eq(o->grads, p->grads) ||
-              !str_eq(o->optimizer, p->optimizer))
-            return 0;
-        }
-        break;
-      }
-    }
+    if (!key_equal(a, b, k)) return 0;
   }
   return !a->model.has_init || a->model.init.qk_norm == b->model.init.qk_norm;
+}
+
+size_t mf_config_diff(const mf_config *a, const mf_config *b, const char **paths, size_t cap) {
+  size_t n = 0;
+  const int init = a->model.has_init && b->model.has_init;
+  if (a->model.has_init != b->model.has_init) {
+    if (n < cap) paths[n] = "model.init";
+    n++;
+  }
+  for (size_t i = 0; i < mf_config_n_keys; i++) {
+    const mf_config_key *k = &mf_config_keys[i];
+    if (!init && strncmp(k->path, "model.init.", 11) == 0) continue;
+    if (key_equal(a, b, k)) continue;
+    if (n < cap) paths[n] = k->path;
+    n++;
+  }
+  return n;
 }
 
 const char *mf_config_schedule_name(mf_config_schedule s) {

@@ -180,6 +180,9 @@ typedef struct mf_config_hardware {
 typedef struct mf_config_output {
   char *dir;                /* run directory: checkpoints, logs, metrics */
   int64_t checkpoint_every; /* steps; 0 = only at the end */
+  char *checkpoint_compression; /* "none" or "zstd-N" (N 1..19) as written */
+  int checkpoint_zstd;          /* its level; 0: none (derived, not a key) */
+  int64_t keep_checkpoints;     /* complete checkpoints kept; 0: all */
 } mf_config_output;
 
 typedef struct mf_config {
@@ -237,6 +240,10 @@ const char *mf_config_where(const mf_config *cfg, const char *path);
 mf_status mf_config_print(const mf_config *cfg, FILE *f);
 /* 1 when every setting is equal (`source` is not compared; NaN equals NaN). */
 int mf_config_equal(const mf_config *a, const mf_config *b);
+/* The keys whose values differ between a and b, in key-table order: up to
+ * `cap` of their paths (static strings, "model.init" when only one has an
+ * init) into paths; returns how many differ. */
+size_t mf_config_diff(const mf_config *a, const mf_config *b, const char **paths, size_t cap);
 /* One line per key: path, default, type and meaning (for --help). */
 void mf_config_print_keys(FILE *f);
 

@@ -149,7 +149,13 @@ const mf_config_key mf_config_keys[] = {
     KEY("output.dir", MF_CK_STR, MF_CK_DOCDEF, output.dir, NOLO, NOHI, NULL, "runs/<config name>",
         "run directory: checkpoints, logs, metrics"),
     KEY("output.checkpoint_every", MF_CK_INT, 0, output.checkpoint_every, 0, 1e12, NULL, "0",
-        "steps between resume checkpoints; 0: at the end only (not built yet: train warns when set)"),
+        "steps between resume checkpoints (<output.dir>/checkpoints/step-NNNNNN; `moefit train CONFIG --resume` "
+        "continues from the newest); 0: one at the end only"),
+    KEY("output.checkpoint_compression", MF_CK_STR, 0, output.checkpoint_compression, NOLO, NOHI, NULL, "zstd-1",
+        "how a checkpoint's master weights and AdamW moments are stored: zstd-N (level 1..19, multithreaded) or "
+        "none"),
+    KEY("output.keep_checkpoints", MF_CK_INT, 0, output.keep_checkpoints, 0, 1e9, NULL, "0",
+        "complete checkpoints kept: older ones are removed once a new one is complete; 0: keep all"),
 
     KEY("backend", MF_CK_ENUM, 0, backend, NOLO, NOHI, "auto|cpu|cuda", "auto",
         "compute backend; auto: cuda when this build has it and a GPU is visible, else cpu"),

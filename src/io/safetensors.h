@@ -157,6 +157,17 @@ mf_status mf_safetensors_write_sharded(const char *dir, const mf_st_tensor *tens
                                        const mf_st_meta *metadata, size_t n_metadata,
                                        uint64_t max_shard_bytes, size_t *n_shards);
 
+/* Where mf_safetensors_write_stream puts the bytes: all n of them or a
+ * failing status (which ends the stream). */
+typedef mf_status (*mf_st_sink)(void *ctx, const void *bytes, size_t n);
+
+/* The bytes mf_safetensors_write would put in a file (the same checks, the
+ * same layout), handed to `sink` in order instead: the 8-byte length and
+ * header, then each tensor's data in file order. For writers that transform
+ * the stream (a compressor, a checksum); `label` names it in messages. */
+mf_status mf_safetensors_write_stream(const char *label, const mf_st_tensor *tensors, size_t n,
+                                      const mf_st_meta *metadata, size_t n_metadata, mf_st_sink sink, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

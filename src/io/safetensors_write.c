@@ -230,6 +230,27 @@ done:
   return s;
 }
 
+/* The same bytes as mf_safetensors_write, handed to `sink` in order (the
+ * header, then each tensor's data) instead of a file. */
+mf_status mf_safetensors_write_stream(const char *label, const mf_st_tensor *tensors, size_t n,
+                                      const mf_st_meta *metadata, size_t n_metadata, mf_st_sink sink, void *ctx) {
+  if (!label || !label[0] || !sink) return MF_ERR(MF_ERR_INVALID_ARG, "mf_safetensors_write_stream: no label or sink");
+  st_item *items = NULL;
+  uint8_t *head = NULL;
+  size_t head_len = 0;
+  mf_status s;
+  MF_CHECK_GOTO(mf_calloc(n ? n : 1, sizeof *items, "tensor list", (void **)&items), s, done);
+  MF_CHECK_GOTO(st_validate(label, tensors, n, metadata, n_metadata, items), s, done);
+  MF_CHECK_GOTO(st_build_header(label, items, n, metadata, n_metadata, &head, &head_len), s, done);
+  MF_CHECK_GOTO(sink(ctx, head, head_len), s, done);
+  for (size_t i = 0; i < n; i++)
+    if (items[i].nbytes) MF_CHECK_GOTO(sink(ctx, items[i].t->data, items[i].nbytes), s, done);
+done:
+  free(head);
+  free(items);
+  return s;
+}
+
 /* ----------------------------------------------------------------- shards */
 
 static int st_is_shard_name(const char *s) {

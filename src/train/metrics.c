@@ -31,6 +31,7 @@ void mf_step_metrics_init(mf_step_metrics *s) {
   for (int k = 0; k < 3; k++) s->busy_s[k] = s->idle_s[k] = NAN;
   s->h2d_bytes = s->d2h_bytes = s->peak_device_bytes = NAN;
   s->staging_fill_s = s->staging_drain_s = NAN;
+  s->checkpoint_s = s->checkpoint_bytes = NAN;
 }
 
 /* ---------------------------------------------------------- formatting */
@@ -92,6 +93,8 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   json_num(buf, cap, &n, "optimizer_exposed_s", s->optimizer_exposed_s);
   json_num(buf, cap, &n, "staging_fill_s", s->staging_fill_s);
   json_num(buf, cap, &n, "staging_drain_s", s->staging_drain_s);
+  json_num(buf, cap, &n, "checkpoint_s", s->checkpoint_s);
+  json_count(buf, cap, &n, "checkpoint_bytes", s->checkpoint_bytes);
   appendf(buf, cap, &n, "}");
   return n;
 }
@@ -290,6 +293,24 @@ mf_status mf_metrics_write(mf_metrics *m, const mf_step_metrics *s) {
     return MF_ERR(MF_ERR_INTERNAL, "%s: a metrics line of %zu bytes does not fit %d", m->path, n, LINE_CAP);
   m->line[n++] = '\n';
   return write_all(m->fd, m->path, m->line, n); /* one write(2): no stdio buffer to lose */
+}
+
+mf_status mf_metrics_write_resume(mf_metrics *m, const char *dir, int64_t step) {
+  size_t n = 0;
+  const size_t cap = sizeof m->line - 1;
+  appendf(m->line, cap, &n, "{\"resumed_from\":\"");
+  for (const unsigned char *p = (const unsigned char *)dir; *p && n + 8 < cap; p++) {
+    if (*p == '"' || *p == '\\')
+      appendf(m->line, cap, &n, "\\%c", *p);
+    else if (*p < 0x20)
+      appendf(m->line, cap, &n, "\\u%04x", *p);
+    else
+      m->line[n++] = (char)*p;
+  }
+  appendf(m->line, cap, &n, "\",\"resume_step\":%lld}", (ll)step);
+  if (n >= cap) return MF_ERR(MF_ERR_INTERNAL, "%s: the resume line does not fit %d bytes", m->path, LINE_CAP);
+  m->line[n++] = '\n';
+  return write_all(m->fd, m->path, m->line, n);
 }
 
 /* The step of a line this module wrote, or -1 for any other line. */

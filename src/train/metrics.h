@@ -120,6 +120,10 @@ typedef struct mf_step_metrics {
    * step filling slabs and copying them out (NaN: copies not staged). */
   double staging_fill_s;
   double staging_drain_s;
+  /* A resume checkpoint written after this step (src/ckpt/ckpt.h): its wall
+   * seconds, the training paused meanwhile, and its bytes on disk (NaN: none). */
+  double checkpoint_s;
+  double checkpoint_bytes;
 } mf_step_metrics;
 
 void mf_step_metrics_init(mf_step_metrics *s); /* zeros, optional fields NaN */
@@ -136,6 +140,9 @@ mf_status mf_metrics_write(mf_metrics *m, const mf_step_metrics *s);
  * of `step` calls it so the steps it repeats are not in the file twice. Lines
  * this module did not write are kept. */
 mf_status mf_metrics_rewind(mf_metrics *m, int64_t step);
+/* Appends the line {"resumed_from": DIR, "resume_step": STEP} that marks
+ * where a resumed run's lines begin (a line of no step: rewind keeps it). */
+mf_status mf_metrics_write_resume(mf_metrics *m, const char *dir, int64_t step);
 const char *mf_metrics_path(const mf_metrics *m); /* dir/metrics.jsonl */
 void mf_metrics_close(mf_metrics *m);             /* NULL is fine */
 

@@ -33,10 +33,16 @@ typedef struct run {
   int64_t tokens_per_step;
   mf_window win;
   double t_start;
+  mf_ckpt_writer *ckw;
+  int resume;             /* continue from a checkpoint */
+  const char *resume_dir; /* that one (NULL: the newest complete one); then resume_path */
+  char resume_path[4200];
+  int64_t first_step;     /* the steps done before this process's first (the checkpoint's) */
 } run;
 
 static void run_free(run *r) {
   mf_optim_worker_free(r->wk); /* first: it may still be writing the buffers freed below */
+  mf_ckpt_writer_free(r->ckw);
   mf_updates_free(&r->up);
   free(r->used);
   free(r->ext_sums);
@@ -108,6 +114,20 @@ static mf_status open_data(const mf_config *cfg, const char *key, const char *pa
   return st;
 }
 
+/* --resume: the checkpoint's state into the run's buffers and loader; the
+ * bf16 working copy rounded again from the master weights; the executor's
+ * device copies of device-optimized state marked stale. */
+static mf_status resume(run *r, mf_train_summary *out) {
+  char *dir = r->resume_path;
+  const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+  MF_CHECK(mf_train_ckpt_load(r->cfg, r->resume_dir, &d, r->train, out, dir, sizeof r->resume_path, &r->first_step));
+  r->resume_dir = dir;
+  MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, (uint16_t *)r->hs.working.ptr, r->pool));
+  mf_exec_invalidate(r->tr.exec);
+  if (!r->quiet) MF_LOGI("train", "resumed from %s (step %lld)", dir, (long long)r->first_step);
+  return MF_OK;
+}
+
 /* The data, the plan (written to OUTPUT/plan.json before the backend is
  * created), the executors, the weights, the host state and the optimizer.
  * Everything that can refuse the run comes before anything large is
@@ -154,12 +174,13 @@ static mf_status setup(run *r, mf_train_summary *out) {
   r->n_routed = (size_t)(t->spec.layers * (t->spec.experts > 0 ? t->spec.experts : 1));
   MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
   if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
-  if (cfg->output.checkpoint_every > 0)
-    MF_LOGW("train",
-            "output.checkpoint_every: %lld: resume checkpoints are not built yet; only the final weights are "
-            "written (%s/final)",
-            (long long)cfg->output.checkpoint_every, cfg->output.dir);
-  MF_CHECK(mf_metrics_open(cfg->output.dir, 0, &r->metrics));
+  MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
+  if (r->resume) MF_CHECK(resume(r, out));
+  MF_CHECK(mf_metrics_open(cfg->output.dir, r->resume, &r->metrics));
+  if (r->resume) {
+    MF_CHECK(mf_metrics_rewind(r->metrics, r->first_step));
+    MF_CHECK(mf_metrics_write_resume(r->metrics, r->resume_path, r->first_step));
+  }
   r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
   return MF_OK;
 }
@@ -307,8 +328,11 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   const mf_config *cfg = r->cfg;
   const int last = step == cfg->train.steps;
   const int eval_now = r->valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
-  if (r->wk && (eval_now || last)) MF_CHECK(mf_optim_worker_wait_all(r->wk));
-  if (r->up.on_device && (eval_now || last)) MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, 0));
+  const int64_t every = cfg->output.checkpoint_every;
+  const int ckpt_now = last || (every > 0 && step % every == 0);
+  if (r->wk && (eval_now || ckpt_now)) MF_CHECK(mf_optim_worker_wait_all(r->wk));
+  /* A checkpoint needs the device-optimized parameters' moments home too. */
+  if (r->up.on_device && (eval_now || ckpt_now)) MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, ckpt_now));
   if (r->wk) {
     double busy, waited;
     mf_optim_worker_stats(r->wk, &busy, &waited);
@@ -323,7 +347,12 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     out->eval_seconds += er.seconds;
     mf_window_exclude(&r->win, er.seconds); /* not training: out of tokens/s, step_s and the ETA */
   }
-  if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now) {
+  if (ckpt_now) {
+    const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+    MF_CHECK(mf_train_ckpt_save(r->ckw, &d, r->train, cfg, step, out, r->quiet, sm));
+    mf_window_exclude(&r->win, sm->checkpoint_s); /* the training paused for it (written synchronously) */
+  }
+  if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now || ckpt_now) {
     mf_exec_stats xs;
     mf_exec_stats_get(r->tr.exec, &xs);
     sm->elapsed_s = mf_time_now() - r->t_start;
@@ -345,17 +374,18 @@ static mf_status finish(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   out->seconds = mf_time_now() - r->t_start;
   const double train_s = out->seconds - out->eval_seconds;
-  out->tokens_per_s = (double)(out->steps * r->tokens_per_step) / (train_s > 0 ? train_s : 1e-9);
+  const int64_t ran = out->steps - r->first_step; /* by this process (after a resume, fewer) */
+  out->tokens_per_s = (double)(ran * r->tokens_per_step) / (train_s > 0 ? train_s : 1e-9);
   /* The first step pays for cold caches and page faults: the median of the rest. */
-  const int64_t n_rest = out->steps > 1 ? out->steps - 1 : out->steps;
-  double *rest = r->step_wall + (out->steps > 1 ? 1 : 0);
+  const int64_t n_rest = ran > 1 ? ran - 1 : ran;
+  double *rest = r->step_wall + r->first_step + (ran > 1 ? 1 : 0);
   qsort(rest, (size_t)n_rest, sizeof(double), cmp_double);
   out->predicted_step_s = r->tr.rp->plan->sim.step_seconds;
   out->executed_step_s = n_rest > 0 ? rest[n_rest / 2] : NAN;
   if (!r->quiet)
-    MF_LOGI("train", "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps 2..%lld; profile %s)",
+    MF_LOGI("train", "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps %lld..%lld; profile %s)",
             out->predicted_step_s, out->executed_step_s, out->predicted_step_s / out->executed_step_s,
-            (long long)out->steps, r->tr.rp->profile_path);
+            (long long)(r->first_step + 2), (long long)out->steps, r->tr.rp->profile_path);
   char final_dir[4200], routing_path[4200];
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
   MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
@@ -386,7 +416,7 @@ static mf_status finish(run *r, mf_train_summary *out) {
   return MF_OK;
 }
 
-mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
+static mf_status train_run(const mf_config *cfg, int resume, const char *dir, int quiet, mf_train_summary *out) {
   memset(out, 0, sizeof *out);
   out->valid_loss = NAN;
   out->predicted_step_s = out->executed_step_s = NAN;
@@ -395,11 +425,13 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   r.cfg = cfg;
   r.quiet = quiet;
   r.w_owned = 1;
+  r.resume = resume;
+  r.resume_dir = dir;
   mf_status st = setup(&r, out);
   if (st == MF_OK && !quiet) log_start(&r, out);
   r.t_start = mf_time_now();
   mf_window_start(&r.win, r.t_start);
-  for (int64_t step = 1; st == MF_OK && step <= cfg->train.steps; step++) {
+  for (int64_t step = r.first_step + 1; st == MF_OK && step <= cfg->train.steps; step++) {
     mf_step_metrics sm;
     st = step_once(&r, step, out, &sm);
     if (st == MF_OK) st = after_step(&r, step, out, &sm);
@@ -407,4 +439,12 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
   if (st == MF_OK) st = finish(&r, out);
   run_free(&r);
   return st;
+}
+
+mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
+  return train_run(cfg, 0, NULL, quiet, out);
+}
+
+mf_status mf_train_resume(const mf_config *cfg, const char *dir, int quiet, mf_train_summary *out) {
+  return train_run(cfg, 1, dir, quiet, out);
 }

@@ -44,9 +44,20 @@ typedef struct mf_train_summary {
 } mf_train_summary;
 
 /* Trains as the config says: progress lines on stderr, OUTPUT/metrics.jsonl,
- * the final weights in OUTPUT/final (an HF model dir). `quiet` suppresses
+ * the final weights in OUTPUT/final (an HF model dir), resume checkpoints in
+ * OUTPUT/checkpoints (output.checkpoint_every, and at the end). `quiet` suppresses
  * the progress lines (tests). */
 mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out);
+/* mf_train continued from a resume checkpoint (src/ckpt/ckpt.h): `dir`, or
+ * (NULL) the newest complete one under OUTPUT/checkpoints, newer incomplete
+ * or damaged ones passed over with a warning. A checkpoint that does not
+ * verify, of another model, or written under a config whose maths differ is
+ * refused naming the file and the fault. The steps after it give the same
+ * losses and final weights, bit for bit, as a run that never stopped (the
+ * learning rate follows this config's train.steps). metrics.jsonl keeps the
+ * lines up to the checkpoint's step and gets a line marking the resume;
+ * out->steps and first_loss count from the run's start. */
+mf_status mf_train_resume(const mf_config *cfg, const char *dir, int quiet, mf_train_summary *out);
 
 /* Host threads each of the staging arena's fills and copy-outs get in a run
  * of cfg on `backend` ("cpu" or "cuda", resolved): what train passes the

@@ -12,6 +12,7 @@
  *              behind the next step, the optimizer on the device
  *   window.c   the logging window: per-step figures summed between progress
  *              lines, written to metrics.jsonl and the progress line
+ *   checkpoint.c  the resume checkpoints: the loop's state to src/ckpt and back
  *   train.c    mf_train: setup, the step loop, finish; eval.c mf_eval
  */
 #ifndef MF_TRAIN_INTERNAL_H
@@ -21,6 +22,7 @@
 
 #include "kernels/backend.h"
 #include "planner/run_plan.h"
+#include "src/ckpt/ckpt.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/core/hostbuf.h"
@@ -162,6 +164,22 @@ void mf_window_exclude(mf_window *w, double seconds);
  * line as written (its window_loss, window_steps). */
 mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *base, const mf_exec_stats *xs,
                           int64_t tokens_per_step, int64_t total_steps, int quiet, mf_step_metrics *line);
+
+/* -------------------------------------------------------- checkpoint.c */
+
+/* The run's tensors as src/ckpt reads and fills them. */
+mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host_state *hs, int64_t *adam_steps,
+                                int64_t *routed, size_t n_routed);
+/* Writes the checkpoint of `step` (every update done and the device's state
+ * home first: the caller's), says so on stderr unless quiet, and puts its
+ * seconds and bytes in sm. */
+mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const mf_loader *l, const mf_config *cfg,
+                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm);
+/* Reads checkpoint `want` (NULL: the newest complete one under output.dir)
+ * into d and the loader after checking its config; *step gets its step, dir
+ * its path; sum gets the steps, skipped count and first loss so far. */
+mf_status mf_train_ckpt_load(const mf_config *cfg, const char *want, const mf_ckpt_data *d, mf_loader *l,
+                             mf_train_summary *sum, char *dir, size_t cap, int64_t *step);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,8 @@ TEST(Metrics, LinesAreJson) {
       s.optimizer_exposed_s = 0.005;
       s.staging_fill_s = 0.0078125;
       s.staging_drain_s = 0.00390625;
+      s.checkpoint_s = 0.5;
+      s.checkpoint_bytes = 5e9;
     }
     ASSERT_EQ(mf_metrics_write(m, &s), MF_OK) << mf_last_error();
     // Each line is in the file as soon as write returns.
@@ -106,7 +108,7 @@ TEST(Metrics, LinesAreJson) {
                         "eval_loss", "eval_s", "step_s",       "expert_imbalance",
                         "compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s", "d2h_idle_s",
                         "h2d_bytes", "d2h_bytes", "peak_device_bytes", "optimizer_hidden_s", "optimizer_exposed_s",
-                        "staging_fill_s", "staging_drain_s"};
+                        "staging_fill_s", "staging_drain_s", "checkpoint_s", "checkpoint_bytes"};
   for (size_t i = 0; i < lines.size(); i++) {
     json_t *j = Parse(lines[i]);
     ASSERT_NE(j, nullptr);
@@ -144,6 +146,8 @@ TEST(Metrics, LinesAreJson) {
       EXPECT_DOUBLE_EQ(Num(j, "optimizer_exposed_s"), 0.005);
       EXPECT_DOUBLE_EQ(Num(j, "staging_fill_s"), 0.0078125);
       EXPECT_DOUBLE_EQ(Num(j, "staging_drain_s"), 0.00390625);
+      EXPECT_DOUBLE_EQ(Num(j, "checkpoint_s"), 0.5);
+      EXPECT_DOUBLE_EQ(Num(j, "checkpoint_bytes"), 5e9);
     } else {
       EXPECT_DOUBLE_EQ(Num(j, "loss"), s.loss);
       EXPECT_DOUBLE_EQ(Num(j, "ce_loss"), s.ce_loss);
@@ -160,7 +164,7 @@ TEST(Metrics, LinesAreJson) {
       // Streams not measured: null; the optimizer's overlap fields default to 0.
       for (const char *k : {"compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s",
                             "d2h_idle_s", "h2d_bytes", "d2h_bytes", "peak_device_bytes", "staging_fill_s",
-                            "staging_drain_s"})
+                            "staging_drain_s", "checkpoint_s", "checkpoint_bytes"})
         EXPECT_TRUE(json_is_null(json_object_get(j, k))) << k;
       EXPECT_EQ(Num(j, "optimizer_hidden_s"), 0.0);
       EXPECT_EQ(Num(j, "optimizer_exposed_s"), 0.0);

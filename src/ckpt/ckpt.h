@@ -1,0 +1,144 @@
+/*
+ * Resume checkpoints: everything a training run carries from one step to the
+ * next, written so that a run continued from it takes the same steps, bit for
+ * bit, as one that never stopped.
+ *
+ * Layout: <output.dir>/checkpoints/step-NNNNNN/ (N the optimizer steps done)
+ *
+ *   master.safetensors[.zst]    fp32 master weights, one tensor per parameter
+ *                               under its HF name
+ *   optimizer.safetensors[.zst] AdamW moments as stored (F32 or BF16):
+ *                               exp_avg.<name>, exp_avg_sq.<name>
+ *   state.safetensors           adam_step [n_params] I64 (each parameter's
+ *                               AdamW step count: advanced only when it got a
+ *                               gradient), routed_tokens [layers, experts] I64
+ *                               (the routing statistics summed over the steps)
+ *   state.json                  the step, the schedule position (the next
+ *                               step's learning rate is lr_at(step + 1)), the
+ *                               data order and position (the loader's seed,
+ *                               epoch and index: its xoshiro256** generator is
+ *                               a function of (seed, epoch), so these are its
+ *                               whole state), skipped steps, step 1's loss
+ *   config.yaml                 the config as resolved (mf_config_print)
+ *   plan.json                   the plan the run followed (a copy)
+ *   manifest.json               every file above: bytes on disk, the checksum
+ *                               of those bytes, bytes before compression
+ *   COMPLETE                    written last: the checkpoint is whole
+ *
+ * `.zst` files are one zstd frame of the safetensors file (its content size in
+ * the frame header). The checksum is mf_ckpt_hash64: FNV-1a 64 over the bytes
+ * taken as little-endian 8-byte words (the tail zero-padded), the length
+ * mixed in last.
+ *
+ * Writing: into checkpoints/.tmp-step-NNNNNN (each file fsynced), the
+ * directory fsynced, renamed to step-NNNNNN, the parent fsynced, then COMPLETE
+ * written and fsynced. A directory without COMPLETE is a checkpoint that was
+ * being written when the run died: resume passes over it.
+ */
+#ifndef MF_CKPT_CKPT_H
+#define MF_CKPT_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The large state: the caller's buffers, read when writing, filled when
+ * reading (each in the parameter table's layout). */
+typedef struct mf_ckpt_data {
+  const mf_param_table *t;
+  float *master;       /* [t->total_numel] fp32 master weights */
+  void *m, *v;         /* [t->total_numel] AdamW moments, `moments` each */
+  mf_dtype moments;    /* MF_DTYPE_F32 or MF_DTYPE_BF16 */
+  int64_t *adam_steps; /* [t->n] */
+  int64_t *routed;     /* [n_routed] tokens routed to each expert (layers x experts) */
+  size_t n_routed;
+} mf_ckpt_data;
+
+/* The small state: what the loop carries besides the tensors. */
+typedef struct mf_ckpt_state {
+  int64_t step;            /* optimizer steps done (skipped ones included) */
+  int64_t skipped;         /* of them, skipped for non-finite gradients */
+  double first_loss;       /* step 1's loss */
+  double lr;               /* the learning rate of step `step` (for people) */
+  int64_t train_steps;     /* train.steps of the run that wrote it */
+  uint64_t data_epoch;     /* the training loader (train/loader.h mf_loader_state) */
+  uint64_t data_index;
+  uint64_t data_seed;
+  uint64_t data_windows;
+} mf_ckpt_state;
+
+/* One checkpoint's figures. */
+typedef struct mf_ckpt_stats {
+  char dir[4200];     /* the checkpoint's directory */
+  double seconds;     /* wall time of the write, fsyncs included */
+  uint64_t bytes;     /* bytes on disk */
+  uint64_t raw_bytes; /* bytes before compression */
+} mf_ckpt_stats;
+
+/* FNV-1a 64 over little-endian 8-byte words (see above), streamed. */
+typedef struct mf_ckpt_hash {
+  uint64_t h, len;
+  uint8_t tail[8];
+  unsigned n_tail;
+} mf_ckpt_hash;
+
+void mf_ckpt_hash_init(mf_ckpt_hash *s);
+void mf_ckpt_hash_update(mf_ckpt_hash *s, const void *bytes, size_t n);
+uint64_t mf_ckpt_hash_final(const mf_ckpt_hash *s);
+uint64_t mf_ckpt_hash64(const void *bytes, size_t n);
+
+/* ------------------------------------------------------------- writing */
+
+typedef struct mf_ckpt_writer mf_ckpt_writer;
+
+/* A writer for cfg's run: output.dir, output.checkpoint_compression (zstd
+ * with train.threads workers where the library has them), output.
+ * keep_checkpoints, the resolved config (printed now) and OUTPUT/plan.json.
+ * Its buffers are sized once here. */
+mf_status mf_ckpt_writer_create(const mf_config *cfg, mf_ckpt_writer **out);
+void mf_ckpt_writer_free(mf_ckpt_writer *w); /* NULL is fine */
+
+/* Writes checkpoints/step-NNNNNN (s->step) as above, then removes complete
+ * checkpoints older than the newest output.keep_checkpoints. A checkpoint of
+ * that step already there is replaced (a resumed run repeating a step). On
+ * failure nothing named step-NNNNNN is left incomplete by this call and the
+ * earlier checkpoints are untouched. */
+mf_status mf_ckpt_write(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_state *s, mf_ckpt_stats *out);
+
+/* ------------------------------------------------------------- reading */
+
+/* Checks a checkpoint directory whole: COMPLETE present, manifest.json well
+ * formed, every file it names present with its size and checksum. An error
+ * names the file and the fault (MF_ERR_FORMAT; MF_ERR_IO when a file cannot
+ * be read). */
+mf_status mf_ckpt_verify(const char *dir);
+
+/* The checkpoint to resume from under output_dir/checkpoints: the highest
+ * step that verifies; each newer one that does not is passed over with a
+ * warning naming its fault. MF_ERR_CONFIG (a message saying where it looked)
+ * when none verifies. */
+mf_status mf_ckpt_find_latest(const char *output_dir, char *dir, size_t cap);
+
+/* Refuses (MF_ERR_CONFIG) a checkpoint written under a config whose maths
+ * differ from cfg's: the model, data.train, data.seq_len and the train.*
+ * keys (train.steps, threads, log_every, eval_every and overlap_optimizer
+ * excepted), naming the keys that differ with both values' sources. */
+mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg);
+
+/* Verifies dir (mf_ckpt_verify), then reads it into d's buffers (d->t the
+ * run's table: a tensor missing, of another shape or dtype is MF_ERR_FORMAT
+ * naming the file and the tensor) and *s. */
+mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_CKPT_CKPT_H */

@@ -1,0 +1,62 @@
+/* The training loop's resume checkpoints (train_internal.h): what the loop
+ * carries between steps, handed to src/ckpt and taken back. The loop's own
+ * part of it: the step, the skipped count, step 1's loss, the loader's
+ * position (its order is a function of (seed, epoch): that and the index are
+ * its whole generator state); src/ckpt's tensors: the master weights, the
+ * AdamW moments and step counts, the routing counts. Everything else a step
+ * reads is recomputed from these (the learning rate from the step, the bf16
+ * working copy from the master weights) or lives only inside one step. */
+#include <stdio.h>
+#include <string.h>
+
+#include "src/train/train_internal.h"
+
+mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host_state *hs, int64_t *adam_steps,
+                                int64_t *routed, size_t n_routed) {
+  const mf_ckpt_data d = {t, w, hs->m.ptr, hs->v.ptr, hs->moments, adam_steps, routed, n_routed};
+  return d;
+}
+
+mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const mf_loader *l, const mf_config *cfg,
+                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm) {
+  mf_loader_state ls;
+  mf_loader_get_state(l, &ls);
+  const mf_ckpt_state s = {step,     sum->skipped, sum->first_loss, mf_lr_at(&cfg->train, step),
+                           cfg->train.steps, ls.epoch, ls.index, ls.seed, ls.windows};
+  mf_ckpt_stats cs;
+  MF_CHECK(mf_ckpt_write(ckw, d, &s, &cs));
+  sm->checkpoint_s = cs.seconds;
+  sm->checkpoint_bytes = (double)cs.bytes;
+  if (!quiet) {
+    const double mib = (double)cs.bytes / (1024.0 * 1024.0);
+    MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s; %.2fx smaller than its %.2f MiB)", cs.dir, mib,
+            cs.seconds, cs.seconds > 0 ? mib / cs.seconds : 0.0,
+            cs.bytes ? (double)cs.raw_bytes / (double)cs.bytes : 1.0, (double)cs.raw_bytes / (1024.0 * 1024.0));
+  }
+  return MF_OK;
+}
+
+mf_status mf_train_ckpt_load(const mf_config *cfg, const char *want, const mf_ckpt_data *d, mf_loader *l,
+                             mf_train_summary *sum, char *dir, size_t cap, int64_t *step) {
+  if (want)
+    snprintf(dir, cap, "%s", want);
+  else
+    MF_CHECK(mf_ckpt_find_latest(cfg->output.dir, dir, cap));
+  MF_CHECK(mf_ckpt_check_config(dir, cfg));
+  mf_ckpt_state s;
+  MF_CHECK(mf_ckpt_read(dir, d, &s));
+  if (s.step >= cfg->train.steps)
+    return MF_ERR(MF_ERR_CONFIG, "%s: the checkpoint is of step %lld and train.steps is %lld: nothing left to train "
+                  "(raise train.steps)", dir, (long long)s.step, (long long)cfg->train.steps);
+  const mf_loader_state ls = {s.data_epoch, s.data_index, s.data_seed, s.data_windows};
+  mf_status st = mf_loader_set_state(l, &ls);
+  if (st != MF_OK) {
+    mf_error_prefix("%s/state.json: data", dir);
+    return st;
+  }
+  sum->steps = s.step;
+  sum->skipped = s.skipped;
+  sum->first_loss = s.first_loss;
+  *step = s.step;
+  return MF_OK;
+}

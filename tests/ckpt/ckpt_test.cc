@@ -1,0 +1,299 @@
+// src/ckpt through its C API: a checkpoint written and read back gives the
+// same bits (zstd and none, fp32 and bf16 moments); the manifest's checksums
+// catch a flipped byte and a truncated file; an unfinished checkpoint (no
+// COMPLETE) is refused and passed over for the previous one; keep_checkpoints
+// removes the older ones; a config that changes the maths is refused.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/ckpt/ckpt.h"
+#include "src/config/config.h"
+#include "src/core/core.h"
+#include "src/model/params.h"
+
+namespace {
+
+std::string TestDir() {
+  const char *base = std::getenv("TEST_TMPDIR");
+  const ::testing::TestInfo *info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = std::string(base ? base : "/tmp") + "/" + info->test_suite_name() + "." + info->name();
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+mf_config *Config(const std::string &out, const std::string &extra) {
+  const std::string text =
+      "model:\n  init: {family: mixtral, hidden: 32, layers: 2, heads: 4, kv_heads: 2, experts: 4, top_k: 2,\n"
+      "         expert_ffn: 32, vocab: 64, max_seq: 32, seed: 5}\n"
+      "data: {train: x.tokens, seq_len: 16}\n"
+      "train: {micro_batch: 2, steps: 10, lr: 1e-3}\n"
+      "output: {dir: " + out + ", " + extra + "}\nbackend: cpu\n";
+  mf_config *cfg = nullptr;
+  EXPECT_EQ(mf_config_load_string(text.c_str(), text.size(), "test.yaml", nullptr, 0, &cfg), MF_OK)
+      << mf_last_error();
+  return cfg;
+}
+
+bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
+
+std::string Slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void Spit(const std::string &path, const std::string &bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+// A model's state filled with a pattern of `seed`, and buffers to read into.
+struct State {
+  mf_param_table *t = nullptr;
+  std::vector<float> w;
+  std::vector<uint8_t> m, v;
+  std::vector<int64_t> steps, routed;
+  mf_dtype moments;
+
+  State(const mf_config *cfg, mf_dtype mom, uint32_t seed) : moments(mom) {
+    EXPECT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK) << mf_last_error();
+    const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(mom);
+    w.resize(n);
+    m.resize(n * ms);
+    v.resize(n * ms);
+    steps.resize((size_t)t->n);
+    routed.resize((size_t)(t->spec.layers * t->spec.experts));
+    uint32_t x = seed * 2654435761u + 1;
+    auto next = [&x] { return x = x * 1664525u + 1013904223u; };
+    for (auto &f : w) f = (float)(int32_t)next() * 1e-9f;
+    for (auto &b : m) b = (uint8_t)(next() >> 24);
+    for (auto &b : v) b = (uint8_t)(next() >> 24);
+    for (auto &s : steps) s = next() % 50;
+    for (auto &r : routed) r = next() % 1000;
+  }
+  ~State() { mf_param_table_free(t); }
+  mf_ckpt_data Data() {
+    return mf_ckpt_data{t, w.data(), m.data(), v.data(), moments, steps.data(), routed.data(), routed.size()};
+  }
+};
+
+mf_ckpt_state SmallState(int64_t step) {
+  mf_ckpt_state s;
+  memset(&s, 0, sizeof s);
+  s.step = step;
+  s.skipped = 1;
+  s.first_loss = 4.125;
+  s.lr = 1e-3;
+  s.train_steps = 10;
+  s.data_epoch = 2;
+  s.data_index = 17;
+  s.data_seed = 9;
+  s.data_windows = 123;
+  return s;
+}
+
+// Writes checkpoint `step` of `st` under cfg's output.dir.
+std::string Write(const mf_config *cfg, State &st, int64_t step, mf_ckpt_stats *stats = nullptr) {
+  mf_ckpt_writer *w = nullptr;
+  EXPECT_EQ(mf_ckpt_writer_create(cfg, &w), MF_OK) << mf_last_error();
+  mf_ckpt_data d = st.Data();
+  mf_ckpt_state s = SmallState(step);
+  mf_ckpt_stats local;
+  EXPECT_EQ(mf_ckpt_write(w, &d, &s, stats ? stats : &local), MF_OK) << mf_last_error();
+  mf_ckpt_writer_free(w);
+  return std::string(cfg->output.dir) + "/checkpoints/step-" + [&] {
+    char b[16];
+    snprintf(b, sizeof b, "%06lld", (long long)step);
+    return std::string(b);
+  }();
+}
+
+TEST(CkptHash, KnownValuesAndStreaming) {
+  // FNV-1a 64 over words: the empty input is the offset basis mixed with length 0.
+  EXPECT_EQ(mf_ckpt_hash64("", 0), 0xcbf29ce484222325ull * 0x100000001b3ull);
+  const std::string s = "the quick brown fox jumps over the lazy dog, twice over";
+  const uint64_t whole = mf_ckpt_hash64(s.data(), s.size());
+  for (size_t cut = 0; cut <= s.size(); cut++) {
+    mf_ckpt_hash h;
+    mf_ckpt_hash_init(&h);
+    mf_ckpt_hash_update(&h, s.data(), cut);
+    mf_ckpt_hash_update(&h, s.data() + cut, s.size() - cut);
+    EXPECT_EQ(mf_ckpt_hash_final(&h), whole) << cut;
+  }
+  EXPECT_NE(mf_ckpt_hash64("ab", 2), mf_ckpt_hash64("ab\0", 3));
+  EXPECT_NE(mf_ckpt_hash64("ab", 2), mf_ckpt_hash64("ba", 2));
+}
+
+void RoundTrip(const std::string &extra, mf_dtype moments) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, extra);
+  ASSERT_NE(cfg, nullptr);
+  State a(cfg, moments, 1), b(cfg, moments, 2);
+  mf_ckpt_stats stats;
+  const std::string dir = Write(cfg, a, 7, &stats);
+  EXPECT_EQ(std::string(stats.dir), dir);
+  EXPECT_GT(stats.bytes, 0u);
+  EXPECT_GE(stats.raw_bytes, (uint64_t)a.t->total_numel * (4 + 2 * mf_dtype_size(moments)));
+  for (const char *f : {"COMPLETE", "manifest.json", "state.json", "state.safetensors", "config.yaml"})
+    EXPECT_TRUE(Exists(dir + "/" + f)) << f;
+  EXPECT_FALSE(Exists(out + "/checkpoints/.tmp-step-000007"));
+  mf_ckpt_data d = b.Data();
+  mf_ckpt_state s;
+  ASSERT_EQ(mf_ckpt_read(dir.c_str(), &d, &s), MF_OK) << mf_last_error();
+  EXPECT_EQ(a.w, b.w);
+  EXPECT_EQ(a.m, b.m);
+  EXPECT_EQ(a.v, b.v);
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.routed, b.routed);
+  const mf_ckpt_state want = SmallState(7);
+  EXPECT_EQ(s.step, want.step);
+  EXPECT_EQ(s.skipped, want.skipped);
+  EXPECT_EQ(s.first_loss, want.first_loss);
+  EXPECT_EQ(s.lr, want.lr);
+  EXPECT_EQ(s.train_steps, want.train_steps);
+  EXPECT_EQ(s.data_epoch, want.data_epoch);
+  EXPECT_EQ(s.data_index, want.data_index);
+  EXPECT_EQ(s.data_seed, want.data_seed);
+  EXPECT_EQ(s.data_windows, want.data_windows);
+  EXPECT_EQ(mf_ckpt_check_config(dir.c_str(), cfg), MF_OK) << mf_last_error();
+  mf_config_free(cfg);
+}
+
+TEST(Ckpt, RoundTripZstd) {
+  RoundTrip("checkpoint_compression: zstd-3", MF_DTYPE_F32);
+  EXPECT_TRUE(Exists(TestDir() + "/checkpoints/step-000007/master.safetensors.zst"));
+}
+TEST(Ckpt, RoundTripNone) {
+  RoundTrip("checkpoint_compression: none", MF_DTYPE_F32);
+  EXPECT_TRUE(Exists(TestDir() + "/checkpoints/step-000007/optimizer.safetensors"));
+}
+TEST(Ckpt, RoundTripBf16Moments) { RoundTrip("checkpoint_compression: zstd-1", MF_DTYPE_BF16); }
+
+TEST(Ckpt, CompressionKeyRefusesOtherWords) {
+  const std::string text = "model: {init: {family: mixtral}}\ndata: {train: x.tokens}\noutput: {checkpoint_compression: gzip}\n";
+  mf_config *cfg = nullptr;
+  EXPECT_NE(mf_config_load_string(text.c_str(), text.size(), "t.yaml", nullptr, 0, &cfg), MF_OK);
+  EXPECT_NE(std::string(mf_last_error()).find("output.checkpoint_compression must be none or zstd-N"),
+            std::string::npos)
+      << mf_last_error();
+}
+
+// Each damage is refused with a message naming the file and the fault, and
+// find_latest passes over the damaged newest one for the previous.
+struct Damage {
+  const char *name;
+  void (*apply)(const std::string &dir);
+  const char *file, *fault;
+};
+
+void Flip(const std::string &dir) {
+  std::string b = Slurp(dir + "/optimizer.safetensors.zst");
+  b[b.size() / 2] ^= 0x10;
+  Spit(dir + "/optimizer.safetensors.zst", b);
+}
+void Truncate(const std::string &dir) {
+  std::string b = Slurp(dir + "/master.safetensors.zst");
+  Spit(dir + "/master.safetensors.zst", b.substr(0, b.size() - 100));
+}
+void Unfinished(const std::string &dir) { unlink((dir + "/COMPLETE").c_str()); }
+void NoManifest(const std::string &dir) { unlink((dir + "/manifest.json").c_str()); }
+void BadManifest(const std::string &dir) { Spit(dir + "/manifest.json", "{\"format\": 3"); }
+void FlipState(const std::string &dir) {
+  std::string b = Slurp(dir + "/state.json");
+  b[20] ^= 1;
+  Spit(dir + "/state.json", b);
+}
+
+TEST(Ckpt, DamageIsRefusedAndPassedOver) {
+  const Damage damages[] = {
+      {"flip", Flip, "optimizer.safetensors.zst", "the file is damaged"},
+      {"truncate", Truncate, "master.safetensors.zst", "truncated"},
+      {"unfinished", Unfinished, "COMPLETE", "the checkpoint was not finished"},
+      {"no_manifest", NoManifest, "manifest.json", "No such file"},
+      {"bad_manifest", BadManifest, "manifest.json", "line 1"},
+      {"flip_state", FlipState, "state.json", "the file is damaged"},
+  };
+  for (const Damage &dmg : damages) {
+    SCOPED_TRACE(dmg.name);
+    const std::string out = TestDir() + "/" + dmg.name;
+    mkdir(out.c_str(), 0755);
+    mf_config *cfg = Config(out, "checkpoint_compression: zstd-1");
+    ASSERT_NE(cfg, nullptr);
+    State a(cfg, MF_DTYPE_F32, 1), b(cfg, MF_DTYPE_F32, 2);
+    const std::string older = Write(cfg, a, 4), newest = Write(cfg, a, 8);
+    dmg.apply(newest);
+    EXPECT_NE(mf_ckpt_verify(newest.c_str()), MF_OK);
+    const std::string msg = mf_last_error();
+    EXPECT_NE(msg.find(newest + "/" + dmg.file), std::string::npos) << msg;
+    EXPECT_NE(msg.find(dmg.fault), std::string::npos) << msg;
+    mf_ckpt_data d = b.Data();
+    mf_ckpt_state s;
+    EXPECT_NE(mf_ckpt_read(newest.c_str(), &d, &s), MF_OK);
+    char found[4200];
+    ASSERT_EQ(mf_ckpt_find_latest(out.c_str(), found, sizeof found), MF_OK) << mf_last_error();
+    EXPECT_EQ(std::string(found), older);
+    mf_config_free(cfg);
+  }
+}
+
+TEST(Ckpt, NoneCompleteIsAnError) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, "checkpoint_compression: none");
+  State a(cfg, MF_DTYPE_F32, 1);
+  Unfinished(Write(cfg, a, 3));
+  char found[4200];
+  EXPECT_EQ(mf_ckpt_find_latest(out.c_str(), found, sizeof found), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("no complete checkpoint in " + out + "/checkpoints"), std::string::npos)
+      << mf_last_error();
+  mf_config_free(cfg);
+}
+
+TEST(Ckpt, KeepCheckpointsPrunesOlderComplete) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, "checkpoint_compression: none, keep_checkpoints: 2");
+  State a(cfg, MF_DTYPE_F32, 1);
+  for (int s = 1; s <= 4; s++) Write(cfg, a, s);
+  EXPECT_FALSE(Exists(out + "/checkpoints/step-000001"));
+  EXPECT_FALSE(Exists(out + "/checkpoints/step-000002"));
+  EXPECT_TRUE(Exists(out + "/checkpoints/step-000003/COMPLETE"));
+  EXPECT_TRUE(Exists(out + "/checkpoints/step-000004/COMPLETE"));
+  // The same step again replaces it.
+  Write(cfg, a, 4);
+  EXPECT_TRUE(Exists(out + "/checkpoints/step-000004/COMPLETE"));
+  EXPECT_EQ(mf_ckpt_verify((out + "/checkpoints/step-000004").c_str()), MF_OK) << mf_last_error();
+  mf_config_free(cfg);
+}
+
+TEST(Ckpt, ConfigThatChangesTheMathsIsRefused) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, "checkpoint_compression: none");
+  State a(cfg, MF_DTYPE_F32, 1);
+  const std::string dir = Write(cfg, a, 2);
+  const char *same[] = {"train.steps=50", "train.threads=1", "memory.device_budget=9MiB", "train.log_every=1"};
+  mf_config *ok = nullptr;
+  const std::string text = Slurp(dir + "/config.yaml");
+  ASSERT_EQ(mf_config_load_string(text.c_str(), text.size(), "c.yaml", same, 4, &ok), MF_OK) << mf_last_error();
+  EXPECT_EQ(mf_ckpt_check_config(dir.c_str(), ok), MF_OK) << mf_last_error();
+  mf_config_free(ok);
+  const char *diff[] = {"train.lr=2e-3", "model.init.hidden=64", "train.steps=3"};
+  mf_config *bad = nullptr;
+  ASSERT_EQ(mf_config_load_string(text.c_str(), text.size(), "c.yaml", diff, 3, &bad), MF_OK) << mf_last_error();
+  EXPECT_EQ(mf_ckpt_check_config(dir.c_str(), bad), MF_ERR_CONFIG);
+  const std::string msg = mf_last_error();
+  EXPECT_NE(msg.find(dir + "/config.yaml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("change the training: model.init.hidden, train.lr differ from"), std::string::npos) << msg;
+  mf_config_free(bad);
+  mf_config_free(cfg);
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+// issue 16 items 1-2: `moefit train` writes resume checkpoints and
+// `moefit train CONFIG --resume [DIR]` continues from one to the same bits as
+// a run that never stopped — the same loss at every step after the resume and
+// byte-identical final weights — on the cpu backend, with fp32 and bf16
+// storage, the optimizer overlapped, weights streamed under a small device
+// budget and the optimizer on the device; and a damaged, unfinished or
+// mismatched checkpoint is passed over or refused with its file and fault.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+
+namespace {
+
+// A token file of text made by `moefit data bytes` (once per test binary).
+std::string Corpus() {
+  static std::string toks;
+  if (!toks.empty()) return toks;
+  const std::string text = tmpdir() + "/resume_corpus.txt";
+  toks = tmpdir() + "/resume_corpus.tokens";
+  std::string s;
+  for (int i = 0; s.size() < 60000; i++) s += "line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog\n";
+  write_file(text, s);
+  Result r = moefit("data bytes " + text + " " + toks);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return toks;
+}
+
+// The demo shortened: 32-token sequences, 2 a step, every step logged,
+// a checkpoint every 4 steps.
+std::string Args(const std::string &out, int steps, const std::string &extra) {
+  return "train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 "
+         "train.micro_batch=2 train.warmup=2 train.log_every=1 output.checkpoint_every=4 train.steps=" +
+         std::to_string(steps) + " data.train=" + Corpus() + " output.dir=" + out + " " + extra;
+}
+
+// step -> loss of metrics.jsonl's step lines.
+std::map<int, std::string> Losses(const std::string &dir) {
+  std::map<int, std::string> m;
+  const std::string text = read_file(dir + "/metrics.jsonl");
+  size_t at = 0;
+  while ((at = text.find("{\"step\":", at)) != std::string::npos) {
+    const int step = std::stoi(text.substr(at + 8));
+    const size_t l = text.find("\"loss\":", at) + 7;
+    m[step] = text.substr(l, text.find(',', l) - l);
+    at = l;
+  }
+  return m;
+}
+
+std::string Fresh(const std::string &name) {
+  const std::string d = tmpdir() + "/" + name;
+  shell("rm -rf " + d);
+  return d;
+}
+
+struct Variant {
+  const char *name, *extra;
+};
+
+// An uninterrupted 12-step run against one stopped after step 8 (train.steps=8)
+// and resumed to 12 (a constant schedule, so the learning rate of a step does
+// not depend on train.steps).
+void StopAndResume(const Variant &v) {
+  SCOPED_TRACE(v.name);
+  const std::string extra = std::string("train.schedule=constant ") + v.extra;
+  const std::string a = Fresh(std::string("whole_") + v.name), c = Fresh(std::string("cut_") + v.name);
+  Result ra = moefit(Args(a, 12, extra));
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  Result rc = moefit(Args(c, 8, extra));
+  ASSERT_EQ(rc.code, 0) << rc.out;
+  EXPECT_NE(rc.out.find("checkpoint: " + c + "/checkpoints/step-000008 ("), std::string::npos) << rc.out;
+  Result rr = moefit(Args(c, 12, extra) + " --resume");
+  ASSERT_EQ(rr.code, 0) << rr.out;
+  EXPECT_NE(rr.out.find("resumed from " + c + "/checkpoints/step-000008 (step 8)"), std::string::npos) << rr.out;
+  EXPECT_EQ(read_file(a + "/final/model.safetensors"), read_file(c + "/final/model.safetensors"))
+      << "final weights differ";
+  const auto la = Losses(a), lc = Losses(c);
+  for (int s = 1; s <= 12; s++) EXPECT_EQ(la.at(s), lc.at(s)) << "step " << s;
+  EXPECT_EQ(lc.size(), 12u); // the resumed run's lines replaced nothing twice
+  EXPECT_NE(read_file(c + "/metrics.jsonl").find("{\"resumed_from\":\"" + c + "/checkpoints/step-000008\",\"resume_step\":8}"),
+            std::string::npos);
+  // The checkpoint's figures are in its step's line.
+  EXPECT_NE(read_file(a + "/metrics.jsonl").find("\"checkpoint_s\":"), std::string::npos);
+}
+
+TEST(Resume, SameBitsFp32) { StopAndResume({"fp32", ""}); }
+TEST(Resume, SameBitsOverlappedOptimizer) { StopAndResume({"overlap", "train.overlap_optimizer=true"}); }
+TEST(Resume, SameBitsStreamedWeights) { StopAndResume({"streamed", "memory.device_budget=1.5MiB"}); }
+TEST(Resume, SameBitsBf16) { StopAndResume({"bf16", "train.precision=bf16 train.adam_moments=bf16"}); }
+TEST(Resume, SameBitsOptimizerOnDevice) {
+  StopAndResume({"device_optim", "'memory.overrides=[{match: \"model.layers.*\", optimizer: device}]'"});
+}
+
+// The cosine schedule over train.steps: resume from an explicit DIR of a run's
+// copy whose later checkpoint and weights were removed (as if it had died
+// after step 8).
+TEST(Resume, ExplicitDirCosine) {
+  const std::string a = Fresh("cos_whole"), b = Fresh("cos_copy");
+  Result ra = moefit(Args(a, 12, "output.checkpoint_compression=none output.keep_checkpoints=2"));
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  EXPECT_NE(access((a + "/checkpoints/step-000004").c_str(), F_OK), 0) << "keep_checkpoints 2 keeps 8 and 12";
+  shell("cp -r " + a + " " + b + " && rm -rf " + b + "/checkpoints/step-000012 " + b + "/final");
+  Result rb = moefit(Args(b, 12, "output.checkpoint_compression=none") + " --resume " + b + "/checkpoints/step-000008");
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  EXPECT_EQ(read_file(a + "/final/model.safetensors"), read_file(b + "/final/model.safetensors"));
+  EXPECT_EQ(Losses(a), Losses(b));
+}
+
+// Damage: the newest checkpoint is passed over with a warning when no DIR is
+// given, refused when it is named; a config that changes the maths is refused.
+TEST(Resume, DamagedUnfinishedAndMismatchedCheckpoints) {
+  const std::string a = Fresh("dmg");
+  const std::string extra = "train.schedule=constant";
+  Result ra = moefit(Args(a, 8, extra));
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  const std::string s8 = a + "/checkpoints/step-000008";
+  // A flipped byte in the moments.
+  std::string opt = read_file(s8 + "/optimizer.safetensors.zst");
+  opt[opt.size() / 3] ^= 0x01;
+  write_file(s8 + "/optimizer.safetensors.zst", opt);
+  Result r1 = moefit(Args(a, 12, extra) + " --resume " + s8);
+  EXPECT_NE(r1.code, 0) << r1.out;
+  EXPECT_NE(r1.out.find(s8 + "/optimizer.safetensors.zst: checksum"), std::string::npos) << r1.out;
+  EXPECT_NE(r1.out.find("the file is damaged"), std::string::npos) << r1.out;
+  Result r2 = moefit(Args(a, 12, extra) + " --resume");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("passing over " + s8 + ": " + s8 + "/optimizer.safetensors.zst: checksum"), std::string::npos)
+      << r2.out;
+  EXPECT_NE(r2.out.find("resumed from " + a + "/checkpoints/step-000004 (step 4)"), std::string::npos) << r2.out;
+  // Truncated master weights; then no COMPLETE.
+  const std::string s12 = a + "/checkpoints/step-000012";
+  std::string master = read_file(s12 + "/master.safetensors.zst");
+  write_file(s12 + "/master.safetensors.zst", master.substr(0, master.size() / 2));
+  Result r3 = moefit(Args(a, 16, extra) + " --resume " + s12);
+  EXPECT_NE(r3.code, 0) << r3.out;
+  EXPECT_NE(r3.out.find(s12 + "/master.safetensors.zst: "), std::string::npos) << r3.out;
+  EXPECT_NE(r3.out.find("(truncated)"), std::string::npos) << r3.out;
+  shell("rm " + a + "/checkpoints/step-000004/COMPLETE");
+  Result r4 = moefit(Args(a, 16, extra) + " --resume " + a + "/checkpoints/step-000004");
+  EXPECT_NE(r4.code, 0) << r4.out;
+  EXPECT_NE(r4.out.find("/checkpoints/step-000004/COMPLETE: missing"), std::string::npos) << r4.out;
+  // Settings that change the maths.
+  Result r5 = moefit(Args(a, 16, extra + " train.lr=1e-2 train.seed=7") + " --resume " + s8);
+  EXPECT_NE(r5.code, 0) << r5.out;
+  EXPECT_NE(r5.out.find(s8 + "/config.yaml: the checkpoint was written with other settings that change the "
+                        "training: train.lr, train.seed differ"),
+            std::string::npos)
+      << r5.out;
+}
+
+}  // namespace
