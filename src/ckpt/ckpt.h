@@ -137,6 +137,35 @@ mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg);
  * naming the file and the tensor) and *s. */
 mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s);
 
+/* Verifies dir, then reads only its master weights into master[t->total_numel]
+ * (t: the checkpoint's model; a tensor missing or of another shape is
+ * MF_ERR_FORMAT naming the file and the tensor). */
+mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *master);
+
+/* ------------------------------------------------------------- export */
+
+typedef struct mf_ckpt_export_opts {
+  mf_dtype dtype;             /* MF_DTYPE_F32 or MF_DTYPE_BF16 */
+  uint64_t max_shard_bytes;   /* tensor bytes per shard (0: 5 GB, transformers' default) */
+} mf_ckpt_export_opts;
+
+typedef struct mf_ckpt_export_info {
+  char source[4200];  /* the checkpoint or final/ dir the weights came from */
+  size_t shards;      /* 1: model.safetensors, else model-0000i-of-0000n */
+  uint64_t bytes;     /* tensor bytes written */
+  int64_t tensors;
+} mf_ckpt_export_info;
+
+/* Writes a Hugging Face model dir at out_dir from `src`: a checkpoint dir
+ * (verified whole; its model from its config.yaml), or a run's output dir (its
+ * newest complete checkpoint, else its final/). Files: config.json (torch_dtype
+ * the export's dtype), model.safetensors or model-0000i-of-0000n.safetensors
+ * with model.safetensors.index.json (over max_shard_bytes), and
+ * generation_config.json. Written into a temporary sibling dir that is renamed
+ * into place: out_dir appears whole or not at all. A non-empty out_dir is
+ * refused (MF_ERR_INVALID_ARG). */
+mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
+
 #ifdef __cplusplus
 }
 #endif

@@ -366,3 +366,21 @@ mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s)
   MF_CHECK(read_state(dir, d, s));
   return read_tensors(dir, files, n, d);
 }
+
+mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *master) {
+  MF_CHECK(mf_ckpt_verify(dir));
+  mf_ckpt_file files[MF_CKPT_MAX_FILES];
+  int n = 0;
+  MF_CHECK(read_manifest(dir, files, &n));
+  in_file f;
+  memset(&f, 0, sizeof f);
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(in_open(dir, files, n, "master", &f), st, done);
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    MF_CHECK_GOTO(take(&f, p->name, MF_DTYPE_F32, p, 0, master + p->offset), st, done);
+  }
+done:
+  in_close(&f);
+  return st;
+}

@@ -26,7 +26,11 @@ static const char k_train_usage[] =
     "never stopped. A checkpoint that fails its checksums, of another model, or written under\n"
     "settings that change the training (model, data, train.* but steps, threads, log_every,\n"
     "eval_every, overlap_optimizer) is refused. metrics.jsonl keeps its lines up to the\n"
-    "checkpoint's step and gets a line marking the resume.\n";
+    "checkpoint's step and gets a line marking the resume.\n\n"
+    "Without --resume, an OUTPUT_DIR that holds an earlier run (metrics.jsonl, final/ or\n"
+    "checkpoints/) is refused before anything is written: continue it with --resume, or give\n"
+    "another output.dir. plan.json (from `moefit plan --json`), routing.json and data/ alone are\n"
+    "not a run; an empty or missing OUTPUT_DIR is fine.\n";
 
 static const char k_eval_usage[] =
     "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--model DIR] [--dump-logits FILE]\n\n"
@@ -101,6 +105,13 @@ int mf_cli_train(int argc, char **argv) {
   mf_config *cfg = NULL;
   int rc = load_config("train", MF_CONFIG_FOR_TRAIN, argc, argv, NULL, NULL, 0, &cfg);
   if (rc != MF_EXIT_OK) return rc;
+  if (!resume) {
+    mf_status used = mf_train_check_output_dir(cfg->output.dir);
+    if (used != MF_OK) {
+      mf_config_free(cfg);
+      return mf_cli_fail("train", used);
+    }
+  }
   mf_train_summary sum;
   mf_status st = resume ? mf_train_resume(cfg, dir, 0, &sum) : mf_train(cfg, 0, &sum);
   mf_config_free(cfg);

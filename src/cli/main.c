@@ -25,7 +25,7 @@ static const command k_commands[] = {
     {"config", mf_cli_config, "print a config with every default filled in, after overrides"},
     {"inspect", mf_cli_inspect, "list a safetensors file's / model dir's tensors, or a .tokens file's header"},
     {"profile", mf_cli_profile, "measure this machine's hardware profile for the planner"},
-    {"export", mf_cli_export, "export a checkpoint to Hugging Face safetensors (not built yet)"},
+    {"export", mf_cli_export, "write a run or checkpoint as a Hugging Face model dir"},
     {"bench", mf_cli_bench, "benchmarks: host AdamW, the step's kernels (transfer: not built yet)"},
 };
 #define N_COMMANDS (sizeof k_commands / sizeof k_commands[0])

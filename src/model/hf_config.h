@@ -76,6 +76,12 @@ mf_status mf_hf_config_write_dtype(const mf_model_spec *s, mf_dtype dtype, const
  * buffer the caller frees. */
 mf_status mf_hf_config_format(const mf_model_spec *s, mf_dtype dtype, char **out_text);
 
+/* The generation_config.json transformers' save_pretrained writes beside
+ * config.json for s's family (GenerationConfig.from_model_config: the token
+ * ids the family's config defaults to), in a malloc'ed NUL-terminated buffer
+ * the caller frees. */
+mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text);
+
 /* Files moefit writes about a model (plans, routing statistics) record its
  * shape as a "model" section; checking one against spec s: an object with exactly keys[0..n),
  * keys[0] "family" naming s's family, keys[1..n) non-negative integers equal to

@@ -283,3 +283,26 @@ mf_status mf_hf_config_write_dtype(const mf_model_spec *s, mf_dtype dtype, const
 mf_status mf_hf_config_write(const mf_model_spec *s, const char *path) {
   return mf_hf_config_write_dtype(s, MF_DTYPE_F32, path);
 }
+
+/* What transformers' save_pretrained writes beside config.json for these
+ * families: GenerationConfig.from_model_config's diff, i.e. the token ids the
+ * family's config class defaults to (our config.json does not set them, so
+ * transformers takes those defaults), indent 2, sorted keys, a final newline.
+ * Checked against transformers MF_HF_TRANSFORMERS_VERSION: Mixtral bos 1 eos 2;
+ * OLMoE eos 50279 pad 1; Qwen2-MoE and Qwen3-MoE none. */
+mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text) {
+  const char *ids = NULL;
+  switch (s->family) {
+    case MF_FAMILY_MIXTRAL: ids = "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"; break;
+    case MF_FAMILY_OLMOE: ids = "  \"eos_token_id\": 50279,\n  \"pad_token_id\": 1,\n"; break;
+    case MF_FAMILY_QWEN2_MOE:
+    case MF_FAMILY_QWEN3_MOE: ids = ""; break;
+    default: return MF_ERR(MF_ERR_UNSUPPORTED, "generation_config.json: family %d has no HF generation config", (int)s->family);
+  }
+  char buf[256];
+  const int n = snprintf(buf, sizeof buf, "{\n  \"_from_model_config\": true,\n%s  \"transformers_version\": \"%s\"\n}\n",
+                         ids, MF_HF_TRANSFORMERS_VERSION);
+  MF_CHECK(mf_malloc((size_t)n + 1, "generation_config.json", (void **)out_text));
+  memcpy(*out_text, buf, (size_t)n + 1);
+  return MF_OK;
+}

@@ -48,6 +48,13 @@ typedef struct mf_train_summary {
  * OUTPUT/checkpoints (output.checkpoint_every, and at the end). `quiet` suppresses
  * the progress lines (tests). */
 mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out);
+/* MF_OK when `dir` (output.dir) is missing, empty or holds no earlier run;
+ * else MF_ERR_CONFIG naming the dir, what it holds (metrics.jsonl, final/,
+ * checkpoints/) and what to do instead: --resume when it has a complete
+ * checkpoint, another output.dir. Changes nothing. plan.json, routing.json,
+ * hw-cuda.yaml and data/ alone do not make a run (outdir.c says why).
+ * `moefit train` without --resume calls it before anything is written. */
+mf_status mf_train_check_output_dir(const char *dir);
 /* mf_train continued from a resume checkpoint (src/ckpt/ckpt.h): `dir`, or
  * (NULL) the newest complete one under OUTPUT/checkpoints, newer incomplete
  * or damaged ones passed over with a warning. A checkpoint that does not

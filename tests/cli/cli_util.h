@@ -54,6 +54,19 @@ inline std::string read_file(const std::string &path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
+// A token file of numbered text lines (about `bytes` long) made by `moefit
+// data bytes` under TEST_TMPDIR as NAME.tokens; once per test binary and name.
+inline std::string text_tokens(const std::string &name, size_t bytes) {
+  const std::string text = tmpdir() + "/" + name + ".txt", toks = tmpdir() + "/" + name + ".tokens";
+  if (std::ifstream(toks).good()) return toks;
+  std::string s;
+  for (int i = 0; s.size() < bytes; i++) s += "line " + std::to_string(i) + ": the quick brown fox\n";
+  write_file(text, s);
+  Result r = moefit("data bytes " + text + " " + toks + " 2>&1");
+  if (r.code != 0) fprintf(stderr, "moefit data bytes failed:\n%s\n", r.out.c_str());
+  return toks;
+}
+
 }  // namespace
 
 #endif  // MF_TESTS_CLI_UTIL_H

@@ -63,13 +63,17 @@ std::string demo_data(const std::string &out) {
 }
 
 // The acceptance scenario of issue 13, item 1: the demo, then a 3-layer run
-// into the same output directory, then the unchanged demo config's plan and
-// eval; a model of another family evaluated with the demo config.
+// planned with the demo's routing file (copied into its own output directory:
+// train refuses a directory that holds a run), then the unchanged demo
+// config's plan and eval; a model of another family evaluated with the demo
+// config.
 TEST(FirstHour, ARoutingFileOfAnotherModelBreaksNoCommand) {
-  const std::string out = tmpdir() + "/first_hour_demo", common = demo_data(out);
-  Result demo = moefit("train configs/demo.yaml train.steps=3 train.warmup=1" + common);
+  const std::string first = tmpdir() + "/first_hour_demo";
+  Result demo = moefit("train configs/demo.yaml train.steps=3 train.warmup=1" + demo_data(first));
   ASSERT_EQ(demo.code, 0) << demo.out;
-  ASSERT_TRUE(has(read_file(out + "/routing.json"), "\"layers\": 2")) << "the demo measured its routing";
+  ASSERT_TRUE(has(read_file(first + "/routing.json"), "\"layers\": 2")) << "the demo measured its routing";
+  const std::string out = tmpdir() + "/first_hour_l3", common = demo_data(out);
+  shell("mkdir -p " + out + " && cp " + first + "/routing.json " + out + "/routing.json");
 
   Result l3 = moefit("train configs/demo.yaml model.init.layers=3 train.steps=3 train.warmup=1" + common);
   EXPECT_EQ(l3.code, 0) << l3.out;

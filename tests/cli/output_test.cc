@@ -139,11 +139,12 @@ TEST(Output, EvaluationTimeIsNotTrainingTime) {
 // a short one (the default 2 s) prints nothing. In training and in `moefit eval`.
 TEST(Output, LongEvaluationShowsProgress) {
   const std::string train = corpus("train_p", 8000), valid = corpus("valid_p", 40 * 32 + 1);
-  const std::string run = tmpdir() + "/run_progress";
-  const std::string common = " configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.seq_len=32 "
-                             "train.micro_batch=4 data.train=" + train + " data.valid=" + valid + " output.dir=" + run;
+  const std::string data = " configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.seq_len=32 "
+                           "train.micro_batch=4 data.train=" + train + " data.valid=" + valid + " output.dir=";
   const std::string what = "eval " + valid + ": ";
   for (const char *every : {"0", static_cast<const char *>(nullptr)}) {
+    // A run dir each: train refuses one that holds a run.
+    const std::string common = data + tmpdir() + "/run_progress_" + (every ? "0" : "default");
     Result tr = moefit_every("train" + common + " train.steps=2 train.warmup=1", every);
     ASSERT_EQ(tr.code, 0) << tr.out;
     Result ev = moefit_every("eval" + common, every);
@@ -163,7 +164,7 @@ TEST(Output, LongEvaluationShowsProgress) {
       EXPECT_EQ(p[9].find("eta"), std::string::npos) << p[9];
     }
   }
-  Result bad = moefit_every("eval" + common, "soon");
+  Result bad = moefit_every("eval" + data + tmpdir() + "/run_progress_0", "soon");
   EXPECT_EQ(bad.code, 0) << bad.out;
   EXPECT_NE(bad.out.find("MF_PROGRESS_EVERY=soon is not a number of seconds"), std::string::npos) << bad.out;
 }

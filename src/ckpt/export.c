@@ -1,0 +1,208 @@
+/* `moefit export` (ckpt.h mf_ckpt_export): a checkpoint's master weights, or a
+ * run's final/, as a Hugging Face model dir. The weights go through fp32 (the
+ * checkpoint's master copy) and are narrowed to bf16 only when asked; the dir
+ * is built beside its destination and renamed into place. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "src/ckpt/ckpt_internal.h"
+#include "src/io/safetensors.h"
+#include "src/model/hf_config.h"
+
+#define MF_EXPORT_DEFAULT_SHARD 5000000000ull /* transformers' max_shard_size "5GB" */
+
+static int is_dir(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int has_file(const char *dir, const char *name) {
+  char p[4400];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return access(p, F_OK) == 0;
+}
+
+/* The model a checkpoint was written for: its config.yaml's model. */
+static mf_status checkpoint_table(const char *ckpt, mf_param_table **t) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/config.yaml", ckpt);
+  mf_config *cfg = NULL;
+  MF_CHECK(mf_config_load_for(path, NULL, 0, MF_CONFIG_FOR_EVAL, &cfg));
+  mf_model_spec spec;
+  mf_status st = MF_OK;
+  if (cfg->model.has_init)
+    spec = cfg->model.init;
+  else
+    st = mf_hf_config_load(cfg->model.path, &spec);
+  mf_config_free(cfg);
+  if (st != MF_OK) {
+    mf_error_prefix("%s: model.path", path);
+    return st;
+  }
+  return mf_param_table_build(&spec, t);
+}
+
+/* Which weights `src` names (info->source) and *is_ckpt: a checkpoint dir,
+ * a run dir's newest complete checkpoint, else the run's final/. */
+static mf_status resolve_source(const char *src, mf_ckpt_export_info *info, int *is_ckpt) {
+  if (!is_dir(src))
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: not a directory (give a run dir or a checkpoint dir)", src);
+  if (has_file(src, "manifest.json") || has_file(src, "COMPLETE")) {
+    snprintf(info->source, sizeof info->source, "%s", src);
+    *is_ckpt = 1;
+    return MF_OK;
+  }
+  char sub[4400];
+  snprintf(sub, sizeof sub, "%s/checkpoints", src);
+  const int has_ckpts = is_dir(sub);
+  if (has_ckpts) {
+    mf_status st = mf_ckpt_find_latest(src, info->source, sizeof info->source);
+    if (st == MF_OK) {
+      *is_ckpt = 1;
+      return MF_OK;
+    }
+    if (!has_file(src, "final/config.json")) return st;
+    MF_LOGW("ckpt", "%s: no complete checkpoint (%s); exporting %s/final", src, mf_last_error(), src);
+    mf_error_clear();
+  }
+  if (has_file(src, "final/config.json")) {
+    snprintf(info->source, sizeof info->source, "%s/final", src);
+    *is_ckpt = 0;
+    return MF_OK;
+  }
+  return MF_ERR(
+      MF_ERR_INVALID_ARG,
+      "%s: neither a checkpoint (no manifest.json) nor a run dir (no checkpoints/ or final/config.json)",
+      src);
+}
+
+/* The weights of info->source in fp32: *t its model, *w [t->total_numel]. */
+static mf_status load_weights(int is_ckpt, const char *source, mf_param_table **t, float **w) {
+  if (is_ckpt) {
+    MF_CHECK(checkpoint_table(source, t));
+  } else {
+    mf_model_spec spec;
+    MF_CHECK(mf_hf_config_load(source, &spec));
+    MF_CHECK(mf_param_table_build(&spec, t));
+  }
+  MF_CHECK(mf_malloc((size_t)(*t)->total_numel * sizeof(float) + 1, "the exported weights", (void **)w));
+  return is_ckpt ? mf_ckpt_read_master(source, *t, *w) : mf_params_load(*t, source, *w);
+}
+
+/* An existing non-empty dir is refused; a missing or empty one is fine. */
+static mf_status check_out(const char *out) {
+  struct stat sb;
+  if (stat(out, &sb) != 0)
+    return errno == ENOENT ? MF_OK : MF_ERR(MF_ERR_IO, "%s: stat: %s", out, strerror(errno));
+  if (!S_ISDIR(sb.st_mode)) return MF_ERR(MF_ERR_INVALID_ARG, "--out %s: exists and is not a directory", out);
+  DIR *d = opendir(out);
+  if (!d) return MF_ERR(MF_ERR_IO, "%s: opendir: %s", out, strerror(errno));
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) n++;
+  closedir(d);
+  if (n)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "--out %s: not empty (%d entries): export writes a new dir, never over one", out, n);
+  return MF_OK;
+}
+
+/* The model dir's files inside tmp. */
+static mf_status write_files(const char *tmp, const mf_param_table *t, const float *w,
+                             const mf_ckpt_export_opts *o, mf_ckpt_export_info *info) {
+  mf_st_tensor *ts = NULL;
+  uint16_t *bf = NULL;
+  char *gen = NULL;
+  mf_status st = MF_OK;
+  MF_CHECK_GOTO(mf_malloc((size_t)t->n * sizeof *ts + 1, "the tensor list", (void **)&ts), st, done);
+  if (o->dtype == MF_DTYPE_BF16) {
+    MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * 2 + 1, "the bf16 weights", (void **)&bf), st, done);
+    mf_fp32_to_bf16_n(w, bf, (size_t)t->total_numel);
+  }
+  const size_t es = mf_dtype_size(o->dtype);
+  info->bytes = 0;
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    mf_st_tensor *x = &ts[i];
+    memset(x, 0, sizeof *x);
+    x->name = p->name;
+    x->dtype = o->dtype;
+    x->ndim = p->ndim;
+    for (int d = 0; d < p->ndim; d++) x->shape[d] = p->shape[d];
+    x->numel = (uint64_t)p->numel;
+    x->nbytes = (size_t)p->numel * es;
+    x->data = bf ? (const void *)(bf + p->offset) : (const void *)(w + p->offset);
+    info->bytes += x->nbytes;
+  }
+  info->tensors = t->n;
+  const uint64_t max = o->max_shard_bytes ? o->max_shard_bytes : MF_EXPORT_DEFAULT_SHARD;
+  MF_CHECK_GOTO(mf_safetensors_write_sharded(tmp, ts, (size_t)t->n, NULL, 0, max, &info->shards), st, done);
+  MF_CHECK_GOTO(mf_hf_config_write_dtype(&t->spec, o->dtype, tmp), st, done);
+  MF_CHECK_GOTO(mf_hf_generation_config_format(&t->spec, &gen), st, done);
+  char path[4400];
+  snprintf(path, sizeof path, "%s/generation_config.json", tmp);
+  MF_CHECK_GOTO(mf_write_file_atomic(path, gen, strlen(gen)), st, done);
+done:
+  free(gen);
+  free(bf);
+  free(ts);
+  return st;
+}
+
+static void fsync_parent(const char *path) {
+  char parent[4400];
+  snprintf(parent, sizeof parent, "%s", path);
+  char *slash = strrchr(parent, '/');
+  if (slash == parent)
+    slash[1] = '\0';
+  else if (slash)
+    *slash = '\0';
+  else
+    snprintf(parent, sizeof parent, ".");
+  const int fd = open(parent, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  if (fsync(fd) != 0) MF_LOGW("ckpt", "%s: fsync: %s", parent, strerror(errno));
+  close(fd);
+}
+
+mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_export_opts *o,
+                         mf_ckpt_export_info *info) {
+  if (!src || !out_dir || !o || !info) return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: NULL argument");
+  if (o->dtype != MF_DTYPE_F32 && o->dtype != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: dtype %s (F32 or BF16)", mf_dtype_name(o->dtype));
+  memset(info, 0, sizeof *info);
+  char out[4200];
+  snprintf(out, sizeof out, "%s", out_dir);
+  for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = '\0';
+  MF_CHECK(check_out(out));
+  int is_ckpt = 0;
+  MF_CHECK(resolve_source(src, info, &is_ckpt));
+  mf_param_table *t = NULL;
+  float *w = NULL;
+  mf_status st = load_weights(is_ckpt, info->source, &t, &w);
+  char tmp[4400];
+  snprintf(tmp, sizeof tmp, "%s.tmp-export-%ld", out, (long)getpid());
+  int made = 0;
+  if (st == MF_OK) st = mf_mkdir_parents(tmp);
+  if (st == MF_OK && mkdir(tmp, 0777) != 0) st = MF_ERR(MF_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
+  made = st == MF_OK;
+  if (st == MF_OK) st = write_files(tmp, t, w, o, info);
+  /* rename replaces a missing or empty out; check_out ran first, but another
+   * writer may have filled it since: then rename fails and out is untouched. */
+  if (st == MF_OK && rename(tmp, out) != 0)
+    st = MF_ERR(MF_ERR_IO, "rename %s -> %s: %s", tmp, out, strerror(errno));
+  if (st == MF_OK) {
+    made = 0;
+    fsync_parent(out);
+  }
+  if (made) (void)mf_ckpt_remove_dir(tmp);
+  free(w);
+  mf_param_table_free(t);
+  return st;
+}
