@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <regex>
@@ -294,6 +295,60 @@ TEST(Kill, EvalStopsOnSigint) {
   EXPECT_EQ(p.Finish(&sig), 130) << p.out();
   EXPECT_NE(p.out().find("moefit eval: stopped by SIGINT after "), std::string::npos) << p.out();
   EXPECT_EQ(p.out().find("perplexity"), std::string::npos) << p.out();
+}
+
+}  // namespace
+
+namespace {
+
+// SIGTERM while the training's evaluation runs: the pass stops after its
+// batch (that step's eval_loss is null: not a validation loss), then the stop
+// checkpoint, status 0.
+TEST(Kill, SigtermDuringTheEvaluationStopsIt) {
+  const std::string dir = Fresh("sigterm_eval");
+  Proc p(Args(dir) + " data.valid=" + Corpus() + " train.eval_every=5", {"MF_PROGRESS_EVERY=0"});
+  ASSERT_TRUE(p.WaitFor(std::regex("eval [^\n]*: [0-9]+/[0-9]+ windows"))) << p.out();
+  p.Signal(SIGTERM);
+  int sig = 0;
+  ASSERT_EQ(p.Finish(&sig), 0) << p.out();
+  EXPECT_NE(p.out().find("stopped by SIGTERM after step 5 of 90: checkpoint " + dir + "/checkpoints/step-000005;"),
+            std::string::npos)
+      << p.out();
+  EXPECT_EQ(NewestComplete(dir), 5);
+  const std::string metrics = read_file(dir + "/metrics.jsonl");
+  const size_t at = metrics.find("{\"step\":5,");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  const std::string line = metrics.substr(at, metrics.find('\n', at) - at);
+  EXPECT_NE(line.find("\"eval_loss\":null"), std::string::npos) << line;
+}
+
+// More than train.max_skipped_steps non-finite steps (a model with NaN
+// weights: every step is skipped): a checkpoint, then status 1 naming the
+// key; a resume with the key raised is allowed and stops again past it.
+TEST(Kill, TooManySkippedStepsStopTheRunWithACheckpoint) {
+  const std::string nan_model = Fresh("nan_model");
+  shell("cp -r " + Whole() + "/final " + nan_model);
+  std::string st = read_file(nan_model + "/model.safetensors");
+  uint64_t header = 0;
+  memcpy(&header, st.data(), 8);
+  const uint32_t nan_bits = 0x7fc00000u;
+  for (size_t i = 8 + header; i < 8 + header + 4096 && i + 4 <= st.size(); i += 4) memcpy(&st[i], &nan_bits, 4);
+  write_file(nan_model + "/model.safetensors", st);
+  const std::string dir = Fresh("skipped");
+  const std::string args = Args(dir) + " model.init=null model.path=" + nan_model;
+  Result r = moefit(args + " train.max_skipped_steps=2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("moefit train: error: train.max_skipped_steps: 3 steps skipped for non-finite gradients or "
+                       "loss, more than the 2 allowed (the last at step 3): the run is diverging and stops; "
+                       "checkpoint " + dir + "/checkpoints/step-000003."),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(NewestComplete(dir), 3);
+  Result rr = moefit(args + " train.max_skipped_steps=4 --resume");
+  EXPECT_EQ(rr.code, 1) << rr.out;
+  EXPECT_NE(rr.out.find("resumed from " + dir + "/checkpoints/step-000003 (step 3)"), std::string::npos) << rr.out;
+  EXPECT_NE(rr.out.find("train.max_skipped_steps: 5 steps skipped"), std::string::npos) << rr.out;
+  EXPECT_EQ(NewestComplete(dir), 5);
 }
 
 }  // namespace
