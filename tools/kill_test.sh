@@ -66,15 +66,16 @@ while :; do
       fi
       sleep 0.01
     done
-    if kill -KILL "$pid" 2> /dev/null; then
-      kills=$((kills + 1))
-      where="after step $target was printed"
-      [ "$in_write" = 1 ] && where="inside a checkpoint write: $(sed -n 's/.*MF_TEST_CKPT_PAUSE_MS: pausing [0-9]* ms after //p' "$log" | head -1)"
-      echo "kill_test: SIGKILL $kills ($where); newest complete checkpoint: step $(newest)"
-    fi
+    kill -KILL "$pid" 2> /dev/null || true
   fi
   rc=0; { wait "$pid"; } 2> /dev/null || rc=$?
-  [ "$rc" -eq 137 ] && continue
+  if [ "$rc" -eq 137 ]; then
+    kills=$((kills + 1))
+    where="after step $target was printed"
+    [ "$in_write" = 1 ] && where="inside a checkpoint write: $(sed -n 's/.*MF_TEST_CKPT_PAUSE_MS: pausing [0-9]* ms after //p' "$log" | head -1)"
+    echo "kill_test: SIGKILL $kills ($where); newest complete checkpoint: step $(newest)"
+    continue
+  fi
   [ "$rc" -eq 0 ] || { echo "kill_test: launch $launch exited $rc (see $log)" >&2; exit 1; }
   [ "$kills" -ge "$KILLS" ] && break
   echo "kill_test: launch $launch finished before it was killed: training again" >&2
