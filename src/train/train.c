@@ -38,7 +38,7 @@ typedef struct run {
   const char *resume_dir; /* that one (NULL: the newest complete one); then resume_path */
   char resume_path[4200];
   int64_t first_step;     /* the steps done before this process's first (the checkpoint's) */
-  int stop;               /* after_step: the run stops after this step (a signal, or too many skips) */
+  int stop;               /* after_step: the run stops after this step: the signal, or -1 (too many skipped steps) */
   char pending[4400];     /* the checkpoint written but not yet marked COMPLETE */
 } run;
 
