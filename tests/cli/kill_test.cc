@@ -38,6 +38,12 @@ constexpr int kSteps = 90;
 
 std::string Corpus() { return text_tokens("kill_corpus", 60000); }
 
+// The corpus the tests evaluate while a signal comes: ten times the training
+// corpus (about 10 s of evaluation here), so the pass is still running when the
+// signal lands even on a loaded machine; a pass that stops as it should reads
+// one batch of it.
+std::string LongEvalCorpus() { return text_tokens("kill_eval_corpus", 600000); }
+
 std::string Args(const std::string &out) {
   return "train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 "
          "train.micro_batch=2 train.warmup=2 train.log_every=1 train.schedule=constant output.checkpoint_every=3 "
@@ -288,7 +294,7 @@ TEST(Kill, FullDiskStopsTheRunKeepingTheLastCheckpoint) {
 // `moefit eval` on SIGINT: stops after its batch, status 130, no result line.
 TEST(Kill, EvalStopsOnSigint) {
   Proc p("eval configs/demo.yaml data.seq_len=32 train.micro_batch=2 data.valid=null output.dir=" +
-             Fresh("eval") + " --tokens " + Corpus(), {});
+             Fresh("eval") + " --tokens " + LongEvalCorpus(), {});
   ASSERT_TRUE(p.WaitFor(std::regex("model: "))) << p.out();
   p.Signal(SIGINT);
   int sig = 0;
@@ -306,7 +312,7 @@ namespace {
 // checkpoint, status 0.
 TEST(Kill, SigtermDuringTheEvaluationStopsIt) {
   const std::string dir = Fresh("sigterm_eval");
-  Proc p(Args(dir) + " data.valid=" + Corpus() + " train.eval_every=5", {"MF_PROGRESS_EVERY=0"});
+  Proc p(Args(dir) + " data.valid=" + LongEvalCorpus() + " train.eval_every=5", {"MF_PROGRESS_EVERY=0"});
   ASSERT_TRUE(p.WaitFor(std::regex("eval [^\n]*: [0-9]+/[0-9]+ windows"))) << p.out();
   p.Signal(SIGTERM);
   int sig = 0;
