@@ -42,6 +42,7 @@ SKIP = [
     (r"^pip install\b", "installs PyPI packages"),
     (r"^mpirun\b", "a multi-rank run: needs MPI ranks (multi-rank training is not built yet)"),
     (r"^python3 tools/prepare_data\.py --tokenizer ~/", "needs a model's tokenizer directory"),
+    (r"^\./tools/kill_test\.sh\b", "trains the demo several times over, killing and resuming it (//tests/cli:kill_test does the same)"),
     (r"^moefit bench optim\b", "a benchmark: minutes on a loaded machine (//tests/optim:bench_optim, tagged bench, runs it small)"),
 ]
 

@@ -111,6 +111,14 @@ void mf_ckpt_writer_free(mf_ckpt_writer *w); /* NULL is fine */
  * failure nothing named step-NNNNNN is left incomplete by this call and the
  * earlier checkpoints are untouched. */
 mf_status mf_ckpt_write(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_state *s, mf_ckpt_stats *out);
+/* mf_ckpt_write in two halves, for a caller that records something of the
+ * step between them: everything but COMPLETE (the checkpoint exists but
+ * resume passes over it), then COMPLETE and the pruning. The training loop
+ * writes its step's metrics line in between, so that a run killed before the
+ * line was written resumes from the checkpoint before, whose line is there. */
+mf_status mf_ckpt_write_files(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_state *s,
+                              mf_ckpt_stats *out);
+mf_status mf_ckpt_commit(mf_ckpt_writer *w, int64_t step);
 
 /* ------------------------------------------------------------- reading */
 

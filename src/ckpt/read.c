@@ -184,7 +184,7 @@ mf_status mf_ckpt_find_latest(const char *output_dir, char *dir, size_t cap) {
 /* Keys that do not change a step's bits: they may differ on resume. */
 static int free_to_change(const char *key) {
   static const char *const ok[] = {"train.steps", "train.threads", "train.log_every", "train.eval_every",
-                                   "train.overlap_optimizer", "data.valid"};
+                                   "train.overlap_optimizer", "train.max_skipped_steps", "data.valid"};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
     if (strcmp(key, ok[i]) == 0) return 1;
   return !(strncmp(key, "model", 5) == 0 || strncmp(key, "data.", 5) == 0 || strncmp(key, "train.", 6) == 0);
@@ -210,7 +210,8 @@ mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg) {
   if (!bad) return MF_OK;
   return MF_ERR(MF_ERR_CONFIG,
                 "%s: the checkpoint was written with other settings that change the training: %s differ%s from "
-                "this run's (only train.steps, threads, log_every, eval_every, overlap_optimizer, data.valid, "
+                "this run's (only train.steps, threads, log_every, eval_every, overlap_optimizer, max_skipped_steps, "
+                "data.valid, "
                 "memory.*, hardware.*, output.* and backend may change on resume)",
                 path, list, bad == 1 ? "s" : "");
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -30,6 +31,13 @@ struct mf_ckpt_writer {
   int64_t cap;
   mf_ckpt_file files[MF_CKPT_MAX_FILES];
   int n_files;
+  /* Test-only hooks (README's MF_ variables), read once in create:
+   * MF_TEST_CKPT_PAUSE_MS sleeps after each file of a checkpoint (a window
+   * for the kill tests to strike inside a write); MF_TEST_CKPT_ENOSPC=N makes
+   * the Nth checkpoint file of the process fail as a full disk would. */
+  long pause_ms;
+  long enospc_file;
+  long files_started;
 };
 
 /* One file being written: raw bytes in, (compressed) bytes out, hashed. */
@@ -40,6 +48,7 @@ typedef struct out_file {
   int zstd;
   mf_ckpt_hash hash;
   uint64_t bytes, raw;
+  int full; /* MF_TEST_CKPT_ENOSPC: this file's writes fail */
 } out_file;
 
 mf_status mf_ckpt_remove_dir(const char *dir) {
@@ -101,6 +110,26 @@ static mf_status zstd_setup(mf_ckpt_writer *w, int threads) {
   return mf_malloc(w->ocap, "checkpoint compression buffer", (void **)&w->obuf);
 }
 
+/* A test-only hook's value: a whole number > 0, else 0 (unset; anything else is warned about). */
+static long test_hook(const char *name) {
+  const char *v = getenv(name);
+  if (!v || !*v) return 0;
+  char *end = NULL;
+  const long n = strtol(v, &end, 10);
+  if (*end || n <= 0 || n > 1000000) {
+    MF_LOGW("ckpt", "%s='%.40s' is not a whole number from 1 to 1000000: ignored", name, v);
+    return 0;
+  }
+  MF_LOGW("ckpt", "%s=%ld: a test-only hook is on", name, n);
+  return n;
+}
+
+static void pause_ms(long ms) {
+  struct timespec left = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&left, &left) != 0) {
+  }
+}
+
 mf_status mf_ckpt_writer_create(const mf_config *cfg, mf_ckpt_writer **out) {
   *out = NULL;
   mf_ckpt_writer *w = NULL;
@@ -110,6 +139,8 @@ mf_status mf_ckpt_writer_create(const mf_config *cfg, mf_ckpt_writer **out) {
   snprintf(w->plan_path, sizeof w->plan_path, "%s/plan.json", cfg->output.dir);
   w->level = cfg->output.checkpoint_zstd;
   w->keep = cfg->output.keep_checkpoints;
+  w->pause_ms = test_hook("MF_TEST_CKPT_PAUSE_MS");
+  w->enospc_file = test_hook("MF_TEST_CKPT_ENOSPC");
   FILE *f = open_memstream(&w->config_text, &w->config_len);
   if (!f) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "checkpoint: cannot print the config");
@@ -133,6 +164,9 @@ fail:
 /* ----------------------------------------------------------- one file */
 
 static mf_status out_write(out_file *o, const void *p, size_t n) {
+  if (o->full)
+    return MF_ERR(MF_ERR_IO, "%s: write failed: %s (MF_TEST_CKPT_ENOSPC)", mf_atomic_file_tmp_path(o->f),
+                  strerror(ENOSPC));
   mf_ckpt_hash_update(&o->hash, p, n);
   o->bytes += n;
   return mf_atomic_file_write(o->f, p, n);
@@ -166,7 +200,7 @@ static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name
   if (w->n_files == MF_CKPT_MAX_FILES) return MF_ERR(MF_ERR_INTERNAL, "checkpoint: too many files");
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  out_file o = {w, NULL, path, zstd, {0, 0, {0}, 0}, 0, 0};
+  out_file o = {w, NULL, path, zstd, {0, 0, {0}, 0}, 0, 0, ++w->files_started == w->enospc_file};
   mf_ckpt_hash_init(&o.hash);
   if (zstd) ZSTD_CCtx_reset(w->cctx, ZSTD_reset_session_only);
   MF_CHECK(mf_atomic_file_open(path, &o.f));
@@ -185,6 +219,10 @@ static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name
   e->hash = mf_ckpt_hash_final(&o.hash);
   e->raw_bytes = o.raw;
   e->zstd = zstd;
+  if (w->pause_ms) {
+    MF_LOGI("ckpt", "MF_TEST_CKPT_PAUSE_MS: pausing %ld ms after %s", w->pause_ms, path);
+    pause_ms(w->pause_ms);
+  }
   return MF_OK;
 fail:
   mf_atomic_file_abort(o.f);
@@ -344,7 +382,8 @@ static mf_status write_all(mf_ckpt_writer *w, const char *tmp, const mf_ckpt_dat
   return fsync_dir(tmp);
 }
 
-mf_status mf_ckpt_write(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_state *s, mf_ckpt_stats *out) {
+mf_status mf_ckpt_write_files(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_state *s,
+                              mf_ckpt_stats *out) {
   const double t0 = mf_time_now();
   memset(out, 0, sizeof *out);
   char tmp[4400], dir[4400], marker[4500];
@@ -365,14 +404,27 @@ mf_status mf_ckpt_write(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_
   MF_CHECK(mf_ckpt_remove_dir(dir));
   if (rename(tmp, dir) != 0) return MF_ERR(MF_ERR_IO, "%s: rename to %s: %s", tmp, dir, strerror(errno));
   MF_CHECK(fsync_dir(w->root));
-  char text[64];
-  const int n = snprintf(text, sizeof text, "step %lld\n", (long long)s->step);
-  MF_CHECK(mf_write_file_atomic(marker, text, (size_t)n));
   for (int i = 0; i < w->n_files; i++) {
     out->bytes += w->files[i].bytes;
     out->raw_bytes += w->files[i].raw_bytes;
   }
   snprintf(out->dir, sizeof out->dir, "%s", dir);
   out->seconds = mf_time_now() - t0;
-  return prune(w, s->step);
+  return MF_OK;
+}
+
+mf_status mf_ckpt_commit(mf_ckpt_writer *w, int64_t step) {
+  char marker[4500], text[64];
+  snprintf(marker, sizeof marker, "%s/step-%06lld/COMPLETE", w->root, (long long)step);
+  const int n = snprintf(text, sizeof text, "step %lld\n", (long long)step);
+  MF_CHECK(mf_write_file_atomic(marker, text, (size_t)n));
+  return prune(w, step);
+}
+
+mf_status mf_ckpt_write(mf_ckpt_writer *w, const mf_ckpt_data *d, const mf_ckpt_state *s, mf_ckpt_stats *out) {
+  const double t0 = mf_time_now();
+  MF_CHECK(mf_ckpt_write_files(w, d, s, out));
+  MF_CHECK(mf_ckpt_commit(w, s->step));
+  out->seconds = mf_time_now() - t0;
+  return MF_OK;
 }

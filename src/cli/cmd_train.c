@@ -25,12 +25,17 @@ static const char k_train_usage[] =
     "warning); the steps after it give the same losses and weights, bit for bit, as a run that\n"
     "never stopped. A checkpoint that fails its checksums, of another model, or written under\n"
     "settings that change the training (model, data, train.* but steps, threads, log_every,\n"
-    "eval_every, overlap_optimizer) is refused. metrics.jsonl keeps its lines up to the\n"
-    "checkpoint's step and gets a line marking the resume.\n\n"
+    "eval_every, overlap_optimizer, max_skipped_steps) is refused. metrics.jsonl keeps its\n"
+    "lines up to the checkpoint's step and gets a line marking the resume.\n\n"
     "Without --resume, an OUTPUT_DIR that holds an earlier run (metrics.jsonl, final/ or\n"
     "checkpoints/) is refused before anything is written: continue it with --resume, or give\n"
     "another output.dir. plan.json (from `moefit plan --json`), routing.json and data/ alone are\n"
-    "not a run; an empty or missing OUTPUT_DIR is fine.\n";
+    "not a run; an empty or missing OUTPUT_DIR is fine.\n\n"
+    "SIGINT or SIGTERM finishes the current step, writes a checkpoint, says where and exits\n"
+    "with status 0 (resume with --resume); a second one exits at once (130, 143), leaving the\n"
+    "last complete checkpoint as it was. A checkpoint that cannot be written (a full disk)\n"
+    "stops the run with status 1. More than train.max_skipped_steps steps skipped for\n"
+    "non-finite gradients or loss stop the run with a checkpoint and status 1.\n";
 
 static const char k_eval_usage[] =
     "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--model DIR] [--dump-logits FILE]\n\n"
@@ -38,7 +43,9 @@ static const char k_eval_usage[] =
     "window of data.seq_len tokens in a token file (default data.valid, else data.train).\n"
     "The weights are --model DIR, else model.path, else OUTPUT_DIR/final when a training\n"
     "run left one, else the config's random init.\n"
-    "--dump-logits FILE writes the first sequence's logits: float32, row-major [seq_len, vocab].\n";
+    "--dump-logits FILE writes the first sequence's logits: float32, row-major [seq_len, vocab].\n"
+    "SIGINT or SIGTERM stops the pass after the current batch (status 130 or 143, the partial\n"
+    "loss on stderr); a second one exits at once.\n";
 
 /* Splits argv into the config, key=value overrides and --options (name, value). */
 static int load_config(const char *cmd, mf_config_use use, int argc, char **argv, const char *const *opt_names, const char **opt_values,
@@ -113,8 +120,10 @@ int mf_cli_train(int argc, char **argv) {
     }
   }
   mf_train_summary sum;
+  mf_cli_catch_stop();
   mf_status st = resume ? mf_train_resume(cfg, dir, 0, &sum) : mf_train(cfg, 0, &sum);
   mf_config_free(cfg);
+  /* Stopped by a signal with a checkpoint written: a clean stop (status 0). */
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail("train", st);
 }
 
@@ -130,9 +139,18 @@ int mf_cli_eval(int argc, char **argv) {
   if (rc != MF_EXIT_OK) return rc;
   mf_eval_opts o = {values[0], values[1], values[2]};
   mf_eval_result r;
+  mf_cli_catch_stop();
   mf_status st = mf_eval(cfg, &o, &r);
   mf_config_free(cfg);
   if (st != MF_OK) return mf_cli_fail("eval", st);
+  if (r.stopped) { /* no full result to print: a script must not take a part for the whole */
+    char name[32];
+    const int sig = mf_stop_requested();
+    fprintf(stderr, "moefit eval: stopped by %s after %lld sequences (loss %.6f over their %lld tokens, not the "
+            "file's)\n", mf_stop_signal_name(sig, name, sizeof name), (long long)r.sequences, r.loss,
+            (long long)r.tokens);
+    return 128 + sig;
+  }
   printf("loss %.6f  perplexity %.4f  (%lld tokens in %lld sequences)\n", r.loss, r.perplexity, (long long)r.tokens,
          (long long)r.sequences);
   return MF_EXIT_OK;

@@ -1,7 +1,9 @@
-/* Shared pieces of the subcommands: error reporting and help detection. */
+/* Shared pieces of the subcommands: error reporting, help detection, stop signals. */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/cli/commands.h"
 #include "src/model/hf_config.h"
@@ -20,6 +22,23 @@ int mf_cli_usage_error(const char *cmd, const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "\nrun `moefit %s --help` for usage\n", cmd);
   return MF_EXIT_USAGE;
+}
+
+/* Async-signal-safe: a store, or _exit. A checkpoint being written when the
+ * second signal comes stays a .tmp directory that resume passes over. */
+static void on_stop_signal(int signo) {
+  if (mf_stop_requested()) _exit(128 + signo);
+  mf_stop_request(signo);
+}
+
+void mf_cli_catch_stop(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART; /* a write or read under way goes on: the loop stops at its next check */
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
 }
 
 int mf_cli_wants_help(int argc, char **argv) {

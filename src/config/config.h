@@ -119,6 +119,7 @@ typedef struct mf_config_train {
   int64_t threads;          /* host worker threads; 0 = all online CPUs */
   int64_t log_every;        /* steps between progress lines */
   int64_t eval_every;       /* steps between validation runs; 0 = only at the end */
+  int64_t max_skipped_steps; /* steps skipped for non-finite values before the run stops; 0 = no limit */
   mf_config_mb_order micro_batch_order;
   mf_config_overlap overlap_optimizer; /* host AdamW of step k behind step k+1's device work (same bits) */
   mf_config_moments adam_moments; /* m and v stored in fp32 or bf16 */

@@ -113,6 +113,10 @@ const mf_config_key mf_config_keys[] = {
         "steps between progress lines"),
     KEY("train.eval_every", MF_CK_INT, 0, train.eval_every, 0, 1e12, NULL, "0",
         "steps between validation runs (with data.valid); 0: at the end only"),
+    KEY("train.max_skipped_steps", MF_CK_INT, 0, train.max_skipped_steps, 0, 1e12, NULL, "10",
+        "steps skipped for non-finite gradients or loss (counted over the whole run, resumes included) before "
+        "the run stops with a checkpoint and an error: a few skips are a spike, more are a run that diverged "
+        "and would otherwise spend its remaining steps changing nothing; 0: no limit"),
 
     SEC("memory", 0, "memory budgets"),
     KEY("memory.device_budget", MF_CK_SIZE, 0, memory.device_budget, NOLO, NOHI, NULL, "auto",

@@ -348,6 +348,20 @@ mf_status mf_read_file(const char *path, size_t max_bytes, const char *what, cha
 mf_status mf_map_file(const char *path, const uint8_t **base, size_t *size, int *err);
 void mf_unmap_file(const void *base, size_t size); /* NULL or 0 bytes is fine */
 
+
+/* ------------------------------------------------------- stop requests */
+
+/* A request to stop a long run cleanly (SIGINT, SIGTERM): the command line
+ * installs the handlers and the handler calls mf_stop_request, which only
+ * stores the signal number in a volatile sig_atomic_t (async-signal-safe).
+ * Long loops (the training steps, an evaluation pass) read it between steps
+ * and stop at the next safe point; library code never exits on it. */
+void mf_stop_request(int signo);
+int mf_stop_requested(void); /* the signal number of the first request, or 0 */
+void mf_stop_clear(void);
+/* "SIGINT", "SIGTERM", else "signal N" (a static string for those two). */
+const char *mf_stop_signal_name(int signo, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

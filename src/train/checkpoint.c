@@ -18,15 +18,17 @@ mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host
 }
 
 mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const mf_loader *l, const mf_config *cfg,
-                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm) {
+                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm, char *dir,
+                             size_t cap) {
   mf_loader_state ls;
   mf_loader_get_state(l, &ls);
   const mf_ckpt_state s = {step,     sum->skipped, sum->first_loss, mf_lr_at(&cfg->train, step),
                            cfg->train.steps, ls.epoch, ls.index, ls.seed, ls.windows};
   mf_ckpt_stats cs;
-  MF_CHECK(mf_ckpt_write(ckw, d, &s, &cs));
+  MF_CHECK(mf_ckpt_write_files(ckw, d, &s, &cs)); /* COMPLETE later: mf_ckpt_commit after the step's line */
   sm->checkpoint_s = cs.seconds;
   sm->checkpoint_bytes = (double)cs.bytes;
+  snprintf(dir, cap, "%s", cs.dir);
   if (!quiet) {
     const double mib = (double)cs.bytes / (1024.0 * 1024.0);
     MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s; %.2fx smaller than its %.2f MiB)", cs.dir, mib,

@@ -164,7 +164,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
                   st, done);
   MF_LOGI("eval", "model: %s; tokens: %s", desc, tokens);
   MF_CHECK_GOTO(mf_runner_eval_pass(&r, l, w, 1, out, hidden), st, done);
-  if (opts->dump_logits) MF_CHECK_GOTO(dump_logits(cfg, t, w, hidden, opts->dump_logits), st, done);
+  if (opts->dump_logits && !out->stopped) MF_CHECK_GOTO(dump_logits(cfg, t, w, hidden, opts->dump_logits), st, done);
 done:
   mf_runner_free(&r);
   mf_loader_free(l);

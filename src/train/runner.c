@@ -158,6 +158,10 @@ mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int pr
     out->sequences += b.n_seq;
     done += (uint64_t)b.n_seq;
     if (b.end_of_pass) break;
+    if (mf_stop_requested()) { /* SIGINT/SIGTERM: the loss so far, marked as cut short */
+      out->stopped = 1;
+      break;
+    }
     const double now = mf_time_now();
     if (progress && now - (shown > 0 ? shown : t0) >= every) {
       eval_progress(l, done, t0);

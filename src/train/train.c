@@ -38,6 +38,8 @@ typedef struct run {
   const char *resume_dir; /* that one (NULL: the newest complete one); then resume_path */
   char resume_path[4200];
   int64_t first_step;     /* the steps done before this process's first (the checkpoint's) */
+  int stop;               /* after_step: the run stops after this step: the signal, or -1 (too many skipped steps) */
+  char pending[4400];     /* the checkpoint written but not yet marked COMPLETE */
 } run;
 
 static void run_free(run *r) {
@@ -122,6 +124,7 @@ static mf_status resume(run *r, mf_train_summary *out) {
   const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
   MF_CHECK(mf_train_ckpt_load(r->cfg, r->resume_dir, &d, r->train, out, dir, sizeof r->resume_path, &r->first_step));
   r->resume_dir = dir;
+  snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", dir);
   MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, (uint16_t *)r->hs.working.ptr, r->pool));
   mf_exec_invalidate(r->tr.exec);
   if (!r->quiet) MF_LOGI("train", "resumed from %s (step %lld)", dir, (long long)r->first_step);
@@ -322,17 +325,65 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
   return MF_OK;
 }
 
+/* Every update done and, for a checkpoint, the device-optimized parameters'
+ * moments home too; the device's weights home (an evaluation reads them). */
+static mf_status settle(run *r, int for_ckpt) {
+  if (r->wk) MF_CHECK(mf_optim_worker_wait_all(r->wk));
+  if (r->up.on_device) MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, for_ckpt));
+  return MF_OK;
+}
+
+/* Whether the run stops after `step` short of train.steps: a stop request
+ * (SIGINT, SIGTERM), or more skipped steps than train.max_skipped_steps. */
+static int stop_due(const run *r, int64_t step, const mf_train_summary *out, const mf_step_metrics *sm) {
+  const int64_t max = r->cfg->train.max_skipped_steps;
+  if (max > 0 && sm->skipped && out->skipped > max) return -1;
+  return step < r->cfg->train.steps ? mf_stop_requested() : 0;
+}
+
+/* A checkpoint that cannot be written stops the run: its error (naming the
+ * file) with the last complete checkpoint, which is kept. */
+static mf_status save_failed(mf_status st, int64_t step, const mf_train_summary *out) {
+  if (out->checkpoint_dir[0])
+    mf_error_prefix("step %lld: checkpoint not written, training stopped (%s, the last complete checkpoint, is "
+                    "kept: resume from it with --resume)", (long long)step, out->checkpoint_dir);
+  else
+    mf_error_prefix("step %lld: checkpoint not written, training stopped (no complete checkpoint yet)",
+                    (long long)step);
+  return st;
+}
+
+/* The checkpoint of `step` but its COMPLETE marker (commit, after the step's
+ * metrics line). */
+static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
+  const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+  const mf_status st = mf_train_ckpt_save(r->ckw, &d, r->train, r->cfg, step, out, r->quiet, sm, r->pending,
+                                          sizeof r->pending);
+  if (st != MF_OK) return save_failed(st, step, out);
+  mf_window_exclude(&r->win, sm->checkpoint_s); /* the training paused for it (written synchronously) */
+  return MF_OK;
+}
+
+/* COMPLETE on the checkpoint save wrote: from now on resume may take it. */
+static mf_status commit(run *r, int64_t step, mf_train_summary *out) {
+  const mf_status st = mf_ckpt_commit(r->ckw, step);
+  if (st != MF_OK) return save_failed(st, step, out);
+  snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", r->pending);
+  return MF_OK;
+}
+
 /* After step `step`: the evaluation when due (every update and the device's
- * weights home first) and the progress line when due. */
+ * weights home first), the checkpoint when due or when the run stops here
+ * (r->stop), the progress line when due (always with a checkpoint), then the
+ * checkpoint's COMPLETE. */
 static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const mf_config *cfg = r->cfg;
   const int last = step == cfg->train.steps;
   const int eval_now = r->valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
   const int64_t every = cfg->output.checkpoint_every;
-  const int ckpt_now = last || (every > 0 && step % every == 0);
-  if (r->wk && (eval_now || ckpt_now)) MF_CHECK(mf_optim_worker_wait_all(r->wk));
-  /* A checkpoint needs the device-optimized parameters' moments home too. */
-  if (r->up.on_device && (eval_now || ckpt_now)) MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, ckpt_now));
+  r->stop = stop_due(r, step, out, sm);
+  int ckpt_now = last || (every > 0 && step % every == 0) || r->stop;
+  if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now));
   if (r->wk) {
     double busy, waited;
     mf_optim_worker_stats(r->wk, &busy, &waited);
@@ -341,17 +392,17 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   if (eval_now) {
     mf_eval_result er;
     MF_CHECK(mf_runner_eval_pass(&r->ev, r->valid, r->w, !r->quiet, &er, NULL));
-    sm->eval_loss = er.loss;
+    sm->eval_loss = er.stopped ? NAN : er.loss; /* a pass cut short is no validation loss */
     sm->eval_s = er.seconds;
-    out->valid_loss = er.loss;
+    if (!er.stopped) out->valid_loss = er.loss;
     out->eval_seconds += er.seconds;
     mf_window_exclude(&r->win, er.seconds); /* not training: out of tokens/s, step_s and the ETA */
+    if (!r->stop && (r->stop = stop_due(r, step, out, sm)) != 0 && !ckpt_now) {
+      ckpt_now = 1; /* a signal during the evaluation */
+      MF_CHECK(settle(r, 1));
+    }
   }
-  if (ckpt_now) {
-    const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
-    MF_CHECK(mf_train_ckpt_save(r->ckw, &d, r->train, cfg, step, out, r->quiet, sm));
-    mf_window_exclude(&r->win, sm->checkpoint_s); /* the training paused for it (written synchronously) */
-  }
+  if (ckpt_now) MF_CHECK(save(r, step, out, sm));
   if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now || ckpt_now) {
     mf_exec_stats xs;
     mf_exec_stats_get(r->tr.exec, &xs);
@@ -361,6 +412,28 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     out->final_loss = line.window_loss;
     out->final_loss_steps = line.window_steps;
   }
+  if (ckpt_now) MF_CHECK(commit(r, step, out)); /* after the step's line: see ckpt.h mf_ckpt_write_files */
+  return MF_OK;
+}
+
+/* The run stopped after `step` (r->stop): by a signal, MF_OK with
+ * out->stop_signal; by too many skipped steps, an error naming the key. */
+static mf_status stopped(run *r, int64_t step, mf_train_summary *out) {
+  out->seconds = mf_time_now() - r->t_start;
+  if (r->stop < 0)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "train.max_skipped_steps: %lld steps skipped for non-finite gradients or loss, more than the %lld "
+                  "allowed (the last at step %lld): the run is diverging and stops; checkpoint %s. Lower train.lr (or "
+                  "raise train.warmup, or lower train.grad_clip) and start again, or raise train.max_skipped_steps "
+                  "(0: no limit) and resume with --resume",
+                  (long long)out->skipped, (long long)r->cfg->train.max_skipped_steps, (long long)step,
+                  out->checkpoint_dir);
+  out->stop_signal = r->stop;
+  char name[32];
+  if (!r->quiet)
+    MF_LOGI("train", "stopped by %s after step %lld of %lld: checkpoint %s; continue with `moefit train CONFIG "
+          "--resume`", mf_stop_signal_name(r->stop, name, sizeof name), (long long)step,
+          (long long)r->cfg->train.steps, out->checkpoint_dir);
   return MF_OK;
 }
 
@@ -431,12 +504,15 @@ static mf_status train_run(const mf_config *cfg, int resume, const char *dir, in
   if (st == MF_OK && !quiet) log_start(&r, out);
   r.t_start = mf_time_now();
   mf_window_start(&r.win, r.t_start);
-  for (int64_t step = r.first_step + 1; st == MF_OK && step <= cfg->train.steps; step++) {
+  int64_t step = r.first_step + 1;
+  for (; st == MF_OK && step <= cfg->train.steps; step++) {
     mf_step_metrics sm;
     st = step_once(&r, step, out, &sm);
     if (st == MF_OK) st = after_step(&r, step, out, &sm);
+    if (st == MF_OK && r.stop) st = stopped(&r, step, out);
+    if (r.stop) break;
   }
-  if (st == MF_OK) st = finish(&r, out);
+  if (st == MF_OK && !r.stop) st = finish(&r, out);
   run_free(&r);
   return st;
 }

@@ -41,12 +41,24 @@ typedef struct mf_train_summary {
    * first (loader, executor, clipping and optimizer; no eval). NaN otherwise. */
   double predicted_step_s;
   double executed_step_s;
+  /* A stop request (SIGINT, SIGTERM: core.h mf_stop_request) ended the run
+   * after `steps` < train.steps, with a checkpoint of that step in
+   * checkpoint_dir; no final weights. 0 when the run went to the end. */
+  int stop_signal;
+  char checkpoint_dir[4400]; /* the newest checkpoint this run wrote or resumed from ("" none) */
 } mf_train_summary;
 
 /* Trains as the config says: progress lines on stderr, OUTPUT/metrics.jsonl,
  * the final weights in OUTPUT/final (an HF model dir), resume checkpoints in
  * OUTPUT/checkpoints (output.checkpoint_every, and at the end). `quiet` suppresses
- * the progress lines (tests). */
+ * the progress lines (tests).
+ * Between steps it reads the stop flag (core.h mf_stop_requested): when set it
+ * finishes the step (an evaluation under way stops early), writes a
+ * checkpoint of it and returns MF_OK with out->stop_signal set. More than
+ * train.max_skipped_steps steps skipped for non-finite values: a checkpoint,
+ * then MF_ERR_CONFIG naming the key. A checkpoint that cannot be written
+ * stops the run (its error, naming the file, and the last complete
+ * checkpoint, which is kept). */
 mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out);
 /* MF_OK when `dir` (output.dir) is missing, empty or holds no earlier run;
  * else MF_ERR_CONFIG naming the dir, what it holds (metrics.jsonl, final/,
@@ -84,11 +96,13 @@ typedef struct mf_eval_result {
   int64_t tokens;    /* counted tokens */
   int64_t sequences;
   double seconds;    /* wall time of the pass */
+  int stopped;       /* a stop request (core.h) cut the pass short: the loss is over the sequences done */
 } mf_eval_result;
 
 /* Mean loss over every window of a token file. The weights are model_dir when
  * given, else model.path, else OUTPUT/final when a training run left one, else
- * the random init. */
+ * the random init. A stop request (core.h) ends the pass after the current
+ * batch: MF_OK with out->stopped. */
 mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result *out);
 
 #ifdef __cplusplus

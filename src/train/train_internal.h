@@ -170,11 +170,13 @@ mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *ba
 /* The run's tensors as src/ckpt reads and fills them. */
 mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host_state *hs, int64_t *adam_steps,
                                 int64_t *routed, size_t n_routed);
-/* Writes the checkpoint of `step` (every update done and the device's state
- * home first: the caller's), says so on stderr unless quiet, and puts its
- * seconds and bytes in sm. */
+/* Writes the checkpoint of `step` but its COMPLETE marker (mf_ckpt_commit,
+ * the caller's, after the step's metrics line) (every update done and the
+ * device's state home first: the caller's), says so on stderr unless quiet, and puts its
+ * seconds and bytes in sm and its directory in dir (cap bytes). */
 mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const mf_loader *l, const mf_config *cfg,
-                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm);
+                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm, char *dir,
+                             size_t cap);
 /* Reads checkpoint `want` (NULL: the newest complete one under output.dir)
  * into d and the loader after checking its config; *step gets its step, dir
  * its path; sum gets the steps, skipped count and first loss so far. */

@@ -297,3 +297,83 @@ TEST(Ckpt, ConfigThatChangesTheMathsIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string StepDir(const std::string &out, int step) {
+  char b[64];
+  snprintf(b, sizeof b, "/checkpoints/step-%06d", step);
+  return out + b;
+}
+
+// What a kill inside a write leaves: a .tmp-step dir (here a whole copy, its
+// marker too) is never taken; the next write of that step replaces it.
+TEST(Ckpt, TmpDirOfAKilledWriteIsPassedOver) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, "checkpoint_compression: zstd-1");
+  State a(cfg, MF_DTYPE_F32, 1);
+  Write(cfg, a, 4);
+  const std::string s8 = Write(cfg, a, 8);
+  ASSERT_EQ(system(("cp -r " + s8 + " " + out + "/checkpoints/.tmp-step-000012").c_str()), 0);
+  char found[4200];
+  ASSERT_EQ(mf_ckpt_find_latest(out.c_str(), found, sizeof found), MF_OK) << mf_last_error();
+  EXPECT_EQ(std::string(found), s8);
+  const std::string s12 = Write(cfg, a, 12);
+  EXPECT_FALSE(Exists(out + "/checkpoints/.tmp-step-000012"));
+  EXPECT_EQ(mf_ckpt_verify(s12.c_str()), MF_OK) << mf_last_error();
+  mf_config_free(cfg);
+}
+
+// The two halves of mf_ckpt_write: after the files, a checkpoint resume passes
+// over (no COMPLETE); after the commit, the newest.
+TEST(Ckpt, WriteFilesThenCommit) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, "checkpoint_compression: none");
+  State a(cfg, MF_DTYPE_F32, 1);
+  const std::string s4 = Write(cfg, a, 4);
+  mf_ckpt_writer *w = nullptr;
+  ASSERT_EQ(mf_ckpt_writer_create(cfg, &w), MF_OK) << mf_last_error();
+  mf_ckpt_data d = a.Data();
+  mf_ckpt_state s = SmallState(8);
+  mf_ckpt_stats st;
+  ASSERT_EQ(mf_ckpt_write_files(w, &d, &s, &st), MF_OK) << mf_last_error();
+  EXPECT_EQ(std::string(st.dir), StepDir(out, 8));
+  EXPECT_FALSE(Exists(StepDir(out, 8) + "/COMPLETE"));
+  char found[4200];
+  ASSERT_EQ(mf_ckpt_find_latest(out.c_str(), found, sizeof found), MF_OK) << mf_last_error();
+  EXPECT_EQ(std::string(found), s4);
+  ASSERT_EQ(mf_ckpt_commit(w, 8), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_ckpt_find_latest(out.c_str(), found, sizeof found), MF_OK) << mf_last_error();
+  EXPECT_EQ(std::string(found), StepDir(out, 8));
+  mf_ckpt_writer_free(w);
+  mf_config_free(cfg);
+}
+
+// A full disk (the test-only MF_TEST_CKPT_ENOSPC, read when the writer is
+// created): the write fails naming the file and the fault, leaves no .tmp
+// dir, and the older checkpoint stays whole.
+TEST(Ckpt, FullDiskFailsTheWriteKeepingTheOlder) {
+  const std::string out = TestDir();
+  mf_config *cfg = Config(out, "checkpoint_compression: zstd-1");
+  State a(cfg, MF_DTYPE_F32, 1);
+  const std::string s4 = Write(cfg, a, 4);
+  setenv("MF_TEST_CKPT_ENOSPC", "2", 1);
+  mf_ckpt_writer *w = nullptr;
+  const mf_status created = mf_ckpt_writer_create(cfg, &w);
+  unsetenv("MF_TEST_CKPT_ENOSPC");
+  ASSERT_EQ(created, MF_OK) << mf_last_error();
+  mf_ckpt_data d = a.Data();
+  mf_ckpt_state s = SmallState(8);
+  mf_ckpt_stats st;
+  EXPECT_EQ(mf_ckpt_write(w, &d, &s, &st), MF_ERR_IO);
+  const std::string msg = mf_last_error();
+  EXPECT_NE(msg.find(out + "/checkpoints/.tmp-step-000008/optimizer.safetensors.zst"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  EXPECT_FALSE(Exists(out + "/checkpoints/.tmp-step-000008"));
+  EXPECT_FALSE(Exists(StepDir(out, 8)));
+  EXPECT_EQ(mf_ckpt_verify(s4.c_str()), MF_OK) << mf_last_error();
+  mf_ckpt_writer_free(w);
+  mf_config_free(cfg);
+}
+
+}  // namespace

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 namespace {
@@ -65,6 +66,27 @@ inline std::string text_tokens(const std::string &name, size_t bytes) {
   Result r = moefit("data bytes " + text + " " + toks + " 2>&1");
   if (r.code != 0) fprintf(stderr, "moefit data bytes failed:\n%s\n", r.out.c_str());
   return toks;
+}
+
+// step -> loss of the step lines of dir/metrics.jsonl.
+inline std::map<int, std::string> step_losses(const std::string &dir) {
+  std::map<int, std::string> m;
+  const std::string text = read_file(dir + "/metrics.jsonl");
+  size_t at = 0;
+  while ((at = text.find("{\"step\":", at)) != std::string::npos) {
+    const int step = std::stoi(text.substr(at + 8));
+    const size_t l = text.find("\"loss\":", at) + 7;
+    m[step] = text.substr(l, text.find(',', l) - l);
+    at = l;
+  }
+  return m;
+}
+
+// TEST_TMPDIR/NAME, removed first.
+inline std::string fresh_dir(const std::string &name) {
+  const std::string d = tmpdir() + "/" + name;
+  shell("rm -rf " + d);
+  return d;
 }
 
 }  // namespace

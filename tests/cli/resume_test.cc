@@ -18,19 +18,7 @@
 
 namespace {
 
-// A token file of text made by `moefit data bytes` (once per test binary).
-std::string Corpus() {
-  static std::string toks;
-  if (!toks.empty()) return toks;
-  const std::string text = tmpdir() + "/resume_corpus.txt";
-  toks = tmpdir() + "/resume_corpus.tokens";
-  std::string s;
-  for (int i = 0; s.size() < 60000; i++) s += "line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog\n";
-  write_file(text, s);
-  Result r = moefit("data bytes " + text + " " + toks);
-  EXPECT_EQ(r.code, 0) << r.out;
-  return toks;
-}
+std::string Corpus() { return text_tokens("resume_corpus", 60000); }
 
 // The demo shortened: 32-token sequences, 2 a step, every step logged,
 // a checkpoint every 4 steps.
@@ -40,25 +28,9 @@ std::string Args(const std::string &out, int steps, const std::string &extra) {
          std::to_string(steps) + " data.train=" + Corpus() + " output.dir=" + out + " " + extra;
 }
 
-// step -> loss of metrics.jsonl's step lines.
-std::map<int, std::string> Losses(const std::string &dir) {
-  std::map<int, std::string> m;
-  const std::string text = read_file(dir + "/metrics.jsonl");
-  size_t at = 0;
-  while ((at = text.find("{\"step\":", at)) != std::string::npos) {
-    const int step = std::stoi(text.substr(at + 8));
-    const size_t l = text.find("\"loss\":", at) + 7;
-    m[step] = text.substr(l, text.find(',', l) - l);
-    at = l;
-  }
-  return m;
-}
+std::map<int, std::string> Losses(const std::string &dir) { return step_losses(dir); }
 
-std::string Fresh(const std::string &name) {
-  const std::string d = tmpdir() + "/" + name;
-  shell("rm -rf " + d);
-  return d;
-}
+std::string Fresh(const std::string &name) { return fresh_dir(name); }
 
 struct Variant {
   const char *name, *extra;

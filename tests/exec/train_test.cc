@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
@@ -303,6 +304,42 @@ TEST(Train, BadInputsAreErrors) {
   EXPECT_NE(std::string(mf_last_error()).find("missing.tokens"), std::string::npos) << mf_last_error();
   mf_config_free(cfg);
   // backend: cuda without a GPU: CudaBackendWithoutAGpuIsACleanError.
+}
+
+// A stop request (what the CLI's SIGINT/SIGTERM handlers make) through the C
+// API: the step under way finishes, a checkpoint of it, MF_OK with
+// stop_signal and no final weights; cleared, a resume goes to the end. An
+// evaluation stops after its first batch.
+TEST(Train, StopRequestEndsTheRunWithACheckpoint) {
+  const std::string out = tmp() + "/stop_request";
+  mf_config *cfg = config(out, 1, 6);
+  ASSERT_NE(cfg, nullptr);
+  mf_train_summary s;
+  mf_stop_request(SIGTERM);
+  const mf_status st = mf_train(cfg, 1, &s);
+  mf_stop_clear();
+  ASSERT_EQ(st, MF_OK) << mf_last_error();
+  EXPECT_EQ(s.stop_signal, SIGTERM);
+  EXPECT_EQ(s.steps, 1);
+  EXPECT_EQ(std::string(s.checkpoint_dir), out + "/checkpoints/step-000001");
+  EXPECT_TRUE(std::ifstream(out + "/checkpoints/step-000001/COMPLETE").good());
+  EXPECT_FALSE(std::ifstream(out + "/final/model.safetensors").good());
+  ASSERT_EQ(mf_train_resume(cfg, nullptr, 1, &s), MF_OK) << mf_last_error();
+  EXPECT_EQ(s.stop_signal, 0);
+  EXPECT_EQ(s.steps, 6);
+  EXPECT_TRUE(std::ifstream(out + "/final/model.safetensors").good());
+  mf_eval_opts o = {nullptr, nullptr, nullptr};
+  mf_eval_result whole, cut;
+  ASSERT_EQ(mf_eval(cfg, &o, &whole), MF_OK) << mf_last_error();
+  EXPECT_EQ(whole.stopped, 0);
+  mf_stop_request(SIGINT);
+  const mf_status se = mf_eval(cfg, &o, &cut);
+  mf_stop_clear();
+  ASSERT_EQ(se, MF_OK) << mf_last_error();
+  EXPECT_EQ(cut.stopped, 1);
+  EXPECT_EQ(cut.sequences, 4);  // one batch of train.micro_batch
+  EXPECT_LT(cut.sequences, whole.sequences);
+  mf_config_free(cfg);
 }
 
 }  // namespace

@@ -1,0 +1,360 @@
+// issue 16 item 6: runs that are killed. The shortened demo (constant
+// learning rate, a checkpoint every 3 steps) trained once without a break is
+// the reference; against it, the same run
+//  - SIGKILLed at >= 3 moments a seeded generator picks from its progress (one
+//    inside a checkpoint write, held open with the test-only
+//    MF_TEST_CKPT_PAUSE_MS) and resumed with --resume after each,
+//  - stopped by SIGTERM (status 0, a checkpoint of the step it stopped after),
+//  - hit by a second SIGTERM inside the checkpoint write (status 143 at once,
+//    the last complete checkpoint intact),
+//  - on a full disk (the test-only MF_TEST_CKPT_ENOSPC: status 1 naming the
+//    file and the last complete checkpoint, which is kept),
+// each resumed to the end: the final weights are byte-identical and every
+// step's loss the same. And `moefit eval` stops on SIGINT (status 130).
+// The seed is printed; MF_KILL_SEED=N repeats a run's moments.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_util.h"
+
+namespace {
+
+constexpr int kSteps = 90;
+
+std::string Corpus() { return text_tokens("kill_corpus", 60000); }
+
+// The corpus the tests evaluate while a signal comes: ten times the training
+// corpus (about 10 s of evaluation here), so the pass is still running when the
+// signal lands even on a loaded machine; a pass that stops as it should reads
+// one batch of it.
+std::string LongEvalCorpus() { return text_tokens("kill_eval_corpus", 600000); }
+
+std::string Args(const std::string &out) {
+  return "train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 "
+         "train.micro_batch=2 train.warmup=2 train.log_every=1 train.schedule=constant output.checkpoint_every=3 "
+         "output.keep_checkpoints=3 train.steps=" + std::to_string(kSteps) + " data.train=" + Corpus() +
+         " output.dir=" + out;
+}
+
+std::string Fresh(const std::string &name) { return fresh_dir(name); }
+
+bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
+
+std::map<int, std::string> Losses(const std::string &dir) { return step_losses(dir); }
+
+// The uninterrupted run (once per test binary).
+const std::string &Whole() {
+  static std::string dir;
+  if (!dir.empty()) return dir;
+  dir = Fresh("whole");
+  Result r = moefit(Args(dir));
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir;
+}
+
+void ExpectSameAsWhole(const std::string &dir) {
+  EXPECT_EQ(read_file(Whole() + "/final/model.safetensors"), read_file(dir + "/final/model.safetensors"))
+      << "final weights differ";
+  const auto a = Losses(Whole()), b = Losses(dir);
+  EXPECT_EQ(b.size(), static_cast<size_t>(kSteps));
+  for (int s = 1; s <= kSteps; s++) EXPECT_EQ(a.at(s), b.count(s) ? b.at(s) : "missing") << "step " << s;
+}
+
+// `--resume` from the newest complete checkpoint (of step `step`) to the end: the same bits as Whole().
+void ResumeToTheEnd(const std::string &dir, int step) {
+  Result r = moefit(Args(dir) + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + dir + "/checkpoints/"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(step " + std::to_string(step) + ")"), std::string::npos) << r.out;
+  ExpectSameAsWhole(dir);
+}
+
+// The newest checkpoint with COMPLETE under dir/checkpoints (0: none).
+int NewestComplete(const std::string &dir) {
+  int best = 0;
+  for (int s = 1; s <= kSteps; s++) {
+    char name[64];
+    snprintf(name, sizeof name, "/checkpoints/step-%06d/COMPLETE", s);
+    if (Exists(dir + name)) best = s;
+  }
+  return best;
+}
+
+// `moefit ARGS` running in the background, its stdout and stderr read as they come.
+class Proc {
+ public:
+  Proc(const std::string &args, const std::vector<std::string> &env) {
+    int p[2];
+    if (pipe(p) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(p[1], 1);
+      dup2(p[1], 2);
+      close(p[0]);
+      close(p[1]);
+      for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
+      execl("/bin/sh", "sh", "-c", ("exec ./moefit " + args).c_str(), static_cast<char *>(nullptr));
+      _exit(127);
+    }
+    close(p[1]);
+    fd_ = p[0];
+  }
+  ~Proc() {
+    if (pid_ > 0 && !done_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  // Reads until the output from `from` on matches re (true), or it ends or
+  // timeout_s passes (false).
+  bool WaitFor(const std::regex &re, size_t from = 0, double timeout_s = 120) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+      if (std::regex_search(out_.begin() + static_cast<long>(std::min(from, out_.size())), out_.end(), re)) return true;
+      if (eof_ || std::chrono::steady_clock::now() > end) return false;
+      Read(50);
+    }
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  // Waits for the exit: the status (-1 when killed by a signal, then *sig).
+  int Finish(int *sig) {
+    while (!eof_) Read(1000);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    done_ = true;
+    *sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  const std::string &out() const { return out_; }
+
+ private:
+  void Read(int ms) {
+    pollfd pf = {fd_, POLLIN, 0};
+    if (poll(&pf, 1, ms) <= 0) return;
+    char buf[4096];
+    const ssize_t n = read(fd_, buf, sizeof buf);
+    if (n <= 0)
+      eof_ = true;
+    else
+      out_.append(buf, static_cast<size_t>(n));
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool eof_ = false, done_ = false;
+  std::string out_;
+};
+
+std::regex StepLine(int step) { return std::regex("(^|\n)step +" + std::to_string(step) + "/"); }
+
+unsigned Seed() {
+  const char *e = getenv("MF_KILL_SEED");
+  const unsigned seed = e ? static_cast<unsigned>(std::strtoul(e, nullptr, 10))
+                          : static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
+  printf("kill_test: seed %u (MF_KILL_SEED=%u repeats it)\n", seed, seed);
+  return seed;
+}
+
+// SIGKILL at 3 moments after a step line a seeded generator picks (plus a
+// random delay of up to 40 ms), the second inside a checkpoint write; resumed
+// after each; then to the end.
+TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
+  Whole();
+  std::mt19937 rng(Seed());
+  const std::string dir = Fresh("sigkill");
+  int kills = 0;
+  for (int launch = 1; launch <= 8; launch++) {
+    SCOPED_TRACE("launch " + std::to_string(launch));
+    const int from = NewestComplete(dir);
+    const bool in_write = kills == 1;
+    std::vector<std::string> env;
+    if (in_write) env.push_back("MF_TEST_CKPT_PAUSE_MS=150");
+    Proc p(Args(dir) + (from > 0 ? " --resume" : ""), env);
+    if (from > 0) {
+      ASSERT_TRUE(p.WaitFor(std::regex("resumed from " + dir + "/checkpoints/step-0*" + std::to_string(from) + " ")))
+          << p.out();
+    }
+    if (kills < 3) {
+      if (in_write) {
+        ASSERT_TRUE(p.WaitFor(std::regex("MF_TEST_CKPT_PAUSE_MS: pausing [0-9]+ ms after "))) << p.out();
+      } else {
+        const int target = std::min(from + 4 + static_cast<int>(rng() % 12), kSteps - 1); // a checkpoint before it
+        ASSERT_TRUE(p.WaitFor(StepLine(target))) << p.out();
+        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
+      }
+      p.Signal(SIGKILL);
+      int sig = 0;
+      const int code = p.Finish(&sig);
+      ASSERT_EQ(code, -1) << "finished before the kill: " << p.out();
+      ASSERT_EQ(sig, SIGKILL);
+      kills++;
+      printf("kill_test: SIGKILL %d %s; newest complete checkpoint: step %d\n", kills,
+             in_write ? "inside a checkpoint write" : "after a step line", NewestComplete(dir));
+      if (in_write) {  // the write it cut short stays a .tmp dir, which the next launch passes over
+        Result r = shell("ls -d " + dir + "/checkpoints/.tmp-step-* 2>&1");
+        EXPECT_EQ(r.code, 0) << r.out;
+      }
+      continue;
+    }
+    int sig = 0;
+    const int code = p.Finish(&sig);
+    ASSERT_EQ(code, 0) << p.out();
+    break;
+  }
+  ASSERT_EQ(kills, 3);
+  ExpectSameAsWhole(dir);
+}
+
+// SIGTERM: the step under way finishes, a checkpoint of it, status 0; resumed to the same bits.
+TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
+  Whole();
+  std::mt19937 rng(Seed());
+  const std::string dir = Fresh("sigterm");
+  const int target = 5 + static_cast<int>(rng() % 20);
+  Proc p(Args(dir), {});
+  ASSERT_TRUE(p.WaitFor(StepLine(target))) << p.out();
+  p.Signal(SIGTERM);
+  int sig = 0;
+  ASSERT_EQ(p.Finish(&sig), 0) << p.out();
+  std::smatch m;
+  const std::string out = p.out();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped by SIGTERM after step ([0-9]+) of 90: checkpoint " + dir +
+                                                   "/checkpoints/step-0*([0-9]+); continue with")))
+      << out;
+  const int stopped = std::stoi(m[1]);
+  EXPECT_GE(stopped, target);
+  EXPECT_LT(stopped, kSteps);
+  EXPECT_EQ(std::stoi(m[2]), stopped);
+  EXPECT_EQ(NewestComplete(dir), stopped);
+  EXPECT_FALSE(Exists(dir + "/final")) << "a stopped run has no final weights";
+  ResumeToTheEnd(dir, stopped);
+}
+
+// A second SIGTERM inside the checkpoint write the first one asked for: status
+// 143 at once; the write stays a .tmp dir; the last complete checkpoint is
+// intact and resumes to the same bits.
+TEST(Kill, SecondSigtermInsideTheCheckpointWriteExitsAtOnce) {
+  Whole();
+  const std::string dir = Fresh("sigterm2");
+  Proc p(Args(dir), {"MF_TEST_CKPT_PAUSE_MS=200"});
+  ASSERT_TRUE(p.WaitFor(StepLine(4))) << p.out();  // after checkpoint 3 (complete)
+  const int before = NewestComplete(dir);
+  EXPECT_GE(before, 3);
+  const size_t at = p.out().size();
+  p.Signal(SIGTERM);
+  ASSERT_TRUE(p.WaitFor(std::regex("MF_TEST_CKPT_PAUSE_MS: pausing [0-9]+ ms after "), at)) << p.out();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.Signal(SIGTERM);
+  int sig = 0;
+  EXPECT_EQ(p.Finish(&sig), 128 + SIGTERM) << p.out();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 5.0) << "the second signal did not end the process at once";
+  EXPECT_EQ(p.out().find("stopped by SIGTERM"), std::string::npos) << p.out();
+  EXPECT_EQ(NewestComplete(dir), before);
+  Result ls = shell("ls -d " + dir + "/checkpoints/.tmp-step-* 2>&1");
+  EXPECT_EQ(ls.code, 0) << ls.out;
+  ResumeToTheEnd(dir, before);
+}
+
+// A full disk in the second checkpoint (its optimizer file, the 8th file the
+// process writes): status 1, the file and the fault named, the first
+// checkpoint kept and named, nothing half-written left; resumed to the same bits.
+TEST(Kill, FullDiskStopsTheRunKeepingTheLastCheckpoint) {
+  Whole();
+  const std::string dir = Fresh("enospc");
+  Result r = shell("MF_TEST_CKPT_ENOSPC=8 ./moefit " + Args(dir) + " 2>&1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("moefit train: error: step 6: checkpoint not written, training stopped (" + dir +
+                       "/checkpoints/step-000003, the last complete checkpoint, is kept"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(dir + "/checkpoints/.tmp-step-000006/optimizer.safetensors.zst"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("No space left on device"), std::string::npos) << r.out;
+  EXPECT_EQ(NewestComplete(dir), 3);
+  EXPECT_FALSE(Exists(dir + "/checkpoints/.tmp-step-000006"));
+  EXPECT_FALSE(Exists(dir + "/checkpoints/step-000006"));
+  ResumeToTheEnd(dir, 3);
+}
+
+// `moefit eval` on SIGINT: stops after its batch, status 130, no result line.
+TEST(Kill, EvalStopsOnSigint) {
+  Proc p("eval configs/demo.yaml data.seq_len=32 train.micro_batch=2 data.valid=null output.dir=" +
+             Fresh("eval") + " --tokens " + LongEvalCorpus(), {});
+  ASSERT_TRUE(p.WaitFor(std::regex("model: "))) << p.out();
+  p.Signal(SIGINT);
+  int sig = 0;
+  EXPECT_EQ(p.Finish(&sig), 130) << p.out();
+  EXPECT_NE(p.out().find("moefit eval: stopped by SIGINT after "), std::string::npos) << p.out();
+  EXPECT_EQ(p.out().find("perplexity"), std::string::npos) << p.out();
+}
+
+}  // namespace
+
+namespace {
+
+// SIGTERM while the training's evaluation runs: the pass stops after its
+// batch (that step's eval_loss is null: not a validation loss), then the stop
+// checkpoint, status 0.
+TEST(Kill, SigtermDuringTheEvaluationStopsIt) {
+  const std::string dir = Fresh("sigterm_eval");
+  Proc p(Args(dir) + " data.valid=" + LongEvalCorpus() + " train.eval_every=5", {"MF_PROGRESS_EVERY=0"});
+  ASSERT_TRUE(p.WaitFor(std::regex("eval [^\n]*: [0-9]+/[0-9]+ windows"))) << p.out();
+  p.Signal(SIGTERM);
+  int sig = 0;
+  ASSERT_EQ(p.Finish(&sig), 0) << p.out();
+  EXPECT_NE(p.out().find("stopped by SIGTERM after step 5 of 90: checkpoint " + dir + "/checkpoints/step-000005;"),
+            std::string::npos)
+      << p.out();
+  EXPECT_EQ(NewestComplete(dir), 5);
+  const std::string metrics = read_file(dir + "/metrics.jsonl");
+  const size_t at = metrics.find("{\"step\":5,");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  const std::string line = metrics.substr(at, metrics.find('\n', at) - at);
+  EXPECT_NE(line.find("\"eval_loss\":null"), std::string::npos) << line;
+}
+
+// More than train.max_skipped_steps non-finite steps (a model with NaN
+// weights: every step is skipped): a checkpoint, then status 1 naming the
+// key; a resume with the key raised is allowed and stops again past it.
+TEST(Kill, TooManySkippedStepsStopTheRunWithACheckpoint) {
+  const std::string nan_model = Fresh("nan_model");
+  shell("cp -r " + Whole() + "/final " + nan_model);
+  std::string st = read_file(nan_model + "/model.safetensors");
+  uint64_t header = 0;
+  memcpy(&header, st.data(), 8);
+  const uint32_t nan_bits = 0x7fc00000u;
+  for (size_t i = 8 + header; i < 8 + header + 4096 && i + 4 <= st.size(); i += 4) memcpy(&st[i], &nan_bits, 4);
+  write_file(nan_model + "/model.safetensors", st);
+  const std::string dir = Fresh("skipped");
+  const std::string args = Args(dir) + " model.init=null model.path=" + nan_model;
+  Result r = moefit(args + " train.max_skipped_steps=2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("moefit train: error: train.max_skipped_steps: 3 steps skipped for non-finite gradients or "
+                       "loss, more than the 2 allowed (the last at step 3): the run is diverging and stops; "
+                       "checkpoint " + dir + "/checkpoints/step-000003."),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(NewestComplete(dir), 3);
+  Result rr = moefit(args + " train.max_skipped_steps=4 --resume");
+  EXPECT_EQ(rr.code, 1) << rr.out;
+  EXPECT_NE(rr.out.find("resumed from " + dir + "/checkpoints/step-000003 (step 3)"), std::string::npos) << rr.out;
+  EXPECT_NE(rr.out.find("train.max_skipped_steps: 5 steps skipped"), std::string::npos) << rr.out;
+  EXPECT_EQ(NewestComplete(dir), 5);
+}
+
+}  // namespace
