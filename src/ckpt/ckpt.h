@@ -26,7 +26,14 @@
  *   COMPLETE                    written last: the checkpoint is whole
  *
  * `.zst` files are one zstd frame of the safetensors file (its content size in
- * the frame header). The checksum is mf_ckpt_hash64: FNV-1a 64 over the bytes
+ * the frame header). Since the byte-plane filter (manifest.json's entry and
+ * state.json say "filter": "byteplane"), the frame holds the file with its
+ * tensor data filtered: the header as it is, then the data section (all one
+ * dtype of w bytes) in blocks of 4 MiB (the last shorter), each block of n
+ * elements written as w planes of n bytes, plane b holding byte b of every
+ * element (the sign and exponent bytes of similar values then sit together,
+ * where zstd finds them). A manifest entry without "filter" (checkpoints
+ * written before it) holds the plain file. The checksum is mf_ckpt_hash64: FNV-1a 64 over the bytes
  * taken as little-endian 8-byte words (the tail zero-padded), the length
  * mixed in last.
  *

@@ -74,6 +74,15 @@ static mf_status parse_entry(const char *path, const json_t *e, int i, mf_ckpt_f
   f->zstd = strcmp(comp, "zstd") == 0;
   if (!f->zstd && strcmp(comp, "none") != 0)
     return MF_ERR(MF_ERR_FORMAT, "%s: %s.compression: expected zstd or none, got '%s'", path, place, comp);
+  /* "filter" is absent from the manifests written before the byte-plane
+   * filter: their files are plain safetensors inside the zstd frame. */
+  const json_t *filter = json_object_get(e, "filter");
+  f->byteplane = json_is_string(filter) && strcmp(json_string_value(filter), "byteplane") == 0;
+  if (filter && !f->byteplane && !(json_is_string(filter) && strcmp(json_string_value(filter), "none") == 0))
+    return MF_ERR(MF_ERR_FORMAT, "%s: %s.filter: expected \"byteplane\" or \"none\", got %s", path, place,
+                  json_is_string(filter) ? json_string_value(filter) : mf_io_json_kind(filter, 0));
+  if (f->byteplane && !f->zstd)
+    return MF_ERR(MF_ERR_FORMAT, "%s: %s: the byteplane filter without zstd compression", path, place);
   if (!f->zstd && f->raw_bytes != f->bytes)
     return MF_ERR(MF_ERR_FORMAT, "%s: %s: raw_bytes %llu differs from bytes %llu without compression", path, place,
                   (unsigned long long)f->raw_bytes, (unsigned long long)f->bytes);
@@ -234,7 +243,36 @@ static void in_close(in_file *f) {
   memset(f, 0, sizeof *f);
 }
 
-static mf_status in_open(const char *dir, const mf_ckpt_file *files, int n, const char *stem, in_file *f) {
+/* Undoes the byte-plane filter in place: the data after the safetensors
+ * header of img[size], elements of w bytes, block by block (ckpt_internal.h). */
+static mf_status join_planes(const char *path, uint8_t *img, size_t size, size_t w) {
+  uint64_t head = 0;
+  for (int i = 7; size >= 8 && i >= 0; i--) head = head << 8 | img[i];
+  if (size < 8 || head > size - 8)
+    return MF_ERR(MF_ERR_FORMAT, "%s: a safetensors header of %llu bytes in a %zu-byte file", path,
+                  (unsigned long long)head, size);
+  uint8_t *data = img + 8 + head;
+  const size_t len = size - 8 - (size_t)head;
+  if (len % w)
+    return MF_ERR(MF_ERR_FORMAT, "%s: %zu bytes of tensor data are not whole elements of %zu bytes", path,
+                  len, w);
+  if (!len) return MF_OK;
+  uint8_t *scratch = NULL;
+  MF_CHECK(mf_malloc(len < MF_CKPT_PLANE_BLOCK ? len : MF_CKPT_PLANE_BLOCK, "checkpoint byte-plane buffer",
+                     (void **)&scratch));
+  for (size_t off = 0; off < len; off += MF_CKPT_PLANE_BLOCK) {
+    const size_t n = len - off < MF_CKPT_PLANE_BLOCK ? len - off : MF_CKPT_PLANE_BLOCK;
+    memcpy(scratch, data + off, n);
+    mf_ckpt_planes_join(data + off, scratch, n, w);
+  }
+  free(scratch);
+  return MF_OK;
+}
+
+/* Opens dir's <stem>.safetensors[.zst]; `planes` is the element size of its
+ * tensors (all of one dtype), which the byte-plane filter split by. */
+static mf_status in_open(const char *dir, const mf_ckpt_file *files, int n, const char *stem, size_t planes,
+                         in_file *f) {
   const mf_ckpt_file *e = NULL;
   char plain[64], zst[64];
   snprintf(plain, sizeof plain, "%s.safetensors", stem);
@@ -256,6 +294,7 @@ static mf_status in_open(const char *dir, const mf_ckpt_file *files, int n, cons
                     ZSTD_isError(got) ? ZSTD_getErrorName(got) : "fewer bytes than manifest.json's raw_bytes");
     img = f->raw;
     size = (size_t)e->raw_bytes;
+    if (e->byteplane) MF_CHECK(join_planes(f->path, f->raw, size, planes));
   }
   return mf_safetensors_open_buffer(f->path, img, size, &f->st);
 }
@@ -286,14 +325,14 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
   memset(&f, 0, sizeof f);
   mf_status st = MF_OK;
   char name[128];
-  MF_CHECK_GOTO(in_open(dir, files, nf, "master", &f), st, done);
+  MF_CHECK_GOTO(in_open(dir, files, nf, "master", 4, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     MF_CHECK_GOTO(take(&f, p->name, MF_DTYPE_F32, p, 0, d->master + p->offset), st, done);
   }
   in_close(&f);
   const size_t ms = mf_dtype_size(d->moments);
-  MF_CHECK_GOTO(in_open(dir, files, nf, "optimizer", &f), st, done);
+  MF_CHECK_GOTO(in_open(dir, files, nf, "optimizer", ms, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     snprintf(name, sizeof name, "exp_avg.%s", p->name);
@@ -302,7 +341,7 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
     MF_CHECK_GOTO(take(&f, name, d->moments, p, 0, (char *)d->v + (size_t)p->offset * ms), st, done);
   }
   in_close(&f);
-  MF_CHECK_GOTO(in_open(dir, files, nf, "state", &f), st, done);
+  MF_CHECK_GOTO(in_open(dir, files, nf, "state", 8, &f), st, done);
   MF_CHECK_GOTO(take(&f, "adam_step", MF_DTYPE_I64, NULL, t->n, d->adam_steps), st, done);
   MF_CHECK_GOTO(take(&f, "routed_tokens", MF_DTYPE_I64, NULL, (int64_t)d->n_routed, d->routed), st, done);
 done:
@@ -376,7 +415,7 @@ mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *m
   in_file f;
   memset(&f, 0, sizeof f);
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(in_open(dir, files, n, "master", &f), st, done);
+  MF_CHECK_GOTO(in_open(dir, files, n, "master", 4, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     MF_CHECK_GOTO(take(&f, p->name, MF_DTYPE_F32, p, 0, master + p->offset), st, done);

@@ -1,5 +1,5 @@
-/* Writing a resume checkpoint (ckpt.h): the tensors streamed through zstd
- * (or not) into files inside a temporary directory, each hashed as written,
+/* Writing a resume checkpoint (ckpt.h): the tensors streamed through the
+ * byte-plane filter and zstd (or neither) into files inside a temporary directory, each hashed as written,
  * the manifest, then the rename and the COMPLETE marker. */
 #include <dirent.h>
 #include <errno.h>
@@ -26,6 +26,8 @@ struct mf_ckpt_writer {
   ZSTD_CCtx *cctx;
   uint8_t *obuf; /* the compressor's output, one chunk at a time */
   size_t ocap;
+  int filter;       /* 1: tensor data split into byte planes before zstd */
+  uint8_t *sbuf;    /* [2 MF_CKPT_PLANE_BLOCK]: a block of tensor data, then its planes */
   mf_st_tensor *ts; /* [2 n] tensor lists, sized on the first write */
   char (*names)[112];
   int64_t cap;
@@ -34,7 +36,10 @@ struct mf_ckpt_writer {
   /* Test-only hooks (README's MF_ variables), read once in create:
    * MF_TEST_CKPT_PAUSE_MS sleeps after each file of a checkpoint (a window
    * for the kill tests to strike inside a write); MF_TEST_CKPT_ENOSPC=N makes
-   * the Nth checkpoint file of the process fail as a full disk would. */
+   * the Nth checkpoint file of the process fail as a full disk would;
+   * MF_TEST_CKPT_NO_FILTER=1 writes zstd files without the byte-plane
+   * filter, as moefit did before it had one (a test reads such a
+   * checkpoint back; the README's figures compare the two). */
   long pause_ms;
   long enospc_file;
   long files_started;
@@ -48,7 +53,10 @@ typedef struct out_file {
   int zstd;
   mf_ckpt_hash hash;
   uint64_t bytes, raw;
-  int full; /* MF_TEST_CKPT_ENOSPC: this file's writes fail */
+  int full;      /* MF_TEST_CKPT_ENOSPC: this file's writes fail */
+  size_t planes; /* the element size its tensor data is split by; 0: not filtered */
+  long calls;    /* sink calls so far: the first is the safetensors header, the later ones tensor data */
+  size_t held;   /* tensor bytes in w->sbuf waiting for their block to fill */
 } out_file;
 
 mf_status mf_ckpt_remove_dir(const char *dir) {
@@ -91,6 +99,7 @@ void mf_ckpt_writer_free(mf_ckpt_writer *w) {
   if (!w) return;
   ZSTD_freeCCtx(w->cctx);
   free(w->obuf);
+  free(w->sbuf);
   free(w->ts);
   free(w->names);
   free(w->config_text);
@@ -141,6 +150,7 @@ mf_status mf_ckpt_writer_create(const mf_config *cfg, mf_ckpt_writer **out) {
   w->keep = cfg->output.keep_checkpoints;
   w->pause_ms = test_hook("MF_TEST_CKPT_PAUSE_MS");
   w->enospc_file = test_hook("MF_TEST_CKPT_ENOSPC");
+  w->filter = w->level > 0 && !test_hook("MF_TEST_CKPT_NO_FILTER");
   FILE *f = open_memstream(&w->config_text, &w->config_len);
   if (!f) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "checkpoint: cannot print the config");
@@ -153,6 +163,9 @@ mf_status mf_ckpt_writer_create(const mf_config *cfg, mf_ckpt_writer **out) {
     int threads = (int)cfg->train.threads;
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     MF_CHECK_GOTO(zstd_setup(w, threads), st, fail);
+    if (w->filter)
+      MF_CHECK_GOTO(mf_malloc(2 * MF_CKPT_PLANE_BLOCK, "checkpoint byte-plane buffer", (void **)&w->sbuf), st,
+                    fail);
   }
   *out = w;
   return MF_OK;
@@ -187,20 +200,47 @@ static mf_status out_feed(out_file *o, const void *p, size_t n, int end) {
   }
 }
 
+/* Splits the held block into planes and feeds them. */
+static mf_status out_flush_block(out_file *o) {
+  if (!o->held) return MF_OK;
+  if (o->held % o->planes)
+    return MF_ERR(MF_ERR_INTERNAL, "%s: %zu tensor bytes are not whole elements of %zu bytes", o->path,
+                  o->held, o->planes);
+  uint8_t *block = o->w->sbuf, *planes = o->w->sbuf + MF_CKPT_PLANE_BLOCK;
+  mf_ckpt_planes_split(planes, block, o->held, o->planes);
+  const size_t n = o->held;
+  o->held = 0;
+  return out_feed(o, planes, n, 0);
+}
+
+/* mf_safetensors_write_stream hands over the header, then the tensors' data:
+ * the header passes as it is, the data goes as byte planes block by block. */
 static mf_status out_sink(void *ctx, const void *bytes, size_t n) {
   out_file *o = ctx;
   o->raw += n;
-  return out_feed(o, bytes, n, 0);
+  if (!o->planes || o->calls++ == 0) return out_feed(o, bytes, n, 0);
+  const uint8_t *p = bytes;
+  while (n) {
+    const size_t take = n < MF_CKPT_PLANE_BLOCK - o->held ? n : MF_CKPT_PLANE_BLOCK - o->held;
+    memcpy(o->w->sbuf + o->held, p, take);
+    o->held += take;
+    p += take;
+    n -= take;
+    if (o->held == MF_CKPT_PLANE_BLOCK) MF_CHECK(out_flush_block(o));
+  }
+  return MF_OK;
 }
 
-/* Writes dir/name from a safetensors stream (tensors) or from bytes
+/* Writes dir/name from a safetensors stream (tensors, all of one dtype of
+ * `planes` bytes: their data through the byte-plane filter when planes > 0) or from bytes
  * (text, n_text), compressed when zstd, and lists it. */
-static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name, int zstd, const mf_st_tensor *ts,
-                            size_t n, const void *text, size_t n_text) {
+static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name, int zstd, size_t planes,
+                            const mf_st_tensor *ts, size_t n, const void *text, size_t n_text) {
   if (w->n_files == MF_CKPT_MAX_FILES) return MF_ERR(MF_ERR_INTERNAL, "checkpoint: too many files");
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  out_file o = {w, NULL, path, zstd, {0, 0, {0}, 0}, 0, 0, ++w->files_started == w->enospc_file};
+  out_file o = {w,      NULL, path, zstd, {0, 0, {0}, 0}, 0, 0, ++w->files_started == w->enospc_file,
+                planes, 0,    0};
   mf_ckpt_hash_init(&o.hash);
   if (zstd) ZSTD_CCtx_reset(w->cctx, ZSTD_reset_session_only);
   MF_CHECK(mf_atomic_file_open(path, &o.f));
@@ -209,6 +249,7 @@ static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name
     MF_CHECK_GOTO(mf_safetensors_write_stream(path, ts, n, NULL, 0, out_sink, &o), st, fail);
   else
     MF_CHECK_GOTO(out_sink(&o, text, n_text), st, fail);
+  if (planes) MF_CHECK_GOTO(out_flush_block(&o), st, fail);
   if (zstd) MF_CHECK_GOTO(out_feed(&o, NULL, 0, 1), st, fail);
   st = mf_atomic_file_commit(o.f); /* fsync, rename, fsync of the directory */
   o.f = NULL;
@@ -219,6 +260,7 @@ static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name
   e->hash = mf_ckpt_hash_final(&o.hash);
   e->raw_bytes = o.raw;
   e->zstd = zstd;
+  e->byteplane = planes > 0;
   if (w->pause_ms) {
     MF_LOGI("ckpt", "MF_TEST_CKPT_PAUSE_MS: pausing %ld ms after %s", w->pause_ms, path);
     pause_ms(w->pause_ms);
@@ -260,7 +302,8 @@ static mf_status write_tensors(mf_ckpt_writer *w, const char *dir, const mf_ckpt
   const int z = w->level > 0;
   MF_CHECK(size_lists(w, t->n));
   for (int64_t i = 0; i < t->n; i++) w->ts[i] = param_tensor(&t->params[i], t->params[i].name, MF_DTYPE_F32, d->master);
-  MF_CHECK(write_file(w, dir, z ? "master.safetensors.zst" : "master.safetensors", z, w->ts, (size_t)t->n, NULL, 0));
+  MF_CHECK(write_file(w, dir, z ? "master.safetensors.zst" : "master.safetensors", z, w->filter ? 4 : 0,
+                      w->ts, (size_t)t->n, NULL, 0));
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     snprintf(w->names[2 * i], sizeof w->names[0], "exp_avg.%s", p->name);
@@ -268,8 +311,8 @@ static mf_status write_tensors(mf_ckpt_writer *w, const char *dir, const mf_ckpt
     w->ts[2 * i] = param_tensor(p, w->names[2 * i], d->moments, d->m);
     w->ts[2 * i + 1] = param_tensor(p, w->names[2 * i + 1], d->moments, d->v);
   }
-  MF_CHECK(write_file(w, dir, z ? "optimizer.safetensors.zst" : "optimizer.safetensors", z, w->ts,
-                      (size_t)(2 * t->n), NULL, 0));
+  MF_CHECK(write_file(w, dir, z ? "optimizer.safetensors.zst" : "optimizer.safetensors", z,
+                      w->filter ? mf_dtype_size(d->moments) : 0, w->ts, (size_t)(2 * t->n), NULL, 0));
   mf_st_tensor s[2];
   memset(s, 0, sizeof s);
   s[0].name = "adam_step";
@@ -282,7 +325,7 @@ static mf_status write_tensors(mf_ckpt_writer *w, const char *dir, const mf_ckpt
   s[1].ndim = 1;
   s[1].shape[0] = (int64_t)d->n_routed;
   s[1].data = d->routed;
-  return write_file(w, dir, "state.safetensors", 0, s, 2, NULL, 0);
+  return write_file(w, dir, "state.safetensors", 0, 0, s, 2, NULL, 0);
 }
 
 static const char *json_num(double x, char *buf, size_t cap) {
@@ -297,20 +340,21 @@ static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_c
                                   const mf_ckpt_state *s) {
   char text[2048], a[40], b[40], comp[16] = "none";
   if (w->level) snprintf(comp, sizeof comp, "zstd-%d", w->level);
-  const int n = snprintf(
-      text, sizeof text,
-      "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"train_steps\": %lld,\n"
-      "  \"skipped\": %lld,\n  \"first_loss\": %s,\n  \"lr\": %s,\n"
-      "  \"data\": {\"epoch\": %llu, \"index\": %llu, \"seed\": %llu, \"windows\": %llu},\n"
-      "  \"model\": {\"params\": %lld, \"numel\": %lld, \"experts_routed\": %llu},\n"
-      "  \"moments\": \"%s\",\n  \"compression\": \"%s\"\n}\n",
-      MF_CKPT_FORMAT, MF_CKPT_VERSION, (long long)s->step, (long long)s->train_steps, (long long)s->skipped,
-      json_num(s->first_loss, a, sizeof a), json_num(s->lr, b, sizeof b), (unsigned long long)s->data_epoch,
-      (unsigned long long)s->data_index, (unsigned long long)s->data_seed, (unsigned long long)s->data_windows,
-      (long long)d->t->n, (long long)d->t->total_numel, (unsigned long long)d->n_routed,
-      mf_dtype_name(d->moments), comp);
+  const int n =
+      snprintf(text, sizeof text,
+               "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"train_steps\": %lld,\n"
+               "  \"skipped\": %lld,\n  \"first_loss\": %s,\n  \"lr\": %s,\n"
+               "  \"data\": {\"epoch\": %llu, \"index\": %llu, \"seed\": %llu, \"windows\": %llu},\n"
+               "  \"model\": {\"params\": %lld, \"numel\": %lld, \"experts_routed\": %llu},\n"
+               "  \"moments\": \"%s\",\n  \"compression\": \"%s\"%s\n}\n",
+               MF_CKPT_FORMAT, MF_CKPT_VERSION, (long long)s->step, (long long)s->train_steps,
+               (long long)s->skipped, json_num(s->first_loss, a, sizeof a), json_num(s->lr, b, sizeof b),
+               (unsigned long long)s->data_epoch, (unsigned long long)s->data_index,
+               (unsigned long long)s->data_seed, (unsigned long long)s->data_windows, (long long)d->t->n,
+               (long long)d->t->total_numel, (unsigned long long)d->n_routed, mf_dtype_name(d->moments), comp,
+               w->filter ? ",\n  \"filter\": \"byteplane\"" : "");
   if (n < 0 || n >= (int)sizeof text) return MF_ERR(MF_ERR_INTERNAL, "%s: state.json too long", dir);
-  return write_file(w, dir, "state.json", 0, NULL, 0, text, (size_t)n);
+  return write_file(w, dir, "state.json", 0, 0, NULL, 0, text, (size_t)n);
 }
 
 static mf_status write_manifest(mf_ckpt_writer *w, const char *dir) {
@@ -321,9 +365,10 @@ static mf_status write_manifest(mf_ckpt_writer *w, const char *dir) {
     const mf_ckpt_file *e = &w->files[i];
     n += snprintf(text + n, sizeof text - (size_t)n,
                   "    {\"name\": \"%s\", \"bytes\": %llu, \"hash\": \"%016llx\", \"raw_bytes\": %llu, "
-                  "\"compression\": \"%s\"}%s\n",
+                  "\"compression\": \"%s\"%s}%s\n",
                   e->name, (unsigned long long)e->bytes, (unsigned long long)e->hash,
-                  (unsigned long long)e->raw_bytes, e->zstd ? "zstd" : "none", i + 1 < w->n_files ? "," : "");
+                  (unsigned long long)e->raw_bytes, e->zstd ? "zstd" : "none",
+                  e->byteplane ? ", \"filter\": \"byteplane\"" : "", i + 1 < w->n_files ? "," : "");
   }
   if (n < (int)sizeof text) n += snprintf(text + n, sizeof text - (size_t)n, "  ]\n}\n");
   if (n >= (int)sizeof text) return MF_ERR(MF_ERR_INTERNAL, "%s: manifest too long", dir);
@@ -369,12 +414,12 @@ static mf_status write_all(mf_ckpt_writer *w, const char *tmp, const mf_ckpt_dat
   w->n_files = 0;
   MF_CHECK(write_tensors(w, tmp, d));
   MF_CHECK(write_state_json(w, tmp, d, s));
-  MF_CHECK(write_file(w, tmp, "config.yaml", 0, NULL, 0, w->config_text, w->config_len));
+  MF_CHECK(write_file(w, tmp, "config.yaml", 0, 0, NULL, 0, w->config_text, w->config_len));
   char *plan = NULL;
   size_t plan_len = 0;
   if (access(w->plan_path, F_OK) == 0) {
     MF_CHECK(mf_read_file(w->plan_path, (size_t)1 << 30, "a plan", &plan, &plan_len));
-    mf_status st = write_file(w, tmp, "plan.json", 0, NULL, 0, plan, plan_len);
+    mf_status st = write_file(w, tmp, "plan.json", 0, 0, NULL, 0, plan, plan_len);
     free(plan);
     MF_CHECK(st);
   }

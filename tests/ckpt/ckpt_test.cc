@@ -1,5 +1,7 @@
 // src/ckpt through its C API: a checkpoint written and read back gives the
-// same bits (zstd and none, fp32 and bf16 moments); the manifest's checksums
+// same bits (zstd and none, fp32 and bf16 moments, the byte-plane filter on
+// odd sizes, and a checkpoint written without the filter as before it
+// existed); the manifest's checksums
 // catch a flipped byte and a truncated file; an unfinished checkpoint (no
 // COMPLETE) is refused and passed over for the previous one; keep_checkpoints
 // removes the older ones; a config that changes the maths is refused.
@@ -30,13 +32,17 @@ std::string TestDir() {
   return dir;
 }
 
-mf_config *Config(const std::string &out, const std::string &extra) {
-  const std::string text =
-      "model:\n  init: {family: mixtral, hidden: 32, layers: 2, heads: 4, kv_heads: 2, experts: 4, top_k: 2,\n"
-      "         expert_ffn: 32, vocab: 64, max_seq: 32, seed: 5}\n"
-      "data: {train: x.tokens, seq_len: 16}\n"
-      "train: {micro_batch: 2, steps: 10, lr: 1e-3}\n"
-      "output: {dir: " + out + ", " + extra + "}\nbackend: cpu\n";
+const char kModel[] =
+    "{family: mixtral, hidden: 32, layers: 2, heads: 4, kv_heads: 2, experts: 4, top_k: 2,\n"
+    "         expert_ffn: 32, vocab: 64, max_seq: 32, seed: 5}";
+
+mf_config *Config(const std::string &out, const std::string &extra, const std::string &model = kModel) {
+  const std::string text = "model:\n  init: " + model +
+                           "\n"
+                           "data: {train: x.tokens, seq_len: 16}\n"
+                           "train: {micro_batch: 2, steps: 10, lr: 1e-3}\n"
+                           "output: {dir: " +
+                           out + ", " + extra + "}\nbackend: cpu\n";
   mf_config *cfg = nullptr;
   EXPECT_EQ(mf_config_load_string(text.c_str(), text.size(), "test.yaml", nullptr, 0, &cfg), MF_OK)
       << mf_last_error();
@@ -196,6 +202,71 @@ struct Damage {
   const char *file, *fault;
 };
 
+// A model whose tensors are multiples of no power of two above 2 (30 x 20483,
+// 17 x 30, ...)
+// and whose data sections are longer than one 4 MiB block of the filter
+// (vocab 20483: the embedding and the output head are 2.5 MB each at F32), so the
+// blocks end inside tensors.
+const char kOddModel[] =
+    "{family: mixtral, hidden: 30, layers: 1, heads: 3, kv_heads: 1, experts: 3, top_k: 1,\n"
+    "         expert_ffn: 17, vocab: 20483, max_seq: 32, seed: 5}";
+
+std::string WriteWith(const mf_config *cfg, State &st, int64_t step, bool filter) {
+  if (!filter) setenv("MF_TEST_CKPT_NO_FILTER", "1", 1);
+  const std::string dir = Write(cfg, st, step);
+  unsetenv("MF_TEST_CKPT_NO_FILTER");
+  return dir;
+}
+
+void ExpectSame(State &a, State &b) {
+  EXPECT_EQ(a.w, b.w);
+  EXPECT_EQ(a.m, b.m);
+  EXPECT_EQ(a.v, b.v);
+  EXPECT_EQ(a.steps, b.steps);
+  EXPECT_EQ(a.routed, b.routed);
+}
+
+// zstd-N filters the master weights and the moments (the manifest and
+// state.json say so); both kinds of file read back to the same bits, and on
+// values that share exponents the filtered file is the smaller.
+TEST(CkptFilter, RoundTripOddSizesBothWays) {
+  for (mf_dtype moments : {MF_DTYPE_F32, MF_DTYPE_BF16}) {
+    SCOPED_TRACE(mf_dtype_name(moments));
+    const std::string out = TestDir() + "/" + mf_dtype_name(moments);
+    mkdir(out.c_str(), 0755);
+    mf_config *cfg = Config(out, "checkpoint_compression: zstd-1, keep_checkpoints: 0", kOddModel);
+    ASSERT_NE(cfg, nullptr);
+    State a(cfg, moments, 3);
+    uint32_t x = 7;  // weights as an init gives them: random mantissas, a few exponents
+    for (float &w : a.w) w = 0.02f * ((float)((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f);
+    const std::string filtered = WriteWith(cfg, a, 1, true), plain = WriteWith(cfg, a, 2, false);
+    const std::string manifest = Slurp(filtered + "/manifest.json");
+    EXPECT_NE(manifest.find("\"name\": \"master.safetensors.zst\", "), std::string::npos) << manifest;
+    size_t filters = 0;
+    for (size_t at = manifest.find("\"filter\": \"byteplane\""); at != std::string::npos;
+         at = manifest.find("\"filter\": \"byteplane\"", at + 1))
+      filters++;
+    EXPECT_EQ(filters, 2u) << manifest;  // master and optimizer, not state.safetensors
+    EXPECT_NE(Slurp(filtered + "/state.json").find("\"filter\": \"byteplane\""), std::string::npos);
+    EXPECT_EQ(Slurp(plain + "/manifest.json").find("filter"), std::string::npos);
+    EXPECT_EQ(Slurp(plain + "/state.json").find("filter"), std::string::npos);
+    EXPECT_LT(Slurp(filtered + "/master.safetensors.zst").size(),
+              Slurp(plain + "/master.safetensors.zst").size());
+    for (const std::string &dir : {filtered, plain}) {
+      SCOPED_TRACE(dir);
+      State b(cfg, moments, 4);
+      mf_ckpt_data d = b.Data();
+      mf_ckpt_state s;
+      ASSERT_EQ(mf_ckpt_read(dir.c_str(), &d, &s), MF_OK) << mf_last_error();
+      ExpectSame(a, b);
+      std::vector<float> master(a.w.size());
+      ASSERT_EQ(mf_ckpt_read_master(dir.c_str(), a.t, master.data()), MF_OK) << mf_last_error();
+      EXPECT_EQ(master, a.w);
+    }
+    mf_config_free(cfg);
+  }
+}
+
 void Flip(const std::string &dir) {
   std::string b = Slurp(dir + "/optimizer.safetensors.zst");
   b[b.size() / 2] ^= 0x10;
@@ -208,6 +279,18 @@ void Truncate(const std::string &dir) {
 void Unfinished(const std::string &dir) { unlink((dir + "/COMPLETE").c_str()); }
 void NoManifest(const std::string &dir) { unlink((dir + "/manifest.json").c_str()); }
 void BadManifest(const std::string &dir) { Spit(dir + "/manifest.json", "{\"format\": 3"); }
+void FlipMaster(const std::string &dir) {
+  std::string b = Slurp(dir + "/master.safetensors.zst");
+  b[b.size() / 3] ^= 0x01;
+  Spit(dir + "/master.safetensors.zst", b);
+}
+void BadFilter(const std::string &dir) {
+  std::string b = Slurp(dir + "/manifest.json");
+  const size_t at = b.find("\"byteplane\"");
+  ASSERT_NE(at, std::string::npos) << b;
+  b.replace(at, 11, "\"shuffle4\"");
+  Spit(dir + "/manifest.json", b);
+}
 void FlipState(const std::string &dir) {
   std::string b = Slurp(dir + "/state.json");
   b[20] ^= 1;
@@ -222,6 +305,9 @@ TEST(Ckpt, DamageIsRefusedAndPassedOver) {
       {"no_manifest", NoManifest, "manifest.json", "No such file"},
       {"bad_manifest", BadManifest, "manifest.json", "line 1"},
       {"flip_state", FlipState, "state.json", "the file is damaged"},
+      {"flip_filtered_master", FlipMaster, "master.safetensors.zst", "the file is damaged"},
+      {"bad_filter", BadFilter, "manifest.json",
+       "files[0].filter: expected \"byteplane\" or \"none\", got shuffle4"},
   };
   for (const Damage &dmg : damages) {
     SCOPED_TRACE(dmg.name);

@@ -33,7 +33,8 @@ std::string DemoRun() {
   if (!run.empty()) return run;
   run = tmpdir() + "/export_run";
   Result r = moefit("train" + kModel +
-                    "train.micro_batch=2 train.warmup=1 train.steps=4 output.checkpoint_every=2 " +
+                    "train.micro_batch=2 train.warmup=1 train.steps=4 output.checkpoint_every=2 "
+                    "output.checkpoint_compression=zstd-1 " +
                     "data.train=" + Corpus() + " output.dir=" + run);
   EXPECT_EQ(r.code, 0) << r.out;
   return run;

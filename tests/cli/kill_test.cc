@@ -46,9 +46,11 @@ std::string LongEvalCorpus() { return text_tokens("kill_eval_corpus", 600000); }
 
 std::string Args(const std::string &out) {
   return "train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 "
-         "train.micro_batch=2 train.warmup=2 train.log_every=1 train.schedule=constant output.checkpoint_every=3 "
-         "output.keep_checkpoints=3 train.steps=" + std::to_string(kSteps) + " data.train=" + Corpus() +
-         " output.dir=" + out;
+         "train.micro_batch=2 train.warmup=2 train.log_every=1 train.schedule=constant "
+         "output.checkpoint_every=3 "
+         "output.checkpoint_compression=zstd-1 "
+         "output.keep_checkpoints=3 train.steps=" +
+         std::to_string(kSteps) + " data.train=" + Corpus() + " output.dir=" + out;
 }
 
 std::string Fresh(const std::string &name) { return fresh_dir(name); }
