@@ -30,10 +30,14 @@ mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const m
   sm->checkpoint_bytes = (double)cs.bytes;
   snprintf(dir, cap, "%s", cs.dir);
   if (!quiet) {
-    const double mib = (double)cs.bytes / (1024.0 * 1024.0);
-    MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s; %.2fx smaller than its %.2f MiB)", cs.dir, mib,
-            cs.seconds, cs.seconds > 0 ? mib / cs.seconds : 0.0,
-            cs.bytes ? (double)cs.raw_bytes / (double)cs.bytes : 1.0, (double)cs.raw_bytes / (1024.0 * 1024.0));
+    const double mib = (double)cs.bytes / (1024.0 * 1024.0), rate = cs.seconds > 0 ? mib / cs.seconds : 0.0;
+    if (cs.bytes == cs.raw_bytes) /* output.checkpoint_compression none */
+      MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s, uncompressed)", cs.dir, mib, cs.seconds,
+              rate);
+    else
+      MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s; %.2fx smaller than its %.2f MiB)", cs.dir,
+              mib, cs.seconds, rate, cs.bytes ? (double)cs.raw_bytes / (double)cs.bytes : 1.0,
+              (double)cs.raw_bytes / (1024.0 * 1024.0));
   }
   return MF_OK;
 }
