@@ -135,6 +135,13 @@ mf_status mf_ckpt_commit(mf_ckpt_writer *w, int64_t step);
  * be read). */
 mf_status mf_ckpt_verify(const char *dir);
 
+/* The steps of the checkpoint directories (step-NNNNNN) in root, in
+ * directory order, at most cap of them into steps[], their count in *n; with
+ * complete_only, only those with a COMPLETE marker (not verified). Returns 0,
+ * or the errno of opening root (nothing set in the error state: each caller
+ * says what a missing root means to it). */
+int mf_ckpt_list_steps(const char *root, int complete_only, int64_t *steps, size_t cap, size_t *n);
+
 /* The checkpoint to resume from under output_dir/checkpoints: the highest
  * step that verifies; each newer one that does not is passed over with a
  * warning naming its fault. MF_ERR_CONFIG (a message saying where it looked)

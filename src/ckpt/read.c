@@ -170,15 +170,10 @@ static int cmp_desc(const void *a, const void *b) {
 mf_status mf_ckpt_find_latest(const char *output_dir, char *dir, size_t cap) {
   char root[4200];
   snprintf(root, sizeof root, "%s/checkpoints", output_dir);
-  DIR *d = opendir(root);
-  if (!d) return MF_ERR(MF_ERR_CONFIG, "--resume: no checkpoints in %s (%s)", root, strerror(errno));
   int64_t steps[4096];
   size_t n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL && n < sizeof steps / sizeof steps[0];) {
-    const int64_t s = mf_ckpt_parse_step_name(e->d_name);
-    if (s >= 0) steps[n++] = s;
-  }
-  closedir(d);
+  const int err = mf_ckpt_list_steps(root, 0, steps, sizeof steps / sizeof steps[0], &n);
+  if (err) return MF_ERR(MF_ERR_CONFIG, "--resume: no checkpoints in %s (%s)", root, strerror(err));
   qsort(steps, n, sizeof steps[0], cmp_desc);
   for (size_t i = 0; i < n; i++) {
     snprintf(dir, cap, "%s/step-%06lld", root, (long long)steps[i]);

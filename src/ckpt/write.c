@@ -84,6 +84,24 @@ int64_t mf_ckpt_parse_step_name(const char *name) {
   return v;
 }
 
+int mf_ckpt_list_steps(const char *root, int complete_only, int64_t *steps, size_t cap, size_t *n) {
+  *n = 0;
+  DIR *d = opendir(root);
+  if (!d) return errno;
+  for (struct dirent *e; (e = readdir(d)) != NULL && *n < cap;) {
+    const int64_t s = mf_ckpt_parse_step_name(e->d_name);
+    if (s < 0) continue;
+    if (complete_only) {
+      char marker[4400];
+      snprintf(marker, sizeof marker, "%s/%s/COMPLETE", root, e->d_name);
+      if (access(marker, F_OK) != 0) continue;
+    }
+    steps[(*n)++] = s;
+  }
+  closedir(d);
+  return 0;
+}
+
 static mf_status fsync_dir(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY);
   if (fd < 0) return MF_ERR(MF_ERR_IO, "%s: open: %s", dir, strerror(errno));
@@ -383,17 +401,14 @@ static mf_status write_manifest(mf_ckpt_writer *w, const char *dir) {
  * be removed is a warning (the new checkpoint is complete either way). */
 static mf_status prune(const mf_ckpt_writer *w, int64_t newest) {
   if (w->keep <= 0) return MF_OK;
-  DIR *d = opendir(w->root);
-  if (!d) return MF_ERR(MF_ERR_IO, "%s: opendir: %s", w->root, strerror(errno));
   int64_t steps[4096];
   size_t n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL && n < sizeof steps / sizeof steps[0];) {
-    const int64_t s = mf_ckpt_parse_step_name(e->d_name);
-    char marker[4400];
-    snprintf(marker, sizeof marker, "%s/%s/COMPLETE", w->root, e->d_name);
-    if (s >= 0 && s <= newest && access(marker, F_OK) == 0) steps[n++] = s;
-  }
-  closedir(d);
+  const int err = mf_ckpt_list_steps(w->root, 1, steps, sizeof steps / sizeof steps[0], &n);
+  if (err) return MF_ERR(MF_ERR_IO, "%s: opendir: %s", w->root, strerror(err));
+  size_t kept = 0; /* those after the new one are neither counted nor removed */
+  for (size_t i = 0; i < n; i++)
+    if (steps[i] <= newest) steps[kept++] = steps[i];
+  n = kept;
   for (size_t i = 0; i < n; i++) {
     int64_t newer = 0; /* complete checkpoints newer than this one */
     for (size_t j = 0; j < n; j++) newer += steps[j] > steps[i];

@@ -8,12 +8,12 @@
  * the same bytes), routing.json (an input of memory.routing auto, which a
  * user may copy in), hw-cuda.yaml (a cached profile) and data/ (the demo
  * keeps its token files in runs/demo/data). */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "src/ckpt/ckpt.h"
 #include "src/train/train.h"
 
 static int exists(const char *dir, const char *name, int want_dir) {
@@ -28,20 +28,14 @@ static int exists(const char *dir, const char *name, int want_dir) {
  * none). Only the marker is looked at: --resume verifies the files. */
 static void newest_complete(const char *dir, char *name, size_t cap) {
   char root[4400];
+  int64_t steps[4096], newest = -1;
+  size_t n = 0;
   name[0] = '\0';
   snprintf(root, sizeof root, "%s/checkpoints", dir);
-  DIR *d = opendir(root);
-  if (!d) return;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, "step-", 5) != 0 || strlen(e->d_name) >= cap) continue;
-    if (name[0] && strcmp(e->d_name, name) <= 0) continue; /* zero-padded: names sort by step */
-    char marker[4700];
-    snprintf(marker, sizeof marker, "%s/%s/COMPLETE", root, e->d_name);
-    struct stat sb;
-    if (stat(marker, &sb) == 0) snprintf(name, cap, "%s", e->d_name);
-  }
-  closedir(d);
+  if (mf_ckpt_list_steps(root, 1, steps, sizeof steps / sizeof steps[0], &n) != 0) return;
+  for (size_t i = 0; i < n; i++)
+    if (steps[i] > newest) newest = steps[i];
+  if (newest >= 0) snprintf(name, cap, "step-%06lld", (long long)newest);
 }
 
 mf_status mf_train_check_output_dir(const char *dir) {
