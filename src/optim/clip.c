@@ -25,16 +25,23 @@ typedef struct round_job {
   int bad[ROUND];    /* OP_CHECK: 1 when the chunk holds a NaN or Inf */
 } round_job;
 
-/* 8 lanes, element i into lane i % 8, lanes added in a fixed tree: a vector body
- * doing the same (one 8-double register, or two of 4) gives the same bits. A
- * float squared is exact in double, so fma(x, x, acc) == acc + x*x too. */
+/* MF_OPTIM_NORM_LANES lanes, element i into lane i % LANES, each lane summed in
+ * order in double, then the lanes folded pairwise: for h = LANES/2, ..., 1,
+ * lane t += lane t + h for t < h (a lane with no elements holds 0). The cuda
+ * twin gives each lane a thread and folds in shared memory, so a chunk is
+ * LANES threads wide there, not 8 (kernels/cuda/adamw.cu). A float squared is
+ * exact in double, so fma(x, x, acc) == acc + x*x and contraction changes
+ * nothing. */
 static double chunk_sumsq(const float *x, size_t n) {
-  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double a[MF_OPTIM_NORM_LANES];
+  memset(a, 0, sizeof a);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; l++) a[l] += (double)x[i + l] * (double)x[i + l];
-  for (int l = 0; i < n; i++, l++) a[l] += (double)x[i] * (double)x[i];
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  for (; i + MF_OPTIM_NORM_LANES <= n; i += MF_OPTIM_NORM_LANES)
+    for (size_t l = 0; l < MF_OPTIM_NORM_LANES; l++) a[l] += (double)x[i + l] * (double)x[i + l];
+  for (size_t l = 0; i < n; i++, l++) a[l] += (double)x[i] * (double)x[i];
+  for (size_t h = MF_OPTIM_NORM_LANES / 2; h >= 1; h /= 2)
+    for (size_t t = 0; t < h; t++) a[t] += a[t + h];
+  return a[0];
 }
 
 static int chunk_has_nonfinite(const float *x, size_t n) {

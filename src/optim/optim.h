@@ -54,8 +54,9 @@
  * whose worker is calling (its run does not nest).
  *
  * Gradient norms are sums of squares in double, per fixed chunk of
- * MF_OPTIM_NORM_CHUNK elements of each buffer (8 interleaved lanes, combined in
- * a fixed tree), then chunk sums added in order, buffer by buffer — the same bits
+ * MF_OPTIM_NORM_CHUNK elements of each buffer (MF_OPTIM_NORM_LANES interleaved
+ * lanes, each summed in order, folded pairwise in a fixed tree: clip.c), then
+ * chunk sums added in order, buffer by buffer — the same bits
  * for any thread count. A square of an fp32 value cannot overflow a double, so
  * the norm is finite exactly when every gradient element is.
  */
@@ -139,6 +140,9 @@ typedef struct mf_optim_buf {
 
 /* Elements per chunk of the norm's partial sums: part of its definition. */
 #define MF_OPTIM_NORM_CHUNK ((size_t)65536)
+/* Lanes of a chunk's sum (a power of two): one thread each on the device
+ * (kernels/cuda/adamw.cu NORM_LANES, which must equal it). */
+#define MF_OPTIM_NORM_LANES ((size_t)1024)
 
 /* The number of norm chunks of an n-element buffer. */
 static inline size_t mf_optim_norm_chunks(size_t n) {
