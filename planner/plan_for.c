@@ -167,7 +167,7 @@ static void order_task(void *ctx, int i, int nw) {
       if (st == MF_OK && overrides) st = apply_overrides(j->prog[o], mem, fixed, &pins);
       if (st == MF_OK)
         st = mf_plan_choose_so(j->prog[o], rq->hw, &j->so[o], rq->budget, host_act_budget(rq, j->prog[o]),
-                               fixed, overrides ? &pins : NULL, j->n == 1, j->plans[o]);
+                               fixed, overrides ? &pins : NULL, 1, j->plans[o]);
     }
     mf_plan_pins_free(&pins);
     mf_decisions_free(fixed);
@@ -186,7 +186,6 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
   j->which = mem ? mem->plan_kind : MF_CONFIG_PLAN_AUTO;
   /* A plan file describes the training step (its gradients, its micro-batches). */
   if (j->which == MF_CONFIG_PLAN_FILE && rq->opts.forward_only) j->which = MF_CONFIG_PLAN_AUTO;
-  const mf_config_plan which = j->which;
   j->order[0] = rq->opts.order;
   j->n = 1;
   if (rq->choose_order) {
@@ -271,17 +270,6 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
         st = mf_simulate(pl->s, rq->hw, &pl->so, &pl->sim);
       }
     }
-    if (st != MF_OK) return drop_all(st, prog, all);
-  }
-  if (n > 1 && which == MF_CONFIG_PLAN_AUTO) {
-    /* The baselines of the order kept (the choice compared with them there). */
-    const mf_sim_opts so = all[MF_PLAN_CHOSEN]->so;
-    mf_threadpool *pool = NULL;
-    mf_status st = mf_threadpool_create(0, &pool);
-    if (st == MF_OK)
-      st = mf_plan_adopt_baselines(*prog, rq->hw, &so, rq->budget, mem && mem->n_overrides > 0, pool,
-                                   &all[MF_PLAN_CHOSEN], all);
-    mf_threadpool_free(pool);
     if (st != MF_OK) return drop_all(st, prog, all);
   }
   return MF_OK;

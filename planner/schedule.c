@@ -210,6 +210,7 @@ typedef struct builder {
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
   int32_t *acc_slot;        /* [n_params] the step's gradient sum on the device (DEVICE), or -1 */
+  uint8_t *acc_fresh;       /* [n_params] 1 while acc_slot holds the step's zeros alone */
   int32_t *run_acc;         /* [n_params] a streamed gradient's sum over the current run, or -1 */
   int8_t *memo;             /* [n_tensors] structurally recomputable: -1 unknown, 0, 1 */
   int32_t *temps;           /* tensors a recompute chain produced only as inputs of the chain */
@@ -334,6 +335,18 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
     return;
   }
   if (x->kind == MF_T_GRAD) {
+    /* The step's first contribution to a gradient summed on the device adds
+     * straight into the step's zeroed sum: 0 + c is c bit for bit (c cannot be
+     * -0 when its own sum starts at +0), so this equals a fresh zeroed slot
+     * added in afterwards, as later micro-batches' are — one ZERO and one
+     * ACCUM less per parameter and step (on an H100, 644M shape: 4 ms of a
+     * 54 ms step). */
+    const int32_t pi = param_of(b, t);
+    if (b->acc_slot[pi] >= 0 && b->acc_fresh[pi] && b->d->grad[pi] == MF_GRAD_DEVICE) {
+      b->cur[t] = b->acc_slot[pi];
+      b->acc_fresh[pi] = 0;
+      return;
+    }
     mf_instr *in = emit(b, MF_I_ZERO);
     in->slot = new_slot(b, t);
     return;
@@ -467,7 +480,10 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
     } else if (b->cur[t] < 0) {
       int32_t sl = new_slot(b, t);
       /* The first slot of a device-accumulated gradient (the step's zeroing) holds the sum. */
-      if (p->tensors[t].kind == MF_T_GRAD && b->acc_slot[param_of(b, t)] < 0) b->acc_slot[param_of(b, t)] = sl;
+      if (p->tensors[t].kind == MF_T_GRAD && b->acc_slot[param_of(b, t)] < 0) {
+        b->acc_slot[param_of(b, t)] = sl;
+        b->acc_fresh[param_of(b, t)] = o->kind == MF_K_ZERO;
+      }
     }
   }
   /* Expert operands hold their value whether read or added into (gradients). */
@@ -836,6 +852,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.grad_home = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   b.acc_slot = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
   b.run_acc = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
+  b.acc_fresh = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   if (b.acc_slot)
     for (int64_t i = 0; i <= p->params->n; i++) b.acc_slot[i] = -1;
   if (b.run_acc)
@@ -850,8 +867,8 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   s->optim_device = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   b.skip = (uint8_t *)calloc((size_t)p->n_ops + 1, 1);
   b.last_sumsq = -1;
-  if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.run_acc || !b.memo || !b.temps || !b.group ||
-      !s->host_offset || !s->optim_device || !b.skip) {
+  if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.acc_fresh ||
+      !b.run_acc || !b.memo || !b.temps || !b.group || !s->host_offset || !s->optim_device || !b.skip) {
     b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
@@ -917,6 +934,7 @@ done:
   free(b.host_valid);
   free(b.grad_home);
   free(b.acc_slot);
+  free(b.acc_fresh);
   free(b.run_acc);
   free(b.memo);
   free(b.temps);
