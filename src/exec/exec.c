@@ -131,6 +131,7 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   x->s = s;
   x->b = b;
   x->timed = b->event_create_timed && b->event_elapsed; /* exec.h, "timing" */
+  x->host_prof = mf_log_enabled(MF_LOG_DEBUG, "exec");
   mf_status st = MF_OK;
   const int64_t E = p->spec.experts > 0 ? p->spec.experts : 1;
   size_t max_param = 1;
@@ -514,6 +515,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
       x->live += mf_exec_slot_bytes(x, x->starts[x->ns]);
     }
     if (x->live > x->peak_live) x->peak_live = x->live;
+    const double t_host = x->host_prof ? mf_time_now() : 0.0;
     const mf_instr *in = &s->instr[i];
     const int staged = x->sg && (in->kind == MF_I_H2D || in->kind == MF_I_D2H);
     /* Staged uploads pass the gate when their slab is filled (mf_exec_sg_before). */
@@ -607,6 +609,14 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     }
     if (x->t1) MF_CHECK_GOTO(x->b->event_record(x->b, x->t1[i], x->st[sk]), st, done);
     if (x->ev[i]) MF_CHECK_GOTO(x->b->event_record(x->b, x->ev[i], x->st[sk]), st, done);
+    if (x->host_prof) {
+      const int kk = in->kind == MF_I_RUN     ? (int)p->ops[in->op].kind
+                     : in->kind == MF_I_ZERO  ? (int)MF_K_ZERO
+                     : in->kind == MF_I_ACCUM ? (int)MF_K_ADD
+                                              : (int)MF_K_COUNT_;
+      x->host_kind_s[kk] += mf_time_now() - t_host;
+      x->host_kind_n[kk]++;
+    }
     if (staged) MF_CHECK_GOTO(mf_exec_sg_after(x, i), st, done);
     count[sk]++;
     /* A staged gradient is handed over by its slab's copy-out (exec_staging.c). */
@@ -659,6 +669,22 @@ static mf_status stream_busy(mf_exec *x, int32_t from, int32_t to, double busy[M
   return MF_OK;
 }
 
+/* MF_LOG=debug: where the host's submitting time went, by kernel kind (the
+ * kinds over 2% of it), then zeroed for the next step. */
+static void log_host_submit(mf_exec *x, double submit_s, double wall_s) {
+  char line[1024];
+  int n = snprintf(line, sizeof line, "step submitted in %.2f ms of %.2f ms:", 1e3 * submit_s, 1e3 * wall_s);
+  for (int k = 0; k <= MF_K_COUNT_; k++) {
+    if (x->host_kind_n[k] > 0 && x->host_kind_s[k] > 0.02 * submit_s && n > 0 && (size_t)n < sizeof line)
+      n += snprintf(line + n, sizeof line - (size_t)n, " %s %lld x %.1f us",
+                    k == MF_K_COUNT_ ? "copies" : mf_kernel_name((mf_kernel)k), (long long)x->host_kind_n[k],
+                    1e6 * x->host_kind_s[k] / (double)x->host_kind_n[k]);
+    x->host_kind_s[k] = 0;
+    x->host_kind_n[k] = 0;
+  }
+  MF_LOGD("exec", "%s", line);
+}
+
 mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *ids, const int32_t *const *targets,
                        float *grads, mf_step_result *r) {
   const mf_program *p = x->p;
@@ -683,12 +709,13 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   x->params_host = params;
 
   x->peak_live = 0;
-  double busy[MF_EXEC_STREAMS] = {0, 0, 0};
+  double busy[MF_EXEC_STREAMS] = {0, 0, 0}, t_submitted = t0;
   int64_t count[MF_EXEC_STREAMS] = {0, 0, 0};
   x->ns = x->ne = 0;
   x->live = 0;
   x->step_done = 0;
   MF_CHECK_GOTO(run_range(x, 0, s->optim_begin, &io, NULL, count), st, done);
+  t_submitted = mf_time_now();
   MF_CHECK_GOTO(sync_all(x), st, done);
   r->seconds = mf_time_now() - t0;
   read_results(x, r);
@@ -698,10 +725,12 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     x->captured = 0;
   }
   if (x->timed) MF_CHECK_GOTO(stream_busy(x, 0, s->optim_begin, busy), st, done);
+  if (x->host_prof) log_host_submit(x, t_submitted - t0, r->seconds);
   {
     mf_exec_stats *z = &x->stats;
     z->timed = x->timed;
     z->wall_s = r->seconds;
+    z->submit_s = t_submitted - t0;
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
       z->busy_s[k] = x->timed ? busy[k] : NAN;
       z->idle_s[k] = x->timed ? r->seconds - busy[k] : NAN;

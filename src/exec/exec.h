@@ -115,6 +115,9 @@ typedef struct mf_exec_stats {
   double wall_s;                   /* the last step's wall time (mf_step_result.seconds) */
   double busy_s[MF_EXEC_STREAMS];  /* seconds each stream worked in the last step */
   double idle_s[MF_EXEC_STREAMS];  /* wall_s - busy_s */
+  /* Host seconds the last step spent submitting its work (before waiting for
+   * the streams): near wall_s, the host is what the step waits for. */
+  double submit_s;
   int64_t instr[MF_EXEC_STREAMS];  /* instructions each stream ran */
   uint64_t h2d_bytes, d2h_bytes;   /* as mf_exec_traffic */
   /* Copies the schedule has but the step did not need: the weights and the

@@ -68,6 +68,11 @@ struct mf_exec {
   int timed;                 /* busy time from the backend's timed events */
   mf_exec_stats stats;       /* the last step's */
   double *instr_s;           /* [n_instr] per-instruction seconds, when turned on */
+  /* MF_LOG=debug: the host's seconds submitting each kernel kind (RUN, ZERO,
+   * ACCUM) and the copies (at MF_K_COUNT_), logged after each step. */
+  int host_prof;
+  double host_kind_s[MF_K_COUNT_ + 1];
+  int64_t host_kind_n[MF_K_COUNT_ + 1];
   mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
   int32_t *grad_final;       /* [n_instr] the parameter whose gradient is complete after it, or -1 */
   int32_t *upload_order;     /* [n_params] */

@@ -29,6 +29,7 @@ void mf_step_metrics_init(mf_step_metrics *s) {
   s->step_s = NAN;
   s->expert_imbalance = NAN;
   for (int k = 0; k < 3; k++) s->busy_s[k] = s->idle_s[k] = NAN;
+  s->host_submit_s = NAN;
   s->h2d_bytes = s->d2h_bytes = s->peak_device_bytes = NAN;
   s->staging_fill_s = s->staging_drain_s = NAN;
   s->checkpoint_s = s->checkpoint_bytes = NAN;
@@ -86,6 +87,7 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   static const char *const idle_keys[3] = {"compute_idle_s", "h2d_idle_s", "d2h_idle_s"};
   for (int k = 0; k < 3; k++) json_num(buf, cap, &n, busy_keys[k], s->busy_s[k]);
   for (int k = 0; k < 3; k++) json_num(buf, cap, &n, idle_keys[k], s->idle_s[k]);
+  json_num(buf, cap, &n, "host_submit_s", s->host_submit_s);
   json_count(buf, cap, &n, "h2d_bytes", s->h2d_bytes);
   json_count(buf, cap, &n, "d2h_bytes", s->d2h_bytes);
   json_count(buf, cap, &n, "peak_device_bytes", s->peak_device_bytes);
@@ -162,6 +164,9 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
     appendf(buf, cap, &n, "  busy");
     for (int k = 0; k < 3; k++)
       appendf(buf, cap, &n, " %s %.0f%%", names[k], isfinite(s->busy_s[k]) ? 100.0 * s->busy_s[k] / s->step_s : 0.0);
+    /* The host's share submitting the work: near 100%, it sets the pace. */
+    if (isfinite(s->host_submit_s))
+      appendf(buf, cap, &n, " host %.0f%%", 100.0 * s->host_submit_s / s->step_s);
   }
   if (isfinite(s->h2d_bytes) || isfinite(s->d2h_bytes)) {
     char up[32], dn[32];

@@ -49,6 +49,8 @@
  *   X_busy_s          seconds per step stream X worked (X: compute, h2d, d2h; the
  *                     executor's streams, src/exec/exec.h), the window's mean
  *   X_idle_s          step_s - X_busy_s
+ *   host_submit_s     host seconds per step submitting the step's work to the
+ *                     streams (near step_s: the host, not the device, sets the pace)
  *   h2d_bytes, d2h_bytes   bytes copied to / from the device in the step
  *   peak_device_bytes the most device bytes live at once in the window's steps
  *   optimizer_hidden_s, optimizer_exposed_s   the host optimizer's seconds per
@@ -109,6 +111,7 @@ typedef struct mf_step_metrics {
    * of live device bytes. Index by mf_exec_stream order: compute, h2d, d2h. */
   double busy_s[3];
   double idle_s[3];
+  double host_submit_s; /* host seconds per step submitting the step's work */
   double h2d_bytes, d2h_bytes;
   double peak_device_bytes;
   /* The host optimizer's seconds per step hidden under the streams and exposed

@@ -327,9 +327,17 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
 
 /* Every update done and, for a checkpoint, the device-optimized parameters'
  * moments home too; the device's weights home (an evaluation reads them). */
-static mf_status settle(run *r, int for_ckpt) {
+static mf_status settle(run *r, int for_ckpt, mf_train_summary *out) {
   if (r->wk) MF_CHECK(mf_optim_worker_wait_all(r->wk));
-  if (r->up.on_device) MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, for_ckpt));
+  if (r->up.on_device) {
+    /* Not training: out of tokens/s and step_s (the optimizer's wait above is
+     * the step's own work, so it stays in). */
+    const double t = mf_time_now();
+    MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, for_ckpt));
+    const double dt = mf_time_now() - t;
+    mf_window_exclude(&r->win, dt);
+    *(for_ckpt ? &out->checkpoint_seconds : &out->eval_seconds) += dt;
+  }
   return MF_OK;
 }
 
@@ -356,11 +364,16 @@ static mf_status save_failed(mf_status st, int64_t step, const mf_train_summary 
 /* The checkpoint of `step` but its COMPLETE marker (commit, after the step's
  * metrics line). */
 static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
+  const double t = mf_time_now();
   const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
   const mf_status st = mf_train_ckpt_save(r->ckw, &d, r->train, r->cfg, step, out, r->quiet, sm, r->pending,
                                           sizeof r->pending);
   if (st != MF_OK) return save_failed(st, step, out);
-  mf_window_exclude(&r->win, sm->checkpoint_s); /* the training paused for it (written synchronously) */
+  /* The training paused for it (written synchronously): the whole call, not
+   * only the files' writing that checkpoint_s reports. */
+  const double dt = mf_time_now() - t;
+  mf_window_exclude(&r->win, dt);
+  out->checkpoint_seconds += dt;
   return MF_OK;
 }
 
@@ -383,7 +396,7 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   const int64_t every = cfg->output.checkpoint_every;
   r->stop = stop_due(r, step, out, sm);
   int ckpt_now = last || (every > 0 && step % every == 0) || r->stop;
-  if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now));
+  if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now, out));
   if (r->wk) {
     double busy, waited;
     mf_optim_worker_stats(r->wk, &busy, &waited);
@@ -399,7 +412,7 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     mf_window_exclude(&r->win, er.seconds); /* not training: out of tokens/s, step_s and the ETA */
     if (!r->stop && (r->stop = stop_due(r, step, out, sm)) != 0 && !ckpt_now) {
       ckpt_now = 1; /* a signal during the evaluation */
-      MF_CHECK(settle(r, 1));
+      MF_CHECK(settle(r, 1, out));
     }
   }
   if (ckpt_now) MF_CHECK(save(r, step, out, sm));
@@ -446,7 +459,7 @@ static int cmp_double(const void *a, const void *b) {
 static mf_status finish(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   out->seconds = mf_time_now() - r->t_start;
-  const double train_s = out->seconds - out->eval_seconds;
+  const double train_s = out->seconds - out->eval_seconds - out->checkpoint_seconds;
   const int64_t ran = out->steps - r->first_step; /* by this process (after a resume, fewer) */
   out->tokens_per_s = (double)(ran * r->tokens_per_step) / (train_s > 0 ? train_s : 1e-9);
   /* The first step pays for cold caches and page faults: the median of the rest. */
@@ -469,19 +482,22 @@ static mf_status finish(run *r, mf_train_summary *out) {
   MF_LOGI("train", "routing: %s (%llu tokens)", routing_path, (unsigned long long)routed_tokens);
   /* Training time and evaluation time apart; the losses say which they are:
    * step 1's, then the mean of the last progress line's window. */
-  char rate[32], evals[64] = "", last[64];
-  if (out->eval_seconds > 0) snprintf(evals, sizeof evals, " + %.1f s of evaluation", out->eval_seconds);
+  char rate[32], evals[128] = "", last[64];
+  int ne = 0;
+  if (out->eval_seconds > 0) ne = snprintf(evals, sizeof evals, " + %.1f s of evaluation", out->eval_seconds);
+  if (out->checkpoint_seconds > 0)
+    snprintf(evals + ne, sizeof evals - (size_t)ne, " + %.1f s of checkpoints", out->checkpoint_seconds);
   if (out->final_loss_steps > 1)
     snprintf(last, sizeof last, "mean of steps %lld-%lld", (long long)(out->steps - out->final_loss_steps + 1),
              (long long)out->steps);
   else
     snprintf(last, sizeof last, "step %lld", (long long)out->steps);
-  MF_LOGI("train",
-          "done: %lld steps in %.1f s of training (%s tokens/s)%s; train loss %.4f -> %.4f nats/token (step 1 "
-          "-> %s); unigram entropy %.4f%s",
-          (long long)out->steps, out->seconds - out->eval_seconds,
-          mf_format_count(out->tokens_per_s, rate, sizeof rate), evals, out->first_loss, out->final_loss, last,
-          out->entropy_nats, out->skipped ? " (some steps skipped)" : "");
+  MF_LOGI(
+      "train",
+      "done: %lld steps in %.1f s of training (%s tokens/s)%s; train loss %.4f -> %.4f nats/token (step 1 "
+      "-> %s); unigram entropy %.4f%s",
+      (long long)out->steps, train_s, mf_format_count(out->tokens_per_s, rate, sizeof rate), evals,
+      out->first_loss, out->final_loss, last, out->entropy_nats, out->skipped ? " (some steps skipped)" : "");
   if (r->valid)
     MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),
             cfg->data.valid);

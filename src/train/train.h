@@ -33,9 +33,12 @@ typedef struct mf_train_summary {
   int64_t final_loss_steps;
   double valid_loss;      /* the final validation loss (NaN without data.valid) */
   double entropy_nats;    /* unigram entropy of the training tokens, nats/token */
-  double tokens_per_s;    /* tokens trained / training seconds (seconds - eval_seconds) */
-  double seconds;         /* wall time of the step loop, evaluations included */
+  double tokens_per_s; /* tokens trained / training seconds (seconds - eval_seconds - checkpoint_seconds) */
+  double seconds;      /* wall time of the step loop, evaluations and checkpoints included */
   double eval_seconds;    /* the part of it spent evaluating */
+  /* The part of it training paused for checkpoints: device state brought home
+   * for them and their writing. */
+  double checkpoint_seconds;
   /* With a plan (memory.device_budget set): the simulator's step time on the
    * config's hardware profile, and the median wall time of the steps after the
    * first (loader, executor, clipping and optimizer; no eval). NaN otherwise. */

@@ -145,6 +145,7 @@ typedef struct mf_window {
   double loss, aux; /* summed step losses (loss, aux_loss) */
   int64_t n;
   double busy[MF_EXEC_STREAMS];
+  double submit;      /* the host's seconds submitting the steps' work */
   double fill, drain; /* staged copies: the host's seconds (NaN unstaged) */
   size_t peak;
   double opt_hidden, opt_exposed; /* the host optimizer: hidden behind the device work / exposed */

@@ -14,6 +14,7 @@ void mf_window_start(mf_window *w, double now) {
 
 void mf_window_add(mf_window *w, const mf_step_result *sr, const mf_exec_stats *xs) {
   for (int k = 0; k < MF_EXEC_STREAMS; k++) w->busy[k] += xs->busy_s[k];
+  w->submit += xs->submit_s;
   w->fill += xs->fill_s; /* NaN unstaged: so is the mean */
   w->drain += xs->drain_s;
   if (xs->peak_live_bytes > w->peak) w->peak = xs->peak_live_bytes;
@@ -53,6 +54,7 @@ mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *ba
     sm.busy_s[k] = w->busy[k] / n;
     sm.idle_s[k] = sm.step_s - sm.busy_s[k];
   }
+  sm.host_submit_s = w->submit / n;
   sm.h2d_bytes = (double)xs->h2d_bytes;
   sm.d2h_bytes = (double)xs->d2h_bytes;
   sm.peak_device_bytes = (double)w->peak;

@@ -124,11 +124,12 @@ TEST(Output, EvaluationTimeIsNotTrainingTime) {
   EXPECT_NE(steps[3].find("step  4/4"), std::string::npos) << steps[3];
   for (int i : {1, 3})
     EXPECT_GT(rate_in(steps[i]), 3 * tokens / (m[i].step_s + m[i].eval_s)) << steps[i];
-  // The summary: training and evaluation time apart.
+  // The summary: training, evaluation and checkpoint time apart.
   std::vector<std::string> done = lines_with(r.out, "done: 4 steps in ");
   ASSERT_EQ(done.size(), 1u) << r.out;
   EXPECT_NE(done[0].find(" s of training ("), std::string::npos) << done[0];
-  EXPECT_NE(done[0].find(" s of evaluation; "), std::string::npos) << done[0];
+  EXPECT_NE(done[0].find(" s of evaluation"), std::string::npos) << done[0];
+  EXPECT_NE(done[0].find(" s of checkpoints; "), std::string::npos) << done[0];
   const double train_s = strtod(done[0].c_str() + strlen("done: 4 steps in "), nullptr);
   const double eval_s = strtod(done[0].c_str() + done[0].find(" + ") + 3, nullptr);
   EXPECT_GT(eval_s, train_s) << done[0];

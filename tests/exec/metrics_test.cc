@@ -102,13 +102,39 @@ TEST(Metrics, LinesAreJson) {
 
   std::vector<std::string> lines = Lines(dir + "/metrics.jsonl");
   ASSERT_EQ(lines.size(), 3u);
-  const char *keys[] = {"step",      "loss",         "ce_loss",         "aux_loss",  "window_steps",
-                        "window_loss", "window_aux_loss", "lr",
-                        "grad_norm", "tokens_per_s", "tokens",          "elapsed_s", "skipped",
-                        "eval_loss", "eval_s", "step_s",       "expert_imbalance",
-                        "compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s", "d2h_idle_s",
-                        "h2d_bytes", "d2h_bytes", "peak_device_bytes", "optimizer_hidden_s", "optimizer_exposed_s",
-                        "staging_fill_s", "staging_drain_s", "checkpoint_s", "checkpoint_bytes"};
+  const char *keys[] = {"step",
+                        "loss",
+                        "ce_loss",
+                        "aux_loss",
+                        "window_steps",
+                        "window_loss",
+                        "window_aux_loss",
+                        "lr",
+                        "grad_norm",
+                        "tokens_per_s",
+                        "tokens",
+                        "elapsed_s",
+                        "skipped",
+                        "eval_loss",
+                        "eval_s",
+                        "step_s",
+                        "expert_imbalance",
+                        "compute_busy_s",
+                        "h2d_busy_s",
+                        "d2h_busy_s",
+                        "compute_idle_s",
+                        "h2d_idle_s",
+                        "d2h_idle_s",
+                        "host_submit_s",
+                        "h2d_bytes",
+                        "d2h_bytes",
+                        "peak_device_bytes",
+                        "optimizer_hidden_s",
+                        "optimizer_exposed_s",
+                        "staging_fill_s",
+                        "staging_drain_s",
+                        "checkpoint_s",
+                        "checkpoint_bytes"};
   for (size_t i = 0; i < lines.size(); i++) {
     json_t *j = Parse(lines[i]);
     ASSERT_NE(j, nullptr);
