@@ -8,8 +8,12 @@
 // bias of type TC, always CUBLAS_COMPUTE_32F with an fp32 scale type:
 //   <float, float>      fp32 FMA with TF32 off (the compute type without _FAST_TF32);
 //   <mf_bf16, mf_bf16>  bf16 tensor cores: bf16 products are exact in fp32 and summed
-//                       in fp32; alpha AB + beta C + bias is formed in fp32 and
-//                       rounded to bf16 once, when D is stored;
+//                       in fp32; without bias and beta, AB is rounded to bf16
+//                       once, when D is stored; with either, cuBLASLt on an
+//                       H100 (CUDA 13, measured 2026-11-27) behaves as if it
+//                       rounded AB to bf16 first and again after adding them:
+//                       two roundings where the cpu twin has one
+//                       (tests/cuda/bf16_gemm_test.cc);
 //   <mf_bf16, float>    the same products into fp32 C / D (weight gradients, logits).
 // The accumulate flags are beta = 1 (beta = 0 never reads C). The bias is
 // cuBLASLt's BIAS epilogue, whose vector has D's type (cublasLt.h,

@@ -20,14 +20,25 @@
 //     P V (at most 2^-8 of p, half an ulp), which moves o = sum p v / l by at
 //     most 2^-8 max|v| (sum p / l = 1); 1e-5 on the CUDA-core path's fp32.
 //   lse: fp32 on both sides, rtol and atol 1e-5 (a few ulps of log-sum-exp).
-//   dq, dk, dv: rtol 2^-7 as o, atol 8e-3 x the reference's RMS: the fp32
-//     gradients differ by the cancellation in ds = p * (dp - Di) and sums over
-//     up to S x Hq/Hkv terms in another order (the fp32 twin test bounds that
-//     by an RMS error of 1e-4 of the RMS), and on the tensor-core path by the
-//     bf16 rounding of p and ds as mma operands: 2^-9 of each term, random in
-//     sign, about 2^-9 ~ 2e-3 of the RMS; 8e-3 is four times that. The RMS is
-//     floored at 1e-2: where the exact gradient is 0 (S = 1: p = 1, o = v,
-//     dp - Di cancels) both sides hold rounding noise.
+//   dq, dk, dv on the CUDA-core path: rtol 2^-7 as o, atol 8e-3 x the
+//     reference's RMS: the fp32 gradients differ by the cancellation in
+//     ds = p * (dp - Di) and sums over up to S x Hq/Hkv terms in another order
+//     (the fp32 twin test bounds that by an RMS error of 1e-4 of the RMS).
+//   dq, dk, dv on the tensor-core path: p and ds are rounded to bf16 as mma
+//     operands (as FlashAttention-2 does), 2^-9 of each term. Measured on an
+//     H100 (2026-11-27) that broke the per-element bound above by 2 to 3 bf16
+//     ulps on a few elements of every shape; a model of that rounding in double
+//     (torch: P and dS rounded to bf16, the rest exact; S = 256, D = 64, GQA
+//     4:1, uniform inputs) gives a relative error of the whole gradient of
+//     2.6e-3 and a largest element error of 0.08 x the RMS — the largest
+//     where a key's gradient sums many queries. So there: ||gpu - cpu|| <=
+//     1e-2 ||cpu|| and each element within 2^-7 |cpu| + 0.25 x the RMS (about
+//     4x and 3x the model's). A wrong mask, tile or missing term moves whole
+//     rows by O(1) of the RMS; the emulator test (attention_mma_emu_test)
+//     checks each element against a double reference with the rounding's
+//     bound, term by term.
+//   The RMS is floored at 1e-2: where the exact gradient is 0 (S = 1: p = 1,
+//     o = v, dp - Di cancels) both sides hold rounding noise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -109,9 +120,20 @@ class Bf16Attention : public MfBf16Twin {
     Res b = run(c, ops);
     const char *names[] = {"dq", "dk", "dv"};
     for (int j = 6; j < 9; j++) {
-      const auto want = Res::as<float>(b.cpu[j]);
-      EXPECT_TRUE(mf_test_close(Res::as<float>(b.gpu[j]), want, kBf16Ulp, 8e-3f * rms_floored(want)))
+      const auto want = Res::as<float>(b.cpu[j]), got = Res::as<float>(b.gpu[j]);
+      EXPECT_TRUE(mf_test_close(got, want, kBf16Ulp, (mma ? 0.25f : 8e-3f) * rms_floored(want)))
           << names[j - 6];
+      if (mma) {
+        double num = 0, den = 0;
+        for (size_t e = 0; e < want.size(); e++) {
+          const double d = (double)got[e] - (double)want[e];
+          num += d * d, den += (double)want[e] * want[e];
+        }
+        // den floored as the RMS is: S = 1's exact gradient is 0 (see the top).
+        const double floor = 1e-4 * (double)want.size();
+        EXPECT_LE(std::sqrt(num), 1e-2 * std::sqrt(den > floor ? den : floor))
+            << names[j - 6] << ": relative error of the whole";
+      }
     }
     Res again = run(c, ops);
     for (int j = 6; j < 9; j++)
