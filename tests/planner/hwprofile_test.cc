@@ -210,7 +210,7 @@ void ExpectRoundTrip(const mf_hwprofile &p, const std::string &name) {
 }
 
 TEST(HwProfile, SaveLoadRoundTripBundled) {
-  for (const char *f : {"h100-pcie.yaml", "h200.yaml", "cpu-2core.yaml"}) {
+  for (const char *f : {"h100-pcie.yaml", "h100-sxm.yaml", "h200.yaml", "cpu-2core.yaml"}) {
     SCOPED_TRACE(f);
     mf_hwprofile p;
     Result r = LoadFile(Bundled(f), &p);
@@ -509,7 +509,7 @@ TEST(HwCost, AttentionUsesSTimesD) {
 }
 
 TEST(HwCost, MonotoneInSize) {
-  for (const char *file : {"h100-pcie.yaml", "h200.yaml", "cpu-2core.yaml"}) {
+  for (const char *file : {"h100-pcie.yaml", "h100-sxm.yaml", "h200.yaml", "cpu-2core.yaml"}) {
     SCOPED_TRACE(file);
     mf_hwprofile p;
     Result r = LoadFile(Bundled(file), &p);
