@@ -178,12 +178,20 @@ typedef struct mf_config_hardware {
   char *profile; /* "auto" (measure / detect) or a profile file */
 } mf_config_hardware;
 
+/* output.checkpoint_async. */
+typedef enum mf_config_ckpt_async {
+  MF_CONFIG_CKPT_ASYNC_AUTO = 0, /* on when its snapshot takes at most half the host's free memory */
+  MF_CONFIG_CKPT_ASYNC_ON,
+  MF_CONFIG_CKPT_ASYNC_OFF,
+} mf_config_ckpt_async;
+
 typedef struct mf_config_output {
   char *dir;                /* run directory: checkpoints, logs, metrics */
   int64_t checkpoint_every; /* steps; 0 = only at the end */
   char *checkpoint_compression; /* "none" or "zstd-N" (N 1..19) as written */
   int checkpoint_zstd;          /* its level; 0: none (derived, not a key) */
   int64_t keep_checkpoints;     /* complete checkpoints kept; 0: all */
+  mf_config_ckpt_async checkpoint_async; /* written from a snapshot while training goes on */
 } mf_config_output;
 
 typedef struct mf_config {

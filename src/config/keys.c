@@ -172,6 +172,12 @@ const mf_config_key mf_config_keys[] = {
         "multithreaded, after a byte-plane filter; about 1.2x smaller on training state)"),
     KEY("output.keep_checkpoints", MF_CK_INT, 0, output.keep_checkpoints, 0, 1e9, NULL, "0",
         "complete checkpoints kept: older ones are removed once a new one is complete; 0: keep all"),
+    KEY("output.checkpoint_async", MF_CK_ENUM, 0, output.checkpoint_async, NOLO, NOHI, "auto|true|false",
+        "auto",
+        "true: a checkpoint before the last step is written on a thread of its own from a snapshot of the "
+        "master weights and AdamW moments (a copy in host memory) while training goes on; false: training "
+        "pauses while it is written; auto: true when the snapshot takes at most half the host's available "
+        "memory"),
 
     KEY("backend", MF_CK_ENUM, 0, backend, NOLO, NOHI, "auto|cpu|cuda", "auto",
         "compute backend; auto: cuda when this build has it and a GPU is visible, else cpu"),

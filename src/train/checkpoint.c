@@ -17,28 +17,39 @@ mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host
   return d;
 }
 
-mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const mf_loader *l, const mf_config *cfg,
-                             int64_t step, const mf_train_summary *sum, int quiet, mf_step_metrics *sm, char *dir,
-                             size_t cap) {
+mf_ckpt_state mf_train_ckpt_state(const mf_loader *l, const mf_config *cfg, int64_t step,
+                                  const mf_train_summary *sum) {
   mf_loader_state ls;
   mf_loader_get_state(l, &ls);
   const mf_ckpt_state s = {step,     sum->skipped, sum->first_loss, mf_lr_at(&cfg->train, step),
                            cfg->train.steps, ls.epoch, ls.index, ls.seed, ls.windows};
+  return s;
+}
+
+void mf_train_ckpt_log(const mf_ckpt_stats *cs, double seconds, double paused) {
+  const double mib = (double)cs->bytes / (1024.0 * 1024.0), rate = seconds > 0 ? mib / seconds : 0.0;
+  char how[160] = "";
+  if (paused >= 0)
+    snprintf(how, sizeof how, ", written beside training, which paused %.3f s for its snapshot", paused);
+  if (cs->bytes == cs->raw_bytes) /* output.checkpoint_compression none */
+    MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s, uncompressed%s)", cs->dir, mib, seconds,
+            rate, how);
+  else
+    MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s; %.2fx smaller than its %.2f MiB%s)",
+            cs->dir, mib, seconds, rate, cs->bytes ? (double)cs->raw_bytes / (double)cs->bytes : 1.0,
+            (double)cs->raw_bytes / (1024.0 * 1024.0), how);
+}
+
+mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const mf_loader *l,
+                             const mf_config *cfg, int64_t step, const mf_train_summary *sum, int quiet,
+                             mf_step_metrics *sm, char *dir, size_t cap) {
+  const mf_ckpt_state s = mf_train_ckpt_state(l, cfg, step, sum);
   mf_ckpt_stats cs;
   MF_CHECK(mf_ckpt_write_files(ckw, d, &s, &cs)); /* COMPLETE later: mf_ckpt_commit after the step's line */
   sm->checkpoint_s = cs.seconds;
   sm->checkpoint_bytes = (double)cs.bytes;
   snprintf(dir, cap, "%s", cs.dir);
-  if (!quiet) {
-    const double mib = (double)cs.bytes / (1024.0 * 1024.0), rate = cs.seconds > 0 ? mib / cs.seconds : 0.0;
-    if (cs.bytes == cs.raw_bytes) /* output.checkpoint_compression none */
-      MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s, uncompressed)", cs.dir, mib, cs.seconds,
-              rate);
-    else
-      MF_LOGI("train", "checkpoint: %s (%.2f MiB in %.3f s, %.1f MiB/s; %.2fx smaller than its %.2f MiB)", cs.dir,
-              mib, cs.seconds, rate, cs.bytes ? (double)cs.raw_bytes / (double)cs.bytes : 1.0,
-              (double)cs.raw_bytes / (1024.0 * 1024.0));
-  }
+  if (!quiet) mf_train_ckpt_log(&cs, cs.seconds, -1.0);
   return MF_OK;
 }
 

@@ -32,7 +32,7 @@ void mf_step_metrics_init(mf_step_metrics *s) {
   s->host_submit_s = NAN;
   s->h2d_bytes = s->d2h_bytes = s->peak_device_bytes = NAN;
   s->staging_fill_s = s->staging_drain_s = NAN;
-  s->checkpoint_s = s->checkpoint_bytes = NAN;
+  s->checkpoint_s = s->checkpoint_bytes = s->checkpoint_write_s = NAN;
 }
 
 /* ---------------------------------------------------------- formatting */
@@ -97,6 +97,7 @@ size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s) {
   json_num(buf, cap, &n, "staging_drain_s", s->staging_drain_s);
   json_num(buf, cap, &n, "checkpoint_s", s->checkpoint_s);
   json_count(buf, cap, &n, "checkpoint_bytes", s->checkpoint_bytes);
+  json_num(buf, cap, &n, "checkpoint_write_s", s->checkpoint_write_s);
   appendf(buf, cap, &n, "}");
   return n;
 }

@@ -123,10 +123,14 @@ typedef struct mf_step_metrics {
    * step filling slabs and copying them out (NaN: copies not staged). */
   double staging_fill_s;
   double staging_drain_s;
-  /* A resume checkpoint written after this step (src/ckpt/ckpt.h): its wall
-   * seconds, the training paused meanwhile, and its bytes on disk (NaN: none). */
+  /* A resume checkpoint taken after this step (src/ckpt/ckpt.h): the seconds
+   * training paused for it (written with training paused: its write; beside
+   * training: the snapshot and the wait for the write before); its bytes on
+   * disk (NaN: none); and for one written beside training, on the line of
+   * the step where it landed, its bytes and its write's seconds. */
   double checkpoint_s;
   double checkpoint_bytes;
+  double checkpoint_write_s;
 } mf_step_metrics;
 
 void mf_step_metrics_init(mf_step_metrics *s); /* zeros, optional fields NaN */

@@ -40,10 +40,13 @@ typedef struct run {
   int64_t first_step;     /* the steps done before this process's first (the checkpoint's) */
   int stop;               /* after_step: the run stops after this step: the signal, or -1 (too many skipped steps) */
   char pending[4400];     /* the checkpoint written but not yet marked COMPLETE */
+  mf_ckpt_async *cka;     /* output.checkpoint_async: the writer beside training (NULL: none) */
+  double cka_paused;      /* the seconds training paused for the snapshot of the write in flight */
 } run;
 
 static void run_free(run *r) {
   mf_optim_worker_free(r->wk); /* first: it may still be writing the buffers freed below */
+  mf_ckpt_async_free(r->cka);  /* a write in flight ends (uncommitted) before its writer goes */
   mf_ckpt_writer_free(r->ckw);
   mf_updates_free(&r->up);
   free(r->used);
@@ -138,6 +141,31 @@ static mf_status resume(run *r, mf_train_summary *out) {
  * token files, the plan's limits and this machine's memory (the runner
  * admits the plan before it creates the device arena), and only then the
  * arenas, the weights and the host state. */
+/* output.checkpoint_async: the writer thread and its snapshot, when the run
+ * has checkpoints before its last step. */
+static mf_status ckpt_async_setup(run *r) {
+  const mf_config *cfg = r->cfg;
+  const mf_config_ckpt_async mode = cfg->output.checkpoint_async;
+  const int64_t every = cfg->output.checkpoint_every;
+  if (mode == MF_CONFIG_CKPT_ASYNC_OFF || every <= 0 || every >= cfg->train.steps) return MF_OK;
+  const size_t bytes = mf_ckpt_async_bytes(r->t, r->hs.moments, r->n_routed);
+  if (mode == MF_CONFIG_CKPT_ASYNC_AUTO) {
+    char src[256] = "", b1[32], b2[32];
+    const uint64_t avail = mf_hostbuf_machine_memory(1, src, sizeof src);
+    if (avail == 0 || (uint64_t)bytes > avail / 2) {
+      if (!r->quiet)
+        MF_LOGI(
+            "train",
+            "checkpoints: written with training paused: a snapshot to write them beside training takes %s, "
+            "more than half of the %s available (%s); output.checkpoint_async=true takes it anyway",
+            mf_format_bytes((uint64_t)bytes, b1, sizeof b1), mf_format_bytes(avail, b2, sizeof b2),
+            src[0] ? src : "unknown");
+      return MF_OK;
+    }
+  }
+  return mf_ckpt_async_create(r->ckw, r->t, r->hs.moments, r->n_routed, &r->cka);
+}
+
 static mf_status setup(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   MF_CHECK(mf_threadpool_create((int)cfg->train.threads, &r->pool));
@@ -178,6 +206,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
   MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
   if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
   MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
+  MF_CHECK(ckpt_async_setup(r));
   if (r->resume) MF_CHECK(resume(r, out));
   MF_CHECK(mf_metrics_open(cfg->output.dir, r->resume, &r->metrics));
   if (r->resume) {
@@ -361,10 +390,13 @@ static mf_status save_failed(mf_status st, int64_t step, const mf_train_summary 
   return st;
 }
 
+static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_metrics *sm, int *landed);
+
 /* The checkpoint of `step` but its COMPLETE marker (commit, after the step's
  * metrics line). */
 static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const double t = mf_time_now();
+  MF_CHECK(async_land(r, 1, out, NULL, NULL)); /* one written beside training lands first */
   const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
   const mf_status st = mf_train_ckpt_save(r->ckw, &d, r->train, r->cfg, step, out, r->quiet, sm, r->pending,
                                           sizeof r->pending);
@@ -385,6 +417,44 @@ static mf_status commit(run *r, int64_t step, mf_train_summary *out) {
   return MF_OK;
 }
 
+/* The checkpoint written beside training, once its files are written (block:
+ * waiting for them): COMPLETE (its step's metrics line is out: it was
+ * written at that step), its line on stderr, and its bytes and write time
+ * into sm (NULL: not reported) — or its error, which stops the run. *landed: 1
+ * when one was committed. */
+static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_metrics *sm, int *landed) {
+  if (landed) *landed = 0;
+  mf_ckpt_async_result a;
+  if (!r->cka || !mf_ckpt_async_wait(r->cka, block, &a)) return MF_OK;
+  if (a.st != MF_OK) return save_failed(MF_ERR(a.st, "%s", a.err), a.step, out);
+  snprintf(r->pending, sizeof r->pending, "%s", a.stats.dir);
+  MF_CHECK(commit(r, a.step, out));
+  if (!r->quiet) mf_train_ckpt_log(&a.stats, a.stats.seconds, r->cka_paused);
+  if (sm) {
+    sm->checkpoint_bytes = (double)a.stats.bytes;
+    sm->checkpoint_write_s = a.stats.seconds;
+  }
+  if (landed) *landed = 1;
+  return MF_OK;
+}
+
+/* The checkpoint of `step` written beside training: the write before it
+ * landed first (waited for), then the snapshot taken and handed to the
+ * writer; training pauses for those two only. */
+static mf_status save_async(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
+  const double t = mf_time_now();
+  MF_CHECK(async_land(r, 1, out, NULL, NULL));
+  const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+  const mf_ckpt_state s = mf_train_ckpt_state(r->train, r->cfg, step, out);
+  MF_CHECK(mf_ckpt_async_start(r->cka, &d, &s, r->pool));
+  const double dt = mf_time_now() - t;
+  r->cka_paused = dt;
+  mf_window_exclude(&r->win, dt);
+  out->checkpoint_seconds += dt;
+  sm->checkpoint_s = dt;
+  return MF_OK;
+}
+
 /* After step `step`: the evaluation when due (every update and the device's
  * weights home first), the checkpoint when due or when the run stops here
  * (r->stop), the progress line when due (always with a checkpoint), then the
@@ -395,7 +465,8 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   const int eval_now = r->valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
   const int64_t every = cfg->output.checkpoint_every;
   r->stop = stop_due(r, step, out, sm);
-  int ckpt_now = last || (every > 0 && step % every == 0) || r->stop;
+  int ckpt_now = last || (every > 0 && step % every == 0) || r->stop, landed = 0;
+  MF_CHECK(async_land(r, 0, out, sm, &landed)); /* a checkpoint written beside training that is done */
   if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now, out));
   if (r->wk) {
     double busy, waited;
@@ -415,8 +486,10 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
       MF_CHECK(settle(r, 1, out));
     }
   }
-  if (ckpt_now) MF_CHECK(save(r, step, out, sm));
-  if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now || ckpt_now) {
+  /* Before the last step, and unless the run stops here, beside training. */
+  const int async_now = ckpt_now && r->cka && !last && !r->stop;
+  if (ckpt_now) MF_CHECK(async_now ? save_async(r, step, out, sm) : save(r, step, out, sm));
+  if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now || ckpt_now || landed) {
     mf_exec_stats xs;
     mf_exec_stats_get(r->tr.exec, &xs);
     sm->elapsed_s = mf_time_now() - r->t_start;
@@ -425,7 +498,9 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     out->final_loss = line.window_loss;
     out->final_loss_steps = line.window_steps;
   }
-  if (ckpt_now) MF_CHECK(commit(r, step, out)); /* after the step's line: see ckpt.h mf_ckpt_write_files */
+  /* After the step's line (see ckpt.h mf_ckpt_write_files); one written
+   * beside training is committed when it lands (async_land). */
+  if (ckpt_now && !async_now) MF_CHECK(commit(r, step, out));
   return MF_OK;
 }
 

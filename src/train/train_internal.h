@@ -183,6 +183,42 @@ mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const m
  * its path; sum gets the steps, skipped count and first loss so far. */
 mf_status mf_train_ckpt_load(const mf_config *cfg, const char *want, const mf_ckpt_data *d, mf_loader *l,
                              mf_train_summary *sum, char *dir, size_t cap, int64_t *step);
+/* The state a checkpoint of `step` records besides the tensors. */
+mf_ckpt_state mf_train_ckpt_state(const mf_loader *l, const mf_config *cfg, int64_t step,
+                                  const mf_train_summary *sum);
+/* The line a written checkpoint gets on stderr: its dir, bytes, seconds and
+ * rate; `paused` >= 0 for one written beside training (the seconds training
+ * paused to snapshot it). */
+void mf_train_ckpt_log(const mf_ckpt_stats *cs, double seconds, double paused);
+
+/* -------------------------------------------------------- ckpt_async.c */
+
+/* Checkpoints written on a thread of their own from a snapshot while the
+ * loop trains on (output.checkpoint_async). */
+typedef struct mf_ckpt_async mf_ckpt_async;
+typedef struct mf_ckpt_async_result {
+  mf_status st;
+  char err[2048];      /* the writer's error message (st != MF_OK) */
+  mf_ckpt_stats stats; /* the files' figures (mf_ckpt_write_files) */
+  int64_t step;        /* the checkpoint's step */
+  double seconds;      /* from the hand-over to the end of the write */
+} mf_ckpt_async_result;
+/* Bytes of the snapshot for table t (master, moments as stored, AdamW steps,
+ * routing counts). */
+size_t mf_ckpt_async_bytes(const mf_param_table *t, mf_dtype moments, size_t n_routed);
+/* The writer for ckw with its snapshot allocated (MF_ERR_OUT_OF_MEMORY naming
+ * it when the host has not the room) and its thread started. */
+mf_status mf_ckpt_async_create(mf_ckpt_writer *ckw, const mf_param_table *t, mf_dtype moments,
+                               size_t n_routed, mf_ckpt_async **out);
+void mf_ckpt_async_free(mf_ckpt_async *a); /* waits for a write in flight; NULL is fine */
+/* Copies d into the snapshot (on pool's threads; NULL: this one) and hands
+ * the write of checkpoint s to the thread: everything but COMPLETE. A write
+ * still in flight is an error: wait for it first. */
+mf_status mf_ckpt_async_start(mf_ckpt_async *a, const mf_ckpt_data *d, const mf_ckpt_state *s,
+                              mf_threadpool *pool);
+/* The write in flight, taken back: 1 and *r when there was one and it ended
+ * (block: waits for it to end), else 0. */
+int mf_ckpt_async_wait(mf_ckpt_async *a, int block, mf_ckpt_async_result *r);
 
 #ifdef __cplusplus
 }

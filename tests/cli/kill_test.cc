@@ -250,10 +250,13 @@ TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
 // A second SIGTERM inside the checkpoint write the first one asked for: status
 // 143 at once; the write stays a .tmp dir; the last complete checkpoint is
 // intact and resumes to the same bits.
+// The checkpoints before are written with training paused here, so that the
+// one of step 3 is complete when step 4's line is out (beside training,
+// output.checkpoint_async, it lands a step or more later).
 TEST(Kill, SecondSigtermInsideTheCheckpointWriteExitsAtOnce) {
   Whole();
   const std::string dir = Fresh("sigterm2");
-  Proc p(Args(dir), {"MF_TEST_CKPT_PAUSE_MS=200"});
+  Proc p(Args(dir) + " output.checkpoint_async=false", {"MF_TEST_CKPT_PAUSE_MS=200"});
   ASSERT_TRUE(p.WaitFor(StepLine(4))) << p.out();  // after checkpoint 3 (complete)
   const int before = NewestComplete(dir);
   EXPECT_GE(before, 3);

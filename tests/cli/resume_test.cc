@@ -70,6 +70,41 @@ TEST(Resume, SameBitsOptimizerOnDevice) {
   StopAndResume({"device_optim", "'memory.overrides=[{match: \"model.layers.*\", optimizer: device}]'"});
 }
 
+// output.checkpoint_async: checkpoints written on their own thread from a
+// snapshot while training goes on hold the same bytes as those written with
+// training paused, land (COMPLETE) a step or more later, and change nothing of
+// the training; one of them resumes to the same bits (ExplicitDirCosine's run
+// writes its step-8 checkpoint beside training too: auto is on there).
+TEST(Resume, CheckpointsWrittenBesideTrainingHoldTheSameBytes) {
+  const std::string a = Fresh("async_on"), b = Fresh("async_off");
+  Result ra = moefit(Args(a, 12, "output.checkpoint_async=true"));
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  Result rb = moefit(Args(b, 12, "output.checkpoint_async=false"));
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  for (const char *step : {"000004", "000008", "000012"}) {
+    SCOPED_TRACE(step);
+    for (const char *f :
+         {"master.safetensors", "optimizer.safetensors", "state.safetensors", "state.json", "COMPLETE"})
+      EXPECT_EQ(read_file(a + "/checkpoints/step-" + step + "/" + f),
+                read_file(b + "/checkpoints/step-" + step + "/" + f))
+          << f;
+  }
+  EXPECT_NE(ra.out.find("checkpoint: " + a + "/checkpoints/step-000004 ("), std::string::npos) << ra.out;
+  EXPECT_NE(ra.out.find("written beside training, which paused "), std::string::npos) << ra.out;
+  EXPECT_EQ(rb.out.find("written beside training"), std::string::npos) << rb.out;
+  EXPECT_EQ(read_file(a + "/final/model.safetensors"), read_file(b + "/final/model.safetensors"));
+  EXPECT_EQ(Losses(a), Losses(b));
+  // The write's figures on the line of the step where it landed.
+  EXPECT_NE(read_file(a + "/metrics.jsonl").find("\"checkpoint_write_s\":0"), std::string::npos);
+  // Resumed from the step-8 checkpoint written beside training: the same bits.
+  const std::string c = Fresh("async_copy");
+  shell("cp -r " + a + " " + c + " && rm -rf " + c + "/checkpoints/step-000012 " + c + "/final");
+  Result rc =
+      moefit(Args(c, 12, "output.checkpoint_async=true") + " --resume " + c + "/checkpoints/step-000008");
+  ASSERT_EQ(rc.code, 0) << rc.out;
+  EXPECT_EQ(read_file(a + "/final/model.safetensors"), read_file(c + "/final/model.safetensors"));
+}
+
 // The cosine schedule over train.steps: resume from an explicit DIR of a run's
 // copy whose later checkpoint and weights were removed (as if it had died
 // after step 8).

@@ -134,7 +134,8 @@ TEST(Metrics, LinesAreJson) {
                         "staging_fill_s",
                         "staging_drain_s",
                         "checkpoint_s",
-                        "checkpoint_bytes"};
+                        "checkpoint_bytes",
+                        "checkpoint_write_s"};
   for (size_t i = 0; i < lines.size(); i++) {
     json_t *j = Parse(lines[i]);
     ASSERT_NE(j, nullptr);
@@ -190,7 +191,7 @@ TEST(Metrics, LinesAreJson) {
       // Streams not measured: null; the optimizer's overlap fields default to 0.
       for (const char *k : {"compute_busy_s", "h2d_busy_s", "d2h_busy_s", "compute_idle_s", "h2d_idle_s",
                             "d2h_idle_s", "h2d_bytes", "d2h_bytes", "peak_device_bytes", "staging_fill_s",
-                            "staging_drain_s", "checkpoint_s", "checkpoint_bytes"})
+                            "staging_drain_s", "checkpoint_s", "checkpoint_bytes", "checkpoint_write_s"})
         EXPECT_TRUE(json_is_null(json_object_get(j, k))) << k;
       EXPECT_EQ(Num(j, "optimizer_hidden_s"), 0.0);
       EXPECT_EQ(Num(j, "optimizer_exposed_s"), 0.0);
