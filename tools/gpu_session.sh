@@ -7,8 +7,8 @@
 # usage (on the device machine, after `tar xzf .gpu_bin.tgz`):
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
-#     STEPS a comma list of tests,bf16,peer,bench,demo,fp32,inv,ga8,profile
-#     (default all). GPU_TESTS="NAME ..." runs only those test binaries (their
+#     STEPS a comma list of tests,bf16,peer,bench,demo,fp32,inv,ga8,profile,ncu
+#     (default all but ncu). GPU_TESTS="NAME ..." runs only those test binaries (their
 #     names in DIR less the tests_cuda_ prefix). The 644M runs log the host's
 #     submitting time by kernel kind (MF_LOG=debug for exec) into their logs.
 # Logs: $OUT/gpu_session.tgz (or /tmp/mf_gpu_session.tgz) and the table in
@@ -24,6 +24,8 @@
 #   7. plan invariance on cuda: resident vs the planner at 25% of its arena
 #   8. the 644M shape at 25% of its resident arena, 8 micro-batches a step
 #   9. moefit profile --backend cuda --quick, then step 2 again with it
+#  10. (ncu) Nsight Compute on the tensor-core kernels of `bench kernels`
+#      (expert GEMM, attention): their hardware counters into ncu.txt
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
@@ -193,5 +195,21 @@ if want profile; then
     run644 bf16_measured 100 train.precision=bf16 "hardware.profile=$logs/hw-cuda.yaml"
   else
     row "profile --backend cuda --quick" "FAILED rc=$?" $(($(date +%s) - t))
+  fi
+fi
+
+# 10. Nsight Compute on the tensor-core kernels (where the next speed is): the
+#     first launches of each under `bench kernels`, their details as text.
+if want ncu; then
+  t=$(date +%s)
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [[ -n "$ncu_bin" ]]; then
+    timeout "$(cap 200)" "$ncu_bin" --kernel-name 'regex:expert_(rows|wgt)_mma|attn_(fwd|dkdv|dq)_mma' --launch-count 8 \
+      --set detailed --clock-control none -o "$logs/ncu" "$moefit" bench kernels configs/bench-644m.yaml --reps 1 \
+      >"$logs/ncu_run.log" 2>&1
+    "$ncu_bin" --import "$logs/ncu.ncu-rep" --page details >"$logs/ncu.txt" 2>&1
+    row "ncu (tensor-core kernels)" "$(grep -c 'Duration' "$logs/ncu.txt") kernels profiled; ncu.txt" $(($(date +%s) - t))
+  else
+    row "ncu (tensor-core kernels)" "no ncu on this machine" 0
   fi
 fi
