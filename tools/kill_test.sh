@@ -60,7 +60,9 @@ while :; do
     while kill -0 "$pid" 2> /dev/null; do
       if [ "$in_write" = 1 ]; then
         grep -q "MF_TEST_CKPT_PAUSE_MS: pausing" "$log" && break # this launch is inside a write
-      elif grep -qE "^step +$target/" "$log"; then
+      elif grep -qE "^step +$target/" "$log" && [ "$(newest)" -gt "$from" ]; then
+        # (a checkpoint written beside training, output.checkpoint_async, is
+        # complete a step or more after its own: the kill waits for it)
         sleep "0.0$((RANDOM % 10))"
         break
       fi

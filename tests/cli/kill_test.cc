@@ -173,8 +173,10 @@ unsigned Seed() {
 }
 
 // SIGKILL at 3 moments after a step line a seeded generator picks (plus a
-// random delay of up to 40 ms), the second inside a checkpoint write; resumed
-// after each; then to the end.
+// random delay of up to 40 ms, and until a checkpoint newer than the launch's
+// is complete), the second inside a checkpoint write (with checkpoints
+// written beside training, often while steps go on); resumed after each; then
+// to the end.
 TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
   Whole();
   std::mt19937 rng(Seed());
@@ -198,6 +200,11 @@ TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
         const int target = std::min(from + 4 + static_cast<int>(rng() % 12), kSteps - 1); // a checkpoint before it
         ASSERT_TRUE(p.WaitFor(StepLine(target))) << p.out();
         std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
+        // That checkpoint complete: one written beside training
+        // (output.checkpoint_async) is marked so a step or more after its own,
+        // and later still under ASan; the run trains on meanwhile.
+        for (int i = 0; i < 600 && NewestComplete(dir) <= from; i++) p.WaitFor(std::regex("$^"), p.out().size(), 0.05);
+        ASSERT_GT(NewestComplete(dir), from) << p.out();
       }
       p.Signal(SIGKILL);
       int sig = 0;
