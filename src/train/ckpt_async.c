@@ -8,8 +8,12 @@
  * (mf_ckpt_commit) once it sees the files written, after the checkpoint's step
  * has its metrics line, as a synchronous checkpoint does.
  *
- * The snapshot is sized and allocated once, at create; one write is in flight
- * at a time (the loop waits for the last before it takes the next snapshot).
+ * The snapshot is sized and allocated once, at create, and its pages touched
+ * by the writer thread as its first work, beside the first steps: a first
+ * copy into untouched pages ran at 0.6 GB/s here (11.8 s for a 1B model's
+ * 7.5 GiB with bf16 moments, against 0.46 s for the second). One write is in
+ * flight at a time (the loop waits for the last before it takes the next
+ * snapshot).
  * The writer's error, a thread-local message, is carried back as text. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,6 +30,7 @@ struct mf_ckpt_async {
   int job;  /* a write was handed over and not yet taken back by mf_ckpt_async_wait */
   int done; /* that write finished (st, stats, err set) */
   int quit;
+  int warm;          /* the snapshot's pages are touched */
   mf_ckpt_data snap; /* the snapshot: its own buffers */
   mf_ckpt_state state;
   mf_ckpt_stats stats;
@@ -42,7 +47,13 @@ size_t mf_ckpt_async_bytes(const mf_param_table *t, mf_dtype moments, size_t n_r
 
 static void *writer_main(void *arg) {
   mf_ckpt_async *a = (mf_ckpt_async *)arg;
+  const size_t n = (size_t)a->snap.t->total_numel, ms = mf_dtype_size(a->snap.moments);
+  memset(a->snap.master, 0, n * sizeof(float));
+  memset(a->snap.m, 0, n * ms);
+  memset(a->snap.v, 0, n * ms);
   pthread_mutex_lock(&a->mu);
+  a->warm = 1;
+  pthread_cond_broadcast(&a->cv);
   for (;;) {
     while (!a->quit && (!a->job || a->done)) pthread_cond_wait(&a->cv, &a->mu);
     if (a->quit) break;
@@ -132,6 +143,7 @@ static void copy_task(void *ctx, int i, int n) {
 mf_status mf_ckpt_async_start(mf_ckpt_async *a, const mf_ckpt_data *d, const mf_ckpt_state *s,
                               mf_threadpool *pool) {
   pthread_mutex_lock(&a->mu);
+  while (!a->warm) pthread_cond_wait(&a->cv, &a->mu); /* its pages touched first (top) */
   const int busy = a->job;
   pthread_mutex_unlock(&a->mu);
   if (busy) return MF_ERR(MF_ERR_INTERNAL, "checkpoint writer: a write is still in flight");

@@ -396,7 +396,9 @@ static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_me
  * metrics line). */
 static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const double t = mf_time_now();
-  MF_CHECK(async_land(r, 1, out, NULL, NULL)); /* one written beside training lands first */
+  /* One written beside training lands first (its figures only on stderr:
+   * this step's line has this checkpoint's). */
+  MF_CHECK(async_land(r, 1, out, NULL, NULL));
   const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
   const mf_status st = mf_train_ckpt_save(r->ckw, &d, r->train, r->cfg, step, out, r->quiet, sm, r->pending,
                                           sizeof r->pending);
@@ -443,7 +445,7 @@ static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_me
  * writer; training pauses for those two only. */
 static mf_status save_async(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const double t = mf_time_now();
-  MF_CHECK(async_land(r, 1, out, NULL, NULL));
+  MF_CHECK(async_land(r, 1, out, sm, NULL)); /* its figures on this step's line */
   const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
   const mf_ckpt_state s = mf_train_ckpt_state(r->train, r->cfg, step, out);
   MF_CHECK(mf_ckpt_async_start(r->cka, &d, &s, r->pool));
