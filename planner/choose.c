@@ -776,11 +776,11 @@ done:
   return st;
 }
 
-/* The choice (all[CHOSEN]), its starting point (all[LEAST_MEMORY]) and, with
- * `with_baselines`, the baselines (adopted when faster). */
+/* The choice (all[CHOSEN]), its starting point (all[LEAST_MEMORY]) and the
+ * baselines (adopted when faster). */
 mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
                             uint64_t budget, uint64_t host_acts, const mf_decisions *fixed,
-                            const mf_plan_pins *pins, int with_baselines, mf_plan **all) {
+                            const mf_plan_pins *pins, mf_plan **all) {
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) all[k] = NULL;
   mf_status st = MF_OK;
   mf_plan *least = NULL, *best = NULL;
@@ -851,8 +851,7 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
   }
   /* Never predicted slower than a baseline that fits (baselines ignore
    * overrides, so with overrides they are shown but not taken). */
-  if (with_baselines)
-    MF_CHECK_GOTO(mf_plan_adopt_baselines(p, hw, so, budget, pins != NULL, pool, &best, all), st, done);
+  MF_CHECK_GOTO(mf_plan_adopt_baselines(p, hw, so, budget, pins != NULL, pool, &best, all), st, done);
   MF_LOGD("plan", "chosen and baselines in %.2f s", mf_time_now() - t0);
   all[MF_PLAN_CHOSEN] = best;
   all[MF_PLAN_LEAST_MEMORY] = least;
@@ -875,14 +874,14 @@ done:
 
 mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
                              const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **all) {
-  return mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 1, all);
+  return mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, all);
 }
 
 mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
                          const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **out) {
   mf_plan *all[MF_PLAN_KIND_COUNT_];
   *out = NULL;
-  MF_CHECK(mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 1, all));
+  MF_CHECK(mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, all));
   *out = all[MF_PLAN_CHOSEN];
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
     if (k != MF_PLAN_CHOSEN) mf_plan_free(all[k]);

@@ -167,7 +167,7 @@ static void order_task(void *ctx, int i, int nw) {
       if (st == MF_OK && overrides) st = apply_overrides(j->prog[o], mem, fixed, &pins);
       if (st == MF_OK)
         st = mf_plan_choose_so(j->prog[o], rq->hw, &j->so[o], rq->budget, host_act_budget(rq, j->prog[o]),
-                               fixed, overrides ? &pins : NULL, 1, j->plans[o]);
+                               fixed, overrides ? &pins : NULL, j->plans[o]);
     }
     mf_plan_pins_free(&pins);
     mf_decisions_free(fixed);

@@ -41,11 +41,11 @@ mf_status mf_plan_adopt_baselines(const mf_program *p, const mf_hwprofile *hw, c
 /* The baselines of p beside all[MF_PLAN_CHOSEN] (least memory included). */
 mf_status mf_plan_all_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
                                 uint64_t budget, mf_plan **all);
-/* The choice (all[CHOSEN]), its starting point (all[LEAST_MEMORY]) and, with
- * `with_baselines`, the baselines (adopted when faster); offloaded
- * activations' host copies within host_acts bytes. */
+/* The choice (all[CHOSEN]), its starting point (all[LEAST_MEMORY]) and the
+ * baselines (adopted when faster); offloaded activations' host copies within
+ * host_acts bytes. */
 mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
                             uint64_t budget, uint64_t host_acts, const mf_decisions *fixed,
-                            const mf_plan_pins *pins, int with_baselines, mf_plan **all);
+                            const mf_plan_pins *pins, mf_plan **all);
 
 #endif /* MF_PLANNER_PLAN_INTERNAL_H */

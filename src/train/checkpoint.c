@@ -26,8 +26,9 @@ mf_ckpt_state mf_train_ckpt_state(const mf_loader *l, const mf_config *cfg, int6
   return s;
 }
 
-void mf_train_ckpt_log(const mf_ckpt_stats *cs, double seconds, double paused) {
-  const double mib = (double)cs->bytes / (1024.0 * 1024.0), rate = seconds > 0 ? mib / seconds : 0.0;
+void mf_train_ckpt_log(const mf_ckpt_stats *cs, double paused) {
+  const double seconds = cs->seconds, mib = (double)cs->bytes / (1024.0 * 1024.0),
+               rate = seconds > 0 ? mib / seconds : 0.0;
   char how[160] = "";
   if (paused >= 0)
     snprintf(how, sizeof how, ", written beside training, which paused %.3f s for its snapshot", paused);
@@ -49,7 +50,7 @@ mf_status mf_train_ckpt_save(mf_ckpt_writer *ckw, const mf_ckpt_data *d, const m
   sm->checkpoint_s = cs.seconds;
   sm->checkpoint_bytes = (double)cs.bytes;
   snprintf(dir, cap, "%s", cs.dir);
-  if (!quiet) mf_train_ckpt_log(&cs, cs.seconds, -1.0);
+  if (!quiet) mf_train_ckpt_log(&cs, -1.0);
   return MF_OK;
 }
 

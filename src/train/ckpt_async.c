@@ -35,8 +35,8 @@ struct mf_ckpt_async {
   mf_ckpt_state state;
   mf_ckpt_stats stats;
   mf_status st;
-  char err[2048]; /* mf_ckpt_async_result.err's size */
-  double t0;      /* when the write was handed over */
+  char err[2048];                    /* mf_ckpt_async_result.err's size */
+  size_t master_bytes, moment_bytes; /* the snapshot's large parts (moment_bytes each of m and v) */
 };
 
 size_t mf_ckpt_async_bytes(const mf_param_table *t, mf_dtype moments, size_t n_routed) {
@@ -47,10 +47,9 @@ size_t mf_ckpt_async_bytes(const mf_param_table *t, mf_dtype moments, size_t n_r
 
 static void *writer_main(void *arg) {
   mf_ckpt_async *a = (mf_ckpt_async *)arg;
-  const size_t n = (size_t)a->snap.t->total_numel, ms = mf_dtype_size(a->snap.moments);
-  memset(a->snap.master, 0, n * sizeof(float));
-  memset(a->snap.m, 0, n * ms);
-  memset(a->snap.v, 0, n * ms);
+  memset(a->snap.master, 0, a->master_bytes);
+  memset(a->snap.m, 0, a->moment_bytes);
+  memset(a->snap.v, 0, a->moment_bytes);
   pthread_mutex_lock(&a->mu);
   a->warm = 1;
   pthread_cond_broadcast(&a->cv);
@@ -80,14 +79,15 @@ mf_status mf_ckpt_async_create(mf_ckpt_writer *ckw, const mf_param_table *t, mf_
   a->ckw = ckw;
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->cv, NULL);
-  const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(moments);
+  a->master_bytes = (size_t)t->total_numel * sizeof(float);
+  a->moment_bytes = (size_t)t->total_numel * mf_dtype_size(moments);
   a->snap.t = t;
   a->snap.moments = moments;
   a->snap.n_routed = n_routed;
   mf_status st =
-      mf_malloc(n * sizeof(float) + 1, "checkpoint snapshot (master weights)", (void **)&a->snap.master);
-  if (st == MF_OK) st = mf_malloc(n * ms + 1, "checkpoint snapshot (AdamW moments)", &a->snap.m);
-  if (st == MF_OK) st = mf_malloc(n * ms + 1, "checkpoint snapshot (AdamW moments)", &a->snap.v);
+      mf_malloc(a->master_bytes + 1, "checkpoint snapshot (master weights)", (void **)&a->snap.master);
+  if (st == MF_OK) st = mf_malloc(a->moment_bytes + 1, "checkpoint snapshot (AdamW moments)", &a->snap.m);
+  if (st == MF_OK) st = mf_malloc(a->moment_bytes + 1, "checkpoint snapshot (AdamW moments)", &a->snap.v);
   if (st == MF_OK)
     st = mf_calloc((size_t)t->n + 1, sizeof(int64_t), "checkpoint snapshot (steps)",
                    (void **)&a->snap.adam_steps);
@@ -149,10 +149,9 @@ mf_status mf_ckpt_async_start(mf_ckpt_async *a, const mf_ckpt_data *d, const mf_
   if (busy) return MF_ERR(MF_ERR_INTERNAL, "checkpoint writer: a write is still in flight");
   if (d->t != a->snap.t || d->moments != a->snap.moments || d->n_routed != a->snap.n_routed)
     return MF_ERR(MF_ERR_INTERNAL, "checkpoint writer: the state is not the one its snapshot was sized for");
-  const size_t n = (size_t)d->t->total_numel, ms = mf_dtype_size(d->moments);
   copy_job j = {{(const uint8_t *)d->master, (const uint8_t *)d->m, (const uint8_t *)d->v},
                 {(uint8_t *)a->snap.master, (uint8_t *)a->snap.m, (uint8_t *)a->snap.v},
-                {n * sizeof(float), n * ms, n * ms}};
+                {a->master_bytes, a->moment_bytes, a->moment_bytes}};
   if (pool)
     mf_threadpool_run(pool, copy_task, &j);
   else
@@ -163,7 +162,6 @@ mf_status mf_ckpt_async_start(mf_ckpt_async *a, const mf_ckpt_data *d, const mf_
   a->state = *s;
   a->job = 1;
   a->done = 0;
-  a->t0 = mf_time_now();
   pthread_cond_broadcast(&a->cv);
   pthread_mutex_unlock(&a->mu);
   return MF_OK;
@@ -180,7 +178,6 @@ int mf_ckpt_async_wait(mf_ckpt_async *a, int block, mf_ckpt_async_result *r) {
   r->st = a->st;
   r->stats = a->stats;
   r->step = a->state.step;
-  r->seconds = mf_time_now() - a->t0;
   snprintf(r->err, sizeof r->err, "%s", a->err);
   a->job = 0;
   a->done = 0;

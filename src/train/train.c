@@ -134,13 +134,6 @@ static mf_status resume(run *r, mf_train_summary *out) {
   return MF_OK;
 }
 
-/* The data, the plan (written to OUTPUT/plan.json before the backend is
- * created), the executors, the weights, the host state and the optimizer.
- * Everything that can refuse the run comes before anything large is
- * allocated: the config (already checked whole), the model's shape, the
- * token files, the plan's limits and this machine's memory (the runner
- * admits the plan before it creates the device arena), and only then the
- * arenas, the weights and the host state. */
 /* output.checkpoint_async: the writer thread and its snapshot, when the run
  * has checkpoints before its last step. */
 static mf_status ckpt_async_setup(run *r) {
@@ -166,6 +159,13 @@ static mf_status ckpt_async_setup(run *r) {
   return mf_ckpt_async_create(r->ckw, r->t, r->hs.moments, r->n_routed, &r->cka);
 }
 
+/* The data, the plan (written to OUTPUT/plan.json before the backend is
+ * created), the executors, the weights, the host state and the optimizer.
+ * Everything that can refuse the run comes before anything large is
+ * allocated: the config (already checked whole), the model's shape, the
+ * token files, the plan's limits and this machine's memory (the runner
+ * admits the plan before it creates the device arena), and only then the
+ * arenas, the weights and the host state. */
 static mf_status setup(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   MF_CHECK(mf_threadpool_create((int)cfg->train.threads, &r->pool));
@@ -354,18 +354,25 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
   return MF_OK;
 }
 
+/* Training paused since t (not training: out of tokens/s, step_s and the
+ * ETA), the seconds added to *total; returns them. */
+static double paused_since(run *r, double t, double *total) {
+  const double dt = mf_time_now() - t;
+  mf_window_exclude(&r->win, dt);
+  *total += dt;
+  return dt;
+}
+
 /* Every update done and, for a checkpoint, the device-optimized parameters'
  * moments home too; the device's weights home (an evaluation reads them). */
 static mf_status settle(run *r, int for_ckpt, mf_train_summary *out) {
   if (r->wk) MF_CHECK(mf_optim_worker_wait_all(r->wk));
   if (r->up.on_device) {
-    /* Not training: out of tokens/s and step_s (the optimizer's wait above is
-     * the step's own work, so it stays in). */
+    /* Not training (the optimizer's wait above is the step's own work, so it
+     * stays in). */
     const double t = mf_time_now();
     MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, for_ckpt));
-    const double dt = mf_time_now() - t;
-    mf_window_exclude(&r->win, dt);
-    *(for_ckpt ? &out->checkpoint_seconds : &out->eval_seconds) += dt;
+    paused_since(r, t, for_ckpt ? &out->checkpoint_seconds : &out->eval_seconds);
   }
   return MF_OK;
 }
@@ -405,9 +412,7 @@ static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metri
   if (st != MF_OK) return save_failed(st, step, out);
   /* The training paused for it (written synchronously): the whole call, not
    * only the files' writing that checkpoint_s reports. */
-  const double dt = mf_time_now() - t;
-  mf_window_exclude(&r->win, dt);
-  out->checkpoint_seconds += dt;
+  paused_since(r, t, &out->checkpoint_seconds);
   return MF_OK;
 }
 
@@ -431,7 +436,7 @@ static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_me
   if (a.st != MF_OK) return save_failed(MF_ERR(a.st, "%s", a.err), a.step, out);
   snprintf(r->pending, sizeof r->pending, "%s", a.stats.dir);
   MF_CHECK(commit(r, a.step, out));
-  if (!r->quiet) mf_train_ckpt_log(&a.stats, a.stats.seconds, r->cka_paused);
+  if (!r->quiet) mf_train_ckpt_log(&a.stats, r->cka_paused);
   if (sm) {
     sm->checkpoint_bytes = (double)a.stats.bytes;
     sm->checkpoint_write_s = a.stats.seconds;
@@ -449,11 +454,7 @@ static mf_status save_async(run *r, int64_t step, mf_train_summary *out, mf_step
   const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
   const mf_ckpt_state s = mf_train_ckpt_state(r->train, r->cfg, step, out);
   MF_CHECK(mf_ckpt_async_start(r->cka, &d, &s, r->pool));
-  const double dt = mf_time_now() - t;
-  r->cka_paused = dt;
-  mf_window_exclude(&r->win, dt);
-  out->checkpoint_seconds += dt;
-  sm->checkpoint_s = dt;
+  sm->checkpoint_s = r->cka_paused = paused_since(r, t, &out->checkpoint_seconds);
   return MF_OK;
 }
 

@@ -186,10 +186,10 @@ mf_status mf_train_ckpt_load(const mf_config *cfg, const char *want, const mf_ck
 /* The state a checkpoint of `step` records besides the tensors. */
 mf_ckpt_state mf_train_ckpt_state(const mf_loader *l, const mf_config *cfg, int64_t step,
                                   const mf_train_summary *sum);
-/* The line a written checkpoint gets on stderr: its dir, bytes, seconds and
- * rate; `paused` >= 0 for one written beside training (the seconds training
- * paused to snapshot it). */
-void mf_train_ckpt_log(const mf_ckpt_stats *cs, double seconds, double paused);
+/* The line a written checkpoint gets on stderr: its dir, bytes, write seconds
+ * and rate; `paused` >= 0 for one written beside training (the seconds
+ * training paused to snapshot it). */
+void mf_train_ckpt_log(const mf_ckpt_stats *cs, double paused);
 
 /* -------------------------------------------------------- ckpt_async.c */
 
@@ -201,7 +201,6 @@ typedef struct mf_ckpt_async_result {
   char err[2048];      /* the writer's error message (st != MF_OK) */
   mf_ckpt_stats stats; /* the files' figures (mf_ckpt_write_files) */
   int64_t step;        /* the checkpoint's step */
-  double seconds;      /* from the hand-over to the end of the write */
 } mf_ckpt_async_result;
 /* Bytes of the snapshot for table t (master, moments as stored, AdamW steps,
  * routing counts). */
