@@ -1,7 +1,7 @@
 /*
- * One collective interface for the ranks of a run. Today: MPI over host
- * memory (the cpu backend's path, and the bootstrap of every run); NCCL for
- * device buffers comes with the multi-GPU work behind the same calls.
+ * One collective interface for the ranks of a run: MPI over host memory (the
+ * bootstrap of every run, the reductions of data-parallel training) and the
+ * memory the ranks of one machine share.
  *
  * A process started without mpirun is a world of one rank and needs no MPI
  * daemon. Collectives are blocking and called by every rank in the same order.
@@ -10,6 +10,7 @@
 #define MF_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "src/core/core.h"
 
@@ -27,7 +28,8 @@ void mf_comm_free(mf_comm *c);
 
 int mf_comm_rank(const mf_comm *c);
 int mf_comm_size(const mf_comm *c);
-/* Ranks on this node and this rank's index among them (for GPU selection). */
+/* Ranks on this node and this rank's index among them (for GPU selection).
+ * With MF_COMM_NODE_RANKS (below) these are of the node it makes. */
 int mf_comm_local_rank(const mf_comm *c);
 int mf_comm_local_size(const mf_comm *c);
 int mf_comm_uses_mpi(const mf_comm *c);
@@ -40,6 +42,73 @@ mf_status mf_comm_broadcast(mf_comm *c, void *buf, size_t bytes, int root);
 mf_status mf_comm_allreduce_sum_f32(mf_comm *c, float *buf, size_t n);
 /* In-place max over ranks (exact, order-free): for flags and error agreement. */
 mf_status mf_comm_allreduce_max_i64(mf_comm *c, int64_t *buf, size_t n);
+/* In-place sum over ranks of integers (exact, order-free): counts. */
+mf_status mf_comm_allreduce_sum_i64(mf_comm *c, int64_t *buf, size_t n);
+/* In-place sum over ranks of doubles, added in rank order (0 + v0 + v1 + ...
+ * is v0 + v1 + ..., so one rank's partial sums continued by the next give the
+ * bits of one rank adding them all): losses. For short vectors. */
+mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n);
+
+/* Ends every rank of the job at once (MPI_Abort) with `code`; without MPI,
+ * returns (the caller exits). For a rank that failed while others may wait
+ * for it in a collective. */
+void mf_comm_abort(mf_comm *c, int code);
+
+/* ------------------------------------------------------------------ nodes
+ *
+ * The ranks of one machine form a node: they share host memory (one copy of
+ * the model's host state, mf_comm_shared_alloc) and order their work on it
+ * among themselves (mf_comm_relay); rank order within a node is world rank
+ * order. The lowest rank of each node is its leader; the leaders, in node
+ * order, reduce across nodes. MF_COMM_NODE_RANKS=K splits a machine's ranks
+ * into nodes of K consecutive ranks (testing the paths between nodes on one
+ * machine); unset, a node is every rank MPI finds on the machine. */
+
+int mf_comm_nodes(const mf_comm *c);     /* number of nodes */
+int mf_comm_node(const mf_comm *c);      /* this rank's node, 0 .. nodes-1 */
+int mf_comm_is_leader(const mf_comm *c); /* local rank 0 */
+
+mf_status mf_comm_node_barrier(mf_comm *c);
+/* In-place sum over the node leaders of n floats, added in node order (the
+ * same bits on every leader); called by the leaders only (another rank gets
+ * MF_ERR_INVALID_ARG), nothing with one node. Moves the vector in pieces
+ * through a gather buffer of at most 64 MiB on each node (every node's piece
+ * together), however large n is. */
+mf_status mf_comm_leaders_allreduce_sum_f32(mf_comm *c, float *buf, size_t n);
+/* Sends n bytes from the leader (local rank 0) to the node's other ranks. */
+mf_status mf_comm_node_broadcast(mf_comm *c, void *buf, size_t bytes);
+
+/* Memory every rank of the node maps (MPI-3 shared window on the node's
+ * communicator; one process: anonymous memory), zeroed. Collective over the
+ * node: every local rank calls it with the same bytes. `what` names it in
+ * errors. The pages are counted once for the node whatever the number of
+ * ranks (in /proc's Pss each rank is charged its share). A warning says so
+ * when MPI put the window in a file on disk instead of tmpfs. */
+typedef struct mf_comm_shared mf_comm_shared;
+mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_comm_shared **out);
+void *mf_comm_shared_ptr(const mf_comm_shared *s); /* NULL when bytes was 0 */
+/* Collective over the node; NULL is fine. */
+void mf_comm_shared_free(mf_comm_shared *s);
+
+/* An ordered hand-off among the node's ranks over n items (each item, e.g. a
+ * parameter's gradient sum in shared memory, is worked on by local rank 0,
+ * then 1, ...): in round `round` (>= 0 and > every earlier round; e.g. the
+ * step), a rank calls mf_comm_relay_wait(item) before its work on the item
+ * and mf_comm_relay_pass(item) after it. Local rank 0 never waits (its wait
+ * returns at once, MF_ERR_MPI after a mf_comm_relay_fail). Between rounds
+ * the caller separates the ranks (a barrier), so no rank starts round k + 1
+ * while another is still in round k. pass may be called from any thread.
+ * wait returns MF_ERR_MPI when the rank before has not passed within the
+ * timeout (MF_COMM_TIMEOUT_S, read when the relay is created; default 600 s:
+ * it died or hangs), or at once when a rank of the node called
+ * mf_comm_relay_fail. Collective to create and free. */
+typedef struct mf_comm_relay mf_comm_relay;
+mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out);
+void mf_comm_relay_free(mf_comm_relay *r); /* NULL is fine */
+void mf_comm_relay_begin(mf_comm_relay *r, int64_t round);
+mf_status mf_comm_relay_wait(mf_comm_relay *r, int64_t item);
+void mf_comm_relay_pass(mf_comm_relay *r, int64_t item);
+void mf_comm_relay_fail(mf_comm_relay *r);
 
 #ifdef __cplusplus
 }

@@ -1,30 +1,20 @@
-/* mf_comm over MPI (Open MPI from Debian). */
+/* mf_comm over MPI (Open MPI from Debian): start-up, the world's collectives.
+ * The node's collectives, shared memory and the relay are in comm_node.c and
+ * comm_relay.c. */
+#include <errno.h>
 #include <limits.h>
-#include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
+#include "comm/comm_internal.h"
 
-#define MF_MPI_CHECK(call)                                                                        \
-  do {                                                                                            \
-    int mf_rc_ = (call);                                                                          \
-    if (mf_rc_ != MPI_SUCCESS) {                                                                  \
-      char mf_msg_[MPI_MAX_ERROR_STRING];                                                         \
-      int mf_len_ = 0;                                                                            \
-      MPI_Error_string(mf_rc_, mf_msg_, &mf_len_);                                                \
-      return mf_error_set(MF_ERR_MPI, __FILE__, __LINE__, "%s failed: %s", #call, mf_msg_);       \
-    }                                                                                             \
-  } while (0)
-
-struct mf_comm {
-  int rank, size, local_rank, local_size;
-  int mpi;          /* MPI is in use */
-  int we_init;      /* we called MPI_Init, so we finalize */
-  MPI_Comm world;   /* a dup of MPI_COMM_WORLD */
-  float *scratch;   /* allreduce gather buffer, grown when needed (outside step loops) */
-  size_t scratch_n;
-};
+mf_status mf_comm_mpi_error(int rc, const char *file, int line, const char *call) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
+  return mf_error_set(MF_ERR_MPI, file, line, "%s failed: %s", call, msg);
+}
 
 static int launched_by_mpirun(void) {
   const char *force = mf_env_word("MF_COMM", "mpi|none");
@@ -33,11 +23,30 @@ static int launched_by_mpirun(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
 }
 
+/* MF_COMM_NODE_RANKS=K: *k = K (>= 1), or 0 when unset or empty. Read even
+ * without MPI, so a mistyped value fails the same way whatever the launch. */
+static mf_status node_ranks_from_env(int *k) {
+  *k = 0;
+  const char *s = getenv("MF_COMM_NODE_RANKS");
+  if (!s || !*s) return MF_OK;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < 1 || v > INT_MAX)
+    return MF_ERR(MF_ERR_CONFIG, "comm: MF_COMM_NODE_RANKS=%s is not a number of ranks per node (1 or more)",
+                  s);
+  *k = (int)v;
+  return MF_OK;
+}
+
 mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out) {
   *out = NULL;
+  int node_ranks = 0;
+  MF_CHECK(node_ranks_from_env(&node_ranks));
   mf_comm *c = (mf_comm *)calloc(1, sizeof *c);
   if (!c) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory");
-  c->size = c->local_size = 1;
+  c->world = c->node_comm = c->leaders = MPI_COMM_NULL;
+  c->size = c->local_size = c->nodes = 1;
   if (!launched_by_mpirun()) {
     *out = c;
     return MF_OK;
@@ -54,21 +63,44 @@ mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out) {
   }
   c->mpi = 1;
   mf_status st = MF_OK;
-#define TRY(call)                                                   \
-  do {                                                              \
-    if ((call) != MPI_SUCCESS) {                                    \
-      st = MF_ERR(MF_ERR_MPI, "comm: %s failed", #call);            \
-      goto fail;                                                    \
-    }                                                               \
+#define TRY(call)                                        \
+  do {                                                   \
+    if ((call) != MPI_SUCCESS) {                         \
+      st = MF_ERR(MF_ERR_MPI, "comm: %s failed", #call); \
+      goto fail;                                         \
+    }                                                    \
   } while (0)
   TRY(MPI_Comm_dup(MPI_COMM_WORLD, &c->world));
   TRY(MPI_Comm_rank(c->world, &c->rank));
   TRY(MPI_Comm_size(c->world, &c->size));
-  MPI_Comm node;
-  TRY(MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node));
-  MPI_Comm_rank(node, &c->local_rank);
-  MPI_Comm_size(node, &c->local_size);
-  MPI_Comm_free(&node);
+  /* Keyed by world rank, so rank order within a node is world rank order. */
+  TRY(MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->node_comm));
+  if (node_ranks > 0) {
+    MPI_Comm machine = c->node_comm;
+    int machine_rank = 0;
+    c->node_comm = MPI_COMM_NULL;
+    int rc = MPI_Comm_rank(machine, &machine_rank);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Comm_split(machine, machine_rank / node_ranks, machine_rank, &c->node_comm);
+    MPI_Comm_free(&machine);
+    TRY(rc);
+  }
+  TRY(MPI_Comm_rank(c->node_comm, &c->local_rank));
+  TRY(MPI_Comm_size(c->node_comm, &c->local_size));
+  /* Errors on the node (a shared window larger than the machine can give)
+   * come back as statuses instead of ending the job. */
+  TRY(MPI_Comm_set_errhandler(c->node_comm, MPI_ERRORS_RETURN));
+  TRY(MPI_Comm_split(c->world, c->local_rank == 0 ? 0 : MPI_UNDEFINED, c->rank, &c->leaders));
+  /* A node's index is its leader's rank among the leaders (ordered by world
+   * rank), which the leader tells its node. */
+  int ids[2] = {0, 1};
+  if (c->local_rank == 0) {
+    TRY(MPI_Comm_rank(c->leaders, &ids[0]));
+    TRY(MPI_Comm_size(c->leaders, &ids[1]));
+  }
+  TRY(MPI_Bcast(ids, 2, MPI_INT, 0, c->node_comm));
+  c->node = ids[0];
+  c->nodes = ids[1];
 #undef TRY
   *out = c;
   return MF_OK;
@@ -79,21 +111,33 @@ fail:
 
 void mf_comm_free(mf_comm *c) {
   if (!c) return;
-  if (c->mpi && c->world != MPI_COMM_NULL && c->world) MPI_Comm_free(&c->world);
-  if (c->we_init) {
-    int fin = 0;
-    MPI_Finalized(&fin);
-    if (!fin) MPI_Finalize();
+  int fin = 0;
+  if (c->mpi) MPI_Finalized(&fin);
+  if (c->mpi && !fin) {
+    if (c->leaders != MPI_COMM_NULL) MPI_Comm_free(&c->leaders);
+    if (c->node_comm != MPI_COMM_NULL) MPI_Comm_free(&c->node_comm);
+    if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
+    if (c->we_init) MPI_Finalize();
   }
   free(c->scratch);
   free(c);
 }
 
-int mf_comm_rank(const mf_comm *c) { return c->rank; }
-int mf_comm_size(const mf_comm *c) { return c->size; }
-int mf_comm_local_rank(const mf_comm *c) { return c->local_rank; }
-int mf_comm_local_size(const mf_comm *c) { return c->local_size; }
-int mf_comm_uses_mpi(const mf_comm *c) { return c->mpi; }
+int mf_comm_rank(const mf_comm *c) {
+  return c->rank;
+}
+int mf_comm_size(const mf_comm *c) {
+  return c->size;
+}
+int mf_comm_local_rank(const mf_comm *c) {
+  return c->local_rank;
+}
+int mf_comm_local_size(const mf_comm *c) {
+  return c->local_size;
+}
+int mf_comm_uses_mpi(const mf_comm *c) {
+  return c->mpi;
+}
 
 mf_status mf_comm_barrier(mf_comm *c) {
   if (!c->mpi) return MF_OK;
@@ -101,16 +145,23 @@ mf_status mf_comm_barrier(mf_comm *c) {
   return MF_OK;
 }
 
-/* MPI counts are int: move large buffers in pieces. */
-#define MF_MPI_CHUNK ((size_t)1 << 30)
-
 mf_status mf_comm_broadcast(mf_comm *c, void *buf, size_t bytes, int root) {
-  if (root < 0 || root >= c->size) return MF_ERR(MF_ERR_INVALID_ARG, "comm: broadcast root %d of %d ranks", root, c->size);
+  if (root < 0 || root >= c->size)
+    return MF_ERR(MF_ERR_INVALID_ARG, "comm: broadcast root %d of %d ranks", root, c->size);
   if (!c->mpi) return MF_OK;
   for (size_t off = 0; off < bytes; off += MF_MPI_CHUNK) {
     size_t n = bytes - off < MF_MPI_CHUNK ? bytes - off : MF_MPI_CHUNK;
     MF_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, root, c->world));
   }
+  return MF_OK;
+}
+
+mf_status mf_comm_scratch_reserve(mf_comm *c, size_t n) {
+  if (c->scratch_n >= n) return MF_OK;
+  float *s = (float *)realloc(c->scratch, n * sizeof(float));
+  if (!s) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for a gather buffer of %zu floats", n);
+  c->scratch = s;
+  c->scratch_n = n;
   return MF_OK;
 }
 
@@ -121,12 +172,7 @@ mf_status mf_comm_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
   const size_t chunk = MF_MPI_CHUNK / sizeof(float) / (size_t)c->size;
   size_t need = chunk * (size_t)c->size;
   if (n < chunk) need = n * (size_t)c->size;
-  if (c->scratch_n < need) {
-    float *s = (float *)realloc(c->scratch, need * sizeof(float));
-    if (!s) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for an allreduce of %zu floats", n);
-    c->scratch = s;
-    c->scratch_n = need;
-  }
+  MF_CHECK(mf_comm_scratch_reserve(c, need));
   for (size_t off = 0; off < n; off += chunk) {
     size_t m = n - off < chunk ? n - off : chunk;
     MF_MPI_CHECK(MPI_Allgather(buf + off, (int)m, MPI_FLOAT, c->scratch, (int)m, MPI_FLOAT, c->world));
@@ -144,4 +190,38 @@ mf_status mf_comm_allreduce_max_i64(mf_comm *c, int64_t *buf, size_t n) {
   if (n > INT_MAX) return MF_ERR(MF_ERR_INVALID_ARG, "comm: max-allreduce of %zu values is too large", n);
   MF_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT64_T, MPI_MAX, c->world));
   return MF_OK;
+}
+
+mf_status mf_comm_allreduce_sum_i64(mf_comm *c, int64_t *buf, size_t n) {
+  if (!c->mpi || c->size == 1) return MF_OK;
+  if (n > INT_MAX) return MF_ERR(MF_ERR_INVALID_ARG, "comm: sum-allreduce of %zu integers is too large", n);
+  MF_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT64_T, MPI_SUM, c->world));
+  return MF_OK;
+}
+
+mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n) {
+  if (!c->mpi || c->size == 1 || n == 0) return MF_OK;
+  if (n > INT_MAX / (size_t)c->size)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "comm: f64 sum-allreduce of %zu values is too large (it is for short vectors)", n);
+  /* Gathered and added in rank order, like the f32 sum; a temporary is enough
+   * for the few values (losses, norms) this is for. */
+  double *all = (double *)malloc(n * (size_t)c->size * sizeof *all);
+  if (!all) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for an f64 allreduce of %zu values", n);
+  int rc = MPI_Allgather(buf, (int)n, MPI_DOUBLE, all, (int)n, MPI_DOUBLE, c->world);
+  if (rc == MPI_SUCCESS) {
+    for (size_t i = 0; i < n; i++) {
+      double s = all[i];
+      for (int r = 1; r < c->size; r++) s += all[(size_t)r * n + i];
+      buf[i] = s;
+    }
+  }
+  free(all);
+  if (rc != MPI_SUCCESS) return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Allgather of the f64 sum");
+  return MF_OK;
+}
+
+void mf_comm_abort(mf_comm *c, int code) {
+  if (!c || !c->mpi) return;
+  MPI_Abort(c->world != MPI_COMM_NULL ? c->world : MPI_COMM_WORLD, code);
 }

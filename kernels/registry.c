@@ -13,6 +13,12 @@ static int gpu_visible(void) {
   return mf_cuda_device_count(&n, NULL, 0) == MF_OK && n > 0;
 }
 
+int mf_backend_device_count(void) {
+  if (!mf_cuda_compiled()) return 0;
+  int n = 0;
+  return mf_cuda_device_count(&n, NULL, 0) == MF_OK ? n : 0;
+}
+
 mf_status mf_backend_resolve(const char *name, const char **out) {
   *out = NULL;
   if (!name || strcmp(name, "auto") == 0) {

@@ -78,6 +78,9 @@ mf_status mf_backend_query_memory(const char *name, const mf_backend_params *p, 
  * a build without CUDA: MF_ERR_UNSUPPORTED. *out is NULL on failure. */
 mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_backend **out);
 
+/* The CUDA devices this process sees (0: none, or built without CUDA). */
+int mf_backend_device_count(void);
+
 #ifdef __cplusplus
 }
 #endif

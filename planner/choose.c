@@ -269,7 +269,7 @@ static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *
     if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0, 0};
     if (s->share && l >= 0 && mf_model_spec_layer_is_moe(&p->spec, l) && p->spec.experts >= 4)
       for (int32_t q = 1; q <= MF_EXPERTS_HOT_QUARTERS; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
-    if (!p->forward_only && p->adamw_op && s->pstart[l + 2] > s->pstart[l + 1])
+    if (!p->forward_only && p->adamw_op && p->ranks <= 1 && s->pstart[l + 2] > s->pstart[l + 1])
       out[n++] = (cand){C_OPTIM_DEVICE, l, -1, 0, 0, 0, 0, 0};
   }
   if (coarse) {

@@ -35,13 +35,16 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
       u.moment_bytes += moment * numel;
     }
   }
-  u.act_bytes = s ? s->host_act_bytes : 0;
-  u.pinned_bytes = pinned_bytes;
+  /* The ranks of a node share one copy of the state above; each has its own
+   * offloaded activations and pinned staging. */
+  const uint64_t per_node = p->node_ranks > 1 ? (uint64_t)p->node_ranks : 1;
+  u.act_bytes = (s ? s->host_act_bytes : 0) * per_node;
+  u.pinned_bytes = pinned_bytes * per_node;
   u.total_bytes =
       u.master_bytes + u.working_bytes + u.grad_bytes + u.moment_bytes + u.act_bytes + u.pinned_bytes;
   u.host_limit = mem && mem->host_limit != MF_CONFIG_SIZE_AUTO ? mem->host_limit : hw->host_memory;
   u.pinned_limit = mem ? mem->pinned_limit : 0;
-  u.pinned_fits = u.pinned_limit == 0 || u.pinned_bytes <= u.pinned_limit;
+  u.pinned_fits = u.pinned_limit == 0 || pinned_bytes <= u.pinned_limit; /* a process's */
   u.host_fits = u.total_bytes <= u.host_limit;
   u.nvme = mem && mem->nvme_dir && hw->nvme_bandwidth > 0;
   if (!u.host_fits) {

@@ -64,7 +64,8 @@ typedef struct mf_host_usage {
 } mf_host_usage;
 
 /* The host memory of schedule `s` of program `p` with a staging arena of
- * `pinned_bytes` (mf_staging.arena_bytes). `mem` may be NULL (every limit
+ * `pinned_bytes` (mf_staging.arena_bytes), for one node: with several ranks
+ * on it (p->node_ranks) the state once, their activations and staging each. `mem` may be NULL (every limit
  * auto, no NVMe). `s` may be NULL for an estimate before planning: no
  * offloaded activations, and gradient sums counted as landing once a step
  * when the program is layer-major or has one micro-batch.

@@ -119,8 +119,10 @@ mf_status mf_plan_baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_
     d->param[i] = stream_w ? MF_PARAM_STREAM : MF_PARAM_RESIDENT;
     d->grad[i] = (stream_g && !p->forward_only) ? MF_GRAD_STREAM : MF_GRAD_DEVICE;
     /* All resident and checkpointing update on the device, as plain PyTorch
-     * does; the offloading baselines keep the host optimizer. */
-    const int device_optim = kind == MF_PLAN_RESIDENT || kind == MF_PLAN_CHECKPOINT;
+     * does; the offloading baselines keep the host optimizer, and so does
+     * every plan of several data-parallel ranks (their gradients meet at
+     * home). */
+    const int device_optim = (kind == MF_PLAN_RESIDENT || kind == MF_PLAN_CHECKPOINT) && p->ranks <= 1;
     d->optim[i] = device_optim && !p->forward_only && p->adamw_op ? MF_OPTIM_DEVICE : MF_OPTIM_HOST;
   }
   memset(d->act, MF_ACT_KEEP, (size_t)d->n_tensors);

@@ -64,6 +64,8 @@ static int stages_copies(const mf_config *cfg, const mf_backend_memory *dev) {
 
 /* train.overlap_optimizer: auto overlaps where the device's work does not run on the host's cores. */
 static int overlaps_optimizer(const mf_config *cfg, const char *backend) {
+  if (cfg->ranks > 1)
+    return 0; /* ranks: the step's updates run between steps (mf_run_plan_make refuses true) */
   if (cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_AUTO) return strcmp(backend, "cuda") == 0;
   return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
 }
@@ -122,7 +124,9 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
       !train,
       cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_LAYER ? MF_ORDER_LAYER_MAJOR : MF_ORDER_MICRO_MAJOR,
       rp->storage,
-      cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32};
+      cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32,
+      train ? cfg->ranks : 1,
+      train ? cfg->node_ranks : 0};
   rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train;
   rq.hw = &rp->hw;
   rq.sim.overlap_optimizer = rp->overlap_optimizer;
@@ -190,7 +194,15 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   MF_CHECK(mf_calloc(1, sizeof *rp, "the run plan", (void **)&rp));
   rp->use = use;
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), NULL, ask_device, &rp->dev), st,
+  if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {
+    st = MF_ERR(MF_ERR_CONFIG,
+                "train.overlap_optimizer: true runs one process's host AdamW behind its next step; with %lld "
+                "ranks the ranks share the update between steps instead: set it to auto or false",
+                (long long)cfg->ranks);
+    goto fail;
+  }
+  const mf_backend_params bp = {.device = cfg->device};
+  MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), &bp, ask_device, &rp->dev), st,
                 fail);
   MF_CHECK_GOTO(load_profile(cfg, rp), st, fail);
   MF_CHECK_GOTO(budget_of(cfg, rp), st, fail);
@@ -201,6 +213,15 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
                                       sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),
                 st, fail);
   MF_CHECK_GOTO(plan_of(cfg, t, rp), st, fail);
+  if (cfg->ranks > 1 && rp->plan->s->n_optim_device > 0) {
+    st = MF_ERR(
+        MF_ERR_CONFIG,
+        "memory.plan (%s) with memory.overrides puts the optimizer of %d parameters on the device; with "
+        "%lld ranks their gradients meet in host memory and the optimizer runs there: take optimizer: "
+        "device out of memory.overrides (or the plan file)",
+        cfg->memory.plan ? cfg->memory.plan : "auto", rp->plan->s->n_optim_device, (long long)cfg->ranks);
+    goto fail;
+  }
   MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
   *out = rp;
   return MF_OK;

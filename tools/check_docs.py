@@ -40,7 +40,7 @@ SKIP = [
     (r"^bazel\b", "the build itself (CI builds)"),
     (r"^apt-get\b", "installs a Debian package (tools/setup installs fortunes)"),
     (r"^pip install\b", "installs PyPI packages"),
-    (r"^mpirun\b", "a multi-rank run: needs MPI ranks (multi-rank training is not built yet)"),
+    (r"^mpirun\b", "a multi-rank run: needs mpirun's environment (//tests/cli:ranks_test runs it with 2 and 3 ranks)"),
     (r"^python3 tools/prepare_data\.py --tokenizer ~/", "needs a model's tokenizer directory"),
     (r"^\./tools/kill_test\.sh\b", "trains the demo several times over, killing and resuming it (//tests/cli:kill_test does the same)"),
     (r"^moefit bench optim\b", "a benchmark: minutes on a loaded machine (//tests/optim:bench_optim, tagged bench, runs it small)"),

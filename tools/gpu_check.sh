@@ -81,9 +81,13 @@ if [[ "${1:-}" == "--pack" ]]; then
   done
   "${BZ[@]}" build "$@" //:moefit || exit 1
   cp -f "$bin/moefit" "$dir/moefit"
-  # The device machines lack libyaml and libjansson: they travel beside the
-  # binaries (--prebuilt puts DIR on LD_LIBRARY_PATH).
-  for lib in $(ldd "$dir/moefit" | awk '/libyaml|libjansson/ {print $3}'); do cp -fL "$lib" "$dir/"; done
+  # The device machines lack libyaml and libjansson, and maybe Open MPI's
+  # libraries (moefit links libmpi for mpirun; a single process never starts
+  # MPI): they travel beside the binaries (--prebuilt puts DIR on
+  # LD_LIBRARY_PATH).
+  for lib in $(ldd "$dir/moefit" | awk '/libyaml|libjansson|libmpi|libopen-rte|libopen-pal|libhwloc|libevent|libudev/ {print $3}'); do
+    cp -fL "$lib" "$dir/"
+  done
   ls -l "$dir"
   # The binaries are about 63 MiB (each test holds the kernels' fatbins), over
   # what a device call carries beside the demo data (64 MiB): DIR.tgz is about

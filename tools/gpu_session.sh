@@ -7,7 +7,7 @@
 # usage (on the device machine, after `tar xzf .gpu_bin.tgz`):
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
-#     STEPS a comma list of tests,bf16,peer,bench,demo,fp32,inv,ga8,profile,ncu
+#     STEPS a comma list of tests,bf16,peer,bench,demo,ranks,fp32,inv,ga8,profile,ncu
 #     (default all but ncu). GPU_TESTS="NAME ..." runs only those test binaries (their
 #     names in DIR less the tests_cuda_ prefix). The 644M runs log the host's
 #     submitting time by kernel kind (MF_LOG=debug for exec) into their logs.
@@ -19,7 +19,9 @@
 #      tokens/s and predicted/executed
 #   3. transformers on the same shape (tools/peer_bench.py): the ratio
 #   4. moefit bench kernels on the 644M shape
-#   5. the demo on cuda in bf16 beside the cpu's fp32 loss (within 2%)
+#   5. the demo on cuda in bf16 beside the cpu's fp32 loss (within 2%); (ranks)
+#      two ranks sharing the GPU (mpirun -np 2, where the machine has mpirun)
+#      against one rank with grad_accum 2: the final weights byte-identical
 #   6. the 644M shape in fp32 (bf16/fp32 ratio)
 #   7. plan invariance on cuda: resident vs the planner at 25% of its arena
 #   8. the 644M shape at 25% of its resident arena, 8 micro-batches a step
@@ -30,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
 deadline=$(($(date +%s) + ${2:-540}))
-steps=",${3:-tests,bf16,peer,bench,demo,fp32,inv,ga8,profile},"
+steps=",${3:-tests,bf16,peer,bench,demo,ranks,fp32,inv,ga8,profile},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 out=${OUT:-/tmp}
 logs=/tmp/mf_gpu_session
@@ -144,6 +146,24 @@ if want demo; then
   l_bf=$(final_loss "$logs/demo_bf16.log")
   ok=$(python3 -c "import sys; a,b=map(float,sys.argv[1:]); print('within 2%' if abs(a-b) <= 0.02*a else 'OFF BY MORE THAN 2%')" "$l_cpu" "$l_bf" 2>/dev/null)
   row "demo cuda bf16 vs cpu fp32 (60 steps)" "${l_bf:-FAILED} vs ${l_cpu:-?}: ${ok:-?}" $(($(date +%s) - t))
+fi
+
+# 5b. Two ranks on the one GPU: their gradients meet in host memory in rank
+# order, so the weights are those of one rank with two micro-batches.
+if want ranks; then
+  t=$(date +%s)
+  if command -v mpirun >/dev/null; then
+    common=(configs/demo.yaml train.steps=20 train.warmup=2 train.eval_every=0 data.valid=null backend=cuda
+      train.precision=bf16 train.micro_batch=4 memory.device_budget=575MiB hardware.profile=configs/hw/h100-pcie.yaml)
+    timeout "$(cap 60)" "$moefit" train "${common[@]}" train.grad_accum=2 output.dir=/tmp/mf_rank1 >"$logs/ranks1.log" 2>&1
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "$(cap 90)" mpirun -np 2 --oversubscribe \
+      -x LD_LIBRARY_PATH -x MF_REQUIRE_GPU "$moefit" train "${common[@]}" train.grad_accum=1 output.dir=/tmp/mf_rank2 \
+      >"$logs/ranks2.log" 2>&1
+    same=$(cmp -s /tmp/mf_rank1/final/model.safetensors /tmp/mf_rank2/final/model.safetensors && echo identical || echo DIFFER)
+    row "2 ranks on 1 GPU vs 1 rank, grad_accum 2" "final weights $same ($(tok_s /tmp/mf_rank2/metrics.jsonl) vs $(tok_s /tmp/mf_rank1/metrics.jsonl) tok/s)" $(($(date +%s) - t))
+  else
+    row "2 ranks on 1 GPU" "skipped: no mpirun on this machine" 0
+  fi
 fi
 
 # 6. fp32 on the 644M shape.

@@ -79,6 +79,10 @@ typedef struct mf_ckpt_state {
   uint64_t data_index;
   uint64_t data_seed;
   uint64_t data_windows;
+  /* The data-parallel ranks of the run that wrote it (0 taken as 1; absent
+   * in checkpoints of one rank written before ranks existed): a step was
+   * ranks x train.grad_accum micro-batches. */
+  int64_t ranks;
 } mf_ckpt_state;
 
 /* One checkpoint's figures. */
@@ -151,7 +155,10 @@ mf_status mf_ckpt_find_latest(const char *output_dir, char *dir, size_t cap);
 /* Refuses (MF_ERR_CONFIG) a checkpoint written under a config whose maths
  * differ from cfg's: the model, data.train, data.seq_len and the train.*
  * keys (train.steps, threads, log_every, eval_every and overlap_optimizer
- * excepted), naming the keys that differ with both values' sources. */
+ * excepted), naming the keys that differ with both values' sources.
+ * train.grad_accum may differ when the micro-batches of a step do not: the
+ * checkpoint's ranks (state.json) x its grad_accum against cfg->ranks x
+ * cfg's (the same step spread over another number of ranks). */
 mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg);
 
 /* Verifies dir (mf_ckpt_verify), then reads it into d's buffers (d->t the

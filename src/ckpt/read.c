@@ -194,6 +194,18 @@ static int free_to_change(const char *key) {
   return !(strncmp(key, "model", 5) == 0 || strncmp(key, "data.", 5) == 0 || strncmp(key, "train.", 6) == 0);
 }
 
+/* state.json's ranks (1 when absent or unreadable: read_state says why later). */
+static int64_t state_ranks(const char *dir) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/state.json", dir);
+  json_t *root = NULL;
+  if (load_json(path, "a checkpoint state", &root) != MF_OK) return 1;
+  const json_t *v = json_object_get(root, "ranks");
+  const int64_t r = json_is_integer(v) && json_integer_value(v) > 1 ? (int64_t)json_integer_value(v) : 1;
+  json_decref(root);
+  return r;
+}
+
 mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg) {
   char path[4400];
   snprintf(path, sizeof path, "%s/config.yaml", dir);
@@ -204,8 +216,21 @@ mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg) {
   const size_t n = mf_config_diff(saved, cfg, keys, sizeof keys / sizeof keys[0]);
   char list[2048] = "";
   size_t len = 0, bad = 0;
+  const int64_t saved_ranks = state_ranks(dir), ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+  const int64_t saved_ga = saved->train.grad_accum, saved_mb = saved_ga * saved_ranks,
+                mb = cfg->train.grad_accum * ranks;
+  if (saved_mb != mb) {
+    mf_config_free(saved);
+    return MF_ERR(
+        MF_ERR_CONFIG,
+        "%s: the checkpoint's steps were %lld micro-batches (%lld rank%s x train.grad_accum %lld), this "
+        "run's are %lld (%lld rank%s x %lld): set train.grad_accum so that ranks x grad_accum is %lld",
+        path, (long long)saved_mb, (long long)saved_ranks, saved_ranks == 1 ? "" : "s", (long long)saved_ga,
+        (long long)mb, (long long)ranks, ranks == 1 ? "" : "s", (long long)cfg->train.grad_accum,
+        (long long)saved_mb);
+  }
   for (size_t i = 0; i < n && i < sizeof keys / sizeof keys[0]; i++) {
-    if (free_to_change(keys[i])) continue;
+    if (free_to_change(keys[i]) || strcmp(keys[i], "train.grad_accum") == 0) continue;
     bad++;
     len += (size_t)snprintf(list + len, len < sizeof list ? sizeof list - len : 0, "%s%s", bad > 1 ? ", " : "",
                             keys[i]);
@@ -384,6 +409,13 @@ static mf_status read_state(const char *dir, const mf_ckpt_data *d, mf_ckpt_stat
   json_t *fl = json_object_get(root, "first_loss"), *lr = json_object_get(root, "lr");
   s->first_loss = json_is_number(fl) ? json_number_value(fl) : NAN;
   s->lr = json_is_number(lr) ? json_number_value(lr) : NAN;
+  uint64_t ranks = 1;
+  if (json_object_get(root, "ranks")) MF_CHECK_GOTO(json_u64(path, root, "state", "ranks", &ranks), st, done);
+  if (ranks < 1) {
+    st = MF_ERR(MF_ERR_FORMAT, "%s: state.ranks: 0 ranks", path);
+    goto done;
+  }
+  s->ranks = (int64_t)ranks;
   s->step = (int64_t)step;
   s->train_steps = (int64_t)total;
   s->skipped = (int64_t)skipped;

@@ -356,7 +356,8 @@ static const char *json_num(double x, char *buf, size_t cap) {
 
 static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_ckpt_data *d,
                                   const mf_ckpt_state *s) {
-  char text[2048], a[40], b[40], comp[16] = "none";
+  char text[2048], a[40], b[40], comp[16] = "none", ranks[48] = "";
+  if (s->ranks > 1) snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)s->ranks);
   if (w->level) snprintf(comp, sizeof comp, "zstd-%d", w->level);
   const int n =
       snprintf(text, sizeof text,
@@ -364,13 +365,13 @@ static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_c
                "  \"skipped\": %lld,\n  \"first_loss\": %s,\n  \"lr\": %s,\n"
                "  \"data\": {\"epoch\": %llu, \"index\": %llu, \"seed\": %llu, \"windows\": %llu},\n"
                "  \"model\": {\"params\": %lld, \"numel\": %lld, \"experts_routed\": %llu},\n"
-               "  \"moments\": \"%s\",\n  \"compression\": \"%s\"%s\n}\n",
+               "  \"moments\": \"%s\",\n  \"compression\": \"%s\"%s%s\n}\n",
                MF_CKPT_FORMAT, MF_CKPT_VERSION, (long long)s->step, (long long)s->train_steps,
                (long long)s->skipped, json_num(s->first_loss, a, sizeof a), json_num(s->lr, b, sizeof b),
                (unsigned long long)s->data_epoch, (unsigned long long)s->data_index,
                (unsigned long long)s->data_seed, (unsigned long long)s->data_windows, (long long)d->t->n,
                (long long)d->t->total_numel, (unsigned long long)d->n_routed, mf_dtype_name(d->moments), comp,
-               w->filter ? ",\n  \"filter\": \"byteplane\"" : "");
+               w->filter ? ",\n  \"filter\": \"byteplane\"" : "", ranks);
   if (n < 0 || n >= (int)sizeof text) return MF_ERR(MF_ERR_INTERNAL, "%s: state.json too long", dir);
   return write_file(w, dir, "state.json", 0, 0, NULL, 0, text, (size_t)n);
 }

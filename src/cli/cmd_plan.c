@@ -16,7 +16,8 @@
 #include "src/train/hwmeasure.h"
 
 static const char k_usage[] =
-    "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n\n"
+    "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n"
+    "                  [--ranks N [--node-ranks K]]\n\n"
     "Shows what `moefit train CONFIG` will run: one training step of CONFIG's model and batch\n"
     "planned within memory.device_budget — for every weight resident or streamed, every\n"
     "gradient kept on the device or streamed home, every parameter's AdamW update on the host\n"
@@ -42,7 +43,12 @@ static const char k_usage[] =
     "                     'grad.NAME' the gradient alone; activations without their mbN. prefix\n"
     "  --json FILE        write the chosen plan (versioned JSON, readable by the executor)\n"
     "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
-    "                     and the device memory curve against the budget (hover for names)\n\n"
+    "                     and the device memory curve against the budget (hover for names)\n"
+    "  --ranks N          plan one rank of `mpirun -np N moefit train` (under mpirun: its -np):\n"
+    "                     a step of N x train.grad_accum micro-batches, the optimizer on the host,\n"
+    "                     each rank's device memory, the node's host memory (one copy of the state\n"
+    "                     for the node's ranks) and the gradients' reduction\n"
+    "  --node-ranks K     of the N ranks, K on each machine (default: all N on one)\n\n"
     "hardware.profile: a profile file (configs/hw/*.yaml, or `moefit profile` output); auto uses\n"
     "on cpu runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml; on\n"
     "cuda OUTPUT/hw-cuda.yaml, else runs/hw/cuda.yaml, else configs/hw/h100-pcie.yaml (spec-sheet\n"
@@ -266,19 +272,63 @@ done:
   return st;
 }
 
+static int parse_count(const char *s, int64_t *out) {
+  char *end = NULL;
+  const long long v = strtoll(s, &end, 10);
+  if (end == s || *end) return -1;
+  *out = v;
+  return 0;
+}
+
+/* --ranks: what one rank and one node hold, and the gradients' way to one sum. */
+static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
+  const mf_program *p = rp->prog;
+  const mf_host_usage *u = &rp->host;
+  const int64_t nr = p->node_ranks, nodes = (ranks + nr - 1) / nr;
+  char a[32], b[32], c[32], d[32];
+  printf(
+      "ranks: %lld (%lld a node, %lld node%s); each rank's device arena %s; a node's host memory %s: the "
+      "state (master, working copy, gradient sums, moments) %s once for its ranks, their offloaded "
+      "activations and pinned staging %s\n",
+      (long long)ranks, (long long)nr, (long long)nodes, nodes == 1 ? "" : "s",
+      mf_format_bytes(rp->plan->s->arena_bytes, a, sizeof a), mf_format_bytes(u->total_bytes, b, sizeof b),
+      mf_format_bytes(u->master_bytes + u->working_bytes + u->grad_bytes + u->moment_bytes, c, sizeof c),
+      mf_format_bytes(u->act_bytes + u->pinned_bytes, d, sizeof d));
+  printf(
+      "  gradients: each rank's copies home add into the node's one sum in rank order (%s a rank a step, the "
+      "D2H above); ",
+      mf_format_bytes(rp->plan->s->d2h_bytes, a, sizeof a));
+  if (nodes > 1)
+    printf(
+        "between nodes the leaders exchange the %s sum (each receives %lld x that) and add it in node order "
+        "(not in the predicted time: the profile has no network bandwidth)\n",
+        mf_format_bytes(u->grad_bytes, b, sizeof b), (long long)(nodes - 1));
+  else
+    printf("one node: nothing crosses a network\n");
+  printf(
+      "  optimizer: host AdamW, each rank of a node updating 1/%lld of the parameters with its share of the "
+      "cores (the predicted step time is one rank's)\n",
+      (long long)nr);
+}
+
 int mf_cli_plan(int argc, char **argv) {
   if (mf_cli_wants_help(argc, argv)) {
     printf("%s", k_usage);
     return MF_EXIT_OK;
   }
-  const char *path = NULL, *pattern = NULL, *json = NULL, *svg = NULL;
+  const char *path = NULL, *pattern = NULL, *json = NULL, *svg = NULL, *ranks_arg = NULL, *node_arg = NULL;
   const char *overrides[256];
   size_t n_over = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--tensor") == 0 || strcmp(a, "--json") == 0 || strcmp(a, "--svg") == 0) {
+    if (strcmp(a, "--tensor") == 0 || strcmp(a, "--json") == 0 || strcmp(a, "--svg") == 0 ||
+        strcmp(a, "--ranks") == 0 || strcmp(a, "--node-ranks") == 0) {
       if (i + 1 >= argc) return mf_cli_usage_error("plan", "%s needs a value", a);
-      if (strcmp(a, "--tensor") == 0)
+      if (strcmp(a, "--ranks") == 0)
+        ranks_arg = argv[++i];
+      else if (strcmp(a, "--node-ranks") == 0)
+        node_arg = argv[++i];
+      else if (strcmp(a, "--tensor") == 0)
         pattern = argv[++i];
       else if (strcmp(a, "--json") == 0)
         json = argv[++i];
@@ -295,6 +345,14 @@ int mf_cli_plan(int argc, char **argv) {
     }
   }
   if (!path) return mf_cli_usage_error("plan", "expected a CONFIG file");
+  int64_t ranks = 1, node_ranks = 0;
+  if (!ranks_arg) ranks_arg = getenv("OMPI_COMM_WORLD_SIZE"); /* under mpirun: its ranks */
+  if (!node_arg && getenv("OMPI_COMM_WORLD_SIZE")) node_arg = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (ranks_arg && (parse_count(ranks_arg, &ranks) != 0 || ranks < 1 || ranks > 65536))
+    return mf_cli_usage_error("plan", "--ranks: '%s' is not a number of ranks (1 to 65536)", ranks_arg);
+  if (node_arg && (parse_count(node_arg, &node_ranks) != 0 || node_ranks < 1 || node_ranks > ranks))
+    return mf_cli_usage_error("plan", "--node-ranks: '%s' is not a number of ranks from 1 to --ranks (%lld)",
+                              node_arg, (long long)ranks);
 
   const double t0 = mf_time_now();
   mf_config *cfg = NULL;
@@ -302,6 +360,8 @@ int mf_cli_plan(int argc, char **argv) {
   mf_run_plan *rp = NULL;
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
+  cfg->ranks = ranks;
+  cfg->node_ranks = node_ranks;
   MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
   MF_CHECK_GOTO(mf_hwmeasure_auto(cfg, t, NULL), st, done); /* as train does: the plan is what train runs */
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
@@ -312,7 +372,7 @@ int mf_cli_plan(int argc, char **argv) {
   int64_t total = 0, active = 0;
   mf_model_spec_param_count(&spec, &total, &active);
   char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
-  const int64_t tokens = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
+  const int64_t tokens = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum * ranks;
   char n1[32], n2[32];
   printf(
       "plan for %s: %s, %s parameters (%s active), %lld layers, %lld experts top-%lld; %s order, %s "
@@ -320,7 +380,9 @@ int mf_cli_plan(int argc, char **argv) {
       path, mf_family_name(spec.family), mf_format_count((double)total, n1, sizeof n1),
       mf_format_count((double)active, n2, sizeof n2), (long long)spec.layers, (long long)spec.experts,
       (long long)spec.top_k, mf_program_order_name(p->order), mf_dtype_name(p->storage));
-  printf("batch: %lld micro-batches x %lld sequences x %lld tokens = %lld tokens per step\n",
+  char rk[64] = "";
+  if (ranks > 1) snprintf(rk, sizeof rk, "%lld ranks x ", (long long)ranks);
+  printf("batch: %s%lld micro-batches x %lld sequences x %lld tokens = %lld tokens per step\n", rk,
          (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
          (long long)tokens);
   if (rp->dev.total_bytes > 0)
@@ -368,6 +430,7 @@ int mf_cli_plan(int argc, char **argv) {
   MF_CHECK_GOTO(mf_render_optimizer_summary(p, chosen->d, stdout), st, done);
   staging_summary(rp, &cfg->memory);
   host_summary(rp, &cfg->memory);
+  if (ranks > 1) ranks_summary(rp, ranks);
   MF_CHECK_GOTO(mf_render_layer_table(p, chosen->d, stdout), st, done);
   if (pattern) MF_CHECK_GOTO(explain(p, chosen, pattern), st, done);
   if (json) {

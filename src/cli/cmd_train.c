@@ -3,13 +3,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "comm/comm.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/train/train.h"
 
 static const char k_train_usage[] =
     "usage: moefit train CONFIG [key=value ...] [--resume [DIR]]\n"
-    "       mpirun -np N moefit train CONFIG [key=value ...]   (multi-rank runs come later)\n\n"
+    "       mpirun -np N moefit train CONFIG [key=value ...]\n\n"
     "Trains CONFIG's model on its token files. key=value pairs override the file\n"
     "(e.g. train.lr=1e-4 train.steps=50); `moefit config --help` lists the keys.\n"
     "Progress lines go to stderr; OUTPUT_DIR/metrics.jsonl gets one JSON object per logged\n"
@@ -25,7 +26,8 @@ static const char k_train_usage[] =
     "warning); the steps after it give the same losses and weights, bit for bit, as a run that\n"
     "never stopped. A checkpoint that fails its checksums, of another model, or written under\n"
     "settings that change the training (model, data, train.* but steps, threads, log_every,\n"
-    "eval_every, overlap_optimizer, max_skipped_steps) is refused. metrics.jsonl keeps its\n"
+    "eval_every, overlap_optimizer, max_skipped_steps; grad_accum when ranks x grad_accum is\n"
+    "the same) is refused. metrics.jsonl keeps its\n"
     "lines up to the checkpoint's step and gets a line marking the resume.\n\n"
     "Without --resume, an OUTPUT_DIR that holds an earlier run (metrics.jsonl, final/ or\n"
     "checkpoints/) is refused before anything is written: continue it with --resume, or give\n"
@@ -35,7 +37,16 @@ static const char k_train_usage[] =
     "with status 0 (resume with --resume); a second one exits at once (130, 143), leaving the\n"
     "last complete checkpoint as it was. A checkpoint that cannot be written (a full disk)\n"
     "stops the run with status 1. More than train.max_skipped_steps steps skipped for\n"
-    "non-finite gradients or loss stop the run with a checkpoint and status 1.\n";
+    "non-finite gradients or loss stop the run with a checkpoint and status 1.\n\n"
+    "Under mpirun, N ranks train one model data-parallel: a step is N x train.grad_accum\n"
+    "micro-batches, rank r taking the step's micro-batches r, r + N, ...; gradients are summed\n"
+    "in rank order (on the cpu backend N ranks with grad_accum 1 give the weights of one rank\n"
+    "with grad_accum N, bit for bit). The ranks of a machine keep one copy of the host state\n"
+    "(weights, gradients, AdamW moments) in memory they share, each updating its part; each\n"
+    "runs on cores / ranks-on-the-machine threads unless train.threads says. Rank 0 writes the\n"
+    "logs, metrics, checkpoints and final weights. A rank that fails ends the job with its\n"
+    "message. --resume takes the checkpoint with the same ranks, or with another number of\n"
+    "ranks whose ranks x train.grad_accum is the checkpoint's (the same steps, the same bits).\n";
 
 static const char k_eval_usage[] =
     "usage: moefit eval CONFIG [key=value ...] [--tokens FILE] [--model DIR] [--dump-logits FILE]\n\n"
@@ -109,20 +120,41 @@ int mf_cli_train(int argc, char **argv) {
   int resume = 0;
   const char *dir = NULL;
   argc = take_resume(argc, argv, &resume, &dir);
+  /* Under mpirun: the world of ranks (one process: a world of one). */
+  mf_comm *comm = NULL;
+  mf_status cst = mf_comm_init(NULL, NULL, &comm);
+  if (cst != MF_OK) return mf_cli_fail("train", cst);
+  const int rank = mf_comm_rank(comm), size = mf_comm_size(comm);
+  if (rank > 0 && !mf_log_enabled(MF_LOG_DEBUG, "train")) mf_log_set_level(MF_LOG_WARN); /* rank 0 speaks */
   mf_config *cfg = NULL;
+  /* Every rank reads and checks the config: all fail the same way. */
   int rc = load_config("train", MF_CONFIG_FOR_TRAIN, argc, argv, NULL, NULL, 0, &cfg);
-  if (rc != MF_EXIT_OK) return rc;
+  if (rc != MF_EXIT_OK) {
+    mf_comm_free(comm);
+    return rc;
+  }
   if (!resume) {
-    mf_status used = mf_train_check_output_dir(cfg->output.dir);
-    if (used != MF_OK) {
+    mf_status used = rank == 0 ? mf_train_check_output_dir(cfg->output.dir) : MF_OK;
+    int64_t refused = used != MF_OK;
+    if (size > 1 && mf_comm_allreduce_max_i64(comm, &refused, 1) != MF_OK) used = MF_ERR_MPI;
+    if (refused) {
       mf_config_free(cfg);
-      return mf_cli_fail("train", used);
+      mf_comm_free(comm);
+      return used != MF_OK ? mf_cli_fail("train", used) : MF_EXIT_FAIL; /* rank 0 says why */
     }
   }
   mf_train_summary sum;
   mf_cli_catch_stop();
-  mf_status st = resume ? mf_train_resume(cfg, dir, 0, &sum) : mf_train(cfg, 0, &sum);
+  mf_status st = mf_train_ranks(cfg, comm, resume, dir, 0, &sum);
   mf_config_free(cfg);
+  if (st != MF_OK && size > 1) {
+    /* The others may wait for this rank in a collective: its message, then
+     * the whole job ends. */
+    fprintf(stderr, "moefit train: rank %d of %d: error: %s\n", rank, size, mf_last_error());
+    fflush(stderr);
+    mf_comm_abort(comm, MF_EXIT_FAIL);
+  }
+  mf_comm_free(comm);
   /* Stopped by a signal with a checkpoint written: a clean stop (status 0). */
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail("train", st);
 }

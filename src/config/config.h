@@ -204,6 +204,11 @@ typedef struct mf_config {
   mf_config_hardware hardware;
   mf_config_output output;
   mf_config_backend backend;
+  /* Not a key: the data-parallel ranks the run has (mpirun's world size, or
+   * `moefit plan --ranks N`); 0 or 1: one. Set by the command before planning. */
+  int64_t ranks;
+  int64_t node_ranks; /* of them, on one machine (0: all) */
+  int device;         /* the CUDA device this process uses (a rank's: its local rank's GPU); default 0 */
 } mf_config;
 
 /* Loads `path`, applies the overrides in order ("key.path=value"; the value is

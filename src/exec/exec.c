@@ -290,14 +290,20 @@ void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h) {
     memset(&x->hooks, 0, sizeof x->hooks);
 }
 
+void mf_exec_set_grads_add(mf_exec *x, int add) {
+  x->grads_add = add != 0;
+}
+
 const int32_t *mf_exec_param_upload_order(const mf_exec *x) { return x->upload_order; }
 
 /* The hand-off's wait before an instruction touching a parameter's host copies. */
-mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in) {
+mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in, int grad_wait) {
   if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) return MF_OK;
   const mf_ptensor *t = &x->p->tensors[x->s->slots[in->slot].tensor];
-  if ((in->kind == MF_I_H2D && t->kind == MF_T_PARAM) || (in->kind == MF_I_D2H && t->kind == MF_T_GRAD))
-    return x->hooks.wait(x->hooks.ctx, t->param);
+  const int grad = in->kind == MF_I_D2H && t->kind == MF_T_GRAD;
+  if ((in->kind == MF_I_H2D && t->kind == MF_T_PARAM) || grad)
+    if (x->hooks.wait) MF_CHECK(x->hooks.wait(x->hooks.ctx, t->param));
+  if (grad && grad_wait && x->hooks.grad_wait) MF_CHECK(x->hooks.grad_wait(x->hooks.ctx, t->param));
   return MF_OK;
 }
 
@@ -410,10 +416,10 @@ mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, 
     *dst = io->grads + p->params->params[pt->param].offset;
     if (expert_idle(x, in->slot)) { /* an expert no token reached: its gradient is zeros */
       x->d2h_skipped += pt->bytes;
-      if (!in->accumulate) *mode = D2H_ZERO;
+      if (!in->accumulate && !x->grads_add) *mode = D2H_ZERO;
       return MF_OK;
     }
-    if (in->accumulate) *mode = D2H_ADD;
+    if (in->accumulate || x->grads_add) *mode = D2H_ADD;
   } else if (x->s->host_offset[t] != SIZE_MAX) {
     *dst = x->host_act + x->s->host_offset[t];
   } else {
@@ -519,8 +525,8 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     const mf_instr *in = &s->instr[i];
     const int staged = x->sg && (in->kind == MF_I_H2D || in->kind == MF_I_D2H);
     /* Staged uploads pass the gate when their slab is filled (mf_exec_sg_before). */
-    if (x->hooks.wait && !(staged && in->kind == MF_I_H2D))
-      MF_CHECK_GOTO(mf_exec_param_gate(x, in), st, done);
+    if ((x->hooks.wait || x->hooks.grad_wait) && !(staged && in->kind == MF_I_H2D))
+      MF_CHECK_GOTO(mf_exec_param_gate(x, in, !staged), st, done);
     if (staged) MF_CHECK_GOTO(mf_exec_sg_before(x, i, io), st, done);
     const int sk = mf_schedule_stream(in->kind);
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
@@ -586,7 +592,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         }
         if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
           int64_t nv = io->n_valid[o->micro];
-          call.f[0] = nv > 0 ? 1.0 / ((double)p->G * (double)nv) : 0.0;
+          call.f[0] = nv > 0 ? 1.0 / (mf_program_loss_divisor(p) * (double)nv) : 0.0;
         }
         if (o->kind == MF_K_ADAMW) {
           const int32_t pi = p->tensors[o->t[0]].param;
@@ -642,9 +648,9 @@ static void read_results(mf_exec *x, mf_step_result *r) {
   for (int32_t k = 0; k < x->n_reads; k++) {
     const double *v = x->scalars + 2 * (size_t)k;
     if (x->read_kind[k] == READ_AUX) {
-      r->aux_loss += v[0] / (double)p->G;
+      r->aux_loss += v[0] / mf_program_loss_divisor(p);
     } else {
-      r->ce_loss += (v[1] > 0 ? v[0] / v[1] : 0.0) / (double)p->G;
+      r->ce_loss += (v[1] > 0 ? v[0] / v[1] : 0.0) / mf_program_loss_divisor(p);
       r->tokens += (int64_t)v[1];
     }
   }

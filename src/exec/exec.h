@@ -165,10 +165,21 @@ typedef struct mf_exec_param_hooks {
   void *ctx;
   mf_status (*wait)(void *ctx, int32_t param);
   void (*grad_home)(void *ctx, int32_t param);
+  /* Optional (NULL: none): called before each copy of parameter i's gradient
+   * home, after wait, on the thread calling mf_exec_step — for the ranks of
+   * a node that add their gradients into one host sum in turn. */
+  mf_status (*grad_wait)(void *ctx, int32_t param);
 } mf_exec_param_hooks;
 
 /* Sets the hooks (copied); NULL removes them. */
 void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h);
+
+/* With `add` set, every gradient copied home is added into what the host's
+ * `grads` already holds — the step's first copy too, which otherwise
+ * overwrites it — and an expert's gradient that is all zeros (no token
+ * routed to it) is not copied at all: a data-parallel rank after the first
+ * adds its share into the node's sum (src/train). Default 0. */
+void mf_exec_set_grads_add(mf_exec *x, int add);
 
 /* The parameters in the order a step first uploads them ([n_params]; those
  * never uploaded last, in index order): the order to update them in. */

@@ -74,6 +74,7 @@ struct mf_exec {
   double host_kind_s[MF_K_COUNT_ + 1];
   int64_t host_kind_n[MF_K_COUNT_ + 1];
   mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
+  int grads_add;             /* mf_exec_set_grads_add */
   int32_t *grad_final;       /* [n_instr] the parameter whose gradient is complete after it, or -1 */
   int32_t *upload_order;     /* [n_params] */
   /* The optimizer on the device. */
@@ -128,7 +129,9 @@ typedef enum d2h_mode { D2H_NONE = 0, D2H_COPY, D2H_ADD, D2H_ZERO } d2h_mode;
 mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, void **dst, d2h_mode *mode);
 
 /* The wait hook for an instruction that touches a parameter's host copies. */
-mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in);
+/* grad_wait: also the hooks' grad_wait before a gradient's copy home (0: a
+ * staged copy, whose copy-out waits instead). */
+mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in, int grad_wait);
 
 /* Frees the non-NULL events of ev[n], then ev. */
 void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n);
@@ -144,6 +147,8 @@ typedef struct sg_copy_rt {
   mf_exec_src src; /* H2D (MF_SG_PARTS): the host parts laid end to end in the slab */
   uint8_t mode;
   int32_t home; /* D2H: the parameter whose gradient is final once this copy is out (grad_home), or -1 */
+  int32_t
+      turn; /* D2H of a gradient: its parameter, whose hooks' grad_wait the copy-out calls first; else -1 */
 } sg_copy_rt;
 
 typedef struct sg_slab_ctx {
@@ -168,6 +173,10 @@ struct exec_staging {
   sg_copy_rt *rt;                          /* [n_copies] this step's decisions */
   sg_slab_ctx *ctx;                        /* [n_slabs] */
   mf_threadpool *pool[2];                  /* fills, copy-outs (threads > 1) */
+  /* A copy-out's grad_wait that failed (it runs where no status returns):
+   * its status and message, reported by mf_exec_slabs_sync. */
+  mf_status turn_st;
+  char turn_err[1024];
 };
 
 /* The slabs of L (kept by the caller) on b: the pinned arena, two streams,

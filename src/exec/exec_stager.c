@@ -155,6 +155,7 @@ static mf_status stager_slab(mf_exec_stager *sg, int up, uint8_t *dev, uint8_t *
   sg_copy_rt *r = &g->rt[k];
   memset(r, 0, sizeof *r);
   r->home = -1;
+  r->turn = -1;
   if (!up) {
     r->host = host + at;
     r->mode = MF_SG_COPY;

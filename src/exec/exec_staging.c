@@ -30,6 +30,7 @@
  * (exec_stager.c: bytes streamed through slabs, what `moefit bench kernels`
  * times) runs the same code.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,13 +124,25 @@ static void poison_fn(void *ctx) {
   poison(c->g->mem + sl->offset, sl->bytes);
 }
 
-/* The drain stream's: slab k home, then the finished gradients handed over. */
+/* The drain stream's: slab k home — each gradient's turn awaited first
+ * (mf_exec_param_hooks.grad_wait: here, not where the copy is submitted, so
+ * that the wait holds up only the copies home) — then the finished
+ * gradients handed over. */
 static void drain_fn(void *ctx) {
   const sg_slab_ctx *c = (const sg_slab_ctx *)ctx;
   exec_staging *g = c->g;
   const mf_staging_slab *sl = &g->L->slabs[c->slab];
-  run_host_copies(g, c->slab, g->pool[1]);
   const mf_exec_param_hooks *h = g->x ? &g->x->hooks : NULL;
+  for (int32_t k = sl->first_copy; h && h->grad_wait && k < sl->first_copy + sl->n_copies; k++) {
+    if (g->rt[k].turn < 0 || g->turn_st != MF_OK) continue;
+    const mf_status st = h->grad_wait(h->ctx, g->rt[k].turn);
+    if (st != MF_OK) {
+      snprintf(g->turn_err, sizeof g->turn_err, "%s", mf_last_error());
+      g->turn_st = st;
+    }
+  }
+  if (g->turn_st != MF_OK) return; /* out of turn: nothing added, nothing handed over (the step fails) */
+  run_host_copies(g, c->slab, g->pool[1]);
   for (int32_t k = sl->first_copy; h && k < sl->first_copy + sl->n_copies; k++)
     if (g->rt[k].home >= 0 && h->grad_home) h->grad_home(h->ctx, g->rt[k].home);
   if (g->o.poison) poison(g->mem + sl->offset, sl->bytes);
@@ -188,7 +201,9 @@ mf_status mf_exec_slab_drain(exec_staging *g, int32_t k, int work) {
 
 mf_status mf_exec_slabs_sync(exec_staging *g) {
   MF_CHECK(g->b->stream_sync(g->b, g->fill));
-  return g->b->stream_sync(g->b, g->drain);
+  MF_CHECK(g->b->stream_sync(g->b, g->drain));
+  if (g->turn_st != MF_OK) return MF_ERR(g->turn_st, "%s", g->turn_err);
+  return MF_OK;
 }
 
 /* ------------------------------------------------------------- the step */
@@ -209,10 +224,11 @@ static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
   int work = 0;
   for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++) {
     const mf_instr *in = &x->s->instr[g->L->copies[c].instr];
-    if (x->hooks.wait) MF_CHECK(mf_exec_param_gate(x, in));
+    if (x->hooks.wait) MF_CHECK(mf_exec_param_gate(x, in, 0));
     sg_copy_rt *r = &g->rt[c];
     MF_CHECK(mf_exec_h2d_source(x, in->slot, io, &r->src));
     r->host = NULL;
+    r->turn = -1;
     r->mode = r->src.n ? MF_SG_PARTS : MF_SG_SKIP;
     work |= r->mode != MF_SG_SKIP;
   }
@@ -237,6 +253,8 @@ mf_status mf_exec_sg_before(mf_exec *x, int32_t i, const step_io *io) {
             : mode == D2H_ZERO ? MF_SG_ZERO
                                : MF_SG_SKIP;
   r->home = x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads ? x->grad_final[i] : -1;
+  const mf_ptensor *pt = &x->p->tensors[x->s->slots[in->slot].tensor];
+  r->turn = x->hooks.grad_wait && pt->kind == MF_T_GRAD && io->grads ? pt->param : -1;
   return first_of(g, c) ? mf_exec_slab_wait(g, k) : MF_OK;
 }
 

@@ -521,7 +521,7 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     o = op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
     SET(o, aux_counts, dprobs);
     INTS(o, E, aux_rows, T);
-    o->f[0] = p->aux_coef / (double)p->G;
+    o->f[0] = p->aux_coef / mf_program_loss_divisor(p);
   }
   int32_t drl = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits.grad", m, l);
   o = op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
@@ -885,6 +885,10 @@ static mf_status reorder_layer_major(mf_program *p, const int32_t *stage_of) {
   return MF_OK;
 }
 
+double mf_program_loss_divisor(const mf_program *p) {
+  return (double)(p->G * p->ranks);
+}
+
 mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts, mf_program **out) {
   *out = NULL;
   const mf_model_spec *s = &pt->spec;
@@ -918,6 +922,8 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   p->B = opts->micro_batch;
   p->S = opts->seq_len;
   p->G = opts->grad_accum;
+  p->ranks = opts->ranks > 1 ? opts->ranks : 1;
+  p->node_ranks = opts->node_ranks > 0 && opts->node_ranks < p->ranks ? opts->node_ranks : p->ranks;
   p->aux_coef = opts->aux_coef;
   p->ce_chunk = opts->ce_chunk > 0 ? opts->ce_chunk : 4096;
   p->forward_only = opts->forward_only;

@@ -137,6 +137,8 @@ typedef struct mf_program {
   mf_model_spec spec;
   int64_t B, S, G;
   double aux_coef;
+  int64_t ranks;      /* data-parallel ranks (mf_program_opts.ranks; >= 1) */
+  int64_t node_ranks; /* of them on one node (>= 1) */
   mf_ptensor *tensors;
   int32_t n_tensors;
   mf_pop *ops;
@@ -171,9 +173,20 @@ typedef struct mf_program_opts {
   mf_program_order order; /* default (0): micro-batch-major */
   mf_dtype storage;    /* device storage: F32 or BF16; MF_DTYPE_INVALID (0, left out): F32 */
   mf_dtype moments;    /* AdamW moments (train.adam_moments): F32 or BF16; 0: F32 */
+  /* Data-parallel ranks whose micro-batches make one step (0 or 1: one): the
+   * loss is the mean over grad_accum x ranks micro-batches, so each rank's
+   * gradients and losses are its share of the step's, summed over the ranks.
+   * With more than one, the optimizer runs on the host (the ranks' gradients
+   * are reduced at home): the planner puts none on the device. */
+  int64_t ranks;
+  /* Of them, the ranks on one machine, which share one host home (0: all). */
+  int64_t node_ranks;
 } mf_program_opts;
 
 mf_status mf_program_build(const mf_param_table *params, const mf_program_opts *opts, mf_program **out);
+/* The micro-batches the step's mean loss is over: G x ranks (a double, as the
+ * loss scales divide by it). */
+double mf_program_loss_divisor(const mf_program *p);
 void mf_program_free(mf_program *p); /* NULL is fine */
 
 /* A one-line summary per op and tensor (for debugging). */

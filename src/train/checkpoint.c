@@ -21,8 +21,9 @@ mf_ckpt_state mf_train_ckpt_state(const mf_loader *l, const mf_config *cfg, int6
                                   const mf_train_summary *sum) {
   mf_loader_state ls;
   mf_loader_get_state(l, &ls);
-  const mf_ckpt_state s = {step,     sum->skipped, sum->first_loss, mf_lr_at(&cfg->train, step),
-                           cfg->train.steps, ls.epoch, ls.index, ls.seed, ls.windows};
+  const mf_ckpt_state s = {
+      step,     sum->skipped, sum->first_loss, mf_lr_at(&cfg->train, step),    cfg->train.steps, ls.epoch,
+      ls.index, ls.seed,      ls.windows,      cfg->ranks > 1 ? cfg->ranks : 1};
   return s;
 }
 

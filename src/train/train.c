@@ -3,14 +3,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "experts/routing.h"
+#include "kernels/registry.h"
 #include "src/io/tokens.h"
 #include "src/train/train_internal.h"
 
 /* Everything one training run owns. */
 typedef struct run {
   const mf_config *cfg;
+  mf_config cfg_ranks;   /* with several ranks: the caller's config with its ranks (cfg points here) */
+  mf_ranks rk;           /* several ranks (multi): this one's part (ranks.c) */
+  int multi;             /* the run has more than one rank */
+  int rank0;             /* this process writes the run's files and lines (the only one, or rank 0) */
+  const int64_t *tokens; /* this step's tokens per expert (over every rank) */
   mf_config ev_cfg; /* the evaluation's config: cfg, planned with the training plan's routing (setup) */
   int quiet;
   mf_threadpool *pool;
@@ -44,7 +51,7 @@ typedef struct run {
   double cka_paused;      /* the seconds training paused for the snapshot of the write in flight */
 } run;
 
-static void run_free(run *r) {
+static void run_free(run *r, int ok) {
   mf_optim_worker_free(r->wk); /* first: it may still be writing the buffers freed below */
   mf_ckpt_async_free(r->cka);  /* a write in flight ends (uncommitted) before its writer goes */
   mf_ckpt_writer_free(r->ckw);
@@ -63,6 +70,11 @@ static void run_free(run *r) {
   if (r->w_owned) free(r->w);
   mf_param_table_free(r->t);
   mf_threadpool_free(r->pool);
+  /* The node's shared memory last: rank 0 wrote the final weights from it.
+   * After a failure the others may never come to free it with us. */
+  if (r->multi && ok) (void)mf_comm_barrier(r->rk.comm);
+  if (!ok && r->rk.relay) mf_comm_relay_fail(r->rk.relay);
+  mf_ranks_free(&r->rk, ok);
 }
 
 static mf_status corpus_entropy(const char *path, double *nats) {
@@ -104,7 +116,7 @@ static mf_status worker_create(run *r) {
   free(ts);
   MF_CHECK(st);
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "gradient flags", (void **)&r->used));
-  const mf_exec_param_hooks hooks = {r->wk, hook_wait, hook_grad_home};
+  const mf_exec_param_hooks hooks = {r->wk, hook_wait, hook_grad_home, NULL};
   mf_exec_set_param_hooks(r->tr.exec, &hooks);
   return MF_OK;
 }
@@ -134,6 +146,46 @@ static mf_status resume(run *r, mf_train_summary *out) {
   return MF_OK;
 }
 
+/* --resume with several ranks: the node's first rank reads the checkpoint
+ * into the node's shared state (resume above); what each rank keeps of its
+ * own — the AdamW step counts, the routing counts, the loader's position and
+ * the run's counts so far — it sends the node's other ranks. Every node's
+ * first rank reads it (a directory all nodes see). */
+static mf_status resume_node(run *r, mf_train_summary *out) {
+  typedef struct carried {
+    int64_t first_step, steps, skipped;
+    double first_loss;
+    mf_loader_state ls;
+    char dir[sizeof r->resume_path];
+  } carried;
+  carried c;
+  memset(&c, 0, sizeof c);
+  if (r->rk.lrank == 0) {
+    MF_CHECK(resume(r, out));
+    c.first_step = r->first_step;
+    c.steps = out->steps;
+    c.skipped = out->skipped;
+    c.first_loss = out->first_loss;
+    mf_loader_get_state(r->train, &c.ls);
+    snprintf(c.dir, sizeof c.dir, "%s", r->resume_path);
+  }
+  mf_comm *comm = r->rk.comm;
+  MF_CHECK(mf_comm_node_broadcast(comm, &c, sizeof c));
+  MF_CHECK(mf_comm_node_broadcast(comm, r->up.steps, (size_t)r->t->n * sizeof(int64_t)));
+  MF_CHECK(mf_comm_node_broadcast(comm, r->routed, r->n_routed * sizeof(int64_t)));
+  if (r->rk.lrank == 0) return MF_OK;
+  r->first_step = c.first_step;
+  out->steps = c.steps;
+  out->skipped = c.skipped;
+  out->first_loss = c.first_loss;
+  MF_CHECK(mf_loader_set_state(r->train, &c.ls));
+  snprintf(r->resume_path, sizeof r->resume_path, "%s", c.dir);
+  r->resume_dir = r->resume_path;
+  snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", c.dir);
+  mf_exec_invalidate(r->tr.exec);
+  return MF_OK;
+}
+
 /* output.checkpoint_async: the writer thread and its snapshot, when the run
  * has checkpoints before its last step. */
 static mf_status ckpt_async_setup(run *r) {
@@ -159,6 +211,42 @@ static mf_status ckpt_async_setup(run *r) {
   return mf_ckpt_async_create(r->ckw, r->t, r->hs.moments, r->n_routed, &r->cka);
 }
 
+static int64_t ranks_of(const run *r) {
+  return r->multi ? r->rk.size : 1;
+}
+
+/* train.threads, or all online CPUs shared among the node's ranks. */
+static int threads_of(const run *r) {
+  if (r->cfg->train.threads > 0 || !r->multi) return (int)r->cfg->train.threads;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const long per = cores > 0 ? cores / r->rk.lsize : 1;
+  return (int)(per > 0 ? per : 1);
+}
+
+/* Several ranks: the node's one copy of the host state in shared memory, the
+ * weights read or initialised into it by the node's first rank, its bf16
+ * working copy rounded by it too; every rank then uploads from there. */
+static mf_status node_state(run *r) {
+  const mf_config *cfg = r->cfg;
+  const mf_param_table *t = r->t;
+  const mf_run_plan *rp = r->tr.rp;
+  const mf_dtype moments = cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+  MF_CHECK(mf_ranks_share(&r->rk, t, mf_host_state_node_bytes(t, rp, moments), rp->prog->norm_first,
+                          rp->prog->norm_chunks));
+  MF_CHECK(mf_host_state_init_node(&r->hs, cfg, t, rp, mf_comm_shared_ptr(r->rk.home), &r->w));
+  r->w_owned = 0;
+  const size_t n = (size_t)t->total_numel;
+  if (r->rk.lrank == 0) {
+    float *w = NULL;
+    MF_CHECK(mf_run_load_weights(cfg, NULL, t, &w, r->desc, sizeof r->desc));
+    if (n) memcpy(r->w, w, n * sizeof(float));
+    free(w);
+  }
+  MF_CHECK(mf_runner_round_working(&r->tr, r->w, r->rk.lrank == 0 ? n : 0, (uint16_t *)r->hs.working.ptr,
+                                   r->pool));
+  return mf_comm_node_barrier(r->rk.comm);
+}
+
 /* The data, the plan (written to OUTPUT/plan.json before the backend is
  * created), the executors, the weights, the host state and the optimizer.
  * Everything that can refuse the run comes before anything large is
@@ -168,16 +256,21 @@ static mf_status ckpt_async_setup(run *r) {
  * arenas, the weights and the host state. */
 static mf_status setup(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
-  MF_CHECK(mf_threadpool_create((int)cfg->train.threads, &r->pool));
+  MF_CHECK(mf_threadpool_create(threads_of(r), &r->pool));
   MF_CHECK(mf_run_model_table(cfg, NULL, &r->t));
   const mf_param_table *t = r->t;
+  if (r->multi) MF_CHECK(mf_ranks_init(&r->rk, t, cfg->train.micro_batch, cfg->data.seq_len));
   MF_CHECK(open_data(cfg, "data.train", cfg->data.train, MF_LOADER_TRAIN, cfg->train.seed, t, &r->train));
-  if (cfg->data.valid)
+  if (cfg->data.valid && r->rank0) /* rank 0 evaluates for all */
     MF_CHECK(open_data(cfg, "data.valid", cfg->data.valid, MF_LOADER_EVAL, 0, t, &r->valid));
-  MF_CHECK(mf_mkdir_p(cfg->output.dir));
+  if (r->rank0) MF_CHECK(mf_mkdir_p(cfg->output.dir));
   char plan_json[4200];
   snprintf(plan_json, sizeof plan_json, "%s/plan.json", cfg->output.dir);
-  MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, plan_json));
+  /* Rank 0 first: a hardware profile it measures (cuda, hardware.profile
+   * auto) is there when the others plan. */
+  if (r->multi && !r->rank0) MF_CHECK(mf_comm_barrier(r->rk.comm));
+  MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, r->rank0 ? plan_json : NULL));
+  if (r->multi && r->rank0) MF_CHECK(mf_comm_barrier(r->rk.comm));
   /* The evaluation plans with the routing the training plan used: a routing
    * file passed over (measured on another model) is passed over again without
    * a second note. */
@@ -185,13 +278,18 @@ static mf_status setup(run *r, mf_train_summary *out) {
   if (r->tr.rp->routing_note[0]) r->ev_cfg.memory.routing_kind = MF_CONFIG_ROUTING_NONE;
   if (r->valid) MF_CHECK(mf_runner_init(&r->ev, &r->ev_cfg, t, r->pool, MF_RUN_EVAL, NULL));
   /* A pass over the corpus: after the checks that can refuse the run. */
-  MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
+  if (r->rank0) MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
   /* The weights last: a run that cannot start (no GPU, a plan over a limit)
    * says so before a large model is read or initialised. */
-  MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
   const mf_run_plan *rp = r->tr.rp;
-  MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
-  MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, (uint16_t *)r->hs.working.ptr, r->pool));
+  if (r->multi) {
+    MF_CHECK(node_state(r));
+  } else {
+    MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
+    MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
+    MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, (uint16_t *)r->hs.working.ptr,
+                                     r->pool));
+  }
   if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
   const uint8_t *on_device = rp->plan->s->n_optim_device > 0 ? rp->plan->s->optim_device : NULL;
   MF_CHECK(mf_updates_init(&r->up, t, on_device, mf_exec_param_upload_order(r->tr.exec)));
@@ -205,15 +303,19 @@ static mf_status setup(run *r, mf_train_summary *out) {
   r->n_routed = (size_t)(t->spec.layers * (t->spec.experts > 0 ? t->spec.experts : 1));
   MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
   if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
-  MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
-  MF_CHECK(ckpt_async_setup(r));
-  if (r->resume) MF_CHECK(resume(r, out));
+  r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum * ranks_of(r);
+  if (r->multi) mf_ranks_hooks(&r->rk, r->tr.exec);
+  if (r->rank0) { /* rank 0 writes the checkpoints and the metrics */
+    MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
+    MF_CHECK(ckpt_async_setup(r));
+  }
+  if (r->resume) MF_CHECK(r->multi ? resume_node(r, out) : resume(r, out));
+  if (!r->rank0) return MF_OK;
   MF_CHECK(mf_metrics_open(cfg->output.dir, r->resume, &r->metrics));
   if (r->resume) {
     MF_CHECK(mf_metrics_rewind(r->metrics, r->first_step));
     MF_CHECK(mf_metrics_write_resume(r->metrics, r->resume_path, r->first_step));
   }
-  r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum;
   return MF_OK;
 }
 
@@ -235,12 +337,16 @@ static void log_start(const run *r, const mf_train_summary *out) {
           "scores this)",
           cfg->data.train, (unsigned long long)mf_loader_windows(r->train), (long long)cfg->data.seq_len,
           out->entropy_nats);
+  char ranks[96] = "";
+  if (r->multi)
+    snprintf(ranks, sizeof ranks, "%d ranks (%d node%s) x ", r->rk.size, mf_comm_nodes(r->rk.comm),
+             mf_comm_nodes(r->rk.comm) == 1 ? "" : "s");
   MF_LOGI("train",
-          "step: %lld x %lld sequences of %lld tokens = %lld tokens; %d threads; %s backend, %s storage "
+          "step: %s%lld x %lld sequences of %lld tokens = %lld tokens; %d threads%s; %s backend, %s storage "
           "(train.precision), device arena %s, %d ops, %s FLOP/step",
-          (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch, (long long)cfg->data.seq_len,
-          (long long)r->tokens_per_step, mf_threadpool_size(r->pool), r->tr.backend->name,
-          mf_dtype_name(rp->storage),
+          ranks, (long long)cfg->train.grad_accum, (long long)cfg->train.micro_batch,
+          (long long)cfg->data.seq_len, (long long)r->tokens_per_step, mf_threadpool_size(r->pool),
+          r->multi ? " a rank" : "", r->tr.backend->name, mf_dtype_name(rp->storage),
           mf_format_bytes(mf_exec_arena_bytes(r->tr.exec), b1, sizeof b1), rp->prog->n_ops,
           mf_format_count(rp->prog->flops, n1, sizeof n1));
   if (rp->routed)
@@ -283,8 +389,14 @@ static void log_start(const run *r, const mf_train_summary *out) {
  * clip factor; without the worker, the host's gradients are clipped here. */
 static mf_status clip(run *r, double *norm, double *coef) {
   const mf_param_table *t = r->t;
-  const int64_t *tokens = mf_exec_expert_tokens(r->tr.exec);
+  const int64_t *tokens = r->tokens;
   float *g = (float *)r->hs.grads.ptr;
+  if (r->multi) {
+    MF_CHECK(mf_ranks_norm(&r->rk, t, g, tokens, r->pool, norm));
+    *coef = mf_optim_clip_coef(*norm, r->cfg->train.grad_clip);
+    if (*coef < 1.0) MF_CHECK(mf_ranks_scale(&r->rk, t, g, tokens, *coef, r->pool));
+    return MF_OK;
+  }
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     const int has = mf_updates_has_gradient(t, tokens, i);
@@ -304,18 +416,41 @@ static mf_status clip(run *r, double *norm, double *coef) {
   return MF_OK;
 }
 
+/* MF_INJECT_FAIL=RANK:STEP: rank RANK fails at the start of step STEP (the
+ * test of a failing rank ending the job; tests/train/ranks_test). */
+static mf_status injected_failure(const run *r, int64_t step) {
+  const char *e = getenv("MF_INJECT_FAIL");
+  long long rank = -1, at = -1;
+  if (!e || sscanf(e, "%lld:%lld", &rank, &at) != 2) return MF_OK;
+  if (rank != (r->multi ? r->rk.rank : 0) || at != step) return MF_OK;
+  return MF_ERR(MF_ERR_INTERNAL, "step %lld: the failure MF_INJECT_FAIL=%s asked for", (long long)step, e);
+}
+
 /* One optimizer step: the batches, the executor's forward and backward, the
  * norm and clipping, the updates (or the skip of a non-finite step). */
 static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const mf_config *cfg = r->cfg;
   const double t0 = mf_time_now();
   mf_runner *tr = &r->tr;
-  for (int64_t m = 0; m < tr->G; m++) MF_CHECK(mf_loader_next(r->train, tr->ids[m], tr->targets[m], NULL, NULL));
+  MF_CHECK(injected_failure(r, step));
+  if (r->multi) {
+    MF_CHECK(mf_ranks_next_batches(&r->rk, r->train, tr->G, tr->ids, tr->targets));
+    mf_comm_relay_begin(r->rk.relay, step);
+  } else {
+    for (int64_t m = 0; m < tr->G; m++)
+      MF_CHECK(mf_loader_next(r->train, tr->ids[m], tr->targets[m], NULL, NULL));
+  }
   mf_step_result sr;
   MF_CHECK(mf_exec_step(tr->exec, r->w, (const int32_t *const *)tr->ids, (const int32_t *const *)tr->targets,
                         (float *)r->hs.grads.ptr, &sr));
+  r->tokens = mf_exec_expert_tokens(tr->exec);
+  if (r->multi) {
+    MF_CHECK(mf_ranks_reduce(&r->rk, (float *)r->hs.grads.ptr, (size_t)r->t->total_numel, &sr, r->tokens,
+                             r->n_routed, tr->rp->prog->aux_coef));
+    r->tokens = r->rk.tokens;
+  }
   /* Every input token is routed, masked targets too: B*S*G tokens a step. */
-  const int64_t *tokens = mf_exec_expert_tokens(tr->exec);
+  const int64_t *tokens = r->tokens;
   for (size_t i = 0; i < r->n_routed; i++) r->routed[i] += tokens[i];
   double norm = 0, coef = 1;
   const double opt_t0 = mf_time_now();
@@ -332,10 +467,14 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
     mf_updates_plan(&r->up, tokens, &cfg->train, lr);
     if (r->wk)
       MF_CHECK(mf_optim_worker_update(r->wk, r->up.host, r->up.n_host, coef));
+    else if (r->multi)
+      MF_CHECK(mf_updates_run_host_shard(&r->up, r->w, r->tr.working, (float *)r->hs.grads.ptr, &r->hs,
+                                         r->pool, r->rk.own_lo, r->rk.own_hi));
     else
       MF_CHECK(mf_updates_run_host(&r->up, r->w, r->tr.working, (float *)r->hs.grads.ptr, &r->hs, r->pool));
     MF_CHECK(mf_updates_run_device(&r->up, tr->exec, coef));
   }
+  if (r->multi) MF_CHECK(mf_ranks_updated(&r->rk)); /* the weights whole before the next uploads */
   if (!r->wk) r->win.opt_exposed += mf_time_now() - opt_t0;
   r->step_wall[step - 1] = mf_time_now() - t0;
   mf_exec_stats xs;
@@ -465,9 +604,16 @@ static mf_status save_async(run *r, int64_t step, mf_train_summary *out, mf_step
 static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const mf_config *cfg = r->cfg;
   const int last = step == cfg->train.steps;
-  const int eval_now = r->valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
+  const int eval_due =
+      cfg->data.valid && (last || (cfg->train.eval_every > 0 && step % cfg->train.eval_every == 0));
+  const int eval_now = r->valid && eval_due; /* with several ranks, rank 0's */
   const int64_t every = cfg->output.checkpoint_every;
   r->stop = stop_due(r, step, out, sm);
+  if (r->multi) { /* a signal reaches the ranks at different moments: all stop after the same step */
+    int64_t stop = r->stop;
+    MF_CHECK(mf_comm_allreduce_max_i64(r->rk.comm, &stop, 1));
+    r->stop = (int)stop;
+  }
   int ckpt_now = last || (every > 0 && step % every == 0) || r->stop, landed = 0;
   MF_CHECK(async_land(r, 0, out, sm, &landed)); /* a checkpoint written beside training that is done */
   if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now, out));
@@ -484,15 +630,15 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     if (!er.stopped) out->valid_loss = er.loss;
     out->eval_seconds += er.seconds;
     mf_window_exclude(&r->win, er.seconds); /* not training: out of tokens/s, step_s and the ETA */
-    if (!r->stop && (r->stop = stop_due(r, step, out, sm)) != 0 && !ckpt_now) {
+    if (!r->multi && !r->stop && (r->stop = stop_due(r, step, out, sm)) != 0 && !ckpt_now) {
       ckpt_now = 1; /* a signal during the evaluation */
       MF_CHECK(settle(r, 1, out));
     }
   }
   /* Before the last step, and unless the run stops here, beside training. */
   const int async_now = ckpt_now && r->cka && !last && !r->stop;
-  if (ckpt_now) MF_CHECK(async_now ? save_async(r, step, out, sm) : save(r, step, out, sm));
-  if (last || step == 1 || step % cfg->train.log_every == 0 || eval_now || ckpt_now || landed) {
+  if (ckpt_now && r->rank0) MF_CHECK(async_now ? save_async(r, step, out, sm) : save(r, step, out, sm));
+  if (r->rank0 && (last || step == 1 || step % cfg->train.log_every == 0 || eval_now || ckpt_now || landed)) {
     mf_exec_stats xs;
     mf_exec_stats_get(r->tr.exec, &xs);
     sm->elapsed_s = mf_time_now() - r->t_start;
@@ -503,7 +649,10 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   }
   /* After the step's line (see ckpt.h mf_ckpt_write_files); one written
    * beside training is committed when it lands (async_land). */
-  if (ckpt_now && !async_now) MF_CHECK(commit(r, step, out));
+  if (ckpt_now && !async_now && r->rank0) MF_CHECK(commit(r, step, out));
+  /* Rank 0 evaluated or wrote alone: the others wait here, not inside the
+   * next step (whose waits have a timeout). */
+  if (r->multi && (eval_due || ckpt_now)) MF_CHECK(mf_comm_barrier(r->rk.comm));
   return MF_OK;
 }
 
@@ -533,6 +682,33 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y ? 1 : 0;
 }
 
+/* The host memory this node's ranks hold (proportional set size: a page
+ * shared by k processes counts 1/k in each), summed over the node's ranks,
+ * into out and on stderr. */
+static mf_status host_memory(run *r, mf_train_summary *out) {
+  int64_t pss[2] = {(int64_t)mf_ranks_process_pss(), 0};
+  if (r->multi) {
+    MF_CHECK(mf_comm_node_barrier(r->rk.comm)); /* every rank alive and its state touched */
+    pss[1] = (int64_t)mf_comm_nodes(r->rk.comm);
+    pss[0] = (int64_t)mf_ranks_process_pss();
+    MF_CHECK(mf_comm_allreduce_sum_i64(r->rk.comm, pss, 1));
+  }
+  out->host_pss_bytes = (uint64_t)pss[0] / (uint64_t)(pss[1] > 1 ? pss[1] : 1);
+  if (r->quiet || !out->host_pss_bytes) return MF_OK;
+  char a[32], b[32];
+  const size_t state =
+      r->multi ? r->hs.master.bytes + r->hs.grads.bytes + r->hs.m.bytes + r->hs.v.bytes + r->hs.working.bytes
+               : 0;
+  if (r->multi)
+    MF_LOGI("train",
+            "host memory: %s (Pss) a node, its %d rank%s together; the host state's %s in one copy %s",
+            mf_format_bytes(out->host_pss_bytes, a, sizeof a), r->rk.lsize, r->rk.lsize == 1 ? "" : "s",
+            mf_format_bytes(state, b, sizeof b), r->rk.lsize == 1 ? "a node" : "they share");
+  else
+    MF_LOGI("train", "host memory: %s (Pss)", mf_format_bytes(out->host_pss_bytes, a, sizeof a));
+  return MF_OK;
+}
+
 /* Predicted vs executed, the final weights, the routing statistics. */
 static mf_status finish(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
@@ -546,10 +722,12 @@ static mf_status finish(run *r, mf_train_summary *out) {
   qsort(rest, (size_t)n_rest, sizeof(double), cmp_double);
   out->predicted_step_s = r->tr.rp->plan->sim.step_seconds;
   out->executed_step_s = n_rest > 0 ? rest[n_rest / 2] : NAN;
-  if (!r->quiet)
+  if (!r->quiet && !r->multi)
     MF_LOGI("train", "predicted %.4g s/step, executed %.4g s/step (%.3f; median of steps %lld..%lld; profile %s)",
             out->predicted_step_s, out->executed_step_s, out->predicted_step_s / out->executed_step_s,
             (long long)(r->first_step + 2), (long long)out->steps, r->tr.rp->profile_path);
+  MF_CHECK(host_memory(r, out));
+  if (!r->rank0) return MF_OK;
   char final_dir[4200], routing_path[4200];
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
   MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
@@ -583,18 +761,35 @@ static mf_status finish(run *r, mf_train_summary *out) {
   return MF_OK;
 }
 
-static mf_status train_run(const mf_config *cfg, int resume, const char *dir, int quiet, mf_train_summary *out) {
+static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, const char *dir, int quiet,
+                           mf_train_summary *out) {
   memset(out, 0, sizeof *out);
   out->valid_loss = NAN;
   out->predicted_step_s = out->executed_step_s = NAN;
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;
+  r.rank0 = 1;
+  mf_status st = MF_OK;
+  if (comm && mf_comm_size(comm) > 1) {
+    r.multi = 1;
+    r.cfg_ranks = *cfg;
+    r.cfg_ranks.ranks = mf_comm_size(comm);
+    r.cfg_ranks.node_ranks = mf_comm_local_size(comm);
+    /* Local rank r uses GPU r; more ranks than GPUs share them round robin
+     * (their gradients meet in host memory either way). */
+    const int gpus = mf_backend_device_count();
+    r.cfg_ranks.device = gpus > 0 ? mf_comm_local_rank(comm) % gpus : 0;
+    r.cfg = &r.cfg_ranks;
+    r.rank0 = mf_comm_rank(comm) == 0;
+    quiet = quiet || !r.rank0;
+    mf_ranks_world(&r.rk, comm);
+  }
   r.quiet = quiet;
   r.w_owned = 1;
   r.resume = resume;
   r.resume_dir = dir;
-  mf_status st = setup(&r, out);
+  if (st == MF_OK) st = setup(&r, out);
   if (st == MF_OK && !quiet) log_start(&r, out);
   r.t_start = mf_time_now();
   mf_window_start(&r.win, r.t_start);
@@ -607,14 +802,19 @@ static mf_status train_run(const mf_config *cfg, int resume, const char *dir, in
     if (r.stop) break;
   }
   if (st == MF_OK && !r.stop) st = finish(&r, out);
-  run_free(&r);
+  run_free(&r, st == MF_OK);
   return st;
 }
 
 mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out) {
-  return train_run(cfg, 0, NULL, quiet, out);
+  return train_run(cfg, NULL, 0, NULL, quiet, out);
 }
 
 mf_status mf_train_resume(const mf_config *cfg, const char *dir, int quiet, mf_train_summary *out) {
-  return train_run(cfg, 1, dir, quiet, out);
+  return train_run(cfg, NULL, 1, dir, quiet, out);
+}
+
+mf_status mf_train_ranks(const mf_config *cfg, mf_comm *comm, int resume, const char *dir, int quiet,
+                         mf_train_summary *out) {
+  return train_run(cfg, comm, resume, dir, quiet, out);
 }

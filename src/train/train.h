@@ -5,6 +5,7 @@
 #ifndef MF_TRAIN_TRAIN_H
 #define MF_TRAIN_TRAIN_H
 
+#include "comm/comm.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/model/params.h"
@@ -48,6 +49,9 @@ typedef struct mf_train_summary {
    * after `steps` < train.steps, with a checkpoint of that step in
    * checkpoint_dir; no final weights. 0 when the run went to the end. */
   int stop_signal;
+  /* The host memory of the run's processes on one node at the end
+   * (/proc/self/smaps_rollup Pss summed over the node's ranks; 0 unknown). */
+  uint64_t host_pss_bytes;
   char checkpoint_dir[4400]; /* the newest checkpoint this run wrote or resumed from ("" none) */
 } mf_train_summary;
 
@@ -80,6 +84,21 @@ mf_status mf_train_check_output_dir(const char *dir);
  * lines up to the checkpoint's step and gets a line marking the resume;
  * out->steps and first_loss count from the run's start. */
 mf_status mf_train_resume(const mf_config *cfg, const char *dir, int quiet, mf_train_summary *out);
+
+/* mf_train (resume 0) or mf_train_resume (1) as one of the data-parallel
+ * ranks of comm (NULL or a world of one: exactly mf_train). With several,
+ * every rank calls it with the same config: the step's micro-batches are
+ * ranks x train.grad_accum, rank r training on the step's micro-batches r,
+ * r + ranks, ...; gradients are summed in rank order (on the cpu backend, N
+ * ranks with grad_accum 1 give the bits of one rank with grad_accum N); the
+ * ranks of a node keep one copy of the host state in shared memory and each
+ * updates its shard of it. Rank 0 alone evaluates and writes the run's files
+ * and lines (the others are quiet). A failing rank returns its error after
+ * telling the node's other ranks, which may wait for it in a collective: the
+ * caller ends the job (comm.h mf_comm_abort). Resuming with several ranks is
+ * not built yet (MF_ERR_UNSUPPORTED). */
+mf_status mf_train_ranks(const mf_config *cfg, mf_comm *comm, int resume, const char *dir, int quiet,
+                         mf_train_summary *out);
 
 /* Host threads each of the staging arena's fills and copy-outs get in a run
  * of cfg on `backend` ("cpu" or "cuda", resolved): what train passes the

@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "kernels/backend.h"
 #include "planner/run_plan.h"
 #include "src/ckpt/ckpt.h"
@@ -92,6 +93,7 @@ typedef struct mf_host_state {
   mf_dtype moments;               /* train.adam_moments */
   int spill_master, spill_grads, spill_moments, spill_working;
   int release_master; /* drop the master's pages after each update (not only the cold part spills) */
+  int node;           /* the buffers are views into the node's shared memory (mf_host_state_init_node) */
 } mf_host_state;
 
 /* Places the state as the run plan's host accounting says; *w moves into a
@@ -100,6 +102,14 @@ typedef struct mf_host_state {
 mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
                              const mf_run_plan *rp, float **w, int *w_owned, int quiet);
 void mf_host_state_free(mf_host_state *h);
+/* Several ranks on a node: their one copy of the host state — master weights,
+ * gradient sums, moments, the bf16 working copy — in `block`, memory the
+ * node's ranks share of mf_host_state_node_bytes; *w is the master weights'
+ * part. A plan that spills host state to NVMe is refused (not built for
+ * ranks). */
+size_t mf_host_state_node_bytes(const mf_param_table *t, const mf_run_plan *rp, mf_dtype moments);
+mf_status mf_host_state_init_node(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
+                                  const mf_run_plan *rp, void *block, float **w);
 /* Parameter i's host state is done with for this step: spilled pages may go. */
 void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i);
 
@@ -133,8 +143,62 @@ void mf_updates_plan(mf_updates *u, const int64_t *expert_tokens, const mf_confi
  * with each update. */
 mf_status mf_updates_run_host(const mf_updates *u, float *w, uint16_t *working, float *g, mf_host_state *hs,
                               mf_threadpool *pool);
+/* The same over elements [lo[i], hi[i]) of each parameter i only (a rank's
+ * shard; AdamW is elementwise, so the same bits as the whole). */
+mf_status mf_updates_run_host_shard(const mf_updates *u, float *w, uint16_t *working, float *g,
+                                    mf_host_state *hs, mf_threadpool *pool, const int64_t *lo,
+                                    const int64_t *hi);
 /* The device's part (gradients scaled by coef there). */
 mf_status mf_updates_run_device(const mf_updates *u, mf_exec *x, double coef);
+
+/* ------------------------------------------------------------- ranks.c */
+
+/* This process's part in a run of several data-parallel ranks (ranks.c says
+ * how the step is shared). */
+typedef struct mf_ranks {
+  mf_comm *comm;
+  int rank, size, lrank, lsize;
+  mf_comm_shared *home;             /* the node's host state (mf_host_state_init_node) */
+  mf_comm_shared *sums;             /* the norm's chunk sums, [norm_chunks] doubles, shared by the node */
+  mf_comm_relay *relay;             /* the gradients into the node's sum, rank after rank */
+  const int64_t *norm_first;        /* [n] parameter i's first chunk sum (the program's) */
+  int64_t *own_lo, *own_hi;         /* [n] the elements of parameter i this rank clips and updates */
+  int64_t *tokens;                  /* [layers * experts] the step's tokens per expert over every rank */
+  int32_t *skip_ids, *skip_targets; /* another rank's micro-batch, drawn and passed over */
+  mf_optim_buf *norm_bufs;          /* [n] */
+  const double **ext;               /* [n] */
+} mf_ranks;
+
+/* The world as comm sees it (nothing allocated), then the shard of table t
+ * and the buffers for micro-batches of B x S tokens. */
+void mf_ranks_world(mf_ranks *k, mf_comm *comm);
+mf_status mf_ranks_init(mf_ranks *k, const mf_param_table *t, int64_t B, int64_t S);
+/* The node's shared memory: the host state's home_bytes, the norm's chunk
+ * sums, the relay (collective over the node). */
+mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes, const int64_t *norm_first,
+                         int64_t norm_chunks);
+/* collective: also the node's shared memory (0 after a failure, when other
+ * ranks may never come: the process ends soon). */
+void mf_ranks_free(mf_ranks *k, int collective);
+/* The executor's gradients add into the node's sum in rank order. */
+void mf_ranks_hooks(mf_ranks *k, mf_exec *x);
+/* The step's G x ranks micro-batches drawn; this rank's into ids/targets. */
+mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets);
+/* After mf_exec_step: the gradient sums whole on every node, sr's losses and
+ * tokens and the experts' tokens (k->tokens) over all ranks. */
+mf_status mf_ranks_reduce(mf_ranks *k, float *grads, size_t n, mf_step_result *sr, const int64_t *tokens,
+                          size_t n_tokens, double aux_coef);
+/* The global norm: this rank's chunk sums into the node's, then all added in
+ * the single-rank order. */
+mf_status mf_ranks_norm(mf_ranks *k, const mf_param_table *t, float *g, const int64_t *tokens,
+                        mf_threadpool *pool, double *norm);
+/* This rank's shard of the gradients scaled by coef (clipping). */
+mf_status mf_ranks_scale(mf_ranks *k, const mf_param_table *t, float *g, const int64_t *tokens, double coef,
+                         mf_threadpool *pool);
+/* Every rank of the node updated its shard (a barrier). */
+mf_status mf_ranks_updated(mf_ranks *k);
+/* This process's proportional set size (/proc/self/smaps_rollup), 0 unknown. */
+uint64_t mf_ranks_process_pss(void);
 
 /* ------------------------------------------------------------ window.c */
 

@@ -56,16 +56,25 @@ void mf_updates_plan(mf_updates *u, const int64_t *expert_tokens, const mf_confi
 
 mf_status mf_updates_run_host(const mf_updates *u, float *w, uint16_t *working, float *g, mf_host_state *hs,
                               mf_threadpool *pool) {
+  return mf_updates_run_host_shard(u, w, working, g, hs, pool, NULL, NULL);
+}
+
+mf_status mf_updates_run_host_shard(const mf_updates *u, float *w, uint16_t *working, float *g,
+                                    mf_host_state *hs, mf_threadpool *pool, const int64_t *lo,
+                                    const int64_t *hi) {
   const size_t ms = mf_dtype_size(hs->moments);
   for (int32_t k = 0; k < u->n_host; k++) {
     const mf_optim_update *q = &u->host[k];
     const mf_param *p = &u->t->params[q->param];
-    const mf_adamw_bufs b = {w + p->offset,
-                             g + p->offset,
-                             (char *)hs->m.ptr + (size_t)p->offset * ms,
-                             (char *)hs->v.ptr + (size_t)p->offset * ms,
-                             working ? working + p->offset : NULL,
-                             (size_t)p->numel,
+    const int64_t a = lo ? lo[q->param] : 0, e = hi ? hi[q->param] : p->numel;
+    if (e <= a) continue;
+    const size_t o = (size_t)(p->offset + a);
+    const mf_adamw_bufs b = {w + o,
+                             g + o,
+                             (char *)hs->m.ptr + o * ms,
+                             (char *)hs->v.ptr + o * ms,
+                             working ? working + o : NULL,
+                             (size_t)(e - a),
                              MF_DTYPE_F32,
                              hs->moments};
     MF_CHECK(mf_adamw_update_bufs(&q->h, q->step, &b, pool));

@@ -1,15 +1,20 @@
-// comm/ over MPI with two ranks. Started by Bazel as one process, the test
-// re-launches itself under mpirun (own TMPDIR and shared-memory directory, so
-// concurrent tests do not collide); rank 0 alone writes the XML results and the
-// exit status is the worst of both ranks.
+// comm/ over MPI. Started by Bazel as one process, the test re-launches itself
+// under mpirun (own TMPDIR and shared-memory directory, so concurrent tests do
+// not collide); rank 0 alone writes the XML results and the exit status is the
+// worst of all ranks. comm_test runs 2 ranks on one node; comm3_test runs 3
+// ranks with MF_COMM_NODE_RANKS=1 (three nodes of one rank: the paths between
+// nodes). MF_COMM_TEST_NP sets the number of ranks (default 2), so the tests
+// check what follows from the world's shape instead of assuming one.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -19,11 +24,117 @@ namespace {
 
 mf_comm *g_comm = nullptr;
 
-TEST(Comm, WorldHasTwoRanks) {
-  EXPECT_EQ(mf_comm_size(g_comm), 2);
+int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+double now_s() {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Sets an environment variable for one scope and puts the old value back.
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char *n, const char *v) : name(n) {
+    const char *o = getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (v)
+      setenv(n, v, 1);
+    else
+      unsetenv(n);
+  }
+  ~ScopedEnv() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
+TEST(Comm, WorldShape) {
+  const int size = mf_comm_size(g_comm), rank = mf_comm_rank(g_comm);
+  EXPECT_EQ(size, env_int("MF_COMM_TEST_NP", 2));
   EXPECT_TRUE(mf_comm_uses_mpi(g_comm));
-  EXPECT_EQ(mf_comm_local_size(g_comm), 2);
-  EXPECT_EQ(mf_comm_local_rank(g_comm), mf_comm_rank(g_comm));
+  const int k = env_int("MF_COMM_NODE_RANKS", 0);
+  if (k == 0) {  // every rank on this machine: one node
+    EXPECT_EQ(mf_comm_nodes(g_comm), 1);
+    EXPECT_EQ(mf_comm_node(g_comm), 0);
+    EXPECT_EQ(mf_comm_local_size(g_comm), size);
+    EXPECT_EQ(mf_comm_local_rank(g_comm), rank);
+  } else {  // nodes of k consecutive ranks, the last one shorter
+    EXPECT_EQ(mf_comm_nodes(g_comm), (size + k - 1) / k);
+    EXPECT_EQ(mf_comm_node(g_comm), rank / k);
+    EXPECT_EQ(mf_comm_local_size(g_comm), std::min(k, size - rank / k * k));
+    EXPECT_EQ(mf_comm_local_rank(g_comm), rank % k);
+  }
+  EXPECT_EQ(mf_comm_is_leader(g_comm), mf_comm_local_rank(g_comm) == 0);
+}
+
+TEST(Comm, NodeRanksMustBeAWholeNumber) {
+  for (const char *bad : {"0", "-2", "two", "3x"}) {
+    ScopedEnv env("MF_COMM_NODE_RANKS", bad);
+    mf_comm *c = nullptr;
+    EXPECT_EQ(mf_comm_init(nullptr, nullptr, &c), MF_ERR_CONFIG) << bad;
+    EXPECT_EQ(c, nullptr);
+    EXPECT_NE(strstr(mf_last_error(), "MF_COMM_NODE_RANKS"), nullptr) << mf_last_error();
+  }
+}
+
+// MF_COMM=none inside an MPI rank: a world of one rank beside the real one.
+TEST(Comm, SingleProcessWorld) {
+  ScopedEnv env("MF_COMM", "none");
+  mf_comm *c = nullptr;
+  ASSERT_EQ(mf_comm_init(nullptr, nullptr, &c), MF_OK) << mf_last_error();
+  EXPECT_FALSE(mf_comm_uses_mpi(c));
+  EXPECT_EQ(mf_comm_size(c), 1);
+  EXPECT_EQ(mf_comm_nodes(c), 1);
+  EXPECT_EQ(mf_comm_node(c), 0);
+  EXPECT_TRUE(mf_comm_is_leader(c));
+  EXPECT_EQ(mf_comm_node_barrier(c), MF_OK);
+  double d[2] = {1.5, -0.0};
+  int64_t i[1] = {7};
+  float f[3] = {1, 2, 3};
+  EXPECT_EQ(mf_comm_allreduce_sum_f64(c, d, 2), MF_OK);
+  EXPECT_EQ(mf_comm_allreduce_sum_i64(c, i, 1), MF_OK);
+  EXPECT_EQ(mf_comm_leaders_allreduce_sum_f32(c, f, 3), MF_OK);
+  EXPECT_EQ(mf_comm_node_broadcast(c, f, sizeof f), MF_OK);
+  EXPECT_EQ(d[0], 1.5);
+  EXPECT_TRUE(std::signbit(d[1]));
+  EXPECT_EQ(i[0], 7);
+  EXPECT_EQ(f[2], 3.0f);
+
+  mf_comm_shared *s = nullptr;
+  ASSERT_EQ(mf_comm_shared_alloc(c, 10000, "test memory", &s), MF_OK) << mf_last_error();
+  auto *p = (unsigned char *)mf_comm_shared_ptr(s);
+  ASSERT_NE(p, nullptr);
+  for (int k = 0; k < 10000; k++) ASSERT_EQ(p[k], 0);
+  p[9999] = 1;
+  mf_comm_shared_free(s);
+  ASSERT_EQ(mf_comm_shared_alloc(c, 0, "nothing", &s), MF_OK);
+  EXPECT_EQ(mf_comm_shared_ptr(s), nullptr);
+  mf_comm_shared_free(s);
+  mf_comm_shared_free(nullptr);
+
+  mf_comm_relay *r = nullptr;
+  ASSERT_EQ(mf_comm_relay_create(c, 3, &r), MF_OK) << mf_last_error();
+  for (int64_t round = 0; round < 3; round++) {
+    mf_comm_relay_begin(r, round);
+    for (int64_t item = 2; item >= 0; item--) {  // never blocks, in any order
+      ASSERT_EQ(mf_comm_relay_wait(r, item), MF_OK);
+      mf_comm_relay_pass(r, item);
+    }
+  }
+  EXPECT_EQ(mf_comm_relay_wait(r, 3), MF_ERR_INVALID_ARG);
+  mf_comm_relay_free(r);
+  mf_comm_relay_free(nullptr);
+
+  mf_comm_abort(c, 3);  // without MPI it returns
+  mf_comm_free(c);
 }
 
 TEST(Comm, BroadcastFromEitherRoot) {
@@ -40,11 +151,13 @@ TEST(Comm, AllreduceSumIsRankOrderedAndIdentical) {
   const int r = mf_comm_rank(g_comm);
   const size_t n = 100001;
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = (r == 0 ? 1e8f : 1.0f) * (float)((i % 13) + 1) + (r == 0 ? 0.0f : 0.3f);
+  for (size_t i = 0; i < n; i++)
+    v[i] = (r == 0 ? 1e8f : 1.0f) * (float)((i % 13) + 1) + (r == 0 ? 0.0f : 0.3f);
   std::vector<float> want(n);
   for (size_t i = 0; i < n; i++) {
     float a = 1e8f * (float)((i % 13) + 1), b = 1.0f * (float)((i % 13) + 1) + 0.3f;
-    want[i] = a + b;  // rank 0's value first, then rank 1's
+    want[i] = a;  // rank 0's value first, then rank 1's, ...
+    for (int k = 1; k < mf_comm_size(g_comm); k++) want[i] += b;
   }
   ASSERT_EQ(mf_comm_allreduce_sum_f32(g_comm, v.data(), n), MF_OK) << mf_last_error();
   EXPECT_EQ(memcmp(v.data(), want.data(), n * sizeof(float)), 0);
@@ -53,10 +166,235 @@ TEST(Comm, AllreduceSumIsRankOrderedAndIdentical) {
 TEST(Comm, AllreduceMax) {
   int64_t v[3] = {mf_comm_rank(g_comm), -mf_comm_rank(g_comm), 5};
   ASSERT_EQ(mf_comm_allreduce_max_i64(g_comm, v, 3), MF_OK);
-  EXPECT_EQ(v[0], 1);
+  EXPECT_EQ(v[0], mf_comm_size(g_comm) - 1);
   EXPECT_EQ(v[1], 0);
   EXPECT_EQ(v[2], 5);
   EXPECT_EQ(mf_comm_barrier(g_comm), MF_OK);
+}
+
+TEST(Comm, AllreduceSumI64) {
+  const int64_t r = mf_comm_rank(g_comm), n = mf_comm_size(g_comm);
+  int64_t v[3] = {r + 1, -r, (int64_t)1 << 40};
+  ASSERT_EQ(mf_comm_allreduce_sum_i64(g_comm, v, 3), MF_OK) << mf_last_error();
+  EXPECT_EQ(v[0], n * (n + 1) / 2);
+  EXPECT_EQ(v[1], -n * (n - 1) / 2);
+  EXPECT_EQ(v[2], n << 40);
+}
+
+// Rank r's i-th value: with three or more ranks the order of the additions
+// changes the bits ((1e17 + 3.3) - 1e17 is not 3.3).
+double f64_value(int r, size_t i) {
+  if (i == 0) return -0.0;  // -0.0 + -0.0 is -0.0; 0.0 + -0.0 would be 0.0
+  const double k = (double)i;
+  switch (r % 3) {
+    case 0:
+      return 1e17 * k;
+    case 1:
+      return 3.3 + k;
+    default:
+      return -1e17 * k + 0.7;
+  }
+}
+
+TEST(Comm, AllreduceSumF64IsRankOrdered) {
+  const int rank = mf_comm_rank(g_comm), size = mf_comm_size(g_comm);
+  const size_t n = 37;
+  std::vector<double> v(n), want(n);
+  for (size_t i = 0; i < n; i++) {
+    v[i] = f64_value(rank, i);
+    double s = f64_value(0, i);  // rank 0's value first, then rank 1's, ...
+    for (int r = 1; r < size; r++) s += f64_value(r, i);
+    want[i] = s;
+  }
+  ASSERT_EQ(mf_comm_allreduce_sum_f64(g_comm, v.data(), n), MF_OK) << mf_last_error();
+  EXPECT_EQ(memcmp(v.data(), want.data(), n * sizeof(double)), 0);
+  EXPECT_TRUE(std::signbit(v[0]));
+}
+
+TEST(Comm, NodeBroadcastFromTheLeader) {
+  const int node = mf_comm_node(g_comm);
+  std::vector<int> v(100000, mf_comm_is_leader(g_comm) ? 40 + node : -1);
+  ASSERT_EQ(mf_comm_node_broadcast(g_comm, v.data(), v.size() * sizeof(int)), MF_OK) << mf_last_error();
+  for (int x : v) ASSERT_EQ(x, 40 + node);
+  EXPECT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+}
+
+float leader_value(int node, size_t i) {
+  const float k = (float)((i % 13) + 1);
+  switch (node % 3) {
+    case 0:
+      return 1e8f * k;
+    case 1:
+      return k + 0.3f;
+    default:
+      return -1e8f * k + 0.1f;
+  }
+}
+
+TEST(Comm, LeadersAllreduceIsNodeOrdered) {
+  const int nodes = mf_comm_nodes(g_comm), node = mf_comm_node(g_comm);
+  if (!mf_comm_is_leader(g_comm)) {
+    float x = 1;
+    EXPECT_EQ(mf_comm_leaders_allreduce_sum_f32(g_comm, &x, 1), MF_ERR_INVALID_ARG);
+    return;
+  }
+  // Over more than 64 MiB of gathered floats with three nodes: two pieces.
+  const size_t n = nodes > 1 ? (size_t)6 << 20 : 1000;
+  std::vector<float> v(n), want(n);
+  for (size_t i = 0; i < n; i++) {
+    v[i] = leader_value(node, i);
+    float s = leader_value(0, i);
+    for (int k = 1; k < nodes; k++) s += leader_value(k, i);
+    want[i] = s;
+  }
+  ASSERT_EQ(mf_comm_leaders_allreduce_sum_f32(g_comm, v.data(), n), MF_OK) << mf_last_error();
+  EXPECT_EQ(memcmp(v.data(), want.data(), n * sizeof(float)), 0);
+}
+
+TEST(Comm, SharedMemoryIsZeroedAndSeenByTheNode) {
+  const int lr = mf_comm_local_rank(g_comm), ls = mf_comm_local_size(g_comm);
+  const size_t bytes = (3 << 20) + 123;
+  mf_comm_shared *s = nullptr;
+  ASSERT_EQ(mf_comm_shared_alloc(g_comm, bytes, "test memory", &s), MF_OK) << mf_last_error();
+  auto *p = (unsigned char *)mf_comm_shared_ptr(s);
+  ASSERT_NE(p, nullptr);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < bytes; i++) nonzero += p[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  if (lr == ls - 1)  // the last local rank writes, all of them read
+    for (size_t i = 0; i < bytes; i++) p[i] = (unsigned char)(i * 7 + 1);
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  size_t wrong = 0;
+  for (size_t i = 0; i < bytes; i++) wrong += p[i] != (unsigned char)(i * 7 + 1);
+  EXPECT_EQ(wrong, 0u);
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  mf_comm_shared_free(s);
+
+  ASSERT_EQ(mf_comm_shared_alloc(g_comm, 0, "nothing", &s), MF_OK) << mf_last_error();
+  EXPECT_EQ(mf_comm_shared_ptr(s), nullptr);
+  mf_comm_shared_free(s);
+}
+
+// Every local rank appends its local rank to each item's log under the relay,
+// over rounds that grow by uneven steps, some rounds from a second thread and
+// rank 1 going through the items backwards: each log must read 0, 1, ... per
+// round.
+TEST(Comm, RelayOrdersTheNodesRanks) {
+  const int lr = mf_comm_local_rank(g_comm), ls = mf_comm_local_size(g_comm);
+  const int64_t items = 48;
+  const int rounds = 5;
+  const int64_t round_ids[rounds] = {0, 2, 3, 7, 8};
+  const size_t slots = (size_t)rounds * (size_t)ls;
+  mf_comm_shared *mem = nullptr;
+  ASSERT_EQ(mf_comm_shared_alloc(g_comm, (size_t)items * (slots + 1) * sizeof(int64_t), "relay log", &mem),
+            MF_OK)
+      << mf_last_error();
+  auto *pos = (int64_t *)mf_comm_shared_ptr(mem);  // items counts, then the logs
+  int64_t *log = pos + items;
+  mf_comm_relay *r = nullptr;
+  {
+    ScopedEnv env("MF_COMM_TIMEOUT_S", "30");  // a broken relay fails the test, not Bazel's timeout
+    ASSERT_EQ(mf_comm_relay_create(g_comm, items, &r), MF_OK) << mf_last_error();
+  }
+  for (int k = 0; k < rounds; k++) {
+    mf_comm_relay_begin(r, round_ids[k]);
+    mf_status st = MF_OK;
+    auto work = [&] {
+      for (int64_t j = 0; j < items && st == MF_OK; j++) {
+        const int64_t item = lr == 1 ? items - 1 - j : j;
+        st = mf_comm_relay_wait(r, item);
+        if (st != MF_OK) break;
+        if (lr == 0 && item % 8 == 0) usleep(200);  // leave the next ranks time to run ahead
+        int64_t at = pos[item];
+        log[item * (int64_t)slots + at] = lr;
+        pos[item] = at + 1;
+        mf_comm_relay_pass(r, item);
+      }
+    };
+    if (k % 2)
+      std::thread(work).join();
+    else
+      work();
+    EXPECT_EQ(st, MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  }
+  size_t wrong = 0;
+  for (int64_t item = 0; item < items; item++) {
+    wrong += pos[item] != (int64_t)slots;
+    for (size_t at = 0; at < slots; at++) wrong += log[item * (int64_t)slots + at] != (int64_t)(at % ls);
+  }
+  EXPECT_EQ(wrong, 0u);
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  mf_comm_relay_free(r);
+  mf_comm_shared_free(mem);
+}
+
+TEST(Comm, RelayFailStopsTheWaiters) {
+  if (mf_comm_local_size(g_comm) < 2) GTEST_SKIP() << "a node of one rank waits for nobody";
+  const int lr = mf_comm_local_rank(g_comm);
+  ScopedEnv env("MF_COMM_TIMEOUT_S", "60");
+  mf_comm_relay *r = nullptr;
+  ASSERT_EQ(mf_comm_relay_create(g_comm, 4, &r), MF_OK) << mf_last_error();
+  mf_comm_relay_begin(r, 1);
+  const double t0 = now_s();
+  if (lr == 0) {
+    usleep(100000);
+    mf_comm_relay_fail(r);
+  } else {
+    EXPECT_EQ(mf_comm_relay_wait(r, 0), MF_ERR_MPI);
+    EXPECT_NE(strstr(mf_last_error(), "another rank of this node failed"), nullptr) << mf_last_error();
+    EXPECT_LT(now_s() - t0, 10.0);
+  }
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  EXPECT_EQ(mf_comm_relay_wait(r, 1), MF_ERR_MPI);  // local rank 0 learns of it too
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  mf_comm_relay_free(r);
+}
+
+TEST(Comm, RelayWaitTimesOut) {
+  if (mf_comm_local_size(g_comm) < 2) GTEST_SKIP() << "a node of one rank waits for nobody";
+  const int lr = mf_comm_local_rank(g_comm);
+  mf_comm_relay *r = nullptr;
+  {
+    ScopedEnv env("MF_COMM_TIMEOUT_S", "0.5");  // read when the relay is created
+    ASSERT_EQ(mf_comm_relay_create(g_comm, 2, &r), MF_OK) << mf_last_error();
+  }
+  mf_comm_relay_begin(r, 3);
+  // Every rank passes item 0; local rank 0 never passes item 1.
+  ASSERT_EQ(mf_comm_relay_wait(r, 0), MF_OK) << mf_last_error();
+  mf_comm_relay_pass(r, 0);
+  if (lr > 0) {
+    const double t0 = now_s();
+    EXPECT_EQ(mf_comm_relay_wait(r, 1), MF_ERR_MPI);
+    const double waited = now_s() - t0;
+    EXPECT_GE(waited, 0.45);
+    EXPECT_LT(waited, 10.0);
+    const std::string want = "for local rank " + std::to_string(lr - 1) + " to pass item 1 of round 3";
+    EXPECT_NE(strstr(mf_last_error(), want.c_str()), nullptr) << mf_last_error();
+    EXPECT_NE(strstr(mf_last_error(), "MF_COMM_TIMEOUT_S"), nullptr) << mf_last_error();
+  }
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  mf_comm_relay_free(r);
+}
+
+TEST(Comm, RelayTimeoutMustBeANumber) {
+  FILE *f = tmpfile();
+  ASSERT_NE(f, nullptr);
+  mf_log_set_stream(f);
+  mf_comm_relay *r = nullptr;
+  {
+    ScopedEnv env("MF_COMM_TIMEOUT_S", "soon");
+    ASSERT_EQ(mf_comm_relay_create(g_comm, 1, &r), MF_OK) << mf_last_error();
+  }
+  mf_log_set_stream(nullptr);
+  mf_comm_relay_free(r);
+  rewind(f);
+  char buf[4096];
+  size_t got = fread(buf, 1, sizeof buf - 1, f);
+  buf[got] = 0;
+  fclose(f);
+  EXPECT_NE(strstr(buf, "MF_COMM_TIMEOUT_S='soon'"), nullptr) << buf;
 }
 
 int relaunch_under_mpirun(int argc, char **argv) {
@@ -70,14 +408,29 @@ int relaunch_under_mpirun(int argc, char **argv) {
   // Open MPI's own allocations live until exit; tests/lsan.supp names its
   // libraries, which only matches with full (slow) stacks: MPI tests alone.
   const char *lsan = getenv("LSAN_OPTIONS");
-  std::string lsan_opts = std::string(lsan ? lsan : "") + (lsan && *lsan ? ":" : "") + "fast_unwind_on_malloc=0";
+  std::string lsan_opts =
+      std::string(lsan ? lsan : "") + (lsan && *lsan ? ":" : "") + "fast_unwind_on_malloc=0";
   setenv("LSAN_OPTIONS", lsan_opts.c_str(), 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  std::vector<std::string> args = {"mpirun", "-np", "2", "--oversubscribe",
-                                   "--mca", "pml", "ob1", "--mca", "btl", "self,vader",
-                                   "--mca", "btl_vader_single_copy_mechanism", "none",
-                                   "--mca", "btl_vader_backing_directory", tmpl, self};
+  const std::string np = std::to_string(env_int("MF_COMM_TEST_NP", 2));
+  std::vector<std::string> args = {"mpirun",
+                                   "-np",
+                                   np,
+                                   "--oversubscribe",
+                                   "--mca",
+                                   "pml",
+                                   "ob1",
+                                   "--mca",
+                                   "btl",
+                                   "self,vader",
+                                   "--mca",
+                                   "btl_vader_single_copy_mechanism",
+                                   "none",
+                                   "--mca",
+                                   "btl_vader_backing_directory",
+                                   tmpl,
+                                   self};
   for (int i = 1; i < argc; i++) args.push_back(argv[i]);
   pid_t pid = fork();
   if (pid == 0) {

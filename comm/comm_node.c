@@ -1,0 +1,221 @@
+/* The ranks of one machine (a node): the node's collectives, the reduction
+ * between node leaders and the memory a node's ranks share. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/vfs.h>
+#endif
+
+#include "comm/comm_internal.h"
+
+/* The leaders' gather buffer: whatever the vector's length, it goes through
+ * pieces of at most this many bytes (all nodes' parts together). */
+#define MF_LEADERS_GATHER_BYTES ((size_t)64 << 20)
+
+int mf_comm_nodes(const mf_comm *c) {
+  return c->nodes;
+}
+int mf_comm_node(const mf_comm *c) {
+  return c->node;
+}
+int mf_comm_is_leader(const mf_comm *c) {
+  return c->local_rank == 0;
+}
+
+mf_status mf_comm_node_barrier(mf_comm *c) {
+  if (!c->mpi || c->local_size == 1) return MF_OK;
+  MF_MPI_CHECK(MPI_Barrier(c->node_comm));
+  return MF_OK;
+}
+
+mf_status mf_comm_leaders_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
+  if (c->local_rank != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "comm: leaders' allreduce called by local rank %d of node %d (only node leaders call it)",
+                  c->local_rank, c->node);
+  if (!c->mpi || c->nodes == 1 || n == 0) return MF_OK;
+  /* As mf_comm_allreduce_sum_f32, between the leaders: gathered, then added
+   * in node order, so every leader holds the same bits. */
+  const size_t nodes = (size_t)c->nodes;
+  size_t chunk = MF_LEADERS_GATHER_BYTES / sizeof(float) / nodes;
+  if (chunk == 0) chunk = 1;
+  MF_CHECK(mf_comm_scratch_reserve(c, (n < chunk ? n : chunk) * nodes));
+  for (size_t off = 0; off < n; off += chunk) {
+    size_t m = n - off < chunk ? n - off : chunk;
+    MF_MPI_CHECK(MPI_Allgather(buf + off, (int)m, MPI_FLOAT, c->scratch, (int)m, MPI_FLOAT, c->leaders));
+    for (size_t i = 0; i < m; i++) {
+      float s = c->scratch[i];
+      for (size_t k = 1; k < nodes; k++) s += c->scratch[k * m + i];
+      buf[off + i] = s;
+    }
+  }
+  return MF_OK;
+}
+
+mf_status mf_comm_node_broadcast(mf_comm *c, void *buf, size_t bytes) {
+  if (!c->mpi || c->local_size == 1) return MF_OK;
+  for (size_t off = 0; off < bytes; off += MF_MPI_CHUNK) {
+    size_t n = bytes - off < MF_MPI_CHUNK ? bytes - off : MF_MPI_CHUNK;
+    MF_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, 0, c->node_comm));
+  }
+  return MF_OK;
+}
+
+/* ---------------------------------------------------------- shared memory */
+
+struct mf_comm_shared {
+  MPI_Win win; /* MPI_WIN_NULL: anonymous memory of this process (or nothing) */
+  void *base;
+  size_t bytes;
+};
+
+#ifdef __linux__
+#define MF_TMPFS_MAGIC 0x01021994
+
+/* A shared window lives in a file that Open MPI maps (osc_sm_backing_directory,
+ * /dev/shm by default on Linux; other builds and settings put it in the
+ * session directory under TMPDIR). On a disk file system the kernel writes the
+ * node's host state back to disk as it changes: say so, once per process. */
+static void warn_if_backed_by_disk(const void *base, const char *what) {
+  static atomic_int warned;
+  if (atomic_load(&warned)) return;
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    unsigned long lo = 0, hi = 0;
+    int pos = 0;
+    if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &pos) < 2 || pos == 0) continue;
+    if ((uintptr_t)base < lo || (uintptr_t)base >= hi) continue;
+    char *path = line + pos;
+    path[strcspn(path, "\n")] = 0;
+    /* Open MPI may unlink the file once every rank has mapped it. */
+    char *deleted = strstr(path, " (deleted)");
+    if (deleted) *deleted = 0;
+    if (path[0] != '/') break; /* anonymous or a kernel mapping: not a file */
+    struct statfs fs;
+    int ok = statfs(path, &fs) == 0;
+    if (!ok) {
+      char *slash = strrchr(path, '/');
+      if (slash && slash != path) {
+        *slash = 0;
+        ok = statfs(path, &fs) == 0;
+        *slash = '/';
+      }
+    }
+    if (ok && fs.f_type != MF_TMPFS_MAGIC && !atomic_exchange(&warned, 1))
+      MF_LOGW("comm",
+              "the node-shared host state (%s) is backed by %s, a file on disk: the kernel writes its pages "
+              "back to the disk. TMPDIR=/dev/shm (or mpirun --mca osc_sm_backing_directory /dev/shm) keeps "
+              "it in memory",
+              what, path);
+    break;
+  }
+  free(line);
+  fclose(f);
+}
+#endif
+
+static mf_status shared_oom(mf_comm *c, size_t bytes, const char *what, const char *why) {
+  char size[32];
+  return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: cannot allocate %s (%s shared by the node's %d rank(s)): %s",
+                what ? what : "shared memory", mf_format_bytes(bytes, size, sizeof size), c->local_size, why);
+}
+
+mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_comm_shared **out) {
+  *out = NULL;
+  mf_comm_shared *s = (mf_comm_shared *)calloc(1, sizeof *s);
+  if (!s) return shared_oom(c, bytes, what, "out of memory");
+  s->win = MPI_WIN_NULL;
+  s->bytes = bytes;
+  if (bytes == 0) { /* every local rank passes 0: nothing to agree on */
+    *out = s;
+    return MF_OK;
+  }
+  if (!c->mpi || c->local_size == 1) {
+    /* Anonymous pages come zeroed; private is enough for one process. */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      mf_status st = shared_oom(c, bytes, what, strerror(errno));
+      free(s);
+      return st;
+    }
+    s->base = p;
+    *out = s;
+    return MF_OK;
+  }
+  if (bytes > (size_t)PTRDIFF_MAX) {
+    mf_status st = shared_oom(c, bytes, what, "larger than an MPI window can be");
+    free(s);
+    return st;
+  }
+  /* Local rank 0 allocates the whole; the others map it. Non-contiguous lets
+   * Open MPI align each rank's part to pages instead of packing them. */
+  MPI_Info info;
+  MF_MPI_CHECK(MPI_Info_create(&info));
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  void *mine = NULL;
+  int rc = MPI_Win_allocate_shared(c->local_rank == 0 ? (MPI_Aint)bytes : 0, 1, info, c->node_comm, &mine,
+                                   &s->win);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    free(s);
+    return shared_oom(c, bytes, what, msg);
+  }
+  MPI_Aint got = 0;
+  int disp = 0;
+  rc = MPI_Win_shared_query(s->win, 0, &got, &disp, &s->base);
+  if (rc != MPI_SUCCESS || (size_t)got < bytes || !s->base) {
+    MPI_Win_free(&s->win);
+    free(s);
+    if (rc != MPI_SUCCESS) return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Win_shared_query");
+    return MF_ERR(MF_ERR_MPI, "comm: the shared window for %s has %lld bytes, not %zu",
+                  what ? what : "memory", (long long)got, bytes);
+  }
+  /* Each local rank zeroes its own run of pages, so the first touches (and
+   * with them the pages' NUMA placement and the page-fault work) are spread
+   * over the node's ranks. */
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t pages = (bytes + page - 1) / page, L = (size_t)c->local_size, lr = (size_t)c->local_rank;
+  size_t b0 = pages * lr / L * page, b1 = pages * (lr + 1) / L * page;
+  if (b0 > bytes) b0 = bytes;
+  if (b1 > bytes) b1 = bytes;
+  memset((char *)s->base + b0, 0, b1 - b0);
+  /* The barrier orders the other ranks' zeroing before anything this rank
+   * does next; the fence keeps our stores from moving past it. */
+  atomic_thread_fence(memory_order_seq_cst);
+  rc = MPI_Barrier(c->node_comm);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (rc != MPI_SUCCESS) {
+    MPI_Win_free(&s->win);
+    free(s);
+    return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Barrier after zeroing shared memory");
+  }
+#ifdef __linux__
+  if (c->local_rank == 0) warn_if_backed_by_disk(s->base, what ? what : "shared memory");
+#endif
+  *out = s;
+  return MF_OK;
+}
+
+void *mf_comm_shared_ptr(const mf_comm_shared *s) {
+  return s ? s->base : NULL;
+}
+
+void mf_comm_shared_free(mf_comm_shared *s) {
+  if (!s) return;
+  if (s->win != MPI_WIN_NULL)
+    MPI_Win_free(&s->win);
+  else if (s->base)
+    munmap(s->base, s->bytes);
+  free(s);
+}

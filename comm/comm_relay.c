@@ -1,0 +1,155 @@
+/* The node's relay (comm.h): one int64 counter per item in memory the node's
+ * ranks share. In round r, local rank lr of L may work on an item once its
+ * counter reaches r * L + lr, and passes it on by storing r * L + lr + 1.
+ * Rounds only grow and the caller separates them with a barrier, so a counter
+ * never goes back and a value left from an earlier round is always below what
+ * any rank waits for.
+ *
+ * Layout of the shared memory:
+ *   [0, 64)            int64 fail flag, alone on its cache line
+ *   [64, 64 + 8 n)     int64 counters[n]
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "comm/comm_internal.h"
+
+/* The counters are updated by several processes: the atomics must not be a
+ * lock inside one process's memory. */
+_Static_assert(__atomic_always_lock_free(sizeof(int64_t), 0), "int64 atomics must be lock-free");
+_Static_assert(sizeof(_Atomic int64_t) == sizeof(int64_t), "an atomic int64 must have an int64's layout");
+
+#define RELAY_HEADER 64
+#define RELAY_DEFAULT_TIMEOUT_S 600.0
+
+struct mf_comm_relay {
+  mf_comm_shared *mem;
+  _Atomic int64_t *fail;
+  _Atomic int64_t *counters;
+  int64_t n, round;
+  int local_rank, local_size;
+  double timeout_s;
+};
+
+/* MF_COMM_TIMEOUT_S, read when a relay is created. */
+static double timeout_from_env(void) {
+  static atomic_int warned;
+  const char *s = getenv("MF_COMM_TIMEOUT_S");
+  if (!s || !*s) return RELAY_DEFAULT_TIMEOUT_S;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v > 0)) {
+    if (!atomic_exchange(&warned, 1))
+      MF_LOGW("comm", "MF_COMM_TIMEOUT_S='%.80s' is not a number of seconds above 0: waiting %g s", s,
+              RELAY_DEFAULT_TIMEOUT_S);
+    return RELAY_DEFAULT_TIMEOUT_S;
+  }
+  return v;
+}
+
+mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out) {
+  *out = NULL;
+  if (n_items < 0 || (uint64_t)n_items > (SIZE_MAX - RELAY_HEADER) / sizeof(int64_t))
+    return MF_ERR(MF_ERR_INVALID_ARG, "comm: a relay over %lld items", (long long)n_items);
+  mf_comm_relay *r = (mf_comm_relay *)calloc(1, sizeof *r);
+  if (!r) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for a relay");
+  r->n = n_items;
+  r->local_rank = mf_comm_local_rank(c);
+  r->local_size = mf_comm_local_size(c);
+  r->timeout_s = timeout_from_env();
+  mf_status st = mf_comm_shared_alloc(c, RELAY_HEADER + (size_t)n_items * sizeof(int64_t),
+                                      "the relay's counters", &r->mem);
+  if (st != MF_OK) {
+    free(r);
+    mf_error_trace(__FILE__, __LINE__, "mf_comm_shared_alloc");
+    return st;
+  }
+  /* The window starts on a page: the flag and the counters are aligned. */
+  char *base = (char *)mf_comm_shared_ptr(r->mem);
+  r->fail = (_Atomic int64_t *)base;
+  r->counters = (_Atomic int64_t *)(base + RELAY_HEADER);
+  *out = r;
+  return MF_OK;
+}
+
+void mf_comm_relay_free(mf_comm_relay *r) {
+  if (!r) return;
+  mf_comm_shared_free(r->mem);
+  free(r);
+}
+
+void mf_comm_relay_begin(mf_comm_relay *r, int64_t round) {
+  MF_ASSERT(round >= 0 && round <= (INT64_MAX - r->local_size) / r->local_size);
+  r->round = round;
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+static mf_status relay_failed(const mf_comm_relay *r, int64_t item) {
+  return MF_ERR(MF_ERR_MPI,
+                "comm: relay: another rank of this node failed (waiting for item %lld of round %lld)",
+                (long long)item, (long long)r->round);
+}
+
+mf_status mf_comm_relay_wait(mf_comm_relay *r, int64_t item) {
+  if (item < 0 || item >= r->n)
+    return MF_ERR(MF_ERR_INVALID_ARG, "comm: relay item %lld of %lld", (long long)item, (long long)r->n);
+  /* Local rank 0 has nobody to wait for, but it learns of a failure too. */
+  if (atomic_load_explicit(r->fail, memory_order_acquire)) return relay_failed(r, item);
+  if (r->local_rank == 0) return MF_OK;
+  const int64_t want = r->round * r->local_size + r->local_rank;
+  _Atomic int64_t *counter = &r->counters[item];
+  if (atomic_load_explicit(counter, memory_order_acquire) >= want) return MF_OK;
+  /* The rank before is usually a short while behind: spin first, then give
+   * the core away, then sleep (up to 1 ms) so a long wait costs no CPU. */
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  long sleep_ns = 1000;
+  for (unsigned spins = 0;; spins++) {
+    if (atomic_load_explicit(counter, memory_order_acquire) >= want) return MF_OK;
+    if (atomic_load_explicit(r->fail, memory_order_acquire)) return relay_failed(r, item);
+    if (spins < 400) {
+      cpu_relax();
+      continue;
+    }
+    if (spins < 400 + 50) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, sleep_ns};
+      nanosleep(&ts, NULL);
+      if (sleep_ns < 1000000) sleep_ns = sleep_ns * 2 < 1000000 ? sleep_ns * 2 : 1000000;
+    }
+    if (seconds_since(&t0) > r->timeout_s)
+      return MF_ERR(
+          MF_ERR_MPI,
+          "comm: waited %g s for local rank %d to pass item %lld of round %lld: it stopped or hangs "
+          "(MF_COMM_TIMEOUT_S)",
+          r->timeout_s, r->local_rank - 1, (long long)item, (long long)r->round);
+  }
+}
+
+void mf_comm_relay_pass(mf_comm_relay *r, int64_t item) {
+  MF_ASSERT(item >= 0 && item < r->n);
+  atomic_store_explicit(&r->counters[item], r->round * r->local_size + r->local_rank + 1,
+                        memory_order_release);
+}
+
+void mf_comm_relay_fail(mf_comm_relay *r) {
+  atomic_store_explicit(r->fail, 1, memory_order_release);
+}
