@@ -486,13 +486,15 @@ static int gemm_order_fault(const mf_hwprofile *p, int *i_out) {
 }
 
 static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
-  static const char *const top[] = {"name", "source", "device", "links", "compute", "host", "nvme"};
+  static const char *const top[] = {"name",    "source", "device", "links",
+                                    "compute", "host",   "nvme",   "network"};
   static const char *const dev_keys[] = {"memory", "reserve", "copies_overlap_compute"};
   static const char *const link_keys[] = {"h2d", "d2h"};
   static const char *const comp_keys[] = {"gemm", "attention", "elementwise_bandwidth", "launch_us",
                                           "kernels"};
   static const char *const host_keys[] = {"memory", "adamw_params_per_s", "memory_bandwidth"};
   static const char *const nvme_keys[] = {"bandwidth"};
+  static const char *const net_keys[] = {"bandwidth"};
   static const char *const gemm_keys[] = {"m", "n", "k", "flops"};
   static const char *const attn_keys[] = {"s", "d", "flops"};
   yaml_node_t *root = yaml_document_get_root_node(c->doc), *sec, *v;
@@ -571,6 +573,12 @@ static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
     MF_CHECK(check_map(c, sec, "nvme", nvme_keys, 1, "the NVMe spill device"));
     MF_CHECK(need(c, sec, "nvme", "bandwidth", "bytes per second, e.g. 3GB", &v));
     MF_CHECK(read_bandwidth(c, v, "nvme.bandwidth", "bytes per second", &p->nvme_bandwidth));
+  }
+  p->network_bandwidth = 0;
+  if ((sec = get(c, root, "network"))) {
+    MF_CHECK(check_map(c, sec, "network", net_keys, 1, "the network between machines"));
+    MF_CHECK(need(c, sec, "network", "bandwidth", "bytes per second each way, e.g. 25GB", &v));
+    MF_CHECK(read_bandwidth(c, v, "network.bandwidth", "bytes per second", &p->network_bandwidth));
   }
   return MF_OK;
 }
@@ -704,6 +712,7 @@ mf_status mf_hwprofile_validate(const mf_hwprofile *p) {
   if (!pos(p->host_adamw_params_per_s)) return bad("host.adamw_params_per_s", "must be > 0 and finite");
   if (!pos(p->host_memory_bandwidth)) return bad("host.memory_bandwidth", "must be > 0 and finite");
   if (!nonneg(p->nvme_bandwidth)) return bad("nvme.bandwidth", "must be >= 0 (0: none) and finite");
+  if (!nonneg(p->network_bandwidth)) return bad("network.bandwidth", "must be >= 0 (0: unknown) and finite");
   return MF_OK;
 }
 
@@ -730,5 +739,6 @@ int mf_hwprofile_equal(const mf_hwprofile *a, const mf_hwprofile *b) {
   }
   return a->elementwise_bandwidth == b->elementwise_bandwidth && a->launch_s == b->launch_s &&
          a->host_memory == b->host_memory && a->host_adamw_params_per_s == b->host_adamw_params_per_s &&
-         a->host_memory_bandwidth == b->host_memory_bandwidth && a->nvme_bandwidth == b->nvme_bandwidth;
+         a->host_memory_bandwidth == b->host_memory_bandwidth && a->nvme_bandwidth == b->nvme_bandwidth &&
+         a->network_bandwidth == b->network_bandwidth;
 }

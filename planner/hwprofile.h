@@ -24,6 +24,7 @@
  *     adamw_params_per_s: 1.2e9         # host AdamW updates per second (all threads)
  *     memory_bandwidth: 40GB
  *   nvme: {bandwidth: 3GB}              # optional
+ *   network: {bandwidth: 25GB}          # optional: between machines, each way a node
  *
  * Sizes (memory, reserve) are whole bytes: mf_parse_size's units (KiB/MiB/
  * GiB/TiB binary, KB/MB/GB/TB decimal) or plain digits. A bandwidth is bytes
@@ -113,6 +114,9 @@ typedef struct mf_hwprofile {
   double host_adamw_params_per_s;
   double host_memory_bandwidth; /* bytes/s */
   double nvme_bandwidth;        /* bytes/s; 0: none */
+  /* Between machines (`network: {bandwidth: ...}`), bytes/s each way a node:
+   * what several nodes' gradient sums move at; 0: unknown (not priced). */
+  double network_bandwidth;
 } mf_hwprofile;
 
 /* Loads and validates a profile file. Errors are MF_ERR_CONFIG with a message

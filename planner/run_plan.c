@@ -108,6 +108,17 @@ static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
   return MF_OK;
 }
 
+/* The leaders' exchange of the nodes' gradient sums (mf_run_plan.between_nodes_s). */
+static void between_nodes(const mf_config *cfg, const mf_param_table *t, mf_run_plan *rp) {
+  const int64_t ranks = cfg->ranks > 1 && rp->use == MF_RUN_TRAIN ? cfg->ranks : 1;
+  const int64_t per = cfg->node_ranks > 0 && cfg->node_ranks < ranks ? cfg->node_ranks : ranks;
+  rp->nodes = (ranks + per - 1) / per;
+  rp->between_nodes_s = 0;
+  if (rp->nodes <= 1) return;
+  const double bytes = 4.0 * (double)t->total_numel * (double)(rp->nodes - 1);
+  rp->between_nodes_s = rp->hw.network_bandwidth > 0 ? bytes / rp->hw.network_bandwidth : NAN;
+}
+
 /* The program and its plans: every planning option comes from the config here. */
 static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_plan *rp) {
   const int train = rp->use == MF_RUN_TRAIN;
@@ -223,6 +234,7 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
     goto fail;
   }
   MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
+  between_nodes(cfg, t, rp);
   *out = rp;
   return MF_OK;
 fail:

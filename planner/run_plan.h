@@ -91,6 +91,14 @@ typedef struct mf_run_fit {
 
 typedef struct mf_run_plan {
   mf_run_use use;
+  /* Several nodes (cfg->ranks over cfg->node_ranks a node): the seconds a
+   * step's leaders take to exchange the nodes' gradient sums (each receives
+   * nodes - 1 of them) at the profile's network.bandwidth, after the step's
+   * device work and before the optimizer: the same for every plan, so not in
+   * the planner's comparisons nor in sim.step_seconds. 0: one node; NaN: the
+   * profile has no network bandwidth. */
+  double between_nodes_s;
+  int64_t nodes;
   mf_backend_memory dev;   /* the backend (dev.name) and what it keeps on the device */
   mf_dtype storage;        /* device storage of weights and activations (train.precision): F32 or BF16 */
   uint64_t budget;         /* the device budget: everything on the device */

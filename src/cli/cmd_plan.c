@@ -298,11 +298,18 @@ static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
       "  gradients: each rank's copies home add into the node's one sum in rank order (%s a rank a step, the "
       "D2H above); ",
       mf_format_bytes(rp->plan->s->d2h_bytes, a, sizeof a));
-  if (nodes > 1)
+  if (nodes > 1 && isnan(rp->between_nodes_s))
     printf(
         "between nodes the leaders exchange the %s sum (each receives %lld x that) and add it in node order "
-        "(not in the predicted time: the profile has no network bandwidth)\n",
+        "(not priced: the profile has no network: {bandwidth: ...})\n",
         mf_format_bytes(u->grad_bytes, b, sizeof b), (long long)(nodes - 1));
+  else if (nodes > 1)
+    printf(
+        "between nodes the leaders exchange the %s sum (each receives %lld x that) and add it in node order: "
+        "%.4f s a step at network.bandwidth %s/s, after the step's device work: %.4f s/step with it\n",
+        mf_format_bytes(u->grad_bytes, b, sizeof b), (long long)(nodes - 1), rp->between_nodes_s,
+        mf_format_bytes((uint64_t)rp->hw.network_bandwidth, c, sizeof c),
+        rp->plan->sim.step_seconds + rp->between_nodes_s);
   else
     printf("one node: nothing crosses a network\n");
   printf(
