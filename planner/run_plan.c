@@ -205,6 +205,14 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   MF_CHECK(mf_calloc(1, sizeof *rp, "the run plan", (void **)&rp));
   rp->use = use;
   mf_status st = MF_OK;
+  if (use == MF_RUN_TRAIN && cfg->train.lora.rank > 0) {
+    const char *at = mf_config_where(cfg, "train.lora.rank");
+    st = MF_ERR(MF_ERR_UNSUPPORTED,
+                "train.lora.rank %lld%s%s%s: training LoRA adapters is not built yet (train.lora is read and "
+                "checked, nothing more); train.lora.rank: 0 trains every weight",
+                (long long)cfg->train.lora.rank, at ? " (" : "", at ? at : "", at ? ")" : "");
+    goto fail;
+  }
   if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {
     st = MF_ERR(MF_ERR_CONFIG,
                 "train.overlap_optimizer: true runs one process's host AdamW behind its next step; with %lld "

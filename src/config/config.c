@@ -235,17 +235,12 @@ static mf_status set_scalar(walk *w, const mf_config_key *k, const mf_ynode *v) 
     return MF_OK;
   }
   static const char *const expect[MF_CK_OVERRIDES + 1] = {
-      [MF_CK_SECTION] = "a map",
-      [MF_CK_ENUM] = "one of its choices",
-      [MF_CK_FAMILY] = "a model family",
-      [MF_CK_INTLIST] = "a list",
-      [MF_CK_OVERRIDES] = "a list",
-      [MF_CK_INT] = "an integer",
-      [MF_CK_U64] = "a non-negative integer",
-      [MF_CK_FLOAT] = "a number",
-      [MF_CK_BOOL] = "true or false",
-      [MF_CK_STR] = "a string",
-      [MF_CK_SIZE] = "a size such as 24GiB or 512MiB, or auto",
+      [MF_CK_SECTION] = "a map",         [MF_CK_ENUM] = "one of its choices",
+      [MF_CK_FAMILY] = "a model family", [MF_CK_INTLIST] = "a list",
+      [MF_CK_NAMELIST] = "a list",       [MF_CK_OVERRIDES] = "a list",
+      [MF_CK_INT] = "an integer",        [MF_CK_U64] = "a non-negative integer",
+      [MF_CK_FLOAT] = "a number",        [MF_CK_BOOL] = "true or false",
+      [MF_CK_STR] = "a string",          [MF_CK_SIZE] = "a size such as 24GiB or 512MiB, or auto",
   };
   if (k->kind == MF_CK_ENUM || k->kind == MF_CK_FAMILY) {
     if (v->kind != MF_YSCALAR || is_null) goto not_choice;
@@ -489,8 +484,36 @@ static mf_status set_ckpt_compression(walk *w, const mf_config_key *k, const mf_
                   mf_ynode_describe(v, got, sizeof got));
 }
 
+/* train.lora.targets: names among the key's choices, each once. */
+static mf_status set_namelist(walk *w, const mf_config_key *k, const mf_ynode *v) {
+  mf_config_lora *l = &w->cfg->train.lora;
+  char got[128], c[64];
+  l->n_targets = 0;
+  if (v->kind != MF_YSEQ)
+    return NODE_ERR(v, "%s must be a list of module names like [q_proj, v_proj] (got %s)", k->path,
+                    mf_ynode_describe(v, got, sizeof got));
+  if (v->n > MF_CONFIG_LORA_MAX_TARGETS)
+    return NODE_ERR(v, "%s has %zu names, more than %d", k->path, v->n, MF_CONFIG_LORA_MAX_TARGETS);
+  for (size_t i = 0; i < v->n; i++) {
+    const mf_ynode *e = v->vals[i];
+    int ok = 0;
+    for (int j = 0; e->kind == MF_YSCALAR && !mf_ynode_is_null(e) && mf_config_key_choice(k, j, c, sizeof c);
+         j++)
+      ok |= strcmp(e->text, c) == 0;
+    if (!ok)
+      return NODE_ERR(e, "%s[%zu] must be one of %s (got %s)", k->path, i, k->choices,
+                      mf_ynode_describe(e, got, sizeof got));
+    for (int64_t j = 0; j < l->n_targets; j++)
+      if (strcmp(l->targets[j], e->text) == 0)
+        return NODE_ERR(e, "%s[%zu]: %s is named twice", k->path, i, e->text);
+    snprintf(l->targets[l->n_targets++], MF_CONFIG_LORA_NAME_MAX, "%s", e->text);
+  }
+  return MF_OK;
+}
+
 static mf_status set_value(walk *w, const mf_config_key *k, const mf_ynode *v) {
   if (k->kind == MF_CK_INTLIST) return set_intlist(w, k, v);
+  if (k->kind == MF_CK_NAMELIST) return set_namelist(w, k, v);
   if (k->kind == MF_CK_OVERRIDES) return set_mem_overrides(w, k, v);
   if (k->off == offsetof(mf_config, memory.plan) && k->kind == MF_CK_STR) return set_mem_plan(w, k, v);
   if (k->off == offsetof(mf_config, memory.routing) && k->kind == MF_CK_STR) return set_mem_routing(w, k, v);
@@ -563,6 +586,12 @@ static mf_status apply_defaults(walk *w) {
       return MF_ERR(MF_ERR_INTERNAL, "the default of %s ('%s') does not parse: %s", k->path, k->def,
                     mf_last_error());
   }
+  /* train.lora.targets (a list: its default is set here): the attention projections. */
+  static const char *const attention[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  mf_config_lora *l = &w->cfg->train.lora;
+  for (size_t i = 0; i < sizeof attention / sizeof attention[0]; i++)
+    snprintf(l->targets[i], MF_CONFIG_LORA_NAME_MAX, "%s", attention[i]);
+  l->n_targets = (int64_t)(sizeof attention / sizeof attention[0]);
   return MF_OK;
 }
 
@@ -585,6 +614,38 @@ static char *default_output_dir(const char *name) {
 static int required_for(const char *path, mf_config_use use) {
   if (use == MF_CONFIG_FOR_TRAIN) return 1;
   return strcmp(path, "data.train") != 0 && strcmp(path, "train.steps") != 0;
+}
+
+/* train.lora against the model: Mixtral's experts are w1 (gate), w3 (up) and
+ * w2 (down); the other families name theirs gate_proj, up_proj, down_proj.
+ * (A model.path's family is known only once its config.json is read; the
+ * training that would check it there is not built yet.) */
+static mf_status check_lora(walk *w) {
+  const mf_config *c = w->cfg;
+  const mf_config_lora *l = &c->train.lora;
+  /* With rank 0 the other keys are read and not used (a printed config has
+   * them all). */
+  if (l->rank == 0 || !c->model.has_init) return MF_OK;
+  const int mixtral = c->model.init.family == MF_FAMILY_MIXTRAL;
+  for (int64_t i = 0; i < l->n_targets; i++) {
+    const char *t = l->targets[i];
+    const int w_name = t[0] == 'w' && t[2] == 0;
+    const int hf_mlp =
+        strcmp(t, "gate_proj") == 0 || strcmp(t, "up_proj") == 0 || strcmp(t, "down_proj") == 0;
+    if (mixtral && hf_mlp)
+      return CROSS_ERR(
+          w, "train.lora.targets", "model.init.family",
+          "train.lora.targets[%lld]: mixtral names its experts' projections w1 (gate), w3 (up) and "
+          "w2 (down), not %s",
+          (long long)i, t);
+    if (!mixtral && w_name)
+      return CROSS_ERR(
+          w, "train.lora.targets", "model.init.family",
+          "train.lora.targets[%lld]: %s names its MLP projections gate_proj, up_proj and down_proj; "
+          "%s is Mixtral's",
+          (long long)i, mf_family_name(c->model.init.family), t);
+  }
+  return MF_OK;
 }
 
 /* model.init's relations to itself and to the data; a value given by an
@@ -682,6 +743,7 @@ static mf_status finish(walk *w, const char *name) {
   if (c->train.min_lr > c->train.lr)
     return CROSS_ERR(w, "train.min_lr", "train.lr", "train.min_lr (%g) must be <= train.lr (%g)",
                      c->train.min_lr, c->train.lr);
+  MF_CHECK(check_lora(w));
   c->memory.adam_moments = c->train.adam_moments;
   const mf_config_memory *m = &c->memory;
   if (m->pinned_limit != MF_CONFIG_SIZE_AUTO && m->host_limit != MF_CONFIG_SIZE_AUTO &&
@@ -944,6 +1006,13 @@ static int key_equal(const mf_config *a, const mf_config *b, const mf_config_key
       return memcmp(x, y, sizeof(int)) == 0;
     case MF_CK_STR:
       return str_eq(*(char *const *)x, *(char *const *)y);
+    case MF_CK_NAMELIST: {
+      const mf_config_lora *s = &a->train.lora, *t = &b->train.lora;
+      if (s->n_targets != t->n_targets) return 0;
+      for (int64_t j = 0; j < s->n_targets; j++)
+        if (strcmp(s->targets[j], t->targets[j]) != 0) return 0;
+      return 1;
+    }
     case MF_CK_INTLIST: {
       const mf_model_spec *s = &a->model.init, *t = &b->model.init;
       if (s->n_mlp_only != t->n_mlp_only) return 0;

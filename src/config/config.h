@@ -103,6 +103,25 @@ typedef struct mf_config_data {
   int64_t seq_len; /* tokens per sequence */
 } mf_config_data;
 
+/* train.lora: low-rank adapters over a frozen base (issue 18; the config is
+ * read and checked, the training is not built yet). */
+#define MF_CONFIG_LORA_MAX_TARGETS 16
+#define MF_CONFIG_LORA_NAME_MAX 16
+typedef enum mf_config_lora_experts {
+  MF_CONFIG_LORA_EXPERTS_ALL = 0,
+  MF_CONFIG_LORA_EXPERTS_HOT
+} mf_config_lora_experts;
+typedef struct mf_config_lora {
+  int64_t rank;   /* r; 0: off (every weight trained) */
+  double alpha;   /* the adapters' output scale is alpha / rank; NAN (null): rank, a scale of 1 */
+  double dropout; /* on the adapters' input, in [0, 1) */
+  char targets[MF_CONFIG_LORA_MAX_TARGETS][MF_CONFIG_LORA_NAME_MAX]; /* HF module names */
+  int64_t n_targets;
+  mf_config_lora_experts experts; /* all routed experts, or each layer's most routed (hot_fraction) */
+  double hot_fraction;
+  int train_router; /* the router weights trained fully beside the adapters */
+} mf_config_lora;
+
 typedef struct mf_config_train {
   int64_t micro_batch; /* sequences per micro-batch */
   int64_t grad_accum;  /* micro-batches per optimizer step */
@@ -124,6 +143,7 @@ typedef struct mf_config_train {
   mf_config_overlap overlap_optimizer; /* host AdamW of step k behind step k+1's device work (same bits) */
   mf_config_moments adam_moments; /* m and v stored in fp32 or bf16 */
   mf_config_precision precision;  /* device storage: fp32 or bf16 */
+  mf_config_lora lora;
 } mf_config_train;
 
 /* One entry of memory.overrides, stored as written: the planner checks the

@@ -84,6 +84,7 @@ typedef enum mf_ckind {
   MF_CK_ENUM,      /* an int-sized enum: index into `choices` */
   MF_CK_FAMILY,    /* mf_family */
   MF_CK_INTLIST,   /* model.init.mlp_only_layers */
+  MF_CK_NAMELIST,  /* train.lora.targets: names among `choices`, no repeats */
   MF_CK_OVERRIDES, /* memory.overrides */
 } mf_ckind;
 

@@ -125,6 +125,30 @@ const mf_config_key mf_config_keys[] = {
         "the run stops with a checkpoint and an error: a few skips are a spike, more are a run that diverged "
         "and would otherwise spend its remaining steps changing nothing; 0: no limit"),
 
+    SEC("train.lora", 0,
+        "LoRA: low-rank adapters trained over a frozen base (read and checked; training with them is not "
+        "built yet)"),
+    KEY("train.lora.rank", MF_CK_INT, 0, train.lora.rank, 0, 4096, NULL, "0",
+        "adapter rank r; 0: off (full fine-tuning: every weight trained)"),
+    KEY("train.lora.alpha", MF_CK_FLOAT, MF_CK_NULLABLE | MF_CK_LO_OPEN, train.lora.alpha, 0, NOHI, NULL,
+        "null",
+        "the adapters' output is scaled by alpha / rank (PEFT's lora_alpha); null: rank (a scale of 1)"),
+    KEY("train.lora.dropout", MF_CK_FLOAT, MF_CK_HI_OPEN, train.lora.dropout, 0, 1, NULL, "0.0",
+        "dropout on the adapters' input (PEFT's lora_dropout; deterministic from train.seed)"),
+    KEY("train.lora.targets", MF_CK_NAMELIST, MF_CK_DOCDEF, train.lora.targets, NOLO, NOHI,
+        "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3",
+        "[q_proj, k_proj, v_proj, o_proj]",
+        "the HF module names that get adapters (PEFT's target_modules): attention q_proj, k_proj, v_proj, "
+        "o_proj; MLP and expert gate_proj, up_proj, down_proj (qwen2_moe, qwen3_moe, olmoe: routed, shared "
+        "and dense alike), w1, w3, w2 for Mixtral's experts"),
+    KEY("train.lora.experts", MF_CK_ENUM, 0, train.lora.experts, NOLO, NOHI, "all|hot", "all",
+        "routed experts that get adapters (when targets name an expert projection): all, or hot: each "
+        "layer's most routed by the measured routing statistics"),
+    KEY("train.lora.hot_fraction", MF_CK_FLOAT, MF_CK_LO_OPEN, train.lora.hot_fraction, 0, 1, NULL, "0.25",
+        "with experts: hot, the share of each layer's experts that get adapters"),
+    KEY("train.lora.train_router", MF_CK_BOOL, 0, train.lora.train_router, NOLO, NOHI, NULL, "false",
+        "train the router (gate) weights fully beside the adapters"),
+
     SEC("memory", 0, "memory budgets"),
     KEY("memory.device_budget", MF_CK_SIZE, 0, memory.device_budget, NOLO, NOHI, NULL, "auto",
         "device memory the plan may use, all included; auto: from the device at start-up"),
@@ -341,6 +365,9 @@ const char *mf_config_key_type(const mf_config_key *k, char *buf, size_t cap) {
       break;
     case MF_CK_INTLIST:
       snprintf(buf, cap, "list of ints");
+      break;
+    case MF_CK_NAMELIST:
+      snprintf(buf, cap, "list of %s", k->choices);
       break;
     case MF_CK_OVERRIDES:
       snprintf(buf, cap, "list of maps");

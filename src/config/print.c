@@ -173,6 +173,13 @@ mf_status mf_config_print(const mf_config *cfg, FILE *f) {
       case MF_CK_FAMILY:
         fputs(mf_family_name(cfg->model.init.family), f);
         break;
+      case MF_CK_NAMELIST: {
+        const mf_config_lora *l = &cfg->train.lora;
+        fputc('[', f);
+        for (int64_t j = 0; j < l->n_targets; j++) fprintf(f, "%s%s", j ? ", " : "", l->targets[j]);
+        fputc(']', f);
+        break;
+      }
       case MF_CK_INTLIST: {
         const mf_model_spec *s = &cfg->model.init;
         fputc('[', f);

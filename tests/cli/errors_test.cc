@@ -67,6 +67,21 @@ TEST(Errors, CrossKeyErrorNamesTheOverrideAndTheFileLine) {
       << e.out;
 }
 
+// train.lora is read and checked, but training adapters is not built yet:
+// plan and train say so, naming the key's place, before anything is written.
+TEST(Errors, LoraIsCheckedAndNotBuiltYet) {
+  Result p = moefit("plan configs/demo.yaml train.lora.rank=16 train.lora.targets=[q_proj,w1]");
+  EXPECT_EQ(p.code, 1) << p.out;
+  EXPECT_NE(
+      p.out.find("error: train.lora.rank 16 (command line: train.lora.rank=16): training LoRA adapters is "
+                 "not built yet"),
+      std::string::npos)
+      << p.out;
+  Result c = moefit("config configs/demo.yaml train.lora.rank=16 train.lora.targets=[q_proj,w1]");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("targets: [q_proj, w1]"), std::string::npos) << c.out;
+}
+
 // --model DIR is the model eval runs: data.seq_len is checked against DIR's
 // config.json (max_position_embeddings 4096 for an `init` preset), not against
 // the config's model.init.max_seq (128 in the demo).

@@ -467,6 +467,71 @@ TEST(ConfigErrors, QwenOnlyKeysForOtherFamilies) {
   EXPECT_EQ(none.st, MF_OK) << none.err;
 }
 
+// train.lora (issue 18): read and checked; names at their places.
+TEST(ConfigLoad, LoraDefaultsAndValues) {
+  Loaded off = Load(Minimal());
+  ASSERT_EQ(off.st, MF_OK) << off.err;
+  const mf_config_lora *d = &off.cfg->train.lora;
+  EXPECT_EQ(d->rank, 0);
+  EXPECT_TRUE(std::isnan(d->alpha));
+  EXPECT_EQ(d->dropout, 0.0);
+  ASSERT_EQ(d->n_targets, 4);
+  EXPECT_STREQ(d->targets[0], "q_proj");
+  EXPECT_STREQ(d->targets[3], "o_proj");
+  EXPECT_EQ(d->experts, MF_CONFIG_LORA_EXPERTS_ALL);
+  EXPECT_EQ(d->hot_fraction, 0.25);
+  EXPECT_EQ(d->train_router, 0);
+  Loaded on = Load(Minimal() +
+                   "  lora:\n    rank: 16\n    alpha: 32\n    dropout: 0.05\n"
+                   "    targets: [q_proj, v_proj, w1, w2, w3]\n    experts: hot\n"
+                   "    hot_fraction: 0.5\n    train_router: true\n");
+  ASSERT_EQ(on.st, MF_OK) << on.err;
+  const mf_config_lora *l = &on.cfg->train.lora;
+  EXPECT_EQ(l->rank, 16);
+  EXPECT_EQ(l->alpha, 32.0);
+  EXPECT_EQ(l->dropout, 0.05);
+  ASSERT_EQ(l->n_targets, 5);
+  EXPECT_STREQ(l->targets[4], "w3");
+  EXPECT_EQ(l->experts, MF_CONFIG_LORA_EXPERTS_HOT);
+  EXPECT_EQ(l->train_router, 1);
+  // Printed and read back: the same config.
+  char *text = nullptr;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  ASSERT_EQ(mf_config_print(on.cfg, f), MF_OK);
+  fclose(f);
+  Loaded back = Load(std::string(text, len), {}, "printed.yaml");
+  free(text);
+  ASSERT_EQ(back.st, MF_OK) << back.err;
+  const char *keys[64];
+  EXPECT_EQ(mf_config_diff(on.cfg, back.cfg, keys, 64), 0u);
+}
+
+TEST(ConfigErrors, LoraTargetsAndRank) {
+  Loaded a = Load(Minimal() + "  lora:\n    rank: 8\n    targets: [q_proj, qproj]\n");
+  EXPECT_CONFIG_ERROR(
+      a,
+      "c.yaml:18:23: train.lora.targets[1] must be one of q_proj|k_proj|v_proj|o_proj|gate_proj|"
+      "up_proj|down_proj|w1|w2|w3 (got 'qproj')");
+  Loaded b = Load(Minimal() + "  lora:\n    rank: 8\n    targets: [v_proj, v_proj]\n");
+  EXPECT_CONFIG_ERROR(b, "c.yaml:18:23: train.lora.targets[1]: v_proj is named twice");
+  Loaded c = Load(Minimal() + "  lora:\n    rank: 8\n    targets: [gate_proj]\n");
+  EXPECT_CONFIG_ERROR(c,
+                      "train.lora.targets[0]: mixtral names its experts' projections w1 (gate), w3 (up) and "
+                      "w2 (down), not gate_proj");
+  Loaded d = Load(Minimal(), {"model.init.family=qwen3_moe", "train.lora.rank=4", "train.lora.targets=[w2]"});
+  EXPECT_CONFIG_ERROR(d,
+                      "command line: train.lora.targets=[w2]: train.lora.targets[0]: qwen3_moe names its MLP "
+                      "projections gate_proj, up_proj and down_proj; w2 is Mixtral's");
+  Loaded f = Load(Minimal(), {"train.lora.rank=8", "train.lora.dropout=1"});
+  EXPECT_CONFIG_ERROR(f, "train.lora.dropout");
+  Loaded g = Load(Minimal(), {"train.lora.rank=8", "train.lora.targets=q_proj"});
+  EXPECT_CONFIG_ERROR(g, "train.lora.targets must be a list of module names like [q_proj, v_proj] (got ");
+  Loaded q = Load(Minimal(), {"model.init.family=qwen3_moe", "train.lora.rank=4",
+                              "train.lora.targets=[q_proj, gate_proj, up_proj, down_proj]"});
+  EXPECT_EQ(q.st, MF_OK) << q.err;
+}
+
 TEST(ConfigOverrides, CrossKeyErrorsBlameTheOverride) {
   const std::string warm = Minimal() + "  warmup: 30\n";
   Loaded a = Load(warm, {"train.steps=20"});  // was blamed on the file's warmup line
