@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #endif
 
@@ -77,18 +78,18 @@ struct mf_comm_shared {
 #ifdef __linux__
 #define MF_TMPFS_MAGIC 0x01021994
 
-/* A shared window lives in a file that Open MPI maps (osc_sm_backing_directory,
- * /dev/shm by default on Linux; other builds and settings put it in the
- * session directory under TMPDIR). On a disk file system the kernel writes the
- * node's host state back to disk as it changes: say so, once per process. */
-static void warn_if_backed_by_disk(const void *base, const char *what) {
-  static atomic_int warned;
-  if (atomic_load(&warned)) return;
+/* The file that backs the mapping at `base` (a shared window lives in a file
+ * Open MPI maps: osc_sm_backing_directory, /dev/shm by default on Linux;
+ * other builds and settings put it in the session directory under TMPDIR):
+ * 1 with its path, its file system's type and the bytes it has free; 0 for
+ * an anonymous mapping or when /proc does not say. */
+static int backing_of(const void *base, char *path_out, size_t cap, long *fs_type, uint64_t *free_bytes) {
   FILE *f = fopen("/proc/self/maps", "r");
-  if (!f) return;
+  if (!f) return 0;
   char *line = NULL;
-  size_t cap = 0;
-  while (getline(&line, &cap, f) > 0) {
+  size_t lcap = 0;
+  int found = 0;
+  while (!found && getline(&line, &lcap, f) > 0) {
     unsigned long lo = 0, hi = 0;
     int pos = 0;
     if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &pos) < 2 || pos == 0) continue;
@@ -100,25 +101,54 @@ static void warn_if_backed_by_disk(const void *base, const char *what) {
     if (deleted) *deleted = 0;
     if (path[0] != '/') break; /* anonymous or a kernel mapping: not a file */
     struct statfs fs;
-    int ok = statfs(path, &fs) == 0;
-    if (!ok) {
+    struct statvfs vfs;
+    int ok = statfs(path, &fs) == 0 && statvfs(path, &vfs) == 0;
+    if (!ok) { /* the file is gone: its directory */
       char *slash = strrchr(path, '/');
       if (slash && slash != path) {
         *slash = 0;
-        ok = statfs(path, &fs) == 0;
+        ok = statfs(path, &fs) == 0 && statvfs(path, &vfs) == 0;
         *slash = '/';
       }
     }
-    if (ok && fs.f_type != MF_TMPFS_MAGIC && !atomic_exchange(&warned, 1))
-      MF_LOGW("comm",
-              "the node-shared host state (%s) is backed by %s, a file on disk: the kernel writes its pages "
-              "back to the disk. TMPDIR=/dev/shm (or mpirun --mca osc_sm_backing_directory /dev/shm) keeps "
-              "it in memory",
-              what, path);
+    if (ok) {
+      snprintf(path_out, cap, "%s", path);
+      *fs_type = (long)fs.f_type;
+      *free_bytes = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+      found = 1;
+    }
     break;
   }
   free(line);
   fclose(f);
+  return found;
+}
+
+/* On a disk file system the kernel writes the node's host state back to disk
+ * as it changes: say so, once per process. */
+static void warn_if_backed_by_disk(const char *path, long fs_type, const char *what) {
+  static atomic_int warned;
+  if (fs_type != MF_TMPFS_MAGIC && !atomic_exchange(&warned, 1))
+    MF_LOGW("comm",
+            "the node-shared host state (%s) is backed by %s, a file on disk: the kernel writes its pages "
+            "back to the disk. TMPDIR=/dev/shm (or mpirun --mca osc_sm_backing_directory /dev/shm) keeps "
+            "it in memory",
+            what, path);
+}
+
+/* MF_TEST_SHM_FREE=BYTES: the free bytes the backing file system is taken to
+ * have (a small /dev/shm without one; test-only, warned about). */
+static int test_shm_free(uint64_t *out) {
+  const char *e = getenv("MF_TEST_SHM_FREE");
+  if (!e || !*e) return 0;
+  char *end = NULL;
+  const unsigned long long v = strtoull(e, &end, 10);
+  if (end == e || *end) return 0;
+  static atomic_int said;
+  if (!atomic_exchange(&said, 1))
+    MF_LOGW("comm", "MF_TEST_SHM_FREE=%s: a test setting, not for real runs", e);
+  *out = (uint64_t)v;
+  return 1;
 }
 #endif
 
@@ -181,6 +211,38 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
     return MF_ERR(MF_ERR_MPI, "comm: the shared window for %s has %lld bytes, not %zu",
                   what ? what : "memory", (long long)got, bytes);
   }
+  /* Room: the backing file is sparse, and a page the file system cannot give
+   * at its first touch is a SIGBUS (Docker's /dev/shm is 64 MiB), so local
+   * rank 0 checks the free bytes first and every rank fails alike. */
+  struct {
+    uint64_t free_bytes;
+    int64_t short_of;
+    char path[512];
+  } room;
+  memset(&room, 0, sizeof room);
+#ifdef __linux__
+  long fs_type = 0;
+  if (c->local_rank == 0 && backing_of(s->base, room.path, sizeof room.path, &fs_type, &room.free_bytes)) {
+    test_shm_free(&room.free_bytes);
+    room.short_of = room.free_bytes < bytes;
+    if (!room.short_of) warn_if_backed_by_disk(room.path, fs_type, what ? what : "shared memory");
+  }
+#endif
+  rc = MPI_Bcast(&room, (int)sizeof room, MPI_BYTE, 0, c->node_comm);
+  if (rc != MPI_SUCCESS || room.short_of) {
+    MPI_Win_free(&s->win);
+    free(s);
+    if (rc != MPI_SUCCESS)
+      return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Bcast of the shared memory's room");
+    char need[32], have[32];
+    return MF_ERR(
+        MF_ERR_OUT_OF_MEMORY,
+        "comm: %s takes %s of memory the node's %d ranks share, in %s, whose file system has %s free: "
+        "give it more (docker run --shm-size=SIZE; a larger tmpfs) or put it elsewhere (mpirun --mca "
+        "osc_sm_backing_directory DIR, a tmpfs with the room)",
+        what ? what : "shared memory", mf_format_bytes(bytes, need, sizeof need), c->local_size, room.path,
+        mf_format_bytes(room.free_bytes, have, sizeof have));
+  }
   /* Each local rank zeroes its own run of pages, so the first touches (and
    * with them the pages' NUMA placement and the page-fault work) are spread
    * over the node's ranks. */
@@ -200,9 +262,6 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
     free(s);
     return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Barrier after zeroing shared memory");
   }
-#ifdef __linux__
-  if (c->local_rank == 0) warn_if_backed_by_disk(s->base, what ? what : "shared memory");
-#endif
   *out = s;
   return MF_OK;
 }

@@ -161,6 +161,20 @@ TEST(Ranks, AFailingRankEndsTheJob) {
   EXPECT_EQ(ps.out, "") << "left running: " << ps.out;
 }
 
+TEST(Ranks, TooLittleSharedMemoryIsAClearError) {
+  // A /dev/shm smaller than the state (Docker's default is 64 MiB; here
+  // MF_TEST_SHM_FREE): refused before a page is touched, not a SIGBUS.
+  const double t0 = Now();
+  Result r = Mpirun(2, Args(fresh_dir("small_shm"), ""), "MF_TEST_SHM_FREE=1000");
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(Now() - t0, 10.0);
+  EXPECT_NE(
+      r.out.find("error: comm: the node's host state takes 6.90 MiB of memory the node's 2 ranks share"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("give it more (docker run --shm-size=SIZE"), std::string::npos) << r.out;
+}
+
 TEST(Ranks, ConfigErrorsFailEveryRankTheSameWay) {
   Result r = Mpirun(2, Args(fresh_dir("bad"), "train.lr=-1"));
   EXPECT_NE(r.code, 0);

@@ -276,6 +276,28 @@ TEST(Comm, SharedMemoryIsZeroedAndSeenByTheNode) {
   mf_comm_shared_free(s);
 }
 
+// Shared memory the backing file system cannot give (Docker's 64 MiB
+// /dev/shm, here MF_TEST_SHM_FREE) is refused on every rank of the node with
+// one message naming the sizes and the way out, instead of a SIGBUS when the
+// pages are first touched.
+TEST(Comm, SharedMemoryWithoutTheRoomIsAnErrorOnEveryRank) {
+  if (mf_comm_local_size(g_comm) < 2) GTEST_SKIP() << "a node of one rank uses its own anonymous memory";
+  setenv("MF_TEST_SHM_FREE", "1048576", 1);
+  mf_comm_shared *s = nullptr;
+  const mf_status st = mf_comm_shared_alloc(g_comm, 8u << 20, "the test's state", &s);
+  unsetenv("MF_TEST_SHM_FREE");
+  EXPECT_EQ(st, MF_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(s, nullptr);
+  const std::string e = mf_last_error();
+  EXPECT_NE(e.find("the test's state takes 8.00 MiB of memory the node's"), std::string::npos) << e;
+  EXPECT_NE(e.find("whose file system has 1.00 MiB free: give it more (docker run --shm-size=SIZE"),
+            std::string::npos)
+      << e;
+  // The next allocation, with the room, works.
+  ASSERT_EQ(mf_comm_shared_alloc(g_comm, 1u << 20, "after", &s), MF_OK) << mf_last_error();
+  mf_comm_shared_free(s);
+}
+
 // Every local rank appends its local rank to each item's log under the relay,
 // over rounds that grow by uneven steps, some rounds from a second thread and
 // rank 1 going through the items backwards: each log must read 0, 1, ... per
