@@ -33,5 +33,10 @@ struct mf_comm {
 
 /* Grows c->scratch to at least n floats (it never shrinks). */
 mf_status mf_comm_scratch_reserve(mf_comm *c, size_t n);
+/* In-place sum of n floats over the `size` members of comm, gathered in
+ * pieces of at most gather_bytes and added in member order (the same bits
+ * everywhere). */
+mf_status mf_comm_ordered_sum_f32(mf_comm *c, MPI_Comm comm, int size, size_t gather_bytes, float *buf,
+                                  size_t n);
 
 #endif /* MF_COMM_INTERNAL_H */

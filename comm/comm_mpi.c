@@ -165,24 +165,28 @@ mf_status mf_comm_scratch_reserve(mf_comm *c, size_t n) {
   return MF_OK;
 }
 
-mf_status mf_comm_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
-  if (!c->mpi || c->size == 1 || n == 0) return MF_OK;
-  /* Gather every rank's vector (in chunks) and add in rank order everywhere, so
-   * all ranks hold the same bits whatever algorithm MPI would pick. */
-  const size_t chunk = MF_MPI_CHUNK / sizeof(float) / (size_t)c->size;
-  size_t need = chunk * (size_t)c->size;
-  if (n < chunk) need = n * (size_t)c->size;
-  MF_CHECK(mf_comm_scratch_reserve(c, need));
+mf_status mf_comm_ordered_sum_f32(mf_comm *c, MPI_Comm comm, int size, size_t gather_bytes, float *buf,
+                                  size_t n) {
+  /* Gather every member's vector (in chunks) and add in member order
+   * everywhere, so all hold the same bits whatever algorithm MPI would pick. */
+  size_t chunk = gather_bytes / sizeof(float) / (size_t)size;
+  if (chunk == 0) chunk = 1;
+  MF_CHECK(mf_comm_scratch_reserve(c, (n < chunk ? n : chunk) * (size_t)size));
   for (size_t off = 0; off < n; off += chunk) {
     size_t m = n - off < chunk ? n - off : chunk;
-    MF_MPI_CHECK(MPI_Allgather(buf + off, (int)m, MPI_FLOAT, c->scratch, (int)m, MPI_FLOAT, c->world));
+    MF_MPI_CHECK(MPI_Allgather(buf + off, (int)m, MPI_FLOAT, c->scratch, (int)m, MPI_FLOAT, comm));
     for (size_t i = 0; i < m; i++) {
       float s = c->scratch[i];
-      for (int r = 1; r < c->size; r++) s += c->scratch[(size_t)r * m + i];
+      for (int r = 1; r < size; r++) s += c->scratch[(size_t)r * m + i];
       buf[off + i] = s;
     }
   }
   return MF_OK;
+}
+
+mf_status mf_comm_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
+  if (!c->mpi || c->size == 1 || n == 0) return MF_OK;
+  return mf_comm_ordered_sum_f32(c, c->world, c->size, MF_MPI_CHUNK, buf, n);
 }
 
 mf_status mf_comm_allreduce_max_i64(mf_comm *c, int64_t *buf, size_t n) {

@@ -40,22 +40,8 @@ mf_status mf_comm_leaders_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
                   "comm: leaders' allreduce called by local rank %d of node %d (only node leaders call it)",
                   c->local_rank, c->node);
   if (!c->mpi || c->nodes == 1 || n == 0) return MF_OK;
-  /* As mf_comm_allreduce_sum_f32, between the leaders: gathered, then added
-   * in node order, so every leader holds the same bits. */
-  const size_t nodes = (size_t)c->nodes;
-  size_t chunk = MF_LEADERS_GATHER_BYTES / sizeof(float) / nodes;
-  if (chunk == 0) chunk = 1;
-  MF_CHECK(mf_comm_scratch_reserve(c, (n < chunk ? n : chunk) * nodes));
-  for (size_t off = 0; off < n; off += chunk) {
-    size_t m = n - off < chunk ? n - off : chunk;
-    MF_MPI_CHECK(MPI_Allgather(buf + off, (int)m, MPI_FLOAT, c->scratch, (int)m, MPI_FLOAT, c->leaders));
-    for (size_t i = 0; i < m; i++) {
-      float s = c->scratch[i];
-      for (size_t k = 1; k < nodes; k++) s += c->scratch[k * m + i];
-      buf[off + i] = s;
-    }
-  }
-  return MF_OK;
+  /* As mf_comm_allreduce_sum_f32, between the leaders, in node order. */
+  return mf_comm_ordered_sum_f32(c, c->leaders, c->nodes, MF_LEADERS_GATHER_BYTES, buf, n);
 }
 
 mf_status mf_comm_node_broadcast(mf_comm *c, void *buf, size_t bytes) {

@@ -284,7 +284,7 @@ static int parse_count(const char *s, int64_t *out) {
 static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
   const mf_program *p = rp->prog;
   const mf_host_usage *u = &rp->host;
-  const int64_t nr = p->node_ranks, nodes = (ranks + nr - 1) / nr;
+  const int64_t nr = p->node_ranks, nodes = rp->nodes;
   char a[32], b[32], c[32], d[32];
   printf(
       "ranks: %lld (%lld a node, %lld node%s); each rank's device arena %s; a node's host memory %s: the "

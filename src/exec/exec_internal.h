@@ -147,8 +147,7 @@ typedef struct sg_copy_rt {
   mf_exec_src src; /* H2D (MF_SG_PARTS): the host parts laid end to end in the slab */
   uint8_t mode;
   int32_t home; /* D2H: the parameter whose gradient is final once this copy is out (grad_home), or -1 */
-  int32_t
-      turn; /* D2H of a gradient: its parameter, whose hooks' grad_wait the copy-out calls first; else -1 */
+  int32_t turn; /* D2H of a gradient: its parameter (the copy-out calls grad_wait first), or -1 */
 } sg_copy_rt;
 
 typedef struct sg_slab_ctx {

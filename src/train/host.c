@@ -39,12 +39,17 @@ static void log_spill(const mf_host_state *h, const char *dir, size_t n) {
           mf_format_bytes(h->u.host_limit, e, sizeof e));
 }
 
+/* train.adam_moments as a dtype. */
+static mf_dtype moments_of(const mf_config *cfg) {
+  return cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+}
+
 mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
                              const mf_run_plan *rp, float **w, int *w_owned, int quiet) {
   memset(h, 0, sizeof *h);
   const char *dir = cfg->memory.nvme_dir;
   h->u = rp->host;
-  h->moments = cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
+  h->moments = moments_of(cfg);
   h->spill_moments = h->u.spill_moment_bytes > 0;
   h->spill_master = h->u.spill_master_bytes + h->u.spill_cold_master_bytes > 0;
   h->release_master = h->u.spill_master_bytes > 0; /* host-updated master pages spill too */
@@ -89,46 +94,52 @@ void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i)
   if (h->spill_working) (void)mf_hostbuf_advise(&h->working, o * sizeof(uint16_t), n * sizeof(uint16_t), 0);
 }
 
-/* A view of `bytes` at *at in the node's block (64-byte aligned parts). */
+/* A view of `bytes` at *at in the node's block (64-byte aligned parts; a
+ * NULL base: only the size). */
 static void carve(char *base, size_t *at, size_t bytes, mf_hostbuf *b) {
   memset(b, 0, sizeof *b);
-  b->ptr = bytes ? base + *at : NULL;
+  b->ptr = base && bytes ? base + *at : NULL;
   b->bytes = bytes;
   *at += (bytes + 63) & ~(size_t)63;
 }
 
-size_t mf_host_state_node_bytes(const mf_param_table *t, const mf_run_plan *rp, mf_dtype moments) {
-  const size_t n = (size_t)t->total_numel, a = 64;
-  const size_t parts[5] = {n * sizeof(float), n * sizeof(float), n * mf_dtype_size(moments),
-                           n * mf_dtype_size(moments),
-                           rp->storage == MF_DTYPE_BF16 ? n * sizeof(uint16_t) : 0};
-  size_t total = 0;
-  for (int k = 0; k < 5; k++) total += (parts[k] + a - 1) & ~(a - 1);
-  return total;
-}
-
-mf_status mf_host_state_init_node(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
-                                  const mf_run_plan *rp, void *block, float **w) {
-  memset(h, 0, sizeof *h);
-  h->u = rp->host;
-  h->node = 1;
-  h->moments = cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
-  if (mf_host_spill_bytes(&h->u) > 0) {
-    char b[32];
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "memory.host_limit: the plan spills %s of host state to NVMe, which a run of several ranks "
-                  "cannot do yet (their one copy of the state is in the node's shared memory): raise "
-                  "memory.host_limit or train with one rank",
-                  mf_format_bytes(mf_host_spill_bytes(&h->u), b, sizeof b));
-  }
+/* The node's block: master weights, gradient sums, m, v, the bf16 working
+ * copy, as views into base (NULL: none); returns its bytes. */
+static size_t lay_out(mf_host_state *h, const mf_param_table *t, const mf_run_plan *rp, char *base) {
   const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(h->moments);
-  char *base = (char *)block;
   size_t at = 0;
   carve(base, &at, n * sizeof(float), &h->master);
   carve(base, &at, n * sizeof(float), &h->grads);
   carve(base, &at, n * ms, &h->m);
   carve(base, &at, n * ms, &h->v);
   carve(base, &at, rp->storage == MF_DTYPE_BF16 ? n * sizeof(uint16_t) : 0, &h->working);
-  *w = (float *)h->master.ptr;
+  return at;
+}
+
+mf_status mf_host_state_node_bytes(const mf_config *cfg, const mf_param_table *t, const mf_run_plan *rp,
+                                   size_t *bytes) {
+  const uint64_t spill = mf_host_spill_bytes(&rp->host);
+  if (spill > 0) {
+    char b[32];
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "memory.host_limit: the plan spills %s of host state to NVMe, which a run of several ranks "
+                  "cannot do yet (their one copy of the state is in the node's shared memory): raise "
+                  "memory.host_limit or train with one rank",
+                  mf_format_bytes(spill, b, sizeof b));
+  }
+  mf_host_state h;
+  memset(&h, 0, sizeof h);
+  h.moments = moments_of(cfg);
+  *bytes = lay_out(&h, t, rp, NULL);
   return MF_OK;
+}
+
+void mf_host_state_init_node(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
+                             const mf_run_plan *rp, void *block, float **w) {
+  memset(h, 0, sizeof *h);
+  h->u = rp->host;
+  h->node = 1;
+  h->moments = moments_of(cfg);
+  lay_out(h, t, rp, (char *)block);
+  *w = (float *)h->master.ptr;
 }

@@ -230,10 +230,10 @@ static mf_status node_state(run *r) {
   const mf_config *cfg = r->cfg;
   const mf_param_table *t = r->t;
   const mf_run_plan *rp = r->tr.rp;
-  const mf_dtype moments = cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
-  MF_CHECK(mf_ranks_share(&r->rk, t, mf_host_state_node_bytes(t, rp, moments), rp->prog->norm_first,
-                          rp->prog->norm_chunks));
-  MF_CHECK(mf_host_state_init_node(&r->hs, cfg, t, rp, mf_comm_shared_ptr(r->rk.home), &r->w));
+  size_t bytes = 0;
+  MF_CHECK(mf_host_state_node_bytes(cfg, t, rp, &bytes)); /* before anything large is allocated */
+  MF_CHECK(mf_ranks_share(&r->rk, t, bytes, rp->prog->norm_first, rp->prog->norm_chunks));
+  mf_host_state_init_node(&r->hs, cfg, t, rp, mf_comm_shared_ptr(r->rk.home), &r->w);
   r->w_owned = 0;
   const size_t n = (size_t)t->total_numel;
   if (r->rk.lrank == 0) {
@@ -686,26 +686,22 @@ static int cmp_double(const void *a, const void *b) {
  * shared by k processes counts 1/k in each), summed over the node's ranks,
  * into out and on stderr. */
 static mf_status host_memory(run *r, mf_train_summary *out) {
-  int64_t pss[2] = {(int64_t)mf_ranks_process_pss(), 0};
-  if (r->multi) {
-    MF_CHECK(mf_comm_node_barrier(r->rk.comm)); /* every rank alive and its state touched */
-    pss[1] = (int64_t)mf_comm_nodes(r->rk.comm);
-    pss[0] = (int64_t)mf_ranks_process_pss();
-    MF_CHECK(mf_comm_allreduce_sum_i64(r->rk.comm, pss, 1));
-  }
-  out->host_pss_bytes = (uint64_t)pss[0] / (uint64_t)(pss[1] > 1 ? pss[1] : 1);
+  if (r->multi) MF_CHECK(mf_comm_node_barrier(r->rk.comm)); /* every rank alive and its state touched */
+  int64_t pss = (int64_t)mf_ranks_process_pss();
+  if (r->multi) MF_CHECK(mf_comm_allreduce_sum_i64(r->rk.comm, &pss, 1));
+  out->host_pss_bytes = (uint64_t)pss / (uint64_t)(r->multi ? mf_comm_nodes(r->rk.comm) : 1);
   if (r->quiet || !out->host_pss_bytes) return MF_OK;
   char a[32], b[32];
-  const size_t state =
-      r->multi ? r->hs.master.bytes + r->hs.grads.bytes + r->hs.m.bytes + r->hs.v.bytes + r->hs.working.bytes
-               : 0;
-  if (r->multi)
-    MF_LOGI("train",
-            "host memory: %s (Pss) a node, its %d rank%s together; the host state's %s in one copy %s",
-            mf_format_bytes(out->host_pss_bytes, a, sizeof a), r->rk.lsize, r->rk.lsize == 1 ? "" : "s",
-            mf_format_bytes(state, b, sizeof b), r->rk.lsize == 1 ? "a node" : "they share");
-  else
-    MF_LOGI("train", "host memory: %s (Pss)", mf_format_bytes(out->host_pss_bytes, a, sizeof a));
+  mf_format_bytes(out->host_pss_bytes, a, sizeof a);
+  if (!r->multi) {
+    MF_LOGI("train", "host memory: %s (Pss)", a);
+    return MF_OK;
+  }
+  const mf_host_state *h = &r->hs;
+  const size_t state = h->master.bytes + h->grads.bytes + h->m.bytes + h->v.bytes + h->working.bytes;
+  MF_LOGI("train", "host memory: %s (Pss) a node, its %d rank%s together; the host state's %s in one copy %s",
+          a, r->rk.lsize, r->rk.lsize == 1 ? "" : "s", mf_format_bytes(state, b, sizeof b),
+          r->rk.lsize == 1 ? "a node" : "they share");
   return MF_OK;
 }
 
@@ -770,7 +766,6 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
   memset(&r, 0, sizeof r);
   r.cfg = cfg;
   r.rank0 = 1;
-  mf_status st = MF_OK;
   if (comm && mf_comm_size(comm) > 1) {
     r.multi = 1;
     r.cfg_ranks = *cfg;
@@ -789,7 +784,7 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
   r.w_owned = 1;
   r.resume = resume;
   r.resume_dir = dir;
-  if (st == MF_OK) st = setup(&r, out);
+  mf_status st = setup(&r, out);
   if (st == MF_OK && !quiet) log_start(&r, out);
   r.t_start = mf_time_now();
   mf_window_start(&r.win, r.t_start);

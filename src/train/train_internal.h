@@ -103,13 +103,15 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
                              const mf_run_plan *rp, float **w, int *w_owned, int quiet);
 void mf_host_state_free(mf_host_state *h);
 /* Several ranks on a node: their one copy of the host state — master weights,
- * gradient sums, moments, the bf16 working copy — in `block`, memory the
- * node's ranks share of mf_host_state_node_bytes; *w is the master weights'
- * part. A plan that spills host state to NVMe is refused (not built for
- * ranks). */
-size_t mf_host_state_node_bytes(const mf_param_table *t, const mf_run_plan *rp, mf_dtype moments);
-mf_status mf_host_state_init_node(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
-                                  const mf_run_plan *rp, void *block, float **w);
+ * gradient sums, moments, the bf16 working copy — in one block of memory the
+ * node's ranks share. mf_host_state_node_bytes gives its size (a plan that
+ * spills host state to NVMe is refused: not built for ranks); then
+ * mf_host_state_init_node lays the state out in `block` of that size, *w
+ * the master weights' part. */
+mf_status mf_host_state_node_bytes(const mf_config *cfg, const mf_param_table *t, const mf_run_plan *rp,
+                                   size_t *bytes);
+void mf_host_state_init_node(mf_host_state *h, const mf_config *cfg, const mf_param_table *t,
+                             const mf_run_plan *rp, void *block, float **w);
 /* Parameter i's host state is done with for this step: spilled pages may go. */
 void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i);
 
