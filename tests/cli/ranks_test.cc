@@ -230,8 +230,9 @@ TEST(Ranks, TheNodeHoldsOneCopyOfTheState) {
   // 8 experts of 3 x 512 x 640 in 12 layers: 95M parameters, a host state of
   // about 1.5 GiB (fp32 master, gradient sums, two moments); the experts
   // stream through a small device arena, so each rank's own memory is small
-  // (about 150 MiB a process here: the arena, and 82 MiB of the CUDA
-  // libraries' static data that every process of this binary has).
+  // (about 150 MiB a process here: the arena, and an 82 MiB anonymous
+  // mapping beside libcublasLt in every process of this binary, by its
+  // place the CUDA libraries' static data).
   const std::string model =
       "model.init.hidden=512 model.init.heads=8 model.init.kv_heads=4 model.init.layers=12 "
       "model.init.experts=8 "
