@@ -32,7 +32,7 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_EMBED_BWD] = {"embed_bwd", {I32("ids", R), {"dout", R}, F32("dtable", A)}, {"T", "V", "H"}},
     [MF_K_RMSNORM_FWD] = {"rmsnorm_fwd", {{"x", R}, {"w", R}, {"y", W}, F32("rstd", W)}, {"R", "C"}, {"eps"}},
     [MF_K_RMSNORM_BWD] = {"rmsnorm_bwd",
-                          {{"dy", R}, {"x", R}, {"w", R}, F32("rstd", R), {"dx", ACC}, F32("dw", A)},
+                          {{"dy", R}, {"x", R}, {"w", R}, F32("rstd", R), {"dx", ACC}, {"dw", A, 1, MF_KT_F32}},
                           {"R", "C", "accumulate"}},
     [MF_K_LINEAR_FWD] = {"linear_fwd",
                          {{"x", R}, {"W", R}, OPT("bias", R), {"y", ACC}},
@@ -64,6 +64,7 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     /* fp32 = 1 for gradient sums, which are never rounded to bf16 (their
      * operands are F32 in a BF16 program too) */
     [MF_K_ADD] = {"add", {{"x", R}, {"y", A}}, {"n", "fp32"}},
+    [MF_K_SCALE] = {"scale", {{"x", A}}, {"n"}, {"s"}},
     [MF_K_ROUTER_FWD] = {"router_fwd",
                          {{"logits", R}, F32("probs", W), I32("topk_idx", W), F32("topk_w", W)},
                          {"T", "E", "K", "norm_topk"}},

@@ -57,6 +57,7 @@ typedef enum mf_kernel {
   MF_K_SIGGATE_FWD, /* the twins: mf_cpu_sigmoid_gate_fwd, mf_cuda_sigmoid_gate_fwd */
   MF_K_SIGGATE_BWD,
   MF_K_ADD,
+  MF_K_SCALE, /* x *= s in place (the LoRA adapters' alpha / rank) */
   MF_K_ROUTER_FWD,
   MF_K_ROUTER_BWD,
   MF_K_MOE_DISPATCH,

@@ -172,11 +172,19 @@ static int pinned_optim(const side *s, int32_t i) {
   return s->pins && s->pins->optim && s->pins->optim[i];
 }
 
+/* Whether layer l (-1: the parameters of no layer) has a trained parameter. */
+static int trains(const side *s, int32_t l) {
+  for (int32_t j = s->pstart[l + 1]; j < s->pstart[l + 2]; j++)
+    if (!s->p->params->params[s->pparams[j]].frozen) return 1;
+  return 0;
+}
+
 /* Whether putting layer l's optimizer on the device would change a pinned
  * decision (d holds the pinned ones, which nothing changes). */
 static int optim_blocked(const side *s, int32_t l, const mf_decisions *d) {
   for (int32_t j = s->pstart[l + 1]; j < s->pstart[l + 2]; j++) {
     const int32_t i = s->pparams[j];
+    if (s->p->params->params[i].frozen) continue;
     if ((pinned_param(s, i) && d->param[i] != MF_PARAM_RESIDENT) ||
         (pinned_grad(s, i) && d->grad[i] != MF_GRAD_DEVICE) ||
         (pinned_optim(s, i) && d->optim[i] != MF_OPTIM_DEVICE))
@@ -185,14 +193,16 @@ static int optim_blocked(const side *s, int32_t l, const mf_decisions *d) {
   return 0;
 }
 
-/* C_OPTIM_DEVICE on layer l: every parameter of the layer resident, its
- * gradient on the device and its optimizer there. 0 (nothing changed) when
- * that would change a pinned decision. */
+/* C_OPTIM_DEVICE on layer l: every trained parameter of the layer resident,
+ * its gradient on the device and its optimizer there (a frozen one, LoRA's
+ * base, has none and stays as it is). 0 (nothing changed) when that would
+ * change a pinned decision. */
 static int apply_optim(const side *s, int32_t l, mf_decisions *d) {
   if (optim_blocked(s, l, d)) return 0;
   int changed = 0;
   for (int32_t j = s->pstart[l + 1]; j < s->pstart[l + 2]; j++) {
     const int32_t i = s->pparams[j];
+    if (s->p->params->params[i].frozen) continue;
     changed +=
         d->param[i] != MF_PARAM_RESIDENT || d->grad[i] != MF_GRAD_DEVICE || d->optim[i] != MF_OPTIM_DEVICE;
     d->param[i] = MF_PARAM_RESIDENT;
@@ -269,7 +279,7 @@ static int32_t make_cands(const side *s, const uint8_t *want, int coarse, cand *
     if (!p->forward_only) out[n++] = (cand){C_GRADS_DEVICE, l, -1, 0, 0, 0, 0, 0};
     if (s->share && l >= 0 && mf_model_spec_layer_is_moe(&p->spec, l) && p->spec.experts >= 4)
       for (int32_t q = 1; q <= MF_EXPERTS_HOT_QUARTERS; q++) out[n++] = (cand){C_EXPERTS_HOT, l, -1, 0, 0, 0, 0, q};
-    if (!p->forward_only && p->adamw_op && p->ranks <= 1 && s->pstart[l + 2] > s->pstart[l + 1])
+    if (!p->forward_only && p->adamw_op && p->ranks <= 1 && trains(s, l))
       out[n++] = (cand){C_OPTIM_DEVICE, l, -1, 0, 0, 0, 0, 0};
   }
   if (coarse) {

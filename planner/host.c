@@ -30,7 +30,7 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
       u.cold_master_bytes += 4 * numel;
       continue;
     }
-    if (!p->forward_only) {
+    if (!p->forward_only && !p->params->params[i].frozen) { /* a frozen weight has neither */
       u.grad_bytes += 4 * numel;
       u.moment_bytes += moment * numel;
     }

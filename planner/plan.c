@@ -123,7 +123,8 @@ mf_status mf_plan_baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_
      * every plan of several data-parallel ranks (their gradients meet at
      * home). */
     const int device_optim = (kind == MF_PLAN_RESIDENT || kind == MF_PLAN_CHECKPOINT) && p->ranks <= 1;
-    d->optim[i] = device_optim && !p->forward_only && p->adamw_op ? MF_OPTIM_DEVICE : MF_OPTIM_HOST;
+    d->optim[i] = device_optim && !p->forward_only && p->adamw_op && p->adamw_op[i] >= 0 ? MF_OPTIM_DEVICE
+                                                                                         : MF_OPTIM_HOST;
   }
   memset(d->act, MF_ACT_KEEP, (size_t)d->n_tensors);
   if (kind == MF_PLAN_LEAST_MEMORY) mf_plan_least_activations(p, opt, d);

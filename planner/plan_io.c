@@ -194,7 +194,8 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
     put_entry(&w, &p->tensors[p->param_tensor[i]], MF_PLAN_K_PARAM, d->param[i], d->optim[i]);
   if (!p->forward_only)
     for (int32_t i = 0; i < d->n_params; i++)
-      put_entry(&w, &p->tensors[p->grad_tensor[i]], MF_PLAN_K_GRAD, d->grad[i], -1);
+      if (p->grad_tensor[i] >= 0) /* else frozen */
+        put_entry(&w, &p->tensors[p->grad_tensor[i]], MF_PLAN_K_GRAD, d->grad[i], -1);
   for (int32_t t = 0; t < p->n_tensors; t++)
     if (mf_plan_io_kind_of(p, t) == MF_PLAN_K_ACT)
       put_entry(&w, &p->tensors[t], MF_PLAN_K_ACT, d->act[t], -1);
@@ -325,7 +326,7 @@ static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, siz
                     "optimizer: device needs the gradients on the device, but this override says grads: "
                     "stream");
     for (int64_t i = 0; i < p->params->n; i++) {
-      if (!matches(pat, p->params->params[i].name)) continue;
+      if (!matches(pat, p->params->params[i].name) || p->params->params[i].frozen) continue;
       const int weights = x->pparam[i] && x->param[i] == MF_PARAM_STREAM;
       if (!weights && !(x->pgrad[i] && x->grad[i] == MF_GRAD_STREAM)) continue;
       char from[600];
@@ -338,10 +339,15 @@ static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, siz
     }
   }
   if (pd >= 0 || gd >= 0 || od >= 0) {
-    int64_t hit = 0;
+    int64_t hit = 0, hit_frozen = 0;
     for (int64_t i = 0; i < p->params->n; i++) {
       if (!matches(pat, p->params->params[i].name)) continue;
       hit++;
+      if (p->params->params[i].frozen) { /* LoRA's base: its weights only (no gradient, no optimizer) */
+        hit_frozen++;
+        if (pd >= 0) x->param[i] = (uint8_t)pd, x->pparam[i] = 1;
+        continue;
+      }
       if (pd >= 0) x->param[i] = (uint8_t)pd, x->pparam[i] = 1;
       if (gd >= 0) x->grad[i] = (uint8_t)gd, x->pgrad[i] = 1;
       if (optim) x->optim[i] = (uint8_t)od, x->poptim[i] = 1;
@@ -360,6 +366,11 @@ static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, siz
       return OV_ERR(MF_ERR_CONFIG, "match '%s' matches no parameter (parameter names look like '%s')", q,
                     p->params->params[ex].name);
     }
+    if (pd < 0 && hit == hit_frozen && !p->forward_only)
+      return OV_ERR(MF_ERR_CONFIG,
+                    "'%s' matches only frozen weights (train.lora: the base is not trained), which have no "
+                    "gradient and no optimizer; give them params: resident or stream",
+                    q);
   }
   if (ad == MF_ACT_RECOMPUTE && !x->opt) MF_CHECK(mf_plan_io_act_options(p, &x->opt));
   if (ad >= 0) {

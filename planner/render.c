@@ -519,8 +519,9 @@ static void layer_row(mf_table *tb, const mf_program *p, const mf_decisions *d, 
   int wr = 0, ws = 0, gd = 0, gs = 0, od = 0, n = 0, ak = 0, ao = 0, ar = 0;
   for (int32_t i = 0; i < d->n_params; i++) {
     if (p->params->params[i].layer != l) continue;
-    n++;
     d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+    if (p->params->params[i].frozen) continue; /* no gradient, no optimizer */
+    n++;
     d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
     od += d->optim[i] == MF_OPTIM_DEVICE;
   }
@@ -562,10 +563,12 @@ mf_status mf_render_optimizer_summary(const mf_program *p, const mf_decisions *d
     fprintf(out, "optimizer: none (a forward-only step)\n");
     return text_done(out, "mf_render_optimizer_summary");
   }
-  int n_dev = 0;
+  int n_dev = 0, n = 0;
   int64_t numel = 0, numel_dev = 0;
   uint64_t weight_bytes = 0, state_bytes = 0;
   for (int32_t i = 0; i < d->n_params; i++) {
+    if (p->params->params[i].frozen) continue; /* LoRA's base: no optimizer */
+    n++;
     numel += p->params->params[i].numel;
     if (d->optim[i] != MF_OPTIM_DEVICE) continue;
     n_dev++;
@@ -574,17 +577,17 @@ mf_status mf_render_optimizer_summary(const mf_program *p, const mf_decisions *d
     if (p->state_tensor && p->state_tensor[i] >= 0) state_bytes += p->tensors[p->state_tensor[i]].bytes;
   }
   if (n_dev == 0) {
-    fprintf(out, "optimizer: all %d parameters updated on the host (AdamW at home)\n", (int)d->n_params);
+    fprintf(out, "optimizer: all %d %sparameters updated on the host (AdamW at home)\n", n,
+            n < d->n_params ? "trained " : "");
     return text_done(out, "mf_render_optimizer_summary");
   }
   char a[32], b[32], c[32], e[32];
-  fprintf(
-      out,
-      "optimizer: %d of %d parameters (%s of %s elements) updated on the device: %s of weights and %s "
-      "of AdamW state (%s moments) stay there across steps; %d on the host\n",
-      n_dev, (int)d->n_params, mf_format_count((double)numel_dev, c, sizeof c),
-      mf_format_count((double)numel, e, sizeof e), mf_format_bytes(weight_bytes, a, sizeof a),
-      mf_format_bytes(state_bytes, b, sizeof b), p->moments == MF_DTYPE_BF16 ? "bf16" : "fp32",
-      (int)d->n_params - n_dev);
+  fprintf(out,
+          "optimizer: %d of %d %sparameters (%s of %s elements) updated on the device: %s of weights and %s "
+          "of AdamW state (%s moments) stay there across steps; %d on the host\n",
+          n_dev, n, n < d->n_params ? "trained " : "", mf_format_count((double)numel_dev, c, sizeof c),
+          mf_format_count((double)numel, e, sizeof e), mf_format_bytes(weight_bytes, a, sizeof a),
+          mf_format_bytes(state_bytes, b, sizeof b), p->moments == MF_DTYPE_BF16 ? "bf16" : "fp32",
+          n - n_dev);
   return text_done(out, "mf_render_optimizer_summary");
 }

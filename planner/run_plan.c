@@ -115,7 +115,7 @@ static void between_nodes(const mf_config *cfg, const mf_param_table *t, mf_run_
   rp->nodes = (ranks + per - 1) / per;
   rp->between_nodes_s = 0;
   if (rp->nodes <= 1) return;
-  const double bytes = 4.0 * (double)t->total_numel * (double)(rp->nodes - 1);
+  const double bytes = 4.0 * (double)t->trainable_numel * (double)(rp->nodes - 1);
   rp->between_nodes_s = rp->hw.network_bandwidth > 0 ? bytes / rp->hw.network_bandwidth : NAN;
 }
 
@@ -205,12 +205,9 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   MF_CHECK(mf_calloc(1, sizeof *rp, "the run plan", (void **)&rp));
   rp->use = use;
   mf_status st = MF_OK;
-  if (use == MF_RUN_TRAIN && cfg->train.lora.rank > 0) {
-    const char *at = mf_config_where(cfg, "train.lora.rank");
-    st = MF_ERR(MF_ERR_UNSUPPORTED,
-                "train.lora.rank %lld%s%s%s: training LoRA adapters is not built yet (train.lora is read and "
-                "checked, nothing more); train.lora.rank: 0 trains every weight",
-                (long long)cfg->train.lora.rank, at ? " (" : "", at ? at : "", at ? ")" : "");
+  if (cfg->train.lora.rank > 0 && t->lora.rank != cfg->train.lora.rank) {
+    st = MF_ERR(MF_ERR_INTERNAL, "run plan: train.lora.rank is %lld but the parameter table has no adapters",
+                (long long)cfg->train.lora.rank);
     goto fail;
   }
   if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {

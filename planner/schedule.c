@@ -543,6 +543,9 @@ static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, c
     if (d->optim[i] == MF_OPTIM_DEVICE && (p->forward_only || !p->adamw_op))
       return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no optimizer (%s)",
                     p->params->params[i].name);
+    if (d->optim[i] == MF_OPTIM_DEVICE && p->adamw_op[i] < 0)
+      return MF_ERR(MF_ERR_CONFIG, "plan: %s is frozen (train.lora): it has no optimizer (optimizer: host)",
+                    p->params->params[i].name);
   }
   if (p->forward_only)
     for (int32_t i = 0; i < d->n_params; i++)

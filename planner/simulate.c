@@ -392,7 +392,7 @@ static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double sca
     if (in->kind != MF_I_H2D) continue;
     const mf_ptensor *x = &p->tensors[s->slots[in->slot].tensor];
     if (x->kind != MF_T_PARAM || x->param < 0 || x->param >= np || w->seen[x->param] ||
-        on_device(s, x->param))
+        on_device(s, x->param) || p->params->params[x->param].frozen)
       continue;
     w->seen[x->param] = 1;
     t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[x->param].numel);
@@ -499,10 +499,10 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
   const int overlap = has_opt && o->overlap_optimizer;
   int64_t host_numel = 0;
   for (int32_t i = 0; has_opt && i < (int32_t)p->params->n; i++)
-    if (!on_device(s, i)) host_numel += p->params->params[i].numel;
+    if (!on_device(s, i) && !p->params->params[i].frozen) host_numel += p->params->params[i].numel;
   /* A floor on the updates' total (optimizer state streaming from NVMe, an
    * estimate for every parameter) slows every host update alike. */
-  const double all = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->total_numel) : 0.0;
+  const double all = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->trainable_numel) : 0.0;
   const double scale = o->optimizer_floor_seconds > all && all > 0 ? o->optimizer_floor_seconds / all : 1.0;
   double updates = host_numel > 0 ? scale * mf_hw_adamw_seconds(hw, (double)host_numel) : 0.0;
   if (st == MF_OK && overlap) updates = set_gates(s, hw, scale, &w);

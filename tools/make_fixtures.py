@@ -384,6 +384,22 @@ def check_adamw(name, before, after, grads):
 
 
 # ----------------------------------------------------------------------------- one fixture
+def batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, router_logits):
+    """A fixture's batch and what the model made of it, as fixture.safetensors holds them."""
+    tensors = {
+        "input_ids": ids.numpy().astype("<i4"),
+        "labels": labels.numpy().astype("<i4"),
+        "loss_mask": loss_mask.numpy().astype("<i4"),
+        "logits": logits.numpy().astype("<f4"),
+        "loss": np.array(loss.item(), dtype="<f4"),
+        "ce_loss": np.array(ce.item(), dtype="<f4"),
+        "aux_loss": np.array(aux.item(), dtype="<f4"),
+    }
+    for li, lg in zip(moe_layers, router_logits):
+        tensors[f"router_logits.{li}"] = lg.detach().numpy().astype("<f4")
+    return tensors
+
+
 def make_fixture(fx, outdir):
     name = fx["name"]
     seed = pick_seed(fx)
@@ -473,17 +489,7 @@ def make_fixture(fx, outdir):
     after = {n: p.detach().clone() for n, p in params.items()}
     adam_err = check_adamw(name, before, after, grads)
 
-    tensors = {
-        "input_ids": ids.numpy().astype("<i4"),
-        "labels": labels.numpy().astype("<i4"),
-        "loss_mask": loss_mask.numpy().astype("<i4"),
-        "logits": logits.numpy().astype("<f4"),
-        "loss": np.array(loss.item(), dtype="<f4"),
-        "ce_loss": np.array(ce.item(), dtype="<f4"),
-        "aux_loss": np.array(aux.item(), dtype="<f4"),
-    }
-    for li, lg in zip(moe_layers, out.router_logits):
-        tensors[f"router_logits.{li}"] = lg.detach().numpy().astype("<f4")
+    tensors = batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
     for n, g in grads.items():
         tensors[f"grad.{n}"] = g.numpy().astype("<f4")
     for n, p in after.items():
@@ -691,11 +697,13 @@ def generate(outdir):
     return rows
 
 
-def compare(ref_dir, new_dir):
+def compare(ref_dir, new_dir, names=None, files=("config.json", "model.safetensors", "fixture.safetensors")):
+    """The fixtures of ref_dir against new_dir: `files` of each of `names` (default: FIXTURES'),
+    byte-identical, or fixture.safetensors within CHECK_RTOL/CHECK_ATOL; NOTES.md identical."""
     ok = True
-    names = [fx["name"] for fx in FIXTURES]
+    names = names if names is not None else [fx["name"] for fx in FIXTURES]
     for n in names:
-        for f in ("config.json", "model.safetensors", "fixture.safetensors"):
+        for f in files:
             a, b = os.path.join(ref_dir, n, f), os.path.join(new_dir, n, f)
             if not os.path.exists(a):
                 print(f"MISSING {n}/{f}")

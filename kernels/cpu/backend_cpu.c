@@ -500,6 +500,8 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
       if (i[1]) exact.round_bf16 = 0; /* gradient sums stay fp32 */
       return mf_cpu_add(CF(0), i[0], F(1), &exact);
     }
+    case MF_K_SCALE:
+      return mf_cpu_scale(F(0), i[0], (float)k->f[0], x);
     case MF_K_ROUTER_FWD:
       return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), x);
     case MF_K_ROUTER_BWD:

@@ -68,7 +68,7 @@ mf_status mf_cpu_embed_bwd(const int32_t *ids, int64_t T, const float *dout, int
 mf_status mf_cpu_rmsnorm_fwd(const float *x, const float *w, int64_t R, int64_t C, float eps, float *y,
                              float *rstd, const mf_kctx *ctx);
 /* dx = rstd * (w*dy - xhat * mean(w*dy*xhat)),  xhat = x*rstd  (written, or added
- * when accumulate);  dw[c] += sum_r dy[r,c]*xhat[r,c]  (added). */
+ * when accumulate);  dw[c] += sum_r dy[r,c]*xhat[r,c]  (added; dw NULL: not computed, a frozen weight). */
 mf_status mf_cpu_rmsnorm_bwd(const float *dy, const float *x, const float *w, const float *rstd, int64_t R,
                              int64_t C, float *dx, float *dw, int accumulate, const mf_kctx *ctx);
 
@@ -128,6 +128,8 @@ mf_status mf_cpu_sigmoid_gate_bwd(const float *gl, const float *x, const float *
                                   float *dx, float *dgl, const mf_kctx *ctx);
 /* y += x (n elements). */
 mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx);
+/* x *= s in place (n elements; fp32 multiply, rounded once in round_bf16 mode). */
+mf_status mf_cpu_scale(float *x, int64_t n, float s, const mf_kctx *ctx);
 
 /* --------------------------------------------------------------- router */
 

@@ -29,6 +29,7 @@ typedef struct ew_args {
   const float *g, *u, *dact, *x, *dy;
   float *out0, *out1;
   int64_t n, R, C;
+  float s; /* scale */
   int round_bf16;
 } ew_args;
 
@@ -156,5 +157,22 @@ mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx) {
   ew_args a = {0};
   a.x = x, a.out0 = y, a.n = n, a.round_bf16 = ctx->round_bf16;
   ew_run(ctx, add_task, &a, (double)n);
+  return MF_OK;
+}
+
+/* ----------------------------------------------------------------- scale */
+
+static void scale_task(void *arg, int i, int n) {
+  const ew_args *a = (const ew_args *)arg;
+  size_t b, e;
+  mf_partition((size_t)a->n, EW_GRAIN, i, n, &b, &e);
+  for (size_t k = b; k < e; k++) a->out0[k] = rnd(a->round_bf16, a->out0[k] * a->s);
+}
+
+mf_status mf_cpu_scale(float *x, int64_t n, float s, const mf_kctx *ctx) {
+  if (n <= 0) return MF_OK;
+  ew_args a = {0};
+  a.out0 = x, a.n = n, a.s = s, a.round_bf16 = ctx->round_bf16;
+  ew_run(ctx, scale_task, &a, (double)n);
   return MF_OK;
 }

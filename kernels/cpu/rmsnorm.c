@@ -91,6 +91,7 @@ static void norm_bwd_task(void *arg, int i, int n) {
     }
   }
 
+  if (!a->dw) return; /* a frozen weight: no gradient */
   size_t c0, c1;
   mf_partition((size_t)C, 16, i, n, &c0, &c1);
   float acc[DW_CHUNK];

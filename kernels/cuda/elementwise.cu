@@ -475,6 +475,7 @@ mf_status mf_cuda_rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *
   rmsnorm_bwd_dx_kernel<T>
       <<<mf_cuda_grid_rows(R), MF_CUDA_BLOCK, 0, s>>>(dy, x, w, rstd, R, C, dx, accumulate);
   MF_CUDA_CHECK_LAUNCH();
+  if (!dw) return MF_OK; /* a frozen weight: no gradient */
   const int64_t P = mf_cuda_rmsnorm_dw_parts(R);
   const int64_t rb = (R + P - 1) / P;
   const bool vec = C % N == 0 && aligned16(dy) && aligned16(x) && aligned16(scratch);
@@ -693,6 +694,28 @@ mf_status mf_cuda_add(const T *x, int64_t n, T *y, cudaStream_t s) {
   return MF_OK;
 }
 
+template <typename T>
+static __global__ void scale_kernel(T *__restrict__ x, int64_t n, bool vec, float sc) {
+  constexpr int N = mf_vec<T>::n;
+  GRID_STRIDE(k, (n + N - 1) / N) {
+    const int64_t c = k * N;
+    float v[N];
+    ld_chunk<N>(x, c, n, vec, v);
+#pragma unroll
+    for (int j = 0; j < N; j++) v[j] = v[j] * sc;
+    st_chunk<N>(x, c, n, vec, v);
+  }
+}
+
+template <typename T>
+mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s) {
+  if (n <= 0) return MF_OK;
+  scale_kernel<T>
+      <<<mf_cuda_grid((n + mf_vec<T>::n - 1) / mf_vec<T>::n), MF_CUDA_BLOCK, 0, s>>>(x, n, aligned16(x), sc);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
 // ------------------------------------------------------ instantiations
 
 #define MF_ELEMENTWISE_LAUNCHERS(T)                                                                          \
@@ -714,7 +737,8 @@ mf_status mf_cuda_add(const T *x, int64_t n, T *y, cudaStream_t s) {
   template mf_status mf_cuda_sigmoid_gate_fwd<T>(const T *, const T *, int64_t, int64_t, T *, cudaStream_t); \
   template mf_status mf_cuda_sigmoid_gate_bwd<T>(const T *, const T *, const T *, int64_t, int64_t, T *,     \
                                                  T *, cudaStream_t);                                         \
-  template mf_status mf_cuda_add<T>(const T *, int64_t, T *, cudaStream_t);
+  template mf_status mf_cuda_add<T>(const T *, int64_t, T *, cudaStream_t);                                  \
+  template mf_status mf_cuda_scale<T>(T *, int64_t, float, cudaStream_t);
 
 MF_ELEMENTWISE_LAUNCHERS(float)
 MF_ELEMENTWISE_LAUNCHERS(mf_bf16)

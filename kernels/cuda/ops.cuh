@@ -89,6 +89,8 @@ mf_status mf_cuda_sigmoid_gate_bwd(const T *gl, const T *x, const T *dy, int64_t
                                    cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_add(const T *x, int64_t n, T *y, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s);
 
 // -------------------------------------------------------------- routing.cu
 template <typename T>

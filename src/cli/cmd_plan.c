@@ -387,6 +387,11 @@ int mf_cli_plan(int argc, char **argv) {
       path, mf_family_name(spec.family), mf_format_count((double)total, n1, sizeof n1),
       mf_format_count((double)active, n2, sizeof n2), (long long)spec.layers, (long long)spec.experts,
       (long long)spec.top_k, mf_program_order_name(p->order), mf_dtype_name(p->storage));
+  if (t->lora_a) {
+    char lora[512];
+    mf_lora_describe(t, lora, sizeof lora);
+    printf("%s\n", lora);
+  }
   char rk[64] = "";
   if (ranks > 1) snprintf(rk, sizeof rk, "%lld ranks x ", (long long)ranks);
   printf("batch: %s%lld micro-batches x %lld sequences x %lld tokens = %lld tokens per step\n", rk,

@@ -7,6 +7,7 @@
 
 #include "src/cli/commands.h"
 #include "src/model/hf_config.h"
+#include "src/train/train.h"
 
 int mf_cli_fail(const char *cmd, mf_status s) {
   fprintf(stderr, "moefit %s: error: %s\n", cmd, mf_last_error());
@@ -72,10 +73,5 @@ char **mf_cli_split_options(int *argc, char **argv) {
 
 /* See commands.h. */
 mf_status mf_cli_param_table(const mf_config *cfg, mf_param_table **out) {
-  mf_model_spec spec;
-  if (cfg->model.has_init)
-    spec = cfg->model.init;
-  else
-    MF_CHECK(mf_hf_config_load(cfg->model.path, &spec));
-  return mf_param_table_build(&spec, out);
+  return mf_run_model_table(cfg, NULL, out);
 }

@@ -103,8 +103,8 @@ typedef struct mf_config_data {
   int64_t seq_len; /* tokens per sequence */
 } mf_config_data;
 
-/* train.lora: low-rank adapters over a frozen base (issue 18; the config is
- * read and checked, the training is not built yet). */
+/* train.lora: low-rank adapters over a frozen base (src/model/params.h
+ * mf_lora; src/train mf_run_lora turns this into the table's adapters). */
 #define MF_CONFIG_LORA_MAX_TARGETS 16
 #define MF_CONFIG_LORA_NAME_MAX 16
 typedef enum mf_config_lora_experts {

@@ -126,15 +126,14 @@ const mf_config_key mf_config_keys[] = {
         "and would otherwise spend its remaining steps changing nothing; 0: no limit"),
 
     SEC("train.lora", 0,
-        "LoRA: low-rank adapters trained over a frozen base (read and checked; training with them is not "
-        "built yet)"),
+        "LoRA: low-rank adapters trained over a frozen base (PEFT's maths and adapter format)"),
     KEY("train.lora.rank", MF_CK_INT, 0, train.lora.rank, 0, 4096, NULL, "0",
         "adapter rank r; 0: off (full fine-tuning: every weight trained)"),
     KEY("train.lora.alpha", MF_CK_FLOAT, MF_CK_NULLABLE | MF_CK_LO_OPEN, train.lora.alpha, 0, NOHI, NULL,
         "null",
         "the adapters' output is scaled by alpha / rank (PEFT's lora_alpha); null: rank (a scale of 1)"),
     KEY("train.lora.dropout", MF_CK_FLOAT, MF_CK_HI_OPEN, train.lora.dropout, 0, 1, NULL, "0.0",
-        "dropout on the adapters' input (PEFT's lora_dropout; deterministic from train.seed)"),
+        "dropout on the adapters' input (PEFT's lora_dropout); not built yet: above 0 is refused"),
     KEY("train.lora.targets", MF_CK_NAMELIST, MF_CK_DOCDEF, train.lora.targets, NOLO, NOHI,
         "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3",
         "[q_proj, k_proj, v_proj, o_proj]",
@@ -143,7 +142,7 @@ const mf_config_key mf_config_keys[] = {
         "and dense alike), w1, w3, w2 for Mixtral's experts"),
     KEY("train.lora.experts", MF_CK_ENUM, 0, train.lora.experts, NOLO, NOHI, "all|hot", "all",
         "routed experts that get adapters (when targets name an expert projection): all, or hot: each "
-        "layer's most routed by the measured routing statistics"),
+        "layer's most routed by the measured routing statistics (not built yet: refused)"),
     KEY("train.lora.hot_fraction", MF_CK_FLOAT, MF_CK_LO_OPEN, train.lora.hot_fraction, 0, 1, NULL, "0.25",
         "with experts: hot, the share of each layer's experts that get adapters"),
     KEY("train.lora.train_router", MF_CK_BOOL, 0, train.lora.train_router, NOLO, NOHI, NULL, "false",

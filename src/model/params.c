@@ -42,10 +42,15 @@ static mf_status add(builder *b, mf_param_role role, int64_t layer, int64_t expe
   p->shape[1] = d1 > 0 ? d1 : 0;
   p->numel = d0 * (d1 > 0 ? d1 : 1);
   p->offset = t->total_numel;
+  p->base = -1;
   t->total_numel += p->numel;
+  t->trainable_numel += p->numel;
   int32_t idx = (int32_t)t->n++;
+  t->n_base = t->lora_a ? t->n_base : t->n;
   const mf_model_spec *s = &t->spec;
-  if (layer < 0) {
+  if (role == MF_P_LORA_A || role == MF_P_LORA_B) {
+    /* found through lora_a */
+  } else if (layer < 0) {
     if (role == MF_P_EMBED) t->embed = idx;
     if (role == MF_P_FINAL_NORM) t->final_norm = idx;
     if (role == MF_P_LM_HEAD) t->lm_head = idx;
@@ -143,7 +148,77 @@ void mf_param_table_free(mf_param_table *t) {
   free(t->params);
   free(t->by_layer);
   free(t->experts);
+  free(t->lora_a);
   free(t);
+}
+
+/* ------------------------------------------------------------------- LoRA */
+
+uint32_t mf_lora_target_roles(mf_family family, const char *name) {
+  const int mixtral = family == MF_FAMILY_MIXTRAL;
+#define BIT(r) (1u << (r))
+  if (strcmp(name, "q_proj") == 0) return BIT(MF_P_Q);
+  if (strcmp(name, "k_proj") == 0) return BIT(MF_P_K);
+  if (strcmp(name, "v_proj") == 0) return BIT(MF_P_V);
+  if (strcmp(name, "o_proj") == 0) return BIT(MF_P_O);
+  if (mixtral) {
+    if (strcmp(name, "w1") == 0) return BIT(MF_P_EXPERT_GATE);
+    if (strcmp(name, "w3") == 0) return BIT(MF_P_EXPERT_UP);
+    if (strcmp(name, "w2") == 0) return BIT(MF_P_EXPERT_DOWN);
+    return 0;
+  }
+  if (strcmp(name, "gate_proj") == 0)
+    return BIT(MF_P_EXPERT_GATE) | BIT(MF_P_SHARED_GATE) | BIT(MF_P_DENSE_GATE);
+  if (strcmp(name, "up_proj") == 0) return BIT(MF_P_EXPERT_UP) | BIT(MF_P_SHARED_UP) | BIT(MF_P_DENSE_UP);
+  if (strcmp(name, "down_proj") == 0)
+    return BIT(MF_P_EXPERT_DOWN) | BIT(MF_P_SHARED_DOWN) | BIT(MF_P_DENSE_DOWN);
+#undef BIT
+  return 0;
+}
+
+/* "...q_proj.weight" -> "...q_proj.lora_A.weight" */
+static mf_status adapter_name(const char *base, const char *which, char *out, size_t cap) {
+  const size_t n = strlen(base), w = strlen(".weight");
+  if (n <= w || strcmp(base + n - w, ".weight") != 0)
+    return MF_ERR(MF_ERR_INTERNAL, "LoRA: %s is not a weight", base);
+  if ((size_t)snprintf(out, cap, "%.*s.%s.weight", (int)(n - w), base, which) >= cap)
+    return MF_ERR(MF_ERR_INTERNAL, "LoRA: the adapter name of %s is too long", base);
+  return MF_OK;
+}
+
+mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
+  if (l->rank == 0) return MF_OK;
+  if (t->lora_a || t->n != t->n_base) return MF_ERR(MF_ERR_INTERNAL, "LoRA: the table has adapters already");
+  if (l->rank < 0 || l->rank > 4096)
+    return MF_ERR(MF_ERR_CONFIG, "train.lora.rank %lld is outside [1, 4096]", (long long)l->rank);
+  const int64_t nb = t->n;
+  t->lora_a = (int32_t *)malloc((size_t)nb * sizeof *t->lora_a);
+  if (!t->lora_a) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "parameter table: out of memory");
+  t->lora = *l;
+  t->n_base = nb;
+  builder b = {t, t->n};
+  int64_t adapted = 0;
+  for (int64_t i = 0; i < nb; i++) {
+    t->lora_a[i] = -1;
+    mf_param *p = &t->params[i];
+    p->frozen = !(l->train_router && p->role == MF_P_ROUTER);
+    if (p->frozen) t->trainable_numel -= p->numel;
+    if (p->ndim != 2 || !(l->roles & (1u << p->role))) continue;
+    /* copies: add() may move t->params */
+    const mf_param w = *p;
+    char a[sizeof w.name], bn[sizeof w.name];
+    MF_CHECK(adapter_name(w.name, "lora_A", a, sizeof a));
+    MF_CHECK(adapter_name(w.name, "lora_B", bn, sizeof bn));
+    t->lora_a[i] = (int32_t)t->n;
+    MF_CHECK(add(&b, MF_P_LORA_A, w.layer, w.expert, l->rank, w.shape[1], "%s", a));
+    MF_CHECK(add(&b, MF_P_LORA_B, w.layer, w.expert, w.shape[0], l->rank, "%s", bn));
+    t->params[t->n - 2].base = t->params[t->n - 1].base = (int32_t)i;
+    adapted++;
+  }
+  if (adapted == 0)
+    return MF_ERR(MF_ERR_CONFIG, "train.lora.targets: the %s model has none of the weights named",
+                  mf_family_name(t->spec.family));
+  return MF_OK;
 }
 
 int32_t mf_param_index(const mf_param_table *t, mf_param_role role, int64_t layer, int64_t expert) {
@@ -181,8 +256,27 @@ static uint64_t splitmix64(uint64_t *x) {
 
 static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 0.5) * 0x1.0p-53; }
 
+/* One stream per parameter: the seed and the parameter's index. */
+static uint64_t stream_of(uint64_t seed, int64_t i) {
+  return seed * 0x2545f4914f6cdd1dull ^ ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull;
+}
+
+void mf_params_init_adapters(const mf_param_table *t, uint64_t seed, float *w) {
+  for (int64_t i = t->n_base; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    float *dst = w + p->offset;
+    if (p->role == MF_P_LORA_B) {
+      memset(dst, 0, (size_t)p->numel * sizeof *dst);
+      continue;
+    }
+    const double bound = 1.0 / sqrt((double)p->shape[1]);
+    uint64_t state = stream_of(seed, i);
+    for (int64_t j = 0; j < p->numel; j++) dst[j] = (float)(bound * (2.0 * uniform01(&state) - 1.0));
+  }
+}
+
 void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w) {
-  for (int64_t i = 0; i < t->n; i++) {
+  for (int64_t i = 0; i < t->n_base; i++) {
     const mf_param *p = &t->params[i];
     float *dst = w + p->offset;
     int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
@@ -192,7 +286,7 @@ void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, fl
       for (int64_t j = 0; j < p->numel; j++) dst[j] = is_norm ? 1.0f : 0.0f;
       continue;
     }
-    uint64_t state = seed * 0x2545f4914f6cdd1dull ^ ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull;
+    uint64_t state = stream_of(seed, i);
     for (int64_t j = 0; j < p->numel; j += 2) { /* Box-Muller: two normals per draw */
       double u1 = uniform01(&state), u2 = uniform01(&state);
       double r = sqrt(-2.0 * log(u1));
@@ -210,11 +304,43 @@ static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
   if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* Tensor x of file `path` (named `name` there) into dst as parameter p's fp32
+ * values: its shape must be p's; F32, BF16 and F16 are converted. */
+static mf_status read_tensor(const char *path, const mf_param *p, const char *name, const mf_st_tensor *x,
+                             float *dst) {
+  int same = x->ndim == p->ndim;
+  for (int d = 0; same && d < p->ndim; d++) same = x->shape[d] == p->shape[d];
+  if (!same) {
+    char want[64], got[64];
+    shape_str(p->shape, p->ndim, want, sizeof want);
+    shape_str(x->shape, x->ndim, got, sizeof got);
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, name, got, want);
+  }
+  switch (x->dtype) {
+    case MF_DTYPE_F32:
+      memcpy(dst, x->data, (size_t)p->numel * sizeof(float));
+      return MF_OK;
+    case MF_DTYPE_BF16:
+    case MF_DTYPE_F16: {
+      const uint8_t *src = (const uint8_t *)x->data;
+      for (int64_t j = 0; j < p->numel; j++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * j, 2);
+        dst[j] = x->dtype == MF_DTYPE_BF16 ? mf_bf16_to_fp32(h) : mf_fp16_to_fp32(h);
+      }
+      return MF_OK;
+    }
+    default:
+      return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
+                    name, mf_dtype_name(x->dtype));
+  }
+}
+
 mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
   mf_safetensors *st = NULL;
   MF_CHECK(mf_safetensors_open(path, &st));
   mf_status rc = MF_OK;
-  for (int64_t i = 0; i < t->n && rc == MF_OK; i++) {
+  for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
     const mf_st_tensor *x = mf_safetensors_find(st, p->name);
     if (!x) {
@@ -222,42 +348,7 @@ mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
                   mf_family_name(t->spec.family));
       break;
     }
-    int same = x->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = x->shape[d] == p->shape[d];
-    if (!same) {
-      char want[64], got[64];
-      shape_str(p->shape, p->ndim, want, sizeof want);
-      shape_str(x->shape, x->ndim, got, sizeof got);
-      rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, p->name, got, want);
-      break;
-    }
-    float *dst = w + p->offset;
-    switch (x->dtype) {
-      case MF_DTYPE_F32:
-        memcpy(dst, x->data, (size_t)p->numel * sizeof(float));
-        break;
-      case MF_DTYPE_BF16: {
-        const uint8_t *src = (const uint8_t *)x->data;
-        for (int64_t j = 0; j < p->numel; j++) {
-          uint16_t h;
-          memcpy(&h, src + 2 * j, 2);
-          dst[j] = mf_bf16_to_fp32(h);
-        }
-        break;
-      }
-      case MF_DTYPE_F16: {
-        const uint8_t *src = (const uint8_t *)x->data;
-        for (int64_t j = 0; j < p->numel; j++) {
-          uint16_t h;
-          memcpy(&h, src + 2 * j, 2);
-          dst[j] = mf_fp16_to_fp32(h);
-        }
-        break;
-      }
-      default:
-        rc = MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
-                    p->name, mf_dtype_name(x->dtype));
-    }
+    rc = read_tensor(path, p, p->name, x, w + p->offset);
   }
   if (rc == MF_OK) {
     int64_t unused = 0;
@@ -276,9 +367,12 @@ mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
 
 mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, const char *dir) {
   MF_CHECK(mf_mkdir_p(dir));
-  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)t->n, sizeof *ts);
-  if (!ts) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
-  for (int64_t i = 0; i < t->n; i++) {
+  const int64_t n = t->n_base;
+  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)n, sizeof *ts);
+  /* LoRA: the adapted weights merged (W + scale B A), each in a buffer of its own */
+  float **merged = (float **)calloc((size_t)n, sizeof *merged);
+  mf_status st = ts && merged ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
+  for (int64_t i = 0; i < n && st == MF_OK; i++) {
     const mf_param *p = &t->params[i];
     ts[i].name = p->name;
     ts[i].dtype = MF_DTYPE_F32;
@@ -286,13 +380,185 @@ mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, cons
     ts[i].shape[0] = p->shape[0];
     ts[i].shape[1] = p->shape[1];
     ts[i].data = w + p->offset;
+    if (!t->lora_a || t->lora_a[i] < 0) continue;
+    merged[i] = (float *)malloc((size_t)p->numel * sizeof(float));
+    if (!merged[i]) {
+      st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory for the merged %s", dir, p->name);
+      break;
+    }
+    mf_params_merged(t, w, i, merged[i]);
+    ts[i].data = merged[i];
   }
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  mf_status st = mf_safetensors_write(path, ts, (size_t)t->n, NULL, 0);
+  if (st == MF_OK) st = mf_safetensors_write(path, ts, (size_t)n, NULL, 0);
+  for (int64_t i = 0; merged && i < n; i++) free(merged[i]);
+  free(merged);
   free(ts);
   MF_CHECK(st);
   snprintf(path, sizeof path, "%s/config.json", dir);
   MF_CHECK(mf_hf_config_write(&t->spec, path));
   return MF_OK;
+}
+
+/* ------------------------------------------------------- LoRA: merge, save */
+
+void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float *out) {
+  const mf_param *p = &t->params[i];
+  memcpy(out, w + p->offset, (size_t)p->numel * sizeof *out);
+  const int32_t ia = t->lora_a && i < t->n_base ? t->lora_a[i] : -1;
+  if (ia < 0) return;
+  const int64_t N = p->shape[0], K = p->shape[1], r = t->lora.rank;
+  const float *A = w + t->params[ia].offset, *B = w + t->params[ia + 1].offset;
+  const float s = (float)t->lora.scale;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t k = 0; k < K; k++) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < r; j++) acc += B[n * r + j] * A[j * K + k];
+      out[n * K + k] += s * acc;
+    }
+}
+
+/* The HF module names of the adapted roles, each once, in a fixed order. */
+static int64_t adapted_modules(const mf_param_table *t, const char **names, int64_t cap) {
+  static const char *const all[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
+                                    "up_proj", "down_proj", "w1",     "w3",     "w2"};
+  int64_t n = 0;
+  for (size_t j = 0; j < sizeof all / sizeof all[0] && n < cap; j++) {
+    const uint32_t roles = mf_lora_target_roles(t->spec.family, all[j]);
+    if (roles && (roles & t->lora.roles)) names[n++] = all[j];
+  }
+  return n;
+}
+
+mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, const char *base_model,
+                                     const char *dir) {
+  if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "saving %s: the model has no LoRA adapters", dir);
+  MF_CHECK(mf_mkdir_p(dir));
+  /* the trained routers (train_router: PEFT's modules_to_save) and the adapters, in parameter order */
+  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)t->n, sizeof *ts);
+  char(*names)[128] = (char(*)[128])calloc((size_t)t->n, sizeof *names);
+  if (!ts || !names) {
+    free(ts);
+    free(names);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
+  }
+  int64_t na = 0;
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    if (p->frozen || (i < t->n_base && p->role != MF_P_ROUTER)) continue;
+    snprintf(names[na], sizeof names[na], "base_model.model.%s", p->name);
+    ts[na].name = names[na];
+    ts[na].dtype = MF_DTYPE_F32;
+    ts[na].ndim = 2;
+    ts[na].shape[0] = p->shape[0];
+    ts[na].shape[1] = p->shape[1];
+    ts[na].data = w + p->offset;
+    na++;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  mf_status st = mf_safetensors_write(path, ts, (size_t)na, NULL, 0);
+  free(ts);
+  free(names);
+  MF_CHECK(st);
+  const char *mods[16];
+  const int64_t nm = adapted_modules(t, mods, 16);
+  char text[8192], list[512] = "", b[4200];
+  size_t at = 0;
+  for (int64_t j = 0; j < nm; j++)
+    at += (size_t)snprintf(list + at, sizeof list - at, "%s\"%s\"", j ? ", " : "", mods[j]);
+  /* the base's path as a JSON string ("" as PEFT writes for a model built from a config) */
+  at = 0;
+  b[at++] = '"';
+  for (const char *c = base_model ? base_model : ""; *c && at + 8 < sizeof b; c++) {
+    if (*c == '"' || *c == '\\') b[at++] = '\\';
+    if ((unsigned char)*c < 0x20) {
+      at += (size_t)snprintf(b + at, sizeof b - at, "\\u%04x", (unsigned)(unsigned char)*c);
+      continue;
+    }
+    b[at++] = *c;
+  }
+  b[at++] = '"';
+  b[at] = 0;
+  const int len = snprintf(text, sizeof text,
+                           "{\n"
+                           "  \"alpha_pattern\": {},\n"
+                           "  \"base_model_name_or_path\": %s,\n"
+                           "  \"bias\": \"none\",\n"
+                           "  \"fan_in_fan_out\": false,\n"
+                           "  \"inference_mode\": true,\n"
+                           "  \"init_lora_weights\": true,\n"
+                           "  \"layers_pattern\": null,\n"
+                           "  \"layers_to_transform\": null,\n"
+                           "  \"lora_alpha\": %.17g,\n"
+                           "  \"lora_dropout\": 0.0,\n"
+                           "  \"modules_to_save\": %s,\n"
+                           "  \"peft_type\": \"LORA\",\n"
+                           "  \"r\": %lld,\n"
+                           "  \"rank_pattern\": {},\n"
+                           "  \"revision\": null,\n"
+                           "  \"target_modules\": [%s],\n"
+                           "  \"task_type\": \"CAUSAL_LM\",\n"
+                           "  \"use_dora\": false,\n"
+                           "  \"use_rslora\": false\n"
+                           "}\n",
+                           b, t->lora.scale * (double)t->lora.rank,
+                           !t->lora.train_router                 ? "null"
+                           : t->spec.family == MF_FAMILY_MIXTRAL ? "[\"block_sparse_moe.gate\"]"
+                                                                 : "[\"mlp.gate\"]",
+                           (long long)t->lora.rank, list);
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  return mf_write_file_atomic(path, text, (size_t)len);
+}
+
+mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w) {
+  if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "loading %s: the model has no LoRA adapters", dir);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  mf_safetensors *st = NULL;
+  MF_CHECK(mf_safetensors_open(path, &st));
+  mf_status rc = MF_OK;
+  for (int64_t i = 0; i < t->n && rc == MF_OK; i++) {
+    const mf_param *p = &t->params[i];
+    if (p->frozen || (i < t->n_base && p->role != MF_P_ROUTER))
+      continue; /* the adapters and trained routers */
+    char name[160];
+    snprintf(name, sizeof name, "base_model.model.%s", p->name);
+    const mf_st_tensor *x = mf_safetensors_find(st, name);
+    if (!x) {
+      rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (train.lora's rank %lld, targets%s need it)", path,
+                  name, (long long)t->lora.rank, t->lora.train_router ? " and train_router" : "");
+      break;
+    }
+    rc = read_tensor(path, p, name, x, w + p->offset);
+  }
+  mf_safetensors_close(st);
+  return rc;
+}
+
+void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap) {
+  if (cap) buf[0] = 0;
+  if (!t->lora_a) return;
+  const char *mods[16];
+  const int64_t nm = adapted_modules(t, mods, 16);
+  char list[256] = "", a[32], b[32], c[32];
+  size_t at = 0;
+  for (int64_t j = 0; j < nm; j++)
+    at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", j ? ", " : "", mods[j]);
+  int64_t weights = 0, frozen = 0;
+  for (int64_t i = 0; i < t->n_base; i++) {
+    weights += t->lora_a[i] >= 0;
+    if (t->params[i].frozen) frozen += t->params[i].numel;
+  }
+  snprintf(
+      buf, cap,
+      "LoRA rank %lld, alpha %.6g (scale %.6g) on %s: %lld adapters on %lld weights; %s trained parameters "
+      "(%.3g%% of %s), the base's %s frozen%s",
+      (long long)t->lora.rank, t->lora.scale * (double)t->lora.rank, t->lora.scale, list,
+      (long long)(t->n - t->n_base), (long long)weights,
+      mf_format_count((double)t->trainable_numel, a, sizeof a),
+      100.0 * (double)t->trainable_numel / (double)(t->total_numel > 0 ? t->total_numel : 1),
+      mf_format_count((double)t->total_numel, b, sizeof b), mf_format_count((double)frozen, c, sizeof c),
+      t->lora.train_router ? "; the routers trained whole" : "");
 }

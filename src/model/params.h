@@ -17,31 +17,33 @@ extern "C" {
 #endif
 
 typedef enum mf_param_role {
-  MF_P_EMBED = 0,       /* model.embed_tokens.weight [V,H] */
-  MF_P_ATTN_NORM,       /* input_layernorm [H] */
-  MF_P_Q,               /* q_proj [Hq*D, H] */
-  MF_P_Q_BIAS,          /* q_proj.bias [Hq*D] (qwen2_moe) */
-  MF_P_K,               /* k_proj [Hkv*D, H] */
+  MF_P_EMBED = 0, /* model.embed_tokens.weight [V,H] */
+  MF_P_ATTN_NORM, /* input_layernorm [H] */
+  MF_P_Q,         /* q_proj [Hq*D, H] */
+  MF_P_Q_BIAS,    /* q_proj.bias [Hq*D] (qwen2_moe) */
+  MF_P_K,         /* k_proj [Hkv*D, H] */
   MF_P_K_BIAS,
-  MF_P_V,               /* v_proj [Hkv*D, H] */
+  MF_P_V, /* v_proj [Hkv*D, H] */
   MF_P_V_BIAS,
-  MF_P_O,               /* o_proj [H, Hq*D] */
-  MF_P_Q_NORM,          /* q_norm [D] (qwen3) or [Hq*D] (olmoe) */
-  MF_P_K_NORM,          /* k_norm [D] or [Hkv*D] */
-  MF_P_MLP_NORM,        /* post_attention_layernorm [H] */
-  MF_P_ROUTER,          /* gate [E, H] */
-  MF_P_EXPERT_GATE,     /* experts.e gate_proj / w1 [I, H] */
-  MF_P_EXPERT_UP,       /* experts.e up_proj / w3 [I, H] */
-  MF_P_EXPERT_DOWN,     /* experts.e down_proj / w2 [H, I] */
-  MF_P_SHARED_GATE,     /* shared_expert.gate_proj [Is, H] (qwen2_moe) */
+  MF_P_O,           /* o_proj [H, Hq*D] */
+  MF_P_Q_NORM,      /* q_norm [D] (qwen3) or [Hq*D] (olmoe) */
+  MF_P_K_NORM,      /* k_norm [D] or [Hkv*D] */
+  MF_P_MLP_NORM,    /* post_attention_layernorm [H] */
+  MF_P_ROUTER,      /* gate [E, H] */
+  MF_P_EXPERT_GATE, /* experts.e gate_proj / w1 [I, H] */
+  MF_P_EXPERT_UP,   /* experts.e up_proj / w3 [I, H] */
+  MF_P_EXPERT_DOWN, /* experts.e down_proj / w2 [H, I] */
+  MF_P_SHARED_GATE, /* shared_expert.gate_proj [Is, H] (qwen2_moe) */
   MF_P_SHARED_UP,
-  MF_P_SHARED_DOWN,     /* [H, Is] */
+  MF_P_SHARED_DOWN,        /* [H, Is] */
   MF_P_SHARED_EXPERT_GATE, /* shared_expert_gate [1, H] */
-  MF_P_DENSE_GATE,      /* mlp.gate_proj [Id, H] (dense layers) */
+  MF_P_DENSE_GATE,         /* mlp.gate_proj [Id, H] (dense layers) */
   MF_P_DENSE_UP,
   MF_P_DENSE_DOWN,
-  MF_P_FINAL_NORM,      /* model.norm [H] */
-  MF_P_LM_HEAD,         /* lm_head [V, H] (absent when tied) */
+  MF_P_FINAL_NORM, /* model.norm [H] */
+  MF_P_LM_HEAD,    /* lm_head [V, H] (absent when tied) */
+  MF_P_LORA_A,     /* a LoRA adapter's down projection [r, in] of the weight it adapts */
+  MF_P_LORA_B,     /* its up projection [out, r] */
   MF_P_ROLE_COUNT_
 } mf_param_role;
 
@@ -54,7 +56,22 @@ typedef struct mf_param {
   int64_t shape[2];
   int64_t numel;
   int64_t offset; /* in floats, into the host weight array */
+  int32_t base;   /* a LoRA adapter (MF_P_LORA_A/B): the weight it adapts; else -1 */
+  uint8_t frozen; /* not trained: no gradient, no optimizer state (the base under LoRA) */
 } mf_param;
+
+/* LoRA (train.lora): low-rank adapters over a frozen base. For each adapted
+ * weight W [out, in] two trainable parameters, A [rank, in] and B [out, rank],
+ * named as PEFT names the modules' (W's name with ".weight" replaced by
+ * ".lora_A.weight" and ".lora_B.weight"); the layer computes
+ * y = x W^T + scale * (x A^T) B^T, scale = alpha / rank (PEFT's lora_alpha /
+ * r). Every base weight is frozen except the routers with train_router. */
+typedef struct mf_lora {
+  int64_t rank;     /* 0: no adapters, every weight trained */
+  double scale;     /* alpha / rank */
+  uint32_t roles;   /* bit (1u << role) for each adapted role */
+  int train_router; /* the routers (MF_P_ROUTER) trained fully */
+} mf_lora;
 
 typedef struct mf_param_table {
   mf_model_spec spec;
@@ -64,10 +81,31 @@ typedef struct mf_param_table {
   int32_t *by_layer;  /* [layers][MF_P_ROLE_COUNT_] -> index or -1 (non-expert roles) */
   int32_t *experts;   /* [layers][E][3] -> index of gate, up, down, or -1 (dense layers) */
   int32_t embed, final_norm, lm_head; /* lm_head = -1 when tied */
+  /* LoRA (mf_param_table_add_lora): the adapters follow the model's n_base
+   * parameters, A then B of each adapted weight in the weights' order. */
+  mf_lora lora;
+  int64_t n_base;          /* the model's own parameters (= n without adapters) */
+  int32_t *lora_a;         /* [n_base] the index of weight i's A adapter (B is the next), or -1; NULL: none */
+  int64_t trainable_numel; /* elements of the parameters not frozen */
 } mf_param_table;
 
 mf_status mf_param_table_build(const mf_model_spec *spec, mf_param_table **out);
 void mf_param_table_free(mf_param_table *t); /* NULL is fine */
+/* The roles a LoRA target names for `family` (an HF module name: q_proj, k_proj,
+ * v_proj, o_proj; gate_proj, up_proj, down_proj: the routed experts', the
+ * shared expert's and the dense MLPs' projections; Mixtral's experts w1 (gate),
+ * w3 (up), w2 (down)), as role bits; 0 for a name the family does not have. */
+uint32_t mf_lora_target_roles(mf_family family, const char *name);
+/* Adds the adapters `l` asks for to t (built by mf_param_table_build, no
+ * adapters yet) and freezes the base: rank in [1, 4096], at least one
+ * adapted weight (else MF_ERR_CONFIG naming what the model lacks). rank 0
+ * leaves t as it is. */
+mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l);
+/* Whether parameter i is trained (has a gradient and optimizer state). */
+static inline int mf_param_trained(const mf_param_table *t, int64_t i) {
+  return !t->params[i].frozen;
+}
+
 /* Index of a layer's parameter of `role` (expert: 0..E-1 for the expert roles,
  * else ignored), or -1 when the layer has none. */
 int32_t mf_param_index(const mf_param_table *t, mf_param_role role, int64_t layer, int64_t expert);
@@ -78,15 +116,43 @@ int32_t mf_param_lm_head(const mf_param_table *t);
 /* Random init as transformers' _init_weights: linear and embedding weights
  * ~ N(0, std) (transformers' initializer_range 0.02), biases 0, norm weights 1.
  * Deterministic from the seed: each parameter draws from its own stream, so
- * the result does not depend on threads or order. w holds total_numel floats. */
+ * the result does not depend on threads or order. w holds total_numel floats.
+ * LoRA adapters are left alone (mf_params_init_adapters). */
 void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w);
+/* The LoRA adapters' initial values, as PEFT's default: A ~ U(-1/sqrt(in),
+ * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), B = 0, so the adapted model
+ * starts equal to the base. Deterministic from the seed, per adapter. */
+void mf_params_init_adapters(const mf_param_table *t, uint64_t seed, float *w);
 /* Loads every parameter from a safetensors file / sharded set / model dir into
  * w (F32, BF16 or F16 on disk, converted to fp32). A missing tensor or a shape
  * mismatch is an error naming the file and the tensor; tensors the model does
- * not use are listed in a warning. */
+ * not use are listed in a warning. LoRA adapters are not read (the base's
+ * file has none). */
 mf_status mf_params_load(const mf_param_table *t, const char *path, float *w);
-/* Writes DIR/config.json and DIR/model.safetensors (fp32). */
+/* Writes DIR/config.json and DIR/model.safetensors (fp32): the model's own
+ * parameters, LoRA's adapted weights merged (mf_params_merged). */
 mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, const char *dir);
+
+/* LoRA. Weight i (of the model's own) with its adapter merged in: W + scale B A
+ * (fp32, the sum over the rank in order), into out (numel floats); a weight
+ * without an adapter is copied as it is. */
+void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float *out);
+/* A PEFT adapter directory: DIR/adapter_model.safetensors (fp32, PEFT's
+ * names: "base_model.model." and the adapter's) and DIR/adapter_config.json
+ * (peft_type LORA, r, lora_alpha, target_modules, ...; base_model_name_or_path
+ * `base_model`, "" when NULL), which PeftModel.from_pretrained loads onto the
+ * base (tools/check_peft_adapter.py). With train_router the routers are in
+ * it too, as PEFT saves modules_to_save ("mlp.gate", Mixtral's
+ * "block_sparse_moe.gate": a suffix no other module has). */
+mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, const char *base_model,
+                                     const char *dir);
+/* The adapters (and trained routers) from DIR/adapter_model.safetensors (PEFT's names, F32/BF16/F16);
+ * a missing tensor or another shape is an error naming the file and tensor. */
+mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w);
+/* One line for people: "LoRA rank 8, alpha 16 (scale 2) on q_proj, ...: 36
+ * adapters on 18 weights; 53.2K trained parameters (10.5% of 505K), the
+ * base's 452K frozen"; "" without adapters. */
+void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

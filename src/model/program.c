@@ -188,6 +188,11 @@ static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int g
   return at;
 }
 
+/* Layer l's routed experts' weights of `role` are frozen (LoRA's base). */
+static int experts_frozen(const ctx *c, mf_param_role role, int64_t layer) {
+  return c->pt->params[mf_param_index(c->pt, role, layer, 0)].frozen;
+}
+
 static void linear_fwd(const ctx *c, int32_t l, const char *what, int32_t x, int32_t W, int32_t bias, int32_t y,
                        int64_t N, int64_t K, int acc) {
   mf_pop *o = op(c->b, MF_K_LINEAR_FWD, MF_PHASE_FWD, c->m, l, "L%d %s", l, what);
@@ -199,10 +204,13 @@ static void linear_fwd(const ctx *c, int32_t l, const char *what, int32_t x, int
 /* dW (+ db) and dx for y = x W^T (+ b): weight gradient first, then data. */
 static void linear_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, int32_t x, int32_t W, int32_t dW,
                        int32_t db, int32_t dx, int64_t N, int64_t K, int acc) {
-  mf_pop *o = op(c->b, MF_K_LINEAR_BWD_WEIGHT, MF_PHASE_BWD, c->m, l, "L%d %s dW", l, what);
-  SET(o, dy, x, dW, db);
-  INTS(o, c->T, N, K);
-  o->flops = 2.0 * (double)c->T * (double)N * (double)K;
+  mf_pop *o;
+  if (dW >= 0) { /* else a frozen weight (LoRA's base): no gradient */
+    o = op(c->b, MF_K_LINEAR_BWD_WEIGHT, MF_PHASE_BWD, c->m, l, "L%d %s dW", l, what);
+    SET(o, dy, x, dW, db);
+    INTS(o, c->T, N, K);
+    o->flops = 2.0 * (double)c->T * (double)N * (double)K;
+  }
   if (dx < 0) return;
   o = op(c->b, MF_K_LINEAR_BWD_DATA, MF_PHASE_BWD, c->m, l, "L%d %s dx", l, what);
   SET(o, dy, W, dx);
@@ -243,6 +251,7 @@ typedef struct layer_acts {
   int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
   int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
   int32_t sg, su, sa, sy, sgl, dg, du, da;
+  int32_t lora[MF_P_ROLE_COUNT_]; /* the LoRA adapter's scaled x A^T of each adapted weight of the layer */
 } layer_acts;
 
 /* One micro-batch's build: its sizes, the residual stream and each layer's
@@ -260,6 +269,153 @@ typedef struct mb {
   layer_acts *A;          /* [L] */
   int32_t hf, rstdf, dhf; /* the final norm's output, its rstd, the output's gradient */
 } mb;
+
+/* ------------------------------------------------------------------ LoRA
+ *
+ * An adapted weight W [N, K] (params.h mf_lora) adds s (x A^T) B^T to its
+ * output, s = alpha / rank:
+ *   forward   a = x A^T [T, r];  a *= s;  y += a B^T
+ *   backward  dB += dy^T a;  da = dy B;  da *= s;  dA += da^T x;  dx += da A
+ * (a is kept for the backward, already scaled, so dB is s dy^T (x A^T) as
+ * PEFT's). The base's own ops run first (their dW skipped: it is frozen), so
+ * the adapter's only adds into what they wrote. Routed experts: the same over
+ * the layer's dispatch permutation, a second pair of grouped GEMMs with each
+ * expert's A and B, added into the experts' output (and input gradient). */
+
+/* The A adapter of layer l's weight of `role` (expert e, else -1), or -1 when it has none (B is the next). */
+static int32_t lora_a(const ctx *c, mf_param_role role, int64_t l, int64_t e) {
+  const mf_param_table *t = c->pt;
+  if (!t->lora_a) return -1;
+  const int32_t i = mf_param_index(t, role, l, e);
+  return i < 0 ? -1 : t->lora_a[i];
+}
+
+/* x *= s (the adapters' scale; nothing when it is 1). */
+static void lora_scale(const mb *z, int32_t l, const char *what, int32_t x, int64_t n, mf_phase ph) {
+  const double s = z->c->pt->lora.scale;
+  if (s == 1.0) return;
+  mf_pop *o = op(z->b, MF_K_SCALE, ph, z->m, l, "L%d %s scale", l, what);
+  SET(o, x);
+  INTS(o, n);
+  o->f[0] = s;
+  o->flops = (double)n;
+}
+
+/* Weight `role` of layer l, y (+)= x W^T [T, N] done: its adapter's part added. */
+static void lora_fwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x, int32_t y,
+                     int64_t N, int64_t K) {
+  const ctx *c = z->c;
+  const int32_t ia = lora_a(c, role, l, -1);
+  if (ia < 0) return;
+  const int64_t r = c->pt->lora.rank;
+  const mf_program *p = z->b->p;
+  int32_t a = tensor(z->b, MF_T_ACT, MF_DTYPE_F32, z->T * r, z->m, l, LNAME "%s.lora_A.out", z->m, l, what);
+  char lab[48];
+  snprintf(lab, sizeof lab, "%s lora_A", what);
+  linear_fwd(c, l, lab, x, p->param_tensor[ia], -1, a, r, K, 0);
+  lora_scale(z, l, lab, a, z->T * r, MF_PHASE_FWD);
+  snprintf(lab, sizeof lab, "%s lora_B", what);
+  linear_fwd(c, l, lab, a, p->param_tensor[ia + 1], -1, y, N, r, 1);
+  z->A[l].lora[role] = a;
+}
+
+/* Its backward, after the base's (which wrote or added dx [T, K]). */
+static void lora_bwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t dy, int32_t x,
+                     int32_t dx, int64_t N, int64_t K) {
+  const ctx *c = z->c;
+  const int32_t ia = lora_a(c, role, l, -1);
+  if (ia < 0) return;
+  const int64_t r = c->pt->lora.rank;
+  const mf_program *p = z->b->p;
+  int32_t da =
+      tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, z->T * r, z->m, l, LNAME "%s.lora_A.out.grad", z->m, l, what);
+  char lab[48];
+  snprintf(lab, sizeof lab, "%s lora_B", what);
+  linear_bwd(c, l, lab, dy, z->A[l].lora[role], p->param_tensor[ia + 1], p->grad_tensor[ia + 1], -1, da, N, r,
+             0);
+  snprintf(lab, sizeof lab, "%s lora_A", what);
+  lora_scale(z, l, lab, da, z->T * r, MF_PHASE_BWD);
+  linear_bwd(c, l, lab, da, x, p->param_tensor[ia], p->grad_tensor[ia], -1, dx, r, K, 1);
+}
+
+/* The id pool entry of layer l's experts' adapters of `role`: A's (b = 0) or
+ * B's (b = 1) parameter (grads: gradient) tensors; -1 when not adapted. */
+static int32_t lora_experts_of(const ctx *c, mf_param_role role, int64_t l, int b, int grads) {
+  const int64_t E = c->s->experts;
+  if (lora_a(c, role, l, 0) < 0) return -1;
+  int32_t *ids = (int32_t *)malloc((size_t)E * sizeof *ids);
+  if (!ids) {
+    if (c->b->st == MF_OK) c->b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+    return -1;
+  }
+  for (int64_t e = 0; e < E; e++) {
+    const int32_t i = lora_a(c, role, l, e) + b;
+    ids[e] = grads ? c->b->p->grad_tensor[i] : c->b->p->param_tensor[i];
+  }
+  int32_t at = pool_put(c->b, ids, E);
+  free(ids);
+  return at;
+}
+
+static void expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a0,
+                      int32_t a1, int32_t a2, int64_t N, int64_t K, int32_t experts_at) {
+  mf_pop *o = op(z->b, k, ph, z->m, l, "L%d %s", l, what);
+  SET(o, a0, a1, a2);
+  INTS(o, z->E, N, K);
+  o->experts_at = experts_at;
+  o->flops = 2.0 * (double)(z->T * z->TK) * (double)N * (double)K;
+}
+
+/* The routed experts' projection `role` (xe [R, K] -> y [R, N]) done: the
+ * adapters' part added, over the same permutation. */
+static void lora_experts_fwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x,
+                             int32_t y, int64_t N, int64_t K) {
+  const ctx *c = z->c;
+  const int32_t at_a = lora_experts_of(c, role, l, 0, 0);
+  if (at_a < 0) return;
+  const int32_t at_b = lora_experts_of(c, role, l, 1, 0);
+  const int64_t r = c->pt->lora.rank, R = z->T * z->TK;
+  const int32_t offsets = z->A[l].offsets;
+  int32_t a =
+      tensor(z->b, MF_T_ACT, MF_DTYPE_F32, R * r, z->m, l, LNAME "mlp.experts.%s.lora_A.out", z->m, l, what);
+  int32_t u =
+      tensor(z->b, MF_T_ACT, MF_DTYPE_F32, R * N, z->m, l, LNAME "mlp.experts.%s.lora_B.out", z->m, l, what);
+  char lab[48];
+  snprintf(lab, sizeof lab, "experts %s lora_A", what);
+  expert_op(z, MF_K_EXPERT_FWD, MF_PHASE_FWD, l, lab, x, offsets, a, r, K, at_a);
+  lora_scale(z, l, lab, a, R * r, MF_PHASE_FWD);
+  snprintf(lab, sizeof lab, "experts %s lora_B", what);
+  expert_op(z, MF_K_EXPERT_FWD, MF_PHASE_FWD, l, lab, a, offsets, u, N, r, at_b);
+  simple(c, MF_K_ADD, MF_PHASE_FWD, l, lab, u, y, -1, -1, -1, R * N);
+  z->A[l].lora[role] = a;
+}
+
+/* Its backward, after the base's data gradient (dx [R, K] written). */
+static void lora_experts_bwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t dy,
+                             int32_t x, int32_t dx, int64_t N, int64_t K) {
+  const ctx *c = z->c;
+  const int32_t at_a = lora_experts_of(c, role, l, 0, 0);
+  if (at_a < 0) return;
+  const int32_t at_b = lora_experts_of(c, role, l, 1, 0);
+  const int32_t ga = lora_experts_of(c, role, l, 0, 1), gb = lora_experts_of(c, role, l, 1, 1);
+  const int64_t r = c->pt->lora.rank, R = z->T * z->TK;
+  const int32_t offsets = z->A[l].offsets;
+  int32_t da = tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * r, z->m, l,
+                      LNAME "mlp.experts.%s.lora_A.out.grad", z->m, l, what);
+  int32_t dxa = tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * K, z->m, l,
+                       LNAME "mlp.experts.%s.lora_A.in.grad", z->m, l, what);
+  char lab[48];
+  snprintf(lab, sizeof lab, "experts %s lora_B dW", what);
+  expert_op(z, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, l, lab, dy, z->A[l].lora[role], offsets, N, r, gb);
+  snprintf(lab, sizeof lab, "experts %s lora_B dx", what);
+  expert_op(z, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, l, lab, dy, offsets, da, N, r, at_b);
+  lora_scale(z, l, lab, da, R * r, MF_PHASE_BWD);
+  snprintf(lab, sizeof lab, "experts %s lora_A dW", what);
+  expert_op(z, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, l, lab, da, x, offsets, r, K, ga);
+  snprintf(lab, sizeof lab, "experts %s lora_A dx", what);
+  expert_op(z, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, l, lab, da, offsets, dxa, r, K, at_a);
+  simple(c, MF_K_ADD, MF_PHASE_BWD, l, lab, dxa, dx, -1, -1, -1, R * K);
+}
 
 /* Layer l's attention block and its norms; the layer's output zeroed for the MLP to add into. */
 static void fwd_attention(const mb *z, int32_t l) {
@@ -279,6 +435,9 @@ static void fwd_attention(const mb *z, int32_t l) {
   linear_fwd(c, l, "q_proj", a->xn1, P(c, MF_P_Q, l), P(c, MF_P_Q_BIAS, l), a->q, Hq * D, H, 0);
   linear_fwd(c, l, "k_proj", a->xn1, P(c, MF_P_K, l), P(c, MF_P_K_BIAS, l), a->k, Hkv * D, H, 0);
   linear_fwd(c, l, "v_proj", a->xn1, P(c, MF_P_V, l), P(c, MF_P_V_BIAS, l), a->v, Hkv * D, H, 0);
+  lora_fwd(z, l, MF_P_Q, "self_attn.q_proj", a->xn1, a->q, Hq * D, H);
+  lora_fwd(z, l, MF_P_K, "self_attn.k_proj", a->xn1, a->k, Hkv * D, H);
+  lora_fwd(z, l, MF_P_V, "self_attn.v_proj", a->xn1, a->v, Hkv * D, H);
   a->qa = a->q;
   a->ka = a->k;
   if (s->qk_norm != MF_QK_NORM_NONE) {
@@ -311,6 +470,7 @@ static void fwd_attention(const mb *z, int32_t l) {
   o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
   a->hmid = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "self_attn.residual_out", m, l);
   linear_fwd(c, l, "o_proj", a->att, P(c, MF_P_O, l), -1, a->hmid, H, Hq * D, 0);
+  lora_fwd(z, l, MF_P_O, "self_attn.o_proj", a->att, a->hmid, H, Hq * D);
   simple(c, MF_K_ADD, MF_PHASE_FWD, l, "attn residual", resid[l], a->hmid, -1, -1, -1, T * H);
   a->xn2 = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out", m, l);
   a->rstd2 = tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "post_attention_layernorm.rstd", m, l);
@@ -361,10 +521,10 @@ static void fwd_moe(const mb *z, int32_t l) {
     mf_param_role role;
     int32_t in, out;
     int64_t N, K;
-    const char *what;
-  } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj"},
-               {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj"},
-               {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj"}};
+    const char *what, *hf;
+  } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj", "gate_proj"},
+               {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj", "up_proj"},
+               {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj", "down_proj"}};
   for (int j = 0; j < 3; j++) {
     if (j == 2)
       simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
@@ -374,6 +534,7 @@ static void fwd_moe(const mb *z, int32_t l) {
     INTS(o, E, proj[j].N, proj[j].K);
     o->experts_at = at;
     o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
+    lora_experts_fwd(z, l, proj[j].role, proj[j].hf, proj[j].in, proj[j].out, proj[j].N, proj[j].K);
   }
   o = op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
   SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
@@ -386,9 +547,12 @@ static void fwd_moe(const mb *z, int32_t l) {
     a->sy = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l);
     a->sgl = tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
     linear_fwd(c, l, "shared gate_proj", a->xn2, P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
+    lora_fwd(z, l, MF_P_SHARED_GATE, "mlp.shared_expert.gate_proj", a->xn2, a->sg, Is, H);
     linear_fwd(c, l, "shared up_proj", a->xn2, P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
+    lora_fwd(z, l, MF_P_SHARED_UP, "mlp.shared_expert.up_proj", a->xn2, a->su, Is, H);
     simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
     linear_fwd(c, l, "shared down_proj", a->sa, P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is, 0);
+    lora_fwd(z, l, MF_P_SHARED_DOWN, "mlp.shared_expert.down_proj", a->sa, a->sy, H, Is);
     linear_fwd(c, l, "shared_expert_gate", a->xn2, P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl, 1, H, 0);
     o = op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
     SET(o, a->sgl, a->sy, resid[l + 1]);
@@ -410,9 +574,12 @@ static void fwd_dense(const mb *z, int32_t l) {
   a->du = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up", m, l);
   a->da = tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.act", m, l);
   linear_fwd(c, l, "gate_proj", a->xn2, P(c, MF_P_DENSE_GATE, l), -1, a->dg, Id, H, 0);
+  lora_fwd(z, l, MF_P_DENSE_GATE, "mlp.gate_proj", a->xn2, a->dg, Id, H);
   linear_fwd(c, l, "up_proj", a->xn2, P(c, MF_P_DENSE_UP, l), -1, a->du, Id, H, 0);
+  lora_fwd(z, l, MF_P_DENSE_UP, "mlp.up_proj", a->xn2, a->du, Id, H);
   simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "swiglu", a->dg, a->du, a->da, -1, -1, T * Id);
   linear_fwd(c, l, "down_proj", a->da, P(c, MF_P_DENSE_DOWN, l), -1, resid[l + 1], H, Id, 1);
+  lora_fwd(z, l, MF_P_DENSE_DOWN, "mlp.down_proj", a->da, resid[l + 1], H, Id);
 }
 
 /* The final norm, the aux loss's value and the cross-entropy. */
@@ -480,17 +647,20 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   int32_t deu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up.grad", m, l);
   int32_t dxe = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
   int32_t dxe2 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
-  /* down: dW then dx */
-  o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
-  SET(o, dye, a->ea, a->offsets);
-  INTS(o, E, H, I);
-  o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1);
-  o->flops = 2.0 * (double)R * (double)H * (double)I;
+  /* down: dW (unless frozen) then dx */
+  if (!experts_frozen(c, MF_P_EXPERT_DOWN, l)) {
+    o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
+    SET(o, dye, a->ea, a->offsets);
+    INTS(o, E, H, I);
+    o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1);
+    o->flops = 2.0 * (double)R * (double)H * (double)I;
+  }
   o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
   SET(o, dye, a->offsets, dea);
   INTS(o, E, H, I);
   o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0);
   o->flops = 2.0 * (double)R * (double)H * (double)I;
+  lora_experts_bwd(z, l, MF_P_EXPERT_DOWN, "down_proj", dye, a->ea, dea, H, I);
   o = op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
   SET(o, a->eg, a->eu, dea, deg, deu);
   INTS(o, R * I);
@@ -500,16 +670,19 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     const char *what;
   } gu[2] = {{MF_P_EXPERT_GATE, deg, dxe, "gate_proj"}, {MF_P_EXPERT_UP, deu, dxe2, "up_proj"}};
   for (int j = 0; j < 2; j++) {
-    o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
-    SET(o, gu[j].dy, a->xe, a->offsets);
-    INTS(o, E, I, H);
-    o->experts_at = experts_of(c, gu[j].role, l, 1);
-    o->flops = 2.0 * (double)R * (double)I * (double)H;
+    if (!experts_frozen(c, gu[j].role, l)) {
+      o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
+      SET(o, gu[j].dy, a->xe, a->offsets);
+      INTS(o, E, I, H);
+      o->experts_at = experts_of(c, gu[j].role, l, 1);
+      o->flops = 2.0 * (double)R * (double)I * (double)H;
+    }
     o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
     SET(o, gu[j].dy, a->offsets, gu[j].dx);
     INTS(o, E, I, H);
     o->experts_at = experts_of(c, gu[j].role, l, 0);
     o->flops = 2.0 * (double)R * (double)I * (double)H;
+    lora_experts_bwd(z, l, gu[j].role, gu[j].what, gu[j].dy, a->xe, gu[j].dx, I, H);
   }
   simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, R * H);
   o = op(b, MF_K_MOE_GATHER_BWD, MF_PHASE_BWD, m, l, "L%d gather bwd", l);
@@ -547,11 +720,14 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
         tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up.grad", m, l);
     linear_bwd(c, l, "shared down_proj", dsy, a->sa, P(c, MF_P_SHARED_DOWN, l), G(c, MF_P_SHARED_DOWN, l), -1,
                dsa, H, Is, 0);
+    lora_bwd(z, l, MF_P_SHARED_DOWN, "mlp.shared_expert.down_proj", dsy, a->sa, dsa, H, Is);
     simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu, T * Is);
     linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, P(c, MF_P_SHARED_GATE, l), G(c, MF_P_SHARED_GATE, l),
                -1, dxn2, Is, H, 1);
+    lora_bwd(z, l, MF_P_SHARED_GATE, "mlp.shared_expert.gate_proj", dsg, a->xn2, dxn2, Is, H);
     linear_bwd(c, l, "shared up_proj", dsu, a->xn2, P(c, MF_P_SHARED_UP, l), G(c, MF_P_SHARED_UP, l), -1,
                dxn2, Is, H, 1);
+    lora_bwd(z, l, MF_P_SHARED_UP, "mlp.shared_expert.up_proj", dsu, a->xn2, dxn2, Is, H);
   }
 }
 
@@ -568,11 +744,14 @@ static void bwd_dense(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   int32_t ddu = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Id, m, l, LNAME "mlp.up.grad", m, l);
   linear_bwd(c, l, "down_proj", gres, a->da, P(c, MF_P_DENSE_DOWN, l), G(c, MF_P_DENSE_DOWN, l), -1, dda, H,
              Id, 0);
+  lora_bwd(z, l, MF_P_DENSE_DOWN, "mlp.down_proj", gres, a->da, dda, H, Id);
   simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "swiglu bwd", a->dg, a->du, dda, ddg, ddu, T * Id);
   linear_bwd(c, l, "gate_proj", ddg, a->xn2, P(c, MF_P_DENSE_GATE, l), G(c, MF_P_DENSE_GATE, l), -1, dxn2, Id,
              H, 0);
+  lora_bwd(z, l, MF_P_DENSE_GATE, "mlp.gate_proj", ddg, a->xn2, dxn2, Id, H);
   linear_bwd(c, l, "up_proj", ddu, a->xn2, P(c, MF_P_DENSE_UP, l), G(c, MF_P_DENSE_UP, l), -1, dxn2, Id, H,
              1);
+  lora_bwd(z, l, MF_P_DENSE_UP, "mlp.up_proj", ddu, a->xn2, dxn2, Id, H);
 }
 
 /* Layer l's attention block backward, from the post-attention norm down to the
@@ -591,6 +770,7 @@ static void bwd_attention(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   int32_t datt =
       tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out.grad", m, l);
   linear_bwd(c, l, "o_proj", gres, a->att, P(c, MF_P_O, l), G(c, MF_P_O, l), -1, datt, H, Hq * D, 0);
+  lora_bwd(z, l, MF_P_O, "self_attn.o_proj", gres, a->att, datt, H, Hq * D);
   int32_t dqa = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_rope.grad", m, l);
   int32_t dka =
       tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k_rope.grad", m, l);
@@ -621,10 +801,13 @@ static void bwd_attention(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   int32_t dxn1 = tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);
   linear_bwd(c, l, "q_proj", dq, a->xn1, P(c, MF_P_Q, l), G(c, MF_P_Q, l), G(c, MF_P_Q_BIAS, l), dxn1, Hq * D,
              H, 0);
+  lora_bwd(z, l, MF_P_Q, "self_attn.q_proj", dq, a->xn1, dxn1, Hq * D, H);
   linear_bwd(c, l, "k_proj", dk, a->xn1, P(c, MF_P_K, l), G(c, MF_P_K, l), G(c, MF_P_K_BIAS, l), dxn1,
              Hkv * D, H, 1);
+  lora_bwd(z, l, MF_P_K, "self_attn.k_proj", dk, a->xn1, dxn1, Hkv * D, H);
   linear_bwd(c, l, "v_proj", dv, a->xn1, P(c, MF_P_V, l), G(c, MF_P_V, l), G(c, MF_P_V_BIAS, l), dxn1,
              Hkv * D, H, 1);
+  lora_bwd(z, l, MF_P_V, "self_attn.v_proj", dv, a->xn1, dxn1, Hkv * D, H);
   rmsnorm_bwd(c, l, "input_layernorm", dxn1, z->resid[l], P(c, MF_P_ATTN_NORM, l), a->rstd1, gres,
               G(c, MF_P_ATTN_NORM, l), T, H, 1);
 }
@@ -723,9 +906,11 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
       bwd_attention(&z, l, gres, dxn2);
     }
     b->stage = STAGE_EMBED_BWD(Li);
-    mf_pop *o = op(b, MF_K_EMBED_BWD, MF_PHASE_BWD, m, -1, "embed bwd");
-    SET(o, io->ids, gres, G(c, MF_P_EMBED, -1));
-    INTS(o, T, V, H);
+    if (G(c, MF_P_EMBED, -1) >= 0) { /* else frozen */
+      mf_pop *o = op(b, MF_K_EMBED_BWD, MF_PHASE_BWD, m, -1, "embed bwd");
+      SET(o, io->ids, gres, G(c, MF_P_EMBED, -1));
+      INTS(o, T, V, H);
+    }
   }
   free(z.resid);
   free(z.A);
@@ -748,16 +933,18 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   }
   const int64_t chunk = 65536; /* MF_OPTIM_NORM_CHUNK (kernels/backend.h MF_K_GRAD_SUMSQ) */
   p->norm_chunks = 0;
-  for (int64_t i = 0; i < pt->n; i++) {
+  for (int64_t i = 0; i < pt->n; i++) { /* a frozen parameter has no chunk */
     p->norm_first[i] = p->norm_chunks;
-    p->norm_chunks += (pt->params[i].numel + chunk - 1) / chunk;
+    if (!pt->params[i].frozen) p->norm_chunks += (pt->params[i].numel + chunk - 1) / chunk;
   }
   b->stage = INT32_MAX;
   p->norm_sums = tensor(b, MF_T_WORK, MF_DTYPE_F64, p->norm_chunks > 0 ? p->norm_chunks : 1, -1, -1,
                         "optimizer.norm_chunk_sums");
   const size_t ms = mf_dtype_size(p->moments);
+  for (int64_t i = 0; i < pt->n; i++) p->state_tensor[i] = p->sumsq_op[i] = p->adamw_op[i] = -1;
   for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
+    if (q->frozen) continue;
     int32_t t = tensor(b, MF_T_OPT, p->moments, 2 * q->numel, -1, q->layer, "adam.%s", q->name);
     if (t < 0) return;
     /* BF16 storage: the fp32 master beside the moments (cuda). */
@@ -767,6 +954,7 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   }
   for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
+    if (q->frozen) continue;
     mf_pop *o = op(b, MF_K_GRAD_SUMSQ, MF_PHASE_NORM, -1, q->layer, "norm %s", q->name);
     if (b->st != MF_OK) return;
     o->t[0] = p->grad_tensor[i];
@@ -777,6 +965,7 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   }
   for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
+    if (q->frozen) continue;
     mf_pop *o = op(b, MF_K_ADAMW, MF_PHASE_OPTIM, -1, q->layer, "adamw %s", q->name);
     if (b->st != MF_OK) return;
     o->t[0] = p->param_tensor[i];
@@ -943,17 +1132,19 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   for (int64_t i = 0; i < pt->n && b.st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
     p->param_tensor[i] = tensor(&b, MF_T_PARAM, MF_DTYPE_F32, q->numel, -1, q->layer, "%s", q->name);
-    p->grad_tensor[i] =
-        p->forward_only ? -1 : tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1, q->layer, "grad.%s", q->name);
+    p->grad_tensor[i] = p->forward_only || q->frozen
+                            ? -1
+                            : tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1, q->layer, "grad.%s", q->name);
     if (b.st == MF_OK) {
       p->tensors[p->param_tensor[i]].param = (int32_t)i;
-      if (!p->forward_only) p->tensors[p->grad_tensor[i]].param = (int32_t)i;
+      if (p->grad_tensor[i] >= 0) p->tensors[p->grad_tensor[i]].param = (int32_t)i;
     }
   }
   if (b.st == MF_OK)
     p->io[0].positions = tensor(&b, MF_T_INPUT, MF_DTYPE_I32, p->B * p->S, -1, -1, "positions");
   /* Gradients start at zero and accumulate over the micro-batches. */
   for (int64_t i = 0; i < pt->n && b.st == MF_OK && !p->forward_only; i++) {
+    if (p->grad_tensor[i] < 0) continue; /* frozen */
     mf_pop *o = op(&b, MF_K_ZERO, MF_PHASE_SETUP, -1, pt->params[i].layer, "zero grad");
     o->t[0] = p->grad_tensor[i];
   }

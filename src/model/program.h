@@ -147,7 +147,7 @@ typedef struct mf_program {
   int64_t n_pool;
   mf_program_io *io;       /* [G] */
   int32_t *param_tensor;   /* [params->n] */
-  int32_t *grad_tensor;    /* [params->n]; -1 in a forward-only program */
+  int32_t *grad_tensor;    /* [params->n]; -1 in a forward-only program and for a frozen parameter */
   double flops;            /* all ops of the step */
   int64_t ce_chunk;
   int forward_only;
@@ -155,10 +155,10 @@ typedef struct mf_program {
   mf_dtype storage;        /* F32 or BF16: PARAM, ACT and ACT_GRAD tensors are stored in it */
   /* The optimizer on the device (training programs; -1 / NULL forward-only). */
   mf_dtype moments;        /* F32 or BF16: the dtype of m and v in the OPT tensors */
-  int32_t *state_tensor;   /* [params->n] the OPT tensor of each parameter */
-  int32_t *sumsq_op;       /* [params->n] its GRAD_SUMSQ op */
-  int32_t *adamw_op;       /* [params->n] its ADAMW op */
-  int64_t *norm_first;     /* [params->n] its first chunk in norm_sums */
+  int32_t *state_tensor;   /* [params->n] the OPT tensor of each parameter (-1: frozen) */
+  int32_t *sumsq_op;       /* [params->n] its GRAD_SUMSQ op (-1: frozen) */
+  int32_t *adamw_op;       /* [params->n] its ADAMW op (-1: frozen) */
+  int64_t *norm_first;     /* [params->n] its first chunk in norm_sums (a frozen one has none) */
   int32_t norm_sums;       /* WORK tensor: every parameter's norm chunk sums (f64), in parameter order */
   int64_t norm_chunks;     /* its length */
 } mf_program;

@@ -27,7 +27,48 @@ mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_par
     MF_CHECK(mf_hf_config_load(dir, &spec));
   else
     spec = cfg->model.init;
-  return mf_param_table_build(&spec, table);
+  MF_CHECK(mf_param_table_build(&spec, table));
+  mf_status st = mf_run_lora(cfg, *table);
+  if (st != MF_OK) {
+    mf_param_table_free(*table);
+    *table = NULL;
+  }
+  return st;
+}
+
+/* " (FILE:LINE)" of a config key, or "". */
+static const char *where(const mf_config *cfg, const char *key, char *buf, size_t cap) {
+  const char *at = mf_config_where(cfg, key);
+  snprintf(buf, cap, "%s%s%s", at ? " (" : "", at ? at : "", at ? ")" : "");
+  return buf;
+}
+
+mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t) {
+  const mf_config_lora *c = &cfg->train.lora;
+  if (c->rank == 0) return MF_OK;
+  char at[600];
+  if (c->dropout > 0)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "train.lora.dropout %g%s: dropout on the adapters' input is not built yet; set it to 0",
+                  c->dropout, where(cfg, "train.lora.dropout", at, sizeof at));
+  if (c->experts == MF_CONFIG_LORA_EXPERTS_HOT)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "train.lora.experts: hot%s: adapters on the most-routed experts only are not built yet; "
+                  "use all",
+                  where(cfg, "train.lora.experts", at, sizeof at));
+  mf_lora l = {c->rank, (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank, 0, c->train_router};
+  for (int64_t i = 0; i < c->n_targets; i++) {
+    const uint32_t roles = mf_lora_target_roles(t->spec.family, c->targets[i]);
+    if (!roles)
+      return MF_ERR(MF_ERR_CONFIG, "train.lora.targets[%lld]%s: the %s model has no module named %s",
+                    (long long)i, where(cfg, "train.lora.targets", at, sizeof at),
+                    mf_family_name(t->spec.family), c->targets[i]);
+    l.roles |= roles;
+  }
+  mf_status st = mf_param_table_add_lora(t, &l);
+  if (st == MF_ERR_CONFIG)
+    return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora", at, sizeof at));
+  return st;
 }
 
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t, float **w,
@@ -44,6 +85,7 @@ mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const
     mf_params_init_random(t, t->spec.seed, 0.02f, weights);
     snprintf(desc, desc_cap, "random init (seed %llu)", (unsigned long long)t->spec.seed);
   }
+  if (st == MF_OK) mf_params_init_adapters(t, cfg->train.seed, weights); /* LoRA's, from train.seed */
   if (st != MF_OK) {
     free(weights);
     return st;

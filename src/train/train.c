@@ -332,6 +332,11 @@ static void log_start(const run *r, const mf_train_summary *out) {
           mf_family_name(t->spec.family), r->desc, mf_format_count((double)total, n1, sizeof n1),
           mf_format_count((double)active, n2, sizeof n2), (long long)t->spec.layers, (long long)t->spec.experts,
           (long long)t->spec.top_k);
+  if (t->lora_a) {
+    char lora[512];
+    mf_lora_describe(t, lora, sizeof lora);
+    MF_LOGI("train", "%s", lora);
+  }
   MF_LOGI("train",
           "data: %s: %llu windows of %lld tokens; unigram entropy %.4f nats/token (a model that ignores context "
           "scores this)",
@@ -352,26 +357,29 @@ static void log_start(const run *r, const mf_train_summary *out) {
   if (rp->routed)
     MF_LOGI("train", "planning with the routing measured in %s (%llu tokens)", rp->routing_path,
             (unsigned long long)rp->routing.tokens);
-  int wr = 0, ws = 0, gd = 0, gs = 0, ak = 0, ao = 0, ar = 0;
+  int wr = 0, ws = 0, gd = 0, gs = 0, ak = 0, ao = 0, ar = 0, trained = 0;
   for (int32_t i = 0; i < pl->d->n_params; i++) {
     pl->d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
+    if (r->t->params[i].frozen) continue; /* LoRA's base: no gradient, no optimizer */
     pl->d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
+    trained++;
   }
   for (int32_t x = 0; x < rp->prog->n_tensors; x++)
     if (mf_schedule_can_offload(rp->prog, x))
       pl->d->act[x] == MF_ACT_KEEP ? ak++ : pl->d->act[x] == MF_ACT_OFFLOAD ? ao++ : ar++;
-  MF_LOGI("train",
-          "plan: %s, arena %s (peak %s), predicted %.4g s/step (%s tokens/s); device budget %s (%s); weights %d "
-          "resident / %d streamed; gradients %d on the device / %d streamed; activations %d kept / %d "
-          "offloaded / %d recomputed; optimizer %d on the device / %d on the host; %s up and %s home per step; "
-          "%s order; plan.json in %s",
-          pl->name, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
-          mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
-          mf_format_count((double)r->tokens_per_step / pl->sim.step_seconds, n2, sizeof n2),
-          mf_format_bytes(rp->budget, b1, sizeof b1),
-          rp->budget_source, wr, ws, gd, gs, ak, ao, ar, pl->s->n_optim_device,
-          pl->d->n_params - pl->s->n_optim_device, mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4),
-          mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5), mf_program_order_name(rp->prog->order), cfg->output.dir);
+  MF_LOGI(
+      "train",
+      "plan: %s, arena %s (peak %s), predicted %.4g s/step (%s tokens/s); device budget %s (%s); weights %d "
+      "resident / %d streamed; gradients %d on the device / %d streamed; activations %d kept / %d "
+      "offloaded / %d recomputed; optimizer %d on the device / %d on the host; %s up and %s home per step; "
+      "%s order; plan.json in %s",
+      pl->name, mf_format_bytes(pl->s->arena_bytes, b2, sizeof b2),
+      mf_format_bytes(pl->s->peak_live_bytes, b3, sizeof b3), pl->sim.step_seconds,
+      mf_format_count((double)r->tokens_per_step / pl->sim.step_seconds, n2, sizeof n2),
+      mf_format_bytes(rp->budget, b1, sizeof b1), rp->budget_source, wr, ws, gd, gs, ak, ao, ar,
+      pl->s->n_optim_device, trained - pl->s->n_optim_device,
+      mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4), mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5),
+      mf_program_order_name(rp->prog->order), cfg->output.dir);
   if (rp->staging) {
     const mf_staging *sg = rp->staging;
     MF_LOGI("train",
@@ -727,6 +735,12 @@ static mf_status finish(run *r, mf_train_summary *out) {
   char final_dir[4200], routing_path[4200];
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
   MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
+  if (r->t->lora_a) { /* LoRA: final/ is the merged model, final/adapter the adapters alone (PEFT's format) */
+    char adapter_dir[4300];
+    snprintf(adapter_dir, sizeof adapter_dir, "%s/adapter", final_dir);
+    MF_CHECK(
+        mf_params_save_adapter_dir(r->t, r->w, cfg->model.has_init ? NULL : cfg->model.path, adapter_dir));
+  }
   const uint64_t routed_tokens = (uint64_t)out->steps * (uint64_t)r->tokens_per_step;
   snprintf(routing_path, sizeof routing_path, "%s/routing.json", cfg->output.dir);
   MF_CHECK(mf_routing_write(routing_path, &r->t->spec, r->routed, routed_tokens));
@@ -753,7 +767,12 @@ static mf_status finish(run *r, mf_train_summary *out) {
   if (r->valid)
     MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),
             cfg->data.valid);
-  MF_LOGI("train", "weights: %s (HF model dir); metrics: %s", final_dir, mf_metrics_path(r->metrics));
+  if (r->t->lora_a)
+    MF_LOGI("train",
+            "weights: %s (HF model dir, the adapters merged); adapters: %s/adapter (PEFT); metrics: %s",
+            final_dir, final_dir, mf_metrics_path(r->metrics));
+  else
+    MF_LOGI("train", "weights: %s (HF model dir); metrics: %s", final_dir, mf_metrics_path(r->metrics));
   return MF_OK;
 }
 

@@ -11,6 +11,7 @@
 
 int mf_updates_has_gradient(const mf_param_table *t, const int64_t *expert_tokens, int64_t i) {
   const mf_param *p = &t->params[i];
+  if (p->frozen) return 0; /* LoRA's base */
   return p->expert < 0 || mf_family_idle_expert_has_grad(t->spec.family) ||
          expert_tokens[p->layer * t->spec.experts + p->expert] > 0;
 }

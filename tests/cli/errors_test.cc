@@ -69,14 +69,31 @@ TEST(Errors, CrossKeyErrorNamesTheOverrideAndTheFileLine) {
 
 // train.lora is read and checked, but training adapters is not built yet:
 // plan and train say so, naming the key's place, before anything is written.
-TEST(Errors, LoraIsCheckedAndNotBuiltYet) {
+// train.lora: plan shows the adapters and the frozen base; what is not built
+// yet (adapter dropout, adapters on the hot experts only) is refused naming
+// the key's place.
+TEST(Errors, LoraIsPlannedAndItsUnbuiltPartsRefused) {
   Result p = moefit("plan configs/demo.yaml train.lora.rank=16 train.lora.targets=[q_proj,w1]");
-  EXPECT_EQ(p.code, 1) << p.out;
-  EXPECT_NE(
-      p.out.find("error: train.lora.rank 16 (command line: train.lora.rank=16): training LoRA adapters is "
-                 "not built yet"),
-      std::string::npos)
+  EXPECT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("LoRA rank 16, alpha 16 (scale 1) on q_proj, w1: 36 adapters on 18 weights; "),
+            std::string::npos)
       << p.out;
+  EXPECT_NE(p.out.find("the base's 452K frozen"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("optimizer: "), std::string::npos) << p.out;
+  EXPECT_EQ(p.out.find(" 101 "), std::string::npos) << "the frozen base is counted as optimized:\n" << p.out;
+  Result d = moefit("plan configs/demo.yaml train.lora.rank=16 train.lora.dropout=0.1");
+  EXPECT_EQ(d.code, 1) << d.out;
+  EXPECT_NE(d.out.find("error: train.lora.dropout 0.1 (command line: train.lora.dropout=0.1): dropout on the "
+                       "adapters' input is not built yet"),
+            std::string::npos)
+      << d.out;
+  Result h = moefit("train configs/demo.yaml train.lora.rank=16 train.lora.experts=hot");
+  EXPECT_EQ(h.code, 1) << h.out;
+  EXPECT_NE(
+      h.out.find("error: train.lora.experts: hot (command line: train.lora.experts=hot): adapters on the "
+                 "most-routed experts only are not built yet"),
+      std::string::npos)
+      << h.out;
   Result c = moefit("config configs/demo.yaml train.lora.rank=16 train.lora.targets=[q_proj,w1]");
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("targets: [q_proj, w1]"), std::string::npos) << c.out;

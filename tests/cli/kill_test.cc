@@ -229,6 +229,46 @@ TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
   ExpectSameAsWhole(dir);
 }
 
+// LoRA (train.lora: adapters over the frozen base, their AdamW state in the
+// checkpoints): SIGKILL after a step a seeded generator picks, once a
+// checkpoint is complete, then --resume: the same bits as the LoRA run never
+// killed — the merged final weights, the adapters and every step's loss.
+TEST(Kill, LoraSigkillResumesToTheSameBits) {
+  const std::string lora =
+      " train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 "
+      "train.lora.targets=[q_proj,k_proj,v_proj,o_proj,w1,w2,w3]";
+  const std::string whole = Fresh("lora_whole"), dir = Fresh("lora_sigkill");
+  Result w = moefit(Args(whole) + lora);
+  ASSERT_EQ(w.code, 0) << w.out;
+  std::mt19937 rng(Seed());
+  {
+    Proc p(Args(dir) + lora, {});
+    const int target = 10 + static_cast<int>(rng() % 40);
+    ASSERT_TRUE(p.WaitFor(StepLine(target))) << p.out();
+    for (int i = 0; i < 600 && NewestComplete(dir) == 0; i++)
+      p.WaitFor(std::regex("$^"), p.out().size(), 0.05);
+    ASSERT_GT(NewestComplete(dir), 0) << p.out();
+    p.Signal(SIGKILL);
+    int sig = 0;
+    ASSERT_EQ(p.Finish(&sig), -1) << "finished before the kill: " << p.out();
+    ASSERT_EQ(sig, SIGKILL);
+  }
+  const int from = NewestComplete(dir);
+  Result r = moefit(Args(dir) + lora + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(step " + std::to_string(from) + ")"), std::string::npos) << r.out;
+  for (const char *f : {"/final/model.safetensors", "/final/adapter/adapter_model.safetensors",
+                        "/final/adapter/adapter_config.json"}) {
+    const std::string a = read_file(whole + f);
+    EXPECT_FALSE(a.empty()) << f;
+    EXPECT_EQ(a, read_file(dir + f)) << f << " differs";
+  }
+  const auto a = Losses(whole), b = Losses(dir);
+  EXPECT_EQ(b.size(), static_cast<size_t>(kSteps));
+  for (int s = 1; s <= kSteps; s++) EXPECT_EQ(a.at(s), b.count(s) ? b.at(s) : "missing") << "step " << s;
+  EXPECT_LT(std::stod(a.at(kSteps)), std::stod(a.at(1))) << "the adapters train";
+}
+
 // SIGTERM: the step under way finishes, a checkpoint of it, status 0; resumed to the same bits.
 TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
   Whole();

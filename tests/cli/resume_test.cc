@@ -65,6 +65,11 @@ void StopAndResume(const Variant &v) {
 TEST(Resume, SameBitsFp32) { StopAndResume({"fp32", ""}); }
 TEST(Resume, SameBitsOverlappedOptimizer) { StopAndResume({"overlap", "train.overlap_optimizer=true"}); }
 TEST(Resume, SameBitsStreamedWeights) { StopAndResume({"streamed", "memory.device_budget=1.5MiB"}); }
+TEST(Resume, SameBitsLora) {
+  StopAndResume(
+      {"lora",
+       "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj,w1,w2,w3]"});
+}
 TEST(Resume, SameBitsBf16) { StopAndResume({"bf16", "train.precision=bf16 train.adam_moments=bf16"}); }
 TEST(Resume, SameBitsOptimizerOnDevice) {
   StopAndResume({"device_optim", "'memory.overrides=[{match: \"model.layers.*\", optimizer: device}]'"});

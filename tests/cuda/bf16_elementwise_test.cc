@@ -297,4 +297,12 @@ TEST_F(Bf16Elementwise, AddIsExact) {
   }
 }
 
+TEST_F(Bf16Elementwise, ScaleIsExact) {  // one fp32 multiply rounded once
+  uint64_t seed = 2000;
+  for (int64_t n : {1, 9, 4096, 10007}) {
+    MfTwinResult r = run(call_of(MF_K_SCALE, {n}, 0.375), {op(mf_test_bf16_values((size_t)n, seed++))});
+    expect_close(r, 0, 0, 0, shape("scale", {n}));
+  }
+}
+
 }  // namespace

@@ -12,7 +12,7 @@
 // operand's tolerance (0 where both sides do the same IEEE operations in the
 // same order: copies, sums of plain additions in a fixed order).
 // Tolerances (why):
-//   zero, embed_fwd/bwd, add, moe_gather, moe_gather_bwd, combine_bwd's dye: 0
+//   zero, embed_fwd/bwd, add, scale, moe_gather, moe_gather_bwd, combine_bwd's dye: 0
 //   rmsnorm_fwd y, rstd: 1e-10 (a block-tree sum of squares vs the cpu's 16 lanes)
 //   rmsnorm_bwd dx, dw: 1e-9 (reductions in a different fixed order)
 //   rope: 1e-6 (device powf/cosf/sinf vs libm: ulps of angles up to 512 rad)
@@ -324,6 +324,14 @@ TEST_F(CudaOps, RmsnormBwd) {
       c.i[0] = R, c.i[1] = C, c.i[2] = acc;
       check(c);
     }
+    // A frozen weight (LoRA): no dw, dx as before.
+    const int64_t R = s[0], C = s[1];
+    Case f{shape("rmsnorm_bwd without dw", {R, C}), MF_K_RMSNORM_BWD};
+    f.b = {f32(uniform(rng, (size_t)(R * C), -1, 1)), f32(uniform(rng, (size_t)(R * C), -2, 2)),
+           f32(uniform(rng, (size_t)C, 0.5f, 1.5f)),  f32(uniform(rng, (size_t)R, 0.5f, 2.0f)),
+           f32(nans((size_t)(R * C)), 1e-9),          absent()};
+    f.i[0] = R, f.i[1] = C, f.i[2] = 0;
+    check(f);
   }
 }
 
@@ -444,6 +452,18 @@ TEST_F(CudaOps, Add) {
       c.i[0] = n, c.i[1] = fp32;
       check(c);
     }
+  }
+}
+
+// In place: x *= s, one fp32 multiply each: the same bits as the cpu.
+TEST_F(CudaOps, Scale) {
+  std::mt19937 rng(9);
+  for (int64_t n : {1, 5, 262147}) {
+    Case c{shape("scale", {n}), MF_K_SCALE};
+    c.b = {f32(uniform(rng, (size_t)n, -1, 1), 0)};
+    c.i[0] = n;
+    c.f[0] = 2.5;
+    check(c);
   }
 }
 

@@ -108,8 +108,10 @@ std::string losses(const std::string &dir) {
 
 class Shape {
  public:
-  // `base`: a config file; every run applies the common overrides to it.
-  Shape(const std::string &name, const std::string &base) : name_(name), base_(base) {}
+  // `base`: a config file; every run applies the common overrides to it,
+  // and `own` (e.g. train.lora).
+  Shape(const std::string &name, const std::string &base, const std::vector<std::string> &own = {})
+      : name_(name), base_(base), own_(own) {}
 
   std::vector<std::string> common(const std::string &dir) const {
     static const std::string train = tokens("train.tokens", 300), valid = tokens("valid.tokens", 12);
@@ -133,6 +135,7 @@ class Shape {
   mf_config *load(const std::string &tag, const std::string &budget, const std::string &plan,
                   const std::vector<std::string> &extra = {}) const {
     std::vector<std::string> ov = common(dir(tag));
+    ov.insert(ov.end(), own_.begin(), own_.end());
     ov.push_back("memory.device_budget=" + budget);
     ov.push_back("memory.plan=" + plan);
     for (const auto &e : extra) ov.push_back(e);
@@ -193,6 +196,7 @@ class Shape {
 
  private:
   std::string name_, base_;
+  std::vector<std::string> own_;
 };
 
 // The program train builds for a config (micro-batch-major, as the runs pin
@@ -203,7 +207,7 @@ struct Planner {
   mf_hwprofile hw{};
   explicit Planner(const mf_config *cfg) {
     EXPECT_EQ(mf_hwprofile_load(kProfile, &hw), MF_OK) << mf_last_error();
-    EXPECT_EQ(mf_param_table_build(&cfg->model.init, &t), MF_OK) << mf_last_error();
+    EXPECT_EQ(mf_run_model_table(cfg, nullptr, &t), MF_OK) << mf_last_error();  // with train.lora's adapters
     mf_program_opts po{};
     po.micro_batch = cfg->train.micro_batch;
     po.seq_len = cfg->data.seq_len;
@@ -352,6 +356,23 @@ TEST(PlanInvariance, DenseLayerAndSharedExpert) {
 
 TEST(PlanInvariance, ManySmallExperts) {
   CheckShape(Shape("many_small", shape_config("many_small", kManySmall)));
+}
+
+// LoRA (train.lora): adapters over a frozen base, on the attention and every
+// MLP projection (routed experts, the shared expert, dense layers), the
+// routers trained too in the second shape: the same checks.
+const std::vector<std::string> kLora = {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2",
+                                        "train.lora.targets=[q_proj, k_proj, v_proj, o_proj, w1, w2, w3]"};
+
+TEST(PlanInvariance, LoraDemoModel) {
+  CheckShape(Shape("lora_demo", demo(), kLora));
+}
+
+TEST(PlanInvariance, LoraDenseLayerSharedExpertAndRouters) {
+  CheckShape(
+      Shape("lora_dense_shared", shape_config("lora_dense_shared", kDenseShared),
+            {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2", "train.lora.train_router=true",
+             "train.lora.targets=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
 }
 
 // memory.overrides pin decisions on top of a baseline; same bits.

@@ -189,6 +189,8 @@ std::vector<Case> cases_of(mf_kernel kind) {
     case MF_K_ADD:  // the fp32 flag too: the narrowing rounds the sum once either way
       return {Build(kind, "add", {33, 0}).val(0, 33).val(1, 33),
               Build(kind, "add fp32 flag", {33, 1}).val(0, 33).val(1, 33)};
+    case MF_K_SCALE:
+      return {Build(kind, "scale", {33}, {1.7}).val(0, 33)};
     case MF_K_ROUTER_FWD:
       return {Build(kind, "router_fwd", {4, 6, K, 1})
                   .val(0, 24, 3.0f)

@@ -1,0 +1,187 @@
+// Parity with PEFT on transformers (fixtures written by
+// tools/make_lora_fixtures.py, tests/fixtures/lora/NOTES.md): for each family,
+// LoRA adapters (PEFT's own adapter_model.safetensors, non-zero A and B) on
+// the attention and every MLP projection over the frozen base of
+// tests/fixtures/<family>: one batch through the cpu backend in fp32 must give
+// PEFT's logits and loss (1e-5 relative), every adapter's gradient (1e-4
+// relative in norm; none for an idle expert's, as PEFT leaves .grad None),
+// and the adapters after one AdamW step over them alone; the base gets no
+// gradient at all.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "src/model/hf_config.h"
+#include "src/optim/optim.h"
+#include "tests/model/parity_util.h"
+
+namespace {
+
+using namespace mf_parity;
+
+const char kFixtures[] = "tests/fixtures";
+
+std::vector<std::string> lora_fixture_names() {
+  std::vector<std::string> out;
+  const std::string root = std::string(kFixtures) + "/lora";
+  DIR *d = opendir(root.c_str());
+  if (!d) return out;
+  while (dirent *e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n[0] == '.') continue;
+    if (access((root + "/" + n + "/fixture.safetensors").c_str(), R_OK) == 0) out.push_back(n);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The quoted names of a JSON list of strings ("[\"q_proj\", \"v_proj\"]").
+std::vector<std::string> json_names(const char *list) {
+  std::vector<std::string> out;
+  for (const char *p = list ? strchr(list, '"') : nullptr; p; p = strchr(p, '"')) {
+    const char *e = strchr(p + 1, '"');
+    if (!e) break;
+    out.emplace_back(p + 1, e);
+    p = e + 1;
+  }
+  return out;
+}
+
+class LoraParity : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(kFixtures) + "/lora/" + GetParam();
+    const std::string base = std::string(kFixtures) + "/" + GetParam();
+    ASSERT_EQ(mf_safetensors_open((dir_ + "/fixture.safetensors").c_str(), &fx_), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_hf_config_load(base.c_str(), &spec_), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_param_table_build(&spec_, &t_), MF_OK) << mf_last_error();
+    const double r = meta_num(fx_, "r"), alpha = meta_num(fx_, "lora_alpha");
+    ASSERT_TRUE(r >= 1 && alpha > 0) << "fixture metadata r, lora_alpha";
+    mf_lora l = {(int64_t)r, alpha / r, 0, 0};
+    for (const std::string &m : json_names(mf_safetensors_metadata(fx_, "target_modules"))) {
+      const uint32_t roles = mf_lora_target_roles(spec_.family, m.c_str());
+      ASSERT_NE(roles, 0u) << m;
+      l.roles |= roles;
+    }
+    ASSERT_NE(l.roles, 0u) << "fixture metadata target_modules";
+    ASSERT_EQ(mf_param_table_add_lora(t_, &l), MF_OK) << mf_last_error();
+    w_.resize((size_t)t_->total_numel);
+    ASSERT_EQ(mf_params_load(t_, (base + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_params_load_adapters(t_, dir_.c_str(), w_.data()), MF_OK) << mf_last_error();
+    ASSERT_TRUE(batch_of(fx_, &bt_)) << "input_ids, labels [B, S] I32 and router_aux_loss_coef";
+    B_ = bt_.B, S_ = bt_.S, ids_ = bt_.ids, targets_ = bt_.targets, aux_coef_ = bt_.aux_coef;
+  }
+  void TearDown() override {
+    mf_safetensors_close(fx_);
+    mf_param_table_free(t_);
+  }
+  // PEFT's name of an adapter in adapter_model.safetensors.
+  static std::string peft(const mf_param &p) { return std::string("base_model.model.") + p.name; }
+  std::string dir_;
+  mf_model_spec spec_{};
+  mf_param_table *t_ = nullptr;
+  std::vector<float> w_;
+  mf_safetensors *fx_ = nullptr;
+  Batch bt_;
+  int64_t B_ = 0, S_ = 0;
+  const int32_t *ids_ = nullptr;
+  std::vector<int32_t> targets_;
+  double aux_coef_ = 0;
+};
+
+TEST_P(LoraParity, LogitsAndLoss) {
+  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  expect_logits_and_losses(r, fx_, B_ * S_ * spec_.vocab);
+}
+
+// The adapters move the logits: without them (B = 0) the check fails.
+TEST_P(LoraParity, TheAdaptersMatter) {
+  std::vector<float> w = w_;
+  for (int64_t i = t_->n_base; i < t_->n; i++)
+    if (t_->params[i].role == MF_P_LORA_B)
+      std::fill(w.begin() + t_->params[i].offset, w.begin() + t_->params[i].offset + t_->params[i].numel,
+                0.0f);
+  Result r = run_model(t_, w, ids_, targets_, B_, S_, aux_coef_);
+  const float *logits = f32(fx_, "logits", B_ * S_ * spec_.vocab);
+  ASSERT_NE(logits, nullptr);
+  EXPECT_GT(rel_err(r.logits.data(), logits, B_ * S_ * spec_.vocab), 1e-3);
+}
+
+TEST_P(LoraParity, EveryAdapterGradientAndNoneForTheBase) {
+  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  const std::string no_grad =
+      mf_safetensors_metadata(fx_, "no_grad") ? mf_safetensors_metadata(fx_, "no_grad") : "[]";
+  int checked = 0, idle = 0;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    const float *got = r.grads.data() + p.offset;
+    if (p.frozen) {  // the base: no gradient tensor, nothing written
+      for (int64_t j = 0; j < p.numel; j++) ASSERT_EQ(got[j], 0.0f) << p.name;
+      continue;
+    }
+    const float *ref = f32(fx_, "grad." + peft(p), p.numel);
+    if (!ref) {  // PEFT left .grad None: an idle expert's adapter
+      EXPECT_NE(no_grad.find("\"" + peft(p) + "\""), std::string::npos) << p.name << " has no reference";
+      ASSERT_GE(p.expert, 0) << p.name;
+      EXPECT_EQ(r.expert_tokens[p.layer * spec_.experts + p.expert], 0) << p.name;
+      for (int64_t j = 0; j < p.numel; j++) ASSERT_EQ(got[j], 0.0f) << p.name;
+      idle++;
+      continue;
+    }
+    EXPECT_LT(rel_err(got, ref, p.numel), 1e-4) << p.name;
+    checked++;
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(checked + idle, t_->n - t_->n_base) << "every adapter is trained";
+}
+
+// moefit's gradients through AdamW over the adapters alone give PEFT's
+// adapters after its step (tolerance as parity_test's end to end).
+TEST_P(LoraParity, OneAdamWStepOverTheAdapters) {
+  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  const mf_adamw_hparams h = {meta_num(fx_, "lr"), meta_num(fx_, "beta1"), meta_num(fx_, "beta2"),
+                              meta_num(fx_, "eps"), meta_num(fx_, "weight_decay")};
+  ASSERT_TRUE(std::isfinite(h.lr) && std::isfinite(h.weight_decay));
+  const int idle_has_grad = mf_family_idle_expert_has_grad(spec_.family);
+  double worst = 0;
+  std::string worst_at;
+  for (int64_t i = t_->n_base; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    std::vector<float> w(w_.begin() + p.offset, w_.begin() + p.offset + p.numel);
+    std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
+    const bool idle = p.expert >= 0 && r.expert_tokens[p.layer * spec_.experts + p.expert] == 0;
+    if (!idle || idle_has_grad) {
+      ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), r.grads.data() + p.offset, m.data(), v.data(), w.size(),
+                                nullptr, nullptr),
+                MF_OK);
+    }
+    const float *ref = f32(fx_, "after." + peft(p), p.numel), *gref = f32(fx_, "grad." + peft(p), p.numel);
+    ASSERT_NE(ref, nullptr) << p.name;
+    for (int64_t j = 0; j < p.numel; j++) {
+      double tol = 1e-6;
+      if (gref) {
+        auto ratio = [&](double g) { return g / (std::fabs(g) + h.eps); };
+        tol += h.lr * std::fabs(ratio(r.grads[p.offset + j]) - ratio(gref[j]));
+      }
+      const double d = std::fabs((double)w[j] - (double)ref[j]) / tol;
+      if (d > worst) worst = d, worst_at = p.name;
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "largest difference (in tolerances) in " << worst_at;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(lora_fixture_names()),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+TEST(LoraParityFixtures, ArePresent) {
+  EXPECT_GE(lora_fixture_names().size(), 4u) << "tests/fixtures/lora has too few fixtures";
+}
+
+}  // namespace

@@ -1,0 +1,688 @@
+#!/usr/bin/env python3
+"""Writes the LoRA parity fixtures of tests/fixtures/lora/ with PEFT on transformers.
+
+Run it in the venv of tools/requirements-fixtures.txt (which pins peft too):
+
+    python3 -m venv /work/fixvenv
+    /work/fixvenv/bin/pip install -r tools/requirements-fixtures.txt
+    /work/fixvenv/bin/python tools/make_lora_fixtures.py            # rewrite tests/fixtures/lora
+    /work/fixvenv/bin/python tools/make_lora_fixtures.py --check    # compare only
+
+For mixtral, qwen2_moe, qwen3_moe and olmoe it builds the base model exactly as
+tools/make_fixtures.py does (its build() and seed, so the base is byte for byte
+tests/fixtures/<name>/model.safetensors: asserted, and not copied), wraps it with
+peft.get_peft_model (LoRA r=4, alpha=8, dropout 0, bias "none" on the attention
+projections and every MLP projection: routed experts, dense MLPs, shared expert),
+overwrites every lora_A / lora_B with N(0, ADAPTER_STD^2) from numpy PCG64 (PEFT's own
+init has lora_B = 0, which makes every lora_A gradient zero), and writes
+tests/fixtures/lora/<name>/
+  config.json                the base config (byte-identical to ../../<name>/config.json)
+  adapter_config.json        PeftModel.save_pretrained output, untouched
+  adapter_model.safetensors  PeftModel.save_pretrained output: the initial adapters
+  fixture.safetensors        input_ids, labels, loss_mask [B,S] I32; logits [B,S,V];
+                             loss, ce_loss, aux_loss (0-d) F32; router_logits.<layer>;
+                             grad.<n> (grad not None) and after.<n> (one AdamW step over the adapter
+                             tensors only) for every tensor n of adapter_model.safetensors,
+                             named as there; __metadata__ as make_fixtures, plus the LoRA
+                             settings and "no_grad" (adapters whose grad stayed None).
+and tests/fixtures/lora/NOTES.md: the PEFT facts the C code must match, each read from
+the installed peft sources (source_facts) and, where it can be, checked numerically.
+
+The adapter seed counts up from base seed + ADAPTER_SEED_OFFSET until the model WITH the
+adapters keeps every top-k choice MIN_ROUTING_MARGIN apart and, where make_fixtures
+asks for it (need_idle_expert), leaves exactly one routed expert idle; the base seed
+stays the one of tests/fixtures/<name>.
+
+Determinism: make_fixtures' settings (imported first: they are set before torch
+loads), plus PYTHONHASHSEED=0 (the script re-executes itself with it): PEFT keeps
+target_modules as a set and writes list(set) to adapter_config.json, so without a
+fixed hash seed the order of that list changes from run to run. Two runs give
+byte-identical files; --check regenerates into a temporary directory and compares
+(config.json, adapter_*, NOTES.md byte for byte; fixture.safetensors within
+make_fixtures' CHECK_RTOL / CHECK_ATOL).
+"""
+
+import os
+import sys
+
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)] + sys.argv[1:])
+os.environ["HF_HUB_OFFLINE"] = "1"  # PEFT's save looks for a base config by name_or_path ("" here)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import make_fixtures as mfx  # noqa: E402  (sets MKL_CBWR etc. before torch loads)
+
+import argparse  # noqa: E402
+import warnings  # noqa: E402
+import filecmp  # noqa: E402
+import hashlib  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+import peft  # noqa: E402
+import safetensors  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+need = mfx.need
+FIXTURES_DIR = os.path.join(HERE, "..", "tests", "fixtures")
+DEFAULT_OUT = os.path.join(FIXTURES_DIR, "lora")
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+
+R, ALPHA = 4, 8
+SCALING = ALPHA / R
+ADAPTER_STD_A, ADAPTER_STD_B = 0.1, 0.1
+ADAPTER_SEED_OFFSET = 100000
+ADAPTER_SEED_TRIES = 200
+ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = {"mixtral": ["w1", "w2", "w3"]}
+MLP_DEFAULT = ["gate_proj", "up_proj", "down_proj"]
+OUT_FILES = ["config.json", "adapter_config.json", "adapter_model.safetensors", "fixture.safetensors"]
+
+
+def target_modules(name):
+    return ATTN + MLP.get(name, MLP_DEFAULT)
+
+
+def pinned_peft():
+    with open(os.path.join(HERE, "requirements-fixtures.txt")) as f:
+        m = re.search(r"^peft==(\S+)$", f.read(), re.M)
+    need(m, "tools/requirements-fixtures.txt pins no peft")
+    return m.group(1)
+
+
+# ----------------------------------------------------------------------------- sources
+FORWARD_LINE = "result = result + lora_B(lora_A(dropout(x))) * scaling"
+
+
+def source_facts():
+    """(citation, object, snippet that must occur in its source). Checked at start-up."""
+    from peft import config as pconfig
+    from peft import peft_model
+    from peft.tuners import tuners_utils
+    from peft.tuners.lora import config as lconfig
+    from peft.tuners.lora import layer as llayer
+    from peft.utils import save_and_load
+    return [
+        ("peft/tuners/lora/layer.py LoraLayer.update_layer", llayer.LoraLayer.update_layer,
+         "self.lora_A[adapter_name] = nn.Linear(self.in_features, r, bias=False)"),
+        ("peft/tuners/lora/layer.py LoraLayer.update_layer", llayer.LoraLayer.update_layer,
+         "self.lora_B[adapter_name] = nn.Linear(r, self.out_features, bias=lora_bias)"),
+        ("peft/tuners/lora/layer.py LoraLayer.update_layer", llayer.LoraLayer.update_layer,
+         "self.scaling[adapter_name] = lora_alpha / r"),
+        ("peft/tuners/lora/layer.py LoraLayer.update_layer", llayer.LoraLayer.update_layer,
+         "self.scaling[adapter_name] = lora_alpha / math.sqrt(r)"),
+        ("peft/tuners/lora/layer.py LoraLayer.update_layer", llayer.LoraLayer.update_layer,
+         "lora_dropout_layer = nn.Identity()"),
+        ("peft/tuners/lora/layer.py LoraLayer.reset_lora_parameters", llayer.LoraLayer.reset_lora_parameters,
+         "nn.init.kaiming_uniform_(self.lora_A[adapter_name].weight, a=math.sqrt(5))"),
+        ("peft/tuners/lora/layer.py LoraLayer.reset_lora_parameters", llayer.LoraLayer.reset_lora_parameters,
+         "nn.init.zeros_(self.lora_B[adapter_name].weight)"),
+        ("peft/tuners/lora/layer.py Linear.forward", llayer.Linear.forward,
+         "result = self.base_layer(x, *args, **kwargs)"),
+        ("peft/tuners/lora/layer.py Linear.forward", llayer.Linear.forward, FORWARD_LINE),
+        ("peft/tuners/tuners_utils.py check_target_module_exists", tuners_utils.check_target_module_exists,
+         'target_module_found = any(key.endswith(f".{target_key}") for target_key in config.target_modules)'),
+        ("peft/utils/save_and_load.py get_peft_model_state_dict", save_and_load.get_peft_model_state_dict,
+         'to_return = {k: state_dict[k] for k in state_dict if "lora_" in k}'),
+        ("peft/utils/save_and_load.py get_peft_model_state_dict", save_and_load.get_peft_model_state_dict,
+         'pattern = re.compile(re.escape(f".{adapter_name}") + r"$")'),
+        ("peft/peft_model.py PeftModel.__init__", peft_model.PeftModel.__init__,
+         "self.base_model = cls(model, {adapter_name: peft_config}, adapter_name)"),
+        ("peft/tuners/tuners_utils.py BaseTuner.__init__", tuners_utils.BaseTuner.__init__, "self.model = model"),
+        ("peft/peft_model.py PeftModel.save_pretrained", peft_model.PeftModel.save_pretrained,
+         'metadata={"format": "pt"},'),
+        ("peft/peft_model.py PeftModel.save_pretrained", peft_model.PeftModel.save_pretrained,
+         "peft_config.inference_mode = True"),
+        ("peft/config.py PeftConfigMixin.save_pretrained", pconfig.PeftConfigMixin.save_pretrained,
+         "output_dict[key] = list(value)"),
+        ("peft/config.py PeftConfigMixin.save_pretrained", pconfig.PeftConfigMixin.save_pretrained,
+         "writer.write(json.dumps(output_dict, indent=2, sort_keys=True))"),
+        ("peft/tuners/lora/config.py LoraConfig.__post_init__", lconfig.LoraConfig.__post_init__,
+         "set(self.target_modules) if isinstance(self.target_modules, list) else self.target_modules"),
+    ]
+
+
+def check_sources():
+    mfx.check_sources()
+    for cite, obj, snippet in source_facts():
+        need(snippet in inspect.getsource(obj), f"peft source fact not found: {cite}: {snippet!r}")
+    from peft.utils import constants
+    need(constants.SAFETENSORS_WEIGHTS_NAME == "adapter_model.safetensors", "peft weights file name")
+    need(constants.CONFIG_NAME == "adapter_config.json", "peft config file name")
+
+
+# ----------------------------------------------------------------------------- model
+def saved_name(param_name):
+    """PeftModel parameter name -> its key in adapter_model.safetensors (adapter name dropped)."""
+    return re.sub(r"\.(lora_[AB])\.default\.weight$", r".\1.weight", param_name)
+
+
+def lora_modules(pm):
+    from peft.tuners.lora import layer as llayer
+    return {n: m for n, m in pm.named_modules() if isinstance(m, llayer.LoraLayer)}
+
+
+def check_targets(name, pm, hf):
+    """Every routed expert is its own module with nn.Linear projections (a ModuleList of
+    MLPs), so PEFT wraps each; the adapters sit exactly on the named projections and
+    never on a router (mlp.gate / block_sparse_moe.gate) or on shared_expert_gate."""
+    from peft.tuners.lora import layer as llayer
+    tm = target_modules(name)
+    for i, layer in enumerate(hf.model.layers):
+        blk = mfx.moe_block(layer)
+        if blk is None:
+            continue
+        need(isinstance(blk.experts, torch.nn.ModuleList), f"{name}: layer {i} experts are not a ModuleList")
+        for e, ex in enumerate(blk.experts):
+            for p in MLP.get(name, MLP_DEFAULT):
+                need(isinstance(getattr(ex, p), llayer.Linear), f"{name}: layer {i} expert {e} {p} not wrapped")
+                need(isinstance(getattr(ex, p).get_base_layer(), torch.nn.Linear), f"{name}: {p} not nn.Linear")
+    mods = lora_modules(pm)
+    for n, m in mods.items():
+        need(n.split(".")[-1] in tm, f"{name}: unexpected LoRA module {n}")
+        need(isinstance(m, llayer.Linear), f"{name}: {n} is {type(m).__name__}")
+        need(m.scaling["default"] == SCALING, f"{name}: {n} scaling {m.scaling['default']}")
+        need(isinstance(m.lora_dropout["default"], torch.nn.Identity), f"{name}: {n} dropout")
+        need(m.lora_B["default"].bias is None, f"{name}: {n} has a lora_B bias")
+    want = sorted(f"base_model.model.{n}" for n, m in hf.named_modules()
+                  if isinstance(m, llayer.Linear) or (isinstance(m, torch.nn.Linear) and n.split(".")[-1] in tm))
+    need(sorted(mods) == want, f"{name}: LoRA modules differ from the target projections")
+    routers = [n for n in mods if n.endswith(".gate") or "shared_expert_gate" in n]
+    need(not routers, f"{name}: router got an adapter: {routers}")
+    return mods
+
+
+def check_peft_init(name, pm):
+    """PEFT's default init (before ours): lora_B == 0, lora_A ~ kaiming_uniform(a=sqrt(5))
+    = U(-1/sqrt(in), 1/sqrt(in))."""
+    for n, m in lora_modules(pm).items():
+        a, b = m.lora_A["default"].weight, m.lora_B["default"].weight
+        need(not b.any(), f"{name}: PEFT init of {n}.lora_B is not zero")
+        bound = 1 / math.sqrt(a.shape[1])
+        need(a.abs().max().item() <= bound and a.abs().max().item() > 0.5 * bound,
+             f"{name}: PEFT init of {n}.lora_A not within U(+-{bound})")
+
+
+def init_adapters(pm, seed):
+    rng = np.random.default_rng(seed)
+    params = dict(pm.named_parameters())
+    names = sorted(n for n, p in params.items() if p.requires_grad)
+    need(all(".lora_A.default." in n or ".lora_B.default." in n for n in names), "a trainable non-LoRA param")
+    with torch.no_grad():
+        for n in names:
+            std = ADAPTER_STD_A if ".lora_A." in n else ADAPTER_STD_B
+            z = rng.standard_normal(tuple(params[n].shape))
+            params[n].copy_(torch.from_numpy((std * z).astype(np.float32)))
+    return names
+
+
+def lora_config(name):
+    return LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=target_modules(name),
+                      task_type="CAUSAL_LM")
+
+
+def build_lora(fx, seed, adapter_seed, check_init=False):
+    model, ids = mfx.build(fx, seed)
+    pm = get_peft_model(model, lora_config(fx["name"]))
+    if check_init:
+        check_peft_init(fx["name"], pm)
+    init_adapters(pm, adapter_seed)
+    pm.train()
+    return pm, ids
+
+
+def pick_adapter_seed(fx, seed):
+    first = seed + ADAPTER_SEED_OFFSET
+    for a in range(first, first + ADAPTER_SEED_TRIES):
+        pm, ids = build_lora(fx, seed, a)
+        with torch.no_grad():
+            out = pm(input_ids=ids, output_router_logits=True, use_cache=False)
+        cfg = pm.get_base_model().config
+        margin, idle = mfx.routing_stats(out.router_logits, cfg.num_experts_per_tok, mfx.num_experts(cfg))
+        if margin >= mfx.MIN_ROUTING_MARGIN and len(idle) == (1 if fx["need_idle_expert"] else len(idle)):
+            return a
+    mfx.fail(f"{fx['name']}: no usable adapter seed in [{first}, {first + ADAPTER_SEED_TRIES})")
+
+
+def check_lora_forward(name, captured):
+    """Each LoRA Linear gives x W^T (+ b) + scaling * (x A^T) B^T (fp64 reference)."""
+    worst = 0.0
+    for n, (m, x, y) in captured.items():
+        d = lambda t: t.detach().double()  # noqa: E731
+        base = m.get_base_layer()
+        ref = d(x) @ d(base.weight).T
+        if base.bias is not None:
+            ref = ref + d(base.bias)
+        ref = ref + SCALING * (d(x) @ d(m.lora_A["default"].weight).T) @ d(m.lora_B["default"].weight).T
+        if y.numel():  # (OLMoE runs its idle experts on zero tokens)
+            worst = max(worst, (ref - d(y)).abs().max().item())
+    need(worst < 1e-5, f"{name}: a LoRA layer differs from x W^T + s (x A^T) B^T by {worst}")
+    return worst
+
+
+def st_bytes_equal(a, b):
+    return os.path.exists(a) and os.path.exists(b) and filecmp.cmp(a, b, shallow=False)
+
+
+# ----------------------------------------------------------------------------- one fixture
+def make_fixture(fx, outdir):
+    name = fx["name"]
+    base_dir = os.path.join(FIXTURES_DIR, name)
+    seed = mfx.pick_seed(fx)
+    _, base_meta = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
+    need(base_meta["seed"] == str(seed), f"{name}: seed {seed}, tests/fixtures/{name} has {base_meta['seed']}")
+    adapter_seed = pick_adapter_seed(fx, seed)
+
+    d = os.path.join(outdir, name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+
+    pm, ids = build_lora(fx, seed, adapter_seed, check_init=True)
+    hf = pm.get_base_model()
+    cfg = hf.config
+    k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
+    moe_layers = [i for i, l in enumerate(hf.model.layers) if mfx.moe_block(l) is not None]
+    mods = check_targets(name, pm, hf)
+
+    # The base as make_fixtures writes it, byte for byte (from a fresh build: saving the
+    # wrapped model would write base_layer names and the adapters).
+    with tempfile.TemporaryDirectory() as tmp:
+        mfx.build(fx, seed)[0].save_pretrained(tmp, safe_serialization=True)
+        for f in ("config.json", "model.safetensors"):
+            need(st_bytes_equal(os.path.join(tmp, f), os.path.join(base_dir, f)),
+                 f"{name}: base {f} differs from tests/fixtures/{name}/{f}")
+        shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(d, "config.json"))
+    with open(os.path.join(base_dir, "model.safetensors"), "rb") as f:
+        base_sha = hashlib.sha256(f.read()).hexdigest()
+
+    # PEFT's own files, the initial adapters.
+    pm.save_pretrained(d)
+    for f in os.listdir(d):
+        if f not in OUT_FILES:
+            os.remove(os.path.join(d, f))  # README.md (model card)
+        else:
+            os.chmod(os.path.join(d, f), 0o644)
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    need(acfg["r"] == R and acfg["lora_alpha"] == ALPHA and acfg["use_rslora"] is False and
+         acfg["use_dora"] is False and acfg["bias"] == "none" and acfg["lora_dropout"] == 0.0 and
+         acfg["peft_type"] == "LORA" and acfg["task_type"] == "CAUSAL_LM" and acfg["fan_in_fan_out"] is False,
+         f"{name}: adapter_config.json {acfg}")
+    need(sorted(acfg["target_modules"]) == sorted(target_modules(name)), f"{name}: target_modules in the file")
+
+    params = dict(pm.named_parameters())
+    trainable = sorted(n for n, p in params.items() if p.requires_grad)
+    names = {n: saved_name(n) for n in trainable}
+    with safe_open(os.path.join(d, "adapter_model.safetensors"), framework="pt") as f:
+        file_keys, file_meta = sorted(f.keys()), f.metadata()
+        need(file_meta == {"format": "pt"}, f"{name}: adapter file metadata {file_meta}")
+        for n in trainable:
+            need(torch.equal(f.get_tensor(names[n]), params[n].detach()), f"{name}: saved {names[n]} differs")
+    need(file_keys == sorted(names.values()), f"{name}: adapter file keys != trainable params less '.default'")
+    need(all(k_.startswith("base_model.model.") and ".default" not in k_ for k_ in file_keys), f"{name}: key form")
+    need(len(file_keys) == 2 * len(mods), f"{name}: {len(file_keys)} tensors for {len(mods)} LoRA modules")
+
+    labels, loss_mask = mfx.make_labels(ids)
+    with torch.no_grad(), pm.disable_adapter():
+        base_logits = pm(input_ids=ids, use_cache=False).logits
+    base_ref, _ = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
+    need(np.allclose(base_logits.numpy(), base_ref["logits"], rtol=mfx.CHECK_RTOL, atol=mfx.CHECK_ATOL),
+         f"{name}: adapters disabled does not give tests/fixtures/{name} logits")
+
+    captured, hooks = {}, []
+    for n, m in mods.items():
+        hooks.append(m.register_forward_hook(
+            lambda m_, inp, out, n=n: captured.__setitem__(n, (m_, inp[0].detach().clone(), out.detach().clone()))))
+    out = pm(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
+    for h in hooks:
+        h.remove()
+    lora_err = check_lora_forward(name, captured)
+
+    need(len(out.router_logits) == len(moe_layers), f"{name}: router logits for MoE layers {moe_layers}")
+    logits = out.logits.detach()
+    shift = (logits - base_logits).abs().max().item()
+    need(0.1 < shift < 10 and logits.abs().max().item() < 20, f"{name}: logits moved by {shift} from the base")
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
+    aux, loss = out.aux_loss.detach(), out.loss.detach()
+    need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
+    need(abs(loss.item() - (ce.item() + mfx.AUX_COEF * aux.item())) <= 1e-6 * abs(loss.item()),
+         f"{name}: loss {loss.item()} != ce + coef*aux")
+    mfx.check_aux(name, out.router_logits, k, E, aux.item())
+    margin, idle = mfx.routing_stats(out.router_logits, k, E)
+    need(margin >= mfx.MIN_ROUTING_MARGIN, f"{name}: routing margin {margin}")
+    idle = [(moe_layers[li], e) for li, e in idle]
+
+    out.loss.backward()
+    for n, p in params.items():
+        need(p.requires_grad == (n in names), f"{name}: {n} requires_grad {p.requires_grad}")
+        need(p.requires_grad or p.grad is None, f"{name}: frozen {n} got a grad")
+    grads = {n: params[n].grad.detach().clone() for n in trainable if params[n].grad is not None}
+    no_grad = sorted(n for n in trainable if params[n].grad is None)
+    for n, g in grads.items():
+        need(torch.isfinite(g).all(), f"{name}: grad of {n} not finite")
+    pref = "base_model.model."
+    idle_params = sorted(n for (li, e) in idle for n in trainable
+                         if n.startswith(pref + mfx.expert_prefix(hf, li, e)))
+    zero = sorted(n for n, g in grads.items() if not g.any())
+    if cfg.model_type == "olmoe":  # loops over every expert: idle experts' adapters get all-zero grads
+        need(not no_grad, f"{name}: unexpected no_grad {no_grad}")
+        need(set(idle_params) <= set(zero), f"{name}: an idle expert's adapter has a non-zero grad")
+    else:  # loops over the experts hit only: an idle expert's adapters are not in the graph
+        need(no_grad == idle_params, f"{name}: no_grad {no_grad} != idle experts' adapters {idle_params}")
+    last = pref + f"model.layers.{cfg.num_hidden_layers - 1}."
+    stray = [n for n in zero if n not in idle_params and not (n.startswith(last) and ".experts." in n)]
+    need(not stray, f"{name}: all-zero grads outside idle / last-layer experts: {stray}")
+    need(not fx["need_idle_expert"] or idle_params, f"{name}: no idle expert")
+
+    before = {n: params[n].detach().clone() for n in trainable}
+    opt = torch.optim.AdamW([params[n] for n in trainable], lr=mfx.LR, betas=(mfx.BETA1, mfx.BETA2), eps=mfx.EPS,
+                            weight_decay=mfx.WD, foreach=False)
+    opt.step()
+    need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
+    after = {n: params[n].detach().clone() for n in trainable}
+    adam_err = mfx.check_adamw(name, before, after, grads)
+
+    tensors = mfx.batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
+    for n, g in grads.items():
+        tensors[f"grad.{names[n]}"] = g.numpy().astype("<f4")
+    for n, p in after.items():
+        tensors[f"after.{names[n]}"] = p.numpy().astype("<f4")
+    meta = {
+        "format": "pt",
+        "fixture": name,
+        "model_type": cfg.model_type,
+        "seed": str(seed),
+        "adapter_seed": str(adapter_seed),
+        "base": f"../../{name}/model.safetensors (config.json here is byte-identical to ../../{name}/config.json)",
+        "base_sha256": base_sha,
+        "r": str(R),
+        "lora_alpha": str(ALPHA),
+        "scaling": repr(SCALING),
+        "lora_dropout": "0.0",
+        "target_modules": json.dumps(sorted(target_modules(name))),
+        "adapter_init": (f"after get_peft_model: numpy default_rng(adapter_seed) (PCG64); for each trainable "
+                         f"parameter in sorted PeftModel name order (…lora_A.default.weight, …lora_B.default.weight),"
+                         f" z = standard_normal(shape) float64; lora_A {ADAPTER_STD_A}*z, lora_B {ADAPTER_STD_B}*z; "
+                         f"cast to float32. = adapter_model.safetensors"),
+        "batch": f"B={mfx.B} S={mfx.S}; labels = input_ids with -100 at (b,s) {mfx.MASKED_LABELS}",
+        "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
+        "n_targets": str(int(loss_mask.sum())),
+        "loss": "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets",
+        "router_aux_loss_coef": repr(mfx.AUX_COEF),
+        "optimizer": ("torch.optim.AdamW(foreach=False), one step, one param group holding the trainable "
+                      "adapter tensors only (sorted by name); base parameters frozen"),
+        "lr": repr(mfx.LR),
+        "beta1": repr(mfx.BETA1),
+        "beta2": repr(mfx.BETA2),
+        "eps": repr(mfx.EPS),
+        "weight_decay": repr(mfx.WD),
+        "moe_layers": json.dumps(moe_layers),
+        "idle_experts": json.dumps([list(x) for x in idle]),
+        "no_grad": json.dumps([names[n] for n in no_grad]),
+        "zero_grad": json.dumps([names[n] for n in zero]),
+        "min_routing_margin": f"{margin:.3e}",
+        "peft_version": peft.__version__,
+        "torch_version": torch.__version__.split("+")[0],
+        "transformers_version": transformers.__version__,
+        "safetensors_version": safetensors.__version__,
+        "numpy_version": np.__version__,
+    }
+
+    # The checked-in files alone reproduce the logits: base from tests/fixtures/<name>,
+    # adapter through PeftModel.from_pretrained.
+    again = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager"), d)
+    again.train()
+    with torch.no_grad():
+        rl = again(input_ids=ids, use_cache=False).logits
+    need(torch.equal(rl, logits), f"{name}: base + {d} reloaded gives other logits")
+
+    path = os.path.join(d, "fixture.safetensors")
+    mfx.write_st(path, tensors, meta)
+    back, back_meta = mfx.read_st(path)
+    need(back_meta == meta and set(back) == set(tensors), f"{name}: fixture.safetensors does not read back")
+    for n, a in tensors.items():
+        need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
+
+    shapes = {}
+    for n, m in mods.items():
+        path = re.sub(r"\.experts\.\d+\.", f".experts.{{0..{E - 1}}}.", n.removeprefix("base_model.model."))
+        a, b = tuple(m.lora_A["default"].weight.shape), tuple(m.lora_B["default"].weight.shape)
+        need(shapes.setdefault(path, (a, b)) == (a, b), f"{name}: experts' adapter shapes differ")
+    shapes = [f"{p:<52s} A {list(a)}  B {list(b)}" for p, (a, b) in shapes.items()]
+    return dict(name=name, family=cfg.model_type, seed=seed, adapter_seed=adapter_seed, moe_layers=moe_layers,
+                n_modules=len(mods), n_tensors=len(names), n_params=sum(params[n].numel() for n in trainable),
+                no_grad=[names[n] for n in no_grad], zero=[names[n] for n in zero], idle=idle,
+                loss=loss.item(), ce=ce.item(), aux=aux.item(), shift=shift, margin=margin, lora_err=lora_err,
+                adam_err=adam_err, acfg=acfg, modules=shapes)
+
+
+# ----------------------------------------------------------------------------- NOTES.md
+NOTES = """\
+# LoRA parity fixtures: what PEFT writes and computes
+
+Written by `tools/make_lora_fixtures.py` (do not edit; rerun it). peft {peft},
+transformers {tf}, torch {torch}, float32 on the CPU. Every PEFT fact below is read
+from the installed sources (file and function named) and asserted by the script
+(`source_facts`), and where marked *(checked)*, numerically on every fixture. The
+model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
+
+## Files (`<name>/`)
+- base model: `../<name>/config.json` + `../<name>/model.safetensors`, not copied. The
+  script builds the base exactly as `tools/make_fixtures.py` does (its `build()`, the same
+  seed) and asserts that `save_pretrained` writes both files byte for byte as they are
+  there; `<name>/config.json` is a copy (byte-identical), `base_sha256` in the metadata is
+  the hash of `../<name>/model.safetensors`.
+- `adapter_config.json`, `adapter_model.safetensors`: written by PEFT's own
+  `PeftModel.save_pretrained(dir)` with the **initial** adapters (those of `logits`,
+  `grad.*`), untouched except that the file mode is set to 0644 (PEFT writes the
+  safetensors file 0600) and the model card `README.md` PEFT also writes is deleted.
+  This is what moefit's exporter must reproduce (names, shapes, config keys) and what
+  its loader must read.
+- `fixture.safetensors` (make_fixtures' `write_st`): `input_ids`, `labels`, `loss_mask`
+  [B,S] I32 as in `../`; `logits` [B,S,V], `loss`, `ce_loss`, `aux_loss` (0-d) F32 of the
+  model with the initial adapters (train mode, eager attention, `output_router_logits`,
+  loss = CE + 0.01·aux); `router_logits.<layer>` [B·S,E]; `grad.<n>` for every adapter
+  tensor `<n>` (named as in `adapter_model.safetensors`) whose grad is not None;
+  `after.<n>` for every adapter tensor after one `torch.optim.AdamW` step over the
+  adapter tensors only (lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1,
+  `foreach=False`; base frozen). `__metadata__`: `seed` (base), `adapter_seed`, `r`,
+  `lora_alpha`, `scaling`, `target_modules`, `no_grad` (JSON: adapter tensors whose grad
+  stayed None; AdamW skips them, `after` = initial), `zero_grad` (JSON: grads that are
+  all zero, which AdamW still decays), versions.
+- Check an adapter directory against these logits (from the repository root):
+  `tools/check_peft_adapter.py --base tests/fixtures/<name> --adapter DIR
+  --fixture tests/fixtures/lora/<name>/fixture.safetensors` (base through
+  `AutoModelForCausalLM.from_pretrained`, adapter through `PeftModel.from_pretrained`).
+  *(checked: the checked-in files reproduce `logits` exactly)*
+
+| name | family | base seed | adapter seed | LoRA modules | adapter tensors | adapter params | idle experts (layer, e) | grad None (tensors) | all-zero grads (tensors) | loss | ce | aux | max \\|Δlogit\\| vs base |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+LoRA: r = {r}, lora_alpha = {alpha} (scaling {scaling:g}), lora_dropout 0, bias "none",
+task_type "CAUSAL_LM", target_modules = q_proj, k_proj, v_proj, o_proj + gate_proj,
+up_proj, down_proj (Mixtral: w1, w2, w3), PEFT's default init, then **every lora_A and
+lora_B overwritten** (PEFT's lora_B = 0 would make every lora_A gradient zero): numpy
+PCG64 `default_rng(adapter_seed)`, in sorted PeftModel parameter-name order,
+`{std_a}·N(0,1)` for lora_A and `{std_b}·N(0,1)` for lora_B, float32. The adapter seed counts
+up from base seed + {offset} until the model **with** the adapters keeps top-k choices at
+least {margin} apart and (Mixtral, OLMoE) leaves exactly one routed expert idle.
+
+## PEFT facts the C code must match
+- **Which modules get an adapter** (`peft/tuners/tuners_utils.py`
+  `check_target_module_exists`): a module whose full name equals a list entry or ends
+  with `.` + entry (`key.endswith(f".{{target_key}}")`): whole trailing name components,
+  no regex. transformers {tf}'s experts are an `nn.ModuleList` of per-expert MLPs, each
+  with its own `nn.Linear` projections, so `gate_proj` (`w1`) puts one adapter pair on
+  every routed expert, on the dense MLPs (Qwen2/3 layer 0) and on the Qwen2-MoE shared
+  expert; the routers (`mlp.gate`, `block_sparse_moe.gate`) and `shared_expert_gate`
+  get **none** (their last component is not a target). *(checked: the LoRA modules are
+  exactly the target projections; no router)*
+- **Shapes** (`peft/tuners/lora/layer.py` `LoraLayer.update_layer`):
+  `lora_A = nn.Linear(in_features, r, bias=False)` → weight **[r, in]**;
+  `lora_B = nn.Linear(r, out_features, bias=lora_bias)` → weight **[out, r]**, no bias
+  (lora_bias false). F32 like the base.
+- **Scaling** (`LoraLayer.update_layer`): `self.scaling[adapter_name] = lora_alpha / r`
+  ({alpha}/{r} = {scaling:g}); `lora_alpha / math.sqrt(r)` only with `use_rslora` (false).
+  *(checked on every LoRA layer)*
+- **Forward** (`peft/tuners/lora/layer.py` `Linear.forward`, unmerged): `result =
+  self.base_layer(x, *args, **kwargs)`, then
+  `{fwd}`
+  i.e. `y = x·Wᵀ (+ b) + scaling · (x·Aᵀ)·Bᵀ`; `dropout` is `nn.Identity` at
+  lora_dropout 0. The base bias (Qwen2-MoE q/k/v) stays in the base term.
+  *(checked: every LoRA layer against an fp64 reference, max error {lora_err})*
+- **PEFT's default init** (`LoraLayer.reset_lora_parameters`, `init_lora_weights=True`):
+  `nn.init.kaiming_uniform_(self.lora_A[adapter_name].weight, a=math.sqrt(5))` =
+  U(−1/√in, 1/√in), and `nn.init.zeros_(self.lora_B[adapter_name].weight)`: a fresh
+  adapter is a no-op and lora_A's first gradient is zero. *(checked: B = 0 and
+  |A| ≤ 1/√in before the overwrite)*
+- **Tensor names in `adapter_model.safetensors`** (`peft/utils/save_and_load.py`
+  `get_peft_model_state_dict`): the PeftModel's state-dict keys that contain `lora_`
+  (bias "none"), with the adapter name removed (`.lora_A.default.weight` →
+  `.lora_A.weight`; `pattern = re.compile(re.escape(f".{{adapter_name}}") + r"$")`). The key is
+  the module path in the PeftModel: `base_model` (the `LoraModel`, `PeftModel.__init__`)
+  `.model` (the wrapped HF model, `BaseTuner.__init__`) `.` + the HF parameter path of the
+  linear less `.weight` + `.lora_A.weight` / `.lora_B.weight`, e.g.
+  `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`. Only the adapter
+  tensors (no base weights), header metadata `{{"format": "pt"}}` only.
+  *(checked: file keys = trainable parameters less `.default`, values equal)*
+- **`adapter_config.json`** (`peft/config.py` `PeftConfigMixin.save_pretrained`):
+  `json.dumps(self.to_dict(), indent=2, sort_keys=True)` with sets turned into lists;
+  `LoraConfig.__post_init__` keeps `target_modules` as a **set**, so its order in the
+  file is arbitrary (it follows Python's string hash seed; the script runs with
+  PYTHONHASHSEED=0 to write the same bytes every time): read it as a set, and write it in
+  any order. `PeftModel.save_pretrained` writes `inference_mode: true` whatever the
+  model's mode; `base_model_name_or_path` is the base's `name_or_path` (`""` here: the
+  base was built from a config). The keys peft {peft} writes (sorted, as in the
+  file), with the values of these fixtures:
+```
+{values}
+```
+  The ones that change the maths: `r`, `lora_alpha`, `use_rslora`, `target_modules`,
+  `rank_pattern`/`alpha_pattern` (per-module overrides, empty), `lora_dropout`,
+  `bias`, `lora_bias`, `use_dora`, `fan_in_fan_out` (false: weights as [out, in]),
+  `layers_to_transform`/`layers_pattern`/`exclude_modules` (null: every layer).
+
+## Gradients and the step
+- Base parameters are frozen by PEFT (`requires_grad` false): only lora_A / lora_B get
+  gradients. *(checked: every base grad stays None)*
+- The MoE paths of `../NOTES.md` carry over to the adapters of the experts: Mixtral,
+  Qwen2-MoE and Qwen3-MoE skip experts that get no token, so an idle expert's adapter
+  tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial);
+  OLMoE runs every expert, so its idle expert's adapters get **all-zero** grads that AdamW
+  still decays (`p·(1 − lr·wd)`). A last-layer expert whose tokens predict no counted
+  target also gets all-zero grads. *(checked)*
+- AdamW as in `../NOTES.md`, over the adapter tensors only. *(checked against `after.*`
+  in fp64: max error {adam})*
+
+## The adapted modules and their tensor shapes
+Key in `adapter_model.safetensors` = `base_model.model.` + module + `.lora_A.weight`
+(shape A = [r, in]) / `.lora_B.weight` (B = [out, r]); `{{0..7}}`: one module per expert.
+{modules}
+"""
+
+
+def write_notes(outdir, rows):
+    table = "\n".join(
+        f"| {r['name']} | {r['family']} | {r['seed']} | {r['adapter_seed']} | {r['n_modules']} | {r['n_tensors']} | "
+        f"{r['n_params']} | {', '.join(f'({l},{e})' for l, e in r['idle']) or '-'} | {len(r['no_grad'])} | "
+        f"{len(r['zero'])} | {r['loss']:.5f} | {r['ce']:.5f} | {r['aux']:.5f} | {r['shift']:.3f} |" for r in rows)
+    acfgs = [r["acfg"] for r in rows]
+    keys = sorted(acfgs[0])
+    need(all(sorted(a) == keys for a in acfgs), "adapter_config.json keys differ between fixtures")
+    vals = []
+    for k in keys:
+        vs = {r["name"]: sorted(r["acfg"][k]) if k == "target_modules" else r["acfg"][k] for r in rows}
+        if all(v == vs[rows[0]["name"]] for v in vs.values()):
+            vals.append(f"{k}: {json.dumps(vs[rows[0]['name']])}")
+        else:
+            vals.append(f"{k}: " + "; ".join(f"{n} {json.dumps(v)}" for n, v in vs.items())
+                        + (" (sorted here; any order in the file)" if k == "target_modules" else ""))
+    modules_txt = "\n".join(f"\n{r['name']}:\n```\n" + "\n".join(r["modules"]) + "\n```" for r in rows)
+    text = NOTES.format(
+        peft=peft.__version__, tf=transformers.__version__, torch=torch.__version__.split("+")[0], rows=table,
+        r=R, alpha=ALPHA, scaling=SCALING, std_a=ADAPTER_STD_A, std_b=ADAPTER_STD_B, offset=ADAPTER_SEED_OFFSET,
+        margin=f"{mfx.MIN_ROUTING_MARGIN:g}", fwd=FORWARD_LINE, lora_err="< 1e-5", adam="< 1e-6",
+        values="\n".join(vals), modules=modules_txt)
+    with open(os.path.join(outdir, "NOTES.md"), "w") as f:
+        f.write(text)
+
+
+# ----------------------------------------------------------------------------- driver
+def fixtures():
+    by_name = {fx["name"]: fx for fx in mfx.FIXTURES}
+    return [by_name[n] for n in FAMILIES]
+
+
+def generate(outdir):
+    os.makedirs(outdir, exist_ok=True)
+    rows = [make_fixture(fx, outdir) for fx in fixtures()]
+    write_notes(outdir, rows)
+    return rows
+
+
+def compare(ref_dir, new_dir):
+    """make_fixtures.compare() with this directory's families and files, and no directory besides them."""
+    ok = mfx.compare(ref_dir, new_dir, FAMILIES, OUT_FILES)
+    extra = sorted(set(os.listdir(ref_dir)) - set(FAMILIES) - {"NOTES.md"})
+    if extra:
+        print(f"EXTRA    {extra}")
+        ok = False
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=DEFAULT_OUT, help="fixture directory (default tests/fixtures/lora)")
+    ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare with --out")
+    ap.add_argument("--any-version", action="store_true", help="do not insist on the pinned versions")
+    args = ap.parse_args()
+
+    pinned = dict(mfx.PINNED, peft=pinned_peft())
+    have = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
+            "peft": peft.__version__}
+    if have != pinned and not args.any_version:
+        mfx.fail(f"versions {have}, pinned {pinned} (tools/requirements-fixtures.txt); --any-version to go on")
+    torch.set_num_threads(1)
+    need(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+         f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}: torch was imported before make_fixtures")
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+    transformers.logging.set_verbosity_error()
+    # PeftModel.save_pretrained looks for the base's config under name_or_path ("" here)
+    warnings.filterwarnings("ignore", message="Could not find a config file in")
+    check_sources()
+
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            generate(tmp)
+            ok = compare(args.out, tmp)
+        print("check: OK" if ok else "check: FAILED")
+        sys.exit(0 if ok else 1)
+
+    rows = generate(args.out)
+    for r in rows:
+        print(f"{r['name']:10s} seed {r['seed']} adapter seed {r['adapter_seed']} LoRA modules {r['n_modules']} "
+              f"tensors {r['n_tensors']} params {r['n_params']} loss {r['loss']:.6f} ce {r['ce']:.6f} "
+              f"aux {r['aux']:.6f} idle {r['idle']} no_grad {len(r['no_grad'])} zero {len(r['zero'])} "
+              f"|dlogit| {r['shift']:.3f} margin {r['margin']:.2e} lora err {r['lora_err']:.1e} "
+              f"adam err {r['adam_err']:.1e}")
+    print(f"facts: see {os.path.join(args.out, 'NOTES.md')}")
+
+
+if __name__ == "__main__":
+    main()
