@@ -60,13 +60,24 @@ extern "C" {
  * reading (each in the parameter table's layout). */
 typedef struct mf_ckpt_data {
   const mf_param_table *t;
-  float *master;       /* [t->total_numel] fp32 master weights */
-  void *m, *v;         /* [t->total_numel] AdamW moments, `moments` each */
+  float *master;       /* [t->total_numel] fp32 master weights (of them the trained parameters' are saved) */
+  void *m, *v;         /* [t->trainable_numel] AdamW moments, `moments` each (at mf_param.toff) */
   mf_dtype moments;    /* MF_DTYPE_F32 or MF_DTYPE_BF16 */
   int64_t *adam_steps; /* [t->n] */
   int64_t *routed;     /* [n_routed] tokens routed to each expert (layers x experts) */
   size_t n_routed;
+  /* LoRA (t->lora_a): the frozen base is not saved, only its identity, this
+   * checksum of its weights (mf_ckpt_base_sum): a checkpoint read onto
+   * another base is refused. 0 without LoRA. */
+  uint64_t base_sum;
+  /* master holds the trained parameters only, each at its mf_param.toff (a
+   * LoRA run's snapshot: src/train/ckpt_async.c); else the table's layout */
+  int master_at_toff;
 } mf_ckpt_data;
+
+/* The checksum of the frozen parameters' fp32 weights w (the table's layout),
+ * in parameter order, as mf_ckpt_hash64 over their bytes; 0 when none is frozen. */
+uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w);
 
 /* The small state: what the loop carries besides the tensors. */
 typedef struct mf_ckpt_state {
@@ -168,8 +179,12 @@ mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s)
 
 /* Verifies dir, then reads only its master weights into master[t->total_numel]
  * (t: the checkpoint's model; a tensor missing or of another shape is
- * MF_ERR_FORMAT naming the file and the tensor). */
+ * MF_ERR_FORMAT naming the file and the tensor): the trained parameters' (a
+ * LoRA table's frozen base is not in a checkpoint: the caller loads it). */
 mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *master);
+/* A LoRA checkpoint's base identity against the base in w (t's frozen
+ * weights): MF_ERR_CONFIG naming state.json when the checksums differ. */
+mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w);
 
 /* ------------------------------------------------------------- export */
 
@@ -194,6 +209,20 @@ typedef struct mf_ckpt_export_info {
  * into place: out_dir appears whole or not at all. A non-empty out_dir is
  * refused (MF_ERR_INVALID_ARG). */
 mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
+/* Its parts, for weights the caller has (a LoRA run's: the base loaded, the
+ * adapters from a checkpoint). mf_ckpt_export_source: which weights `src`
+ * names, as above (*is_ckpt: a checkpoint dir, else a run's final/).
+ * mf_ckpt_export_model: the model dir of t's weights w (LoRA: the adapted
+ * weights merged, mf_params_merged), info->source set to `source`.
+ * mf_ckpt_export_adapter: a PEFT adapter dir of t's adapters
+ * (mf_params_save_adapter_dir; base_model: its base_model_name_or_path). Both
+ * write into a temporary sibling renamed into place; out_dir must not exist
+ * or be empty. */
+mf_status mf_ckpt_export_source(const char *src, mf_ckpt_export_info *info, int *is_ckpt);
+mf_status mf_ckpt_export_model(const mf_param_table *t, const float *w, const char *source,
+                               const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
+mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
+                                 const char *out_dir);
 
 #ifdef __cplusplus
 }

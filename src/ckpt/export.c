@@ -36,7 +36,13 @@ static mf_status checkpoint_table(const char *ckpt, mf_param_table **t) {
   MF_CHECK(mf_config_load_for(path, NULL, 0, MF_CONFIG_FOR_EVAL, &cfg));
   mf_model_spec spec;
   mf_status st = MF_OK;
-  if (cfg->model.has_init)
+  if (cfg->train.lora.rank > 0)
+    st =
+        MF_ERR(MF_ERR_UNSUPPORTED,
+               "%s: a LoRA run's checkpoint holds the adapters, not the base: `moefit export` loads the base "
+               "and merges them (or writes them with --adapter)",
+               path);
+  else if (cfg->model.has_init)
     spec = cfg->model.init;
   else
     st = mf_hf_config_load(cfg->model.path, &spec);
@@ -120,14 +126,22 @@ static mf_status write_files(const char *tmp, const mf_param_table *t, const flo
   uint16_t *bf = NULL;
   char *gen = NULL;
   mf_status st = MF_OK;
+  float *merged = NULL;
   MF_CHECK_GOTO(mf_malloc((size_t)t->n * sizeof *ts + 1, "the tensor list", (void **)&ts), st, done);
+  if (t->lora_a) { /* LoRA: the model's own weights, the adapters merged in */
+    MF_CHECK_GOTO(
+        mf_malloc((size_t)t->total_numel * sizeof(float) + 1, "the merged weights", (void **)&merged), st,
+        done);
+    for (int64_t i = 0; i < t->n_base; i++) mf_params_merged(t, w, i, merged + t->params[i].offset);
+    w = merged;
+  }
   if (o->dtype == MF_DTYPE_BF16) {
     MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * 2 + 1, "the bf16 weights", (void **)&bf), st, done);
     mf_fp32_to_bf16_n(w, bf, (size_t)t->total_numel);
   }
   const size_t es = mf_dtype_size(o->dtype);
   info->bytes = 0;
-  for (int64_t i = 0; i < t->n; i++) {
+  for (int64_t i = 0; i < t->n_base; i++) {
     const mf_param *p = &t->params[i];
     mf_st_tensor *x = &ts[i];
     memset(x, 0, sizeof *x);
@@ -140,9 +154,10 @@ static mf_status write_files(const char *tmp, const mf_param_table *t, const flo
     x->data = bf ? (const void *)(bf + p->offset) : (const void *)(w + p->offset);
     info->bytes += x->nbytes;
   }
-  info->tensors = t->n;
+  info->tensors = t->n_base;
   const uint64_t max = o->max_shard_bytes ? o->max_shard_bytes : MF_EXPORT_DEFAULT_SHARD;
-  MF_CHECK_GOTO(mf_safetensors_write_sharded(tmp, ts, (size_t)t->n, NULL, 0, max, &info->shards), st, done);
+  MF_CHECK_GOTO(mf_safetensors_write_sharded(tmp, ts, (size_t)t->n_base, NULL, 0, max, &info->shards), st,
+                done);
   MF_CHECK_GOTO(mf_hf_config_write_dtype(&t->spec, o->dtype, tmp), st, done);
   MF_CHECK_GOTO(mf_hf_generation_config_format(&t->spec, &gen), st, done);
   char path[4400];
@@ -151,6 +166,7 @@ static mf_status write_files(const char *tmp, const mf_param_table *t, const flo
 done:
   free(gen);
   free(bf);
+  free(merged);
   free(ts);
   return st;
 }
@@ -171,28 +187,26 @@ static void fsync_parent(const char *path) {
   close(fd);
 }
 
-mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_export_opts *o,
-                         mf_ckpt_export_info *info) {
-  if (!src || !out_dir || !o || !info) return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: NULL argument");
-  if (o->dtype != MF_DTYPE_F32 && o->dtype != MF_DTYPE_BF16)
-    return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: dtype %s (F32 or BF16)", mf_dtype_name(o->dtype));
+mf_status mf_ckpt_export_source(const char *src, mf_ckpt_export_info *info, int *is_ckpt) {
   memset(info, 0, sizeof *info);
-  char out[4200];
-  snprintf(out, sizeof out, "%s", out_dir);
+  return resolve_source(src, info, is_ckpt);
+}
+
+/* out_dir without trailing slashes into out; checked (check_out). */
+static mf_status out_path(const char *out_dir, char *out, size_t cap) {
+  snprintf(out, cap, "%s", out_dir);
   for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = '\0';
-  MF_CHECK(check_out(out));
-  int is_ckpt = 0;
-  MF_CHECK(resolve_source(src, info, &is_ckpt));
-  mf_param_table *t = NULL;
-  float *w = NULL;
-  mf_status st = load_weights(is_ckpt, info->source, &t, &w);
+  return check_out(out);
+}
+
+/* The dir `out` made by write(ctx, tmp) in a temporary sibling renamed into place. */
+static mf_status publish(const char *out, mf_status (*write)(void *ctx, const char *tmp), void *ctx) {
   char tmp[4400];
   snprintf(tmp, sizeof tmp, "%s.tmp-export-%ld", out, (long)getpid());
-  int made = 0;
-  if (st == MF_OK) st = mf_mkdir_parents(tmp);
+  mf_status st = mf_mkdir_parents(tmp);
   if (st == MF_OK && mkdir(tmp, 0777) != 0) st = MF_ERR(MF_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
-  made = st == MF_OK;
-  if (st == MF_OK) st = write_files(tmp, t, w, o, info);
+  int made = st == MF_OK;
+  if (st == MF_OK) st = write(ctx, tmp);
   /* rename replaces a missing or empty out; check_out ran first, but another
    * writer may have filled it since: then rename fails and out is untouched. */
   if (st == MF_OK && rename(tmp, out) != 0)
@@ -202,6 +216,66 @@ mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_exp
     fsync_parent(out);
   }
   if (made) (void)mf_ckpt_remove_dir(tmp);
+  return st;
+}
+
+typedef struct model_job {
+  const mf_param_table *t;
+  const float *w;
+  const mf_ckpt_export_opts *o;
+  mf_ckpt_export_info *info;
+} model_job;
+
+static mf_status write_model(void *ctx, const char *tmp) {
+  model_job *j = (model_job *)ctx;
+  return write_files(tmp, j->t, j->w, j->o, j->info);
+}
+
+mf_status mf_ckpt_export_model(const mf_param_table *t, const float *w, const char *source,
+                               const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info) {
+  if (o->dtype != MF_DTYPE_F32 && o->dtype != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: dtype %s (F32 or BF16)", mf_dtype_name(o->dtype));
+  char out[4200];
+  MF_CHECK(out_path(out_dir, out, sizeof out));
+  if (source != info->source) snprintf(info->source, sizeof info->source, "%s", source);
+  model_job j = {t, w, o, info};
+  return publish(out, write_model, &j);
+}
+
+typedef struct adapter_job {
+  const mf_param_table *t;
+  const float *w;
+  const char *base_model;
+} adapter_job;
+
+static mf_status write_adapter(void *ctx, const char *tmp) {
+  adapter_job *j = (adapter_job *)ctx;
+  return mf_params_save_adapter_dir(j->t, j->w, j->base_model, tmp);
+}
+
+mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
+                                 const char *out_dir) {
+  if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "export --adapter: the run trained no LoRA adapters");
+  char out[4200];
+  MF_CHECK(out_path(out_dir, out, sizeof out));
+  adapter_job j = {t, w, base_model};
+  return publish(out, write_adapter, &j);
+}
+
+mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_export_opts *o,
+                         mf_ckpt_export_info *info) {
+  if (!src || !out_dir || !o || !info) return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: NULL argument");
+  if (o->dtype != MF_DTYPE_F32 && o->dtype != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_ckpt_export: dtype %s (F32 or BF16)", mf_dtype_name(o->dtype));
+  memset(info, 0, sizeof *info);
+  char out[4200];
+  MF_CHECK(out_path(out_dir, out, sizeof out));
+  int is_ckpt = 0;
+  MF_CHECK(resolve_source(src, info, &is_ckpt));
+  mf_param_table *t = NULL;
+  float *w = NULL;
+  mf_status st = load_weights(is_ckpt, info->source, &t, &w);
+  if (st == MF_OK) st = mf_ckpt_export_model(t, w, info->source, out, o, info);
   free(w);
   mf_param_table_free(t);
   return st;

@@ -56,3 +56,16 @@ uint64_t mf_ckpt_hash64(const void *bytes, size_t n) {
   mf_ckpt_hash_update(&s, bytes, n);
   return mf_ckpt_hash_final(&s);
 }
+
+uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w) {
+  mf_ckpt_hash h;
+  mf_ckpt_hash_init(&h);
+  int any = 0;
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    if (!p->frozen) continue;
+    any = 1;
+    mf_ckpt_hash_update(&h, w + p->offset, (size_t)p->numel * sizeof(float));
+  }
+  return any ? mf_ckpt_hash_final(&h) : 0;
+}

@@ -346,8 +346,9 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
   mf_status st = MF_OK;
   char name[128];
   MF_CHECK_GOTO(in_open(dir, files, nf, "master", 4, &f), st, done);
-  for (int64_t i = 0; i < t->n; i++) {
+  for (int64_t i = 0; i < t->n; i++) { /* the trained parameters (write.c) */
     const mf_param *p = &t->params[i];
+    if (p->frozen) continue;
     MF_CHECK_GOTO(take(&f, p->name, MF_DTYPE_F32, p, 0, d->master + p->offset), st, done);
   }
   in_close(&f);
@@ -355,10 +356,11 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
   MF_CHECK_GOTO(in_open(dir, files, nf, "optimizer", ms, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
+    if (p->frozen) continue;
     snprintf(name, sizeof name, "exp_avg.%s", p->name);
-    MF_CHECK_GOTO(take(&f, name, d->moments, p, 0, (char *)d->m + (size_t)p->offset * ms), st, done);
+    MF_CHECK_GOTO(take(&f, name, d->moments, p, 0, (char *)d->m + (size_t)p->toff * ms), st, done);
     snprintf(name, sizeof name, "exp_avg_sq.%s", p->name);
-    MF_CHECK_GOTO(take(&f, name, d->moments, p, 0, (char *)d->v + (size_t)p->offset * ms), st, done);
+    MF_CHECK_GOTO(take(&f, name, d->moments, p, 0, (char *)d->v + (size_t)p->toff * ms), st, done);
   }
   in_close(&f);
   MF_CHECK_GOTO(in_open(dir, files, nf, "state", 8, &f), st, done);
@@ -367,6 +369,20 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
 done:
   in_close(&f);
   return st;
+}
+
+/* state.json's base_sum (LoRA: the frozen base's checksum) against `have`. */
+static mf_status base_sum_matches(const char *path, const json_t *root, uint64_t have) {
+  const char *sum = NULL;
+  MF_CHECK(json_str(path, root, "state", "base_sum", &sum));
+  char h[24];
+  snprintf(h, sizeof h, "%016llx", (unsigned long long)have);
+  if (strcmp(sum, h) == 0) return MF_OK;
+  return MF_ERR(
+      MF_ERR_CONFIG,
+      "%s: base_sum: the checkpoint's adapters were trained on a base whose weights have checksum %s; "
+      "this base (model.path or model.init) has %s: the base model changed",
+      path, sum, h);
 }
 
 static mf_status read_state(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s) {
@@ -416,6 +432,7 @@ static mf_status read_state(const char *dir, const mf_ckpt_data *d, mf_ckpt_stat
     goto done;
   }
   s->ranks = (int64_t)ranks;
+  if (d->t->lora_a) MF_CHECK_GOTO(base_sum_matches(path, root, d->base_sum), st, done); /* LoRA's base */
   s->step = (int64_t)step;
   s->train_steps = (int64_t)total;
   s->skipped = (int64_t)skipped;
@@ -445,9 +462,20 @@ mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *m
   MF_CHECK_GOTO(in_open(dir, files, n, "master", 4, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
+    if (p->frozen) continue;
     MF_CHECK_GOTO(take(&f, p->name, MF_DTYPE_F32, p, 0, master + p->offset), st, done);
   }
 done:
   in_close(&f);
+  return st;
+}
+
+mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/state.json", dir);
+  json_t *root = NULL;
+  MF_CHECK(load_json(path, "a checkpoint state", &root));
+  const mf_status st = base_sum_matches(path, root, mf_ckpt_base_sum(t, w));
+  json_decref(root);
   return st;
 }

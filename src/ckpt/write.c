@@ -304,14 +304,16 @@ static mf_status size_lists(mf_ckpt_writer *w, int64_t n) {
   return MF_OK;
 }
 
-static mf_st_tensor param_tensor(const mf_param *p, const char *name, mf_dtype dt, const void *base) {
+/* Parameter p's tensor in an array of `dt` values at element `at` of base. */
+static mf_st_tensor param_tensor(const mf_param *p, const char *name, mf_dtype dt, const void *base,
+                                 int64_t at) {
   mf_st_tensor x;
   memset(&x, 0, sizeof x);
   x.name = name;
   x.dtype = dt;
   x.ndim = p->ndim;
   for (int d = 0; d < p->ndim; d++) x.shape[d] = p->shape[d];
-  x.data = (const char *)base + (size_t)p->offset * mf_dtype_size(dt);
+  x.data = (const char *)base + (size_t)at * mf_dtype_size(dt);
   return x;
 }
 
@@ -319,18 +321,27 @@ static mf_status write_tensors(mf_ckpt_writer *w, const char *dir, const mf_ckpt
   const mf_param_table *t = d->t;
   const int z = w->level > 0;
   MF_CHECK(size_lists(w, t->n));
-  for (int64_t i = 0; i < t->n; i++) w->ts[i] = param_tensor(&t->params[i], t->params[i].name, MF_DTYPE_F32, d->master);
+  /* The trained parameters only: LoRA's frozen base is the run's base model
+   * (mf_ckpt_state.base_sum says which), not part of its state. */
+  size_t k = 0;
+  for (int64_t i = 0; i < t->n; i++)
+    if (!t->params[i].frozen)
+      w->ts[k++] = param_tensor(&t->params[i], t->params[i].name, MF_DTYPE_F32, d->master,
+                                d->master_at_toff ? t->params[i].toff : t->params[i].offset);
   MF_CHECK(write_file(w, dir, z ? "master.safetensors.zst" : "master.safetensors", z, w->filter ? 4 : 0,
-                      w->ts, (size_t)t->n, NULL, 0));
+                      w->ts, k, NULL, 0));
+  k = 0;
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
-    snprintf(w->names[2 * i], sizeof w->names[0], "exp_avg.%s", p->name);
-    snprintf(w->names[2 * i + 1], sizeof w->names[0], "exp_avg_sq.%s", p->name);
-    w->ts[2 * i] = param_tensor(p, w->names[2 * i], d->moments, d->m);
-    w->ts[2 * i + 1] = param_tensor(p, w->names[2 * i + 1], d->moments, d->v);
+    if (p->frozen) continue;
+    snprintf(w->names[2 * k], sizeof w->names[0], "exp_avg.%s", p->name);
+    snprintf(w->names[2 * k + 1], sizeof w->names[0], "exp_avg_sq.%s", p->name);
+    w->ts[2 * k] = param_tensor(p, w->names[2 * k], d->moments, d->m, p->toff);
+    w->ts[2 * k + 1] = param_tensor(p, w->names[2 * k + 1], d->moments, d->v, p->toff);
+    k++;
   }
   MF_CHECK(write_file(w, dir, z ? "optimizer.safetensors.zst" : "optimizer.safetensors", z,
-                      w->filter ? mf_dtype_size(d->moments) : 0, w->ts, (size_t)(2 * t->n), NULL, 0));
+                      w->filter ? mf_dtype_size(d->moments) : 0, w->ts, 2 * k, NULL, 0));
   mf_st_tensor s[2];
   memset(s, 0, sizeof s);
   s[0].name = "adam_step";
@@ -356,8 +367,12 @@ static const char *json_num(double x, char *buf, size_t cap) {
 
 static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_ckpt_data *d,
                                   const mf_ckpt_state *s) {
-  char text[2048], a[40], b[40], comp[16] = "none", ranks[48] = "";
-  if (s->ranks > 1) snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)s->ranks);
+  char text[2048], a[40], b[40], comp[16] = "none", ranks[128] = "";
+  int r = 0;
+  if (s->ranks > 1) r = snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)s->ranks);
+  if (d->t->lora_a) /* the frozen base's identity (its weights are not in the checkpoint) */
+    snprintf(ranks + r, sizeof ranks - (size_t)r, ",\n  \"base_sum\": \"%016llx\"",
+             (unsigned long long)d->base_sum);
   if (w->level) snprintf(comp, sizeof comp, "zstd-%d", w->level);
   const int n =
       snprintf(text, sizeof text,

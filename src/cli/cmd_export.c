@@ -1,12 +1,17 @@
 /* `moefit export RUN_OR_CHECKPOINT --out DIR [--dtype bf16|fp32] [--shard-size SIZE]`. */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/ckpt/ckpt.h"
 #include "src/cli/commands.h"
+#include "src/train/train.h"
 
 static const char k_export_usage[] =
-    "usage: moefit export RUN_OR_CHECKPOINT --out DIR [--dtype bf16|fp32] [--shard-size SIZE]\n\n"
+    "usage: moefit export RUN_OR_CHECKPOINT --out DIR [--dtype bf16|fp32] [--shard-size SIZE]\n"
+    "       moefit export RUN_OR_CHECKPOINT --out DIR --adapter     (a LoRA run)\n\n"
     "Writes a run's weights as a Hugging Face model directory that transformers loads\n"
     "(from_pretrained) and `moefit eval --model DIR` evaluates: config.json, model.safetensors\n"
     "(or model-0000i-of-0000n.safetensors and model.safetensors.index.json when the tensors\n"
@@ -17,10 +22,76 @@ static const char k_export_usage[] =
     "master copy, written as bf16 (default; rounded to nearest even) or fp32.\n"
     "--shard-size: tensor bytes per shard (default 5GB; KB/MB/GB powers of 1000, KiB/MiB/GiB\n"
     "of 1024). DIR must not exist or be empty; it is written beside itself and renamed into\n"
-    "place, so it appears whole or not at all.\n\n"
+    "place, so it appears whole or not at all.\n"
+    "A LoRA run (train.lora): its checkpoints hold the adapters, not the frozen base, which is\n"
+    "loaded again from the checkpoint's config (model.path, or model.init's seed) and checked\n"
+    "against the checkpoint's record of it; the model dir has the adapters merged into their\n"
+    "weights (W + alpha/r B A). --adapter writes the adapters alone instead, as a PEFT adapter\n"
+    "dir (adapter_config.json, adapter_model.safetensors) that PeftModel.from_pretrained loads\n"
+    "onto the base; from a run's final/ it is final/adapter.\n\n"
     "example (the demo's run, after ./tools/demo):\n"
     "  moefit export runs/demo --out runs/demo-fp32 --dtype fp32\n"
     "  moefit eval configs/demo.yaml --model runs/demo-fp32\n";
+
+/* final/adapter's two files into out (a new dir; each file written atomically). */
+static mf_status copy_adapter_dir(const char *final_dir, const char *out) {
+  static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+  MF_CHECK(mf_mkdir_p(out));
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char from[4400], to[4400];
+    snprintf(from, sizeof from, "%s/adapter/%s", final_dir, files[i]);
+    snprintf(to, sizeof to, "%s/%s", out, files[i]);
+    char *data = NULL;
+    size_t n = 0;
+    MF_CHECK(mf_read_file(from, SIZE_MAX, "a LoRA adapter file", &data, &n));
+    const mf_status st = mf_write_file_atomic(to, data, n);
+    free(data);
+    MF_CHECK(st);
+  }
+  return MF_OK;
+}
+
+/* A LoRA run's export (*lora = 1), else nothing (*lora = 0; info->source set).
+ * From a checkpoint: the table and base as the run built them (its
+ * config.yaml), the trained parameters from the checkpoint, the base checked
+ * against its record; then the merged model dir or (adapter) the PEFT dir.
+ * From final/ (already merged): --adapter is a copy of final/adapter. */
+static mf_status export_lora(const char *src, const char *out, int adapter, const mf_ckpt_export_opts *o,
+                             mf_ckpt_export_info *info, int *lora) {
+  *lora = 0;
+  int is_ckpt = 0;
+  MF_CHECK(mf_ckpt_export_source(src, info, &is_ckpt));
+  if (!is_ckpt) { /* final/: the model merged already; its adapters in final/adapter */
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s/adapter/adapter_config.json", info->source);
+    if (!adapter || access(dir, R_OK) != 0) return MF_OK;
+    *lora = 1;
+    return copy_adapter_dir(info->source, out);
+  }
+  char path[4400];
+  snprintf(path, sizeof path, "%s/config.yaml", info->source);
+  mf_config *cfg = NULL;
+  MF_CHECK(mf_config_load_for(path, NULL, 0, MF_CONFIG_FOR_EVAL, &cfg));
+  mf_param_table *t = NULL;
+  float *w = NULL;
+  char desc[512];
+  mf_status st = MF_OK;
+  if (cfg->train.lora.rank == 0) goto done;
+  *lora = 1;
+  MF_CHECK_GOTO(mf_run_model_table(cfg, NULL, &t), st, done);
+  MF_CHECK_GOTO(mf_run_load_weights(cfg, NULL, t, &w, desc, sizeof desc), st, done);
+  MF_CHECK_GOTO(mf_ckpt_read_master(info->source, t, w), st, done);
+  MF_CHECK_GOTO(mf_ckpt_check_base(info->source, t, w), st, done);
+  if (adapter)
+    st = mf_ckpt_export_adapter(t, w, cfg->model.has_init ? NULL : cfg->model.path, out);
+  else
+    st = mf_ckpt_export_model(t, w, info->source, out, o, info);
+done:
+  free(w);
+  mf_param_table_free(t);
+  mf_config_free(cfg);
+  return st;
+}
 
 int mf_cli_export(int argc, char **argv) {
   if (mf_cli_wants_help(argc, argv)) {
@@ -28,9 +99,12 @@ int mf_cli_export(int argc, char **argv) {
     return MF_EXIT_OK;
   }
   const char *src = NULL, *out = NULL, *dtype = "bf16", *shard = "5GB";
+  int adapter = 0;
   for (int i = 1; i < argc; i++) {
     const char **slot = NULL;
-    if (strcmp(argv[i], "--out") == 0)
+    if (strcmp(argv[i], "--adapter") == 0)
+      adapter = 1;
+    else if (strcmp(argv[i], "--out") == 0)
       slot = &out;
     else if (strcmp(argv[i], "--dtype") == 0)
       slot = &dtype;
@@ -57,8 +131,23 @@ int mf_cli_export(int argc, char **argv) {
   if (mf_parse_size(shard, &o.max_shard_bytes) != 0 || o.max_shard_bytes == 0)
     return mf_cli_usage_error("export", "--shard-size %s: not a size (e.g. 5GB, 500MiB)", shard);
   mf_ckpt_export_info info;
-  mf_status st = mf_ckpt_export(src, out, &o, &info);
+  int lora = 0;
+  mf_status st = export_lora(src, out, adapter, &o, &info, &lora);
+  if (st == MF_OK && !lora) {
+    if (adapter)
+      st = MF_ERR(MF_ERR_INVALID_ARG,
+                  "--adapter: %s is not a LoRA run's (train.lora.rank 0): it has no adapters", info.source);
+    else
+      st = mf_ckpt_export(src, out, &o, &info);
+  }
   if (st != MF_OK) return mf_cli_fail("export", st);
+  if (adapter) {
+    printf(
+        "exported %s -> %s: the LoRA adapters as a PEFT adapter dir (adapter_config.json, "
+        "adapter_model.safetensors)\n",
+        info.source, out);
+    return MF_EXIT_OK;
+  }
   printf("exported %s -> %s: %lld tensors, %.2f MiB %s, %s\n", info.source, out, (long long)info.tensors,
          (double)info.bytes / (1024.0 * 1024.0), o.dtype == MF_DTYPE_F32 ? "fp32" : "bf16",
          info.shards == 1 ? "model.safetensors" : "sharded");

@@ -343,7 +343,7 @@ static mf_status state_source(mf_exec *x, const mf_ptensor *pt, mf_exec_src *src
   if (!x->m_host || !x->v_host)
     return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device has no host moments "
                                    "(mf_exec_set_optim_state)");
-  const size_t ms = mf_dtype_size(p->moments), off = (size_t)q->offset * ms, n = (size_t)q->numel * ms;
+  const size_t ms = mf_dtype_size(p->moments), off = (size_t)q->toff * ms, n = (size_t)q->numel * ms;
   if (p->storage == MF_DTYPE_BF16) {
     if (!x->params_host)
       return MF_ERR(MF_ERR_INTERNAL, "executor: the optimizer on the device needs the master weights of a step");
@@ -413,7 +413,7 @@ mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, 
     *dst = x->norm_host;
   } else if (pt->kind == MF_T_GRAD) {
     if (!io->grads) return MF_OK;
-    *dst = io->grads + p->params->params[pt->param].offset;
+    *dst = io->grads + p->params->params[pt->param].toff;
     if (expert_idle(x, in->slot)) { /* an expert no token reached: its gradient is zeros */
       x->d2h_skipped += pt->bytes;
       if (!in->accumulate && !x->grads_add) *mode = D2H_ZERO;
@@ -816,9 +816,10 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params, int state) {
     if (bf16 && params) MF_CHECK(x->b->copy(x->b, params + q->offset, dev, master, MF_COPY_D2H, d));
     if (state && x->m_host && x->v_host) {
       const size_t n = (size_t)q->numel * ms;
-      MF_CHECK(x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->offset * ms, dev + master, n, MF_COPY_D2H, d));
       MF_CHECK(
-          x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->offset * ms, dev + master + n, n, MF_COPY_D2H, d));
+          x->b->copy(x->b, (uint8_t *)x->m_host + (size_t)q->toff * ms, dev + master, n, MF_COPY_D2H, d));
+      MF_CHECK(
+          x->b->copy(x->b, (uint8_t *)x->v_host + (size_t)q->toff * ms, dev + master + n, n, MF_COPY_D2H, d));
     }
   }
   return x->b->stream_sync(x->b, d);

@@ -42,6 +42,7 @@ static mf_status add(builder *b, mf_param_role role, int64_t layer, int64_t expe
   p->shape[1] = d1 > 0 ? d1 : 0;
   p->numel = d0 * (d1 > 0 ? d1 : 1);
   p->offset = t->total_numel;
+  p->toff = t->trainable_numel;
   p->base = -1;
   t->total_numel += p->numel;
   t->trainable_numel += p->numel;
@@ -218,6 +219,13 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
   if (adapted == 0)
     return MF_ERR(MF_ERR_CONFIG, "train.lora.targets: the %s model has none of the weights named",
                   mf_family_name(t->spec.family));
+  int64_t at = 0; /* the trained parameters' arrays: the trained ones in order */
+  for (int64_t i = 0; i < t->n; i++) {
+    mf_param *p = &t->params[i];
+    p->toff = p->frozen ? -1 : at;
+    at += p->frozen ? 0 : p->numel;
+  }
+  if (at != t->trainable_numel) return MF_ERR(MF_ERR_INTERNAL, "LoRA: trained elements counted twice");
   return MF_OK;
 }
 

@@ -56,6 +56,8 @@ typedef struct mf_param {
   int64_t shape[2];
   int64_t numel;
   int64_t offset; /* in floats, into the host weight array */
+  int64_t toff;   /* in floats, into the trained parameters' arrays (gradient sums, AdamW moments): the
+                     trained parameters in order, so = offset without LoRA; -1 when frozen */
   int32_t base;   /* a LoRA adapter (MF_P_LORA_A/B): the weight it adapts; else -1 */
   uint8_t frozen; /* not trained: no gradient, no optimizer state (the base under LoRA) */
 } mf_param;
@@ -86,7 +88,8 @@ typedef struct mf_param_table {
   mf_lora lora;
   int64_t n_base;          /* the model's own parameters (= n without adapters) */
   int32_t *lora_a;         /* [n_base] the index of weight i's A adapter (B is the next), or -1; NULL: none */
-  int64_t trainable_numel; /* elements of the parameters not frozen */
+  int64_t trainable_numel; /* elements of the parameters not frozen: the length of the gradient and moment
+                              arrays */
 } mf_param_table;
 
 mf_status mf_param_table_build(const mf_model_spec *spec, mf_param_table **out);

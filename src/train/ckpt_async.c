@@ -39,10 +39,15 @@ struct mf_ckpt_async {
   size_t master_bytes, moment_bytes; /* the snapshot's large parts (moment_bytes each of m and v) */
 };
 
+/* The snapshot's master weights: the table's layout, or with LoRA the trained
+ * parameters alone (at their toff: the frozen base is not saved). */
+static size_t master_numel(const mf_param_table *t) {
+  return (size_t)(t->lora_a ? t->trainable_numel : t->total_numel);
+}
+
 size_t mf_ckpt_async_bytes(const mf_param_table *t, mf_dtype moments, size_t n_routed) {
-  const size_t n = (size_t)t->total_numel;
-  return n * sizeof(float) + 2 * n * mf_dtype_size(moments) + (size_t)t->n * sizeof(int64_t) +
-         n_routed * sizeof(int64_t);
+  return master_numel(t) * sizeof(float) + 2 * (size_t)t->trainable_numel * mf_dtype_size(moments) +
+         (size_t)t->n * sizeof(int64_t) + n_routed * sizeof(int64_t);
 }
 
 static void *writer_main(void *arg) {
@@ -79,9 +84,10 @@ mf_status mf_ckpt_async_create(mf_ckpt_writer *ckw, const mf_param_table *t, mf_
   a->ckw = ckw;
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->cv, NULL);
-  a->master_bytes = (size_t)t->total_numel * sizeof(float);
-  a->moment_bytes = (size_t)t->total_numel * mf_dtype_size(moments);
+  a->master_bytes = master_numel(t) * sizeof(float);
+  a->moment_bytes = (size_t)t->trainable_numel * mf_dtype_size(moments);
   a->snap.t = t;
+  a->snap.master_at_toff = t->lora_a != NULL;
   a->snap.moments = moments;
   a->snap.n_routed = n_routed;
   mf_status st =
@@ -149,13 +155,19 @@ mf_status mf_ckpt_async_start(mf_ckpt_async *a, const mf_ckpt_data *d, const mf_
   if (busy) return MF_ERR(MF_ERR_INTERNAL, "checkpoint writer: a write is still in flight");
   if (d->t != a->snap.t || d->moments != a->snap.moments || d->n_routed != a->snap.n_routed)
     return MF_ERR(MF_ERR_INTERNAL, "checkpoint writer: the state is not the one its snapshot was sized for");
-  copy_job j = {{(const uint8_t *)d->master, (const uint8_t *)d->m, (const uint8_t *)d->v},
+  const int compact = a->snap.master_at_toff;
+  copy_job j = {{compact ? NULL : (const uint8_t *)d->master, (const uint8_t *)d->m, (const uint8_t *)d->v},
                 {(uint8_t *)a->snap.master, (uint8_t *)a->snap.m, (uint8_t *)a->snap.v},
                 {a->master_bytes, a->moment_bytes, a->moment_bytes}};
   if (pool)
     mf_threadpool_run(pool, copy_task, &j);
   else
     copy_task(&j, 0, 1);
+  for (int64_t i = 0; compact && i < d->t->n; i++) { /* LoRA: the trained parameters alone */
+    const mf_param *p = &d->t->params[i];
+    if (!p->frozen) memcpy(a->snap.master + p->toff, d->master + p->offset, (size_t)p->numel * sizeof(float));
+  }
+  a->snap.base_sum = d->base_sum;
   memcpy(a->snap.adam_steps, d->adam_steps, (size_t)d->t->n * sizeof(int64_t));
   if (d->n_routed) memcpy(a->snap.routed, d->routed, d->n_routed * sizeof(int64_t));
   pthread_mutex_lock(&a->mu);

@@ -3,7 +3,9 @@
  * accounting spills past memory.host_limit (planner/host.h: moments first,
  * then the master weights, then gradient sums that land once a step) — in a
  * file in memory.nvme_dir, mapped (src/core/hostbuf.h): the page cache moves
- * the pages, the bits are the same. A part spills whole when any of it does. */
+ * the pages, the bits are the same. A part spills whole when any of it does.
+ * Gradient sums and moments are the trained parameters' only (at mf_param.toff;
+ * LoRA's frozen base has neither). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,18 +24,21 @@ void mf_host_state_free(mf_host_state *h) {
   mf_hostbuf_free(&h->working);
 }
 
-static void log_spill(const mf_host_state *h, const char *dir, size_t n) {
+static void log_spill(const mf_host_state *h, const char *dir, size_t n, size_t nt) {
   const size_t ms = mf_dtype_size(h->moments);
   char a[32], b[32], c[32], d[32], e[32], f[32];
   MF_LOGI("train",
-          "host state on NVMe (%s, files unlinked): %s%s%s%s%s%s%s%s (the plan spills %s past memory.host_limit %s)",
+          "host state on NVMe (%s, files unlinked): %s%s%s%s%s%s%s%s (the plan spills %s past "
+          "memory.host_limit %s)",
           dir, h->spill_moments ? "AdamW moments " : "",
-          h->spill_moments ? mf_format_bytes(2 * n * ms, a, sizeof a) : "",
+          h->spill_moments ? mf_format_bytes(2 * nt * ms, a, sizeof a) : "",
           h->spill_master ? (h->spill_moments ? ", master weights " : "master weights ") : "",
           h->spill_master ? mf_format_bytes(n * sizeof(float), b, sizeof b) : "",
           h->spill_grads ? (h->spill_moments || h->spill_master ? ", gradient sums " : "gradient sums ") : "",
-          h->spill_grads ? mf_format_bytes(n * sizeof(float), c, sizeof c) : "",
-          h->spill_working ? (h->spill_moments || h->spill_master || h->spill_grads ? ", bf16 working copy " : "bf16 working copy ") : "",
+          h->spill_grads ? mf_format_bytes(nt * sizeof(float), c, sizeof c) : "",
+          h->spill_working ? (h->spill_moments || h->spill_master || h->spill_grads ? ", bf16 working copy "
+                                                                                    : "bf16 working copy ")
+                           : "",
           h->spill_working ? mf_format_bytes(n * sizeof(uint16_t), f, sizeof f) : "",
           mf_format_bytes(mf_host_spill_bytes(&h->u), d, sizeof d),
           mf_format_bytes(h->u.host_limit, e, sizeof e));
@@ -64,10 +69,11 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
             mf_format_bytes(h->u.unplaced_bytes, un, sizeof un),
             h->u.nvme ? "NVMe spill cannot take it" : "no memory.nvme_dir or the profile has no NVMe bandwidth");
   }
-  const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(h->moments);
-  MF_CHECK(mf_hostbuf_alloc(h->spill_grads ? dir : NULL, "gradients", n * sizeof(float), &h->grads));
-  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-m", n * ms, &h->m));
-  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-v", n * ms, &h->v));
+  /* gradient sums and moments: the trained parameters' (all but LoRA's frozen base) */
+  const size_t n = (size_t)t->total_numel, nt = (size_t)t->trainable_numel, ms = mf_dtype_size(h->moments);
+  MF_CHECK(mf_hostbuf_alloc(h->spill_grads ? dir : NULL, "gradients", nt * sizeof(float), &h->grads));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-m", nt * ms, &h->m));
+  MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-v", nt * ms, &h->v));
   if (rp->storage == MF_DTYPE_BF16) /* filled by the runner (mf_runner_round_working) */
     MF_CHECK(mf_hostbuf_alloc(h->spill_working ? dir : NULL, "bf16-working-copy", n * sizeof(uint16_t),
                               &h->working));
@@ -78,19 +84,22 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
     *w = (float *)h->master.ptr;
     *w_owned = 0;
   }
-  if (!quiet && (h->spill_master || h->spill_grads || h->spill_moments || h->spill_working)) log_spill(h, dir, n);
+  if (!quiet && (h->spill_master || h->spill_grads || h->spill_moments || h->spill_working))
+    log_spill(h, dir, n, nt);
   return MF_OK;
 }
 
 void mf_host_state_release(mf_host_state *h, const mf_param_table *t, int64_t i) {
   const mf_param *p = &t->params[i];
-  const size_t o = (size_t)p->offset, n = (size_t)p->numel, ms = mf_dtype_size(h->moments);
+  if (p->frozen) return;
+  const size_t o = (size_t)p->offset, ot = (size_t)p->toff, n = (size_t)p->numel,
+               ms = mf_dtype_size(h->moments);
   if (h->spill_moments) {
-    (void)mf_hostbuf_advise(&h->m, o * ms, n * ms, 0);
-    (void)mf_hostbuf_advise(&h->v, o * ms, n * ms, 0);
+    (void)mf_hostbuf_advise(&h->m, ot * ms, n * ms, 0);
+    (void)mf_hostbuf_advise(&h->v, ot * ms, n * ms, 0);
   }
   if (h->release_master) (void)mf_hostbuf_advise(&h->master, o * sizeof(float), n * sizeof(float), 0);
-  if (h->spill_grads) (void)mf_hostbuf_advise(&h->grads, o * sizeof(float), n * sizeof(float), 0);
+  if (h->spill_grads) (void)mf_hostbuf_advise(&h->grads, ot * sizeof(float), n * sizeof(float), 0);
   if (h->spill_working) (void)mf_hostbuf_advise(&h->working, o * sizeof(uint16_t), n * sizeof(uint16_t), 0);
 }
 
@@ -106,12 +115,12 @@ static void carve(char *base, size_t *at, size_t bytes, mf_hostbuf *b) {
 /* The node's block: master weights, gradient sums, m, v, the bf16 working
  * copy, as views into base (NULL: none); returns its bytes. */
 static size_t lay_out(mf_host_state *h, const mf_param_table *t, const mf_run_plan *rp, char *base) {
-  const size_t n = (size_t)t->total_numel, ms = mf_dtype_size(h->moments);
+  const size_t n = (size_t)t->total_numel, nt = (size_t)t->trainable_numel, ms = mf_dtype_size(h->moments);
   size_t at = 0;
   carve(base, &at, n * sizeof(float), &h->master);
-  carve(base, &at, n * sizeof(float), &h->grads);
-  carve(base, &at, n * ms, &h->m);
-  carve(base, &at, n * ms, &h->v);
+  carve(base, &at, nt * sizeof(float), &h->grads);
+  carve(base, &at, nt * ms, &h->m);
+  carve(base, &at, nt * ms, &h->v);
   carve(base, &at, rp->storage == MF_DTYPE_BF16 ? n * sizeof(uint16_t) : 0, &h->working);
   return at;
 }

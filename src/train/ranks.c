@@ -49,10 +49,10 @@ void mf_ranks_free(mf_ranks *k, int collective) {
  * order, cut into `lsize` runs of about equal elements; own_lo/own_hi are the
  * element range of parameter i that falls to this local rank. */
 static void shard(mf_ranks *k, const mf_param_table *t) {
-  const double total = (double)t->total_numel;
+  const double total = (double)t->trainable_numel;
   int64_t at = 0;
   for (int64_t i = 0; i < t->n; i++) {
-    const int64_t n = t->params[i].numel;
+    const int64_t n = t->params[i].frozen ? 0 : t->params[i].numel; /* a frozen one has no chunk */
     k->own_lo[i] = k->own_hi[i] = 0;
     int have = 0;
     for (int64_t c = 0; c < n; c += (int64_t)MF_OPTIM_NORM_CHUNK) {
@@ -153,7 +153,7 @@ mf_status mf_ranks_norm(mf_ranks *k, const mf_param_table *t, float *g, const in
     k->ext[i] = has ? sums + k->norm_first[i] : NULL;
     const int64_t lo = k->own_lo[i], hi = k->own_hi[i];
     if (!has || hi <= lo) continue;
-    MF_CHECK(mf_optim_grad_chunk_sumsq(g + p->offset + lo, (size_t)(hi - lo), pool,
+    MF_CHECK(mf_optim_grad_chunk_sumsq(g + p->toff + lo, (size_t)(hi - lo), pool,
                                        sums + k->norm_first[i] + lo / (int64_t)MF_OPTIM_NORM_CHUNK));
   }
   MF_CHECK(mf_comm_node_barrier(k->comm));
@@ -165,7 +165,7 @@ mf_status mf_ranks_scale(mf_ranks *k, const mf_param_table *t, float *g, const i
   for (int64_t i = 0; i < t->n; i++) {
     const int64_t lo = k->own_lo[i], hi = k->own_hi[i];
     const int has = mf_updates_has_gradient(t, tokens, i) && hi > lo;
-    k->norm_bufs[i] = (mf_optim_buf){has ? g + t->params[i].offset + lo : NULL, has ? (size_t)(hi - lo) : 0};
+    k->norm_bufs[i] = (mf_optim_buf){has ? g + t->params[i].toff + lo : NULL, has ? (size_t)(hi - lo) : 0};
   }
   return mf_optim_grad_scale(k->norm_bufs, (size_t)t->n, coef, pool);
 }

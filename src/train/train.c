@@ -37,6 +37,7 @@ typedef struct run {
   double *step_wall; /* [train.steps] each step's wall time, for the executed median */
   int64_t *routed;   /* [layers * experts] tokens routed to each expert, summed over the steps */
   size_t n_routed;
+  uint64_t base_sum; /* LoRA: the frozen base's checksum (mf_ckpt_base_sum), the checkpoints' record of it */
   int64_t tokens_per_step;
   mf_window win;
   double t_start;
@@ -104,10 +105,11 @@ static mf_status worker_create(run *r) {
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof *ts, "optimizer tensors", (void **)&ts));
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
+    if (p->frozen) continue; /* no gradient, no update: a NULL entry */
     ts[i] = (mf_optim_tensor){r->w + p->offset,
-                              (float *)r->hs.grads.ptr + p->offset,
-                              (char *)r->hs.m.ptr + (size_t)p->offset * ms,
-                              (char *)r->hs.v.ptr + (size_t)p->offset * ms,
+                              (float *)r->hs.grads.ptr + p->toff,
+                              (char *)r->hs.m.ptr + (size_t)p->toff * ms,
+                              (char *)r->hs.v.ptr + (size_t)p->toff * ms,
                               (size_t)p->numel,
                               r->hs.moments,
                               r->tr.working ? r->tr.working + p->offset : NULL};
@@ -136,7 +138,8 @@ static mf_status open_data(const mf_config *cfg, const char *key, const char *pa
  * device copies of device-optimized state marked stale. */
 static mf_status resume(run *r, mf_train_summary *out) {
   char *dir = r->resume_path;
-  const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+  const mf_ckpt_data d =
+      mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
   MF_CHECK(mf_train_ckpt_load(r->cfg, r->resume_dir, &d, r->train, out, dir, sizeof r->resume_path, &r->first_step));
   r->resume_dir = dir;
   snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", dir);
@@ -291,6 +294,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
                                      r->pool));
   }
   if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
+  if (t->lora_a) r->base_sum = mf_ckpt_base_sum(t, r->w);
   const uint8_t *on_device = rp->plan->s->n_optim_device > 0 ? rp->plan->s->optim_device : NULL;
   MF_CHECK(mf_updates_init(&r->up, t, on_device, mf_exec_param_upload_order(r->tr.exec)));
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof(mf_optim_buf), "gradient list", (void **)&r->bufs));
@@ -409,7 +413,7 @@ static mf_status clip(run *r, double *norm, double *coef) {
     const mf_param *p = &t->params[i];
     const int has = mf_updates_has_gradient(t, tokens, i);
     const int dev = r->up.on_device && r->up.on_device[i]; /* its gradient stayed on the device */
-    r->bufs[i] = (mf_optim_buf){has && !dev ? g + p->offset : NULL, has ? (size_t)p->numel : 0};
+    r->bufs[i] = (mf_optim_buf){has && !dev ? g + p->toff : NULL, has ? (size_t)p->numel : 0};
     if (r->ext_sums) r->ext_sums[i] = dev ? mf_exec_norm_sums(r->tr.exec) + r->tr.rp->prog->norm_first[i] : NULL;
   }
   if (r->wk) {
@@ -453,7 +457,7 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
                         (float *)r->hs.grads.ptr, &sr));
   r->tokens = mf_exec_expert_tokens(tr->exec);
   if (r->multi) {
-    MF_CHECK(mf_ranks_reduce(&r->rk, (float *)r->hs.grads.ptr, (size_t)r->t->total_numel, &sr, r->tokens,
+    MF_CHECK(mf_ranks_reduce(&r->rk, (float *)r->hs.grads.ptr, (size_t)r->t->trainable_numel, &sr, r->tokens,
                              r->n_routed, tr->rp->prog->aux_coef));
     r->tokens = r->rk.tokens;
   }
@@ -553,7 +557,8 @@ static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metri
   /* One written beside training lands first (its figures only on stderr:
    * this step's line has this checkpoint's). */
   MF_CHECK(async_land(r, 1, out, NULL, NULL));
-  const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+  const mf_ckpt_data d =
+      mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
   const mf_status st = mf_train_ckpt_save(r->ckw, &d, r->train, r->cfg, step, out, r->quiet, sm, r->pending,
                                           sizeof r->pending);
   if (st != MF_OK) return save_failed(st, step, out);
@@ -598,7 +603,8 @@ static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_me
 static mf_status save_async(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const double t = mf_time_now();
   MF_CHECK(async_land(r, 1, out, sm, NULL)); /* its figures on this step's line */
-  const mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed);
+  const mf_ckpt_data d =
+      mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
   const mf_ckpt_state s = mf_train_ckpt_state(r->train, r->cfg, step, out);
   MF_CHECK(mf_ckpt_async_start(r->cka, &d, &s, r->pool));
   sm->checkpoint_s = r->cka_paused = paused_since(r, t, &out->checkpoint_seconds);

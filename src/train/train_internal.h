@@ -235,8 +235,8 @@ mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *ba
 /* -------------------------------------------------------- checkpoint.c */
 
 /* The run's tensors as src/ckpt reads and fills them. */
-mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host_state *hs, int64_t *adam_steps,
-                                int64_t *routed, size_t n_routed);
+mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host_state *hs,
+                                int64_t *adam_steps, int64_t *routed, size_t n_routed, uint64_t base_sum);
 /* Writes the checkpoint of `step` but its COMPLETE marker (mf_ckpt_commit,
  * the caller's, after the step's metrics line) (every update done and the
  * device's state home first: the caller's), says so on stderr unless quiet, and puts its

@@ -69,11 +69,11 @@ mf_status mf_updates_run_host_shard(const mf_updates *u, float *w, uint16_t *wor
     const mf_param *p = &u->t->params[q->param];
     const int64_t a = lo ? lo[q->param] : 0, e = hi ? hi[q->param] : p->numel;
     if (e <= a) continue;
-    const size_t o = (size_t)(p->offset + a);
+    const size_t o = (size_t)(p->offset + a), og = (size_t)(p->toff + a); /* weights; gradient, moments */
     const mf_adamw_bufs b = {w + o,
-                             g + o,
-                             (char *)hs->m.ptr + o * ms,
-                             (char *)hs->v.ptr + o * ms,
+                             g + og,
+                             (char *)hs->m.ptr + og * ms,
+                             (char *)hs->v.ptr + og * ms,
                              working ? working + o : NULL,
                              (size_t)(e - a),
                              MF_DTYPE_F32,

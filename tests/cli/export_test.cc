@@ -40,9 +40,10 @@ std::string DemoRun() {
   return run;
 }
 
-// The loss `moefit eval` prints for the weights of model_dir.
-double EvalLoss(const std::string &model_dir) {
-  Result r = moefit("eval" + kModel + "--tokens " + Corpus() + " --model " + model_dir +
+// The loss `moefit eval` prints for the weights of model_dir (`model`: the
+// config's model overrides, e.g. a LoRA run's base).
+double EvalLoss(const std::string &model_dir, const std::string &model = "") {
+  Result r = moefit("eval" + kModel + model + " --tokens " + Corpus() + " --model " + model_dir +
                     " output.dir=" + tmpdir() + "/export_eval_nothing");
   EXPECT_EQ(r.code, 0) << r.out;
   std::smatch m;
@@ -135,6 +136,109 @@ TEST(Export, RefusesANonEmptyOutAndADamagedCheckpoint) {
 
 // transformers' own loader on the export (needs torch; skipped, saying so,
 // without it).
+// A LoRA run (train.lora over a base `moefit init` wrote, model.path): its
+// checkpoints hold the adapters; export loads the base again and merges them
+// (an fp32 export evaluates to the very loss of the run's final/, merged the
+// same way), or with --adapter writes the PEFT adapter dir (the newest
+// checkpoint's is the run's final/adapter byte for byte); a non-LoRA run has
+// no adapters to export, and a base that changed under model.path is refused.
+const std::string &LoraRun() {
+  static std::string run;
+  if (!run.empty()) return run;
+  const std::string base = tmpdir() + "/export_lora_base";
+  EXPECT_EQ(moefit("init --family qwen2_moe --preset tiny --seed 3 --out " + base).code, 0);
+  run = tmpdir() + "/export_lora_run";
+  Result r = moefit("train" + kModel + "model.init=null model.path=" + base +
+                    " train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 "
+                    "train.lora.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj] "
+                    "train.micro_batch=2 train.warmup=1 train.steps=4 output.checkpoint_every=2 "
+                    "data.train=" +
+                    Corpus() + " output.dir=" + run);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return run;
+}
+
+double LoraEvalLoss(const std::string &model_dir) {
+  return EvalLoss(model_dir, "model.init=null model.path=" + tmpdir() + "/export_lora_base");
+}
+
+TEST(Export, LoraMergedModelAndPeftAdapter) {
+  const std::string run = LoraRun(), merged = tmpdir() + "/export_lora_merged",
+                    ad = tmpdir() + "/export_lora_ad";
+  Result m = moefit("export " + run + " --out " + merged + " --dtype fp32");
+  ASSERT_EQ(m.code, 0) << m.out;
+  EXPECT_TRUE(has(m.out, "exported " + run + "/checkpoints/step-000004 -> " + merged)) << m.out;
+  EXPECT_EQ(LoraEvalLoss(merged), LoraEvalLoss(run + "/final"))
+      << "the merged export is the run's final model";
+  Result a = moefit("export " + run + " --out " + ad + " --adapter");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const char *f : {"adapter_model.safetensors", "adapter_config.json"}) {
+    EXPECT_FALSE(read_file(ad + "/" + f).empty()) << f;
+    EXPECT_EQ(read_file(ad + "/" + f), read_file(run + "/final/adapter/" + f)) << f;
+  }
+  const std::string cfg = read_file(ad + "/adapter_config.json");
+  EXPECT_TRUE(has(cfg, "\"peft_type\": \"LORA\"") && has(cfg, "\"r\": 4") && has(cfg, "\"lora_alpha\": 8") &&
+              has(cfg, "\"base_model_name_or_path\": \"" + tmpdir() + "/export_lora_base\""))
+      << cfg;
+  mf_safetensors *st = nullptr;
+  ASSERT_EQ(mf_safetensors_open((ad + "/adapter_model.safetensors").c_str(), &st), MF_OK) << mf_last_error();
+  EXPECT_EQ(mf_safetensors_count(st), 76u) << "38 adapted weights, A and B each";
+  EXPECT_NE(mf_safetensors_find(st, "base_model.model.model.layers.1.mlp.experts.0.gate_proj.lora_A.weight"),
+            nullptr);
+  EXPECT_NE(mf_safetensors_find(st, "base_model.model.model.layers.0.self_attn.o_proj.lora_B.weight"),
+            nullptr);
+  mf_safetensors_close(st);
+  // The older checkpoint's adapters are its own.
+  Result a2 = moefit("export " + run + "/checkpoints/step-000002 --out " + ad + "2 --adapter");
+  ASSERT_EQ(a2.code, 0) << a2.out;
+  EXPECT_NE(read_file(ad + "2/adapter_model.safetensors"), read_file(ad + "/adapter_model.safetensors"));
+  // No adapters in a run that trained every weight.
+  Result n = moefit("export " + DemoRun() + " --out " + tmpdir() + "/export_no_ad --adapter");
+  EXPECT_EQ(n.code, 1) << n.out;
+  EXPECT_TRUE(has(n.out, "is not a LoRA run's (train.lora.rank 0): it has no adapters")) << n.out;
+  // Another base under model.path: refused, naming the checkpoint's record.
+  const std::string base = tmpdir() + "/export_lora_base";
+  ASSERT_EQ(moefit("init --family qwen2_moe --preset tiny --seed 4 --out " + base + "_other").code, 0);
+  ASSERT_EQ(shell("mv " + base + " " + base + "_kept && mv " + base + "_other " + base).code, 0);
+  Result b = moefit("export " + run + " --out " + tmpdir() + "/export_lora_other");
+  ASSERT_EQ(shell("rm -rf " + base + " && mv " + base + "_kept " + base).code, 0);
+  EXPECT_EQ(b.code, 1) << b.out;
+  EXPECT_TRUE(has(b.out, "state.json: base_sum: the checkpoint's adapters were trained on a base")) << b.out;
+  EXPECT_NE(access((tmpdir() + "/export_lora_other").c_str(), F_OK), 0) << "nothing left behind";
+}
+
+// Where a python with PEFT is at hand (MF_HF_PYTHON): PeftModel.from_pretrained
+// loads the exported adapter onto the base and reproduces moefit's logits
+// (tools/check_peft_adapter.py, relative error < 1e-5).
+TEST(Export, PeftLoadsTheAdapterAndReproducesTheLogits) {
+  const char *py = getenv("MF_HF_PYTHON");
+  if (!py || !*py) GTEST_SKIP() << "MF_HF_PYTHON unset: no python with transformers and peft";
+  if (shell(std::string(py) + " -c 'import torch, transformers, peft' 2>&1").code != 0)
+    GTEST_SKIP() << py << " has no torch, transformers and peft";
+  const std::string run = LoraRun(), ad = tmpdir() + "/export_lora_peft", d = tmpdir() + "/export_lora_check";
+  ASSERT_EQ(moefit("export " + run + " --out " + ad + " --adapter").code, 0);
+  ASSERT_EQ(shell("mkdir -p " + d + " && printf 'the cat s' > " + d + "/in.txt").code, 0);
+  ASSERT_EQ(moefit("data bytes " + d + "/in.txt " + d + "/in.tokens").code, 0);
+  Result e =
+      moefit("eval" + kModel + "model.init=null model.path=" + tmpdir() +
+             "/export_lora_base data.seq_len=8 train.micro_batch=1 --tokens " + d + "/in.tokens --model " +
+             run + "/final --dump-logits " + d + "/logits.f32 output.dir=" + d + "/ev");
+  ASSERT_EQ(e.code, 0) << e.out;
+  Result w = shell(std::string(py) +
+                   " -c \"import numpy as np; from safetensors.numpy import save_file; "
+                   "ids = np.frombuffer(b'the cat ', dtype=np.uint8).astype('<i4')[None]; "
+                   "lg = np.fromfile('" +
+                   d +
+                   "/logits.f32', dtype='<f4').reshape(1, 8, -1); "
+                   "save_file({'input_ids': ids, 'logits': lg}, '" +
+                   d + "/ref.safetensors')\" 2>&1");
+  ASSERT_EQ(w.code, 0) << w.out;
+  Result c = shell(std::string(py) + " tools/check_peft_adapter.py --base " + tmpdir() +
+                   "/export_lora_base --adapter " + ad + " --fixture " + d + "/ref.safetensors 2>&1");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_TRUE(has(c.out, "OK")) << c.out;
+}
+
 TEST(Export, TransformersLoadsItWithNoMissingOrUnexpectedKeys) {
   const char *py = getenv("MF_HF_PYTHON");
   if (!py || !*py) GTEST_SKIP() << "MF_HF_PYTHON unset: no python with transformers";

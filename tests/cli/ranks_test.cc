@@ -106,6 +106,15 @@ TEST(Ranks, TwoRanksBf16) {
   SameAsOneRank(2, {"bf16", "train.precision=bf16"});
 }
 
+// LoRA: the adapters' gradients reduced and updated as any trained
+// parameter's, the frozen base in the node's one home, streamed and staged.
+TEST(Ranks, TwoRanksLora) {
+  SameAsOneRank(
+      2, {"lora",
+          "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj,w1,w2,w3] "
+          "memory.device_budget=3MiB memory.staging=true"});
+}
+
 TEST(Ranks, ThreeRanksOneNode) {
   SameAsOneRank(3, {"three", ""});
 }

@@ -70,6 +70,38 @@ TEST(Resume, SameBitsLora) {
       {"lora",
        "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj,w1,w2,w3]"});
 }
+// A LoRA run's checkpoints hold the adapters and their AdamW state, not the
+// frozen base: only its identity (state.json base_sum, the checksum of its
+// weights). Resumed onto a base whose weights changed under the same
+// model.path, the run is refused, saying so.
+TEST(Resume, LoraCheckpointsHoldTheAdaptersAndTheBaseIdentity) {
+  const std::string d = Fresh("lora_base"), base = d + "/base", out = d + "/run";
+  Result init = moefit("init --family mixtral --preset tiny --seed 1 --out " + base);
+  ASSERT_EQ(init.code, 0) << init.out;
+  const std::string lora = " model.init=null model.path=" + base +
+                           " train.lora.rank=4 train.lora.targets=[q_proj,v_proj,w1,w2,w3] train.lr=1e-2";
+  Result r = moefit(Args(out, 4, "train.schedule=constant" + lora));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ck = out + "/checkpoints/step-000004";
+  const std::string state = read_file(ck + "/state.json");
+  EXPECT_NE(state.find("\"base_sum\": \""), std::string::npos) << state;
+  struct stat a {
+  }, b{};
+  ASSERT_EQ(stat((ck + "/master.safetensors").c_str(), &a), 0);
+  ASSERT_EQ(stat((base + "/model.safetensors").c_str(), &b), 0);
+  EXPECT_LT(a.st_size * 4, b.st_size) << "the checkpoint's weights are the adapters', not the base's";
+  // Another base under the same path: refused.
+  ASSERT_EQ(moefit("init --family mixtral --preset tiny --seed 2 --out " + d + "/base2").code, 0);
+  ASSERT_EQ(shell("rm -rf " + base + " && mv " + d + "/base2 " + base).code, 0);
+  Result rr = moefit(Args(out, 8, "train.schedule=constant" + lora) + " --resume");
+  EXPECT_EQ(rr.code, 1) << rr.out;
+  EXPECT_NE(
+      rr.out.find("/state.json: base_sum: the checkpoint's adapters were trained on a base whose weights "
+                  "have checksum "),
+      std::string::npos)
+      << rr.out;
+}
+
 TEST(Resume, SameBitsBf16) { StopAndResume({"bf16", "train.precision=bf16 train.adam_moments=bf16"}); }
 TEST(Resume, SameBitsOptimizerOnDevice) {
   StopAndResume({"device_optim", "'memory.overrides=[{match: \"model.layers.*\", optimizer: device}]'"});

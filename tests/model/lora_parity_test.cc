@@ -118,14 +118,30 @@ TEST_P(LoraParity, EveryAdapterGradientAndNoneForTheBase) {
   Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
   const std::string no_grad =
       mf_safetensors_metadata(fx_, "no_grad") ? mf_safetensors_metadata(fx_, "no_grad") : "[]";
+  // The base has no gradient tensor and no optimizer state in the program;
+  // the trained parameters' gradients are laid out at their toff.
+  mf_program_opts po = {B_, S_, 1, aux_coef_, 0, 0};
+  mf_program *prog = nullptr;
+  ASSERT_EQ(mf_program_build(t_, &po, &prog), MF_OK) << mf_last_error();
+  int64_t at = 0;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    EXPECT_EQ(prog->grad_tensor[i] < 0, (bool)p.frozen) << p.name;
+    EXPECT_EQ(prog->state_tensor[i] < 0, (bool)p.frozen) << p.name;
+    EXPECT_EQ(p.toff, p.frozen ? -1 : at) << p.name;
+    at += p.frozen ? 0 : p.numel;
+  }
+  EXPECT_EQ(at, t_->trainable_numel);
+  for (int32_t k = 0; k < prog->n_tensors; k++)
+    if (prog->tensors[k].kind == MF_T_GRAD) {
+      EXPECT_FALSE(t_->params[prog->tensors[k].param].frozen);
+    }
+  mf_program_free(prog);
   int checked = 0, idle = 0;
   for (int64_t i = 0; i < t_->n; i++) {
     const mf_param &p = t_->params[i];
-    const float *got = r.grads.data() + p.offset;
-    if (p.frozen) {  // the base: no gradient tensor, nothing written
-      for (int64_t j = 0; j < p.numel; j++) ASSERT_EQ(got[j], 0.0f) << p.name;
-      continue;
-    }
+    if (p.frozen) continue;
+    const float *got = r.grads.data() + p.toff;
     const float *ref = f32(fx_, "grad." + peft(p), p.numel);
     if (!ref) {  // PEFT left .grad None: an idle expert's adapter
       EXPECT_NE(no_grad.find("\"" + peft(p) + "\""), std::string::npos) << p.name << " has no reference";
@@ -158,7 +174,7 @@ TEST_P(LoraParity, OneAdamWStepOverTheAdapters) {
     std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
     const bool idle = p.expert >= 0 && r.expert_tokens[p.layer * spec_.experts + p.expert] == 0;
     if (!idle || idle_has_grad) {
-      ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), r.grads.data() + p.offset, m.data(), v.data(), w.size(),
+      ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), r.grads.data() + p.toff, m.data(), v.data(), w.size(),
                                 nullptr, nullptr),
                 MF_OK);
     }
@@ -168,7 +184,7 @@ TEST_P(LoraParity, OneAdamWStepOverTheAdapters) {
       double tol = 1e-6;
       if (gref) {
         auto ratio = [&](double g) { return g / (std::fabs(g) + h.eps); };
-        tol += h.lr * std::fabs(ratio(r.grads[p.offset + j]) - ratio(gref[j]));
+        tol += h.lr * std::fabs(ratio(r.grads[p.toff + j]) - ratio(gref[j]));
       }
       const double d = std::fabs((double)w[j] - (double)ref[j]) / tol;
       if (d > worst) worst = d, worst_at = p.name;
