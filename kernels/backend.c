@@ -65,6 +65,8 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
      * operands are F32 in a BF16 program too) */
     [MF_K_ADD] = {"add", {{"x", R}, {"y", A}}, {"n", "fp32"}},
     [MF_K_SCALE] = {"scale", {{"x", A}}, {"n"}, {"s"}},
+    /* stream and seed: the mask's (mf_dropout_bits; seed set per micro-batch at run time) */
+    [MF_K_DROPOUT] = {"dropout", {{"x", R}, {"y", W}}, {"n", "stream", "seed"}, {"p"}},
     [MF_K_ROUTER_FWD] = {"router_fwd",
                          {{"logits", R}, F32("probs", W), I32("topk_idx", W), F32("topk_w", W)},
                          {"T", "E", "K", "norm_topk"}},

@@ -33,6 +33,28 @@
 extern "C" {
 #endif
 
+#ifdef __CUDACC__
+#define MF_HOST_DEVICE __host__ __device__
+#else
+#define MF_HOST_DEVICE
+#endif
+
+/* MF_K_DROPOUT's mask, the same integers on both backends: element j of a
+ * call with seed `seed` and stream `stream` is kept when these 32 bits are
+ * at least `threshold` (p x 2^32, mf_dropout_threshold): a counter-based hash
+ * (splitmix64's finaliser), so a mask is a function of (seed, stream, j)
+ * alone, whatever the thread layout, and the backward draws its forward's. */
+static inline MF_HOST_DEVICE uint32_t mf_dropout_bits(uint64_t seed, uint64_t stream, uint64_t j) {
+  uint64_t z = seed ^ (stream * 0x9e3779b97f4a7c15ull) ^ ((j + 1) * 0xd6e8feb86659fd93ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+static inline uint32_t mf_dropout_threshold(double p) {
+  const double t = p * 4294967296.0;
+  return t <= 0 ? 0u : t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+}
+
 /* The kernels. What each computes is the contract of its cpu twin,
  * mf_cpu_<name> in kernels/cpu/cpu_ops.h (the reference; the cuda twin is
  * mf_cuda_<name> in kernels/cuda/ops.cuh), <name> being mf_kernel_name(kind).
@@ -57,7 +79,8 @@ typedef enum mf_kernel {
   MF_K_SIGGATE_FWD, /* the twins: mf_cpu_sigmoid_gate_fwd, mf_cuda_sigmoid_gate_fwd */
   MF_K_SIGGATE_BWD,
   MF_K_ADD,
-  MF_K_SCALE, /* x *= s in place (the LoRA adapters' alpha / rank) */
+  MF_K_SCALE,   /* x *= s in place (the LoRA adapters' alpha / rank) */
+  MF_K_DROPOUT, /* y = x * keep / (1 - p): the LoRA adapters' input dropout (mf_dropout_keep) */
   MF_K_ROUTER_FWD,
   MF_K_ROUTER_BWD,
   MF_K_MOE_DISPATCH,

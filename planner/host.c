@@ -16,9 +16,12 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   memset(&u, 0, sizeof u);
   /* m + v per parameter: train.adam_moments, as the config copies it into mem */
   const uint64_t moment = mem && mem->adam_moments == MF_CONFIG_MOMENTS_BF16 ? 4 : 8;
+  /* LoRA with bf16 storage on one rank: the frozen base is at home only in
+   * its bf16 working copy (params.h mf_lora_base_bf16) */
+  const int base_bf16 = mf_lora_base_bf16(p->params, p->storage, p->ranks);
   for (int64_t i = 0; i < p->params->n; i++) {
     const uint64_t numel = (uint64_t)p->params->params[i].numel;
-    u.master_bytes += 4 * numel;
+    if (!(base_bf16 && p->params->params[i].frozen)) u.master_bytes += 4 * numel;
     /* A working copy in another dtype than the master's: the first fill of a
      * device-updated weight reads it too, and the weights come home into it. */
     const mf_ptensor *w = &p->tensors[p->param_tensor[i]];

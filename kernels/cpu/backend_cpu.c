@@ -502,6 +502,8 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     }
     case MF_K_SCALE:
       return mf_cpu_scale(F(0), i[0], (float)k->f[0], x);
+    case MF_K_DROPOUT:
+      return mf_cpu_dropout(CF(0), i[0], (uint64_t)i[1], (uint64_t)i[2], k->f[0], F(1), x);
     case MF_K_ROUTER_FWD:
       return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), x);
     case MF_K_ROUTER_BWD:

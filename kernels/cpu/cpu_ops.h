@@ -130,6 +130,10 @@ mf_status mf_cpu_sigmoid_gate_bwd(const float *gl, const float *x, const float *
 mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx);
 /* x *= s in place (n elements; fp32 multiply, rounded once in round_bf16 mode). */
 mf_status mf_cpu_scale(float *x, int64_t n, float s, const mf_kctx *ctx);
+/* y[j] = x[j] * (float)(1 / (1 - p)) where mf_dropout_bits(seed, stream, j) >=
+ * mf_dropout_threshold(p), else 0 (written; p in [0, 1)). */
+mf_status mf_cpu_dropout(const float *x, int64_t n, uint64_t stream, uint64_t seed, double p, float *y,
+                         const mf_kctx *ctx);
 
 /* --------------------------------------------------------------- router */
 

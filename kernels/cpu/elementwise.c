@@ -17,6 +17,7 @@
  */
 #include <math.h>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 
 #define EW_GRAIN 4096 /* elements per partition unit (contiguous, cache-line multiples) */
@@ -157,6 +158,39 @@ mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx) {
   ew_args a = {0};
   a.x = x, a.out0 = y, a.n = n, a.round_bf16 = ctx->round_bf16;
   ew_run(ctx, add_task, &a, (double)n);
+  return MF_OK;
+}
+
+/* --------------------------------------------------------------- dropout */
+
+typedef struct drop_args {
+  const float *x;
+  float *y;
+  int64_t n;
+  uint64_t stream, seed;
+  uint32_t threshold;
+  float s;
+  int round_bf16;
+} drop_args;
+
+static void dropout_task(void *arg, int i, int n) {
+  const drop_args *a = (const drop_args *)arg;
+  size_t b, e;
+  mf_partition((size_t)a->n, EW_GRAIN, i, n, &b, &e);
+  for (size_t k = b; k < e; k++)
+    a->y[k] =
+        mf_dropout_bits(a->seed, a->stream, k) >= a->threshold ? rnd(a->round_bf16, a->x[k] * a->s) : 0.0f;
+}
+
+mf_status mf_cpu_dropout(const float *x, int64_t n, uint64_t stream, uint64_t seed, double p, float *y,
+                         const mf_kctx *ctx) {
+  if (n <= 0) return MF_OK;
+  if (!(p >= 0 && p < 1)) return MF_ERR(MF_ERR_INVALID_ARG, "dropout: p %g is outside [0, 1)", p);
+  drop_args a = {x, y, n, stream, seed, mf_dropout_threshold(p), (float)(1.0 / (1.0 - p)), ctx->round_bf16};
+  if ((double)n < EW_PARALLEL_MIN)
+    dropout_task(&a, 0, 1);
+  else
+    mf_threadpool_run(ctx->pool, dropout_task, &a);
   return MF_OK;
 }
 

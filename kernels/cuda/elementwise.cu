@@ -62,6 +62,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -716,6 +717,27 @@ mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s) {
   return MF_OK;
 }
 
+template <typename T>
+static __global__ void dropout_kernel(const T *__restrict__ x, int64_t n, uint64_t stream, uint64_t seed,
+                                      uint32_t threshold, float sc, T *__restrict__ y) {
+  GRID_STRIDE(k, n) {
+    float v = 0.0f;
+    if (mf_dropout_bits(seed, stream, (uint64_t)k) >= threshold) v = mf_ld(x + k) * sc;
+    mf_st(y + k, v);
+  }
+}
+
+template <typename T>
+mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed, double p, T *y,
+                          cudaStream_t s) {
+  if (n <= 0) return MF_OK;
+  if (!(p >= 0 && p < 1)) return MF_ERR(MF_ERR_INVALID_ARG, "dropout: p %g is outside [0, 1)", p);
+  dropout_kernel<T><<<mf_cuda_grid(n), MF_CUDA_BLOCK, 0, s>>>(x, n, stream, seed, mf_dropout_threshold(p),
+                                                              (float)(1.0 / (1.0 - p)), y);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
 // ------------------------------------------------------ instantiations
 
 #define MF_ELEMENTWISE_LAUNCHERS(T)                                                                          \
@@ -738,7 +760,8 @@ mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s) {
   template mf_status mf_cuda_sigmoid_gate_bwd<T>(const T *, const T *, const T *, int64_t, int64_t, T *,     \
                                                  T *, cudaStream_t);                                         \
   template mf_status mf_cuda_add<T>(const T *, int64_t, T *, cudaStream_t);                                  \
-  template mf_status mf_cuda_scale<T>(T *, int64_t, float, cudaStream_t);
+  template mf_status mf_cuda_scale<T>(T *, int64_t, float, cudaStream_t);                                    \
+  template mf_status mf_cuda_dropout<T>(const T *, int64_t, uint64_t, uint64_t, double, T *, cudaStream_t);
 
 MF_ELEMENTWISE_LAUNCHERS(float)
 MF_ELEMENTWISE_LAUNCHERS(mf_bf16)

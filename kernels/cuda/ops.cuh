@@ -91,6 +91,9 @@ template <typename T>
 mf_status mf_cuda_add(const T *x, int64_t n, T *y, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed, double p, T *y,
+                          cudaStream_t s);
 
 // -------------------------------------------------------------- routing.cu
 template <typename T>

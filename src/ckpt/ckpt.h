@@ -70,14 +70,17 @@ typedef struct mf_ckpt_data {
    * checksum of its weights (mf_ckpt_base_sum): a checkpoint read onto
    * another base is refused. 0 without LoRA. */
   uint64_t base_sum;
+  int base_bf16; /* base_sum is of the base's bf16 values (its bf16 home), else of its fp32 ones */
   /* master holds the trained parameters only, each at its mf_param.toff (a
    * LoRA run's snapshot: src/train/ckpt_async.c); else the table's layout */
   int master_at_toff;
 } mf_ckpt_data;
 
-/* The checksum of the frozen parameters' fp32 weights w (the table's layout),
- * in parameter order, as mf_ckpt_hash64 over their bytes; 0 when none is frozen. */
-uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w);
+/* The checksum of the frozen parameters' weights, in parameter order, as
+ * mf_ckpt_hash64 over their bytes: their fp32 values in w, or with
+ * frozen_bf16 (their bf16 home, params.h mf_lora_base_bf16) its bf16 ones
+ * (the table's layout); 0 when none is frozen. */
+uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16);
 
 /* The small state: what the loop carries besides the tensors. */
 typedef struct mf_ckpt_state {
@@ -182,15 +185,22 @@ mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s)
  * MF_ERR_FORMAT naming the file and the tensor): the trained parameters' (a
  * LoRA table's frozen base is not in a checkpoint: the caller loads it). */
 mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *master);
-/* A LoRA checkpoint's base identity against the base in w (t's frozen
- * weights): MF_ERR_CONFIG naming state.json when the checksums differ. */
-mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w);
+/* A LoRA checkpoint's base identity against the base in w, or in its bf16
+ * home (t's frozen weights): MF_ERR_CONFIG naming state.json when the
+ * checksums differ. mf_ckpt_base_is_bf16: whether dir's record is of bf16
+ * values (state.json base_sum_of), so the caller loads the base that way. */
+mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w,
+                             const uint16_t *frozen_bf16);
+mf_status mf_ckpt_base_is_bf16(const char *dir, int *bf16);
 
 /* ------------------------------------------------------------- export */
 
 typedef struct mf_ckpt_export_opts {
   mf_dtype dtype;             /* MF_DTYPE_F32 or MF_DTYPE_BF16 */
   uint64_t max_shard_bytes;   /* tensor bytes per shard (0: 5 GB, transformers' default) */
+  /* mf_ckpt_export_model: the frozen parameters' bf16 home (LoRA's base loaded
+   * straight into bf16: mf_params_load_home), or NULL: they are in w */
+  const uint16_t *frozen_bf16;
 } mf_ckpt_export_opts;
 
 typedef struct mf_ckpt_export_info {

@@ -119,55 +119,18 @@ static mf_status check_out(const char *out) {
   return MF_OK;
 }
 
-/* The model dir's files inside tmp. */
+/* The model dir's files inside tmp (LoRA: the adapters merged, one tensor at a time). */
 static mf_status write_files(const char *tmp, const mf_param_table *t, const float *w,
                              const mf_ckpt_export_opts *o, mf_ckpt_export_info *info) {
-  mf_st_tensor *ts = NULL;
-  uint16_t *bf = NULL;
-  char *gen = NULL;
-  mf_status st = MF_OK;
-  float *merged = NULL;
-  MF_CHECK_GOTO(mf_malloc((size_t)t->n * sizeof *ts + 1, "the tensor list", (void **)&ts), st, done);
-  if (t->lora_a) { /* LoRA: the model's own weights, the adapters merged in */
-    MF_CHECK_GOTO(
-        mf_malloc((size_t)t->total_numel * sizeof(float) + 1, "the merged weights", (void **)&merged), st,
-        done);
-    for (int64_t i = 0; i < t->n_base; i++) mf_params_merged(t, w, i, merged + t->params[i].offset);
-    w = merged;
-  }
-  if (o->dtype == MF_DTYPE_BF16) {
-    MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * 2 + 1, "the bf16 weights", (void **)&bf), st, done);
-    mf_fp32_to_bf16_n(w, bf, (size_t)t->total_numel);
-  }
-  const size_t es = mf_dtype_size(o->dtype);
-  info->bytes = 0;
-  for (int64_t i = 0; i < t->n_base; i++) {
-    const mf_param *p = &t->params[i];
-    mf_st_tensor *x = &ts[i];
-    memset(x, 0, sizeof *x);
-    x->name = p->name;
-    x->dtype = o->dtype;
-    x->ndim = p->ndim;
-    for (int d = 0; d < p->ndim; d++) x->shape[d] = p->shape[d];
-    x->numel = (uint64_t)p->numel;
-    x->nbytes = (size_t)p->numel * es;
-    x->data = bf ? (const void *)(bf + p->offset) : (const void *)(w + p->offset);
-    info->bytes += x->nbytes;
-  }
-  info->tensors = t->n_base;
   const uint64_t max = o->max_shard_bytes ? o->max_shard_bytes : MF_EXPORT_DEFAULT_SHARD;
-  MF_CHECK_GOTO(mf_safetensors_write_sharded(tmp, ts, (size_t)t->n_base, NULL, 0, max, &info->shards), st,
-                done);
-  MF_CHECK_GOTO(mf_hf_config_write_dtype(&t->spec, o->dtype, tmp), st, done);
-  MF_CHECK_GOTO(mf_hf_generation_config_format(&t->spec, &gen), st, done);
+  MF_CHECK(mf_params_write_model(t, w, o->frozen_bf16, o->dtype, tmp, max, &info->shards, &info->bytes));
+  info->tensors = t->n_base;
+  char *gen = NULL;
+  MF_CHECK(mf_hf_generation_config_format(&t->spec, &gen));
   char path[4400];
   snprintf(path, sizeof path, "%s/generation_config.json", tmp);
-  MF_CHECK_GOTO(mf_write_file_atomic(path, gen, strlen(gen)), st, done);
-done:
+  const mf_status st = mf_write_file_atomic(path, gen, strlen(gen));
   free(gen);
-  free(bf);
-  free(merged);
-  free(ts);
   return st;
 }
 

@@ -57,7 +57,7 @@ uint64_t mf_ckpt_hash64(const void *bytes, size_t n) {
   return mf_ckpt_hash_final(&s);
 }
 
-uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w) {
+uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16) {
   mf_ckpt_hash h;
   mf_ckpt_hash_init(&h);
   int any = 0;
@@ -65,7 +65,10 @@ uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w) {
     const mf_param *p = &t->params[i];
     if (!p->frozen) continue;
     any = 1;
-    mf_ckpt_hash_update(&h, w + p->offset, (size_t)p->numel * sizeof(float));
+    if (frozen_bf16)
+      mf_ckpt_hash_update(&h, frozen_bf16 + p->offset, (size_t)p->numel * sizeof(uint16_t));
+    else
+      mf_ckpt_hash_update(&h, w + p->offset, (size_t)p->numel * sizeof(float));
   }
   return any ? mf_ckpt_hash_final(&h) : 0;
 }

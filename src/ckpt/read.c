@@ -470,12 +470,27 @@ done:
   return st;
 }
 
-mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w) {
+mf_status mf_ckpt_base_is_bf16(const char *dir, int *bf16) {
   char path[4400];
   snprintf(path, sizeof path, "%s/state.json", dir);
   json_t *root = NULL;
   MF_CHECK(load_json(path, "a checkpoint state", &root));
-  const mf_status st = base_sum_matches(path, root, mf_ckpt_base_sum(t, w));
+  const char *of = NULL;
+  mf_status st = json_str(path, root, "state", "base_sum_of", &of);
+  if (st == MF_OK && strcmp(of, "bf16") != 0 && strcmp(of, "fp32") != 0)
+    st = MF_ERR(MF_ERR_FORMAT, "%s: base_sum_of: '%s' is neither bf16 nor fp32", path, of);
+  if (st == MF_OK) *bf16 = strcmp(of, "bf16") == 0;
+  json_decref(root);
+  return st;
+}
+
+mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w,
+                             const uint16_t *frozen_bf16) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/state.json", dir);
+  json_t *root = NULL;
+  MF_CHECK(load_json(path, "a checkpoint state", &root));
+  const mf_status st = base_sum_matches(path, root, mf_ckpt_base_sum(t, w, frozen_bf16));
   json_decref(root);
   return st;
 }

@@ -322,7 +322,7 @@ static mf_status write_tensors(mf_ckpt_writer *w, const char *dir, const mf_ckpt
   const int z = w->level > 0;
   MF_CHECK(size_lists(w, t->n));
   /* The trained parameters only: LoRA's frozen base is the run's base model
-   * (mf_ckpt_state.base_sum says which), not part of its state. */
+   * (mf_ckpt_data.base_sum says which), not part of its state. */
   size_t k = 0;
   for (int64_t i = 0; i < t->n; i++)
     if (!t->params[i].frozen)
@@ -371,8 +371,9 @@ static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_c
   int r = 0;
   if (s->ranks > 1) r = snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)s->ranks);
   if (d->t->lora_a) /* the frozen base's identity (its weights are not in the checkpoint) */
-    snprintf(ranks + r, sizeof ranks - (size_t)r, ",\n  \"base_sum\": \"%016llx\"",
-             (unsigned long long)d->base_sum);
+    snprintf(ranks + r, sizeof ranks - (size_t)r,
+             ",\n  \"base_sum\": \"%016llx\",\n  \"base_sum_of\": \"%s\"", (unsigned long long)d->base_sum,
+             d->base_bf16 ? "bf16" : "fp32");
   if (w->level) snprintf(comp, sizeof comp, "zstd-%d", w->level);
   const int n =
       snprintf(text, sizeof text,

@@ -1,9 +1,7 @@
 /* `moefit export RUN_OR_CHECKPOINT --out DIR [--dtype bf16|fp32] [--shard-size SIZE]`. */
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "src/ckpt/ckpt.h"
 #include "src/cli/commands.h"
@@ -28,65 +26,52 @@ static const char k_export_usage[] =
     "against the checkpoint's record of it; the model dir has the adapters merged into their\n"
     "weights (W + alpha/r B A). --adapter writes the adapters alone instead, as a PEFT adapter\n"
     "dir (adapter_config.json, adapter_model.safetensors) that PeftModel.from_pretrained loads\n"
-    "onto the base; from a run's final/ it is final/adapter.\n\n"
+    "onto the base (a LoRA run's final/ is that dir already).\n\n"
     "example (the demo's run, after ./tools/demo):\n"
     "  moefit export runs/demo --out runs/demo-fp32 --dtype fp32\n"
     "  moefit eval configs/demo.yaml --model runs/demo-fp32\n";
 
-/* final/adapter's two files into out (a new dir; each file written atomically). */
-static mf_status copy_adapter_dir(const char *final_dir, const char *out) {
-  static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
-  MF_CHECK(mf_mkdir_p(out));
-  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-    char from[4400], to[4400];
-    snprintf(from, sizeof from, "%s/adapter/%s", final_dir, files[i]);
-    snprintf(to, sizeof to, "%s/%s", out, files[i]);
-    char *data = NULL;
-    size_t n = 0;
-    MF_CHECK(mf_read_file(from, SIZE_MAX, "a LoRA adapter file", &data, &n));
-    const mf_status st = mf_write_file_atomic(to, data, n);
-    free(data);
-    MF_CHECK(st);
-  }
-  return MF_OK;
-}
-
 /* A LoRA run's export (*lora = 1), else nothing (*lora = 0; info->source set).
  * From a checkpoint: the table and base as the run built them (its
  * config.yaml), the trained parameters from the checkpoint, the base checked
- * against its record; then the merged model dir or (adapter) the PEFT dir.
- * From final/ (already merged): --adapter is a copy of final/adapter. */
+ * against its record; then the merged model dir or (adapter) the PEFT dir. */
 static mf_status export_lora(const char *src, const char *out, int adapter, const mf_ckpt_export_opts *o,
                              mf_ckpt_export_info *info, int *lora) {
   *lora = 0;
   int is_ckpt = 0;
   MF_CHECK(mf_ckpt_export_source(src, info, &is_ckpt));
-  if (!is_ckpt) { /* final/: the model merged already; its adapters in final/adapter */
-    char dir[4400];
-    snprintf(dir, sizeof dir, "%s/adapter/adapter_config.json", info->source);
-    if (!adapter || access(dir, R_OK) != 0) return MF_OK;
-    *lora = 1;
-    return copy_adapter_dir(info->source, out);
-  }
+  if (!is_ckpt) return MF_OK; /* final/ of a run that trained every weight (a LoRA run's is an adapter dir) */
   char path[4400];
   snprintf(path, sizeof path, "%s/config.yaml", info->source);
   mf_config *cfg = NULL;
   MF_CHECK(mf_config_load_for(path, NULL, 0, MF_CONFIG_FOR_EVAL, &cfg));
   mf_param_table *t = NULL;
   float *w = NULL;
-  char desc[512];
+  uint16_t *home = NULL; /* the base in bf16, as the run kept it (state.json base_sum_of) */
+  char desc[4200];
   mf_status st = MF_OK;
+  int bf16 = 0;
   if (cfg->train.lora.rank == 0) goto done;
   *lora = 1;
   MF_CHECK_GOTO(mf_run_model_table(cfg, NULL, &t), st, done);
-  MF_CHECK_GOTO(mf_run_load_weights(cfg, NULL, t, &w, desc, sizeof desc), st, done);
+  MF_CHECK_GOTO(mf_ckpt_base_is_bf16(info->source, &bf16), st, done);
+  /* the frozen part of w is never touched with a bf16 home: its pages are never committed */
+  MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * sizeof(float) + 1, "the weights", (void **)&w), st, done);
+  if (bf16)
+    MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * sizeof(uint16_t) + 1, "the bf16 base", (void **)&home),
+                  st, done);
+  MF_CHECK_GOTO(mf_run_load_weights_home(cfg, NULL, t, w, home, desc, sizeof desc), st, done);
   MF_CHECK_GOTO(mf_ckpt_read_master(info->source, t, w), st, done);
-  MF_CHECK_GOTO(mf_ckpt_check_base(info->source, t, w), st, done);
-  if (adapter)
+  MF_CHECK_GOTO(mf_ckpt_check_base(info->source, t, w, home), st, done);
+  if (adapter) {
     st = mf_ckpt_export_adapter(t, w, cfg->model.has_init ? NULL : cfg->model.path, out);
-  else
-    st = mf_ckpt_export_model(t, w, info->source, out, o, info);
+  } else {
+    mf_ckpt_export_opts oh = *o;
+    oh.frozen_bf16 = home;
+    st = mf_ckpt_export_model(t, w, info->source, out, &oh, info);
+  }
 done:
+  free(home);
   free(w);
   mf_param_table_free(t);
   mf_config_free(cfg);
@@ -123,7 +108,7 @@ int mf_cli_export(int argc, char **argv) {
   }
   if (!src) return mf_cli_usage_error("export", "expected a run dir or a checkpoint dir");
   if (!out) return mf_cli_usage_error("export", "expected --out DIR");
-  mf_ckpt_export_opts o = {MF_DTYPE_BF16, 0};
+  mf_ckpt_export_opts o = {MF_DTYPE_BF16, 0, NULL};
   if (strcmp(dtype, "fp32") == 0 || strcmp(dtype, "f32") == 0 || strcmp(dtype, "float32") == 0)
     o.dtype = MF_DTYPE_F32;
   else if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "bfloat16") != 0)

@@ -133,7 +133,8 @@ const mf_config_key mf_config_keys[] = {
         "null",
         "the adapters' output is scaled by alpha / rank (PEFT's lora_alpha); null: rank (a scale of 1)"),
     KEY("train.lora.dropout", MF_CK_FLOAT, MF_CK_HI_OPEN, train.lora.dropout, 0, 1, NULL, "0.0",
-        "dropout on the adapters' input (PEFT's lora_dropout); not built yet: above 0 is refused"),
+        "dropout on each adapter's input in training (PEFT's lora_dropout); its masks are a function of "
+        "train.seed, the step and the micro-batch, the same for any plan, number of ranks or resume"),
     KEY("train.lora.targets", MF_CK_NAMELIST, MF_CK_DOCDEF, train.lora.targets, NOLO, NOHI,
         "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3",
         "[q_proj, k_proj, v_proj, o_proj]",

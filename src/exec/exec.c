@@ -594,6 +594,14 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           int64_t nv = io->n_valid[o->micro];
           call.f[0] = nv > 0 ? 1.0 / (mf_program_loss_divisor(p) * (double)nv) : 0.0;
         }
+        if (o->kind == MF_K_DROPOUT && o->i[2] == MF_PROGRAM_SEED_RUNTIME) {
+          if (!x->dropout_seeds) {
+            st = MF_ERR(MF_ERR_INTERNAL,
+                        "executor: %s needs the step's dropout seeds (mf_exec_set_dropout_seeds)", o->label);
+            goto done;
+          }
+          call.i[2] = (int64_t)x->dropout_seeds[o->micro];
+        }
         if (o->kind == MF_K_ADAMW) {
           const int32_t pi = p->tensors[o->t[0]].param;
           if (!opt || !opt->update[pi]) break; /* no gradient this step: left alone, as PyTorch does */
@@ -767,6 +775,10 @@ void mf_exec_set_optim_state(mf_exec *x, void *m, void *v) {
 }
 
 void mf_exec_set_working_copy(mf_exec *x, uint16_t *working) { x->working = working; }
+
+void mf_exec_set_dropout_seeds(mf_exec *x, const uint64_t *seeds) {
+  x->dropout_seeds = seeds;
+}
 
 void mf_exec_invalidate(mf_exec *x) { x->weights_current = x->state_current = 0; }
 

@@ -222,6 +222,10 @@ void mf_exec_set_optim_state(mf_exec *x, void *m, void *v);
  * it equal to them rounded to bf16 (mf_adamw_bufs.bf16_out). A step with BF16
  * storage and no working copy fails with MF_ERR_INTERNAL. */
 void mf_exec_set_working_copy(mf_exec *x, uint16_t *working);
+/* LoRA's adapter dropout (MF_K_DROPOUT): seeds[m] is micro-batch m's seed for
+ * the next steps' masks (the caller's array of G, read at each dropout op; a
+ * program with dropout fails without it). */
+void mf_exec_set_dropout_seeds(mf_exec *x, const uint64_t *seeds);
 
 /* One update on the device (kernels/backend.h MF_K_ADAMW) of each parameter
  * whose optimizer is there and update[i] is set, with step[i] (t >= 1), the

@@ -81,6 +81,7 @@ struct mf_exec {
   double *norm_host;                  /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
   void *m_host, *v_host;              /* the host moments (mf_exec_set_optim_state) */
   uint16_t *working;                  /* BF16 storage: the host's bf16 working copy (mf_exec_set_working_copy) */
+  const uint64_t *dropout_seeds;      /* [G] each micro-batch's dropout seed (mf_exec_set_dropout_seeds) */
   const float *params_host;           /* the fp32 master weights of the last mf_exec_step (BF16 storage: the
                                          device optimizer's state fill takes its master from them) */
   int weights_current, state_current; /* the persistent slots hold the truth */

@@ -57,7 +57,7 @@ extern "C" {
 #define MF_ST_MAX_JSON_DEPTH 4
 
 /* One tensor. Reading fills every field; writing reads name, dtype, ndim,
- * shape and data, and ignores the others. */
+ * shape and data (or fill), and ignores the others. */
 typedef struct mf_st_tensor {
   const char *name;
   mf_dtype dtype;
@@ -68,6 +68,12 @@ typedef struct mf_st_tensor {
   const void *data; /* into the mapping (read); the bytes to write (write) */
   uint64_t offset;  /* byte offset of the data in its shard file */
   int shard;        /* index of its shard file (0 for a single file) */
+  /* Writing, with data NULL: fill(fill_ctx, t, dst) puts the tensor's bytes
+   * into dst, the writer's buffer of one tensor, when the file reaches it:
+   * tensors made on the fly (a merged LoRA weight), never all in memory at
+   * once. A failing status ends the write. */
+  mf_status (*fill)(void *fill_ctx, const struct mf_st_tensor *t, void *dst);
+  void *fill_ctx;
 } mf_st_tensor;
 
 /* A __metadata__ (or index metadata) entry. */

@@ -63,7 +63,7 @@ static mf_status st_validate(const char *path, const mf_st_tensor *ts, size_t n,
     if (__builtin_mul_overflow(numel, (uint64_t)mf_dtype_size(t->dtype), &nbytes) ||
         nbytes > (uint64_t)INT64_MAX)
       return MF_ERR(MF_ERR_INVALID_ARG, "%s: tensor \"%.200s\": byte size overflows", path, t->name);
-    if (nbytes && !t->data)
+    if (nbytes && !t->data && !t->fill)
       return MF_ERR(MF_ERR_INVALID_ARG, "%s: tensor \"%.200s\": data is NULL for %llu bytes", path, t->name,
                     (unsigned long long)nbytes);
     items[i].t = t;
@@ -193,25 +193,46 @@ done:
   return s;
 }
 
+/* Item i's bytes: its data, or what its fill makes in *buf (grown to fit). */
+static mf_status st_bytes(const st_item *it, uint8_t **buf, size_t *cap, const void **out) {
+  if (!it->t->fill) {
+    *out = it->t->data;
+    return MF_OK;
+  }
+  if (*cap < it->nbytes) {
+    free(*buf);
+    *cap = 0;
+    MF_CHECK(mf_malloc(it->nbytes, "a tensor's bytes", (void **)buf));
+    *cap = it->nbytes;
+  }
+  MF_CHECK(it->t->fill(it->t->fill_ctx, it->t, *buf));
+  *out = *buf;
+  return MF_OK;
+}
+
 /* Writes one file (validated items, in any order) under path's temporary
  * name; the caller commits or syncs it. Nothing is left behind on failure. */
 static mf_status st_write_file(const char *path, st_item *items, size_t n, const mf_st_meta *meta,
                                size_t n_meta, mf_atomic_file **out) {
-  uint8_t *head = NULL;
-  size_t head_len = 0;
+  uint8_t *head = NULL, *buf = NULL;
+  size_t head_len = 0, cap = 0;
   mf_atomic_file *f = NULL;
   mf_status s;
   *out = NULL;
   MF_CHECK(st_build_header(path, items, n, meta, n_meta, &head, &head_len));
   MF_CHECK_GOTO(mf_atomic_file_open(path, &f), s, done);
   MF_CHECK_GOTO(mf_atomic_file_write(f, head, head_len), s, done);
-  for (size_t i = 0; i < n; i++)
-    MF_CHECK_GOTO(mf_atomic_file_write(f, items[i].t->data, items[i].nbytes), s, done);
+  for (size_t i = 0; i < n; i++) {
+    const void *bytes = NULL;
+    MF_CHECK_GOTO(st_bytes(&items[i], &buf, &cap, &bytes), s, done);
+    MF_CHECK_GOTO(mf_atomic_file_write(f, bytes, items[i].nbytes), s, done);
+  }
   *out = f;
   f = NULL;
 done:
   mf_atomic_file_abort(f);
   free(head);
+  free(buf);
   return s;
 }
 
@@ -236,16 +257,21 @@ mf_status mf_safetensors_write_stream(const char *label, const mf_st_tensor *ten
                                       const mf_st_meta *metadata, size_t n_metadata, mf_st_sink sink, void *ctx) {
   if (!label || !label[0] || !sink) return MF_ERR(MF_ERR_INVALID_ARG, "mf_safetensors_write_stream: no label or sink");
   st_item *items = NULL;
-  uint8_t *head = NULL;
-  size_t head_len = 0;
+  uint8_t *head = NULL, *buf = NULL;
+  size_t head_len = 0, cap = 0;
   mf_status s;
   MF_CHECK_GOTO(mf_calloc(n ? n : 1, sizeof *items, "tensor list", (void **)&items), s, done);
   MF_CHECK_GOTO(st_validate(label, tensors, n, metadata, n_metadata, items), s, done);
   MF_CHECK_GOTO(st_build_header(label, items, n, metadata, n_metadata, &head, &head_len), s, done);
   MF_CHECK_GOTO(sink(ctx, head, head_len), s, done);
-  for (size_t i = 0; i < n; i++)
-    if (items[i].nbytes) MF_CHECK_GOTO(sink(ctx, items[i].t->data, items[i].nbytes), s, done);
+  for (size_t i = 0; i < n; i++) {
+    if (!items[i].nbytes) continue;
+    const void *bytes = NULL;
+    MF_CHECK_GOTO(st_bytes(&items[i], &buf, &cap, &bytes), s, done);
+    MF_CHECK_GOTO(sink(ctx, bytes, items[i].nbytes), s, done);
+  }
 done:
+  free(buf);
   free(head);
   free(items);
   return s;

@@ -192,6 +192,8 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
   if (t->lora_a || t->n != t->n_base) return MF_ERR(MF_ERR_INTERNAL, "LoRA: the table has adapters already");
   if (l->rank < 0 || l->rank > 4096)
     return MF_ERR(MF_ERR_CONFIG, "train.lora.rank %lld is outside [1, 4096]", (long long)l->rank);
+  if (!(l->dropout >= 0 && l->dropout < 1))
+    return MF_ERR(MF_ERR_CONFIG, "train.lora.dropout %g is outside [0, 1)", l->dropout);
   const int64_t nb = t->n;
   t->lora_a = (int32_t *)malloc((size_t)nb * sizeof *t->lora_a);
   if (!t->lora_a) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "parameter table: out of memory");
@@ -283,25 +285,56 @@ void mf_params_init_adapters(const mf_param_table *t, uint64_t seed, float *w) {
   }
 }
 
+/* The frozen-home scratch: the largest frozen parameter's fp32 values (NULL
+ * without frozen_bf16 or a frozen parameter). */
+static mf_status frozen_scratch(const mf_param_table *t, const uint16_t *frozen_bf16, float **out) {
+  *out = NULL;
+  int64_t most = 0;
+  for (int64_t i = 0; frozen_bf16 && i < t->n; i++)
+    if (t->params[i].frozen && t->params[i].numel > most) most = t->params[i].numel;
+  if (most == 0) return MF_OK;
+  *out = (float *)malloc((size_t)most * sizeof(float));
+  return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "the base's load buffer (%lld values)", (long long)most);
+}
+
+/* Where parameter p's fp32 values go: w, or for a frozen one with a bf16
+ * home the scratch (then home_put rounds them there). */
+static float *dst_of(const mf_param *p, float *w, const uint16_t *frozen_bf16, float *scratch) {
+  return p->frozen && frozen_bf16 ? scratch : w + p->offset;
+}
+static void home_put(const mf_param *p, uint16_t *frozen_bf16, const float *scratch) {
+  if (p->frozen && frozen_bf16) mf_fp32_to_bf16_n(scratch, frozen_bf16 + p->offset, (size_t)p->numel);
+}
+
 void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w) {
+  (void)mf_params_init_random_home(t, seed, std, w, NULL);
+}
+
+mf_status mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float std, float *w,
+                                     uint16_t *frozen_bf16) {
+  float *scratch = NULL;
+  MF_CHECK(frozen_scratch(t, frozen_bf16, &scratch));
   for (int64_t i = 0; i < t->n_base; i++) {
     const mf_param *p = &t->params[i];
-    float *dst = w + p->offset;
+    float *dst = dst_of(p, w, frozen_bf16, scratch);
     int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
                   p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
     int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS;
     if (is_norm || is_bias) {
       for (int64_t j = 0; j < p->numel; j++) dst[j] = is_norm ? 1.0f : 0.0f;
-      continue;
+    } else {
+      uint64_t state = stream_of(seed, i);
+      for (int64_t j = 0; j < p->numel; j += 2) { /* Box-Muller: two normals per draw */
+        double u1 = uniform01(&state), u2 = uniform01(&state);
+        double r = sqrt(-2.0 * log(u1));
+        dst[j] = (float)(std * r * cos(2.0 * M_PI * u2));
+        if (j + 1 < p->numel) dst[j + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
+      }
     }
-    uint64_t state = stream_of(seed, i);
-    for (int64_t j = 0; j < p->numel; j += 2) { /* Box-Muller: two normals per draw */
-      double u1 = uniform01(&state), u2 = uniform01(&state);
-      double r = sqrt(-2.0 * log(u1));
-      dst[j] = (float)(std * r * cos(2.0 * M_PI * u2));
-      if (j + 1 < p->numel) dst[j + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
-    }
+    home_put(p, frozen_bf16, scratch);
   }
+  free(scratch);
+  return MF_OK;
 }
 
 /* ------------------------------------------------------------ load / save */
@@ -345,9 +378,18 @@ static mf_status read_tensor(const char *path, const mf_param *p, const char *na
 }
 
 mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
+  return mf_params_load_home(t, path, w, NULL);
+}
+
+mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *w, uint16_t *frozen_bf16) {
+  float *scratch = NULL;
+  MF_CHECK(frozen_scratch(t, frozen_bf16, &scratch));
   mf_safetensors *st = NULL;
-  MF_CHECK(mf_safetensors_open(path, &st));
-  mf_status rc = MF_OK;
+  mf_status rc = mf_safetensors_open(path, &st);
+  if (rc != MF_OK) {
+    free(scratch);
+    return rc;
+  }
   for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
     const mf_st_tensor *x = mf_safetensors_find(st, p->name);
@@ -356,8 +398,10 @@ mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
                   mf_family_name(t->spec.family));
       break;
     }
-    rc = read_tensor(path, p, p->name, x, w + p->offset);
+    rc = read_tensor(path, p, p->name, x, dst_of(p, w, frozen_bf16, scratch));
+    if (rc == MF_OK) home_put(p, frozen_bf16, scratch);
   }
+  free(scratch);
   if (rc == MF_OK) {
     int64_t unused = 0;
     for (size_t i = 0; i < mf_safetensors_count(st); i++) {
@@ -374,46 +418,97 @@ mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
 }
 
 mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, const char *dir) {
+  return mf_params_write_model(t, w, NULL, MF_DTYPE_F32, dir, 0, NULL, NULL);
+}
+
+/* mf_params_write_model's tensors: each made when the file reaches it. */
+typedef struct model_fill {
+  const mf_param_table *t;
+  const float *w;
+  const uint16_t *frozen_bf16;
+  float *scratch; /* fp32 values of one tensor, for a bf16 file */
+} model_fill;
+
+typedef struct tensor_fill {
+  model_fill *m;
+  int64_t i;
+} tensor_fill;
+
+static mf_status fill_tensor(void *ctx, const mf_st_tensor *x, void *dst) {
+  const tensor_fill *f = (const tensor_fill *)ctx;
+  const model_fill *m = f->m;
+  const int64_t n = m->t->params[f->i].numel;
+  float *v = x->dtype == MF_DTYPE_F32 ? (float *)dst : m->scratch;
+  mf_params_merged_home(m->t, m->w, m->frozen_bf16, f->i, v);
+  if (x->dtype == MF_DTYPE_BF16) mf_fp32_to_bf16_n(v, (uint16_t *)dst, (size_t)n);
+  return MF_OK;
+}
+
+mf_status mf_params_write_model(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16,
+                                mf_dtype dtype, const char *dir, uint64_t max_shard_bytes, size_t *shards,
+                                uint64_t *bytes) {
+  if (dtype != MF_DTYPE_F32 && dtype != MF_DTYPE_BF16)
+    return MF_ERR(MF_ERR_INVALID_ARG, "saving %s: dtype %s (F32 or BF16)", dir, mf_dtype_name(dtype));
   MF_CHECK(mf_mkdir_p(dir));
   const int64_t n = t->n_base;
-  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)n, sizeof *ts);
-  /* LoRA: the adapted weights merged (W + scale B A), each in a buffer of its own */
-  float **merged = (float **)calloc((size_t)n, sizeof *merged);
-  mf_status st = ts && merged ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
+  int64_t most = 1;
+  for (int64_t i = 0; i < n; i++)
+    if (t->params[i].numel > most) most = t->params[i].numel;
+  model_fill m = {t, w, frozen_bf16, NULL};
+  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)(n ? n : 1), sizeof *ts);
+  tensor_fill *fs = (tensor_fill *)calloc((size_t)(n ? n : 1), sizeof *fs);
+  if (dtype == MF_DTYPE_BF16) m.scratch = (float *)malloc((size_t)most * sizeof(float));
+  mf_status st = ts && fs && (m.scratch || dtype != MF_DTYPE_BF16)
+                     ? MF_OK
+                     : MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
+  uint64_t total = 0;
   for (int64_t i = 0; i < n && st == MF_OK; i++) {
     const mf_param *p = &t->params[i];
     ts[i].name = p->name;
-    ts[i].dtype = MF_DTYPE_F32;
+    ts[i].dtype = dtype;
     ts[i].ndim = p->ndim;
     ts[i].shape[0] = p->shape[0];
     ts[i].shape[1] = p->shape[1];
-    ts[i].data = w + p->offset;
-    if (!t->lora_a || t->lora_a[i] < 0) continue;
-    merged[i] = (float *)malloc((size_t)p->numel * sizeof(float));
-    if (!merged[i]) {
-      st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory for the merged %s", dir, p->name);
-      break;
+    total += (uint64_t)p->numel * mf_dtype_size(dtype);
+    /* an fp32 weight as it is at home; the others (merged, from a bf16 home, narrowed) made one at a time */
+    const int as_is =
+        dtype == MF_DTYPE_F32 && !(t->lora_a && t->lora_a[i] >= 0) && !(p->frozen && frozen_bf16);
+    if (as_is) {
+      ts[i].data = w + p->offset;
+      continue;
     }
-    mf_params_merged(t, w, i, merged[i]);
-    ts[i].data = merged[i];
+    fs[i] = (tensor_fill){&m, i};
+    ts[i].fill = fill_tensor;
+    ts[i].fill_ctx = &fs[i];
   }
-  char path[4096];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  if (st == MF_OK) st = mf_safetensors_write(path, ts, (size_t)n, NULL, 0);
-  for (int64_t i = 0; merged && i < n; i++) free(merged[i]);
-  free(merged);
+  size_t ns = 1;
+  if (st == MF_OK)
+    st = mf_safetensors_write_sharded(dir, ts, (size_t)n, NULL, 0,
+                                      max_shard_bytes ? max_shard_bytes : UINT64_MAX, &ns);
+  free(m.scratch);
+  free(fs);
   free(ts);
   MF_CHECK(st);
+  if (shards) *shards = ns;
+  if (bytes) *bytes = total;
+  char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
-  MF_CHECK(mf_hf_config_write(&t->spec, path));
-  return MF_OK;
+  return mf_hf_config_write_dtype(&t->spec, dtype, path);
 }
 
 /* ------------------------------------------------------- LoRA: merge, save */
 
 void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float *out) {
+  mf_params_merged_home(t, w, NULL, i, out);
+}
+
+void mf_params_merged_home(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
+                           float *out) {
   const mf_param *p = &t->params[i];
-  memcpy(out, w + p->offset, (size_t)p->numel * sizeof *out);
+  if (p->frozen && frozen_bf16)
+    for (int64_t j = 0; j < p->numel; j++) out[j] = mf_bf16_to_fp32(frozen_bf16[p->offset + j]);
+  else
+    memcpy(out, w + p->offset, (size_t)p->numel * sizeof *out);
   const int32_t ia = t->lora_a && i < t->n_base ? t->lora_a[i] : -1;
   if (ia < 0) return;
   const int64_t N = p->shape[0], K = p->shape[1], r = t->lora.rank;
@@ -500,7 +595,7 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
                            "  \"layers_pattern\": null,\n"
                            "  \"layers_to_transform\": null,\n"
                            "  \"lora_alpha\": %.17g,\n"
-                           "  \"lora_dropout\": 0.0,\n"
+                           "  \"lora_dropout\": %.10g,\n"
                            "  \"modules_to_save\": %s,\n"
                            "  \"peft_type\": \"LORA\",\n"
                            "  \"r\": %lld,\n"
@@ -511,7 +606,7 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
                            "  \"use_dora\": false,\n"
                            "  \"use_rslora\": false\n"
                            "}\n",
-                           b, t->lora.scale * (double)t->lora.rank,
+                           b, t->lora.scale * (double)t->lora.rank, t->lora.dropout,
                            !t->lora.train_router                 ? "null"
                            : t->spec.family == MF_FAMILY_MIXTRAL ? "[\"block_sparse_moe.gate\"]"
                                                                  : "[\"mlp.gate\"]",

@@ -73,6 +73,7 @@ typedef struct mf_lora {
   double scale;     /* alpha / rank */
   uint32_t roles;   /* bit (1u << role) for each adapted role */
   int train_router; /* the routers (MF_P_ROUTER) trained fully */
+  double dropout;   /* on each adapter's input in training, in [0, 1) (PEFT's lora_dropout) */
 } mf_lora;
 
 typedef struct mf_param_table {
@@ -104,6 +105,12 @@ uint32_t mf_lora_target_roles(mf_family family, const char *name);
  * adapted weight (else MF_ERR_CONFIG naming what the model lacks). rank 0
  * leaves t as it is. */
 mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l);
+/* Whether a run keeps LoRA's frozen base at home in bf16 alone, with no fp32
+ * copy (2 bytes a parameter): with bf16 device storage (the device reads
+ * the bf16 working copy) and one rank (several share one fp32 home). */
+static inline int mf_lora_base_bf16(const mf_param_table *t, mf_dtype storage, int64_t ranks) {
+  return t->lora_a && storage == MF_DTYPE_BF16 && ranks <= 1;
+}
 /* Whether parameter i is trained (has a gradient and optimizer state). */
 static inline int mf_param_trained(const mf_param_table *t, int64_t i) {
   return !t->params[i].frozen;
@@ -122,6 +129,11 @@ int32_t mf_param_lm_head(const mf_param_table *t);
  * the result does not depend on threads or order. w holds total_numel floats.
  * LoRA adapters are left alone (mf_params_init_adapters). */
 void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w);
+/* The same, a frozen parameter (LoRA's base) put into frozen_bf16 instead (the
+ * table's layout, rounded to nearest even) when that is not NULL, its part of
+ * w left untouched: a bf16 base at home with no fp32 copy ever whole. */
+mf_status mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float std, float *w,
+                                     uint16_t *frozen_bf16);
 /* The LoRA adapters' initial values, as PEFT's default: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), B = 0, so the adapted model
  * starts equal to the base. Deterministic from the seed, per adapter. */
@@ -132,6 +144,8 @@ void mf_params_init_adapters(const mf_param_table *t, uint64_t seed, float *w);
  * not use are listed in a warning. LoRA adapters are not read (the base's
  * file has none). */
 mf_status mf_params_load(const mf_param_table *t, const char *path, float *w);
+/* The same with a bf16 home for the frozen parameters (mf_params_init_random_home). */
+mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *w, uint16_t *frozen_bf16);
 /* Writes DIR/config.json and DIR/model.safetensors (fp32): the model's own
  * parameters, LoRA's adapted weights merged (mf_params_merged). */
 mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, const char *dir);
@@ -140,6 +154,19 @@ mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, cons
  * (fp32, the sum over the rank in order), into out (numel floats); a weight
  * without an adapter is copied as it is. */
 void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float *out);
+/* The same, a frozen weight read from its bf16 home when frozen_bf16 is not NULL. */
+void mf_params_merged_home(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
+                           float *out);
+/* An HF model dir of the model's own parameters: DIR/config.json (torch_dtype
+ * `dtype`: F32 or BF16) and model.safetensors, or over max_shard_bytes (0: no
+ * limit) shards and model.safetensors.index.json (as save_pretrained; *shards
+ * their count, *bytes the tensor bytes; either may be NULL). LoRA's adapted
+ * weights merged, frozen ones from frozen_bf16 when not NULL: each tensor made
+ * when the file reaches it (mf_st_tensor.fill), so no second copy of the
+ * model is ever in memory. */
+mf_status mf_params_write_model(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16,
+                                mf_dtype dtype, const char *dir, uint64_t max_shard_bytes, size_t *shards,
+                                uint64_t *bytes);
 /* A PEFT adapter directory: DIR/adapter_model.safetensors (fp32, PEFT's
  * names: "base_model.model." and the adapter's) and DIR/adapter_config.json
  * (peft_type LORA, r, lora_alpha, target_modules, ...; base_model_name_or_path
@@ -149,6 +176,14 @@ void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float 
  * "block_sparse_moe.gate": a suffix no other module has). */
 mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, const char *base_model,
                                      const char *dir);
+/* DIR/adapter_config.json (PEFT's, as save_pretrained and
+ * mf_params_save_adapter_dir write it) as the mf_lora of a `family` model:
+ * peft_type LORA, r, lora_alpha, target_modules (each a name of
+ * mf_lora_target_roles), modules_to_save null or the routers (train_router).
+ * What changes PEFT's maths in ways moefit does not compute (use_rslora,
+ * use_dora, bias, fan_in_fan_out, layers_to_transform, rank or alpha
+ * patterns, ...) is refused, naming the file and the key. */
+mf_status mf_lora_read_adapter_config(const char *dir, mf_family family, mf_lora *out);
 /* The adapters (and trained routers) from DIR/adapter_model.safetensors (PEFT's names, F32/BF16/F16);
  * a missing tensor or another shape is an error naming the file and tensor. */
 mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w);

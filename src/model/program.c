@@ -251,7 +251,8 @@ typedef struct layer_acts {
   int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
   int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
   int32_t sg, su, sa, sy, sgl, dg, du, da;
-  int32_t lora[MF_P_ROLE_COUNT_]; /* the LoRA adapter's scaled x A^T of each adapted weight of the layer */
+  int32_t lora[MF_P_ROLE_COUNT_];    /* the LoRA adapter's scaled x A^T of each adapted weight of the layer */
+  int32_t lora_in[MF_P_ROLE_COUNT_]; /* with dropout: the adapter's input after it */
 } layer_acts;
 
 /* One micro-batch's build: its sizes, the residual stream and each layer's
@@ -290,6 +291,22 @@ static int32_t lora_a(const ctx *c, mf_param_role role, int64_t l, int64_t e) {
   return i < 0 ? -1 : t->lora_a[i];
 }
 
+/* The adapters' input dropout (training only): y = dropout(x) over n
+ * elements, the mask drawn from the micro-batch's seed (set at run time) and
+ * a stream of the layer, the role and the routed experts or not, so a
+ * backward's call draws its forward's mask. */
+static int lora_drops(const mb *z) {
+  return z->c->pt->lora.dropout > 0 && !z->b->p->forward_only;
+}
+static void lora_dropout(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x, int32_t y,
+                         int64_t n, mf_phase ph) {
+  mf_pop *o = op(z->b, MF_K_DROPOUT, ph, z->m, l, "L%d %s dropout", l, what);
+  SET(o, x, y);
+  INTS(o, n, (int64_t)(l + 1) * MF_P_ROLE_COUNT_ + role, MF_PROGRAM_SEED_RUNTIME);
+  o->f[0] = z->c->pt->lora.dropout;
+  o->flops = (double)n;
+}
+
 /* x *= s (the adapters' scale; nothing when it is 1). */
 static void lora_scale(const mb *z, int32_t l, const char *what, int32_t x, int64_t n, mf_phase ph) {
   const double s = z->c->pt->lora.scale;
@@ -312,6 +329,12 @@ static void lora_fwd(const mb *z, int32_t l, mf_param_role role, const char *wha
   int32_t a = tensor(z->b, MF_T_ACT, MF_DTYPE_F32, z->T * r, z->m, l, LNAME "%s.lora_A.out", z->m, l, what);
   char lab[48];
   snprintf(lab, sizeof lab, "%s lora_A", what);
+  if (lora_drops(z)) {
+    const int32_t xd =
+        tensor(z->b, MF_T_ACT, MF_DTYPE_F32, z->T * K, z->m, l, LNAME "%s.lora_A.in", z->m, l, what);
+    lora_dropout(z, l, role, lab, x, xd, z->T * K, MF_PHASE_FWD);
+    z->A[l].lora_in[role] = x = xd;
+  }
   linear_fwd(c, l, lab, x, p->param_tensor[ia], -1, a, r, K, 0);
   lora_scale(z, l, lab, a, z->T * r, MF_PHASE_FWD);
   snprintf(lab, sizeof lab, "%s lora_B", what);
@@ -335,7 +358,19 @@ static void lora_bwd(const mb *z, int32_t l, mf_param_role role, const char *wha
              0);
   snprintf(lab, sizeof lab, "%s lora_A", what);
   lora_scale(z, l, lab, da, z->T * r, MF_PHASE_BWD);
-  linear_bwd(c, l, lab, da, x, p->param_tensor[ia], p->grad_tensor[ia], -1, dx, r, K, 1);
+  if (!lora_drops(z)) {
+    linear_bwd(c, l, lab, da, x, p->param_tensor[ia], p->grad_tensor[ia], -1, dx, r, K, 1);
+    return;
+  }
+  /* dA from the dropped input; dx through the same mask */
+  linear_bwd(c, l, lab, da, z->A[l].lora_in[role], p->param_tensor[ia], p->grad_tensor[ia], -1, -1, r, K, 0);
+  const int32_t t0 =
+      tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, z->T * K, z->m, l, LNAME "%s.lora_A.in.grad", z->m, l, what);
+  const int32_t t1 = tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, z->T * K, z->m, l,
+                            LNAME "%s.lora_A.in.grad_kept", z->m, l, what);
+  linear_bwd(c, l, lab, da, x, p->param_tensor[ia], -1, -1, t0, r, K, 0);
+  lora_dropout(z, l, role, lab, t0, t1, z->T * K, MF_PHASE_BWD);
+  simple(c, MF_K_ADD, MF_PHASE_BWD, l, lab, t1, dx, -1, -1, -1, z->T * K);
 }
 
 /* The id pool entry of layer l's experts' adapters of `role`: A's (b = 0) or
@@ -382,6 +417,12 @@ static void lora_experts_fwd(const mb *z, int32_t l, mf_param_role role, const c
       tensor(z->b, MF_T_ACT, MF_DTYPE_F32, R * N, z->m, l, LNAME "mlp.experts.%s.lora_B.out", z->m, l, what);
   char lab[48];
   snprintf(lab, sizeof lab, "experts %s lora_A", what);
+  if (lora_drops(z)) {
+    const int32_t xd =
+        tensor(z->b, MF_T_ACT, MF_DTYPE_F32, R * K, z->m, l, LNAME "mlp.experts.%s.lora_A.in", z->m, l, what);
+    lora_dropout(z, l, role, lab, x, xd, R * K, MF_PHASE_FWD);
+    z->A[l].lora_in[role] = x = xd;
+  }
   expert_op(z, MF_K_EXPERT_FWD, MF_PHASE_FWD, l, lab, x, offsets, a, r, K, at_a);
   lora_scale(z, l, lab, a, R * r, MF_PHASE_FWD);
   snprintf(lab, sizeof lab, "experts %s lora_B", what);
@@ -411,9 +452,16 @@ static void lora_experts_bwd(const mb *z, int32_t l, mf_param_role role, const c
   expert_op(z, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, l, lab, dy, offsets, da, N, r, at_b);
   lora_scale(z, l, lab, da, R * r, MF_PHASE_BWD);
   snprintf(lab, sizeof lab, "experts %s lora_A dW", what);
-  expert_op(z, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, l, lab, da, x, offsets, r, K, ga);
+  expert_op(z, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, l, lab, da, lora_drops(z) ? z->A[l].lora_in[role] : x,
+            offsets, r, K, ga);
   snprintf(lab, sizeof lab, "experts %s lora_A dx", what);
   expert_op(z, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, l, lab, da, offsets, dxa, r, K, at_a);
+  if (lora_drops(z)) { /* through the forward's mask */
+    const int32_t kept = tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * K, z->m, l,
+                                LNAME "mlp.experts.%s.lora_A.in.grad_kept", z->m, l, what);
+    lora_dropout(z, l, role, lab, dxa, kept, R * K, MF_PHASE_BWD);
+    dxa = kept;
+  }
   simple(c, MF_K_ADD, MF_PHASE_BWD, l, lab, dxa, dx, -1, -1, -1, R * K);
 }
 

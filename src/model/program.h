@@ -97,6 +97,8 @@ typedef enum mf_phase {
 } mf_phase;
 
 #define MF_PROGRAM_LOSS_SCALE_RUNTIME (-1.0)
+/* MF_K_DROPOUT's seed (i[2]): the executor's, per micro-batch (mf_exec_set_dropout_seeds). */
+#define MF_PROGRAM_SEED_RUNTIME (-1)
 
 typedef struct mf_pop {
   mf_kernel kind;

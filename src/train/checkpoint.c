@@ -13,7 +13,8 @@
 
 mf_ckpt_data mf_train_ckpt_data(const mf_param_table *t, float *w, const mf_host_state *hs,
                                 int64_t *adam_steps, int64_t *routed, size_t n_routed, uint64_t base_sum) {
-  const mf_ckpt_data d = {t, w, hs->m.ptr, hs->v.ptr, hs->moments, adam_steps, routed, n_routed, base_sum, 0};
+  const mf_ckpt_data d = {t,        w,        hs->m.ptr,     hs->v.ptr, hs->moments, adam_steps, routed,
+                          n_routed, base_sum, hs->base_bf16, 0};
   return d;
 }
 

@@ -8,6 +8,14 @@
 #include "src/model/hf_config.h"
 #include "src/train/train_internal.h"
 
+/* A PEFT adapter dir: adapter_config.json and adapter_model.safetensors. */
+static int is_adapter_dir(const char *dir) {
+  char a[4200], b[4200];
+  snprintf(a, sizeof a, "%s/adapter_config.json", dir);
+  snprintf(b, sizeof b, "%s/adapter_model.safetensors", dir);
+  return access(a, R_OK) == 0 && access(b, R_OK) == 0;
+}
+
 static int is_dir_with_config(const char *dir) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
@@ -47,16 +55,13 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t) {
   const mf_config_lora *c = &cfg->train.lora;
   if (c->rank == 0) return MF_OK;
   char at[600];
-  if (c->dropout > 0)
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "train.lora.dropout %g%s: dropout on the adapters' input is not built yet; set it to 0",
-                  c->dropout, where(cfg, "train.lora.dropout", at, sizeof at));
   if (c->experts == MF_CONFIG_LORA_EXPERTS_HOT)
     return MF_ERR(MF_ERR_UNSUPPORTED,
                   "train.lora.experts: hot%s: adapters on the most-routed experts only are not built yet; "
                   "use all",
                   where(cfg, "train.lora.experts", at, sizeof at));
-  mf_lora l = {c->rank, (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank, 0, c->train_router};
+  mf_lora l = {c->rank, (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank, 0, c->train_router,
+               c->dropout};
   for (int64_t i = 0; i < c->n_targets; i++) {
     const uint32_t roles = mf_lora_target_roles(t->spec.family, c->targets[i]);
     if (!roles)
@@ -74,23 +79,32 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t) {
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t, float **w,
                               char *desc, size_t desc_cap) {
   *w = NULL;
-  const char *dir = model_dir_of(cfg, model_dir);
   float *weights = NULL;
   MF_CHECK(mf_malloc((size_t)t->total_numel * sizeof(float), "the model's weights", (void **)&weights));
-  mf_status st = MF_OK;
-  if (dir) {
-    st = mf_params_load(t, dir, weights);
-    snprintf(desc, desc_cap, "%s", dir);
-  } else {
-    mf_params_init_random(t, t->spec.seed, 0.02f, weights);
-    snprintf(desc, desc_cap, "random init (seed %llu)", (unsigned long long)t->spec.seed);
-  }
-  if (st == MF_OK) mf_params_init_adapters(t, cfg->train.seed, weights); /* LoRA's, from train.seed */
+  const mf_status st = mf_run_load_weights_home(cfg, model_dir, t, weights, NULL, desc, desc_cap);
   if (st != MF_OK) {
     free(weights);
     return st;
   }
   *w = weights;
+  return MF_OK;
+}
+
+mf_status mf_run_load_weights_home(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
+                                   float *w, uint16_t *frozen_bf16, char *desc, size_t desc_cap) {
+  const char *dir = model_dir_of(cfg, model_dir);
+  if (dir) {
+    MF_CHECK(mf_params_load_home(t, dir, w, frozen_bf16));
+    snprintf(desc, desc_cap, "%s", dir);
+  } else {
+    MF_CHECK(mf_params_init_random_home(t, t->spec.seed, 0.02f, w, frozen_bf16));
+    snprintf(desc, desc_cap, "random init (seed %llu)", (unsigned long long)t->spec.seed);
+  }
+  if (frozen_bf16) {
+    const size_t n = strlen(desc);
+    snprintf(desc + n, desc_cap - n, "; the frozen base at home in bf16");
+  }
+  mf_params_init_adapters(t, cfg->train.seed, w); /* LoRA's, from train.seed */
   return MF_OK;
 }
 
@@ -185,6 +199,10 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   const char *model_dir = opts->model_dir;
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
   if (!model_dir && cfg->model.has_init && is_dir_with_config(final_dir)) model_dir = final_dir;
+  /* A PEFT adapter dir (--model DIR, or a LoRA run's final/) on the config's base */
+  const char *adapters = NULL;
+  const char *ad = opts->model_dir ? opts->model_dir : final_dir;
+  if (is_adapter_dir(ad) && !is_dir_with_config(ad)) adapters = ad, model_dir = NULL;
   const char *tokens = opts->tokens ? opts->tokens : cfg->data.valid ? cfg->data.valid : cfg->data.train;
   if (!tokens)
     return MF_ERR(MF_ERR_CONFIG, "%s: nothing to evaluate on: give --tokens FILE, data.valid or data.train",
@@ -192,6 +210,16 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
   MF_CHECK_GOTO(mf_run_model_table(cfg, model_dir, &t), st, done);
+  if (adapters) { /* the adapters the dir says, not train.lora's */
+    mf_lora l;
+    MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t->spec.family, &l), st, done);
+    mf_param_table_free(t);
+    t = NULL;
+    mf_config base = *cfg;
+    base.train.lora.rank = 0;
+    MF_CHECK_GOTO(mf_run_model_table(&base, NULL, &t), st, done);
+    MF_CHECK_GOTO(mf_param_table_add_lora(t, &l), st, done);
+  }
   if (model_dir == final_dir) note_other_final(cfg, final_dir, &t->spec);
   MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);
   MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
@@ -199,6 +227,11 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
   MF_CHECK_GOTO(mf_runner_init(&r, cfg, t, pool, MF_RUN_EVAL, NULL), st, done);
   MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, &w, desc, sizeof desc), st, done);
+  if (adapters) {
+    MF_CHECK_GOTO(mf_params_load_adapters(t, adapters, w), st, done);
+    const size_t n = strlen(desc);
+    snprintf(desc + n, sizeof desc - n, " with the LoRA adapters of %s", adapters);
+  }
   MF_CHECK_GOTO(mf_runner_round_working(&r, w, (size_t)t->total_numel, NULL, pool), st, done);
   if (opts->dump_logits)
     MF_CHECK_GOTO(mf_malloc((size_t)(cfg->train.micro_batch * cfg->data.seq_len * t->spec.hidden) * sizeof(float),

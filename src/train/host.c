@@ -77,7 +77,22 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
   if (rp->storage == MF_DTYPE_BF16) /* filled by the runner (mf_runner_round_working) */
     MF_CHECK(mf_hostbuf_alloc(h->spill_working ? dir : NULL, "bf16-working-copy", n * sizeof(uint16_t),
                               &h->working));
-  if (h->spill_master) {
+  h->base_bf16 = mf_lora_base_bf16(t, rp->storage, rp->prog->ranks);
+  if (h->base_bf16) {
+    /* The master weights' array in the table's layout, of which only the
+     * trained parameters' pages are ever written (anonymous memory commits
+     * a page at its first store): the frozen base is loaded into the bf16
+     * working copy alone (mf_run_load_weights_home). */
+    if (*w) return MF_ERR(MF_ERR_INTERNAL, "host state: a bf16 base at home takes no loaded weights");
+    if (h->spill_master)
+      return MF_ERR(
+          MF_ERR_UNSUPPORTED,
+          "memory.host_limit: the plan spills the adapters' master weights to NVMe beside a bf16 base, "
+          "which is not built; raise memory.host_limit");
+    MF_CHECK(mf_hostbuf_alloc(NULL, "master-weights", n * sizeof(float), &h->master));
+    *w = (float *)h->master.ptr;
+    *w_owned = 0;
+  } else if (h->spill_master) {
     MF_CHECK(mf_hostbuf_alloc(dir, "master-weights", n * sizeof(float), &h->master));
     if (n) memcpy(h->master.ptr, *w, n * sizeof(float));
     free(*w);

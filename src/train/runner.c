@@ -101,6 +101,20 @@ mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16
   return MF_OK;
 }
 
+mf_status mf_runner_round_trained(mf_runner *r, const mf_param_table *t, const float *w, uint16_t *buf) {
+  if (r->rp->storage != MF_DTYPE_BF16 || !buf)
+    return MF_ERR(MF_ERR_INTERNAL, "runner: a bf16 base at home without bf16 storage and its working copy");
+  if (r->working_owned) free(r->working);
+  r->working = buf;
+  r->working_owned = 0;
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    if (!p->frozen) mf_fp32_to_bf16_n(w + p->offset, buf + p->offset, (size_t)p->numel);
+  }
+  mf_exec_set_working_copy(r->exec, r->working);
+  return MF_OK;
+}
+
 void mf_runner_share_working(mf_runner *r, const mf_runner *from) {
   if (r->rp->storage != MF_DTYPE_BF16) return;
   r->working = from->working;

@@ -38,6 +38,7 @@ typedef struct run {
   int64_t *routed;   /* [layers * experts] tokens routed to each expert, summed over the steps */
   size_t n_routed;
   uint64_t base_sum; /* LoRA: the frozen base's checksum (mf_ckpt_base_sum), the checkpoints' record of it */
+  uint64_t *drop_seeds; /* [G] LoRA's adapter dropout: this step's seed of each micro-batch (NULL: none) */
   int64_t tokens_per_step;
   mf_window win;
   double t_start;
@@ -58,6 +59,7 @@ static void run_free(run *r, int ok) {
   mf_ckpt_writer_free(r->ckw);
   mf_updates_free(&r->up);
   free(r->used);
+  free(r->drop_seeds);
   free(r->ext_sums);
   free(r->bufs);
   mf_metrics_close(r->metrics);
@@ -143,7 +145,12 @@ static mf_status resume(run *r, mf_train_summary *out) {
   MF_CHECK(mf_train_ckpt_load(r->cfg, r->resume_dir, &d, r->train, out, dir, sizeof r->resume_path, &r->first_step));
   r->resume_dir = dir;
   snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", dir);
-  MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, (uint16_t *)r->hs.working.ptr, r->pool));
+  if (r->hs
+          .base_bf16) /* the base's bf16 home is as loaded; the trained parameters come from the checkpoint */
+    MF_CHECK(mf_runner_round_trained(&r->tr, r->t, r->w, (uint16_t *)r->hs.working.ptr));
+  else
+    MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, (uint16_t *)r->hs.working.ptr,
+                                     r->pool));
   mf_exec_invalidate(r->tr.exec);
   if (!r->quiet) MF_LOGI("train", "resumed from %s (step %lld)", dir, (long long)r->first_step);
   return MF_OK;
@@ -287,6 +294,13 @@ static mf_status setup(run *r, mf_train_summary *out) {
   const mf_run_plan *rp = r->tr.rp;
   if (r->multi) {
     MF_CHECK(node_state(r));
+  } else if (mf_lora_base_bf16(t, rp->storage, 1)) {
+    /* LoRA's frozen base loaded straight into the bf16 working copy, its fp32
+     * never whole in memory; the trained parameters into the master weights */
+    MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
+    uint16_t *working = (uint16_t *)r->hs.working.ptr;
+    MF_CHECK(mf_run_load_weights_home(cfg, NULL, t, r->w, working, r->desc, sizeof r->desc));
+    MF_CHECK(mf_runner_round_trained(&r->tr, t, r->w, working));
   } else {
     MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
@@ -294,7 +308,12 @@ static mf_status setup(run *r, mf_train_summary *out) {
                                      r->pool));
   }
   if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
-  if (t->lora_a) r->base_sum = mf_ckpt_base_sum(t, r->w);
+  if (t->lora_a)
+    r->base_sum = mf_ckpt_base_sum(t, r->w, r->hs.base_bf16 ? (const uint16_t *)r->hs.working.ptr : NULL);
+  if (t->lora_a && t->lora.dropout > 0) {
+    MF_CHECK(mf_calloc((size_t)r->tr.G, sizeof(uint64_t), "dropout seeds", (void **)&r->drop_seeds));
+    mf_exec_set_dropout_seeds(r->tr.exec, r->drop_seeds);
+  }
   const uint8_t *on_device = rp->plan->s->n_optim_device > 0 ? rp->plan->s->optim_device : NULL;
   MF_CHECK(mf_updates_init(&r->up, t, on_device, mf_exec_param_upload_order(r->tr.exec)));
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof(mf_optim_buf), "gradient list", (void **)&r->bufs));
@@ -428,6 +447,20 @@ static mf_status clip(run *r, double *norm, double *coef) {
   return MF_OK;
 }
 
+/* Three words into one well-mixed seed (splitmix64's finaliser on each step). */
+static uint64_t mix3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t z = a;
+  const uint64_t in[2] = {b, c};
+  for (int i = 0; i < 3; i++) {
+    if (i) z ^= in[i - 1];
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+  }
+  return z;
+}
+
 /* MF_INJECT_FAIL=RANK:STEP: rank RANK fails at the start of step STEP (the
  * test of a failing rank ending the job; tests/train/ranks_test). */
 static mf_status injected_failure(const run *r, int64_t step) {
@@ -451,6 +484,13 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
   } else {
     for (int64_t m = 0; m < tr->G; m++)
       MF_CHECK(mf_loader_next(r->train, tr->ids[m], tr->targets[m], NULL, NULL));
+  }
+  /* LoRA's adapter dropout: the masks of micro-batch m are a function of
+   * (train.seed, step, its index among the step's micro-batches of all ranks),
+   * so any number of ranks, a resumed run and a recomputed op draw the same */
+  for (int64_t m = 0; r->drop_seeds && m < tr->G; m++) {
+    const uint64_t g = r->multi ? (uint64_t)(r->rk.rank + m * r->rk.size) : (uint64_t)m;
+    r->drop_seeds[m] = mix3(cfg->train.seed, (uint64_t)step, g);
   }
   mf_step_result sr;
   MF_CHECK(mf_exec_step(tr->exec, r->w, (const int32_t *const *)tr->ids, (const int32_t *const *)tr->targets,
@@ -740,13 +780,10 @@ static mf_status finish(run *r, mf_train_summary *out) {
   if (!r->rank0) return MF_OK;
   char final_dir[4200], routing_path[4200];
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
-  MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
-  if (r->t->lora_a) { /* LoRA: final/ is the merged model, final/adapter the adapters alone (PEFT's format) */
-    char adapter_dir[4300];
-    snprintf(adapter_dir, sizeof adapter_dir, "%s/adapter", final_dir);
-    MF_CHECK(
-        mf_params_save_adapter_dir(r->t, r->w, cfg->model.has_init ? NULL : cfg->model.path, adapter_dir));
-  }
+  if (r->t->lora_a) /* LoRA: the adapters, as PEFT saves them (moefit export merges them into the base) */
+    MF_CHECK(mf_params_save_adapter_dir(r->t, r->w, cfg->model.has_init ? NULL : cfg->model.path, final_dir));
+  else
+    MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
   const uint64_t routed_tokens = (uint64_t)out->steps * (uint64_t)r->tokens_per_step;
   snprintf(routing_path, sizeof routing_path, "%s/routing.json", cfg->output.dir);
   MF_CHECK(mf_routing_write(routing_path, &r->t->spec, r->routed, routed_tokens));
@@ -774,9 +811,12 @@ static mf_status finish(run *r, mf_train_summary *out) {
     MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),
             cfg->data.valid);
   if (r->t->lora_a)
-    MF_LOGI("train",
-            "weights: %s (HF model dir, the adapters merged); adapters: %s/adapter (PEFT); metrics: %s",
-            final_dir, final_dir, mf_metrics_path(r->metrics));
+    MF_LOGI(
+        "train",
+        "adapters: %s (a PEFT adapter dir over %s; `moefit export %s --out DIR` merges them into an HF model "
+        "dir); metrics: %s",
+        final_dir, cfg->model.has_init ? "model.init's random base" : cfg->model.path, cfg->output.dir,
+        mf_metrics_path(r->metrics));
   else
     MF_LOGI("train", "weights: %s (HF model dir); metrics: %s", final_dir, mf_metrics_path(r->metrics));
   return MF_OK;

@@ -30,6 +30,11 @@ mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_par
 mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t);
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t, float **w,
                               char *desc, size_t desc_cap);
+/* The same into w (the caller's, t->total_numel floats), a frozen parameter
+ * put into frozen_bf16 instead when that is not NULL (LoRA's base at home in
+ * bf16: src/model/params.h mf_params_load_home), its part of w untouched. */
+mf_status mf_run_load_weights_home(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
+                                   float *w, uint16_t *frozen_bf16, char *desc, size_t desc_cap);
 
 typedef struct mf_train_summary {
   int64_t steps;          /* optimizer steps taken (skipped ones included) */

@@ -80,6 +80,11 @@ mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int pr
  * do nothing. */
 mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool);
 void mf_runner_share_working(mf_runner *r, const mf_runner *from);
+/* LoRA's base at home in bf16 (mf_host_state.base_bf16): buf, the working
+ * copy the frozen parameters were loaded into, handed to the executor with
+ * the trained parameters' weights w rounded into it (the frozen part of w is
+ * never read). */
+mf_status mf_runner_round_trained(mf_runner *r, const mf_param_table *t, const float *w, uint16_t *buf);
 
 /* MF_ERR_CONFIG when the token file's vocabulary is larger than the model's. */
 mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t);
@@ -94,6 +99,9 @@ typedef struct mf_host_state {
   int spill_master, spill_grads, spill_moments, spill_working;
   int release_master; /* drop the master's pages after each update (not only the cold part spills) */
   int node;           /* the buffers are views into the node's shared memory (mf_host_state_init_node) */
+  /* LoRA's frozen base at home in the bf16 working copy alone (params.h
+   * mf_lora_base_bf16): the master weights' frozen part is never written */
+  int base_bf16;
 } mf_host_state;
 
 /* Places the state as the run plan's host accounting says; *w moves into a

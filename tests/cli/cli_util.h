@@ -69,6 +69,13 @@ inline std::string text_tokens(const std::string &name, size_t bytes) {
 }
 
 // step -> loss of the step lines of dir/metrics.jsonl.
+// What a run left as its final weights: final/model.safetensors, or a LoRA
+// run's adapters (final/ is a PEFT adapter dir).
+inline std::string final_weights(const std::string &dir) {
+  const std::string m = read_file(dir + "/final/model.safetensors");
+  return m.empty() ? read_file(dir + "/final/adapter_model.safetensors") : m;
+}
+
 inline std::map<int, std::string> step_losses(const std::string &dir) {
   std::map<int, std::string> m;
   const std::string text = read_file(dir + "/metrics.jsonl");

@@ -297,6 +297,17 @@ TEST_F(Bf16Elementwise, AddIsExact) {
   }
 }
 
+TEST_F(Bf16Elementwise, DropoutIsExact) {  // the same mask, one fp32 multiply rounded once
+  uint64_t seed = 3000;
+  for (int64_t n : {1, 9, 4096, 10007}) {
+    MfTwinResult r =
+        run(call_of(MF_K_DROPOUT, {n, 4, 77}, 0.2),
+            {op(mf_test_bf16_values((size_t)n, seed)), op(mf_test_bf16_values((size_t)n, seed + 1))});
+    seed += 2;
+    expect_close(r, 1, 0, 0, shape("dropout", {n}));
+  }
+}
+
 TEST_F(Bf16Elementwise, ScaleIsExact) {  // one fp32 multiply rounded once
   uint64_t seed = 2000;
   for (int64_t n : {1, 9, 4096, 10007}) {

@@ -12,7 +12,7 @@
 // operand's tolerance (0 where both sides do the same IEEE operations in the
 // same order: copies, sums of plain additions in a fixed order).
 // Tolerances (why):
-//   zero, embed_fwd/bwd, add, scale, moe_gather, moe_gather_bwd, combine_bwd's dye: 0
+//   zero, embed_fwd/bwd, add, scale, dropout, moe_gather, moe_gather_bwd, combine_bwd's dye: 0
 //   rmsnorm_fwd y, rstd: 1e-10 (a block-tree sum of squares vs the cpu's 16 lanes)
 //   rmsnorm_bwd dx, dw: 1e-9 (reductions in a different fixed order)
 //   rope: 1e-6 (device powf/cosf/sinf vs libm: ulps of angles up to 512 rad)
@@ -463,6 +463,18 @@ TEST_F(CudaOps, Scale) {
     c.b = {f32(uniform(rng, (size_t)n, -1, 1), 0)};
     c.i[0] = n;
     c.f[0] = 2.5;
+    check(c);
+  }
+}
+
+// The same mask (integer hash) and one fp32 multiply: the same bits.
+TEST_F(CudaOps, Dropout) {
+  std::mt19937 rng(10);
+  for (int64_t n : {1, 5, 262147}) {
+    Case c{shape("dropout", {n}), MF_K_DROPOUT};
+    c.b = {f32(uniform(rng, (size_t)n, -1, 1)), f32(nans((size_t)n), 0)};
+    c.i[0] = n, c.i[1] = 3, c.i[2] = 987654321;
+    c.f[0] = 0.3;
     check(c);
   }
 }

@@ -11,6 +11,7 @@
 // ...; weights R resident / S streamed; gradients ...; activations ..."),
 // so the test cannot pass by running the same plan every time.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -235,9 +236,13 @@ void ExpectSameBits(const TrainRun &ref, const TrainRun &r, const std::string &w
   SCOPED_TRACE(what);
   ASSERT_EQ(r.st, MF_OK) << r.err;
   EXPECT_EQ(r.sum.steps, 5);
-  const std::string w = slurp(r.dir + "/final/model.safetensors");
+  // the model, or a LoRA run's adapters (final/ a PEFT adapter dir)
+  const char *f = access((ref.dir + "/final/model.safetensors").c_str(), R_OK) == 0
+                      ? "/final/model.safetensors"
+                      : "/final/adapter_model.safetensors";
+  const std::string w = slurp(r.dir + f);
   EXPECT_FALSE(w.empty());
-  EXPECT_TRUE(w == slurp(ref.dir + "/final/model.safetensors")) << "the final weights differ";
+  EXPECT_TRUE(w == slurp(ref.dir + f)) << "the final weights differ";
   EXPECT_EQ(losses(r.dir), losses(ref.dir));
   EXPECT_EQ(r.sum.first_loss, ref.sum.first_loss);
   EXPECT_EQ(r.sum.final_loss, ref.sum.final_loss);

@@ -191,6 +191,8 @@ std::vector<Case> cases_of(mf_kernel kind) {
               Build(kind, "add fp32 flag", {33, 1}).val(0, 33).val(1, 33)};
     case MF_K_SCALE:
       return {Build(kind, "scale", {33}, {1.7}).val(0, 33)};
+    case MF_K_DROPOUT:
+      return {Build(kind, "dropout", {33, 5, 99}, {0.25}).val(0, 33).val(1, 33)};
     case MF_K_ROUTER_FWD:
       return {Build(kind, "router_fwd", {4, 6, K, 1})
                   .val(0, 24, 3.0f)

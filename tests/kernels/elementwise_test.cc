@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "src/core/core.h"
 #include "tests/kernels/fd.h"
@@ -148,6 +149,54 @@ TEST(Add, AddsExactly) {
     ASSERT_EQ(mf_cpu_add(x.data(), n, y.data(), &ctx), MF_OK);
     for (int64_t i = 0; i < n; i++) ASSERT_EQ(y[i], y0[i] + x[i]) << i;
   }
+}
+
+// ------------------------------------------------------- scale, dropout
+
+TEST(Scale, MultipliesInPlace) {
+  mf_kctx ctx = {nullptr, 0};
+  auto x0 = random_vec(1001, 43), x = x0;
+  ASSERT_EQ(mf_cpu_scale(x.data(), 1001, 2.5f, &ctx), MF_OK);
+  for (int64_t i = 0; i < 1001; i++) ASSERT_EQ(x[i], x0[i] * 2.5f) << i;
+}
+
+// The mask is a function of (seed, stream, element): kept elements are x /
+// (1 - p) exactly, dropped ones 0, the kept share within 5 sigma of 1 - p;
+// another seed or stream draws another mask, the same ones the same mask
+// (a backward's call gets its forward's), and threads change nothing.
+TEST(Dropout, KeepsOneMinusPScaledAndDrawsTheSameMaskAgain) {
+  mf_kctx ctx = {nullptr, 0};
+  const int64_t n = 200003;
+  const double p = 0.1;
+  auto x = random_vec(n, 44);
+  vector<float> y(n, NAN), y2(n, NAN), z(n, NAN), w(n, NAN);
+  ASSERT_EQ(mf_cpu_dropout(x.data(), n, 7, 12345, p, y.data(), &ctx), MF_OK);
+  const float s = (float)(1.0 / (1.0 - p));
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const bool keep = mf_dropout_bits(12345, 7, (uint64_t)i) >= mf_dropout_threshold(p);
+    ASSERT_EQ(y[i], keep ? x[i] * s : 0.0f) << i;
+    kept += keep;
+  }
+  const double want = (1 - p) * (double)n, sigma = std::sqrt(p * (1 - p) * (double)n);
+  EXPECT_LT(std::fabs((double)kept - want), 5 * sigma) << kept << " kept of " << n;
+  mf_kt::Pools pools;
+  for (mf_threadpool *pl : pools.all()) {
+    mf_kctx c2 = {pl, 0};
+    ASSERT_EQ(mf_cpu_dropout(x.data(), n, 7, 12345, p, y2.data(), &c2), MF_OK);
+    EXPECT_TRUE(same_bits(y, y2));
+  }
+  ASSERT_EQ(mf_cpu_dropout(x.data(), n, 7, 12346, p, z.data(), &ctx), MF_OK);
+  ASSERT_EQ(mf_cpu_dropout(x.data(), n, 8, 12345, p, w.data(), &ctx), MF_OK);
+  int64_t differ_seed = 0, differ_stream = 0;
+  for (int64_t i = 0; i < n; i++)
+    differ_seed += (y[i] == 0) != (z[i] == 0), differ_stream += (y[i] == 0) != (w[i] == 0);
+  EXPECT_GT(differ_seed, n / 20);
+  EXPECT_GT(differ_stream, n / 20);
+  // p = 0 keeps everything as it is; p outside [0, 1) is refused.
+  ASSERT_EQ(mf_cpu_dropout(x.data(), n, 7, 1, 0.0, z.data(), &ctx), MF_OK);
+  EXPECT_TRUE(same_bits(x, z));
+  EXPECT_NE(mf_cpu_dropout(x.data(), n, 7, 1, 1.0, z.data(), &ctx), MF_OK);
 }
 
 // -------------------------------------------- threads, bf16, empty inputs

@@ -62,15 +62,17 @@ class LoraParity : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(mf_safetensors_open((dir_ + "/fixture.safetensors").c_str(), &fx_), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_hf_config_load(base.c_str(), &spec_), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_param_table_build(&spec_, &t_), MF_OK) << mf_last_error();
-    const double r = meta_num(fx_, "r"), alpha = meta_num(fx_, "lora_alpha");
-    ASSERT_TRUE(r >= 1 && alpha > 0) << "fixture metadata r, lora_alpha";
-    mf_lora l = {(int64_t)r, alpha / r, 0, 0};
-    for (const std::string &m : json_names(mf_safetensors_metadata(fx_, "target_modules"))) {
-      const uint32_t roles = mf_lora_target_roles(spec_.family, m.c_str());
-      ASSERT_NE(roles, 0u) << m;
-      l.roles |= roles;
-    }
-    ASSERT_NE(l.roles, 0u) << "fixture metadata target_modules";
+    // PEFT's own adapter_config.json, read as moefit reads an adapter dir;
+    // against the fixture's metadata.
+    mf_lora l{};
+    ASSERT_EQ(mf_lora_read_adapter_config(dir_.c_str(), spec_.family, &l), MF_OK) << mf_last_error();
+    EXPECT_EQ((double)l.rank, meta_num(fx_, "r"));
+    EXPECT_EQ(l.scale, meta_num(fx_, "scaling"));
+    uint32_t roles = 0;
+    for (const std::string &m : json_names(mf_safetensors_metadata(fx_, "target_modules")))
+      roles |= mf_lora_target_roles(spec_.family, m.c_str());
+    EXPECT_EQ(l.roles, roles);
+    EXPECT_EQ(l.train_router, 0);
     ASSERT_EQ(mf_param_table_add_lora(t_, &l), MF_OK) << mf_last_error();
     w_.resize((size_t)t_->total_numel);
     ASSERT_EQ(mf_params_load(t_, (base + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
@@ -193,8 +195,78 @@ TEST_P(LoraParity, OneAdamWStepOverTheAdapters) {
   EXPECT_LE(worst, 1.0) << "largest difference (in tolerances) in " << worst_at;
 }
 
+// moefit's adapter dir is PEFT's: the same tensor names, dtypes, shapes and
+// bytes as PEFT's adapter_model.safetensors, and a config that reads back as
+// the same adapters.
+TEST_P(LoraParity, TheExportedAdapterDirIsPeftsFormat) {
+  const char *tmp = getenv("TEST_TMPDIR");
+  const std::string out = std::string(tmp ? tmp : "/tmp") + "/lora_export_" + GetParam();
+  ASSERT_EQ(mf_params_save_adapter_dir(t_, w_.data(), "", out.c_str()), MF_OK) << mf_last_error();
+  mf_safetensors *a = nullptr, *b = nullptr;
+  ASSERT_EQ(mf_safetensors_open((out + "/adapter_model.safetensors").c_str(), &a), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_safetensors_open((dir_ + "/adapter_model.safetensors").c_str(), &b), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_safetensors_count(a), mf_safetensors_count(b));
+  for (size_t i = 0; i < mf_safetensors_count(b); i++) {
+    const mf_st_tensor *y = mf_safetensors_get(b, i), *x = mf_safetensors_find(a, y->name);
+    ASSERT_NE(x, nullptr) << y->name;
+    EXPECT_EQ(x->dtype, y->dtype) << y->name;
+    EXPECT_EQ(x->ndim, y->ndim) << y->name;
+    EXPECT_EQ(x->shape[0], y->shape[0]) << y->name;
+    EXPECT_EQ(x->shape[1], y->shape[1]) << y->name;
+    ASSERT_EQ(x->nbytes, y->nbytes) << y->name;
+    EXPECT_EQ(memcmp(x->data, y->data, x->nbytes), 0) << y->name;
+  }
+  mf_safetensors_close(a);
+  mf_safetensors_close(b);
+  mf_lora l{};
+  ASSERT_EQ(mf_lora_read_adapter_config(out.c_str(), spec_.family, &l), MF_OK) << mf_last_error();
+  EXPECT_EQ(l.rank, t_->lora.rank);
+  EXPECT_EQ(l.scale, t_->lora.scale);
+  EXPECT_EQ(l.roles, t_->lora.roles);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(lora_fixture_names()),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+// An adapter config moefit cannot compute is refused naming the file and key.
+TEST(LoraAdapterConfig, RefusesWhatItDoesNotCompute) {
+  const char *tmp = getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/bad_adapter";
+  ASSERT_EQ(mf_mkdir_p(dir.c_str()), MF_OK);
+  const std::string ok =
+      R"("peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "w1"])";
+  const struct {
+    std::string json, want;
+  } cases[] = {
+      {"{" + ok + "}", ""},
+      {"{" + ok + R"(, "use_rslora": true})", "use_rslora: moefit computes plain LoRA"},
+      {"{" + ok + R"(, "use_dora": true})", "use_dora: moefit computes plain LoRA"},
+      {"{" + ok + R"(, "bias": "all"})", "bias: moefit computes plain LoRA"},
+      {"{" + ok + R"(, "modules_to_save": ["lm_head"]})", "modules_to_save: moefit trains the routers whole"},
+      {R"({"peft_type": "LORA", "r": 0, "lora_alpha": 8, "target_modules": ["q_proj"]})", "r must be"},
+      {R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["gate_proj"]})",
+       "target_modules[0]: the mixtral model has no module named gate_proj"},
+      {R"({"peft_type": "IA3", "r": 4})", "peft_type: moefit reads LORA adapters"},
+      {"{", "adapter_config.json:"},
+  };
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.json);
+    ASSERT_EQ(mf_write_file_atomic((dir + "/adapter_config.json").c_str(), c.json.data(), c.json.size()),
+              MF_OK);
+    mf_lora l{};
+    const mf_status st = mf_lora_read_adapter_config(dir.c_str(), MF_FAMILY_MIXTRAL, &l);
+    if (c.want.empty()) {
+      EXPECT_EQ(st, MF_OK) << mf_last_error();
+      EXPECT_EQ(l.rank, 4);
+      EXPECT_EQ(l.scale, 2.0);
+      continue;
+    }
+    EXPECT_NE(st, MF_OK);
+    EXPECT_NE(std::string(mf_last_error()).find(c.want), std::string::npos) << mf_last_error();
+    EXPECT_NE(std::string(mf_last_error()).find(dir + "/adapter_config.json"), std::string::npos)
+        << mf_last_error();
+  }
+}
 
 TEST(LoraParityFixtures, ArePresent) {
   EXPECT_GE(lora_fixture_names().size(), 4u) << "tests/fixtures/lora has too few fixtures";
