@@ -7,10 +7,11 @@
 # usage (on the device machine, after `tar xzf .gpu_bin.tgz`):
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
-#     STEPS a comma list of tests,bf16,peer,bench,demo,ranks,fp32,inv,ga8,profile,ncu
-#     (default all but ncu). GPU_TESTS="NAME ..." runs only those test binaries (their
-#     names in DIR less the tests_cuda_ prefix). The 644M runs log the host's
-#     submitting time by kernel kind (MF_LOG=debug for exec) into their logs.
+#     STEPS a comma list of tests,bf16,peer,bench,demo,ranks,fp32,inv,ga8,profile,ncu,
+#     lora,loramf,lorapeer (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
+#     runs only those test binaries (their names in DIR less the tests_cuda_ prefix).
+#     The 644M runs log the host's submitting time by kernel kind (MF_LOG=debug for
+#     exec) into their logs.
 # Logs: $OUT/gpu_session.tgz (or /tmp/mf_gpu_session.tgz) and the table in
 # $OUT/summary.txt. Steps, in order:
 #   1. every gpu test binary (in parallel: they check correctness, not speed),
@@ -28,6 +29,24 @@
 #   9. moefit profile --backend cuda --quick, then step 2 again with it
 #  10. (ncu) Nsight Compute on the tensor-core kernels of `bench kernels`
 #      (expert GEMM, attention): their hardware counters into ncu.txt
+#   0. (lora; run first when asked for) issue 18's acceptance: LoRA rank 16 on
+#      attention and every expert over a frozen random Qwen3-30B-A3B-shaped bf16
+#      base within memory.device_budget 24GiB (configs/qwen3-30b-a3b-lora.yaml):
+#      moefit's tokens/s, the share of the step the GPU computes, the host memory;
+#      then transformers + PEFT on the same shape and tokens per step
+#      (tools/peer_bench.py --lora-rank ... --offload auto --grad-ckpt on: the base
+#      on the GPU if it fits, else accelerate's cpu offload) and moefit/peer (the
+#      goal: >= 2). loramf / lorapeer run one half; a lorapeer call takes moefit's
+#      figure from this call or an earlier one on the same machine
+#      (/tmp/mf_lora_moefit.txt). Needs ~80 GiB of free host memory, a GPU of
+#      >= 25 GiB, runs/demo/data carried; the peer needs peft (and accelerate) for
+#      python3: where the machine lacks them, carry them in DIR/pylib
+#      (pip install --no-deps --target DIR/pylib peft==0.18.1 accelerate==1.15.0),
+#      which goes on PYTHONPATH. Takes minutes: run it alone
+#      (tools/gpu_session.sh DIR 590 lora). moefit's random init of the base is
+#      one thread (src/model/params.c, 2026-11: 16 ns a parameter on the 2-core
+#      VM, ~8 min for 30.5B): while it is, moefit alone needs most of a call
+#      (loramf), and the peer (~4 min: build, PEFT, 3 steps) another (lorapeer).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
@@ -85,6 +104,139 @@ run644() {
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >"$logs/nvidia-smi.txt" 2>&1
 row "gpu" "$(head -1 "$logs/nvidia-smi.txt" | cut -c1-62)" 0
+
+# 0. LoRA over a frozen 30B-A3B-shaped base (issue 18) beside transformers + PEFT.
+lora_cfg=configs/qwen3-30b-a3b-lora.yaml
+# `moefit config CONFIG` (the resolved YAML, every key) flattened to "a.b.c<TAB>value" lines.
+flat_config() {
+  "$moefit" config "$1" | python3 -c '
+import sys
+stack = []
+for line in sys.stdin:
+    if not line.strip() or line.lstrip().startswith("#") or ":" not in line:
+        continue
+    ind = len(line) - len(line.lstrip(" "))
+    k, _, v = line.strip().partition(":")
+    while stack and stack[-1][0] >= ind:
+        stack.pop()
+    if v.strip():
+        print(".".join([s[1] for s in stack] + [k]) + "\t" + v.strip())
+    else:
+        stack.append((ind, k))'
+}
+cfg_val() { awk -F'\t' -v k="$2" '$1 == k {print $2}' "$1"; }
+# The config.json moefit writes for a qwen3_moe model.init (src/model/hf_config_write.c's keys), from
+# flat_config's lines, without the 61 GB of weights `moefit init` would write: peer_bench reads only it.
+hf_config_json() {
+  python3 - "$1" "$2" <<'PY'
+import json, os, sys
+out = dict(l.rstrip("\n").split("\t", 1) for l in open(sys.argv[1]) if "\t" in l)
+i = lambda k: out["model.init." + k]
+n = lambda k: int(i(k))
+f = lambda k: float(i(k))
+b = lambda k: i(k) == "true"
+if i("family") != "qwen3_moe":
+    sys.exit(f"hf_config_json: family {i('family')}; only qwen3_moe is written here")
+cfg = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": n("hidden"),
+    "num_hidden_layers": n("layers"), "num_attention_heads": n("heads"), "num_key_value_heads": n("kv_heads"),
+    "head_dim": n("head_dim"), "vocab_size": n("vocab"), "max_position_embeddings": n("max_seq"),
+    "num_experts": n("experts"), "num_experts_per_tok": n("top_k"), "moe_intermediate_size": n("expert_ffn"),
+    "intermediate_size": n("dense_ffn"), "rope_theta": f("rope_theta"), "rope_scaling": None,
+    "rms_norm_eps": f("norm_eps"), "router_aux_loss_coef": f("router_aux_loss_coef"),
+    "tie_word_embeddings": b("tie_embeddings"), "norm_topk_prob": b("norm_topk_prob"),
+    "decoder_sparse_step": n("decoder_sparse_step"), "mlp_only_layers": json.loads(i("mlp_only_layers")),
+    "hidden_act": "silu", "attention_dropout": 0.0, "attention_bias": False, "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+}
+os.makedirs(sys.argv[2], exist_ok=True)
+with open(os.path.join(sys.argv[2], "config.json"), "w") as fh:
+    fh.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+PY
+}
+# The median share of the step the compute stream was busy (steps after the first).
+busy_c() { python3 -c "import json,sys,statistics; l=[json.loads(x) for x in open(sys.argv[1]) if 'compute_busy_s' in x]; l=[x for x in l if x.get('compute_busy_s') is not None and x.get('step_s')]; r=[x for x in l if x['step'] > 1] or l; print('%.0f%%' % (100 * statistics.median(x['compute_busy_s'] / x['step_s'] for x in r)))" "$1" 2>/dev/null; }
+lora_mf() {
+  local t o=$logs/lora_moefit secs=$1 avail gpu_mib
+  t=$(date +%s)
+  avail=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo)
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
+  if [[ ! -f runs/demo/data/train.tokens ]]; then
+    row "30B-A3B LoRA moefit 24GiB" "skipped: no runs/demo/data/train.tokens (carry runs/demo/data)" 0; return 1
+  elif ((${avail:-0} < 80)); then
+    row "30B-A3B LoRA moefit 24GiB" "skipped: ${avail:-?} GiB of host memory available, the plan needs ~75" 0; return 1
+  elif ((${gpu_mib:-0} < 25 * 1024)); then
+    row "30B-A3B LoRA moefit 24GiB" "skipped: the GPU has ${gpu_mib:-?} MiB, the budget is 24 GiB" 0; return 1
+  fi
+  rm -rf /tmp/mf_run_lora
+  # (-k: a run stopped by SIGTERM writes a checkpoint first, 9.4 GiB here)
+  timeout -k 20 "$(cap "$secs")" "$moefit" train "$lora_cfg" output.dir=/tmp/mf_run_lora >"$o.log" 2>&1
+  local rc=$?
+  cp -f /tmp/mf_run_lora/metrics.jsonl "$o.metrics.jsonl" 2>/dev/null
+  cp -f /tmp/mf_run_lora/plan.json "$o.plan.json" 2>/dev/null
+  rm -rf /tmp/mf_run_lora # the adapters (3.1 GiB) and a checkpoint with their AdamW state (9.4 GiB)
+  local n tok busy
+  n=$(grep -c tokens_per_s "$o.metrics.jsonl" 2>/dev/null)
+  tok=$(tok_s "$o.metrics.jsonl")
+  busy=$(busy_c "$o.metrics.jsonl")
+  if [[ $rc -ne 0 && -z "$tok" ]]; then
+    row "30B-A3B LoRA moefit 24GiB" "FAILED rc=$rc: $(tail -n 1 "$o.log" | cut -c1-50)" $(($(date +%s) - t))
+    return 1
+  fi
+  [[ -n "$tok" ]] && echo "$tok" >/tmp/mf_lora_moefit.txt
+  row "30B-A3B LoRA moefit 24GiB" "$tok tok/s; GPU computes $busy of the step; ${n:-0} steps$([[ $rc -ne 0 ]] && echo " (rc=$rc)")" $(($(date +%s) - t))
+  row "  pred/exec" "$(pred_exec "$o.log" | sed 's/predicted/pred/; s/executed/exec/')" ""
+  row "  done" "$(grep -o 'done: [0-9]* steps in [0-9.]* s of training ([^)]*)' "$o.log" | tail -1 | sed 's/done: //' | cut -c1-62)" ""
+  # What the run spent outside its steps: the base's random init and the plan before step 1,
+  # the final adapters and checkpoint after.
+  row "  wall vs training" "$(python3 -c "import json,sys; l=[json.loads(x) for x in open(sys.argv[1]) if 'elapsed_s' in x]; w=int(sys.argv[2]); print('%d s wall, %.0f s from step 1 on: %.0f s init, plan, final writes' % (w, l[-1]['elapsed_s'], w - l[-1]['elapsed_s']))" "$o.metrics.jsonl" $(($(date +%s) - t)) 2>/dev/null)" ""
+  row "  host memory" "$(grep -o 'host memory: .*' "$o.log" | tail -1 | sed 's/host memory: //' | cut -c1-62)" ""
+  row "  last progress line" "$(grep -o 'busy c .*' "$o.log" | tail -1 | cut -c1-62)" ""
+}
+lora_peer() {
+  local t secs=$1 pp=${PYTHONPATH:-} miss
+  t=$(date +%s)
+  [[ -d "$dir/pylib" ]] && pp="$dir/pylib${pp:+:$pp}"
+  if ! miss=$(PYTHONPATH=$pp python3 -c "import torch, transformers, peft, accelerate" 2>&1); then
+    row "30B-A3B LoRA transformers+PEFT (peer)" "skipped: python3: $(echo "$miss" | tail -1 | sed 's/^[A-Za-z]*Error: //' | cut -c1-40) (DIR/pylib)" 0
+    echo "$miss" >"$logs/lora_peer.log"
+    return 1
+  fi
+  flat_config "$lora_cfg" >"$logs/lora_config.tsv" 2>"$logs/lora_peer.log"
+  rm -rf /tmp/mf_cfg_lora
+  if ! hf_config_json "$logs/lora_config.tsv" /tmp/mf_cfg_lora >>"$logs/lora_peer.log" 2>&1; then
+    row "30B-A3B LoRA transformers+PEFT (peer)" "FAILED writing config.json: $(tail -n 1 "$logs/lora_peer.log" | cut -c1-30)" 0
+    return 1
+  fi
+  cp -f /tmp/mf_cfg_lora/config.json "$logs/lora_peer.config.json"
+  local c=$logs/lora_config.tsv targets
+  targets=$(cfg_val "$c" train.lora.targets | tr -d '[] ')
+  PYTHONPATH=$pp PYTHONUNBUFFERED=1 timeout "$(cap "$secs")" python3 tools/peer_bench.py /tmp/mf_cfg_lora \
+    --seq-len "$(cfg_val "$c" data.seq_len)" --micro-batch "$(cfg_val "$c" train.micro_batch)" \
+    --grad-accum "$(cfg_val "$c" train.grad_accum)" --lora-rank "$(cfg_val "$c" train.lora.rank)" \
+    --lora-alpha "$(cfg_val "$c" train.lora.alpha)" --lora-targets "$targets" --offload auto --grad-ckpt on \
+    --warmup 1 --steps 2 --json "$logs/lora_peer.json" >>"$logs/lora_peer.log" 2>&1
+  local rc=$? peer where mf
+  peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/lora_peer.json" 2>/dev/null)
+  where=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%s, %.0fM trained, %d expert adapters' % (r['placement'], r['trainable_parameters'] / 1e6, r['lora']['expert_adapters']))" "$logs/lora_peer.json" 2>/dev/null)
+  mf=$(cat /tmp/mf_lora_moefit.txt 2>/dev/null)
+  if [[ -z "$peer" ]]; then
+    row "30B-A3B LoRA transformers+PEFT (peer)" "FAILED rc=$rc: $(grep -v '^ ' "$logs/lora_peer.log" | tail -n 1 | cut -c1-45)" $(($(date +%s) - t))
+    return 1
+  fi
+  row "30B-A3B LoRA transformers+PEFT (peer)" "$peer tok/s ($where)" $(($(date +%s) - t))
+  row "  moefit/peer (goal >= 2)" "${mf:-?} / $peer = $(python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "${mf:-0}" "$peer" 2>/dev/null)" ""
+  row "  peer placement" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['placement_reason'][:62])" "$logs/lora_peer.json" 2>/dev/null)" ""
+}
+if want lora || want loramf; then
+  rm -f /tmp/mf_lora_moefit.txt
+  # moefit first (most of the step's minutes: the base's random init, the plan, 8 steps, the final
+  # checkpoint), leaving the peer ~240 s when both run.
+  if want lora; then lora_mf $(($(left) - 255)); else lora_mf 600; fi
+fi
+if want lora || want lorapeer; then
+  lora_peer 300
+fi
 
 # 1. gpu tests, all at once; the cpu demo beside them.
 cpu_pid=""

@@ -48,6 +48,7 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
   mf_param_table *t = NULL;
   float *w = NULL;
   uint16_t *home = NULL; /* the base in bf16, as the run kept it (state.json base_sum_of) */
+  mf_threadpool *pool = NULL;
   char desc[4200];
   mf_status st = MF_OK;
   int bf16 = 0;
@@ -60,7 +61,8 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
   if (bf16)
     MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * sizeof(uint16_t) + 1, "the bf16 base", (void **)&home),
                   st, done);
-  MF_CHECK_GOTO(mf_run_load_weights_home(cfg, NULL, t, w, home, desc, sizeof desc), st, done);
+  MF_CHECK_GOTO(mf_threadpool_create(0, &pool), st, done);
+  MF_CHECK_GOTO(mf_run_load_weights_home(cfg, NULL, t, w, home, pool, desc, sizeof desc), st, done);
   MF_CHECK_GOTO(mf_ckpt_read_master(info->source, t, w), st, done);
   MF_CHECK_GOTO(mf_ckpt_check_base(info->source, t, w, home), st, done);
   if (adapter) {
@@ -71,6 +73,7 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
     st = mf_ckpt_export_model(t, w, info->source, out, &oh, info);
   }
 done:
+  mf_threadpool_free(pool);
   free(home);
   free(w);
   mf_param_table_free(t);

@@ -306,35 +306,68 @@ static void home_put(const mf_param *p, uint16_t *frozen_bf16, const float *scra
   if (p->frozen && frozen_bf16) mf_fp32_to_bf16_n(scratch, frozen_bf16 + p->offset, (size_t)p->numel);
 }
 
-void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w) {
-  (void)mf_params_init_random_home(t, seed, std, w, NULL);
-}
-
-mf_status mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float std, float *w,
-                                     uint16_t *frozen_bf16) {
-  float *scratch = NULL;
-  MF_CHECK(frozen_scratch(t, frozen_bf16, &scratch));
-  for (int64_t i = 0; i < t->n_base; i++) {
-    const mf_param *p = &t->params[i];
-    float *dst = dst_of(p, w, frozen_bf16, scratch);
-    int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
-                  p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
-    int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS;
+/* Parameter i's initial values into w (the table's layout) or, frozen with a
+ * bf16 home, rounded into that in chunks (no fp32 copy of it anywhere). */
+#define INIT_CHUNK 2048 /* even: a Box-Muller pair never straddles two chunks */
+static void init_param(const mf_param_table *t, int64_t i, uint64_t seed, float std, float *w,
+                       uint16_t *home) {
+  const mf_param *p = &t->params[i];
+  const int to_home = p->frozen && home;
+  float chunk[INIT_CHUNK];
+  const int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
+                      p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
+  const int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS;
+  uint64_t state = stream_of(seed, i);
+  for (int64_t j0 = 0; j0 < p->numel; j0 += INIT_CHUNK) {
+    const int64_t m = p->numel - j0 < INIT_CHUNK ? p->numel - j0 : INIT_CHUNK;
+    float *dst = to_home ? chunk : w + p->offset + j0;
     if (is_norm || is_bias) {
-      for (int64_t j = 0; j < p->numel; j++) dst[j] = is_norm ? 1.0f : 0.0f;
+      for (int64_t j = 0; j < m; j++) dst[j] = is_norm ? 1.0f : 0.0f;
     } else {
-      uint64_t state = stream_of(seed, i);
-      for (int64_t j = 0; j < p->numel; j += 2) { /* Box-Muller: two normals per draw */
+      for (int64_t j = 0; j < m; j += 2) { /* Box-Muller: two normals per draw */
         double u1 = uniform01(&state), u2 = uniform01(&state);
         double r = sqrt(-2.0 * log(u1));
         dst[j] = (float)(std * r * cos(2.0 * M_PI * u2));
-        if (j + 1 < p->numel) dst[j + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
+        if (j + 1 < m) dst[j + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
       }
     }
-    home_put(p, frozen_bf16, scratch);
+    if (to_home) mf_fp32_to_bf16_n(chunk, home + p->offset + j0, (size_t)m);
   }
-  free(scratch);
-  return MF_OK;
+}
+
+typedef struct init_job {
+  const mf_param_table *t;
+  uint64_t seed;
+  float std;
+  float *w;
+  uint16_t *home;
+} init_job;
+
+/* Thread i of n: the parameters whose first element falls in its equal share
+ * of the model's elements (each parameter has its own stream: the same bits
+ * for any thread count). */
+static void init_task(void *ctx, int i, int n) {
+  const init_job *j = (const init_job *)ctx;
+  const mf_param_table *t = j->t;
+  const int64_t base = t->n_base > 0 ? t->params[t->n_base - 1].offset + t->params[t->n_base - 1].numel : 0;
+  size_t b, e;
+  mf_partition((size_t)base, 1, i, n, &b, &e);
+  for (int64_t k = 0; k < t->n_base; k++)
+    if ((size_t)t->params[k].offset >= b && (size_t)t->params[k].offset < e)
+      init_param(t, k, j->seed, j->std, j->w, j->home);
+}
+
+void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w) {
+  mf_params_init_random_home(t, seed, std, w, NULL, NULL);
+}
+
+void mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float std, float *w,
+                                uint16_t *frozen_bf16, mf_threadpool *pool) {
+  init_job j = {t, seed, std, w, frozen_bf16};
+  if (pool)
+    mf_threadpool_run(pool, init_task, &j);
+  else
+    init_task(&j, 0, 1);
 }
 
 /* ------------------------------------------------------------ load / save */

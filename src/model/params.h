@@ -131,9 +131,11 @@ int32_t mf_param_lm_head(const mf_param_table *t);
 void mf_params_init_random(const mf_param_table *t, uint64_t seed, float std, float *w);
 /* The same, a frozen parameter (LoRA's base) put into frozen_bf16 instead (the
  * table's layout, rounded to nearest even) when that is not NULL, its part of
- * w left untouched: a bf16 base at home with no fp32 copy ever whole. */
-mf_status mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float std, float *w,
-                                     uint16_t *frozen_bf16);
+ * w left untouched: a bf16 base at home with no fp32 copy ever whole; the
+ * parameters shared out over the pool's threads (NULL: this one), the same
+ * bits for any count. */
+void mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float std, float *w,
+                                uint16_t *frozen_bf16, mf_threadpool *pool);
 /* The LoRA adapters' initial values, as PEFT's default: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), B = 0, so the adapted model
  * starts equal to the base. Deterministic from the seed, per adapter. */

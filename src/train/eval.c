@@ -81,7 +81,7 @@ mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const
   *w = NULL;
   float *weights = NULL;
   MF_CHECK(mf_malloc((size_t)t->total_numel * sizeof(float), "the model's weights", (void **)&weights));
-  const mf_status st = mf_run_load_weights_home(cfg, model_dir, t, weights, NULL, desc, desc_cap);
+  const mf_status st = mf_run_load_weights_home(cfg, model_dir, t, weights, NULL, NULL, desc, desc_cap);
   if (st != MF_OK) {
     free(weights);
     return st;
@@ -91,13 +91,14 @@ mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const
 }
 
 mf_status mf_run_load_weights_home(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
-                                   float *w, uint16_t *frozen_bf16, char *desc, size_t desc_cap) {
+                                   float *w, uint16_t *frozen_bf16, mf_threadpool *pool, char *desc,
+                                   size_t desc_cap) {
   const char *dir = model_dir_of(cfg, model_dir);
   if (dir) {
     MF_CHECK(mf_params_load_home(t, dir, w, frozen_bf16));
     snprintf(desc, desc_cap, "%s", dir);
   } else {
-    MF_CHECK(mf_params_init_random_home(t, t->spec.seed, 0.02f, w, frozen_bf16));
+    mf_params_init_random_home(t, t->spec.seed, 0.02f, w, frozen_bf16, pool);
     snprintf(desc, desc_cap, "random init (seed %llu)", (unsigned long long)t->spec.seed);
   }
   if (frozen_bf16) {

@@ -299,10 +299,12 @@ static mf_status setup(run *r, mf_train_summary *out) {
      * never whole in memory; the trained parameters into the master weights */
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
     uint16_t *working = (uint16_t *)r->hs.working.ptr;
-    MF_CHECK(mf_run_load_weights_home(cfg, NULL, t, r->w, working, r->desc, sizeof r->desc));
+    MF_CHECK(mf_run_load_weights_home(cfg, NULL, t, r->w, working, r->pool, r->desc, sizeof r->desc));
     MF_CHECK(mf_runner_round_trained(&r->tr, t, r->w, working));
   } else {
-    MF_CHECK(mf_run_load_weights(cfg, NULL, t, &r->w, r->desc, sizeof r->desc));
+    MF_CHECK(mf_malloc((size_t)t->total_numel * sizeof(float), "the model's weights", (void **)&r->w));
+    r->w_owned = 1;
+    MF_CHECK(mf_run_load_weights_home(cfg, NULL, t, r->w, NULL, r->pool, r->desc, sizeof r->desc));
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
     MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, (uint16_t *)r->hs.working.ptr,
                                      r->pool));

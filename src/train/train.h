@@ -32,9 +32,11 @@ mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const
                               char *desc, size_t desc_cap);
 /* The same into w (the caller's, t->total_numel floats), a frozen parameter
  * put into frozen_bf16 instead when that is not NULL (LoRA's base at home in
- * bf16: src/model/params.h mf_params_load_home), its part of w untouched. */
+ * bf16: src/model/params.h mf_params_load_home), its part of w untouched; a
+ * random init over the pool's threads (may be NULL). */
 mf_status mf_run_load_weights_home(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
-                                   float *w, uint16_t *frozen_bf16, char *desc, size_t desc_cap);
+                                   float *w, uint16_t *frozen_bf16, mf_threadpool *pool, char *desc,
+                                   size_t desc_cap);
 
 typedef struct mf_train_summary {
   int64_t steps;          /* optimizer steps taken (skipped ones included) */

@@ -228,6 +228,46 @@ TEST_P(LoraParity, TheExportedAdapterDirIsPeftsFormat) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(lora_fixture_names()),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
+// The random init is the same bits on any number of threads; with a bf16 home
+// the frozen weights land there rounded and their part of w is never written.
+TEST(ParamsInit, ThreadsAndABf16HomeGiveTheSameValues) {
+  mf_model_spec spec{};
+  ASSERT_EQ(mf_hf_config_load("tests/fixtures/qwen2_moe", &spec), MF_OK) << mf_last_error();
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&spec, &t), MF_OK) << mf_last_error();
+  mf_lora l{4, 2.0,
+            mf_lora_target_roles(spec.family, "q_proj") | mf_lora_target_roles(spec.family, "up_proj"), 0,
+            0.0};
+  ASSERT_EQ(mf_param_table_add_lora(t, &l), MF_OK) << mf_last_error();
+  const size_t n = (size_t)t->total_numel;
+  std::vector<float> a(n, NAN), b(n, NAN), c(n, NAN);
+  std::vector<uint16_t> home(n, 0xffff);
+  mf_params_init_random_home(t, 7, 0.02f, a.data(), nullptr, nullptr);
+  mf_threadpool *pool = nullptr;
+  ASSERT_EQ(mf_threadpool_create(3, &pool), MF_OK);
+  mf_params_init_random_home(t, 7, 0.02f, b.data(), nullptr, pool);
+  mf_params_init_random_home(t, 7, 0.02f, c.data(), home.data(), pool);
+  mf_threadpool_free(pool);
+  int64_t frozen = 0;
+  for (int64_t i = 0; i < t->n_base; i++) {
+    const mf_param &p = t->params[i];
+    for (int64_t j = 0; j < p.numel; j++) {
+      const size_t k = (size_t)(p.offset + j);
+      ASSERT_EQ(memcmp(&a[k], &b[k], 4), 0) << p.name << "[" << j << "]";
+      if (p.frozen) {
+        ASSERT_EQ(home[k], mf_fp32_to_bf16(a[k])) << p.name << "[" << j << "]";
+        ASSERT_TRUE(std::isnan(c[k])) << p.name << ": the fp32 part of a frozen weight was written";
+      } else {
+        ASSERT_EQ(memcmp(&a[k], &c[k], 4), 0) << p.name << "[" << j << "]";
+        ASSERT_EQ(home[k], 0xffff) << p.name;
+      }
+    }
+    frozen += p.frozen;
+  }
+  EXPECT_GT(frozen, 0);
+  mf_param_table_free(t);
+}
+
 // An adapter config moefit cannot compute is refused naming the file and key.
 TEST(LoraAdapterConfig, RefusesWhatItDoesNotCompute) {
   const char *tmp = getenv("TEST_TMPDIR");
