@@ -107,7 +107,10 @@ static mf_status worker_create(run *r) {
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), sizeof *ts, "optimizer tensors", (void **)&ts));
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
-    if (p->frozen) continue; /* no gradient, no update: a NULL entry */
+    if (p->frozen) { /* no gradient, no update: an empty entry */
+      ts[i] = (mf_optim_tensor){NULL, NULL, NULL, NULL, 0, r->hs.moments, NULL};
+      continue;
+    }
     ts[i] = (mf_optim_tensor){r->w + p->offset,
                               (float *)r->hs.grads.ptr + p->toff,
                               (char *)r->hs.m.ptr + (size_t)p->toff * ms,

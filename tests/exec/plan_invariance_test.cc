@@ -380,6 +380,27 @@ TEST(PlanInvariance, LoraDenseLayerSharedExpertAndRouters) {
              "train.lora.targets=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
 }
 
+// LoRA with the host optimizer overlapped behind the next step, and with
+// layer 1's adapters updated on the device (an override that matches frozen
+// weights too: it moves only the adapters' optimizer): the same bits.
+TEST(PlanInvariance, LoraOverlappedAndDeviceOptimizer) {
+  Shape s("lora_overlap", demo(), kLora);
+  const TrainRun ref = s.train("ref", "auto", "auto", {"train.overlap_optimizer=false"});
+  ASSERT_EQ(ref.st, MF_OK) << ref.err;
+  for (const std::string overlap : {"false", "true"}) {
+    const TrainRun o =
+        s.train("overlap_" + overlap, "auto", "zero_offload", {"train.overlap_optimizer=" + overlap});
+    ExpectSameBits(ref, o, "zero_offload, overlap_optimizer=" + overlap);
+    const TrainRun d = s.train("dev_" + overlap, "auto", "zero_offload",
+                               {"train.overlap_optimizer=" + overlap,
+                                "memory.overrides=[{match: 'model.layers.1.*', optimizer: device}]"});
+    ExpectSameBits(ref, d, "layer 1's adapters on the device, overlap_optimizer=" + overlap);
+    ASSERT_TRUE(d.found) << d.log;
+    EXPECT_GT(d.o_dev, 0) << d.log;
+    EXPECT_GT(d.o_host, 0) << d.log;
+  }
+}
+
 // memory.overrides pin decisions on top of a baseline; same bits.
 TEST(PlanInvariance, OverridesApplyOnTopOfABaseline) {
   Shape s("demo_ov", demo());
