@@ -189,9 +189,14 @@ def source_facts():
     ]
 
 
+def check_facts(facts, what="source fact"):
+    """Each (citation, object, snippet): the snippet occurs in the object's source."""
+    for cite, obj, snippet in facts:
+        need(snippet in _src(obj), f"{what} not found: {cite}: {snippet!r}")
+
+
 def check_sources():
-    for cite, obj, snippet in source_facts():
-        need(snippet in _src(obj), f"source fact not found: {cite}: {snippet!r}")
+    check_facts(source_facts())
     need(inspect.signature(OlmoeConfig.__init__).parameters["clip_qkv"].default is None,
          "OlmoeConfig clip_qkv default is not None")
     for cls in (Qwen2MoeConfig, Qwen3MoeConfig, OlmoeConfig):
@@ -301,14 +306,18 @@ def routing_stats(router_logits, k, E):
     return margin, idle
 
 
+def usable_routing(fx, model, cfg, ids):
+    """The model's routing of ids keeps away from ties, and has exactly one idle expert when fx needs one."""
+    with torch.no_grad():
+        out = model(input_ids=ids, output_router_logits=True, use_cache=False)
+    margin, idle = routing_stats(out.router_logits, cfg.num_experts_per_tok, num_experts(cfg))
+    return margin >= MIN_ROUTING_MARGIN and len(idle) == (1 if fx["need_idle_expert"] else len(idle))
+
+
 def pick_seed(fx):
     for seed in range(fx["seed"], fx["seed"] + SEED_TRIES):
         model, ids = build(fx, seed)
-        with torch.no_grad():
-            out = model(input_ids=ids, output_router_logits=True, use_cache=False)
-        k, E = model.config.num_experts_per_tok, num_experts(model.config)
-        margin, idle = routing_stats(out.router_logits, k, E)
-        if margin >= MIN_ROUTING_MARGIN and len(idle) == (1 if fx["need_idle_expert"] else len(idle)):
+        if usable_routing(fx, model, model.config, ids):
             return seed
     fail(f"{fx['name']}: no usable seed in [{fx['seed']}, {fx['seed'] + SEED_TRIES})")
 
@@ -750,6 +759,16 @@ def compare(ref_dir, new_dir, names=None, files=("config.json", "model.safetenso
     return ok
 
 
+def deterministic_torch():
+    """One thread, ATen's baseline kernels (set before torch loaded), deterministic algorithms, fp32."""
+    torch.set_num_threads(1)
+    need(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+         f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}: torch was imported before make_fixtures")
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float32)
+    transformers.logging.set_verbosity_error()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=DEFAULT_OUT, help="fixture directory (default tests/fixtures)")
@@ -760,12 +779,7 @@ def main():
     have = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
     if have != PINNED and not args.any_version:
         fail(f"versions {have}, pinned {PINNED} (tools/requirements-fixtures.txt); --any-version to go on")
-    torch.set_num_threads(1)
-    need(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
-         f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}: torch was imported before make_fixtures")
-    torch.use_deterministic_algorithms(True)
-    torch.set_default_dtype(torch.float32)
-    transformers.logging.set_verbosity_error()
+    deterministic_torch()
     check_sources()
 
     if args.check:

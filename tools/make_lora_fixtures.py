@@ -58,7 +58,6 @@ import argparse  # noqa: E402
 import warnings  # noqa: E402
 import filecmp  # noqa: E402
 import hashlib  # noqa: E402
-import inspect  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -156,8 +155,7 @@ def source_facts():
 
 def check_sources():
     mfx.check_sources()
-    for cite, obj, snippet in source_facts():
-        need(snippet in inspect.getsource(obj), f"peft source fact not found: {cite}: {snippet!r}")
+    mfx.check_facts(source_facts(), "peft source fact")
     from peft.utils import constants
     need(constants.SAFETENSORS_WEIGHTS_NAME == "adapter_model.safetensors", "peft weights file name")
     need(constants.CONFIG_NAME == "adapter_config.json", "peft config file name")
@@ -247,11 +245,7 @@ def pick_adapter_seed(fx, seed):
     first = seed + ADAPTER_SEED_OFFSET
     for a in range(first, first + ADAPTER_SEED_TRIES):
         pm, ids = build_lora(fx, seed, a)
-        with torch.no_grad():
-            out = pm(input_ids=ids, output_router_logits=True, use_cache=False)
-        cfg = pm.get_base_model().config
-        margin, idle = mfx.routing_stats(out.router_logits, cfg.num_experts_per_tok, mfx.num_experts(cfg))
-        if margin >= mfx.MIN_ROUTING_MARGIN and len(idle) == (1 if fx["need_idle_expert"] else len(idle)):
+        if mfx.usable_routing(fx, pm, pm.get_base_model().config, ids):
             return a
     mfx.fail(f"{fx['name']}: no usable adapter seed in [{first}, {first + ADAPTER_SEED_TRIES})")
 
@@ -657,12 +651,7 @@ def main():
             "peft": peft.__version__}
     if have != pinned and not args.any_version:
         mfx.fail(f"versions {have}, pinned {pinned} (tools/requirements-fixtures.txt); --any-version to go on")
-    torch.set_num_threads(1)
-    need(torch.backends.cpu.get_cpu_capability() == "DEFAULT",
-         f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}: torch was imported before make_fixtures")
-    torch.use_deterministic_algorithms(True)
-    torch.set_default_dtype(torch.float32)
-    transformers.logging.set_verbosity_error()
+    mfx.deterministic_torch()
     # PeftModel.save_pretrained looks for the base's config under name_or_path ("" here)
     warnings.filterwarnings("ignore", message="Could not find a config file in")
     check_sources()

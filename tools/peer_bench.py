@@ -154,15 +154,7 @@ def main(argv):
     tokens_per_step = a.micro_batch * a.seq_len * a.grad_accum
 
     def step():
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(a.grad_accum):
-            ids = torch.randint(0, cfg.vocab_size, (a.micro_batch, a.seq_len), generator=gen).to(dev)
-            out = model(input_ids=ids, labels=ids)
-            (out.loss / a.grad_accum).backward()
-            total += out.loss.detach().float().item() / a.grad_accum
-        opt.step()
-        return total
+        return train_step(model, opt, cfg.vocab_size, a, gen, dev)
 
     def sync():
         if a.device == "cuda":
@@ -171,14 +163,7 @@ def main(argv):
     for _ in range(a.warmup):
         step()
     sync()
-    if a.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    losses = []
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        losses.append(step())
-    sync()
-    secs = time.perf_counter() - t0
+    losses, secs = time_steps(step, sync, a.steps, a.device == "cuda")
 
     result = {
         "peer": "transformers",
@@ -203,6 +188,35 @@ def main(argv):
         "last_loss": losses[-1],
     }
     return emit(result, a.json)
+
+
+def train_step(model, opt, vocab, a, gen, dev, before_forward=None):
+    """One optimizer step over a.grad_accum micro-batches of random token ids (labels = ids); the mean loss."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for _ in range(a.grad_accum):
+        ids = torch.randint(0, vocab, (a.micro_batch, a.seq_len), generator=gen).to(dev)
+        if before_forward:
+            before_forward()
+        out = model(input_ids=ids, labels=ids)
+        (out.loss / a.grad_accum).backward()
+        total += out.loss.detach().float().item() / a.grad_accum
+    opt.step()
+    return total
+
+
+def time_steps(step, sync, steps, cuda):
+    """The peak-memory counters reset, then `steps` steps timed between synchronisations: (losses, seconds)."""
+    import torch
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    losses = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        losses.append(step())
+    sync()
+    return losses, time.perf_counter() - t0
 
 
 def emit(result, path):
@@ -469,20 +483,14 @@ def lora_main(a, torch, transformers, AutoConfig, AutoModelForCausalLM):
     tokens_per_step = tokens * a.grad_accum
     fake_oom = os.environ.get("PEER_BENCH_TEST_OOM") == "1"  # test only: the first step runs out of memory
 
-    def step():
+    def before_forward():
         nonlocal fake_oom
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(a.grad_accum):
-            ids = torch.randint(0, cfg.vocab_size, (a.micro_batch, a.seq_len), generator=gen).to(dev)
-            if fake_oom:
-                fake_oom = False
-                raise oom("PEER_BENCH_TEST_OOM")
-            out = model(input_ids=ids, labels=ids)
-            (out.loss / a.grad_accum).backward()
-            total += out.loss.detach().float().item() / a.grad_accum
-        opt.step()
-        return total
+        if fake_oom:
+            fake_oom = False
+            raise oom("PEER_BENCH_TEST_OOM")
+
+    def step():
+        return train_step(model, opt, cfg.vocab_size, a, gen, dev, before_forward)
 
     def sync():
         if cuda:
@@ -513,14 +521,7 @@ def lora_main(a, torch, transformers, AutoConfig, AutoModelForCausalLM):
         step()
     sync()
     timing["warmup_s"] = time.perf_counter() - t
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    losses = []
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        losses.append(step())
-    sync()
-    secs = time.perf_counter() - t0
+    losses, secs = time_steps(step, sync, a.steps, cuda)
     try:
         import accelerate
         acc_version = accelerate.__version__

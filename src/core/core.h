@@ -176,6 +176,15 @@ static inline int mf_add_size(size_t a, size_t b, size_t *out) {
   return !__builtin_add_overflow(a, b, out);
 }
 
+/* splitmix64: the next of the sequence *x seeds (its state advanced); a fixed
+ * algorithm, the same numbers on every platform. */
+static inline uint64_t mf_splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 /* ---------------------------------------------------------- thread pool */
 
 /* A fixed set of workers. mf_threadpool_run calls fn(ctx, i, n) for i in [0, n)

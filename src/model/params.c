@@ -257,14 +257,9 @@ int32_t mf_param_lm_head(const mf_param_table *t) { return t->lm_head >= 0 ? t->
 
 /* ------------------------------------------------------------ random init */
 
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+static double uniform01(uint64_t *state) {
+  return ((double)(mf_splitmix64(state) >> 11) + 0.5) * 0x1.0p-53;
 }
-
-static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 0.5) * 0x1.0p-53; }
 
 /* One stream per parameter: the seed and the parameter's index. */
 static uint64_t stream_of(uint64_t seed, int64_t i) {
@@ -472,7 +467,7 @@ static mf_status fill_tensor(void *ctx, const mf_st_tensor *x, void *dst) {
   const model_fill *m = f->m;
   const int64_t n = m->t->params[f->i].numel;
   float *v = x->dtype == MF_DTYPE_F32 ? (float *)dst : m->scratch;
-  mf_params_merged_home(m->t, m->w, m->frozen_bf16, f->i, v);
+  mf_params_merged(m->t, m->w, m->frozen_bf16, f->i, v);
   if (x->dtype == MF_DTYPE_BF16) mf_fp32_to_bf16_n(v, (uint16_t *)dst, (size_t)n);
   return MF_OK;
 }
@@ -531,12 +526,8 @@ mf_status mf_params_write_model(const mf_param_table *t, const float *w, const u
 
 /* ------------------------------------------------------- LoRA: merge, save */
 
-void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float *out) {
-  mf_params_merged_home(t, w, NULL, i, out);
-}
-
-void mf_params_merged_home(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
-                           float *out) {
+void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
+                      float *out) {
   const mf_param *p = &t->params[i];
   if (p->frozen && frozen_bf16)
     for (int64_t j = 0; j < p->numel; j++) out[j] = mf_bf16_to_fp32(frozen_bf16[p->offset + j]);

@@ -154,11 +154,10 @@ mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, cons
 
 /* LoRA. Weight i (of the model's own) with its adapter merged in: W + scale B A
  * (fp32, the sum over the rank in order), into out (numel floats); a weight
- * without an adapter is copied as it is. */
-void mf_params_merged(const mf_param_table *t, const float *w, int64_t i, float *out);
-/* The same, a frozen weight read from its bf16 home when frozen_bf16 is not NULL. */
-void mf_params_merged_home(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
-                           float *out);
+ * without an adapter is copied as it is. A frozen W is read from its bf16
+ * home when frozen_bf16 is not NULL, else from w. */
+void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
+                      float *out);
 /* An HF model dir of the model's own parameters: DIR/config.json (torch_dtype
  * `dtype`: F32 or BF16) and model.safetensors, or over max_shard_bytes (0: no
  * limit) shards and model.safetensors.index.json (as save_pretrained; *shards

@@ -172,7 +172,10 @@ static int32_t G(const ctx *c, mf_param_role role, int64_t layer) {
   return i < 0 ? -1 : c->b->p->grad_tensor[i];
 }
 
-static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int grads) {
+/* The id pool entry of layer `layer`'s routed experts' weights of `role`
+ * (lora -1), or of their LoRA adapters' A (lora 0) or B (lora 1): their
+ * parameter tensors, or with grads their gradients. */
+static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int grads, int lora) {
   const int64_t E = c->s->experts;
   int32_t *ids = (int32_t *)malloc((size_t)E * sizeof *ids);
   if (!ids) {
@@ -181,6 +184,7 @@ static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int g
   }
   for (int64_t e = 0; e < E; e++) {
     int32_t pi = mf_param_index(c->pt, role, layer, e);
+    if (lora >= 0) pi = c->pt->lora_a[pi] + lora;
     ids[e] = grads ? c->b->p->grad_tensor[pi] : c->b->p->param_tensor[pi];
   }
   int32_t at = pool_put(c->b, ids, E);
@@ -376,20 +380,7 @@ static void lora_bwd(const mb *z, int32_t l, mf_param_role role, const char *wha
 /* The id pool entry of layer l's experts' adapters of `role`: A's (b = 0) or
  * B's (b = 1) parameter (grads: gradient) tensors; -1 when not adapted. */
 static int32_t lora_experts_of(const ctx *c, mf_param_role role, int64_t l, int b, int grads) {
-  const int64_t E = c->s->experts;
-  if (lora_a(c, role, l, 0) < 0) return -1;
-  int32_t *ids = (int32_t *)malloc((size_t)E * sizeof *ids);
-  if (!ids) {
-    if (c->b->st == MF_OK) c->b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
-    return -1;
-  }
-  for (int64_t e = 0; e < E; e++) {
-    const int32_t i = lora_a(c, role, l, e) + b;
-    ids[e] = grads ? c->b->p->grad_tensor[i] : c->b->p->param_tensor[i];
-  }
-  int32_t at = pool_put(c->b, ids, E);
-  free(ids);
-  return at;
+  return lora_a(c, role, l, 0) < 0 ? -1 : experts_of(c, role, l, grads, b);
 }
 
 static void expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a0,
@@ -576,7 +567,7 @@ static void fwd_moe(const mb *z, int32_t l) {
   for (int j = 0; j < 3; j++) {
     if (j == 2)
       simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
-    int32_t at = experts_of(c, proj[j].role, l, 0);
+    int32_t at = experts_of(c, proj[j].role, l, 0, -1);
     o = op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
     SET(o, proj[j].in, a->offsets, proj[j].out);
     INTS(o, E, proj[j].N, proj[j].K);
@@ -700,13 +691,13 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
     SET(o, dye, a->ea, a->offsets);
     INTS(o, E, H, I);
-    o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1);
+    o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1, -1);
     o->flops = 2.0 * (double)R * (double)H * (double)I;
   }
   o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
   SET(o, dye, a->offsets, dea);
   INTS(o, E, H, I);
-  o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0);
+  o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0, -1);
   o->flops = 2.0 * (double)R * (double)H * (double)I;
   lora_experts_bwd(z, l, MF_P_EXPERT_DOWN, "down_proj", dye, a->ea, dea, H, I);
   o = op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
@@ -722,13 +713,13 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
       o = op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
       SET(o, gu[j].dy, a->xe, a->offsets);
       INTS(o, E, I, H);
-      o->experts_at = experts_of(c, gu[j].role, l, 1);
+      o->experts_at = experts_of(c, gu[j].role, l, 1, -1);
       o->flops = 2.0 * (double)R * (double)I * (double)H;
     }
     o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
     SET(o, gu[j].dy, a->offsets, gu[j].dx);
     INTS(o, E, I, H);
-    o->experts_at = experts_of(c, gu[j].role, l, 0);
+    o->experts_at = experts_of(c, gu[j].role, l, 0, -1);
     o->flops = 2.0 * (double)R * (double)I * (double)H;
     lora_experts_bwd(z, l, gu[j].role, gu[j].what, gu[j].dy, a->xe, gu[j].dx, I, H);
   }

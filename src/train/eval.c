@@ -76,12 +76,12 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t) {
   return st;
 }
 
-mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t, float **w,
-                              char *desc, size_t desc_cap) {
+mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
+                              mf_threadpool *pool, float **w, char *desc, size_t desc_cap) {
   *w = NULL;
   float *weights = NULL;
   MF_CHECK(mf_malloc((size_t)t->total_numel * sizeof(float), "the model's weights", (void **)&weights));
-  const mf_status st = mf_run_load_weights_home(cfg, model_dir, t, weights, NULL, NULL, desc, desc_cap);
+  const mf_status st = mf_run_load_weights_home(cfg, model_dir, t, weights, NULL, pool, desc, desc_cap);
   if (st != MF_OK) {
     free(weights);
     return st;
@@ -113,7 +113,7 @@ mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_para
                             char *desc, size_t desc_cap) {
   *w = NULL;
   MF_CHECK(mf_run_model_table(cfg, model_dir, table));
-  mf_status st = mf_run_load_weights(cfg, model_dir, *table, w, desc, desc_cap);
+  mf_status st = mf_run_load_weights(cfg, model_dir, *table, NULL, w, desc, desc_cap);
   if (st != MF_OK) {
     mf_param_table_free(*table);
     *table = NULL;
@@ -210,16 +210,13 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
                   cfg->source ? cfg->source : "config");
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
-  MF_CHECK_GOTO(mf_run_model_table(cfg, model_dir, &t), st, done);
-  if (adapters) { /* the adapters the dir says, not train.lora's */
-    mf_lora l;
-    MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t->spec.family, &l), st, done);
-    mf_param_table_free(t);
-    t = NULL;
-    mf_config base = *cfg;
-    base.train.lora.rank = 0;
-    MF_CHECK_GOTO(mf_run_model_table(&base, NULL, &t), st, done);
-    MF_CHECK_GOTO(mf_param_table_add_lora(t, &l), st, done);
+  mf_config own = *cfg; /* an adapter dir: the adapters it says, not train.lora's */
+  if (adapters) own.train.lora.rank = 0;
+  MF_CHECK_GOTO(mf_run_model_table(&own, model_dir, &t), st, done);
+  if (adapters) {
+    mf_lora lora;
+    MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t->spec.family, &lora), st, done);
+    MF_CHECK_GOTO(mf_param_table_add_lora(t, &lora), st, done);
   }
   if (model_dir == final_dir) note_other_final(cfg, final_dir, &t->spec);
   MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);
@@ -227,7 +224,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
                 done);
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
   MF_CHECK_GOTO(mf_runner_init(&r, cfg, t, pool, MF_RUN_EVAL, NULL), st, done);
-  MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, &w, desc, sizeof desc), st, done);
+  MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, pool, &w, desc, sizeof desc), st, done);
   if (adapters) {
     MF_CHECK_GOTO(mf_params_load_adapters(t, adapters, w), st, done);
     const size_t n = strlen(desc);

@@ -14,12 +14,6 @@ typedef long long ll;
 /* splitmix64 expands a seed into xoshiro256**'s state (the seeding its authors
  * recommend); xoshiro256** draws the shuffle. Both are fixed algorithms, so an
  * epoch's order is the same on every platform and libc. */
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 typedef struct xoshiro256 {
   uint64_t s[4];
@@ -46,9 +40,9 @@ static uint64_t xoshiro_next(xoshiro256 *r) {
  * order does not depend on how the run got there (resume). */
 static void xoshiro_seed(xoshiro256 *r, uint64_t seed, uint64_t epoch) {
   uint64_t x = seed;
-  uint64_t h = splitmix64(&x);
+  uint64_t h = mf_splitmix64(&x);
   x = h ^ (epoch * 0xD1B54A32D192ED03ull);
-  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+  for (int i = 0; i < 4; i++) r->s[i] = mf_splitmix64(&x);
 }
 
 /* Uniform in [0, n), n >= 1, without modulo bias: draws below 2^64 mod n are

@@ -82,12 +82,17 @@ static void round_part(void *ctx, int i, int n) {
   if (hi > lo) mf_fp32_to_bf16_n(j->w + lo, j->out + lo, hi - lo);
 }
 
+/* buf (the caller's) becomes the working copy. */
+static void adopt_working(mf_runner *r, uint16_t *buf) {
+  if (r->working_owned) free(r->working);
+  r->working = buf;
+  r->working_owned = 0;
+}
+
 mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool) {
   if (r->rp->storage != MF_DTYPE_BF16) return MF_OK;
   if (buf) {
-    if (r->working_owned) free(r->working);
-    r->working = buf;
-    r->working_owned = 0;
+    adopt_working(r, buf);
   } else if (!r->working) {
     MF_CHECK(mf_malloc((n ? n : 1) * sizeof(uint16_t), "the bf16 working copy of the weights", (void **)&r->working));
     r->working_owned = 1;
@@ -104,9 +109,7 @@ mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16
 mf_status mf_runner_round_trained(mf_runner *r, const mf_param_table *t, const float *w, uint16_t *buf) {
   if (r->rp->storage != MF_DTYPE_BF16 || !buf)
     return MF_ERR(MF_ERR_INTERNAL, "runner: a bf16 base at home without bf16 storage and its working copy");
-  if (r->working_owned) free(r->working);
-  r->working = buf;
-  r->working_owned = 0;
+  adopt_working(r, buf);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     if (!p->frozen) mf_fp32_to_bf16_n(w + p->offset, buf + p->offset, (size_t)p->numel);

@@ -138,6 +138,14 @@ static mf_status open_data(const mf_config *cfg, const char *key, const char *pa
   return st;
 }
 
+/* The bf16 working copy from the master weights: all of them, or with
+ * LoRA's base at home in bf16 (loaded there) the trained parameters'. */
+static mf_status round_home(run *r) {
+  uint16_t *buf = (uint16_t *)r->hs.working.ptr;
+  if (r->hs.base_bf16) return mf_runner_round_trained(&r->tr, r->t, r->w, buf);
+  return mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, buf, r->pool);
+}
+
 /* --resume: the checkpoint's state into the run's buffers and loader; the
  * bf16 working copy rounded again from the master weights; the executor's
  * device copies of device-optimized state marked stale. */
@@ -148,12 +156,7 @@ static mf_status resume(run *r, mf_train_summary *out) {
   MF_CHECK(mf_train_ckpt_load(r->cfg, r->resume_dir, &d, r->train, out, dir, sizeof r->resume_path, &r->first_step));
   r->resume_dir = dir;
   snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", dir);
-  if (r->hs
-          .base_bf16) /* the base's bf16 home is as loaded; the trained parameters come from the checkpoint */
-    MF_CHECK(mf_runner_round_trained(&r->tr, r->t, r->w, (uint16_t *)r->hs.working.ptr));
-  else
-    MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, (uint16_t *)r->hs.working.ptr,
-                                     r->pool));
+  MF_CHECK(round_home(r));
   mf_exec_invalidate(r->tr.exec);
   if (!r->quiet) MF_LOGI("train", "resumed from %s (step %lld)", dir, (long long)r->first_step);
   return MF_OK;
@@ -251,7 +254,7 @@ static mf_status node_state(run *r) {
   const size_t n = (size_t)t->total_numel;
   if (r->rk.lrank == 0) {
     float *w = NULL;
-    MF_CHECK(mf_run_load_weights(cfg, NULL, t, &w, r->desc, sizeof r->desc));
+    MF_CHECK(mf_run_load_weights(cfg, NULL, t, r->pool, &w, r->desc, sizeof r->desc));
     if (n) memcpy(r->w, w, n * sizeof(float));
     free(w);
   }
@@ -297,20 +300,17 @@ static mf_status setup(run *r, mf_train_summary *out) {
   const mf_run_plan *rp = r->tr.rp;
   if (r->multi) {
     MF_CHECK(node_state(r));
-  } else if (mf_lora_base_bf16(t, rp->storage, 1)) {
+  } else if (mf_lora_base_bf16(t, rp->storage, rp->prog->ranks)) { /* as host.c decides */
     /* LoRA's frozen base loaded straight into the bf16 working copy, its fp32
      * never whole in memory; the trained parameters into the master weights */
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
     uint16_t *working = (uint16_t *)r->hs.working.ptr;
     MF_CHECK(mf_run_load_weights_home(cfg, NULL, t, r->w, working, r->pool, r->desc, sizeof r->desc));
-    MF_CHECK(mf_runner_round_trained(&r->tr, t, r->w, working));
+    MF_CHECK(round_home(r));
   } else {
-    MF_CHECK(mf_malloc((size_t)t->total_numel * sizeof(float), "the model's weights", (void **)&r->w));
-    r->w_owned = 1;
-    MF_CHECK(mf_run_load_weights_home(cfg, NULL, t, r->w, NULL, r->pool, r->desc, sizeof r->desc));
+    MF_CHECK(mf_run_load_weights(cfg, NULL, t, r->pool, &r->w, r->desc, sizeof r->desc));
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
-    MF_CHECK(mf_runner_round_working(&r->tr, r->w, (size_t)t->total_numel, (uint16_t *)r->hs.working.ptr,
-                                     r->pool));
+    MF_CHECK(round_home(r));
   }
   if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
   if (t->lora_a)
@@ -452,18 +452,12 @@ static mf_status clip(run *r, double *norm, double *coef) {
   return MF_OK;
 }
 
-/* Three words into one well-mixed seed (splitmix64's finaliser on each step). */
+/* Three words into one well-mixed seed (splitmix64 over each in turn). */
 static uint64_t mix3(uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t z = a;
-  const uint64_t in[2] = {b, c};
-  for (int i = 0; i < 3; i++) {
-    if (i) z ^= in[i - 1];
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-  }
-  return z;
+  uint64_t x = a;
+  x = mf_splitmix64(&x) ^ b;
+  x = mf_splitmix64(&x) ^ c;
+  return mf_splitmix64(&x);
 }
 
 /* MF_INJECT_FAIL=RANK:STEP: rank RANK fails at the start of step STEP (the

@@ -54,7 +54,7 @@ std::vector<std::string> json_names(const char *list) {
   return out;
 }
 
-class LoraParity : public ::testing::TestWithParam<std::string> {
+class LoraParity : public FixtureTest {
  protected:
   void SetUp() override {
     dir_ = std::string(kFixtures) + "/lora/" + GetParam();
@@ -78,29 +78,14 @@ class LoraParity : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(mf_params_load(t_, (base + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_params_load_adapters(t_, dir_.c_str(), w_.data()), MF_OK) << mf_last_error();
     ASSERT_TRUE(batch_of(fx_, &bt_)) << "input_ids, labels [B, S] I32 and router_aux_loss_coef";
-    B_ = bt_.B, S_ = bt_.S, ids_ = bt_.ids, targets_ = bt_.targets, aux_coef_ = bt_.aux_coef;
-  }
-  void TearDown() override {
-    mf_safetensors_close(fx_);
-    mf_param_table_free(t_);
   }
   // PEFT's name of an adapter in adapter_model.safetensors.
   static std::string peft(const mf_param &p) { return std::string("base_model.model.") + p.name; }
-  std::string dir_;
-  mf_model_spec spec_{};
-  mf_param_table *t_ = nullptr;
-  std::vector<float> w_;
-  mf_safetensors *fx_ = nullptr;
-  Batch bt_;
-  int64_t B_ = 0, S_ = 0;
-  const int32_t *ids_ = nullptr;
-  std::vector<int32_t> targets_;
-  double aux_coef_ = 0;
 };
 
 TEST_P(LoraParity, LogitsAndLoss) {
-  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
-  expect_logits_and_losses(r, fx_, B_ * S_ * spec_.vocab);
+  Result r = run(w_);
+  expect_logits_and_losses(r, fx_, n_logits());
 }
 
 // The adapters move the logits: without them (B = 0) the check fails.
@@ -110,19 +95,19 @@ TEST_P(LoraParity, TheAdaptersMatter) {
     if (t_->params[i].role == MF_P_LORA_B)
       std::fill(w.begin() + t_->params[i].offset, w.begin() + t_->params[i].offset + t_->params[i].numel,
                 0.0f);
-  Result r = run_model(t_, w, ids_, targets_, B_, S_, aux_coef_);
-  const float *logits = f32(fx_, "logits", B_ * S_ * spec_.vocab);
+  Result r = run(w);
+  const float *logits = f32(fx_, "logits", n_logits());
   ASSERT_NE(logits, nullptr);
-  EXPECT_GT(rel_err(r.logits.data(), logits, B_ * S_ * spec_.vocab), 1e-3);
+  EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-3);
 }
 
 TEST_P(LoraParity, EveryAdapterGradientAndNoneForTheBase) {
-  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  Result r = run(w_);
   const std::string no_grad =
       mf_safetensors_metadata(fx_, "no_grad") ? mf_safetensors_metadata(fx_, "no_grad") : "[]";
   // The base has no gradient tensor and no optimizer state in the program;
   // the trained parameters' gradients are laid out at their toff.
-  mf_program_opts po = {B_, S_, 1, aux_coef_, 0, 0};
+  mf_program_opts po = {bt_.B, bt_.S, 1, bt_.aux_coef, 0, 0};
   mf_program *prog = nullptr;
   ASSERT_EQ(mf_program_build(t_, &po, &prog), MF_OK) << mf_last_error();
   int64_t at = 0;
@@ -163,7 +148,7 @@ TEST_P(LoraParity, EveryAdapterGradientAndNoneForTheBase) {
 // moefit's gradients through AdamW over the adapters alone give PEFT's
 // adapters after its step (tolerance as parity_test's end to end).
 TEST_P(LoraParity, OneAdamWStepOverTheAdapters) {
-  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  Result r = run(w_);
   const mf_adamw_hparams h = {meta_num(fx_, "lr"), meta_num(fx_, "beta1"), meta_num(fx_, "beta2"),
                               meta_num(fx_, "eps"), meta_num(fx_, "weight_decay")};
   ASSERT_TRUE(std::isfinite(h.lr) && std::isfinite(h.weight_decay));

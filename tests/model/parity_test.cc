@@ -44,7 +44,7 @@ std::vector<std::string> fixture_names() {
   return out;
 }
 
-class Parity : public ::testing::TestWithParam<std::string> {
+class Parity : public FixtureTest {
  protected:
   void SetUp() override {
     dir_ = std::string(kFixtures) + "/" + GetParam();
@@ -54,31 +54,16 @@ class Parity : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(mf_params_load(t_, (dir_ + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_safetensors_open((dir_ + "/fixture.safetensors").c_str(), &fx_), MF_OK) << mf_last_error();
     ASSERT_TRUE(batch_of(fx_, &bt_)) << "input_ids, labels [B, S] I32 and router_aux_loss_coef";
-    B_ = bt_.B, S_ = bt_.S, ids_ = bt_.ids, targets_ = bt_.targets, aux_coef_ = bt_.aux_coef;
   }
-  void TearDown() override {
-    mf_safetensors_close(fx_);
-    mf_param_table_free(t_);
-  }
-  std::string dir_;
-  mf_model_spec spec_{};
-  mf_param_table *t_ = nullptr;
-  std::vector<float> w_;
-  mf_safetensors *fx_ = nullptr;
-  Batch bt_;
-  int64_t B_ = 0, S_ = 0;
-  const int32_t *ids_ = nullptr;
-  std::vector<int32_t> targets_;
-  double aux_coef_ = 0;
 };
 
 TEST_P(Parity, LogitsLossAndAux) {
-  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
-  expect_logits_and_losses(r, fx_, B_ * S_ * spec_.vocab);
+  Result r = run(w_);
+  expect_logits_and_losses(r, fx_, n_logits());
 }
 
 TEST_P(Parity, EveryGradient) {
-  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  Result r = run(w_);
   const char *ng = mf_safetensors_metadata(fx_, "no_grad");
   std::string no_grad = ng ? ng : "[]";
   int checked = 0;
@@ -136,7 +121,7 @@ TEST_P(Parity, OneAdamWStepFromReferenceGradients) {
 // the update: each element may differ by 1e-6 plus lr * |r(g_moefit) - r(g_torch)|,
 // the part the two gradients explain, and by nothing more.
 TEST_P(Parity, OneAdamWStepEndToEnd) {
-  Result r = run_model(t_, w_, ids_, targets_, B_, S_, aux_coef_);
+  Result r = run(w_);
   mf_adamw_hparams h = fixture_hparams(fx_);
   std::vector<float> w = w_;
   std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
@@ -178,10 +163,10 @@ TEST_P(Parity, APerturbedWeightIsCaught) {
   std::vector<float> w = w_;
   const mf_param &p = t_->params[mf_param_index(t_, MF_P_Q, 0, -1)];
   w[p.offset + 3] += 1e-3f;
-  Result r = run_model(t_, w, ids_, targets_, B_, S_, aux_coef_);
-  const float *logits = f32(fx_, "logits", B_ * S_ * spec_.vocab);
+  Result r = run(w);
+  const float *logits = f32(fx_, "logits", n_logits());
   ASSERT_NE(logits, nullptr);
-  EXPECT_GT(rel_err(r.logits.data(), logits, B_ * S_ * spec_.vocab), 1e-5);
+  EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixture_names()),

@@ -156,6 +156,26 @@ inline void expect_logits_and_losses(const Result &r, const mf_safetensors *fx, 
   EXPECT_NEAR(r.aux, *aux, 1e-5 * std::fabs(*aux)) << "aux loss";
 }
 
+// A test over one fixture dir: its model's table and weights (the subclass's
+// SetUp loads them), its fixture.safetensors and batch; run() is one step.
+class FixtureTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void TearDown() override {
+    mf_safetensors_close(fx_);
+    mf_param_table_free(t_);
+  }
+  Result run(const std::vector<float> &w) const {
+    return run_model(t_, w, bt_.ids, bt_.targets, bt_.B, bt_.S, bt_.aux_coef);
+  }
+  int64_t n_logits() const { return bt_.B * bt_.S * spec_.vocab; }
+  std::string dir_;
+  mf_model_spec spec_{};
+  mf_param_table *t_ = nullptr;
+  std::vector<float> w_;
+  mf_safetensors *fx_ = nullptr;
+  Batch bt_;
+};
+
 }  // namespace mf_parity
 
 #endif  // MF_TESTS_MODEL_PARITY_UTIL_H
