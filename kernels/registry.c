@@ -61,11 +61,26 @@ mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_bac
   const mf_backend_params none = {0};
   if (!p) p = &none;
   if (strcmp(r, "cuda") == 0) {
-    const mf_cuda_backend_opts co = {p->device, 0, 0};
+    const mf_cuda_backend_opts co = {p->device, 0, 0, MF_CUDA_EXPERT_GEMM_AUTO};
     mf_status st = mf_backend_cuda_create(&co, out);
     if (st != MF_OK) mf_error_prefix("backend: cuda");
     return st;
   }
   const mf_cpu_backend_opts co = {p->pool, p->round_bf16, p->checking, p->optim, p->streams};
   return mf_backend_cpu_create(&co, out);
+}
+
+const char *mf_backend_expert_gemm(const mf_backend *b) {
+  return b && strcmp(b->name, "cuda") == 0 ? mf_backend_cuda_expert_gemm(b) : NULL;
+}
+
+mf_status mf_backend_set_expert_gemm(mf_backend *b, const char *name) {
+  int which = -1;
+  if (name && strcmp(name, "mma") == 0) which = MF_CUDA_EXPERT_GEMM_MMA;
+  if (name && strcmp(name, "cutlass") == 0) which = MF_CUDA_EXPERT_GEMM_CUTLASS;
+  if (which < 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "expert GEMM kernel '%s': expected mma or cutlass", name ? name : "");
+  if (!b || strcmp(b->name, "cuda") != 0)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "the %s backend has one expert GEMM kernel", b ? b->name : "(none)");
+  return mf_backend_cuda_set_expert_gemm(b, which);
 }

@@ -81,6 +81,17 @@ mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_bac
 /* The CUDA devices this process sees (0: none, or built without CUDA). */
 int mf_backend_device_count(void);
 
+/* The kernel a backend runs BF16 storage's grouped expert GEMMs on, in words
+ * (cuda: "mma.sync", the default, or "cutlass sm90 (wgmma + TMA)"; the
+ * environment's MF_EXPERT_GEMM=mma|cutlass picks it at create); NULL for a
+ * backend with one kernel only (cpu). */
+const char *mf_backend_expert_gemm(const mf_backend *b);
+
+/* Switches it: "mma" or "cutlass" (cuda only). Where that kernel is not
+ * available (cpu; a build without CUTLASS's headers; not an sm_90 GPU):
+ * MF_ERR_UNSUPPORTED saying why, the kernel unchanged. */
+mf_status mf_backend_set_expert_gemm(mf_backend *b, const char *name);
+
 #ifdef __cplusplus
 }
 #endif

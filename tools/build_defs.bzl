@@ -57,23 +57,39 @@ _GENCODE = " ".join([
     "-gencode arch=compute_90,code=compute_90",
 ])
 
-def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps = [], **kwargs):
+# A .cu compiled against CUTLASS's headers (cuda_library's `cutlass_srcs`):
+# sm_90a only (its kernels are Hopper's wgmma + TMA), NDEBUG (an assert's call
+# inside the mainloop makes ptxas serialise the wgmma pipeline), and
+# MF_HAVE_CUTLASS=1 when tools/setup installed the headers, 0 (stubs) when not.
+_CUTLASS = "third_party/cutlass"
+_CUTLASS_FLAGS = (
+    "$$(if [ -f " + _CUTLASS + "/include/cutlass/cutlass.h ]; then " +
+    "echo -DMF_HAVE_CUTLASS=1 -DNDEBUG --expt-relaxed-constexpr -I" + _CUTLASS + "/include -I" +
+    _CUTLASS + "/util/include; else echo -DMF_HAVE_CUTLASS=0; fi) " +
+    "-gencode arch=compute_90a,code=sm_90a"
+)
+
+def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps = [], cutlass_srcs = [], **kwargs):
     """Compiles each .cu with nvcc (one genrule per file) into an alwayslink cc_library.
 
     `hdrs` are the public headers; `nvcc_hdrs` every other header the .cu files
     include (nvcc sees only what is listed). Without the toolkit, or with
     --config=nocuda, the library is built from `fallback_srcs` (C files that
-    report "no GPU") instead, so callers need no #ifdefs.
+    report "no GPU") instead, so callers need no #ifdefs. `cutlass_srcs` are
+    .cu files compiled against CUTLASS's headers (_CUTLASS_FLAGS above).
     """
     objs = []
     if HAVE_CUDA:
-        for src in srcs:
+        for src in srcs + cutlass_srcs:
             obj = "_" + name + "_" + src.replace("/", "_").replace(".cu", ".pic.o")
+            cutlass = src in cutlass_srcs
             native.genrule(
                 name = obj + "_nvcc",
-                srcs = [src] + hdrs + nvcc_hdrs + ["@cuda//:nvcc_files"],
+                srcs = [src] + hdrs + nvcc_hdrs + ["@cuda//:nvcc_files"] +
+                       (["//third_party:cutlass_headers"] if cutlass else []),
                 outs = [obj],
-                cmd = (NVCC + " -c -Xcompiler=-fPIC -std=c++17 -O3 -ccbin=/usr/bin/g++ " + _GENCODE +
+                cmd = (NVCC + " -c -Xcompiler=-fPIC -std=c++17 -O3 -ccbin=/usr/bin/g++ " +
+                       (_CUTLASS_FLAGS if cutlass else _GENCODE) +
                        " -I. -Iexternal/cuda/include -DMF_HAVE_CUDA=1 -o $@ $(location " + src + ")"),
                 tags = ["manual"],
                 message = "nvcc " + src,

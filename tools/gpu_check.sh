@@ -70,6 +70,8 @@ gpu_targets() {
 if [[ "${1:-}" == "--pack" ]]; then
   dir=${2:?usage: tools/gpu_check.sh --pack DIR}
   shift 2
+  # what the build needs, CUTLASS's headers included (the cutlass expert GEMM)
+  ./tools/setup || exit 1
   targets=$(gpu_targets) || { echo "gpu_check: bazel query failed" >&2; exit 1; }
   # shellcheck disable=SC2086
   "${BZ[@]}" build "$@" $targets || exit 1

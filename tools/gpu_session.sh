@@ -7,7 +7,7 @@
 # usage (on the device machine, after `tar xzf .gpu_bin.tgz`):
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
-#     STEPS a comma list of tests,bf16,peer,bench,demo,ranks,fp32,inv,ga8,profile,ncu,
+#     STEPS a comma list of tests,bf16,peer,bench,cutlass,demo,ranks,fp32,inv,ga8,profile,ncu,
 #     lora,loramf,lorapeer (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
 #     runs only those test binaries (their names in DIR less the tests_cuda_ prefix).
 #     The 644M runs log the host's submitting time by kernel kind (MF_LOG=debug for
@@ -19,7 +19,10 @@
 #   2. the 644M shape (configs/bench-644m.yaml) in bf16, everything resident:
 #      tokens/s and predicted/executed
 #   3. transformers on the same shape (tools/peer_bench.py): the ratio
-#   4. moefit bench kernels on the 644M shape
+#   4. moefit bench kernels on the 644M shape (the expert GEMMs on mma.sync and,
+#      beside them, on CUTLASS's sm90 grouped GEMM)
+#   4b. (cutlass) the 644M shape in bf16 with MF_EXPERT_GEMM=cutlass: tokens/s
+#      beside step 2's and the peer's; plan invariance on cuda with it
 #   5. the demo on cuda in bf16 beside the cpu's fp32 loss (within 2%); (ranks)
 #      two ranks sharing the GPU (mpirun -np 2, where the machine has mpirun)
 #      against one rank with grad_accum 2: the final weights byte-identical
@@ -51,7 +54,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
 deadline=$(($(date +%s) + ${2:-540}))
-steps=",${3:-tests,bf16,peer,bench,demo,ranks,fp32,inv,ga8,profile},"
+steps=",${3:-tests,bf16,peer,bench,cutlass,demo,ranks,fp32,inv,ga8,profile},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 out=${OUT:-/tmp}
 logs=/tmp/mf_gpu_session
@@ -286,6 +289,20 @@ if want bench; then
   t=$(date +%s)
   timeout "$(cap 120)" "$moefit" bench kernels configs/bench-644m.yaml --reps 3 >"$logs/bench.log" 2>&1
   row "bench kernels 644M" "rc=$? $(grep '^kernels:' "$logs/bench.log" | tail -1 | cut -c1-50)" $(($(date +%s) - t))
+  # the expert GEMMs on the other kernel: each row's speed-up and rate
+  while read -r line; do
+    row "  $(awk '{print $1, $2, $3, $4}' <<<"$line")" "$(awk '{print $(NF-5), $(NF-4), $(NF-3), "x" $NF}' <<<"$line")" ""
+  done < <(sed -n '/^expert GEMMs: the rows above/,/^$/p' "$logs/bench.log" | grep '^  expert_')
+  grep -q '^expert GEMMs ran on' "$logs/bench.log" && row "  expert GEMMs" "$(grep '^expert GEMMs ran on' "$logs/bench.log" | cut -c1-62)" ""
+fi
+
+# 4b. the expert GEMMs on CUTLASS's sm90 grouped GEMM for a whole training run.
+if want cutlass; then
+  MF_EXPERT_GEMM=cutlass run644 bf16_cutlass 150 train.precision=bf16
+  row "  expert GEMM kernel" "$(grep -o 'MF_EXPERT_GEMM=cutlass: .*' "$logs/bf16_cutlass.log" | head -1 | cut -c1-62)" ""
+  row "644M cutlass/mma (bf16)" "$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16_cutlass.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")" 2>/dev/null); losses $(final_loss "$logs/bf16_cutlass.log") vs $(final_loss "$logs/bf16.log")" ""
+  peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/peer.json" 2>/dev/null)
+  [[ -n "$peer" ]] && row "  cutlass moefit/peer" "$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16_cutlass.metrics.jsonl")" "$peer" 2>/dev/null)" ""
 fi
 
 # 5. the demo on cuda in bf16 beside the cpu's fp32.
@@ -324,31 +341,37 @@ if want fp32; then
   row "644M bf16/fp32" "$(python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16.metrics.jsonl")" "$(tok_s "$logs/fp32.metrics.jsonl")" 2>/dev/null)" ""
 fi
 
-# 7. plan invariance on cuda (bf16): resident vs the planner at 25% of its arena.
-if want inv; then
+# 7. plan invariance on cuda (bf16): resident vs the planner at 25% of its arena
+#    (and, with the cutlass step, again with the expert GEMMs on CUTLASS).
+inv_check() {
+  local label=$1 t sfx
   t=$(date +%s)
+  sfx=${label// /_}
   common=(train.steps=60 train.eval_every=0 backend=cuda hardware.profile=configs/hw/h100-pcie.yaml)
   timeout "$(cap 60)" "$moefit" train configs/demo.yaml "${common[@]}" memory.plan=resident memory.device_budget=600MiB \
-    output.dir=/tmp/mf_inv_res >"$logs/inv_res.log" 2>&1
+    output.dir=/tmp/mf_inv_res >"$logs/inv_res_$sfx.log" 2>&1
   # 25% of the resident arena plus what the backend keeps beside it (the
   # plan's device_backend_bytes: 48 MiB on an H100, not the 560 MiB first
   # assumed, with which this "25%" plan was the resident one again).
   budget=$(quarter_budget /tmp/mf_inv_res/plan.json)
   timeout "$(cap 60)" "$moefit" train configs/demo.yaml "${common[@]}" memory.plan=auto "memory.device_budget=$budget" \
-    output.dir=/tmp/mf_inv_q >"$logs/inv_q.log" 2>&1
+    output.dir=/tmp/mf_inv_q >"$logs/inv_q_$sfx.log" 2>&1
   timeout "$(cap 60)" "$moefit" train configs/demo.yaml "${common[@]}" memory.plan=megatrain memory.device_budget=600MiB \
-    output.dir=/tmp/mf_inv_mt >"$logs/inv_mt.log" 2>&1
+    output.dir=/tmp/mf_inv_mt >"$logs/inv_mt_$sfx.log" 2>&1
   q_arena=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['arena_bytes'])" /tmp/mf_inv_q/plan.json 2>/dev/null || echo 0)
   losses() { grep -o '^step *[0-9]*/[0-9]* *loss [0-9.]*' "$1"; }
   for other in q mt; do
     if cmp -s /tmp/mf_inv_res/final/model.safetensors /tmp/mf_inv_$other/final/model.safetensors &&
-        cmp -s <(losses "$logs/inv_res.log") <(losses "$logs/inv_$other.log"); then
-      row "plan invariance cuda bf16 ($other)" "== resident: weights (bits) and losses; arena $q_arena" $(($(date +%s) - t))
+        cmp -s <(losses "$logs/inv_res_$sfx.log") <(losses "$logs/inv_${other}_$sfx.log"); then
+      row "plan invariance cuda $label ($other)" "== resident: weights (bits) and losses; arena $q_arena" $(($(date +%s) - t))
     else
-      row "plan invariance cuda bf16 ($other)" "DIFFER or FAILED (arena $q_arena)" $(($(date +%s) - t))
+      row "plan invariance cuda $label ($other)" "DIFFER or FAILED (arena $q_arena)" $(($(date +%s) - t))
     fi
   done
-fi
+  rm -rf /tmp/mf_inv_res /tmp/mf_inv_q /tmp/mf_inv_mt
+}
+want inv && inv_check bf16
+want inv && want cutlass && MF_EXPERT_GEMM=cutlass inv_check "bf16 cutlass"
 
 # 8. 25% of the resident arena, 8 micro-batches a step (against resident with
 #    the same 8 micro-batches).

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda.h"
@@ -42,6 +44,8 @@ typedef struct cuda_impl {
   int have_scratch_event;
   pthread_mutex_t scratch_lock;
   mf_cuda_blas *blas; /* cuBLASLt handle, workspace and algorithm cache (gemm.cu) */
+  int expert_cutlass; /* BF16 expert GEMMs on expert_cutlass.cu (else expert_mma.cu) */
+  uint64_t cutlass_calls; /* expert GEMM calls expert_cutlass.cu ran */
   mf_backend_stats stats;
 } cuda_impl;
 
@@ -310,6 +314,47 @@ static mf_status with_scratch(cuda_impl *c, size_t need, const char *what, cudaS
   return st;
 }
 
+// EXPERT_FWD / BWD_DATA / BWD_WEIGHT on gemm.cu's launchers (expert_mma.cu for
+// BF16 where it fits, the CUDA-core kernel otherwise).
+template <typename T>
+static mf_status run_expert(const mf_kernel_call *k, cudaStream_t s) {
+  const int64_t *i = k->i;
+  if (k->kind == MF_K_EXPERT_FWD)
+    return mf_cuda_expert_fwd<T>(CS(0), (const T *const *)k->experts, CI64(1), mf_kernel_expert_rows(k), i[0],
+                                 i[1], i[2], S(2), s);
+  if (k->kind == MF_K_EXPERT_BWD_DATA)
+    return mf_cuda_expert_bwd_data<T>(CS(0), (const T *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
+                                      i[0], i[1], i[2], S(2), s);
+  return mf_cuda_expert_bwd_weight<T>(CS(0), CS(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts, s);
+}
+
+// The same on expert_cutlass.cu, which writes its group arrays into the kernel
+// scratch (so it takes the scratch's turn); a call it does not take runs on
+// run_expert.
+static mf_status run_expert_cutlass(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
+  typedef mf_bf16 T;
+  const int64_t *i = k->i;
+  const size_t need = mf_cuda_expert_cutlass_scratch_bytes(i[0]);
+  if (need == 0 || need > c->scratch_bytes) return run_expert<T>(k, s);
+  int ran = 0;
+  MF_CHECK(with_scratch(c, need, "the cutlass expert GEMM", s, [&] {
+    if (k->kind == MF_K_EXPERT_FWD)
+      return mf_cuda_expert_cutlass_fwd(CS(0), (const T *const *)k->experts, CI64(1),
+                                        mf_kernel_expert_rows(k), i[0], i[1], i[2], S(2), c->scratch,
+                                        c->scratch_bytes, &ran, s);
+    if (k->kind == MF_K_EXPERT_BWD_DATA)
+      return mf_cuda_expert_cutlass_bwd_data(CS(0), (const T *const *)k->experts, CI64(1),
+                                             mf_kernel_expert_rows(k), i[0], i[1], i[2], S(2), c->scratch,
+                                             c->scratch_bytes, &ran, s);
+    return mf_cuda_expert_cutlass_bwd_weight(CS(0), CS(1), CI64(2), i[0], i[1], i[2],
+                                             (float *const *)k->experts, c->scratch, c->scratch_bytes, &ran,
+                                             s);
+  }));
+  if (!ran) return run_expert<T>(k, s);
+  __atomic_add_fetch(&c->cutlass_calls, 1, __ATOMIC_RELAXED);
+  return MF_OK;
+}
+
 // The kernels of a call computing in storage T (float: F32, mf_bf16: BF16).
 template <typename T>
 static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
@@ -392,14 +437,12 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_LINEAR_BWD_WEIGHT:
       return mf_cuda_linear_bwd_weight<T>(CS(0), CS(1), i[0], i[1], i[2], F(2), F(3), c->blas, s);
     case MF_K_EXPERT_FWD:
-      return mf_cuda_expert_fwd<T>(CS(0), (const T *const *)k->experts, CI64(1), mf_kernel_expert_rows(k),
-                                i[0], i[1], i[2], S(2), s);
     case MF_K_EXPERT_BWD_DATA:
-      return mf_cuda_expert_bwd_data<T>(CS(0), (const T *const *)k->experts, CI64(1),
-                                     mf_kernel_expert_rows(k), i[0], i[1], i[2], S(2), s);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cuda_expert_bwd_weight<T>(CS(0), CS(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts,
-                                       s);
+      if constexpr (std::is_same<T, mf_bf16>::value) {
+        if (c->expert_cutlass) return run_expert_cutlass(c, k, s);
+      }
+      return run_expert<T>(k, s);
     case MF_K_CROSS_ENTROPY:
       return mf_cuda_cross_entropy<T>(CS(0), CS(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
                                    D64(5), S(6), F(7), c->blas, s);
@@ -463,7 +506,7 @@ static void cuda_free(mf_backend *b) {
 
 extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out) {
   *out = NULL;
-  mf_cuda_backend_opts o = {0, 0, 0};
+  mf_cuda_backend_opts o = {0, 0, 0, MF_CUDA_EXPERT_GEMM_AUTO};
   if (opts) o = *opts;
   if (o.scratch_bytes == 0) o.scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;
   int n = 0;
@@ -526,10 +569,61 @@ extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf
   c->scratch_bytes = o.scratch_bytes;
   if (o.gemm_workspace_bytes == 0) o.gemm_workspace_bytes = MF_CUDA_GEMM_WORKSPACE_DEFAULT;
   st = mf_cuda_blas_create(c->device, o.gemm_workspace_bytes, &c->blas);
+  if (st == MF_OK) st = mf_backend_cuda_set_expert_gemm(b, o.expert_gemm);
   if (st != MF_OK) {
     cuda_free(b);
     return st;
   }
   *out = b;
   return MF_OK;
+}
+
+extern "C" mf_status mf_backend_cuda_set_expert_gemm(mf_backend *b, int which) {
+  if (!b || strcmp(b->name, "cuda") != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_backend_cuda_set_expert_gemm: not a cuda backend");
+  cuda_impl *c = impl_of(b);
+  if (which == MF_CUDA_EXPERT_GEMM_AUTO) {
+    // The environment's word (another value is warned about and ignored, as
+    // for every MF_ variable); cutlass where it is not available: a warning
+    // saying why, and mma.
+    const char *env = mf_env_word("MF_EXPERT_GEMM", "mma|cutlass");
+    c->expert_cutlass = 0;
+    if (!env || strcmp(env, "cutlass") != 0) return MF_OK;
+    if (mf_backend_cuda_set_expert_gemm(b, MF_CUDA_EXPERT_GEMM_CUTLASS) != MF_OK)
+      MF_LOGW("cuda", "MF_EXPERT_GEMM=cutlass: %s; the expert GEMMs run on mma.sync", mf_last_error());
+    else
+      MF_LOGI("cuda", "MF_EXPERT_GEMM=cutlass: the expert GEMMs run on CUTLASS's sm90 grouped GEMM");
+    return MF_OK;
+  }
+  if (which == MF_CUDA_EXPERT_GEMM_MMA) {
+    c->expert_cutlass = 0;
+    return MF_OK;
+  }
+  if (which != MF_CUDA_EXPERT_GEMM_CUTLASS)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "expert GEMM kernel %d: expected MF_CUDA_EXPERT_GEMM_AUTO, _MMA or _CUTLASS", which);
+  if (!mf_cuda_expert_cutlass_built())
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "the cutlass expert GEMM: moefit was built without CUTLASS's headers (tools/setup installs "
+                  "them where the CUDA toolkit is; then build again)");
+  SET_DEVICE(c);
+  if (mf_cuda_expert_cutlass_scratch_bytes(1) == 0) {
+    cudaDeviceProp p;
+    MF_CUDA_CHECK(cudaGetDeviceProperties(&p, c->device));
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "the cutlass expert GEMM is built for sm_90 only; device %d is %s (sm_%d%d)", c->device,
+                  p.name, p.major, p.minor);
+  }
+  c->expert_cutlass = 1;
+  return MF_OK;
+}
+
+extern "C" const char *mf_backend_cuda_expert_gemm(const mf_backend *b) {
+  if (!b || strcmp(b->name, "cuda") != 0) return NULL;
+  return ((const cuda_impl *)b->impl)->expert_cutlass ? "cutlass sm90 (wgmma + TMA)" : "mma.sync";
+}
+
+extern "C" uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b) {
+  if (!b || strcmp(b->name, "cuda") != 0) return 0;
+  return __atomic_load_n(&((const cuda_impl *)b->impl)->cutlass_calls, __ATOMIC_RELAXED);
 }

@@ -42,7 +42,21 @@ typedef struct mf_cuda_backend_opts {
   size_t scratch_bytes; /* device scratch for the kernels' partial sums; 0 = MF_CUDA_SCRATCH_DEFAULT */
   /* cuBLASLt workspace (split-K partials), allocated at create; 0 = MF_CUDA_GEMM_WORKSPACE_DEFAULT */
   size_t gemm_workspace_bytes;
+  int expert_gemm; /* MF_CUDA_EXPERT_GEMM_*: the kernel of BF16 storage's grouped expert GEMMs */
 } mf_cuda_backend_opts;
+
+/* Which kernel runs the grouped expert GEMMs of BF16 storage (fp32 storage
+ * always runs gemm.cu's CUDA-core kernel). */
+enum {
+  /* MF_EXPERT_GEMM from the environment (mma or cutlass; cutlass where it is
+   * not available: a warning, and mma), else mma */
+  MF_CUDA_EXPERT_GEMM_AUTO = 0,
+  /* expert_mma.cu: mma.sync tiles (sm_80 and later) */
+  MF_CUDA_EXPERT_GEMM_MMA = 1,
+  /* expert_cutlass.cu: CUTLASS's sm90 grouped GEMM on wgmma + TMA (an sm_90
+   * device and a build with CUTLASS); a call it does not take runs on mma */
+  MF_CUDA_EXPERT_GEMM_CUTLASS = 2,
+};
 
 /* 32 MiB: what cuBLASLt's heuristics ask for the largest fp32 split-K problems. */
 #define MF_CUDA_GEMM_WORKSPACE_DEFAULT ((size_t)32 << 20)
@@ -56,6 +70,21 @@ typedef struct mf_cuda_backend_opts {
 
 /* opts may be NULL (device 0, default scratch). *out is NULL on failure. */
 mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out);
+
+/* Switches a cuda backend's expert GEMM kernel (MF_CUDA_EXPERT_GEMM_MMA or
+ * _CUTLASS; AUTO reads MF_EXPERT_GEMM again). CUTLASS where it is not
+ * available (not built with it: tools/setup installs its headers; or not an
+ * sm_90 device): MF_ERR_UNSUPPORTED saying why, the kernel unchanged. Not
+ * while the backend runs kernels on another thread. */
+mf_status mf_backend_cuda_set_expert_gemm(mf_backend *b, int which);
+
+/* The kernel a cuda backend runs BF16 expert GEMMs on, in words ("mma.sync",
+ * "cutlass sm90 wgmma"); NULL for a backend that is not cuda. */
+const char *mf_backend_cuda_expert_gemm(const mf_backend *b);
+
+/* How many expert GEMM calls a cuda backend ran on the cutlass kernel (the
+ * others ran on mma.sync or the CUDA-core kernel); 0 for other backends. */
+uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b);
 
 /* ------------------------------------------------- optimizer kernels
  * Device twins of src/optim, callable from C; the backend's run() runs

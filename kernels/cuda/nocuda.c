@@ -45,3 +45,13 @@ mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **
   return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend is not available: moefit was built without CUDA "
                                     "(--config=nocuda or no toolkit)");
 }
+
+mf_status mf_backend_cuda_set_expert_gemm(mf_backend *b, int which) {
+  return NO_CUDA();
+}
+const char *mf_backend_cuda_expert_gemm(const mf_backend *b) {
+  return NULL;
+}
+uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b) {
+  return 0;
+}

@@ -213,6 +213,26 @@ mf_status mf_cuda_expert_mma_bwd_weight(const mf_bf16 *dye, const mf_bf16 *xe, c
                                         int64_t E, int64_t N, int64_t Kd, float *const *dW, int *ran,
                                         cudaStream_t s);
 
+// ------------------------------------------------------ expert_cutlass.cu
+// The same grouped expert GEMMs of BF16 storage on Hopper's wgmma + TMA
+// (CUTLASS's sm90 grouped GEMM): the operands of mf_cuda_expert_*, plus the
+// kernel scratch (the group arrays and CUTLASS's workspace are written there;
+// the backend serialises its users) and *ran, 0 (MF_OK, nothing launched) for
+// a call the path does not take: not built with CUTLASS, not an sm_90 device,
+// N or Kd not a multiple of 8, a pointer not 16-byte aligned, E out of range,
+// too little scratch.
+size_t mf_cuda_expert_cutlass_scratch_bytes(int64_t E);  // 0: the path is not available
+int mf_cuda_expert_cutlass_built(void);
+mf_status mf_cuda_expert_cutlass_fwd(const mf_bf16 *xe, const mf_bf16 *const *W, const int64_t *offsets,
+                                     int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *ye, void *scratch,
+                                     size_t scratch_bytes, int *ran, cudaStream_t s);
+mf_status mf_cuda_expert_cutlass_bwd_data(const mf_bf16 *dye, const mf_bf16 *const *W, const int64_t *offsets,
+                                          int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *dxe,
+                                          void *scratch, size_t scratch_bytes, int *ran, cudaStream_t s);
+mf_status mf_cuda_expert_cutlass_bwd_weight(const mf_bf16 *dye, const mf_bf16 *xe, const int64_t *offsets,
+                                            int64_t E, int64_t N, int64_t Kd, float *const *dW, void *scratch,
+                                            size_t scratch_bytes, int *ran, cudaStream_t s);
+
 // ------------------------------------------------------- device helpers
 #ifdef __CUDACC__
 // A stored element widened to fp32 (exact), and an fp32 value stored: as is,

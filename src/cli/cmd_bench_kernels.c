@@ -88,6 +88,10 @@ const char mf_cli_bench_kernels_usage[] =
     "against the GEMM's) or GB/s (the others: against the copy's, read + write bytes), the\n"
     "ratio to that roofline, and the share of the step's summed kernel time; then one line:\n"
     "  kernels: step <ms> ms; gemm roofline <X> TFLOP/s; copy <Y> GB/s\n"
+    "On cuda it names the kernel the expert GEMMs ran on (mma.sync by default; the environment's\n"
+    "MF_EXPERT_GEMM=cutlass picks CUTLASS's sm90 grouped GEMM on wgmma + TMA) and, where the\n"
+    "other kernel is available (an sm_90 GPU, a build with CUTLASS's headers), times the same\n"
+    "expert calls on it: ms on each, its rate and ratio to the roofline, the speed-up.\n"
     "Then the copies, in the same run on the same backend, bytes moved per second: rows h2d\n"
     "pinned, d2h pinned (one copy of the D2D copy's bytes each way from host_alloc memory,\n"
     "pinned on cuda), h2d+d2h pinned (both at once on two streams: the aggregate and each\n"
@@ -592,6 +596,38 @@ static mf_status time_key(bench *k, const mf_schedule *s, uint8_t *base, kkey *q
   return MF_OK;
 }
 
+/* The expert GEMM keys timed again on the backend's other expert GEMM kernel
+ * (cuda, where both are available: mma.sync and CUTLASS's wgmma), the
+ * backend's own choice restored after. *n_alt = 0 when there is no other; *why
+ * then says why, when there is a reason worth printing. */
+static int expert_kind(mf_kernel kind) {
+  return kind == MF_K_EXPERT_FWD || kind == MF_K_EXPERT_BWD_DATA || kind == MF_K_EXPERT_BWD_WEIGHT;
+}
+
+static mf_status time_other_expert_gemm(bench *k, const mf_schedule *s, uint8_t *base, const kkey *keys,
+                                        int n, kkey **alt, int *n_alt, char *why, size_t why_cap) {
+  *alt = NULL;
+  *n_alt = 0;
+  why[0] = 0;
+  const char *cur = mf_backend_expert_gemm(k->b);
+  int m = 0;
+  for (int j = 0; j < n; j++) m += expert_kind(keys[j].kind);
+  if (!cur || m == 0) return MF_OK;
+  const int on_mma = strcmp(cur, "mma.sync") == 0;
+  if (mf_backend_set_expert_gemm(k->b, on_mma ? "cutlass" : "mma") != MF_OK) {
+    snprintf(why, why_cap, "%s", mf_last_error());
+    return MF_OK;
+  }
+  mf_status st = mf_calloc((size_t)m, sizeof **alt, "expert GEMM rows", (void **)alt);
+  for (int j = 0; st == MF_OK && j < n; j++) {
+    if (!expert_kind(keys[j].kind)) continue;
+    (*alt)[*n_alt] = keys[j];
+    st = time_key(k, s, base, &(*alt)[(*n_alt)++]);
+  }
+  const mf_status back = mf_backend_set_expert_gemm(k->b, on_mma ? "mma" : "cutlass");
+  return st != MF_OK ? st : back;
+}
+
 /* ------------------------------------------------------------ report */
 
 /* The achieved rate in its unit, and its ratio to the roofline. */
@@ -663,6 +699,40 @@ static mf_status print_table(const kkey *keys, int n, const roofline *rl, double
   return st;
 }
 
+/* Each expert GEMM key on both kernels: ms per call, the other's rate and its
+ * ratio to the roofline, and the speed-up. */
+static mf_status print_expert_compare(const kkey *keys, int n, const kkey *alt, int n_alt, const char *cur,
+                                      const char *other, const roofline *rl) {
+  mf_table *tb = NULL;
+  MF_CHECK(mf_table_create("llrrrrr", &tb));
+  mf_table_cell(tb, "kernel");
+  mf_table_cell(tb, "sizes");
+  mf_table_cell(tb, "ms (%s)", cur);
+  mf_table_cell(tb, "ms (%s)", other);
+  mf_table_cell(tb, "achieved");
+  mf_table_cell(tb, "of roofline");
+  mf_table_cell(tb, "speed-up");
+  for (int a = 0; a < n_alt; a++) {
+    const kkey *q = &alt[a], *p = NULL;
+    for (int j = 0; j < n && !p; j++)
+      if (keys[j].instr == q->instr) p = &keys[j];
+    if (!p) continue;
+    char sz[160];
+    double achieved, ratio;
+    rate_of(q, rl, &achieved, &ratio);
+    mf_table_cell(tb, "%s", q->kernel);
+    mf_table_cell(tb, "%s", sizes_text(q, sz, sizeof sz));
+    mf_table_cell(tb, "%.4f", p->seconds * 1e3);
+    mf_table_cell(tb, "%.4f", q->seconds * 1e3);
+    mf_table_cell(tb, "%.3g TFLOP/s", achieved);
+    mf_table_cell(tb, "%.3f gemm", ratio);
+    mf_table_cell(tb, "%.2fx", p->seconds / q->seconds);
+  }
+  mf_status st = mf_table_print(tb, stdout, "  ");
+  mf_table_free(tb);
+  return st;
+}
+
 static json_t *json_row(const kkey *q, const roofline *rl, double step_s) {
   double achieved, ratio;
   rate_of(q, rl, &achieved, &ratio);
@@ -689,7 +759,8 @@ typedef struct report {
 } report;
 
 static mf_status write_json(const char *path, const bench *k, const report *rp, const kkey *keys, int n,
-                            const roofline *rl, double step_s, const mf_cli_copies *copies) {
+                            const roofline *rl, double step_s, const mf_cli_copies *copies, const kkey *alt,
+                            int n_alt, const char *other) {
   json_t *root = json_object(), *rows = json_array(), *gemm = json_object(), *copy = json_object();
   json_object_set_new(root, "config", json_string(rp->config));
   json_object_set_new(root, "backend", json_string(k->b->name));
@@ -711,6 +782,16 @@ static mf_status write_json(const char *path, const bench *k, const report *rp, 
   json_object_set_new(root, "step_ms", json_real(step_s * 1e3));
   for (int j = 0; j < n; j++) json_array_append_new(rows, json_row(&keys[j], rl, step_s));
   json_object_set_new(root, "rows", rows);
+  const char *cur = mf_backend_expert_gemm(k->b);
+  json_object_set_new(root, "expert_gemm", cur ? json_string(cur) : json_null());
+  if (n_alt > 0) {
+    /* the expert GEMM rows again on the other kernel ("share": of the step above) */
+    json_t *o = json_object(), *orows = json_array();
+    json_object_set_new(o, "expert_gemm", json_string(other));
+    for (int j = 0; j < n_alt; j++) json_array_append_new(orows, json_row(&alt[j], rl, step_s));
+    json_object_set_new(o, "rows", orows);
+    json_object_set_new(root, "other_expert_gemm", o);
+  }
   json_object_set_new(root, "copies", mf_cli_copies_json(copies));
   char *text = json_dumps(root, JSON_INDENT(1));
   json_decref(root);
@@ -763,8 +844,8 @@ static mf_status bench_create(bench *k, const mf_run_plan *rp, int reps) {
 static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, const char *path, int reps,
                      const char *json) {
   const mf_schedule *s = rp->plan->s;
-  kkey *keys = NULL;
-  int n = 0;
+  kkey *keys = NULL, *alt = NULL; /* alt: the expert GEMM keys on the other kernel */
+  int n = 0, n_alt = 0;
   int64_t n_calls = 0;
   roofline rl;
   memset(&rl, 0, sizeof rl);
@@ -806,6 +887,19 @@ static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, cons
   MF_CHECK_GOTO(print_table(keys, n, &rl, step_s), st, done);
   printf("\nkernels: step %.3f ms; gemm roofline %.3g TFLOP/s; copy %.1f GB/s\n", step_s * 1e3,
          rl.gemm_rate / 1e12, rl.copy_rate / 1e9);
+  const char *cur = mf_backend_expert_gemm(k->b);
+  char why[512], other[64] = "";
+  MF_CHECK_GOTO(
+      time_other_expert_gemm(k, s, k->arena + align_up(fixture), keys, n, &alt, &n_alt, why, sizeof why), st,
+      done);
+  if (cur && n_alt > 0) {
+    snprintf(other, sizeof other, "%s",
+             strcmp(cur, "mma.sync") == 0 ? "cutlass sm90 (wgmma + TMA)" : "mma.sync");
+    printf("\nexpert GEMMs: the rows above ran on %s; the same calls on %s:\n", cur, other);
+    MF_CHECK_GOTO(print_expert_compare(keys, n, alt, n_alt, cur, other, &rl), st, done);
+  } else if (cur) {
+    printf("expert GEMMs ran on %s%s%s\n", cur, why[0] ? "; the other kernel: " : "", why);
+  }
   fflush(stdout);
   /* The copies after the kernels, in the arena's first 2 x copy_bytes (the D2D roofline's). */
   const mf_cli_copies_in ci = {k->b, k->s, k->arena, rl.copy_bytes, reps};
@@ -816,11 +910,12 @@ static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, cons
   MF_CHECK_GOTO(mf_cli_copies_print(&copies, k->b->name), st, done);
   if (json) {
     const report r = {path, device, rp->plan->name, timer, reps};
-    MF_CHECK_GOTO(write_json(json, k, &r, keys, n, &rl, step_s, &copies), st, done);
+    MF_CHECK_GOTO(write_json(json, k, &r, keys, n, &rl, step_s, &copies, alt, n_alt, other), st, done);
     printf("rows written to %s\n", json);
   }
 done:
   free(keys);
+  free(alt);
   return st;
 }
 

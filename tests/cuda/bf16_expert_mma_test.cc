@@ -1,5 +1,8 @@
-// The grouped expert GEMMs of BF16 storage on tensor cores
-// (kernels/cuda/expert_mma.cu) against the cpu twin in its bf16-rounding mode
+// The grouped expert GEMMs of BF16 storage on tensor cores, on both kernels the
+// cuda backend has for them — kernels/cuda/expert_mma.cu (mma.sync) and
+// kernels/cuda/expert_cutlass.cu (CUTLASS's sm90 grouped GEMM, wgmma + TMA;
+// skipped, saying why, where it is not available) — against the cpu twin in
+// its bf16-rounding mode
 // (MfBf16Twin, tests/cuda/bf16_twin.h): EXPERT_FWD, EXPERT_BWD_DATA and
 // EXPERT_BWD_WEIGHT at the 644M shape's sizes, at Qwen3-like ones (many small
 // experts: the 64-row tile), at odd sizes (ragged row, column and contraction
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
 #include "tests/cuda/bf16_twin.h"
 
 namespace {
@@ -158,11 +162,13 @@ struct ExpertCalls {
 
 // The twin with a pooled cpu backend: the cpu side of the 644M-sized calls is
 // tens of GFLOP (its bits do not depend on the thread count).
-class Bf16ExpertMma : public MfBf16Twin {
+// The parameter: MF_CUDA_EXPERT_GEMM_MMA or _CUTLASS.
+class Bf16ExpertMma : public MfBf16Twin, public ::testing::WithParamInterface<int> {
  protected:
   void SetUp() override {
     MfBf16Twin::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
+    if (mf_backend_cuda_set_expert_gemm(gpu_, GetParam()) != MF_OK) GTEST_SKIP() << mf_last_error();
     ASSERT_EQ(mf_threadpool_create(0, &pool_), MF_OK) << mf_last_error();
     cpu_->stream_free(cpu_, cpu_s_);
     mf_backend_free(cpu_);
@@ -178,10 +184,20 @@ class Bf16ExpertMma : public MfBf16Twin {
     mf_threadpool_free(pool_);
   }
 
+  // With the cutlass parameter, the `calls` expert GEMMs since `before` ran on
+  // it (not on mma.sync) when the shape is one it takes (N, Kd multiples of 8),
+  // none otherwise; with mma, none did.
+  void expect_path(const Shape &s, uint64_t before, uint64_t calls) {
+    const bool cutlass = GetParam() == MF_CUDA_EXPERT_GEMM_CUTLASS && s.N % 8 == 0 && s.Kd % 8 == 0;
+    EXPECT_EQ(mf_backend_cuda_cutlass_calls(gpu_) - before, cutlass ? calls : 0)
+        << "expert GEMM calls run by the cutlass kernel";
+  }
+
   // EXPERT_FWD, EXPERT_BWD_DATA and EXPERT_BWD_WEIGHT of c against the twin.
   void check_kinds(const ExpertCalls &c) {
     const Shape &s = c.s;
     SCOPED_TRACE(s.name);
+    const uint64_t before = mf_backend_cuda_cutlass_calls(gpu_);
     const size_t used = (size_t)c.used_rows();
     {
       MfTwinResult r = run(expert_call(MF_K_EXPERT_FWD, s, "expert_fwd"), c.fwd_ops(), c.W);
@@ -206,6 +222,7 @@ class Bf16ExpertMma : public MfBf16Twin {
                              kSumSlack * rows, -1))
           << "expert_bwd_weight, expert " << e << " (" << rows << " rows)";
     }
+    expect_path(s, before, 3);
   }
 
   mf_threadpool *pool_ = nullptr;
@@ -214,7 +231,7 @@ class Bf16ExpertMma : public MfBf16Twin {
 // hidden 1024, expert_ffn 2816, 8 experts, 4096 tokens top-2: the gate / up
 // projections (N = 2816, Kd = 1024) and the down one (N = 1024, Kd = 2816);
 // 128-row tiles. Expert 5 idle, expert 2 one row.
-TEST_F(Bf16ExpertMma, Shape644M) {
+TEST_P(Bf16ExpertMma, Shape644M) {
   const std::vector<int64_t> counts = skewed_counts(8192, 8, {5}, {2}, 11);
   const int64_t dims[2][2] = {{2816, 1024}, {1024, 2816}};
   for (auto &d : dims) {
@@ -227,7 +244,7 @@ TEST_F(Bf16ExpertMma, Shape644M) {
 // tokens top-8). 128 experts (a gate / up projection, hidden scaled to 512 to
 // fit the twin's arena): 64 rows an expert on average, the 64-row tiles; 64
 // experts (a down projection from 768 to 1024): 128 on average, 128-row tiles.
-TEST_F(Bf16ExpertMma, QwenLikeSmallExperts) {
+TEST_P(Bf16ExpertMma, QwenLikeSmallExperts) {
   check_kinds(ExpertCalls(
       {"qwen E=128", skewed_counts(8192, 128, {3, 17, 64, 100}, {7, 90}, 21), 8192, 768, 512}, 200));
   check_kinds(ExpertCalls({"qwen E=64", skewed_counts(8192, 64, {0, 40}, {63}, 22), 8192, 1024, 768}, 300));
@@ -237,7 +254,7 @@ TEST_F(Bf16ExpertMma, QwenLikeSmallExperts) {
 // 72-column tile), experts of 0, 1, 77, 130, 200 rows (no multiple of a tile)
 // with rows past offsets[E]; at both tile heights. Then N = 70, Kd = 1001: off
 // the 16-byte rows, so the CUDA-core kernel runs it (the dispatch's other side).
-TEST_F(Bf16ExpertMma, OddSizes) {
+TEST_P(Bf16ExpertMma, OddSizes) {
   check_kinds(ExpertCalls({"odd, 64-row tiles", {0, 1, 77, 130, 200}, 413, 72, 1000}, 400));
   check_kinds(ExpertCalls({"odd, 128-row tiles", {300, 0, 1, 129, 257}, 690, 72, 1000}, 500));
   check_kinds(ExpertCalls({"unaligned rows", {0, 1, 77, 130, 200}, 413, 70, 1001}, 600));
@@ -245,10 +262,11 @@ TEST_F(Bf16ExpertMma, OddSizes) {
 
 // The same call twice gives the same bits (each output tile owned by one CTA,
 // the contraction in a fixed order), and matches the twin.
-TEST_F(Bf16ExpertMma, TwoRunsSameBits) {
+TEST_P(Bf16ExpertMma, TwoRunsSameBits) {
   const ExpertCalls c({"determinism", skewed_counts(2048, 8, {1}, {6}, 31), 2048, 768, 1024}, 700);
   const Shape &s = c.s;
   const size_t used = (size_t)c.used_rows();
+  const uint64_t before = mf_backend_cuda_cutlass_calls(gpu_);
   {
     const mf_kernel_call k = expert_call(MF_K_EXPERT_FWD, s, "expert_fwd twice");
     MfTwinResult a = run(k, c.fwd_ops(), c.W), b = run(k, c.fwd_ops(), c.W);
@@ -268,6 +286,13 @@ TEST_F(Bf16ExpertMma, TwoRunsSameBits) {
   for (size_t e = 0; e < s.counts.size(); e++)
     EXPECT_TRUE(a.gpu_experts[e] == b.gpu_experts[e])
         << "expert_bwd_weight, expert " << e << ": two runs differ";
+  expect_path(s, before, 6);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Bf16ExpertMma,
+                         ::testing::Values(MF_CUDA_EXPERT_GEMM_MMA, MF_CUDA_EXPERT_GEMM_CUTLASS),
+                         [](const ::testing::TestParamInfo<int> &p) {
+                           return std::string(p.param == MF_CUDA_EXPERT_GEMM_CUTLASS ? "Cutlass" : "Mma");
+                         });
 
 }  // namespace

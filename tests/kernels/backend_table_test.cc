@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/registry.h"
 #include "src/core/core.h"
 
 namespace {
@@ -207,3 +208,18 @@ TEST_F(CpuBackendChecks, CheckingModeNamesTheOperand) {
 }
 
 }  // namespace
+
+// The expert GEMM kernel choice (kernels/registry.h): the cpu backend has one
+// kernel, so it names none and refuses a switch saying so; an unknown kernel
+// name is an argument error naming it, on any backend.
+TEST_F(CpuBackendChecks, ExpertGemmChoiceIsCudaOnly) {
+  make(0);
+  EXPECT_EQ(mf_backend_expert_gemm(b_), nullptr);
+  EXPECT_EQ(mf_backend_set_expert_gemm(b_, "cutlass"), MF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mf_last_error()).find("the cpu backend has one expert GEMM kernel"),
+            std::string::npos)
+      << mf_last_error();
+  EXPECT_EQ(mf_backend_set_expert_gemm(b_, "wgmma"), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("'wgmma': expected mma or cutlass"), std::string::npos)
+      << mf_last_error();
+}
