@@ -9,6 +9,23 @@ int32_t mf_experts_heat_rank(const double *row, int64_t E, int64_t e) {
   return r;
 }
 
+int64_t mf_experts_lora_hot(const double *share, int64_t layers, int64_t E, double fraction, uint8_t *hot) {
+  /* ceil, with a hair of slack so that 0.25 x 8 is 2, not 3 */
+  int64_t k = (int64_t)ceil(fraction * (double)E - 1e-9);
+  k = k < 1 ? 1 : k > E ? E : k;
+  int64_t n = 0;
+  for (int64_t l = 0; l < layers; l++) {
+    const double *row = share + l * E;
+    int routed = 0;
+    for (int64_t e = 0; e < E; e++) routed |= row[e] > 0;
+    for (int64_t e = 0; e < E; e++) {
+      hot[l * E + e] = (uint8_t)(routed && mf_experts_heat_rank(row, E, e) < k);
+      n += hot[l * E + e];
+    }
+  }
+  return n;
+}
+
 void mf_experts_hot_quarter(int64_t E, int q, int64_t *lo, int64_t *hi) {
   *lo = (int64_t)(q - 1) * E / 4;
   *hi = (int64_t)q * E / 4;

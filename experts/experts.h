@@ -34,6 +34,13 @@ extern "C" {
  * how many got a larger share, ties broken by the lower index (0: hottest). */
 int32_t mf_experts_heat_rank(const double *row, int64_t E, int64_t e);
 
+/* LoRA's hot experts (train.lora.experts: hot): in each layer with routed
+ * assignments (share[layer * E ..] not all 0), the ceil(fraction * E) experts
+ * of the lowest heat rank (the most-routed, ties to the lower index; at least
+ * one, at most E) get hot[layer * E + e] = 1, the others 0; a dense layer's
+ * row is all 0. Returns how many are hot in all. */
+int64_t mf_experts_lora_hot(const double *share, int64_t layers, int64_t E, double fraction, uint8_t *hot);
+
 /* Residency candidates: the q-th hottest quarter of E experts (q = 1 the
  * hottest, 2 the next) is the experts of heat rank [*lo, *hi). */
 #define MF_EXPERTS_HOT_QUARTERS 2

@@ -161,7 +161,9 @@ static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t,
     }
     if (o->experts_at >= 0)
       for (int64_t e = 0; e < p->spec.experts && ok; e++)
-        if (!available_in_bwd(p, ix, p->id_pool[o->experts_at + e], depth, memo)) ok = 0;
+        if (p->id_pool[o->experts_at + e] >= 0 &&
+            !available_in_bwd(p, ix, p->id_pool[o->experts_at + e], depth, memo))
+          ok = 0;
   }
 out:
   if (memo && depth <= 64) memo[t] = (int8_t)ok;
@@ -486,13 +488,16 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
       }
     }
   }
-  /* Expert operands hold their value whether read or added into (gradients). */
-  for (int64_t e = 0; e < E; e++) materialize(b, p->id_pool[o->experts_at + e], ctx);
+  /* Expert operands hold their value whether read or added into (gradients);
+   * a cold expert's adapter (-1) has no tensor and gets no slot. */
+  const int32_t *ex = E ? p->id_pool + o->experts_at : NULL;
+  for (int64_t e = 0; e < E; e++)
+    if (ex[e] >= 0) materialize(b, ex[e], ctx);
   if (b->st != MF_OK) return;
   int64_t at = pool_reserve(b, MF_KBUF_MAX + E);
   if (at < 0) return;
   for (int i = 0; i < MF_KBUF_MAX; i++) b->s->slot_pool[at + i] = o->t[i] >= 0 ? b->cur[o->t[i]] : -1;
-  for (int64_t e = 0; e < E; e++) b->s->slot_pool[at + MF_KBUF_MAX + e] = b->cur[p->id_pool[o->experts_at + e]];
+  for (int64_t e = 0; e < E; e++) b->s->slot_pool[at + MF_KBUF_MAX + e] = ex[e] >= 0 ? b->cur[ex[e]] : -1;
   mf_instr *in = emit(b, MF_I_RUN);
   in->op = k;
   in->operands = (int32_t)at;
@@ -515,7 +520,8 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
   const int32_t after = recompute ? ctx : k + 1;
   for (int i = 0; i < MF_KBUF_MAX; i++)
     if (o->t[i] >= 0) maybe_drop(b, o->t[i], after, recompute ? ctx : k);
-  for (int64_t e = 0; e < E; e++) maybe_drop(b, p->id_pool[o->experts_at + e], after, recompute ? ctx : k);
+  for (int64_t e = 0; e < E; e++)
+    if (ex[e] >= 0) maybe_drop(b, ex[e], after, recompute ? ctx : k);
 }
 
 static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, const mf_decisions *d) {

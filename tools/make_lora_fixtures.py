@@ -28,6 +28,16 @@ tests/fixtures/lora/<name>/
 and tests/fixtures/lora/NOTES.md: the PEFT facts the C code must match, each read from
 the installed peft sources (source_facts) and, where it can be, checked numerically.
 
+HOT adds fixtures in the same format over a family's base (qwen2_moe_hot: config.json,
+base, seed and batch those of tests/fixtures/qwen2_moe) whose routed experts get adapters
+in part only ("hot experts"): the attention by short name as above, the MLP projections
+by full module name (the dense MLPs', the shared expert's and, in each MoE layer, those
+of the hot experts only; PEFT adapts a module whose name equals an entry or ends with
+"." + entry, so a short gate_proj would adapt every expert). The hot set of a MoE layer
+(hot_set) is read from the base model's routing of the batch; the adapter seed must then
+leave a cold expert busy in every MoE layer and a hot expert idle in one.
+fixture.safetensors adds lora_hot [layers, experts] I32 (1: adapted) and hot_* metadata.
+
 The adapter seed counts up from base seed + ADAPTER_SEED_OFFSET until the model WITH the
 adapters keeps every top-k choice MIN_ROUTING_MARGIN apart and, where make_fixtures
 asks for it (need_idle_expert), leaves exactly one routed expert idle; the base seed
@@ -63,6 +73,7 @@ import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import textwrap  # noqa: E402
 
 import numpy as np  # noqa: E402
 import peft  # noqa: E402
@@ -78,6 +89,8 @@ need = mfx.need
 FIXTURES_DIR = os.path.join(HERE, "..", "tests", "fixtures")
 DEFAULT_OUT = os.path.join(FIXTURES_DIR, "lora")
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+HOT = {"qwen2_moe_hot": "qwen2_moe"}  # fixture -> the family whose base it adapts, routed experts in part
+NAMES = FAMILIES + list(HOT)
 
 R, ALPHA = 4, 8
 SCALING = ALPHA / R
@@ -87,11 +100,67 @@ ADAPTER_SEED_TRIES = 200
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = {"mixtral": ["w1", "w2", "w3"]}
 MLP_DEFAULT = ["gate_proj", "up_proj", "down_proj"]
+HOT_FRACTION = 0.25  # moefit's train.lora.hot_fraction default (NOTES compare its rule)
+MIN_CONDENSED = 20  # PEFT condenses a target_modules list this long (BaseTuner.inject_adapter)
 OUT_FILES = ["config.json", "adapter_config.json", "adapter_model.safetensors", "fixture.safetensors"]
 
 
-def target_modules(name):
-    return ATTN + MLP.get(name, MLP_DEFAULT)
+def target_modules(family, hot=None, model=None):
+    """PEFT's target_modules. With a hot set ({MoE layer: [experts]}) the MLP projections go by
+    full name, each adapted one of the HF model (dense MLPs, shared expert, hot experts)."""
+    mlp = MLP.get(family, MLP_DEFAULT)
+    if hot is None:
+        return ATTN + mlp
+    return ATTN + [n for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in mlp and adapted(family, hot, n)]
+
+
+def adapted(family, hot, module):
+    """Whether the fixture means module (a HF module name, with or without PEFT's prefix) to get
+    an adapter: attention and MLP projections, of the routed experts the hot ones only."""
+    last = module.split(".")[-1]
+    if last in ATTN:
+        return True
+    if last not in MLP.get(family, MLP_DEFAULT):
+        return False
+    m = re.search(r"layers\.(\d+)\.(?:.*\.)?experts\.(\d+)\.", module)
+    return hot is None or m is None or int(m.group(2)) in hot[int(m.group(1))]
+
+
+def hot_count(E):
+    return 2 if E <= 8 else math.ceil(E / 4)
+
+
+def by_count(counts):
+    """A MoE layer's experts, the most routed first, ties to the lower index."""
+    return sorted(range(len(counts)), key=lambda e: (-counts[e], e))
+
+
+def hot_set(counts):
+    """A MoE layer's hot experts from its routed counts: the hot_count(E) - 1 most routed and the
+    least routed (ties to the lower index); the least routed is the one to go idle with adapters."""
+    least = min(range(len(counts)), key=lambda e: (counts[e], e))
+    return sorted([e for e in by_count(counts) if e != least][:hot_count(len(counts)) - 1] + [least])
+
+
+def routed_counts(router_logits, k, E):
+    """Per MoE layer, the tokens each expert is routed (top-k) in the batch."""
+    return [torch.bincount(lg.detach().topk(k, dim=-1).indices.reshape(-1), minlength=E).tolist()
+            for lg in router_logits]
+
+
+def forward_counts(model, ids):
+    cfg = model.config
+    with torch.no_grad():
+        out = model(input_ids=ids, output_router_logits=True, use_cache=False)
+    return routed_counts(out.router_logits, cfg.num_experts_per_tok, mfx.num_experts(cfg))
+
+
+def hot_routing(hot, moe_layers, counts):
+    """Whether, with these routed counts, (a cold expert is busy in every MoE layer, a hot one idle in some)."""
+    cold_busy = all(any(c[e] for e in range(len(c)) if e not in hot[li]) for li, c in zip(moe_layers, counts))
+    hot_idle = any(not c[e] for li, c in zip(moe_layers, counts) for e in hot[li])
+    return cold_busy, hot_idle
 
 
 def pinned_peft():
@@ -132,7 +201,17 @@ def source_facts():
          "result = self.base_layer(x, *args, **kwargs)"),
         ("peft/tuners/lora/layer.py Linear.forward", llayer.Linear.forward, FORWARD_LINE),
         ("peft/tuners/tuners_utils.py check_target_module_exists", tuners_utils.check_target_module_exists,
+         "elif key in config.target_modules:"),
+        ("peft/tuners/tuners_utils.py check_target_module_exists", tuners_utils.check_target_module_exists,
          'target_module_found = any(key.endswith(f".{target_key}") for target_key in config.target_modules)'),
+        ("peft/tuners/tuners_utils.py BaseTuner.inject_adapter", tuners_utils.BaseTuner.inject_adapter,
+         "key_list = [key for key, _ in named_modules]"),
+        ("peft/tuners/tuners_utils.py BaseTuner.inject_adapter", tuners_utils.BaseTuner.inject_adapter,
+         "and (len(peft_config.target_modules) >= MIN_TARGET_MODULES_FOR_OPTIMIZATION)"),
+        ("peft/tuners/tuners_utils.py BaseTuner.inject_adapter", tuners_utils.BaseTuner.inject_adapter,
+         "new_target_modules = _find_minimal_target_modules(peft_config.target_modules, names_no_target)"),
+        ("peft/tuners/tuners_utils.py BaseTuner.inject_adapter", tuners_utils.BaseTuner.inject_adapter,
+         "peft_config.target_modules = new_target_modules"),
         ("peft/utils/save_and_load.py get_peft_model_state_dict", save_and_load.get_peft_model_state_dict,
          'to_return = {k: state_dict[k] for k in state_dict if "lora_" in k}'),
         ("peft/utils/save_and_load.py get_peft_model_state_dict", save_and_load.get_peft_model_state_dict,
@@ -159,6 +238,7 @@ def check_sources():
     from peft.utils import constants
     need(constants.SAFETENSORS_WEIGHTS_NAME == "adapter_model.safetensors", "peft weights file name")
     need(constants.CONFIG_NAME == "adapter_config.json", "peft config file name")
+    need(constants.MIN_TARGET_MODULES_FOR_OPTIMIZATION == MIN_CONDENSED, "peft target_modules condensing threshold")
 
 
 # ----------------------------------------------------------------------------- model
@@ -172,30 +252,34 @@ def lora_modules(pm):
     return {n: m for n, m in pm.named_modules() if isinstance(m, llayer.LoraLayer)}
 
 
-def check_targets(name, pm, hf):
+def check_targets(lf, pm, hf):
     """Every routed expert is its own module with nn.Linear projections (a ModuleList of
-    MLPs), so PEFT wraps each; the adapters sit exactly on the named projections and
-    never on a router (mlp.gate / block_sparse_moe.gate) or on shared_expert_gate."""
+    MLPs), so PEFT wraps each (of a hot set, each hot one and no other); the adapters sit
+    exactly on the named projections and never on a router (mlp.gate /
+    block_sparse_moe.gate) or on shared_expert_gate."""
     from peft.tuners.lora import layer as llayer
-    tm = target_modules(name)
+    name, family, hot = lf["name"], lf["family"], lf["hot"]
     for i, layer in enumerate(hf.model.layers):
         blk = mfx.moe_block(layer)
         if blk is None:
             continue
         need(isinstance(blk.experts, torch.nn.ModuleList), f"{name}: layer {i} experts are not a ModuleList")
         for e, ex in enumerate(blk.experts):
-            for p in MLP.get(name, MLP_DEFAULT):
-                need(isinstance(getattr(ex, p), llayer.Linear), f"{name}: layer {i} expert {e} {p} not wrapped")
-                need(isinstance(getattr(ex, p).get_base_layer(), torch.nn.Linear), f"{name}: {p} not nn.Linear")
+            for p in MLP.get(family, MLP_DEFAULT):
+                wrapped = hot is None or e in hot[i]
+                need(isinstance(getattr(ex, p), llayer.Linear) == wrapped,
+                     f"{name}: layer {i} expert {e} {p} {'not ' if wrapped else ''}wrapped")
+                need(isinstance(getattr(ex, p).get_base_layer() if wrapped else getattr(ex, p), torch.nn.Linear),
+                     f"{name}: {p} not nn.Linear")
     mods = lora_modules(pm)
     for n, m in mods.items():
-        need(n.split(".")[-1] in tm, f"{name}: unexpected LoRA module {n}")
+        need(adapted(family, hot, n), f"{name}: unexpected LoRA module {n}")
         need(isinstance(m, llayer.Linear), f"{name}: {n} is {type(m).__name__}")
         need(m.scaling["default"] == SCALING, f"{name}: {n} scaling {m.scaling['default']}")
         need(isinstance(m.lora_dropout["default"], torch.nn.Identity), f"{name}: {n} dropout")
         need(m.lora_B["default"].bias is None, f"{name}: {n} has a lora_B bias")
     want = sorted(f"base_model.model.{n}" for n, m in hf.named_modules()
-                  if isinstance(m, llayer.Linear) or (isinstance(m, torch.nn.Linear) and n.split(".")[-1] in tm))
+                  if isinstance(m, llayer.Linear) or (isinstance(m, torch.nn.Linear) and adapted(family, hot, n)))
     need(sorted(mods) == want, f"{name}: LoRA modules differ from the target projections")
     routers = [n for n in mods if n.endswith(".gate") or "shared_expert_gate" in n]
     need(not routers, f"{name}: router got an adapter: {routers}")
@@ -226,28 +310,29 @@ def init_adapters(pm, seed):
     return names
 
 
-def lora_config(name):
-    return LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=target_modules(name),
-                      task_type="CAUSAL_LM")
-
-
-def build_lora(fx, seed, adapter_seed, check_init=False):
-    model, ids = mfx.build(fx, seed)
-    pm = get_peft_model(model, lora_config(fx["name"]))
+def build_lora(lf, seed, adapter_seed, check_init=False):
+    """The PeftModel, the batch, and the target_modules it was given."""
+    model, ids = mfx.build(lf["fx"], seed)
+    tm = target_modules(lf["family"], lf["hot"], model)
+    pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=tm,
+                                          task_type="CAUSAL_LM"))
     if check_init:
-        check_peft_init(fx["name"], pm)
+        check_peft_init(lf["name"], pm)
     init_adapters(pm, adapter_seed)
     pm.train()
-    return pm, ids
+    return pm, ids, tm
 
 
-def pick_adapter_seed(fx, seed):
+def pick_adapter_seed(lf, seed, moe_layers):
+    """The first adapter seed whose routing is usable (and, with a hot set, keeps a cold expert
+    busy in every MoE layer and a hot one idle in some)."""
     first = seed + ADAPTER_SEED_OFFSET
     for a in range(first, first + ADAPTER_SEED_TRIES):
-        pm, ids = build_lora(fx, seed, a)
-        if mfx.usable_routing(fx, pm, pm.get_base_model().config, ids):
+        pm, ids, _ = build_lora(lf, seed, a)
+        if mfx.usable_routing(lf["fx"], pm, pm.get_base_model().config, ids) and (
+                lf["hot"] is None or all(hot_routing(lf["hot"], moe_layers, forward_counts(pm, ids)))):
             return a
-    mfx.fail(f"{fx['name']}: no usable adapter seed in [{first}, {first + ADAPTER_SEED_TRIES})")
+    mfx.fail(f"{lf['name']}: no usable adapter seed in [{first}, {first + ADAPTER_SEED_TRIES})")
 
 
 def check_lora_forward(name, captured):
@@ -266,38 +351,52 @@ def check_lora_forward(name, captured):
     return worst
 
 
+def condensed(tm, model):
+    """What BaseTuner.inject_adapter condenses target_modules tm to when it is MIN_CONDENSED long or more."""
+    from peft.tuners.tuners_utils import _find_minimal_target_modules
+    suffixes = tuple("." + t for t in tm)
+    others = [n for n, _ in model.named_modules() if n not in tm and not n.endswith(suffixes)]
+    return sorted(_find_minimal_target_modules(tm, others))
+
+
 def st_bytes_equal(a, b):
     return os.path.exists(a) and os.path.exists(b) and filecmp.cmp(a, b, shallow=False)
 
 
 # ----------------------------------------------------------------------------- one fixture
-def make_fixture(fx, outdir):
-    name = fx["name"]
-    base_dir = os.path.join(FIXTURES_DIR, name)
+def make_fixture(lf, outdir):
+    name, family, fx = lf["name"], lf["family"], lf["fx"]
+    base_dir = os.path.join(FIXTURES_DIR, family)
     seed = mfx.pick_seed(fx)
     _, base_meta = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
-    need(base_meta["seed"] == str(seed), f"{name}: seed {seed}, tests/fixtures/{name} has {base_meta['seed']}")
-    adapter_seed = pick_adapter_seed(fx, seed)
+    need(base_meta["seed"] == str(seed), f"{name}: seed {seed}, tests/fixtures/{family} has {base_meta['seed']}")
+    base, base_ids = mfx.build(fx, seed)
+    moe_layers = [i for i, l in enumerate(base.model.layers) if mfx.moe_block(l) is not None]
+    base_counts = forward_counts(base, base_ids) if name in HOT else None
+    if name in HOT:
+        lf = dict(lf, hot={li: hot_set(c) for li, c in zip(moe_layers, base_counts)})
+    hot = lf["hot"]
+    adapter_seed = pick_adapter_seed(lf, seed, moe_layers)
 
     d = os.path.join(outdir, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
     os.makedirs(d)
 
-    pm, ids = build_lora(fx, seed, adapter_seed, check_init=True)
+    pm, ids, tm = build_lora(lf, seed, adapter_seed, check_init=True)
     hf = pm.get_base_model()
     cfg = hf.config
     k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
-    moe_layers = [i for i, l in enumerate(hf.model.layers) if mfx.moe_block(l) is not None]
-    mods = check_targets(name, pm, hf)
+    need(torch.equal(ids, base_ids), f"{name}: another batch")
+    mods = check_targets(lf, pm, hf)
 
-    # The base as make_fixtures writes it, byte for byte (from a fresh build: saving the
+    # The base as make_fixtures writes it, byte for byte (from its own build: saving the
     # wrapped model would write base_layer names and the adapters).
     with tempfile.TemporaryDirectory() as tmp:
-        mfx.build(fx, seed)[0].save_pretrained(tmp, safe_serialization=True)
+        base.save_pretrained(tmp, safe_serialization=True)
         for f in ("config.json", "model.safetensors"):
             need(st_bytes_equal(os.path.join(tmp, f), os.path.join(base_dir, f)),
-                 f"{name}: base {f} differs from tests/fixtures/{name}/{f}")
+                 f"{name}: base {f} differs from tests/fixtures/{family}/{f}")
         shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(d, "config.json"))
     with open(os.path.join(base_dir, "model.safetensors"), "rb") as f:
         base_sha = hashlib.sha256(f.read()).hexdigest()
@@ -315,7 +414,8 @@ def make_fixture(fx, outdir):
          acfg["use_dora"] is False and acfg["bias"] == "none" and acfg["lora_dropout"] == 0.0 and
          acfg["peft_type"] == "LORA" and acfg["task_type"] == "CAUSAL_LM" and acfg["fan_in_fan_out"] is False,
          f"{name}: adapter_config.json {acfg}")
-    need(sorted(acfg["target_modules"]) == sorted(target_modules(name)), f"{name}: target_modules in the file")
+    need(sorted(acfg["target_modules"]) == sorted(tm) and len(tm) < MIN_CONDENSED,
+         f"{name}: target_modules in the file (PEFT condenses a list of {MIN_CONDENSED} or more)")
 
     params = dict(pm.named_parameters())
     trainable = sorted(n for n, p in params.items() if p.requires_grad)
@@ -334,7 +434,7 @@ def make_fixture(fx, outdir):
         base_logits = pm(input_ids=ids, use_cache=False).logits
     base_ref, _ = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
     need(np.allclose(base_logits.numpy(), base_ref["logits"], rtol=mfx.CHECK_RTOL, atol=mfx.CHECK_ATOL),
-         f"{name}: adapters disabled does not give tests/fixtures/{name} logits")
+         f"{name}: adapters disabled does not give tests/fixtures/{family} logits")
 
     captured, hooks = {}, []
     for n, m in mods.items():
@@ -358,6 +458,8 @@ def make_fixture(fx, outdir):
     margin, idle = mfx.routing_stats(out.router_logits, k, E)
     need(margin >= mfx.MIN_ROUTING_MARGIN, f"{name}: routing margin {margin}")
     idle = [(moe_layers[li], e) for li, e in idle]
+    counts = routed_counts(out.router_logits, k, E)
+    need(hot is None or all(hot_routing(hot, moe_layers, counts)), f"{name}: hot set {hot}, routed {counts}")
 
     out.loss.backward()
     for n, p in params.items():
@@ -394,19 +496,22 @@ def make_fixture(fx, outdir):
         tensors[f"grad.{names[n]}"] = g.numpy().astype("<f4")
     for n, p in after.items():
         tensors[f"after.{names[n]}"] = p.numpy().astype("<f4")
+    if hot is not None:
+        tensors["lora_hot"] = np.array([[int(e in hot.get(i, ())) for e in range(E)]
+                                        for i in range(cfg.num_hidden_layers)], dtype="<i4")
     meta = {
         "format": "pt",
         "fixture": name,
         "model_type": cfg.model_type,
         "seed": str(seed),
         "adapter_seed": str(adapter_seed),
-        "base": f"../../{name}/model.safetensors (config.json here is byte-identical to ../../{name}/config.json)",
+        "base": f"../../{family}/model.safetensors (config.json here is byte-identical to ../../{family}/config.json)",
         "base_sha256": base_sha,
         "r": str(R),
         "lora_alpha": str(ALPHA),
         "scaling": repr(SCALING),
         "lora_dropout": "0.0",
-        "target_modules": json.dumps(sorted(target_modules(name))),
+        "target_modules": json.dumps(sorted(tm)),
         "adapter_init": (f"after get_peft_model: numpy default_rng(adapter_seed) (PCG64); for each trainable "
                          f"parameter in sorted PeftModel name order (…lora_A.default.weight, …lora_B.default.weight),"
                          f" z = standard_normal(shape) float64; lora_A {ADAPTER_STD_A}*z, lora_B {ADAPTER_STD_B}*z; "
@@ -434,8 +539,19 @@ def make_fixture(fx, outdir):
         "safetensors_version": safetensors.__version__,
         "numpy_version": np.__version__,
     }
+    if hot is not None:
+        meta.update({
+            "base_fixture": family,
+            "lora_hot": (f"[layers, experts] I32: 1 where the routed expert's "
+                         f"{'/'.join(MLP.get(family, MLP_DEFAULT))} have adapters (target_modules names them "
+                         f"in full); dense layers all 0"),
+            "hot_experts": json.dumps({str(li): hot[li] for li in moe_layers}),
+            "hot_rule": f"{hot_count(E)} of {E} experts in each MoE layer: {hot_rule(E, k)}",
+            "hot_base_counts": json.dumps({str(li): c for li, c in zip(moe_layers, base_counts)}),
+            "hot_counts": json.dumps({str(li): c for li, c in zip(moe_layers, counts)}),
+        })
 
-    # The checked-in files alone reproduce the logits: base from tests/fixtures/<name>,
+    # The checked-in files alone reproduce the logits: base from tests/fixtures/<family>,
     # adapter through PeftModel.from_pretrained.
     again = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager"), d)
@@ -451,17 +567,24 @@ def make_fixture(fx, outdir):
     for n, a in tensors.items():
         need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
 
-    shapes = {}
+    shapes, experts = {}, {}  # module path with "{}" for the expert -> shapes; -> its experts
     for n, m in mods.items():
-        path = re.sub(r"\.experts\.\d+\.", f".experts.{{0..{E - 1}}}.", n.removeprefix("base_model.model."))
+        n = n.removeprefix("base_model.model.")
+        path = re.sub(r"\.experts\.\d+\.", ".experts.{}.", n)
         a, b = tuple(m.lora_A["default"].weight.shape), tuple(m.lora_B["default"].weight.shape)
         need(shapes.setdefault(path, (a, b)) == (a, b), f"{name}: experts' adapter shapes differ")
-    shapes = [f"{p:<52s} A {list(a)}  B {list(b)}" for p, (a, b) in shapes.items()]
-    return dict(name=name, family=cfg.model_type, seed=seed, adapter_seed=adapter_seed, moe_layers=moe_layers,
-                n_modules=len(mods), n_tensors=len(names), n_params=sum(params[n].numel() for n in trainable),
-                no_grad=[names[n] for n in no_grad], zero=[names[n] for n in zero], idle=idle,
-                loss=loss.item(), ce=ce.item(), aux=aux.item(), shift=shift, margin=margin, lora_err=lora_err,
-                adam_err=adam_err, acfg=acfg, modules=shapes)
+        if path != n:
+            experts.setdefault(path, []).append(int(re.search(r"\.experts\.(\d+)\.", n).group(1)))
+    span = lambda es: f"{es[0]}..{es[-1]}" if es == list(range(E)) else ",".join(map(str, es))  # noqa: E731
+    shapes = [f"{p.replace('{}', '{' + span(experts[p]) + '}') if p in experts else p:<52s} A {list(a)}  B {list(b)}"
+              for p, (a, b) in shapes.items()]
+    return dict(name=name, family=cfg.model_type, base=family, seed=seed, adapter_seed=adapter_seed,
+                moe_layers=moe_layers, n_modules=len(mods), n_tensors=len(names),
+                n_params=sum(params[n].numel() for n in trainable), no_grad=[names[n] for n in no_grad],
+                zero=[names[n] for n in zero], idle=idle, loss=loss.item(), ce=ce.item(), aux=aux.item(), shift=shift,
+                margin=margin, lora_err=lora_err, adam_err=adam_err, acfg=acfg, modules=shapes, hot=hot, tm=tm,
+                base_counts=base_counts, counts=counts, E=E, k=k, layers=cfg.num_hidden_layers,
+                condensed=condensed(tm, base) if hot is not None else None)
 
 
 # ----------------------------------------------------------------------------- NOTES.md
@@ -475,11 +598,12 @@ from the installed sources (file and function named) and asserted by the script
 model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
 
 ## Files (`<name>/`)
-- base model: `../<name>/config.json` + `../<name>/model.safetensors`, not copied. The
-  script builds the base exactly as `tools/make_fixtures.py` does (its `build()`, the same
-  seed) and asserts that `save_pretrained` writes both files byte for byte as they are
-  there; `<name>/config.json` is a copy (byte-identical), `base_sha256` in the metadata is
-  the hash of `../<name>/model.safetensors`.
+- base model: `../<base>/config.json` + `../<base>/model.safetensors`, not copied; `<base>`
+  is `<name>`, for a hot-expert fixture the family it adapts (the metadata's
+  `base_fixture`; below). The script builds the base exactly as `tools/make_fixtures.py`
+  does (its `build()`, the same seed) and asserts that `save_pretrained` writes both files
+  byte for byte as they are there; `<name>/config.json` is a copy (byte-identical),
+  `base_sha256` in the metadata is the hash of `../<base>/model.safetensors`.
 - `adapter_config.json`, `adapter_model.safetensors`: written by PEFT's own
   `PeftModel.save_pretrained(dir)` with the **initial** adapters (those of `logits`,
   `grad.*`), untouched except that the file mode is set to 0644 (PEFT writes the
@@ -498,7 +622,7 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
   stayed None; AdamW skips them, `after` = initial), `zero_grad` (JSON: grads that are
   all zero, which AdamW still decays), versions.
 - Check an adapter directory against these logits (from the repository root):
-  `tools/check_peft_adapter.py --base tests/fixtures/<name> --adapter DIR
+  `tools/check_peft_adapter.py --base tests/fixtures/<base> --adapter DIR
   --fixture tests/fixtures/lora/<name>/fixture.safetensors` (base through
   `AutoModelForCausalLM.from_pretrained`, adapter through `PeftModel.from_pretrained`).
   *(checked: the checked-in files reproduce `logits` exactly)*
@@ -509,23 +633,38 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
 
 LoRA: r = {r}, lora_alpha = {alpha} (scaling {scaling:g}), lora_dropout 0, bias "none",
 task_type "CAUSAL_LM", target_modules = q_proj, k_proj, v_proj, o_proj + gate_proj,
-up_proj, down_proj (Mixtral: w1, w2, w3), PEFT's default init, then **every lora_A and
-lora_B overwritten** (PEFT's lora_B = 0 would make every lora_A gradient zero): numpy
-PCG64 `default_rng(adapter_seed)`, in sorted PeftModel parameter-name order,
+up_proj, down_proj (Mixtral: w1, w2, w3; the hot-expert fixture: below), PEFT's default
+init, then **every lora_A and lora_B overwritten** (PEFT's lora_B = 0 would make every
+lora_A gradient zero): numpy PCG64 `default_rng(adapter_seed)`, in sorted PeftModel
+parameter-name order,
 `{std_a}·N(0,1)` for lora_A and `{std_b}·N(0,1)` for lora_B, float32. The adapter seed counts
 up from base seed + {offset} until the model **with** the adapters keeps top-k choices at
-least {margin} apart and (Mixtral, OLMoE) leaves exactly one routed expert idle.
+least {margin} apart and (Mixtral, OLMoE) leaves exactly one routed expert idle (a
+hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in some).
 
 ## PEFT facts the C code must match
 - **Which modules get an adapter** (`peft/tuners/tuners_utils.py`
-  `check_target_module_exists`): a module whose full name equals a list entry or ends
-  with `.` + entry (`key.endswith(f".{{target_key}}")`): whole trailing name components,
-  no regex. transformers {tf}'s experts are an `nn.ModuleList` of per-expert MLPs, each
-  with its own `nn.Linear` projections, so `gate_proj` (`w1`) puts one adapter pair on
-  every routed expert, on the dense MLPs (Qwen2/3 layer 0) and on the Qwen2-MoE shared
-  expert; the routers (`mlp.gate`, `block_sparse_moe.gate`) and `shared_expert_gate`
-  get **none** (their last component is not a target). *(checked: the LoRA modules are
+  `check_target_module_exists`): a module whose full name equals a list entry (`elif key
+  in config.target_modules:`) or ends with `.` + entry (`key.endswith(f".{{target_key}}")`):
+  whole trailing name components, no regex. The name is the module's in the wrapped HF
+  model (`BaseTuner.inject_adapter`: `key_list = [key for key, _ in named_modules]`), e.g.
+  `model.layers.1.mlp.experts.2.gate_proj`: such an entry adapts that one module.
+  transformers {tf}'s experts are an `nn.ModuleList` of per-expert MLPs, each with its
+  own `nn.Linear` projections, so `gate_proj` (`w1`) puts one adapter pair on every
+  routed expert, on the dense MLPs (Qwen2/3 layer 0) and on the Qwen2-MoE shared expert;
+  the routers (`mlp.gate`, `block_sparse_moe.gate`) and `shared_expert_gate` get
+  **none** (their last component is not a target). *(checked: the LoRA modules are
   exactly the target projections; no router)*
+- **Long target_modules lists are condensed** (`BaseTuner.inject_adapter`): at
+  `len(peft_config.target_modules) >= MIN_TARGET_MODULES_FOR_OPTIMIZATION` ({condensed_min}
+  in peft {peft}), `new_target_modules =
+  _find_minimal_target_modules(peft_config.target_modules, names_no_target)` (the shortest
+  trailing name parts that match no module left out) replaces the list where it is
+  shorter, and `save_pretrained` writes that. These fixtures' lists are shorter
+  *(checked: the file holds the list given)*; a real model's hot-expert list is not, so
+  a PEFT-written `adapter_config.json` can hold entries such as `1.gate_proj` (expert 1
+  of every layer) or `mlp.gate_proj` (the dense MLPs): read it by the suffix rule above,
+  over every module name.
 - **Shapes** (`peft/tuners/lora/layer.py` `LoraLayer.update_layer`):
   `lora_A = nn.Linear(in_features, r, bias=False)` → weight **[r, in]**;
   `lora_B = nn.Linear(r, out_features, bias=lora_bias)` → weight **[out, r]**, no bias
@@ -576,18 +715,119 @@ least {margin} apart and (Mixtral, OLMoE) leaves exactly one routed expert idle.
   gradients. *(checked: every base grad stays None)*
 - The MoE paths of `../NOTES.md` carry over to the adapters of the experts: Mixtral,
   Qwen2-MoE and Qwen3-MoE skip experts that get no token, so an idle expert's adapter
-  tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial);
+  tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial;
+  with hot experts an idle hot expert's: a cold one has no adapters);
   OLMoE runs every expert, so its idle expert's adapters get **all-zero** grads that AdamW
   still decays (`p·(1 − lr·wd)`). A last-layer expert whose tokens predict no counted
   target also gets all-zero grads. *(checked)*
 - AdamW as in `../NOTES.md`, over the adapter tensors only. *(checked against `after.*`
   in fp64: max error {adam})*
-
+{hot}
 ## The adapted modules and their tensor shapes
 Key in `adapter_model.safetensors` = `base_model.model.` + module + `.lora_A.weight`
-(shape A = [r, in]) / `.lora_B.weight` (B = [out, r]); `{{0..7}}`: one module per expert.
+(shape A = [r, in]) / `.lora_B.weight` (B = [out, r]); `{{0..7}}`: one module per expert,
+`{{1,2}}`: those experts' only.
 {modules}
 """
+
+HOT_NOTES = """
+## Hot experts: `{name}`
+Adapters on some routed experts only, as moefit's `train.lora.experts: hot` places them.
+The base, its seed ({seed}) and the batch are those of `{base}` (`../{base}/`; the
+metadata's `base_fixture`), and so are the files, the tensors (plus `lora_hot`) and the
+checks above; the adapter seed ({adapter_seed}) is searched for as there.
+- **Adapted**: q_proj, k_proj, v_proj, o_proj of every layer (short names), and {mlp}
+  of every dense MLP (layer{s_dense} {dense}), of every shared expert and of the hot routed
+  experts, these by **full module name** (a short `{mlp0}` would adapt every routed
+  expert and the shared expert alike: the suffix rule above). target_modules as given to
+  `LoraConfig` ({n_tm} entries, in `named_modules` order):
+```
+{tm}
+```
+  and as PEFT writes it to `adapter_config.json` (its set's order at PYTHONHASHSEED=0;
+  read it as a set):
+```
+{tm_file}
+```
+  At {condensed_min} entries or more PEFT would have condensed the list; for this model
+  `_find_minimal_target_modules` gives (sorted; {condensed_n}):
+  `{condensed}`
+- **Hot set**: {n_hot} of the {E} routed experts in each MoE layer (MoE layers
+  {moe_layers}{one_layer}); {rule} (metadata `hot_rule`). Routed tokens per expert
+  (top-{k} choices of the {tokens} tokens):
+{hot_lines}
+  - moefit's own rule, the top ceil({fraction:g}·E) = {n_hot} experts by routed count, ties to
+  the lower index, would take {moefit} of either routing: the experts most routed in a
+  batch all get tokens in it, so that rule cannot leave a hot expert idle on the batch
+  it was read from; this fixture's rule takes the least routed expert instead, to have
+  one.
+- **`lora_hot`** [layers, experts] I32 in `fixture.safetensors`: 1 where the routed
+  expert's {mlp} have adapters, else 0 (dense layers all 0); metadata `hot_experts`
+  (`{{"layer": [experts]}}`), `hot_base_counts` and `hot_counts` (the counts above,
+  without and with the adapters), `hot_rule`. *(checked: the LoRA modules are exactly the
+  adapted ones; a cold expert's projections stay plain `nn.Linear`)*
+- A cold expert's tokens go through its base weights only (no adapter, no gradient); an
+  idle hot expert's adapters have grad None ({n_no_grad} tensors in `no_grad`) and `after` =
+  initial. *(checked: a cold expert busy in every MoE layer, a hot expert idle in one)*
+"""
+
+
+def hot_rule(E, k):
+    """hot_set's rule in words (the metadata's hot_rule, NOTES)."""
+    n = hot_count(E) - 1
+    most = "the most routed expert" if n == 1 else f"the {n} most routed experts"
+    return (f"of the base model's (adapters off) top-{k} routing of the batch, {most} and the least routed "
+            f"one, ties to the lower index")
+
+
+def hot_notes(r):
+    """The HOT_NOTES section of a hot-expert fixture's row."""
+    E, k, hot, mlp = r["E"], r["k"], r["hot"], MLP.get(r["base"], MLP_DEFAULT)
+    top = lambda c: sorted(by_count(c)[:hot_count(E)])  # noqa: E731
+    moefit = {str(top(b)) if top(b) == top(c) else f"{top(b)} / {top(c)}"
+              for b, c in zip(r["base_counts"], r["counts"])}
+    hot_lines = "\n".join(
+        f"  - layer {li}: base {b}, with the adapters {c}: hot **{hot[li]}**; cold experts "
+        f"with tokens {[e for e in range(E) if c[e] and e not in hot[li]]}, hot experts without "
+        f"{[e for e in hot[li] if not c[e]]}" for li, b, c in zip(r["moe_layers"], r["base_counts"], r["counts"]))
+    dense = [i for i in range(r["layers"]) if i not in r["moe_layers"]]
+    return reflow(HOT_NOTES.format(
+        name=r["name"], base=r["base"], seed=r["seed"], adapter_seed=r["adapter_seed"], mlp=", ".join(mlp),
+        mlp0=mlp[0], s_dense="s" if len(dense) != 1 else "", dense=", ".join(map(str, dense)) or "-",
+        n_tm=len(r["tm"]), tm="\n".join(r["tm"]), tm_file="\n".join(r["acfg"]["target_modules"]),
+        condensed_min=MIN_CONDENSED, condensed=json.dumps(r["condensed"]), n_hot=hot_count(E), E=E,
+        condensed_n=("fewer entries: PEFT would write these" if len(r["condensed"]) < len(r["tm"])
+                     else "as many entries, so the list would stay"),
+        moe_layers=r["moe_layers"], one_layer=": one hot set" if len(r["moe_layers"]) == 1 else "",
+        rule=hot_rule(E, k), k=k, tokens=mfx.B * mfx.S, hot_lines=hot_lines, fraction=HOT_FRACTION,
+        moefit=", ".join(sorted(moefit)), n_no_grad=len(r["no_grad"])))
+
+
+def reflow(text, width=88):
+    """Markdown with each paragraph and list item refilled to width; ``` blocks and headings as they are."""
+    out, para, code = [], [], False
+
+    def flush():
+        if para:
+            m = re.match(r"(\s*)(- )?", para[0])
+            words = " ".join(line.strip() for line in para)[len(m.group(2) or ""):]
+            out.append(textwrap.fill(words, width, initial_indent=m.group(0), break_long_words=False,
+                                     subsequent_indent=m.group(1) + ("  " if m.group(2) else ""),
+                                     break_on_hyphens=False))
+            para.clear()
+
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            code = not code
+        if code or line.startswith(("```", "#")) or not line.strip():
+            flush()
+            out.append(line)
+            continue
+        if re.match(r"\s*- ", line):
+            flush()
+        para.append(line)
+    flush()
+    return "\n".join(out)
 
 
 def write_notes(outdir, rows):
@@ -611,28 +851,31 @@ def write_notes(outdir, rows):
         peft=peft.__version__, tf=transformers.__version__, torch=torch.__version__.split("+")[0], rows=table,
         r=R, alpha=ALPHA, scaling=SCALING, std_a=ADAPTER_STD_A, std_b=ADAPTER_STD_B, offset=ADAPTER_SEED_OFFSET,
         margin=f"{mfx.MIN_ROUTING_MARGIN:g}", fwd=FORWARD_LINE, lora_err="< 1e-5", adam="< 1e-6",
-        values="\n".join(vals), modules=modules_txt)
+        values="\n".join(vals), modules=modules_txt, condensed_min=MIN_CONDENSED,
+        hot="".join(hot_notes(r) for r in rows if r["hot"] is not None))
     with open(os.path.join(outdir, "NOTES.md"), "w") as f:
         f.write(text)
 
 
 # ----------------------------------------------------------------------------- driver
 def fixtures():
+    """Each fixture: its name, the family of its base, make_fixtures' entry for that base, and
+    its hot set (None: every routed expert; make_fixture reads the HOT fixtures' own)."""
     by_name = {fx["name"]: fx for fx in mfx.FIXTURES}
-    return [by_name[n] for n in FAMILIES]
+    return [dict(name=n, family=HOT.get(n, n), fx=by_name[HOT.get(n, n)], hot=None) for n in NAMES]
 
 
 def generate(outdir):
     os.makedirs(outdir, exist_ok=True)
-    rows = [make_fixture(fx, outdir) for fx in fixtures()]
+    rows = [make_fixture(lf, outdir) for lf in fixtures()]
     write_notes(outdir, rows)
     return rows
 
 
 def compare(ref_dir, new_dir):
-    """make_fixtures.compare() with this directory's families and files, and no directory besides them."""
-    ok = mfx.compare(ref_dir, new_dir, FAMILIES, OUT_FILES)
-    extra = sorted(set(os.listdir(ref_dir)) - set(FAMILIES) - {"NOTES.md"})
+    """make_fixtures.compare() with this directory's fixtures and files, and no directory besides them."""
+    ok = mfx.compare(ref_dir, new_dir, NAMES, OUT_FILES)
+    extra = sorted(set(os.listdir(ref_dir)) - set(NAMES) - {"NOTES.md"})
     if extra:
         print(f"EXTRA    {extra}")
         ok = False
@@ -665,7 +908,7 @@ def main():
 
     rows = generate(args.out)
     for r in rows:
-        print(f"{r['name']:10s} seed {r['seed']} adapter seed {r['adapter_seed']} LoRA modules {r['n_modules']} "
+        print(f"{r['name']:13s} seed {r['seed']} adapter seed {r['adapter_seed']} LoRA modules {r['n_modules']} "
               f"tensors {r['n_tensors']} params {r['n_params']} loss {r['loss']:.6f} ce {r['ce']:.6f} "
               f"aux {r['aux']:.6f} idle {r['idle']} no_grad {len(r['no_grad'])} zero {len(r['zero'])} "
               f"|dlogit| {r['shift']:.3f} margin {r['margin']:.2e} lora err {r['lora_err']:.1e} "

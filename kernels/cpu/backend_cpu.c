@@ -369,8 +369,8 @@ static mf_status check_call(cpu_impl *c, const mf_kernel_call *k) {
   if (!c->opts.checking) return MF_OK;
   for (int j = 0; j < MF_KBUF_MAX; j++) MF_CHECK(check_range(c, k->b[j].ptr, k->b[j].bytes, NULL, k, j));
   if (k->experts)
-    for (int64_t e = 0; e < k->i[0]; e++)
-      MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, NULL, k, 100 + (int)e));
+    for (int64_t e = 0; e < k->i[0]; e++) /* NULL: no weights (a cold expert's LoRA adapter) */
+      if (k->experts[e]) MF_CHECK(check_range(c, k->experts[e], k->expert_bytes, NULL, k, 100 + (int)e));
   return MF_OK;
 }
 

@@ -178,7 +178,10 @@ mf_status mf_cpu_moe_combine_bwd(const float *dy, const float *ye, const float *
 /* For each expert e with rows [offsets[e], offsets[e+1]):
  *   ye[rows, N] = xe[rows, Kd] . W[e][N, Kd]^T   (written).
  * W is an array of E pointers (each expert's weight is its own tensor, so it can
- * be streamed alone). Experts with no rows are skipped (W[e] may be NULL then).
+ * be streamed alone). Experts with no rows are skipped (W[e] may be NULL then);
+ * an expert with rows and W[e] NULL (a cold expert's LoRA adapter,
+ * train.lora.experts hot) has its rows written as zeros, here and in
+ * bwd_data; bwd_weight skips it.
  * R is the rows of xe and ye, at least offsets[E]: the cuda twin needs the bound
  * (its offsets are on the device); this one reads offsets. */
 mf_status mf_cpu_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,

@@ -286,11 +286,20 @@ typedef struct {
  * output columns; dW blocks of WGT_NB x WGT_KB over all the expert's rows. */
 enum { GEMM_RB = 64, FWD_CB = 32, BWD_CB = 64, WGT_NB = 16, WGT_KB = 64 };
 
+/* rows x cols of out (row stride ld) set to zero */
+static void zero_block(float *out, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++) memset(out + r * ld, 0, (size_t)cols * sizeof *out);
+}
+
 /* ye[r0..r1, n0..] = xe[r0..r1, :] . W[e][n0.., :]^T */
 static void fwd_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64_t cb) {
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t n0 = cb * FWD_CB, nc = N - n0 < FWD_CB ? N - n0 : FWD_CB;
+  if (!a->W[e]) { /* a cold expert's adapter: zero rows */
+    zero_block(a->out + r0 * N + n0, N, r1 - r0, nc);
+    return;
+  }
   mf_cpu_gemm(MF_CPU_GEMM_NT, a->x + r0 * Kd, Kd, a->W[e] + n0 * Kd, Kd, r1 - r0, nc, Kd,
               a->out + r0 * N + n0, N, 0, a->round);
 }
@@ -309,6 +318,10 @@ static void bwd_data_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, 
   const gemm_args *a = (const gemm_args *)vargs;
   const int64_t N = a->N, Kd = a->Kd;
   const int64_t c0 = cb * BWD_CB, cc = Kd - c0 < BWD_CB ? Kd - c0 : BWD_CB;
+  if (!a->W[e]) { /* a cold expert's adapter: zero rows */
+    zero_block(a->out + r0 * Kd + c0, Kd, r1 - r0, cc);
+    return;
+  }
   mf_cpu_gemm(MF_CPU_GEMM_NN, a->x + r0 * N, N, a->W[e] + c0, Kd, r1 - r0, cc, N, a->out + r0 * Kd + c0, Kd,
               0, a->round);
 }
@@ -334,6 +347,7 @@ static void bwd_weight_task(const void *vargs, int64_t e, int64_t r0, int64_t r1
   const int64_t nkb = (Kd + WGT_KB - 1) / WGT_KB;
   const int64_t n0 = (cb / nkb) * WGT_NB, k0 = (cb % nkb) * WGT_KB;
   const int64_t nn = N - n0 < WGT_NB ? N - n0 : WGT_NB, kk = Kd - k0 < WGT_KB ? Kd - k0 : WGT_KB;
+  if (!a->dW[e]) return; /* a cold expert's adapter: no gradient */
   mf_cpu_gemm(MF_CPU_GEMM_TN, a->x + r0 * N + n0, N, a->y + r0 * Kd + k0, Kd, nn, kk, r1 - r0,
               a->dW[e] + n0 * Kd + k0, Kd, 1, 0);
 }

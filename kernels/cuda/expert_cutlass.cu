@@ -23,7 +23,9 @@
 // into the kernel scratch; the grouped kernel is then launched with as many
 // CTAs as the GPU has SMs (CUTLASS's persistent group scheduler, told there are
 // no host-side shapes) and walks the groups' tiles on the device. An expert with
-// no rows (or no weights) gets shape 0 x 0 x 0: no tile, its pointers never read.
+// no rows (or no weights) gets shape 0 x 0 x 0: no tile, its pointers never read;
+// the rows of one with rows and no weights (a cold expert's LoRA adapter) are
+// zeroed by one more small launch (zero_rows), made only when a pointer is NULL.
 // Each output tile is owned by one CTA and summed over K in one order (no split
 // K), so two runs give the same bits. Results agree with the round_bf16 cpu
 // twin to the same tolerance as the mma.sync kernel (fp32 accumulation in a
@@ -165,8 +167,7 @@ __global__ void fill_groups(const int64_t *offsets, int E, int64_t N, int64_t Kd
   if (e >= E) return;
   const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
   const void *w = W.p[e];
-  if (rows > 0 && !w && KIND != CK_WGT) __trap();  // rows but no weights: a caller bug, made loud
-  const bool idle = rows <= 0 || !w;
+  const bool idle = rows <= 0 || !w;  // no rows, or no weights (zero_rows writes those rows)
   int m, n, k;
   if (KIND == CK_FWD) {
     m = (int)rows, n = (int)N, k = (int)Kd;
@@ -196,6 +197,15 @@ __global__ void fill_groups(const int64_t *offsets, int E, int64_t N, int64_t Kd
   g.sb[e] = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(ln, lk, 1));
   g.sc[e] = cutlass::make_cute_packed_stride(typename G::StrideC{}, make_shape(lm, ln, 1));
   g.sd[e] = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(lm, ln, 1));
+}
+
+// FWD / DATA: the rows of an expert with rows but no weights (a cold expert's
+// LoRA adapter) are zeros; block e writes expert e's, Nout bf16 a row.
+__global__ void zero_rows(const int64_t *offsets, int64_t Nout, const expert_ptrs W, Bf16 *out) {
+  const int e = blockIdx.x;
+  if (W.p[e]) return;
+  const int64_t r0 = offsets[e], n = (offsets[e + 1] - r0) * Nout;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[r0 * Nout + i] = Bf16(0.0f);
 }
 
 bool aligned16(const void *p) {
@@ -261,9 +271,11 @@ mf_status run(const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, const vo
     return MF_OK;
   expert_ptrs W;
   memset(&W, 0, sizeof W);
+  bool null = false;
   for (int64_t e = 0; e < E; e++) {
     if (experts[e] && !aligned16(experts[e])) return MF_OK;
     W.p[e] = experts[e];
+    null |= !experts[e];
   }
   size_t ws = 0;
   if (scratch_need<G>(E, f, &ws) > scratch_bytes) return MF_OK;
@@ -272,6 +284,10 @@ mf_status run(const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, const vo
   fill_groups<KIND, G><<<(unsigned)((E + 127) / 128), 128, 0, s>>>(offsets, (int)E, N, Kd, (const Bf16 *)in,
                                                                    (const Bf16 *)in2, (Bf16 *)out, W, g);
   MF_CUDA_CHECK_LAUNCH();
+  if (null && KIND != CK_WGT) {
+    zero_rows<<<(unsigned)E, 256, 0, s>>>(offsets, KIND == CK_FWD ? N : Kd, W, (Bf16 *)out);
+    MF_CUDA_CHECK_LAUNCH();
+  }
   typename G::Gemm gemm;
   const auto args = arguments<G>(E, g, f, KIND == CK_WGT ? 1.0f : 0.0f);
   cutlass::Status st = gemm.can_implement(args);

@@ -67,8 +67,9 @@
 // Outputs: ye / dxe are rounded to bf16 once from the fp32 sum (round to
 // nearest even, bf16x2 stores), rows past offsets[E] and of no tile untouched;
 // dW_e[n, k] += the fp32 sum over all the expert's rows, one read-add-write.
-// An expert with rows but a NULL weight pointer gets NaN rows (a caller bug,
-// made loud, as the CUDA-core kernel does); its dW is skipped.
+// An expert with rows but a NULL weight pointer (a cold expert's LoRA adapter,
+// train.lora.experts hot) gets zero rows, as in the CUDA-core kernel and the
+// cpu twin; its dW is skipped.
 //
 // Determinism: every output element belongs to one CTA and one thread, which
 // sums the contraction in a fixed order (steps of 32 in order, each step two
@@ -334,8 +335,9 @@ __global__ void __launch_bounds__(NT, 2)
   const int rows = (int)tile[2], cols = Nout - n0 < BN ? (int)(Nout - n0) : BN;
   const mf_bf16 *w = static_cast<const mf_bf16 *>(W.p[e]);
   accum<BM> acc;
-  // NaN: an expert with rows but no weights. w is the same for the whole CTA.
-  acc.fill(w ? 0.0f : __int_as_float(0x7fc00000));
+  // An expert with rows but no weights (a cold expert's LoRA adapter): zero
+  // rows. w is the same for the whole CTA.
+  acc.fill(0.0f);
   if (w) {
     const operand A = {in + r0 * Kin, Kin, rows, Kin};
     const operand B =

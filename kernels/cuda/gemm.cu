@@ -51,7 +51,8 @@
 // a device-to-host copy and a stream synchronisation per call. So this is our
 // own tiled grouped kernel, one launch per call: each block finds its (expert,
 // row tile) from `offsets` on the device; experts with no rows get no block and
-// their weight pointers (which may be NULL) are never read. The expert weight
+// their weight pointers (which may be NULL) are never read; an expert with rows
+// and no weights (NULL: a cold expert's LoRA adapter) gets zero rows. The expert weight
 // pointers travel as a kernel parameter (up to MF_CUDA_MAX_EXPERTS of them:
 // CUDA >= 12.1 allows 32 KiB of parameters on sm_70+), so nothing is staged.
 // T operands are widened to fp32 as the shared-memory tiles are loaded (CUDA
@@ -494,11 +495,11 @@ __global__ void __launch_bounds__(MF_CUDA_BLOCK)
   const int64_t cols = Nout - n0 < EBN ? Nout - n0 : EBN;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
   const T *w = W.p[e];
-  if (!w) {  // an expert with rows but no weights: a caller bug, made loud
+  if (!w) {  // rows but no weights (a cold expert's LoRA adapter): zeros
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < 4; j++)
         if (ty + 16 * i < rows && tx + 16 * j < cols)
-          mf_st(out + (r0 + ty + 16 * i) * Nout + n0 + tx + 16 * j, __int_as_float(0x7fc00000));
+          mf_st(out + (r0 + ty + 16 * i) * Nout + n0 + tx + 16 * j, 0.0f);
     return;
   }
   float acc[4][4];

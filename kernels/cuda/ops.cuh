@@ -179,7 +179,9 @@ mf_status mf_cuda_linear_bwd_weight(const T *dy, const T *x, int64_t M, int64_t 
                                     float *db, mf_cuda_blas *b, cudaStream_t s);
 // Grouped expert GEMMs (one launch each): R = rows of xe / ye (an upper bound on
 // offsets[E]), W / dW: E device pointers (host array), NULL for experts without
-// rows; E at most MF_CUDA_MAX_EXPERTS (backend_cuda.h). dW is fp32.
+// rows, or with rows and no weights (a cold expert's LoRA adapter: FWD and
+// DATA write its rows as zeros, WGT skips it); E at most MF_CUDA_MAX_EXPERTS
+// (backend_cuda.h). dW is fp32.
 template <typename T>
 mf_status mf_cuda_expert_fwd(const T *xe, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
                              int64_t N, int64_t Kd, T *ye, cudaStream_t s);

@@ -192,6 +192,13 @@ mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *m
 mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w,
                              const uint16_t *frozen_bf16);
 mf_status mf_ckpt_base_is_bf16(const char *dir, int *bf16);
+/* A LoRA checkpoint's hot experts (train.lora.experts: hot; state.json
+ * lora_hot, one list of expert indices per layer, which mf_ckpt_save writes
+ * from t->lora.hot) as hot[layers * experts] (malloc'd, the caller frees):
+ * resume and export rebuild the table the run trained, whatever routing is
+ * measured since. MF_ERR_FORMAT naming state.json when it is missing or not
+ * of this shape. */
+mf_status mf_ckpt_read_lora_hot(const char *dir, int64_t layers, int64_t experts, uint8_t **hot);
 
 /* ------------------------------------------------------------- export */
 

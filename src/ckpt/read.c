@@ -484,6 +484,43 @@ mf_status mf_ckpt_base_is_bf16(const char *dir, int *bf16) {
   return st;
 }
 
+mf_status mf_ckpt_read_lora_hot(const char *dir, int64_t layers, int64_t experts, uint8_t **hot) {
+  *hot = NULL;
+  char path[4400];
+  snprintf(path, sizeof path, "%s/state.json", dir);
+  json_t *root = NULL;
+  MF_CHECK(load_json(path, "a checkpoint state", &root));
+  const json_t *rows = json_object_get(root, "lora_hot");
+  uint8_t *h = NULL;
+  mf_status st = MF_OK;
+  if (!json_is_array(rows) || (int64_t)json_array_size(rows) != layers)
+    st = MF_ERR(MF_ERR_FORMAT,
+                "%s: lora_hot: expected one list of hot experts for each of the %lld layers (a checkpoint of "
+                "a run with train.lora.experts: hot)",
+                path, (long long)layers);
+  if (st == MF_OK)
+    st = mf_calloc((size_t)(layers * experts > 0 ? layers * experts : 1), 1, "the hot experts", (void **)&h);
+  for (int64_t l = 0; st == MF_OK && l < layers; l++) {
+    const json_t *row = json_array_get(rows, (size_t)l);
+    for (size_t i = 0; st == MF_OK && i < (json_is_array(row) ? json_array_size(row) : 1); i++) {
+      const json_t *v = json_is_array(row) ? json_array_get(row, i) : NULL;
+      const json_int_t e = json_is_integer(v) ? json_integer_value(v) : -1;
+      if (e < 0 || e >= experts || h[l * experts + e])
+        st = MF_ERR(MF_ERR_FORMAT, "%s: lora_hot[%lld][%zu]: not an expert index in [0, %lld) given once",
+                    path, (long long)l, i, (long long)experts);
+      else
+        h[l * experts + e] = 1;
+    }
+  }
+  json_decref(root);
+  if (st != MF_OK) {
+    free(h);
+    return st;
+  }
+  *hot = h;
+  return MF_OK;
+}
+
 mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w,
                              const uint16_t *frozen_bf16) {
   char path[4400];

@@ -365,9 +365,33 @@ static const char *json_num(double x, char *buf, size_t cap) {
   return buf;
 }
 
+/* state.json's lora_hot: ",\n  \"lora_hot\": [[e, ...], ...]" (one list a layer) for a
+ * table with a hot set (mf_ckpt_read_lora_hot reads it), "" otherwise; malloc'd. */
+static mf_status lora_hot_json(const mf_param_table *t, char **out) {
+  const int64_t L = t->spec.layers, E = t->spec.experts;
+  const size_t cap = 64 + (t->lora.hot ? (size_t)(L * (E * 7 + 8)) : 0);
+  char *j = NULL;
+  MF_CHECK(mf_malloc(cap, "state.json", (void **)&j));
+  size_t at = 0;
+  j[0] = 0;
+  if (t->lora.hot) {
+    at += (size_t)snprintf(j + at, cap - at, ",\n  \"lora_hot\": [");
+    for (int64_t l = 0; l < L; l++) {
+      at += (size_t)snprintf(j + at, cap - at, "%s[", l ? ", " : "");
+      for (int64_t e = 0, n = 0; e < E; e++)
+        if (t->lora.hot[l * E + e])
+          at += (size_t)snprintf(j + at, cap - at, "%s%lld", n++ ? ", " : "", (long long)e);
+      at += (size_t)snprintf(j + at, cap - at, "]");
+    }
+    snprintf(j + at, cap - at, "]");
+  }
+  *out = j;
+  return MF_OK;
+}
+
 static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_ckpt_data *d,
                                   const mf_ckpt_state *s) {
-  char text[2048], a[40], b[40], comp[16] = "none", ranks[128] = "";
+  char a[40], b[40], comp[16] = "none", ranks[128] = "", *hot = NULL, *text = NULL;
   int r = 0;
   if (s->ranks > 1) r = snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)s->ranks);
   if (d->t->lora_a) /* the frozen base's identity (its weights are not in the checkpoint) */
@@ -375,21 +399,32 @@ static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_c
              ",\n  \"base_sum\": \"%016llx\",\n  \"base_sum_of\": \"%s\"", (unsigned long long)d->base_sum,
              d->base_bf16 ? "bf16" : "fp32");
   if (w->level) snprintf(comp, sizeof comp, "zstd-%d", w->level);
+  MF_CHECK(lora_hot_json(d->t, &hot));
+  const size_t text_cap = 2048 + strlen(hot);
+  text = (char *)malloc(text_cap);
+  if (!text) {
+    free(hot);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "checkpoint: out of memory for state.json");
+  }
   const int n =
-      snprintf(text, sizeof text,
+      snprintf(text, text_cap,
                "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %lld,\n  \"train_steps\": %lld,\n"
                "  \"skipped\": %lld,\n  \"first_loss\": %s,\n  \"lr\": %s,\n"
                "  \"data\": {\"epoch\": %llu, \"index\": %llu, \"seed\": %llu, \"windows\": %llu},\n"
                "  \"model\": {\"params\": %lld, \"numel\": %lld, \"experts_routed\": %llu},\n"
-               "  \"moments\": \"%s\",\n  \"compression\": \"%s\"%s%s\n}\n",
+               "  \"moments\": \"%s\",\n  \"compression\": \"%s\"%s%s%s\n}\n",
                MF_CKPT_FORMAT, MF_CKPT_VERSION, (long long)s->step, (long long)s->train_steps,
                (long long)s->skipped, json_num(s->first_loss, a, sizeof a), json_num(s->lr, b, sizeof b),
                (unsigned long long)s->data_epoch, (unsigned long long)s->data_index,
                (unsigned long long)s->data_seed, (unsigned long long)s->data_windows, (long long)d->t->n,
                (long long)d->t->total_numel, (unsigned long long)d->n_routed, mf_dtype_name(d->moments), comp,
-               w->filter ? ",\n  \"filter\": \"byteplane\"" : "", ranks);
-  if (n < 0 || n >= (int)sizeof text) return MF_ERR(MF_ERR_INTERNAL, "%s: state.json too long", dir);
-  return write_file(w, dir, "state.json", 0, 0, NULL, 0, text, (size_t)n);
+               w->filter ? ",\n  \"filter\": \"byteplane\"" : "", ranks, hot);
+  free(hot);
+  mf_status st = n < 0 || (size_t)n >= text_cap
+                     ? MF_ERR(MF_ERR_INTERNAL, "%s: state.json too long", dir)
+                     : write_file(w, dir, "state.json", 0, 0, NULL, 0, text, (size_t)n);
+  free(text);
+  return st;
 }
 
 static mf_status write_manifest(mf_ckpt_writer *w, const char *dir) {

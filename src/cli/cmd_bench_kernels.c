@@ -197,7 +197,8 @@ static size_t spec_bytes(const mf_program *p, const callspec *c) {
     for (int k = 0; k < j && !dup; k++) dup = c->t[k] == c->t[j];
     if (!dup) n += align_up(p->tensors[c->t[j]].bytes);
   }
-  for (int64_t e = 0; c->experts && e < p->spec.experts; e++) n += align_up(p->tensors[c->experts[e]].bytes);
+  for (int64_t e = 0; c->experts && e < p->spec.experts; e++)
+    n += c->experts[e] >= 0 ? align_up(p->tensors[c->experts[e]].bytes) : 0; /* -1: a cold expert's adapter */
   return n;
 }
 
@@ -225,13 +226,16 @@ static void lay_out(bench *k, const callspec *c, uint8_t *base, mf_kernel_call *
     call->b[j] = (mf_kbuf){ptr, t->bytes, (int)(writes >> j & 1u), t->dtype};
   }
   if (c->experts) {
+    const mf_ptensor *first = NULL; /* a cold expert's adapter (-1) is NULL, as the executor passes it */
     for (int64_t e = 0; e < p->spec.experts; e++) {
-      k->expert_ptrs[e] = base + off;
+      k->expert_ptrs[e] = c->experts[e] >= 0 ? base + off : NULL;
+      if (c->experts[e] < 0) continue;
       off += align_up(p->tensors[c->experts[e]].bytes);
+      if (!first) first = &p->tensors[c->experts[e]];
     }
     call->experts = k->expert_ptrs;
-    call->expert_bytes = p->tensors[c->experts[0]].bytes;
-    call->expert_dtype = p->tensors[c->experts[0]].dtype;
+    call->expert_bytes = first ? first->bytes : 0;
+    call->expert_dtype = first ? first->dtype : MF_DTYPE_F32;
   }
   if (c->kind == MF_K_CROSS_ENTROPY && c->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME)
     call->f[0] = 1.0 / ((double)p->G * (double)(p->B * p->S));
@@ -349,8 +353,9 @@ static mf_status fill_call(bench *k, const mf_kernel_call *call) {
     if (!dup) MF_CHECK(fill_operand(k, call, j));
   }
   for (int64_t e = 0; call->experts && e < k->p->spec.experts; e++)
-    MF_CHECK(
-        fill(k, call->experts[e], call->expert_bytes, call->expert_dtype, GEN_RANDOM, 0, "expert weight"));
+    if (call->experts[e])
+      MF_CHECK(
+          fill(k, call->experts[e], call->expert_bytes, call->expert_dtype, GEN_RANDOM, 0, "expert weight"));
   return MF_OK;
 }
 
@@ -533,8 +538,9 @@ static double moved_bytes(const mf_kernel_call *c) {
       b = 8.0 * (double)((c->i[0] + 65535) / 65536); /* its chunk sums */
     sum += b * (double)((rd >> j & 1u) + (wr >> j & 1u));
   }
-  if (c->experts) /* i[0] = E weights, read, or added into by expert_bwd_weight */
-    sum += (double)c->i[0] * (double)c->expert_bytes * (mf_kernel_writes_experts(c->kind) ? 2.0 : 1.0);
+  for (int64_t e = 0; c->experts && e < c->i[0]; e++) /* i[0] = E weights (NULL: a cold expert's adapter) */
+    if (c->experts[e])                                /* read, or added into by expert_bwd_weight */
+      sum += (double)c->expert_bytes * (mf_kernel_writes_experts(c->kind) ? 2.0 : 1.0);
   return sum;
 }
 

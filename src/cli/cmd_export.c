@@ -54,7 +54,7 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
   int bf16 = 0;
   if (cfg->train.lora.rank == 0) goto done;
   *lora = 1;
-  MF_CHECK_GOTO(mf_run_model_table(cfg, NULL, &t), st, done);
+  MF_CHECK_GOTO(mf_run_model_table(cfg, NULL, info->source, &t), st, done);
   MF_CHECK_GOTO(mf_ckpt_base_is_bf16(info->source, &bf16), st, done);
   /* the frozen part of w is never touched with a bf16 home: its pages are never committed */
   MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * sizeof(float) + 1, "the weights", (void **)&w), st, done);

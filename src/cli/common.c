@@ -73,5 +73,5 @@ char **mf_cli_split_options(int *argc, char **argv) {
 
 /* See commands.h. */
 mf_status mf_cli_param_table(const mf_config *cfg, mf_param_table **out) {
-  return mf_run_model_table(cfg, NULL, out);
+  return mf_run_model_table(cfg, NULL, NULL, out);
 }

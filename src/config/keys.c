@@ -143,7 +143,8 @@ const mf_config_key mf_config_keys[] = {
         "and dense alike), w1, w3, w2 for Mixtral's experts"),
     KEY("train.lora.experts", MF_CK_ENUM, 0, train.lora.experts, NOLO, NOHI, "all|hot", "all",
         "routed experts that get adapters (when targets name an expert projection): all, or hot: each "
-        "layer's most routed by the measured routing statistics (not built yet: refused)"),
+        "layer's most routed by the measured routing statistics (memory.routing: a routing.json that a run "
+        "on this model wrote; refused without one; a resume or export keeps the checkpoint's set)"),
     KEY("train.lora.hot_fraction", MF_CK_FLOAT, MF_CK_LO_OPEN, train.lora.hot_fraction, 0, 1, NULL, "0.25",
         "with experts: hot, the share of each layer's experts that get adapters"),
     KEY("train.lora.train_router", MF_CK_BOOL, 0, train.lora.train_router, NOLO, NOHI, NULL, "false",

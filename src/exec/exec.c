@@ -584,11 +584,15 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
         memcpy(call.i, o->i, sizeof call.i);
         memcpy(call.f, o->f, sizeof call.f);
         if (o->experts_at >= 0) {
-          for (int64_t e = 0; e < p->spec.experts; e++)
-            x->expert_ptrs[e] = mf_exec_slot_ptr(x, sl[MF_KBUF_MAX + e]);
+          int32_t first = -1; /* a slot of the pool's: a cold expert's adapter has none (NULL) */
+          for (int64_t e = 0; e < p->spec.experts; e++) {
+            const int32_t se = sl[MF_KBUF_MAX + e];
+            x->expert_ptrs[e] = se >= 0 ? mf_exec_slot_ptr(x, se) : NULL;
+            if (first < 0 && se >= 0) first = se;
+          }
           call.experts = x->expert_ptrs;
-          call.expert_bytes = mf_exec_slot_bytes(x, sl[MF_KBUF_MAX]);
-          call.expert_dtype = p->tensors[p->id_pool[o->experts_at]].dtype;
+          call.expert_bytes = first >= 0 ? mf_exec_slot_bytes(x, first) : 0;
+          call.expert_dtype = first >= 0 ? p->tensors[s->slots[first].tensor].dtype : MF_DTYPE_F32;
         }
         if (o->kind == MF_K_CROSS_ENTROPY && o->f[0] == MF_PROGRAM_LOSS_SCALE_RUNTIME) {
           int64_t nv = io->n_valid[o->micro];

@@ -26,7 +26,97 @@ static int is_router_name(const char *s) {
   return strcmp(s, "gate") == 0 || strcmp(s, "mlp.gate") == 0 || strcmp(s, "block_sparse_moe.gate") == 0;
 }
 
-mf_status mf_lora_read_adapter_config(const char *dir, mf_family family, mf_lora *out) {
+/* The roles moefit can adapt in t's family (mf_lora_target_roles' names). */
+static uint32_t adaptable_roles(mf_family family) {
+  static const char *const names[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
+                                      "up_proj", "down_proj", "w1",     "w3",     "w2"};
+  uint32_t r = 0;
+  for (size_t j = 0; j < sizeof names / sizeof names[0]; j++) r |= mf_lora_target_roles(family, names[j]);
+  return r;
+}
+
+/* PEFT's match of a target_modules entry against a module's name (the
+ * weight's name less ".weight"): equal, or ending with "." and the entry. */
+static int matches(const char *module, size_t n, const char *entry) {
+  const size_t e = strlen(entry);
+  if (e > n) return 0;
+  if (e == n) return memcmp(module, entry, n) == 0;
+  return module[n - e - 1] == '.' && memcmp(module + n - e, entry, e) == 0;
+}
+
+/* The modules target_modules adapts, by PEFT's rule (matches): short names
+ * (q_proj), full names (model.layers.3.mlp.experts.5.gate_proj) and the
+ * shortest unique endings PEFT writes for long lists (1.gate_proj) alike.
+ * moefit adapts a role in every layer that has it, except the routed
+ * experts', whose adapted experts are the hot set (out->hot, NULL when it is
+ * every expert) — the same experts for each of their adapted roles. */
+static mf_status read_targets(const char *path, const json_t *targets, const mf_param_table *t,
+                              mf_lora *out) {
+  const int64_t E = t->spec.experts, LE = t->spec.layers * E;
+  const uint32_t can = adaptable_roles(t->spec.family);
+  uint8_t *adapted = NULL, *used = NULL; /* [n_base], [entries] */
+  const size_t ne = json_array_size(targets);
+  MF_CHECK(mf_calloc((size_t)(t->n_base > 0 ? t->n_base : 1), 1, "target_modules", (void **)&adapted));
+  mf_status st = mf_calloc(ne, 1, "target_modules", (void **)&used);
+  for (size_t i = 0; st == MF_OK && i < ne; i++)
+    if (!json_is_string(json_array_get(targets, i)))
+      st = MF_ERR(MF_ERR_FORMAT, "%s: target_modules[%zu]: not a string", path, i);
+  uint32_t roles = 0;
+  for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
+    const mf_param *p = &t->params[i];
+    if (p->ndim != 2 || !(can & (1u << p->role))) continue;
+    const size_t n = strlen(p->name) - strlen(".weight");
+    for (size_t j = 0; j < ne; j++)
+      if (matches(p->name, n, json_string_value(json_array_get(targets, j)))) adapted[i] = used[j] = 1;
+    if (adapted[i]) roles |= 1u << p->role;
+  }
+  for (size_t j = 0; st == MF_OK && j < ne; j++) /* a short name's roles, as train.lora.targets gives them */
+    roles |= mf_lora_target_roles(t->spec.family, json_string_value(json_array_get(targets, j)));
+  for (size_t j = 0; st == MF_OK && j < ne; j++)
+    if (!used[j])
+      st = MF_ERR(MF_ERR_FORMAT, "%s: target_modules[%zu]: the %s model has no module named %s", path, j,
+                  mf_family_name(t->spec.family), json_string_value(json_array_get(targets, j)));
+  /* every layer's module of an adapted role, the routed experts' aside */
+  for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
+    const mf_param *p = &t->params[i];
+    if (p->expert >= 0 || !(roles & (1u << p->role)) || adapted[i]) continue;
+    st = MF_ERR(MF_ERR_UNSUPPORTED,
+                "%s: target_modules adapts modules like %.*s in some layers but not that one: moefit adapts "
+                "a module in every layer (routed experts excepted: the adapted ones are the hot set)",
+                path, (int)(strlen(p->name) - strlen(".weight")), p->name);
+  }
+  /* the hot set: the experts with an adapted projection; every adapted expert role adapts exactly those */
+  int all = 1;
+  if (st == MF_OK && (roles & MF_LORA_EXPERT_ROLES) && LE > 0) {
+    st = mf_calloc((size_t)LE, 1, "the hot experts", (void **)&out->hot);
+    for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
+      const mf_param *p = &t->params[i];
+      if (p->expert >= 0 && adapted[i]) out->hot[p->layer * E + p->expert] = 1;
+    }
+    for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
+      const mf_param *p = &t->params[i];
+      if (p->expert < 0 || !(roles & (1u << p->role))) continue;
+      all &= out->hot[p->layer * E + p->expert];
+      if (adapted[i] != out->hot[p->layer * E + p->expert])
+        st = MF_ERR(MF_ERR_UNSUPPORTED,
+                    "%s: target_modules: %.*s is %s: moefit takes one set of adapted experts for all their "
+                    "projections",
+                    path, (int)(strlen(p->name) - strlen(".weight")), p->name,
+                    adapted[i] ? "adapted while another projection of its expert is not"
+                               : "not adapted while another projection of its expert is");
+    }
+  }
+  if (st != MF_OK || all) { /* every routed expert: no hot set */
+    free(out->hot);
+    out->hot = NULL;
+  }
+  free(adapted);
+  free(used);
+  if (st == MF_OK) out->roles = roles;
+  return st;
+}
+
+mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, mf_lora *out) {
   memset(out, 0, sizeof *out);
   char path[4200];
   snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -72,14 +162,7 @@ mf_status mf_lora_read_adapter_config(const char *dir, mf_family family, mf_lora
     out->scale = json_number_value(alpha) / (double)out->rank;
     out->dropout = drop && json_is_number(drop) ? json_number_value(drop) : 0.0;
   }
-  for (size_t i = 0; st == MF_OK && i < json_array_size(targets); i++) {
-    const json_t *n = json_array_get(targets, i);
-    const uint32_t roles = json_is_string(n) ? mf_lora_target_roles(family, json_string_value(n)) : 0;
-    if (!roles)
-      st = MF_ERR(MF_ERR_FORMAT, "%s: target_modules[%zu]: the %s model has no module named %s", path, i,
-                  mf_family_name(family), json_is_string(n) ? json_string_value(n) : "(not a string)");
-    out->roles |= roles;
-  }
+  if (st == MF_OK) st = read_targets(path, targets, t, out);
   if (st == MF_OK && save && !json_is_null(save)) {
     const int ok = json_is_array(save) && json_array_size(save) == 1 &&
                    json_is_string(json_array_get(save, 0)) &&
@@ -92,5 +175,9 @@ mf_status mf_lora_read_adapter_config(const char *dir, mf_family family, mf_lora
     out->train_router = ok;
   }
   json_decref(root);
+  if (st != MF_OK) {
+    free(out->hot);
+    out->hot = NULL;
+  }
   return st;
 }

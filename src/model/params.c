@@ -150,6 +150,7 @@ void mf_param_table_free(mf_param_table *t) {
   free(t->by_layer);
   free(t->experts);
   free(t->lora_a);
+  free(t->lora.hot);
   free(t);
 }
 
@@ -194,10 +195,15 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
     return MF_ERR(MF_ERR_CONFIG, "train.lora.rank %lld is outside [1, 4096]", (long long)l->rank);
   if (!(l->dropout >= 0 && l->dropout < 1))
     return MF_ERR(MF_ERR_CONFIG, "train.lora.dropout %g is outside [0, 1)", l->dropout);
-  const int64_t nb = t->n;
+  const int64_t nb = t->n, LE = t->spec.layers * t->spec.experts;
   t->lora_a = (int32_t *)malloc((size_t)nb * sizeof *t->lora_a);
   if (!t->lora_a) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "parameter table: out of memory");
   t->lora = *l;
+  t->lora.hot = NULL;
+  if (l->hot && LE > 0) {
+    MF_CHECK(mf_malloc((size_t)LE, "the hot experts", (void **)&t->lora.hot));
+    memcpy(t->lora.hot, l->hot, (size_t)LE);
+  }
   t->n_base = nb;
   builder b = {t, t->n};
   int64_t adapted = 0;
@@ -207,6 +213,7 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
     p->frozen = !(l->train_router && p->role == MF_P_ROUTER);
     if (p->frozen) t->trainable_numel -= p->numel;
     if (p->ndim != 2 || !(l->roles & (1u << p->role))) continue;
+    if (p->expert >= 0 && !mf_lora_expert_hot(t, p->layer, p->expert)) continue; /* a cold expert */
     /* copies: add() may move t->params */
     const mf_param w = *p;
     char a[sizeof w.name], bn[sizeof w.name];
@@ -558,6 +565,40 @@ static int64_t adapted_modules(const mf_param_table *t, const char **names, int6
   return n;
 }
 
+/* The adapted modules as PEFT's target_modules, a JSON list's items ("a", "b")
+ * in *out (malloc'd): the short names of adapted_modules, except that with a
+ * hot set a name that also names routed experts (gate_proj, up_proj,
+ * down_proj; Mixtral's w1, w3, w2) would adapt every expert, so its modules
+ * are listed by their full names instead, each adapted one (the shared
+ * expert's, the dense MLPs' and the hot experts'): PEFT adapts a module whose
+ * name equals an entry or ends with "." and the entry. */
+static mf_status target_modules_json(const mf_param_table *t, char **out) {
+  const char *mods[16];
+  const int64_t nm = adapted_modules(t, mods, 16);
+  size_t cap = 64, at = 0;
+  for (int64_t j = 0; j < nm; j++) cap += strlen(mods[j]) + 4;
+  if (t->lora.hot)
+    for (int64_t i = 0; i < t->n_base; i++) cap += t->lora_a[i] >= 0 ? strlen(t->params[i].name) + 4 : 0;
+  char *list = NULL;
+  MF_CHECK(mf_malloc(cap, "target_modules", (void **)&list));
+  list[0] = 0;
+  for (int64_t j = 0; j < nm; j++) {
+    const uint32_t roles = mf_lora_target_roles(t->spec.family, mods[j]);
+    if (!t->lora.hot || !(roles & MF_LORA_EXPERT_ROLES)) {
+      at += (size_t)snprintf(list + at, cap - at, "%s\"%s\"", at ? ", " : "", mods[j]);
+      continue;
+    }
+    for (int64_t i = 0; i < t->n_base; i++) {
+      const mf_param *p = &t->params[i];
+      if (t->lora_a[i] < 0 || !(roles & (1u << p->role))) continue;
+      const int n = (int)(strlen(p->name) - strlen(".weight")); /* adapted weights end so (adapter_name) */
+      at += (size_t)snprintf(list + at, cap - at, "%s\"%.*s\"", at ? ", " : "", n, p->name);
+    }
+  }
+  *out = list;
+  return MF_OK;
+}
+
 mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, const char *base_model,
                                      const char *dir) {
   if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "saving %s: the model has no LoRA adapters", dir);
@@ -589,14 +630,10 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
   free(ts);
   free(names);
   MF_CHECK(st);
-  const char *mods[16];
-  const int64_t nm = adapted_modules(t, mods, 16);
-  char text[8192], list[512] = "", b[4200];
-  size_t at = 0;
-  for (int64_t j = 0; j < nm; j++)
-    at += (size_t)snprintf(list + at, sizeof list - at, "%s\"%s\"", j ? ", " : "", mods[j]);
+  char *list = NULL, b[4200];
+  MF_CHECK(target_modules_json(t, &list));
   /* the base's path as a JSON string ("" as PEFT writes for a model built from a config) */
-  at = 0;
+  size_t at = 0;
   b[at++] = '"';
   for (const char *c = base_model ? base_model : ""; *c && at + 8 < sizeof b; c++) {
     if (*c == '"' || *c == '\\') b[at++] = '\\';
@@ -608,7 +645,13 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
   }
   b[at++] = '"';
   b[at] = 0;
-  const int len = snprintf(text, sizeof text,
+  const size_t text_cap = strlen(list) + 8192;
+  char *text = (char *)malloc(text_cap);
+  if (!text) {
+    free(list);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
+  }
+  const int len = snprintf(text, text_cap,
                            "{\n"
                            "  \"alpha_pattern\": {},\n"
                            "  \"base_model_name_or_path\": %s,\n"
@@ -636,7 +679,10 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
                                                                  : "[\"mlp.gate\"]",
                            (long long)t->lora.rank, list);
   snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-  return mf_write_file_atomic(path, text, (size_t)len);
+  st = mf_write_file_atomic(path, text, (size_t)len);
+  free(text);
+  free(list);
+  return st;
 }
 
 mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w) {
@@ -688,4 +734,22 @@ void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap) {
       100.0 * (double)t->trainable_numel / (double)(t->total_numel > 0 ? t->total_numel : 1),
       mf_format_count((double)t->total_numel, b, sizeof b), mf_format_count((double)frozen, c, sizeof c),
       t->lora.train_router ? "; the routers trained whole" : "");
+  if (!t->lora.hot || !(t->lora.roles & MF_LORA_EXPERT_ROLES)) return;
+  int64_t hot = 0, moe = 0, lo = -1, hi = 0;
+  for (int64_t l = 0; l < t->spec.layers; l++) {
+    if (mf_param_index(t, MF_P_EXPERT_GATE, l, 0) < 0) continue; /* a dense layer */
+    int64_t h = 0;
+    for (int64_t e = 0; e < t->spec.experts; e++) h += mf_lora_expert_hot(t, l, e);
+    hot += h, moe++;
+    lo = lo < 0 || h < lo ? h : lo;
+    hi = h > hi ? h : hi;
+  }
+  const size_t n = strlen(buf);
+  if (lo == hi)
+    snprintf(buf + n, cap - n, "; routed experts: the %lld hot of %lld in each of %lld layers", (long long)hi,
+             (long long)t->spec.experts, (long long)moe);
+  else
+    snprintf(buf + n, cap - n, "; routed experts: %lld hot of %lld in %lld layers (%lld to %lld a layer)",
+             (long long)hot, (long long)(moe * t->spec.experts), (long long)moe, (long long)lo,
+             (long long)hi);
 }

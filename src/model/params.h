@@ -74,6 +74,11 @@ typedef struct mf_lora {
   uint32_t roles;   /* bit (1u << role) for each adapted role */
   int train_router; /* the routers (MF_P_ROUTER) trained fully */
   double dropout;   /* on each adapter's input in training, in [0, 1) (PEFT's lora_dropout) */
+  /* [layers * experts]: 1 for a routed expert whose adapted projections get
+   * adapters (train.lora.experts: hot), 0 for the others, whose rows pass
+   * through the base alone; NULL: every routed expert (experts: all). The
+   * table keeps its own copy (mf_param_table_add_lora). */
+  uint8_t *hot;
 } mf_lora;
 
 typedef struct mf_param_table {
@@ -105,6 +110,13 @@ uint32_t mf_lora_target_roles(mf_family family, const char *name);
  * adapted weight (else MF_ERR_CONFIG naming what the model lacks). rank 0
  * leaves t as it is. */
 mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l);
+/* Whether routed expert e of layer l gets adapters (its projections that
+ * lora.roles names): always without a hot set. */
+static inline int mf_lora_expert_hot(const mf_param_table *t, int64_t layer, int64_t e) {
+  return !t->lora.hot || t->lora.hot[layer * t->spec.experts + e];
+}
+/* The routed-expert roles' bits (MF_P_EXPERT_GATE, _UP, _DOWN). */
+#define MF_LORA_EXPERT_ROLES ((1u << MF_P_EXPERT_GATE) | (1u << MF_P_EXPERT_UP) | (1u << MF_P_EXPERT_DOWN))
 /* Whether a run keeps LoRA's frozen base at home in bf16 alone, with no fp32
  * copy (2 bytes a parameter): with bf16 device storage (the device reads
  * the bf16 working copy) and one rank (several share one fp32 home). */
@@ -178,13 +190,16 @@ mf_status mf_params_write_model(const mf_param_table *t, const float *w, const u
 mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, const char *base_model,
                                      const char *dir);
 /* DIR/adapter_config.json (PEFT's, as save_pretrained and
- * mf_params_save_adapter_dir write it) as the mf_lora of a `family` model:
- * peft_type LORA, r, lora_alpha, target_modules (each a name of
- * mf_lora_target_roles), modules_to_save null or the routers (train_router).
- * What changes PEFT's maths in ways moefit does not compute (use_rslora,
- * use_dora, bias, fan_in_fan_out, layers_to_transform, rank or alpha
- * patterns, ...) is refused, naming the file and the key. */
-mf_status mf_lora_read_adapter_config(const char *dir, mf_family family, mf_lora *out);
+ * mf_params_save_adapter_dir write it) as the mf_lora of the model of t (a
+ * table without adapters): peft_type LORA, r, lora_alpha, target_modules
+ * (each a name of mf_lora_target_roles, or a full module name such as
+ * "model.layers.3.mlp.experts.5.gate_proj": the routed experts named so are
+ * the hot set, out->hot, malloc'd, which the caller frees; other roles named
+ * so must be named in every layer), modules_to_save null or the routers
+ * (train_router). What changes PEFT's maths in ways moefit does not compute
+ * (use_rslora, use_dora, bias, fan_in_fan_out, layers_to_transform, rank or
+ * alpha patterns, ...) is refused, naming the file and the key. */
+mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, mf_lora *out);
 /* The adapters (and trained routers) from DIR/adapter_model.safetensors (PEFT's names, F32/BF16/F16);
  * a missing tensor or another shape is an error naming the file and tensor. */
 mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w);

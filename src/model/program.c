@@ -184,8 +184,8 @@ static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int g
   }
   for (int64_t e = 0; e < E; e++) {
     int32_t pi = mf_param_index(c->pt, role, layer, e);
-    if (lora >= 0) pi = c->pt->lora_a[pi] + lora;
-    ids[e] = grads ? c->b->p->grad_tensor[pi] : c->b->p->param_tensor[pi];
+    if (lora >= 0) pi = c->pt->lora_a[pi] < 0 ? -1 : c->pt->lora_a[pi] + lora; /* -1: a cold expert */
+    ids[e] = pi < 0 ? -1 : grads ? c->b->p->grad_tensor[pi] : c->b->p->param_tensor[pi];
   }
   int32_t at = pool_put(c->b, ids, E);
   free(ids);
@@ -378,9 +378,13 @@ static void lora_bwd(const mb *z, int32_t l, mf_param_role role, const char *wha
 }
 
 /* The id pool entry of layer l's experts' adapters of `role`: A's (b = 0) or
- * B's (b = 1) parameter (grads: gradient) tensors; -1 when not adapted. */
+ * B's (b = 1) parameter (grads: gradient) tensors, -1 for a cold expert's
+ * (train.lora.experts: hot; the kernels give its rows zeros); -1 when no
+ * expert of the layer is adapted. */
 static int32_t lora_experts_of(const ctx *c, mf_param_role role, int64_t l, int b, int grads) {
-  return lora_a(c, role, l, 0) < 0 ? -1 : experts_of(c, role, l, grads, b);
+  for (int64_t e = 0; e < c->s->experts; e++)
+    if (lora_a(c, role, l, e) >= 0) return experts_of(c, role, l, grads, b);
+  return -1;
 }
 
 static void expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a0,
@@ -1045,6 +1049,7 @@ static void compute_lifetimes(mf_program *p) {
     }
     if (o->experts_at >= 0)
       for (int64_t e = 0; e < p->spec.experts; e++) {
+        if (p->id_pool[o->experts_at + e] < 0) continue; /* a cold expert's adapter: none */
         mf_ptensor *t = &p->tensors[p->id_pool[o->experts_at + e]];
         if (t->first_op < 0) t->first_op = k;
         t->last_op = k;

@@ -113,7 +113,8 @@ typedef struct mf_pop {
    * slots and recompute chains and the order between streams follow these. */
   uint32_t reads, writes;
   uint8_t writes_experts;
-  int32_t experts_at;     /* EXPERT_*: index into the program's id pool of E tensor ids, else -1 */
+  int32_t experts_at; /* EXPERT_*: index into the program's id pool of E tensor ids (an id -1: a cold
+                         expert's LoRA adapter, train.lora.experts hot: none, its rows get zeros), else -1 */
   int64_t i[8];
   double f[6];
   double flops;

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "experts/experts.h"
+#include "experts/routing.h"
 #include "src/model/hf_config.h"
 #include "src/train/train_internal.h"
 
@@ -27,7 +29,8 @@ static const char *model_dir_of(const mf_config *cfg, const char *model_dir) {
   return model_dir ? model_dir : cfg->model.has_init ? NULL : cfg->model.path;
 }
 
-mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_param_table **table) {
+mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, const char *ckpt,
+                             mf_param_table **table) {
   *table = NULL;
   mf_model_spec spec;
   const char *dir = model_dir_of(cfg, model_dir);
@@ -36,7 +39,7 @@ mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_par
   else
     spec = cfg->model.init;
   MF_CHECK(mf_param_table_build(&spec, table));
-  mf_status st = mf_run_lora(cfg, *table);
+  mf_status st = mf_run_lora(cfg, *table, ckpt);
   if (st != MF_OK) {
     mf_param_table_free(*table);
     *table = NULL;
@@ -51,17 +54,41 @@ static const char *where(const mf_config *cfg, const char *key, char *buf, size_
   return buf;
 }
 
-mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t) {
+/* train.lora.experts hot: the hot set from the routing memory.routing names
+ * (mf_experts_lora_hot), refused without measured routing. */
+static mf_status hot_from_routing(const mf_config *cfg, const mf_param_table *t, uint8_t **hot) {
+  const mf_config_lora *c = &cfg->train.lora;
+  const int64_t L = t->spec.layers, E = t->spec.experts;
+  mf_routing r;
+  int found = 0;
+  char path[4200] = "", note[4400] = "", at[600];
+  MF_CHECK(mf_routing_for_config(cfg, &t->spec, &r, &found, path, sizeof path, note, sizeof note));
+  if (!found)
+    return MF_ERR(
+        MF_ERR_CONFIG,
+        "train.lora.experts: hot%s takes each layer's most-routed experts by measured routing, and "
+        "there is none%s%s: point memory.routing at the routing.json a run on this model wrote (moefit "
+        "train writes OUTPUT/routing.json at its end; a short run with train.lora.experts: all will "
+        "do), or put it in this output.dir",
+        where(cfg, "train.lora.experts", at, sizeof at), note[0] ? " (" : "", note[0] ? note : "");
+  mf_status st = mf_malloc((size_t)(L * E > 0 ? L * E : 1), "the hot experts", (void **)hot);
+  if (st == MF_OK) {
+    const int64_t n = mf_experts_lora_hot(r.share, L, E, c->hot_fraction, *hot);
+    MF_LOGI("train",
+            "train.lora.experts hot: %lld routed experts get adapters, each layer's %g most-routed by %s",
+            (long long)n, c->hot_fraction, path);
+  }
+  mf_routing_free(&r);
+  return st;
+}
+
+mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt) {
   const mf_config_lora *c = &cfg->train.lora;
   if (c->rank == 0) return MF_OK;
   char at[600];
-  if (c->experts == MF_CONFIG_LORA_EXPERTS_HOT)
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "train.lora.experts: hot%s: adapters on the most-routed experts only are not built yet; "
-                  "use all",
-                  where(cfg, "train.lora.experts", at, sizeof at));
-  mf_lora l = {c->rank, (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank, 0, c->train_router,
-               c->dropout};
+  mf_lora l = {c->rank,    (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank,
+               0,          c->train_router,
+               c->dropout, NULL};
   for (int64_t i = 0; i < c->n_targets; i++) {
     const uint32_t roles = mf_lora_target_roles(t->spec.family, c->targets[i]);
     if (!roles)
@@ -70,7 +97,14 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t) {
                     mf_family_name(t->spec.family), c->targets[i]);
     l.roles |= roles;
   }
+  if (c->experts == MF_CONFIG_LORA_EXPERTS_HOT && (l.roles & MF_LORA_EXPERT_ROLES) && t->spec.experts > 0) {
+    if (ckpt) /* the hot set the run trained, whatever routing was measured since */
+      MF_CHECK(mf_ckpt_read_lora_hot(ckpt, t->spec.layers, t->spec.experts, &l.hot));
+    else
+      MF_CHECK(hot_from_routing(cfg, t, &l.hot));
+  }
   mf_status st = mf_param_table_add_lora(t, &l);
+  free(l.hot);
   if (st == MF_ERR_CONFIG)
     return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora", at, sizeof at));
   return st;
@@ -112,7 +146,7 @@ mf_status mf_run_load_weights_home(const mf_config *cfg, const char *model_dir, 
 mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_param_table **table, float **w,
                             char *desc, size_t desc_cap) {
   *w = NULL;
-  MF_CHECK(mf_run_model_table(cfg, model_dir, table));
+  MF_CHECK(mf_run_model_table(cfg, model_dir, NULL, table));
   mf_status st = mf_run_load_weights(cfg, model_dir, *table, NULL, w, desc, desc_cap);
   if (st != MF_OK) {
     mf_param_table_free(*table);
@@ -212,11 +246,13 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
   mf_config own = *cfg; /* an adapter dir: the adapters it says, not train.lora's */
   if (adapters) own.train.lora.rank = 0;
-  MF_CHECK_GOTO(mf_run_model_table(&own, model_dir, &t), st, done);
+  MF_CHECK_GOTO(mf_run_model_table(&own, model_dir, NULL, &t), st, done);
   if (adapters) {
     mf_lora lora;
-    MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t->spec.family, &lora), st, done);
-    MF_CHECK_GOTO(mf_param_table_add_lora(t, &lora), st, done);
+    MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t, &lora), st, done);
+    st = mf_param_table_add_lora(t, &lora);
+    free(lora.hot);
+    if (st != MF_OK) goto done;
   }
   if (model_dir == final_dir) note_other_final(cfg, final_dir, &t->spec);
   MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);

@@ -273,7 +273,15 @@ static mf_status node_state(run *r) {
 static mf_status setup(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   MF_CHECK(mf_threadpool_create(threads_of(r), &r->pool));
-  MF_CHECK(mf_run_model_table(cfg, NULL, &r->t));
+  /* LoRA on hot experts resumes on the checkpoint's hot set, not on routing measured since */
+  char hot_ckpt[4200] = "";
+  if (r->resume && cfg->train.lora.rank > 0 && cfg->train.lora.experts == MF_CONFIG_LORA_EXPERTS_HOT) {
+    if (r->resume_dir)
+      snprintf(hot_ckpt, sizeof hot_ckpt, "%s", r->resume_dir);
+    else
+      MF_CHECK(mf_ckpt_find_latest(cfg->output.dir, hot_ckpt, sizeof hot_ckpt));
+  }
+  MF_CHECK(mf_run_model_table(cfg, NULL, hot_ckpt[0] ? hot_ckpt : NULL, &r->t));
   const mf_param_table *t = r->t;
   if (r->multi) MF_CHECK(mf_ranks_init(&r->rk, t, cfg->train.micro_batch, cfg->data.seq_len));
   MF_CHECK(open_data(cfg, "data.train", cfg->data.train, MF_LOADER_TRAIN, cfg->train.seed, t, &r->train));

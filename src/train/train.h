@@ -23,12 +23,16 @@ mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_para
 /* Its two halves: the parameter table (from the spec alone: what planning
  * needs), then the weights (loaded or initialised, a random init over the
  * pool's threads (NULL: this one); the slow part). */
-mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, mf_param_table **table);
+mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, const char *ckpt,
+                             mf_param_table **table);
 /* train.lora on table t (mf_run_model_table calls it): with a rank, its
  * adapters added and the base frozen (src/model/params.h mf_lora); an error
- * names the config's place for what the model lacks or what is not built
- * (lora.dropout above 0, lora.experts: hot). */
-mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t);
+ * names the config's place for what the model lacks. With experts: hot, the
+ * hot experts are checkpoint ckpt's (state.json lora_hot: resume and export
+ * rebuild the table the run trained), or with ckpt NULL each MoE layer's
+ * hot_fraction most-routed by the routing memory.routing names
+ * (experts/experts.h mf_experts_lora_hot), refused without measured routing. */
+mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt);
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
                               mf_threadpool *pool, float **w, char *desc, size_t desc_cap);
 /* The same into w (the caller's, t->total_numel floats), a frozen parameter

@@ -80,12 +80,17 @@ TEST(Errors, LoraIsPlannedAndItsUnbuiltPartsRefused) {
   EXPECT_NE(p.out.find("the base's 452K frozen"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("optimizer: "), std::string::npos) << p.out;
   EXPECT_EQ(p.out.find(" 101 "), std::string::npos) << "the frozen base is counted as optimized:\n" << p.out;
-  Result h = moefit("train configs/demo.yaml train.lora.rank=16 train.lora.experts=hot");
+  // Hot experts need measured routing: without it, refused naming the key and the way to get it.
+  Result h = moefit(
+      "plan configs/demo.yaml train.lora.rank=16 train.lora.targets=[q_proj,w1] train.lora.experts=hot "
+      "memory.routing=none");
   EXPECT_EQ(h.code, 1) << h.out;
-  EXPECT_NE(
-      h.out.find("error: train.lora.experts: hot (command line: train.lora.experts=hot): adapters on the "
-                 "most-routed experts only are not built yet"),
-      std::string::npos)
+  EXPECT_NE(h.out.find("error: train.lora.experts: hot (command line: train.lora.experts=hot) takes each "
+                       "layer's most-routed experts by measured routing, and there is none"),
+            std::string::npos)
+      << h.out;
+  EXPECT_NE(h.out.find("point memory.routing at the routing.json a run on this model wrote"),
+            std::string::npos)
       << h.out;
   Result c = moefit("config configs/demo.yaml train.lora.rank=16 train.lora.targets=[q_proj,w1]");
   EXPECT_EQ(c.code, 0) << c.out;

@@ -158,6 +158,24 @@ const std::string &LoraRun() {
   return run;
 }
 
+// The same over each MoE layer's hottest quarter of experts (train.lora.experts
+// hot) by the routing LoraRun measured: the shared expert's and the dense
+// layers' projections adapted whole, the routed experts' only where hot.
+const std::string &LoraHotRun() {
+  static std::string run;
+  if (!run.empty()) return run;
+  const std::string routing = LoraRun() + "/routing.json";
+  run = tmpdir() + "/export_lora_hot_run";
+  Result r = moefit("train" + kModel + "model.init=null model.path=" + tmpdir() +
+                    "/export_lora_base train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 "
+                    "train.lora.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj] "
+                    "train.lora.experts=hot memory.routing=" +
+                    routing + " train.micro_batch=2 train.warmup=1 train.steps=4 output.checkpoint_every=2 " +
+                    "data.train=" + Corpus() + " output.dir=" + run);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return run;
+}
+
 double LoraEvalLoss(const std::string &model_dir) {
   return EvalLoss(model_dir, "model.init=null model.path=" + tmpdir() + "/export_lora_base");
 }
@@ -211,12 +229,12 @@ TEST(Export, LoraMergedModelAndPeftAdapter) {
 // Where a python with PEFT is at hand (MF_HF_PYTHON): PeftModel.from_pretrained
 // loads the exported adapter onto the base and reproduces moefit's logits
 // (tools/check_peft_adapter.py, relative error < 1e-5).
-TEST(Export, PeftLoadsTheAdapterAndReproducesTheLogits) {
+void PeftReproducesTheLogits(const std::string &run, const std::string &tag) {
   const char *py = getenv("MF_HF_PYTHON");
   if (!py || !*py) GTEST_SKIP() << "MF_HF_PYTHON unset: no python with transformers and peft";
   if (shell(std::string(py) + " -c 'import torch, transformers, peft' 2>&1").code != 0)
     GTEST_SKIP() << py << " has no torch, transformers and peft";
-  const std::string run = LoraRun(), ad = tmpdir() + "/export_lora_peft", d = tmpdir() + "/export_lora_check";
+  const std::string ad = tmpdir() + "/export_" + tag + "_peft", d = tmpdir() + "/export_" + tag + "_check";
   ASSERT_EQ(moefit("export " + run + " --out " + ad + " --adapter").code, 0);
   ASSERT_EQ(shell("mkdir -p " + d + " && printf 'the cat s' > " + d + "/in.txt").code, 0);
   ASSERT_EQ(moefit("data bytes " + d + "/in.txt " + d + "/in.tokens").code, 0);
@@ -239,6 +257,21 @@ TEST(Export, PeftLoadsTheAdapterAndReproducesTheLogits) {
                    "/export_lora_base --adapter " + ad + " --fixture " + d + "/ref.safetensors 2>&1");
   EXPECT_EQ(c.code, 0) << c.out;
   EXPECT_TRUE(has(c.out, "OK")) << c.out;
+}
+
+TEST(Export, PeftLoadsTheAdapterAndReproducesTheLogits) {
+  PeftReproducesTheLogits(LoraRun(), "lora");
+}
+
+// Hot experts: target_modules names the shared expert's, the dense layers'
+// and the hot experts' projections by their full names, which PEFT matches
+// exactly (and moefit reads back as the same hot set: eval above).
+TEST(Export, PeftLoadsTheHotExpertsAdapterAndReproducesTheLogits) {
+  const std::string cfg = read_file(LoraHotRun() + "/final/adapter_config.json");
+  EXPECT_TRUE(has(cfg, "\"q_proj\"") && has(cfg, ".mlp.shared_expert.gate_proj\"") &&
+              !has(cfg, "\"gate_proj\""))
+      << cfg;
+  PeftReproducesTheLogits(LoraHotRun(), "lora_hot");
 }
 
 TEST(Export, TransformersLoadsItWithNoMissingOrUnexpectedKeys) {

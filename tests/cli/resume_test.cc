@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,7 +40,7 @@ struct Variant {
 // An uninterrupted 12-step run against one stopped after step 8 (train.steps=8)
 // and resumed to 12 (a constant schedule, so the learning rate of a step does
 // not depend on train.steps).
-void StopAndResume(const Variant &v) {
+void StopAndResume(const Variant &v, const std::function<void()> &between = nullptr) {
   SCOPED_TRACE(v.name);
   const std::string extra = std::string("train.schedule=constant ") + v.extra;
   const std::string a = Fresh(std::string("whole_") + v.name), c = Fresh(std::string("cut_") + v.name);
@@ -48,6 +49,7 @@ void StopAndResume(const Variant &v) {
   Result rc = moefit(Args(c, 8, extra));
   ASSERT_EQ(rc.code, 0) << rc.out;
   EXPECT_NE(rc.out.find("checkpoint: " + c + "/checkpoints/step-000008 ("), std::string::npos) << rc.out;
+  if (between) between();
   Result rr = moefit(Args(c, 12, extra) + " --resume");
   ASSERT_EQ(rr.code, 0) << rr.out;
   EXPECT_NE(rr.out.find("resumed from " + c + "/checkpoints/step-000008 (step 8)"), std::string::npos) << rr.out;
@@ -70,6 +72,30 @@ TEST(Resume, SameBitsLora) {
                  "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.dropout=0.1 "
                  "train.lora.targets=[q_proj,v_proj,w1,w2,w3]"});
 }
+// train.lora.experts: hot — adapters on each layer's two most-routed experts
+// by a routing file; the checkpoint records them (state.json lora_hot), and a
+// resume keeps them although the file says other experts are hot by then.
+TEST(Resume, SameBitsLoraHotExpertsWhateverTheRoutingSaysSince) {
+  const std::string routing = tmpdir() + "/lora_hot_routing.json";
+  const auto counts = [&](const std::string &rows) {
+    write_file(routing, R"({"format": "moefit-routing", "version": 1,
+        "model": {"family": "mixtral", "layers": 2, "experts": 8, "top_k": 2}, "tokens": 100, "counts": )" +
+                            rows + "}");
+  };
+  counts("[[60, 10, 50, 5, 40, 5, 20, 10], [5, 70, 5, 5, 5, 60, 40, 10]]");
+  StopAndResume(
+      {"lora_hot", ("train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.dropout=0.1 "
+                    "train.lora.targets=[q_proj,v_proj,w1,w2,w3] train.lora.experts=hot memory.routing=" +
+                    routing)
+                       .c_str()},
+      [&] { counts("[[10, 60, 5, 50, 40, 5, 20, 10], [70, 5, 5, 5, 5, 10, 40, 60]]"); });
+  const std::string state = read_file((tmpdir() + "/cut_lora_hot") + "/checkpoints/step-000008/state.json");
+  EXPECT_NE(state.find("\"lora_hot\": [[0, 2], [1, 5]]"), std::string::npos) << state;
+  const std::string adapter = read_file((tmpdir() + "/cut_lora_hot") + "/final/adapter_config.json");
+  EXPECT_NE(adapter.find("\"model.layers.0.block_sparse_moe.experts.2.w1\""), std::string::npos) << adapter;
+  EXPECT_EQ(adapter.find("\"model.layers.0.block_sparse_moe.experts.1.w1\""), std::string::npos) << adapter;
+}
+
 // bf16 storage: the frozen base at home in bf16 alone, loaded into it again on resume
 TEST(Resume, SameBitsLoraBf16Base) {
   StopAndResume({"lora_bf16",

@@ -133,10 +133,13 @@ struct ExpertCalls {
   std::vector<std::vector<float>> W, dW0;  // per expert; empty for idle experts
   std::vector<float> xe, dye;
 
-  ExpertCalls(const Shape &shape, uint64_t seed) : s(shape), off(offsets_of(shape.counts)) {
+  // cold: experts with rows but no weights (NULL: a cold expert's LoRA
+  // adapter), whose FWD / DATA rows are zeros and whose WGT is skipped.
+  ExpertCalls(const Shape &shape, uint64_t seed, const std::vector<int> &cold = {})
+      : s(shape), off(offsets_of(shape.counts)) {
     const int64_t E = (int64_t)s.counts.size();
     for (int64_t e = 0; e < E; e++) {
-      const bool live = s.counts[(size_t)e] > 0;
+      const bool live = s.counts[(size_t)e] > 0 && !std::count(cold.begin(), cold.end(), (int)e);
       W.push_back(live ? mf_test_bf16_values((size_t)(s.N * s.Kd), seed + 2 * e) : std::vector<float>());
       std::vector<float> d =
           live ? mf_test_bf16_values((size_t)(s.N * s.Kd), seed + 2 * e + 1) : std::vector<float>();
@@ -214,8 +217,8 @@ class Bf16ExpertMma : public MfBf16Twin, public ::testing::WithParamInterface<in
     ASSERT_EQ(r.cpu_experts.size(), s.counts.size());
     for (size_t e = 0; e < s.counts.size(); e++) {
       const int64_t rows = s.counts[e];
-      if (rows == 0) {
-        EXPECT_TRUE(r.gpu_experts[e].empty() && r.cpu_experts[e].empty()) << "idle expert " << e;
+      if (rows == 0 || c.W[e].empty()) {
+        EXPECT_TRUE(r.gpu_experts[e].empty() && r.cpu_experts[e].empty()) << "idle or cold expert " << e;
         continue;
       }
       EXPECT_TRUE(close_rows(as_f32(r.gpu_experts[e]), as_f32(r.cpu_experts[e]), (size_t)(s.N * s.Kd), 1e-5f,
@@ -248,6 +251,28 @@ TEST_P(Bf16ExpertMma, QwenLikeSmallExperts) {
   check_kinds(ExpertCalls(
       {"qwen E=128", skewed_counts(8192, 128, {3, 17, 64, 100}, {7, 90}, 21), 8192, 768, 512}, 200));
   check_kinds(ExpertCalls({"qwen E=64", skewed_counts(8192, 64, {0, 40}, {63}, 22), 8192, 1024, 768}, 300));
+}
+
+// Cold experts (LoRA's train.lora.experts hot: an adapter pool with NULL for
+// the experts without adapters): experts 2 and 5 have rows but no weights;
+// their FWD / DATA rows are +0 on the GPU exactly (and the twin's), their dW
+// skipped; the other experts as before.
+TEST_P(Bf16ExpertMma, ColdExpertsGiveZeroRows) {
+  const ExpertCalls c({"cold", skewed_counts(2048, 8, {1}, {6}, 41), 2048, 768, 1024}, 800, {2, 5});
+  ASSERT_GT(c.s.counts[2], 0);
+  ASSERT_GT(c.s.counts[5], 0);
+  check_kinds(c);
+  for (mf_kernel k : {MF_K_EXPERT_FWD, MF_K_EXPERT_BWD_DATA}) {
+    const bool fwd = k == MF_K_EXPERT_FWD;
+    MfTwinResult r =
+        run(expert_call(k, c.s, fwd ? "cold fwd" : "cold data"), fwd ? c.fwd_ops() : c.data_ops(), c.W);
+    const std::vector<float> g = as_f32(r.gpu[2]);
+    const int64_t width = fwd ? c.s.N : c.s.Kd;
+    for (int e : {2, 5})
+      for (int64_t i = c.off[(size_t)e] * width; i < c.off[(size_t)e + 1] * width; i++)
+        ASSERT_TRUE(g[(size_t)i] == 0.0f && !std::signbit(g[(size_t)i]))
+            << (fwd ? "fwd" : "data") << ": cold expert " << e << " element " << i << " = " << g[(size_t)i];
+  }
 }
 
 // Ragged tiles everywhere: K = 1000 (31 full steps and one 8 deep), N = 72 (a

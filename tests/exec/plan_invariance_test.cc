@@ -208,7 +208,8 @@ struct Planner {
   mf_hwprofile hw{};
   explicit Planner(const mf_config *cfg) {
     EXPECT_EQ(mf_hwprofile_load(kProfile, &hw), MF_OK) << mf_last_error();
-    EXPECT_EQ(mf_run_model_table(cfg, nullptr, &t), MF_OK) << mf_last_error();  // with train.lora's adapters
+    EXPECT_EQ(mf_run_model_table(cfg, nullptr, nullptr, &t), MF_OK)
+        << mf_last_error();  // with train.lora's adapters
     mf_program_opts po{};
     po.micro_batch = cfg->train.micro_batch;
     po.seq_len = cfg->data.seq_len;
@@ -378,6 +379,34 @@ TEST(PlanInvariance, LoraDenseLayerSharedExpertAndRouters) {
       Shape("lora_dense_shared", shape_config("lora_dense_shared", kDenseShared),
             {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2", "train.lora.train_router=true",
              "train.lora.targets=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
+}
+
+// train.lora.experts: hot — adapters on each MoE layer's two most-routed
+// experts by a routing file (skewed counts: experts 0 and 2 in layer 0, 1 and
+// 5 in layer 1), the other experts' rows through the base alone (their
+// adapters absent from the expert GEMMs' pools): the same checks.
+TEST(PlanInvariance, LoraHotExperts) {
+  const std::string routing = tmp() + "/lora_hot_routing.json";
+  spit(routing,
+       R"({"format": "moefit-routing", "version": 1,
+           "model": {"family": "mixtral", "layers": 2, "experts": 8, "top_k": 2}, "tokens": 100,
+           "counts": [[60, 10, 50, 5, 40, 5, 20, 10], [5, 70, 5, 5, 5, 60, 40, 10]]})");
+  std::vector<std::string> own = kLora;
+  own.push_back("train.lora.experts=hot");
+  own.push_back("memory.routing=" + routing);
+  Shape s("lora_hot", demo(), own);
+  mf_config *cfg = s.load("hot_table", "64MiB", "auto");
+  ASSERT_NE(cfg, nullptr);
+  Planner pl(cfg);
+  mf_config_free(cfg);
+  ASSERT_NE(pl.t, nullptr);
+  ASSERT_NE(pl.t->lora.hot, nullptr);
+  for (int64_t l = 0; l < 2; l++)
+    for (int64_t e = 0; e < 8; e++)
+      EXPECT_EQ(mf_lora_expert_hot(pl.t, l, e),
+                (l == 0 && (e == 0 || e == 2)) || (l == 1 && (e == 1 || e == 5)))
+          << "layer " << l << " expert " << e;
+  CheckShape(s);
 }
 
 // LoRA with the host optimizer overlapped behind the next step, and with

@@ -336,6 +336,53 @@ TEST(ExpertLinear, ExpertWithNoRowsKeepsItsGradientBitForBit) {
   EXPECT_TRUE(same_bits(g1, g1_before));
 }
 
+// An expert with rows and no weights (NULL: a cold expert's LoRA adapter under
+// train.lora.experts hot): its rows come out +0 from the forward and the data
+// backward, its gradient is not asked for (NULL) and nothing else is touched;
+// the other experts' rows are those of a call where it had weights.
+TEST(ExpertLinear, ExpertWithRowsButNoWeightsGivesZeroRows) {
+  auto x = make_experts({5, 7, 0, 3}, 9, 10, 500);
+  const int64_t R = x.R(), N = x.N, Kd = x.Kd;
+  mf_kctx ctx = {nullptr, 0};
+  auto xe = mf_fd::random_vec((size_t)(R * Kd), 18);
+  auto dye = mf_fd::random_vec((size_t)(R * N), 19);
+  std::vector<float> ye_all((size_t)(R * N)), dxe_all((size_t)(R * Kd));
+  ASSERT_EQ(mf_cpu_expert_fwd(xe.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, ye_all.data(), &ctx),
+            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_bwd_data(dye.data(), x.Wp.data(), x.offsets.data(), R, x.E, N, Kd, dxe_all.data(), &ctx),
+      MF_OK);
+  std::vector<const float *> cold = x.Wp;
+  cold[1] = nullptr;  // expert 1 has 7 rows
+  std::vector<float> ye((size_t)(R * N), NAN), dxe((size_t)(R * Kd), NAN);
+  ASSERT_EQ(mf_cpu_expert_fwd(xe.data(), cold.data(), x.offsets.data(), R, x.E, N, Kd, ye.data(), &ctx),
+            MF_OK);
+  ASSERT_EQ(
+      mf_cpu_expert_bwd_data(dye.data(), cold.data(), x.offsets.data(), R, x.E, N, Kd, dxe.data(), &ctx),
+      MF_OK);
+  for (int64_t r = 0; r < R; r++) {
+    const bool c = expert_of_row(x, r) == 1;
+    for (int64_t n = 0; n < N; n++) {
+      const float v = ye[(size_t)(r * N + n)];
+      if (c)
+        ASSERT_TRUE(v == 0.0f && !std::signbit(v)) << "ye row " << r;
+      else
+        ASSERT_EQ(memcmp(&v, &ye_all[(size_t)(r * N + n)], 4), 0) << "ye row " << r;
+    }
+    for (int64_t k = 0; k < Kd; k++) {
+      const float v = dxe[(size_t)(r * Kd + k)];
+      if (c)
+        ASSERT_TRUE(v == 0.0f && !std::signbit(v)) << "dxe row " << r;
+      else
+        ASSERT_EQ(memcmp(&v, &dxe_all[(size_t)(r * Kd + k)], 4), 0) << "dxe row " << r;
+    }
+  }
+  std::vector<float> g0((size_t)(N * Kd), 0.0f), g3((size_t)(N * Kd), 0.0f);
+  std::vector<float *> dWp = {g0.data(), nullptr, nullptr, g3.data()};
+  EXPECT_EQ(mf_cpu_expert_bwd_weight(dye.data(), xe.data(), x.offsets.data(), x.E, N, Kd, dWp.data(), &ctx),
+            MF_OK);
+}
+
 // ------------------------------------------------ pools and bf16 rounding
 
 struct AllOutputs {

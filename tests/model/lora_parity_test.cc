@@ -58,22 +58,30 @@ class LoraParity : public FixtureTest {
  protected:
   void SetUp() override {
     dir_ = std::string(kFixtures) + "/lora/" + GetParam();
-    const std::string base = std::string(kFixtures) + "/" + GetParam();
     ASSERT_EQ(mf_safetensors_open((dir_ + "/fixture.safetensors").c_str(), &fx_), MF_OK) << mf_last_error();
+    // the base model: the family's fixture, or the one base_fixture names (the hot experts' fixture)
+    const char *bf = mf_safetensors_metadata(fx_, "base_fixture");
+    const std::string base = std::string(kFixtures) + "/" + (bf ? std::string(bf) : GetParam());
     ASSERT_EQ(mf_hf_config_load(base.c_str(), &spec_), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_param_table_build(&spec_, &t_), MF_OK) << mf_last_error();
     // PEFT's own adapter_config.json, read as moefit reads an adapter dir;
     // against the fixture's metadata.
     mf_lora l{};
-    ASSERT_EQ(mf_lora_read_adapter_config(dir_.c_str(), spec_.family, &l), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_lora_read_adapter_config(dir_.c_str(), t_, &l), MF_OK) << mf_last_error();
     EXPECT_EQ((double)l.rank, meta_num(fx_, "r"));
     EXPECT_EQ(l.scale, meta_num(fx_, "scaling"));
-    uint32_t roles = 0;
-    for (const std::string &m : json_names(mf_safetensors_metadata(fx_, "target_modules")))
+    uint32_t roles = 0; /* short names' roles, and full module names' */
+    for (const std::string &m : json_names(mf_safetensors_metadata(fx_, "target_modules"))) {
       roles |= mf_lora_target_roles(spec_.family, m.c_str());
+      const int32_t i = mf_param_find(t_, (m + ".weight").c_str());
+      if (i >= 0) roles |= 1u << t_->params[i].role;
+    }
     EXPECT_EQ(l.roles, roles);
     EXPECT_EQ(l.train_router, 0);
-    ASSERT_EQ(mf_param_table_add_lora(t_, &l), MF_OK) << mf_last_error();
+    check_hot(l.hot);
+    const mf_status added = mf_param_table_add_lora(t_, &l);
+    free(l.hot);
+    ASSERT_EQ(added, MF_OK) << mf_last_error();
     w_.resize((size_t)t_->total_numel);
     ASSERT_EQ(mf_params_load(t_, (base + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_params_load_adapters(t_, dir_.c_str(), w_.data()), MF_OK) << mf_last_error();
@@ -81,6 +89,28 @@ class LoraParity : public FixtureTest {
   }
   // PEFT's name of an adapter in adapter_model.safetensors.
   static std::string peft(const mf_param &p) { return std::string("base_model.model.") + p.name; }
+  // The hot set read from target_modules against the fixture's lora_hot
+  // ([layers, experts] I32 0/1, written where only some routed experts are
+  // adapted); none without it.
+  void check_hot(const uint8_t *hot) {
+    const mf_st_tensor *h = mf_safetensors_find(fx_, "lora_hot");
+    if (!h) {
+      EXPECT_EQ(hot, nullptr) << "a hot set where the fixture adapts every routed expert";
+      return;
+    }
+    const int64_t LE = spec_.layers * spec_.experts;
+    ASSERT_EQ(h->dtype, MF_DTYPE_I32);
+    ASSERT_EQ(h->nbytes, (size_t)LE * 4);
+    ASSERT_NE(hot, nullptr) << "no hot set read from target_modules";
+    const int32_t *want = (const int32_t *)h->data;
+    int64_t n = 0;
+    for (int64_t i = 0; i < LE; i++) {
+      EXPECT_EQ((int)hot[i], want[i]) << "layer " << i / spec_.experts << " expert " << i % spec_.experts;
+      n += hot[i];
+    }
+    EXPECT_GT(n, 0);
+    EXPECT_LT(n, LE);
+  }
 };
 
 TEST_P(LoraParity, LogitsAndLoss) {
@@ -203,11 +233,19 @@ TEST_P(LoraParity, TheExportedAdapterDirIsPeftsFormat) {
   }
   mf_safetensors_close(a);
   mf_safetensors_close(b);
+  mf_param_table *bare = nullptr; /* the model without adapters, as eval reads an adapter dir onto it */
+  ASSERT_EQ(mf_param_table_build(&spec_, &bare), MF_OK) << mf_last_error();
   mf_lora l{};
-  ASSERT_EQ(mf_lora_read_adapter_config(out.c_str(), spec_.family, &l), MF_OK) << mf_last_error();
+  const mf_status read = mf_lora_read_adapter_config(out.c_str(), bare, &l);
+  mf_param_table_free(bare);
+  ASSERT_EQ(read, MF_OK) << mf_last_error();
   EXPECT_EQ(l.rank, t_->lora.rank);
   EXPECT_EQ(l.scale, t_->lora.scale);
   EXPECT_EQ(l.roles, t_->lora.roles);
+  const int64_t LE = spec_.layers * spec_.experts;
+  ASSERT_EQ(l.hot == nullptr, t_->lora.hot == nullptr);
+  if (l.hot) EXPECT_EQ(memcmp(l.hot, t_->lora.hot, (size_t)LE), 0) << "the hot set read back";
+  free(l.hot);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(lora_fixture_names()),
@@ -274,12 +312,17 @@ TEST(LoraAdapterConfig, RefusesWhatItDoesNotCompute) {
       {R"({"peft_type": "IA3", "r": 4})", "peft_type: moefit reads LORA adapters"},
       {"{", "adapter_config.json:"},
   };
+  mf_model_spec spec{};
+  ASSERT_EQ(mf_hf_config_load("tests/fixtures/mixtral", &spec), MF_OK) << mf_last_error();
+  mf_param_table *mixtral = nullptr;
+  ASSERT_EQ(mf_param_table_build(&spec, &mixtral), MF_OK) << mf_last_error();
   for (const auto &c : cases) {
     SCOPED_TRACE(c.json);
     ASSERT_EQ(mf_write_file_atomic((dir + "/adapter_config.json").c_str(), c.json.data(), c.json.size()),
               MF_OK);
     mf_lora l{};
-    const mf_status st = mf_lora_read_adapter_config(dir.c_str(), MF_FAMILY_MIXTRAL, &l);
+    const mf_status st = mf_lora_read_adapter_config(dir.c_str(), mixtral, &l);
+    free(l.hot);
     if (c.want.empty()) {
       EXPECT_EQ(st, MF_OK) << mf_last_error();
       EXPECT_EQ(l.rank, 4);
@@ -291,6 +334,78 @@ TEST(LoraAdapterConfig, RefusesWhatItDoesNotCompute) {
     EXPECT_NE(std::string(mf_last_error()).find(dir + "/adapter_config.json"), std::string::npos)
         << mf_last_error();
   }
+  mf_param_table_free(mixtral);
+}
+
+// target_modules entries match modules as PEFT matches them (the name, or a
+// dot and the name at its end): full names and the short endings PEFT writes
+// for long lists give the hot set; what moefit cannot adapt (a role in some
+// layers only, experts adapted in one projection and not another) is refused.
+TEST(LoraAdapterConfig, HotExpertsByFullNamesAndShortEndings) {
+  const char *tmp = getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/hot_adapter";
+  ASSERT_EQ(mf_mkdir_p(dir.c_str()), MF_OK);
+  mf_model_spec spec{};
+  ASSERT_EQ(mf_hf_config_load("tests/fixtures/mixtral", &spec), MF_OK) << mf_last_error();
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&spec, &t), MF_OK) << mf_last_error();
+  ASSERT_GE(spec.layers, 2);
+  ASSERT_GE(spec.experts, 6);
+  const std::string x = "model.layers.1.block_sparse_moe.experts.5.";
+  const struct {
+    std::string targets, want;
+    std::vector<std::pair<int, int>> hot;  // (layer, expert); empty with want "": every expert
+  } cases[] = {
+      {R"("q_proj", "experts.3.w1", "experts.3.w2", "experts.3.w3")", "", {{0, 3}, {1, 3}}},
+      {"\"" + x + "w1\", \"" + x + "w2\", \"" + x + "w3\", \"v_proj\"", "", {{1, 5}}},
+      {R"("w1", "w2", "w3")", "", {}},
+      {R"("model.layers.0.self_attn.q_proj")",
+       "adapts modules like model.layers.1.self_attn.q_proj in some layers",
+       {}},
+      {R"("experts.3.w1", "experts.4.w2")",
+       "moefit takes one set of adapted experts for all their projections",
+       {}},
+      {R"("q_proj", "experts.99.w1")",
+       "target_modules[1]: the mixtral model has no module named experts.99.w1",
+       {}},
+  };
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.targets);
+    const std::string json =
+        R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": [)" + c.targets + "]}";
+    ASSERT_EQ(mf_write_file_atomic((dir + "/adapter_config.json").c_str(), json.data(), json.size()), MF_OK);
+    mf_lora l{};
+    const mf_status st = mf_lora_read_adapter_config(dir.c_str(), t, &l);
+    if (!c.want.empty()) {
+      EXPECT_NE(st, MF_OK);
+      EXPECT_NE(std::string(mf_last_error()).find(c.want), std::string::npos) << mf_last_error();
+      EXPECT_EQ(l.hot, nullptr);
+      continue;
+    }
+    ASSERT_EQ(st, MF_OK) << mf_last_error();
+    EXPECT_TRUE(l.roles & MF_LORA_EXPERT_ROLES);
+    if (c.hot.empty()) {
+      EXPECT_EQ(l.hot, nullptr) << "every expert adapted: no hot set";
+    } else {
+      ASSERT_NE(l.hot, nullptr);
+      int64_t n = 0;
+      for (int64_t i = 0; i < spec.layers * spec.experts; i++) n += l.hot[i];
+      EXPECT_EQ(n, (int64_t)c.hot.size());
+      for (auto [layer, e] : c.hot) EXPECT_EQ(l.hot[layer * spec.experts + e], 1) << layer << "," << e;
+      // the table it gives: adapters on those experts only
+      mf_param_table *ta = nullptr;
+      ASSERT_EQ(mf_param_table_build(&spec, &ta), MF_OK);
+      ASSERT_EQ(mf_param_table_add_lora(ta, &l), MF_OK) << mf_last_error();
+      for (int64_t i = 0; i < ta->n_base; i++) {
+        const mf_param &p = ta->params[i];
+        if (p.expert >= 0)
+          EXPECT_EQ(ta->lora_a[i] >= 0, (bool)l.hot[p.layer * spec.experts + p.expert]) << p.name;
+      }
+      mf_param_table_free(ta);
+    }
+    free(l.hot);
+  }
+  mf_param_table_free(t);
 }
 
 TEST(LoraParityFixtures, ArePresent) {
