@@ -8,7 +8,7 @@
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
 #     STEPS a comma list of tests,bf16,peer,bench,cutlass,demo,ranks,fp32,inv,ga8,profile,ncu,
-#     lora,loramf,lorapeer (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
+#     lora,loramf,lorapeer,lorahot (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
 #     runs only those test binaries (their names in DIR less the tests_cuda_ prefix).
 #     The 644M runs log the host's submitting time by kernel kind (MF_LOG=debug for
 #     exec) into their logs.
@@ -41,7 +41,8 @@
 #      on the GPU if it fits, else accelerate's cpu offload) and moefit/peer (the
 #      goal: >= 2). loramf / lorapeer run one half; a lorapeer call takes moefit's
 #      figure from this call or an earlier one on the same machine
-#      (/tmp/mf_lora_moefit.txt). Needs ~80 GiB of free host memory, a GPU of
+#      (/tmp/mf_lora_moefit.txt); lorahot runs moefit again with train.lora.experts=hot on
+#      the routing the plain run measured (/tmp/mf_lora_routing.json: after loramf). Needs ~80 GiB of free host memory, a GPU of
 #      >= 25 GiB, runs/demo/data carried; the peer needs peft (and accelerate) for
 #      python3: where the machine lacks them, carry them in DIR/pylib
 #      (pip install --no-deps --target DIR/pylib peft==0.18.1 accelerate==1.15.0),
@@ -159,22 +160,30 @@ PY
 }
 # The median share of the step the compute stream was busy (steps after the first).
 busy_c() { python3 -c "import json,sys,statistics; l=[json.loads(x) for x in open(sys.argv[1]) if 'compute_busy_s' in x]; l=[x for x in l if x.get('compute_busy_s') is not None and x.get('step_s')]; r=[x for x in l if x['step'] > 1] or l; print('%.0f%%' % (100 * statistics.median(x['compute_busy_s'] / x['step_s'] for x in r)))" "$1" 2>/dev/null; }
+# lora_mf SECONDS [NAME OVERRIDES...]: NAME "hot" runs train.lora.experts=hot on the routing
+# the plain run measured (its routing.json, kept in /tmp/mf_lora_routing.json).
 lora_mf() {
-  local t o=$logs/lora_moefit secs=$1 avail gpu_mib
+  local t o=$logs/lora_moefit secs=$1 avail gpu_mib name=${2:-} what="30B-A3B LoRA moefit 24GiB"
+  shift $(($# < 2 ? $# : 2))
+  [[ -n "$name" ]] && o=$logs/lora_${name}_moefit && what="30B-A3B LoRA $name moefit 24GiB"
   t=$(date +%s)
   avail=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo)
   gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
   if [[ ! -f runs/demo/data/train.tokens ]]; then
-    row "30B-A3B LoRA moefit 24GiB" "skipped: no runs/demo/data/train.tokens (carry runs/demo/data)" 0; return 1
+    row "$what" "skipped: no runs/demo/data/train.tokens (carry runs/demo/data)" 0; return 1
   elif ((${avail:-0} < 80)); then
-    row "30B-A3B LoRA moefit 24GiB" "skipped: ${avail:-?} GiB of host memory available, the plan needs ~75" 0; return 1
+    row "$what" "skipped: ${avail:-?} GiB of host memory available, the plan needs ~75" 0; return 1
   elif ((${gpu_mib:-0} < 25 * 1024)); then
-    row "30B-A3B LoRA moefit 24GiB" "skipped: the GPU has ${gpu_mib:-?} MiB, the budget is 24 GiB" 0; return 1
+    row "$what" "skipped: the GPU has ${gpu_mib:-?} MiB, the budget is 24 GiB" 0; return 1
   fi
   rm -rf /tmp/mf_run_lora
   # (-k: a run stopped by SIGTERM writes a checkpoint first, 9.4 GiB here)
-  timeout -k 20 "$(cap "$secs")" "$moefit" train "$lora_cfg" output.dir=/tmp/mf_run_lora >"$o.log" 2>&1
+  if [[ "$name" == hot && ! -f /tmp/mf_lora_routing.json ]]; then
+    row "$what" "skipped: no routing measured by the plain LoRA run (loramf first)" 0; return 1
+  fi
+  timeout -k 20 "$(cap "$secs")" "$moefit" train "$lora_cfg" output.dir=/tmp/mf_run_lora "$@" >"$o.log" 2>&1
   local rc=$?
+  [[ -z "$name" ]] && cp -f /tmp/mf_run_lora/routing.json /tmp/mf_lora_routing.json 2>/dev/null
   cp -f /tmp/mf_run_lora/metrics.jsonl "$o.metrics.jsonl" 2>/dev/null
   cp -f /tmp/mf_run_lora/plan.json "$o.plan.json" 2>/dev/null
   rm -rf /tmp/mf_run_lora # the adapters (3.1 GiB) and a checkpoint with their AdamW state (9.4 GiB)
@@ -183,11 +192,11 @@ lora_mf() {
   tok=$(tok_s "$o.metrics.jsonl")
   busy=$(busy_c "$o.metrics.jsonl")
   if [[ $rc -ne 0 && -z "$tok" ]]; then
-    row "30B-A3B LoRA moefit 24GiB" "FAILED rc=$rc: $(tail -n 1 "$o.log" | cut -c1-50)" $(($(date +%s) - t))
+    row "$what" "FAILED rc=$rc: $(tail -n 1 "$o.log" | cut -c1-50)" $(($(date +%s) - t))
     return 1
   fi
-  [[ -n "$tok" ]] && echo "$tok" >/tmp/mf_lora_moefit.txt
-  row "30B-A3B LoRA moefit 24GiB" "$tok tok/s; GPU computes $busy of the step; ${n:-0} steps$([[ $rc -ne 0 ]] && echo " (rc=$rc)")" $(($(date +%s) - t))
+  [[ -n "$tok" && -z "$name" ]] && echo "$tok" >/tmp/mf_lora_moefit.txt
+  row "$what" "$tok tok/s; GPU computes $busy of the step; ${n:-0} steps$([[ $rc -ne 0 ]] && echo " (rc=$rc)")" $(($(date +%s) - t))
   row "  pred/exec" "$(pred_exec "$o.log" | sed 's/predicted/pred/; s/executed/exec/')" ""
   row "  done" "$(grep -o 'done: [0-9]* steps in [0-9.]* s of training ([^)]*)' "$o.log" | tail -1 | sed 's/done: //' | cut -c1-62)" ""
   # What the run spent outside its steps: the base's random init and the plan before step 1,
@@ -240,6 +249,8 @@ fi
 if want lora || want lorapeer; then
   lora_peer 300
 fi
+# the same with adapters on each layer's most-routed quarter of experts (issue 18's "experts: hot" figure)
+want lorahot && lora_mf 600 hot train.lora.experts=hot memory.routing=/tmp/mf_lora_routing.json
 
 # 1. gpu tests, all at once; the cpu demo beside them.
 cpu_pid=""
