@@ -97,6 +97,11 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt)
                     mf_family_name(t->spec.family), c->targets[i]);
     l.roles |= roles;
   }
+  if (c->experts == MF_CONFIG_LORA_EXPERTS_HOT && (!(l.roles & MF_LORA_EXPERT_ROLES) || t->spec.experts == 0))
+    MF_LOGW(
+        "train",
+        "train.lora.experts: hot%s changes nothing: train.lora.targets name no routed expert's projection",
+        where(cfg, "train.lora.experts", at, sizeof at));
   if (c->experts == MF_CONFIG_LORA_EXPERTS_HOT && (l.roles & MF_LORA_EXPERT_ROLES) && t->spec.experts > 0) {
     if (ckpt) /* the hot set the run trained, whatever routing was measured since */
       MF_CHECK(mf_ckpt_read_lora_hot(ckpt, t->spec.layers, t->spec.experts, &l.hot));
