@@ -30,7 +30,8 @@
 #   7. plan invariance on cuda: resident vs the planner at 25% of its arena
 #   8. the 644M shape at 25% of its resident arena, 8 micro-batches a step
 #   9. moefit profile --backend cuda --quick, then step 2 again with it
-#  10. (ncu) Nsight Compute on the tensor-core kernels of `bench kernels`
+#  10. (ncu) Nsight Compute on the tensor-core kernels of `bench kernels` (with the
+#      cutlass expert GEMM it times beside mma.sync)
 #      (expert GEMM, attention): their hardware counters into ncu.txt
 #   0. (lora; run first when asked for) issue 18's acceptance: LoRA rank 16 on
 #      attention and every expert over a frozen random Qwen3-30B-A3B-shaped bf16
@@ -410,7 +411,7 @@ if want ncu; then
   t=$(date +%s)
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [[ -n "$ncu_bin" ]]; then
-    timeout "$(cap 200)" "$ncu_bin" --kernel-name 'regex:expert_(rows|wgt)_mma|attn_(fwd|dkdv|dq)_mma' --launch-count 8 \
+    timeout "$(cap 200)" "$ncu_bin" --kernel-name 'regex:expert_(rows|wgt)_mma|attn_(fwd|dkdv|dq)_mma|GemmUniversal' --launch-count 14 \
       --set detailed --clock-control none -o "$logs/ncu" "$moefit" bench kernels configs/bench-644m.yaml --reps 1 \
       >"$logs/ncu_run.log" 2>&1
     "$ncu_bin" --import "$logs/ncu.ncu-rep" --page details >"$logs/ncu.txt" 2>&1
