@@ -329,15 +329,13 @@ static mf_status run_expert(const mf_kernel_call *k, cudaStream_t s) {
 }
 
 // The same on expert_cutlass.cu, which writes its group arrays into the kernel
-// scratch (so it takes the scratch's turn); a call it does not take runs on
-// run_expert.
+// scratch (so it takes the scratch's turn; it checks its own need against the
+// scratch's bytes); a call it does not take runs on run_expert.
 static mf_status run_expert_cutlass(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
   typedef mf_bf16 T;
   const int64_t *i = k->i;
-  const size_t need = mf_cuda_expert_cutlass_scratch_bytes(i[0]);
-  if (need == 0 || need > c->scratch_bytes) return run_expert<T>(k, s);
   int ran = 0;
-  MF_CHECK(with_scratch(c, need, "the cutlass expert GEMM", s, [&] {
+  MF_CHECK(with_scratch(c, 0, "the cutlass expert GEMM", s, [&] {
     if (k->kind == MF_K_EXPERT_FWD)
       return mf_cuda_expert_cutlass_fwd(CS(0), (const T *const *)k->experts, CI64(1),
                                         mf_kernel_expert_rows(k), i[0], i[1], i[2], S(2), c->scratch,
@@ -606,10 +604,9 @@ extern "C" mf_status mf_backend_cuda_set_expert_gemm(mf_backend *b, int which) {
     return MF_ERR(MF_ERR_UNSUPPORTED,
                   "the cutlass expert GEMM: moefit was built without CUTLASS's headers (tools/setup installs "
                   "them where the CUDA toolkit is; then build again)");
-  SET_DEVICE(c);
-  if (mf_cuda_expert_cutlass_scratch_bytes(1) == 0) {
-    cudaDeviceProp p;
-    MF_CUDA_CHECK(cudaGetDeviceProperties(&p, c->device));
+  cudaDeviceProp p;
+  MF_CUDA_CHECK(cudaGetDeviceProperties(&p, c->device));
+  if (p.major != 9) {
     return MF_ERR(MF_ERR_UNSUPPORTED,
                   "the cutlass expert GEMM is built for sm_90 only; device %d is %s (sm_%d%d)", c->device,
                   p.name, p.major, p.minor);

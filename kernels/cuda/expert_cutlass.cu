@@ -35,7 +35,7 @@
 // built with CUTLASS (MF_HAVE_CUTLASS), an sm_90 device, N and Kd multiples of
 // 8 (TMA: every row stride a multiple of 16 bytes), operand and expert pointers
 // 16-byte aligned, E in [1, MF_CUDA_MAX_EXPERTS], and the scratch large enough
-// (mf_cuda_expert_cutlass_scratch_bytes).
+// (CUTLASS's workspace for the GPU's SMs, then the E groups' arrays).
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -308,16 +308,6 @@ mf_status run(const int64_t *offsets, int64_t E, int64_t N, int64_t Kd, const vo
 
 using namespace mf_cutlass;
 
-size_t mf_cuda_expert_cutlass_scratch_bytes(int64_t E) {
-  device_facts f;
-  if (E <= 0 || facts(&f) != MF_OK || !f.sm90) return 0;
-  size_t ws = 0, need = scratch_need<GemmFwd>(E, f, &ws);
-  size_t b = scratch_need<GemmData>(E, f, &ws);
-  need = b > need ? b : need;
-  b = scratch_need<GemmWgt>(E, f, &ws);
-  return b > need ? b : need;
-}
-
 mf_status mf_cuda_expert_cutlass_fwd(const mf_bf16 *xe, const mf_bf16 *const *W, const int64_t *offsets,
                                      int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *ye, void *scratch,
                                      size_t scratch_bytes, int *ran, cudaStream_t s) {
@@ -344,11 +334,6 @@ mf_status mf_cuda_expert_cutlass_bwd_weight(const mf_bf16 *dye, const mf_bf16 *x
 }
 
 #else  // built without CUTLASS: the path never takes a call
-
-size_t mf_cuda_expert_cutlass_scratch_bytes(int64_t E) {
-  (void)E;
-  return 0;
-}
 
 mf_status mf_cuda_expert_cutlass_fwd(const mf_bf16 *, const mf_bf16 *const *, const int64_t *, int64_t,
                                      int64_t, int64_t, int64_t, mf_bf16 *, void *, size_t, int *ran,

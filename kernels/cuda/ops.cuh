@@ -223,7 +223,6 @@ mf_status mf_cuda_expert_mma_bwd_weight(const mf_bf16 *dye, const mf_bf16 *xe, c
 // a call the path does not take: not built with CUTLASS, not an sm_90 device,
 // N or Kd not a multiple of 8, a pointer not 16-byte aligned, E out of range,
 // too little scratch.
-size_t mf_cuda_expert_cutlass_scratch_bytes(int64_t E);  // 0: the path is not available
 int mf_cuda_expert_cutlass_built(void);
 mf_status mf_cuda_expert_cutlass_fwd(const mf_bf16 *xe, const mf_bf16 *const *W, const int64_t *offsets,
                                      int64_t R, int64_t E, int64_t N, int64_t Kd, mf_bf16 *ye, void *scratch,

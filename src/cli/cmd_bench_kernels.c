@@ -602,19 +602,20 @@ static mf_status time_key(bench *k, const mf_schedule *s, uint8_t *base, kkey *q
   return MF_OK;
 }
 
-/* The expert GEMM keys timed again on the backend's other expert GEMM kernel
- * (cuda, where both are available: mma.sync and CUTLASS's wgmma), the
- * backend's own choice restored after. *n_alt = 0 when there is no other; *why
- * then says why, when there is a reason worth printing. */
 static int expert_kind(mf_kernel kind) {
   return kind == MF_K_EXPERT_FWD || kind == MF_K_EXPERT_BWD_DATA || kind == MF_K_EXPERT_BWD_WEIGHT;
 }
 
+/* The expert GEMM keys timed again on the backend's other expert GEMM kernel
+ * (cuda, where both are available: mma.sync and CUTLASS's wgmma), named in
+ * other, the backend's own choice restored after. *n_alt = 0 when there is no
+ * other; *why then says why, when there is a reason worth printing. */
 static mf_status time_other_expert_gemm(bench *k, const mf_schedule *s, uint8_t *base, const kkey *keys,
-                                        int n, kkey **alt, int *n_alt, char *why, size_t why_cap) {
+                                        int n, kkey **alt, int *n_alt, char *other, size_t other_cap,
+                                        char *why, size_t why_cap) {
   *alt = NULL;
   *n_alt = 0;
-  why[0] = 0;
+  why[0] = other[0] = 0;
   const char *cur = mf_backend_expert_gemm(k->b);
   int m = 0;
   for (int j = 0; j < n; j++) m += expert_kind(keys[j].kind);
@@ -624,6 +625,7 @@ static mf_status time_other_expert_gemm(bench *k, const mf_schedule *s, uint8_t 
     snprintf(why, why_cap, "%s", mf_last_error());
     return MF_OK;
   }
+  snprintf(other, other_cap, "%s", mf_backend_expert_gemm(k->b));
   mf_status st = mf_calloc((size_t)m, sizeof **alt, "expert GEMM rows", (void **)alt);
   for (int j = 0; st == MF_OK && j < n; j++) {
     if (!expert_kind(keys[j].kind)) continue;
@@ -895,12 +897,10 @@ static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, cons
          rl.gemm_rate / 1e12, rl.copy_rate / 1e9);
   const char *cur = mf_backend_expert_gemm(k->b);
   char why[512], other[64] = "";
-  MF_CHECK_GOTO(
-      time_other_expert_gemm(k, s, k->arena + align_up(fixture), keys, n, &alt, &n_alt, why, sizeof why), st,
-      done);
+  MF_CHECK_GOTO(time_other_expert_gemm(k, s, k->arena + align_up(fixture), keys, n, &alt, &n_alt, other,
+                                       sizeof other, why, sizeof why),
+                st, done);
   if (cur && n_alt > 0) {
-    snprintf(other, sizeof other, "%s",
-             strcmp(cur, "mma.sync") == 0 ? "cutlass sm90 (wgmma + TMA)" : "mma.sync");
     printf("\nexpert GEMMs: the rows above ran on %s; the same calls on %s:\n", cur, other);
     MF_CHECK_GOTO(print_expert_compare(keys, n, alt, n_alt, cur, other, &rl), st, done);
   } else if (cur) {

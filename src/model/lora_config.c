@@ -26,15 +26,6 @@ static int is_router_name(const char *s) {
   return strcmp(s, "gate") == 0 || strcmp(s, "mlp.gate") == 0 || strcmp(s, "block_sparse_moe.gate") == 0;
 }
 
-/* The roles moefit can adapt in t's family (mf_lora_target_roles' names). */
-static uint32_t adaptable_roles(mf_family family) {
-  static const char *const names[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
-                                      "up_proj", "down_proj", "w1",     "w3",     "w2"};
-  uint32_t r = 0;
-  for (size_t j = 0; j < sizeof names / sizeof names[0]; j++) r |= mf_lora_target_roles(family, names[j]);
-  return r;
-}
-
 /* PEFT's match of a target_modules entry against a module's name (the
  * weight's name less ".weight"): equal, or ending with "." and the entry. */
 static int matches(const char *module, size_t n, const char *entry) {
@@ -53,7 +44,7 @@ static int matches(const char *module, size_t n, const char *entry) {
 static mf_status read_targets(const char *path, const json_t *targets, const mf_param_table *t,
                               mf_lora *out) {
   const int64_t E = t->spec.experts, LE = t->spec.layers * E;
-  const uint32_t can = adaptable_roles(t->spec.family);
+  const uint32_t can = mf_lora_adaptable_roles(t->spec.family);
   uint8_t *adapted = NULL, *used = NULL; /* [n_base], [entries] */
   const size_t ne = json_array_size(targets);
   MF_CHECK(mf_calloc((size_t)(t->n_base > 0 ? t->n_base : 1), 1, "target_modules", (void **)&adapted));

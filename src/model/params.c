@@ -553,14 +553,23 @@ void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *f
     }
 }
 
+/* Every LoRA target name mf_lora_target_roles knows, in a fixed order. */
+static const char *const k_target_names[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
+                                             "up_proj", "down_proj", "w1",     "w3",     "w2"};
+enum { N_TARGET_NAMES = sizeof k_target_names / sizeof k_target_names[0] };
+
+uint32_t mf_lora_adaptable_roles(mf_family family) {
+  uint32_t r = 0;
+  for (int j = 0; j < N_TARGET_NAMES; j++) r |= mf_lora_target_roles(family, k_target_names[j]);
+  return r;
+}
+
 /* The HF module names of the adapted roles, each once, in a fixed order. */
 static int64_t adapted_modules(const mf_param_table *t, const char **names, int64_t cap) {
-  static const char *const all[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
-                                    "up_proj", "down_proj", "w1",     "w3",     "w2"};
   int64_t n = 0;
-  for (size_t j = 0; j < sizeof all / sizeof all[0] && n < cap; j++) {
-    const uint32_t roles = mf_lora_target_roles(t->spec.family, all[j]);
-    if (roles && (roles & t->lora.roles)) names[n++] = all[j];
+  for (int j = 0; j < N_TARGET_NAMES && n < cap; j++) {
+    const uint32_t roles = mf_lora_target_roles(t->spec.family, k_target_names[j]);
+    if (roles && (roles & t->lora.roles)) names[n++] = k_target_names[j];
   }
   return n;
 }

@@ -105,6 +105,8 @@ void mf_param_table_free(mf_param_table *t); /* NULL is fine */
  * shared expert's and the dense MLPs' projections; Mixtral's experts w1 (gate),
  * w3 (up), w2 (down)), as role bits; 0 for a name the family does not have. */
 uint32_t mf_lora_target_roles(mf_family family, const char *name);
+/* The roles of every target name `family` has (the union of mf_lora_target_roles). */
+uint32_t mf_lora_adaptable_roles(mf_family family);
 /* Adds the adapters `l` asks for to t (built by mf_param_table_build, no
  * adapters yet) and freezes the base: rank in [1, 4096], at least one
  * adapted weight (else MF_ERR_CONFIG naming what the model lacks). rank 0

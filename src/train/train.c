@@ -46,6 +46,7 @@ typedef struct run {
   int resume;             /* continue from a checkpoint */
   const char *resume_dir; /* that one (NULL: the newest complete one); then resume_path */
   char resume_path[4200];
+  char resume_found[4200]; /* --resume without DIR on hot experts: the checkpoint setup found */
   int64_t first_step;     /* the steps done before this process's first (the checkpoint's) */
   int stop;               /* after_step: the run stops after this step: the signal, or -1 (too many skipped steps) */
   char pending[4400];     /* the checkpoint written but not yet marked COMPLETE */
@@ -273,15 +274,17 @@ static mf_status node_state(run *r) {
 static mf_status setup(run *r, mf_train_summary *out) {
   const mf_config *cfg = r->cfg;
   MF_CHECK(mf_threadpool_create(threads_of(r), &r->pool));
-  /* LoRA on hot experts resumes on the checkpoint's hot set, not on routing measured since */
-  char hot_ckpt[4200] = "";
+  /* LoRA on hot experts resumes on the checkpoint's hot set, not on routing
+   * measured since: the checkpoint is found here, once, and resumed from */
+  const char *hot_ckpt = NULL;
   if (r->resume && cfg->train.lora.rank > 0 && cfg->train.lora.experts == MF_CONFIG_LORA_EXPERTS_HOT) {
-    if (r->resume_dir)
-      snprintf(hot_ckpt, sizeof hot_ckpt, "%s", r->resume_dir);
-    else
-      MF_CHECK(mf_ckpt_find_latest(cfg->output.dir, hot_ckpt, sizeof hot_ckpt));
+    if (!r->resume_dir) {
+      MF_CHECK(mf_ckpt_find_latest(cfg->output.dir, r->resume_found, sizeof r->resume_found));
+      r->resume_dir = r->resume_found;
+    }
+    hot_ckpt = r->resume_dir;
   }
-  MF_CHECK(mf_run_model_table(cfg, NULL, hot_ckpt[0] ? hot_ckpt : NULL, &r->t));
+  MF_CHECK(mf_run_model_table(cfg, NULL, hot_ckpt, &r->t));
   const mf_param_table *t = r->t;
   if (r->multi) MF_CHECK(mf_ranks_init(&r->rk, t, cfg->train.micro_batch, cfg->data.seq_len));
   MF_CHECK(open_data(cfg, "data.train", cfg->data.train, MF_LOADER_TRAIN, cfg->train.seed, t, &r->train));
