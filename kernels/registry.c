@@ -40,7 +40,9 @@ mf_status mf_backend_query_memory(const char *name, const mf_backend_params *p, 
   snprintf(out->name, sizeof out->name, "%s", r);
   if (strcmp(r, "cpu") == 0) return MF_OK; /* its device is host memory: nothing beside the arena */
   out->workspace_bytes = MF_CUDA_GEMM_WORKSPACE_DEFAULT;
-  out->scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;
+  out->scratch_bytes =
+      p && p->scratch_bytes > MF_CUDA_SCRATCH_DEFAULT ? p->scratch_bytes : MF_CUDA_SCRATCH_DEFAULT;
+  out->attn_scratch_bytes = out->scratch_bytes - MF_CUDA_SCRATCH_DEFAULT;
   out->context_bytes = MF_CUDA_CONTEXT_RESERVE;
   out->total_bytes = out->workspace_bytes + out->scratch_bytes + out->context_bytes;
   if (!ask_device || !gpu_visible()) return MF_OK;
@@ -61,7 +63,8 @@ mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_bac
   const mf_backend_params none = {0};
   if (!p) p = &none;
   if (strcmp(r, "cuda") == 0) {
-    const mf_cuda_backend_opts co = {p->device, 0, 0, MF_CUDA_EXPERT_GEMM_AUTO};
+    const mf_cuda_backend_opts co = {p->device, (size_t)p->scratch_bytes, 0, MF_CUDA_EXPERT_GEMM_AUTO,
+                                     MF_CUDA_ATTENTION_AUTO};
     mf_status st = mf_backend_cuda_create(&co, out);
     if (st != MF_OK) mf_error_prefix("backend: cuda");
     return st;
@@ -70,17 +73,45 @@ mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_bac
   return mf_backend_cpu_create(&co, out);
 }
 
+uint64_t mf_backend_attention_scratch(const char *name, mf_dtype storage, int cudnn, int64_t B, int64_t S,
+                                      int64_t Hq, int64_t Hkv, int64_t D) {
+  if (!name || strcmp(name, "cuda") != 0 || storage != MF_DTYPE_BF16) return 0;
+  if (cudnn < 0) {
+    const char *env = mf_env_word("MF_ATTENTION", "mma|cudnn");
+    cudnn = env && strcmp(env, "cudnn") == 0;
+  }
+  if (!cudnn) return 0;
+  return MF_CUDA_SCRATCH_DEFAULT + mf_cuda_attn_cudnn_workspace_bound(B, S, Hq, Hkv, D);
+}
+
+const char *mf_backend_attention(const mf_backend *b) {
+  return b && strcmp(b->name, "cuda") == 0 ? mf_backend_cuda_attention(b) : NULL;
+}
+
 const char *mf_backend_expert_gemm(const mf_backend *b) {
   return b && strcmp(b->name, "cuda") == 0 ? mf_backend_cuda_expert_gemm(b) : NULL;
 }
 
-mf_status mf_backend_set_expert_gemm(mf_backend *b, const char *name) {
+/* A kernel choice by name ("mma" or `other`) on a cuda backend: `what` names
+ * the choice in errors; set is the cuda backend's switch. */
+static mf_status set_kernel(mf_backend *b, const char *name, const char *what, const char *other, int mma,
+                            int alt, mf_status (*set)(mf_backend *, int)) {
   int which = -1;
-  if (name && strcmp(name, "mma") == 0) which = MF_CUDA_EXPERT_GEMM_MMA;
-  if (name && strcmp(name, "cutlass") == 0) which = MF_CUDA_EXPERT_GEMM_CUTLASS;
+  if (name && strcmp(name, "mma") == 0) which = mma;
+  if (name && strcmp(name, other) == 0) which = alt;
   if (which < 0)
-    return MF_ERR(MF_ERR_INVALID_ARG, "expert GEMM kernel '%s': expected mma or cutlass", name ? name : "");
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s '%s': expected mma or %s", what, name ? name : "", other);
   if (!b || strcmp(b->name, "cuda") != 0)
-    return MF_ERR(MF_ERR_UNSUPPORTED, "the %s backend has one expert GEMM kernel", b ? b->name : "(none)");
-  return mf_backend_cuda_set_expert_gemm(b, which);
+    return MF_ERR(MF_ERR_UNSUPPORTED, "the %s backend has one %s", b ? b->name : "(none)", what);
+  return set(b, which);
+}
+
+mf_status mf_backend_set_expert_gemm(mf_backend *b, const char *name) {
+  return set_kernel(b, name, "expert GEMM kernel", "cutlass", MF_CUDA_EXPERT_GEMM_MMA,
+                    MF_CUDA_EXPERT_GEMM_CUTLASS, mf_backend_cuda_set_expert_gemm);
+}
+
+mf_status mf_backend_set_attention(mf_backend *b, const char *name) {
+  return set_kernel(b, name, "attention kernel", "cudnn", MF_CUDA_ATTENTION_MMA, MF_CUDA_ATTENTION_CUDNN,
+                    mf_backend_cuda_set_attention);
 }

@@ -41,7 +41,9 @@ typedef struct mf_backend_params {
   mf_status (*optim)(const mf_kernel_call *call, mf_threadpool *pool); /* GRAD_SUMSQ, ADAMW */
   mf_cpu_streams streams;
   /* cuda */
-  int device; /* CUDA device ordinal */
+  int device;             /* CUDA device ordinal */
+  uint64_t scratch_bytes; /* the kernels' scratch, at least the default (mf_backend_attention_scratch); 0:
+                             default */
 } mf_backend_params;
 
 /* The device memory a backend keeps beside its arena, and the device. */
@@ -49,6 +51,8 @@ typedef struct mf_backend_memory {
   char name[16];             /* the backend: "cpu" or "cuda" (auto resolved) */
   uint64_t workspace_bytes;  /* library workspaces (cuBLASLt) */
   uint64_t scratch_bytes;    /* the kernels' scratch */
+  uint64_t
+      attn_scratch_bytes;    /* of it, beside the default: cuDNN attention's workspace (mf_backend_params) */
   uint64_t context_bytes;    /* the CUDA context and the kernels' module images (an estimate); 0 once the
                                 device was asked: the context then exists, outside its free memory */
   uint64_t total_bytes;      /* the sum: what the device budget loses before the arena */
@@ -80,6 +84,25 @@ mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_bac
 
 /* The CUDA devices this process sees (0: none, or built without CUDA). */
 int mf_backend_device_count(void);
+
+/* The kernel scratch backend `name` ("cpu" or "cuda") is to be created with
+ * for a training step whose attention is B sequences of S tokens, Hq query
+ * and Hkv key/value heads of D, in `storage`: on cuda with BF16 storage and
+ * attention on cuDNN (cudnn 1; -1: as MF_ATTENTION says, mma by default), the
+ * default plus cuDNN's attention backward's workspace (an upper bound); else
+ * 0 (the default). Asks no GPU. */
+uint64_t mf_backend_attention_scratch(const char *name, mf_dtype storage, int cudnn, int64_t B, int64_t S,
+                                      int64_t Hq, int64_t Hkv, int64_t D);
+
+/* The kernels a backend runs BF16 storage's attention on, in words ("mma.sync",
+ * the default, or "cudnn"; MF_ATTENTION=mma|cudnn picks it at create); NULL
+ * for a backend with one kernel only (cpu). */
+const char *mf_backend_attention(const mf_backend *b);
+
+/* Switches it: "mma" or "cudnn" (cuda only). Where cuDNN cannot be loaded
+ * (cpu; no libcudnn.so.9; a build without its frontend's headers):
+ * MF_ERR_UNSUPPORTED saying why, the kernels unchanged. */
+mf_status mf_backend_set_attention(mf_backend *b, const char *name);
 
 /* The kernel a backend runs BF16 storage's grouped expert GEMMs on, in words
  * (cuda: "mma.sync", the default, or "cutlass sm90 (wgmma + TMA)"; the

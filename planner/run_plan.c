@@ -78,6 +78,21 @@ mf_dtype mf_run_plan_storage(const mf_config *cfg, const char *backend) {
   return cfg->train.precision == MF_CONFIG_PRECISION_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
 }
 
+static uint64_t scratch_of(const mf_config *cfg, const mf_model_spec *spec, int cudnn) {
+  const char *dev = NULL;
+  if (mf_backend_resolve(mf_config_backend_name(cfg->backend), &dev) != MF_OK) return 0;
+  return mf_backend_attention_scratch(dev, mf_run_plan_storage(cfg, dev), cudnn, cfg->train.micro_batch,
+                                      cfg->data.seq_len, spec->heads, spec->kv_heads, spec->head_dim);
+}
+
+uint64_t mf_run_plan_scratch(const mf_config *cfg, const mf_model_spec *spec, mf_run_use use) {
+  return use == MF_RUN_TRAIN ? scratch_of(cfg, spec, -1) : 0;
+}
+
+uint64_t mf_run_plan_scratch_cudnn(const mf_config *cfg, const mf_model_spec *spec) {
+  return scratch_of(cfg, spec, 1);
+}
+
 /* The device budget and the arena's share of it (see run_plan.h). */
 static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
   const mf_backend_memory *dev = &rp->dev;
@@ -217,7 +232,8 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
                 (long long)cfg->ranks);
     goto fail;
   }
-  const mf_backend_params bp = {.device = cfg->device};
+  const mf_backend_params bp = {.device = cfg->device,
+                                .scratch_bytes = mf_run_plan_scratch(cfg, &t->spec, use)};
   MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), &bp, ask_device, &rp->dev), st,
                 fail);
   MF_CHECK_GOTO(load_profile(cfg, rp), st, fail);

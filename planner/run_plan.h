@@ -166,6 +166,16 @@ mf_status mf_run_plan_write_json(const mf_run_plan *rp, const char *path);
  * auto). What rp->storage holds; `moefit profile` times kernels in it. */
 mf_dtype mf_run_plan_storage(const mf_config *cfg, const char *backend);
 
+/* The kernel scratch a run of cfg creates its backend with, for a model of
+ * `spec` (0: the backend's default): a training run's attention on cuDNN
+ * (kernels/registry.h mf_backend_attention_scratch) needs its backward's
+ * workspace there. The run plan reserves it beside the arena (rp->dev), and
+ * train, bench kernels and profile --config create the backend with it. */
+uint64_t mf_run_plan_scratch(const mf_config *cfg, const mf_model_spec *spec, mf_run_use use);
+/* The same with attention on cuDNN whatever MF_ATTENTION says (bench kernels
+ * times both attention kernels). */
+uint64_t mf_run_plan_scratch_cudnn(const mf_config *cfg, const mf_model_spec *spec);
+
 #ifdef __cplusplus
 }
 #endif

@@ -69,14 +69,29 @@ _CUTLASS_FLAGS = (
     "-gencode arch=compute_90a,code=sm_90a"
 )
 
-def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps = [], cutlass_srcs = [], **kwargs):
+# A host-only C++ file against cuDNN's C++ frontend (cuda_library's
+# `cudnn_srcs`): compiled by g++ (the frontend is templates with no device code;
+# nvcc's front end takes four times as long on it), -O1 (it builds graphs
+# once), in the frontend's dynamic-loading mode (cuDNN is dlopen'd at run time,
+# never linked), its headers as system headers (their own warnings are not
+# ours); MF_HAVE_CUDNN_FE=1 when tools/setup installed them, 0 (stubs) when not.
+_CUDNN_FE = "third_party/cudnn_frontend"
+_CUDNN_FE_FLAGS = (
+    "$$(if [ -f " + _CUDNN_FE + "/include/cudnn_frontend.h ]; then " +
+    "echo -DMF_HAVE_CUDNN_FE=1 -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING -isystem " + _CUDNN_FE + "/include; " +
+    "else echo -DMF_HAVE_CUDNN_FE=0; fi)"
+)
+
+def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps = [], cutlass_srcs = [],
+                 cudnn_srcs = [], **kwargs):
     """Compiles each .cu with nvcc (one genrule per file) into an alwayslink cc_library.
 
     `hdrs` are the public headers; `nvcc_hdrs` every other header the .cu files
     include (nvcc sees only what is listed). Without the toolkit, or with
     --config=nocuda, the library is built from `fallback_srcs` (C files that
     report "no GPU") instead, so callers need no #ifdefs. `cutlass_srcs` are
-    .cu files compiled against CUTLASS's headers (_CUTLASS_FLAGS above).
+    .cu files compiled against CUTLASS's headers (_CUTLASS_FLAGS above);
+    `cudnn_srcs` host-only .cc files against cuDNN's frontend (_CUDNN_FE_FLAGS).
     """
     objs = []
     if HAVE_CUDA:
@@ -93,6 +108,18 @@ def cuda_library(name, srcs, hdrs = [], nvcc_hdrs = [], fallback_srcs = [], deps
                        " -I. -Iexternal/cuda/include -DMF_HAVE_CUDA=1 -o $@ $(location " + src + ")"),
                 tags = ["manual"],
                 message = "nvcc " + src,
+            )
+            objs.append(":" + obj)
+        for src in cudnn_srcs:
+            obj = "_" + name + "_" + src.replace("/", "_").replace(".cc", ".pic.o")
+            native.genrule(
+                name = obj + "_gxx",
+                srcs = [src] + hdrs + nvcc_hdrs + ["@cuda//:nvcc_files", "//third_party:cudnn_frontend_headers"],
+                outs = [obj],
+                cmd = ("/usr/bin/g++ -c -fPIC -std=c++17 -O1 -Wall -Wextra -Werror -Wno-unused-parameter " +
+                       _CUDNN_FE_FLAGS + " -I. -Iexternal/cuda/include -o $@ $(location " + src + ")"),
+                tags = ["manual"],
+                message = "g++ " + src,
             )
             objs.append(":" + obj)
     native.cc_library(

@@ -7,7 +7,7 @@
 # usage (on the device machine, after `tar xzf .gpu_bin.tgz`):
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
-#     STEPS a comma list of tests,bf16,peer,bench,cutlass,demo,ranks,fp32,inv,ga8,profile,ncu,
+#     STEPS a comma list of tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,fp32,inv,ga8,profile,ncu,
 #     lora,loramf,lorapeer,lorahot (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
 #     runs only those test binaries (their names in DIR less the tests_cuda_ prefix).
 #     The 644M runs log the host's submitting time by kernel kind (MF_LOG=debug for
@@ -23,6 +23,11 @@
 #      beside them, on CUTLASS's sm90 grouped GEMM)
 #   4b. (cutlass) the 644M shape in bf16 with MF_EXPERT_GEMM=cutlass: tokens/s
 #      beside step 2's and the peer's; plan invariance on cuda with it
+#   4c. (cudnn) the same with MF_ATTENTION=cudnn (attention on cuDNN's fused
+#      kernels), then with both (cutlass and cudnn): tokens/s beside step 2's and
+#      the peer's; plan invariance on cuda with both. cuDNN is loaded at run
+#      time: where the machine's loader does not find libcudnn.so.9, the lib
+#      folder of python3's nvidia-cudnn wheel (torch's) goes on LD_LIBRARY_PATH.
 #   5. the demo on cuda in bf16 beside the cpu's fp32 loss (within 2%); (ranks)
 #      two ranks sharing the GPU (mpirun -np 2, where the machine has mpirun)
 #      against one rank with grad_accum 2: the final weights byte-identical
@@ -56,7 +61,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
 deadline=$(($(date +%s) + ${2:-540}))
-steps=",${3:-tests,bf16,peer,bench,cutlass,demo,ranks,fp32,inv,ga8,profile},"
+steps=",${3:-tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,fp32,inv,ga8,profile},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 out=${OUT:-/tmp}
 logs=/tmp/mf_gpu_session
@@ -109,6 +114,15 @@ run644() {
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >"$logs/nvidia-smi.txt" 2>&1
 row "gpu" "$(head -1 "$logs/nvidia-smi.txt" | cut -c1-62)" 0
+
+# cuDNN for MF_ATTENTION=cudnn (dlopen'd by moefit): the loader's, else python3's wheel's (torch's).
+cudnn_lib=""
+if ! python3 -c "import ctypes; ctypes.CDLL('libcudnn.so.9')" 2>/dev/null; then
+  cudnn_lib=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+  [[ -n "$cudnn_lib" && -e "$cudnn_lib/libcudnn.so.9" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn_lib" || cudnn_lib=""
+fi
+cudnn_ver=$(python3 -c "import ctypes; print(ctypes.CDLL('libcudnn.so.9').cudnnGetVersion())" 2>/dev/null)
+row "cudnn" "${cudnn_ver:-none loadable} ${cudnn_lib:+(from $cudnn_lib)}" 0
 
 # 0. LoRA over a frozen 30B-A3B-shaped base (issue 18) beside transformers + PEFT.
 lora_cfg=configs/qwen3-30b-a3b-lora.yaml
@@ -306,6 +320,11 @@ if want bench; then
     row "  $(awk '{print $1, $2, $3, $4}' <<<"$line")" "$(awk '{print $(NF-5), $(NF-4), $(NF-3), "x" $NF}' <<<"$line")" ""
   done < <(sed -n '/^expert GEMMs: the rows above/,/^$/p' "$logs/bench.log" | grep '^  expert_')
   grep -q '^expert GEMMs ran on' "$logs/bench.log" && row "  expert GEMMs" "$(grep '^expert GEMMs ran on' "$logs/bench.log" | cut -c1-62)" ""
+  # attention on the other kernel (cuDNN beside mma.sync)
+  while read -r line; do
+    row "  $(awk '{print $1, $2, $3, $4, $5, $6}' <<<"$line")" "$(awk '{print $(NF-5), $(NF-4), $(NF-3), "x" $NF}' <<<"$line")" ""
+  done < <(sed -n '/^attention: the rows above/,/^$/p' "$logs/bench.log" | grep '^  attn_')
+  grep -q '^attention ran on' "$logs/bench.log" && row "  attention" "$(grep '^attention ran on' "$logs/bench.log" | cut -c1-62)" ""
 fi
 
 # 4b. the expert GEMMs on CUTLASS's sm90 grouped GEMM for a whole training run.
@@ -315,6 +334,17 @@ if want cutlass; then
   row "644M cutlass/mma (bf16)" "$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16_cutlass.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")" 2>/dev/null); losses $(final_loss "$logs/bf16_cutlass.log") vs $(final_loss "$logs/bf16.log")" ""
   peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/peer.json" 2>/dev/null)
   [[ -n "$peer" ]] && row "  cutlass moefit/peer" "$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16_cutlass.metrics.jsonl")" "$peer" 2>/dev/null)" ""
+fi
+
+# 4c. attention on cuDNN for a whole training run, then with the cutlass expert GEMMs too.
+ratio() { python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2" 2>/dev/null; }
+if want cudnn; then
+  MF_ATTENTION=cudnn run644 bf16_cudnn 150 train.precision=bf16
+  row "  attention kernel" "$(grep -o 'MF_ATTENTION=cudnn: .*' "$logs/bf16_cudnn.log" | head -1 | cut -c1-62)" ""
+  row "644M cudnn/mma (bf16)" "$(ratio "$(tok_s "$logs/bf16_cudnn.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")"); losses $(final_loss "$logs/bf16_cudnn.log") vs $(final_loss "$logs/bf16.log")" ""
+  MF_ATTENTION=cudnn MF_EXPERT_GEMM=cutlass run644 bf16_fast 150 train.precision=bf16
+  peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/peer.json" 2>/dev/null)
+  row "644M cutlass+cudnn moefit/peer" "$(ratio "$(tok_s "$logs/bf16_fast.metrics.jsonl")" "${peer:-0}") (goal >= 1.3); /mma $(ratio "$(tok_s "$logs/bf16_fast.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")")" ""
 fi
 
 # 5. the demo on cuda in bf16 beside the cpu's fp32.
@@ -384,6 +414,7 @@ inv_check() {
 }
 want inv && inv_check bf16
 want inv && want cutlass && MF_EXPERT_GEMM=cutlass inv_check "bf16 cutlass"
+want inv && want cudnn && MF_ATTENTION=cudnn MF_EXPERT_GEMM=cutlass inv_check "bf16 cutlass+cudnn"
 
 # 8. 25% of the resident arena, 8 micro-batches a step (against resident with
 #    the same 8 micro-batches).
@@ -411,7 +442,7 @@ if want ncu; then
   t=$(date +%s)
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [[ -n "$ncu_bin" ]]; then
-    timeout "$(cap 200)" "$ncu_bin" --kernel-name 'regex:expert_(rows|wgt)_mma|attn_(fwd|dkdv|dq)_mma|GemmUniversal' --launch-count 14 \
+    timeout "$(cap 200)" "$ncu_bin" --kernel-name 'regex:expert_(rows|wgt)_mma|attn_(fwd|dkdv|dq)_mma|GemmUniversal|sm90_flash|cudnn' --launch-count 18 \
       --set detailed --clock-control none -o "$logs/ncu" "$moefit" bench kernels configs/bench-644m.yaml --reps 1 \
       >"$logs/ncu_run.log" 2>&1
     "$ncu_bin" --import "$logs/ncu.ncu-rep" --page details >"$logs/ncu.txt" 2>&1

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_check.h"
@@ -46,6 +47,9 @@ typedef struct cuda_impl {
   mf_cuda_blas *blas; /* cuBLASLt handle, workspace and algorithm cache (gemm.cu) */
   int expert_cutlass; /* BF16 expert GEMMs on expert_cutlass.cu (else expert_mma.cu) */
   uint64_t cutlass_calls; /* expert GEMM calls expert_cutlass.cu ran */
+  mf_cuda_cudnn *cudnn;   /* cuDNN, loaded when attention first asks for it (attention_cudnn.h) */
+  int attn_cudnn;         /* BF16 attention on cuDNN (else attention_mma.cu) */
+  uint64_t cudnn_calls;   /* attention calls cuDNN ran */
   mf_backend_stats stats;
 } cuda_impl;
 
@@ -353,6 +357,31 @@ static mf_status run_expert_cutlass(cuda_impl *c, const mf_kernel_call *k, cudaS
   return MF_OK;
 }
 
+// ATTN_FWD / ATTN_BWD of BF16 storage on cuDNN (attention_cudnn.h), its
+// workspace the kernel scratch (so it takes the scratch's turn); a call cuDNN
+// does not take runs on attention.cu (attention_mma.cu where it fits).
+static mf_status run_attn_cudnn(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
+  typedef mf_bf16 T;
+  const int64_t *i = k->i;
+  const float scale = (float)k->f[0];
+  int ran = 0;
+  MF_CHECK(with_scratch(c, 0, "cuDNN attention", s, [&] {
+    if (k->kind == MF_K_ATTN_FWD)
+      return mf_cuda_attn_cudnn_fwd(c->cudnn, CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], scale, S(3),
+                                    F(4), c->scratch, c->scratch_bytes, &ran, s);
+    return mf_cuda_attn_cudnn_bwd(c->cudnn, CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3],
+                                  i[4], scale, S(6), S(7), S(8), c->scratch, c->scratch_bytes, &ran, s);
+  }));
+  if (ran) {
+    __atomic_add_fetch(&c->cudnn_calls, 1, __ATOMIC_RELAXED);
+    return MF_OK;
+  }
+  if (k->kind == MF_K_ATTN_FWD)
+    return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], scale, S(3), F(4), s);
+  return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4], scale,
+                             S(6), S(7), S(8), s);
+}
+
 // The kernels of a call computing in storage T (float: F32, mf_bf16: BF16).
 template <typename T>
 static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
@@ -389,9 +418,15 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_ROPE_BWD:
       return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
     case MF_K_ATTN_FWD:
+      if constexpr (std::is_same<T, mf_bf16>::value) {
+        if (c->attn_cudnn) return run_attn_cudnn(c, k, s);
+      }
       return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], S(3), F(4),
                               s);
     case MF_K_ATTN_BWD:
+      if constexpr (std::is_same<T, mf_bf16>::value) {
+        if (c->attn_cudnn) return run_attn_cudnn(c, k, s);
+      }
       return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4],
                               (float)k->f[0], S(6), S(7), S(8), s);
     case MF_K_SWIGLU_FWD:
@@ -495,6 +530,7 @@ static void cuda_free(mf_backend *b) {
     if (c->arena) cudaFree(c->arena);
     if (c->scratch) cudaFree(c->scratch);
     mf_cuda_blas_free(c->blas);
+    mf_cuda_cudnn_free(c->cudnn);
     if (c->have_scratch_event) cudaEventDestroy(c->scratch_done);
     pthread_mutex_destroy(&c->scratch_lock);
     free(c);
@@ -504,7 +540,7 @@ static void cuda_free(mf_backend *b) {
 
 extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out) {
   *out = NULL;
-  mf_cuda_backend_opts o = {0, 0, 0, MF_CUDA_EXPERT_GEMM_AUTO};
+  mf_cuda_backend_opts o = {0, 0, 0, MF_CUDA_EXPERT_GEMM_AUTO, MF_CUDA_ATTENTION_AUTO};
   if (opts) o = *opts;
   if (o.scratch_bytes == 0) o.scratch_bytes = MF_CUDA_SCRATCH_DEFAULT;
   int n = 0;
@@ -568,6 +604,7 @@ extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf
   if (o.gemm_workspace_bytes == 0) o.gemm_workspace_bytes = MF_CUDA_GEMM_WORKSPACE_DEFAULT;
   st = mf_cuda_blas_create(c->device, o.gemm_workspace_bytes, &c->blas);
   if (st == MF_OK) st = mf_backend_cuda_set_expert_gemm(b, o.expert_gemm);
+  if (st == MF_OK) st = mf_backend_cuda_set_attention(b, o.attention);
   if (st != MF_OK) {
     cuda_free(b);
     return st;
@@ -618,6 +655,48 @@ extern "C" mf_status mf_backend_cuda_set_expert_gemm(mf_backend *b, int which) {
 extern "C" const char *mf_backend_cuda_expert_gemm(const mf_backend *b) {
   if (!b || strcmp(b->name, "cuda") != 0) return NULL;
   return ((const cuda_impl *)b->impl)->expert_cutlass ? "cutlass sm90 (wgmma + TMA)" : "mma.sync";
+}
+
+extern "C" mf_status mf_backend_cuda_set_attention(mf_backend *b, int which) {
+  if (!b || strcmp(b->name, "cuda") != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_backend_cuda_set_attention: not a cuda backend");
+  cuda_impl *c = impl_of(b);
+  if (which == MF_CUDA_ATTENTION_AUTO) {
+    // As MF_EXPERT_GEMM: the environment's word; cudnn where it cannot be
+    // loaded: a warning saying why, and mma.
+    const char *env = mf_env_word("MF_ATTENTION", "mma|cudnn");
+    c->attn_cudnn = 0;
+    if (!env || strcmp(env, "cudnn") != 0) return MF_OK;
+    if (mf_backend_cuda_set_attention(b, MF_CUDA_ATTENTION_CUDNN) != MF_OK)
+      MF_LOGW("cuda", "MF_ATTENTION=cudnn: %s; attention runs on attention_mma.cu", mf_last_error());
+    else
+      MF_LOGI("cuda", "MF_ATTENTION=cudnn: attention runs on cuDNN %lld's fused kernels",
+              (long long)mf_cuda_cudnn_version(c->cudnn));
+    return MF_OK;
+  }
+  if (which == MF_CUDA_ATTENTION_MMA) {
+    c->attn_cudnn = 0;
+    return MF_OK;
+  }
+  if (which != MF_CUDA_ATTENTION_CUDNN)
+    return MF_ERR(MF_ERR_INVALID_ARG, "attention kernel %d: expected MF_CUDA_ATTENTION_AUTO, _MMA or _CUDNN",
+                  which);
+  if (!c->cudnn) {
+    SET_DEVICE(c);
+    MF_CHECK(mf_cuda_cudnn_create(&c->cudnn));
+  }
+  c->attn_cudnn = 1;
+  return MF_OK;
+}
+
+extern "C" const char *mf_backend_cuda_attention(const mf_backend *b) {
+  if (!b || strcmp(b->name, "cuda") != 0) return NULL;
+  return ((const cuda_impl *)b->impl)->attn_cudnn ? "cudnn" : "mma.sync";
+}
+
+extern "C" uint64_t mf_backend_cuda_cudnn_calls(const mf_backend *b) {
+  if (!b || strcmp(b->name, "cuda") != 0) return 0;
+  return __atomic_load_n(&((const cuda_impl *)b->impl)->cudnn_calls, __ATOMIC_RELAXED);
 }
 
 extern "C" uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b) {

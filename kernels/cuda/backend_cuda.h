@@ -43,6 +43,7 @@ typedef struct mf_cuda_backend_opts {
   /* cuBLASLt workspace (split-K partials), allocated at create; 0 = MF_CUDA_GEMM_WORKSPACE_DEFAULT */
   size_t gemm_workspace_bytes;
   int expert_gemm; /* MF_CUDA_EXPERT_GEMM_*: the kernel of BF16 storage's grouped expert GEMMs */
+  int attention;   /* MF_CUDA_ATTENTION_*: the kernels of BF16 storage's attention */
 } mf_cuda_backend_opts;
 
 /* Which kernel runs the grouped expert GEMMs of BF16 storage (fp32 storage
@@ -56,6 +57,21 @@ enum {
   /* expert_cutlass.cu: CUTLASS's sm90 grouped GEMM on wgmma + TMA (an sm_90
    * device and a build with CUTLASS); a call it does not take runs on mma */
   MF_CUDA_EXPERT_GEMM_CUTLASS = 2,
+};
+
+/* Which kernels run BF16 storage's causal attention (fp32 storage always runs
+ * attention.cu's CUDA-core kernels). */
+enum {
+  /* MF_ATTENTION from the environment (mma or cudnn; cudnn where it cannot be
+   * loaded: a warning, and mma), else mma */
+  MF_CUDA_ATTENTION_AUTO = 0,
+  /* attention_mma.cu: mma.sync flash kernels (D a multiple of 16 up to 128;
+   * attention.cu's CUDA-core kernels for other D) */
+  MF_CUDA_ATTENTION_MMA = 1,
+  /* cuDNN's fused flash kernels through its graph API (attention_cudnn.h:
+   * cuDNN 9 loaded at run time, the deterministic backward, its workspace in
+   * the kernel scratch); a shape it does not take runs as MMA */
+  MF_CUDA_ATTENTION_CUDNN = 2,
 };
 
 /* 32 MiB: what cuBLASLt's heuristics ask for the largest fp32 split-K problems. */
@@ -85,6 +101,27 @@ const char *mf_backend_cuda_expert_gemm(const mf_backend *b);
 /* How many expert GEMM calls a cuda backend ran on the cutlass kernel (the
  * others ran on mma.sync or the CUDA-core kernel); 0 for other backends. */
 uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b);
+
+/* Switches a cuda backend's attention kernels (MF_CUDA_ATTENTION_MMA or
+ * _CUDNN; AUTO reads MF_ATTENTION again). cuDNN where it cannot be loaded (no
+ * libcudnn.so.9, older than 9, a build without its frontend's headers):
+ * MF_ERR_UNSUPPORTED saying why, the kernels unchanged. The backward's
+ * workspace comes from the kernel scratch: size it with
+ * mf_cuda_attn_cudnn_workspace_bound (a shape whose workspace does not fit runs
+ * on mma, with a warning). Not while the backend runs kernels on another
+ * thread. */
+mf_status mf_backend_cuda_set_attention(mf_backend *b, int which);
+
+/* "cudnn" or "mma.sync"; NULL for a backend that is not cuda. */
+const char *mf_backend_cuda_attention(const mf_backend *b);
+
+/* How many attention calls a cuda backend ran on cuDNN; 0 for other backends. */
+uint64_t mf_backend_cuda_cudnn_calls(const mf_backend *b);
+
+/* The kernel scratch cuDNN's attention backward of this shape may ask for
+ * (attention_cudnn.h; an upper bound), 0 for B, S or D <= 0. Computed without
+ * a GPU or cuDNN. */
+uint64_t mf_cuda_attn_cudnn_workspace_bound(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D);
 
 /* ------------------------------------------------- optimizer kernels
  * Device twins of src/optim, callable from C; the backend's run() runs

@@ -1,6 +1,7 @@
 /* The cuda entry points in a build without the CUDA toolkit: no GPU, cleanly. */
 #include <stdio.h>
 
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda.h"
 
@@ -54,4 +55,44 @@ const char *mf_backend_cuda_expert_gemm(const mf_backend *b) {
 }
 uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b) {
   return 0;
+}
+mf_status mf_backend_cuda_set_attention(mf_backend *b, int which) {
+  return NO_CUDA();
+}
+const char *mf_backend_cuda_attention(const mf_backend *b) {
+  return NULL;
+}
+uint64_t mf_backend_cuda_cudnn_calls(const mf_backend *b) {
+  return 0;
+}
+uint64_t mf_cuda_attn_cudnn_workspace_bound(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
+  return 0;
+}
+
+/* attention_cudnn.h: no cuDNN without CUDA. */
+int mf_cuda_cudnn_built(void) {
+  return 0;
+}
+mf_status mf_cuda_cudnn_create(mf_cuda_cudnn **out) {
+  *out = NULL;
+  return NO_CUDA();
+}
+void mf_cuda_cudnn_free(mf_cuda_cudnn *c) {
+  (void)c;
+}
+int64_t mf_cuda_cudnn_version(const mf_cuda_cudnn *c) {
+  return 0;
+}
+mf_status mf_cuda_attn_cudnn_fwd(mf_cuda_cudnn *c, const void *q, const void *k, const void *v, int64_t B,
+                                 int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, void *o,
+                                 float *lse, void *ws, size_t ws_bytes, int *ran, void *stream) {
+  *ran = 0;
+  return NO_CUDA();
+}
+mf_status mf_cuda_attn_cudnn_bwd(mf_cuda_cudnn *c, const void *q, const void *k, const void *v, const void *o,
+                                 const void *dout, const float *lse, int64_t B, int64_t S, int64_t Hq,
+                                 int64_t Hkv, int64_t D, float scale, void *dq, void *dk, void *dv, void *ws,
+                                 size_t ws_bytes, int *ran, void *stream) {
+  *ran = 0;
+  return NO_CUDA();
 }

@@ -91,7 +91,10 @@ const char mf_cli_bench_kernels_usage[] =
     "On cuda it names the kernel the expert GEMMs ran on (mma.sync by default; the environment's\n"
     "MF_EXPERT_GEMM=cutlass picks CUTLASS's sm90 grouped GEMM on wgmma + TMA) and, where the\n"
     "other kernel is available (an sm_90 GPU, a build with CUTLASS's headers), times the same\n"
-    "expert calls on it: ms on each, its rate and ratio to the roofline, the speed-up.\n"
+    "expert calls on it: ms on each, its rate and ratio to the roofline, the speed-up. The same\n"
+    "for attention (mma.sync by default; MF_ATTENTION=cudnn picks cuDNN's fused flash kernels,\n"
+    "available where libcudnn.so.9 loads; with cudnn chosen, plan and train reserve its\n"
+    "backward's workspace in the kernel scratch, and bench does too).\n"
     "Then the copies, in the same run on the same backend, bytes moved per second: rows h2d\n"
     "pinned, d2h pinned (one copy of the D2D copy's bytes each way from host_alloc memory,\n"
     "pinned on cuda), h2d+d2h pinned (both at once on two streams: the aggregate and each\n"
@@ -606,33 +609,59 @@ static int expert_kind(mf_kernel kind) {
   return kind == MF_K_EXPERT_FWD || kind == MF_K_EXPERT_BWD_DATA || kind == MF_K_EXPERT_BWD_WEIGHT;
 }
 
-/* The expert GEMM keys timed again on the backend's other expert GEMM kernel
- * (cuda, where both are available: mma.sync and CUTLASS's wgmma), named in
- * other, the backend's own choice restored after. *n_alt = 0 when there is no
- * other; *why then says why, when there is a reason worth printing. */
-static mf_status time_other_expert_gemm(bench *k, const mf_schedule *s, uint8_t *base, const kkey *keys,
-                                        int n, kkey **alt, int *n_alt, char *other, size_t other_cap,
-                                        char *why, size_t why_cap) {
-  *alt = NULL;
-  *n_alt = 0;
-  why[0] = other[0] = 0;
-  const char *cur = mf_backend_expert_gemm(k->b);
+static int attention_kind(mf_kernel kind) {
+  return kind == MF_K_ATTN_FWD || kind == MF_K_ATTN_BWD;
+}
+
+/* Kernels a cuda backend has two of (kernels/registry.h): the one it runs
+ * ("mma.sync" or the other's words) and the switch by name. */
+typedef struct kernel_choice {
+  const char *what;     /* "expert GEMMs" */
+  const char *json_key; /* its name in the --json file */
+  const char *other;    /* the switch's name of the kernel that is not mma ("cutlass") */
+  int (*is)(mf_kernel kind);
+  const char *(*get)(const mf_backend *b);
+  mf_status (*set)(mf_backend *b, const char *name);
+} kernel_choice;
+
+static const kernel_choice kChoices[] = {
+    {"expert GEMMs", "expert_gemm", "cutlass", expert_kind, mf_backend_expert_gemm,
+     mf_backend_set_expert_gemm},
+    {"attention", "attention", "cudnn", attention_kind, mf_backend_attention, mf_backend_set_attention},
+};
+#define N_CHOICES ((int)(sizeof kChoices / sizeof kChoices[0]))
+
+/* One choice's keys timed again on its other kernel. */
+typedef struct alt_rows {
+  kkey *keys;
+  int n;
+  char other[64]; /* the other kernel, in words */
+  char why[512];  /* when there is no other: why, when there is a reason worth printing */
+} alt_rows;
+
+/* The keys of choice c timed again on the backend's other kernel (cuda, where
+ * both are available), the backend's own choice restored after. a->n = 0 when
+ * there is no other. */
+static mf_status time_other(bench *k, const mf_schedule *s, uint8_t *base, const kkey *keys, int n,
+                            const kernel_choice *c, alt_rows *a) {
+  memset(a, 0, sizeof *a);
+  const char *cur = c->get(k->b);
   int m = 0;
-  for (int j = 0; j < n; j++) m += expert_kind(keys[j].kind);
+  for (int j = 0; j < n; j++) m += c->is(keys[j].kind);
   if (!cur || m == 0) return MF_OK;
   const int on_mma = strcmp(cur, "mma.sync") == 0;
-  if (mf_backend_set_expert_gemm(k->b, on_mma ? "cutlass" : "mma") != MF_OK) {
-    snprintf(why, why_cap, "%s", mf_last_error());
+  if (c->set(k->b, on_mma ? c->other : "mma") != MF_OK) {
+    snprintf(a->why, sizeof a->why, "%s", mf_last_error());
     return MF_OK;
   }
-  snprintf(other, other_cap, "%s", mf_backend_expert_gemm(k->b));
-  mf_status st = mf_calloc((size_t)m, sizeof **alt, "expert GEMM rows", (void **)alt);
+  snprintf(a->other, sizeof a->other, "%s", c->get(k->b));
+  mf_status st = mf_calloc((size_t)m, sizeof *a->keys, "rows on the other kernel", (void **)&a->keys);
   for (int j = 0; st == MF_OK && j < n; j++) {
-    if (!expert_kind(keys[j].kind)) continue;
-    (*alt)[*n_alt] = keys[j];
-    st = time_key(k, s, base, &(*alt)[(*n_alt)++]);
+    if (!c->is(keys[j].kind)) continue;
+    a->keys[a->n] = keys[j];
+    st = time_key(k, s, base, &a->keys[a->n++]);
   }
-  const mf_status back = mf_backend_set_expert_gemm(k->b, on_mma ? "mma" : "cutlass");
+  const mf_status back = c->set(k->b, on_mma ? "mma" : c->other);
   return st != MF_OK ? st : back;
 }
 
@@ -707,10 +736,10 @@ static mf_status print_table(const kkey *keys, int n, const roofline *rl, double
   return st;
 }
 
-/* Each expert GEMM key on both kernels: ms per call, the other's rate and its
+/* Each key of a choice on both kernels: ms per call, the other's rate and its
  * ratio to the roofline, and the speed-up. */
-static mf_status print_expert_compare(const kkey *keys, int n, const kkey *alt, int n_alt, const char *cur,
-                                      const char *other, const roofline *rl) {
+static mf_status print_compare(const kkey *keys, int n, const kkey *alt, int n_alt, const char *cur,
+                               const char *other, const roofline *rl) {
   mf_table *tb = NULL;
   MF_CHECK(mf_table_create("llrrrrr", &tb));
   mf_table_cell(tb, "kernel");
@@ -767,8 +796,8 @@ typedef struct report {
 } report;
 
 static mf_status write_json(const char *path, const bench *k, const report *rp, const kkey *keys, int n,
-                            const roofline *rl, double step_s, const mf_cli_copies *copies, const kkey *alt,
-                            int n_alt, const char *other) {
+                            const roofline *rl, double step_s, const mf_cli_copies *copies,
+                            const alt_rows *alt) {
   json_t *root = json_object(), *rows = json_array(), *gemm = json_object(), *copy = json_object();
   json_object_set_new(root, "config", json_string(rp->config));
   json_object_set_new(root, "backend", json_string(k->b->name));
@@ -790,15 +819,19 @@ static mf_status write_json(const char *path, const bench *k, const report *rp, 
   json_object_set_new(root, "step_ms", json_real(step_s * 1e3));
   for (int j = 0; j < n; j++) json_array_append_new(rows, json_row(&keys[j], rl, step_s));
   json_object_set_new(root, "rows", rows);
-  const char *cur = mf_backend_expert_gemm(k->b);
-  json_object_set_new(root, "expert_gemm", cur ? json_string(cur) : json_null());
-  if (n_alt > 0) {
-    /* the expert GEMM rows again on the other kernel ("share": of the step above) */
+  for (int c = 0; c < N_CHOICES; c++) {
+    const kernel_choice *ch = &kChoices[c];
+    const char *cur = ch->get(k->b);
+    json_object_set_new(root, ch->json_key, cur ? json_string(cur) : json_null());
+    if (alt[c].n == 0) continue;
+    /* its rows again on the other kernel ("share": of the step above), as "other_<key>" */
     json_t *o = json_object(), *orows = json_array();
-    json_object_set_new(o, "expert_gemm", json_string(other));
-    for (int j = 0; j < n_alt; j++) json_array_append_new(orows, json_row(&alt[j], rl, step_s));
+    json_object_set_new(o, ch->json_key, json_string(alt[c].other));
+    for (int j = 0; j < alt[c].n; j++) json_array_append_new(orows, json_row(&alt[c].keys[j], rl, step_s));
     json_object_set_new(o, "rows", orows);
-    json_object_set_new(root, "other_expert_gemm", o);
+    char key[64];
+    snprintf(key, sizeof key, "other_%s", ch->json_key);
+    json_object_set_new(root, key, o);
   }
   json_object_set_new(root, "copies", mf_cli_copies_json(copies));
   char *text = json_dumps(root, JSON_INDENT(1));
@@ -824,10 +857,13 @@ static void bench_free(bench *k) {
 }
 
 /* The backend the config names, created as train creates it
- * (src/train/runner.c): before planning, so that a missing GPU is the error. */
-static mf_status bench_backend(bench *k, const mf_config *cfg, mf_threadpool *pool) {
+ * (src/train/runner.c), with the kernel scratch cuDNN's attention needs
+ * whichever attention runs (both are timed): before planning, so that a
+ * missing GPU is the error. */
+static mf_status bench_backend(bench *k, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool) {
   memset(k, 0, sizeof *k);
-  const mf_backend_params bp = {pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, 0};
+  const mf_backend_params bp = {
+      pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, 0, mf_run_plan_scratch_cudnn(cfg, &t->spec)};
   return mf_backend_create(mf_config_backend_name(cfg->backend), &bp, &k->b);
 }
 
@@ -852,8 +888,10 @@ static mf_status bench_create(bench *k, const mf_run_plan *rp, int reps) {
 static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, const char *path, int reps,
                      const char *json) {
   const mf_schedule *s = rp->plan->s;
-  kkey *keys = NULL, *alt = NULL; /* alt: the expert GEMM keys on the other kernel */
-  int n = 0, n_alt = 0;
+  kkey *keys = NULL;
+  alt_rows alt[N_CHOICES]; /* each choice's keys on its other kernel */
+  memset(alt, 0, sizeof alt);
+  int n = 0;
   int64_t n_calls = 0;
   roofline rl;
   memset(&rl, 0, sizeof rl);
@@ -895,16 +933,16 @@ static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, cons
   MF_CHECK_GOTO(print_table(keys, n, &rl, step_s), st, done);
   printf("\nkernels: step %.3f ms; gemm roofline %.3g TFLOP/s; copy %.1f GB/s\n", step_s * 1e3,
          rl.gemm_rate / 1e12, rl.copy_rate / 1e9);
-  const char *cur = mf_backend_expert_gemm(k->b);
-  char why[512], other[64] = "";
-  MF_CHECK_GOTO(time_other_expert_gemm(k, s, k->arena + align_up(fixture), keys, n, &alt, &n_alt, other,
-                                       sizeof other, why, sizeof why),
-                st, done);
-  if (cur && n_alt > 0) {
-    printf("\nexpert GEMMs: the rows above ran on %s; the same calls on %s:\n", cur, other);
-    MF_CHECK_GOTO(print_expert_compare(keys, n, alt, n_alt, cur, other, &rl), st, done);
-  } else if (cur) {
-    printf("expert GEMMs ran on %s%s%s\n", cur, why[0] ? "; the other kernel: " : "", why);
+  for (int c = 0; c < N_CHOICES; c++) {
+    const kernel_choice *ch = &kChoices[c];
+    const char *cur = ch->get(k->b);
+    MF_CHECK_GOTO(time_other(k, s, k->arena + align_up(fixture), keys, n, ch, &alt[c]), st, done);
+    if (cur && alt[c].n > 0) {
+      printf("\n%s: the rows above ran on %s; the same calls on %s:\n", ch->what, cur, alt[c].other);
+      MF_CHECK_GOTO(print_compare(keys, n, alt[c].keys, alt[c].n, cur, alt[c].other, &rl), st, done);
+    } else if (cur) {
+      printf("%s ran on %s%s%s\n", ch->what, cur, alt[c].why[0] ? "; the other kernel: " : "", alt[c].why);
+    }
   }
   fflush(stdout);
   /* The copies after the kernels, in the arena's first 2 x copy_bytes (the D2D roofline's). */
@@ -916,12 +954,12 @@ static mf_status run(bench *k, const mf_run_plan *rp, const mf_config *cfg, cons
   MF_CHECK_GOTO(mf_cli_copies_print(&copies, k->b->name), st, done);
   if (json) {
     const report r = {path, device, rp->plan->name, timer, reps};
-    MF_CHECK_GOTO(write_json(json, k, &r, keys, n, &rl, step_s, &copies, alt, n_alt, other), st, done);
+    MF_CHECK_GOTO(write_json(json, k, &r, keys, n, &rl, step_s, &copies, alt), st, done);
     printf("rows written to %s\n", json);
   }
 done:
   free(keys);
-  free(alt);
+  for (int c = 0; c < N_CHOICES; c++) free(alt[c].keys);
   return st;
 }
 
@@ -964,8 +1002,8 @@ int mf_cli_bench_kernels(int argc, char **argv) {
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
-  MF_CHECK_GOTO(bench_backend(&k, cfg, pool), st, done);
   MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
+  MF_CHECK_GOTO(bench_backend(&k, cfg, t, pool), st, done);
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
   st = run(&k, rp, cfg, path, reps, json);
 done:

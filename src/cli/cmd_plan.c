@@ -405,7 +405,10 @@ int mf_cli_plan(int argc, char **argv) {
            mf_format_bytes(rp->dev.workspace_bytes, b3, sizeof b3),
            mf_format_bytes(rp->dev.scratch_bytes, b4, sizeof b4), mf_format_bytes(rp->dev.context_bytes, b5, sizeof b5),
            mf_format_bytes(rp->arena_limit, b6, sizeof b6));
-  else
+  if (rp->dev.attn_scratch_bytes > 0)
+    printf("attention on cuDNN (MF_ATTENTION=cudnn): %s of the kernel scratch is its backward's workspace\n",
+           mf_format_bytes(rp->dev.attn_scratch_bytes, b1, sizeof b1));
+  if (rp->dev.total_bytes == 0)
     printf("device budget %s (%s), all of it for the arena (the %s backend keeps nothing beside it)\n",
            mf_format_bytes(rp->budget, b1, sizeof b1), rp->budget_source, rp->dev.name);
   printf("hardware profile %s (%s)\n", rp->profile_path, rp->hw.name);

@@ -82,9 +82,10 @@ void mf_bench_free(mf_bench *kb) {
 }
 
 mf_status mf_bench_create(const char *backend, mf_threadpool *pool, mf_dtype storage, size_t arena_bytes,
-                          size_t host_bytes, mf_bench *kb) {
+                          size_t host_bytes, uint64_t scratch_bytes, mf_bench *kb) {
   memset(kb, 0, sizeof *kb);
-  const mf_backend_params bp = {.pool = pool, .streams = MF_CPU_STREAMS_IMMEDIATE};
+  const mf_backend_params bp = {
+      .pool = pool, .streams = MF_CPU_STREAMS_IMMEDIATE, .scratch_bytes = scratch_bytes};
   MF_CHECK(mf_backend_create(backend, &bp, &kb->b));
   mf_backend *b = kb->b;
   kb->storage = storage;

@@ -59,8 +59,9 @@ mf_status mf_bench_best(bench_fn fn, void *ctx, const mf_bench_clock *c, const m
 /* x to `digits` significant digits; rounded down with `down` (so a time it divides grows). */
 double mf_bench_round_sig(double x, int digits, int down);
 
+/* scratch_bytes: the backend's kernel scratch (kernels/registry.h mf_backend_params; 0: default). */
 mf_status mf_bench_create(const char *backend, mf_threadpool *pool, mf_dtype storage, size_t arena_bytes,
-                          size_t host_bytes, mf_bench *kb);
+                          size_t host_bytes, uint64_t scratch_bytes, mf_bench *kb);
 void mf_bench_free(mf_bench *kb); /* a zeroed bench is fine */
 mf_status mf_bench_upload(mf_bench *kb, void *dst, size_t n, uint32_t seed);
 void mf_bench_operand(const mf_bench *kb, mf_kernel_call *k, int j, void *ptr, size_t bytes);

@@ -168,7 +168,11 @@ mf_status mf_hwmeasure_prog_create(const mf_config *cfg, const mf_param_table *t
   if (!t) MF_CHECK_GOTO(mf_param_table_build(&cfg->model.init, &pt->own_t), st, fail);
   pt->t = t ? t : pt->own_t;
   MF_CHECK_GOTO(build_program(pt, cfg, o), st, fail);
-  const mf_backend_params bp = {.pool = o->pool, .streams = MF_CPU_STREAMS_IMMEDIATE};
+  const mf_backend_params bp = {.pool = o->pool,
+                                .streams = MF_CPU_STREAMS_IMMEDIATE,
+                                .scratch_bytes = mf_backend_attention_scratch(
+                                    o->backend, o->storage, -1, cfg->train.micro_batch, cfg->data.seq_len,
+                                    pt->t->spec.heads, pt->t->spec.kv_heads, pt->t->spec.head_dim)};
   MF_CHECK_GOTO(mf_backend_create(o->backend, &bp, &pt->be), st, fail);
   MF_CHECK_GOTO(mf_exec_create_scheduled(pt->prog, pt->sched, pt->be, &pt->x), st, fail);
   MF_CHECK_GOTO(mf_exec_set_instr_timing(pt->x, 1), st, fail);

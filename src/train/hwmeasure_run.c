@@ -82,14 +82,24 @@ static mf_status setup(measure *m) {
   const size_t kernels = m->sh->arena_elems * mf_dtype_size(m->info->storage);
   const size_t arena = kernels > 2 * MF_BENCH_COPY_BYTES ? kernels : 2 * MF_BENCH_COPY_BYTES;
   if (m->cuda) MF_CHECK(mf_backend_query_memory("cuda", NULL, 1, &m->mem));
-  const mf_status st = mf_bench_create(o->backend, m->pool, m->info->storage, arena, BENCH_HOST, &m->dev);
+  /* attention on cuDNN (MF_ATTENTION=cudnn) keeps its backward's workspace in the kernel scratch */
+  uint64_t scratch = 0;
+  const mf_bench_attn *a = &m->sh->attn;
+  for (int i = 0; a->tokens > 0 && i < m->sh->n_attn; i++) {
+    const int64_t S = a->shapes[i][0], D = a->shapes[i][1];
+    const uint64_t need =
+        mf_backend_attention_scratch(o->backend, m->info->storage, -1, a->tokens / S, S, a->hq, a->hkv, D);
+    if (need > scratch) scratch = need;
+  }
+  const mf_status st =
+      mf_bench_create(o->backend, m->pool, m->info->storage, arena, BENCH_HOST, scratch, &m->dev);
   if (st != MF_OK && m->cuda && (st == MF_ERR_NO_DEVICE || st == MF_ERR_UNSUPPORTED))
     mf_error_prefix("--backend cuda: no GPU to measure");
   MF_CHECK(st);
   if (m->cuda) {
     snprintf(m->info->device_name, sizeof m->info->device_name, "%s", m->mem.device_name);
     m->info->device_free = m->mem.device_free_bytes;
-    MF_CHECK(mf_bench_create("cpu", m->pool, MF_DTYPE_F32, HOST_BENCH_ARENA, (size_t)16 << 20, &m->host));
+    MF_CHECK(mf_bench_create("cpu", m->pool, MF_DTYPE_F32, HOST_BENCH_ARENA, (size_t)16 << 20, 0, &m->host));
   }
   return o->cfg ? make_prog(m) : MF_OK;
 }

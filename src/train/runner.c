@@ -50,7 +50,8 @@ mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_tabl
   MF_CHECK_GOTO(mf_hwmeasure_auto(cfg, t, pool), st, fail); /* before the plan reads the profile */
   MF_CHECK_GOTO(mf_run_plan_make(cfg, t, use, 1, &r->rp), st, fail);
   if (plan_json) MF_CHECK_GOTO(mf_run_plan_write_json(r->rp, plan_json), st, fail);
-  const mf_backend_params bp = {pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, cfg->device};
+  const mf_backend_params bp = {
+      pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, cfg->device, r->rp->dev.scratch_bytes};
   MF_CHECK_GOTO(mf_backend_create(r->rp->dev.name, &bp, &r->backend), st, fail);
   MF_CHECK_GOTO(mf_run_plan_admit(r->rp, cfg), st, fail); /* before the arena and the host state */
   MF_CHECK_GOTO(mf_exec_create_scheduled(r->rp->prog, r->rp->plan->s, r->backend, &r->exec), st, fail);

@@ -39,6 +39,18 @@
 //     bound, term by term.
 //   The RMS is floored at 1e-2: where the exact gradient is 0 (S = 1: p = 1,
 //     o = v, dp - Di cancels) both sides hold rounding noise.
+//
+// Every case runs on both attention kernels of the backend (the parameter,
+// mf_backend_cuda_set_attention): Mma, the paths above, and Cudnn, cuDNN's
+// fused flash kernels (kernels/cuda/attention_cudnn.h; skipped where cuDNN
+// cannot be loaded). cuDNN also rounds P and dS to bf16 as tensor-core
+// operands, so the tensor-core tolerances above hold for it; its lse comes
+// from exp2 of log2(e)-scaled scores, so there atol is 1e-4 (a few fp32 ulps
+// of scores up to about 10). The shapes the models use (D = 64 and 128) must
+// run on cuDNN with the Cudnn parameter; the others may fall back to the Mma
+// paths (a shape cuDNN refuses is warned about and runs there), and the
+// tolerance follows the kernel that ran (mf_backend_cuda_cudnn_calls). Its
+// backward is cuDNN's deterministic algorithm: two runs give the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +59,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
 #include "tests/cuda/bf16_twin.h"
 
 namespace {
@@ -82,9 +95,28 @@ float rms_floored(const std::vector<float> &v) {
 using Op = MfTwinOperand;
 using Res = MfTwinResult;
 
-class Bf16Attention : public MfBf16Twin {
+// The parameter: MF_CUDA_ATTENTION_MMA or _CUDNN.
+class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<int> {
  protected:
-  void check(const Shape &s, uint64_t seed) {
+  void SetUp() override {
+    MfBf16Twin::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (mf_backend_cuda_set_attention(gpu_, GetParam()) != MF_OK) GTEST_SKIP() << mf_last_error();
+  }
+
+  // Whether the call just made ran on cuDNN (calls counted since `before`).
+  bool ran_cudnn(uint64_t before) const { return mf_backend_cuda_cudnn_calls(gpu_) > before; }
+  // With Mma, cuDNN never runs; with Cudnn, it must where `want` says so.
+  void expect_path(bool cudnn, bool want, const char *what) const {
+    if (GetParam() != MF_CUDA_ATTENTION_CUDNN) {
+      EXPECT_FALSE(cudnn) << "the " << what << " ran on cuDNN with the mma kernels chosen";
+    } else if (want) {
+      EXPECT_TRUE(cudnn) << "the " << what << " did not run on cuDNN (see the warning above)";
+    }
+  }
+
+  // want_cudnn: with the Cudnn parameter, both calls must run on cuDNN.
+  void check(const Shape &s, uint64_t seed, bool want_cudnn = false) {
     const std::string fname = name_of("attn_fwd", s), bname = name_of("attn_bwd", s);
     SCOPED_TRACE(fname);
     const size_t nq = (size_t)(s.B * s.S * s.Hq * s.D), nk = (size_t)(s.B * s.S * s.Hkv * s.D);
@@ -94,16 +126,21 @@ class Bf16Attention : public MfBf16Twin {
     const auto v = mf_test_bf16_values(nk, seed + 2), dout = mf_test_bf16_values(nq, seed + 3);
 
     // forward: b = {q, k, v, o, lse}
+    uint64_t before = mf_backend_cuda_cudnn_calls(gpu_);
     Res f = run(call_of(MF_K_ATTN_FWD, s, scale, fname),
                 {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(nq, NAN)),
                  Op::of(std::vector<float>(nl, NAN))});
     const auto o_cpu = Res::as<float>(f.cpu[3]), lse_cpu = Res::as<float>(f.cpu[4]);
-    const bool mma = s.D % 16 == 0 && s.D <= 128;
+    const bool cudnn_fwd = ran_cudnn(before);
+    expect_path(cudnn_fwd, want_cudnn, "forward");
+    // tensor cores: attention_mma.cu or cuDNN (both round p to bf16)
+    const bool mma_fwd = cudnn_fwd || (s.D % 16 == 0 && s.D <= 128);
     float vmax = 0;
     for (float x : v) vmax = std::fmax(vmax, std::fabs(x));
-    EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[3]), o_cpu, kBf16Ulp, mma ? std::ldexp(vmax, -8) : 1e-5f))
+    EXPECT_TRUE(
+        mf_test_close(Res::as<float>(f.gpu[3]), o_cpu, kBf16Ulp, mma_fwd ? std::ldexp(vmax, -8) : 1e-5f))
         << "o";
-    EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[4]), lse_cpu, 1e-5f, 1e-5f)) << "lse";
+    EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[4]), lse_cpu, 1e-5f, cudnn_fwd ? 1e-4f : 1e-5f)) << "lse";
 
     // backward: b = {q, k, v, o, dout, lse, dq, dk, dv}, o and lse from the cpu
     SCOPED_TRACE(bname);
@@ -117,7 +154,11 @@ class Bf16Attention : public MfBf16Twin {
                                  Op::of(std::vector<float>(nq, NAN)),
                                  Op::of(std::vector<float>(nk, NAN)),
                                  Op::of(std::vector<float>(nk, NAN))};
+    before = mf_backend_cuda_cudnn_calls(gpu_);
     Res b = run(c, ops);
+    const bool cudnn_bwd = ran_cudnn(before);
+    expect_path(cudnn_bwd, want_cudnn, "backward");
+    const bool mma = cudnn_bwd || (s.D % 16 == 0 && s.D <= 128);
     const char *names[] = {"dq", "dk", "dv"};
     for (int j = 6; j < 9; j++) {
       const auto want = Res::as<float>(b.cpu[j]), got = Res::as<float>(b.gpu[j]);
@@ -141,28 +182,28 @@ class Bf16Attention : public MfBf16Twin {
   }
 };
 
-TEST_F(Bf16Attention, GqaHeadDim64) {
-  check({2, 256, 8, 2, 64}, 100);
+TEST_P(Bf16Attention, GqaHeadDim64) {
+  check({2, 256, 8, 2, 64}, 100, true);
 }
 
-TEST_F(Bf16Attention, GqaHeadDim128) {
-  check({1, 256, 4, 2, 128}, 200);
+TEST_P(Bf16Attention, GqaHeadDim128) {
+  check({1, 256, 4, 2, 128}, 200, true);
 }
 
-TEST_F(Bf16Attention, OddLengthPaddedHeadDimAndOneToken) {
+TEST_P(Bf16Attention, OddLengthPaddedHeadDimAndOneToken) {
   check({1, 37, 4, 1, 40}, 300);
   check({3, 1, 4, 2, 64}, 400);
 }
 
 // The tensor-core path with a ragged last tile and D inside the padded width
 // (96 of 128, 16 of 64); the CUDA-core fallback at D = 256.
-TEST_F(Bf16Attention, TensorCoreRaggedTilesAndWideFallback) {
+TEST_P(Bf16Attention, TensorCoreRaggedTilesAndWideFallback) {
   check({2, 130, 4, 2, 96}, 500);
   check({1, 70, 4, 1, 16}, 600);
   check({1, 65, 2, 2, 256}, 700);
 }
 
-TEST_F(Bf16Attention, ForwardAtHeadDimOne) {
+TEST_P(Bf16Attention, ForwardAtHeadDimOne) {
   const Shape s = {1, 9, 2, 2, 1};
   const size_t n = 18;
   Res f = run(call_of(MF_K_ATTN_FWD, s, 1.0f, "attn_fwd D=1"),
@@ -175,7 +216,7 @@ TEST_F(Bf16Attention, ForwardAtHeadDimOne) {
 // The backward stashes the fp32 Di in two bf16 elements of a row of dq: at
 // D = 1 there is no room, and the call is refused naming the kernel, the head
 // dim and the storage.
-TEST_F(Bf16Attention, BackwardRefusesHeadDimOne) {
+TEST_P(Bf16Attention, BackwardRefusesHeadDimOne) {
   mf_kernel_call c = call_of(MF_K_ATTN_BWD, {1, 4, 2, 2, 1}, 1.0f, "attn_bwd D=1");
   const mf_kernel_info *info = mf_kernel_info_of(MF_K_ATTN_BWD);
   ASSERT_NE(info, nullptr);
@@ -188,5 +229,11 @@ TEST_F(Bf16Attention, BackwardRefusesHeadDimOne) {
   EXPECT_NE(err.find("D=1"), std::string::npos) << err;
   EXPECT_NE(err.find("bf16"), std::string::npos) << err;
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Bf16Attention,
+                         ::testing::Values((int)MF_CUDA_ATTENTION_MMA, (int)MF_CUDA_ATTENTION_CUDNN),
+                         [](const ::testing::TestParamInfo<int> &p) {
+                           return std::string(p.param == MF_CUDA_ATTENTION_CUDNN ? "Cudnn" : "Mma");
+                         });
 
 }  // namespace

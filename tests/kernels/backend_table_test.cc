@@ -223,3 +223,15 @@ TEST_F(CpuBackendChecks, ExpertGemmChoiceIsCudaOnly) {
   EXPECT_NE(std::string(mf_last_error()).find("'wgmma': expected mma or cutlass"), std::string::npos)
       << mf_last_error();
 }
+
+// The same for the attention kernels (mma.sync or cuDNN on cuda).
+TEST_F(CpuBackendChecks, AttentionChoiceIsCudaOnly) {
+  make(0);
+  EXPECT_EQ(mf_backend_attention(b_), nullptr);
+  EXPECT_EQ(mf_backend_set_attention(b_, "cudnn"), MF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mf_last_error()).find("the cpu backend has one attention kernel"), std::string::npos)
+      << mf_last_error();
+  EXPECT_EQ(mf_backend_set_attention(b_, "flash"), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("'flash': expected mma or cudnn"), std::string::npos)
+      << mf_last_error();
+}

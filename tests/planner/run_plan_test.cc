@@ -99,6 +99,61 @@ TEST(RunPlan, PrecisionDecidesTheDeviceStorage) {
   }
 }
 
+// Attention on cuDNN (MF_ATTENTION=cudnn) keeps its backward's workspace in the
+// kernel scratch: a cuda training plan reserves it beside the arena, exactly
+// what the registry says for the step's attention shape, and it bounds what
+// cuDNN's frontend asks on Hopper for the deterministic backward (dP in bf16,
+// B x Hq x S x S with S rounded up to 64, plus an fp32 dQ accumulator). fp32
+// storage, an eval plan and the mma kernels reserve nothing more.
+TEST(RunPlan, CudnnAttentionReservesItsWorkspaceBesideTheArena) {
+  if (gpu_present()) GTEST_SKIP() << "a GPU is present: the budget would be its free memory";
+  struct Env {
+    explicit Env(const char *v) { setenv("MF_ATTENTION", v, 1); }
+    ~Env() { unsetenv("MF_ATTENTION"); }
+  };
+  const std::vector<const char *> base = {"backend=cuda", "memory.device_budget=2GiB",
+                                          "train.precision=bf16"};
+  Planned mma;
+  make(&mma, base);
+  ASSERT_EQ(mma.st, MF_OK) << mma.err;
+  EXPECT_EQ(mma.rp->dev.attn_scratch_bytes, 0u);
+  const mf_model_spec &sp = mma.t->spec;
+  const uint64_t want =
+      mf_backend_attention_scratch("cuda", MF_DTYPE_BF16, 1, 2, 16, sp.heads, sp.kv_heads, sp.head_dim);
+  if (want == 0) GTEST_SKIP() << "built without CUDA";
+  {
+    Env e("cudnn");
+    Planned r;
+    make(&r, base);
+    ASSERT_EQ(r.st, MF_OK) << r.err;
+    EXPECT_EQ(r.rp->dev.scratch_bytes, want);
+    EXPECT_EQ(r.rp->dev.attn_scratch_bytes, want - mma.rp->dev.scratch_bytes);
+    EXPECT_EQ(r.rp->dev.total_bytes, mma.rp->dev.total_bytes + r.rp->dev.attn_scratch_bytes);
+    EXPECT_EQ(r.rp->arena_limit, mma.rp->arena_limit - r.rp->dev.attn_scratch_bytes);
+    EXPECT_EQ(r.rp->fig.device_backend_bytes, r.rp->dev.total_bytes);
+    Planned fp32, eval;
+    std::vector<const char *> f = base;
+    f.back() = "train.precision=fp32";
+    make(&fp32, f);
+    make(&eval, base, MF_RUN_EVAL);
+    ASSERT_EQ(fp32.st, MF_OK) << fp32.err;
+    ASSERT_EQ(eval.st, MF_OK) << eval.err;
+    EXPECT_EQ(fp32.rp->dev.attn_scratch_bytes, 0u) << "fp32 storage runs attention.cu";
+    EXPECT_EQ(eval.rp->dev.attn_scratch_bytes, 0u) << "no backward in an eval plan";
+  }
+  // cuDNN's stated need for shapes of the models, S not a multiple of 64 too.
+  const int64_t shapes[][5] = {
+      {4, 1024, 16, 8, 64}, {2, 4096, 32, 8, 128}, {3, 1000, 8, 8, 256}, {1, 1, 4, 2, 64}};
+  for (const auto &s : shapes) {
+    const uint64_t B = s[0], S64 = (s[1] + 63) / 64 * 64, Hq = s[2], D = s[4];
+    const uint64_t cudnn_dp = B * Hq * S64 * S64 * 2, dq_acc = B * Hq * S64 * D * 4;
+    const uint64_t got = mf_backend_attention_scratch("cuda", MF_DTYPE_BF16, 1, s[0], s[1], s[2], s[3], s[4]);
+    EXPECT_GE(got, mma.rp->dev.scratch_bytes + cudnn_dp + dq_acc) << "B=" << s[0] << " S=" << s[1];
+    EXPECT_EQ(mf_backend_attention_scratch("cuda", MF_DTYPE_BF16, 0, s[0], s[1], s[2], s[3], s[4]), 0u);
+    EXPECT_EQ(mf_backend_attention_scratch("cpu", MF_DTYPE_BF16, 1, s[0], s[1], s[2], s[3], s[4]), 0u);
+  }
+}
+
 TEST(RunPlan, CudaBudgetCoversWhatTheBackendKeeps) {
   if (gpu_present()) GTEST_SKIP() << "a GPU is present: the budget would be its free memory";
   Planned r;
