@@ -752,6 +752,7 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
     for (int k = 0; k < MF_EXEC_STREAMS; k++) {
       z->busy_s[k] = x->timed ? busy[k] : NAN;
       z->idle_s[k] = x->timed ? r->seconds - busy[k] : NAN;
+      z->optim_busy_s[k] = x->timed ? 0.0 : NAN;
       z->instr[k] = count[k];
     }
     z->h2d_bytes = x->h2d;
@@ -806,6 +807,7 @@ mf_status mf_exec_optimize(mf_exec *x, const mf_exec_optim *a) {
   MF_CHECK(sync_all(x));
   x->state_current = 1;
   x->stats.optimizer_s = mf_time_now() - t0;
+  if (x->timed) MF_CHECK(stream_busy(x, s->optim_begin, s->n_instr, x->stats.optim_busy_s));
   return MF_OK;
 }
 

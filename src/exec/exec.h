@@ -128,6 +128,11 @@ typedef struct mf_exec_stats {
   uint64_t h2d_skipped_bytes, d2h_skipped_bytes;
   size_t peak_live_bytes;          /* as mf_exec_peak_live_bytes */
   double optimizer_s;              /* the last mf_exec_optimize's wall time (not in wall_s) */
+  /* Seconds each stream worked in the last mf_exec_optimize (the device
+   * optimizer's part of the step, not in busy_s: its wall time is not in
+   * wall_s): 0 before one ran this step, NAN untimed. A training step's GPU
+   * time is busy_s + optim_busy_s. */
+  double optim_busy_s[MF_EXEC_STREAMS];
   int staged;                      /* 1: the copies went through a staging arena (mf_exec_use_staging) */
   double fill_s, drain_s;          /* seconds the host spent filling slabs and copying them out (NAN
                                       unstaged or untimed) */

@@ -13,7 +13,8 @@ void mf_window_start(mf_window *w, double now) {
 }
 
 void mf_window_add(mf_window *w, const mf_step_result *sr, const mf_exec_stats *xs) {
-  for (int k = 0; k < MF_EXEC_STREAMS; k++) w->busy[k] += xs->busy_s[k];
+  /* the step's and the device optimizer's (NaN untimed: so is the mean) */
+  for (int k = 0; k < MF_EXEC_STREAMS; k++) w->busy[k] += xs->busy_s[k] + xs->optim_busy_s[k];
   w->submit += xs->submit_s;
   w->fill += xs->fill_s; /* NaN unstaged: so is the mean */
   w->drain += xs->drain_s;

@@ -164,6 +164,13 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
       const mf_exec_optim a = {h.lr, h.beta1,      h.beta2,       h.eps,        h.weight_decay,
                                coef, steps.data(), update.data(), decays.data()};
       EXPECT_EQ(mf_exec_optimize(x, &a), MF_OK) << mf_last_error();
+      // The device optimizer's part is timed apart from the step's (exec.h optim_busy_s).
+      mf_exec_stats z;
+      mf_exec_stats_get(x, &z);
+      if (where == Where::kHost)
+        EXPECT_EQ(z.optim_busy_s[MF_EXEC_COMPUTE], 0.0);
+      else
+        EXPECT_GT(z.optim_busy_s[MF_EXEC_COMPUTE], 0.0);
     }
     EXPECT_EQ(mf_exec_sync_home(x, out.w.data(), 1), MF_OK) << mf_last_error();
     mf_exec_free(x);
