@@ -40,6 +40,9 @@ typedef struct mf_cli_copies {
   double both_s;                 /* h2d and d2h at once, first start to last end */
   double both_h2d_s, both_d2h_s; /* each direction's own time in it */
   double h2d_staged_s, d2h_staged_s;
+  /* of them (the best run's), the host's: the slab fills and the copy-outs
+   * (mf_exec_stager_host_seconds; NAN untimed) */
+  double h2d_fill_s, d2h_drain_s;
   size_t pinned_staging_bytes; /* the stager's rings */
 } mf_cli_copies;
 

@@ -328,6 +328,11 @@ mf_status mf_exec_stager_h2d(mf_exec_stager *sg, void *dev, const void *host, si
 mf_status mf_exec_stager_d2h(mf_exec_stager *sg, void *host, const void *dev, size_t bytes);
 /* The pinned bytes it holds (both rings). */
 size_t mf_exec_stager_pinned_bytes(const mf_exec_stager *sg);
+/* The host's seconds in the last move up (the fills) or down (the copy-outs):
+ * each slab's host function, from the timed events around it, summed over the
+ * move's slabs; NAN on a backend without timed events. Near the move's wall
+ * time, the host's copies are what a staged copy waits for. */
+mf_status mf_exec_stager_host_seconds(const mf_exec_stager *sg, int up, double *seconds);
 
 #ifdef __cplusplus
 }

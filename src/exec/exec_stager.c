@@ -21,6 +21,7 @@
  * its own entries, so a host function still queued reads its own), submits
  * every slab, then synchronizes the four streams.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ struct mf_exec_stager {
   mf_stream *h2d, *d2h;
   int32_t m; /* slabs per direction */
   size_t max_bytes, slab_bytes;
+  int32_t last_n[2]; /* slabs of the last move [down, up] */
 };
 
 void mf_exec_stager_free(mf_exec_stager *sg) {
@@ -108,7 +110,9 @@ mf_status mf_exec_stager_create(mf_backend *b, size_t max_bytes, size_t slab_byt
   MF_CHECK_GOTO(stager_layout(sg, slabs), st, fail);
   MF_CHECK_GOTO(b->stream_create(b, &sg->h2d), st, fail);
   MF_CHECK_GOTO(b->stream_create(b, &sg->d2h), st, fail);
-  MF_CHECK_GOTO(mf_exec_slabs_create(b, &sg->L, &so, 0, &sg->g), st, fail);
+  /* the host functions timed (mf_exec_stager_host_seconds) where the backend has timed events */
+  MF_CHECK_GOTO(mf_exec_slabs_create(b, &sg->L, &so, b->event_create_timed && b->event_elapsed, &sg->g), st,
+                fail);
   sg->g->h2d = sg->h2d;
   sg->g->d2h = sg->d2h;
   *out = sg;
@@ -177,8 +181,23 @@ static mf_status stager_move(mf_exec_stager *sg, int up, uint8_t *dev, uint8_t *
   int32_t n = 0;
   MF_CHECK(stager_chunks(sg, bytes, up ? "an upload" : "a download", &n));
   mf_status st = MF_OK;
+  sg->last_n[up] = n;
   for (int32_t j = 0; j < n && st == MF_OK; j++) st = stager_slab(sg, up, dev, host, bytes, j);
   return stager_finish(sg, st);
+}
+
+mf_status mf_exec_stager_host_seconds(const mf_exec_stager *sg, int up, double *seconds) {
+  const exec_staging *g = sg->g;
+  *seconds = NAN;
+  if (!g->tf0) return MF_OK;
+  *seconds = 0;
+  for (int32_t j = 0; j < sg->last_n[up ? 1 : 0]; j++) {
+    const int32_t k = up ? j : sg->m + j;
+    double dt = 0;
+    MF_CHECK(sg->b->event_elapsed(sg->b, g->tf0[k], g->tf1[k], &dt));
+    *seconds += dt;
+  }
+  return MF_OK;
 }
 
 /* The host side is only read on the way up, the device side only on the way down. */

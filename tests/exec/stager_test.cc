@@ -42,7 +42,14 @@ void check_round_trip(mf_cpu_streams mode, const Case &c) {
   EXPECT_GE(mf_exec_stager_pinned_bytes(sg), 2 * c.slab);
   for (int rep = 0; rep < 2; rep++) {  // a second move reuses the slabs and their events
     memset(dev, 0xcd, c.bytes + 64);
+    const double t0 = mf_time_now();
     ASSERT_EQ(mf_exec_stager_h2d(sg, dev, src.data(), c.bytes), MF_OK) << mf_last_error();
+    // The host's part of the move (its fills) is timed, and within the move.
+    const double wall = mf_time_now() - t0;
+    double host = -1;
+    ASSERT_EQ(mf_exec_stager_host_seconds(sg, 1, &host), MF_OK) << mf_last_error();
+    EXPECT_GE(host, 0.0);  // (a 1000-byte fill may take less than the clock's step)
+    EXPECT_LE(host, wall);
     EXPECT_EQ(memcmp(dev, src.data(), c.bytes), 0) << "upload " << rep;
     EXPECT_EQ(((uint8_t *)dev)[c.bytes], 0xcd) << "the upload wrote past its bytes";
     ASSERT_EQ(mf_exec_stager_d2h(sg, back.data(), dev, c.bytes), MF_OK) << mf_last_error();
