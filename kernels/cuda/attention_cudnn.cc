@@ -344,6 +344,6 @@ extern "C" uint64_t mf_cuda_attn_cudnn_workspace_bound(int64_t B, int64_t S, int
   (void)Hkv;
   const uint64_t s = ((uint64_t)S + 127) / 128 * 128;
   const uint64_t rows = (uint64_t)B * (uint64_t)Hq * s;
-  return rows * s * 2 /* dP, bf16 */ + rows * (uint64_t)D * 4 /* dQ accumulator, fp32 */ +
-         rows * 2 * 4 /* softmax sums */ + ((uint64_t)1 << 20);
+  /* dP (bf16); fp32 accumulators of dQ and, with GQA, dK and dV per query head; the softmax sums */
+  return rows * s * 2 + 3 * rows * (uint64_t)D * 4 + rows * 2 * 4 + ((uint64_t)1 << 20);
 }

@@ -24,7 +24,8 @@
  * own kernels. The workspace is the caller's (the backend's kernel scratch,
  * sized at create by backend_cuda.h's mf_cuda_attn_cudnn_workspace_bound:
  * the deterministic backward's dP (bf16, B x Hq x S x S, S rounded up to 128),
- * its fp32 dQ accumulator and the softmax sums, plus 1 MiB).
+ * fp32 accumulators of dQ and (GQA) of dK and dV per query head, and the
+ * softmax sums, plus 1 MiB).
  *
  * Built without the frontend's headers (tools/setup installs them), every
  * entry point says so: create gives MF_ERR_UNSUPPORTED.
