@@ -25,7 +25,8 @@
 #      beside step 2's and the peer's; plan invariance on cuda with it
 #   4c. (cudnn) the same with MF_ATTENTION=cudnn (attention on cuDNN's fused
 #      kernels), then with both (cutlass and cudnn): tokens/s beside step 2's and
-#      the peer's; plan invariance on cuda with both. cuDNN is loaded at run
+#      the peer's (and with train.adam_moments=bf16, as the peer's AdamW keeps
+#      its moments); plan invariance on cuda with both. cuDNN is loaded at run
 #      time: where the machine's loader does not find libcudnn.so.9, the lib
 #      folder of python3's nvidia-cudnn wheel (torch's) goes on LD_LIBRARY_PATH.
 #   5. the demo on cuda in bf16 beside the cpu's fp32 loss (within 2%); (ranks)
@@ -345,6 +346,9 @@ if want cudnn; then
   MF_ATTENTION=cudnn MF_EXPERT_GEMM=cutlass run644 bf16_fast 150 train.precision=bf16
   peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/peer.json" 2>/dev/null)
   row "644M cutlass+cudnn moefit/peer" "$(ratio "$(tok_s "$logs/bf16_fast.metrics.jsonl")" "${peer:-0}") (goal >= 1.3); /mma $(ratio "$(tok_s "$logs/bf16_fast.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")")" ""
+  # the peer keeps AdamW's moments in bf16 (its parameters' dtype): the same with train.adam_moments=bf16
+  MF_ATTENTION=cudnn MF_EXPERT_GEMM=cutlass run644 bf16_fast_m16 150 train.precision=bf16 train.adam_moments=bf16
+  row "644M + bf16 moments moefit/peer" "$(ratio "$(tok_s "$logs/bf16_fast_m16.metrics.jsonl")" "${peer:-0}"); losses $(final_loss "$logs/bf16_fast_m16.log") vs $(final_loss "$logs/bf16.log")" ""
 fi
 
 # 5. the demo on cuda in bf16 beside the cpu's fp32.
