@@ -151,9 +151,15 @@ Entry *entry_of(mf_cuda_cudnn *c, const Key &k, float scale) {
   }
   Entry *e = &c->entries[c->n++];
   e->key = k;
-  auto g = make_graph(k, scale);
-  fe::error_t st = g->build(c->handle, {fe::HeurMode_t::A});
-  if (st.is_good()) st = g->get_workspace_size(e->workspace);
+  std::shared_ptr<fe::graph::Graph> g;
+  fe::error_t st;
+  try {  // a cuDNN without a symbol the frontend asks for throws: that shape is not supported
+    g = make_graph(k, scale);
+    st = g->build(c->handle, {fe::HeurMode_t::A});
+    if (st.is_good()) st = g->get_workspace_size(e->workspace);
+  } catch (const std::exception &x) {
+    st = fe::error_t(fe::error_code_t::GRAPH_NOT_SUPPORTED, x.what());
+  }
   if (st.is_bad()) {
     MF_LOGW("cuda",
             "cuDNN attention: the %s is not supported by cuDNN %lld (%s); it runs on attention_mma.cu",

@@ -223,7 +223,11 @@ bool Within(double seconds, F cond) {
 
 // On a disk filesystem, advice 0 lets the pages go once written, and advice 1
 // brings the whole range back, not just the first read-ahead window (8 MiB
-// at most by default).
+// at most by default, an eighth of the range). The read-back asks again while
+// it polls and takes 15/16 of the range: under memory pressure (CI's asan run
+// beside its builds) the kernel evicted a few pages it had read back
+// (66007040 of 67108864 bytes cached after 10 s, 2026-11-28), which says
+// nothing about the advice.
 TEST(HostBuf, AdviceMovesThePages) {
   std::string dir = TestDir();
   struct statfs fs;
@@ -242,7 +246,8 @@ TEST(HostBuf, AdviceMovesThePages) {
       Within(10, [&] { return mf_hostbuf_advise(&b, 0, n, 0) == MF_OK && CachedBytes(b.ptr, n) < n / 16; }))
       << CachedBytes(b.ptr, n) << " of " << n << " bytes still cached";
   ASSERT_EQ(mf_hostbuf_advise(&b, 0, n, 1), MF_OK) << mf_last_error();
-  EXPECT_TRUE(Within(10, [&] { return CachedBytes(b.ptr, n) == n; }))
+  EXPECT_TRUE(Within(
+      10, [&] { return mf_hostbuf_advise(&b, 0, n, 1) == MF_OK && CachedBytes(b.ptr, n) >= n - n / 16; }))
       << CachedBytes(b.ptr, n) << " of " << n << " bytes read back";
   EXPECT_EQ(FirstMismatch(b.ptr, n, 9), n);
   mf_hostbuf_free(&b);
