@@ -62,8 +62,11 @@ count_cases() {
   python3 tools/test_summary.py --rows "$@"
 }
 
+# The gpu-tagged tests, and cudnn_load_test (it runs in CI too; on a GPU it
+# also makes cuDNN's handle).
 gpu_targets() {
-  "${BZ[@]}" query --noshow_progress "attr(tags, 'gpu', tests(//...)) except attr(tags, 'manual', tests(//...))" 2>/dev/null
+  "${BZ[@]}" query --noshow_progress \
+    "(attr(tags, 'gpu', tests(//...)) except attr(tags, 'manual', tests(//...))) + //tests/cuda:cudnn_load_test" 2>/dev/null
 }
 
 # ------------------------------------------------------------------ --pack
