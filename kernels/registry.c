@@ -81,7 +81,8 @@ uint64_t mf_backend_attention_scratch(const char *name, mf_dtype storage, int cu
     cudnn = env && strcmp(env, "cudnn") == 0;
   }
   if (!cudnn) return 0;
-  return MF_CUDA_SCRATCH_DEFAULT + mf_cuda_attn_cudnn_workspace_bound(B, S, Hq, Hkv, D);
+  const uint64_t ws = mf_cuda_attn_cudnn_workspace_bound(B, S, Hq, Hkv, D); /* 0 built without CUDA */
+  return ws ? MF_CUDA_SCRATCH_DEFAULT + ws : 0;
 }
 
 const char *mf_backend_attention(const mf_backend *b) {

@@ -90,7 +90,7 @@ int mf_backend_device_count(void);
  * and Hkv key/value heads of D, in `storage`: on cuda with BF16 storage and
  * attention on cuDNN (cudnn 1; -1: as MF_ATTENTION says, mma by default), the
  * default plus cuDNN's attention backward's workspace (an upper bound); else
- * 0 (the default). Asks no GPU. */
+ * 0 (the default; also in a build without CUDA). Asks no GPU. */
 uint64_t mf_backend_attention_scratch(const char *name, mf_dtype storage, int cudnn, int64_t B, int64_t S,
                                       int64_t Hq, int64_t Hkv, int64_t D);
 
