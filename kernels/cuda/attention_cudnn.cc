@@ -39,7 +39,8 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-// Tensor ids of the graphs (the variant packs' keys).
+// Tensor ids of the graphs (the variant packs' keys), in the order of the
+// entry points' pointers: the forward's are Q_ID .. STATS_ID, the backward's all.
 enum : int64_t { Q_ID = 1, K_ID, V_ID, O_ID, STATS_ID, DO_ID, DQ_ID, DK_ID, DV_ID };
 
 struct Key {
@@ -56,7 +57,7 @@ struct Entry {
   Key key;
   std::shared_ptr<fe::graph::Graph> graph;  // null: refused (not supported, or too much workspace)
   int64_t workspace = 0;
-  std::unordered_map<int64_t, void *> pack;  // every id of the graph, filled once; pointers set per call
+  std::unordered_map<int64_t, void *> pack;  // every id of the graph (made by the first call), its pointer
 };
 
 std::string key_name(const Key &k) {
@@ -166,9 +167,6 @@ Entry *entry_of(mf_cuda_cudnn *c, const Key &k, float scale) {
             key_name(k).c_str(), (long long)c->version, st.get_message().c_str());
     return e;
   }
-  const int64_t ids[] = {Q_ID, K_ID, V_ID, O_ID, STATS_ID, DO_ID, DQ_ID, DK_ID, DV_ID};
-  for (int64_t id : ids)
-    if (k.kind == 1 || id <= STATS_ID) e->pack[id] = nullptr;
   e->graph = g;
   return e;
 }
@@ -189,10 +187,7 @@ mf_status run(mf_cuda_cudnn *c, const Key &k, float scale, void *const *ptrs, vo
       e->graph.reset();
       return MF_OK;
     }
-    int j = 0;
-    const int64_t order[] = {Q_ID, K_ID, V_ID, O_ID, STATS_ID, DO_ID, DQ_ID, DK_ID, DV_ID};
-    for (int64_t id : order)
-      if (k.kind == 1 || id <= STATS_ID) e->pack[id] = ptrs[j++];
+    for (int64_t id = Q_ID; id <= (k.kind ? DV_ID : STATS_ID); id++) e->pack[id] = ptrs[id - Q_ID];
     fe::error_t st = fe::detail::set_stream(c->handle, (cudaStream_t)stream) == CUDNN_STATUS_SUCCESS
                          ? fe::error_t()
                          : fe::error_t(fe::error_code_t::CUDNN_BACKEND_API_FAILED, "cudnnSetStream failed");
