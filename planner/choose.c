@@ -790,7 +790,7 @@ done:
  * baselines (adopted when faster). */
 mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
                             uint64_t budget, uint64_t host_acts, const mf_decisions *fixed,
-                            const mf_plan_pins *pins, mf_plan **all) {
+                            const mf_plan_pins *pins, int lazy, mf_plan **all) {
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) all[k] = NULL;
   mf_status st = MF_OK;
   mf_plan *least = NULL, *best = NULL;
@@ -839,6 +839,7 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
   if (mode && strcmp(mode, "exact") == 0) large = 0;
   if (mode && strcmp(mode, "proxy") == 0) large = 1;
   if (large) MF_CHECK_GOTO(mf_plan_proxy_build(p, &proxy), st, done);
+  mf_progress_note("scoring %d candidates (%s order)", (int)n_cands, mf_program_order_name(p->order));
   if (proxy) {
     MF_CHECK_GOTO(score_on_proxy(&full, least, proxy, hw, cands, n_cands, pool), st, done);
   } else {
@@ -849,7 +850,13 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
   MF_LOGD("plan", "%d candidates scored%s in %.2f s (least-memory step: %d instructions)", (int)n_cands,
           proxy ? " on the proxy" : "", mf_time_now() - t0, (int)least->s->n_instr);
   qsort(cands, (size_t)n_cands, sizeof *cands, cmp_score);
-  const limits lim = {budget, host_acts};
+  mf_progress_note("fitting the best into the budget (%s order)", mf_program_order_name(p->order));
+  /* host_acts is an estimate made before planning (every parameter's state at
+   * home: optimizers the choice puts on the device leave more). The starting
+   * point's own host copies are allowed whatever it says, so a tight limit
+   * keeps the greedy from adding host copies, not from spending the device
+   * budget; the run plan checks the chosen plan's host memory in full. */
+  const limits lim = {budget, host_acts > least->s->host_act_bytes ? host_acts : least->s->host_act_bytes};
   MF_CHECK_GOTO(apply_greedy(&full, &lim, cands, n_cands, proxy != NULL, least->s, work), st, done);
   MF_LOGD("plan", "applied in %.2f s", mf_time_now() - t0);
 
@@ -859,9 +866,10 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
     mf_plan_free(best);
     MF_CHECK_GOTO(mf_plan_eval(p, hw, so, least->d, budget, MF_PLAN_CHOSEN, &best), st, done);
   }
+  mf_progress_note("the baselines (%s order)", mf_program_order_name(p->order));
   /* Never predicted slower than a baseline that fits (baselines ignore
    * overrides, so with overrides they are shown but not taken). */
-  MF_CHECK_GOTO(mf_plan_adopt_baselines(p, hw, so, budget, pins != NULL, pool, &best, all), st, done);
+  MF_CHECK_GOTO(mf_plan_adopt_baselines(p, hw, so, budget, pins != NULL, lazy, pool, &best, all), st, done);
   MF_LOGD("plan", "chosen and baselines in %.2f s", mf_time_now() - t0);
   all[MF_PLAN_CHOSEN] = best;
   all[MF_PLAN_LEAST_MEMORY] = least;
@@ -884,14 +892,14 @@ done:
 
 mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
                              const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **all) {
-  return mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, all);
+  return mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 0, all);
 }
 
 mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t budget,
                          const mf_decisions *fixed, const mf_plan_pins *pins, mf_plan **out) {
   mf_plan *all[MF_PLAN_KIND_COUNT_];
   *out = NULL;
-  MF_CHECK(mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, all));
+  MF_CHECK(mf_plan_choose_so(p, hw, NULL, budget, UINT64_MAX, fixed, pins, 0, all));
   *out = all[MF_PLAN_CHOSEN];
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
     if (k != MF_PLAN_CHOSEN) mf_plan_free(all[k]);

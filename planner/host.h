@@ -1,6 +1,6 @@
 /*
  * Host memory a plan needs, against memory.host_limit and memory.pinned_limit,
- * and what would spill to NVMe past them (DESIGN.md "Memory tiers").
+ * and what would spill to NVMe past them.
  *
  * Parts (bytes, for the whole step; a program's parameters are counted once):
  *   master    fp32 master weights: 4 x numel

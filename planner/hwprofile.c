@@ -742,3 +742,27 @@ int mf_hwprofile_equal(const mf_hwprofile *a, const mf_hwprofile *b) {
          a->host_memory_bandwidth == b->host_memory_bandwidth && a->nvme_bandwidth == b->nvme_bandwidth &&
          a->network_bandwidth == b->network_bandwidth;
 }
+
+double mf_hwprofile_share_cores(mf_hwprofile *p, long cores, int64_t node_ranks, int64_t threads) {
+  if (node_ranks <= 1 || cores < 1) return 1.0;
+  const double share = (double)cores / (double)node_ranks; /* a rank's cores when they split evenly */
+  double t = threads > 0 ? (double)threads : floor(share);
+  if (t < 1) t = 1;
+  const double f = (double)cores / (t < share ? t : share);
+  for (int i = 0; i < p->n_gemm; i++) p->gemm[i].flops /= f;
+  for (int i = 0; i < p->n_attn; i++) p->attn[i].flops /= f;
+  for (int i = 0; i < p->n_kernels; i++) p->kernels[i].seconds *= f;
+  p->elementwise_bandwidth /= f;
+  p->launch_s *= f; /* a kernel's start (waking the rank's threads) is work on the shared cores too */
+  p->host_adamw_params_per_s *= (double)node_ranks / f;
+  const double crowd = (double)node_ranks / (double)cores; /* ranks a core, when above 1 */
+  if (crowd > 1) {
+    p->h2d_bandwidth /= crowd;
+    p->d2h_bandwidth /= crowd;
+  }
+  char note[64];
+  const int n = snprintf(note, sizeof note, " (a rank's 1/%.3g of the cores)", f);
+  const size_t len = strlen(p->name);
+  if (n > 0 && len + (size_t)n < sizeof p->name) memcpy(p->name + len, note, (size_t)n + 1);
+  return f;
+}

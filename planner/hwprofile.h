@@ -166,6 +166,24 @@ double mf_hw_adamw_seconds(const mf_hwprofile *p, double params);
 double mf_hw_kernel_seconds(const mf_hwprofile *p, const char *kernel, const int64_t *sizes, int n_sizes,
                             double bytes);
 
+/* The cpu backend's ranks on one machine share its cores, and a cpu profile
+ * is measured on all of them (`moefit profile` runs a thread per core): its
+ * "device" kernels and host AdamW are the cores. `node_ranks` ranks on a
+ * machine of `cores` cores, each running `threads` threads (0: cores /
+ * node_ranks, at least 1: what train gives a rank), each have min(threads,
+ * cores / node_ranks) of the cores, 1/f of the profile's. This scales p to
+ * one such rank and returns f (1, p unchanged, for one rank): GEMM and
+ * attention rates and elementwise_bandwidth divided by f, compute.kernels'
+ * seconds and launch multiplied by f (a rank's kernels take f times as long:
+ * measured here, 2 ranks' steps of the demo's shape took 1.9x one process's
+ * of the same per-rank work); the host AdamW rate multiplied by node_ranks
+ * / f (a rank updates 1/node_ranks of the parameters, on 1/f of the cores,
+ * and the simulator prices them all: the step's host optimizer time is then
+ * the rank's); links divided by node_ranks / cores when that is above 1 (one
+ * thread copies, and more ranks than cores share even that); memory
+ * unchanged. The name gets " (a rank's 1/f of the cores)" when it fits. */
+double mf_hwprofile_share_cores(mf_hwprofile *p, long cores, int64_t node_ranks, int64_t threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -51,9 +51,10 @@ void mf_plan_free(mf_plan *pl) {
   free(pl);
 }
 
-/* Schedules and simulates d with simulation options so (NULL: defaults). */
-mf_status mf_plan_eval(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                       const mf_decisions *d, uint64_t budget, mf_plan_kind kind, mf_plan **out) {
+/* Schedules d and simulates it with so (NULL: defaults): always, or with
+ * `lazy` only when it fits the budget (mf_plan_simulate does the rest). */
+static mf_status eval(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so, const mf_decisions *d,
+                      uint64_t budget, mf_plan_kind kind, int lazy, mf_plan **out) {
   *out = NULL;
   mf_plan *pl = (mf_plan *)calloc(1, sizeof *pl);
   if (!pl) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
@@ -68,13 +69,25 @@ mf_status mf_plan_eval(const mf_program *p, const mf_hwprofile *hw, const mf_sim
   MF_CHECK_GOTO(mf_decisions_create(p, &pl->d), st, fail);
   MF_CHECK_GOTO(mf_decisions_copy(d, pl->d), st, fail);
   MF_CHECK_GOTO(mf_schedule_build(p, pl->d, &pl->s), st, fail);
-  MF_CHECK_GOTO(mf_simulate(pl->s, hw, &pl->so, &pl->sim), st, fail);
   pl->fits = pl->s->arena_bytes <= budget;
+  if (!lazy || pl->fits) MF_CHECK_GOTO(mf_plan_simulate(pl), st, fail);
   *out = pl;
   return MF_OK;
 fail:
   mf_plan_free(pl);
   return st;
+}
+
+mf_status mf_plan_eval(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
+                       const mf_decisions *d, uint64_t budget, mf_plan_kind kind, mf_plan **out) {
+  return eval(p, hw, so, d, budget, kind, 0, out);
+}
+
+mf_status mf_plan_simulate(mf_plan *pl) {
+  if (pl->simulated) return MF_OK;
+  MF_CHECK(mf_simulate(pl->s, pl->hw, &pl->so, &pl->sim));
+  pl->simulated = 1;
+  return MF_OK;
 }
 
 mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d,
@@ -84,6 +97,37 @@ mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf
 
 mf_status mf_plan_evaluate_like(const mf_plan *like, const mf_decisions *d, mf_plan **out) {
   return mf_plan_eval(like->prog, like->hw, &like->so, d, like->budget, like->kind, out);
+}
+
+mf_plan_bound_kind mf_plan_bound(const mf_plan *pl) {
+  const mf_sim_result *r = &pl->sim;
+  const double c = r->compute_seconds, x = r->exposed_transfer_seconds, o = r->exposed_optimizer_seconds;
+  if (o > c && o >= x) {
+    const double adamw = mf_hw_adamw_seconds(pl->hw, (double)pl->prog->params->trainable_numel);
+    return pl->so.optimizer_floor_seconds > adamw ? MF_BOUND_NVME : MF_BOUND_HOST_OPTIMIZER;
+  }
+  if (x > c) return r->busy[MF_SIM_D2H] > r->busy[MF_SIM_H2D] ? MF_BOUND_COPIES_HOME : MF_BOUND_UPLOADS;
+  return MF_BOUND_COMPUTE;
+}
+
+const char *mf_plan_bound_name(mf_plan_bound_kind k) {
+  static const char *const names[] = {"compute", "uploads", "copies home", "host optimizer", "NVMe"};
+  return (int)k >= 0 && k <= MF_BOUND_NVME ? names[k] : "unknown";
+}
+
+void mf_plan_bound_line(const mf_plan *pl, int overlap, char *buf, size_t cap) {
+  const mf_sim_result *r = &pl->sim;
+  const mf_plan_bound_kind k = mf_plan_bound(pl);
+  char nvme[96] = "";
+  if (k == MF_BOUND_NVME)
+    snprintf(nvme, sizeof nvme, "; its state's NVMe traffic alone takes %.4g s", pl->so.optimizer_floor_seconds);
+  snprintf(buf, cap,
+           "bound: %s: the %.4g s step is compute %.4g s + %.4g s waiting on copies (H2D busy %.4g s, D2H %.4g "
+           "s) + %.4g s waiting on the host optimizer (its updates %.4g s%s%s)",
+           mf_plan_bound_name(k), r->step_seconds, r->compute_seconds, r->exposed_transfer_seconds,
+           r->busy[MF_SIM_H2D], r->busy[MF_SIM_D2H], r->exposed_optimizer_seconds, r->optimizer_seconds,
+           r->optimizer_seconds > 0 ? (overlap ? ", behind the next step's device work" : ", after the step") : "",
+           nvme);
 }
 
 /* A layer's output (the residual stream after it): the checkpoint a layer's
@@ -137,18 +181,18 @@ mf_status mf_plan_baseline_decisions(const mf_program *p, mf_plan_kind kind, mf_
 }
 
 mf_status mf_plan_baseline_so(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                              mf_plan_kind kind, uint64_t budget, mf_plan **out) {
+                              mf_plan_kind kind, uint64_t budget, int lazy, mf_plan **out) {
   mf_decisions *d = NULL;
   MF_CHECK(mf_decisions_create(p, &d));
   mf_status st = mf_plan_baseline_decisions(p, kind, d);
-  if (st == MF_OK) st = mf_plan_eval(p, hw, so, d, budget, kind, out);
+  if (st == MF_OK) st = eval(p, hw, so, d, budget, kind, lazy, out);
   mf_decisions_free(d);
   return st;
 }
 
 mf_status mf_plan_baseline(const mf_program *p, const mf_hwprofile *hw, mf_plan_kind kind, uint64_t budget,
                            mf_plan **out) {
-  return mf_plan_baseline_so(p, hw, NULL, kind, budget, out);
+  return mf_plan_baseline_so(p, hw, NULL, kind, budget, 0, out);
 }
 
 /* Work spread over the planner's threads: worker i takes items i, i + n, ...
@@ -176,6 +220,7 @@ typedef struct baseline_job {
   const mf_hwprofile *hw;
   const mf_sim_opts *so;
   uint64_t budget;
+  int lazy;
   mf_plan **all;
 } baseline_job;
 
@@ -184,7 +229,7 @@ static void baseline_task(void *ctx, int i, int nw) {
   if (i >= MF_PLAN_MAX_WORKERS) return;
   if (nw > MF_PLAN_MAX_WORKERS) nw = MF_PLAN_MAX_WORKERS;
   for (int k = MF_PLAN_RESIDENT + i; k <= MF_PLAN_CHECKPOINT; k += nw) {
-    mf_status st = mf_plan_baseline_so(j->p, j->hw, j->so, (mf_plan_kind)k, j->budget, &j->all[k]);
+    mf_status st = mf_plan_baseline_so(j->p, j->hw, j->so, (mf_plan_kind)k, j->budget, j->lazy, &j->all[k]);
     if (st != MF_OK) {
       mf_plan_par_fail(&j->q, i, st);
       return;
@@ -195,11 +240,11 @@ static void baseline_task(void *ctx, int i, int nw) {
 /* Evaluates the baselines into all[RESIDENT..CHECKPOINT] and, unless
  * `pinned`, replaces *best with the fastest that fits when it beats it. */
 mf_status mf_plan_adopt_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                                  uint64_t budget, int pinned, mf_threadpool *pool, mf_plan **best,
+                                  uint64_t budget, int pinned, int lazy, mf_threadpool *pool, mf_plan **best,
                                   mf_plan **all) {
   baseline_job *j = (baseline_job *)calloc(1, sizeof *j);
   if (!j) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
-  j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->all = all;
+  j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->lazy = lazy, j->all = all;
   mf_threadpool_run(pool, baseline_task, j);
   mf_status st = mf_plan_par_status(&j->q, mf_plan_pool_size(pool));
   free(j);
@@ -216,7 +261,7 @@ mf_status mf_plan_adopt_baselines(const mf_program *p, const mf_hwprofile *hw, c
 
 /* The baselines of p beside `all[MF_PLAN_CHOSEN]`, on the planner's threads. */
 mf_status mf_plan_all_baselines(const mf_program *p, const mf_hwprofile *hw, const mf_sim_opts *so,
-                                uint64_t budget, mf_plan **all) {
+                                uint64_t budget, int lazy, mf_plan **all) {
   mf_threadpool *pool = NULL;
   MF_CHECK(mf_threadpool_create(0, &pool));
   baseline_job *j = (baseline_job *)calloc(1, sizeof *j);
@@ -224,13 +269,13 @@ mf_status mf_plan_all_baselines(const mf_program *p, const mf_hwprofile *hw, con
   if (!j) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "plan: out of memory");
   } else {
-    j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->all = all;
+    j->p = p, j->hw = hw, j->so = so, j->budget = budget, j->lazy = lazy, j->all = all;
     mf_threadpool_run(pool, baseline_task, j);
     st = mf_plan_par_status(&j->q, mf_plan_pool_size(pool));
     free(j);
   }
   mf_threadpool_free(pool);
   if (st == MF_OK)
-    st = mf_plan_baseline_so(p, hw, so, MF_PLAN_LEAST_MEMORY, budget, &all[MF_PLAN_LEAST_MEMORY]);
+    st = mf_plan_baseline_so(p, hw, so, MF_PLAN_LEAST_MEMORY, budget, lazy, &all[MF_PLAN_LEAST_MEMORY]);
   return st;
 }

@@ -2,7 +2,7 @@
  * The planner's choice: decisions for every tensor that fit the device budget
  * and are predicted fastest, beside the baselines it is measured against.
  *
- * Method (DESIGN.md "The planner, in short"): start from the least-memory plan
+ * Method (docs/planner.md): start from the least-memory plan
  * (every weight and gradient streamed, every activation the backward needs
  * recomputed where it can be, else offloaded, the optimizer on the host); a
  * budget that cannot hold even that is an error stating the minimum and what
@@ -72,9 +72,13 @@ typedef struct mf_plan {
   mf_schedule *s;
   mf_sim_result sim;
   uint64_t budget;
-  int fits; /* arena_bytes <= budget */
+  int fits;      /* arena_bytes <= budget */
+  int simulated; /* sim holds the simulation (the planner leaves a baseline over the budget unsimulated
+                    until it is shown: mf_plan_for simulates every plan it returns) */
 } mf_plan;
 
+/* Simulates pl when it is not yet (mf_plan.simulated). */
+mf_status mf_plan_simulate(mf_plan *pl);
 /* Schedules and simulates decisions `d` (copied). */
 mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d, uint64_t budget,
                            mf_plan_kind kind, mf_plan **out);
@@ -95,6 +99,29 @@ mf_status mf_plan_choose(const mf_program *p, const mf_hwprofile *hw, uint64_t b
 mf_status mf_plan_choose_all(const mf_program *p, const mf_hwprofile *hw, uint64_t budget, const mf_decisions *fixed,
                              const mf_plan_pins *pins, mf_plan **all);
 void mf_plan_free(mf_plan *pl); /* NULL is fine */
+
+/* What bounds a simulated step. Its parts add up to the step (simulate.h):
+ * step = compute + exposed transfer + exposed optimizer; the bound is the
+ * largest part — compute; the copies the compute waits for, named by the
+ * busier copy stream (uploads: H2D, copies home: D2H); the host optimizer's
+ * updates, or NVMe when the optimizer's state streaming from NVMe sets their
+ * pace (mf_sim_opts.optimizer_floor_seconds over the profile's AdamW time). */
+typedef enum mf_plan_bound_kind {
+  MF_BOUND_COMPUTE = 0,
+  MF_BOUND_UPLOADS,
+  MF_BOUND_COPIES_HOME,
+  MF_BOUND_HOST_OPTIMIZER,
+  MF_BOUND_NVME
+} mf_plan_bound_kind;
+
+mf_plan_bound_kind mf_plan_bound(const mf_plan *pl);
+const char *mf_plan_bound_name(mf_plan_bound_kind k); /* "compute", "uploads", "copies home", ... */
+/* One line for people: "bound: uploads: the 9.08 s step is compute 5.99 s +
+ * 3.09 s waiting on copies (H2D busy 3.23 s, D2H 0.11 s) + 0.00 s waiting on
+ * the host optimizer (its updates 0.15 s, behind the next step's device
+ * work)". `overlap`: the host optimizer runs behind the next step's device
+ * work (train.overlap_optimizer) rather than after the step. */
+void mf_plan_bound_line(const mf_plan *pl, int overlap, char *buf, size_t cap);
 
 /* What a training run or `moefit plan` asks for: build the step program and
  * plan it. */

@@ -82,7 +82,7 @@ static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, co
   }
   all[MF_PLAN_CHOSEN] = pl;
   pl = NULL;
-  st = mf_plan_all_baselines(p, rq->hw, so, all[MF_PLAN_CHOSEN]->budget, all);
+  st = mf_plan_all_baselines(p, rq->hw, so, all[MF_PLAN_CHOSEN]->budget, 1, all);
 done:
   mf_plan_free(pl);
   mf_plan_pins_free(&pins);
@@ -95,19 +95,17 @@ done:
  * (a device storage dtype other than fp32), the pinned staging limit, and,
  * without NVMe (memory.nvme_dir and a profile NVMe bandwidth), the fp32
  * master weights, gradient sums and Adam moments, which with NVMe can spill
- * (planner/host.h). UINT64_MAX without a memory section. */
+ * (planner/host.h); each as mf_host_account counts it (so a frozen LoRA base
+ * has no gradient or moments, and a bf16 one no fp32 master). UINT64_MAX
+ * without a memory section. */
 static uint64_t host_act_budget(const mf_plan_request *rq, const mf_program *p) {
   const mf_config_memory *mem = rq->memory;
   if (!mem) return UINT64_MAX;
-  uint64_t limit = mem->host_limit != MF_CONFIG_SIZE_AUTO ? mem->host_limit : rq->hw->host_memory;
-  uint64_t keep = mem->pinned_limit;
-  const int nvme = mem->nvme_dir && rq->hw->nvme_bandwidth > 0;
-  for (int64_t i = 0; i < p->params->n; i++) {
-    const uint64_t numel = (uint64_t)p->params->params[i].numel;
-    if (p->storage != MF_DTYPE_F32) keep += p->tensors[p->param_tensor[i]].bytes;
-    if (!nvme) keep += (p->forward_only ? 4 : 16) * numel;
-  }
-  return limit > keep ? limit - keep : 0;
+  mf_host_usage u;
+  if (mf_host_account(p, NULL, 0, mem, rq->hw, &u) != MF_OK) return 0;
+  uint64_t keep = mem->pinned_limit + u.working_bytes;
+  if (!u.nvme) keep += u.master_bytes + u.grad_bytes + u.moment_bytes;
+  return u.host_limit > keep ? u.host_limit - keep : 0;
 }
 
 /* mf_plan_for's failure after it had a result: frees it, returns st. */
@@ -145,6 +143,7 @@ static void order_task(void *ctx, int i, int nw) {
     mf_decisions *fixed = NULL;
     mf_plan_pins pins = {NULL, NULL, NULL, NULL};
     const int overrides = mem && mem->n_overrides > 0;
+    mf_progress_note("the %s step program", mf_program_order_name(po.order));
     mf_status st = mf_program_build(rq->params, &po, &j->prog[o]);
     /* Optimizer state spilled to NVMe bounds the host optimizer (an estimate
      * before planning: no offloaded activations, no staging). */
@@ -167,7 +166,7 @@ static void order_task(void *ctx, int i, int nw) {
       if (st == MF_OK && overrides) st = apply_overrides(j->prog[o], mem, fixed, &pins);
       if (st == MF_OK)
         st = mf_plan_choose_so(j->prog[o], rq->hw, &j->so[o], rq->budget, host_act_budget(rq, j->prog[o]),
-                               fixed, overrides ? &pins : NULL, j->plans[o]);
+                               fixed, overrides ? &pins : NULL, 1, j->plans[o]);
     }
     mf_plan_pins_free(&pins);
     mf_decisions_free(fixed);
@@ -267,9 +266,14 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
         if (!pl) continue;
         mf_sim_result_free(&pl->sim);
         pl->so = so;
-        st = mf_simulate(pl->s, rq->hw, &pl->so, &pl->sim);
+        pl->simulated = 0;
       }
     }
+    if (st != MF_OK) return drop_all(st, prog, all);
+  }
+  /* The baselines over the budget of the order kept, which were not simulated. */
+  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
+    const mf_status st = all[k] ? mf_plan_simulate(all[k]) : MF_OK;
     if (st != MF_OK) return drop_all(st, prog, all);
   }
   return MF_OK;

@@ -56,6 +56,25 @@ static int32_t layer_params(const mf_param_table *t, int32_t layer, int32_t *out
   return n;
 }
 
+/* The full table's LoRA adapters on the proxy's table (a run with train.lora):
+ * the same rank, targets and router training, and with a hot set (train.lora.
+ * experts: hot) each proxy layer's the one of the full layer it stands for. */
+static mf_status proxy_lora(const mf_param_table *full, mf_plan_proxy *x) {
+  if (!full->lora_a) return MF_OK;
+  mf_lora l = full->lora;
+  const int64_t E = full->spec.experts;
+  uint8_t *hot = NULL;
+  if (l.hot && E > 0) {
+    MF_CHECK(mf_malloc((size_t)(x->n_layers * E), "the proxy's hot experts", (void **)&hot));
+    for (int32_t r = 0; r < x->n_layers; r++)
+      memcpy(hot + r * E, full->lora.hot + (int64_t)x->full_layer[r] * E, (size_t)E);
+  }
+  l.hot = hot;
+  const mf_status st = mf_param_table_add_lora(x->params, &l);
+  free(hot);
+  return st;
+}
+
 mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
   *out = NULL;
   const mf_model_spec *fs = &full->spec;
@@ -105,7 +124,10 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
   int32_t *fl = NULL, *pl = NULL, *sorted = NULL;
   int ok = 1;
   x->n_layers = n;
+  MF_CHECK_GOTO(mf_calloc((size_t)n, sizeof(int32_t), "plan", (void **)&x->full_layer), st, fail);
+  for (int i = 0; i < n; i++) x->full_layer[i] = middle[kinds[i]];
   MF_CHECK_GOTO(mf_param_table_build(&ps, &x->params), st, fail);
+  MF_CHECK_GOTO(proxy_lora(full->params, x), st, fail);
   {
     mf_program_opts po;
     memset(&po, 0, sizeof po);
@@ -118,14 +140,14 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
     po.order = full->order;
     po.storage = full->storage;
     po.moments = full->moments;
+    po.ranks = full->ranks;
+    po.node_ranks = full->node_ranks;
     MF_CHECK_GOTO(mf_program_build(x->params, &po, &x->prog), st, fail);
   }
-  MF_CHECK_GOTO(mf_calloc((size_t)n, sizeof(int32_t), "plan", (void **)&x->full_layer), st, fail);
   MF_CHECK_GOTO(mf_calloc((size_t)L, sizeof(int32_t), "plan", (void **)&x->rep), st, fail);
   MF_CHECK_GOTO(mf_calloc((size_t)x->params->n, sizeof(int32_t), "plan", (void **)&x->param_full), st, fail);
   MF_CHECK_GOTO(mf_calloc((size_t)x->prog->n_tensors + 1, sizeof(int32_t), "plan", (void **)&x->tensor_full),
                 st, fail);
-  for (int i = 0; i < n; i++) x->full_layer[i] = middle[kinds[i]];
   for (int32_t l = 0; l < L; l++) x->rep[l] = scored[mf_model_spec_layer_is_moe(fs, l)];
 
   /* Parameters: the same list, role by role and size by size, in each pair of layers. */

@@ -7,7 +7,11 @@
  * (compute, H2D, D2H) with one rectangle per instruction from its simulated
  * start to its end, coloured by kind (forward, backward, recompute, loss,
  * upload, download, zero/accumulate), each with a <title> child naming it and
- * its time (a browser shows it on hover); a legend; below, the device memory
+ * its time (a browser shows it on hover); a fourth lane, the host's: the
+ * staging arena's fills and copy-outs (each slab's, when copies are staged)
+ * and the host AdamW (drawn as NVMe-bound when the optimizer state's NVMe
+ * traffic sets its pace), so a step the host holds back looks like one; a
+ * legend; below, the device memory
  * alive over time (a step function of each instruction's live_bytes from its
  * start), the budget as a dashed line and the peak labelled; time and memory
  * axes.
@@ -33,6 +37,7 @@
 
 #include "planner/plan.h"
 #include "planner/schedule.h"
+#include "planner/staging.h"
 #include "src/core/core.h"
 #include "src/model/program.h"
 
@@ -41,10 +46,12 @@ extern "C" {
 #endif
 
 /* Writes the SVG of `plan` (its schedule and simulation) to `path`
- * atomically. `title` (may be NULL) heads the picture, e.g. the config path;
- * every name is XML-escaped. A path that cannot be written is MF_ERR_IO naming
- * it; a plan without a schedule or simulation is MF_ERR_INVALID_ARG. */
-mf_status mf_render_svg(const mf_plan *plan, const char *title, const char *path);
+ * atomically; `sg` (may be NULL: copies not staged) is its staging layout,
+ * whose slabs the host lane shows. `title` (may be NULL) heads the picture,
+ * e.g. the config path; every name is XML-escaped. A path that cannot be
+ * written is MF_ERR_IO naming it; a plan without a schedule or simulation is
+ * MF_ERR_INVALID_ARG. */
+mf_status mf_render_svg(const mf_plan *plan, const mf_staging *sg, const char *title, const char *path);
 
 /* The per-layer table of decisions d for program p, to `out`: a title line,
  * the column groups and the header, then one row for the parameters outside

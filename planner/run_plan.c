@@ -53,6 +53,13 @@ static mf_status load_profile(const mf_config *cfg, mf_run_plan *rp) {
     MF_CHECK(mf_hwprofile_load(path, &rp->hw));
   }
   if (origin == MF_PROFILE_BUNDLED) say_bundled(rp, cuda);
+  /* The cpu backend's ranks on one machine share its cores (train gives
+   * each cores / ranks-on-the-machine threads): one rank's share of them. */
+  if (rp->use == MF_RUN_TRAIN && cfg->ranks > 1 && strcmp(rp->dev.name, "cpu") == 0)
+    mf_hwprofile_share_cores(
+        &rp->hw, sysconf(_SC_NPROCESSORS_ONLN),
+        cfg->node_ranks > 0 && cfg->node_ranks < cfg->ranks ? cfg->node_ranks : cfg->ranks,
+        cfg->train.threads);
   return MF_OK;
 }
 
@@ -62,12 +69,44 @@ static int stages_copies(const mf_config *cfg, const mf_backend_memory *dev) {
   return cfg->memory.staging == MF_CONFIG_STAGING_ON;
 }
 
-/* train.overlap_optimizer: auto overlaps where the device's work does not run on the host's cores. */
+/* train.overlap_optimizer: auto starts overlapped where the device's work
+ * does not run on the host's cores (cuda), and choose_overlap then keeps the
+ * setting predicted faster. */
 static int overlaps_optimizer(const mf_config *cfg, const char *backend) {
   if (cfg->ranks > 1)
     return 0; /* ranks: the step's updates run between steps (mf_run_plan_make refuses true) */
   if (cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_AUTO) return strcmp(backend, "cuda") == 0;
   return cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON;
+}
+
+/* train.overlap_optimizer auto on the cuda backend: the chosen plan simulated
+ * with the host optimizer after each step too; when that is predicted faster
+ * (the uploads waiting for their parameters' updates can cost more than the
+ * overlap hides), the run takes it and every plan shown is simulated so. (On
+ * the cpu backend auto is off: there the device's work runs on the host's
+ * cores, and the contention the overlap brings is not in the simulation.) */
+static mf_status choose_overlap(const mf_config *cfg, mf_run_plan *rp) {
+  if (rp->use != MF_RUN_TRAIN || cfg->train.overlap_optimizer != MF_CONFIG_OVERLAP_AUTO || cfg->ranks > 1 ||
+      !rp->overlap_optimizer)
+    return MF_OK;
+  const mf_plan *c = rp->plan;
+  mf_sim_opts so = c->so;
+  so.overlap_optimizer = 0;
+  mf_sim_result after;
+  MF_CHECK(mf_simulate(c->s, c->hw, &so, &after));
+  const int faster = after.step_seconds < c->sim.step_seconds * (1.0 - 1e-3);
+  mf_sim_result_free(&after);
+  if (!faster) return MF_OK;
+  rp->overlap_optimizer = 0;
+  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
+    mf_plan *pl = rp->all[k];
+    if (!pl) continue;
+    mf_sim_result_free(&pl->sim);
+    pl->so.overlap_optimizer = 0;
+    pl->simulated = 0;
+    MF_CHECK(mf_plan_simulate(pl));
+  }
+  return MF_OK;
 }
 
 /* train.precision: auto stores bf16 where the device has bf16 tensor cores
@@ -213,8 +252,8 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   return MF_OK;
 }
 
-mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
-                           mf_run_plan **out) {
+static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
+                      mf_run_plan **out) {
   *out = NULL;
   mf_run_plan *rp = NULL;
   MF_CHECK(mf_calloc(1, sizeof *rp, "the run plan", (void **)&rp));
@@ -244,7 +283,9 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
   MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
                                       sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),
                 st, fail);
+  mf_progress_note("the step program and its plans");
   MF_CHECK_GOTO(plan_of(cfg, t, rp), st, fail);
+  MF_CHECK_GOTO(choose_overlap(cfg, rp), st, fail);
   if (cfg->ranks > 1 && rp->plan->s->n_optim_device > 0) {
     st = MF_ERR(
         MF_ERR_CONFIG,
@@ -254,12 +295,21 @@ mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run
         cfg->memory.plan ? cfg->memory.plan : "auto", rp->plan->s->n_optim_device, (long long)cfg->ranks);
     goto fail;
   }
+  mf_progress_note("the staging arena and host memory");
   MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
   between_nodes(cfg, t, rp);
   *out = rp;
   return MF_OK;
 fail:
   mf_run_plan_free(rp);
+  return st;
+}
+
+mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
+                           mf_run_plan **out) {
+  mf_progress_start("planning", 2.0); /* a line on a terminal when it takes longer */
+  const mf_status st = make(cfg, t, use, ask_device, out);
+  mf_progress_stop();
   return st;
 }
 
@@ -287,8 +337,14 @@ mf_status mf_run_plan_fit_of(const mf_run_plan *rp, const mf_config *cfg, mf_pla
   mf_staging *sg = NULL;
   int pinned_fits = 1;
   mf_host_usage u;
-  MF_CHECK(plan_memory(cfg, rp, rp->all[kind], &sg, &pinned_fits, &u));
-  mf_staging_free(sg);
+  if (!rp->all[kind]->fits) {
+    /* Over the device budget it cannot run whatever its staging: its host
+     * memory without a staging arena (laying one out is most of the cost). */
+    MF_CHECK(mf_host_account(rp->prog, rp->all[kind]->s, 0, &cfg->memory, &rp->hw, &u));
+  } else {
+    MF_CHECK(plan_memory(cfg, rp, rp->all[kind], &sg, &pinned_fits, &u));
+    mf_staging_free(sg);
+  }
   *out = fit_from(cfg, rp->all[kind], &u, pinned_fits);
   return MF_OK;
 }
@@ -357,8 +413,109 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
   return n;
 }
 
+/* One alternative of mf_run_plan_alternatives: cfg changed as `what` says
+ * (with its table: LoRA's), planned like the run, described into buf. */
+static mf_status alternative(const mf_config *alt, const mf_param_table *t, const char *what, int *n, char *buf,
+                             size_t cap) {
+  mf_progress_note("planning instead %.40s", what);
+  mf_run_plan *a = NULL;
+  const mf_status st = mf_run_plan_make(alt, t, MF_RUN_TRAIN, 0, &a);
+  if (st != MF_OK) return st;
+  char h[32], lim[32], room[32];
+  const mf_host_usage *u = &a->host;
+  const int host_ok = a->fit.host && a->fit.device && a->fit.pinned;
+  size_t o = strlen(buf);
+  if (o < cap)
+    o += (size_t)snprintf(buf + o, cap - o, "%s%s: %s of host memory", (*n)++ ? "; " : "", what,
+                          mf_format_bytes(mf_host_resident_bytes(u), h, sizeof h));
+  if (o < cap && mf_host_spill_bytes(u) > 0)
+    o += (size_t)snprintf(buf + o, cap - o, " + %s on NVMe",
+                          mf_format_bytes(mf_host_spill_bytes(u), room, sizeof room));
+  if (o < cap && host_ok)
+    snprintf(buf + o, cap - o, ", %.4g s/step predicted", a->plan->sim.step_seconds);
+  else if (o < cap)
+    snprintf(buf + o, cap - o, " (over memory.host_limit %s too)", mf_format_bytes(u->host_limit, lim, sizeof lim));
+  mf_run_plan_free(a);
+  return MF_OK;
+}
+
+static int alternatives(const mf_run_plan *rp, const mf_config *cfg, char *buf, size_t cap) {
+  const mf_param_table *t = rp->prog->params;
+  int n = 0;
+  mf_status st = MF_OK;
+  /* The AdamW moments in bf16: half their bytes. */
+  if (cfg->train.adam_moments != MF_CONFIG_MOMENTS_BF16 && t->trainable_numel > 0) {
+    mf_config alt = *cfg;
+    alt.train.adam_moments = alt.memory.adam_moments = MF_CONFIG_MOMENTS_BF16;
+    st = alternative(&alt, t, "train.adam_moments=bf16", &n, buf, cap);
+  }
+  /* LoRA over the frozen base, kept at home in bf16: rank 16 on every projection the family has. */
+  if (st == MF_OK && !t->lora_a) {
+    const char *names[MF_CONFIG_LORA_MAX_TARGETS];
+    const int nn = mf_lora_target_names(t->spec.family, names, MF_CONFIG_LORA_MAX_TARGETS);
+    mf_config alt = *cfg;
+    alt.train.lora.rank = 16;
+    alt.train.lora.alpha = 32;
+    alt.train.lora.dropout = 0;
+    alt.train.lora.experts = MF_CONFIG_LORA_EXPERTS_ALL;
+    alt.train.lora.n_targets = nn;
+    char what[400];
+    int w = snprintf(what, sizeof what, "train.lora.rank=16 train.lora.alpha=32 'train.lora.targets=[");
+    for (int j = 0; j < nn; j++) {
+      snprintf(alt.train.lora.targets[j], sizeof alt.train.lora.targets[j], "%s", names[j]);
+      w += snprintf(what + w, sizeof what - (size_t)w, "%s%s", j ? ", " : "", names[j]);
+    }
+    snprintf(what + w, sizeof what - (size_t)w, "]'%s (LoRA over the frozen base, at home in bf16)",
+             rp->storage == MF_DTYPE_BF16 ? "" : " train.precision=bf16");
+    alt.train.precision = MF_CONFIG_PRECISION_BF16;
+    const mf_lora l = {16, 2.0, 0, 0, 0.0, NULL};
+    mf_param_table *lt = NULL;
+    st = mf_param_table_build(&t->spec, &lt);
+    mf_lora lr = l;
+    for (int j = 0; j < nn; j++) lr.roles |= mf_lora_target_roles(t->spec.family, names[j]);
+    if (st == MF_OK) st = mf_param_table_add_lora(lt, &lr);
+    if (st == MF_OK) st = alternative(&alt, lt, what, &n, buf, cap);
+    mf_param_table_free(lt);
+  }
+  /* The state spilled to NVMe past memory.host_limit (a profile with an NVMe bandwidth). */
+  if (st == MF_OK && rp->hw.nvme_bandwidth > 0 && (!cfg->memory.nvme_dir || !rp->fit.nvme)) {
+    mf_config alt = *cfg;
+    if (!alt.memory.nvme_dir) alt.memory.nvme_dir = "DIR";
+    char what[1200];
+    snprintf(what, sizeof what, "memory.nvme_dir=%s on an NVMe drive (%.3g GB/s in the profile)",
+             alt.memory.nvme_dir, rp->hw.nvme_bandwidth / 1e9);
+    st = alternative(&alt, t, what, &n, buf, cap);
+  }
+  if (st != MF_OK) {
+    /* An alternative that cannot be planned is left out: the run's own error is what matters. */
+    MF_LOGD("plan", "alternatives: %s", mf_last_error());
+    if (cap) buf[0] = 0;
+    return 0;
+  }
+  return n;
+}
+
+int mf_run_plan_alternatives(const mf_run_plan *rp, const mf_config *cfg, char *buf, size_t cap) {
+  if (cap) buf[0] = 0;
+  if (rp->use != MF_RUN_TRAIN) return 0;
+  mf_progress_start("planning", 0.0);
+  const int n = alternatives(rp, cfg, buf, cap);
+  mf_progress_stop();
+  return n;
+}
+
+/* Appends to why (a misfit's reasons) the alternatives that were planned,
+ * when host memory or NVMe is what the plan is over. */
+static void add_alternatives(const mf_run_plan *rp, const mf_config *cfg, int host_short, char *why, size_t cap) {
+  if (!host_short) return;
+  char alts[2400];
+  if (mf_run_plan_alternatives(rp, cfg, alts, sizeof alts) == 0) return;
+  const size_t o = strlen(why);
+  if (o < cap) snprintf(why + o, cap - o, "\n  planned instead: %s", alts);
+}
+
 mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg) {
-  char why[1800], a[32], b[32], c[32], d[32];
+  char why[4400], a[32], b[32], c[32], d[32];
   int n = mf_run_plan_misfit(rp, cfg, why, sizeof why);
   uint64_t have = 0;
   char source[160];
@@ -366,6 +523,7 @@ mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg) {
   /* The cpu backend's device arena is host memory too. */
   const uint64_t arena = strcmp(rp->dev.name, "cpu") == 0 ? rp->plan->s->arena_bytes : 0;
   const uint64_t resident = mf_host_resident_bytes(&rp->host);
+  int machine_short = 0;
   if (have > 0 && resident + arena > have) {
     char parts[160];
     const int o = snprintf(parts, sizeof parts, "host state %s", mf_format_bytes(resident, a, sizeof a));
@@ -380,7 +538,9 @@ mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg) {
         mf_format_bytes(resident + arena, c, sizeof c), parts,
         mf_format_bytes(rp->host.total_bytes - resident, d, sizeof d), mf_format_bytes(have, b, sizeof b),
         source, arena ? ", or lower memory.device_budget" : "");
+    machine_short = 1;
   }
+  add_alternatives(rp, cfg, !rp->fit.host || !rp->fit.nvme || machine_short, why, sizeof why);
   if (n) return MF_ERR(MF_ERR_CONFIG, "the plan cannot run: %s", why);
   if (rp->routing_note[0]) MF_LOGI("plan", "%s", rp->routing_note);
   return MF_OK;

@@ -5,8 +5,7 @@
  * baselines, the pinned staging layout, and the host-memory accounting.
  * `moefit plan`, `moefit train` and `moefit eval` all call
  * mf_run_plan_make; nothing else maps config keys to planning options, so
- * what `moefit plan` shows is what `moefit train` runs (DESIGN.md "One run
- * plan"), and the plan.json that train writes equals `moefit plan --json`.
+ * what `moefit plan` shows is what `moefit train` runs, and the plan.json that train writes equals `moefit plan --json`.
  *
  * What it decides from the config:
  *   backend      `backend` resolved by name (kernels/registry.h: auto is cuda
@@ -115,7 +114,9 @@ typedef struct mf_run_plan {
   mf_plan *all[MF_PLAN_KIND_COUNT_]; /* all[MF_PLAN_CHOSEN] is the run's plan; the others the baselines */
   mf_plan *plan;                     /* = all[MF_PLAN_CHOSEN] */
   int overlap_optimizer;             /* the host optimizer runs behind the next step (train.overlap_optimizer;
-                                        auto: on for cuda) — simulated so, and train runs it so */
+                                        auto: where the profile's device runs apart from the host (cuda),
+                                        unless the chosen plan is predicted faster without) — simulated so,
+                                        and train runs it so */
   int staged;                        /* copies go through the pinned staging arena (memory.staging;
                                         auto: on for cuda) */
   mf_staging *staging;               /* its layout when staged, else NULL */
@@ -139,13 +140,27 @@ void mf_run_plan_free(mf_run_plan *rp); /* NULL is fine */
 /* What rp->all[kind] fits: rp->fit for the chosen plan; for another, its
  * arena against the budget and its host memory accounted as the chosen
  * plan's is (its own staging arena laid out within memory.pinned_limit when
- * copies are staged). `cfg` is the config rp was made from. */
+ * copies are staged; not for a plan over the device budget, which cannot run
+ * whatever its staging: its host memory then counts no staging arena).
+ * `cfg` is the config rp was made from. */
 mf_status mf_run_plan_fit_of(const mf_run_plan *rp, const mf_config *cfg, mf_plan_kind kind, mf_run_fit *out);
 
 /* Why the chosen plan cannot run, for people: each limit it exceeds with its
  * figures and the keys to change, joined by "; " into buf (empty when it
  * fits). Returns the number of reasons. */
 int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, size_t cap);
+
+/* What would run where the chosen plan is over memory.host_limit or needs a
+ * memory.nvme_dir it has not got (a training plan): the config changed one
+ * way at a time and planned as this run was — the AdamW moments in bf16
+ * (train.adam_moments=bf16); LoRA rank 16 over the frozen base kept at home
+ * in bf16, on every projection the family has (when the run is not LoRA
+ * already); the state spilled to NVMe (a profile with an NVMe bandwidth,
+ * memory.nvme_dir unset or not usable) — each as "KEY=VALUE ...: X of host
+ * memory[ + Y on NVMe], Z s/step predicted" or "(over memory.host_limit too)",
+ * joined by "; " into buf. Returns how many (0 and an empty buf when one
+ * could not be planned). Costs a plan per alternative. */
+int mf_run_plan_alternatives(const mf_run_plan *rp, const mf_config *cfg, char *buf, size_t cap);
 
 /* Before a run starts on rp (train and eval, before they allocate the device
  * arena or the host state): MF_ERR_CONFIG "the plan cannot run: <reasons>"
@@ -154,7 +169,9 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
  * the device arena, which is host memory) is more than this machine can give
  * (mf_host_machine_memory), naming both figures and the keys to change. Each
  * run plan is checked alone: on the cpu backend train's evaluation arena
- * comes on top of the training plan's. On success, logs rp->routing_note. */
+ * comes on top of the training plan's. When host memory or NVMe is what it is
+ * over, the message's second line lists mf_run_plan_alternatives. On success,
+ * logs rp->routing_note. */
 mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg);
 
 /* The run's plan as plan JSON (planner/plan_io.h), atomically: the decisions

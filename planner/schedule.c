@@ -49,63 +49,6 @@ mf_status mf_decisions_copy(const mf_decisions *from, mf_decisions *to) {
   return MF_OK;
 }
 
-/* What the planner reads of a program over and over: each tensor's uses
- * (CSR, op order, one entry per op). */
-typedef struct pindex {
-  int32_t *use_start; /* [n_tensors + 1] */
-  int32_t *use_ops;
-} pindex;
-
-static void pindex_free(pindex *ix) {
-  free(ix->use_start);
-  free(ix->use_ops);
-  memset(ix, 0, sizeof *ix);
-}
-
-static mf_status pindex_build(const mf_program *p, pindex *ix) {
-  memset(ix, 0, sizeof *ix);
-  const int32_t nt = p->n_tensors;
-  ix->use_start = (int32_t *)calloc((size_t)nt + 1, sizeof(int32_t));
-  int32_t *last = (int32_t *)malloc((size_t)(nt + 1) * sizeof(int32_t));
-  if (!ix->use_start || !last) {
-    free(last);
-    pindex_free(ix);
-    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
-  }
-  for (int32_t t = 0; t < nt; t++) last[t] = -1;
-  /* Count distinct (tensor, op) pairs, then fill. */
-  for (int pass = 0; pass < 2; pass++) {
-    for (int32_t t = 0; t < nt; t++) last[t] = -1;
-    for (int32_t k = 0; k < p->n_ops; k++) {
-      const mf_pop *o = &p->ops[k];
-      const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
-      for (int64_t j = 0; j < MF_KBUF_MAX + E; j++) {
-        int32_t t = j < MF_KBUF_MAX ? o->t[j] : p->id_pool[o->experts_at + (j - MF_KBUF_MAX)];
-        if (t < 0 || last[t] == k) continue;
-        last[t] = k;
-        if (pass == 0)
-          ix->use_start[t + 1]++;
-        else
-          ix->use_ops[ix->use_start[t]++] = k;
-      }
-    }
-    if (pass == 0) {
-      for (int32_t t = 0; t < nt; t++) ix->use_start[t + 1] += ix->use_start[t];
-      ix->use_ops = (int32_t *)malloc((size_t)(ix->use_start[nt] + 1) * sizeof(int32_t));
-      if (!ix->use_ops) {
-        free(last);
-        pindex_free(ix);
-        return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
-      }
-    }
-  }
-  /* The fill pass advanced each start to the next tensor's: shift back. */
-  for (int32_t t = nt; t > 0; t--) ix->use_start[t] = ix->use_start[t - 1];
-  ix->use_start[0] = 0;
-  free(last);
-  return MF_OK;
-}
-
 int mf_schedule_can_offload(const mf_program *p, int32_t t) {
   const mf_ptensor *x = &p->tensors[t];
   if (x->micro < 0 || x->layer < 0 || x->first_op < 0) return 0;
@@ -114,22 +57,22 @@ int mf_schedule_can_offload(const mf_program *p, int32_t t) {
   return p->ops[x->last_op].phase == MF_PHASE_BWD && p->ops[x->first_op].phase == MF_PHASE_FWD;
 }
 
-static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t, int depth, int8_t *memo);
+static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t *memo);
 
 /* A writer's input the backward can count on: a weight, the step's inputs, an
  * activation the backward reads anyway, or one that can itself be recomputed. */
-static int available_in_bwd(const mf_program *p, const pindex *ix, int32_t u, int depth, int8_t *memo) {
+static int available_in_bwd(const mf_program *p, int32_t u, int depth, int8_t *memo) {
   const mf_ptensor *x = &p->tensors[u];
   if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT) return 1;
   if (x->first_op < 0) return 0;
   if (p->ops[x->last_op].phase == MF_PHASE_BWD) return 1;
-  return can_recompute_depth(p, ix, u, depth + 1, memo);
+  return can_recompute_depth(p, u, depth + 1, memo);
 }
 
 /* Every op that writes t is a forward op whose written operands are
  * activations of the same layer and micro-batch (no side effects elsewhere),
  * and whose inputs the backward still has. */
-static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t, int depth, int8_t *memo) {
+static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t *memo) {
   if (memo && memo[t] >= 0) return memo[t];
   const mf_ptensor *x = &p->tensors[t];
   int ok = 1;
@@ -138,8 +81,8 @@ static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t,
     ok = 0;
     goto out;
   }
-  for (int32_t u = ix->use_start[t]; u < ix->use_start[t + 1] && ok; u++) {
-    const int32_t k = ix->use_ops[u];
+  for (int32_t u = p->use_start[t]; u < p->use_start[t + 1] && ok; u++) {
+    const int32_t k = p->use_ops[u];
     const mf_pop *o = &p->ops[k];
     const uint32_t r = o->reads, w = o->writes;
     int writes_t = 0;
@@ -155,14 +98,14 @@ static int can_recompute_depth(const mf_program *p, const pindex *ix, int32_t t,
       const mf_ptensor *v = &p->tensors[o->t[i]];
       if (w >> i & 1) {
         if (v->micro != x->micro || v->layer != x->layer || (v->kind != MF_T_ACT && v->kind != MF_T_STAT)) ok = 0;
-      } else if ((r >> i & 1) && o->t[i] != t && !available_in_bwd(p, ix, o->t[i], depth, memo)) {
+      } else if ((r >> i & 1) && o->t[i] != t && !available_in_bwd(p, o->t[i], depth, memo)) {
         ok = 0;
       }
     }
     if (o->experts_at >= 0)
       for (int64_t e = 0; e < p->spec.experts && ok; e++)
         if (p->id_pool[o->experts_at + e] >= 0 &&
-            !available_in_bwd(p, ix, p->id_pool[o->experts_at + e], depth, memo))
+            !available_in_bwd(p, p->id_pool[o->experts_at + e], depth, memo))
           ok = 0;
   }
 out:
@@ -171,31 +114,21 @@ out:
 }
 
 mf_status mf_schedule_act_options(const mf_program *p, uint8_t *out) {
-  pindex ix;
-  MF_CHECK(pindex_build(p, &ix));
   int8_t *memo = (int8_t *)malloc((size_t)p->n_tensors + 1);
-  if (!memo) {
-    pindex_free(&ix);
-    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
-  }
+  if (!memo) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
   memset(memo, -1, (size_t)p->n_tensors + 1);
   for (int32_t t = 0; t < p->n_tensors; t++) {
     out[t] = 0;
     if (!mf_schedule_can_offload(p, t)) continue;
-    out[t] = can_recompute_depth(p, &ix, t, 0, memo) ? 3 : 1;
+    out[t] = can_recompute_depth(p, t, 0, memo) ? 3 : 1;
   }
   free(memo);
-  pindex_free(&ix);
   return MF_OK;
 }
 
 int mf_schedule_can_recompute(const mf_program *p, int32_t t) {
   if (!mf_schedule_can_offload(p, t)) return 0;
-  pindex ix;
-  if (pindex_build(p, &ix) != MF_OK) return 0;
-  int ok = can_recompute_depth(p, &ix, t, 0, NULL);
-  pindex_free(&ix);
-  return ok;
+  return can_recompute_depth(p, t, 0, NULL);
 }
 
 /* ------------------------------------------------------------- builder */
@@ -207,7 +140,6 @@ typedef struct builder {
   int32_t cap_instr, cap_slots;
   int64_t cap_pool;
   int32_t *cur;        /* [n_tensors] resident slot or -1 */
-  pindex ix;           /* each tensor's uses */
   int32_t *last_fwd_writer; /* [n_tensors] */
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
@@ -290,16 +222,16 @@ static int64_t pool_reserve(builder *b, int64_t n) {
 
 /* The first program use of t at or after op `from` that the schedule runs, or -1. */
 static int32_t next_use(const builder *b, int32_t t, int32_t from) {
-  int32_t lo = b->ix.use_start[t], hi = b->ix.use_start[t + 1];
+  int32_t lo = b->p->use_start[t], hi = b->p->use_start[t + 1];
   while (lo < hi) { /* the first use at or after `from`: a tensor's uses are in op order */
     const int32_t mid = lo + (hi - lo) / 2;
-    if (b->ix.use_ops[mid] < from)
+    if (b->p->use_ops[mid] < from)
       lo = mid + 1;
     else
       hi = mid;
   }
-  for (int32_t u = lo; u < b->ix.use_start[t + 1]; u++)
-    if (!b->skip[b->ix.use_ops[u]]) return b->ix.use_ops[u];
+  for (int32_t u = lo; u < b->p->use_start[t + 1]; u++)
+    if (!b->skip[b->p->use_ops[u]]) return b->p->use_ops[u];
   return -1;
 }
 
@@ -322,6 +254,17 @@ static void number_groups(const mf_program *p, int32_t *group) {
 
 static int32_t group_of(const builder *b, int32_t k) { return b->group[k]; }
 
+/* Whether tensor x stays on the device across steps (a persistent slot): the
+ * weights and AdamW state the device updates, and a frozen weight (LoRA's
+ * base) kept resident, which nothing ever changes, so its first upload holds
+ * for every step after it. */
+static int persists(const mf_program *p, const mf_decisions *d, const mf_ptensor *x) {
+  if (x->kind == MF_T_OPT) return 1;
+  if (x->kind != MF_T_PARAM) return 0;
+  return d->optim[x->param] == MF_OPTIM_DEVICE ||
+         (p->params->params[x->param].frozen && d->param[x->param] == MF_PARAM_RESIDENT);
+}
+
 static void run_op(builder *b, int32_t k, int recompute, int32_t ctx);
 
 /* Brings t onto the device holding its value, for op `ctx` (a program op). */
@@ -332,8 +275,7 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
   if (x->kind == MF_T_PARAM || x->kind == MF_T_INPUT || x->kind == MF_T_OPT) {
     mf_instr *in = emit(b, MF_I_H2D);
     in->slot = new_slot(b, t);
-    /* Weights and AdamW state the device updates stay there across steps. */
-    in->persist = x->kind == MF_T_OPT || (x->kind == MF_T_PARAM && b->d->optim[x->param] == MF_OPTIM_DEVICE);
+    in->persist = persists(p, b->d, x);
     return;
   }
   if (x->kind == MF_T_GRAD) {
@@ -361,14 +303,14 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
   }
   /* A tensor the forward no longer holds is produced again when it can be: the
    * decision RECOMPUTE, or an input of another recompute (e.g. routing state). */
-  if (dec == MF_ACT_RECOMPUTE || can_recompute_depth(p, &b->ix, t, 0, b->memo)) {
+  if (dec == MF_ACT_RECOMPUTE || can_recompute_depth(p, t, 0, b->memo)) {
     if (++b->depth > 4096) {
       b->st = MF_ERR(MF_ERR_INTERNAL, "schedule: recompute chain too deep at %s", x->name);
       return;
     }
     /* Run again, in order, every forward op that wrote t. */
-    for (int32_t u = b->ix.use_start[t]; u < b->ix.use_start[t + 1] && b->st == MF_OK; u++) {
-      int32_t w = b->ix.use_ops[u];
+    for (int32_t u = b->p->use_start[t]; u < b->p->use_start[t + 1] && b->st == MF_OK; u++) {
+      int32_t w = b->p->use_ops[u];
       if (w > b->last_fwd_writer[t]) break;
       const uint32_t wm = p->ops[w].writes;
       int writes = 0;
@@ -524,7 +466,7 @@ static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
     if (ex[e] >= 0) maybe_drop(b, ex[e], after, recompute ? ctx : k);
 }
 
-static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, const mf_decisions *d) {
+static mf_status validate(const mf_program *p, int8_t *memo, const mf_decisions *d) {
   if (d->n_params != (int32_t)p->params->n || d->n_tensors != p->n_tensors)
     return MF_ERR(MF_ERR_INVALID_ARG, "schedule: the decisions belong to another program");
   for (int32_t t = 0; t < p->n_tensors; t++) {
@@ -533,7 +475,7 @@ static mf_status validate(const mf_program *p, const pindex *ix, int8_t *memo, c
     if (a == MF_ACT_OFFLOAD && !mf_schedule_can_offload(p, t))
       return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be offloaded (only activations the backward reads)",
                     p->tensors[t].name);
-    if (a == MF_ACT_RECOMPUTE && !can_recompute_depth(p, ix, t, 0, memo))
+    if (a == MF_ACT_RECOMPUTE && !can_recompute_depth(p, t, 0, memo))
       return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be recomputed (its writers have side effects or it is not an "
                     "activation of one layer)", p->tensors[t].name);
     if (a > MF_ACT_RECOMPUTE) return MF_ERR(MF_ERR_CONFIG, "plan: bad decision %d for %s", a, p->tensors[t].name);
@@ -827,7 +769,7 @@ static void slot_ranges(mf_schedule *s, const mf_decisions *d) {
    * ever shares them and their contents survive from step to step. */
   for (int32_t i = 0; i < s->n_slots; i++) {
     const mf_ptensor *x = &p->tensors[s->slots[i].tensor];
-    s->slots[i].persist = x->kind == MF_T_OPT || (x->kind == MF_T_PARAM && d->optim[x->param] == MF_OPTIM_DEVICE);
+    s->slots[i].persist = persists(p, d, x);
     if (!s->slots[i].persist) continue;
     s->slots[i].first = 0;
     s->slots[i].last = s->n_instr - 1;
@@ -876,14 +818,27 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   s->optim_device = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   b.skip = (uint8_t *)calloc((size_t)p->n_ops + 1, 1);
   b.last_sumsq = -1;
+  {
+    /* First capacities from the program's size: about a RUN per op (and
+     * recomputes), copies and zeros per tensor, each RUN's operands. Unused
+     * room costs address space only, while growing copies every page again
+     * (planning a real-size model builds hundreds of schedules). */
+    int64_t pool = 0;
+    for (int32_t k = 0; k < p->n_ops; k++) pool += MF_KBUF_MAX + (p->ops[k].experts_at >= 0 ? p->spec.experts : 0);
+    b.cap_instr = 2 * p->n_ops + 4 * nt + 4096;
+    b.cap_slots = 3 * nt + 4096;
+    b.cap_pool = 2 * pool + 65536;
+    s->instr = (mf_instr *)malloc((size_t)b.cap_instr * sizeof *s->instr);
+    s->slots = (mf_slot *)malloc((size_t)b.cap_slots * sizeof *s->slots);
+    s->slot_pool = (int32_t *)malloc((size_t)b.cap_pool * sizeof *s->slot_pool);
+  }
   if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.acc_fresh ||
-      !b.run_acc || !b.memo || !b.temps || !b.group || !s->host_offset || !s->optim_device || !b.skip) {
+      !b.run_acc || !b.memo || !b.temps || !b.group || !s->host_offset || !s->optim_device || !b.skip ||
+      !s->instr || !s->slots || !s->slot_pool) {
     b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
-  b.st = pindex_build(p, &b.ix);
-  if (b.st != MF_OK) goto done;
-  b.st = validate(p, &b.ix, b.memo, d);
+  b.st = validate(p, b.memo, d);
   if (b.st != MF_OK) goto done;
   for (int32_t k = 0; k < p->n_ops; k++) {
     const mf_pop *o = &p->ops[k];
@@ -938,7 +893,6 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.st = pack(s);
 done:
   free(b.cur);
-  pindex_free(&b.ix);
   free(b.last_fwd_writer);
   free(b.host_valid);
   free(b.grad_home);

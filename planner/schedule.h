@@ -26,7 +26,9 @@
  *                are *persistent*: they span the whole step, so nothing else
  *                ever shares their bytes, and the H2D that fills each is
  *                marked `persist` (run only when the device copy is not
- *                current: the first step, or after the host changed it);
+ *                current: the first step, or after the host changed it).
+ *                A frozen weight (LoRA's base, which has no optimizer)
+ *                kept RESIDENT is persistent too: nothing changes it;
  *   activations  KEEP (on the device from the forward to the backward),
  *                OFFLOAD (copied home after the forward writes them, brought
  *                back before the backward reads them) or RECOMPUTE (dropped
@@ -122,7 +124,8 @@ typedef struct mf_slot {
   int32_t tensor;
   int32_t first, last; /* instructions that first fill and last touch the slot */
   size_t offset;       /* in the device arena */
-  uint8_t persist;     /* kept across steps (first = 0, last = n_instr - 1): optimizer on the device */
+  uint8_t persist;     /* kept across steps (first = 0, last = n_instr - 1): optimizer on the device, or a
+                          frozen weight resident */
 } mf_slot;
 
 typedef struct mf_schedule {

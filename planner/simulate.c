@@ -380,7 +380,8 @@ static int on_device(const mf_schedule *s, int32_t i) {
  * uploads last), each costing mf_hw_adamw_seconds of its size; the first H2D
  * of each parameter waits for its update (w->gate). Parameters whose
  * optimizer is on the device are not updated by the host (and their weights
- * are never uploaded per step). Returns the updates' total. */
+ * are never uploaded per step), and frozen ones (LoRA's base) have none.
+ * Returns the updates' total. */
 static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double scale, scratch *w) {
   const mf_program *p = s->prog;
   const int32_t np = (int32_t)p->params->n;
@@ -399,7 +400,7 @@ static double set_gates(const mf_schedule *s, const mf_hwprofile *hw, double sca
     w->gate[i] = t;
   }
   for (int32_t k = 0; k < np; k++)
-    if (!w->seen[k] && !on_device(s, k))
+    if (!w->seen[k] && !on_device(s, k) && !p->params->params[k].frozen)
       t += scale * mf_hw_adamw_seconds(hw, (double)p->params->params[k].numel);
   return t;
 }

@@ -17,7 +17,8 @@
 
 static const char k_usage[] =
     "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n"
-    "                  [--ranks N [--node-ranks K]]\n\n"
+    "                  [--ranks N [--node-ranks K]]\n"
+    "       moefit plan CONFIG [key=value ...] --sweep KEY=V1,V2,... [--sweep KEY2=...]\n\n"
     "Shows what `moefit train CONFIG` will run: one training step of CONFIG's model and batch\n"
     "planned within memory.device_budget — for every weight resident or streamed, every\n"
     "gradient kept on the device or streamed home, every parameter's AdamW update on the host\n"
@@ -30,7 +31,15 @@ static const char k_usage[] =
     "on its own line) comes off it first; auto is the GPU's free memory, or without one to ask the\n"
     "profile's device memory. train makes its plan with the same function and writes it to\n"
     "OUTPUT_DIR/plan.json: the same bytes as --json gives for the same config and overrides.\n"
-    "A config for plan needs only the model (no data.train, no train.steps).\n\n"
+    "A config for plan needs only the model (no data.train, no train.steps): with model.path, only\n"
+    "the checkpoint's config.json, so a model can be planned before its weights are downloaded.\n\n"
+    "The plans table's seconds a step: step s = compute + exp.xfer + exp.opt, where compute is the\n"
+    "compute stream's work, exp.xfer the time it waits on copies between host and device (exposed\n"
+    "transfer), exp.opt the time the step waits on the host optimizer (exposed optimizer). The\n"
+    "report ends with the bound: the largest of the three parts, named compute, uploads (H2D),\n"
+    "copies home (D2H), host optimizer or NVMe (the optimizer's state streaming from NVMe sets its\n"
+    "pace), with each part's seconds. train.overlap_optimizer auto (cuda) takes whichever of\n"
+    "behind-the-next-step or after-each-step the planner predicts faster for the chosen plan.\n\n"
     "Exit status: 0 when the chosen plan fits every limit — its arena the device budget, its\n"
     "host memory memory.host_limit (the excess spilled to NVMe under memory.nvme_dir, which\n"
     "must exist with the room), its pinned staging memory.pinned_limit; 1 when it does not\n"
@@ -43,19 +52,29 @@ static const char k_usage[] =
     "                     the weight, its gradient and where its optimizer runs (host or device);\n"
     "                     'grad.NAME' the gradient alone; activations without their mbN. prefix\n"
     "  --json FILE        write the chosen plan (versioned JSON, readable by the executor)\n"
-    "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams over time\n"
-    "                     and the device memory curve against the budget (hover for names)\n"
+    "  --svg FILE         draw the chosen plan's step: the compute, H2D and D2H streams and the\n"
+    "                     host (staging fills and copy-outs, the host AdamW) over time, and the\n"
+    "                     device memory curve against the budget (hover for names)\n"
     "  --ranks N          plan one rank of `mpirun -np N moefit train` (under mpirun: its -np):\n"
     "                     a step of N x train.grad_accum micro-batches, the optimizer on the host,\n"
     "                     each rank's device memory, the node's host memory (one copy of the state\n"
     "                     for the node's ranks) and the gradients' reduction\n"
-    "  --node-ranks K     of the N ranks, K on each machine (default: all N on one)\n\n"
+    "  --node-ranks K     of the N ranks, K on each machine (default: all N on one)\n"
+    "  --sweep KEY=V1,V2  plan once per value (a value may be a YAML list: 'KEY=[a, b],[c]'); several\n"
+    "                     --sweep plan every combination (at most 64 plans). One row each: the\n"
+    "                     values, fits (or the limits it is over), the arena, host memory, the\n"
+    "                     predicted step and tokens/s, and the bound. Exit status 0 when at least\n"
+    "                     one fits, 1 when none does. E.g. --sweep memory.device_budget=24GiB,40GiB,76GiB\n\n"
+    "When a plan is over memory.host_limit (or spills to a memory.nvme_dir it has not got), the line\n"
+    "before the closing error lists what was planned instead, each with its host memory and\n"
+    "predicted step: the AdamW moments in bf16, LoRA over the frozen bf16 base, spilling to NVMe.\n"
+    "Planning a real-size model shows its progress on a terminal after 2 s.\n\n"
     "hardware.profile: a profile file (configs/hw/*.yaml, or `moefit profile` output); auto uses\n"
-    "on cpu runs/hw/cpu.yaml when `moefit profile` wrote one, else configs/hw/cpu-2core.yaml; on\n"
-    "cuda OUTPUT/hw-cuda.yaml, else runs/hw/cuda.yaml, else configs/hw/h100-pcie.yaml (spec-sheet\n"
-    "estimates; a bundled file is built in when it is not there). With the GPU present and no\n"
-    "cuda profile measured, plan (like train) first measures one into OUTPUT/hw-cuda.yaml\n"
-    "(`moefit profile --help`).\n";
+    "on cpu runs/hw/cpu.yaml, which plan (like train and eval) first measures when it is missing\n"
+    "(as `moefit profile --quick`, some seconds, once); on cuda OUTPUT/hw-cuda.yaml, else\n"
+    "runs/hw/cuda.yaml, else configs/hw/h100-pcie.yaml (spec-sheet estimates; a bundled file is\n"
+    "built in when it is not there). With the GPU present and no cuda profile measured, plan\n"
+    "(like train) first measures one into OUTPUT/hw-cuda.yaml (`moefit profile --help`).\n";
 
 /* A row's last column: "fits" only when the plan fits every limit, else the limits it is over. */
 static const char *fit_label(const mf_run_fit *f, char *buf, size_t cap) {
@@ -319,6 +338,145 @@ static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
       (long long)nr);
 }
 
+/* ----------------------------------------------------------- --sweep */
+
+enum { MAX_SWEEP_KEYS = 4, MAX_SWEEP_VALUES = 32, MAX_SWEEP_PLANS = 64 };
+
+typedef struct sweep_key {
+  char key[128];
+  char *values[MAX_SWEEP_VALUES]; /* into text */
+  int n;
+  char text[1024];
+} sweep_key;
+
+/* "KEY=V1,V2,..." into k: values split at commas outside brackets (a value
+ * may be a YAML list, "[q_proj, v_proj]"). 0, or -1 with why. */
+static int parse_sweep(const char *arg, sweep_key *k, char *why, size_t cap) {
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof k->key) {
+    snprintf(why, cap, "--sweep '%s': expected KEY=V1,V2,...", arg);
+    return -1;
+  }
+  snprintf(k->key, sizeof k->key, "%.*s", (int)(eq - arg), arg);
+  if (snprintf(k->text, sizeof k->text, "%s", eq + 1) >= (int)sizeof k->text) {
+    snprintf(why, cap, "--sweep %s: the values are too long", k->key);
+    return -1;
+  }
+  k->n = 0;
+  int depth = 0;
+  char *v = k->text;
+  for (char *c = k->text;; c++) {
+    if (*c == '[' || *c == '{') depth++;
+    if ((*c == ']' || *c == '}') && depth > 0) depth--;
+    if (*c == 0 || (*c == ',' && depth == 0)) {
+      const int end = *c == 0;
+      *c = 0;
+      while (*v == ' ') v++;
+      if (!*v || k->n == MAX_SWEEP_VALUES) {
+        snprintf(why, cap, "--sweep %s: %s", k->key,
+                 *v ? "more than 32 values" : "an empty value (write KEY=V1,V2,...)");
+        return -1;
+      }
+      k->values[k->n++] = v;
+      v = c + 1;
+      if (end) break;
+    }
+  }
+  return 0;
+}
+
+/* One plan of the sweep into the table's row: the values, then fits or not,
+ * the arena, host memory, step, tokens/s and the bound (or the error). */
+static int sweep_row(mf_table *tb, const char *path, const char *const *base, size_t n_base,
+                     const char *const *extra, int n_extra, int64_t ranks, int64_t node_ranks) {
+  const char *over[256 + MAX_SWEEP_KEYS];
+  size_t n = 0;
+  for (size_t i = 0; i < n_base; i++) over[n++] = base[i];
+  for (int i = 0; i < n_extra; i++) over[n++] = extra[i];
+  for (int i = 0; i < n_extra; i++) mf_table_cell(tb, "%s", strchr(extra[i], '=') + 1);
+  mf_config *cfg = NULL;
+  mf_param_table *t = NULL;
+  mf_run_plan *rp = NULL;
+  int fits = 0;
+  mf_status st = mf_config_load_for(path, over, n, MF_CONFIG_FOR_PLAN, &cfg);
+  if (st == MF_OK) {
+    cfg->ranks = ranks;
+    cfg->node_ranks = node_ranks;
+    st = mf_cli_param_table(cfg, &t);
+  }
+  if (st == MF_OK) st = mf_hwmeasure_auto(cfg, t, NULL);
+  if (st == MF_OK) st = mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp);
+  if (st != MF_OK) {
+    mf_table_cell(tb, "error");
+    for (int c = 0; c < 4; c++) mf_table_cell(tb, "-");
+    const char *e = mf_last_error();
+    const char *nl = strchr(e, '\n');
+    mf_table_cell(tb, "%.*s", (int)(nl ? nl - e : (long)strlen(e)), e); /* its first line */
+  } else {
+    const mf_plan *c = rp->plan;
+    char status[64], a[32], h[32], tk[32];
+    const int64_t tokens = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum * ranks;
+    fits = rp->fit.all;
+    mf_table_cell(tb, "%s", fit_label(&rp->fit, status, sizeof status));
+    mf_table_cell(tb, "%s", mf_format_bytes(c->s->arena_bytes, a, sizeof a));
+    mf_table_cell(tb, "%s", mf_format_bytes(rp->host.total_bytes, h, sizeof h));
+    mf_table_cell(tb, "%.4f", c->sim.step_seconds);
+    mf_table_cell(tb, "%s", mf_format_count((double)tokens / c->sim.step_seconds, tk, sizeof tk));
+    mf_table_cell(tb, "%s", mf_plan_bound_name(mf_plan_bound(c)));
+  }
+  mf_run_plan_free(rp);
+  mf_param_table_free(t);
+  mf_config_free(cfg);
+  return fits;
+}
+
+/* --sweep: one row per value (per combination of the keys' values). Exit
+ * status 0 when at least one fits, 1 when none does. */
+static int sweep(const char *path, const char *const *over, size_t n_over, const sweep_key *keys, int n_keys,
+                 int64_t ranks, int64_t node_ranks) {
+  int total = 1;
+  for (int k = 0; k < n_keys; k++) total *= keys[k].n;
+  if (total > MAX_SWEEP_PLANS)
+    return mf_cli_usage_error("plan", "--sweep: %d plans; at most %d (fewer values)", total, MAX_SWEEP_PLANS);
+  printf("sweep of %s: %d plan%s, each planned as `moefit plan` plans it\n\n", path, total, total == 1 ? "" : "s");
+  mf_table *tb = NULL;
+  char align[MAX_SWEEP_KEYS + 8];
+  int a = 0;
+  for (int k = 0; k < n_keys; k++) align[a++] = 'l';
+  memcpy(align + a, "lrrrrl", 7);
+  if (mf_table_create(align, &tb) != MF_OK) return mf_cli_fail("plan", MF_ERR_OUT_OF_MEMORY);
+  for (int k = 0; k < n_keys; k++) mf_table_cell(tb, "%s", keys[k].key);
+  static const char *const head[] = {"fits", "arena", "host memory", "step s", "tokens/s", "bound"};
+  for (int c = 0; c < 6; c++) mf_table_cell(tb, "%s", head[c]);
+  char extra_buf[MAX_SWEEP_KEYS][1200];
+  const char *extra[MAX_SWEEP_KEYS];
+  int fitting = 0;
+  mf_progress_start("moefit plan --sweep", 0.0);
+  for (int i = 0; i < total; i++) {
+    int rest = i;
+    for (int k = n_keys - 1; k >= 0; k--) { /* the last key varies fastest */
+      snprintf(extra_buf[k], sizeof extra_buf[k], "%s=%s", keys[k].key, keys[k].values[rest % keys[k].n]);
+      extra[k] = extra_buf[k];
+      rest /= keys[k].n;
+    }
+    mf_progress_note("plan %d of %d", i + 1, total);
+    fitting += sweep_row(tb, path, over, n_over, extra, n_keys, ranks, node_ranks);
+  }
+  mf_progress_stop();
+  const mf_status st = mf_table_print(tb, stdout, "  ");
+  mf_table_free(tb);
+  if (st != MF_OK) return mf_cli_fail("plan", st);
+  printf("\n%d of %d fit%s; step s and tokens/s are predicted, the bound is what the step waits on most "
+         "(`moefit plan CONFIG KEY=VALUE` shows one whole)\n",
+         fitting, total, fitting == 1 ? "s" : "");
+  if (fitting == 0) {
+    fflush(stdout);
+    fprintf(stderr, "moefit plan: error: no plan of the sweep fits\n");
+    return MF_EXIT_FAIL;
+  }
+  return MF_EXIT_OK;
+}
+
 int mf_cli_plan(int argc, char **argv) {
   if (mf_cli_wants_help(argc, argv)) {
     printf("%s", k_usage);
@@ -327,12 +485,20 @@ int mf_cli_plan(int argc, char **argv) {
   const char *path = NULL, *pattern = NULL, *json = NULL, *svg = NULL, *ranks_arg = NULL, *node_arg = NULL;
   const char *overrides[256];
   size_t n_over = 0;
+  static sweep_key keys[MAX_SWEEP_KEYS];
+  int n_keys = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--tensor") == 0 || strcmp(a, "--json") == 0 || strcmp(a, "--svg") == 0 ||
-        strcmp(a, "--ranks") == 0 || strcmp(a, "--node-ranks") == 0) {
+        strcmp(a, "--ranks") == 0 || strcmp(a, "--node-ranks") == 0 || strcmp(a, "--sweep") == 0) {
       if (i + 1 >= argc) return mf_cli_usage_error("plan", "%s needs a value", a);
-      if (strcmp(a, "--ranks") == 0)
+      if (strcmp(a, "--sweep") == 0) {
+        char why[256];
+        if (n_keys == MAX_SWEEP_KEYS) return mf_cli_usage_error("plan", "--sweep: at most %d keys", MAX_SWEEP_KEYS);
+        if (parse_sweep(argv[++i], &keys[n_keys], why, sizeof why) != 0)
+          return mf_cli_usage_error("plan", "%s", why);
+        n_keys++;
+      } else if (strcmp(a, "--ranks") == 0)
         ranks_arg = argv[++i];
       else if (strcmp(a, "--node-ranks") == 0)
         node_arg = argv[++i];
@@ -361,6 +527,9 @@ int mf_cli_plan(int argc, char **argv) {
   if (node_arg && (parse_count(node_arg, &node_ranks) != 0 || node_ranks < 1 || node_ranks > ranks))
     return mf_cli_usage_error("plan", "--node-ranks: '%s' is not a number of ranks from 1 to --ranks (%lld)",
                               node_arg, (long long)ranks);
+  if (n_keys > 0 && (pattern || json || svg))
+    return mf_cli_usage_error("plan", "--sweep prints one row per plan: without --tensor, --json or --svg");
+  if (n_keys > 0) return sweep(path, overrides, n_over, keys, n_keys, ranks, node_ranks);
 
   const double t0 = mf_time_now();
   mf_config *cfg = NULL;
@@ -439,7 +608,9 @@ int mf_cli_plan(int argc, char **argv) {
   st = mf_table_print(tb, stdout, "  ");
   mf_table_free(tb);
   if (st != MF_OK) goto done;
-  printf("\n%s: %.4f s/step predicted = %s tokens/s; host optimizer %s\n", chosen->name,
+  printf("\nseconds a step: step s = compute + exp.xfer + exp.opt; exp.xfer: the compute waiting on copies "
+         "between host and device, exp.opt: waiting on the host optimizer\n");
+  printf("%s: %.4f s/step predicted = %s tokens/s; host optimizer %s\n", chosen->name,
          chosen->sim.step_seconds, mf_format_count((double)tokens / chosen->sim.step_seconds, n1, sizeof n1),
          rp->overlap_optimizer ? "behind the next step's device work (train.overlap_optimizer)"
                                : "after each step (train.overlap_optimizer)");
@@ -454,12 +625,18 @@ int mf_cli_plan(int argc, char **argv) {
     printf("\nplan written to %s\n", json);
   }
   if (svg) {
-    MF_CHECK_GOTO(mf_render_svg(chosen, path, svg), st, done);
+    MF_CHECK_GOTO(mf_render_svg(chosen, rp->staging, path, svg), st, done);
     printf("\ntimeline written to %s\n", svg);
   }
-  printf("\nplanned in %.2f s\n", mf_time_now() - t0);
-  char why[1800];
+  char bound[512];
+  mf_plan_bound_line(chosen, rp->overlap_optimizer, bound, sizeof bound);
+  printf("\nplanned in %.2f s\n%s\n", mf_time_now() - t0, bound);
+  char why[4400];
   if (mf_run_plan_misfit(rp, cfg, why, sizeof why) > 0) {
+    /* Over host memory or short of NVMe: what would run, planned the same way, before the closing line. */
+    char alts[2400];
+    if ((!rp->fit.host || !rp->fit.nvme) && mf_run_plan_alternatives(rp, cfg, alts, sizeof alts) > 0)
+      printf("\nplanned instead: %s\n", alts);
     fflush(stdout); /* the closing line after the report, also when both go to one file */
     st = MF_ERR(MF_ERR_CONFIG, "the plan cannot run: %s", why);
   }

@@ -83,8 +83,9 @@ const mf_config_key mf_config_keys[] = {
         "auto",
         "true: run the host AdamW of a step while the next step's device work goes on (each parameter's "
         "upload "
-        "waits for its own update; the same bits as false); false: after each step; auto: true on the cuda "
-        "backend, false on cpu (whose device work runs on the same cores)"),
+        "waits for its own update; the same bits as false); false: after each step; auto: the one the "
+        "planner predicts faster on the cuda backend, false on cpu (whose device work runs on the same "
+        "cores)"),
     KEY("train.adam_moments", MF_CK_ENUM, 0, train.adam_moments, NOLO, NOHI, "fp32|bf16", "fp32",
         "storage of the AdamW moments m and v: fp32 (8 bytes per parameter) or bf16 (4 bytes; each update "
         "computes in fp32 and stores m and v rounded to nearest even)"),
@@ -178,8 +179,8 @@ const mf_config_key mf_config_keys[] = {
     SEC("hardware", 0, "the machine"),
     KEY("hardware.profile", MF_CK_STR, 0, hardware.profile, NOLO, NOHI, NULL, "auto",
         "a hardware profile file (configs/hw/, or what `moefit profile` writes) or auto: on cpu "
-        "runs/hw/cpu.yaml when `moefit profile` wrote one, else the bundled configs/hw/cpu-2core.yaml "
-        "(measured on the development machine, not yours; the run says so); on cuda "
+        "runs/hw/cpu.yaml, which train, eval and plan measure once (as `moefit profile --quick`, some "
+        "seconds) when it is missing; on cuda "
         "<output.dir>/hw-cuda.yaml, else runs/hw/cuda.yaml, else the bundled configs/hw/h100-pcie.yaml "
         "(spec-sheet estimates; the run says so); with the GPU present and neither file, train, eval and "
         "plan first measure the GPU once into <output.dir>/hw-cuda.yaml"),

@@ -111,6 +111,20 @@ void mf_log(mf_log_level level, const char *subsys, const char *fmt, ...)
 #define MF_LOGD(subsys, ...) mf_log(MF_LOG_DEBUG, (subsys), __VA_ARGS__)
 #define MF_LOGT(subsys, ...) mf_log(MF_LOG_TRACE, (subsys), __VA_ARGS__)
 
+/* Progress of long work for people at a terminal (planning a real-size
+ * model): mf_progress_start(label, after) starts a reporter thread, when
+ * stderr is a terminal, that from `after` seconds on rewrites one line on
+ * stderr each second, "\r<label>: <what> (N s)", <what> being the last
+ * mf_progress_note; mf_progress_stop ends it and wipes the line. Log lines
+ * wipe it first (mf_progress_clear), the reporter writes it again at its
+ * next second. Not on a terminal, all of it does nothing. MF_PROGRESS_AFTER
+ * (seconds) replaces `after` (tests). Starts nest: an inner start/stop pair
+ * (a plan made while planning) shares the outer one's line. */
+void mf_progress_start(const char *label, double after_seconds);
+void mf_progress_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void mf_progress_clear(void);
+void mf_progress_stop(void);
+
 /* An environment variable that takes one of a few words ("a|b|c"): its value
  * when it is one of them, else NULL — unset or empty silently, any other
  * value with one warning per variable and process naming the variable, the
@@ -119,7 +133,7 @@ const char *mf_env_word(const char *name, const char *words);
 
 /* ---------------------------------------------------------------- dtypes */
 
-/* The safetensors dtypes (MODELS.md §13); F32/BF16/F16 are the ones computed with. */
+/* The dtypes a safetensors header names; F32/BF16/F16 are the ones computed with. */
 typedef enum mf_dtype {
   MF_DTYPE_INVALID = 0,
   MF_DTYPE_BOOL,
@@ -368,7 +382,7 @@ void mf_unmap_file(const void *base, size_t size); /* NULL or 0 bytes is fine */
 void mf_stop_request(int signo);
 int mf_stop_requested(void); /* the signal number of the first request, or 0 */
 void mf_stop_clear(void);
-/* "SIGINT", "SIGTERM", else "signal N" (a static string for those two). */
+/* "SIGINT", "SIGTERM", "SIGUSR1", else "signal N" (a static string for those three). */
 const char *mf_stop_signal_name(int signo, char *buf, size_t cap);
 
 #ifdef __cplusplus

@@ -91,6 +91,7 @@ void mf_log(mf_log_level level, const char *subsys, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
   va_end(ap);
+  mf_progress_clear(); /* a progress line on the terminal goes first */
   pthread_mutex_lock(&g_lock);
   FILE *out = g_stream ? g_stream : stderr;
   fputs(line, out);

@@ -822,6 +822,7 @@ mf_status mf_exec_sync_home(mf_exec *x, float *params, int state) {
     if (!s->slots[i].persist) continue;
     const mf_ptensor *t = &p->tensors[s->slots[i].tensor];
     const mf_param *q = &p->params->params[t->param];
+    if (q->frozen) continue; /* a resident frozen weight: its home copy is what the device holds */
     const uint8_t *dev = mf_exec_slot_ptr(x, i);
     /* The weights: fp32 storage holds the master itself; BF16 storage its
      * working copy, the master being the state's first part. */

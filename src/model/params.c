@@ -558,6 +558,13 @@ static const char *const k_target_names[] = {"q_proj",  "k_proj",    "v_proj", "
                                              "up_proj", "down_proj", "w1",     "w3",     "w2"};
 enum { N_TARGET_NAMES = sizeof k_target_names / sizeof k_target_names[0] };
 
+int mf_lora_target_names(mf_family family, const char **names, int cap) {
+  int n = 0;
+  for (int j = 0; j < N_TARGET_NAMES && n < cap; j++)
+    if (mf_lora_target_roles(family, k_target_names[j])) names[n++] = k_target_names[j];
+  return n;
+}
+
 uint32_t mf_lora_adaptable_roles(mf_family family) {
   uint32_t r = 0;
   for (int j = 0; j < N_TARGET_NAMES; j++) r |= mf_lora_target_roles(family, k_target_names[j]);

@@ -1,6 +1,6 @@
 /*
  * The parameter table: every weight of a model spec with its Hugging Face name
- * (the on-disk, per-expert names of MODELS.md), shape and role, in one fixed
+ * (the on-disk, per-expert names of HF checkpoints), shape and role, in one fixed
  * order; and the host copy of the weights: one fp32 array, each parameter at
  * its offset.
  */
@@ -105,6 +105,9 @@ void mf_param_table_free(mf_param_table *t); /* NULL is fine */
  * shared expert's and the dense MLPs' projections; Mixtral's experts w1 (gate),
  * w3 (up), w2 (down)), as role bits; 0 for a name the family does not have. */
 uint32_t mf_lora_target_roles(mf_family family, const char *name);
+/* Every target name `family` has (q_proj, k_proj, v_proj, o_proj, then its
+ * MLP projections), at most cap of them, in a fixed order; returns how many. */
+int mf_lora_target_names(mf_family family, const char **names, int cap);
 /* The roles of every target name `family` has (the union of mf_lora_target_roles). */
 uint32_t mf_lora_adaptable_roles(mf_family family);
 /* Adds the adapters `l` asks for to t (built by mf_param_table_build, no

@@ -1075,6 +1075,44 @@ static void compute_lifetimes(mf_program *p) {
   }
 }
 
+/* p->use_start and p->use_ops (see program.h): counted, then filled. */
+static mf_status index_uses(mf_program *p) {
+  const int32_t nt = p->n_tensors;
+  int32_t *last = NULL;
+  MF_CHECK(mf_calloc((size_t)nt + 1, sizeof(int32_t), "the program's tensor uses", (void **)&p->use_start));
+  MF_CHECK(mf_malloc(((size_t)nt + 1) * sizeof(int32_t), "the program's tensor uses", (void **)&last));
+  for (int pass = 0; pass < 2; pass++) {
+    for (int32_t t = 0; t < nt; t++) last[t] = -1;
+    for (int32_t k = 0; k < p->n_ops; k++) {
+      const mf_pop *o = &p->ops[k];
+      const int64_t E = o->experts_at >= 0 ? p->spec.experts : 0;
+      for (int64_t j = 0; j < MF_KBUF_MAX + E; j++) {
+        const int32_t t = j < MF_KBUF_MAX ? o->t[j] : p->id_pool[o->experts_at + (j - MF_KBUF_MAX)];
+        if (t < 0 || last[t] == k) continue;
+        last[t] = k;
+        if (pass == 0)
+          p->use_start[t + 1]++;
+        else
+          p->use_ops[p->use_start[t]++] = k;
+      }
+    }
+    if (pass == 0) {
+      for (int32_t t = 0; t < nt; t++) p->use_start[t + 1] += p->use_start[t];
+      const mf_status st = mf_malloc(((size_t)p->use_start[nt] + 1) * sizeof(int32_t),
+                                     "the program's tensor uses", (void **)&p->use_ops);
+      if (st != MF_OK) {
+        free(last);
+        return st;
+      }
+    }
+  }
+  /* The fill advanced each start to the next tensor's: shift back. */
+  for (int32_t t = nt; t > 0; t--) p->use_start[t] = p->use_start[t - 1];
+  p->use_start[0] = 0;
+  free(last);
+  return MF_OK;
+}
+
 const char *mf_program_order_name(mf_program_order o) {
   return o == MF_ORDER_LAYER_MAJOR ? "layer-major" : "micro-batch-major";
 }
@@ -1206,6 +1244,11 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   for (int32_t k = 0; k < p->n_ops; k++) p->flops += p->ops[k].flops;
   set_roles(p);
   compute_lifetimes(p);
+  const mf_status st = index_uses(p);
+  if (st != MF_OK) {
+    mf_program_free(p);
+    return st;
+  }
   *out = p;
   return MF_OK;
 }
@@ -1222,6 +1265,8 @@ void mf_program_free(mf_program *p) {
   free(p->sumsq_op);
   free(p->adamw_op);
   free(p->norm_first);
+  free(p->use_start);
+  free(p->use_ops);
   free(p);
 }
 

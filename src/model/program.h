@@ -1,7 +1,7 @@
 /*
  * The step program: one optimizer step of a model (forward, loss and backward of
  * every micro-batch) as an ordered list of kernel calls over named tensors —
- * the seam between the model, the planner and the executor (DESIGN.md).
+ * the seam between the model, the planner and the executor.
  *
  * Tensors carry an HF-style name ("mb0.model.layers.3.self_attn.q",
  * "model.layers.3.mlp.experts.17.down_proj.weight"), a kind, a dtype and a byte
@@ -34,7 +34,7 @@
  * workspaces and inputs keep their own dtypes.
  *
  * Loss. Micro-batch m's loss is CE_m (mean over its counted tokens) +
- * coef * aux_m (MODELS.md §11, pooled over its MoE layers); the step's loss
+ * coef * aux_m (transformers' load-balancing loss, pooled over its MoE layers); the step's loss
  * and gradient are the mean over the G micro-batches. The cross-entropy op's
  * loss scale depends on the batch (1 / (G * counted tokens)): the executor sets
  * it (MF_PROGRAM_LOSS_SCALE_RUNTIME).
@@ -164,6 +164,11 @@ typedef struct mf_program {
   int64_t *norm_first;     /* [params->n] its first chunk in norm_sums (a frozen one has none) */
   int32_t norm_sums;       /* WORK tensor: every parameter's norm chunk sums (f64), in parameter order */
   int64_t norm_chunks;     /* its length */
+  /* Each tensor's uses, in op order, one entry per op that has it as an
+   * operand (t[] or its expert ids): ops use_ops[use_start[t] ..
+   * use_start[t + 1]) (the planner walks them for every plan it weighs). */
+  int32_t *use_start; /* [n_tensors + 1] */
+  int32_t *use_ops;
 } mf_program;
 
 typedef struct mf_program_opts {

@@ -199,7 +199,7 @@ TEST_P(Render, WritesAWellFormedPicture) {
   mf_plan *c = choose();
   ASSERT_NE(c, nullptr);
   const std::string path = tmp_path("plan" + std::to_string(GetParam()) + ".svg");
-  ASSERT_EQ(mf_render_svg(c, "configs/tiny.yaml", path.c_str()), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_render_svg(c, nullptr, "configs/tiny.yaml", path.c_str()), MF_OK) << mf_last_error();
   const std::string s = slurp(path);
   ASSERT_EQ(s.compare(0, 4, "<svg"), 0) << s.substr(0, 80);
   EXPECT_EQ(xml_check(s), "");
@@ -228,7 +228,7 @@ TEST_P(Render, EscapesEveryName) {
   mf_plan *c = choose();
   ASSERT_NE(c, nullptr);
   const std::string path = tmp_path("escape" + std::to_string(GetParam()) + ".svg");
-  ASSERT_EQ(mf_render_svg(c, "a<b>&\"c\".yaml", path.c_str()), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_render_svg(c, nullptr, "a<b>&\"c\".yaml", path.c_str()), MF_OK) << mf_last_error();
   const std::string s = slurp(path);
   EXPECT_EQ(xml_check(s), "");
   EXPECT_EQ(s.find("<&>"), std::string::npos);
@@ -276,7 +276,7 @@ TEST_P(Render, LongSchedulesStaySmall) {
   big.sim.peak_instr = peak_i;
   big.sim.streams_seconds = big.sim.step_seconds = std::max(t[0], std::max(t[1], t[2]));
   const std::string path = tmp_path("long" + std::to_string(GetParam()) + ".svg");
-  ASSERT_EQ(mf_render_svg(&big, "long", path.c_str()), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_render_svg(&big, nullptr, "long", path.c_str()), MF_OK) << mf_last_error();
   const std::string out = slurp(path);
   EXPECT_EQ(xml_check(out), "");
   EXPECT_LT(out.size(), 3u << 20) << "bytes for " << n << " instructions";
@@ -298,7 +298,7 @@ TEST_P(Render, DeviceOptimizerIsItsOwnCategory) {
     ASSERT_EQ(mf_plan_evaluate(p_, &hw_, d, UINT64_MAX, MF_PLAN_CHOSEN, &pl), MF_OK) << mf_last_error();
     ASSERT_EQ(pl->s->n_optim_device, device ? d->n_params : 0);
     const std::string path = tmp_path("optim" + std::to_string(device) + std::to_string(GetParam()) + ".svg");
-    ASSERT_EQ(mf_render_svg(pl, "optim", path.c_str()), MF_OK) << mf_last_error();
+    ASSERT_EQ(mf_render_svg(pl, nullptr, "optim", path.c_str()), MF_OK) << mf_last_error();
     const std::string s = slurp(path);
     EXPECT_EQ(xml_check(s), "");
     EXPECT_NE(s.find(">device optimizer<"), std::string::npos);  // the legend, always
@@ -409,15 +409,68 @@ TEST_P(Render, OptimizerSummaryCountsParametersAndState) {
   mf_decisions_free(d);
 }
 
+// Issue 27 item 4: the host's lane. The least-memory plan stages every copy
+// (its layout built as the run plan builds it) and updates every parameter on
+// the host: the lane shows the slabs' fills and copy-outs and the host AdamW,
+// with their times; the all-resident plan with the optimizer on the device
+// and nothing staged leaves it empty. An NVMe floor on the optimizer draws it
+// as NVMe-bound.
+TEST_P(Render, HostLaneShowsStagingAndTheHostOptimizer) {
+  mf_plan *least = nullptr, *resident = nullptr;
+  ASSERT_EQ(mf_plan_baseline(p_, &hw_, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_plan_baseline(p_, &hw_, MF_PLAN_RESIDENT, UINT64_MAX, &resident), MF_OK) << mf_last_error();
+  mf_staging *sg = nullptr;
+  ASSERT_EQ(mf_staging_build(least->s, &least->sim, &hw_, nullptr, &sg), MF_OK) << mf_last_error();
+  ASSERT_GT(sg->n_slabs, 0);
+  const std::string path = tmp_path("host" + std::to_string(GetParam()) + ".svg");
+  ASSERT_EQ(mf_render_svg(least, sg, "host", path.c_str()), MF_OK) << mf_last_error();
+  std::string s = slurp(path);
+  EXPECT_EQ(xml_check(s), "");
+  const size_t lane = s.find("<g id=\"lane-host\">"), end = s.find("</g>", lane);
+  ASSERT_NE(lane, std::string::npos);
+  const std::string host = s.substr(lane, end - lane);
+  EXPECT_NE(host.find("<title>staging fill of "), std::string::npos) << host.substr(0, 400);
+  EXPECT_NE(host.find("<title>staging copy-out of "), std::string::npos) << host.substr(0, 400);
+  ASSERT_GT(least->sim.optimizer_seconds, 0);
+  EXPECT_NE(host.find("<title>host AdamW: "), std::string::npos) << host.substr(0, 400);
+  EXPECT_EQ(host.find("NVMe-bound"), std::string::npos);
+  EXPECT_NE(s.find(">host<"), std::string::npos);
+  EXPECT_NE(s.find(">staging fill<"), std::string::npos);  // the legend
+
+  // Its optimizer's state streaming from NVMe sets the updates' pace.
+  mf_plan *slow = nullptr;
+  mf_sim_opts so = least->so;
+  so.optimizer_floor_seconds = 10 * least->sim.optimizer_seconds + 1;
+  ASSERT_EQ(mf_plan_evaluate_like(least, least->d, &slow), MF_OK) << mf_last_error();
+  mf_sim_result_free(&slow->sim);
+  slow->so = so;
+  ASSERT_EQ(mf_simulate(slow->s, &hw_, &slow->so, &slow->sim), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_render_svg(slow, nullptr, "nvme", path.c_str()), MF_OK) << mf_last_error();
+  s = slurp(path);
+  EXPECT_NE(s.find("<title>host AdamW (NVMe-bound): "), std::string::npos);
+  EXPECT_EQ(mf_plan_bound(slow), MF_BOUND_NVME);
+
+  ASSERT_EQ(mf_render_svg(resident, nullptr, "resident", path.c_str()), MF_OK) << mf_last_error();
+  s = slurp(path);
+  const size_t l2 = s.find("<g id=\"lane-host\">");
+  ASSERT_NE(l2, std::string::npos);
+  EXPECT_EQ(s.substr(l2, s.find("</g>", l2) - l2).find("<rect"), std::string::npos)
+      << "nothing staged, the optimizer on the device: the host lane is empty";
+  mf_staging_free(sg);
+  mf_plan_free(least);
+  mf_plan_free(resident);
+  mf_plan_free(slow);
+}
+
 TEST_P(Render, UnwritablePathIsAnIoErrorNamingIt) {
   mf_plan *c = choose();
   ASSERT_NE(c, nullptr);
   const char *bad = "/nonexistent-moefit-dir/plan.svg";
-  EXPECT_EQ(mf_render_svg(c, "x", bad), MF_ERR_IO);
+  EXPECT_EQ(mf_render_svg(c, nullptr, "x", bad), MF_ERR_IO);
   EXPECT_NE(std::string(mf_last_error()).find("/nonexistent-moefit-dir/plan.svg"), std::string::npos)
       << mf_last_error();
-  EXPECT_EQ(mf_render_svg(nullptr, "x", "/tmp/x.svg"), MF_ERR_INVALID_ARG);
-  EXPECT_EQ(mf_render_svg(c, "x", nullptr), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_render_svg(nullptr, nullptr, "x", "/tmp/x.svg"), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_render_svg(c, nullptr, "x", nullptr), MF_ERR_INVALID_ARG);
   mf_plan_free(c);
 }
 

@@ -271,7 +271,9 @@ TEST(RunPlan, FitsMeansEveryLimit) {
 }
 
 // Copies staged through a pinned arena over memory.pinned_limit: the plan is
-// made, does not fit, and the reason names the key — also for the baselines.
+// made, does not fit, and the reason names the key — also for the baselines
+// within the device budget (one over it cannot run whatever its staging, and
+// is not laid out: it is over device_budget).
 TEST(RunPlan, APinnedLimitUnderTheLargestCopyDoesNotFit) {
   Planned r;
   make(&r, {"backend=cpu", "memory.device_budget=600KiB", "memory.staging=true", "memory.pinned_limit=1KiB"});
@@ -285,11 +287,19 @@ TEST(RunPlan, APinnedLimitUnderTheLargestCopyDoesNotFit) {
   ASSERT_EQ(mf_run_plan_misfit(r.rp, r.cfg, why, sizeof why), 1);
   EXPECT_TRUE(has(why, "pinned staging: no layout fits memory.pinned_limit 1.00 KiB")) << why;
   EXPECT_TRUE(has(why, "raise memory.pinned_limit or set memory.staging: false")) << why;
+  int laid_out = 0;
   for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
     mf_run_fit f;
     ASSERT_EQ(mf_run_plan_fit_of(r.rp, r.cfg, (mf_plan_kind)k, &f), MF_OK) << mf_last_error();
-    EXPECT_FALSE(f.pinned) << k;
+    EXPECT_FALSE(f.all) << k;
+    if (r.rp->all[k]->fits) {
+      EXPECT_FALSE(f.pinned) << k;
+      laid_out++;
+    } else {
+      EXPECT_FALSE(f.device) << k;
+    }
   }
+  EXPECT_GT(laid_out, 0) << "a baseline within the budget shows the pinned limit too";
 }
 
 // Sets an environment variable for one scope.
@@ -343,7 +353,11 @@ TEST(RunPlan, ARunAdmitsOnlyWhatFitsThisMachine) {
   ASSERT_EQ(mf_run_plan_misfit(host.rp, host.cfg, why, sizeof why), 1);
   Env e("MF_HOST_MEMORY", "1TiB");
   ASSERT_EQ(mf_run_plan_admit(host.rp, host.cfg), MF_ERR_CONFIG);
-  EXPECT_EQ(std::string(mf_last_error()), std::string("the plan cannot run: ") + why);
+  // Its first line is moefit plan's reason; its second the plans tried instead.
+  const std::string err = mf_last_error(), first = std::string("the plan cannot run: ") + why;
+  EXPECT_EQ(err.substr(0, first.size()), first);
+  EXPECT_EQ(err.substr(first.size(), 20), "\n  planned instead: ") << err;
+  EXPECT_TRUE(has(err, "train.adam_moments=bf16: ")) << err;
 }
 
 // Without MF_HOST_MEMORY: the kernel's figure, within the machine's memory.
