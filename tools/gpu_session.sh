@@ -41,7 +41,7 @@
 #      (expert GEMM, attention): their hardware counters into ncu.txt
 #   0. (lora; run first when asked for) issue 18's acceptance: LoRA rank 16 on
 #      attention and every expert over a frozen random Qwen3-30B-A3B-shaped bf16
-#      base within memory.device_budget 24GiB (configs/qwen3-30b-a3b-lora.yaml):
+#      base within memory.device_budget 24GiB (configs/bench-qwen3-30b-a3b-lora.yaml):
 #      moefit's tokens/s, the share of the step the GPU computes, the host memory;
 #      then transformers + PEFT on the same shape and tokens per step
 #      (tools/peer_bench.py --lora-rank ... --offload auto --grad-ckpt on: the base
@@ -126,7 +126,7 @@ cudnn_ver=$(python3 -c "import ctypes; print(ctypes.CDLL('libcudnn.so.9').cudnnG
 row "cudnn" "${cudnn_ver:-none loadable} ${cudnn_lib:+(from $cudnn_lib)}" 0
 
 # 0. LoRA over a frozen 30B-A3B-shaped base (issue 18) beside transformers + PEFT.
-lora_cfg=configs/qwen3-30b-a3b-lora.yaml
+lora_cfg=configs/bench-qwen3-30b-a3b-lora.yaml
 # `moefit config CONFIG` (the resolved YAML, every key) flattened to "a.b.c<TAB>value" lines.
 flat_config() {
   "$moefit" config "$1" | python3 -c '
@@ -197,7 +197,8 @@ lora_mf() {
   if [[ "$name" == hot && ! -f /tmp/mf_lora_routing.json ]]; then
     row "$what" "skipped: no routing measured by the plain LoRA run (loramf first)" 0; return 1
   fi
-  timeout -k 20 "$(cap "$secs")" "$moefit" train "$lora_cfg" output.dir=/tmp/mf_run_lora "$@" >"$o.log" 2>&1
+  # --verbose: the progress lines with the stream figures ("last progress line" below)
+  timeout -k 20 "$(cap "$secs")" "$moefit" train "$lora_cfg" output.dir=/tmp/mf_run_lora --verbose "$@" >"$o.log" 2>&1
   local rc=$?
   [[ -z "$name" ]] && cp -f /tmp/mf_run_lora/routing.json /tmp/mf_lora_routing.json 2>/dev/null
   cp -f /tmp/mf_run_lora/metrics.jsonl "$o.metrics.jsonl" 2>/dev/null

@@ -278,7 +278,7 @@ TEST(Output, ReadableNumbers) {
 
   // Mixtral-8x7B: "46.7B parameters", not "4.67e+04M" (transformers counts
   // 46,702,792,704 for mistralai/Mixtral-8x7B-v0.1).
-  Result big = moefit("plan configs/mixtral-8x7b.yaml");
+  Result big = moefit("plan tests/planner/data/mixtral-8x7b.yaml");
   const std::string head = lines_of(big.out).at(0);
   EXPECT_EQ(head.find("e+"), std::string::npos) << head;
   EXPECT_EQ(word_before(head, " parameters"), "46.7B") << head;

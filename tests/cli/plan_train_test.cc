@@ -59,14 +59,14 @@ TEST(PlanIsWhatTrainRuns, DemoAtSeveralBudgets) {
 
 TEST(PlanIsWhatTrainRuns, RealSizeConfigsOnCuda) {
   const char *why = "a GPU is present: train would run the real-size model";
-  Result probe = moefit("plan configs/mixtral-8x7b.yaml memory.device_budget=auto");
+  Result probe = moefit("plan tests/planner/data/mixtral-8x7b.yaml memory.device_budget=auto");
   if (probe.out.find("auto: the free memory of") != std::string::npos) GTEST_SKIP() << why;
   struct Case {
     const char *config, *tag, *overrides;
   } cases[] = {
-      {"configs/qwen3-30b-a3b.yaml", "qwen3", ""},
-      {"configs/qwen3-30b-a3b.yaml", "qwen3_40g", " memory.device_budget=40GiB"},
-      {"configs/mixtral-8x7b.yaml", "mixtral_24g", " memory.device_budget=24GiB"},
+      {"tests/planner/data/qwen3-30b-a3b.yaml", "qwen3", ""},
+      {"tests/planner/data/qwen3-30b-a3b.yaml", "qwen3_40g", " memory.device_budget=40GiB"},
+      {"tests/planner/data/mixtral-8x7b.yaml", "mixtral_24g", " memory.device_budget=24GiB"},
   };
   // Each spills its host state to NVMe: into a directory that is not there,
   // so `moefit plan` says the plan cannot run here (and exits 1), and shows

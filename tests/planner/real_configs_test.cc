@@ -146,23 +146,23 @@ void plan_file_speed(const char *config, const Planned &pl, const char *what) {
 
 TEST(RealConfigs, Mixtral8x7b) {
   Planned pl;
-  plan("configs/mixtral-8x7b.yaml", &pl);
+  plan("tests/planner/data/mixtral-8x7b.yaml", &pl);
   expect_sound(pl, "mixtral-8x7b");
   printf("mixtral-8x7b: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
   if (speed_check()) {
     EXPECT_LT(pl.seconds, 2.0);
-    plan_file_speed("configs/mixtral-8x7b.yaml", pl, "mixtral-8x7b");
+    plan_file_speed("tests/planner/data/mixtral-8x7b.yaml", pl, "mixtral-8x7b");
   }
 }
 
 TEST(RealConfigs, Qwen3_30bA3bAndItsStagingArena) {
   Planned pl;
-  plan("configs/qwen3-30b-a3b.yaml", &pl);
+  plan("tests/planner/data/qwen3-30b-a3b.yaml", &pl);
   expect_sound(pl, "qwen3-30b-a3b");
   printf("qwen3-30b-a3b: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
   if (speed_check()) {
     EXPECT_LT(pl.seconds, 2.0);
-    plan_file_speed("configs/qwen3-30b-a3b.yaml", pl, "qwen3-30b-a3b");
+    plan_file_speed("tests/planner/data/qwen3-30b-a3b.yaml", pl, "qwen3-30b-a3b");
   }
   const mf_staging *sg = pl.rp->staging;
   ASSERT_NE(sg, nullptr) << "backend: cuda stages its copies";
@@ -176,14 +176,14 @@ TEST(RealConfigs, Qwen3_30bA3bAndItsStagingArena) {
 
 TEST(RealConfigs, Layers61Experts256) {
   Planned pl;
-  plan("configs/moe-61x256.yaml", &pl);
+  plan("tests/planner/data/moe-61x256.yaml", &pl);
   expect_sound(pl, "moe-61x256");
   EXPECT_EQ(pl.t->spec.layers, 61);
   EXPECT_EQ(pl.t->spec.experts, 256);
   printf("moe-61x256: planned in %.2f s (%s order)\n", pl.seconds, mf_program_order_name(pl.p->order));
   if (speed_check()) {
     EXPECT_LT(pl.seconds, 10.0);
-    plan_file_speed("configs/moe-61x256.yaml", pl, "moe-61x256");
+    plan_file_speed("tests/planner/data/moe-61x256.yaml", pl, "moe-61x256");
   }
 }
 
