@@ -54,6 +54,23 @@ mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n);
  * for it in a collective. */
 void mf_comm_abort(mf_comm *c, int code);
 
+/* After this rank failed with `message` (e.g. mf_last_error()), while the
+ * others may be anywhere — failing the same way at the same place (a bad data
+ * file every rank opens), or waiting for this rank in a collective: waits up
+ * to `seconds` for every rank to say that it failed too (a non-blocking
+ * gather on a communicator of its own, which nothing else uses). *all: every
+ * rank failed, so each may end normally instead of the job being aborted.
+ * Then *alike: all with the same message (compared by a hash), each a fault
+ * of its own; *say: this rank reports its message — rank 0 alone when alike,
+ * else each rank with a fault of its own, not one whose relay (not freed
+ * since) only brought news of another rank's failure (mf_comm_relay_wait's
+ * "another rank of this node failed"), or every rank when
+ * all have only news. Without MPI, or with one rank, all three are 1 at
+ * once. When *all is 0 (*alike 0, *say 1) the gather stays open and the
+ * caller ends the job (mf_comm_abort); a later call on this rank finds it
+ * open and gives the same at once. Every failing rank calls it. */
+void mf_comm_fail_agree(mf_comm *c, const char *message, double seconds, int *all, int *alike, int *say);
+
 /* ------------------------------------------------------------------ nodes
  *
  * The ranks of one machine form a node: they share host memory (one copy of
@@ -89,6 +106,10 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
 void *mf_comm_shared_ptr(const mf_comm_shared *s); /* NULL when bytes was 0 */
 /* Collective over the node; NULL is fine. */
 void mf_comm_shared_free(mf_comm_shared *s);
+/* After a failure, when the node's other ranks may never come to free it
+ * with this one: lets go of this process's handle without the collective
+ * (an MPI window stays to MPI and the process's end). NULL is fine. */
+void mf_comm_shared_forget(mf_comm_shared *s);
 
 /* An ordered hand-off among the node's ranks over n items (each item, e.g. a
  * parameter's gradient sum in shared memory, is worked on by local rank 0,
@@ -105,6 +126,9 @@ void mf_comm_shared_free(mf_comm_shared *s);
 typedef struct mf_comm_relay mf_comm_relay;
 mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out);
 void mf_comm_relay_free(mf_comm_relay *r); /* NULL is fine */
+/* As mf_comm_shared_forget, for a relay (its news of a failure stays with
+ * the communicator, for mf_comm_fail_agree). */
+void mf_comm_relay_forget(mf_comm_relay *r);
 void mf_comm_relay_begin(mf_comm_relay *r, int64_t round);
 mf_status mf_comm_relay_wait(mf_comm_relay *r, int64_t item);
 void mf_comm_relay_pass(mf_comm_relay *r, int64_t item);

@@ -27,6 +27,11 @@ struct mf_comm {
   MPI_Comm world;     /* a dup of MPI_COMM_WORLD */
   MPI_Comm node_comm; /* this node's ranks (MPI_COMM_NULL without MPI) */
   MPI_Comm leaders;   /* local rank 0 of every node; MPI_COMM_NULL on the other ranks */
+  MPI_Comm fails;     /* another dup of MPI_COMM_WORLD, for mf_comm_fail_agree alone */
+  MPI_Request fail_rq;  /* its gather when it timed out (MPI_REQUEST_NULL: none open) */
+  uint64_t *fail_every; /* that gather's buffer: {hash, news} a rank */
+  uint64_t fail_mine[2]; /* and what this rank sends */
+  int peer_failed;       /* a relay told this rank of another's failure (news, not a fault of its own) */
   float *scratch;     /* allreduce gather buffer, grown when needed (outside step loops) */
   size_t scratch_n;
 };

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm_internal.h"
 
@@ -45,7 +46,8 @@ mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out) {
   MF_CHECK(node_ranks_from_env(&node_ranks));
   mf_comm *c = (mf_comm *)calloc(1, sizeof *c);
   if (!c) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory");
-  c->world = c->node_comm = c->leaders = MPI_COMM_NULL;
+  c->world = c->node_comm = c->leaders = c->fails = MPI_COMM_NULL;
+  c->fail_rq = MPI_REQUEST_NULL;
   c->size = c->local_size = c->nodes = 1;
   if (!launched_by_mpirun()) {
     *out = c;
@@ -71,6 +73,7 @@ mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out) {
     }                                                    \
   } while (0)
   TRY(MPI_Comm_dup(MPI_COMM_WORLD, &c->world));
+  TRY(MPI_Comm_dup(MPI_COMM_WORLD, &c->fails));
   TRY(MPI_Comm_rank(c->world, &c->rank));
   TRY(MPI_Comm_size(c->world, &c->size));
   /* Keyed by world rank, so rank order within a node is world rank order. */
@@ -114,12 +117,18 @@ void mf_comm_free(mf_comm *c) {
   int fin = 0;
   if (c->mpi) MPI_Finalized(&fin);
   if (c->mpi && !fin) {
+    if (c->fail_rq != MPI_REQUEST_NULL) { /* completed when every rank joined it late; else left to MPI */
+      int done = 0;
+      MPI_Test(&c->fail_rq, &done, MPI_STATUS_IGNORE);
+    }
+    if (c->fails != MPI_COMM_NULL) MPI_Comm_free(&c->fails);
     if (c->leaders != MPI_COMM_NULL) MPI_Comm_free(&c->leaders);
     if (c->node_comm != MPI_COMM_NULL) MPI_Comm_free(&c->node_comm);
     if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
     if (c->we_init) MPI_Finalize();
   }
   free(c->scratch);
+  free(c->fail_every); /* MPI is finalized (or never wrote to it) */
   free(c);
 }
 
@@ -228,4 +237,53 @@ mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n) {
 void mf_comm_abort(mf_comm *c, int code) {
   if (!c || !c->mpi) return;
   MPI_Abort(c->world != MPI_COMM_NULL ? c->world : MPI_COMM_WORLD, code);
+}
+
+/* FNV-1a: equal messages give equal hashes; different ones almost never do. */
+static uint64_t text_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+void mf_comm_fail_agree(mf_comm *c, const char *message, double seconds, int *all, int *alike, int *say) {
+  *all = *alike = *say = 1;
+  if (!c || !c->mpi || c->size == 1 || c->fails == MPI_COMM_NULL) return;
+  *all = *alike = 0;
+  if (c->fail_rq != MPI_REQUEST_NULL) { /* an earlier one timed out: still open, or done without us looking */
+    int done = 0;
+    if (MPI_Test(&c->fail_rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) return;
+  }
+  free(c->fail_every);
+  c->fail_every = (uint64_t *)calloc(2 * (size_t)c->size, sizeof *c->fail_every);
+  if (!c->fail_every) return;
+  c->fail_mine[0] = text_hash(message);
+  c->fail_mine[1] = (uint64_t)(c->peer_failed != 0);
+  if (MPI_Iallgather(c->fail_mine, 2, MPI_UINT64_T, c->fail_every, 2, MPI_UINT64_T, c->fails, &c->fail_rq) !=
+      MPI_SUCCESS) {
+    c->fail_rq = MPI_REQUEST_NULL;
+    return;
+  }
+  /* Polled, not waited for: a rank that did not fail never joins. */
+  const double end = mf_time_now() + (seconds > 0 ? seconds : 0);
+  int done = 0;
+  for (;;) {
+    if (MPI_Test(&c->fail_rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+    if (done || mf_time_now() >= end) break;
+    const struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  if (!done) return;
+  /* Every rank failed. Alike: one message everywhere, each a fault of the
+   * rank's own. Else the ranks with a fault of their own report it (the
+   * others only heard of one), or every rank when none has. */
+  *all = 1;
+  int news = 0, own = 0;
+  *alike = 1;
+  for (int r = 0; r < c->size; r++) {
+    if (c->fail_every[2 * r] != c->fail_mine[0]) *alike = 0;
+    c->fail_every[2 * r + 1] ? news++ : own++;
+  }
+  if (news) *alike = 0;
+  *say = *alike ? c->rank == 0 : !c->fail_mine[1] || own == 0;
 }

@@ -256,6 +256,12 @@ void *mf_comm_shared_ptr(const mf_comm_shared *s) {
   return s ? s->base : NULL;
 }
 
+void mf_comm_shared_forget(mf_comm_shared *s) {
+  if (!s) return;
+  if (s->win == MPI_WIN_NULL && s->base) munmap(s->base, s->bytes); /* this process's own pages */
+  free(s);
+}
+
 void mf_comm_shared_free(mf_comm_shared *s) {
   if (!s) return;
   if (s->win != MPI_WIN_NULL)

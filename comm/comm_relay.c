@@ -26,6 +26,7 @@ _Static_assert(sizeof(_Atomic int64_t) == sizeof(int64_t), "an atomic int64 must
 #define RELAY_DEFAULT_TIMEOUT_S 600.0
 
 struct mf_comm_relay {
+  mf_comm *comm; /* told when the relay brings news of another rank's failure (mf_comm_fail_agree) */
   mf_comm_shared *mem;
   _Atomic int64_t *fail;
   _Atomic int64_t *counters;
@@ -58,6 +59,7 @@ mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out)
   mf_comm_relay *r = (mf_comm_relay *)calloc(1, sizeof *r);
   if (!r) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for a relay");
   r->n = n_items;
+  r->comm = c;
   r->local_rank = mf_comm_local_rank(c);
   r->local_size = mf_comm_local_size(c);
   r->timeout_s = timeout_from_env();
@@ -78,7 +80,14 @@ mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out)
 
 void mf_comm_relay_free(mf_comm_relay *r) {
   if (!r) return;
+  r->comm->peer_failed = 0; /* its news of a failure goes with it */
   mf_comm_shared_free(r->mem);
+  free(r);
+}
+
+void mf_comm_relay_forget(mf_comm_relay *r) {
+  if (!r) return;
+  mf_comm_shared_forget(r->mem);
   free(r);
 }
 
@@ -101,7 +110,8 @@ static double seconds_since(const struct timespec *t0) {
   return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
 }
 
-static mf_status relay_failed(const mf_comm_relay *r, int64_t item) {
+static mf_status relay_failed(mf_comm_relay *r, int64_t item) {
+  r->comm->peer_failed = 1;
   return MF_ERR(MF_ERR_MPI,
                 "comm: relay: another rank of this node failed (waiting for item %lld of round %lld)",
                 (long long)item, (long long)r->round);

@@ -36,9 +36,18 @@ def mf_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
         **kwargs
     )
 
-def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", copts = [], **kwargs):
+# The environment of every test: hardware.profile auto on the cpu backend
+# measures this machine once into runs/hw/cpu.yaml (src/train/hwmeasure.h);
+# tests keep the bundled profile (the same predictions on every machine, no
+# seconds of measuring in each fresh runfiles tree).
+MF_TEST_ENV = {"MF_CPU_PROFILE": "bundled"}
+
+def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", copts = [], env = {}, **kwargs):
     """A GoogleTest file calling the C API."""
+    test_env = dict(MF_TEST_ENV)
+    test_env.update(env)
     native.cc_test(
+        env = test_env,
         name = name,
         srcs = srcs,
         deps = deps + ["//third_party:gtest_main"],

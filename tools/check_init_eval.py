@@ -22,25 +22,27 @@ For each family (mixtral, qwen2_moe, qwen3_moe, olmoe), preset tiny:
      window (--dump-logits). The window/token counts moefit prints must match too.
 Exit status 0 when every check passes, 1 otherwise.
 
-moefit init's weights are N(0, 0.02), so the model is nearly uniform (loss ~ ln 256 =
-5.545) and the loss agreement alone says little: --scale K (default 10) adds a second
+moefit init's weights are N(0, 0.02), so the model is nearly uniform (loss ~ ln 272 =
+5.606) and the loss agreement alone says little: --scale K (default 10) adds a second
 row per family, "F x10", with every non-norm tensor of the same init multiplied by K
 and the biases (all 0 after init, as in transformers; qwen2_moe's q/k/v) drawn from
 N(0, (0.02 K)^2) (written with safetensors into DIR_xK, config.json copied), so routing,
 attention and the biases matter (loss far from ln V). The logits check is the sharp one
 in both rows.
 
-Run (venv of tools/requirements-fixtures.txt):
-    cd /work/main && bazel --output_base=/tmp/bazel_initcheck build --symlink_prefix=/ //:moefit
+Run (venv of tools/requirements-fixtures.txt), from the repository root:
+    bazel --output_base=/tmp/bazel_initcheck build --symlink_prefix=/ //:moefit
     /tmp/fixvenv/bin/python tools/check_init_eval.py \
         --moefit $(bazel --output_base=/tmp/bazel_initcheck info bazel-bin)/moefit
 
-Record (2026-11-21, this exact run; the RESULTS block is its output table):
-  cd /work/main && bazel --output_base=/tmp/bazel_initcheck build --symlink_prefix=/ //:moefit
+Record (2026-11-21, this exact run; the RESULTS block is its output table, from a rerun on
+2026-12-01 when the tiny preset's vocab became 272 for init's byte-level tokenizer: the same
+venv, --moefit bazel-bin/moefit of the working tree then):
+  bazel --output_base=/tmp/bazel_initcheck build --symlink_prefix=/ //:moefit
   /tmp/fixvenv/bin/python tools/check_init_eval.py      # finds the binary via bazel info; exit 0
   transformers 4.57.6, torch 2.9.1+cu128 run on the CPU (1 thread, MKL_CBWR=COMPATIBLE,
   ATEN_CPU_CAPABILITY=default, deterministic algorithms); moefit built from the working
-  tree of /work/main at that time (it held uncommitted kernels/, src/optim, src/model/spec.*
+  tree at that time (it held uncommitted kernels/, src/optim, src/model/spec.*
   edits); defaults: seed 1, S=32, B=4, 6000 bytes of pseudo-text -> 187 windows (the last
   batch has 3), 5984 targets; moefit and the reference agree on those counts.
   Also passed: --seed 2 --seq-len 17 --micro-batch 5.
@@ -54,14 +56,14 @@ Record (2026-11-21, this exact run; the RESULTS block is its output table):
 RESULTS
 | family | moefit loss | transformers loss | rel diff | logits rel err |
 |---|---|---|---|---|
-| mixtral | 5.558220 | 5.55821987 | 2.42e-08 | 2.21e-07 |
-| mixtral x10 | 6.984620 | 6.98462021 | 3.08e-08 | 9.59e-07 |
-| qwen2_moe | 5.518130 | 5.51812973 | 4.84e-08 | 2.28e-07 |
-| qwen2_moe x10 | 6.729149 | 6.72914934 | 5.11e-08 | 7.04e-07 |
-| qwen3_moe | 5.579640 | 5.57963968 | 5.80e-08 | 2.69e-07 |
-| qwen3_moe x10 | 6.760587 | 6.76058736 | 5.38e-08 | 7.60e-07 |
-| olmoe | 5.578966 | 5.57896558 | 7.58e-08 | 2.44e-07 |
-| olmoe x10 | 6.746974 | 6.74697428 | 4.22e-08 | 8.94e-07 |
+| mixtral | 5.619362 | 5.61936221 | 3.77e-08 | 2.20e-07 |
+| mixtral x10 | 7.057893 | 7.05789290 | 1.42e-08 | 1.03e-06 |
+| qwen2_moe | 5.578783 | 5.57878274 | 4.72e-08 | 2.37e-07 |
+| qwen2_moe x10 | 6.788184 | 6.78818375 | 3.74e-08 | 7.14e-07 |
+| qwen3_moe | 5.640241 | 5.64024065 | 6.21e-08 | 2.74e-07 |
+| qwen3_moe x10 | 6.817518 | 6.81751828 | 4.07e-08 | 7.81e-07 |
+| olmoe | 5.639511 | 5.63951124 | 4.33e-08 | 2.52e-07 |
+| olmoe x10 | 6.804761 | 6.80476054 | 6.72e-08 | 9.07e-07 |
 RESULTS-END
 """
 
@@ -97,7 +99,7 @@ LOSS_RTOL = 1e-5
 LOGITS_RTOL = 1e-5
 # What `moefit init --help` says the tiny preset is.
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            experts=8, num_experts_per_tok=2, expert_ffn=128, vocab_size=256)
+            experts=8, num_experts_per_tok=2, expert_ffn=128, vocab_size=272)
 # Load warnings that mean the checkpoint and the model class disagree.
 BAD_LOAD_WARNING = re.compile(r"not used|unused|newly initiali[sz]ed|not initiali[sz]ed|missing|unexpected|"
                               r"mismatch|ignored", re.I)

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Tokenize chat JSONL or plain text with a Hugging Face tokenizer into .tokens files.
 
-The .tokens format is described in src/io/tokens.h and README.data.md; this script
+The .tokens format is described in src/io/tokens.h and docs/data.md; this script
 is a second writer of it (same header, same CRC-32 checksums), read by moefit's C
 reader. Chat conversations are rendered with the tokenizer's own chat template and
 only the assistant turns count in the loss (mask bit 1); prompts, system text and
-the role headers are context (mask bit 0).
+the role headers are context (mask bit 0). Templates that rewrite earlier turns
+(Qwen3's drops the reasoning of assistant turns a later user turn follows) work:
+each turn is found in the render of the whole conversation (Tokenizer._assistant_spans).
 
 How it was checked (no download from the hub; a tiny tokenizer is trained locally):
   python3 -m venv /tmp/tokvenv
@@ -15,6 +17,8 @@ How it was checked (no download from the hub; a tiny tokenizer is trained locall
       # runs this script on it, and writes tests/tokens/data/chat_tiny.{tokens,expected}
       # (ids and assistant mask computed independently of this script)
   bazel test //tests/tokens:tokens_test      # the C reader validates and compares it
+  bazel test //tests/tools:prepare_data_test --test_env=MF_HF_PYTHON=/tmp/tokvenv/bin/python
+      # the mask bit by bit, ChatML and a Qwen3-like template, single- and multi-turn
   moefit inspect tests/tokens/data/chat_tiny.tokens
   python3 tools/prepare_data.py --help       # works without transformers
 """
@@ -235,6 +239,8 @@ def check_messages(where, messages):
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise DataError(f'{where}: message {i} needs a string "role" and a string "content"')
+        if "reasoning_content" in m and not isinstance(m["reasoning_content"], str):
+            raise DataError(f'{where}: message {i}: "reasoning_content" must be a string')
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where}: no assistant message: nothing would count in the loss")
 
@@ -265,6 +271,8 @@ def import_packages():
 
 class Tokenizer:
     def __init__(self, AutoTokenizer, directory, add_eos):
+        self.directory = directory
+        self.layout = None
         if not os.path.isdir(directory):
             raise DataError(f"{directory}: not a directory (expected a local model or tokenizer dir)")
         try:
@@ -286,6 +294,29 @@ class Tokenizer:
             ids.append(self.eos)
         return ids, None
 
+    def _layout(self):
+        """(header, eot): what the template puts before and after an assistant turn,
+        learned once from one-turn renders. header is the generation prompt (the
+        assistant role header, e.g. "<|im_start|>assistant\\n"), None when rendering
+        with it does not just append to rendering without it; eot is what follows the
+        assistant's content when it ends the conversation (e.g. "<|im_end|>\\n")."""
+        if self.layout is None:
+            user = [{"role": "user", "content": "Hello."}]
+            try:
+                bare, prompted = self._render(user, False), self._render(user, True)
+                reply = self._render(user + [{"role": "assistant", "content": _PROBE}], False)
+            except Exception as e:  # a template may raise on anything
+                raise DataError(f"{self.directory}: the chat template fails on a one-turn conversation "
+                                f"(user, assistant): {e}")
+            header = prompted[len(bare):] if prompted.startswith(bare) and len(prompted) > len(bare) else None
+            at = reply.rfind(_PROBE)
+            if at < 0:
+                raise DataError(f"{self.directory}: the chat template does not render an assistant reply as "
+                                "given, so assistant turns cannot be located; use a template with "
+                                "{% generation %} tags")
+            self.layout = (header, reply[at + len(_PROBE):])
+        return self.layout
+
     def chat(self, where, messages):
         if self.template is None:
             raise DataError(f"{where}: the tokenizer has no chat template (chat_template in tokenizer_config.json)")
@@ -293,24 +324,13 @@ class Tokenizer:
             out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True,
                                                return_assistant_tokens_mask=True)
             return list(out["input_ids"]), list(out["assistant_masks"])
-        # Without {% generation %} tags an assistant turn is found by rendering the
-        # conversation prefix by prefix: turn i is the text that rendering messages
-        # [0, i] adds to rendering [0, i) with the generation prompt (the "assistant"
-        # header). Templates that rewrite earlier turns break that and are refused.
         if not getattr(self.tok, "is_fast", False):
             raise DataError(f"{where}: a fast tokenizer (tokenizer.json) is needed to place the loss mask")
-        full = self._render(messages, False)
-        spans = []
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            before = self._render(messages[:i], True) if i else ""
-            through = self._render(messages[: i + 1], False)
-            if not (full.startswith(through) and through.startswith(before)):
-                raise DataError(f"{where}: message {i}: the chat template does not render the conversation prefix "
-                                "by prefix, so the assistant turn cannot be located; use a template with "
-                                "{% generation %} tags")
-            spans.append((len(before), len(through)))
+        try:
+            full = self._render(messages, False)
+        except Exception as e:
+            raise DataError(f"{where}: the chat template fails on this conversation: {e}")
+        spans = self._assistant_spans(where, messages, full)
         enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
         mask = []
@@ -319,6 +339,78 @@ class Tokenizer:
             mask.append(1 if inside else 0)
         return ids, mask
 
+    def _assistant_spans(self, where, messages, full):
+        """The character spans of the assistant turns in the rendered conversation.
+
+        The conversation is rendered once, as it is trained on; each assistant turn is
+        then found in that text, in order: after the end of the previous turn, the
+        template's assistant header, then the message's content followed by the
+        end-of-turn text (both learned by _layout). The turn counts from the end of its
+        header (so what the template renders there, such as Qwen3's <think> block,
+        counts too) through the end-of-turn text. Rendering prefix by prefix instead
+        would break on templates that rewrite earlier turns (Qwen3's drops the
+        reasoning of assistant turns a later user turn follows).
+
+        The content may appear as given, stripped of surrounding whitespace, or as the
+        part after its </think> (templates that move inline reasoning out, or drop it
+        from earlier turns). Where the header is not in the render (a generation prompt
+        longer than the turn's header) the turn counts from its content. Each user and
+        tool message must lie between the turns around it, so that a reply is never
+        found inside a prompt; anything else is refused, naming the message."""
+        header, eot = self._layout()
+        spans, pos, between = [], 0, []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                if m["role"] != "system" and m["content"].strip():
+                    between.append((i, m["content"].strip()))
+                continue
+            head = full.find(header, pos) if header else -1
+            start = head + len(header) if head >= 0 else pos
+            found = None
+            for text in _content_forms(m["content"]):
+                at = full.find(text + eot, start)
+                if at < 0:
+                    continue
+                gap = full[start:at]
+                if head >= 0 and (header in gap or (eot and eot in gap)):
+                    continue  # that is a later turn's
+                found = (head + len(header) if head >= 0 else at, at + len(text) + len(eot))
+                break
+            if found is None:
+                raise DataError(f"{where}: message {i}: the assistant content, followed by the end-of-turn text "
+                                f"{eot!r}, is not in the rendered conversation (the chat template changes it), "
+                                "so the turn cannot be located; use a template with {% generation %} tags")
+            self._check_between(where, i, between, full, pos, head if head >= 0 else found[0])
+            between = []
+            spans.append(found)
+            pos = found[1]
+        self._check_between(where, None, between, full, pos, len(full))
+        return spans
+
+    @staticmethod
+    def _check_between(where, i, between, full, lo, hi):
+        """Each (k, text) of between is found in order in full[lo:hi]: the text rendered
+        between the previous assistant turn and assistant message i (None: the end)."""
+        for k, text in between:
+            at = full.find(text, lo, hi)
+            if at < 0:
+                place = f"before assistant message {i}" if i is not None else "after the last assistant turn"
+                raise DataError(f"{where}: message {k} is not rendered {place} as given, so the assistant turns "
+                                "cannot be located safely; use a template with {% generation %} tags")
+            lo = at + len(text)
+
+
+def _content_forms(content):
+    """The forms an assistant content may take in a render, most literal first."""
+    forms = [content, content.lstrip("\n"), content.strip()]
+    if "</think>" in content:
+        after = content.split("</think>")[-1]
+        forms += [after.lstrip("\n"), after.strip()]
+    return list(dict.fromkeys(forms))
+
+
+_PROBE = "MOEFIT_PROBE_REPLY_7f3a"
+
 
 # ---------------------------------------------------------------- main
 
@@ -326,8 +418,11 @@ USAGE_EPILOG = """\
 inputs:
   *.jsonl     one JSON object per line: {"messages": [{"role": "system"|"user"|"assistant",
               "content": "..."}]} is a conversation (rendered with the tokenizer's chat
-              template; only assistant turns count in the loss), {"text": "..."} a plain
-              document (every token counts). Each line is one document.
+              template; only assistant turns count in the loss: what the template renders
+              after the assistant header, through its end-of-turn tokens), {"text": "..."}
+              a plain document (every token counts). Each line is one document. An
+              assistant message may have "reasoning_content" for templates that render it
+              (Qwen3's <think> block).
   other files plain UTF-8 text: the whole file is one document, or one per record with
               --split-on/--split-on-blank. Every token counts.
   Text documents get the tokenizer's BOS (if it adds one) and EOS (unless --no-eos).

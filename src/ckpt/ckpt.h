@@ -147,6 +147,22 @@ mf_status mf_ckpt_commit(mf_ckpt_writer *w, int64_t step);
 
 /* ------------------------------------------------------------- reading */
 
+/* One file of a checkpoint as the manifest lists it. */
+typedef struct mf_ckpt_file {
+  char name[64];
+  uint64_t bytes;     /* on disk */
+  uint64_t hash;      /* mf_ckpt_hash64 of those bytes */
+  uint64_t raw_bytes; /* before compression (== bytes when none) */
+  int zstd;           /* 1: one zstd frame */
+  int byteplane;      /* 1: the tensor data went through the byte-plane filter before zstd */
+} mf_ckpt_file;
+
+/* Reads dir/manifest.json (checked as mf_ckpt_verify checks it; the files
+ * themselves are not read): its first `cap` entries into files[], their
+ * count in *n (`moefit inspect` lists them). An error names the file and
+ * the fault (MF_ERR_FORMAT; MF_ERR_IO when it cannot be read). */
+mf_status mf_ckpt_read_manifest(const char *dir, mf_ckpt_file *files, int cap, int *n);
+
 /* Checks a checkpoint directory whole: COMPLETE present, manifest.json well
  * formed, every file it names present with its size and checksum. An error
  * names the file and the fault (MF_ERR_FORMAT; MF_ERR_IO when a file cannot
@@ -208,6 +224,15 @@ typedef struct mf_ckpt_export_opts {
   /* mf_ckpt_export_model: the frozen parameters' bf16 home (LoRA's base loaded
    * straight into bf16: mf_params_load_home), or NULL: they are in w */
   const uint16_t *frozen_bf16;
+  /* mf_ckpt_export_model: the base model dir whose tokenizer and chat-template
+   * files (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+   * tokenizer.model, vocab.json, merges.txt, added_tokens.json,
+   * chat_template.jinja, chat_template.json: those present) are copied into
+   * the export byte for byte, before it is renamed into place; NULL: none, for
+   * the reason tokenizer_none (info->tokenizer_note). mf_ckpt_export_tokenizer_of
+   * sets both from a run's config; mf_ckpt_export finds them itself. */
+  const char *tokenizer_dir;
+  const char *tokenizer_none;
 } mf_ckpt_export_opts;
 
 typedef struct mf_ckpt_export_info {
@@ -215,16 +240,24 @@ typedef struct mf_ckpt_export_info {
   size_t shards;      /* 1: model.safetensors, else model-0000i-of-0000n */
   uint64_t bytes;     /* tensor bytes written */
   int64_t tensors;
+  int tokenizer_files;       /* tokenizer files copied */
+  char tokenizer_note[4800]; /* one line: which were copied from where, or why none */
 } mf_ckpt_export_info;
+
+/* The tokenizer of an export of a run with config cfg: model.path's files, or
+ * none when the model came from model.init (o's tokenizer_* point into cfg). */
+void mf_ckpt_export_tokenizer_of(const mf_config *cfg, mf_ckpt_export_opts *o);
 
 /* Writes a Hugging Face model dir at out_dir from `src`: a checkpoint dir
  * (verified whole; its model from its config.yaml), or a run's output dir (its
  * newest complete checkpoint, else its final/). Files: config.json (torch_dtype
  * the export's dtype), model.safetensors or model-0000i-of-0000n.safetensors
- * with model.safetensors.index.json (over max_shard_bytes), and
- * generation_config.json. Written into a temporary sibling dir that is renamed
- * into place: out_dir appears whole or not at all. A non-empty out_dir is
- * refused (MF_ERR_INVALID_ARG). */
+ * with model.safetensors.index.json (over max_shard_bytes),
+ * generation_config.json, and the tokenizer files of the checkpoint's
+ * model.path (o's tokenizer_* are not read; a model.init run, or a final/
+ * without a checkpoint, has none: info->tokenizer_note says so). Written
+ * into a temporary sibling dir that is renamed into place: out_dir appears
+ * whole or not at all. A non-empty out_dir is refused (MF_ERR_INVALID_ARG). */
 mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
 /* Its parts, for weights the caller has (a LoRA run's: the base loaded, the
  * adapters from a checkpoint). mf_ckpt_export_source: which weights `src`
@@ -232,14 +265,15 @@ mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_exp
  * mf_ckpt_export_model: the model dir of t's weights w (LoRA: the adapted
  * weights merged, mf_params_merged), info->source set to `source`.
  * mf_ckpt_export_adapter: a PEFT adapter dir of t's adapters
- * (mf_params_save_adapter_dir; base_model: its base_model_name_or_path). Both
- * write into a temporary sibling renamed into place; out_dir must not exist
+ * (mf_params_save_adapter_dir; base_model: its base_model_name_or_path, and
+ * the dir whose tokenizer files are copied beside the adapters; NULL: a
+ * model.init base, none). Both write into a temporary sibling renamed into place; out_dir must not exist
  * or be empty. */
 mf_status mf_ckpt_export_source(const char *src, mf_ckpt_export_info *info, int *is_ckpt);
 mf_status mf_ckpt_export_model(const mf_param_table *t, const float *w, const char *source,
                                const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
 mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
-                                 const char *out_dir);
+                                 const char *out_dir, mf_ckpt_export_info *info);
 
 #ifdef __cplusplus
 }

@@ -10,16 +10,6 @@
 #define MF_CKPT_MAX_FILES 16
 #define MF_CKPT_MAX_JSON (16u << 20) /* manifest.json, state.json, config.yaml */
 
-/* One file of a checkpoint as the manifest lists it. */
-typedef struct mf_ckpt_file {
-  char name[64];
-  uint64_t bytes;     /* on disk */
-  uint64_t hash;      /* mf_ckpt_hash64 of those bytes */
-  uint64_t raw_bytes; /* before compression (== bytes when none) */
-  int zstd;           /* 1: one zstd frame */
-  int byteplane;      /* 1: the tensor data went through the byte-plane filter before zstd */
-} mf_ckpt_file;
-
 /* The byte-plane filter (ckpt.h; planes.c): a file's tensor data (after the
  * safetensors header, all of one dtype of w bytes) cut into blocks of
  * MF_CKPT_PLANE_BLOCK bytes (the last one shorter), each block's `bytes` (a

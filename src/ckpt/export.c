@@ -28,8 +28,81 @@ static int has_file(const char *dir, const char *name) {
   return access(p, F_OK) == 0;
 }
 
-/* The model a checkpoint was written for: its config.yaml's model. */
-static mf_status checkpoint_table(const char *ckpt, mf_param_table **t) {
+/* ------------------------------------------------------------- tokenizer */
+
+/* The files of a Hugging Face model dir that make its tokenizer and chat
+ * template: what AutoTokenizer.from_pretrained reads beside the weights (the
+ * fast tokenizer's tokenizer.json, a sentencepiece tokenizer.model, BPE's
+ * vocab.json and merges.txt, the config and special tokens, and the chat
+ * template when it is kept apart from tokenizer_config.json). */
+static const char *const k_tokenizer_files[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",    "vocab.json",
+    "merges.txt",     "added_tokens.json",     "chat_template.jinja",     "chat_template.json",
+};
+enum { N_TOKENIZER_FILES = (int)(sizeof k_tokenizer_files / sizeof k_tokenizer_files[0]) };
+#define MF_TOKENIZER_FILE_MAX (2ull << 30) /* far above any real one (tens of MB) */
+
+static const char k_no_tokenizer_init[] =
+    "the run's model came from model.init (random weights, no tokenizer files to copy)";
+
+void mf_ckpt_export_tokenizer_of(const mf_config *cfg, mf_ckpt_export_opts *o) {
+  o->tokenizer_dir = NULL;
+  o->tokenizer_none = NULL;
+  if (cfg->model.has_init)
+    o->tokenizer_none = k_no_tokenizer_init;
+  else
+    o->tokenizer_dir = cfg->model.path;
+}
+
+/* Copies into tmp those of k_tokenizer_files that `from` holds, byte for byte
+ * (a link is followed: a hub cache's snapshot dir holds links), and says what
+ * it did in info->tokenizer_*. from NULL: nothing, for the reason `none`. */
+static mf_status copy_tokenizer(const char *from, const char *none, const char *tmp,
+                                mf_ckpt_export_info *info) {
+  info->tokenizer_files = 0;
+  if (!from) {
+    snprintf(info->tokenizer_note, sizeof info->tokenizer_note, "no tokenizer: %s",
+             none ? none : "no base model dir is known for this export");
+    return MF_OK;
+  }
+  char names[512] = "";
+  size_t used = 0;
+  for (int i = 0; i < N_TOKENIZER_FILES; i++) {
+    char src[4400], dst[4400];
+    snprintf(src, sizeof src, "%s/%s", from, k_tokenizer_files[i]);
+    snprintf(dst, sizeof dst, "%s/%s", tmp, k_tokenizer_files[i]);
+    struct stat sb;
+    if (stat(src, &sb) != 0) {
+      if (errno == ENOENT) continue;
+      return MF_ERR(MF_ERR_IO, "%s: stat: %s (the base model's tokenizer, copied into the export)", src,
+                    strerror(errno));
+    }
+    char *data = NULL;
+    size_t n = 0;
+    MF_CHECK(mf_read_file(src, MF_TOKENIZER_FILE_MAX, "a tokenizer file", &data, &n));
+    const mf_status st = mf_write_file_atomic(dst, data, n);
+    free(data);
+    MF_CHECK(st);
+    used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", info->tokenizer_files ? ", " : "",
+                             k_tokenizer_files[i]);
+    info->tokenizer_files++;
+  }
+  if (info->tokenizer_files)
+    snprintf(info->tokenizer_note, sizeof info->tokenizer_note, "tokenizer: %s (copied from %s)", names,
+             from);
+  else
+    snprintf(info->tokenizer_note, sizeof info->tokenizer_note,
+             "no tokenizer: %s holds no tokenizer files (tokenizer.json, tokenizer_config.json, ...)", from);
+  return MF_OK;
+}
+
+/* ------------------------------------------------------------- weights */
+
+/* The model a checkpoint was written for: its config.yaml's model; and where
+ * its tokenizer is (o's tokenizer_*: the strings live in *cfg_out, which the
+ * caller frees after the export). */
+static mf_status checkpoint_table(const char *ckpt, mf_param_table **t, mf_ckpt_export_opts *o,
+                                  mf_config **cfg_out) {
   char path[4400];
   snprintf(path, sizeof path, "%s/config.yaml", ckpt);
   mf_config *cfg = NULL;
@@ -46,11 +119,13 @@ static mf_status checkpoint_table(const char *ckpt, mf_param_table **t) {
     spec = cfg->model.init;
   else
     st = mf_hf_config_load(cfg->model.path, &spec);
-  mf_config_free(cfg);
   if (st != MF_OK) {
+    mf_config_free(cfg);
     mf_error_prefix("%s: model.path", path);
     return st;
   }
+  mf_ckpt_export_tokenizer_of(cfg, o);
+  *cfg_out = cfg;
   return mf_param_table_build(&spec, t);
 }
 
@@ -88,14 +163,24 @@ static mf_status resolve_source(const char *src, mf_ckpt_export_info *info, int 
       src);
 }
 
-/* The weights of info->source in fp32: *t its model, *w [t->total_numel]. */
-static mf_status load_weights(int is_ckpt, const char *source, mf_param_table **t, float **w) {
+/* The weights of info->source in fp32: *t its model, *w [t->total_numel];
+ * o's tokenizer_* say where the tokenizer is (*cfg: the checkpoint's config
+ * they point into, or NULL; the caller frees it). A run's final/ records no
+ * base model: its own tokenizer files, if it has any. */
+static mf_status load_weights(int is_ckpt, const char *source, mf_param_table **t, float **w,
+                              mf_ckpt_export_opts *o, mf_config **cfg) {
   if (is_ckpt) {
-    MF_CHECK(checkpoint_table(source, t));
+    MF_CHECK(checkpoint_table(source, t, o, cfg));
   } else {
     mf_model_spec spec;
     MF_CHECK(mf_hf_config_load(source, &spec));
     MF_CHECK(mf_param_table_build(&spec, t));
+    o->tokenizer_dir = NULL;
+    o->tokenizer_none =
+        "a run's final/ does not record its base model (no checkpoint): copy the base's "
+        "tokenizer files beside the weights yourself";
+    for (int i = 0; i < N_TOKENIZER_FILES && !o->tokenizer_dir; i++)
+      if (has_file(source, k_tokenizer_files[i])) o->tokenizer_dir = source;
   }
   MF_CHECK(mf_malloc((size_t)(*t)->total_numel * sizeof(float) + 1, "the exported weights", (void **)w));
   return is_ckpt ? mf_ckpt_read_master(source, *t, *w) : mf_params_load(*t, source, *w);
@@ -131,7 +216,9 @@ static mf_status write_files(const char *tmp, const mf_param_table *t, const flo
   snprintf(path, sizeof path, "%s/generation_config.json", tmp);
   const mf_status st = mf_write_file_atomic(path, gen, strlen(gen));
   free(gen);
-  return st;
+  MF_CHECK(st);
+  /* Before the rename, so the dir appears with its tokenizer or not at all. */
+  return copy_tokenizer(o->tokenizer_dir, o->tokenizer_none, tmp, info);
 }
 
 static void fsync_parent(const char *path) {
@@ -209,19 +296,27 @@ typedef struct adapter_job {
   const mf_param_table *t;
   const float *w;
   const char *base_model;
+  mf_ckpt_export_info *info;
 } adapter_job;
 
+/* The base's tokenizer goes beside the adapters too. PEFT's save_pretrained
+ * writes none and PeftModel.from_pretrained reads none, so they change nothing
+ * for it; but transformers' Trainer saves the tokenizer into the adapter dir,
+ * so users and servers (vLLM's LoRA tokenizer, AutoTokenizer on the adapter
+ * dir) expect it there, and a chat fine-tune's adapter then carries the chat
+ * template it was trained with. */
 static mf_status write_adapter(void *ctx, const char *tmp) {
   adapter_job *j = (adapter_job *)ctx;
-  return mf_params_save_adapter_dir(j->t, j->w, j->base_model, tmp);
+  MF_CHECK(mf_params_save_adapter_dir(j->t, j->w, j->base_model, tmp));
+  return copy_tokenizer(j->base_model, k_no_tokenizer_init, tmp, j->info); /* NULL base: model.init */
 }
 
 mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
-                                 const char *out_dir) {
+                                 const char *out_dir, mf_ckpt_export_info *info) {
   if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "export --adapter: the run trained no LoRA adapters");
   char out[4200];
   MF_CHECK(out_path(out_dir, out, sizeof out));
-  adapter_job j = {t, w, base_model};
+  adapter_job j = {t, w, base_model, info};
   return publish(out, write_adapter, &j);
 }
 
@@ -237,9 +332,12 @@ mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_exp
   MF_CHECK(resolve_source(src, info, &is_ckpt));
   mf_param_table *t = NULL;
   float *w = NULL;
-  mf_status st = load_weights(is_ckpt, info->source, &t, &w);
-  if (st == MF_OK) st = mf_ckpt_export_model(t, w, info->source, out, o, info);
+  mf_config *cfg = NULL;
+  mf_ckpt_export_opts oc = *o; /* the tokenizer is the source's: a checkpoint's model.path */
+  mf_status st = load_weights(is_ckpt, info->source, &t, &w, &oc, &cfg);
+  if (st == MF_OK) st = mf_ckpt_export_model(t, w, info->source, out, &oc, info);
   free(w);
   mf_param_table_free(t);
+  mf_config_free(cfg);
   return st;
 }

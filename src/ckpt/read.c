@@ -117,6 +117,16 @@ done:
   return st;
 }
 
+mf_status mf_ckpt_read_manifest(const char *dir, mf_ckpt_file *files, int cap, int *n) {
+  mf_ckpt_file all[MF_CKPT_MAX_FILES];
+  int m = 0;
+  *n = 0;
+  MF_CHECK(read_manifest(dir, all, &m));
+  for (int i = 0; i < m && i < cap; i++) files[i] = all[i];
+  *n = m;
+  return MF_OK;
+}
+
 /* Maps dir/f->name and checks its size and checksum. */
 static mf_status map_checked(const char *dir, const mf_ckpt_file *f, const uint8_t **base, size_t *size) {
   char path[4400];

@@ -33,13 +33,13 @@ struct mf_ckpt_writer {
   int64_t cap;
   mf_ckpt_file files[MF_CKPT_MAX_FILES];
   int n_files;
-  /* Test-only hooks (README's MF_ variables), read once in create:
+  /* Test-only hooks (docs/cli.md's MF_TEST_ variables), read once in create:
    * MF_TEST_CKPT_PAUSE_MS sleeps after each file of a checkpoint (a window
    * for the kill tests to strike inside a write); MF_TEST_CKPT_ENOSPC=N makes
    * the Nth checkpoint file of the process fail as a full disk would;
    * MF_TEST_CKPT_NO_FILTER=1 writes zstd files without the byte-plane
    * filter, as moefit did before it had one (a test reads such a
-   * checkpoint back; the README's figures compare the two). */
+   * checkpoint back; docs/checkpoints.md's figures compare the two). */
   long pause_ms;
   long enospc_file;
   long files_started;

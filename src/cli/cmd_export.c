@@ -13,7 +13,11 @@ static const char k_export_usage[] =
     "Writes a run's weights as a Hugging Face model directory that transformers loads\n"
     "(from_pretrained) and `moefit eval --model DIR` evaluates: config.json, model.safetensors\n"
     "(or model-0000i-of-0000n.safetensors and model.safetensors.index.json when the tensors\n"
-    "are over SIZE, packed in order like save_pretrained) and generation_config.json.\n"
+    "are over SIZE, packed in order like save_pretrained), generation_config.json, and the\n"
+    "tokenizer and chat-template files of the run's model.path, copied as they are\n"
+    "(tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model, vocab.json,\n"
+    "merges.txt, added_tokens.json, chat_template.jinja, chat_template.json: those it holds), so\n"
+    "the dir is a whole model; a model.init run has no tokenizer, and the last line says so.\n"
     "RUN_OR_CHECKPOINT is a run's output dir (its newest complete checkpoint, else its final/)\n"
     "or one checkpoint dir (OUTPUT/checkpoints/step-NNNNNN), whose checksums are verified first:\n"
     "a damaged or unfinished checkpoint is refused. The weights are the checkpoint's fp32\n"
@@ -26,7 +30,8 @@ static const char k_export_usage[] =
     "against the checkpoint's record of it; the model dir has the adapters merged into their\n"
     "weights (W + alpha/r B A). --adapter writes the adapters alone instead, as a PEFT adapter\n"
     "dir (adapter_config.json, adapter_model.safetensors) that PeftModel.from_pretrained loads\n"
-    "onto the base (a LoRA run's final/ is that dir already).\n\n"
+    "onto the base (a LoRA run's final/ is that dir already), with the base's tokenizer files\n"
+    "beside them as transformers' Trainer leaves them (PEFT ignores them).\n\n"
     "example (the demo's run, after ./tools/demo):\n"
     "  moefit export runs/demo --out runs/demo-fp32 --dtype fp32\n"
     "  moefit eval configs/demo.yaml --model runs/demo-fp32\n";
@@ -66,10 +71,11 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
   MF_CHECK_GOTO(mf_ckpt_read_master(info->source, t, w), st, done);
   MF_CHECK_GOTO(mf_ckpt_check_base(info->source, t, w, home), st, done);
   if (adapter) {
-    st = mf_ckpt_export_adapter(t, w, cfg->model.has_init ? NULL : cfg->model.path, out);
+    st = mf_ckpt_export_adapter(t, w, cfg->model.has_init ? NULL : cfg->model.path, out, info);
   } else {
     mf_ckpt_export_opts oh = *o;
     oh.frozen_bf16 = home;
+    mf_ckpt_export_tokenizer_of(cfg, &oh); /* the base's tokenizer: model.path's files */
     st = mf_ckpt_export_model(t, w, info->source, out, &oh, info);
   }
 done:
@@ -111,7 +117,7 @@ int mf_cli_export(int argc, char **argv) {
   }
   if (!src) return mf_cli_usage_error("export", "expected a run dir or a checkpoint dir");
   if (!out) return mf_cli_usage_error("export", "expected --out DIR");
-  mf_ckpt_export_opts o = {MF_DTYPE_BF16, 0, NULL};
+  mf_ckpt_export_opts o = {MF_DTYPE_BF16, 0, NULL, NULL, NULL};
   if (strcmp(dtype, "fp32") == 0 || strcmp(dtype, "f32") == 0 || strcmp(dtype, "float32") == 0)
     o.dtype = MF_DTYPE_F32;
   else if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "bfloat16") != 0)
@@ -134,6 +140,7 @@ int mf_cli_export(int argc, char **argv) {
         "exported %s -> %s: the LoRA adapters as a PEFT adapter dir (adapter_config.json, "
         "adapter_model.safetensors)\n",
         info.source, out);
+    printf("  %s\n", info.tokenizer_note);
     return MF_EXIT_OK;
   }
   printf("exported %s -> %s: %lld tensors, %.2f MiB %s, %s\n", info.source, out, (long long)info.tensors,
@@ -141,5 +148,6 @@ int mf_cli_export(int argc, char **argv) {
          info.shards == 1 ? "model.safetensors" : "sharded");
   if (info.shards > 1)
     printf("  %zu shards of at most %s; model.safetensors.index.json\n", info.shards, shard);
+  printf("  %s\n", info.tokenizer_note);
   return MF_EXIT_OK;
 }

@@ -6,15 +6,20 @@
 #include <string.h>
 
 #include "src/cli/commands.h"
+#include "src/model/hf_tokenizer.h"
 #include "src/model/params.h"
 
 static const char k_usage[] =
     "usage: moefit init --family F --preset tiny|small --out DIR [--seed N]\n\n"
     "Writes DIR/config.json and DIR/model.safetensors (fp32) for a random model that\n"
     "transformers loads (AutoModelForCausalLM.from_pretrained(DIR)) and `model.path: DIR`\n"
-    "trains. Weights ~ N(0, 0.02), norms 1, as transformers initialises them.\n\n"
+    "trains. Weights ~ N(0, 0.02), norms 1, as transformers initialises them.\n"
+    "Beside them a byte-level tokenizer (tokenizer.json, tokenizer_config.json with a ChatML\n"
+    "chat template, special_tokens_map.json) that AutoTokenizer.from_pretrained(DIR) and\n"
+    "tools/prepare_data.py --tokenizer DIR read: byte b is token b (the ids `moefit data bytes`\n"
+    "writes), then <|endoftext|> 256 (pad), <|im_start|> 257, <|im_end|> 258 (eos).\n\n"
     "families: mixtral, qwen2_moe, qwen3_moe, olmoe\n"
-    "presets:  tiny   hidden 64, 2 layers, 4 heads / 2 kv, 8 experts top-2, expert ffn 128, vocab 256\n"
+    "presets:  tiny   hidden 64, 2 layers, 4 heads / 2 kv, 8 experts top-2, expert ffn 128, vocab 272\n"
     "          small  hidden 512, 8 layers, 8 heads / 4 kv, 16 experts top-2, expert ffn 1024, vocab 32000\n"
     "Qwen2-MoE gets a shared expert and a dense first layer; Qwen3-MoE and OLMoE their q/k norms.\n";
 
@@ -28,7 +33,7 @@ static void preset(mf_family f, int small, mf_model_spec *s) {
   s->experts = small ? 16 : 8;
   s->top_k = 2;
   s->expert_ffn = small ? 1024 : 128;
-  s->vocab = small ? 32000 : 256;
+  s->vocab = small ? 32000 : 272; /* the 256 bytes, the tokenizer's 3 special tokens, 13 spare */
   s->max_seq = 4096;
   s->rope_theta = f == MF_FAMILY_OLMOE ? 10000.0 : 1e6;
   if (f == MF_FAMILY_QWEN2_MOE) {
@@ -88,6 +93,7 @@ int mf_cli_init(int argc, char **argv) {
     mf_params_init_random(t, seed, 0.02f, w);
     st = mf_params_save_model_dir(t, w, out);
   }
+  if (st == MF_OK) st = mf_hf_byte_tokenizer_write(out, s.vocab, s.max_seq);
   if (st == MF_OK) {
     int64_t total = 0, active = 0;
     mf_model_spec_param_count(&s, &total, &active);

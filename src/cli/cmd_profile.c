@@ -83,8 +83,9 @@ static const char k_usage[] =
     "GPU plans with, and says so). With the GPU present and neither file there, train, eval and\n"
     "plan first measure the GPU once, as --backend cuda --quick --config CONFIG does (the step's\n"
     "calls timed when they fit the GPU all resident), and cache it in OUTPUT/hw-cuda.yaml,\n"
-    "saying so; delete that file to measure again. On cpu auto takes runs/hw/cpu.yaml, else the\n"
-    "bundled configs/hw/cpu-2core.yaml; it never measures on its own.\n";
+    "saying so; delete that file to measure again. On cpu auto takes runs/hw/cpu.yaml; when it\n"
+    "is missing train, eval and plan first measure it once, as --quick does (some seconds), saying\n"
+    "so (under mpirun with several ranks they plan with the bundled configs/hw/cpu-2core.yaml).\n";
 
 static const char *storage_word(mf_dtype d) { return d == MF_DTYPE_BF16 ? "bf16" : "fp32"; }
 

@@ -35,6 +35,39 @@ extern const char mf_cli_bench_kernels_usage[];
 int mf_cli_inspect_safetensors(const char *path);
 /* `moefit inspect` on a .tokens file: header and statistics. */
 int mf_cli_inspect_tokens(const char *path);
+/* `moefit inspect` on a training run's output dir (cmd_inspect_run.c): the
+ * steps, losses, throughput, checkpoints, final/ and the plan's prediction. */
+int mf_cli_inspect_run(const char *dir);
+/* ... on a resume checkpoint dir: its manifest, every file verified, state.json
+ * (cmd_inspect_ckpt.c); exit 1 when a file does not match the manifest. */
+int mf_cli_inspect_checkpoint(const char *dir);
+/* ... on a LoRA (PEFT) adapter dir: adapter_config.json and the adapter tensors. */
+int mf_cli_inspect_adapter(const char *dir);
+/* What a directory holds: a run (metrics.jsonl, checkpoints/, or final/ with
+ * plan.json), a checkpoint (manifest.json), an adapter dir
+ * (adapter_config.json and adapter_model.safetensors, no model.safetensors). */
+int mf_cli_is_run_dir(const char *dir);
+int mf_cli_is_checkpoint_dir(const char *dir);
+int mf_cli_is_adapter_dir(const char *dir);
+/* `moefit plot RUN` (cmd_plot.c). */
+int mf_cli_plot(int argc, char **argv);
+
+/* The command line as main got it (argv[0] the program as typed), kept
+ * before mf_cli_split_options changes it: what mf_cli_resume_command repeats. */
+void mf_cli_remember_command(int argc, char **argv);
+/* The shell command that continues this `moefit train` run: the remembered
+ * command line, each word quoted where a shell needs it, with its
+ * `--resume [DIR]` left out and `--resume` at the end (the newest complete
+ * checkpoint). With `ranks` > 1 (under mpirun) the launcher's words come
+ * first: mpirun's own (read from the parent process) when it is the mpirun
+ * that ran this command line, else `mpirun -np RANKS` and *exact 0 (its
+ * other options unknown). Under `bazel run`, `bazel run //:moefit --` for
+ * the program. Into buf (cap bytes, cut as snprintf); returns the length
+ * (0: nothing remembered). */
+size_t mf_cli_resume_command(int ranks, char *buf, size_t cap, int *exact);
+/* Whether the word after `--resume` is its DIR: not an option, not a
+ * key=value, and not a *.yaml / *.yml file (the config) unless a directory. */
+int mf_cli_resume_takes_dir(const char *next);
 
 /* Prints "moefit CMD: error: <last error>" (and the trace when MF_LOG=debug)
  * to stderr and returns MF_EXIT_FAIL. */

@@ -17,13 +17,15 @@ typedef struct {
 } command;
 
 static const command k_commands[] = {
-    {"train", mf_cli_train, "fine-tune a model from a YAML config (one rank; mpirun -np N: not built yet)"},
+    {"train", mf_cli_train, "fine-tune a model from a YAML config (mpirun -np N: N data-parallel ranks)"},
     {"plan", mf_cli_plan, "show the planner's per-tensor decisions, memory and predicted step time"},
     {"eval", mf_cli_eval, "mean loss and perplexity of a model over a token file"},
     {"init", mf_cli_init, "write a randomly initialised model dir (config.json + safetensors)"},
     {"data", mf_cli_data, "make .tokens dataset files (byte-level tokenizer for the demo)"},
     {"config", mf_cli_config, "print a config with every default filled in, after overrides"},
-    {"inspect", mf_cli_inspect, "list a safetensors file's / model dir's tensors, or a .tokens file's header"},
+    {"inspect", mf_cli_inspect,
+     "summarise a run, checkpoint, adapter or model dir, safetensors or .tokens file"},
+    {"plot", mf_cli_plot, "draw a run's loss and tokens/s curves from its metrics.jsonl as SVG"},
     {"profile", mf_cli_profile, "measure this machine's hardware profile for the planner"},
     {"export", mf_cli_export, "write a run or checkpoint as a Hugging Face model dir"},
     {"bench", mf_cli_bench, "benchmarks: host AdamW, the step's kernels (transfer: not built yet)"},
@@ -56,6 +58,7 @@ int main(int argc, char **argv) {
     return MF_EXIT_FAIL;
   }
   mf_log_configure(); /* a bad MF_LOG / MF_LOG_SUBSYS is reported by every command */
+  mf_cli_remember_command(argc, argv); /* before mf_cli_split_options changes argv: resume hints repeat it */
   if (argc < 2) {
     print_help(stderr);
     return MF_EXIT_USAGE;

@@ -23,6 +23,7 @@ void mf_stop_clear(void) {
 const char *mf_stop_signal_name(int signo, char *buf, size_t cap) {
   if (signo == SIGINT) return "SIGINT";
   if (signo == SIGTERM) return "SIGTERM";
+  if (signo == SIGUSR1) return "SIGUSR1";
   snprintf(buf, cap, "signal %d", signo);
   return buf;
 }

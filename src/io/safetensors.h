@@ -1,7 +1,10 @@
 /*
  * safetensors: read a single file or a sharded set through a read-only mmap,
- * and write single files or sharded sets atomically. The format and its rules
- * are in ../shared/MODELS.md §13.
+ * and write single files or sharded sets atomically. The format: an 8-byte
+ * little-endian header length N, N bytes of UTF-8 JSON (each tensor's name ->
+ * dtype, shape and data_offsets [begin, end) into the data buffer; an optional
+ * "__metadata__" map of strings; spaces may pad it), then the data buffer
+ * (little-endian, row-major, covered by the tensors without holes).
  *
  * Reading validates everything before it hands out a pointer: the header
  * length (against the file and a 100 MB cap), the header JSON (an object,

@@ -1,7 +1,7 @@
 /*
  * safetensors reading, part 1: the header parser and validator, on any byte
- * buffer. The rules checked are listed in safetensors.h; the format is
- * MODELS.md §13; the openers are safetensors_open.c.
+ * buffer. The format and the rules checked are in safetensors.h; the openers
+ * are safetensors_open.c.
  */
 #include <jansson.h>
 #include <stdlib.h>

@@ -1,6 +1,7 @@
 /*
  * safetensors writing: single files and sharded sets, laid out like the
- * reference writer (MODELS.md §13) and written atomically (mf_atomic_file:
+ * reference writer (header padded with spaces to a multiple of 8, tensors by
+ * dtype size descending, then name) and written atomically (mf_atomic_file:
  * PATH.tmp, fsync, rename, fsync of the directory). Everything the caller
  * passes is checked before the first byte is written.
  */

@@ -156,6 +156,29 @@ mf_status mf_tokens_doc_range(const mf_tokens *t, uint64_t d, uint64_t *begin, u
 
 mf_status mf_tokens_compute_stats(const mf_tokens *t, mf_tokens_stats *out);
 
+/* What a file given as a .tokens file looks like, by its first bytes: for
+ * the message of one that is something else (mf_tokens_sniff). */
+typedef enum mf_tokens_kind {
+  MF_TOKENS_KIND_TOKENS = 0,  /* begins with the MFTOKENS magic (valid or not: mf_tokens_open says) */
+  MF_TOKENS_KIND_EMPTY,       /* no bytes */
+  MF_TOKENS_KIND_JSONL,       /* UTF-8 text, one JSON object a line */
+  MF_TOKENS_KIND_JSON,        /* UTF-8 text, one JSON value */
+  MF_TOKENS_KIND_YAML,        /* UTF-8 text: a comment, "---" or "key: ..." first */
+  MF_TOKENS_KIND_TEXT,        /* other UTF-8 text */
+  MF_TOKENS_KIND_SAFETENSORS, /* model weights */
+  MF_TOKENS_KIND_COMPRESSED,  /* gzip, zstd, xz, bzip2 or zip */
+  MF_TOKENS_KIND_BINARY,      /* anything else */
+} mf_tokens_kind;
+
+/* The kind of a file whose first n bytes are b (of size bytes in all), and
+ * a description for people into desc (cap bytes): "JSONL text, one JSON
+ * object a line (it begins \"{\"text\": \"...\")", "a safetensors file
+ * (model weights: ...)", "an empty file", ... */
+mf_tokens_kind mf_tokens_sniff_bytes(const uint8_t *b, size_t n, uint64_t size, char *desc, size_t cap);
+/* The same for the file at path (its first 4 KiB read). MF_ERR_IO naming
+ * the path and strerror when it cannot be opened or read, or is a directory. */
+mf_status mf_tokens_sniff(const char *path, mf_tokens_kind *kind, char *desc, size_t cap);
+
 /* ------------------------------------------------------------------ writer */
 
 /* Streams a .tokens file: tokens go to `path`.tmp as they come (an mf_atomic_file:

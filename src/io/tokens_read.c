@@ -109,6 +109,31 @@ static mf_status check_sections(const char *path, const mf_tokens_info *h, secti
   return MF_OK;
 }
 
+/* "byte 0 (magic): "..." is not "MFTOKENS"" as the first bytes show it. */
+static void show_magic(const uint8_t *h, size_t n, char *shown, size_t cap) {
+  size_t k = 0;
+  shown[0] = 0;
+  for (size_t i = 0; i < n && i < 8 && k + 5 < cap; i++) {
+    if (h[i] >= 0x20 && h[i] < 0x7f && h[i] != '\\' && h[i] != '"')
+      shown[k++] = (char)h[i], shown[k] = 0;
+    else
+      k += (size_t)snprintf(shown + k, cap - k, "\\x%02x", h[i]);
+  }
+}
+
+/* A file that does not begin with the magic: what it is instead (text
+ * needs no magic shown; its first line says more). */
+static mf_status not_tokens(const char *path, const uint8_t *h, size_t size) {
+  char what[256], shown[8 * 4 + 2];
+  const mf_tokens_kind kind = mf_tokens_sniff_bytes(h, size < 4096 ? size : 4096, size, what, sizeof what);
+  if (kind == MF_TOKENS_KIND_JSONL || kind == MF_TOKENS_KIND_JSON || kind == MF_TOKENS_KIND_YAML ||
+      kind == MF_TOKENS_KIND_TEXT)
+    return MF_ERR(MF_ERR_FORMAT, "%s: not a .tokens file: it is %s", path, what);
+  show_magic(h, size, shown, sizeof shown);
+  return MF_ERR(MF_ERR_FORMAT, "%s: byte 0 (magic): \"%s\" is not \"MFTOKENS\": not a .tokens file: it is %s",
+                path, shown, what);
+}
+
 /* The header: everything that can be checked without reading the payload. */
 static mf_status check_header(mf_tokens *t) {
   const char *path = t->path;
@@ -116,19 +141,7 @@ static mf_status check_header(mf_tokens *t) {
   const uint64_t size = t->map_size;
   mf_tokens_info *in = &t->info;
 
-  if (memcmp(h, MF_TOKENS_MAGIC, 8) != 0) {
-    char shown[8 * 4 + 1];
-    size_t k = 0;
-    for (int i = 0; i < 8; i++) {
-      if (h[i] >= 0x20 && h[i] < 0x7f && h[i] != '\\' && h[i] != '"')
-        shown[k++] = (char)h[i];
-      else
-        k += (size_t)snprintf(shown + k, sizeof shown - k, "\\x%02x", h[i]);
-    }
-    shown[k] = 0;
-    return MF_ERR(MF_ERR_FORMAT, "%s: byte 0 (magic): \"%s\" is not \"MFTOKENS\": not a .tokens file", path,
-                  shown);
-  }
+  if (memcmp(h, MF_TOKENS_MAGIC, 8) != 0) return not_tokens(path, h, size); /* mf_tokens_open checks first */
   in->version = rd32(h + MF_TOKENS_OFF_VERSION);
   if (in->version == 0 || in->version > MF_TOKENS_VERSION)
     return MF_ERR(MF_ERR_FORMAT, "%s: byte 8 (version): format version %u %s (this moefit reads version %u)",
@@ -304,6 +317,11 @@ mf_status mf_tokens_open(const char *path, mf_tokens **out) {
   const uint8_t *map = NULL;
   size_t size = 0;
   MF_CHECK(mf_map_file(path, &map, &size, NULL));
+  if (size > 0 && memcmp(map, MF_TOKENS_MAGIC, size < 8 ? size : 8) != 0) {
+    const mf_status s = not_tokens(path, map, size);
+    mf_unmap_file(map, size);
+    return s;
+  }
   if (size < MF_TOKENS_HEADER_SIZE) {
     mf_unmap_file(map, size);
     if (size == 0)

@@ -261,8 +261,12 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   }
   if (model_dir == final_dir) note_other_final(cfg, final_dir, &t->spec);
   MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);
-  MF_CHECK_GOTO(mf_loader_create(tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
-                done);
+  const char *key = opts->tokens ? "--tokens" : cfg->data.valid ? "data.valid" : "data.train";
+  const mf_loader_origin origin = {key, opts->tokens ? NULL : mf_config_where(cfg, key),
+                                   cfg->model.has_init ? NULL : cfg->model.path};
+  MF_CHECK_GOTO(
+      mf_loader_open(&origin, tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
+      done);
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
   MF_CHECK_GOTO(mf_runner_init(&r, cfg, t, pool, MF_RUN_EVAL, NULL), st, done);
   MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, pool, &w, desc, sizeof desc), st, done);

@@ -1,7 +1,7 @@
 /*
  * Measuring this machine's hardware profile (planner/hwprofile.h): what
- * `moefit profile` runs, and what `hardware.profile: auto` runs for a cuda
- * run that has no profile measured yet (mf_hwmeasure_auto).
+ * `moefit profile` runs, and what `hardware.profile: auto` runs for a run
+ * that has no profile measured yet (mf_hwmeasure_auto).
  *
  * It lives here, above the executor, because timing the step program's own
  * calls needs the executor (src/exec), which the planner (a lower level) may
@@ -75,7 +75,16 @@ typedef struct mf_hwmeasure_info {
 mf_status mf_hwmeasure(const mf_hwmeasure_opts *o, mf_hwprofile *p, mf_hwmeasure_info *info);
 
 /* hardware.profile auto for the run of cfg (model table t, may be NULL;
- * pool may be NULL): when the run's backend is cuda, a GPU is present and no
+ * pool may be NULL). On the cpu backend, when runs/hw/cpu.yaml (what auto
+ * reads: planner/plan.h mf_plan_profile_path) is missing: measures this
+ * machine as `moefit profile --quick` does (no config: the profile of the
+ * machine, which every config's auto reads; some seconds) into it, saying
+ * so in one info line before and one after; not with several ranks (they
+ * share the cores measured: the bundled profile then, as the plan says), nor
+ * with MF_CPU_PROFILE=bundled in the environment (the test suite's setting:
+ * the bundled profile's predictions on every machine, no measuring in each
+ * fresh directory). A measurement that fails is a warning: the bundled
+ * profile stays. On the cuda backend, when a GPU is present and no
  * profile was measured for it (neither <output.dir>/hw-cuda.yaml nor
  * runs/hw/cuda.yaml: planner/plan.h mf_plan_profile_path), measures one as
  * `moefit profile --backend cuda --quick --config` does (the step's calls

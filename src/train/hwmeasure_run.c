@@ -284,14 +284,60 @@ static mf_status measure_into(const mf_config *cfg, const mf_param_table *t, mf_
   return st;
 }
 
+/* Where planner/plan.c mf_plan_profile_path looks first for a cpu run's
+ * hardware.profile auto (`moefit profile` writes it too). */
+#define CPU_PROFILE_MEASURED "runs/hw/cpu.yaml"
+
+/* hardware.profile auto on cpu: `moefit profile --quick` into runs/hw/cpu.yaml
+ * (no config: the machine's profile, which every config's auto reads), once. */
+static mf_status auto_cpu(const mf_config *cfg) {
+  const char *keep = getenv("MF_CPU_PROFILE");
+  if (keep && strcmp(keep, "bundled") == 0) return MF_OK; /* tests: the bundled profile's predictions */
+  if (cfg->ranks > 1 || cfg->node_ranks > 1)
+    return MF_OK;                                        /* the other ranks would share the cores measured */
+  if (mf_mkdir_parents(CPU_PROFILE_MEASURED) != MF_OK) { /* a directory we cannot write: plan without */
+    MF_LOGW("plan",
+            "hardware.profile auto: cannot measure this machine into %s here (%s): %s stays the profile",
+            CPU_PROFILE_MEASURED, mf_last_error(), MF_PLAN_CPU_PROFILE_BUNDLED);
+    return MF_OK;
+  }
+  MF_LOGI(
+      "plan",
+      "hardware.profile auto: no cpu profile measured on this machine yet: measuring one once (as `moefit "
+      "profile --quick`, some seconds) into %s",
+      CPU_PROFILE_MEASURED);
+  mf_hwprofile *p = NULL;
+  mf_hwmeasure_info *info = NULL;
+  mf_status st = mf_calloc(1, sizeof *p, "hardware profile", (void **)&p);
+  if (st == MF_OK) st = mf_calloc(1, sizeof *info, "profile figures", (void **)&info);
+  const double t0 = mf_time_now();
+  const mf_hwmeasure_opts o = {.backend = "cpu",
+                               .quick = 1,
+                               .cmdline = "hardware.profile auto (moefit profile --backend cpu --quick)"};
+  if (st == MF_OK) st = mf_hwmeasure(&o, p, info);
+  if (st == MF_OK) st = mf_hwprofile_save(p, CPU_PROFILE_MEASURED);
+  if (st == MF_OK)
+    MF_LOGI("plan",
+            "hardware.profile auto: wrote %s in %.0f s; auto uses it from now on (`moefit profile` "
+            "measures again, more thoroughly)",
+            CPU_PROFILE_MEASURED, mf_time_now() - t0);
+  else /* the plan only loses its rates: it goes on with the bundled profile, which says so */
+    MF_LOGW("plan", "hardware.profile auto: measuring this machine failed, %s stays the profile: %s",
+            MF_PLAN_CPU_PROFILE_BUNDLED, mf_last_error());
+  free(info);
+  free(p);
+  return MF_OK;
+}
+
 mf_status mf_hwmeasure_auto(const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool) {
   const char *backend = NULL;
   MF_CHECK(mf_backend_resolve(mf_config_backend_name(cfg->backend), &backend));
   char path[MF_PLAN_PROFILE_PATH_MAX], out[MF_PLAN_PROFILE_PATH_MAX];
   mf_plan_profile_origin origin;
   mf_plan_profile_path(cfg->hardware.profile, backend, cfg->output.dir, path, sizeof path, &origin);
-  if (strcmp(backend, "cuda") != 0 || origin != MF_PROFILE_BUNDLED || !cfg->output.dir || !*cfg->output.dir)
-    return MF_OK;
+  if (origin != MF_PROFILE_BUNDLED) return MF_OK;
+  if (strcmp(backend, "cpu") == 0) return auto_cpu(cfg);
+  if (strcmp(backend, "cuda") != 0 || !cfg->output.dir || !*cfg->output.dir) return MF_OK;
   const int n = snprintf(out, sizeof out, "%s/%s", cfg->output.dir, MF_PLAN_CUDA_PROFILE_CACHE);
   if (n < 0 || (size_t)n >= sizeof out) return MF_OK; /* a path the plan would not look for */
   mf_backend_memory mem;

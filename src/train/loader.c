@@ -1,6 +1,7 @@
 /* The training data loader: windows of a .tokens file, shuffled per epoch (see loader.h). */
 #include "src/train/loader.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -273,4 +274,91 @@ double mf_loader_target_fraction(const mf_loader *l) {
 }
 const char *mf_loader_path(const mf_loader *l) {
   return mf_tokens_path(l->tokens);
+}
+
+/* ------------------------------------------------------------ opening */
+
+/* Where a .tokens file made from `path` could go: its name with the
+ * extension changed to .tokens (never path itself). */
+static void tokens_name(const char *path, char *out, size_t cap) {
+  const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+  const size_t stem = dot && dot > (slash ? slash + 1 : path) ? (size_t)(dot - path) : strlen(path);
+  snprintf(out, cap, "%.*s.tokens", (int)stem, path);
+  if (strcmp(out, path) == 0) snprintf(out, cap, "%.*s-tokenized.tokens", (int)stem, path);
+}
+
+/* "PLACE: KEY: " ("command line" for an override: its value is the path
+ * the message names next). */
+static void place_of(const mf_loader_origin *o, char *out, size_t cap) {
+  const char *w = o->where;
+  if (w && strncmp(w, "command line:", 13) == 0)
+    snprintf(out, cap, "command line: %s: ", o->key);
+  else if (w)
+    snprintf(out, cap, "%s: %s: ", w, o->key);
+  else
+    snprintf(out, cap, "%s: ", o->key);
+}
+
+/* A data file that is not a .tokens file: what it is and how to make one. */
+static mf_status not_tokens(const mf_loader_origin *o, const char *path, mf_tokens_kind kind,
+                            const char *what) {
+  char place[1200], out[1200], make[3000], bytes[1400];
+  place_of(o, place, sizeof place);
+  tokens_name(path, out, sizeof out);
+  const char *tok = o->model_dir ? o->model_dir : "MODEL_DIR";
+  snprintf(bytes, sizeof bytes, "`moefit data bytes %s %s`", path, out);
+  switch (kind) {
+    case MF_TOKENS_KIND_JSONL:
+    case MF_TOKENS_KIND_TEXT:
+      snprintf(make, sizeof make,
+               "make one with `tools/prepare_data.py --tokenizer %s %s --out %s` (%s's tokenizer; chat JSONL "
+               "gets a loss mask on the assistant turns), or byte-level tokens (vocab 256) with %s",
+               tok, path, out, o->model_dir ? "the model" : "a Hugging Face model dir", bytes);
+      break;
+    case MF_TOKENS_KIND_JSON:
+      snprintf(make, sizeof make,
+               "tools/prepare_data.py reads JSONL (one JSON object a line, its text in \"text\" or a chat in "
+               "\"messages\") or plain text: write the documents that way, then `tools/prepare_data.py "
+               "--tokenizer %s FILE.jsonl --out %s`",
+               tok, out);
+      break;
+    case MF_TOKENS_KIND_YAML:
+      snprintf(make, sizeof make,
+               "%s takes a .tokens file, not a config: make one from your text with `tools/prepare_data.py "
+               "--tokenizer %s TEXT_OR_JSONL --out X.tokens` or `moefit data bytes TEXT X.tokens`",
+               o->key, tok);
+      break;
+    case MF_TOKENS_KIND_SAFETENSORS:
+      snprintf(make, sizeof make,
+               "%s takes a .tokens file, not weights: make one from your text with `tools/prepare_data.py "
+               "--tokenizer %s TEXT_OR_JSONL --out X.tokens`",
+               o->key, tok);
+      break;
+    case MF_TOKENS_KIND_COMPRESSED:
+      snprintf(make, sizeof make,
+               "decompress it, then make a .tokens file with `tools/prepare_data.py "
+               "--tokenizer %s FILE --out %s` (or `moefit data bytes FILE %s`)",
+               tok, out, out);
+      break;
+    default:
+      snprintf(make, sizeof make,
+               ".tokens files are made by `tools/prepare_data.py --tokenizer %s "
+               "TEXT_OR_JSONL --out X.tokens` or `moefit data bytes TEXT X.tokens` (src/io/tokens.h "
+               "describes the format)",
+               tok);
+  }
+  return MF_ERR(MF_ERR_CONFIG, "%s%s: not a .tokens file: it is %s; %s", place, path, what, make);
+}
+
+mf_status mf_loader_open(const mf_loader_origin *o, const char *path, int64_t seq_len, int64_t micro_batch,
+                         uint64_t seed, mf_loader_mode mode, mf_loader **out) {
+  *out = NULL;
+  char place[1200], what[512];
+  place_of(o, place, sizeof place);
+  mf_tokens_kind kind = MF_TOKENS_KIND_TOKENS;
+  mf_status st = mf_tokens_sniff(path, &kind, what, sizeof what); /* missing, unreadable: "PATH: strerror" */
+  if (st == MF_OK && kind != MF_TOKENS_KIND_TOKENS) return not_tokens(o, path, kind, what);
+  if (st == MF_OK) st = mf_loader_create(path, seq_len, micro_batch, seed, mode, out);
+  if (st != MF_OK) mf_error_prefix("%.*s", (int)(strlen(place) > 2 ? strlen(place) - 2 : 0), place);
+  return st;
 }

@@ -80,6 +80,26 @@ mf_status mf_loader_create(const char *path, int64_t seq_len, int64_t micro_batc
                            mf_loader_mode mode, mf_loader **out);
 void mf_loader_free(mf_loader *l); /* NULL is fine */
 
+/* Where a data file was named, for its messages (mf_loader_open). */
+typedef struct mf_loader_origin {
+  const char *key;       /* "data.train", "data.valid" or "--tokens" */
+  const char *where;     /* the key's place in the config (config.h mf_config_where: "configs/x.yaml:22:10"
+                            or "command line: data.train=X"), or NULL */
+  const char *model_dir; /* model.path: the tokenizer a how-to names (NULL: a placeholder) */
+} mf_loader_origin;
+
+/* mf_loader_create for the data file a config key names, every error
+ * prefixed by the key's place and the key ("configs/x.yaml:22:10: data.train:
+ * PATH: No such file or directory"; "command line: data.train: PATH: ..." for
+ * an override). A
+ * file that is not a .tokens file says what it looks like (src/io/tokens.h
+ * mf_tokens_sniff: JSONL, plain text, YAML, JSON, safetensors, empty, ...)
+ * and how to make one (tools/prepare_data.py with a tokenizer; `moefit data
+ * bytes` for byte-level tokens); one that begins with the .tokens magic gets
+ * the reader's own message. */
+mf_status mf_loader_open(const mf_loader_origin *o, const char *path, int64_t seq_len, int64_t micro_batch,
+                         uint64_t seed, mf_loader_mode mode, mf_loader **out);
+
 /* Fills one micro-batch, each a row-major [micro_batch, seq_len] int32 array:
  * ids[b,s] = window[s], targets[b,s] = window[s+1] or -1 (masked), positions[b,s]
  * = s. positions may be NULL. Rows past batch->n_seq (EVAL's last batch) are

@@ -3,8 +3,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +133,36 @@ static void format_eta(char *buf, size_t cap, double left, double per_unit) {
   format_duration(buf, cap, left <= 0 ? 0.0 : left * per_unit);
 }
 
-size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64_t total_steps) {
+/* The stream figures of a verbose line (metrics.h). */
+static void progress_streams(char *buf, size_t cap, size_t *n, const mf_step_metrics *s) {
+  if (isfinite(s->busy_s[0]) && isfinite(s->step_s) && s->step_s > 0) {
+    static const char *const names[3] = {"c", "up", "dn"};
+    appendf(buf, cap, n, "  busy");
+    for (int k = 0; k < 3; k++)
+      appendf(buf, cap, n, " %s %.0f%%", names[k],
+              isfinite(s->busy_s[k]) ? 100.0 * s->busy_s[k] / s->step_s : 0.0);
+    /* The host's share submitting the work: near 100%, it sets the pace. */
+    if (isfinite(s->host_submit_s))
+      appendf(buf, cap, n, " host %.0f%%", 100.0 * s->host_submit_s / s->step_s);
+  }
+  if (isfinite(s->h2d_bytes) || isfinite(s->d2h_bytes)) {
+    char up[32], dn[32];
+    appendf(buf, cap, n, "  io %s/%s", format_bytes(up, sizeof up, s->h2d_bytes),
+            format_bytes(dn, sizeof dn, s->d2h_bytes));
+  }
+  if (isfinite(s->peak_device_bytes)) {
+    char pk[32];
+    appendf(buf, cap, n, "  peak %s", format_bytes(pk, sizeof pk, s->peak_device_bytes));
+  }
+  if (s->optimizer_hidden_s > 0 || s->optimizer_exposed_s > 0)
+    appendf(buf, cap, n, "  opt hidden %.1fms exposed %.1fms", s->optimizer_hidden_s * 1e3,
+            s->optimizer_exposed_s * 1e3);
+  if (isfinite(s->staging_fill_s) && isfinite(s->staging_drain_s) && isfinite(s->step_s) && s->step_s > 0)
+    appendf(buf, cap, n, "  staging in %.0f%% out %.0f%%", 100.0 * s->staging_fill_s / s->step_s,
+            100.0 * s->staging_drain_s / s->step_s);
+}
+
+size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64_t total_steps, int verbose) {
   size_t n = 0;
   if (cap) buf[0] = 0;
   if (total_steps > 0) {
@@ -140,16 +171,16 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
   } else {
     appendf(buf, cap, &n, "step %lld", (ll)s->step);
   }
-  if (s->window_steps > 0) {
-    appendf(buf, cap, &n, "  loss %.4f  aux %.4f", s->window_loss, s->window_aux_loss);
-    if (s->window_steps > 1) appendf(buf, cap, &n, " (mean of %lld steps)", (ll)s->window_steps);
-  } else {
-    appendf(buf, cap, &n, "  loss %.4f  aux %.4f", s->loss, s->aux_loss);
-  }
+  const int window = s->window_steps > 0;
+  appendf(buf, cap, &n, "  loss %.4f", window ? s->window_loss : s->loss);
+  if (verbose) appendf(buf, cap, &n, "  aux %.4f", window ? s->window_aux_loss : s->aux_loss);
+  if (s->window_steps > 1) appendf(buf, cap, &n, " (mean of %lld steps)", (ll)s->window_steps);
   if (isfinite(s->eval_loss)) appendf(buf, cap, &n, "  eval %.4f", s->eval_loss);
   char rate[32];
   mf_format_count(isfinite(s->tokens_per_s) && s->tokens_per_s >= 0 ? s->tokens_per_s : NAN, rate, sizeof rate);
-  appendf(buf, cap, &n, "  lr %.2e  |g| %.3g  %s tok/s", s->lr, s->grad_norm, rate);
+  appendf(buf, cap, &n, "  lr %.2e", s->lr);
+  if (verbose) appendf(buf, cap, &n, "  |g| %.3g", s->grad_norm);
+  appendf(buf, cap, &n, "  %s tok/s", rate);
   if (total_steps > 0) {
     double per_step = NAN;
     if (isfinite(s->step_s) && s->step_s > 0)
@@ -160,30 +191,7 @@ size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64
     format_eta(eta, sizeof eta, (double)(total_steps - s->step), per_step);
     appendf(buf, cap, &n, "  eta %s", eta);
   }
-  if (isfinite(s->busy_s[0]) && isfinite(s->step_s) && s->step_s > 0) {
-    static const char *const names[3] = {"c", "up", "dn"};
-    appendf(buf, cap, &n, "  busy");
-    for (int k = 0; k < 3; k++)
-      appendf(buf, cap, &n, " %s %.0f%%", names[k], isfinite(s->busy_s[k]) ? 100.0 * s->busy_s[k] / s->step_s : 0.0);
-    /* The host's share submitting the work: near 100%, it sets the pace. */
-    if (isfinite(s->host_submit_s))
-      appendf(buf, cap, &n, " host %.0f%%", 100.0 * s->host_submit_s / s->step_s);
-  }
-  if (isfinite(s->h2d_bytes) || isfinite(s->d2h_bytes)) {
-    char up[32], dn[32];
-    appendf(buf, cap, &n, "  io %s/%s", format_bytes(up, sizeof up, s->h2d_bytes),
-            format_bytes(dn, sizeof dn, s->d2h_bytes));
-  }
-  if (isfinite(s->peak_device_bytes)) {
-    char pk[32];
-    appendf(buf, cap, &n, "  peak %s", format_bytes(pk, sizeof pk, s->peak_device_bytes));
-  }
-  if (s->optimizer_hidden_s > 0 || s->optimizer_exposed_s > 0)
-    appendf(buf, cap, &n, "  opt hidden %.1fms exposed %.1fms", s->optimizer_hidden_s * 1e3,
-            s->optimizer_exposed_s * 1e3);
-  if (isfinite(s->staging_fill_s) && isfinite(s->staging_drain_s) && isfinite(s->step_s) && s->step_s > 0)
-    appendf(buf, cap, &n, "  staging in %.0f%% out %.0f%%", 100.0 * s->staging_fill_s / s->step_s,
-            100.0 * s->staging_drain_s / s->step_s);
+  if (verbose) progress_streams(buf, cap, &n, s);
   if (s->skipped) appendf(buf, cap, &n, "  SKIPPED (non-finite gradients)");
   return n;
 }
@@ -408,4 +416,136 @@ void mf_metrics_close(mf_metrics *m) {
   if (m->fd >= 0) close(m->fd);
   free(m->path);
   free(m);
+}
+
+/* ---------------------------------------------------------------- reading */
+
+/* The keys of a step line that hold a double, and where it goes. */
+static const struct {
+  const char *key;
+  size_t off;
+} k_doubles[] = {
+    {"loss", offsetof(mf_step_metrics, loss)},
+    {"ce_loss", offsetof(mf_step_metrics, ce_loss)},
+    {"aux_loss", offsetof(mf_step_metrics, aux_loss)},
+    {"window_loss", offsetof(mf_step_metrics, window_loss)},
+    {"window_aux_loss", offsetof(mf_step_metrics, window_aux_loss)},
+    {"lr", offsetof(mf_step_metrics, lr)},
+    {"grad_norm", offsetof(mf_step_metrics, grad_norm)},
+    {"tokens_per_s", offsetof(mf_step_metrics, tokens_per_s)},
+    {"elapsed_s", offsetof(mf_step_metrics, elapsed_s)},
+    {"eval_loss", offsetof(mf_step_metrics, eval_loss)},
+    {"eval_s", offsetof(mf_step_metrics, eval_s)},
+    {"step_s", offsetof(mf_step_metrics, step_s)},
+    {"expert_imbalance", offsetof(mf_step_metrics, expert_imbalance)},
+    {"compute_busy_s", offsetof(mf_step_metrics, busy_s[0])},
+    {"h2d_busy_s", offsetof(mf_step_metrics, busy_s[1])},
+    {"d2h_busy_s", offsetof(mf_step_metrics, busy_s[2])},
+    {"compute_idle_s", offsetof(mf_step_metrics, idle_s[0])},
+    {"h2d_idle_s", offsetof(mf_step_metrics, idle_s[1])},
+    {"d2h_idle_s", offsetof(mf_step_metrics, idle_s[2])},
+    {"host_submit_s", offsetof(mf_step_metrics, host_submit_s)},
+    {"h2d_bytes", offsetof(mf_step_metrics, h2d_bytes)},
+    {"d2h_bytes", offsetof(mf_step_metrics, d2h_bytes)},
+    {"peak_device_bytes", offsetof(mf_step_metrics, peak_device_bytes)},
+    {"optimizer_hidden_s", offsetof(mf_step_metrics, optimizer_hidden_s)},
+    {"optimizer_exposed_s", offsetof(mf_step_metrics, optimizer_exposed_s)},
+    {"staging_fill_s", offsetof(mf_step_metrics, staging_fill_s)},
+    {"staging_drain_s", offsetof(mf_step_metrics, staging_drain_s)},
+    {"checkpoint_s", offsetof(mf_step_metrics, checkpoint_s)},
+    {"checkpoint_bytes", offsetof(mf_step_metrics, checkpoint_bytes)},
+    {"checkpoint_write_s", offsetof(mf_step_metrics, checkpoint_write_s)},
+};
+
+static int64_t json_int(const json_t *v, int64_t dflt) {
+  return json_is_integer(v)  ? (int64_t)json_integer_value(v)
+         : json_is_number(v) ? (int64_t)json_number_value(v)
+                             : dflt;
+}
+
+/* A step line into *s; 0 when o is not one (no integer "step" >= 0). */
+static int parse_step(const json_t *o, mf_step_metrics *s) {
+  const json_t *step = json_object_get(o, "step");
+  if (!json_is_integer(step) || json_integer_value(step) < 0) return 0;
+  mf_step_metrics_init(s);
+  s->step = (int64_t)json_integer_value(step);
+  s->window_steps = json_int(json_object_get(o, "window_steps"), 0);
+  s->tokens = json_int(json_object_get(o, "tokens"), 0);
+  s->skipped = json_is_true(json_object_get(o, "skipped"));
+  for (size_t k = 0; k < sizeof k_doubles / sizeof k_doubles[0]; k++) {
+    const json_t *v = json_object_get(o, k_doubles[k].key);
+    if (json_is_number(v)) *(double *)((char *)s + k_doubles[k].off) = json_number_value(v);
+  }
+  return 1;
+}
+
+/* Room for one more element of `size` bytes in *arr (n used, *cap held). */
+static mf_status grow(void **arr, size_t n, size_t *cap, size_t size) {
+  if (n < *cap) return MF_OK;
+  const size_t want = *cap ? *cap * 2 : 64;
+  void *p = realloc(*arr, want * size);
+  if (!p) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory reading metrics (%zu lines)", n);
+  *arr = p;
+  *cap = want;
+  return MF_OK;
+}
+
+/* One line of the file into the log (a line that is not this format is counted). */
+static mf_status read_line(mf_metrics_log *log, const char *line, size_t len, size_t lineno,
+                           size_t *cap_lines, size_t *cap_resumes) {
+  json_t *o = json_loadb(line, len, 0, NULL);
+  mf_status st = MF_OK;
+  mf_step_metrics s;
+  const json_t *from = json_object_get(o, "resumed_from"), *at = json_object_get(o, "resume_step");
+  if (json_is_object(o) && json_is_string(from) && json_is_integer(at)) {
+    const int64_t step = (int64_t)json_integer_value(at);
+    while (log->n > 0 && log->lines[log->n - 1].step > step) log->n--; /* the steps the run repeated */
+    MF_CHECK_GOTO(grow((void **)&log->resumes, log->n_resumes, cap_resumes, sizeof *log->resumes), st, done);
+    char *dir = mf_strdup(json_string_value(from));
+    if (!dir) {
+      st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "out of memory reading metrics");
+      goto done;
+    }
+    log->resumes[log->n_resumes++] = (mf_metrics_resume){step, dir};
+  } else if (json_is_object(o) && parse_step(o, &s)) {
+    while (log->n > 0 && log->lines[log->n - 1].step >= s.step)
+      log->n--; /* written again: the later counts */
+    MF_CHECK_GOTO(grow((void **)&log->lines, log->n, cap_lines, sizeof *log->lines), st, done);
+    log->lines[log->n++] = s;
+  } else {
+    if (!log->unread) log->first_unread = lineno;
+    log->unread++;
+  }
+done:
+  json_decref(o);
+  return st;
+}
+
+mf_status mf_metrics_read(const char *path, mf_metrics_log *out) {
+  memset(out, 0, sizeof *out);
+  char *text = NULL;
+  size_t len = 0;
+  MF_CHECK(mf_read_file(path, (size_t)1 << 34, "a metrics file", &text, &len));
+  size_t cap_lines = 0, cap_resumes = 0, lineno = 0;
+  mf_status st = MF_OK;
+  for (size_t i = 0; i < len && st == MF_OK;) {
+    const char *nl = memchr(text + i, '\n', len - i);
+    const size_t end = nl ? (size_t)(nl - text) : len;
+    lineno++;
+    size_t a = i, b = end;
+    while (a < b && (text[a] == ' ' || text[a] == '\t' || text[a] == '\r')) a++;
+    while (b > a && (text[b - 1] == ' ' || text[b - 1] == '\t' || text[b - 1] == '\r')) b--;
+    if (b > a) st = read_line(out, text + a, b - a, lineno, &cap_lines, &cap_resumes);
+    i = end + 1;
+  }
+  free(text);
+  return st;
+}
+
+void mf_metrics_log_free(mf_metrics_log *log) {
+  if (!log) return;
+  for (size_t i = 0; i < log->n_resumes; i++) free(log->resumes[i].from);
+  free(log->resumes);
+  free(log->lines);
+  memset(log, 0, sizeof *log);
 }

@@ -153,27 +153,59 @@ mf_status mf_metrics_write_resume(mf_metrics *m, const char *dir, int64_t step);
 const char *mf_metrics_path(const mf_metrics *m); /* dir/metrics.jsonl */
 void mf_metrics_close(mf_metrics *m);             /* NULL is fine */
 
+/* A run's metrics.jsonl read back (mf_metrics_read): what `moefit inspect`
+ * and `moefit plot` show. */
+typedef struct mf_metrics_resume {
+  int64_t step; /* resume_step: the run continued from the checkpoint of this step */
+  char *from;   /* resumed_from: that checkpoint's directory */
+} mf_metrics_resume;
+
+typedef struct mf_metrics_log {
+  mf_step_metrics *lines; /* the step lines in step order, each step once: after a
+                             resume the lines past its step are dropped (the run
+                             repeated those steps), and of a step written twice
+                             the later line counts */
+  size_t n;
+  mf_metrics_resume *resumes; /* the resume marks, in file order */
+  size_t n_resumes;
+  size_t unread;       /* lines that are not JSON objects of this format (a half-written
+                          last line of a crashed run, a line someone added) */
+  size_t first_unread; /* the 1-based line number of the first of them (0: none) */
+} mf_metrics_log;
+
+/* Reads `path` (a metrics.jsonl) into *out (zeroed first; free it with
+ * mf_metrics_log_free, also after a failure). A key missing from a line or
+ * null reads as mf_step_metrics_init's value (NaN for the optional fields).
+ * MF_ERR_IO naming the path when it cannot be read. */
+mf_status mf_metrics_read(const char *path, mf_metrics_log *out);
+void mf_metrics_log_free(mf_metrics_log *log);
+
 /* The JSON object of one step, without the newline, into buf (NUL-terminated).
  * Returns its length, or a value >= cap when it was cut (as snprintf). */
 size_t mf_metrics_format_json(char *buf, size_t cap, const mf_step_metrics *s);
 
-/* One line for people, without a newline:
+/* One line for people, without a newline, that fits about 100 columns:
+ *   step   40/300  loss 2.3412 (mean of 10 steps)  eval 2.1003  lr 2.67e-03  12.3K tok/s  eta 1m32s
+ * "loss" is window_loss, the mean over the window ("(mean of N steps)" says
+ * so when N > 1); without a window (window_steps 0) the step's loss. " eval X"
+ * when the step evaluated. tok/s is mf_format_count of tokens_per_s. The step
+ * is padded to the width of total_steps; total_steps <= 0 leaves out "/total"
+ * and the ETA. The ETA is the training steps left x step_s (or x elapsed_s /
+ * step when step_s is not set): evaluations still to come are not in it (they
+ * report their own progress, mf_eval_progress_format). "  SKIPPED (non-finite
+ * gradients)" is added when it applies.
+ *
+ * verbose (`moefit train --verbose`) adds the router's loss and the gradient
+ * norm, and the stream figures metrics.jsonl always has:
  *   step   40/300  loss 2.3412  aux 2.0104 (mean of 10 steps)  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 1m32s
  *     busy c 78% up 1% dn 1%  io 1.74 MiB/1.72 MiB  peak 13.49 MiB
- * (on one line). "loss" and "aux" are window_loss and window_aux_loss, the
- * means over the window ("(mean of N steps)" says so when N > 1); without a
- * window (window_steps 0) the step's loss and aux_loss. The second part, when
- * the stream fields are set: each stream's busy seconds as a share of step_s
- * (c: compute, up: h2d, dn: d2h), the bytes up/down per step and the peak
- * device bytes (mf_format_bytes); "  opt hidden X.Xms exposed Y.Yms" when
- * either optimizer field is > 0. tok/s is mf_format_count of tokens_per_s.
- * The step is padded to the width of total_steps; total_steps <= 0 leaves out
- * "/total" and the ETA. The ETA is the training steps left × step_s (or ×
- * elapsed_s / step when step_s is not set): evaluations still to come are not
- * in it (they report their own progress, mf_eval_progress_format). " eval X"
- * and " SKIPPED (non-finite gradients)" are added when they apply. Returns
- * the length, as snprintf. */
-size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64_t total_steps);
+ * (on one line): "aux" is window_aux_loss (or the step's aux_loss); when the
+ * stream fields are set, each stream's busy seconds as a share of step_s (c:
+ * compute, up: h2d, dn: d2h) and the host's submitting them, the bytes
+ * up/down per step and the peak device bytes (mf_format_bytes); "  opt hidden
+ * X.Xms exposed Y.Yms" when either optimizer field is > 0; "  staging in X%
+ * out Y%" with staged copies. Returns the length, as snprintf. */
+size_t mf_progress_format(char *buf, size_t cap, const mf_step_metrics *s, int64_t total_steps, int verbose);
 
 /* One line about an evaluation under way, without a newline:
  *   eval runs/demo/data/valid.tokens: 1200/3326 windows (36%), 4s, eta 7s

@@ -38,7 +38,7 @@ static void newest_complete(const char *dir, char *name, size_t cap) {
   if (newest >= 0) snprintf(name, cap, "step-%06lld", (long long)newest);
 }
 
-mf_status mf_train_check_output_dir(const char *dir) {
+mf_status mf_train_check_output_dir(const char *dir, const char *resume_cmd) {
   struct stat sb;
   if (stat(dir, &sb) != 0) {
     if (errno == ENOENT) return MF_OK;
@@ -63,9 +63,9 @@ mf_status mf_train_check_output_dir(const char *dir) {
     return MF_ERR(
         MF_ERR_CONFIG,
         "output.dir %s holds an earlier run (%s; newest complete checkpoint %s/checkpoints/%s): training "
-        "into it would overwrite that run, so nothing was changed. Continue it with `moefit train CONFIG "
-        "--resume`, or give another output.dir (e.g. output.dir=%s-2)",
-        dir, held, dir, ckpt, dir);
+        "into it would overwrite that run, so nothing was changed. Continue it with `%s`, or give another "
+        "output.dir (e.g. output.dir=%s-2)",
+        dir, held, dir, ckpt, resume_cmd ? resume_cmd : "moefit train CONFIG --resume", dir);
   return MF_ERR(
       MF_ERR_CONFIG,
       "output.dir %s holds an earlier run (%s; no complete checkpoint to resume from): training into it "

@@ -40,6 +40,10 @@ void mf_ranks_free(mf_ranks *k, int collective) {
     mf_comm_relay_free(k->relay);
     mf_comm_shared_free(k->sums);
     mf_comm_shared_free(k->home);
+  } else { /* after a failure: the others may never come to free them with us */
+    mf_comm_relay_forget(k->relay);
+    mf_comm_shared_forget(k->sums);
+    mf_comm_shared_forget(k->home);
   }
   ranks_pieces_free(k);
   memset(k, 0, sizeof *k);

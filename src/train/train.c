@@ -20,6 +20,7 @@ typedef struct run {
   const int64_t *tokens; /* this step's tokens per expert (over every rank) */
   mf_config ev_cfg; /* the evaluation's config: cfg, planned with the training plan's routing (setup) */
   int quiet;
+  int verbose; /* the progress lines with the stream figures (MF_TRAIN_VERBOSE) */
   mf_threadpool *pool;
   mf_param_table *t;
   float *w;    /* fp32 master weights (in hs.master when they spill) */
@@ -130,11 +131,13 @@ static mf_status worker_create(run *r) {
 }
 
 /* A token file of the config (`key`: data.train or data.valid): opened,
- * checked, its vocabulary within the model's; an error names the key. */
+ * checked, its vocabulary within the model's; an error names the key and
+ * its place in the config (loader.h mf_loader_open). */
 static mf_status open_data(const mf_config *cfg, const char *key, const char *path, mf_loader_mode mode,
                            uint64_t seed, const mf_param_table *t, mf_loader **out) {
-  mf_status st = mf_loader_create(path, cfg->data.seq_len, cfg->train.micro_batch, seed, mode, out);
-  if (st == MF_OK) st = mf_train_check_vocab(*out, t);
+  const mf_loader_origin o = {key, mf_config_where(cfg, key), cfg->model.has_init ? NULL : cfg->model.path};
+  MF_CHECK(mf_loader_open(&o, path, cfg->data.seq_len, cfg->train.micro_batch, seed, mode, out));
+  const mf_status st = mf_train_check_vocab(*out, t);
   if (st != MF_OK) mf_error_prefix("%s", key);
   return st;
 }
@@ -707,7 +710,9 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     mf_exec_stats_get(r->tr.exec, &xs);
     sm->elapsed_s = mf_time_now() - r->t_start;
     mf_step_metrics line;
-    MF_CHECK(mf_window_flush(&r->win, r->metrics, sm, &xs, r->tokens_per_step, cfg->train.steps, r->quiet, &line));
+    const int progress = r->quiet ? 0 : r->verbose ? 2 : 1;
+    MF_CHECK(
+        mf_window_flush(&r->win, r->metrics, sm, &xs, r->tokens_per_step, cfg->train.steps, progress, &line));
     out->final_loss = line.window_loss;
     out->final_loss_steps = line.window_steps;
   }
@@ -735,9 +740,9 @@ static mf_status stopped(run *r, int64_t step, mf_train_summary *out) {
   out->stop_signal = r->stop;
   char name[32];
   if (!r->quiet)
-    MF_LOGI("train", "stopped by %s after step %lld of %lld: checkpoint %s; continue with `moefit train CONFIG "
-          "--resume`", mf_stop_signal_name(r->stop, name, sizeof name), (long long)step,
-          (long long)r->cfg->train.steps, out->checkpoint_dir);
+    MF_LOGI("train", "stopped by %s after step %lld of %lld: checkpoint %s",
+            mf_stop_signal_name(r->stop, name, sizeof name), (long long)step, (long long)r->cfg->train.steps,
+            out->checkpoint_dir);
   return MF_OK;
 }
 
@@ -801,8 +806,18 @@ static mf_status finish(run *r, mf_train_summary *out) {
   MF_LOGI("train", "routing: %s (%llu tokens)", routing_path, (unsigned long long)routed_tokens);
   /* Training time and evaluation time apart; the losses say which they are:
    * step 1's, then the mean of the last progress line's window. */
-  char rate[32], evals[128] = "", last[64];
+  char rate[32], evals[128] = "", last[64], steps[96];
   int ne = 0;
+  /* This process's steps: after a resume, those since the checkpoint (the
+   * seconds and tokens/s are theirs) */
+  if (r->first_step > 0 && ran > 0)
+    snprintf(steps, sizeof steps, "%lld steps (%lld-%lld)", (long long)ran, (long long)r->first_step + 1,
+             (long long)out->steps);
+  else if (r->first_step > 0)
+    snprintf(steps, sizeof steps, "0 steps (resumed at step %lld of %lld)", (long long)r->first_step,
+             (long long)cfg->train.steps);
+  else
+    snprintf(steps, sizeof steps, "%lld steps", (long long)ran);
   if (out->eval_seconds > 0) ne = snprintf(evals, sizeof evals, " + %.1f s of evaluation", out->eval_seconds);
   if (out->checkpoint_seconds > 0)
     snprintf(evals + ne, sizeof evals - (size_t)ne, " + %.1f s of checkpoints", out->checkpoint_seconds);
@@ -813,9 +828,9 @@ static mf_status finish(run *r, mf_train_summary *out) {
     snprintf(last, sizeof last, "step %lld", (long long)out->steps);
   MF_LOGI(
       "train",
-      "done: %lld steps in %.1f s of training (%s tokens/s)%s; train loss %.4f -> %.4f nats/token (step 1 "
+      "done: %s in %.1f s of training (%s tokens/s)%s; train loss %.4f -> %.4f nats/token (step 1 "
       "-> %s); unigram entropy %.4f%s",
-      (long long)out->steps, train_s, mf_format_count(out->tokens_per_s, rate, sizeof rate), evals,
+      steps, train_s, mf_format_count(out->tokens_per_s, rate, sizeof rate), evals,
       out->first_loss, out->final_loss, last, out->entropy_nats, out->skipped ? " (some steps skipped)" : "");
   if (r->valid)
     MF_LOGI("train", "validation loss %.4f (perplexity %.2f) on %s", out->valid_loss, exp(out->valid_loss),
@@ -841,6 +856,8 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
   memset(&r, 0, sizeof r);
   r.cfg = cfg;
   r.rank0 = 1;
+  r.verbose = (quiet & MF_TRAIN_VERBOSE) != 0;
+  quiet &= MF_TRAIN_QUIET;
   if (comm && mf_comm_size(comm) > 1) {
     r.multi = 1;
     r.cfg_ranks = *cfg;

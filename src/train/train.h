@@ -72,6 +72,12 @@ typedef struct mf_train_summary {
   char checkpoint_dir[4400]; /* the newest checkpoint this run wrote or resumed from ("" none) */
 } mf_train_summary;
 
+/* The `quiet` argument of mf_train, mf_train_resume and mf_train_ranks: 0
+ * the progress lines (metrics.h mf_progress_format), MF_TRAIN_QUIET none
+ * (tests), MF_TRAIN_VERBOSE the progress lines with the stream figures
+ * (`moefit train --verbose`). */
+enum { MF_TRAIN_QUIET = 1, MF_TRAIN_VERBOSE = 2 };
+
 /* Trains as the config says: progress lines on stderr, OUTPUT/metrics.jsonl,
  * the final weights in OUTPUT/final (an HF model dir), resume checkpoints in
  * OUTPUT/checkpoints (output.checkpoint_every, and at the end). `quiet` suppresses
@@ -87,10 +93,11 @@ mf_status mf_train(const mf_config *cfg, int quiet, mf_train_summary *out);
 /* MF_OK when `dir` (output.dir) is missing, empty or holds no earlier run;
  * else MF_ERR_CONFIG naming the dir, what it holds (metrics.jsonl, final/,
  * checkpoints/) and what to do instead: --resume when it has a complete
- * checkpoint, another output.dir. Changes nothing. plan.json, routing.json,
+ * checkpoint (the command `resume_cmd` when given, else "moefit train CONFIG
+ * --resume"), another output.dir. Changes nothing. plan.json, routing.json,
  * hw-cuda.yaml and data/ alone do not make a run (outdir.c says why).
  * `moefit train` without --resume calls it before anything is written. */
-mf_status mf_train_check_output_dir(const char *dir);
+mf_status mf_train_check_output_dir(const char *dir, const char *resume_cmd);
 /* mf_train continued from a resume checkpoint (src/ckpt/ckpt.h): `dir`, or
  * (NULL) the newest complete one under OUTPUT/checkpoints, newer incomplete
  * or damaged ones passed over with a warning. A checkpoint that does not

@@ -234,11 +234,13 @@ void mf_window_add_worker(mf_window *w, double busy, double waited);
 /* `seconds` of the window went to something other than training (an
  * evaluation): they are not in its step_s, tokens_per_s or ETA. */
 void mf_window_exclude(mf_window *w, double seconds);
-/* Writes the window's metrics line (and the progress line unless quiet) and
- * starts a new window. `base` holds the step's own fields; *line gets the
- * line as written (its window_loss, window_steps). */
+/* Writes the window's metrics line (and the progress line: `progress` 0
+ * none, 1 the compact one, 2 the verbose one with the stream figures,
+ * metrics.h mf_progress_format) and starts a new window. `base` holds the
+ * step's own fields; *line gets the line as written (its window_loss,
+ * window_steps). */
 mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *base, const mf_exec_stats *xs,
-                          int64_t tokens_per_step, int64_t total_steps, int quiet, mf_step_metrics *line);
+                          int64_t tokens_per_step, int64_t total_steps, int progress, mf_step_metrics *line);
 
 /* -------------------------------------------------------- checkpoint.c */
 

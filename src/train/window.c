@@ -39,7 +39,7 @@ void mf_window_add_worker(mf_window *w, double busy, double waited) {
 }
 
 mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *base, const mf_exec_stats *xs,
-                          int64_t tokens_per_step, int64_t total_steps, int quiet, mf_step_metrics *line) {
+                          int64_t tokens_per_step, int64_t total_steps, int progress, mf_step_metrics *line) {
   const double now = mf_time_now(), n = (double)w->n;
   const double train_s = now - w->t0 - w->excluded, span = train_s > 0 ? train_s : 1e-9;
   mf_step_metrics sm = *base;
@@ -64,9 +64,9 @@ mf_status mf_window_flush(mf_window *w, mf_metrics *m, const mf_step_metrics *ba
   sm.staging_fill_s = w->fill / n;
   sm.staging_drain_s = w->drain / n;
   MF_CHECK(mf_metrics_write(m, &sm));
-  if (!quiet) {
+  if (progress) {
     char text[512];
-    mf_progress_format(text, sizeof text, &sm, total_steps);
+    mf_progress_format(text, sizeof text, &sm, total_steps, progress > 1);
     MF_LOGI("train", "%s", text);
   }
   *line = sm;

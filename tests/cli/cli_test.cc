@@ -166,6 +166,12 @@ TEST(Cli, TrainEvalInitAndInspect) {
 
   Result init = moefit("init --family qwen2_moe --preset tiny --out " + dir + "/qwen --seed 3");
   EXPECT_EQ(init.code, 0) << init.out;
+  // A whole HF model dir: the byte-level tokenizer beside the weights, its 259
+  // ids within the tiny preset's vocab (tests/model/hf_tokenizer_test: the files).
+  EXPECT_NE(read_file(dir + "/qwen/config.json").find("\"vocab_size\": 272"), std::string::npos);
+  EXPECT_NE(read_file(dir + "/qwen/tokenizer.json").find("\"<|im_end|>\""), std::string::npos);
+  EXPECT_NE(read_file(dir + "/qwen/tokenizer_config.json").find("\"chat_template\""), std::string::npos);
+  EXPECT_NE(read_file(dir + "/qwen/special_tokens_map.json").find("\"eos_token\""), std::string::npos);
   Result ins = moefit("inspect " + dir + "/qwen");
   EXPECT_EQ(ins.code, 0) << ins.out;
   EXPECT_NE(ins.out.find("model.layers.1.mlp.shared_expert_gate.weight"), std::string::npos) << ins.out;

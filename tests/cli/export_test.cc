@@ -4,8 +4,10 @@
 // sharded set holding every tensor once with the same bytes; a non-empty
 // --out and a damaged checkpoint are refused, leaving nothing behind; where a
 // python with transformers and torch is at hand (MF_HF_PYTHON), transformers
-// loads the export with no missing or unexpected keys.
+// loads the export with no missing or unexpected keys. The export carries the
+// tokenizer files of the run's model.path (none for model.init, said so).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -22,7 +24,9 @@ bool has(const std::string &s, const std::string &what) {
   return s.find(what) != std::string::npos;
 }
 
-std::string Corpus() { return text_tokens("export_corpus", 30000); }
+std::string Corpus() {
+  return text_tokens("export_corpus", 30000);
+}
 
 const std::string kModel =
     " configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 ";
@@ -288,6 +292,111 @@ TEST(Export, TransformersLoadsItWithNoMissingOrUnexpectedKeys) {
                    dir + " 2>&1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "missing [] unexpected []")) << r.out;
+}
+
+// The export is a whole model: the tokenizer and chat-template files of the
+// run's model.path are copied into it byte for byte (a link followed, a file
+// that is not a tokenizer's left out), for a full fine-tune and for a LoRA
+// run's merged model and adapter dir; a model.init run says it has none; a
+// tokenizer file that cannot be read fails the export with nothing left.
+const char *const kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",   "vocab.json",
+    "merges.txt",     "added_tokens.json",     "chat_template.jinja",     "chat_template.json"};
+
+void ExpectTokenizerCopied(const std::string &base, const std::string &out) {
+  for (const char *f : kTokenizerFiles) {
+    const std::string want = read_file(base + "/" + f);
+    EXPECT_FALSE(want.empty()) << base << "/" << f;
+    EXPECT_EQ(read_file(out + "/" + f), want) << out << "/" << f << " is not " << base << "/" << f;
+  }
+  EXPECT_NE(access((out + "/README.md").c_str(), F_OK), 0) << "only the tokenizer's files are copied";
+}
+
+// An init'd base (tokenizer.json, tokenizer_config.json, special_tokens_map.json)
+// with the other tokenizer files a Hugging Face dir may hold: tokenizer.model
+// binary (NUL and high bytes) and a link to a blob, as a hub cache's snapshot.
+std::string TokenizerBase() {
+  static std::string base;
+  if (!base.empty()) return base;
+  base = tmpdir() + "/export_tok_base";
+  EXPECT_EQ(moefit("init --family qwen3_moe --preset tiny --seed 5 --out " + base).code, 0);
+  std::string binary("\x00\x01\xff\xfe sentencepiece\x00\n", 19);
+  write_file(base + "/blob-tokenizer-model", binary);
+  EXPECT_EQ(shell("ln -s blob-tokenizer-model " + base + "/tokenizer.model").code, 0);
+  write_file(base + "/vocab.json", "{\"a\": 0, \"b\": 1}");
+  write_file(base + "/merges.txt", "#version: 0.2\na b\n");
+  write_file(base + "/added_tokens.json", "{\"<|extra|>\": 300}\n");
+  write_file(base + "/chat_template.jinja", "{% for m in messages %}{{ m['content'] }}{% endfor %}\r\n");
+  write_file(base + "/chat_template.json", "{\"chat_template\": \"{{ messages }}\"}");
+  write_file(base + "/README.md", "not a tokenizer file\n");
+  return base;
+}
+
+TEST(Export, CopiesTheBaseTokenizerIntoAFullFineTunesExport) {
+  const std::string base = TokenizerBase(), run = tmpdir() + "/export_tok_full",
+                    out = tmpdir() + "/export_tok_full_hf";
+  Result t = moefit("train" + kModel + "model.init=null model.path=" + base +
+                    " train.micro_batch=2 train.warmup=1 train.steps=2 data.train=" + Corpus() +
+                    " output.dir=" + run);
+  ASSERT_EQ(t.code, 0) << t.out;
+  Result e = moefit("export " + run + " --out " + out + " --shard-size 300KB");
+  ASSERT_EQ(e.code, 0) << e.out;
+  ExpectTokenizerCopied(base, out);
+  EXPECT_TRUE(
+      has(e.out,
+          "  tokenizer: tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model, "
+          "vocab.json, merges.txt, added_tokens.json, chat_template.jinja, chat_template.json (copied from " +
+              base + ")\n"))
+      << e.out;
+  struct stat sb;
+  ASSERT_EQ(lstat((out + "/tokenizer.model").c_str(), &sb), 0);
+  EXPECT_TRUE(S_ISREG(sb.st_mode)) << "the link's bytes, not the link";
+
+  // A tokenizer file that cannot be read: the export fails naming it, and
+  // leaves neither the dir nor its temporary sibling.
+  const std::string bad = tmpdir() + "/export_tok_bad";
+  ASSERT_EQ(
+      shell("mv " + base + "/chat_template.jinja " + base + "/kept && mkdir " + base + "/chat_template.jinja")
+          .code,
+      0);
+  Result b = moefit("export " + run + " --out " + bad);
+  ASSERT_EQ(
+      shell("rmdir " + base + "/chat_template.jinja && mv " + base + "/kept " + base + "/chat_template.jinja")
+          .code,
+      0);
+  EXPECT_EQ(b.code, 1) << b.out;
+  EXPECT_TRUE(has(b.out, base + "/chat_template.jinja: not a regular file")) << b.out;
+  EXPECT_EQ(shell("ls -d " + bad + "* 2>/dev/null").out, "") << "nothing left behind";
+}
+
+TEST(Export, CopiesTheBaseTokenizerIntoALoraRunsMergedModelAndAdapterDir) {
+  const std::string base = tmpdir() + "/export_lora_base", merged = tmpdir() + "/export_tok_lora_merged",
+                    ad = tmpdir() + "/export_tok_lora_ad";
+  Result m = moefit("export " + LoraRun() + " --out " + merged);
+  ASSERT_EQ(m.code, 0) << m.out;
+  Result a = moefit("export " + LoraRun() + " --out " + ad + " --adapter");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const std::string &d : {merged, ad})
+    for (const char *f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+      EXPECT_FALSE(read_file(base + "/" + f).empty()) << "moefit init writes " << f;
+      EXPECT_EQ(read_file(d + "/" + f), read_file(base + "/" + f)) << d << "/" << f;
+    }
+  const std::string line =
+      "  tokenizer: tokenizer.json, tokenizer_config.json, special_tokens_map.json (copied from " + base +
+      ")\n";
+  EXPECT_TRUE(has(m.out, line)) << m.out;
+  EXPECT_TRUE(has(a.out, line)) << a.out;
+}
+
+TEST(Export, AModelInitRunSaysItHasNoTokenizer) {
+  const std::string out = tmpdir() + "/export_tok_init";
+  Result e = moefit("export " + DemoRun() + " --out " + out);
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_TRUE(has(e.out,
+                  "\n  no tokenizer: the run's model came from model.init (random weights, no tokenizer "
+                  "files to copy)\n"))
+      << e.out;
+  for (const char *f : kTokenizerFiles) EXPECT_NE(access((out + "/" + f).c_str(), F_OK), 0) << f;
 }
 
 }  // namespace

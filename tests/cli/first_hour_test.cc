@@ -195,7 +195,7 @@ TEST(FirstHour, PlanSpillNeedsTheNvmeDirectory) {
   EXPECT_TRUE(has(last_line(gone.out), "NVMe: the plan spills ")) << gone.out;
   EXPECT_TRUE(has(last_line(gone.out), missing + ", which does not exist")) << gone.out;
 
-  Result big = moefit("plan configs/moe-61x256.yaml");
+  Result big = moefit("plan tests/planner/data/moe-61x256.yaml");
   EXPECT_EQ(big.code, 1) << big.out;
   EXPECT_EQ(last_line(big.out).rfind("moefit plan: error: the plan cannot run: ", 0), 0u) << big.out;
   EXPECT_TRUE(has(last_line(big.out), "NVMe: the plan spills ")) << big.out;
@@ -283,10 +283,13 @@ TEST(FirstHour, TheMinimalConfigIsNoTrap) {
   // The data files: each error names its key.
   Result yaml = moefit("train " + with_data + " data.train=" + with_data);
   EXPECT_EQ(yaml.code, 1) << yaml.out;
-  EXPECT_TRUE(has(yaml.out, "moefit train: error: data.train: " + with_data + ": ")) << yaml.out;
+  EXPECT_TRUE(has(yaml.out, "moefit train: error: command line: data.train: " + with_data +
+                                ": not a .tokens file: it is YAML text"))
+      << yaml.out;
   Result valid = moefit("train " + with_data + " data.valid=" + dir + "/nope.tokens");
   EXPECT_EQ(valid.code, 1) << valid.out;
-  EXPECT_TRUE(has(valid.out, "moefit train: error: data.valid: " + dir + "/nope.tokens: cannot open"))
+  EXPECT_TRUE(has(valid.out, "moefit train: error: command line: data.valid: " + dir +
+                                 "/nope.tokens: No such file or directory"))
       << valid.out;
   Result vocab = moefit("train " + with_data + " model.init.vocab=100");
   EXPECT_EQ(vocab.code, 1) << vocab.out;

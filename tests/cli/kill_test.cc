@@ -282,8 +282,10 @@ TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
   std::smatch m;
   const std::string out = p.out();
   ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped by SIGTERM after step ([0-9]+) of 90: checkpoint " + dir +
-                                                   "/checkpoints/step-0*([0-9]+); continue with")))
+                                                   "/checkpoints/step-0*([0-9]+)\n")))
       << out;
+  // The command that continues it: the one that ran, overrides and all, with --resume.
+  EXPECT_NE(out.find("\ncontinue with: ./moefit " + Args(dir) + " --resume\n"), std::string::npos) << out;
   const int stopped = std::stoi(m[1]);
   EXPECT_GE(stopped, target);
   EXPECT_LT(stopped, kSteps);
@@ -368,7 +370,8 @@ TEST(Kill, SigtermDuringTheEvaluationStopsIt) {
   p.Signal(SIGTERM);
   int sig = 0;
   ASSERT_EQ(p.Finish(&sig), 0) << p.out();
-  EXPECT_NE(p.out().find("stopped by SIGTERM after step 5 of 90: checkpoint " + dir + "/checkpoints/step-000005;"),
+  EXPECT_NE(p.out().find("stopped by SIGTERM after step 5 of 90: checkpoint " + dir +
+                         "/checkpoints/step-000005\n"),
             std::string::npos)
       << p.out();
   EXPECT_EQ(NewestComplete(dir), 5);

@@ -47,7 +47,8 @@ TEST(OutputDir, AUsedDirIsRefusedAndLeftAsItWas) {
                          "checkpoint " +
                          d + "/checkpoints/step-000004)"))
       << again.out;
-  EXPECT_TRUE(has(again.out, "moefit train CONFIG --resume")) << again.out;
+  // The command that continues it is the one that was run, with --resume.
+  EXPECT_TRUE(has(again.out, "Continue it with `./moefit " + Args(d, 4) + " --resume`")) << again.out;
   EXPECT_TRUE(has(again.out, "another output.dir")) << again.out;
   EXPECT_FALSE(has(again.out, "step ")) << "refused before training:\n" << again.out;
   EXPECT_EQ(Tree(d), before) << "the refused run changed the directory";

@@ -190,6 +190,11 @@ TEST(Ranks, TooLittleSharedMemoryIsAClearError) {
       std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("give it more (docker run --shm-size=SIZE"), std::string::npos) << r.out;
+  // Every rank meets it alike: rank 0 says it once, every rank ends normally.
+  size_t said = 0, at = 0;
+  while ((at = r.out.find("the node's host state takes", at)) != std::string::npos) said++, at++;
+  EXPECT_EQ(said, 1u) << r.out;
+  EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << r.out;
 }
 
 TEST(Ranks, ConfigErrorsFailEveryRankTheSameWay) {

@@ -419,6 +419,67 @@ TEST(Comm, RelayTimeoutMustBeANumber) {
   EXPECT_NE(strstr(buf, "MF_COMM_TIMEOUT_S='soon'"), nullptr) << buf;
 }
 
+// Every rank failing: with one message, rank 0 alone reports it; with a
+// message a rank, each does; a rank whose relay only brought news of
+// another's failure stays quiet while one with a fault of its own reports.
+TEST(Comm, FailAgreeWhenEveryRankFails) {
+  const int rank = mf_comm_rank(g_comm), size = mf_comm_size(g_comm);
+  int all = 0, alike = 0, say = 0;
+  const double t0 = now_s();
+  mf_comm_fail_agree(g_comm, "data.train: bad file", 30, &all, &alike, &say);
+  EXPECT_LT(now_s() - t0, 10.0);
+  EXPECT_TRUE(all);
+  EXPECT_TRUE(alike);
+  EXPECT_EQ(say, rank == 0);
+  const std::string mine = "rank " + std::to_string(rank) + " failed";
+  mf_comm_fail_agree(g_comm, mine.c_str(), 30, &all, &alike, &say);
+  EXPECT_TRUE(all);
+  EXPECT_EQ(alike, size == 1);
+  EXPECT_TRUE(say);
+  // News of a failure through the relay (local rank 0 fails it), then every
+  // rank fails: the node's ranks that heard the news stay quiet.
+  mf_comm_relay *r = nullptr;
+  ASSERT_EQ(mf_comm_relay_create(g_comm, 1, &r), MF_OK) << mf_last_error();
+  mf_comm_relay_begin(r, 1);
+  const int lr = mf_comm_local_rank(g_comm), ls = mf_comm_local_size(g_comm);
+  if (lr == 0) mf_comm_relay_fail(r);
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  if (lr > 0) {
+    EXPECT_EQ(mf_comm_relay_wait(r, 0), MF_ERR_MPI);
+  }
+  ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
+  mf_comm_fail_agree(g_comm, lr > 0 ? "news" : mine.c_str(), 30, &all, &alike, &say);
+  EXPECT_TRUE(all);
+  EXPECT_EQ(alike, size == 1);
+  EXPECT_EQ(say, lr == 0 || ls == 1) << "local rank " << lr;
+  mf_comm_relay_free(r);
+}
+
+// Rank 0 fails alone: it waits its time and learns that not every rank
+// failed (then it would end the job). Here the others join late, which
+// completes the open gather, so the tests can go on.
+TEST(Comm, FailAgreeWhenOneRankFailsAlone) {
+  const int rank = mf_comm_rank(g_comm), size = mf_comm_size(g_comm);
+  int all = 0, alike = 0, say = 0;
+  if (rank == 0) {
+    const double t0 = now_s();
+    mf_comm_fail_agree(g_comm, "alone", 0.3, &all, &alike, &say);
+    const double waited = now_s() - t0;
+    EXPECT_EQ(all, size == 1);
+    if (size > 1) {
+      EXPECT_GE(waited, 0.29);
+    }
+    EXPECT_LT(waited, 10.0);
+    EXPECT_TRUE(say);
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  if (rank > 0) {
+    mf_comm_fail_agree(g_comm, "late", 30, &all, &alike, &say);
+    EXPECT_TRUE(all);
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+}
+
 int relaunch_under_mpirun(int argc, char **argv) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -349,17 +349,17 @@ mf_step_metrics Step40(double step_s) {
 TEST(Progress, Format) {
   mf_step_metrics s = Step40(0.35);  // 260 steps left × 0.35 s = 91 s
   char buf[256];
-  size_t n = mf_progress_format(buf, sizeof buf, &s, 300);
+  size_t n = mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_EQ(n, strlen(buf));
   EXPECT_STREQ(buf, "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 1m31s");
 
   // Without step_s the ETA comes from the mean step time so far.
   s.step_s = NAN;
   s.elapsed_s = 40 * 10.0;  // 260 × 10 s = 43 min 20 s
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_NE(std::string(buf).find("eta 43m20s"), std::string::npos) << buf;
   s.elapsed_s = 40 * 100.0;  // 26000 s
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_NE(std::string(buf).find("eta 7h13m"), std::string::npos) << buf;
 
   // Rates, eval loss, skipped steps, the last step and no total.
@@ -367,7 +367,7 @@ TEST(Progress, Format) {
   s.eval_loss = 1.9;
   s.skipped = 1;
   s.step = 300;
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_STREQ(
       buf,
       "step  300/300  loss 2.3412  aux 2.0104  eval 1.9000  lr 2.67e-03  |g| 0.512  950 tok/s  eta 0s"
@@ -376,17 +376,17 @@ TEST(Progress, Format) {
   s.skipped = 0;
   s.eval_loss = NAN;
   s.step = 7;
-  mf_progress_format(buf, sizeof buf, &s, 0);
+  mf_progress_format(buf, sizeof buf, &s, 0, 1);
   EXPECT_STREQ(buf, "step 7  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  2.50M tok/s");
 
   // A NaN loss prints as nan; an unknown rate as "-"; a cut line stays a C string.
   s.loss = NAN;
   s.tokens_per_s = NAN;
-  mf_progress_format(buf, sizeof buf, &s, 10);
+  mf_progress_format(buf, sizeof buf, &s, 10, 1);
   EXPECT_NE(std::string(buf).find("loss nan"), std::string::npos) << buf;
   EXPECT_NE(std::string(buf).find("- tok/s"), std::string::npos) << buf;
   char small[10];
-  size_t need = mf_progress_format(small, sizeof small, &s, 10);
+  size_t need = mf_progress_format(small, sizeof small, &s, 10, 1);
   EXPECT_GT(need, sizeof small);
   EXPECT_EQ(strlen(small), sizeof small - 1);
 }
@@ -398,7 +398,7 @@ TEST(Progress, Streams) {
   s.d2h_bytes = 1803264;        // 1.72 MiB
   s.peak_device_bytes = 14145536;  // 13.49 MiB
   char buf[512];
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_STREQ(buf,
                "step   40/300  loss 2.3412  aux 2.0104  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 10s"
                "  busy c 78% up 2% dn 0%  io 1.74 MiB/1.72 MiB  peak 13.49 MiB");
@@ -408,17 +408,17 @@ TEST(Progress, Streams) {
   s.peak_device_bytes = 2.5 * 1024 * 1024 * 1024;
   s.optimizer_hidden_s = 0.012;
   s.optimizer_exposed_s = 0.003;
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_NE(std::string(buf).find("io 512 B/3.50 KiB  peak 2.50 GiB  opt hidden 12.0ms exposed 3.0ms"),
             std::string::npos)
       << buf;
   // Where %.3g of K showed "1.01e+03K" (1010 KiB) the units move up.
   s.h2d_bytes = 1010 * 1024;
   s.d2h_bytes = 997 * 1024;
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_NE(std::string(buf).find("io 1010.00 KiB/997.00 KiB"), std::string::npos) << buf;
   s.h2d_bytes = 1048575;  // 1023.999 KiB
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_NE(std::string(buf).find("io 1.00 MiB/"), std::string::npos) << buf;
   EXPECT_EQ(std::string(buf).find("e+"), std::string::npos) << buf;
   EXPECT_EQ(std::string(buf).find("staging"), std::string::npos) << "not staged: " << buf;
@@ -426,13 +426,13 @@ TEST(Progress, Streams) {
   s.step_s = 0.5;
   s.staging_fill_s = 0.05;
   s.staging_drain_s = 0.025;
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_NE(std::string(buf).find("  staging in 10% out 5%"), std::string::npos) << buf;
   // Not measured (a backend without stream timing): no busy part.
   mf_step_metrics_init(&s);
   s.step = 1;
   s.step_s = 0.04;
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_EQ(std::string(buf).find("busy"), std::string::npos) << buf;
   EXPECT_EQ(std::string(buf).find("peak"), std::string::npos) << buf;
 }
@@ -447,15 +447,128 @@ TEST(Progress, WindowMeans) {
   s.loss = 2.5;  // the step's own
   s.aux_loss = 2.25;
   char buf[256];
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_STREQ(buf,
                "step   40/300  loss 2.3412  aux 2.0104 (mean of 10 steps)  lr 2.67e-03  |g| 0.512  12.3K tok/s"
                "  eta 1m31s");
   s.window_steps = 1;
   s.window_loss = 2.5;
   s.window_aux_loss = 2.25;
-  mf_progress_format(buf, sizeof buf, &s, 300);
+  mf_progress_format(buf, sizeof buf, &s, 300, 1);
   EXPECT_STREQ(buf, "step   40/300  loss 2.5000  aux 2.2500  lr 2.67e-03  |g| 0.512  12.3K tok/s  eta 1m31s");
+}
+
+// The default progress line (issue 27): step, loss, eval, lr, tok/s and the
+// ETA in about 100 columns; the router's loss, |g| and the stream figures
+// only with --verbose (metrics.jsonl keeps them all).
+TEST(Progress, CompactByDefault) {
+  mf_step_metrics s = Step40(0.35);
+  s.window_steps = 10;
+  s.window_loss = s.loss;
+  s.window_aux_loss = s.aux_loss;
+  s.busy_s[0] = 0.3, s.busy_s[1] = 0.01, s.busy_s[2] = 0.01;
+  s.host_submit_s = 0.34;
+  s.h2d_bytes = 1824768;
+  s.d2h_bytes = 1803264;
+  s.peak_device_bytes = 14145536;
+  s.optimizer_exposed_s = 0.003;
+  s.staging_fill_s = 0.05;
+  s.staging_drain_s = 0.025;
+  char buf[512];
+  size_t n = mf_progress_format(buf, sizeof buf, &s, 300, 0);
+  EXPECT_EQ(n, strlen(buf));
+  EXPECT_STREQ(buf, "step   40/300  loss 2.3412 (mean of 10 steps)  lr 2.67e-03  12.3K tok/s  eta 1m31s");
+  s.eval_loss = 2.1003;
+  mf_progress_format(buf, sizeof buf, &s, 300, 0);
+  EXPECT_STREQ(
+      buf, "step   40/300  loss 2.3412 (mean of 10 steps)  eval 2.1003  lr 2.67e-03  12.3K tok/s  eta 1m31s");
+  // A long run: five-digit steps, a window of 100, hours left: still within 100 columns.
+  s.step = 12340;
+  s.window_steps = 100;
+  s.tokens_per_s = 123456;
+  mf_progress_format(buf, sizeof buf, &s, 99999, 0);
+  EXPECT_LE(strlen(buf), 100u) << buf;
+  EXPECT_NE(std::string(buf).find("eta 8h31m"), std::string::npos) << buf;  // 87659 steps x 0.35 s
+  // The verbose line has the rest, the compact one none of it.
+  for (const char *part : {"aux ", "|g|", "busy c", "host ", "io ", "peak ", "opt hidden", "staging in"})
+    EXPECT_EQ(std::string(buf).find(part), std::string::npos) << part << " in " << buf;
+  mf_progress_format(buf, sizeof buf, &s, 99999, 1);
+  for (const char *part : {"aux ", "|g|", "busy c", "host ", "io ", "peak ", "opt hidden", "staging in"})
+    EXPECT_NE(std::string(buf).find(part), std::string::npos) << part << " not in " << buf;
+  // A skipped step says so in both.
+  s.skipped = 1;
+  mf_progress_format(buf, sizeof buf, &s, 99999, 0);
+  EXPECT_NE(std::string(buf).find("  SKIPPED (non-finite gradients)"), std::string::npos) << buf;
+}
+
+// metrics.jsonl read back: every field of a written line; a resumed run's
+// lines past its checkpoint dropped and the resume kept; a step written again
+// counts once, the later line; a half-written line counted, not read.
+TEST(MetricsRead, ReadsWhatWasWrittenAndFollowsResumes) {
+  const std::string dir = TmpPath("metrics_read");
+  mf_metrics *m = nullptr;
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 0, &m), MF_OK) << mf_last_error();
+  for (int step = 1; step <= 6; step++) {
+    mf_step_metrics s = Step40(0.25);
+    s.step = step;
+    s.loss = 10.0 - step;
+    s.window_steps = 1;
+    s.window_loss = s.loss;
+    s.tokens = step * 1024;
+    s.busy_s[1] = 0.125;
+    s.h2d_bytes = 1824768;
+    if (step == 3) s.eval_loss = 5.5, s.skipped = 1;
+    ASSERT_EQ(mf_metrics_write(m, &s), MF_OK);
+  }
+  mf_metrics_close(m);
+  // Resumed from the checkpoint of step 4 (without a rewind: steps 5 and 6 again).
+  ASSERT_EQ(mf_metrics_open(dir.c_str(), 1, &m), MF_OK);
+  ASSERT_EQ(mf_metrics_write_resume(m, (dir + "/checkpoints/step-000004").c_str(), 4), MF_OK);
+  for (int step = 5; step <= 7; step++) {
+    mf_step_metrics s = Step40(0.25);
+    s.step = step;
+    s.loss = 100.0 + step;
+    ASSERT_EQ(mf_metrics_write(m, &s), MF_OK);
+  }
+  mf_step_metrics again = Step40(0.25);
+  again.step = 7;
+  again.loss = 77;
+  ASSERT_EQ(mf_metrics_write(m, &again), MF_OK);  // step 7 again: the later line counts
+  mf_metrics_close(m);
+  {
+    std::ofstream f(dir + "/metrics.jsonl", std::ios::app);
+    f << "{\"step\":8,\"loss\":1.2";  // a run killed mid-write
+  }
+  mf_metrics_log log;
+  ASSERT_EQ(mf_metrics_read((dir + "/metrics.jsonl").c_str(), &log), MF_OK) << mf_last_error();
+  ASSERT_EQ(log.n, 7u);
+  const int steps[7] = {1, 2, 3, 4, 5, 6, 7};
+  const double losses[7] = {9, 8, 7, 6, 105, 106, 77};
+  for (int i = 0; i < 7; i++) {
+    EXPECT_EQ(log.lines[i].step, steps[i]);
+    EXPECT_EQ(log.lines[i].loss, losses[i]) << "step " << steps[i];
+  }
+  EXPECT_EQ(log.lines[2].eval_loss, 5.5);
+  EXPECT_TRUE(log.lines[2].skipped);
+  EXPECT_TRUE(std::isnan(log.lines[1].eval_loss));
+  EXPECT_EQ(log.lines[1].tokens, 2048);
+  EXPECT_EQ(log.lines[1].window_steps, 1);
+  EXPECT_EQ(log.lines[1].busy_s[1], 0.125);
+  EXPECT_EQ(log.lines[1].h2d_bytes, 1824768.0);
+  EXPECT_EQ(log.lines[1].step_s, 0.25);
+  EXPECT_EQ(log.lines[1].lr, 2.6666e-3);
+  ASSERT_EQ(log.n_resumes, 1u);
+  EXPECT_EQ(log.resumes[0].step, 4);
+  EXPECT_EQ(std::string(log.resumes[0].from), dir + "/checkpoints/step-000004");
+  EXPECT_EQ(log.unread, 1u);
+  EXPECT_EQ(log.first_unread, 12u);  // 6 step lines, the resume line, 4 step lines, then it
+  mf_metrics_log_free(&log);
+  mf_metrics_log_free(&log);  // twice is fine
+
+  mf_metrics_log none;
+  EXPECT_EQ(mf_metrics_read((dir + "/missing.jsonl").c_str(), &none), MF_ERR_IO);
+  EXPECT_NE(std::string(mf_last_error()).find("missing.jsonl"), std::string::npos) << mf_last_error();
+  mf_metrics_log_free(&none);
 }
 
 // An evaluation under way: windows done of all, the share, the time so far
