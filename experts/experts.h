@@ -1,6 +1,6 @@
 /*
  * What is specific to Mixture-of-Experts, behind one small interface the
- * planner and the executor call (DESIGN.md "experts/"):
+ * planner and the executor call:
  *
  *   heat        an expert's rank in its layer by its measured share of the
  *               layer's routed assignments (experts/routing.h), hottest 0;

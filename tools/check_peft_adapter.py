@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks a LoRA adapter directory with PEFT itself: base + adapter logits vs a fixture.
 
-    /work/fixvenv/bin/python tools/check_peft_adapter.py --base tests/fixtures/mixtral \\
+    ~/fixvenv/bin/python tools/check_peft_adapter.py --base tests/fixtures/mixtral \\
         --adapter DIR --fixture tests/fixtures/lora/mixtral/fixture.safetensors [--logits FILE]
 
 Loads the base with AutoModelForCausalLM.from_pretrained (float32, eager attention),

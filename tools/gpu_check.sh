@@ -21,7 +21,7 @@
 #                                         CUDA_HOME or /usr/local/cuda; the CUDA
 #                                         runtime is static)
 #
-# The lent device machines (H100/H200: /work/.library/device) have nvcc and the
+# The lent device machines (H100/H200) have nvcc and the
 # driver but no bazel and no network, so the usual route there is: `--pack
 # .gpu_bin` here (.gpu_bin and .gpu_bin.tgz ignored by git), carry
 # .gpu_bin.tgz and runs/demo/data, and run `tar xzf .gpu_bin.tgz &&

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proving resume (README "Proving resume: tools/kill_test.sh"): the demo,
+# Proving resume (docs/checkpoints.md "Proving resume"): the demo,
 # shortened (32-token sequences, a constant learning rate, a checkpoint every 3
 # steps), trained once without a break, then again SIGKILLed at moments a
 # seeded generator picks from its progress (after it printed step N, plus a

@@ -212,7 +212,7 @@ _ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<i4"): "I32"}
 
 def write_st(path, tensors, metadata):
     """Deterministic safetensors writer: data ordered by alignment then name, header
-    padded with spaces to 8 bytes, __metadata__ keys sorted (MODELS.md §13)."""
+    padded with spaces to 8 bytes, __metadata__ keys sorted (as the safetensors reference writer)."""
     names = sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n))
     header = {"__metadata__": {k: metadata[k] for k in sorted(metadata)}}
     blobs, off = [], 0
@@ -328,7 +328,7 @@ def num_experts(cfg):
 
 # ----------------------------------------------------------------------------- checks
 def ref_moe(blk, x, cfg, renorm):
-    """fp64 reference of one sparse MoE block (MODELS.md §1-4) from its parameters."""
+    """fp64 reference of one sparse MoE block from its parameters."""
     d = lambda t: t.detach().double()
     x = d(x).reshape(-1, x.shape[-1])
     p = torch.softmax(x @ d(blk.gate.weight).T, dim=-1)
@@ -365,7 +365,7 @@ def check_moe_block(name, model, captured):
 
 def check_aux(name, router_logits, k, E, aux):
     """aux = E * sum_{j,e} mean_n onehot(topk)[n,j,e] * mean_n softmax[n,e], rows of all
-    MoE layers concatenated (MODELS.md §11)."""
+    MoE layers concatenated (load_balancing_loss_func)."""
     lg = torch.cat([t.detach() for t in router_logits]).double()
     p = torch.softmax(lg, dim=-1)
     f = F.one_hot(p.topk(k, dim=-1).indices, E).double().mean(0)

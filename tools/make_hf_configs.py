@@ -12,7 +12,7 @@ For each family it writes
   <family>_default.json  XConfig().to_dict(): every key with its transformers default
                          (architectures null, so the loader must use model_type);
   <family>_tiny.json     a tiny model in the layout save_pretrained writes
-                         (MODELS.md §14: E=8, k=2, kv_heads < heads, a Qwen dense
+                         (E=8, k=2, kv_heads < heads, a Qwen dense
                          layer through mlp_only_layers / decoder_sparse_step=2,
                          norm_topk_prob true, non-default rope_theta / eps / aux coef);
 <model>_hub.json       shaped like published checkpoints' config.json (HUB below);
@@ -46,7 +46,7 @@ the version of tools/requirements-fixtures.txt).
 
 Parameter counts are not recorded: computing them from transformers needs torch
 (instantiating the models). tests/hf_config checks mf_model_spec_param_count
-against the published figures of MODELS.md §12 instead.
+against the published figures instead.
 """
 
 import argparse
@@ -102,7 +102,7 @@ TINY = {
 }
 
 # Configs shaped like the published checkpoints' config.json (the keys those
-# files carry, with the dims of MODELS.md §12), to exercise what real files hold:
+# files carry, with the published dims), to exercise what real files hold:
 # ints where floats are meant, Qwen1.5's sliding_window with use_sliding_window
 # false, Qwen3's head_dim != hidden / heads, old transformers_version strings.
 HUB = {

@@ -3,10 +3,10 @@
 
 Run it in the venv of tools/requirements-fixtures.txt (which pins peft too):
 
-    python3 -m venv /work/fixvenv
-    /work/fixvenv/bin/pip install -r tools/requirements-fixtures.txt
-    /work/fixvenv/bin/python tools/make_lora_fixtures.py            # rewrite tests/fixtures/lora
-    /work/fixvenv/bin/python tools/make_lora_fixtures.py --check    # compare only
+    python3 -m venv ~/fixvenv
+    ~/fixvenv/bin/pip install -r tools/requirements-fixtures.txt
+    ~/fixvenv/bin/python tools/make_lora_fixtures.py            # rewrite tests/fixtures/lora
+    ~/fixvenv/bin/python tools/make_lora_fixtures.py --check    # compare only
 
 For mixtral, qwen2_moe, qwen3_moe and olmoe it builds the base model exactly as
 tools/make_fixtures.py does (its build() and seed, so the base is byte for byte

@@ -1,6 +1,6 @@
 /*
- * The load-balancing (aux) loss of MODELS.md §11, pooled over all MoE layers of
- * a forward pass. With N rows in all (L layers x T tokens), E experts, top-k K:
+ * The load-balancing (aux) loss of transformers' load_balancing_loss_func
+ * (tests/fixtures/NOTES.md, "Loss"), pooled over all MoE layers of a forward pass. With N rows in all (L layers x T tokens), E experts, top-k K:
  *   count[e] = #(row, choice) pairs that picked e   (= N * sum_j f[j,e])
  *   P[e]     = mean_n probs[n, e]
  *   aux      = E * sum_e (count[e] / N) * P[e]

@@ -211,7 +211,8 @@ mf_status mf_cpu_cross_entropy(const float *h, const float *W, const int32_t *ta
 
 /* ------------------------------------------------- load-balancing loss */
 
-/* MODELS.md §11, pooled over all MoE layers of a forward pass: with N rows in
+/* transformers' load_balancing_loss_func (tests/fixtures/NOTES.md), pooled over
+ * all MoE layers of a forward pass: with N rows in
  * all, count[e] = number of (row, choice) pairs that picked e, P[e] = mean_n
  * probs[n,e]:  aux = E * sum_e (count[e]/N) * P[e].
  * Accumulate one layer: counts[e] += picks, psum[e] += sum_t probs[t,e] (double). */

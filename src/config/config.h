@@ -12,7 +12,7 @@
  *   backend:  auto | cpu | cuda
  *
  * Every key, its type, range and default is listed by mf_config_print_keys
- * (and `moefit config --help`); README "Config reference" documents them.
+ * (and `moefit config --help`); docs/config.md documents them.
  * An error is MF_ERR_CONFIG (MF_ERR_IO for an unreadable file) whose message
  * starts with the place — "configs/x.yaml:12:3: " (1-based line and column)
  * or "command line: train.lr=bogus: " — and names the key path and the fault.

@@ -1,6 +1,6 @@
 /*
  * Hugging Face `config.json` <-> mf_model_spec, for the MoE families of
- * src/model/spec.h (MODELS.md §1-4). The reference is transformers
+ * src/model/spec.h. The reference is transformers
  * MF_HF_TRANSFORMERS_VERSION: a config loads to the model that version builds
  * from it, and a written config builds, in that version, the model the spec
  * describes.

@@ -51,7 +51,7 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
       s->vocab = 32000, s->hidden = 4096, s->expert_ffn = 14336, s->layers = 32;
       s->heads = 32, s->kv_heads = 8, s->max_seq = 4096 * 32, s->norm_eps = 1e-5;
       s->rope_theta = 1e6, s->experts = 8, s->top_k = 2, s->router_aux_loss_coef = 0.001;
-      s->norm_topk_prob = 1; /* Mixtral always renormalises (MODELS.md §1) */
+      s->norm_topk_prob = 1; /* Mixtral always renormalises (transformers has no flag) */
       break;
     case MF_FAMILY_QWEN2_MOE:
       s->vocab = 151936, s->hidden = 2048, s->dense_ffn = 5632, s->layers = 24;
@@ -152,9 +152,9 @@ static int64_t sat_mul(int64_t a, int64_t b) {
 }
 static int64_t sat_mul3(int64_t a, int64_t b, int64_t c) { return sat_mul(sat_mul(a, b), c); }
 
-/* The HF parameter tensors of MODELS.md §1-4. "Active" is what one token
+/* The HF parameter tensors of each family. "Active" is what one token
  * touches with the embedding left out (the lookup reads one row): the vendors'
- * active figures in MODELS.md §12 for Mixtral, Qwen and OLMoE include the
+ * published active figures for Mixtral, Qwen and OLMoE include the
  * embedding too, i.e. active + vocab * hidden (see tests/hf_config). */
 void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *active) {
   const int64_t H = s->hidden, hd = s->head_dim;

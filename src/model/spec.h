@@ -1,7 +1,8 @@
 /*
  * Model specs: the family and dimensions of an MoE transformer, filled from an
  * HF config.json (src/io) or from a config's `model.init` section (src/config).
- * The maths of each family is in ../shared/MODELS.md.
+ * The maths of each family is transformers' (tests/fixtures/NOTES.md lists the
+ * facts the code follows).
  */
 #ifndef MF_MODEL_SPEC_H
 #define MF_MODEL_SPEC_H
@@ -25,7 +26,7 @@ typedef enum mf_family {
   MF_FAMILY_COUNT_
 } mf_family;
 
-/* How q and k are normalised before RoPE (MODELS.md §3, §4). */
+/* How q and k are normalised before RoPE (Qwen3-MoE, OLMoE). */
 typedef enum mf_qk_norm {
   MF_QK_NORM_NONE = 0,
   MF_QK_NORM_PER_HEAD, /* Qwen3-MoE: RMSNorm(head_dim) on each head */

@@ -1,10 +1,10 @@
-// The folders' include arrows (DESIGN.md "Where things live"): reads the
+// The folders' include arrows (docs/development.md "Layout"): reads the
 // `#include "..."` lines of every C, C++ and CUDA source of the library and
 // the tests (each package's `sources` filegroup, tools/build_defs.bzl
 // mf_sources) and fails on
-//   - an include that points up or sideways in the levels below (README
-//     "Layout"): a folder includes its own headers and those of folders on
-//     a lower level — DESIGN.md's cli → train → exec → planner → experts →
+//   - an include that points up or sideways in the levels below (docs/
+//     development.md "Layout"): a folder includes its own headers and those of folders on
+//     a lower level — the design's cli → train → exec → planner → experts →
 //     model → kernels/backend.h → core, with io and config beside model
 //     (the model reads its files through io; the config names the model's
 //     family), optim beside experts, ckpt beside exec, comm beside kernels;

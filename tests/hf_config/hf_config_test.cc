@@ -1,6 +1,6 @@
 // HF config.json <-> mf_model_spec (src/model/hf_config.h), the model-spec
 // defaults against transformers (data/expected.json, written by
-// tools/make_hf_configs.py), and parameter counts against MODELS.md §12.
+// tools/make_hf_configs.py), and parameter counts against the published figures.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <jansson.h>
@@ -795,7 +795,7 @@ TEST(HfConfigWrite, FailuresLeaveTheOldFile) {
 
 // ------------------------------------------------------------ parameter counts
 
-// Every parameter tensor of the HF checkpoint (MODELS.md §1-4), summed: an
+// Every parameter tensor of the HF checkpoint, summed: an
 // independent enumeration to hold mf_model_spec_param_count to.
 int64_t TensorSum(const mf_model_spec &s) {
   const int64_t H = s.hidden, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
@@ -836,7 +836,7 @@ mf_model_spec FromPublished(const Published &p) {
   return s;
 }
 
-// MODELS.md §12. Totals match as published. The active figures of Mistral,
+// The published figures. Totals match as published. The active figures of Mistral,
 // Qwen and AI2 count the embedding matrix as well as the unembedding (our
 // `active` leaves the embedding out, as OpenAI counts gpt-oss), so they are
 // compared with active + vocab * hidden.
@@ -885,7 +885,7 @@ TEST(ModelSpecParamCount, Qwen3_30B_A3B) {
 TEST(ModelSpecParamCount, HubConfigsGiveThePublishedSizes) {
   struct Row {
     const char *file;
-    int64_t total_tenths, active_tenths;  // MODELS.md §12, in units of 0.1B
+    int64_t total_tenths, active_tenths;  // published, in units of 0.1B
   } rows[] = {
       {"mixtral_8x7b_hub.json", 467, 129},
       {"qwen1_5_moe_a2_7b_hub.json", 143, 27},
@@ -907,7 +907,7 @@ TEST(ModelSpecParamCount, HubConfigsGiveThePublishedSizes) {
 }
 
 TEST(ModelSpecParamCount, Mixtral8x7BExactly) {
-  // From the tensor shapes of MODELS.md §1 (8x7B): 46,702,792,704 parameters.
+  // From Mixtral-8x7B's tensor shapes: 46,702,792,704 parameters.
   mf_model_spec s{};
   mf_model_spec_defaults(MF_FAMILY_MIXTRAL, &s);  // the defaults are Mixtral-8x7B
   int64_t total = 0, active = 0;

@@ -1,4 +1,4 @@
-// The load-balancing loss (MODELS.md §11): k under uniform routing, equal to a
+// The load-balancing loss (transformers' load_balancing_loss_func): k under uniform routing, equal to a
 // direct implementation of the formula (one_hot mask [N,k,E], f[j,e], P[e])
 // pooled over layers, its gradient w.r.t. probs, and the gradient through the
 // router's softmax against finite differences of the logits.

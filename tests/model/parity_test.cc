@@ -1,4 +1,4 @@
-// Parity with transformers (MODELS.md; fixtures written by tools/make_fixtures.py
+// Parity with transformers (tests/fixtures/NOTES.md; fixtures written by tools/make_fixtures.py
 // with PyTorch and a pinned transformers 4.57): for each tiny model, one batch
 // through the cpu backend in fp32 must give the reference logits, loss and aux
 // loss (1e-5 relative), every parameter's gradient (1e-4 relative in norm) and
