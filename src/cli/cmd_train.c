@@ -191,39 +191,13 @@ static int failed_together(mf_comm *comm, mf_status st) {
   return 1;
 }
 
-/* The stop signal's sender (SI_USER from the parent: under mpirun, Open MPI's
- * launcher), for say_mpirun_status. */
-static volatile sig_atomic_t g_stop_by_launcher;
-
-static void on_train_stop(int signo, siginfo_t *si, void *uc) {
-  (void)uc;
-  if (mf_stop_requested()) _exit(128 + signo); /* the second: at once (mf_cli_catch_stop's rule) */
-  if (si && si->si_code == SI_USER && si->si_pid == getppid()) g_stop_by_launcher = signo;
-  mf_stop_request(signo);
-}
-
-/* SIGINT, SIGTERM and SIGUSR1 stop training after the current step with a
- * checkpoint (a second one exits at once). SIGUSR1 is what Open MPI's mpirun
- * forwards to every rank as it comes (and what batch schedulers send before
- * a time limit); SIGINT and SIGTERM it does not forward (say_mpirun_status). */
-static void catch_train_stop(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_train_stop;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_SIGINFO; /* a write or read under way goes on */
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGUSR1, &sa, NULL);
-}
-
 /* After a clean stop under mpirun (rank 0, its last line). Open MPI's mpirun
  * stopped by SIGINT or SIGTERM (Ctrl-C, kill) ends the job itself: SIGCONT
  * to the ranks, SIGTERM 1 s later, SIGKILL 1 s after that
  * (odls_base_sigkill_timeout), and it exits with status 1 whatever they
  * return. SIGUSR1 it forwards at once, and exits with the ranks' status. */
 static void say_mpirun_status(void) {
-  const int by = g_stop_by_launcher;
+  const int by = mf_cli_stop_by_parent();
   if (by != SIGINT && by != SIGTERM) return; /* SIGUSR1, or a signal sent to the ranks: mpirun exits 0 */
   char name[32];
   MF_LOGI(
@@ -270,7 +244,7 @@ int mf_cli_train(int argc, char **argv) {
     }
   }
   mf_train_summary sum;
-  catch_train_stop();
+  mf_cli_catch_stop();
   mf_status st = mf_train_ranks(cfg, comm, resume, dir, verbose ? MF_TRAIN_VERBOSE : 0, &sum);
   mf_config_free(cfg);
   /* Stopped by a signal, or failed after a checkpoint: the command that

@@ -77,11 +77,16 @@ int mf_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((for
 /* 1 when any argument is -h or --help. */
 int mf_cli_wants_help(int argc, char **argv);
 
-/* SIGINT and SIGTERM as stop requests (core.h mf_stop_request) for a long
- * command (train, eval): the first only sets the flag, which the command's
- * loop reads between steps; a second one ends the process at once with
- * status 128 + its number (130, 143) through _exit, touching no file. */
+/* SIGINT, SIGTERM and SIGUSR1 as stop requests (core.h mf_stop_request) for
+ * a long command (train, eval): the first only sets the flag, which the
+ * command's loop reads between steps; a second one ends the process at once
+ * with status 128 + its number (130, 143, 138) through _exit, touching no
+ * file. SIGUSR1 is what Open MPI's mpirun forwards to every rank as it comes
+ * (and what batch schedulers send before a time limit). */
 void mf_cli_catch_stop(void);
+/* The stop signal (mf_cli_catch_stop) when this process's parent sent it
+ * (under mpirun: Open MPI's launcher), else 0. */
+int mf_cli_stop_by_parent(void);
 
 /* The parameter table of cfg's model: model.init's, or the config.json of
  * model.path's checkpoint (the shapes only: no weights are read), with

@@ -25,22 +25,31 @@ int mf_cli_usage_error(const char *cmd, const char *fmt, ...) {
   return MF_EXIT_USAGE;
 }
 
-/* Async-signal-safe: a store, or _exit. A checkpoint being written when the
+/* The stop signal when its sender was this process's parent (SI_USER from
+ * getppid(): under mpirun, Open MPI's launcher), else 0. */
+static volatile sig_atomic_t g_stop_by_parent;
+
+/* Async-signal-safe: stores, or _exit. A checkpoint being written when the
  * second signal comes stays a .tmp directory that resume passes over. */
-static void on_stop_signal(int signo) {
+static void on_stop_signal(int signo, siginfo_t *si, void *uc) {
+  (void)uc;
   if (mf_stop_requested()) _exit(128 + signo);
+  if (si && si->si_code == SI_USER && si->si_pid == getppid()) g_stop_by_parent = signo;
   mf_stop_request(signo);
 }
 
 void mf_cli_catch_stop(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
+  sa.sa_sigaction = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART; /* a write or read under way goes on: the loop stops at its next check */
+  sa.sa_flags = SA_RESTART | SA_SIGINFO; /* a write or read under way goes on: the loop stops at its next check */
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
 }
+
+int mf_cli_stop_by_parent(void) { return g_stop_by_parent; }
 
 int mf_cli_wants_help(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {

@@ -3,14 +3,21 @@
 #ifndef MF_TESTS_CLI_UTIL_H
 #define MF_TESTS_CLI_UTIL_H
 
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -95,6 +102,75 @@ inline std::string fresh_dir(const std::string &name) {
   shell("rm -rf " + d);
   return d;
 }
+
+// A shell command (`exec ./moefit ...`, or mpirun's) running in the
+// background with `env` added to its environment, its stdout and stderr read
+// as they come; Signal() goes to the process the command execs.
+class Background {
+ public:
+  Background(const std::string &command, const std::vector<std::string> &env = {}) {
+    int p[2];
+    if (pipe(p) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(p[1], 1);
+      dup2(p[1], 2);
+      close(p[0]);
+      close(p[1]);
+      for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
+      execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char *>(nullptr));
+      _exit(127);
+    }
+    close(p[1]);
+    fd_ = p[0];
+  }
+  ~Background() {
+    if (pid_ > 0 && !done_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  Background(const Background &) = delete;
+  Background &operator=(const Background &) = delete;
+  // Reads until the output from `from` on matches re (true), or it ends or
+  // timeout_s passes (false).
+  bool WaitFor(const std::regex &re, size_t from = 0, double timeout_s = 120) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+      if (std::regex_search(out_.begin() + static_cast<long>(std::min(from, out_.size())), out_.end(), re)) return true;
+      if (eof_ || std::chrono::steady_clock::now() > end) return false;
+      Read(50);
+    }
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  // Waits for the exit: the status (-1 when a signal ended it, then *sig).
+  int Finish(int *sig = nullptr) {
+    while (!eof_) Read(1000);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    done_ = true;
+    if (sig) *sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  const std::string &out() const { return out_; }
+
+ private:
+  void Read(int ms) {
+    pollfd pf = {fd_, POLLIN, 0};
+    if (poll(&pf, 1, ms) <= 0) return;
+    char buf[4096];
+    const ssize_t n = read(fd_, buf, sizeof buf);
+    if (n <= 0)
+      eof_ = true;
+    else
+      out_.append(buf, static_cast<size_t>(n));
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool eof_ = false, done_ = false;
+  std::string out_;
+};
 
 }  // namespace
 

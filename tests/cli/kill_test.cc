@@ -97,70 +97,6 @@ int NewestComplete(const std::string &dir) {
   return best;
 }
 
-// `moefit ARGS` running in the background, its stdout and stderr read as they come.
-class Proc {
- public:
-  Proc(const std::string &args, const std::vector<std::string> &env) {
-    int p[2];
-    if (pipe(p) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(p[1], 1);
-      dup2(p[1], 2);
-      close(p[0]);
-      close(p[1]);
-      for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
-      execl("/bin/sh", "sh", "-c", ("exec ./moefit " + args).c_str(), static_cast<char *>(nullptr));
-      _exit(127);
-    }
-    close(p[1]);
-    fd_ = p[0];
-  }
-  ~Proc() {
-    if (pid_ > 0 && !done_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  // Reads until the output from `from` on matches re (true), or it ends or
-  // timeout_s passes (false).
-  bool WaitFor(const std::regex &re, size_t from = 0, double timeout_s = 120) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    for (;;) {
-      if (std::regex_search(out_.begin() + static_cast<long>(std::min(from, out_.size())), out_.end(), re)) return true;
-      if (eof_ || std::chrono::steady_clock::now() > end) return false;
-      Read(50);
-    }
-  }
-  void Signal(int sig) { kill(pid_, sig); }
-  // Waits for the exit: the status (-1 when killed by a signal, then *sig).
-  int Finish(int *sig) {
-    while (!eof_) Read(1000);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    done_ = true;
-    *sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-  const std::string &out() const { return out_; }
-
- private:
-  void Read(int ms) {
-    pollfd pf = {fd_, POLLIN, 0};
-    if (poll(&pf, 1, ms) <= 0) return;
-    char buf[4096];
-    const ssize_t n = read(fd_, buf, sizeof buf);
-    if (n <= 0)
-      eof_ = true;
-    else
-      out_.append(buf, static_cast<size_t>(n));
-  }
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  bool eof_ = false, done_ = false;
-  std::string out_;
-};
 
 std::regex StepLine(int step) { return std::regex("(^|\n)step +" + std::to_string(step) + "/"); }
 
@@ -188,7 +124,7 @@ TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
     const bool in_write = kills == 1;
     std::vector<std::string> env;
     if (in_write) env.push_back("MF_TEST_CKPT_PAUSE_MS=150");
-    Proc p(Args(dir) + (from > 0 ? " --resume" : ""), env);
+    Background p(std::string("exec ./moefit ") + Args(dir) + (from > 0 ? " --resume" : ""), env);
     if (from > 0) {
       ASSERT_TRUE(p.WaitFor(std::regex("resumed from " + dir + "/checkpoints/step-0*" + std::to_string(from) + " ")))
           << p.out();
@@ -242,7 +178,7 @@ TEST(Kill, LoraSigkillResumesToTheSameBits) {
   ASSERT_EQ(w.code, 0) << w.out;
   std::mt19937 rng(Seed());
   {
-    Proc p(Args(dir) + lora, {});
+    Background p(std::string("exec ./moefit ") + Args(dir) + lora, {});
     const int target = 10 + static_cast<int>(rng() % 40);
     ASSERT_TRUE(p.WaitFor(StepLine(target))) << p.out();
     for (int i = 0; i < 600 && NewestComplete(dir) == 0; i++)
@@ -274,7 +210,7 @@ TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
   std::mt19937 rng(Seed());
   const std::string dir = Fresh("sigterm");
   const int target = 5 + static_cast<int>(rng() % 20);
-  Proc p(Args(dir), {});
+  Background p(std::string("exec ./moefit ") + Args(dir), {});
   ASSERT_TRUE(p.WaitFor(StepLine(target))) << p.out();
   p.Signal(SIGTERM);
   int sig = 0;
@@ -304,7 +240,7 @@ TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
 TEST(Kill, SecondSigtermInsideTheCheckpointWriteExitsAtOnce) {
   Whole();
   const std::string dir = Fresh("sigterm2");
-  Proc p(Args(dir) + " output.checkpoint_async=false", {"MF_TEST_CKPT_PAUSE_MS=200"});
+  Background p(std::string("exec ./moefit ") + Args(dir) + " output.checkpoint_async=false", {"MF_TEST_CKPT_PAUSE_MS=200"});
   ASSERT_TRUE(p.WaitFor(StepLine(4))) << p.out();  // after checkpoint 3 (complete)
   const int before = NewestComplete(dir);
   EXPECT_GE(before, 3);
@@ -346,7 +282,7 @@ TEST(Kill, FullDiskStopsTheRunKeepingTheLastCheckpoint) {
 
 // `moefit eval` on SIGINT: stops after its batch, status 130, no result line.
 TEST(Kill, EvalStopsOnSigint) {
-  Proc p("eval configs/demo.yaml data.seq_len=32 train.micro_batch=2 data.valid=null output.dir=" +
+  Background p(std::string("exec ./moefit ") + "eval configs/demo.yaml data.seq_len=32 train.micro_batch=2 data.valid=null output.dir=" +
              Fresh("eval") + " --tokens " + LongEvalCorpus(), {});
   ASSERT_TRUE(p.WaitFor(std::regex("model: "))) << p.out();
   p.Signal(SIGINT);
@@ -365,7 +301,7 @@ namespace {
 // checkpoint, status 0.
 TEST(Kill, SigtermDuringTheEvaluationStopsIt) {
   const std::string dir = Fresh("sigterm_eval");
-  Proc p(Args(dir) + " data.valid=" + LongEvalCorpus() + " train.eval_every=5", {"MF_PROGRESS_EVERY=0"});
+  Background p(std::string("exec ./moefit ") + Args(dir) + " data.valid=" + LongEvalCorpus() + " train.eval_every=5", {"MF_PROGRESS_EVERY=0"});
   ASSERT_TRUE(p.WaitFor(std::regex("eval [^\n]*: [0-9]+/[0-9]+ windows"))) << p.out();
   p.Signal(SIGTERM);
   int sig = 0;

@@ -125,69 +125,11 @@ TEST(RanksCli, AnErrorEveryRankMeetsInSetupIsPrintedOnce) {
   EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << r.out;
 }
 
-// `mpirun ... moefit ARGS` in the background, its output read as it comes;
-// Signal() goes to mpirun itself.
-class Job {
- public:
-  // mpi_opts: more of mpirun's options.
-  Job(const std::string &args, const std::string &mpi_opts = "") {
-    int p[2];
-    if (pipe(p) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(p[1], 1);
-      dup2(p[1], 2);
-      close(p[0]);
-      close(p[1]);
-      execl("/bin/sh", "sh", "-c", ("exec env " + MpirunLine(2) + mpi_opts + " ./moefit " + args).c_str(),
-            static_cast<char *>(nullptr));
-      _exit(127);
-    }
-    close(p[1]);
-    fd_ = p[0];
-  }
-  ~Job() {
-    if (pid_ > 0 && !done_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  bool WaitFor(const std::regex &re, double timeout_s = 120) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    for (;;) {
-      if (std::regex_search(out_, re)) return true;
-      if (eof_ || std::chrono::steady_clock::now() > end) return false;
-      Read(50);
-    }
-  }
-  void Signal(int sig) { kill(pid_, sig); }
-  // mpirun's exit status (-1 when a signal ended it).
-  int Finish() {
-    while (!eof_) Read(1000);
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    done_ = true;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-  const std::string &out() const { return out_; }
-
- private:
-  void Read(int ms) {
-    pollfd pf = {fd_, POLLIN, 0};
-    if (poll(&pf, 1, ms) <= 0) return;
-    char buf[4096];
-    const ssize_t n = read(fd_, buf, sizeof buf);
-    if (n <= 0)
-      eof_ = true;
-    else
-      out_.append(buf, static_cast<size_t>(n));
-  }
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  bool eof_ = false, done_ = false;
-  std::string out_;
-};
+// `mpirun ... moefit ARGS` in the background (mpi_opts: more of mpirun's
+// options), its output read as it comes; Signal() goes to mpirun itself.
+std::string JobCommand(const std::string &args, const std::string &mpi_opts = "") {
+  return "exec env " + MpirunLine(2) + mpi_opts + " ./moefit " + args;
+}
 
 // The step the run stopped after, from "stopped by SIG after step K of N:
 // checkpoint DIR/checkpoints/step-00000K", or -1.
@@ -211,7 +153,7 @@ bool Complete(const std::string &dir, int step) {
 // after the same step with a checkpoint and exit 0, and so does mpirun.
 TEST(RanksCli, Sigusr1ToMpirunStopsWithACheckpointAndStatus0) {
   const std::string dir = fresh_dir("usr1");
-  Job j(Args(dir, "", 2000));
+  Background j(JobCommand(Args(dir, "", 2000)));
   ASSERT_TRUE(j.WaitFor(std::regex("\nstep +3/"))) << j.out();
   j.Signal(SIGUSR1);
   EXPECT_EQ(j.Finish(), 0) << j.out();
@@ -227,7 +169,7 @@ TEST(RanksCli, Sigusr1ToMpirunStopsWithACheckpointAndStatus0) {
 // exits 1 whatever they return, and rank 0's last line says so and why.
 TEST(RanksCli, SigtermToMpirunStopsWithACheckpointAndSaysMpirunExits1) {
   const std::string dir = fresh_dir("term");
-  Job j(Args(dir, "", 2000), "--mca odls_base_sigkill_timeout 2");
+  Background j(JobCommand(Args(dir, "", 2000), "--mca odls_base_sigkill_timeout 2"));
   ASSERT_TRUE(j.WaitFor(std::regex("\nstep +3/"))) << j.out();
   j.Signal(SIGTERM);
   EXPECT_EQ(j.Finish(), 1) << j.out();

@@ -46,7 +46,8 @@ import shutil
 import subprocess
 import sys
 import time
-from xml.sax.saxutils import quoteattr
+
+from tests import test_xml
 
 BEGIN, END = "<!-- walkthrough:begin -->", "<!-- walkthrough:end -->"
 FENCE = re.compile(r"^```([A-Za-z0-9_-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -162,23 +163,7 @@ class Run:
         return ok
 
     def write_xml(self):
-        path = os.environ.get("XML_OUTPUT_FILE")
-        if not path:
-            return
-        fails = sum(r == "failed" for _, r, _ in self.cases)
-        skips = sum(r == "skipped" for _, r, _ in self.cases)
-        lines = ['<?xml version="1.0" encoding="UTF-8"?>',
-                 f'<testsuites tests="{len(self.cases)}" failures="{fails}" skipped="{skips}">',
-                 f'<testsuite name="Walkthrough" tests="{len(self.cases)}" failures="{fails}" skipped="{skips}">']
-        for name, result, msg in self.cases:
-            body = {"failed": f"<failure message={quoteattr(msg)}/>",
-                    "skipped": f"<skipped message={quoteattr(msg)}/>"}.get(result, "")
-            status, res = ("notrun", "skipped") if result == "skipped" else ("run", "completed")
-            lines.append(f'<testcase name={quoteattr(name)} classname="Walkthrough" status="{status}" '
-                         f'result="{res}">{body}</testcase>')
-        lines += ["</testsuite>", "</testsuites>"]
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+        test_xml.write("Walkthrough", self.cases)
 
 
 def main():

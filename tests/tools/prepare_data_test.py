@@ -37,7 +37,8 @@ import subprocess
 import sys
 import unittest
 import zlib
-from xml.sax.saxutils import quoteattr
+
+from tests import test_xml
 
 ARGS = None
 
@@ -359,23 +360,7 @@ class XmlResult(unittest.TextTestResult):
 
 
 def write_xml(outcomes):
-    path = os.environ.get("XML_OUTPUT_FILE")
-    if not path:
-        return
-    fails = sum(r == "failed" for _, r, _ in outcomes)
-    skips = sum(r == "skipped" for _, r, _ in outcomes)
-    lines = ['<?xml version="1.0" encoding="UTF-8"?>',
-             f'<testsuites tests="{len(outcomes)}" failures="{fails}" skipped="{skips}">',
-             f'<testsuite name="PrepareData" tests="{len(outcomes)}" failures="{fails}" skipped="{skips}">']
-    for test, result, msg in outcomes:
-        body = {"failed": f"<failure message={quoteattr(msg)}/>",
-                "skipped": f"<skipped message={quoteattr(msg)}/>"}.get(result, "")
-        status, res = ("notrun", "skipped") if result == "skipped" else ("run", "completed")
-        lines.append(f'<testcase name={quoteattr(test.id().split(".")[-1])} classname="PrepareData" '
-                     f'status="{status}" result="{res}">{body}</testcase>')
-    lines += ["</testsuite>", "</testsuites>"]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    test_xml.write("PrepareData", [(t.id().split(".")[-1], r, m) for t, r, m in outcomes])
 
 
 def main():
