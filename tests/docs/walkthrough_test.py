@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 
-from tests import test_xml
+from tests import py_util
 
 BEGIN, END = "<!-- walkthrough:begin -->", "<!-- walkthrough:end -->"
 FENCE = re.compile(r"^```([A-Za-z0-9_-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -142,14 +142,6 @@ def chat_jsonl(path):
             f.write(json.dumps({"messages": msgs}) + "\n")
 
 
-def hf_python():
-    for py in (os.environ.get("MF_HF_PYTHON"), sys.executable):
-        if py and subprocess.run([py, "-c", "import transformers, jinja2, numpy"],
-                                 capture_output=True).returncode == 0:
-            return py
-    return None
-
-
 class Run:
     def __init__(self):
         self.cases = []  # (name, "passed" | "failed" | "skipped", message)
@@ -163,7 +155,7 @@ class Run:
         return ok
 
     def write_xml(self):
-        test_xml.write("Walkthrough", self.cases)
+        py_util.write_xml("Walkthrough", self.cases)
 
 
 def main():
@@ -177,7 +169,7 @@ def main():
     where, blocks = walkthrough(root)
     print(f"walkthrough: {where}: {sum(l == 'sh' for l, _ in blocks)} sh blocks, "
           f"{sum(l == 'python' for l, _ in blocks)} python blocks")
-    py = hf_python()
+    py = py_util.hf_python()
     if py is None:
         msg = ("skipped: no python with transformers, jinja2 and numpy for tools/prepare_data.py "
                "(set MF_HF_PYTHON: tools/test passes ~/.cache/moefit/hfvenv/bin/python, which .ci/run makes)")

@@ -21,11 +21,12 @@ namespace {
 
 using namespace mf_pt;
 
+// A model of spec `s` with rank-4 adapters on every projection it has, and
+// its training step of G micro-batches.
 struct Lora {
   mf_param_table *t = nullptr;
   mf_program *p = nullptr;
-  explicit Lora(int which, mf_dtype storage) {
-    const mf_model_spec s = make_shape(which).spec;
+  Lora(const mf_model_spec &s, mf_dtype storage, int64_t G = 2) {
     EXPECT_EQ(mf_param_table_build(&s, &t), MF_OK) << mf_last_error();
     mf_lora l;
     memset(&l, 0, sizeof l);
@@ -33,7 +34,7 @@ struct Lora {
     EXPECT_EQ(mf_param_table_add_lora(t, &l), MF_OK) << mf_last_error();
     mf_program_opts po;
     memset(&po, 0, sizeof po);
-    po.micro_batch = 2, po.seq_len = 32, po.grad_accum = 2, po.aux_coef = 0.01, po.ce_chunk = 16;
+    po.micro_batch = 2, po.seq_len = 32, po.grad_accum = G, po.aux_coef = 0.01, po.ce_chunk = 16;
     po.storage = storage;
     EXPECT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
   }
@@ -55,7 +56,7 @@ class LoraPlan : public ::testing::TestWithParam<int> {};
 // kept across steps), so a step moves none of its bytes; its slots live the
 // whole step.
 TEST_P(LoraPlan, ResidentFrozenWeightsAreUploadedOnce) {
-  Lora m(GetParam(), MF_DTYPE_BF16);
+  Lora m(make_shape(GetParam()).spec, MF_DTYPE_BF16);
   const mf_hwprofile hw = small_profile(1);
   mf_plan *res = nullptr;
   ASSERT_EQ(mf_plan_baseline(m.p, &hw, MF_PLAN_RESIDENT, UINT64_MAX, &res), MF_OK) << mf_last_error();
@@ -80,7 +81,7 @@ TEST_P(LoraPlan, ResidentFrozenWeightsAreUploadedOnce) {
 // The host AdamW updates the trained parameters (the adapters) alone, with the
 // optimizer behind the next step or after it.
 TEST_P(LoraPlan, HostOptimizerCountsTheTrainedParametersOnly) {
-  Lora m(GetParam(), MF_DTYPE_BF16);
+  Lora m(make_shape(GetParam()).spec, MF_DTYPE_BF16);
   const mf_hwprofile hw = small_profile(1);
   mf_plan *least = nullptr;
   ASSERT_EQ(mf_plan_baseline(m.p, &hw, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK) << mf_last_error();
@@ -103,17 +104,8 @@ TEST_P(LoraPlan, HostOptimizerCountsTheTrainedParametersOnly) {
 TEST(LoraPlanProxy, ProxyCarriesTheAdapters) {
   mf_model_spec s = make_shape(0).spec;
   s.layers = 6;
-  mf_param_table *t = nullptr;
-  ASSERT_EQ(mf_param_table_build(&s, &t), MF_OK) << mf_last_error();
-  mf_lora l;
-  memset(&l, 0, sizeof l);
-  l.rank = 4, l.scale = 1.0, l.roles = mf_lora_adaptable_roles(s.family);
-  ASSERT_EQ(mf_param_table_add_lora(t, &l), MF_OK) << mf_last_error();
-  mf_program_opts po;
-  memset(&po, 0, sizeof po);
-  po.micro_batch = 2, po.seq_len = 32, po.grad_accum = 1, po.aux_coef = 0.01, po.ce_chunk = 16;
-  mf_program *p = nullptr;
-  ASSERT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
+  Lora m(s, MF_DTYPE_F32, 1);
+  const mf_program *p = m.p;
   mf_plan_proxy *x = nullptr;
   ASSERT_EQ(mf_plan_proxy_build(p, &x), MF_OK) << mf_last_error();
   ASSERT_NE(x, nullptr) << "no proxy for a LoRA program: every candidate scored on the full step";
@@ -125,14 +117,12 @@ TEST(LoraPlanProxy, ProxyCarriesTheAdapters) {
     EXPECT_EQ(a.numel, b.numel) << a.name;
   }
   mf_plan_proxy_free(x);
-  mf_program_free(p);
-  mf_param_table_free(t);
 }
 
 // With room for some of the base, the choice keeps it resident and is
 // predicted faster than streaming all of it.
 TEST_P(LoraPlan, ChoiceSpendsTheBudgetOnTheBase) {
-  Lora m(GetParam(), MF_DTYPE_BF16);
+  Lora m(make_shape(GetParam()).spec, MF_DTYPE_BF16);
   const mf_hwprofile hw = small_profile(1);
   mf_plan *least = nullptr, *res = nullptr, *c = nullptr;
   ASSERT_EQ(mf_plan_baseline(m.p, &hw, MF_PLAN_LEAST_MEMORY, UINT64_MAX, &least), MF_OK) << mf_last_error();

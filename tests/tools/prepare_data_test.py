@@ -38,7 +38,7 @@ import sys
 import unittest
 import zlib
 
-from tests import test_xml
+from tests import py_util
 
 ARGS = None
 
@@ -210,14 +210,6 @@ def read_tokens(path):
     return vocab, ids, mask, starts
 
 
-def hf_python():
-    for py in (os.environ.get("MF_HF_PYTHON"), sys.executable):
-        if py and subprocess.run([py, "-c", "import transformers, jinja2, numpy"],
-                                 capture_output=True).returncode == 0:
-            return py
-    return None
-
-
 def repo_root():
     srcdir, ws = os.environ.get("TEST_SRCDIR"), os.environ.get("TEST_WORKSPACE")
     if srcdir and ws:
@@ -231,7 +223,7 @@ class Env:
     made = None
 
     def __init__(self):
-        self.py = hf_python()
+        self.py = py_util.hf_python()
         self.script = os.path.join(repo_root(), "tools", "prepare_data.py")
         self.scratch = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "prepare_data_test")
         self.tokenizers = {}
@@ -360,7 +352,7 @@ class XmlResult(unittest.TextTestResult):
 
 
 def write_xml(outcomes):
-    test_xml.write("PrepareData", [(t.id().split(".")[-1], r, m) for t, r, m in outcomes])
+    py_util.write_xml("PrepareData", [(t.id().split(".")[-1], r, m) for t, r, m in outcomes])
 
 
 def main():

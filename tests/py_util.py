@@ -1,10 +1,23 @@
-"""The test.xml a Python test writes for Bazel, so that its cases count one by one
-(skipped ones as skipped) in tools/test's closing line."""
+"""What the Python tests share: the test.xml they write for Bazel, so that their
+cases count one by one (skipped ones as skipped) in tools/test's closing line,
+and the python with transformers that tools/prepare_data.py needs."""
 import os
+import subprocess
+import sys
 from xml.sax.saxutils import quoteattr
 
 
-def write(suite, cases):
+def hf_python():
+    """A python that imports transformers, jinja2 and numpy: $MF_HF_PYTHON (tools/test
+    passes it) or this one; None without."""
+    for py in (os.environ.get("MF_HF_PYTHON"), sys.executable):
+        if py and subprocess.run([py, "-c", "import transformers, jinja2, numpy"],
+                                 capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def write_xml(suite, cases):
     """cases: (name, result, message) with result "passed", "failed" or "skipped";
     written to $XML_OUTPUT_FILE (nothing outside Bazel)."""
     path = os.environ.get("XML_OUTPUT_FILE")
