@@ -31,7 +31,11 @@ of docs/*.md (in that order, the pages by name) is one of:
                  by a time or rate unit (`s`, `ms`, `us`, `%`, `tok/s`, `GB/s`,
                  `MiB/s`, `s/step`, `M updates/s`, anything `/s`), a date
                  (2026-11-27), the Pss of `host memory: ... (Pss)` and the
-                 predicted/executed ratio of `executed X s/step (R; ...`;
+                 predicted/executed ratio of `executed X s/step (R; ...`, and a
+                 duration as an eta prints it (`35s`, `2m01s`, `1h02m`: one mask);
+               - an evaluation's progress lines (`eval FILE: N/M windows (P%)
+                 ...`), which only an evaluation over 2 s prints, are left out of
+                 the real output;
                - with a marker `<!-- check_docs: numbers vary REASON -->` before
                  the block, every number in it is masked (benchmarks).
              Losses, sizes, counts and predictions are compared as they are: the
@@ -107,6 +111,12 @@ VARY_FIELDS = [
     re.compile(r"(?<=s/step \()" + NUM + r"(?=;)"),           # predicted/executed
 ]
 ANY_NUM = re.compile(r"(?<![A-Za-z_])" + NUM)
+# An evaluation's progress line, printed only when it takes over 2 s (a slower or
+# busier machine prints more of them): left out of the output compared.
+PROGRESS_TICK = re.compile(r"^eval \S+: \d+/\d+ windows \(\d+%\)")
+# A duration as moefit prints an eta or an elapsed time ("35s", "2m01s", "1h02m"): one
+# mask, so that a slower machine's longer form still matches.
+DURATION = re.compile(r"(?<![\w.])(?:\d+h\d{2}m|\d+m\d{2}s|\d+h|\d+m|\d+s)(?![\w./])")
 
 
 class Block:
@@ -302,6 +312,7 @@ def help_examples(moefit, cwd, env):
 
 
 def normalise(line, vary_all):
+    line = DURATION.sub("#", line)
     line = VARY_UNIT.sub("#", line)
     for r in VARY_FIELDS:
         line = r.sub("#", line)
@@ -314,7 +325,7 @@ def compare(expect, actual, vary_all):
     """None when the shown lines are the real output's first lines (see the
     module's help), else what differs."""
     exp = [normalise(l, vary_all) for l in expect]
-    act = [normalise(l, vary_all) for l in actual]
+    act = [normalise(l, vary_all) for l in actual if not PROGRESS_TICK.match(l)]
 
     def line_ok(e, a):
         if e.endswith("...") and e != "...":
