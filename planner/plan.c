@@ -83,6 +83,12 @@ mf_status mf_plan_eval(const mf_program *p, const mf_hwprofile *hw, const mf_sim
   return eval(p, hw, so, d, budget, kind, 0, out);
 }
 
+void mf_plan_set_sim_opts(mf_plan *pl, const mf_sim_opts *so) {
+  mf_sim_result_free(&pl->sim);
+  pl->so = *so;
+  pl->simulated = 0;
+}
+
 mf_status mf_plan_simulate(mf_plan *pl) {
   if (pl->simulated) return MF_OK;
   MF_CHECK(mf_simulate(pl->s, pl->hw, &pl->so, &pl->sim));

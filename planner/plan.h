@@ -79,6 +79,9 @@ typedef struct mf_plan {
 
 /* Simulates pl when it is not yet (mf_plan.simulated). */
 mf_status mf_plan_simulate(mf_plan *pl);
+/* Gives pl other simulation options: its simulation is dropped, to be made
+ * again with them by mf_plan_simulate. */
+void mf_plan_set_sim_opts(mf_plan *pl, const mf_sim_opts *so);
 /* Schedules and simulates decisions `d` (copied). */
 mf_status mf_plan_evaluate(const mf_program *p, const mf_hwprofile *hw, const mf_decisions *d, uint64_t budget,
                            mf_plan_kind kind, mf_plan **out);

@@ -261,17 +261,13 @@ mf_status mf_plan_for(const mf_plan_request *rq, mf_program **prog, mf_plan **al
     if (st == MF_OK && floor > c->so.optimizer_floor_seconds) {
       mf_sim_opts so = c->so;
       so.optimizer_floor_seconds = floor;
-      for (int k = 0; k < MF_PLAN_KIND_COUNT_ && st == MF_OK; k++) {
-        mf_plan *pl = all[k];
-        if (!pl) continue;
-        mf_sim_result_free(&pl->sim);
-        pl->so = so;
-        pl->simulated = 0;
-      }
+      for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++)
+        if (all[k]) mf_plan_set_sim_opts(all[k], &so);
     }
     if (st != MF_OK) return drop_all(st, prog, all);
   }
-  /* The baselines over the budget of the order kept, which were not simulated. */
+  /* What is not simulated: the baselines over the budget of the order kept,
+   * and every plan after a new NVMe floor. */
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
     const mf_status st = all[k] ? mf_plan_simulate(all[k]) : MF_OK;
     if (st != MF_OK) return drop_all(st, prog, all);

@@ -89,21 +89,25 @@ static mf_status choose_overlap(const mf_config *cfg, mf_run_plan *rp) {
   if (rp->use != MF_RUN_TRAIN || cfg->train.overlap_optimizer != MF_CONFIG_OVERLAP_AUTO || cfg->ranks > 1 ||
       !rp->overlap_optimizer)
     return MF_OK;
-  const mf_plan *c = rp->plan;
+  mf_plan *c = rp->plan;
   mf_sim_opts so = c->so;
   so.overlap_optimizer = 0;
   mf_sim_result after;
   MF_CHECK(mf_simulate(c->s, c->hw, &so, &after));
-  const int faster = after.step_seconds < c->sim.step_seconds * (1.0 - 1e-3);
-  mf_sim_result_free(&after);
-  if (!faster) return MF_OK;
+  if (!(after.step_seconds < c->sim.step_seconds * (1.0 - 1e-3))) {
+    mf_sim_result_free(&after);
+    return MF_OK;
+  }
   rp->overlap_optimizer = 0;
+  mf_plan_set_sim_opts(c, &so);
+  c->sim = after; /* simulated just now with these options */
+  c->simulated = 1;
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
     mf_plan *pl = rp->all[k];
-    if (!pl) continue;
-    mf_sim_result_free(&pl->sim);
-    pl->so.overlap_optimizer = 0;
-    pl->simulated = 0;
+    if (!pl || pl == c) continue;
+    mf_sim_opts after_each = pl->so;
+    after_each.overlap_optimizer = 0;
+    mf_plan_set_sim_opts(pl, &after_each);
     MF_CHECK(mf_plan_simulate(pl));
   }
   return MF_OK;
@@ -423,7 +427,7 @@ static mf_status alternative(const mf_config *alt, const mf_param_table *t, cons
   if (st != MF_OK) return st;
   char h[32], lim[32], room[32];
   const mf_host_usage *u = &a->host;
-  const int host_ok = a->fit.host && a->fit.device && a->fit.pinned;
+  const int host_ok = a->fit.host;
   size_t o = strlen(buf);
   if (o < cap)
     o += (size_t)snprintf(buf + o, cap - o, "%s%s: %s of host memory", (*n)++ ? "; " : "", what,
@@ -468,12 +472,11 @@ static int alternatives(const mf_run_plan *rp, const mf_config *cfg, char *buf, 
     snprintf(what + w, sizeof what - (size_t)w, "]'%s (LoRA over the frozen base, at home in bf16)",
              rp->storage == MF_DTYPE_BF16 ? "" : " train.precision=bf16");
     alt.train.precision = MF_CONFIG_PRECISION_BF16;
-    const mf_lora l = {16, 2.0, 0, 0, 0.0, NULL};
+    /* Every name the family has: every role it can adapt. */
+    const mf_lora l = {16, 2.0, mf_lora_adaptable_roles(t->spec.family), 0, 0.0, NULL};
     mf_param_table *lt = NULL;
     st = mf_param_table_build(&t->spec, &lt);
-    mf_lora lr = l;
-    for (int j = 0; j < nn; j++) lr.roles |= mf_lora_target_roles(t->spec.family, names[j]);
-    if (st == MF_OK) st = mf_param_table_add_lora(lt, &lr);
+    if (st == MF_OK) st = mf_param_table_add_lora(lt, &l);
     if (st == MF_OK) st = alternative(&alt, lt, what, &n, buf, cap);
     mf_param_table_free(lt);
   }

@@ -385,6 +385,20 @@ static int parse_sweep(const char *arg, sweep_key *k, char *why, size_t cap) {
   return 0;
 }
 
+/* What `moefit plan` plans, as train does (the plan is what train runs): the
+ * config with its overrides, the model's table, the hardware profile (auto
+ * measures one where it has to), the run plan of `ranks` ranks. On failure
+ * the caller frees what was made (NULL where nothing was). */
+static mf_status open_plan(const char *path, const char *const *over, size_t n, int64_t ranks, int64_t node_ranks,
+                           mf_config **cfg, mf_param_table **t, mf_run_plan **rp) {
+  MF_CHECK(mf_config_load_for(path, over, n, MF_CONFIG_FOR_PLAN, cfg));
+  (*cfg)->ranks = ranks;
+  (*cfg)->node_ranks = node_ranks;
+  MF_CHECK(mf_cli_param_table(*cfg, t));
+  MF_CHECK(mf_hwmeasure_auto(*cfg, *t, NULL));
+  return mf_run_plan_make(*cfg, *t, MF_RUN_TRAIN, 1, rp);
+}
+
 /* One plan of the sweep into the table's row: the values, then fits or not,
  * the arena, host memory, step, tokens/s and the bound (or the error). */
 static int sweep_row(mf_table *tb, const char *path, const char *const *base, size_t n_base,
@@ -398,14 +412,7 @@ static int sweep_row(mf_table *tb, const char *path, const char *const *base, si
   mf_param_table *t = NULL;
   mf_run_plan *rp = NULL;
   int fits = 0;
-  mf_status st = mf_config_load_for(path, over, n, MF_CONFIG_FOR_PLAN, &cfg);
-  if (st == MF_OK) {
-    cfg->ranks = ranks;
-    cfg->node_ranks = node_ranks;
-    st = mf_cli_param_table(cfg, &t);
-  }
-  if (st == MF_OK) st = mf_hwmeasure_auto(cfg, t, NULL);
-  if (st == MF_OK) st = mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp);
+  const mf_status st = open_plan(path, over, n, ranks, node_ranks, &cfg, &t, &rp);
   if (st != MF_OK) {
     mf_table_cell(tb, "error");
     for (int c = 0; c < 4; c++) mf_table_cell(tb, "-");
@@ -536,12 +543,7 @@ int mf_cli_plan(int argc, char **argv) {
   mf_param_table *t = NULL;
   mf_run_plan *rp = NULL;
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
-  cfg->ranks = ranks;
-  cfg->node_ranks = node_ranks;
-  MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
-  MF_CHECK_GOTO(mf_hwmeasure_auto(cfg, t, NULL), st, done); /* as train does: the plan is what train runs */
-  MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
+  MF_CHECK_GOTO(open_plan(path, overrides, n_over, ranks, node_ranks, &cfg, &t, &rp), st, done);
   const mf_model_spec spec = t->spec;
   const mf_program *p = rp->prog;
   const mf_plan *chosen = rp->plan;

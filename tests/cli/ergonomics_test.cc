@@ -252,8 +252,8 @@ TEST(Ergonomics, InspectSummarisesRunsCheckpointsAndAdapters) {
        {": a LoRA adapter dir (PEFT", "  rank (r)      4\n", "  lora_alpha    8 (scale alpha/r = 2)",
         "  targets       q_proj, k_proj, v_proj, o_proj", " lora_A, ", " lora_B, "})
     EXPECT_TRUE(has(a.out, part)) << part << " not in:\n" << a.out;
-  EXPECT_TRUE(has(moefit("inspect " + lora).out, "  final/        a LoRA adapter dir"))
-      << moefit("inspect " + lora).out;
+  const Result run_dir = moefit("inspect " + lora);
+  EXPECT_TRUE(has(run_dir.out, "  final/        a LoRA adapter dir")) << run_dir.out;
 
   // A half-written last line (a killed run) is counted, not a failure.
   const std::string killed = fresh_dir("killed_run");
