@@ -17,6 +17,13 @@ def hf_python():
     return None
 
 
+def tools_required():
+    """True under MF_TEST_REQUIRE=1 (CI; tools/test passes it): a check whose
+    outside tool (a python with transformers, torch, peft) is missing fails
+    instead of being skipped."""
+    return os.environ.get("MF_TEST_REQUIRE") == "1"
+
+
 def write_xml(suite, cases):
     """cases: (name, result, message) with result "passed", "failed" or "skipped";
     written to $XML_OUTPUT_FILE (nothing outside Bazel)."""

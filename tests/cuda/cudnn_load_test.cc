@@ -11,15 +11,16 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda.h"
 #include "src/core/core.h"
+#include "tests/require.h"
 
 TEST(CudnnLoad, LoadsAndReadsItsVersionOrSaysWhy) {
   if (!mf_cuda_compiled()) GTEST_SKIP() << "built without CUDA";
-  if (!mf_cuda_cudnn_built()) GTEST_SKIP() << "built without cuDNN's frontend headers (tools/setup)";
+  if (!mf_cuda_cudnn_built()) MF_TOOL_MISSING("built without cuDNN's frontend headers (tools/setup)");
   mf_cuda_cudnn *c = nullptr;
   const mf_status st = mf_cuda_cudnn_create(&c);
   const std::string err = st == MF_OK ? "" : mf_last_error();
   if (st == MF_ERR_UNSUPPORTED && err.find("libcudnn.so.9 could not be loaded") != std::string::npos)
-    GTEST_SKIP() << err;
+    MF_TOOL_MISSING(err);
   int n = 0;
   ASSERT_EQ(mf_cuda_device_count(&n, nullptr, 0), MF_OK);
   if (n > 0) {

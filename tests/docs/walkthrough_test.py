@@ -173,6 +173,10 @@ def main():
     if py is None:
         msg = ("skipped: no python with transformers, jinja2 and numpy for tools/prepare_data.py "
                "(set MF_HF_PYTHON: tools/test passes ~/.cache/moefit/hfvenv/bin/python, which .ci/run makes)")
+        if py_util.tools_required():
+            run.case("the walkthrough", "failed", msg[len("skipped: "):] + " (MF_TEST_REQUIRE=1: it must run here)")
+            run.write_xml()
+            return 1
         run.case("the walkthrough", "skipped", msg)
         run.write_xml()
         return 0
@@ -217,7 +221,10 @@ def main():
         if lang == "python":
             name = f"block {n} (python)"
             if not peft_ok:
-                run.case(name, "skipped", f"{py} has no torch and peft")
+                required = py_util.tools_required()
+                run.case(name, "failed" if required else "skipped", f"{py} has no torch and peft" +
+                         (" (MF_TEST_REQUIRE=1: it must run here)" if required else ""))
+                failed = failed or required
                 continue
             snippet = os.path.join(scratch, f"block{n}.py")
             with open(snippet, "w") as f:

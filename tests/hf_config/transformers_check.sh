@@ -5,7 +5,8 @@
 #
 # Needs a python with transformers 4.57, named by MF_HF_PYTHON (tools/test
 # passes it: by default ~/.cache/moefit/hfvenv/bin/python, made by .ci/run).
-# Without one the case is skipped, and says so in test.xml and the log.
+# Without one the case is skipped, and says so in test.xml and the log; under
+# MF_TEST_REQUIRE=1 (CI) it fails.
 set -uo pipefail
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
   root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -30,9 +31,14 @@ XML
 
 py=${MF_HF_PYTHON:-}
 if [[ -z "$py" ]]; then
-  msg="skipped: no python with transformers (MF_HF_PYTHON unset; see tools/make_hf_configs.py)"
-  echo "$msg"
-  report skipped "$msg"
+  msg="no python with transformers (MF_HF_PYTHON unset; see tools/make_hf_configs.py)"
+  if [[ "${MF_TEST_REQUIRE:-}" == 1 ]]; then # CI: the check must run
+    echo "failed: $msg (MF_TEST_REQUIRE=1: this check must run on this machine)"
+    report failed "$msg"
+    exit 1
+  fi
+  echo "skipped: $msg"
+  report skipped "skipped: $msg"
   exit 0
 fi
 if "$py" "$root/tools/make_hf_configs.py" --check --data "$root/tests/hf_config/data"; then

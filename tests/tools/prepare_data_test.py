@@ -279,6 +279,9 @@ class Env:
 class PrepareData(unittest.TestCase):
     def setUp(self):
         self.env = Env.get()
+        if self.env.py is None and py_util.tools_required():
+            self.fail("no python with transformers, jinja2 and numpy to run tools/prepare_data.py "
+                      "(MF_TEST_REQUIRE=1: it must run here)")
         if self.env.py is None:
             self.skipTest("no python with transformers, jinja2 and numpy to run tools/prepare_data.py (set "
                           "MF_HF_PYTHON: tools/test passes ~/.cache/moefit/hfvenv/bin/python, which .ci/run makes)")
