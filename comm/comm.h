@@ -5,6 +5,22 @@
  *
  * A process started without mpirun is a world of one rank and needs no MPI
  * daemon. Collectives are blocking and called by every rank in the same order.
+ *
+ * No wait for other ranks lasts for ever: every collective, barrier and
+ * relay wait gives up after MF_COMM_TIMEOUT_S seconds (default 600; read by
+ * mf_comm_init, and by mf_comm_relay_create for its relay) and fails with
+ * MF_ERR_MPI, naming the ranks it waited for — those of the node that had
+ * not come (world rank, local rank, pid, and what /proc says of it: "stopped
+ * by a signal" for a SIGSTOPped one), else those of the other nodes — and
+ * the seconds; the caller ends the job (mf_comm_fail_agree, mf_comm_abort).
+ * A stopped rank is a rank that does not come; the time a waiting rank was
+ * stopped itself does not count. The deadline covers every wait, those for
+ * rank 0's work alone (planning, evaluation, checkpoints) too: a run whose
+ * rank 0 takes longer than that needs a larger MF_COMM_TIMEOUT_S. Waiting,
+ * a rank sleeps (up to 10 ms a poll) instead of spinning on a core. After a
+ * wait timed out the comm's collectives fail at once (this rank is out of
+ * step with the others). The start-up's own collectives (mf_comm_init)
+ * wait as MPI does.
  */
 #ifndef MF_COMM_H
 #define MF_COMM_H
@@ -23,7 +39,10 @@ typedef struct mf_comm mf_comm;
 /* Initialises MPI when this process was launched by mpirun (or MF_COMM=mpi),
  * else a single-rank world. argc/argv may be NULL. */
 mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out);
-/* Finalizes MPI if mf_comm_init started it. NULL is fine. */
+/* Finalizes MPI if mf_comm_init started it. NULL is fine. MPI_Finalize
+ * waits for every rank without end, so the ranks meet first with the
+ * deadline (unless mf_comm_fail_agree found that all failed); when one does
+ * not come, this logs the error and ends the job (MPI_Abort). */
 void mf_comm_free(mf_comm *c);
 
 int mf_comm_rank(const mf_comm *c);
@@ -35,6 +54,14 @@ int mf_comm_local_size(const mf_comm *c);
 int mf_comm_uses_mpi(const mf_comm *c);
 
 mf_status mf_comm_barrier(mf_comm *c);
+/* A barrier of every rank while rank `root` works alone (`what`: "evaluating",
+ * "writing a checkpoint", ...: said in the waiting ranks' lines). Past
+ * MF_COMM_TIMEOUT_S the others keep waiting for a root on their node that is
+ * alive (running, sleeping or in I/O), saying so once a timeout period; a root
+ * stopped (SIGSTOP), gone, or on another node (it cannot be seen) ends the
+ * wait as any other. So a long evaluation or checkpoint is not a hang, and a
+ * stopped rank 0 still is. */
+mf_status mf_comm_barrier_solo(mf_comm *c, int root, const char *what);
 mf_status mf_comm_broadcast(mf_comm *c, void *buf, size_t bytes, int root);
 /* In-place sum over ranks. The result is bit-identical on every rank and does
  * not depend on the MPI library's reduction order: rank r's contribution is
@@ -104,7 +131,9 @@ mf_status mf_comm_node_broadcast(mf_comm *c, void *buf, size_t bytes);
 typedef struct mf_comm_shared mf_comm_shared;
 mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_comm_shared **out);
 void *mf_comm_shared_ptr(const mf_comm_shared *s); /* NULL when bytes was 0 */
-/* Collective over the node; NULL is fine. */
+/* Collective over the node; NULL is fine. When a rank of the node does not
+ * come within the deadline the window is left to MPI (and the comm's next
+ * collective fails). */
 void mf_comm_shared_free(mf_comm_shared *s);
 /* After a failure, when the node's other ranks may never come to free it
  * with this one: lets go of this process's handle without the collective
@@ -121,8 +150,8 @@ void mf_comm_shared_forget(mf_comm_shared *s);
  * while another is still in round k. pass may be called from any thread.
  * wait returns MF_ERR_MPI when the rank before has not passed within the
  * timeout (MF_COMM_TIMEOUT_S, read when the relay is created; default 600 s:
- * it died or hangs), or at once when a rank of the node called
- * mf_comm_relay_fail. Collective to create and free. */
+ * it stopped or hangs; the error names it), or at once when a rank of the
+ * node called mf_comm_relay_fail. Collective to create and free. */
 typedef struct mf_comm_relay mf_comm_relay;
 mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out);
 void mf_comm_relay_free(mf_comm_relay *r); /* NULL is fine */

@@ -1,14 +1,21 @@
 /* mf_comm over MPI (Open MPI from Debian): start-up, the world's collectives.
  * The node's collectives, shared memory and the relay are in comm_node.c and
- * comm_relay.c. */
+ * comm_relay.c; the deadline every wait has, in comm_wait.c. The collectives
+ * send and receive through the comm's own buffers, never the caller's: one
+ * that timed out stays with MPI, which may still write into its buffer. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <unistd.h>
 
 #include "comm/comm_internal.h"
+
+/* A broadcast goes through the comm's buffer in pieces of at most this. */
+#define MF_STAGE_PIECE ((size_t)16 << 20)
+/* A wait that moves more than this is "heavy" (mf_comm_poll). */
+#define MF_HEAVY_BYTES ((size_t)64 << 10)
 
 mf_status mf_comm_mpi_error(int rc, const char *file, int line, const char *call) {
   char msg[MPI_MAX_ERROR_STRING];
@@ -47,8 +54,9 @@ mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out) {
   mf_comm *c = (mf_comm *)calloc(1, sizeof *c);
   if (!c) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory");
   c->world = c->node_comm = c->leaders = c->fails = MPI_COMM_NULL;
-  c->fail_rq = MPI_REQUEST_NULL;
+  c->fail_rq = c->late_rq = MPI_REQUEST_NULL;
   c->size = c->local_size = c->nodes = 1;
+  c->timeout_s = mf_comm_timeout_from_env();
   if (!launched_by_mpirun()) {
     *out = c;
     return MF_OK;
@@ -104,7 +112,25 @@ mf_status mf_comm_init(int *argc, char ***argv, mf_comm **out) {
   TRY(MPI_Bcast(ids, 2, MPI_INT, 0, c->node_comm));
   c->node = ids[0];
   c->nodes = ids[1];
+  if (c->local_rank == 0 && c->nodes > 1) { /* to name them when the leaders' exchange waits too long */
+    c->leader_ranks = (int *)calloc((size_t)c->nodes, sizeof *c->leader_ranks);
+    if (!c->leader_ranks) {
+      st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory");
+      goto fail;
+    }
+    TRY(MPI_Allgather(&c->rank, 1, MPI_INT, c->leader_ranks, 1, MPI_INT, c->leaders));
+  }
 #undef TRY
+  /* The node's board: each rank's slot says who it is; the node barrier
+   * after the writes shows them to the others. */
+  st = mf_comm_shared_alloc(c, (size_t)c->local_size * sizeof(mf_comm_slot), "the node's board",
+                            &c->board_mem);
+  if (st != MF_OK) goto fail;
+  c->board = (mf_comm_slot *)mf_comm_shared_ptr(c->board_mem);
+  c->board[c->local_rank].rank = c->rank;
+  c->board[c->local_rank].pid = (int64_t)getpid();
+  st = mf_comm_node_barrier(c);
+  if (st != MF_OK) goto fail;
   *out = c;
   return MF_OK;
 fail:
@@ -114,20 +140,40 @@ fail:
 
 void mf_comm_free(mf_comm *c) {
   if (!c) return;
-  int fin = 0;
+  int fin = 0, late_done = c->late_rq == MPI_REQUEST_NULL;
   if (c->mpi) MPI_Finalized(&fin);
   if (c->mpi && !fin) {
-    if (c->fail_rq != MPI_REQUEST_NULL) { /* completed when every rank joined it late; else left to MPI */
+    /* MPI_Finalize waits for every rank, without end: the ranks meet first,
+     * with the deadline, unless each has said it failed (all are here). A
+     * rank that does not come ends the job. */
+    if (c->we_init && c->size > 1 && !c->all_failed && c->world != MPI_COMM_NULL &&
+        mf_comm_barrier(c) != MF_OK) {
+      MF_LOGE("comm", "rank %d of %d: %s", c->rank, c->size, mf_last_error());
+      mf_comm_abort(c, 1);
+    }
+    /* Completed when every rank joined them late; else left to MPI. */
+    if (!late_done) MPI_Test(&c->late_rq, &late_done, MPI_STATUS_IGNORE);
+    if (c->fail_rq != MPI_REQUEST_NULL) {
       int done = 0;
       MPI_Test(&c->fail_rq, &done, MPI_STATUS_IGNORE);
     }
+    mf_comm_shared_free(c->board_mem);
+    c->board = NULL;
     if (c->fails != MPI_COMM_NULL) MPI_Comm_free(&c->fails);
     if (c->leaders != MPI_COMM_NULL) MPI_Comm_free(&c->leaders);
     if (c->node_comm != MPI_COMM_NULL) MPI_Comm_free(&c->node_comm);
     if (c->world != MPI_COMM_NULL) MPI_Comm_free(&c->world);
-    if (c->we_init) MPI_Finalize();
+    if (c->we_init) {
+      MPI_Finalize();
+      late_done = 1;
+    }
+  } else {
+    mf_comm_shared_free(c->board_mem); /* without MPI: this process's own pages */
   }
   free(c->scratch);
+  free(c->stage);
+  if (late_done) free(c->late_buf); /* else MPI may still write into it: left to the process's end */
+  free(c->leader_ranks);
   free(c->fail_every); /* MPI is finalized (or never wrote to it) */
   free(c);
 }
@@ -149,20 +195,47 @@ int mf_comm_uses_mpi(const mf_comm *c) {
 }
 
 mf_status mf_comm_barrier(mf_comm *c) {
-  if (!c->mpi) return MF_OK;
-  MF_MPI_CHECK(MPI_Barrier(c->world));
+  if (!c->mpi || c->size == 1) return MF_OK;
+  int64_t ticket = 0;
+  MF_CHECK(mf_comm_enter(c, MF_COMM_WORLD, &ticket));
+  MPI_Request rq;
+  MF_MPI_CHECK(MPI_Ibarrier(c->world, &rq));
+  return mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, 0, MF_COMM_NO_BUFFER, "at a barrier of every rank");
+}
+
+mf_status mf_comm_barrier_solo(mf_comm *c, int root, const char *what) {
+  c->solo = 1;
+  c->solo_root = root;
+  c->solo_what = what;
+  const mf_status st = mf_comm_barrier(c);
+  c->solo = 0;
+  return st;
+}
+
+mf_status mf_comm_bcast_staged(mf_comm *c, MPI_Comm comm, mf_comm_scope scope, int me, int root, void *buf,
+                               size_t bytes, const char *where) {
+  const size_t piece = bytes < MF_STAGE_PIECE ? bytes : MF_STAGE_PIECE;
+  MF_CHECK(mf_comm_stage_reserve(c, piece));
+  for (size_t off = 0; off < bytes; off += piece) {
+    const size_t n = bytes - off < piece ? bytes - off : piece;
+    if (me == root) memcpy(c->stage, (char *)buf + off, n);
+    int64_t ticket = 0;
+    MF_CHECK(mf_comm_enter(c, scope, &ticket));
+    MPI_Request rq;
+    MF_MPI_CHECK(MPI_Ibcast(c->stage, (int)n, MPI_BYTE, root, comm, &rq));
+    MF_CHECK(mf_comm_finish(c, &rq, scope, ticket, n > MF_HEAVY_BYTES, MF_COMM_STAGE, where));
+    if (me != root) memcpy((char *)buf + off, c->stage, n);
+  }
   return MF_OK;
 }
 
 mf_status mf_comm_broadcast(mf_comm *c, void *buf, size_t bytes, int root) {
   if (root < 0 || root >= c->size)
     return MF_ERR(MF_ERR_INVALID_ARG, "comm: broadcast root %d of %d ranks", root, c->size);
-  if (!c->mpi) return MF_OK;
-  for (size_t off = 0; off < bytes; off += MF_MPI_CHUNK) {
-    size_t n = bytes - off < MF_MPI_CHUNK ? bytes - off : MF_MPI_CHUNK;
-    MF_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, root, c->world));
-  }
-  return MF_OK;
+  if (!c->mpi || c->size == 1) return MF_OK;
+  char where[64];
+  snprintf(where, sizeof where, "in a broadcast from rank %d", root);
+  return mf_comm_bcast_staged(c, c->world, MF_COMM_WORLD, c->rank, root, buf, bytes, where);
 }
 
 mf_status mf_comm_scratch_reserve(mf_comm *c, size_t n) {
@@ -174,8 +247,8 @@ mf_status mf_comm_scratch_reserve(mf_comm *c, size_t n) {
   return MF_OK;
 }
 
-mf_status mf_comm_ordered_sum_f32(mf_comm *c, MPI_Comm comm, int size, size_t gather_bytes, float *buf,
-                                  size_t n) {
+mf_status mf_comm_ordered_sum_f32(mf_comm *c, MPI_Comm comm, mf_comm_scope scope, int me, int size,
+                                  size_t gather_bytes, float *buf, size_t n, const char *where) {
   /* Gather every member's vector (in chunks) and add in member order
    * everywhere, so all hold the same bits whatever algorithm MPI would pick. */
   size_t chunk = gather_bytes / sizeof(float) / (size_t)size;
@@ -183,7 +256,13 @@ mf_status mf_comm_ordered_sum_f32(mf_comm *c, MPI_Comm comm, int size, size_t ga
   MF_CHECK(mf_comm_scratch_reserve(c, (n < chunk ? n : chunk) * (size_t)size));
   for (size_t off = 0; off < n; off += chunk) {
     size_t m = n - off < chunk ? n - off : chunk;
-    MF_MPI_CHECK(MPI_Allgather(buf + off, (int)m, MPI_FLOAT, c->scratch, (int)m, MPI_FLOAT, comm));
+    int64_t ticket = 0;
+    MF_CHECK(mf_comm_enter(c, scope, &ticket));
+    memcpy(c->scratch + (size_t)me * m, buf + off, m * sizeof(float));
+    MPI_Request rq;
+    MF_MPI_CHECK(
+        MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->scratch, (int)m, MPI_FLOAT, comm, &rq));
+    MF_CHECK(mf_comm_finish(c, &rq, scope, ticket, 1, MF_COMM_SCRATCH, where));
     for (size_t i = 0; i < m; i++) {
       float s = c->scratch[i];
       for (int r = 1; r < size; r++) s += c->scratch[(size_t)r * m + i];
@@ -195,21 +274,35 @@ mf_status mf_comm_ordered_sum_f32(mf_comm *c, MPI_Comm comm, int size, size_t ga
 
 mf_status mf_comm_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
   if (!c->mpi || c->size == 1 || n == 0) return MF_OK;
-  return mf_comm_ordered_sum_f32(c, c->world, c->size, MF_MPI_CHUNK, buf, n);
+  return mf_comm_ordered_sum_f32(c, c->world, MF_COMM_WORLD, c->rank, c->size, MF_MPI_CHUNK, buf, n,
+                                 "in a sum over every rank");
+}
+
+/* In-place op over every rank of n integers, through the stage. */
+static mf_status allreduce_i64(mf_comm *c, int64_t *buf, size_t n, MPI_Op op, const char *what) {
+  if (!c->mpi || c->size == 1 || n == 0) return MF_OK;
+  if (n > INT_MAX)
+    return MF_ERR(MF_ERR_INVALID_ARG, "comm: %s-allreduce of %zu integers is too large", what, n);
+  MF_CHECK(mf_comm_stage_reserve(c, n * sizeof(int64_t)));
+  memcpy(c->stage, buf, n * sizeof(int64_t));
+  int64_t ticket = 0;
+  MF_CHECK(mf_comm_enter(c, MF_COMM_WORLD, &ticket));
+  MPI_Request rq;
+  MF_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, c->stage, (int)n, MPI_INT64_T, op, c->world, &rq));
+  char where[64];
+  snprintf(where, sizeof where, "in a %s over every rank", what);
+  MF_CHECK(mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, n * sizeof(int64_t) > MF_HEAVY_BYTES, MF_COMM_STAGE,
+                          where));
+  memcpy(buf, c->stage, n * sizeof(int64_t));
+  return MF_OK;
 }
 
 mf_status mf_comm_allreduce_max_i64(mf_comm *c, int64_t *buf, size_t n) {
-  if (!c->mpi || c->size == 1) return MF_OK;
-  if (n > INT_MAX) return MF_ERR(MF_ERR_INVALID_ARG, "comm: max-allreduce of %zu values is too large", n);
-  MF_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT64_T, MPI_MAX, c->world));
-  return MF_OK;
+  return allreduce_i64(c, buf, n, MPI_MAX, "max");
 }
 
 mf_status mf_comm_allreduce_sum_i64(mf_comm *c, int64_t *buf, size_t n) {
-  if (!c->mpi || c->size == 1) return MF_OK;
-  if (n > INT_MAX) return MF_ERR(MF_ERR_INVALID_ARG, "comm: sum-allreduce of %zu integers is too large", n);
-  MF_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT64_T, MPI_SUM, c->world));
-  return MF_OK;
+  return allreduce_i64(c, buf, n, MPI_SUM, "sum");
 }
 
 mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n) {
@@ -217,20 +310,22 @@ mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n) {
   if (n > INT_MAX / (size_t)c->size)
     return MF_ERR(MF_ERR_INVALID_ARG,
                   "comm: f64 sum-allreduce of %zu values is too large (it is for short vectors)", n);
-  /* Gathered and added in rank order, like the f32 sum; a temporary is enough
-   * for the few values (losses, norms) this is for. */
-  double *all = (double *)malloc(n * (size_t)c->size * sizeof *all);
-  if (!all) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for an f64 allreduce of %zu values", n);
-  int rc = MPI_Allgather(buf, (int)n, MPI_DOUBLE, all, (int)n, MPI_DOUBLE, c->world);
-  if (rc == MPI_SUCCESS) {
-    for (size_t i = 0; i < n; i++) {
-      double s = all[i];
-      for (int r = 1; r < c->size; r++) s += all[(size_t)r * n + i];
-      buf[i] = s;
-    }
+  /* Gathered and added in rank order, like the f32 sum (through the stage:
+   * the few values, losses and norms, this is for). */
+  MF_CHECK(mf_comm_stage_reserve(c, n * (size_t)c->size * sizeof(double)));
+  memcpy((double *)c->stage + (size_t)c->rank * n, buf, n * sizeof(double));
+  int64_t ticket = 0;
+  MF_CHECK(mf_comm_enter(c, MF_COMM_WORLD, &ticket));
+  MPI_Request rq;
+  MF_MPI_CHECK(
+      MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c->stage, (int)n, MPI_DOUBLE, c->world, &rq));
+  MF_CHECK(mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, 0, MF_COMM_STAGE, "in a sum over every rank"));
+  const double *all = (const double *)c->stage;
+  for (size_t i = 0; i < n; i++) {
+    double s = all[i];
+    for (int r = 1; r < c->size; r++) s += all[(size_t)r * n + i];
+    buf[i] = s;
   }
-  free(all);
-  if (rc != MPI_SUCCESS) return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Allgather of the f64 sum");
   return MF_OK;
 }
 
@@ -265,19 +360,18 @@ void mf_comm_fail_agree(mf_comm *c, const char *message, double seconds, int *al
     return;
   }
   /* Polled, not waited for: a rank that did not fail never joins. */
-  const double end = mf_time_now() + (seconds > 0 ? seconds : 0);
+  mf_comm_poll p;
+  mf_comm_poll_start(&p, seconds > 0 ? seconds : 0, 0);
   int done = 0;
   for (;;) {
     if (MPI_Test(&c->fail_rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-    if (done || mf_time_now() >= end) break;
-    const struct timespec ms = {0, 1000000};
-    nanosleep(&ms, NULL);
+    if (done || !mf_comm_poll_next(&p)) break;
   }
   if (!done) return;
   /* Every rank failed. Alike: one message everywhere, each a fault of the
    * rank's own. Else the ranks with a fault of their own report it (the
    * others only heard of one), or every rank when none has. */
-  *all = 1;
+  *all = c->all_failed = 1;
   int news = 0, own = 0;
   *alike = 1;
   for (int r = 0; r < c->size; r++) {

@@ -30,7 +30,21 @@ int mf_comm_is_leader(const mf_comm *c) {
 
 mf_status mf_comm_node_barrier(mf_comm *c) {
   if (!c->mpi || c->local_size == 1) return MF_OK;
-  MF_MPI_CHECK(MPI_Barrier(c->node_comm));
+  int64_t ticket = 0;
+  MF_CHECK(mf_comm_enter(c, MF_COMM_NODE, &ticket));
+  if (!c->board) { /* start-up, before the board exists */
+    MPI_Request rq;
+    MF_MPI_CHECK(MPI_Ibarrier(c->node_comm, &rq));
+    return mf_comm_finish(c, &rq, MF_COMM_NODE, ticket, 0, MF_COMM_NO_BUFFER, "at the node's barrier");
+  }
+  /* Every rank has come once every count on the board has reached ours (the
+   * release of each count orders its rank's writes before what we do next). */
+  mf_comm_poll p;
+  mf_comm_poll_start(&p, c->timeout_s, 0);
+  for (int lr = 0; lr < c->local_size; lr++)
+    while (atomic_load_explicit(&c->board[lr].node_calls, memory_order_acquire) < ticket)
+      if (!mf_comm_poll_next(&p))
+        return mf_comm_timed_out(c, MF_COMM_NODE, ticket, "at the node's barrier", __FILE__, __LINE__);
   return MF_OK;
 }
 
@@ -41,21 +55,20 @@ mf_status mf_comm_leaders_allreduce_sum_f32(mf_comm *c, float *buf, size_t n) {
                   c->local_rank, c->node);
   if (!c->mpi || c->nodes == 1 || n == 0) return MF_OK;
   /* As mf_comm_allreduce_sum_f32, between the leaders, in node order. */
-  return mf_comm_ordered_sum_f32(c, c->leaders, c->nodes, MF_LEADERS_GATHER_BYTES, buf, n);
+  return mf_comm_ordered_sum_f32(c, c->leaders, MF_COMM_LEADERS, c->node, c->nodes, MF_LEADERS_GATHER_BYTES,
+                                 buf, n, "in the leaders' exchange of the nodes' gradient sums");
 }
 
 mf_status mf_comm_node_broadcast(mf_comm *c, void *buf, size_t bytes) {
   if (!c->mpi || c->local_size == 1) return MF_OK;
-  for (size_t off = 0; off < bytes; off += MF_MPI_CHUNK) {
-    size_t n = bytes - off < MF_MPI_CHUNK ? bytes - off : MF_MPI_CHUNK;
-    MF_MPI_CHECK(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, 0, c->node_comm));
-  }
-  return MF_OK;
+  return mf_comm_bcast_staged(c, c->node_comm, MF_COMM_NODE, c->local_rank, 0, buf, bytes,
+                              "in a broadcast from the node's leader");
 }
 
 /* ---------------------------------------------------------- shared memory */
 
 struct mf_comm_shared {
+  mf_comm *comm;
   MPI_Win win; /* MPI_WIN_NULL: anonymous memory of this process (or nothing) */
   void *base;
   size_t bytes;
@@ -148,6 +161,7 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
   *out = NULL;
   mf_comm_shared *s = (mf_comm_shared *)calloc(1, sizeof *s);
   if (!s) return shared_oom(c, bytes, what, "out of memory");
+  s->comm = c;
   s->win = MPI_WIN_NULL;
   s->bytes = bytes;
   if (bytes == 0) { /* every local rank passes 0: nothing to agree on */
@@ -168,6 +182,13 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
   }
   if (bytes > (size_t)PTRDIFF_MAX) {
     mf_status st = shared_oom(c, bytes, what, "larger than an MPI window can be");
+    free(s);
+    return st;
+  }
+  /* MPI_Win_allocate_shared waits for the node's ranks without end: they
+   * meet first, with the deadline. */
+  mf_status st = mf_comm_node_barrier(c);
+  if (st != MF_OK) {
     free(s);
     return st;
   }
@@ -214,12 +235,15 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
     if (!room.short_of) warn_if_backed_by_disk(room.path, fs_type, what ? what : "shared memory");
   }
 #endif
-  rc = MPI_Bcast(&room, (int)sizeof room, MPI_BYTE, 0, c->node_comm);
-  if (rc != MPI_SUCCESS || room.short_of) {
+  st = mf_comm_bcast_staged(c, c->node_comm, MF_COMM_NODE, c->local_rank, 0, &room, sizeof room,
+                            "in the broadcast of the shared memory's room");
+  if (st != MF_OK) {
+    free(s); /* the window stays to MPI: freeing it would wait for the late rank */
+    return st;
+  }
+  if (room.short_of) {
     MPI_Win_free(&s->win);
     free(s);
-    if (rc != MPI_SUCCESS)
-      return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Bcast of the shared memory's room");
     char need[32], have[32];
     return MF_ERR(
         MF_ERR_OUT_OF_MEMORY,
@@ -241,12 +265,11 @@ mf_status mf_comm_shared_alloc(mf_comm *c, size_t bytes, const char *what, mf_co
   /* The barrier orders the other ranks' zeroing before anything this rank
    * does next; the fence keeps our stores from moving past it. */
   atomic_thread_fence(memory_order_seq_cst);
-  rc = MPI_Barrier(c->node_comm);
+  st = mf_comm_node_barrier(c);
   atomic_thread_fence(memory_order_seq_cst);
-  if (rc != MPI_SUCCESS) {
-    MPI_Win_free(&s->win);
-    free(s);
-    return mf_comm_mpi_error(rc, __FILE__, __LINE__, "MPI_Barrier after zeroing shared memory");
+  if (st != MF_OK) {
+    free(s); /* as above */
+    return st;
   }
   *out = s;
   return MF_OK;
@@ -264,9 +287,13 @@ void mf_comm_shared_forget(mf_comm_shared *s) {
 
 void mf_comm_shared_free(mf_comm_shared *s) {
   if (!s) return;
-  if (s->win != MPI_WIN_NULL)
-    MPI_Win_free(&s->win);
-  else if (s->base)
+  /* MPI_Win_free waits for the node's ranks without end: they meet first,
+   * with the deadline; when one does not come the window stays to MPI, and
+   * the comm's next collective fails at once (mf_comm_free ends the job). */
+  if (s->win != MPI_WIN_NULL) {
+    if (mf_comm_node_barrier(s->comm) == MF_OK) MPI_Win_free(&s->win);
+  } else if (s->base) {
     munmap(s->base, s->bytes);
+  }
   free(s);
 }

@@ -9,11 +9,8 @@
  *   [0, 64)            int64 fail flag, alone on its cache line
  *   [64, 64 + 8 n)     int64 counters[n]
  */
-#include <errno.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "comm/comm_internal.h"
 
@@ -23,7 +20,6 @@ _Static_assert(__atomic_always_lock_free(sizeof(int64_t), 0), "int64 atomics mus
 _Static_assert(sizeof(_Atomic int64_t) == sizeof(int64_t), "an atomic int64 must have an int64's layout");
 
 #define RELAY_HEADER 64
-#define RELAY_DEFAULT_TIMEOUT_S 600.0
 
 struct mf_comm_relay {
   mf_comm *comm; /* told when the relay brings news of another rank's failure (mf_comm_fail_agree) */
@@ -35,23 +31,6 @@ struct mf_comm_relay {
   double timeout_s;
 };
 
-/* MF_COMM_TIMEOUT_S, read when a relay is created. */
-static double timeout_from_env(void) {
-  static atomic_int warned;
-  const char *s = getenv("MF_COMM_TIMEOUT_S");
-  if (!s || !*s) return RELAY_DEFAULT_TIMEOUT_S;
-  char *end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end || !(v > 0)) {
-    if (!atomic_exchange(&warned, 1))
-      MF_LOGW("comm", "MF_COMM_TIMEOUT_S='%.80s' is not a number of seconds above 0: waiting %g s", s,
-              RELAY_DEFAULT_TIMEOUT_S);
-    return RELAY_DEFAULT_TIMEOUT_S;
-  }
-  return v;
-}
-
 mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out) {
   *out = NULL;
   if (n_items < 0 || (uint64_t)n_items > (SIZE_MAX - RELAY_HEADER) / sizeof(int64_t))
@@ -62,7 +41,7 @@ mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out)
   r->comm = c;
   r->local_rank = mf_comm_local_rank(c);
   r->local_size = mf_comm_local_size(c);
-  r->timeout_s = timeout_from_env();
+  r->timeout_s = mf_comm_timeout_from_env(); /* read when the relay is created */
   mf_status st = mf_comm_shared_alloc(c, RELAY_HEADER + (size_t)n_items * sizeof(int64_t),
                                       "the relay's counters", &r->mem);
   if (st != MF_OK) {
@@ -96,20 +75,6 @@ void mf_comm_relay_begin(mf_comm_relay *r, int64_t round) {
   r->round = round;
 }
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-static double seconds_since(const struct timespec *t0) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
-}
-
 static mf_status relay_failed(mf_comm_relay *r, int64_t item) {
   r->comm->peer_failed = 1;
   return MF_ERR(MF_ERR_MPI,
@@ -127,31 +92,20 @@ mf_status mf_comm_relay_wait(mf_comm_relay *r, int64_t item) {
   _Atomic int64_t *counter = &r->counters[item];
   if (atomic_load_explicit(counter, memory_order_acquire) >= want) return MF_OK;
   /* The rank before is usually a short while behind: spin first, then give
-   * the core away, then sleep (up to 1 ms) so a long wait costs no CPU. */
-  struct timespec t0;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  long sleep_ns = 1000;
-  for (unsigned spins = 0;; spins++) {
+   * the core away, then sleep, so a long wait costs no CPU. */
+  mf_comm_poll p;
+  mf_comm_poll_start(&p, r->timeout_s, 0);
+  for (;;) {
     if (atomic_load_explicit(counter, memory_order_acquire) >= want) return MF_OK;
     if (atomic_load_explicit(r->fail, memory_order_acquire)) return relay_failed(r, item);
-    if (spins < 400) {
-      cpu_relax();
-      continue;
-    }
-    if (spins < 400 + 50) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, sleep_ns};
-      nanosleep(&ts, NULL);
-      if (sleep_ns < 1000000) sleep_ns = sleep_ns * 2 < 1000000 ? sleep_ns * 2 : 1000000;
-    }
-    if (seconds_since(&t0) > r->timeout_s)
-      return MF_ERR(
-          MF_ERR_MPI,
-          "comm: waited %g s for local rank %d to pass item %lld of round %lld: it stopped or hangs "
-          "(MF_COMM_TIMEOUT_S)",
-          r->timeout_s, r->local_rank - 1, (long long)item, (long long)r->round);
+    if (!mf_comm_poll_next(&p)) break;
   }
+  char who[160];
+  mf_comm_describe_local(r->comm, r->local_rank - 1, who, sizeof who);
+  return MF_ERR(
+      MF_ERR_MPI,
+      "comm: waited %g s for %s to pass item %lld of round %lld: it stopped or hangs (MF_COMM_TIMEOUT_S)",
+      r->timeout_s, who, (long long)item, (long long)r->round);
 }
 
 void mf_comm_relay_pass(mf_comm_relay *r, int64_t item) {

@@ -6,6 +6,7 @@
 // nodes). MF_COMM_TEST_NP sets the number of ranks (default 2), so the tests
 // check what follows from the world's shape instead of assuming one.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -392,8 +393,10 @@ TEST(Comm, RelayWaitTimesOut) {
     const double waited = now_s() - t0;
     EXPECT_GE(waited, 0.45);
     EXPECT_LT(waited, 10.0);
-    const std::string want = "for local rank " + std::to_string(lr - 1) + " to pass item 1 of round 3";
+    const std::string want = "(local rank " + std::to_string(lr - 1) + ", pid ";
     EXPECT_NE(strstr(mf_last_error(), want.c_str()), nullptr) << mf_last_error();
+    EXPECT_NE(strstr(mf_last_error(), ") to pass item 1 of round 3: it stopped or hangs"), nullptr)
+        << mf_last_error();
     EXPECT_NE(strstr(mf_last_error(), "MF_COMM_TIMEOUT_S"), nullptr) << mf_last_error();
   }
   ASSERT_EQ(mf_comm_node_barrier(g_comm), MF_OK);
@@ -478,6 +481,256 @@ TEST(Comm, FailAgreeWhenOneRankFailsAlone) {
     EXPECT_TRUE(all);
   }
   ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+}
+
+// ------------------------------------------------ waits with a deadline
+//
+// Each test below makes a comm of its own whose waits give up after a
+// fraction of a second (MF_COMM_TIMEOUT_S, read when the comm is created):
+// a wait that times out leaves its comm out of step with the others', so it
+// is used for that test alone, and the ranks meet afterwards on g_comm's
+// world barrier (whose MPI polls let the open collectives of the comm that
+// timed out complete).
+
+mf_comm *comm_with_timeout(const char *seconds) {
+  ScopedEnv env("MF_COMM_TIMEOUT_S", seconds);
+  mf_comm *c = nullptr;
+  EXPECT_EQ(mf_comm_init(nullptr, nullptr, &c), MF_OK) << mf_last_error();
+  return c;
+}
+
+// Every rank's process id, by world rank.
+std::vector<int64_t> pids() {
+  std::vector<int64_t> p((size_t)mf_comm_size(g_comm), 0);
+  p[(size_t)mf_comm_rank(g_comm)] = getpid();
+  EXPECT_EQ(mf_comm_allreduce_sum_i64(g_comm, p.data(), p.size()), MF_OK) << mf_last_error();
+  return p;
+}
+
+double thread_cpu_s() {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+bool has(const char *text, const std::string &what) {
+  return strstr(text, what.c_str()) != nullptr;
+}
+
+// The node's last rank stops itself (SIGSTOP) before the node's barrier: the
+// others give up after the timeout, naming it (its rank, pid, and that it is
+// stopped), and their comm refuses the next collective at once. Continued,
+// the stopped rank passes the barrier (the others came to it).
+TEST(CommDeadline, NodeBarrierNamesAStoppedRank) {
+  if (mf_comm_local_size(g_comm) < 2) GTEST_SKIP() << "a node of one rank waits for nobody";
+  const std::vector<int64_t> pid = pids();
+  mf_comm *c = comm_with_timeout("0.5");
+  ASSERT_NE(c, nullptr);
+  const int lr = mf_comm_local_rank(c), ls = mf_comm_local_size(c), last = mf_comm_rank(c) - lr + ls - 1;
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  if (lr == ls - 1) {
+    raise(SIGSTOP);  // local rank 0 continues it once its wait has timed out
+    EXPECT_EQ(mf_comm_node_barrier(c), MF_OK) << mf_last_error();
+  } else {
+    const double t0 = now_s();
+    const mf_status st = mf_comm_node_barrier(c);
+    const double waited = now_s() - t0;
+    const std::string msg = mf_last_error();
+    if (lr == 0) kill((pid_t)pid[(size_t)last], SIGCONT);
+    EXPECT_EQ(st, MF_ERR_MPI);
+    EXPECT_GE(waited, 0.45);
+    EXPECT_LT(waited, 5.0);
+    const std::string who =
+        "waited 0.5 s for rank " + std::to_string(last) + " (local rank " + std::to_string(ls - 1) +
+        ", pid " + std::to_string(pid[(size_t)last]) +
+        ", stopped by a signal) at the node's barrier: it stopped or hangs (MF_COMM_TIMEOUT_S)";
+    EXPECT_TRUE(has(msg.c_str(), who)) << msg;
+    EXPECT_EQ(mf_comm_node_barrier(c), MF_ERR_MPI);
+    EXPECT_TRUE(has(mf_last_error(), "out of step since an earlier wait timed out")) << mf_last_error();
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
+// The last rank comes 1.5 s late to a max over every rank: the others give up
+// after 0.5 s naming it (on this node from the board, else as a rank of
+// another node), their values untouched; the late rank gets the max of all.
+TEST(CommDeadline, WorldCollectiveNamesTheLateRank) {
+  mf_comm *c = comm_with_timeout("0.5");
+  ASSERT_NE(c, nullptr);
+  const int rank = mf_comm_rank(c), size = mf_comm_size(c), last = size - 1;
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  int64_t v[2] = {rank, 10 * rank};
+  if (rank == last) {
+    usleep(1500000);
+    EXPECT_EQ(mf_comm_allreduce_max_i64(c, v, 2), MF_OK) << mf_last_error();
+    EXPECT_EQ(v[0], last);
+    EXPECT_EQ(v[1], 10 * last);
+  } else {
+    const double t0 = now_s();
+    EXPECT_EQ(mf_comm_allreduce_max_i64(c, v, 2), MF_ERR_MPI);
+    const double waited = now_s() - t0;
+    EXPECT_GE(waited, 0.45);
+    EXPECT_LT(waited, 1.4);
+    const char *msg = mf_last_error();
+    EXPECT_TRUE(has(msg, "comm: waited 0.5 s for ")) << msg;
+    EXPECT_TRUE(has(msg, " in a max over every rank: it stopped or hangs")) << msg;
+    if (mf_comm_nodes(c) == 1) {
+      EXPECT_TRUE(
+          has(msg, "for rank " + std::to_string(last) + " (local rank " + std::to_string(last) + ", pid "))
+          << msg;
+    } else {
+      EXPECT_TRUE(has(msg, std::to_string(last) + " (on other nodes)")) << msg;
+    }
+    EXPECT_EQ(v[0], rank);  // what timed out wrote nothing
+    EXPECT_EQ(v[1], 10 * rank);
+    EXPECT_EQ(mf_comm_allreduce_max_i64(c, v, 2), MF_ERR_MPI);
+    EXPECT_TRUE(has(mf_last_error(), "out of step since an earlier wait timed out")) << mf_last_error();
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
+// Rank 0 works alone for 1.5 s (an evaluation, a checkpoint) while the others
+// wait at mf_comm_barrier_solo with a 0.5 s deadline: on its node they wait
+// on for it (it is alive), saying so; on another node (comm3_test: it cannot
+// be seen) they give up as at any barrier.
+TEST(CommDeadline, ASoloBarrierWaitsForARootAtWork) {
+  mf_comm *c = comm_with_timeout("0.5");
+  ASSERT_NE(c, nullptr);
+  const int rank = mf_comm_rank(c);
+  const bool root_here = mf_comm_rank(c) - mf_comm_local_rank(c) == 0;  // rank 0 is on this node
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  if (rank == 0) {
+    usleep(1500000);
+    EXPECT_EQ(mf_comm_barrier_solo(c, 0, "evaluating"), MF_OK) << mf_last_error();
+  } else {
+    FILE *f = tmpfile();
+    ASSERT_NE(f, nullptr);
+    mf_log_set_stream(f);
+    const double t0 = now_s();
+    const mf_status st = mf_comm_barrier_solo(c, 0, "evaluating");
+    const double waited = now_s() - t0;
+    mf_log_set_stream(nullptr);
+    rewind(f);
+    char buf[8192];
+    buf[fread(buf, 1, sizeof buf - 1, f)] = 0;
+    fclose(f);
+    if (root_here) {
+      EXPECT_EQ(st, MF_OK) << mf_last_error();
+      EXPECT_GE(waited, 1.3);
+      EXPECT_TRUE(has(buf, "still waiting for rank 0 (pid ")) << buf;
+      EXPECT_TRUE(has(buf, "evaluating alone, after ")) << buf;
+    } else {
+      EXPECT_EQ(st, MF_ERR_MPI);
+      EXPECT_LT(waited, 1.4);
+    }
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
+// A root stopped (SIGSTOP) is no root at work: the others' solo barrier times
+// out naming it.
+TEST(CommDeadline, ASoloBarrierGivesUpOnAStoppedRoot) {
+  const std::vector<int64_t> pid = pids();
+  mf_comm *c = comm_with_timeout("0.5");
+  ASSERT_NE(c, nullptr);
+  const int rank = mf_comm_rank(c);
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  if (rank == 0) {
+    raise(SIGSTOP);  // rank 1 continues it once its wait has timed out
+    (void)mf_comm_barrier_solo(c, 0, "writing a checkpoint");
+  } else {
+    const double t0 = now_s();
+    const mf_status st = mf_comm_barrier_solo(c, 0, "writing a checkpoint");
+    const double waited = now_s() - t0;
+    const std::string msg = mf_last_error();
+    if (rank == 1) {
+      usleep(1000000);  // every other waiter's deadline has passed too
+      kill((pid_t)pid[0], SIGCONT);
+    }
+    EXPECT_EQ(st, MF_ERR_MPI);
+    EXPECT_LT(waited, 5.0);
+    EXPECT_TRUE(has(msg.c_str(), "it stopped or hangs (MF_COMM_TIMEOUT_S)")) << msg;
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
+// Nodes of their own (comm3_test): the last node's leader comes late to the
+// leaders' exchange; the others give up naming the leaders they wait for.
+TEST(CommDeadline, LeadersExchangeNamesTheOtherLeaders) {
+  if (mf_comm_nodes(g_comm) < 2) GTEST_SKIP() << "one node: no leaders' exchange";
+  mf_comm *c = comm_with_timeout("0.5");
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  if (mf_comm_is_leader(c)) {
+    const int node = mf_comm_node(c), nodes = mf_comm_nodes(c);
+    float f[3] = {1, 2, (float)node};
+    if (node == nodes - 1) {
+      usleep(1500000);
+      EXPECT_EQ(mf_comm_leaders_allreduce_sum_f32(c, f, 3), MF_OK) << mf_last_error();
+      EXPECT_EQ(f[0], (float)nodes);
+      EXPECT_EQ(f[2], (float)(nodes * (nodes - 1) / 2));
+    } else {
+      EXPECT_EQ(mf_comm_leaders_allreduce_sum_f32(c, f, 3), MF_ERR_MPI);
+      const char *msg = mf_last_error();
+      EXPECT_TRUE(has(msg, "comm: waited 0.5 s for the other nodes' leaders (rank ")) << msg;
+      EXPECT_TRUE(has(msg, "in the leaders' exchange of the nodes' gradient sums")) << msg;
+      EXPECT_EQ(f[2], (float)node);
+    }
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
+// A rank waiting a second for a late one at a barrier (the world's, the
+// node's) sleeps: it takes a small part of a core, not all of it (ranks share
+// the machine's cores). Its thread's CPU time, printed.
+TEST(CommDeadline, AWaitCostsNoCpu) {
+  mf_comm *c = comm_with_timeout("30");
+  ASSERT_NE(c, nullptr);
+  const int late = mf_comm_rank(c) == mf_comm_size(c) - 1;
+  for (int node = 0; node < 2; node++) {
+    if (node && mf_comm_local_size(c) < 2) break;
+    ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+    if (late) usleep(1000000);
+    const double t0 = now_s(), cpu0 = thread_cpu_s();
+    ASSERT_EQ(node ? mf_comm_node_barrier(c) : mf_comm_barrier(c), MF_OK) << mf_last_error();
+    const double waited = now_s() - t0, cpu = thread_cpu_s() - cpu0;
+    if (!late)
+      printf("%s barrier: %.3f s of CPU in %.3f s of waiting\n", node ? "node" : "world", cpu, waited);
+    if (!late && waited > 0.5) {
+      // Spinning takes all of a core (MPI_Barrier did); sleeping, a few % (up
+      // to 20% under ASan on a loaded machine).
+      EXPECT_LT(cpu, 0.5 * waited) << (node ? "node" : "world") << " barrier: " << cpu << " s of CPU in "
+                                   << waited << " s";
+    }
+  }
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
+// Rank 0 stops every other rank for 2 s while they wait at a barrier (1.5 s
+// timeout) and comes to it 0.3 s after continuing them: the time they were
+// stopped is not the others' delay, so nobody times out.
+TEST(CommDeadline, TheWaitersOwnStopDoesNotCount) {
+  const std::vector<int64_t> pid = pids();
+  mf_comm *c = comm_with_timeout("1.5");
+  ASSERT_NE(c, nullptr);
+  const int rank = mf_comm_rank(c), size = mf_comm_size(c);
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  if (rank == 0) {
+    usleep(200000);  // the others are waiting in the barrier by now
+    for (int r = 1; r < size; r++) kill((pid_t)pid[(size_t)r], SIGSTOP);
+    usleep(2000000);
+    for (int r = 1; r < size; r++) kill((pid_t)pid[(size_t)r], SIGCONT);
+    usleep(300000);
+  }
+  EXPECT_EQ(mf_comm_barrier(c), MF_OK) << mf_last_error();
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
 }
 
 int relaunch_under_mpirun(int argc, char **argv) {
