@@ -1,6 +1,5 @@
 /* `moefit inspect PATH`: a .tokens file, a safetensors file / index / model dir, a
  * training run, a resume checkpoint or a LoRA adapter dir. */
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,8 +29,8 @@ static const char k_usage[] =
 static int looks_like_tokens(const char *path) {
   size_t n = strlen(path);
   if (n >= 7 && strcmp(path + n - 7, ".tokens") == 0) return 1;
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return 0;
+  int fd;
+  if (mf_open_regular(path, NULL, &fd, NULL, NULL) != MF_OK) return 0; /* the safetensors reader says why */
   char magic[8] = {0};
   ssize_t got = read(fd, magic, sizeof magic);
   close(fd);

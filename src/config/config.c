@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/config/config_impl.h"
 
@@ -937,8 +938,16 @@ mf_status mf_config_load_for(const char *path, const char *const *overrides, siz
   if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: out is NULL");
   *out = NULL;
   if (!path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: path is NULL");
-  FILE *f = fopen(path, "rb");
-  if (!f) return MF_ERR(MF_ERR_IO, "%s: cannot open the config: %s", path, strerror(errno));
+  int fd, e;
+  mf_status opened = mf_open_regular(path, "a config", &fd, NULL, &e);
+  if (opened != MF_OK)
+    return e ? MF_ERR(MF_ERR_IO, "%s: cannot open the config: %s", path, strerror(e)) : opened;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    e = errno;
+    close(fd);
+    return MF_ERR(MF_ERR_IO, "%s: cannot open the config: fdopen: %s", path, strerror(e));
+  }
   char *buf = NULL;
   size_t len = 0, cap = 0;
   mf_status st = MF_OK;

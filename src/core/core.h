@@ -357,14 +357,28 @@ mf_status mf_write_all(int fd, const char *path, const void *data, size_t n);
 
 /* ---------------------------------------------------------- reading files */
 
+/* Opens `path` read-only (following links) as a regular file: *fd (close it)
+ * and *size (may be NULL). Anything else a user could put at the path is
+ * refused at once, never waited on: a FIFO (opening one for reading waits for
+ * a writer, forever), a device, a socket, a directory: MF_ERR_IO "PATH: not a
+ * regular file but a FIFO (named pipe); WHAT is read only from a regular
+ * file" (`what`, e.g. "a plan", may be NULL). A path that cannot be stat'ed
+ * or opened is MF_ERR_IO "PATH: cannot open: strerror"; *err (may be NULL)
+ * gets that errno (ENOENT: no such file), else 0. Every reader of a file a
+ * user names opens it through here (or mf_read_file / mf_map_file). */
+mf_status mf_open_regular(const char *path, const char *what, int *fd, uint64_t *size, int *err);
+/* "a directory", "a FIFO (named pipe)", "a socket", ... of a st_mode. */
+const char *mf_file_kind(unsigned mode);
+
 /* Reads the whole regular file `path` into a malloc'ed buffer, NUL-terminated
  * (the caller frees it; *len excludes the NUL). A file larger than max_bytes
  * is MF_ERR_FORMAT "PATH: N bytes is too large for WHAT (at most MAX)"; a path
- * that cannot be opened, stat'ed or read, or that is not a regular file, is
- * MF_ERR_IO. A file that shrinks while it is read gives what was there. */
+ * that cannot be opened, stat'ed or read, or that is not a regular file (as
+ * mf_open_regular), is MF_ERR_IO. A file that shrinks while it is read gives what was there. */
 mf_status mf_read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *len);
 
-/* Maps the regular file `path` read-only and private. An empty file gives
+/* Maps the regular file `path` read-only and private (opened as
+ * mf_open_regular does, so a FIFO is refused, not waited on). An empty file gives
  * *base NULL and *size 0 (nothing is mapped). Failures are MF_ERR_IO naming
  * the path and the call; *err (may be NULL) gets the errno of a failed open
  * or fstat (ENOENT: no such file), else 0. */

@@ -207,40 +207,75 @@ mf_status mf_write_file_atomic(const char *path, const void *data, size_t n) {
 
 /* ---------------------------------------------------------- reading files */
 
-/* Opens `path` read-only as a regular file; *sb gets its stat. */
-static mf_status open_regular(const char *path, struct stat *sb, int *fd_out, int *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+const char *mf_file_kind(unsigned mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "neither a file nor a directory";
+}
+
+static mf_status not_regular(const char *path, const char *what, mode_t mode) {
+  return MF_ERR(MF_ERR_IO, "%s: not a regular file but %s%s%s%s", path, mf_file_kind(mode), what ? "; " : "",
+                what ? what : "", what ? " is read only from a regular file" : "");
+}
+
+/* stat first: a socket cannot be opened at all, and opening a device can do
+ * something (rewind a tape). O_NONBLOCK: should a FIFO take the file's place
+ * between the stat and the open, open returns at once instead of waiting for a
+ * writer, and fstat then refuses it. */
+mf_status mf_open_regular(const char *path, const char *what, int *fd_out, uint64_t *size, int *err) {
+  if (err) *err = 0;
+  if (!path || !fd_out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_open_regular: NULL argument");
+  *fd_out = -1;
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    if (err) *err = errno;
+    return MF_ERR(MF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  }
+  if (!S_ISREG(sb.st_mode)) return not_regular(path, what, sb.st_mode);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (err) *err = errno;
     return MF_ERR(MF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   }
-  if (fstat(fd, sb) != 0) {
+  if (fstat(fd, &sb) != 0) {
     int e = errno;
     if (err) *err = e;
     close(fd);
     return MF_ERR(MF_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
   }
-  if (!S_ISREG(sb->st_mode)) {
+  if (!S_ISREG(sb.st_mode)) {
     close(fd);
-    return MF_ERR(MF_ERR_IO, "%s: not a regular file", path);
+    return not_regular(path, what, sb.st_mode);
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    if (err) *err = e;
+    close(fd);
+    return MF_ERR(MF_ERR_IO, "%s: fcntl: %s", path, strerror(e));
   }
   *fd_out = fd;
+  if (size) *size = (uint64_t)sb.st_size;
   return MF_OK;
 }
 
 mf_status mf_read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *out_len) {
   if (!path || !out || !out_len) return MF_ERR(MF_ERR_INVALID_ARG, "mf_read_file: NULL argument");
-  struct stat sb;
+  uint64_t size;
   int fd;
-  MF_CHECK(open_regular(path, &sb, &fd, NULL));
+  MF_CHECK(mf_open_regular(path, what, &fd, &size, NULL));
   mf_status s = MF_OK;
   char *buf = NULL;
-  if ((uint64_t)sb.st_size > (uint64_t)max_bytes) {
-    s = MF_ERR(MF_ERR_FORMAT, "%s: %lld bytes is too large for %s (at most %zu)", path, (long long)sb.st_size,
-               what ? what : "this file", max_bytes);
+  if (size > (uint64_t)max_bytes) {
+    s = MF_ERR(MF_ERR_FORMAT, "%s: %llu bytes is too large for %s (at most %zu)", path,
+               (unsigned long long)size, what ? what : "this file", max_bytes);
     goto done;
   }
-  size_t cap = (size_t)sb.st_size, len = 0;
+  size_t cap = (size_t)size, len = 0;
   MF_CHECK_GOTO(mf_malloc(cap + 1, path, (void **)&buf), s, done);
   while (len < cap) {
     ssize_t n = read(fd, buf + len, cap - len);
@@ -265,10 +300,10 @@ done:
 mf_status mf_map_file(const char *path, const uint8_t **base, size_t *size, int *err) {
   if (err) *err = 0;
   if (!path || !base || !size) return MF_ERR(MF_ERR_INVALID_ARG, "mf_map_file: NULL argument");
-  struct stat sb;
+  uint64_t bytes;
   int fd;
-  MF_CHECK(open_regular(path, &sb, &fd, err));
-  size_t n = (size_t)sb.st_size;
+  MF_CHECK(mf_open_regular(path, NULL, &fd, &bytes, err));
+  size_t n = (size_t)bytes;
   void *p = NULL;
   if (n) { /* mmap refuses 0 bytes */
     p = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0);

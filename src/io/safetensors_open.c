@@ -308,9 +308,11 @@ done:
   return s;
 }
 
-static int st_is_file(const char *path) {
+/* Anything at path: a FIFO or a directory named model.safetensors is not
+ * taken for absent, the reader refuses it by name (mf_open_regular). */
+static int st_exists(const char *path) {
   struct stat sb;
-  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+  return stat(path, &sb) == 0;
 }
 
 static int st_ends_with(const char *s, const char *suffix) {
@@ -342,14 +344,14 @@ mf_status mf_safetensors_open(const char *path, mf_safetensors **out) {
     char idx[4096];
     snprintf(buf, sizeof buf, "%s%smodel.safetensors", path, sep);
     snprintf(idx, sizeof idx, "%s%smodel.safetensors.index.json", path, sep);
-    if (st_is_file(buf)) {
-      if (st_is_file(idx))
+    if (st_exists(buf)) {
+      if (st_exists(idx))
         MF_LOGW("io",
                 "%s: has both model.safetensors and model.safetensors.index.json; reading model.safetensors",
                 path);
       return mf_safetensors_open_file(buf, out);
     }
-    if (st_is_file(idx)) return st_open_index(idx, NULL, out);
+    if (st_exists(idx)) return st_open_index(idx, NULL, out);
     return MF_ERR(MF_ERR_IO, "%s: directory has neither model.safetensors nor model.safetensors.index.json",
                   path);
   }
@@ -359,7 +361,7 @@ mf_status mf_safetensors_open(const char *path, mf_safetensors **out) {
   size_t prefix = st_shard_prefix(base);
   if (prefix) {
     snprintf(buf, sizeof buf, "%.*s.safetensors.index.json", (int)(base - path + (ptrdiff_t)prefix), path);
-    if (st_is_file(buf)) return st_open_index(buf, base, out);
+    if (st_exists(buf)) return st_open_index(buf, base, out);
   }
   return mf_safetensors_open_file(path, out);
 }

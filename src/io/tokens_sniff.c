@@ -3,10 +3,8 @@
  * that is something else (a JSONL corpus not tokenized yet, a config, model
  * weights). */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/io/tokens.h"
@@ -129,26 +127,17 @@ mf_tokens_kind mf_tokens_sniff_bytes(const uint8_t *b, size_t n, uint64_t size, 
 }
 
 mf_status mf_tokens_sniff(const char *path, mf_tokens_kind *kind, char *desc, size_t cap) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(errno));
-  struct stat sb;
-  if (fstat(fd, &sb) != 0) {
-    const int e = errno;
-    close(fd);
-    return MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(e));
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    close(fd);
-    return MF_ERR(MF_ERR_IO, "%s: %s", path,
-                  S_ISDIR(sb.st_mode) ? "a directory, not a file" : "not a regular file");
-  }
+  int fd, e;
+  uint64_t size;
+  const mf_status opened = mf_open_regular(path, "a data file", &fd, &size, &e);
+  if (opened != MF_OK) return e ? MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(e)) : opened;
   uint8_t b[SNIFF_BYTES];
   size_t n = 0;
   while (n < sizeof b) {
     const ssize_t r = read(fd, b + n, sizeof b - n);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      const int e = errno;
+      e = errno;
       close(fd);
       return MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(e));
     }
@@ -156,6 +145,6 @@ mf_status mf_tokens_sniff(const char *path, mf_tokens_kind *kind, char *desc, si
     n += (size_t)r;
   }
   close(fd);
-  *kind = mf_tokens_sniff_bytes(b, n, (uint64_t)sb.st_size, desc, cap);
+  *kind = mf_tokens_sniff_bytes(b, n, size, desc, cap);
   return MF_OK;
 }

@@ -1,14 +1,19 @@
 // src/core/file.c: atomic file replacement (mf_atomic_file, mf_write_file_atomic),
-// whole-file reads and read-only maps.
+// whole-file reads and read-only maps, and the open of a file a user names
+// that refuses a FIFO, a device, a socket or a directory without waiting.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -325,6 +330,73 @@ TEST(MapFile, FailuresNameThePathAndTheCall) {
   EXPECT_EQ(err, 0);
   EXPECT_TRUE(Contains(mf_last_error(), dir + ": not a regular file")) << mf_last_error();
   EXPECT_EQ(mf_map_file(nullptr, &base, &size, nullptr), MF_ERR_INVALID_ARG);
+}
+
+// What a user can put where a file is expected, each refused at once naming
+// the path and what it is: a FIFO (an open for reading would wait for a
+// writer forever; alarm ends the test instead of hanging it), a directory, a
+// character device, a socket. A regular file (and a link to one) opens with
+// O_NONBLOCK cleared.
+TEST(OpenRegular, RefusesWhatIsNotARegularFileWithoutWaiting) {
+  const std::string dir = TestDir(), fifo = dir + "/fifo";
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << strerror(errno);
+  char tmpl[] = "/tmp/mfsockXXXXXX";  // a socket's path must be short
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string sock = std::string(tmpl) + "/s";
+  const int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sfd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock.c_str());
+  ASSERT_EQ(bind(sfd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0) << strerror(errno);
+  alarm(20);
+  struct Case {
+    std::string path, kind;
+  };
+  for (const Case &c : {Case{fifo, "a FIFO (named pipe)"}, Case{dir, "a directory"},
+                        Case{"/dev/null", "a character device"}, Case{sock, "a socket"}}) {
+    SCOPED_TRACE(c.path);
+    int fd = 7, err = -1;
+    uint64_t size = 9;
+    EXPECT_EQ(mf_open_regular(c.path.c_str(), "a plan", &fd, &size, &err), MF_ERR_IO);
+    EXPECT_EQ(fd, -1);
+    EXPECT_EQ(err, 0);
+    EXPECT_TRUE(Contains(mf_last_error(), c.path + ": not a regular file but " + c.kind +
+                                              "; a plan is read only from a regular file"))
+        << mf_last_error();
+    char *text = nullptr;
+    size_t len = 0;
+    EXPECT_EQ(mf_read_file(c.path.c_str(), 64, "a config", &text, &len), MF_ERR_IO);
+    EXPECT_TRUE(Contains(mf_last_error(), c.path + ": not a regular file but " + c.kind + "; a config is"))
+        << mf_last_error();
+    const uint8_t *base = nullptr;
+    EXPECT_EQ(mf_map_file(c.path.c_str(), &base, &len, &err), MF_ERR_IO);
+    EXPECT_TRUE(Contains(mf_last_error(), c.path + ": not a regular file but " + c.kind)) << mf_last_error();
+  }
+  alarm(0);
+  close(sfd);
+  unlink(sock.c_str());
+  rmdir(tmpl);
+
+  const std::string file = dir + "/file", link = dir + "/link";
+  WriteFile(file, "12345");
+  unlink(link.c_str());
+  ASSERT_EQ(symlink(file.c_str(), link.c_str()), 0);
+  int fd = -1, err = -1;
+  uint64_t size = 0;
+  ASSERT_EQ(mf_open_regular(link.c_str(), nullptr, &fd, &size, &err), MF_OK) << mf_last_error();
+  EXPECT_EQ(err, 0);
+  EXPECT_EQ(size, 5u);
+  EXPECT_EQ(fcntl(fd, F_GETFL) & O_NONBLOCK, 0) << "reads of it may block as for any file";
+  EXPECT_NE(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  close(fd);
+  EXPECT_EQ(mf_open_regular((dir + "/missing").c_str(), "a plan", &fd, nullptr, &err), MF_ERR_IO);
+  EXPECT_EQ(err, ENOENT);
+  EXPECT_TRUE(Contains(mf_last_error(), dir + "/missing: cannot open: No such file or directory"))
+      << mf_last_error();
+  EXPECT_STREQ(mf_file_kind(S_IFBLK), "a block device");
+  EXPECT_STREQ(mf_file_kind(S_IFREG), "a regular file");
 }
 
 }  // namespace
