@@ -18,24 +18,46 @@
  *                               data order and position (the loader's seed,
  *                               epoch and index: its xoshiro256** generator is
  *                               a function of (seed, epoch), so these are its
- *                               whole state), skipped steps, step 1's loss
+ *                               whole state), skipped steps, step 1's loss,
+ *                               the ranks, the model's sizes, the moments'
+ *                               dtype, the compression and the filter
  *   config.yaml                 the config as resolved (mf_config_print)
- *   plan.json                   the plan the run followed (a copy)
- *   manifest.json               every file above: bytes on disk, the checksum
- *                               of those bytes, bytes before compression
+ *   plan.json                   the plan the run followed (a copy; when the
+ *                               run has OUTPUT/plan.json)
+ *   base.json                   the run's base identity (mf_ckpt_data.base_json;
+ *                               when it has one)
+ *   manifest.json               every file above, each once: its name, bytes
+ *                               on disk and their checksum ("bytes", "hash"),
+ *                               how it is read ("compression": zstd|none,
+ *                               "filter": byteplane|none), the file as read
+ *                               ("raw_bytes", "raw_hash": decompressed, planes
+ *                               joined); sealed by its last line,
+ *                               "manifest_hash": the checksum of every byte
+ *                               before that line
  *   COMPLETE                    written last: the checkpoint is whole
  *
- * `.zst` files are one zstd frame of the safetensors file (its content size in
- * the frame header). Since the byte-plane filter (manifest.json's entry and
- * state.json say "filter": "byteplane"), the frame holds the file with its
- * tensor data filtered: the header as it is, then the data section (all one
- * dtype of w bytes) in blocks of 4 MiB (the last shorter), each block of n
- * elements written as w planes of n bytes, plane b holding byte b of every
- * element (the sign and exponent bytes of similar values then sit together,
- * where zstd finds them). A manifest entry without "filter" (checkpoints
- * written before it) holds the plain file. The checksum is mf_ckpt_hash64: FNV-1a 64 over the bytes
- * taken as little-endian 8-byte words (the tail zero-padded), the length
- * mixed in last.
+ * `.zst` files are one zstd frame of the safetensors file. With the byte-plane
+ * filter ("filter": "byteplane", in the manifest entry and in state.json) the
+ * frame holds the file with its tensor data filtered: the header as it is,
+ * then the data section (all one dtype of w bytes) in blocks of 4 MiB (the
+ * last shorter), each block of n elements written as w planes of n bytes,
+ * plane b holding byte b of every element (the sign and exponent bytes of
+ * similar values then sit together, where zstd finds them). The checksum is
+ * mf_ckpt_hash64: FNV-1a 64 over the bytes taken as little-endian 8-byte
+ * words (the tail zero-padded), the length mixed in last.
+ *
+ * Reading trusts nothing before it is verified (issue 28, never silently
+ * wrong): the manifest's seal first, then its entries parsed strictly (every
+ * key known and present; a filter or compression it does not know is an
+ * error, never "none"), the files it lists (each known file once, the
+ * required ones all there: master, optimizer, state.safetensors, state.json,
+ * config.yaml) against those on disk (a known file not listed is refused),
+ * each file's bytes against its checksum before its content is parsed or
+ * compared (a damaged config.yaml is damaged, not a setting that differs),
+ * state.json against itself and the manifest, and a tensor file once
+ * decompressed against raw_hash. A manifest without its seal (version 1,
+ * written before it) is refused: what it says about how its files are read
+ * was never checked.
  *
  * Writing: into checkpoints/.tmp-step-NNNNNN (each file fsynced), the
  * directory fsynced, renamed to step-NNNNNN, the parent fsynced, then COMPLETE
@@ -74,6 +96,13 @@ typedef struct mf_ckpt_data {
   /* master holds the trained parameters only, each at its mf_param.toff (a
    * LoRA run's snapshot: src/train/ckpt_async.c); else the table's layout */
   int master_at_toff;
+  /* The run's base identity (issue 28: which base model, spec and weights, a
+   * checkpoint or adapter belongs to): a NUL-terminated JSON document the
+   * writer stores as base.json, listed and checksummed in the manifest like
+   * every other file (mf_ckpt_read_base_json gives it back verified); NULL:
+   * none. Written beside training, it must stay valid until the write is
+   * done. */
+  const char *base_json;
 } mf_ckpt_data;
 
 /* The checksum of the frozen parameters' weights, in parameter order, as
@@ -155,6 +184,7 @@ typedef struct mf_ckpt_file {
   uint64_t raw_bytes; /* before compression (== bytes when none) */
   int zstd;           /* 1: one zstd frame */
   int byteplane;      /* 1: the tensor data went through the byte-plane filter before zstd */
+  uint64_t raw_hash;  /* mf_ckpt_hash64 of the raw_bytes (the file as read: decompressed, planes joined) */
 } mf_ckpt_file;
 
 /* Reads dir/manifest.json (checked as mf_ckpt_verify checks it; the files
@@ -163,10 +193,12 @@ typedef struct mf_ckpt_file {
  * the fault (MF_ERR_FORMAT; MF_ERR_IO when it cannot be read). */
 mf_status mf_ckpt_read_manifest(const char *dir, mf_ckpt_file *files, int cap, int *n);
 
-/* Checks a checkpoint directory whole: COMPLETE present, manifest.json well
- * formed, every file it names present with its size and checksum. An error
- * names the file and the fault (MF_ERR_FORMAT; MF_ERR_IO when a file cannot
- * be read). */
+/* Checks a checkpoint directory whole: COMPLETE present, manifest.json sealed
+ * and well formed (above), every file it names present with its size and
+ * checksum and no known file left out, state.json consistent in itself
+ * (skipped <= step <= train_steps, the data index inside its windows, ranks
+ * >= 1) and with the manifest (compression, filter). An error names the file
+ * and the fault (MF_ERR_FORMAT; MF_ERR_IO when a file cannot be read). */
 mf_status mf_ckpt_verify(const char *dir);
 
 /* The steps of the checkpoint directories (step-NNNNNN) in root, in
@@ -182,18 +214,28 @@ int mf_ckpt_list_steps(const char *root, int complete_only, int64_t *steps, size
  * when none verifies. */
 mf_status mf_ckpt_find_latest(const char *output_dir, char *dir, size_t cap);
 
-/* Refuses (MF_ERR_CONFIG) a checkpoint written under a config whose maths
- * differ from cfg's: the model, data.train, data.seq_len and the train.*
+/* Verifies the manifest, config.yaml and state.json (a damaged one is
+ * MF_ERR_FORMAT naming it), then refuses (MF_ERR_CONFIG) a checkpoint
+ * written under a config whose maths differ from cfg's: the model,
+ * data.train, data.seq_len and the train.*
  * keys (train.steps, threads, log_every, eval_every and overlap_optimizer
  * excepted), naming the keys that differ with both values' sources.
  * train.grad_accum may differ when the micro-batches of a step do not: the
  * checkpoint's ranks (state.json) x its grad_accum against cfg->ranks x
  * cfg's (the same step spread over another number of ranks). */
 mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg);
+/* dir/config.yaml loaded for `use` once it and the manifest are verified (a
+ * damaged one is MF_ERR_FORMAT naming it, never a config difference);
+ * mf_ckpt_check_config reads it this way, as should anyone loading a
+ * checkpoint's config (export). *cfg NULL on failure. */
+mf_status mf_ckpt_load_config(const char *dir, mf_config_use use, mf_config **cfg);
 
 /* Verifies dir (mf_ckpt_verify), then reads it into d's buffers (d->t the
  * run's table: a tensor missing, of another shape or dtype is MF_ERR_FORMAT
- * naming the file and the tensor) and *s. */
+ * naming the file and the tensor) and *s: state.json's model sizes, routing
+ * counts, moments and (LoRA) base checked against d, each tensor file once
+ * decompressed against its raw_hash, and every parameter's AdamW step count
+ * at most the steps not skipped. */
 mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s);
 
 /* Verifies dir, then reads only its master weights into master[t->total_numel]
@@ -215,6 +257,13 @@ mf_status mf_ckpt_base_is_bf16(const char *dir, int *bf16);
  * measured since. MF_ERR_FORMAT naming state.json when it is missing or not
  * of this shape. */
 mf_status mf_ckpt_read_lora_hot(const char *dir, int64_t layers, int64_t experts, uint8_t **hot);
+
+/* dir's base.json (mf_ckpt_data.base_json), verified against the manifest
+ * first (its size and checksum; the manifest's own checksum): *json the
+ * malloc'd NUL-terminated text (the caller frees), or NULL with MF_OK when
+ * the checkpoint has none. A damaged or unlisted file is MF_ERR_FORMAT
+ * naming it. */
+mf_status mf_ckpt_read_base_json(const char *dir, char **json);
 
 /* ------------------------------------------------------------- export */
 
@@ -267,13 +316,15 @@ mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_exp
  * mf_ckpt_export_adapter: a PEFT adapter dir of t's adapters
  * (mf_params_save_adapter_dir; base_model: its base_model_name_or_path, and
  * the dir whose tokenizer files are copied beside the adapters; NULL: a
- * model.init base, none). Both write into a temporary sibling renamed into place; out_dir must not exist
+ * model.init base, none; base_json: the base's record, written beside them
+ * as moefit_base.json (src/model/base_id.h), or NULL). Both write into a
+ * temporary sibling renamed into place; out_dir must not exist
  * or be empty. */
 mf_status mf_ckpt_export_source(const char *src, mf_ckpt_export_info *info, int *is_ckpt);
 mf_status mf_ckpt_export_model(const mf_param_table *t, const float *w, const char *source,
                                const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
 mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
-                                 const char *out_dir, mf_ckpt_export_info *info);
+                                 const char *base_json, const char *out_dir, mf_ckpt_export_info *info);
 
 #ifdef __cplusplus
 }

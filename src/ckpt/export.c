@@ -5,14 +5,17 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/ckpt/ckpt_internal.h"
 #include "src/io/safetensors.h"
+#include "src/model/base_id.h"
 #include "src/model/hf_config.h"
 
 #define MF_EXPORT_DEFAULT_SHARD 5000000000ull /* transformers' max_shard_size "5GB" */
@@ -106,7 +109,7 @@ static mf_status checkpoint_table(const char *ckpt, mf_param_table **t, mf_ckpt_
   char path[4400];
   snprintf(path, sizeof path, "%s/config.yaml", ckpt);
   mf_config *cfg = NULL;
-  MF_CHECK(mf_config_load_for(path, NULL, 0, MF_CONFIG_FOR_EVAL, &cfg));
+  MF_CHECK(mf_ckpt_load_config(ckpt, MF_CONFIG_FOR_EVAL, &cfg)); /* verified first */
   mf_model_spec spec;
   mf_status st = MF_OK;
   if (cfg->train.lora.rank > 0)
@@ -221,16 +224,21 @@ static mf_status write_files(const char *tmp, const mf_param_table *t, const flo
   return copy_tokenizer(o->tokenizer_dir, o->tokenizer_none, tmp, info);
 }
 
-static void fsync_parent(const char *path) {
-  char parent[4400];
-  snprintf(parent, sizeof parent, "%s", path);
+/* The dir that holds path ("/" for "/x", "." for "x"). */
+static void parent_of(const char *path, char *parent, size_t cap) {
+  snprintf(parent, cap, "%s", path);
   char *slash = strrchr(parent, '/');
   if (slash == parent)
     slash[1] = '\0';
   else if (slash)
     *slash = '\0';
   else
-    snprintf(parent, sizeof parent, ".");
+    snprintf(parent, cap, ".");
+}
+
+static void fsync_parent(const char *path) {
+  char parent[4400];
+  parent_of(path, parent, sizeof parent);
   const int fd = open(parent, O_RDONLY | O_DIRECTORY);
   if (fd < 0) return;
   if (fsync(fd) != 0) MF_LOGW("ckpt", "%s: fsync: %s", parent, strerror(errno));
@@ -249,13 +257,100 @@ static mf_status out_path(const char *out_dir, char *out, size_t cap) {
   return check_out(out);
 }
 
-/* The dir `out` made by write(ctx, tmp) in a temporary sibling renamed into place. */
+/* ------------------------------------------------- temporary dirs */
+
+/* An export writes OUT.tmp-export-PID and holds an exclusive flock on it until
+ * the rename: a killed export leaves the dir behind with its lock released.
+ * The next export into the same parent removes such a dir when both say its
+ * writer is gone — its PID runs no process here and no one holds its lock —
+ * so neither a reused PID nor an export in another PID namespace (a container
+ * sharing the volume, whose PIDs mean nothing here) loses a dir in progress. */
+#define TMP_EXPORT ".tmp-export-"
+
+/* The PID of a name "X.tmp-export-PID"; 0 when it is not such a name. */
+static long tmp_export_pid(const char *name) {
+  const char *tag = NULL;
+  for (const char *p = strstr(name, TMP_EXPORT); p; p = strstr(p + 1, TMP_EXPORT)) tag = p;
+  if (!tag || tag == name) return 0;
+  long pid = 0;
+  const char *d = tag + sizeof TMP_EXPORT - 1;
+  if (!*d) return 0;
+  for (; *d; d++) {
+    if (*d < '0' || *d > '9' || pid > 99999999) return 0;
+    pid = pid * 10 + (*d - '0');
+  }
+  return pid;
+}
+
+/* An exclusive lock on the dir, without waiting: its descriptor (close it to
+ * let go), -1 when another holds it (*held 1) or it cannot be locked here
+ * (*held 0: a filesystem without flock on directories). */
+static int lock_dir(const char *dir, int *held) {
+  *held = 0;
+  const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    *held = errno == EWOULDBLOCK;
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Removes the temporary dirs of exports that were killed in the parent of
+ * `out` (one line naming them) and names those whose writer may still be at
+ * work. Nothing here fails the export: what cannot be removed is said. */
+static void clean_stale_tmps(const char *out) {
+  char parent[4400];
+  parent_of(out, parent, sizeof parent);
+  const char *sep = parent[strlen(parent) - 1] == '/' ? "" : "/";
+  DIR *d = opendir(parent);
+  if (!d) return;
+  char removed[2048] = "", path[4700];
+  size_t used = 0;
+  int n_removed = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    const long pid = tmp_export_pid(e->d_name);
+    struct stat sb;
+    snprintf(path, sizeof path, "%s%s%s", parent, sep, e->d_name);
+    if (pid <= 0 || lstat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    const int running = pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    int held = 0;
+    const int lock = running ? -1 : lock_dir(path, &held);
+    if (running || held) {
+      MF_LOGI("ckpt", "%s: left alone: %s%ld %s (an export in progress?)", path,
+              running ? "process " : "the lock of process ", pid,
+              running ? "is running" : "is held (by a process on another machine or in another container?)");
+      continue;
+    }
+    const mf_status st = mf_ckpt_remove_dir(path);
+    if (lock >= 0) close(lock);
+    if (st != MF_OK) {
+      MF_LOGW("ckpt", "%s, the temporary dir of a killed export, could not be removed: %s", path,
+              mf_last_error());
+      continue;
+    }
+    if (used < sizeof removed)
+      used += (size_t)snprintf(removed + used, sizeof removed - used, "%s%s", n_removed ? ", " : "", path);
+    n_removed++;
+  }
+  closedir(d);
+  if (n_removed)
+    MF_LOGI("ckpt", "removed the temporary dir%s of %d killed export%s (no such process, no lock held): %s%s",
+            n_removed > 1 ? "s" : "", n_removed, n_removed > 1 ? "s" : "", removed,
+            used >= sizeof removed ? "..." : "");
+}
+
+/* The dir `out` made by write(ctx, tmp) in a temporary sibling renamed into
+ * place; the sibling is locked (see above) while it is written. */
 static mf_status publish(const char *out, mf_status (*write)(void *ctx, const char *tmp), void *ctx) {
   char tmp[4400];
-  snprintf(tmp, sizeof tmp, "%s.tmp-export-%ld", out, (long)getpid());
+  snprintf(tmp, sizeof tmp, "%s" TMP_EXPORT "%ld", out, (long)getpid());
   mf_status st = mf_mkdir_parents(tmp);
+  if (st == MF_OK) clean_stale_tmps(out);
   if (st == MF_OK && mkdir(tmp, 0777) != 0) st = MF_ERR(MF_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
-  int made = st == MF_OK;
+  int made = st == MF_OK, held;
+  const int lock = made ? lock_dir(tmp, &held) : -1; /* -1: not lockable here; the PID still tells */
   if (st == MF_OK) st = write(ctx, tmp);
   /* rename replaces a missing or empty out; check_out ran first, but another
    * writer may have filled it since: then rename fails and out is untouched. */
@@ -266,6 +361,7 @@ static mf_status publish(const char *out, mf_status (*write)(void *ctx, const ch
     fsync_parent(out);
   }
   if (made) (void)mf_ckpt_remove_dir(tmp);
+  if (lock >= 0) close(lock);
   return st;
 }
 
@@ -296,6 +392,7 @@ typedef struct adapter_job {
   const mf_param_table *t;
   const float *w;
   const char *base_model;
+  const char *base_json; /* the base's record (moefit_base.json), or NULL */
   mf_ckpt_export_info *info;
 } adapter_job;
 
@@ -307,16 +404,21 @@ typedef struct adapter_job {
  * template it was trained with. */
 static mf_status write_adapter(void *ctx, const char *tmp) {
   adapter_job *j = (adapter_job *)ctx;
+  if (j->base_json) { /* what `moefit eval --model` checks the base against (src/model/base_id.h) */
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", tmp, MF_BASE_ID_FILE);
+    MF_CHECK(mf_write_file_atomic(path, j->base_json, strlen(j->base_json)));
+  }
   MF_CHECK(mf_params_save_adapter_dir(j->t, j->w, j->base_model, tmp));
   return copy_tokenizer(j->base_model, k_no_tokenizer_init, tmp, j->info); /* NULL base: model.init */
 }
 
 mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
-                                 const char *out_dir, mf_ckpt_export_info *info) {
+                                 const char *base_json, const char *out_dir, mf_ckpt_export_info *info) {
   if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "export --adapter: the run trained no LoRA adapters");
   char out[4200];
   MF_CHECK(out_path(out_dir, out, sizeof out));
-  adapter_job j = {t, w, base_model, info};
+  adapter_job j = {t, w, base_model, base_json, info};
   return publish(out, write_adapter, &j);
 }
 

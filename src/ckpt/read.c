@@ -1,6 +1,8 @@
 /* Reading a resume checkpoint (ckpt.h): the manifest and every checksum
- * first, then the tensors into the run's buffers, checked against its table;
- * the newest complete checkpoint; the config it was written under. */
+ * first (manifest.c), then state.json (state.c) and the tensors into the
+ * run's buffers, checked against its table; the newest complete checkpoint;
+ * the config it was written under, compared only once its bytes are
+ * verified. */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -15,160 +17,6 @@
 #include "src/ckpt/ckpt_internal.h"
 #include "src/io/json_util.h"
 #include "src/io/safetensors.h"
-
-/* --------------------------------------------------------- the manifest */
-
-static mf_status json_u64(const char *path, const json_t *o, const char *place, const char *key, uint64_t *out) {
-  json_t *v = NULL;
-  MF_CHECK(mf_io_json_get(path, o, place, key, &v));
-  int64_t x = 0;
-  char where[160];
-  snprintf(where, sizeof where, "%s.%s", place, key);
-  MF_CHECK(mf_io_json_nonneg(path, v, where, &x));
-  *out = (uint64_t)x;
-  return MF_OK;
-}
-
-static mf_status json_str(const char *path, const json_t *o, const char *place, const char *key, const char **out) {
-  json_t *v = NULL;
-  MF_CHECK(mf_io_json_get(path, o, place, key, &v));
-  if (!json_is_string(v))
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s.%s: expected a string, got %s", path, place, key, mf_io_json_kind(v, 0));
-  *out = json_string_value(v);
-  return MF_OK;
-}
-
-static mf_status load_json(const char *path, const char *what, json_t **out) {
-  char *text = NULL;
-  size_t len = 0;
-  MF_CHECK(mf_read_file(path, MF_CKPT_MAX_JSON, what, &text, &len));
-  json_error_t e;
-  *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &e);
-  free(text);
-  if (!*out || !json_is_object(*out)) {
-    json_decref(*out);
-    *out = NULL;
-    return MF_ERR(MF_ERR_FORMAT, "%s: line %d column %d: %s", path, e.line, e.column,
-                  e.text[0] ? e.text : "expected a JSON object");
-  }
-  return MF_OK;
-}
-
-static mf_status parse_entry(const char *path, const json_t *e, int i, mf_ckpt_file *f) {
-  char place[32];
-  snprintf(place, sizeof place, "files[%d]", i);
-  if (!json_is_object(e)) return MF_ERR(MF_ERR_FORMAT, "%s: %s: expected an object", path, place);
-  const char *name = NULL, *hash = NULL, *comp = NULL;
-  MF_CHECK(json_str(path, e, place, "name", &name));
-  MF_CHECK(json_str(path, e, place, "hash", &hash));
-  MF_CHECK(json_str(path, e, place, "compression", &comp));
-  MF_CHECK(json_u64(path, e, place, "bytes", &f->bytes));
-  MF_CHECK(json_u64(path, e, place, "raw_bytes", &f->raw_bytes));
-  if (!name[0] || strlen(name) >= sizeof f->name || strchr(name, '/') || name[0] == '.')
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s.name: '%s' is not a plain file name", path, place, name);
-  snprintf(f->name, sizeof f->name, "%s", name);
-  char *end = NULL;
-  f->hash = strtoull(hash, &end, 16);
-  if (strlen(hash) != 16 || !end || *end)
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s.hash: expected 16 hex digits, got '%s'", path, place, hash);
-  f->zstd = strcmp(comp, "zstd") == 0;
-  if (!f->zstd && strcmp(comp, "none") != 0)
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s.compression: expected zstd or none, got '%s'", path, place, comp);
-  /* "filter" is absent from the manifests written before the byte-plane
-   * filter: their files are plain safetensors inside the zstd frame. */
-  const json_t *filter = json_object_get(e, "filter");
-  f->byteplane = json_is_string(filter) && strcmp(json_string_value(filter), "byteplane") == 0;
-  if (filter && !f->byteplane && !(json_is_string(filter) && strcmp(json_string_value(filter), "none") == 0))
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s.filter: expected \"byteplane\" or \"none\", got %s", path, place,
-                  json_is_string(filter) ? json_string_value(filter) : mf_io_json_kind(filter, 0));
-  if (f->byteplane && !f->zstd)
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s: the byteplane filter without zstd compression", path, place);
-  if (!f->zstd && f->raw_bytes != f->bytes)
-    return MF_ERR(MF_ERR_FORMAT, "%s: %s: raw_bytes %llu differs from bytes %llu without compression", path, place,
-                  (unsigned long long)f->raw_bytes, (unsigned long long)f->bytes);
-  return MF_OK;
-}
-
-/* dir/manifest.json -> files[], *n. */
-static mf_status read_manifest(const char *dir, mf_ckpt_file *files, int *n) {
-  char path[4400];
-  snprintf(path, sizeof path, "%s/manifest.json", dir);
-  json_t *root = NULL;
-  MF_CHECK(load_json(path, "a checkpoint manifest", &root));
-  mf_status st = MF_OK;
-  const char *format = NULL, *hash = NULL;
-  json_t *arr = NULL;
-  MF_CHECK_GOTO(json_str(path, root, "manifest", "format", &format), st, done);
-  MF_CHECK_GOTO(json_str(path, root, "manifest", "hash", &hash), st, done);
-  if (strcmp(format, MF_CKPT_FORMAT "-manifest") != 0 || strcmp(hash, MF_CKPT_HASH_NAME) != 0) {
-    st = MF_ERR(MF_ERR_FORMAT, "%s: format '%s' with hash '%s' is not a moefit checkpoint manifest (%s, %s)", path,
-                format, hash, MF_CKPT_FORMAT "-manifest", MF_CKPT_HASH_NAME);
-    goto done;
-  }
-  MF_CHECK_GOTO(mf_io_json_get(path, root, "manifest", "files", &arr), st, done);
-  if (!json_is_array(arr) || json_array_size(arr) > MF_CKPT_MAX_FILES) {
-    st = MF_ERR(MF_ERR_FORMAT, "%s: files: expected an array of at most %d entries", path, MF_CKPT_MAX_FILES);
-    goto done;
-  }
-  *n = (int)json_array_size(arr);
-  for (int i = 0; i < *n; i++) MF_CHECK_GOTO(parse_entry(path, json_array_get(arr, (size_t)i), i, &files[i]), st, done);
-done:
-  json_decref(root);
-  return st;
-}
-
-mf_status mf_ckpt_read_manifest(const char *dir, mf_ckpt_file *files, int cap, int *n) {
-  mf_ckpt_file all[MF_CKPT_MAX_FILES];
-  int m = 0;
-  *n = 0;
-  MF_CHECK(read_manifest(dir, all, &m));
-  for (int i = 0; i < m && i < cap; i++) files[i] = all[i];
-  *n = m;
-  return MF_OK;
-}
-
-/* Maps dir/f->name and checks its size and checksum. */
-static mf_status map_checked(const char *dir, const mf_ckpt_file *f, const uint8_t **base, size_t *size) {
-  char path[4400];
-  snprintf(path, sizeof path, "%s/%s", dir, f->name);
-  int err = 0;
-  mf_status st = mf_map_file(path, base, size, &err);
-  if (st != MF_OK)
-    return err == ENOENT ? MF_ERR(MF_ERR_FORMAT, "%s: missing (manifest.json lists it)", path) : st;
-  if (*size != f->bytes) {
-    mf_unmap_file(*base, *size);
-    return MF_ERR(MF_ERR_FORMAT, "%s: %zu bytes on disk, manifest.json says %llu (%s)", path, *size,
-                  (unsigned long long)f->bytes, *size < f->bytes ? "truncated" : "grown");
-  }
-  const uint64_t h = mf_ckpt_hash64(*base, *size);
-  if (h != f->hash) {
-    mf_unmap_file(*base, *size);
-    return MF_ERR(MF_ERR_FORMAT, "%s: checksum %016llx, manifest.json says %016llx (the file is damaged)", path,
-                  (unsigned long long)h, (unsigned long long)f->hash);
-  }
-  return MF_OK;
-}
-
-mf_status mf_ckpt_verify(const char *dir) {
-  char marker[4400];
-  snprintf(marker, sizeof marker, "%s/COMPLETE", dir);
-  struct stat sb;
-  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return MF_ERR(MF_ERR_FORMAT, "%s: not a checkpoint directory", dir);
-  if (stat(marker, &sb) != 0)
-    return MF_ERR(MF_ERR_FORMAT, "%s: missing: the checkpoint was not finished (its run stopped while writing it)",
-                  marker);
-  mf_ckpt_file files[MF_CKPT_MAX_FILES];
-  int n = 0;
-  MF_CHECK(read_manifest(dir, files, &n));
-  for (int i = 0; i < n; i++) {
-    const uint8_t *base = NULL;
-    size_t size = 0;
-    MF_CHECK(map_checked(dir, &files[i], &base, &size));
-    mf_unmap_file(base, size);
-  }
-  return MF_OK;
-}
 
 /* -------------------------------------------------------- finding one */
 
@@ -204,29 +52,43 @@ static int free_to_change(const char *key) {
   return !(strncmp(key, "model", 5) == 0 || strncmp(key, "data.", 5) == 0 || strncmp(key, "train.", 6) == 0);
 }
 
-/* state.json's ranks (1 when absent or unreadable: read_state says why later). */
-static int64_t state_ranks(const char *dir) {
-  char path[4400];
-  snprintf(path, sizeof path, "%s/state.json", dir);
-  json_t *root = NULL;
-  if (load_json(path, "a checkpoint state", &root) != MF_OK) return 1;
-  const json_t *v = json_object_get(root, "ranks");
-  const int64_t r = json_is_integer(v) && json_integer_value(v) > 1 ? (int64_t)json_integer_value(v) : 1;
-  json_decref(root);
-  return r;
+mf_status mf_ckpt_load_config(const char *dir, mf_config_use use, mf_config **cfg) {
+  *cfg = NULL;
+  mf_ckpt_manifest m;
+  MF_CHECK(mf_ckpt_manifest_load(dir, &m));
+  char *text = NULL, path[4400];
+  size_t len = 0;
+  MF_CHECK(mf_ckpt_read_checked(&m, "config.yaml", &text, &len));
+  free(text);
+  snprintf(path, sizeof path, "%s/config.yaml", dir);
+  if (mf_config_load_for(path, NULL, 0, use, cfg) != MF_OK)
+    return MF_ERR(MF_ERR_FORMAT, "%s: the checkpoint's config does not load: %s", path, mf_last_error());
+  return MF_OK;
+}
+
+/* state.json's ranks, verified. */
+static mf_status state_ranks(const char *dir, int64_t *ranks) {
+  mf_ckpt_manifest m;
+  MF_CHECK(mf_ckpt_manifest_load(dir, &m));
+  mf_ckpt_state_file f;
+  MF_CHECK(mf_ckpt_state_open(&m, &f));
+  *ranks = f.s.ranks;
+  mf_ckpt_state_close(&f);
+  return MF_OK;
 }
 
 mf_status mf_ckpt_check_config(const char *dir, const mf_config *cfg) {
   char path[4400];
   snprintf(path, sizeof path, "%s/config.yaml", dir);
+  int64_t saved_ranks = 1;
   mf_config *saved = NULL;
-  mf_status st = mf_config_load(path, NULL, 0, &saved);
-  if (st != MF_OK) return MF_ERR(MF_ERR_FORMAT, "%s: the checkpoint's config does not load: %s", path, mf_last_error());
+  MF_CHECK(state_ranks(dir, &saved_ranks));
+  MF_CHECK(mf_ckpt_load_config(dir, MF_CONFIG_FOR_TRAIN, &saved));
   const char *keys[256];
   const size_t n = mf_config_diff(saved, cfg, keys, sizeof keys / sizeof keys[0]);
   char list[2048] = "";
   size_t len = 0, bad = 0;
-  const int64_t saved_ranks = state_ranks(dir), ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+  const int64_t ranks = cfg->ranks > 1 ? cfg->ranks : 1;
   const int64_t saved_ga = saved->train.grad_accum, saved_mb = saved_ga * saved_ranks,
                 mb = cfg->train.grad_accum * ranks;
   if (saved_mb != mb) {
@@ -299,25 +161,29 @@ static mf_status join_planes(const char *path, uint8_t *img, size_t size, size_t
   return MF_OK;
 }
 
-/* Opens dir's <stem>.safetensors[.zst]; `planes` is the element size of its
- * tensors (all of one dtype), which the byte-plane filter split by. */
-static mf_status in_open(const char *dir, const mf_ckpt_file *files, int n, const char *stem, size_t planes,
-                         in_file *f) {
-  const mf_ckpt_file *e = NULL;
-  char plain[64], zst[64];
-  snprintf(plain, sizeof plain, "%s.safetensors", stem);
-  snprintf(zst, sizeof zst, "%s.safetensors.zst", stem);
-  for (int i = 0; i < n; i++)
-    if (strcmp(files[i].name, plain) == 0 || strcmp(files[i].name, zst) == 0) e = &files[i];
-  snprintf(f->path, sizeof f->path, "%s/%s.safetensors", dir, stem);
-  if (!e) return MF_ERR(MF_ERR_FORMAT, "%s/manifest.json: lists no %s.safetensors[.zst]", dir, stem);
-  snprintf(f->path, sizeof f->path, "%s/%s", dir, e->name);
-  MF_CHECK(map_checked(dir, e, &f->map, &f->map_size));
+/* Opens <stem>.safetensors[.zst] of the manifest m; `planes` is the element
+ * size of its tensors (all of one dtype), which the byte-plane filter split
+ * by. What is opened is checked whole: the bytes on disk (hash), and, once
+ * decompressed and joined, the file as written (raw_hash). */
+static mf_status in_open(const mf_ckpt_manifest *m, const char *stem, size_t planes, in_file *f) {
+  const mf_ckpt_file *e = mf_ckpt_manifest_tensors(m, stem);
+  snprintf(f->path, sizeof f->path, "%s/%s.safetensors", m->dir, stem);
+  if (!e) return MF_ERR(MF_ERR_FORMAT, "%s/manifest.json: lists no %s.safetensors[.zst]", m->dir, stem);
+  snprintf(f->path, sizeof f->path, "%s/%s", m->dir, e->name);
+  MF_CHECK(mf_ckpt_map_checked(m->dir, e, &f->map, &f->map_size));
   const void *img = f->map;
   size_t size = f->map_size;
   if (e->zstd) {
-    if (e->raw_bytes > SIZE_MAX) return MF_ERR(MF_ERR_FORMAT, "%s: raw_bytes too large", f->path);
-    MF_CHECK(mf_malloc(e->raw_bytes ? (size_t)e->raw_bytes : 1, "a checkpoint file", (void **)&f->raw));
+    /* The writer streams (no size in the frame header); a size given must agree. */
+    const unsigned long long frame = ZSTD_getFrameContentSize(f->map, f->map_size);
+    if (frame == ZSTD_CONTENTSIZE_ERROR)
+      return MF_ERR(MF_ERR_FORMAT, "%s: not a zstd frame", f->path);
+    if ((frame != ZSTD_CONTENTSIZE_UNKNOWN && frame != e->raw_bytes) || e->raw_bytes > SIZE_MAX)
+      return MF_ERR(MF_ERR_FORMAT, "%s: its zstd frame holds %llu bytes, manifest.json's raw_bytes says %llu",
+                    f->path, frame, (unsigned long long)e->raw_bytes);
+    if (mf_malloc(e->raw_bytes ? (size_t)e->raw_bytes : 1, "a checkpoint file", (void **)&f->raw) != MF_OK)
+      return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: no memory for its %llu bytes decompressed", f->path,
+                    (unsigned long long)e->raw_bytes);
     const size_t got = ZSTD_decompress(f->raw, (size_t)e->raw_bytes, f->map, f->map_size);
     if (ZSTD_isError(got) || got != e->raw_bytes)
       return MF_ERR(MF_ERR_FORMAT, "%s: zstd: %s", f->path,
@@ -325,6 +191,13 @@ static mf_status in_open(const char *dir, const mf_ckpt_file *files, int n, cons
     img = f->raw;
     size = (size_t)e->raw_bytes;
     if (e->byteplane) MF_CHECK(join_planes(f->path, f->raw, size, planes));
+    const uint64_t h = mf_ckpt_hash64(img, size);
+    if (h != e->raw_hash)
+      return MF_ERR(MF_ERR_FORMAT,
+                    "%s: decompressed%s, its checksum is %016llx, manifest.json's raw_hash says %016llx (the file "
+                    "or how the manifest says to read it is wrong)",
+                    f->path, e->byteplane ? " and its byte planes joined" : "", (unsigned long long)h,
+                    (unsigned long long)e->raw_hash);
   }
   return mf_safetensors_open_buffer(f->path, img, size, &f->st);
 }
@@ -349,13 +222,13 @@ static mf_status take(const in_file *f, const char *name, mf_dtype dt, const mf_
   return MF_OK;
 }
 
-static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf, const mf_ckpt_data *d) {
+static mf_status read_tensors(const mf_ckpt_manifest *m, const mf_ckpt_data *d) {
   const mf_param_table *t = d->t;
   in_file f;
   memset(&f, 0, sizeof f);
   mf_status st = MF_OK;
   char name[128];
-  MF_CHECK_GOTO(in_open(dir, files, nf, "master", 4, &f), st, done);
+  MF_CHECK_GOTO(in_open(m, "master", 4, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) { /* the trained parameters (write.c) */
     const mf_param *p = &t->params[i];
     if (p->frozen) continue;
@@ -363,7 +236,7 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
   }
   in_close(&f);
   const size_t ms = mf_dtype_size(d->moments);
-  MF_CHECK_GOTO(in_open(dir, files, nf, "optimizer", ms, &f), st, done);
+  MF_CHECK_GOTO(in_open(m, "optimizer", ms, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     if (p->frozen) continue;
@@ -373,7 +246,7 @@ static mf_status read_tensors(const char *dir, const mf_ckpt_file *files, int nf
     MF_CHECK_GOTO(take(&f, name, d->moments, p, 0, (char *)d->v + (size_t)p->toff * ms), st, done);
   }
   in_close(&f);
-  MF_CHECK_GOTO(in_open(dir, files, nf, "state", 8, &f), st, done);
+  MF_CHECK_GOTO(in_open(m, "state", 8, &f), st, done);
   MF_CHECK_GOTO(take(&f, "adam_step", MF_DTYPE_I64, NULL, t->n, d->adam_steps), st, done);
   MF_CHECK_GOTO(take(&f, "routed_tokens", MF_DTYPE_I64, NULL, (int64_t)d->n_routed, d->routed), st, done);
 done:
@@ -382,94 +255,80 @@ done:
 }
 
 /* state.json's base_sum (LoRA: the frozen base's checksum) against `have`. */
-static mf_status base_sum_matches(const char *path, const json_t *root, uint64_t have) {
-  const char *sum = NULL;
-  MF_CHECK(json_str(path, root, "state", "base_sum", &sum));
-  char h[24];
-  snprintf(h, sizeof h, "%016llx", (unsigned long long)have);
-  if (strcmp(sum, h) == 0) return MF_OK;
+static mf_status base_sum_matches(const mf_ckpt_state_file *f, uint64_t have) {
+  if (!f->has_base)
+    return MF_ERR(MF_ERR_CONFIG, "%s: no base_sum: not the checkpoint of a LoRA run (its base is not recorded)",
+                  f->path);
+  if (f->base_sum == have) return MF_OK;
   return MF_ERR(
       MF_ERR_CONFIG,
-      "%s: base_sum: the checkpoint's adapters were trained on a base whose weights have checksum %s; "
-      "this base (model.path or model.init) has %s: the base model changed",
-      path, sum, h);
+      "%s: base_sum: the checkpoint's adapters were trained on a base whose weights have checksum %016llx; "
+      "this base (model.path or model.init) has %016llx: the base model changed",
+      f->path, (unsigned long long)f->base_sum, (unsigned long long)have);
 }
 
-static mf_status read_state(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s) {
-  char path[4400];
-  snprintf(path, sizeof path, "%s/state.json", dir);
-  json_t *root = NULL;
-  MF_CHECK(load_json(path, "a checkpoint state", &root));
-  mf_status st = MF_OK;
-  const char *format = NULL, *moments = NULL;
-  json_t *data = NULL, *model = NULL;
-  uint64_t step = 0, total = 0, skipped = 0, params = 0, numel = 0;
-  MF_CHECK_GOTO(json_str(path, root, "state", "format", &format), st, done);
-  if (strcmp(format, MF_CKPT_FORMAT) != 0) {
-    st = MF_ERR(MF_ERR_FORMAT, "%s: format '%s' is not %s", path, format, MF_CKPT_FORMAT);
-    goto done;
-  }
-  MF_CHECK_GOTO(json_u64(path, root, "state", "step", &step), st, done);
-  MF_CHECK_GOTO(json_u64(path, root, "state", "train_steps", &total), st, done);
-  MF_CHECK_GOTO(json_u64(path, root, "state", "skipped", &skipped), st, done);
-  MF_CHECK_GOTO(json_str(path, root, "state", "moments", &moments), st, done);
-  MF_CHECK_GOTO(mf_io_json_get(path, root, "state", "data", &data), st, done);
-  MF_CHECK_GOTO(json_u64(path, data, "data", "epoch", &s->data_epoch), st, done);
-  MF_CHECK_GOTO(json_u64(path, data, "data", "index", &s->data_index), st, done);
-  MF_CHECK_GOTO(json_u64(path, data, "data", "seed", &s->data_seed), st, done);
-  MF_CHECK_GOTO(json_u64(path, data, "data", "windows", &s->data_windows), st, done);
-  MF_CHECK_GOTO(mf_io_json_get(path, root, "state", "model", &model), st, done);
-  MF_CHECK_GOTO(json_u64(path, model, "model", "params", &params), st, done);
-  MF_CHECK_GOTO(json_u64(path, model, "model", "numel", &numel), st, done);
-  if (params != (uint64_t)d->t->n || numel != (uint64_t)d->t->total_numel) {
-    st = MF_ERR(MF_ERR_FORMAT, "%s: the checkpoint's model has %llu tensors of %llu values, this run's %lld of %lld",
-                path, (unsigned long long)params, (unsigned long long)numel, (long long)d->t->n,
-                (long long)d->t->total_numel);
-    goto done;
-  }
-  if (strcmp(moments, mf_dtype_name(d->moments)) != 0) {
-    st = MF_ERR(MF_ERR_FORMAT, "%s: moments: the checkpoint's AdamW moments are %s, this run stores %s", path, moments,
-                mf_dtype_name(d->moments));
-    goto done;
-  }
-  json_t *fl = json_object_get(root, "first_loss"), *lr = json_object_get(root, "lr");
-  s->first_loss = json_is_number(fl) ? json_number_value(fl) : NAN;
-  s->lr = json_is_number(lr) ? json_number_value(lr) : NAN;
-  uint64_t ranks = 1;
-  if (json_object_get(root, "ranks")) MF_CHECK_GOTO(json_u64(path, root, "state", "ranks", &ranks), st, done);
-  if (ranks < 1) {
-    st = MF_ERR(MF_ERR_FORMAT, "%s: state.ranks: 0 ranks", path);
-    goto done;
-  }
-  s->ranks = (int64_t)ranks;
-  if (d->t->lora_a) MF_CHECK_GOTO(base_sum_matches(path, root, d->base_sum), st, done); /* LoRA's base */
-  s->step = (int64_t)step;
-  s->train_steps = (int64_t)total;
-  s->skipped = (int64_t)skipped;
-done:
-  json_decref(root);
-  return st;
+/* state.json against the run's table and buffers. */
+static mf_status state_fits(const mf_ckpt_state_file *f, const mf_ckpt_data *d) {
+  const mf_param_table *t = d->t;
+  if (f->params != (uint64_t)t->n || f->numel != (uint64_t)t->total_numel || f->experts_routed != d->n_routed)
+    return MF_ERR(MF_ERR_FORMAT,
+                  "%s: the checkpoint's model has %llu tensors of %llu values and %llu routing counts, this run's "
+                  "%lld of %lld and %zu",
+                  f->path, (unsigned long long)f->params, (unsigned long long)f->numel,
+                  (unsigned long long)f->experts_routed, (long long)t->n, (long long)t->total_numel, d->n_routed);
+  if (f->moments != d->moments)
+    return MF_ERR(MF_ERR_FORMAT, "%s: moments: the checkpoint's AdamW moments are %s, this run stores %s", f->path,
+                  mf_dtype_name(f->moments), mf_dtype_name(d->moments));
+  if (t->lora_a) return base_sum_matches(f, d->base_sum); /* LoRA's base */
+  if (f->has_base)
+    return MF_ERR(MF_ERR_CONFIG, "%s: base_sum: a LoRA run's checkpoint (its adapters), read as a full model's",
+                  f->path);
+  return MF_OK;
+}
+
+/* What state.safetensors holds against state.json: a parameter's AdamW steps
+ * are the steps it was updated in, never more than the steps not skipped;
+ * routing counts are counts. */
+static mf_status counts_fit(const char *dir, const mf_ckpt_data *d, const mf_ckpt_state *s) {
+  const int64_t taken = s->step - s->skipped;
+  for (int64_t i = 0; i < d->t->n; i++)
+    if (d->adam_steps[i] < 0 || d->adam_steps[i] > taken)
+      return MF_ERR(MF_ERR_FORMAT,
+                    "%s/state.safetensors: adam_step of %s is %lld, but state.json's step %lld with %lld skipped "
+                    "took %lld updates",
+                    dir, d->t->params[i].name, (long long)d->adam_steps[i], (long long)s->step,
+                    (long long)s->skipped, (long long)taken);
+  for (size_t i = 0; i < d->n_routed; i++)
+    if (d->routed[i] < 0)
+      return MF_ERR(MF_ERR_FORMAT, "%s/state.safetensors: routed_tokens[%zu] is %lld", dir, i, (long long)d->routed[i]);
+  return MF_OK;
 }
 
 mf_status mf_ckpt_read(const char *dir, const mf_ckpt_data *d, mf_ckpt_state *s) {
   memset(s, 0, sizeof *s);
   MF_CHECK(mf_ckpt_verify(dir));
-  mf_ckpt_file files[MF_CKPT_MAX_FILES];
-  int n = 0;
-  MF_CHECK(read_manifest(dir, files, &n));
-  MF_CHECK(read_state(dir, d, s));
-  return read_tensors(dir, files, n, d);
+  mf_ckpt_manifest m;
+  MF_CHECK(mf_ckpt_manifest_load(dir, &m));
+  mf_ckpt_state_file f;
+  MF_CHECK(mf_ckpt_state_open(&m, &f));
+  mf_status st = state_fits(&f, d);
+  const mf_ckpt_state got = f.s;
+  mf_ckpt_state_close(&f);
+  MF_CHECK(st);
+  MF_CHECK(read_tensors(&m, d));
+  MF_CHECK(counts_fit(dir, d, &got));
+  *s = got;
+  return MF_OK;
 }
 
 mf_status mf_ckpt_read_master(const char *dir, const mf_param_table *t, float *master) {
   MF_CHECK(mf_ckpt_verify(dir));
-  mf_ckpt_file files[MF_CKPT_MAX_FILES];
-  int n = 0;
-  MF_CHECK(read_manifest(dir, files, &n));
+  mf_ckpt_manifest m;
+  MF_CHECK(mf_ckpt_manifest_load(dir, &m));
   in_file f;
   memset(&f, 0, sizeof f);
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(in_open(dir, files, n, "master", 4, &f), st, done);
+  MF_CHECK_GOTO(in_open(&m, "master", 4, &f), st, done);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     if (p->frozen) continue;
@@ -480,27 +339,30 @@ done:
   return st;
 }
 
+/* dir's state.json, verified (the manifest first). */
+static mf_status open_state(const char *dir, mf_ckpt_state_file *f) {
+  mf_ckpt_manifest m;
+  MF_CHECK(mf_ckpt_manifest_load(dir, &m));
+  return mf_ckpt_state_open(&m, f);
+}
+
 mf_status mf_ckpt_base_is_bf16(const char *dir, int *bf16) {
-  char path[4400];
-  snprintf(path, sizeof path, "%s/state.json", dir);
-  json_t *root = NULL;
-  MF_CHECK(load_json(path, "a checkpoint state", &root));
-  const char *of = NULL;
-  mf_status st = json_str(path, root, "state", "base_sum_of", &of);
-  if (st == MF_OK && strcmp(of, "bf16") != 0 && strcmp(of, "fp32") != 0)
-    st = MF_ERR(MF_ERR_FORMAT, "%s: base_sum_of: '%s' is neither bf16 nor fp32", path, of);
-  if (st == MF_OK) *bf16 = strcmp(of, "bf16") == 0;
-  json_decref(root);
+  mf_ckpt_state_file f;
+  MF_CHECK(open_state(dir, &f));
+  const mf_status st = f.has_base ? MF_OK
+                                  : MF_ERR(MF_ERR_FORMAT, "%s: no base_sum_of: not the checkpoint of a LoRA run",
+                                           f.path);
+  if (st == MF_OK) *bf16 = f.base_bf16;
+  mf_ckpt_state_close(&f);
   return st;
 }
 
 mf_status mf_ckpt_read_lora_hot(const char *dir, int64_t layers, int64_t experts, uint8_t **hot) {
   *hot = NULL;
-  char path[4400];
-  snprintf(path, sizeof path, "%s/state.json", dir);
-  json_t *root = NULL;
-  MF_CHECK(load_json(path, "a checkpoint state", &root));
-  const json_t *rows = json_object_get(root, "lora_hot");
+  mf_ckpt_state_file f;
+  MF_CHECK(open_state(dir, &f));
+  const char *path = f.path;
+  const json_t *rows = json_object_get(f.root, "lora_hot");
   uint8_t *h = NULL;
   mf_status st = MF_OK;
   if (!json_is_array(rows) || (int64_t)json_array_size(rows) != layers)
@@ -522,7 +384,7 @@ mf_status mf_ckpt_read_lora_hot(const char *dir, int64_t layers, int64_t experts
         h[l * experts + e] = 1;
     }
   }
-  json_decref(root);
+  mf_ckpt_state_close(&f);
   if (st != MF_OK) {
     free(h);
     return st;
@@ -533,11 +395,29 @@ mf_status mf_ckpt_read_lora_hot(const char *dir, int64_t layers, int64_t experts
 
 mf_status mf_ckpt_check_base(const char *dir, const mf_param_table *t, const float *w,
                              const uint16_t *frozen_bf16) {
-  char path[4400];
-  snprintf(path, sizeof path, "%s/state.json", dir);
-  json_t *root = NULL;
-  MF_CHECK(load_json(path, "a checkpoint state", &root));
-  const mf_status st = base_sum_matches(path, root, mf_ckpt_base_sum(t, w, frozen_bf16));
-  json_decref(root);
+  mf_ckpt_state_file f;
+  MF_CHECK(open_state(dir, &f));
+  const mf_status st = base_sum_matches(&f, mf_ckpt_base_sum(t, w, frozen_bf16));
+  mf_ckpt_state_close(&f);
   return st;
+}
+
+mf_status mf_ckpt_read_base_json(const char *dir, char **json) {
+  *json = NULL;
+  mf_ckpt_manifest m;
+  MF_CHECK(mf_ckpt_manifest_load(dir, &m));
+  if (!mf_ckpt_manifest_find(&m, "base.json")) return MF_OK; /* the manifest lists what is there (check_disk) */
+  char *text = NULL;
+  size_t len = 0;
+  MF_CHECK(mf_ckpt_read_checked(&m, "base.json", &text, &len));
+  json_error_t e;
+  json_t *root = strlen(text) == len ? json_loadb(text, len, JSON_DECODE_ANY, &e) : NULL;
+  if (!root) {
+    free(text);
+    return MF_ERR(MF_ERR_FORMAT, "%s/base.json: not a JSON document (it matches the manifest: the writer's fault)",
+                  dir);
+  }
+  json_decref(root);
+  *json = text;
+  return MF_OK;
 }

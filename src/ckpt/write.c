@@ -1,6 +1,7 @@
 /* Writing a resume checkpoint (ckpt.h): the tensors streamed through the
- * byte-plane filter and zstd (or neither) into files inside a temporary directory, each hashed as written,
- * the manifest, then the rename and the COMPLETE marker. */
+ * byte-plane filter and zstd (or neither) into files inside a temporary
+ * directory, each hashed as written (and as handed over: raw_hash), the
+ * sealed manifest, then the rename and the COMPLETE marker. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <zstd.h>
 
 #include "src/ckpt/ckpt_internal.h"
@@ -51,7 +53,7 @@ typedef struct out_file {
   mf_atomic_file *f;
   const char *path;
   int zstd;
-  mf_ckpt_hash hash;
+  mf_ckpt_hash hash, raw_hash; /* of the bytes written; of the bytes handed over */
   uint64_t bytes, raw;
   int full;      /* MF_TEST_CKPT_ENOSPC: this file's writes fail */
   size_t planes; /* the element size its tensor data is split by; 0: not filtered */
@@ -236,6 +238,7 @@ static mf_status out_flush_block(out_file *o) {
 static mf_status out_sink(void *ctx, const void *bytes, size_t n) {
   out_file *o = ctx;
   o->raw += n;
+  mf_ckpt_hash_update(&o->raw_hash, bytes, n);
   if (!o->planes || o->calls++ == 0) return out_feed(o, bytes, n, 0);
   const uint8_t *p = bytes;
   while (n) {
@@ -257,9 +260,15 @@ static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name
   if (w->n_files == MF_CKPT_MAX_FILES) return MF_ERR(MF_ERR_INTERNAL, "checkpoint: too many files");
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  out_file o = {w,      NULL, path, zstd, {0, 0, {0}, 0}, 0, 0, ++w->files_started == w->enospc_file,
-                planes, 0,    0};
+  out_file o;
+  memset(&o, 0, sizeof o);
+  o.w = w;
+  o.path = path;
+  o.zstd = zstd;
+  o.full = ++w->files_started == w->enospc_file;
+  o.planes = planes;
   mf_ckpt_hash_init(&o.hash);
+  mf_ckpt_hash_init(&o.raw_hash);
   if (zstd) ZSTD_CCtx_reset(w->cctx, ZSTD_reset_session_only);
   MF_CHECK(mf_atomic_file_open(path, &o.f));
   mf_status st;
@@ -277,6 +286,7 @@ static mf_status write_file(mf_ckpt_writer *w, const char *dir, const char *name
   e->bytes = o.bytes;
   e->hash = mf_ckpt_hash_final(&o.hash);
   e->raw_bytes = o.raw;
+  e->raw_hash = mf_ckpt_hash_final(&o.raw_hash);
   e->zstd = zstd;
   e->byteplane = planes > 0;
   if (w->pause_ms) {
@@ -392,8 +402,7 @@ static mf_status lora_hot_json(const mf_param_table *t, char **out) {
 static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_ckpt_data *d,
                                   const mf_ckpt_state *s) {
   char a[40], b[40], comp[16] = "none", ranks[128] = "", *hot = NULL, *text = NULL;
-  int r = 0;
-  if (s->ranks > 1) r = snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)s->ranks);
+  const int r = snprintf(ranks, sizeof ranks, ",\n  \"ranks\": %lld", (long long)(s->ranks > 1 ? s->ranks : 1));
   if (d->t->lora_a) /* the frozen base's identity (its weights are not in the checkpoint) */
     snprintf(ranks + r, sizeof ranks - (size_t)r,
              ",\n  \"base_sum\": \"%016llx\",\n  \"base_sum_of\": \"%s\"", (unsigned long long)d->base_sum,
@@ -412,13 +421,13 @@ static mf_status write_state_json(mf_ckpt_writer *w, const char *dir, const mf_c
                "  \"skipped\": %lld,\n  \"first_loss\": %s,\n  \"lr\": %s,\n"
                "  \"data\": {\"epoch\": %llu, \"index\": %llu, \"seed\": %llu, \"windows\": %llu},\n"
                "  \"model\": {\"params\": %lld, \"numel\": %lld, \"experts_routed\": %llu},\n"
-               "  \"moments\": \"%s\",\n  \"compression\": \"%s\"%s%s%s\n}\n",
+               "  \"moments\": \"%s\",\n  \"compression\": \"%s\",\n  \"filter\": \"%s\"%s%s\n}\n",
                MF_CKPT_FORMAT, MF_CKPT_VERSION, (long long)s->step, (long long)s->train_steps,
                (long long)s->skipped, json_num(s->first_loss, a, sizeof a), json_num(s->lr, b, sizeof b),
                (unsigned long long)s->data_epoch, (unsigned long long)s->data_index,
                (unsigned long long)s->data_seed, (unsigned long long)s->data_windows, (long long)d->t->n,
                (long long)d->t->total_numel, (unsigned long long)d->n_routed, mf_dtype_name(d->moments), comp,
-               w->filter ? ",\n  \"filter\": \"byteplane\"" : "", ranks, hot);
+               w->filter ? "byteplane" : "none", ranks, hot);
   free(hot);
   mf_status st = n < 0 || (size_t)n >= text_cap
                      ? MF_ERR(MF_ERR_INTERNAL, "%s: state.json too long", dir)
@@ -435,16 +444,19 @@ static mf_status write_manifest(mf_ckpt_writer *w, const char *dir) {
     const mf_ckpt_file *e = &w->files[i];
     n += snprintf(text + n, sizeof text - (size_t)n,
                   "    {\"name\": \"%s\", \"bytes\": %llu, \"hash\": \"%016llx\", \"raw_bytes\": %llu, "
-                  "\"compression\": \"%s\"%s}%s\n",
+                  "\"raw_hash\": \"%016llx\", \"compression\": \"%s\", \"filter\": \"%s\"}%s\n",
                   e->name, (unsigned long long)e->bytes, (unsigned long long)e->hash,
-                  (unsigned long long)e->raw_bytes, e->zstd ? "zstd" : "none",
-                  e->byteplane ? ", \"filter\": \"byteplane\"" : "", i + 1 < w->n_files ? "," : "");
+                  (unsigned long long)e->raw_bytes, (unsigned long long)e->raw_hash, e->zstd ? "zstd" : "none",
+                  e->byteplane ? "byteplane" : "none", i + 1 < w->n_files ? "," : "");
   }
-  if (n < (int)sizeof text) n += snprintf(text + n, sizeof text - (size_t)n, "  ]\n}\n");
-  if (n >= (int)sizeof text) return MF_ERR(MF_ERR_INTERNAL, "%s: manifest too long", dir);
+  if (n < (int)sizeof text) n += snprintf(text + n, sizeof text - (size_t)n, "  ],\n");
+  /* The seal: the checksum of everything above, so that no field of an
+   * entry (how its file is read included) changes unnoticed. */
+  const size_t len = n < (int)sizeof text ? mf_ckpt_manifest_seal(text, (size_t)n, sizeof text) : 0;
+  if (!len) return MF_ERR(MF_ERR_INTERNAL, "%s: manifest too long", dir);
   char path[4400];
   snprintf(path, sizeof path, "%s/manifest.json", dir);
-  return mf_write_file_atomic(path, text, (size_t)n);
+  return mf_write_file_atomic(path, text, len);
 }
 
 /* ------------------------------------------------------- the checkpoint */
@@ -489,6 +501,15 @@ static mf_status write_all(mf_ckpt_writer *w, const char *tmp, const mf_ckpt_dat
     mf_status st = write_file(w, tmp, "plan.json", 0, 0, NULL, 0, plan, plan_len);
     free(plan);
     MF_CHECK(st);
+  }
+  if (d->base_json) {
+    json_error_t e;
+    json_t *base = json_loads(d->base_json, JSON_DECODE_ANY, &e);
+    if (!base)
+      return MF_ERR(MF_ERR_INTERNAL, "%s/base.json: the base identity is not JSON (line %d: %s)", tmp, e.line,
+                    e.text);
+    json_decref(base);
+    MF_CHECK(write_file(w, tmp, "base.json", 0, 0, NULL, 0, d->base_json, strlen(d->base_json)));
   }
   MF_CHECK(write_manifest(w, tmp));
   return fsync_dir(tmp);

@@ -5,6 +5,7 @@
 
 #include "src/ckpt/ckpt.h"
 #include "src/cli/commands.h"
+#include "src/train/base.h"
 #include "src/train/train.h"
 
 static const char k_export_usage[] =
@@ -31,35 +32,54 @@ static const char k_export_usage[] =
     "weights (W + alpha/r B A). --adapter writes the adapters alone instead, as a PEFT adapter\n"
     "dir (adapter_config.json, adapter_model.safetensors) that PeftModel.from_pretrained loads\n"
     "onto the base (a LoRA run's final/ is that dir already), with the base's tokenizer files\n"
-    "beside them as transformers' Trainer leaves them (PEFT ignores them).\n\n"
+    "beside them as transformers' Trainer leaves them (PEFT ignores them) and moefit_base.json,\n"
+    "the base's record that `moefit eval --model DIR` checks.\n"
+    "A checkpoint records the base its run trained on (base.json: the base's config and its\n"
+    "weights' checksums): a base under model.path whose config.json (rope_theta, rms_norm_eps,\n"
+    "the router's settings, ...) or, for LoRA, weights changed since is refused, naming what\n"
+    "differs.\n\n"
     "example (the demo's run, after ./tools/demo):\n"
     "  moefit export runs/demo --out runs/demo-fp32 --dtype fp32\n"
     "  moefit eval configs/demo.yaml --model runs/demo-fp32\n";
 
-/* A LoRA run's export (*lora = 1), else nothing (*lora = 0; info->source set).
- * From a checkpoint: the table and base as the run built them (its
- * config.yaml), the trained parameters from the checkpoint, the base checked
- * against its record; then the merged model dir or (adapter) the PEFT dir. */
+/* The base a checkpoint's run trained on (its base.json) against the base its
+ * config names now: the spec before anything is loaded; with LoRA, where the
+ * base's weights enter the export, its frozen weights as loaded too
+ * (state.json's base_sum; per tensor for an adapter dir's record). Then a LoRA run's export
+ * (*lora = 1): the table and base as the run built them (its config.yaml), the
+ * trained parameters from the checkpoint; the merged model dir or (adapter)
+ * the PEFT dir with the base's record beside it. Else nothing (*lora = 0;
+ * info->source set): a full fine-tune's checkpoint holds every weight, so its
+ * base's spec is all there is to check. */
 static mf_status export_lora(const char *src, const char *out, int adapter, const mf_ckpt_export_opts *o,
                              mf_ckpt_export_info *info, int *lora) {
   *lora = 0;
   int is_ckpt = 0;
   MF_CHECK(mf_ckpt_export_source(src, info, &is_ckpt));
   if (!is_ckpt) return MF_OK; /* final/ of a run that trained every weight (a LoRA run's is an adapter dir) */
-  char path[4400];
-  snprintf(path, sizeof path, "%s/config.yaml", info->source);
   mf_config *cfg = NULL;
-  MF_CHECK(mf_config_load_for(path, NULL, 0, MF_CONFIG_FOR_EVAL, &cfg));
+  MF_CHECK(mf_ckpt_load_config(info->source, MF_CONFIG_FOR_EVAL, &cfg));
   mf_param_table *t = NULL;
   float *w = NULL;
   uint16_t *home = NULL; /* the base in bf16, as the run kept it (state.json base_sum_of) */
   mf_threadpool *pool = NULL;
-  char desc[4200];
+  mf_base_id rec, have;
+  memset(&rec, 0, sizeof rec);
+  memset(&have, 0, sizeof have);
+  char desc[4200], where[4400], *base_json = NULL;
   mf_status st = MF_OK;
-  int bf16 = 0;
-  if (cfg->train.lora.rank == 0) goto done;
-  *lora = 1;
+  int bf16 = 0, found = 0;
+  const int is_lora = cfg->train.lora.rank > 0;
   MF_CHECK_GOTO(mf_run_model_table(cfg, NULL, info->source, &t), st, done);
+  MF_CHECK_GOTO(mf_run_base_read_ckpt(info->source, is_lora,
+                                      is_lora && adapter ? "the adapter dir records the base loaded now"
+                                                         : "the export goes on",
+                                      &rec, &found, where, sizeof where),
+                st, done);
+  if (found)
+    MF_CHECK_GOTO(mf_run_base_check_spec(&rec, where, cfg, &t->spec, "the run", MF_BASE_WAY_OUT_RUN), st, done);
+  if (!is_lora) goto done;
+  *lora = 1;
   MF_CHECK_GOTO(mf_ckpt_base_is_bf16(info->source, &bf16), st, done);
   /* the frozen part of w is never touched with a bf16 home: its pages are never committed */
   MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * sizeof(float) + 1, "the weights", (void **)&w), st, done);
@@ -70,8 +90,11 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
   MF_CHECK_GOTO(mf_run_load_weights_home(cfg, NULL, t, w, home, pool, desc, sizeof desc), st, done);
   MF_CHECK_GOTO(mf_ckpt_read_master(info->source, t, w), st, done);
   MF_CHECK_GOTO(mf_ckpt_check_base(info->source, t, w, home), st, done);
-  if (adapter) {
-    st = mf_ckpt_export_adapter(t, w, cfg->model.has_init ? NULL : cfg->model.path, out, info);
+  if (adapter) { /* the base's record beside the adapters: the base as loaded, the run's once compared */
+    MF_CHECK_GOTO(mf_run_base_id(cfg, t, w, home, bf16, pool, &have), st, done);
+    if (found) MF_CHECK_GOTO(mf_base_id_compare(&rec, where, &have, "the run", MF_BASE_WAY_OUT_RUN), st, done);
+    MF_CHECK_GOTO(mf_base_id_format(&have, &base_json), st, done);
+    st = mf_ckpt_export_adapter(t, w, cfg->model.has_init ? NULL : cfg->model.path, base_json, out, info);
   } else {
     mf_ckpt_export_opts oh = *o;
     oh.frozen_bf16 = home;
@@ -79,6 +102,9 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
     st = mf_ckpt_export_model(t, w, info->source, out, &oh, info);
   }
 done:
+  free(base_json);
+  mf_base_id_free(&have);
+  mf_base_id_free(&rec);
   mf_threadpool_free(pool);
   free(home);
   free(w);

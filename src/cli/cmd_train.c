@@ -73,6 +73,12 @@ static const char k_eval_usage[] =
     "window of data.seq_len tokens in a token file (default data.valid, else data.train).\n"
     "The weights are --model DIR, else model.path, else OUTPUT_DIR/final when a training\n"
     "run left one, else the config's random init.\n"
+    "A PEFT adapter dir (--model DIR, or a LoRA run's final/) is evaluated with its own rank,\n"
+    "alpha and targets (adapter_config.json) over the config's base, which must be the base it\n"
+    "records (moefit_base.json: that base's config and its weights' checksums): another base,\n"
+    "model.init's random one included, is refused naming what differs.\n"
+    "A loss that is not finite (NaN or Inf weights) is an error (status 1) naming the sequence\n"
+    "and token of the first logit that is not.\n"
     "--dump-logits FILE writes the first sequence's logits: float32, row-major [seq_len, vocab].\n"
     "SIGINT or SIGTERM stops the pass after the current batch (status 130 or 143, the partial\n"
     "loss on stderr); a second one exits at once.\n";

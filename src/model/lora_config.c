@@ -107,27 +107,48 @@ static mf_status read_targets(const char *path, const json_t *targets, const mf_
   return st;
 }
 
-mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, mf_lora *out) {
-  memset(out, 0, sizeof *out);
-  char path[4200];
-  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+/* DIR/adapter_config.json parsed (path[]: its name). */
+static mf_status load(const char *dir, char *path, size_t cap, json_t **root) {
+  snprintf(path, cap, "%s/adapter_config.json", dir);
   char *text = NULL;
   size_t len = 0;
   MF_CHECK(mf_read_file(path, MF_ADAPTER_CONFIG_MAX_BYTES, "a PEFT adapter config", &text, &len));
   json_error_t e;
-  json_t *root = json_loadb(text, len, 0, &e);
+  *root = json_loadb(text, len, 0, &e);
   free(text);
-  if (!root) return MF_ERR(MF_ERR_FORMAT, "%s:%d:%d: %s", path, e.line, e.column, e.text);
+  if (!*root) return MF_ERR(MF_ERR_FORMAT, "%s:%d:%d: %s", path, e.line, e.column, e.text);
+  return MF_OK;
+}
+
+mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, mf_lora *out) {
+  memset(out, 0, sizeof *out);
+  char path[4200];
+  json_t *root = NULL;
+  MF_CHECK(load(dir, path, sizeof path, &root));
   mf_status st = MF_OK;
   const json_t *type = json_object_get(root, "peft_type");
   const json_t *r = json_object_get(root, "r"), *alpha = json_object_get(root, "lora_alpha");
   const json_t *targets = json_object_get(root, "target_modules"),
                *save = json_object_get(root, "modules_to_save");
-  static const char *const unsupported[] = {"use_rslora",          "use_dora",
-                                            "fan_in_fan_out",      "bias",
-                                            "layers_to_transform", "rank_pattern",
-                                            "alpha_pattern",       "target_parameters",
-                                            "exclude_modules",     "trainable_token_indices"};
+  /* each with what it would change */
+  static const struct {
+    const char *key, *why;
+  } unsupported[] = {
+      {"use_rslora", "rank-stabilised scaling, alpha / sqrt(r)"},
+      {"use_dora", "DoRA's weight decomposition (a magnitude vector)"},
+      {"fan_in_fan_out", "weights stored transposed (Conv1D)"},
+      {"bias", "trained biases of the base"},
+      {"lora_bias", "a trained bias on lora_B"},
+      {"layers_to_transform", "adapters on some layers only"},
+      {"layer_replication", "a model whose layers are repeated from the base's"},
+      {"rank_pattern", "a rank per module"},
+      {"alpha_pattern", "an alpha per module"},
+      {"target_parameters", "adapters on parameters rather than modules"},
+      {"exclude_modules", "modules left out of target_modules"},
+      {"trainable_token_indices", "trained embedding rows"},
+      {"use_qalora", "QALoRA's pooled input to lora_A"},
+      {"alora_invocation_tokens", "activated LoRA: the adapters act only after the invocation tokens"},
+  };
   if (!json_is_object(root)) {
     st = MF_ERR(MF_ERR_FORMAT, "%s: not a JSON object", path);
   } else if (!json_is_string(type) || strcmp(json_string_value(type), "LORA") != 0) {
@@ -141,9 +162,9 @@ mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, 
     st = MF_ERR(MF_ERR_FORMAT, "%s: target_modules must be a non-empty list of module names", path);
   }
   for (size_t i = 0; st == MF_OK && i < sizeof unsupported / sizeof unsupported[0]; i++)
-    if (!neutral(unsupported[i], json_object_get(root, unsupported[i])))
-      st = MF_ERR(MF_ERR_UNSUPPORTED, "%s: %s: moefit computes plain LoRA (this adapter sets it)", path,
-                  unsupported[i]);
+    if (!neutral(unsupported[i].key, json_object_get(root, unsupported[i].key)))
+      st = MF_ERR(MF_ERR_UNSUPPORTED, "%s: %s: moefit computes plain LoRA, and this adapter sets it (%s)", path,
+                  unsupported[i].key, unsupported[i].why);
   const json_t *drop = json_object_get(root, "lora_dropout");
   if (st == MF_OK && drop && !json_is_null(drop) &&
       !(json_is_number(drop) && json_number_value(drop) >= 0 && json_number_value(drop) < 1))
@@ -171,4 +192,15 @@ mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, 
     out->hot = NULL;
   }
   return st;
+}
+
+mf_status mf_lora_read_adapter_base(const char *dir, char *buf, size_t cap) {
+  if (cap) buf[0] = 0;
+  char path[4200];
+  json_t *root = NULL;
+  MF_CHECK(load(dir, path, sizeof path, &root));
+  const json_t *b = json_object_get(root, "base_model_name_or_path");
+  if (json_is_string(b)) snprintf(buf, cap, "%s", json_string_value(b));
+  json_decref(root);
+  return MF_OK;
 }

@@ -701,6 +701,31 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
   return st;
 }
 
+/* Why adapter file tensor `name` (PEFT's, "base_model.model." and the
+ * module's) is none of the adapters t's adapter_config.json describes. */
+static const char *extra_reason(const mf_param_table *t, const char *name) {
+  static const struct {
+    const char *part, *why;
+  } known[] = {
+      {".lora_B.bias", "a bias on lora_B (PEFT's lora_bias), which moefit does not compute"},
+      {".lora_magnitude_vector", "DoRA's magnitude vector (use_dora), which moefit does not compute"},
+      {".lora_embedding_", "an adapter on an embedding, which moefit does not adapt"},
+      {".lora_A.", NULL},
+      {".lora_B.", NULL},
+  };
+  for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+    if (strstr(name, known[k].part))
+      return known[k].why ? known[k].why
+                          : "an adapter on a module adapter_config.json's target_modules does not adapt";
+  const char *pre = "base_model.model.";
+  const size_t np = strlen(pre);
+  if (strncmp(name, pre, np) == 0 && mf_param_find(t, name + np) >= 0)
+    return "a weight of the base, which the adapters leave frozen (only the routers are saved whole, with "
+           "modules_to_save)";
+  return "not a LoRA adapter of this model (PEFT names them base_model.model.MODULE.lora_A.weight and "
+         ".lora_B.weight)";
+}
+
 mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w) {
   if (!t->lora_a) return MF_ERR(MF_ERR_INVALID_ARG, "loading %s: the model has no LoRA adapters", dir);
   char path[4096];
@@ -708,19 +733,39 @@ mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, floa
   mf_safetensors *st = NULL;
   MF_CHECK(mf_safetensors_open(path, &st));
   mf_status rc = MF_OK;
+  int64_t missing = 0, want = 0;
+  char first[160] = "";
   for (int64_t i = 0; i < t->n && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
     if (p->frozen || (i < t->n_base && p->role != MF_P_ROUTER))
       continue; /* the adapters and trained routers */
     char name[160];
     snprintf(name, sizeof name, "base_model.model.%s", p->name);
+    want++;
     const mf_st_tensor *x = mf_safetensors_find(st, name);
     if (!x) {
-      rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (train.lora's rank %lld, targets%s need it)", path,
-                  name, (long long)t->lora.rank, t->lora.train_router ? " and train_router" : "");
-      break;
+      if (!missing++) snprintf(first, sizeof first, "%s", name);
+      continue;
     }
     rc = read_tensor(path, p, name, x, w + p->offset);
+  }
+  if (rc == MF_OK && missing) {
+    char more[64] = "";
+    if (missing > 1) snprintf(more, sizeof more, " (and %lld more)", (long long)(missing - 1));
+    rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing%s: adapter_config.json's r %lld and target_modules%s need it",
+                path, first, more, (long long)t->lora.rank, t->lora.train_router ? " and modules_to_save" : "");
+  }
+  /* Every tensor of the file is one of those (then the counts agree): anything
+   * else changes what the adapters compute. */
+  const size_t n = mf_safetensors_count(st);
+  for (size_t k = 0; k < n && rc == MF_OK && (int64_t)n != want; k++) {
+    const char *name = mf_safetensors_get(st, k)->name;
+    const char *pre = "base_model.model.";
+    const size_t np = strlen(pre);
+    const int32_t i = strncmp(name, pre, np) == 0 ? mf_param_find(t, name + np) : -1;
+    if (i >= 0 && !t->params[i].frozen) continue;
+    rc = MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s: %s; moefit refuses an adapter it would not compute whole",
+                path, name, extra_reason(t, name));
   }
   mf_safetensors_close(st);
   return rc;

@@ -202,11 +202,17 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
  * the hot set, out->hot, malloc'd, which the caller frees; other roles named
  * so must be named in every layer), modules_to_save null or the routers
  * (train_router). What changes PEFT's maths in ways moefit does not compute
- * (use_rslora, use_dora, bias, fan_in_fan_out, layers_to_transform, rank or
- * alpha patterns, ...) is refused, naming the file and the key. */
+ * (use_rslora, use_dora, bias, lora_bias, fan_in_fan_out, layers_to_transform,
+ * layer_replication, rank or alpha patterns, use_qalora,
+ * alora_invocation_tokens, ...) is refused, naming the file, the key and
+ * what it would change. */
 mf_status mf_lora_read_adapter_config(const char *dir, const mf_param_table *t, mf_lora *out);
-/* The adapters (and trained routers) from DIR/adapter_model.safetensors (PEFT's names, F32/BF16/F16);
- * a missing tensor or another shape is an error naming the file and tensor. */
+/* DIR/adapter_config.json's base_model_name_or_path into buf ("" when absent or not a string). */
+mf_status mf_lora_read_adapter_base(const char *dir, char *buf, size_t cap);
+/* The adapters (and trained routers) from DIR/adapter_model.safetensors (PEFT's names, F32/BF16/F16):
+ * exactly those. A missing tensor or another shape is MF_ERR_FORMAT naming the file and tensor (and
+ * how many more are missing); a tensor more (a bias on lora_B, DoRA's magnitude, an adapter on a module
+ * target_modules does not adapt, a base weight) MF_ERR_UNSUPPORTED naming it and why. */
 mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, float *w);
 /* One line for people: "LoRA rank 8, alpha 16 (scale 2) on q_proj, ...: 36
  * adapters on 18 weights; 53.2K trained parameters (10.5% of 505K), the

@@ -169,6 +169,7 @@ mf_status mf_ckpt_async_start(mf_ckpt_async *a, const mf_ckpt_data *d, const mf_
   }
   a->snap.base_sum = d->base_sum;
   a->snap.base_bf16 = d->base_bf16;
+  a->snap.base_json = d->base_json; /* the run's, alive past the write */
   memcpy(a->snap.adam_steps, d->adam_steps, (size_t)d->t->n * sizeof(int64_t));
   if (d->n_routed) memcpy(a->snap.routed, d->routed, d->n_routed * sizeof(int64_t));
   pthread_mutex_lock(&a->mu);

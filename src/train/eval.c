@@ -8,6 +8,7 @@
 #include "experts/experts.h"
 #include "experts/routing.h"
 #include "src/model/hf_config.h"
+#include "src/train/base.h"
 #include "src/train/train_internal.h"
 
 /* A PEFT adapter dir: adapter_config.json and adapter_model.safetensors. */
@@ -226,6 +227,119 @@ static void note_other_final(const mf_config *cfg, const char *final_dir, const 
     }
 }
 
+/* The same dir, by what it resolves to. */
+static int same_dir(const char *a, const char *b) {
+  char *ra = realpath(a, NULL), *rb = realpath(b, NULL);
+  const int same = ra && rb && strcmp(ra, rb) == 0;
+  free(ra);
+  free(rb);
+  return same;
+}
+
+/* An adapter dir with no record of its base (PEFT's, or a moefit's from before
+ * it wrote one): what adapter_config.json's base_model_name_or_path says is
+ * all there is. Refused when it names another dir than the config's base, or
+ * a model where the config's base is model.init's random weights; else a
+ * warning that the base cannot be checked. */
+static mf_status adapter_without_record(const mf_config *cfg, const char *dir) {
+  char named[4096];
+  MF_CHECK(mf_lora_read_adapter_base(dir, named, sizeof named));
+  const char *base = cfg->model.has_init ? NULL : cfg->model.path;
+  char at[600];
+  const int other_dir = named[0] && is_dir_with_config(named) && (!base || !same_dir(named, base));
+  if (other_dir || (named[0] && !base))
+    return MF_ERR(MF_ERR_CONFIG,
+                  "%s: its adapter_config.json's base_model_name_or_path names %s, and the config's base is %s%s: "
+                  "the adapters would be evaluated on weights they were not trained on (%s has no %s to say "
+                  "more); " MF_BASE_WAY_OUT_ADAPTER,
+                  dir, named, base ? "model.path " : "model.init's random weights", base ? base : "",
+                  dir, MF_BASE_ID_FILE);
+  MF_LOGW("eval",
+          "%s has no %s (adapters written by PEFT, or by a moefit from before it recorded their base): whether "
+          "%s%s%s is the base they were trained on cannot be checked (adapter_config.json's "
+          "base_model_name_or_path: \"%s\")",
+          dir, MF_BASE_ID_FILE, base ? "model.path " : "model.init's random base", base ? base : "",
+          where(cfg, base ? "model.path" : "model.init", at, sizeof at), named);
+  return MF_OK;
+}
+
+/* The first non-finite logit of a pass whose loss is not finite, found by
+ * running its batches again, their final hidden states kept, up to the first
+ * whose loss is not: a token whose hidden state is not finite, else a row of
+ * the LM head that is not, else (an overflow) the logits themselves,
+ * hidden . lm_head^T on the host where that is quick. The error names the
+ * place in the token file and what is not finite there. */
+static mf_status nonfinite_loss(mf_runner *r, mf_loader *l, const mf_loader_state *start, const mf_config *cfg,
+                                const mf_param_table *t, const float *w, const char *tokens, const char *desc,
+                                double loss) {
+  const int64_t B = cfg->train.micro_batch, S = cfg->data.seq_len, H = t->spec.hidden, V = t->spec.vocab;
+  float *hidden = NULL;
+  MF_CHECK(mf_malloc((size_t)(B * S * H) * sizeof(float), "hidden states", (void **)&hidden));
+  mf_status st = mf_loader_set_state(l, start);
+  const float *W = w + t->params[mf_param_lm_head(t)].offset;
+  int64_t seq0 = 0, at_seq = -1, at_tok = -1, at_vocab = -1, bad = -1; /* bad: that batch's first sequence */
+  const char *why = "";
+  for (int done = 0; st == MF_OK && !done;) {
+    mf_loader_batch b;
+    st = mf_loader_next(l, r->ids[0], r->targets[0], NULL, &b);
+    if (st != MF_OK) break;
+    mf_exec_capture_final_hidden(r->exec, hidden);
+    mf_step_result sr;
+    st = mf_exec_step(r->exec, w, (const int32_t *const *)r->ids, (const int32_t *const *)r->targets, NULL, &sr);
+    if (st != MF_OK) break;
+    done = b.end_of_pass;
+    if (sr.tokens == 0 || isfinite(sr.ce_loss)) {
+      seq0 += b.n_seq;
+      continue;
+    }
+    done = 1;
+    bad = seq0;
+    for (int64_t x = 0; x < b.n_seq * S && at_seq < 0; x++)
+      for (int64_t k = 0; k < H; k++)
+        if (!isfinite(hidden[x * H + k])) {
+          at_seq = seq0 + x / S, at_tok = x % S, why = "its final hidden state is not finite";
+          break;
+        }
+    for (int64_t v = 0; v < V && at_seq < 0; v++)
+      for (int64_t k = 0; k < H; k++)
+        if (!isfinite(W[v * H + k])) {
+          at_seq = seq0, at_tok = 0, at_vocab = v, why = "the LM head's row of that token id is not finite";
+          break;
+        }
+    /* the logits on the host only where that takes seconds, not hours */
+    const int host_logits = (double)(b.n_seq * S) * (double)V * (double)H <= 1e10;
+    for (int64_t x = 0; host_logits && x < b.n_seq * S && at_seq < 0; x++)
+      for (int64_t v = 0; v < V; v++) {
+        float acc = 0;
+        for (int64_t k = 0; k < H; k++) acc += hidden[x * H + k] * W[v * H + k];
+        if (!isfinite(acc)) {
+          at_seq = seq0 + x / S, at_tok = x % S, at_vocab = v, why = "it overflows float32";
+          break;
+        }
+      }
+  }
+  mf_exec_capture_final_hidden(r->exec, NULL);
+  free(hidden);
+  MF_CHECK(st);
+  char id[64] = "";
+  if (at_vocab >= 0) snprintf(id, sizeof id, " (the logit of token id %lld)", (long long)at_vocab);
+  if (bad < 0)
+    return MF_ERR(MF_ERR_FORMAT,
+                  "%s: the loss is %g, not a finite number, though no batch's is when run again: the weights "
+                  "evaluated (%s) give NaN or Inf",
+                  tokens, loss, desc);
+  if (at_seq < 0)
+    return MF_ERR(MF_ERR_FORMAT,
+                  "%s: the loss is %g, not a finite number, though the final hidden states and the LM head of "
+                  "the batch starting at sequence %lld are (its logits or their cross-entropy overflow): the "
+                  "weights evaluated (%s) give NaN or Inf",
+                  tokens, loss, (long long)bad, desc);
+  return MF_ERR(MF_ERR_FORMAT,
+                "%s: the loss is %g, not a finite number: the first logit that is not finite is at sequence %lld "
+                "(the file's window %lld), token %lld%s: %s; the weights evaluated (%s) give NaN or Inf",
+                tokens, loss, (long long)at_seq, (long long)at_seq, (long long)at_tok, id, why, desc);
+}
+
 mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result *out) {
   memset(out, 0, sizeof *out);
   mf_status st = MF_OK;
@@ -235,7 +349,10 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   mf_loader *l = NULL;
   mf_runner r;
   memset(&r, 0, sizeof r);
-  char desc[4200], final_dir[4200];
+  char desc[4200], final_dir[4200], rec_path[4400], who[4300];
+  mf_base_id rec; /* an adapter dir's record of its base (has_rec) */
+  memset(&rec, 0, sizeof rec);
+  int has_rec = 0;
   const char *model_dir = opts->model_dir;
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
   if (!model_dir && cfg->model.has_init && is_dir_with_config(final_dir)) model_dir = final_dir;
@@ -249,15 +366,29 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
                   cfg->source ? cfg->source : "config");
 
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
-  mf_config own = *cfg; /* an adapter dir: the adapters it says, not train.lora's */
+  /* An adapter dir: the adapters it says (rank, alpha, targets, the routers
+   * trained), not train.lora's; on the base it records, nowhere else */
+  mf_config own = *cfg;
   if (adapters) own.train.lora.rank = 0;
   MF_CHECK_GOTO(mf_run_model_table(&own, model_dir, NULL, &t), st, done);
   if (adapters) {
+    snprintf(rec_path, sizeof rec_path, "%s/%s", adapters, MF_BASE_ID_FILE);
+    snprintf(who, sizeof who, "the adapters of %s were", adapters);
+    MF_CHECK_GOTO(mf_base_id_read(rec_path, &rec, &has_rec), st, done);
+    if (has_rec)
+      MF_CHECK_GOTO(mf_run_base_check_spec(&rec, rec_path, cfg, &t->spec, who, MF_BASE_WAY_OUT_ADAPTER), st, done);
+    else
+      MF_CHECK_GOTO(adapter_without_record(cfg, adapters), st, done);
     mf_lora lora;
     MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t, &lora), st, done);
     st = mf_param_table_add_lora(t, &lora);
     free(lora.hot);
     if (st != MF_OK) goto done;
+    mf_config_lora *ol = &own.train.lora;
+    ol->rank = t->lora.rank;
+    ol->alpha = t->lora.scale * (double)t->lora.rank;
+    ol->dropout = t->lora.dropout;
+    ol->train_router = t->lora.train_router;
   }
   if (model_dir == final_dir) note_other_final(cfg, final_dir, &t->spec);
   MF_CHECK_GOTO(check_seq_len(cfg, model_dir_of(cfg, model_dir), t), st, done);
@@ -268,8 +399,11 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
       mf_loader_open(&origin, tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
       done);
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
-  MF_CHECK_GOTO(mf_runner_init(&r, cfg, t, pool, MF_RUN_EVAL, NULL), st, done);
+  MF_CHECK_GOTO(mf_runner_init(&r, &own, t, pool, MF_RUN_EVAL, NULL), st, done);
   MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, pool, &w, desc, sizeof desc), st, done);
+  if (has_rec) /* the base's weights as the adapters' record has them */
+    MF_CHECK_GOTO(mf_run_base_check_weights(&rec, rec_path, cfg, t, w, NULL, pool, who, MF_BASE_WAY_OUT_ADAPTER),
+                  st, done);
   if (adapters) {
     MF_CHECK_GOTO(mf_params_load_adapters(t, adapters, w), st, done);
     const size_t n = strlen(desc);
@@ -281,9 +415,16 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
                             "hidden states", (void **)&hidden),
                   st, done);
   MF_LOGI("eval", "model: %s; tokens: %s", desc, tokens);
+  mf_loader_state start;
+  mf_loader_get_state(l, &start);
   MF_CHECK_GOTO(mf_runner_eval_pass(&r, l, w, 1, out, hidden), st, done);
+  if (out->tokens > 0 && !isfinite(out->loss)) {
+    st = nonfinite_loss(&r, l, &start, cfg, t, w, tokens, desc, out->loss);
+    goto done;
+  }
   if (opts->dump_logits && !out->stopped) MF_CHECK_GOTO(dump_logits(cfg, t, w, hidden, opts->dump_logits), st, done);
 done:
+  mf_base_id_free(&rec);
   mf_runner_free(&r);
   mf_loader_free(l);
   free(hidden);

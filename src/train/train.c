@@ -8,6 +8,7 @@
 #include "experts/routing.h"
 #include "kernels/registry.h"
 #include "src/io/tokens.h"
+#include "src/train/base.h"
 #include "src/train/train_internal.h"
 
 /* Everything one training run owns. */
@@ -39,6 +40,7 @@ typedef struct run {
   int64_t *routed;   /* [layers * experts] tokens routed to each expert, summed over the steps */
   size_t n_routed;
   uint64_t base_sum; /* LoRA: the frozen base's checksum (mf_ckpt_base_sum), the checkpoints' record of it */
+  char *base_json;   /* the base as loaded (base.h): checkpoints' base.json, final/'s moefit_base.json */
   uint64_t *drop_seeds; /* [G] LoRA's adapter dropout: this step's seed of each micro-batch (NULL: none) */
   int64_t tokens_per_step;
   mf_window win;
@@ -72,12 +74,13 @@ static void run_free(run *r, int ok) {
   mf_host_state_free(&r->hs); /* gradients and moments (and w when it spilled) */
   free(r->step_wall);
   free(r->routed);
+  free(r->base_json);
   if (r->w_owned) free(r->w);
   mf_param_table_free(r->t);
   mf_threadpool_free(r->pool);
   /* The node's shared memory last: rank 0 wrote the final weights from it.
    * After a failure the others may never come to free it with us. */
-  if (r->multi && ok) (void)mf_comm_barrier(r->rk.comm);
+  if (r->multi && ok) (void)mf_comm_barrier_solo(r->rk.comm, 0, "writing the final weights");
   if (!ok && r->rk.relay) mf_comm_relay_fail(r->rk.relay);
   mf_ranks_free(&r->rk, ok);
 }
@@ -150,13 +153,31 @@ static mf_status round_home(run *r) {
   return mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, buf, r->pool);
 }
 
+/* What a checkpoint of the run holds (src/ckpt), its base's record with it. */
+static mf_ckpt_data ckpt_data(const run *r) {
+  mf_ckpt_data d = mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
+  d.base_json = r->base_json;
+  return d;
+}
+
+/* The base as loaded, before any step changed it: its identity (base.h), the
+ * record every checkpoint and final/ carry, and what --resume checks a
+ * checkpoint's against. */
+static mf_status base_record(run *r) {
+  const uint16_t *home = r->hs.base_bf16 ? (const uint16_t *)r->hs.working.ptr : NULL;
+  mf_base_id b;
+  MF_CHECK(mf_run_base_id(r->cfg, r->t, r->w, home, home != NULL, r->pool, &b));
+  const mf_status st = mf_base_id_format(&b, &r->base_json);
+  mf_base_id_free(&b);
+  return st;
+}
+
 /* --resume: the checkpoint's state into the run's buffers and loader; the
  * bf16 working copy rounded again from the master weights; the executor's
  * device copies of device-optimized state marked stale. */
 static mf_status resume(run *r, mf_train_summary *out) {
   char *dir = r->resume_path;
-  const mf_ckpt_data d =
-      mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
+  const mf_ckpt_data d = ckpt_data(r);
   MF_CHECK(mf_train_ckpt_load(r->cfg, r->resume_dir, &d, r->train, out, dir, sizeof r->resume_path, &r->first_step));
   r->resume_dir = dir;
   snprintf(out->checkpoint_dir, sizeof out->checkpoint_dir, "%s", dir);
@@ -298,9 +319,9 @@ static mf_status setup(run *r, mf_train_summary *out) {
   snprintf(plan_json, sizeof plan_json, "%s/plan.json", cfg->output.dir);
   /* Rank 0 first: a hardware profile it measures (cuda, hardware.profile
    * auto) is there when the others plan. */
-  if (r->multi && !r->rank0) MF_CHECK(mf_comm_barrier(r->rk.comm));
+  if (r->multi && !r->rank0) MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, "planning"));
   MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, r->rank0 ? plan_json : NULL));
-  if (r->multi && r->rank0) MF_CHECK(mf_comm_barrier(r->rk.comm));
+  if (r->multi && r->rank0) MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, "planning"));
   /* The evaluation plans with the routing the training plan used: a routing
    * file passed over (measured on another model) is passed over again without
    * a second note. */
@@ -329,6 +350,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
   if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
   if (t->lora_a)
     r->base_sum = mf_ckpt_base_sum(t, r->w, r->hs.base_bf16 ? (const uint16_t *)r->hs.working.ptr : NULL);
+  if (r->rank0 || (r->resume && r->rk.lrank == 0)) MF_CHECK(base_record(r)); /* the writer, and who resumes */
   if (t->lora_a && t->lora.dropout > 0) {
     MF_CHECK(mf_calloc((size_t)r->tr.G, sizeof(uint64_t), "dropout seeds", (void **)&r->drop_seeds));
     mf_exec_set_dropout_seeds(r->tr.exec, r->drop_seeds);
@@ -610,8 +632,7 @@ static mf_status save(run *r, int64_t step, mf_train_summary *out, mf_step_metri
   /* One written beside training lands first (its figures only on stderr:
    * this step's line has this checkpoint's). */
   MF_CHECK(async_land(r, 1, out, NULL, NULL));
-  const mf_ckpt_data d =
-      mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
+  const mf_ckpt_data d = ckpt_data(r);
   const mf_status st = mf_train_ckpt_save(r->ckw, &d, r->train, r->cfg, step, out, r->quiet, sm, r->pending,
                                           sizeof r->pending);
   if (st != MF_OK) return save_failed(st, step, out);
@@ -656,8 +677,7 @@ static mf_status async_land(run *r, int block, mf_train_summary *out, mf_step_me
 static mf_status save_async(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const double t = mf_time_now();
   MF_CHECK(async_land(r, 1, out, sm, NULL)); /* its figures on this step's line */
-  const mf_ckpt_data d =
-      mf_train_ckpt_data(r->t, r->w, &r->hs, r->up.steps, r->routed, r->n_routed, r->base_sum);
+  const mf_ckpt_data d = ckpt_data(r);
   const mf_ckpt_state s = mf_train_ckpt_state(r->train, r->cfg, step, out);
   MF_CHECK(mf_ckpt_async_start(r->cka, &d, &s, r->pool));
   sm->checkpoint_s = r->cka_paused = paused_since(r, t, &out->checkpoint_seconds);
@@ -720,8 +740,9 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
    * beside training is committed when it lands (async_land). */
   if (ckpt_now && !async_now && r->rank0) MF_CHECK(commit(r, step, out));
   /* Rank 0 evaluated or wrote alone: the others wait here, not inside the
-   * next step (whose waits have a timeout). */
-  if (r->multi && (eval_due || ckpt_now)) MF_CHECK(mf_comm_barrier(r->rk.comm));
+   * next step, for as long as rank 0 is at work (mf_comm_barrier_solo). */
+  if (r->multi && (eval_due || ckpt_now))
+    MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, eval_due ? "evaluating" : "writing a checkpoint"));
   return MF_OK;
 }
 
@@ -795,6 +816,11 @@ static mf_status finish(run *r, mf_train_summary *out) {
   if (!r->rank0) return MF_OK;
   char final_dir[4200], routing_path[4200];
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
+  /* The base's record first: an adapter dir is never there without it */
+  MF_CHECK(mf_mkdir_p(final_dir));
+  char base_path[4400];
+  snprintf(base_path, sizeof base_path, "%s/%s", final_dir, MF_BASE_ID_FILE);
+  MF_CHECK(mf_write_file_atomic(base_path, r->base_json, strlen(r->base_json)));
   if (r->t->lora_a) /* LoRA: the adapters, as PEFT saves them (moefit export merges them into the base) */
     MF_CHECK(mf_params_save_adapter_dir(r->t, r->w, cfg->model.has_init ? NULL : cfg->model.path, final_dir));
   else

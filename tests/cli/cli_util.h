@@ -96,6 +96,24 @@ inline std::map<int, std::string> step_losses(const std::string &dir) {
   return m;
 }
 
+// The steps whose progress line ("step  9/12  loss ...") a train command's
+// output holds, in order: with train.log_every=1 every step the process
+// trained, and nothing else (a resume's lines start after its checkpoint).
+inline std::vector<int> trained_steps(const std::string &out) {
+  static const std::regex line("(^|\n)step +([0-9]+)/[0-9]+ ");
+  std::vector<int> v;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    v.push_back(std::stoi((*it)[2]));
+  return v;
+}
+
+// first, first + 1, ..., last.
+inline std::vector<int> step_range(int first, int last) {
+  std::vector<int> v;
+  for (int s = first; s <= last; s++) v.push_back(s);
+  return v;
+}
+
 // TEST_TMPDIR/NAME, removed first.
 inline std::string fresh_dir(const std::string &name) {
   const std::string d = tmpdir() + "/" + name;

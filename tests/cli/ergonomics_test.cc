@@ -225,7 +225,7 @@ TEST(Ergonomics, InspectSummarisesRunsCheckpointsAndAdapters) {
   Result c = moefit("inspect " + ckpt);
   ASSERT_EQ(c.code, 0) << c.out;
   EXPECT_TRUE(has(c.out, ckpt + ": a resume checkpoint, complete\n")) << c.out;
-  EXPECT_EQ(lines_with(c.out, "  ok").size(), 6u) << c.out;  // master, optimizer, state x2, config, plan
+  EXPECT_EQ(lines_with(c.out, "  ok").size(), 7u) << c.out;  // master, optimizer, state x2, config, plan, base
   EXPECT_TRUE(has(c.out, "every size and checksum matches manifest.json")) << c.out;
   EXPECT_TRUE(has(c.out, "  step          6 of train.steps 6 (0 skipped")) << c.out;
   EXPECT_TRUE(has(c.out, "  data          epoch ")) << c.out;

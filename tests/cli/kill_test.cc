@@ -10,7 +10,10 @@
 //  - on a full disk (the test-only MF_TEST_CKPT_ENOSPC: status 1 naming the
 //    file and the last complete checkpoint, which is kept),
 // each resumed to the end: the final weights are byte-identical and every
-// step's loss the same. And `moefit eval` stops on SIGINT (status 130).
+// step's loss the same; and each launch trained the steps after the checkpoint
+// it resumed from, each once (its progress lines: train.log_every=1), not
+// again from step 1, which the same bits would hide. And `moefit eval` stops
+// on SIGINT (status 130).
 // The seed is printed; MF_KILL_SEED=N repeats a run's moments.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -66,6 +69,7 @@ const std::string &Whole() {
   dir = Fresh("whole");
   Result r = moefit(Args(dir));
   EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(trained_steps(r.out), step_range(1, kSteps)) << r.out;
   return dir;
 }
 
@@ -83,6 +87,7 @@ void ResumeToTheEnd(const std::string &dir, int step) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + dir + "/checkpoints/"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(step " + std::to_string(step) + ")"), std::string::npos) << r.out;
+  EXPECT_EQ(trained_steps(r.out), step_range(step + 1, kSteps)) << r.out;
   ExpectSameAsWhole(dir);
 }
 
@@ -97,6 +102,14 @@ int NewestComplete(const std::string &dir) {
   return best;
 }
 
+
+// A launch that resumed from the checkpoint of step `from` (0: a fresh start)
+// and was cut short: it trained from + 1 on, each step once, in order.
+void ExpectTrainedOnFrom(const std::string &out, int from) {
+  const std::vector<int> got = trained_steps(out);
+  EXPECT_FALSE(got.empty()) << out;
+  EXPECT_EQ(got, step_range(from + 1, from + static_cast<int>(got.size()))) << out;
+}
 
 std::regex StepLine(int step) { return std::regex("(^|\n)step +" + std::to_string(step) + "/"); }
 
@@ -147,6 +160,7 @@ TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
       const int code = p.Finish(&sig);
       ASSERT_EQ(code, -1) << "finished before the kill: " << p.out();
       ASSERT_EQ(sig, SIGKILL);
+      ExpectTrainedOnFrom(p.out(), from);
       kills++;
       printf("kill_test: SIGKILL %d %s; newest complete checkpoint: step %d\n", kills,
              in_write ? "inside a checkpoint write" : "after a step line", NewestComplete(dir));
@@ -159,6 +173,7 @@ TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
     int sig = 0;
     const int code = p.Finish(&sig);
     ASSERT_EQ(code, 0) << p.out();
+    EXPECT_EQ(trained_steps(p.out()), step_range(from + 1, kSteps)) << p.out();
     break;
   }
   ASSERT_EQ(kills, 3);
@@ -188,11 +203,13 @@ TEST(Kill, LoraSigkillResumesToTheSameBits) {
     int sig = 0;
     ASSERT_EQ(p.Finish(&sig), -1) << "finished before the kill: " << p.out();
     ASSERT_EQ(sig, SIGKILL);
+    ExpectTrainedOnFrom(p.out(), 0);
   }
   const int from = NewestComplete(dir);
   Result r = moefit(Args(dir) + lora + " --resume");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("(step " + std::to_string(from) + ")"), std::string::npos) << r.out;
+  EXPECT_EQ(trained_steps(r.out), step_range(from + 1, kSteps)) << r.out;
   for (const char *f : {"/final/adapter_model.safetensors", "/final/adapter_config.json"}) {
     const std::string a = read_file(whole + f);
     EXPECT_FALSE(a.empty()) << f;
@@ -226,6 +243,7 @@ TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
   EXPECT_GE(stopped, target);
   EXPECT_LT(stopped, kSteps);
   EXPECT_EQ(std::stoi(m[2]), stopped);
+  EXPECT_EQ(trained_steps(out), step_range(1, stopped)) << out;
   EXPECT_EQ(NewestComplete(dir), stopped);
   EXPECT_FALSE(Exists(dir + "/final")) << "a stopped run has no final weights";
   ResumeToTheEnd(dir, stopped);
@@ -260,13 +278,13 @@ TEST(Kill, SecondSigtermInsideTheCheckpointWriteExitsAtOnce) {
   ResumeToTheEnd(dir, before);
 }
 
-// A full disk in the second checkpoint (its optimizer file, the 8th file the
-// process writes): status 1, the file and the fault named, the first
+// A full disk in the second checkpoint (its optimizer file, the 9th file the
+// process writes: each checkpoint writes 7, base.json the last): status 1, the file and the fault named, the first
 // checkpoint kept and named, nothing half-written left; resumed to the same bits.
 TEST(Kill, FullDiskStopsTheRunKeepingTheLastCheckpoint) {
   Whole();
   const std::string dir = Fresh("enospc");
-  Result r = shell("MF_TEST_CKPT_ENOSPC=8 ./moefit " + Args(dir) + " 2>&1");
+  Result r = shell("MF_TEST_CKPT_ENOSPC=9 ./moefit " + Args(dir) + " 2>&1");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("moefit train: error: step 6: checkpoint not written, training stopped (" + dir +
                        "/checkpoints/step-000003, the last complete checkpoint, is kept"),

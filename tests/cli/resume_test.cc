@@ -5,6 +5,9 @@
 // storage, the optimizer overlapped, weights streamed under a small device
 // budget and the optimizer on the device; and a damaged, unfinished or
 // mismatched checkpoint is passed over or refused with its file and fault.
+// A resume trains the steps after its checkpoint's, each once (its own
+// progress lines and the metrics after its marker): a retrain from step 1,
+// which the same bits would hide, fails.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,6 +34,16 @@ std::string Args(const std::string &out, int steps, const std::string &extra) {
 
 std::map<int, std::string> Losses(const std::string &dir) { return step_losses(dir); }
 
+// The steps of the metrics lines of dir/metrics.jsonl after its resume marker, in order.
+std::vector<int> StepsAfterTheResume(const std::string &dir) {
+  const std::string m = read_file(dir + "/metrics.jsonl");
+  std::vector<int> v;
+  for (size_t at = m.find("{\"resumed_from\":");
+       at != std::string::npos && (at = m.find("{\"step\":", at)) != std::string::npos; at += 8)
+    v.push_back(std::stoi(m.substr(at + 8)));
+  return v;
+}
+
 std::string Fresh(const std::string &name) { return fresh_dir(name); }
 
 struct Variant {
@@ -46,13 +59,18 @@ void StopAndResume(const Variant &v, const std::function<void()> &between = null
   const std::string a = Fresh(std::string("whole_") + v.name), c = Fresh(std::string("cut_") + v.name);
   Result ra = moefit(Args(a, 12, extra));
   ASSERT_EQ(ra.code, 0) << ra.out;
+  EXPECT_EQ(trained_steps(ra.out), step_range(1, 12)) << ra.out;
   Result rc = moefit(Args(c, 8, extra));
   ASSERT_EQ(rc.code, 0) << rc.out;
+  EXPECT_EQ(trained_steps(rc.out), step_range(1, 8)) << rc.out;
   EXPECT_NE(rc.out.find("checkpoint: " + c + "/checkpoints/step-000008 ("), std::string::npos) << rc.out;
   if (between) between();
   Result rr = moefit(Args(c, 12, extra) + " --resume");
   ASSERT_EQ(rr.code, 0) << rr.out;
   EXPECT_NE(rr.out.find("resumed from " + c + "/checkpoints/step-000008 (step 8)"), std::string::npos) << rr.out;
+  EXPECT_EQ(trained_steps(rr.out), step_range(9, 12)) << "the checkpoint's step 8 + 1 on, each once:\n"
+                                                      << rr.out;
+  EXPECT_EQ(StepsAfterTheResume(c), step_range(9, 12));
   EXPECT_FALSE(final_weights(a).empty());
   EXPECT_EQ(final_weights(a), final_weights(c)) << "final weights differ";
   const auto la = Losses(a), lc = Losses(c);
@@ -171,6 +189,7 @@ TEST(Resume, CheckpointsWrittenBesideTrainingHoldTheSameBytes) {
   Result rc =
       moefit(Args(c, 12, "output.checkpoint_async=true") + " --resume " + c + "/checkpoints/step-000008");
   ASSERT_EQ(rc.code, 0) << rc.out;
+  EXPECT_EQ(trained_steps(rc.out), step_range(9, 12)) << rc.out;
   EXPECT_EQ(read_file(a + "/final/model.safetensors"), read_file(c + "/final/model.safetensors"));
 }
 
@@ -185,6 +204,7 @@ TEST(Resume, ExplicitDirCosine) {
   shell("cp -r " + a + " " + b + " && rm -rf " + b + "/checkpoints/step-000012 " + b + "/final");
   Result rb = moefit(Args(b, 12, "output.checkpoint_compression=none") + " --resume " + b + "/checkpoints/step-000008");
   ASSERT_EQ(rb.code, 0) << rb.out;
+  EXPECT_EQ(trained_steps(rb.out), step_range(9, 12)) << rb.out;
   EXPECT_EQ(read_file(a + "/final/model.safetensors"), read_file(b + "/final/model.safetensors"));
   EXPECT_EQ(Losses(a), Losses(b));
 }
@@ -210,6 +230,7 @@ TEST(Resume, DamagedUnfinishedAndMismatchedCheckpoints) {
   EXPECT_NE(r2.out.find("passing over " + s8 + ": " + s8 + "/optimizer.safetensors.zst: checksum"), std::string::npos)
       << r2.out;
   EXPECT_NE(r2.out.find("resumed from " + a + "/checkpoints/step-000004 (step 4)"), std::string::npos) << r2.out;
+  EXPECT_EQ(trained_steps(r2.out), step_range(5, 12)) << r2.out;
   // Truncated master weights; then no COMPLETE.
   const std::string s12 = a + "/checkpoints/step-000012";
   std::string master = read_file(s12 + "/master.safetensors.zst");
