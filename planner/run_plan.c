@@ -417,14 +417,9 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
   return n;
 }
 
-/* One alternative of mf_run_plan_alternatives: cfg changed as `what` says
- * (with its table: LoRA's), planned like the run, described into buf. */
-static mf_status alternative(const mf_config *alt, const mf_param_table *t, const char *what, int *n, char *buf,
-                             size_t cap) {
-  mf_progress_note("planning instead %.40s", what);
-  mf_run_plan *a = NULL;
-  const mf_status st = mf_run_plan_make(alt, t, MF_RUN_TRAIN, 0, &a);
-  if (st != MF_OK) return st;
+/* One alternative's plan described into buf: what it changes, its host
+ * memory, its NVMe, its predicted step. */
+static void describe_alternative(const mf_run_plan *a, const char *what, int *n, char *buf, size_t cap) {
   char h[32], lim[32], room[32];
   const mf_host_usage *u = &a->host;
   const int host_ok = a->fit.host;
@@ -439,6 +434,17 @@ static mf_status alternative(const mf_config *alt, const mf_param_table *t, cons
     snprintf(buf + o, cap - o, ", %.4g s/step predicted", a->plan->sim.step_seconds);
   else if (o < cap)
     snprintf(buf + o, cap - o, " (over memory.host_limit %s too)", mf_format_bytes(u->host_limit, lim, sizeof lim));
+}
+
+/* One alternative of mf_run_plan_alternatives: cfg changed as `what` says
+ * (with its table: LoRA's), planned like the run, described into buf. */
+static mf_status alternative(const mf_config *alt, const mf_param_table *t, const char *what, int *n, char *buf,
+                             size_t cap) {
+  mf_progress_note("planning instead %.40s", what);
+  mf_run_plan *a = NULL;
+  const mf_status st = mf_run_plan_make(alt, t, MF_RUN_TRAIN, 0, &a);
+  if (st != MF_OK) return st;
+  describe_alternative(a, what, n, buf, cap);
   mf_run_plan_free(a);
   return MF_OK;
 }
@@ -487,7 +493,13 @@ static int alternatives(const mf_run_plan *rp, const mf_config *cfg, char *buf, 
     char what[1200];
     snprintf(what, sizeof what, "memory.nvme_dir=%s on an NVMe drive (%.3g GB/s in the profile)",
              alt.memory.nvme_dir, rp->hw.nvme_bandwidth / 1e9);
-    st = alternative(&alt, t, what, &n, buf, cap);
+    /* The planner reads whether memory.nvme_dir is set, never the directory:
+     * one that is set (missing or short of room) changes nothing in the plan,
+     * which is the run's own. */
+    if (cfg->memory.nvme_dir)
+      describe_alternative(rp, what, &n, buf, cap);
+    else
+      st = alternative(&alt, t, what, &n, buf, cap);
   }
   if (st != MF_OK) {
     /* An alternative that cannot be planned is left out: the run's own error is what matters. */

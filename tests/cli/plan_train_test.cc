@@ -59,7 +59,7 @@ TEST(PlanIsWhatTrainRuns, DemoAtSeveralBudgets) {
 
 TEST(PlanIsWhatTrainRuns, RealSizeConfigsOnCuda) {
   const char *why = "a GPU is present: train would run the real-size model";
-  Result probe = moefit("plan tests/planner/data/mixtral-8x7b.yaml memory.device_budget=auto");
+  Result probe = moefit("plan configs/demo.yaml backend=cuda memory.device_budget=auto");
   if (probe.out.find("auto: the free memory of") != std::string::npos) GTEST_SKIP() << why;
   struct Case {
     const char *config, *tag, *overrides;
