@@ -72,6 +72,7 @@
 
 #include "src/config/config.h"
 #include "src/core/core.h"
+#include "src/model/base_id.h"
 #include "src/model/params.h"
 
 #ifdef __cplusplus
@@ -317,7 +318,8 @@ mf_status mf_ckpt_export(const char *src, const char *out_dir, const mf_ckpt_exp
  * (mf_params_save_adapter_dir; base_model: its base_model_name_or_path, and
  * the dir whose tokenizer files are copied beside the adapters; NULL: a
  * model.init base, none; base_json: the base's record, written beside them
- * as moefit_base.json (src/model/base_id.h), or NULL). Both write into a
+ * as moefit_base.json with the adapter files' checksums
+ * (mf_ckpt_adapter_record_write), or NULL). Both write into a
  * temporary sibling renamed into place; out_dir must not exist
  * or be empty. */
 mf_status mf_ckpt_export_source(const char *src, mf_ckpt_export_info *info, int *is_ckpt);
@@ -325,6 +327,24 @@ mf_status mf_ckpt_export_model(const mf_param_table *t, const float *w, const ch
                                const char *out_dir, const mf_ckpt_export_opts *o, mf_ckpt_export_info *info);
 mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,
                                  const char *base_json, const char *out_dir, mf_ckpt_export_info *info);
+
+/* An adapter dir's record: its base's (src/model/base_id.h, version 2) with
+ * the size and checksum of each file PEFT reads (adapter_model.safetensors,
+ * adapter_config.json: PEFT's own files carry none), sealed by a closing
+ * "record_hash", the checksum of every byte above it.
+ * mf_ckpt_adapter_record_write: DIR/moefit_base.json (atomically) from
+ * base_json, the base's record as mf_base_id_format gives it, with the
+ * checksums of the adapter files now in DIR; files 0: without them, the
+ * record written before the files are (one left so says they may not be
+ * whole).
+ * mf_ckpt_adapter_record_read: DIR/moefit_base.json (*found 0 and rec zeroed
+ * when there is none), its seal verified before anything it says is read
+ * (a damaged record is reported damaged), then the files against it: a file
+ * changed, cut or missing, or a record that lists none, is MF_ERR_FORMAT
+ * naming the file and the way out. A version 1 record (no files, no seal) is
+ * read with a warning that the files cannot be checked. */
+mf_status mf_ckpt_adapter_record_write(const char *dir, const char *base_json, int files);
+mf_status mf_ckpt_adapter_record_read(const char *dir, mf_base_id *rec, int *found);
 
 #ifdef __cplusplus
 }

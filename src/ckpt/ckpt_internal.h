@@ -46,6 +46,12 @@ const mf_ckpt_file *mf_ckpt_manifest_tensors(const mf_ckpt_manifest *m, const ch
 /* Appends the seal line (and the closing brace) to the manifest's text[n]
  * (its body, ending with the files array): the new length, 0 past cap. */
 size_t mf_ckpt_manifest_seal(char *text, size_t n, size_t cap);
+/* A JSON object sealed by its last member: text[n], its body (ending with
+ * ",\n"), gets '  "KEY": "<mf_ckpt_hash64 of the body>"\n}\n': the new length, 0 past cap. */
+size_t mf_ckpt_json_seal(char *text, size_t n, size_t cap, const char *key);
+/* 1 when text[len] ends with KEY's seal line: *want its checksum, *body the
+ * bytes before it; else 0. */
+int mf_ckpt_json_sealed(const char *text, size_t len, const char *key, uint64_t *want, size_t *body);
 
 /* dir/f->name mapped, its size and checksum checked (MF_ERR_FORMAT naming it). */
 mf_status mf_ckpt_map_checked(const char *dir, const mf_ckpt_file *f, const uint8_t **base, size_t *size);

@@ -404,13 +404,10 @@ typedef struct adapter_job {
  * template it was trained with. */
 static mf_status write_adapter(void *ctx, const char *tmp) {
   adapter_job *j = (adapter_job *)ctx;
-  if (j->base_json) { /* what `moefit eval --model` checks the base against (src/model/base_id.h) */
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", tmp, MF_BASE_ID_FILE);
-    MF_CHECK(mf_write_file_atomic(path, j->base_json, strlen(j->base_json)));
-  }
   MF_CHECK(mf_params_save_adapter_dir(j->t, j->w, j->base_model, tmp));
-  return copy_tokenizer(j->base_model, k_no_tokenizer_init, tmp, j->info); /* NULL base: model.init */
+  MF_CHECK(copy_tokenizer(j->base_model, k_no_tokenizer_init, tmp, j->info)); /* NULL base: model.init */
+  /* What `moefit eval --model` checks the base and the files against (the dir appears whole or not at all) */
+  return j->base_json ? mf_ckpt_adapter_record_write(tmp, j->base_json, 1) : MF_OK;
 }
 
 mf_status mf_ckpt_export_adapter(const mf_param_table *t, const float *w, const char *base_model,

@@ -36,7 +36,7 @@ void mf_ckpt_hash_update(mf_ckpt_hash *s, const void *bytes, size_t n) {
   uint64_t h = s->h;
   for (; n >= 8; p += 8, n -= 8) h = mix(h, load_le64(p));
   s->h = h;
-  memcpy(s->tail, p, n);
+  if (n) memcpy(s->tail, p, n); /* (an empty input may be NULL) */
   s->n_tail = (unsigned)n;
 }
 

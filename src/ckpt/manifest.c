@@ -48,14 +48,20 @@ static int known_index(const char *name, int *zst) {
 
 /* ------------------------------------------------------------- the seal */
 
-#define SEAL_HEAD "  \"manifest_hash\": \""
 #define SEAL_TAIL "\"\n}\n"
-#define SEAL_LEN (sizeof SEAL_HEAD - 1 + 16 + sizeof SEAL_TAIL - 1)
 
-size_t mf_ckpt_manifest_seal(char *text, size_t n, size_t cap) {
-  if (n + SEAL_LEN + 1 > cap) return 0;
+/* '  "KEY": "' */
+static size_t seal_head(const char *key, char *head, size_t cap) {
+  const int n = snprintf(head, cap, "  \"%s\": \"", key);
+  return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+size_t mf_ckpt_json_seal(char *text, size_t n, size_t cap, const char *key) {
+  char head[96];
+  const size_t hn = seal_head(key, head, sizeof head);
+  if (!hn || n + hn + 16 + sizeof SEAL_TAIL > cap) return 0;
   const uint64_t h = mf_ckpt_hash64(text, n);
-  return n + (size_t)snprintf(text + n, cap - n, SEAL_HEAD "%016llx" SEAL_TAIL, (unsigned long long)h);
+  return n + (size_t)snprintf(text + n, cap - n, "%s%016llx" SEAL_TAIL, head, (unsigned long long)h);
 }
 
 static int parse_hex16(const char *s, uint64_t *out) {
@@ -70,15 +76,29 @@ static int parse_hex16(const char *s, uint64_t *out) {
   return 1;
 }
 
+int mf_ckpt_json_sealed(const char *text, size_t len, const char *key, uint64_t *want, size_t *body) {
+  char head[96];
+  const size_t hn = seal_head(key, head, sizeof head);
+  const size_t seal = hn + 16 + sizeof SEAL_TAIL - 1;
+  if (!hn || len < seal || memcmp(text + len - seal, head, hn) != 0 ||
+      !parse_hex16(text + len - seal + hn, want) ||
+      memcmp(text + len - sizeof SEAL_TAIL + 1, SEAL_TAIL, sizeof SEAL_TAIL - 1) != 0)
+    return 0;
+  *body = len - seal;
+  return 1;
+}
+
+size_t mf_ckpt_manifest_seal(char *text, size_t n, size_t cap) {
+  return mf_ckpt_json_seal(text, n, cap, "manifest_hash");
+}
+
 /* The seal of text[len] against its body; a manifest without one is either
  * damaged or written before manifests were sealed (version 1): both refused. */
 static mf_status check_seal(const char *path, const char *text, size_t len) {
-  const size_t head = sizeof SEAL_HEAD - 1;
   uint64_t want = 0;
-  if (len >= SEAL_LEN && memcmp(text + len - SEAL_LEN, SEAL_HEAD, head) == 0 &&
-      parse_hex16(text + len - SEAL_LEN + head, &want) &&
-      memcmp(text + len - sizeof SEAL_TAIL + 1, SEAL_TAIL, sizeof SEAL_TAIL - 1) == 0) {
-    const uint64_t h = mf_ckpt_hash64(text, len - SEAL_LEN);
+  size_t body = 0;
+  if (mf_ckpt_json_sealed(text, len, "manifest_hash", &want, &body)) {
+    const uint64_t h = mf_ckpt_hash64(text, body);
     if (h == want) return MF_OK;
     return MF_ERR(MF_ERR_FORMAT,
                   "%s: checksum %016llx, its manifest_hash says %016llx (the manifest is damaged)", path,

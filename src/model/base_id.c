@@ -13,7 +13,6 @@
 #include "src/io/json_util.h"
 #include "src/model/base_id.h"
 
-#define MF_BASE_ID_VERSION 1
 #define MF_BASE_ID_MAX_BYTES ((size_t)256 << 20) /* ~80 bytes a tensor: far above any model's */
 
 /* ------------------------------------------------------------ the spec's fields */
@@ -164,7 +163,8 @@ mf_status mf_base_id_format(const mf_base_id *b, char **json) {
     json_decref(s);
     if (!path) return MF_ERR(MF_ERR_FORMAT, "the base's record: model.path is not UTF-8 text: %s", b->path);
   }
-  const size_t cap = 4096 + (path ? strlen(path) : 0) + (size_t)b->n * (sizeof b->tensors[0].name + 32);
+  const size_t cap = 4096 + (path ? strlen(path) : 0) + (size_t)b->n * (sizeof b->tensors[0].name + 32) +
+                     (size_t)b->n_files * (sizeof b->files[0].name + 64);
   char *out = NULL;
   mf_status st = mf_malloc(cap, "the base's record", (void **)&out);
   if (st != MF_OK) {
@@ -195,7 +195,15 @@ mf_status mf_base_id_format(const mf_base_id *b, char **json) {
   for (int64_t i = 0; i < b->n; i++)
     PUT("%s\n      [\"%s\", \"%016llx\"]", i ? "," : "", b->tensors[i].name,
         (unsigned long long)b->tensors[i].sum);
-  PUT("\n    ]\n  }\n}\n");
+  PUT("\n    ]\n  }");
+  if (b->n_files > 0) {
+    PUT(",\n  \"files\": [");
+    for (int i = 0; i < b->n_files && i < MF_BASE_ID_MAX_FILES; i++)
+      PUT("%s\n    [\"%s\", %llu, \"%016llx\"]", i ? "," : "", b->files[i].name,
+          (unsigned long long)b->files[i].bytes, (unsigned long long)b->files[i].sum);
+    PUT("\n  ]");
+  }
+  PUT("\n}\n");
 #undef PUT
   if (at >= cap) {
     free(out);
@@ -294,6 +302,31 @@ static mf_status parse_weights(const char *where, const json_t *w, mf_base_id *o
   return MF_OK;
 }
 
+/* "files" (absent: none): [[name, bytes, 16 hex digits], ...] */
+static mf_status parse_files(const char *where, const json_t *fs, mf_base_id *out) {
+  if (!fs) return MF_OK;
+  if (!json_is_array(fs) || json_array_size(fs) > MF_BASE_ID_MAX_FILES)
+    return bad(where, "files", "expected a list of at most 4 [name, bytes, checksum]");
+  for (size_t i = 0; i < json_array_size(fs); i++) {
+    const json_t *e = json_array_get(fs, i);
+    const json_t *name = json_array_get(e, 0), *bytes = json_array_get(e, 1), *sum = json_array_get(e, 2);
+    char key[64], *end = NULL;
+    snprintf(key, sizeof key, "files[%zu]", i);
+    if (!json_is_array(e) || json_array_size(e) != 3 || !json_is_string(name) || !json_is_integer(bytes) ||
+        json_integer_value(bytes) < 0 || !json_is_string(sum) ||
+        strlen(json_string_value(name)) >= sizeof out->files[0].name || !json_string_value(name)[0] ||
+        strchr(json_string_value(name), '/') || strlen(json_string_value(sum)) != 16)
+      return bad(where, key, "expected [a file name, its size in bytes, 16 hex digits]");
+    errno = 0;
+    out->files[i].sum = strtoull(json_string_value(sum), &end, 16);
+    if (errno || !end || *end) return bad(where, key, "the checksum is not 16 hex digits");
+    out->files[i].bytes = (uint64_t)json_integer_value(bytes);
+    snprintf(out->files[i].name, sizeof out->files[i].name, "%s", json_string_value(name));
+  }
+  out->n_files = (int)json_array_size(fs);
+  return MF_OK;
+}
+
 mf_status mf_base_id_parse(const char *text, size_t len, const char *where, mf_base_id *out) {
   memset(out, 0, sizeof *out);
   json_error_t e;
@@ -327,6 +360,8 @@ mf_status mf_base_id_parse(const char *text, size_t len, const char *where, mf_b
       snprintf(out->path, sizeof out->path, "%s", json_string_value(path));
   }
   if (st == MF_OK) st = parse_weights(where, json_object_get(root, "weights"), out);
+  if (st == MF_OK) st = parse_files(where, json_object_get(root, "files"), out);
+  if (st == MF_OK) out->version = (int)json_integer_value(ver);
   json_decref(root);
   if (st != MF_OK) mf_base_id_free(out);
   return st;

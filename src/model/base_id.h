@@ -10,11 +10,13 @@
  * moefit_base.json beside PEFT's files in an adapter dir or a run's final/
  * (PEFT and transformers ignore files they do not know):
  *
- *   {"moefit_base": 1, "about": "...",
+ *   {"moefit_base": 2, "about": "...",
  *    "model": "model.path", "path": "/abs/base"      (or "model": "model.init", "seed": 7),
  *    "spec": {"family": "qwen2_moe", "hidden": 64, ..., "rope_theta": 1000000.0, ...},
  *    "weights": {"dtype": "fp32", "of": "frozen",
- *                "tensors": [["model.embed_tokens.weight", "0123456789abcdef"], ...]}}
+ *                "tensors": [["model.embed_tokens.weight", "0123456789abcdef"], ...]},
+ *    "files": [["adapter_model.safetensors", 81920, "0123456789abcdef"], ...],  (an adapter dir's)
+ *    "record_hash": "0123456789abcdef"}                                       (an adapter dir's)
  *
  * The checksums are computed above this module (src/train: mf_ckpt_hash64 of
  * each tensor's bytes, fp32 or bf16); this module builds, writes, reads and
@@ -42,7 +44,19 @@ typedef struct mf_base_tensor {
   uint64_t sum;  /* the checksum of its values (dtype below) */
 } mf_base_tensor;
 
+/* A file of an adapter dir as it was written (adapter_model.safetensors,
+ * adapter_config.json): PEFT's files carry no checksum of their own, so the
+ * record carries theirs and `eval` refuses one that changed (src/ckpt:
+ * mf_ckpt_adapter_record_write, mf_ckpt_adapter_record_read). */
+#define MF_BASE_ID_MAX_FILES 4
+typedef struct mf_base_file {
+  char name[64];
+  uint64_t bytes;
+  uint64_t sum; /* mf_ckpt_hash64 of its bytes */
+} mf_base_file;
+
 typedef struct mf_base_id {
+  int version;        /* the record's, as read (MF_BASE_ID_VERSION as made) */
   mf_model_spec spec; /* spec.seed counts only with from_init */
   int from_init;      /* model.init: random weights from spec.seed */
   char path[4096];    /* model.path (absolute when it resolves); "" with from_init */
@@ -50,7 +64,14 @@ typedef struct mf_base_id {
   int frozen_only;    /* the tensors are the frozen ones (LoRA's base), else every weight of the model */
   int64_t n;          /* tensors; 0: the weights are not known (the spec alone is compared) */
   mf_base_tensor *tensors;
+  int n_files; /* an adapter dir's files (above); 0: none recorded */
+  mf_base_file files[MF_BASE_ID_MAX_FILES];
 } mf_base_id;
+
+/* The record's version: 2 adds "files" and the closing "record_hash" (the
+ * checksum of every byte above it, src/ckpt) to an adapter dir's record; a
+ * version 1 record has neither. */
+#define MF_BASE_ID_VERSION 2
 
 /* b for the base of table t (its spec; model.path `path`, or NULL for
  * model.init): the names of the tensors the checksums cover (t's frozen

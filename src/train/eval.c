@@ -11,12 +11,14 @@
 #include "src/train/base.h"
 #include "src/train/train_internal.h"
 
-/* A PEFT adapter dir: adapter_config.json and adapter_model.safetensors. */
+/* A PEFT adapter dir: adapter_config.json and adapter_model.safetensors.
+ * One of them is enough to be taken for one: the other's absence is then
+ * refused naming it (not as a model dir without its config.json). */
 static int is_adapter_dir(const char *dir) {
   char a[4200], b[4200];
   snprintf(a, sizeof a, "%s/adapter_config.json", dir);
   snprintf(b, sizeof b, "%s/adapter_model.safetensors", dir);
-  return access(a, R_OK) == 0 && access(b, R_OK) == 0;
+  return access(a, F_OK) == 0 || access(b, F_OK) == 0;
 }
 
 static int is_dir_with_config(const char *dir) {
@@ -374,7 +376,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   if (adapters) {
     snprintf(rec_path, sizeof rec_path, "%s/%s", adapters, MF_BASE_ID_FILE);
     snprintf(who, sizeof who, "the adapters of %s were", adapters);
-    MF_CHECK_GOTO(mf_base_id_read(rec_path, &rec, &has_rec), st, done);
+    MF_CHECK_GOTO(mf_ckpt_adapter_record_read(adapters, &rec, &has_rec), st, done);
     if (has_rec)
       MF_CHECK_GOTO(mf_run_base_check_spec(&rec, rec_path, cfg, &t->spec, who, MF_BASE_WAY_OUT_ADAPTER), st, done);
     else

@@ -818,13 +818,19 @@ static mf_status finish(run *r, mf_train_summary *out) {
   snprintf(final_dir, sizeof final_dir, "%s/final", cfg->output.dir);
   /* The base's record first: an adapter dir is never there without it */
   MF_CHECK(mf_mkdir_p(final_dir));
-  char base_path[4400];
-  snprintf(base_path, sizeof base_path, "%s/%s", final_dir, MF_BASE_ID_FILE);
-  MF_CHECK(mf_write_file_atomic(base_path, r->base_json, strlen(r->base_json)));
-  if (r->t->lora_a) /* LoRA: the adapters, as PEFT saves them (moefit export merges them into the base) */
+  if (r->t->lora_a) {
+    /* LoRA: the adapters, as PEFT saves them (moefit export merges them into
+     * the base), then the record again with their files' checksums: one
+     * without says the files may not be whole */
+    MF_CHECK(mf_ckpt_adapter_record_write(final_dir, r->base_json, 0));
     MF_CHECK(mf_params_save_adapter_dir(r->t, r->w, cfg->model.has_init ? NULL : cfg->model.path, final_dir));
-  else
+    MF_CHECK(mf_ckpt_adapter_record_write(final_dir, r->base_json, 1));
+  } else {
+    char base_path[4400];
+    snprintf(base_path, sizeof base_path, "%s/%s", final_dir, MF_BASE_ID_FILE);
+    MF_CHECK(mf_write_file_atomic(base_path, r->base_json, strlen(r->base_json)));
     MF_CHECK(mf_params_save_model_dir(r->t, r->w, final_dir));
+  }
   const uint64_t routed_tokens = (uint64_t)out->steps * (uint64_t)r->tokens_per_step;
   snprintf(routing_path, sizeof routing_path, "%s/routing.json", cfg->output.dir);
   MF_CHECK(mf_routing_write(routing_path, &r->t->spec, r->routed, routed_tokens));

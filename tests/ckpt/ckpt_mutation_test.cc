@@ -35,31 +35,6 @@ struct Damage {
   bool small = false;             // A: manifest.json, state.json or config.yaml changed, or a file added
 };
 
-using Files = std::map<std::string, std::string>;
-
-std::vector<std::string> ListDir(const std::string &dir) {
-  std::vector<std::string> names;
-  DIR *d = opendir(dir.c_str());
-  for (struct dirent *e; d && (e = readdir(d)) != nullptr;)
-    if (e->d_name[0] != '.') names.push_back(e->d_name);
-  if (d) closedir(d);
-  return names;
-}
-
-Files ReadDir(const std::string &dir) {
-  Files f;
-  for (const std::string &name : ListDir(dir)) f[name] = Slurp(dir + "/" + name);
-  return f;
-}
-
-// dir holding exactly `files` (a checkpoint holds no subdirectories).
-void WriteDir(const std::string &dir, const Files &files) {
-  mkdir(dir.c_str(), 0755);
-  for (const std::string &name : ListDir(dir))
-    if (!files.count(name)) unlink((dir + "/" + name).c_str());
-  for (const auto &kv : files) Spit(dir + "/" + kv.first, kv.second);
-}
-
 bool IsText(const std::string &name) {
   return name == "manifest.json" || name == "state.json" || name == "config.yaml" || name == "plan.json" ||
          name == "base.json";

@@ -6,6 +6,7 @@
 #define MF_TESTS_CKPT_UTIL_H
 
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -171,6 +173,32 @@ inline void Reseal(const std::string &dir, const std::string &name) {
   }
   text.replace(at, end - at, line);
   Spit(dir + "/manifest.json", Seal(text));
+}
+
+// A directory's files by name, read and written whole (no subdirectories).
+using Files = std::map<std::string, std::string>;
+
+inline std::vector<std::string> ListDir(const std::string &dir) {
+  std::vector<std::string> names;
+  DIR *d = opendir(dir.c_str());
+  for (struct dirent *e; d && (e = readdir(d)) != nullptr;)
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  if (d) closedir(d);
+  return names;
+}
+
+inline Files ReadDir(const std::string &dir) {
+  Files f;
+  for (const std::string &name : ListDir(dir)) f[name] = Slurp(dir + "/" + name);
+  return f;
+}
+
+// dir holding exactly `files` (a checkpoint holds no subdirectories).
+inline void WriteDir(const std::string &dir, const Files &files) {
+  mkdir(dir.c_str(), 0755);
+  for (const std::string &name : ListDir(dir))
+    if (!files.count(name)) unlink((dir + "/" + name).c_str());
+  for (const auto &kv : files) Spit(dir + "/" + kv.first, kv.second);
 }
 
 inline bool Has(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }

@@ -160,6 +160,24 @@ TEST_F(BaseId, AModelInitBaseIsItsSeed) {
   mf_base_id_free(&j);
 }
 
+// An adapter dir's files (name, size, checksum) go into the record and come
+// back; a record of version 1 has none.
+TEST_F(BaseId, TheAdapterFilesReadBack) {
+  a_.n_files = 2;
+  a_.files[0] = {"adapter_model.safetensors", 81920, 0x0123456789abcdefull};
+  a_.files[1] = {"adapter_config.json", 492, 0xfedcba9876543210ull};
+  mf_base_id b{};
+  RoundTrip(&b);
+  EXPECT_EQ(b.version, MF_BASE_ID_VERSION);
+  ASSERT_EQ(b.n_files, 2);
+  for (int i = 0; i < 2; i++) {
+    EXPECT_STREQ(b.files[i].name, a_.files[i].name);
+    EXPECT_EQ(b.files[i].bytes, a_.files[i].bytes);
+    EXPECT_EQ(b.files[i].sum, a_.files[i].sum);
+  }
+  mf_base_id_free(&b);
+}
+
 TEST(BaseIdParse, AMalformedRecordIsRefusedNamingTheKey) {
   const struct {
     std::string json, want;
@@ -173,6 +191,35 @@ TEST(BaseIdParse, AMalformedRecordIsRefusedNamingTheKey) {
       {R"({"moefit_base": 1, "model": "model.init", "spec": {"family": "mixtral"}})",
        "spec.hidden: expected an integer"},
   };
+  // "files", on an otherwise valid record (a model.init one, every tensor)
+  std::string valid;
+  {
+    mf_model_spec spec{};
+    ASSERT_EQ(mf_hf_config_load("tests/fixtures/qwen2_moe", &spec), MF_OK) << mf_last_error();
+    mf_base_id i{};
+    mf_base_id_init_spec(&i, &spec, nullptr);
+    char *json = nullptr;
+    ASSERT_EQ(mf_base_id_format(&i, &json), MF_OK) << mf_last_error();
+    valid.assign(json, strlen(json) - 2);  // without its closing "}\n"
+    free(json);
+  }
+  const struct {
+    std::string files, want;
+  } bad_files[] = {
+      {R"("files": {})", "files: expected a list of at most 4"},
+      {R"("files": [1, 2, 3, 4, 5])", "files: expected a list of at most 4"},
+      {R"("files": [["a", 1]])", "files[0]: expected [a file name, its size in bytes, 16 hex digits]"},
+      {R"("files": [["a/b", 1, "0123456789abcdef"]])", "files[0]: expected [a file name"},
+      {R"("files": [["a", -1, "0123456789abcdef"]])", "files[0]: expected [a file name"},
+      {R"("files": [["a", 1, "0123456789abcdeg"]])", "files[0]: the checksum is not 16 hex digits"},
+  };
+  for (const auto &c : bad_files) {
+    SCOPED_TRACE(c.files);
+    const std::string json = valid + ",\n  " + c.files + "\n}\n";
+    mf_base_id b{};
+    EXPECT_NE(mf_base_id_parse(json.data(), json.size(), "rec.json", &b), MF_OK) << json;
+    EXPECT_TRUE(has(mf_last_error(), "rec.json: " + c.want)) << mf_last_error();
+  }
   for (const auto &c : cases) {
     SCOPED_TRACE(c.json);
     mf_base_id b{};
