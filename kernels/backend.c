@@ -4,6 +4,7 @@
  * operand checks of both backends and the names in their messages, and the
  * tests' operand construction all come from it. The meaning of each operand is
  * the cpu twin's (kernels/cpu/cpu_ops.h, same names). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -289,3 +290,18 @@ int64_t mf_kernel_expert_rows(const mf_kernel_call *k) {
   const size_t es = mf_dtype_size(k->b[0].dtype != MF_DTYPE_INVALID ? k->b[0].dtype : MF_DTYPE_F32);
   return width > 0 && es ? (int64_t)(k->b[0].bytes / es) / width : 0;
 }
+
+/* ----------------------------------------------------- arenas held */
+
+static _Atomic uint64_t g_arena_bytes, g_arena_peak;
+
+void mf_backend_arena_held(int64_t bytes) {
+  const uint64_t now = atomic_fetch_add(&g_arena_bytes, (uint64_t)bytes) + (uint64_t)bytes;
+  uint64_t peak = atomic_load(&g_arena_peak);
+  while (now > peak && !atomic_compare_exchange_weak(&g_arena_peak, &peak, now)) {
+  }
+}
+
+uint64_t mf_backend_arena_bytes(void) { return atomic_load(&g_arena_bytes); }
+uint64_t mf_backend_arena_peak(void) { return atomic_load(&g_arena_peak); }
+void mf_backend_arena_peak_reset(void) { atomic_store(&g_arena_peak, atomic_load(&g_arena_bytes)); }

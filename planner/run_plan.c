@@ -256,8 +256,9 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   return MF_OK;
 }
 
+/* inside: the run plan whose backend and arena this one's program shares (NULL: its own). */
 static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
-                      mf_run_plan **out) {
+                      const mf_run_plan *inside, mf_run_plan **out) {
   *out = NULL;
   mf_run_plan *rp = NULL;
   MF_CHECK(mf_calloc(1, sizeof *rp, "the run plan", (void **)&rp));
@@ -277,10 +278,22 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
   }
   const mf_backend_params bp = {.device = cfg->device,
                                 .scratch_bytes = mf_run_plan_scratch(cfg, &t->spec, use)};
-  MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), &bp, ask_device, &rp->dev), st,
-                fail);
+  if (inside) { /* its backend, and its arena for the arena's limit */
+    rp->dev = inside->dev;
+  } else {
+    MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), &bp, ask_device, &rp->dev), st,
+                  fail);
+  }
   MF_CHECK_GOTO(load_profile(cfg, rp), st, fail);
-  MF_CHECK_GOTO(budget_of(cfg, rp), st, fail);
+  if (inside) {
+    char a[32];
+    rp->budget = inside->budget;
+    rp->arena_limit = inside->plan->s->arena_bytes;
+    snprintf(rp->budget_source, sizeof rp->budget_source, "inside the training plan's arena of %s",
+             mf_format_bytes(rp->arena_limit, a, sizeof a));
+  } else {
+    MF_CHECK_GOTO(budget_of(cfg, rp), st, fail);
+  }
   rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
   rp->storage = mf_run_plan_storage(cfg, rp->dev.name);
   rp->staged = stages_copies(cfg, &rp->dev);
@@ -312,7 +325,15 @@ fail:
 mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
                            mf_run_plan **out) {
   mf_progress_start("planning", 2.0); /* a line on a terminal when it takes longer */
-  const mf_status st = make(cfg, t, use, ask_device, out);
+  const mf_status st = make(cfg, t, use, ask_device, NULL, out);
+  mf_progress_stop();
+  return st;
+}
+
+mf_status mf_run_plan_make_inside(const mf_config *cfg, const mf_param_table *t, mf_run_use use,
+                                  const mf_run_plan *inside, mf_run_plan **out) {
+  mf_progress_start("planning", 2.0);
+  const mf_status st = make(cfg, t, use, 0, inside, out);
   mf_progress_stop();
   return st;
 }

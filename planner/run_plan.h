@@ -135,6 +135,12 @@ typedef struct mf_run_plan {
  * mf_run_plan_admit. *out is NULL on failure. */
 mf_status mf_run_plan_make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
                            mf_run_plan **out);
+/* The same for a program that runs in the backend and device arena of
+ * `inside` (train's evaluation, between the training steps): `inside`'s
+ * backend (its dev), budget, and its arena's bytes as the arena's limit
+ * (budget_source says so). */
+mf_status mf_run_plan_make_inside(const mf_config *cfg, const mf_param_table *t, mf_run_use use,
+                                  const mf_run_plan *inside, mf_run_plan **out);
 void mf_run_plan_free(mf_run_plan *rp); /* NULL is fine */
 
 /* What rp->all[kind] fits: rp->fit for the chosen plan; for another, its
@@ -168,8 +174,9 @@ int mf_run_plan_alternatives(const mf_run_plan *rp, const mf_config *cfg, char *
  * memory it keeps (rp->host less what spills to NVMe, and on the cpu backend
  * the device arena, which is host memory) is more than this machine can give
  * (mf_host_machine_memory), naming both figures and the keys to change. Each
- * run plan is checked alone: on the cpu backend train's evaluation arena
- * comes on top of the training plan's. When host memory or NVMe is what it is
+ * run plan is checked alone (train's evaluation plan, made inside the
+ * training plan's arena, counts that arena again: on the safe side). When
+ * host memory or NVMe is what it is
  * over, the message's second line lists mf_run_plan_alternatives. On success,
  * logs rp->routing_note. */
 mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg);

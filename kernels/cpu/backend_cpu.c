@@ -120,6 +120,7 @@ static mf_status cpu_arena_create(mf_backend *b, size_t bytes, void **base) {
   }
   c->arena = (uint8_t *)p;
   c->arena_bytes = bytes;
+  mf_backend_arena_held((int64_t)bytes);
   if (c->opts.checking) {
     size_t granules = (bytes + GRANULE - 1) / GRANULE;
     c->live = (uint64_t *)calloc((granules + 63) / 64 + 1, sizeof(uint64_t));
@@ -708,6 +709,7 @@ static void cpu_get_stats(mf_backend *b, mf_backend_stats *out) {
 
 static void cpu_free(mf_backend *b) {
   cpu_impl *c = impl_of(b);
+  if (c->arena) mf_backend_arena_held(-(int64_t)c->arena_bytes);
   free(c->arena);
   free(c->live);
   if (c->shadow) munmap(c->shadow, c->shadow_bytes);

@@ -85,6 +85,7 @@ static mf_status cuda_arena_create(mf_backend *b, size_t bytes, void **base) {
   }
   c->arena = p;
   c->arena_bytes = bytes;
+  mf_backend_arena_held((int64_t)bytes);
   *base = p;
   return MF_OK;
 }
@@ -527,7 +528,10 @@ static void cuda_free(mf_backend *b) {
   if (c) {
     cudaSetDevice(c->device);
     if (c->arena || c->scratch) cudaDeviceSynchronize(); /* no kernel may still use them */
-    if (c->arena) cudaFree(c->arena);
+    if (c->arena) {
+      cudaFree(c->arena);
+      mf_backend_arena_held(-(int64_t)c->arena_bytes);
+    }
     if (c->scratch) cudaFree(c->scratch);
     mf_cuda_blas_free(c->blas);
     mf_cuda_cudnn_free(c->cudnn);

@@ -122,7 +122,9 @@ static mf_status order_events(mf_exec *x) {
   return MF_OK;
 }
 
-mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
+/* inside: the executor whose arena this one uses (NULL: one of its own). */
+static mf_status create(const mf_program *p, const mf_schedule *s, mf_backend *b, const mf_exec *inside,
+                        mf_exec **out) {
   *out = NULL;
   if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
   mf_exec *x = (mf_exec *)calloc(1, sizeof *x);
@@ -171,9 +173,13 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
   for (int32_t i = 0; i < s->n_slots; i++) x->starts[i] = x->ends[i] = i;
   qsort_r(x->starts, (size_t)s->n_slots, sizeof(int32_t), cmp_first, (void *)s);
   qsort_r(x->ends, (size_t)s->n_slots, sizeof(int32_t), cmp_last, (void *)s);
-  void *base = NULL;
-  MF_CHECK_GOTO(b->arena_create(b, s->arena_bytes, &base), st, fail);
-  x->arena = (uint8_t *)base;
+  if (inside) {
+    x->arena = inside->arena;
+  } else {
+    void *base = NULL;
+    MF_CHECK_GOTO(b->arena_create(b, s->arena_bytes, &base), st, fail);
+    x->arena = (uint8_t *)base;
+  }
   if (s->host_act_bytes > 0) {
     void *h = NULL;
     MF_CHECK_GOTO(b->host_alloc(b, s->host_act_bytes, &h), st, fail);
@@ -215,6 +221,20 @@ mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf
 fail:
   mf_exec_free(x);
   return st;
+}
+
+mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
+  return create(p, s, b, NULL, out);
+}
+
+mf_status mf_exec_create_inside(const mf_program *p, const mf_schedule *s, const mf_exec *host, mf_exec **out) {
+  *out = NULL;
+  if (s->arena_bytes > host->s->arena_bytes) {
+    char a[32], b[32];
+    return MF_ERR(MF_ERR_INTERNAL, "executor: an arena of %s inside one of %s",
+                  mf_format_bytes(s->arena_bytes, a, sizeof a), mf_format_bytes(host->s->arena_bytes, b, sizeof b));
+  }
+  return create(p, s, host->b, host, out);
 }
 
 void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n) {

@@ -49,6 +49,14 @@ typedef struct mf_exec mf_exec;
 mf_status mf_exec_create(mf_program *p, mf_backend *b, mf_exec **out);
 /* Runs `p` under schedule `s` (kept by the caller, alive as long as the executor). */
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out);
+/* The same inside another executor's device arena (`host`, on the same
+ * backend; s->arena_bytes at most its own): a backend has one arena, and a
+ * second program (train's evaluation) runs in it between the first one's
+ * steps. The two take turns: whatever one left in the arena, the other
+ * overwrites, so before the other runs, each is told that its persistent
+ * slots are stale (mf_exec_invalidate) and refills them from home — after
+ * mf_exec_sync_home(x, w, 1) when its optimizer runs on the device. */
+mf_status mf_exec_create_inside(const mf_program *p, const mf_schedule *s, const mf_exec *host, mf_exec **out);
 void mf_exec_free(mf_exec *x); /* NULL is fine */
 
 typedef struct mf_step_result {

@@ -32,7 +32,7 @@ static mf_status use_staging(mf_runner *r, const mf_config *cfg) {
 void mf_runner_free(mf_runner *r) {
   if (r->working_owned) free(r->working);
   mf_exec_free(r->exec);
-  mf_backend_free(r->backend);
+  if (!r->inside) mf_backend_free(r->backend); /* else the host runner's */
   mf_run_plan_free(r->rp);
   for (int64_t m = 0; m < r->G; m++) {
     if (r->ids) free(r->ids[m]);
@@ -41,6 +41,50 @@ void mf_runner_free(mf_runner *r) {
   free(r->ids);
   free(r->targets);
   memset(r, 0, sizeof *r);
+}
+
+/* The batch buffers of the plan's G micro-batches. */
+static mf_status batches(mf_runner *r, const mf_config *cfg) {
+  r->G = r->rp->prog->G;
+  const size_t n = (size_t)(cfg->train.micro_batch * cfg->data.seq_len);
+  MF_CHECK(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->ids));
+  MF_CHECK(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->targets));
+  for (int64_t m = 0; m < r->G; m++) {
+    MF_CHECK(mf_calloc(n, sizeof(int32_t), "token ids", (void **)&r->ids[m]));
+    MF_CHECK(mf_calloc(n, sizeof(int32_t), "targets", (void **)&r->targets[m]));
+  }
+  return MF_OK;
+}
+
+/* The plan admitted, then the executor (in r->inside's arena, else in one
+ * of its own), the staging and the batch buffers: r freed on failure. */
+static mf_status start(mf_runner *r, const mf_config *cfg) {
+  mf_status st = MF_OK;
+  const mf_schedule *s = r->rp->plan->s;
+  MF_CHECK_GOTO(mf_run_plan_admit(r->rp, cfg), st, fail); /* before the arena and the host state */
+  if (r->inside)
+    MF_CHECK_GOTO(mf_exec_create_inside(r->rp->prog, s, r->inside->exec, &r->exec), st, fail);
+  else
+    MF_CHECK_GOTO(mf_exec_create_scheduled(r->rp->prog, s, r->backend, &r->exec), st, fail);
+  if (r->rp->staged) MF_CHECK_GOTO(use_staging(r, cfg), st, fail);
+  MF_CHECK_GOTO(batches(r, cfg), st, fail);
+  return MF_OK;
+fail:
+  mf_runner_free(r);
+  return st;
+}
+
+mf_status mf_runner_init_inside(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_run_use use,
+                                const mf_runner *host) {
+  memset(r, 0, sizeof *r);
+  r->inside = host;
+  r->backend = host->backend;
+  const mf_status st = mf_run_plan_make_inside(cfg, t, use, host->rp, &r->rp);
+  if (st != MF_OK) {
+    mf_runner_free(r);
+    return st;
+  }
+  return start(r, cfg);
 }
 
 mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
@@ -53,18 +97,7 @@ mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_tabl
   const mf_backend_params bp = {
       pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, cfg->device, r->rp->dev.scratch_bytes};
   MF_CHECK_GOTO(mf_backend_create(r->rp->dev.name, &bp, &r->backend), st, fail);
-  MF_CHECK_GOTO(mf_run_plan_admit(r->rp, cfg), st, fail); /* before the arena and the host state */
-  MF_CHECK_GOTO(mf_exec_create_scheduled(r->rp->prog, r->rp->plan->s, r->backend, &r->exec), st, fail);
-  if (r->rp->staged) MF_CHECK_GOTO(use_staging(r, cfg), st, fail);
-  r->G = r->rp->prog->G;
-  const size_t n = (size_t)(cfg->train.micro_batch * cfg->data.seq_len);
-  MF_CHECK_GOTO(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->ids), st, fail);
-  MF_CHECK_GOTO(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->targets), st, fail);
-  for (int64_t m = 0; m < r->G; m++) {
-    MF_CHECK_GOTO(mf_calloc(n, sizeof(int32_t), "token ids", (void **)&r->ids[m]), st, fail);
-    MF_CHECK_GOTO(mf_calloc(n, sizeof(int32_t), "targets", (void **)&r->targets[m]), st, fail);
-  }
-  return MF_OK;
+  return start(r, cfg);
 fail:
   mf_runner_free(r);
   return st;

@@ -67,8 +67,8 @@ static void run_free(run *r, int ok) {
   free(r->ext_sums);
   free(r->bufs);
   mf_metrics_close(r->metrics);
+  mf_runner_free(&r->ev); /* inside the training's backend: first */
   mf_runner_free(&r->tr);
-  mf_runner_free(&r->ev);
   mf_loader_free(r->train);
   mf_loader_free(r->valid);
   mf_host_state_free(&r->hs); /* gradients and moments (and w when it spilled) */
@@ -327,7 +327,8 @@ static mf_status setup(run *r, mf_train_summary *out) {
    * a second note. */
   r->ev_cfg = *cfg;
   if (r->tr.rp->routing_note[0]) r->ev_cfg.memory.routing_kind = MF_CONFIG_ROUTING_NONE;
-  if (r->valid) MF_CHECK(mf_runner_init(&r->ev, &r->ev_cfg, t, r->pool, MF_RUN_EVAL, NULL));
+  /* inside the training's backend and arena: the device holds one arena */
+  if (r->valid) MF_CHECK(mf_runner_init_inside(&r->ev, &r->ev_cfg, t, MF_RUN_EVAL, &r->tr));
   /* A pass over the corpus: after the checks that can refuse the run. */
   if (r->rank0) MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
   /* The weights last: a run that cannot start (no GPU, a plan over a limit)
@@ -591,13 +592,14 @@ static double paused_since(run *r, double t, double *total) {
 
 /* Every update done and, for a checkpoint, the device-optimized parameters'
  * moments home too; the device's weights home (an evaluation reads them). */
-static mf_status settle(run *r, int for_ckpt, mf_train_summary *out) {
+static mf_status settle(run *r, int for_ckpt, int for_eval, mf_train_summary *out) {
   if (r->wk) MF_CHECK(mf_optim_worker_wait_all(r->wk));
   if (r->up.on_device) {
     /* Not training (the optimizer's wait above is the step's own work, so it
-     * stays in). */
+     * stays in). The evaluation runs in the training arena: the AdamW state
+     * kept there goes home too, as for a checkpoint. */
     const double t = mf_time_now();
-    MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, for_ckpt));
+    MF_CHECK(mf_exec_sync_home(r->tr.exec, r->w, for_ckpt || for_eval));
     paused_since(r, t, for_ckpt ? &out->checkpoint_seconds : &out->eval_seconds);
   }
   return MF_OK;
@@ -703,13 +705,17 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
   }
   int ckpt_now = last || (every > 0 && step % every == 0) || r->stop, landed = 0;
   MF_CHECK(async_land(r, 0, out, sm, &landed)); /* a checkpoint written beside training that is done */
-  if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now, out));
+  if (eval_now || ckpt_now) MF_CHECK(settle(r, ckpt_now, eval_now, out));
   if (r->wk) {
     double busy, waited;
     mf_optim_worker_stats(r->wk, &busy, &waited);
     mf_window_add_worker(&r->win, busy, waited);
   }
   if (eval_now) {
+    /* The two take turns in the one arena (mf_runner_init_inside): each
+     * fills its persistent slots again from home when it runs next. */
+    mf_exec_invalidate(r->ev.exec);
+    mf_exec_invalidate(r->tr.exec);
     mf_eval_result er;
     MF_CHECK(mf_runner_eval_pass(&r->ev, r->valid, r->w, !r->quiet, &er, NULL));
     sm->eval_loss = er.stopped ? NAN : er.loss; /* a pass cut short is no validation loss */
@@ -719,7 +725,7 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     mf_window_exclude(&r->win, er.seconds); /* not training: out of tokens/s, step_s and the ETA */
     if (!r->multi && !r->stop && (r->stop = stop_due(r, step, out, sm)) != 0 && !ckpt_now) {
       ckpt_now = 1; /* a signal during the evaluation */
-      MF_CHECK(settle(r, 1, out));
+      MF_CHECK(settle(r, 1, 0, out));
     }
   }
   /* Before the last step, and unless the run stops here, beside training. */

@@ -50,6 +50,7 @@ typedef struct mf_runner {
   int64_t G;
   uint16_t *working; /* BF16 storage: the weights' bf16 working copy the executor uploads (else NULL) */
   int working_owned;
+  const struct mf_runner *inside; /* the runner whose backend and arena this one uses (else NULL) */
 } mf_runner;
 
 /* Plans the run of cfg on t for `use`; with plan_json (train), writes the plan
@@ -60,6 +61,13 @@ typedef struct mf_runner {
  * executor (copies staged as the plan says) and the batch buffers. */
 mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
                          mf_run_use use, const char *plan_json);
+/* The same for a program that runs inside `host`'s backend and device arena
+ * (train's evaluation between the training steps: one backend and one arena
+ * a process, so the device holds no more than memory.device_budget): planned
+ * within host's arena (mf_run_plan_make_inside), no profile measured again,
+ * no plan file. The two take turns in the arena (mf_runner_turn). */
+mf_status mf_runner_init_inside(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_run_use use,
+                                const mf_runner *host);
 void mf_runner_free(mf_runner *r);
 
 /* One full pass over an eval loader with weights w: mean cross-entropy per
