@@ -59,9 +59,11 @@ mf_status mf_ckpt_load_config(const char *dir, mf_config_use use, mf_config **cf
   char *text = NULL, path[4400];
   size_t len = 0;
   MF_CHECK(mf_ckpt_read_checked(&m, "config.yaml", &text, &len));
-  free(text);
   snprintf(path, sizeof path, "%s/config.yaml", dir);
-  if (mf_config_load_for(path, NULL, 0, use, cfg) != MF_OK)
+  /* the bytes just verified, not the file read again */
+  const mf_status st = mf_config_load_string_for(text, len, path, NULL, 0, use, cfg);
+  free(text);
+  if (st != MF_OK)
     return MF_ERR(MF_ERR_FORMAT, "%s: the checkpoint's config does not load: %s", path, mf_last_error());
   return MF_OK;
 }

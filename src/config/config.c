@@ -929,6 +929,11 @@ mf_status mf_config_load_string(const char *text, size_t len, const char *name, 
   return load_string(text, len, name, overrides, n_overrides, MF_CONFIG_FOR_TRAIN, out);
 }
 
+mf_status mf_config_load_string_for(const char *text, size_t len, const char *name, const char *const *overrides,
+                                    size_t n_overrides, mf_config_use use, mf_config **out) {
+  return load_string(text, len, name, overrides, n_overrides, use, out);
+}
+
 mf_status mf_config_load(const char *path, const char *const *overrides, size_t n_overrides, mf_config **out) {
   return mf_config_load_for(path, overrides, n_overrides, MF_CONFIG_FOR_TRAIN, out);
 }

@@ -261,6 +261,10 @@ const char *mf_yaml_tab_problem(const char *text, size_t len, size_t line, size_
 
 mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides, mf_config_use use,
                              mf_config **out);
+/* The same from text in memory (`name` as mf_config_load_string's): what a
+ * reader that has verified a file's bytes loads, rather than the file again. */
+mf_status mf_config_load_string_for(const char *text, size_t len, const char *name, const char *const *overrides,
+                                    size_t n_overrides, mf_config_use use, mf_config **out);
 
 /* Where the value of key `path` came from, for the messages of checks made
  * after loading (eval checks data.seq_len against the model it loads):
