@@ -279,6 +279,7 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
   const mf_backend_params bp = {.device = cfg->device,
                                 .scratch_bytes = mf_run_plan_scratch(cfg, &t->spec, use)};
   if (inside) { /* its backend, and its arena for the arena's limit */
+    rp->inside = 1;
     rp->dev = inside->dev;
   } else {
     MF_CHECK_GOTO(mf_backend_query_memory(mf_config_backend_name(cfg->backend), &bp, ask_device, &rp->dev), st,
@@ -556,8 +557,9 @@ mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg) {
   uint64_t have = 0;
   char source[160];
   MF_CHECK(mf_host_machine_memory(&have, source, sizeof source));
-  /* The cpu backend's device arena is host memory too. */
-  const uint64_t arena = strcmp(rp->dev.name, "cpu") == 0 ? rp->plan->s->arena_bytes : 0;
+  /* The cpu backend's device arena is host memory too (once: not again for
+   * a plan inside another's arena). */
+  const uint64_t arena = strcmp(rp->dev.name, "cpu") == 0 && !rp->inside ? rp->plan->s->arena_bytes : 0;
   const uint64_t resident = mf_host_resident_bytes(&rp->host);
   int machine_short = 0;
   if (have > 0 && resident + arena > have) {

@@ -90,6 +90,7 @@ typedef struct mf_run_fit {
 
 typedef struct mf_run_plan {
   mf_run_use use;
+  int inside; /* planned inside another run plan's arena (mf_run_plan_make_inside) */
   /* Several nodes (cfg->ranks over cfg->node_ranks a node): the seconds a
    * step's leaders take to exchange the nodes' gradient sums (each receives
    * nodes - 1 of them) at the profile's network.bandwidth, after the step's
@@ -175,8 +176,8 @@ int mf_run_plan_alternatives(const mf_run_plan *rp, const mf_config *cfg, char *
  * the device arena, which is host memory) is more than this machine can give
  * (mf_host_machine_memory), naming both figures and the keys to change. Each
  * run plan is checked alone (train's evaluation plan, made inside the
- * training plan's arena, counts that arena again: on the safe side). When
- * host memory or NVMe is what it is
+ * training plan's arena, does not count that arena again). When host memory
+ * or NVMe is what it is
  * over, the message's second line lists mf_run_plan_alternatives. On success,
  * logs rp->routing_note. */
 mf_status mf_run_plan_admit(const mf_run_plan *rp, const mf_config *cfg);
