@@ -302,6 +302,5 @@ void mf_backend_arena_held(int64_t bytes) {
   }
 }
 
-uint64_t mf_backend_arena_bytes(void) { return atomic_load(&g_arena_bytes); }
 uint64_t mf_backend_arena_peak(void) { return atomic_load(&g_arena_peak); }
 void mf_backend_arena_peak_reset(void) { atomic_store(&g_arena_peak, atomic_load(&g_arena_bytes)); }

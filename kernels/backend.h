@@ -326,12 +326,11 @@ typedef struct mf_cpu_backend_opts {
 mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **out);
 void mf_backend_free(mf_backend *b); /* NULL is fine */
 
-/* The device arenas of every backend of this process: the bytes held now
- * and the most held at once since the last reset (each backend's
- * arena_create and free report theirs: mf_backend_arena_held). What a run
- * holds on the device beside its backends' own workspaces and scratch. */
+/* The device arenas of every backend of this process: the most bytes held
+ * at once since the last reset (each backend's arena_create and free report
+ * theirs: mf_backend_arena_held). What a run holds on the device beside its
+ * backends' own workspaces and scratch. */
 void mf_backend_arena_held(int64_t bytes); /* + at create, - at free */
-uint64_t mf_backend_arena_bytes(void);
 uint64_t mf_backend_arena_peak(void);
 void mf_backend_arena_peak_reset(void);
 

@@ -1,11 +1,9 @@
 /* An adapter dir's record (ckpt.h mf_ckpt_adapter_record_write/_read): the
  * base's record (src/model/base_id.h) with the size and checksum of each
  * file PEFT reads, sealed by the checksum of its own bytes. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "src/ckpt/ckpt.h"
 #include "src/ckpt/ckpt_internal.h"
@@ -13,7 +11,6 @@
 #include "src/model/base_id.h"
 
 #define SEAL_KEY "record_hash"
-#define RECORD_MAX_BYTES ((size_t)256 << 20) /* as a base record's own bound: ~80 bytes a tensor */
 
 /* The files of an adapter dir that change what its adapters compute. */
 static const char *const k_files[] = {"adapter_model.safetensors", "adapter_config.json"};
@@ -107,13 +104,10 @@ mf_status mf_ckpt_adapter_record_read(const char *dir, mf_base_id *rec, int *fou
   *found = 0;
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", dir, MF_BASE_ID_FILE);
-  if (access(path, F_OK) != 0) {
-    if (errno == ENOENT) return MF_OK;
-    return MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(errno));
-  }
   char *text = NULL;
   size_t len = 0;
-  MF_CHECK(mf_read_file(path, RECORD_MAX_BYTES, "a base record", &text, &len));
+  MF_CHECK(mf_base_id_read_text(path, &text, &len));
+  if (!text) return MF_OK;
   /* The seal first: a damaged record is reported as damaged, whatever it says */
   int sealed = 0;
   mf_status st = check_seal(path, text, len, &sealed);

@@ -367,16 +367,23 @@ mf_status mf_base_id_parse(const char *text, size_t len, const char *where, mf_b
   return st;
 }
 
-mf_status mf_base_id_read(const char *path, mf_base_id *out, int *found) {
-  memset(out, 0, sizeof *out);
-  *found = 0;
+mf_status mf_base_id_read_text(const char *path, char **text, size_t *len) {
+  *text = NULL;
+  *len = 0;
   if (access(path, F_OK) != 0) {
     if (errno == ENOENT) return MF_OK;
     return MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(errno));
   }
+  return mf_read_file(path, MF_BASE_ID_MAX_BYTES, "a base record", text, len);
+}
+
+mf_status mf_base_id_read(const char *path, mf_base_id *out, int *found) {
+  memset(out, 0, sizeof *out);
+  *found = 0;
   char *text = NULL;
   size_t len = 0;
-  MF_CHECK(mf_read_file(path, MF_BASE_ID_MAX_BYTES, "a base record", &text, &len));
+  MF_CHECK(mf_base_id_read_text(path, &text, &len));
+  if (!text) return MF_OK;
   const mf_status st = mf_base_id_parse(text, len, path, out);
   free(text);
   *found = st == MF_OK;

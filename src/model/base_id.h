@@ -90,6 +90,9 @@ mf_status mf_base_id_format(const mf_base_id *b, char **json);
 mf_status mf_base_id_parse(const char *text, size_t len, const char *where, mf_base_id *out);
 /* The record in file `path`; *found 0 (and out zeroed) when there is no such file. */
 mf_status mf_base_id_read(const char *path, mf_base_id *out, int *found);
+/* The record file `path` as text (malloc'd, NUL-terminated; *text NULL when
+ * there is no such file), for a reader that checks its bytes before parsing. */
+mf_status mf_base_id_read_text(const char *path, char **text, size_t *len);
 /* DIR/moefit_base.json, written atomically. */
 mf_status mf_base_id_write(const char *dir, const mf_base_id *b);
 

@@ -65,7 +65,8 @@ mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_tabl
  * (train's evaluation between the training steps: one backend and one arena
  * a process, so the device holds no more than memory.device_budget): planned
  * within host's arena (mf_run_plan_make_inside), no profile measured again,
- * no plan file. The two take turns in the arena (mf_runner_turn). */
+ * no plan file. The two take turns in the arena: before each evaluation,
+ * train.c marks both executors' persistent slots stale (mf_exec_invalidate). */
 mf_status mf_runner_init_inside(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_run_use use,
                                 const mf_runner *host);
 void mf_runner_free(mf_runner *r);

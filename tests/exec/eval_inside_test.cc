@@ -26,38 +26,9 @@
 #include "src/core/core.h"
 #include "src/io/tokens.h"
 #include "src/train/train.h"
+#include "tests/exec/phrases.h"
 
 namespace {
-
-std::string tmp() {
-  const char *t = getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-std::string slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// `n` phrases over a 64-token vocabulary.
-std::string tokens(const std::string &name, int n, uint32_t seed) {
-  const std::string path = tmp() + "/" + name;
-  mf_tokens_writer *w = nullptr;
-  EXPECT_EQ(mf_tokens_writer_create(path.c_str(), 64, 2, 0, &w), MF_OK) << mf_last_error();
-  const char *phrases[] = {"the cat sat on the mat. ", "a dog ran in the park. ", "birds sing at dawn. "};
-  for (int i = 0; i < n; i++) {
-    seed = seed * 1103515245u + 12345u;
-    std::vector<uint32_t> ids;
-    for (const char *c = phrases[(seed >> 16) % 3]; *c; c++) ids.push_back((uint32_t)(*c) % 64);
-    EXPECT_EQ(mf_tokens_writer_append(w, ids.data(), nullptr, ids.size()), MF_OK);
-  }
-  EXPECT_EQ(mf_tokens_writer_end_document(w), MF_OK);
-  EXPECT_EQ(mf_tokens_writer_finish(w), MF_OK) << mf_last_error();
-  mf_tokens_writer_free(w);
-  return path;
-}
 
 // metrics.jsonl's training figures, step by step (no timings, no eval).
 std::string train_losses(const std::string &dir) {
@@ -92,7 +63,8 @@ const char kModel[] =
     "backend: cpu\n";
 
 mf_config *load(const std::string &dir, bool valid, const std::vector<std::string> &extra) {
-  static const std::string train = tokens("train.tokens", 300, 7), val = tokens("valid.tokens", 12, 11);
+  static const std::string train = phrase_tokens("train.tokens", 300, 7),
+                           val = phrase_tokens("valid.tokens", 12, 11);
   std::vector<std::string> ov = {"data.train=" + train,
                                  "data.seq_len=16",
                                  "output.dir=" + dir,

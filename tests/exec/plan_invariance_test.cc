@@ -29,45 +29,15 @@
 #include "src/io/tokens.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
+#include "tests/exec/phrases.h"
 
 namespace {
 
 const char kProfile[] = "configs/hw/cpu-2core.yaml";
 
-std::string tmp() {
-  const char *t = getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-std::string slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 void spit(const std::string &path, const std::string &text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
-}
-
-// A token file of `n` phrases over a 64-token vocabulary (fits every shape).
-std::string tokens(const std::string &name, int n) {
-  std::string path = tmp() + "/" + name;
-  mf_tokens_writer *w = nullptr;
-  EXPECT_EQ(mf_tokens_writer_create(path.c_str(), 64, 2, 0, &w), MF_OK) << mf_last_error();
-  const char *phrases[] = {"the cat sat on the mat. ", "a dog ran in the park. ", "birds sing at dawn. "};
-  uint32_t state = 11;
-  for (int i = 0; i < n; i++) {
-    state = state * 1103515245u + 12345u;
-    std::vector<uint32_t> ids;
-    for (const char *c = phrases[(state >> 16) % 3]; *c; c++) ids.push_back((uint32_t)(*c) % 64);
-    EXPECT_EQ(mf_tokens_writer_append(w, ids.data(), nullptr, ids.size()), MF_OK);
-  }
-  EXPECT_EQ(mf_tokens_writer_end_document(w), MF_OK);
-  EXPECT_EQ(mf_tokens_writer_finish(w), MF_OK) << mf_last_error();
-  mf_tokens_writer_free(w);
-  return path;
 }
 
 // What one mf_train run left: status, message, log, results.
@@ -115,7 +85,8 @@ class Shape {
       : name_(name), base_(base), own_(own) {}
 
   std::vector<std::string> common(const std::string &dir) const {
-    static const std::string train = tokens("train.tokens", 300), valid = tokens("valid.tokens", 12);
+    static const std::string train = phrase_tokens("train.tokens", 300, 11),
+                             valid = phrase_tokens("valid.tokens", 12, 11);
     return {"data.train=" + train,
             "data.valid=" + valid,
             "data.seq_len=16",
