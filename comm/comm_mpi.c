@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
+#include "src/core/env.h"
 
 /* A broadcast goes through the comm's buffer in pieces of at most this. */
 #define MF_STAGE_PIECE ((size_t)16 << 20)
@@ -25,7 +26,7 @@ mf_status mf_comm_mpi_error(int rc, const char *file, int line, const char *call
 }
 
 static int launched_by_mpirun(void) {
-  const char *force = mf_env_word("MF_COMM", "mpi|none");
+  const char *force = mf_env_string(MF_ENV_COMM);
   if (force && strcmp(force, "mpi") == 0) return 1;
   if (force && strcmp(force, "none") == 0) return 0;
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
@@ -34,16 +35,10 @@ static int launched_by_mpirun(void) {
 /* MF_COMM_NODE_RANKS=K: *k = K (>= 1), or 0 when unset or empty. Read even
  * without MPI, so a mistyped value fails the same way whatever the launch. */
 static mf_status node_ranks_from_env(int *k) {
+  double v = 0;
   *k = 0;
-  const char *s = getenv("MF_COMM_NODE_RANKS");
-  if (!s || !*s) return MF_OK;
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < 1 || v > INT_MAX)
-    return MF_ERR(MF_ERR_CONFIG, "comm: MF_COMM_NODE_RANKS=%s is not a number of ranks per node (1 or more)",
-                  s);
-  *k = (int)v;
+  MF_CHECK(mf_env_check(MF_ENV_COMM_NODE_RANKS));
+  if (mf_env_number(MF_ENV_COMM_NODE_RANKS, &v)) *k = (int)v;
   return MF_OK;
 }
 

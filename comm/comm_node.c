@@ -13,6 +13,7 @@
 #endif
 
 #include "comm/comm_internal.h"
+#include "src/core/env.h"
 
 /* The leaders' gather buffer: whatever the vector's length, it goes through
  * pieces of at most this many bytes (all nodes' parts together). */
@@ -137,18 +138,7 @@ static void warn_if_backed_by_disk(const char *path, long fs_type, const char *w
 
 /* MF_TEST_SHM_FREE=BYTES: the free bytes the backing file system is taken to
  * have (a small /dev/shm without one; test-only, warned about). */
-static int test_shm_free(uint64_t *out) {
-  const char *e = getenv("MF_TEST_SHM_FREE");
-  if (!e || !*e) return 0;
-  char *end = NULL;
-  const unsigned long long v = strtoull(e, &end, 10);
-  if (end == e || *end) return 0;
-  static atomic_int said;
-  if (!atomic_exchange(&said, 1))
-    MF_LOGW("comm", "MF_TEST_SHM_FREE=%s: a test setting, not for real runs", e);
-  *out = (uint64_t)v;
-  return 1;
-}
+static int test_shm_free(uint64_t *out) { return mf_env_bytes(MF_ENV_TEST_SHM_FREE, out); }
 #endif
 
 static mf_status shared_oom(mf_comm *c, size_t bytes, const char *what, const char *why) {

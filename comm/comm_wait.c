@@ -19,24 +19,15 @@
 #include <time.h>
 
 #include "comm/comm_internal.h"
+#include "src/core/env.h"
 
 #define MF_COMM_DEFAULT_TIMEOUT_S 600.0
 
 _Static_assert(sizeof(mf_comm_slot) == 64, "a board slot is one cache line");
 
 double mf_comm_timeout_from_env(void) {
-  static atomic_int warned;
-  const char *s = getenv("MF_COMM_TIMEOUT_S");
-  if (!s || !*s) return MF_COMM_DEFAULT_TIMEOUT_S;
-  char *end = NULL;
-  errno = 0;
-  const double v = strtod(s, &end);
-  if (errno || end == s || *end || !(v > 0)) {
-    if (!atomic_exchange(&warned, 1))
-      MF_LOGW("comm", "MF_COMM_TIMEOUT_S='%.80s' is not a number of seconds above 0: waiting %g s", s,
-              MF_COMM_DEFAULT_TIMEOUT_S);
-    return MF_COMM_DEFAULT_TIMEOUT_S;
-  }
+  double v = MF_COMM_DEFAULT_TIMEOUT_S; /* src/core/env.c's warning says "waiting 600 s" */
+  (void)mf_env_number(MF_ENV_COMM_TIMEOUT_S, &v);
   return v;
 }
 

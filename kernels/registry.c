@@ -76,10 +76,6 @@ mf_status mf_backend_create(const char *name, const mf_backend_params *p, mf_bac
 uint64_t mf_backend_attention_scratch(const char *name, mf_dtype storage, int cudnn, int64_t B, int64_t S,
                                       int64_t Hq, int64_t Hkv, int64_t D) {
   if (!name || strcmp(name, "cuda") != 0 || storage != MF_DTYPE_BF16) return 0;
-  if (cudnn < 0) {
-    const char *env = mf_env_word("MF_ATTENTION", "mma|cudnn");
-    cudnn = env && strcmp(env, "cudnn") == 0;
-  }
   if (!cudnn) return 0;
   const uint64_t ws = mf_cuda_attn_cudnn_workspace_bound(B, S, Hq, Hkv, D); /* 0 built without CUDA */
   return ws ? MF_CUDA_SCRATCH_DEFAULT + ws : 0;
@@ -115,4 +111,11 @@ mf_status mf_backend_set_expert_gemm(mf_backend *b, const char *name) {
 mf_status mf_backend_set_attention(mf_backend *b, const char *name) {
   return set_kernel(b, name, "attention kernel", "cudnn", MF_CUDA_ATTENTION_MMA, MF_CUDA_ATTENTION_CUDNN,
                     mf_backend_cuda_set_attention);
+}
+
+mf_status mf_backend_set_kernels(mf_backend *b, const char *expert_gemm, const char *attention) {
+  if (!b || strcmp(b->name, "cuda") != 0) return MF_OK; /* one kernel of each */
+  if (strcmp(expert_gemm, "cuda-core") != 0) MF_CHECK(mf_backend_set_expert_gemm(b, expert_gemm));
+  if (strcmp(attention, "cuda-core") != 0) MF_CHECK(mf_backend_set_attention(b, attention));
+  return MF_OK;
 }

@@ -88,14 +88,14 @@ int mf_backend_device_count(void);
 /* The kernel scratch backend `name` ("cpu" or "cuda") is to be created with
  * for a training step whose attention is B sequences of S tokens, Hq query
  * and Hkv key/value heads of D, in `storage`: on cuda with BF16 storage and
- * attention on cuDNN (cudnn 1; -1: as MF_ATTENTION says, mma by default), the
+ * attention on cuDNN (cudnn 1), the
  * default plus cuDNN's attention backward's workspace (an upper bound); else
  * 0 (the default; also in a build without CUDA). Asks no GPU. */
 uint64_t mf_backend_attention_scratch(const char *name, mf_dtype storage, int cudnn, int64_t B, int64_t S,
                                       int64_t Hq, int64_t Hkv, int64_t D);
 
 /* The kernels a backend runs BF16 storage's attention on, in words ("mma.sync",
- * the default, or "cudnn"; MF_ATTENTION=mma|cudnn picks it at create); NULL
+ * the default, or "cudnn": mf_backend_set_attention); NULL
  * for a backend with one kernel only (cpu). */
 const char *mf_backend_attention(const mf_backend *b);
 
@@ -105,8 +105,8 @@ const char *mf_backend_attention(const mf_backend *b);
 mf_status mf_backend_set_attention(mf_backend *b, const char *name);
 
 /* The kernel a backend runs BF16 storage's grouped expert GEMMs on, in words
- * (cuda: "mma.sync", the default, or "cutlass sm90 (wgmma + TMA)"; the
- * environment's MF_EXPERT_GEMM=mma|cutlass picks it at create); NULL for a
+ * (cuda: "mma.sync", the default, or "cutlass sm90 (wgmma + TMA)":
+ * mf_backend_set_expert_gemm); NULL for a
  * backend with one kernel only (cpu). */
 const char *mf_backend_expert_gemm(const mf_backend *b);
 
@@ -114,6 +114,12 @@ const char *mf_backend_expert_gemm(const mf_backend *b);
  * available (cpu; a build without CUTLASS's headers; not an sm_90 GPU):
  * MF_ERR_UNSUPPORTED saying why, the kernel unchanged. */
 mf_status mf_backend_set_expert_gemm(mf_backend *b, const char *name);
+
+/* Both, by the words a run plan records (planner/run_plan.h mf_run_kernels):
+ * on cuda "mma" or "cutlass", "mma" or "cudnn" ("cuda-core": fp32 storage,
+ * nothing to set); nothing on another backend. The first that cannot run
+ * here is the error, as above. */
+mf_status mf_backend_set_kernels(mf_backend *b, const char *expert_gemm, const char *attention);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include "planner/plan.h"
 #include "planner/plan_internal.h"
 #include "planner/proxy.h"
+#include "src/core/env.h"
 
 /* ------------------------------------------------------------ the choice */
 
@@ -834,7 +835,7 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
   /* Scoring every candidate on the full step costs a simulation each; past a
    * few million instruction-simulations, score them on the proxy instead. */
   int32_t n_cands = make_cands(&full, NULL, 0, cands);
-  const char *mode = mf_env_word("MF_PLAN_SCORING", "exact|proxy");
+  const char *mode = mf_env_string(MF_ENV_PLAN_SCORING);
   int large = (double)least->s->n_instr * (double)n_cands > 4e6;
   if (mode && strcmp(mode, "exact") == 0) large = 0;
   if (mode && strcmp(mode, "proxy") == 0) large = 1;

@@ -6,6 +6,7 @@
 
 #include "planner/host.h"
 
+#include "src/core/env.h"
 #include "src/core/hostbuf.h"
 
 mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pinned_bytes,
@@ -108,13 +109,8 @@ uint64_t mf_host_resident_bytes(const mf_host_usage *u) { return u->total_bytes 
 
 mf_status mf_host_machine_memory(uint64_t *bytes, char *source, size_t source_cap) {
   *bytes = 0;
-  const char *env = getenv("MF_HOST_MEMORY");
-  if (env && *env) {
-    if (mf_parse_size(env, bytes) != 0 || *bytes == 0)
-      return MF_ERR(MF_ERR_CONFIG,
-                    "MF_HOST_MEMORY=%s: expected a size such as 64GiB (it stands in for this "
-                    "machine's available memory)",
-                    env);
+  MF_CHECK(mf_env_check(MF_ENV_HOST_MEMORY));
+  if (mf_env_bytes(MF_ENV_HOST_MEMORY, bytes)) {
     snprintf(source, source_cap, "MF_HOST_MEMORY");
     return MF_OK;
   }

@@ -67,6 +67,18 @@ const char *mf_plan_io_storage_name(mf_dtype storage) {
   return storage == MF_DTYPE_F32 ? "fp32" : storage == MF_DTYPE_BF16 ? "bf16" : NULL;
 }
 
+int mf_plan_io_kernel_ok(const char *w, const char *words) {
+  const size_t n = strlen(w);
+  for (const char *c = words; n > 0 && *c;) {
+    const char *comma = strchr(c, ',');
+    const size_t len = comma ? (size_t)(comma - c) : strlen(c);
+    if (len == n && strncmp(c, w, n) == 0) return 1;
+    c += len;
+    while (*c == ',' || *c == ' ') c++;
+  }
+  return 0;
+}
+
 /* --------------------------------------------------------------- writing */
 
 /* Refuses decisions the program does not allow, so every written plan reads
@@ -150,6 +162,11 @@ static void put_head(mf_pj_writer *w, const mf_program *p, const mf_plan_figures
   put_int(w, "host_bytes", (int64_t)f->host_bytes);
   put_int(w, "persist_bytes", (int64_t)f->persist_bytes);
   put_int(w, "device_backend_bytes", (int64_t)f->device_backend_bytes);
+  mf_pj_key(w, "kernels");
+  mf_pj_open(w, '{');
+  put_str(w, "expert_gemm", f->expert_gemm);
+  put_str(w, "attention", f->attention);
+  mf_pj_close(w, '}');
 }
 
 /* optim: the parameter's optimizer placement on a "param" entry, -1 on the others. */
@@ -175,6 +192,10 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
       f->host_bytes > big || f->persist_bytes > big || f->device_backend_bytes > big ||
       !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
+  if (!mf_plan_io_kernel_ok(f->expert_gemm, MF_PLAN_EXPERT_GEMM_WORDS) ||
+      !mf_plan_io_kernel_ok(f->attention, MF_PLAN_ATTENTION_WORDS))
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: kernels '%s' and '%s' are not %s and %s", path,
+                  f->expert_gemm, f->attention, MF_PLAN_EXPERT_GEMM_WORDS, MF_PLAN_ATTENTION_WORDS);
   if (!mf_plan_io_storage_name(p->storage))
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: device storage %s is neither fp32 nor bf16",
                   path, mf_dtype_name(p->storage));

@@ -2,9 +2,9 @@
  * Plans as data: decisions written to and read from versioned JSON, and the
  * config's memory.overrides applied to decisions.
  *
- * The JSON (format "moefit-plan", version 4):
+ * The JSON (format "moefit-plan", version 5):
  *   {
- *     "format": "moefit-plan", "version": 4,
+ *     "format": "moefit-plan", "version": 5,
  *     "model": {"family": "mixtral", "layers": 32, "hidden": 4096, "experts": 8, ...},
  *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8, "order": "layer-major",
  *               "storage": "bf16"},
@@ -12,6 +12,7 @@
  *     "predicted_step_seconds": x,
  *     "staging_bytes": N, "staging_slab_limit_bytes": N, "staging_pool_bytes": N,
  *     "host_bytes": N, "persist_bytes": N, "device_backend_bytes": N,
+ *     "kernels": {"expert_gemm": "mma", "attention": "mma"},
  *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "resident",
  *                  "optimizer": "device"},
  *                 {"name": "grad....", "kind": "grad", "bytes": N, "decision": "device"}, ...]
@@ -32,7 +33,8 @@
  * device storage dtype ("fp32" or "bf16": p->storage), which sets every
  * tensor's bytes; device_backend_bytes is the backend's own device memory
  * beside the arena (library workspaces, kernel scratch, a reserve for the
- * CUDA context). Names are
+ * CUDA context); kernels are what the expert GEMMs and attention run on
+ * (planner/run_plan.h mf_run_kernels; version 5). Names are
  * the program's: the parameter's name, "grad." + it, and the activation's with
  * its micro-batch ("mb1.model.layers.0.mlp.experts.act"); a forward-only
  * program has no "grad" entries. Reading validates the format, the version,
@@ -52,7 +54,9 @@
  * and the backend's bytes) must not have batch.storage or
  * "device_backend_bytes": device_backend_bytes reads back as 0 and the
  * storage is not checked. Version 4 requires both; batch.storage must be the
- * program's (MF_ERR_CONFIG otherwise). The writer writes version 4.
+ * program's (MF_ERR_CONFIG otherwise). Version 1 to 4 files must not have
+ * "kernels" (read back as ""); version 5 requires it, each word one the key
+ * takes. The writer writes version 5.
  */
 #ifndef MF_PLANNER_PLAN_IO_H
 #define MF_PLANNER_PLAN_IO_H
@@ -85,6 +89,10 @@ typedef struct mf_plan_figures {
   /* Version 4 (0 when read from an older file). */
   uint64_t device_backend_bytes; /* the backend's device memory beside the arena: library workspaces,
                                     kernel scratch, a reserve for the CUDA context */
+  /* Version 5 ("" when read from an older file): "kernels": the kernels the
+   * expert GEMMs and attention run on (planner/run_plan.h mf_run_kernels). */
+  char expert_gemm[16]; /* cpu | cuda-core | mma | cutlass */
+  char attention[16];   /* cpu | cuda-core | mma | cudnn */
 } mf_plan_figures;
 
 /* Writes d (which must be decisions the program allows: an activation decision

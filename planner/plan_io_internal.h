@@ -10,10 +10,15 @@
 #include "planner/plan_io.h"
 
 #define MF_PLAN_FORMAT "moefit-plan"
-/* 4: device storage and the backend's bytes; 3: optimizer placement; 2:
- * staging and host figures; 1 to 3 still read. */
-#define MF_PLAN_VERSION 4
+/* 5: the kernels; 4: device storage and the backend's bytes; 3: optimizer
+ * placement; 2: staging and host figures; 1 to 4 still read. */
+#define MF_PLAN_VERSION 5
 #define MF_PLAN_OPTIM_WORDS "host, device"
+/* "kernels" (version 5): the words each takes. */
+#define MF_PLAN_EXPERT_GEMM_WORDS "cpu, cuda-core, mma, cutlass"
+#define MF_PLAN_ATTENTION_WORDS "cpu, cuda-core, mma, cudnn"
+/* 1 when w is one of `words` (", "-separated). */
+int mf_plan_io_kernel_ok(const char *w, const char *words);
 
 /* The kinds of a plan's entries ("kind"). */
 enum { MF_PLAN_K_PARAM = 0, MF_PLAN_K_GRAD, MF_PLAN_K_ACT, MF_PLAN_K_COUNT_ };

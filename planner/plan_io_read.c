@@ -195,6 +195,34 @@ static mf_status later_figure(const reader *r, const json_t *root, int since, co
   return MF_OK;
 }
 
+/* "kernels" (version 5): {"expert_gemm": WORD, "attention": WORD}. */
+static mf_status read_kernels(const reader *r, const json_t *root, mf_plan_figures *f) {
+  json_t *k = json_object_get(root, "kernels");
+  if (r->version < 5) {
+    if (k) return rerr(r, MF_ERR_FORMAT, "kernels", "a version-%lld plan has no 'kernels' (it came with version 5)",
+                       (long long)r->version);
+    return MF_OK;
+  }
+  MF_CHECK(get(r, root, "(top level)", "kernels", &k));
+  if (!json_is_object(k)) return rerr(r, MF_ERR_FORMAT, "kernels", "expected an object, got %s", mf_io_json_kind(k, 0));
+  static const char *const keys[] = {"expert_gemm", "attention"};
+  MF_CHECK(only_keys(r, k, "kernels", keys, 2));
+  const char *words[] = {MF_PLAN_EXPERT_GEMM_WORDS, MF_PLAN_ATTENTION_WORDS};
+  char *out[] = {f->expert_gemm, f->attention};
+  for (int i = 0; i < 2; i++) {
+    json_t *v;
+    char where[48], q[64];
+    snprintf(where, sizeof where, "kernels.%s", keys[i]);
+    MF_CHECK(get(r, k, "kernels", keys[i], &v));
+    if (!json_is_string(v)) return rerr(r, MF_ERR_FORMAT, where, "expected a string, got %s", mf_io_json_kind(v, 0));
+    if (!mf_plan_io_kernel_ok(json_string_value(v), words[i]))
+      return rerr(r, MF_ERR_FORMAT, where, "expected one of %s, got '%s'", words[i],
+                  mf_io_json_printable(json_string_value(v), q, sizeof q));
+    snprintf(out[i], sizeof f->expert_gemm, "%s", json_string_value(v));
+  }
+  return MF_OK;
+}
+
 static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figures *f) {
   static const char *const v2_figures[] = {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes",
                                            "host_bytes"};
@@ -220,7 +248,7 @@ static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figur
   f->host_bytes = (uint64_t)v[6];
   f->persist_bytes = (uint64_t)v[7];
   f->device_backend_bytes = (uint64_t)v[8];
-  return MF_OK;
+  return read_kernels(r, root, f);
 }
 
 /* Everything but "tensors": format, version, the keys, shape and figures. Sets r->version. */
@@ -239,6 +267,7 @@ static mf_status read_head(reader *r, const json_t *root, mf_plan_figures *f) {
                                      "host_bytes",
                                      "persist_bytes",
                                      "device_backend_bytes",
+                                     "kernels",
                                      "tensors"};
   char q[128];
   json_t *fmt = json_object_get(root, "format");

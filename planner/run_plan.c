@@ -2,6 +2,7 @@
  * `moefit plan`, `train` and `eval`. */
 #include "planner/run_plan.h"
 
+#include "src/core/env.h"
 #include "src/core/hostbuf.h"
 
 #include <math.h>
@@ -121,11 +122,52 @@ mf_dtype mf_run_plan_storage(const mf_config *cfg, const char *backend) {
   return cfg->train.precision == MF_CONFIG_PRECISION_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32;
 }
 
+/* One kernel choice: the environment's variable over the key, the key over
+ * auto (`dflt`). words: the key's choices ("auto", "mma", "cutlass"); out
+ * gets the word, `from` where it came from. */
+static void choose_kernel(mf_env_id var, const char *key, int value, const char *const *words, const char *dflt,
+                          char *out, size_t cap, char *from, size_t from_cap) {
+  const char *env = mf_env_string(var);
+  if (env) {
+    snprintf(out, cap, "%s", env);
+    snprintf(from, from_cap, "%s=%s%s%s", mf_env_var_of(var)->name, env, value ? " over " : "", value ? key : "");
+  } else {
+    snprintf(out, cap, "%s", value > 0 ? words[value] : dflt);
+    snprintf(from, from_cap, "%s", value > 0 ? key : "auto");
+  }
+}
+
+void mf_run_plan_kernels(const mf_config *cfg, const char *backend, mf_dtype storage, mf_run_kernels *out) {
+  memset(out, 0, sizeof *out);
+  const int cuda = strcmp(backend, "cuda") == 0;
+  if (!cuda || storage != MF_DTYPE_BF16) { /* one kernel of each: kernels.* choose bf16 storage's on cuda */
+    const char *word = cuda ? "cuda-core" : "cpu", *why = cuda ? "fp32 storage" : "the cpu backend's";
+    snprintf(out->expert_gemm, sizeof out->expert_gemm, "%s", word);
+    snprintf(out->attention, sizeof out->attention, "%s", word);
+    snprintf(out->expert_gemm_from, sizeof out->expert_gemm_from, "%s", why);
+    snprintf(out->attention_from, sizeof out->attention_from, "%s", why);
+    return;
+  }
+  /* auto: the kernels measured on a GPU (an H100): mma; cutlass and cudnn have not run on one yet */
+  static const char *const gemm_words[] = {"auto", "mma", "cutlass"}, *const attn_words[] = {"auto", "mma", "cudnn"};
+  choose_kernel(MF_ENV_EXPERT_GEMM, "kernels.expert_gemm", cfg ? (int)cfg->kernels.expert_gemm : 0, gemm_words,
+                "mma", out->expert_gemm, sizeof out->expert_gemm, out->expert_gemm_from,
+                sizeof out->expert_gemm_from);
+  choose_kernel(MF_ENV_ATTENTION, "kernels.attention", cfg ? (int)cfg->kernels.attention : 0, attn_words, "mma",
+                out->attention, sizeof out->attention, out->attention_from, sizeof out->attention_from);
+}
+
 static uint64_t scratch_of(const mf_config *cfg, const mf_model_spec *spec, int cudnn) {
   const char *dev = NULL;
   if (mf_backend_resolve(mf_config_backend_name(cfg->backend), &dev) != MF_OK) return 0;
-  return mf_backend_attention_scratch(dev, mf_run_plan_storage(cfg, dev), cudnn, cfg->train.micro_batch,
-                                      cfg->data.seq_len, spec->heads, spec->kv_heads, spec->head_dim);
+  const mf_dtype storage = mf_run_plan_storage(cfg, dev);
+  if (cudnn < 0) { /* the run's own choice */
+    mf_run_kernels k;
+    mf_run_plan_kernels(cfg, dev, storage, &k);
+    cudnn = strcmp(k.attention, "cudnn") == 0;
+  }
+  return mf_backend_attention_scratch(dev, storage, cudnn, cfg->train.micro_batch, cfg->data.seq_len,
+                                      spec->heads, spec->kv_heads, spec->head_dim);
 }
 
 uint64_t mf_run_plan_scratch(const mf_config *cfg, const mf_model_spec *spec, mf_run_use use) {
@@ -253,6 +295,8 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   f->host_bytes = rp->host.total_bytes;
   f->persist_bytes = pl->s->persist_bytes;
   f->device_backend_bytes = rp->dev.total_bytes;
+  snprintf(f->expert_gemm, sizeof f->expert_gemm, "%s", rp->kernels.expert_gemm);
+  snprintf(f->attention, sizeof f->attention, "%s", rp->kernels.attention);
   return MF_OK;
 }
 
@@ -297,6 +341,7 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
   }
   rp->overlap_optimizer = use == MF_RUN_TRAIN && overlaps_optimizer(cfg, rp->dev.name);
   rp->storage = mf_run_plan_storage(cfg, rp->dev.name);
+  mf_run_plan_kernels(cfg, rp->dev.name, rp->storage, &rp->kernels);
   rp->staged = stages_copies(cfg, &rp->dev);
   MF_CHECK_GOTO(mf_routing_for_config(cfg, &t->spec, &rp->routing, &rp->routed, rp->routing_path,
                                       sizeof rp->routing_path, rp->routing_note, sizeof rp->routing_note),

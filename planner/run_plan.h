@@ -78,6 +78,21 @@ typedef enum mf_run_use {
   MF_RUN_EVAL,      /* a forward pass of one micro-batch (moefit eval, train's evaluations) */
 } mf_run_use;
 
+/* The kernels a run's expert GEMMs and attention run on (kernels.expert_gemm,
+ * kernels.attention), in words: "cpu" on the cpu backend; on cuda with fp32
+ * storage "cuda-core" (those keys choose among bf16 storage's kernels);
+ * with bf16 storage "mma" or "cutlass", "mma" or "cudnn". What plan prints
+ * and plan.json records, and what train creates the backend with: a kernel
+ * that cannot run there stops the run saying why. */
+typedef struct mf_run_kernels {
+  char expert_gemm[16];
+  char attention[16];
+  /* where each came from, for people: "auto", "kernels.attention", "MF_ATTENTION=cudnn over
+   * kernels.attention", "the cpu backend's", "fp32 storage" */
+  char expert_gemm_from[80];
+  char attention_from[80];
+} mf_run_kernels;
+
 /* Which limits a plan fits (1: it does). */
 typedef struct mf_run_fit {
   int device; /* its arena within the budget less the backend's own bytes (memory.device_budget) */
@@ -101,6 +116,7 @@ typedef struct mf_run_plan {
   int64_t nodes;
   mf_backend_memory dev;   /* the backend (dev.name) and what it keeps on the device */
   mf_dtype storage;        /* device storage of weights and activations (train.precision): F32 or BF16 */
+  mf_run_kernels kernels;  /* the expert GEMM and attention kernels (mf_run_plan_kernels) */
   uint64_t budget;         /* the device budget: everything on the device */
   uint64_t arena_limit;    /* budget less dev.total_bytes: what the arena is planned within */
   char budget_source[160]; /* where the budget came from, for people */
@@ -191,14 +207,21 @@ mf_status mf_run_plan_write_json(const mf_run_plan *rp, const char *path);
  * auto). What rp->storage holds; `moefit profile` times kernels in it. */
 mf_dtype mf_run_plan_storage(const mf_config *cfg, const char *backend);
 
+/* The kernels a run of cfg on `backend` ("cpu" or "cuda", resolved) in
+ * `storage` runs (mf_run_kernels): the environment's MF_EXPERT_GEMM and
+ * MF_ATTENTION (src/core/env.h) over the keys, the keys over auto; auto is
+ * mma for both until cutlass and cudnn are measured passing and faster on a
+ * GPU (then auto takes them on that GPU's architecture). */
+void mf_run_plan_kernels(const mf_config *cfg, const char *backend, mf_dtype storage, mf_run_kernels *out);
+
 /* The kernel scratch a run of cfg creates its backend with, for a model of
  * `spec` (0: the backend's default): a training run's attention on cuDNN
- * (kernels/registry.h mf_backend_attention_scratch) needs its backward's
- * workspace there. The run plan reserves it beside the arena (rp->dev), and
+ * (mf_run_plan_kernels; kernels/registry.h mf_backend_attention_scratch)
+ * needs its backward's workspace there. The run plan reserves it beside the arena (rp->dev), and
  * train, bench kernels and profile --config create the backend with it. */
 uint64_t mf_run_plan_scratch(const mf_config *cfg, const mf_model_spec *spec, mf_run_use use);
-/* The same with attention on cuDNN whatever MF_ATTENTION says (bench kernels
- * times both attention kernels). */
+/* The same with attention on cuDNN whatever kernels.attention says (bench
+ * kernels times both attention kernels). */
 uint64_t mf_run_plan_scratch_cudnn(const mf_config *cfg, const mf_model_spec *spec);
 
 #ifdef __cplusplus

@@ -43,14 +43,15 @@ def mf_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
 MF_TEST_ENV = {"MF_CPU_PROFILE": "bundled"}
 
 def mf_test(name, srcs, deps = [], tags = [], data = [], size = "small", copts = [], env = {}, **kwargs):
-    """A GoogleTest file calling the C API."""
+    """A GoogleTest file calling the C API, a test build (//src/core:test_build:
+    the test-only MF_ hooks of src/core/env.h are read)."""
     test_env = dict(MF_TEST_ENV)
     test_env.update(env)
     native.cc_test(
         env = test_env,
         name = name,
         srcs = srcs,
-        deps = deps + ["//third_party:gtest_main"],
+        deps = deps + ["//src/core:test_build", "//third_party:gtest_main"],
         copts = MF_TEST_COPTS + copts,
         tags = tags,
         data = data + ["//tests:lsan.supp"],
@@ -167,11 +168,32 @@ def cu_textual(name, textual_hdrs = [], visibility = None):
         visibility = visibility,
     )
 
+# Every library package's `sources` (mf_sources below): the include arrows'
+# test and the environment table's test read them all.
+MF_LIBRARY_SOURCES = [
+    "//comm:sources",
+    "//experts:sources",
+    "//kernels:sources",
+    "//kernels/cpu:sources",
+    "//kernels/cuda:sources",
+    "//planner:sources",
+    "//src/ckpt:sources",
+    "//src/cli:sources",
+    "//src/config:sources",
+    "//src/core:sources",
+    "//src/exec:sources",
+    "//src/io:sources",
+    "//src/model:sources",
+    "//src/optim:sources",
+    "//src/train:sources",
+]
+
 def mf_sources(name = "sources"):
     """The package's C, C++ and CUDA sources as a filegroup: what
-    //tests/arch:include_test reads to check the folders' include arrows."""
+    //tests/arch:include_test reads to check the folders' include arrows, and
+    //tests/core:env_test to check that only src/core/env.c reads MF_ variables."""
     native.filegroup(
         name = name,
         srcs = native.glob(["*.c", "*.h", "*.cc", "*.cu", "*.cuh"]),
-        visibility = ["//tests/arch:__pkg__"],
+        visibility = ["//tests/arch:__pkg__", "//tests/core:__pkg__"],
     )

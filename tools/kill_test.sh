@@ -8,17 +8,18 @@
 # until it finishes. The final weights must be cmp-identical and every step's
 # loss the same.
 #
-#   tools/kill_test.sh      (after `bazel build //:moefit`)
-#   env: MOEFIT (default bazel-bin/moefit), SEED, KILLS (>= 1, default 3),
+#   tools/kill_test.sh      (after `bazel build //:moefit_test`: the test build,
+#                            which reads the test-only MF_TEST_CKPT_PAUSE_MS)
+#   env: MOEFIT (default bazel-bin/moefit_test), SEED, KILLS (>= 1, default 3),
 #        STEPS (default 120), WORK (a scratch directory; default a new one in /tmp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MOEFIT=${MOEFIT:-bazel-bin/moefit}
+MOEFIT=${MOEFIT:-bazel-bin/moefit_test}
 SEED=${SEED:-$(( $(date +%s) % 32768 ))}
 KILLS=${KILLS:-3}
 STEPS=${STEPS:-120}
 WORK=${WORK:-$(mktemp -d /tmp/kill_test.XXXXXX)}
-[ -x "$MOEFIT" ] || { echo "kill_test: $MOEFIT is not built (bazel build //:moefit)" >&2; exit 2; }
+[ -x "$MOEFIT" ] || { echo "kill_test: $MOEFIT is not built (bazel build //:moefit_test, the test build)" >&2; exit 2; }
 [ "$KILLS" -ge 1 ] || { echo "kill_test: KILLS must be >= 1" >&2; exit 2; }
 RANDOM=$SEED
 echo "kill_test: seed $SEED, $KILLS kills, $STEPS steps, in $WORK"

@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "src/core/env.h"
 
 enum {
   BQ_MAX = 32,      /* query rows per block */
@@ -206,10 +207,10 @@ typedef struct {
 #define HAVE_AVX2_BODY 1
 #endif
 
-/* Per call: getenv and the cpuid cache are cheap next to an attention. */
+/* Per call: the environment table and the cpuid cache are cheap next to an attention. */
 static int use_avx2(void) {
 #ifdef HAVE_AVX2_BODY
-  if (mf_env_word("MF_CPU_SIMD", "base")) return 0;
+  if (mf_env_string(MF_ENV_CPU_SIMD)) return 0;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2");
 #else

@@ -621,20 +621,9 @@ extern "C" mf_status mf_backend_cuda_set_expert_gemm(mf_backend *b, int which) {
   if (!b || strcmp(b->name, "cuda") != 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_backend_cuda_set_expert_gemm: not a cuda backend");
   cuda_impl *c = impl_of(b);
-  if (which == MF_CUDA_EXPERT_GEMM_AUTO) {
-    // The environment's word (another value is warned about and ignored, as
-    // for every MF_ variable); cutlass where it is not available: a warning
-    // saying why, and mma.
-    const char *env = mf_env_word("MF_EXPERT_GEMM", "mma|cutlass");
-    c->expert_cutlass = 0;
-    if (!env || strcmp(env, "cutlass") != 0) return MF_OK;
-    if (mf_backend_cuda_set_expert_gemm(b, MF_CUDA_EXPERT_GEMM_CUTLASS) != MF_OK)
-      MF_LOGW("cuda", "MF_EXPERT_GEMM=cutlass: %s; the expert GEMMs run on mma.sync", mf_last_error());
-    else
-      MF_LOGI("cuda", "MF_EXPERT_GEMM=cutlass: the expert GEMMs run on CUTLASS's sm90 grouped GEMM");
-    return MF_OK;
-  }
-  if (which == MF_CUDA_EXPERT_GEMM_MMA) {
+  if (which == MF_CUDA_EXPERT_GEMM_AUTO || which == MF_CUDA_EXPERT_GEMM_MMA) {
+    // auto: mma, the kernel measured on a GPU (a run sets the kernel its plan
+    // chose by name: planner/run_plan.h mf_run_plan_kernels)
     c->expert_cutlass = 0;
     return MF_OK;
   }
@@ -665,20 +654,8 @@ extern "C" mf_status mf_backend_cuda_set_attention(mf_backend *b, int which) {
   if (!b || strcmp(b->name, "cuda") != 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_backend_cuda_set_attention: not a cuda backend");
   cuda_impl *c = impl_of(b);
-  if (which == MF_CUDA_ATTENTION_AUTO) {
-    // As MF_EXPERT_GEMM: the environment's word; cudnn where it cannot be
-    // loaded: a warning saying why, and mma.
-    const char *env = mf_env_word("MF_ATTENTION", "mma|cudnn");
-    c->attn_cudnn = 0;
-    if (!env || strcmp(env, "cudnn") != 0) return MF_OK;
-    if (mf_backend_cuda_set_attention(b, MF_CUDA_ATTENTION_CUDNN) != MF_OK)
-      MF_LOGW("cuda", "MF_ATTENTION=cudnn: %s; attention runs on attention_mma.cu", mf_last_error());
-    else
-      MF_LOGI("cuda", "MF_ATTENTION=cudnn: attention runs on cuDNN %lld's fused kernels",
-              (long long)mf_cuda_cudnn_version(c->cudnn));
-    return MF_OK;
-  }
-  if (which == MF_CUDA_ATTENTION_MMA) {
+  if (which == MF_CUDA_ATTENTION_AUTO || which == MF_CUDA_ATTENTION_MMA) {
+    // auto: mma, as for the expert GEMM
     c->attn_cudnn = 0;
     return MF_OK;
   }

@@ -49,8 +49,8 @@ typedef struct mf_cuda_backend_opts {
 /* Which kernel runs the grouped expert GEMMs of BF16 storage (fp32 storage
  * always runs gemm.cu's CUDA-core kernel). */
 enum {
-  /* MF_EXPERT_GEMM from the environment (mma or cutlass; cutlass where it is
-   * not available: a warning, and mma), else mma */
+  /* mma, the kernel measured on a GPU (a run sets its plan's choice:
+   * planner/run_plan.h mf_run_plan_kernels) */
   MF_CUDA_EXPERT_GEMM_AUTO = 0,
   /* expert_mma.cu: mma.sync tiles (sm_80 and later) */
   MF_CUDA_EXPERT_GEMM_MMA = 1,
@@ -62,8 +62,7 @@ enum {
 /* Which kernels run BF16 storage's causal attention (fp32 storage always runs
  * attention.cu's CUDA-core kernels). */
 enum {
-  /* MF_ATTENTION from the environment (mma or cudnn; cudnn where it cannot be
-   * loaded: a warning, and mma), else mma */
+  /* mma, as for the expert GEMM */
   MF_CUDA_ATTENTION_AUTO = 0,
   /* attention_mma.cu: mma.sync flash kernels (D a multiple of 16 up to 128;
    * attention.cu's CUDA-core kernels for other D) */
@@ -88,7 +87,7 @@ enum {
 mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf_backend **out);
 
 /* Switches a cuda backend's expert GEMM kernel (MF_CUDA_EXPERT_GEMM_MMA or
- * _CUTLASS; AUTO reads MF_EXPERT_GEMM again). CUTLASS where it is not
+ * _CUTLASS; AUTO is MMA). CUTLASS where it is not
  * available (not built with it: tools/setup installs its headers; or not an
  * sm_90 device): MF_ERR_UNSUPPORTED saying why, the kernel unchanged. Not
  * while the backend runs kernels on another thread. */
@@ -103,7 +102,7 @@ const char *mf_backend_cuda_expert_gemm(const mf_backend *b);
 uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b);
 
 /* Switches a cuda backend's attention kernels (MF_CUDA_ATTENTION_MMA or
- * _CUDNN; AUTO reads MF_ATTENTION again). cuDNN where it cannot be loaded (no
+ * _CUDNN; AUTO is MMA). cuDNN where it cannot be loaded (no
  * libcudnn.so.9, older than 9, a build without its frontend's headers):
  * MF_ERR_UNSUPPORTED saying why, the kernels unchanged. The backward's
  * workspace comes from the kernel scratch: size it with

@@ -16,6 +16,7 @@
 #include <zstd.h>
 
 #include "src/ckpt/ckpt_internal.h"
+#include "src/core/env.h"
 #include "src/io/safetensors.h"
 
 struct mf_ckpt_writer {
@@ -139,18 +140,10 @@ static mf_status zstd_setup(mf_ckpt_writer *w, int threads) {
   return mf_malloc(w->ocap, "checkpoint compression buffer", (void **)&w->obuf);
 }
 
-/* A test-only hook's value: a whole number > 0, else 0 (unset; anything else is warned about). */
-static long test_hook(const char *name) {
-  const char *v = getenv(name);
-  if (!v || !*v) return 0;
-  char *end = NULL;
-  const long n = strtol(v, &end, 10);
-  if (*end || n <= 0 || n > 1000000) {
-    MF_LOGW("ckpt", "%s='%.40s' is not a whole number from 1 to 1000000: ignored", name, v);
-    return 0;
-  }
-  MF_LOGW("ckpt", "%s=%ld: a test-only hook is on", name, n);
-  return n;
+/* A test-only hook's value (src/core/env.h: a test build's, from 1 to 1000000), else 0. */
+static long test_hook(mf_env_id id) {
+  double v = 0;
+  return mf_env_number(id, &v) ? (long)v : 0;
 }
 
 static void pause_ms(long ms) {
@@ -168,9 +161,9 @@ mf_status mf_ckpt_writer_create(const mf_config *cfg, mf_ckpt_writer **out) {
   snprintf(w->plan_path, sizeof w->plan_path, "%s/plan.json", cfg->output.dir);
   w->level = cfg->output.checkpoint_zstd;
   w->keep = cfg->output.keep_checkpoints;
-  w->pause_ms = test_hook("MF_TEST_CKPT_PAUSE_MS");
-  w->enospc_file = test_hook("MF_TEST_CKPT_ENOSPC");
-  w->filter = w->level > 0 && !test_hook("MF_TEST_CKPT_NO_FILTER");
+  w->pause_ms = test_hook(MF_ENV_TEST_CKPT_PAUSE_MS);
+  w->enospc_file = test_hook(MF_ENV_TEST_CKPT_ENOSPC);
+  w->filter = w->level > 0 && !test_hook(MF_ENV_TEST_CKPT_NO_FILTER);
   FILE *f = open_memstream(&w->config_text, &w->config_len);
   if (!f) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "checkpoint: cannot print the config");

@@ -4,8 +4,9 @@
  * (linear_fwd in the storage dtype, 8192^3 on cuda, 1024^3 on cpu) and a
  * device-to-device copy (1 GiB on cuda, 256 MiB on cpu).
  *
- * The step. The run plan `moefit train CONFIG` would make (planner/run_plan.h):
- * its program in the storage train.precision decides (auto: BF16 on cuda) and
+ * The step. The run plan `moefit train CONFIG` would make, opened as train
+ * opens it (src/train/run.h: the hardware profile auto measures where it has
+ * none, the plan, the backend): its program in the storage train.precision decides (auto: BF16 on cuda) and
  * the chosen plan's schedule. The schedule's compute instructions are the
  * calls the executor submits in one step: each op's RUN (a recomputed forward
  * op again; GRAD_SUMSQ and ADAMW only for the parameters whose optimizer the
@@ -71,7 +72,7 @@
 #include "src/cli/bench_copies.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
-#include "src/optim/optim.h"
+#include "src/train/run.h"
 
 const char mf_cli_bench_kernels_usage[] =
     "usage: moefit bench kernels CONFIG [key=value ...] [--reps R] [--json FILE]\n"
@@ -88,11 +89,11 @@ const char mf_cli_bench_kernels_usage[] =
     "against the GEMM's) or GB/s (the others: against the copy's, read + write bytes), the\n"
     "ratio to that roofline, and the share of the step's summed kernel time; then one line:\n"
     "  kernels: step <ms> ms; gemm roofline <X> TFLOP/s; copy <Y> GB/s\n"
-    "On cuda it names the kernel the expert GEMMs ran on (mma.sync by default; the environment's\n"
-    "MF_EXPERT_GEMM=cutlass picks CUTLASS's sm90 grouped GEMM on wgmma + TMA) and, where the\n"
+    "On cuda it names the kernel the expert GEMMs ran on (the plan's: kernels.expert_gemm, mma.sync\n"
+    "by default; cutlass is CUTLASS's sm90 grouped GEMM on wgmma + TMA) and, where the\n"
     "other kernel is available (an sm_90 GPU, a build with CUTLASS's headers), times the same\n"
     "expert calls on it: ms on each, its rate and ratio to the roofline, the speed-up. The same\n"
-    "for attention (mma.sync by default; MF_ATTENTION=cudnn picks cuDNN's fused flash kernels,\n"
+    "for attention (kernels.attention, mma.sync by default; cudnn is cuDNN's fused flash kernels,\n"
     "available where libcudnn.so.9 loads; with cudnn chosen, plan and train reserve its\n"
     "backward's workspace in the kernel scratch, and bench does too).\n"
     "Then the copies, in the same run on the same backend, bytes moved per second: rows h2d\n"
@@ -845,35 +846,22 @@ static mf_status write_json(const char *path, const bench *k, const report *rp, 
 
 /* ------------------------------------------------------------ the command */
 
+/* What the bench made on the run's backend (the backend, and the arena the
+ * bench created on it, go with the run). */
 static void bench_free(bench *k) {
   if (!k->b) return;
   if (k->host) k->b->host_free(k->b, k->host);
   if (k->e0) k->b->event_free(k->b, k->e0);
   if (k->e1) k->b->event_free(k->b, k->e1);
   if (k->s) k->b->stream_free(k->b, k->s);
-  mf_backend_free(k->b); /* the arena with it */
   free(k->expert_ptrs);
   memset(k, 0, sizeof *k);
-}
-
-/* The backend the config names, created as train creates it
- * (src/train/runner.c), with the kernel scratch cuDNN's attention needs
- * whichever attention runs (both are timed): before planning, so that a
- * missing GPU is the error. */
-static mf_status bench_backend(bench *k, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool) {
-  memset(k, 0, sizeof *k);
-  const mf_backend_params bp = {
-      pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, 0, mf_run_plan_scratch_cudnn(cfg, &t->spec)};
-  return mf_backend_create(mf_config_backend_name(cfg->backend), &bp, &k->b);
 }
 
 static mf_status bench_create(bench *k, const mf_run_plan *rp, int reps) {
   k->p = rp->prog;
   k->reps = reps;
   k->seed = 12345;
-  if (strcmp(rp->dev.name, k->b->name) != 0)
-    return MF_ERR(MF_ERR_INTERNAL, "bench kernels: planned for the %s backend, created the %s one",
-                  rp->dev.name, k->b->name);
   MF_CHECK(k->b->stream_create(k->b, &k->s));
   if (k->b->event_create_timed && k->b->event_elapsed) {
     MF_CHECK(k->b->event_create_timed(k->b, &k->e0));
@@ -994,23 +982,25 @@ int mf_cli_bench_kernels(int argc, char **argv) {
   if (json && !*json) return mf_cli_usage_error(cmd, "--json needs a file name");
 
   mf_config *cfg = NULL;
-  mf_param_table *t = NULL;
-  mf_run_plan *rp = NULL;
+  mf_run rn;
+  memset(&rn, 0, sizeof rn);
   mf_threadpool *pool = NULL;
   bench k;
   memset(&k, 0, sizeof k);
   mf_status st = MF_OK;
   MF_CHECK_GOTO(mf_config_load_for(path, overrides, n_over, MF_CONFIG_FOR_PLAN, &cfg), st, done);
   MF_CHECK_GOTO(mf_threadpool_create((int)cfg->train.threads, &pool), st, done);
-  MF_CHECK_GOTO(mf_cli_param_table(cfg, &t), st, done);
-  MF_CHECK_GOTO(bench_backend(&k, cfg, t, pool), st, done);
-  MF_CHECK_GOTO(mf_run_plan_make(cfg, t, MF_RUN_TRAIN, 1, &rp), st, done);
-  st = run(&k, rp, cfg, path, reps, json);
+  /* The run train would open, up to its backend: the profile, the plan, the
+   * backend with the kernel scratch cuDNN's attention needs whichever
+   * attention runs (both are timed). The bench's arena is its own, on it. */
+  const mf_run_opts ro = {.use = MF_RUN_TRAIN, .upto = MF_RUN_BACKEND, .pool = pool, .cudnn_scratch = 1};
+  MF_CHECK_GOTO(mf_run_open(cfg, &ro, &rn), st, done);
+  k.b = rn.backend;
+  st = run(&k, rn.rp, cfg, path, reps, json);
 done:
   bench_free(&k);
+  mf_run_close(&rn); /* the backend and the bench's arena with it */
   mf_threadpool_free(pool);
-  mf_run_plan_free(rp);
-  mf_param_table_free(t);
   mf_config_free(cfg);
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail(cmd, st);
 }

@@ -13,7 +13,7 @@
 #include "src/model/hf_config.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
-#include "src/train/hwmeasure.h"
+#include "src/train/run.h"
 
 static const char k_usage[] =
     "usage: moefit plan CONFIG [key=value ...] [--tensor PATTERN] [--json FILE] [--svg FILE]\n"
@@ -27,7 +27,7 @@ static const char k_usage[] =
     "baselines: everything resident, ZeRO-Offload-like, MegaTrain-like, checkpoint every layer,\n"
     "and the least-memory plan. The device budget covers everything on the device: what the\n"
     "backend keeps beside the arena (cuda: cuBLASLt workspace, kernel scratch, the CUDA\n"
-    "context; with MF_ATTENTION=cudnn the scratch holds cuDNN attention's backward workspace,\n"
+    "context; with kernels.attention cudnn the scratch holds cuDNN attention's backward workspace,\n"
     "on its own line) comes off it first; auto is the GPU's free memory, or without one to ask the\n"
     "profile's device memory. train makes its plan with the same function and writes it to\n"
     "OUTPUT_DIR/plan.json: the same bytes as --json gives for the same config and overrides.\n"
@@ -385,18 +385,18 @@ static int parse_sweep(const char *arg, sweep_key *k, char *why, size_t cap) {
   return 0;
 }
 
-/* What `moefit plan` plans, as train does (the plan is what train runs): the
- * config with its overrides, the model's table, the hardware profile (auto
- * measures one where it has to), the run plan of `ranks` ranks. On failure
- * the caller frees what was made (NULL where nothing was). */
+/* What `moefit plan` plans, as train does (src/train/run.h: the plan is what
+ * train runs): the config with its overrides, the run of `ranks` ranks
+ * opened up to its plan (the model's table, the hardware profile — auto
+ * measures one where it has to — the run plan). On failure the caller frees
+ * what was made (cfg NULL where nothing was). */
 static mf_status open_plan(const char *path, const char *const *over, size_t n, int64_t ranks, int64_t node_ranks,
-                           mf_config **cfg, mf_param_table **t, mf_run_plan **rp) {
+                           mf_config **cfg, mf_run *run) {
   MF_CHECK(mf_config_load_for(path, over, n, MF_CONFIG_FOR_PLAN, cfg));
   (*cfg)->ranks = ranks;
   (*cfg)->node_ranks = node_ranks;
-  MF_CHECK(mf_cli_param_table(*cfg, t));
-  MF_CHECK(mf_hwmeasure_auto(*cfg, *t, NULL));
-  return mf_run_plan_make(*cfg, *t, MF_RUN_TRAIN, 1, rp);
+  const mf_run_opts o = {.use = MF_RUN_TRAIN, .upto = MF_RUN_PLANNED};
+  return mf_run_open(*cfg, &o, run);
 }
 
 /* One plan of the sweep into the table's row: the values, then fits or not,
@@ -409,10 +409,11 @@ static int sweep_row(mf_table *tb, const char *path, const char *const *base, si
   for (int i = 0; i < n_extra; i++) over[n++] = extra[i];
   for (int i = 0; i < n_extra; i++) mf_table_cell(tb, "%s", strchr(extra[i], '=') + 1);
   mf_config *cfg = NULL;
-  mf_param_table *t = NULL;
-  mf_run_plan *rp = NULL;
+  mf_run run;
+  memset(&run, 0, sizeof run);
   int fits = 0;
-  const mf_status st = open_plan(path, over, n, ranks, node_ranks, &cfg, &t, &rp);
+  const mf_status st = open_plan(path, over, n, ranks, node_ranks, &cfg, &run);
+  const mf_run_plan *rp = run.rp;
   if (st != MF_OK) {
     mf_table_cell(tb, "error");
     for (int c = 0; c < 4; c++) mf_table_cell(tb, "-");
@@ -431,8 +432,7 @@ static int sweep_row(mf_table *tb, const char *path, const char *const *base, si
     mf_table_cell(tb, "%s", mf_format_count((double)tokens / c->sim.step_seconds, tk, sizeof tk));
     mf_table_cell(tb, "%s", mf_plan_bound_name(mf_plan_bound(c)));
   }
-  mf_run_plan_free(rp);
-  mf_param_table_free(t);
+  mf_run_close(&run);
   mf_config_free(cfg);
   return fits;
 }
@@ -540,10 +540,12 @@ int mf_cli_plan(int argc, char **argv) {
 
   const double t0 = mf_time_now();
   mf_config *cfg = NULL;
-  mf_param_table *t = NULL;
-  mf_run_plan *rp = NULL;
+  mf_run run;
+  memset(&run, 0, sizeof run);
   mf_status st = MF_OK;
-  MF_CHECK_GOTO(open_plan(path, overrides, n_over, ranks, node_ranks, &cfg, &t, &rp), st, done);
+  MF_CHECK_GOTO(open_plan(path, overrides, n_over, ranks, node_ranks, &cfg, &run), st, done);
+  const mf_param_table *t = run.t;
+  const mf_run_plan *rp = run.rp;
   const mf_model_spec spec = t->spec;
   const mf_program *p = rp->prog;
   const mf_plan *chosen = rp->plan;
@@ -577,8 +579,10 @@ int mf_cli_plan(int argc, char **argv) {
            mf_format_bytes(rp->dev.workspace_bytes, b3, sizeof b3),
            mf_format_bytes(rp->dev.scratch_bytes, b4, sizeof b4), mf_format_bytes(rp->dev.context_bytes, b5, sizeof b5),
            mf_format_bytes(rp->arena_limit, b6, sizeof b6));
+  printf("kernels: expert GEMMs on %s (%s), attention on %s (%s)\n", rp->kernels.expert_gemm,
+         rp->kernels.expert_gemm_from, rp->kernels.attention, rp->kernels.attention_from);
   if (rp->dev.attn_scratch_bytes > 0)
-    printf("attention on cuDNN (MF_ATTENTION=cudnn): %s of the kernel scratch is its backward's workspace\n",
+    printf("attention on cuDNN: %s of the kernel scratch is its backward's workspace\n",
            mf_format_bytes(rp->dev.attn_scratch_bytes, b1, sizeof b1));
   if (rp->dev.total_bytes == 0)
     printf("device budget %s (%s), all of it for the arena (the %s backend keeps nothing beside it)\n",
@@ -643,8 +647,7 @@ int mf_cli_plan(int argc, char **argv) {
     st = MF_ERR(MF_ERR_CONFIG, "the plan cannot run: %s", why);
   }
 done:
-  mf_run_plan_free(rp);
-  mf_param_table_free(t);
+  mf_run_close(&run);
   mf_config_free(cfg);
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail("plan", st);
 }

@@ -11,6 +11,7 @@
 #include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/train/hwmeasure.h"
+#include "src/train/run.h"
 
 static const char k_usage[] =
     "usage: moefit profile [--backend cpu|cuda] [--out FILE.yaml] [--quick] [--config CONFIG.yaml]\n"
@@ -84,8 +85,9 @@ static const char k_usage[] =
     "plan first measure the GPU once, as --backend cuda --quick --config CONFIG does (the step's\n"
     "calls timed when they fit the GPU all resident), and cache it in OUTPUT/hw-cuda.yaml,\n"
     "saying so; delete that file to measure again. On cpu auto takes runs/hw/cpu.yaml; when it\n"
-    "is missing train, eval and plan first measure it once, as --quick does (some seconds), saying\n"
-    "so (under mpirun with several ranks they plan with the bundled configs/hw/cpu-2core.yaml).\n";
+    "is missing train, eval, plan and bench kernels first measure it once, as --quick does (some\n"
+    "seconds), saying so (under mpirun with several ranks they plan with the bundled\n"
+    "configs/hw/cpu-2core.yaml).\n";
 
 static const char *storage_word(mf_dtype d) { return d == MF_DTYPE_BF16 ? "bf16" : "fp32"; }
 
@@ -187,15 +189,23 @@ int mf_cli_profile(int argc, char **argv) {
   if (!*out) return mf_cli_usage_error(cmd, "--out needs a file name");
   if (config && !*config) return mf_cli_usage_error(cmd, "--config needs a file name");
   mf_config *cfg = NULL;
+  mf_run run; /* --config: the run train would open, up to its table (train.lora's adapters included) */
+  memset(&run, 0, sizeof run);
   if (config) {
+    const mf_run_opts ro = {.use = MF_RUN_TRAIN, .upto = MF_RUN_TABLE};
     mf_status cst = mf_config_load(config, NULL, 0, &cfg);
-    if (cst != MF_OK) return mf_cli_fail(cmd, cst);
+    if (cst == MF_OK) cst = mf_run_open(cfg, &ro, &run);
+    if (cst != MF_OK) {
+      mf_run_close(&run);
+      mf_config_free(cfg);
+      return mf_cli_fail(cmd, cst);
+    }
   }
   char cmdline[1200];
   snprintf(cmdline, sizeof cmdline, "moefit profile --backend %s%s%s%s", backend, quick ? " --quick" : "",
            config ? " --config " : "", config ? config : "");
   const mf_hwmeasure_opts o = {
-      .backend = backend, .quick = quick, .cfg = cfg, .cfg_path = config, .cmdline = cmdline};
+      .backend = backend, .quick = quick, .cfg = cfg, .cfg_path = config, .table = run.t, .cmdline = cmdline};
   mf_hwprofile *p = NULL;
   mf_hwmeasure_info *info = NULL;
   mf_status st = mf_calloc(1, sizeof *p, "hardware profile", (void **)&p);
@@ -205,6 +215,7 @@ int mf_cli_profile(int argc, char **argv) {
   if (st == MF_OK) print_summary(p, info, cuda, out, mf_time_now() - t0);
   free(info);
   free(p);
+  mf_run_close(&run);
   mf_config_free(cfg);
   return st == MF_OK ? MF_EXIT_OK : mf_cli_fail(cmd, st);
 }

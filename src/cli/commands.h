@@ -88,10 +88,6 @@ void mf_cli_catch_stop(void);
  * (under mpirun: Open MPI's launcher), else 0. */
 int mf_cli_stop_by_parent(void);
 
-/* The parameter table of cfg's model: model.init's, or the config.json of
- * model.path's checkpoint (the shapes only: no weights are read), with
- * train.lora's adapters (src/train/train.h mf_run_model_table). */
-mf_status mf_cli_param_table(const mf_config *cfg, mf_param_table **out);
 
 /* A command's arguments as main hands them over: "--name=value" split into
  * "--name" "value" for every command's options alike (key=value overrides

@@ -80,7 +80,3 @@ char **mf_cli_split_options(int *argc, char **argv) {
   return out;
 }
 
-/* See commands.h. */
-mf_status mf_cli_param_table(const mf_config *cfg, mf_param_table **out) {
-  return mf_run_model_table(cfg, NULL, NULL, out);
-}

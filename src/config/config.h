@@ -10,6 +10,7 @@
  *   hardware: {profile: auto}
  *   output:   {dir: runs/demo, checkpoint_every: 100}
  *   backend:  auto | cpu | cuda
+ *   kernels:  {expert_gemm: auto, attention: auto}
  *
  * Every key, its type, range and default is listed by mf_config_print_keys
  * (and `moefit config --help`); docs/config.md documents them.
@@ -52,6 +53,27 @@ typedef enum mf_config_backend {
   MF_CONFIG_BACKEND_CPU,
   MF_CONFIG_BACKEND_CUDA,
 } mf_config_backend;
+
+/* kernels.expert_gemm: the kernel of bf16 storage's grouped expert GEMMs on
+ * cuda. The values are kernels/cuda/backend_cuda.h's MF_CUDA_EXPERT_GEMM_*. */
+typedef enum mf_config_expert_gemm {
+  MF_CONFIG_EXPERT_GEMM_AUTO = 0, /* the default for the GPU (planner/run_plan.h mf_run_plan_kernels) */
+  MF_CONFIG_EXPERT_GEMM_MMA,      /* mma.sync tiles */
+  MF_CONFIG_EXPERT_GEMM_CUTLASS,  /* CUTLASS's sm90 grouped GEMM */
+} mf_config_expert_gemm;
+
+/* kernels.attention: the kernels of bf16 storage's causal attention on cuda
+ * (MF_CUDA_ATTENTION_*). */
+typedef enum mf_config_attention {
+  MF_CONFIG_ATTENTION_AUTO = 0, /* the default for the GPU */
+  MF_CONFIG_ATTENTION_MMA,      /* mma.sync flash kernels */
+  MF_CONFIG_ATTENTION_CUDNN,    /* cuDNN's fused flash attention */
+} mf_config_attention;
+
+typedef struct mf_config_kernels {
+  mf_config_expert_gemm expert_gemm;
+  mf_config_attention attention;
+} mf_config_kernels;
 
 /* train.micro_batch_order: the order of a step's ops over its micro-batches
  * (src/model/program.h). */
@@ -224,6 +246,7 @@ typedef struct mf_config {
   mf_config_hardware hardware;
   mf_config_output output;
   mf_config_backend backend;
+  mf_config_kernels kernels;
   /* Not a key: the data-parallel ranks the run has (mpirun's world size, or
    * `moefit plan --ranks N`); 0 or 1: one. Set by the command before planning. */
   int64_t ranks;

@@ -179,7 +179,7 @@ const mf_config_key mf_config_keys[] = {
     SEC("hardware", 0, "the machine"),
     KEY("hardware.profile", MF_CK_STR, 0, hardware.profile, NOLO, NOHI, NULL, "auto",
         "a hardware profile file (configs/hw/, or what `moefit profile` writes) or auto: on cpu "
-        "runs/hw/cpu.yaml, which train, eval and plan measure once (as `moefit profile --quick`, some "
+        "runs/hw/cpu.yaml, which train, eval, plan and bench kernels measure once (as `moefit profile --quick`, some "
         "seconds) when it is missing; on cuda "
         "<output.dir>/hw-cuda.yaml, else runs/hw/cuda.yaml, else the bundled configs/hw/h100-pcie.yaml "
         "(spec-sheet estimates; the run says so); with the GPU present and neither file, train, eval and "
@@ -207,6 +207,18 @@ const mf_config_key mf_config_keys[] = {
 
     KEY("backend", MF_CK_ENUM, 0, backend, NOLO, NOHI, "auto|cpu|cuda", "auto",
         "compute backend; auto: cuda when this build has it and a GPU is visible, else cpu"),
+
+    SEC("kernels", 0, "which cuda kernels run bf16 storage's expert GEMMs and attention (plan prints the choice)"),
+    KEY("kernels.expert_gemm", MF_CK_ENUM, 0, kernels.expert_gemm, NOLO, NOHI, "auto|mma|cutlass", "auto",
+        "the grouped expert GEMMs: mma (mma.sync tiles, sm_80 on) or cutlass (CUTLASS's sm90 grouped GEMM on "
+        "wgmma + TMA: an sm_90 GPU and a build with CUTLASS's headers, else the run stops saying which is "
+        "missing); auto: the default for the GPU, mma until cutlass is measured faster there; the "
+        "environment's MF_EXPERT_GEMM overrides it"),
+    KEY("kernels.attention", MF_CK_ENUM, 0, kernels.attention, NOLO, NOHI, "auto|mma|cudnn", "auto",
+        "causal attention: mma (mma.sync flash kernels) or cudnn (cuDNN 9's fused flash attention, loaded at "
+        "run time, its backward's workspace reserved in the kernel scratch; else the run stops saying why); "
+        "auto: the default for the GPU, mma until cudnn is measured faster there; the environment's "
+        "MF_ATTENTION overrides it"),
 };
 
 const size_t mf_config_n_keys = sizeof mf_config_keys / sizeof mf_config_keys[0];

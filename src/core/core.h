@@ -96,8 +96,10 @@ typedef enum mf_log_level {
 
 /* MF_LOG=error|warn|info|debug|trace sets the level (default info);
  * MF_LOG_SUBSYS=io,config,... limits debug/trace output to those subsystems
- * (errors, warnings and info always pass). Both are read once, at the first
- * message; mf_log_configure re-reads them (tests use it). */
+ * (errors, warnings and info always pass). Both come from the environment
+ * table (src/core/env.h), applied at the first message; mf_log_configure
+ * applies them again (after mf_env_reload, in tests) and has the table
+ * reported (its warnings), which the CLI does first thing. */
 void mf_log_configure(void);
 void mf_log_set_level(mf_log_level level);
 void mf_log_set_stream(FILE *f); /* default stderr */
@@ -124,12 +126,6 @@ void mf_progress_start(const char *label, double after_seconds);
 void mf_progress_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mf_progress_clear(void);
 void mf_progress_stop(void);
-
-/* An environment variable that takes one of a few words ("a|b|c"): its value
- * when it is one of them, else NULL — unset or empty silently, any other
- * value with one warning per variable and process naming the variable, the
- * value and the words accepted (e.g. MF_CPU_SIMD=base, MF_COMM=mpi|none). */
-const char *mf_env_word(const char *name, const char *words);
 
 /* ---------------------------------------------------------------- dtypes */
 

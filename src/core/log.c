@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "src/core/core.h"
+#include "src/core/env.h"
 
 #define MF_LOG_SUBSYS_CAP 512
 
@@ -18,34 +19,16 @@ static FILE *g_stream;
 
 static const char *const k_level_names[] = {"error", "warn", "info", "debug", "trace"};
 
-/* A bad MF_LOG or MF_LOG_SUBSYS, written straight to the stream (mf_log would
- * configure again), once for each value. */
-static void warn_env(const char *name, const char *value, const char *why) {
-  static char warned[2][128];
-  char *last = warned[strcmp(name, "MF_LOG") != 0];
-  if (strncmp(last, value, sizeof warned[0] - 1) == 0) return;
-  snprintf(last, sizeof warned[0], "%s", value);
-  FILE *out = g_stream ? g_stream : stderr;
-  fprintf(out, "[warn log] %s='%.80s%s' %s\n", name, value, strlen(value) > 80 ? "..." : "", why);
-  fflush(out);
-}
-
+/* From the environment table (src/core/env.h), which warns about a bad value:
+ * read unreported, as the table's report logs. */
 static void configure_from_env(void) {
-  const char *lv = getenv("MF_LOG");
+  const char *lv = mf_env_string_unreported(MF_ENV_LOG);
   g_level = MF_LOG_INFO;
-  if (lv && *lv) {
-    int found = 0;
-    for (int i = 0; i <= MF_LOG_TRACE; i++)
-      if (strcasecmp(lv, k_level_names[i]) == 0) g_level = (mf_log_level)i, found = 1;
-    if (!found)
-      warn_env("MF_LOG", lv, "is not a log level (error, warn, info, debug or trace): logging at info");
-  }
-  const char *ss = getenv("MF_LOG_SUBSYS");
+  for (int i = 0; lv && i <= MF_LOG_TRACE; i++)
+    if (strcasecmp(lv, k_level_names[i]) == 0) g_level = (mf_log_level)i;
+  const char *ss = mf_env_string_unreported(MF_ENV_LOG_SUBSYS);
   g_subsys[0] = 0;
-  if (ss && *ss && strlen(ss) + 3 < sizeof g_subsys) snprintf(g_subsys, sizeof g_subsys, ",%s,", ss);
-  if (ss && strlen(ss) + 3 >= sizeof g_subsys)
-    warn_env("MF_LOG_SUBSYS", ss,
-             "is too long (a comma-separated list of subsystems): logging every subsystem");
+  if (ss) snprintf(g_subsys, sizeof g_subsys, ",%s,", ss);
 }
 
 void mf_log_configure(void) {
@@ -53,6 +36,7 @@ void mf_log_configure(void) {
   pthread_mutex_lock(&g_lock);
   configure_from_env();
   pthread_mutex_unlock(&g_lock);
+  (void)mf_env_string(MF_ENV_LOG); /* the table's report, now that logging is configured */
 }
 
 void mf_log_set_level(mf_log_level level) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "src/core/core.h"
+#include "src/core/env.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
@@ -76,12 +77,7 @@ void mf_progress_start(const char *label, double after_seconds) {
   const int outer = g.depth++ == 0;
   pthread_mutex_unlock(&g_mu);
   if (!outer || !isatty(2)) return;
-  const char *env = getenv("MF_PROGRESS_AFTER");
-  if (env && *env) {
-    char *end = NULL;
-    const double v = strtod(env, &end);
-    if (end != env && *end == 0 && v >= 0) after_seconds = v;
-  }
+  (void)mf_env_number(MF_ENV_PROGRESS_AFTER, &after_seconds);
   pthread_mutex_lock(&g_mu);
   snprintf(g.label, sizeof g.label, "%s", label);
   snprintf(g.what, sizeof g.what, "starting");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "src/core/core.h"
+#include "src/core/env.h"
 
 struct mf_threadpool {
   int n;
@@ -50,21 +51,10 @@ static void *worker_main(void *arg) {
 }
 
 static int default_threads(void) {
-  static int warned; /* a bad MF_THREADS is reported once a process */
-  const char *env = getenv("MF_THREADS");
+  double v;
+  if (mf_env_number(MF_ENV_THREADS, &v)) return (int)v;
   long n = sysconf(_SC_NPROCESSORS_ONLN);
-  if (n <= 0) n = 1;
-  if (env && *env) {
-    char *end = NULL;
-    long v = strtol(env, &end, 10);
-    if (end && *end == 0 && v > 0 && v <= 1024) return (int)v;
-    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-      MF_LOGW("core",
-              "MF_THREADS='%.80s' is not a number of threads (a whole number from 1 to 1024): using the %ld "
-              "online CPUs",
-              env, n);
-  }
-  return (int)n;
+  return n > 0 ? (int)n : 1;
 }
 
 mf_status mf_threadpool_create(int n_threads, mf_threadpool **out) {

@@ -1,6 +1,5 @@
 /* Allocation wrappers, byte sizes and counts for people, the clock. */
 #include <ctype.h>
-#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,25 +153,4 @@ size_t mf_utf8_invalid_at(const void *text, size_t len) {
     i += n + 1;
   }
   return len;
-}
-
-const char *mf_env_word(const char *name, const char *words) {
-  static const char *warned[16]; /* names already reported; a name is a string literal */
-  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-  const char *v = getenv(name);
-  if (!v || !*v) return NULL;
-  const size_t n = strlen(v);
-  for (const char *w = words; *w;) {
-    const char *bar = strchr(w, '|');
-    const size_t len = bar ? (size_t)(bar - w) : strlen(w);
-    if (len == n && strncmp(w, v, n) == 0) return v;
-    w += len + (bar != NULL);
-  }
-  pthread_mutex_lock(&lock);
-  int seen = 0, i = 0;
-  for (; i < 16 && warned[i] && !seen; i++) seen = strcmp(warned[i], name) == 0;
-  if (!seen && i < 16) warned[i] = name;
-  pthread_mutex_unlock(&lock);
-  if (!seen) MF_LOGW("core", "%s='%.80s' is not one of %s: ignored", name, v, words);
-  return NULL;
 }

@@ -271,7 +271,7 @@ static mf_status adapter_without_record(const mf_config *cfg, const char *dir) {
  * the LM head that is not, else (an overflow) the logits themselves,
  * hidden . lm_head^T on the host where that is quick. The error names the
  * place in the token file and what is not finite there. */
-static mf_status nonfinite_loss(mf_runner *r, mf_loader *l, const mf_loader_state *start, const mf_config *cfg,
+static mf_status nonfinite_loss(mf_run *r, mf_loader *l, const mf_loader_state *start, const mf_config *cfg,
                                 const mf_param_table *t, const float *w, const char *tokens, const char *desc,
                                 double loss) {
   const int64_t B = cfg->train.micro_batch, S = cfg->data.seq_len, H = t->spec.hidden, V = t->spec.vocab;
@@ -349,7 +349,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   mf_param_table *t = NULL;
   float *w = NULL, *hidden = NULL;
   mf_loader *l = NULL;
-  mf_runner r;
+  mf_run r;
   memset(&r, 0, sizeof r);
   char desc[4200], final_dir[4200], rec_path[4400], who[4300];
   mf_base_id rec; /* an adapter dir's record of its base (has_rec) */
@@ -372,7 +372,9 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
    * trained), not train.lora's; on the base it records, nowhere else */
   mf_config own = *cfg;
   if (adapters) own.train.lora.rank = 0;
-  MF_CHECK_GOTO(mf_run_model_table(&own, model_dir, NULL, &t), st, done);
+  mf_run_opts ro = {.use = MF_RUN_EVAL, .upto = MF_RUN_TABLE, .model_dir = model_dir, .pool = pool};
+  MF_CHECK_GOTO(mf_run_open(&own, &ro, &r), st, done);
+  t = r.t;
   if (adapters) {
     snprintf(rec_path, sizeof rec_path, "%s/%s", adapters, MF_BASE_ID_FILE);
     snprintf(who, sizeof who, "the adapters of %s were", adapters);
@@ -401,7 +403,8 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
       mf_loader_open(&origin, tokens, cfg->data.seq_len, cfg->train.micro_batch, 0, MF_LOADER_EVAL, &l), st,
       done);
   MF_CHECK_GOTO(mf_train_check_vocab(l, t), st, done);
-  MF_CHECK_GOTO(mf_runner_init(&r, &own, t, pool, MF_RUN_EVAL, NULL), st, done);
+  ro.upto = MF_RUN_EXECUTOR;
+  MF_CHECK_GOTO(mf_run_open(&own, &ro, &r), st, done);
   MF_CHECK_GOTO(mf_run_load_weights(cfg, model_dir, t, pool, &w, desc, sizeof desc), st, done);
   if (has_rec) /* the base's weights as the adapters' record has them */
     MF_CHECK_GOTO(mf_run_base_check_weights(&rec, rec_path, cfg, t, w, NULL, pool, who, MF_BASE_WAY_OUT_ADAPTER),
@@ -411,7 +414,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
     const size_t n = strlen(desc);
     snprintf(desc + n, sizeof desc - n, " with the LoRA adapters of %s", adapters);
   }
-  MF_CHECK_GOTO(mf_runner_round_working(&r, w, (size_t)t->total_numel, NULL, pool), st, done);
+  MF_CHECK_GOTO(mf_run_round_working(&r, w, (size_t)t->total_numel, NULL, pool), st, done);
   if (opts->dump_logits)
     MF_CHECK_GOTO(mf_malloc((size_t)(cfg->train.micro_batch * cfg->data.seq_len * t->spec.hidden) * sizeof(float),
                             "hidden states", (void **)&hidden),
@@ -419,7 +422,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   MF_LOGI("eval", "model: %s; tokens: %s", desc, tokens);
   mf_loader_state start;
   mf_loader_get_state(l, &start);
-  MF_CHECK_GOTO(mf_runner_eval_pass(&r, l, w, 1, out, hidden), st, done);
+  MF_CHECK_GOTO(mf_run_eval_pass(&r, l, w, 1, out, hidden), st, done);
   if (out->tokens > 0 && !isfinite(out->loss)) {
     st = nonfinite_loss(&r, l, &start, cfg, t, w, tokens, desc, out->loss);
     goto done;
@@ -427,11 +430,10 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   if (opts->dump_logits && !out->stopped) MF_CHECK_GOTO(dump_logits(cfg, t, w, hidden, opts->dump_logits), st, done);
 done:
   mf_base_id_free(&rec);
-  mf_runner_free(&r);
+  mf_run_close(&r); /* the table with it */
   mf_loader_free(l);
   free(hidden);
   free(w);
-  mf_param_table_free(t);
   mf_threadpool_free(pool);
   return st;
 }

@@ -74,7 +74,7 @@ mf_status mf_host_state_init(mf_host_state *h, const mf_config *cfg, const mf_pa
   MF_CHECK(mf_hostbuf_alloc(h->spill_grads ? dir : NULL, "gradients", nt * sizeof(float), &h->grads));
   MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-m", nt * ms, &h->m));
   MF_CHECK(mf_hostbuf_alloc(h->spill_moments ? dir : NULL, "adam-v", nt * ms, &h->v));
-  if (rp->storage == MF_DTYPE_BF16) /* filled by the runner (mf_runner_round_working) */
+  if (rp->storage == MF_DTYPE_BF16) /* filled by the run (mf_run_round_working) */
     MF_CHECK(mf_hostbuf_alloc(h->spill_working ? dir : NULL, "bf16-working-copy", n * sizeof(uint16_t),
                               &h->working));
   h->base_bf16 = mf_lora_base_bf16(t, rp->storage, rp->prog->ranks);

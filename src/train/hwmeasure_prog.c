@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels/registry.h"
+#include "planner/run_plan.h"
 #include "planner/schedule.h"
 #include "planner/simulate.h"
 #include "src/exec/exec.h"
@@ -168,12 +169,16 @@ mf_status mf_hwmeasure_prog_create(const mf_config *cfg, const mf_param_table *t
   if (!t) MF_CHECK_GOTO(mf_param_table_build(&cfg->model.init, &pt->own_t), st, fail);
   pt->t = t ? t : pt->own_t;
   MF_CHECK_GOTO(build_program(pt, cfg, o), st, fail);
+  mf_run_kernels k; /* the kernels the config's run would run */
+  mf_run_plan_kernels(cfg, o->backend, o->storage, &k);
   const mf_backend_params bp = {.pool = o->pool,
                                 .streams = MF_CPU_STREAMS_IMMEDIATE,
                                 .scratch_bytes = mf_backend_attention_scratch(
-                                    o->backend, o->storage, -1, cfg->train.micro_batch, cfg->data.seq_len,
-                                    pt->t->spec.heads, pt->t->spec.kv_heads, pt->t->spec.head_dim)};
+                                    o->backend, o->storage, strcmp(k.attention, "cudnn") == 0,
+                                    cfg->train.micro_batch, cfg->data.seq_len, pt->t->spec.heads,
+                                    pt->t->spec.kv_heads, pt->t->spec.head_dim)};
   MF_CHECK_GOTO(mf_backend_create(o->backend, &bp, &pt->be), st, fail);
+  MF_CHECK_GOTO(mf_backend_set_kernels(pt->be, k.expert_gemm, k.attention), st, fail);
   MF_CHECK_GOTO(mf_exec_create_scheduled(pt->prog, pt->sched, pt->be, &pt->x), st, fail);
   MF_CHECK_GOTO(mf_exec_set_instr_timing(pt->x, 1), st, fail);
   pt->n = pt->sched->n_instr;

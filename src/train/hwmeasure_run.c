@@ -9,6 +9,7 @@
 #include "kernels/registry.h"
 #include "planner/plan.h"
 #include "planner/run_plan.h"
+#include "src/core/env.h"
 #include "src/core/hostbuf.h"
 #include "src/optim/optim.h"
 #include "src/train/hwmeasure.h"
@@ -53,6 +54,7 @@ typedef struct measure {
   mf_bench host; /* cuda: the cpu backend, for host.memory_bandwidth */
   mf_hwmeasure_prog *prog;
   mf_backend_memory mem; /* cuda: the GPU when measuring began */
+  mf_run_kernels kernels; /* the expert GEMM and attention kernels measured */
 } measure;
 
 /* The step's timer, or its absence noted (o->kernels_optional). */
@@ -82,13 +84,16 @@ static mf_status setup(measure *m) {
   const size_t kernels = m->sh->arena_elems * mf_dtype_size(m->info->storage);
   const size_t arena = kernels > 2 * MF_BENCH_COPY_BYTES ? kernels : 2 * MF_BENCH_COPY_BYTES;
   if (m->cuda) MF_CHECK(mf_backend_query_memory("cuda", NULL, 1, &m->mem));
-  /* attention on cuDNN (MF_ATTENTION=cudnn) keeps its backward's workspace in the kernel scratch */
+  /* the kernels a run of the config (else a run of defaults) would run; attention on cuDNN
+   * keeps its backward's workspace in the kernel scratch */
+  mf_run_plan_kernels(o->cfg, o->backend, m->info->storage, &m->kernels);
+  const int cudnn = strcmp(m->kernels.attention, "cudnn") == 0;
   uint64_t scratch = 0;
   const mf_bench_attn *a = &m->sh->attn;
   for (int i = 0; a->tokens > 0 && i < m->sh->n_attn; i++) {
     const int64_t S = a->shapes[i][0], D = a->shapes[i][1];
     const uint64_t need =
-        mf_backend_attention_scratch(o->backend, m->info->storage, -1, a->tokens / S, S, a->hq, a->hkv, D);
+        mf_backend_attention_scratch(o->backend, m->info->storage, cudnn, a->tokens / S, S, a->hq, a->hkv, D);
     if (need > scratch) scratch = need;
   }
   const mf_status st =
@@ -96,6 +101,7 @@ static mf_status setup(measure *m) {
   if (st != MF_OK && m->cuda && (st == MF_ERR_NO_DEVICE || st == MF_ERR_UNSUPPORTED))
     mf_error_prefix("--backend cuda: no GPU to measure");
   MF_CHECK(st);
+  MF_CHECK(mf_backend_set_kernels(m->dev.b, m->kernels.expert_gemm, m->kernels.attention));
   if (m->cuda) {
     snprintf(m->info->device_name, sizeof m->info->device_name, "%s", m->mem.device_name);
     m->info->device_free = m->mem.device_free_bytes;
@@ -291,8 +297,7 @@ static mf_status measure_into(const mf_config *cfg, const mf_param_table *t, mf_
 /* hardware.profile auto on cpu: `moefit profile --quick` into runs/hw/cpu.yaml
  * (no config: the machine's profile, which every config's auto reads), once. */
 static mf_status auto_cpu(const mf_config *cfg) {
-  const char *keep = getenv("MF_CPU_PROFILE");
-  if (keep && strcmp(keep, "bundled") == 0) return MF_OK; /* tests: the bundled profile's predictions */
+  if (mf_env_string(MF_ENV_CPU_PROFILE)) return MF_OK; /* bundled (tests): the bundled profile's predictions */
   if (cfg->ranks > 1 || cfg->node_ranks > 1)
     return MF_OK;                                        /* the other ranks would share the cores measured */
   if (mf_mkdir_parents(CPU_PROFILE_MEASURED) != MF_OK) { /* a directory we cannot write: plan without */

@@ -7,6 +7,7 @@
 
 #include "experts/routing.h"
 #include "kernels/registry.h"
+#include "src/core/env.h"
 #include "src/io/tokens.h"
 #include "src/train/base.h"
 #include "src/train/train_internal.h"
@@ -28,7 +29,7 @@ typedef struct run {
   int w_owned; /* w is ours to free (0: it moved into hs.master) */
   char desc[4200];
   mf_loader *train, *valid;
-  mf_runner tr, ev; /* the training step; the evaluation (with data.valid) */
+  mf_run tr, ev; /* the training step; the evaluation (with data.valid), inside tr */
   mf_host_state hs;
   mf_updates up;
   mf_optim_buf *bufs;      /* [n] the gradients the host holds this step */
@@ -67,8 +68,8 @@ static void run_free(run *r, int ok) {
   free(r->ext_sums);
   free(r->bufs);
   mf_metrics_close(r->metrics);
-  mf_runner_free(&r->ev); /* inside the training's backend: first */
-  mf_runner_free(&r->tr);
+  mf_run_close(&r->ev); /* inside the training's backend: first */
+  mf_run_close(&r->tr); /* the table with it */
   mf_loader_free(r->train);
   mf_loader_free(r->valid);
   mf_host_state_free(&r->hs); /* gradients and moments (and w when it spilled) */
@@ -76,7 +77,6 @@ static void run_free(run *r, int ok) {
   free(r->routed);
   free(r->base_json);
   if (r->w_owned) free(r->w);
-  mf_param_table_free(r->t);
   mf_threadpool_free(r->pool);
   /* The node's shared memory last: rank 0 wrote the final weights from it.
    * After a failure the others may never come to free it with us. */
@@ -149,8 +149,8 @@ static mf_status open_data(const mf_config *cfg, const char *key, const char *pa
  * LoRA's base at home in bf16 (loaded there) the trained parameters'. */
 static mf_status round_home(run *r) {
   uint16_t *buf = (uint16_t *)r->hs.working.ptr;
-  if (r->hs.base_bf16) return mf_runner_round_trained(&r->tr, r->t, r->w, buf);
-  return mf_runner_round_working(&r->tr, r->w, (size_t)r->t->total_numel, buf, r->pool);
+  if (r->hs.base_bf16) return mf_run_round_trained(&r->tr, r->t, r->w, buf);
+  return mf_run_round_working(&r->tr, r->w, (size_t)r->t->total_numel, buf, r->pool);
 }
 
 /* What a checkpoint of the run holds (src/ckpt), its base's record with it. */
@@ -283,7 +283,7 @@ static mf_status node_state(run *r) {
     if (n) memcpy(r->w, w, n * sizeof(float));
     free(w);
   }
-  MF_CHECK(mf_runner_round_working(&r->tr, r->w, r->rk.lrank == 0 ? n : 0, (uint16_t *)r->hs.working.ptr,
+  MF_CHECK(mf_run_round_working(&r->tr, r->w, r->rk.lrank == 0 ? n : 0, (uint16_t *)r->hs.working.ptr,
                                    r->pool));
   return mf_comm_node_barrier(r->rk.comm);
 }
@@ -292,7 +292,7 @@ static mf_status node_state(run *r) {
  * created), the executors, the weights, the host state and the optimizer.
  * Everything that can refuse the run comes before anything large is
  * allocated: the config (already checked whole), the model's shape, the
- * token files, the plan's limits and this machine's memory (the runner
+ * token files, the plan's limits and this machine's memory (the run
  * admits the plan before it creates the device arena), and only then the
  * arenas, the weights and the host state. */
 static mf_status setup(run *r, mf_train_summary *out) {
@@ -308,7 +308,9 @@ static mf_status setup(run *r, mf_train_summary *out) {
     }
     hot_ckpt = r->resume_dir;
   }
-  MF_CHECK(mf_run_model_table(cfg, NULL, hot_ckpt, &r->t));
+  mf_run_opts ro = {.use = MF_RUN_TRAIN, .upto = MF_RUN_TABLE, .ckpt = hot_ckpt, .pool = r->pool};
+  MF_CHECK(mf_run_open(cfg, &ro, &r->tr));
+  r->t = r->tr.t;
   const mf_param_table *t = r->t;
   if (r->multi) MF_CHECK(mf_ranks_init(&r->rk, t, cfg->train.micro_batch, cfg->data.seq_len));
   MF_CHECK(open_data(cfg, "data.train", cfg->data.train, MF_LOADER_TRAIN, cfg->train.seed, t, &r->train));
@@ -320,7 +322,9 @@ static mf_status setup(run *r, mf_train_summary *out) {
   /* Rank 0 first: a hardware profile it measures (cuda, hardware.profile
    * auto) is there when the others plan. */
   if (r->multi && !r->rank0) MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, "planning"));
-  MF_CHECK(mf_runner_init(&r->tr, cfg, t, r->pool, MF_RUN_TRAIN, r->rank0 ? plan_json : NULL));
+  ro.upto = MF_RUN_EXECUTOR;
+  ro.plan_json = r->rank0 ? plan_json : NULL;
+  MF_CHECK(mf_run_open(cfg, &ro, &r->tr));
   if (r->multi && r->rank0) MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, "planning"));
   /* The evaluation plans with the routing the training plan used: a routing
    * file passed over (measured on another model) is passed over again without
@@ -328,7 +332,8 @@ static mf_status setup(run *r, mf_train_summary *out) {
   r->ev_cfg = *cfg;
   if (r->tr.rp->routing_note[0]) r->ev_cfg.memory.routing_kind = MF_CONFIG_ROUTING_NONE;
   /* inside the training's backend and arena: the device holds one arena */
-  if (r->valid) MF_CHECK(mf_runner_init_inside(&r->ev, &r->ev_cfg, t, MF_RUN_EVAL, &r->tr));
+  const mf_run_opts eo = {.use = MF_RUN_EVAL, .upto = MF_RUN_EXECUTOR, .table = r->tr.t, .inside = &r->tr};
+  if (r->valid) MF_CHECK(mf_run_open(&r->ev_cfg, &eo, &r->ev));
   /* A pass over the corpus: after the checks that can refuse the run. */
   if (r->rank0) MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));
   /* The weights last: a run that cannot start (no GPU, a plan over a limit)
@@ -348,7 +353,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
     MF_CHECK(round_home(r));
   }
-  if (r->valid) mf_runner_share_working(&r->ev, &r->tr);
+  if (r->valid) mf_run_share_working(&r->ev, &r->tr);
   if (t->lora_a)
     r->base_sum = mf_ckpt_base_sum(t, r->w, r->hs.base_bf16 ? (const uint16_t *)r->hs.working.ptr : NULL);
   if (r->rank0 || (r->resume && r->rk.lrank == 0)) MF_CHECK(base_record(r)); /* the writer, and who resumes */
@@ -500,11 +505,11 @@ static uint64_t mix3(uint64_t a, uint64_t b, uint64_t c) {
 /* MF_INJECT_FAIL=RANK:STEP: rank RANK fails at the start of step STEP (the
  * test of a failing rank ending the job; tests/train/ranks_test). */
 static mf_status injected_failure(const run *r, int64_t step) {
-  const char *e = getenv("MF_INJECT_FAIL");
-  long long rank = -1, at = -1;
-  if (!e || sscanf(e, "%lld:%lld", &rank, &at) != 2) return MF_OK;
-  if (rank != (r->multi ? r->rk.rank : 0) || at != step) return MF_OK;
-  return MF_ERR(MF_ERR_INTERNAL, "step %lld: the failure MF_INJECT_FAIL=%s asked for", (long long)step, e);
+  int64_t at[2]; /* RANK, STEP: a test build's (src/core/env.h) */
+  if (!mf_env_pair(MF_ENV_INJECT_FAIL, at)) return MF_OK;
+  if (at[0] != (r->multi ? r->rk.rank : 0) || at[1] != step) return MF_OK;
+  return MF_ERR(MF_ERR_INTERNAL, "step %lld: the failure MF_INJECT_FAIL=%s asked for", (long long)step,
+                mf_env_string(MF_ENV_INJECT_FAIL));
 }
 
 /* One optimizer step: the batches, the executor's forward and backward, the
@@ -512,7 +517,7 @@ static mf_status injected_failure(const run *r, int64_t step) {
 static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_metrics *sm) {
   const mf_config *cfg = r->cfg;
   const double t0 = mf_time_now();
-  mf_runner *tr = &r->tr;
+  mf_run *tr = &r->tr;
   MF_CHECK(injected_failure(r, step));
   if (r->multi) {
     MF_CHECK(mf_ranks_next_batches(&r->rk, r->train, tr->G, tr->ids, tr->targets));
@@ -712,12 +717,12 @@ static mf_status after_step(run *r, int64_t step, mf_train_summary *out, mf_step
     mf_window_add_worker(&r->win, busy, waited);
   }
   if (eval_now) {
-    /* The two take turns in the one arena (mf_runner_init_inside): each
+    /* The two take turns in the one arena (mf_run_open inside): each
      * fills its persistent slots again from home when it runs next. */
     mf_exec_invalidate(r->ev.exec);
     mf_exec_invalidate(r->tr.exec);
     mf_eval_result er;
-    MF_CHECK(mf_runner_eval_pass(&r->ev, r->valid, r->w, !r->quiet, &er, NULL));
+    MF_CHECK(mf_run_eval_pass(&r->ev, r->valid, r->w, !r->quiet, &er, NULL));
     sm->eval_loss = er.stopped ? NAN : er.loss; /* a pass cut short is no validation loss */
     sm->eval_s = er.seconds;
     if (!er.stopped) out->valid_loss = er.loss;

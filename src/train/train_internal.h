@@ -1,9 +1,9 @@
 /*
  * Private to src/train: the parts of a training run, each in its own file.
  *
- *   runner.c   one program running on one backend under its run plan
- *              (planner/run_plan.h): the backend created by name, the
- *              executor, the staging arena, the batch buffers; an eval pass
+ *   run.c      a run opened up to the stage a command needs (run.h): the
+ *              table, the profile and plan, the backend, the executor with
+ *              its staging arena and batch buffers; an eval pass
  *   host.c     the host state: fp32 master weights, gradient sums and AdamW
  *              moments in memory or spilled to NVMe as the plan's host
  *              accounting says
@@ -33,43 +33,14 @@
 #include "src/optim/worker.h"
 #include "src/train/loader.h"
 #include "src/train/metrics.h"
+#include "src/train/run.h"
 #include "src/train/train.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ------------------------------------------------------------ runner.c */
-
-typedef struct mf_runner {
-  mf_run_plan *rp; /* the plan it runs (planner/run_plan.h) */
-  mf_backend *backend;
-  mf_exec *exec;
-  int staging_threads;      /* host threads each way through the staging arena (0: not staged) */
-  int32_t **ids, **targets; /* [G][B*S] */
-  int64_t G;
-  uint16_t *working; /* BF16 storage: the weights' bf16 working copy the executor uploads (else NULL) */
-  int working_owned;
-  const struct mf_runner *inside; /* the runner whose backend and arena this one uses (else NULL) */
-} mf_runner;
-
-/* Plans the run of cfg on t for `use`; with plan_json (train), writes the plan
- * there before the backend exists (so a run that cannot start still shows what
- * it would have run); then creates the backend, admits the plan
- * (mf_run_plan_admit: a plan over a limit, or whose host memory this machine
- * cannot give, is refused before anything large is allocated), creates the
- * executor (copies staged as the plan says) and the batch buffers. */
-mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
-                         mf_run_use use, const char *plan_json);
-/* The same for a program that runs inside `host`'s backend and device arena
- * (train's evaluation between the training steps: one backend and one arena
- * a process, so the device holds no more than memory.device_budget): planned
- * within host's arena (mf_run_plan_make_inside), no profile measured again,
- * no plan file. The two take turns in the arena: before each evaluation,
- * train.c marks both executors' persistent slots stale (mf_exec_invalidate). */
-mf_status mf_runner_init_inside(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_run_use use,
-                                const mf_runner *host);
-void mf_runner_free(mf_runner *r);
+/* --------------------------------------------------------------- run.c */
 
 /* One full pass over an eval loader with weights w: mean cross-entropy per
  * counted token and the pass's seconds; capture (may be NULL) receives the
@@ -77,23 +48,23 @@ void mf_runner_free(mf_runner *r);
  * than two seconds (MF_PROGRESS_EVERY=SECONDS: that many) says on stderr how
  * many windows are done and its ETA, at most that often, and ends with a line
  * saying it finished; a shorter one prints nothing. */
-mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
-                              float *capture);
+mf_status mf_run_eval_pass(mf_run *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
+                           float *capture);
 
 /* BF16 storage (the plan's): the executor uploads weights from a bf16 working
- * copy. mf_runner_round_working fills `buf` (n bf16 values; NULL: a buffer of
- * the runner's own, allocated once) with the n weights w rounded to nearest
+ * copy. mf_run_round_working fills `buf` (n bf16 values; NULL: a buffer of
+ * the run's own, allocated once) with the n weights w rounded to nearest
  * even, converted by the pool's threads, and hands it to the executor;
- * mf_runner_share_working hands another runner's to this one (train's
+ * mf_run_share_working hands another run's to this one (train's
  * evaluation reads the copy training keeps current). With fp32 storage both
  * do nothing. */
-mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool);
-void mf_runner_share_working(mf_runner *r, const mf_runner *from);
+mf_status mf_run_round_working(mf_run *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool);
+void mf_run_share_working(mf_run *r, const mf_run *from);
 /* LoRA's base at home in bf16 (mf_host_state.base_bf16): buf, the working
  * copy the frozen parameters were loaded into, handed to the executor with
  * the trained parameters' weights w rounded into it (the frozen part of w is
  * never read). */
-mf_status mf_runner_round_trained(mf_runner *r, const mf_param_table *t, const float *w, uint16_t *buf);
+mf_status mf_run_round_trained(mf_run *r, const mf_param_table *t, const float *w, uint16_t *buf);
 
 /* MF_ERR_CONFIG when the token file's vocabulary is larger than the model's. */
 mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t);

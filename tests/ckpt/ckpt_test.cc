@@ -5,6 +5,7 @@
 // catch a flipped byte and a truncated file; an unfinished checkpoint (no
 // COMPLETE) is refused and passed over for the previous one; keep_checkpoints
 // removes the older ones; a config that changes the maths is refused.
+#include "src/core/env.h"
 #include "tests/ckpt/ckpt_util.h"
 
 namespace {
@@ -98,8 +99,10 @@ const char kOddModel[] =
 
 std::string WriteWith(const mf_config *cfg, State &st, int64_t step, bool filter) {
   if (!filter) setenv("MF_TEST_CKPT_NO_FILTER", "1", 1);
+  mf_env_reload();
   const std::string dir = Write(cfg, st, step);
   unsetenv("MF_TEST_CKPT_NO_FILTER");
+  mf_env_reload();
   return dir;
 }
 
@@ -325,9 +328,11 @@ TEST(Ckpt, FullDiskFailsTheWriteKeepingTheOlder) {
   State a(cfg, MF_DTYPE_F32, 1);
   const std::string s4 = Write(cfg, a, 4);
   setenv("MF_TEST_CKPT_ENOSPC", "2", 1);
+  mf_env_reload();
   mf_ckpt_writer *w = nullptr;
   const mf_status created = mf_ckpt_writer_create(cfg, &w);
   unsetenv("MF_TEST_CKPT_ENOSPC");
+  mf_env_reload();
   ASSERT_EQ(created, MF_OK) << mf_last_error();
   mf_ckpt_data d = a.Data();
   mf_ckpt_state s = SmallState(8);

@@ -227,9 +227,10 @@ TEST(BenchKernels, ErrorsExitWithAStatus) {
   EXPECT_NE(backend.out.find("tpu"), std::string::npos) << backend.out;
   const char *found = nullptr;
   ASSERT_EQ(mf_backend_resolve("auto", &found), MF_OK);
-  if (std::string(found) != "cuda") {  // no GPU here: backend=cuda must say so
-    Result cuda =
-        moefit("bench kernels configs/demo.yaml backend=cuda hardware.profile=configs/hw/cpu-2core.yaml");
+  if (std::string(found) != "cuda") {  // no GPU here: backend=cuda must say so (a budget it can plan in)
+    Result cuda = moefit(
+        "bench kernels configs/demo.yaml backend=cuda memory.device_budget=4GiB "
+        "hardware.profile=configs/hw/cpu-2core.yaml");
     EXPECT_EQ(cuda.code, 1) << cuda.out;
     EXPECT_NE(cuda.out.find("moefit bench kernels: error: backend: cuda"), std::string::npos) << cuda.out;
   }

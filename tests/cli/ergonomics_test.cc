@@ -121,12 +121,13 @@ TEST(Ergonomics, ResumeHintIsTheCommandThatRan) {
   const std::string dir = tmpdir() + "/hint dir";  // a space: the hint must quote it
   shell("rm -rf '" + dir + "'");
   const std::string args = Args("'" + dir + "'", 8, "train.lr=2e-3");
-  Result failed = shell("MF_INJECT_FAIL=0:5 ./moefit " + args + " 2>&1");
+  // The failure is a test-only hook: the test build moefit_test reads it.
+  Result failed = shell("MF_INJECT_FAIL=0:5 ./moefit_test " + args + " 2>&1");
   ASSERT_EQ(failed.code, 1) << failed.out;
   // The hint quotes the word whole, as a shell reads it back.
   std::string want = "./moefit " + Args("@", 8, "train.lr=2e-3") + " --resume";
   want.replace(want.find("output.dir=@"), 12, "'output.dir=" + dir + "'");
-  EXPECT_EQ(after(failed.out, "\nresume with: "), want) << failed.out;
+  EXPECT_EQ(after(failed.out, "\nresume with: "), "./moefit_test" + want.substr(8)) << failed.out;
   // As printed, it resumes this run from step 3's checkpoint and trains steps 4-8 only.
   Result resumed = shell(after(failed.out, "\nresume with: ") + " 2>&1");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
@@ -140,6 +141,21 @@ TEST(Ergonomics, ResumeHintIsTheCommandThatRan) {
   // A fresh run says "done: N steps in" as before.
   Result fresh = moefit(Args(fresh_dir("hint_fresh"), 4));
   EXPECT_TRUE(has(fresh.out, "\ndone: 4 steps in ")) << fresh.out;
+}
+
+// The moefit users build is no test build: a test-only hook in its
+// environment is said once and ignored; the test build moefit_test obeys it.
+TEST(Ergonomics, TheUsersMoefitIgnoresTestOnlyHooks) {
+  const std::string prod = fresh_dir("hook_prod"), test = fresh_dir("hook_test");
+  Result r = shell("MF_INJECT_FAIL=0:2 ./moefit " + Args(prod, 3, "data.valid=null") + " 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count(r.out, "MF_INJECT_FAIL is a test-only hook and this moefit is not a test build: ignored"), 1u)
+      << r.out;
+  EXPECT_TRUE(has(r.out, "\ndone: 3 steps in ")) << r.out;
+  Result t = shell("MF_INJECT_FAIL=0:2 ./moefit_test " + Args(test, 3, "data.valid=null") + " 2>&1");
+  EXPECT_EQ(t.code, 1) << t.out;
+  EXPECT_TRUE(has(t.out, "MF_INJECT_FAIL=0:2: a test-only hook is on")) << t.out;
+  EXPECT_TRUE(has(t.out, "step 2: the failure MF_INJECT_FAIL=0:2 asked for")) << t.out;
 }
 
 TEST(Ergonomics, DataFilesThatAreNotTokensSayWhatTheyAre) {
@@ -271,7 +287,7 @@ TEST(Ergonomics, InspectSummarisesRunsCheckpointsAndAdapters) {
 TEST(Ergonomics, PlotDrawsTheRun) {
   // A run resumed once: stopped at step 5 (checkpoint of 3), resumed to 8.
   const std::string dir = fresh_dir("plot_run");
-  ASSERT_EQ(shell("MF_INJECT_FAIL=0:5 ./moefit " + Args(dir, 8) + " >/dev/null 2>&1").code, 1);
+  ASSERT_EQ(shell("MF_INJECT_FAIL=0:5 ./moefit_test " + Args(dir, 8) + " >/dev/null 2>&1").code, 1);
   Result resumed = moefit(Args(dir, 8, "--resume"));
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   Result p = moefit("plot " + dir);

@@ -14,7 +14,8 @@
 // it resumed from, each once (its progress lines: train.log_every=1), not
 // again from step 1, which the same bits would hide. And `moefit eval` stops
 // on SIGINT (status 130).
-// The seed is printed; MF_KILL_SEED=N repeats a run's moments.
+// The seed is printed; MF_KILL_SEED=N repeats a run's moments. A launch with
+// a test-only hook runs ./moefit_test, the test build that reads them.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -137,7 +138,10 @@ TEST(Kill, SigkillAtRandomMomentsResumesToTheSameBits) {
     const bool in_write = kills == 1;
     std::vector<std::string> env;
     if (in_write) env.push_back("MF_TEST_CKPT_PAUSE_MS=150");
-    Background p(std::string("exec ./moefit ") + Args(dir) + (from > 0 ? " --resume" : ""), env);
+    // The hook's launch runs the test build, which reads test-only hooks (src/core/env.h).
+    Background p(std::string(in_write ? "exec ./moefit_test " : "exec ./moefit ") + Args(dir) +
+                     (from > 0 ? " --resume" : ""),
+                 env);
     if (from > 0) {
       ASSERT_TRUE(p.WaitFor(std::regex("resumed from " + dir + "/checkpoints/step-0*" + std::to_string(from) + " ")))
           << p.out();
@@ -258,7 +262,7 @@ TEST(Kill, SigtermStopsWithACheckpointAndResumes) {
 TEST(Kill, SecondSigtermInsideTheCheckpointWriteExitsAtOnce) {
   Whole();
   const std::string dir = Fresh("sigterm2");
-  Background p(std::string("exec ./moefit ") + Args(dir) + " output.checkpoint_async=false", {"MF_TEST_CKPT_PAUSE_MS=200"});
+  Background p(std::string("exec ./moefit_test ") + Args(dir) + " output.checkpoint_async=false", {"MF_TEST_CKPT_PAUSE_MS=200"});
   ASSERT_TRUE(p.WaitFor(StepLine(4))) << p.out();  // after checkpoint 3 (complete)
   const int before = NewestComplete(dir);
   EXPECT_GE(before, 3);
@@ -284,7 +288,7 @@ TEST(Kill, SecondSigtermInsideTheCheckpointWriteExitsAtOnce) {
 TEST(Kill, FullDiskStopsTheRunKeepingTheLastCheckpoint) {
   Whole();
   const std::string dir = Fresh("enospc");
-  Result r = shell("MF_TEST_CKPT_ENOSPC=9 ./moefit " + Args(dir) + " 2>&1");
+  Result r = shell("MF_TEST_CKPT_ENOSPC=9 ./moefit_test " + Args(dir) + " 2>&1");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("moefit train: error: step 6: checkpoint not written, training stopped (" + dir +
                        "/checkpoints/step-000003, the last complete checkpoint, is kept"),

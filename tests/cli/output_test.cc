@@ -167,7 +167,7 @@ TEST(Output, LongEvaluationShowsProgress) {
   }
   Result bad = moefit_every("eval" + data + tmpdir() + "/run_progress_0", "soon");
   EXPECT_EQ(bad.code, 0) << bad.out;
-  EXPECT_NE(bad.out.find("MF_PROGRESS_EVERY=soon is not a number of seconds"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("MF_PROGRESS_EVERY='soon' is not a number of seconds"), std::string::npos) << bad.out;
 }
 
 // The step lines' loss is the mean over the steps since the previous line

@@ -31,8 +31,10 @@ double Now() {
   return tv.tv_sec + tv.tv_usec * 1e-6;
 }
 
-// `mpirun -np N ./moefit ARGS`, env (NAME=VALUE ...) passed to every rank.
+// `mpirun -np N ./moefit ARGS`, env (NAME=VALUE ...) passed to every rank;
+// ./moefit_test (the test build, src/core/env.h) when env has a test-only hook.
 Result Mpirun(int n, const std::string &args, const std::string &env = "") {
+  const bool hook = env.find("MF_INJECT_FAIL") != std::string::npos || env.find("MF_TEST_") != std::string::npos;
   const std::string vader = tmpdir() + "/vader";
   shell("mkdir -p " + vader);
   std::string x;
@@ -55,7 +57,8 @@ Result Mpirun(int n, const std::string &args, const std::string &env = "") {
       std::to_string(n) +
       " --oversubscribe --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none "
       "--mca btl_vader_backing_directory " +
-      vader + " -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose" + x + " ./moefit " + args +
+      vader + " -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose" + x +
+      (hook ? " ./moefit_test " : " ./moefit ") + args +
       " 2>&1");
 }
 

@@ -37,11 +37,12 @@ TEST(ResumeHintMpi, RepeatsTheMpirunCommandLine) {
       "output.checkpoint_async=false "
       "data.train=" +
       text_tokens("mpi_hint_corpus", 30000) + " output.dir=" + out;
-  // The failure asked for through the environment (mpirun's local ranks inherit it), not the command line.
-  Result failed = shell("MF_INJECT_FAIL=0:4 " + env + mpirun + " ./moefit " + args + " 2>&1");
+  // The failure asked for through the environment (mpirun's local ranks inherit it), not the command line;
+  // a test-only hook, which the test build moefit_test reads.
+  Result failed = shell("MF_INJECT_FAIL=0:4 " + env + mpirun + " ./moefit_test " + args + " 2>&1");
   ASSERT_NE(failed.code, 0) << failed.out;
   const std::string hint = After(failed.out, "\nresume with: ");
-  EXPECT_EQ(hint, mpirun + " ./moefit " + args + " --resume") << failed.out;
+  EXPECT_EQ(hint, mpirun + " ./moefit_test " + args + " --resume") << failed.out;
   // As printed (with the environment the test needs for mpirun), on the same ranks.
   Result resumed = shell(env + hint + " 2>&1");
   ASSERT_EQ(resumed.code, 0) << resumed.out;

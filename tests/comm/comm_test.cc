@@ -20,6 +20,7 @@
 
 #include "comm/comm.h"
 #include "src/core/core.h"
+#include "src/core/env.h"
 
 namespace {
 
@@ -48,12 +49,14 @@ struct ScopedEnv {
       setenv(n, v, 1);
     else
       unsetenv(n);
+    mf_env_reload();  // the library reads its MF_ variables once
   }
   ~ScopedEnv() {
     if (had)
       setenv(name.c_str(), old.c_str(), 1);
     else
       unsetenv(name.c_str());
+    mf_env_reload();
   }
 };
 
@@ -283,10 +286,12 @@ TEST(Comm, SharedMemoryIsZeroedAndSeenByTheNode) {
 // pages are first touched.
 TEST(Comm, SharedMemoryWithoutTheRoomIsAnErrorOnEveryRank) {
   if (mf_comm_local_size(g_comm) < 2) GTEST_SKIP() << "a node of one rank uses its own anonymous memory";
-  setenv("MF_TEST_SHM_FREE", "1048576", 1);
   mf_comm_shared *s = nullptr;
-  const mf_status st = mf_comm_shared_alloc(g_comm, 8u << 20, "the test's state", &s);
-  unsetenv("MF_TEST_SHM_FREE");
+  mf_status st;
+  {
+    ScopedEnv env("MF_TEST_SHM_FREE", "1048576");
+    st = mf_comm_shared_alloc(g_comm, 8u << 20, "the test's state", &s);
+  }
   EXPECT_EQ(st, MF_ERR_OUT_OF_MEMORY);
   EXPECT_EQ(s, nullptr);
   const std::string e = mf_last_error();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/core/core.h"
+#include "src/core/env.h"
 
 namespace {
 
@@ -59,6 +60,7 @@ std::string capture_log(const char *level, const char *subsys, void (*emit)()) {
     setenv("MF_LOG_SUBSYS", subsys, 1);
   else
     unsetenv("MF_LOG_SUBSYS");
+  mf_env_reload();
   mf_log_configure();
   FILE *f = tmpfile();
   mf_log_set_stream(f);
@@ -71,6 +73,7 @@ std::string capture_log(const char *level, const char *subsys, void (*emit)()) {
   fclose(f);
   unsetenv("MF_LOG");
   unsetenv("MF_LOG_SUBSYS");
+  mf_env_reload();
   mf_log_configure();
   return out;
 }

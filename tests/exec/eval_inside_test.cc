@@ -65,19 +65,11 @@ const char kModel[] =
 mf_config *load(const std::string &dir, bool valid, const std::vector<std::string> &extra) {
   static const std::string train = phrase_tokens("train.tokens", 300, 7),
                            val = phrase_tokens("valid.tokens", 12, 11);
-  std::vector<std::string> ov = {"data.train=" + train,
-                                 "data.seq_len=16",
-                                 "output.dir=" + dir,
-                                 "hardware.profile=configs/hw/cpu-2core.yaml",
-                                 valid ? "data.valid=" + val : "data.valid=null",
-                                 "train.eval_every=2"};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  std::vector<const char *> p;
-  for (const auto &o : ov) p.push_back(o.c_str());
-  mf_config *cfg = nullptr;
-  EXPECT_EQ(mf_config_load_string(kModel, strlen(kModel), "eval_inside.yaml", p.data(), p.size(), &cfg), MF_OK)
-      << mf_last_error();
-  return cfg;
+  return load_config(kModel, "eval_inside.yaml",
+                     {"data.train=" + train, "data.seq_len=16", "output.dir=" + dir,
+                      "hardware.profile=configs/hw/cpu-2core.yaml", valid ? "data.valid=" + val : "data.valid=null",
+                      "train.eval_every=2"},
+                     extra);
 }
 
 TrainRun train(const std::string &tag, bool valid, const std::vector<std::string> &extra) {

@@ -1,5 +1,5 @@
 // Helpers of the training tests of tests/exec: the test's temporary dir, a
-// file read whole, and a token file of short English phrases over a 64-token
+// file read whole, a config from text with overrides, and a token file of short English phrases over a 64-token
 // vocabulary (something a tiny model learns, and every test shape's vocab).
 #ifndef MF_TESTS_EXEC_PHRASES_H
 #define MF_TESTS_EXEC_PHRASES_H
@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "src/config/config.h"
 #include "src/core/core.h"
 #include "src/io/tokens.h"
 
@@ -46,6 +48,18 @@ inline std::string phrase_tokens(const std::string &name, int n, uint32_t seed) 
   EXPECT_EQ(mf_tokens_writer_finish(w), MF_OK) << mf_last_error();
   mf_tokens_writer_free(w);
   return path;
+}
+
+// The config of `yaml` (named `name` in messages) with the overrides `ov`
+// then `extra`, in order; NULL (a failed expectation) when it does not load.
+inline mf_config *load_config(const char *yaml, const char *name, std::vector<std::string> ov,
+                              const std::vector<std::string> &extra) {
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  std::vector<const char *> p;
+  for (const auto &o : ov) p.push_back(o.c_str());
+  mf_config *cfg = nullptr;
+  EXPECT_EQ(mf_config_load_string(yaml, strlen(yaml), name, p.data(), p.size(), &cfg), MF_OK) << mf_last_error();
+  return cfg;
 }
 
 }  // namespace

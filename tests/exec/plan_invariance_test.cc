@@ -293,6 +293,8 @@ void CheckShape(const Shape &s) {
   ASSERT_EQ(mf_plan_choose(pl.p, &pl.hw, half, nullptr, nullptr, &chosen), MF_OK) << mf_last_error();
   const std::string file = s.dir("chosen") + ".json";
   mf_plan_figures fig = {half, chosen->s->peak_live_bytes, chosen->s->arena_bytes, chosen->sim.step_seconds};
+  snprintf(fig.expert_gemm, sizeof fig.expert_gemm, "cpu");
+  snprintf(fig.attention, sizeof fig.attention, "cpu");
   ASSERT_EQ(mf_plan_write_json(pl.p, chosen->d, &fig, file.c_str()), MF_OK) << mf_last_error();
   mf_plan_free(chosen);
   for (const std::string &budget : {std::string("auto"), std::to_string(half)}) {
@@ -544,6 +546,8 @@ TEST(PlanInvariance, BadPlanFilesAreErrorsNamingTheFile) {
   const std::string mismatched = tmp() + "/other_model.json";
   mf_plan_figures fig = {least->s->arena_bytes, least->s->peak_live_bytes, least->s->arena_bytes,
                          least->sim.step_seconds};
+  snprintf(fig.expert_gemm, sizeof fig.expert_gemm, "cpu");
+  snprintf(fig.attention, sizeof fig.attention, "cpu");
   ASSERT_EQ(mf_plan_write_json(pl.p, least->d, &fig, mismatched.c_str()), MF_OK) << mf_last_error();
   mf_plan_free(least);
   const TrainRun b = s.train("mismatched", "auto", mismatched);

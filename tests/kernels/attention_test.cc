@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "src/core/env.h"
 #include "tests/kernels/fd.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -265,8 +266,10 @@ TEST(Attention, SimdVariantsGiveSameBits) {
         v = mf_fd::random_vec(sh.nkv(), 53), dout = mf_fd::random_vec(sh.nq(), 54);
     Result best = run(sh, q, k, v, &dout);
     ASSERT_EQ(setenv("MF_CPU_SIMD", "base", 1), 0);
+    mf_env_reload();
     Result base = run(sh, q, k, v, &dout);
     unsetenv("MF_CPU_SIMD");
+    mf_env_reload();
     EXPECT_TRUE(same_bits(best.o, base.o)) << name(sh);
     EXPECT_TRUE(same_bits(best.lse, base.lse)) << name(sh);
     EXPECT_TRUE(same_bits(best.dq, base.dq)) << name(sh);

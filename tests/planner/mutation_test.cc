@@ -139,6 +139,8 @@ TEST_F(Mutation, PlanFiles) {
   const std::string good_path = tmp() + "/good.plan.json";
   mf_plan_figures fig{};
   fig.arena_bytes = pl->s->arena_bytes;
+  snprintf(fig.expert_gemm, sizeof fig.expert_gemm, "cpu");
+  snprintf(fig.attention, sizeof fig.attention, "cpu");
   ASSERT_EQ(mf_plan_write_json(p_, pl->d, &fig, good_path.c_str()), MF_OK) << mf_last_error();
   mf_plan_free(pl);
   const std::string good = slurp(good_path);

@@ -132,7 +132,7 @@ class PlanIo : public ::testing::Test {
       d_->act[t] = (uint8_t)want;
     }
     fig_ = {8ull << 30, 123456789,  98765, 0.1234567890123456789, 4567, 1u << 20,
-            891011,     1ull << 40, 24680, (3ull << 30) + 17};
+            891011,     1ull << 40, 24680, (3ull << 30) + 17, "cutlass", "cudnn"};
     base_ = TmpPath("base.plan.json");
     ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
   }
@@ -199,6 +199,8 @@ class PlanIo : public ::testing::Test {
   // staging and host figures or order (version 1).
   static void MakeVersion(json_t *r, int version) {
     json_object_set_new(r, "version", json_integer(version));
+    json_object_del(r, "kernels");
+    if (version >= 4) return;
     json_object_del(r, "device_backend_bytes");
     json_object_del(json_object_get(r, "batch"), "storage");
     if (version >= 3) return;
@@ -251,6 +253,8 @@ TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
   EXPECT_EQ(f.host_bytes, fig_.host_bytes);
   EXPECT_EQ(f.persist_bytes, fig_.persist_bytes);
   EXPECT_EQ(f.device_backend_bytes, fig_.device_backend_bytes);
+  EXPECT_STREQ(f.expert_gemm, "cutlass");
+  EXPECT_STREQ(f.attention, "cudnn");
 
   // Written again, the file is the same; figures may be left out when reading.
   std::string again = TmpPath("again.plan.json");
@@ -269,7 +273,7 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   json_t *root = json_loads(text.c_str(), JSON_REJECT_DUPLICATES, &e);
   ASSERT_NE(root, nullptr) << e.text;
   EXPECT_STREQ(json_string_value(json_object_get(root, "format")), "moefit-plan");
-  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 4);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 5);
   EXPECT_EQ(json_integer_value(json_object_get(root, "persist_bytes")), 24680);
   EXPECT_EQ(json_integer_value(json_object_get(root, "device_backend_bytes")), (3ll << 30) + 17);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_bytes")), 4567);
@@ -289,7 +293,10 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   EXPECT_EQ(keys,
             "format version model batch device_budget_bytes peak_device_bytes arena_bytes predicted_step_seconds "
             "staging_bytes staging_slab_limit_bytes staging_pool_bytes host_bytes persist_bytes "
-            "device_backend_bytes tensors ");
+            "device_backend_bytes kernels tensors ");
+  json_t *kernels = json_object_get(root, "kernels");
+  EXPECT_STREQ(json_string_value(json_object_get(kernels, "expert_gemm")), "cutlass");
+  EXPECT_STREQ(json_string_value(json_object_get(kernels, "attention")), "cudnn");
   EXPECT_NE(text.find("\"order\": \"micro-batch-major\",\n    \"storage\": \"fp32\"\n  },"),
             std::string::npos);
   json_t *tensors = json_object_get(root, "tensors");
@@ -332,7 +339,7 @@ TEST(PlanIoForwardOnly, NoGradientsListedOrRequired) {
   mf_decisions *d = nullptr;
   ASSERT_EQ(mf_decisions_create(g.p, &d), MF_OK);
   for (int32_t i = 0; i < d->n_params; i += 2) d->param[i] = MF_PARAM_STREAM;
-  mf_plan_figures f = {1, 2, 3, 0.5};
+  mf_plan_figures f = {1, 2, 3, 0.5, 0, 0, 0, 0, 0, 0, "mma", "mma"};
   std::string path = TmpPath("fwd.plan.json");
   ASSERT_EQ(mf_plan_write_json(g.p, d, &f, path.c_str()), MF_OK) << mf_last_error();
   EXPECT_EQ(Slurp(path).find("\"grad\""), std::string::npos);
@@ -488,6 +495,47 @@ TEST_F(PlanIo, Version3StillReads) {
     json_object_set_new(json_object_get(r, "batch"), "storage", json_integer(16));
   });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: batch.storage: expected", "got an integer");
+}
+
+// Version 4 (before the kernels) still reads, kernels "" and without the
+// key; version 5 needs "kernels", each word one its key takes.
+TEST_F(PlanIo, Version4StillReadsAndVersion5NeedsTheKernels) {
+  std::string path = Edited("v4.plan.json", [](json_t *r) { MakeVersion(r, 4); });
+  EXPECT_EQ(Slurp(path).find("kernels"), std::string::npos);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_plan_figures f = fig_;
+  ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
+  EXPECT_STREQ(f.expert_gemm, "");
+  EXPECT_STREQ(f.attention, "");
+  EXPECT_EQ(f.device_backend_bytes, fig_.device_backend_bytes);
+  mf_decisions_free(d);
+  path = Edited("plan.json", [](json_t *r) {
+    MakeVersion(r, 4);
+    json_object_set_new(r, "kernels", json_object());
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: kernels: a version-4 plan has no 'kernels'");
+  path = Edited("plan.json", [](json_t *r) { json_object_del(r, "kernels"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing 'kernels'");
+  path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "kernels", json_string("mma")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: kernels: expected an object, got a string");
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(json_object_get(r, "kernels"), "attention", json_string("flash")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: kernels.attention: expected one of cpu, cuda-core, mma, cudnn, got 'flash'");
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(json_object_get(r, "kernels"), "expert_gemm", json_string("cudnn")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: kernels.expert_gemm: expected one of cpu, cuda-core, mma, cutlass");
+  path = Edited("plan.json", [](json_t *r) { json_object_del(json_object_get(r, "kernels"), "attention"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: kernels: missing 'attention'");
+  path = Edited("plan.json",
+                [](json_t *r) { json_object_set_new(json_object_get(r, "kernels"), "gemm", json_string("mma")); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: kernels: unknown key 'gemm'");
+  // the writer refuses a word the reader would
+  mf_plan_figures bad = fig_;
+  snprintf(bad.attention, sizeof bad.attention, "flash");
+  EXPECT_EQ(mf_plan_write_json(p_, d_, &bad, TmpPath("bad.plan.json").c_str()), MF_ERR_INVALID_ARG);
+  bad.attention[0] = 0;
+  EXPECT_EQ(mf_plan_write_json(p_, d_, &bad, TmpPath("bad.plan.json").c_str()), MF_ERR_INVALID_ARG);
 }
 
 // batch.storage must be the program's: a plan made for fp32 storage does not
@@ -671,8 +719,8 @@ TEST_F(PlanIo, WrongFormatString) {
 
 TEST_F(PlanIo, NewerVersion) {
   std::string path =
-      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(5)); });
-  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 5", "versions 1 to 4");
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(6)); });
+  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 6", "versions 1 to 5");
   path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(0)); });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: version: expected a positive integer");
 }

@@ -8,6 +8,7 @@
 
 #include "planner/plan.h"
 #include "src/core/core.h"
+#include "src/core/env.h"
 #include "tests/planner/planner_test_util.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
@@ -343,6 +344,7 @@ class PlannerRouting : public ::testing::TestWithParam<int> {};
 TEST_P(PlannerRouting, HotExpertsGoResidentFirst) {
   const int proxy = GetParam();
   setenv("MF_PLAN_SCORING", proxy ? "proxy" : "exact", 1);
+  mf_env_reload();
   mf_model_spec spec = make_shape(2).spec;  // many small experts, top-4
   spec.experts = 16;
   spec.layers = proxy ? 6 : 2;
@@ -413,6 +415,7 @@ TEST_P(PlannerRouting, HotExpertsGoResidentFirst) {
   EXPECT_GT(saw_hot_only, 0) << "at some budget only hot experts are kept";
   mf_param_table_free(t);
   unsetenv("MF_PLAN_SCORING");
+  mf_env_reload();
 }
 
 INSTANTIATE_TEST_SUITE_P(Scoring, PlannerRouting, ::testing::Values(0, 1),

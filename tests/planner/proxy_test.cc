@@ -10,6 +10,7 @@
 #include "planner/plan.h"
 #include "planner/proxy.h"
 #include "src/core/core.h"
+#include "src/core/env.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
 #include "tests/planner/planner_test_util.h"
@@ -149,9 +150,11 @@ TEST_P(ProxyChoice, FitsAndIsCloseToExactScoring) {
     mf_plan *all[2][MF_PLAN_KIND_COUNT_];
     for (int mode = 0; mode < 2; mode++) {
       setenv("MF_PLAN_SCORING", mode ? "proxy" : "exact", 1);
+      mf_env_reload();
       ASSERT_EQ(mf_plan_choose_all(b.p, &hw, budget, nullptr, nullptr, all[mode]), MF_OK) << mf_last_error();
     }
     unsetenv("MF_PLAN_SCORING");
+    mf_env_reload();
     const mf_plan *px = all[1][MF_PLAN_CHOSEN], *ex = all[0][MF_PLAN_CHOSEN];
     EXPECT_LE(px->s->arena_bytes, budget) << frac;
     EXPECT_TRUE(px->fits);

@@ -19,6 +19,7 @@
 #include "planner/run_plan.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
+#include "src/core/env.h"
 #include "src/model/params.h"
 
 namespace {
@@ -99,7 +100,7 @@ TEST(RunPlan, PrecisionDecidesTheDeviceStorage) {
   }
 }
 
-// Attention on cuDNN (MF_ATTENTION=cudnn) keeps its backward's workspace in the
+// Attention on cuDNN (kernels.attention=cudnn, or MF_ATTENTION=cudnn over it) keeps its backward's workspace in the
 // kernel scratch: a cuda training plan reserves it beside the arena, exactly
 // what the registry says for the step's attention shape, and it bounds what
 // cuDNN's frontend asks on Hopper for the deterministic backward (dP in bf16,
@@ -108,8 +109,14 @@ TEST(RunPlan, PrecisionDecidesTheDeviceStorage) {
 TEST(RunPlan, CudnnAttentionReservesItsWorkspaceBesideTheArena) {
   if (gpu_present()) GTEST_SKIP() << "a GPU is present: the budget would be its free memory";
   struct Env {
-    explicit Env(const char *v) { setenv("MF_ATTENTION", v, 1); }
-    ~Env() { unsetenv("MF_ATTENTION"); }
+    explicit Env(const char *v) {
+      setenv("MF_ATTENTION", v, 1);
+      mf_env_reload();
+    }
+    ~Env() {
+      unsetenv("MF_ATTENTION");
+      mf_env_reload();
+    }
   };
   const std::vector<const char *> base = {"backend=cuda", "memory.device_budget=2GiB",
                                           "train.precision=bf16"};
@@ -151,6 +158,52 @@ TEST(RunPlan, CudnnAttentionReservesItsWorkspaceBesideTheArena) {
     EXPECT_GE(got, mma.rp->dev.scratch_bytes + cudnn_dp + dq_acc) << "B=" << s[0] << " S=" << s[1];
     EXPECT_EQ(mf_backend_attention_scratch("cuda", MF_DTYPE_BF16, 0, s[0], s[1], s[2], s[3], s[4]), 0u);
     EXPECT_EQ(mf_backend_attention_scratch("cpu", MF_DTYPE_BF16, 1, s[0], s[1], s[2], s[3], s[4]), 0u);
+  }
+}
+
+// The kernels (kernels.expert_gemm, kernels.attention): the environment over
+// the key, the key over auto (mma); the cpu backend's own; fp32 storage's
+// CUDA-core kernels; recorded in the plan's figures (plan.json) and the
+// cuDNN workspace reserved for a key as for the variable.
+TEST(RunPlan, KernelChoicesAreInThePlan) {
+  if (gpu_present()) GTEST_SKIP() << "a GPU is present: the budget would be its free memory";
+  struct Want {
+    std::vector<const char *> over;
+    const char *env_gemm, *env_attn;
+    const char *gemm, *attn, *gemm_from, *attn_from;
+  } cases[] = {
+      {{"backend=cpu"}, nullptr, nullptr, "cpu", "cpu", "the cpu backend's", "the cpu backend's"},
+      {{"backend=cpu", "kernels.attention=cudnn"}, nullptr, "cudnn", "cpu", "cpu", "the cpu backend's",
+       "the cpu backend's"},
+      {{"train.precision=fp32"}, nullptr, nullptr, "cuda-core", "cuda-core", "fp32 storage", "fp32 storage"},
+      {{}, nullptr, nullptr, "mma", "mma", "auto", "auto"},
+      {{"kernels.expert_gemm=cutlass", "kernels.attention=cudnn"}, nullptr, nullptr, "cutlass", "cudnn",
+       "kernels.expert_gemm", "kernels.attention"},
+      {{"kernels.expert_gemm=mma"}, "cutlass", nullptr, "cutlass", "mma",
+       "MF_EXPERT_GEMM=cutlass over kernels.expert_gemm", "auto"},
+      {{}, nullptr, "cudnn", "mma", "cudnn", "auto", "MF_ATTENTION=cudnn"},
+  };
+  for (const Want &w : cases) {
+    std::vector<const char *> over = {"backend=cuda", "memory.device_budget=2GiB"};
+    over.insert(over.end(), w.over.begin(), w.over.end());
+    if (w.env_gemm) setenv("MF_EXPERT_GEMM", w.env_gemm, 1);
+    if (w.env_attn) setenv("MF_ATTENTION", w.env_attn, 1);
+    mf_env_reload();
+    Planned r;
+    make(&r, over);
+    unsetenv("MF_EXPERT_GEMM");
+    unsetenv("MF_ATTENTION");
+    mf_env_reload();
+    ASSERT_EQ(r.st, MF_OK) << r.err;
+    EXPECT_STREQ(r.rp->kernels.expert_gemm, w.gemm);
+    EXPECT_STREQ(r.rp->kernels.attention, w.attn);
+    EXPECT_STREQ(r.rp->kernels.expert_gemm_from, w.gemm_from);
+    EXPECT_STREQ(r.rp->kernels.attention_from, w.attn_from);
+    EXPECT_STREQ(r.rp->fig.expert_gemm, w.gemm) << "plan.json records what runs";
+    EXPECT_STREQ(r.rp->fig.attention, w.attn);
+    const bool cudnn = std::string(w.attn) == "cudnn";
+    if (mf_backend_attention_scratch("cuda", MF_DTYPE_BF16, 1, 2, 16, 4, 2, 8) > 0)
+      EXPECT_EQ(r.rp->dev.attn_scratch_bytes > 0, cudnn) << "the workspace is reserved for cuDNN only";
   }
 }
 
@@ -305,8 +358,14 @@ TEST(RunPlan, APinnedLimitUnderTheLargestCopyDoesNotFit) {
 // Sets an environment variable for one scope.
 struct Env {
   std::string name;
-  Env(const char *n, const char *v) : name(n) { setenv(n, v, 1); }
-  ~Env() { unsetenv(name.c_str()); }
+  Env(const char *n, const char *v) : name(n) {
+    setenv(n, v, 1);
+    mf_env_reload();  // the library reads its MF_ variables once
+  }
+  ~Env() {
+    unsetenv(name.c_str());
+    mf_env_reload();
+  }
 };
 
 // A run admits a plan only when it fits and this machine can hold its host
@@ -343,7 +402,7 @@ TEST(RunPlan, ARunAdmitsOnlyWhatFitsThisMachine) {
   {
     Env e("MF_HOST_MEMORY", "lots");
     EXPECT_EQ(mf_run_plan_admit(r.rp, r.cfg), MF_ERR_CONFIG);
-    EXPECT_TRUE(has(mf_last_error(), "MF_HOST_MEMORY=lots")) << mf_last_error();
+    EXPECT_TRUE(has(mf_last_error(), "MF_HOST_MEMORY='lots' is not a size")) << mf_last_error();
   }
   // Over memory.host_limit: refused with the same reason moefit plan gives.
   Planned host;
@@ -363,6 +422,7 @@ TEST(RunPlan, ARunAdmitsOnlyWhatFitsThisMachine) {
 // Without MF_HOST_MEMORY: the kernel's figure, within the machine's memory.
 TEST(RunPlan, TheMachinesMemory) {
   unsetenv("MF_HOST_MEMORY");
+  mf_env_reload();
   uint64_t have = 0;
   char source[160];
   ASSERT_EQ(mf_host_machine_memory(&have, source, sizeof source), MF_OK) << mf_last_error();

@@ -1,4 +1,4 @@
-/* One program running on one backend under its run plan (train_internal.h). */
+/* A run opened up to the stage a command needs (run.h); its eval pass (train_internal.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kernels/registry.h"
+#include "src/core/env.h"
 #include "src/train/hwmeasure.h"
 #include "src/train/train_internal.h"
 
@@ -20,20 +21,21 @@ int mf_train_staging_threads(const mf_config *cfg, const char *backend) {
 }
 
 /* The pinned staging arena laid out by the run plan, the executor copying through it. */
-static mf_status use_staging(mf_runner *r, const mf_config *cfg) {
+static mf_status use_staging(mf_run *r, const mf_config *cfg) {
   const mf_run_plan *rp = r->rp;
   if (!rp->staging_fits) /* mf_run_plan_admit refused such a plan, naming memory.pinned_limit */
-    return MF_ERR(MF_ERR_INTERNAL, "runner: a staging layout over memory.pinned_limit was admitted");
+    return MF_ERR(MF_ERR_INTERNAL, "run: a staging layout over memory.pinned_limit was admitted");
   r->staging_threads = mf_train_staging_threads(cfg, rp->dev.name);
   const mf_exec_staging_opts so = {r->staging_threads, 0, 0};
   return mf_exec_use_staging(r->exec, rp->staging, &so);
 }
 
-void mf_runner_free(mf_runner *r) {
+void mf_run_close(mf_run *r) {
   if (r->working_owned) free(r->working);
   mf_exec_free(r->exec);
-  if (!r->inside) mf_backend_free(r->backend); /* else the host runner's */
+  if (!r->inside) mf_backend_free(r->backend); /* else the host run's */
   mf_run_plan_free(r->rp);
+  if (r->t_owned) mf_param_table_free(r->t);
   for (int64_t m = 0; m < r->G; m++) {
     if (r->ids) free(r->ids[m]);
     if (r->targets) free(r->targets[m]);
@@ -44,7 +46,7 @@ void mf_runner_free(mf_runner *r) {
 }
 
 /* The batch buffers of the plan's G micro-batches. */
-static mf_status batches(mf_runner *r, const mf_config *cfg) {
+static mf_status batches(mf_run *r, const mf_config *cfg) {
   r->G = r->rp->prog->G;
   const size_t n = (size_t)(cfg->train.micro_batch * cfg->data.seq_len);
   MF_CHECK(mf_calloc((size_t)r->G, sizeof(int32_t *), "batch pointers", (void **)&r->ids));
@@ -56,51 +58,93 @@ static mf_status batches(mf_runner *r, const mf_config *cfg) {
   return MF_OK;
 }
 
-/* The plan admitted, then the executor (in r->inside's arena, else in one
- * of its own), the staging and the batch buffers: r freed on failure. */
-static mf_status start(mf_runner *r, const mf_config *cfg) {
-  mf_status st = MF_OK;
-  const mf_schedule *s = r->rp->plan->s;
-  MF_CHECK_GOTO(mf_run_plan_admit(r->rp, cfg), st, fail); /* before the arena and the host state */
-  if (r->inside)
-    MF_CHECK_GOTO(mf_exec_create_inside(r->rp->prog, s, r->inside->exec, &r->exec), st, fail);
-  else
-    MF_CHECK_GOTO(mf_exec_create_scheduled(r->rp->prog, s, r->backend, &r->exec), st, fail);
-  if (r->rp->staged) MF_CHECK_GOTO(use_staging(r, cfg), st, fail);
-  MF_CHECK_GOTO(batches(r, cfg), st, fail);
-  return MF_OK;
-fail:
-  mf_runner_free(r);
-  return st;
-}
-
-mf_status mf_runner_init_inside(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_run_use use,
-                                const mf_runner *host) {
-  memset(r, 0, sizeof *r);
-  r->inside = host;
-  r->backend = host->backend;
-  const mf_status st = mf_run_plan_make_inside(cfg, t, use, host->rp, &r->rp);
-  if (st != MF_OK) {
-    mf_runner_free(r);
-    return st;
+static mf_status open_table(mf_run *r, const mf_config *cfg, const mf_run_opts *o) {
+  if (o->table) {
+    r->t = o->table;
+    return MF_OK;
   }
-  return start(r, cfg);
+  MF_CHECK(mf_run_model_table(cfg, o->model_dir, o->ckpt, &r->t));
+  r->t_owned = 1;
+  return MF_OK;
 }
 
-mf_status mf_runner_init(mf_runner *r, const mf_config *cfg, const mf_param_table *t, mf_threadpool *pool,
-                         mf_run_use use, const char *plan_json) {
-  memset(r, 0, sizeof *r);
-  mf_status st = MF_OK;
-  MF_CHECK_GOTO(mf_hwmeasure_auto(cfg, t, pool), st, fail); /* before the plan reads the profile */
-  MF_CHECK_GOTO(mf_run_plan_make(cfg, t, use, 1, &r->rp), st, fail);
-  if (plan_json) MF_CHECK_GOTO(mf_run_plan_write_json(r->rp, plan_json), st, fail);
+/* Inside another run: its plan made within that run's arena, on its backend
+ * (no profile measured again: the host run's is read). Else the profile
+ * (hardware.profile auto measures one where it must: before the plan reads
+ * it) and the plan, written to plan_json before the backend exists. */
+static mf_status open_plan(mf_run *r, const mf_config *cfg, const mf_run_opts *o) {
+  if (o->inside) {
+    if (o->inside->stage < MF_RUN_EXECUTOR)
+      return MF_ERR(MF_ERR_INTERNAL, "run: opened inside a run without its executor");
+    return mf_run_plan_make_inside(cfg, r->t, o->use, o->inside->rp, &r->rp);
+  }
+  MF_CHECK(mf_hwmeasure_auto(cfg, r->t, o->pool));
+  MF_CHECK(mf_run_plan_make(cfg, r->t, o->use, 1, &r->rp));
+  if (o->plan_json) MF_CHECK(mf_run_plan_write_json(r->rp, o->plan_json));
+  return MF_OK;
+}
+
+/* The plan's kernels (rp->kernels) on a cuda backend with bf16 storage: one
+ * that cannot run here stops the run, saying why and where it was chosen. */
+static mf_status use_kernels(mf_run *r) {
+  const mf_run_kernels *k = &r->rp->kernels;
+  if (strcmp(r->backend->name, "cuda") != 0 || r->rp->storage != MF_DTYPE_BF16) return MF_OK;
+  const mf_status st = mf_backend_set_kernels(r->backend, k->expert_gemm, k->attention);
+  if (st != MF_OK) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", mf_last_error());
+    return MF_ERR(st, "kernels: %s (expert GEMMs %s from %s, attention %s from %s); set it to mma or auto", why,
+                  k->expert_gemm, k->expert_gemm_from, k->attention, k->attention_from);
+  }
+  MF_LOGI("run", "kernels: expert GEMMs on %s (%s), attention on %s (%s)", mf_backend_expert_gemm(r->backend),
+          k->expert_gemm_from, mf_backend_attention(r->backend), k->attention_from);
+  return MF_OK;
+}
+
+static mf_status open_backend(mf_run *r, const mf_config *cfg, const mf_run_opts *o) {
+  if (o->inside) {
+    r->inside = o->inside;
+    r->backend = o->inside->backend;
+    return MF_OK;
+  }
+  const uint64_t scratch = o->cudnn_scratch ? mf_run_plan_scratch_cudnn(cfg, &r->t->spec) : r->rp->dev.scratch_bytes;
   const mf_backend_params bp = {
-      pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, cfg->device, r->rp->dev.scratch_bytes};
-  MF_CHECK_GOTO(mf_backend_create(r->rp->dev.name, &bp, &r->backend), st, fail);
-  return start(r, cfg);
-fail:
-  mf_runner_free(r);
-  return st;
+      o->pool, 0, 0, mf_optim_run_kernel, MF_CPU_STREAMS_IMMEDIATE, cfg->device, scratch};
+  MF_CHECK(mf_backend_create(r->rp->dev.name, &bp, &r->backend));
+  if (strcmp(r->backend->name, r->rp->dev.name) != 0)
+    return MF_ERR(MF_ERR_INTERNAL, "run: planned for the %s backend, created the %s one", r->rp->dev.name,
+                  r->backend->name);
+  return use_kernels(r);
+}
+
+/* The plan admitted (before the arena and the host state), then the
+ * executor (in the host run's arena, else in one of its own), the staging
+ * and the batch buffers. */
+static mf_status open_executor(mf_run *r, const mf_config *cfg) {
+  const mf_schedule *s = r->rp->plan->s;
+  MF_CHECK(mf_run_plan_admit(r->rp, cfg));
+  if (r->inside)
+    MF_CHECK(mf_exec_create_inside(r->rp->prog, s, r->inside->exec, &r->exec));
+  else
+    MF_CHECK(mf_exec_create_scheduled(r->rp->prog, s, r->backend, &r->exec));
+  if (r->rp->staged) MF_CHECK(use_staging(r, cfg));
+  return batches(r, cfg);
+}
+
+mf_status mf_run_open(const mf_config *cfg, const mf_run_opts *o, mf_run *r) {
+  if (o->upto < MF_RUN_TABLE || o->upto > MF_RUN_EXECUTOR)
+    return MF_ERR(MF_ERR_INVALID_ARG, "mf_run_open: stage %d is not one of a run's", (int)o->upto);
+  while (r->stage < o->upto) {
+    switch (r->stage) {
+      case MF_RUN_NONE: MF_CHECK(open_table(r, cfg, o)); break;
+      case MF_RUN_TABLE: MF_CHECK(open_plan(r, cfg, o)); break;
+      case MF_RUN_PLANNED: MF_CHECK(open_backend(r, cfg, o)); break;
+      case MF_RUN_BACKEND: MF_CHECK(open_executor(r, cfg)); break;
+      case MF_RUN_EXECUTOR: break;
+    }
+    r->stage++;
+  }
+  return MF_OK;
 }
 
 typedef struct round_job {
@@ -117,13 +161,13 @@ static void round_part(void *ctx, int i, int n) {
 }
 
 /* buf (the caller's) becomes the working copy. */
-static void adopt_working(mf_runner *r, uint16_t *buf) {
+static void adopt_working(mf_run *r, uint16_t *buf) {
   if (r->working_owned) free(r->working);
   r->working = buf;
   r->working_owned = 0;
 }
 
-mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool) {
+mf_status mf_run_round_working(mf_run *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool) {
   if (r->rp->storage != MF_DTYPE_BF16) return MF_OK;
   if (buf) {
     adopt_working(r, buf);
@@ -140,9 +184,9 @@ mf_status mf_runner_round_working(mf_runner *r, const float *w, size_t n, uint16
   return MF_OK;
 }
 
-mf_status mf_runner_round_trained(mf_runner *r, const mf_param_table *t, const float *w, uint16_t *buf) {
+mf_status mf_run_round_trained(mf_run *r, const mf_param_table *t, const float *w, uint16_t *buf) {
   if (r->rp->storage != MF_DTYPE_BF16 || !buf)
-    return MF_ERR(MF_ERR_INTERNAL, "runner: a bf16 base at home without bf16 storage and its working copy");
+    return MF_ERR(MF_ERR_INTERNAL, "run: a bf16 base at home without bf16 storage and its working copy");
   adopt_working(r, buf);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
@@ -152,7 +196,7 @@ mf_status mf_runner_round_trained(mf_runner *r, const mf_param_table *t, const f
   return MF_OK;
 }
 
-void mf_runner_share_working(mf_runner *r, const mf_runner *from) {
+void mf_run_share_working(mf_run *r, const mf_run *from) {
   if (r->rp->storage != MF_DTYPE_BF16) return;
   r->working = from->working;
   r->working_owned = 0;
@@ -172,15 +216,9 @@ mf_status mf_train_check_vocab(const mf_loader *l, const mf_param_table *t) {
 #define EVAL_PROGRESS_S 2.0
 
 static double progress_every(void) {
-  static int warned;
-  const char *e = getenv("MF_PROGRESS_EVERY");
-  if (!e || !*e) return EVAL_PROGRESS_S;
-  char *end = NULL;
-  const double v = strtod(e, &end);
-  if (end != e && *end == 0 && v >= 0 && isfinite(v)) return v;
-  if (!warned) MF_LOGW("eval", "MF_PROGRESS_EVERY=%s is not a number of seconds >= 0: using %g", e, EVAL_PROGRESS_S);
-  warned = 1;
-  return EVAL_PROGRESS_S;
+  double v = EVAL_PROGRESS_S; /* src/core/env.c's warning says "using 2" */
+  (void)mf_env_number(MF_ENV_PROGRESS_EVERY, &v);
+  return v;
 }
 
 static void eval_progress(const mf_loader *l, uint64_t done, double t0) {
@@ -189,8 +227,8 @@ static void eval_progress(const mf_loader *l, uint64_t done, double t0) {
   MF_LOGI("eval", "%s", line);
 }
 
-mf_status mf_runner_eval_pass(mf_runner *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
-                              float *capture) {
+mf_status mf_run_eval_pass(mf_run *r, mf_loader *l, const float *w, int progress, mf_eval_result *out,
+                           float *capture) {
   memset(out, 0, sizeof *out);
   const double t0 = mf_time_now(), every = progress ? progress_every() : 0;
   double sum = 0, shown = 0; /* shown: when progress was last reported (0: never) */
