@@ -84,8 +84,9 @@ if [[ "${1:-}" == "--pack" ]]; then
     pkg=${t#//}; pkg=${pkg%%:*}; name=${t##*:}
     cp -f "$bin/$pkg/$name" "$dir/${pkg//\//_}_$name"
   done
-  "${BZ[@]}" build "$@" //:moefit || exit 1
+  "${BZ[@]}" build "$@" //:moefit //:moefit_test || exit 1
   cp -f "$bin/moefit" "$dir/moefit"
+  cp -f "$bin/moefit_test" "$dir/moefit_test" # the test build: the kill test's MF_TEST_CKPT_PAUSE_MS
   # The device machines lack libyaml and libjansson, and maybe Open MPI's
   # libraries (moefit links libmpi for mpirun; a single process never starts
   # MPI): they travel beside the binaries (--prebuilt puts DIR on

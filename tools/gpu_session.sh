@@ -7,7 +7,7 @@
 # usage (on the device machine, after `tar xzf .gpu_bin.tgz`):
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
-#     STEPS a comma list of tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,fp32,inv,ga8,profile,ncu,
+#     STEPS a comma list of tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,kill,fp32,inv,ga8,profile,ncu,
 #     lora,loramf,lorapeer,lorahot (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
 #     runs only those test binaries (their names in DIR less the tests_cuda_ prefix).
 #     The 644M runs log the host's submitting time by kernel kind (MF_LOG=debug for
@@ -21,9 +21,9 @@
 #   3. transformers on the same shape (tools/peer_bench.py): the ratio
 #   4. moefit bench kernels on the 644M shape (the expert GEMMs on mma.sync and,
 #      beside them, on CUTLASS's sm90 grouped GEMM)
-#   4b. (cutlass) the 644M shape in bf16 with MF_EXPERT_GEMM=cutlass: tokens/s
+#   4b. (cutlass) the 644M shape in bf16 with kernels.expert_gemm=cutlass: tokens/s
 #      beside step 2's and the peer's; plan invariance on cuda with it
-#   4c. (cudnn) the same with MF_ATTENTION=cudnn (attention on cuDNN's fused
+#   4c. (cudnn) the same with kernels.attention=cudnn (attention on cuDNN's fused
 #      kernels), then with both (cutlass and cudnn): tokens/s beside step 2's and
 #      the peer's (and with train.adam_moments=bf16, as the peer's AdamW keeps
 #      its moments); plan invariance on cuda with both. cuDNN is loaded at run
@@ -31,7 +31,9 @@
 #      folder of python3's nvidia-cudnn wheel (torch's) goes on LD_LIBRARY_PATH.
 #   5. the demo on cuda in bf16 beside the cpu's fp32 loss (within 2%); (ranks)
 #      two ranks sharing the GPU (mpirun -np 2, where the machine has mpirun)
-#      against one rank with grad_accum 2: the final weights byte-identical
+#      against one rank with grad_accum 2: the final weights byte-identical;
+#      (kill) SIGKILL twice and resume on cuda (tools/kill_test.sh, moefit_test):
+#      the final weights and losses of a run never killed
 #   6. the 644M shape in fp32 (bf16/fp32 ratio)
 #   7. plan invariance on cuda: resident vs the planner at 25% of its arena
 #   8. the 644M shape at 25% of its resident arena, 8 micro-batches a step
@@ -62,7 +64,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
 deadline=$(($(date +%s) + ${2:-540}))
-steps=",${3:-tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,fp32,inv,ga8,profile},"
+steps=",${3:-tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,kill,fp32,inv,ga8,profile},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 out=${OUT:-/tmp}
 logs=/tmp/mf_gpu_session
@@ -116,7 +118,7 @@ run644() {
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >"$logs/nvidia-smi.txt" 2>&1
 row "gpu" "$(head -1 "$logs/nvidia-smi.txt" | cut -c1-62)" 0
 
-# cuDNN for MF_ATTENTION=cudnn (dlopen'd by moefit): the loader's, else python3's wheel's (torch's).
+# cuDNN for kernels.attention=cudnn (dlopen'd by moefit): the loader's, else python3's wheel's (torch's).
 cudnn_lib=""
 if ! python3 -c "import ctypes; ctypes.CDLL('libcudnn.so.9')" 2>/dev/null; then
   cudnn_lib=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
@@ -280,7 +282,7 @@ if want tests; then
   pids=()
   for b in "$dir"/*; do
     n=$(basename "$b")
-    [[ -x "$b" && -f "$b" && "$n" != moefit && "$n" != *.so* ]] || continue
+    [[ -x "$b" && -f "$b" && "$n" != moefit && "$n" != moefit_test && "$n" != *.so* ]] || continue
     if [[ -n "${GPU_TESTS:-}" && " $GPU_TESTS " != *" ${n#tests_cuda_} "* ]]; then continue; fi
     ( timeout "$(cap 150)" "$b" --gtest_output="xml:$logs/$n.xml" >"$logs/$n.log" 2>&1; echo $? >"$logs/$n.rc" ) &
     pids+=($!)
@@ -331,8 +333,8 @@ fi
 
 # 4b. the expert GEMMs on CUTLASS's sm90 grouped GEMM for a whole training run.
 if want cutlass; then
-  MF_EXPERT_GEMM=cutlass run644 bf16_cutlass 150 train.precision=bf16
-  row "  expert GEMM kernel" "$(grep -o 'MF_EXPERT_GEMM=cutlass: .*' "$logs/bf16_cutlass.log" | head -1 | cut -c1-62)" ""
+  run644 bf16_cutlass 150 train.precision=bf16 kernels.expert_gemm=cutlass
+  row "  expert GEMM kernel" "$(grep -o 'kernels: expert GEMMs on [^,]*' "$logs/bf16_cutlass.log" | head -1 | cut -c1-62)" ""
   row "644M cutlass/mma (bf16)" "$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16_cutlass.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")" 2>/dev/null); losses $(final_loss "$logs/bf16_cutlass.log") vs $(final_loss "$logs/bf16.log")" ""
   peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/peer.json" 2>/dev/null)
   [[ -n "$peer" ]] && row "  cutlass moefit/peer" "$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/bf16_cutlass.metrics.jsonl")" "$peer" 2>/dev/null)" ""
@@ -341,14 +343,14 @@ fi
 # 4c. attention on cuDNN for a whole training run, then with the cutlass expert GEMMs too.
 ratio() { python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2" 2>/dev/null; }
 if want cudnn; then
-  MF_ATTENTION=cudnn run644 bf16_cudnn 150 train.precision=bf16
-  row "  attention kernel" "$(grep -o 'MF_ATTENTION=cudnn: .*' "$logs/bf16_cudnn.log" | head -1 | cut -c1-62)" ""
+  run644 bf16_cudnn 150 train.precision=bf16 kernels.attention=cudnn
+  row "  attention kernel" "$(grep -o 'attention on [^)]*)' "$logs/bf16_cudnn.log" | head -1 | cut -c1-62)" ""
   row "644M cudnn/mma (bf16)" "$(ratio "$(tok_s "$logs/bf16_cudnn.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")"); losses $(final_loss "$logs/bf16_cudnn.log") vs $(final_loss "$logs/bf16.log")" ""
-  MF_ATTENTION=cudnn MF_EXPERT_GEMM=cutlass run644 bf16_fast 150 train.precision=bf16
+  run644 bf16_fast 150 train.precision=bf16 kernels.attention=cudnn kernels.expert_gemm=cutlass
   peer=$(python3 -c "import json,sys; print('%.0f' % json.load(open(sys.argv[1]))['tokens_per_s'])" "$logs/peer.json" 2>/dev/null)
   row "644M cutlass+cudnn moefit/peer" "$(ratio "$(tok_s "$logs/bf16_fast.metrics.jsonl")" "${peer:-0}") (goal >= 1.3); /mma $(ratio "$(tok_s "$logs/bf16_fast.metrics.jsonl")" "$(tok_s "$logs/bf16.metrics.jsonl")")" ""
   # the peer keeps AdamW's moments in bf16 (its parameters' dtype): the same with train.adam_moments=bf16
-  MF_ATTENTION=cudnn MF_EXPERT_GEMM=cutlass run644 bf16_fast_m16 150 train.precision=bf16 train.adam_moments=bf16
+  run644 bf16_fast_m16 150 train.precision=bf16 train.adam_moments=bf16 kernels.attention=cudnn kernels.expert_gemm=cutlass
   row "644M + bf16 moments moefit/peer" "$(ratio "$(tok_s "$logs/bf16_fast_m16.metrics.jsonl")" "${peer:-0}"); losses $(final_loss "$logs/bf16_fast_m16.log") vs $(final_loss "$logs/bf16.log")" ""
 fi
 
@@ -379,6 +381,22 @@ if want ranks; then
     row "2 ranks on 1 GPU vs 1 rank, grad_accum 2" "final weights $same ($(tok_s /tmp/mf_rank2/metrics.jsonl) vs $(tok_s /tmp/mf_rank1/metrics.jsonl) tok/s)" $(($(date +%s) - t))
   else
     row "2 ranks on 1 GPU" "skipped: no mpirun on this machine" 0
+  fi
+fi
+
+# 5c. SIGKILL and resume on cuda (tools/kill_test.sh with the test build
+# moefit_test, whose MF_TEST_CKPT_PAUSE_MS holds a checkpoint write open for
+# the second kill): the final weights and every step's loss as a run never
+# killed.
+if want kill; then
+  t=$(date +%s)
+  if [[ -x "$dir/moefit_test" ]]; then
+    MOEFIT=$dir/moefit_test KILLS=2 STEPS=60 WORK=/tmp/mf_kill \
+      EXTRA="backend=cuda train.precision=bf16 memory.device_budget=575MiB hardware.profile=configs/hw/h100-pcie.yaml" \
+      timeout "$(cap 120)" tools/kill_test.sh >"$logs/kill.log" 2>&1
+    row "SIGKILL + resume on cuda (bf16)" "$(tail -n 1 "$logs/kill.log" | cut -c1-62)" $(($(date +%s) - t))
+  else
+    row "SIGKILL + resume on cuda" "skipped: no moefit_test in $dir (gpu_check.sh --pack)" 0
   fi
 fi
 

@@ -11,7 +11,8 @@
 #   tools/kill_test.sh      (after `bazel build //:moefit_test`: the test build,
 #                            which reads the test-only MF_TEST_CKPT_PAUSE_MS)
 #   env: MOEFIT (default bazel-bin/moefit_test), SEED, KILLS (>= 1, default 3),
-#        STEPS (default 120), WORK (a scratch directory; default a new one in /tmp)
+#        STEPS (default 120), WORK (a scratch directory; default a new one in /tmp),
+#        EXTRA (more overrides for both runs, e.g. "backend=cuda memory.device_budget=600MiB")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MOEFIT=${MOEFIT:-bazel-bin/moefit_test}
@@ -32,6 +33,8 @@ fi
 args=(train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32
       train.micro_batch=2 train.warmup=2 train.log_every=1 train.schedule=constant output.checkpoint_every=3
       output.keep_checkpoints=3 "train.steps=$STEPS" "data.train=$corpus")
+# shellcheck disable=SC2206
+[ -n "${EXTRA:-}" ] && args+=($EXTRA)
 
 rm -rf "$WORK/whole" "$WORK/killed"
 "$MOEFIT" "${args[@]}" output.dir="$WORK/whole" > "$WORK/whole.log" 2>&1 \

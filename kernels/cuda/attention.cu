@@ -476,7 +476,10 @@ mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_
   if constexpr (sizeof(T) < sizeof(float)) {  // bf16: the tensor-core kernel when it takes the call
     int ran = 0;
     MF_CHECK(mf_cuda_attn_mma_fwd(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, &ran, s));
-    if (ran) return MF_OK;
+    if (ran) {
+      mf_cuda_mma_count(MF_CUDA_MMA_ATTENTION);
+      return MF_OK;
+    }
   }
   if (D <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
   if (D <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
@@ -498,7 +501,10 @@ mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const
   if constexpr (sizeof(T) < sizeof(float)) {  // bf16: the tensor-core kernels when they take the call
     int ran = 0;
     MF_CHECK(mf_cuda_attn_mma_bwd(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, &ran, s));
-    if (ran) return MF_OK;
+    if (ran) {
+      mf_cuda_mma_count(MF_CUDA_MMA_ATTENTION);
+      return MF_OK;
+    }
   }
   if (D <= 64) return bwd_launch<T, 64>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
   if (D <= 128) return bwd_launch<T, 128>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);

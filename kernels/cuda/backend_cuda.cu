@@ -680,6 +680,10 @@ extern "C" uint64_t mf_backend_cuda_cudnn_calls(const mf_backend *b) {
   return __atomic_load_n(&((const cuda_impl *)b->impl)->cudnn_calls, __ATOMIC_RELAXED);
 }
 
+extern "C" uint64_t mf_backend_cuda_mma_calls(int which) {
+  return mf_cuda_mma_calls(which);
+}
+
 extern "C" uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b) {
   if (!b || strcmp(b->name, "cuda") != 0) return 0;
   return __atomic_load_n(&((const cuda_impl *)b->impl)->cutlass_calls, __ATOMIC_RELAXED);

@@ -117,6 +117,11 @@ const char *mf_backend_cuda_attention(const mf_backend *b);
 /* How many attention calls a cuda backend ran on cuDNN; 0 for other backends. */
 uint64_t mf_backend_cuda_cudnn_calls(const mf_backend *b);
 
+/* How many BF16 calls ran on the mma.sync kernels in this process (every cuda
+ * backend's): which 0 the expert GEMMs, 1 attention; the calls no kernel of
+ * the choice took ran on the CUDA-core ones. 0 in a build without CUDA. */
+uint64_t mf_backend_cuda_mma_calls(int which);
+
 /* The kernel scratch cuDNN's attention backward of this shape may ask for
  * (attention_cudnn.h; an upper bound), 0 for B, S or D <= 0. Computed without
  * a GPU or cuDNN. */

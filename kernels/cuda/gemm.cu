@@ -582,6 +582,16 @@ static mf_status expert_rows(int kind, const T *in, const int64_t *offsets, int6
   return MF_OK;
 }
 
+static uint64_t mma_calls[2];  // MF_CUDA_MMA_EXPERT, MF_CUDA_MMA_ATTENTION
+
+void mf_cuda_mma_count(int which) {
+  __atomic_add_fetch(&mma_calls[which & 1], 1, __ATOMIC_RELAXED);
+}
+
+uint64_t mf_cuda_mma_calls(int which) {
+  return __atomic_load_n(&mma_calls[which & 1], __ATOMIC_RELAXED);
+}
+
 // BF16 storage runs on tensor cores (expert_mma.cu) where its alignment allows;
 // fp32 storage, and the bf16 calls it does not take, on the kernels above.
 template <typename T>
@@ -590,7 +600,10 @@ mf_status mf_cuda_expert_fwd(const T *xe, const T *const *W, const int64_t *offs
   if constexpr (std::is_same<T, mf_bf16>::value) {
     int ran = 0;
     MF_CHECK(mf_cuda_expert_mma_fwd(xe, W, offsets, R, E, N, Kd, ye, &ran, s));
-    if (ran) return MF_OK;
+    if (ran) {
+      mf_cuda_mma_count(MF_CUDA_MMA_EXPERT);
+      return MF_OK;
+    }
   }
   return expert_rows<T>(KIND_FWD, xe, offsets, R, E, Kd, N, W, ye, s);
 }
@@ -601,7 +614,10 @@ mf_status mf_cuda_expert_bwd_data(const T *dye, const T *const *W, const int64_t
   if constexpr (std::is_same<T, mf_bf16>::value) {
     int ran = 0;
     MF_CHECK(mf_cuda_expert_mma_bwd_data(dye, W, offsets, R, E, N, Kd, dxe, &ran, s));
-    if (ran) return MF_OK;
+    if (ran) {
+      mf_cuda_mma_count(MF_CUDA_MMA_EXPERT);
+      return MF_OK;
+    }
   }
   return expert_rows<T>(KIND_DATA, dye, offsets, R, E, N, Kd, W, dxe, s);
 }
@@ -612,7 +628,10 @@ mf_status mf_cuda_expert_bwd_weight(const T *dye, const T *xe, const int64_t *of
   if constexpr (std::is_same<T, mf_bf16>::value) {
     int ran = 0;
     MF_CHECK(mf_cuda_expert_mma_bwd_weight(dye, xe, offsets, E, N, Kd, dW, &ran, s));
-    if (ran) return MF_OK;
+    if (ran) {
+      mf_cuda_mma_count(MF_CUDA_MMA_EXPERT);
+      return MF_OK;
+    }
   }
   if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
   expert_ptrs<float> p;

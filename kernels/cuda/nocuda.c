@@ -56,6 +56,9 @@ const char *mf_backend_cuda_expert_gemm(const mf_backend *b) {
 uint64_t mf_backend_cuda_cutlass_calls(const mf_backend *b) {
   return 0;
 }
+uint64_t mf_backend_cuda_mma_calls(int which) {
+  return 0;
+}
 mf_status mf_backend_cuda_set_attention(mf_backend *b, int which) {
   return NO_CUDA();
 }

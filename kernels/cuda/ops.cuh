@@ -198,6 +198,13 @@ mf_status mf_cuda_cross_entropy(const T *h, const T *W, const int32_t *target, i
                                 int64_t chunk, float loss_scale, float *ws, float *lse, double *scalars, T *dh,
                                 float *dW, mf_cuda_blas *b, cudaStream_t s);
 
+// How many calls of BF16 storage ran on the mma.sync kernels, process-wide
+// (every cuda backend's; counted by gemm.cu and attention.cu where the path
+// took the call): which: 0 the expert GEMMs, 1 attention.
+enum { MF_CUDA_MMA_EXPERT = 0, MF_CUDA_MMA_ATTENTION = 1 };
+uint64_t mf_cuda_mma_calls(int which);
+void mf_cuda_mma_count(int which);
+
 // ---------------------------------------------------------- expert_mma.cu
 // The grouped expert GEMMs of BF16 storage on tensor cores (mma.sync), called by
 // gemm.cu's mf_cuda_expert_*<mf_bf16>: the operands and results of

@@ -126,7 +126,7 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
     const auto v = mf_test_bf16_values(nk, seed + 2), dout = mf_test_bf16_values(nq, seed + 3);
 
     // forward: b = {q, k, v, o, lse}
-    uint64_t before = mf_backend_cuda_cudnn_calls(gpu_);
+    uint64_t before = mf_backend_cuda_cudnn_calls(gpu_), mma_before = mf_backend_cuda_mma_calls(1);
     Res f = run(call_of(MF_K_ATTN_FWD, s, scale, fname),
                 {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(nq, NAN)),
                  Op::of(std::vector<float>(nl, NAN))});
@@ -135,6 +135,11 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
     expect_path(cudnn_fwd, want_cudnn, "forward");
     // tensor cores: attention_mma.cu or cuDNN (both round p to bf16)
     const bool mma_fwd = cudnn_fwd || (s.D % 16 == 0 && s.D <= 128);
+    // the tensor-core kernel that should have run did (a silent fall-back to
+    // the CUDA-core one, more exact, would pass the tolerances below)
+    const bool runs = s.B > 0 && s.S > 0;
+    EXPECT_EQ(mf_backend_cuda_mma_calls(1) - mma_before, runs && mma_fwd && !cudnn_fwd ? 1u : 0u)
+        << "forward calls run by attention_mma.cu";
     float vmax = 0;
     for (float x : v) vmax = std::fmax(vmax, std::fabs(x));
     EXPECT_TRUE(
@@ -154,11 +159,13 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
                                  Op::of(std::vector<float>(nq, NAN)),
                                  Op::of(std::vector<float>(nk, NAN)),
                                  Op::of(std::vector<float>(nk, NAN))};
-    before = mf_backend_cuda_cudnn_calls(gpu_);
+    before = mf_backend_cuda_cudnn_calls(gpu_), mma_before = mf_backend_cuda_mma_calls(1);
     Res b = run(c, ops);
     const bool cudnn_bwd = ran_cudnn(before);
     expect_path(cudnn_bwd, want_cudnn, "backward");
     const bool mma = cudnn_bwd || (s.D % 16 == 0 && s.D <= 128);
+    EXPECT_EQ(mf_backend_cuda_mma_calls(1) - mma_before, runs && mma && !cudnn_bwd ? 1u : 0u)
+        << "backward calls run by attention_mma.cu";
     const char *names[] = {"dq", "dk", "dv"};
     for (int j = 6; j < 9; j++) {
       const auto want = Res::as<float>(b.cpu[j]), got = Res::as<float>(b.gpu[j]);

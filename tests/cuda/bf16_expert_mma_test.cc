@@ -187,20 +187,31 @@ class Bf16ExpertMma : public MfBf16Twin, public ::testing::WithParamInterface<in
     mf_threadpool_free(pool_);
   }
 
+  // The calls counted so far: on the cutlass kernel (this backend's), on
+  // mma.sync (the process's).
+  struct Ran {
+    uint64_t cutlass, mma;
+  };
+  Ran ran_so_far() const { return {mf_backend_cuda_cutlass_calls(gpu_), mf_backend_cuda_mma_calls(0)}; }
+
   // With the cutlass parameter, the `calls` expert GEMMs since `before` ran on
   // it (not on mma.sync) when the shape is one it takes (N, Kd multiples of 8),
-  // none otherwise; with mma, none did.
-  void expect_path(const Shape &s, uint64_t before, uint64_t calls) {
-    const bool cutlass = GetParam() == MF_CUDA_EXPERT_GEMM_CUTLASS && s.N % 8 == 0 && s.Kd % 8 == 0;
-    EXPECT_EQ(mf_backend_cuda_cutlass_calls(gpu_) - before, cutlass ? calls : 0)
-        << "expert GEMM calls run by the cutlass kernel";
+  // none otherwise; with mma, they ran on mma.sync where it takes the shape
+  // (the same multiples of 8), on the CUDA-core kernel otherwise: a silent
+  // fall-back from either tensor-core kernel fails here.
+  void expect_path(const Shape &s, Ran before, uint64_t calls) {
+    const bool fits = s.N % 8 == 0 && s.Kd % 8 == 0 && s.R > 0;
+    const bool cutlass = GetParam() == MF_CUDA_EXPERT_GEMM_CUTLASS && fits;
+    const Ran now = ran_so_far();
+    EXPECT_EQ(now.cutlass - before.cutlass, cutlass ? calls : 0) << "expert GEMM calls run by the cutlass kernel";
+    EXPECT_EQ(now.mma - before.mma, fits && !cutlass ? calls : 0) << "expert GEMM calls run by mma.sync";
   }
 
   // EXPERT_FWD, EXPERT_BWD_DATA and EXPERT_BWD_WEIGHT of c against the twin.
   void check_kinds(const ExpertCalls &c) {
     const Shape &s = c.s;
     SCOPED_TRACE(s.name);
-    const uint64_t before = mf_backend_cuda_cutlass_calls(gpu_);
+    const Ran before = ran_so_far();
     const size_t used = (size_t)c.used_rows();
     {
       MfTwinResult r = run(expert_call(MF_K_EXPERT_FWD, s, "expert_fwd"), c.fwd_ops(), c.W);
@@ -291,7 +302,7 @@ TEST_P(Bf16ExpertMma, TwoRunsSameBits) {
   const ExpertCalls c({"determinism", skewed_counts(2048, 8, {1}, {6}, 31), 2048, 768, 1024}, 700);
   const Shape &s = c.s;
   const size_t used = (size_t)c.used_rows();
-  const uint64_t before = mf_backend_cuda_cutlass_calls(gpu_);
+  const Ran before = ran_so_far();
   {
     const mf_kernel_call k = expert_call(MF_K_EXPERT_FWD, s, "expert_fwd twice");
     MfTwinResult a = run(k, c.fwd_ops(), c.W), b = run(k, c.fwd_ops(), c.W);
