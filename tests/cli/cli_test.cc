@@ -200,6 +200,34 @@ TEST(Cli, ProfileAndPlan) {
   EXPECT_NE(small.out.find("below the minimum"), std::string::npos) << small.out;
 }
 
+// profile --config opens the config's run as train does, up to its table
+// (src/train/run.h): a model.path config is timed on its shape (before, only
+// model.init configs could be), with train.lora's adapters in the step.
+TEST(Cli, ProfileConfigTimesTheRunsStep) {
+  const std::string dir = tmpdir(), text = dir + "/prof.txt", toks = dir + "/prof.tokens";
+  std::string corpus;
+  for (int i = 0; i < 200; i++) corpus += "hello world " + std::to_string(i) + "\n";
+  write_file(text, corpus);
+  ASSERT_EQ(moefit("data bytes " + text + " " + toks).code, 0);
+  int64_t calls[2] = {0, 0};
+  for (int lora = 0; lora < 2; lora++) {
+    const std::string cfg = dir + "/prof" + std::to_string(lora) + ".yaml";
+    write_file(cfg, "model: {path: tests/fixtures/mixtral}\ndata: {train: " + toks +
+                        ", seq_len: 16}\ntrain: {micro_batch: 2, steps: 1" + (lora ? ", lora: {rank: 4}" : "") +
+                        "}\nbackend: cpu\n");
+    const std::string hw = dir + "/prof" + std::to_string(lora) + ".hw.yaml";
+    Result r = moefit("profile --quick --config " + cfg + " --out " + hw);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string prof = read_file(hw), what = "compute.kernels: the ";
+    const size_t at = prof.find(what);
+    ASSERT_NE(at, std::string::npos) << prof;
+    calls[lora] = std::stoll(prof.substr(at + what.size()));  // "the N compute calls of one training step"
+  }
+  EXPECT_GT(calls[0], 0);
+  // LoRA's step: no weight gradients for the frozen base, the adapters' GEMMs
+  EXPECT_NE(calls[1], calls[0]) << "profile timed the full step for a LoRA config";
+}
+
 // The optimizer on the device through memory.overrides: shown in the summary,
 // the per-layer table and --tensor (with the other placement priced), written
 // to the plan file and read back; an impossible override is a clean error
