@@ -54,7 +54,6 @@ typedef struct measure {
   mf_bench host; /* cuda: the cpu backend, for host.memory_bandwidth */
   mf_hwmeasure_prog *prog;
   mf_backend_memory mem; /* cuda: the GPU when measuring began */
-  mf_run_kernels kernels; /* the expert GEMM and attention kernels measured */
 } measure;
 
 /* The step's timer, or its absence noted (o->kernels_optional). */
@@ -86,8 +85,9 @@ static mf_status setup(measure *m) {
   if (m->cuda) MF_CHECK(mf_backend_query_memory("cuda", NULL, 1, &m->mem));
   /* the kernels a run of the config (else a run of defaults) would run; attention on cuDNN
    * keeps its backward's workspace in the kernel scratch */
-  mf_run_plan_kernels(o->cfg, o->backend, m->info->storage, &m->kernels);
-  const int cudnn = strcmp(m->kernels.attention, "cudnn") == 0;
+  mf_run_kernels k;
+  mf_run_plan_kernels(o->cfg, o->backend, m->info->storage, &k);
+  const int cudnn = strcmp(k.attention, "cudnn") == 0;
   uint64_t scratch = 0;
   const mf_bench_attn *a = &m->sh->attn;
   for (int i = 0; a->tokens > 0 && i < m->sh->n_attn; i++) {
@@ -101,7 +101,7 @@ static mf_status setup(measure *m) {
   if (st != MF_OK && m->cuda && (st == MF_ERR_NO_DEVICE || st == MF_ERR_UNSUPPORTED))
     mf_error_prefix("--backend cuda: no GPU to measure");
   MF_CHECK(st);
-  MF_CHECK(mf_backend_set_kernels(m->dev.b, m->kernels.expert_gemm, m->kernels.attention));
+  MF_CHECK(mf_backend_set_kernels(m->dev.b, k.expert_gemm, k.attention));
   if (m->cuda) {
     snprintf(m->info->device_name, sizeof m->info->device_name, "%s", m->mem.device_name);
     m->info->device_free = m->mem.device_free_bytes;
