@@ -243,6 +243,7 @@ typedef struct mf_backend_stats {
   uint64_t bytes_d2h;
   uint64_t bytes_d2d;
   uint64_t checks;       /* operands checked (checking mode) */
+  uint64_t host_registered_bytes; /* host memory pinned by host_register now */
 } mf_backend_stats;
 
 struct mf_backend {
@@ -289,6 +290,16 @@ struct mf_backend {
 
   void (*get_stats)(mf_backend *b, mf_backend_stats *out);
   void (*free)(mf_backend *b);
+
+  /* Pins [ptr, ptr + bytes) of host memory the caller allocated (cuda:
+   * cudaHostRegister), so that copies from and into it are single DMA
+   * transfers; the cpu twin checks the range and counts it (stats). Each
+   * registration is undone by host_unregister with the same ptr and bytes,
+   * before the memory is freed and before the backend is. Optional: NULL when
+   * a backend cannot pin (copies from the memory are then correct, only not
+   * straight). */
+  mf_status (*host_register)(mf_backend *b, void *ptr, size_t bytes);
+  void (*host_unregister)(mf_backend *b, void *ptr, size_t bytes);
 };
 
 /* The cpu backend. `pool` (may be NULL) runs the kernels; `round_bf16` stores

@@ -44,6 +44,7 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   const uint64_t per_node = p->node_ranks > 1 ? (uint64_t)p->node_ranks : 1;
   u.act_bytes = (s ? s->host_act_bytes : 0) * per_node;
   u.pinned_bytes = pinned_bytes * per_node;
+  u.pinned_per_node = per_node;
   u.total_bytes =
       u.master_bytes + u.working_bytes + u.grad_bytes + u.moment_bytes + u.act_bytes + u.pinned_bytes;
   u.host_limit = mem && mem->host_limit != MF_CONFIG_SIZE_AUTO ? mem->host_limit : hw->host_memory;
@@ -81,6 +82,12 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   }
   *out = u;
   return MF_OK;
+}
+
+void mf_host_set_pinned_home(mf_host_usage *u, uint64_t bytes) {
+  u->pinned_home_bytes = bytes;
+  const uint64_t per_node = u->pinned_per_node ? u->pinned_per_node : 1;
+  u->pinned_fits = u->pinned_limit == 0 || u->pinned_bytes / per_node + bytes <= u->pinned_limit;
 }
 
 uint64_t mf_host_spill_traffic_bytes(const mf_host_usage *u) {

@@ -53,7 +53,10 @@ typedef struct mf_host_usage {
   uint64_t total_bytes;
   uint64_t host_limit;   /* memory.host_limit; for auto, the profile's host memory */
   uint64_t pinned_limit; /* memory.pinned_limit; 0 (auto): bounded by host_limit only */
-  int pinned_fits;       /* pinned_bytes <= pinned_limit (1 for auto) */
+  uint64_t pinned_home_bytes; /* a process's pinned host regions (run_plan.h mf_pinned_home: the offloaded
+                                 activations and what else it pins), counted in their parts above too */
+  uint64_t pinned_per_node; /* the processes pinned_bytes counts (its staging arena each) */
+  int pinned_fits;       /* pinned_bytes + pinned_home_bytes <= pinned_limit (1 for auto) */
   int host_fits;         /* total_bytes <= host_limit */
   int nvme;              /* spill possible: memory.nvme_dir set and the profile has an NVMe bandwidth */
   uint64_t spill_moment_bytes, spill_master_bytes, spill_grad_bytes; /* what goes to NVMe (0: fits, or no NVMe) */
@@ -72,6 +75,10 @@ typedef struct mf_host_usage {
  * MF_ERR_INVALID_ARG for a schedule of another program. */
 mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pinned_bytes,
                           const mf_config_memory *mem, const mf_hwprofile *hw, mf_host_usage *out);
+
+/* Sets u's pinned home (a process's pinned host regions, counted in their
+ * parts already) and what fits memory.pinned_limit again. */
+void mf_host_set_pinned_home(mf_host_usage *u, uint64_t bytes);
 
 /* NVMe traffic per step of the spilled state: every spilled byte read and
  * written once by the host optimizer. */

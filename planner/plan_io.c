@@ -162,6 +162,7 @@ static void put_head(mf_pj_writer *w, const mf_program *p, const mf_plan_figures
   put_int(w, "host_bytes", (int64_t)f->host_bytes);
   put_int(w, "persist_bytes", (int64_t)f->persist_bytes);
   put_int(w, "device_backend_bytes", (int64_t)f->device_backend_bytes);
+  put_int(w, "pinned_home_bytes", (int64_t)f->pinned_home_bytes);
   mf_pj_key(w, "kernels");
   mf_pj_open(w, '{');
   put_str(w, "expert_gemm", f->expert_gemm);
@@ -190,6 +191,7 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
   if (f->device_budget_bytes > big || f->peak_device_bytes > big || f->arena_bytes > big ||
       f->staging_bytes > big || f->staging_slab_limit_bytes > big || f->staging_pool_bytes > big ||
       f->host_bytes > big || f->persist_bytes > big || f->device_backend_bytes > big ||
+      f->pinned_home_bytes > big ||
       !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
   if (!mf_plan_io_kernel_ok(f->expert_gemm, MF_PLAN_EXPERT_GEMM_WORDS) ||

@@ -2,16 +2,16 @@
  * Plans as data: decisions written to and read from versioned JSON, and the
  * config's memory.overrides applied to decisions.
  *
- * The JSON (format "moefit-plan", version 5):
+ * The JSON (format "moefit-plan", version 6):
  *   {
- *     "format": "moefit-plan", "version": 5,
+ *     "format": "moefit-plan", "version": 6,
  *     "model": {"family": "mixtral", "layers": 32, "hidden": 4096, "experts": 8, ...},
  *     "batch": {"micro_batch": 1, "seq_len": 4096, "grad_accum": 8, "order": "layer-major",
  *               "storage": "bf16"},
  *     "device_budget_bytes": N, "peak_device_bytes": N, "arena_bytes": N,
  *     "predicted_step_seconds": x,
  *     "staging_bytes": N, "staging_slab_limit_bytes": N, "staging_pool_bytes": N,
- *     "host_bytes": N, "persist_bytes": N, "device_backend_bytes": N,
+ *     "host_bytes": N, "persist_bytes": N, "device_backend_bytes": N, "pinned_home_bytes": N,
  *     "kernels": {"expert_gemm": "mma", "attention": "mma"},
  *     "tensors": [{"name": "...", "kind": "param", "bytes": N, "decision": "resident",
  *                  "optimizer": "device"},
@@ -34,7 +34,9 @@
  * tensor's bytes; device_backend_bytes is the backend's own device memory
  * beside the arena (library workspaces, kernel scratch, a reserve for the
  * CUDA context); kernels are what the expert GEMMs and attention run on
- * (planner/run_plan.h mf_run_kernels; version 5). Names are
+ * (planner/run_plan.h mf_run_kernels; version 5); pinned_home_bytes the host
+ * regions pinned so that their copies go straight (planner/run_plan.h
+ * mf_pinned_home; version 6). Names are
  * the program's: the parameter's name, "grad." + it, and the activation's with
  * its micro-batch ("mb1.model.layers.0.mlp.experts.act"); a forward-only
  * program has no "grad" entries. Reading validates the format, the version,
@@ -93,6 +95,8 @@ typedef struct mf_plan_figures {
    * expert GEMMs and attention run on (planner/run_plan.h mf_run_kernels). */
   char expert_gemm[16]; /* cpu | cuda-core | mma | cutlass */
   char attention[16];   /* cpu | cuda-core | mma | cudnn */
+  /* Version 6 (0 when read from an older file). */
+  uint64_t pinned_home_bytes; /* the pinned home (planner/run_plan.h mf_pinned_home) */
 } mf_plan_figures;
 
 /* Writes d (which must be decisions the program allows: an activation decision

@@ -12,7 +12,7 @@
 #define MF_PLAN_FORMAT "moefit-plan"
 /* 5: the kernels; 4: device storage and the backend's bytes; 3: optimizer
  * placement; 2: staging and host figures; 1 to 4 still read. */
-#define MF_PLAN_VERSION 5
+#define MF_PLAN_VERSION 6
 #define MF_PLAN_OPTIM_WORDS "host, device"
 /* "kernels" (version 5): the words each takes. */
 #define MF_PLAN_EXPERT_GEMM_WORDS "cpu, cuda-core, mma, cutlass"

@@ -226,13 +226,14 @@ static mf_status read_kernels(const reader *r, const json_t *root, mf_plan_figur
 static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figures *f) {
   static const char *const v2_figures[] = {"staging_bytes", "staging_slab_limit_bytes", "staging_pool_bytes",
                                            "host_bytes"};
-  int64_t v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t v[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   MF_CHECK(get_int(r, root, "", "device_budget_bytes", &v[0]));
   MF_CHECK(get_int(r, root, "", "peak_device_bytes", &v[1]));
   MF_CHECK(get_int(r, root, "", "arena_bytes", &v[2]));
   for (int i = 0; i < 4; i++) MF_CHECK(later_figure(r, root, 2, v2_figures[i], &v[3 + i]));
   MF_CHECK(later_figure(r, root, 3, "persist_bytes", &v[7]));
   MF_CHECK(later_figure(r, root, 4, "device_backend_bytes", &v[8]));
+  MF_CHECK(later_figure(r, root, 6, "pinned_home_bytes", &v[9]));
   json_t *sec;
   MF_CHECK(get(r, root, "(top level)", "predicted_step_seconds", &sec));
   if (!json_is_number(sec) || json_number_value(sec) < 0)
@@ -248,6 +249,7 @@ static mf_status read_figures(const reader *r, const json_t *root, mf_plan_figur
   f->host_bytes = (uint64_t)v[6];
   f->persist_bytes = (uint64_t)v[7];
   f->device_backend_bytes = (uint64_t)v[8];
+  f->pinned_home_bytes = (uint64_t)v[9];
   return read_kernels(r, root, f);
 }
 
@@ -267,6 +269,7 @@ static mf_status read_head(reader *r, const json_t *root, mf_plan_figures *f) {
                                      "host_bytes",
                                      "persist_bytes",
                                      "device_backend_bytes",
+                                     "pinned_home_bytes",
                                      "kernels",
                                      "tensors"};
   char q[128];

@@ -249,20 +249,159 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
   return MF_OK;
 }
 
-/* Plan pl's staging layout (when copies are staged; else *sg NULL) and its host memory. */
+const char *mf_home_region_name(mf_home_region k) {
+  switch (k) {
+    case MF_HOME_WORKING: return "bf16 working copy";
+    case MF_HOME_GRADS: return "gradient sums";
+    case MF_HOME_ACTS: return "offloaded activations";
+    default: return "?";
+  }
+}
+
+/* The region instruction i of s copies from or into, or -1: an upload of a
+ * streamed weight from the bf16 working copy, a gradient's copy home, an
+ * offloaded activation's either way. A weight kept on the device (its first
+ * fill only) and the optimizer's state stay where they are. */
+static int region_of(const mf_schedule *s, int32_t i) {
+  const mf_program *p = s->prog;
+  const mf_instr *in = &s->instr[i];
+  if ((in->kind != MF_I_H2D && in->kind != MF_I_D2H) || i >= s->optim_begin) return -1;
+  const int32_t t = s->slots[in->slot].tensor;
+  const mf_ptensor *pt = &p->tensors[t];
+  if (s->host_offset[t] != SIZE_MAX) return MF_HOME_ACTS;
+  if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist &&
+      p->storage == MF_DTYPE_BF16)
+    return MF_HOME_WORKING;
+  if (in->kind == MF_I_D2H && pt->kind == MF_T_GRAD && t != p->norm_sums) return MF_HOME_GRADS;
+  return -1;
+}
+
+/* Each region's span, its bytes a step, and whether it may be pinned at all. */
+static void home_regions(const mf_config *cfg, const mf_run_plan *rp, const mf_schedule *s,
+                         const mf_host_usage *u, mf_pinned_home *h, int *may) {
+  const mf_program *p = s->prog;
+  for (int k = 0; k < MF_HOME_REGIONS_; k++) {
+    h->lo[k] = UINT64_MAX;
+    may[k] = cfg->memory.pinned_home && !rp->inside && cfg->ranks <= 1;
+  }
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const int k = region_of(s, i);
+    if (k < 0) continue;
+    const mf_instr *in = &s->instr[i];
+    const mf_ptensor *pt = &p->tensors[s->slots[in->slot].tensor];
+    h->step_bytes[k] += pt->bytes;
+    if (k == MF_HOME_GRADS && in->accumulate) may[k] = 0; /* added into the host's sum: by the host */
+    if (k == MF_HOME_ACTS) continue;
+    const mf_param *q = &p->params->params[pt->param];
+    const uint64_t lo = k == MF_HOME_WORKING ? (uint64_t)q->offset * 2 : (uint64_t)q->toff * 4;
+    const uint64_t hi = lo + (uint64_t)q->numel * (k == MF_HOME_WORKING ? 2 : 4);
+    if (lo < h->lo[k]) h->lo[k] = lo;
+    if (hi > h->hi[k]) h->hi[k] = hi;
+  }
+  h->lo[MF_HOME_ACTS] = 0;
+  h->hi[MF_HOME_ACTS] = s->host_act_bytes;
+  for (int k = 0; k < MF_HOME_REGIONS_; k++) {
+    if (h->lo[k] == UINT64_MAX) h->lo[k] = h->hi[k] = 0;
+    if (h->step_bytes[k] == 0) may[k] = 0;
+    h->host_s[k] = 2.0 * (double)h->step_bytes[k] / rp->hw.host_memory_bandwidth;
+  }
+  if (u->spill_working_bytes > 0) may[MF_HOME_WORKING] = 0;
+  if (u->spill_grad_bytes > 0) may[MF_HOME_GRADS] = 0;
+}
+
+/* The pinned home of plan pl within `budget` bytes (run_plan.h): the regions
+ * by their value (bytes a step across the link per byte pinned, most first)
+ * while they fit, less those in `drop`. */
+static void choose_home(const mf_config *cfg, const mf_run_plan *rp, const mf_schedule *s, const mf_host_usage *u,
+                        uint64_t budget, const uint8_t *drop, mf_pinned_home *h) {
+  memset(h, 0, sizeof *h);
+  int may[MF_HOME_REGIONS_];
+  home_regions(cfg, rp, s, u, h, may);
+  h->budget = budget;
+  int order[MF_HOME_REGIONS_];
+  double value[MF_HOME_REGIONS_];
+  for (int k = 0; k < MF_HOME_REGIONS_; k++) {
+    order[k] = k;
+    value[k] = (double)h->step_bytes[k] / (double)(h->hi[k] - h->lo[k] + 1);
+  }
+  for (int i = 1; i < MF_HOME_REGIONS_; i++) /* by value, most first; ties in region order */
+    for (int j = i; j > 0 && value[order[j]] > value[order[j - 1]]; j--) {
+      const int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  for (int j = 0; j < MF_HOME_REGIONS_; j++) {
+    const int k = order[j];
+    const uint64_t span = h->hi[k] - h->lo[k];
+    if (!may[k]) continue;
+    if (drop[k] || h->bytes + span > budget) {
+      char a[32], b[32];
+      const uint64_t left = budget > h->bytes ? budget - h->bytes : 0;
+      if (!h->left_out[0] && drop[k])
+        snprintf(h->left_out, sizeof h->left_out,
+                 "%s (%s) not pinned: memory.pinned_limit leaves no room for it beside the staging arena",
+                 mf_home_region_name((mf_home_region)k), mf_format_bytes(span, a, sizeof a));
+      else if (!h->left_out[0])
+        snprintf(h->left_out, sizeof h->left_out, "%s (%s) not pinned: over the %s left of %s",
+                 mf_home_region_name((mf_home_region)k), mf_format_bytes(span, a, sizeof a),
+                 mf_format_bytes(left, b, sizeof b),
+                 cfg->memory.pinned_limit ? "memory.pinned_limit" : "half of memory.host_limit (pinned_limit auto)");
+      continue;
+    }
+    h->pinned[k] = 1;
+    h->bytes += span;
+  }
+}
+
+/* Plan pl's pinned home, its staging layout (when copies are staged; else
+ * *sg NULL) of the copies still staged, and its host memory. */
 static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const mf_plan *pl, mf_staging **sg,
-                             int *pinned_fits, mf_host_usage *u) {
+                             int *pinned_fits, mf_host_usage *u, mf_pinned_home *home, uint8_t **direct) {
+  const mf_schedule *s = pl->s;
   *sg = NULL;
+  *direct = NULL;
   *pinned_fits = 1;
-  if (rp->staged)
-    MF_CHECK(
-        mf_staging_build_within(pl->s, &pl->sim, &rp->hw, NULL, cfg->memory.pinned_limit, sg, pinned_fits));
-  const mf_status st =
-      mf_host_account(rp->prog, pl->s, *sg ? (*sg)->arena_bytes : 0, &cfg->memory, &rp->hw, u);
-  if (st != MF_OK) {
+  /* The host memory without staging first: which parts spill (those are not pinned). */
+  MF_CHECK(mf_host_account(rp->prog, s, 0, &cfg->memory, &rp->hw, u));
+  const uint64_t limit = cfg->memory.pinned_limit;
+  const uint64_t budget = limit ? limit : u->host_limit / 2;
+  uint8_t drop[MF_HOME_REGIONS_] = {0};
+  uint8_t *d = NULL;
+  MF_CHECK(mf_calloc((size_t)s->n_instr + 1, 1, "the pinned home's copies", (void **)&d));
+  mf_status st = MF_OK;
+  for (int tries = 0; tries < MF_HOME_REGIONS_; tries++) {
+    choose_home(cfg, rp, s, u, budget, drop, home);
+    home->n_direct = 0;
+    for (int32_t i = 0; i < s->n_instr; i++) {
+      const int k = region_of(s, i);
+      d[i] = (uint8_t)(k >= 0 && home->pinned[k]);
+      home->n_direct += d[i];
+    }
     mf_staging_free(*sg);
     *sg = NULL;
+    *pinned_fits = 1;
+    if (rp->staged) {
+      const mf_staging_opts o = {0, 0, 0, d};
+      const uint64_t room = limit ? (limit > home->bytes ? limit - home->bytes : 1) : 0;
+      MF_CHECK_GOTO(mf_staging_build_within(s, &pl->sim, &rp->hw, &o, room, sg, pinned_fits), st, fail);
+    }
+    MF_CHECK_GOTO(mf_host_account(rp->prog, s, *sg ? (*sg)->arena_bytes : 0, &cfg->memory, &rp->hw, u), st, fail);
+    mf_host_set_pinned_home(u, home->bytes);
+    /* Over the limit with the staging arena: give its room back, the lesser region first. */
+    if (u->pinned_fits && *pinned_fits) break;
+    int last = -1;
+    for (int k = 0; k < MF_HOME_REGIONS_; k++)
+      if (home->pinned[k] && (last < 0 || home->step_bytes[k] < home->step_bytes[last])) last = k;
+    if (last < 0) break;
+    drop[last] = 1;
   }
+  *pinned_fits = *pinned_fits && u->pinned_fits;
+  *direct = d;
+  return MF_OK;
+fail:
+  free(d);
+  mf_staging_free(*sg);
+  *sg = NULL;
   return st;
 }
 
@@ -280,7 +419,7 @@ static mf_run_fit fit_from(const mf_config *cfg, const mf_plan *pl, const mf_hos
 /* The staging layout (when staged), the host memory, what the plan fits, and the plan file's figures. */
 static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   const mf_plan *pl = rp->plan;
-  MF_CHECK(plan_memory(cfg, rp, pl, &rp->staging, &rp->staging_fits, &rp->host));
+  MF_CHECK(plan_memory(cfg, rp, pl, &rp->staging, &rp->staging_fits, &rp->host, &rp->home, &rp->direct));
   rp->fit = fit_from(cfg, pl, &rp->host, rp->staging_fits);
   const mf_staging *sg = rp->staging;
   mf_plan_figures *f = &rp->fig;
@@ -292,6 +431,7 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   f->staging_bytes = sg ? sg->arena_bytes : 0;
   f->staging_slab_limit_bytes = sg ? sg->opts.max_slab_bytes : 0;
   f->staging_pool_bytes = sg ? sg->pool_bytes : 0;
+  f->pinned_home_bytes = rp->home.bytes;
   f->host_bytes = rp->host.total_bytes;
   f->persist_bytes = pl->s->persist_bytes;
   f->device_backend_bytes = rp->dev.total_bytes;
@@ -387,6 +527,7 @@ mf_status mf_run_plan_make_inside(const mf_config *cfg, const mf_param_table *t,
 void mf_run_plan_free(mf_run_plan *rp) {
   if (!rp) return;
   mf_staging_free(rp->staging);
+  free(rp->direct);
   for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) mf_plan_free(rp->all[k]); /* before their program */
   mf_program_free(rp->prog);
   mf_routing_free(&rp->routing);
@@ -408,13 +549,16 @@ mf_status mf_run_plan_fit_of(const mf_run_plan *rp, const mf_config *cfg, mf_pla
   mf_staging *sg = NULL;
   int pinned_fits = 1;
   mf_host_usage u;
+  mf_pinned_home home;
+  uint8_t *direct = NULL;
   if (!rp->all[kind]->fits) {
     /* Over the device budget it cannot run whatever its staging: its host
      * memory without a staging arena (laying one out is most of the cost). */
     MF_CHECK(mf_host_account(rp->prog, rp->all[kind]->s, 0, &cfg->memory, &rp->hw, &u));
   } else {
-    MF_CHECK(plan_memory(cfg, rp, rp->all[kind], &sg, &pinned_fits, &u));
+    MF_CHECK(plan_memory(cfg, rp, rp->all[kind], &sg, &pinned_fits, &u, &home, &direct));
     mf_staging_free(sg);
+    free(direct);
   }
   *out = fit_from(cfg, rp->all[kind], &u, pinned_fits);
   return MF_OK;
@@ -477,9 +621,10 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
   if (!rp->fit.pinned)
     add_reason(
         buf, cap, &n,
-        "pinned staging: no layout fits memory.pinned_limit %s (its largest slab, one tensor's copy, is %s): "
-        "raise memory.pinned_limit or set memory.staging: false",
-        mf_format_bytes(u->pinned_limit, a, sizeof a),
+        "pinned memory: the pinned home (the offloaded activations and what else it pins) of %s and a staging "
+        "layout do not fit memory.pinned_limit %s (the largest slab, one tensor's copy, is %s): raise "
+        "memory.pinned_limit or set memory.staging: false",
+        mf_format_bytes(rp->home.bytes, c, sizeof c), mf_format_bytes(u->pinned_limit, a, sizeof a),
         mf_format_bytes(rp->staging ? rp->staging->largest_slab_bytes : 0, b, sizeof b));
   return n;
 }

@@ -39,14 +39,16 @@
  *                memory.overrides, memory.routing (measured routing prices
  *                expert copies), train.overlap_optimizer in the simulation,
  *                memory.host_limit / nvme_dir / pinned_limit for the host;
+ *   pinned home  memory.pinned_home (mf_pinned_home below): the host regions
+ *                pinned so that their copies go straight;
  *   staging      memory.staging (auto: on for cuda, off for cpu): the pinned
- *                staging arena laid out within memory.pinned_limit, its bytes
- *                counted in host memory.
+ *                staging arena of the other copies, laid out within what
+ *                memory.pinned_limit leaves, its bytes counted in host memory.
  *
  * A plan fits (mf_run_fit) when it fits every limit: its device arena the
  * budget less the backend's own bytes, its host memory memory.host_limit
- * with the excess spilled to NVMe (nothing unplaced), its staging arena
- * memory.pinned_limit. mf_run_plan_make makes a plan that does not fit all
+ * with the excess spilled to NVMe (nothing unplaced), its pinned home, pinned
+ * activations and staging arena memory.pinned_limit. mf_run_plan_make makes a plan that does not fit all
  * the same (`moefit plan` shows it, then exits 1 with the reasons); a run
  * refuses it (mf_run_plan_admit), and refuses one whose host memory this
  * machine cannot give (planner/host.h mf_host_machine_memory), before it
@@ -93,11 +95,49 @@ typedef struct mf_run_kernels {
   char attention_from[80];
 } mf_run_kernels;
 
+/* The pinned home: host regions that cross the link every step, pinned once
+ * at start-up (the backend's host_register; on cpu the same calls, counted)
+ * so that their copies go straight — one DMA each, no host copy into or out
+ * of a staging slab. The regions:
+ *   MF_HOME_WORKING  the bf16 working copy (BF16 storage), the span of the
+ *                    weights the step streams (not those kept on the device);
+ *   MF_HOME_GRADS    the fp32 gradient sums, the span of the gradients that
+ *                    come home, when each lands once a step (no copy adds into
+ *                    the host's sum: layer-major order, one micro-batch);
+ *   MF_HOME_ACTS     the offloaded activations' host copies (the executor
+ *                    allocates them pinned, else in pageable memory:
+ *                    src/exec/exec.h mf_exec_create_home).
+ * None with memory.pinned_home false, for a plan inside another run's arena,
+ * with several ranks (their home is the node's shared memory), or for a part
+ * spilled to NVMe. The regions are pinned by their value — bytes crossing
+ * the link a step for each byte pinned, most first — while they fit the
+ * budget: memory.pinned_limit (auto: half of memory.host_limit); with a
+ * pinned_limit set, the staging arena of the copies still staged must fit
+ * beside them, else the least used region is given back (and staged) until
+ * it does. A copy of a pinned region goes straight whether or not the rest
+ * is staged (memory.staging); the bits are the same either way. */
+typedef enum mf_home_region { MF_HOME_WORKING = 0, MF_HOME_GRADS, MF_HOME_ACTS, MF_HOME_REGIONS_ } mf_home_region;
+
+typedef struct mf_pinned_home {
+  uint8_t pinned[MF_HOME_REGIONS_];     /* the region is pinned and its copies go straight */
+  uint64_t lo[MF_HOME_REGIONS_];        /* its span in its buffer, bytes [lo, hi) (the working copy's */
+  uint64_t hi[MF_HOME_REGIONS_];        /*   from the table's offsets, the gradients' from toff) */
+  uint64_t step_bytes[MF_HOME_REGIONS_]; /* bytes its copies move a step (both ways) */
+  double host_s[MF_HOME_REGIONS_];      /* seconds of host copies a step those would take through staging
+                                           slabs (2 bytes of host traffic a byte, host_memory_bandwidth) */
+  uint64_t bytes;                       /* pinned: the pinned regions' spans */
+  uint64_t budget;                      /* what the working copy and gradients were chosen within */
+  int32_t n_direct;                     /* copy instructions that go straight */
+  char left_out[200];                   /* a region worth pinning that was not, and why; else "" */
+} mf_pinned_home;
+
+const char *mf_home_region_name(mf_home_region k);
+
 /* Which limits a plan fits (1: it does). */
 typedef struct mf_run_fit {
   int device; /* its arena within the budget less the backend's own bytes (memory.device_budget) */
   int host;   /* its host memory within memory.host_limit, the excess spilled to NVMe (nothing unplaced) */
-  int pinned; /* its staging arena within memory.pinned_limit (1 when copies are not staged) */
+  int pinned; /* its pinned memory (the pinned home, the staging arena) within memory.pinned_limit */
   int nvme;   /* what it spills fits memory.nvme_dir: the directory exists and has the room (1 when
                  nothing spills; room unknown, e.g. on a network filesystem, counts as room) */
   int all;    /* all four: the plan can run */
@@ -139,6 +179,8 @@ typedef struct mf_run_plan {
   mf_staging *staging;               /* its layout when staged, else NULL */
   int staging_fits;                  /* the layout fits memory.pinned_limit (1 when not staged) */
   mf_host_usage host;                /* host memory, the staging arena included */
+  mf_pinned_home home;               /* the pinned home (above) */
+  uint8_t *direct;                   /* [the schedule's n_instr]: copies straight from or into the pinned home */
   mf_run_fit fit;                    /* what the chosen plan fits */
   mf_plan_figures fig;               /* what plan.json records beside the decisions */
 } mf_run_plan;

@@ -256,7 +256,7 @@ static mf_status host_order(const mf_schedule *s, mf_staging *st) {
   for (int32_t k = 0; k < st->n_slabs; k++) st->wait_host[k] = -1;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
-    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+    if ((in->kind != MF_I_H2D && in->kind != MF_I_D2H) || st->copy_of_instr[i] < 0) continue;
     const int32_t t = s->slots[in->slot].tensor, k = st->copies[st->copy_of_instr[i]].slab;
     if (in->kind == MF_I_D2H)
       writer[t] = k;
@@ -290,7 +290,7 @@ static double traffic_of(const mf_schedule *s, const mf_instr *in, size_t bytes)
  * no bigger than the pool's buffers (the largest copy, aligned), so a slab
  * never holds more than the pool per buffer. */
 static mf_status resolve_opts(const mf_schedule *s, const mf_staging_opts *o, mf_staging_opts *opts) {
-  *opts = (mf_staging_opts){MF_STAGING_ALIGN_DEFAULT, MF_STAGING_MAX_SLAB_DEFAULT, 0};
+  *opts = (mf_staging_opts){MF_STAGING_ALIGN_DEFAULT, MF_STAGING_MAX_SLAB_DEFAULT, 0, NULL};
   if (o && o->align) opts->align = o->align;
   if (o) opts->inflight_limit = o->inflight_limit;
   if (opts->align > 4096 || (opts->align & (opts->align - 1)) != 0)
@@ -302,8 +302,8 @@ static mf_status resolve_opts(const mf_schedule *s, const mf_staging_opts *o, mf
   size_t biggest = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
-    if ((in->kind == MF_I_H2D || in->kind == MF_I_D2H) && in->slot >= 0 && in->slot < s->n_slots &&
-        s->prog->tensors[s->slots[in->slot].tensor].bytes > biggest)
+    if ((in->kind == MF_I_H2D || in->kind == MF_I_D2H) && !(o && o->direct && o->direct[i]) && in->slot >= 0 &&
+        in->slot < s->n_slots && s->prog->tensors[s->slots[in->slot].tensor].bytes > biggest)
       biggest = s->prog->tensors[s->slots[in->slot].tensor].bytes;
   }
   biggest = align_up(biggest ? biggest : 1, opts->align);
@@ -329,7 +329,7 @@ static void group_keys(const mf_schedule *s, int64_t *key) {
 /* Slabs: runs of same-group copies on each stream, cut at max_slab_bytes and
  * where the optimizer part begins; each direction's busy intervals timed. */
 static mf_status cut_slabs(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw,
-                           const int64_t *key, mf_staging *st, unit *u) {
+                           const int64_t *key, const uint8_t *direct, mf_staging *st, unit *u) {
   const mf_program *p = s->prog;
   const mf_staging_opts *opts = &st->opts;
   for (int dir = 0; dir < 2; dir++) {
@@ -339,7 +339,7 @@ static mf_status cut_slabs(const mf_schedule *s, const mf_sim_result *r, const m
     int cur_part = 0; /* the step's instructions, or the optimizer part's (run apart: exec.h) */
     for (int32_t i = 0; i < s->n_instr; i++) {
       const mf_instr *in = &s->instr[i];
-      if (in->kind != kind) continue;
+      if (in->kind != kind || (direct && direct[i])) continue;
       const int part = i >= s->optim_begin;
       if (in->slot < 0 || in->slot >= s->n_slots)
         return MF_ERR(MF_ERR_INVALID_ARG, "staging: instruction %d copies slot %d of %d", i, in->slot,
@@ -465,7 +465,7 @@ mf_status mf_staging_build(const mf_schedule *s, const mf_sim_result *r, const m
   }
   group_keys(s, key);
   for (int32_t i = 0; i < s->n_instr; i++) st->copy_of_instr[i] = -1;
-  MF_CHECK_GOTO(cut_slabs(s, r, hw, key, st, u), rc, done);
+  MF_CHECK_GOTO(cut_slabs(s, r, hw, key, o ? o->direct : NULL, st, u), rc, done);
   if (opts.inflight_limit) MF_CHECK_GOTO(limit_inflight(hw, st, u, queue), rc, done);
   for (int32_t k = 0; k < st->n_slabs; k++) {
     mf_staging_slab *x = &st->slabs[k];
@@ -496,7 +496,7 @@ mf_status mf_staging_build_within(const mf_schedule *s, const mf_sim_result *r, 
   if (!out || !fits) return MF_ERR(MF_ERR_INVALID_ARG, "staging: NULL argument");
   *out = NULL;
   *fits = 0;
-  mf_staging_opts opts = {0, 0, 0};
+  mf_staging_opts opts = {0, 0, 0, NULL};
   if (o) opts = *o;
   opts.inflight_limit = 0;
   mf_staging *best = NULL;

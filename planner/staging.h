@@ -92,6 +92,11 @@ typedef struct mf_staging_opts {
                               are free, and its DMA and the later ones on its stream slip (the H2D slabs
                               get up to half the bound, more when the D2H slabs need less; D2H the rest).
                               The slips are reported; they are not fed back into the simulation. */
+  const uint8_t *direct;   /* NULL, or [the schedule's n_instr]: instruction i with direct[i] set copies
+                              straight between the device and a pinned home (run_plan.h, the pinned home)
+                              and gets no copy here (copy_of_instr[i] = -1). Both copies of an offloaded
+                              activation must agree: an H2D staged from a direct D2H has no copy-out to
+                              wait for. Borrowed for the call; opts.direct of the result is NULL. */
 } mf_staging_opts;
 
 typedef struct mf_staging_copy {
@@ -120,7 +125,8 @@ typedef struct mf_staging {
   int32_t n_slabs, n_h2d_slabs;
   mf_staging_copy *copies; /* slab by slab */
   int32_t n_copies;
-  int32_t *copy_of_instr; /* [n_instr]: index into copies, -1 for instructions that copy nothing */
+  int32_t *copy_of_instr; /* [n_instr]: index into copies, -1 for instructions that copy nothing or copy
+                             direct (opts.direct) */
   int32_t n_instr;
   /* The order between slabs (above): [n_slabs] each, a slab index or -1.
    * wait_slab[k]: the previous occupant of any of k's bytes, a slab of k's

@@ -143,6 +143,19 @@ static mf_status cpu_host_alloc(mf_backend *b, size_t bytes, void **out) {
 
 static void cpu_host_free(mf_backend *b, void *p) { free(p); }
 
+static mf_status cpu_host_register(mf_backend *b, void *ptr, size_t bytes) {
+  if (!ptr || bytes == 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cpu backend: pinning %zu bytes at %p: no memory", bytes, ptr);
+  impl_of(b)->stats.host_registered_bytes += bytes;
+  return MF_OK;
+}
+
+static void cpu_host_unregister(mf_backend *b, void *ptr, size_t bytes) {
+  cpu_impl *c = impl_of(b);
+  if (!ptr) return;
+  c->stats.host_registered_bytes -= bytes < c->stats.host_registered_bytes ? bytes : c->stats.host_registered_bytes;
+}
+
 static mf_status cpu_stream_create(mf_backend *b, mf_stream **out) {
   *out = (mf_stream *)calloc(1, sizeof(mf_stream));
   return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: out of memory for a stream");
@@ -762,6 +775,8 @@ mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **ou
       /* .mark = */ cpu_mark,
       /* .get_stats = */ cpu_get_stats,
       /* .free = */ cpu_free,
+      /* .host_register = */ cpu_host_register,
+      /* .host_unregister = */ cpu_host_unregister,
   };
   *out = b;
   return MF_OK;

@@ -102,6 +102,29 @@ static void cuda_host_free(mf_backend *b, void *p) {
   if (p) cudaFreeHost(p);
 }
 
+static mf_status cuda_host_register(mf_backend *b, void *ptr, size_t bytes) {
+  cuda_impl *c = impl_of(b);
+  if (!ptr || bytes == 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "cuda backend: pinning %zu bytes at %p: no memory", bytes, ptr);
+  SET_DEVICE(c);
+  const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return MF_ERR(MF_ERR_CUDA, "cuda backend: pinning %zu bytes of host memory failed: %s (%s)", bytes,
+                  cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  c->stats.host_registered_bytes += bytes;
+  return MF_OK;
+}
+
+static void cuda_host_unregister(mf_backend *b, void *ptr, size_t bytes) {
+  cuda_impl *c = impl_of(b);
+  if (!ptr) return;
+  cudaSetDevice(c->device);
+  if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+  c->stats.host_registered_bytes -= bytes < c->stats.host_registered_bytes ? bytes : c->stats.host_registered_bytes;
+}
+
 // ------------------------------------------------------- streams, events
 
 static mf_status cuda_stream_create(mf_backend *b, mf_stream **out) {
@@ -586,6 +609,8 @@ extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf
       /* .mark = */ NULL, /* no checking mode on cuda */
       /* .get_stats = */ cuda_get_stats,
       /* .free = */ cuda_free,
+      /* .host_register = */ cuda_host_register,
+      /* .host_unregister = */ cuda_host_unregister,
   };
   mf_status st = MF_OK;
   cudaError_t e = cudaSetDevice(c->device);

@@ -42,7 +42,7 @@ static const char k_usage[] =
     "behind-the-next-step or after-each-step the planner predicts faster for the chosen plan.\n\n"
     "Exit status: 0 when the chosen plan fits every limit — its arena the device budget, its\n"
     "host memory memory.host_limit (the excess spilled to NVMe under memory.nvme_dir, which\n"
-    "must exist with the room), its pinned staging memory.pinned_limit; 1 when it does not\n"
+    "must exist with the room), its pinned memory memory.pinned_limit; 1 when it does not\n"
     "(train and eval refuse it): the plan is still shown (and --json/--svg written), then a\n"
     "closing line on stderr names each limit it is over and the keys to change. A row's last\n"
     "column says \"fits\" only when that plan fits them all, else which limits it is over.\n"
@@ -108,6 +108,28 @@ static void row(mf_table *tb, const char *name, const mf_plan *pl, const char *s
                           r->exposed_optimizer_seconds};
   for (int k = 0; k < 4; k++) mf_table_cell(tb, "%.4f", secs[k]);
   mf_table_cell(tb, "%s", status);
+}
+
+/* The pinned home (planner/run_plan.h mf_pinned_home): the regions pinned
+ * so that their copies go straight, what each moves a step and the host
+ * copies through staging slabs that saves, and what was left out. */
+static void home_summary(const mf_run_plan *rp, const mf_config_memory *mem) {
+  const mf_pinned_home *h = &rp->home;
+  char a[32], b[32];
+  printf("\npinned home: %s", mf_format_bytes(h->bytes, a, sizeof a));
+  if (!mem->pinned_home)
+    printf(" (memory.pinned_home: false; the executor's offloaded activations only)");
+  else if (h->budget && !rp->inside)
+    printf(" of %s (%s)", mf_format_bytes(h->budget, b, sizeof b),
+           mem->pinned_limit ? "memory.pinned_limit" : "auto: half of memory.host_limit");
+  printf(", %d copies a step straight from or into it\n", h->n_direct);
+  for (int k = 0; k < MF_HOME_REGIONS_; k++) {
+    if (!h->pinned[k] || h->hi[k] == h->lo[k]) continue;
+    printf("  %s %s: %s a step across the link, %.3g s/step of host copies saved\n",
+           mf_home_region_name((mf_home_region)k), mf_format_bytes(h->hi[k] - h->lo[k], a, sizeof a),
+           mf_format_bytes(h->step_bytes[k], b, sizeof b), h->host_s[k]);
+  }
+  if (h->left_out[0]) printf("  %s\n", h->left_out);
 }
 
 /* The run's pinned staging arena (when copies are staged) beside a
@@ -621,6 +643,7 @@ int mf_cli_plan(int argc, char **argv) {
          rp->overlap_optimizer ? "behind the next step's device work (train.overlap_optimizer)"
                                : "after each step (train.overlap_optimizer)");
   MF_CHECK_GOTO(mf_render_optimizer_summary(p, chosen->d, stdout), st, done);
+  home_summary(rp, &cfg->memory);
   staging_summary(rp, &cfg->memory);
   host_summary(rp, &cfg->memory);
   if (ranks > 1) ranks_summary(rp, ranks);

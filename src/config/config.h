@@ -207,6 +207,7 @@ typedef struct mf_config_memory {
   mf_config_routing routing_kind; /* what `routing` says (derived, not a key) */
   uint64_t pinned_limit;
   mf_config_staging staging; /* copies through the pinned staging arena (src/exec/exec.h) */
+  int pinned_home; /* the home regions that cross the link pinned where pinned_limit allows (run_plan.h) */
   uint64_t host_limit;
   char *nvme_dir; /* NULL: no NVMe spill */
   /* train.adam_moments, copied here for the host accounting (planner/host.h;

@@ -163,12 +163,18 @@ const mf_config_key mf_config_keys[] = {
         "when "
         "it exists, else uniform), none (uniform) or a routing file (*.json)"),
     KEY("memory.pinned_limit", MF_CK_SIZE, 0, memory.pinned_limit, NOLO, NOHI, NULL, "auto",
-        "pinned host memory for transfers (<= host_limit); auto: decided at start-up"),
+        "pinned host memory (<= host_limit): the pinned home (memory.pinned_home), the offloaded activations' "
+        "host copies and the staging arena; auto: the pinned home within half of host_limit, the rest "
+        "unbounded"),
     KEY("memory.staging", MF_CK_ENUM, 0, memory.staging, NOLO, NOHI, "auto|true|false", "auto",
         "true: a planned run copies between host memory and the device through the compact pinned staging "
         "arena (laid out by the planner, within pinned_limit); false: straight; auto: true on the cuda "
         "backend "
         "(copies from pageable memory cannot overlap there), false on cpu (where it only adds a copy)"),
+    KEY("memory.pinned_home", MF_CK_BOOL, 0, memory.pinned_home, NOLO, NOHI, NULL, "true",
+        "pin the host regions that cross the link every step (the bf16 working copy of streamed weights, "
+        "gradient sums that land once a step) where pinned_limit allows (auto: half of host_limit), so "
+        "their copies go straight, with no host copy through the staging arena; false: stage them"),
     KEY("memory.host_limit", MF_CK_SIZE, 0, memory.host_limit, NOLO, NOHI, NULL, "auto",
         "host memory for weights, optimizer state, offloaded activations; auto: from the machine"),
     KEY("memory.nvme_dir", MF_CK_STR, MF_CK_NULLABLE, memory.nvme_dir, NOLO, NOHI, NULL, "null",

@@ -124,7 +124,7 @@ static mf_status order_events(mf_exec *x) {
 
 /* inside: the executor whose arena this one uses (NULL: one of its own). */
 static mf_status create(const mf_program *p, const mf_schedule *s, mf_backend *b, const mf_exec *inside,
-                        mf_exec **out) {
+                        int acts_pinned, mf_exec **out) {
   *out = NULL;
   if (s->prog != p) return MF_ERR(MF_ERR_INVALID_ARG, "executor: the schedule belongs to another program");
   mf_exec *x = (mf_exec *)calloc(1, sizeof *x);
@@ -146,6 +146,7 @@ static mf_status create(const mf_program *p, const mf_schedule *s, mf_backend *b
   x->grad_scratch = (float *)malloc(max_param * sizeof(float));
   x->grad_final = (int32_t *)malloc((size_t)(s->n_instr ? s->n_instr : 1) * sizeof(int32_t));
   x->upload_order = (int32_t *)malloc((size_t)(p->params->n ? p->params->n : 1) * sizeof(int32_t));
+  x->homes = (home_ctx *)calloc((size_t)(p->params->n ? p->params->n : 1), sizeof(home_ctx));
   x->n_valid = (int64_t *)calloc((size_t)(p->G > 0 ? p->G : 1), sizeof(int64_t));
   x->pos = (int32_t *)malloc((size_t)(p->B * p->S > 0 ? p->B * p->S : 1) * sizeof(int32_t));
   const size_t GL = (size_t)(p->G > 0 ? p->G : 1) * (size_t)(p->spec.layers > 0 ? p->spec.layers : 1);
@@ -161,7 +162,7 @@ static mf_status create(const mf_program *p, const mf_schedule *s, mf_backend *b
     }
   x->read_kind = (uint8_t *)calloc((size_t)x->max_reads + 1, 1);
   if (!x->expert_ptrs || !x->starts || !x->ends || !x->expert_tokens || !x->grad_scratch || !x->grad_final ||
-      !x->upload_order || !x->n_valid || !x->pos || !x->slot_mlo || !x->slot_mhi || !x->route_ev ||
+      !x->upload_order || !x->homes || !x->n_valid || !x->pos || !x->slot_mlo || !x->slot_mhi || !x->route_ev ||
       !x->route_state || !x->read_kind) {
     st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "executor: out of memory");
     goto fail;
@@ -180,10 +181,14 @@ static mf_status create(const mf_program *p, const mf_schedule *s, mf_backend *b
     MF_CHECK_GOTO(b->arena_create(b, s->arena_bytes, &base), st, fail);
     x->arena = (uint8_t *)base;
   }
-  if (s->host_act_bytes > 0) {
+  if (s->host_act_bytes > 0 && acts_pinned) {
     void *h = NULL;
     MF_CHECK_GOTO(b->host_alloc(b, s->host_act_bytes, &h), st, fail);
     x->host_act = (uint8_t *)h;
+    x->host_act_pinned = 1;
+  } else if (s->host_act_bytes > 0) {
+    MF_CHECK_GOTO(mf_malloc(s->host_act_bytes, "the offloaded activations' host copies", (void **)&x->host_act),
+                  st, fail);
   }
   if (s->n_optim_device > 0) {
     void *h = NULL;
@@ -224,7 +229,12 @@ fail:
 }
 
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out) {
-  return create(p, s, b, NULL, out);
+  return create(p, s, b, NULL, 1, out);
+}
+
+mf_status mf_exec_create_home(const mf_program *p, const mf_schedule *s, mf_backend *b, int acts_pinned,
+                              mf_exec **out) {
+  return create(p, s, b, NULL, acts_pinned, out);
 }
 
 mf_status mf_exec_create_inside(const mf_program *p, const mf_schedule *s, const mf_exec *host, mf_exec **out) {
@@ -234,7 +244,7 @@ mf_status mf_exec_create_inside(const mf_program *p, const mf_schedule *s, const
     return MF_ERR(MF_ERR_INTERNAL, "executor: an arena of %s inside one of %s",
                   mf_format_bytes(s->arena_bytes, a, sizeof a), mf_format_bytes(host->s->arena_bytes, b, sizeof b));
   }
-  return create(p, s, host->b, host, out);
+  return create(p, s, host->b, host, 1, out);
 }
 
 void mf_exec_free_events(mf_backend *b, mf_event **ev, size_t n) {
@@ -259,7 +269,10 @@ void mf_exec_free(mf_exec *x) {
   if (x->scalars) x->b->host_free(x->b, x->scalars);
   free(x->route_state);
   free(x->read_kind);
-  if (x->host_act) x->b->host_free(x->b, x->host_act);
+  if (x->host_act && x->host_act_pinned)
+    x->b->host_free(x->b, x->host_act);
+  else
+    free(x->host_act);
   if (x->norm_host) x->b->host_free(x->b, x->norm_host);
   free(x->expert_ptrs);
   free(x->starts);
@@ -268,6 +281,7 @@ void mf_exec_free(mf_exec *x) {
   free(x->grad_scratch);
   free(x->instr_s);
   free(x->grad_final);
+  free(x->homes);
   free(x->upload_order);
   free(x->n_valid);
   free(x->pos);
@@ -527,6 +541,27 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
   return MF_OK;
 }
 
+static void home_fn(void *ctx) {
+  const home_ctx *h = (const home_ctx *)ctx;
+  h->x->hooks.grad_home(h->x->hooks.ctx, h->param);
+}
+
+/* Parameter `param`'s gradient, copied straight home, handed to the hooks once
+ * its copy has landed: by a host function behind it on the D2H stream, so
+ * that the submission goes on (the hooks may be called from another thread:
+ * exec.h); a backend without host functions syncs the stream first. */
+static mf_status hand_home(mf_exec *x, int32_t param) {
+  if (!x->b->host_fn) {
+    MF_CHECK(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]));
+    x->hooks.grad_home(x->hooks.ctx, param);
+    return MF_OK;
+  }
+  home_ctx *h = &x->homes[param];
+  h->x = x;
+  h->param = param;
+  return x->b->host_fn(x->b, x->st[MF_EXEC_D2H], home_fn, h);
+}
+
 /* Runs instructions [from, to) of the schedule: the step's part or the
  * optimizer's (opt: its hyper-parameters; NULL in the step's part). Slot
  * marks, live bytes and the peak carry over in x between the two. */
@@ -543,7 +578,8 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     if (x->live > x->peak_live) x->peak_live = x->live;
     const double t_host = x->host_prof ? mf_time_now() : 0.0;
     const mf_instr *in = &s->instr[i];
-    const int staged = x->sg && (in->kind == MF_I_H2D || in->kind == MF_I_D2H);
+    /* A copy the layout left out goes straight (from or into a pinned home). */
+    const int staged = x->sg && (in->kind == MF_I_H2D || in->kind == MF_I_D2H) && x->sg->L->copy_of_instr[i] >= 0;
     /* Staged uploads pass the gate when their slab is filled (mf_exec_sg_before). */
     if ((x->hooks.wait || x->hooks.grad_wait) && !(staged && in->kind == MF_I_H2D))
       MF_CHECK_GOTO(mf_exec_param_gate(x, in, !staged), st, done);
@@ -658,10 +694,8 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
     if (staged) MF_CHECK_GOTO(mf_exec_sg_after(x, i), st, done);
     count[sk]++;
     /* A staged gradient is handed over by its slab's copy-out (exec_staging.c). */
-    if (!staged && x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads) {
-      MF_CHECK_GOTO(x->b->stream_sync(x->b, x->st[MF_EXEC_D2H]), st, done);
-      x->hooks.grad_home(x->hooks.ctx, x->grad_final[i]);
-    }
+    if (!staged && x->hooks.grad_home && x->grad_final[i] >= 0 && io->grads)
+      MF_CHECK_GOTO(hand_home(x, x->grad_final[i]), st, done);
     for (; x->ne < s->n_slots && s->slots[x->ends[x->ne]].last == i; x->ne++) {
       /* A persistent slot keeps its bytes: its contents are the next step's. */
       if (!s->slots[x->ends[x->ne]].persist) MF_CHECK_GOTO(mark(x, x->ends[x->ne], 0), st, done);

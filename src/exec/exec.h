@@ -49,6 +49,11 @@ typedef struct mf_exec mf_exec;
 mf_status mf_exec_create(mf_program *p, mf_backend *b, mf_exec **out);
 /* Runs `p` under schedule `s` (kept by the caller, alive as long as the executor). */
 mf_status mf_exec_create_scheduled(const mf_program *p, const mf_schedule *s, mf_backend *b, mf_exec **out);
+/* The same with the offloaded activations' host copies pinned (host_alloc,
+ * as mf_exec_create_scheduled does) or, acts_pinned 0, in pageable memory:
+ * a run whose pinned home leaves them out (planner/run_plan.h). */
+mf_status mf_exec_create_home(const mf_program *p, const mf_schedule *s, mf_backend *b, int acts_pinned,
+                              mf_exec **out);
 /* The same inside another executor's device arena (`host`, on the same
  * backend; s->arena_bytes at most its own): a backend has one arena, and a
  * second program (train's evaluation) runs in it between the first one's
@@ -168,12 +173,14 @@ const double *mf_exec_instr_seconds(const mf_exec *x);
  *                      ends the step with it. Outside the busy time of the
  *                      streams (see timing).
  *   grad_home(ctx, i)  after the last copy of parameter i's gradient home in
- *                      the step (the stream synchronized first): `grads` holds
- *                      its final value and the step does not touch it again.
- * wait runs on the thread calling mf_exec_step. grad_home too without a
- * staging arena; with one it runs in the copy-out that wrote the gradient
- * home, which the backend may run on another thread (cuda: a host function):
- * it must be safe to call from there, and it must not call the backend. */
+ *                      the step has landed: `grads` holds its final value and
+ *                      the step does not touch it again.
+ * wait runs on the thread calling mf_exec_step. grad_home runs in the
+ * copy-out that wrote the gradient home (staged), or in a host function
+ * behind its copy on the D2H stream (straight): the backend may run either
+ * on another thread (cuda: a host function), so it must be safe to call
+ * from there, and it must not call the backend. (A backend without host
+ * functions: on the calling thread, the stream synchronized first.) */
 typedef struct mf_exec_param_hooks {
   void *ctx;
   mf_status (*wait)(void *ctx, int32_t param);

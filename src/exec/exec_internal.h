@@ -17,6 +17,12 @@ extern "C" {
 
 typedef struct exec_staging exec_staging; /* exec_staging.c */
 
+/* A gradient's hand-over to the hooks from a host function (exec.c). */
+typedef struct home_ctx {
+  struct mf_exec *x;
+  int32_t param;
+} home_ctx;
+
 /* A small result the host reads once the step is done (no sync inside it). */
 enum { READ_AUX = 0, READ_CE = 1 };
 
@@ -38,6 +44,7 @@ struct mf_exec {
   mf_event **t0, **t1;
   uint8_t *arena;
   uint8_t *host_act; /* host copies of offloaded activations */
+  int host_act_pinned; /* host_act from the backend's host_alloc (else malloc) */
   float *grad_scratch;
   void **expert_ptrs;
   int32_t *starts; /* slots ordered by first instruction */
@@ -77,6 +84,7 @@ struct mf_exec {
   int grads_add;             /* mf_exec_set_grads_add */
   int32_t *grad_final;       /* [n_instr] the parameter whose gradient is complete after it, or -1 */
   int32_t *upload_order;     /* [n_params] */
+  home_ctx *homes;           /* [n_params] the hand-over's host function argument */
   /* The optimizer on the device. */
   double *norm_host;                  /* [norm_chunks] the norm chunk sums' landing place (host_alloc) */
   void *m_host, *v_host;              /* the host moments (mf_exec_set_optim_state) */

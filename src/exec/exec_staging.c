@@ -397,6 +397,7 @@ static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
         return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: instruction %d copies nothing", i);
       continue;
     }
+    if (c == -1) continue; /* straight from or into its home (a pinned one: planner/run_plan.h) */
     n_copy++;
     if (c < 0 || c >= L->n_copies || L->copies[c].instr != i ||
         L->copies[c].tensor != s->slots[in->slot].tensor ||
@@ -405,7 +406,7 @@ static mf_status check_layout(const mf_exec *x, const mf_staging *L) {
                     i);
   }
   if (n_copy != L->n_copies)
-    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: %d copies for %d copy instructions",
+    return MF_ERR(MF_ERR_INVALID_ARG, "executor: staging layout: %d copies for %d staged copy instructions",
                   L->n_copies, n_copy);
   int32_t next = 0, prev_instr[2] = {-1, -1};
   for (int32_t k = 0; k < L->n_slabs; k++) {

@@ -30,7 +30,47 @@ static mf_status use_staging(mf_run *r, const mf_config *cfg) {
   return mf_exec_use_staging(r->exec, rp->staging, &so);
 }
 
+static void unpin(mf_run *r, int k) {
+  if (r->pins[k].ptr && r->backend && r->backend->host_unregister)
+    r->backend->host_unregister(r->backend, r->pins[k].ptr, r->pins[k].bytes);
+  r->pins[k].ptr = NULL;
+  r->pins[k].bytes = 0;
+}
+
+mf_status mf_run_pin_home(mf_run *r, mf_home_region k, void *base, size_t total) {
+  if ((int)k < 0 || k >= MF_HOME_ACTS || !r->rp || !r->rp->home.pinned[k] || !base || !r->backend) return MF_OK;
+  const mf_pinned_home *h = &r->rp->home;
+  if (h->hi[k] > total || h->lo[k] >= h->hi[k])
+    return MF_ERR(MF_ERR_INTERNAL, "run: the pinned %s spans bytes [%llu, %llu) of a buffer of %zu",
+                  mf_home_region_name(k), (unsigned long long)h->lo[k], (unsigned long long)h->hi[k], total);
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), b0 = (uintptr_t)base, b1 = b0 + total;
+  uintptr_t a = (b0 + (uintptr_t)h->lo[k]) & ~(page - 1), e = (b0 + (uintptr_t)h->hi[k] + page - 1) & ~(page - 1);
+  if (a < b0) a = b0;
+  if (e > b1) e = b1;
+  if (r->pins[k].ptr == (void *)a && r->pins[k].bytes == (size_t)(e - a)) return MF_OK;
+  unpin(r, k);
+  char n[32];
+  if (!r->backend->host_register) {
+    MF_LOGW("run", "the %s backend cannot pin host memory: the %s (%s) is copied straight from pageable memory",
+            r->backend->name, mf_home_region_name(k), mf_format_bytes(e - a, n, sizeof n));
+    return MF_OK;
+  }
+  const double t0 = mf_time_now();
+  if (r->backend->host_register(r->backend, (void *)a, (size_t)(e - a)) != MF_OK) {
+    MF_LOGW("run", "pinning the %s (%s) failed (%s): its copies go straight from pageable memory, slower; "
+            "memory.pinned_home: false stages them instead",
+            mf_home_region_name(k), mf_format_bytes(e - a, n, sizeof n), mf_last_error());
+    return MF_OK;
+  }
+  r->pins[k].ptr = (void *)a;
+  r->pins[k].bytes = (size_t)(e - a);
+  MF_LOGI("run", "pinned the %s: %s in %.2f s", mf_home_region_name(k), mf_format_bytes(e - a, n, sizeof n),
+          mf_time_now() - t0);
+  return MF_OK;
+}
+
 void mf_run_close(mf_run *r) {
+  for (int k = 0; k < MF_HOME_REGIONS_; k++) unpin(r, k);
   if (r->working_owned) free(r->working);
   mf_exec_free(r->exec);
   if (!r->inside) mf_backend_free(r->backend); /* else the host run's */
@@ -126,7 +166,7 @@ static mf_status open_executor(mf_run *r, const mf_config *cfg) {
   if (r->inside)
     MF_CHECK(mf_exec_create_inside(r->rp->prog, s, r->inside->exec, &r->exec));
   else
-    MF_CHECK(mf_exec_create_scheduled(r->rp->prog, s, r->backend, &r->exec));
+    MF_CHECK(mf_exec_create_home(r->rp->prog, s, r->backend, r->rp->home.pinned[MF_HOME_ACTS], &r->exec));
   if (r->rp->staged) MF_CHECK(use_staging(r, cfg));
   return batches(r, cfg);
 }
@@ -181,7 +221,7 @@ mf_status mf_run_round_working(mf_run *r, const float *w, size_t n, uint16_t *bu
   else
     round_part(&j, 0, 1);
   mf_exec_set_working_copy(r->exec, r->working);
-  return MF_OK;
+  return mf_run_pin_home(r, MF_HOME_WORKING, r->working, (size_t)r->t->total_numel * sizeof(uint16_t));
 }
 
 mf_status mf_run_round_trained(mf_run *r, const mf_param_table *t, const float *w, uint16_t *buf) {
@@ -193,7 +233,7 @@ mf_status mf_run_round_trained(mf_run *r, const mf_param_table *t, const float *
     if (!p->frozen) mf_fp32_to_bf16_n(w + p->offset, buf + p->offset, (size_t)p->numel);
   }
   mf_exec_set_working_copy(r->exec, r->working);
-  return MF_OK;
+  return mf_run_pin_home(r, MF_HOME_WORKING, r->working, (size_t)t->total_numel * sizeof(uint16_t));
 }
 
 void mf_run_share_working(mf_run *r, const mf_run *from) {

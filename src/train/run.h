@@ -80,6 +80,10 @@ typedef struct mf_run {
   int64_t G;
   uint16_t *working; /* BF16 storage: the weights' bf16 working copy the executor uploads (else NULL) */
   int working_owned;
+  struct {
+    void *ptr;
+    size_t bytes;
+  } pins[MF_HOME_REGIONS_]; /* the pinned home's regions registered with the backend (ptr NULL: none) */
   const struct mf_run *inside; /* the run whose backend and arena this one uses (else NULL) */
 } mf_run;
 
@@ -89,6 +93,17 @@ typedef struct mf_run {
  * same options each call, but for upto. On failure what was opened stays
  * open: mf_run_close frees it. */
 mf_status mf_run_open(const mf_config *cfg, const mf_run_opts *o, mf_run *r);
+/* Pins region k of the plan's pinned home (planner/run_plan.h
+ * mf_pinned_home) in `base`, a buffer of `total` bytes: its span, widened to
+ * whole pages within the buffer, registered with the backend once (again
+ * for another buffer; mf_run_close undoes it). Nothing when the plan does
+ * not pin k. A backend that cannot pin, or a registration that fails, is a
+ * warning: the region's copies go straight all the same, from pageable
+ * memory (slower, the same bits). The working copy is pinned by the
+ * mf_run_round_* calls that set it; train pins the gradient sums; the
+ * executor allocates the activations pinned when the plan says so. */
+mf_status mf_run_pin_home(mf_run *r, mf_home_region k, void *base, size_t total);
+
 /* Frees what r opened (a run inside another is closed before it); r zeroed. */
 void mf_run_close(mf_run *r);
 

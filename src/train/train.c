@@ -353,6 +353,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
     MF_CHECK(mf_host_state_init(&r->hs, cfg, t, rp, &r->w, &r->w_owned, r->quiet));
     MF_CHECK(round_home(r));
   }
+  if (!r->multi) MF_CHECK(mf_run_pin_home(&r->tr, MF_HOME_GRADS, r->hs.grads.ptr, r->hs.grads.bytes));
   if (r->valid) mf_run_share_working(&r->ev, &r->tr);
   if (t->lora_a)
     r->base_sum = mf_ckpt_base_sum(t, r->w, r->hs.base_bf16 ? (const uint16_t *)r->hs.working.ptr : NULL);
@@ -450,6 +451,16 @@ static void log_start(const run *r, const mf_train_summary *out) {
       pl->s->n_optim_device, trained - pl->s->n_optim_device,
       mf_format_bytes(pl->s->h2d_bytes, b4, sizeof b4), mf_format_bytes(pl->s->d2h_bytes, b5, sizeof b5),
       mf_program_order_name(rp->prog->order), cfg->output.dir);
+  if (rp->home.n_direct > 0) {
+    const mf_pinned_home *h = &rp->home;
+    char list[160] = "";
+    for (int k = 0; k < MF_HOME_REGIONS_; k++)
+      if (h->pinned[k] && h->hi[k] > h->lo[k])
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %s", list[0] ? ", " : "",
+                 mf_home_region_name((mf_home_region)k), mf_format_bytes(h->hi[k] - h->lo[k], b1, sizeof b1));
+    MF_LOGI("train", "pinned home: %s (%s); %d copies a step straight from or into it",
+            mf_format_bytes(h->bytes, b2, sizeof b2), list, h->n_direct);
+  }
   if (rp->staging) {
     const mf_staging *sg = rp->staging;
     MF_LOGI("train",

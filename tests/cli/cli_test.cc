@@ -258,7 +258,7 @@ TEST(Cli, PlanOptimizerOnTheDevice) {
   std::ifstream jf(json);
   std::string text((std::istreambuf_iterator<char>(jf)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("\"optimizer\": \"device\""), std::string::npos);
-  EXPECT_NE(text.find("\"version\": 5"), std::string::npos);
+  EXPECT_NE(text.find("\"version\": 6"), std::string::npos);
   std::ifstream sf(svg);
   std::string pic((std::istreambuf_iterator<char>(sf)), std::istreambuf_iterator<char>());
   EXPECT_NE(pic.find("id=\"optim-begin\""), std::string::npos);

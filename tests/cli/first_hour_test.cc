@@ -148,7 +148,7 @@ TEST(FirstHour, PlanExitsOneWhenThePlanCannotRun) {
   } cases[] = {
       {" memory.host_limit=1MiB", "over host_limit", "host memory: the plan needs", "memory.host_limit"},
       {" memory.staging=true memory.pinned_limit=1KiB", "over pinned_limit",
-       "pinned staging: no layout fits memory.pinned_limit 1.00 KiB", "memory.pinned_limit"},
+       "do not fit memory.pinned_limit 1.00 KiB", "memory.pinned_limit"},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.overrides);

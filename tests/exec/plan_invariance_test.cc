@@ -525,6 +525,53 @@ TEST(PlanInvariance, Bf16Storage) {
   EXPECT_NEAR(ref.sum.valid_loss, f32.sum.valid_loss, 0.02 * f32.sum.valid_loss);
 }
 
+// The pinned home (memory.pinned_home, on by default; planner/run_plan.h):
+// the bf16 working copy of streamed weights, gradient sums that land home
+// once a step (layer-major order) and offloaded activations copied straight
+// from and into pinned host memory — beside the staging arena, with no
+// staging arena, and with a pinned_limit that leaves a region staged — give
+// the same bits as resident and as staging every copy (pinned_home=false).
+// The start-up lines say what was pinned and what was staged.
+TEST(PlanInvariance, PinnedHome) {
+  Shape s("demo_home", demo());
+  const std::vector<std::string> base = {"train.precision=bf16", "train.micro_batch_order=layer"};
+  const TrainRun ref = s.train("resident", "auto", "auto", base);
+  ASSERT_EQ(ref.st, MF_OK) << ref.err;
+  const struct {
+    const char *tag, *plan;
+    std::vector<std::string> extra;
+    bool home, staged;
+    const char *pinned, *unpinned; /* in the "pinned home:" line, and not in it */
+  } runs[] = {
+      {"home_staged", "least_memory", {"memory.staging=true"}, true, true, "offloaded activations", nullptr},
+      {"home_straight", "least_memory", {"memory.staging=false"}, true, false, "gradient sums", nullptr},
+      {"all_staged", "least_memory", {"memory.staging=true", "memory.pinned_home=false"}, false, true, nullptr,
+       nullptr},
+      {"home_megatrain", "megatrain", {"memory.staging=true"}, true, true, "bf16 working copy", nullptr},
+      // room for the working copy (882.62 KiB) and the activations, not for the gradient sums (1.72 MiB)
+      {"home_part", "least_memory", {"memory.staging=true", "memory.pinned_limit=1280KiB"}, true, true,
+       "bf16 working copy", "gradient sums"},
+  };
+  for (const auto &c : runs) {
+    std::vector<std::string> ov = c.extra;
+    ov.insert(ov.end(), base.begin(), base.end());
+    const TrainRun r = s.train(std::string("home_") + c.tag, "auto", c.plan, ov);
+    ExpectSameBits(ref, r, std::string("pinned home, ") + c.tag);
+    ASSERT_TRUE(r.found) << r.log;
+    EXPECT_GT(r.moved(), 0) << r.log;
+    EXPECT_EQ(r.log.find("pinned home: ") != std::string::npos, c.home) << c.tag << "\n" << r.log;
+    EXPECT_EQ(r.log.find("copies staged: ") != std::string::npos, c.staged) << c.tag << "\n" << r.log;
+    const size_t at = r.log.find("pinned home: ");
+    const std::string line = at == std::string::npos ? "" : r.log.substr(at, r.log.find('\n', at) - at);
+    if (c.pinned) {
+      EXPECT_NE(line.find(c.pinned), std::string::npos) << c.tag << ": " << line;
+    }
+    if (c.unpinned) {
+      EXPECT_EQ(line.find(c.unpinned), std::string::npos) << c.tag << ": " << line;
+    }
+  }
+}
+
 // Plan files that cannot be followed: clean errors naming the file.
 TEST(PlanInvariance, BadPlanFilesAreErrorsNamingTheFile) {
   Shape s("demo_bad", demo());

@@ -1,7 +1,8 @@
 // The executor's copies through the pinned staging arena (src/exec/exec.h,
 // "the pinned staging arena"): every kind of plan gives the same losses,
 // gradients, weights, moments and routing counts with the copies staged as
-// straight, on immediate streams and on the cpu backend's deferred streams
+// straight, or with half the copies left out of the layout to go straight (a
+// pinned home's), on immediate streams and on the cpu backend's deferred streams
 // (kernels/backend.h: lazy runs kernels and copies late and host functions
 // early, copies-first the other way round), with every slab poisoned once
 // used; the gradients reach the host optimizer's hand-off final; a missing
@@ -42,6 +43,7 @@ struct Result {
 struct RunOpts {
   mf_cpu_streams mode = MF_CPU_STREAMS_IMMEDIATE;
   bool staged = false;
+  bool mixed = false; /* the layout with some copies left out to go straight (Staged::mixed) */
   mf_exec_staging_opts so = {1, 1, 0};
   bool hooks = false;
   bool tolerate_errors = false;  // a failed step ends the run and is reported, not a test failure
@@ -73,6 +75,11 @@ struct Staged {
   mf_hwprofile hw;
   mf_plan *pl = nullptr;
   mf_staging *sg = nullptr;
+  // The same schedule's layout without about half its copies, which go
+  // straight (the pinned home's way, planner/run_plan.h): chosen by tensor so
+  // that an offloaded activation's two copies agree.
+  mf_staging *mixed = nullptr;
+  int32_t n_direct = 0;
   std::vector<std::vector<int32_t>> ids, tg;
   static constexpr int kSteps = 3;
 
@@ -107,8 +114,23 @@ struct Staged {
     hw = mf_pt::small_profile(1);
     ASSERT_EQ(mf_plan_evaluate(p, &hw, d, UINT64_MAX / 2, MF_PLAN_CHOSEN, &pl), MF_OK) << mf_last_error();
     mf_decisions_free(d);
-    mf_staging_opts o = {0, max_slab, 0};
+    mf_staging_opts o = {0, max_slab, 0, nullptr};
     ASSERT_EQ(mf_staging_build(pl->s, &pl->sim, &hw, &o, &sg), MF_OK) << mf_last_error();
+    std::vector<uint8_t> direct((size_t)pl->s->n_instr, 0);
+    for (int32_t i = 0; i < pl->s->n_instr; i++) {
+      const mf_instr *in = &pl->s->instr[i];
+      if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+      direct[(size_t)i] = (uint8_t)(pl->s->slots[in->slot].tensor * 2654435761u >> 7 & 1);
+      n_direct += direct[(size_t)i];
+    }
+    o.direct = direct.data();
+    ASSERT_EQ(mf_staging_build(pl->s, &pl->sim, &hw, &o, &mixed), MF_OK) << mf_last_error();
+    EXPECT_EQ(mixed->n_copies + n_direct, sg->n_copies);
+    for (int32_t i = 0; i < pl->s->n_instr; i++) {
+      if (direct[(size_t)i]) {
+        EXPECT_EQ(mixed->copy_of_instr[i], -1) << i;
+      }
+    }
     const int64_t n = po.micro_batch * po.seq_len;
     for (int m = 0; m < 2 * kSteps; m++) {
       ids.emplace_back((size_t)n);
@@ -119,6 +141,7 @@ struct Staged {
   }
   ~Staged() {
     mf_staging_free(sg);
+    mf_staging_free(mixed);
     mf_plan_free(pl);
     mf_program_free(p);
     mf_param_table_free(t);
@@ -147,7 +170,7 @@ struct Staged {
       return out;
     }
     if (ro.staged) {
-      EXPECT_EQ(mf_exec_use_staging(x, sg, &ro.so), MF_OK) << mf_last_error();
+      EXPECT_EQ(mf_exec_use_staging(x, ro.mixed ? mixed : sg, &ro.so), MF_OK) << mf_last_error();
     }
     Hooks hk;
     hk.t = t;
@@ -240,14 +263,19 @@ TEST_P(ExecStaging, StagedCopiesGiveTheSameBits) {
     mf_cpu_streams mode;
     int threads;
   };
+  ASSERT_GT(S.n_direct, 0);
   for (const Variant &v :
        {Variant{"immediate", MF_CPU_STREAMS_IMMEDIATE, 1}, Variant{"lazy", MF_CPU_STREAMS_LAZY, 1},
         Variant{"copies first", MF_CPU_STREAMS_COPIES_FIRST, 1},
-        Variant{"lazy, 3 host threads", MF_CPU_STREAMS_LAZY, 3}}) {
+        Variant{"lazy, 3 host threads", MF_CPU_STREAMS_LAZY, 3},
+        Variant{"half straight, immediate", MF_CPU_STREAMS_IMMEDIATE, 1},
+        Variant{"half straight, lazy", MF_CPU_STREAMS_LAZY, 1},
+        Variant{"half straight, copies first", MF_CPU_STREAMS_COPIES_FIRST, 2}}) {
     SCOPED_TRACE(v.name);
     RunOpts ro;
     ro.mode = v.mode;
     ro.staged = true;
+    ro.mixed = strncmp(v.name, "half straight", 13) == 0;
     ro.so = {v.threads, 1, 0};
     ro.hooks = true;
     const Result r = S.Run(ro);

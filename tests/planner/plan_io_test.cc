@@ -132,7 +132,7 @@ class PlanIo : public ::testing::Test {
       d_->act[t] = (uint8_t)want;
     }
     fig_ = {8ull << 30, 123456789,  98765, 0.1234567890123456789, 4567, 1u << 20,
-            891011,     1ull << 40, 24680, (3ull << 30) + 17, "cutlass", "cudnn"};
+            891011,     1ull << 40, 24680, (3ull << 30) + 17, "cutlass", "cudnn", (5ull << 30) + 3};
     base_ = TmpPath("base.plan.json");
     ASSERT_EQ(mf_plan_write_json(p_, d_, &fig_, base_.c_str()), MF_OK) << mf_last_error();
   }
@@ -199,6 +199,8 @@ class PlanIo : public ::testing::Test {
   // staging and host figures or order (version 1).
   static void MakeVersion(json_t *r, int version) {
     json_object_set_new(r, "version", json_integer(version));
+    json_object_del(r, "pinned_home_bytes");
+    if (version >= 5) return;
     json_object_del(r, "kernels");
     if (version >= 4) return;
     json_object_del(r, "device_backend_bytes");
@@ -255,6 +257,7 @@ TEST_F(PlanIo, RoundTripGivesTheSameDecisionsAndFigures) {
   EXPECT_EQ(f.device_backend_bytes, fig_.device_backend_bytes);
   EXPECT_STREQ(f.expert_gemm, "cutlass");
   EXPECT_STREQ(f.attention, "cudnn");
+  EXPECT_EQ(f.pinned_home_bytes, fig_.pinned_home_bytes);
 
   // Written again, the file is the same; figures may be left out when reading.
   std::string again = TmpPath("again.plan.json");
@@ -273,7 +276,8 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   json_t *root = json_loads(text.c_str(), JSON_REJECT_DUPLICATES, &e);
   ASSERT_NE(root, nullptr) << e.text;
   EXPECT_STREQ(json_string_value(json_object_get(root, "format")), "moefit-plan");
-  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 5);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "version")), 6);
+  EXPECT_EQ(json_integer_value(json_object_get(root, "pinned_home_bytes")), (5ll << 30) + 3);
   EXPECT_EQ(json_integer_value(json_object_get(root, "persist_bytes")), 24680);
   EXPECT_EQ(json_integer_value(json_object_get(root, "device_backend_bytes")), (3ll << 30) + 17);
   EXPECT_EQ(json_integer_value(json_object_get(root, "staging_bytes")), 4567);
@@ -293,7 +297,7 @@ TEST_F(PlanIo, LayoutIsTheDocumentedOne) {
   EXPECT_EQ(keys,
             "format version model batch device_budget_bytes peak_device_bytes arena_bytes predicted_step_seconds "
             "staging_bytes staging_slab_limit_bytes staging_pool_bytes host_bytes persist_bytes "
-            "device_backend_bytes kernels tensors ");
+            "device_backend_bytes pinned_home_bytes kernels tensors ");
   json_t *kernels = json_object_get(root, "kernels");
   EXPECT_STREQ(json_string_value(json_object_get(kernels, "expert_gemm")), "cutlass");
   EXPECT_STREQ(json_string_value(json_object_get(kernels, "attention")), "cudnn");
@@ -538,6 +542,31 @@ TEST_F(PlanIo, Version4StillReadsAndVersion5NeedsTheKernels) {
   EXPECT_EQ(mf_plan_write_json(p_, d_, &bad, TmpPath("bad.plan.json").c_str()), MF_ERR_INVALID_ARG);
 }
 
+// Version 5 (before the pinned home) still reads, pinned_home_bytes 0; it
+// must not have the key, and version 6 needs it.
+TEST_F(PlanIo, Version5StillReadsAndVersion6NeedsThePinnedHome) {
+  std::string path = Edited("v5.plan.json", [](json_t *r) { MakeVersion(r, 5); });
+  EXPECT_EQ(Slurp(path).find("pinned_home_bytes"), std::string::npos);
+  EXPECT_NE(Slurp(path).find("kernels"), std::string::npos);
+  mf_decisions *d = nullptr;
+  ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
+  mf_plan_figures f = fig_;
+  ASSERT_EQ(mf_plan_read_json(p_, path.c_str(), d, &f), MF_OK) << mf_last_error();
+  EXPECT_EQ(f.pinned_home_bytes, 0u);
+  EXPECT_STREQ(f.expert_gemm, "cutlass");
+  mf_decisions_free(d);
+  path = Edited("plan.json", [](json_t *r) {
+    MakeVersion(r, 5);
+    json_object_set_new(r, "pinned_home_bytes", json_integer(7));
+  });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT,
+               "plan.json: pinned_home_bytes: a version-5 plan has no 'pinned_home_bytes' (it came with version 6)");
+  path = Edited("plan.json", [](json_t *r) { json_object_del(r, "pinned_home_bytes"); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: (top level): missing 'pinned_home_bytes'");
+  path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "pinned_home_bytes", json_integer(-2)); });
+  EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: pinned_home_bytes: expected a non-negative integer");
+}
+
 // batch.storage must be the program's: a plan made for fp32 storage does not
 // fit a bf16 program of the same shape, nor the other way round.
 TEST_F(PlanIo, StorageMismatch) {
@@ -719,8 +748,8 @@ TEST_F(PlanIo, WrongFormatString) {
 
 TEST_F(PlanIo, NewerVersion) {
   std::string path =
-      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(6)); });
-  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 6", "versions 1 to 5");
+      Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(7)); });
+  EXPECT_ERROR(Read(path), MF_ERR_UNSUPPORTED, "plan.json: version: ", "version 7", "versions 1 to 6");
   path = Edited("plan.json", [](json_t *r) { json_object_set_new(r, "version", json_integer(0)); });
   EXPECT_ERROR(Read(path), MF_ERR_FORMAT, "plan.json: version: expected a positive integer");
 }

@@ -338,7 +338,7 @@ TEST(RunPlan, APinnedLimitUnderTheLargestCopyDoesNotFit) {
   EXPECT_FALSE(r.rp->fit.all);
   char why[1800];
   ASSERT_EQ(mf_run_plan_misfit(r.rp, r.cfg, why, sizeof why), 1);
-  EXPECT_TRUE(has(why, "pinned staging: no layout fits memory.pinned_limit 1.00 KiB")) << why;
+  EXPECT_TRUE(has(why, "do not fit memory.pinned_limit 1.00 KiB")) << why;
   EXPECT_TRUE(has(why, "raise memory.pinned_limit or set memory.staging: false")) << why;
   int laid_out = 0;
   for (int k = MF_PLAN_RESIDENT; k < MF_PLAN_KIND_COUNT_; k++) {
