@@ -440,6 +440,45 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
   return MF_OK;
 }
 
+/* Seconds of host memory time a step's staged copies of schedule s take, as
+ * the staging layout counts them (planner/staging.h: 2 bytes of host traffic
+ * a byte, 3 for a gradient added into the host's sum, at the profile's host
+ * memory bandwidth), the pinned home's copies left out; 0 when copies are
+ * not staged. */
+static double staged_host_seconds(const mf_run_plan *rp, const mf_schedule *s) {
+  if (!rp->staged) return 0;
+  double traffic = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    const mf_instr *in = &s->instr[i];
+    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+    const int k = region_of(s, i);
+    if (k >= 0 && rp->home.pinned[k]) continue;
+    const mf_ptensor *x = &s->prog->tensors[s->slots[in->slot].tensor];
+    traffic += (in->kind == MF_I_D2H && x->kind == MF_T_GRAD && in->accumulate ? 3.0 : 2.0) * (double)x->bytes;
+  }
+  return traffic / rp->hw.host_memory_bandwidth;
+}
+
+/* With the host optimizer behind the next step, every plan simulated again
+ * with its staged copies' host time beside the updates (mf_sim_opts
+ * host_copy_seconds: they share the host's memory), the pinned home as the
+ * chosen plan's (its regions are the program's). *chosen: the chosen plan's
+ * prediction changed. */
+static mf_status price_host_copies(mf_run_plan *rp, int *chosen) {
+  *chosen = 0;
+  for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
+    mf_plan *pl = rp->all[k];
+    if (!pl || !pl->so.overlap_optimizer) continue;
+    mf_sim_opts so = pl->so;
+    so.host_copy_seconds = staged_host_seconds(rp, pl->s);
+    if (so.host_copy_seconds == pl->so.host_copy_seconds) continue;
+    mf_plan_set_sim_opts(pl, &so);
+    MF_CHECK(mf_plan_simulate(pl));
+    if (pl == rp->plan) *chosen = 1;
+  }
+  return MF_OK;
+}
+
 /* inside: the run plan whose backend and arena this one's program shares (NULL: its own). */
 static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use use, int ask_device,
                       const mf_run_plan *inside, mf_run_plan **out) {
@@ -488,7 +527,6 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
                 st, fail);
   mf_progress_note("the step program and its plans");
   MF_CHECK_GOTO(plan_of(cfg, t, rp), st, fail);
-  MF_CHECK_GOTO(choose_overlap(cfg, rp), st, fail);
   if (cfg->ranks > 1 && rp->plan->s->n_optim_device > 0) {
     st = MF_ERR(
         MF_ERR_CONFIG,
@@ -500,6 +538,22 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
   }
   mf_progress_note("the staging arena and host memory");
   MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
+  /* The staged copies' host time beside the overlapped optimizer, then the
+   * overlap kept only where it is predicted faster; the staging laid out
+   * again on the timeline that changed. */
+  {
+    int changed = 0;
+    const int overlap = rp->overlap_optimizer;
+    MF_CHECK_GOTO(price_host_copies(rp, &changed), st, fail);
+    MF_CHECK_GOTO(choose_overlap(cfg, rp), st, fail);
+    if (changed || overlap != rp->overlap_optimizer) {
+      mf_staging_free(rp->staging);
+      rp->staging = NULL;
+      free(rp->direct);
+      rp->direct = NULL;
+      MF_CHECK_GOTO(memory_of(cfg, rp), st, fail);
+    }
+  }
   between_nodes(cfg, t, rp);
   *out = rp;
   return MF_OK;

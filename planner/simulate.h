@@ -115,6 +115,14 @@ typedef struct mf_sim_opts {
    * profile's AdamW time over every parameter), so the host's share of the
    * floor shrinks with the parameters the device updates. */
   double optimizer_floor_seconds;
+  /* Seconds of host memory time a step's staged copies take (the fills of
+   * the staging slabs and their copy-outs: planner/run_plan.h prices them
+   * from the copies the pinned home leaves staged). With overlap_optimizer
+   * they run beside the host updates and share the host's memory bandwidth
+   * with them (AdamW is bound by it): every host update's cost is scaled by
+   * (updates + host_copy_seconds) / updates. Without overlap the updates run
+   * after the step's copies and this is not used. */
+  double host_copy_seconds;
   /* Measured routing (experts/routing.h mf_routing.share: [layers * experts],
    * each expert's fraction of its layer's assignments), or NULL. With it, a
    * copy of an expert's weight or gradient costs its time times the chance

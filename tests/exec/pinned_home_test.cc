@@ -201,6 +201,36 @@ TEST(PinnedHome, APinnedLimitWithRoomForPartPinsTheMostUsed) {
   ExpectDirectIsThePinnedRegions(part.rp());
 }
 
+// With the host optimizer behind the next step, the staged copies' host time
+// is simulated beside it (mf_sim_opts host_copy_seconds): the chosen plan's
+// is what its staging layout counts, every plan shown is priced so, and the
+// pinned home, which stages fewer copies, leaves the updates less to share.
+TEST(PinnedHome, TheStagedCopiesHostTimeIsPricedBesideTheOverlappedOptimizer) {
+  const std::vector<std::string> base = {"memory.staging=true", "train.micro_batch_order=layer",
+                                         "train.overlap_optimizer=true"};
+  std::vector<std::string> off_ov = base;
+  off_ov.push_back("memory.pinned_home=false");
+  Opened off("priced_off", off_ov), home("priced_home", base);
+  ASSERT_EQ(off.st, MF_OK);
+  ASSERT_EQ(home.st, MF_OK);
+  for (const Opened *o : {&off, &home}) {
+    const mf_run_plan *rp = o->rp();
+    ASSERT_TRUE(rp->overlap_optimizer);
+    ASSERT_NE(rp->staging, nullptr);
+    EXPECT_NEAR(rp->plan->so.host_copy_seconds, rp->staging->host_copy_seconds,
+                1e-12 * rp->staging->host_copy_seconds + 1e-18);
+    for (int k = 0; k < MF_PLAN_KIND_COUNT_; k++) {
+      if (rp->all[k]) {
+        EXPECT_TRUE(rp->all[k]->so.overlap_optimizer) << k;
+        EXPECT_GE(rp->all[k]->so.host_copy_seconds, 0.0) << k;
+      }
+    }
+    EXPECT_EQ(rp->fig.predicted_step_seconds, rp->plan->sim.step_seconds);
+  }
+  EXPECT_GT(off.rp()->plan->so.host_copy_seconds, home.rp()->plan->so.host_copy_seconds);
+  EXPECT_GE(off.rp()->plan->sim.optimizer_seconds, home.rp()->plan->sim.optimizer_seconds);
+}
+
 TEST(PinnedHome, TheRunRegistersEachSpanOnce) {
   Opened o("pins", {"memory.staging=true", "train.micro_batch_order=layer"}, MF_RUN_EXECUTOR);
   ASSERT_EQ(o.st, MF_OK);

@@ -570,6 +570,38 @@ TEST_P(Simulate, OverlappedOptimizerSlowerThanTheStepBoundsIt) {
   EXPECT_LT(ovl.r.step_seconds, end.r.step_seconds);
 }
 
+// The staged copies' host time (mf_sim_opts host_copy_seconds) shares the
+// host's memory with the overlapped updates: their total grows by exactly
+// it, each update in proportion (the first uploads wait longer), and the step
+// with it; after the step (no overlap) the updates do not meet the copies.
+TEST_P(Simulate, StagedHostCopiesSlowTheOverlappedUpdates) {
+  const mf_schedule *s = build(streamed());
+  mf_hwprofile hw = profile(1);
+  Sim probe(s, hw, 0);
+  hw.host_adamw_params_per_s = (double)s->prog->params->total_numel / (0.5 * probe.r.streams_seconds);
+  for (int overlap : {1, 0}) {
+    SCOPED_TRACE(overlap ? "overlapped" : "after the step");
+    mf_sim_opts o{};
+    o.overlap_optimizer = overlap;
+    mf_sim_result a{}, b{};
+    ASSERT_EQ(mf_simulate(s, &hw, &o, &a), MF_OK) << mf_last_error();
+    o.host_copy_seconds = 2.0 * a.optimizer_seconds;
+    ASSERT_EQ(mf_simulate(s, &hw, &o, &b), MF_OK) << mf_last_error();
+    expect_accounting(s, b);
+    if (overlap) {
+      EXPECT_NEAR(b.optimizer_seconds, 3.0 * a.optimizer_seconds, 1e-12 * b.optimizer_seconds);
+      EXPECT_GT(b.step_seconds, a.step_seconds);
+      EXPECT_GE(b.step_seconds, b.optimizer_seconds);
+      EXPECT_GT(b.exposed_optimizer_seconds, a.exposed_optimizer_seconds);
+    } else {
+      EXPECT_EQ(b.optimizer_seconds, a.optimizer_seconds);
+      EXPECT_EQ(b.step_seconds, a.step_seconds);
+    }
+    mf_sim_result_free(&a);
+    mf_sim_result_free(&b);
+  }
+}
+
 // Kernels timed at the program's own calls (profile compute.kernels) price the
 // instructions with their key — RUNs, ZEROs and ACCUMs alike, recomputes and
 // the device optimizer's included — and nothing else; copies keep the link model.
