@@ -261,59 +261,115 @@ const char *mf_home_region_name(mf_home_region k) {
 /* The region instruction i of s copies from or into, or -1: an upload of a
  * streamed weight from the bf16 working copy, a gradient's copy home, an
  * offloaded activation's either way. A weight kept on the device (its first
- * fill only) and the optimizer's state stay where they are. */
-static int region_of(const mf_schedule *s, int32_t i) {
+ * fill only) and the optimizer's state stay where they are. [*a, *e): the
+ * bytes it copies in its region's buffer (the whole buffer for activations). */
+static int region_of(const mf_schedule *s, int32_t i, uint64_t *a, uint64_t *e) {
   const mf_program *p = s->prog;
   const mf_instr *in = &s->instr[i];
+  *a = *e = 0;
   if ((in->kind != MF_I_H2D && in->kind != MF_I_D2H) || i >= s->optim_begin) return -1;
   const int32_t t = s->slots[in->slot].tensor;
   const mf_ptensor *pt = &p->tensors[t];
-  if (s->host_offset[t] != SIZE_MAX) return MF_HOME_ACTS;
-  if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist &&
-      p->storage == MF_DTYPE_BF16)
-    return MF_HOME_WORKING;
-  if (in->kind == MF_I_D2H && pt->kind == MF_T_GRAD && t != p->norm_sums) return MF_HOME_GRADS;
-  return -1;
+  if (s->host_offset[t] != SIZE_MAX) {
+    *e = s->host_act_bytes;
+    return MF_HOME_ACTS;
+  }
+  int k = -1;
+  if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist && p->storage == MF_DTYPE_BF16)
+    k = MF_HOME_WORKING;
+  else if (in->kind == MF_I_D2H && pt->kind == MF_T_GRAD && t != p->norm_sums)
+    k = MF_HOME_GRADS;
+  if (k < 0) return -1;
+  const mf_param *q = &p->params->params[pt->param];
+  *a = k == MF_HOME_WORKING ? (uint64_t)q->offset * 2 : (uint64_t)q->toff * 4;
+  *e = *a + (uint64_t)q->numel * (k == MF_HOME_WORKING ? 2 : 4);
+  return k;
+}
+
+/* Whether instruction i copies straight: its region pinned over its bytes. */
+static int goes_straight(const mf_pinned_home *h, const mf_schedule *s, int32_t i) {
+  uint64_t a, e;
+  const int k = region_of(s, i, &a, &e);
+  return k >= 0 && h->pinned[k] && a >= h->pin_lo[k] && e <= h->pin_hi[k];
 }
 
 /* Each region's span, its bytes a step, and whether it may be pinned at all. */
 static void home_regions(const mf_config *cfg, const mf_run_plan *rp, const mf_schedule *s,
                          const mf_host_usage *u, mf_pinned_home *h, int *may) {
-  const mf_program *p = s->prog;
   for (int k = 0; k < MF_HOME_REGIONS_; k++) {
     h->lo[k] = UINT64_MAX;
     may[k] = cfg->memory.pinned_home && !rp->inside && cfg->ranks <= 1;
   }
   for (int32_t i = 0; i < s->n_instr; i++) {
-    const int k = region_of(s, i);
+    uint64_t a, e;
+    const int k = region_of(s, i, &a, &e);
     if (k < 0) continue;
-    const mf_instr *in = &s->instr[i];
-    const mf_ptensor *pt = &p->tensors[s->slots[in->slot].tensor];
-    h->step_bytes[k] += pt->bytes;
-    if (k == MF_HOME_GRADS && in->accumulate) may[k] = 0; /* added into the host's sum: by the host */
-    if (k == MF_HOME_ACTS) continue;
-    const mf_param *q = &p->params->params[pt->param];
-    const uint64_t lo = k == MF_HOME_WORKING ? (uint64_t)q->offset * 2 : (uint64_t)q->toff * 4;
-    const uint64_t hi = lo + (uint64_t)q->numel * (k == MF_HOME_WORKING ? 2 : 4);
-    if (lo < h->lo[k]) h->lo[k] = lo;
-    if (hi > h->hi[k]) h->hi[k] = hi;
+    h->step_bytes[k] += s->prog->tensors[s->slots[s->instr[i].slot].tensor].bytes;
+    if (k == MF_HOME_GRADS && s->instr[i].accumulate) may[k] = 0; /* added into the host's sum: by the host */
+    if (a < h->lo[k]) h->lo[k] = a;
+    if (e > h->hi[k]) h->hi[k] = e;
   }
-  h->lo[MF_HOME_ACTS] = 0;
-  h->hi[MF_HOME_ACTS] = s->host_act_bytes;
   for (int k = 0; k < MF_HOME_REGIONS_; k++) {
     if (h->lo[k] == UINT64_MAX) h->lo[k] = h->hi[k] = 0;
+    h->pin_lo[k] = h->pin_hi[k] = h->lo[k];
     if (h->step_bytes[k] == 0) may[k] = 0;
-    h->host_s[k] = 2.0 * (double)h->step_bytes[k] / rp->hw.host_memory_bandwidth;
   }
   if (u->spill_working_bytes > 0) may[MF_HOME_WORKING] = 0;
   if (u->spill_grad_bytes > 0) may[MF_HOME_GRADS] = 0;
 }
 
+typedef struct copy_range {
+  uint64_t a, e, bytes; /* a copy's bytes in its region's buffer, and its bytes a step */
+} copy_range;
+
+static int cmp_range(const void *x, const void *y) {
+  const copy_range *p = (const copy_range *)x, *q = (const copy_range *)y;
+  if (p->a != q->a) return p->a < q->a ? -1 : 1;
+  return p->e < q->e ? -1 : p->e > q->e;
+}
+
+/* The part of region k within `room` bytes that moves the most bytes a step:
+ * the window [*lo, *hi) from a copy's start to a copy's end, the earliest of
+ * the best. *lo == *hi when no copy fits (or out of memory: nothing pinned). */
+static void best_part(const mf_schedule *s, int k, uint64_t room, uint64_t *lo, uint64_t *hi) {
+  *lo = *hi = 0;
+  int32_t n = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    uint64_t a, e;
+    n += region_of(s, i, &a, &e) == k;
+  }
+  copy_range *r = (copy_range *)malloc((size_t)(n + 1) * sizeof *r);
+  if (!r) return;
+  n = 0;
+  for (int32_t i = 0; i < s->n_instr; i++) {
+    uint64_t a, e;
+    if (region_of(s, i, &a, &e) != k) continue;
+    r[n++] = (copy_range){a, e, s->prog->tensors[s->slots[s->instr[i].slot].tensor].bytes};
+  }
+  qsort(r, (size_t)n, sizeof *r, cmp_range);
+  /* Two pointers over the copies by start: [i, j) those inside the window from r[i].a. */
+  uint64_t sum = 0, best = 0, end = 0;
+  int32_t j = 0;
+  for (int32_t i = 0; i < n; i++) {
+    if (j < i) j = i, sum = 0, end = r[i].a;
+    while (j < n && r[j].e - r[i].a <= room) {
+      sum += r[j].bytes;
+      if (r[j].e > end) end = r[j].e;
+      j++;
+    }
+    if (sum > best) best = sum, *lo = r[i].a, *hi = end;
+    if (j > i) sum -= r[i].bytes;
+  }
+  free(r);
+}
+
 /* The pinned home of plan pl within `budget` bytes (run_plan.h): the regions
- * by their value (bytes a step across the link per byte pinned, most first)
- * while they fit, less those in `drop`. */
+ * by their value (bytes a step across the link per byte pinned, most first),
+ * each whole while it fits, else the working copy's or the gradient sums'
+ * part that fits and moves the most (at least 1/64 of the region: less is
+ * not worth its registration). */
 static void choose_home(const mf_config *cfg, const mf_run_plan *rp, const mf_schedule *s, const mf_host_usage *u,
-                        uint64_t budget, const uint8_t *drop, mf_pinned_home *h) {
+                        uint64_t budget, mf_pinned_home *h) {
   memset(h, 0, sizeof *h);
   int may[MF_HOME_REGIONS_];
   home_regions(cfg, rp, s, u, h, may);
@@ -330,31 +386,38 @@ static void choose_home(const mf_config *cfg, const mf_run_plan *rp, const mf_sc
       order[j] = order[j - 1];
       order[j - 1] = t;
     }
+  const char *limit = cfg->memory.pinned_limit ? "memory.pinned_limit" : "half of memory.host_limit (pinned_limit auto)";
   for (int j = 0; j < MF_HOME_REGIONS_; j++) {
     const int k = order[j];
-    const uint64_t span = h->hi[k] - h->lo[k];
+    const uint64_t span = h->hi[k] - h->lo[k], left = budget > h->bytes ? budget - h->bytes : 0;
     if (!may[k]) continue;
-    if (drop[k] || h->bytes + span > budget) {
-      char a[32], b[32];
-      const uint64_t left = budget > h->bytes ? budget - h->bytes : 0;
-      if (!h->left_out[0] && drop[k])
-        snprintf(h->left_out, sizeof h->left_out,
-                 "%s (%s) not pinned: memory.pinned_limit leaves no room for it beside the staging arena",
-                 mf_home_region_name((mf_home_region)k), mf_format_bytes(span, a, sizeof a));
-      else if (!h->left_out[0])
-        snprintf(h->left_out, sizeof h->left_out, "%s (%s) not pinned: over the %s left of %s",
-                 mf_home_region_name((mf_home_region)k), mf_format_bytes(span, a, sizeof a),
-                 mf_format_bytes(left, b, sizeof b),
-                 cfg->memory.pinned_limit ? "memory.pinned_limit" : "half of memory.host_limit (pinned_limit auto)");
-      continue;
+    if (span <= left) {
+      h->pin_lo[k] = h->lo[k], h->pin_hi[k] = h->hi[k];
+    } else if (k != MF_HOME_ACTS) {
+      best_part(s, k, left, &h->pin_lo[k], &h->pin_hi[k]);
+      if (h->pin_hi[k] - h->pin_lo[k] < span / 64) h->pin_hi[k] = h->pin_lo[k]; /* not worth a registration */
     }
-    h->pinned[k] = 1;
-    h->bytes += span;
+    const uint64_t got = h->pin_hi[k] - h->pin_lo[k];
+    h->pinned[k] = got > 0;
+    h->bytes += got;
+    if (got == span || h->left_out[0]) continue;
+    char a[32], b[32], c[32];
+    if (got > 0)
+      snprintf(h->left_out, sizeof h->left_out, "the rest of the %s (%s) staged: over the %s left of %s",
+               mf_home_region_name((mf_home_region)k), mf_format_bytes(span - got, a, sizeof a),
+               mf_format_bytes(left, c, sizeof c), limit);
+    else
+      snprintf(h->left_out, sizeof h->left_out, "%s (%s) not pinned: over the %s left of %s",
+               mf_home_region_name((mf_home_region)k), mf_format_bytes(span, a, sizeof a),
+               mf_format_bytes(left, b, sizeof b), limit);
   }
 }
 
 /* Plan pl's pinned home, its staging layout (when copies are staged; else
- * *sg NULL) of the copies still staged, and its host memory. */
+ * *sg NULL) of the copies still staged, and its host memory. With a
+ * pinned_limit, a home that leaves the staging arena too little room is
+ * chosen again within the limit less that arena (up to four times, the last
+ * with no home). */
 static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const mf_plan *pl, mf_staging **sg,
                              int *pinned_fits, mf_host_usage *u, mf_pinned_home *home, uint8_t **direct) {
   const mf_schedule *s = pl->s;
@@ -364,19 +427,21 @@ static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const 
   /* The host memory without staging first: which parts spill (those are not pinned). */
   MF_CHECK(mf_host_account(rp->prog, s, 0, &cfg->memory, &rp->hw, u));
   const uint64_t limit = cfg->memory.pinned_limit;
-  const uint64_t budget = limit ? limit : u->host_limit / 2;
-  uint8_t drop[MF_HOME_REGIONS_] = {0};
+  uint64_t budget = limit ? limit : u->host_limit / 2;
   uint8_t *d = NULL;
   MF_CHECK(mf_calloc((size_t)s->n_instr + 1, 1, "the pinned home's copies", (void **)&d));
   mf_status st = MF_OK;
-  for (int tries = 0; tries < MF_HOME_REGIONS_; tries++) {
-    choose_home(cfg, rp, s, u, budget, drop, home);
+  for (int tries = 0; tries < 4; tries++) {
+    choose_home(cfg, rp, s, u, budget, home);
     home->n_direct = 0;
     for (int32_t i = 0; i < s->n_instr; i++) {
-      const int k = region_of(s, i);
-      d[i] = (uint8_t)(k >= 0 && home->pinned[k]);
+      uint64_t a, e;
+      d[i] = (uint8_t)goes_straight(home, s, i);
       home->n_direct += d[i];
+      if (d[i]) home->pin_step_bytes[region_of(s, i, &a, &e)] += s->prog->tensors[s->slots[s->instr[i].slot].tensor].bytes;
     }
+    for (int k = 0; k < MF_HOME_REGIONS_; k++)
+      home->host_s[k] = 2.0 * (double)home->pin_step_bytes[k] / rp->hw.host_memory_bandwidth;
     mf_staging_free(*sg);
     *sg = NULL;
     *pinned_fits = 1;
@@ -387,13 +452,12 @@ static mf_status plan_memory(const mf_config *cfg, const mf_run_plan *rp, const 
     }
     MF_CHECK_GOTO(mf_host_account(rp->prog, s, *sg ? (*sg)->arena_bytes : 0, &cfg->memory, &rp->hw, u), st, fail);
     mf_host_set_pinned_home(u, home->bytes);
-    /* Over the limit with the staging arena: give its room back, the lesser region first. */
-    if (u->pinned_fits && *pinned_fits) break;
-    int last = -1;
-    for (int k = 0; k < MF_HOME_REGIONS_; k++)
-      if (home->pinned[k] && (last < 0 || home->step_bytes[k] < home->step_bytes[last])) last = k;
-    if (last < 0) break;
-    drop[last] = 1;
+    if ((u->pinned_fits && *pinned_fits) || !limit || home->bytes == 0) break;
+    /* The staging arena's room given back: the home again within the limit less it. */
+    const uint64_t need = (*sg ? (*sg)->arena_bytes : 0) + limit / 64;
+    uint64_t next = limit > need ? limit - need : 0;
+    if (next >= budget) next = budget - budget / 4;
+    budget = tries == 2 ? 0 : next;
   }
   *pinned_fits = *pinned_fits && u->pinned_fits;
   *direct = d;
@@ -451,8 +515,7 @@ static double staged_host_seconds(const mf_run_plan *rp, const mf_schedule *s) {
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
     if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
-    const int k = region_of(s, i);
-    if (k >= 0 && rp->home.pinned[k]) continue;
+    if (goes_straight(&rp->home, s, i)) continue;
     const mf_ptensor *x = &s->prog->tensors[s->slots[in->slot].tensor];
     traffic += (in->kind == MF_I_D2H && x->kind == MF_T_GRAD && in->accumulate ? 3.0 : 2.0) * (double)x->bytes;
   }

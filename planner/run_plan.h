@@ -111,21 +111,28 @@ typedef struct mf_run_kernels {
  * with several ranks (their home is the node's shared memory), or for a part
  * spilled to NVMe. The regions are pinned by their value — bytes crossing
  * the link a step for each byte pinned, most first — while they fit the
- * budget: memory.pinned_limit (auto: half of memory.host_limit); with a
- * pinned_limit set, the staging arena of the copies still staged must fit
- * beside them, else the least used region is given back (and staged) until
- * it does. A copy of a pinned region goes straight whether or not the rest
- * is staged (memory.staging); the bits are the same either way. */
+ * budget: memory.pinned_limit (auto: half of memory.host_limit), each whole
+ * where it fits, else (the working copy, the gradient sums) the part of it
+ * that fits and moves the most bytes a step (from a copy's start to a copy's
+ * end: one range to pin); with a pinned_limit set, the staging
+ * arena of the copies still staged must fit beside them, else the home is
+ * chosen again within the limit less that arena. A copy whose bytes are
+ * pinned goes straight whether or not the rest is staged (memory.staging);
+ * the bits are the same either way. */
 typedef enum mf_home_region { MF_HOME_WORKING = 0, MF_HOME_GRADS, MF_HOME_ACTS, MF_HOME_REGIONS_ } mf_home_region;
 
 typedef struct mf_pinned_home {
-  uint8_t pinned[MF_HOME_REGIONS_];     /* the region is pinned and its copies go straight */
+  uint8_t pinned[MF_HOME_REGIONS_];     /* some of the region is pinned: [pin_lo, pin_hi) */
   uint64_t lo[MF_HOME_REGIONS_];        /* its span in its buffer, bytes [lo, hi) (the working copy's */
   uint64_t hi[MF_HOME_REGIONS_];        /*   from the table's offsets, the gradients' from toff) */
+  uint64_t pin_lo[MF_HOME_REGIONS_];    /* its pinned part [pin_lo, pin_hi): [lo, hi) when pinned whole, */
+  uint64_t pin_hi[MF_HOME_REGIONS_];    /*   empty when not at all; a copy goes straight when its bytes are
+                                           inside it */
   uint64_t step_bytes[MF_HOME_REGIONS_]; /* bytes its copies move a step (both ways) */
-  double host_s[MF_HOME_REGIONS_];      /* seconds of host copies a step those would take through staging
-                                           slabs (2 bytes of host traffic a byte, host_memory_bandwidth) */
-  uint64_t bytes;                       /* pinned: the pinned regions' spans */
+  uint64_t pin_step_bytes[MF_HOME_REGIONS_]; /* of those, the copies that go straight */
+  double host_s[MF_HOME_REGIONS_];      /* seconds of host copies a step the straight ones would take through
+                                           staging slabs (2 bytes of host traffic a byte, host_memory_bandwidth) */
+  uint64_t bytes;                       /* pinned: the pinned parts' bytes */
   uint64_t budget;                      /* what the working copy and gradients were chosen within */
   int32_t n_direct;                     /* copy instructions that go straight */
   char left_out[200];                   /* a region worth pinning that was not, and why; else "" */

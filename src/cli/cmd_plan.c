@@ -119,15 +119,19 @@ static void home_summary(const mf_run_plan *rp, const mf_config_memory *mem) {
   printf("\npinned home: %s", mf_format_bytes(h->bytes, a, sizeof a));
   if (!mem->pinned_home)
     printf(" (memory.pinned_home: false; the executor's offloaded activations only)");
+  else if (mem->pinned_limit && !rp->inside)
+    printf(" (within memory.pinned_limit %s, beside the staging arena)", mf_format_bytes(mem->pinned_limit, b, sizeof b));
   else if (h->budget && !rp->inside)
-    printf(" of %s (%s)", mf_format_bytes(h->budget, b, sizeof b),
-           mem->pinned_limit ? "memory.pinned_limit" : "auto: half of memory.host_limit");
+    printf(" of %s (auto: half of memory.host_limit)", mf_format_bytes(h->budget, b, sizeof b));
   printf(", %d copies a step straight from or into it\n", h->n_direct);
   for (int k = 0; k < MF_HOME_REGIONS_; k++) {
-    if (!h->pinned[k] || h->hi[k] == h->lo[k]) continue;
-    printf("  %s %s: %s a step across the link, %.3g s/step of host copies saved\n",
-           mf_home_region_name((mf_home_region)k), mf_format_bytes(h->hi[k] - h->lo[k], a, sizeof a),
-           mf_format_bytes(h->step_bytes[k], b, sizeof b), h->host_s[k]);
+    if (!h->pinned[k]) continue;
+    char c[32];
+    const uint64_t part = h->pin_hi[k] - h->pin_lo[k], span = h->hi[k] - h->lo[k];
+    printf("  %s %s%s%s: %s a step across the link, %.3g s/step of host copies saved\n",
+           mf_home_region_name((mf_home_region)k), mf_format_bytes(part, a, sizeof a), part < span ? " of " : "",
+           part < span ? mf_format_bytes(span, c, sizeof c) : "", mf_format_bytes(h->pin_step_bytes[k], b, sizeof b),
+           h->host_s[k]);
   }
   if (h->left_out[0]) printf("  %s\n", h->left_out);
 }

@@ -40,11 +40,11 @@ static void unpin(mf_run *r, int k) {
 mf_status mf_run_pin_home(mf_run *r, mf_home_region k, void *base, size_t total) {
   if ((int)k < 0 || k >= MF_HOME_ACTS || !r->rp || !r->rp->home.pinned[k] || !base || !r->backend) return MF_OK;
   const mf_pinned_home *h = &r->rp->home;
-  if (h->hi[k] > total || h->lo[k] >= h->hi[k])
+  if (h->pin_hi[k] > total || h->pin_lo[k] >= h->pin_hi[k])
     return MF_ERR(MF_ERR_INTERNAL, "run: the pinned %s spans bytes [%llu, %llu) of a buffer of %zu",
-                  mf_home_region_name(k), (unsigned long long)h->lo[k], (unsigned long long)h->hi[k], total);
+                  mf_home_region_name(k), (unsigned long long)h->pin_lo[k], (unsigned long long)h->pin_hi[k], total);
   const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), b0 = (uintptr_t)base, b1 = b0 + total;
-  uintptr_t a = (b0 + (uintptr_t)h->lo[k]) & ~(page - 1), e = (b0 + (uintptr_t)h->hi[k] + page - 1) & ~(page - 1);
+  uintptr_t a = (b0 + (uintptr_t)h->pin_lo[k]) & ~(page - 1), e = (b0 + (uintptr_t)h->pin_hi[k] + page - 1) & ~(page - 1);
   if (a < b0) a = b0;
   if (e > b1) e = b1;
   if (r->pins[k].ptr == (void *)a && r->pins[k].bytes == (size_t)(e - a)) return MF_OK;

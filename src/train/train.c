@@ -455,9 +455,10 @@ static void log_start(const run *r, const mf_train_summary *out) {
     const mf_pinned_home *h = &rp->home;
     char list[160] = "";
     for (int k = 0; k < MF_HOME_REGIONS_; k++)
-      if (h->pinned[k] && h->hi[k] > h->lo[k])
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %s", list[0] ? ", " : "",
-                 mf_home_region_name((mf_home_region)k), mf_format_bytes(h->hi[k] - h->lo[k], b1, sizeof b1));
+      if (h->pinned[k])
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %s%s", list[0] ? ", " : "",
+                 mf_home_region_name((mf_home_region)k), mf_format_bytes(h->pin_hi[k] - h->pin_lo[k], b1, sizeof b1),
+                 h->pin_hi[k] - h->pin_lo[k] < h->hi[k] - h->lo[k] ? " (part)" : "");
     MF_LOGI("train", "pinned home: %s (%s); %d copies a step straight from or into it",
             mf_format_bytes(h->bytes, b2, sizeof b2), list, h->n_direct);
   }

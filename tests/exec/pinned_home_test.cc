@@ -76,17 +76,26 @@ struct Opened {
 };
 
 // The region a copy instruction belongs to, as the planner's rule says
-// (run_plan.h), or -1.
-int region(const mf_schedule *s, int32_t i) {
+// (run_plan.h), or -1; [*a, *e) its bytes in the region's buffer.
+int region(const mf_schedule *s, int32_t i, uint64_t *a, uint64_t *e) {
   const mf_program *p = s->prog;
   const mf_instr *in = &s->instr[i];
+  *a = *e = 0;
   if ((in->kind != MF_I_H2D && in->kind != MF_I_D2H) || i >= s->optim_begin) return -1;
   const int32_t t = s->slots[in->slot].tensor;
-  if (s->host_offset[t] != SIZE_MAX) return MF_HOME_ACTS;
+  if (s->host_offset[t] != SIZE_MAX) {
+    *e = s->host_act_bytes;
+    return MF_HOME_ACTS;
+  }
   const mf_ptensor *pt = &p->tensors[t];
-  if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist) return MF_HOME_WORKING;
-  if (in->kind == MF_I_D2H && pt->kind == MF_T_GRAD) return MF_HOME_GRADS;
-  return -1;
+  int k = -1;
+  if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist) k = MF_HOME_WORKING;
+  if (in->kind == MF_I_D2H && pt->kind == MF_T_GRAD) k = MF_HOME_GRADS;
+  if (k < 0) return -1;
+  const mf_param &q = p->params->params[pt->param];
+  *a = k == MF_HOME_WORKING ? (uint64_t)q.offset * 2 : (uint64_t)q.toff * 4;
+  *e = *a + (uint64_t)q.numel * (k == MF_HOME_WORKING ? 2 : 4);
+  return k;
 }
 
 // The direct flags are the pinned regions' copies, and the staging layout
@@ -95,10 +104,16 @@ void ExpectDirectIsThePinnedRegions(const mf_run_plan *rp) {
   const mf_schedule *s = rp->plan->s;
   ASSERT_NE(rp->direct, nullptr);
   int32_t n_direct = 0, n_copies = 0;
+  const mf_pinned_home &h = rp->home;
   for (int32_t i = 0; i < s->n_instr; i++) {
-    const int k = region(s, i);
+    uint64_t a = 0, e = 0;
+    const int k = region(s, i, &a, &e);
     const bool copies = s->instr[i].kind == MF_I_H2D || s->instr[i].kind == MF_I_D2H;
-    const bool want = k >= 0 && rp->home.pinned[k];
+    const bool want = k >= 0 && h.pinned[k] && a >= h.pin_lo[k] && e <= h.pin_hi[k];
+    if (k >= 0) {
+      EXPECT_GE(a, h.lo[k]) << i;
+      EXPECT_LE(e, h.hi[k]) << i;
+    }
     EXPECT_EQ(rp->direct[i] != 0, want) << "instruction " << i;
     n_direct += rp->direct[i] != 0;
     n_copies += copies;
@@ -113,6 +128,7 @@ void ExpectDirectIsThePinnedRegions(const mf_run_plan *rp) {
 }
 
 uint64_t span(const mf_pinned_home &h, int k) { return h.hi[k] - h.lo[k]; }
+uint64_t pinned(const mf_pinned_home &h, int k) { return h.pin_hi[k] - h.pin_lo[k]; }
 
 TEST(PinnedHome, TheStreamedRegionsGoStraightAndTheRestIsStaged) {
   Opened o("layer", {"memory.staging=true", "train.micro_batch_order=layer"});
@@ -128,6 +144,7 @@ TEST(PinnedHome, TheStreamedRegionsGoStraightAndTheRestIsStaged) {
   uint64_t sum = 0;
   for (int k = 0; k < MF_HOME_REGIONS_; k++) {
     if (!h.pinned[k]) continue;
+    EXPECT_EQ(pinned(h, k), span(h, k)) << "pinned whole: " << k;
     EXPECT_GT(span(h, k), 0u) << k;
     EXPECT_GT(h.step_bytes[k], 0u) << k;
     EXPECT_GT(h.host_s[k], 0.0) << k;
@@ -177,6 +194,8 @@ TEST(PinnedHome, GradientsAddedIntoAtHomeAreNotPinned) {
   ExpectDirectIsThePinnedRegions(o.rp());
 }
 
+// A limit under the home pins the regions by their value, the last one that
+// fits in part: its part moves the most bytes a step of any window of its size.
 TEST(PinnedHome, APinnedLimitWithRoomForPartPinsTheMostUsed) {
   Opened all("all", {"memory.staging=true", "train.micro_batch_order=layer"});
   ASSERT_EQ(all.st, MF_OK);
@@ -194,10 +213,37 @@ TEST(PinnedHome, APinnedLimitWithRoomForPartPinsTheMostUsed) {
   ASSERT_EQ(part.st, MF_OK);
   const mf_pinned_home &p = part.rp()->home;
   EXPECT_TRUE(part.rp()->fit.all) << "the staging arena fits beside what was pinned";
-  EXPECT_EQ(p.pinned[MF_HOME_WORKING] + p.pinned[MF_HOME_GRADS], 1) << "one region pinned, one staged";
+  const int whole = (pinned(p, MF_HOME_WORKING) == span(p, MF_HOME_WORKING) && p.pinned[MF_HOME_WORKING]) +
+                    (pinned(p, MF_HOME_GRADS) == span(p, MF_HOME_GRADS) && p.pinned[MF_HOME_GRADS]);
+  EXPECT_LE(whole, 1) << "not both whole";
+  EXPECT_GT(pinned(p, MF_HOME_WORKING) + pinned(p, MF_HOME_GRADS), 0u) << "something pinned";
+  uint64_t sum = 0;
+  for (int k = 0; k < MF_HOME_REGIONS_; k++) sum += p.pinned[k] ? pinned(p, k) : 0;
+  EXPECT_EQ(p.bytes, sum);
   EXPECT_LE(p.bytes + part.rp()->staging->arena_bytes, limit);
-  EXPECT_NE(std::string(p.left_out).find("not pinned"), std::string::npos) << p.left_out;
   EXPECT_NE(std::string(p.left_out).find("memory.pinned_limit"), std::string::npos) << p.left_out;
+  EXPECT_TRUE(std::string(p.left_out).find("not pinned") != std::string::npos ||
+              std::string(p.left_out).find(") staged: over the ") != std::string::npos)
+      << p.left_out;
+  // A region pinned in part: its part moves at least as many bytes a step as
+  // any other window of its size that starts where a copy starts.
+  const mf_schedule *s = part.rp()->plan->s;
+  for (int k : {MF_HOME_WORKING, MF_HOME_GRADS}) {
+    if (!p.pinned[k] || pinned(p, k) == span(p, k)) continue;
+    EXPECT_GE(pinned(p, k), span(p, k) / 64) << "worth its registration";
+    std::vector<std::pair<uint64_t, uint64_t>> r;  // each copy's bytes in the buffer
+    for (int32_t i = 0; i < s->n_instr; i++) {
+      uint64_t a = 0, e = 0;
+      if (region(s, i, &a, &e) == k) r.emplace_back(a, e);
+    }
+    auto moved = [&](uint64_t lo, uint64_t hi) {
+      uint64_t n = 0;
+      for (const auto &c : r) n += c.first >= lo && c.second <= hi ? c.second - c.first : 0;
+      return n;
+    };
+    EXPECT_EQ(moved(p.pin_lo[k], p.pin_hi[k]), p.pin_step_bytes[k]);
+    for (const auto &c : r) EXPECT_LE(moved(c.first, c.first + pinned(p, k)), p.pin_step_bytes[k]) << c.first;
+  }
   ExpectDirectIsThePinnedRegions(part.rp());
 }
 
