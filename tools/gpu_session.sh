@@ -36,7 +36,9 @@
 #      the final weights and losses of a run never killed
 #   6. the 644M shape in fp32 (bf16/fp32 ratio)
 #   7. plan invariance on cuda: resident vs the planner at 25% of its arena
-#   8. the 644M shape at 25% of its resident arena, 8 micro-batches a step
+#   8. the 644M shape at 25% of its resident arena, 8 micro-batches a step; then
+#      layer-major at 25% with the pinned home (memory.pinned_home, issue 29 item 2)
+#      and without it (every copy staged): tokens/s, exposed optimizer, final loss
 #   9. moefit profile --backend cuda --quick, then step 2 again with it
 #  10. (ncu) Nsight Compute on the tensor-core kernels of `bench kernels` (with the
 #      cutlass expert GEMM it times beside mma.sync)
@@ -446,6 +448,12 @@ if want ga8; then
   run644 ga8_quarter 120 train.precision=bf16 train.grad_accum=8 train.steps=6 train.log_every=2 memory.plan=auto \
     "memory.device_budget=$(quarter_budget "$logs/ga8_resident.plan.json")"
   row "644M 25%/resident (ga 8)" "$(python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$(tok_s "$logs/ga8_quarter.metrics.jsonl")" "$(tok_s "$logs/ga8_resident.metrics.jsonl")" 2>/dev/null)" ""
+  q=$(quarter_budget "$logs/ga8_resident.plan.json")
+  for home in true false; do
+    run644 "ga8_layer_home_$home" 120 train.precision=bf16 train.grad_accum=8 train.steps=6 train.log_every=2 \
+      train.micro_batch_order=layer memory.plan=auto "memory.device_budget=$q" "memory.pinned_home=$home"
+  done
+  row "644M 25% layer-major home/staged" "$(ratio "$(tok_s "$logs/ga8_layer_home_true.metrics.jsonl")" "$(tok_s "$logs/ga8_layer_home_false.metrics.jsonl")"); /resident $(ratio "$(tok_s "$logs/ga8_layer_home_true.metrics.jsonl")" "$(tok_s "$logs/ga8_resident.metrics.jsonl")") (goal >= 0.85); losses $(final_loss "$logs/ga8_layer_home_true.log") vs $(final_loss "$logs/ga8_layer_home_false.log")" ""
 fi
 
 # 9. this GPU's profile, then the bf16 step predicted with it.
