@@ -505,19 +505,16 @@ static mf_status memory_of(const mf_config *cfg, mf_run_plan *rp) {
 }
 
 /* Seconds of host memory time a step's staged copies of schedule s take, as
- * the staging layout counts them (planner/staging.h: 2 bytes of host traffic
- * a byte, 3 for a gradient added into the host's sum, at the profile's host
- * memory bandwidth), the pinned home's copies left out; 0 when copies are
- * not staged. */
+ * the staging layout counts them (mf_staging_copy_traffic at the profile's
+ * host memory bandwidth), the pinned home's copies left out; 0 when copies
+ * are not staged. */
 static double staged_host_seconds(const mf_run_plan *rp, const mf_schedule *s) {
   if (!rp->staged) return 0;
   double traffic = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
-    const mf_instr *in = &s->instr[i];
-    if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
-    if (goes_straight(&rp->home, s, i)) continue;
-    const mf_ptensor *x = &s->prog->tensors[s->slots[in->slot].tensor];
-    traffic += (in->kind == MF_I_D2H && x->kind == MF_T_GRAD && in->accumulate ? 3.0 : 2.0) * (double)x->bytes;
+    const mf_instr_kind kind = s->instr[i].kind;
+    if ((kind == MF_I_H2D || kind == MF_I_D2H) && !goes_straight(&rp->home, s, i))
+      traffic += mf_staging_copy_traffic(s, i);
   }
   return traffic / rp->hw.host_memory_bandwidth;
 }
@@ -738,7 +735,7 @@ int mf_run_plan_misfit(const mf_run_plan *rp, const mf_config *cfg, char *buf, s
   if (!rp->fit.pinned)
     add_reason(
         buf, cap, &n,
-        "pinned memory: the pinned home (the offloaded activations and what else it pins) of %s and a staging "
+        "pinned memory: the pinned home of %s and a staging "
         "layout do not fit memory.pinned_limit %s (the largest slab, one tensor's copy, is %s): raise "
         "memory.pinned_limit or set memory.staging: false",
         mf_format_bytes(rp->home.bytes, c, sizeof c), mf_format_bytes(u->pinned_limit, a, sizeof a),

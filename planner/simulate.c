@@ -505,12 +505,12 @@ mf_status mf_simulate(const mf_schedule *s, const mf_hwprofile *hw, const mf_sim
    * estimate for every parameter) slows every host update alike. */
   const double all = has_opt ? mf_hw_adamw_seconds(hw, (double)p->params->trainable_numel) : 0.0;
   double scale = o->optimizer_floor_seconds > all && all > 0 ? o->optimizer_floor_seconds / all : 1.0;
-  /* Overlapped, the step's staged host copies share the host's memory with the updates. */
-  if (overlap && o->host_copy_seconds > 0 && host_numel > 0) {
-    const double alone = scale * mf_hw_adamw_seconds(hw, (double)host_numel);
-    if (alone > 0 && isfinite(alone)) scale *= (alone + o->host_copy_seconds) / alone;
-  }
   double updates = host_numel > 0 ? scale * mf_hw_adamw_seconds(hw, (double)host_numel) : 0.0;
+  /* Overlapped, the step's staged host copies share the host's memory with the updates. */
+  if (overlap && o->host_copy_seconds > 0 && updates > 0 && isfinite(updates)) {
+    scale *= (updates + o->host_copy_seconds) / updates;
+    updates += o->host_copy_seconds;
+  }
   if (st == MF_OK && overlap) updates = set_gates(s, hw, scale, &w);
   if (st == MF_OK && (!(updates >= 0) || isinf(updates)))
     st = MF_ERR(MF_ERR_INVALID_ARG,

@@ -279,11 +279,11 @@ void mf_staging_free(mf_staging *st) {
   free(st);
 }
 
-/* Host traffic of copying one tensor into (H2D) or out of (D2H) a slab. */
-static double traffic_of(const mf_schedule *s, const mf_instr *in, size_t bytes) {
+double mf_staging_copy_traffic(const mf_schedule *s, int32_t i) {
+  const mf_instr *in = &s->instr[i];
   const mf_ptensor *x = &s->prog->tensors[s->slots[in->slot].tensor];
   const double per_byte = (in->kind == MF_I_D2H && x->kind == MF_T_GRAD && in->accumulate) ? 3.0 : 2.0;
-  return per_byte * (double)bytes;
+  return per_byte * (double)x->bytes;
 }
 
 /* The options as used: defaults filled in, checked; max_slab_bytes by default
@@ -365,7 +365,7 @@ static mf_status cut_slabs(const mf_schedule *s, const mf_sim_result *r, const m
       cur->n_copies++;
       cur->bytes += need;
       cur->dma_end = r->end[i];
-      u[c->slab].traffic += traffic_of(s, in, bytes);
+      u[c->slab].traffic += mf_staging_copy_traffic(s, i);
     }
     for (int32_t k = first_slab; k < st->n_slabs; k++) {
       u[k].dma_start = st->slabs[k].dma_start;
@@ -413,7 +413,7 @@ static mf_status count_pool(const mf_schedule *s, const mf_sim_result *r, const 
       const double shift = x->dma_start - r->start[st->copies[x->first_copy].instr]; /* 0 unless throttled */
       for (int32_t c = x->first_copy; c < x->first_copy + x->n_copies; c++) {
         const mf_staging_copy *cp = &st->copies[c];
-        u[n].traffic = traffic_of(s, &s->instr[cp->instr], cp->bytes);
+        u[n].traffic = mf_staging_copy_traffic(s, cp->instr);
         u[n].dma_start = r->start[cp->instr] + shift;
         u[n].dma_end = r->end[cp->instr] + shift;
         if (cp->bytes > st->pool_buffer_bytes) st->pool_buffer_bytes = cp->bytes;

@@ -183,6 +183,10 @@ void mf_staging_free(mf_staging *st); /* NULL is fine */
 mf_status mf_staging_build_within(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw,
                                   const mf_staging_opts *o, uint64_t limit, mf_staging **out, int *fits);
 
+/* Bytes of host-memory traffic a staged copy instruction i of s costs (the
+ * host model above): 2 a byte, 3 for a gradient added into the host's sum. */
+double mf_staging_copy_traffic(const mf_schedule *s, int32_t i);
+
 /* The group key of copy instruction i of s (see mf_staging_slab.group): for an
  * H2D the op the next RUN instruction runs, for a D2H the op of the previous
  * one (a recompute counts as backward); -1 where there is none. */
