@@ -10,6 +10,7 @@ what is tested is the checker, not moefit (//tests/docs:docs_test runs the real
 pages with the real binary).
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,7 @@ def dedent(text):
 class CheckDocs(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="check-docs-test-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
         self.moefit = os.path.join(self.dir, "moefit")
         with open(self.moefit, "w") as f:
             f.write(FAKE_MOEFIT)

@@ -1,0 +1,351 @@
+/* Quantized weight formats as stored (quant.h). Built as C11 (ISO mode: no
+ * floating-point contraction), so every product and sum below rounds where it
+ * is written; the one fused step is fmaf, where torch's linspace fuses. */
+#include "src/io/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const k_names[MF_QUANT_COUNT_] = {"bf16", "nf4", "fp8", "mxfp4"};
+
+const char *mf_quant_name(mf_quant_kind k) {
+  return (k >= 0 && k < MF_QUANT_COUNT_) ? k_names[k] : "?";
+}
+
+mf_status mf_quant_parse(const char *s, mf_quant_kind *out) {
+  for (int k = 0; k < MF_QUANT_COUNT_; k++)
+    if (s && strcmp(s, k_names[k]) == 0) {
+      *out = (mf_quant_kind)k;
+      return MF_OK;
+    }
+  return MF_ERR(MF_ERR_INVALID_ARG, "unknown base dtype \"%s\" (one of bf16, nf4, fp8, mxfp4)", s ? s : "");
+}
+
+const float mf_nf4_code[16] = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f,
+};
+
+const float mf_e2m1_value[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* torch.linspace(a, b, k) in fp32 as ATen's CPU kernel computes it: the first
+ * half up from a, the second half down from b, each one fused step. */
+static float linspace_at(float a, float b, int k, int i) {
+  const float step = (b - a) / (float)(k - 1);
+  return i < k / 2 ? fmaf(step, (float)i, a) : fmaf(-step, (float)(k - 1 - i), b);
+}
+
+static int cmp_float(const void *x, const void *y) {
+  const float a = *(const float *)x, b = *(const float *)y;
+  return (a > b) - (a < b);
+}
+
+/* create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): for each
+ * decade 10^(i-6), i = 0..6, the midpoints of linspace(0.1, 1, 2^i + 1)
+ * scaled by it, both signs; then 0 and 1; sorted. */
+void mf_quant_dynamic_map(float code[256]) {
+  static const double k_decade[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1e0};
+  int n = 0;
+  for (int i = 0; i < 7; i++) {
+    const int k = (1 << i) + 1;
+    const float s = (float)k_decade[i];
+    for (int j = 0; j + 1 < k; j++) {
+      const float mean = (linspace_at(0.1f, 1.0f, k, j) + linspace_at(0.1f, 1.0f, k, j + 1)) / 2.0f;
+      code[n++] = s * mean;
+      code[n++] = -s * mean;
+    }
+  }
+  code[n++] = 0.0f;
+  code[n++] = 1.0f;
+  qsort(code, (size_t)n, sizeof(float), cmp_float);
+}
+
+int64_t mf_quant_blocks(int64_t n, int64_t blocksize) {
+  return (n <= 0 || blocksize <= 0) ? 0 : (n + blocksize - 1) / blocksize;
+}
+
+int mf_nf4_blocksize_ok(int64_t bs) {
+  return bs >= 32 && bs <= 4096 && (bs & (bs - 1)) == 0;
+}
+
+/* ------------------------------------------------------------------- e4m3 */
+
+float mf_e4m3_to_fp32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (e == 15 && m == 7) return NAN;
+  if (e == 0) return sign * ldexpf((float)m, -9);
+  return sign * ldexpf((float)(8 + m), e - 10);
+}
+
+uint8_t mf_fp32_to_e4m3(float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  if (isnan(x)) return sign | 0x7f;
+  const float a = fabsf(x);
+  if (a < 0x1p-6f) { /* subnormal range: multiples of 2^-9 (8 of them make the least normal) */
+    const float q = nearbyintf(a * 512.0f);
+    return sign | (uint8_t)q;
+  }
+  if (a >= 480.0f) return sign | 0x7f; /* rounds past 448: torch gives NaN */
+  int e;
+  const float fr = frexpf(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
+  float m = nearbyintf((fr * 2.0f - 1.0f) * 8.0f);
+  int be = e - 1 + 7;
+  if (m == 8.0f) m = 0.0f, be++;
+  if (be > 15 || (be == 15 && m == 7.0f)) return sign | 0x7f;
+  return sign | (uint8_t)(be << 3) | (uint8_t)m;
+}
+
+/* ------------------------------------------------------------------- NF4 */
+
+/* bitsandbytes' rule: the first midpoint of the sorted code >= s (torch.bucketize
+ * with right=False over the fp32 midpoints). */
+static uint8_t bucket(const float *code, int n, float s) {
+  int lo = 0, hi = n - 1; /* answer in [0, n-1]: the count of midpoints < s */
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    const float b = (code[mid] + code[mid + 1]) / 2.0f;
+    if (b < s)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return (uint8_t)lo;
+}
+
+static float clamp1(float v) {
+  return v < -1.0f ? -1.0f : (v > 1.0f ? 1.0f : v);
+}
+
+/* Codes of a block x[0..len) into codes[], its absmax stored in *absmax. The
+ * full blocks scale by the reciprocal, a short last one divides (as
+ * bitsandbytes does), and stores the clamped absmax. */
+static void quantize_block(const float *x, int64_t len, int full, const float *code, int ncode, uint8_t *codes,
+                           float *absmax) {
+  float am = 0.0f;
+  for (int64_t i = 0; i < len; i++) am = fmaxf(am, fabsf(x[i]));
+  const float clamped = fmaxf(am, 1e-38f);
+  const float r = 1.0f / clamped;
+  for (int64_t i = 0; i < len; i++) {
+    const float s = clamp1(full ? x[i] * r : x[i] / clamped);
+    codes[i] = bucket(code, ncode, s);
+  }
+  *absmax = full ? am : clamped;
+}
+
+static mf_status nf4_quantize(const float *xf, const uint16_t *xb, int64_t n, int64_t bs, uint8_t *packed,
+                              float *absmax, const char *what) {
+  if (!mf_nf4_blocksize_ok(bs))
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: NF4 block size %lld is not a power of two in 32..4096", what,
+                  (long long)bs);
+  float buf[4096];
+  uint8_t codes[4096];
+  const int64_t nb = mf_quant_blocks(n, bs);
+  for (int64_t b = 0; b < nb; b++) {
+    const int64_t i0 = b * bs, len = (n - i0 < bs) ? n - i0 : bs;
+    for (int64_t i = 0; i < len; i++) {
+      buf[i] = xf ? xf[i0 + i] : mf_bf16_to_fp32(xb[i0 + i]);
+      if (!isfinite(buf[i]))
+        return MF_ERR(MF_ERR_INVALID_ARG, "%s: element %lld is not finite (%g): it cannot be quantized", what,
+                      (long long)(i0 + i), (double)buf[i]);
+    }
+    /* Blocks are even in size (bs >= 32), so a block starts on a byte. */
+    quantize_block(buf, len, len == bs, mf_nf4_code, 16, codes, &absmax[b]);
+    for (int64_t i = 0; i < len; i += 2) {
+      const uint8_t lo = (i + 1 < len) ? codes[i + 1] : 7; /* an odd tail pads with 0.0's code */
+      packed[(i0 + i) / 2] = (uint8_t)(codes[i] << 4 | lo);
+    }
+  }
+  return MF_OK;
+}
+
+mf_status mf_nf4_quantize(const float *x, int64_t n, int64_t bs, uint8_t *packed, float *absmax, const char *what) {
+  return nf4_quantize(x, NULL, n, bs, packed, absmax, what);
+}
+
+mf_status mf_nf4_quantize_bf16(const uint16_t *x, int64_t n, int64_t bs, uint8_t *packed, float *absmax,
+                               const char *what) {
+  return nf4_quantize(NULL, x, n, bs, packed, absmax, what);
+}
+
+mf_status mf_nf4_double_quantize(const float *absmax, int64_t nb, const float code2[256], uint8_t *absmax_q,
+                                 float *absmax2, float *offset) {
+  double sum = 0;
+  for (int64_t j = 0; j < nb; j++) {
+    if (!isfinite(absmax[j]) || absmax[j] < 0)
+      return MF_ERR(MF_ERR_INVALID_ARG, "NF4 double quantization: absmax[%lld] = %g", (long long)j,
+                    (double)absmax[j]);
+    sum += absmax[j];
+  }
+  const float off = nb > 0 ? (float)(sum / (double)nb) : 0.0f;
+  float buf[MF_NF4_DQ_BLOCK];
+  for (int64_t b = 0; b < mf_quant_blocks(nb, MF_NF4_DQ_BLOCK); b++) {
+    const int64_t j0 = b * MF_NF4_DQ_BLOCK, len = (nb - j0 < MF_NF4_DQ_BLOCK) ? nb - j0 : MF_NF4_DQ_BLOCK;
+    for (int64_t j = 0; j < len; j++) buf[j] = absmax[j0 + j] - off;
+    quantize_block(buf, len, len == MF_NF4_DQ_BLOCK, code2, 256, absmax_q + j0, &absmax2[b]);
+  }
+  *offset = off;
+  return MF_OK;
+}
+
+float mf_nf4_absmax_at(const mf_nf4_absmax *a, int64_t j) {
+  if (a->absmax) return a->absmax[j];
+  const float v = a->code2[a->absmax_q[j]] * a->absmax2[j / MF_NF4_DQ_BLOCK];
+  return v + a->offset;
+}
+
+mf_status mf_nf4_check(const mf_nf4_absmax *a, int64_t nb, const char *what) {
+  if (a->absmax) {
+    for (int64_t j = 0; j < nb; j++)
+      if (!isfinite(a->absmax[j]) || a->absmax[j] < 0)
+        return MF_ERR(MF_ERR_FORMAT, "%s: absmax[%lld] is %g: a block's absmax is finite and >= 0", what,
+                      (long long)j, (double)a->absmax[j]);
+    return MF_OK;
+  }
+  if (!isfinite(a->offset))
+    return MF_ERR(MF_ERR_FORMAT, "%s: the absmax offset is %g, not finite", what, (double)a->offset);
+  for (int i = 0; i < 256; i++)
+    if (!isfinite(a->code2[i]))
+      return MF_ERR(MF_ERR_FORMAT, "%s: nested_quant_map[%d] is %g, not finite", what, i, (double)a->code2[i]);
+  for (int64_t b = 0; b < mf_quant_blocks(nb, MF_NF4_DQ_BLOCK); b++)
+    if (!isfinite(a->absmax2[b]))
+      return MF_ERR(MF_ERR_FORMAT, "%s: nested_absmax[%lld] is %g, not finite", what, (long long)b,
+                    (double)a->absmax2[b]);
+  return MF_OK;
+}
+
+static inline float nf4_at(const uint8_t *packed, int64_t i) {
+  const uint8_t byte = packed[i >> 1];
+  return mf_nf4_code[(i & 1) ? (byte & 15) : (byte >> 4)];
+}
+
+/* Element i; (*blk, *am) cache the absmax of the block last read. */
+static inline float nf4_value(const uint8_t *packed, const mf_nf4_absmax *a, int64_t bs, int64_t i, int64_t *blk,
+                              float *am) {
+  if (i / bs != *blk) *blk = i / bs, *am = mf_nf4_absmax_at(a, *blk);
+  return nf4_at(packed, i) * *am;
+}
+
+void mf_nf4_dequantize_f32(const uint8_t *packed, const mf_nf4_absmax *a, int64_t bs, int64_t i0, int64_t n,
+                           float *out) {
+  int64_t blk = -1;
+  float am = 0;
+  for (int64_t k = 0; k < n; k++) out[k] = nf4_value(packed, a, bs, i0 + k, &blk, &am);
+}
+
+void mf_nf4_dequantize_bf16(const uint8_t *packed, const mf_nf4_absmax *a, int64_t bs, int64_t i0, int64_t n,
+                            uint16_t *out) {
+  int64_t blk = -1;
+  float am = 0;
+  for (int64_t k = 0; k < n; k++) out[k] = mf_fp32_to_bf16(nf4_value(packed, a, bs, i0 + k, &blk, &am));
+}
+
+/* ------------------------------------------------------------------- FP8 */
+
+mf_status mf_fp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *weight, float *scale_inv,
+                          const char *what) {
+  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
+  for (int64_t br = 0; br < mf_quant_blocks(rows, MF_FP8_BLOCK); br++)
+    for (int64_t bj = 0; bj < bc; bj++) {
+      const int64_t r0 = br * MF_FP8_BLOCK, c0 = bj * MF_FP8_BLOCK;
+      const int64_t r1 = r0 + MF_FP8_BLOCK < rows ? r0 + MF_FP8_BLOCK : rows;
+      const int64_t c1 = c0 + MF_FP8_BLOCK < cols ? c0 + MF_FP8_BLOCK : cols;
+      float am = 0;
+      for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) {
+          const float v = x[r * cols + c];
+          if (!isfinite(v))
+            return MF_ERR(MF_ERR_INVALID_ARG, "%s: element [%lld, %lld] is not finite (%g): it cannot be quantized",
+                          what, (long long)r, (long long)c, (double)v);
+          am = fmaxf(am, fabsf(v));
+        }
+      const float scale = am > 0 ? (1.0f / am) * MF_FP8_E4M3_MAX : 1.0f;
+      for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) {
+          float v = x[r * cols + c] * scale;
+          v = v < -MF_FP8_E4M3_MAX ? -MF_FP8_E4M3_MAX : (v > MF_FP8_E4M3_MAX ? MF_FP8_E4M3_MAX : v);
+          weight[r * cols + c] = mf_fp32_to_e4m3(v);
+        }
+      scale_inv[br * bc + bj] = 1.0f / scale;
+    }
+  return MF_OK;
+}
+
+mf_status mf_fp8_check(const uint8_t *weight, const float *scale_inv, int64_t rows, int64_t cols, const char *what) {
+  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK), nb = mf_quant_blocks(rows, MF_FP8_BLOCK) * bc;
+  for (int64_t b = 0; b < nb; b++)
+    if (!isfinite(scale_inv[b]) || scale_inv[b] < 0)
+      return MF_ERR(MF_ERR_FORMAT, "%s: weight_scale_inv[%lld, %lld] is %g: a block scale is finite and >= 0",
+                    what, (long long)(b / bc), (long long)(b % bc), (double)scale_inv[b]);
+  for (int64_t i = 0; i < rows * cols; i++)
+    if ((weight[i] & 0x7f) == 0x7f)
+      return MF_ERR(MF_ERR_FORMAT, "%s: element [%lld, %lld] is the e4m3 NaN (0x%02x)", what, (long long)(i / cols),
+                    (long long)(i % cols), weight[i]);
+  return MF_OK;
+}
+
+void mf_fp8_dequantize_f32(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
+                           float *out) {
+  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
+  for (int64_t r = r0; r < r0 + nr; r++)
+    for (int64_t c = 0; c < cols; c++)
+      out[(r - r0) * cols + c] =
+          mf_e4m3_to_fp32(weight[r * cols + c]) * scale_inv[(r / MF_FP8_BLOCK) * bc + c / MF_FP8_BLOCK];
+}
+
+void mf_fp8_dequantize_bf16(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
+                            uint16_t *out) {
+  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
+  for (int64_t r = r0; r < r0 + nr; r++)
+    for (int64_t c = 0; c < cols; c++)
+      out[(r - r0) * cols + c] = mf_fp32_to_bf16(mf_e4m3_to_fp32(weight[r * cols + c]) *
+                                                 scale_inv[(r / MF_FP8_BLOCK) * bc + c / MF_FP8_BLOCK]);
+}
+
+/* ----------------------------------------------------------------- MXFP4 */
+
+mf_status mf_mxfp4_check(const uint8_t *scales, int64_t rows, int64_t groups, const char *what) {
+  for (int64_t i = 0; i < rows * groups; i++)
+    if (scales[i] == 255)
+      return MF_ERR(MF_ERR_FORMAT, "%s: scale [%lld, %lld] is 255, the e8m0 NaN", what, (long long)(i / groups),
+                    (long long)(i % groups));
+  return MF_OK;
+}
+
+static inline float mxfp4_at(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r, int64_t j) {
+  const int64_t g = j / MF_MXFP4_GROUP, k = j % MF_MXFP4_GROUP;
+  const uint8_t byte = blocks[(r * groups + g) * (MF_MXFP4_GROUP / 2) + k / 2];
+  const float v = mf_e2m1_value[(k & 1) ? (byte >> 4) : (byte & 15)];
+  return ldexpf(v, (int)scales[r * groups + g] - 127);
+}
+
+void mf_mxfp4_dequantize_f32(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
+                             float *out) {
+  const int64_t cols = groups * MF_MXFP4_GROUP;
+  for (int64_t r = r0; r < r0 + nr; r++)
+    for (int64_t j = 0; j < cols; j++) out[(r - r0) * cols + j] = mxfp4_at(blocks, scales, groups, r, j);
+}
+
+void mf_mxfp4_dequantize_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
+                              uint16_t *out) {
+  const int64_t cols = groups * MF_MXFP4_GROUP;
+  for (int64_t r = r0; r < r0 + nr; r++)
+    for (int64_t j = 0; j < cols; j++)
+      out[(r - r0) * cols + j] = mf_fp32_to_bf16(mxfp4_at(blocks, scales, groups, r, j));
+}

@@ -1,0 +1,164 @@
+/*
+ * Quantized weight formats as checkpoints store them: what a frozen base
+ * weight is at home and on the link when it is kept at 4 or 8 bits. These are
+ * the formats' definitions on the host (quantize, check, dequantize); the
+ * dequantize kernels of the backends (kernels/backend.h) follow them bit for
+ * bit.
+ *
+ * NF4 (bitsandbytes, QLoRA). A weight of n elements, flattened row-major, in
+ * blocks of `blocksize` elements (32 .. 4096, a power of two; 64 is QLoRA's):
+ *   packed  uint8 [(n + 1) / 2]  two 4-bit codes a byte, the element with the
+ *                               lower index in the high nibble; an odd n pads
+ *                               the last low nibble with the code of 0.0 (7)
+ *   absmax  fp32 [ceil(n / blocksize)]
+ *   x[i] = nf4_code[code(i)] * absmax[i / blocksize]   (one fp32 product)
+ * With double quantization ("compress_statistics") absmax is itself stored in
+ * 8 bits, in blocks of 256, after its mean is subtracted:
+ *   absmax_q uint8 [nb], absmax2 fp32 [ceil(nb / 256)], code2 fp32 [256]
+ *   (bitsandbytes' dynamic map), offset fp32
+ *   absmax[j] = code2[absmax_q[j]] * absmax2[j / 256] + offset   (two roundings)
+ * Quantizing follows bitsandbytes.functional.quantize_4bit on the CPU bit for
+ * bit: per block absmax = max |x|, s = clamp(x * (1 / max(absmax, 1e-38)), -1, 1)
+ * (x / absmax in a short last block, whose absmax is stored clamped), the code
+ * of the first NF4 midpoint >= s. The double quantization of the absmax is
+ * moefit's own (bitsandbytes' offset is torch's fp32 mean, whose summation
+ * order is not defined): the offset is the fp64 mean rounded to fp32, then
+ * the same rule over the dynamic map. Its dequantization is bitsandbytes'.
+ *
+ * FP8 e4m3 in 128 x 128 blocks (DeepSeek-V3, Qwen3-FP8; "weight_scale_inv"):
+ *   weight     e4m3fn [rows, cols]  (bias 7, no infinities, 0x7f/0xff NaN, max 448)
+ *   scale_inv  fp32 [ceil(rows / 128), ceil(cols / 128)]
+ *   x[r][c] = e4m3(weight[r][c]) * scale_inv[r / 128][c / 128]   (one fp32 product)
+ * Quantizing follows transformers' FineGrainedFP8HfQuantizer: per block
+ * scale = (1 / max |x|) * 448, weight = e4m3(clamp(x * scale, -448, 448))
+ * rounded to nearest even, scale_inv = 1 / scale. A block of zeros (where
+ * transformers writes NaN) gets zeros and scale_inv 1.
+ *
+ * MXFP4 (OCP microscaling, gpt-oss "_blocks"/"_scales"): rows of groups of 32
+ *   blocks  uint8 [rows, groups, 16]  two e2m1 values a byte, the element with
+ *                                     the lower index in the LOW nibble
+ *   scales  uint8 [rows, groups]      e8m0: 2^(s - 127); 255 (NaN) is refused
+ *   x[r][32 g + k] = e2m1(code) * 2^(scales[r][g] - 127)   (exact in fp32 but at
+ *   the ends of the range, where the product rounds once)
+ * as transformers' convert_moe_packed_tensors computes it, without its final
+ * transpose (the family's layout, not the format's).
+ *
+ * Every function here takes host memory and never allocates. The _check
+ * functions validate stored data from a file and name `what` (the tensor) and
+ * the fault.
+ */
+#ifndef MF_IO_QUANT_H
+#define MF_IO_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A frozen weight's storage at home. */
+typedef enum mf_quant_kind {
+  MF_QUANT_NONE = 0, /* the checkpoint's float dtype (bf16 in training) */
+  MF_QUANT_NF4,
+  MF_QUANT_FP8,
+  MF_QUANT_MXFP4,
+  MF_QUANT_COUNT_
+} mf_quant_kind;
+
+/* "bf16", "nf4", "fp8", "mxfp4" (MF_QUANT_NONE is "bf16", the config's word). */
+const char *mf_quant_name(mf_quant_kind k);
+/* The reverse; MF_ERR_INVALID_ARG naming the choices. */
+mf_status mf_quant_parse(const char *s, mf_quant_kind *out);
+
+#define MF_NF4_DQ_BLOCK 256   /* the absmax's own blocks under double quantization */
+#define MF_FP8_BLOCK 128      /* FP8 scales cover 128 x 128 */
+#define MF_MXFP4_GROUP 32     /* MXFP4 elements per scale */
+#define MF_FP8_E4M3_MAX 448.0f
+
+/* bitsandbytes' NF4 values (get_4bit_type("nf4")), ascending; code 7 is 0.0. */
+extern const float mf_nf4_code[16];
+/* OCP e2m1 values by code (sign in bit 3). */
+extern const float mf_e2m1_value[16];
+
+/* bitsandbytes' dynamic 8-bit map (create_dynamic_map(signed=True)), 256
+ * values ascending: the map double quantization uses. */
+void mf_quant_dynamic_map(float code[256]);
+
+/* Blocks of `blocksize` covering n elements; 0 for n <= 0. */
+int64_t mf_quant_blocks(int64_t n, int64_t blocksize);
+/* Whether blocksize is one bitsandbytes takes (32 .. 4096, a power of two). */
+int mf_nf4_blocksize_ok(int64_t blocksize);
+
+/* e4m3fn <-> fp32. The encoding rounds to nearest even; |x| past 448 after
+ * rounding, and NaN, give NaN (0x7f with x's sign), as torch's cast does. */
+float mf_e4m3_to_fp32(uint8_t b);
+uint8_t mf_fp32_to_e4m3(float x);
+
+/* ---------------------------------------------------------------- NF4 */
+
+/* The absmax of an NF4 weight, plain or double quantized. */
+typedef struct mf_nf4_absmax {
+  const float *absmax;       /* [nb], or NULL when double quantized: */
+  const uint8_t *absmax_q;   /* [nb] */
+  const float *absmax2;      /* [ceil(nb / 256)] */
+  const float *code2;        /* [256] */
+  float offset;
+} mf_nf4_absmax;
+
+/* Quantizes x[n] (finite) into packed[(n + 1) / 2] and absmax[nb]; a
+ * non-finite element is MF_ERR_INVALID_ARG naming `what` and its index. */
+mf_status mf_nf4_quantize(const float *x, int64_t n, int64_t blocksize, uint8_t *packed, float *absmax,
+                          const char *what);
+/* The same from bf16 (bitsandbytes widens it to fp32 first: the same bits). */
+mf_status mf_nf4_quantize_bf16(const uint16_t *x, int64_t n, int64_t blocksize, uint8_t *packed, float *absmax,
+                               const char *what);
+/* Double quantization of absmax[nb] (>= 0, finite): absmax_q[nb],
+ * absmax2[ceil(nb / 256)], *offset, over `code2` (mf_quant_dynamic_map). */
+mf_status mf_nf4_double_quantize(const float *absmax, int64_t nb, const float code2[256], uint8_t *absmax_q,
+                                 float *absmax2, float *offset);
+/* The fp32 absmax of block j. */
+float mf_nf4_absmax_at(const mf_nf4_absmax *a, int64_t j);
+/* Validates stored NF4 statistics of nb blocks: absmax (or absmax2, code2,
+ * offset) finite; absmax >= 0. MF_ERR_FORMAT naming `what`, the element and
+ * the fault. */
+mf_status mf_nf4_check(const mf_nf4_absmax *a, int64_t nb, const char *what);
+/* Elements [i0, i0 + n) of the weight to fp32 / bf16. */
+void mf_nf4_dequantize_f32(const uint8_t *packed, const mf_nf4_absmax *a, int64_t blocksize, int64_t i0, int64_t n,
+                           float *out);
+void mf_nf4_dequantize_bf16(const uint8_t *packed, const mf_nf4_absmax *a, int64_t blocksize, int64_t i0, int64_t n,
+                            uint16_t *out);
+
+/* ---------------------------------------------------------------- FP8 */
+
+/* Quantizes x[rows x cols] (finite) into weight[rows x cols] and
+ * scale_inv[ceil(rows/128) x ceil(cols/128)]. */
+mf_status mf_fp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *weight, float *scale_inv,
+                          const char *what);
+/* Validates stored scales: finite and >= 0; a NaN code in weight (0x7f,
+ * 0xff) is refused too. MF_ERR_FORMAT naming `what`, the place and the fault. */
+mf_status mf_fp8_check(const uint8_t *weight, const float *scale_inv, int64_t rows, int64_t cols, const char *what);
+/* Rows [r0, r0 + nr) to fp32 / bf16 ([nr x cols]). */
+void mf_fp8_dequantize_f32(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
+                           float *out);
+void mf_fp8_dequantize_bf16(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
+                            uint16_t *out);
+
+/* -------------------------------------------------------------- MXFP4 */
+
+/* Validates stored scales: 255 (the format's NaN) is refused, naming `what`,
+ * the row and the group. */
+mf_status mf_mxfp4_check(const uint8_t *scales, int64_t rows, int64_t groups, const char *what);
+/* Rows [r0, r0 + nr) to fp32 / bf16 ([nr x groups * 32]). */
+void mf_mxfp4_dequantize_f32(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
+                             float *out);
+void mf_mxfp4_dequantize_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
+                              uint16_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MF_IO_QUANT_H */
