@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "src/core/qformat.h"
 
 /* One entry per kind, its operands on as few lines as fit. */
 /* clang-format off */
@@ -128,6 +129,12 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                     {{"param", A}, F32("grad", A), BYTES("state", A)},
                     {"n", "t", "moment_bf16"},
                     {"lr", "beta1", "beta2", "eps", "weight_decay", "coef"}},
+    /* q and scales in the format's bytes; absmax2 and code2 fp32, NF4 nested only */
+    [MF_K_DEQUANT] = {"dequant",
+                      {BYTES("q", R), BYTES("scales", R), {"absmax2", R, 1, MF_KT_F32}, {"code2", R, 1, MF_KT_F32},
+                       {"y", W}},
+                      {"kind", "rows", "cols", "blocksize", "nested"},
+                      {"offset"}},
 };
 
 /* clang-format on */
@@ -200,6 +207,33 @@ const char *mf_kernel_operand_text(mf_kernel k, int slot, char *buf, size_t cap)
   return buf;
 }
 
+/* DEQUANT's sizes: a format it knows, and operands that hold the weight the
+ * call describes (a short one would be read past its end on the device). */
+static mf_status dequant_check(const mf_kernel_call *k, const char *label, mf_dtype storage) {
+  const mf_qweight w = {.kind = (int32_t)k->i[0], .nested = (int32_t)k->i[4], .rows = k->i[1], .cols = k->i[2],
+                        .blocksize = k->i[3]};
+  const char *in = *label ? " in " : "";
+  if (w.kind <= MF_QUANT_NONE || w.kind >= MF_QUANT_COUNT_ || w.rows < 0 || w.cols < 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: format %d, shape [%lld, %lld]", in, label, (int)w.kind,
+                  (long long)w.rows, (long long)w.cols);
+  if (w.kind == MF_QUANT_NF4 && (w.blocksize < 32 || w.blocksize > 4096 || (w.blocksize & (w.blocksize - 1))))
+    return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: NF4 block size %lld", in, label, (long long)w.blocksize);
+  if (w.kind == MF_QUANT_MXFP4 && w.cols % MF_MXFP4_GROUP)
+    return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: %lld MXFP4 columns (groups of 32)", in, label,
+                  (long long)w.cols);
+  const int nested = w.kind == MF_QUANT_NF4 && w.nested;
+  const int64_t need[5] = {mf_qweight_q_bytes(&w), mf_qweight_scale_bytes(&w),
+                           nested ? mf_qweight_absmax2_count(&w) * 4 : 0, nested ? 256 * 4 : 0,
+                           w.rows * w.cols * (int64_t)mf_dtype_size(storage)};
+  for (int j = 0; j < 5; j++)
+    if ((int64_t)k->b[j].bytes < need[j] || (need[j] > 0 && !k->b[j].ptr)) {
+      char what[64];
+      return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: %s has %zu bytes, the weight needs %lld", in, label,
+                    mf_kernel_operand_text(k->kind, j, what, sizeof what), k->b[j].bytes, (long long)need[j]);
+    }
+  return MF_OK;
+}
+
 mf_status mf_kernel_call_check(const mf_kernel_call *k) {
   const mf_kernel_info *t = mf_kernel_info_of(k->kind);
   const char *label = k->label ? k->label : "";
@@ -216,7 +250,8 @@ mf_status mf_kernel_call_check(const mf_kernel_call *k) {
     }
   }
   mf_dtype storage;
-  return mf_kernel_call_dtype(k, &storage);
+  MF_CHECK(mf_kernel_call_dtype(k, &storage));
+  return k->kind == MF_K_DEQUANT ? dequant_check(k, label, storage) : MF_OK;
 }
 
 mf_dtype mf_kop_type_dtype(mf_kop_type t, mf_dtype storage) {

@@ -109,6 +109,12 @@ typedef enum mf_kernel {
    * bf16. */
   MF_K_GRAD_SUMSQ,
   MF_K_ADAMW,
+  /* A frozen weight stored quantized (src/core/qformat.h mf_qweight: kind
+   * NF4, FP8 or MXFP4, rows x cols) into y [rows, cols] in the storage dtype:
+   * y = mf_qweight_at rounded once to the storage. q and scales as the format
+   * lays them out; absmax2 and code2 (and f offset) only for NF4 with nested
+   * (double-quantized) absmax. */
+  MF_K_DEQUANT,
   MF_K_COUNT_
 } mf_kernel;
 

@@ -22,27 +22,7 @@ mf_status mf_quant_parse(const char *s, mf_quant_kind *out) {
   return MF_ERR(MF_ERR_INVALID_ARG, "unknown base dtype \"%s\" (one of bf16, nf4, fp8, mxfp4)", s ? s : "");
 }
 
-const float mf_nf4_code[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
-};
-
-const float mf_e2m1_value[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+const float mf_nf4_code[16] = MF_NF4_VALUES;
 
 /* torch.linspace(a, b, k) in fp32 as ATen's CPU kernel computes it: the first
  * half up from a, the second half down from b, each one fused step. */
@@ -85,14 +65,6 @@ int mf_nf4_blocksize_ok(int64_t bs) {
 }
 
 /* ------------------------------------------------------------------- e4m3 */
-
-float mf_e4m3_to_fp32(uint8_t b) {
-  const int e = (b >> 3) & 15, m = b & 7;
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  if (e == 15 && m == 7) return NAN;
-  if (e == 0) return sign * ldexpf((float)m, -9);
-  return sign * ldexpf((float)(8 + m), e - 10);
-}
 
 uint8_t mf_fp32_to_e4m3(float x) {
   const uint8_t sign = signbit(x) ? 0x80 : 0;
@@ -204,58 +176,6 @@ mf_status mf_nf4_double_quantize(const float *absmax, int64_t nb, const float co
   return MF_OK;
 }
 
-float mf_nf4_absmax_at(const mf_nf4_absmax *a, int64_t j) {
-  if (a->absmax) return a->absmax[j];
-  const float v = a->code2[a->absmax_q[j]] * a->absmax2[j / MF_NF4_DQ_BLOCK];
-  return v + a->offset;
-}
-
-mf_status mf_nf4_check(const mf_nf4_absmax *a, int64_t nb, const char *what) {
-  if (a->absmax) {
-    for (int64_t j = 0; j < nb; j++)
-      if (!isfinite(a->absmax[j]) || a->absmax[j] < 0)
-        return MF_ERR(MF_ERR_FORMAT, "%s: absmax[%lld] is %g: a block's absmax is finite and >= 0", what,
-                      (long long)j, (double)a->absmax[j]);
-    return MF_OK;
-  }
-  if (!isfinite(a->offset))
-    return MF_ERR(MF_ERR_FORMAT, "%s: the absmax offset is %g, not finite", what, (double)a->offset);
-  for (int i = 0; i < 256; i++)
-    if (!isfinite(a->code2[i]))
-      return MF_ERR(MF_ERR_FORMAT, "%s: nested_quant_map[%d] is %g, not finite", what, i, (double)a->code2[i]);
-  for (int64_t b = 0; b < mf_quant_blocks(nb, MF_NF4_DQ_BLOCK); b++)
-    if (!isfinite(a->absmax2[b]))
-      return MF_ERR(MF_ERR_FORMAT, "%s: nested_absmax[%lld] is %g, not finite", what, (long long)b,
-                    (double)a->absmax2[b]);
-  return MF_OK;
-}
-
-static inline float nf4_at(const uint8_t *packed, int64_t i) {
-  const uint8_t byte = packed[i >> 1];
-  return mf_nf4_code[(i & 1) ? (byte & 15) : (byte >> 4)];
-}
-
-/* Element i; (*blk, *am) cache the absmax of the block last read. */
-static inline float nf4_value(const uint8_t *packed, const mf_nf4_absmax *a, int64_t bs, int64_t i, int64_t *blk,
-                              float *am) {
-  if (i / bs != *blk) *blk = i / bs, *am = mf_nf4_absmax_at(a, *blk);
-  return nf4_at(packed, i) * *am;
-}
-
-void mf_nf4_dequantize_f32(const uint8_t *packed, const mf_nf4_absmax *a, int64_t bs, int64_t i0, int64_t n,
-                           float *out) {
-  int64_t blk = -1;
-  float am = 0;
-  for (int64_t k = 0; k < n; k++) out[k] = nf4_value(packed, a, bs, i0 + k, &blk, &am);
-}
-
-void mf_nf4_dequantize_bf16(const uint8_t *packed, const mf_nf4_absmax *a, int64_t bs, int64_t i0, int64_t n,
-                            uint16_t *out) {
-  int64_t blk = -1;
-  float am = 0;
-  for (int64_t k = 0; k < n; k++) out[k] = mf_fp32_to_bf16(nf4_value(packed, a, bs, i0 + k, &blk, &am));
-}
-
 /* ------------------------------------------------------------------- FP8 */
 
 mf_status mf_fp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *weight, float *scale_inv,
@@ -287,65 +207,77 @@ mf_status mf_fp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *w
   return MF_OK;
 }
 
-mf_status mf_fp8_check(const uint8_t *weight, const float *scale_inv, int64_t rows, int64_t cols, const char *what) {
-  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK), nb = mf_quant_blocks(rows, MF_FP8_BLOCK) * bc;
-  for (int64_t b = 0; b < nb; b++)
-    if (!isfinite(scale_inv[b]) || scale_inv[b] < 0)
-      return MF_ERR(MF_ERR_FORMAT, "%s: weight_scale_inv[%lld, %lld] is %g: a block scale is finite and >= 0",
-                    what, (long long)(b / bc), (long long)(b % bc), (double)scale_inv[b]);
-  for (int64_t i = 0; i < rows * cols; i++)
-    if ((weight[i] & 0x7f) == 0x7f)
-      return MF_ERR(MF_ERR_FORMAT, "%s: element [%lld, %lld] is the e4m3 NaN (0x%02x)", what, (long long)(i / cols),
-                    (long long)(i % cols), weight[i]);
+/* ------------------------------------------------------- any stored weight */
+
+static mf_status check_finite(const float *v, int64_t n, int nonneg, const char *what, const char *piece) {
+  for (int64_t j = 0; j < n; j++)
+    if (!isfinite(v[j]) || (nonneg && v[j] < 0))
+      return MF_ERR(MF_ERR_FORMAT, "%s: %s[%lld] is %g: it must be finite%s", what, piece, (long long)j,
+                    (double)v[j], nonneg ? " and >= 0" : "");
   return MF_OK;
 }
 
-void mf_fp8_dequantize_f32(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
-                           float *out) {
-  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
-  for (int64_t r = r0; r < r0 + nr; r++)
-    for (int64_t c = 0; c < cols; c++)
-      out[(r - r0) * cols + c] =
-          mf_e4m3_to_fp32(weight[r * cols + c]) * scale_inv[(r / MF_FP8_BLOCK) * bc + c / MF_FP8_BLOCK];
+static mf_status check_nf4(const mf_qweight *w, const char *what) {
+  if (!mf_nf4_blocksize_ok(w->blocksize))
+    return MF_ERR(MF_ERR_FORMAT, "%s: NF4 block size %lld is not a power of two in 32..4096", what,
+                  (long long)w->blocksize);
+  const int64_t nb = mf_quant_blocks(w->rows * w->cols, w->blocksize);
+  if (!w->nested) return check_finite((const float *)w->scales, nb, 1, what, "absmax");
+  if (!isfinite(w->offset))
+    return MF_ERR(MF_ERR_FORMAT, "%s: the absmax offset is %g: it must be finite", what, (double)w->offset);
+  MF_CHECK(check_finite(w->code2, 256, 0, what, "nested_quant_map"));
+  MF_CHECK(check_finite(w->absmax2, mf_quant_blocks(nb, MF_NF4_DQ_BLOCK), 0, what, "nested_absmax"));
+  for (int64_t j = 0; j < nb; j++) {
+    const float a = mf_qweight_nf4_absmax(w, j);
+    if (!isfinite(a) || a < 0)
+      return MF_ERR(MF_ERR_FORMAT, "%s: absmax[%lld] restores to %g: it must be finite and >= 0", what,
+                    (long long)j, (double)a);
+  }
+  return MF_OK;
 }
 
-void mf_fp8_dequantize_bf16(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
-                            uint16_t *out) {
-  const int64_t bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
-  for (int64_t r = r0; r < r0 + nr; r++)
-    for (int64_t c = 0; c < cols; c++)
-      out[(r - r0) * cols + c] = mf_fp32_to_bf16(mf_e4m3_to_fp32(weight[r * cols + c]) *
-                                                 scale_inv[(r / MF_FP8_BLOCK) * bc + c / MF_FP8_BLOCK]);
+static mf_status check_fp8(const mf_qweight *w, const char *what) {
+  const int64_t bc = mf_quant_blocks(w->cols, MF_FP8_BLOCK), nb = mf_quant_blocks(w->rows, MF_FP8_BLOCK) * bc;
+  const float *s = (const float *)w->scales;
+  for (int64_t b = 0; b < nb; b++)
+    if (!isfinite(s[b]) || s[b] < 0)
+      return MF_ERR(MF_ERR_FORMAT, "%s: weight_scale_inv[%lld, %lld] is %g: a block scale is finite and >= 0",
+                    what, (long long)(b / bc), (long long)(b % bc), (double)s[b]);
+  for (int64_t i = 0; i < w->rows * w->cols; i++)
+    if ((w->q[i] & 0x7f) == 0x7f)
+      return MF_ERR(MF_ERR_FORMAT, "%s: element [%lld, %lld] is the e4m3 NaN (0x%02x)", what,
+                    (long long)(i / w->cols), (long long)(i % w->cols), w->q[i]);
+  return MF_OK;
 }
 
-/* ----------------------------------------------------------------- MXFP4 */
-
-mf_status mf_mxfp4_check(const uint8_t *scales, int64_t rows, int64_t groups, const char *what) {
-  for (int64_t i = 0; i < rows * groups; i++)
-    if (scales[i] == 255)
+static mf_status check_mxfp4(const mf_qweight *w, const char *what) {
+  if (w->cols % MF_MXFP4_GROUP)
+    return MF_ERR(MF_ERR_FORMAT, "%s: %lld columns is not a whole number of MXFP4 groups of 32", what,
+                  (long long)w->cols);
+  const int64_t groups = w->cols / MF_MXFP4_GROUP;
+  const uint8_t *s = (const uint8_t *)w->scales;
+  for (int64_t i = 0; i < w->rows * groups; i++)
+    if (s[i] == 255)
       return MF_ERR(MF_ERR_FORMAT, "%s: scale [%lld, %lld] is 255, the e8m0 NaN", what, (long long)(i / groups),
                     (long long)(i % groups));
   return MF_OK;
 }
 
-static inline float mxfp4_at(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r, int64_t j) {
-  const int64_t g = j / MF_MXFP4_GROUP, k = j % MF_MXFP4_GROUP;
-  const uint8_t byte = blocks[(r * groups + g) * (MF_MXFP4_GROUP / 2) + k / 2];
-  const float v = mf_e2m1_value[(k & 1) ? (byte >> 4) : (byte & 15)];
-  return ldexpf(v, (int)scales[r * groups + g] - 127);
+mf_status mf_qweight_check(const mf_qweight *w, const char *what) {
+  if (w->rows < 0 || w->cols < 0)
+    return MF_ERR(MF_ERR_FORMAT, "%s: shape [%lld, %lld]", what, (long long)w->rows, (long long)w->cols);
+  if (w->kind == MF_QUANT_NF4) return check_nf4(w, what);
+  if (w->kind == MF_QUANT_FP8) return check_fp8(w, what);
+  if (w->kind == MF_QUANT_MXFP4) return check_mxfp4(w, what);
+  return MF_ERR(MF_ERR_INVALID_ARG, "%s: not a quantized format (kind %d)", what, (int)w->kind);
 }
 
-void mf_mxfp4_dequantize_f32(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
-                             float *out) {
-  const int64_t cols = groups * MF_MXFP4_GROUP;
+void mf_qweight_dequantize_f32(const mf_qweight *w, int64_t r0, int64_t nr, float *out) {
   for (int64_t r = r0; r < r0 + nr; r++)
-    for (int64_t j = 0; j < cols; j++) out[(r - r0) * cols + j] = mxfp4_at(blocks, scales, groups, r, j);
+    for (int64_t c = 0; c < w->cols; c++) out[(r - r0) * w->cols + c] = mf_qweight_at(w, r, c);
 }
 
-void mf_mxfp4_dequantize_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
-                              uint16_t *out) {
-  const int64_t cols = groups * MF_MXFP4_GROUP;
+void mf_qweight_dequantize_bf16(const mf_qweight *w, int64_t r0, int64_t nr, uint16_t *out) {
   for (int64_t r = r0; r < r0 + nr; r++)
-    for (int64_t j = 0; j < cols; j++)
-      out[(r - r0) * cols + j] = mf_fp32_to_bf16(mxfp4_at(blocks, scales, groups, r, j));
+    for (int64_t c = 0; c < w->cols; c++) out[(r - r0) * w->cols + c] = mf_fp32_to_bf16(mf_qweight_at(w, r, c));
 }

@@ -54,34 +54,21 @@
 #include <stdint.h>
 
 #include "src/core/core.h"
+#include "src/core/qformat.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A frozen weight's storage at home. */
-typedef enum mf_quant_kind {
-  MF_QUANT_NONE = 0, /* the checkpoint's float dtype (bf16 in training) */
-  MF_QUANT_NF4,
-  MF_QUANT_FP8,
-  MF_QUANT_MXFP4,
-  MF_QUANT_COUNT_
-} mf_quant_kind;
 
 /* "bf16", "nf4", "fp8", "mxfp4" (MF_QUANT_NONE is "bf16", the config's word). */
 const char *mf_quant_name(mf_quant_kind k);
 /* The reverse; MF_ERR_INVALID_ARG naming the choices. */
 mf_status mf_quant_parse(const char *s, mf_quant_kind *out);
 
-#define MF_NF4_DQ_BLOCK 256   /* the absmax's own blocks under double quantization */
-#define MF_FP8_BLOCK 128      /* FP8 scales cover 128 x 128 */
-#define MF_MXFP4_GROUP 32     /* MXFP4 elements per scale */
 #define MF_FP8_E4M3_MAX 448.0f
 
-/* bitsandbytes' NF4 values (get_4bit_type("nf4")), ascending; code 7 is 0.0. */
+/* bitsandbytes' NF4 values (MF_NF4_VALUES of src/core/qformat.h). */
 extern const float mf_nf4_code[16];
-/* OCP e2m1 values by code (sign in bit 3). */
-extern const float mf_e2m1_value[16];
 
 /* bitsandbytes' dynamic 8-bit map (create_dynamic_map(signed=True)), 256
  * values ascending: the map double quantization uses. */
@@ -92,21 +79,12 @@ int64_t mf_quant_blocks(int64_t n, int64_t blocksize);
 /* Whether blocksize is one bitsandbytes takes (32 .. 4096, a power of two). */
 int mf_nf4_blocksize_ok(int64_t blocksize);
 
-/* e4m3fn <-> fp32. The encoding rounds to nearest even; |x| past 448 after
- * rounding, and NaN, give NaN (0x7f with x's sign), as torch's cast does. */
-float mf_e4m3_to_fp32(uint8_t b);
+/* fp32 -> e4m3fn, rounded to nearest even; |x| past 448 after rounding, and
+ * NaN, give NaN (0x7f with x's sign), as torch's cast does. (The decoding is
+ * mf_qf_e4m3 of src/core/qformat.h.) */
 uint8_t mf_fp32_to_e4m3(float x);
 
 /* ---------------------------------------------------------------- NF4 */
-
-/* The absmax of an NF4 weight, plain or double quantized. */
-typedef struct mf_nf4_absmax {
-  const float *absmax;       /* [nb], or NULL when double quantized: */
-  const uint8_t *absmax_q;   /* [nb] */
-  const float *absmax2;      /* [ceil(nb / 256)] */
-  const float *code2;        /* [256] */
-  float offset;
-} mf_nf4_absmax;
 
 /* Quantizes x[n] (finite) into packed[(n + 1) / 2] and absmax[nb]; a
  * non-finite element is MF_ERR_INVALID_ARG naming `what` and its index. */
@@ -119,43 +97,23 @@ mf_status mf_nf4_quantize_bf16(const uint16_t *x, int64_t n, int64_t blocksize, 
  * absmax2[ceil(nb / 256)], *offset, over `code2` (mf_quant_dynamic_map). */
 mf_status mf_nf4_double_quantize(const float *absmax, int64_t nb, const float code2[256], uint8_t *absmax_q,
                                  float *absmax2, float *offset);
-/* The fp32 absmax of block j. */
-float mf_nf4_absmax_at(const mf_nf4_absmax *a, int64_t j);
-/* Validates stored NF4 statistics of nb blocks: absmax (or absmax2, code2,
- * offset) finite; absmax >= 0. MF_ERR_FORMAT naming `what`, the element and
- * the fault. */
-mf_status mf_nf4_check(const mf_nf4_absmax *a, int64_t nb, const char *what);
-/* Elements [i0, i0 + n) of the weight to fp32 / bf16. */
-void mf_nf4_dequantize_f32(const uint8_t *packed, const mf_nf4_absmax *a, int64_t blocksize, int64_t i0, int64_t n,
-                           float *out);
-void mf_nf4_dequantize_bf16(const uint8_t *packed, const mf_nf4_absmax *a, int64_t blocksize, int64_t i0, int64_t n,
-                            uint16_t *out);
-
 /* ---------------------------------------------------------------- FP8 */
 
 /* Quantizes x[rows x cols] (finite) into weight[rows x cols] and
  * scale_inv[ceil(rows/128) x ceil(cols/128)]. */
 mf_status mf_fp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *weight, float *scale_inv,
                           const char *what);
-/* Validates stored scales: finite and >= 0; a NaN code in weight (0x7f,
- * 0xff) is refused too. MF_ERR_FORMAT naming `what`, the place and the fault. */
-mf_status mf_fp8_check(const uint8_t *weight, const float *scale_inv, int64_t rows, int64_t cols, const char *what);
-/* Rows [r0, r0 + nr) to fp32 / bf16 ([nr x cols]). */
-void mf_fp8_dequantize_f32(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
-                           float *out);
-void mf_fp8_dequantize_bf16(const uint8_t *weight, const float *scale_inv, int64_t cols, int64_t r0, int64_t nr,
-                            uint16_t *out);
+/* ------------------------------------------------------- any stored weight */
 
-/* -------------------------------------------------------------- MXFP4 */
-
-/* Validates stored scales: 255 (the format's NaN) is refused, naming `what`,
- * the row and the group. */
-mf_status mf_mxfp4_check(const uint8_t *scales, int64_t rows, int64_t groups, const char *what);
-/* Rows [r0, r0 + nr) to fp32 / bf16 ([nr x groups * 32]). */
-void mf_mxfp4_dequantize_f32(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
-                             float *out);
-void mf_mxfp4_dequantize_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t groups, int64_t r0, int64_t nr,
-                              uint16_t *out);
+/* Validates a stored weight read from a file (what: its name): NF4 with a
+ * block size bitsandbytes takes and absmax (or absmax2, code2, offset)
+ * finite and >= 0 (the absmax); FP8 scales finite and >= 0 and no NaN code
+ * (0x7f, 0xff); MXFP4 with cols a multiple of 32 and no scale of 255 (the
+ * e8m0 NaN). MF_ERR_FORMAT naming `what`, the place and the fault. */
+mf_status mf_qweight_check(const mf_qweight *w, const char *what);
+/* Rows [r0, r0 + nr) of the weight to fp32 / bf16 ([nr x cols]). */
+void mf_qweight_dequantize_f32(const mf_qweight *w, int64_t r0, int64_t nr, float *out);
+void mf_qweight_dequantize_bf16(const mf_qweight *w, int64_t r0, int64_t nr, uint16_t *out);
 
 #ifdef __cplusplus
 }

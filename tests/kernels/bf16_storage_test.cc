@@ -21,6 +21,7 @@
 
 #include "kernels/backend.h"
 #include "src/core/core.h"
+#include "src/core/qformat.h"
 #include "src/optim/optim.h"
 
 namespace {
@@ -78,6 +79,13 @@ class Build {
   Build &i32(int slot, std::vector<int32_t> v) { return raw(slot, bytes_of(v)); }
   Build &i64(int slot, std::vector<int64_t> v) { return raw(slot, bytes_of(v)); }
   Build &f64(int slot, size_t n) { return raw(slot, bytes_of(std::vector<double>(n, 0.5))); }
+  // n random bytes in [lo, hi] (quantized codes and scales).
+  Build &u8(int slot, size_t n, int lo = 0, int hi = 255) {
+    std::uniform_int_distribution<int> d(lo, hi);
+    Bytes b(n);
+    for (auto &x : b) x = (uint8_t)d(g_);
+    return raw(slot, b);
+  }
   // E expert weights of n elements (bf16 values); those listed in `empty` NULL.
   Build &experts(int E, size_t n, std::vector<int> empty) {
     std::uniform_real_distribution<float> d(-1, 1);
@@ -258,6 +266,16 @@ std::vector<Case> cases_of(mf_kernel kind) {
       }
       return v;
     }
+    case MF_K_DEQUANT:  // formats of src/core/qformat.h: NF4 (plain, nested), FP8, MXFP4
+      return {Build(kind, "dequant nf4", {MF_QUANT_NF4, 3, 64, 64, 0}).u8(0, 96).put(1, 3, 0.5f, 2.0f).val(4, 192),
+              Build(kind, "dequant nf4 nested", {MF_QUANT_NF4, 3, 64, 32, 1}, {0.3})
+                  .u8(0, 96)
+                  .u8(1, 6)
+                  .put(2, 1, 0.5f, 1.0f)
+                  .put(3, 256, -1.0f, 1.0f)
+                  .val(4, 192),
+              Build(kind, "dequant fp8", {MF_QUANT_FP8, 4, 8, 0, 0}).u8(0, 32, 0, 0x7e).put(1, 1, 0.01f, 1.0f).val(4, 32),
+              Build(kind, "dequant mxfp4", {MF_QUANT_MXFP4, 2, 32, 0, 0}).u8(0, 32).u8(1, 2, 120, 130).val(4, 64)};
     default:
       return {};
   }
