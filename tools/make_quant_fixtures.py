@@ -36,6 +36,16 @@ same on every CPU):
     fp8.<case>.bf16                 weight.float() * scale_inv per block, then
                                     to bf16 (torch's casts; the fp32 product is
                                     codes_f32[weight] * scale_inv)
+  The four families' weights (tests/fixtures/<family>/model.safetensors, the
+  parity fixtures' models), every 2-D weight but the embedding, in
+  families.safetensors:
+    <family>/<name>.nf4/.absmax     quantize_4bit(w, 64, "nf4") as above
+    <family>/<name>.nf4_bf16        dequantize_4bit of it to BF16
+    <family>/<name>.fp8/.scale_inv  transformers' FP8 quantizer; its rows and
+                                    columns zero-padded to multiples of 128 (it
+                                    refuses others; zeros change no block's
+                                    max), the result cut back: the partial
+                                    blocks' scales are those of the padded ones
   MXFP4 (gpt-oss experts; transformers.integrations.mxfp4):
     mxfp4.<case>.blocks/.scales     U8 [E, R, G, 16], U8 [E, R, G]
     mxfp4.<case>.bf16               convert_moe_packed_tensors(blocks, scales):
@@ -182,6 +192,34 @@ def mxfp4_cases(out):
         out[k + ".bf16"] = convert_moe_packed_tensors(blocks.clone(), scales.clone()).contiguous()
 
 
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+
+
+def family_cases(out, fixtures_dir):
+    from safetensors.torch import load_file
+
+    qz = FineGrainedFP8HfQuantizer(FineGrainedFP8Config(weight_block_size=[128, 128]), pre_quantized=False)
+    for fam in FAMILIES:
+        weights = load_file(os.path.join(fixtures_dir, fam, "model.safetensors"))
+        for name in sorted(weights):
+            w = weights[name]
+            if w.ndim != 2 or "embed_tokens" in name:
+                continue
+            k = fam + "/" + name
+            q, st = BF.quantize_4bit(w.float(), blocksize=64, quant_type="nf4", compress_statistics=False)
+            out[k + ".nf4"] = q.reshape(-1).contiguous()
+            out[k + ".absmax"] = st.absmax.float().contiguous()
+            out[k + ".nf4_bf16"] = deq_as(q, st, torch.bfloat16)
+            rows, cols = w.shape
+            pr, pc = -(-rows // 128) * 128, -(-cols // 128) * 128
+            padded = torch.zeros(pr, pc, dtype=torch.float32)
+            padded[:rows, :cols] = w.float()
+            holder = _Holder(pr, pc)
+            qz.create_quantized_param(holder, padded, "lin.weight", "cpu")
+            out[k + ".fp8"] = holder.lin.weight.data[:rows, :cols].contiguous()
+            out[k + ".scale_inv"] = holder.lin.weight_scale_inv.data.reshape(pr // 128, pc // 128).float().contiguous()
+
+
 def raw_bytes(t):
     if t.dtype == torch.bfloat16 or t.dtype == torch.float8_e4m3fn:
         t = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int16)
@@ -207,18 +245,19 @@ def write_st(path, tensors, meta):
             f.write(b)
 
 
-def build():
-    out = {}
+def build(fixtures_dir):
+    out, fam = {}, {}
     nf4_cases(out)
     fp8_cases(out)
     mxfp4_cases(out)
+    family_cases(fam, fixtures_dir)
     meta = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "bitsandbytes": bitsandbytes.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
-    return out, meta
+    return {"formats.safetensors": out, "families.safetensors": fam}, meta
 
 
 def main():
@@ -226,19 +265,22 @@ def main():
     ap.add_argument("--out", default="tests/fixtures/quant", help="folder to write formats.safetensors into")
     ap.add_argument("--check", action="store_true", help="compare with the file in --out instead of writing")
     a = ap.parse_args()
-    out, meta = build()
-    path = os.path.join(a.out, "formats.safetensors")
-    if a.check:
-        tmp = path + ".check"
-        write_st(tmp, out, meta)
-        same = open(tmp, "rb").read() == open(path, "rb").read()
-        os.unlink(tmp)
-        print("same" if same else "DIFFERENT: " + path)
-        return 0 if same else 1
-    os.makedirs(a.out, exist_ok=True)
-    write_st(path, out, meta)
-    print("wrote", path, os.path.getsize(path), "bytes,", len(out), "tensors")
-    return 0
+    files, meta = build(os.path.join(os.path.dirname(os.path.abspath(a.out)), "."))
+    bad = 0
+    for fname, tensors in files.items():
+        path = os.path.join(a.out, fname)
+        if a.check:
+            tmp = path + ".check"
+            write_st(tmp, tensors, meta)
+            same = open(tmp, "rb").read() == open(path, "rb").read()
+            os.unlink(tmp)
+            print("same" if same else "DIFFERENT: " + path)
+            bad += not same
+            continue
+        os.makedirs(a.out, exist_ok=True)
+        write_st(path, tensors, meta)
+        print("wrote", path, os.path.getsize(path), "bytes,", len(tensors), "tensors")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -294,6 +294,67 @@ TEST_F(QuantFormat, Mxfp4DequantizeIsTransformers) {
   }
 }
 
+// The four families' weights (the parity fixtures' models): every 2-D weight
+// but the embedding quantized to NF4 and FP8 gives bitsandbytes' and
+// transformers' bits, and NF4 dequantizes to bitsandbytes' bf16.
+TEST(QuantFamilies, WeightsQuantizeAndDequantizeAsTheReferences) {
+  mf_safetensors *ref = nullptr;
+  ASSERT_EQ(mf_safetensors_open("tests/fixtures/quant/families.safetensors", &ref), MF_OK) << mf_last_error();
+  int weights = 0;
+  for (const char *fam : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}) {
+    mf_safetensors *m = nullptr;
+    ASSERT_EQ(mf_safetensors_open((std::string("tests/fixtures/") + fam + "/model.safetensors").c_str(), &m), MF_OK)
+        << mf_last_error();
+    for (size_t t = 0; t < mf_safetensors_count(m); t++) {
+      const mf_st_tensor *w = mf_safetensors_get(m, t);
+      const std::string name = w->name;
+      if (w->ndim != 2 || name.find("embed_tokens") != std::string::npos) continue;
+      ASSERT_EQ(w->dtype, MF_DTYPE_F32) << name;
+      const std::string k = std::string(fam) + "/" + name;
+      auto get = [&](const std::string &suffix) {
+        const mf_st_tensor *r = mf_safetensors_find(ref, (k + suffix).c_str());
+        EXPECT_NE(r, nullptr) << k + suffix;
+        return r ? std::vector<uint8_t>((const uint8_t *)r->data, (const uint8_t *)r->data + r->nbytes)
+                 : std::vector<uint8_t>();
+      };
+      const int64_t rows = w->shape[0], cols = w->shape[1], n = rows * cols, nb = mf_quant_blocks(n, 64);
+      std::vector<float> x((size_t)n);
+      std::memcpy(x.data(), w->data, w->nbytes);
+      std::vector<uint8_t> packed((size_t)(n + 1) / 2);
+      std::vector<float> absmax((size_t)nb);
+      ASSERT_EQ(mf_nf4_quantize(x.data(), n, 64, packed.data(), absmax.data(), k.c_str()), MF_OK);
+      EXPECT_EQ(Diff(packed, get(".nf4"), k + ".nf4"), 0);
+      std::vector<uint8_t> am((size_t)nb * 4);
+      std::memcpy(am.data(), absmax.data(), am.size());
+      EXPECT_EQ(Diff(am, get(".absmax"), k + ".absmax"), 0);
+      mf_qweight q = {};
+      q.kind = MF_QUANT_NF4;
+      q.rows = rows;
+      q.cols = cols;
+      q.blocksize = 64;
+      q.q = packed.data();
+      q.scales = absmax.data();
+      std::vector<uint16_t> deq((size_t)n);
+      mf_qweight_dequantize_bf16(&q, 0, rows, deq.data());
+      std::vector<uint8_t> deqb((size_t)n * 2);
+      std::memcpy(deqb.data(), deq.data(), deqb.size());
+      EXPECT_EQ(Diff(deqb, get(".nf4_bf16"), k + ".nf4_bf16"), 0);
+      const int64_t sb = mf_quant_blocks(rows, 128) * mf_quant_blocks(cols, 128);
+      std::vector<uint8_t> f8((size_t)n);
+      std::vector<float> si((size_t)sb);
+      ASSERT_EQ(mf_fp8_quantize(x.data(), rows, cols, f8.data(), si.data(), k.c_str()), MF_OK);
+      EXPECT_EQ(Diff(f8, get(".fp8"), k + ".fp8"), 0);
+      std::vector<uint8_t> sib((size_t)sb * 4);
+      std::memcpy(sib.data(), si.data(), sib.size());
+      EXPECT_EQ(Diff(sib, get(".scale_inv"), k + ".scale_inv"), 0);
+      weights++;
+    }
+    mf_safetensors_close(m);
+  }
+  mf_safetensors_close(ref);
+  EXPECT_GE(weights, 100);  // every family's attention, router and expert weights
+}
+
 // Damaged stored data is refused, naming the tensor, the place and the fault.
 TEST(QuantCheck, RefusesDamagedData) {
   float absmax[3] = {1.0f, NAN, 2.0f};
