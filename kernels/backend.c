@@ -129,12 +129,8 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                     {{"param", A}, F32("grad", A), BYTES("state", A)},
                     {"n", "t", "moment_bf16"},
                     {"lr", "beta1", "beta2", "eps", "weight_decay", "coef"}},
-    /* q and scales in the format's bytes; absmax2 and code2 fp32, NF4 nested only */
-    [MF_K_DEQUANT] = {"dequant",
-                      {BYTES("q", R), BYTES("scales", R), {"absmax2", R, 1, MF_KT_F32}, {"code2", R, 1, MF_KT_F32},
-                       {"y", W}},
-                      {"kind", "rows", "cols", "blocksize", "nested"},
-                      {"offset"}},
+    /* qw: the weight's blob, mf_qweight_blob_view's layout */
+    [MF_K_DEQUANT] = {"dequant", {BYTES("qw", R), {"y", W}}, {"kind", "rows", "cols", "blocksize", "nested"}},
 };
 
 /* clang-format on */
@@ -221,11 +217,8 @@ static mf_status dequant_check(const mf_kernel_call *k, const char *label, mf_dt
   if (w.kind == MF_QUANT_MXFP4 && w.cols % MF_MXFP4_GROUP)
     return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: %lld MXFP4 columns (groups of 32)", in, label,
                   (long long)w.cols);
-  const int nested = w.kind == MF_QUANT_NF4 && w.nested;
-  const int64_t need[5] = {mf_qweight_q_bytes(&w), mf_qweight_scale_bytes(&w),
-                           nested ? mf_qweight_absmax2_count(&w) * 4 : 0, nested ? 256 * 4 : 0,
-                           w.rows * w.cols * (int64_t)mf_dtype_size(storage)};
-  for (int j = 0; j < 5; j++)
+  const int64_t need[2] = {mf_qweight_blob_bytes(&w), w.rows * w.cols * (int64_t)mf_dtype_size(storage)};
+  for (int j = 0; j < 2; j++)
     if ((int64_t)k->b[j].bytes < need[j] || (need[j] > 0 && !k->b[j].ptr)) {
       char what[64];
       return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: %s has %zu bytes, the weight needs %lld", in, label,

@@ -109,11 +109,10 @@ typedef enum mf_kernel {
    * bf16. */
   MF_K_GRAD_SUMSQ,
   MF_K_ADAMW,
-  /* A frozen weight stored quantized (src/core/qformat.h mf_qweight: kind
-   * NF4, FP8 or MXFP4, rows x cols) into y [rows, cols] in the storage dtype:
-   * y = mf_qweight_at rounded once to the storage. q and scales as the format
-   * lays them out; absmax2 and code2 (and f offset) only for NF4 with nested
-   * (double-quantized) absmax. */
+  /* A frozen weight stored quantized into y [rows, cols] in the storage
+   * dtype: qw is its blob (src/core/qformat.h mf_qweight_blob_view: kind NF4,
+   * FP8 or MXFP4, rows x cols, NF4's block size and nested absmax), y =
+   * mf_qweight_at rounded once to the storage. */
   MF_K_DEQUANT,
   MF_K_COUNT_
 } mf_kernel;

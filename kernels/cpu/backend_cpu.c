@@ -517,8 +517,7 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_SCALE:
       return mf_cpu_scale(F(0), i[0], (float)k->f[0], x);
     case MF_K_DEQUANT:
-      return mf_cpu_dequant((const uint8_t *)k->b[0].ptr, k->b[1].ptr, CF(2), CF(3), i[0], i[1], i[2], i[3], i[4],
-                            (float)k->f[0], F(4), x);
+      return mf_cpu_dequant((const uint8_t *)k->b[0].ptr, i[0], i[1], i[2], i[3], i[4], F(1), x);
     case MF_K_DROPOUT:
       return mf_cpu_dropout(CF(0), i[0], (uint64_t)i[1], (uint64_t)i[2], k->f[0], F(1), x);
     case MF_K_ROUTER_FWD:

@@ -130,13 +130,12 @@ mf_status mf_cpu_sigmoid_gate_bwd(const float *gl, const float *x, const float *
 mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx);
 /* x *= s in place (n elements; fp32 multiply, rounded once in round_bf16 mode). */
 mf_status mf_cpu_scale(float *x, int64_t n, float s, const mf_kctx *ctx);
-/* y [rows, cols] = the stored weight (src/core/qformat.h mf_qweight of kind
- * `kind`: NF4, FP8 or MXFP4) element by element, mf_qweight_at (written;
- * rounded to bf16 precision in round_bf16 mode). absmax2, code2 and offset
- * only for NF4 with nested absmax. */
-mf_status mf_cpu_dequant(const uint8_t *q, const void *scales, const float *absmax2, const float *code2, int64_t kind,
-                         int64_t rows, int64_t cols, int64_t blocksize, int64_t nested, float offset, float *y,
-                         const mf_kctx *ctx);
+/* y [rows, cols] = the stored weight whose blob is qw (src/core/qformat.h
+ * mf_qweight_blob_view; kind NF4, FP8 or MXFP4, NF4's block size and nested
+ * absmax) element by element, mf_qweight_at (written; rounded to bf16
+ * precision in round_bf16 mode). */
+mf_status mf_cpu_dequant(const uint8_t *qw, int64_t kind, int64_t rows, int64_t cols, int64_t blocksize,
+                         int64_t nested, float *y, const mf_kctx *ctx);
 /* y[j] = x[j] * (float)(1 / (1 - p)) where mf_dropout_bits(seed, stream, j) >=
  * mf_dropout_threshold(p), else 0 (written; p in [0, 1)). */
 mf_status mf_cpu_dropout(const float *x, int64_t n, uint64_t stream, uint64_t seed, double p, float *y,

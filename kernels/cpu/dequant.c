@@ -24,16 +24,13 @@ static void dq_task(void *arg, int i, int n) {
     }
 }
 
-mf_status mf_cpu_dequant(const uint8_t *q, const void *scales, const float *absmax2, const float *code2, int64_t kind,
-                         int64_t rows, int64_t cols, int64_t blocksize, int64_t nested, float offset, float *y,
-                         const mf_kctx *ctx) {
+mf_status mf_cpu_dequant(const uint8_t *qw, int64_t kind, int64_t rows, int64_t cols, int64_t blocksize,
+                         int64_t nested, float *y, const mf_kctx *ctx) {
   if (kind <= MF_QUANT_NONE || kind >= MF_QUANT_COUNT_)
     return MF_ERR(MF_ERR_INVALID_ARG, "dequant: format %lld is not NF4, FP8 or MXFP4", (long long)kind);
-  if (kind == MF_QUANT_NF4 && nested && (!absmax2 || !code2))
-    return MF_ERR(MF_ERR_INVALID_ARG, "dequant: NF4 with nested absmax needs absmax2 and code2");
   if (rows <= 0 || cols <= 0) return MF_OK;
-  dq_args a = {{(int32_t)kind, (int32_t)nested, rows, cols, blocksize, q, scales, absmax2, code2, offset}, y,
-               ctx->round_bf16};
+  dq_args a = {{(int32_t)kind, (int32_t)nested, rows, cols, blocksize, 0, 0, 0, 0, 0.0f}, y, ctx->round_bf16};
+  mf_qweight_blob_view(&a.w, qw);
   if ((double)rows * (double)cols < DQ_PARALLEL_MIN)
     dq_task(&a, 0, 1);
   else

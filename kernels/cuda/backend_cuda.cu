@@ -508,8 +508,7 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_ADAMW:
       return launch_adamw(k, sizeof(T) == 2, s);
     case MF_K_DEQUANT:
-      return mf_cuda_dequant<T>((const uint8_t *)k->b[0].ptr, k->b[1].ptr, CF(2), CF(3), i[0], i[1], i[2], i[3], i[4],
-                                (float)k->f[0], S(4), s);
+      return mf_cuda_dequant<T>((const uint8_t *)k->b[0].ptr, i[0], i[1], i[2], i[3], i[4], S(1), s);
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "the cuda backend has no %s kernel", mf_kernel_name(k->kind));
   }

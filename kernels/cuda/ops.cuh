@@ -97,9 +97,8 @@ mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed,
 
 // -------------------------------------------------------------- dequant.cu
 template <typename T>
-mf_status mf_cuda_dequant(const uint8_t *q, const void *scales, const float *absmax2, const float *code2, int64_t kind,
-                          int64_t rows, int64_t cols, int64_t blocksize, int64_t nested, float offset, T *y,
-                          cudaStream_t s);
+mf_status mf_cuda_dequant(const uint8_t *qw, int64_t kind, int64_t rows, int64_t cols, int64_t blocksize,
+                          int64_t nested, T *y, cudaStream_t s);
 
 // -------------------------------------------------------------- routing.cu
 template <typename T>

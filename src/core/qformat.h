@@ -132,6 +132,37 @@ MF_QF_FN int64_t mf_qweight_absmax2_count(const mf_qweight *w) {
   return (nb + MF_NF4_DQ_BLOCK - 1) / MF_NF4_DQ_BLOCK;
 }
 
+/* A stored weight as one byte blob: what lives at home, crosses the link and
+ * sits in the device arena, so one copy moves it. q at 0; the scales at the
+ * next multiple of 16 bytes; with NF4 nested absmax then absmax2, code2 (256
+ * floats) and the offset (one float), each at the next multiple of 16. */
+MF_QF_FN int64_t mf_qf_align16(int64_t x) { return (x + 15) & ~(int64_t)15; }
+MF_QF_FN int64_t mf_qweight_blob_scales_at(const mf_qweight *w) { return mf_qf_align16(mf_qweight_q_bytes(w)); }
+MF_QF_FN int64_t mf_qweight_blob_absmax2_at(const mf_qweight *w) {
+  return mf_qf_align16(mf_qweight_blob_scales_at(w) + mf_qweight_scale_bytes(w));
+}
+MF_QF_FN int64_t mf_qweight_blob_code2_at(const mf_qweight *w) {
+  return mf_qf_align16(mf_qweight_blob_absmax2_at(w) + 4 * mf_qweight_absmax2_count(w));
+}
+MF_QF_FN int64_t mf_qweight_blob_offset_at(const mf_qweight *w) { return mf_qweight_blob_code2_at(w) + 1024; }
+MF_QF_FN int64_t mf_qweight_blob_bytes(const mf_qweight *w) {
+  if (w->kind == MF_QUANT_NF4 && w->nested) return mf_qweight_blob_offset_at(w) + 4;
+  return mf_qweight_blob_scales_at(w) + mf_qweight_scale_bytes(w);
+}
+/* Points w's pieces into `blob` (16-byte aligned) and reads its offset. */
+MF_QF_FN void mf_qweight_blob_view(mf_qweight *w, const uint8_t *blob) {
+  w->q = blob;
+  w->scales = blob + mf_qweight_blob_scales_at(w);
+  w->absmax2 = 0;
+  w->code2 = 0;
+  w->offset = 0.0f;
+  if (w->kind == MF_QUANT_NF4 && w->nested) {
+    w->absmax2 = (const float *)(blob + mf_qweight_blob_absmax2_at(w));
+    w->code2 = (const float *)(blob + mf_qweight_blob_code2_at(w));
+    w->offset = *(const float *)(blob + mf_qweight_blob_offset_at(w));
+  }
+}
+
 /* Element (r, c) in fp32. */
 MF_QF_FN float mf_qweight_at(const mf_qweight *w, int64_t r, int64_t c) {
   if (w->kind == MF_QUANT_NF4) {

@@ -281,3 +281,45 @@ void mf_qweight_dequantize_bf16(const mf_qweight *w, int64_t r0, int64_t nr, uin
   for (int64_t r = r0; r < r0 + nr; r++)
     for (int64_t c = 0; c < w->cols; c++) out[(r - r0) * w->cols + c] = mf_fp32_to_bf16(mf_qweight_at(w, r, c));
 }
+
+void mf_qweight_pack(const mf_qweight *w, uint8_t *blob) {
+  memset(blob, 0, (size_t)mf_qweight_blob_bytes(w));
+  memcpy(blob, w->q, (size_t)mf_qweight_q_bytes(w));
+  memcpy(blob + mf_qweight_blob_scales_at(w), w->scales, (size_t)mf_qweight_scale_bytes(w));
+  if (w->kind == MF_QUANT_NF4 && w->nested) {
+    memcpy(blob + mf_qweight_blob_absmax2_at(w), w->absmax2, (size_t)(4 * mf_qweight_absmax2_count(w)));
+    memcpy(blob + mf_qweight_blob_code2_at(w), w->code2, 1024);
+    memcpy(blob + mf_qweight_blob_offset_at(w), &w->offset, 4);
+  }
+}
+
+mf_status mf_quant_blob(mf_quant_kind kind, const float *x, int64_t rows, int64_t cols, int64_t blocksize, int nested,
+                        uint8_t *blob, const char *what) {
+  mf_qweight w = {.kind = (int32_t)kind, .nested = kind == MF_QUANT_NF4 && nested, .rows = rows, .cols = cols,
+                  .blocksize = blocksize};
+  if (kind == MF_QUANT_FP8) {
+    memset(blob, 0, (size_t)mf_qweight_blob_bytes(&w));
+    return mf_fp8_quantize(x, rows, cols, blob, (float *)(blob + mf_qweight_blob_scales_at(&w)), what);
+  }
+  if (kind != MF_QUANT_NF4)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: %s weights are read as a checkpoint ships them, not made at load", what,
+                  mf_quant_name(kind));
+  const int64_t n = rows * cols, nb = mf_quant_blocks(n, blocksize);
+  memset(blob, 0, (size_t)mf_qweight_blob_bytes(&w));
+  if (!w.nested)
+    return mf_nf4_quantize(x, n, blocksize, blob, (float *)(blob + mf_qweight_blob_scales_at(&w)), what);
+  float *absmax = (float *)malloc((size_t)(nb > 0 ? nb : 1) * sizeof(float));
+  if (!absmax) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: out of memory quantizing", what);
+  float code2[256];
+  mf_quant_dynamic_map(code2);
+  float offset = 0;
+  mf_status st = mf_nf4_quantize(x, n, blocksize, blob, absmax, what);
+  if (st == MF_OK)
+    st = mf_nf4_double_quantize(absmax, nb, code2, blob + mf_qweight_blob_scales_at(&w),
+                                (float *)(blob + mf_qweight_blob_absmax2_at(&w)), &offset);
+  free(absmax);
+  if (st != MF_OK) return st;
+  memcpy(blob + mf_qweight_blob_code2_at(&w), code2, sizeof code2);
+  memcpy(blob + mf_qweight_blob_offset_at(&w), &offset, 4);
+  return MF_OK;
+}

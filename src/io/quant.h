@@ -111,6 +111,13 @@ mf_status mf_fp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *w
  * (0x7f, 0xff); MXFP4 with cols a multiple of 32 and no scale of 255 (the
  * e8m0 NaN). MF_ERR_FORMAT naming `what`, the place and the fault. */
 mf_status mf_qweight_check(const mf_qweight *w, const char *what);
+/* w's pieces copied into blob[mf_qweight_blob_bytes(w)] (the gaps zeroed). */
+void mf_qweight_pack(const mf_qweight *w, uint8_t *blob);
+/* x [rows, cols] (finite) quantized into blob[mf_qweight_blob_bytes] of a
+ * weight of `kind` (NF4 in blocks of `blocksize`, double quantized when
+ * `nested`; FP8); MXFP4 is read as shipped, never made (MF_ERR_INVALID_ARG). */
+mf_status mf_quant_blob(mf_quant_kind kind, const float *x, int64_t rows, int64_t cols, int64_t blocksize, int nested,
+                        uint8_t *blob, const char *what);
 /* Rows [r0, r0 + nr) of the weight to fp32 / bf16 ([nr x cols]). */
 void mf_qweight_dequantize_f32(const mf_qweight *w, int64_t r0, int64_t nr, float *out);
 void mf_qweight_dequantize_bf16(const mf_qweight *w, int64_t r0, int64_t nr, uint16_t *out);

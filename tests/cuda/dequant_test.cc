@@ -26,6 +26,7 @@ struct Weight {
   mf_qweight w = {};
   std::vector<uint8_t> q, scales;
   std::vector<float> absmax2, code2;
+  std::vector<uint8_t> blob;  // the pieces packed (mf_qweight_blob_view's layout)
 };
 
 Weight Make(const std::string &name, int kind, int64_t rows, int64_t cols, int64_t bs, int nested, uint64_t seed) {
@@ -56,13 +57,22 @@ Weight Make(const std::string &name, int kind, int64_t rows, int64_t cols, int64
     x.code2.resize(256);
     for (auto &v : x.code2) v = any(g);
   }
+  // The blob: every piece at its place (the layout of src/core/qformat.h).
+  x.blob.assign((size_t)mf_qweight_blob_bytes(&x.w), 0);
+  std::memcpy(x.blob.data(), x.q.data(), x.q.size());
+  std::memcpy(&x.blob[(size_t)mf_qweight_blob_scales_at(&x.w)], x.scales.data(), x.scales.size());
+  if (nested) {
+    std::memcpy(&x.blob[(size_t)mf_qweight_blob_absmax2_at(&x.w)], x.absmax2.data(), x.absmax2.size() * 4);
+    std::memcpy(&x.blob[(size_t)mf_qweight_blob_code2_at(&x.w)], x.code2.data(), 1024);
+    std::memcpy(&x.blob[(size_t)mf_qweight_blob_offset_at(&x.w)], &x.w.offset, 4);
+  }
   return x;
 }
 
 class Dequant : public CudaTwin<((size_t)64 << 20)> {
  protected:
   // The call on `b` with operands at the given pointers (host or device).
-  static mf_kernel_call Call(const Weight &x, mf_dtype storage, void *q, void *sc, void *a2, void *c2, void *y) {
+  static mf_kernel_call Call(const Weight &x, mf_dtype storage, void *qw, void *y) {
     mf_kernel_call c = {};
     c.kind = MF_K_DEQUANT;
     c.label = x.name.c_str();
@@ -71,14 +81,8 @@ class Dequant : public CudaTwin<((size_t)64 << 20)> {
     c.i[2] = x.w.cols;
     c.i[3] = x.w.blocksize;
     c.i[4] = x.w.nested;
-    c.f[0] = x.w.offset;
-    c.b[0] = {q, x.q.size(), 0, MF_DTYPE_U8};
-    c.b[1] = {sc, x.scales.size(), 0, MF_DTYPE_U8};
-    if (x.w.nested) {
-      c.b[2] = {a2, x.absmax2.size() * 4, 0, MF_DTYPE_F32};
-      c.b[3] = {c2, 1024, 0, MF_DTYPE_F32};
-    }
-    c.b[4] = {y, (size_t)(x.w.rows * x.w.cols) * mf_dtype_size(storage), 1, storage};
+    c.b[0] = {qw, x.blob.size(), 0, MF_DTYPE_U8};
+    c.b[1] = {y, (size_t)(x.w.rows * x.w.cols) * mf_dtype_size(storage), 1, storage};
     return c;
   }
 
@@ -92,12 +96,11 @@ class Dequant : public CudaTwin<((size_t)64 << 20)> {
       EXPECT_EQ(gpu_->copy(gpu_, p, src, bytes, MF_COPY_H2D, gpu_s_), MF_OK) << mf_last_error();
       return p;
     };
-    void *q = put(x.q.data(), x.q.size()), *sc = put(x.scales.data(), x.scales.size());
-    void *a2 = put(x.absmax2.data(), x.absmax2.size() * 4), *c2 = put(x.code2.data(), x.code2.size() * 4);
+    void *qw = put(x.blob.data(), x.blob.size());
     const size_t ybytes = (size_t)(x.w.rows * x.w.cols) * mf_dtype_size(storage);
     std::vector<uint8_t> y(ybytes, 0xAB);
     void *dy = put(y.data(), ybytes);
-    const mf_kernel_call c = Call(x, storage, q, sc, a2, c2, dy);
+    const mf_kernel_call c = Call(x, storage, qw, dy);
     EXPECT_EQ(gpu_->run(gpu_, &c, gpu_s_), MF_OK) << mf_last_error();
     EXPECT_EQ(gpu_->copy(gpu_, y.data(), dy, ybytes, MF_COPY_D2H, gpu_s_), MF_OK) << mf_last_error();
     EXPECT_EQ(gpu_->stream_sync(gpu_, gpu_s_), MF_OK) << mf_last_error();
@@ -107,8 +110,7 @@ class Dequant : public CudaTwin<((size_t)64 << 20)> {
   std::vector<uint8_t> OnCpu(const Weight &x, mf_dtype storage) {
     Weight h = x;
     std::vector<uint8_t> y((size_t)(x.w.rows * x.w.cols) * mf_dtype_size(storage), 0xCD);
-    const mf_kernel_call c = Call(h, storage, h.q.data(), h.scales.data(), h.absmax2.empty() ? nullptr : h.absmax2.data(),
-                                  h.code2.empty() ? nullptr : h.code2.data(), y.data());
+    const mf_kernel_call c = Call(h, storage, h.blob.data(), y.data());
     EXPECT_EQ(cpu_->run(cpu_, &c, cpu_s_), MF_OK) << mf_last_error();
     EXPECT_EQ(cpu_->stream_sync(cpu_, cpu_s_), MF_OK) << mf_last_error();
     return y;

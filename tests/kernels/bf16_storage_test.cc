@@ -79,13 +79,8 @@ class Build {
   Build &i32(int slot, std::vector<int32_t> v) { return raw(slot, bytes_of(v)); }
   Build &i64(int slot, std::vector<int64_t> v) { return raw(slot, bytes_of(v)); }
   Build &f64(int slot, size_t n) { return raw(slot, bytes_of(std::vector<double>(n, 0.5))); }
-  // n random bytes in [lo, hi] (quantized codes and scales).
-  Build &u8(int slot, size_t n, int lo = 0, int hi = 255) {
-    std::uniform_int_distribution<int> d(lo, hi);
-    Bytes b(n);
-    for (auto &x : b) x = (uint8_t)d(g_);
-    return raw(slot, b);
-  }
+  // Raw bytes (a quantized weight's blob).
+  Build &bytes(int slot, Bytes b) { return raw(slot, b); }
   // E expert weights of n elements (bf16 values); those listed in `empty` NULL.
   Build &experts(int E, size_t n, std::vector<int> empty) {
     std::uniform_real_distribution<float> d(-1, 1);
@@ -266,16 +261,44 @@ std::vector<Case> cases_of(mf_kernel kind) {
       }
       return v;
     }
-    case MF_K_DEQUANT:  // formats of src/core/qformat.h: NF4 (plain, nested), FP8, MXFP4
-      return {Build(kind, "dequant nf4", {MF_QUANT_NF4, 3, 64, 64, 0}).u8(0, 96).put(1, 3, 0.5f, 2.0f).val(4, 192),
-              Build(kind, "dequant nf4 nested", {MF_QUANT_NF4, 3, 64, 32, 1}, {0.3})
-                  .u8(0, 96)
-                  .u8(1, 6)
-                  .put(2, 1, 0.5f, 1.0f)
-                  .put(3, 256, -1.0f, 1.0f)
-                  .val(4, 192),
-              Build(kind, "dequant fp8", {MF_QUANT_FP8, 4, 8, 0, 0}).u8(0, 32, 0, 0x7e).put(1, 1, 0.01f, 1.0f).val(4, 32),
-              Build(kind, "dequant mxfp4", {MF_QUANT_MXFP4, 2, 32, 0, 0}).u8(0, 32).u8(1, 2, 120, 130).val(4, 64)};
+    case MF_K_DEQUANT: {  // blobs of src/core/qformat.h: NF4 (plain, nested), FP8, MXFP4
+      std::vector<Case> v;
+      const struct {
+        const char *name;
+        int kind;
+        int64_t rows, cols, bs, nested;
+      } w[] = {{"dequant nf4", MF_QUANT_NF4, 3, 64, 64, 0},
+               {"dequant nf4 nested", MF_QUANT_NF4, 3, 64, 32, 1},
+               {"dequant fp8", MF_QUANT_FP8, 4, 8, 0, 0},
+               {"dequant mxfp4", MF_QUANT_MXFP4, 2, 32, 0, 0}};
+      for (const auto &x : w) {
+        mf_qweight q = {};
+        q.kind = x.kind, q.rows = x.rows, q.cols = x.cols, q.blocksize = x.bs, q.nested = (int32_t)x.nested;
+        // Random bytes make valid blobs but for the float pieces: positive
+        // scales, a finite map and offset, no FP8 NaN code, e8m0 near 2^0.
+        Bytes blob = Bytes((size_t)mf_qweight_blob_bytes(&q));
+        std::mt19937_64 g(std::hash<std::string>()(x.name));
+        for (auto &c : blob) c = (uint8_t)(g() % (x.kind == MF_QUANT_FP8 ? 0x7f : 256));
+        auto put_floats = [&](int64_t at, int64_t n, float lo, float hi) {
+          std::uniform_real_distribution<float> d(lo, hi);
+          for (int64_t k = 0; k < n; k++) {
+            const float f = d(g);
+            std::memcpy(&blob[(size_t)(at + 4 * k)], &f, 4);
+          }
+        };
+        if (x.kind == MF_QUANT_MXFP4)
+          for (int64_t k = 0; k < mf_qweight_scale_bytes(&q); k++) blob[(size_t)(mf_qweight_blob_scales_at(&q) + k)] = (uint8_t)(120 + g() % 10);
+        else if (!x.nested)
+          put_floats(mf_qweight_blob_scales_at(&q), mf_qweight_scale_bytes(&q) / 4, 0.01f, 2.0f);
+        if (x.nested) {
+          put_floats(mf_qweight_blob_absmax2_at(&q), mf_qweight_absmax2_count(&q), 0.5f, 1.0f);
+          put_floats(mf_qweight_blob_code2_at(&q), 256, -1.0f, 1.0f);
+          put_floats(mf_qweight_blob_offset_at(&q), 1, 0.1f, 0.3f);
+        }
+        v.push_back(Build(kind, x.name, {x.kind, x.rows, x.cols, x.bs, x.nested}).bytes(0, blob).val(1, (size_t)(x.rows * x.cols)));
+      }
+      return v;
+    }
     default:
       return {};
   }
