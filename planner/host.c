@@ -22,7 +22,8 @@ mf_status mf_host_account(const mf_program *p, const mf_schedule *s, uint64_t pi
   const int base_bf16 = mf_lora_base_bf16(p->params, p->storage, p->ranks);
   for (int64_t i = 0; i < p->params->n; i++) {
     const uint64_t numel = (uint64_t)p->params->params[i].numel;
-    if (!(base_bf16 && p->params->params[i].frozen)) u.master_bytes += 4 * numel;
+    /* a weight stored quantized is its blob alone (the working bytes below) */
+    if (!(base_bf16 && p->params->params[i].frozen) && !p->params->params[i].quant) u.master_bytes += 4 * numel;
     /* A working copy in another dtype than the master's: the first fill of a
      * device-updated weight reads it too, and the weights come home into it. */
     const mf_ptensor *w = &p->tensors[p->param_tensor[i]];

@@ -253,6 +253,7 @@ const char *mf_home_region_name(mf_home_region k) {
   switch (k) {
     case MF_HOME_WORKING: return "bf16 working copy";
     case MF_HOME_GRADS: return "gradient sums";
+    case MF_HOME_QUANT: return "quantized base";
     case MF_HOME_ACTS: return "offloaded activations";
     default: return "?";
   }
@@ -275,12 +276,17 @@ static int region_of(const mf_schedule *s, int32_t i, uint64_t *a, uint64_t *e) 
     return MF_HOME_ACTS;
   }
   int k = -1;
+  const mf_param *q = pt->param >= 0 ? &p->params->params[pt->param] : NULL;
+  if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist && q->quant) {
+    *a = (uint64_t)q->qoff; /* its blob in the quantized home */
+    *e = *a + (uint64_t)q->qbytes;
+    return MF_HOME_QUANT;
+  }
   if (in->kind == MF_I_H2D && pt->kind == MF_T_PARAM && !s->slots[in->slot].persist && p->storage == MF_DTYPE_BF16)
     k = MF_HOME_WORKING;
   else if (in->kind == MF_I_D2H && pt->kind == MF_T_GRAD && t != p->norm_sums)
     k = MF_HOME_GRADS;
   if (k < 0) return -1;
-  const mf_param *q = &p->params->params[pt->param];
   *a = k == MF_HOME_WORKING ? (uint64_t)q->offset * 2 : (uint64_t)q->toff * 4;
   *e = *a + (uint64_t)q->numel * (k == MF_HOME_WORKING ? 2 : 4);
   return k;
@@ -315,6 +321,10 @@ static void home_regions(const mf_config *cfg, const mf_run_plan *rp, const mf_s
     if (h->step_bytes[k] == 0) may[k] = 0;
   }
   if (u->spill_working_bytes > 0) may[MF_HOME_WORKING] = 0;
+  /* Beside a quantized base the bf16 working copy's span runs over the
+   * quantized weights' places in it, pages never written: pinning would
+   * commit them. What streams from it (embeddings, norms, adapters) is staged. */
+  if (s->prog->params->qhome) may[MF_HOME_WORKING] = 0;
   if (u->spill_grad_bytes > 0) may[MF_HOME_GRADS] = 0;
 }
 

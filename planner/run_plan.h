@@ -104,6 +104,8 @@ typedef struct mf_run_kernels {
  *   MF_HOME_GRADS    the fp32 gradient sums, the span of the gradients that
  *                    come home, when each lands once a step (no copy adds into
  *                    the host's sum: layer-major order, one micro-batch);
+ *   MF_HOME_QUANT    LoRA's base stored quantized (the table's quantized home,
+ *                    src/model/params.h), the span of the blobs the step streams;
  *   MF_HOME_ACTS     the offloaded activations' host copies (the executor
  *                    allocates them pinned, else in pageable memory:
  *                    src/exec/exec.h mf_exec_create_home).
@@ -119,7 +121,13 @@ typedef struct mf_run_kernels {
  * chosen again within the limit less that arena. A copy whose bytes are
  * pinned goes straight whether or not the rest is staged (memory.staging);
  * the bits are the same either way. */
-typedef enum mf_home_region { MF_HOME_WORKING = 0, MF_HOME_GRADS, MF_HOME_ACTS, MF_HOME_REGIONS_ } mf_home_region;
+typedef enum mf_home_region {
+  MF_HOME_WORKING = 0,
+  MF_HOME_GRADS,
+  MF_HOME_QUANT,
+  MF_HOME_ACTS,
+  MF_HOME_REGIONS_
+} mf_home_region;
 
 typedef struct mf_pinned_home {
   uint8_t pinned[MF_HOME_REGIONS_];     /* some of the region is pinned: [pin_lo, pin_hi) */

@@ -65,7 +65,9 @@ uint64_t mf_ckpt_base_sum(const mf_param_table *t, const float *w, const uint16_
     const mf_param *p = &t->params[i];
     if (!p->frozen) continue;
     any = 1;
-    if (frozen_bf16)
+    if (p->quant) /* LoRA's base stored quantized: its blob */
+      mf_ckpt_hash_update(&h, t->qhome + p->qoff, (size_t)p->qbytes);
+    else if (frozen_bf16)
       mf_ckpt_hash_update(&h, frozen_bf16 + p->offset, (size_t)p->numel * sizeof(uint16_t));
     else
       mf_ckpt_hash_update(&h, w + p->offset, (size_t)p->numel * sizeof(float));

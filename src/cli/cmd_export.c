@@ -5,6 +5,7 @@
 
 #include "src/ckpt/ckpt.h"
 #include "src/cli/commands.h"
+#include "src/io/quant.h"
 #include "src/train/base.h"
 #include "src/train/train.h"
 
@@ -52,8 +53,9 @@ static const char k_export_usage[] =
  * info->source set): a full fine-tune's checkpoint holds every weight, so its
  * base's spec is all there is to check. */
 static mf_status export_lora(const char *src, const char *out, int adapter, const mf_ckpt_export_opts *o,
-                             mf_ckpt_export_info *info, int *lora) {
+                             mf_ckpt_export_info *info, int *lora, char *quant_note, size_t note_cap) {
   *lora = 0;
+  quant_note[0] = 0;
   int is_ckpt = 0;
   MF_CHECK(mf_ckpt_export_source(src, info, &is_ckpt));
   if (!is_ckpt) return MF_OK; /* final/ of a run that trained every weight (a LoRA run's is an adapter dir) */
@@ -100,6 +102,11 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
     oh.frozen_bf16 = home;
     mf_ckpt_export_tokenizer_of(cfg, &oh); /* the base's tokenizer: model.path's files */
     st = mf_ckpt_export_model(t, w, info->source, out, &oh, info);
+    if (t->base_quant != MF_QUANT_NONE)
+      snprintf(quant_note, note_cap,
+               "the base as the run trained over it: its %s weights dequantized, then the adapters merged (as "
+               "PEFT merges over a 4-bit base), not the original base's values",
+               mf_quant_name(t->base_quant));
   }
 done:
   free(base_json);
@@ -152,7 +159,8 @@ int mf_cli_export(int argc, char **argv) {
     return mf_cli_usage_error("export", "--shard-size %s: not a size (e.g. 5GB, 500MiB)", shard);
   mf_ckpt_export_info info;
   int lora = 0;
-  mf_status st = export_lora(src, out, adapter, &o, &info, &lora);
+  char quant_note[256];
+  mf_status st = export_lora(src, out, adapter, &o, &info, &lora, quant_note, sizeof quant_note);
   if (st == MF_OK && !lora) {
     if (adapter)
       st = MF_ERR(MF_ERR_INVALID_ARG,
@@ -174,6 +182,7 @@ int mf_cli_export(int argc, char **argv) {
          info.shards == 1 ? "model.safetensors" : "sharded");
   if (info.shards > 1)
     printf("  %zu shards of at most %s; model.safetensors.index.json\n", info.shards, shard);
+  if (quant_note[0]) printf("  %s\n", quant_note);
   printf("  %s\n", info.tokenizer_note);
   return MF_EXIT_OK;
 }

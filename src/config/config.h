@@ -142,6 +142,9 @@ typedef struct mf_config_lora {
   mf_config_lora_experts experts; /* all routed experts, or each layer's most routed (hot_fraction) */
   double hot_fraction;
   int train_router; /* the router weights trained fully beside the adapters */
+  int base_dtype;   /* the frozen base at home: 0 bf16 (as the checkpoint), else an mf_quant_kind (1 nf4, 2 fp8) */
+  int64_t base_blocksize; /* NF4's block size */
+  int base_double_quant;  /* NF4's absmax quantized again (bitsandbytes' compress_statistics) */
 } mf_config_lora;
 
 typedef struct mf_config_train {

@@ -98,6 +98,20 @@ static int expert_idle(mf_exec *x, int32_t slot) {
                          x->slot_mhi[slot]);
 }
 
+/* 1 when a DEQUANT op turns the weights of an expert to which its
+ * micro-batch, whose routing is known, sends no token: the expert op that
+ * reads them skips that expert (and its upload was skipped too). */
+static int dequant_idle(mf_exec *x, const mf_pop *o) {
+  const mf_program *p = x->p;
+  const mf_ptensor *t = &p->tensors[o->t[0]];
+  if (t->param < 0 || o->micro < 0) return 0;
+  const mf_param *pr = &p->params->params[t->param];
+  if (pr->expert < 0 || pr->layer < 0) return 0;
+  const int64_t L = p->spec.layers;
+  if (!route_known(x, o->micro * L + pr->layer)) return 0;
+  return mf_experts_idle(x->route_host, L, p->spec.experts, pr->layer, pr->expert, o->micro, o->micro);
+}
+
 static mf_status sync_all(mf_exec *x) {
   for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK(x->b->stream_sync(x->b, x->st[k]));
   return x->sg ? mf_exec_sg_sync(x) : MF_OK;
@@ -392,7 +406,14 @@ static mf_status state_source(mf_exec *x, const mf_ptensor *pt, mf_exec_src *src
  * or with BF16 storage its bf16 working copy. */
 static mf_status weight_source(mf_exec *x, const mf_ptensor *pt, const step_io *io, mf_exec_src *src) {
   const mf_program *p = x->p;
-  const int64_t off = p->params->params[pt->param].offset;
+  const mf_param *q = &p->params->params[pt->param];
+  const int64_t off = q->offset;
+  if (q->quant) { /* LoRA's base stored quantized: its blob in the table's quantized home */
+    if (!p->params->qhome)
+      return MF_ERR(MF_ERR_INTERNAL, "executor: %s is quantized and the table has no quantized home", q->name);
+    src_add(src, p->params->qhome + q->qoff, pt->bytes);
+    return MF_OK;
+  }
   if (p->storage != MF_DTYPE_BF16) {
     src_add(src, io->params + off, pt->bytes);
     return MF_OK;
@@ -654,6 +675,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           int64_t nv = io->n_valid[o->micro];
           call.f[0] = nv > 0 ? 1.0 / (mf_program_loss_divisor(p) * (double)nv) : 0.0;
         }
+        if (o->kind == MF_K_DEQUANT && dequant_idle(x, o)) break; /* an expert no token reaches: not read */
         if (o->kind == MF_K_DROPOUT && o->i[2] == MF_PROGRAM_SEED_RUNTIME) {
           if (!x->dropout_seeds) {
             st = MF_ERR(MF_ERR_INTERNAL,

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "src/model/hf_config.h"
+#include "src/io/quant.h"
 #include "src/io/safetensors.h"
 #include "src/model/params.h"
 
@@ -151,7 +152,65 @@ void mf_param_table_free(mf_param_table *t) {
   free(t->experts);
   free(t->lora_a);
   free(t->lora.hot);
+  free(t->qhome);
   free(t);
+}
+
+/* ------------------------------------------------------ quantized base */
+
+static int quantizable(const mf_param_table *t, int64_t i) {
+  const mf_param *p = &t->params[i];
+  return i < t->n_base && p->frozen && p->ndim == 2 && p->role != MF_P_EMBED && p->role != MF_P_LM_HEAD &&
+         i != mf_param_lm_head(t);
+}
+
+mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i) {
+  const mf_param *p = &t->params[i];
+  mf_qweight w = {.kind = p->quant, .nested = t->base_nested, .rows = p->shape[0], .cols = p->shape[1],
+                  .blocksize = t->base_blocksize};
+  if (t->qhome && p->quant) mf_qweight_blob_view(&w, t->qhome + p->qoff);
+  return w;
+}
+
+mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested) {
+  if (kind == MF_QUANT_NONE) return MF_OK;
+  if (!t->lora_a)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "train.lora.base_dtype %s: a quantized base is LoRA's frozen base; with train.lora.rank 0 every "
+                  "weight is trained (set train.lora.rank, or base_dtype bf16)",
+                  mf_quant_name(kind));
+  if (kind != MF_QUANT_NF4 && kind != MF_QUANT_FP8)
+    return MF_ERR(MF_ERR_CONFIG, "train.lora.base_dtype %s: only nf4 and fp8 are made at load", mf_quant_name(kind));
+  if (kind == MF_QUANT_NF4 && !mf_nf4_blocksize_ok(blocksize))
+    return MF_ERR(MF_ERR_CONFIG, "train.lora.base_blocksize %lld: a power of two in 32..4096 (64 is QLoRA's)",
+                  (long long)blocksize);
+  if (t->qhome) return MF_ERR(MF_ERR_INTERNAL, "parameter table: the base is quantized already");
+  t->base_quant = kind;
+  t->base_blocksize = kind == MF_QUANT_NF4 ? blocksize : 0;
+  t->base_nested = kind == MF_QUANT_NF4 && nested;
+  int64_t at = 0;
+  for (int64_t i = 0; i < t->n; i++) {
+    mf_param *p = &t->params[i];
+    p->quant = 0, p->qoff = -1, p->qbytes = 0;
+    if (!quantizable(t, i)) continue;
+    p->quant = (uint8_t)kind;
+    const mf_qweight w = mf_param_qweight(t, i);
+    p->qoff = at;
+    p->qbytes = mf_qweight_blob_bytes(&w);
+    at += (p->qbytes + 63) & ~(int64_t)63;
+  }
+  t->qhome_bytes = at;
+  return mf_malloc((size_t)(at > 0 ? at : 1), "the quantized base", (void **)&t->qhome);
+}
+
+mf_status mf_params_quantize_from(const mf_param_table *t, const float *w) {
+  for (int64_t i = 0; i < t->n; i++) {
+    const mf_param *p = &t->params[i];
+    if (p->quant)
+      MF_CHECK(mf_quant_blob((mf_quant_kind)p->quant, w + p->offset, p->shape[0], p->shape[1], t->base_blocksize,
+                             t->base_nested, t->qhome + p->qoff, p->name));
+  }
+  return MF_OK;
 }
 
 /* ------------------------------------------------------------------- LoRA */
@@ -292,20 +351,26 @@ void mf_params_init_adapters(const mf_param_table *t, uint64_t seed, float *w) {
 static mf_status frozen_scratch(const mf_param_table *t, const uint16_t *frozen_bf16, float **out) {
   *out = NULL;
   int64_t most = 0;
-  for (int64_t i = 0; frozen_bf16 && i < t->n; i++)
-    if (t->params[i].frozen && t->params[i].numel > most) most = t->params[i].numel;
+  for (int64_t i = 0; i < t->n; i++)
+    if (((frozen_bf16 && t->params[i].frozen) || t->params[i].quant) && t->params[i].numel > most)
+      most = t->params[i].numel;
   if (most == 0) return MF_OK;
   *out = (float *)malloc((size_t)most * sizeof(float));
   return *out ? MF_OK : MF_ERR(MF_ERR_OUT_OF_MEMORY, "the base's load buffer (%lld values)", (long long)most);
 }
 
 /* Where parameter p's fp32 values go: w, or for a frozen one with a bf16
- * home the scratch (then home_put rounds them there). */
+ * home or a quantized one the scratch (then home_put rounds them into the
+ * bf16 home, or quantizes them into the quantized home). */
 static float *dst_of(const mf_param *p, float *w, const uint16_t *frozen_bf16, float *scratch) {
-  return p->frozen && frozen_bf16 ? scratch : w + p->offset;
+  return (p->frozen && frozen_bf16) || p->quant ? scratch : w + p->offset;
 }
-static void home_put(const mf_param *p, uint16_t *frozen_bf16, const float *scratch) {
+static mf_status home_put(const mf_param_table *t, const mf_param *p, uint16_t *frozen_bf16, const float *scratch) {
+  if (p->quant)
+    return mf_quant_blob((mf_quant_kind)p->quant, scratch, p->shape[0], p->shape[1], t->base_blocksize,
+                         t->base_nested, t->qhome + p->qoff, p->name);
   if (p->frozen && frozen_bf16) mf_fp32_to_bf16_n(scratch, frozen_bf16 + p->offset, (size_t)p->numel);
+  return MF_OK;
 }
 
 /* Parameter i's initial values into w (the table's layout) or, frozen with a
@@ -314,7 +379,7 @@ static void home_put(const mf_param *p, uint16_t *frozen_bf16, const float *scra
 static void init_param(const mf_param_table *t, int64_t i, uint64_t seed, float std, float *w,
                        uint16_t *home) {
   const mf_param *p = &t->params[i];
-  const int to_home = p->frozen && home;
+  const int to_home = p->frozen && home && !p->quant; /* a quantized one: into w (mf_params_quantize_from) */
   float chunk[INIT_CHUNK];
   const int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
                       p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
@@ -434,7 +499,7 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
       break;
     }
     rc = read_tensor(path, p, p->name, x, dst_of(p, w, frozen_bf16, scratch));
-    if (rc == MF_OK) home_put(p, frozen_bf16, scratch);
+    if (rc == MF_OK) rc = home_put(t, p, frozen_bf16, scratch);
   }
   free(scratch);
   if (rc == MF_OK) {
@@ -536,7 +601,10 @@ mf_status mf_params_write_model(const mf_param_table *t, const float *w, const u
 void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
                       float *out) {
   const mf_param *p = &t->params[i];
-  if (p->frozen && frozen_bf16)
+  if (p->quant) {
+    const mf_qweight q = mf_param_qweight(t, i);
+    mf_qweight_dequantize_f32(&q, 0, q.rows, out);
+  } else if (p->frozen && frozen_bf16)
     for (int64_t j = 0; j < p->numel; j++) out[j] = mf_bf16_to_fp32(frozen_bf16[p->offset + j]);
   else
     memcpy(out, w + p->offset, (size_t)p->numel * sizeof *out);
@@ -795,6 +863,19 @@ void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap) {
       100.0 * (double)t->trainable_numel / (double)(t->total_numel > 0 ? t->total_numel : 1),
       mf_format_count((double)t->total_numel, b, sizeof b), mf_format_count((double)frozen, c, sizeof c),
       t->lora.train_router ? "; the routers trained whole" : "");
+  if (t->base_quant != MF_QUANT_NONE) {
+    int64_t nq = 0, qn = 0;
+    for (int64_t i = 0; i < t->n_base; i++)
+      if (t->params[i].quant) nq++, qn += t->params[i].numel;
+    char blk[48] = "";
+    if (t->base_quant == MF_QUANT_NF4)
+      snprintf(blk, sizeof blk, " in blocks of %lld%s", (long long)t->base_blocksize,
+               t->base_nested ? ", double quantized" : "");
+    const size_t n = strlen(buf);
+    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s: %s at home (%s in bf16)", (long long)nq,
+             mf_quant_name(t->base_quant), blk, mf_format_bytes((uint64_t)t->qhome_bytes, a, sizeof a),
+             mf_format_bytes((uint64_t)qn * 2, b, sizeof b));
+  }
   if (!t->lora.hot || !(t->lora.roles & MF_LORA_EXPERT_ROLES)) return;
   int64_t hot = 0, moe = 0, lo = -1, hi = 0;
   for (int64_t l = 0; l < t->spec.layers; l++) {

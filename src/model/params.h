@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "src/core/core.h"
+#include "src/core/qformat.h"
 #include "src/model/spec.h"
 
 #ifdef __cplusplus
@@ -60,6 +61,11 @@ typedef struct mf_param {
                      trained parameters in order, so = offset without LoRA; -1 when frozen */
   int32_t base;   /* a LoRA adapter (MF_P_LORA_A/B): the weight it adapts; else -1 */
   uint8_t frozen; /* not trained: no gradient, no optimizer state (the base under LoRA) */
+  /* A frozen weight stored quantized (mf_param_table_quantize_base): its
+   * mf_quant_kind (0: none), and its blob (src/core/qformat.h) at qoff bytes
+   * into the table's quantized home, qbytes long. */
+  uint8_t quant;
+  int64_t qoff, qbytes;
 } mf_param;
 
 /* LoRA (train.lora): low-rank adapters over a frozen base. For each adapted
@@ -96,6 +102,15 @@ typedef struct mf_param_table {
   int32_t *lora_a;         /* [n_base] the index of weight i's A adapter (B is the next), or -1; NULL: none */
   int64_t trainable_numel; /* elements of the parameters not frozen: the length of the gradient and moment
                               arrays */
+  /* LoRA's frozen base stored quantized (mf_param_table_quantize_base): the
+   * format, NF4's block size and double quantization, and the quantized home
+   * that holds every quantized weight's blob (the table owns it; its pages are
+   * written at load). NONE: the base is kept in its float dtype. */
+  mf_quant_kind base_quant;
+  int64_t base_blocksize;
+  int base_nested;
+  uint8_t *qhome;
+  int64_t qhome_bytes;
 } mf_param_table;
 
 mf_status mf_param_table_build(const mf_model_spec *spec, mf_param_table **out);
@@ -122,6 +137,20 @@ static inline int mf_lora_expert_hot(const mf_param_table *t, int64_t layer, int
 }
 /* The routed-expert roles' bits (MF_P_EXPERT_GATE, _UP, _DOWN). */
 #define MF_LORA_EXPERT_ROLES ((1u << MF_P_EXPERT_GATE) | (1u << MF_P_EXPERT_UP) | (1u << MF_P_EXPERT_DOWN))
+/* Stores LoRA's frozen base quantized (t has its adapters: mf_param_table_add_lora):
+ * every frozen 2-D weight but the embedding and the LM head (what transformers
+ * replaces with bitsandbytes' Linear4bit: attention projections, routers,
+ * experts, shared experts and their gate, dense MLPs) gets `kind` (NF4 in
+ * blocks of `blocksize`, double quantized when `nested`; FP8 in 128 x 128
+ * blocks), and the quantized home is allocated for their blobs. MF_ERR_CONFIG
+ * for a table without adapters (a full fine-tune trains every weight) or a
+ * format that is not made at load (MXFP4). NONE leaves t as it is. */
+mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested);
+/* Weight i's stored form (its blob in the quantized home); i must be quantized. */
+mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i);
+/* Quantizes every quantized weight from its fp32 values in w (the table's
+ * layout) into the quantized home (after mf_params_init_random: a random base). */
+mf_status mf_params_quantize_from(const mf_param_table *t, const float *w);
 /* Whether a run keeps LoRA's frozen base at home in bf16 alone, with no fp32
  * copy (2 bytes a parameter): with bf16 device storage (the device reads
  * the bf16 working copy) and one rank (several share one fp32 home). */
@@ -172,7 +201,8 @@ mf_status mf_params_save_model_dir(const mf_param_table *t, const float *w, cons
 /* LoRA. Weight i (of the model's own) with its adapter merged in: W + scale B A
  * (fp32, the sum over the rank in order), into out (numel floats); a weight
  * without an adapter is copied as it is. A frozen W is read from its bf16
- * home when frozen_bf16 is not NULL, else from w. */
+ * home when frozen_bf16 is not NULL, else from w; a quantized one is its blob
+ * dequantized to fp32 (as PEFT's merge over a 4-bit base dequantizes). */
 void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *frozen_bf16, int64_t i,
                       float *out);
 /* An HF model dir of the model's own parameters: DIR/config.json (torch_dtype

@@ -21,6 +21,10 @@ typedef struct pb {
   int64_t cap_pool;
   int32_t stage;     /* the stage of the ops being built (see STAGE_*) */
   int32_t *stage_of; /* [cap_o] each op's stage, for the layer-major reorder */
+  /* DEQUANT ops made for the op being built (dequant()): they take its phase
+   * when it is made (op()). */
+  int32_t *pending;
+  int32_t n_pending, cap_pending;
   mf_status st;
 } pb;
 
@@ -120,6 +124,10 @@ static mf_pop *op(pb *b, mf_kernel kind, mf_phase phase, int32_t micro, int32_t 
   va_start(ap, fmt);
   vsnprintf(o->label, sizeof o->label, fmt, ap);
   va_end(ap);
+  if (kind != MF_K_DEQUANT) {
+    for (int32_t k = 0; k < b->n_pending; k++) p->ops[b->pending[k]].phase = phase;
+    b->n_pending = 0;
+  }
   return o;
 }
 
@@ -163,9 +171,40 @@ typedef struct ctx {
   int64_t T;
 } ctx;
 
+/* Parameter i's weights as an op reads them: its tensor, or for a weight
+ * stored quantized (LoRA's base, mf_param_table_quantize_base) a DEQUANT of
+ * its blob made just before the op being built, into an activation of the
+ * storage dtype that lives until that op has read it (each use its own, so
+ * no bf16 copy of the weight outlives an op; a recomputed op recomputes its
+ * DEQUANT from the blob). */
+static int32_t weight_of(const ctx *c, int32_t i) {
+  pb *b = c->b;
+  if (i < 0) return -1;
+  const mf_param *q = &c->pt->params[i];
+  if (!q->quant) return b->p->param_tensor[i];
+  if (b->st != MF_OK) return -1;
+  if (b->n_pending == b->cap_pending) {
+    const int32_t cap = b->cap_pending ? 2 * b->cap_pending : 64;
+    int32_t *pd = (int32_t *)realloc(b->pending, (size_t)cap * sizeof *pd);
+    if (!pd) {
+      b->st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+      return -1;
+    }
+    b->pending = pd;
+    b->cap_pending = cap;
+  }
+  const int32_t y = tensor(b, MF_T_ACT, MF_DTYPE_F32, q->numel, c->m, q->layer, "mb%d.%s.deq%d", c->m, q->name,
+                           b->p->n_ops);
+  const int32_t k = b->p->n_ops;
+  mf_pop *o = op(b, MF_K_DEQUANT, MF_PHASE_FWD, c->m, q->layer, "dequant %s", q->name);
+  SET(o, b->p->param_tensor[i], y);
+  INTS(o, q->quant, q->shape[0], q->shape[1], c->pt->base_blocksize, c->pt->base_nested);
+  if (b->st == MF_OK) b->pending[b->n_pending++] = k;
+  return y;
+}
+
 static int32_t P(const ctx *c, mf_param_role role, int64_t layer) {
-  int32_t i = mf_param_index(c->pt, role, layer, -1);
-  return i < 0 ? -1 : c->b->p->param_tensor[i];
+  return weight_of(c, mf_param_index(c->pt, role, layer, -1));
 }
 static int32_t G(const ctx *c, mf_param_role role, int64_t layer) {
   int32_t i = mf_param_index(c->pt, role, layer, -1);
@@ -185,7 +224,7 @@ static int32_t experts_of(const ctx *c, mf_param_role role, int64_t layer, int g
   for (int64_t e = 0; e < E; e++) {
     int32_t pi = mf_param_index(c->pt, role, layer, e);
     if (lora >= 0) pi = c->pt->lora_a[pi] < 0 ? -1 : c->pt->lora_a[pi] + lora; /* -1: a cold expert */
-    ids[e] = pi < 0 ? -1 : grads ? c->b->p->grad_tensor[pi] : c->b->p->param_tensor[pi];
+    ids[e] = pi < 0 ? -1 : grads ? c->b->p->grad_tensor[pi] : weight_of(c, pi);
   }
   int32_t at = pool_put(c->b, ids, E);
   free(ids);
@@ -698,10 +737,11 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 1, -1);
     o->flops = 2.0 * (double)R * (double)H * (double)I;
   }
+  const int32_t down_w = experts_of(c, MF_P_EXPERT_DOWN, l, 0, -1); /* before the op: it may dequantize */
   o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
   SET(o, dye, a->offsets, dea);
   INTS(o, E, H, I);
-  o->experts_at = experts_of(c, MF_P_EXPERT_DOWN, l, 0, -1);
+  o->experts_at = down_w;
   o->flops = 2.0 * (double)R * (double)H * (double)I;
   lora_experts_bwd(z, l, MF_P_EXPERT_DOWN, "down_proj", dye, a->ea, dea, H, I);
   o = op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
@@ -720,10 +760,11 @@ static void bwd_moe(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
       o->experts_at = experts_of(c, gu[j].role, l, 1, -1);
       o->flops = 2.0 * (double)R * (double)I * (double)H;
     }
+    const int32_t w = experts_of(c, gu[j].role, l, 0, -1);
     o = op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
     SET(o, gu[j].dy, a->offsets, gu[j].dx);
     INTS(o, E, I, H);
-    o->experts_at = experts_of(c, gu[j].role, l, 0, -1);
+    o->experts_at = w;
     o->flops = 2.0 * (double)R * (double)I * (double)H;
     lora_experts_bwd(z, l, gu[j].role, gu[j].what, gu[j].dy, a->xe, gu[j].dx, I, H);
   }
@@ -1213,7 +1254,9 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   if (!p->io || !p->param_tensor || !p->grad_tensor) b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
   for (int64_t i = 0; i < pt->n && b.st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
-    p->param_tensor[i] = tensor(&b, MF_T_PARAM, MF_DTYPE_F32, q->numel, -1, q->layer, "%s", q->name);
+    /* a weight stored quantized: its blob's bytes (src/core/qformat.h) */
+    p->param_tensor[i] = q->quant ? tensor(&b, MF_T_PARAM, MF_DTYPE_U8, q->qbytes, -1, q->layer, "%s", q->name)
+                                  : tensor(&b, MF_T_PARAM, MF_DTYPE_F32, q->numel, -1, q->layer, "%s", q->name);
     p->grad_tensor[i] = p->forward_only || q->frozen
                             ? -1
                             : tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1, q->layer, "grad.%s", q->name);
@@ -1236,7 +1279,10 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     b.cap_o = p->n_ops + 1; /* the reordered list's room */
   }
   if (b.st == MF_OK && !p->forward_only) build_optimizer(&b, pt);
+  if (b.st == MF_OK && b.n_pending)
+    b.st = MF_ERR(MF_ERR_INTERNAL, "step program: a dequantized weight that no op reads");
   free(b.stage_of);
+  free(b.pending);
   if (b.st != MF_OK) {
     mf_program_free(p);
     return b.st;

@@ -19,9 +19,11 @@ typedef struct sum_job {
 
 #define SUM_CHUNK 4096
 
-/* Parameter p's checksum: its bytes as held (fp32 in w, or bf16 in home), or
- * with bf16 and no home its fp32 values rounded, chunk by chunk. */
+/* Parameter p's checksum: its bytes as held (fp32 in w, bf16 in home, or a
+ * quantized weight's blob), or with bf16 and no home its fp32 values rounded,
+ * chunk by chunk. */
 static uint64_t param_sum(const sum_job *j, const mf_param *p) {
+  if (p->quant) return mf_ckpt_hash64(j->t->qhome + p->qoff, (size_t)p->qbytes); /* its blob, as held */
   if (j->home && p->frozen) return mf_ckpt_hash64(j->home + p->offset, (size_t)p->numel * sizeof(uint16_t));
   const float *v = j->w + p->offset;
   if (!j->bf16) return mf_ckpt_hash64(v, (size_t)p->numel * sizeof(float));

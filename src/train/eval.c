@@ -7,6 +7,7 @@
 
 #include "experts/experts.h"
 #include "experts/routing.h"
+#include "src/io/quant.h"
 #include "src/model/hf_config.h"
 #include "src/train/base.h"
 #include "src/train/train_internal.h"
@@ -87,8 +88,18 @@ static mf_status hot_from_routing(const mf_config *cfg, const mf_param_table *t,
 
 mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt) {
   const mf_config_lora *c = &cfg->train.lora;
-  if (c->rank == 0) return MF_OK;
   char at[600];
+  if (c->rank == 0 && c->base_dtype != MF_QUANT_NONE) {
+    (void)mf_param_table_quantize_base(t, (mf_quant_kind)c->base_dtype, c->base_blocksize, c->base_double_quant);
+    return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora.base_dtype", at, sizeof at));
+  }
+  if (c->rank == 0) return MF_OK;
+  if (c->base_dtype != MF_QUANT_NONE && cfg->ranks > 1)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "train.lora.base_dtype %s%s with %lld ranks: a quantized base is not built for the node's shared "
+                  "home yet; run one rank, or base_dtype bf16",
+                  mf_quant_name((mf_quant_kind)c->base_dtype), where(cfg, "train.lora.base_dtype", at, sizeof at),
+                  (long long)cfg->ranks);
   mf_lora l = {c->rank,    (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank,
                0,          c->train_router,
                c->dropout, NULL};
@@ -113,6 +124,8 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt)
   }
   mf_status st = mf_param_table_add_lora(t, &l);
   free(l.hot);
+  if (st == MF_OK)
+    st = mf_param_table_quantize_base(t, (mf_quant_kind)c->base_dtype, c->base_blocksize, c->base_double_quant);
   if (st == MF_ERR_CONFIG)
     return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora", at, sizeof at));
   return st;
@@ -141,6 +154,7 @@ mf_status mf_run_load_weights_home(const mf_config *cfg, const char *model_dir, 
     snprintf(desc, desc_cap, "%s", dir);
   } else {
     mf_params_init_random_home(t, t->spec.seed, 0.02f, w, frozen_bf16, pool);
+    MF_CHECK(mf_params_quantize_from(t, w));
     snprintf(desc, desc_cap, "random init (seed %llu)", (unsigned long long)t->spec.seed);
   }
   if (frozen_bf16) {

@@ -207,7 +207,13 @@ static void adopt_working(mf_run *r, uint16_t *buf) {
   r->working_owned = 0;
 }
 
+/* The table's quantized home (LoRA's base stored quantized), when the plan pins it. */
+static mf_status pin_quant(mf_run *r) {
+  return mf_run_pin_home(r, MF_HOME_QUANT, r->t->qhome, (size_t)r->t->qhome_bytes);
+}
+
 mf_status mf_run_round_working(mf_run *r, const float *w, size_t n, uint16_t *buf, mf_threadpool *pool) {
+  MF_CHECK(pin_quant(r));
   if (r->rp->storage != MF_DTYPE_BF16) return MF_OK;
   if (buf) {
     adopt_working(r, buf);
@@ -227,6 +233,7 @@ mf_status mf_run_round_working(mf_run *r, const float *w, size_t n, uint16_t *bu
 mf_status mf_run_round_trained(mf_run *r, const mf_param_table *t, const float *w, uint16_t *buf) {
   if (r->rp->storage != MF_DTYPE_BF16 || !buf)
     return MF_ERR(MF_ERR_INTERNAL, "run: a bf16 base at home without bf16 storage and its working copy");
+  MF_CHECK(pin_quant(r));
   adopt_working(r, buf);
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];

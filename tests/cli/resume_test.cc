@@ -120,6 +120,17 @@ TEST(Resume, SameBitsLoraBf16Base) {
                  "train.precision=bf16 train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 "
                  "train.lora.targets=[q_proj,v_proj,w1,w2,w3]"});
 }
+// QLoRA: the base quantized at load (NF4 double quantized, streamed under a
+// small budget; FP8), again on resume: the same bits.
+TEST(Resume, SameBitsQloraNf4StreamedAndFp8) {
+  StopAndResume({"qlora_nf4",
+                 "train.precision=bf16 train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 "
+                 "train.lora.targets=[q_proj,v_proj,w1,w2,w3] train.lora.base_dtype=nf4 "
+                 "train.lora.base_double_quant=true memory.device_budget=1.5MiB"});
+  StopAndResume({"qlora_fp8",
+                 "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj,w1,w2,w3] "
+                 "train.lora.base_dtype=fp8"});
+}
 // A LoRA run's checkpoints hold the adapters and their AdamW state, not the
 // frozen base: only its identity (state.json base_sum, the checksum of its
 // weights). Resumed onto a base whose weights changed under the same

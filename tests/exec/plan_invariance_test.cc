@@ -354,6 +354,23 @@ TEST(PlanInvariance, LoraDenseLayerSharedExpertAndRouters) {
              "train.lora.targets=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
 }
 
+// QLoRA (train.lora.base_dtype): the frozen base stored quantized at home
+// (its blobs what the plans copy and keep on the device), dequantized before
+// each use; the dense layer, shared expert, its gate and the routers are
+// quantized too. NF4 double quantized in blocks of 32, and FP8: the same checks.
+TEST(PlanInvariance, QloraNf4DoubleQuantDenseLayerSharedExpert) {
+  CheckShape(Shape("qlora_nf4", shape_config("qlora_nf4", kDenseShared),
+                   {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2", "train.lora.base_dtype=nf4",
+                    "train.lora.base_blocksize=32", "train.lora.base_double_quant=true",
+                    "train.lora.targets=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
+}
+
+TEST(PlanInvariance, QloraFp8DemoModel) {
+  std::vector<std::string> own = kLora;
+  own.push_back("train.lora.base_dtype=fp8");
+  CheckShape(Shape("qlora_fp8", demo(), own));
+}
+
 // train.lora.experts: hot — adapters on each MoE layer's two most-routed
 // experts by a routing file (skewed counts: experts 0 and 2 in layer 0, 1 and
 // 5 in layer 1), the other experts' rows through the base alone (their

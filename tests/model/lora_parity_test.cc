@@ -1,5 +1,8 @@
 // Parity with PEFT on transformers (fixtures written by
-// tools/make_lora_fixtures.py, tests/fixtures/lora/NOTES.md): for each family,
+// tools/make_lora_fixtures.py, tests/fixtures/lora/NOTES.md; and QLoRA's, by
+// tools/make_qlora_fixtures.py, tests/fixtures/qlora/NOTES.md: the same
+// adapters over the base loaded as bitsandbytes NF4, which moefit quantizes
+// at load with train.lora.base_dtype nf4 and dequantizes on the device): for each family,
 // LoRA adapters (PEFT's own adapter_model.safetensors, non-zero A and B) on
 // the attention and every MLP projection over the frozen base of
 // tests/fixtures/<family>: one batch through the cpu backend in fp32 must give
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "src/io/quant.h"
 #include "src/model/hf_config.h"
 #include "src/optim/optim.h"
 #include "tests/model/parity_util.h"
@@ -27,19 +31,27 @@ using namespace mf_parity;
 
 const char kFixtures[] = "tests/fixtures";
 
+// "lora/<name>" and "qlora/<name>" for each fixture dir.
 std::vector<std::string> lora_fixture_names() {
   std::vector<std::string> out;
-  const std::string root = std::string(kFixtures) + "/lora";
-  DIR *d = opendir(root.c_str());
-  if (!d) return out;
-  while (dirent *e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n[0] == '.') continue;
-    if (access((root + "/" + n + "/fixture.safetensors").c_str(), R_OK) == 0) out.push_back(n);
+  for (const char *kind : {"lora", "qlora"}) {
+    const std::string root = std::string(kFixtures) + "/" + kind;
+    DIR *d = opendir(root.c_str());
+    if (!d) continue;
+    while (dirent *e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n[0] == '.') continue;
+      if (access((root + "/" + n + "/fixture.safetensors").c_str(), R_OK) == 0) out.push_back(kind + ("/" + n));
+    }
+    closedir(d);
   }
-  closedir(d);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string flat(std::string s) {
+  std::replace(s.begin(), s.end(), '/', '_');
+  return s;
 }
 
 // The quoted names of a JSON list of strings ("[\"q_proj\", \"v_proj\"]").
@@ -57,11 +69,12 @@ std::vector<std::string> json_names(const char *list) {
 class LoraParity : public FixtureTest {
  protected:
   void SetUp() override {
-    dir_ = std::string(kFixtures) + "/lora/" + GetParam();
+    dir_ = std::string(kFixtures) + "/" + GetParam();
     ASSERT_EQ(mf_safetensors_open((dir_ + "/fixture.safetensors").c_str(), &fx_), MF_OK) << mf_last_error();
     // the base model: the family's fixture, or the one base_fixture names (the hot experts' fixture)
     const char *bf = mf_safetensors_metadata(fx_, "base_fixture");
-    const std::string base = std::string(kFixtures) + "/" + (bf ? std::string(bf) : GetParam());
+    const std::string name = GetParam().substr(GetParam().find('/') + 1);
+    const std::string base = std::string(kFixtures) + "/" + (bf ? std::string(bf) : name);
     ASSERT_EQ(mf_hf_config_load(base.c_str(), &spec_), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_param_table_build(&spec_, &t_), MF_OK) << mf_last_error();
     // PEFT's own adapter_config.json, read as moefit reads an adapter dir;
@@ -82,11 +95,21 @@ class LoraParity : public FixtureTest {
     const mf_status added = mf_param_table_add_lora(t_, &l);
     free(l.hot);
     ASSERT_EQ(added, MF_OK) << mf_last_error();
+    // QLoRA: the base quantized as the fixture's was (bitsandbytes NF4, blocks of 64)
+    const char *bd = mf_safetensors_metadata(fx_, "base_dtype");
+    quantized_ = bd != nullptr;
+    if (quantized_) {
+      ASSERT_STREQ(bd, "nf4");
+      ASSERT_STREQ(mf_safetensors_metadata(fx_, "base_double_quant"), "false");
+      ASSERT_EQ(mf_param_table_quantize_base(t_, MF_QUANT_NF4, (int64_t)meta_num(fx_, "base_blocksize"), 0), MF_OK)
+          << mf_last_error();
+    }
     w_.resize((size_t)t_->total_numel);
     ASSERT_EQ(mf_params_load(t_, (base + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();
     ASSERT_EQ(mf_params_load_adapters(t_, dir_.c_str(), w_.data()), MF_OK) << mf_last_error();
     ASSERT_TRUE(batch_of(fx_, &bt_)) << "input_ids, labels [B, S] I32 and router_aux_loss_coef";
   }
+  bool quantized_ = false;
   // PEFT's name of an adapter in adapter_model.safetensors.
   static std::string peft(const mf_param &p) { return std::string("base_model.model.") + p.name; }
   // The hot set read from target_modules against the fixture's lora_hot
@@ -112,6 +135,28 @@ class LoraParity : public FixtureTest {
     EXPECT_LT(n, LE);
   }
 };
+
+// QLoRA: every weight bitsandbytes quantized (every linear but lm_head) is
+// quantized here, and dequantizes to its bits (the fixture's deq.<name>, from
+// bitsandbytes' dequantize_4bit); LoRA: nothing is quantized.
+TEST_P(LoraParity, TheQuantizedBaseIsBitsandbytes) {
+  int64_t quantized = 0, deq = 0;
+  for (size_t k = 0; k < mf_safetensors_count(fx_); k++)
+    deq += strncmp(mf_safetensors_get(fx_, k)->name, "deq.", 4) == 0;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    const float *ref = f32(fx_, std::string("deq.") + p.name, p.numel);
+    EXPECT_EQ(p.quant != 0, ref != nullptr) << p.name << (p.quant ? " is quantized; bitsandbytes left it" : " is not quantized; bitsandbytes quantized it");
+    if (!p.quant || !ref) continue;
+    quantized++;
+    const mf_qweight q = mf_param_qweight(t_, i);
+    std::vector<float> got((size_t)p.numel);
+    mf_qweight_dequantize_f32(&q, 0, q.rows, got.data());
+    EXPECT_EQ(memcmp(got.data(), ref, got.size() * 4), 0) << p.name;
+  }
+  EXPECT_EQ(quantized, deq);
+  EXPECT_EQ(quantized > 0, quantized_);
+}
 
 TEST_P(LoraParity, LogitsAndLoss) {
   Result r = run(w_);
@@ -215,7 +260,7 @@ TEST_P(LoraParity, OneAdamWStepOverTheAdapters) {
 // the same adapters.
 TEST_P(LoraParity, TheExportedAdapterDirIsPeftsFormat) {
   const char *tmp = getenv("TEST_TMPDIR");
-  const std::string out = std::string(tmp ? tmp : "/tmp") + "/lora_export_" + GetParam();
+  const std::string out = std::string(tmp ? tmp : "/tmp") + "/lora_export_" + flat(GetParam());
   ASSERT_EQ(mf_params_save_adapter_dir(t_, w_.data(), "", out.c_str()), MF_OK) << mf_last_error();
   mf_safetensors *a = nullptr, *b = nullptr;
   ASSERT_EQ(mf_safetensors_open((out + "/adapter_model.safetensors").c_str(), &a), MF_OK) << mf_last_error();
@@ -249,7 +294,7 @@ TEST_P(LoraParity, TheExportedAdapterDirIsPeftsFormat) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(lora_fixture_names()),
-                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+                         [](const ::testing::TestParamInfo<std::string> &i) { return flat(i.param); });
 
 // The random init is the same bits on any number of threads; with a bf16 home
 // the frozen weights land there rounded and their part of w is never written.
@@ -409,7 +454,7 @@ TEST(LoraAdapterConfig, HotExpertsByFullNamesAndShortEndings) {
 }
 
 TEST(LoraParityFixtures, ArePresent) {
-  EXPECT_GE(lora_fixture_names().size(), 4u) << "tests/fixtures/lora has too few fixtures";
+  EXPECT_GE(lora_fixture_names().size(), 9u) << "tests/fixtures/lora and qlora have too few fixtures";
 }
 
 }  // namespace
