@@ -127,6 +127,11 @@ mf_status mf_base_id_init(mf_base_id *b, const mf_param_table *t, const char *pa
   mf_base_id_init_spec(b, &t->spec, path);
   b->bf16 = bf16;
   b->frozen_only = frozen_only;
+  b->stored[0] = 0;
+  if (t->base_quant == MF_QUANT_NF4)
+    snprintf(b->stored, sizeof b->stored, "nf4 b%lld%s", (long long)t->base_blocksize, t->base_nested ? " dq" : "");
+  else if (t->base_quant == MF_QUANT_FP8)
+    snprintf(b->stored, sizeof b->stored, "fp8");
   int64_t n = 0;
   for (int64_t i = 0; i < t->n_base; i++) n += !frozen_only || t->params[i].frozen;
   MF_CHECK(mf_calloc((size_t)(n ? n : 1), sizeof *b->tensors, "the base's checksums", (void **)&b->tensors));
@@ -190,8 +195,10 @@ mf_status mf_base_id_format(const mf_base_id *b, char **json) {
   char layers[MF_MAX_LAYERS * 8];
   layers_text(&b->spec, layers, sizeof layers);
   PUT("    \"qk_norm\": \"%s\",\n    \"mlp_only_layers\": %s\n  },\n", k_qk_norm[b->spec.qk_norm], layers);
-  PUT("  \"weights\": {\n    \"dtype\": \"%s\",\n    \"of\": \"%s\",\n    \"tensors\": [",
-      b->bf16 ? "bf16" : "fp32", b->frozen_only ? "frozen" : "all");
+  PUT("  \"weights\": {\n    \"dtype\": \"%s\",\n    \"of\": \"%s\",\n", b->bf16 ? "bf16" : "fp32",
+      b->frozen_only ? "frozen" : "all");
+  if (b->stored[0]) PUT("    \"stored\": \"%s\",\n", b->stored);
+  PUT("    \"tensors\": [");
   for (int64_t i = 0; i < b->n; i++)
     PUT("%s\n      [\"%s\", \"%016llx\"]", i ? "," : "", b->tensors[i].name,
         (unsigned long long)b->tensors[i].sum);
@@ -282,6 +289,11 @@ static mf_status parse_weights(const char *where, const json_t *w, mf_base_id *o
   if (!json_is_array(ts)) return bad(where, "weights.tensors", "expected a list of [name, checksum]");
   out->bf16 = strcmp(json_string_value(dt), "bf16") == 0;
   out->frozen_only = strcmp(json_string_value(of), "frozen") == 0;
+  const json_t *sd = json_object_get(w, "stored"); /* absent: a base in its float dtype */
+  out->stored[0] = 0;
+  if (sd && (!json_is_string(sd) || strlen(json_string_value(sd)) >= sizeof out->stored))
+    return bad(where, "weights.stored", "expected a short string (\"nf4 b64\", \"fp8\")");
+  if (sd) snprintf(out->stored, sizeof out->stored, "%s", json_string_value(sd));
   const size_t n = json_array_size(ts);
   MF_CHECK(mf_calloc(n ? n : 1, sizeof *out->tensors, "the base's checksums", (void **)&out->tensors));
   for (size_t i = 0; i < n; i++) {
@@ -409,6 +421,12 @@ static const char *tensor_of(const mf_base_id *b) {
 
 static mf_status compare_weights(const mf_base_id *rec, const char *where, const mf_base_id *have,
                                  const char *who, const char *way_out) {
+  if (strcmp(rec->stored, have->stored) != 0)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "%s: weights: %s trained over the base stored %s and the base loaded now is stored %s: set "
+                  "train.lora.base_dtype (and base_blocksize, base_double_quant) as the run did",
+                  where, who, rec->stored[0] ? rec->stored : "in its float dtype (train.lora.base_dtype bf16)",
+                  have->stored[0] ? have->stored : "in its float dtype (train.lora.base_dtype bf16)");
   if (rec->bf16 != have->bf16)
     return MF_ERR(
         MF_ERR_CONFIG,

@@ -62,6 +62,9 @@ typedef struct mf_base_id {
   char path[4096];    /* model.path (absolute when it resolves); "" with from_init */
   int bf16;           /* the checksums are of the weights' bf16 values, else of their fp32 ones */
   int frozen_only;    /* the tensors are the frozen ones (LoRA's base), else every weight of the model */
+  /* LoRA's base stored quantized (train.lora.base_dtype): "nf4 b64", "nf4 b64 dq" or "fp8", its
+   * quantized weights' checksums those of their blobs; "" for a base in its float dtype */
+  char stored[24];
   int64_t n;          /* tensors; 0: the weights are not known (the spec alone is compared) */
   mf_base_tensor *tensors;
   int n_files; /* an adapter dir's files (above); 0: none recorded */

@@ -89,10 +89,11 @@ static mf_status hot_from_routing(const mf_config *cfg, const mf_param_table *t,
 mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt) {
   const mf_config_lora *c = &cfg->train.lora;
   char at[600];
-  if (c->rank == 0 && c->base_dtype != MF_QUANT_NONE) {
-    (void)mf_param_table_quantize_base(t, (mf_quant_kind)c->base_dtype, c->base_blocksize, c->base_double_quant);
-    return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora.base_dtype", at, sizeof at));
-  }
+  if (c->rank == 0 && c->base_dtype != MF_QUANT_NONE)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "train.lora.base_dtype %s%s: a quantized base is LoRA's frozen base; with train.lora.rank 0 "
+                  "every weight is trained (set train.lora.rank, or base_dtype bf16)",
+                  mf_quant_name((mf_quant_kind)c->base_dtype), where(cfg, "train.lora.base_dtype", at, sizeof at));
   if (c->rank == 0) return MF_OK;
   if (c->base_dtype != MF_QUANT_NONE && cfg->ranks > 1)
     return MF_ERR(MF_ERR_UNSUPPORTED,
@@ -385,7 +386,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
   /* An adapter dir: the adapters it says (rank, alpha, targets, the routers
    * trained), not train.lora's; on the base it records, nowhere else */
   mf_config own = *cfg;
-  if (adapters) own.train.lora.rank = 0;
+  if (adapters) own.train.lora.rank = 0, own.train.lora.base_dtype = MF_QUANT_NONE; /* quantized below */
   mf_run_opts ro = {.use = MF_RUN_EVAL, .upto = MF_RUN_TABLE, .model_dir = model_dir, .pool = pool};
   MF_CHECK_GOTO(mf_run_open(&own, &ro, &r), st, done);
   t = r.t;
@@ -401,6 +402,10 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
     MF_CHECK_GOTO(mf_lora_read_adapter_config(adapters, t, &lora), st, done);
     st = mf_param_table_add_lora(t, &lora);
     free(lora.hot);
+    /* the base as the config stores it (train.lora.base_dtype: as the adapters were trained over it) */
+    if (st == MF_OK)
+      st = mf_param_table_quantize_base(t, (mf_quant_kind)cfg->train.lora.base_dtype, cfg->train.lora.base_blocksize,
+                                        cfg->train.lora.base_double_quant);
     if (st != MF_OK) goto done;
     mf_config_lora *ol = &own.train.lora;
     ol->rank = t->lora.rank;

@@ -82,6 +82,10 @@ const std::string &LoraRun() {
   static const std::string run = Run("lora", kLora);
   return run;
 }
+const std::string &QloraRun() {
+  static const std::string run = Run("qlora", kLora + "train.lora.base_dtype=nf4 ");
+  return run;
+}
 
 // The base's config.json with `from` replaced by `to` while it lives; put back after.
 class EditedBase {
@@ -164,6 +168,41 @@ TEST(BaseIdentity, ALoraRunRefusesAnEditedBaseConfigAtResumeExportAndEval) {
     EXPECT_FALSE(has(v.out, "loss ")) << v.out;
   }
   EXPECT_EQ(Eval(run + "/final", OnBase()).code, 0);
+}
+
+// QLoRA: adapters trained over a base loaded from model.path and stored NF4
+// record how it was stored; eval over it stored otherwise (bf16, FP8, NF4 in
+// other blocks) is refused saying so and what to set; as trained, it runs,
+// and export merges them into the dequantized base and says so.
+TEST(BaseIdentity, QloraAdaptersRecordHowTheBaseWasStored) {
+  const std::string run = QloraRun();
+  const std::string rec = run + "/final/moefit_base.json";
+  EXPECT_TRUE(has(read_file(rec), "\"stored\": \"nf4 b64\"")) << read_file(rec);
+  const struct {
+    const char *set, *now;
+  } other[] = {{"", "in its float dtype (train.lora.base_dtype bf16)"},
+               {"train.lora.base_dtype=fp8 ", "fp8"},
+               {"train.lora.base_dtype=nf4 train.lora.base_blocksize=128 ", "nf4 b128"}};
+  for (const auto &o : other) {
+    Result v = Eval(run + "/final", OnBase() + o.set);
+    EXPECT_EQ(v.code, 1) << v.out;
+    EXPECT_TRUE(has(v.out, rec + ": weights: the adapters of " + run + "/final were trained over the base stored "
+                               "nf4 b64 and the base loaded now is stored " + o.now +
+                           ": set train.lora.base_dtype"))
+        << v.out;
+  }
+  Result ok = Eval(run + "/final", OnBase() + "train.lora.base_dtype=nf4 ");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_TRUE(std::isfinite(Loss(ok))) << ok.out;
+  Result x = moefit("export " + run + " --out " + Dir("qlora_export"));
+  EXPECT_EQ(x.code, 0) << x.out;
+  EXPECT_TRUE(has(x.out, "its nf4 weights dequantized, then the adapters merged")) << x.out;
+  // A full fine-tune trains every weight: a quantized base is refused, naming the key.
+  Result full = moefit("plan configs/demo.yaml train.lora.base_dtype=fp8");
+  EXPECT_EQ(full.code, 1) << full.out;
+  EXPECT_TRUE(has(full.out, "train.lora.base_dtype fp8 (command line: train.lora.base_dtype=fp8): a quantized base "
+                            "is LoRA's frozen base; with train.lora.rank 0 every weight is trained"))
+      << full.out;
 }
 
 // eval of an adapter over any other base than its own: a config's model.init
