@@ -189,6 +189,11 @@ def source_facts():
     ]
 
 
+def facts(cite, obj, *snippets):
+    """(citation, object, snippet) for each of several snippets of one object's source."""
+    return [(cite, obj, snippet) for snippet in snippets]
+
+
 def check_facts(facts, what="source fact"):
     """Each (citation, object, snippet): the snippet occurs in the object's source."""
     for cite, obj, snippet in facts:
@@ -409,6 +414,24 @@ def batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, rou
     return tensors
 
 
+def fixture_dir(outdir, name):
+    """The directory of fixture name under outdir, made empty."""
+    d = os.path.join(outdir, name)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    return d
+
+
+def write_fixture(name, path, tensors, meta):
+    """fixture.safetensors by write_st, asserted to read back (read_st) as written."""
+    write_st(path, tensors, meta)
+    back, back_meta = read_st(path)
+    need(back_meta == meta and set(back) == set(tensors), f"{name}: fixture.safetensors does not read back")
+    for n, a in tensors.items():
+        need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
+
+
 def make_fixture(fx, outdir):
     name = fx["name"]
     seed = pick_seed(fx)
@@ -417,10 +440,7 @@ def make_fixture(fx, outdir):
     k, E, V = cfg.num_experts_per_tok, num_experts(cfg), cfg.vocab_size
     moe_layers = [i for i, l in enumerate(model.model.layers) if moe_block(l) is not None]
 
-    d = os.path.join(outdir, name)
-    if os.path.isdir(d):
-        shutil.rmtree(d)
-    os.makedirs(d)
+    d = fixture_dir(outdir, name)
     model.save_pretrained(d, safe_serialization=True)
     for f in os.listdir(d):
         if f not in ("config.json", "model.safetensors"):
@@ -541,11 +561,7 @@ def make_fixture(fx, outdir):
     need(torch.equal(rl, logits), f"{name}: {d} reloaded gives other logits")
 
     path = os.path.join(d, "fixture.safetensors")
-    write_st(path, tensors, meta)
-    back, back_meta = read_st(path)
-    need(back_meta == meta and set(back) == set(tensors), f"{name}: fixture.safetensors does not read back")
-    for n, a in tensors.items():
-        need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
+    write_fixture(name, path, tensors, meta)
 
     return dict(name=name, family=cfg.model_type, seed=seed, moe_layers=moe_layers, k=k, E=E,
                 norm_topk=(True if cfg.model_type == "mixtral" else cfg.norm_topk_prob),
@@ -769,19 +785,29 @@ def deterministic_torch():
     transformers.logging.set_verbosity_error()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help="fixture directory (default tests/fixtures)")
+def start(doc, default_out, out_name, **packages):
+    """A fixture script's start (this one's, make_lora_fixtures', make_qlora_fixtures'): its command
+    line (--out, default out_name; --check; --any-version), the installed versions against the
+    pinned ones (PINNED, and packages: name=(pinned, installed)), deterministic_torch(). Returns
+    the parsed arguments."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=default_out, help=f"fixture directory (default {out_name})")
     ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare with --out")
     ap.add_argument("--any-version", action="store_true", help="do not insist on the pinned versions")
     args = ap.parse_args()
 
-    have = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
-    if have != PINNED and not args.any_version:
-        fail(f"versions {have}, pinned {PINNED} (tools/requirements-fixtures.txt); --any-version to go on")
+    pinned = dict(PINNED, **{p: v[0] for p, v in packages.items()})
+    have = dict({"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__},
+                **{p: v[1] for p, v in packages.items()})
+    if have != pinned and not args.any_version:
+        fail(f"versions {have}, pinned {pinned} (tools/requirements-fixtures.txt); --any-version to go on")
     deterministic_torch()
-    check_sources()
+    return args
 
+
+def write_or_check(args, generate, compare, summary):
+    """With --check: generate(tmp) into a temporary directory, compare(args.out, tmp), exit 0 if
+    they agree, else 1. Otherwise generate(args.out) and print summary(row) of each fixture."""
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             generate(tmp)
@@ -791,11 +817,22 @@ def main():
 
     rows = generate(args.out)
     for r in rows:
-        print(f"{r['name']:18s} {r['family']:10s} seed {r['seed']} params {r['n_params']} MoE layers "
-              f"{r['moe_layers']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
-              f"(per layer {', '.join(f'{a:.4f}' for a in r['aux_per_layer'])}) idle {r['idle']} "
-              f"no_grad {r['no_grad']} margin {r['margin']:.2e} adam err {r['adam_err']:.1e}")
+        print(summary(r))
     print(f"facts: see {os.path.join(args.out, 'NOTES.md')}")
+
+
+def summary(r):
+    """A fixture's line on the console."""
+    return (f"{r['name']:18s} {r['family']:10s} seed {r['seed']} params {r['n_params']} MoE layers "
+            f"{r['moe_layers']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
+            f"(per layer {', '.join(f'{a:.4f}' for a in r['aux_per_layer'])}) idle {r['idle']} "
+            f"no_grad {r['no_grad']} margin {r['margin']:.2e} adam err {r['adam_err']:.1e}")
+
+
+def main():
+    args = start(__doc__, DEFAULT_OUT, "tests/fixtures")
+    check_sources()
+    write_or_check(args, generate, compare, summary)
 
 
 if __name__ == "__main__":

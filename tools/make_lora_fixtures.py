@@ -64,7 +64,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_fixtures as mfx  # noqa: E402  (sets MKL_CBWR etc. before torch loads)
 
-import argparse  # noqa: E402
 import warnings  # noqa: E402
 import filecmp  # noqa: E402
 import hashlib  # noqa: E402
@@ -163,10 +162,11 @@ def hot_routing(hot, moe_layers, counts):
     return cold_busy, hot_idle
 
 
-def pinned_peft():
+def pinned(pkg):
+    """The version of pkg that tools/requirements-fixtures.txt pins."""
     with open(os.path.join(HERE, "requirements-fixtures.txt")) as f:
-        m = re.search(r"^peft==(\S+)$", f.read(), re.M)
-    need(m, "tools/requirements-fixtures.txt pins no peft")
+        m = re.search(rf"^{re.escape(pkg)}==(\S+)$", f.read(), re.M)
+    need(m, f"tools/requirements-fixtures.txt pins no {pkg}")
     return m.group(1)
 
 
@@ -310,17 +310,23 @@ def init_adapters(pm, seed):
     return names
 
 
+def lora_model(name, model, tm, adapter_seed, check_init=False):
+    """model wrapped by get_peft_model with these fixtures' LoraConfig on target_modules tm, PEFT's
+    init checked (check_init), the adapters overwritten from adapter_seed, in train mode."""
+    pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=tm,
+                                          task_type="CAUSAL_LM"))
+    if check_init:
+        check_peft_init(name, pm)
+    init_adapters(pm, adapter_seed)
+    pm.train()
+    return pm
+
+
 def build_lora(lf, seed, adapter_seed, check_init=False):
     """The PeftModel, the batch, and the target_modules it was given."""
     model, ids = mfx.build(lf["fx"], seed)
     tm = target_modules(lf["family"], lf["hot"], model)
-    pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=tm,
-                                          task_type="CAUSAL_LM"))
-    if check_init:
-        check_peft_init(lf["name"], pm)
-    init_adapters(pm, adapter_seed)
-    pm.train()
-    return pm, ids, tm
+    return lora_model(lf["name"], model, tm, adapter_seed, check_init), ids, tm
 
 
 def pick_adapter_seed(lf, seed, moe_layers):
@@ -335,20 +341,47 @@ def pick_adapter_seed(lf, seed, moe_layers):
     mfx.fail(f"{lf['name']}: no usable adapter seed in [{first}, {first + ADAPTER_SEED_TRIES})")
 
 
-def check_lora_forward(name, captured):
-    """Each LoRA Linear gives x W^T (+ b) + scaling * (x A^T) B^T (fp64 reference)."""
+def capture_lora(mods):
+    """Forward hooks on the LoRA modules: captured[module name] = (module, input, output, (A, B) at
+    the forward). Returns captured and the hooks."""
+    captured, hooks = {}, []
+    for n, m in mods.items():
+        hooks.append(m.register_forward_hook(
+            lambda m_, inp, out, n=n: captured.__setitem__(n, (m_, inp[0].detach().clone(), out.detach().clone(), (
+                m_.lora_A["default"].weight.detach().clone(), m_.lora_B["default"].weight.detach().clone())))))
+    return captured, hooks
+
+
+def check_lora_forward(name, captured, deq=None):
+    """Each LoRA Linear gives x W^T (+ b) + scaling * (x A^T) B^T (fp64 reference), W the base
+    layer's weight or, with deq ({weight name: dequantized weight}), its dequantized weight."""
     worst = 0.0
-    for n, (m, x, y) in captured.items():
+    for n, (m, x, y, (a, b)) in captured.items():  # (the adapters at the forward, before the step)
         d = lambda t: t.detach().double()  # noqa: E731
         base = m.get_base_layer()
-        ref = d(x) @ d(base.weight).T
+        ref = d(x) @ d(base.weight if deq is None else deq[n.removeprefix("base_model.model.") + ".weight"]).T
         if base.bias is not None:
             ref = ref + d(base.bias)
-        ref = ref + SCALING * (d(x) @ d(m.lora_A["default"].weight).T) @ d(m.lora_B["default"].weight).T
+        ref = ref + SCALING * (d(x) @ d(a).T) @ d(b).T
         if y.numel():  # (OLMoE runs its idle experts on zero tokens)
             worst = max(worst, (ref - d(y)).abs().max().item())
-    need(worst < 1e-5, f"{name}: a LoRA layer differs from x W^T + s (x A^T) B^T by {worst}")
+    w = "W" if deq is None else "deq(W)"
+    need(worst < 1e-5, f"{name}: a LoRA layer differs from x {w}^T + s (x A^T) B^T by {worst}")
     return worst
+
+
+def run_step(pm, ids, labels, trainable):
+    """Forward with labels and router logits, backward, one AdamW step over the trainable tensors."""
+    params = dict(pm.named_parameters())
+    out = pm(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
+    out.loss.backward()
+    grads = {n: params[n].grad.detach().clone() for n in trainable if params[n].grad is not None}
+    before = {n: params[n].detach().clone() for n in trainable}
+    opt = torch.optim.AdamW([params[n] for n in trainable], lr=mfx.LR, betas=(mfx.BETA1, mfx.BETA2), eps=mfx.EPS,
+                            weight_decay=mfx.WD, foreach=False)
+    opt.step()
+    after = {n: params[n].detach().clone() for n in trainable}
+    return out, grads, before, after, opt
 
 
 def condensed(tm, model):
@@ -364,59 +397,40 @@ def st_bytes_equal(a, b):
 
 
 # ----------------------------------------------------------------------------- one fixture
-def make_fixture(lf, outdir):
+# (make_qlora_fixtures' make_fixture calls these too)
+def build_base(lf):
+    """The base of fixture lf as make_fixtures builds tests/fixtures/<family> (its seed: asserted),
+    its batch and its MoE layers. Returns seed, model, ids, moe_layers."""
     name, family, fx = lf["name"], lf["family"], lf["fx"]
-    base_dir = os.path.join(FIXTURES_DIR, family)
     seed = mfx.pick_seed(fx)
-    _, base_meta = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
+    _, base_meta = mfx.read_st(os.path.join(FIXTURES_DIR, family, "fixture.safetensors"))
     need(base_meta["seed"] == str(seed), f"{name}: seed {seed}, tests/fixtures/{family} has {base_meta['seed']}")
-    base, base_ids = mfx.build(fx, seed)
+    base, ids = mfx.build(fx, seed)
     moe_layers = [i for i, l in enumerate(base.model.layers) if mfx.moe_block(l) is not None]
-    base_counts = forward_counts(base, base_ids) if name in HOT else None
-    if name in HOT:
-        lf = dict(lf, hot={li: hot_set(c) for li, c in zip(moe_layers, base_counts)})
-    hot = lf["hot"]
-    adapter_seed = pick_adapter_seed(lf, seed, moe_layers)
+    return seed, base, ids, moe_layers
 
-    d = os.path.join(outdir, name)
-    if os.path.isdir(d):
-        shutil.rmtree(d)
-    os.makedirs(d)
 
-    pm, ids, tm = build_lora(lf, seed, adapter_seed, check_init=True)
-    hf = pm.get_base_model()
-    cfg = hf.config
-    k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
-    need(torch.equal(ids, base_ids), f"{name}: another batch")
-    mods = check_targets(lf, pm, hf)
+def save_base(lf, base, tmp, d):
+    """The base saved to tmp as make_fixtures writes it, byte for byte (asserted against
+    tests/fixtures/<family>), and its config.json copied to the fixture directory d."""
+    name, family = lf["name"], lf["family"]
+    base.save_pretrained(tmp, safe_serialization=True)
+    for f in ("config.json", "model.safetensors"):
+        need(st_bytes_equal(os.path.join(tmp, f), os.path.join(FIXTURES_DIR, family, f)),
+             f"{name}: base {f} differs from tests/fixtures/{family}/{f}")
+    shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(d, "config.json"))
 
-    # The base as make_fixtures writes it, byte for byte (from its own build: saving the
-    # wrapped model would write base_layer names and the adapters).
-    with tempfile.TemporaryDirectory() as tmp:
-        base.save_pretrained(tmp, safe_serialization=True)
-        for f in ("config.json", "model.safetensors"):
-            need(st_bytes_equal(os.path.join(tmp, f), os.path.join(base_dir, f)),
-                 f"{name}: base {f} differs from tests/fixtures/{family}/{f}")
-        shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(d, "config.json"))
-    with open(os.path.join(base_dir, "model.safetensors"), "rb") as f:
-        base_sha = hashlib.sha256(f.read()).hexdigest()
 
-    # PEFT's own files, the initial adapters.
+def save_adapter(name, pm, d):
+    """PEFT's own files in d, the initial adapters: PeftModel.save_pretrained, the model card
+    deleted, mode 0644; adapter_model.safetensors holds the trainable tensors, two per LoRA module.
+    Returns the parameters, the trainable names (sorted), {trainable name: saved name}, the file's keys."""
     pm.save_pretrained(d)
     for f in os.listdir(d):
         if f not in OUT_FILES:
             os.remove(os.path.join(d, f))  # README.md (model card)
         else:
             os.chmod(os.path.join(d, f), 0o644)
-    with open(os.path.join(d, "adapter_config.json")) as f:
-        acfg = json.load(f)
-    need(acfg["r"] == R and acfg["lora_alpha"] == ALPHA and acfg["use_rslora"] is False and
-         acfg["use_dora"] is False and acfg["bias"] == "none" and acfg["lora_dropout"] == 0.0 and
-         acfg["peft_type"] == "LORA" and acfg["task_type"] == "CAUSAL_LM" and acfg["fan_in_fan_out"] is False,
-         f"{name}: adapter_config.json {acfg}")
-    need(sorted(acfg["target_modules"]) == sorted(tm) and len(tm) < MIN_CONDENSED,
-         f"{name}: target_modules in the file (PEFT condenses a list of {MIN_CONDENSED} or more)")
-
     params = dict(pm.named_parameters())
     trainable = sorted(n for n, p in params.items() if p.requires_grad)
     names = {n: saved_name(n) for n in trainable}
@@ -425,26 +439,24 @@ def make_fixture(lf, outdir):
         need(file_meta == {"format": "pt"}, f"{name}: adapter file metadata {file_meta}")
         for n in trainable:
             need(torch.equal(f.get_tensor(names[n]), params[n].detach()), f"{name}: saved {names[n]} differs")
-    need(file_keys == sorted(names.values()), f"{name}: adapter file keys != trainable params less '.default'")
-    need(all(k_.startswith("base_model.model.") and ".default" not in k_ for k_ in file_keys), f"{name}: key form")
-    need(len(file_keys) == 2 * len(mods), f"{name}: {len(file_keys)} tensors for {len(mods)} LoRA modules")
+    n_mods = len(lora_modules(pm))
+    need(len(file_keys) == 2 * n_mods, f"{name}: {len(file_keys)} tensors for {n_mods} LoRA modules")
+    return params, trainable, names, file_keys
 
-    labels, loss_mask = mfx.make_labels(ids)
+
+def adapters_off(pm, ids, family):
+    """The logits of pm with its adapters disabled, and those of tests/fixtures/<family>."""
     with torch.no_grad(), pm.disable_adapter():
-        base_logits = pm(input_ids=ids, use_cache=False).logits
-    base_ref, _ = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
-    need(np.allclose(base_logits.numpy(), base_ref["logits"], rtol=mfx.CHECK_RTOL, atol=mfx.CHECK_ATOL),
-         f"{name}: adapters disabled does not give tests/fixtures/{family} logits")
+        logits = pm(input_ids=ids, use_cache=False).logits
+    base_ref, _ = mfx.read_st(os.path.join(FIXTURES_DIR, family, "fixture.safetensors"))
+    return logits, base_ref["logits"]
 
-    captured, hooks = {}, []
-    for n, m in mods.items():
-        hooks.append(m.register_forward_hook(
-            lambda m_, inp, out, n=n: captured.__setitem__(n, (m_, inp[0].detach().clone(), out.detach().clone()))))
-    out = pm(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
-    for h in hooks:
-        h.remove()
-    lora_err = check_lora_forward(name, captured)
 
+def check_outputs(name, cfg, out, labels, moe_layers, base_logits):
+    """The forward's outputs: finite, logits moved from base_logits (the adapters' base) but not far,
+    loss = ce + coef * aux, make_fixtures' aux loss, the routing margin. Returns logits, their
+    largest move, ce, aux, loss, the margin and the idle experts (layer, e)."""
+    k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
     need(len(out.router_logits) == len(moe_layers), f"{name}: router logits for MoE layers {moe_layers}")
     logits = out.logits.detach()
     shift = (logits - base_logits).abs().max().item()
@@ -457,16 +469,18 @@ def make_fixture(lf, outdir):
     mfx.check_aux(name, out.router_logits, k, E, aux.item())
     margin, idle = mfx.routing_stats(out.router_logits, k, E)
     need(margin >= mfx.MIN_ROUTING_MARGIN, f"{name}: routing margin {margin}")
-    idle = [(moe_layers[li], e) for li, e in idle]
-    counts = routed_counts(out.router_logits, k, E)
-    need(hot is None or all(hot_routing(hot, moe_layers, counts)), f"{name}: hot set {hot}, routed {counts}")
+    return logits, shift, ce, aux, loss, margin, [(moe_layers[li], e) for li, e in idle]
 
-    out.loss.backward()
+
+def check_grads(lf, hf, params, trainable, grads, idle, opt):
+    """Only the adapters get grads, finite; grad None exactly for the idle experts' adapters (OLMoE:
+    all-zero grads instead), all-zero grads elsewhere only on last-layer experts; AdamW kept no state
+    for a None grad. Returns the trainable names whose grad is None, and those whose grad is all zero."""
+    name, cfg = lf["name"], hf.config
     for n, p in params.items():
-        need(p.requires_grad == (n in names), f"{name}: {n} requires_grad {p.requires_grad}")
+        need(p.requires_grad == (n in trainable), f"{name}: {n} requires_grad {p.requires_grad}")
         need(p.requires_grad or p.grad is None, f"{name}: frozen {n} got a grad")
-    grads = {n: params[n].grad.detach().clone() for n in trainable if params[n].grad is not None}
-    no_grad = sorted(n for n in trainable if params[n].grad is None)
+    no_grad = sorted(n for n in trainable if n not in grads)
     for n, g in grads.items():
         need(torch.isfinite(g).all(), f"{name}: grad of {n} not finite")
     pref = "base_model.model."
@@ -481,27 +495,27 @@ def make_fixture(lf, outdir):
     last = pref + f"model.layers.{cfg.num_hidden_layers - 1}."
     stray = [n for n in zero if n not in idle_params and not (n.startswith(last) and ".experts." in n)]
     need(not stray, f"{name}: all-zero grads outside idle / last-layer experts: {stray}")
-    need(not fx["need_idle_expert"] or idle_params, f"{name}: no idle expert")
-
-    before = {n: params[n].detach().clone() for n in trainable}
-    opt = torch.optim.AdamW([params[n] for n in trainable], lr=mfx.LR, betas=(mfx.BETA1, mfx.BETA2), eps=mfx.EPS,
-                            weight_decay=mfx.WD, foreach=False)
-    opt.step()
+    need(not lf["fx"]["need_idle_expert"] or idle_params, f"{name}: no idle expert")
     need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
-    after = {n: params[n].detach().clone() for n in trainable}
-    adam_err = mfx.check_adamw(name, before, after, grads)
+    return no_grad, zero
 
-    tensors = mfx.batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
+
+def add_adapter_tensors(tensors, names, grads, after):
+    """grad.<n> and after.<n> of each adapter tensor, named as in adapter_model.safetensors."""
     for n, g in grads.items():
         tensors[f"grad.{names[n]}"] = g.numpy().astype("<f4")
     for n, p in after.items():
         tensors[f"after.{names[n]}"] = p.numpy().astype("<f4")
-    if hot is not None:
-        tensors["lora_hot"] = np.array([[int(e in hot.get(i, ())) for e in range(E)]
-                                        for i in range(cfg.num_hidden_layers)], dtype="<i4")
-    meta = {
+
+
+def fixture_meta(lf, cfg, seed, adapter_seed, tm, loss_mask, moe_layers, idle, no_grad, zero, margin):
+    """fixture.safetensors' __metadata__ (no_grad, zero: saved names)."""
+    family = lf["family"]
+    with open(os.path.join(FIXTURES_DIR, family, "model.safetensors"), "rb") as f:
+        base_sha = hashlib.sha256(f.read()).hexdigest()
+    return {
         "format": "pt",
-        "fixture": name,
+        "fixture": lf["name"],
         "model_type": cfg.model_type,
         "seed": str(seed),
         "adapter_seed": str(adapter_seed),
@@ -530,8 +544,8 @@ def make_fixture(lf, outdir):
         "weight_decay": repr(mfx.WD),
         "moe_layers": json.dumps(moe_layers),
         "idle_experts": json.dumps([list(x) for x in idle]),
-        "no_grad": json.dumps([names[n] for n in no_grad]),
-        "zero_grad": json.dumps([names[n] for n in zero]),
+        "no_grad": json.dumps(no_grad),
+        "zero_grad": json.dumps(zero),
         "min_routing_margin": f"{margin:.3e}",
         "peft_version": peft.__version__,
         "torch_version": torch.__version__.split("+")[0],
@@ -539,6 +553,78 @@ def make_fixture(lf, outdir):
         "safetensors_version": safetensors.__version__,
         "numpy_version": np.__version__,
     }
+
+
+def check_reload(name, base, d, ids, logits, what="base"):
+    """The checked-in files alone reproduce the logits: base (loaded from tests/fixtures/<family>)
+    with the adapter of d through PeftModel.from_pretrained, train mode."""
+    again = PeftModel.from_pretrained(base, d)
+    again.train()
+    with torch.no_grad():
+        rl = again(input_ids=ids, use_cache=False).logits
+    need(torch.equal(rl, logits), f"{name}: {what} + {d} reloaded gives other logits")
+
+
+def make_fixture(lf, outdir):
+    name, family = lf["name"], lf["family"]
+    base_dir = os.path.join(FIXTURES_DIR, family)
+    seed, base, base_ids, moe_layers = build_base(lf)
+    base_counts = forward_counts(base, base_ids) if name in HOT else None
+    if name in HOT:
+        lf = dict(lf, hot={li: hot_set(c) for li, c in zip(moe_layers, base_counts)})
+    hot = lf["hot"]
+    adapter_seed = pick_adapter_seed(lf, seed, moe_layers)
+
+    d = mfx.fixture_dir(outdir, name)
+    pm, ids, tm = build_lora(lf, seed, adapter_seed, check_init=True)
+    hf = pm.get_base_model()
+    cfg = hf.config
+    k, E = cfg.num_experts_per_tok, mfx.num_experts(cfg)
+    need(torch.equal(ids, base_ids), f"{name}: another batch")
+    mods = check_targets(lf, pm, hf)
+
+    # The base as make_fixtures writes it, byte for byte (from its own build: saving the
+    # wrapped model would write base_layer names and the adapters).
+    with tempfile.TemporaryDirectory() as tmp:
+        save_base(lf, base, tmp, d)
+
+    # PEFT's own files, the initial adapters.
+    params, trainable, names, file_keys = save_adapter(name, pm, d)
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    need(acfg["r"] == R and acfg["lora_alpha"] == ALPHA and acfg["use_rslora"] is False and
+         acfg["use_dora"] is False and acfg["bias"] == "none" and acfg["lora_dropout"] == 0.0 and
+         acfg["peft_type"] == "LORA" and acfg["task_type"] == "CAUSAL_LM" and acfg["fan_in_fan_out"] is False,
+         f"{name}: adapter_config.json {acfg}")
+    need(sorted(acfg["target_modules"]) == sorted(tm) and len(tm) < MIN_CONDENSED,
+         f"{name}: target_modules in the file (PEFT condenses a list of {MIN_CONDENSED} or more)")
+    need(file_keys == sorted(names.values()), f"{name}: adapter file keys != trainable params less '.default'")
+    need(all(k_.startswith("base_model.model.") and ".default" not in k_ for k_ in file_keys), f"{name}: key form")
+
+    labels, loss_mask = mfx.make_labels(ids)
+    base_logits, ref_logits = adapters_off(pm, ids, family)
+    need(np.allclose(base_logits.numpy(), ref_logits, rtol=mfx.CHECK_RTOL, atol=mfx.CHECK_ATOL),
+         f"{name}: adapters disabled does not give tests/fixtures/{family} logits")
+
+    captured, hooks = capture_lora(mods)
+    out, grads, before, after, opt = run_step(pm, ids, labels, trainable)
+    for h in hooks:
+        h.remove()
+    lora_err = check_lora_forward(name, captured)
+
+    logits, shift, ce, aux, loss, margin, idle = check_outputs(name, cfg, out, labels, moe_layers, base_logits)
+    counts = routed_counts(out.router_logits, k, E)
+    need(hot is None or all(hot_routing(hot, moe_layers, counts)), f"{name}: hot set {hot}, routed {counts}")
+    no_grad, zero = check_grads(lf, hf, params, trainable, grads, idle, opt)
+    adam_err = mfx.check_adamw(name, before, after, grads)
+
+    tensors = mfx.batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
+    add_adapter_tensors(tensors, names, grads, after)
+    if hot is not None:
+        tensors["lora_hot"] = np.array([[int(e in hot.get(i, ())) for e in range(E)]
+                                        for i in range(cfg.num_hidden_layers)], dtype="<i4")
+    meta = fixture_meta(lf, cfg, seed, adapter_seed, tm, loss_mask, moe_layers, idle,
+                        [names[n] for n in no_grad], [names[n] for n in zero], margin)
     if hot is not None:
         meta.update({
             "base_fixture": family,
@@ -553,19 +639,8 @@ def make_fixture(lf, outdir):
 
     # The checked-in files alone reproduce the logits: base from tests/fixtures/<family>,
     # adapter through PeftModel.from_pretrained.
-    again = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager"), d)
-    again.train()
-    with torch.no_grad():
-        rl = again(input_ids=ids, use_cache=False).logits
-    need(torch.equal(rl, logits), f"{name}: base + {d} reloaded gives other logits")
-
-    path = os.path.join(d, "fixture.safetensors")
-    mfx.write_st(path, tensors, meta)
-    back, back_meta = mfx.read_st(path)
-    need(back_meta == meta and set(back) == set(tensors), f"{name}: fixture.safetensors does not read back")
-    for n, a in tensors.items():
-        need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
+    check_reload(name, AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager"), d, ids, logits)
+    mfx.write_fixture(name, os.path.join(d, "fixture.safetensors"), tensors, meta)
 
     shapes, experts = {}, {}  # module path with "{}" for the expert -> shapes; -> its experts
     for n, m in mods.items():
@@ -872,48 +947,31 @@ def generate(outdir):
     return rows
 
 
-def compare(ref_dir, new_dir):
-    """make_fixtures.compare() with this directory's fixtures and files, and no directory besides them."""
-    ok = mfx.compare(ref_dir, new_dir, NAMES, OUT_FILES)
-    extra = sorted(set(os.listdir(ref_dir)) - set(NAMES) - {"NOTES.md"})
+def compare(ref_dir, new_dir, names=NAMES):
+    """make_fixtures.compare() with these fixtures (names) and files, and no directory besides them."""
+    ok = mfx.compare(ref_dir, new_dir, names, OUT_FILES)
+    extra = sorted(set(os.listdir(ref_dir)) - set(names) - {"NOTES.md"}) if os.path.isdir(ref_dir) else []
     if extra:
         print(f"EXTRA    {extra}")
         ok = False
     return ok
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help="fixture directory (default tests/fixtures/lora)")
-    ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare with --out")
-    ap.add_argument("--any-version", action="store_true", help="do not insist on the pinned versions")
-    args = ap.parse_args()
+def summary(r):
+    """A fixture's line on the console."""
+    return (f"{r['name']:13s} seed {r['seed']} adapter seed {r['adapter_seed']} LoRA modules {r['n_modules']} "
+            f"tensors {r['n_tensors']} params {r['n_params']} loss {r['loss']:.6f} ce {r['ce']:.6f} "
+            f"aux {r['aux']:.6f} idle {r['idle']} no_grad {len(r['no_grad'])} zero {len(r['zero'])} "
+            f"|dlogit| {r['shift']:.3f} margin {r['margin']:.2e} lora err {r['lora_err']:.1e} "
+            f"adam err {r['adam_err']:.1e}")
 
-    pinned = dict(mfx.PINNED, peft=pinned_peft())
-    have = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
-            "peft": peft.__version__}
-    if have != pinned and not args.any_version:
-        mfx.fail(f"versions {have}, pinned {pinned} (tools/requirements-fixtures.txt); --any-version to go on")
-    mfx.deterministic_torch()
+
+def main():
+    args = mfx.start(__doc__, DEFAULT_OUT, "tests/fixtures/lora", peft=(pinned("peft"), peft.__version__))
     # PeftModel.save_pretrained looks for the base's config under name_or_path ("" here)
     warnings.filterwarnings("ignore", message="Could not find a config file in")
     check_sources()
-
-    if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            generate(tmp)
-            ok = compare(args.out, tmp)
-        print("check: OK" if ok else "check: FAILED")
-        sys.exit(0 if ok else 1)
-
-    rows = generate(args.out)
-    for r in rows:
-        print(f"{r['name']:13s} seed {r['seed']} adapter seed {r['adapter_seed']} LoRA modules {r['n_modules']} "
-              f"tensors {r['n_tensors']} params {r['n_params']} loss {r['loss']:.6f} ce {r['ce']:.6f} "
-              f"aux {r['aux']:.6f} idle {r['idle']} no_grad {len(r['no_grad'])} zero {len(r['zero'])} "
-              f"|dlogit| {r['shift']:.3f} margin {r['margin']:.2e} lora err {r['lora_err']:.1e} "
-              f"adam err {r['adam_err']:.1e}")
-    print(f"facts: see {os.path.join(args.out, 'NOTES.md')}")
+    mfx.write_or_check(args, generate, compare, summary)
 
 
 if __name__ == "__main__":

@@ -54,12 +54,9 @@ sys.path.insert(0, HERE)
 import make_fixtures as mfx  # noqa: E402  (sets MKL_CBWR etc. before torch loads)
 import make_lora_fixtures as mlf  # noqa: E402
 
-import argparse  # noqa: E402
 import filecmp  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import warnings  # noqa: E402
 
@@ -67,11 +64,9 @@ import bitsandbytes  # noqa: E402
 import bitsandbytes.functional as BF  # noqa: E402
 import numpy as np  # noqa: E402
 import peft  # noqa: E402
-import safetensors  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
-from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig  # noqa: E402
@@ -96,13 +91,6 @@ SAME_META = ["r", "lora_alpha", "scaling", "lora_dropout", "target_modules", "ad
              "weight_decay", "moe_layers", "seed", "base", "base_sha256", "model_type", "fixture", "format"]
 
 
-def pinned(pkg):
-    with open(os.path.join(HERE, "requirements-fixtures.txt")) as f:
-        m = re.search(rf"^{re.escape(pkg)}==(\S+)$", f.read(), re.M)
-    need(m, f"tools/requirements-fixtures.txt pins no {pkg}")
-    return m.group(1)
-
-
 # ----------------------------------------------------------------------------- sources
 def source_facts():
     """(citation, object, snippet that must occur in its source). Checked at start-up."""
@@ -114,16 +102,16 @@ def source_facts():
     from transformers.integrations import bitsandbytes as tbnb
     from transformers.quantizers import base as qbase
     from transformers.quantizers import quantizer_bnb_4bit as q4
+    facts = mfx.facts
     return [
         # which modules transformers quantizes
         ("transformers/quantizers/base.py HfQuantizer.get_modules_to_not_convert",
          qbase.HfQuantizer.get_modules_to_not_convert, "modules_to_not_convert = get_keys_to_not_convert(model)"),
         ("transformers/integrations/bitsandbytes.py get_keys_to_not_convert", tbnb.get_keys_to_not_convert,
          "output_emb = model.get_output_embeddings()"),
-        ("transformers/integrations/bitsandbytes.py _replace_with_bnb_linear", tbnb._replace_with_bnb_linear,
-         "if (isinstance(module, (nn.Linear, Conv1D))) and name not in modules_to_not_convert:"),
-        ("transformers/integrations/bitsandbytes.py _replace_with_bnb_linear", tbnb._replace_with_bnb_linear,
-         "model._modules[name] = bnb.nn.Linear4bit("),
+        *facts("transformers/integrations/bitsandbytes.py _replace_with_bnb_linear", tbnb._replace_with_bnb_linear,
+               "if (isinstance(module, (nn.Linear, Conv1D))) and name not in modules_to_not_convert:",
+               "model._modules[name] = bnb.nn.Linear4bit("),
         # how: at load, Params4bit -> quantize_4bit, blocks of 64
         ("transformers/quantizers/quantizer_bnb_4bit.py Bnb4BitHfQuantizer.create_quantized_param",
          q4.Bnb4BitHfQuantizer.create_quantized_param,
@@ -133,56 +121,43 @@ def source_facts():
          "w_4bit, quant_state = bnb.functional.quantize_4bit("),
         ("bitsandbytes/functional.py quantize_4bit", BF.quantize_4bit,
          "_out, _absmax = torch.ops.bitsandbytes.quantize_4bit.default("),
-        ("bitsandbytes/backends/default/ops.py quantize_4bit (default kernel)", def_ops,
-         "scaled = torch.clamp(A_com * (1.0 / absmax.clamp(min=1e-38).view(-1, 1)), -1, 1).reshape(-1)"),
-        ("bitsandbytes/backends/default/ops.py quantize_4bit (default kernel)", def_ops,
-         "scaled = torch.cat([scaled, torch.clamp(A_flat[full:] / am, -1, 1)])"),
-        ("bitsandbytes/backends/default/ops.py quantize_4bit (default kernel)", def_ops,
-         "q = torch.bucketize(scaled, bounds, out_int32=True)"),
-        ("bitsandbytes/backends/default/ops.py quantize_4bit (default kernel)", def_ops,
-         "packed = ((q8[::2] << 4) | q8[1::2]).unsqueeze(1)"),
+        *facts("bitsandbytes/backends/default/ops.py quantize_4bit (default kernel)", def_ops,
+               "scaled = torch.clamp(A_com * (1.0 / absmax.clamp(min=1e-38).view(-1, 1)), -1, 1).reshape(-1)",
+               "scaled = torch.cat([scaled, torch.clamp(A_flat[full:] / am, -1, 1)])",
+               "q = torch.bucketize(scaled, bounds, out_int32=True)",
+               "packed = ((q8[::2] << 4) | q8[1::2]).unsqueeze(1)"),
         # dequantization
         ("bitsandbytes/functional.py dequantize_4bit", BF.dequantize_4bit,
          "out = torch.ops.bitsandbytes.dequantize_4bit.default("),
-        ("bitsandbytes/backends/cpu/ops.py dequantize_4bit (cpu kernel)", cpu_ops,
-         "lib.cdequantize_blockwise_cpu_nf4_fp32("),
-        ("bitsandbytes/backends/cpu/ops.py dequantize_4bit (cpu kernel)", cpu_ops, "shape_fallback = shape[-1] % 2 != 0"),
+        *facts("bitsandbytes/backends/cpu/ops.py dequantize_4bit (cpu kernel)", cpu_ops,
+               "lib.cdequantize_blockwise_cpu_nf4_fp32(", "shape_fallback = shape[-1] % 2 != 0"),
         ("bitsandbytes/backends/default/ops.py _dequantize_4bit_compute", def_ops,
          "out = (out_dq.view(-1, blocksize) * absmax.view(-1, 1)).reshape(n)"),
         # forward
-        ("bitsandbytes/nn/modules.py Linear4bit.forward", bmod.Linear4bit.forward, "x = x.to(self.compute_dtype)"),
-        ("bitsandbytes/nn/modules.py Linear4bit.forward", bmod.Linear4bit.forward, "and not self.training"),
-        ("bitsandbytes/nn/modules.py Linear4bit.forward", bmod.Linear4bit.forward,
-         "self.weight.data, quant_state = _convert_weight_packed_for_cpu(self.weight.data, quant_state)"),
-        ("bitsandbytes/nn/modules.py Linear4bit.forward", bmod.Linear4bit.forward,
-         "return bnb.matmul_4bit(x, self.weight, bias=bias, quant_state=quant_state).to(inp_dtype)"),
-        ("bitsandbytes/autograd/_functions.py matmul_4bit", bfun.matmul_4bit,
-         "needs_grad = torch.is_grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad))"),
-        ("bitsandbytes/autograd/_functions.py matmul_4bit", bfun.matmul_4bit,
-         "result = torch.ops.bitsandbytes.gemm_4bit.default("),
-        ("bitsandbytes/autograd/_functions.py matmul_4bit", bfun.matmul_4bit,
-         "return MatMul4Bit.apply(A, B, out, bias, quant_state)"),
+        *facts("bitsandbytes/nn/modules.py Linear4bit.forward", bmod.Linear4bit.forward,
+               "x = x.to(self.compute_dtype)", "and not self.training",
+               "self.weight.data, quant_state = _convert_weight_packed_for_cpu(self.weight.data, quant_state)",
+               "return bnb.matmul_4bit(x, self.weight, bias=bias, quant_state=quant_state).to(inp_dtype)"),
+        *facts("bitsandbytes/autograd/_functions.py matmul_4bit", bfun.matmul_4bit,
+               "needs_grad = torch.is_grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad))",
+               "result = torch.ops.bitsandbytes.gemm_4bit.default(",
+               "return MatMul4Bit.apply(A, B, out, bias, quant_state)"),
         ("bitsandbytes/autograd/_functions.py MatMul4Bit.forward", bfun.MatMul4Bit.forward,
          "output = torch.ops.bitsandbytes.gemm_4bit.default("),
-        ("bitsandbytes/backends/default/ops.py _gemm_4bit_default_impl", def_ops._gemm_4bit_default_impl,
-         "B_dq = torch.ops.bitsandbytes.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)"),
-        ("bitsandbytes/backends/default/ops.py _gemm_4bit_default_impl", def_ops._gemm_4bit_default_impl,
-         "return torch.nn.functional.linear(A, B_dq, bias)"),
+        *facts("bitsandbytes/backends/default/ops.py _gemm_4bit_default_impl", def_ops._gemm_4bit_default_impl,
+               "B_dq = torch.ops.bitsandbytes.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)",
+               "return torch.nn.functional.linear(A, B_dq, bias)"),
         # backward
-        ("bitsandbytes/autograd/_functions.py MatMul4Bit.backward", bfun.MatMul4Bit.backward,
-         "grad_A = torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))"),
-        ("bitsandbytes/autograd/_functions.py MatMul4Bit.backward", bfun.MatMul4Bit.backward,
-         "grad_A, grad_B, grad_bias = None, None, None"),
+        *facts("bitsandbytes/autograd/_functions.py MatMul4Bit.backward", bfun.MatMul4Bit.backward,
+               "grad_A = torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))",
+               "grad_A, grad_B, grad_bias = None, None, None"),
         # PEFT on a Linear4bit
         ("peft/tuners/lora/bnb.py dispatch_bnb_4bit", pbnb.dispatch_bnb_4bit,
          "new_module = Linear4bit(target, adapter_name, **fourbit_kwargs)"),
-        ("peft/tuners/lora/bnb.py Linear4bit.forward", pbnb.Linear4bit.forward, "result = self.base_layer(x, *args, **kwargs)"),
-        ("peft/tuners/lora/bnb.py Linear4bit.forward", pbnb.Linear4bit.forward, "result = result.clone()"),
-        ("peft/tuners/lora/bnb.py Linear4bit.forward", pbnb.Linear4bit.forward,
-         "x = self._cast_input_dtype(x, lora_A.weight.dtype)"),
-        ("peft/tuners/lora/bnb.py Linear4bit.forward", pbnb.Linear4bit.forward,
-         "output = lora_B(lora_A(dropout(x))) * scaling"),
-        ("peft/tuners/lora/bnb.py Linear4bit.forward", pbnb.Linear4bit.forward, "result = result + output"),
+        *facts("peft/tuners/lora/bnb.py Linear4bit.forward", pbnb.Linear4bit.forward,
+               "result = self.base_layer(x, *args, **kwargs)", "result = result.clone()",
+               "x = self._cast_input_dtype(x, lora_A.weight.dtype)", "output = lora_B(lora_A(dropout(x))) * scaling",
+               "result = result + output"),
     ]
 
 
@@ -238,13 +213,7 @@ def build_qlora(lf, base_dir, adapter_seed, check_init=False):
     model = load_quantized(base_dir)
     quantized = quantized_modules(model)
     tm = mlf.target_modules(lf["family"])
-    pm = get_peft_model(model, LoraConfig(r=mlf.R, lora_alpha=mlf.ALPHA, lora_dropout=0.0, bias="none",
-                                          target_modules=tm, task_type="CAUSAL_LM"))
-    if check_init:
-        mlf.check_peft_init(lf["name"], pm)
-    mlf.init_adapters(pm, adapter_seed)
-    pm.train()
-    return pm, tm, quantized
+    return mlf.lora_model(lf["name"], model, tm, adapter_seed, check_init), tm, quantized
 
 
 def pick_adapter_seed(lf, seed, base_dir, ids):
@@ -334,22 +303,6 @@ def check_targets(name, family, pm, hf, quantized):
     return mods
 
 
-def check_lora_forward(name, captured, deq):
-    """Each LoRA Linear4bit gives x deq(W)^T (+ b) + scaling * (x A^T) B^T (fp64 reference)."""
-    worst = 0.0
-    for n, (m, x, y, (a, b)) in captured.items():  # (the adapters at the forward, before the step)
-        d = lambda t: t.detach().double()  # noqa: E731
-        base = m.get_base_layer()
-        ref = d(x) @ d(deq[n.removeprefix("base_model.model.") + ".weight"]).T
-        if base.bias is not None:
-            ref = ref + d(base.bias)
-        ref = ref + mlf.SCALING * (d(x) @ d(a).T) @ d(b).T
-        if y.numel():  # (OLMoE runs its idle experts on zero tokens)
-            worst = max(worst, (ref - d(y)).abs().max().item())
-    need(worst < 1e-5, f"{name}: a LoRA layer differs from x deq(W)^T + s (x A^T) B^T by {worst}")
-    return worst
-
-
 def check_linear4bit(name, hf, quantized, deq, seed):
     """Each Linear4bit alone (train mode, fp32): with an input that needs a grad it runs
     MatMul4Bit, y = F.linear(x, deq(W), b) and dX = dY @ deq(W) bit for bit (and within 1e-5 of
@@ -380,20 +333,6 @@ def check_linear4bit(name, hf, quantized, deq, seed):
     return worst
 
 
-def run_step(pm, ids, labels, trainable):
-    """Forward with labels and router logits, backward, one AdamW step over the trainable tensors."""
-    params = dict(pm.named_parameters())
-    out = pm(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
-    out.loss.backward()
-    grads = {n: params[n].grad.detach().clone() for n in trainable if params[n].grad is not None}
-    before = {n: params[n].detach().clone() for n in trainable}
-    opt = torch.optim.AdamW([params[n] for n in trainable], lr=mfx.LR, betas=(mfx.BETA1, mfx.BETA2), eps=mfx.EPS,
-                            weight_decay=mfx.WD, foreach=False)
-    opt.step()
-    after = {n: params[n].detach().clone() for n in trainable}
-    return out, grads, before, after, opt
-
-
 def check_dequantized_lora(lf, seed, adapter_seed, ids, labels, deq, out, grads, after):
     """The QLoRA model and make_lora_fixtures' fp32 LoRA model whose quantized weights are
     replaced by deq: the same logits, losses, router logits, adapter grads and AdamW result.
@@ -403,13 +342,10 @@ def check_dequantized_lora(lf, seed, adapter_seed, ids, labels, deq, out, grads,
     with torch.no_grad():
         for k, w in deq.items():
             model.get_submodule(k.removesuffix(".weight")).weight.copy_(w)
-    pm = get_peft_model(model, LoraConfig(r=mlf.R, lora_alpha=mlf.ALPHA, lora_dropout=0.0, bias="none",
-                                          target_modules=mlf.target_modules(lf["family"]), task_type="CAUSAL_LM"))
-    mlf.init_adapters(pm, adapter_seed)
-    pm.train()
+    pm = mlf.lora_model(lf["name"], model, mlf.target_modules(lf["family"]), adapter_seed)
     trainable = sorted(n for n, p in pm.named_parameters() if p.requires_grad)
     need(trainable == sorted(after), f"{lf['name']}: other adapter tensors in the fp32 LoRA model")
-    o2, g2, _, a2, _ = run_step(pm, ids, labels, trainable)
+    o2, g2, _, a2, _ = mlf.run_step(pm, ids, labels, trainable)
     need(sorted(g2) == sorted(grads), f"{lf['name']}: other adapters get grads in the fp32 LoRA model")
     pairs = [(out.logits, o2.logits), (out.loss, o2.loss), (out.aux_loss, o2.aux_loss)]
     pairs += list(zip(out.router_logits, o2.router_logits))
@@ -421,138 +357,63 @@ def check_dequantized_lora(lf, seed, adapter_seed, ids, labels, deq, out, grads,
 
 # ----------------------------------------------------------------------------- one fixture
 def make_fixture(lf, outdir):
-    name, family, fx = lf["name"], lf["family"], lf["fx"]
+    name, family = lf["name"], lf["family"]
     base_dir = os.path.join(FIXTURES_DIR, family)
     lora_dir = os.path.join(FIXTURES_DIR, "lora", name)
-    seed = mfx.pick_seed(fx)
-    _, base_meta = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
-    need(base_meta["seed"] == str(seed), f"{name}: seed {seed}, tests/fixtures/{family} has {base_meta['seed']}")
-    base, ids = mfx.build(fx, seed)
-    moe_layers = [i for i, l in enumerate(base.model.layers) if mfx.moe_block(l) is not None]
-
-    d = os.path.join(outdir, name)
-    if os.path.isdir(d):
-        shutil.rmtree(d)
-    os.makedirs(d)
+    seed, base, ids, moe_layers = mlf.build_base(lf)
+    d = mfx.fixture_dir(outdir, name)
 
     with tempfile.TemporaryDirectory() as tmp:
         # The base as make_fixtures writes it, byte for byte, then loaded quantized from there.
-        base.save_pretrained(tmp, safe_serialization=True)
-        for f in ("config.json", "model.safetensors"):
-            need(mlf.st_bytes_equal(os.path.join(tmp, f), os.path.join(base_dir, f)),
-                 f"{name}: base {f} differs from tests/fixtures/{family}/{f}")
-        shutil.copyfile(os.path.join(tmp, "config.json"), os.path.join(d, "config.json"))
+        mlf.save_base(lf, base, tmp, d)
         adapter_seed = pick_adapter_seed(lf, seed, tmp, ids)
         pm, tm, quantized = build_qlora(lf, tmp, adapter_seed, check_init=True)
-    with open(os.path.join(base_dir, "model.safetensors"), "rb") as f:
-        base_sha = hashlib.sha256(f.read()).hexdigest()
     hf = pm.get_base_model()
     cfg = hf.config
-    k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
     need(quantized == [n.removesuffix(".base_layer") for n in quantized_modules(hf)], f"{name}: PEFT moved a layer")
     deq, deq_err = check_quantization(name, hf, base, quantized)
     mods = check_targets(name, family, pm, hf, quantized)
 
     # PEFT's own files, the initial adapters (as make_lora_fixtures).
-    pm.save_pretrained(d)
-    for f in os.listdir(d):
-        if f not in OUT_FILES:
-            os.remove(os.path.join(d, f))  # README.md (model card)
-        else:
-            os.chmod(os.path.join(d, f), 0o644)
+    params, trainable, names, file_keys = mlf.save_adapter(name, pm, d)
     need(filecmp.cmp(os.path.join(d, "adapter_config.json"), os.path.join(lora_dir, "adapter_config.json"),
                      shallow=False), f"{name}: adapter_config.json differs from tests/fixtures/lora/{name}'s")
     need(filecmp.cmp(os.path.join(d, "config.json"), os.path.join(lora_dir, "config.json"), shallow=False),
          f"{name}: config.json differs from tests/fixtures/lora/{name}'s")
-    params = dict(pm.named_parameters())
-    trainable = sorted(n for n, p in params.items() if p.requires_grad)
-    names = {n: mlf.saved_name(n) for n in trainable}
-    with safe_open(os.path.join(d, "adapter_model.safetensors"), framework="pt") as f:
-        file_keys, file_meta = sorted(f.keys()), f.metadata()
-        need(file_meta == {"format": "pt"}, f"{name}: adapter file metadata {file_meta}")
-        for n in trainable:
-            need(torch.equal(f.get_tensor(names[n]), params[n].detach()), f"{name}: saved {names[n]} differs")
     with safe_open(os.path.join(lora_dir, "adapter_model.safetensors"), framework="pt") as f:
         need(sorted(f.keys()) == file_keys, f"{name}: adapter tensor names differ from tests/fixtures/lora/{name}'s")
-    need(len(file_keys) == 2 * len(mods), f"{name}: {len(file_keys)} tensors for {len(mods)} LoRA modules")
 
     labels, loss_mask = mfx.make_labels(ids)
-    with torch.no_grad(), pm.disable_adapter():
-        qbase_logits = pm(input_ids=ids, use_cache=False).logits
-    base_ref, _ = mfx.read_st(os.path.join(base_dir, "fixture.safetensors"))
-    quant_shift = float(np.abs(qbase_logits.numpy().astype(np.float64) - base_ref["logits"]).max())
+    qbase_logits, ref_logits = mlf.adapters_off(pm, ids, family)
+    quant_shift = float(np.abs(qbase_logits.numpy().astype(np.float64) - ref_logits).max())
     need(0 < quant_shift < 10, f"{name}: the quantized base's logits moved by {quant_shift} from the fp32 base's")
 
-    captured, hooks = {}, []
-    for n, m in mods.items():
-        hooks.append(m.register_forward_hook(
-            lambda m_, inp, out, n=n: captured.__setitem__(n, (m_, inp[0].detach().clone(), out.detach().clone(), (
-                m_.lora_A["default"].weight.detach().clone(), m_.lora_B["default"].weight.detach().clone())))))
+    captured, hooks = mlf.capture_lora(mods)
     no_grad_input = []
     for n in quantized:
         hooks.append(layer(hf, n).register_forward_pre_hook(
             lambda m_, inp, n=n: None if inp[0].requires_grad else no_grad_input.append(n)))
-    out, grads, before, after, opt = run_step(pm, ids, labels, trainable)
+    out, grads, before, after, opt = mlf.run_step(pm, ids, labels, trainable)
     for h in hooks:
         h.remove()
     need(no_grad_input == [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"],
          f"{name}: quantized layers run without an input grad: {no_grad_input}")
-    lora_err = check_lora_forward(name, captured, deq)
+    lora_err = mlf.check_lora_forward(name, captured, deq)
 
-    need(len(out.router_logits) == len(moe_layers), f"{name}: router logits for MoE layers {moe_layers}")
-    logits = out.logits.detach()
-    shift = (logits - qbase_logits).abs().max().item()
-    need(0.1 < shift < 10 and logits.abs().max().item() < 20, f"{name}: logits moved by {shift} from the base")
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
-    aux, loss = out.aux_loss.detach(), out.loss.detach()
-    need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
-    need(abs(loss.item() - (ce.item() + mfx.AUX_COEF * aux.item())) <= 1e-6 * abs(loss.item()),
-         f"{name}: loss {loss.item()} != ce + coef*aux")
-    mfx.check_aux(name, out.router_logits, k, E, aux.item())
-    margin, idle = mfx.routing_stats(out.router_logits, k, E)
-    need(margin >= mfx.MIN_ROUTING_MARGIN, f"{name}: routing margin {margin}")
-    idle = [(moe_layers[li], e) for li, e in idle]
-
-    for n, p in params.items():
-        need(p.requires_grad == (n in names), f"{name}: {n} requires_grad {p.requires_grad}")
-        need(p.requires_grad or p.grad is None, f"{name}: frozen {n} got a grad")
-    no_grad = sorted(n for n in trainable if n not in grads)
-    for n, g in grads.items():
-        need(torch.isfinite(g).all(), f"{name}: grad of {n} not finite")
-    pref = "base_model.model."
-    idle_params = sorted(n for (li, e) in idle for n in trainable
-                         if n.startswith(pref + mfx.expert_prefix(hf, li, e)))
-    zero = sorted(n for n, g in grads.items() if not g.any())
-    if cfg.model_type == "olmoe":  # loops over every expert: idle experts' adapters get all-zero grads
-        need(not no_grad, f"{name}: unexpected no_grad {no_grad}")
-        need(set(idle_params) <= set(zero), f"{name}: an idle expert's adapter has a non-zero grad")
-    else:  # loops over the experts hit only: an idle expert's adapters are not in the graph
-        need(no_grad == idle_params, f"{name}: no_grad {no_grad} != idle experts' adapters {idle_params}")
-    last = pref + f"model.layers.{cfg.num_hidden_layers - 1}."
-    stray = [n for n in zero if n not in idle_params and not (n.startswith(last) and ".experts." in n)]
-    need(not stray, f"{name}: all-zero grads outside idle / last-layer experts: {stray}")
-    need(not fx["need_idle_expert"] or idle_params, f"{name}: no idle expert")
-    need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
+    logits, shift, ce, aux, loss, margin, idle = mlf.check_outputs(name, cfg, out, labels, moe_layers, qbase_logits)
+    no_grad, zero = mlf.check_grads(lf, hf, params, trainable, grads, idle, opt)
     adam_err = mfx.check_adamw(name, before, after, grads)
 
     linear_err = check_linear4bit(name, hf, quantized, deq, adapter_seed)
     deq_lora_err = check_dequantized_lora(lf, seed, adapter_seed, ids, labels, deq, out, grads, after)
 
     tensors = mfx.batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
-    for n, g in grads.items():
-        tensors[f"grad.{names[n]}"] = g.numpy().astype("<f4")
-    for n, p in after.items():
-        tensors[f"after.{names[n]}"] = p.numpy().astype("<f4")
+    mlf.add_adapter_tensors(tensors, names, grads, after)
     for n, w in deq.items():
         tensors[f"deq.{n}"] = w.numpy().astype("<f4")
-    meta = {
-        "format": "pt",
-        "fixture": name,
-        "model_type": cfg.model_type,
-        "seed": str(seed),
-        "adapter_seed": str(adapter_seed),
-        "base": f"../../{family}/model.safetensors (config.json here is byte-identical to ../../{family}/config.json)",
-        "base_sha256": base_sha,
+    meta = mlf.fixture_meta(lf, cfg, seed, adapter_seed, tm, loss_mask, moe_layers, idle,
+                            [names[n] for n in no_grad], [names[n] for n in zero], margin)
+    meta.update({
         "base_quantization": (f"the base loaded by {QUANT_CALL}: every nn.Linear but lm_head is a bitsandbytes "
                               f"Linear4bit (quantized_modules), its weight quantize_4bit(w, blocksize=64, "
                               f"quant_type='nf4', compress_statistics=False): fp32 absmax per 64 elements of the "
@@ -566,38 +427,7 @@ def make_fixture(lf, outdir):
         "quantized_modules": json.dumps(quantized),
         "deq": ("deq.<module>.weight [out, in] F32 for each of quantized_modules: "
                 "bitsandbytes.functional.dequantize_4bit(w.data, w.quant_state) = code[q] * absmax[i // 64]"),
-        "r": str(mlf.R),
-        "lora_alpha": str(mlf.ALPHA),
-        "scaling": repr(mlf.SCALING),
-        "lora_dropout": "0.0",
-        "target_modules": json.dumps(sorted(tm)),
-        "adapter_init": (f"after get_peft_model: numpy default_rng(adapter_seed) (PCG64); for each trainable "
-                         f"parameter in sorted PeftModel name order (…lora_A.default.weight, …lora_B.default.weight),"
-                         f" z = standard_normal(shape) float64; lora_A {mlf.ADAPTER_STD_A}*z, lora_B "
-                         f"{mlf.ADAPTER_STD_B}*z; cast to float32. = adapter_model.safetensors"),
-        "batch": f"B={mfx.B} S={mfx.S}; labels = input_ids with -100 at (b,s) {mfx.MASKED_LABELS}",
-        "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
-        "n_targets": str(int(loss_mask.sum())),
-        "loss": "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets",
-        "router_aux_loss_coef": repr(mfx.AUX_COEF),
-        "optimizer": ("torch.optim.AdamW(foreach=False), one step, one param group holding the trainable "
-                      "adapter tensors only (sorted by name); base parameters frozen"),
-        "lr": repr(mfx.LR),
-        "beta1": repr(mfx.BETA1),
-        "beta2": repr(mfx.BETA2),
-        "eps": repr(mfx.EPS),
-        "weight_decay": repr(mfx.WD),
-        "moe_layers": json.dumps(moe_layers),
-        "idle_experts": json.dumps([list(x) for x in idle]),
-        "no_grad": json.dumps([names[n] for n in no_grad]),
-        "zero_grad": json.dumps([names[n] for n in zero]),
-        "min_routing_margin": f"{margin:.3e}",
-        "peft_version": peft.__version__,
-        "torch_version": torch.__version__.split("+")[0],
-        "transformers_version": transformers.__version__,
-        "safetensors_version": safetensors.__version__,
-        "numpy_version": np.__version__,
-    }
+    })
     # The lora fixture's tensors and metadata, plus deq.* and the quantization's.
     lora_t, lora_meta = mfx.read_st(os.path.join(lora_dir, "fixture.safetensors"))
     need(set(lora_meta) <= set(meta), f"{name}: metadata lacks {sorted(set(lora_meta) - set(meta))}")
@@ -611,18 +441,9 @@ def make_fixture(lf, outdir):
 
     # The checked-in files alone reproduce the logits: base from tests/fixtures/<family> loaded
     # quantized, adapter through PeftModel.from_pretrained.
-    again = PeftModel.from_pretrained(load_quantized(base_dir), d)
-    again.train()
-    with torch.no_grad():
-        rl = again(input_ids=ids, use_cache=False).logits
-    need(torch.equal(rl, logits), f"{name}: quantized base + {d} reloaded gives other logits")
-
+    mlf.check_reload(name, load_quantized(base_dir), d, ids, logits, "quantized base")
     path = os.path.join(d, "fixture.safetensors")
-    mfx.write_st(path, tensors, meta)
-    back, back_meta = mfx.read_st(path)
-    need(back_meta == meta and set(back) == set(tensors), f"{name}: fixture.safetensors does not read back")
-    for n, a in tensors.items():
-        need(np.array_equal(back[n], a), f"{name}: {n} does not read back")
+    mfx.write_fixture(name, path, tensors, meta)
 
     return dict(name=name, seed=seed, adapter_seed=adapter_seed, lora_adapter_seed=int(lora_meta["adapter_seed"]),
                 n_modules=len(mods), n_tensors=len(names), n_quantized=len(quantized),
@@ -798,61 +619,37 @@ def write_notes(outdir, rows):
 
 
 # ----------------------------------------------------------------------------- driver
-def fixtures():
-    by_name = {fx["name"]: fx for fx in mfx.FIXTURES}
-    return [dict(name=n, family=n, fx=by_name[n], hot=None) for n in FAMILIES]
-
-
 def generate(outdir):
+    """make_lora_fixtures' fixtures of FAMILIES (the whole-model ones), quantized."""
     os.makedirs(outdir, exist_ok=True)
-    rows = [make_fixture(lf, outdir) for lf in fixtures()]
+    rows = [make_fixture(lf, outdir) for lf in mlf.fixtures() if lf["name"] in FAMILIES]
     write_notes(outdir, rows)
     return rows
 
 
 def compare(ref_dir, new_dir):
     """make_fixtures.compare() with these fixtures and files, and no directory besides them."""
-    ok = mfx.compare(ref_dir, new_dir, FAMILIES, OUT_FILES)
-    extra = sorted(set(os.listdir(ref_dir)) - set(FAMILIES) - {"NOTES.md"}) if os.path.isdir(ref_dir) else []
-    if extra:
-        print(f"EXTRA    {extra}")
-        ok = False
-    return ok
+    return mlf.compare(ref_dir, new_dir, FAMILIES)
+
+
+def summary(r):
+    """A fixture's line on the console."""
+    return (f"{r['name']:10s} seed {r['seed']} adapter seed {r['adapter_seed']} (lora {r['lora_adapter_seed']}) "
+            f"LoRA modules {r['n_modules']} tensors {r['n_tensors']} quantized {r['n_quantized']} "
+            f"deq elements {r['n_deq']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
+            f"idle {r['idle']} no_grad {len(r['no_grad'])} zero {len(r['zero'])} |dlogit| {r['shift']:.3f} "
+            f"quant |dlogit| {r['quant_shift']:.3f} |deq-W| {r['deq_err']:.4f} margin {r['margin']:.2e} "
+            f"lora err {r['lora_err']:.1e} linear4bit err {r['linear_err']:.1e} "
+            f"vs LoRA over deq {r['deq_lora_err']:.1e} adam err {r['adam_err']:.1e} fixture {r['size']} B")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help="fixture directory (default tests/fixtures/qlora)")
-    ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare with --out")
-    ap.add_argument("--any-version", action="store_true", help="do not insist on the pinned versions")
-    args = ap.parse_args()
-
-    want = dict(mfx.PINNED, peft=pinned("peft"), bitsandbytes=pinned("bitsandbytes"))
-    have = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
-            "peft": peft.__version__, "bitsandbytes": bitsandbytes.__version__}
-    if have != want and not args.any_version:
-        mfx.fail(f"versions {have}, pinned {want} (tools/requirements-fixtures.txt); --any-version to go on")
-    mfx.deterministic_torch()
+    args = mfx.start(__doc__, DEFAULT_OUT, "tests/fixtures/qlora",
+                     peft=(mlf.pinned("peft"), peft.__version__),
+                     bitsandbytes=(mlf.pinned("bitsandbytes"), bitsandbytes.__version__))
     warnings.filterwarnings("ignore", message="Could not find a config file in")
     check_sources()
-
-    if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            generate(tmp)
-            ok = compare(args.out, tmp)
-        print("check: OK" if ok else "check: FAILED")
-        sys.exit(0 if ok else 1)
-
-    rows = generate(args.out)
-    for r in rows:
-        print(f"{r['name']:10s} seed {r['seed']} adapter seed {r['adapter_seed']} (lora {r['lora_adapter_seed']}) "
-              f"LoRA modules {r['n_modules']} tensors {r['n_tensors']} quantized {r['n_quantized']} "
-              f"deq elements {r['n_deq']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
-              f"idle {r['idle']} no_grad {len(r['no_grad'])} zero {len(r['zero'])} |dlogit| {r['shift']:.3f} "
-              f"quant |dlogit| {r['quant_shift']:.3f} |deq-W| {r['deq_err']:.4f} margin {r['margin']:.2e} "
-              f"lora err {r['lora_err']:.1e} linear4bit err {r['linear_err']:.1e} "
-              f"vs LoRA over deq {r['deq_lora_err']:.1e} adam err {r['adam_err']:.1e} fixture {r['size']} B")
-    print(f"facts: see {os.path.join(args.out, 'NOTES.md')}")
+    mfx.write_or_check(args, generate, compare, summary)
 
 
 if __name__ == "__main__":
