@@ -8,7 +8,7 @@
 #   tools/gpu_session.sh DIR [SECONDS [STEPS]]
 #     DIR from tools/gpu_check.sh --pack; SECONDS the deadline (default 540);
 #     STEPS a comma list of tests,bf16,peer,bench,cutlass,cudnn,demo,ranks,kill,fp32,inv,ga8,profile,ncu,
-#     lora,loramf,lorapeer,lorahot (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
+#     lora,loramf,lorapeer,lorahot,loranf4 (default all but ncu and the lora ones). GPU_TESTS="NAME ..."
 #     runs only those test binaries (their names in DIR less the tests_cuda_ prefix).
 #     The 644M runs log the host's submitting time by kernel kind (MF_LOG=debug for
 #     exec) into their logs.
@@ -62,6 +62,8 @@
 #      one thread (src/model/params.c, 2026-11: 16 ns a parameter on the 2-core
 #      VM, ~8 min for 30.5B): while it is, moefit alone needs most of a call
 #      (loramf), and the peer (~4 min: build, PEFT, 3 steps) another (lorapeer).
+#      loranf4 (issue 30): moefit again with the base stored NF4 (QLoRA,
+#      train.lora.base_dtype=nf4): tokens/s and host memory beside loramf's.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dir=$(cd "${1:?usage: tools/gpu_session.sh DIR [SECONDS [STEPS]]}" && pwd) || exit 1
@@ -272,6 +274,8 @@ if want lora || want lorapeer; then
 fi
 # the same with adapters on each layer's most-routed quarter of experts (issue 18's "experts: hot" figure)
 want lorahot && lora_mf 600 hot train.lora.experts=hot memory.routing=/tmp/mf_lora_routing.json
+# the base stored NF4 (issue 30's QLoRA figure)
+want loranf4 && lora_mf 600 nf4 train.lora.base_dtype=nf4
 
 # 1. gpu tests, all at once; the cpu demo beside them.
 cpu_pid=""
