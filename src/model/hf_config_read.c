@@ -193,7 +193,9 @@ static mf_status check_unsupported(const reader *r) {
   }
   MF_CHECK(check_partial_rotary(r, "partial_rotary_factor", get(r, "partial_rotary_factor")));
   if ((v = get(r, "quantization_config")) && !json_is_null(v))
-    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config", "quantized checkpoints are not supported");
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config",
+                   "checkpoints shipped quantized are not read yet: load the float checkpoint and set "
+                   "train.lora.base_dtype nf4 or fp8 (quantized at load, as bitsandbytes and transformers do)");
   if ((v = get(r, "hidden_act"))) {
     if (!json_is_string(v))
       return KEY_ERR(MF_ERR_FORMAT, r, "hidden_act", "expected a string, got %s", type_name(v));
