@@ -34,10 +34,15 @@ const char *mf_status_name(mf_status s) {
 }
 
 mf_status mf_error_set(mf_status s, const char *file, int line, const char *fmt, ...) {
+  /* Formatted apart first: an argument may be mf_last_error() itself (a
+   * message that wraps the one before it), which vsnprintf must not write
+   * over while it reads it. */
+  char msg[MF_ERR_MSG_CAP];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(g_msg, sizeof g_msg, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(g_msg, msg, sizeof g_msg);
   snprintf(g_trace, sizeof g_trace, "%s:%d: %s\n", file, line, mf_status_name(s));
   mf_log(MF_LOG_DEBUG, "error", "%s:%d: %s", file, line, g_msg);
   return s;

@@ -33,6 +33,17 @@ TEST(Error, MessageAndTraceCarryContext) {
   EXPECT_STREQ(mf_last_error(), "no error recorded");
 }
 
+// A message that wraps the one before it (mf_last_error() as an argument, at
+// the start or the end) keeps it whole.
+TEST(Error, AMessageMayWrapTheLastOne) {
+  (void)MF_ERR(MF_ERR_FORMAT, "bad magic");
+  EXPECT_EQ(MF_ERR(MF_ERR_CONFIG, "%s (at %s)", mf_last_error(), "config.yaml:3"), MF_ERR_CONFIG);
+  EXPECT_STREQ(mf_last_error(), "bad magic (at config.yaml:3)");
+  (void)MF_ERR(MF_ERR_FORMAT, "%s: the checkpoint's config does not load: %s", "ck", mf_last_error());
+  EXPECT_STREQ(mf_last_error(), "ck: the checkpoint's config does not load: bad magic (at config.yaml:3)");
+  mf_error_clear();
+}
+
 TEST(Error, CheckGotoRunsCleanup) {
   int cleaned = 0;
   auto fn = [&]() -> mf_status {
