@@ -212,7 +212,7 @@ static mf_status dequant_check(const mf_kernel_call *k, const char *label, mf_dt
   if (w.kind <= MF_QUANT_NONE || w.kind >= MF_QUANT_COUNT_ || w.rows < 0 || w.cols < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: format %d, shape [%lld, %lld]", in, label, (int)w.kind,
                   (long long)w.rows, (long long)w.cols);
-  if (w.kind == MF_QUANT_NF4 && (w.blocksize < 32 || w.blocksize > 4096 || (w.blocksize & (w.blocksize - 1))))
+  if (w.kind == MF_QUANT_NF4 && !mf_nf4_blocksize_ok(w.blocksize))
     return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: NF4 block size %lld", in, label, (long long)w.blocksize);
   if (w.kind == MF_QUANT_MXFP4 && w.cols % MF_MXFP4_GROUP)
     return MF_ERR(MF_ERR_INVALID_ARG, "kernel dequant%s%s: %lld MXFP4 columns (groups of 32)", in, label,

@@ -36,6 +36,15 @@ typedef enum mf_quant_kind {
 #define MF_FP8_BLOCK 128    /* FP8 scales cover 128 x 128 */
 #define MF_MXFP4_GROUP 32   /* MXFP4 elements per scale */
 
+/* Blocks of `blocksize` covering n elements; 0 for n <= 0. */
+MF_QF_FN int64_t mf_quant_blocks(int64_t n, int64_t blocksize) {
+  return (n <= 0 || blocksize <= 0) ? 0 : (n + blocksize - 1) / blocksize;
+}
+/* Whether blocksize is one bitsandbytes takes for NF4 (32 .. 4096, a power of two). */
+MF_QF_FN int mf_nf4_blocksize_ok(int64_t bs) {
+  return bs >= 32 && bs <= 4096 && (bs & (bs - 1)) == 0;
+}
+
 /* One stored weight [rows, cols] (row-major). The pieces by kind:
  *   NF4    q: packed codes [(rows * cols + 1) / 2], the element with the lower
  *          flat index in the high nibble; blocks of `blocksize` over the flat
@@ -118,18 +127,14 @@ MF_QF_FN int64_t mf_qweight_q_bytes(const mf_qweight *w) {
   return w->kind == MF_QUANT_FP8 ? n : (n + 1) / 2;
 }
 MF_QF_FN int64_t mf_qweight_scale_bytes(const mf_qweight *w) {
-  if (w->kind == MF_QUANT_NF4) {
-    const int64_t nb = w->blocksize > 0 ? (w->rows * w->cols + w->blocksize - 1) / w->blocksize : 0;
-    return nb * (w->nested ? 1 : 4);
-  }
+  if (w->kind == MF_QUANT_NF4) return mf_quant_blocks(w->rows * w->cols, w->blocksize) * (w->nested ? 1 : 4);
   if (w->kind == MF_QUANT_FP8)
-    return ((w->rows + MF_FP8_BLOCK - 1) / MF_FP8_BLOCK) * ((w->cols + MF_FP8_BLOCK - 1) / MF_FP8_BLOCK) * 4;
+    return mf_quant_blocks(w->rows, MF_FP8_BLOCK) * mf_quant_blocks(w->cols, MF_FP8_BLOCK) * 4;
   return w->rows * (w->cols / MF_MXFP4_GROUP);
 }
 /* NF4 nested: absmax2's elements. */
 MF_QF_FN int64_t mf_qweight_absmax2_count(const mf_qweight *w) {
-  const int64_t nb = w->blocksize > 0 ? (w->rows * w->cols + w->blocksize - 1) / w->blocksize : 0;
-  return (nb + MF_NF4_DQ_BLOCK - 1) / MF_NF4_DQ_BLOCK;
+  return mf_quant_blocks(mf_quant_blocks(w->rows * w->cols, w->blocksize), MF_NF4_DQ_BLOCK);
 }
 
 /* A stored weight as one byte blob: what lives at home, crosses the link and
@@ -172,7 +177,7 @@ MF_QF_FN float mf_qweight_at(const mf_qweight *w, int64_t r, int64_t c) {
                      mf_qweight_nf4_absmax(w, i / w->blocksize));
   }
   if (w->kind == MF_QUANT_FP8) {
-    const int64_t bc = (w->cols + MF_FP8_BLOCK - 1) / MF_FP8_BLOCK;
+    const int64_t bc = mf_quant_blocks(w->cols, MF_FP8_BLOCK);
     const float s = ((const float *)w->scales)[(r / MF_FP8_BLOCK) * bc + c / MF_FP8_BLOCK];
     return mf_qf_mul(mf_qf_e4m3(w->q[r * w->cols + c]), s);
   }

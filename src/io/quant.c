@@ -13,15 +13,6 @@ const char *mf_quant_name(mf_quant_kind k) {
   return (k >= 0 && k < MF_QUANT_COUNT_) ? k_names[k] : "?";
 }
 
-mf_status mf_quant_parse(const char *s, mf_quant_kind *out) {
-  for (int k = 0; k < MF_QUANT_COUNT_; k++)
-    if (s && strcmp(s, k_names[k]) == 0) {
-      *out = (mf_quant_kind)k;
-      return MF_OK;
-    }
-  return MF_ERR(MF_ERR_INVALID_ARG, "unknown base dtype \"%s\" (one of bf16, nf4, fp8, mxfp4)", s ? s : "");
-}
-
 const float mf_nf4_code[16] = MF_NF4_VALUES;
 
 /* torch.linspace(a, b, k) in fp32 as ATen's CPU kernel computes it: the first
@@ -54,14 +45,6 @@ void mf_quant_dynamic_map(float code[256]) {
   code[n++] = 0.0f;
   code[n++] = 1.0f;
   qsort(code, (size_t)n, sizeof(float), cmp_float);
-}
-
-int64_t mf_quant_blocks(int64_t n, int64_t blocksize) {
-  return (n <= 0 || blocksize <= 0) ? 0 : (n + blocksize - 1) / blocksize;
-}
-
-int mf_nf4_blocksize_ok(int64_t bs) {
-  return bs >= 32 && bs <= 4096 && (bs & (bs - 1)) == 0;
 }
 
 /* ------------------------------------------------------------------- e4m3 */
@@ -121,8 +104,7 @@ static void quantize_block(const float *x, int64_t len, int full, const float *c
   *absmax = full ? am : clamped;
 }
 
-static mf_status nf4_quantize(const float *xf, const uint16_t *xb, int64_t n, int64_t bs, uint8_t *packed,
-                              float *absmax, const char *what) {
+mf_status mf_nf4_quantize(const float *x, int64_t n, int64_t bs, uint8_t *packed, float *absmax, const char *what) {
   if (!mf_nf4_blocksize_ok(bs))
     return MF_ERR(MF_ERR_INVALID_ARG, "%s: NF4 block size %lld is not a power of two in 32..4096", what,
                   (long long)bs);
@@ -132,7 +114,7 @@ static mf_status nf4_quantize(const float *xf, const uint16_t *xb, int64_t n, in
   for (int64_t b = 0; b < nb; b++) {
     const int64_t i0 = b * bs, len = (n - i0 < bs) ? n - i0 : bs;
     for (int64_t i = 0; i < len; i++) {
-      buf[i] = xf ? xf[i0 + i] : mf_bf16_to_fp32(xb[i0 + i]);
+      buf[i] = x[i0 + i];
       if (!isfinite(buf[i]))
         return MF_ERR(MF_ERR_INVALID_ARG, "%s: element %lld is not finite (%g): it cannot be quantized", what,
                       (long long)(i0 + i), (double)buf[i]);
@@ -145,15 +127,6 @@ static mf_status nf4_quantize(const float *xf, const uint16_t *xb, int64_t n, in
     }
   }
   return MF_OK;
-}
-
-mf_status mf_nf4_quantize(const float *x, int64_t n, int64_t bs, uint8_t *packed, float *absmax, const char *what) {
-  return nf4_quantize(x, NULL, n, bs, packed, absmax, what);
-}
-
-mf_status mf_nf4_quantize_bf16(const uint16_t *x, int64_t n, int64_t bs, uint8_t *packed, float *absmax,
-                               const char *what) {
-  return nf4_quantize(NULL, x, n, bs, packed, absmax, what);
 }
 
 mf_status mf_nf4_double_quantize(const float *absmax, int64_t nb, const float code2[256], uint8_t *absmax_q,

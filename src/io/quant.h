@@ -43,9 +43,11 @@
  * as transformers' convert_moe_packed_tensors computes it, without its final
  * transpose (the family's layout, not the format's).
  *
- * Every function here takes host memory and never allocates. The _check
- * functions validate stored data from a file and name `what` (the tensor) and
- * the fault.
+ * Every function here takes host memory and never allocates, but
+ * mf_quant_blob of a double-quantized NF4 weight (its fp32 absmax before they
+ * are quantized again). mf_qweight_check validates stored data from a file and
+ * names `what` (the tensor) and the fault. The block count and NF4's block
+ * size rule (mf_quant_blocks, mf_nf4_blocksize_ok) are src/core/qformat.h's.
  */
 #ifndef MF_IO_QUANT_H
 #define MF_IO_QUANT_H
@@ -62,8 +64,6 @@ extern "C" {
 
 /* "bf16", "nf4", "fp8", "mxfp4" (MF_QUANT_NONE is "bf16", the config's word). */
 const char *mf_quant_name(mf_quant_kind k);
-/* The reverse; MF_ERR_INVALID_ARG naming the choices. */
-mf_status mf_quant_parse(const char *s, mf_quant_kind *out);
 
 #define MF_FP8_E4M3_MAX 448.0f
 
@@ -74,11 +74,6 @@ extern const float mf_nf4_code[16];
  * values ascending: the map double quantization uses. */
 void mf_quant_dynamic_map(float code[256]);
 
-/* Blocks of `blocksize` covering n elements; 0 for n <= 0. */
-int64_t mf_quant_blocks(int64_t n, int64_t blocksize);
-/* Whether blocksize is one bitsandbytes takes (32 .. 4096, a power of two). */
-int mf_nf4_blocksize_ok(int64_t blocksize);
-
 /* fp32 -> e4m3fn, rounded to nearest even; |x| past 448 after rounding, and
  * NaN, give NaN (0x7f with x's sign), as torch's cast does. (The decoding is
  * mf_qf_e4m3 of src/core/qformat.h.) */
@@ -87,12 +82,10 @@ uint8_t mf_fp32_to_e4m3(float x);
 /* ---------------------------------------------------------------- NF4 */
 
 /* Quantizes x[n] (finite) into packed[(n + 1) / 2] and absmax[nb]; a
- * non-finite element is MF_ERR_INVALID_ARG naming `what` and its index. */
+ * non-finite element is MF_ERR_INVALID_ARG naming `what` and its index. A
+ * bf16 weight is widened to fp32 first, as bitsandbytes does: the same bits. */
 mf_status mf_nf4_quantize(const float *x, int64_t n, int64_t blocksize, uint8_t *packed, float *absmax,
                           const char *what);
-/* The same from bf16 (bitsandbytes widens it to fp32 first: the same bits). */
-mf_status mf_nf4_quantize_bf16(const uint16_t *x, int64_t n, int64_t blocksize, uint8_t *packed, float *absmax,
-                               const char *what);
 /* Double quantization of absmax[nb] (>= 0, finite): absmax_q[nb],
  * absmax2[ceil(nb / 256)], *offset, over `code2` (mf_quant_dynamic_map). */
 mf_status mf_nf4_double_quantize(const float *absmax, int64_t nb, const float code2[256], uint8_t *absmax_q,
