@@ -324,7 +324,7 @@ static void home_regions(const mf_config *cfg, const mf_run_plan *rp, const mf_s
   /* Beside a quantized base the bf16 working copy's span runs over the
    * quantized weights' places in it, pages never written: pinning would
    * commit them. What streams from it (embeddings, norms, adapters) is staged. */
-  if (s->prog->params->qhome) may[MF_HOME_WORKING] = 0;
+  if (s->prog->params->qhome_bytes > 0) may[MF_HOME_WORKING] = 0;
   if (u->spill_grad_bytes > 0) may[MF_HOME_GRADS] = 0;
 }
 

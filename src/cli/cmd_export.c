@@ -88,6 +88,7 @@ static mf_status export_lora(const char *src, const char *out, int adapter, cons
   if (bf16)
     MF_CHECK_GOTO(mf_malloc((size_t)t->total_numel * sizeof(uint16_t) + 1, "the bf16 base", (void **)&home),
                   st, done);
+  MF_CHECK_GOTO(mf_param_table_alloc_qhome(t), st, done);
   MF_CHECK_GOTO(mf_threadpool_create(0, &pool), st, done);
   MF_CHECK_GOTO(mf_run_load_weights_home(cfg, NULL, t, w, home, pool, desc, sizeof desc), st, done);
   MF_CHECK_GOTO(mf_ckpt_read_master(info->source, t, w), st, done);

@@ -142,10 +142,13 @@ typedef struct mf_config_lora {
   mf_config_lora_experts experts; /* all routed experts, or each layer's most routed (hot_fraction) */
   double hot_fraction;
   int train_router; /* the router weights trained fully beside the adapters */
-  int base_dtype;   /* the frozen base at home: 0 bf16 (as the checkpoint), else an mf_quant_kind (1 nf4, 2 fp8) */
+  int base_dtype;   /* the frozen base at home: 0 bf16 (the checkpoint's float values), an mf_quant_kind (1 nf4,
+                       2 fp8), or MF_CONFIG_BASE_AUTO (as the checkpoint ships it) */
   int64_t base_blocksize; /* NF4's block size */
   int base_double_quant;  /* NF4's absmax quantized again (bitsandbytes' compress_statistics) */
 } mf_config_lora;
+
+#define MF_CONFIG_BASE_AUTO 3 /* train.lora.base_dtype auto (the enum's 4th choice) */
 
 typedef struct mf_config_train {
   int64_t micro_batch; /* sequences per micro-batch */

@@ -150,14 +150,17 @@ const mf_config_key mf_config_keys[] = {
         "with experts: hot, the share of each layer's experts that get adapters"),
     KEY("train.lora.train_router", MF_CK_BOOL, 0, train.lora.train_router, NOLO, NOHI, NULL, "false",
         "train the router (gate) weights fully beside the adapters"),
-    KEY("train.lora.base_dtype", MF_CK_ENUM, 0, train.lora.base_dtype, NOLO, NOHI, "bf16|nf4|fp8", "bf16",
-        "how the frozen base is stored at home, crosses the link and sits on the device: bf16 (the "
-        "checkpoint's values), nf4 (QLoRA: bitsandbytes' 4-bit NormalFloat, quantized at load exactly as "
-        "bitsandbytes does) or fp8 (e4m3 in 128x128 blocks, as transformers' FP8 quantizer); every frozen "
-        "linear weight but the LM head is quantized (attention, routers, experts, shared experts, dense "
-        "MLPs) and dequantized on the device just before each use"),
+    KEY("train.lora.base_dtype", MF_CK_ENUM, 0, train.lora.base_dtype, NOLO, NOHI, "bf16|nf4|fp8|auto", "auto",
+        "how the frozen base is stored at home, crosses the link and sits on the device: auto (as the "
+        "checkpoint ships it: a bitsandbytes 4-bit checkpoint stays nf4 as shipped, a float one is kept in "
+        "bf16), bf16 (the checkpoint's values; a 4-bit one dequantized at load), nf4 (QLoRA: bitsandbytes' "
+        "4-bit NormalFloat, quantized at load exactly as bitsandbytes does) or fp8 (e4m3 in 128x128 blocks, "
+        "as transformers' FP8 quantizer); every frozen linear weight but the LM head is quantized "
+        "(attention, routers, experts, shared experts, dense MLPs) and dequantized on the device just "
+        "before each use"),
     KEY("train.lora.base_blocksize", MF_CK_INT, 0, train.lora.base_blocksize, 32, 4096, NULL, "64",
-        "with base_dtype nf4, the elements that share one scale (a power of two; 64 is QLoRA's)"),
+        "with base_dtype nf4, the elements that share one scale (a power of two; 64 is QLoRA's; a checkpoint "
+        "shipped 4-bit has its own)"),
     KEY("train.lora.base_double_quant", MF_CK_BOOL, 0, train.lora.base_double_quant, NOLO, NOHI, NULL, "false",
         "with base_dtype nf4, quantize the scales again to 8 bits in blocks of 256 (QLoRA's double "
         "quantization: 0.127 bits a weight instead of 0.5)"),

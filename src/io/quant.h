@@ -57,6 +57,7 @@
 
 #include "src/core/core.h"
 #include "src/core/qformat.h"
+#include "src/io/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -114,6 +115,35 @@ mf_status mf_quant_blob(mf_quant_kind kind, const float *x, int64_t rows, int64_
 /* Rows [r0, r0 + nr) of the weight to fp32 / bf16 ([nr x cols]). */
 void mf_qweight_dequantize_f32(const mf_qweight *w, int64_t r0, int64_t nr, float *out);
 void mf_qweight_dequantize_bf16(const mf_qweight *w, int64_t r0, int64_t nr, uint16_t *out);
+
+/* ------------------------------------- checkpoints shipped quantized */
+
+/* bitsandbytes 4-bit NF4 as transformers + bitsandbytes save a Linear4bit's
+ * weight `W` ("...q_proj.weight"; QuantState.as_dict(packed=True)):
+ *   W                                    U8 [(n + 1) / 2, 1]  the packed codes
+ *   W.absmax                             F32 [nb], or U8 [nb] double quantized
+ *   W.quant_map                          F32 [16]  the NF4 values (must be bitsandbytes')
+ *   W.nested_absmax, W.nested_quant_map  F32 [ceil(nb / 256)], F32 [256] (double quantized)
+ *   W.quant_state.bitsandbytes__nf4      U8: JSON {"quant_type": "nf4", "blocksize",
+ *                                        "dtype", "shape": [rows, cols], and double
+ *                                        quantized "nested_blocksize": 256,
+ *                                        "nested_offset", "nested_dtype"}
+ * Whether st stores `name` that way (its quant state tensor, nf4 or fp4, is there). */
+int mf_bnb4_stored(const mf_safetensors *st, const char *name);
+/* 1 when tensor `name` is one of a bitsandbytes weight's quant state tensors
+ * (W.absmax ... W.quant_state.*); weight[cap] gets W. */
+int mf_bnb4_companion(const char *name, char *weight, size_t cap);
+/* Weight `name` of file `path`: its format from the quant state's JSON (NF4,
+ * the block size, double quantization and its offset), which must describe
+ * a [rows, cols] weight. fp4 is MF_ERR_UNSUPPORTED; a damaged or mismatched
+ * quant state MF_ERR_FORMAT naming the tensor and the fault. */
+mf_status mf_bnb4_describe(const mf_safetensors *st, const char *path, const char *name, int64_t rows, int64_t cols,
+                           mf_qweight *w);
+/* Its tensors into blob[mf_qweight_blob_bytes(w)] (w from mf_bnb4_describe),
+ * each checked for dtype and size against w, the NF4 map against
+ * bitsandbytes', then the values (mf_qweight_check). */
+mf_status mf_bnb4_read(const mf_safetensors *st, const char *path, const char *name, const mf_qweight *w,
+                       uint8_t *blob);
 
 #ifdef __cplusplus
 }

@@ -27,7 +27,12 @@
  *   "default"), partial_rotary_factor != 1, sliding-window attention (Mixtral
  *   `sliding_window`, Qwen `use_sliding_window`), `attention_bias` where the
  *   family reads it (Qwen3-MoE, OLMoE), hidden_act other than silu,
- *   attention_dropout > 0, quantization_config.
+ *   attention_dropout > 0.
+ * - quantization_config: bitsandbytes 4-bit NF4 (load_in_4bit,
+ *   bnb_4bit_quant_type nf4, uint8 storage; double quantization or not) is
+ *   read as shipped (mf_hf_config_load_quant says so); any other method, 8-bit,
+ *   fp4 (bnb_4bit_quant_type's default when absent) or another packed storage
+ *   is MF_ERR_UNSUPPORTED naming the key.
  * - A wrong JSON type, a value out of range or an inconsistent pair of keys is
  *   MF_ERR_FORMAT with the message "FILE: KEY: fault" (invalid JSON:
  *   "FILE: line L, column C: fault").
@@ -40,6 +45,7 @@
 #include <jansson.h>
 
 #include "src/core/core.h"
+#include "src/core/qformat.h"
 #include "src/model/spec.h"
 
 #ifdef __cplusplus
@@ -56,6 +62,16 @@ extern "C" {
 /* `path` is a config.json file or a directory holding one. On success *out is
  * a validated spec (mf_model_spec_validate); on failure *out is unchanged. */
 mf_status mf_hf_config_load(const char *path, mf_model_spec *out);
+
+/* How a checkpoint stores its weights (config.json quantization_config). */
+typedef struct mf_hf_quant {
+  mf_quant_kind kind; /* MF_QUANT_NONE: its float dtype */
+  int nested;         /* NF4: bnb_4bit_use_double_quant */
+  char method[32];    /* "bitsandbytes", or "" */
+} mf_hf_quant;
+
+/* mf_hf_config_load, and (quant not NULL) how the weights are stored. */
+mf_status mf_hf_config_load_quant(const char *path, mf_model_spec *out, mf_hf_quant *quant);
 
 /* The same from text in memory; `where` names the source in messages. */
 mf_status mf_hf_config_parse(const char *text, size_t len, const char *where, mf_model_spec *out);

@@ -182,6 +182,62 @@ static mf_status check_partial_rotary(const reader *r, const char *key, const js
   return MF_OK;
 }
 
+/* quantization_config: how the checkpoint stores its weights. bitsandbytes
+ * 4-bit NF4 (transformers' BitsAndBytesConfig.to_dict; bnb_4bit_quant_type
+ * absent is its default, fp4) is read as shipped; anything else is refused
+ * naming what it is. */
+static mf_status read_quant(const reader *r, mf_hf_quant *q) {
+  static const char key[] = "quantization_config";
+  char clean[64], k[96];
+  memset(q, 0, sizeof *q);
+  const json_t *c = get(r, key);
+  if (!c || json_is_null(c)) return MF_OK;
+  if (!json_is_object(c)) return KEY_ERR(MF_ERR_FORMAT, r, key, "expected an object or null, got %s", type_name(c));
+  const json_t *m = json_object_get(c, "quant_method");
+  if (!m) return KEY_ERR(MF_ERR_FORMAT, r, key, "has no quant_method");
+  if (!json_is_string(m))
+    return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.quant_method", "expected a string, got %s", type_name(m));
+  const char *method = json_string_value(m);
+  if (strcmp(method, "bitsandbytes") != 0)
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.quant_method",
+                   "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4 as shipped); load the float "
+                   "checkpoint and set train.lora.base_dtype nf4 or fp8 to quantize it at load",
+                   printable(method, clean, sizeof clean));
+  /* each flag: absent is BitsAndBytesConfig's default */
+  static const char *const flags[] = {"load_in_4bit", "load_in_8bit", "bnb_4bit_use_double_quant"};
+  int on[3] = {0, 0, 0};
+  for (int i = 0; i < 3; i++) {
+    const json_t *v = json_object_get(c, flags[i]);
+    snprintf(k, sizeof k, "%s.%s", key, flags[i]);
+    if (v && !json_is_boolean(v))
+      return KEY_ERR(MF_ERR_FORMAT, r, k, "expected true or false, got %s", type_name(v));
+    on[i] = v && json_is_true(v);
+  }
+  if (on[1])
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, key,
+                   "bitsandbytes 8-bit (LLM.int8) checkpoints are not read; 4-bit nf4 ones are (load_in_4bit)");
+  if (!on[0]) return KEY_ERR(MF_ERR_FORMAT, r, key, "bitsandbytes with neither load_in_4bit nor load_in_8bit");
+  const json_t *t = json_object_get(c, "bnb_4bit_quant_type");
+  if (t && !json_is_string(t))
+    return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.bnb_4bit_quant_type", "expected a string, got %s",
+                   type_name(t));
+  const char *type = t ? json_string_value(t) : "fp4";
+  if (strcmp(type, "nf4") != 0)
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.bnb_4bit_quant_type",
+                   "'%s'%s is not read; bitsandbytes nf4 is (QLoRA's 4-bit NormalFloat)",
+                   printable(type, clean, sizeof clean), t ? "" : " (absent: BitsAndBytesConfig's default)");
+  const json_t *s = json_object_get(c, "bnb_4bit_quant_storage");
+  if (s && !json_is_null(s) && !(json_is_string(s) && strcmp(json_string_value(s), "uint8") == 0))
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.bnb_4bit_quant_storage",
+                   "%s%s%s: the packed codes are read as uint8 only", json_is_string(s) ? "'" : "",
+                   json_is_string(s) ? printable(json_string_value(s), clean, sizeof clean) : type_name(s),
+                   json_is_string(s) ? "'" : "");
+  q->kind = MF_QUANT_NF4;
+  q->nested = on[2];
+  snprintf(q->method, sizeof q->method, "bitsandbytes");
+  return MF_OK;
+}
+
 /* Keys every family reads that would change the maths in ways moefit does not implement. */
 static mf_status check_unsupported(const reader *r) {
   char clean[64];
@@ -192,10 +248,8 @@ static mf_status check_unsupported(const reader *r) {
     MF_CHECK(check_rope_type(r, "rope_scaling", v));
   }
   MF_CHECK(check_partial_rotary(r, "partial_rotary_factor", get(r, "partial_rotary_factor")));
-  if ((v = get(r, "quantization_config")) && !json_is_null(v))
-    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config",
-                   "checkpoints shipped quantized are not read yet: load the float checkpoint and set "
-                   "train.lora.base_dtype nf4 or fp8 (quantized at load, as bitsandbytes and transformers do)");
+  mf_hf_quant q;
+  MF_CHECK(read_quant(r, &q));
   if ((v = get(r, "hidden_act"))) {
     if (!json_is_string(v))
       return KEY_ERR(MF_ERR_FORMAT, r, "hidden_act", "expected a string, got %s", type_name(v));
@@ -458,7 +512,7 @@ static mf_status parse_root(reader *r, mf_model_spec *s) {
   return MF_OK;
 }
 
-mf_status mf_hf_config_parse(const char *text, size_t len, const char *where, mf_model_spec *out) {
+static mf_status parse_text(const char *text, size_t len, const char *where, mf_model_spec *out, mf_hf_quant *quant) {
   if (!text || !out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_hf_config_parse: NULL argument");
   reader r = {.where = where ? where : "config.json", .root = NULL, .family = MF_FAMILY_INVALID};
   json_error_t jerr;
@@ -469,13 +523,22 @@ mf_status mf_hf_config_parse(const char *text, size_t len, const char *where, mf
                   printable(jerr.text, clean, sizeof clean));
   }
   mf_model_spec spec;
+  mf_hf_quant q;
   mf_status st = parse_root(&r, &spec);
+  if (st == MF_OK) st = read_quant(&r, &q);
   json_decref(r.root);
-  if (st == MF_OK) *out = spec;
+  if (st == MF_OK) {
+    *out = spec;
+    if (quant) *quant = q;
+  }
   return st;
 }
 
-mf_status mf_hf_config_load(const char *path, mf_model_spec *out) {
+mf_status mf_hf_config_parse(const char *text, size_t len, const char *where, mf_model_spec *out) {
+  return parse_text(text, len, where, out, NULL);
+}
+
+mf_status mf_hf_config_load_quant(const char *path, mf_model_spec *out, mf_hf_quant *quant) {
   if (!path || !out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_hf_config_load: NULL argument");
   struct stat st;
   if (stat(path, &st) != 0) return MF_ERR(MF_ERR_IO, "%s: %s", path, strerror(errno));
@@ -485,8 +548,12 @@ mf_status mf_hf_config_load(const char *path, mf_model_spec *out) {
   char *text = NULL;
   size_t len = 0;
   mf_status s = mf_read_file(name, MF_HF_CONFIG_MAX_BYTES, "a config.json", &text, &len);
-  if (s == MF_OK) s = mf_hf_config_parse(text, len, name, out);
+  if (s == MF_OK) s = parse_text(text, len, name, out, quant);
   free(text);
   free(file);
   return s;
+}
+
+mf_status mf_hf_config_load(const char *path, mf_model_spec *out) {
+  return mf_hf_config_load_quant(path, out, NULL);
 }

@@ -173,6 +173,11 @@ mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i) {
 }
 
 mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested) {
+  return mf_param_table_quantize_set(t, kind, blocksize, nested, NULL);
+}
+
+mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested,
+                                      const uint8_t *which) {
   if (kind == MF_QUANT_NONE) return MF_OK;
   if (!t->lora_a)
     return MF_ERR(MF_ERR_CONFIG,
@@ -192,7 +197,7 @@ mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, in
   for (int64_t i = 0; i < t->n; i++) {
     mf_param *p = &t->params[i];
     p->quant = 0, p->qoff = -1, p->qbytes = 0;
-    if (!quantizable(t, i)) continue;
+    if (!quantizable(t, i) || (which && !which[i])) continue;
     p->quant = (uint8_t)kind;
     const mf_qweight w = mf_param_qweight(t, i);
     p->qoff = at;
@@ -200,10 +205,23 @@ mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, in
     at += (p->qbytes + 63) & ~(int64_t)63;
   }
   t->qhome_bytes = at;
-  return mf_malloc((size_t)(at > 0 ? at : 1), "the quantized base", (void **)&t->qhome);
+  return MF_OK;
+}
+
+mf_status mf_param_table_alloc_qhome(mf_param_table *t) {
+  if (t->qhome || t->qhome_bytes == 0) return MF_OK;
+  return mf_malloc((size_t)t->qhome_bytes, "the quantized base", (void **)&t->qhome);
+}
+
+/* A weight quantized into the home: the home must be there (mf_param_table_alloc_qhome). */
+static mf_status qhome_ready(const mf_param_table *t) {
+  if (t->qhome_bytes > 0 && !t->qhome)
+    return MF_ERR(MF_ERR_INTERNAL, "parameter table: the quantized base's home is not allocated");
+  return MF_OK;
 }
 
 mf_status mf_params_quantize_from(const mf_param_table *t, const float *w) {
+  MF_CHECK(qhome_ready(t));
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     if (p->quant)
@@ -211,6 +229,24 @@ mf_status mf_params_quantize_from(const mf_param_table *t, const float *w) {
                              t->base_nested, t->qhome + p->qoff, p->name));
   }
   return MF_OK;
+}
+
+mf_status mf_params_bnb4_layout(const mf_param_table *t, const char *path, uint8_t *which, int64_t *blocksize,
+                                int *found) {
+  *found = 0;
+  mf_safetensors *st = NULL;
+  MF_CHECK(mf_safetensors_open(path, &st));
+  mf_status rc = MF_OK;
+  for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
+    const mf_param *p = &t->params[i];
+    which[i] = (uint8_t)(quantizable(t, i) && mf_bnb4_stored(st, p->name));
+    if (!which[i] || *found) continue;
+    mf_qweight w;
+    rc = mf_bnb4_describe(st, path, p->name, p->shape[0], p->shape[1], &w);
+    if (rc == MF_OK) *blocksize = w.blocksize, *found = 1;
+  }
+  mf_safetensors_close(st);
+  return rc;
 }
 
 /* ------------------------------------------------------------------- LoRA */
@@ -477,11 +513,49 @@ static mf_status read_tensor(const char *path, const mf_param *p, const char *na
   }
 }
 
+/* Weight p stored bitsandbytes 4-bit in `st`: as shipped into the quantized
+ * home when the table quantizes it (the same format, or an error saying what
+ * differs), else dequantized at load into dst (its fp32 values). */
+static mf_status load_bnb4(const mf_param_table *t, const char *path, const mf_safetensors *st, const mf_param *p,
+                          float *dst, uint8_t **buf, size_t *cap) {
+  if (p->ndim != 2)
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is stored bitsandbytes 4-bit, but the model's %s is %d-D", path,
+                  p->name, p->name, p->ndim);
+  mf_qweight w;
+  MF_CHECK(mf_bnb4_describe(st, path, p->name, p->shape[0], p->shape[1], &w));
+  if (p->quant) {
+    if (p->quant != MF_QUANT_NF4 || w.blocksize != t->base_blocksize || w.nested != t->base_nested) {
+      char laid[96];
+      if (p->quant == MF_QUANT_NF4)
+        snprintf(laid, sizeof laid, "nf4 in blocks of %lld%s", (long long)t->base_blocksize,
+                 t->base_nested ? ", double quantized" : "");
+      else
+        snprintf(laid, sizeof laid, "%s", mf_quant_name((mf_quant_kind)p->quant));
+      return MF_ERR(MF_ERR_CONFIG,
+                    "%s: %s is stored nf4 in blocks of %lld%s, but the base is laid out %s (train.lora.base_dtype, "
+                    "base_blocksize, base_double_quant: leave them unset to take the checkpoint's)",
+                    path, p->name, (long long)w.blocksize, w.nested ? ", double quantized" : "", laid);
+    }
+    return mf_bnb4_read(st, path, p->name, &w, t->qhome + p->qoff);
+  }
+  const size_t need = (size_t)mf_qweight_blob_bytes(&w);
+  if (need > *cap) {
+    uint8_t *b = (uint8_t *)realloc(*buf, need);
+    if (!b) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: %s: out of memory dequantizing it", path, p->name);
+    *buf = b, *cap = need;
+  }
+  MF_CHECK(mf_bnb4_read(st, path, p->name, &w, *buf));
+  mf_qweight_blob_view(&w, *buf);
+  mf_qweight_dequantize_f32(&w, 0, w.rows, dst);
+  return MF_OK;
+}
+
 mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
   return mf_params_load_home(t, path, w, NULL);
 }
 
 mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *w, uint16_t *frozen_bf16) {
+  MF_CHECK(qhome_ready(t));
   float *scratch = NULL;
   MF_CHECK(frozen_scratch(t, frozen_bf16, &scratch));
   mf_safetensors *st = NULL;
@@ -490,8 +564,16 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
     free(scratch);
     return rc;
   }
+  uint8_t *blob = NULL; /* a bitsandbytes weight kept in float: its blob, dequantized */
+  size_t blob_cap = 0;
+  int64_t dequantized = 0;
   for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
+    if (mf_bnb4_stored(st, p->name)) {
+      rc = load_bnb4(t, path, st, p, dst_of(p, w, frozen_bf16, scratch), &blob, &blob_cap);
+      if (rc == MF_OK && !p->quant) rc = home_put(t, p, frozen_bf16, scratch), dequantized++;
+      continue;
+    }
     const mf_st_tensor *x = mf_safetensors_find(st, p->name);
     if (!x) {
       rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (the model's %s config needs it)", path, p->name,
@@ -502,11 +584,17 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
     if (rc == MF_OK) rc = home_put(t, p, frozen_bf16, scratch);
   }
   free(scratch);
+  free(blob);
+  if (rc == MF_OK && dequantized > 0)
+    MF_LOGI("model", "%s: %lld weights stored bitsandbytes nf4, dequantized at load (the base is kept in float: "
+            "train.lora.base_dtype bf16, or no adapters)", path, (long long)dequantized);
   if (rc == MF_OK) {
     int64_t unused = 0;
+    char weight[1024];
     for (size_t i = 0; i < mf_safetensors_count(st); i++) {
       const mf_st_tensor *x = mf_safetensors_get(st, i);
-      if (mf_param_find(t, x->name) < 0) {
+      const int part_of = mf_bnb4_companion(x->name, weight, sizeof weight) && mf_param_find(t, weight) >= 0;
+      if (!part_of && mf_param_find(t, x->name) < 0) {
         if (unused < 3) MF_LOGW("model", "%s: tensor %s is not used by the model", path, x->name);
         unused++;
       }
@@ -872,9 +960,9 @@ void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap) {
       snprintf(blk, sizeof blk, " in blocks of %lld%s", (long long)t->base_blocksize,
                t->base_nested ? ", double quantized" : "");
     const size_t n = strlen(buf);
-    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s: %s at home (%s in bf16)", (long long)nq,
-             mf_quant_name(t->base_quant), blk, mf_format_bytes((uint64_t)t->qhome_bytes, a, sizeof a),
-             mf_format_bytes((uint64_t)qn * 2, b, sizeof b));
+    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s%s: %s at home (%s in bf16)",
+             (long long)nq, mf_quant_name(t->base_quant), blk, t->base_shipped ? " as the checkpoint ships them" : "",
+             mf_format_bytes((uint64_t)t->qhome_bytes, a, sizeof a), mf_format_bytes((uint64_t)qn * 2, b, sizeof b));
   }
   if (!t->lora.hot || !(t->lora.roles & MF_LORA_EXPERT_ROLES)) return;
   int64_t hot = 0, moe = 0, lo = -1, hi = 0;

@@ -109,6 +109,7 @@ typedef struct mf_param_table {
   mf_quant_kind base_quant;
   int64_t base_blocksize;
   int base_nested;
+  int base_shipped; /* the quantized weights read as the checkpoint ships them (mf_run_quantize_base) */
   uint8_t *qhome;
   int64_t qhome_bytes;
 } mf_param_table;
@@ -142,10 +143,23 @@ static inline int mf_lora_expert_hot(const mf_param_table *t, int64_t layer, int
  * replaces with bitsandbytes' Linear4bit: attention projections, routers,
  * experts, shared experts and their gate, dense MLPs) gets `kind` (NF4 in
  * blocks of `blocksize`, double quantized when `nested`; FP8 in 128 x 128
- * blocks), and the quantized home is allocated for their blobs. MF_ERR_CONFIG
+ * blocks), and their blobs are laid out in the quantized home (qhome_bytes;
+ * nothing is allocated: `moefit plan` sizes a base it never holds). MF_ERR_CONFIG
  * for a table without adapters (a full fine-tune trains every weight) or a
  * format that is not made at load (MXFP4). NONE leaves t as it is. */
 mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested);
+/* The same for the weights which[i] != 0 marks among those (NULL: all of them). */
+mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested,
+                                      const uint8_t *which);
+/* A checkpoint shipped bitsandbytes 4-bit (`path` as mf_safetensors_open
+ * takes it): which[i] (t->n_base of them) = weight i is one
+ * mf_param_table_quantize_base quantizes and the file stores it 4-bit, and
+ * *blocksize the first such weight's block size (*found = 1; 0: none is). */
+mf_status mf_params_bnb4_layout(const mf_param_table *t, const char *path, uint8_t *which, int64_t *blocksize,
+                                int *found);
+/* Allocates the quantized home mf_param_table_quantize_base laid out (its
+ * pages written at load); nothing without a quantized base, or when it is there. */
+mf_status mf_param_table_alloc_qhome(mf_param_table *t);
 /* Weight i's stored form (its blob in the quantized home); i must be quantized. */
 mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i);
 /* Quantizes every quantized weight from its fp32 values in w (the table's

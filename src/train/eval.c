@@ -43,7 +43,7 @@ mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, const 
   else
     spec = cfg->model.init;
   MF_CHECK(mf_param_table_build(&spec, table));
-  mf_status st = mf_run_lora(cfg, *table, ckpt);
+  mf_status st = mf_run_lora(cfg, *table, dir, ckpt);
   if (st != MF_OK) {
     mf_param_table_free(*table);
     *table = NULL;
@@ -86,21 +86,84 @@ static mf_status hot_from_routing(const mf_config *cfg, const mf_param_table *t,
   return st;
 }
 
-mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt) {
+/* Whether dir holds weights (model.safetensors or its index), not only a config.json. */
+static int has_weights(const char *dir) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/model.safetensors", dir);
+  if (access(p, F_OK) == 0) return 1;
+  snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+  return access(p, F_OK) == 0;
+}
+
+mf_status mf_run_quantize_base(const mf_config *cfg, const char *dir, mf_param_table *t) {
   const mf_config_lora *c = &cfg->train.lora;
   char at[600];
-  if (c->rank == 0 && c->base_dtype != MF_QUANT_NONE)
+  mf_hf_quant q;
+  memset(&q, 0, sizeof q);
+  if (dir) {
+    mf_model_spec spec;
+    MF_CHECK(mf_hf_config_load_quant(dir, &spec, &q));
+  }
+  const int kind = c->base_dtype == MF_CONFIG_BASE_AUTO ? (t->lora_a ? (int)q.kind : MF_QUANT_NONE) : c->base_dtype;
+  if (kind == MF_QUANT_NONE) return MF_OK; /* float; a 4-bit checkpoint dequantized at load (mf_params_load_home) */
+  if (kind != MF_QUANT_NONE && cfg->ranks > 1)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "train.lora.base_dtype %s%s%s with %lld ranks: a quantized base is not built for the node's shared "
+                  "home yet; run one rank, or base_dtype bf16",
+                  mf_quant_name((mf_quant_kind)kind), c->base_dtype == MF_CONFIG_BASE_AUTO ? " (auto: as shipped)" : "",
+                  where(cfg, "train.lora.base_dtype", at, sizeof at), (long long)cfg->ranks);
+  if (q.kind == MF_QUANT_NONE) { /* quantized at load */
+    const mf_status st = mf_param_table_quantize_base(t, (mf_quant_kind)kind, c->base_blocksize, c->base_double_quant);
+    if (st == MF_ERR_CONFIG)
+      return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora", at, sizeof at));
+    return st;
+  }
+  if (kind != (int)q.kind)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "train.lora.base_dtype %s%s: %s ships its weights %s (%s); a quantized base is not quantized "
+                  "again: set auto (as shipped) or bf16 (dequantized at load)",
+                  mf_quant_name((mf_quant_kind)kind), where(cfg, "train.lora.base_dtype", at, sizeof at), dir,
+                  mf_quant_name(q.kind), q.method);
+  /* as shipped: the weights the file stores 4-bit, in its blocks */
+  int64_t bs = 64; /* transformers' Linear4bit blocks, where only the config.json is there (moefit plan) */
+  int found = 0;
+  uint8_t *which = NULL;
+  if (has_weights(dir)) {
+    MF_CHECK(mf_calloc((size_t)(t->n_base > 0 ? t->n_base : 1), 1, "the quantized weights' list", (void **)&which));
+    const mf_status st = mf_params_bnb4_layout(t, dir, which, &bs, &found);
+    if (st != MF_OK || !found) {
+      free(which);
+      return st != MF_OK ? st
+                         : MF_ERR(MF_ERR_FORMAT,
+                                  "%s: config.json says quantization_config bitsandbytes nf4, but no weight of the "
+                                  "model is stored 4-bit",
+                                  dir);
+    }
+  }
+  mf_status st = MF_OK;
+  if (mf_config_where(cfg, "train.lora.base_blocksize") && c->base_blocksize != bs)
+    st = MF_ERR(MF_ERR_CONFIG, "train.lora.base_blocksize %lld%s: %s ships nf4 in blocks of %lld (leave it unset)",
+                (long long)c->base_blocksize, where(cfg, "train.lora.base_blocksize", at, sizeof at), dir,
+                (long long)bs);
+  else if (mf_config_where(cfg, "train.lora.base_double_quant") && c->base_double_quant != q.nested)
+    st = MF_ERR(MF_ERR_CONFIG, "train.lora.base_double_quant %s%s: %s ships nf4 %s (leave it unset)",
+                c->base_double_quant ? "true" : "false", where(cfg, "train.lora.base_double_quant", at, sizeof at),
+                dir, q.nested ? "double quantized" : "without double quantization");
+  if (st == MF_OK) st = mf_param_table_quantize_set(t, MF_QUANT_NF4, bs, q.nested, which);
+  free(which);
+  if (st == MF_OK) t->base_shipped = 1;
+  return st;
+}
+
+mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *dir, const char *ckpt) {
+  const mf_config_lora *c = &cfg->train.lora;
+  char at[600];
+  if (c->rank == 0 && c->base_dtype != MF_QUANT_NONE && c->base_dtype != MF_CONFIG_BASE_AUTO)
     return MF_ERR(MF_ERR_CONFIG,
                   "train.lora.base_dtype %s%s: a quantized base is LoRA's frozen base; with train.lora.rank 0 "
                   "every weight is trained (set train.lora.rank, or base_dtype bf16)",
                   mf_quant_name((mf_quant_kind)c->base_dtype), where(cfg, "train.lora.base_dtype", at, sizeof at));
   if (c->rank == 0) return MF_OK;
-  if (c->base_dtype != MF_QUANT_NONE && cfg->ranks > 1)
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "train.lora.base_dtype %s%s with %lld ranks: a quantized base is not built for the node's shared "
-                  "home yet; run one rank, or base_dtype bf16",
-                  mf_quant_name((mf_quant_kind)c->base_dtype), where(cfg, "train.lora.base_dtype", at, sizeof at),
-                  (long long)cfg->ranks);
   mf_lora l = {c->rank,    (isnan(c->alpha) ? (double)c->rank : c->alpha) / (double)c->rank,
                0,          c->train_router,
                c->dropout, NULL};
@@ -125,11 +188,9 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt)
   }
   mf_status st = mf_param_table_add_lora(t, &l);
   free(l.hot);
-  if (st == MF_OK)
-    st = mf_param_table_quantize_base(t, (mf_quant_kind)c->base_dtype, c->base_blocksize, c->base_double_quant);
   if (st == MF_ERR_CONFIG)
     return MF_ERR(MF_ERR_CONFIG, "%s%s", mf_last_error(), where(cfg, "train.lora", at, sizeof at));
-  return st;
+  return st == MF_OK ? mf_run_quantize_base(cfg, dir, t) : st;
 }
 
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
@@ -170,7 +231,8 @@ mf_status mf_run_load_model(const mf_config *cfg, const char *model_dir, mf_para
                             char *desc, size_t desc_cap) {
   *w = NULL;
   MF_CHECK(mf_run_model_table(cfg, model_dir, NULL, table));
-  mf_status st = mf_run_load_weights(cfg, model_dir, *table, NULL, w, desc, desc_cap);
+  mf_status st = mf_param_table_alloc_qhome(*table);
+  if (st == MF_OK) st = mf_run_load_weights(cfg, model_dir, *table, NULL, w, desc, desc_cap);
   if (st != MF_OK) {
     mf_param_table_free(*table);
     *table = NULL;
@@ -404,8 +466,7 @@ mf_status mf_eval(const mf_config *cfg, const mf_eval_opts *opts, mf_eval_result
     free(lora.hot);
     /* the base as the config stores it (train.lora.base_dtype: as the adapters were trained over it) */
     if (st == MF_OK)
-      st = mf_param_table_quantize_base(t, (mf_quant_kind)cfg->train.lora.base_dtype, cfg->train.lora.base_blocksize,
-                                        cfg->train.lora.base_double_quant);
+      st = mf_run_quantize_base(cfg, model_dir_of(cfg, NULL), t);
     if (st != MF_OK) goto done;
     mf_config_lora *ol = &own.train.lora;
     ol->rank = t->lora.rank;

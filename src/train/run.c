@@ -163,6 +163,7 @@ static mf_status open_backend(mf_run *r, const mf_config *cfg, const mf_run_opts
 static mf_status open_executor(mf_run *r, const mf_config *cfg) {
   const mf_schedule *s = r->rp->plan->s;
   MF_CHECK(mf_run_plan_admit(r->rp, cfg));
+  MF_CHECK(mf_param_table_alloc_qhome(r->t)); /* the quantized base's home, once the plan fits the host */
   if (r->inside)
     MF_CHECK(mf_exec_create_inside(r->rp->prog, s, r->inside->exec, &r->exec));
   else

@@ -27,12 +27,23 @@ mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, const 
                              mf_param_table **table);
 /* train.lora on table t (mf_run_model_table calls it): with a rank, its
  * adapters added and the base frozen (src/model/params.h mf_lora); an error
- * names the config's place for what the model lacks. With experts: hot, the
+ * names the config's place for what the model lacks (dir: the checkpoint's, or
+ * NULL for model.init). With experts: hot, the
  * hot experts are checkpoint ckpt's (state.json lora_hot: resume and export
  * rebuild the table the run trained), or with ckpt NULL each MoE layer's
  * hot_fraction most-routed by the routing memory.routing names
  * (experts/experts.h mf_experts_lora_hot), refused without measured routing. */
-mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *ckpt);
+mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *dir, const char *ckpt);
+/* LoRA's frozen base stored as train.lora.base_dtype says (mf_run_lora calls
+ * it), against how the checkpoint at dir (NULL: model.init) ships it: auto
+ * keeps a bitsandbytes 4-bit checkpoint nf4 as shipped (the weights the file
+ * stores 4-bit, in its blocks; blocks of 64 where only config.json is there),
+ * and a float one in its dtype; nf4 / fp8 over a float checkpoint quantize at
+ * load; bf16 (or no adapters) over a 4-bit one leaves the table float (the
+ * loader dequantizes). Another format than the checkpoint's, a block size or
+ * double quantization set against it, or several ranks are MF_ERR_CONFIG /
+ * MF_ERR_UNSUPPORTED naming the key. */
+mf_status mf_run_quantize_base(const mf_config *cfg, const char *dir, mf_param_table *t);
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
                               mf_threadpool *pool, float **w, char *desc, size_t desc_cap);
 /* The same into w (the caller's, t->total_numel floats), a frozen parameter

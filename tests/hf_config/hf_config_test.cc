@@ -350,6 +350,47 @@ TEST(HfConfigLoad, AcceptsWhatDoesNotChangeTheMaths) {
   }
 }
 
+// quantization_config: bitsandbytes 4-bit nf4 as transformers writes it is
+// read (the weights' storage, apart from the spec); none is a float checkpoint.
+TEST(HfConfigLoad, BitsandbytesNf4IsReadAsShipped) {
+  struct Case {
+    const char *name;
+    json_t *qc;
+    mf_quant_kind kind;
+    int nested;
+  } cases[] = {
+      {"none", nullptr, MF_QUANT_NONE, 0},
+      {"null", json_null(), MF_QUANT_NONE, 0},
+      {"nf4_dq",
+       json_pack("{s:s, s:b, s:b, s:s, s:b, s:s, s:s, s:n, s:f}", "quant_method", "bitsandbytes", "load_in_4bit", 1,
+                 "load_in_8bit", 0, "bnb_4bit_quant_type", "nf4", "bnb_4bit_use_double_quant", 1,
+                 "bnb_4bit_compute_dtype", "float32", "bnb_4bit_quant_storage", "uint8", "llm_int8_skip_modules",
+                 "llm_int8_threshold", 6.0),
+       MF_QUANT_NF4, 1},
+      {"nf4_plain",
+       json_pack("{s:s, s:b, s:s}", "quant_method", "bitsandbytes", "load_in_4bit", 1, "bnb_4bit_quant_type", "nf4"),
+       MF_QUANT_NF4, 0},
+  };
+  for (const Case &c : cases) {
+    json_t *qc = c.qc;
+    std::string path = WriteTmp(std::string("quant_") + c.name + ".json", Edited("qwen3_moe", [qc](json_t *j) {
+                                  if (qc) json_object_set(j, "quantization_config", qc);
+                                }));
+    if (qc) json_decref(qc);
+    mf_model_spec s{}, plain{};
+    mf_hf_quant q;
+    memset(&q, 0x5a, sizeof q);
+    ASSERT_EQ(mf_hf_config_load_quant(path.c_str(), &s, &q), MF_OK) << c.name << ": " << mf_last_error();
+    EXPECT_EQ(q.kind, c.kind) << c.name;
+    EXPECT_EQ(q.nested, c.nested) << c.name;
+    EXPECT_STREQ(q.method, c.kind ? "bitsandbytes" : "") << c.name;
+    ASSERT_EQ(mf_hf_config_load(path.c_str(), &plain), MF_OK) << c.name << ": " << mf_last_error();
+    EXPECT_EQ(s.family, plain.family) << c.name;
+    EXPECT_EQ(s.hidden, plain.hidden) << c.name;
+    EXPECT_EQ(s.experts, plain.experts) << c.name;
+  }
+}
+
 TEST(HfConfigLoad, ModelDirectory) {
   std::string dir = TmpDir() + "/model_dir";
   mkdir(dir.c_str(), 0755);
@@ -609,10 +650,41 @@ std::vector<Bad> BadCases() {
        set("qwen2_moe", "attention_dropout", json_real(0.1)),
        MF_ERR_UNSUPPORTED,
        {"attention_dropout"}},
-      {"quantized",
+      {"quantized_fp8",
        set("mixtral", "quantization_config", json_pack("{s:s}", "quant_method", "fp8")),
        MF_ERR_UNSUPPORTED,
-       {"quantization_config"}},
+       {"quantization_config.quant_method", "'fp8'", "base_dtype"}},
+      {"quantized_not_object",
+       set("mixtral", "quantization_config", json_string("nf4")),
+       MF_ERR_FORMAT,
+       {"quantization_config", "expected an object"}},
+      {"quantized_no_method", set("mixtral", "quantization_config", json_object()), MF_ERR_FORMAT,
+       {"quantization_config", "quant_method"}},
+      {"bnb_8bit",
+       set("mixtral", "quantization_config",
+           json_pack("{s:s, s:b}", "quant_method", "bitsandbytes", "load_in_8bit", 1)),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config", "8-bit"}},
+      {"bnb_neither",
+       set("mixtral", "quantization_config", json_pack("{s:s}", "quant_method", "bitsandbytes")),
+       MF_ERR_FORMAT,
+       {"quantization_config", "neither load_in_4bit"}},
+      {"bnb_4bit_flag_string",
+       set("olmoe", "quantization_config",
+           json_pack("{s:s, s:s}", "quant_method", "bitsandbytes", "load_in_4bit", "true")),
+       MF_ERR_FORMAT,
+       {"quantization_config.load_in_4bit", "true or false"}},
+      {"bnb_fp4_by_default",
+       set("mixtral", "quantization_config",
+           json_pack("{s:s, s:b}", "quant_method", "bitsandbytes", "load_in_4bit", 1)),
+       MF_ERR_UNSUPPORTED,
+       {"bnb_4bit_quant_type", "'fp4'", "default"}},
+      {"bnb_bf16_storage",
+       set("qwen3_moe", "quantization_config",
+           json_pack("{s:s, s:b, s:s, s:s}", "quant_method", "bitsandbytes", "load_in_4bit", 1,
+                     "bnb_4bit_quant_type", "nf4", "bnb_4bit_quant_storage", "bfloat16")),
+       MF_ERR_UNSUPPORTED,
+       {"bnb_4bit_quant_storage", "'bfloat16'", "uint8"}},
       {"clip_qkv_zero", set("olmoe", "clip_qkv", json_real(0.0)), MF_ERR_FORMAT, {"clip_qkv", "positive"}},
       {"jitter_one",
        set("mixtral", "router_jitter_noise", json_real(1.0)),

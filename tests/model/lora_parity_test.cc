@@ -103,6 +103,7 @@ class LoraParity : public FixtureTest {
       ASSERT_STREQ(mf_safetensors_metadata(fx_, "base_double_quant"), "false");
       ASSERT_EQ(mf_param_table_quantize_base(t_, MF_QUANT_NF4, (int64_t)meta_num(fx_, "base_blocksize"), 0), MF_OK)
           << mf_last_error();
+      ASSERT_EQ(mf_param_table_alloc_qhome(t_), MF_OK) << mf_last_error();
     }
     w_.resize((size_t)t_->total_numel);
     ASSERT_EQ(mf_params_load(t_, (base + "/model.safetensors").c_str(), w_.data()), MF_OK) << mf_last_error();

@@ -1,0 +1,382 @@
+// Checkpoints shipped bitsandbytes 4-bit (issue 30; tests/fixtures/bnb4,
+// tools/make_bnb_fixtures.py): the four families loaded 4-bit NF4 (double
+// quantized; mixtral_plain without) by transformers + bitsandbytes on the
+// CPU and written by save_pretrained, with PEFT adapters saved over them.
+// moefit reads them as shipped (train.lora.base_dtype auto): the blobs
+// dequantize to bitsandbytes' bits, the logits are the 4-bit model's (1e-5
+// relative) and with the adapters PeftModel's; without adapters the base is
+// dequantized at load to the same logits. Damaged or mismatched files and
+// configs are refused naming the tensor or the key.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "src/config/config.h"
+#include "src/io/quant.h"
+#include "src/model/hf_config.h"
+#include "src/train/train.h"
+#include "tests/model/parity_util.h"
+
+namespace {
+
+using namespace mf_parity;
+
+const char kRoot[] = "tests/fixtures/bnb4";
+
+std::vector<std::string> fixture_dirs() {
+  std::vector<std::string> out;
+  DIR *d = opendir(kRoot);
+  if (!d) return out;
+  while (dirent *e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n[0] != '.' && access((std::string(kRoot) + "/" + n + "/expected.safetensors").c_str(), R_OK) == 0)
+      out.push_back(n);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// An eval config over model.path `dir` (YAML lines `extra` under train.lora).
+mf_config *config_for(const std::string &dir, const std::string &lora = "", const char *const *ov = nullptr,
+                      size_t n_ov = 0) {
+  const std::string y = "model: {path: " + dir + "}\ndata: {seq_len: 8}\ntrain: {micro_batch: 1" +
+                        (lora.empty() ? "" : ", lora: {" + lora + "}") + "}\nbackend: cpu\n";
+  mf_config *cfg = nullptr;
+  EXPECT_EQ(mf_config_load_string_for(y.c_str(), y.size(), "test.yaml", ov, n_ov, MF_CONFIG_FOR_EVAL, &cfg), MF_OK)
+      << mf_last_error();
+  return cfg;
+}
+
+class Bnb4 : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(kRoot) + "/" + GetParam();
+    ASSERT_EQ(mf_safetensors_open((dir_ + "/expected.safetensors").c_str(), &ex_), MF_OK) << mf_last_error();
+    const mf_st_tensor *ids = mf_safetensors_find(ex_, "input_ids");
+    ASSERT_TRUE(ids && ids->dtype == MF_DTYPE_I32 && ids->ndim == 2) << "input_ids [B, S] I32";
+    B_ = ids->shape[0], S_ = ids->shape[1];
+    ids_ = (const int32_t *)ids->data;
+    targets_.assign((size_t)(B_ * S_), -1);
+    for (int64_t r = 0; r < B_; r++)
+      for (int64_t s = 0; s + 1 < S_; s++) targets_[r * S_ + s] = ids_[r * S_ + s + 1];
+  }
+  void TearDown() override {
+    mf_safetensors_close(ex_);
+    mf_param_table_free(t_);
+    mf_config_free(cfg_);
+  }
+  // The table as `moefit eval --model ADAPTERS` builds it over this base: PEFT's
+  // adapters, the base stored as the config says against the checkpoint;
+  // then the weights and (adapters) the adapters loaded into w_.
+  mf_status open_with_adapters(const char *const *ov = nullptr, size_t n_ov = 0) {
+    cfg_ = config_for(dir_, "", ov, n_ov);
+    if (!cfg_) return MF_ERR_CONFIG;
+    mf_model_spec spec;
+    MF_CHECK(mf_hf_config_load(dir_.c_str(), &spec));
+    MF_CHECK(mf_param_table_build(&spec, &t_));
+    mf_lora l;
+    MF_CHECK(mf_lora_read_adapter_config(dir_.c_str(), t_, &l));
+    const mf_status st = mf_param_table_add_lora(t_, &l);
+    free(l.hot);
+    MF_CHECK(st);
+    MF_CHECK(mf_run_quantize_base(cfg_, dir_.c_str(), t_));
+    MF_CHECK(mf_param_table_alloc_qhome(t_));
+    w_.assign((size_t)t_->total_numel, 0.0f);
+    MF_CHECK(mf_params_load(t_, dir_.c_str(), w_.data()));
+    return mf_params_load_adapters(t_, dir_.c_str(), w_.data());
+  }
+  Result run(const std::vector<float> &w) const {
+    return run_model(t_, w, ids_, targets_, B_, S_, t_->spec.router_aux_loss_coef);
+  }
+  const float *expected(const char *name) const { return f32(ex_, name, B_ * S_ * t_->spec.vocab); }
+  std::string dir_;
+  mf_safetensors *ex_ = nullptr;
+  int64_t B_ = 0, S_ = 0;
+  const int32_t *ids_ = nullptr;
+  std::vector<int32_t> targets_;
+  mf_config *cfg_ = nullptr;
+  mf_param_table *t_ = nullptr;
+  std::vector<float> w_;
+};
+
+// As shipped: exactly the weights the file stores 4-bit are quantized, in
+// its blocks and double quantization, and they dequantize to bitsandbytes'
+// dequantize_4bit bit for bit.
+TEST_P(Bnb4, TheBaseIsReadAsShipped) {
+  ASSERT_EQ(open_with_adapters(), MF_OK) << mf_last_error();
+  EXPECT_EQ(t_->base_shipped, 1);
+  EXPECT_EQ(t_->base_quant, MF_QUANT_NF4);
+  EXPECT_EQ(t_->base_nested, GetParam() != "mixtral_plain");
+  mf_safetensors *st = nullptr;
+  ASSERT_EQ(mf_safetensors_open(dir_.c_str(), &st), MF_OK) << mf_last_error();
+  int64_t quantized = 0, checked = 0;
+  for (int64_t i = 0; i < t_->n_base; i++) {
+    const mf_param &p = t_->params[i];
+    EXPECT_EQ(p.quant != 0, mf_bnb4_stored(st, p.name) != 0) << p.name;
+    if (!p.quant) continue;
+    quantized++;
+    EXPECT_EQ(t_->base_blocksize, 64) << "transformers' Linear4bit blocks";
+    const float *ref = f32(ex_, std::string("deq.") + p.name, p.numel);
+    if (!ref) continue;
+    const mf_qweight q = mf_param_qweight(t_, i);
+    std::vector<float> got((size_t)p.numel);
+    mf_qweight_dequantize_f32(&q, 0, q.rows, got.data());
+    EXPECT_EQ(memcmp(got.data(), ref, got.size() * 4), 0) << p.name;
+    checked++;
+  }
+  mf_safetensors_close(st);
+  EXPECT_GT(quantized, 0);
+  EXPECT_GE(checked, 2) << "expected.safetensors names deq.<weight> of an attention and an expert projection";
+}
+
+// The 4-bit model's logits: the adapters with B = 0 (PEFT's identity).
+TEST_P(Bnb4, LogitsAreTheFourBitModels) {
+  ASSERT_EQ(open_with_adapters(), MF_OK) << mf_last_error();
+  std::vector<float> w = w_;
+  for (int64_t i = t_->n_base; i < t_->n; i++)
+    if (t_->params[i].role == MF_P_LORA_B)
+      std::fill(w.begin() + t_->params[i].offset, w.begin() + t_->params[i].offset + t_->params[i].numel, 0.0f);
+  const Result r = run(w);
+  const float *want = expected("logits");
+  ASSERT_NE(want, nullptr) << "logits [B, S, V] F32";
+  EXPECT_LT(rel_err(r.logits.data(), want, (int64_t)r.logits.size()), 1e-5);
+}
+
+// PEFT's adapters saved over the 4-bit model: PeftModel's logits; and they
+// matter (the 4-bit model's logits are far from them).
+TEST_P(Bnb4, PeftAdaptersGivePeftModelsLogits) {
+  ASSERT_EQ(open_with_adapters(), MF_OK) << mf_last_error();
+  const Result r = run(w_);
+  const float *want = expected("peft_logits"), *base = expected("logits");
+  ASSERT_TRUE(want && base);
+  EXPECT_LT(rel_err(r.logits.data(), want, (int64_t)r.logits.size()), 1e-5);
+  EXPECT_GT(rel_err(base, want, (int64_t)r.logits.size()), 1e-3) << "the fixture's adapters change nothing";
+}
+
+// No adapters (a full model, rank 0): the base dequantized at load into the
+// float weights, the same logits.
+TEST_P(Bnb4, WithoutAdaptersTheBaseIsDequantizedAtLoad) {
+  cfg_ = config_for(dir_);
+  ASSERT_NE(cfg_, nullptr);
+  float *w = nullptr;
+  char desc[256];
+  ASSERT_EQ(mf_run_load_model(cfg_, nullptr, &t_, &w, desc, sizeof desc), MF_OK) << mf_last_error();
+  EXPECT_EQ(t_->base_quant, MF_QUANT_NONE);
+  EXPECT_EQ(t_->qhome_bytes, 0);
+  w_.assign(w, w + t_->total_numel);
+  free(w);
+  const Result r = run(w_);
+  const float *want = expected("logits");
+  ASSERT_NE(want, nullptr);
+  EXPECT_LT(rel_err(r.logits.data(), want, (int64_t)r.logits.size()), 1e-5);
+}
+
+// base_dtype bf16 with adapters: dequantized at load as well, PeftModel's logits.
+TEST_P(Bnb4, Bf16DequantizesAtLoad) {
+  const char *ov[] = {"train.lora.base_dtype=bf16"};
+  ASSERT_EQ(open_with_adapters(ov, 1), MF_OK) << mf_last_error();
+  EXPECT_EQ(t_->base_quant, MF_QUANT_NONE);
+  const Result r = run(w_);
+  const float *want = expected("peft_logits");
+  ASSERT_NE(want, nullptr);
+  EXPECT_LT(rel_err(r.logits.data(), want, (int64_t)r.logits.size()), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bnb4, ::testing::ValuesIn(fixture_dirs()),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+TEST(Bnb4Fixtures, ArePresent) {
+  EXPECT_EQ(fixture_dirs().size(), 5u) << "tests/fixtures/bnb4: the four families and mixtral_plain";
+}
+
+// ------------------------------------------------------------ refusals
+
+// A copy of the mixtral fixture's model.safetensors with tensor `name`
+// replaced by `repl` (dtype, shape, bytes), or removed (repl NULL), written
+// with its config.json into a fresh dir; returns the dir.
+struct Damage {
+  std::string name;
+  bool remove = false;
+  mf_dtype dtype = MF_DTYPE_INVALID;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+std::string damaged_copy(const std::string &label, const Damage &d) {
+  const char *tmp = getenv("TEST_TMPDIR");
+  const std::string src = std::string(kRoot) + "/mixtral", out = std::string(tmp ? tmp : "/tmp") + "/bnb4_" + label;
+  EXPECT_EQ(system(("rm -rf " + out + " && mkdir -p " + out + " && cp " + src + "/config.json " + src +
+                    "/adapter_config.json " + src + "/adapter_model.safetensors " + out + "/")
+                       .c_str()),
+            0);
+  mf_safetensors *st = nullptr;
+  EXPECT_EQ(mf_safetensors_open((src + "/model.safetensors").c_str(), &st), MF_OK) << mf_last_error();
+  std::vector<mf_st_tensor> ts;
+  for (size_t i = 0; i < mf_safetensors_count(st); i++) {
+    mf_st_tensor x = *mf_safetensors_get(st, i);
+    if (d.name == x.name) {
+      if (d.remove) continue;
+      x.dtype = d.dtype;
+      x.ndim = (int)d.shape.size();
+      x.numel = 1;
+      for (size_t k = 0; k < d.shape.size(); k++) x.shape[k] = d.shape[k], x.numel *= (uint64_t)d.shape[k];
+      x.nbytes = d.bytes.size();
+      x.data = d.bytes.data();
+    }
+    ts.push_back(x);
+  }
+  EXPECT_EQ(mf_safetensors_write((out + "/model.safetensors").c_str(), ts.data(), ts.size(), nullptr, 0), MF_OK)
+      << mf_last_error();
+  mf_safetensors_close(st);
+  return out;
+}
+
+// One of mixtral's quantized weights and its pieces' bytes, from the fixture.
+struct Piece {
+  std::string weight;
+  std::vector<uint8_t> bytes(const std::string &suffix) const {
+    mf_safetensors *st = nullptr;
+    EXPECT_EQ(mf_safetensors_open((std::string(kRoot) + "/mixtral/model.safetensors").c_str(), &st), MF_OK);
+    const mf_st_tensor *x = mf_safetensors_find(st, (weight + suffix).c_str());
+    std::vector<uint8_t> out;
+    if (x) out.assign((const uint8_t *)x->data, (const uint8_t *)x->data + x->nbytes);
+    mf_safetensors_close(st);
+    return out;
+  }
+};
+
+mf_status load_damaged(const std::string &dir, std::string *msg) {
+  mf_config *cfg = config_for(dir);
+  mf_model_spec spec;
+  mf_param_table *t = nullptr;
+  mf_status st = mf_hf_config_load(dir.c_str(), &spec);
+  if (st == MF_OK) st = mf_param_table_build(&spec, &t);
+  mf_lora l;
+  if (st == MF_OK) st = mf_lora_read_adapter_config(dir.c_str(), t, &l);
+  if (st == MF_OK) {
+    st = mf_param_table_add_lora(t, &l);
+    free(l.hot);
+  }
+  if (st == MF_OK) st = mf_run_quantize_base(cfg, dir.c_str(), t);
+  if (st == MF_OK) st = mf_param_table_alloc_qhome(t);
+  std::vector<float> w(t ? (size_t)t->total_numel : 0);
+  if (st == MF_OK) st = mf_params_load(t, dir.c_str(), w.data());
+  *msg = mf_last_error();
+  mf_param_table_free(t);
+  mf_config_free(cfg);
+  return st;
+}
+
+TEST(Bnb4Damaged, IsRefusedNamingTheTensorAndTheFault) {
+  const Piece q{"model.layers.0.self_attn.q_proj.weight"};
+  const std::vector<uint8_t> absmax = q.bytes(".absmax"), map = q.bytes(".quant_map"), qs =
+      q.bytes(".quant_state.bitsandbytes__nf4"), packed = q.bytes("");
+  ASSERT_FALSE(absmax.empty() || map.empty() || qs.empty() || packed.empty())
+      << q.weight << " is not stored 4-bit, double quantized, in the mixtral fixture";
+  const std::string js(qs.begin(), qs.end());
+  auto json_bytes = [](const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  auto replace = [&](const std::string &from, const std::string &to) {
+    std::string s = js;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " not in " << js;
+    if (at != std::string::npos) s.replace(at, from.size(), to);
+    return s;
+  };
+  std::vector<uint8_t> bad_map = map;
+  bad_map[4 * 3] ^= 1;
+  std::vector<uint8_t> short_absmax(absmax.begin(), absmax.end() - 1);
+  const std::string qsn = q.weight + ".quant_state.bitsandbytes__nf4";
+  const struct Case {
+    const char *label;
+    Damage d;
+    const char *want[3];
+  } cases[] = {
+      {"absmax_short", {q.weight + ".absmax", false, MF_DTYPE_U8, {(int64_t)short_absmax.size()}, short_absmax},
+       {".absmax", "U8 [", "double-quantized"}},
+      {"absmax_missing", {q.weight + ".nested_absmax", true}, {".nested_absmax", "missing", nullptr}},
+      {"quant_map", {q.weight + ".quant_map", false, MF_DTYPE_F32, {16}, bad_map}, {".quant_map[3]", "NF4", nullptr}},
+      {"shape", {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"shape\": [", "\"shape\": [2"))},
+       {"quant_state", "shape", "the config says"}},
+      {"shape_rank", {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"shape\": [", "\"shape\": [1, "))},
+       {"quant_state", "shape must be [rows, cols]", nullptr}},
+      {"blocksize", {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"blocksize\": 64", "\"blocksize\": 48"))},
+       {"blocksize 48", "power of two", nullptr}},
+      {"json", {qsn, false, MF_DTYPE_U8, {}, json_bytes(js.substr(0, js.size() / 2))}, {"invalid JSON", nullptr, nullptr}},
+      {"packed_short", {q.weight, false, MF_DTYPE_U8, {(int64_t)packed.size() - 1, 1},
+                        std::vector<uint8_t>(packed.begin(), packed.end() - 1)},
+       {q.weight.c_str(), "packed in U8", nullptr}},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.label);
+    Damage d = c.d;
+    if (d.shape.empty() && !d.remove) d.shape = {(int64_t)d.bytes.size()};
+    const std::string dir = damaged_copy(c.label, d);
+    std::string msg;
+    const mf_status st = load_damaged(dir, &msg);
+    EXPECT_EQ(st, MF_ERR_FORMAT) << msg;
+    EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+    for (const char *w : c.want) {
+      if (!w) continue;
+      EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+    }
+  }
+}
+
+// `moefit plan` needs only config.json: without the weights the base is laid
+// out as transformers quantizes (every linear weight but the LM head) in
+// Linear4bit's blocks of 64, as shipped.
+TEST(Bnb4Config, PlannedFromTheConfigAlone) {
+  const char *tmp = getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/bnb4_config_only";
+  ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + kRoot + "/qwen3_moe/config.json " + dir)
+                       .c_str()),
+            0);
+  mf_config *cfg = config_for(dir, "rank: 4");
+  ASSERT_NE(cfg, nullptr);
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_run_model_table(cfg, nullptr, nullptr, &t), MF_OK) << mf_last_error();
+  EXPECT_EQ(t->base_shipped, 1);
+  EXPECT_EQ(t->base_quant, MF_QUANT_NF4);
+  EXPECT_EQ(t->base_blocksize, 64);
+  EXPECT_EQ(t->base_nested, 1);
+  EXPECT_EQ(t->qhome, nullptr) << "a plan allocates no quantized home";
+  EXPECT_GT(t->qhome_bytes, 0);
+  for (int64_t i = 0; i < t->n_base; i++) {
+    const mf_param &p = t->params[i];
+    EXPECT_EQ(p.quant != 0, p.frozen && p.ndim == 2 && p.role != MF_P_EMBED && i != mf_param_lm_head(t)) << p.name;
+  }
+  mf_param_table_free(t);
+  mf_config_free(cfg);
+}
+
+// A format set against the checkpoint's is refused naming the key.
+TEST(Bnb4Config, SettingsAgainstTheCheckpointAreRefused) {
+  const std::string dir = std::string(kRoot) + "/mixtral";
+  const struct {
+    const char *ov, *want;
+  } cases[] = {
+      {"train.lora.base_dtype=fp8", "not quantized again"},
+      {"train.lora.base_blocksize=128", "ships nf4 in blocks of 64"},
+      {"train.lora.base_double_quant=false", "ships nf4 double quantized"},
+  };
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.ov);
+    mf_config *cfg = config_for(dir, "rank: 4", &c.ov, 1);
+    ASSERT_NE(cfg, nullptr);
+    mf_param_table *t = nullptr;
+    EXPECT_EQ(mf_run_model_table(cfg, nullptr, nullptr, &t), MF_ERR_CONFIG);
+    const std::string msg = mf_last_error();
+    EXPECT_NE(msg.find(c.want), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.ov, 0, strchr(c.ov, '=') - c.ov), std::string::npos) << msg;
+    mf_param_table_free(t);
+    mf_config_free(cfg);
+  }
+}
+
+}  // namespace
