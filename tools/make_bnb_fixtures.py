@@ -101,7 +101,6 @@ SPECS = {"mixtral": ("mixtral", True), "qwen2_moe": ("qwen2_moe", True), "qwen3_
 NAMES = list(SPECS)
 OUT_FILES = ["config.json", "model.safetensors", "adapter_config.json", "adapter_model.safetensors",
              "expected.safetensors"]
-BYTE_FILES = [f for f in OUT_FILES if f != "expected.safetensors"]
 
 BLOCKSIZE = 64  # Params4bit's default (transformers passes none)
 NESTED_BLOCKSIZE = 256  # quantize_4bit's compress_statistics: quantize_blockwise(..., blocksize=256)
@@ -949,23 +948,24 @@ def compare_expected(a, b, n):
     return ok
 
 
-def compare(ref_dir, new_dir):
-    """Every file of every fixture byte for byte (mfx.compare, NOTES.md too), but expected.safetensors
-    (compare_expected); no other file or directory."""
-    ok = mfx.compare(ref_dir, new_dir, NAMES, BYTE_FILES)
-    for n in NAMES:
+def compare(ref_dir, new_dir, names=NAMES, out_files=OUT_FILES):
+    """Every file of every fixture (names) byte for byte (mfx.compare, NOTES.md too), but
+    expected.safetensors (compare_expected); no file or directory besides out_files and names.
+    make_fp8_fixtures' compare too."""
+    ok = mfx.compare(ref_dir, new_dir, names, [f for f in out_files if f != "expected.safetensors"])
+    for n in names:
         a = os.path.join(ref_dir, n, "expected.safetensors")
         if not os.path.exists(a):
             print(f"MISSING {n}/expected.safetensors")
             ok = False
         else:
             ok = compare_expected(a, os.path.join(new_dir, n, "expected.safetensors"), n) and ok
-        extra = sorted(set(os.listdir(os.path.join(ref_dir, n))) - set(OUT_FILES)) \
+        extra = sorted(set(os.listdir(os.path.join(ref_dir, n))) - set(out_files)) \
             if os.path.isdir(os.path.join(ref_dir, n)) else []
         if extra:
             print(f"EXTRA    {n}/{extra}")
             ok = False
-    extra = sorted(set(os.listdir(ref_dir)) - set(NAMES) - {"NOTES.md"}) if os.path.isdir(ref_dir) else []
+    extra = sorted(set(os.listdir(ref_dir)) - set(names) - {"NOTES.md"}) if os.path.isdir(ref_dir) else []
     if extra:
         print(f"EXTRA    {extra}")
         ok = False

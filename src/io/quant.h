@@ -145,6 +145,30 @@ mf_status mf_bnb4_describe(const mf_safetensors *st, const char *path, const cha
 mf_status mf_bnb4_read(const mf_safetensors *st, const char *path, const char *name, const mf_qweight *w,
                        uint8_t *blob);
 
+/* FP8 e4m3 in 128 x 128 blocks as DeepSeek-V3, the Qwen3-FP8 releases and
+ * transformers' FineGrainedFP8 save a weight `W` (config.json
+ * quantization_config quant_method "fp8", weight_block_size [128, 128]):
+ *   W            F8_E4M3 [rows, cols]
+ *   W_scale_inv  F32 (or BF16, widened exactly) [ceil(rows / 128), ceil(cols / 128)]
+ * Whether st stores `name` that way (its W_scale_inv is there). */
+int mf_fp8_stored(const mf_safetensors *st, const char *name);
+/* W and W_scale_inv of file `path` into blob[mf_qweight_blob_bytes] of an FP8
+ * [rows, cols] weight, each checked for dtype and shape, then the values
+ * (mf_qweight_check: no NaN code, scales finite and >= 0). */
+mf_status mf_fp8_read(const mf_safetensors *st, const char *path, const char *name, int64_t rows, int64_t cols,
+                      uint8_t *blob);
+
+/* Either format: how st ships weight `name` (NF4: bitsandbytes, FP8, or
+ * NONE: not quantized); 1 when tensor `name` is a quantized weight's
+ * companion (its scales or quant state; weight[cap] gets the weight's name);
+ * the weight's format (its quant state's, for NF4); its blob. */
+mf_quant_kind mf_shipped_kind(const mf_safetensors *st, const char *name);
+int mf_shipped_companion(const char *name, char *weight, size_t cap);
+mf_status mf_shipped_describe(const mf_safetensors *st, const char *path, const char *name, int64_t rows,
+                              int64_t cols, mf_qweight *w);
+mf_status mf_shipped_read(const mf_safetensors *st, const char *path, const char *name, const mf_qweight *w,
+                          uint8_t *blob);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,9 +30,12 @@
  *   attention_dropout > 0.
  * - quantization_config: bitsandbytes 4-bit NF4 (load_in_4bit,
  *   bnb_4bit_quant_type nf4, uint8 storage; double quantization or not) is
- *   read as shipped (mf_hf_config_load_quant says so); any other method, 8-bit,
- *   fp4 (bnb_4bit_quant_type's default when absent) or another packed storage
- *   is MF_ERR_UNSUPPORTED naming the key.
+ *   and fp8 (quant_method "fp8": fmt e4m3, weight_block_size [128, 128],
+ *   activation_scheme dynamic; each absent is FineGrainedFP8Config's default)
+ *   are read as shipped (mf_hf_config_load_quant says so); any other method,
+ *   8-bit, fp4 (bnb_4bit_quant_type's default when absent), another packed
+ *   storage, fp8 block size or format, or static activation scales is
+ *   MF_ERR_UNSUPPORTED naming the key.
  * - A wrong JSON type, a value out of range or an inconsistent pair of keys is
  *   MF_ERR_FORMAT with the message "FILE: KEY: fault" (invalid JSON:
  *   "FILE: line L, column C: fault").
@@ -67,7 +70,7 @@ mf_status mf_hf_config_load(const char *path, mf_model_spec *out);
 typedef struct mf_hf_quant {
   mf_quant_kind kind; /* MF_QUANT_NONE: its float dtype */
   int nested;         /* NF4: bnb_4bit_use_double_quant */
-  char method[32];    /* "bitsandbytes", or "" */
+  char method[32];    /* "bitsandbytes", "fp8", or "" */
 } mf_hf_quant;
 
 /* mf_hf_config_load, and (quant not NULL) how the weights are stored. */

@@ -182,10 +182,44 @@ static mf_status check_partial_rotary(const reader *r, const char *key, const js
   return MF_OK;
 }
 
+/* quantization_config quant_method "fp8" (DeepSeek-V3, the Qwen3-FP8
+ * releases, transformers' FineGrainedFP8Config.to_dict): e4m3 weights in
+ * 128 x 128 blocks; each key absent is FineGrainedFP8Config's default.
+ * Activations stay in the run's precision ("dynamic" FP8 activations are an
+ * inference kernel's choice; static input scales are refused). */
+static mf_status read_fp8(const reader *r, const json_t *c, mf_hf_quant *q) {
+  char clean[64];
+  const json_t *f = json_object_get(c, "fmt"), *a = json_object_get(c, "activation_scheme"),
+               *b = json_object_get(c, "weight_block_size");
+  if (f && !(json_is_string(f) && strcmp(json_string_value(f), "e4m3") == 0))
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.fmt", "%s%s%s is not read; fp8 e4m3 is",
+                   json_is_string(f) ? "'" : "",
+                   json_is_string(f) ? printable(json_string_value(f), clean, sizeof clean) : type_name(f),
+                   json_is_string(f) ? "'" : "");
+  if (a && !(json_is_string(a) && strcmp(json_string_value(a), "dynamic") == 0))
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.activation_scheme",
+                   "%s%s%s is not read; \"dynamic\" is (no stored activation scales)", json_is_string(a) ? "'" : "",
+                   json_is_string(a) ? printable(json_string_value(a), clean, sizeof clean) : type_name(a),
+                   json_is_string(a) ? "'" : "");
+  if (b && !(json_is_array(b) && json_array_size(b) == 2 && json_is_integer(json_array_get(b, 0)) &&
+             json_is_integer(json_array_get(b, 1))))
+    return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.weight_block_size", "expected [rows, cols], got %s",
+                   type_name(b));
+  if (b && (json_integer_value(json_array_get(b, 0)) != MF_FP8_BLOCK ||
+            json_integer_value(json_array_get(b, 1)) != MF_FP8_BLOCK))
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.weight_block_size",
+                   "[%lld, %lld] is not read; blocks of %d x %d are (DeepSeek-V3's, Qwen3-FP8's)",
+                   (long long)json_integer_value(json_array_get(b, 0)),
+                   (long long)json_integer_value(json_array_get(b, 1)), MF_FP8_BLOCK, MF_FP8_BLOCK);
+  q->kind = MF_QUANT_FP8;
+  snprintf(q->method, sizeof q->method, "fp8");
+  return MF_OK;
+}
+
 /* quantization_config: how the checkpoint stores its weights. bitsandbytes
  * 4-bit NF4 (transformers' BitsAndBytesConfig.to_dict; bnb_4bit_quant_type
- * absent is its default, fp4) is read as shipped; anything else is refused
- * naming what it is. */
+ * absent is its default, fp4) and fp8 (read_fp8) are read as shipped;
+ * anything else is refused naming what it is. */
 static mf_status read_quant(const reader *r, mf_hf_quant *q) {
   static const char key[] = "quantization_config";
   char clean[64], k[96];
@@ -198,10 +232,12 @@ static mf_status read_quant(const reader *r, mf_hf_quant *q) {
   if (!json_is_string(m))
     return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.quant_method", "expected a string, got %s", type_name(m));
   const char *method = json_string_value(m);
+  if (strcmp(method, "fp8") == 0) return read_fp8(r, c, q);
   if (strcmp(method, "bitsandbytes") != 0)
     return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.quant_method",
-                   "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4 as shipped); load the float "
-                   "checkpoint and set train.lora.base_dtype nf4 or fp8 to quantize it at load",
+                   "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4 and fp8 e4m3 in 128 x 128 "
+                   "blocks as shipped); load the float checkpoint and set train.lora.base_dtype nf4 or fp8 to "
+                   "quantize it at load",
                    printable(method, clean, sizeof clean));
   /* each flag: absent is BitsAndBytesConfig's default */
   static const char *const flags[] = {"load_in_4bit", "load_in_8bit", "bnb_4bit_use_double_quant"};

@@ -152,7 +152,7 @@ void mf_param_table_free(mf_param_table *t) {
   free(t->experts);
   free(t->lora_a);
   free(t->lora.hot);
-  free(t->qhome);
+  if (!t->qhome_borrowed) free(t->qhome);
   free(t);
 }
 
@@ -213,6 +213,12 @@ mf_status mf_param_table_alloc_qhome(mf_param_table *t) {
   return mf_malloc((size_t)t->qhome_bytes, "the quantized base", (void **)&t->qhome);
 }
 
+void mf_param_table_borrow_qhome(mf_param_table *t, uint8_t *mem) {
+  if (!t->qhome_borrowed) free(t->qhome);
+  t->qhome = mem;
+  t->qhome_borrowed = 1;
+}
+
 /* A weight quantized into the home: the home must be there (mf_param_table_alloc_qhome). */
 static mf_status qhome_ready(const mf_param_table *t) {
   if (t->qhome_bytes > 0 && !t->qhome)
@@ -231,18 +237,18 @@ mf_status mf_params_quantize_from(const mf_param_table *t, const float *w) {
   return MF_OK;
 }
 
-mf_status mf_params_bnb4_layout(const mf_param_table *t, const char *path, uint8_t *which, int64_t *blocksize,
-                                int *found) {
+mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind, uint8_t *which,
+                                   int64_t *blocksize, int *found) {
   *found = 0;
   mf_safetensors *st = NULL;
   MF_CHECK(mf_safetensors_open(path, &st));
   mf_status rc = MF_OK;
   for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
-    which[i] = (uint8_t)(quantizable(t, i) && mf_bnb4_stored(st, p->name));
+    which[i] = (uint8_t)(quantizable(t, i) && mf_shipped_kind(st, p->name) == kind);
     if (!which[i] || *found) continue;
     mf_qweight w;
-    rc = mf_bnb4_describe(st, path, p->name, p->shape[0], p->shape[1], &w);
+    rc = mf_shipped_describe(st, path, p->name, p->shape[0], p->shape[1], &w);
     if (rc == MF_OK) *blocksize = w.blocksize, *found = 1;
   }
   mf_safetensors_close(st);
@@ -507,36 +513,45 @@ static mf_status read_tensor(const char *path, const mf_param *p, const char *na
       }
       return MF_OK;
     }
+    case MF_DTYPE_F8_E4M3: /* an fp8 weight is read with its block scales (load_shipped) */
+      return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is F8_E4M3 but its block scales %s_scale_inv are missing", path,
+                    name, name);
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
                     name, mf_dtype_name(x->dtype));
   }
 }
 
-/* Weight p stored bitsandbytes 4-bit in `st`: as shipped into the quantized
- * home when the table quantizes it (the same format, or an error saying what
- * differs), else dequantized at load into dst (its fp32 values). */
-static mf_status load_bnb4(const mf_param_table *t, const char *path, const mf_safetensors *st, const mf_param *p,
-                          float *dst, uint8_t **buf, size_t *cap) {
+/* How a stored format reads in messages: "nf4 in blocks of 64, double quantized", "fp8". */
+static void format_text(mf_quant_kind kind, int64_t blocksize, int nested, char *buf, size_t cap) {
+  if (kind == MF_QUANT_NF4)
+    snprintf(buf, cap, "nf4 in blocks of %lld%s", (long long)blocksize, nested ? ", double quantized" : "");
+  else
+    snprintf(buf, cap, "%s", mf_quant_name(kind));
+}
+
+/* Weight p stored quantized in `st` (mf_shipped_kind): as shipped into the
+ * quantized home when the table quantizes it (the same format, or an error
+ * saying what differs), else dequantized at load into dst (its fp32 values). */
+static mf_status load_shipped(const mf_param_table *t, const char *path, const mf_safetensors *st, const mf_param *p,
+                              float *dst, uint8_t **buf, size_t *cap) {
   if (p->ndim != 2)
-    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is stored bitsandbytes 4-bit, but the model's %s is %d-D", path,
-                  p->name, p->name, p->ndim);
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is stored %s, but the model's %s is %d-D", path, p->name,
+                  mf_quant_name(mf_shipped_kind(st, p->name)), p->name, p->ndim);
   mf_qweight w;
-  MF_CHECK(mf_bnb4_describe(st, path, p->name, p->shape[0], p->shape[1], &w));
+  MF_CHECK(mf_shipped_describe(st, path, p->name, p->shape[0], p->shape[1], &w));
   if (p->quant) {
-    if (p->quant != MF_QUANT_NF4 || w.blocksize != t->base_blocksize || w.nested != t->base_nested) {
-      char laid[96];
-      if (p->quant == MF_QUANT_NF4)
-        snprintf(laid, sizeof laid, "nf4 in blocks of %lld%s", (long long)t->base_blocksize,
-                 t->base_nested ? ", double quantized" : "");
-      else
-        snprintf(laid, sizeof laid, "%s", mf_quant_name((mf_quant_kind)p->quant));
+    const int nf4 = w.kind == MF_QUANT_NF4;
+    if (p->quant != w.kind || (nf4 && (w.blocksize != t->base_blocksize || w.nested != t->base_nested))) {
+      char stored[96], laid[96];
+      format_text((mf_quant_kind)w.kind, w.blocksize, w.nested, stored, sizeof stored);
+      format_text((mf_quant_kind)p->quant, t->base_blocksize, t->base_nested, laid, sizeof laid);
       return MF_ERR(MF_ERR_CONFIG,
-                    "%s: %s is stored nf4 in blocks of %lld%s, but the base is laid out %s (train.lora.base_dtype, "
-                    "base_blocksize, base_double_quant: leave them unset to take the checkpoint's)",
-                    path, p->name, (long long)w.blocksize, w.nested ? ", double quantized" : "", laid);
+                    "%s: %s is stored %s, but the base is laid out %s (train.lora.base_dtype, base_blocksize, "
+                    "base_double_quant: leave them unset to take the checkpoint's)",
+                    path, p->name, stored, laid);
     }
-    return mf_bnb4_read(st, path, p->name, &w, t->qhome + p->qoff);
+    return mf_shipped_read(st, path, p->name, &w, t->qhome + p->qoff);
   }
   const size_t need = (size_t)mf_qweight_blob_bytes(&w);
   if (need > *cap) {
@@ -544,7 +559,7 @@ static mf_status load_bnb4(const mf_param_table *t, const char *path, const mf_s
     if (!b) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "%s: %s: out of memory dequantizing it", path, p->name);
     *buf = b, *cap = need;
   }
-  MF_CHECK(mf_bnb4_read(st, path, p->name, &w, *buf));
+  MF_CHECK(mf_shipped_read(st, path, p->name, &w, *buf));
   mf_qweight_blob_view(&w, *buf);
   mf_qweight_dequantize_f32(&w, 0, w.rows, dst);
   return MF_OK;
@@ -564,14 +579,16 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
     free(scratch);
     return rc;
   }
-  uint8_t *blob = NULL; /* a bitsandbytes weight kept in float: its blob, dequantized */
+  uint8_t *blob = NULL; /* a weight shipped quantized, kept in float: its blob, dequantized */
   size_t blob_cap = 0;
   int64_t dequantized = 0;
+  mf_quant_kind deq_kind = MF_QUANT_NONE;
   for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
-    if (mf_bnb4_stored(st, p->name)) {
-      rc = load_bnb4(t, path, st, p, dst_of(p, w, frozen_bf16, scratch), &blob, &blob_cap);
-      if (rc == MF_OK && !p->quant) rc = home_put(t, p, frozen_bf16, scratch), dequantized++;
+    const mf_quant_kind shipped = mf_shipped_kind(st, p->name);
+    if (shipped != MF_QUANT_NONE) {
+      rc = load_shipped(t, path, st, p, dst_of(p, w, frozen_bf16, scratch), &blob, &blob_cap);
+      if (rc == MF_OK && !p->quant) rc = home_put(t, p, frozen_bf16, scratch), dequantized++, deq_kind = shipped;
       continue;
     }
     const mf_st_tensor *x = mf_safetensors_find(st, p->name);
@@ -586,14 +603,14 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
   free(scratch);
   free(blob);
   if (rc == MF_OK && dequantized > 0)
-    MF_LOGI("model", "%s: %lld weights stored bitsandbytes nf4, dequantized at load (the base is kept in float: "
-            "train.lora.base_dtype bf16, or no adapters)", path, (long long)dequantized);
+    MF_LOGI("model", "%s: %lld weights stored %s, dequantized at load (the base is kept in float: "
+            "train.lora.base_dtype bf16, or no adapters)", path, (long long)dequantized, mf_quant_name(deq_kind));
   if (rc == MF_OK) {
     int64_t unused = 0;
     char weight[1024];
     for (size_t i = 0; i < mf_safetensors_count(st); i++) {
       const mf_st_tensor *x = mf_safetensors_get(st, i);
-      const int part_of = mf_bnb4_companion(x->name, weight, sizeof weight) && mf_param_find(t, weight) >= 0;
+      const int part_of = mf_shipped_companion(x->name, weight, sizeof weight) && mf_param_find(t, weight) >= 0;
       if (!part_of && mf_param_find(t, x->name) < 0) {
         if (unused < 3) MF_LOGW("model", "%s: tensor %s is not used by the model", path, x->name);
         unused++;

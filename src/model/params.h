@@ -111,6 +111,7 @@ typedef struct mf_param_table {
   int base_nested;
   int base_shipped; /* the quantized weights read as the checkpoint ships them (mf_run_quantize_base) */
   uint8_t *qhome;
+  int qhome_borrowed; /* qhome is memory of the caller's (mf_param_table_borrow_qhome), not freed */
   int64_t qhome_bytes;
 } mf_param_table;
 
@@ -151,15 +152,20 @@ mf_status mf_param_table_quantize_base(mf_param_table *t, mf_quant_kind kind, in
 /* The same for the weights which[i] != 0 marks among those (NULL: all of them). */
 mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int64_t blocksize, int nested,
                                       const uint8_t *which);
-/* A checkpoint shipped bitsandbytes 4-bit (`path` as mf_safetensors_open
- * takes it): which[i] (t->n_base of them) = weight i is one
- * mf_param_table_quantize_base quantizes and the file stores it 4-bit, and
- * *blocksize the first such weight's block size (*found = 1; 0: none is). */
-mf_status mf_params_bnb4_layout(const mf_param_table *t, const char *path, uint8_t *which, int64_t *blocksize,
-                                int *found);
+/* A checkpoint shipped quantized (`path` as mf_safetensors_open takes it):
+ * which[i] (t->n_base of them) = weight i is one mf_param_table_quantize_base
+ * quantizes and the file stores it as `kind` (mf_shipped_kind: NF4 from
+ * bitsandbytes, FP8), and *blocksize the first such weight's NF4 block size
+ * (*found = 1; 0: none is). */
+mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind, uint8_t *which,
+                                   int64_t *blocksize, int *found);
 /* Allocates the quantized home mf_param_table_quantize_base laid out (its
  * pages written at load); nothing without a quantized base, or when it is there. */
 mf_status mf_param_table_alloc_qhome(mf_param_table *t);
+/* The quantized home in mem[qhome_bytes] of the caller's (the node's shared
+ * memory, where several ranks hold one copy), outliving t; one the table
+ * allocated is freed. */
+void mf_param_table_borrow_qhome(mf_param_table *t, uint8_t *mem);
 /* Weight i's stored form (its blob in the quantized home); i must be quantized. */
 mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i);
 /* Quantizes every quantized weight from its fp32 values in w (the table's

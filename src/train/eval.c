@@ -106,12 +106,6 @@ mf_status mf_run_quantize_base(const mf_config *cfg, const char *dir, mf_param_t
   }
   const int kind = c->base_dtype == MF_CONFIG_BASE_AUTO ? (t->lora_a ? (int)q.kind : MF_QUANT_NONE) : c->base_dtype;
   if (kind == MF_QUANT_NONE) return MF_OK; /* float; a 4-bit checkpoint dequantized at load (mf_params_load_home) */
-  if (kind != MF_QUANT_NONE && cfg->ranks > 1)
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "train.lora.base_dtype %s%s%s with %lld ranks: a quantized base is not built for the node's shared "
-                  "home yet; run one rank, or base_dtype bf16",
-                  mf_quant_name((mf_quant_kind)kind), c->base_dtype == MF_CONFIG_BASE_AUTO ? " (auto: as shipped)" : "",
-                  where(cfg, "train.lora.base_dtype", at, sizeof at), (long long)cfg->ranks);
   if (q.kind == MF_QUANT_NONE) { /* quantized at load */
     const mf_status st = mf_param_table_quantize_base(t, (mf_quant_kind)kind, c->base_blocksize, c->base_double_quant);
     if (st == MF_ERR_CONFIG)
@@ -120,36 +114,37 @@ mf_status mf_run_quantize_base(const mf_config *cfg, const char *dir, mf_param_t
   }
   if (kind != (int)q.kind)
     return MF_ERR(MF_ERR_CONFIG,
-                  "train.lora.base_dtype %s%s: %s ships its weights %s (%s); a quantized base is not quantized "
+                  "train.lora.base_dtype %s%s: %s ships its weights %s%s%s%s; a quantized base is not quantized "
                   "again: set auto (as shipped) or bf16 (dequantized at load)",
                   mf_quant_name((mf_quant_kind)kind), where(cfg, "train.lora.base_dtype", at, sizeof at), dir,
-                  mf_quant_name(q.kind), q.method);
-  /* as shipped: the weights the file stores 4-bit, in its blocks */
+                  mf_quant_name(q.kind), q.kind == MF_QUANT_NF4 ? " (" : "", q.kind == MF_QUANT_NF4 ? q.method : "",
+                  q.kind == MF_QUANT_NF4 ? ")" : "");
+  /* as shipped: the weights the file stores quantized (NF4: in its blocks) */
   int64_t bs = 64; /* transformers' Linear4bit blocks, where only the config.json is there (moefit plan) */
   int found = 0;
   uint8_t *which = NULL;
   if (has_weights(dir)) {
     MF_CHECK(mf_calloc((size_t)(t->n_base > 0 ? t->n_base : 1), 1, "the quantized weights' list", (void **)&which));
-    const mf_status st = mf_params_bnb4_layout(t, dir, which, &bs, &found);
+    const mf_status st = mf_params_shipped_layout(t, dir, q.kind, which, &bs, &found);
     if (st != MF_OK || !found) {
       free(which);
       return st != MF_OK ? st
                          : MF_ERR(MF_ERR_FORMAT,
-                                  "%s: config.json says quantization_config bitsandbytes nf4, but no weight of the "
-                                  "model is stored 4-bit",
-                                  dir);
+                                  "%s: config.json says quantization_config %s %s, but no weight of the model is "
+                                  "stored so",
+                                  dir, q.method, mf_quant_name(q.kind));
     }
   }
   mf_status st = MF_OK;
-  if (mf_config_where(cfg, "train.lora.base_blocksize") && c->base_blocksize != bs)
+  if (q.kind == MF_QUANT_NF4 && mf_config_where(cfg, "train.lora.base_blocksize") && c->base_blocksize != bs)
     st = MF_ERR(MF_ERR_CONFIG, "train.lora.base_blocksize %lld%s: %s ships nf4 in blocks of %lld (leave it unset)",
                 (long long)c->base_blocksize, where(cfg, "train.lora.base_blocksize", at, sizeof at), dir,
                 (long long)bs);
   else if (mf_config_where(cfg, "train.lora.base_double_quant") && c->base_double_quant != q.nested)
-    st = MF_ERR(MF_ERR_CONFIG, "train.lora.base_double_quant %s%s: %s ships nf4 %s (leave it unset)",
+    st = MF_ERR(MF_ERR_CONFIG, "train.lora.base_double_quant %s%s: %s ships %s %s (leave it unset)",
                 c->base_double_quant ? "true" : "false", where(cfg, "train.lora.base_double_quant", at, sizeof at),
-                dir, q.nested ? "double quantized" : "without double quantization");
-  if (st == MF_OK) st = mf_param_table_quantize_set(t, MF_QUANT_NF4, bs, q.nested, which);
+                dir, mf_quant_name(q.kind), q.nested ? "double quantized" : "without double quantization");
+  if (st == MF_OK) st = mf_param_table_quantize_set(t, q.kind, bs, q.nested, which);
   free(which);
   if (st == MF_OK) t->base_shipped = 1;
   return st;

@@ -7,7 +7,7 @@
  *
  * The ranks of a node keep one copy of the host state in memory they share
  * (comm.h mf_comm_shared_alloc): master weights, gradient sums, moments, the
- * bf16 working copy. Their gradients meet in the one sum in rank order, as
+ * bf16 working copy, LoRA's base stored quantized. Their gradients meet in the one sum in rank order, as
  * each comes home: local rank 0's copy of parameter i's gradient writes the
  * sum, then rank 1's adds into it, and so on (the relay, comm.h), so the sum
  * is g0 + g1 + ... + g(N-1) — the bits one rank gets adding its micro-batches
@@ -40,10 +40,12 @@ void mf_ranks_free(mf_ranks *k, int collective) {
     mf_comm_relay_free(k->relay);
     mf_comm_shared_free(k->sums);
     mf_comm_shared_free(k->home);
+    mf_comm_shared_free(k->qhome);
   } else { /* after a failure: the others may never come to free them with us */
     mf_comm_relay_forget(k->relay);
     mf_comm_shared_forget(k->sums);
     mf_comm_shared_forget(k->home);
+    mf_comm_shared_forget(k->qhome);
   }
   ranks_pieces_free(k);
   memset(k, 0, sizeof *k);
@@ -106,6 +108,8 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
   MF_CHECK(mf_comm_shared_alloc(k->comm, home_bytes, "the node's host state", &k->home));
   MF_CHECK(mf_comm_shared_alloc(k->comm, (size_t)(norm_chunks > 0 ? norm_chunks : 1) * sizeof(double),
                                 "the gradient norm's chunk sums", &k->sums));
+  if (t->qhome_bytes > 0)
+    MF_CHECK(mf_comm_shared_alloc(k->comm, (size_t)t->qhome_bytes, "the node's quantized base", &k->qhome));
   MF_CHECK(mf_comm_relay_create(k->comm, t->n, &k->relay));
   k->norm_first = norm_first;
   return MF_OK;

@@ -160,10 +160,10 @@ static mf_status open_backend(mf_run *r, const mf_config *cfg, const mf_run_opts
 /* The plan admitted (before the arena and the host state), then the
  * executor (in the host run's arena, else in one of its own), the staging
  * and the batch buffers. */
-static mf_status open_executor(mf_run *r, const mf_config *cfg) {
+static mf_status open_executor(mf_run *r, const mf_config *cfg, const mf_run_opts *o) {
   const mf_schedule *s = r->rp->plan->s;
   MF_CHECK(mf_run_plan_admit(r->rp, cfg));
-  MF_CHECK(mf_param_table_alloc_qhome(r->t)); /* the quantized base's home, once the plan fits the host */
+  if (!o->node_home) MF_CHECK(mf_param_table_alloc_qhome(r->t)); /* the quantized base's home, once the plan fits the host */
   if (r->inside)
     MF_CHECK(mf_exec_create_inside(r->rp->prog, s, r->inside->exec, &r->exec));
   else
@@ -180,7 +180,7 @@ mf_status mf_run_open(const mf_config *cfg, const mf_run_opts *o, mf_run *r) {
       case MF_RUN_NONE: MF_CHECK(open_table(r, cfg, o)); break;
       case MF_RUN_TABLE: MF_CHECK(open_plan(r, cfg, o)); break;
       case MF_RUN_PLANNED: MF_CHECK(open_backend(r, cfg, o)); break;
-      case MF_RUN_BACKEND: MF_CHECK(open_executor(r, cfg)); break;
+      case MF_RUN_BACKEND: MF_CHECK(open_executor(r, cfg, o)); break;
       case MF_RUN_EXECUTOR: break;
     }
     r->stage++;

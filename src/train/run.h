@@ -66,6 +66,9 @@ typedef struct mf_run_opts {
   /* Run inside this run's backend and device arena (opened to MF_RUN_EXECUTOR
    * and outliving this one); NULL: a backend and arena of its own. */
   const struct mf_run *inside;
+  /* Several ranks: the quantized base's home is the node's shared memory
+   * (train's node state has the table borrow it); none is allocated here. */
+  int node_home;
 } mf_run_opts;
 
 typedef struct mf_run {

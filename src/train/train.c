@@ -265,8 +265,9 @@ static int threads_of(const run *r) {
 }
 
 /* Several ranks: the node's one copy of the host state in shared memory, the
- * weights read or initialised into it by the node's first rank, its bf16
- * working copy rounded by it too; every rank then uploads from there. */
+ * weights read or initialised into it by the node's first rank (a quantized
+ * base into the node's one quantized home), its bf16 working copy rounded by
+ * it too; every rank then uploads from there. */
 static mf_status node_state(run *r) {
   const mf_config *cfg = r->cfg;
   const mf_param_table *t = r->t;
@@ -274,6 +275,7 @@ static mf_status node_state(run *r) {
   size_t bytes = 0;
   MF_CHECK(mf_host_state_node_bytes(cfg, t, rp, &bytes)); /* before anything large is allocated */
   MF_CHECK(mf_ranks_share(&r->rk, t, bytes, rp->prog->norm_first, rp->prog->norm_chunks));
+  if (r->rk.qhome) mf_param_table_borrow_qhome(r->tr.t, (uint8_t *)mf_comm_shared_ptr(r->rk.qhome));
   mf_host_state_init_node(&r->hs, cfg, t, rp, mf_comm_shared_ptr(r->rk.home), &r->w);
   r->w_owned = 0;
   const size_t n = (size_t)t->total_numel;
@@ -308,7 +310,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
     }
     hot_ckpt = r->resume_dir;
   }
-  mf_run_opts ro = {.use = MF_RUN_TRAIN, .upto = MF_RUN_TABLE, .ckpt = hot_ckpt, .pool = r->pool};
+  mf_run_opts ro = {.use = MF_RUN_TRAIN, .upto = MF_RUN_TABLE, .ckpt = hot_ckpt, .pool = r->pool, .node_home = r->multi};
   MF_CHECK(mf_run_open(cfg, &ro, &r->tr));
   r->t = r->tr.t;
   const mf_param_table *t = r->t;
@@ -332,7 +334,8 @@ static mf_status setup(run *r, mf_train_summary *out) {
   r->ev_cfg = *cfg;
   if (r->tr.rp->routing_note[0]) r->ev_cfg.memory.routing_kind = MF_CONFIG_ROUTING_NONE;
   /* inside the training's backend and arena: the device holds one arena */
-  const mf_run_opts eo = {.use = MF_RUN_EVAL, .upto = MF_RUN_EXECUTOR, .table = r->tr.t, .inside = &r->tr};
+  const mf_run_opts eo = {
+      .use = MF_RUN_EVAL, .upto = MF_RUN_EXECUTOR, .table = r->tr.t, .inside = &r->tr, .node_home = r->multi};
   if (r->valid) MF_CHECK(mf_run_open(&r->ev_cfg, &eo, &r->ev));
   /* A pass over the corpus: after the checks that can refuse the run. */
   if (r->rank0) MF_CHECK(corpus_entropy(cfg->data.train, &out->entropy_nats));

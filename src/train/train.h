@@ -36,13 +36,15 @@ mf_status mf_run_model_table(const mf_config *cfg, const char *model_dir, const 
 mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *dir, const char *ckpt);
 /* LoRA's frozen base stored as train.lora.base_dtype says (mf_run_lora calls
  * it), against how the checkpoint at dir (NULL: model.init) ships it: auto
- * keeps a bitsandbytes 4-bit checkpoint nf4 as shipped (the weights the file
- * stores 4-bit, in its blocks; blocks of 64 where only config.json is there),
- * and a float one in its dtype; nf4 / fp8 over a float checkpoint quantize at
- * load; bf16 (or no adapters) over a 4-bit one leaves the table float (the
- * loader dequantizes). Another format than the checkpoint's, a block size or
- * double quantization set against it, or several ranks are MF_ERR_CONFIG /
- * MF_ERR_UNSUPPORTED naming the key. */
+ * keeps a bitsandbytes 4-bit checkpoint nf4 and an fp8 one fp8 as shipped
+ * (the weights the file stores quantized, NF4 in its blocks; where only
+ * config.json is there, every weight mf_param_table_quantize_base takes, NF4
+ * in blocks of 64), and a float one in its dtype; nf4 / fp8 over a float
+ * checkpoint quantize at load; bf16 (or no adapters) over a quantized one
+ * leaves the table float (the loader dequantizes). Another format than the
+ * checkpoint's, or a block size or double quantization set against it, is
+ * MF_ERR_CONFIG naming the key. Several ranks keep the node's one copy
+ * (train's node state). */
 mf_status mf_run_quantize_base(const mf_config *cfg, const char *dir, mf_param_table *t);
 mf_status mf_run_load_weights(const mf_config *cfg, const char *model_dir, const mf_param_table *t,
                               mf_threadpool *pool, float **w, char *desc, size_t desc_cap);

@@ -150,6 +150,7 @@ typedef struct mf_ranks {
   int rank, size, lrank, lsize;
   mf_comm_shared *home;             /* the node's host state (mf_host_state_init_node) */
   mf_comm_shared *sums;             /* the norm's chunk sums, [norm_chunks] doubles, shared by the node */
+  mf_comm_shared *qhome;            /* LoRA's base stored quantized: the node's one copy (the table borrows it) */
   mf_comm_relay *relay;             /* the gradients into the node's sum, rank after rank */
   const int64_t *norm_first;        /* [n] parameter i's first chunk sum (the program's) */
   int64_t *own_lo, *own_hi;         /* [n] the elements of parameter i this rank clips and updates */
@@ -164,7 +165,9 @@ typedef struct mf_ranks {
 void mf_ranks_world(mf_ranks *k, mf_comm *comm);
 mf_status mf_ranks_init(mf_ranks *k, const mf_param_table *t, int64_t B, int64_t S);
 /* The node's shared memory: the host state's home_bytes, the norm's chunk
- * sums, the relay (collective over the node). */
+ * sums, the relay, and the quantized base's home where t has one
+ * (t->qhome_bytes; the caller has the table borrow it) (collective over the
+ * node). */
 mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes, const int64_t *norm_first,
                          int64_t norm_chunks);
 /* collective: also the node's shared memory (0 after a failure, when other

@@ -126,6 +126,19 @@ TEST(Ranks, TwoRanksLoraBf16) {
                     "train.lora.targets=[q_proj,v_proj,w1,w2,w3]"});
 }
 
+// LoRA over a quantized base: the node's one quantized home, written by its
+// first rank alone (a rank uploading from a home of its own would read
+// zeros); NF4 double quantized, streamed and staged, and FP8 with bf16 storage.
+TEST(Ranks, TwoRanksQlora) {
+  SameAsOneRank(2, {"qlora_nf4",
+                    "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.base_dtype=nf4 "
+                    "train.lora.base_blocksize=32 train.lora.base_double_quant=true memory.device_budget=3MiB "
+                    "memory.staging=true"});
+  SameAsOneRank(2, {"qlora_fp8",
+                    "train.precision=bf16 train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 "
+                    "train.lora.base_dtype=fp8"});
+}
+
 TEST(Ranks, ThreeRanksOneNode) {
   SameAsOneRank(3, {"three", ""});
 }

@@ -352,7 +352,7 @@ TEST(HfConfigLoad, AcceptsWhatDoesNotChangeTheMaths) {
 
 // quantization_config: bitsandbytes 4-bit nf4 as transformers writes it is
 // read (the weights' storage, apart from the spec); none is a float checkpoint.
-TEST(HfConfigLoad, BitsandbytesNf4IsReadAsShipped) {
+TEST(HfConfigLoad, BitsandbytesNf4AndFp8AreReadAsShipped) {
   struct Case {
     const char *name;
     json_t *qc;
@@ -370,6 +370,12 @@ TEST(HfConfigLoad, BitsandbytesNf4IsReadAsShipped) {
       {"nf4_plain",
        json_pack("{s:s, s:b, s:s}", "quant_method", "bitsandbytes", "load_in_4bit", 1, "bnb_4bit_quant_type", "nf4"),
        MF_QUANT_NF4, 0},
+      {"fp8_deepseek",  // DeepSeek-V3's and the Qwen3-FP8 releases' block
+       json_pack("{s:s, s:s, s:s, s:[i,i]}", "activation_scheme", "dynamic", "fmt", "e4m3", "quant_method", "fp8",
+                 "weight_block_size", 128, 128),
+       MF_QUANT_FP8, 0},
+      {"fp8_defaults", json_pack("{s:s, s:[s]}", "quant_method", "fp8", "modules_to_not_convert", "lm_head"),
+       MF_QUANT_FP8, 0},
   };
   for (const Case &c : cases) {
     json_t *qc = c.qc;
@@ -383,7 +389,7 @@ TEST(HfConfigLoad, BitsandbytesNf4IsReadAsShipped) {
     ASSERT_EQ(mf_hf_config_load_quant(path.c_str(), &s, &q), MF_OK) << c.name << ": " << mf_last_error();
     EXPECT_EQ(q.kind, c.kind) << c.name;
     EXPECT_EQ(q.nested, c.nested) << c.name;
-    EXPECT_STREQ(q.method, c.kind ? "bitsandbytes" : "") << c.name;
+    EXPECT_STREQ(q.method, c.kind == MF_QUANT_NF4 ? "bitsandbytes" : c.kind == MF_QUANT_FP8 ? "fp8" : "") << c.name;
     ASSERT_EQ(mf_hf_config_load(path.c_str(), &plain), MF_OK) << c.name << ": " << mf_last_error();
     EXPECT_EQ(s.family, plain.family) << c.name;
     EXPECT_EQ(s.hidden, plain.hidden) << c.name;
@@ -650,10 +656,29 @@ std::vector<Bad> BadCases() {
        set("qwen2_moe", "attention_dropout", json_real(0.1)),
        MF_ERR_UNSUPPORTED,
        {"attention_dropout"}},
-      {"quantized_fp8",
-       set("mixtral", "quantization_config", json_pack("{s:s}", "quant_method", "fp8")),
+      {"quantized_gptq",
+       set("mixtral", "quantization_config", json_pack("{s:s, s:i}", "quant_method", "gptq", "bits", 4)),
        MF_ERR_UNSUPPORTED,
-       {"quantization_config.quant_method", "'fp8'", "base_dtype"}},
+       {"quantization_config.quant_method", "'gptq'", "base_dtype"}},
+      {"fp8_e5m2",
+       set("qwen3_moe", "quantization_config", json_pack("{s:s, s:s}", "quant_method", "fp8", "fmt", "e5m2")),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config.fmt", "'e5m2'", "e4m3"}},
+      {"fp8_static",
+       set("qwen3_moe", "quantization_config",
+           json_pack("{s:s, s:s}", "quant_method", "fp8", "activation_scheme", "static")),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config.activation_scheme", "'static'"}},
+      {"fp8_blocks_64",
+       set("mixtral", "quantization_config",
+           json_pack("{s:s, s:[i,i]}", "quant_method", "fp8", "weight_block_size", 64, 64)),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config.weight_block_size", "[64, 64]", "128 x 128"}},
+      {"fp8_blocks_not_pair",
+       set("mixtral", "quantization_config",
+           json_pack("{s:s, s:[i]}", "quant_method", "fp8", "weight_block_size", 128)),
+       MF_ERR_FORMAT,
+       {"quantization_config.weight_block_size", "[rows, cols]"}},
       {"quantized_not_object",
        set("mixtral", "quantization_config", json_string("nf4")),
        MF_ERR_FORMAT,

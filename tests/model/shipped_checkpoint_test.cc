@@ -1,17 +1,22 @@
-// Checkpoints shipped bitsandbytes 4-bit (issue 30; tests/fixtures/bnb4,
-// tools/make_bnb_fixtures.py): the four families loaded 4-bit NF4 (double
+// Checkpoints shipped quantized (issue 30). tests/fixtures/bnb4
+// (tools/make_bnb_fixtures.py): the four families loaded 4-bit NF4 (double
 // quantized; mixtral_plain without) by transformers + bitsandbytes on the
-// CPU and written by save_pretrained, with PEFT adapters saved over them.
-// moefit reads them as shipped (train.lora.base_dtype auto): the blobs
-// dequantize to bitsandbytes' bits, the logits are the 4-bit model's (1e-5
-// relative) and with the adapters PeftModel's; without adapters the base is
-// dequantized at load to the same logits. Damaged or mismatched files and
-// configs are refused naming the tensor or the key.
+// CPU and written by save_pretrained. tests/fixtures/fp8ckpt
+// (tools/make_fp8_fixtures.py): two families with their linear weights in
+// FP8 e4m3 and 128 x 128 block scales, quantized by transformers'
+// FineGrainedFP8 quantizer, as DeepSeek-V3 and Qwen3-FP8 ship them. Each with
+// PEFT adapters saved over it. moefit reads them as shipped
+// (train.lora.base_dtype auto): the blobs dequantize to the reference's
+// bits, the logits are the quantized model's (1e-5 relative) and with the
+// adapters PeftModel's; without adapters the base is dequantized at load to
+// the same logits. Damaged or mismatched files and configs are refused
+// naming the tensor or the key.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,18 +31,22 @@ namespace {
 
 using namespace mf_parity;
 
-const char kRoot[] = "tests/fixtures/bnb4";
+const char kFixtures[] = "tests/fixtures";
 
+// "bnb4/<name>", "fp8ckpt/<name>": every fixture dir with its expected.safetensors.
 std::vector<std::string> fixture_dirs() {
   std::vector<std::string> out;
-  DIR *d = opendir(kRoot);
-  if (!d) return out;
-  while (dirent *e = readdir(d)) {
-    const std::string n = e->d_name;
-    if (n[0] != '.' && access((std::string(kRoot) + "/" + n + "/expected.safetensors").c_str(), R_OK) == 0)
-      out.push_back(n);
+  for (const char *root : {"bnb4", "fp8ckpt"}) {
+    const std::string r = std::string(kFixtures) + "/" + root;
+    DIR *d = opendir(r.c_str());
+    if (!d) continue;
+    while (dirent *e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n[0] != '.' && access((r + "/" + n + "/expected.safetensors").c_str(), R_OK) == 0)
+        out.push_back(std::string(root) + "/" + n);
+    }
+    closedir(d);
   }
-  closedir(d);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -53,10 +62,11 @@ mf_config *config_for(const std::string &dir, const std::string &lora = "", cons
   return cfg;
 }
 
-class Bnb4 : public ::testing::TestWithParam<std::string> {
+class Shipped : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = std::string(kRoot) + "/" + GetParam();
+    dir_ = std::string(kFixtures) + "/" + GetParam();
+    fp8_ = GetParam().rfind("fp8ckpt/", 0) == 0;
     ASSERT_EQ(mf_safetensors_open((dir_ + "/expected.safetensors").c_str(), &ex_), MF_OK) << mf_last_error();
     const mf_st_tensor *ids = mf_safetensors_find(ex_, "input_ids");
     ASSERT_TRUE(ids && ids->dtype == MF_DTYPE_I32 && ids->ndim == 2) << "input_ids [B, S] I32";
@@ -96,6 +106,7 @@ class Bnb4 : public ::testing::TestWithParam<std::string> {
   }
   const float *expected(const char *name) const { return f32(ex_, name, B_ * S_ * t_->spec.vocab); }
   std::string dir_;
+  bool fp8_ = false;
   mf_safetensors *ex_ = nullptr;
   int64_t B_ = 0, S_ = 0;
   const int32_t *ids_ = nullptr;
@@ -105,23 +116,26 @@ class Bnb4 : public ::testing::TestWithParam<std::string> {
   std::vector<float> w_;
 };
 
-// As shipped: exactly the weights the file stores 4-bit are quantized, in
-// its blocks and double quantization, and they dequantize to bitsandbytes'
-// dequantize_4bit bit for bit.
-TEST_P(Bnb4, TheBaseIsReadAsShipped) {
+// As shipped: exactly the weights the file stores quantized are, in its
+// format (NF4: its blocks and double quantization), and they dequantize to
+// the reference's bits (bitsandbytes' dequantize_4bit; FP8: torch's
+// weight.float() * scale_inv over each 128 x 128 block).
+TEST_P(Shipped, TheBaseIsReadAsShipped) {
   ASSERT_EQ(open_with_adapters(), MF_OK) << mf_last_error();
   EXPECT_EQ(t_->base_shipped, 1);
-  EXPECT_EQ(t_->base_quant, MF_QUANT_NF4);
-  EXPECT_EQ(t_->base_nested, GetParam() != "mixtral_plain");
+  EXPECT_EQ(t_->base_quant, fp8_ ? MF_QUANT_FP8 : MF_QUANT_NF4);
+  EXPECT_EQ(t_->base_nested, !fp8_ && GetParam() != "bnb4/mixtral_plain");
   mf_safetensors *st = nullptr;
   ASSERT_EQ(mf_safetensors_open(dir_.c_str(), &st), MF_OK) << mf_last_error();
   int64_t quantized = 0, checked = 0;
   for (int64_t i = 0; i < t_->n_base; i++) {
     const mf_param &p = t_->params[i];
-    EXPECT_EQ(p.quant != 0, mf_bnb4_stored(st, p.name) != 0) << p.name;
+    EXPECT_EQ(p.quant, (int)mf_shipped_kind(st, p.name)) << p.name;
     if (!p.quant) continue;
     quantized++;
-    EXPECT_EQ(t_->base_blocksize, 64) << "transformers' Linear4bit blocks";
+    if (!fp8_) {
+      EXPECT_EQ(t_->base_blocksize, 64) << "transformers' Linear4bit blocks";
+    }
     const float *ref = f32(ex_, std::string("deq.") + p.name, p.numel);
     if (!ref) continue;
     const mf_qweight q = mf_param_qweight(t_, i);
@@ -135,8 +149,8 @@ TEST_P(Bnb4, TheBaseIsReadAsShipped) {
   EXPECT_GE(checked, 2) << "expected.safetensors names deq.<weight> of an attention and an expert projection";
 }
 
-// The 4-bit model's logits: the adapters with B = 0 (PEFT's identity).
-TEST_P(Bnb4, LogitsAreTheFourBitModels) {
+// The quantized model's logits: the adapters with B = 0 (PEFT's identity).
+TEST_P(Shipped, LogitsAreTheQuantizedModels) {
   ASSERT_EQ(open_with_adapters(), MF_OK) << mf_last_error();
   std::vector<float> w = w_;
   for (int64_t i = t_->n_base; i < t_->n; i++)
@@ -148,9 +162,9 @@ TEST_P(Bnb4, LogitsAreTheFourBitModels) {
   EXPECT_LT(rel_err(r.logits.data(), want, (int64_t)r.logits.size()), 1e-5);
 }
 
-// PEFT's adapters saved over the 4-bit model: PeftModel's logits; and they
-// matter (the 4-bit model's logits are far from them).
-TEST_P(Bnb4, PeftAdaptersGivePeftModelsLogits) {
+// PEFT's adapters saved over the quantized model: PeftModel's logits; and
+// they matter (the quantized model's logits are far from them).
+TEST_P(Shipped, PeftAdaptersGivePeftModelsLogits) {
   ASSERT_EQ(open_with_adapters(), MF_OK) << mf_last_error();
   const Result r = run(w_);
   const float *want = expected("peft_logits"), *base = expected("logits");
@@ -161,7 +175,7 @@ TEST_P(Bnb4, PeftAdaptersGivePeftModelsLogits) {
 
 // No adapters (a full model, rank 0): the base dequantized at load into the
 // float weights, the same logits.
-TEST_P(Bnb4, WithoutAdaptersTheBaseIsDequantizedAtLoad) {
+TEST_P(Shipped, WithoutAdaptersTheBaseIsDequantizedAtLoad) {
   cfg_ = config_for(dir_);
   ASSERT_NE(cfg_, nullptr);
   float *w = nullptr;
@@ -178,7 +192,7 @@ TEST_P(Bnb4, WithoutAdaptersTheBaseIsDequantizedAtLoad) {
 }
 
 // base_dtype bf16 with adapters: dequantized at load as well, PeftModel's logits.
-TEST_P(Bnb4, Bf16DequantizesAtLoad) {
+TEST_P(Shipped, Bf16DequantizesAtLoad) {
   const char *ov[] = {"train.lora.base_dtype=bf16"};
   ASSERT_EQ(open_with_adapters(ov, 1), MF_OK) << mf_last_error();
   EXPECT_EQ(t_->base_quant, MF_QUANT_NONE);
@@ -188,16 +202,24 @@ TEST_P(Bnb4, Bf16DequantizesAtLoad) {
   EXPECT_LT(rel_err(r.logits.data(), want, (int64_t)r.logits.size()), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Bnb4, ::testing::ValuesIn(fixture_dirs()),
-                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Fixtures, Shipped, ::testing::ValuesIn(fixture_dirs()),
+                         [](const ::testing::TestParamInfo<std::string> &i) {
+                           std::string n = i.param;
+                           std::replace(n.begin(), n.end(), '/', '_');
+                           return n;
+                         });
 
-TEST(Bnb4Fixtures, ArePresent) {
-  EXPECT_EQ(fixture_dirs().size(), 5u) << "tests/fixtures/bnb4: the four families and mixtral_plain";
+TEST(ShippedFixtures, ArePresent) {
+  const std::vector<std::string> d = fixture_dirs();
+  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const std::string &n) { return n.rfind("bnb4/", 0) == 0; }), 5)
+      << "tests/fixtures/bnb4: the four families and mixtral_plain";
+  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const std::string &n) { return n.rfind("fp8ckpt/", 0) == 0; }), 2)
+      << "tests/fixtures/fp8ckpt: qwen3_moe and mixtral";
 }
 
 // ------------------------------------------------------------ refusals
 
-// A copy of the mixtral fixture's model.safetensors with tensor `name`
+// A copy of fixture's model.safetensors with tensor `name`
 // replaced by `repl` (dtype, shape, bytes), or removed (repl NULL), written
 // with its config.json into a fresh dir; returns the dir.
 struct Damage {
@@ -208,9 +230,10 @@ struct Damage {
   std::vector<uint8_t> bytes;
 };
 
-std::string damaged_copy(const std::string &label, const Damage &d) {
+std::string damaged_copy(const std::string &label, const Damage &d, const std::string &fixture) {
   const char *tmp = getenv("TEST_TMPDIR");
-  const std::string src = std::string(kRoot) + "/mixtral", out = std::string(tmp ? tmp : "/tmp") + "/bnb4_" + label;
+  const std::string src = std::string(kFixtures) + "/" + fixture,
+                    out = std::string(tmp ? tmp : "/tmp") + "/shipped_" + label;
   EXPECT_EQ(system(("rm -rf " + out + " && mkdir -p " + out + " && cp " + src + "/config.json " + src +
                     "/adapter_config.json " + src + "/adapter_model.safetensors " + out + "/")
                        .c_str()),
@@ -237,12 +260,13 @@ std::string damaged_copy(const std::string &label, const Damage &d) {
   return out;
 }
 
-// One of mixtral's quantized weights and its pieces' bytes, from the fixture.
+// One of a fixture's quantized weights and its pieces' bytes.
 struct Piece {
-  std::string weight;
+  std::string fixture, weight;
   std::vector<uint8_t> bytes(const std::string &suffix) const {
     mf_safetensors *st = nullptr;
-    EXPECT_EQ(mf_safetensors_open((std::string(kRoot) + "/mixtral/model.safetensors").c_str(), &st), MF_OK);
+    EXPECT_EQ(mf_safetensors_open((std::string(kFixtures) + "/" + fixture + "/model.safetensors").c_str(), &st),
+              MF_OK);
     const mf_st_tensor *x = mf_safetensors_find(st, (weight + suffix).c_str());
     std::vector<uint8_t> out;
     if (x) out.assign((const uint8_t *)x->data, (const uint8_t *)x->data + x->nbytes);
@@ -273,8 +297,33 @@ mf_status load_damaged(const std::string &dir, std::string *msg) {
   return st;
 }
 
-TEST(Bnb4Damaged, IsRefusedNamingTheTensorAndTheFault) {
-  const Piece q{"model.layers.0.self_attn.q_proj.weight"};
+// One damaged copy per case: refused (MF_ERR_FORMAT) naming the dir and each of want.
+struct DamageCase {
+  const char *label;
+  Damage d;
+  const char *want[3];
+};
+
+void expect_refused(const DamageCase *cases, size_t n, const std::string &fixture) {
+  for (size_t i = 0; i < n; i++) {
+    const DamageCase &c = cases[i];
+    SCOPED_TRACE(c.label);
+    Damage d = c.d;
+    if (d.shape.empty() && !d.remove) d.shape = {(int64_t)d.bytes.size()};
+    const std::string dir = damaged_copy(c.label, d, fixture);
+    std::string msg;
+    const mf_status st = load_damaged(dir, &msg);
+    EXPECT_EQ(st, MF_ERR_FORMAT) << msg;
+    EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+    for (const char *w : c.want) {
+      if (!w) continue;
+      EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+    }
+  }
+}
+
+TEST(ShippedDamaged, Bnb4IsRefusedNamingTheTensorAndTheFault) {
+  const Piece q{"bnb4/mixtral", "model.layers.0.self_attn.q_proj.weight"};
   const std::vector<uint8_t> absmax = q.bytes(".absmax"), map = q.bytes(".quant_map"), qs =
       q.bytes(".quant_state.bitsandbytes__nf4"), packed = q.bytes("");
   ASSERT_FALSE(absmax.empty() || map.empty() || qs.empty() || packed.empty())
@@ -292,11 +341,7 @@ TEST(Bnb4Damaged, IsRefusedNamingTheTensorAndTheFault) {
   bad_map[4 * 3] ^= 1;
   std::vector<uint8_t> short_absmax(absmax.begin(), absmax.end() - 1);
   const std::string qsn = q.weight + ".quant_state.bitsandbytes__nf4";
-  const struct Case {
-    const char *label;
-    Damage d;
-    const char *want[3];
-  } cases[] = {
+  const DamageCase cases[] = {
       {"absmax_short", {q.weight + ".absmax", false, MF_DTYPE_U8, {(int64_t)short_absmax.size()}, short_absmax},
        {".absmax", "U8 [", "double-quantized"}},
       {"absmax_missing", {q.weight + ".nested_absmax", true}, {".nested_absmax", "missing", nullptr}},
@@ -312,61 +357,89 @@ TEST(Bnb4Damaged, IsRefusedNamingTheTensorAndTheFault) {
                         std::vector<uint8_t>(packed.begin(), packed.end() - 1)},
        {q.weight.c_str(), "packed in U8", nullptr}},
   };
-  for (const Case &c : cases) {
-    SCOPED_TRACE(c.label);
-    Damage d = c.d;
-    if (d.shape.empty() && !d.remove) d.shape = {(int64_t)d.bytes.size()};
-    const std::string dir = damaged_copy(c.label, d);
-    std::string msg;
-    const mf_status st = load_damaged(dir, &msg);
-    EXPECT_EQ(st, MF_ERR_FORMAT) << msg;
-    EXPECT_NE(msg.find(dir), std::string::npos) << msg;
-    for (const char *w : c.want) {
-      if (!w) continue;
-      EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
-    }
-  }
+  expect_refused(cases, sizeof cases / sizeof cases[0], q.fixture);
+}
+
+TEST(ShippedDamaged, Fp8IsRefusedNamingTheTensorAndTheFault) {
+  const Piece q{"fp8ckpt/qwen3_moe", "model.layers.0.self_attn.q_proj.weight"};
+  const std::vector<uint8_t> codes = q.bytes(""), scales = q.bytes("_scale_inv");
+  ASSERT_FALSE(codes.empty() || scales.empty()) << q.weight << " is not stored fp8 in " << q.fixture;
+  mf_safetensors *st = nullptr;
+  ASSERT_EQ(mf_safetensors_open((std::string(kFixtures) + "/" + q.fixture).c_str(), &st), MF_OK) << mf_last_error();
+  const mf_st_tensor *w = mf_safetensors_find(st, q.weight.c_str()), *s =
+      mf_safetensors_find(st, (q.weight + "_scale_inv").c_str());
+  ASSERT_TRUE(w && s && w->ndim == 2 && s->ndim == 2);
+  const std::vector<int64_t> wshape = {(int64_t)w->shape[0], (int64_t)w->shape[1]},
+                             sshape = {(int64_t)s->shape[0], (int64_t)s->shape[1]};
+  mf_safetensors_close(st);
+  std::vector<uint8_t> nan_code = codes, inf_scale = scales, neg_scale = scales;
+  nan_code[wshape[1] + 3] = 0xff;  // [1, 3]: -NaN
+  const float inf = INFINITY, neg = -0.5f;
+  memcpy(inf_scale.data(), &inf, 4);
+  memcpy(neg_scale.data() + inf_scale.size() - 4, &neg, 4);
+  const std::string sn = q.weight + "_scale_inv";
+  const DamageCase cases[] = {
+      {"fp8_scale_missing", {sn, true}, {q.weight.c_str(), "F8_E4M3", "_scale_inv are missing"}},
+      {"fp8_scale_shape", {sn, false, MF_DTYPE_F32, {sshape[0] * sshape[1] * 2, 1}, std::vector<uint8_t>(scales.size() * 2)},
+       {"_scale_inv is F32 [", "the scales of a", nullptr}},
+      {"fp8_scale_dtype", {sn, false, MF_DTYPE_F16, {sshape[0], sshape[1] * 2}, scales}, {"_scale_inv is F16", nullptr, nullptr}},
+      {"fp8_weight_dtype", {q.weight, false, MF_DTYPE_U8, wshape, codes}, {"is U8 [", "F8_E4M3 [", nullptr}},
+      {"fp8_weight_shape", {q.weight, false, MF_DTYPE_F8_E4M3, {wshape[1], wshape[0]}, codes}, {"F8_E4M3 [", nullptr, nullptr}},
+      {"fp8_nan", {q.weight, false, MF_DTYPE_F8_E4M3, wshape, nan_code}, {"element [1, 3]", "e4m3 NaN", nullptr}},
+      {"fp8_scale_inf", {sn, false, MF_DTYPE_F32, sshape, inf_scale}, {"weight_scale_inv[0, 0]", "inf", nullptr}},
+      {"fp8_scale_negative", {sn, false, MF_DTYPE_F32, sshape, neg_scale}, {"weight_scale_inv[", "-0.5", nullptr}},
+  };
+  expect_refused(cases, sizeof cases / sizeof cases[0], q.fixture);
 }
 
 // `moefit plan` needs only config.json: without the weights the base is laid
 // out as transformers quantizes (every linear weight but the LM head) in
 // Linear4bit's blocks of 64, as shipped.
-TEST(Bnb4Config, PlannedFromTheConfigAlone) {
+TEST(ShippedConfig, PlannedFromTheConfigAlone) {
   const char *tmp = getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/bnb4_config_only";
-  ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + kRoot + "/qwen3_moe/config.json " + dir)
-                       .c_str()),
-            0);
-  mf_config *cfg = config_for(dir, "rank: 4");
-  ASSERT_NE(cfg, nullptr);
-  mf_param_table *t = nullptr;
-  ASSERT_EQ(mf_run_model_table(cfg, nullptr, nullptr, &t), MF_OK) << mf_last_error();
-  EXPECT_EQ(t->base_shipped, 1);
-  EXPECT_EQ(t->base_quant, MF_QUANT_NF4);
-  EXPECT_EQ(t->base_blocksize, 64);
-  EXPECT_EQ(t->base_nested, 1);
-  EXPECT_EQ(t->qhome, nullptr) << "a plan allocates no quantized home";
-  EXPECT_GT(t->qhome_bytes, 0);
-  for (int64_t i = 0; i < t->n_base; i++) {
-    const mf_param &p = t->params[i];
-    EXPECT_EQ(p.quant != 0, p.frozen && p.ndim == 2 && p.role != MF_P_EMBED && i != mf_param_lm_head(t)) << p.name;
+  for (const char *fixture : {"bnb4/qwen3_moe", "fp8ckpt/mixtral"}) {
+    SCOPED_TRACE(fixture);
+    const bool fp8 = strncmp(fixture, "fp8", 3) == 0;
+    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/config_only_" + (fp8 ? "fp8" : "bnb4");
+    ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + kFixtures + "/" + fixture +
+                      "/config.json " + dir)
+                         .c_str()),
+              0);
+    mf_config *cfg = config_for(dir, "rank: 4");
+    ASSERT_NE(cfg, nullptr);
+    mf_param_table *t = nullptr;
+    ASSERT_EQ(mf_run_model_table(cfg, nullptr, nullptr, &t), MF_OK) << mf_last_error();
+    EXPECT_EQ(t->base_shipped, 1);
+    EXPECT_EQ(t->base_quant, fp8 ? MF_QUANT_FP8 : MF_QUANT_NF4);
+    if (!fp8) {
+      EXPECT_EQ(t->base_blocksize, 64);
+    }
+    EXPECT_EQ(t->base_nested, fp8 ? 0 : 1);
+    EXPECT_EQ(t->qhome, nullptr) << "a plan allocates no quantized home";
+    EXPECT_GT(t->qhome_bytes, 0);
+    for (int64_t i = 0; i < t->n_base; i++) {
+      const mf_param &p = t->params[i];
+      EXPECT_EQ(p.quant != 0, p.frozen && p.ndim == 2 && p.role != MF_P_EMBED && i != mf_param_lm_head(t)) << p.name;
+    }
+    mf_param_table_free(t);
+    mf_config_free(cfg);
   }
-  mf_param_table_free(t);
-  mf_config_free(cfg);
 }
 
 // A format set against the checkpoint's is refused naming the key.
-TEST(Bnb4Config, SettingsAgainstTheCheckpointAreRefused) {
-  const std::string dir = std::string(kRoot) + "/mixtral";
+TEST(ShippedConfig, SettingsAgainstTheCheckpointAreRefused) {
   const struct {
-    const char *ov, *want;
+    const char *fixture, *ov, *want;
   } cases[] = {
-      {"train.lora.base_dtype=fp8", "not quantized again"},
-      {"train.lora.base_blocksize=128", "ships nf4 in blocks of 64"},
-      {"train.lora.base_double_quant=false", "ships nf4 double quantized"},
+      {"bnb4/mixtral", "train.lora.base_dtype=fp8", "not quantized again"},
+      {"bnb4/mixtral", "train.lora.base_blocksize=128", "ships nf4 in blocks of 64"},
+      {"bnb4/mixtral", "train.lora.base_double_quant=false", "ships nf4 double quantized"},
+      {"fp8ckpt/qwen3_moe", "train.lora.base_dtype=nf4", "not quantized again"},
+      {"fp8ckpt/qwen3_moe", "train.lora.base_double_quant=true", "ships fp8 without double quantization"},
   };
   for (const auto &c : cases) {
     SCOPED_TRACE(c.ov);
+    const std::string dir = std::string(kFixtures) + "/" + c.fixture;
     mf_config *cfg = config_for(dir, "rank: 4", &c.ov, 1);
     ASSERT_NE(cfg, nullptr);
     mf_param_table *t = nullptr;

@@ -1,7 +1,8 @@
-/* bitsandbytes 4-bit weights as transformers writes them (quant.h,
- * "Checkpoints shipped quantized"): the packed codes and the quant state's
- * tensors copied into one blob in moefit's layout (src/core/qformat.h), each
- * piece checked against the weight it belongs to and the quant state's JSON. */
+/* Weights as checkpoints ship them quantized (quant.h, "Checkpoints shipped
+ * quantized"): bitsandbytes 4-bit as transformers writes it (the packed codes
+ * and the quant state's tensors) and FP8 e4m3 with 128 x 128 block scales
+ * (weight_scale_inv), each copied into one blob in moefit's layout
+ * (src/core/qformat.h), every piece checked against the weight it belongs to. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,8 @@
 
 static const char *const k_parts[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
                                       QS_SUFFIX "nf4", QS_SUFFIX "fp4"};
+
+#define FP8_SUFFIX "_scale_inv"
 
 static const mf_st_tensor *part(const mf_safetensors *st, const char *name, const char *suffix) {
   char full[1024];
@@ -52,8 +55,8 @@ static mf_status need(const mf_safetensors *st, const char *path, const char *na
                       mf_dtype dt, int64_t numel, const char *why, const mf_st_tensor **out) {
   const mf_st_tensor *x = part(st, name, suffix);
   if (!x)
-    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s%s is missing (%s, stored by bitsandbytes 4-bit)", path, name,
-                  suffix, why);
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s%s is missing (%s, stored %s)", path, name, suffix, why,
+                  strcmp(suffix, FP8_SUFFIX) == 0 ? "fp8" : "by bitsandbytes 4-bit");
   if (x->dtype != dt || (int64_t)x->numel != numel) {
     char got[96];
     shape_text(x, got, sizeof got);
@@ -170,4 +173,82 @@ mf_status mf_bnb4_read(const mf_safetensors *st, const char *path, const char *n
   char what[1100];
   snprintf(what, sizeof what, "%s: %s", path, name);
   return mf_qweight_check(&v, what);
+}
+
+/* ------------------------------------------------------------------ FP8 */
+
+int mf_fp8_stored(const mf_safetensors *st, const char *name) { return part(st, name, FP8_SUFFIX) != NULL; }
+
+mf_status mf_fp8_read(const mf_safetensors *st, const char *path, const char *name, int64_t rows, int64_t cols,
+                      uint8_t *blob) {
+  mf_qweight w = {.kind = MF_QUANT_FP8, .rows = rows, .cols = cols};
+  const int64_t br = mf_quant_blocks(rows, MF_FP8_BLOCK), bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
+  const mf_st_tensor *q = mf_safetensors_find(st, name), *s = part(st, name, FP8_SUFFIX);
+  char got[96];
+  if (!q) return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (its %s" FP8_SUFFIX " is there)", path, name, name);
+  if (q->dtype != MF_DTYPE_F8_E4M3 || q->ndim != 2 || (int64_t)q->shape[0] != rows || (int64_t)q->shape[1] != cols) {
+    shape_text(q, got, sizeof got);
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is %s; a weight with a %s" FP8_SUFFIX " is F8_E4M3 [%lld, %lld]",
+                  path, name, got, name, (long long)rows, (long long)cols);
+  }
+  if (!s) return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s" FP8_SUFFIX " is missing", path, name);
+  if ((s->dtype != MF_DTYPE_F32 && s->dtype != MF_DTYPE_BF16) || s->ndim != 2 || (int64_t)s->shape[0] != br ||
+      (int64_t)s->shape[1] != bc) {
+    shape_text(s, got, sizeof got);
+    return MF_ERR(MF_ERR_FORMAT,
+                  "%s: tensor %s" FP8_SUFFIX " is %s; the scales of a [%lld, %lld] weight in blocks of %d x %d are "
+                  "F32 (or BF16) [%lld, %lld]",
+                  path, name, got, (long long)rows, (long long)cols, MF_FP8_BLOCK, MF_FP8_BLOCK, (long long)br,
+                  (long long)bc);
+  }
+  memset(blob, 0, (size_t)mf_qweight_blob_bytes(&w));
+  memcpy(blob, q->data, (size_t)mf_qweight_q_bytes(&w));
+  float *scales = (float *)(blob + mf_qweight_blob_scales_at(&w));
+  if (s->dtype == MF_DTYPE_F32) {
+    memcpy(scales, s->data, (size_t)(br * bc * 4));
+  } else {
+    const uint16_t *h = (const uint16_t *)s->data;
+    for (int64_t k = 0; k < br * bc; k++) {
+      const uint32_t u = (uint32_t)h[k] << 16; /* bf16 widened: exact */
+      memcpy(&scales[k], &u, 4);
+    }
+  }
+  mf_qweight_blob_view(&w, blob);
+  char what[1100];
+  snprintf(what, sizeof what, "%s: %s", path, name);
+  return mf_qweight_check(&w, what);
+}
+
+/* ------------------------------------------------------- either format */
+
+mf_quant_kind mf_shipped_kind(const mf_safetensors *st, const char *name) {
+  if (mf_bnb4_stored(st, name)) return MF_QUANT_NF4;
+  if (mf_fp8_stored(st, name)) return MF_QUANT_FP8;
+  return MF_QUANT_NONE;
+}
+
+int mf_shipped_companion(const char *name, char *weight, size_t cap) {
+  if (mf_bnb4_companion(name, weight, cap)) return 1;
+  const size_t n = strlen(name), s = strlen(FP8_SUFFIX);
+  if (n <= s || strcmp(name + n - s, FP8_SUFFIX) != 0 || n - s >= cap) return 0;
+  memcpy(weight, name, n - s);
+  weight[n - s] = 0;
+  return 1;
+}
+
+mf_status mf_shipped_describe(const mf_safetensors *st, const char *path, const char *name, int64_t rows,
+                              int64_t cols, mf_qweight *w) {
+  if (mf_bnb4_stored(st, name)) return mf_bnb4_describe(st, path, name, rows, cols, w);
+  memset(w, 0, sizeof *w);
+  if (!mf_fp8_stored(st, name))
+    return MF_ERR(MF_ERR_INTERNAL, "%s: %s is not stored quantized (mf_shipped_describe)", path, name);
+  w->kind = MF_QUANT_FP8;
+  w->rows = rows, w->cols = cols;
+  return MF_OK;
+}
+
+mf_status mf_shipped_read(const mf_safetensors *st, const char *path, const char *name, const mf_qweight *w,
+                          uint8_t *blob) {
+  if (w->kind == MF_QUANT_FP8) return mf_fp8_read(st, path, name, w->rows, w->cols, blob);
+  return mf_bnb4_read(st, path, name, w, blob);
 }
