@@ -143,7 +143,7 @@ int mf_hwprofile_equal(const mf_hwprofile *a, const mf_hwprofile *b);
 double mf_hw_gemm_rate(const mf_hwprofile *p, double m, double n, double k);
 double mf_hw_attention_rate(const mf_hwprofile *p, double s, double d);
 /* The FLOPs counted for causal attention over B sequences of S tokens with Hq
- * query heads of dim D, as the step program counts them (src/model/program.c):
+ * query heads of dim D, as the step program counts them (src/model/program_attention.c):
  * forward 2*B*Hq*D*S*(S+1) (QK^T and PV over the causal triangle, diagonal
  * included); backward 2.5x that (five such products). Profiles' attention rates
  * and mf_hw_attention_seconds' `flops` use this count. */

@@ -515,7 +515,7 @@ TEST(HwCost, AttentionUsesSTimesD) {
   double key = std::sqrt(16384.0 * 524288.0);
   EXPECT_LT(Rel(mf_hw_attention_rate(&p, key / 64, 64), std::sqrt(1e13 * 4e14)), 1e-12);
   double f = mf_hw_attention_flops(2, 256, 8, 64, 0);
-  EXPECT_EQ(f, 2.0 * 2 * 8 * 64 * 256 * 257);  // as src/model/program.c counts
+  EXPECT_EQ(f, 2.0 * 2 * 8 * 64 * 256 * 257);  // as src/model/program_attention.c counts
   EXPECT_EQ(mf_hw_attention_flops(2, 256, 8, 64, 1), 2.5 * f);
   EXPECT_EQ(mf_hw_attention_seconds(&p, f, 256, 64), f / 1e13 + 5e-6);
   EXPECT_EQ(mf_hw_attention_seconds(&p, 0, 256, 64), 0);

@@ -1,0 +1,202 @@
+/* The step program's MoE block, routed and shared experts, forward and backward (program_build.h). */
+#include <stdio.h>
+
+#include "src/model/program_build.h"
+/* Layer l's routed experts (and shared expert), added into the layer's output. */
+void mf_pb_moe_fwd(const mb *z, int32_t l) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, E = z->E, TK = z->TK, I = z->I;
+  int32_t *resid = z->resid;
+  layer_acts *a = &z->A[l];
+  const int32_t aux_counts = z->aux_counts, aux_psum = z->aux_psum;
+  mf_pop *o;
+  const int64_t R = T * TK;
+  a->rl = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits", m, l);
+  mf_pb_linear_fwd(c, l, "router", a->xn2, mf_pb_P(c, MF_P_ROUTER, l), -1, a->rl, E, H, 0);
+  a->probs = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs", m, l);
+  a->tki = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I32, T * TK, m, l, LNAME "mlp.topk_idx", m, l);
+  a->tkw = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w", m, l);
+  o = mf_pb_op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
+  SET(o, a->rl, a->probs, a->tki, a->tkw);
+  INTS(o, T, E, TK, s->norm_topk_prob);
+  o = mf_pb_op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
+  SET(o, a->probs, a->tki, aux_counts, aux_psum);
+  INTS(o, T, E, TK);
+  a->counts = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.expert_counts", m, l);
+  a->offsets = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E + 1, m, l, LNAME "mlp.expert_offsets", m, l);
+  a->row_of = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.row_of", m, l);
+  a->tor = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.token_of_row", m, l);
+  o = mf_pb_op(b, MF_K_MOE_DISPATCH, MF_PHASE_FWD, m, l, "L%d dispatch", l);
+  SET(o, a->tki, a->counts, a->offsets, a->row_of, a->tor);
+  INTS(o, T, TK, E);
+  a->xe = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in", m, l);
+  o = mf_pb_op(b, MF_K_MOE_GATHER, MF_PHASE_FWD, m, l, "L%d gather", l);
+  SET(o, a->xn2, a->tor, a->xe);
+  INTS(o, R, H);
+  a->eg = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate", m, l);
+  a->eu = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up", m, l);
+  a->ea = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act", m, l);
+  a->ey = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out", m, l);
+  const struct {
+    mf_param_role role;
+    int32_t in, out;
+    int64_t N, K;
+    const char *what, *hf;
+  } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj", "gate_proj"},
+               {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj", "up_proj"},
+               {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj", "down_proj"}};
+  for (int j = 0; j < 3; j++) {
+    if (j == 2)
+      mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
+    int32_t at = mf_pb_experts_of(c, proj[j].role, l, 0, -1);
+    o = mf_pb_op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
+    SET(o, proj[j].in, a->offsets, proj[j].out);
+    INTS(o, E, proj[j].N, proj[j].K);
+    o->experts_at = at;
+    o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
+    mf_pb_lora_experts_fwd(z, l, proj[j].role, proj[j].hf, proj[j].in, proj[j].out, proj[j].N, proj[j].K);
+  }
+  o = mf_pb_op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
+  SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
+  INTS(o, T, TK, H);
+  if (s->shared_ffn > 0) {
+    const int64_t Is = s->shared_ffn;
+    a->sg = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate", m, l);
+    a->su = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up", m, l);
+    a->sa = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act", m, l);
+    a->sy = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l);
+    a->sgl = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
+    mf_pb_linear_fwd(c, l, "shared gate_proj", a->xn2, mf_pb_P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
+    mf_pb_lora_fwd(z, l, MF_P_SHARED_GATE, "mlp.shared_expert.gate_proj", a->xn2, a->sg, Is, H);
+    mf_pb_linear_fwd(c, l, "shared up_proj", a->xn2, mf_pb_P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
+    mf_pb_lora_fwd(z, l, MF_P_SHARED_UP, "mlp.shared_expert.up_proj", a->xn2, a->su, Is, H);
+    mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
+    mf_pb_linear_fwd(c, l, "shared down_proj", a->sa, mf_pb_P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is, 0);
+    mf_pb_lora_fwd(z, l, MF_P_SHARED_DOWN, "mlp.shared_expert.down_proj", a->sa, a->sy, H, Is);
+    mf_pb_linear_fwd(c, l, "shared_expert_gate", a->xn2, mf_pb_P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl,
+                     1, H, 0);
+    o = mf_pb_op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
+    SET(o, a->sgl, a->sy, resid[l + 1]);
+    INTS(o, T, H);
+  }
+}
+
+/* Layer l's routed experts (and shared expert) backward: into dxn2, the
+ * gradient of the post-attention norm's output. */
+void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const mf_program *p = b->p;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, E = z->E, TK = z->TK, I = z->I;
+  const layer_acts *a = &z->A[l];
+  const int32_t aux_counts = z->aux_counts;
+  const int64_t aux_rows = z->aux_rows;
+  mf_pop *o;
+  const int64_t R = T * TK;
+  int32_t dye = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out.grad", m, l);
+  int32_t dtkw = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w.grad", m, l);
+  o = mf_pb_op(b, MF_K_MOE_COMBINE_BWD, MF_PHASE_BWD, m, l, "L%d combine bwd", l);
+  SET(o, gres, a->ey, a->tkw, a->row_of, dye, dtkw);
+  INTS(o, T, TK, H);
+  int32_t dea = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act.grad", m, l);
+  int32_t deg =
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate.grad", m, l);
+  int32_t deu = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up.grad", m, l);
+  int32_t dxe = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
+  int32_t dxe2 =
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
+  /* down: dW (unless frozen) then dx */
+  if (!mf_pb_experts_frozen(c, MF_P_EXPERT_DOWN, l)) {
+    o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
+    SET(o, dye, a->ea, a->offsets);
+    INTS(o, E, H, I);
+    o->experts_at = mf_pb_experts_of(c, MF_P_EXPERT_DOWN, l, 1, -1);
+    o->flops = 2.0 * (double)R * (double)H * (double)I;
+  }
+  const int32_t down_w =
+      mf_pb_experts_of(c, MF_P_EXPERT_DOWN, l, 0, -1); /* before the op: it may dequantize */
+  o = mf_pb_op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
+  SET(o, dye, a->offsets, dea);
+  INTS(o, E, H, I);
+  o->experts_at = down_w;
+  o->flops = 2.0 * (double)R * (double)H * (double)I;
+  mf_pb_lora_experts_bwd(z, l, MF_P_EXPERT_DOWN, "down_proj", dye, a->ea, dea, H, I);
+  o = mf_pb_op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
+  SET(o, a->eg, a->eu, dea, deg, deu);
+  INTS(o, R * I);
+  const struct {
+    mf_param_role role;
+    int32_t dy, dx;
+    const char *what;
+  } gu[2] = {{MF_P_EXPERT_GATE, deg, dxe, "gate_proj"}, {MF_P_EXPERT_UP, deu, dxe2, "up_proj"}};
+  for (int j = 0; j < 2; j++) {
+    if (!mf_pb_experts_frozen(c, gu[j].role, l)) {
+      o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
+      SET(o, gu[j].dy, a->xe, a->offsets);
+      INTS(o, E, I, H);
+      o->experts_at = mf_pb_experts_of(c, gu[j].role, l, 1, -1);
+      o->flops = 2.0 * (double)R * (double)I * (double)H;
+    }
+    const int32_t w = mf_pb_experts_of(c, gu[j].role, l, 0, -1);
+    o = mf_pb_op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);
+    SET(o, gu[j].dy, a->offsets, gu[j].dx);
+    INTS(o, E, I, H);
+    o->experts_at = w;
+    o->flops = 2.0 * (double)R * (double)I * (double)H;
+    mf_pb_lora_experts_bwd(z, l, gu[j].role, gu[j].what, gu[j].dy, a->xe, gu[j].dx, I, H);
+  }
+  mf_pb_simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, R * H);
+  o = mf_pb_op(b, MF_K_MOE_GATHER_BWD, MF_PHASE_BWD, m, l, "L%d gather bwd", l);
+  SET(o, dxe, a->row_of, dxn2);
+  INTS(o, T, TK, H, 0);
+  int32_t dprobs = -1;
+  if (p->aux_coef > 0) {
+    dprobs = mf_pb_keep_fp32(
+        b, mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l));
+    o = mf_pb_op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
+    SET(o, aux_counts, dprobs);
+    INTS(o, E, aux_rows, T);
+    o->f[0] = p->aux_coef / mf_program_loss_divisor(p);
+  }
+  int32_t drl =
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits.grad", m, l);
+  o = mf_pb_op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
+  SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
+  INTS(o, T, E, TK, s->norm_topk_prob);
+  mf_pb_linear_bwd(c, l, "router", drl, a->xn2, mf_pb_P(c, MF_P_ROUTER, l), mf_pb_G(c, MF_P_ROUTER, l), -1,
+                   dxn2, E, H, 1);
+  if (s->shared_ffn > 0) {
+    const int64_t Is = s->shared_ffn;
+    int32_t dsy =
+        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out.grad", m, l);
+    int32_t dsgl =
+        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out.grad", m, l);
+    o = mf_pb_op(b, MF_K_SIGGATE_BWD, MF_PHASE_BWD, m, l, "L%d shared gate bwd", l);
+    SET(o, a->sgl, a->sy, gres, dsy, dsgl);
+    INTS(o, T, H);
+    mf_pb_linear_bwd(c, l, "shared_expert_gate", dsgl, a->xn2, mf_pb_P(c, MF_P_SHARED_EXPERT_GATE, l),
+                     mf_pb_G(c, MF_P_SHARED_EXPERT_GATE, l), -1, dxn2, 1, H, 1);
+    int32_t dsa =
+        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act.grad", m, l);
+    int32_t dsg =
+        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate.grad", m, l);
+    int32_t dsu =
+        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up.grad", m, l);
+    mf_pb_linear_bwd(c, l, "shared down_proj", dsy, a->sa, mf_pb_P(c, MF_P_SHARED_DOWN, l),
+                     mf_pb_G(c, MF_P_SHARED_DOWN, l), -1, dsa, H, Is, 0);
+    mf_pb_lora_bwd(z, l, MF_P_SHARED_DOWN, "mlp.shared_expert.down_proj", dsy, a->sa, dsa, H, Is);
+    mf_pb_simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu,
+                 T * Is);
+    mf_pb_linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, mf_pb_P(c, MF_P_SHARED_GATE, l),
+                     mf_pb_G(c, MF_P_SHARED_GATE, l), -1, dxn2, Is, H, 1);
+    mf_pb_lora_bwd(z, l, MF_P_SHARED_GATE, "mlp.shared_expert.gate_proj", dsg, a->xn2, dxn2, Is, H);
+    mf_pb_linear_bwd(c, l, "shared up_proj", dsu, a->xn2, mf_pb_P(c, MF_P_SHARED_UP, l),
+                     mf_pb_G(c, MF_P_SHARED_UP, l), -1, dxn2, Is, H, 1);
+    mf_pb_lora_bwd(z, l, MF_P_SHARED_UP, "mlp.shared_expert.up_proj", dsu, a->xn2, dxn2, Is, H);
+  }
+}
