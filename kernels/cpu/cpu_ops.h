@@ -155,6 +155,22 @@ mf_status mf_cpu_router_bwd(const float *probs, const int32_t *topk_idx, const f
                             const float *dtopk_w, const float *dprobs_extra, int64_t T, int64_t E, int64_t K,
                             int norm_topk, float *dlogits, const mf_kctx *ctx);
 
+/* DeepSeek-V3's and GLM-4.5's sigmoid router (kernels/cpu/router_group.c):
+ * scores = sigmoid(logits) [T,E] (written); the choice by scores + bias[E]
+ * (NULL: none) among the topk_group of n_group groups with the largest
+ * sums of their two largest, (topk_idx, topk_w) [T,K] descending by it (ties:
+ * the lower expert first), topk_w the chosen scores, divided by their sum +
+ * 1e-20 when norm_topk, times scaling. n_group must divide E into groups of
+ * two or more (1: no group limit). */
+mf_status mf_cpu_router_group_fwd(const float *logits, const float *bias, int64_t T, int64_t E, int64_t K,
+                                  int64_t n_group, int64_t topk_group, int norm_topk, float scaling,
+                                  float *scores, int32_t *topk_idx, float *topk_w, const mf_kctx *ctx);
+/* dlogits[T,E] (written) from d topk_w[T,K] through the scaling, the
+ * normalisation and the sigmoid; the bias and the choice get none. */
+mf_status mf_cpu_router_group_bwd(const float *scores, const int32_t *topk_idx, const float *dtopk_w, int64_t T,
+                                  int64_t E, int64_t K, int norm_topk, float scaling, float *dlogits,
+                                  const mf_kctx *ctx);
+
 /* ---------------------------------------------------------- permutation */
 
 /* The dispatch of T tokens x K choices to E experts, expert-major: rows of
