@@ -45,9 +45,9 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_LINEAR_BWD_WEIGHT] = {"linear_bwd_weight",
                                 {{"dy", R}, {"x", R}, F32("dW", A), {"db", A, 1, MF_KT_F32}},
                                 {"M", "N", "K"}},
-    /* in place: x (dx) is read and overwritten */
-    [MF_K_ROPE_FWD] = {"rope_fwd", {{"x", A}, I32("pos", R)}, {"T", "nh", "D"}, {"theta"}},
-    [MF_K_ROPE_BWD] = {"rope_bwd", {{"dx", A}, I32("pos", R)}, {"T", "nh", "D"}, {"theta"}},
+    /* in place: x (dx) is read and overwritten; rot: the rotated dims of each head (0: all D) */
+    [MF_K_ROPE_FWD] = {"rope_fwd", {{"x", A}, I32("pos", R)}, {"T", "nh", "D", "rot"}, {"theta"}},
+    [MF_K_ROPE_BWD] = {"rope_bwd", {{"dx", A}, I32("pos", R)}, {"T", "nh", "D", "rot"}, {"theta"}},
     [MF_K_ATTN_FWD] = {"attn_fwd",
                        {{"q", R}, {"k", R}, {"v", R}, {"o", W}, F32("lse", W)},
                        {"B", "S", "Hq", "Hkv", "D"},

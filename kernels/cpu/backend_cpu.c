@@ -492,9 +492,9 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_LINEAR_BWD_WEIGHT:
       return mf_cpu_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), x);
     case MF_K_ROPE_FWD:
-      return mf_cpu_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], x);
+      return mf_cpu_rope_fwd(F(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], x);
     case MF_K_ROPE_BWD:
-      return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], x);
+      return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], x);
     case MF_K_ATTN_FWD:
       return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
                              x);

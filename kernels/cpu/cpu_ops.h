@@ -87,15 +87,18 @@ mf_status mf_cpu_linear_bwd_weight(const float *dy, const float *x, int64_t M, i
 
 /* ----------------------------------------------------------------- RoPE */
 
-/* In place on x[T, nh, D] (rotate_half convention, as transformers' Llama-style
- * models): with inv_freq[i] = 1 / theta^(2i/D) (fp32, i < D/2),
- * f = pos[t] * inv_freq[i], c = cos f, s = sin f:
- *   x1' = x1*c - x2*s,  x2' = x2*c + x1*s   for x1 = x[.., i], x2 = x[.., i + D/2].
- * bwd applies the inverse rotation to the gradient in place. */
-mf_status mf_cpu_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                          const mf_kctx *ctx);
-mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                          const mf_kctx *ctx);
+/* In place on the first `rot` dims of each head of x[T, nh, D] (rotate_half
+ * convention, as transformers' Llama-style models; rot < D: partial RoPE, the
+ * rest of the head left as it is; rot 0: the whole head): with
+ * inv_freq[i] = 1 / theta^(2i/rot) (fp32, i < rot/2), f = pos[t] * inv_freq[i],
+ * c = cos f, s = sin f:
+ *   x1' = x1*c - x2*s,  x2' = x2*c + x1*s   for x1 = x[.., i], x2 = x[.., i + rot/2].
+ * bwd applies the inverse rotation to the gradient in place. rot odd or over
+ * D is MF_ERR_INVALID_ARG (an odd D rotates its first D - 1 dims, as before). */
+mf_status mf_cpu_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
+                          float theta, const mf_kctx *ctx);
+mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
+                          float theta, const mf_kctx *ctx);
 
 /* ------------------------------------------------------------ attention */
 

@@ -438,9 +438,9 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       });
     }
     case MF_K_ROPE_FWD:
-      return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
+      return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], s);
     case MF_K_ROPE_BWD:
-      return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], CI32(1), (float)k->f[0], s);
+      return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], s);
     case MF_K_ATTN_FWD:
       if constexpr (std::is_same<T, mf_bf16>::value) {
         if (c->attn_cudnn) return run_attn_cudnn(c, k, s);

@@ -45,8 +45,9 @@
 //               (mf_cuda_rmsnorm_dw_parts, from R alone); thread (chunk, p) sums
 //               its rows in order into scratch[p,chunk]; then a thread per chunk
 //               adds scratch[0..P-1, chunk] in order to dw.
-//   rope        in place on x[T,nh,D] (dx for bwd), i < D/2:
-//               inv = 1/theta^((float)2i/(float)D), f = (float)pos[t]*inv, c = cos f, s = sin f;
+//   rope        in place on the first rot dims of each head of x[T,nh,D] (dx for bwd;
+//               rot 0: all D), i < rot/2, x2 = x1 + rot/2:
+//               inv = 1/theta^((float)2i/(float)rot), f = (float)pos[t]*inv, c = cos f, s = sin f;
 //               fwd: x1' = x1*c - x2*s, x2' = x2*c + x1*s;  bwd: d1 = g1*c + g2*s,
 //               d2 = g2*c - g1*s.  One thread per (t, head, i) pair, scalar
 //               accesses (the angle, not memory, is its cost).
@@ -492,12 +493,12 @@ mf_status mf_cuda_rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *
 // ----------------------------------------------------------------- RoPE
 
 template <typename T>
-static __global__ void rope_kernel(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *__restrict__ pos,
-                                   float theta, int backward) {
-  const int64_t half = D / 2;
+static __global__ void rope_kernel(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot,
+                                   const int32_t *__restrict__ pos, float theta, int backward) {
+  const int64_t half = rot / 2;
   GRID_STRIDE(n, T_ * nh * half) {
     const int64_t i = n % half, th = n / half, t = th / nh;
-    const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+    const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
     const float f = (float)pos[t] * inv;
     const float cs = cosf(f), sn = sinf(f);
     T *x1 = x + th * D + i;
@@ -514,25 +515,30 @@ static __global__ void rope_kernel(T *x, int64_t T_, int64_t nh, int64_t D, cons
 }
 
 template <typename T>
-static mf_status rope(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta, int backward,
-                      cudaStream_t s) {
-  if (T_ <= 0 || nh <= 0 || D < 2) return MF_OK;
+static mf_status rope(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos, float theta,
+                      int backward, cudaStream_t s) {
+  if (rot == 0) rot = D;
+  if (rot < 0 || rot > D || (rot % 2 != 0 && rot != D))
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "rope: %lld rotary dims of a head of %lld: an even number below the head, or the head",
+                  (long long)rot, (long long)D);
+  if (T_ <= 0 || nh <= 0 || rot < 2) return MF_OK;
   rope_kernel<T>
-      <<<mf_cuda_grid(T_ * nh * (D / 2)), MF_CUDA_BLOCK, 0, s>>>(x, T_, nh, D, pos, theta, backward);
+      <<<mf_cuda_grid(T_ * nh * (rot / 2)), MF_CUDA_BLOCK, 0, s>>>(x, T_, nh, D, rot, pos, theta, backward);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
 template <typename T>
-mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                           cudaStream_t s) {
-  return rope(x, T_, nh, D, pos, theta, 0, s);
+mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
+                           float theta, cudaStream_t s) {
+  return rope(x, T_, nh, D, rot, pos, theta, 0, s);
 }
 
 template <typename T>
-mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                           cudaStream_t s) {
-  return rope(dx, T_, nh, D, pos, theta, 1, s);
+mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
+                           float theta, cudaStream_t s) {
+  return rope(dx, T_, nh, D, rot, pos, theta, 1, s);
 }
 
 // --------------------------------------------------------------- SwiGLU
@@ -749,9 +755,9 @@ mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed,
                                             cudaStream_t);                                                   \
   template mf_status mf_cuda_rmsnorm_bwd<T>(const T *, const T *, const T *, const float *, int64_t,         \
                                             int64_t, T *, float *, int, float *, cudaStream_t);              \
-  template mf_status mf_cuda_rope_fwd<T>(T *, int64_t, int64_t, int64_t, const int32_t *, float,             \
+  template mf_status mf_cuda_rope_fwd<T>(T *, int64_t, int64_t, int64_t, int64_t, const int32_t *, float,    \
                                          cudaStream_t);                                                      \
-  template mf_status mf_cuda_rope_bwd<T>(T *, int64_t, int64_t, int64_t, const int32_t *, float,             \
+  template mf_status mf_cuda_rope_bwd<T>(T *, int64_t, int64_t, int64_t, int64_t, const int32_t *, float,    \
                                          cudaStream_t);                                                      \
   template mf_status mf_cuda_swiglu_fwd<T>(const T *, const T *, int64_t, T *, cudaStream_t);                \
   template mf_status mf_cuda_swiglu_bwd<T>(const T *, const T *, const T *, int64_t, T *, T *,               \

@@ -73,11 +73,11 @@ template <typename T>
 mf_status mf_cuda_rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *rstd, int64_t R, int64_t C,
                               T *dx, float *dw, int accumulate, float *scratch, cudaStream_t s);
 template <typename T>
-mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                           cudaStream_t s);
+mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
+                           float theta, cudaStream_t s);
 template <typename T>
-mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, float theta,
-                           cudaStream_t s);
+mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
+                           float theta, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_swiglu_fwd(const T *g, const T *u, int64_t n, T *act, cudaStream_t s);
 template <typename T>
@@ -105,9 +105,9 @@ template <typename T>
 mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, int norm_topk, float *probs,
                              int32_t *topk_idx, float *topk_w, cudaStream_t s);
 template <typename T>
-mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w, const T *dtopk_w,
-                             const float *dprobs_extra, int64_t T_, int64_t E, int64_t K, int norm_topk,
-                             T *dlogits, cudaStream_t s);
+mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
+                             const T *dtopk_w, const float *dprobs_extra, int64_t T_, int64_t E, int64_t K,
+                             int norm_topk, T *dlogits, cudaStream_t s);
 mf_status mf_cuda_moe_dispatch(const int32_t *topk_idx, int64_t T, int64_t K, int64_t E, int64_t *counts,
                                int64_t *offsets, int32_t *row_of, int32_t *token_of_row, cudaStream_t s);
 template <typename T>
@@ -140,8 +140,8 @@ mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_
                            int64_t D, float scale, T *o, float *lse, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
-                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk,
-                           T *dv, cudaStream_t s);
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq,
+                           T *dk, T *dv, cudaStream_t s);
 
 // ------------------------------------------------------- attention_mma.cu
 // Causal GQA attention of BF16 storage on tensor cores (mma.sync), called by
@@ -170,8 +170,8 @@ void mf_cuda_blas_free(mf_cuda_blas *b);  // NULL is fine; the device must be id
 // mf_bf16) and (mf_bf16, float) bf16 tensor cores with fp32 compute.
 template <typename TA, typename TC>
 mf_status mf_cuda_gemm(mf_cuda_blas *b, int transA, int transB, int64_t M, int64_t N, int64_t K, const TA *A,
-                       int64_t lda, const TA *B, int64_t ldb, TC *C, int64_t ldc, int accumulate, const TC *bias,
-                       cudaStream_t s);
+                       int64_t lda, const TA *B, int64_t ldb, TC *C, int64_t ldc, int accumulate,
+                       const TC *bias, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_linear_fwd(const T *x, const T *W, const T *bias, int64_t M, int64_t N, int64_t K, T *y,
                              int accumulate, mf_cuda_blas *b, cudaStream_t s);
@@ -191,17 +191,17 @@ template <typename T>
 mf_status mf_cuda_expert_fwd(const T *xe, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
                              int64_t N, int64_t Kd, T *ye, cudaStream_t s);
 template <typename T>
-mf_status mf_cuda_expert_bwd_data(const T *dye, const T *const *W, const int64_t *offsets, int64_t R, int64_t E,
-                                  int64_t N, int64_t Kd, T *dxe, cudaStream_t s);
+mf_status mf_cuda_expert_bwd_data(const T *dye, const T *const *W, const int64_t *offsets, int64_t R,
+                                  int64_t E, int64_t N, int64_t Kd, T *dxe, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_expert_bwd_weight(const T *dye, const T *xe, const int64_t *offsets, int64_t E, int64_t N,
                                     int64_t Kd, float *const *dW, cudaStream_t s);
 // MF_K_CROSS_ENTROPY: scalars (device, 2 doubles) = {loss_sum, n_valid}; ws,
 // lse and dW fp32.
 template <typename T>
-mf_status mf_cuda_cross_entropy(const T *h, const T *W, const int32_t *target, int64_t T_, int64_t V, int64_t H,
-                                int64_t chunk, float loss_scale, float *ws, float *lse, double *scalars, T *dh,
-                                float *dW, mf_cuda_blas *b, cudaStream_t s);
+mf_status mf_cuda_cross_entropy(const T *h, const T *W, const int32_t *target, int64_t T_, int64_t V,
+                                int64_t H, int64_t chunk, float loss_scale, float *ws, float *lse,
+                                double *scalars, T *dh, float *dW, mf_cuda_blas *b, cudaStream_t s);
 
 // How many calls of BF16 storage ran on the mma.sync kernels, process-wide
 // (every cuda backend's; counted by gemm.cu and attention.cu where the path
@@ -250,10 +250,18 @@ mf_status mf_cuda_expert_cutlass_bwd_weight(const mf_bf16 *dye, const mf_bf16 *x
 #ifdef __CUDACC__
 // A stored element widened to fp32 (exact), and an fp32 value stored: as is,
 // or rounded to the nearest even bf16 (NaN stays NaN).
-__device__ __forceinline__ float mf_ld(const float *p) { return *p; }
-__device__ __forceinline__ float mf_ld(const mf_bf16 *p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void mf_st(float *p, float v) { *p = v; }
-__device__ __forceinline__ void mf_st(mf_bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ float mf_ld(const float *p) {
+  return *p;
+}
+__device__ __forceinline__ float mf_ld(const mf_bf16 *p) {
+  return __bfloat162float(*p);
+}
+__device__ __forceinline__ void mf_st(float *p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void mf_st(mf_bf16 *p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
 // Elements of T in one 16-byte vector access (4 fp32, 8 bf16).
 template <typename T>
 struct mf_vec {

@@ -391,15 +391,17 @@ TEST_F(CudaOps, RmsnormBwdOnTwoStreamsSharesScratchSafely) {
 
 TEST_F(CudaOps, RopeFwdBwd) {
   std::mt19937 rng(5);
-  const int64_t shapes[][3] = {{1, 1, 2}, {1, 1, 1}, {7, 3, 5}, {37, 4, 64}, {300, 8, 128}};
+  // {T, nh, D, rot}: rot 0 the whole head, else partial RoPE
+  const int64_t shapes[][4] = {{1, 1, 2, 0},    {1, 1, 1, 0},    {7, 3, 5, 0},  {37, 4, 64, 0},
+                               {300, 8, 128, 0}, {37, 4, 64, 32}, {9, 2, 128, 2}};
   for (auto &s : shapes) {
-    const int64_t T = s[0], nh = s[1], D = s[2];
+    const int64_t T = s[0], nh = s[1], D = s[2], rot = s[3];
     for (int bwd = 0; bwd < 2; bwd++) {
       for (double theta : {10000.0, 1000000.0}) {
-        Case c{shape(bwd ? "rope_bwd" : "rope_fwd", {T, nh, D, (int64_t)theta}),
+        Case c{shape(bwd ? "rope_bwd" : "rope_fwd", {T, nh, D, rot, (int64_t)theta}),
                bwd ? MF_K_ROPE_BWD : MF_K_ROPE_FWD};
         c.b = {f32(uniform(rng, (size_t)(T * nh * D), -2, 2), 1e-6), i32(ints(rng, (size_t)T, 0, 511))};
-        c.i[0] = T, c.i[1] = nh, c.i[2] = D;
+        c.i[0] = T, c.i[1] = nh, c.i[2] = D, c.i[3] = rot;
         c.f[0] = theta;
         check(c);
       }

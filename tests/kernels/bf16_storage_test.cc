@@ -157,7 +157,8 @@ std::vector<Case> cases_of(mf_kernel kind) {
     case MF_K_ROPE_FWD:
     case MF_K_ROPE_BWD:
       return {
-          Build(kind, mf_kernel_name(kind), {T, 2, 8}, {10000.0}).val(0, T * 2 * 8, 2.0f).i32(1, {0, 5, 17})};
+          Build(kind, mf_kernel_name(kind), {T, 2, 8}, {10000.0}).val(0, T * 2 * 8, 2.0f).i32(1, {0, 5, 17}),
+          Build(kind, "rope partial", {T, 2, 8, 4}, {10000.0}).val(0, T * 2 * 8, 2.0f).i32(1, {0, 5, 17})};
     case MF_K_ATTN_FWD:  // B 2, S 3, Hq 4, Hkv 2, D 8
       return {Build(kind, "attn_fwd", {2, 3, 4, 2, 8}, {0.35355339})
                   .val(0, 6 * 4 * 8)
@@ -287,7 +288,8 @@ std::vector<Case> cases_of(mf_kernel kind) {
           }
         };
         if (x.kind == MF_QUANT_MXFP4)
-          for (int64_t k = 0; k < mf_qweight_scale_bytes(&q); k++) blob[(size_t)(mf_qweight_blob_scales_at(&q) + k)] = (uint8_t)(120 + g() % 10);
+          for (int64_t k = 0; k < mf_qweight_scale_bytes(&q); k++)
+            blob[(size_t)(mf_qweight_blob_scales_at(&q) + k)] = (uint8_t)(120 + g() % 10);
         else if (!x.nested)
           put_floats(mf_qweight_blob_scales_at(&q), mf_qweight_scale_bytes(&q) / 4, 0.01f, 2.0f);
         if (x.nested) {
@@ -295,7 +297,9 @@ std::vector<Case> cases_of(mf_kernel kind) {
           put_floats(mf_qweight_blob_code2_at(&q), 256, -1.0f, 1.0f);
           put_floats(mf_qweight_blob_offset_at(&q), 1, 0.1f, 0.3f);
         }
-        v.push_back(Build(kind, x.name, {x.kind, x.rows, x.cols, x.bs, x.nested}).bytes(0, blob).val(1, (size_t)(x.rows * x.cols)));
+        v.push_back(Build(kind, x.name, {x.kind, x.rows, x.cols, x.bs, x.nested})
+                        .bytes(0, blob)
+                        .val(1, (size_t)(x.rows * x.cols)));
       }
       return v;
     }

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -35,8 +36,8 @@ float angle_f32(int32_t pos, int64_t i, int64_t D, float theta) {
 }
 
 // transformers' float32 forward, operation for operation.
-vector<float> ref_fwd_f32(const vector<float> &x, int64_t T, int64_t nh, int64_t D, const vector<int32_t> &pos,
-                          float theta) {
+vector<float> ref_fwd_f32(const vector<float> &x, int64_t T, int64_t nh, int64_t D,
+                          const vector<int32_t> &pos, float theta) {
   vector<float> y = x;
   const int64_t h = D / 2;
   for (int64_t t = 0; t < T; t++)
@@ -55,8 +56,8 @@ vector<float> ref_fwd_f32(const vector<float> &x, int64_t T, int64_t nh, int64_t
 }
 
 // The same rotation in double (on the fp32 angle, which is part of the model).
-vector<double> ref_fwd_f64(const vector<float> &x, int64_t T, int64_t nh, int64_t D, const vector<int32_t> &pos,
-                           float theta) {
+vector<double> ref_fwd_f64(const vector<float> &x, int64_t T, int64_t nh, int64_t D,
+                           const vector<int32_t> &pos, float theta) {
   vector<double> y(x.begin(), x.end());
   const int64_t h = D / 2;
   for (int64_t t = 0; t < T; t++)
@@ -95,11 +96,58 @@ TEST(Rope, ForwardMatchesTransformersFloat32Exactly) {
       for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)t;
       auto x = random_vec(T * nh * D, (uint32_t)D);
       auto expect = ref_fwd_f32(x, T, nh, D, pos, theta);
-      ASSERT_EQ(mf_cpu_rope_fwd(x.data(), T, nh, D, pos.data(), theta, &ctx), MF_OK);
+      ASSERT_EQ(mf_cpu_rope_fwd(x.data(), T, nh, D, 0, pos.data(), theta, &ctx), MF_OK);
       size_t bad = 0;
       for (size_t i = 0; i < x.size(); i++) bad += memcmp(&x[i], &expect[i], sizeof(float)) != 0;
       EXPECT_EQ(bad, 0u);
     }
+}
+
+// Partial RoPE (GLM-4.5's partial_rotary_factor, rot = head_dim * factor):
+// transformers' float32 apply_rotary_pos_emb on q[..., :rot] with the rotary
+// embedding of dim rot, q[..., rot:] passed through unchanged; bit for bit.
+// The backward: finite differences of the same map; odd or oversized rot refused.
+TEST(Rope, PartialRotatesTheFirstRotDimsAsTransformers) {
+  mf_kctx ctx = {nullptr, 0};
+  const int64_t T = 29, nh = 3;
+  auto pos = random_positions(T, 41);
+  for (int64_t D : {8, 64, 128})
+    for (int64_t rot : {D / 2, D / 4 * 2, (int64_t)2}) {
+      SCOPED_TRACE(testing::Message() << "D=" << D << " rot=" << rot);
+      auto x = random_vec(T * nh * D, (uint32_t)(D + rot));
+      vector<float> xs((size_t)(T * nh * rot));
+      for (int64_t r = 0; r < T * nh; r++)
+        for (int64_t k = 0; k < rot; k++) xs[r * rot + k] = x[r * D + k];
+      const auto part = ref_fwd_f32(xs, T, nh, rot, pos, 1e6f);
+      vector<float> want = x;
+      for (int64_t r = 0; r < T * nh; r++)
+        for (int64_t k = 0; k < rot; k++) want[r * D + k] = part[r * rot + k];
+      vector<float> y = x;
+      ASSERT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, rot, pos.data(), 1e6f, &ctx), MF_OK);
+      EXPECT_TRUE(same_bits(y, want));
+      // the gradient of sum c * rope(x)
+      auto c = random_vec(T * nh * D, 43);
+      vector<float> dx = c;
+      ASSERT_EQ(mf_cpu_rope_bwd(dx.data(), T, nh, D, rot, pos.data(), 1e6f, &ctx), MF_OK);
+      auto loss = [&]() {
+        vector<float> s((size_t)(T * nh * rot));
+        for (int64_t r = 0; r < T * nh; r++)
+          for (int64_t k = 0; k < rot; k++) s[r * rot + k] = x[r * D + k];
+        const auto yr = ref_fwd_f64(s, T, nh, rot, pos, 1e6f);
+        double L = 0;
+        for (int64_t r = 0; r < T * nh; r++)
+          for (int64_t k = 0; k < D; k++)
+            L += c[r * D + k] * (k < rot ? yr[r * rot + k] : (double)x[r * D + k]);
+        return L;
+      };
+      mf_fd::check_grad("dx", x, dx, loss);
+    }
+  vector<float> y = random_vec(2 * 8, 44);
+  vector<int32_t> p = {0, 3};
+  for (int64_t rot : {3, 10, -2}) {
+    EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 2, 1, 8, rot, p.data(), 1e4f, &ctx), MF_ERR_INVALID_ARG) << rot;
+    EXPECT_NE(std::string(mf_last_error()).find("rotary dims of a head of 8"), std::string::npos);
+  }
 }
 
 TEST(Rope, ForwardMatchesDoubleRotation) {
@@ -112,7 +160,7 @@ TEST(Rope, ForwardMatchesDoubleRotation) {
       auto x = random_vec(T * nh * D, 6);
       auto ref = ref_fwd_f64(x, T, nh, D, pos, theta);
       vector<float> y = x;
-      ASSERT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, pos.data(), theta, &ctx), MF_OK);
+      ASSERT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, 0, pos.data(), theta, &ctx), MF_OK);
       for (int64_t r = 0; r < T * nh; r++)
         for (int64_t i = 0; i < D / 2; i++) {
           double scale = std::fabs(x[r * D + i]) + std::fabs(x[r * D + i + D / 2]);
@@ -133,7 +181,7 @@ TEST(Rope, BackwardMatchesFiniteDifferencesAndInverts) {
       auto pos = random_positions(T, 7);
       auto x = random_vec(T * nh * D, 8), c = random_vec(T * nh * D, 9);
       vector<float> dx = c;
-      ASSERT_EQ(mf_cpu_rope_bwd(dx.data(), T, nh, D, pos.data(), theta, &ctx), MF_OK);
+      ASSERT_EQ(mf_cpu_rope_bwd(dx.data(), T, nh, D, 0, pos.data(), theta, &ctx), MF_OK);
       auto loss = [&]() {
         auto y = ref_fwd_f64(x, T, nh, D, pos, theta);
         double L = 0;
@@ -143,8 +191,8 @@ TEST(Rope, BackwardMatchesFiniteDifferencesAndInverts) {
       mf_fd::check_grad("dx", x, dx, loss);
 
       vector<float> y = x;
-      mf_cpu_rope_fwd(y.data(), T, nh, D, pos.data(), theta, &ctx);
-      mf_cpu_rope_bwd(y.data(), T, nh, D, pos.data(), theta, &ctx);
+      mf_cpu_rope_fwd(y.data(), T, nh, D, 0, pos.data(), theta, &ctx);
+      mf_cpu_rope_bwd(y.data(), T, nh, D, 0, pos.data(), theta, &ctx);
       for (size_t i = 0; i < y.size(); i++) ASSERT_NEAR(y[i], x[i], 1e-6 * (1 + std::fabs(x[i]))) << i;
     }
 }
@@ -161,9 +209,9 @@ TEST(Rope, BitIdenticalForAnyThreadCount) {
         mf_kctx ctx = {p, 0};
         vector<float> y = x;
         if (bwd)
-          EXPECT_EQ(mf_cpu_rope_bwd(y.data(), T, nh, D, pos.data(), 1e6f, &ctx), MF_OK);
+          EXPECT_EQ(mf_cpu_rope_bwd(y.data(), T, nh, D, 0, pos.data(), 1e6f, &ctx), MF_OK);
         else
-          EXPECT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, pos.data(), 1e6f, &ctx), MF_OK);
+          EXPECT_EQ(mf_cpu_rope_fwd(y.data(), T, nh, D, 0, pos.data(), 1e6f, &ctx), MF_OK);
         return y;
       };
       auto a = run(nullptr);
@@ -181,8 +229,8 @@ TEST(Rope, RoundBf16RoundsOnce) {
     vector<float> f = x, r = x;
     mf_kctx cf = {p3.p, 0}, cr = {p3.p, 1};
     auto op = bwd ? mf_cpu_rope_bwd : mf_cpu_rope_fwd;
-    op(f.data(), T, nh, D, pos.data(), 1e4f, &cf);
-    op(r.data(), T, nh, D, pos.data(), 1e4f, &cr);
+    op(f.data(), T, nh, D, 0, pos.data(), 1e4f, &cf);
+    op(r.data(), T, nh, D, 0, pos.data(), 1e4f, &cr);
     ASSERT_TRUE(mf_kt::rounded_once(r, f));
   }
 }
@@ -192,15 +240,15 @@ TEST(Rope, EdgeCases) {
   // T = 0 touches nothing.
   vector<float> x = random_vec(16, 31), y = x;
   vector<int32_t> pos = {0, 5};
-  EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 0, 1, 8, pos.data(), 1e4f, &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 0, 1, 8, 0, pos.data(), 1e4f, &ctx), MF_OK);
   EXPECT_TRUE(same_bits(x, y));
   // Position 0 is the identity, bit for bit; T = 1, nh = 1.
-  EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 1, 1, 8, pos.data(), 1e4f, &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_rope_fwd(y.data(), 1, 1, 8, 0, pos.data(), 1e4f, &ctx), MF_OK);
   EXPECT_TRUE(same_bits(x, y));
   // D = 2: one pair rotated by pos * 1 radian.
   vector<float> z = {1.0f, 0.0f};
   vector<int32_t> p1 = {1};
-  EXPECT_EQ(mf_cpu_rope_fwd(z.data(), 1, 1, 2, p1.data(), 1e4f, &ctx), MF_OK);
+  EXPECT_EQ(mf_cpu_rope_fwd(z.data(), 1, 1, 2, 0, p1.data(), 1e4f, &ctx), MF_OK);
   EXPECT_EQ(z[0], cosf(1.0f));
   EXPECT_EQ(z[1], sinf(1.0f));
 }
