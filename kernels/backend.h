@@ -114,6 +114,11 @@ typedef enum mf_kernel {
    * FP8 or MXFP4, rows x cols, NF4's block size and nested absmax), y =
    * mf_qweight_at rounded once to the storage. */
   MF_K_DEQUANT,
+  /* DeepSeek-V3's and GLM-4.5's sigmoid router with a correction bias and
+   * group-limited top-k, and its backward (kernels/cpu/router_group.c; the
+   * twins: mf_cpu_router_group_fwd, mf_cuda_router_group_fwd). */
+  MF_K_ROUTER_GROUP_FWD,
+  MF_K_ROUTER_GROUP_BWD,
   MF_K_COUNT_
 } mf_kernel;
 

@@ -93,7 +93,9 @@ struct mf_event {
   double t; /* timed: when its last record was reached (mf_time_now) */
 };
 
-static cpu_impl *impl_of(mf_backend *b) { return (cpu_impl *)b->impl; }
+static cpu_impl *impl_of(mf_backend *b) {
+  return (cpu_impl *)b->impl;
+}
 
 /* The shadow of BF16 storage, 2 x the arena's bytes of address space. Mapped
  * without a reservation, so an F32 program never gives it memory. Where the
@@ -137,11 +139,14 @@ static mf_status cpu_arena_create(mf_backend *b, size_t bytes, void **base) {
 static mf_status cpu_host_alloc(mf_backend *b, size_t bytes, void **out) {
   *out = NULL;
   if (posix_memalign(out, 64, bytes ? bytes : 64) != 0)
-    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes of host staging memory", bytes);
+    return MF_ERR(MF_ERR_OUT_OF_MEMORY, "cpu backend: cannot allocate %zu bytes of host staging memory",
+                  bytes);
   return MF_OK;
 }
 
-static void cpu_host_free(mf_backend *b, void *p) { free(p); }
+static void cpu_host_free(mf_backend *b, void *p) {
+  free(p);
+}
 
 static mf_status cpu_host_register(mf_backend *b, void *ptr, size_t bytes) {
   if (!ptr || bytes == 0)
@@ -153,7 +158,8 @@ static mf_status cpu_host_register(mf_backend *b, void *ptr, size_t bytes) {
 static void cpu_host_unregister(mf_backend *b, void *ptr, size_t bytes) {
   cpu_impl *c = impl_of(b);
   if (!ptr) return;
-  c->stats.host_registered_bytes -= bytes < c->stats.host_registered_bytes ? bytes : c->stats.host_registered_bytes;
+  c->stats.host_registered_bytes -=
+      bytes < c->stats.host_registered_bytes ? bytes : c->stats.host_registered_bytes;
 }
 
 static mf_status cpu_stream_create(mf_backend *b, mf_stream **out) {
@@ -178,7 +184,9 @@ static mf_status cpu_event_create_timed(mf_backend *b, mf_event **out) {
   (*out)->timed = 1;
   return MF_OK;
 }
-static void cpu_event_free(mf_backend *b, mf_event *e) { free(e); }
+static void cpu_event_free(mf_backend *b, mf_event *e) {
+  free(e);
+}
 
 static mf_status run_now(cpu_impl *c, const mf_kernel_call *k);
 static mf_status copy_now(cpu_impl *c, void *dst, const void *src, size_t bytes, mf_copy_kind kind);
@@ -311,7 +319,9 @@ static mf_status cpu_stream_wait(mf_backend *b, mf_stream *s, mf_event *e) {
 
 /* ------------------------------------------------------------- checking */
 
-static int bit_get(const uint64_t *m, size_t g) { return (int)((m[g >> 6] >> (g & 63)) & 1u); }
+static int bit_get(const uint64_t *m, size_t g) {
+  return (int)((m[g >> 6] >> (g & 63)) & 1u);
+}
 static void bit_set(uint64_t *m, size_t g, int v) {
   if (v)
     m[g >> 6] |= (uint64_t)1 << (g & 63);
@@ -324,7 +334,8 @@ static mf_status cpu_mark(mf_backend *b, void *ptr, size_t bytes, int live) {
   if (!c->opts.checking || bytes == 0) return MF_OK;
   uint8_t *p = (uint8_t *)ptr;
   if (!c->arena || p < c->arena || p + bytes > c->arena + c->arena_bytes)
-    return MF_ERR(MF_ERR_INTERNAL, "cpu backend: mark of %zu bytes at %p outside the device arena", bytes, ptr);
+    return MF_ERR(MF_ERR_INTERNAL, "cpu backend: mark of %zu bytes at %p outside the device arena", bytes,
+                  ptr);
   size_t off = (size_t)(p - c->arena);
   size_t g0 = off / GRANULE, g1 = (off + bytes + GRANULE - 1) / GRANULE;
   for (size_t g = g0; g < g1; g++) bit_set(c->live, g, live);
@@ -524,6 +535,12 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
       return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), x);
     case MF_K_ROUTER_BWD:
       return mf_cpu_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5), x);
+    case MF_K_ROUTER_GROUP_FWD:
+      return mf_cpu_router_group_fwd(CF(0), CF(1), i[0], i[1], i[2], i[3], i[4], (int)i[5], (float)k->f[0],
+                                     F(2), I32(3), F(4), x);
+    case MF_K_ROUTER_GROUP_BWD:
+      return mf_cpu_router_group_bwd(CF(0), CI32(1), CF(2), i[0], i[1], i[2], (int)i[5], (float)k->f[0], F(3),
+                                     x);
     case MF_K_MOE_DISPATCH:
       return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
     case MF_K_MOE_GATHER:

@@ -108,6 +108,14 @@ template <typename T>
 mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
                              const T *dtopk_w, const float *dprobs_extra, int64_t T_, int64_t E, int64_t K,
                              int norm_topk, T *dlogits, cudaStream_t s);
+// DeepSeek-V3's sigmoid router (kernels/cpu/router_group.c's maths and orders).
+template <typename T>
+mf_status mf_cuda_router_group_fwd(const T *logits, const float *bias, int64_t T_, int64_t E, int64_t K,
+                                   int64_t n_group, int64_t topk_group, int norm_topk, float scaling, float *scores,
+                                   int32_t *topk_idx, float *topk_w, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_router_group_bwd(const float *scores, const int32_t *topk_idx, const T *dtopk_w, int64_t T_,
+                                   int64_t E, int64_t K, int norm_topk, float scaling, T *dlogits, cudaStream_t s);
 mf_status mf_cuda_moe_dispatch(const int32_t *topk_idx, int64_t T, int64_t K, int64_t E, int64_t *counts,
                                int64_t *offsets, int32_t *row_of, int32_t *token_of_row, cudaStream_t s);
 template <typename T>

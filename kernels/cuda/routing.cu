@@ -15,6 +15,8 @@
 //                order), top-k by insertion into a descending list (a later
 //                expert displaces an earlier one only when strictly larger: ties
 //                keep the lower index first), renorm by the sum in j order.
+//   router group one thread per token row, fwd and bwd: kernels/cpu/router_group.c's
+//                loops (DeepSeek-V3's sigmoid router, group-limited top-k).
 //   router bwd   one thread per token row, the twin's loop: dp = dprobs_extra (or
 //                0) + the renorm backward, then dl = p*(dp - sum_e p*dp). dp[e] is
 //                recomputed where it is used (the twin's adds, in j order), so no
@@ -238,6 +240,132 @@ mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const 
   MF_CHECK(check_router(E, K));
   router_bwd_kernel<T><<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(probs, topk_idx, topk_w, dtopk_w,
                                                                   dprobs_extra, T_, E, K, norm_topk, dlogits);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
+// ------------------------------------------------- group-limited router
+
+// DeepSeek-V3's and GLM-4.5's router, one thread per token row, the cpu twin's
+// loops (kernels/cpu/router_group.c): sigmoid scores, the kept groups by the
+// sum of their two best choice scores, the top-k by insertion (a later expert
+// displaces an earlier one only when strictly larger), the weights normalised
+// in j order and scaled.
+#define GROUP_ROUTER_GROUPS_MAX 64
+
+__device__ __forceinline__ void group_insert_top(float v, int32_t e, float *w, int32_t *idx, int64_t *n,
+                                                 int64_t cap) {
+  if (*n == cap && !(v > w[cap - 1])) return;
+  int64_t j = *n < cap ? (*n)++ : cap - 1;
+  while (j > 0 && v > w[j - 1]) {
+    w[j] = w[j - 1];
+    idx[j] = idx[j - 1];
+    j--;
+  }
+  w[j] = v;
+  idx[j] = e;
+}
+
+template <typename T>
+__global__ void router_group_fwd_kernel(const T *__restrict__ logits, const float *__restrict__ bias, int64_t T_,
+                                        int64_t E, int64_t K, int64_t G, int64_t TG, int norm_topk, float scaling,
+                                        float *__restrict__ scores, int32_t *__restrict__ topk_idx,
+                                        float *__restrict__ topk_w) {
+  GRID_STRIDE(t, T_) {
+    const T *l = logits + t * E;
+    float *s = scores + t * E;
+    int32_t *idx = topk_idx + t * K;
+    float *w = topk_w + t * K;
+    const int64_t per = E / G;
+    for (int64_t e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-mf_ld(l + e)));
+    uint8_t kept[GROUP_ROUTER_GROUPS_MAX];
+    for (int64_t g = 0; g < G; g++) kept[g] = G == 1 || TG >= G;
+    if (G > 1 && TG < G) {
+      float gw[GROUP_ROUTER_GROUPS_MAX];
+      int32_t gi[GROUP_ROUTER_GROUPS_MAX];
+      int64_t ng = 0;
+      for (int64_t g = 0; g < G; g++) {
+        float top[2];
+        int32_t ti[2];
+        int64_t n = 0;
+        for (int64_t e = g * per; e < (g + 1) * per; e++)
+          group_insert_top(s[e] + (bias ? bias[e] : 0.0f), (int32_t)e, top, ti, &n, 2);
+        group_insert_top(top[0] + top[1], (int32_t)g, gw, gi, &ng, TG);
+      }
+      for (int64_t j = 0; j < ng; j++) kept[gi[j]] = 1;
+    }
+    int64_t n = 0;
+    for (int64_t e = 0; e < E; e++) {
+      const float c = kept[e / per] ? s[e] + (bias ? bias[e] : 0.0f) : 0.0f;
+      group_insert_top(c, (int32_t)e, w, idx, &n, K);
+    }
+    for (int64_t j = 0; j < K; j++) w[j] = s[idx[j]];
+    if (norm_topk) {
+      float S = 0.0f;
+      for (int64_t j = 0; j < K; j++) S += w[j];
+      S += 1e-20f;
+      for (int64_t j = 0; j < K; j++) w[j] = w[j] / S;
+    }
+    for (int64_t j = 0; j < K; j++) w[j] = w[j] * scaling;
+  }
+}
+
+template <typename T>
+__global__ void router_group_bwd_kernel(const float *__restrict__ scores, const int32_t *__restrict__ topk_idx,
+                                        const T *__restrict__ dtopk_w, int64_t T_, int64_t E, int64_t K,
+                                        int norm_topk, float scaling, T *__restrict__ dlogits) {
+  GRID_STRIDE(t, T_) {
+    const float *s = scores + t * E;
+    const int32_t *idx = topk_idx + t * K;
+    const T *g = dtopk_w + t * K;
+    T *dl = dlogits + t * E;
+    float D = 0.0f, us = 0.0f;
+    if (norm_topk) {
+      for (int64_t j = 0; j < K; j++) D += s[idx[j]];
+      D += 1e-20f;
+      for (int64_t j = 0; j < K; j++) us += mf_ld(g + j) * scaling * s[idx[j]];
+    }
+    for (int64_t e = 0; e < E; e++) {
+      float d = 0.0f;
+      for (int64_t j = 0; j < K; j++)
+        if (idx[j] == e) d = norm_topk ? (mf_ld(g + j) * scaling - us / D) / D : mf_ld(g + j) * scaling;
+      mf_st(dl + e, d * s[e] * (1.0f - s[e]));
+    }
+  }
+}
+
+static mf_status check_router_group(int64_t E, int64_t K, int64_t G, int64_t TG) {
+  MF_CHECK(check_router(E, K));
+  if (G < 1 || G > GROUP_ROUTER_GROUPS_MAX || E % G != 0 || (G > 1 && E / G < 2))
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "group router: n_group %lld must divide E=%lld into groups of 2 or more, at most %d groups",
+                  (long long)G, (long long)E, GROUP_ROUTER_GROUPS_MAX);
+  if (TG < 1 || TG > G || TG * (E / G) < K)
+    return MF_ERR(MF_ERR_INVALID_ARG, "group router: topk_group %lld of %lld groups of %lld cannot hold K=%lld",
+                  (long long)TG, (long long)G, (long long)(E / G), (long long)K);
+  return MF_OK;
+}
+
+template <typename T>
+mf_status mf_cuda_router_group_fwd(const T *logits, const float *bias, int64_t T_, int64_t E, int64_t K,
+                                   int64_t n_group, int64_t topk_group, int norm_topk, float scaling, float *scores,
+                                   int32_t *topk_idx, float *topk_w, cudaStream_t s) {
+  MF_CHECK(check_router_group(E, K, n_group, topk_group));
+  if (T_ <= 0) return MF_OK;
+  router_group_fwd_kernel<T><<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(
+      logits, bias, T_, E, K, n_group, topk_group, norm_topk, scaling, scores, topk_idx, topk_w);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
+template <typename T>
+mf_status mf_cuda_router_group_bwd(const float *scores, const int32_t *topk_idx, const T *dtopk_w, int64_t T_,
+                                   int64_t E, int64_t K, int norm_topk, float scaling, T *dlogits,
+                                   cudaStream_t s) {
+  MF_CHECK(check_router(E, K));
+  if (T_ <= 0) return MF_OK;
+  router_group_bwd_kernel<T><<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(scores, topk_idx, dtopk_w, T_, E, K,
+                                                                        norm_topk, scaling, dlogits);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -533,6 +661,11 @@ mf_status mf_cuda_moe_combine_bwd(const T *dy, const T *ye, const float *w, cons
   template mf_status mf_cuda_router_bwd<T>(const float *, const int32_t *, const float *, const T *,         \
                                            const float *, int64_t, int64_t, int64_t, int, T *,               \
                                            cudaStream_t);                                                    \
+  template mf_status mf_cuda_router_group_fwd<T>(const T *, const float *, int64_t, int64_t, int64_t,        \
+                                                 int64_t, int64_t, int, float, float *, int32_t *, float *,  \
+                                                 cudaStream_t);                                              \
+  template mf_status mf_cuda_router_group_bwd<T>(const float *, const int32_t *, const T *, int64_t, int64_t, \
+                                                 int64_t, int, float, T *, cudaStream_t);                    \
   template mf_status mf_cuda_moe_gather<T>(const T *, const int32_t *, int64_t, int64_t, T *, cudaStream_t); \
   template mf_status mf_cuda_moe_gather_bwd<T>(const T *, const int32_t *, int64_t, int64_t, int64_t, T *,   \
                                                int, cudaStream_t);                                           \

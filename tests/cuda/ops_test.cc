@@ -542,6 +542,41 @@ TEST_F(CudaOps, RouterBwd) {
   }
 }
 
+// DeepSeek-V3's sigmoid router: {T, E, K, n_group, topk_group}; every shape
+// with and without normalisation, bias and scaling. Scores, weights 1e-10
+// (device expf), indices equal (logits well separated, the tied rows as above);
+// dlogits 1e-9.
+const int64_t kRouterGroup[][5] = {{1, 4, 1, 1, 1}, {37, 16, 4, 4, 2}, {129, 64, 8, 8, 4}, {300, 32, 2, 16, 1}};
+
+TEST_F(CudaOps, RouterGroupFwdBwd) {
+  std::mt19937 rng(12);
+  mf_kctx ctx = {nullptr, 0};
+  for (auto &s : kRouterGroup) {
+    const int64_t T = s[0], E = s[1], K = s[2], G = s[3], TG = s[4];
+    for (int norm = 0; norm < 2; norm++) {
+      const double scaling = norm ? 2.5 : 1.0;
+      auto logits = router_logits(rng, T, E);
+      auto bias = uniform(rng, (size_t)E, -0.05f, 0.05f);
+      Case f{shape("router_group_fwd", {T, E, K, G, TG, norm}), MF_K_ROUTER_GROUP_FWD};
+      f.b = {f32(logits), norm ? f32(bias) : absent(), f32(nans((size_t)(T * E)), 1e-10),
+             i32_unset((size_t)(T * K)), f32(nans((size_t)(T * K)), 1e-10)};
+      f.i[0] = T, f.i[1] = E, f.i[2] = K, f.i[3] = G, f.i[4] = TG, f.i[5] = norm;
+      f.f[0] = scaling;
+      check(f);
+      std::vector<float> sc((size_t)(T * E)), w((size_t)(T * K));
+      std::vector<int32_t> idx((size_t)(T * K));
+      ASSERT_EQ(mf_cpu_router_group_fwd(logits.data(), norm ? bias.data() : nullptr, T, E, K, G, TG, norm,
+                                        (float)scaling, sc.data(), idx.data(), w.data(), &ctx),
+                MF_OK);
+      Case b{shape("router_group_bwd", {T, E, K, G, TG, norm}), MF_K_ROUTER_GROUP_BWD};
+      b.b = {f32(sc), i32(idx), f32(uniform(rng, (size_t)(T * K), -1, 1)), f32(nans((size_t)(T * E)), 1e-9)};
+      for (int j = 0; j < 6; j++) b.i[j] = f.i[j];
+      b.f[0] = scaling;
+      check(b);
+    }
+  }
+}
+
 struct Routing {
   std::vector<int32_t> topk, row_of, token_of_row;
   std::vector<int64_t> counts, offsets;

@@ -203,6 +203,24 @@ std::vector<Case> cases_of(mf_kernel kind) {
                   .val(1, 24)
                   .i32(2, std::vector<int32_t>(8))
                   .val(3, 8)};
+    case MF_K_ROUTER_GROUP_FWD:  // 4 groups of 2, 2 kept, top-2; and no group limit, no bias
+      return {Build(kind, "router_group_fwd", {4, 8, 2, 4, 2, 1}, {2.5})
+                  .val(0, 32, 3.0f)
+                  .val(1, 8, 0.05f)
+                  .val(2, 32)
+                  .i32(3, std::vector<int32_t>(8))
+                  .val(4, 8),
+              Build(kind, "router_group_fwd flat", {4, 8, 2, 1, 1, 0}, {1.0})
+                  .val(0, 32, 3.0f)
+                  .val(2, 32)
+                  .i32(3, std::vector<int32_t>(8))
+                  .val(4, 8)};
+    case MF_K_ROUTER_GROUP_BWD:
+      return {Build(kind, "router_group_bwd", {4, 8, 2, 4, 2, 1}, {2.5})
+                  .put(0, 32, 0.05f, 0.95f)
+                  .i32(1, {0, 3, 1, 2, 5, 0, 4, 1})
+                  .val(2, 8)
+                  .val(3, 32)};
     case MF_K_ROUTER_BWD: {
       std::vector<Case> v;
       for (int extra : {0, 1}) {
