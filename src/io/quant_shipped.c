@@ -207,9 +207,11 @@ mf_status mf_fp8_read(const mf_safetensors *st, const char *path, const char *na
   if (s->dtype == MF_DTYPE_F32) {
     memcpy(scales, s->data, (size_t)(br * bc * 4));
   } else {
-    const uint16_t *h = (const uint16_t *)s->data;
+    const uint8_t *h = (const uint8_t *)s->data; /* a file's bytes: no alignment assumed */
     for (int64_t k = 0; k < br * bc; k++) {
-      const uint32_t u = (uint32_t)h[k] << 16; /* bf16 widened: exact */
+      uint16_t b;
+      memcpy(&b, h + 2 * k, 2);
+      const uint32_t u = (uint32_t)b << 16; /* bf16 widened: exact */
       memcpy(&scales[k], &u, 4);
     }
   }

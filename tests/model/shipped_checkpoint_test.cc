@@ -57,7 +57,8 @@ mf_config *config_for(const std::string &dir, const std::string &lora = "", cons
   const std::string y = "model: {path: " + dir + "}\ndata: {seq_len: 8}\ntrain: {micro_batch: 1" +
                         (lora.empty() ? "" : ", lora: {" + lora + "}") + "}\nbackend: cpu\n";
   mf_config *cfg = nullptr;
-  EXPECT_EQ(mf_config_load_string_for(y.c_str(), y.size(), "test.yaml", ov, n_ov, MF_CONFIG_FOR_EVAL, &cfg), MF_OK)
+  EXPECT_EQ(mf_config_load_string_for(y.c_str(), y.size(), "test.yaml", ov, n_ov, MF_CONFIG_FOR_EVAL, &cfg),
+            MF_OK)
       << mf_last_error();
   return cfg;
 }
@@ -155,7 +156,8 @@ TEST_P(Shipped, LogitsAreTheQuantizedModels) {
   std::vector<float> w = w_;
   for (int64_t i = t_->n_base; i < t_->n; i++)
     if (t_->params[i].role == MF_P_LORA_B)
-      std::fill(w.begin() + t_->params[i].offset, w.begin() + t_->params[i].offset + t_->params[i].numel, 0.0f);
+      std::fill(w.begin() + t_->params[i].offset, w.begin() + t_->params[i].offset + t_->params[i].numel,
+                0.0f);
   const Result r = run(w);
   const float *want = expected("logits");
   ASSERT_NE(want, nullptr) << "logits [B, S, V] F32";
@@ -211,9 +213,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Shipped, ::testing::ValuesIn(fixture_dirs()),
 
 TEST(ShippedFixtures, ArePresent) {
   const std::vector<std::string> d = fixture_dirs();
-  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const std::string &n) { return n.rfind("bnb4/", 0) == 0; }), 5)
+  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const std::string &n) { return n.rfind("bnb4/", 0) == 0; }),
+            5)
       << "tests/fixtures/bnb4: the four families and mixtral_plain";
-  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const std::string &n) { return n.rfind("fp8ckpt/", 0) == 0; }), 2)
+  EXPECT_EQ(
+      std::count_if(d.begin(), d.end(), [](const std::string &n) { return n.rfind("fp8ckpt/", 0) == 0; }), 2)
       << "tests/fixtures/fp8ckpt: qwen3_moe and mixtral";
 }
 
@@ -254,7 +258,8 @@ std::string damaged_copy(const std::string &label, const Damage &d, const std::s
     }
     ts.push_back(x);
   }
-  EXPECT_EQ(mf_safetensors_write((out + "/model.safetensors").c_str(), ts.data(), ts.size(), nullptr, 0), MF_OK)
+  EXPECT_EQ(mf_safetensors_write((out + "/model.safetensors").c_str(), ts.data(), ts.size(), nullptr, 0),
+            MF_OK)
       << mf_last_error();
   mf_safetensors_close(st);
   return out;
@@ -265,8 +270,9 @@ struct Piece {
   std::string fixture, weight;
   std::vector<uint8_t> bytes(const std::string &suffix) const {
     mf_safetensors *st = nullptr;
-    EXPECT_EQ(mf_safetensors_open((std::string(kFixtures) + "/" + fixture + "/model.safetensors").c_str(), &st),
-              MF_OK);
+    EXPECT_EQ(
+        mf_safetensors_open((std::string(kFixtures) + "/" + fixture + "/model.safetensors").c_str(), &st),
+        MF_OK);
     const mf_st_tensor *x = mf_safetensors_find(st, (weight + suffix).c_str());
     std::vector<uint8_t> out;
     if (x) out.assign((const uint8_t *)x->data, (const uint8_t *)x->data + x->nbytes);
@@ -275,7 +281,9 @@ struct Piece {
   }
 };
 
-mf_status load_damaged(const std::string &dir, std::string *msg) {
+// Loads dir as `moefit eval --model dir` would; *msg: the last error. keep
+// (not NULL): the table is handed over instead of freed.
+mf_status load_damaged(const std::string &dir, std::string *msg, mf_param_table **keep = nullptr) {
   mf_config *cfg = config_for(dir);
   mf_model_spec spec;
   mf_param_table *t = nullptr;
@@ -292,7 +300,10 @@ mf_status load_damaged(const std::string &dir, std::string *msg) {
   std::vector<float> w(t ? (size_t)t->total_numel : 0);
   if (st == MF_OK) st = mf_params_load(t, dir.c_str(), w.data());
   *msg = mf_last_error();
-  mf_param_table_free(t);
+  if (keep && st == MF_OK)
+    *keep = t;
+  else
+    mf_param_table_free(t);
   mf_config_free(cfg);
   return st;
 }
@@ -324,8 +335,8 @@ void expect_refused(const DamageCase *cases, size_t n, const std::string &fixtur
 
 TEST(ShippedDamaged, Bnb4IsRefusedNamingTheTensorAndTheFault) {
   const Piece q{"bnb4/mixtral", "model.layers.0.self_attn.q_proj.weight"};
-  const std::vector<uint8_t> absmax = q.bytes(".absmax"), map = q.bytes(".quant_map"), qs =
-      q.bytes(".quant_state.bitsandbytes__nf4"), packed = q.bytes("");
+  const std::vector<uint8_t> absmax = q.bytes(".absmax"), map = q.bytes(".quant_map"),
+                             qs = q.bytes(".quant_state.bitsandbytes__nf4"), packed = q.bytes("");
   ASSERT_FALSE(absmax.empty() || map.empty() || qs.empty() || packed.empty())
       << q.weight << " is not stored 4-bit, double quantized, in the mixtral fixture";
   const std::string js(qs.begin(), qs.end());
@@ -342,19 +353,31 @@ TEST(ShippedDamaged, Bnb4IsRefusedNamingTheTensorAndTheFault) {
   std::vector<uint8_t> short_absmax(absmax.begin(), absmax.end() - 1);
   const std::string qsn = q.weight + ".quant_state.bitsandbytes__nf4";
   const DamageCase cases[] = {
-      {"absmax_short", {q.weight + ".absmax", false, MF_DTYPE_U8, {(int64_t)short_absmax.size()}, short_absmax},
+      {"absmax_short",
+       {q.weight + ".absmax", false, MF_DTYPE_U8, {(int64_t)short_absmax.size()}, short_absmax},
        {".absmax", "U8 [", "double-quantized"}},
       {"absmax_missing", {q.weight + ".nested_absmax", true}, {".nested_absmax", "missing", nullptr}},
-      {"quant_map", {q.weight + ".quant_map", false, MF_DTYPE_F32, {16}, bad_map}, {".quant_map[3]", "NF4", nullptr}},
-      {"shape", {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"shape\": [", "\"shape\": [2"))},
+      {"quant_map",
+       {q.weight + ".quant_map", false, MF_DTYPE_F32, {16}, bad_map},
+       {".quant_map[3]", "NF4", nullptr}},
+      {"shape",
+       {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"shape\": [", "\"shape\": [2"))},
        {"quant_state", "shape", "the config says"}},
-      {"shape_rank", {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"shape\": [", "\"shape\": [1, "))},
+      {"shape_rank",
+       {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"shape\": [", "\"shape\": [1, "))},
        {"quant_state", "shape must be [rows, cols]", nullptr}},
-      {"blocksize", {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"blocksize\": 64", "\"blocksize\": 48"))},
+      {"blocksize",
+       {qsn, false, MF_DTYPE_U8, {}, json_bytes(replace("\"blocksize\": 64", "\"blocksize\": 48"))},
        {"blocksize 48", "power of two", nullptr}},
-      {"json", {qsn, false, MF_DTYPE_U8, {}, json_bytes(js.substr(0, js.size() / 2))}, {"invalid JSON", nullptr, nullptr}},
-      {"packed_short", {q.weight, false, MF_DTYPE_U8, {(int64_t)packed.size() - 1, 1},
-                        std::vector<uint8_t>(packed.begin(), packed.end() - 1)},
+      {"json",
+       {qsn, false, MF_DTYPE_U8, {}, json_bytes(js.substr(0, js.size() / 2))},
+       {"invalid JSON", nullptr, nullptr}},
+      {"packed_short",
+       {q.weight,
+        false,
+        MF_DTYPE_U8,
+        {(int64_t)packed.size() - 1, 1},
+        std::vector<uint8_t>(packed.begin(), packed.end() - 1)},
        {q.weight.c_str(), "packed in U8", nullptr}},
   };
   expect_refused(cases, sizeof cases / sizeof cases[0], q.fixture);
@@ -365,9 +388,10 @@ TEST(ShippedDamaged, Fp8IsRefusedNamingTheTensorAndTheFault) {
   const std::vector<uint8_t> codes = q.bytes(""), scales = q.bytes("_scale_inv");
   ASSERT_FALSE(codes.empty() || scales.empty()) << q.weight << " is not stored fp8 in " << q.fixture;
   mf_safetensors *st = nullptr;
-  ASSERT_EQ(mf_safetensors_open((std::string(kFixtures) + "/" + q.fixture).c_str(), &st), MF_OK) << mf_last_error();
-  const mf_st_tensor *w = mf_safetensors_find(st, q.weight.c_str()), *s =
-      mf_safetensors_find(st, (q.weight + "_scale_inv").c_str());
+  ASSERT_EQ(mf_safetensors_open((std::string(kFixtures) + "/" + q.fixture).c_str(), &st), MF_OK)
+      << mf_last_error();
+  const mf_st_tensor *w = mf_safetensors_find(st, q.weight.c_str()),
+                     *s = mf_safetensors_find(st, (q.weight + "_scale_inv").c_str());
   ASSERT_TRUE(w && s && w->ndim == 2 && s->ndim == 2);
   const std::vector<int64_t> wshape = {(int64_t)w->shape[0], (int64_t)w->shape[1]},
                              sshape = {(int64_t)s->shape[0], (int64_t)s->shape[1]};
@@ -380,16 +404,71 @@ TEST(ShippedDamaged, Fp8IsRefusedNamingTheTensorAndTheFault) {
   const std::string sn = q.weight + "_scale_inv";
   const DamageCase cases[] = {
       {"fp8_scale_missing", {sn, true}, {q.weight.c_str(), "F8_E4M3", "_scale_inv are missing"}},
-      {"fp8_scale_shape", {sn, false, MF_DTYPE_F32, {sshape[0] * sshape[1] * 2, 1}, std::vector<uint8_t>(scales.size() * 2)},
+      {"fp8_scale_shape",
+       {sn, false, MF_DTYPE_F32, {sshape[0] * sshape[1] * 2, 1}, std::vector<uint8_t>(scales.size() * 2)},
        {"_scale_inv is F32 [", "the scales of a", nullptr}},
-      {"fp8_scale_dtype", {sn, false, MF_DTYPE_F16, {sshape[0], sshape[1] * 2}, scales}, {"_scale_inv is F16", nullptr, nullptr}},
+      {"fp8_scale_dtype",
+       {sn, false, MF_DTYPE_F16, {sshape[0], sshape[1] * 2}, scales},
+       {"_scale_inv is F16", nullptr, nullptr}},
       {"fp8_weight_dtype", {q.weight, false, MF_DTYPE_U8, wshape, codes}, {"is U8 [", "F8_E4M3 [", nullptr}},
-      {"fp8_weight_shape", {q.weight, false, MF_DTYPE_F8_E4M3, {wshape[1], wshape[0]}, codes}, {"F8_E4M3 [", nullptr, nullptr}},
-      {"fp8_nan", {q.weight, false, MF_DTYPE_F8_E4M3, wshape, nan_code}, {"element [1, 3]", "e4m3 NaN", nullptr}},
-      {"fp8_scale_inf", {sn, false, MF_DTYPE_F32, sshape, inf_scale}, {"weight_scale_inv[0, 0]", "inf", nullptr}},
-      {"fp8_scale_negative", {sn, false, MF_DTYPE_F32, sshape, neg_scale}, {"weight_scale_inv[", "-0.5", nullptr}},
+      {"fp8_weight_shape",
+       {q.weight, false, MF_DTYPE_F8_E4M3, {wshape[1], wshape[0]}, codes},
+       {"F8_E4M3 [", nullptr, nullptr}},
+      {"fp8_nan",
+       {q.weight, false, MF_DTYPE_F8_E4M3, wshape, nan_code},
+       {"element [1, 3]", "e4m3 NaN", nullptr}},
+      {"fp8_scale_inf",
+       {sn, false, MF_DTYPE_F32, sshape, inf_scale},
+       {"weight_scale_inv[0, 0]", "inf", nullptr}},
+      {"fp8_scale_negative",
+       {sn, false, MF_DTYPE_F32, sshape, neg_scale},
+       {"weight_scale_inv[", "-0.5", nullptr}},
   };
   expect_refused(cases, sizeof cases / sizeof cases[0], q.fixture);
+}
+
+// Block scales stored BF16 (as some FP8 releases store them) are widened
+// exactly: each element is its e4m3 code times the bf16 scale of its block.
+TEST(ShippedFp8, Bf16ScalesAreWidenedExactly) {
+  const Piece q{"fp8ckpt/qwen3_moe", "model.layers.0.self_attn.q_proj.weight"};
+  const std::vector<uint8_t> codes = q.bytes(""), scales = q.bytes("_scale_inv");
+  ASSERT_FALSE(codes.empty() || scales.empty());
+  const size_t nb = scales.size() / 4;
+  std::vector<uint8_t> half(2 * nb);
+  std::vector<float> widened(nb);
+  for (size_t k = 0; k < nb; k++) {
+    float f;
+    memcpy(&f, scales.data() + 4 * k, 4);
+    const uint16_t b = mf_fp32_to_bf16(f);
+    memcpy(half.data() + 2 * k, &b, 2);
+    widened[k] = mf_bf16_to_fp32(b);
+    EXPECT_NE(widened[k], f) << "scale " << k << " is bf16 already: the test would not see a widening";
+  }
+  mf_safetensors *st = nullptr;
+  ASSERT_EQ(mf_safetensors_open((std::string(kFixtures) + "/" + q.fixture).c_str(), &st), MF_OK);
+  const mf_st_tensor *s = mf_safetensors_find(st, (q.weight + "_scale_inv").c_str());
+  ASSERT_TRUE(s && s->ndim == 2);
+  const int64_t sr = (int64_t)s->shape[0], sc = (int64_t)s->shape[1];
+  mf_safetensors_close(st);
+  const std::string dir = damaged_copy(
+      "fp8_scale_bf16", {q.weight + "_scale_inv", false, MF_DTYPE_BF16, {sr, sc}, half}, q.fixture);
+  std::string msg;
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(load_damaged(dir, &msg, &t), MF_OK) << msg;
+  const int64_t i = mf_param_find(t, q.weight.c_str());
+  ASSERT_GE(i, 0);
+  ASSERT_EQ(t->params[i].quant, MF_QUANT_FP8);
+  const mf_qweight w = mf_param_qweight(t, i);
+  std::vector<float> got((size_t)(w.rows * w.cols));
+  mf_qweight_dequantize_f32(&w, 0, w.rows, got.data());
+  size_t bad = 0;
+  for (int64_t r = 0; r < w.rows; r++)
+    for (int64_t c = 0; c < w.cols; c++) {
+      const float want = mf_qf_e4m3(codes[r * w.cols + c]) * widened[(r / 128) * sc + c / 128];
+      bad += memcmp(&got[r * w.cols + c], &want, 4) != 0;
+    }
+  EXPECT_EQ(bad, 0u);
+  mf_param_table_free(t);
 }
 
 // `moefit plan` needs only config.json: without the weights the base is laid
@@ -419,7 +498,8 @@ TEST(ShippedConfig, PlannedFromTheConfigAlone) {
     EXPECT_GT(t->qhome_bytes, 0);
     for (int64_t i = 0; i < t->n_base; i++) {
       const mf_param &p = t->params[i];
-      EXPECT_EQ(p.quant != 0, p.frozen && p.ndim == 2 && p.role != MF_P_EMBED && i != mf_param_lm_head(t)) << p.name;
+      EXPECT_EQ(p.quant != 0, p.frozen && p.ndim == 2 && p.role != MF_P_EMBED && i != mf_param_lm_head(t))
+          << p.name;
     }
     mf_param_table_free(t);
     mf_config_free(cfg);
