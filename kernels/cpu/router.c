@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/topk.h"
 
 typedef struct {
   const float *logits;
@@ -48,21 +49,8 @@ static void router_fwd_row(const float *l, int64_t E, int64_t K, int norm_topk, 
   }
   for (int64_t e = 0; e < E; e++) p[e] = p[e] / s;
 
-  /* Insertion into a descending list of K: a later expert displaces an earlier
-   * one only when strictly larger, so ties keep the lower index first. */
-  int64_t n = 0;
-  for (int64_t e = 0; e < E; e++) {
-    float v = p[e];
-    if (n == K && !(v > w[K - 1])) continue;
-    int64_t j = n < K ? n++ : K - 1;
-    while (j > 0 && v > w[j - 1]) {
-      w[j] = w[j - 1];
-      idx[j] = idx[j - 1];
-      j--;
-    }
-    w[j] = v;
-    idx[j] = (int32_t)e;
-  }
+  int64_t n = 0; /* ties keep the lower index first (kernels/topk.h) */
+  for (int64_t e = 0; e < E; e++) mf_topk_insert(p[e], (int32_t)e, w, idx, &n, K);
   if (norm_topk) {
     float S = 0.0f;
     for (int64_t j = 0; j < K; j++) S += w[j];

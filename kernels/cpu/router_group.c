@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/topk.h"
 
 #define GROUPS_MAX 64
 
@@ -42,20 +43,6 @@ typedef struct {
   int32_t *topk_idx;
   float *topk_w;
 } group_fwd_args;
-
-/* Inserts (v, e) into the descending list w/idx of at most cap (n so far):
- * a later entry displaces an earlier one only when strictly larger. */
-static void insert_top(float v, int32_t e, float *w, int32_t *idx, int64_t *n, int64_t cap) {
-  if (*n == cap && !(v > w[cap - 1])) return;
-  int64_t j = *n < cap ? (*n)++ : cap - 1;
-  while (j > 0 && v > w[j - 1]) {
-    w[j] = w[j - 1];
-    idx[j] = idx[j - 1];
-    j--;
-  }
-  w[j] = v;
-  idx[j] = e;
-}
 
 static void group_fwd_row(const group_fwd_args *a, int64_t t) {
   const int64_t E = a->E, K = a->K, G = a->n_group, per = E / G;
@@ -75,17 +62,17 @@ static void group_fwd_row(const group_fwd_args *a, int64_t t) {
       int32_t ti[2];
       int64_t n = 0;
       for (int64_t e = g * per; e < (g + 1) * per; e++)
-        insert_top(s[e] + (a->bias ? a->bias[e] : 0.0f), (int32_t)e, top, ti, &n, 2);
+        mf_topk_insert(s[e] + (a->bias ? a->bias[e] : 0.0f), (int32_t)e, top, ti, &n, 2);
       gs[g] = top[0] + top[1];
     }
     int64_t n = 0;
-    for (int64_t g = 0; g < G; g++) insert_top(gs[g], (int32_t)g, gw, gi, &n, a->topk_group);
+    for (int64_t g = 0; g < G; g++) mf_topk_insert(gs[g], (int32_t)g, gw, gi, &n, a->topk_group);
     for (int64_t j = 0; j < n; j++) kept[gi[j]] = 1;
   }
   int64_t n = 0;
   for (int64_t e = 0; e < E; e++) {
     const float c = kept[e / per] ? s[e] + (a->bias ? a->bias[e] : 0.0f) : 0.0f;
-    insert_top(c, (int32_t)e, w, idx, &n, K);
+    mf_topk_insert(c, (int32_t)e, w, idx, &n, K);
   }
   for (int64_t j = 0; j < K; j++) w[j] = s[idx[j]];
   if (a->norm_topk) {

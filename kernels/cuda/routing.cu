@@ -66,6 +66,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/topk.h"
 #include "kernels/cuda/ops.cuh"
 
 #define GRID_STRIDE(i, n)                                                   \
@@ -160,18 +161,7 @@ __global__ void router_fwd_kernel(const T *__restrict__ logits, int64_t T_, int6
     }
     for (int64_t e = 0; e < E; e++) p[e] = p[e] / s;
     int64_t n = 0;
-    for (int64_t e = 0; e < E; e++) {
-      float v = p[e];
-      if (n == K && !(v > w[K - 1])) continue;
-      int64_t j = n < K ? n++ : K - 1;
-      while (j > 0 && v > w[j - 1]) {
-        w[j] = w[j - 1];
-        idx[j] = idx[j - 1];
-        j--;
-      }
-      w[j] = v;
-      idx[j] = (int32_t)e;
-    }
+    for (int64_t e = 0; e < E; e++) mf_topk_insert(p[e], (int32_t)e, w, idx, &n, K);
     if (norm_topk) {
       float S = 0.0f;
       for (int64_t j = 0; j < K; j++) S += w[j];
@@ -253,19 +243,6 @@ mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const 
 // in j order and scaled.
 #define GROUP_ROUTER_GROUPS_MAX 64
 
-__device__ __forceinline__ void group_insert_top(float v, int32_t e, float *w, int32_t *idx, int64_t *n,
-                                                 int64_t cap) {
-  if (*n == cap && !(v > w[cap - 1])) return;
-  int64_t j = *n < cap ? (*n)++ : cap - 1;
-  while (j > 0 && v > w[j - 1]) {
-    w[j] = w[j - 1];
-    idx[j] = idx[j - 1];
-    j--;
-  }
-  w[j] = v;
-  idx[j] = e;
-}
-
 template <typename T>
 __global__ void router_group_fwd_kernel(const T *__restrict__ logits, const float *__restrict__ bias, int64_t T_,
                                         int64_t E, int64_t K, int64_t G, int64_t TG, int norm_topk, float scaling,
@@ -289,15 +266,15 @@ __global__ void router_group_fwd_kernel(const T *__restrict__ logits, const floa
         int32_t ti[2];
         int64_t n = 0;
         for (int64_t e = g * per; e < (g + 1) * per; e++)
-          group_insert_top(s[e] + (bias ? bias[e] : 0.0f), (int32_t)e, top, ti, &n, 2);
-        group_insert_top(top[0] + top[1], (int32_t)g, gw, gi, &ng, TG);
+          mf_topk_insert(s[e] + (bias ? bias[e] : 0.0f), (int32_t)e, top, ti, &n, 2);
+        mf_topk_insert(top[0] + top[1], (int32_t)g, gw, gi, &ng, TG);
       }
       for (int64_t j = 0; j < ng; j++) kept[gi[j]] = 1;
     }
     int64_t n = 0;
     for (int64_t e = 0; e < E; e++) {
       const float c = kept[e / per] ? s[e] + (bias ? bias[e] : 0.0f) : 0.0f;
-      group_insert_top(c, (int32_t)e, w, idx, &n, K);
+      mf_topk_insert(c, (int32_t)e, w, idx, &n, K);
     }
     for (int64_t j = 0; j < K; j++) w[j] = s[idx[j]];
     if (norm_topk) {
