@@ -15,8 +15,8 @@
 
 #define QS_SUFFIX ".quant_state.bitsandbytes__"
 
-static const char *const k_parts[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
-                                      QS_SUFFIX "nf4", QS_SUFFIX "fp4"};
+static const char *const k_parts[] = {".absmax",           ".quant_map",    ".nested_absmax",
+                                      ".nested_quant_map", QS_SUFFIX "nf4", QS_SUFFIX "fp4"};
 
 #define FP8_SUFFIX "_scale_inv"
 
@@ -30,16 +30,18 @@ int mf_bnb4_stored(const mf_safetensors *st, const char *name) {
   return part(st, name, QS_SUFFIX "nf4") != NULL || part(st, name, QS_SUFFIX "fp4") != NULL;
 }
 
+/* 1 when name ends in suffix (after at least one character): weight[cap] gets the rest. */
+static int strip_suffix(const char *name, const char *suffix, char *weight, size_t cap) {
+  const size_t n = strlen(name), s = strlen(suffix);
+  if (n <= s || strcmp(name + n - s, suffix) != 0 || n - s >= cap) return 0;
+  memcpy(weight, name, n - s);
+  weight[n - s] = 0;
+  return 1;
+}
+
 int mf_bnb4_companion(const char *name, char *weight, size_t cap) {
-  const size_t n = strlen(name);
-  for (size_t k = 0; k < sizeof k_parts / sizeof k_parts[0]; k++) {
-    const size_t s = strlen(k_parts[k]);
-    if (n > s && strcmp(name + n - s, k_parts[k]) == 0 && n - s < cap) {
-      memcpy(weight, name, n - s);
-      weight[n - s] = 0;
-      return 1;
-    }
-  }
+  for (size_t k = 0; k < sizeof k_parts / sizeof k_parts[0]; k++)
+    if (strip_suffix(name, k_parts[k], weight, cap)) return 1;
   return 0;
 }
 
@@ -60,8 +62,8 @@ static mf_status need(const mf_safetensors *st, const char *path, const char *na
   if (x->dtype != dt || (int64_t)x->numel != numel) {
     char got[96];
     shape_text(x, got, sizeof got);
-    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s%s is %s; %s is %s of %lld elements", path, name, suffix, got, why,
-                  mf_dtype_name(dt), (long long)numel);
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s%s is %s; %s is %s of %lld elements", path, name, suffix, got,
+                  why, mf_dtype_name(dt), (long long)numel);
   }
   *out = x;
   return MF_OK;
@@ -80,10 +82,13 @@ static mf_status quant_state(const mf_safetensors *st, const char *path, const c
   if (x->dtype != MF_DTYPE_U8 || x->ndim != 1)
     return MF_ERR(MF_ERR_FORMAT, "%s is %s; bitsandbytes packs its JSON in a 1-D U8 tensor", where,
                   mf_dtype_name(x->dtype));
-  if (x->numel > 65536) return MF_ERR(MF_ERR_FORMAT, "%s: %llu bytes of JSON", where, (unsigned long long)x->numel);
+  if (x->numel > 65536)
+    return MF_ERR(MF_ERR_FORMAT, "%s: %llu bytes of JSON", where, (unsigned long long)x->numel);
   json_error_t je;
   json_t *j = json_loadb((const char *)x->data, x->nbytes, JSON_REJECT_DUPLICATES, &je);
-  if (!j) return MF_ERR(MF_ERR_FORMAT, "%s: invalid JSON: %s", where, mf_io_json_printable(je.text, clean, sizeof clean));
+  if (!j)
+    return MF_ERR(MF_ERR_FORMAT, "%s: invalid JSON: %s", where,
+                  mf_io_json_printable(je.text, clean, sizeof clean));
   mf_status s = MF_OK;
   const json_t *qt = json_object_get(j, "quant_type"), *bs = json_object_get(j, "blocksize"),
                *sh = json_object_get(j, "shape"), *nb = json_object_get(j, "nested_blocksize"),
@@ -103,10 +108,11 @@ static mf_status quant_state(const mf_safetensors *st, const char *path, const c
   } else if (!json_is_array(sh) || json_array_size(sh) != 2 || !json_is_integer(json_array_get(sh, 0)) ||
              !json_is_integer(json_array_get(sh, 1))) {
     s = MF_ERR(MF_ERR_FORMAT, "%s: shape must be [rows, cols]", where);
-  } else if (json_integer_value(json_array_get(sh, 0)) != rows || json_integer_value(json_array_get(sh, 1)) != cols) {
+  } else if (json_integer_value(json_array_get(sh, 0)) != rows ||
+             json_integer_value(json_array_get(sh, 1)) != cols) {
     s = MF_ERR(MF_ERR_FORMAT, "%s: shape [%lld, %lld] but the config says [%lld, %lld]", where,
-               (long long)json_integer_value(json_array_get(sh, 0)), (long long)json_integer_value(json_array_get(sh, 1)),
-               (long long)rows, (long long)cols);
+               (long long)json_integer_value(json_array_get(sh, 0)),
+               (long long)json_integer_value(json_array_get(sh, 1)), (long long)rows, (long long)cols);
   } else if (nb && (!json_is_integer(nb) || json_integer_value(nb) != MF_NF4_DQ_BLOCK)) {
     s = MF_ERR(MF_ERR_FORMAT, "%s: nested_blocksize must be %d (bitsandbytes' double quantization)", where,
                MF_NF4_DQ_BLOCK);
@@ -121,14 +127,15 @@ static mf_status quant_state(const mf_safetensors *st, const char *path, const c
     w->nested = nb != NULL;
     w->offset = nb ? (float)json_number_value(off) : 0.0f; /* an fp32's value, printed by Python: exact */
     if (nb && (double)w->offset != json_number_value(off))
-      s = MF_ERR(MF_ERR_FORMAT, "%s: nested_offset %.17g is not an fp32 value", where, json_number_value(off));
+      s = MF_ERR(MF_ERR_FORMAT, "%s: nested_offset %.17g is not an fp32 value", where,
+                 json_number_value(off));
   }
   json_decref(j);
   return s;
 }
 
-mf_status mf_bnb4_describe(const mf_safetensors *st, const char *path, const char *name, int64_t rows, int64_t cols,
-                           mf_qweight *w) {
+mf_status mf_bnb4_describe(const mf_safetensors *st, const char *path, const char *name, int64_t rows,
+                           int64_t cols, mf_qweight *w) {
   memset(w, 0, sizeof *w);
   return quant_state(st, path, name, rows, cols, w);
 }
@@ -142,9 +149,10 @@ mf_status mf_bnb4_read(const mf_safetensors *st, const char *path, const char *n
   if (q->dtype != MF_DTYPE_U8 || (int64_t)q->numel != (n + 1) / 2) {
     char got[96];
     shape_text(q, got, sizeof got);
-    return MF_ERR(MF_ERR_FORMAT,
-                  "%s: tensor %s is %s; its quant state says %lld x %lld nf4 weights, packed in U8 of %lld bytes",
-                  path, name, got, (long long)w->rows, (long long)w->cols, (long long)((n + 1) / 2));
+    return MF_ERR(
+        MF_ERR_FORMAT,
+        "%s: tensor %s is %s; its quant state says %lld x %lld nf4 weights, packed in U8 of %lld bytes", path,
+        name, got, (long long)w->rows, (long long)w->cols, (long long)((n + 1) / 2));
   }
   snprintf(why, sizeof why, "the %lld blocks of %lld", (long long)nb, (long long)w->blocksize);
   MF_CHECK(need(st, path, name, ".absmax", w->nested ? MF_DTYPE_U8 : MF_DTYPE_F32, nb,
@@ -154,8 +162,8 @@ mf_status mf_bnb4_read(const mf_safetensors *st, const char *path, const char *n
   memcpy(code, map->data, sizeof code);
   for (int k = 0; k < 16; k++)
     if (memcmp(&code[k], &mf_nf4_code[k], 4) != 0)
-      return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s.quant_map[%d] is %.9g; bitsandbytes' NF4 value is %.9g", path, name,
-                    k, (double)code[k], (double)mf_nf4_code[k]);
+      return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s.quant_map[%d] is %.9g; bitsandbytes' NF4 value is %.9g",
+                    path, name, k, (double)code[k], (double)mf_nf4_code[k]);
   memset(blob, 0, (size_t)mf_qweight_blob_bytes(w));
   memcpy(blob, q->data, (size_t)mf_qweight_q_bytes(w));
   memcpy(blob + mf_qweight_blob_scales_at(w), absmax->data, (size_t)mf_qweight_scale_bytes(w));
@@ -177,29 +185,36 @@ mf_status mf_bnb4_read(const mf_safetensors *st, const char *path, const char *n
 
 /* ------------------------------------------------------------------ FP8 */
 
-int mf_fp8_stored(const mf_safetensors *st, const char *name) { return part(st, name, FP8_SUFFIX) != NULL; }
+int mf_fp8_stored(const mf_safetensors *st, const char *name) {
+  return part(st, name, FP8_SUFFIX) != NULL;
+}
 
-mf_status mf_fp8_read(const mf_safetensors *st, const char *path, const char *name, int64_t rows, int64_t cols,
-                      uint8_t *blob) {
+mf_status mf_fp8_read(const mf_safetensors *st, const char *path, const char *name, int64_t rows,
+                      int64_t cols, uint8_t *blob) {
   mf_qweight w = {.kind = MF_QUANT_FP8, .rows = rows, .cols = cols};
   const int64_t br = mf_quant_blocks(rows, MF_FP8_BLOCK), bc = mf_quant_blocks(cols, MF_FP8_BLOCK);
   const mf_st_tensor *q = mf_safetensors_find(st, name), *s = part(st, name, FP8_SUFFIX);
   char got[96];
-  if (!q) return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (its %s" FP8_SUFFIX " is there)", path, name, name);
-  if (q->dtype != MF_DTYPE_F8_E4M3 || q->ndim != 2 || (int64_t)q->shape[0] != rows || (int64_t)q->shape[1] != cols) {
+  if (!q)
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (its %s" FP8_SUFFIX " is there)", path, name,
+                  name);
+  if (q->dtype != MF_DTYPE_F8_E4M3 || q->ndim != 2 || (int64_t)q->shape[0] != rows ||
+      (int64_t)q->shape[1] != cols) {
     shape_text(q, got, sizeof got);
-    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is %s; a weight with a %s" FP8_SUFFIX " is F8_E4M3 [%lld, %lld]",
-                  path, name, got, name, (long long)rows, (long long)cols);
+    return MF_ERR(MF_ERR_FORMAT,
+                  "%s: tensor %s is %s; a weight with a %s" FP8_SUFFIX " is F8_E4M3 [%lld, %lld]", path, name,
+                  got, name, (long long)rows, (long long)cols);
   }
   if (!s) return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s" FP8_SUFFIX " is missing", path, name);
   if ((s->dtype != MF_DTYPE_F32 && s->dtype != MF_DTYPE_BF16) || s->ndim != 2 || (int64_t)s->shape[0] != br ||
       (int64_t)s->shape[1] != bc) {
     shape_text(s, got, sizeof got);
     return MF_ERR(MF_ERR_FORMAT,
-                  "%s: tensor %s" FP8_SUFFIX " is %s; the scales of a [%lld, %lld] weight in blocks of %d x %d are "
+                  "%s: tensor %s" FP8_SUFFIX
+                  " is %s; the scales of a [%lld, %lld] weight in blocks of %d x %d are "
                   "F32 (or BF16) [%lld, %lld]",
-                  path, name, got, (long long)rows, (long long)cols, MF_FP8_BLOCK, MF_FP8_BLOCK, (long long)br,
-                  (long long)bc);
+                  path, name, got, (long long)rows, (long long)cols, MF_FP8_BLOCK, MF_FP8_BLOCK,
+                  (long long)br, (long long)bc);
   }
   memset(blob, 0, (size_t)mf_qweight_blob_bytes(&w));
   memcpy(blob, q->data, (size_t)mf_qweight_q_bytes(&w));
@@ -230,12 +245,7 @@ mf_quant_kind mf_shipped_kind(const mf_safetensors *st, const char *name) {
 }
 
 int mf_shipped_companion(const char *name, char *weight, size_t cap) {
-  if (mf_bnb4_companion(name, weight, cap)) return 1;
-  const size_t n = strlen(name), s = strlen(FP8_SUFFIX);
-  if (n <= s || strcmp(name + n - s, FP8_SUFFIX) != 0 || n - s >= cap) return 0;
-  memcpy(weight, name, n - s);
-  weight[n - s] = 0;
-  return 1;
+  return mf_bnb4_companion(name, weight, cap) || strip_suffix(name, FP8_SUFFIX, weight, cap);
 }
 
 mf_status mf_shipped_describe(const mf_safetensors *st, const char *path, const char *name, int64_t rows,

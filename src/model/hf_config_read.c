@@ -274,8 +274,9 @@ static mf_status read_quant(const reader *r, mf_hf_quant *q) {
   return MF_OK;
 }
 
-/* Keys every family reads that would change the maths in ways moefit does not implement. */
-static mf_status check_unsupported(const reader *r) {
+/* Keys every family reads that would change the maths in ways moefit does not
+ * implement; *q: how the weights are stored (read_quant). */
+static mf_status check_unsupported(const reader *r, mf_hf_quant *q) {
   char clean[64];
   const json_t *v;
   if ((v = get(r, "rope_scaling")) && !json_is_null(v)) {
@@ -284,8 +285,7 @@ static mf_status check_unsupported(const reader *r) {
     MF_CHECK(check_rope_type(r, "rope_scaling", v));
   }
   MF_CHECK(check_partial_rotary(r, "partial_rotary_factor", get(r, "partial_rotary_factor")));
-  mf_hf_quant q;
-  MF_CHECK(read_quant(r, &q));
+  MF_CHECK(read_quant(r, q));
   if ((v = get(r, "hidden_act"))) {
     if (!json_is_string(v))
       return KEY_ERR(MF_ERR_FORMAT, r, "hidden_act", "expected a string, got %s", type_name(v));
@@ -502,7 +502,7 @@ static mf_status read_family(const reader *r, mf_model_spec *s) {
   return MF_OK;
 }
 
-static mf_status parse_root(reader *r, mf_model_spec *s) {
+static mf_status parse_root(reader *r, mf_model_spec *s, mf_hf_quant *q) {
   if (!json_is_object(r->root))
     return MF_ERR(MF_ERR_FORMAT, "%s: the top level must be a JSON object, got %s", r->where,
                   type_name(r->root));
@@ -528,7 +528,7 @@ static mf_status parse_root(reader *r, mf_model_spec *s) {
   if (!(s->router_aux_loss_coef >= 0))
     return KEY_ERR(MF_ERR_FORMAT, r, "router_aux_loss_coef", "%g must not be negative",
                    s->router_aux_loss_coef);
-  MF_CHECK(check_unsupported(r));
+  MF_CHECK(check_unsupported(r, q));
   MF_CHECK(read_family(r, s));
   MF_CHECK(read_head_dim(r, s));
 
@@ -560,8 +560,7 @@ static mf_status parse_text(const char *text, size_t len, const char *where, mf_
   }
   mf_model_spec spec;
   mf_hf_quant q;
-  mf_status st = parse_root(&r, &spec);
-  if (st == MF_OK) st = read_quant(&r, &q);
+  const mf_status st = parse_root(&r, &spec, &q);
   json_decref(r.root);
   if (st == MF_OK) {
     *out = spec;

@@ -972,13 +972,11 @@ void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap) {
     int64_t nq = 0, qn = 0;
     for (int64_t i = 0; i < t->n_base; i++)
       if (t->params[i].quant) nq++, qn += t->params[i].numel;
-    char blk[48] = "";
-    if (t->base_quant == MF_QUANT_NF4)
-      snprintf(blk, sizeof blk, " in blocks of %lld%s", (long long)t->base_blocksize,
-               t->base_nested ? ", double quantized" : "");
+    char fmt[96];
+    format_text(t->base_quant, t->base_blocksize, t->base_nested, fmt, sizeof fmt);
     const size_t n = strlen(buf);
-    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s%s: %s at home (%s in bf16)",
-             (long long)nq, mf_quant_name(t->base_quant), blk, t->base_shipped ? " as the checkpoint ships them" : "",
+    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s: %s at home (%s in bf16)", (long long)nq,
+             fmt, t->base_shipped ? " as the checkpoint ships them" : "",
              mf_format_bytes((uint64_t)t->qhome_bytes, a, sizeof a), mf_format_bytes((uint64_t)qn * 2, b, sizeof b));
   }
   if (!t->lora.hot || !(t->lora.roles & MF_LORA_EXPERT_ROLES)) return;
