@@ -133,7 +133,7 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_DEQUANT] = {"dequant", {BYTES("qw", R), {"y", W}}, {"kind", "rows", "cols", "blocksize", "nested"}},
     /* bias: e_score_correction_bias (the choice only; absent: none); scaling: routed_scaling_factor */
     [MF_K_ROUTER_GROUP_FWD] = {"router_group_fwd",
-                               {{"logits", R}, {"bias", R, 1, MF_KT_F32}, F32("scores", W), I32("topk_idx", W),
+                               {{"logits", R}, {"bias", R, 1}, F32("scores", W), I32("topk_idx", W),
                                 F32("topk_w", W)},
                                {"T", "E", "K", "n_group", "topk_group", "norm_topk"},
                                {"scaling"}},

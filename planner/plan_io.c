@@ -191,8 +191,7 @@ mf_status mf_plan_write_json(const mf_program *p, const mf_decisions *d, const m
   if (f->device_budget_bytes > big || f->peak_device_bytes > big || f->arena_bytes > big ||
       f->staging_bytes > big || f->staging_slab_limit_bytes > big || f->staging_pool_bytes > big ||
       f->host_bytes > big || f->persist_bytes > big || f->device_backend_bytes > big ||
-      f->pinned_home_bytes > big ||
-      !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
+      f->pinned_home_bytes > big || !isfinite(f->predicted_step_seconds) || f->predicted_step_seconds < 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "mf_plan_write_json: %s: figures out of range", path);
   if (!mf_plan_io_kernel_ok(f->expert_gemm, MF_PLAN_EXPERT_GEMM_WORDS) ||
       !mf_plan_io_kernel_ok(f->attention, MF_PLAN_ATTENTION_WORDS))
@@ -366,7 +365,8 @@ static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, siz
     for (int64_t i = 0; i < p->params->n; i++) {
       if (!matches(pat, p->params->params[i].name)) continue;
       hit++;
-      if (p->params->params[i].frozen) { /* LoRA's base: its weights only (no gradient, no optimizer) */
+      if (p->params->params[i]
+              .frozen) { /* LoRA's base, a router's bias: its weights only (no gradient, no optimizer) */
         hit_frozen++;
         if (pd >= 0) x->param[i] = (uint8_t)pd, x->pparam[i] = 1;
         continue;
@@ -390,10 +390,12 @@ static mf_status apply_one(const mf_program *p, const mf_config_memory *mem, siz
                     p->params->params[ex].name);
     }
     if (pd < 0 && hit == hit_frozen && !p->forward_only)
-      return OV_ERR(MF_ERR_CONFIG,
-                    "'%s' matches only frozen weights (train.lora: the base is not trained), which have no "
-                    "gradient and no optimizer; give them params: resident or stream",
-                    q);
+      return OV_ERR(
+          MF_ERR_CONFIG,
+          "'%s' matches only frozen weights (train.lora's base, or a buffer of the checkpoint such as "
+          "a router's e_score_correction_bias: not trained), which have no gradient and no optimizer; "
+          "give them params: resident or stream",
+          q);
   }
   if (ad == MF_ACT_RECOMPUTE && !x->opt) MF_CHECK(mf_plan_io_act_options(p, &x->opt));
   if (ad >= 0) {

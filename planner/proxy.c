@@ -107,10 +107,19 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
     kinds[n++] = maj;
   }
   if (n >= L) return MF_OK; /* not smaller */
-  /* Only the Qwen families mix dense and MoE layers (mlp_only_layers). */
+  /* The Qwen families mix dense and MoE layers anywhere (mlp_only_layers);
+   * GLM-4.5's dense layers are the first ones (first_k_dense_replace), so its
+   * proxy has its dense layers first too. */
   mf_model_spec ps = *fs;
   ps.layers = n;
-  if (second_kind >= 0) {
+  if (ps.first_dense > n) ps.first_dense = n; /* every layer dense */
+  if (second_kind >= 0 && fs->first_dense > 0) {
+    int32_t dense = 0;
+    for (int i = 0; i < n; i++) dense += kinds[i] == 0;
+    for (int i = 0; i < n; i++) kinds[i] = i >= dense;
+    ps.first_dense = dense;
+    scored[0] = dense / 2, scored[1] = dense + (n - dense) / 2; /* where the full model's sit */
+  } else if (second_kind >= 0) {
     if (fs->family != MF_FAMILY_QWEN2_MOE && fs->family != MF_FAMILY_QWEN3_MOE) return MF_OK;
     ps.decoder_sparse_step = 1;
     ps.n_mlp_only = 0;

@@ -11,6 +11,9 @@
  *   kinds in order of first appearance c1, c2, ...; majority kind M:
  *   proxy layers  M  c1  M  c2  M ...        (all-MoE: M M M, the middle one scored)
  *
+ * except GLM-4.5's, whose dense layers are its first ones: the same layers
+ * with the dense first (D M M M M), as the full model has them.
+ *
  * Each proxy layer stands for a full layer of its kind (`full_layer`), and
  * each full layer is represented by the proxy layer of its kind (`rep`). A
  * kind here is everything that decides a layer's tensors: MoE or dense (the
@@ -35,10 +38,10 @@ extern "C" {
 typedef struct mf_plan_proxy {
   mf_param_table *params;
   mf_program *prog;
-  int32_t n_layers;    /* proxy layers */
-  int32_t *full_layer; /* [n_layers] the full layer each proxy layer stands for */
-  int32_t *rep;        /* [full layers] the proxy layer scored for full layer l */
-  int32_t *param_full; /* [proxy params] the full parameter a proxy parameter stands for */
+  int32_t n_layers;     /* proxy layers */
+  int32_t *full_layer;  /* [n_layers] the full layer each proxy layer stands for */
+  int32_t *rep;         /* [full layers] the proxy layer scored for full layer l */
+  int32_t *param_full;  /* [proxy params] the full parameter a proxy parameter stands for */
   int32_t *tensor_full; /* [proxy tensors] the full tensor a proxy tensor stands for, or -1 */
 } mf_plan_proxy;
 

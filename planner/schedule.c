@@ -5,12 +5,18 @@
 #include "planner/schedule.h"
 #include "src/core/interval.h"
 
-const char *mf_param_dec_name(mf_param_dec d) { return d == MF_PARAM_STREAM ? "stream" : "resident"; }
-const char *mf_grad_dec_name(mf_grad_dec d) { return d == MF_GRAD_STREAM ? "stream" : "device"; }
+const char *mf_param_dec_name(mf_param_dec d) {
+  return d == MF_PARAM_STREAM ? "stream" : "resident";
+}
+const char *mf_grad_dec_name(mf_grad_dec d) {
+  return d == MF_GRAD_STREAM ? "stream" : "device";
+}
 const char *mf_act_dec_name(mf_act_dec d) {
   return d == MF_ACT_OFFLOAD ? "offload" : d == MF_ACT_RECOMPUTE ? "recompute" : "keep";
 }
-const char *mf_optim_dec_name(mf_optim_dec d) { return d == MF_OPTIM_DEVICE ? "device" : "host"; }
+const char *mf_optim_dec_name(mf_optim_dec d) {
+  return d == MF_OPTIM_DEVICE ? "device" : "host";
+}
 
 mf_status mf_decisions_create(const mf_program *p, mf_decisions **out) {
   *out = NULL;
@@ -76,8 +82,8 @@ static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t
   if (memo && memo[t] >= 0) return memo[t];
   const mf_ptensor *x = &p->tensors[t];
   int ok = 1;
-  if (depth > 64 || x->micro < 0 || x->layer < 0 || x->first_op < 0 || (x->kind != MF_T_ACT && x->kind != MF_T_STAT) ||
-      p->ops[x->first_op].phase != MF_PHASE_FWD) {
+  if (depth > 64 || x->micro < 0 || x->layer < 0 || x->first_op < 0 ||
+      (x->kind != MF_T_ACT && x->kind != MF_T_STAT) || p->ops[x->first_op].phase != MF_PHASE_FWD) {
     ok = 0;
     goto out;
   }
@@ -97,7 +103,8 @@ static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t
       if (o->t[i] < 0) continue;
       const mf_ptensor *v = &p->tensors[o->t[i]];
       if (w >> i & 1) {
-        if (v->micro != x->micro || v->layer != x->layer || (v->kind != MF_T_ACT && v->kind != MF_T_STAT)) ok = 0;
+        if (v->micro != x->micro || v->layer != x->layer || (v->kind != MF_T_ACT && v->kind != MF_T_STAT))
+          ok = 0;
       } else if ((r >> i & 1) && o->t[i] != t && !available_in_bwd(p, o->t[i], depth, memo)) {
         ok = 0;
       }
@@ -139,7 +146,7 @@ typedef struct builder {
   mf_schedule *s;
   int32_t cap_instr, cap_slots;
   int64_t cap_pool;
-  int32_t *cur;        /* [n_tensors] resident slot or -1 */
+  int32_t *cur;             /* [n_tensors] resident slot or -1 */
   int32_t *last_fwd_writer; /* [n_tensors] */
   uint8_t *host_valid;      /* offloaded activation has its host copy */
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
@@ -150,14 +157,16 @@ typedef struct builder {
   int32_t *temps;           /* tensors a recompute chain produced only as inputs of the chain */
   int32_t *group;           /* [n_ops] each op's streaming group (group_of) */
   int32_t n_temps, cap_temps;
-  uint8_t *skip;            /* [n_ops] ops the schedule does not run: the NORM and OPTIM ops of
-                               parameters the host updates */
-  int32_t last_sumsq;       /* the last GRAD_SUMSQ op that runs, or -1 */
+  uint8_t *skip;      /* [n_ops] ops the schedule does not run: the NORM and OPTIM ops of
+                         parameters the host updates */
+  int32_t last_sumsq; /* the last GRAD_SUMSQ op that runs, or -1 */
   int depth;
   mf_status st;
 } builder;
 
-static int32_t param_of(const builder *b, int32_t t) { return b->p->tensors[t].param; }
+static int32_t param_of(const builder *b, int32_t t) {
+  return b->p->tensors[t].param;
+}
 
 static mf_instr *emit(builder *b, mf_instr_kind kind) {
   static mf_instr sink;
@@ -236,7 +245,9 @@ static int32_t next_use(const builder *b, int32_t t, int32_t from) {
 }
 
 /* The optimizer on the device: NORM and OPTIM ops. */
-static int optim_phase(const mf_pop *o) { return o->phase == MF_PHASE_NORM || o->phase == MF_PHASE_OPTIM; }
+static int optim_phase(const mf_pop *o) {
+  return o->phase == MF_PHASE_NORM || o->phase == MF_PHASE_OPTIM;
+}
 
 /* Weights stream in groups: a run of consecutive program ops that share the
  * direction (backward, or not) and the layer, whatever their micro-batch — one
@@ -252,7 +263,9 @@ static void number_groups(const mf_program *p, int32_t *group) {
   }
 }
 
-static int32_t group_of(const builder *b, int32_t k) { return b->group[k]; }
+static int32_t group_of(const builder *b, int32_t k) {
+  return b->group[k];
+}
 
 /* Whether tensor x stays on the device across steps (a persistent slot): the
  * weights and AdamW state the device updates, and a frozen weight (LoRA's
@@ -406,7 +419,8 @@ static void maybe_drop(builder *b, int32_t t, int32_t after, int32_t ctx) {
     return;
   }
   mf_act_dec dec = (mf_act_dec)b->d->act[t];
-  if (dec != MF_ACT_KEEP && p->ops[ctx].phase != MF_PHASE_BWD && p->ops[nu].phase == MF_PHASE_BWD) b->cur[t] = -1;
+  if (dec != MF_ACT_KEEP && p->ops[ctx].phase != MF_PHASE_BWD && p->ops[nu].phase == MF_PHASE_BWD)
+    b->cur[t] = -1;
 }
 
 static void run_op(builder *b, int32_t k, int recompute, int32_t ctx) {
@@ -476,35 +490,44 @@ static mf_status validate(const mf_program *p, int8_t *memo, const mf_decisions 
       return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be offloaded (only activations the backward reads)",
                     p->tensors[t].name);
     if (a == MF_ACT_RECOMPUTE && !can_recompute_depth(p, t, 0, memo))
-      return MF_ERR(MF_ERR_CONFIG, "plan: %s cannot be recomputed (its writers have side effects or it is not an "
-                    "activation of one layer)", p->tensors[t].name);
-    if (a > MF_ACT_RECOMPUTE) return MF_ERR(MF_ERR_CONFIG, "plan: bad decision %d for %s", a, p->tensors[t].name);
+      return MF_ERR(MF_ERR_CONFIG,
+                    "plan: %s cannot be recomputed (its writers have side effects or it is not an "
+                    "activation of one layer)",
+                    p->tensors[t].name);
+    if (a > MF_ACT_RECOMPUTE)
+      return MF_ERR(MF_ERR_CONFIG, "plan: bad decision %d for %s", a, p->tensors[t].name);
   }
   for (int32_t i = 0; i < d->n_params; i++) {
     if (d->param[i] > MF_PARAM_STREAM || d->grad[i] > MF_GRAD_STREAM || d->optim[i] > MF_OPTIM_DEVICE)
       return MF_ERR(MF_ERR_CONFIG, "plan: bad decision for %s", p->params->params[i].name);
     if (d->optim[i] == MF_OPTIM_DEVICE && (d->param[i] != MF_PARAM_RESIDENT || d->grad[i] != MF_GRAD_DEVICE))
-      return MF_ERR(MF_ERR_CONFIG,
-                    "plan: %s: the optimizer on the device needs its weights resident and its gradient on the "
-                    "device (params: resident, grads: device)",
-                    p->params->params[i].name);
+      return MF_ERR(
+          MF_ERR_CONFIG,
+          "plan: %s: the optimizer on the device needs its weights resident and its gradient on the "
+          "device (params: resident, grads: device)",
+          p->params->params[i].name);
     if (d->optim[i] == MF_OPTIM_DEVICE && (p->forward_only || !p->adamw_op))
       return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no optimizer (%s)",
                     p->params->params[i].name);
     if (d->optim[i] == MF_OPTIM_DEVICE && p->adamw_op[i] < 0)
-      return MF_ERR(MF_ERR_CONFIG, "plan: %s is frozen (train.lora): it has no optimizer (optimizer: host)",
+      return MF_ERR(MF_ERR_CONFIG,
+                    "plan: %s is frozen (LoRA's base, or a buffer of the checkpoint): it has no optimizer "
+                    "(optimizer: host)",
                     p->params->params[i].name);
   }
   if (p->forward_only)
     for (int32_t i = 0; i < d->n_params; i++)
-      if (d->grad[i] != MF_GRAD_DEVICE) return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no gradients");
+      if (d->grad[i] != MF_GRAD_DEVICE)
+        return MF_ERR(MF_ERR_CONFIG, "plan: a forward-only program has no gradients");
   return MF_OK;
 }
 
 /* ---------------------------------------------------------- memory plan */
 
 #define ALIGN 64
-static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+static size_t align_up(size_t x) {
+  return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
 
 /* Slot ids ordered by key (first or last instruction), ties by id: a
  * counting sort over the instructions, O(slots + instructions). */
@@ -824,7 +847,8 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
      * room costs address space only, while growing copies every page again
      * (planning a real-size model builds hundreds of schedules). */
     int64_t pool = 0;
-    for (int32_t k = 0; k < p->n_ops; k++) pool += MF_KBUF_MAX + (p->ops[k].experts_at >= 0 ? p->spec.experts : 0);
+    for (int32_t k = 0; k < p->n_ops; k++)
+      pool += MF_KBUF_MAX + (p->ops[k].experts_at >= 0 ? p->spec.experts : 0);
     b.cap_instr = 2 * p->n_ops + 4 * nt + 4096;
     b.cap_slots = 3 * nt + 4096;
     b.cap_pool = 2 * pool + 65536;
@@ -868,7 +892,8 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
        * updates goes home (before the device optimizer's part). */
       home_done = 1;
       for (int32_t t = 0; t < nt; t++)
-        if (b.cur[t] >= 0 && p->tensors[t].kind == MF_T_GRAD && d->optim[param_of(&b, t)] != MF_OPTIM_DEVICE) {
+        if (b.cur[t] >= 0 && p->tensors[t].kind == MF_T_GRAD &&
+            d->optim[param_of(&b, t)] != MF_OPTIM_DEVICE) {
           int32_t pi = param_of(&b, t);
           mf_instr *in = emit(&b, MF_I_D2H);
           in->slot = b.cur[t];

@@ -25,6 +25,13 @@ tests/fixtures/<name>/
                        the hyperparameters and versions as strings, and "no_grad"
                        (JSON list of parameters whose .grad stayed None; AdamW
                        skips them, so after.<p> == initial <p>).
+GLM-4.5 (glm4_moe*) differs where its model does: its loss has no aux term and it records
+no router logits, so it runs without output_router_logits, loss = ce_loss, aux_loss = 0 and
+router_aux_loss_coef "0.0"; router_logits.<layer> are the raw logits x W^T recomputed from
+each router's input (a forward hook), as Glm4MoeTopkRouter computes them. Its routers'
+e_score_correction_bias buffers are saved in model.safetensors but are not parameters: they
+are drawn at random like the weights (build()), listed in the metadata's "frozen", never
+trained, and written as after.<buffer> (= initial) too.
 and tests/fixtures/NOTES.md: the facts about the 4.57 maths the C code must match,
 each checked by this script against the installed sources (SOURCE_FACTS) and, where
 it can be, numerically (check_moe_block, check_aux, check_adamw).
@@ -48,10 +55,12 @@ last bits differently); it says whether the bytes are identical too.
 Routing is kept away from ties: a seed is used only if, in every MoE layer and for
 every token, the k-th and (k+1)-th router probabilities differ by at least
 MIN_ROUTING_MARGIN, so a correct implementation cannot pick other experts through
-rounding. Fixtures with need_idle_expert take the first seed (counting up from the
-one given) for which exactly one routed expert receives no token, so the no_grad path
-(Mixtral/Qwen: grad None, AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW
-still decays) are both exercised.
+rounding (GLM-4.5: its k-th and (k+1)-th masked choice scores and, with a group limit, its
+topk_group-th and next group scores, recomputed in float64; and leaving out the router bias,
+or the group limit, must change the choice in every MoE layer). Fixtures with
+need_idle_expert take the first seed (counting up from the one given) for which exactly
+one routed expert receives no token, so the no_grad path (Mixtral/Qwen/GLM: grad None,
+AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW still decays) are both exercised.
 """
 
 import argparse
@@ -60,10 +69,12 @@ import inspect
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import sys
 import tempfile
+import textwrap
 
 # Before torch loads: MKL's conditional numerical reproducibility (GEMM results that do
 # not depend on the CPU model or on memory alignment: without it, weights mmap'd by
@@ -79,7 +90,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers import (AutoModelForCausalLM, Glm4MoeConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
+                          Qwen3MoeConfig)
 
 PINNED = {"torch": "2.9.1", "transformers": "4.57.6"}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,6 +110,9 @@ COMMON = dict(
     vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     hidden_act="silu", max_position_embeddings=64, attention_dropout=0.0, tie_word_embeddings=False,
     router_aux_loss_coef=AUX_COEF, num_experts_per_tok=2)
+# Glm4MoeConfig takes no router_aux_loss_coef (Glm4MoeForCausalLM's loss has no aux term; a passed
+# one would only sit in config.json as an unused attribute): COMMON less it, for a fixture's "common".
+GLM_COMMON = {k: v for k, v in COMMON.items() if k != "router_aux_loss_coef"}
 
 # rms_norm_eps is left at each family's default (Mixtral 1e-5, Qwen2/3 1e-6, OLMoE 1e-5);
 # rope_theta is set away from each default (Mixtral 1e6, Qwen2/3 1e4, OLMoE 1e4).
@@ -117,6 +132,22 @@ FIXTURES = [
                  decoder_sparse_step=2, head_dim=16, norm_topk_prob=False, rope_theta=1e6)),
     dict(name="olmoe", config=OlmoeConfig, seed=5000, need_idle_expert=True,
          kw=dict(intermediate_size=16, num_experts=8, norm_topk_prob=False, rope_theta=1e6, clip_qkv=None)),
+    # GLM-4.5 (Glm4MoeForCausalLM): sigmoid router with e_score_correction_bias, group-limited top-k,
+    # routed_scaling_factor, ungated shared experts, partial RoPE, no aux loss. "common" replaces COMMON.
+    # glm4_moe: 3 layers, layer 0 dense (first_k_dense_replace 1), layers 1 and 2 MoE; 2 groups of 4,
+    # 1 kept; head_dim 8 (H/heads), rotary dim 4; q/k/v bias; per-head qk-norm; x2.5 after renorm.
+    dict(name="glm4_moe", config=Glm4MoeConfig, seed=6000, need_idle_expert=True,
+         common=dict(GLM_COMMON, num_hidden_layers=3),
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1,
+                 n_group=2, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                 partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True, rope_theta=1e6)),
+    # glm4_moe_nogroup: every layer MoE, one group (no group limit), no renorm, scaling 1, two shared
+    # experts (I 32), no bias, no qk-norm; head_dim 16 != H/heads (8), rotary dim 4 = head_dim/4.
+    dict(name="glm4_moe_nogroup", config=Glm4MoeConfig, seed=7000, need_idle_expert=False,
+         common=GLM_COMMON,
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2,
+                 n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False, routed_scaling_factor=1.0,
+                 head_dim=16, partial_rotary_factor=0.25, attention_bias=False, use_qk_norm=False, rope_theta=5e5)),
 ]
 
 
@@ -137,7 +168,9 @@ def _src(obj):
 def source_facts():
     """(citation, object, snippet that must occur in its source). Checked at start-up."""
     from torch.optim import adam as tadam
+    from transformers import modeling_rope_utils as rope
     from transformers.loss import loss_utils
+    from transformers.models.glm4_moe import modeling_glm4_moe as gl
     from transformers.models.mixtral import modeling_mixtral as mx
     from transformers.models.olmoe import modeling_olmoe as ol
     from transformers.models.qwen2_moe import modeling_qwen2_moe as q2
@@ -186,7 +219,80 @@ def source_facts():
          "denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)"),
         ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
          "param.addcdiv_(exp_avg, denom, value=-step_size)"),
-    ]
+    ] + glm_facts(gl, rope)
+
+
+def glm_facts(gl, rope):
+    """GLM-4.5's facts (modeling_glm4_moe.py; the partial RoPE of modeling_rope_utils.py)."""
+    c = "modeling_glm4_moe.py "
+    return (
+        facts(c + "Glm4MoeAttention.__init__", gl.Glm4MoeAttention.__init__,
+              'self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+              "self.scaling = self.head_dim**-0.5",
+              "config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias",
+              "config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias",
+              "self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=False)",
+              "self.q_norm = Glm4MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)",
+              "self.k_norm = Glm4MoeRMSNorm(self.head_dim, eps=config.rms_norm_eps)")
+        + facts(c + "Glm4MoeAttention.forward", gl.Glm4MoeAttention.forward,
+                "query_states = self.q_proj(hidden_states).view(hidden_shape)",
+                "if self.use_qk_norm:  # main diff from Llama",
+                "query_states = self.q_norm(query_states)",
+                "query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)")
+        + facts(c + "apply_rotary_pos_emb", gl.apply_rotary_pos_emb,
+                "rotary_dim = cos.shape[-1]",
+                "q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]",
+                "q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)",
+                "q_embed = torch.cat([q_embed, q_pass], dim=-1)")
+        + facts(c + "rotate_half", gl.rotate_half, "return torch.cat((-x2, x1), dim=-1)")
+        + facts("modeling_rope_utils.py _compute_default_rope_parameters", rope._compute_default_rope_parameters,
+                'partial_rotary_factor = getattr(config, "partial_rotary_factor", 1.0)',
+                'head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads',
+                "dim = int(head_dim * partial_rotary_factor)",
+                "inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, "
+                "dtype=torch.float) / dim))")
+        + facts(c + "Glm4MoeRotaryEmbedding.forward", gl.Glm4MoeRotaryEmbedding.forward,
+                "emb = torch.cat((freqs, freqs), dim=-1)")
+        + facts(c + "Glm4MoeRMSNorm.forward", gl.Glm4MoeRMSNorm.forward,
+                "return self.weight * hidden_states.to(input_dtype)")
+        + facts(c + "Glm4MoeDecoderLayer.__init__", gl.Glm4MoeDecoderLayer.__init__,
+                "if layer_idx >= config.first_k_dense_replace:", "self.mlp = Glm4MoeMoE(config)",
+                "self.mlp = Glm4MoeMLP(config)")
+        + facts(c + "Glm4MoeMLP.forward", gl.Glm4MoeMLP.forward,
+                "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))")
+        + facts(c + "Glm4MoeTopkRouter.__init__", gl.Glm4MoeTopkRouter.__init__,
+                "self.weight = nn.Parameter(torch.empty((self.n_routed_experts, config.hidden_size)))",
+                'self.register_buffer("e_score_correction_bias", torch.zeros((self.n_routed_experts), '
+                'dtype=torch.float32))')
+        + facts(c + "Glm4MoeTopkRouter.get_topk_indices", gl.Glm4MoeTopkRouter.get_topk_indices,
+                "@torch.no_grad()",
+                "scores_for_choice = scores.view(-1, self.n_routed_experts) + "
+                "self.e_score_correction_bias.unsqueeze(0)",
+                ".topk(2, dim=-1)[0]",
+                "group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]",
+                "scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), 0.0)",
+                "topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]")
+        + facts(c + "Glm4MoeTopkRouter.forward", gl.Glm4MoeTopkRouter.forward,
+                "router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))",
+                "scores = router_logits.sigmoid()",
+                "topk_weights = scores.gather(1, topk_indices)",
+                "denominator = topk_weights.sum(dim=-1, keepdim=True) + 1e-20",
+                "topk_weights = topk_weights * self.routed_scaling_factor")
+        + facts(c + "Glm4MoeMoE.__init__", gl.Glm4MoeMoE.__init__,
+                "Glm4MoeMLP(config, intermediate_size=config.moe_intermediate_size)",
+                "intermediate_size=config.moe_intermediate_size * config.n_shared_experts")
+        + facts(c + "Glm4MoeMoE.moe", gl.Glm4MoeMoE.moe,
+                "final_hidden_states = torch.zeros_like(hidden_states, dtype=topk_weights.dtype)",
+                "for expert_idx in range(len(self.experts)):",
+                "if token_indices.numel() > 0:",
+                "weighted_output = expert_output * expert_weights.unsqueeze(-1)",
+                "final_hidden_states.index_add_(0, token_indices, weighted_output)")
+        + facts(c + "Glm4MoeMoE.forward", gl.Glm4MoeMoE.forward,
+                "hidden_states = hidden_states + self.shared_experts(residuals)")
+        + facts(c + "Glm4MoeForCausalLM.forward", gl.Glm4MoeForCausalLM.forward,
+                "loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, "
+                "**kwargs)")
+    )
 
 
 def facts(cite, obj, *snippets):
@@ -209,6 +315,27 @@ def check_sources():
              f"{cls.__name__} norm_topk_prob default is not False")
     need("norm_topk_prob" not in inspect.signature(MixtralConfig.__init__).parameters,
          "MixtralConfig has a norm_topk_prob")
+    check_glm_sources()
+
+
+def check_glm_sources():
+    """What modeling_glm4_moe.py does not have: an aux loss or router logits in its outputs (the
+    output_router_logits kwarg is swallowed by **kwargs), a head_dim or router_aux_loss_coef config
+    argument; and the order of its attention (qk-norm before RoPE)."""
+    from transformers.models.glm4_moe import modeling_glm4_moe as gl
+    for obj in (gl.Glm4MoeForCausalLM.forward, gl.Glm4MoeModel.forward, gl.Glm4MoeMoE.forward,
+                gl.Glm4MoeDecoderLayer.forward):
+        for word in ("aux_loss", "router_logits", "load_balancing"):
+            need(word not in _src(obj), f"modeling_glm4_moe.py {obj.__qualname__} mentions {word}")
+    need("router_logits" not in gl.Glm4MoePreTrainedModel._can_record_outputs,
+         "Glm4MoePreTrainedModel records router logits")
+    ps = inspect.signature(Glm4MoeConfig.__init__).parameters
+    need("router_aux_loss_coef" not in ps and "head_dim" not in ps,
+         "Glm4MoeConfig has a router_aux_loss_coef or head_dim argument")
+    need(ps["rms_norm_eps"].default == 1e-5, "Glm4MoeConfig rms_norm_eps default is not 1e-5")
+    fwd = _src(gl.Glm4MoeAttention.forward)
+    need(fwd.index("self.q_norm(query_states)") < fwd.index("apply_rotary_pos_emb("),
+         "Glm4MoeAttention.forward: q_norm is not before RoPE")
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -269,8 +396,15 @@ def expert_prefix(model, layer_idx, e):
     return f"model.layers.{layer_idx}.{attr}.experts.{e}."
 
 
+def frozen_buffers(model):
+    """The buffers the model saves (state_dict) that are not parameters, in named_buffers() order:
+    GLM-4.5's e_score_correction_bias; none in the other families (inv_freq is not persistent)."""
+    sd, params = model.state_dict(), dict(model.named_parameters())
+    return [(n, b) for n, b in model.named_buffers() if n in sd and n not in params]
+
+
 def build(fx, seed):
-    cfg = fx["config"](**COMMON, **fx["kw"])
+    cfg = fx["config"](**fx.get("common", COMMON), **fx["kw"])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     rng = np.random.default_rng(seed)
@@ -284,6 +418,12 @@ def build(fx, seed):
             else:
                 v = INIT_STD * z
             p.copy_(torch.from_numpy(v.astype(np.float32)))
+        # Saved buffers (GLM's router bias; transformers leaves it 0) random too, so that a wrong use
+        # of the bias changes the routing.
+        for name, b in frozen_buffers(model):
+            need(name.endswith(".e_score_correction_bias") and b.dtype == torch.float32,
+                 f"saved buffer {name} ({b.dtype}): build() does not know it")
+            b.copy_(torch.from_numpy((INIT_STD * rng.standard_normal(tuple(b.shape))).astype(np.float32)))
     pad = cfg.pad_token_id
     allowed = np.array([t for t in range(cfg.vocab_size) if t != pad], dtype=np.int64)
     ids = allowed[rng.integers(0, len(allowed), size=(B, S))]
@@ -311,11 +451,100 @@ def routing_stats(router_logits, k, E):
     return margin, idle
 
 
+def is_glm(cfg):
+    return cfg.model_type == "glm4_moe"
+
+
+def aux_coef(cfg):
+    """The weight of the aux loss in out.loss (the metadata's router_aux_loss_coef): GLM-4.5 has none."""
+    return 0.0 if is_glm(cfg) else AUX_COEF
+
+
+def forward_kw(cfg):
+    """The forward's router-logit flag: GLM-4.5 records no router logits (output_router_logits would be
+    swallowed by **kwargs), so it is not passed; the routers are read by gate_hooks instead."""
+    return {} if is_glm(cfg) else dict(output_router_logits=True)
+
+
+def gate_hooks(model):
+    """Forward hooks on the GLM-4.5 routers (Glm4MoeTopkRouter: the modules with an
+    e_score_correction_bias; also inside a PeftModel): captured[layer] = (router, its input [T,H],
+    its output (topk_indices, topk_weights)). Returns captured and the hooks."""
+    captured, hooks = {}, []
+    for n, m in model.named_modules():
+        if hasattr(m, "e_score_correction_bias"):
+            li = int(re.search(r"layers\.(\d+)\.", n).group(1))
+            hooks.append(m.register_forward_hook(lambda m_, inp, out, li=li: captured.__setitem__(li, (
+                m_, inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(), tuple(t.detach().clone() for t in out)))))
+    return captured, hooks
+
+
+def glm_route(cfg, x, w, bias, use_bias=True, groups=True):
+    """GLM-4.5's choice (Glm4MoeTopkRouter) in float64 from the router input x [T,H], its weight w [E,H]
+    and e_score_correction_bias: (sigmoid scores [T,E], chosen experts [T,k] ascending, margin [T]).
+    A token's margin is the smaller of the gap between its topk_group-th and next group score (when
+    groups are left out) and the gap between its k-th and (k+1)-th masked choice score. use_bias /
+    groups False: the choice without the bias / the group limit (the checks' wrong variants)."""
+    E, G, tg, k = cfg.n_routed_experts, cfg.n_group, cfg.topk_group, cfg.num_experts_per_tok
+    s = torch.sigmoid(x.double() @ w.double().T)
+    c = s + bias.double() if use_bias else s.clone()
+    T = c.shape[0]
+    margin = torch.full((T,), math.inf, dtype=torch.float64)
+    if groups and G > tg:
+        gs = c.view(T, G, E // G).topk(2, dim=-1).values.sum(-1)
+        top = gs.sort(dim=-1, descending=True).values
+        margin = top[:, tg - 1] - top[:, tg]
+        keep = torch.zeros(T, G, dtype=torch.bool).scatter_(1, gs.topk(tg, dim=-1).indices, True)
+        c = c.masked_fill(~keep.repeat_interleave(E // G, dim=1), 0.0)
+    top = c.sort(dim=-1, descending=True).values
+    margin = torch.minimum(margin, top[:, k - 1] - top[:, k])
+    return s, c.topk(k, dim=-1).indices.sort(dim=-1).values, margin
+
+
+def glm_router_logits(gates):
+    """The raw router logits x W^T [T,E] F32 of each MoE layer (ascending), as Glm4MoeTopkRouter.forward
+    computes them (F.linear of the float32 input and weight)."""
+    return [F.linear(x.float(), g.weight.detach().float()) for g, x, _ in (gates[li] for li in sorted(gates))]
+
+
+def glm_routing_stats(cfg, gates):
+    """routing_stats for GLM-4.5 from gate_hooks' capture: (margin, idle [(MoE layer position, e)],
+    chosen experts per MoE layer [T,k], whether the float64 choice is transformers' in every layer,
+    whether leaving out the bias (and, with a group limit, the limit) changes it in every layer)."""
+    E = cfg.n_routed_experts
+    margin, idle, sels, same, sensitive = math.inf, [], [], True, True
+    for pos, li in enumerate(sorted(gates)):
+        g, x, (idx, _) = gates[li]
+        w, b = g.weight.detach(), g.e_score_correction_bias
+        _, sel, m = glm_route(cfg, x, w, b)
+        margin = min(margin, m.min().item())
+        same = same and torch.equal(sel, idx.sort(dim=-1).values)
+        sensitive = sensitive and not torch.equal(sel, glm_route(cfg, x, w, b, use_bias=False)[1])
+        if cfg.n_group > cfg.topk_group:
+            sensitive = sensitive and not torch.equal(sel, glm_route(cfg, x, w, b, groups=False)[1])
+        hits = torch.bincount(sel.reshape(-1), minlength=E)
+        idle += [(pos, e) for e in range(E) if hits[e] == 0]
+        sels.append(sel)
+    return margin, idle, sels, same, sensitive
+
+
 def usable_routing(fx, model, cfg, ids):
-    """The model's routing of ids keeps away from ties, and has exactly one idle expert when fx needs one."""
-    with torch.no_grad():
-        out = model(input_ids=ids, output_router_logits=True, use_cache=False)
-    margin, idle = routing_stats(out.router_logits, cfg.num_experts_per_tok, num_experts(cfg))
+    """The model's routing of ids keeps away from ties, and has exactly one idle expert when fx needs one;
+    GLM-4.5's also changes without the router bias (and without the group limit, where there is one)
+    in every MoE layer."""
+    if is_glm(cfg):
+        gates, hooks = gate_hooks(model)
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+        for h in hooks:
+            h.remove()
+        margin, idle, _, same, sensitive = glm_routing_stats(cfg, gates)
+        if not (same and sensitive):
+            return False
+    else:
+        with torch.no_grad():
+            out = model(input_ids=ids, output_router_logits=True, use_cache=False)
+        margin, idle = routing_stats(out.router_logits, cfg.num_experts_per_tok, num_experts(cfg))
     return margin >= MIN_ROUTING_MARGIN and len(idle) == (1 if fx["need_idle_expert"] else len(idle))
 
 
@@ -328,7 +557,31 @@ def pick_seed(fx):
 
 
 def num_experts(cfg):
-    return getattr(cfg, "num_local_experts", None) or cfg.num_experts
+    return getattr(cfg, "num_local_experts", None) or getattr(cfg, "n_routed_experts", None) or cfg.num_experts
+
+
+def dead_experts(sels, moe_layers, loss_mask, n_layers, E, aux):
+    """(layer, e) of the routed experts that get tokens none of which reaches the loss, so that their
+    gradient is all zero (not None). In the last layer the MLP output of position t reaches only
+    logits[t], counted iff loss_mask[b, t+1] (an aux loss reaches the router only). In an earlier
+    layer it reaches positions t..S-1 of its sequence (causal attention): with an aux loss (aux) and
+    a later MoE layer, that layer's router logits at every position, so it always counts; without
+    (GLM-4.5), it counts iff one of positions t..S-1 predicts a counted target (here: every position
+    but the last). sels: the chosen experts [B*S, k] of each MoE layer."""
+    counts = torch.zeros(B, S, dtype=torch.bool)
+    counts[:, :-1] = loss_mask[:, 1:].bool()
+    later = counts.int().flip(-1).cummax(-1).values.flip(-1).bool()  # a counted target at t' >= t
+    dead = []
+    for li, sel in zip(moe_layers, sels):
+        if li == n_layers - 1:
+            reach = counts
+        elif aux and any(l > li for l in moe_layers):
+            reach = torch.ones(B, S, dtype=torch.bool)
+        else:
+            reach = later
+        sel = sel.reshape(B, S, -1)
+        dead += [(li, e) for e in range(E) if (sel == e).any() and not ((sel == e).any(-1) & reach).any()]
+    return dead
 
 
 # ----------------------------------------------------------------------------- checks
@@ -355,10 +608,58 @@ def ref_moe(blk, x, cfg, renorm):
     return y
 
 
+def ref_glm_moe(blk, x, cfg, use_bias=True, groups=True, renorm=None, choice_weights=False, scaling=None,
+                shared=True):
+    """fp64 reference of one Glm4MoeMoE block from its parameters and router bias: the choice of glm_route,
+    weights = the chosen experts' sigmoid scores (choice_weights: scores + bias), / (sum + 1e-20) if
+    renorm (default norm_topk_prob), * scaling (default routed_scaling_factor), sum_j w_j Expert_j(x)
+    + shared_experts(x) (ungated). The keyword arguments give the wrong variants of check_moe_block."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    x = d(x).reshape(-1, x.shape[-1])
+    g = blk.gate
+    s, sel, _ = glm_route(cfg, x, d(g.weight), d(g.e_score_correction_bias), use_bias, groups)
+    w = (s + d(g.e_score_correction_bias) if choice_weights else s).gather(1, sel)
+    if cfg.norm_topk_prob if renorm is None else renorm:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    w = w * (cfg.routed_scaling_factor if scaling is None else scaling)
+
+    def mlp(m, v):
+        return (F.silu(v @ d(m.gate_proj.weight).T) * (v @ d(m.up_proj.weight).T)) @ d(m.down_proj.weight).T
+
+    y = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(sel.shape[1]):
+            y[t] += w[t, j] * mlp(blk.experts[int(sel[t, j])], x[t:t + 1])[0]
+    return y + mlp(blk.shared_experts, x) if shared else y
+
+
+def glm_wrong_variants(cfg):
+    """check_moe_block's wrong GLM-4.5 blocks, each of which the fixture must tell from the right one."""
+    v = {"the router bias left out of the choice": dict(use_bias=False),
+         "renormalisation flipped": dict(renorm=not cfg.norm_topk_prob),
+         "weights from the choice scores (scores + bias)": dict(choice_weights=True),
+         "shared experts left out": dict(shared=False)}
+    if cfg.n_group > cfg.topk_group:
+        v["the group limit left out"] = dict(groups=False)
+    if cfg.routed_scaling_factor != 1.0:
+        v["routed_scaling_factor left out"] = dict(scaling=1.0)
+    return v
+
+
 def check_moe_block(name, model, captured):
     """The block output equals sum_j w_j * Expert(x) (+ sigmoid-gated shared expert) with
-    renormalisation exactly as the family does it, and not with it flipped."""
+    renormalisation exactly as the family does it, and not with it flipped. GLM-4.5: ref_glm_moe, and
+    none of glm_wrong_variants (the router bias, the group limit, ... matter)."""
     cfg = model.config
+    if is_glm(cfg):
+        for li, (blk, x, y) in captured.items():
+            y = y.detach().double().reshape(-1, y.shape[-1])
+            err = (ref_glm_moe(blk, x, cfg) - y).abs().max().item()
+            need(err < 1e-5, f"{name}: layer {li} MoE block differs from the reference by {err}")
+            for what, kw in glm_wrong_variants(cfg).items():
+                err = (ref_glm_moe(blk, x, cfg, **kw) - y).abs().max().item()
+                need(err > 1e-3, f"{name}: layer {li} MoE block insensitive to {what} ({err})")
+        return
     renorm = True if cfg.model_type == "mixtral" else bool(cfg.norm_topk_prob)
     for li, (blk, x, y) in captured.items():
         y = y.detach().double().reshape(-1, y.shape[-1])
@@ -366,6 +667,27 @@ def check_moe_block(name, model, captured):
         err_flipped = (ref_moe(blk, x, cfg, not renorm) - y).abs().max().item()
         need(err < 1e-5, f"{name}: layer {li} MoE block differs from the reference by {err}")
         need(err_flipped > 1e-3, f"{name}: layer {li} MoE block insensitive to renormalisation")
+
+
+def check_glm_router(name, cfg, gates, router_logits):
+    """GLM-4.5: the router's weights are, bit for bit, sigmoid(router_logits) gathered at its choice,
+    / (sum + 1e-20) if norm_topk_prob, * routed_scaling_factor (so router_logits are the logits it used)."""
+    for li, lg in zip(sorted(gates), router_logits):
+        _, _, (idx, w) = gates[li]
+        ref = lg.sigmoid().gather(1, idx)
+        if cfg.norm_topk_prob:
+            ref = ref / (ref.sum(dim=-1, keepdim=True) + 1e-20)
+        ref = ref * cfg.routed_scaling_factor
+        need(torch.equal(ref, w), f"{name}: layer {li} router weights are not those of its logits")
+
+
+def check_glm_ignores_router_flag(name, model, ids, labels, logits, loss):
+    """GLM-4.5 accepts output_router_logits=True (its forward's **kwargs) and ignores it: the same logits
+    and loss, no router logits, no aux loss."""
+    with torch.no_grad():
+        o = model(input_ids=ids, labels=labels, use_cache=False, output_router_logits=True)
+    need(torch.equal(o.logits, logits) and torch.equal(o.loss, loss) and sorted(o.keys()) == ["logits", "loss"],
+         f"{name}: output_router_logits=True changes the output ({sorted(o.keys())})")
 
 
 def check_aux(name, router_logits, k, E, aux):
@@ -447,19 +769,36 @@ def make_fixture(fx, outdir):
             os.remove(os.path.join(d, f))
         else:
             os.chmod(os.path.join(d, f), 0o644)
+    # Saved buffers that are not parameters (GLM's router bias): in model.safetensors, F32, never trained.
+    params = dict(model.named_parameters())
+    with safe_open(os.path.join(d, "model.safetensors"), framework="pt") as f:
+        frozen = sorted(n for n in f.keys() if n not in params)
+        need(all(f.get_slice(n).get_dtype() == "F32" for n in frozen), f"{name}: a saved buffer is not F32")
+    frozen_init = {n: b.detach().clone() for n, b in frozen_buffers(model)}
+    need(frozen == sorted(frozen_init), f"{name}: saved non-parameters {frozen}, buffers {sorted(frozen_init)}")
+    need(bool(frozen) == is_glm(cfg), f"{name}: saved non-parameters {frozen}")
 
     labels, loss_mask = make_labels(ids)
     captured, hooks = {}, []
     for i in moe_layers:
         blk = moe_block(model.model.layers[i])
-        hooks.append(blk.register_forward_hook(
-            lambda m, inp, out, i=i: captured.__setitem__(i, (m, inp[0].detach().clone(), out[0].detach().clone()))))
-    out = model(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
-    for h in hooks:
+        hooks.append(blk.register_forward_hook(lambda m, inp, out, i=i: captured.__setitem__(
+            i, (m, inp[0].detach().clone(), (out[0] if isinstance(out, tuple) else out).detach().clone()))))
+    gates, gate_hks = gate_hooks(model)
+    out = model(input_ids=ids, labels=labels, use_cache=False, **forward_kw(cfg))
+    for h in hooks + gate_hks:
         h.remove()
 
-    need(len(out.router_logits) == len(moe_layers),
-         f"{name}: {len(out.router_logits)} router logits for MoE layers {moe_layers}")
+    if is_glm(cfg):
+        need(sorted(gates) == moe_layers, f"{name}: routers of layers {sorted(gates)} for MoE layers {moe_layers}")
+        need(getattr(out, "aux_loss", None) is None and getattr(out, "router_logits", None) is None,
+             f"{name}: Glm4MoeForCausalLM returned an aux loss or router logits")
+        router_logits = glm_router_logits(gates)
+        check_glm_router(name, cfg, gates, router_logits)
+    else:
+        router_logits = out.router_logits
+    need(len(router_logits) == len(moe_layers),
+         f"{name}: {len(router_logits)} router logits for MoE layers {moe_layers}")
     logits = out.logits.detach()
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
     n_targets = int(loss_mask.sum())
@@ -468,19 +807,25 @@ def make_fixture(fx, outdir):
     lp = torch.log_softmax(logits.double(), -1)
     ce_mask = -(lp[:, :-1].gather(-1, ids[:, 1:, None].clamp(min=0))[..., 0] * loss_mask[:, 1:]).sum() / n_targets
     need(abs(ce_mask.item() - ce.item()) < 1e-5, f"{name}: ce from loss_mask {ce_mask.item()} != {ce.item()}")
-    aux = out.aux_loss.detach()
+    aux = torch.zeros((), dtype=torch.float32) if is_glm(cfg) else out.aux_loss.detach()
     loss = out.loss.detach()
     need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
-    need(aux.item() > 0, f"{name}: aux {aux.item()}")
-    need(abs(loss.item() - (ce.item() + AUX_COEF * aux.item())) <= 1e-6 * abs(loss.item()),
+    need(aux.item() > 0 or is_glm(cfg), f"{name}: aux {aux.item()}")
+    need(abs(loss.item() - (ce.item() + aux_coef(cfg) * aux.item())) <= 1e-6 * abs(loss.item()),
          f"{name}: loss {loss.item()} != ce + coef*aux")
-    aux_ref, aux_per_layer = check_aux(name, out.router_logits, k, E, aux.item())
+    if is_glm(cfg):
+        aux_per_layer = []
+        margin, idle, sels, same, sensitive = glm_routing_stats(cfg, gates)
+        need(same and sensitive, f"{name}: float64 routing is transformers' {same}, bias / group matter {sensitive}")
+        check_glm_ignores_router_flag(name, model, ids, labels, logits, loss)
+    else:
+        aux_ref, aux_per_layer = check_aux(name, router_logits, k, E, aux.item())
+        margin, idle = routing_stats(router_logits, k, E)
+        sels = [lg.detach().topk(k, dim=-1).indices for lg in router_logits]
     check_moe_block(name, model, captured)
-    margin, idle = routing_stats(out.router_logits, k, E)
     idle = [(moe_layers[li], e) for li, e in idle]
 
     out.loss.backward()
-    params = dict(model.named_parameters())
     grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
     no_grad = sorted(n for n, p in params.items() if p.grad is None)
     for n, g in grads.items():
@@ -492,18 +837,7 @@ def make_fixture(fx, outdir):
             need(not grads[n].any(), f"{name}: idle expert param {n} has a non-zero grad")
     else:  # loops over the experts hit only: idle experts get no grad at all
         need(no_grad == idle_params, f"{name}: no_grad {no_grad} != idle experts' params {idle_params}")
-    # In the last layer the MLP output of position t reaches only logits[t]: an expert
-    # whose tokens there all sit at positions that predict no counted target gets an
-    # all-zero (not None) gradient; the aux loss reaches the router only.
-    last = cfg.num_hidden_layers - 1
-    dead = []
-    if last in moe_layers:
-        counts = torch.zeros(B, S, dtype=torch.bool)
-        counts[:, :-1] = loss_mask[:, 1:].bool()
-        sel = out.router_logits[moe_layers.index(last)].detach().topk(k, dim=-1).indices.reshape(B, S, k)
-        for e in range(E):
-            if (sel == e).any() and not ((sel == e).any(-1) & counts).any():
-                dead.append((last, e))
+    dead = dead_experts(sels, moe_layers, loss_mask, cfg.num_hidden_layers, E, aux_coef(cfg) > 0)
     dead_params = sorted(n for (li, e) in dead for n in params if n.startswith(expert_prefix(model, li, e)))
     zero = sorted(n for n in grads if not grads[n].any())
     expect_zero = sorted(set(dead_params) | (set(idle_params) if cfg.model_type == "olmoe" else set()))
@@ -517,8 +851,13 @@ def make_fixture(fx, outdir):
     need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
     after = {n: p.detach().clone() for n, p in params.items()}
     adam_err = check_adamw(name, before, after, grads)
+    bufs = dict(model.named_buffers())
+    for n, b0 in frozen_init.items():  # not a parameter: no grad, AdamW never sees it
+        need(n not in params and not bufs[n].requires_grad and torch.equal(bufs[n], b0),
+             f"{name}: buffer {n} changed or is trained")
+        after[n] = bufs[n].detach().clone()
 
-    tensors = batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
+    tensors = batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, router_logits)
     for n, g in grads.items():
         tensors[f"grad.{n}"] = g.numpy().astype("<f4")
     for n, p in after.items():
@@ -530,13 +869,17 @@ def make_fixture(fx, outdir):
         "seed": str(seed),
         "init": (f"numpy default_rng(seed) (PCG64): for each parameter in named_parameters() order, "
                  f"z = standard_normal(shape) float64; norm weights 1+{NORM_STD}*z, all others {INIT_STD}*z; "
-                 f"cast to float32. Then input_ids [B,S] from the same generator: integers over the vocab "
-                 f"less pad_token_id"),
+                 f"cast to float32. " + (
+                     f"Then for each saved buffer that is not a parameter (frozen), in named_buffers() order, "
+                     f"z = standard_normal(shape) float64, {INIT_STD}*z cast to float32. " if frozen else "") +
+                 "Then input_ids [B,S] from the same generator: integers over the vocab less pad_token_id"),
         "batch": f"B={B} S={S}; labels = input_ids with -100 at (b,s) {MASKED_LABELS}",
         "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
         "n_targets": str(n_targets),
-        "loss": "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets",
-        "router_aux_loss_coef": repr(AUX_COEF),
+        "loss": ("loss = ce_loss (Glm4MoeForCausalLM has no aux loss: aux_loss is written as 0); ce_loss = mean "
+                 "over the n_targets targets" if is_glm(cfg) else
+                 "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets"),
+        "router_aux_loss_coef": repr(aux_coef(cfg)),
         "optimizer": "torch.optim.AdamW(foreach=False), one step, one param group holding every parameter",
         "lr": repr(LR),
         "beta1": repr(BETA1),
@@ -553,6 +896,15 @@ def make_fixture(fx, outdir):
         "safetensors_version": safetensors.__version__,
         "numpy_version": np.__version__,
     }
+    if frozen:
+        meta["frozen"] = json.dumps(frozen)
+    if is_glm(cfg):
+        meta["router_logits"] = ("raw router logits x W^T [B*S,E] of each MoE layer (F.linear of the router input "
+                                 "and mlp.gate.weight in float32, as Glm4MoeTopkRouter.forward computes them); "
+                                 "scores = sigmoid of them")
+        meta["min_routing_margin_rule"] = ("min over MoE layers and tokens of the gap between the topk_group-th and "
+                                           "next group score (n_group > topk_group only) and of the gap between the "
+                                           "k-th and (k+1)-th masked choice score, in float64")
     # The checked-in directory alone reproduces the logits.
     again = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager")
     again.train()
@@ -563,7 +915,8 @@ def make_fixture(fx, outdir):
     path = os.path.join(d, "fixture.safetensors")
     write_fixture(name, path, tensors, meta)
 
-    return dict(name=name, family=cfg.model_type, seed=seed, moe_layers=moe_layers, k=k, E=E,
+    return dict(name=name, family=cfg.model_type, seed=seed, moe_layers=moe_layers, k=k, E=E, cfg=cfg,
+                frozen=frozen,
                 norm_topk=(True if cfg.model_type == "mixtral" else cfg.norm_topk_prob),
                 head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
                 rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps, loss=loss.item(), ce=ce.item(),
@@ -587,16 +940,18 @@ sources (file and function named) and asserted by the script, textually
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
 
-All: H=32, 2 layers, 4 heads / 2 kv heads, vocab 64, E=8, k=2, expert I=16, silu,
-untied, router_aux_loss_coef 0.01, attention_dropout 0, Mixtral jitter 0, eager
-attention, train mode. qwen2_moe: shared expert I=24, layer 0 dense
-(`mlp_only_layers=[0]`, intermediate 20), q/k/v bias. qwen3_*: layer 0 dense through
+All: H=32, 4 heads / 2 kv heads, vocab 64, E=8, k=2, expert I=16, silu, untied,
+attention_dropout 0, eager attention, train mode; 2 layers and router_aux_loss_coef
+0.01 except glm4_* (GLM-4.5: its own section below; no aux loss). Mixtral jitter 0.
+qwen2_moe: shared expert I=24, layer 0 dense (`mlp_only_layers=[0]`, intermediate
+20), q/k/v bias. qwen3_*: layer 0 dense through
 `decoder_sparse_step=2` (intermediate 20). Initial weights N(0, 0.2²), norm weights
 1 + 0.1·N(0,1) (numpy PCG64, see `init` in the metadata). B=2, S=7; labels = ids with
 -100 at (0,0), (0,1), (1,4); `loss_mask` is in labels coordinates (1 iff the label
 counts: not -100 and s ≥ 1), {nt} targets each. One AdamW step: lr 1e-2, betas
 (0.9, 0.95), eps 1e-8, weight_decay 0.1, every parameter in one group.
-Top-k choices are at least {margin} apart in probability (no near-ties).
+Top-k choices are at least {margin} apart in probability (no near-ties; GLM-4.5: in
+choice score and group score, below).
 
 ## Loss
 - **CE** (`loss/loss_utils.py` `ForCausalLMLoss`, `fixed_cross_entropy`): logits upcast to
@@ -650,6 +1005,12 @@ Top-k choices are at least {margin} apart in probability (no near-ties).
   all-zero gradient that is not None (the aux loss reaches the router only), so
   AdamW decays it. Listed per fixture as `zero_grad_experts` in the metadata.
   *(checked: exactly these and the OLMoE idle experts have all-zero grads)*
+  In an earlier layer the output of position t reaches positions t..S-1 (causal
+  attention): with an aux loss and a later MoE layer, that layer's router logits at
+  every position, so it always has a gradient; **without an aux loss (GLM-4.5)** an
+  expert whose tokens all sit at positions from which no later position predicts a
+  counted target (here: the last position of a sequence) gets an all-zero gradient
+  too (`glm4_moe_nogroup`: layer 0). *(checked, same list)*
 - Qwen2/3 layer i is MoE iff `i ∉ mlp_only_layers and num_experts > 0 and
   (i+1) % decoder_sparse_step == 0` (`…DecoderLayer.__init__`); other layers are a
   dense MLP with `intermediate_size`.
@@ -676,7 +1037,7 @@ Top-k choices are at least {margin} apart in probability (no near-ties).
 - Embeddings use `padding_idx = pad_token_id` (OLMoE default 1; None for the
   others): that row of the embedding never gets a gradient. The fixtures' ids avoid
   the pad id.
-
+{glm}
 ## AdamW (torch {torch}: `torch/optim/adamw.py` `AdamW` = `Adam(decoupled_weight_decay=True)`; `torch/optim/adam.py` `_single_tensor_adam`, the CPU path)
 For each parameter with a gradient, step t (= 1 here):
 ```
@@ -700,6 +1061,112 @@ At t = 1: `p1 = p0(1 − lr·wd) − lr · g / (|g| + eps)` ≈ `p0(1 − lr·wd
 """
 
 
+GLM_NOTES = """
+## GLM-4.5 (`glm4_moe*`: `Glm4MoeForCausalLM`, `modeling_glm4_moe.py`)
+
+| name | layers | MoE layers | n_group / topk_group | head_dim | rotary dim | q/k/v bias | qk-norm | shared experts (I) | norm_topk_prob | routed_scaling_factor | rope_theta | seed | min margin | idle experts (layer, e) | zero-grad experts |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Both: H=32, 4 heads / 2 kv heads, vocab 64, E = `n_routed_experts` = 8, k = 2, expert
+I = `moe_intermediate_size` = 16, dense I = `intermediate_size` = 20, `rms_norm_eps`
+1e-5 (the default), pad_token_id None; no `router_aux_loss_coef` (`Glm4MoeConfig` has
+none, so it is not passed and not in config.json). `glm4_moe` has 3 layers so that
+two MoE layers follow the dense one; `glm4_moe_nogroup` passes `head_dim` = 16
+(≠ H/heads = 8). The `e_score_correction_bias` buffers are random like the weights:
+{init_std}·N(0,1), drawn after the parameters in `named_buffers()` order (transformers
+leaves them 0), so that a wrong use of the bias changes the routing.
+- **Layers** (`Glm4MoeDecoderLayer.__init__`): layer i is MoE iff `i >=
+  first_k_dense_replace`, else a dense `Glm4MoeMLP` (`mlp.gate_proj/up_proj/down_proj`,
+  `intermediate_size`). The RMSNorms are Mixtral's (weight after the cast back).
+- **Attention** (`Glm4MoeAttention`): head_dim = `config.head_dim` if set, else H/heads
+  (`Glm4MoeConfig` has no head_dim argument: a passed one is kept as an attribute and
+  written to config.json; RoPE reads the same). q/k/v_proj have a bias iff
+  `attention_bias`, o_proj never. `use_qk_norm`: `self_attn.q_norm`/`k_norm` =
+  RMSNorm(head_dim) per head after `view(B,S,heads,head_dim)`, **before RoPE** (as
+  Qwen3; absent without the flag). Scores `· head_dim^-0.5`, softmax fp32, GQA as above.
+- **Partial RoPE** (`modeling_rope_utils.py` `_compute_default_rope_parameters`,
+  `apply_rotary_pos_emb`): rot = `int(head_dim · partial_rotary_factor)`; `inv_freq =
+  1/θ^(2i/rot)`, i < rot/2 (**rot** in the exponent, not head_dim); cos/sin have rot
+  columns (`cat(freqs, freqs)`); the first rot dims of each q/k head are rotated by
+  `rotate_half` **within them** (dim j < rot/2 pairs with j + rot/2), dims rot..head_dim-1
+  pass unchanged (`torch.cat([q_embed, q_pass], dim=-1)`).
+- **Router** (`Glm4MoeTopkRouter`): `mlp.gate.weight` [E,H] (a Parameter in a plain
+  module, not an `nn.Linear`) and `mlp.gate.e_score_correction_bias` [E], a **buffer**:
+  persistent (F32 in model.safetensors, loaded by `from_pretrained`), not a parameter (no
+  grad, not in AdamW's group, never changed). Metadata `frozen` lists these names;
+  `after.<bias>` = its initial value. *(checked)*
+  1. `router_logits = F.linear(x.float(), W.float())` (float32 whatever the model dtype),
+     x = the post_attention_layernorm output; `scores = sigmoid(router_logits)`.
+  2. `get_topk_indices` (under `@torch.no_grad()`: the choice is a constant): choice =
+     scores + bias; group score = sum of the **top 2** choice scores of each of `n_group`
+     contiguous groups of E/n_group experts; the `topk_group` best groups are kept; the
+     other experts' choice scores are set to **0.0** (`masked_fill(..., 0.0)`, not -inf: a
+     kept expert whose choice score is negative loses to a masked one); `topk(k,
+     sorted=False)` of the masked choice scores (no defined order of the k).
+  3. Weights = the chosen experts' **scores** (`scores.gather`: without the bias); if
+     `norm_topk_prob`: `/ (sum + 1e-20)`; then `· routed_scaling_factor` (after the
+     renormalisation, so normalised weights sum to the factor). The router weight's
+     gradient flows through these gathered sigmoid scores (and the renormalisation) only.
+     *(checked: the router's weights are, bit for bit, those of `router_logits`)*
+- **Block** (`Glm4MoeMoE`): `y = Σ_j w_j · Expert_j(x) + shared_experts(x)`; the shared
+  experts are one ungated MLP `mlp.shared_experts.{{gate,up,down}}_proj` of I =
+  `moe_intermediate_size · n_shared_experts`, on the same x. Routed experts
+  `mlp.experts.<e>.{{gate,up,down}}_proj`; the sum is accumulated in float32
+  (`zeros_like(..., dtype=topk_weights.dtype)`, `index_add_` per expert ascending) and cast
+  to the hidden dtype. The loop runs over `range(E)` but skips an expert with no token
+  (`if token_indices.numel() > 0`): an idle expert's grad is **None** (as Mixtral/Qwen).
+{checked}
+- **Loss** (`Glm4MoeForCausalLM.forward`): `loss = self.loss_function(...)`, the plain CE
+  of above; **no aux loss** and no router logits in any output (`_can_record_outputs`
+  has none). `output_router_logits=True` is accepted (swallowed by `**kwargs`) and changes
+  nothing, so the fixtures do not pass it. *(checked)* In `fixture.safetensors`:
+  `router_aux_loss_coef` "0.0", `aux_loss` 0, `loss` (transformers') = `ce_loss` (the
+  script's CE; checked to 1e-6 relative, {loss_bits} in these files),
+  `router_logits.<layer>` = the raw logits x·Wᵀ [B·S,E] recomputed from the router's
+  input (captured by a hook) as step 1 does. *(checked)*
+- **Routing margins**: a seed is used only if, recomputed in float64 from the router's
+  input, (a) its choice is transformers', (b) for every token of every MoE layer the gap
+  between the topk_group-th and the next group score (where n_group > topk_group) and the
+  gap between the k-th and (k+1)-th masked choice score are at least {margin}, (c) in
+  every MoE layer the choice without the bias, and (`glm4_moe`) without the group limit,
+  differs for some token, and (`glm4_moe`) exactly one routed expert is idle. A masked
+  expert (0.0) is then never chosen (it would tie with another masked one), so these
+  fixtures cannot tell 0.0 from -inf: `router_group/` (`negative`) does.
+"""
+
+
+def glm_notes(rows):
+    """GLM_NOTES with the rows of the GLM-4.5 fixtures ("" if none)."""
+    rows = [r for r in rows if r["family"] == "glm4_moe"]
+    if not rows:
+        return ""
+    lines = []
+    for r in rows:
+        c = r["cfg"]
+        hd = r["head_dim"]
+        lines.append(
+            f"| {r['name']} | {c.num_hidden_layers} | {r['moe_layers']} | {c.n_group} / {c.topk_group} | {hd} | "
+            f"{int(hd * c.partial_rotary_factor)} | {'yes' if c.attention_bias else 'no'} | "
+            f"{'yes' if c.use_qk_norm else 'no'} | "
+            f"{c.n_shared_experts} ({c.n_shared_experts * c.moe_intermediate_size}) | "
+            f"{'yes' if c.norm_topk_prob else 'no'} | {c.routed_scaling_factor:g} | {c.rope_theta:g} | {r['seed']} | "
+            f"{r['margin']:.2e} | {', '.join(f'({l},{e})' for l, e in r['idle']) or '-'} | "
+            f"{', '.join(f'({l},{e})' for l, e in r['dead']) or '-'} |")
+    which = {}
+    for r in rows:
+        for w in glm_wrong_variants(r["cfg"]):
+            which.setdefault(w, []).append(r["name"])
+    wrong = [w if len(ns) == len(rows) else f"{w} ({', '.join(ns)})" for w, ns in sorted(which.items())]
+    checked = textwrap.fill(
+        "*(checked: fp64 reference within 1e-5 of the block output in every MoE layer; and more than 1e-3 away "
+        f"from it with each of these wrong blocks: {'; '.join(wrong)})*", 88, initial_indent="  ",
+        subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    same = all(r["loss"] == r["ce"] for r in rows)
+    return GLM_NOTES.format(rows="\n".join(lines), init_std=INIT_STD, margin=f"{MIN_ROUTING_MARGIN:g}",
+                            checked=checked, loss_bits="the same float32" if same else "not the same bits")
+
+
 def write_notes(outdir, rows):
     table = "\n".join(
         f"| {r['name']} | {r['family']} | {r['moe_layers']} | {'yes' if r['norm_topk'] else 'no'} | "
@@ -709,7 +1176,7 @@ def write_notes(outdir, rows):
         f"{r['loss']:.5f} | {r['ce']:.5f} | {r['aux']:.5f} |" for r in rows)
     text = NOTES.format(
         tf=transformers.__version__, torch=torch.__version__.split("+")[0], rows=table,
-        nt=rows[0]["n_targets"], margin=f"{MIN_ROUTING_MARGIN:g}", adam="< 1e-6")
+        nt=rows[0]["n_targets"], margin=f"{MIN_ROUTING_MARGIN:g}", adam="< 1e-6", glm=glm_notes(rows))
     with open(os.path.join(outdir, "NOTES.md"), "w") as f:
         f.write(text)
 

@@ -14,11 +14,15 @@ For each family it writes
   <family>_tiny.json     a tiny model in the layout save_pretrained writes
                          (E=8, k=2, kv_heads < heads, a Qwen dense
                          layer through mlp_only_layers / decoder_sparse_step=2,
-                         norm_topk_prob true, non-default rope_theta / eps / aux coef);
+                         norm_topk_prob true, non-default rope_theta / eps / aux coef;
+                         GLM-4.5: a first dense layer, head_dim != hidden / heads,
+                         attention bias, qk-norm, two expert groups, two shared
+                         experts, routed_scaling_factor 2.5);
 <model>_hub.json       shaped like published checkpoints' config.json (HUB below);
 and expected.json: what transformers resolves from each file - the config
 attributes as the modeling code reads them (num_key_value_heads, head_dim by each
-family's own rule, which layers are MoE) in moefit's spec terms.
+family's own rule, the dims RoPE rotates, which layers are MoE, the router) in
+moefit's spec terms.
 
 How configs written by moefit (mf_hf_config_write) are checked against
 transformers: the test `//tests/hf_config:hf_config_test` compares the bytes that
@@ -46,7 +50,10 @@ the version of tools/requirements-fixtures.txt).
 
 Parameter counts are not recorded: computing them from transformers needs torch
 (instantiating the models). tests/hf_config checks mf_model_spec_param_count
-against the published figures instead.
+against the published figures instead; for GLM-4.5 and GLM-4.5-Air, whose
+published totals count a multi-token-prediction layer that transformers does not
+build, against counts taken once with torch on the meta device (the command is
+in the test, ModelSpecParamCount.Glm45AsTransformersBuildsIt).
 """
 
 import argparse
@@ -60,7 +67,8 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing here needs the hub
 try:
     import transformers
-    from transformers import AutoConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import (AutoConfig, Glm4MoeConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
+                              Qwen3MoeConfig)
 except ImportError as e:
     sys.exit("tools/make_hf_configs.py needs transformers 4.57 (see its docstring for a venv): %s" % e)
 
@@ -73,6 +81,7 @@ FAMILIES = {
     "qwen2_moe": (Qwen2MoeConfig, "Qwen2MoeForCausalLM"),
     "qwen3_moe": (Qwen3MoeConfig, "Qwen3MoeForCausalLM"),
     "olmoe": (OlmoeConfig, "OlmoeForCausalLM"),
+    "glm4_moe": (Glm4MoeConfig, "Glm4MoeForCausalLM"),
 }
 
 TINY = {
@@ -99,12 +108,38 @@ TINY = {
         num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=True, clip_qkv=8.0, max_position_embeddings=512, rms_norm_eps=1e-5,
         router_aux_loss_coef=0.01, eos_token_id=2, pad_token_id=1, tie_word_embeddings=True),
+    # head_dim 16 (hidden / heads is 8), RoPE on int(16 * 0.5) = 8 dims of it;
+    # layer 0 dense, layers 1-2 MoE; top-2 among the 4 experts of topk_group 1
+    # of n_group 2 groups; a shared MLP of 2 * 16.
+    "glm4_moe": dict(
+        vocab_size=99, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        partial_rotary_factor=0.5, first_k_dense_replace=1, attention_bias=True, use_qk_norm=True,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=2,
+        routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=512,
+        rope_theta=500000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+
+# The keys zai-org/GLM-4.5 and zai-org/GLM-4.5-Air share in their config.json:
+# head_dim 128 (hidden / heads is 42 or 53), num_nextn_predict_layers (the MTP
+# layer, which transformers does not build), a list of eos ids.
+GLM45_COMMON = {
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338], "hidden_act": "silu",
+    "head_dim": 128, "partial_rotary_factor": 0.5, "initializer_range": 0.02,
+    "max_position_embeddings": 131072, "model_type": "glm4_moe", "norm_topk_prob": True,
+    "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_shared_experts": 1,
+    "num_experts_per_tok": 8, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 1000000, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.54.0", "use_cache": True,
+    "vocab_size": 151552,
 }
 
 # Configs shaped like the published checkpoints' config.json (the keys those
 # files carry, with the published dims), to exercise what real files hold:
 # ints where floats are meant, Qwen1.5's sliding_window with use_sliding_window
-# false, Qwen3's head_dim != hidden / heads, old transformers_version strings.
+# false, Qwen3's and GLM-4.5's head_dim != hidden / heads, old
+# transformers_version strings.
 HUB = {
     "mixtral_8x7b_hub.json": ("mixtral", {
         "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
@@ -148,6 +183,14 @@ HUB = {
         "rope_theta": 10000.0, "router_aux_loss_coef": 0.01, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": True,
         "vocab_size": 50304}),
+    "glm4_5_air_hub.json": ("glm4_moe", dict(GLM45_COMMON, **{
+        "first_k_dense_replace": 1, "hidden_size": 4096, "intermediate_size": 10944,
+        "moe_intermediate_size": 1408, "n_routed_experts": 128, "num_hidden_layers": 46,
+        "routed_scaling_factor": 1.0, "use_qk_norm": False})),
+    "glm4_5_hub.json": ("glm4_moe", dict(GLM45_COMMON, **{
+        "first_k_dense_replace": 3, "hidden_size": 5120, "intermediate_size": 12288,
+        "moe_intermediate_size": 1536, "n_routed_experts": 160, "num_hidden_layers": 92,
+        "routed_scaling_factor": 2.5, "use_qk_norm": True})),
 }
 
 # The lines of transformers' modeling code that the rules below copy; checked to
@@ -173,7 +216,30 @@ MODELING_RULES = {
         "self.q_norm = OlmoeRMSNorm(self.hidden_size",
         "if self.config.clip_qkv is not None:",
     ],
+    "glm4_moe": [
+        'self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+        "if layer_idx >= config.first_k_dense_replace:",
+        "rotary_dim = cos.shape[-1]",
+        "config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias",
+        "self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=False)",
+        "if self.use_qk_norm:",
+        "self.q_norm = Glm4MoeRMSNorm(self.head_dim",
+        "intermediate_size=config.moe_intermediate_size * config.n_shared_experts",
+        'self.register_buffer("e_score_correction_bias"',
+        "scores = router_logits.sigmoid()",
+        "topk_weights = topk_weights * self.routed_scaling_factor",
+    ],
 }
+
+# The lines of modeling_rope_utils.py (the default RoPE of every family) that
+# rope_dim copies: the dims of each head RoPE rotates. cos has 2 * ceil(dim / 2)
+# of them, which apply_rotary_pos_emb rotates (glm4_moe: rotary_dim =
+# cos.shape[-1]; the others rotate the whole head, dim = head_dim).
+ROPE_RULES = [
+    'partial_rotary_factor = getattr(config, "partial_rotary_factor", 1.0)',
+    'head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads',
+    "dim = int(head_dim * partial_rotary_factor)",
+]
 
 
 def modeling_source(fam):
@@ -182,12 +248,26 @@ def modeling_source(fam):
         return path, f.read()
 
 
+def rope_utils_source():
+    path = os.path.join(os.path.dirname(transformers.__file__), "modeling_rope_utils.py")
+    with open(path) as f:
+        return path, f.read()
+
+
 def check_modeling_rules():
-    for fam, needles in MODELING_RULES.items():
-        path, src = modeling_source(fam)
+    sources = [(modeling_source(fam), needles) for fam, needles in MODELING_RULES.items()]
+    sources.append((rope_utils_source(), ROPE_RULES))
+    for (path, src), needles in sources:
         for n in needles:
             if n not in src:
                 sys.exit("transformers %s changed %s: missing %r" % (transformers.__version__, path, n))
+
+
+def rope_dim(cfg):
+    """int(head_dim * partial_rotary_factor), head_dim by RoPE's own rule (ROPE_RULES)."""
+    partial = getattr(cfg, "partial_rotary_factor", 1.0)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return int(head_dim * partial)
 
 
 def resolve(fam, cfg):
@@ -204,6 +284,8 @@ def resolve(fam, cfg):
         moe = [l for l in range(L)
                if l not in cfg.mlp_only_layers and cfg.num_experts > 0
                and (l + 1) % cfg.decoder_sparse_step == 0]
+    elif fam == "glm4_moe":
+        moe = [l for l in range(L) if l >= cfg.first_k_dense_replace]
     else:
         moe = list(range(L))
     e = {
@@ -217,7 +299,8 @@ def resolve(fam, cfg):
         "max_seq": cfg.max_position_embeddings,
         "rope_theta": float(cfg.rope_theta),
         "norm_eps": float(cfg.rms_norm_eps),
-        "router_aux_loss_coef": float(cfg.router_aux_loss_coef),
+        # glm4_moe: Glm4MoeForCausalLM's loss has no aux term (nor its config the key)
+        "router_aux_loss_coef": 0.0 if fam == "glm4_moe" else float(cfg.router_aux_loss_coef),
         "top_k": cfg.num_experts_per_tok,
         "tie_embeddings": bool(cfg.tie_word_embeddings),
         "moe_layers": moe,
@@ -228,7 +311,17 @@ def resolve(fam, cfg):
         "dense_ffn": 0,
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
-        "qk_norm": {"mixtral": "none", "qwen2_moe": "none", "qwen3_moe": "per_head", "olmoe": "full"}[fam],
+        "qk_norm": {"mixtral": "none", "qwen2_moe": "none", "qwen3_moe": "per_head", "olmoe": "full",
+                    "glm4_moe": "none"}[fam],
+        "partial_rotary": float(getattr(cfg, "partial_rotary_factor", 1.0)),
+        "rope_dim": rope_dim(cfg),
+        # the router: softmax top-k, or (glm4_moe) sigmoid scores, group-limited top-k
+        # on scores + e_score_correction_bias, weights scaled by routed_scaling_factor
+        "router": "softmax",
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling": 1.0,
+        "first_dense": 0,
     }
     if fam == "mixtral":
         e.update(experts=cfg.num_local_experts, expert_ffn=cfg.intermediate_size,
@@ -239,6 +332,15 @@ def resolve(fam, cfg):
                  mlp_only_layers=list(cfg.mlp_only_layers), norm_topk_prob=bool(cfg.norm_topk_prob))
         if fam == "qwen2_moe":
             e.update(shared_ffn=cfg.shared_expert_intermediate_size, qkv_bias=bool(cfg.qkv_bias))
+    elif fam == "glm4_moe":
+        e.update(experts=cfg.n_routed_experts, expert_ffn=cfg.moe_intermediate_size,
+                 dense_ffn=cfg.intermediate_size,
+                 shared_ffn=cfg.moe_intermediate_size * cfg.n_shared_experts,
+                 norm_topk_prob=bool(cfg.norm_topk_prob), qkv_bias=bool(cfg.attention_bias),
+                 qk_norm="per_head" if cfg.use_qk_norm else "none", router="sigmoid_group",
+                 n_group=cfg.n_group, topk_group=cfg.topk_group,
+                 routed_scaling=float(cfg.routed_scaling_factor),
+                 first_dense=cfg.first_k_dense_replace)
     else:
         e.update(experts=cfg.num_experts, expert_ffn=cfg.intermediate_size,
                  norm_topk_prob=bool(cfg.norm_topk_prob),
@@ -247,7 +349,9 @@ def resolve(fam, cfg):
     assert cfg.hidden_act == "silu"
     assert getattr(cfg, "rope_scaling", None) is None
     assert getattr(cfg, "sliding_window", None) is None
-    assert not getattr(cfg, "attention_bias", False)
+    if fam != "glm4_moe":  # glm4_moe: q/k/v biases (qkv_bias above)
+        assert not getattr(cfg, "attention_bias", False)
+        assert e["partial_rotary"] == 1.0
     return e
 
 

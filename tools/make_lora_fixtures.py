@@ -8,11 +8,12 @@ Run it in the venv of tools/requirements-fixtures.txt (which pins peft too):
     ~/fixvenv/bin/python tools/make_lora_fixtures.py            # rewrite tests/fixtures/lora
     ~/fixvenv/bin/python tools/make_lora_fixtures.py --check    # compare only
 
-For mixtral, qwen2_moe, qwen3_moe and olmoe it builds the base model exactly as
+For mixtral, qwen2_moe, qwen3_moe, olmoe and glm4_moe it builds the base model exactly as
 tools/make_fixtures.py does (its build() and seed, so the base is byte for byte
 tests/fixtures/<name>/model.safetensors: asserted, and not copied), wraps it with
 peft.get_peft_model (LoRA r=4, alpha=8, dropout 0, bias "none" on the attention
-projections and every MLP projection: routed experts, dense MLPs, shared expert),
+projections and every MLP projection: routed experts, dense MLPs, shared experts; never
+the routers, GLM-4.5's included: its mlp.gate is no nn.Linear, PEFT cannot wrap it),
 overwrites every lora_A / lora_B with N(0, ADAPTER_STD^2) from numpy PCG64 (PEFT's own
 init has lora_B = 0, which makes every lora_A gradient zero), and writes
 tests/fixtures/lora/<name>/
@@ -87,9 +88,10 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 need = mfx.need
 FIXTURES_DIR = os.path.join(HERE, "..", "tests", "fixtures")
 DEFAULT_OUT = os.path.join(FIXTURES_DIR, "lora")
-FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]  # (make_qlora_fixtures quantizes these)
+MORE_FAMILIES = ["glm4_moe"]  # whole-model LoRA fixtures with no quantized twin
 HOT = {"qwen2_moe_hot": "qwen2_moe"}  # fixture -> the family whose base it adapts, routed experts in part
-NAMES = FAMILIES + list(HOT)
+NAMES = FAMILIES + MORE_FAMILIES + list(HOT)
 
 R, ALPHA = 4, 8
 SCALING = ALPHA / R
@@ -286,6 +288,18 @@ def check_targets(lf, pm, hf):
     return mods
 
 
+def check_router_untargetable(lf, seed):
+    """GLM-4.5's router (mlp.gate, a Glm4MoeTopkRouter: a weight Parameter and F.linear, no nn.Linear)
+    cannot get an adapter: PEFT refuses it as a target."""
+    model, _ = mfx.build(lf["fx"], seed)
+    try:
+        get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["gate"]))
+    except ValueError as e:
+        need("Target module Glm4MoeTopkRouter() is not supported" in str(e), f"{lf['name']}: PEFT says {e}")
+        return
+    mfx.fail(f"{lf['name']}: PEFT put an adapter on the router")
+
+
 def check_peft_init(name, pm):
     """PEFT's default init (before ours): lora_B == 0, lora_A ~ kaiming_uniform(a=sqrt(5))
     = U(-1/sqrt(in), 1/sqrt(in))."""
@@ -371,9 +385,10 @@ def check_lora_forward(name, captured, deq=None):
 
 
 def run_step(pm, ids, labels, trainable):
-    """Forward with labels and router logits, backward, one AdamW step over the trainable tensors."""
+    """Forward with labels and router logits (GLM-4.5 records none: mfx.forward_kw; read them with
+    mfx.gate_hooks), backward, one AdamW step over the trainable tensors."""
     params = dict(pm.named_parameters())
-    out = pm(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
+    out = pm(input_ids=ids, labels=labels, use_cache=False, **mfx.forward_kw(pm.config))
     out.loss.backward()
     grads = {n: params[n].grad.detach().clone() for n in trainable if params[n].grad is not None}
     before = {n: params[n].detach().clone() for n in trainable}
@@ -452,30 +467,42 @@ def adapters_off(pm, ids, family):
     return logits, base_ref["logits"]
 
 
-def check_outputs(name, cfg, out, labels, moe_layers, base_logits):
+def check_outputs(name, cfg, out, labels, moe_layers, base_logits, gates=None):
     """The forward's outputs: finite, logits moved from base_logits (the adapters' base) but not far,
-    loss = ce + coef * aux, make_fixtures' aux loss, the routing margin. Returns logits, their
-    largest move, ce, aux, loss, the margin and the idle experts (layer, e)."""
+    loss = ce + coef * aux, make_fixtures' aux loss, the routing margin (GLM-4.5: from gates, the
+    capture of mfx.gate_hooks; no aux loss, aux = 0). Returns logits, their largest move, ce, aux,
+    loss, the margin and the idle experts (layer, e)."""
     k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
-    need(len(out.router_logits) == len(moe_layers), f"{name}: router logits for MoE layers {moe_layers}")
+    glm = mfx.is_glm(cfg)
+    need(len(gates if glm else out.router_logits) == len(moe_layers),
+         f"{name}: router logits for MoE layers {moe_layers}")
     logits = out.logits.detach()
     shift = (logits - base_logits).abs().max().item()
     need(0.1 < shift < 10 and logits.abs().max().item() < 20, f"{name}: logits moved by {shift} from the base")
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
-    aux, loss = out.aux_loss.detach(), out.loss.detach()
+    aux = torch.zeros((), dtype=torch.float32) if glm else out.aux_loss.detach()
+    loss = out.loss.detach()
     need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
-    need(abs(loss.item() - (ce.item() + mfx.AUX_COEF * aux.item())) <= 1e-6 * abs(loss.item()),
+    need(abs(loss.item() - (ce.item() + mfx.aux_coef(cfg) * aux.item())) <= 1e-6 * abs(loss.item()),
          f"{name}: loss {loss.item()} != ce + coef*aux")
-    mfx.check_aux(name, out.router_logits, k, E, aux.item())
-    margin, idle = mfx.routing_stats(out.router_logits, k, E)
+    if glm:
+        need(getattr(out, "aux_loss", None) is None and getattr(out, "router_logits", None) is None,
+             f"{name}: Glm4MoeForCausalLM returned an aux loss or router logits")
+        mfx.check_glm_router(name, cfg, gates, mfx.glm_router_logits(gates))
+        margin, idle, _, same, sensitive = mfx.glm_routing_stats(cfg, gates)
+        need(same and sensitive, f"{name}: float64 routing is transformers' {same}, bias / group matter {sensitive}")
+    else:
+        mfx.check_aux(name, out.router_logits, k, E, aux.item())
+        margin, idle = mfx.routing_stats(out.router_logits, k, E)
     need(margin >= mfx.MIN_ROUTING_MARGIN, f"{name}: routing margin {margin}")
     return logits, shift, ce, aux, loss, margin, [(moe_layers[li], e) for li, e in idle]
 
 
-def check_grads(lf, hf, params, trainable, grads, idle, opt):
+def check_grads(lf, hf, params, trainable, grads, idle, opt, dead=None):
     """Only the adapters get grads, finite; grad None exactly for the idle experts' adapters (OLMoE:
-    all-zero grads instead), all-zero grads elsewhere only on last-layer experts; AdamW kept no state
-    for a None grad. Returns the trainable names whose grad is None, and those whose grad is all zero."""
+    all-zero grads instead), all-zero grads elsewhere only on last-layer experts (with dead, the
+    (layer, e) of mfx.dead_experts: exactly on those experts' adapters); AdamW kept no state for a
+    None grad. Returns the trainable names whose grad is None, and those whose grad is all zero."""
     name, cfg = lf["name"], hf.config
     for n, p in params.items():
         need(p.requires_grad == (n in trainable), f"{name}: {n} requires_grad {p.requires_grad}")
@@ -494,7 +521,10 @@ def check_grads(lf, hf, params, trainable, grads, idle, opt):
         need(no_grad == idle_params, f"{name}: no_grad {no_grad} != idle experts' adapters {idle_params}")
     last = pref + f"model.layers.{cfg.num_hidden_layers - 1}."
     stray = [n for n in zero if n not in idle_params and not (n.startswith(last) and ".experts." in n)]
-    need(not stray, f"{name}: all-zero grads outside idle / last-layer experts: {stray}")
+    if dead is not None:
+        dead_params = {n for (li, e) in dead for n in trainable if n.startswith(pref + mfx.expert_prefix(hf, li, e))}
+        stray = sorted(set(zero) ^ (dead_params | (set(idle_params) if cfg.model_type == "olmoe" else set())))
+    need(not stray, f"{name}: all-zero grads other than the idle / dead experts' adapters: {stray}")
     need(not lf["fx"]["need_idle_expert"] or idle_params, f"{name}: no idle expert")
     need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
     return no_grad, zero
@@ -533,8 +563,10 @@ def fixture_meta(lf, cfg, seed, adapter_seed, tm, loss_mask, moe_layers, idle, n
         "batch": f"B={mfx.B} S={mfx.S}; labels = input_ids with -100 at (b,s) {mfx.MASKED_LABELS}",
         "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
         "n_targets": str(int(loss_mask.sum())),
-        "loss": "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets",
-        "router_aux_loss_coef": repr(mfx.AUX_COEF),
+        "loss": ("loss = ce_loss (Glm4MoeForCausalLM has no aux loss: aux_loss is written as 0); ce_loss = mean "
+                 "over the n_targets targets" if mfx.is_glm(cfg) else
+                 "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets"),
+        "router_aux_loss_coef": repr(mfx.aux_coef(cfg)),
         "optimizer": ("torch.optim.AdamW(foreach=False), one step, one param group holding the trainable "
                       "adapter tensors only (sorted by name); base parameters frozen"),
         "lr": repr(mfx.LR),
@@ -607,18 +639,28 @@ def make_fixture(lf, outdir):
          f"{name}: adapters disabled does not give tests/fixtures/{family} logits")
 
     captured, hooks = capture_lora(mods)
+    gates, gate_hks = mfx.gate_hooks(pm)
     out, grads, before, after, opt = run_step(pm, ids, labels, trainable)
-    for h in hooks:
+    for h in hooks + gate_hks:
         h.remove()
     lora_err = check_lora_forward(name, captured)
 
-    logits, shift, ce, aux, loss, margin, idle = check_outputs(name, cfg, out, labels, moe_layers, base_logits)
-    counts = routed_counts(out.router_logits, k, E)
+    logits, shift, ce, aux, loss, margin, idle = check_outputs(name, cfg, out, labels, moe_layers, base_logits,
+                                                               gates)
+    if mfx.is_glm(cfg):
+        router_logits = mfx.glm_router_logits(gates)
+        sels = mfx.glm_routing_stats(cfg, gates)[2]
+        check_router_untargetable(lf, seed)
+    else:
+        router_logits = out.router_logits
+        sels = [lg.detach().topk(k, dim=-1).indices for lg in router_logits]
+    counts = [torch.bincount(sel.reshape(-1), minlength=E).tolist() for sel in sels]
     need(hot is None or all(hot_routing(hot, moe_layers, counts)), f"{name}: hot set {hot}, routed {counts}")
-    no_grad, zero = check_grads(lf, hf, params, trainable, grads, idle, opt)
+    dead = mfx.dead_experts(sels, moe_layers, loss_mask, cfg.num_hidden_layers, E, mfx.aux_coef(cfg) > 0)
+    no_grad, zero = check_grads(lf, hf, params, trainable, grads, idle, opt, dead)
     adam_err = mfx.check_adamw(name, before, after, grads)
 
-    tensors = mfx.batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, out.router_logits)
+    tensors = mfx.batch_tensors(ids, labels, loss_mask, logits, loss, ce, aux, moe_layers, router_logits)
     add_adapter_tensors(tensors, names, grads, after)
     if hot is not None:
         tensors["lora_hot"] = np.array([[int(e in hot.get(i, ())) for e in range(E)]
@@ -659,7 +701,7 @@ def make_fixture(lf, outdir):
                 zero=[names[n] for n in zero], idle=idle, loss=loss.item(), ce=ce.item(), aux=aux.item(), shift=shift,
                 margin=margin, lora_err=lora_err, adam_err=adam_err, acfg=acfg, modules=shapes, hot=hot, tm=tm,
                 base_counts=base_counts, counts=counts, E=E, k=k, layers=cfg.num_hidden_layers,
-                condensed=condensed(tm, base) if hot is not None else None)
+                condensed=condensed(tm, base) if hot is not None else None, need_idle=lf["fx"]["need_idle_expert"])
 
 
 # ----------------------------------------------------------------------------- NOTES.md
@@ -688,7 +730,9 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
 - `fixture.safetensors` (make_fixtures' `write_st`): `input_ids`, `labels`, `loss_mask`
   [B,S] I32 as in `../`; `logits` [B,S,V], `loss`, `ce_loss`, `aux_loss` (0-d) F32 of the
   model with the initial adapters (train mode, eager attention, `output_router_logits`,
-  loss = CE + 0.01·aux); `router_logits.<layer>` [B·S,E]; `grad.<n>` for every adapter
+  loss = CE + 0.01·aux; GLM-4.5 as in `../NOTES.md`: no aux loss, loss = CE, `aux_loss` 0,
+  `router_aux_loss_coef` "0.0", router logits from the routers' inputs);
+  `router_logits.<layer>` [B·S,E]; `grad.<n>` for every adapter
   tensor `<n>` (named as in `adapter_model.safetensors`) whose grad is not None;
   `after.<n>` for every adapter tensor after one `torch.optim.AdamW` step over the
   adapter tensors only (lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1,
@@ -714,7 +758,8 @@ lora_A gradient zero): numpy PCG64 `default_rng(adapter_seed)`, in sorted PeftMo
 parameter-name order,
 `{std_a}·N(0,1)` for lora_A and `{std_b}·N(0,1)` for lora_B, float32. The adapter seed counts
 up from base seed + {offset} until the model **with** the adapters keeps top-k choices at
-least {margin} apart and (Mixtral, OLMoE) leaves exactly one routed expert idle (a
+least {margin} apart (GLM-4.5: by its rule of `../NOTES.md`, the router bias and group
+limit mattering included) and ({idle_families}) leaves exactly one routed expert idle (a
 hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in some).
 
 ## PEFT facts the C code must match
@@ -729,7 +774,13 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
   routed expert, on the dense MLPs (Qwen2/3 layer 0) and on the Qwen2-MoE shared expert;
   the routers (`mlp.gate`, `block_sparse_moe.gate`) and `shared_expert_gate` get
   **none** (their last component is not a target). *(checked: the LoRA modules are
-  exactly the target projections; no router)*
+  exactly the target projections; no router)* GLM-4.5 (`glm4_moe`): the short names
+  adapt every routed expert, the dense MLP of layer 0 and `mlp.shared_experts` of each
+  MoE layer. Its router `mlp.gate` is a `Glm4MoeTopkRouter`, a module holding a weight
+  Parameter that it applies with `F.linear`, no `nn.Linear`: PEFT **cannot** adapt it
+  (`target_modules=["gate"]` raises `ValueError: Target module Glm4MoeTopkRouter() is not
+  supported`) *(checked)*; its `e_score_correction_bias` buffer stays in the base
+  (`../glm4_moe/model.safetensors`), never trained.
 - **Long target_modules lists are condensed** (`BaseTuner.inject_adapter`): at
   `len(peft_config.target_modules) >= MIN_TARGET_MODULES_FOR_OPTIMIZATION` ({condensed_min}
   in peft {peft}), `new_target_modules =
@@ -789,12 +840,14 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
 - Base parameters are frozen by PEFT (`requires_grad` false): only lora_A / lora_B get
   gradients. *(checked: every base grad stays None)*
 - The MoE paths of `../NOTES.md` carry over to the adapters of the experts: Mixtral,
-  Qwen2-MoE and Qwen3-MoE skip experts that get no token, so an idle expert's adapter
-  tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial;
+  Qwen2-MoE, Qwen3-MoE and GLM-4.5 skip experts that get no token, so an idle expert's
+  adapter tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial;
   with hot experts an idle hot expert's: a cold one has no adapters);
   OLMoE runs every expert, so its idle expert's adapters get **all-zero** grads that AdamW
   still decays (`p·(1 − lr·wd)`). A last-layer expert whose tokens predict no counted
-  target also gets all-zero grads. *(checked)*
+  target also gets all-zero grads, and so, with no aux loss (GLM-4.5), does an earlier
+  layer's expert whose tokens reach no counted target (`../NOTES.md`). *(checked: the
+  all-zero grads are exactly those and the OLMoE idle experts')*
 - AdamW as in `../NOTES.md`, over the adapter tensors only. *(checked against `after.*`
   in fp64: max error {adam})*
 {hot}
@@ -927,6 +980,7 @@ def write_notes(outdir, rows):
         r=R, alpha=ALPHA, scaling=SCALING, std_a=ADAPTER_STD_A, std_b=ADAPTER_STD_B, offset=ADAPTER_SEED_OFFSET,
         margin=f"{mfx.MIN_ROUTING_MARGIN:g}", fwd=FORWARD_LINE, lora_err="< 1e-5", adam="< 1e-6",
         values="\n".join(vals), modules=modules_txt, condensed_min=MIN_CONDENSED,
+        idle_families=", ".join(r["name"] for r in rows if r["hot"] is None and r["need_idle"]),
         hot="".join(hot_notes(r) for r in rows if r["hot"] is not None))
     with open(os.path.join(outdir, "NOTES.md"), "w") as f:
         f.write(text)

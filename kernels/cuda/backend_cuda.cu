@@ -472,7 +472,7 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_ROUTER_BWD:
       return mf_cuda_router_bwd<T>(CF(0), CI32(1), CF(2), CS(3), CF(4), i[0], i[1], i[2], (int)i[3], S(5), s);
     case MF_K_ROUTER_GROUP_FWD:
-      return mf_cuda_router_group_fwd<T>(CS(0), CF(1), i[0], i[1], i[2], i[3], i[4], (int)i[5], (float)k->f[0],
+      return mf_cuda_router_group_fwd<T>(CS(0), CS(1), i[0], i[1], i[2], i[3], i[4], (int)i[5], (float)k->f[0],
                                          F(2), I32(3), F(4), s);
     case MF_K_ROUTER_GROUP_BWD:
       return mf_cuda_router_group_bwd<T>(CF(0), CI32(1), CS(2), i[0], i[1], i[2], (int)i[5], (float)k->f[0], S(3),

@@ -110,7 +110,7 @@ mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const 
                              int norm_topk, T *dlogits, cudaStream_t s);
 // DeepSeek-V3's sigmoid router (kernels/cpu/router_group.c's maths and orders).
 template <typename T>
-mf_status mf_cuda_router_group_fwd(const T *logits, const float *bias, int64_t T_, int64_t E, int64_t K,
+mf_status mf_cuda_router_group_fwd(const T *logits, const T *bias, int64_t T_, int64_t E, int64_t K,
                                    int64_t n_group, int64_t topk_group, int norm_topk, float scaling, float *scores,
                                    int32_t *topk_idx, float *topk_w, cudaStream_t s);
 template <typename T>

@@ -244,7 +244,7 @@ mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const 
 #define GROUP_ROUTER_GROUPS_MAX 64
 
 template <typename T>
-__global__ void router_group_fwd_kernel(const T *__restrict__ logits, const float *__restrict__ bias, int64_t T_,
+__global__ void router_group_fwd_kernel(const T *__restrict__ logits, const T *__restrict__ bias, int64_t T_,
                                         int64_t E, int64_t K, int64_t G, int64_t TG, int norm_topk, float scaling,
                                         float *__restrict__ scores, int32_t *__restrict__ topk_idx,
                                         float *__restrict__ topk_w) {
@@ -266,14 +266,14 @@ __global__ void router_group_fwd_kernel(const T *__restrict__ logits, const floa
         int32_t ti[2];
         int64_t n = 0;
         for (int64_t e = g * per; e < (g + 1) * per; e++)
-          mf_topk_insert(s[e] + (bias ? bias[e] : 0.0f), (int32_t)e, top, ti, &n, 2);
+          mf_topk_insert(s[e] + (bias ? mf_ld(bias + e) : 0.0f), (int32_t)e, top, ti, &n, 2);
         mf_topk_insert(top[0] + top[1], (int32_t)g, gw, gi, &ng, TG);
       }
       for (int64_t j = 0; j < ng; j++) kept[gi[j]] = 1;
     }
     int64_t n = 0;
     for (int64_t e = 0; e < E; e++) {
-      const float c = kept[e / per] ? s[e] + (bias ? bias[e] : 0.0f) : 0.0f;
+      const float c = kept[e / per] ? s[e] + (bias ? mf_ld(bias + e) : 0.0f) : 0.0f;
       mf_topk_insert(c, (int32_t)e, w, idx, &n, K);
     }
     for (int64_t j = 0; j < K; j++) w[j] = s[idx[j]];
@@ -324,7 +324,7 @@ static mf_status check_router_group(int64_t E, int64_t K, int64_t G, int64_t TG)
 }
 
 template <typename T>
-mf_status mf_cuda_router_group_fwd(const T *logits, const float *bias, int64_t T_, int64_t E, int64_t K,
+mf_status mf_cuda_router_group_fwd(const T *logits, const T *bias, int64_t T_, int64_t E, int64_t K,
                                    int64_t n_group, int64_t topk_group, int norm_topk, float scaling, float *scores,
                                    int32_t *topk_idx, float *topk_w, cudaStream_t s) {
   MF_CHECK(check_router_group(E, K, n_group, topk_group));
@@ -638,7 +638,7 @@ mf_status mf_cuda_moe_combine_bwd(const T *dy, const T *ye, const float *w, cons
   template mf_status mf_cuda_router_bwd<T>(const float *, const int32_t *, const float *, const T *,         \
                                            const float *, int64_t, int64_t, int64_t, int, T *,               \
                                            cudaStream_t);                                                    \
-  template mf_status mf_cuda_router_group_fwd<T>(const T *, const float *, int64_t, int64_t, int64_t,        \
+  template mf_status mf_cuda_router_group_fwd<T>(const T *, const T *, int64_t, int64_t, int64_t,        \
                                                  int64_t, int64_t, int, float, float *, int32_t *, float *,  \
                                                  cudaStream_t);                                              \
   template mf_status mf_cuda_router_group_bwd<T>(const float *, const int32_t *, const T *, int64_t, int64_t, \

@@ -18,10 +18,12 @@ static const char k_usage[] =
     "chat template, special_tokens_map.json) that AutoTokenizer.from_pretrained(DIR) and\n"
     "tools/prepare_data.py --tokenizer DIR read: byte b is token b (the ids `moefit data bytes`\n"
     "writes), then <|endoftext|> 256 (pad), <|im_start|> 257, <|im_end|> 258 (eos).\n\n"
-    "families: mixtral, qwen2_moe, qwen3_moe, olmoe\n"
+    "families: mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe\n"
     "presets:  tiny   hidden 64, 2 layers, 4 heads / 2 kv, 8 experts top-2, expert ffn 128, vocab 272\n"
     "          small  hidden 512, 8 layers, 8 heads / 4 kv, 16 experts top-2, expert ffn 1024, vocab 32000\n"
-    "Qwen2-MoE gets a shared expert and a dense first layer; Qwen3-MoE and OLMoE their q/k norms.\n";
+    "Qwen2-MoE gets a shared expert and a dense first layer; Qwen3-MoE and OLMoE their q/k norms;\n"
+    "GLM-4.5 (glm4_moe) a shared expert, a dense first layer, its sigmoid router and RoPE on half of each "
+    "head.\n";
 
 static void preset(mf_family f, int small, mf_model_spec *s) {
   mf_model_spec_defaults(f, s);
@@ -45,6 +47,11 @@ static void preset(mf_family f, int small, mf_model_spec *s) {
   if (f == MF_FAMILY_QWEN3_MOE) {
     s->dense_ffn = 2 * s->expert_ffn;
     s->norm_topk_prob = 1;
+  }
+  if (f == MF_FAMILY_GLM4_MOE) { /* GLM-4.5-Air's choices: one shared expert, layer 0 dense */
+    s->shared_ffn = s->expert_ffn;
+    s->dense_ffn = 2 * s->expert_ffn;
+    s->first_dense = 1;
   }
 }
 
@@ -78,7 +85,8 @@ int mf_cli_init(int argc, char **argv) {
   if (!family || !out) return mf_cli_usage_error("init", "--family and --out are required");
   mf_family f = mf_family_from_name(family);
   if (f == MF_FAMILY_INVALID)
-    return mf_cli_usage_error("init", "unknown family '%s' (mixtral, qwen2_moe, qwen3_moe, olmoe)", family);
+    return mf_cli_usage_error("init", "unknown family '%s' (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe)",
+                              family);
   if (strcmp(pre, "tiny") != 0 && strcmp(pre, "small") != 0)
     return mf_cli_usage_error("init", "unknown preset '%s' (tiny, small)", pre);
   mf_model_spec s;

@@ -407,8 +407,8 @@ static mf_status set_mem_overrides(walk *w, const mf_config_key *k, const mf_yno
   return MF_OK;
 }
 
-static const char *const plan_words[] = {"auto", "resident", "zero_offload", "megatrain", "checkpoint",
-                                         "least_memory"};
+static const char *const plan_words[] = {"auto",      "resident",   "zero_offload",
+                                         "megatrain", "checkpoint", "least_memory"};
 #define N_PLAN_WORDS (sizeof plan_words / sizeof plan_words[0])
 _Static_assert(N_PLAN_WORDS == MF_CONFIG_PLAN_FILE, "a word for every mf_config_plan but FILE");
 
@@ -435,10 +435,11 @@ static mf_status set_mem_plan(walk *w, const mf_config_key *k, const mf_ynode *v
   char got[128], hint[512];
   mf_config_key_suggest(m->plan, plan_words, N_PLAN_WORDS, hint, sizeof hint);
   if (strncmp(hint, " (did you mean", 14) != 0) hint[0] = 0; /* not close to any word */
-  return NODE_ERR(v,
-                  "%s must be auto, resident, zero_offload, megatrain, checkpoint, least_memory or a plan file "
-                  "ending in .json (got %s)%s",
-                  k->path, mf_ynode_describe(v, got, sizeof got), hint);
+  return NODE_ERR(
+      v,
+      "%s must be auto, resident, zero_offload, megatrain, checkpoint, least_memory or a plan file "
+      "ending in .json (got %s)%s",
+      k->path, mf_ynode_describe(v, got, sizeof got), hint);
 }
 
 /* memory.routing: auto, none, or a routing file (a path ending in .json, taken
@@ -684,9 +685,25 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
                      "model.init.mlp_only_layers is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
                      mf_family_name(s->family));
   if (!qwen && s->decoder_sparse_step != 1)
-    return CROSS_ERR(w, "model.init.decoder_sparse_step", "model.init.family",
-                     "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
-                     mf_family_name(s->family));
+    return CROSS_ERR(
+        w, "model.init.decoder_sparse_step", "model.init.family",
+        "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
+        mf_family_name(s->family));
+  /* and keys only GLM-4.5's decoder reads, at their neutral values elsewhere */
+  if (s->family != MF_FAMILY_GLM4_MOE) {
+    const struct {
+      const char *key;
+      int neutral;
+    } glm[] = {{"model.init.partial_rotary", s->partial_rotary == 1.0},
+               {"model.init.first_dense", s->first_dense == 0},
+               {"model.init.n_group", s->n_group == 1},
+               {"model.init.topk_group", s->topk_group == 1},
+               {"model.init.routed_scaling", s->routed_scaling == 1.0}};
+    for (size_t i = 0; i < sizeof glm / sizeof glm[0]; i++)
+      if (!glm[i].neutral)
+        return CROSS_ERR(w, glm[i].key, "model.init.family", "%s is a glm4_moe key: %s does not read it",
+                         glm[i].key, mf_family_name(s->family));
+  }
   /* the rest, blamed on the last override under model.init when there is one */
   const mf_ynode *at = mf_ynode_place(in), *ov = last_override_under(w, "model.init.");
   char where[1100];
@@ -929,17 +946,19 @@ mf_status mf_config_load_string(const char *text, size_t len, const char *name, 
   return load_string(text, len, name, overrides, n_overrides, MF_CONFIG_FOR_TRAIN, out);
 }
 
-mf_status mf_config_load_string_for(const char *text, size_t len, const char *name, const char *const *overrides,
-                                    size_t n_overrides, mf_config_use use, mf_config **out) {
+mf_status mf_config_load_string_for(const char *text, size_t len, const char *name,
+                                    const char *const *overrides, size_t n_overrides, mf_config_use use,
+                                    mf_config **out) {
   return load_string(text, len, name, overrides, n_overrides, use, out);
 }
 
-mf_status mf_config_load(const char *path, const char *const *overrides, size_t n_overrides, mf_config **out) {
+mf_status mf_config_load(const char *path, const char *const *overrides, size_t n_overrides,
+                         mf_config **out) {
   return mf_config_load_for(path, overrides, n_overrides, MF_CONFIG_FOR_TRAIN, out);
 }
 
-mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides, mf_config_use use,
-                             mf_config **out) {
+mf_status mf_config_load_for(const char *path, const char *const *overrides, size_t n_overrides,
+                             mf_config_use use, mf_config **out) {
   if (!out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: out is NULL");
   *out = NULL;
   if (!path) return MF_ERR(MF_ERR_INVALID_ARG, "mf_config_load: path is NULL");

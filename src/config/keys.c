@@ -26,7 +26,7 @@ const mf_config_key mf_config_keys[] = {
         "Hugging Face checkpoint directory (config.json + *.safetensors)"),
     SEC("model.init", 0, "a new, randomly initialised model of this shape (instead of model.path)"),
     KEY("model.init.family", MF_CK_FAMILY, MF_CK_REQUIRED, model.init.family, NOLO, NOHI,
-        "mixtral|qwen2_moe|qwen3_moe|olmoe", NULL,
+        "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe", NULL,
         "model family; its transformers defaults fill the keys left out"),
     INIT("hidden", MF_CK_INT, 0, hidden, 1, 1 << 24, "hidden size"),
     INIT("layers", MF_CK_INT, 0, layers, 1, MF_MAX_LAYERS, "decoder layers"),
@@ -39,7 +39,7 @@ const mf_config_key mf_config_keys[] = {
     INIT("expert_ffn", MF_CK_INT, 0, expert_ffn, 1, 1 << 24, "intermediate size of a routed expert"),
     INIT("dense_ffn", MF_CK_INT, 0, dense_ffn, 0, 1 << 24, "intermediate size of dense-MLP layers; 0: none"),
     INIT("shared_ffn", MF_CK_INT, 0, shared_ffn, 0, 1 << 24,
-         "shared-expert intermediate size (qwen2_moe); 0: none"),
+         "shared-expert intermediate size (qwen2_moe; glm4_moe: a multiple of expert_ffn); 0: none"),
     INIT("vocab", MF_CK_INT, 0, vocab, 1, 2147483648.0, "vocabulary size"),
     INIT("max_seq", MF_CK_INT, 0, max_seq, 1, 1099511627776.0, "max positions (max_position_embeddings)"),
     INIT("rope_theta", MF_CK_FLOAT, MF_CK_LO_OPEN, rope_theta, 0, NOHI, "RoPE base"),
@@ -57,6 +57,14 @@ const mf_config_key mf_config_keys[] = {
     INIT("router_jitter", MF_CK_FLOAT, MF_CK_HI_OPEN, router_jitter, 0, 1,
          "router input jitter noise (mixtral); 0: off"),
     INIT("clip_qkv", MF_CK_FLOAT, 0, clip_qkv, 0, NOHI, "clamp q, k, v to +-clip_qkv (olmoe); 0: off"),
+    INIT("partial_rotary", MF_CK_FLOAT, MF_CK_LO_OPEN, partial_rotary, 0, 1,
+         "the fraction of each head RoPE rotates (glm4_moe: partial_rotary_factor)"),
+    INIT("first_dense", MF_CK_INT, 0, first_dense, 0, MF_MAX_LAYERS,
+         "the first layers with a dense MLP (glm4_moe: first_k_dense_replace)"),
+    INIT("n_group", MF_CK_INT, 0, n_group, 1, 65536, "expert groups of the sigmoid router (glm4_moe)"),
+    INIT("topk_group", MF_CK_INT, 0, topk_group, 1, 65536, "groups a token's experts come from (glm4_moe)"),
+    INIT("routed_scaling", MF_CK_FLOAT, MF_CK_LO_OPEN, routed_scaling, 0, 1e6,
+         "factor on the routed experts' weights (glm4_moe: routed_scaling_factor)"),
     KEY("model.init.seed", MF_CK_U64, MF_CK_DOCDEF, model.init.seed, NOLO, NOHI, NULL, "1",
         "seed of the random init"),
 
@@ -150,7 +158,8 @@ const mf_config_key mf_config_keys[] = {
         "with experts: hot, the share of each layer's experts that get adapters"),
     KEY("train.lora.train_router", MF_CK_BOOL, 0, train.lora.train_router, NOLO, NOHI, NULL, "false",
         "train the router (gate) weights fully beside the adapters"),
-    KEY("train.lora.base_dtype", MF_CK_ENUM, 0, train.lora.base_dtype, NOLO, NOHI, "bf16|nf4|fp8|auto", "auto",
+    KEY("train.lora.base_dtype", MF_CK_ENUM, 0, train.lora.base_dtype, NOLO, NOHI, "bf16|nf4|fp8|auto",
+        "auto",
         "how the frozen base is stored at home, crosses the link and sits on the device: auto (as the "
         "checkpoint ships it: a bitsandbytes 4-bit checkpoint stays nf4 as shipped, a float one is kept in "
         "bf16), bf16 (the checkpoint's values; a 4-bit one dequantized at load), nf4 (QLoRA: bitsandbytes' "
@@ -161,7 +170,8 @@ const mf_config_key mf_config_keys[] = {
     KEY("train.lora.base_blocksize", MF_CK_INT, 0, train.lora.base_blocksize, 32, 4096, NULL, "64",
         "with base_dtype nf4, the elements that share one scale (a power of two; 64 is QLoRA's; a checkpoint "
         "shipped 4-bit has its own)"),
-    KEY("train.lora.base_double_quant", MF_CK_BOOL, 0, train.lora.base_double_quant, NOLO, NOHI, NULL, "false",
+    KEY("train.lora.base_double_quant", MF_CK_BOOL, 0, train.lora.base_double_quant, NOLO, NOHI, NULL,
+        "false",
         "with base_dtype nf4, quantize the scales again to 8 bits in blocks of 256 (QLoRA's double "
         "quantization: 0.127 bits a weight instead of 0.5)"),
 
@@ -177,7 +187,8 @@ const mf_config_key mf_config_keys[] = {
         "when "
         "it exists, else uniform), none (uniform) or a routing file (*.json)"),
     KEY("memory.pinned_limit", MF_CK_SIZE, 0, memory.pinned_limit, NOLO, NOHI, NULL, "auto",
-        "pinned host memory (<= host_limit): the pinned home (memory.pinned_home), the offloaded activations' "
+        "pinned host memory (<= host_limit): the pinned home (memory.pinned_home), the offloaded "
+        "activations' "
         "host copies and the staging arena; auto: the pinned home within half of host_limit, the rest "
         "unbounded"),
     KEY("memory.staging", MF_CK_ENUM, 0, memory.staging, NOLO, NOHI, "auto|true|false", "auto",
@@ -199,7 +210,8 @@ const mf_config_key mf_config_keys[] = {
     SEC("hardware", 0, "the machine"),
     KEY("hardware.profile", MF_CK_STR, 0, hardware.profile, NOLO, NOHI, NULL, "auto",
         "a hardware profile file (configs/hw/, or what `moefit profile` writes) or auto: on cpu "
-        "runs/hw/cpu.yaml, which train, eval, plan and bench kernels measure once (as `moefit profile --quick`, some "
+        "runs/hw/cpu.yaml, which train, eval, plan and bench kernels measure once (as `moefit profile "
+        "--quick`, some "
         "seconds) when it is missing; on cuda "
         "<output.dir>/hw-cuda.yaml, else runs/hw/cuda.yaml, else the bundled configs/hw/h100-pcie.yaml "
         "(spec-sheet estimates; the run says so); with the GPU present and neither file, train, eval and "
@@ -228,7 +240,8 @@ const mf_config_key mf_config_keys[] = {
     KEY("backend", MF_CK_ENUM, 0, backend, NOLO, NOHI, "auto|cpu|cuda", "auto",
         "compute backend; auto: cuda when this build has it and a GPU is visible, else cpu"),
 
-    SEC("kernels", 0, "which cuda kernels run bf16 storage's expert GEMMs and attention (plan prints the choice)"),
+    SEC("kernels", 0,
+        "which cuda kernels run bf16 storage's expert GEMMs and attention (plan prints the choice)"),
     KEY("kernels.expert_gemm", MF_CK_ENUM, 0, kernels.expert_gemm, NOLO, NOHI, "auto|mma|cutlass", "auto",
         "the grouped expert GEMMs: mma (mma.sync tiles, sm_80 on) or cutlass (CUTLASS's sm90 grouped GEMM on "
         "wgmma + TMA: an sm_90 GPU and a build with CUTLASS's headers, else the run stops saying which is "

@@ -27,10 +27,13 @@ typedef struct field {
   field_kind kind;
   size_t off;
   const char *hf; /* its config.json key; NULL: per family (hf_key) */
+  int since_glm;  /* added with glm4_moe: a record without it has the family's default */
 } field;
 
 #define F(n, k, hf) \
-  { #n, k, offsetof(mf_model_spec, n), hf }
+  { #n, k, offsetof(mf_model_spec, n), hf, 0 }
+#define F2(n, k, hf) \
+  { #n, k, offsetof(mf_model_spec, n), hf, 1 }
 static const field k_fields[] = {
     F(hidden, K_I64, "hidden_size"),
     F(layers, K_I64, "num_hidden_layers"),
@@ -53,15 +56,24 @@ static const field k_fields[] = {
     F(tie_embeddings, K_BOOL, "tie_word_embeddings"),
     F(qkv_bias, K_BOOL, "qkv_bias"),
     F(decoder_sparse_step, K_I64, "decoder_sparse_step"),
+    F2(partial_rotary, K_F64, "partial_rotary_factor"),
+    F2(n_group, K_I64, "n_group"),
+    F2(topk_group, K_I64, "topk_group"),
+    F2(routed_scaling, K_F64, "routed_scaling_factor"),
+    F2(first_dense, K_I64, "first_k_dense_replace"),
 };
 #undef F
+#undef F2
 enum { N_FIELDS = (int)(sizeof k_fields / sizeof k_fields[0]) };
 
 static const char *hf_key(const field *f, mf_family fam) {
   if (f->hf) return f->hf;
   const int qwen = fam == MF_FAMILY_QWEN2_MOE || fam == MF_FAMILY_QWEN3_MOE;
-  if (strcmp(f->name, "experts") == 0) return fam == MF_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts";
-  return qwen ? "moe_intermediate_size" : "intermediate_size"; /* expert_ffn */
+  if (strcmp(f->name, "experts") == 0)
+    return fam == MF_FAMILY_MIXTRAL    ? "num_local_experts"
+           : fam == MF_FAMILY_GLM4_MOE ? "n_routed_experts"
+                                       : "num_experts";
+  return qwen || fam == MF_FAMILY_GLM4_MOE ? "moe_intermediate_size" : "intermediate_size"; /* expert_ffn */
 }
 
 static int64_t get_i64(const mf_model_spec *s, const field *f) {
@@ -129,7 +141,8 @@ mf_status mf_base_id_init(mf_base_id *b, const mf_param_table *t, const char *pa
   b->frozen_only = frozen_only;
   b->stored[0] = 0;
   if (t->base_quant == MF_QUANT_NF4)
-    snprintf(b->stored, sizeof b->stored, "nf4 b%lld%s", (long long)t->base_blocksize, t->base_nested ? " dq" : "");
+    snprintf(b->stored, sizeof b->stored, "nf4 b%lld%s", (long long)t->base_blocksize,
+             t->base_nested ? " dq" : "");
   else if (t->base_quant == MF_QUANT_FP8)
     snprintf(b->stored, sizeof b->stored, "fp8");
   int64_t n = 0;
@@ -241,12 +254,19 @@ static mf_status parse_spec(const char *where, const json_t *s, mf_model_spec *o
   const json_t *fam = json_object_get(s, "family");
   out->family = json_is_string(fam) ? mf_family_from_name(json_string_value(fam)) : MF_FAMILY_INVALID;
   if (out->family == MF_FAMILY_INVALID) return bad(where, "spec.family", "not a family moefit knows");
+  mf_model_spec dflt;
+  mf_model_spec_defaults(out->family, &dflt);
+  out->router = dflt.router; /* the family's */
   for (int i = 0; i < N_FIELDS; i++) {
     const field *f = &k_fields[i];
     const json_t *v = json_object_get(s, f->name);
     char key[64];
     snprintf(key, sizeof key, "spec.%s", f->name);
     char *p = (char *)out + f->off;
+    if (!v && f->since_glm) { /* a record written before the field was */
+      memcpy(p, (const char *)&dflt + f->off, f->kind == K_BOOL ? sizeof(int) : 8);
+      continue;
+    }
     if (f->kind == K_BOOL) {
       if (!json_is_boolean(v)) return bad(where, key, "expected true or false");
       *(int *)p = json_is_true(v);
@@ -425,7 +445,8 @@ static mf_status compare_weights(const mf_base_id *rec, const char *where, const
     return MF_ERR(MF_ERR_CONFIG,
                   "%s: weights: %s trained over the base stored %s and the base loaded now is stored %s: set "
                   "train.lora.base_dtype (and base_blocksize, base_double_quant) as the run did",
-                  where, who, rec->stored[0] ? rec->stored : "in its float dtype (train.lora.base_dtype bf16)",
+                  where, who,
+                  rec->stored[0] ? rec->stored : "in its float dtype (train.lora.base_dtype bf16)",
                   have->stored[0] ? have->stored : "in its float dtype (train.lora.base_dtype bf16)");
   if (rec->bf16 != have->bf16)
     return MF_ERR(

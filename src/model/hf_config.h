@@ -24,7 +24,8 @@
  *   hidden_size / num_attention_heads if present.
  * - Settings that change the maths and that moefit does not implement are
  *   MF_ERR_UNSUPPORTED, never ignored: rope_scaling (other than rope_type
- *   "default"), partial_rotary_factor != 1, sliding-window attention (Mixtral
+ *   "default"), partial_rotary_factor != 1 (but for GLM-4.5, which reads it:
+ *   RoPE on int(head_dim * factor) dims), sliding-window attention (Mixtral
  *   `sliding_window`, Qwen `use_sliding_window`), `attention_bias` where the
  *   family reads it (Qwen3-MoE, OLMoE), hidden_act other than silu,
  *   attention_dropout > 0.
@@ -38,7 +39,18 @@
  *   MF_ERR_UNSUPPORTED naming the key.
  * - A wrong JSON type, a value out of range or an inconsistent pair of keys is
  *   MF_ERR_FORMAT with the message "FILE: KEY: fault" (invalid JSON:
- *   "FILE: line L, column C: fault").
+ *   "FILE: line L, column C: fault"). The relations the model spec checks
+ *   (mf_model_spec_validate: e.g. GLM-4.5's rotary dims must be even, its
+ *   expert groups hold 2 or more and top_k) are MF_ERR_CONFIG "FILE: fault",
+ *   naming the keys.
+ * - GLM-4.5 (glm4_moe) requires intermediate_size, moe_intermediate_size and
+ *   n_routed_experts; reads n_shared_experts (the shared MLP is
+ *   moe_intermediate_size times it), n_group, topk_group,
+ *   routed_scaling_factor, first_k_dense_replace, norm_topk_prob,
+ *   attention_bias, use_qk_norm, head_dim (absent: hidden_size /
+ *   num_attention_heads; null refused) and partial_rotary_factor; not
+ *   router_aux_loss_coef (its loss has none); num_nextn_predict_layers (the
+ *   multi-token-prediction layer) is no part of the model.
  */
 #ifndef MF_MODEL_HF_CONFIG_H
 #define MF_MODEL_HF_CONFIG_H
@@ -107,8 +119,8 @@ mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text
  * want[1..n). A mismatch is MF_ERR_CONFIG: "<made> family F, the model is G"
  * and "<made_with> KEY V, the model has W" ("the plan was made for"). */
 mf_status mf_model_json_check(const char *path, const json_t *root, const mf_model_spec *s,
-                             const char *const *keys, const int64_t *want, int n, const char *made,
-                             const char *made_with);
+                              const char *const *keys, const int64_t *want, int n, const char *made,
+                              const char *made_with);
 
 #ifdef __cplusplus
 }

@@ -12,9 +12,9 @@
 
 #include <jansson.h>
 
+#include "src/io/json_util.h"
 #include "src/model/hf_config.h"
 #include "src/model/hf_config_impl.h"
-#include "src/io/json_util.h"
 
 typedef struct reader {
   const char *where; /* the file, for messages */
@@ -198,7 +198,8 @@ static mf_status read_fp8(const reader *r, const json_t *c, mf_hf_quant *q) {
                    json_is_string(f) ? "'" : "");
   if (a && !(json_is_string(a) && strcmp(json_string_value(a), "dynamic") == 0))
     return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.activation_scheme",
-                   "%s%s%s is not read; \"dynamic\" is (no stored activation scales)", json_is_string(a) ? "'" : "",
+                   "%s%s%s is not read; \"dynamic\" is (no stored activation scales)",
+                   json_is_string(a) ? "'" : "",
                    json_is_string(a) ? printable(json_string_value(a), clean, sizeof clean) : type_name(a),
                    json_is_string(a) ? "'" : "");
   if (b && !(json_is_array(b) && json_array_size(b) == 2 && json_is_integer(json_array_get(b, 0)) &&
@@ -226,19 +227,22 @@ static mf_status read_quant(const reader *r, mf_hf_quant *q) {
   memset(q, 0, sizeof *q);
   const json_t *c = get(r, key);
   if (!c || json_is_null(c)) return MF_OK;
-  if (!json_is_object(c)) return KEY_ERR(MF_ERR_FORMAT, r, key, "expected an object or null, got %s", type_name(c));
+  if (!json_is_object(c))
+    return KEY_ERR(MF_ERR_FORMAT, r, key, "expected an object or null, got %s", type_name(c));
   const json_t *m = json_object_get(c, "quant_method");
   if (!m) return KEY_ERR(MF_ERR_FORMAT, r, key, "has no quant_method");
   if (!json_is_string(m))
-    return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.quant_method", "expected a string, got %s", type_name(m));
+    return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.quant_method", "expected a string, got %s",
+                   type_name(m));
   const char *method = json_string_value(m);
   if (strcmp(method, "fp8") == 0) return read_fp8(r, c, q);
   if (strcmp(method, "bitsandbytes") != 0)
-    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.quant_method",
-                   "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4 and fp8 e4m3 in 128 x 128 "
-                   "blocks as shipped); load the float checkpoint and set train.lora.base_dtype nf4 or fp8 to "
-                   "quantize it at load",
-                   printable(method, clean, sizeof clean));
+    return KEY_ERR(
+        MF_ERR_UNSUPPORTED, r, "quantization_config.quant_method",
+        "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4 and fp8 e4m3 in 128 x 128 "
+        "blocks as shipped); load the float checkpoint and set train.lora.base_dtype nf4 or fp8 to "
+        "quantize it at load",
+        printable(method, clean, sizeof clean));
   /* each flag: absent is BitsAndBytesConfig's default */
   static const char *const flags[] = {"load_in_4bit", "load_in_8bit", "bnb_4bit_use_double_quant"};
   int on[3] = {0, 0, 0};
@@ -250,9 +254,11 @@ static mf_status read_quant(const reader *r, mf_hf_quant *q) {
     on[i] = v && json_is_true(v);
   }
   if (on[1])
-    return KEY_ERR(MF_ERR_UNSUPPORTED, r, key,
-                   "bitsandbytes 8-bit (LLM.int8) checkpoints are not read; 4-bit nf4 ones are (load_in_4bit)");
-  if (!on[0]) return KEY_ERR(MF_ERR_FORMAT, r, key, "bitsandbytes with neither load_in_4bit nor load_in_8bit");
+    return KEY_ERR(
+        MF_ERR_UNSUPPORTED, r, key,
+        "bitsandbytes 8-bit (LLM.int8) checkpoints are not read; 4-bit nf4 ones are (load_in_4bit)");
+  if (!on[0])
+    return KEY_ERR(MF_ERR_FORMAT, r, key, "bitsandbytes with neither load_in_4bit nor load_in_8bit");
   const json_t *t = json_object_get(c, "bnb_4bit_quant_type");
   if (t && !json_is_string(t))
     return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.bnb_4bit_quant_type", "expected a string, got %s",
@@ -284,7 +290,8 @@ static mf_status check_unsupported(const reader *r, mf_hf_quant *q) {
       return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "expected an object or null, got %s", type_name(v));
     MF_CHECK(check_rope_type(r, "rope_scaling", v));
   }
-  MF_CHECK(check_partial_rotary(r, "partial_rotary_factor", get(r, "partial_rotary_factor")));
+  if (r->family != MF_FAMILY_GLM4_MOE) /* glm4_moe reads it (read_family) */
+    MF_CHECK(check_partial_rotary(r, "partial_rotary_factor", get(r, "partial_rotary_factor")));
   MF_CHECK(read_quant(r, q));
   if ((v = get(r, "hidden_act"))) {
     if (!json_is_string(v))
@@ -341,7 +348,8 @@ static mf_status read_head_dim(const reader *r, mf_model_spec *s) {
                      (long long)s->heads, (long long)s->hidden);
   }
   if (v && json_is_null(v)) {
-    if (r->family == MF_FAMILY_QWEN2_MOE || r->family == MF_FAMILY_QWEN3_MOE)
+    if (r->family == MF_FAMILY_QWEN2_MOE || r->family == MF_FAMILY_QWEN3_MOE ||
+        r->family == MF_FAMILY_GLM4_MOE)
       return KEY_ERR(MF_ERR_FORMAT, r, "head_dim", "null is not allowed for %s (leave it out to mean %lld)",
                      mf_family_name(r->family), (long long)derived);
   } else if (v) {
@@ -380,8 +388,9 @@ static mf_status read_rope_theta(const reader *r, mf_model_spec *s) {
       return KEY_ERR(MF_ERR_FORMAT, r, "rope_parameters", "expected an object or null, got %s",
                      type_name(rp));
     MF_CHECK(check_rope_type(r, "rope_parameters", rp));
-    MF_CHECK(check_partial_rotary(r, "rope_parameters.partial_rotary_factor",
-                                  json_object_get(rp, "partial_rotary_factor")));
+    if (r->family != MF_FAMILY_GLM4_MOE) /* glm4_moe reads it (read_glm4_moe) */
+      MF_CHECK(check_partial_rotary(r, "rope_parameters.partial_rotary_factor",
+                                    json_object_get(rp, "partial_rotary_factor")));
     const json_t *t = json_object_get(rp, "rope_theta");
     if (t) {
       double t2;
@@ -437,6 +446,63 @@ static mf_status read_attention_bias(const reader *r) {
 }
 
 static const int64_t k_max_dim = (int64_t)1 << 24;
+
+/* Glm4MoeConfig (configuration_glm4_moe.py, 4.57): the router is sigmoid with
+ * e_score_correction_bias and group-limited top-k; the shared experts are one
+ * MLP of moe_intermediate_size * n_shared_experts with no gate; layers below
+ * first_k_dense_replace are dense; RoPE rotates int(head_dim *
+ * partial_rotary_factor) dims of each head. Its loss has no aux term, so
+ * router_aux_loss_coef is not read (0). num_nextn_predict_layers (the
+ * multi-token-prediction layer the checkpoints carry) is not part of the
+ * model transformers builds, and not of moefit's. */
+static mf_status read_glm4_moe(const reader *r, mf_model_spec *s) {
+  static const char *const required[] = {"intermediate_size", "moe_intermediate_size", "n_routed_experts"};
+  for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) MF_CHECK(require(r, required[i]));
+  MF_CHECK(read_int(r, "intermediate_size", 0, k_max_dim, &s->dense_ffn));
+  MF_CHECK(read_int(r, "moe_intermediate_size", 1, k_max_dim, &s->expert_ffn));
+  MF_CHECK(read_int(r, "n_routed_experts", 1, 65536, &s->experts));
+  int64_t n_shared = 1;
+  MF_CHECK(read_int(r, "n_shared_experts", 0, 4096, &n_shared));
+  s->shared_ffn = n_shared * s->expert_ffn;
+  if (s->shared_ffn > k_max_dim)
+    return KEY_ERR(MF_ERR_FORMAT, r, "n_shared_experts",
+                   "%lld shared experts of %lld make an implausibly large MLP", (long long)n_shared,
+                   (long long)s->expert_ffn);
+  MF_CHECK(read_int(r, "n_group", 1, 65536, &s->n_group));
+  MF_CHECK(read_int(r, "topk_group", 1, 65536, &s->topk_group));
+  MF_CHECK(read_int(r, "first_k_dense_replace", 0, s->layers, &s->first_dense));
+  MF_CHECK(read_number(r, "routed_scaling_factor", &s->routed_scaling, NULL));
+  if (!(s->routed_scaling > 0 && s->routed_scaling <= 1e6))
+    return KEY_ERR(MF_ERR_FORMAT, r, "routed_scaling_factor", "%g must be positive", s->routed_scaling);
+  MF_CHECK(read_bool(r, "norm_topk_prob", &s->norm_topk_prob));
+  MF_CHECK(read_bool(r, "attention_bias", &s->qkv_bias));
+  int qk = 0;
+  MF_CHECK(read_bool(r, "use_qk_norm", &qk));
+  s->qk_norm = qk ? MF_QK_NORM_PER_HEAD : MF_QK_NORM_NONE;
+  /* top level (4.5x), or in rope_parameters (v5); both: they must agree */
+  const json_t *rp = get(r, "rope_parameters");
+  const json_t *top = get(r, "partial_rotary_factor"),
+               *in = json_is_object(rp) ? json_object_get(rp, "partial_rotary_factor") : NULL;
+  double f[2] = {s->partial_rotary, s->partial_rotary};
+  const char *const keys[2] = {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"};
+  const json_t *const vals[2] = {top, in};
+  for (int i = 0; i < 2; i++) {
+    if (!vals[i]) continue;
+    MF_CHECK(number_value(r, keys[i], vals[i], &f[i]));
+    if (!(f[i] > 0 && f[i] <= 1)) return KEY_ERR(MF_ERR_FORMAT, r, keys[i], "%g is not in (0, 1]", f[i]);
+  }
+  if (top && in && f[0] != f[1])
+    return KEY_ERR(MF_ERR_FORMAT, r, keys[1], "%g disagrees with partial_rotary_factor (%g)", f[1], f[0]);
+  s->partial_rotary = in ? f[1] : f[0];
+  s->router_aux_loss_coef = 0;
+  if (s->experts % s->n_group != 0)
+    return KEY_ERR(MF_ERR_FORMAT, r, "n_group", "%lld does not divide n_routed_experts (%lld)",
+                   (long long)s->n_group, (long long)s->experts);
+  if (s->topk_group > s->n_group)
+    return KEY_ERR(MF_ERR_FORMAT, r, "topk_group", "%lld exceeds n_group (%lld)", (long long)s->topk_group,
+                   (long long)s->n_group);
+  return MF_OK;
+}
 
 static mf_status read_family(const reader *r, mf_model_spec *s) {
   const json_t *v;
@@ -496,6 +562,9 @@ static mf_status read_family(const reader *r, mf_model_spec *s) {
                          s->clip_qkv);
       }
       break;
+    case MF_FAMILY_GLM4_MOE:
+      MF_CHECK(read_glm4_moe(r, s));
+      break;
     default:
       return MF_ERR(MF_ERR_INTERNAL, "%s: no reader for family %d", r->where, (int)r->family);
   }
@@ -524,7 +593,8 @@ static mf_status parse_root(reader *r, mf_model_spec *s, mf_hf_quant *q) {
   MF_CHECK(read_number(r, "rms_norm_eps", &s->norm_eps, NULL));
   if (!(s->norm_eps > 0 && s->norm_eps < 1))
     return KEY_ERR(MF_ERR_FORMAT, r, "rms_norm_eps", "%g is not in (0, 1)", s->norm_eps);
-  MF_CHECK(read_number(r, "router_aux_loss_coef", &s->router_aux_loss_coef, NULL));
+  if (r->family != MF_FAMILY_GLM4_MOE) /* its loss has no aux term (read_glm4_moe) */
+    MF_CHECK(read_number(r, "router_aux_loss_coef", &s->router_aux_loss_coef, NULL));
   if (!(s->router_aux_loss_coef >= 0))
     return KEY_ERR(MF_ERR_FORMAT, r, "router_aux_loss_coef", "%g must not be negative",
                    s->router_aux_loss_coef);
@@ -537,18 +607,22 @@ static mf_status parse_root(reader *r, mf_model_spec *s, mf_hf_quant *q) {
                    (long long)s->kv_heads, (long long)s->heads);
   if (s->top_k > s->experts)
     return KEY_ERR(MF_ERR_FORMAT, r, "num_experts_per_tok", "%lld exceeds %s (%lld)", (long long)s->top_k,
-                   r->family == MF_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts",
+                   r->family == MF_FAMILY_MIXTRAL    ? "num_local_experts"
+                   : r->family == MF_FAMILY_GLM4_MOE ? "n_routed_experts"
+                                                     : "num_experts",
                    (long long)s->experts);
   for (int64_t l = 0; l < s->layers; l++)
     if (!mf_model_spec_layer_is_moe(s, l) && s->dense_ffn <= 0)
       return KEY_ERR(MF_ERR_FORMAT, r, "intermediate_size",
-                     "must be positive: layer %lld is a dense MLP (mlp_only_layers / decoder_sparse_step)",
-                     (long long)l);
+                     "must be positive: layer %lld is a dense MLP (%s)", (long long)l,
+                     r->family == MF_FAMILY_GLM4_MOE ? "first_k_dense_replace"
+                                                     : "mlp_only_layers / decoder_sparse_step");
   MF_CHECK(mf_model_spec_validate(s, r->where));
   return MF_OK;
 }
 
-static mf_status parse_text(const char *text, size_t len, const char *where, mf_model_spec *out, mf_hf_quant *quant) {
+static mf_status parse_text(const char *text, size_t len, const char *where, mf_model_spec *out,
+                            mf_hf_quant *quant) {
   if (!text || !out) return MF_ERR(MF_ERR_INVALID_ARG, "mf_hf_config_parse: NULL argument");
   reader r = {.where = where ? where : "config.json", .root = NULL, .family = MF_FAMILY_INVALID};
   json_error_t jerr;

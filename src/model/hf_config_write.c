@@ -110,13 +110,24 @@ static const char *dtype_torch_name(mf_dtype t) {
  * so that what is written reads back to the same spec. */
 static mf_status check_expressible(const mf_model_spec *s) {
   const mf_family f = s->family;
+  const int glm = f == MF_FAMILY_GLM4_MOE;
   const int all_moe = f == MF_FAMILY_MIXTRAL || f == MF_FAMILY_OLMOE;
   const mf_qk_norm qk = f == MF_FAMILY_QWEN3_MOE ? MF_QK_NORM_PER_HEAD
                         : f == MF_FAMILY_OLMOE   ? MF_QK_NORM_FULL
                                                  : MF_QK_NORM_NONE;
-  if (s->qk_norm != qk)
+  if (s->qk_norm != qk && !(glm && s->qk_norm == MF_QK_NORM_PER_HEAD)) /* glm4_moe: use_qk_norm */
     return UNSUP(s, "qk_norm", "%d is not this family's qk-norm (%d)", (int)s->qk_norm, (int)qk);
-  if (s->qkv_bias && f != MF_FAMILY_QWEN2_MOE) return UNSUP(s, "qkv_bias", "only qwen2_moe has q/k/v biases");
+  if (s->qkv_bias && f != MF_FAMILY_QWEN2_MOE && !glm)
+    return UNSUP(s, "qkv_bias", "only qwen2_moe and glm4_moe have q/k/v biases");
+  if (!glm && mf_model_spec_rope_dim(s) != s->head_dim)
+    return UNSUP(s, "partial_rotary", "only glm4_moe rotates a part of each head");
+  if (!glm && s->first_dense != 0) return UNSUP(s, "first_dense", "only glm4_moe has first_k_dense_replace");
+  if (glm && (s->decoder_sparse_step != 1 || s->n_mlp_only != 0))
+    return UNSUP(s, "decoder_sparse_step / mlp_only_layers",
+                 "glm4_moe's dense layers are the first_dense first");
+  if (glm && s->shared_ffn % s->expert_ffn != 0)
+    return UNSUP(s, "shared_ffn", "%lld is not a whole number of experts of %lld (n_shared_experts)",
+                 (long long)s->shared_ffn, (long long)s->expert_ffn);
   if (s->router_jitter != 0 && f != MF_FAMILY_MIXTRAL)
     return UNSUP(s, "router_jitter", "only mixtral has router jitter");
   if (s->clip_qkv != 0 && f != MF_FAMILY_OLMOE) return UNSUP(s, "clip_qkv", "only olmoe clips q, k and v");
@@ -146,7 +157,12 @@ static int spec_equal(const mf_model_spec *a, const mf_model_spec *b) {
          a->router_aux_loss_coef == b->router_aux_loss_coef && a->router_jitter == b->router_jitter &&
          a->clip_qkv == b->clip_qkv && !a->norm_topk_prob == !b->norm_topk_prob &&
          !a->tie_embeddings == !b->tie_embeddings && !a->qkv_bias == !b->qkv_bias &&
-         a->qk_norm == b->qk_norm && a->decoder_sparse_step == b->decoder_sparse_step;
+         a->qk_norm == b->qk_norm && a->decoder_sparse_step == b->decoder_sparse_step &&
+         mf_model_spec_rope_dim(a) == mf_model_spec_rope_dim(b) && a->router == b->router &&
+         a->first_dense == b->first_dense &&
+         (a->router != MF_ROUTER_SIGMOID_GROUP ||
+          (a->n_group == b->n_group && a->topk_group == b->topk_group &&
+           a->routed_scaling == b->routed_scaling));
 }
 
 static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **out_text) {
@@ -168,7 +184,7 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
   add_real(&es, "rope_theta", s->rope_theta);
   add_raw(&es, "rope_scaling", "null");
   add_real(&es, "rms_norm_eps", s->norm_eps);
-  add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
+  if (f != MF_FAMILY_GLM4_MOE) add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
   add_bool(&es, "tie_word_embeddings", s->tie_embeddings);
   add_str(&es, "hidden_act", "silu");
   add_real(&es, "attention_dropout", 0.0);
@@ -208,6 +224,21 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
         add_real(&es, "clip_qkv", s->clip_qkv);
       else
         add_raw(&es, "clip_qkv", "null");
+      break;
+    case MF_FAMILY_GLM4_MOE:
+      add_int(&es, "intermediate_size", s->dense_ffn);
+      add_int(&es, "moe_intermediate_size", s->expert_ffn);
+      add_int(&es, "n_routed_experts", s->experts);
+      add_int(&es, "n_shared_experts", s->shared_ffn / s->expert_ffn);
+      add_int(&es, "n_group", s->n_group);
+      add_int(&es, "topk_group", s->topk_group);
+      add_real(&es, "routed_scaling_factor", s->routed_scaling);
+      add_int(&es, "first_k_dense_replace", s->first_dense);
+      add_bool(&es, "norm_topk_prob", s->norm_topk_prob);
+      add_bool(&es, "attention_bias", s->qkv_bias);
+      add_bool(&es, "use_qk_norm", s->qk_norm == MF_QK_NORM_PER_HEAD);
+      add_int(&es, "head_dim", s->head_dim);
+      add_real(&es, "partial_rotary_factor", s->partial_rotary > 0 ? s->partial_rotary : 1.0);
       break;
     default:
       st = MF_ERR(MF_ERR_INTERNAL, "no writer for family %d", (int)f);
@@ -289,19 +320,29 @@ mf_status mf_hf_config_write(const mf_model_spec *s, const char *path) {
  * family's config class defaults to (our config.json does not set them, so
  * transformers takes those defaults), indent 2, sorted keys, a final newline.
  * Checked against transformers MF_HF_TRANSFORMERS_VERSION: Mixtral bos 1 eos 2;
- * OLMoE eos 50279 pad 1; Qwen2-MoE and Qwen3-MoE none. */
+ * OLMoE eos 50279 pad 1; Qwen2-MoE, Qwen3-MoE and GLM-4.5 none. */
 mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text) {
   const char *ids = NULL;
   switch (s->family) {
-    case MF_FAMILY_MIXTRAL: ids = "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"; break;
-    case MF_FAMILY_OLMOE: ids = "  \"eos_token_id\": 50279,\n  \"pad_token_id\": 1,\n"; break;
+    case MF_FAMILY_MIXTRAL:
+      ids = "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n";
+      break;
+    case MF_FAMILY_OLMOE:
+      ids = "  \"eos_token_id\": 50279,\n  \"pad_token_id\": 1,\n";
+      break;
     case MF_FAMILY_QWEN2_MOE:
-    case MF_FAMILY_QWEN3_MOE: ids = ""; break;
-    default: return MF_ERR(MF_ERR_UNSUPPORTED, "generation_config.json: family %d has no HF generation config", (int)s->family);
+    case MF_FAMILY_QWEN3_MOE:
+    case MF_FAMILY_GLM4_MOE:
+      ids = "";
+      break;
+    default:
+      return MF_ERR(MF_ERR_UNSUPPORTED, "generation_config.json: family %d has no HF generation config",
+                    (int)s->family);
   }
   char buf[256];
-  const int n = snprintf(buf, sizeof buf, "{\n  \"_from_model_config\": true,\n%s  \"transformers_version\": \"%s\"\n}\n",
-                         ids, MF_HF_TRANSFORMERS_VERSION);
+  const int n = snprintf(buf, sizeof buf,
+                         "{\n  \"_from_model_config\": true,\n%s  \"transformers_version\": \"%s\"\n}\n", ids,
+                         MF_HF_TRANSFORMERS_VERSION);
   MF_CHECK(mf_malloc((size_t)n + 1, "generation_config.json", (void **)out_text));
   memcpy(*out_text, buf, (size_t)n + 1);
   return MF_OK;

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "src/model/hf_config.h"
 #include "src/io/quant.h"
 #include "src/io/safetensors.h"
+#include "src/model/hf_config.h"
 #include "src/model/params.h"
 
 typedef struct builder {
@@ -43,10 +43,12 @@ static mf_status add(builder *b, mf_param_role role, int64_t layer, int64_t expe
   p->shape[1] = d1 > 0 ? d1 : 0;
   p->numel = d0 * (d1 > 0 ? d1 : 1);
   p->offset = t->total_numel;
-  p->toff = t->trainable_numel;
   p->base = -1;
+  /* a buffer of the checkpoint (the router's correction bias): never trained */
+  p->frozen = role == MF_P_ROUTER_BIAS;
+  p->toff = p->frozen ? -1 : t->trainable_numel;
   t->total_numel += p->numel;
-  t->trainable_numel += p->numel;
+  if (!p->frozen) t->trainable_numel += p->numel;
   int32_t idx = (int32_t)t->n++;
   t->n_base = t->lora_a ? t->n_base : t->n;
   const mf_model_spec *s = &t->spec;
@@ -110,6 +112,8 @@ mf_status mf_param_table_build(const mf_model_spec *s, mf_param_table **out) {
     if (mf_model_spec_layer_is_moe(s, l)) {
       const int64_t I = s->expert_ffn;
       ADD(MF_P_ROUTER, l, -1, s->experts, H, "%s.%s.gate.weight", pre, moe);
+      if (s->router == MF_ROUTER_SIGMOID_GROUP)
+        ADD(MF_P_ROUTER_BIAS, l, -1, s->experts, 0, "%s.mlp.gate.e_score_correction_bias", pre);
       for (int64_t e = 0; e < s->experts; e++) {
         if (mixtral) {
           ADD(MF_P_EXPERT_GATE, l, e, I, H, "%s.%s.experts.%lld.w1.weight", pre, moe, (long long)e);
@@ -123,10 +127,12 @@ mf_status mf_param_table_build(const mf_model_spec *s, mf_param_table **out) {
       }
       if (s->shared_ffn > 0) {
         const int64_t Is = s->shared_ffn;
-        ADD(MF_P_SHARED_GATE, l, -1, Is, H, "%s.mlp.shared_expert.gate_proj.weight", pre);
-        ADD(MF_P_SHARED_UP, l, -1, Is, H, "%s.mlp.shared_expert.up_proj.weight", pre);
-        ADD(MF_P_SHARED_DOWN, l, -1, H, Is, "%s.mlp.shared_expert.down_proj.weight", pre);
-        ADD(MF_P_SHARED_EXPERT_GATE, l, -1, 1, H, "%s.mlp.shared_expert_gate.weight", pre);
+        const char *sh = mf_model_spec_shared_gated(s) ? "shared_expert" : "shared_experts"; /* glm4_moe's */
+        ADD(MF_P_SHARED_GATE, l, -1, Is, H, "%s.mlp.%s.gate_proj.weight", pre, sh);
+        ADD(MF_P_SHARED_UP, l, -1, Is, H, "%s.mlp.%s.up_proj.weight", pre, sh);
+        ADD(MF_P_SHARED_DOWN, l, -1, H, Is, "%s.mlp.%s.down_proj.weight", pre, sh);
+        if (mf_model_spec_shared_gated(s))
+          ADD(MF_P_SHARED_EXPERT_GATE, l, -1, 1, H, "%s.mlp.shared_expert_gate.weight", pre);
       }
     } else {
       const int64_t Id = s->dense_ffn;
@@ -166,7 +172,10 @@ static int quantizable(const mf_param_table *t, int64_t i) {
 
 mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i) {
   const mf_param *p = &t->params[i];
-  mf_qweight w = {.kind = p->quant, .nested = t->base_nested, .rows = p->shape[0], .cols = p->shape[1],
+  mf_qweight w = {.kind = p->quant,
+                  .nested = t->base_nested,
+                  .rows = p->shape[0],
+                  .cols = p->shape[1],
                   .blocksize = t->base_blocksize};
   if (t->qhome && p->quant) mf_qweight_blob_view(&w, t->qhome + p->qoff);
   return w;
@@ -180,12 +189,14 @@ mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int
                                       const uint8_t *which) {
   if (kind == MF_QUANT_NONE) return MF_OK;
   if (!t->lora_a)
-    return MF_ERR(MF_ERR_CONFIG,
-                  "train.lora.base_dtype %s: a quantized base is LoRA's frozen base; with train.lora.rank 0 every "
-                  "weight is trained (set train.lora.rank, or base_dtype bf16)",
-                  mf_quant_name(kind));
+    return MF_ERR(
+        MF_ERR_CONFIG,
+        "train.lora.base_dtype %s: a quantized base is LoRA's frozen base; with train.lora.rank 0 every "
+        "weight is trained (set train.lora.rank, or base_dtype bf16)",
+        mf_quant_name(kind));
   if (kind != MF_QUANT_NF4 && kind != MF_QUANT_FP8)
-    return MF_ERR(MF_ERR_CONFIG, "train.lora.base_dtype %s: only nf4 and fp8 are made at load", mf_quant_name(kind));
+    return MF_ERR(MF_ERR_CONFIG, "train.lora.base_dtype %s: only nf4 and fp8 are made at load",
+                  mf_quant_name(kind));
   if (kind == MF_QUANT_NF4 && !mf_nf4_blocksize_ok(blocksize))
     return MF_ERR(MF_ERR_CONFIG, "train.lora.base_blocksize %lld: a power of two in 32..4096 (64 is QLoRA's)",
                   (long long)blocksize);
@@ -231,14 +242,14 @@ mf_status mf_params_quantize_from(const mf_param_table *t, const float *w) {
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
     if (p->quant)
-      MF_CHECK(mf_quant_blob((mf_quant_kind)p->quant, w + p->offset, p->shape[0], p->shape[1], t->base_blocksize,
-                             t->base_nested, t->qhome + p->qoff, p->name));
+      MF_CHECK(mf_quant_blob((mf_quant_kind)p->quant, w + p->offset, p->shape[0], p->shape[1],
+                             t->base_blocksize, t->base_nested, t->qhome + p->qoff, p->name));
   }
   return MF_OK;
 }
 
-mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind, uint8_t *which,
-                                   int64_t *blocksize, int *found) {
+mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind,
+                                   uint8_t *which, int64_t *blocksize, int *found) {
   *found = 0;
   mf_safetensors *st = NULL;
   MF_CHECK(mf_safetensors_open(path, &st));
@@ -311,8 +322,9 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
   for (int64_t i = 0; i < nb; i++) {
     t->lora_a[i] = -1;
     mf_param *p = &t->params[i];
-    p->frozen = !(l->train_router && p->role == MF_P_ROUTER);
-    if (p->frozen) t->trainable_numel -= p->numel;
+    const int was = p->frozen; /* the router's correction bias, frozen always */
+    p->frozen = was || !(l->train_router && p->role == MF_P_ROUTER);
+    if (p->frozen && !was) t->trainable_numel -= p->numel;
     if (p->ndim != 2 || !(l->roles & (1u << p->role))) continue;
     if (p->expert >= 0 && !mf_lora_expert_hot(t, p->layer, p->expert)) continue; /* a cold expert */
     /* copies: add() may move t->params */
@@ -361,7 +373,9 @@ int32_t mf_param_find(const mf_param_table *t, const char *name) {
   return -1;
 }
 
-int32_t mf_param_lm_head(const mf_param_table *t) { return t->lm_head >= 0 ? t->lm_head : t->embed; }
+int32_t mf_param_lm_head(const mf_param_table *t) {
+  return t->lm_head >= 0 ? t->lm_head : t->embed;
+}
 
 /* ------------------------------------------------------------ random init */
 
@@ -407,7 +421,8 @@ static mf_status frozen_scratch(const mf_param_table *t, const uint16_t *frozen_
 static float *dst_of(const mf_param *p, float *w, const uint16_t *frozen_bf16, float *scratch) {
   return (p->frozen && frozen_bf16) || p->quant ? scratch : w + p->offset;
 }
-static mf_status home_put(const mf_param_table *t, const mf_param *p, uint16_t *frozen_bf16, const float *scratch) {
+static mf_status home_put(const mf_param_table *t, const mf_param *p, uint16_t *frozen_bf16,
+                          const float *scratch) {
   if (p->quant)
     return mf_quant_blob((mf_quant_kind)p->quant, scratch, p->shape[0], p->shape[1], t->base_blocksize,
                          t->base_nested, t->qhome + p->qoff, p->name);
@@ -425,7 +440,9 @@ static void init_param(const mf_param_table *t, int64_t i, uint64_t seed, float 
   float chunk[INIT_CHUNK];
   const int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
                       p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
-  const int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS;
+  /* the router's correction bias: zeros, as transformers registers it */
+  const int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS ||
+                      p->role == MF_P_ROUTER_BIAS;
   uint64_t state = stream_of(seed, i);
   for (int64_t j0 = 0; j0 < p->numel; j0 += INIT_CHUNK) {
     const int64_t m = p->numel - j0 < INIT_CHUNK ? p->numel - j0 : INIT_CHUNK;
@@ -483,7 +500,8 @@ void mf_params_init_random_home(const mf_param_table *t, uint64_t seed, float st
 
 static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
   size_t n = (size_t)snprintf(buf, cap, "[");
-  for (int i = 0; i < ndim && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  for (int i = 0; i < ndim && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
   if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
@@ -514,8 +532,8 @@ static mf_status read_tensor(const char *path, const mf_param *p, const char *na
       return MF_OK;
     }
     case MF_DTYPE_F8_E4M3: /* an fp8 weight is read with its block scales (load_shipped) */
-      return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is F8_E4M3 but its block scales %s_scale_inv are missing", path,
-                    name, name);
+      return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is F8_E4M3 but its block scales %s_scale_inv are missing",
+                    path, name, name);
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
                     name, mf_dtype_name(x->dtype));
@@ -533,8 +551,8 @@ static void format_text(mf_quant_kind kind, int64_t blocksize, int nested, char 
 /* Weight p stored quantized in `st` (mf_shipped_kind): as shipped into the
  * quantized home when the table quantizes it (the same format, or an error
  * saying what differs), else dequantized at load into dst (its fp32 values). */
-static mf_status load_shipped(const mf_param_table *t, const char *path, const mf_safetensors *st, const mf_param *p,
-                              float *dst, uint8_t **buf, size_t *cap) {
+static mf_status load_shipped(const mf_param_table *t, const char *path, const mf_safetensors *st,
+                              const mf_param *p, float *dst, uint8_t **buf, size_t *cap) {
   if (p->ndim != 2)
     return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is stored %s, but the model's %s is %d-D", path, p->name,
                   mf_quant_name(mf_shipped_kind(st, p->name)), p->name, p->ndim);
@@ -546,10 +564,11 @@ static mf_status load_shipped(const mf_param_table *t, const char *path, const m
       char stored[96], laid[96];
       format_text((mf_quant_kind)w.kind, w.blocksize, w.nested, stored, sizeof stored);
       format_text((mf_quant_kind)p->quant, t->base_blocksize, t->base_nested, laid, sizeof laid);
-      return MF_ERR(MF_ERR_CONFIG,
-                    "%s: %s is stored %s, but the base is laid out %s (train.lora.base_dtype, base_blocksize, "
-                    "base_double_quant: leave them unset to take the checkpoint's)",
-                    path, p->name, stored, laid);
+      return MF_ERR(
+          MF_ERR_CONFIG,
+          "%s: %s is stored %s, but the base is laid out %s (train.lora.base_dtype, base_blocksize, "
+          "base_double_quant: leave them unset to take the checkpoint's)",
+          path, p->name, stored, laid);
     }
     return mf_shipped_read(st, path, p->name, &w, t->qhome + p->qoff);
   }
@@ -588,7 +607,8 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
     const mf_quant_kind shipped = mf_shipped_kind(st, p->name);
     if (shipped != MF_QUANT_NONE) {
       rc = load_shipped(t, path, st, p, dst_of(p, w, frozen_bf16, scratch), &blob, &blob_cap);
-      if (rc == MF_OK && !p->quant) rc = home_put(t, p, frozen_bf16, scratch), dequantized++, deq_kind = shipped;
+      if (rc == MF_OK && !p->quant)
+        rc = home_put(t, p, frozen_bf16, scratch), dequantized++, deq_kind = shipped;
       continue;
     }
     const mf_st_tensor *x = mf_safetensors_find(st, p->name);
@@ -603,14 +623,17 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
   free(scratch);
   free(blob);
   if (rc == MF_OK && dequantized > 0)
-    MF_LOGI("model", "%s: %lld weights stored %s, dequantized at load (the base is kept in float: "
-            "train.lora.base_dtype bf16, or no adapters)", path, (long long)dequantized, mf_quant_name(deq_kind));
+    MF_LOGI("model",
+            "%s: %lld weights stored %s, dequantized at load (the base is kept in float: "
+            "train.lora.base_dtype bf16, or no adapters)",
+            path, (long long)dequantized, mf_quant_name(deq_kind));
   if (rc == MF_OK) {
     int64_t unused = 0;
     char weight[1024];
     for (size_t i = 0; i < mf_safetensors_count(st); i++) {
       const mf_st_tensor *x = mf_safetensors_get(st, i);
-      const int part_of = mf_shipped_companion(x->name, weight, sizeof weight) && mf_param_find(t, weight) >= 0;
+      const int part_of =
+          mf_shipped_companion(x->name, weight, sizeof weight) && mf_param_find(t, weight) >= 0;
       if (!part_of && mf_param_find(t, x->name) < 0) {
         if (unused < 3) MF_LOGW("model", "%s: tensor %s is not used by the model", path, x->name);
         unused++;
@@ -925,8 +948,9 @@ mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, floa
   if (rc == MF_OK && missing) {
     char more[64] = "";
     if (missing > 1) snprintf(more, sizeof more, " (and %lld more)", (long long)(missing - 1));
-    rc = MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing%s: adapter_config.json's r %lld and target_modules%s need it",
-                path, first, more, (long long)t->lora.rank, t->lora.train_router ? " and modules_to_save" : "");
+    rc = MF_ERR(MF_ERR_FORMAT,
+                "%s: tensor %s is missing%s: adapter_config.json's r %lld and target_modules%s need it", path,
+                first, more, (long long)t->lora.rank, t->lora.train_router ? " and modules_to_save" : "");
   }
   /* Every tensor of the file is one of those (then the counts agree): anything
    * else changes what the adapters compute. */
@@ -975,9 +999,10 @@ void mf_lora_describe(const mf_param_table *t, char *buf, size_t cap) {
     char fmt[96];
     format_text(t->base_quant, t->base_blocksize, t->base_nested, fmt, sizeof fmt);
     const size_t n = strlen(buf);
-    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s: %s at home (%s in bf16)", (long long)nq,
-             fmt, t->base_shipped ? " as the checkpoint ships them" : "",
-             mf_format_bytes((uint64_t)t->qhome_bytes, a, sizeof a), mf_format_bytes((uint64_t)qn * 2, b, sizeof b));
+    snprintf(buf + n, cap - n, "; the base's %lld linear weights stored %s%s: %s at home (%s in bf16)",
+             (long long)nq, fmt, t->base_shipped ? " as the checkpoint ships them" : "",
+             mf_format_bytes((uint64_t)t->qhome_bytes, a, sizeof a),
+             mf_format_bytes((uint64_t)qn * 2, b, sizeof b));
   }
   if (!t->lora.hot || !(t->lora.roles & MF_LORA_EXPERT_ROLES)) return;
   int64_t hot = 0, moe = 0, lo = -1, hi = 0;

@@ -31,13 +31,15 @@ typedef enum mf_param_role {
   MF_P_K_NORM,      /* k_norm [D] or [Hkv*D] */
   MF_P_MLP_NORM,    /* post_attention_layernorm [H] */
   MF_P_ROUTER,      /* gate [E, H] */
+  MF_P_ROUTER_BIAS, /* gate.e_score_correction_bias [E] (glm4_moe): a buffer of the checkpoint, always frozen
+                     */
   MF_P_EXPERT_GATE, /* experts.e gate_proj / w1 [I, H] */
   MF_P_EXPERT_UP,   /* experts.e up_proj / w3 [I, H] */
   MF_P_EXPERT_DOWN, /* experts.e down_proj / w2 [H, I] */
-  MF_P_SHARED_GATE, /* shared_expert.gate_proj [Is, H] (qwen2_moe) */
+  MF_P_SHARED_GATE, /* shared_expert.gate_proj [Is, H] (qwen2_moe; glm4_moe: shared_experts.gate_proj) */
   MF_P_SHARED_UP,
   MF_P_SHARED_DOWN,        /* [H, Is] */
-  MF_P_SHARED_EXPERT_GATE, /* shared_expert_gate [1, H] */
+  MF_P_SHARED_EXPERT_GATE, /* shared_expert_gate [1, H] (qwen2_moe) */
   MF_P_DENSE_GATE,         /* mlp.gate_proj [Id, H] (dense layers) */
   MF_P_DENSE_UP,
   MF_P_DENSE_DOWN,
@@ -92,8 +94,8 @@ typedef struct mf_param_table {
   mf_param *params;
   int64_t n;
   int64_t total_numel;
-  int32_t *by_layer;  /* [layers][MF_P_ROLE_COUNT_] -> index or -1 (non-expert roles) */
-  int32_t *experts;   /* [layers][E][3] -> index of gate, up, down, or -1 (dense layers) */
+  int32_t *by_layer;                  /* [layers][MF_P_ROLE_COUNT_] -> index or -1 (non-expert roles) */
+  int32_t *experts;                   /* [layers][E][3] -> index of gate, up, down, or -1 (dense layers) */
   int32_t embed, final_norm, lm_head; /* lm_head = -1 when tied */
   /* LoRA (mf_param_table_add_lora): the adapters follow the model's n_base
    * parameters, A then B of each adapted weight in the weights' order. */
@@ -157,8 +159,8 @@ mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int
  * quantizes and the file stores it as `kind` (mf_shipped_kind: NF4 from
  * bitsandbytes, FP8), and *blocksize the first such weight's NF4 block size
  * (*found = 1; 0: none is). */
-mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind, uint8_t *which,
-                                   int64_t *blocksize, int *found);
+mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind,
+                                   uint8_t *which, int64_t *blocksize, int *found);
 /* Allocates the quantized home mf_param_table_quantize_base laid out (its
  * pages written at load); nothing without a quantized base, or when it is there. */
 mf_status mf_param_table_alloc_qhome(mf_param_table *t);

@@ -78,6 +78,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
           s->expert_ffn,
           s->vocab,
           (float)(1.0 / sqrt((double)s->head_dim)),
+          mf_model_spec_rope_dim(s) == s->head_dim ? 0 : mf_model_spec_rope_dim(s),
           -1,
           -1,
           0,
@@ -99,7 +100,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   io->aux_scalars = mf_pb_tensor(b, MF_T_WORK, MF_DTYPE_F64, 1, m, -1, "mb%d.loss.aux", m);
   z.pos = io->positions;
   b->stage = STAGE_EMBED;
-  if (n_moe > 0) {
+  if (n_moe > 0 && s->router == MF_ROUTER_SOFTMAX) { /* the sigmoid router has no aux loss */
     z.aux_counts = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, -1, "mb%d.aux.counts", m);
     z.aux_psum = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F64, E, m, -1, "mb%d.aux.psum", m);
     mf_pb_simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux counts = 0", z.aux_counts, -1, -1, -1, -1, E);
@@ -369,6 +370,12 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   if (s->router_jitter > 0)
     return MF_ERR(MF_ERR_UNSUPPORTED, "model: router jitter noise is not implemented yet; set it to 0");
   if (s->experts > 65536) return MF_ERR(MF_ERR_UNSUPPORTED, "model: more than 65536 experts");
+  if (s->router == MF_ROUTER_SIGMOID_GROUP && opts->aux_coef != 0)
+    return MF_ERR(
+        MF_ERR_CONFIG,
+        "train.aux_loss_coef %g: %s's router has no load-balancing loss (its e_score_correction_bias "
+        "balances it); leave it null or 0",
+        opts->aux_coef, mf_family_name(s->family));
   if (opts->order != MF_ORDER_MICRO_MAJOR && opts->order != MF_ORDER_LAYER_MAJOR)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: unknown micro-batch order %d", (int)opts->order);
   if (opts->moments != MF_DTYPE_INVALID && opts->moments != MF_DTYPE_F32 && opts->moments != MF_DTYPE_BF16)

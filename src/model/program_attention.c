@@ -44,11 +44,11 @@ void mf_pb_attention_fwd(const mb *z, int32_t l) {
   }
   mf_pop *o = mf_pb_op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope q", l);
   SET(o, a->qa, pos);
-  INTS(o, T, Hq, D);
+  INTS(o, T, Hq, D, z->rot);
   o->f[0] = s->rope_theta;
   o = mf_pb_op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope k", l);
   SET(o, a->ka, pos);
-  INTS(o, T, Hkv, D);
+  INTS(o, T, Hkv, D, z->rot);
   o->f[0] = s->rope_theta;
   a->att = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out", m, l);
   a->lse = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
@@ -100,11 +100,11 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
   o = mf_pb_op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope q bwd", l);
   SET(o, dqa, pos);
-  INTS(o, T, Hq, D);
+  INTS(o, T, Hq, D, z->rot);
   o->f[0] = s->rope_theta;
   o = mf_pb_op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope k bwd", l);
   SET(o, dka, pos);
-  INTS(o, T, Hkv, D);
+  INTS(o, T, Hkv, D, z->rot);
   o->f[0] = s->rope_theta;
   int32_t dq = dqa, dk = dka;
   if (s->qk_norm != MF_QK_NORM_NONE) {

@@ -80,6 +80,7 @@ typedef struct mb {
   int32_t m, pos;
   int64_t B, S, T, H, D, Hq, Hkv, E, TK, I, V;
   float scale;
+  int64_t rot; /* the dims of each head RoPE rotates; 0: all (partial RoPE: GLM-4.5) */
   int32_t aux_counts, aux_psum;
   int64_t aux_rows;
   int32_t *resid;         /* [L + 1] the residual stream into each layer, and out of the last */

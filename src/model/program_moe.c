@@ -2,6 +2,89 @@
 #include <stdio.h>
 
 #include "src/model/program_build.h"
+/* A module name of layer l's shared expert: Qwen2-MoE's "mlp.shared_expert.<proj>", gated; GLM-4.5's
+ * "mlp.shared_experts.<proj>", added as it is. */
+static const char *shared_name(const mf_model_spec *s, const char *proj, char *buf, size_t cap) {
+  snprintf(buf, cap, "mlp.%s.%s", mf_model_spec_shared_gated(s) ? "shared_expert" : "shared_experts", proj);
+  return buf;
+}
+
+/* Layer l's shared expert, added into the layer's output (through Qwen2-MoE's sigmoid gate). */
+static void shared_fwd(const mb *z, int32_t l) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, Is = s->shared_ffn;
+  const int gated = mf_model_spec_shared_gated(s);
+  const int32_t out = z->resid[l + 1];
+  layer_acts *a = &z->A[l];
+  char nm[64];
+  a->sg = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "%s", m, l,
+                       shared_name(s, "gate", nm, sizeof nm));
+  a->su = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "%s", m, l,
+                       shared_name(s, "up", nm, sizeof nm));
+  a->sa = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "%s", m, l,
+                       shared_name(s, "act", nm, sizeof nm));
+  /* ungated, the down projection adds into the layer's output itself */
+  a->sy =
+      gated ? mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l) : out;
+  mf_pb_linear_fwd(c, l, "shared gate_proj", a->xn2, mf_pb_P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
+  mf_pb_lora_fwd(z, l, MF_P_SHARED_GATE, shared_name(s, "gate_proj", nm, sizeof nm), a->xn2, a->sg, Is, H);
+  mf_pb_linear_fwd(c, l, "shared up_proj", a->xn2, mf_pb_P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
+  mf_pb_lora_fwd(z, l, MF_P_SHARED_UP, shared_name(s, "up_proj", nm, sizeof nm), a->xn2, a->su, Is, H);
+  mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
+  mf_pb_linear_fwd(c, l, "shared down_proj", a->sa, mf_pb_P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is,
+                   !gated);
+  mf_pb_lora_fwd(z, l, MF_P_SHARED_DOWN, shared_name(s, "down_proj", nm, sizeof nm), a->sa, a->sy, H, Is);
+  if (!gated) return;
+  a->sgl = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
+  mf_pb_linear_fwd(c, l, "shared_expert_gate", a->xn2, mf_pb_P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl, 1,
+                   H, 0);
+  mf_pop *o = mf_pb_op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
+  SET(o, a->sgl, a->sy, out);
+  INTS(o, T, H);
+}
+
+/* Its backward: the gradient of the layer's output gres into dxn2. */
+static void shared_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, Is = s->shared_ffn;
+  const layer_acts *a = &z->A[l];
+  char nm[64];
+  int32_t dsy = gres; /* ungated: the output's gradient is the layer's */
+  if (mf_model_spec_shared_gated(s)) {
+    dsy = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out.grad", m, l);
+    int32_t dsgl =
+        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out.grad", m, l);
+    mf_pop *o = mf_pb_op(b, MF_K_SIGGATE_BWD, MF_PHASE_BWD, m, l, "L%d shared gate bwd", l);
+    SET(o, a->sgl, a->sy, gres, dsy, dsgl);
+    INTS(o, T, H);
+    mf_pb_linear_bwd(c, l, "shared_expert_gate", dsgl, a->xn2, mf_pb_P(c, MF_P_SHARED_EXPERT_GATE, l),
+                     mf_pb_G(c, MF_P_SHARED_EXPERT_GATE, l), -1, dxn2, 1, H, 1);
+  }
+  int32_t dsa = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "%s.grad", m, l,
+                             shared_name(s, "act", nm, sizeof nm));
+  int32_t dsg = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "%s.grad", m, l,
+                             shared_name(s, "gate", nm, sizeof nm));
+  int32_t dsu = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "%s.grad", m, l,
+                             shared_name(s, "up", nm, sizeof nm));
+  mf_pb_linear_bwd(c, l, "shared down_proj", dsy, a->sa, mf_pb_P(c, MF_P_SHARED_DOWN, l),
+                   mf_pb_G(c, MF_P_SHARED_DOWN, l), -1, dsa, H, Is, 0);
+  mf_pb_lora_bwd(z, l, MF_P_SHARED_DOWN, shared_name(s, "down_proj", nm, sizeof nm), dsy, a->sa, dsa, H, Is);
+  mf_pb_simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu, T * Is);
+  mf_pb_linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, mf_pb_P(c, MF_P_SHARED_GATE, l),
+                   mf_pb_G(c, MF_P_SHARED_GATE, l), -1, dxn2, Is, H, 1);
+  mf_pb_lora_bwd(z, l, MF_P_SHARED_GATE, shared_name(s, "gate_proj", nm, sizeof nm), dsg, a->xn2, dxn2, Is,
+                 H);
+  mf_pb_linear_bwd(c, l, "shared up_proj", dsu, a->xn2, mf_pb_P(c, MF_P_SHARED_UP, l),
+                   mf_pb_G(c, MF_P_SHARED_UP, l), -1, dxn2, Is, H, 1);
+  mf_pb_lora_bwd(z, l, MF_P_SHARED_UP, shared_name(s, "up_proj", nm, sizeof nm), dsu, a->xn2, dxn2, Is, H);
+}
+
 /* Layer l's routed experts (and shared expert), added into the layer's output. */
 void mf_pb_moe_fwd(const mb *z, int32_t l) {
   pb *b = z->b;
@@ -19,12 +102,19 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   a->probs = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs", m, l);
   a->tki = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I32, T * TK, m, l, LNAME "mlp.topk_idx", m, l);
   a->tkw = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w", m, l);
-  o = mf_pb_op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
-  SET(o, a->rl, a->probs, a->tki, a->tkw);
-  INTS(o, T, E, TK, s->norm_topk_prob);
-  o = mf_pb_op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
-  SET(o, a->probs, a->tki, aux_counts, aux_psum);
-  INTS(o, T, E, TK);
+  if (s->router == MF_ROUTER_SIGMOID_GROUP) { /* probs: the sigmoid scores; no aux loss */
+    o = mf_pb_op(b, MF_K_ROUTER_GROUP_FWD, MF_PHASE_FWD, m, l, "L%d router group top-k", l);
+    SET(o, a->rl, mf_pb_P(c, MF_P_ROUTER_BIAS, l), a->probs, a->tki, a->tkw);
+    INTS(o, T, E, TK, s->n_group, s->topk_group, s->norm_topk_prob);
+    o->f[0] = s->routed_scaling;
+  } else {
+    o = mf_pb_op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
+    SET(o, a->rl, a->probs, a->tki, a->tkw);
+    INTS(o, T, E, TK, s->norm_topk_prob);
+    o = mf_pb_op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
+    SET(o, a->probs, a->tki, aux_counts, aux_psum);
+    INTS(o, T, E, TK);
+  }
   a->counts = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.expert_counts", m, l);
   a->offsets = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E + 1, m, l, LNAME "mlp.expert_offsets", m, l);
   a->row_of = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I32, R, m, l, LNAME "mlp.row_of", m, l);
@@ -62,26 +152,7 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   o = mf_pb_op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
   SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
   INTS(o, T, TK, H);
-  if (s->shared_ffn > 0) {
-    const int64_t Is = s->shared_ffn;
-    a->sg = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate", m, l);
-    a->su = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up", m, l);
-    a->sa = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act", m, l);
-    a->sy = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out", m, l);
-    a->sgl = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out", m, l);
-    mf_pb_linear_fwd(c, l, "shared gate_proj", a->xn2, mf_pb_P(c, MF_P_SHARED_GATE, l), -1, a->sg, Is, H, 0);
-    mf_pb_lora_fwd(z, l, MF_P_SHARED_GATE, "mlp.shared_expert.gate_proj", a->xn2, a->sg, Is, H);
-    mf_pb_linear_fwd(c, l, "shared up_proj", a->xn2, mf_pb_P(c, MF_P_SHARED_UP, l), -1, a->su, Is, H, 0);
-    mf_pb_lora_fwd(z, l, MF_P_SHARED_UP, "mlp.shared_expert.up_proj", a->xn2, a->su, Is, H);
-    mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "shared swiglu", a->sg, a->su, a->sa, -1, -1, T * Is);
-    mf_pb_linear_fwd(c, l, "shared down_proj", a->sa, mf_pb_P(c, MF_P_SHARED_DOWN, l), -1, a->sy, H, Is, 0);
-    mf_pb_lora_fwd(z, l, MF_P_SHARED_DOWN, "mlp.shared_expert.down_proj", a->sa, a->sy, H, Is);
-    mf_pb_linear_fwd(c, l, "shared_expert_gate", a->xn2, mf_pb_P(c, MF_P_SHARED_EXPERT_GATE, l), -1, a->sgl,
-                     1, H, 0);
-    o = mf_pb_op(b, MF_K_SIGGATE_FWD, MF_PHASE_FWD, m, l, "L%d shared gate", l);
-    SET(o, a->sgl, a->sy, resid[l + 1]);
-    INTS(o, T, H);
-  }
+  if (s->shared_ffn > 0) shared_fwd(z, l);
 }
 
 /* Layer l's routed experts (and shared expert) backward: into dxn2, the
@@ -155,7 +226,7 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   SET(o, dxe, a->row_of, dxn2);
   INTS(o, T, TK, H, 0);
   int32_t dprobs = -1;
-  if (p->aux_coef > 0) {
+  if (p->aux_coef > 0 && s->router == MF_ROUTER_SOFTMAX) {
     dprobs = mf_pb_keep_fp32(
         b, mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l));
     o = mf_pb_op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
@@ -165,38 +236,17 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   }
   int32_t drl =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits.grad", m, l);
-  o = mf_pb_op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
-  SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
-  INTS(o, T, E, TK, s->norm_topk_prob);
+  if (s->router == MF_ROUTER_SIGMOID_GROUP) { /* the bias and the choice get no gradient */
+    o = mf_pb_op(b, MF_K_ROUTER_GROUP_BWD, MF_PHASE_BWD, m, l, "L%d router group bwd", l);
+    SET(o, a->probs, a->tki, dtkw, drl);
+    INTS(o, T, E, TK, s->n_group, s->topk_group, s->norm_topk_prob);
+    o->f[0] = s->routed_scaling;
+  } else {
+    o = mf_pb_op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
+    SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
+    INTS(o, T, E, TK, s->norm_topk_prob);
+  }
   mf_pb_linear_bwd(c, l, "router", drl, a->xn2, mf_pb_P(c, MF_P_ROUTER, l), mf_pb_G(c, MF_P_ROUTER, l), -1,
                    dxn2, E, H, 1);
-  if (s->shared_ffn > 0) {
-    const int64_t Is = s->shared_ffn;
-    int32_t dsy =
-        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "mlp.shared_expert.out.grad", m, l);
-    int32_t dsgl =
-        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T, m, l, LNAME "mlp.shared_expert_gate.out.grad", m, l);
-    o = mf_pb_op(b, MF_K_SIGGATE_BWD, MF_PHASE_BWD, m, l, "L%d shared gate bwd", l);
-    SET(o, a->sgl, a->sy, gres, dsy, dsgl);
-    INTS(o, T, H);
-    mf_pb_linear_bwd(c, l, "shared_expert_gate", dsgl, a->xn2, mf_pb_P(c, MF_P_SHARED_EXPERT_GATE, l),
-                     mf_pb_G(c, MF_P_SHARED_EXPERT_GATE, l), -1, dxn2, 1, H, 1);
-    int32_t dsa =
-        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.act.grad", m, l);
-    int32_t dsg =
-        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.gate.grad", m, l);
-    int32_t dsu =
-        mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Is, m, l, LNAME "mlp.shared_expert.up.grad", m, l);
-    mf_pb_linear_bwd(c, l, "shared down_proj", dsy, a->sa, mf_pb_P(c, MF_P_SHARED_DOWN, l),
-                     mf_pb_G(c, MF_P_SHARED_DOWN, l), -1, dsa, H, Is, 0);
-    mf_pb_lora_bwd(z, l, MF_P_SHARED_DOWN, "mlp.shared_expert.down_proj", dsy, a->sa, dsa, H, Is);
-    mf_pb_simple(c, MF_K_SWIGLU_BWD, MF_PHASE_BWD, l, "shared swiglu bwd", a->sg, a->su, dsa, dsg, dsu,
-                 T * Is);
-    mf_pb_linear_bwd(c, l, "shared gate_proj", dsg, a->xn2, mf_pb_P(c, MF_P_SHARED_GATE, l),
-                     mf_pb_G(c, MF_P_SHARED_GATE, l), -1, dxn2, Is, H, 1);
-    mf_pb_lora_bwd(z, l, MF_P_SHARED_GATE, "mlp.shared_expert.gate_proj", dsg, a->xn2, dxn2, Is, H);
-    mf_pb_linear_bwd(c, l, "shared up_proj", dsu, a->xn2, mf_pb_P(c, MF_P_SHARED_UP, l),
-                     mf_pb_G(c, MF_P_SHARED_UP, l), -1, dxn2, Is, H, 1);
-    mf_pb_lora_bwd(z, l, MF_P_SHARED_UP, "mlp.shared_expert.up_proj", dsu, a->xn2, dxn2, Is, H);
-  }
+  if (s->shared_ffn > 0) shared_bwd(z, l, gres, dxn2);
 }

@@ -11,6 +11,7 @@ static const struct {
     [MF_FAMILY_QWEN2_MOE] = {"qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe"},
     [MF_FAMILY_QWEN3_MOE] = {"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
     [MF_FAMILY_OLMOE] = {"olmoe", "OlmoeForCausalLM", "olmoe"},
+    [MF_FAMILY_GLM4_MOE] = {"glm4_moe", "Glm4MoeForCausalLM", "glm4_moe"},
 };
 
 const char *mf_family_name(mf_family f) {
@@ -25,7 +26,9 @@ const char *mf_family_model_type(mf_family f) {
   return (f > 0 && f < MF_FAMILY_COUNT_) ? k_families[f].model_type : "";
 }
 
-int mf_family_idle_expert_has_grad(mf_family f) { return f == MF_FAMILY_OLMOE; }
+int mf_family_idle_expert_has_grad(mf_family f) {
+  return f == MF_FAMILY_OLMOE;
+}
 
 mf_family mf_family_from_name(const char *name) {
   if (!name) return MF_FAMILY_INVALID;
@@ -46,6 +49,8 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
   s->family = f;
   s->decoder_sparse_step = 1;
   s->seed = 1;
+  s->partial_rotary = 1.0;
+  s->n_group = 1, s->topk_group = 1, s->routed_scaling = 1.0;
   switch (f) {
     case MF_FAMILY_MIXTRAL:
       s->vocab = 32000, s->hidden = 4096, s->expert_ffn = 14336, s->layers = 32;
@@ -72,10 +77,19 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
       s->rope_theta = 10000.0, s->top_k = 8, s->experts = 64, s->router_aux_loss_coef = 0.01;
       s->qk_norm = MF_QK_NORM_FULL;
       break;
+    case MF_FAMILY_GLM4_MOE:
+      /* Glm4MoeConfig's defaults (GLM-4.5-Air's shape); its loss has no aux term */
+      s->vocab = 151552, s->hidden = 4096, s->dense_ffn = 10944, s->layers = 46;
+      s->heads = 96, s->kv_heads = 8, s->max_seq = 131072, s->norm_eps = 1e-5;
+      s->rope_theta = 10000.0, s->partial_rotary = 0.5, s->expert_ffn = 1408, s->top_k = 8;
+      s->experts = 128, s->shared_ffn = 1408, s->first_dense = 1, s->norm_topk_prob = 1;
+      s->router = MF_ROUTER_SIGMOID_GROUP;
+      s->head_dim = 128; /* GLM-4.5's config.json sets it (hidden / heads would be 42) */
+      break;
     default:
       break;
   }
-  if (s->heads > 0) s->head_dim = s->hidden / s->heads;
+  if (s->heads > 0 && s->head_dim == 0) s->head_dim = s->hidden / s->heads;
 }
 
 int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer) {
@@ -85,11 +99,20 @@ int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer) {
       if (s->mlp_only_layers[i] == layer) return 0;
     return s->decoder_sparse_step > 0 && (layer + 1) % s->decoder_sparse_step == 0;
   }
-  return 1;
+  return layer >= s->first_dense;
 }
 
-#define POSITIVE(field)                                                                      \
-  if (s->field <= 0)                                                                          \
+int64_t mf_model_spec_rope_dim(const mf_model_spec *s) {
+  if (!(s->partial_rotary > 0 && s->partial_rotary < 1)) return s->head_dim; /* 0: not set */
+  return (int64_t)((double)s->head_dim * s->partial_rotary);
+}
+
+int mf_model_spec_shared_gated(const mf_model_spec *s) {
+  return s->family == MF_FAMILY_QWEN2_MOE;
+}
+
+#define POSITIVE(field)                                                                     \
+  if (s->field <= 0)                                                                        \
     return MF_ERR(MF_ERR_CONFIG, "%s: model %s must be positive (got %lld)", where, #field, \
                   (long long)s->field);
 
@@ -97,11 +120,11 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
   if (!where) where = "model";
   if (s->family <= MF_FAMILY_INVALID || s->family >= MF_FAMILY_COUNT_)
     return MF_ERR(MF_ERR_CONFIG, "%s: unknown model family", where);
-  POSITIVE(hidden) POSITIVE(layers) POSITIVE(heads) POSITIVE(kv_heads) POSITIVE(head_dim)
-  POSITIVE(experts) POSITIVE(top_k) POSITIVE(expert_ffn) POSITIVE(vocab) POSITIVE(max_seq)
-  if (s->layers > MF_MAX_LAYERS)
-    return MF_ERR(MF_ERR_CONFIG, "%s: %lld layers is more than moefit supports (%d)", where,
-                  (long long)s->layers, MF_MAX_LAYERS);
+  POSITIVE(hidden)
+  POSITIVE(layers) POSITIVE(heads) POSITIVE(kv_heads) POSITIVE(head_dim) POSITIVE(experts) POSITIVE(top_k)
+      POSITIVE(expert_ffn) POSITIVE(vocab) POSITIVE(max_seq) if (s->layers > MF_MAX_LAYERS) return MF_ERR(
+          MF_ERR_CONFIG, "%s: %lld layers is more than moefit supports (%d)", where, (long long)s->layers,
+          MF_MAX_LAYERS);
   if (s->heads % s->kv_heads != 0)
     return MF_ERR(MF_ERR_CONFIG, "%s: heads (%lld) must be a multiple of kv_heads (%lld)", where,
                   (long long)s->heads, (long long)s->kv_heads);
@@ -124,8 +147,7 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
   if (!(s->router_jitter >= 0) || s->router_jitter >= 1)
     return MF_ERR(MF_ERR_CONFIG, "%s: router jitter must be in [0, 1)", where);
   if (!(s->clip_qkv >= 0)) return MF_ERR(MF_ERR_CONFIG, "%s: clip_qkv must be >= 0", where);
-  if (s->decoder_sparse_step < 1)
-    return MF_ERR(MF_ERR_CONFIG, "%s: decoder_sparse_step must be >= 1", where);
+  if (s->decoder_sparse_step < 1) return MF_ERR(MF_ERR_CONFIG, "%s: decoder_sparse_step must be >= 1", where);
   if (s->n_mlp_only < 0 || s->n_mlp_only > MF_MAX_LAYERS)
     return MF_ERR(MF_ERR_CONFIG, "%s: too many mlp_only_layers", where);
   for (int64_t i = 0; i < s->n_mlp_only; i++)
@@ -136,8 +158,45 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
     if (!mf_model_spec_layer_is_moe(s, l) && s->dense_ffn <= 0)
       return MF_ERR(MF_ERR_CONFIG, "%s: layer %lld is a dense MLP but intermediate_size is not set", where,
                     (long long)l);
-  if (s->shared_ffn > 0 && s->family != MF_FAMILY_QWEN2_MOE)
-    return MF_ERR(MF_ERR_CONFIG, "%s: a shared expert is only defined for qwen2_moe", where);
+  if (s->shared_ffn > 0 && s->family != MF_FAMILY_QWEN2_MOE && s->family != MF_FAMILY_GLM4_MOE)
+    return MF_ERR(MF_ERR_CONFIG, "%s: a shared expert is only defined for qwen2_moe and glm4_moe", where);
+  if (!(s->partial_rotary >= 0 && s->partial_rotary <= 1))
+    return MF_ERR(MF_ERR_CONFIG, "%s: partial_rotary_factor %g is not in (0, 1]", where, s->partial_rotary);
+  const int64_t rot = mf_model_spec_rope_dim(s);
+  if (rot < 2 || rot % 2 != 0)
+    return MF_ERR(
+        MF_ERR_CONFIG,
+        "%s: RoPE rotates int(head_dim %lld * partial_rotary_factor %g) = %lld dims of each head; it "
+        "must be even and at least 2",
+        where, (long long)s->head_dim, s->partial_rotary, (long long)rot);
+  if (s->first_dense < 0 || s->first_dense > s->layers)
+    return MF_ERR(MF_ERR_CONFIG, "%s: first_k_dense_replace %lld is not in 0..%lld", where,
+                  (long long)s->first_dense, (long long)s->layers);
+  const mf_router_kind want = s->family == MF_FAMILY_GLM4_MOE ? MF_ROUTER_SIGMOID_GROUP : MF_ROUTER_SOFTMAX;
+  if (s->router != want)
+    return MF_ERR(MF_ERR_CONFIG, "%s: the %s router is not this family's", where,
+                  s->router == MF_ROUTER_SIGMOID_GROUP ? "sigmoid group-limited" : "softmax");
+  if (s->router == MF_ROUTER_SIGMOID_GROUP) {
+    const int64_t G = s->n_group, TG = s->topk_group;
+    /* groups of 2 or more even when there is one: transformers sums each group's top 2 */
+    if (G < 1 || s->experts % G != 0 || s->experts / G < 2)
+      return MF_ERR(MF_ERR_CONFIG, "%s: n_group %lld must divide the %lld experts into groups of 2 or more",
+                    where, (long long)G, (long long)s->experts);
+    if (TG < 1 || TG > G)
+      return MF_ERR(MF_ERR_CONFIG, "%s: topk_group %lld is not in 1..n_group (%lld)", where, (long long)TG,
+                    (long long)G);
+    if (TG * (s->experts / G) < s->top_k)
+      return MF_ERR(MF_ERR_CONFIG, "%s: topk_group %lld groups of %lld experts cannot hold top_k %lld", where,
+                    (long long)TG, (long long)(s->experts / G), (long long)s->top_k);
+    if (!(s->routed_scaling > 0) || s->routed_scaling > 1e6)
+      return MF_ERR(MF_ERR_CONFIG, "%s: routed_scaling_factor %g must be positive", where, s->routed_scaling);
+    if (s->router_aux_loss_coef != 0)
+      return MF_ERR(
+          MF_ERR_CONFIG,
+          "%s: router_aux_loss_coef %g: the %s loss has no load-balancing term (its router is balanced "
+          "by e_score_correction_bias); set it to 0",
+          where, s->router_aux_loss_coef, mf_family_name(s->family));
+  }
   return MF_OK;
 }
 
@@ -150,7 +209,9 @@ static int64_t sat_mul(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
-static int64_t sat_mul3(int64_t a, int64_t b, int64_t c) { return sat_mul(sat_mul(a, b), c); }
+static int64_t sat_mul3(int64_t a, int64_t b, int64_t c) {
+  return sat_mul(sat_mul(a, b), c);
+}
 
 /* The HF parameter tensors of each family. "Active" is what one token
  * touches with the embedding left out (the lookup reads one row): the vendors'
@@ -165,8 +226,12 @@ void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *
   if (s->qk_norm == MF_QK_NORM_FULL) attn = sat_add(attn, sat_add(q, kv));
   const int64_t base = sat_add(attn, sat_mul(2, H)); /* + the two RMSNorm weights */
   const int64_t expert = sat_mul3(3, H, s->expert_ffn);
-  const int64_t router = sat_mul(H, s->experts);
-  const int64_t shared = s->shared_ffn > 0 ? sat_add(sat_mul3(3, H, s->shared_ffn), H) : 0; /* + its sigmoid gate */
+  /* + e_score_correction_bias, a buffer of the checkpoint (never trained) */
+  const int64_t router =
+      sat_add(sat_mul(H, s->experts), s->router == MF_ROUTER_SIGMOID_GROUP ? s->experts : 0);
+  const int64_t shared = s->shared_ffn > 0
+                             ? sat_add(sat_mul3(3, H, s->shared_ffn), mf_model_spec_shared_gated(s) ? H : 0)
+                             : 0; /* + its sigmoid gate */
   const int64_t moe_tot = sat_add(sat_add(router, sat_mul(s->experts, expert)), shared);
   const int64_t moe_act = sat_add(sat_add(router, sat_mul(s->top_k, expert)), shared);
   const int64_t dense = sat_mul3(3, H, s->dense_ffn);

@@ -23,6 +23,7 @@ typedef enum mf_family {
   MF_FAMILY_QWEN2_MOE, /* Qwen2MoeForCausalLM */
   MF_FAMILY_QWEN3_MOE, /* Qwen3MoeForCausalLM */
   MF_FAMILY_OLMOE,     /* OlmoeForCausalLM */
+  MF_FAMILY_GLM4_MOE,  /* Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air) */
   MF_FAMILY_COUNT_
 } mf_family;
 
@@ -33,20 +34,31 @@ typedef enum mf_qk_norm {
   MF_QK_NORM_FULL,     /* OLMoE: RMSNorm over the whole q / k projection */
 } mf_qk_norm;
 
+/* How the router turns its logits into the chosen experts and their weights. */
+typedef enum mf_router_kind {
+  MF_ROUTER_SOFTMAX = 0, /* softmax over the experts, top-k (Mixtral, Qwen, OLMoE); an aux loss */
+  /* sigmoid scores; the choice on scores + e_score_correction_bias (a frozen
+   * buffer), top-k among the topk_group best of n_group groups; the weights
+   * are the chosen scores, renormalised (norm_topk_prob) and scaled by
+   * routed_scaling_factor; no aux loss (GLM-4.5, DeepSeek-V3) */
+  MF_ROUTER_SIGMOID_GROUP,
+} mf_router_kind;
+
 typedef struct mf_model_spec {
   mf_family family;
-  int64_t hidden;       /* H */
-  int64_t layers;       /* L */
-  int64_t heads;        /* query heads */
-  int64_t kv_heads;     /* key/value heads (GQA) */
-  int64_t head_dim;     /* usually hidden / heads; Qwen3 sets it explicitly */
-  int64_t experts;      /* E routed experts per MoE layer */
-  int64_t top_k;        /* k */
-  int64_t expert_ffn;   /* I: routed expert intermediate size */
-  int64_t dense_ffn;    /* intermediate size of dense-MLP layers (0: none) */
-  int64_t shared_ffn;   /* Qwen2-MoE shared expert intermediate size (0: none) */
+  int64_t hidden;     /* H */
+  int64_t layers;     /* L */
+  int64_t heads;      /* query heads */
+  int64_t kv_heads;   /* key/value heads (GQA) */
+  int64_t head_dim;   /* usually hidden / heads; Qwen3 sets it explicitly */
+  int64_t experts;    /* E routed experts per MoE layer */
+  int64_t top_k;      /* k */
+  int64_t expert_ffn; /* I: routed expert intermediate size */
+  int64_t dense_ffn;  /* intermediate size of dense-MLP layers (0: none) */
+  int64_t shared_ffn; /* shared expert intermediate size (0: none); Qwen2-MoE's has a sigmoid gate,
+                         GLM-4.5's (moe_intermediate_size * n_shared_experts) none */
   int64_t vocab;
-  int64_t max_seq;      /* max_position_embeddings */
+  int64_t max_seq; /* max_position_embeddings */
   double rope_theta;
   double norm_eps;
   double router_aux_loss_coef;
@@ -56,17 +68,23 @@ typedef struct mf_model_spec {
   int tie_embeddings;   /* lm_head shares the embedding matrix */
   int qkv_bias;         /* Qwen2-MoE: q/k/v projections have bias */
   mf_qk_norm qk_norm;
-  int64_t decoder_sparse_step;       /* Qwen: layer i is MoE iff (i+1) % step == 0 */
-  int64_t n_mlp_only;                /* Qwen: layers forced to a dense MLP */
+  double partial_rotary; /* the fraction of each head RoPE rotates (GLM-4.5: 0.5); 1: all of it */
+  /* The router (set by the family): MF_ROUTER_SIGMOID_GROUP's groups and weight scale. */
+  mf_router_kind router;
+  int64_t n_group, topk_group;
+  double routed_scaling;
+  int64_t first_dense;         /* GLM-4.5 first_k_dense_replace: layers below it have a dense MLP */
+  int64_t decoder_sparse_step; /* Qwen: layer i is MoE iff (i+1) % step == 0 */
+  int64_t n_mlp_only;          /* Qwen: layers forced to a dense MLP */
   int32_t mlp_only_layers[MF_MAX_LAYERS];
-  uint64_t seed;                     /* random init (model.init) */
+  uint64_t seed; /* random init (model.init) */
 } mf_model_spec;
 
-const char *mf_family_name(mf_family f); /* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe" */
-mf_family mf_family_from_name(const char *name);          /* the short names above; INVALID if unknown */
-mf_family mf_family_from_architecture(const char *arch);  /* "MixtralForCausalLM" ... */
-const char *mf_family_architecture(mf_family f);          /* the HF class name */
-const char *mf_family_model_type(mf_family f);            /* HF config "model_type": "mixtral" ... */
+const char *mf_family_name(mf_family f); /* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe" */
+mf_family mf_family_from_name(const char *name);         /* the short names above; INVALID if unknown */
+mf_family mf_family_from_architecture(const char *arch); /* "MixtralForCausalLM" ... */
+const char *mf_family_architecture(mf_family f);         /* the HF class name */
+const char *mf_family_model_type(mf_family f);           /* HF config "model_type": "mixtral" ... */
 
 /* 1 when transformers gives a routed expert that received no token an all-zero
  * gradient (OLMoE loops over every expert), so AdamW still decays it and counts
@@ -80,6 +98,11 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s);
  * by `where`, e.g. a file name) and the fault. */
 mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where);
 int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer);
+/* The dims of each head RoPE rotates: int(head_dim * partial_rotary), as
+ * transformers computes the rotary dim (its truncation); head_dim when all. */
+int64_t mf_model_spec_rope_dim(const mf_model_spec *s);
+/* The shared expert's output passes through a sigmoid gate (Qwen2-MoE's shared_expert_gate). */
+int mf_model_spec_shared_gated(const mf_model_spec *s);
 /* Parameter counts: total, and active per token (unembedding counted, embedding not). */
 void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *active);
 

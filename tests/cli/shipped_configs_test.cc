@@ -32,6 +32,7 @@ namespace {
 const std::map<std::string, std::string> kModels = {
     {"models/Qwen3-30B-A3B", "tests/hf_config/data/qwen3_30b_a3b_hub.json"},
     {"models/Mixtral-8x7B-v0.1", "tests/hf_config/data/mixtral_8x7b_hub.json"},
+    {"models/GLM-4.5-Air", "tests/hf_config/data/glm4_5_air_hub.json"},
 };
 
 std::vector<std::string> shipped_configs() {
@@ -115,8 +116,8 @@ TEST(ShippedConfigs, EachFitsTheMachineItsHeaderNames) {
       const auto it = kModels.find(model);
       ASSERT_NE(it, kModels.end()) << config << ": model.path " << model
                                    << " has no config.json fixture in this test (kModels)";
-      ASSERT_EQ(shell("mkdir -p " + scratch + "/" + model + " && cp " + it->second + " " + scratch + "/" + model +
-                      "/config.json")
+      ASSERT_EQ(shell("mkdir -p " + scratch + "/" + model + " && cp " + it->second + " " + scratch + "/" +
+                      model + "/config.json")
                     .code,
                 0);
     }
@@ -129,7 +130,8 @@ TEST(ShippedConfigs, EachFitsTheMachineItsHeaderNames) {
     EXPECT_TRUE(row.size() >= 4 && row.compare(row.size() - 4, 4, "fits") == 0)
         << "the chosen plan's row: '" << row << "'\n"
         << r.out;
-    printf("%-44s fits on %-28s planned in %.2f s (the whole process)\n", config.c_str(), profile.c_str(), seconds);
+    printf("%-44s fits on %-28s planned in %.2f s (the whole process)\n", config.c_str(), profile.c_str(),
+           seconds);
     if (speed_check()) {
       EXPECT_LT(seconds, 3.0) << config << " took " << seconds << " s to plan";
     }

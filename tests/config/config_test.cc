@@ -424,8 +424,9 @@ TEST(ConfigErrors, MissingRequiredKeys) {
   Loaded e = Load("model:\n  init: {hidden: 8}\n" + std::string(kRest));
   EXPECT_CONFIG_ERROR(e, "c.yaml:2:3: missing required key 'model.init.family'");
   Loaded f = Load("model:\n  init: {family: gpt2}\n" + std::string(kRest));
-  EXPECT_CONFIG_ERROR(
-      f, "c.yaml:2:18: model.init.family must be one of mixtral|qwen2_moe|qwen3_moe|olmoe (got 'gpt2')");
+  EXPECT_CONFIG_ERROR(f,
+                      "c.yaml:2:18: model.init.family must be one of "
+                      "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe (got 'gpt2')");
   Loaded g = Load(Minimal() + "memory:\n  overrides:\n    - {params: host}\n");
   EXPECT_CONFIG_ERROR(g, "c.yaml:18:7: missing required key 'memory.overrides[0].match'");
   Loaded h = Load(Minimal() + "memory:\n  overrides:\n    - {match: x, parms: host}\n");
@@ -457,14 +458,43 @@ TEST(ConfigErrors, CrossKeyErrorsNameBothPlaces) {
 // would ignore them (every Mixtral and OLMoE layer is MoE).
 TEST(ConfigErrors, QwenOnlyKeysForOtherFamilies) {
   Loaded a = Load(Minimal(), {"model.init.mlp_only_layers=[0]"});
-  EXPECT_CONFIG_ERROR(a, "command line: model.init.mlp_only_layers=[0]: model.init.mlp_only_layers is a "
-                         "qwen2_moe / qwen3_moe key: every layer of mixtral is MoE");
+  EXPECT_CONFIG_ERROR(a,
+                      "command line: model.init.mlp_only_layers=[0]: model.init.mlp_only_layers is a "
+                      "qwen2_moe / qwen3_moe key: every layer of mixtral is MoE");
   Loaded b = Load(Minimal(), {"model.init.family=olmoe", "model.init.decoder_sparse_step=2"});
-  EXPECT_CONFIG_ERROR(b, "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of olmoe is MoE");
+  EXPECT_CONFIG_ERROR(
+      b, "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of olmoe is MoE");
   Loaded q = Load(Minimal(), {"model.init.family=qwen3_moe", "model.init.mlp_only_layers=[0]"});
   EXPECT_EQ(q.st, MF_OK) << q.err;
   Loaded none = Load(Minimal(), {"model.init.mlp_only_layers=[]"});
   EXPECT_EQ(none.st, MF_OK) << none.err;
+}
+
+// GLM-4.5's keys: read for glm4_moe, refused (naming the key) for a family
+// whose decoder would ignore them; its loss has no aux term.
+TEST(ConfigErrors, GlmOnlyKeysForOtherFamilies) {
+  Loaded a = Load(Minimal(), {"model.init.n_group=2"});
+  EXPECT_CONFIG_ERROR(a, "model.init.n_group is a glm4_moe key: mixtral does not read it");
+  Loaded b = Load(Minimal(), {"model.init.family=qwen3_moe", "model.init.partial_rotary=0.5"});
+  EXPECT_CONFIG_ERROR(b, "model.init.partial_rotary is a glm4_moe key: qwen3_moe does not read it");
+  Loaded g =
+      Load(Minimal(), {"model.init.family=glm4_moe", "model.init.head_dim=16", "model.init.n_group=2",
+                       "model.init.topk_group=1", "model.init.routed_scaling=2.5", "model.init.first_dense=1",
+                       "model.init.dense_ffn=32", "model.init.shared_ffn=32"});
+  ASSERT_EQ(g.st, MF_OK) << g.err;
+  const mf_model_spec &s = g.cfg->model.init;
+  EXPECT_EQ(s.router, MF_ROUTER_SIGMOID_GROUP);
+  EXPECT_EQ(s.n_group, 2);
+  EXPECT_EQ(s.topk_group, 1);
+  EXPECT_EQ(s.routed_scaling, 2.5);
+  EXPECT_EQ(s.first_dense, 1);
+  EXPECT_EQ(s.partial_rotary, 0.5);
+  EXPECT_EQ(mf_model_spec_rope_dim(&s), 8);
+  EXPECT_EQ(g.cfg->train.aux_loss_coef, 0.0) << "GLM-4.5's loss has no aux term";
+  Loaded odd = Load(Minimal(), {"model.init.family=glm4_moe", "model.init.head_dim=6"});
+  EXPECT_CONFIG_ERROR(odd, "RoPE rotates int(head_dim 6 * partial_rotary_factor 0.5) = 3 dims");
+  Loaded groups = Load(Minimal(), {"model.init.family=glm4_moe", "model.init.n_group=3"});
+  EXPECT_CONFIG_ERROR(groups, "n_group 3 must divide the");
 }
 
 // train.lora (issue 18): read and checked; names at their places.
@@ -884,9 +914,12 @@ TEST(ConfigMemoryPlan, WordsAndPlanFiles) {
   const struct {
     const char *word;
     mf_config_plan kind;
-  } words[] = {{"auto", MF_CONFIG_PLAN_AUTO},           {"resident", MF_CONFIG_PLAN_RESIDENT},
-               {"zero_offload", MF_CONFIG_PLAN_ZERO_OFFLOAD}, {"megatrain", MF_CONFIG_PLAN_MEGATRAIN},
-               {"checkpoint", MF_CONFIG_PLAN_CHECKPOINT},   {"least_memory", MF_CONFIG_PLAN_LEAST_MEMORY}};
+  } words[] = {{"auto", MF_CONFIG_PLAN_AUTO},
+               {"resident", MF_CONFIG_PLAN_RESIDENT},
+               {"zero_offload", MF_CONFIG_PLAN_ZERO_OFFLOAD},
+               {"megatrain", MF_CONFIG_PLAN_MEGATRAIN},
+               {"checkpoint", MF_CONFIG_PLAN_CHECKPOINT},
+               {"least_memory", MF_CONFIG_PLAN_LEAST_MEMORY}};
   for (const auto &w : words) {
     Loaded r = Load(Minimal() + "memory:\n  plan: " + w.word + "\n");
     ASSERT_EQ(r.st, MF_OK) << r.err;
@@ -907,8 +940,10 @@ TEST(ConfigMemoryPlan, WordsAndPlanFiles) {
 
 TEST(ConfigMemoryPlan, UnknownWordsAreErrorsListingTheChoices) {
   Loaded a = Load(Minimal() + "memory:\n  plan: megatrian\n", {}, "x.yaml");
-  EXPECT_CONFIG_ERROR(a, "x.yaml:17:9: memory.plan must be auto, resident, zero_offload, megatrain, checkpoint, "
-                         "least_memory or a plan file ending in .json (got 'megatrian') (did you mean 'megatrain'?)");
+  EXPECT_CONFIG_ERROR(
+      a,
+      "x.yaml:17:9: memory.plan must be auto, resident, zero_offload, megatrain, checkpoint, "
+      "least_memory or a plan file ending in .json (got 'megatrian') (did you mean 'megatrain'?)");
   Loaded b = Load(Minimal(), {"memory.plan=bogus"});
   EXPECT_CONFIG_ERROR(b, "command line: memory.plan=bogus: memory.plan must be auto,", "(got 'bogus')");
   EXPECT_EQ(b.err.find("did you mean"), std::string::npos) << b.err;
@@ -1005,7 +1040,8 @@ TEST(ConfigMicroBatchOrder, DefaultFileOverrideAndRoundTrip) {
 TEST(ConfigMicroBatchOrder, OtherValuesAreErrors) {
   // Line 16 of Minimal() + one line: the value starts at column 22.
   Loaded a = Load(Minimal() + "  micro_batch_order: layers\n");
-  EXPECT_CONFIG_ERROR(a, "c.yaml:16:22: train.micro_batch_order must be one of auto|layer|micro (got 'layers')");
+  EXPECT_CONFIG_ERROR(a,
+                      "c.yaml:16:22: train.micro_batch_order must be one of auto|layer|micro (got 'layers')");
   Loaded b = Load(Minimal() + "  micro_batch_order: 1\n");
   EXPECT_CONFIG_ERROR(b, "train.micro_batch_order must be one of auto|layer|micro");
   Loaded c = Load(Minimal() + "  micro_batch_order: [layer]\n");
@@ -1097,10 +1133,12 @@ TEST(ConfigMemoryRouting, WordsAndRoutingFiles) {
 
 TEST(ConfigMemoryRouting, OtherValuesAreErrors) {
   Loaded a = Load(Minimal() + "memory:\n  routing: none2\n", {}, "x.yaml");
-  EXPECT_CONFIG_ERROR(a, "x.yaml:17:12: memory.routing must be auto, none or a routing file ending in .json "
-                         "(got 'none2') (did you mean 'none'?)");
+  EXPECT_CONFIG_ERROR(a,
+                      "x.yaml:17:12: memory.routing must be auto, none or a routing file ending in .json "
+                      "(got 'none2') (did you mean 'none'?)");
   Loaded b = Load(Minimal(), {"memory.routing=uniform"});
-  EXPECT_CONFIG_ERROR(b, "command line: memory.routing=uniform: memory.routing must be auto, none", "(got 'uniform')");
+  EXPECT_CONFIG_ERROR(b, "command line: memory.routing=uniform: memory.routing must be auto, none",
+                      "(got 'uniform')");
   EXPECT_EQ(b.err.find("did you mean"), std::string::npos) << b.err;
   Loaded c = Load(Minimal(), {"memory.routing=routing.yaml"});
   EXPECT_CONFIG_ERROR(c, "a routing file ending in .json (got 'routing.yaml')");
@@ -1144,12 +1182,15 @@ TEST(ConfigUse, PlanAndEvalNeedOnlyTheModel) {
             std::string::npos)
       << mf_last_error();
   // Given, train.steps is still checked against warmup for every use.
-  const std::string bad = WriteFile("warmup.yaml", std::string(kInit) + "train:\n  steps: 10\n  warmup: 30\n");
+  const std::string bad =
+      WriteFile("warmup.yaml", std::string(kInit) + "train:\n  steps: 10\n  warmup: 30\n");
   EXPECT_EQ(mf_config_load_for(bad.c_str(), nullptr, 0, MF_CONFIG_FOR_PLAN, &cfg), MF_ERR_CONFIG);
-  EXPECT_NE(std::string(mf_last_error()).find("train.warmup (30) must be <= train.steps (10)"), std::string::npos)
+  EXPECT_NE(std::string(mf_last_error()).find("train.warmup (30) must be <= train.steps (10)"),
+            std::string::npos)
       << mf_last_error();
   // The model stays required everywhere.
   const std::string none = WriteFile("no_model.yaml", "data:\n  train: t.tokens\n");
   EXPECT_EQ(mf_config_load_for(none.c_str(), nullptr, 0, MF_CONFIG_FOR_EVAL, &cfg), MF_ERR_CONFIG);
-  EXPECT_NE(std::string(mf_last_error()).find("model.path' or 'model.init'"), std::string::npos) << mf_last_error();
+  EXPECT_NE(std::string(mf_last_error()).find("model.path' or 'model.init'"), std::string::npos)
+      << mf_last_error();
 }

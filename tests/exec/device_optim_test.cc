@@ -52,9 +52,12 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
     s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = sh.experts;
     s.top_k = sh.top_k, s.expert_ffn = 16, s.vocab = 64, s.max_seq = 64, s.rope_theta = 10000.0;
     s.clip_qkv = 0;
+    if (sh.family == MF_FAMILY_GLM4_MOE)  // a dense layer 0, a shared expert, the frozen router bias
+      s.dense_ffn = 32, s.shared_ffn = 16, s.n_group = 2, s.topk_group = 1, s.routed_scaling = 2.5;
     ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
     mf_program_opts po = {};
-    po.micro_batch = sh.B, po.seq_len = sh.S, po.grad_accum = sh.G, po.aux_coef = 0.01;
+    po.micro_batch = sh.B, po.seq_len = sh.S, po.grad_accum = sh.G;
+    po.aux_coef = s.router == MF_ROUTER_SOFTMAX ? 0.01 : 0.0;  // GLM-4.5's loss has none
     po.moments = moments_;
     ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
     std::mt19937 rng(11);
@@ -92,8 +95,10 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
     EXPECT_EQ(mf_decisions_create(p_, &d), MF_OK);
     for (int32_t i = 0; i < d->n_params; i++) {
       decays[i] = t_->params[i].ndim == 2;
-      d->optim[i] = where == Where::kAll || (where == Where::kEveryOther && i % 2 == 1) ? MF_OPTIM_DEVICE
-                                                                                        : MF_OPTIM_HOST;
+      d->optim[i] =
+          !t_->params[i].frozen && (where == Where::kAll || (where == Where::kEveryOther && i % 2 == 1))
+              ? MF_OPTIM_DEVICE
+              : MF_OPTIM_HOST;  // a frozen one (glm4_moe's router bias) has no optimizer
     }
     mf_schedule *s = nullptr;
     EXPECT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
@@ -126,10 +131,15 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
       const int64_t *tok = mf_exec_expert_tokens(x);
       for (int64_t i = 0; i < t_->n; i++) {
         const mf_param *q = &t_->params[i];
+        if (q->frozen) {  // glm4_moe's router bias: no gradient, no update (toff -1)
+          bufs[i] = {nullptr, 0}, ext[i] = nullptr, update[i] = 0;
+          continue;
+        }
         const bool has = q->expert < 0 || mf_family_idle_expert_has_grad(t_->spec.family) ||
                          tok[q->layer * t_->spec.experts + q->expert] > 0;
         const bool dev = s->optim_device[i];
-        bufs[i] = {has && !dev ? g.data() + q->offset : nullptr, has ? (size_t)q->numel : 0};
+        // gradients and moments are the trained parameters' (toff); the weights all (offset)
+        bufs[i] = {has && !dev ? g.data() + q->toff : nullptr, has ? (size_t)q->numel : 0};
         ext[i] = dev ? mf_exec_norm_sums(x) + p_->norm_first[i] : nullptr;
         update[i] = dev && has;
         if (!has) out.idle_updates_skipped++;
@@ -152,9 +162,9 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
         mf_adamw_hparams hi = h;
         if (!decays[i]) hi.weight_decay = 0;
         const mf_adamw_bufs ab = {out.w.data() + q->offset,
-                                  g.data() + q->offset,
-                                  out.m.data() + q->offset * ms,
-                                  out.v.data() + q->offset * ms,
+                                  g.data() + q->toff,
+                                  out.m.data() + q->toff * ms,
+                                  out.v.data() + q->toff * ms,
                                   nullptr,
                                   (size_t)q->numel,
                                   MF_DTYPE_F32,
@@ -219,7 +229,8 @@ TEST_P(DeviceOptim, SameBitsAsTheHostOptimizer) {
 TEST_P(DeviceOptim, PersistentSlotsSpanTheStepAndShareNoBytes) {
   mf_decisions *d = nullptr;
   ASSERT_EQ(mf_decisions_create(p_, &d), MF_OK);
-  for (int32_t i = 0; i < d->n_params; i++) d->optim[i] = i % 3 == 0 ? MF_OPTIM_DEVICE : MF_OPTIM_HOST;
+  for (int32_t i = 0; i < d->n_params; i++)
+    d->optim[i] = i % 3 == 0 && !t_->params[i].frozen ? MF_OPTIM_DEVICE : MF_OPTIM_HOST;
   mf_schedule *s = nullptr;
   ASSERT_EQ(mf_schedule_build(p_, d, &s), MF_OK) << mf_last_error();
   int persistent = 0;
@@ -227,7 +238,11 @@ TEST_P(DeviceOptim, PersistentSlotsSpanTheStepAndShareNoBytes) {
   for (int32_t i = 0; i < s->n_slots; i++) {
     const mf_slot &a = s->slots[i];
     const mf_ptensor &t = p_->tensors[a.tensor];
-    const bool want = t.kind == MF_T_OPT || (t.kind == MF_T_PARAM && d->optim[t.param] == MF_OPTIM_DEVICE);
+    // and a frozen weight kept resident (glm4_moe's router bias): nothing changes it, one upload holds
+    const bool want =
+        t.kind == MF_T_OPT ||
+        (t.kind == MF_T_PARAM && (d->optim[t.param] == MF_OPTIM_DEVICE ||
+                                  (t_->params[t.param].frozen && d->param[t.param] == MF_PARAM_RESIDENT)));
     ASSERT_EQ((bool)a.persist, want) << t.name;
     if (!a.persist) continue;
     persistent++;
@@ -271,8 +286,9 @@ TEST_P(DeviceOptim, PersistentSlotsSpanTheStepAndShareNoBytes) {
 
 const Shape kShapes[] = {
     {"mixtral", MF_FAMILY_MIXTRAL, 4, 2, 2, 16, 2},
-    {"qwen3_many_small", MF_FAMILY_QWEN3_MOE, 32, 2, 1, 4, 2},  // 16 assignments a step: idle experts
-    {"olmoe_idle_with_grad", MF_FAMILY_OLMOE, 16, 2, 1, 4, 1},  // idle experts still get a (zero) gradient
+    {"qwen3_many_small", MF_FAMILY_QWEN3_MOE, 32, 2, 1, 4, 2},    // 16 assignments a step: idle experts
+    {"olmoe_idle_with_grad", MF_FAMILY_OLMOE, 16, 2, 1, 4, 1},    // idle experts still get a (zero) gradient
+    {"glm4_moe_frozen_bias", MF_FAMILY_GLM4_MOE, 8, 2, 2, 8, 2},  // a parameter frozen in a full fine-tune
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceOptim,

@@ -25,10 +25,10 @@
 #include "planner/plan.h"
 #include "src/config/config.h"
 #include "src/core/core.h"
-#include "src/train/train.h"
 #include "src/io/tokens.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
+#include "src/train/train.h"
 #include "tests/exec/phrases.h"
 
 namespace {
@@ -228,8 +228,8 @@ void CheckShape(const Shape &s) {
   ASSERT_EQ(ref.st, MF_OK) << ref.err;
   ASSERT_TRUE(ref.found) << ref.log;
   EXPECT_EQ(ref.w_stream + ref.a_off + ref.a_rec, 0) << "budget auto keeps weights and activations on the "
-                                                       "device:\n"
-                                                    << ref.log;
+                                                        "device:\n"
+                                                     << ref.log;
   const std::string ref_losses = losses(ref.dir);
   ASSERT_EQ(std::count(ref_losses.begin(), ref_losses.end(), '\n'), 5) << "a metrics line per step";
   EXPECT_EQ(ref_losses.find("missing"), std::string::npos) << ref_losses;
@@ -325,6 +325,14 @@ const char kManySmall[] =
     "{family: qwen3_moe, hidden: 32, layers: 2, heads: 4, kv_heads: 2, experts: 32, top_k: 4, expert_ffn: 8, "
     "vocab: 64, max_seq: 32, seed: 4}";
 
+// GLM-4.5: partial RoPE, q/k/v biases, a dense first layer, the shared
+// experts added ungated, the sigmoid router in 2 groups (1 kept) with its
+// frozen correction bias and scaled weights.
+const char kGlm[] =
+    "{family: glm4_moe, hidden: 32, layers: 3, heads: 4, kv_heads: 2, head_dim: 8, partial_rotary: 0.5, "
+    "experts: 8, top_k: 2, expert_ffn: 16, shared_ffn: 32, dense_ffn: 64, first_dense: 1, n_group: 2, "
+    "topk_group: 1, routed_scaling: 2.5, qkv_bias: true, vocab: 64, max_seq: 32, seed: 5}";
+
 TEST(PlanInvariance, DemoModel) {
   CheckShape(Shape("demo", demo()));
 }
@@ -335,6 +343,10 @@ TEST(PlanInvariance, DenseLayerAndSharedExpert) {
 
 TEST(PlanInvariance, ManySmallExperts) {
   CheckShape(Shape("many_small", shape_config("many_small", kManySmall)));
+}
+
+TEST(PlanInvariance, Glm4Moe) {
+  CheckShape(Shape("glm", shape_config("glm", kGlm)));
 }
 
 // LoRA (train.lora): adapters over a frozen base, on the attention and every
@@ -352,6 +364,13 @@ TEST(PlanInvariance, LoraDenseLayerSharedExpertAndRouters) {
       Shape("lora_dense_shared", shape_config("lora_dense_shared", kDenseShared),
             {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2", "train.lora.train_router=true",
              "train.lora.targets=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
+}
+
+TEST(PlanInvariance, LoraGlm4MoeAndRouters) {
+  CheckShape(
+      Shape("lora_glm", shape_config("lora_glm", kGlm),
+            {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2", "train.lora.train_router=true",
+             "train.lora.targets=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}));
 }
 
 // QLoRA (train.lora.base_dtype): the frozen base stored quantized at home
@@ -525,7 +544,8 @@ TEST(PlanInvariance, Bf16Storage) {
   } runs[] = {
       {"least", "least_memory", {}},
       {"dev_all", "resident", {}},
-      {"dev_mixed", "zero_offload",
+      {"dev_mixed",
+       "zero_offload",
        {"train.overlap_optimizer=true", "memory.overrides=[{match: 'model.layers.1.*', optimizer: device}]"}},
       {"staged", "least_memory", {"memory.staging=true"}},
   };
@@ -562,12 +582,23 @@ TEST(PlanInvariance, PinnedHome) {
   } runs[] = {
       {"home_staged", "least_memory", {"memory.staging=true"}, true, true, "offloaded activations", nullptr},
       {"home_straight", "least_memory", {"memory.staging=false"}, true, false, "gradient sums", nullptr},
-      {"all_staged", "least_memory", {"memory.staging=true", "memory.pinned_home=false"}, false, true, nullptr,
+      {"all_staged",
+       "least_memory",
+       {"memory.staging=true", "memory.pinned_home=false"},
+       false,
+       true,
+       nullptr,
        nullptr},
       {"home_megatrain", "megatrain", {"memory.staging=true"}, true, true, "bf16 working copy", nullptr},
-      // room for the working copy (882.62 KiB) and the activations, and a part of the gradient sums (1.72 MiB)
-      {"home_part", "least_memory", {"memory.staging=true", "memory.pinned_limit=1280KiB"}, true, true,
-       "(part)", nullptr},
+      // room for the working copy (882.62 KiB) and the activations, and a part of the gradient sums (1.72
+      // MiB)
+      {"home_part",
+       "least_memory",
+       {"memory.staging=true", "memory.pinned_limit=1280KiB"},
+       true,
+       true,
+       "(part)",
+       nullptr},
   };
   for (const auto &c : runs) {
     std::vector<std::string> ov = c.extra;

@@ -25,6 +25,10 @@ mf_model_spec spec_of(mf_family f) {
   if (f == MF_FAMILY_QWEN2_MOE || f == MF_FAMILY_QWEN3_MOE) s.dense_ffn = 20;
   if (f == MF_FAMILY_QWEN2_MOE) s.n_mlp_only = 1, s.mlp_only_layers[0] = 0;
   if (f == MF_FAMILY_QWEN3_MOE) s.decoder_sparse_step = 2;
+  if (f == MF_FAMILY_GLM4_MOE) {  // every switch on: the router's bias, shared experts, a dense layer
+    s.dense_ffn = 20, s.shared_ffn = 16, s.n_group = 2, s.topk_group = 1, s.routed_scaling = 2.5;
+    s.qkv_bias = 1, s.qk_norm = MF_QK_NORM_PER_HEAD;
+  }
   return s;
 }
 
@@ -37,7 +41,8 @@ TEST(ProgramDtypes, EveryOpAgreesWithTheOperandTable) {
     for (mf_dtype storage : {MF_DTYPE_F32, MF_DTYPE_BF16})
       for (int fwd : {0, 1}) {
         mf_program_opts o{};
-        o.micro_batch = 2, o.seq_len = 8, o.grad_accum = fwd ? 1 : 2, o.aux_coef = 0.01;
+        o.micro_batch = 2, o.seq_len = 8, o.grad_accum = fwd ? 1 : 2;
+        o.aux_coef = s.router == MF_ROUTER_SOFTMAX ? 0.01 : 0.0;  // GLM-4.5's loss has none
         o.forward_only = fwd, o.storage = storage;
         mf_program *p = nullptr;
         ASSERT_EQ(mf_program_build(t, &o, &p), MF_OK) << mf_last_error();

@@ -4,8 +4,8 @@
 // loss (1e-5 relative), every parameter's gradient (1e-4 relative in norm) and
 // the parameters after one AdamW step (1e-6).
 #include <dirent.h>
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -70,10 +70,17 @@ TEST_P(Parity, EveryGradient) {
   for (int64_t i = 0; i < t_->n; i++) {
     const mf_param &p = t_->params[i];
     const float *ref = f32(fx_, std::string("grad.") + p.name, p.numel);
-    const float *got = r.grads.data() + p.offset;
+    if (p.frozen) {
+      // a buffer of the checkpoint (glm4_moe's e_score_correction_bias): no gradient on either side
+      EXPECT_EQ(ref, nullptr) << p.name << " is a buffer, yet the reference has its gradient";
+      EXPECT_EQ(p.toff, -1) << p.name << " has a place among the gradients";
+      continue;
+    }
+    const float *got = r.grads.data() + p.toff;  // the gradients are the trained parameters' (toff)
     if (!ref) {
       // transformers left .grad None: an expert that got no token. moefit must agree.
-      EXPECT_NE(no_grad.find(std::string("\"") + p.name + "\""), std::string::npos) << p.name << " has no reference";
+      EXPECT_NE(no_grad.find(std::string("\"") + p.name + "\""), std::string::npos)
+          << p.name << " has no reference";
       ASSERT_GE(p.expert, 0) << p.name;
       EXPECT_EQ(r.expert_tokens[p.layer * spec_.experts + p.expert], 0) << p.name;
       for (int64_t j = 0; j < p.numel; j++) ASSERT_EQ(got[j], 0.0f) << p.name;
@@ -131,8 +138,8 @@ TEST_P(Parity, OneAdamWStepEndToEnd) {
   for (int64_t i = 0; i < t_->n; i++) {
     const mf_param &p = t_->params[i];
     bool idle = p.expert >= 0 && r.expert_tokens[p.layer * spec_.experts + p.expert] == 0;
-    if (!idle || idle_has_grad) {
-      ASSERT_EQ(mf_adamw_update(&h, 1, w.data() + p.offset, r.grads.data() + p.offset, m.data() + p.offset,
+    if (!p.frozen && (!idle || idle_has_grad)) {
+      ASSERT_EQ(mf_adamw_update(&h, 1, w.data() + p.offset, r.grads.data() + p.toff, m.data() + p.offset,
                                 v.data() + p.offset, (size_t)p.numel, nullptr, nullptr),
                 MF_OK);
     }
@@ -144,13 +151,14 @@ TEST_P(Parity, OneAdamWStepEndToEnd) {
       double tol = 1e-6;
       if (gref) {
         auto ratio = [&](double g) { return g / (std::fabs(g) + h.eps); };
-        tol += h.lr * std::fabs(ratio(r.grads[p.offset + j]) - ratio(gref[j]));
+        tol += h.lr * std::fabs(ratio(r.grads[p.toff + j]) - ratio(gref[j]));
       }
       if (d / tol > worst) {
         worst = d / tol;
         char buf[256];
-        snprintf(buf, sizeof buf, "%s[%lld]: moefit %.9g, torch %.9g; gradient moefit %.9g, torch %.9g", p.name,
-                 (long long)j, w[p.offset + j], ref[j], r.grads[p.offset + j], gref ? gref[j] : 0.0f);
+        snprintf(buf, sizeof buf, "%s[%lld]: moefit %.9g, torch %.9g; gradient moefit %.9g, torch %.9g",
+                 p.name, (long long)j, w[p.offset + j], ref[j], p.frozen ? 0.0f : r.grads[p.toff + j],
+                 gref ? gref[j] : 0.0f);
         worst_name = buf;
       }
     }
@@ -169,9 +177,30 @@ TEST_P(Parity, APerturbedWeightIsCaught) {
   EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-5);
 }
 
+// The router's correction bias decides the choice (glm4_moe): with it zeroed
+// the routing, and so the logits, are no longer the reference's.
+TEST_P(Parity, TheRouterBiasIsUsed) {
+  int64_t biases = 0;
+  std::vector<float> w = w_;
+  for (int64_t i = 0; i < t_->n; i++) {
+    const mf_param &p = t_->params[i];
+    if (p.role != MF_P_ROUTER_BIAS) continue;
+    EXPECT_TRUE(p.frozen) << p.name;
+    for (int64_t j = 0; j < p.numel; j++) w[p.offset + j] = 0.0f;
+    biases++;
+  }
+  if (biases == 0) GTEST_SKIP() << spec_.family << ": no router bias";
+  Result r = run(w);
+  const float *logits = f32(fx_, "logits", n_logits());
+  ASSERT_NE(logits, nullptr);
+  EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-5);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixture_names()),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
-TEST(ParityFixtures, ArePresent) { EXPECT_GE(fixture_names().size(), 4u) << "tests/fixtures has too few fixtures"; }
+TEST(ParityFixtures, ArePresent) {
+  EXPECT_GE(fixture_names().size(), 4u) << "tests/fixtures has too few fixtures";
+}
 
 }  // namespace
