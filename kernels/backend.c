@@ -45,17 +45,24 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_LINEAR_BWD_WEIGHT] = {"linear_bwd_weight",
                                 {{"dy", R}, {"x", R}, F32("dW", A), {"db", A, 1, MF_KT_F32}},
                                 {"M", "N", "K"}},
-    /* in place: x (dx) is read and overwritten; rot: the rotated dims of each head (0: all D) */
-    [MF_K_ROPE_FWD] = {"rope_fwd", {{"x", A}, I32("pos", R)}, {"T", "nh", "D", "rot"}, {"theta"}},
-    [MF_K_ROPE_BWD] = {"rope_bwd", {{"dx", A}, I32("pos", R)}, {"T", "nh", "D", "rot"}, {"theta"}},
+    /* in place: x (dx) is read and overwritten; dims [off, off + rot) of each head rotated (rot 0: D - off);
+     * interleaved: adjacent pairs; YaRN when factor > 1; each new slot 0: as before them (kernels/rope.h) */
+    [MF_K_ROPE_FWD] = {"rope_fwd", {{"x", A}, I32("pos", R)},
+                       {"T", "nh", "D", "rot", "off", "interleaved", "truncate"},
+                       {"theta", "factor", "original_max", "beta_fast", "beta_slow", "attention_factor"}},
+    [MF_K_ROPE_BWD] = {"rope_bwd", {{"dx", A}, I32("pos", R)},
+                       {"T", "nh", "D", "rot", "off", "interleaved", "truncate"},
+                       {"theta", "factor", "original_max", "beta_fast", "beta_slow", "attention_factor"}},
+    /* D: the head dim of q and k (the scores); Dv: that of v, o, dout and dv
+     * (0: D) — DeepSeek-V3's latent attention has q/k heads of 192, v heads of 128 */
     [MF_K_ATTN_FWD] = {"attn_fwd",
                        {{"q", R}, {"k", R}, {"v", R}, {"o", W}, F32("lse", W)},
-                       {"B", "S", "Hq", "Hkv", "D"},
+                       {"B", "S", "Hq", "Hkv", "D", "Dv"},
                        {"scale"}},
     [MF_K_ATTN_BWD] = {"attn_bwd",
                        {{"q", R}, {"k", R}, {"v", R}, {"o", R}, {"dout", R}, F32("lse", R), {"dq", W}, {"dk", W},
                         {"dv", W}},
-                       {"B", "S", "Hq", "Hkv", "D"},
+                       {"B", "S", "Hq", "Hkv", "D", "Dv"},
                        {"scale"}},
     [MF_K_SWIGLU_FWD] = {"swiglu_fwd", {{"g", R}, {"u", R}, {"act", W}}, {"n"}},
     [MF_K_SWIGLU_BWD] = {"swiglu_bwd", {{"g", R}, {"u", R}, {"dact", R}, {"dg", W}, {"du", W}}, {"n"}},
@@ -137,6 +144,10 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                                 F32("topk_w", W)},
                                {"T", "E", "K", "n_group", "topk_group", "norm_topk"},
                                {"scaling"}},
+    /* y[r*ys + yo + j] (+)= x[(r / rep)*xs + xo + j], r < R, j < C; the bwd: x[q*xs + xo + j] (+)= the sum over
+     * h < rep of y[(q*rep + h)*ys + yo + j], q < Q (its dy is y's gradient, dx x's) */
+    [MF_K_SLICE] = {"slice", {{"x", R}, {"y", ACC}}, {"R", "C", "xs", "xo", "ys", "yo", "rep", "accumulate"}},
+    [MF_K_SLICE_BWD] = {"slice_bwd", {{"dy", R}, {"dx", ACC}}, {"Q", "C", "xs", "xo", "ys", "yo", "rep", "accumulate"}},
     [MF_K_ROUTER_GROUP_BWD] = {"router_group_bwd",
                                {F32("scores", R), I32("topk_idx", R), {"dtopk_w", R}, {"dlogits", W}},
                                {"T", "E", "K", "n_group", "topk_group", "norm_topk"},
@@ -342,3 +353,14 @@ void mf_backend_arena_held(int64_t bytes) {
 
 uint64_t mf_backend_arena_peak(void) { return atomic_load(&g_arena_peak); }
 void mf_backend_arena_peak_reset(void) { atomic_store(&g_arena_peak, atomic_load(&g_arena_bytes)); }
+
+mf_status mf_kernel_slice_check(const char *what, int64_t rows, int64_t C, int64_t xs, int64_t xo, int64_t ys,
+                                int64_t yo, int64_t rep) {
+  if (rows < 0 || C < 0 || rep < 1 || xo < 0 || yo < 0 || xo + C > xs || yo + C > ys)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "%s: %lld rows of %lld columns at x offset %lld (row stride %lld), y offset %lld (row stride "
+                  "%lld), rep %lld: a block must lie inside its rows",
+                  what, (long long)rows, (long long)C, (long long)xo, (long long)xs, (long long)yo, (long long)ys,
+                  (long long)rep);
+  return MF_OK;
+}

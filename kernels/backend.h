@@ -55,6 +55,18 @@ static inline uint32_t mf_dropout_threshold(double p) {
   return t <= 0 ? 0u : t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
 }
 
+/* YaRN (rope_scaling rope_type "yarn") for the callers of MF_K_ROPE_*
+ * (kernels/rope.h; defined in kernels/rope.c), in double as transformers'
+ * Python floats. mf_rope_yarn_mscale is yarn_get_mscale: 1 for factor <= 1,
+ * else 0.1 mscale ln(factor) + 1; DeepSeek-V3 multiplies its softmax scale by
+ * mf_rope_yarn_mscale(factor, mscale_all_dim)^2 when mscale_all_dim is set
+ * (non-zero). mf_rope_yarn_attention_factor is _compute_yarn_parameters'
+ * attention_factor when the config gives none (the call's f[5]): mscale(factor,
+ * mscale) / mscale(factor, mscale_all_dim) when both are non-zero, else
+ * mscale(factor, 1). */
+double mf_rope_yarn_mscale(double factor, double mscale);
+double mf_rope_yarn_attention_factor(double factor, double mscale, double mscale_all_dim);
+
 /* The kernels. What each computes is the contract of its cpu twin,
  * mf_cpu_<name> in kernels/cpu/cpu_ops.h (the reference; the cuda twin is
  * mf_cuda_<name> in kernels/cuda/ops.cuh), <name> being mf_kernel_name(kind).
@@ -119,10 +131,21 @@ typedef enum mf_kernel {
    * twins: mf_cpu_router_group_fwd, mf_cuda_router_group_fwd). */
   MF_K_ROUTER_GROUP_FWD,
   MF_K_ROUTER_GROUP_BWD,
+  /* Strided column blocks (kernels/cpu/slice.c): a block of each row of x
+   * into y, a row of x broadcast to `rep` rows of y; and the transpose, the
+   * rep rows summed. DeepSeek-V3's latent attention takes its projections
+   * apart and puts them together with them. */
+  MF_K_SLICE,
+  MF_K_SLICE_BWD,
   MF_K_COUNT_
 } mf_kernel;
 
 const char *mf_kernel_name(mf_kernel k); /* "unknown" for a kind out of range */
+
+/* SLICE's and SLICE_BWD's sizes (both twins check them): blocks of C columns
+ * inside rows of stride xs and ys, rep >= 1. `what` names the kernel. */
+mf_status mf_kernel_slice_check(const char *what, int64_t rows, int64_t C, int64_t xs, int64_t xo, int64_t ys,
+                                int64_t yo, int64_t rep);
 
 #define MF_KBUF_MAX 10
 

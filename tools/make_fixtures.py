@@ -32,6 +32,10 @@ each router's input (a forward hook), as Glm4MoeTopkRouter computes them. Its ro
 e_score_correction_bias buffers are saved in model.safetensors but are not parameters: they
 are drawn at random like the weights (build()), listed in the metadata's "frozen", never
 trained, and written as after.<buffer> (= initial) too.
+DeepSeek-V3 (deepseek_v3*: DeepseekV3ForCausalLM) has GLM-4.5's router, MoE block and loss (the
+same code, handled here the same way) under multi-head latent attention: each layer's attention
+output is also checked against an fp64 reference of MLA from its parameters (check_mla: q_proj or
+q_a_proj/q_b_proj, the kv latent, RoPE on the rope slices interleaved or in halves, YaRN).
 and tests/fixtures/NOTES.md: the facts about the 4.57 maths the C code must match,
 each checked by this script against the installed sources (SOURCE_FACTS) and, where
 it can be, numerically (check_moe_block, check_aux, check_adamw).
@@ -55,15 +59,16 @@ last bits differently); it says whether the bytes are identical too.
 Routing is kept away from ties: a seed is used only if, in every MoE layer and for
 every token, the k-th and (k+1)-th router probabilities differ by at least
 MIN_ROUTING_MARGIN, so a correct implementation cannot pick other experts through
-rounding (GLM-4.5: its k-th and (k+1)-th masked choice scores and, with a group limit, its
-topk_group-th and next group scores, recomputed in float64; and leaving out the router bias,
-or the group limit, must change the choice in every MoE layer). Fixtures with
-need_idle_expert take the first seed (counting up from the one given) for which exactly
-one routed expert receives no token, so the no_grad path (Mixtral/Qwen/GLM: grad None,
-AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW still decays) are both exercised.
+rounding (GLM-4.5, DeepSeek-V3: its k-th and (k+1)-th masked choice scores and, with a
+group limit, its topk_group-th and next group scores, recomputed in float64; and leaving out
+the router bias, or the group limit, must change the choice in every MoE layer). Fixtures
+with need_idle_expert take the first seed (counting up from the one given) for which exactly
+one routed expert receives no token, so the no_grad path (Mixtral/Qwen/GLM/DeepSeek: grad
+None, AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW still decays) are both exercised.
 """
 
 import argparse
+import copy
 import filecmp
 import inspect
 import json
@@ -90,8 +95,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, Glm4MoeConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
-                          Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4MoeConfig, MixtralConfig, OlmoeConfig,
+                          Qwen2MoeConfig, Qwen3MoeConfig)
 
 PINNED = {"torch": "2.9.1", "transformers": "4.57.6"}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -113,6 +118,13 @@ COMMON = dict(
 # Glm4MoeConfig takes no router_aux_loss_coef (Glm4MoeForCausalLM's loss has no aux term; a passed
 # one would only sit in config.json as an unused attribute): COMMON less it, for a fixture's "common".
 GLM_COMMON = {k: v for k, v in COMMON.items() if k != "router_aux_loss_coef"}
+# DeepseekV3Config has no router_aux_loss_coef either; its attention wants num_key_value_heads = heads (MLA's
+# k and v are per head, from kv_b_proj; fewer kv heads make eager_attention_forward's repeat_kv fail).
+DS_COMMON = dict(GLM_COMMON, num_key_value_heads=GLM_COMMON["num_attention_heads"])
+# DeepSeek-V3's YaRN as published (type "yarn", factor 40, original 4096, betas 32 / 1, mscale = mscale_all_dim
+# = 1) at fixture size: factor 4 over an original 16 positions (max_position_embeddings 64 = 4 * 16).
+DS_YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1,
+           "mscale": 1.0, "mscale_all_dim": 1.0}
 
 # rms_norm_eps is left at each family's default (Mixtral 1e-5, Qwen2/3 1e-6, OLMoE 1e-5);
 # rope_theta is set away from each default (Mixtral 1e6, Qwen2/3 1e4, OLMoE 1e4).
@@ -148,6 +160,27 @@ FIXTURES = [
          kw=dict(intermediate_size=20, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2,
                  n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False, routed_scaling_factor=1.0,
                  head_dim=16, partial_rotary_factor=0.25, attention_bias=False, use_qk_norm=False, rope_theta=5e5)),
+    # DeepSeek-V3 (DeepseekV3ForCausalLM): GLM-4.5's router and MoE block (the same code) under multi-head latent
+    # attention (MLA). Both: kv_lora_rank 16, q/k head = qk_nope_head_dim 8 + qk_rope_head_dim 4 = 12, v head 6,
+    # routed_scaling_factor 2.5, no attention bias.
+    # deepseek_v3: q through q_a_proj -> q_a_layernorm -> q_b_proj (q_lora_rank 24), interleaved RoPE, default
+    # RoPE (theta 1e3, so that both frequencies of the 4 rotated dims turn); 3 layers, layer 0 dense; 2 groups
+    # of 4, 1 kept; one shared expert; renormalised top-k.
+    dict(name="deepseek_v3", config=DeepseekV3Config, seed=8000, need_idle_expert=True,
+         common=dict(DS_COMMON, num_hidden_layers=3),
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1,
+                 n_group=2, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                 q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                 rope_interleave=True, rope_scaling=None, rope_theta=1e3)),
+    # deepseek_v3_noq: q through q_proj (q_lora_rank null), RoPE in halves (rope_interleave false), YaRN (DS_YARN:
+    # YaRN frequencies, softmax scale * mscale^2; theta 100); every layer MoE, one group, two shared experts
+    # (I 32), no renormalisation; rms_norm_eps 1e-5 (Moonlight's; the latent norms keep 1e-6).
+    dict(name="deepseek_v3_noq", config=DeepseekV3Config, seed=9000, need_idle_expert=False,
+         common=DS_COMMON,
+         kw=dict(intermediate_size=20, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=2,
+                 n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False, routed_scaling_factor=2.5,
+                 q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                 rope_interleave=False, rope_scaling=DS_YARN, rope_theta=100.0, rms_norm_eps=1e-5)),
 ]
 
 
@@ -170,6 +203,7 @@ def source_facts():
     from torch.optim import adam as tadam
     from transformers import modeling_rope_utils as rope
     from transformers.loss import loss_utils
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
     from transformers.models.glm4_moe import modeling_glm4_moe as gl
     from transformers.models.mixtral import modeling_mixtral as mx
     from transformers.models.olmoe import modeling_olmoe as ol
@@ -219,7 +253,7 @@ def source_facts():
          "denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)"),
         ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
          "param.addcdiv_(exp_avg, denom, value=-step_size)"),
-    ] + glm_facts(gl, rope)
+    ] + glm_facts(gl, rope) + ds_facts(ds, rope)
 
 
 def glm_facts(gl, rope):
@@ -253,18 +287,28 @@ def glm_facts(gl, rope):
                 "dtype=torch.float) / dim))")
         + facts(c + "Glm4MoeRotaryEmbedding.forward", gl.Glm4MoeRotaryEmbedding.forward,
                 "emb = torch.cat((freqs, freqs), dim=-1)")
-        + facts(c + "Glm4MoeRMSNorm.forward", gl.Glm4MoeRMSNorm.forward,
-                "return self.weight * hidden_states.to(input_dtype)")
-        + facts(c + "Glm4MoeDecoderLayer.__init__", gl.Glm4MoeDecoderLayer.__init__,
-                "if layer_idx >= config.first_k_dense_replace:", "self.mlp = Glm4MoeMoE(config)",
-                "self.mlp = Glm4MoeMLP(config)")
-        + facts(c + "Glm4MoeMLP.forward", gl.Glm4MoeMLP.forward,
-                "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))")
         + facts(c + "Glm4MoeTopkRouter.__init__", gl.Glm4MoeTopkRouter.__init__,
-                "self.weight = nn.Parameter(torch.empty((self.n_routed_experts, config.hidden_size)))",
                 'self.register_buffer("e_score_correction_bias", torch.zeros((self.n_routed_experts), '
                 'dtype=torch.float32))')
-        + facts(c + "Glm4MoeTopkRouter.get_topk_indices", gl.Glm4MoeTopkRouter.get_topk_indices,
+        + group_router_facts(gl, "Glm4Moe", c)
+    )
+
+
+def group_router_facts(mod, P, c):
+    """The lines GLM-4.5 and DeepSeek-V3 share (class names P...; c: the file's citation): the RMSNorm, the
+    dense/MoE layer rule, the MLP, the sigmoid group-limited router, the MoE block, the loss (no aux term)."""
+    router, moe = getattr(mod, P + "TopkRouter"), getattr(mod, P + "MoE")
+    return (
+        facts(c + P + "RMSNorm.forward", getattr(mod, P + "RMSNorm").forward,
+              "return self.weight * hidden_states.to(input_dtype)")
+        + facts(c + P + "DecoderLayer.__init__", getattr(mod, P + "DecoderLayer").__init__,
+                "if layer_idx >= config.first_k_dense_replace:", f"self.mlp = {P}MoE(config)",
+                f"self.mlp = {P}MLP(config)")
+        + facts(c + P + "MLP.forward", getattr(mod, P + "MLP").forward,
+                "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))")
+        + facts(c + P + "TopkRouter.__init__", router.__init__,
+                "self.weight = nn.Parameter(torch.empty((self.n_routed_experts, config.hidden_size)))")
+        + facts(c + P + "TopkRouter.get_topk_indices", router.get_topk_indices,
                 "@torch.no_grad()",
                 "scores_for_choice = scores.view(-1, self.n_routed_experts) + "
                 "self.e_score_correction_bias.unsqueeze(0)",
@@ -272,26 +316,102 @@ def glm_facts(gl, rope):
                 "group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]",
                 "scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), 0.0)",
                 "topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]")
-        + facts(c + "Glm4MoeTopkRouter.forward", gl.Glm4MoeTopkRouter.forward,
+        + facts(c + P + "TopkRouter.forward", router.forward,
                 "router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))",
                 "scores = router_logits.sigmoid()",
                 "topk_weights = scores.gather(1, topk_indices)",
                 "denominator = topk_weights.sum(dim=-1, keepdim=True) + 1e-20",
                 "topk_weights = topk_weights * self.routed_scaling_factor")
-        + facts(c + "Glm4MoeMoE.__init__", gl.Glm4MoeMoE.__init__,
-                "Glm4MoeMLP(config, intermediate_size=config.moe_intermediate_size)",
+        + facts(c + P + "MoE.__init__", moe.__init__,
+                f"{P}MLP(config, intermediate_size=config.moe_intermediate_size)",
                 "intermediate_size=config.moe_intermediate_size * config.n_shared_experts")
-        + facts(c + "Glm4MoeMoE.moe", gl.Glm4MoeMoE.moe,
+        + facts(c + P + "MoE.moe", moe.moe,
                 "final_hidden_states = torch.zeros_like(hidden_states, dtype=topk_weights.dtype)",
                 "for expert_idx in range(len(self.experts)):",
                 "if token_indices.numel() > 0:",
                 "weighted_output = expert_output * expert_weights.unsqueeze(-1)",
                 "final_hidden_states.index_add_(0, token_indices, weighted_output)")
-        + facts(c + "Glm4MoeMoE.forward", gl.Glm4MoeMoE.forward,
+        + facts(c + P + "MoE.forward", moe.forward,
                 "hidden_states = hidden_states + self.shared_experts(residuals)")
-        + facts(c + "Glm4MoeForCausalLM.forward", gl.Glm4MoeForCausalLM.forward,
+        + facts(c + P + "ForCausalLM.forward", getattr(mod, P + "ForCausalLM").forward,
                 "loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, "
                 "**kwargs)")
+    )
+
+
+def ds_facts(ds, rope):
+    """DeepSeek-V3's facts (modeling_deepseek_v3.py, configuration_deepseek_v3.py; the YaRN of
+    modeling_rope_utils.py); its router and MoE block are GLM-4.5's (group_router_facts)."""
+    c = "modeling_deepseek_v3.py "
+    cfg = "configuration_deepseek_v3.py DeepseekV3Config.__init__"
+    return (
+        facts(cfg, DeepseekV3Config.__init__,
+              "self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim",
+              "self.head_dim = qk_rope_head_dim",
+              'self.rope_scaling["rope_type"] = self.rope_scaling["type"]',
+              'for key in ["beta_fast", "beta_slow", "factor"]:')
+        + facts(c + "DeepseekV3Attention.__init__", ds.DeepseekV3Attention.__init__,
+                "self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads",
+                "self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.qk_head_dim, bias=False)",
+                "self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=config.attention_bias)",
+                "self.q_a_layernorm = DeepseekV3RMSNorm(config.q_lora_rank)",
+                "self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)",
+                "self.kv_lora_rank + self.qk_rope_head_dim,",
+                "self.kv_a_layernorm = DeepseekV3RMSNorm(self.kv_lora_rank)",
+                "self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),",
+                "self.num_heads * self.v_head_dim,",
+                "self.scaling = self.qk_head_dim ** (-0.5)",
+                'mscale_all_dim = self.config.rope_scaling.get("mscale_all_dim", 0)',
+                "mscale = yarn_get_mscale(scaling_factor, mscale_all_dim)",
+                "self.scaling = self.scaling * mscale * mscale")
+        + facts(c + "yarn_get_mscale", ds.yarn_get_mscale, "return 0.1 * mscale * math.log(scale) + 1.0")
+        + facts(c + "DeepseekV3RMSNorm.__init__", ds.DeepseekV3RMSNorm.__init__,
+                "def __init__(self, hidden_size, eps=1e-6):")
+        + facts(c + "DeepseekV3Attention.forward", ds.DeepseekV3Attention.forward,
+                "q_states = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))",
+                "q_pass, q_rot = torch.split(q_states, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)",
+                "k_pass, k_rot = torch.split(compressed_kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)",
+                "k_pass = self.kv_b_proj(self.kv_a_layernorm(k_pass)).view(key_shape).transpose(1, 2)",
+                "k_pass, value_states = torch.split(k_pass, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)",
+                "k_rot = k_rot.view(batch_size, 1, seq_length, self.qk_rope_head_dim)",
+                "if self.config.rope_interleave:",
+                "q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)",
+                "q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin)",
+                "k_rot = k_rot.expand(*k_pass.shape[:-1], -1)",
+                "query_states = torch.cat((q_pass, q_rot), dim=-1)",
+                "key_states = torch.cat((k_pass, k_rot), dim=-1)",
+                "attn_output = self.o_proj(attn_output)")
+        + facts(c + "apply_rotary_pos_emb_interleave", ds.apply_rotary_pos_emb_interleave,
+                "q = q.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)",
+                "q_embed = (q * cos) + (rotate_half(q) * sin)")
+        + facts(c + "apply_rotary_pos_emb", ds.apply_rotary_pos_emb, "q_embed = (q * cos) + (rotate_half(q) * sin)")
+        + facts(c + "rotate_half", ds.rotate_half, "return torch.cat((-x2, x1), dim=-1)")
+        + facts(c + "DeepseekV3RotaryEmbedding.forward", ds.DeepseekV3RotaryEmbedding.forward,
+                "emb = torch.cat((freqs, freqs), dim=-1)", "cos = emb.cos() * self.attention_scaling")
+        + facts(c + "eager_attention_forward", ds.eager_attention_forward,
+                "attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling",
+                "attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)")
+        + facts("modeling_rope_utils.py _compute_yarn_parameters", rope._compute_yarn_parameters,
+                'head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+                "dim = int(head_dim * partial_rotary_factor)",
+                "if mscale and mscale_all_dim:",
+                "attention_factor = float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))",
+                "attention_factor = get_mscale(factor)",
+                'beta_fast = config.rope_scaling.get("beta_fast") or 32',
+                'beta_slow = config.rope_scaling.get("beta_slow") or 1',
+                "return (dim * math.log(max_position_embeddings / (num_rotations * 2 * math.pi))) / "
+                "(2 * math.log(base))",
+                'truncate = config.rope_scaling.get("truncate", True)',
+                "low = math.floor(low)", "high = math.ceil(high)",
+                "return max(low, 0), min(high, dim - 1)",
+                "max += 0.001  # Prevent singularity",
+                "inv_freq_interpolation = 1.0 / (factor * pos_freqs)",
+                "inv_freq_extrapolation_factor = 1 - linear_ramp_factor(low, high, dim // 2)",
+                "inv_freq_interpolation * (1 - inv_freq_extrapolation_factor)",
+                "+ inv_freq_extrapolation * inv_freq_extrapolation_factor")
+        + facts(c + "DeepseekV3TopkRouter.__init__", ds.DeepseekV3TopkRouter.__init__,
+                'self.register_buffer("e_score_correction_bias", torch.zeros(self.n_routed_experts))')
+        + group_router_facts(ds, "DeepseekV3", c)
     )
 
 
@@ -319,20 +439,26 @@ def check_sources():
 
 
 def check_glm_sources():
-    """What modeling_glm4_moe.py does not have: an aux loss or router logits in its outputs (the
-    output_router_logits kwarg is swallowed by **kwargs), a head_dim or router_aux_loss_coef config
-    argument; and the order of its attention (qk-norm before RoPE)."""
+    """What modeling_glm4_moe.py and modeling_deepseek_v3.py do not have: an aux loss or router logits in their
+    outputs (the output_router_logits kwarg is swallowed by **kwargs), a head_dim or router_aux_loss_coef config
+    argument; GLM's attention order (qk-norm before RoPE); DeepSeek's defaults (rope_interleave true, eps 1e-6)."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
     from transformers.models.glm4_moe import modeling_glm4_moe as gl
-    for obj in (gl.Glm4MoeForCausalLM.forward, gl.Glm4MoeModel.forward, gl.Glm4MoeMoE.forward,
-                gl.Glm4MoeDecoderLayer.forward):
-        for word in ("aux_loss", "router_logits", "load_balancing"):
-            need(word not in _src(obj), f"modeling_glm4_moe.py {obj.__qualname__} mentions {word}")
-    need("router_logits" not in gl.Glm4MoePreTrainedModel._can_record_outputs,
-         "Glm4MoePreTrainedModel records router logits")
-    ps = inspect.signature(Glm4MoeConfig.__init__).parameters
-    need("router_aux_loss_coef" not in ps and "head_dim" not in ps,
-         "Glm4MoeConfig has a router_aux_loss_coef or head_dim argument")
-    need(ps["rms_norm_eps"].default == 1e-5, "Glm4MoeConfig rms_norm_eps default is not 1e-5")
+    for mod, P in ((gl, "Glm4Moe"), (ds, "DeepseekV3")):
+        for obj in (getattr(mod, P + "ForCausalLM").forward, getattr(mod, P + "Model").forward,
+                    getattr(mod, P + "MoE").forward, getattr(mod, P + "DecoderLayer").forward):
+            for word in ("aux_loss", "router_logits", "load_balancing"):
+                need(word not in _src(obj), f"{mod.__name__} {obj.__qualname__} mentions {word}")
+        need("router_logits" not in getattr(mod, P + "PreTrainedModel")._can_record_outputs,
+             f"{P}PreTrainedModel records router logits")
+    for cls, eps in ((Glm4MoeConfig, 1e-5), (DeepseekV3Config, 1e-6)):
+        ps = inspect.signature(cls.__init__).parameters
+        need("router_aux_loss_coef" not in ps and "head_dim" not in ps,
+             f"{cls.__name__} has a router_aux_loss_coef or head_dim argument")
+        need(ps["rms_norm_eps"].default == eps, f"{cls.__name__} rms_norm_eps default is not {eps}")
+    ps = inspect.signature(DeepseekV3Config.__init__).parameters
+    need(ps["rope_interleave"].default is True and ps["attention_bias"].default is False,
+         "DeepseekV3Config rope_interleave default is not True or attention_bias not False")
     fwd = _src(gl.Glm4MoeAttention.forward)
     need(fwd.index("self.q_norm(query_states)") < fwd.index("apply_rotary_pos_emb("),
          "Glm4MoeAttention.forward: q_norm is not before RoPE")
@@ -398,13 +524,15 @@ def expert_prefix(model, layer_idx, e):
 
 def frozen_buffers(model):
     """The buffers the model saves (state_dict) that are not parameters, in named_buffers() order:
-    GLM-4.5's e_score_correction_bias; none in the other families (inv_freq is not persistent)."""
+    GLM-4.5's and DeepSeek-V3's e_score_correction_bias; none in the other families (inv_freq is not
+    persistent)."""
     sd, params = model.state_dict(), dict(model.named_parameters())
     return [(n, b) for n, b in model.named_buffers() if n in sd and n not in params]
 
 
 def build(fx, seed):
-    cfg = fx["config"](**fx.get("common", COMMON), **fx["kw"])
+    cfg = fx["config"](**copy.deepcopy(fx.get("common", COMMON)), **copy.deepcopy(fx["kw"]))  # (rope_scaling:
+    # DeepseekV3Config adds rope_type to the dict it is given and casts its betas to float)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     rng = np.random.default_rng(seed)
@@ -418,7 +546,7 @@ def build(fx, seed):
             else:
                 v = INIT_STD * z
             p.copy_(torch.from_numpy(v.astype(np.float32)))
-        # Saved buffers (GLM's router bias; transformers leaves it 0) random too, so that a wrong use
+        # Saved buffers (GLM's and DeepSeek's router bias; transformers leaves it 0) random too, so that a wrong use
         # of the bias changes the routing.
         for name, b in frozen_buffers(model):
             need(name.endswith(".e_score_correction_bias") and b.dtype == torch.float32,
@@ -451,23 +579,36 @@ def routing_stats(router_logits, k, E):
     return margin, idle
 
 
-def is_glm(cfg):
-    return cfg.model_type == "glm4_moe"
+# The families with GLM-4.5's sigmoid, group-limited router (e_score_correction_bias, routed_scaling_factor,
+# shared experts) and no aux loss: model_type -> (causal LM class, router class).
+GROUP_ROUTER = {"glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeTopkRouter"),
+                "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3TopkRouter")}
+
+
+def is_group_router(cfg):
+    """GLM-4.5 or DeepSeek-V3: GLM-4.5's router and MoE block, no aux loss (GROUP_ROUTER)."""
+    return cfg.model_type in GROUP_ROUTER
+
+
+def is_mla(cfg):
+    """DeepSeek-V3's multi-head latent attention."""
+    return cfg.model_type == "deepseek_v3"
 
 
 def aux_coef(cfg):
-    """The weight of the aux loss in out.loss (the metadata's router_aux_loss_coef): GLM-4.5 has none."""
-    return 0.0 if is_glm(cfg) else AUX_COEF
+    """The weight of the aux loss in out.loss (the metadata's router_aux_loss_coef): GLM-4.5 and DeepSeek-V3
+    have none."""
+    return 0.0 if is_group_router(cfg) else AUX_COEF
 
 
 def forward_kw(cfg):
-    """The forward's router-logit flag: GLM-4.5 records no router logits (output_router_logits would be
-    swallowed by **kwargs), so it is not passed; the routers are read by gate_hooks instead."""
-    return {} if is_glm(cfg) else dict(output_router_logits=True)
+    """The forward's router-logit flag: GLM-4.5 and DeepSeek-V3 record no router logits (output_router_logits
+    would be swallowed by **kwargs), so it is not passed; the routers are read by gate_hooks instead."""
+    return {} if is_group_router(cfg) else dict(output_router_logits=True)
 
 
 def gate_hooks(model):
-    """Forward hooks on the GLM-4.5 routers (Glm4MoeTopkRouter: the modules with an
+    """Forward hooks on the GLM-4.5 / DeepSeek-V3 routers (GROUP_ROUTER's: the modules with an
     e_score_correction_bias; also inside a PeftModel): captured[layer] = (router, its input [T,H],
     its output (topk_indices, topk_weights)). Returns captured and the hooks."""
     captured, hooks = {}, []
@@ -479,9 +620,9 @@ def gate_hooks(model):
     return captured, hooks
 
 
-def glm_route(cfg, x, w, bias, use_bias=True, groups=True):
-    """GLM-4.5's choice (Glm4MoeTopkRouter) in float64 from the router input x [T,H], its weight w [E,H]
-    and e_score_correction_bias: (sigmoid scores [T,E], chosen experts [T,k] ascending, margin [T]).
+def group_route(cfg, x, w, bias, use_bias=True, groups=True):
+    """GLM-4.5's (and DeepSeek-V3's) choice (Glm4MoeTopkRouter) in float64 from the router input x [T,H], its
+    weight w [E,H] and e_score_correction_bias: (sigmoid scores [T,E], chosen experts [T,k] ascending, margin [T]).
     A token's margin is the smaller of the gap between its topk_group-th and next group score (when
     groups are left out) and the gap between its k-th and (k+1)-th masked choice score. use_bias /
     groups False: the choice without the bias / the group limit (the checks' wrong variants)."""
@@ -501,14 +642,14 @@ def glm_route(cfg, x, w, bias, use_bias=True, groups=True):
     return s, c.topk(k, dim=-1).indices.sort(dim=-1).values, margin
 
 
-def glm_router_logits(gates):
+def group_router_logits(gates):
     """The raw router logits x W^T [T,E] F32 of each MoE layer (ascending), as Glm4MoeTopkRouter.forward
-    computes them (F.linear of the float32 input and weight)."""
+    (DeepseekV3TopkRouter.forward) computes them (F.linear of the float32 input and weight)."""
     return [F.linear(x.float(), g.weight.detach().float()) for g, x, _ in (gates[li] for li in sorted(gates))]
 
 
-def glm_routing_stats(cfg, gates):
-    """routing_stats for GLM-4.5 from gate_hooks' capture: (margin, idle [(MoE layer position, e)],
+def group_routing_stats(cfg, gates):
+    """routing_stats for GLM-4.5 / DeepSeek-V3 from gate_hooks' capture: (margin, idle [(MoE layer position, e)],
     chosen experts per MoE layer [T,k], whether the float64 choice is transformers' in every layer,
     whether leaving out the bias (and, with a group limit, the limit) changes it in every layer)."""
     E = cfg.n_routed_experts
@@ -516,12 +657,12 @@ def glm_routing_stats(cfg, gates):
     for pos, li in enumerate(sorted(gates)):
         g, x, (idx, _) = gates[li]
         w, b = g.weight.detach(), g.e_score_correction_bias
-        _, sel, m = glm_route(cfg, x, w, b)
+        _, sel, m = group_route(cfg, x, w, b)
         margin = min(margin, m.min().item())
         same = same and torch.equal(sel, idx.sort(dim=-1).values)
-        sensitive = sensitive and not torch.equal(sel, glm_route(cfg, x, w, b, use_bias=False)[1])
+        sensitive = sensitive and not torch.equal(sel, group_route(cfg, x, w, b, use_bias=False)[1])
         if cfg.n_group > cfg.topk_group:
-            sensitive = sensitive and not torch.equal(sel, glm_route(cfg, x, w, b, groups=False)[1])
+            sensitive = sensitive and not torch.equal(sel, group_route(cfg, x, w, b, groups=False)[1])
         hits = torch.bincount(sel.reshape(-1), minlength=E)
         idle += [(pos, e) for e in range(E) if hits[e] == 0]
         sels.append(sel)
@@ -530,15 +671,15 @@ def glm_routing_stats(cfg, gates):
 
 def usable_routing(fx, model, cfg, ids):
     """The model's routing of ids keeps away from ties, and has exactly one idle expert when fx needs one;
-    GLM-4.5's also changes without the router bias (and without the group limit, where there is one)
+    GLM-4.5's (DeepSeek-V3's) also changes without the router bias (and without the group limit, where there is one)
     in every MoE layer."""
-    if is_glm(cfg):
+    if is_group_router(cfg):
         gates, hooks = gate_hooks(model)
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)
         for h in hooks:
             h.remove()
-        margin, idle, _, same, sensitive = glm_routing_stats(cfg, gates)
+        margin, idle, _, same, sensitive = group_routing_stats(cfg, gates)
         if not (same and sensitive):
             return False
     else:
@@ -608,16 +749,17 @@ def ref_moe(blk, x, cfg, renorm):
     return y
 
 
-def ref_glm_moe(blk, x, cfg, use_bias=True, groups=True, renorm=None, choice_weights=False, scaling=None,
-                shared=True):
-    """fp64 reference of one Glm4MoeMoE block from its parameters and router bias: the choice of glm_route,
+def ref_group_moe(blk, x, cfg, use_bias=True, groups=True, renorm=None, choice_weights=False, scaling=None,
+                  shared=True):
+    """fp64 reference of one Glm4MoeMoE (DeepseekV3MoE) block from its parameters and router bias: the choice
+    of group_route,
     weights = the chosen experts' sigmoid scores (choice_weights: scores + bias), / (sum + 1e-20) if
     renorm (default norm_topk_prob), * scaling (default routed_scaling_factor), sum_j w_j Expert_j(x)
     + shared_experts(x) (ungated). The keyword arguments give the wrong variants of check_moe_block."""
     d = lambda t: t.detach().double()  # noqa: E731
     x = d(x).reshape(-1, x.shape[-1])
     g = blk.gate
-    s, sel, _ = glm_route(cfg, x, d(g.weight), d(g.e_score_correction_bias), use_bias, groups)
+    s, sel, _ = group_route(cfg, x, d(g.weight), d(g.e_score_correction_bias), use_bias, groups)
     w = (s + d(g.e_score_correction_bias) if choice_weights else s).gather(1, sel)
     if cfg.norm_topk_prob if renorm is None else renorm:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
@@ -633,8 +775,8 @@ def ref_glm_moe(blk, x, cfg, use_bias=True, groups=True, renorm=None, choice_wei
     return y + mlp(blk.shared_experts, x) if shared else y
 
 
-def glm_wrong_variants(cfg):
-    """check_moe_block's wrong GLM-4.5 blocks, each of which the fixture must tell from the right one."""
+def group_wrong_variants(cfg):
+    """check_moe_block's wrong GLM-4.5 / DeepSeek-V3 blocks, each of which the fixture must tell from the right one."""
     v = {"the router bias left out of the choice": dict(use_bias=False),
          "renormalisation flipped": dict(renorm=not cfg.norm_topk_prob),
          "weights from the choice scores (scores + bias)": dict(choice_weights=True),
@@ -648,16 +790,16 @@ def glm_wrong_variants(cfg):
 
 def check_moe_block(name, model, captured):
     """The block output equals sum_j w_j * Expert(x) (+ sigmoid-gated shared expert) with
-    renormalisation exactly as the family does it, and not with it flipped. GLM-4.5: ref_glm_moe, and
-    none of glm_wrong_variants (the router bias, the group limit, ... matter)."""
+    renormalisation exactly as the family does it, and not with it flipped. GLM-4.5 / DeepSeek-V3:
+    ref_group_moe, and none of group_wrong_variants (the router bias, the group limit, ... matter)."""
     cfg = model.config
-    if is_glm(cfg):
+    if is_group_router(cfg):
         for li, (blk, x, y) in captured.items():
             y = y.detach().double().reshape(-1, y.shape[-1])
-            err = (ref_glm_moe(blk, x, cfg) - y).abs().max().item()
+            err = (ref_group_moe(blk, x, cfg) - y).abs().max().item()
             need(err < 1e-5, f"{name}: layer {li} MoE block differs from the reference by {err}")
-            for what, kw in glm_wrong_variants(cfg).items():
-                err = (ref_glm_moe(blk, x, cfg, **kw) - y).abs().max().item()
+            for what, kw in group_wrong_variants(cfg).items():
+                err = (ref_group_moe(blk, x, cfg, **kw) - y).abs().max().item()
                 need(err > 1e-3, f"{name}: layer {li} MoE block insensitive to {what} ({err})")
         return
     renorm = True if cfg.model_type == "mixtral" else bool(cfg.norm_topk_prob)
@@ -669,8 +811,8 @@ def check_moe_block(name, model, captured):
         need(err_flipped > 1e-3, f"{name}: layer {li} MoE block insensitive to renormalisation")
 
 
-def check_glm_router(name, cfg, gates, router_logits):
-    """GLM-4.5: the router's weights are, bit for bit, sigmoid(router_logits) gathered at its choice,
+def check_group_router(name, cfg, gates, router_logits):
+    """GLM-4.5 / DeepSeek-V3: the router's weights are, bit for bit, sigmoid(router_logits) gathered at its choice,
     / (sum + 1e-20) if norm_topk_prob, * routed_scaling_factor (so router_logits are the logits it used)."""
     for li, lg in zip(sorted(gates), router_logits):
         _, _, (idx, w) = gates[li]
@@ -681,13 +823,176 @@ def check_glm_router(name, cfg, gates, router_logits):
         need(torch.equal(ref, w), f"{name}: layer {li} router weights are not those of its logits")
 
 
-def check_glm_ignores_router_flag(name, model, ids, labels, logits, loss):
-    """GLM-4.5 accepts output_router_logits=True (its forward's **kwargs) and ignores it: the same logits
+def check_ignores_router_flag(name, model, ids, labels, logits, loss):
+    """GLM-4.5 (DeepSeek-V3) accepts output_router_logits=True (its forward's **kwargs) and ignores it: the same logits
     and loss, no router logits, no aux loss."""
     with torch.no_grad():
         o = model(input_ids=ids, labels=labels, use_cache=False, output_router_logits=True)
     need(torch.equal(o.logits, logits) and torch.equal(o.loss, loss) and sorted(o.keys()) == ["logits", "loss"],
          f"{name}: output_router_logits=True changes the output ({sorted(o.keys())})")
+
+
+# ----------------------------------------------------------------------------- MLA (DeepSeek-V3)
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: DeepseekV3RMSNorm's default, not rms_norm_eps
+
+
+def yarn_mscale(scale, mscale):
+    """yarn_get_mscale: 0.1 * mscale * ln(scale) + 1 (1 for scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_rope(cfg, yarn=True, exponent_dim=None):
+    """(inv_freq [rot/2] float64, attention_factor) of DeepSeek-V3's RoPE, rot = qk_rope_head_dim (config.head_dim
+    is set to it): 1/theta^(2i/rot), or with rope_scaling yarn _compute_yarn_parameters' mix of those
+    (extrapolation) and them / factor (interpolation), ramped over [low, high] (the correction range, floor /
+    ceil, clamped to [0, rot-1]); attention_factor (cos and sin are multiplied by it) mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim) where both are set, else mscale(factor, 1); 1 without yarn. yarn False /
+    exponent_dim: the wrong variants (plain frequencies; another dim in the exponent)."""
+    rot, base, rs = cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling
+    dim = exponent_dim or rot
+    inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / dim)
+    if rs is None or not yarn:
+        return inv, 1.0
+    need(rs["rope_type"] == "yarn" and "attention_factor" not in rs and "truncate" not in rs,
+         f"rope_scaling {rs}: mla_rope knows yarn with the attention factor from mscale and truncation only")
+    f = rs["factor"]
+    orig = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
+
+    def corr(rotations):  # find_correction_dim
+        return rot * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(corr(rs.get("beta_fast") or 32)), 0), min(math.ceil(corr(rs.get("beta_slow") or 1)),
+                                                                         rot - 1)
+    if low == high:
+        high += 0.001
+    extra = 1 - ((torch.arange(rot // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    inv = inv / f * (1 - extra) + inv * extra
+    m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+    return inv, (yarn_mscale(f, m) / yarn_mscale(f, m_all) if m and m_all else yarn_mscale(f, 1))
+
+
+def mla_scale(cfg, yarn=True):
+    """The softmax scale: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 when rope_scaling has a
+    (non-zero) mscale_all_dim (DeepseekV3Attention.__init__; whatever the rope type)."""
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    rs = cfg.rope_scaling
+    if yarn and rs is not None and rs.get("mscale_all_dim", 0):
+        scale *= yarn_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2
+    return scale
+
+
+def ref_mla(attn, x, cfg, wrong_slice=False, interleave=None, yarn=True, exponent_dim=None, scale=None,
+            q_norm=True, kv_norm=True):
+    """fp64 reference of one DeepseekV3Attention from its parameters; x [B,S,H] its input (causal, positions
+    0..S-1, no padding). q = q_proj(x) or q_b_proj(rmsnorm(q_a_proj(x))), per head [nope | rope]; kv_a_proj_with_mqa(x)
+    = [c (kv_lora_rank) | k_rope (qk_rope_head_dim, one for all heads)]; kv_b_proj(rmsnorm(c)) per head
+    [k_nope | v]; RoPE on the rope parts of q and k by pairs: (2i, 2i+1) with rope_interleave, else (i, i+rot/2),
+    pair i turned by position * inv_freq[i], cos and sin times attention_factor; scores q.k * mla_scale, causal
+    softmax, @ v, heads concatenated, o_proj. The keyword arguments give check_mla's wrong variants: RoPE on the
+    first rot dims of the q / k heads (wrong_slice), the other pairing (interleave), the frequencies without
+    YaRN, over another dim (exponent_dim), another scale, a latent norm left out."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    x = d(x)
+    Bx, Sx, _ = x.shape
+    nh, dn, dr, dv, r = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
+                         cfg.kv_lora_rank)
+
+    def lin(v, m):
+        return v @ d(m.weight).T + (d(m.bias) if m.bias is not None else 0.0)
+
+    def rms(v, norm, on=True):
+        return d(norm.weight) * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + LATENT_NORM_EPS) if on else v
+
+    if cfg.q_lora_rank is None:
+        q = lin(x, attn.q_proj)
+    else:
+        q = lin(rms(lin(x, attn.q_a_proj), attn.q_a_layernorm, q_norm), attn.q_b_proj)
+    q = q.view(Bx, Sx, nh, dn + dr)
+    ckv = lin(x, attn.kv_a_proj_with_mqa)
+    kv = lin(rms(ckv[..., :r], attn.kv_a_layernorm, kv_norm), attn.kv_b_proj).view(Bx, Sx, nh, dn + dv)
+    k = torch.cat([kv[..., :dn], ckv[..., None, r:].expand(Bx, Sx, nh, dr)], dim=-1)
+    v = kv[..., dn:]
+
+    inv, af = mla_rope(cfg, yarn, exponent_dim)
+    ang = torch.arange(Sx, dtype=torch.float64)[:, None] * inv[None, :]  # [S, rot/2]
+    cos, sin = (af * ang.cos())[None, :, None, :], (af * ang.sin())[None, :, None, :]
+    inter = cfg.rope_interleave if interleave is None else interleave
+    at = slice(0, dr) if wrong_slice else slice(dn, dn + dr)
+
+    def rope(t):
+        t = t.clone()
+        u = t[..., at]
+        a, b = (u[..., 0::2], u[..., 1::2]) if inter else (u[..., :dr // 2], u[..., dr // 2:])
+        a, b = a * cos - b * sin, b * cos + a * sin
+        if inter:
+            u = torch.stack([a, b], dim=-1).reshape(u.shape)
+        else:
+            u = torch.cat([a, b], dim=-1)
+        t[..., at] = u
+        return t
+
+    q, k = rope(q), rope(k)
+    sc = torch.einsum("bshd,bthd->bhst", q, k) * (mla_scale(cfg, yarn) if scale is None else scale)
+    sc = sc.masked_fill(torch.ones(Sx, Sx, dtype=torch.bool).triu(1), -math.inf)
+    o = torch.einsum("bhst,bthd->bshd", sc.softmax(-1), v).reshape(Bx, Sx, nh * dv)
+    return lin(o, attn.o_proj)
+
+
+def mla_wrong_variants(cfg):
+    """check_mla's wrong attentions, each of which the fixture must tell from the right one."""
+    v = {"RoPE on the first qk_rope_head_dim dims of the q/k heads (not the last)": dict(wrong_slice=True),
+         ("RoPE in halves (rotate_half without the de-interleave)" if cfg.rope_interleave else
+          "RoPE on interleaved pairs"): dict(interleave=not cfg.rope_interleave),
+         "inv_freq over qk_head_dim (not qk_rope_head_dim)": dict(exponent_dim=cfg.qk_nope_head_dim
+                                                                   + cfg.qk_rope_head_dim),
+         "softmax scale v_head_dim^-0.5": dict(scale=cfg.v_head_dim ** -0.5 * mla_scale(cfg)
+                                               / mla_scale(cfg, yarn=False)),
+         "kv_a_layernorm left out": dict(kv_norm=False)}
+    if cfg.q_lora_rank is not None:
+        v["q_a_layernorm left out"] = dict(q_norm=False)
+    if cfg.rope_scaling is not None:
+        v["plain RoPE frequencies (not YaRN's)"] = dict(yarn=False, scale=mla_scale(cfg))
+        v["softmax scale without mscale^2"] = dict(scale=mla_scale(cfg, yarn=False))
+    return v
+
+
+def check_mla(name, model, captured):
+    """DeepSeek-V3: transformers' RoPE buffer, attention factor and softmax scale are mla_rope's / mla_scale's,
+    and every layer's attention output (o_proj's) is ref_mla's within 1e-5 and more than 1e-3 away from each of
+    mla_wrong_variants. captured[layer] = (attention module, its input [B,S,H], its output). Returns the largest
+    error, and the smallest distance to a wrong variant per variant."""
+    cfg = model.config
+    inv, af = mla_rope(cfg)
+    re_ = model.model.rotary_emb
+    need(torch.allclose(re_.inv_freq.double(), inv, rtol=1e-6, atol=0) and abs(re_.attention_scaling - af) < 1e-12,
+         f"{name}: RoPE inv_freq {re_.inv_freq.tolist()} / factor {re_.attention_scaling}, "
+         f"expected {inv.tolist()} / {af}")
+    worst, wrong = 0.0, {}
+    for li, (attn, x, y) in sorted(captured.items()):
+        need(abs(attn.scaling - mla_scale(cfg)) < 1e-12, f"{name}: layer {li} scaling {attn.scaling}")
+        need(attn.kv_a_layernorm.variance_epsilon == LATENT_NORM_EPS and (
+            cfg.q_lora_rank is None or attn.q_a_layernorm.variance_epsilon == LATENT_NORM_EPS),
+            f"{name}: layer {li} latent norm eps")
+        y = y.detach().double()
+        err = (ref_mla(attn, x, cfg) - y).abs().max().item()
+        need(err < 1e-5, f"{name}: layer {li} attention differs from the MLA reference by {err}")
+        worst = max(worst, err)
+        for what, kw in mla_wrong_variants(cfg).items():
+            e = (ref_mla(attn, x, cfg, **kw) - y).abs().max().item()
+            need(e > 1e-3, f"{name}: layer {li} attention insensitive to {what} ({e})")
+            wrong[what] = min(wrong.get(what, math.inf), e)
+    return worst, wrong
+
+
+def attn_hooks(model):
+    """Forward hooks on every layer's self_attn (called with keyword arguments): captured[layer] = (module,
+    hidden_states [B,S,H], attention output [B,S,H]). Returns captured and the hooks."""
+    captured, hooks = {}, []
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(layer.self_attn.register_forward_hook(
+            lambda m, args, kwargs, out, i=i: captured.__setitem__(
+                i, (m, kwargs["hidden_states"].detach().clone(), out[0].detach().clone())), with_kwargs=True))
+    return captured, hooks
 
 
 def check_aux(name, router_logits, k, E, aux):
@@ -769,14 +1074,14 @@ def make_fixture(fx, outdir):
             os.remove(os.path.join(d, f))
         else:
             os.chmod(os.path.join(d, f), 0o644)
-    # Saved buffers that are not parameters (GLM's router bias): in model.safetensors, F32, never trained.
+    # Saved buffers that are not parameters (GLM's, DeepSeek's router bias): in model.safetensors, F32, never trained.
     params = dict(model.named_parameters())
     with safe_open(os.path.join(d, "model.safetensors"), framework="pt") as f:
         frozen = sorted(n for n in f.keys() if n not in params)
         need(all(f.get_slice(n).get_dtype() == "F32" for n in frozen), f"{name}: a saved buffer is not F32")
     frozen_init = {n: b.detach().clone() for n, b in frozen_buffers(model)}
     need(frozen == sorted(frozen_init), f"{name}: saved non-parameters {frozen}, buffers {sorted(frozen_init)}")
-    need(bool(frozen) == is_glm(cfg), f"{name}: saved non-parameters {frozen}")
+    need(bool(frozen) == is_group_router(cfg), f"{name}: saved non-parameters {frozen}")
 
     labels, loss_mask = make_labels(ids)
     captured, hooks = {}, []
@@ -785,16 +1090,17 @@ def make_fixture(fx, outdir):
         hooks.append(blk.register_forward_hook(lambda m, inp, out, i=i: captured.__setitem__(
             i, (m, inp[0].detach().clone(), (out[0] if isinstance(out, tuple) else out).detach().clone()))))
     gates, gate_hks = gate_hooks(model)
+    attns, attn_hks = attn_hooks(model) if is_mla(cfg) else ({}, [])
     out = model(input_ids=ids, labels=labels, use_cache=False, **forward_kw(cfg))
-    for h in hooks + gate_hks:
+    for h in hooks + gate_hks + attn_hks:
         h.remove()
 
-    if is_glm(cfg):
+    if is_group_router(cfg):
         need(sorted(gates) == moe_layers, f"{name}: routers of layers {sorted(gates)} for MoE layers {moe_layers}")
         need(getattr(out, "aux_loss", None) is None and getattr(out, "router_logits", None) is None,
-             f"{name}: Glm4MoeForCausalLM returned an aux loss or router logits")
-        router_logits = glm_router_logits(gates)
-        check_glm_router(name, cfg, gates, router_logits)
+             f"{name}: {GROUP_ROUTER[cfg.model_type][0]} returned an aux loss or router logits")
+        router_logits = group_router_logits(gates)
+        check_group_router(name, cfg, gates, router_logits)
     else:
         router_logits = out.router_logits
     need(len(router_logits) == len(moe_layers),
@@ -807,22 +1113,23 @@ def make_fixture(fx, outdir):
     lp = torch.log_softmax(logits.double(), -1)
     ce_mask = -(lp[:, :-1].gather(-1, ids[:, 1:, None].clamp(min=0))[..., 0] * loss_mask[:, 1:]).sum() / n_targets
     need(abs(ce_mask.item() - ce.item()) < 1e-5, f"{name}: ce from loss_mask {ce_mask.item()} != {ce.item()}")
-    aux = torch.zeros((), dtype=torch.float32) if is_glm(cfg) else out.aux_loss.detach()
+    aux = torch.zeros((), dtype=torch.float32) if is_group_router(cfg) else out.aux_loss.detach()
     loss = out.loss.detach()
     need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
-    need(aux.item() > 0 or is_glm(cfg), f"{name}: aux {aux.item()}")
+    need(aux.item() > 0 or is_group_router(cfg), f"{name}: aux {aux.item()}")
     need(abs(loss.item() - (ce.item() + aux_coef(cfg) * aux.item())) <= 1e-6 * abs(loss.item()),
          f"{name}: loss {loss.item()} != ce + coef*aux")
-    if is_glm(cfg):
+    if is_group_router(cfg):
         aux_per_layer = []
-        margin, idle, sels, same, sensitive = glm_routing_stats(cfg, gates)
+        margin, idle, sels, same, sensitive = group_routing_stats(cfg, gates)
         need(same and sensitive, f"{name}: float64 routing is transformers' {same}, bias / group matter {sensitive}")
-        check_glm_ignores_router_flag(name, model, ids, labels, logits, loss)
+        check_ignores_router_flag(name, model, ids, labels, logits, loss)
     else:
         aux_ref, aux_per_layer = check_aux(name, router_logits, k, E, aux.item())
         margin, idle = routing_stats(router_logits, k, E)
         sels = [lg.detach().topk(k, dim=-1).indices for lg in router_logits]
     check_moe_block(name, model, captured)
+    mla_err, mla_wrong = check_mla(name, model, attns) if is_mla(cfg) else (None, {})
     idle = [(moe_layers[li], e) for li, e in idle]
 
     out.loss.backward()
@@ -876,8 +1183,8 @@ def make_fixture(fx, outdir):
         "batch": f"B={B} S={S}; labels = input_ids with -100 at (b,s) {MASKED_LABELS}",
         "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
         "n_targets": str(n_targets),
-        "loss": ("loss = ce_loss (Glm4MoeForCausalLM has no aux loss: aux_loss is written as 0); ce_loss = mean "
-                 "over the n_targets targets" if is_glm(cfg) else
+        "loss": (f"loss = ce_loss ({GROUP_ROUTER[cfg.model_type][0]} has no aux loss: aux_loss is written as 0); "
+                 "ce_loss = mean over the n_targets targets" if is_group_router(cfg) else
                  "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets"),
         "router_aux_loss_coef": repr(aux_coef(cfg)),
         "optimizer": "torch.optim.AdamW(foreach=False), one step, one param group holding every parameter",
@@ -898,9 +1205,10 @@ def make_fixture(fx, outdir):
     }
     if frozen:
         meta["frozen"] = json.dumps(frozen)
-    if is_glm(cfg):
+    if is_group_router(cfg):
         meta["router_logits"] = ("raw router logits x W^T [B*S,E] of each MoE layer (F.linear of the router input "
-                                 "and mlp.gate.weight in float32, as Glm4MoeTopkRouter.forward computes them); "
+                                 f"and mlp.gate.weight in float32, as {GROUP_ROUTER[cfg.model_type][1]}.forward "
+                                 "computes them); "
                                  "scores = sigmoid of them")
         meta["min_routing_margin_rule"] = ("min over MoE layers and tokens of the gap between the topk_group-th and "
                                            "next group score (n_group > topk_group only) and of the gap between the "
@@ -918,7 +1226,9 @@ def make_fixture(fx, outdir):
     return dict(name=name, family=cfg.model_type, seed=seed, moe_layers=moe_layers, k=k, E=E, cfg=cfg,
                 frozen=frozen,
                 norm_topk=(True if cfg.model_type == "mixtral" else cfg.norm_topk_prob),
-                head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                head_dim=(f"{cfg.qk_head_dim}/{cfg.v_head_dim}" if is_mla(cfg) else
+                          getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads),
+                mla_err=mla_err, mla_wrong=mla_wrong, layers=cfg.num_hidden_layers,
                 rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps, loss=loss.item(), ce=ce.item(),
                 aux=aux.item(), aux_per_layer=aux_per_layer, n_targets=n_targets, idle=idle, dead=dead,
                 no_grad=len(no_grad), margin=margin, adam_err=adam_err,
@@ -942,16 +1252,17 @@ sources (file and function named) and asserted by the script, textually
 
 All: H=32, 4 heads / 2 kv heads, vocab 64, E=8, k=2, expert I=16, silu, untied,
 attention_dropout 0, eager attention, train mode; 2 layers and router_aux_loss_coef
-0.01 except glm4_* (GLM-4.5: its own section below; no aux loss). Mixtral jitter 0.
-qwen2_moe: shared expert I=24, layer 0 dense (`mlp_only_layers=[0]`, intermediate
-20), q/k/v bias. qwen3_*: layer 0 dense through
+0.01 except glm4_* and deepseek_v3* (GLM-4.5, DeepSeek-V3: their own sections below;
+no aux loss; DeepSeek-V3 has 4 kv heads, its head_dim is q/k head / v head). Mixtral
+jitter 0. qwen2_moe: shared expert I=24, layer 0 dense (`mlp_only_layers=[0]`,
+intermediate 20), q/k/v bias. qwen3_*: layer 0 dense through
 `decoder_sparse_step=2` (intermediate 20). Initial weights N(0, 0.2²), norm weights
 1 + 0.1·N(0,1) (numpy PCG64, see `init` in the metadata). B=2, S=7; labels = ids with
 -100 at (0,0), (0,1), (1,4); `loss_mask` is in labels coordinates (1 iff the label
 counts: not -100 and s ≥ 1), {nt} targets each. One AdamW step: lr 1e-2, betas
 (0.9, 0.95), eps 1e-8, weight_decay 0.1, every parameter in one group.
-Top-k choices are at least {margin} apart in probability (no near-ties; GLM-4.5: in
-choice score and group score, below).
+Top-k choices are at least {margin} apart in probability (no near-ties; GLM-4.5 and
+DeepSeek-V3: in choice score and group score, below).
 
 ## Loss
 - **CE** (`loss/loss_utils.py` `ForCausalLMLoss`, `fixed_cross_entropy`): logits upcast to
@@ -1007,10 +1318,10 @@ choice score and group score, below).
   *(checked: exactly these and the OLMoE idle experts have all-zero grads)*
   In an earlier layer the output of position t reaches positions t..S-1 (causal
   attention): with an aux loss and a later MoE layer, that layer's router logits at
-  every position, so it always has a gradient; **without an aux loss (GLM-4.5)** an
-  expert whose tokens all sit at positions from which no later position predicts a
-  counted target (here: the last position of a sequence) gets an all-zero gradient
-  too (`glm4_moe_nogroup`: layer 0). *(checked, same list)*
+  every position, so it always has a gradient; **without an aux loss (GLM-4.5,
+  DeepSeek-V3)** an expert whose tokens all sit at positions from which no later
+  position predicts a counted target (here: the last position of a sequence) gets an
+  all-zero gradient too ({dead_earlier}). *(checked, same list)*
 - Qwen2/3 layer i is MoE iff `i ∉ mlp_only_layers and num_experts > 0 and
   (i+1) % decoder_sparse_step == 0` (`…DecoderLayer.__init__`); other layers are a
   dense MLP with `intermediate_size`.
@@ -1037,7 +1348,7 @@ choice score and group score, below).
 - Embeddings use `padding_idx = pad_token_id` (OLMoE default 1; None for the
   others): that row of the embedding never gets a gradient. The fixtures' ids avoid
   the pad id.
-{glm}
+{glm}{ds}
 ## AdamW (torch {torch}: `torch/optim/adamw.py` `AdamW` = `Adam(decoupled_weight_decay=True)`; `torch/optim/adam.py` `_single_tensor_adam`, the CPU path)
 For each parameter with a gradient, step t (= 1 here):
 ```
@@ -1155,7 +1466,7 @@ def glm_notes(rows):
             f"{', '.join(f'({l},{e})' for l, e in r['dead']) or '-'} |")
     which = {}
     for r in rows:
-        for w in glm_wrong_variants(r["cfg"]):
+        for w in group_wrong_variants(r["cfg"]):
             which.setdefault(w, []).append(r["name"])
     wrong = [w if len(ns) == len(rows) else f"{w} ({', '.join(ns)})" for w, ns in sorted(which.items())]
     checked = textwrap.fill(
@@ -1167,6 +1478,149 @@ def glm_notes(rows):
                             checked=checked, loss_bits="the same float32" if same else "not the same bits")
 
 
+DS_NOTES = """
+## DeepSeek-V3 (`deepseek_v3*`: `DeepseekV3ForCausalLM`, `modeling_deepseek_v3.py`)
+
+| name | layers | MoE layers | n_group / topk_group | q path | kv_lora_rank | q/k head (nope + rope) | v head | rope_interleave | rope_scaling | rope_theta | softmax scale | shared experts (I) | norm_topk_prob | routed_scaling_factor | rms_norm_eps | seed | min margin | idle experts (layer, e) | zero-grad experts |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Both: H=32, 4 heads and **4 kv heads**, vocab 64, E = `n_routed_experts` = 8, k = 2, expert
+I = `moe_intermediate_size` = 16, dense I = `intermediate_size` = 20, pad_token_id None,
+no attention bias, no `router_aux_loss_coef` (`DeepseekV3Config` has none; not passed, not
+in config.json). The `e_score_correction_bias` buffers are random as GLM-4.5's.
+- **Router, MoE block, dense layers, loss, margins**: GLM-4.5's, above, word for word
+  (`DeepseekV3TopkRouter`, `DeepseekV3MoE`, `DeepseekV3MLP`, `DeepseekV3DecoderLayer`
+  `first_k_dense_replace`, `DeepseekV3ForCausalLM.forward`: the same lines, checked in both
+  files): sigmoid scores, choice on scores + bias, group score = sum of the top 2, masked
+  experts 0.0, weights = scores (no bias), `/ (sum + 1e-20)` iff `norm_topk_prob`, then
+  `· routed_scaling_factor`; shared experts ungated, I = `moe_intermediate_size ·
+  n_shared_experts`; an idle expert's grad is None; **no aux loss**, no router logits
+  (`_can_record_outputs` has none; `output_router_logits=True` is swallowed) *(checked)*;
+  metadata `router_aux_loss_coef` "0.0", `frozen`, `after.<bias>` = initial as there.
+  One difference: the bias buffer is `torch.zeros(self.n_routed_experts)`, the default
+  dtype (GLM-4.5 names float32): F32 in these files.
+{checked_moe}
+- **Config** (`DeepseekV3Config.__init__`): `qk_head_dim = qk_nope_head_dim +
+  qk_rope_head_dim` and **`head_dim = qk_rope_head_dim`** are set as attributes, and
+  `save_pretrained` writes both to config.json; a `head_dim` or `qk_head_dim` key in a
+  config.json overrides the attribute (RoPE reads `head_dim` as the number of rotated dims;
+  the attention takes `qk_head_dim` for q's head and the scale). `head_dim` is not the
+  attention head size.
+  `rope_interleave` defaults to **true**, `rms_norm_eps` to 1e-6, `attention_bias` to false.
+  A `rope_scaling` "type" is copied to "rope_type"; its `factor`, `beta_fast`, `beta_slow`
+  are cast to float (config.json then holds both "type" and "rope_type").
+- **num_key_value_heads must equal num_attention_heads**: k and v have a head each from
+  `kv_b_proj`, yet `eager_attention_forward` still `repeat_kv`s them by `heads /
+  kv_heads`; fewer kv heads give a shape error. The published configs have them equal.
+- **MLA** (`DeepseekV3Attention`), x = the input_layernorm output [B,S,H]; heads n:
+  1. q = `q_proj(x)` [n·qk_head_dim] when `q_lora_rank` is null, else
+     `q_b_proj(q_a_layernorm(q_a_proj(x)))` (`q_a_proj` H → q_lora_rank, `q_b_proj`
+     q_lora_rank → n·qk_head_dim); per head **[q_nope (qk_nope_head_dim) | q_rope
+     (qk_rope_head_dim)]**.
+  2. `kv_a_proj_with_mqa(x)` [kv_lora_rank + qk_rope_head_dim] = **[c | k_rope]**: k_rope is
+     one head that every head uses; `kv_b_proj(kv_a_layernorm(c))` [n·(qk_nope_head_dim +
+     v_head_dim)], per head **[k_nope | v]**.
+  3. RoPE on q_rope and k_rope only; q = [q_nope | RoPE(q_rope)], k = [k_nope | RoPE(k_rope)]
+     (nope first).
+  4. scores `q·kᵀ · scale`, causal mask, softmax fp32, `@ v` [n·v_head_dim], `o_proj`
+     (n·v_head_dim → H).
+  - `q_a_layernorm` / `kv_a_layernorm` are RMSNorms (weight after the cast back) with eps
+    **1e-6 whatever `rms_norm_eps`** (`DeepseekV3RMSNorm(config.q_lora_rank)`: the default
+    eps); the decoder norms take `rms_norm_eps` (`deepseek_v3_noq`: 1e-5). *(checked on the
+    modules; too small a difference to show in the outputs)*
+  - Bias iff `attention_bias`: `q_a_proj`, `kv_a_proj_with_mqa`, `o_proj`; never `q_proj`,
+    `q_b_proj`, `kv_b_proj`.
+- **RoPE** (`DeepseekV3RotaryEmbedding`, `modeling_rope_utils.py`): rot = `head_dim` =
+  qk_rope_head_dim; `inv_freq = 1/θ^(2i/rot)`, i < rot/2 (rot in the exponent, not
+  qk_head_dim); cos/sin = `cat(freqs, freqs)` · attention_factor (1 without YaRN).
+  `rope_interleave` true (`apply_rotary_pos_emb_interleave`): each rope slice is first
+  permuted to [x0, x2, …, x1, x3, …], then rotated by `rotate_half`: pair **(2i, 2i+1)**
+  turns by position·inv_freq[i]; the result stays in the permuted order (q and k alike,
+  so the scores are those of the pairs turned in place). false (`apply_rotary_pos_emb`):
+  pair **(i, i + rot/2)**.
+- **YaRN** (`_compute_yarn_parameters`, rope_scaling type "yarn"): f = `factor`, L =
+  `original_max_position_embeddings` (or max_position_embeddings), β_fast (default 32),
+  β_slow (default 1); `corr(r) = rot·ln(L / (2π r)) / (2 ln θ)`; low = max(floor(corr(β_fast)),
+  0), high = min(ceil(corr(β_slow)), rot − 1) (`truncate` default true; high += 0.001 if
+  equal); ramp_i = clamp((i − low)/(high − low), 0, 1) over i < rot/2; e_i = 1 − ramp_i;
+  `inv_freq_i = (1/θ^(2i/rot))/f · (1 − e_i) + 1/θ^(2i/rot) · e_i`. attention_factor (on
+  cos and sin) = mscale(f, `mscale`) / mscale(f, `mscale_all_dim`) when both are set and
+  non-zero, else mscale(f, 1); mscale(f, m) = `0.1·m·ln f + 1` (1 if f ≤ 1). With mscale =
+  mscale_all_dim (DeepSeek-V3, Kimi-K2, `deepseek_v3_noq`) it is 1.
+  `deepseek_v3_noq` (θ {noq_theta:g}, rot {noq_rot}, f {noq_f:g}, L {noq_L}): low {noq_low}, high {noq_high},
+  inv_freq {noq_inv} (plain: {noq_plain}).
+- **Softmax scale** (`DeepseekV3Attention.__init__`): `qk_head_dim^-0.5` (the q/k head,
+  not v_head_dim), times **mscale(factor, mscale_all_dim)²** when `rope_scaling` has a
+  non-zero `mscale_all_dim` (any rope type). `deepseek_v3_noq`: (0.1·ln 4 + 1)² / √12;
+  DeepSeek-V3 (f 40): (0.1·ln 40 + 1)² / √192 = {ds_scale:.6g}.
+{checked_mla}
+"""
+
+
+def ds_notes(rows):
+    """DS_NOTES with the rows of the DeepSeek-V3 fixtures ("" if none)."""
+    rows = [r for r in rows if r["family"] == "deepseek_v3"]
+    if not rows:
+        return ""
+    lines = []
+    for r in rows:
+        c = r["cfg"]
+        rs = c.rope_scaling
+        lines.append(
+            f"| {r['name']} | {c.num_hidden_layers} | {r['moe_layers']} | {c.n_group} / {c.topk_group} | "
+            + (f"q_proj | " if c.q_lora_rank is None else f"q_a_proj ({c.q_lora_rank}), q_a_layernorm, q_b_proj | ")
+            + f"{c.kv_lora_rank} | {c.qk_head_dim} ({c.qk_nope_head_dim} + {c.qk_rope_head_dim}) | {c.v_head_dim} | "
+            f"{'yes' if c.rope_interleave else 'no'} | "
+            + ("- | " if rs is None else
+               f"yarn: factor {rs['factor']:g}, original {rs['original_max_position_embeddings']}, beta_fast "
+               f"{rs['beta_fast']:g}, beta_slow {rs['beta_slow']:g}, mscale {rs['mscale']:g}, mscale_all_dim "
+               f"{rs['mscale_all_dim']:g} | ")
+            + f"{c.rope_theta:g} | {mla_scale(c):.6g} | "
+            f"{c.n_shared_experts} ({c.n_shared_experts * c.moe_intermediate_size}) | "
+            f"{'yes' if c.norm_topk_prob else 'no'} | {c.routed_scaling_factor:g} | {c.rms_norm_eps:g} | {r['seed']} | "
+            f"{r['margin']:.2e} | {', '.join(f'({l},{e})' for l, e in r['idle']) or '-'} | "
+            f"{', '.join(f'({l},{e})' for l, e in r['dead']) or '-'} |")
+
+    def wrong_list(variants):
+        which = {}
+        for r in rows:
+            for w in variants(r):
+                which.setdefault(w, []).append(r["name"])
+        return [w if len(ns) == len(rows) else f"{w} ({', '.join(ns)})" for w, ns in sorted(which.items())]
+
+    def para(text):
+        return textwrap.fill(text, 88, initial_indent="  ", subsequent_indent="  ", break_long_words=False,
+                             break_on_hyphens=False)
+
+    checked_moe = para("*(checked: fp64 reference within 1e-5 of the block output in every MoE layer; and more than "
+                       "1e-3 away from it with each of these wrong blocks: "
+                       f"{'; '.join(wrong_list(lambda r: group_wrong_variants(r['cfg'])))})*")
+    checked_mla = para("*(checked: transformers' inv_freq and attention_factor are these, its scale this; an fp64 "
+                       "reference of every layer's attention output (o_proj's) from the layer's parameters and input "
+                       "is within 1e-5 of it, and more than 1e-3 away from it with each of these wrong attentions: "
+                       f"{'; '.join(wrong_list(lambda r: r['mla_wrong']))})*")
+    noq = next((r["cfg"] for r in rows if r["cfg"].rope_scaling is not None), None)
+    need(noq is not None, "no DeepSeek-V3 fixture with YaRN")
+    rs, rot = noq.rope_scaling, noq.qk_rope_head_dim
+    corr = lambda b: rot * math.log(rs["original_max_position_embeddings"] / (b * 2 * math.pi)) / (  # noqa: E731
+        2 * math.log(noq.rope_theta))
+    ds_ref = DeepseekV3Config()  # DeepSeek-V3's dims with its published rope_scaling
+    ds_ref.rope_scaling = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    return DS_NOTES.format(
+        rows="\n".join(lines), checked_moe=checked_moe, checked_mla=checked_mla, noq_theta=noq.rope_theta,
+        noq_rot=rot, noq_f=rs["factor"], noq_L=rs["original_max_position_embeddings"],
+        noq_low=max(math.floor(corr(rs["beta_fast"])), 0), noq_high=min(math.ceil(corr(rs["beta_slow"])), rot - 1),
+        noq_inv=[float(f"{v:.6g}") for v in mla_rope(noq)[0].tolist()],
+        noq_plain=[float(f"{v:.6g}") for v in mla_rope(noq, yarn=False)[0].tolist()], ds_scale=mla_scale(ds_ref))
+
+
+def dead_earlier(rows):
+    """The fixtures (and layers) whose zero-grad experts sit in a layer before the last, for NOTES."""
+    found = [(r["name"], sorted({l for l, _ in r["dead"] if l != r["layers"] - 1})) for r in rows]
+    return ", ".join(f"`{n}`: layer {', '.join(map(str, ls))}" for n, ls in found if ls) or "none in these fixtures"
+
+
 def write_notes(outdir, rows):
     table = "\n".join(
         f"| {r['name']} | {r['family']} | {r['moe_layers']} | {'yes' if r['norm_topk'] else 'no'} | "
@@ -1176,7 +1630,8 @@ def write_notes(outdir, rows):
         f"{r['loss']:.5f} | {r['ce']:.5f} | {r['aux']:.5f} |" for r in rows)
     text = NOTES.format(
         tf=transformers.__version__, torch=torch.__version__.split("+")[0], rows=table,
-        nt=rows[0]["n_targets"], margin=f"{MIN_ROUTING_MARGIN:g}", adam="< 1e-6", glm=glm_notes(rows))
+        nt=rows[0]["n_targets"], margin=f"{MIN_ROUTING_MARGIN:g}", adam="< 1e-6", glm=glm_notes(rows),
+        ds=ds_notes(rows), dead_earlier=dead_earlier(rows))
     with open(os.path.join(outdir, "NOTES.md"), "w") as f:
         f.write(text)
 
@@ -1293,7 +1748,9 @@ def summary(r):
     return (f"{r['name']:18s} {r['family']:10s} seed {r['seed']} params {r['n_params']} MoE layers "
             f"{r['moe_layers']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
             f"(per layer {', '.join(f'{a:.4f}' for a in r['aux_per_layer'])}) idle {r['idle']} "
-            f"no_grad {r['no_grad']} margin {r['margin']:.2e} adam err {r['adam_err']:.1e}")
+            f"no_grad {r['no_grad']} margin {r['margin']:.2e} adam err {r['adam_err']:.1e}"
+            + (f" MLA err {r['mla_err']:.1e} (wrong variants >= {min(r['mla_wrong'].values()):.2e})"
+               if r["mla_err"] is not None else ""))
 
 
 def main():

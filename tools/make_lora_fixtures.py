@@ -8,12 +8,13 @@ Run it in the venv of tools/requirements-fixtures.txt (which pins peft too):
     ~/fixvenv/bin/python tools/make_lora_fixtures.py            # rewrite tests/fixtures/lora
     ~/fixvenv/bin/python tools/make_lora_fixtures.py --check    # compare only
 
-For mixtral, qwen2_moe, qwen3_moe, olmoe and glm4_moe it builds the base model exactly as
-tools/make_fixtures.py does (its build() and seed, so the base is byte for byte
+For mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe and deepseek_v3 it builds the base model
+exactly as tools/make_fixtures.py does (its build() and seed, so the base is byte for byte
 tests/fixtures/<name>/model.safetensors: asserted, and not copied), wraps it with
 peft.get_peft_model (LoRA r=4, alpha=8, dropout 0, bias "none" on the attention
 projections and every MLP projection: routed experts, dense MLPs, shared experts; never
-the routers, GLM-4.5's included: its mlp.gate is no nn.Linear, PEFT cannot wrap it),
+the routers, GLM-4.5's and DeepSeek-V3's included: their mlp.gate is no nn.Linear, PEFT cannot
+wrap it; DeepSeek-V3's attention projections are its MLA ones, ATTN_MLA),
 overwrites every lora_A / lora_B with N(0, ADAPTER_STD^2) from numpy PCG64 (PEFT's own
 init has lora_B = 0, which makes every lora_A gradient zero), and writes
 tests/fixtures/lora/<name>/
@@ -89,7 +90,7 @@ need = mfx.need
 FIXTURES_DIR = os.path.join(HERE, "..", "tests", "fixtures")
 DEFAULT_OUT = os.path.join(FIXTURES_DIR, "lora")
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]  # (make_qlora_fixtures quantizes these)
-MORE_FAMILIES = ["glm4_moe"]  # whole-model LoRA fixtures with no quantized twin
+MORE_FAMILIES = ["glm4_moe", "deepseek_v3"]  # whole-model LoRA fixtures with no quantized twin
 HOT = {"qwen2_moe_hot": "qwen2_moe"}  # fixture -> the family whose base it adapts, routed experts in part
 NAMES = FAMILIES + MORE_FAMILIES + list(HOT)
 
@@ -99,6 +100,11 @@ ADAPTER_STD_A, ADAPTER_STD_B = 0.1, 0.1
 ADAPTER_SEED_OFFSET = 100000
 ADAPTER_SEED_TRIES = 200
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# DeepSeek-V3's multi-head latent attention (DeepseekV3Attention): q_proj, or with q_lora_rank q_a_proj and
+# q_b_proj; kv_a_proj_with_mqa (H -> kv latent + rope key), kv_b_proj (latent -> per-head k_nope, v); o_proj.
+# q_a_layernorm / kv_a_layernorm are RMSNorms, no nn.Linear: never adapted.
+ATTN_MLA = {True: ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+            False: ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}
 MLP = {"mixtral": ["w1", "w2", "w3"]}
 MLP_DEFAULT = ["gate_proj", "up_proj", "down_proj"]
 HOT_FRACTION = 0.25  # moefit's train.lora.hot_fraction default (NOTES compare its rule)
@@ -106,21 +112,31 @@ MIN_CONDENSED = 20  # PEFT condenses a target_modules list this long (BaseTuner.
 OUT_FILES = ["config.json", "adapter_config.json", "adapter_model.safetensors", "fixture.safetensors"]
 
 
+def attn_targets(family):
+    """The attention projections of family (a make_fixtures fixture name) that get adapters: ATTN, or for
+    DeepSeek-V3 ATTN_MLA of its q path (q_lora_rank set or not)."""
+    fx = next((f for f in mfx.FIXTURES if f["name"] == family), None)
+    if fx is not None and fx["config"] is mfx.DeepseekV3Config:
+        return ATTN_MLA[fx["kw"]["q_lora_rank"] is not None]
+    return ATTN
+
+
 def target_modules(family, hot=None, model=None):
     """PEFT's target_modules. With a hot set ({MoE layer: [experts]}) the MLP projections go by
     full name, each adapted one of the HF model (dense MLPs, shared expert, hot experts)."""
     mlp = MLP.get(family, MLP_DEFAULT)
     if hot is None:
-        return ATTN + mlp
-    return ATTN + [n for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in mlp and adapted(family, hot, n)]
+        return attn_targets(family) + mlp
+    return attn_targets(family) + [n for n, m in model.named_modules()
+                                   if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in mlp
+                                   and adapted(family, hot, n)]
 
 
 def adapted(family, hot, module):
     """Whether the fixture means module (a HF module name, with or without PEFT's prefix) to get
     an adapter: attention and MLP projections, of the routed experts the hot ones only."""
     last = module.split(".")[-1]
-    if last in ATTN:
+    if last in attn_targets(family):
         return True
     if last not in MLP.get(family, MLP_DEFAULT):
         return False
@@ -289,13 +305,14 @@ def check_targets(lf, pm, hf):
 
 
 def check_router_untargetable(lf, seed):
-    """GLM-4.5's router (mlp.gate, a Glm4MoeTopkRouter: a weight Parameter and F.linear, no nn.Linear)
-    cannot get an adapter: PEFT refuses it as a target."""
+    """GLM-4.5's / DeepSeek-V3's router (mlp.gate, a Glm4MoeTopkRouter / DeepseekV3TopkRouter: a weight
+    Parameter and F.linear, no nn.Linear) cannot get an adapter: PEFT refuses it as a target."""
     model, _ = mfx.build(lf["fx"], seed)
+    router = mfx.GROUP_ROUTER[model.config.model_type][1]
     try:
         get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["gate"]))
     except ValueError as e:
-        need("Target module Glm4MoeTopkRouter() is not supported" in str(e), f"{lf['name']}: PEFT says {e}")
+        need(f"Target module {router}() is not supported" in str(e), f"{lf['name']}: PEFT says {e}")
         return
     mfx.fail(f"{lf['name']}: PEFT put an adapter on the router")
 
@@ -385,8 +402,8 @@ def check_lora_forward(name, captured, deq=None):
 
 
 def run_step(pm, ids, labels, trainable):
-    """Forward with labels and router logits (GLM-4.5 records none: mfx.forward_kw; read them with
-    mfx.gate_hooks), backward, one AdamW step over the trainable tensors."""
+    """Forward with labels and router logits (GLM-4.5, DeepSeek-V3 record none: mfx.forward_kw; read them
+    with mfx.gate_hooks), backward, one AdamW step over the trainable tensors."""
     params = dict(pm.named_parameters())
     out = pm(input_ids=ids, labels=labels, use_cache=False, **mfx.forward_kw(pm.config))
     out.loss.backward()
@@ -469,27 +486,27 @@ def adapters_off(pm, ids, family):
 
 def check_outputs(name, cfg, out, labels, moe_layers, base_logits, gates=None):
     """The forward's outputs: finite, logits moved from base_logits (the adapters' base) but not far,
-    loss = ce + coef * aux, make_fixtures' aux loss, the routing margin (GLM-4.5: from gates, the
-    capture of mfx.gate_hooks; no aux loss, aux = 0). Returns logits, their largest move, ce, aux,
+    loss = ce + coef * aux, make_fixtures' aux loss, the routing margin (GLM-4.5, DeepSeek-V3: from gates,
+    the capture of mfx.gate_hooks; no aux loss, aux = 0). Returns logits, their largest move, ce, aux,
     loss, the margin and the idle experts (layer, e)."""
     k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
-    glm = mfx.is_glm(cfg)
-    need(len(gates if glm else out.router_logits) == len(moe_layers),
+    group = mfx.is_group_router(cfg)
+    need(len(gates if group else out.router_logits) == len(moe_layers),
          f"{name}: router logits for MoE layers {moe_layers}")
     logits = out.logits.detach()
     shift = (logits - base_logits).abs().max().item()
     need(0.1 < shift < 10 and logits.abs().max().item() < 20, f"{name}: logits moved by {shift} from the base")
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
-    aux = torch.zeros((), dtype=torch.float32) if glm else out.aux_loss.detach()
+    aux = torch.zeros((), dtype=torch.float32) if group else out.aux_loss.detach()
     loss = out.loss.detach()
     need(torch.isfinite(loss) and torch.isfinite(aux) and torch.isfinite(logits).all(), f"{name}: non-finite")
     need(abs(loss.item() - (ce.item() + mfx.aux_coef(cfg) * aux.item())) <= 1e-6 * abs(loss.item()),
          f"{name}: loss {loss.item()} != ce + coef*aux")
-    if glm:
+    if group:
         need(getattr(out, "aux_loss", None) is None and getattr(out, "router_logits", None) is None,
-             f"{name}: Glm4MoeForCausalLM returned an aux loss or router logits")
-        mfx.check_glm_router(name, cfg, gates, mfx.glm_router_logits(gates))
-        margin, idle, _, same, sensitive = mfx.glm_routing_stats(cfg, gates)
+             f"{name}: {mfx.GROUP_ROUTER[cfg.model_type][0]} returned an aux loss or router logits")
+        mfx.check_group_router(name, cfg, gates, mfx.group_router_logits(gates))
+        margin, idle, _, same, sensitive = mfx.group_routing_stats(cfg, gates)
         need(same and sensitive, f"{name}: float64 routing is transformers' {same}, bias / group matter {sensitive}")
     else:
         mfx.check_aux(name, out.router_logits, k, E, aux.item())
@@ -563,8 +580,8 @@ def fixture_meta(lf, cfg, seed, adapter_seed, tm, loss_mask, moe_layers, idle, n
         "batch": f"B={mfx.B} S={mfx.S}; labels = input_ids with -100 at (b,s) {mfx.MASKED_LABELS}",
         "loss_mask": "labels coordinates: 1 iff labels[b,s] != -100 and s >= 1 (target of logits[b,s-1])",
         "n_targets": str(int(loss_mask.sum())),
-        "loss": ("loss = ce_loss (Glm4MoeForCausalLM has no aux loss: aux_loss is written as 0); ce_loss = mean "
-                 "over the n_targets targets" if mfx.is_glm(cfg) else
+        "loss": (f"loss = ce_loss ({mfx.GROUP_ROUTER[cfg.model_type][0]} has no aux loss: aux_loss is written as 0); "
+                 "ce_loss = mean over the n_targets targets" if mfx.is_group_router(cfg) else
                  "loss = ce_loss + router_aux_loss_coef * aux_loss; ce_loss = mean over the n_targets targets"),
         "router_aux_loss_coef": repr(mfx.aux_coef(cfg)),
         "optimizer": ("torch.optim.AdamW(foreach=False), one step, one param group holding the trainable "
@@ -647,9 +664,9 @@ def make_fixture(lf, outdir):
 
     logits, shift, ce, aux, loss, margin, idle = check_outputs(name, cfg, out, labels, moe_layers, base_logits,
                                                                gates)
-    if mfx.is_glm(cfg):
-        router_logits = mfx.glm_router_logits(gates)
-        sels = mfx.glm_routing_stats(cfg, gates)[2]
+    if mfx.is_group_router(cfg):
+        router_logits = mfx.group_router_logits(gates)
+        sels = mfx.group_routing_stats(cfg, gates)[2]
         check_router_untargetable(lf, seed)
     else:
         router_logits = out.router_logits
@@ -730,8 +747,8 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
 - `fixture.safetensors` (make_fixtures' `write_st`): `input_ids`, `labels`, `loss_mask`
   [B,S] I32 as in `../`; `logits` [B,S,V], `loss`, `ce_loss`, `aux_loss` (0-d) F32 of the
   model with the initial adapters (train mode, eager attention, `output_router_logits`,
-  loss = CE + 0.01·aux; GLM-4.5 as in `../NOTES.md`: no aux loss, loss = CE, `aux_loss` 0,
-  `router_aux_loss_coef` "0.0", router logits from the routers' inputs);
+  loss = CE + 0.01·aux; GLM-4.5 and DeepSeek-V3 as in `../NOTES.md`: no aux loss, loss =
+  CE, `aux_loss` 0, `router_aux_loss_coef` "0.0", router logits from the routers' inputs);
   `router_logits.<layer>` [B·S,E]; `grad.<n>` for every adapter
   tensor `<n>` (named as in `adapter_model.safetensors`) whose grad is not None;
   `after.<n>` for every adapter tensor after one `torch.optim.AdamW` step over the
@@ -752,14 +769,15 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
 
 LoRA: r = {r}, lora_alpha = {alpha} (scaling {scaling:g}), lora_dropout 0, bias "none",
 task_type "CAUSAL_LM", target_modules = q_proj, k_proj, v_proj, o_proj + gate_proj,
-up_proj, down_proj (Mixtral: w1, w2, w3; the hot-expert fixture: below), PEFT's default
+up_proj, down_proj (Mixtral: w1, w2, w3; DeepSeek-V3: its MLA projections, below, for
+the attention; the hot-expert fixture: below), PEFT's default
 init, then **every lora_A and lora_B overwritten** (PEFT's lora_B = 0 would make every
 lora_A gradient zero): numpy PCG64 `default_rng(adapter_seed)`, in sorted PeftModel
 parameter-name order,
 `{std_a}·N(0,1)` for lora_A and `{std_b}·N(0,1)` for lora_B, float32. The adapter seed counts
 up from base seed + {offset} until the model **with** the adapters keeps top-k choices at
-least {margin} apart (GLM-4.5: by its rule of `../NOTES.md`, the router bias and group
-limit mattering included) and ({idle_families}) leaves exactly one routed expert idle (a
+least {margin} apart (GLM-4.5, DeepSeek-V3: by their rule of `../NOTES.md`, the router bias
+and group limit mattering included) and ({idle_families}) leaves exactly one routed expert idle (a
 hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in some).
 
 ## PEFT facts the C code must match
@@ -780,7 +798,16 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
   Parameter that it applies with `F.linear`, no `nn.Linear`: PEFT **cannot** adapt it
   (`target_modules=["gate"]` raises `ValueError: Target module Glm4MoeTopkRouter() is not
   supported`) *(checked)*; its `e_score_correction_bias` buffer stays in the base
-  (`../glm4_moe/model.safetensors`), never trained.
+  (`../glm4_moe/model.safetensors`), never trained. DeepSeek-V3 (`deepseek_v3`): the same
+  for its MLP and router (`DeepseekV3TopkRouter`: `ValueError: Target module
+  DeepseekV3TopkRouter() is not supported` *(checked)*); its attention has no
+  k_proj/v_proj: the targets are its MLA projections, `q_a_proj` (H → q_lora_rank),
+  `q_b_proj` (q_lora_rank → heads·qk_head_dim; `q_proj` H → heads·qk_head_dim instead when
+  q_lora_rank is null), `kv_a_proj_with_mqa` (H → kv_lora_rank + qk_rope_head_dim),
+  `kv_b_proj` (kv_lora_rank → heads·(qk_nope_head_dim + v_head_dim)), `o_proj`
+  (heads·v_head_dim → H); `q_a_layernorm` / `kv_a_layernorm` are RMSNorms (no adapter).
+  An adapter on `kv_a_proj_with_mqa` changes the latent and the shared rope key alike
+  (its output is split after the adapter's sum).
 - **Long target_modules lists are condensed** (`BaseTuner.inject_adapter`): at
   `len(peft_config.target_modules) >= MIN_TARGET_MODULES_FOR_OPTIMIZATION` ({condensed_min}
   in peft {peft}), `new_target_modules =
@@ -840,13 +867,13 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
 - Base parameters are frozen by PEFT (`requires_grad` false): only lora_A / lora_B get
   gradients. *(checked: every base grad stays None)*
 - The MoE paths of `../NOTES.md` carry over to the adapters of the experts: Mixtral,
-  Qwen2-MoE, Qwen3-MoE and GLM-4.5 skip experts that get no token, so an idle expert's
-  adapter tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial;
+  Qwen2-MoE, Qwen3-MoE, GLM-4.5 and DeepSeek-V3 skip experts that get no token, so an idle
+  expert's adapter tensors have grad **None** (listed in `no_grad`; AdamW skips them: `after` = initial;
   with hot experts an idle hot expert's: a cold one has no adapters);
   OLMoE runs every expert, so its idle expert's adapters get **all-zero** grads that AdamW
   still decays (`p·(1 − lr·wd)`). A last-layer expert whose tokens predict no counted
-  target also gets all-zero grads, and so, with no aux loss (GLM-4.5), does an earlier
-  layer's expert whose tokens reach no counted target (`../NOTES.md`). *(checked: the
+  target also gets all-zero grads, and so, with no aux loss (GLM-4.5, DeepSeek-V3), does an
+  earlier layer's expert whose tokens reach no counted target (`../NOTES.md`). *(checked: the
   all-zero grads are exactly those and the OLMoE idle experts')*
 - AdamW as in `../NOTES.md`, over the adapter tensors only. *(checked against `after.*`
   in fp64: max error {adam})*

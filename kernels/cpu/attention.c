@@ -1,7 +1,9 @@
 /*
  * Causal GQA attention, flash style, on the cpu backend.
  *
- * Maths (per sequence b, query head h, kv head g = h / (Hq/Hkv), D head_dim):
+ * Maths (per sequence b, query head h, kv head g = h / (Hq/Hkv), D the head dim
+ * of q and k, Dv that of v — equal in most models, 192 and 128 in DeepSeek-V3's
+ * latent attention):
  *   s[i,j] = (q[i].k[j]) * scale        fp32 dot first, then the scale, as
  *                                        transformers' eager path does
  *   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log sum_{j<=i} exp(s[i,j])
@@ -12,11 +14,12 @@
  *   dk[j] = scale * sum_{h in group} sum_i ds[i,j] q[i]
  *   dv[j] =         sum_{h in group} sum_i p[i,j] do[i]
  *
- * Shapes: q, o, dout, dq [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D] (token-major);
- * lse [B, Hq, S].
+ * Shapes: q, dq [B*S, Hq, D]; o, dout [B*S, Hq, Dv]; k, dk [B*S, Hkv, D];
+ * v, dv [B*S, Hkv, Dv] (token-major); lse [B, Hq, S]. Dv 0 means D.
  *
  * Tiling: queries in blocks of bq (<= BQ_MAX) rows, keys in tiles of BK. The
- * query block is transposed once into a stack buffer qt[D][bq], so scores come
+ * query block is transposed once into a stack buffer qt[D][bq] (the backward's
+ * dout block likewise into dot[Dv][bq]), so scores come
  * out key-major (st[c][i] = k[c].q[i]) from one register-blocked kernel (mm)
  * of axpys, Y[m,:] += A[m,k] * X[k,:], that does every product here. Each output
  * element is summed over k in order with one rounding per multiply and per add,
@@ -35,8 +38,9 @@
  * result depends on the thread count.
  *
  * Stack, per thread: qt and dot (QT_FLOATS each) and two BK x BQ_MAX tiles,
- * 48 KiB. bq shrinks as D grows (32 rows up to D = 128, 8 at D = 512); D > 512
- * is refused with MF_ERR_UNSUPPORTED.
+ * 48 KiB. bq shrinks as the larger of D and Dv grows (32 rows up to 128, 8 at
+ * 512); D or Dv > 512 is refused with MF_ERR_UNSUPPORTED. With Dv = D every
+ * sum runs in the same order as before Dv existed: the same bits.
  *
  * SIMD: the kernel body (below ATT_BODY) is compiled twice from this one file,
  * which includes itself: for the baseline ISA with 4-float vectors, and on
@@ -73,13 +77,19 @@ static inline int round_nr(int n) {
   return (n + NR - 1) / NR * NR;
 }
 
-static mf_status check_args(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
-  if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0)
-    return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", op, (long long)B,
-                  (long long)S, (long long)Hq, (long long)Hkv, (long long)D);
+/* Dv: already resolved (0 -> D) by the caller. */
+static mf_status check_args(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                            int64_t Dv) {
+  if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 || Hq % Hkv != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld Dv=%lld", op,
+                  (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, (long long)Dv);
   if (D > D_MAX)
     return MF_ERR(MF_ERR_UNSUPPORTED, "%s: head_dim D=%lld is larger than the cpu kernel's tile (at most %d)",
                   op, (long long)D, (int)D_MAX);
+  if (Dv > D_MAX)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "%s: value head_dim Dv=%lld is larger than the cpu kernel's tile (at most %d)", op,
+                  (long long)Dv, (int)D_MAX);
   return MF_OK;
 }
 
@@ -158,10 +168,12 @@ static inline void round_row(int64_t D, float *restrict y) {
   for (int64_t d = 0; d < D; d++) y[d] = mf_round_to_bf16(y[d]);
 }
 
+/* bq: query_block of the larger head dim (qt holds D rows, dot Dv). */
 typedef struct {
   const float *q, *k, *v;
   float *o, *lse;
-  int64_t B, S, Hq, Hkv, D, nqb;
+  int64_t B, S, Hq, Hkv, D, Dv, nqb;
+  int bq;
   float scale;
   int round_bf16;
 } fwd_args;
@@ -169,7 +181,8 @@ typedef struct {
 typedef struct {
   const float *q, *k, *v, *o, *dout, *lse;
   float *dq, *dk, *dv;
-  int64_t B, S, Hq, Hkv, D;
+  int64_t B, S, Hq, Hkv, D, Dv;
+  int bq;
   float scale;
   int round_bf16;
 } bwd_args;
@@ -219,11 +232,13 @@ static int use_avx2(void) {
 }
 
 mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, float *o, float *lse, const mf_kctx *ctx) {
-  MF_CHECK(check_args("attn_fwd", B, S, Hq, Hkv, D));
+                          int64_t Hkv, int64_t D, int64_t Dv, float scale, float *o, float *lse,
+                          const mf_kctx *ctx) {
+  if (Dv == 0) Dv = D;
+  MF_CHECK(check_args("attn_fwd", B, S, Hq, Hkv, D, Dv));
   if (B == 0 || S == 0) return MF_OK;
-  const int bq = query_block(D);
-  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, (S + bq - 1) / bq, scale, ctx && ctx->round_bf16};
+  const int bq = query_block(D > Dv ? D : Dv);
+  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, Dv, (S + bq - 1) / bq, bq, scale, ctx && ctx->round_bf16};
   mf_task_fn fn = fwd_task_base;
 #ifdef HAVE_AVX2_BODY
   if (use_avx2()) fn = fwd_task_avx2;
@@ -234,10 +249,12 @@ mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_
 
 mf_status mf_cpu_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                          float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx) {
-  MF_CHECK(check_args("attn_bwd", B, S, Hq, Hkv, D));
+                          int64_t Dv, float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx) {
+  if (Dv == 0) Dv = D;
+  MF_CHECK(check_args("attn_bwd", B, S, Hq, Hkv, D, Dv));
   if (B == 0 || S == 0) return MF_OK;
-  bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, scale, ctx && ctx->round_bf16};
+  const int bq = query_block(D > Dv ? D : Dv);
+  bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, Dv, bq, scale, ctx && ctx->round_bf16};
   mf_task_fn fn = bwd_task_base;
 #ifdef HAVE_AVX2_BODY
   if (use_avx2()) fn = bwd_task_avx2;
@@ -338,16 +355,16 @@ static void ATT_FN(mm)(int64_t M, int64_t N, int64_t K, const float *restrict A,
 /* One query block [i0, i0 + bq) of query head h: o rows and lse written. */
 static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *restrict qt,
                              float *restrict st) {
-  const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D;
+  const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D, Dv = a->Dv;
   const int64_t g = h / (Hq / Hkv);
-  const int bq = query_block(D);
-  const int64_t ldq = Hq * D, ldk = Hkv * D;
+  const int bq = a->bq;
+  const int64_t ldq = Hq * D, ldk = Hkv * D, ldo = Hq * Dv, ldv = Hkv * Dv;
   const int64_t i0 = qb * bq, i1 = i0 + bq < S ? i0 + bq : S;
   const int nq = (int)(i1 - i0), nqp = round_nr(nq);
   const float *qb0 = a->q + (b * S + i0) * ldq + h * D;
-  float *ob0 = a->o + (b * S + i0) * ldq + h * D;
+  float *ob0 = a->o + (b * S + i0) * ldo + h * Dv;
   const float *kb0 = a->k + b * S * ldk + g * D;
-  const float *vb0 = a->v + b * S * ldk + g * D;
+  const float *vb0 = a->v + b * S * ldv + g * Dv;
   const float scale = a->scale;
   float m[BQ_MAX], l[BQ_MAX], mx[BQ_MAX], alpha[BQ_MAX], sum[BQ_MAX];
   int32_t mo[BQ_MAX];
@@ -356,7 +373,7 @@ static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb
   for (int i = 0; i < nq; i++) {
     m[i] = -INFINITY;
     l[i] = 0.0f;
-    memset(ob0 + i * ldq, 0, (size_t)D * sizeof(float));
+    memset(ob0 + i * ldo, 0, (size_t)Dv * sizeof(float));
   }
   for (int64_t j0 = 0; j0 < i1; j0 += BK) {
     const int nk = (int)(j0 + BK < i1 ? BK : i1 - j0); /* every key here reaches some row */
@@ -394,7 +411,7 @@ static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb
     for (int i = 0; i < nq; i++) {
       l[i] = l[i] * alpha[i] + sum[i];
       m[i] = mx[i];
-      if (alpha[i] != 1.0f) scale_row(alpha[i], D, ob0 + i * ldq);
+      if (alpha[i] != 1.0f) scale_row(alpha[i], Dv, ob0 + i * ldo);
     }
     /* o[i] += sum_c p[c][i] v[j0+c], over the keys a row block reaches */
     for (int r0 = 0; r0 < nq; r0 += MR) {
@@ -402,14 +419,14 @@ static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb
       const int64_t reach = i0 + r0 + rows - j0;
       if (reach <= 0) continue;
       ATT_FN(mm)
-      (rows, D, reach < nk ? reach : nk, st + r0, 1, bq, vb0 + j0 * ldk, ldk, ob0 + r0 * ldq, ldq, 1);
+      (rows, Dv, reach < nk ? reach : nk, st + r0, 1, bq, vb0 + j0 * ldv, ldv, ob0 + r0 * ldo, ldo, 1);
     }
   }
   float *lse = a->lse + (b * Hq + h) * S + i0;
   for (int i = 0; i < nq; i++) {
-    float *orow = ob0 + i * ldq;
-    scale_row(1.0f / l[i], D, orow);
-    if (a->round_bf16) round_row(D, orow);
+    float *orow = ob0 + i * ldo;
+    scale_row(1.0f / l[i], Dv, orow);
+    if (a->round_bf16) round_row(Dv, orow);
     lse[i] = m[i] + logf(l[i]);
   }
 }
@@ -433,27 +450,27 @@ static void ATT_FN(fwd_task)(void *ctx, int ti, int tn) {
 static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g, int64_t i0,
                               float *restrict qt, float *restrict dot, float *restrict pt,
                               float *restrict dst) {
-  const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D;
-  const int bq = query_block(D);
-  const int64_t ldq = Hq * D, ldk = Hkv * D;
+  const int64_t S = a->S, Hq = a->Hq, Hkv = a->Hkv, D = a->D, Dv = a->Dv;
+  const int bq = a->bq;
+  const int64_t ldq = Hq * D, ldk = Hkv * D, ldo = Hq * Dv, ldv = Hkv * Dv;
   const int64_t i1 = i0 + bq < S ? i0 + bq : S;
   const int nq = (int)(i1 - i0), nqp = round_nr(nq);
-  const int64_t qoff = (b * S + i0) * ldq + h * D;
-  const float *qb0 = a->q + qoff, *ob0 = a->o + qoff, *dob0 = a->dout + qoff;
+  const int64_t qoff = (b * S + i0) * ldq + h * D, ooff = (b * S + i0) * ldo + h * Dv;
+  const float *qb0 = a->q + qoff, *ob0 = a->o + ooff, *dob0 = a->dout + ooff;
   float *dqb0 = a->dq + qoff;
-  const int64_t koff = b * S * ldk + g * D;
-  const float *kb0 = a->k + koff, *vb0 = a->v + koff;
-  float *dkb0 = a->dk + koff, *dvb0 = a->dv + koff;
+  const int64_t koff = b * S * ldk + g * D, voff = b * S * ldv + g * Dv;
+  const float *kb0 = a->k + koff, *vb0 = a->v + voff;
+  float *dkb0 = a->dk + koff, *dvb0 = a->dv + voff;
   const float *lse = a->lse + (b * Hq + h) * S + i0;
   const float scale = a->scale;
   float di[BQ_MAX];
 
   transpose_block(qb0, ldq, nq, D, bq, qt);
-  transpose_block(dob0, ldq, nq, D, bq, dot);
+  transpose_block(dob0, ldo, nq, Dv, bq, dot);
   for (int i = 0; i < nq; i++) {
-    const float *dor = dob0 + i * ldq, *orow = ob0 + i * ldq;
+    const float *dor = dob0 + i * ldo, *orow = ob0 + i * ldo;
     float acc = 0.0f;
-    for (int64_t d = 0; d < D; d++) acc += dor[d] * orow[d];
+    for (int64_t d = 0; d < Dv; d++) acc += dor[d] * orow[d];
     di[i] = acc;
     memset(dqb0 + i * ldq, 0, (size_t)D * sizeof(float));
   }
@@ -464,7 +481,7 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
       const int rows = nk - c0 < MR ? nk - c0 : MR;
       const int64_t n0 = first_col(j0 + c0, i0);
       ATT_FN(mm)(rows, nqp - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq, pt + c0 * bq + n0, bq, 0);
-      ATT_FN(mm)(rows, nqp - n0, D, vb0 + (j0 + c0) * ldk, ldk, 1, dot + n0, bq, dst + c0 * bq + n0, bq, 0);
+      ATT_FN(mm)(rows, nqp - n0, Dv, vb0 + (j0 + c0) * ldv, ldv, 1, dot + n0, bq, dst + c0 * bq + n0, bq, 0);
     }
     /* p = exp(scale*s - lse), ds = p * (dp - Di); 0 where masked */
     for (int c = 0; c < nk; c++) {
@@ -488,9 +505,9 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
     for (int c0 = 0; c0 < nk; c0 += MR) {
       const int rows = nk - c0 < MR ? nk - c0 : MR;
       const int64_t r0 = j0 + c0 > i0 ? j0 + c0 - i0 : 0;
-      const int64_t jo = (j0 + c0) * ldk;
+      const int64_t jo = (j0 + c0) * ldk, jv = (j0 + c0) * ldv;
       ATT_FN(mm)(rows, D, nq - r0, dst + c0 * bq + r0, bq, 1, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
-      ATT_FN(mm)(rows, D, nq - r0, pt + c0 * bq + r0, bq, 1, dob0 + r0 * ldq, ldq, dvb0 + jo, ldk, 1);
+      ATT_FN(mm)(rows, Dv, nq - r0, pt + c0 * bq + r0, bq, 1, dob0 + r0 * ldo, ldo, dvb0 + jv, ldv, 1);
     }
   }
   for (int i = 0; i < nq; i++) {
@@ -504,12 +521,12 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
  * in order) and dq of its query heads. */
 static void ATT_FN(bwd_item)(const bwd_args *a, int64_t b, int64_t g, float *qt, float *dot, float *pt,
                              float *dst) {
-  const int64_t S = a->S, D = a->D, ldk = a->Hkv * D, G = a->Hq / a->Hkv;
-  const int bq = query_block(D);
-  float *dkb0 = a->dk + b * S * ldk + g * D, *dvb0 = a->dv + b * S * ldk + g * D;
+  const int64_t S = a->S, D = a->D, Dv = a->Dv, ldk = a->Hkv * D, ldv = a->Hkv * Dv, G = a->Hq / a->Hkv;
+  const int bq = a->bq;
+  float *dkb0 = a->dk + b * S * ldk + g * D, *dvb0 = a->dv + b * S * ldv + g * Dv;
   for (int64_t j = 0; j < S; j++) {
     memset(dkb0 + j * ldk, 0, (size_t)D * sizeof(float));
-    memset(dvb0 + j * ldk, 0, (size_t)D * sizeof(float));
+    memset(dvb0 + j * ldv, 0, (size_t)Dv * sizeof(float));
   }
   for (int64_t h = g * G; h < (g + 1) * G; h++)
     for (int64_t i0 = 0; i0 < S; i0 += bq) ATT_FN(bwd_block)(a, b, h, g, i0, qt, dot, pt, dst);
@@ -517,7 +534,7 @@ static void ATT_FN(bwd_item)(const bwd_args *a, int64_t b, int64_t g, float *qt,
     scale_row(a->scale, D, dkb0 + j * ldk);
     if (a->round_bf16) {
       round_row(D, dkb0 + j * ldk);
-      round_row(D, dvb0 + j * ldk);
+      round_row(Dv, dvb0 + j * ldv);
     }
   }
 }

@@ -503,14 +503,14 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_LINEAR_BWD_WEIGHT:
       return mf_cpu_linear_bwd_weight(CF(0), CF(1), i[0], i[1], i[2], F(2), F(3), x);
     case MF_K_ROPE_FWD:
-      return mf_cpu_rope_fwd(F(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], x);
+      return mf_cpu_rope_fwd(F(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), x);
     case MF_K_ROPE_BWD:
-      return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], x);
+      return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), x);
     case MF_K_ATTN_FWD:
-      return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], F(3), F(4),
-                             x);
+      return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], i[5], (float)k->f[0], F(3),
+                             F(4), x);
     case MF_K_ATTN_BWD:
-      return mf_cpu_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4],
+      return mf_cpu_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4], i[5],
                              (float)k->f[0], F(6), F(7), F(8), x);
     case MF_K_SWIGLU_FWD:
       return mf_cpu_swiglu_fwd(CF(0), CF(1), i[0], F(2), x);
@@ -541,6 +541,10 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_ROUTER_GROUP_BWD:
       return mf_cpu_router_group_bwd(CF(0), CI32(1), CF(2), i[0], i[1], i[2], (int)i[5], (float)k->f[0], F(3),
                                      x);
+    case MF_K_SLICE:
+      return mf_cpu_slice(CF(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], F(1), x);
+    case MF_K_SLICE_BWD:
+      return mf_cpu_slice_bwd(CF(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], F(1), x);
     case MF_K_MOE_DISPATCH:
       return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
     case MF_K_MOE_GATHER:

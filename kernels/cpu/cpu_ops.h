@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/rope.h"
 #include "src/core/core.h"
 
 #ifdef __cplusplus
@@ -87,32 +88,39 @@ mf_status mf_cpu_linear_bwd_weight(const float *dy, const float *x, int64_t M, i
 
 /* ----------------------------------------------------------------- RoPE */
 
-/* In place on the first `rot` dims of each head of x[T, nh, D] (rotate_half
- * convention, as transformers' Llama-style models; rot < D: partial RoPE, the
- * rest of the head left as it is; rot 0: the whole head): with
- * inv_freq[i] = 1 / theta^(2i/rot) (fp32, i < rot/2), f = pos[t] * inv_freq[i],
- * c = cos f, s = sin f:
- *   x1' = x1*c - x2*s,  x2' = x2*c + x1*s   for x1 = x[.., i], x2 = x[.., i + rot/2].
- * bwd applies the inverse rotation to the gradient in place. rot odd or over
- * D is MF_ERR_INVALID_ARG (an odd D rotates its first D - 1 dims, as before). */
-mf_status mf_cpu_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
-                          float theta, const mf_kctx *ctx);
-mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
-                          float theta, const mf_kctx *ctx);
+/* In place on dims [off, off + rot) of each head of x[T, nh, D] (a's fields:
+ * kernels/rope.h; rot 0: the rest of the head; the other dims left as they
+ * are). Pair i < rot/2 of a head, (x1, x2) = (x[off + i], x[off + i + rot/2])
+ * (rotate_half, as transformers' Llama-style models) or (x[off + 2i],
+ * x[off + 2i + 1]) (interleaved: DeepSeek-V3's rope_interleave, in place),
+ * with inv_freq[i] = mf_rope_inv_freq (default or YaRN, fp32),
+ * f = pos[t] * inv_freq[i], c = A cos f, s = A sin f (A: attention_factor):
+ *   x1' = x1*c - x2*s,  x2' = x2*c + x1*s.
+ * bwd applies the transpose (c, -s) to the gradient in place (the inverse
+ * rotation when A = 1). Arguments mf_rope_plan_make refuses are
+ * MF_ERR_INVALID_ARG (an odd D rotates its first D - 1 dims, as before). */
+mf_status mf_cpu_rope_fwd(float *x, int64_t T, int64_t nh, int64_t D, const int32_t *pos, mf_rope_args a,
+                          const mf_kctx *ctx);
+mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int32_t *pos, mf_rope_args a,
+                          const mf_kctx *ctx);
 
 /* ------------------------------------------------------------ attention */
 
 /* Causal self-attention with GQA over B sequences of S tokens.
- * q[B*S, Hq, D], k/v[B*S, Hkv, D] (token-major), Hq % Hkv == 0, query head h
- * reads kv head h / (Hq/Hkv). p = softmax(scale * q.k^T) over keys 0..i;
- * o[B*S, Hq, D] = p.v (written); lse[B, Hq, S] = logsumexp of the scaled scores
- * (written, fp32) for the backward. Never forms an S x S matrix. */
+ * q[B*S, Hq, D], k[B*S, Hkv, D], v[B*S, Hkv, Dv] (token-major), Hq % Hkv == 0,
+ * query head h reads kv head h / (Hq/Hkv); Dv, the value head dim, may differ
+ * from D (DeepSeek-V3's latent attention: D 192, Dv 128; Dv 0 means D).
+ * p = softmax(scale * q.k^T) over keys 0..i; o[B*S, Hq, Dv] = p.v (written);
+ * lse[B, Hq, S] = logsumexp of the scaled scores (written, fp32) for the
+ * backward. Never forms an S x S matrix. */
 mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, float scale, float *o, float *lse, const mf_kctx *ctx);
-/* dq, dk, dv written (dk/dv sum over the query heads of their group). */
+                          int64_t Hkv, int64_t D, int64_t Dv, float scale, float *o, float *lse,
+                          const mf_kctx *ctx);
+/* dq [B*S, Hq, D], dk [B*S, Hkv, D], dv [B*S, Hkv, Dv] written (dk/dv sum over
+ * the query heads of their group); o and dout [B*S, Hq, Dv]. */
 mf_status mf_cpu_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                          float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx);
+                          int64_t Dv, float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx);
 
 /* --------------------------------------------------------- elementwise */
 
@@ -131,6 +139,14 @@ mf_status mf_cpu_sigmoid_gate_bwd(const float *gl, const float *x, const float *
                                   float *dx, float *dgl, const mf_kctx *ctx);
 /* y += x (n elements). */
 mf_status mf_cpu_add(const float *x, int64_t n, float *y, const mf_kctx *ctx);
+
+/* Strided column blocks (slice.c): y[r*ys + yo + j] = (acc: +=) x[(r / rep)*xs + xo + j] for r < R, j < C;
+ * and the transpose, dx[q*xs + xo + j] = (acc: +=) the sum over h < rep (in order) of
+ * dy[(q*rep + h)*ys + yo + j] for q < Q. A block past its row's stride is refused. */
+mf_status mf_cpu_slice(const float *x, int64_t R, int64_t C, int64_t xs, int64_t xo, int64_t ys, int64_t yo,
+                       int64_t rep, int acc, float *y, const mf_kctx *ctx);
+mf_status mf_cpu_slice_bwd(const float *dy, int64_t Q, int64_t C, int64_t xs, int64_t xo, int64_t ys, int64_t yo,
+                           int64_t rep, int acc, float *dx, const mf_kctx *ctx);
 /* x *= s in place (n elements; fp32 multiply, rounded once in round_bf16 mode). */
 mf_status mf_cpu_scale(float *x, int64_t n, float s, const mf_kctx *ctx);
 /* y [rows, cols] = the stored weight whose blob is qw (src/core/qformat.h

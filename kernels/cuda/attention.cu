@@ -10,7 +10,9 @@
 // attention_mma.cu where they take the shape (D a multiple of 16, at most 128,
 // operands 16-byte aligned); these kernels run the rest and all fp32 calls.
 //
-// Maths (sequence b, query head h, kv head g = h / (Hq/Hkv), head dim D):
+// Maths (sequence b, query head h, kv head g = h / (Hq/Hkv), head dim D of q
+// and k, Dv of v: equal in most models, 192 and 128 in DeepSeek-V3's latent
+// attention):
 //   s[i,j] = (q[i].k[j]) * scale          (dot first, then the scale, as the cpu)
 //   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log sum_{j<=i} exp(s[i,j])
 //   o[i]   = sum_{j<=i} p[i,j] v[j]
@@ -20,12 +22,16 @@
 //   dv[j] =         sum_{h in group} sum_i p[i,j] do[i]
 // dq, dk, dv are written (not added), as the cpu twin does.
 //
-// Shapes: q, o, do, dq [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D] (token-major,
-// heads inside a token's row); lse [B, Hq, S].
+// Shapes: q, dq [B*S, Hq, D]; o, do [B*S, Hq, Dv]; k, dk [B*S, Hkv, D]; v, dv
+// [B*S, Hkv, Dv] (token-major, heads inside a token's row); lse [B, Hq, S].
+// Dv 0 means D. Calls with Dv != D never take the tensor-core kernels
+// (attention_mma.cu has one head dim); they run here.
 //
 // Tiling. Every kernel is a block of NT = 128 threads working on BQ = 32 query
-// rows and BK = 32 keys at a time, with D padded to DP (64, 128 or 256: the
-// template; padding columns are loaded as zeros, so they add nothing to a dot).
+// rows and BK = 32 keys at a time, with the larger of D and Dv padded to DP
+// (64, 128 or 256: the template; every tile is DP wide, q and k tiles hold D
+// columns, v and do tiles Dv, and the padding columns are loaded as zeros, so
+// they add nothing to a dot).
 // Tiles live in dynamic shared memory with rows of DP + 1 floats (no bank
 // conflicts between rows). Four threads share a tile row (lanes 4r..4r+3 of one
 // warp): a thread computes 8 of its 32 scores (columns t%4 + 4m) and owns the
@@ -38,7 +44,7 @@
 //             and sum l per row, accumulator rescaled by exp(m_old - m_new)),
 //             o += p v. Then o = acc / l, lse = m + log l.
 //   backward  three launches on the stream, none with atomics:
-//             1. Di = do.o per (token, head), one warp each (a fixed xor tree),
+//             1. Di = do.o per (token, head) over Dv, one warp each (a fixed xor tree),
 //                stashed exactly in the row dq[token, head, :] (fp32: element 0;
 //                bf16: its 32 bits in elements 0 and 1, so D >= 2 there) — dq is
 //                written only by launch 3, whose block reads the stash of
@@ -54,8 +60,8 @@
 // Shared memory (bytes) at DP = 128 / 256: forward 53 760 / 102 912, dk/dv
 // 74 752 / 140 288, dq 70 528 / 136 064: above 48 KiB, so each launch opts in
 // (cudaFuncAttributeMaxDynamicSharedMemorySize); sm_80 allows 163 KiB per block.
-// D > 256 is refused with MF_ERR_UNSUPPORTED, and so is D = 1 with bf16 storage
-// (no room for the stash).
+// D or Dv > 256 is refused with MF_ERR_UNSUPPORTED, and so is D = 1 with bf16
+// storage (no room for the stash).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -122,7 +128,7 @@ __device__ __forceinline__ float row_sum4(float v) {
 template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
     attn_fwd_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, int64_t S,
-                    int Hq, int Hkv, int D, float scale, T *__restrict__ o, float *__restrict__ lse) {
+                    int Hq, int Hkv, int D, int Dv, float scale, T *__restrict__ o, float *__restrict__ lse) {
   constexpr int NC = DP / TPR;  // output columns per thread
   extern __shared__ float smem[];
   float *Qs = smem, *Ks = Qs + tile_floats<DP>(BQ), *Vs = Ks + tile_floats<DP>(BK);
@@ -132,10 +138,11 @@ __global__ void __launch_bounds__(NT)
   const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BQ;
   const int h = blockIdx.y, g = h / (Hq / Hkv);
   const int64_t b = blockIdx.z;
-  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
+  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D, ldo = (int64_t)Hq * Dv,
+                ldv = (int64_t)Hkv * Dv;
   const T *qh = q + b * S * ldq + (int64_t)h * D;
   const T *kh = k + b * S * ldk + (int64_t)g * D;
-  const T *vh = v + b * S * ldk + (int64_t)g * D;
+  const T *vh = v + b * S * ldv + (int64_t)g * Dv;
 
   const int t = threadIdx.x, r = t / TPR, lane4 = t % TPR;
   const int64_t i = q0 + r;  // this thread's query row
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(NT)
   for (int64_t j0 = 0; j0 < kend; j0 += BK) {
     __syncthreads();  // the previous tile's Ks, Vs, Ps are no longer read
     load_tile<DP>(kh, ldk, j0, S, D, Ks);
-    load_tile<DP>(vh, ldk, j0, S, D, Vs);
+    load_tile<DP>(vh, ldv, j0, S, Dv, Vs);
     __syncthreads();
     float s[CPT];
 #pragma unroll
@@ -195,11 +202,11 @@ __global__ void __launch_bounds__(NT)
   }
   if (i < S) {
     const float inv = 1.0f / l;
-    T *orow = o + (b * S + i) * ldq + (int64_t)h * D;
+    T *orow = o + (b * S + i) * ldo + (int64_t)h * Dv;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       const int d = lane4 + TPR * n;
-      if (d < D) mf_st(orow + d, acc[n] * inv);
+      if (d < Dv) mf_st(orow + d, acc[n] * inv);
     }
     if (lane4 == 0) lse[((int64_t)b * Hq + h) * S + i] = m + logf(l);
   }
@@ -207,16 +214,17 @@ __global__ void __launch_bounds__(NT)
 
 // --------------------------------------------------------------- backward
 
-// Di = do[row].o[row] for every (token, query head), stashed in dq[token, head, :].
+// Di = do[row].o[row] (rows of Dv) for every (token, query head), stashed in
+// dq[token, head, :] (rows of D).
 template <typename T>
 __global__ void attn_bwd_di_kernel(const T *__restrict__ o, const T *__restrict__ dout, int64_t n_rows, int D,
-                                   T *__restrict__ dq) {
+                                   int Dv, T *__restrict__ dq) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = (int64_t)gridDim.x * (NT / 32);
   for (int64_t w = (int64_t)blockIdx.x * (NT / 32) + threadIdx.x / 32; w < n_rows; w += warps) {
-    const T *orow = o + w * D, *drow = dout + w * D;
+    const T *orow = o + w * Dv, *drow = dout + w * Dv;
     float acc = 0.0f;
-    for (int d = lane; d < D; d += 32) acc += mf_ld(orow + d) * mf_ld(drow + d);
+    for (int d = lane; d < Dv; d += 32) acc += mf_ld(orow + d) * mf_ld(drow + d);
 #pragma unroll
     for (int x = 16; x > 0; x >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, x);
     if (lane == 0) stash_put(dq + w * D, acc);
@@ -239,7 +247,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
     attn_bwd_dkdv_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                          const T *__restrict__ dout, const float *__restrict__ lse, const T *dq_stash,
-                         int64_t S, int Hq, int Hkv, int D, float scale, T *__restrict__ dk,
+                         int64_t S, int Hq, int Hkv, int D, int Dv, float scale, T *__restrict__ dk,
                          T *__restrict__ dv) {
   constexpr int NC = DP / TPR;
   extern __shared__ float smem[];
@@ -252,24 +260,25 @@ __global__ void __launch_bounds__(NT)
   const int64_t j0 = (int64_t)blockIdx.x * BK;
   const int g = blockIdx.y, G = Hq / Hkv;
   const int64_t b = blockIdx.z;
-  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
+  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D, ldo = (int64_t)Hq * Dv,
+                ldv = (int64_t)Hkv * Dv;
   const int t = threadIdx.x, c = t / TPR, lane4 = t % TPR;  // c: this thread's key row in the tile
   const int64_t j = j0 + c;
 
   load_tile<DP>(k + b * S * ldk + (int64_t)g * D, ldk, j0, S, D, Ks);
-  load_tile<DP>(v + b * S * ldk + (int64_t)g * D, ldk, j0, S, D, Vs);
+  load_tile<DP>(v + b * S * ldv + (int64_t)g * Dv, ldv, j0, S, Dv, Vs);
   float dka[NC], dva[NC];
 #pragma unroll
   for (int n = 0; n < NC; n++) dka[n] = dva[n] = 0.0f;
 
   const int64_t qstart = j0 / BQ * BQ;  // the first query block with a row >= j0
   for (int h = g * G; h < (g + 1) * G; h++) {
-    const int64_t qoff = b * S * ldq + (int64_t)h * D;
+    const int64_t qoff = b * S * ldq + (int64_t)h * D, ooff = b * S * ldo + (int64_t)h * Dv;
     const float *lse_h = lse + ((int64_t)b * Hq + h) * S;
     for (int64_t q0 = qstart; q0 < S; q0 += BQ) {
       __syncthreads();  // the previous query tile is no longer read
       load_tile<DP>(q + qoff, ldq, q0, S, D, Qs);
-      load_tile<DP>(dout + qoff, ldq, q0, S, D, Os);
+      load_tile<DP>(dout + ooff, ldo, q0, S, Dv, Os);
       load_row_stats(lse_h, dq_stash + qoff, ldq, q0, S, Ls, Ds);
       __syncthreads();
       float s[CPT], dp[CPT];
@@ -309,14 +318,12 @@ __global__ void __launch_bounds__(NT)
     }
   }
   if (j < S) {
-    T *dkr = dk + (b * S + j) * ldk + (int64_t)g * D, *dvr = dv + (b * S + j) * ldk + (int64_t)g * D;
+    T *dkr = dk + (b * S + j) * ldk + (int64_t)g * D, *dvr = dv + (b * S + j) * ldv + (int64_t)g * Dv;
 #pragma unroll
     for (int n = 0; n < NC; n++) {
       const int d = lane4 + TPR * n;
-      if (d < D) {
-        mf_st(dkr + d, dka[n] * scale);
-        mf_st(dvr + d, dva[n]);
-      }
+      if (d < D) mf_st(dkr + d, dka[n] * scale);
+      if (d < Dv) mf_st(dvr + d, dva[n]);
     }
   }
 }
@@ -325,7 +332,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
     attn_bwd_dq_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                        const T *__restrict__ dout, const float *__restrict__ lse, int64_t S, int Hq, int Hkv,
-                       int D, float scale, T *dq) {
+                       int D, int Dv, float scale, T *dq) {
   constexpr int NC = DP / TPR;
   extern __shared__ float smem[];
   float *Qs = smem, *Os = Qs + tile_floats<DP>(BQ), *Ks = Os + tile_floats<DP>(BQ);
@@ -337,14 +344,15 @@ __global__ void __launch_bounds__(NT)
   const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BQ;
   const int h = blockIdx.y, g = h / (Hq / Hkv);
   const int64_t b = blockIdx.z;
-  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D;
-  const int64_t qoff = b * S * ldq + (int64_t)h * D;
-  const T *kh = k + b * S * ldk + (int64_t)g * D, *vh = v + b * S * ldk + (int64_t)g * D;
+  const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D, ldo = (int64_t)Hq * Dv,
+                ldv = (int64_t)Hkv * Dv;
+  const int64_t qoff = b * S * ldq + (int64_t)h * D, ooff = b * S * ldo + (int64_t)h * Dv;
+  const T *kh = k + b * S * ldk + (int64_t)g * D, *vh = v + b * S * ldv + (int64_t)g * Dv;
   const int t = threadIdx.x, r = t / TPR, lane4 = t % TPR;
   const int64_t i = q0 + r;
 
   load_tile<DP>(q + qoff, ldq, q0, S, D, Qs);
-  load_tile<DP>(dout + qoff, ldq, q0, S, D, Os);
+  load_tile<DP>(dout + ooff, ldo, q0, S, Dv, Os);
   load_row_stats(lse + ((int64_t)b * Hq + h) * S, dq + qoff, ldq, q0, S, Ls, Ds);
   float acc[NC];
 #pragma unroll
@@ -354,7 +362,7 @@ __global__ void __launch_bounds__(NT)
   for (int64_t j0 = 0; j0 < kend; j0 += BK) {
     __syncthreads();  // the previous key tile is no longer read (and the stats are loaded)
     load_tile<DP>(kh, ldk, j0, S, D, Ks);
-    load_tile<DP>(vh, ldk, j0, S, D, Vs);
+    load_tile<DP>(vh, ldv, j0, S, Dv, Vs);
     __syncthreads();
     float s[CPT], dp[CPT];
 #pragma unroll
@@ -400,14 +408,19 @@ __global__ void __launch_bounds__(NT)
   }
 }
 
-mf_status check_shape(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
-  if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Hq % Hkv != 0)
-    return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", op, (long long)B,
-                  (long long)S, (long long)Hq, (long long)Hkv, (long long)D);
+// Dv: already resolved (0 -> D) by the caller.
+mf_status check_shape(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv) {
+  if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 || Hq % Hkv != 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld Dv=%lld", op,
+                  (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, (long long)Dv);
   if (D > DMAX)
     return MF_ERR(MF_ERR_UNSUPPORTED,
                   "%s: head_dim D=%lld is larger than the cuda kernel's tile (at most %d)", op, (long long)D,
                   DMAX);
+  if (Dv > DMAX)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "%s: value head_dim Dv=%lld is larger than the cuda kernel's tile (at most %d)", op,
+                  (long long)Dv, DMAX);
   if (B > 65535 || Hq > 65535 || (S + BQ - 1) / BQ > INT32_MAX)
     return MF_ERR(MF_ERR_UNSUPPORTED, "%s: B=%lld, Hq=%lld or S=%lld exceeds the cuda grid", op, (long long)B,
                   (long long)Hq, (long long)S);
@@ -424,23 +437,24 @@ mf_status allow_smem(F *f, size_t bytes) {
 
 template <typename T, int DP>
 mf_status fwd_launch(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                     int64_t D, float scale, T *o, float *lse, cudaStream_t s) {
+                     int64_t D, int64_t Dv, float scale, T *o, float *lse, cudaStream_t s) {
   const size_t smem = fwd_smem<DP>();
   MF_CHECK(allow_smem(attn_fwd_kernel<T, DP>, smem));
   const dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
-  attn_fwd_kernel<T, DP><<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, scale, o, lse);
+  attn_fwd_kernel<T, DP>
+      <<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, (int)Dv, scale, o, lse);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
 // Launch 1: the Di stash in dq.
 template <typename T>
-mf_status di_launch(const T *o, const T *dout, int64_t B, int64_t S, int64_t Hq, int64_t D, T *dq,
+mf_status di_launch(const T *o, const T *dout, int64_t B, int64_t S, int64_t Hq, int64_t D, int64_t Dv, T *dq,
                     cudaStream_t s) {
   const int64_t rows = B * S * Hq;
   int64_t di_blocks = (rows + NT / 32 - 1) / (NT / 32);
   if (di_blocks > (1 << 20)) di_blocks = 1 << 20;
-  attn_bwd_di_kernel<T><<<(unsigned)di_blocks, NT, 0, s>>>(o, dout, rows, (int)D, dq);
+  attn_bwd_di_kernel<T><<<(unsigned)di_blocks, NT, 0, s>>>(o, dout, rows, (int)D, (int)Dv, dq);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -448,20 +462,20 @@ mf_status di_launch(const T *o, const T *dout, int64_t B, int64_t S, int64_t Hq,
 // Launches 2 and 3 (dk, dv; dq) on the CUDA cores.
 template <typename T, int DP>
 mf_status bwd_launch(const T *q, const T *k, const T *v, const float *lse, const T *dout, int64_t B,
-                     int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq, T *dk, T *dv,
-                     cudaStream_t s) {
+                     int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, float scale, T *dq, T *dk,
+                     T *dv, cudaStream_t s) {
   const size_t smem_kv = dkdv_smem<DP>();
   MF_CHECK(allow_smem(attn_bwd_dkdv_kernel<T, DP>, smem_kv));
   const dim3 grid_kv((unsigned)((S + BK - 1) / BK), (unsigned)Hkv, (unsigned)B);
-  attn_bwd_dkdv_kernel<T, DP>
-      <<<grid_kv, NT, smem_kv, s>>>(q, k, v, dout, lse, dq, S, (int)Hq, (int)Hkv, (int)D, scale, dk, dv);
+  attn_bwd_dkdv_kernel<T, DP><<<grid_kv, NT, smem_kv, s>>>(q, k, v, dout, lse, dq, S, (int)Hq, (int)Hkv,
+                                                           (int)D, (int)Dv, scale, dk, dv);
   MF_CUDA_CHECK_LAUNCH();
 
   const size_t smem_q = dq_smem<DP>();
   MF_CHECK(allow_smem(attn_bwd_dq_kernel<T, DP>, smem_q));
   const dim3 grid_q((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
   attn_bwd_dq_kernel<T, DP>
-      <<<grid_q, NT, smem_q, s>>>(q, k, v, dout, lse, S, (int)Hq, (int)Hkv, (int)D, scale, dq);
+      <<<grid_q, NT, smem_q, s>>>(q, k, v, dout, lse, S, (int)Hq, (int)Hkv, (int)D, (int)Dv, scale, dq);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -470,54 +484,62 @@ mf_status bwd_launch(const T *q, const T *k, const T *v, const float *lse, const
 
 template <typename T>
 mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                           int64_t D, float scale, T *o, float *lse, cudaStream_t s) {
-  MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D));
+                           int64_t D, int64_t Dv, float scale, T *o, float *lse, cudaStream_t s) {
+  if (Dv == 0) Dv = D;
+  MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D, Dv));
   if (B == 0 || S == 0) return MF_OK;
-  if constexpr (sizeof(T) < sizeof(float)) {  // bf16: the tensor-core kernel when it takes the call
+  // bf16: the tensor-core kernel when it takes the call; it has one head dim,
+  // so a call whose Dv differs from D stays on the kernels of this file.
+  if constexpr (sizeof(T) < sizeof(float)) {
     int ran = 0;
-    MF_CHECK(mf_cuda_attn_mma_fwd(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, &ran, s));
+    if (Dv == D) MF_CHECK(mf_cuda_attn_mma_fwd(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, &ran, s));
     if (ran) {
       mf_cuda_mma_count(MF_CUDA_MMA_ATTENTION);
       return MF_OK;
     }
   }
-  if (D <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
-  if (D <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
-  return fwd_launch<T, 256>(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, s);
+  const int64_t Dm = D > Dv ? D : Dv;  // the tiles' width
+  if (Dm <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, Dv, scale, o, lse, s);
+  if (Dm <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, Dv, scale, o, lse, s);
+  return fwd_launch<T, 256>(q, k, v, B, S, Hq, Hkv, D, Dv, scale, o, lse, s);
 }
 
 template <typename T>
 mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
-                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq,
-                           T *dk, T *dv, cudaStream_t s) {
-  MF_CHECK(check_shape("attn_bwd", B, S, Hq, Hkv, D));
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, float scale,
+                           T *dq, T *dk, T *dv, cudaStream_t s) {
+  if (Dv == 0) Dv = D;
+  MF_CHECK(check_shape("attn_bwd", B, S, Hq, Hkv, D, Dv));
   if (sizeof(T) < sizeof(float) && D < 2)
     return MF_ERR(
         MF_ERR_UNSUPPORTED,
         "attn_bwd: head_dim D=%lld with bf16 storage: a row of dq must hold the fp32 Di stash (D >= 2)",
         (long long)D);
   if (B == 0 || S == 0) return MF_OK;
-  MF_CHECK(di_launch(o, dout, B, S, Hq, D, dq, s));
-  if constexpr (sizeof(T) < sizeof(float)) {  // bf16: the tensor-core kernels when they take the call
+  MF_CHECK(di_launch(o, dout, B, S, Hq, D, Dv, dq, s));
+  // bf16: the tensor-core kernels when they take the call (Dv = D only, as the forward)
+  if constexpr (sizeof(T) < sizeof(float)) {
     int ran = 0;
-    MF_CHECK(mf_cuda_attn_mma_bwd(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, &ran, s));
+    if (Dv == D)
+      MF_CHECK(mf_cuda_attn_mma_bwd(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, &ran, s));
     if (ran) {
       mf_cuda_mma_count(MF_CUDA_MMA_ATTENTION);
       return MF_OK;
     }
   }
-  if (D <= 64) return bwd_launch<T, 64>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
-  if (D <= 128) return bwd_launch<T, 128>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
-  return bwd_launch<T, 256>(q, k, v, lse, dout, B, S, Hq, Hkv, D, scale, dq, dk, dv, s);
+  const int64_t Dm = D > Dv ? D : Dv;
+  if (Dm <= 64) return bwd_launch<T, 64>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, scale, dq, dk, dv, s);
+  if (Dm <= 128) return bwd_launch<T, 128>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, scale, dq, dk, dv, s);
+  return bwd_launch<T, 256>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, scale, dq, dk, dv, s);
 }
 
 // Both storages.
-#define ATTENTION_INSTANTIATE(T)                                                                            \
-  template mf_status mf_cuda_attn_fwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,        \
-                                         int64_t, int64_t, float, T *, float *, cudaStream_t);              \
-  template mf_status mf_cuda_attn_bwd<T>(const T *, const T *, const T *, const T *, const T *,             \
-                                         const float *, int64_t, int64_t, int64_t, int64_t, int64_t, float, \
-                                         T *, T *, T *, cudaStream_t);
+#define ATTENTION_INSTANTIATE(T)                                                                        \
+  template mf_status mf_cuda_attn_fwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,    \
+                                         int64_t, int64_t, int64_t, float, T *, float *, cudaStream_t); \
+  template mf_status mf_cuda_attn_bwd<T>(const T *, const T *, const T *, const T *, const T *,         \
+                                         const float *, int64_t, int64_t, int64_t, int64_t, int64_t,    \
+                                         int64_t, float, T *, T *, T *, cudaStream_t);
 ATTENTION_INSTANTIATE(float)
 ATTENTION_INSTANTIATE(mf_bf16)
 #undef ATTENTION_INSTANTIATE

@@ -401,9 +401,18 @@ static mf_status run_attn_cudnn(cuda_impl *c, const mf_kernel_call *k, cudaStrea
     return MF_OK;
   }
   if (k->kind == MF_K_ATTN_FWD)
-    return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], scale, S(3), F(4), s);
-  return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4], scale,
-                             S(6), S(7), S(8), s);
+    return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], i[5], scale, S(3), F(4), s);
+  return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4], i[5],
+                             scale, S(6), S(7), S(8), s);
+}
+
+// Whether an attention call can go to cuDNN: only with one head dim (Dv, i[5],
+// 0 or D). cuDNN's SDPA does take a value head dim unlike q/k's, but our
+// graphs (attention_cudnn.cc) and its workspace bound have one D; a call with
+// Dv != D (DeepSeek-V3's latent attention) runs on attention.cu's CUDA-core
+// kernels instead.
+static int attn_cudnn_takes(const mf_kernel_call *k) {
+  return k->i[5] == 0 || k->i[5] == k->i[4];
 }
 
 // The kernels of a call computing in storage T (float: F32, mf_bf16: BF16).
@@ -438,21 +447,21 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       });
     }
     case MF_K_ROPE_FWD:
-      return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], s);
+      return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), s);
     case MF_K_ROPE_BWD:
-      return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], i[3], CI32(1), (float)k->f[0], s);
-    case MF_K_ATTN_FWD:
+      return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), s);
+    case MF_K_ATTN_FWD:  // Dv != D: attention.cu's CUDA-core kernels (attn_cudnn_takes, attention.cu)
       if constexpr (std::is_same<T, mf_bf16>::value) {
-        if (c->attn_cudnn) return run_attn_cudnn(c, k, s);
+        if (c->attn_cudnn && attn_cudnn_takes(k)) return run_attn_cudnn(c, k, s);
       }
-      return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], (float)k->f[0], S(3), F(4),
-                              s);
+      return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], i[5], (float)k->f[0],
+                                 S(3), F(4), s);
     case MF_K_ATTN_BWD:
       if constexpr (std::is_same<T, mf_bf16>::value) {
-        if (c->attn_cudnn) return run_attn_cudnn(c, k, s);
+        if (c->attn_cudnn && attn_cudnn_takes(k)) return run_attn_cudnn(c, k, s);
       }
-      return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4],
-                              (float)k->f[0], S(6), S(7), S(8), s);
+      return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4], i[5],
+                                 (float)k->f[0], S(6), S(7), S(8), s);
     case MF_K_SWIGLU_FWD:
       return mf_cuda_swiglu_fwd<T>(CS(0), CS(1), i[0], S(2), s);
     case MF_K_SWIGLU_BWD:
@@ -463,6 +472,10 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return mf_cuda_sigmoid_gate_bwd<T>(CS(0), CS(1), CS(2), i[0], i[1], S(3), S(4), s);
     case MF_K_ADD: /* the fp32 flag (gradient sums): their operands are F32, so T is float */
       return mf_cuda_add<T>(CS(0), i[0], S(1), s);
+    case MF_K_SLICE:
+      return mf_cuda_slice<T>(CS(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], S(1), s);
+    case MF_K_SLICE_BWD:
+      return mf_cuda_slice_bwd<T>(CS(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], S(1), s);
     case MF_K_SCALE:
       return mf_cuda_scale<T>(S(0), i[0], (float)k->f[0], s);
     case MF_K_DROPOUT:

@@ -45,9 +45,11 @@
 //               (mf_cuda_rmsnorm_dw_parts, from R alone); thread (chunk, p) sums
 //               its rows in order into scratch[p,chunk]; then a thread per chunk
 //               adds scratch[0..P-1, chunk] in order to dw.
-//   rope        in place on the first rot dims of each head of x[T,nh,D] (dx for bwd;
-//               rot 0: all D), i < rot/2, x2 = x1 + rot/2:
-//               inv = 1/theta^((float)2i/(float)rot), f = (float)pos[t]*inv, c = cos f, s = sin f;
+//   rope        in place on dims [off, off + rot) of each head of x[T,nh,D] (dx for bwd;
+//               rot 0: D - off), pair i < rot/2: x1 = x[off + i], x2 = x1 + rot/2, or
+//               interleaved x1 = x[off + 2i], x2 = x1 + 1 (kernels/rope.h):
+//               inv = mf_rope_inv_freq(i) (1/theta^((float)2i/(float)rot), or YaRN's blend),
+//               f = (float)pos[t]*inv, c = A cos f, s = A sin f (A: attention factor, when not 1);
 //               fwd: x1' = x1*c - x2*s, x2' = x2*c + x1*s;  bwd: d1 = g1*c + g2*s,
 //               d2 = g2*c - g1*s.  One thread per (t, head, i) pair, scalar
 //               accesses (the angle, not memory, is its cost).
@@ -492,17 +494,29 @@ mf_status mf_cuda_rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *
 
 // ----------------------------------------------------------------- RoPE
 
+// The plan (kernels/rope.h) travels by value as a kernel parameter: it is
+// resolved on the host per call by mf_rope_plan_make, the cpu twin's
+// function (validation and YaRN's correction range in double), and each
+// thread computes its pair's inv_freq with mf_rope_inv_freq, the cpu twin's
+// definition (products and sums kept apart from fma there). Per thread, as
+// before YaRN: the default path keeps its device bits (a host table would
+// give glibc's powf, an ulp from the device's at times, and change them);
+// the angle, not the powf, is the cost.
 template <typename T>
-static __global__ void rope_kernel(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot,
-                                   const int32_t *__restrict__ pos, float theta, int backward) {
-  const int64_t half = rot / 2;
+static __global__ void rope_kernel(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *__restrict__ pos,
+                                   const mf_rope_plan p, int backward) {
+  const int64_t half = p.half;
   GRID_STRIDE(n, T_ * nh * half) {
     const int64_t i = n % half, th = n / half, t = th / nh;
-    const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
+    const float inv = mf_rope_inv_freq(&p, i);
     const float f = (float)pos[t] * inv;
-    const float cs = cosf(f), sn = sinf(f);
-    T *x1 = x + th * D + i;
-    T *x2 = x1 + half;
+    float cs = cosf(f), sn = sinf(f);
+    if (p.scaled) {
+      cs = __fmul_rn(cs, p.attn);
+      sn = __fmul_rn(sn, p.attn);
+    }
+    T *x1 = x + th * D + p.off + i * p.step;
+    T *x2 = x1 + p.pair;
     const float u = mf_ld(x1), v = mf_ld(x2);
     if (!backward) {
       mf_st(x1, u * cs - v * sn);
@@ -515,30 +529,26 @@ static __global__ void rope_kernel(T *x, int64_t T_, int64_t nh, int64_t D, int6
 }
 
 template <typename T>
-static mf_status rope(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos, float theta,
+static mf_status rope(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, const mf_rope_args &a,
                       int backward, cudaStream_t s) {
-  if (rot == 0) rot = D;
-  if (rot < 0 || rot > D || (rot % 2 != 0 && rot != D))
-    return MF_ERR(MF_ERR_INVALID_ARG,
-                  "rope: %lld rotary dims of a head of %lld: an even number below the head, or the head",
-                  (long long)rot, (long long)D);
-  if (T_ <= 0 || nh <= 0 || rot < 2) return MF_OK;
-  rope_kernel<T>
-      <<<mf_cuda_grid(T_ * nh * (rot / 2)), MF_CUDA_BLOCK, 0, s>>>(x, T_, nh, D, rot, pos, theta, backward);
+  mf_rope_plan p;
+  MF_CHECK(mf_rope_plan_make(&a, D, &p));
+  if (T_ <= 0 || nh <= 0 || p.half == 0) return MF_OK;
+  rope_kernel<T><<<mf_cuda_grid(T_ * nh * p.half), MF_CUDA_BLOCK, 0, s>>>(x, T_, nh, D, pos, p, backward);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
 
 template <typename T>
-mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
-                           float theta, cudaStream_t s) {
-  return rope(x, T_, nh, D, rot, pos, theta, 0, s);
+mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, mf_rope_args a,
+                           cudaStream_t s) {
+  return rope(x, T_, nh, D, pos, a, 0, s);
 }
 
 template <typename T>
-mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
-                           float theta, cudaStream_t s) {
-  return rope(dx, T_, nh, D, rot, pos, theta, 1, s);
+mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, mf_rope_args a,
+                           cudaStream_t s) {
+  return rope(dx, T_, nh, D, pos, a, 1, s);
 }
 
 // --------------------------------------------------------------- SwiGLU
@@ -755,9 +765,9 @@ mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed,
                                             cudaStream_t);                                                   \
   template mf_status mf_cuda_rmsnorm_bwd<T>(const T *, const T *, const T *, const float *, int64_t,         \
                                             int64_t, T *, float *, int, float *, cudaStream_t);              \
-  template mf_status mf_cuda_rope_fwd<T>(T *, int64_t, int64_t, int64_t, int64_t, const int32_t *, float,    \
+  template mf_status mf_cuda_rope_fwd<T>(T *, int64_t, int64_t, int64_t, const int32_t *, mf_rope_args,      \
                                          cudaStream_t);                                                      \
-  template mf_status mf_cuda_rope_bwd<T>(T *, int64_t, int64_t, int64_t, int64_t, const int32_t *, float,    \
+  template mf_status mf_cuda_rope_bwd<T>(T *, int64_t, int64_t, int64_t, const int32_t *, mf_rope_args,      \
                                          cudaStream_t);                                                      \
   template mf_status mf_cuda_swiglu_fwd<T>(const T *, const T *, int64_t, T *, cudaStream_t);                \
   template mf_status mf_cuda_swiglu_bwd<T>(const T *, const T *, const T *, int64_t, T *, T *,               \

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/rope.h"
 #include "src/core/core.h"
 
 // Threads per block of every kernel; the reduction trees assume this exact size.
@@ -73,11 +74,11 @@ template <typename T>
 mf_status mf_cuda_rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *rstd, int64_t R, int64_t C,
                               T *dx, float *dw, int accumulate, float *scratch, cudaStream_t s);
 template <typename T>
-mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
-                           float theta, cudaStream_t s);
+mf_status mf_cuda_rope_fwd(T *x, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, mf_rope_args a,
+                           cudaStream_t s);
 template <typename T>
-mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, int64_t rot, const int32_t *pos,
-                           float theta, cudaStream_t s);
+mf_status mf_cuda_rope_bwd(T *dx, int64_t T_, int64_t nh, int64_t D, const int32_t *pos, mf_rope_args a,
+                           cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_swiglu_fwd(const T *g, const T *u, int64_t n, T *act, cudaStream_t s);
 template <typename T>
@@ -89,6 +90,13 @@ mf_status mf_cuda_sigmoid_gate_bwd(const T *gl, const T *x, const T *dy, int64_t
                                    cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_add(const T *x, int64_t n, T *y, cudaStream_t s);
+// Strided column blocks and their transpose (kernels/cpu/slice.c; slice.cu).
+template <typename T>
+mf_status mf_cuda_slice(const T *x, int64_t R, int64_t C, int64_t xs, int64_t xo, int64_t ys, int64_t yo,
+                        int64_t rep, int acc, T *y, cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_slice_bwd(const T *dy, int64_t Q, int64_t C, int64_t xs, int64_t xo, int64_t ys, int64_t yo,
+                            int64_t rep, int acc, T *dx, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s);
 template <typename T>
@@ -138,18 +146,19 @@ mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, dou
                            float *dprobs, cudaStream_t s);
 
 // ------------------------------------------------------------ attention.cu
-// Causal GQA attention (kernels/cpu/attention.c's maths): q, o, dout, dq
-// [B*S, Hq, D]; k, v, dk, dv [B*S, Hkv, D]; lse [B, Hq, S] (fp32); Hq % Hkv ==
-// 0, D <= 256 (MF_ERR_UNSUPPORTED above; also D = 1 for the bf16 backward).
-// Forward writes o and lse. Backward writes dq, dk, dv (never added) and needs
-// no scratch; dq must not alias an input.
+// Causal GQA attention (kernels/cpu/attention.c's maths): q, dq [B*S, Hq, D];
+// k, dk [B*S, Hkv, D]; v, dv [B*S, Hkv, Dv]; o, dout [B*S, Hq, Dv] (Dv, the
+// value head dim, 0: D); lse [B, Hq, S] (fp32); Hq % Hkv == 0, D and Dv <= 256
+// (MF_ERR_UNSUPPORTED above; also D = 1 for the bf16 backward). Forward writes
+// o and lse. Backward writes dq, dk, dv (never added) and needs no scratch; dq
+// must not alias an input.
 template <typename T>
 mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                           int64_t D, float scale, T *o, float *lse, cudaStream_t s);
+                           int64_t D, int64_t Dv, float scale, T *o, float *lse, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
-                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, T *dq,
-                           T *dk, T *dv, cudaStream_t s);
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, float scale,
+                           T *dq, T *dk, T *dv, cudaStream_t s);
 
 // ------------------------------------------------------- attention_mma.cu
 // Causal GQA attention of BF16 storage on tensor cores (mma.sync), called by
@@ -157,6 +166,7 @@ mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const
 // launched; 0 (MF_OK, nothing launched) for a call the path does not take —
 // D not a multiple of 16 or above 128, an operand not 16-byte aligned — which
 // the caller then runs on its CUDA-core kernels. The caller checks the shape.
+// One head dim for q, k and v: attention.cu never calls these with Dv != D.
 mf_status mf_cuda_attn_mma_fwd(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, int64_t B, int64_t S,
                                int64_t Hq, int64_t Hkv, int64_t D, float scale, mf_bf16 *o, float *lse,
                                int *ran, cudaStream_t s);

@@ -18,7 +18,7 @@ static const char k_usage[] =
     "chat template, special_tokens_map.json) that AutoTokenizer.from_pretrained(DIR) and\n"
     "tools/prepare_data.py --tokenizer DIR read: byte b is token b (the ids `moefit data bytes`\n"
     "writes), then <|endoftext|> 256 (pad), <|im_start|> 257, <|im_end|> 258 (eos).\n\n"
-    "families: mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe\n"
+    "families: mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3\n"
     "presets:  tiny   hidden 64, 2 layers, 4 heads / 2 kv, 8 experts top-2, expert ffn 128, vocab 272\n"
     "          small  hidden 512, 8 layers, 8 heads / 4 kv, 16 experts top-2, expert ffn 1024, vocab 32000\n"
     "Qwen2-MoE gets a shared expert and a dense first layer; Qwen3-MoE and OLMoE their q/k norms;\n"
@@ -48,7 +48,14 @@ static void preset(mf_family f, int small, mf_model_spec *s) {
     s->dense_ffn = 2 * s->expert_ffn;
     s->norm_topk_prob = 1;
   }
-  if (f == MF_FAMILY_GLM4_MOE) { /* GLM-4.5-Air's choices: one shared expert, layer 0 dense */
+  if (f == MF_FAMILY_DEEPSEEK_V3) { /* Moonlight's choices at this size: one group, latent attention */
+    s->kv_heads = s->heads;
+    s->q_lora_rank = small ? 256 : 32, s->kv_lora_rank = small ? 128 : 32;
+    s->qk_nope_dim = small ? 64 : 16, s->qk_rope_dim = small ? 32 : 8, s->v_head_dim = small ? 64 : 16;
+    s->head_dim = s->qk_nope_dim + s->qk_rope_dim;
+    s->n_group = 1, s->topk_group = 1;
+  }
+  if (f == MF_FAMILY_GLM4_MOE || f == MF_FAMILY_DEEPSEEK_V3) { /* one shared expert, layer 0 dense */
     s->shared_ffn = s->expert_ffn;
     s->dense_ffn = 2 * s->expert_ffn;
     s->first_dense = 1;
@@ -85,7 +92,7 @@ int mf_cli_init(int argc, char **argv) {
   if (!family || !out) return mf_cli_usage_error("init", "--family and --out are required");
   mf_family f = mf_family_from_name(family);
   if (f == MF_FAMILY_INVALID)
-    return mf_cli_usage_error("init", "unknown family '%s' (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe)",
+    return mf_cli_usage_error("init", "unknown family '%s' (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3)",
                               family);
   if (strcmp(pre, "tiny") != 0 && strcmp(pre, "small") != 0)
     return mf_cli_usage_error("init", "unknown preset '%s' (tiny, small)", pre);

@@ -215,7 +215,7 @@ static int size_fraction(const char *text, char *buf, size_t cap) {
   return 1;
 }
 
-static const char *family_choices = "mixtral|qwen2_moe|qwen3_moe|olmoe";
+static const char *family_choices = "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3";
 
 /* Sets one non-section key from a node (a value in the file, an override, or a default). */
 static mf_status set_value(walk *w, const mf_config_key *k, const mf_ynode *v);
@@ -656,7 +656,9 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
   mf_config *c = w->cfg;
   mf_model_spec *s = &c->model.init;
   char loc[512], oloc[512];
-  if (!seen_given(w, mf_config_key_find("model.init.head_dim"))) {
+  if (s->family == MF_FAMILY_DEEPSEEK_V3 && !seen_given(w, mf_config_key_find("model.init.head_dim"))) {
+    s->head_dim = s->qk_nope_dim + s->qk_rope_dim; /* the q/k head */
+  } else if (!seen_given(w, mf_config_key_find("model.init.head_dim"))) {
     if (s->hidden % s->heads != 0)
       return CROSS_ERR(w, "model.init.hidden", "model.init.heads",
                        "model.init: hidden (%lld) is not a multiple of heads (%lld): give head_dim",
@@ -689,19 +691,34 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
         w, "model.init.decoder_sparse_step", "model.init.family",
         "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
         mf_family_name(s->family));
-  /* and keys only GLM-4.5's decoder reads, at their neutral values elsewhere */
-  if (s->family != MF_FAMILY_GLM4_MOE) {
+  if (s->family != MF_FAMILY_GLM4_MOE && s->partial_rotary != 1.0)
+    return CROSS_ERR(w, "model.init.partial_rotary", "model.init.family",
+                     "model.init.partial_rotary is a glm4_moe key: %s does not read it", mf_family_name(s->family));
+  /* keys only DeepSeek-V3's decoder reads, at their neutral values elsewhere */
+  if (s->family != MF_FAMILY_DEEPSEEK_V3) {
     const struct {
       const char *key;
       int neutral;
-    } glm[] = {{"model.init.partial_rotary", s->partial_rotary == 1.0},
-               {"model.init.first_dense", s->first_dense == 0},
+    } ds[] = {{"model.init.q_lora_rank", s->q_lora_rank == 0},   {"model.init.kv_lora_rank", s->kv_lora_rank == 0},
+              {"model.init.qk_nope_dim", s->qk_nope_dim == 0},   {"model.init.qk_rope_dim", s->qk_rope_dim == 0},
+              {"model.init.v_head_dim", s->v_head_dim == 0},     {"model.init.rope_interleave", !s->rope_interleave}};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+      if (!ds[i].neutral)
+        return CROSS_ERR(w, ds[i].key, "model.init.family", "%s is a deepseek_v3 key: %s does not read it", ds[i].key,
+                         mf_family_name(s->family));
+  }
+  /* and keys only GLM-4.5's and DeepSeek-V3's decoders read, at their neutral values elsewhere */
+  if (s->family != MF_FAMILY_GLM4_MOE && s->family != MF_FAMILY_DEEPSEEK_V3) {
+    const struct {
+      const char *key;
+      int neutral;
+    } glm[] = {{"model.init.first_dense", s->first_dense == 0},
                {"model.init.n_group", s->n_group == 1},
                {"model.init.topk_group", s->topk_group == 1},
                {"model.init.routed_scaling", s->routed_scaling == 1.0}};
     for (size_t i = 0; i < sizeof glm / sizeof glm[0]; i++)
       if (!glm[i].neutral)
-        return CROSS_ERR(w, glm[i].key, "model.init.family", "%s is a glm4_moe key: %s does not read it",
+        return CROSS_ERR(w, glm[i].key, "model.init.family", "%s is a glm4_moe / deepseek_v3 key: %s does not read it",
                          glm[i].key, mf_family_name(s->family));
   }
   /* the rest, blamed on the last override under model.init when there is one */

@@ -128,7 +128,7 @@ typedef struct mf_config_data {
 /* train.lora: low-rank adapters over a frozen base (src/model/params.h
  * mf_lora; src/train mf_run_lora turns this into the table's adapters). */
 #define MF_CONFIG_LORA_MAX_TARGETS 16
-#define MF_CONFIG_LORA_NAME_MAX 16
+#define MF_CONFIG_LORA_NAME_MAX 32 /* kv_a_proj_with_mqa: 18 */
 typedef enum mf_config_lora_experts {
   MF_CONFIG_LORA_EXPERTS_ALL = 0,
   MF_CONFIG_LORA_EXPERTS_HOT

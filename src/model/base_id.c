@@ -27,7 +27,7 @@ typedef struct field {
   field_kind kind;
   size_t off;
   const char *hf; /* its config.json key; NULL: per family (hf_key) */
-  int since_glm;  /* added with glm4_moe: a record without it has the family's default */
+  int since_glm;  /* added with glm4_moe and deepseek_v3: a record without it has the family's default */
 } field;
 
 #define F(n, k, hf) \
@@ -61,6 +61,19 @@ static const field k_fields[] = {
     F2(topk_group, K_I64, "topk_group"),
     F2(routed_scaling, K_F64, "routed_scaling_factor"),
     F2(first_dense, K_I64, "first_k_dense_replace"),
+    F2(q_lora_rank, K_I64, "q_lora_rank"),
+    F2(kv_lora_rank, K_I64, "kv_lora_rank"),
+    F2(qk_nope_dim, K_I64, "qk_nope_head_dim"),
+    F2(qk_rope_dim, K_I64, "qk_rope_head_dim"),
+    F2(v_head_dim, K_I64, "v_head_dim"),
+    F2(rope_interleave, K_BOOL, "rope_interleave"),
+    F2(yarn_factor, K_F64, "rope_scaling.factor"),
+    F2(yarn_original_max, K_I64, "rope_scaling.original_max_position_embeddings"),
+    F2(yarn_beta_fast, K_F64, "rope_scaling.beta_fast"),
+    F2(yarn_beta_slow, K_F64, "rope_scaling.beta_slow"),
+    F2(yarn_mscale, K_F64, "rope_scaling.mscale"),
+    F2(yarn_mscale_all_dim, K_F64, "rope_scaling.mscale_all_dim"),
+    F2(yarn_truncate, K_BOOL, "rope_scaling.truncate"),
 };
 #undef F
 #undef F2

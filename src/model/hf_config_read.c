@@ -109,6 +109,9 @@ static const char *family_list(const char *(*name)(mf_family), char *buf, size_t
 static mf_family family_from_model_type(const char *t) {
   for (int f = 1; f < MF_FAMILY_COUNT_; f++)
     if (strcmp(t, mf_family_model_type((mf_family)f)) == 0) return (mf_family)f;
+  /* Kimi-K2's config.json names its own model_type (remote code) over
+   * DeepseekV3ForCausalLM's architecture, the model transformers builds */
+  if (strcmp(t, "kimi_k2") == 0) return MF_FAMILY_DEEPSEEK_V3;
   return MF_FAMILY_INVALID;
 }
 
@@ -161,8 +164,9 @@ static mf_status detect_family(reader *r) {
  * only "default" is plain RoPE. */
 static mf_status check_rope_type(const reader *r, const char *key, const json_t *obj) {
   char clean[64];
-  const json_t *t = json_object_get(obj, "rope_type");
-  if (!t) t = json_object_get(obj, "type");
+  /* the config classes copy an old "type" over "rope_type" */
+  const json_t *t = json_object_get(obj, "type");
+  if (!t) t = json_object_get(obj, "rope_type");
   if (!t) return KEY_ERR(MF_ERR_FORMAT, r, key, "has no rope_type");
   if (!json_is_string(t))
     return KEY_ERR(MF_ERR_FORMAT, r, key, "rope_type must be a string, got %s", type_name(t));
@@ -288,7 +292,8 @@ static mf_status check_unsupported(const reader *r, mf_hf_quant *q) {
   if ((v = get(r, "rope_scaling")) && !json_is_null(v)) {
     if (!json_is_object(v))
       return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "expected an object or null, got %s", type_name(v));
-    MF_CHECK(check_rope_type(r, "rope_scaling", v));
+    if (r->family != MF_FAMILY_DEEPSEEK_V3) /* it reads yarn (read_deepseek_v3) */
+      MF_CHECK(check_rope_type(r, "rope_scaling", v));
   }
   if (r->family != MF_FAMILY_GLM4_MOE) /* glm4_moe reads it (read_family) */
     MF_CHECK(check_partial_rotary(r, "partial_rotary_factor", get(r, "partial_rotary_factor")));
@@ -316,7 +321,8 @@ static mf_status check_unsupported(const reader *r, mf_hf_quant *q) {
  * num_attention_heads in the config; Qwen keeps None and fails to build. */
 static mf_status read_kv_heads(const reader *r, mf_model_spec *s) {
   const json_t *v = get(r, "num_key_value_heads");
-  const int null_means_heads = r->family == MF_FAMILY_MIXTRAL || r->family == MF_FAMILY_OLMOE;
+  const int null_means_heads =
+      r->family == MF_FAMILY_MIXTRAL || r->family == MF_FAMILY_OLMOE || r->family == MF_FAMILY_DEEPSEEK_V3;
   if (!v) {
     if (r->family == MF_FAMILY_OLMOE) s->kv_heads = s->heads; /* OlmoeConfig default is None */
     return MF_OK;
@@ -455,7 +461,14 @@ static const int64_t k_max_dim = (int64_t)1 << 24;
  * router_aux_loss_coef is not read (0). num_nextn_predict_layers (the
  * multi-token-prediction layer the checkpoints carry) is not part of the
  * model transformers builds, and not of moefit's. */
-static mf_status read_glm4_moe(const reader *r, mf_model_spec *s) {
+/* The MoE block GLM-4.5 and DeepSeek-V3 share (their config classes' keys):
+ * the sigmoid group-limited router, the shared experts as one MLP of
+ * moe_intermediate_size * n_shared_experts, dense layers below
+ * first_k_dense_replace; no aux loss, so router_aux_loss_coef is not read
+ * (0). num_nextn_predict_layers (the multi-token-prediction layer the
+ * checkpoints carry) is no part of the model transformers builds, nor of
+ * moefit's. */
+static mf_status read_group_moe(const reader *r, mf_model_spec *s) {
   static const char *const required[] = {"intermediate_size", "moe_intermediate_size", "n_routed_experts"};
   for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) MF_CHECK(require(r, required[i]));
   MF_CHECK(read_int(r, "intermediate_size", 0, k_max_dim, &s->dense_ffn));
@@ -475,6 +488,22 @@ static mf_status read_glm4_moe(const reader *r, mf_model_spec *s) {
   if (!(s->routed_scaling > 0 && s->routed_scaling <= 1e6))
     return KEY_ERR(MF_ERR_FORMAT, r, "routed_scaling_factor", "%g must be positive", s->routed_scaling);
   MF_CHECK(read_bool(r, "norm_topk_prob", &s->norm_topk_prob));
+  s->router_aux_loss_coef = 0;
+  if (s->experts % s->n_group != 0)
+    return KEY_ERR(MF_ERR_FORMAT, r, "n_group", "%lld does not divide n_routed_experts (%lld)",
+                   (long long)s->n_group, (long long)s->experts);
+  if (s->topk_group > s->n_group)
+    return KEY_ERR(MF_ERR_FORMAT, r, "topk_group", "%lld exceeds n_group (%lld)", (long long)s->topk_group,
+                   (long long)s->n_group);
+  return MF_OK;
+}
+
+/* Glm4MoeConfig (configuration_glm4_moe.py, 4.57): the group MoE block;
+ * attention with q/k/v bias (attention_bias) and per-head q/k norms
+ * (use_qk_norm); RoPE rotates int(head_dim * partial_rotary_factor) dims of
+ * each head. */
+static mf_status read_glm4_moe(const reader *r, mf_model_spec *s) {
+  MF_CHECK(read_group_moe(r, s));
   MF_CHECK(read_bool(r, "attention_bias", &s->qkv_bias));
   int qk = 0;
   MF_CHECK(read_bool(r, "use_qk_norm", &qk));
@@ -494,13 +523,114 @@ static mf_status read_glm4_moe(const reader *r, mf_model_spec *s) {
   if (top && in && f[0] != f[1])
     return KEY_ERR(MF_ERR_FORMAT, r, keys[1], "%g disagrees with partial_rotary_factor (%g)", f[1], f[0]);
   s->partial_rotary = in ? f[1] : f[0];
-  s->router_aux_loss_coef = 0;
-  if (s->experts % s->n_group != 0)
-    return KEY_ERR(MF_ERR_FORMAT, r, "n_group", "%lld does not divide n_routed_experts (%lld)",
-                   (long long)s->n_group, (long long)s->experts);
-  if (s->topk_group > s->n_group)
-    return KEY_ERR(MF_ERR_FORMAT, r, "topk_group", "%lld exceeds n_group (%lld)", (long long)s->topk_group,
-                   (long long)s->n_group);
+  return MF_OK;
+}
+
+/* rope_scaling "yarn" (DeepSeek-V3, Kimi-K2): factor required; the others
+ * absent take _compute_yarn_parameters' defaults (original_max_position_embeddings:
+ * max_position_embeddings; beta_fast 32, beta_slow 1; mscale, mscale_all_dim:
+ * none); an explicit attention_factor is refused (not read). */
+static mf_status read_yarn(const reader *r, const json_t *rs, mf_model_spec *s) {
+  static const char *const names[] = {"factor", "beta_fast",      "beta_slow",
+                                      "mscale", "mscale_all_dim", "original_max_position_embeddings"};
+  double *const dst[] = {&s->yarn_factor, &s->yarn_beta_fast, &s->yarn_beta_slow, &s->yarn_mscale,
+                         &s->yarn_mscale_all_dim};
+  char key[96];
+  s->yarn_beta_fast = 32, s->yarn_beta_slow = 1, s->yarn_mscale = 0, s->yarn_mscale_all_dim = 0;
+  s->yarn_original_max = s->max_seq;
+  s->yarn_truncate = 1;
+  const json_t *tr = json_object_get(rs, "truncate");
+  if (tr && !json_is_boolean(tr))
+    return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling.truncate", "expected true or false, got %s",
+                   type_name(tr));
+  if (tr) s->yarn_truncate = json_is_true(tr);
+  if (!json_object_get(rs, "factor"))
+    return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling.factor", "missing (yarn needs it)");
+  if (json_object_get(rs, "attention_factor"))
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "rope_scaling.attention_factor",
+                   "is not read; YaRN's factor comes from mscale and mscale_all_dim");
+  for (int i = 0; i < 6; i++) {
+    const json_t *v = json_object_get(rs, names[i]);
+    if (!v || json_is_null(v)) continue;
+    snprintf(key, sizeof key, "rope_scaling.%s", names[i]);
+    if (i == 5) {
+      MF_CHECK(int_value(r, key, v, 1, (int64_t)1 << 40, &s->yarn_original_max));
+      continue;
+    }
+    MF_CHECK(number_value(r, key, v, dst[i]));
+  }
+  if (!(s->yarn_factor > 1))
+    return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling.factor", "%g: YaRN scales by a factor above 1",
+                   s->yarn_factor);
+  if (!(s->yarn_beta_fast > 0 && s->yarn_beta_slow > 0 && s->yarn_mscale >= 0 && s->yarn_mscale_all_dim >= 0))
+    return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling",
+                   "beta_fast %g, beta_slow %g must be positive, mscale %g and "
+                   "mscale_all_dim %g not negative",
+                   s->yarn_beta_fast, s->yarn_beta_slow, s->yarn_mscale, s->yarn_mscale_all_dim);
+  return MF_OK;
+}
+
+/* DeepseekV3Config (configuration_deepseek_v3.py, 4.57): the group MoE block;
+ * multi-head latent attention (q_lora_rank null: q_proj), RoPE on the last
+ * qk_rope_head_dim dims of each q/k head (rope_interleave: adjacent pairs;
+ * its default true), rope_scaling null or yarn. The config's head_dim is set
+ * by the class (qk_rope_head_dim) and not read; moefit's head_dim is the q/k
+ * head, qk_nope_head_dim + qk_rope_head_dim. topk_method and scoring_func are
+ * not read by transformers' model (its router is noaux_tc's sigmoid) and not
+ * here. */
+static mf_status read_deepseek_v3(const reader *r, mf_model_spec *s) {
+  MF_CHECK(read_group_moe(r, s));
+  static const char *const required[] = {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                         "v_head_dim"};
+  for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) MF_CHECK(require(r, required[i]));
+  const json_t *v = get(r, "q_lora_rank");
+  if (v && json_is_null(v))
+    s->q_lora_rank = 0; /* q_proj */
+  else
+    MF_CHECK(read_int(r, "q_lora_rank", 1, k_max_dim, &s->q_lora_rank));
+  MF_CHECK(read_int(r, "kv_lora_rank", 1, k_max_dim, &s->kv_lora_rank));
+  MF_CHECK(read_int(r, "qk_nope_head_dim", 0, 65536, &s->qk_nope_dim));
+  MF_CHECK(read_int(r, "qk_rope_head_dim", 2, 65536, &s->qk_rope_dim));
+  MF_CHECK(read_int(r, "v_head_dim", 1, 65536, &s->v_head_dim));
+  if (s->qk_rope_dim % 2 != 0)
+    return KEY_ERR(MF_ERR_FORMAT, r, "qk_rope_head_dim", "%lld is odd; RoPE rotates pairs",
+                   (long long)s->qk_rope_dim);
+  s->head_dim = s->qk_nope_dim + s->qk_rope_dim;
+  MF_CHECK(read_bool(r, "rope_interleave", &s->rope_interleave));
+  int bias = 0;
+  MF_CHECK(read_bool(r, "attention_bias", &bias));
+  if (bias)
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "attention_bias",
+                   "latent attention projections with bias are not supported (DeepSeek-V3's have none)");
+  if (!get(r, "num_key_value_heads")) s->kv_heads = s->heads; /* a key and a value per head */
+  /* DeepseekV3Config sets head_dim = qk_rope_head_dim and qk_head_dim = nope + rope; a file's own values
+   * override them, and a model built with others fails in transformers */
+  int64_t hd = s->qk_rope_dim, qhd = s->head_dim;
+  MF_CHECK(read_int(r, "head_dim", 1, 65536, &hd));
+  MF_CHECK(read_int(r, "qk_head_dim", 1, 65536, &qhd));
+  if (hd != s->qk_rope_dim)
+    return KEY_ERR(MF_ERR_FORMAT, r, "head_dim", "%lld: DeepSeek-V3's head_dim is qk_rope_head_dim (%lld)",
+                   (long long)hd, (long long)s->qk_rope_dim);
+  if (qhd != s->head_dim)
+    return KEY_ERR(MF_ERR_FORMAT, r, "qk_head_dim", "%lld is not qk_nope_head_dim + qk_rope_head_dim (%lld)",
+                   (long long)qhd, (long long)s->head_dim);
+  /* rope_scaling: null or yarn (another type changes the softmax scale in transformers too: not read) */
+  const json_t *rs = get(r, "rope_scaling");
+  if (rs && !json_is_null(rs)) {
+    const json_t *t = json_object_get(rs, "type");
+    if (!t) t = json_object_get(rs, "rope_type");
+    if (!t) return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "has no rope_type");
+    if (!json_is_string(t))
+      return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "rope_type must be a string, got %s", type_name(t));
+    char clean[64];
+    if (strcmp(json_string_value(t), "yarn") != 0)
+      return KEY_ERR(
+          MF_ERR_UNSUPPORTED, r, "rope_scaling",
+          "rope_type '%s' is not supported: deepseek_v3 reads null or \"yarn\" (transformers scales "
+          "its softmax by any rope_scaling's mscale_all_dim)",
+          printable(json_string_value(t), clean, sizeof clean));
+    MF_CHECK(read_yarn(r, rs, s));
+  }
   return MF_OK;
 }
 
@@ -565,6 +695,9 @@ static mf_status read_family(const reader *r, mf_model_spec *s) {
     case MF_FAMILY_GLM4_MOE:
       MF_CHECK(read_glm4_moe(r, s));
       break;
+    case MF_FAMILY_DEEPSEEK_V3:
+      MF_CHECK(read_deepseek_v3(r, s));
+      break;
     default:
       return MF_ERR(MF_ERR_INTERNAL, "%s: no reader for family %d", r->where, (int)r->family);
   }
@@ -593,30 +726,34 @@ static mf_status parse_root(reader *r, mf_model_spec *s, mf_hf_quant *q) {
   MF_CHECK(read_number(r, "rms_norm_eps", &s->norm_eps, NULL));
   if (!(s->norm_eps > 0 && s->norm_eps < 1))
     return KEY_ERR(MF_ERR_FORMAT, r, "rms_norm_eps", "%g is not in (0, 1)", s->norm_eps);
-  if (r->family != MF_FAMILY_GLM4_MOE) /* its loss has no aux term (read_glm4_moe) */
+  if (r->family != MF_FAMILY_GLM4_MOE &&
+      r->family != MF_FAMILY_DEEPSEEK_V3) /* no aux term (read_group_moe) */
     MF_CHECK(read_number(r, "router_aux_loss_coef", &s->router_aux_loss_coef, NULL));
   if (!(s->router_aux_loss_coef >= 0))
     return KEY_ERR(MF_ERR_FORMAT, r, "router_aux_loss_coef", "%g must not be negative",
                    s->router_aux_loss_coef);
   MF_CHECK(check_unsupported(r, q));
   MF_CHECK(read_family(r, s));
-  MF_CHECK(read_head_dim(r, s));
+  if (r->family != MF_FAMILY_DEEPSEEK_V3) /* its head_dim is nope + rope (read_deepseek_v3) */
+    MF_CHECK(read_head_dim(r, s));
 
   if (s->heads % s->kv_heads != 0)
     return KEY_ERR(MF_ERR_FORMAT, r, "num_key_value_heads", "%lld does not divide num_attention_heads (%lld)",
                    (long long)s->kv_heads, (long long)s->heads);
   if (s->top_k > s->experts)
     return KEY_ERR(MF_ERR_FORMAT, r, "num_experts_per_tok", "%lld exceeds %s (%lld)", (long long)s->top_k,
-                   r->family == MF_FAMILY_MIXTRAL    ? "num_local_experts"
-                   : r->family == MF_FAMILY_GLM4_MOE ? "n_routed_experts"
-                                                     : "num_experts",
+                   r->family == MF_FAMILY_MIXTRAL ? "num_local_experts"
+                   : r->family == MF_FAMILY_GLM4_MOE || r->family == MF_FAMILY_DEEPSEEK_V3
+                       ? "n_routed_experts"
+                       : "num_experts",
                    (long long)s->experts);
   for (int64_t l = 0; l < s->layers; l++)
     if (!mf_model_spec_layer_is_moe(s, l) && s->dense_ffn <= 0)
       return KEY_ERR(MF_ERR_FORMAT, r, "intermediate_size",
                      "must be positive: layer %lld is a dense MLP (%s)", (long long)l,
-                     r->family == MF_FAMILY_GLM4_MOE ? "first_k_dense_replace"
-                                                     : "mlp_only_layers / decoder_sparse_step");
+                     r->family == MF_FAMILY_GLM4_MOE || r->family == MF_FAMILY_DEEPSEEK_V3
+                         ? "first_k_dense_replace"
+                         : "mlp_only_layers / decoder_sparse_step");
   MF_CHECK(mf_model_spec_validate(s, r->where));
   return MF_OK;
 }

@@ -52,8 +52,14 @@ static entry *add(entries *es, const char *key) {
   return e;
 }
 
+/* A value too long for `small` (DeepSeek-V3's rope_scaling) goes to `big`; NULL from strdup keeps it short,
+ * and the read-back check of mf_hf_config_format refuses the text. */
 static void add_raw(entries *es, const char *key, const char *json) {
-  snprintf(add(es, key)->small, sizeof es->e[0].small, "%s", json);
+  entry *e = add(es, key);
+  if (strlen(json) < sizeof e->small)
+    snprintf(e->small, sizeof e->small, "%s", json);
+  else
+    e->big = mf_strdup(json);
 }
 static void add_int(entries *es, const char *key, int64_t v) {
   snprintf(add(es, key)->small, sizeof es->e[0].small, "%lld", (long long)v);
@@ -110,7 +116,8 @@ static const char *dtype_torch_name(mf_dtype t) {
  * so that what is written reads back to the same spec. */
 static mf_status check_expressible(const mf_model_spec *s) {
   const mf_family f = s->family;
-  const int glm = f == MF_FAMILY_GLM4_MOE;
+  const int ds = f == MF_FAMILY_DEEPSEEK_V3;
+  const int glm = f == MF_FAMILY_GLM4_MOE, group = glm || ds; /* the group MoE block's keys */
   const int all_moe = f == MF_FAMILY_MIXTRAL || f == MF_FAMILY_OLMOE;
   const mf_qk_norm qk = f == MF_FAMILY_QWEN3_MOE ? MF_QK_NORM_PER_HEAD
                         : f == MF_FAMILY_OLMOE   ? MF_QK_NORM_FULL
@@ -119,13 +126,19 @@ static mf_status check_expressible(const mf_model_spec *s) {
     return UNSUP(s, "qk_norm", "%d is not this family's qk-norm (%d)", (int)s->qk_norm, (int)qk);
   if (s->qkv_bias && f != MF_FAMILY_QWEN2_MOE && !glm)
     return UNSUP(s, "qkv_bias", "only qwen2_moe and glm4_moe have q/k/v biases");
-  if (!glm && mf_model_spec_rope_dim(s) != s->head_dim)
+  if (!group && mf_model_spec_rope_dim(s) != s->head_dim)
     return UNSUP(s, "partial_rotary", "only glm4_moe rotates a part of each head");
-  if (!glm && s->first_dense != 0) return UNSUP(s, "first_dense", "only glm4_moe has first_k_dense_replace");
-  if (glm && (s->decoder_sparse_step != 1 || s->n_mlp_only != 0))
+  if (ds && s->partial_rotary != 0 && s->partial_rotary != 1)
+    return UNSUP(s, "partial_rotary", "deepseek_v3 rotates qk_rope_head_dim dims of each head");
+  if (!ds && (s->yarn_factor != 0 || s->q_lora_rank || s->kv_lora_rank || s->rope_interleave ||
+              s->qk_nope_dim || s->qk_rope_dim || s->v_head_dim))
+    return UNSUP(s, "yarn / latent attention", "only deepseek_v3 has them");
+  if (!group && s->first_dense != 0)
+    return UNSUP(s, "first_dense", "only glm4_moe and deepseek_v3 have first_k_dense_replace");
+  if (group && (s->decoder_sparse_step != 1 || s->n_mlp_only != 0))
     return UNSUP(s, "decoder_sparse_step / mlp_only_layers",
-                 "glm4_moe's dense layers are the first_dense first");
-  if (glm && s->shared_ffn % s->expert_ffn != 0)
+                 "this family's dense layers are the first_dense first");
+  if (group && s->shared_ffn % s->expert_ffn != 0)
     return UNSUP(s, "shared_ffn", "%lld is not a whole number of experts of %lld (n_shared_experts)",
                  (long long)s->shared_ffn, (long long)s->expert_ffn);
   if (s->router_jitter != 0 && f != MF_FAMILY_MIXTRAL)
@@ -162,7 +175,15 @@ static int spec_equal(const mf_model_spec *a, const mf_model_spec *b) {
          a->first_dense == b->first_dense &&
          (a->router != MF_ROUTER_SIGMOID_GROUP ||
           (a->n_group == b->n_group && a->topk_group == b->topk_group &&
-           a->routed_scaling == b->routed_scaling));
+           a->routed_scaling == b->routed_scaling)) &&
+         a->q_lora_rank == b->q_lora_rank && a->kv_lora_rank == b->kv_lora_rank &&
+         a->qk_nope_dim == b->qk_nope_dim && a->qk_rope_dim == b->qk_rope_dim &&
+         a->v_head_dim == b->v_head_dim && !a->rope_interleave == !b->rope_interleave &&
+         a->yarn_factor == b->yarn_factor &&
+         (a->yarn_factor == 0 ||
+          (a->yarn_original_max == b->yarn_original_max && a->yarn_beta_fast == b->yarn_beta_fast &&
+           a->yarn_beta_slow == b->yarn_beta_slow && a->yarn_mscale == b->yarn_mscale &&
+           a->yarn_mscale_all_dim == b->yarn_mscale_all_dim && !a->yarn_truncate == !b->yarn_truncate));
 }
 
 static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **out_text) {
@@ -182,9 +203,25 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
   add_int(&es, "max_position_embeddings", s->max_seq);
   add_int(&es, "num_experts_per_tok", s->top_k);
   add_real(&es, "rope_theta", s->rope_theta);
-  add_raw(&es, "rope_scaling", "null");
+  if (s->yarn_factor > 0) { /* DeepSeek-V3's */
+    char y[512], fa[48], bf[48], bs[48], ms[48], ma[48];
+    mf_hf_format_double(s->yarn_factor, fa, sizeof fa);
+    mf_hf_format_double(s->yarn_beta_fast, bf, sizeof bf);
+    mf_hf_format_double(s->yarn_beta_slow, bs, sizeof bs);
+    mf_hf_format_double(s->yarn_mscale, ms, sizeof ms);
+    mf_hf_format_double(s->yarn_mscale_all_dim, ma, sizeof ma);
+    snprintf(y, sizeof y,
+             "{\n    \"beta_fast\": %s,\n    \"beta_slow\": %s,\n    \"factor\": %s,\n    \"mscale\": %s,\n"
+             "    \"mscale_all_dim\": %s,\n    \"original_max_position_embeddings\": %lld,\n"
+             "    \"rope_type\": \"yarn\",\n%s    \"type\": \"yarn\"\n  }",
+             bf, bs, fa, ms, ma, (long long)s->yarn_original_max,
+             s->yarn_truncate ? "" : "    \"truncate\": false,\n"); /* sorted keys, as transformers writes */
+    add_raw(&es, "rope_scaling", y);
+  } else {
+    add_raw(&es, "rope_scaling", "null");
+  }
   add_real(&es, "rms_norm_eps", s->norm_eps);
-  if (f != MF_FAMILY_GLM4_MOE) add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
+  if (s->router == MF_ROUTER_SOFTMAX) add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
   add_bool(&es, "tie_word_embeddings", s->tie_embeddings);
   add_str(&es, "hidden_act", "silu");
   add_real(&es, "attention_dropout", 0.0);
@@ -226,6 +263,7 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
         add_raw(&es, "clip_qkv", "null");
       break;
     case MF_FAMILY_GLM4_MOE:
+    case MF_FAMILY_DEEPSEEK_V3:
       add_int(&es, "intermediate_size", s->dense_ffn);
       add_int(&es, "moe_intermediate_size", s->expert_ffn);
       add_int(&es, "n_routed_experts", s->experts);
@@ -236,6 +274,18 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
       add_int(&es, "first_k_dense_replace", s->first_dense);
       add_bool(&es, "norm_topk_prob", s->norm_topk_prob);
       add_bool(&es, "attention_bias", s->qkv_bias);
+      if (f == MF_FAMILY_DEEPSEEK_V3) {
+        if (s->q_lora_rank > 0)
+          add_int(&es, "q_lora_rank", s->q_lora_rank);
+        else
+          add_raw(&es, "q_lora_rank", "null");
+        add_int(&es, "kv_lora_rank", s->kv_lora_rank);
+        add_int(&es, "qk_nope_head_dim", s->qk_nope_dim);
+        add_int(&es, "qk_rope_head_dim", s->qk_rope_dim);
+        add_int(&es, "v_head_dim", s->v_head_dim);
+        add_bool(&es, "rope_interleave", s->rope_interleave);
+        break;
+      }
       add_bool(&es, "use_qk_norm", s->qk_norm == MF_QK_NORM_PER_HEAD);
       add_int(&es, "head_dim", s->head_dim);
       add_real(&es, "partial_rotary_factor", s->partial_rotary > 0 ? s->partial_rotary : 1.0);
@@ -334,6 +384,9 @@ mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text
     case MF_FAMILY_QWEN3_MOE:
     case MF_FAMILY_GLM4_MOE:
       ids = "";
+      break;
+    case MF_FAMILY_DEEPSEEK_V3:
+      ids = "  \"bos_token_id\": 0,\n  \"eos_token_id\": 1,\n";
       break;
     default:
       return MF_ERR(MF_ERR_UNSUPPORTED, "generation_config.json: family %d has no HF generation config",

@@ -44,7 +44,7 @@ static int matches(const char *module, size_t n, const char *entry) {
 static mf_status read_targets(const char *path, const json_t *targets, const mf_param_table *t,
                               mf_lora *out) {
   const int64_t E = t->spec.experts, LE = t->spec.layers * E;
-  const uint32_t can = mf_lora_adaptable_roles(t->spec.family);
+  const uint64_t can = mf_lora_adaptable_roles(t->spec.family);
   uint8_t *adapted = NULL, *used = NULL; /* [n_base], [entries] */
   const size_t ne = json_array_size(targets);
   MF_CHECK(mf_calloc((size_t)(t->n_base > 0 ? t->n_base : 1), 1, "target_modules", (void **)&adapted));
@@ -52,14 +52,14 @@ static mf_status read_targets(const char *path, const json_t *targets, const mf_
   for (size_t i = 0; st == MF_OK && i < ne; i++)
     if (!json_is_string(json_array_get(targets, i)))
       st = MF_ERR(MF_ERR_FORMAT, "%s: target_modules[%zu]: not a string", path, i);
-  uint32_t roles = 0;
+  uint64_t roles = 0;
   for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
     const mf_param *p = &t->params[i];
-    if (p->ndim != 2 || !(can & (1u << p->role))) continue;
+    if (p->ndim != 2 || !(can & (MF_ROLE_BIT(p->role)))) continue;
     const size_t n = strlen(p->name) - strlen(".weight");
     for (size_t j = 0; j < ne; j++)
       if (matches(p->name, n, json_string_value(json_array_get(targets, j)))) adapted[i] = used[j] = 1;
-    if (adapted[i]) roles |= 1u << p->role;
+    if (adapted[i]) roles |= MF_ROLE_BIT(p->role);
   }
   for (size_t j = 0; st == MF_OK && j < ne; j++) /* a short name's roles, as train.lora.targets gives them */
     roles |= mf_lora_target_roles(t->spec.family, json_string_value(json_array_get(targets, j)));
@@ -70,7 +70,7 @@ static mf_status read_targets(const char *path, const json_t *targets, const mf_
   /* every layer's module of an adapted role, the routed experts' aside */
   for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
     const mf_param *p = &t->params[i];
-    if (p->expert >= 0 || !(roles & (1u << p->role)) || adapted[i]) continue;
+    if (p->expert >= 0 || !(roles & (MF_ROLE_BIT(p->role))) || adapted[i]) continue;
     st = MF_ERR(MF_ERR_UNSUPPORTED,
                 "%s: target_modules adapts modules like %.*s in some layers but not that one: moefit adapts "
                 "a module in every layer (routed experts excepted: the adapted ones are the hot set)",
@@ -86,7 +86,7 @@ static mf_status read_targets(const char *path, const json_t *targets, const mf_
     }
     for (int64_t i = 0; st == MF_OK && i < t->n_base; i++) {
       const mf_param *p = &t->params[i];
-      if (p->expert < 0 || !(roles & (1u << p->role))) continue;
+      if (p->expert < 0 || !(roles & (MF_ROLE_BIT(p->role)))) continue;
       all &= out->hot[p->layer * E + p->expert];
       if (adapted[i] != out->hot[p->layer * E + p->expert])
         st = MF_ERR(MF_ERR_UNSUPPORTED,

@@ -94,6 +94,20 @@ mf_status mf_param_table_build(const mf_model_spec *s, mf_param_table **out) {
     char pre[64];
     snprintf(pre, sizeof pre, "model.layers.%lld", (long long)l);
     ADD(MF_P_ATTN_NORM, l, -1, H, 0, "%s.input_layernorm.weight", pre);
+    if (mf_model_spec_is_mla(s)) { /* DeepSeek-V3's latent attention, in transformers' order */
+      const int64_t rq = s->q_lora_rank, rkv = s->kv_lora_rank, Dv = s->v_head_dim;
+      if (rq > 0) {
+        ADD(MF_P_Q_A, l, -1, rq, H, "%s.self_attn.q_a_proj.weight", pre);
+        ADD(MF_P_Q_A_NORM, l, -1, rq, 0, "%s.self_attn.q_a_layernorm.weight", pre);
+        ADD(MF_P_Q_B, l, -1, Hq * D, rq, "%s.self_attn.q_b_proj.weight", pre);
+      } else {
+        ADD(MF_P_Q, l, -1, Hq * D, H, "%s.self_attn.q_proj.weight", pre);
+      }
+      ADD(MF_P_KV_A, l, -1, rkv + s->qk_rope_dim, H, "%s.self_attn.kv_a_proj_with_mqa.weight", pre);
+      ADD(MF_P_KV_A_NORM, l, -1, rkv, 0, "%s.self_attn.kv_a_layernorm.weight", pre);
+      ADD(MF_P_KV_B, l, -1, Hq * (s->qk_nope_dim + Dv), rkv, "%s.self_attn.kv_b_proj.weight", pre);
+      ADD(MF_P_O, l, -1, H, Hq * Dv, "%s.self_attn.o_proj.weight", pre);
+    } else {
     ADD(MF_P_Q, l, -1, Hq * D, H, "%s.self_attn.q_proj.weight", pre);
     if (s->qkv_bias) ADD(MF_P_Q_BIAS, l, -1, Hq * D, 0, "%s.self_attn.q_proj.bias", pre);
     ADD(MF_P_K, l, -1, Hkv * D, H, "%s.self_attn.k_proj.weight", pre);
@@ -107,6 +121,7 @@ mf_status mf_param_table_build(const mf_model_spec *s, mf_param_table **out) {
     } else if (s->qk_norm == MF_QK_NORM_FULL) {
       ADD(MF_P_Q_NORM, l, -1, Hq * D, 0, "%s.self_attn.q_norm.weight", pre);
       ADD(MF_P_K_NORM, l, -1, Hkv * D, 0, "%s.self_attn.k_norm.weight", pre);
+    }
     }
     ADD(MF_P_MLP_NORM, l, -1, H, 0, "%s.post_attention_layernorm.weight", pre);
     if (mf_model_spec_layer_is_moe(s, l)) {
@@ -268,13 +283,19 @@ mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf
 
 /* ------------------------------------------------------------------- LoRA */
 
-uint32_t mf_lora_target_roles(mf_family family, const char *name) {
+uint64_t mf_lora_target_roles(mf_family family, const char *name) {
   const int mixtral = family == MF_FAMILY_MIXTRAL;
-#define BIT(r) (1u << (r))
+#define BIT(r) MF_ROLE_BIT(r)
   if (strcmp(name, "q_proj") == 0) return BIT(MF_P_Q);
   if (strcmp(name, "k_proj") == 0) return BIT(MF_P_K);
   if (strcmp(name, "v_proj") == 0) return BIT(MF_P_V);
   if (strcmp(name, "o_proj") == 0) return BIT(MF_P_O);
+  if (family == MF_FAMILY_DEEPSEEK_V3) { /* the latent attention's projections */
+    if (strcmp(name, "q_a_proj") == 0) return BIT(MF_P_Q_A);
+    if (strcmp(name, "q_b_proj") == 0) return BIT(MF_P_Q_B);
+    if (strcmp(name, "kv_a_proj_with_mqa") == 0) return BIT(MF_P_KV_A);
+    if (strcmp(name, "kv_b_proj") == 0) return BIT(MF_P_KV_B);
+  }
   if (mixtral) {
     if (strcmp(name, "w1") == 0) return BIT(MF_P_EXPERT_GATE);
     if (strcmp(name, "w3") == 0) return BIT(MF_P_EXPERT_UP);
@@ -325,7 +346,7 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
     const int was = p->frozen; /* the router's correction bias, frozen always */
     p->frozen = was || !(l->train_router && p->role == MF_P_ROUTER);
     if (p->frozen && !was) t->trainable_numel -= p->numel;
-    if (p->ndim != 2 || !(l->roles & (1u << p->role))) continue;
+    if (p->ndim != 2 || !(l->roles & (MF_ROLE_BIT(p->role)))) continue;
     if (p->expert >= 0 && !mf_lora_expert_hot(t, p->layer, p->expert)) continue; /* a cold expert */
     /* copies: add() may move t->params */
     const mf_param w = *p;
@@ -439,7 +460,8 @@ static void init_param(const mf_param_table *t, int64_t i, uint64_t seed, float 
   const int to_home = p->frozen && home && !p->quant; /* a quantized one: into w (mf_params_quantize_from) */
   float chunk[INIT_CHUNK];
   const int is_norm = p->role == MF_P_ATTN_NORM || p->role == MF_P_MLP_NORM || p->role == MF_P_FINAL_NORM ||
-                      p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM;
+                      p->role == MF_P_Q_NORM || p->role == MF_P_K_NORM || p->role == MF_P_Q_A_NORM ||
+                      p->role == MF_P_KV_A_NORM;
   /* the router's correction bias: zeros, as transformers registers it */
   const int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS ||
                       p->role == MF_P_ROUTER_BIAS;
@@ -750,8 +772,10 @@ void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *f
 }
 
 /* Every LoRA target name mf_lora_target_roles knows, in a fixed order. */
-static const char *const k_target_names[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
-                                             "up_proj", "down_proj", "w1",     "w3",     "w2"};
+static const char *const k_target_names[] = {"q_proj",   "k_proj",    "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj",  "down_proj", "w1",
+                                             "w3",        "w2",       "q_a_proj",  "q_b_proj",
+                                             "kv_a_proj_with_mqa", "kv_b_proj"};
 enum { N_TARGET_NAMES = sizeof k_target_names / sizeof k_target_names[0] };
 
 int mf_lora_target_names(mf_family family, const char **names, int cap) {
@@ -761,7 +785,7 @@ int mf_lora_target_names(mf_family family, const char **names, int cap) {
   return n;
 }
 
-uint32_t mf_lora_adaptable_roles(mf_family family) {
+uint64_t mf_lora_adaptable_roles(mf_family family) {
   uint32_t r = 0;
   for (int j = 0; j < N_TARGET_NAMES; j++) r |= mf_lora_target_roles(family, k_target_names[j]);
   return r;
@@ -771,7 +795,7 @@ uint32_t mf_lora_adaptable_roles(mf_family family) {
 static int64_t adapted_modules(const mf_param_table *t, const char **names, int64_t cap) {
   int64_t n = 0;
   for (int j = 0; j < N_TARGET_NAMES && n < cap; j++) {
-    const uint32_t roles = mf_lora_target_roles(t->spec.family, k_target_names[j]);
+    const uint64_t roles = mf_lora_target_roles(t->spec.family, k_target_names[j]);
     if (roles && (roles & t->lora.roles)) names[n++] = k_target_names[j];
   }
   return n;
@@ -795,14 +819,14 @@ static mf_status target_modules_json(const mf_param_table *t, char **out) {
   MF_CHECK(mf_malloc(cap, "target_modules", (void **)&list));
   list[0] = 0;
   for (int64_t j = 0; j < nm; j++) {
-    const uint32_t roles = mf_lora_target_roles(t->spec.family, mods[j]);
+    const uint64_t roles = mf_lora_target_roles(t->spec.family, mods[j]);
     if (!t->lora.hot || !(roles & MF_LORA_EXPERT_ROLES)) {
       at += (size_t)snprintf(list + at, cap - at, "%s\"%s\"", at ? ", " : "", mods[j]);
       continue;
     }
     for (int64_t i = 0; i < t->n_base; i++) {
       const mf_param *p = &t->params[i];
-      if (t->lora_a[i] < 0 || !(roles & (1u << p->role))) continue;
+      if (t->lora_a[i] < 0 || !(roles & (MF_ROLE_BIT(p->role)))) continue;
       const int n = (int)(strlen(p->name) - strlen(".weight")); /* adapted weights end so (adapter_name) */
       at += (size_t)snprintf(list + at, cap - at, "%s\"%.*s\"", at ? ", " : "", n, p->name);
     }

@@ -29,6 +29,12 @@ typedef enum mf_param_role {
   MF_P_O,           /* o_proj [H, Hq*D] */
   MF_P_Q_NORM,      /* q_norm [D] (qwen3) or [Hq*D] (olmoe) */
   MF_P_K_NORM,      /* k_norm [D] or [Hkv*D] */
+  MF_P_Q_A,         /* deepseek_v3 q_a_proj [q_lora_rank, H] */
+  MF_P_Q_A_NORM,    /* q_a_layernorm [q_lora_rank] */
+  MF_P_Q_B,         /* q_b_proj [Hq*D, q_lora_rank] */
+  MF_P_KV_A,        /* kv_a_proj_with_mqa [kv_lora_rank + qk_rope_dim, H] */
+  MF_P_KV_A_NORM,   /* kv_a_layernorm [kv_lora_rank] */
+  MF_P_KV_B,        /* kv_b_proj [Hq*(qk_nope_dim + v_head_dim), kv_lora_rank] */
   MF_P_MLP_NORM,    /* post_attention_layernorm [H] */
   MF_P_ROUTER,      /* gate [E, H] */
   MF_P_ROUTER_BIAS, /* gate.e_score_correction_bias [E] (glm4_moe): a buffer of the checkpoint, always frozen
@@ -79,7 +85,7 @@ typedef struct mf_param {
 typedef struct mf_lora {
   int64_t rank;     /* 0: no adapters, every weight trained */
   double scale;     /* alpha / rank */
-  uint32_t roles;   /* bit (1u << role) for each adapted role */
+  uint64_t roles;   /* MF_ROLE_BIT(role) for each adapted role */
   int train_router; /* the routers (MF_P_ROUTER) trained fully */
   double dropout;   /* on each adapter's input in training, in [0, 1) (PEFT's lora_dropout) */
   /* [layers * experts]: 1 for a routed expert whose adapted projections get
@@ -123,12 +129,12 @@ void mf_param_table_free(mf_param_table *t); /* NULL is fine */
  * v_proj, o_proj; gate_proj, up_proj, down_proj: the routed experts', the
  * shared expert's and the dense MLPs' projections; Mixtral's experts w1 (gate),
  * w3 (up), w2 (down)), as role bits; 0 for a name the family does not have. */
-uint32_t mf_lora_target_roles(mf_family family, const char *name);
+uint64_t mf_lora_target_roles(mf_family family, const char *name);
 /* Every target name `family` has (q_proj, k_proj, v_proj, o_proj, then its
  * MLP projections), at most cap of them, in a fixed order; returns how many. */
 int mf_lora_target_names(mf_family family, const char **names, int cap);
 /* The roles of every target name `family` has (the union of mf_lora_target_roles). */
-uint32_t mf_lora_adaptable_roles(mf_family family);
+uint64_t mf_lora_adaptable_roles(mf_family family);
 /* Adds the adapters `l` asks for to t (built by mf_param_table_build, no
  * adapters yet) and freezes the base: rank in [1, 4096], at least one
  * adapted weight (else MF_ERR_CONFIG naming what the model lacks). rank 0
@@ -140,7 +146,9 @@ static inline int mf_lora_expert_hot(const mf_param_table *t, int64_t layer, int
   return !t->lora.hot || t->lora.hot[layer * t->spec.experts + e];
 }
 /* The routed-expert roles' bits (MF_P_EXPERT_GATE, _UP, _DOWN). */
-#define MF_LORA_EXPERT_ROLES ((1u << MF_P_EXPERT_GATE) | (1u << MF_P_EXPERT_UP) | (1u << MF_P_EXPERT_DOWN))
+/* A role's bit in a set of roles (mf_lora.roles): there are more than 32 roles. */
+#define MF_ROLE_BIT(r) ((uint64_t)1 << (r))
+#define MF_LORA_EXPERT_ROLES (MF_ROLE_BIT(MF_P_EXPERT_GATE) | MF_ROLE_BIT(MF_P_EXPERT_UP) | MF_ROLE_BIT(MF_P_EXPERT_DOWN))
 /* Stores LoRA's frozen base quantized (t has its adapters: mf_param_table_add_lora):
  * every frozen 2-D weight but the embedding and the LM head (what transformers
  * replaces with bitsandbytes' Linear4bit: attention projections, routers,

@@ -3,18 +3,15 @@
 #include <stdio.h>
 
 #include "src/model/program_build.h"
-/* Layer l's attention block and its norms; the layer's output zeroed for the MLP to add into. */
-void mf_pb_attention_fwd(const mb *z, int32_t l) {
+
+/* Grouped-query attention: q, k, v projections, q/k norms, RoPE and the attention into a->att. */
+static void gqa_fwd(const mb *z, int32_t l) {
   pb *b = z->b;
   const ctx *c = z->c;
   const mf_model_spec *s = z->s;
   const int32_t m = z->m, pos = z->pos;
   const int64_t B = z->B, S = z->S, T = z->T, H = z->H, D = z->D, Hq = z->Hq, Hkv = z->Hkv;
-  int32_t *resid = z->resid;
   layer_acts *a = &z->A[l];
-  a->xn1 = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out", m, l);
-  a->rstd1 = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "input_layernorm.rstd", m, l);
-  mf_pb_rmsnorm_fwd(c, l, "input_layernorm", resid[l], mf_pb_P(c, MF_P_ATTN_NORM, l), a->xn1, a->rstd1, T, H);
   a->q = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q", m, l);
   a->k = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.k", m, l);
   a->v = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v", m, l);
@@ -54,12 +51,30 @@ void mf_pb_attention_fwd(const mb *z, int32_t l) {
   a->lse = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
   o = mf_pb_op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
   SET(o, a->qa, a->ka, a->v, a->att, a->lse);
-  INTS(o, B, S, Hq, Hkv, D);
+  INTS(o, B, S, Hq, Hkv, D, D);
   o->f[0] = z->scale;
   o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+}
+
+/* Layer l's attention block and its norms; the layer's output zeroed for the MLP to add into. */
+void mf_pb_attention_fwd(const mb *z, int32_t l) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const mf_model_spec *s = z->s;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, HV = z->Hq * z->Dv; /* the attention's output width */
+  int32_t *resid = z->resid;
+  layer_acts *a = &z->A[l];
+  a->xn1 = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out", m, l);
+  a->rstd1 = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "input_layernorm.rstd", m, l);
+  mf_pb_rmsnorm_fwd(c, l, "input_layernorm", resid[l], mf_pb_P(c, MF_P_ATTN_NORM, l), a->xn1, a->rstd1, T, H);
+  if (mf_model_spec_is_mla(s))
+    mf_pb_mla_fwd(z, l);
+  else
+    gqa_fwd(z, l);
   a->hmid = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "self_attn.residual_out", m, l);
-  mf_pb_linear_fwd(c, l, "o_proj", a->att, mf_pb_P(c, MF_P_O, l), -1, a->hmid, H, Hq * D, 0);
-  mf_pb_lora_fwd(z, l, MF_P_O, "self_attn.o_proj", a->att, a->hmid, H, Hq * D);
+  mf_pb_linear_fwd(c, l, "o_proj", a->att, mf_pb_P(c, MF_P_O, l), -1, a->hmid, H, HV, 0);
+  mf_pb_lora_fwd(z, l, MF_P_O, "self_attn.o_proj", a->att, a->hmid, H, HV);
   mf_pb_simple(c, MF_K_ADD, MF_PHASE_FWD, l, "attn residual", resid[l], a->hmid, -1, -1, -1, T * H);
   a->xn2 = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out", m, l);
   a->rstd2 = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "post_attention_layernorm.rstd", m, l);
@@ -69,9 +84,8 @@ void mf_pb_attention_fwd(const mb *z, int32_t l) {
   mf_pb_simple(c, MF_K_ZERO, MF_PHASE_FWD, l, "mlp out = 0", resid[l + 1], -1, -1, -1, -1, T * H);
 }
 
-/* Layer l's attention block backward, from the post-attention norm down to the
- * input norm: the residual gradient gres updated. */
-void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+/* Its backward, from the attention's output gradient datt into dxn1, the input norm's output gradient. */
+static void gqa_bwd(const mb *z, int32_t l, int32_t datt, int32_t dxn1) {
   pb *b = z->b;
   const ctx *c = z->c;
   const mf_model_spec *s = z->s;
@@ -79,14 +93,6 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   const int64_t B = z->B, S = z->S, T = z->T, H = z->H, D = z->D, Hq = z->Hq, Hkv = z->Hkv;
   const layer_acts *a = &z->A[l];
   mf_pop *o;
-  mf_pb_rmsnorm_bwd(c, l, "post_attention_layernorm", dxn2, a->hmid, mf_pb_P(c, MF_P_MLP_NORM, l), a->rstd2,
-                    gres, mf_pb_G(c, MF_P_MLP_NORM, l), T, H, 1);
-  /* Attention. */
-  int32_t datt =
-      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out.grad", m, l);
-  mf_pb_linear_bwd(c, l, "o_proj", gres, a->att, mf_pb_P(c, MF_P_O, l), mf_pb_G(c, MF_P_O, l), -1, datt, H,
-                   Hq * D, 0);
-  mf_pb_lora_bwd(z, l, MF_P_O, "self_attn.o_proj", gres, a->att, datt, H, Hq * D);
   int32_t dqa =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q_rope.grad", m, l);
   int32_t dka =
@@ -95,7 +101,7 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v.grad", m, l);
   o = mf_pb_op(b, MF_K_ATTN_BWD, MF_PHASE_BWD, m, l, "L%d attention bwd", l);
   SET(o, a->qa, a->ka, a->v, a->att, datt, a->lse, dqa, dka, dv);
-  INTS(o, B, S, Hq, Hkv, D);
+  INTS(o, B, S, Hq, Hkv, D, D);
   o->f[0] = z->scale;
   o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
   o = mf_pb_op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope q bwd", l);
@@ -116,8 +122,6 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     mf_pb_rmsnorm_bwd(c, l, "k_norm", dka, a->k, mf_pb_P(c, MF_P_K_NORM, l), a->kr, dk,
                       mf_pb_G(c, MF_P_K_NORM, l), per_head ? T * Hkv : T, per_head ? D : Hkv * D, 0);
   }
-  int32_t dxn1 =
-      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);
   mf_pb_linear_bwd(c, l, "q_proj", dq, a->xn1, mf_pb_P(c, MF_P_Q, l), mf_pb_G(c, MF_P_Q, l),
                    mf_pb_G(c, MF_P_Q_BIAS, l), dxn1, Hq * D, H, 0);
   mf_pb_lora_bwd(z, l, MF_P_Q, "self_attn.q_proj", dq, a->xn1, dxn1, Hq * D, H);
@@ -127,6 +131,28 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   mf_pb_linear_bwd(c, l, "v_proj", dv, a->xn1, mf_pb_P(c, MF_P_V, l), mf_pb_G(c, MF_P_V, l),
                    mf_pb_G(c, MF_P_V_BIAS, l), dxn1, Hkv * D, H, 1);
   mf_pb_lora_bwd(z, l, MF_P_V, "self_attn.v_proj", dv, a->xn1, dxn1, Hkv * D, H);
+}
+
+/* Layer l's attention block backward, from the post-attention norm down to the
+ * input norm: the residual gradient gres updated. */
+void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
+  pb *b = z->b;
+  const ctx *c = z->c;
+  const int32_t m = z->m;
+  const int64_t T = z->T, H = z->H, HV = z->Hq * z->Dv;
+  const layer_acts *a = &z->A[l];
+  mf_pb_rmsnorm_bwd(c, l, "post_attention_layernorm", dxn2, a->hmid, mf_pb_P(c, MF_P_MLP_NORM, l), a->rstd2,
+                    gres, mf_pb_G(c, MF_P_MLP_NORM, l), T, H, 1);
+  int32_t datt =
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * HV, m, l, LNAME "self_attn.attn_out.grad", m, l);
+  mf_pb_linear_bwd(c, l, "o_proj", gres, a->att, mf_pb_P(c, MF_P_O, l), mf_pb_G(c, MF_P_O, l), -1, datt, H, HV, 0);
+  mf_pb_lora_bwd(z, l, MF_P_O, "self_attn.o_proj", gres, a->att, datt, H, HV);
+  int32_t dxn1 =
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);
+  if (mf_model_spec_is_mla(z->s))
+    mf_pb_mla_bwd(z, l, datt, dxn1);
+  else
+    gqa_bwd(z, l, datt, dxn1);
   mf_pb_rmsnorm_bwd(c, l, "input_layernorm", dxn1, z->resid[l], mf_pb_P(c, MF_P_ATTN_NORM, l), a->rstd1, gres,
                     mf_pb_G(c, MF_P_ATTN_NORM, l), T, H, 1);
 }

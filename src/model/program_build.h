@@ -67,6 +67,9 @@ typedef struct layer_acts {
   int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
   int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
   int32_t sg, su, sa, sy, sgl, dg, du, da;
+  /* DeepSeek-V3's latent attention (program_mla.c): q_a_proj's output, its norm's rstd and output; kv_a's
+   * output, the compressed kv, its norm's rstd and output, the rope key, kv_b's output */
+  int32_t mqa, mqr, mqn, mkva, mc, mcr, mcn, mkr, mkvb;
   int32_t lora[MF_P_ROLE_COUNT_];    /* the LoRA adapter's scaled x A^T of each adapted weight of the layer */
   int32_t lora_in[MF_P_ROLE_COUNT_]; /* with dropout: the adapter's input after it */
 } layer_acts;
@@ -81,6 +84,7 @@ typedef struct mb {
   int64_t B, S, T, H, D, Hq, Hkv, E, TK, I, V;
   float scale;
   int64_t rot; /* the dims of each head RoPE rotates; 0: all (partial RoPE: GLM-4.5) */
+  int64_t Dv;  /* the dims of a value head (DeepSeek-V3's v_head_dim; else D) */
   int32_t aux_counts, aux_psum;
   int64_t aux_rows;
   int32_t *resid;         /* [L + 1] the residual stream into each layer, and out of the last */
@@ -120,6 +124,9 @@ void mf_pb_linear_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, int
                       int32_t db, int32_t dx, int64_t N, int64_t K, int acc);
 void mf_pb_rmsnorm_fwd(const ctx *c, int32_t l, const char *what, int32_t x, int32_t w, int32_t y,
                        int32_t rstd, int64_t R, int64_t C);
+/* The same with its own epsilon (DeepSeek-V3's latent norms: 1e-6 whatever rms_norm_eps). */
+void mf_pb_rmsnorm_fwd_eps(const ctx *c, int32_t l, const char *what, int32_t x, int32_t w, int32_t y,
+                           int32_t rstd, int64_t R, int64_t C, double eps);
 void mf_pb_rmsnorm_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, int32_t x, int32_t w,
                        int32_t rstd, int32_t dx, int32_t dw, int64_t R, int64_t C, int acc);
 void mf_pb_simple(const ctx *c, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a, int32_t bb,
@@ -150,6 +157,11 @@ void mf_pb_attention_fwd(const mb *z, int32_t l);
 /* Layer l's attention block backward, from the post-attention norm down to the
  * input norm: the residual gradient gres updated. */
 void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2);
+/* DeepSeek-V3's multi-head latent attention (program_mla.c): from the input
+ * norm's output a->xn1 to the attention's output a->att [T, Hq * Dv]; and
+ * back from its gradient datt into dxn1. */
+void mf_pb_mla_fwd(const mb *z, int32_t l);
+void mf_pb_mla_bwd(const mb *z, int32_t l, int32_t datt, int32_t dxn1);
 /* Layer l's routed experts (and shared expert), added into the layer's output. */
 void mf_pb_moe_fwd(const mb *z, int32_t l);
 /* Layer l's routed experts (and shared expert) backward: into dxn2, the

@@ -199,10 +199,15 @@ void mf_pb_linear_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, int
 
 void mf_pb_rmsnorm_fwd(const ctx *c, int32_t l, const char *what, int32_t x, int32_t w, int32_t y,
                        int32_t rstd, int64_t R, int64_t C) {
+  mf_pb_rmsnorm_fwd_eps(c, l, what, x, w, y, rstd, R, C, c->s->norm_eps);
+}
+
+void mf_pb_rmsnorm_fwd_eps(const ctx *c, int32_t l, const char *what, int32_t x, int32_t w, int32_t y,
+                           int32_t rstd, int64_t R, int64_t C, double eps) {
   mf_pop *o = mf_pb_op(c->b, MF_K_RMSNORM_FWD, MF_PHASE_FWD, c->m, l, "L%d %s", l, what);
   SET(o, x, w, y, rstd);
   INTS(o, R, C);
-  o->f[0] = c->s->norm_eps;
+  o->f[0] = eps;
   o->flops = 4.0 * (double)R * (double)C;
 }
 

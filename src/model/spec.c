@@ -1,4 +1,5 @@
 /* Family names, transformers defaults, validation and parameter counts. */
+#include <math.h>
 #include <string.h>
 
 #include "src/model/spec.h"
@@ -12,6 +13,7 @@ static const struct {
     [MF_FAMILY_QWEN3_MOE] = {"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
     [MF_FAMILY_OLMOE] = {"olmoe", "OlmoeForCausalLM", "olmoe"},
     [MF_FAMILY_GLM4_MOE] = {"glm4_moe", "Glm4MoeForCausalLM", "glm4_moe"},
+    [MF_FAMILY_DEEPSEEK_V3] = {"deepseek_v3", "DeepseekV3ForCausalLM", "deepseek_v3"},
 };
 
 const char *mf_family_name(mf_family f) {
@@ -86,6 +88,15 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
       s->router = MF_ROUTER_SIGMOID_GROUP;
       s->head_dim = 128; /* GLM-4.5's config.json sets it (hidden / heads would be 42) */
       break;
+    case MF_FAMILY_DEEPSEEK_V3:
+      /* DeepseekV3Config's defaults (DeepSeek-V3's shape); the same router and MoE block as GLM-4.5 */
+      s->vocab = 129280, s->hidden = 7168, s->dense_ffn = 18432, s->expert_ffn = 2048, s->layers = 61;
+      s->heads = 128, s->kv_heads = 128, s->max_seq = 4096, s->norm_eps = 1e-6, s->rope_theta = 10000.0;
+      s->shared_ffn = 2048, s->experts = 256, s->routed_scaling = 2.5, s->n_group = 8, s->topk_group = 4;
+      s->top_k = 8, s->first_dense = 3, s->norm_topk_prob = 1, s->router = MF_ROUTER_SIGMOID_GROUP;
+      s->q_lora_rank = 1536, s->kv_lora_rank = 512, s->qk_nope_dim = 128, s->qk_rope_dim = 64;
+      s->v_head_dim = 128, s->rope_interleave = 1, s->head_dim = 128 + 64;
+      break;
     default:
       break;
   }
@@ -102,7 +113,31 @@ int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer) {
   return layer >= s->first_dense;
 }
 
+int mf_model_spec_is_mla(const mf_model_spec *s) { return s->family == MF_FAMILY_DEEPSEEK_V3; }
+
+int64_t mf_model_spec_v_dim(const mf_model_spec *s) { return mf_model_spec_is_mla(s) ? s->v_head_dim : s->head_dim; }
+
+/* transformers' yarn_get_mscale / get_mscale */
+static double yarn_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0; }
+
+double mf_model_spec_attn_scale(const mf_model_spec *s) {
+  double scale = 1.0 / sqrt((double)s->head_dim);
+  if (mf_model_spec_is_mla(s) && s->yarn_factor > 0 && s->yarn_mscale_all_dim != 0) {
+    const double m = yarn_mscale(s->yarn_factor, s->yarn_mscale_all_dim);
+    scale = scale * m * m;
+  }
+  return scale;
+}
+
+double mf_model_spec_yarn_attention_factor(const mf_model_spec *s) {
+  if (!(s->yarn_factor > 0)) return 1.0;
+  if (s->yarn_mscale != 0 && s->yarn_mscale_all_dim != 0)
+    return yarn_mscale(s->yarn_factor, s->yarn_mscale) / yarn_mscale(s->yarn_factor, s->yarn_mscale_all_dim);
+  return yarn_mscale(s->yarn_factor, 1.0);
+}
+
 int64_t mf_model_spec_rope_dim(const mf_model_spec *s) {
+  if (mf_model_spec_is_mla(s)) return s->qk_rope_dim; /* the last qk_rope_dim of each q/k head */
   if (!(s->partial_rotary > 0 && s->partial_rotary < 1)) return s->head_dim; /* 0: not set */
   return (int64_t)((double)s->head_dim * s->partial_rotary);
 }
@@ -158,8 +193,38 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
     if (!mf_model_spec_layer_is_moe(s, l) && s->dense_ffn <= 0)
       return MF_ERR(MF_ERR_CONFIG, "%s: layer %lld is a dense MLP but intermediate_size is not set", where,
                     (long long)l);
-  if (s->shared_ffn > 0 && s->family != MF_FAMILY_QWEN2_MOE && s->family != MF_FAMILY_GLM4_MOE)
-    return MF_ERR(MF_ERR_CONFIG, "%s: a shared expert is only defined for qwen2_moe and glm4_moe", where);
+  if (s->shared_ffn > 0 && s->family != MF_FAMILY_QWEN2_MOE && s->family != MF_FAMILY_GLM4_MOE &&
+      s->family != MF_FAMILY_DEEPSEEK_V3)
+    return MF_ERR(MF_ERR_CONFIG, "%s: a shared expert is only defined for qwen2_moe, glm4_moe and deepseek_v3",
+                  where);
+  if (mf_model_spec_is_mla(s)) {
+    if (s->q_lora_rank < 0 || s->kv_lora_rank < 1 || s->qk_nope_dim < 0 || s->qk_rope_dim < 2 ||
+        s->qk_rope_dim % 2 != 0 || s->v_head_dim < 1 || s->q_lora_rank > big || s->kv_lora_rank > big ||
+        s->qk_nope_dim > 65536 || s->qk_rope_dim > 65536 || s->v_head_dim > 65536)
+      return MF_ERR(MF_ERR_CONFIG,
+                    "%s: latent attention sizes q_lora_rank %lld, kv_lora_rank %lld, qk_nope_head_dim %lld, "
+                    "qk_rope_head_dim %lld (even), v_head_dim %lld are not valid",
+                    where, (long long)s->q_lora_rank, (long long)s->kv_lora_rank, (long long)s->qk_nope_dim,
+                    (long long)s->qk_rope_dim, (long long)s->v_head_dim);
+    if (s->head_dim != s->qk_nope_dim + s->qk_rope_dim)
+      return MF_ERR(MF_ERR_CONFIG, "%s: head_dim %lld must be qk_nope_head_dim + qk_rope_head_dim (%lld)", where,
+                    (long long)s->head_dim, (long long)(s->qk_nope_dim + s->qk_rope_dim));
+    if (s->kv_heads != s->heads)
+      return MF_ERR(MF_ERR_CONFIG,
+                    "%s: num_key_value_heads %lld: latent attention makes a key and a value for each of the %lld "
+                    "heads",
+                    where, (long long)s->kv_heads, (long long)s->heads);
+    if (s->qkv_bias || s->qk_norm != MF_QK_NORM_NONE)
+      return MF_ERR(MF_ERR_CONFIG, "%s: latent attention has no q/k/v bias or q/k norm here", where);
+  }
+  if (s->yarn_factor != 0 &&
+      !(s->yarn_factor > 1 && s->yarn_original_max > 0 && s->yarn_beta_fast > 0 && s->yarn_beta_slow > 0 &&
+        s->yarn_mscale >= 0 && s->yarn_mscale_all_dim >= 0))
+    return MF_ERR(MF_ERR_CONFIG,
+                  "%s: rope_scaling yarn: factor %g (> 1), original_max_position_embeddings %lld, beta_fast %g, "
+                  "beta_slow %g (> 0), mscale %g, mscale_all_dim %g (>= 0) are not valid",
+                  where, s->yarn_factor, (long long)s->yarn_original_max, s->yarn_beta_fast, s->yarn_beta_slow,
+                  s->yarn_mscale, s->yarn_mscale_all_dim);
   if (!(s->partial_rotary >= 0 && s->partial_rotary <= 1))
     return MF_ERR(MF_ERR_CONFIG, "%s: partial_rotary_factor %g is not in (0, 1]", where, s->partial_rotary);
   const int64_t rot = mf_model_spec_rope_dim(s);
@@ -172,7 +237,9 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
   if (s->first_dense < 0 || s->first_dense > s->layers)
     return MF_ERR(MF_ERR_CONFIG, "%s: first_k_dense_replace %lld is not in 0..%lld", where,
                   (long long)s->first_dense, (long long)s->layers);
-  const mf_router_kind want = s->family == MF_FAMILY_GLM4_MOE ? MF_ROUTER_SIGMOID_GROUP : MF_ROUTER_SOFTMAX;
+  const mf_router_kind want = s->family == MF_FAMILY_GLM4_MOE || s->family == MF_FAMILY_DEEPSEEK_V3
+                                  ? MF_ROUTER_SIGMOID_GROUP
+                                  : MF_ROUTER_SOFTMAX;
   if (s->router != want)
     return MF_ERR(MF_ERR_CONFIG, "%s: the %s router is not this family's", where,
                   s->router == MF_ROUTER_SIGMOID_GROUP ? "sigmoid group-limited" : "softmax");
@@ -221,6 +288,13 @@ void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *
   const int64_t H = s->hidden, hd = s->head_dim;
   const int64_t q = sat_mul(s->heads, hd), kv = sat_mul(s->kv_heads, hd);
   int64_t attn = sat_add(sat_add(sat_mul(H, q), sat_mul3(2, H, kv)), sat_mul(q, H));
+  if (mf_model_spec_is_mla(s)) { /* q (low-rank + its norm, or q_proj), kv_a + its norm, kv_b, o */
+    const int64_t rq = s->q_lora_rank, rkv = s->kv_lora_rank;
+    attn = rq > 0 ? sat_add(sat_add(sat_mul(H, rq), rq), sat_mul(rq, q)) : sat_mul(H, q);
+    attn = sat_add(attn, sat_add(sat_mul(H, sat_add(rkv, s->qk_rope_dim)), rkv));
+    attn = sat_add(attn, sat_mul3(rkv, s->heads, sat_add(s->qk_nope_dim, s->v_head_dim)));
+    attn = sat_add(attn, sat_mul3(s->heads, s->v_head_dim, H));
+  }
   if (s->qkv_bias) attn = sat_add(attn, sat_add(q, sat_mul(2, kv)));
   if (s->qk_norm == MF_QK_NORM_PER_HEAD) attn = sat_add(attn, sat_mul(2, hd));
   if (s->qk_norm == MF_QK_NORM_FULL) attn = sat_add(attn, sat_add(q, kv));

@@ -24,6 +24,7 @@ typedef enum mf_family {
   MF_FAMILY_QWEN3_MOE, /* Qwen3MoeForCausalLM */
   MF_FAMILY_OLMOE,     /* OlmoeForCausalLM */
   MF_FAMILY_GLM4_MOE,  /* Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air) */
+  MF_FAMILY_DEEPSEEK_V3, /* DeepseekV3ForCausalLM (DeepSeek-V3/R1, Moonlight, Kimi-K2) */
   MF_FAMILY_COUNT_
 } mf_family;
 
@@ -73,14 +74,28 @@ typedef struct mf_model_spec {
   mf_router_kind router;
   int64_t n_group, topk_group;
   double routed_scaling;
-  int64_t first_dense;         /* GLM-4.5 first_k_dense_replace: layers below it have a dense MLP */
+  int64_t first_dense; /* GLM-4.5 first_k_dense_replace: layers below it have a dense MLP */
+  /* DeepSeek-V3's multi-head latent attention (mf_model_spec_is_mla): q through
+   * q_a_proj [q_lora_rank] -> RMSNorm -> q_b_proj (q_lora_rank 0: q_proj), k and v
+   * through kv_a_proj_with_mqa [kv_lora_rank + qk_rope_dim] -> RMSNorm on the
+   * first kv_lora_rank -> kv_b_proj [heads * (qk_nope_dim + v_head_dim)]; the
+   * last qk_rope_dim columns of kv_a's output are one rope key shared by every
+   * head. head_dim is the q/k head (qk_nope_dim + qk_rope_dim); RoPE rotates its
+   * last qk_rope_dim dims, in adjacent pairs with rope_interleave. */
+  int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+  int rope_interleave;
+  /* rope_scaling "yarn" (factor > 1; 0: none): the frequencies and, with
+   * mscale_all_dim, the softmax scale (transformers' _compute_yarn_parameters) */
+  double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+  int64_t yarn_original_max;
+  int yarn_truncate; /* rope_scaling.truncate (absent: true) */
   int64_t decoder_sparse_step; /* Qwen: layer i is MoE iff (i+1) % step == 0 */
   int64_t n_mlp_only;          /* Qwen: layers forced to a dense MLP */
   int32_t mlp_only_layers[MF_MAX_LAYERS];
   uint64_t seed; /* random init (model.init) */
 } mf_model_spec;
 
-const char *mf_family_name(mf_family f); /* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe" */
+const char *mf_family_name(mf_family f); /* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3" */
 mf_family mf_family_from_name(const char *name);         /* the short names above; INVALID if unknown */
 mf_family mf_family_from_architecture(const char *arch); /* "MixtralForCausalLM" ... */
 const char *mf_family_architecture(mf_family f);         /* the HF class name */
@@ -101,6 +116,15 @@ int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer);
 /* The dims of each head RoPE rotates: int(head_dim * partial_rotary), as
  * transformers computes the rotary dim (its truncation); head_dim when all. */
 int64_t mf_model_spec_rope_dim(const mf_model_spec *s);
+/* DeepSeek-V3's multi-head latent attention. */
+int mf_model_spec_is_mla(const mf_model_spec *s);
+/* The dims of a value head (v_head_dim with MLA, else head_dim). */
+int64_t mf_model_spec_v_dim(const mf_model_spec *s);
+/* The attention's softmax scale: head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 (DeepSeek-V3). */
+double mf_model_spec_attn_scale(const mf_model_spec *s);
+/* YaRN's cos/sin factor (attention_factor): mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
+ * are set, else mscale(factor, 1); 1 without YaRN. */
+double mf_model_spec_yarn_attention_factor(const mf_model_spec *s);
 /* The shared expert's output passes through a sigmoid gate (Qwen2-MoE's shared_expert_gate). */
 int mf_model_spec_shared_gated(const mf_model_spec *s);
 /* Parameter counts: total, and active per token (unembedding counted, embedding not). */

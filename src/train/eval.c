@@ -163,7 +163,7 @@ mf_status mf_run_lora(const mf_config *cfg, mf_param_table *t, const char *dir, 
                0,          c->train_router,
                c->dropout, NULL};
   for (int64_t i = 0; i < c->n_targets; i++) {
-    const uint32_t roles = mf_lora_target_roles(t->spec.family, c->targets[i]);
+    const uint64_t roles = mf_lora_target_roles(t->spec.family, c->targets[i]);
     if (!roles)
       return MF_ERR(MF_ERR_CONFIG, "train.lora.targets[%lld]%s: the %s model has no module named %s",
                     (long long)i, where(cfg, "train.lora.targets", at, sizeof at),

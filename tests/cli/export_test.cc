@@ -397,24 +397,25 @@ TEST(Export, TransformersLoadsItWithNoMissingOrUnexpectedKeys) {
   EXPECT_TRUE(has(r.out, "missing [] unexpected []")) << r.out;
 }
 
-// GLM-4.5 (glm4_moe): a full fine-tune of the tiny preset exported in fp32
-// loads in transformers with no missing or unexpected keys (the routers'
-// e_score_correction_bias included: a buffer of the checkpoint, carried
-// through untrained) and gives the logits moefit eval gives on the export.
-TEST(Export, TransformersLoadsAGlm4MoeExportAndGivesItsLogits) {
+// GLM-4.5 (glm4_moe) and DeepSeek-V3 (deepseek_v3): a full fine-tune of the
+// tiny preset exported in fp32 loads in transformers with no missing or
+// unexpected keys (the routers' e_score_correction_bias included: a buffer of
+// the checkpoint, carried through untrained) and gives the logits moefit eval
+// gives on the export. DeepSeek-V3's preset has latent attention with a
+// low-rank q and interleaved RoPE.
+void TransformersGivesTheExportsLogits(const std::string &family, const std::string &arch, const std::string &bias) {
   const char *py = getenv("MF_HF_PYTHON");
   if (!py || !*py) MF_TOOL_MISSING("MF_HF_PYTHON unset: no python with transformers");
   if (shell(std::string(py) + " -c 'import torch, transformers' 2>&1").code != 0)
     MF_TOOL_MISSING(py << " has no torch (transformers needs it to load a model)");
-  const std::string base = tmpdir() + "/export_glm_base", run = tmpdir() + "/export_glm_run",
-                    hf = tmpdir() + "/export_glm_hf", d = tmpdir() + "/export_glm_check";
-  ASSERT_EQ(moefit("init --family glm4_moe --preset tiny --seed 6 --out " + base).code, 0);
-  // the demo config sets train.aux_loss_coef, which GLM-4.5's loss has not (refused, naming it)
-  Result t =
-      moefit("train" + kModel + "model.init=null model.path=" + base +
-             " train.aux_loss_coef=null train.micro_batch=2 train.warmup=1 train.steps=3 train.lr=1e-2 "
-             "data.train=" +
-             Corpus() + " output.dir=" + run);
+  const std::string base = tmpdir() + "/export_" + family + "_base", run = tmpdir() + "/export_" + family + "_run",
+                    hf = tmpdir() + "/export_" + family + "_hf", d = tmpdir() + "/export_" + family + "_check";
+  ASSERT_EQ(moefit("init --family " + family + " --preset tiny --seed 6 --out " + base).code, 0);
+  // the demo config sets train.aux_loss_coef, which these families' loss has not (refused, naming it)
+  Result t = moefit("train" + kModel + "model.init=null model.path=" + base +
+                    " train.aux_loss_coef=null train.micro_batch=2 train.warmup=1 train.steps=3 train.lr=1e-2 "
+                    "data.train=" +
+                    Corpus() + " output.dir=" + run);
   ASSERT_EQ(t.code, 0) << t.out;
   ASSERT_EQ(moefit("export " + run + " --out " + hf).code, 0);
   ASSERT_EQ(shell("mkdir -p " + d + " && printf 'the cat s' > " + d + "/in.txt").code, 0);
@@ -423,23 +424,30 @@ TEST(Export, TransformersLoadsAGlm4MoeExportAndGivesItsLogits) {
                     " train.aux_loss_coef=null data.seq_len=8 train.micro_batch=1 --tokens " + d +
                     "/in.tokens --dump-logits " + d + "/logits.f32 output.dir=" + d + "/ev");
   ASSERT_EQ(e.code, 0) << e.out;
-  Result c = shell(
-      std::string(py) +
-      " -c \"import sys, numpy as np, torch, transformers as t; "
-      "m, info = t.AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32, "
-      "attn_implementation='eager', output_loading_info=True); m.eval(); "
-      "print(type(m).__name__, 'missing', info['missing_keys'], 'unexpected', info['unexpected_keys']); "
-      "ids = torch.tensor([list(b'the cat ')]); "
-      "ref = m(input_ids=ids).logits[0].detach().numpy(); "
-      "got = np.fromfile(sys.argv[2], dtype='<f4').reshape(ref.shape); "
-      "err = np.linalg.norm(got - ref) / np.linalg.norm(ref); "
-      "bias = m.model.layers[1].mlp.gate.e_score_correction_bias; "
-      "print('bias', tuple(bias.shape), 'rel err %.3g' % err, 'OK' if err < 1e-5 else 'DIFFERS')\" " +
-      hf + " " + d + "/logits.f32 2>&1");
+  Result c = shell(std::string(py) +
+                   " -c \"import sys, numpy as np, torch, transformers as t; "
+                   "m, info = t.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, "
+                   "attn_implementation='eager', output_loading_info=True); m.eval(); "
+                   "print(type(m).__name__, 'missing', info['missing_keys'], 'unexpected', info['unexpected_keys']); "
+                   "ids = torch.tensor([list(b'the cat ')]); "
+                   "ref = m(input_ids=ids).logits[0].detach().numpy(); "
+                   "got = np.fromfile(sys.argv[2], dtype='<f4').reshape(ref.shape); "
+                   "err = np.linalg.norm(got - ref) / np.linalg.norm(ref); "
+                   "bias = m.model.layers[1].mlp.gate.e_score_correction_bias; "
+                   "print('bias', tuple(bias.shape), 'rel err %.3g' % err, 'OK' if err < 1e-5 else 'DIFFERS')\" " +
+                   hf + " " + d + "/logits.f32 2>&1");
   ASSERT_EQ(c.code, 0) << c.out;
-  EXPECT_TRUE(has(c.out, "Glm4MoeForCausalLM missing [] unexpected []")) << c.out;
-  EXPECT_TRUE(has(c.out, "bias (8,)")) << c.out;
+  EXPECT_TRUE(has(c.out, arch + " missing [] unexpected []")) << c.out;
+  EXPECT_TRUE(has(c.out, bias)) << c.out;
   EXPECT_TRUE(has(c.out, "OK")) << c.out;
+}
+
+TEST(Export, TransformersLoadsAGlm4MoeExportAndGivesItsLogits) {
+  TransformersGivesTheExportsLogits("glm4_moe", "Glm4MoeForCausalLM", "bias (8,)");
+}
+
+TEST(Export, TransformersLoadsADeepseekV3ExportAndGivesItsLogits) {
+  TransformersGivesTheExportsLogits("deepseek_v3", "DeepseekV3ForCausalLM", "bias (8,)");
 }
 
 // The export is a whole model: the tokenizer and chat-template files of the

@@ -33,6 +33,7 @@ const std::map<std::string, std::string> kModels = {
     {"models/Qwen3-30B-A3B", "tests/hf_config/data/qwen3_30b_a3b_hub.json"},
     {"models/Mixtral-8x7B-v0.1", "tests/hf_config/data/mixtral_8x7b_hub.json"},
     {"models/GLM-4.5-Air", "tests/hf_config/data/glm4_5_air_hub.json"},
+    {"models/Moonlight-16B-A3B", "tests/hf_config/data/moonlight_16b_a3b_hub.json"},
 };
 
 std::vector<std::string> shipped_configs() {

@@ -426,7 +426,7 @@ TEST(ConfigErrors, MissingRequiredKeys) {
   Loaded f = Load("model:\n  init: {family: gpt2}\n" + std::string(kRest));
   EXPECT_CONFIG_ERROR(f,
                       "c.yaml:2:18: model.init.family must be one of "
-                      "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe (got 'gpt2')");
+                      "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3 (got 'gpt2')");
   Loaded g = Load(Minimal() + "memory:\n  overrides:\n    - {params: host}\n");
   EXPECT_CONFIG_ERROR(g, "c.yaml:18:7: missing required key 'memory.overrides[0].match'");
   Loaded h = Load(Minimal() + "memory:\n  overrides:\n    - {match: x, parms: host}\n");
@@ -474,7 +474,7 @@ TEST(ConfigErrors, QwenOnlyKeysForOtherFamilies) {
 // whose decoder would ignore them; its loss has no aux term.
 TEST(ConfigErrors, GlmOnlyKeysForOtherFamilies) {
   Loaded a = Load(Minimal(), {"model.init.n_group=2"});
-  EXPECT_CONFIG_ERROR(a, "model.init.n_group is a glm4_moe key: mixtral does not read it");
+  EXPECT_CONFIG_ERROR(a, "model.init.n_group is a glm4_moe / deepseek_v3 key: mixtral does not read it");
   Loaded b = Load(Minimal(), {"model.init.family=qwen3_moe", "model.init.partial_rotary=0.5"});
   EXPECT_CONFIG_ERROR(b, "model.init.partial_rotary is a glm4_moe key: qwen3_moe does not read it");
   Loaded g =
@@ -495,6 +495,31 @@ TEST(ConfigErrors, GlmOnlyKeysForOtherFamilies) {
   EXPECT_CONFIG_ERROR(odd, "RoPE rotates int(head_dim 6 * partial_rotary_factor 0.5) = 3 dims");
   Loaded groups = Load(Minimal(), {"model.init.family=glm4_moe", "model.init.n_group=3"});
   EXPECT_CONFIG_ERROR(groups, "n_group 3 must divide the");
+}
+
+// DeepSeek-V3's keys: read for deepseek_v3 (head_dim is nope + rope), refused
+// for a family that does not read them; its LoRA targets reach the latent
+// attention's projections.
+TEST(ConfigErrors, DeepseekOnlyKeysForOtherFamilies) {
+  Loaded a = Load(Minimal(), {"model.init.kv_lora_rank=16"});
+  EXPECT_CONFIG_ERROR(a, "model.init.kv_lora_rank is a deepseek_v3 key: mixtral does not read it");
+  Loaded d =
+      Load(Minimal(), {"model.init.family=deepseek_v3", "model.init.kv_heads=4", "model.init.q_lora_rank=16",
+                       "model.init.kv_lora_rank=16", "model.init.qk_nope_dim=8", "model.init.qk_rope_dim=4",
+                       "model.init.v_head_dim=6", "model.init.n_group=1", "model.init.topk_group=1",
+                       "model.init.first_dense=0", "train.lora.rank=4",
+                       "train.lora.targets=[q_a_proj, kv_a_proj_with_mqa, kv_b_proj]"});
+  ASSERT_EQ(d.st, MF_OK) << d.err;
+  const mf_model_spec &s = d.cfg->model.init;
+  EXPECT_EQ(s.head_dim, 12);
+  EXPECT_EQ(mf_model_spec_v_dim(&s), 6);
+  EXPECT_EQ(mf_model_spec_rope_dim(&s), 4);
+  EXPECT_EQ(s.rope_interleave, 1) << "DeepseekV3Config's default";
+  EXPECT_STREQ(d.cfg->train.lora.targets[1], "kv_a_proj_with_mqa");
+  Loaded kv =
+      Load(Minimal(), {"model.init.family=deepseek_v3", "model.init.kv_heads=2", "model.init.n_group=1",
+                       "model.init.topk_group=1", "model.init.first_dense=0"});
+  EXPECT_CONFIG_ERROR(kv, "latent attention makes a key and a value for each of the 4 heads");
 }
 
 // train.lora (issue 18): read and checked; names at their places.
@@ -542,7 +567,7 @@ TEST(ConfigErrors, LoraTargetsAndRank) {
   EXPECT_CONFIG_ERROR(
       a,
       "c.yaml:18:23: train.lora.targets[1] must be one of q_proj|k_proj|v_proj|o_proj|gate_proj|"
-      "up_proj|down_proj|w1|w2|w3 (got 'qproj')");
+      "up_proj|down_proj|w1|w2|w3|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj (got 'qproj')");
   Loaded b = Load(Minimal() + "  lora:\n    rank: 8\n    targets: [v_proj, v_proj]\n");
   EXPECT_CONFIG_ERROR(b, "c.yaml:18:23: train.lora.targets[1]: v_proj is named twice");
   Loaded c = Load(Minimal() + "  lora:\n    rank: 8\n    targets: [gate_proj]\n");

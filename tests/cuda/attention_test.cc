@@ -2,7 +2,8 @@
 // reference, fp32 storage: round_bf16 off), on fresh random data at several
 // (B, S, Hq, Hkv, D): S = 1, odd S, S not a multiple of the tiles, GQA ratios
 // 1, 2 and 4, D = 64 and 128 (the models), plus D = 40, 96 and 256 (padding of
-// the head dim, the largest tile). Outputs start as NaN, so an element the cuda
+// the head dim, the largest tile), and value head dims Dv unlike D (DeepSeek-V3's
+// D 192 / Dv 128, Dv above D, odd small dims). Outputs start as NaN, so an element the cuda
 // kernels never write fails the comparison; two cuda runs of one call must give
 // the same bits (no atomics, fixed reduction orders).
 //
@@ -37,13 +38,16 @@
 
 namespace {
 
+// Dv: the value head dim (i[5]; 0: D).
 struct Shape {
-  int64_t B, S, Hq, Hkv, D;
+  int64_t B, S, Hq, Hkv, D, Dv = 0;
+  int64_t dv() const { return Dv ? Dv : D; }
 };
 
 std::string name_of(const char *op, const Shape &s) {
   return std::string(op) + " B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) +
-         " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+         " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
+         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string());
 }
 
 std::vector<float> uniform(std::mt19937 &rng, size_t n, float lo, float hi) {
@@ -80,7 +84,7 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
   static mf_kernel_call call(mf_kernel kind, const Shape &s, float scale, const char *label) {
     mf_kernel_call k = {};
     k.kind = kind;
-    k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D;
+    k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D, k.i[5] = s.Dv;
     k.f[0] = scale;
     k.label = label;
     return k;
@@ -122,14 +126,15 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
     SCOPED_TRACE(name_of("attention", s));
     std::mt19937 rng(seed);
     const size_t nq = (size_t)(s.B * s.S * s.Hq * s.D), nk = (size_t)(s.B * s.S * s.Hkv * s.D);
+    const size_t no = (size_t)(s.B * s.S * s.Hq * s.dv()), nv = (size_t)(s.B * s.S * s.Hkv * s.dv());
     const size_t nl = (size_t)(s.B * s.Hq * s.S);
     const float scale = 1.0f / std::sqrt((float)s.D);
     const float nan = std::nanf("");
-    auto q = uniform(rng, nq, -q_amp, q_amp), k = uniform(rng, nk, -1, 1), v = uniform(rng, nk, -1, 1);
-    auto dout = uniform(rng, nq, -1, 1);
+    auto q = uniform(rng, nq, -q_amp, q_amp), k = uniform(rng, nk, -1, 1), v = uniform(rng, nv, -1, 1);
+    auto dout = uniform(rng, no, -1, 1);
 
     // forward: b = {q, k, v, o, lse}
-    std::vector<std::vector<float>> fwd = {q, k, v, std::vector<float>(nq, nan), std::vector<float>(nl, nan)};
+    std::vector<std::vector<float>> fwd = {q, k, v, std::vector<float>(no, nan), std::vector<float>(nl, nan)};
     std::vector<std::vector<float>> want_f = fwd, got_f, again_f;
     ASSERT_EQ(run_cpu(MF_K_ATTN_FWD, s, scale, want_f), MF_OK) << mf_last_error();
     ASSERT_EQ(run_gpu(MF_K_ATTN_FWD, s, scale, fwd, &got_f), MF_OK) << mf_last_error();
@@ -154,7 +159,7 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
                                            want_f[4],
                                            std::vector<float>(nq, nan),
                                            std::vector<float>(nk, nan),
-                                           std::vector<float>(nk, nan)};
+                                           std::vector<float>(nv, nan)};
     std::vector<std::vector<float>> want_b = bwd, got_b, again_b;
     ASSERT_EQ(run_cpu(MF_K_ATTN_BWD, s, scale, want_b), MF_OK) << mf_last_error();
     ASSERT_EQ(run_gpu(MF_K_ATTN_BWD, s, scale, bwd, &got_b), MF_OK) << mf_last_error();
@@ -205,11 +210,27 @@ TEST_F(CudaAttention, LongSequence) {
   check({1, 4096, 2, 1, 64}, 70);
 }
 
+// Value heads unlike the query/key heads (i[5] = Dv): DeepSeek-V3's D 192 /
+// Dv 128 with GQA (tiles 256 wide), Dv above D, both inside one padded width,
+// odd small dims, and the widest value tile.
+TEST_F(CudaAttention, ValueHeadDimDiffers) {
+  check({1, 37, 4, 2, 192, 128}, 80);
+  check({2, 5, 4, 1, 192, 128}, 81);
+  check({2, 70, 4, 1, 64, 128}, 82);
+  check({1, 33, 2, 2, 40, 24}, 83);
+  check({1, 9, 3, 1, 3, 5}, 84);
+  check({1, 65, 2, 1, 128, 256}, 85);
+  check({3, 1, 4, 2, 16, 8}, 86);
+}
+
 TEST_F(CudaAttention, RefusesBadShapes) {
   std::vector<std::vector<float>> bufs(5, std::vector<float>(64, 0.0f)), out;
   EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 300}, 1.0f, bufs, &out), MF_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(mf_last_error()).find("head_dim"), std::string::npos) << mf_last_error();
   EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 3, 2, 8}, 1.0f, bufs, &out), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 8, 300}, 1.0f, bufs, &out), MF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mf_last_error()).find("Dv=300"), std::string::npos) << mf_last_error();
+  EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 8, -2}, 1.0f, bufs, &out), MF_ERR_INVALID_ARG);
 }
 
 }  // namespace

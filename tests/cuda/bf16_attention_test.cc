@@ -11,7 +11,10 @@
 // Shapes: the models' head dims D = 64 and 128 with GQA (Hq/Hkv = 4 and 2) at
 // S = 256 (four 64-row tiles), S = 130 with D = 96 and S = 70 with D = 16 (a
 // ragged last tile, a D that stops inside the padded tile width), an odd S
-// with D = 40 and S = 65 with D = 256 (fallbacks), S = 1.
+// with D = 40 and S = 65 with D = 256 (fallbacks), S = 1. Value heads unlike
+// the query/key heads (Dv != D, i[5]: DeepSeek-V3's D 192 / Dv 128, and a D of
+// 64 the tensor cores would take) run on the CUDA-core kernels with either
+// parameter: neither attention_mma.cu nor cuDNN is given them.
 //
 // Tolerances, per element |gpu - cpu| <= atol + rtol * |cpu| (why):
 //   o: rtol kBf16Ulp = 2^-7 — the sides' fp32 values may round to
@@ -66,19 +69,22 @@ namespace {
 
 constexpr float kBf16Ulp = 1.0f / 128.0f;
 
+// Dv: the value head dim (i[5]; 0: D).
 struct Shape {
-  int64_t B, S, Hq, Hkv, D;
+  int64_t B, S, Hq, Hkv, D, Dv = 0;
+  int64_t dv() const { return Dv ? Dv : D; }
 };
 
 std::string name_of(const char *op, const Shape &s) {
   return std::string(op) + " B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) +
-         " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+         " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
+         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string());
 }
 
 mf_kernel_call call_of(mf_kernel kind, const Shape &s, float scale, const std::string &label) {
   mf_kernel_call k = {};
   k.kind = kind;
-  k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D;
+  k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D, k.i[5] = s.Dv;
   k.f[0] = scale;
   k.label = label.c_str();
   return k;
@@ -120,21 +126,25 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
     const std::string fname = name_of("attn_fwd", s), bname = name_of("attn_bwd", s);
     SCOPED_TRACE(fname);
     const size_t nq = (size_t)(s.B * s.S * s.Hq * s.D), nk = (size_t)(s.B * s.S * s.Hkv * s.D);
+    const size_t no = (size_t)(s.B * s.S * s.Hq * s.dv()), nv = (size_t)(s.B * s.S * s.Hkv * s.dv());
     const size_t nl = (size_t)(s.B * s.Hq * s.S);
     const float scale = 1.0f / std::sqrt((float)s.D);
     const auto q = mf_test_bf16_values(nq, seed), k = mf_test_bf16_values(nk, seed + 1);
-    const auto v = mf_test_bf16_values(nk, seed + 2), dout = mf_test_bf16_values(nq, seed + 3);
+    const auto v = mf_test_bf16_values(nv, seed + 2), dout = mf_test_bf16_values(no, seed + 3);
+    // the tensor-core kernels and cuDNN have one head dim: Dv != D stays on the CUDA cores
+    const bool one_dim = s.dv() == s.D;
 
     // forward: b = {q, k, v, o, lse}
     uint64_t before = mf_backend_cuda_cudnn_calls(gpu_), mma_before = mf_backend_cuda_mma_calls(1);
     Res f = run(call_of(MF_K_ATTN_FWD, s, scale, fname),
-                {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(nq, NAN)),
+                {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(no, NAN)),
                  Op::of(std::vector<float>(nl, NAN))});
     const auto o_cpu = Res::as<float>(f.cpu[3]), lse_cpu = Res::as<float>(f.cpu[4]);
     const bool cudnn_fwd = ran_cudnn(before);
     expect_path(cudnn_fwd, want_cudnn, "forward");
+    if (!one_dim) EXPECT_FALSE(cudnn_fwd) << "the forward with Dv != D ran on cuDNN";
     // tensor cores: attention_mma.cu or cuDNN (both round p to bf16)
-    const bool mma_fwd = cudnn_fwd || (s.D % 16 == 0 && s.D <= 128);
+    const bool mma_fwd = cudnn_fwd || (one_dim && s.D % 16 == 0 && s.D <= 128);
     // the tensor-core kernel that should have run did (a silent fall-back to
     // the CUDA-core one, more exact, would pass the tolerances below)
     const bool runs = s.B > 0 && s.S > 0;
@@ -158,12 +168,13 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
                                  Op::of(lse_cpu),
                                  Op::of(std::vector<float>(nq, NAN)),
                                  Op::of(std::vector<float>(nk, NAN)),
-                                 Op::of(std::vector<float>(nk, NAN))};
+                                 Op::of(std::vector<float>(nv, NAN))};
     before = mf_backend_cuda_cudnn_calls(gpu_), mma_before = mf_backend_cuda_mma_calls(1);
     Res b = run(c, ops);
     const bool cudnn_bwd = ran_cudnn(before);
     expect_path(cudnn_bwd, want_cudnn, "backward");
-    const bool mma = cudnn_bwd || (s.D % 16 == 0 && s.D <= 128);
+    if (!one_dim) EXPECT_FALSE(cudnn_bwd) << "the backward with Dv != D ran on cuDNN";
+    const bool mma = cudnn_bwd || (one_dim && s.D % 16 == 0 && s.D <= 128);
     EXPECT_EQ(mf_backend_cuda_mma_calls(1) - mma_before, runs && mma && !cudnn_bwd ? 1u : 0u)
         << "backward calls run by attention_mma.cu";
     const char *names[] = {"dq", "dk", "dv"};
@@ -208,6 +219,14 @@ TEST_P(Bf16Attention, TensorCoreRaggedTilesAndWideFallback) {
   check({2, 130, 4, 2, 96}, 500);
   check({1, 70, 4, 1, 16}, 600);
   check({1, 65, 2, 2, 256}, 700);
+}
+
+// Dv != D: DeepSeek-V3's D 192 / Dv 128 with GQA, Dv above D at a D the
+// tensor cores would take alone, odd small dims.
+TEST_P(Bf16Attention, ValueHeadDimDiffersRunsOnCudaCores) {
+  check({1, 37, 4, 2, 192, 128}, 800);
+  check({2, 64, 4, 1, 64, 128}, 900);
+  check({1, 9, 2, 1, 8, 3}, 1000);
 }
 
 TEST_P(Bf16Attention, ForwardAtHeadDimOne) {

@@ -242,6 +242,21 @@ TEST_F(Bf16Elementwise, RopeFwdBwd) {
       expect_close(r, 0, kUlp, 1e-4f, shape(k == MF_K_ROPE_FWD ? "rope_fwd" : "rope_bwd", {T, nh, D}));
     }
   }
+  // DeepSeek-V3's q heads: the tail 64 of 192 interleaved, YaRN (factor 40 over 4096, betas 32 / 1),
+  // attention factor 1.25 (the same angles' margin, times 1.25)
+  for (mf_kernel k : {MF_K_ROPE_FWD, MF_K_ROPE_BWD}) {
+    const int64_t T = 37, nh = 3, D = 192;
+    std::vector<int32_t> pos((size_t)T);
+    std::mt19937_64 g(seed);
+    for (auto &p : pos) p = (int32_t)(g() % 512);
+    mf_kernel_call c = call_of(k, {T, nh, D, 64, 128, 1, 0}, 10000.0);
+    const double f[6] = {10000.0, 40.0, 4096.0, 32.0, 1.0, 1.25};
+    for (int j = 0; j < 6; j++) c.f[j] = f[j];
+    MfTwinResult r = run(c, {op(mf_test_bf16_values((size_t)(T * nh * D), seed + 1)), op(pos)});
+    seed += 2;
+    expect_close(r, 0, kUlp, 1.25e-4f,
+                 shape(k == MF_K_ROPE_FWD ? "rope_fwd deepseek" : "rope_bwd deepseek", {T, nh, D}));
+  }
 }
 
 TEST_F(Bf16Elementwise, SwigluFwdBwd) {

@@ -23,6 +23,7 @@
 //   router_bwd: 1e-9; moe_combine: 1e-10; combine_bwd dw: 1e-9 (dot products)
 //   moe_dispatch: all outputs equal
 //   aux_accumulate counts equal, psum 1e-24 (double); aux_value 1e-24; aux_grad 1e-20
+//   attn_fwd/bwd with Dv != D: o, lse 1e-10; dq, dk, dv 1e-8 (attention_test.cc's)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,7 +94,7 @@ struct Case {
   mf_kernel kind;
   std::vector<Buf> b;
   int64_t i[8] = {0};
-  double f[2] = {0, 0};
+  double f[6] = {0};  // as many as mf_kernel_call's: call_of copies them all
 };
 
 std::vector<float> uniform(std::mt19937 &rng, size_t n, float lo, float hi) {
@@ -407,6 +408,35 @@ TEST_F(CudaOps, RopeFwdBwd) {
       }
     }
   }
+  // DeepSeek-V3's: {T, nh, D, rot, off, interleaved, truncate} and {theta, factor, original_max,
+  // beta_fast, beta_slow, attention_factor}: q heads (nope 128 + rope 64) and the k row (512 + 64)
+  // with YaRN (its values; attention factor 1.25), the tail of a head interleaved without YaRN,
+  // rotate_half YaRN without truncation
+  struct Ds {
+    int64_t i[7];
+    double f[6];
+  };
+  const Ds ds[] = {
+      {{37, 4, 192, 64, 128, 1, 0}, {10000, 40, 4096, 32, 1, 1.25}},
+      {{37, 1, 576, 0, 512, 1, 0}, {10000, 40, 4096, 32, 1, 0}},
+      {{9, 3, 24, 16, 8, 1, 0}, {1000000, 0, 0, 0, 0, 0}},
+      {{37, 2, 40, 32, 8, 0, -1}, {50000, 32, 4096, 32, 1, 1.3465735902799727}},
+  };
+  for (const Ds &d : ds) {
+    const int64_t T = d.i[0], nh = d.i[1], D = d.i[2];
+    for (int bwd = 0; bwd < 2; bwd++) {
+      Case c{
+          shape(bwd ? "rope_bwd deepseek" : "rope_fwd deepseek", {T, nh, D, d.i[3], d.i[4], d.i[5], d.i[6]}),
+          bwd ? MF_K_ROPE_BWD : MF_K_ROPE_FWD};
+      // positions within the original 4096: the device's powf may give an inv_freq one ulp
+      // from glibc's, which moves an angle by pos x 2^-24 relative (fp32 RoPE's own rounding
+      // at long positions; transformers on cpu and cuda differ the same way)
+      c.b = {f32(uniform(rng, (size_t)(T * nh * D), -2, 2), 1e-6), i32(ints(rng, (size_t)T, 0, 4095))};
+      for (int j = 0; j < 7; j++) c.i[j] = d.i[j];
+      for (int j = 0; j < 6; j++) c.f[j] = d.f[j];
+      check(c);
+    }
+  }
 }
 
 TEST_F(CudaOps, SwigluFwdBwd) {
@@ -697,6 +727,48 @@ TEST_F(CudaOps, AuxLoss) {
     g.i[0] = E, g.i[1] = n_rows, g.i[2] = T;
     g.f[0] = 0.01;
     check(g);
+  }
+}
+
+// Attention whose value heads (Dv, i[5]) differ from the query/key heads (D):
+// {B, S, Hq, Hkv, D, Dv}, DeepSeek-V3's 192 / 128 with GQA, Dv above D, odd
+// dims. The rest of attention is tests/cuda/attention_test.cc's (which says why
+// the tolerances: o, lse 1e-10; dq, dk, dv 1e-8). The backward's o and lse
+// are the cpu forward's.
+const int64_t kAttnDv[][6] = {{1, 37, 4, 2, 192, 128}, {2, 33, 2, 1, 48, 80}, {1, 20, 3, 3, 5, 3}};
+
+TEST_F(CudaOps, AttentionValueHeadDim) {
+  std::mt19937 rng(14);
+  mf_kctx ctx = {nullptr, 0};
+  for (auto &s : kAttnDv) {
+    const int64_t B = s[0], S = s[1], Hq = s[2], Hkv = s[3], D = s[4], Dv = s[5];
+    const size_t nq = (size_t)(B * S * Hq * D), nk = (size_t)(B * S * Hkv * D);
+    const size_t no = (size_t)(B * S * Hq * Dv), nv = (size_t)(B * S * Hkv * Dv), nl = (size_t)(B * Hq * S);
+    const float scale = 1.0f / std::sqrt((float)D);
+    auto q = uniform(rng, nq, -1, 1), k = uniform(rng, nk, -1, 1), v = uniform(rng, nv, -1, 1);
+    auto dout = uniform(rng, no, -1, 1);
+    Case f{shape("attn_fwd", {B, S, Hq, Hkv, D, Dv}), MF_K_ATTN_FWD};
+    f.b = {f32(q), f32(k), f32(v), f32(nans(no), 1e-10), f32(nans(nl), 1e-10)};
+    for (int j = 0; j < 6; j++) f.i[j] = s[j];
+    f.f[0] = scale;
+    check(f);
+    std::vector<float> o(no), lse(nl);
+    ASSERT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), B, S, Hq, Hkv, D, Dv, scale, o.data(), lse.data(),
+                              &ctx),
+              MF_OK);
+    Case b{shape("attn_bwd", {B, S, Hq, Hkv, D, Dv}), MF_K_ATTN_BWD};
+    b.b = {f32(q),
+           f32(k),
+           f32(v),
+           f32(o),
+           f32(dout),
+           f32(lse),
+           f32(nans(nq), 1e-8),
+           f32(nans(nk), 1e-8),
+           f32(nans(nv), 1e-8)};
+    for (int j = 0; j < 6; j++) b.i[j] = s[j];
+    b.f[0] = scale;
+    check(b);
   }
 }
 

@@ -52,8 +52,11 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
     s.hidden = 32, s.layers = 2, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.experts = sh.experts;
     s.top_k = sh.top_k, s.expert_ffn = 16, s.vocab = 64, s.max_seq = 64, s.rope_theta = 10000.0;
     s.clip_qkv = 0;
-    if (sh.family == MF_FAMILY_GLM4_MOE)  // a dense layer 0, a shared expert, the frozen router bias
+    if (sh.family == MF_FAMILY_GLM4_MOE || sh.family == MF_FAMILY_DEEPSEEK_V3)  // dense layer 0, shared, bias
       s.dense_ffn = 32, s.shared_ffn = 16, s.n_group = 2, s.topk_group = 1, s.routed_scaling = 2.5;
+    if (sh.family == MF_FAMILY_DEEPSEEK_V3)  // latent attention
+      s.kv_heads = 4, s.q_lora_rank = 12, s.kv_lora_rank = 10, s.qk_nope_dim = 4, s.qk_rope_dim = 4,
+      s.v_head_dim = 6, s.head_dim = 8, s.first_dense = 1;
     ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
     mf_program_opts po = {};
     po.micro_batch = sh.B, po.seq_len = sh.S, po.grad_accum = sh.G;
@@ -289,6 +292,7 @@ const Shape kShapes[] = {
     {"qwen3_many_small", MF_FAMILY_QWEN3_MOE, 32, 2, 1, 4, 2},    // 16 assignments a step: idle experts
     {"olmoe_idle_with_grad", MF_FAMILY_OLMOE, 16, 2, 1, 4, 1},    // idle experts still get a (zero) gradient
     {"glm4_moe_frozen_bias", MF_FAMILY_GLM4_MOE, 8, 2, 2, 8, 2},  // a parameter frozen in a full fine-tune
+    {"deepseek_v3_mla", MF_FAMILY_DEEPSEEK_V3, 8, 2, 2, 8, 2},    // latent attention's own weights
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceOptim,

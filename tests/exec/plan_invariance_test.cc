@@ -333,6 +333,14 @@ const char kGlm[] =
     "experts: 8, top_k: 2, expert_ffn: 16, shared_ffn: 32, dense_ffn: 64, first_dense: 1, n_group: 2, "
     "topk_group: 1, routed_scaling: 2.5, qkv_bias: true, vocab: 64, max_seq: 32, seed: 5}";
 
+// DeepSeek-V3: latent attention with a low-rank q and interleaved RoPE
+// (value heads narrower than q/k heads), the group router and shared experts.
+const char kDeepseek[] =
+    "{family: deepseek_v3, hidden: 32, layers: 3, heads: 4, kv_heads: 4, q_lora_rank: 16, kv_lora_rank: 16, "
+    "qk_nope_dim: 8, qk_rope_dim: 4, v_head_dim: 6, experts: 8, top_k: 2, expert_ffn: 16, shared_ffn: 16, "
+    "dense_ffn: 32, first_dense: 1, n_group: 2, topk_group: 1, routed_scaling: 2.5, vocab: 64, max_seq: 32, "
+    "seed: 7}";
+
 TEST(PlanInvariance, DemoModel) {
   CheckShape(Shape("demo", demo()));
 }
@@ -347,6 +355,18 @@ TEST(PlanInvariance, ManySmallExperts) {
 
 TEST(PlanInvariance, Glm4Moe) {
   CheckShape(Shape("glm", shape_config("glm", kGlm)));
+}
+
+TEST(PlanInvariance, DeepseekV3) {
+  CheckShape(Shape("deepseek", shape_config("deepseek", kDeepseek)));
+}
+
+TEST(PlanInvariance, LoraDeepseekV3) {
+  CheckShape(
+      Shape("lora_deepseek", shape_config("lora_deepseek", kDeepseek),
+            {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2",
+             "train.lora.targets=[q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, gate_proj, "
+             "up_proj, down_proj]"}));
 }
 
 // LoRA (train.lora): adapters over a frozen base, on the attention and every

@@ -22,7 +22,7 @@
 
 namespace {
 
-const char *const kFamilies[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe"};
+const char *const kFamilies[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3"};
 
 // The fixtures of data/ that transformers builds but moefit refuses.
 // Glm4MoeConfig() has no head_dim, so its attention takes hidden / heads =
@@ -183,7 +183,28 @@ void ExpectSpecMatches(const mf_model_spec &s, json_t *e, const std::string &wha
   EXPECT_EQ(s.topk_group, I("topk_group")) << what;
   EXPECT_EQ(s.routed_scaling, D("routed_scaling")) << what;
   EXPECT_EQ(s.first_dense, I("first_dense")) << what;
-  EXPECT_EQ(json_object_size(e), 32u) << what << ": expected.json has keys this test does not compare";
+  // Multi-head latent attention (deepseek_v3; 0 / false elsewhere in both).
+  EXPECT_EQ(s.q_lora_rank, I("q_lora_rank")) << what;
+  EXPECT_EQ(s.kv_lora_rank, I("kv_lora_rank")) << what;
+  EXPECT_EQ(s.qk_nope_dim, I("qk_nope_head_dim")) << what;
+  EXPECT_EQ(s.qk_rope_dim, I("qk_rope_head_dim")) << what;
+  EXPECT_EQ(s.v_head_dim, I("v_head_dim")) << what;
+  EXPECT_EQ(!!s.rope_interleave, B("rope_interleave")) << what;
+  // rope_scaling yarn. expected.json's neutral factor is 1.0 (yarn with factor 1
+  // is plain RoPE), the spec's is 0; the other terms are 0 in both without it.
+  // With it, truncate is true: make_hf_configs.py's fixtures have no truncate
+  // key (resolve() asserts so), and transformers' default is true.
+  const double yarn = D("yarn_factor");
+  EXPECT_EQ(s.yarn_factor, yarn == 1.0 ? 0.0 : yarn) << what;
+  EXPECT_EQ(s.yarn_original_max, I("yarn_original_max")) << what;
+  EXPECT_EQ(s.yarn_beta_fast, D("yarn_beta_fast")) << what;
+  EXPECT_EQ(s.yarn_beta_slow, D("yarn_beta_slow")) << what;
+  EXPECT_EQ(s.yarn_mscale, D("yarn_mscale")) << what;
+  EXPECT_EQ(s.yarn_mscale_all_dim, D("yarn_mscale_all_dim")) << what;
+  if (yarn != 1.0) {
+    EXPECT_TRUE(s.yarn_truncate) << what;
+  }
+  EXPECT_EQ(json_object_size(e), 44u) << what << ": expected.json has keys this test does not compare";
 }
 
 void ExpectSpecEq(const mf_model_spec &a, const mf_model_spec &b, const std::string &what) {
@@ -216,6 +237,19 @@ void ExpectSpecEq(const mf_model_spec &a, const mf_model_spec &b, const std::str
   EXPECT_EQ(a.topk_group, b.topk_group) << what;
   EXPECT_EQ(a.routed_scaling, b.routed_scaling) << what;
   EXPECT_EQ(a.first_dense, b.first_dense) << what;
+  EXPECT_EQ(a.q_lora_rank, b.q_lora_rank) << what;
+  EXPECT_EQ(a.kv_lora_rank, b.kv_lora_rank) << what;
+  EXPECT_EQ(a.qk_nope_dim, b.qk_nope_dim) << what;
+  EXPECT_EQ(a.qk_rope_dim, b.qk_rope_dim) << what;
+  EXPECT_EQ(a.v_head_dim, b.v_head_dim) << what;
+  EXPECT_EQ(!!a.rope_interleave, !!b.rope_interleave) << what;
+  EXPECT_EQ(a.yarn_factor, b.yarn_factor) << what;
+  EXPECT_EQ(a.yarn_original_max, b.yarn_original_max) << what;
+  EXPECT_EQ(a.yarn_beta_fast, b.yarn_beta_fast) << what;
+  EXPECT_EQ(a.yarn_beta_slow, b.yarn_beta_slow) << what;
+  EXPECT_EQ(a.yarn_mscale, b.yarn_mscale) << what;
+  EXPECT_EQ(a.yarn_mscale_all_dim, b.yarn_mscale_all_dim) << what;
+  EXPECT_EQ(!!a.yarn_truncate, !!b.yarn_truncate) << what;
   ASSERT_EQ(a.n_mlp_only, b.n_mlp_only) << what;
   for (int64_t i = 0; i < a.n_mlp_only; i++) EXPECT_EQ(a.mlp_only_layers[i], b.mlp_only_layers[i]) << what;
 }
@@ -249,7 +283,7 @@ TEST(HfConfigLoad, EveryFixtureLoadsToWhatTransformersResolved) {
   EXPECT_STREQ(json_string_value(json_object_get(expected.j, "transformers_version")),
                MF_HF_TRANSFORMERS_VERSION);
   json_t *configs = json_object_get(expected.j, "configs");
-  ASSERT_EQ(json_object_size(configs), 16u);  // 5 families x default, tiny; 6 hub
+  ASSERT_EQ(json_object_size(configs), 22u);  // 6 families x default, tiny; 10 hub
   const char *name;
   json_t *e;
   int refused = 0;
@@ -293,10 +327,12 @@ TEST(HfConfigLoad, OnlyTheRequiredKeysGiveTheFamilyDefaults) {
   for (const char *fam : kFamilies) {
     Json j(LoadJson(DataPath(std::string(fam) + "_default.json")));
     ASSERT_NE(j.j, nullptr);
-    const char *keep[] = {
-        "model_type",        "hidden_size",       "num_hidden_layers",     "num_attention_heads",
-        "vocab_size",        "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
-        "num_local_experts", "num_experts",       "n_routed_experts"};
+    const char *keep[] = {"model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "vocab_size", "intermediate_size", "moe_intermediate_size",
+                          "shared_expert_intermediate_size", "num_local_experts", "num_experts",
+                          "n_routed_experts",
+                          // deepseek_v3's latent attention sizes (the shapes of its projections)
+                          "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"};
     json_t *minimal = json_object();
     for (const char *k : keep)
       if (json_t *v = json_object_get(j.j, k)) json_object_set(minimal, k, v);
@@ -340,6 +376,11 @@ TEST(HfConfigLoad, KeyValueHeadsFollowEachFamilysRule) {
       // Glm4MoeConfig keeps None too (config.num_attention_heads // None fails).
       {"glm4_moe", false, false, 8},
       {"glm4_moe", true, true, -1},
+      // deepseek_v3: latent attention makes a key and a value for each head, so an
+      // absent key means heads. (DeepseekV3Config's default is DeepSeek-V3's 128:
+      // with 16 heads transformers' eager attention has 16 // 128 = 0 kv groups and
+      // fails; its sdpa path without a mask runs one key and value per head, as here.)
+      {"deepseek_v3", false, false, 16},
   };
   for (const Case &c : cases) {
     std::string text = Edited(c.fam, [&](json_t *j) {
@@ -547,6 +588,159 @@ TEST(HfConfigLoad, AcceptsWhatDoesNotChangeTheMaths) {
       {"glm_int_routed_scaling", "glm4_moe",
        [](json_t *j) { json_object_set_new(j, "routed_scaling_factor", json_integer(1)); },
        [](const mf_model_spec &s) { EXPECT_EQ(s.routed_scaling, 1.0); }},
+      // deepseek_v3. The tiny fixture: q through q_lora_rank 24, kv_lora_rank 16, q/k
+      // head 8 + 4 = 12, v head 6, RoPE in halves on the last 4 dims; YaRN factor 4
+      // (original 128, betas 24 / 2, mscale 0.8, mscale_all_dim 0.6); layer 0 dense.
+      // Its head_dim key (4: DeepseekV3Config sets it to qk_rope_head_dim, and
+      // save_pretrained writes it) and qk_head_dim (12) are not read.
+      {"ds_tiny", "deepseek_v3", [](json_t *) {},
+       [](const mf_model_spec &s) {
+         EXPECT_TRUE(mf_model_spec_is_mla(&s));
+         EXPECT_EQ(s.head_dim, 12);
+         EXPECT_EQ(mf_model_spec_rope_dim(&s), 4);
+         EXPECT_EQ(mf_model_spec_v_dim(&s), 6);
+         EXPECT_EQ(s.q_lora_rank, 24);
+         EXPECT_EQ(s.kv_lora_rank, 16);
+         EXPECT_EQ(s.rope_interleave, 0);
+         EXPECT_EQ(s.kv_heads, 4);
+         EXPECT_EQ(s.shared_ffn, 32);  // 2 shared experts of 16
+         EXPECT_FALSE(mf_model_spec_shared_gated(&s));
+         EXPECT_EQ(s.router, MF_ROUTER_SIGMOID_GROUP);
+         EXPECT_EQ(s.router_aux_loss_coef, 0.0);
+         EXPECT_FALSE(mf_model_spec_layer_is_moe(&s, 0));
+         EXPECT_TRUE(mf_model_spec_layer_is_moe(&s, 1));
+         EXPECT_EQ(s.yarn_factor, 4.0);
+         EXPECT_EQ(s.yarn_original_max, 128);
+         EXPECT_EQ(s.yarn_beta_fast, 24.0);
+         EXPECT_EQ(s.yarn_beta_slow, 2.0);
+         EXPECT_EQ(s.yarn_mscale, 0.8);
+         EXPECT_EQ(s.yarn_mscale_all_dim, 0.6);
+         EXPECT_EQ(s.yarn_truncate, 1);
+         // DeepseekV3Attention.scaling and the rotary embedding's attention_scaling
+         // as transformers 4.57.6 builds them from this file.
+         EXPECT_DOUBLE_EQ(mf_model_spec_attn_scale(&s),
+                          std::pow(0.1 * 0.6 * std::log(4.0) + 1, 2) / std::sqrt(12.0));
+         EXPECT_NEAR(mf_model_spec_attn_scale(&s), 0.3386949856227449, 1e-15);
+         EXPECT_NEAR(mf_model_spec_yarn_attention_factor(&s), 1.0255968048489137, 1e-15);
+       }},
+      {"ds_q_lora_null", "deepseek_v3", [](json_t *j) { json_object_set_new(j, "q_lora_rank", json_null()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.q_lora_rank, 0); }},  // q_proj
+      {"ds_rope_interleave_absent", "deepseek_v3", [](json_t *j) { json_object_del(j, "rope_interleave"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.rope_interleave, 1); }},  // DeepseekV3Config's default
+      {"ds_rope_interleave_true", "deepseek_v3",
+       [](json_t *j) { json_object_set_new(j, "rope_interleave", json_true()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.rope_interleave, 1); }},
+      {"ds_rope_scaling_null", "deepseek_v3",
+       [](json_t *j) { json_object_set_new(j, "rope_scaling", json_null()); },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_factor, 0.0);
+         EXPECT_EQ(mf_model_spec_attn_scale(&s), 1 / std::sqrt(12.0));
+         EXPECT_EQ(mf_model_spec_yarn_attention_factor(&s), 1.0);
+       }},
+      {"ds_rope_scaling_absent", "deepseek_v3", [](json_t *j) { json_object_del(j, "rope_scaling"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.yarn_factor, 0.0); }},
+      // yarn with only its factor: _compute_yarn_parameters' defaults (betas 32 and
+      // 1, the original context max_position_embeddings, truncate true; no mscale,
+      // so the softmax scale is plain and cos/sin take mscale(factor, 1)).
+      {"ds_yarn_only_factor", "deepseek_v3",
+       [](json_t *j) {
+         json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:i}", "type", "yarn", "factor", 8));
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_factor, 8.0);
+         EXPECT_EQ(s.yarn_beta_fast, 32.0);
+         EXPECT_EQ(s.yarn_beta_slow, 1.0);
+         EXPECT_EQ(s.yarn_original_max, 512);
+         EXPECT_EQ(s.yarn_mscale, 0.0);
+         EXPECT_EQ(s.yarn_mscale_all_dim, 0.0);
+         EXPECT_EQ(s.yarn_truncate, 1);
+         EXPECT_EQ(mf_model_spec_attn_scale(&s), 1 / std::sqrt(12.0));
+         EXPECT_DOUBLE_EQ(mf_model_spec_yarn_attention_factor(&s), 0.1 * std::log(8.0) + 1);
+       }},
+      // rope_type (not the old "type"); null terms are absent ones (transformers' `or`).
+      {"ds_yarn_rope_type_nulls", "deepseek_v3",
+       [](json_t *j) {
+         json_object_set_new(j, "rope_scaling",
+                             json_pack("{s:s, s:f, s:n, s:n, s:n}", "rope_type", "yarn", "factor", 2.5,
+                                       "mscale", "mscale_all_dim", "original_max_position_embeddings"));
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_factor, 2.5);
+         EXPECT_EQ(s.yarn_original_max, 512);
+         EXPECT_EQ(s.yarn_mscale_all_dim, 0.0);
+       }},
+      {"ds_yarn_truncate_false", "deepseek_v3",
+       [](json_t *j) { json_object_set_new(json_object_get(j, "rope_scaling"), "truncate", json_false()); },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_truncate, 0);
+         EXPECT_EQ(s.yarn_factor, 4.0);
+         // written back as such (a spec with truncate true writes no key: its default)
+         char *text = nullptr;
+         ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_F32, &text), MF_OK) << mf_last_error();
+         EXPECT_NE(strstr(text, "\"truncate\": false"), nullptr) << text;
+         free(text);
+       }},
+      {"ds_yarn_truncate_true", "deepseek_v3",
+       [](json_t *j) { json_object_set_new(json_object_get(j, "rope_scaling"), "truncate", json_true()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.yarn_truncate, 1); }},
+      // Keys transformers' DeepseekV3ForCausalLM does not read: DeepSeek's remote
+      // code's (aux loss, routing method: transformers' router is noaux_tc's sigmoid
+      // whatever they say), the MTP layer, other families' names; head_dim and
+      // qk_head_dim as save_pretrained writes them (qk_rope_head_dim, nope + rope).
+      {"ds_keys_not_read", "deepseek_v3",
+       [](json_t *j) {
+         json_object_set_new(j, "aux_loss_alpha", json_real(0.001));
+         json_object_set_new(j, "seq_aux", json_true());
+         json_object_set_new(j, "scoring_func", json_string("sigmoid"));
+         json_object_set_new(j, "topk_method", json_string("noaux_tc"));
+         json_object_set_new(j, "moe_layer_freq", json_integer(1));
+         json_object_set_new(j, "ep_size", json_integer(1));
+         json_object_set_new(j, "num_nextn_predict_layers", json_integer(1));
+         json_object_set_new(j, "router_aux_loss_coef", json_real(0.5));
+         json_object_set_new(j, "use_qk_norm", json_true());
+         json_object_set_new(j, "auto_map",
+                             json_pack("{s:s}", "AutoConfig", "configuration_deepseek.DeepseekV3Config"));
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.router_aux_loss_coef, 0.0);
+         EXPECT_EQ(s.qk_norm, MF_QK_NORM_NONE);
+         EXPECT_EQ(s.head_dim, 12);
+         EXPECT_EQ(s.layers, 3);
+       }},
+      {"ds_no_head_dim_key", "deepseek_v3",
+       [](json_t *j) {
+         json_object_del(j, "head_dim");
+         json_object_del(j, "qk_head_dim");
+       },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.head_dim, 12); }},
+      {"ds_num_kv_heads_absent", "deepseek_v3", [](json_t *j) { json_object_del(j, "num_key_value_heads"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.kv_heads, 4); }},
+      // Kimi-K2's model_type (its own remote code's name for DeepseekV3ForCausalLM),
+      // with the architecture and alone.
+      {"ds_kimi_k2_model_type", "deepseek_v3",
+       [](json_t *j) { json_object_set_new(j, "model_type", json_string("kimi_k2")); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.family, MF_FAMILY_DEEPSEEK_V3); }},
+      {"ds_kimi_k2_model_type_only", "deepseek_v3",
+       [](json_t *j) {
+         json_object_set_new(j, "model_type", json_string("kimi_k2"));
+         json_object_del(j, "architectures");
+       },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.family, MF_FAMILY_DEEPSEEK_V3); }},
+      {"ds_no_nope_dims", "deepseek_v3",  // q/k heads of RoPE dims only
+       [](json_t *j) {
+         json_object_set_new(j, "qk_nope_head_dim", json_integer(0));
+         json_object_del(j, "qk_head_dim");  // the class's nope + rope; the tiny file's 12 would override it
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.head_dim, 4);
+         EXPECT_EQ(mf_model_spec_rope_dim(&s), 4);
+       }},
+      {"ds_no_group_limit", "deepseek_v3",  // Kimi-K2's and Moonlight's n_group 1
+       [](json_t *j) {
+         json_object_set_new(j, "n_group", json_integer(1));
+         json_object_set_new(j, "topk_group", json_integer(1));
+       },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.n_group, 1); }},
   };
   for (const Case &c : cases) {
     std::string path = WriteTmp(std::string("ok_") + c.name + ".json", Edited(c.fam, c.edit));
@@ -1082,6 +1276,166 @@ std::vector<Bad> BadCases() {
        set("glm4_moe", "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "yarn", "factor", 4.0)),
        MF_ERR_UNSUPPORTED,
        {"rope_scaling", "yarn"}},
+      // deepseek_v3 (the tiny fixture: 4 heads, 8 experts in n_group 2, YaRN factor 4)
+      {"ds_missing_kv_lora_rank",
+       del("deepseek_v3", "kv_lora_rank"),
+       MF_ERR_FORMAT,
+       {"kv_lora_rank", "missing"}},
+      {"ds_kv_lora_rank_zero",
+       set("deepseek_v3", "kv_lora_rank", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"kv_lora_rank", "out of range"}},
+      {"ds_kv_lora_rank_null",
+       set("deepseek_v3", "kv_lora_rank", json_null()),
+       MF_ERR_FORMAT,
+       {"kv_lora_rank", "null"}},
+      {"ds_missing_qk_rope_head_dim",
+       del("deepseek_v3", "qk_rope_head_dim"),
+       MF_ERR_FORMAT,
+       {"qk_rope_head_dim", "missing"}},
+      {"ds_qk_rope_head_dim_odd",
+       set("deepseek_v3", "qk_rope_head_dim", json_integer(3)),
+       MF_ERR_FORMAT,
+       {"qk_rope_head_dim", "3 is odd"}},
+      {"ds_qk_rope_head_dim_zero",
+       set("deepseek_v3", "qk_rope_head_dim", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"qk_rope_head_dim", "out of range"}},
+      {"ds_missing_qk_nope_head_dim",
+       del("deepseek_v3", "qk_nope_head_dim"),
+       MF_ERR_FORMAT,
+       {"qk_nope_head_dim", "missing"}},
+      {"ds_missing_v_head_dim", del("deepseek_v3", "v_head_dim"), MF_ERR_FORMAT, {"v_head_dim", "missing"}},
+      {"ds_v_head_dim_zero",
+       set("deepseek_v3", "v_head_dim", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"v_head_dim", "out of range"}},
+      // null means q_proj; 0 would build a q_a_proj of no rows (q all zeros)
+      {"ds_q_lora_rank_zero",
+       set("deepseek_v3", "q_lora_rank", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"q_lora_rank", "0 is out of range"}},
+      {"ds_q_lora_rank_string",
+       set("deepseek_v3", "q_lora_rank", json_string("1536")),
+       MF_ERR_FORMAT,
+       {"q_lora_rank", "a string"}},
+      {"ds_attention_bias",
+       set("deepseek_v3", "attention_bias", json_true()),
+       MF_ERR_UNSUPPORTED,
+       {"attention_bias"}},
+      {"ds_rope_interleave_int",
+       set("deepseek_v3", "rope_interleave", json_integer(1)),
+       MF_ERR_FORMAT,
+       {"rope_interleave", "true or false"}},
+      {"ds_yarn_without_factor",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:s, s:f}", "type", "yarn", "beta_fast", 32.0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling.factor", "missing"}},
+      {"ds_yarn_factor_one",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "yarn", "factor", 1.0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling.factor", "above 1"}},
+      {"ds_yarn_factor_below_one",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "yarn", "factor", 0.5)),
+       MF_ERR_FORMAT,
+       {"rope_scaling.factor", "0.5", "above 1"}},
+      {"ds_yarn_factor_string",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:s, s:s}", "rope_type", "yarn", "factor", "4")),
+       MF_ERR_FORMAT,
+       {"rope_scaling.factor", "expected a number"}},
+      {"ds_yarn_attention_factor",
+       set("deepseek_v3", "rope_scaling",
+           json_pack("{s:s, s:f, s:f}", "rope_type", "yarn", "factor", 4.0, "attention_factor", 1.2)),
+       MF_ERR_UNSUPPORTED,
+       {"rope_scaling.attention_factor"}},
+      {"ds_yarn_truncate_string",
+       set("deepseek_v3", "rope_scaling",
+           json_pack("{s:s, s:f, s:s}", "rope_type", "yarn", "factor", 4.0, "truncate", "false")),
+       MF_ERR_FORMAT,
+       {"rope_scaling.truncate", "true or false", "a string"}},
+      {"ds_yarn_truncate_int",
+       set("deepseek_v3", "rope_scaling",
+           json_pack("{s:s, s:f, s:i}", "rope_type", "yarn", "factor", 4.0, "truncate", 0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling.truncate", "true or false"}},
+      // transformers divides by it (find_correction_dim)
+      {"ds_yarn_original_max_zero",
+       set("deepseek_v3", "rope_scaling",
+           json_pack("{s:s, s:f, s:i}", "rope_type", "yarn", "factor", 4.0,
+                     "original_max_position_embeddings", 0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling.original_max_position_embeddings", "out of range"}},
+      {"ds_yarn_mscale_negative",
+       set("deepseek_v3", "rope_scaling",
+           json_pack("{s:s, s:f, s:f}", "rope_type", "yarn", "factor", 4.0, "mscale_all_dim", -1.0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling", "mscale_all_dim -1"}},
+      // DeepseekV3Config's head_dim is qk_rope_head_dim and qk_head_dim nope + rope; a file's own override
+      // them
+      {"ds_head_dim_not_rope",
+       set("deepseek_v3", "head_dim", json_integer(12)),
+       MF_ERR_FORMAT,
+       {"head_dim", "12", "qk_rope_head_dim"}},
+      {"ds_qk_head_dim_not_sum",
+       set("deepseek_v3", "qk_head_dim", json_integer(10)),
+       MF_ERR_FORMAT,
+       {"qk_head_dim", "10", "qk_nope_head_dim + qk_rope_head_dim"}},
+      {"ds_rope_scaling_linear",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "linear", "factor", 2.0)),
+       MF_ERR_UNSUPPORTED,
+       {"rope_scaling", "'linear'"}},
+      {"ds_rope_scaling_dynamic_old_style",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:s, s:f}", "type", "dynamic", "factor", 2.0)),
+       MF_ERR_UNSUPPORTED,
+       {"rope_scaling", "'dynamic'"}},
+      {"ds_rope_scaling_no_type",
+       set("deepseek_v3", "rope_scaling", json_pack("{s:f}", "factor", 2.0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling", "no rope_type"}},
+      {"ds_rope_scaling_not_object",
+       set("deepseek_v3", "rope_scaling", json_string("yarn")),
+       MF_ERR_FORMAT,
+       {"rope_scaling", "expected an object"}},
+      // latent attention makes a key and a value per head: fewer kv heads fail in
+      // transformers' repeat_kv
+      {"ds_kv_heads_fewer",
+       set("deepseek_v3", "num_key_value_heads", json_integer(2)),
+       MF_ERR_CONFIG,
+       {"num_key_value_heads 2", "each of the 4 heads"}},
+      {"ds_kv_heads_more",
+       set("deepseek_v3", "num_key_value_heads", json_integer(8)),
+       MF_ERR_FORMAT,
+       {"num_key_value_heads", "8"}},
+      {"ds_n_group_not_dividing",
+       set("deepseek_v3", "n_group", json_integer(3)),
+       MF_ERR_FORMAT,
+       {"n_group", "3", "does not divide n_routed_experts (8)"}},
+      {"ds_missing_n_routed_experts",
+       del("deepseek_v3", "n_routed_experts"),
+       MF_ERR_FORMAT,
+       {"n_routed_experts", "missing"}},
+      {"ds_top_k_above_experts",
+       set("deepseek_v3", "num_experts_per_tok", json_integer(9)),
+       MF_ERR_FORMAT,
+       {"num_experts_per_tok", "n_routed_experts (8)"}},
+      {"ds_partial_rotary",
+       set("deepseek_v3", "partial_rotary_factor", json_real(0.5)),
+       MF_ERR_UNSUPPORTED,
+       {"partial_rotary_factor"}},
+      {"ds_model_type_mismatch",
+       set("deepseek_v3", "model_type", json_string("glm4_moe")),
+       MF_ERR_FORMAT,
+       {"model_type", "glm4_moe", "DeepseekV3ForCausalLM"}},
+      // kimi_k2 is deepseek_v3's alias, not a family of its own
+      {"kimi_k2_with_other_architecture",
+       set("mixtral", "model_type", json_string("kimi_k2")),
+       MF_ERR_FORMAT,
+       {"model_type", "kimi_k2", "MixtralForCausalLM"}},
+      {"ds_quant_fp8_blocks_64",
+       set("deepseek_v3", "quantization_config",
+           json_pack("{s:s, s:[i,i]}", "quant_method", "fp8", "weight_block_size", 64, 64)),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config.weight_block_size", "[64, 64]"}},
   };
 }
 
@@ -1192,6 +1546,22 @@ TEST(HfConfigWrite, VariantsRoundTrip) {
   mf_model_spec_defaults(MF_FAMILY_GLM4_MOE, &s);
   s.first_dense = s.layers, s.partial_rotary = 0.75;  // every layer dense; RoPE on 96 of 128 dims
   specs.push_back(s);
+  mf_model_spec_defaults(MF_FAMILY_DEEPSEEK_V3, &s);  // DeepSeek-V3's shape, plain RoPE
+  specs.push_back(s);
+  // DeepSeek-V3's YaRN (factor 40, mscale 1 and 1, original 4096); then Kimi-K2's beta_fast 1,
+  // mscale_all_dim without mscale, truncate false
+  s.yarn_factor = 40, s.yarn_original_max = 4096, s.yarn_beta_fast = 32, s.yarn_beta_slow = 1;
+  s.yarn_mscale = 1, s.yarn_mscale_all_dim = 1, s.yarn_truncate = 1, s.max_seq = 163840;
+  specs.push_back(s);
+  s.yarn_beta_fast = 1, s.yarn_factor = 32.5, s.yarn_mscale = 0, s.yarn_mscale_all_dim = 0.707;
+  s.yarn_truncate = 0;
+  specs.push_back(s);
+  // Moonlight's q_proj, RoPE in halves, no group limit, no shared expert, all MoE
+  mf_model_spec_defaults(MF_FAMILY_DEEPSEEK_V3, &s);
+  s.q_lora_rank = 0, s.rope_interleave = 0, s.n_group = 1, s.topk_group = 1, s.shared_ffn = 0;
+  s.first_dense = 0, s.dense_ffn = 0, s.norm_topk_prob = 0, s.routed_scaling = 2.446, s.tie_embeddings = 1;
+  s.qk_nope_dim = 0, s.qk_rope_dim = 32, s.head_dim = 32, s.v_head_dim = 64, s.kv_lora_rank = 1;
+  specs.push_back(s);
   for (size_t i = 0; i < specs.size(); i++) {
     std::string path = TmpDir() + "/variant_" + std::to_string(i) + ".json";
     ASSERT_EQ(mf_hf_config_write(&specs[i], path.c_str()), MF_OK) << i << ": " << mf_last_error();
@@ -1242,6 +1612,73 @@ TEST(HfConfigWrite, Glm4MoeKeys) {
   EXPECT_STREQ(gen,
                "{\n  \"_from_model_config\": true,\n  \"transformers_version\": \"" MF_HF_TRANSFORMERS_VERSION
                "\"\n}\n");
+  free(gen);
+}
+
+// deepseek_v3: the keys DeepseekV3Config declares; not head_dim (DeepseekV3Config
+// sets it to qk_rope_head_dim, and a head_dim key read from the file would override
+// that: the RoPE then rotates a different count of dims) nor qk_head_dim, nor
+// another family's keys; q_lora_rank null for q_proj; rope_scaling with both
+// rope_type and the old type (DeepseekV3Config copies type over rope_type), every
+// yarn term, and truncate only when false (where json.dumps' sorted keys put it). generation_config.json as
+// GenerationConfig.from_model_config writes it for DeepseekV3Config (bos 0, eos 1;
+// checked with 4.57.6).
+TEST(HfConfigWrite, DeepseekV3Keys) {
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_DEEPSEEK_V3, &s);
+  char *text = nullptr;
+  ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_BF16, &text), MF_OK) << mf_last_error();
+  std::string t = text;
+  free(text);
+  for (const char *want : {"\"architectures\": [\n    \"DeepseekV3ForCausalLM\"\n  ],",
+                           "\"model_type\": \"deepseek_v3\"",
+                           "\"q_lora_rank\": 1536,",
+                           "\"kv_lora_rank\": 512,",
+                           "\"qk_nope_head_dim\": 128,",
+                           "\"qk_rope_head_dim\": 64,",
+                           "\"v_head_dim\": 128,",
+                           "\"rope_interleave\": true,",
+                           "\"num_key_value_heads\": 128,",
+                           "\"n_shared_experts\": 1,",
+                           "\"n_routed_experts\": 256,",
+                           "\"moe_intermediate_size\": 2048,",
+                           "\"intermediate_size\": 18432,",
+                           "\"first_k_dense_replace\": 3,",
+                           "\"n_group\": 8,",
+                           "\"topk_group\": 4,",
+                           "\"routed_scaling_factor\": 2.5,",
+                           "\"attention_bias\": false,",
+                           "\"norm_topk_prob\": true,",
+                           "\"rope_scaling\": null,",
+                           "\"torch_dtype\": \"bfloat16\""})
+    EXPECT_NE(t.find(want), std::string::npos) << want << " not in:\n" << t;
+  for (const char *absent :
+       {"qk_head_dim", "use_qk_norm", "partial_rotary_factor", "router_aux_loss_coef", "\"num_experts\"",
+        "mlp_only_layers", "decoder_sparse_step", "qkv_bias", "clip_qkv", "sliding_window", "truncate"})
+    EXPECT_EQ(t.find(absent), std::string::npos) << absent << " in:\n" << t;
+  EXPECT_EQ(t.find("\"head_dim\""), std::string::npos) << t;
+
+  s.q_lora_rank = 0, s.yarn_factor = 40, s.yarn_original_max = 4096, s.yarn_beta_fast = 32;
+  s.yarn_beta_slow = 1, s.yarn_mscale = 1, s.yarn_mscale_all_dim = 0.5, s.yarn_truncate = 0;
+  ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_F32, &text), MF_OK) << mf_last_error();
+  t = text;
+  free(text);
+  for (const char *want :
+       {"\"q_lora_rank\": null,",
+        "\"rope_scaling\": {\n    \"beta_fast\": 32.0,\n    \"beta_slow\": 1.0,\n    \"factor\": 40.0,\n"
+        "    \"mscale\": 1.0,\n    \"mscale_all_dim\": 0.5,\n    \"original_max_position_embeddings\": "
+        "4096,\n"
+        "    \"rope_type\": \"yarn\",\n    \"truncate\": false,\n    \"type\": \"yarn\"\n  },"})
+    EXPECT_NE(t.find(want), std::string::npos) << want << " not in:\n" << t;
+  mf_model_spec back{};
+  ASSERT_EQ(mf_hf_config_parse(t.c_str(), t.size(), "written", &back), MF_OK) << mf_last_error();
+  ExpectSpecEq(back, s, "deepseek_v3 yarn, truncate false");
+
+  char *gen = nullptr;
+  ASSERT_EQ(mf_hf_generation_config_format(&s, &gen), MF_OK) << mf_last_error();
+  EXPECT_STREQ(gen,
+               "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": 0,\n  \"eos_token_id\": 1,\n"
+               "  \"transformers_version\": \"" MF_HF_TRANSFORMERS_VERSION "\"\n}\n");
   free(gen);
 }
 
@@ -1332,6 +1769,54 @@ TEST(HfConfigWrite, FailuresLeaveTheOldFile) {
        MF_ERR_CONFIG, "routed_scaling_factor"},
       {"glm_first_dense_above_layers", MF_FAMILY_GLM4_MOE, [](mf_model_spec &x) { x.first_dense = 47; },
        MF_ERR_CONFIG, "first_k_dense_replace"},
+      // What a deepseek_v3 config.json cannot say (DeepseekV3Config has no
+      // partial_rotary_factor, use_qk_norm or q/k/v-only bias: RoPE rotates
+      // qk_rope_head_dim dims; attention_bias would bias q_a, kv_a and o too).
+      {"ds_partial_rotary", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.partial_rotary = 0.5; },
+       MF_ERR_UNSUPPORTED, "partial_rotary"},
+      {"ds_qk_norm", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.qk_norm = MF_QK_NORM_PER_HEAD; },
+       MF_ERR_CONFIG, "q/k norm"},
+      {"ds_qkv_bias", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.qkv_bias = 1; }, MF_ERR_CONFIG,
+       "q/k/v bias"},
+      {"ds_kv_heads", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.kv_heads = 8; }, MF_ERR_CONFIG,
+       "num_key_value_heads 8"},
+      {"ds_head_dim_not_nope_plus_rope", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.head_dim = 128; },
+       MF_ERR_CONFIG, "qk_nope_head_dim + qk_rope_head_dim"},
+      {"ds_odd_rope_dim", MF_FAMILY_DEEPSEEK_V3,
+       [](mf_model_spec &x) { x.qk_nope_dim = 129, x.qk_rope_dim = 63; }, MF_ERR_CONFIG,
+       "latent attention sizes"},
+      {"ds_no_kv_lora_rank", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.kv_lora_rank = 0; },
+       MF_ERR_CONFIG, "kv_lora_rank 0"},
+      {"ds_yarn_factor_one", MF_FAMILY_DEEPSEEK_V3,
+       [](mf_model_spec &x) {
+         x.yarn_factor = 1, x.yarn_original_max = 4096, x.yarn_beta_fast = 32, x.yarn_beta_slow = 1;
+       },
+       MF_ERR_CONFIG, "rope_scaling yarn"},
+      {"ds_yarn_no_original", MF_FAMILY_DEEPSEEK_V3,
+       [](mf_model_spec &x) { x.yarn_factor = 4, x.yarn_beta_fast = 32, x.yarn_beta_slow = 1; },
+       MF_ERR_CONFIG, "original_max_position_embeddings 0"},
+      {"ds_aux_loss", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.router_aux_loss_coef = 0.001; },
+       MF_ERR_CONFIG, "router_aux_loss_coef"},
+      {"ds_sparse_step", MF_FAMILY_DEEPSEEK_V3, [](mf_model_spec &x) { x.decoder_sparse_step = 2; },
+       MF_ERR_UNSUPPORTED, "decoder_sparse_step"},
+      // deepseek_v3's fields in other families' specs
+      {"mixtral_yarn", MF_FAMILY_MIXTRAL,
+       [](mf_model_spec &x) {
+         x.yarn_factor = 4, x.yarn_original_max = 4096, x.yarn_beta_fast = 32, x.yarn_beta_slow = 1;
+         x.yarn_truncate = 1;
+       },
+       MF_ERR_UNSUPPORTED, "yarn"},
+      {"qwen3_yarn", MF_FAMILY_QWEN3_MOE,
+       [](mf_model_spec &x) {
+         x.yarn_factor = 4, x.yarn_original_max = 32768, x.yarn_beta_fast = 32, x.yarn_beta_slow = 1;
+       },
+       MF_ERR_UNSUPPORTED, "yarn"},
+      {"glm_kv_lora_rank", MF_FAMILY_GLM4_MOE, [](mf_model_spec &x) { x.kv_lora_rank = 512; },
+       MF_ERR_UNSUPPORTED, "latent attention"},
+      {"olmoe_q_lora_rank", MF_FAMILY_OLMOE, [](mf_model_spec &x) { x.q_lora_rank = 1536; },
+       MF_ERR_UNSUPPORTED, "latent attention"},
+      {"qwen2_rope_interleave", MF_FAMILY_QWEN2_MOE, [](mf_model_spec &x) { x.rope_interleave = 1; },
+       MF_ERR_UNSUPPORTED, "only deepseek_v3"},
   };
   for (const Refused &r : refused) {
     mf_model_spec_defaults(r.family, &s);
@@ -1349,25 +1834,40 @@ TEST(HfConfigWrite, FailuresLeaveTheOldFile) {
 
 // ------------------------------------------------------------ parameter counts
 
-// Every parameter tensor of the HF checkpoint (and glm4_moe's
+// Every parameter tensor of the HF checkpoint (and glm4_moe's and deepseek_v3's
 // e_score_correction_bias buffer), summed: an independent enumeration to hold
 // mf_model_spec_param_count to.
 int64_t TensorSum(const mf_model_spec &s) {
   const int64_t H = s.hidden, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  const bool ds = s.family == MF_FAMILY_DEEPSEEK_V3, group = ds || s.family == MF_FAMILY_GLM4_MOE;
   int64_t n = s.vocab * H;  // model.embed_tokens
   for (int64_t l = 0; l < s.layers; l++) {
-    n += q * H + kv * H + kv * H + H * q;  // self_attn.{q,k,v,o}_proj.weight
-    if (s.qkv_bias) n += q + kv + kv;      // {q,k,v}_proj.bias
+    if (ds) {  // DeepseekV3Attention
+      if (s.q_lora_rank == 0) {
+        n += s.heads * s.head_dim * H;  // q_proj
+      } else {
+        n += s.q_lora_rank * H;                     // q_a_proj
+        n += s.q_lora_rank;                         // q_a_layernorm
+        n += s.heads * s.head_dim * s.q_lora_rank;  // q_b_proj
+      }
+      n += (s.kv_lora_rank + s.qk_rope_dim) * H;                       // kv_a_proj_with_mqa
+      n += s.kv_lora_rank;                                             // kv_a_layernorm
+      n += s.heads * (s.qk_nope_dim + s.v_head_dim) * s.kv_lora_rank;  // kv_b_proj
+      n += H * s.heads * s.v_head_dim;                                 // o_proj
+    } else {
+      n += q * H + kv * H + kv * H + H * q;  // self_attn.{q,k,v,o}_proj.weight
+    }
+    if (s.qkv_bias) n += q + kv + kv;  // {q,k,v}_proj.bias
     if (s.qk_norm == MF_QK_NORM_PER_HEAD) n += 2 * s.head_dim;
     if (s.qk_norm == MF_QK_NORM_FULL) n += q + kv;
     n += 2 * H;  // input_layernorm, post_attention_layernorm
     if (mf_model_spec_layer_is_moe(&s, l)) {
       n += s.experts * H;                                                 // mlp.gate
-      if (s.family == MF_FAMILY_GLM4_MOE) n += s.experts;                 // mlp.gate.e_score_correction_bias
+      if (group) n += s.experts;                                          // mlp.gate.e_score_correction_bias
       for (int64_t e = 0; e < s.experts; e++) n += 3 * s.expert_ffn * H;  // w1 w3 w2 / gate up down
       if (s.shared_ffn && s.family == MF_FAMILY_QWEN2_MOE)
-        n += 3 * s.shared_ffn * H + H;  // shared_expert.*, shared_expert_gate
-      if (s.shared_ffn && s.family == MF_FAMILY_GLM4_MOE) n += 3 * s.shared_ffn * H;  // shared_experts.*
+        n += 3 * s.shared_ffn * H + H;                       // shared_expert.*, shared_expert_gate
+      if (s.shared_ffn && group) n += 3 * s.shared_ffn * H;  // shared_experts.*
     } else {
       n += 3 * s.dense_ffn * H;
     }
@@ -1498,6 +1998,130 @@ TEST(ModelSpecParamCount, Glm45AsTransformersBuildsIt) {
     mf_model_spec_param_count(&hub, &hub_total, &hub_active);
     EXPECT_EQ(hub_total, g.total) << g.name;
     EXPECT_EQ(hub_active, g.active) << g.name;
+  }
+}
+
+// DeepSeek-V3, Kimi-K2 and Moonlight, exactly as transformers 4.57.6 builds them
+// from the hub-shaped config.json (data/<file>; quantization_config dropped, Kimi-K2's
+// model_type read as deepseek_v3): every parameter and the e_score_correction_bias
+// buffer of each MoE layer (58 x 256 = 14,848; 60 x 384 = 23,040; 26 x 64 = 1,664), from
+//   with torch.device("meta"): m = DeepseekV3ForCausalLM(DeepseekV3Config(**config_json))
+//   sum(p.numel() for p in m.parameters())
+//     + sum(b.numel() for n, b in m.named_buffers() if n.endswith("e_score_correction_bias"))
+// Active: that, less the embedding and, in each MoE layer, the routed experts not
+// chosen ((n_routed_experts - num_experts_per_tok) x 3 x H x moe_intermediate_size).
+//
+// Published: DeepSeek-V3 671B total / 37B activated, Kimi-K2 1T / 32B, Moonlight
+// 16B / 3B (its name's A3B). The totals are transformers' build, rounded. The active
+// figures are ours (the embedding left out) rounded to the nearest billion; counting
+// the embedding too (37.55B, 32.86B, 2.91B) would not give all three. DeepSeek-V3's
+// checkpoint also holds a multi-token-prediction module (num_nextn_predict_layers 1:
+// model.layers.61, which neither transformers nor moefit builds), stated as 14B of
+// the card's 685B: by this count one more MoE decoder layer, 11,507,286,272, plus
+// eh_proj [H, 2H] and its three norms, 102,781,952, plus its own copies of the
+// embedding and the head, 1,853,358,080: 13,463,426,304 (684.49B in all). Kimi-K2
+// and Moonlight have none (num_nextn_predict_layers 0).
+TEST(ModelSpecParamCount, DeepseekV3AsTransformersBuildsIt) {
+  struct Row {
+    const char *name, *file;
+    int64_t total, active;          // transformers' build (above)
+    int64_t published_total, unit;  // the stated total, in units
+    int64_t published_active_b;
+  } rows[] = {
+      {"DeepSeek-V3", "deepseek_v3_hub.json", 671026419200, 36625618432, 671, 1000000000, 37},
+      {"Kimi-K2-Instruct", "kimi_k2_hub.json", 1026408232448, 31687095808, 1, 1000000000000, 32},
+      {"Moonlight-16B-A3B", "moonlight_16b_a3b_hub.json", 15960110208, 2579231872, 16, 1000000000, 3},
+      {"Moonlight-16B-A3B-Instruct", "moonlight_16b_a3b_instruct_hub.json", 15960110208, 2579231872, 16,
+       1000000000, 3},
+  };
+  for (const Row &r : rows) {
+    mf_model_spec s = LoadOk(DataPath(r.file));
+    int64_t total = 0, active = 0;
+    mf_model_spec_param_count(&s, &total, &active);
+    EXPECT_EQ(total, r.total) << r.name;
+    EXPECT_EQ(active, r.active) << r.name;
+    EXPECT_EQ(total, TensorSum(s)) << r.name;
+    EXPECT_EQ(std::llround((double)total / (double)r.unit), r.published_total) << r.name;
+    EXPECT_EQ(std::llround(active / 1e9), r.published_active_b) << r.name;
+  }
+  // tests/hf_config/data/deepseek_v3_tiny.json, the same way: 56,728 parameters + 2 x 8.
+  mf_model_spec s = LoadOk(DataPath("deepseek_v3_tiny.json"));
+  int64_t total = 0, active = 0;
+  mf_model_spec_param_count(&s, &total, &active);
+  EXPECT_EQ(total, 56744);
+  EXPECT_EQ(active, 35144);
+}
+
+// The published shapes, through the loader: DeepSeek-V3's q_lora_rank 1536,
+// kv_lora_rank 512, q/k heads of 128 + 64 = 192, v heads of 128, YaRN factor 40
+// with mscale = mscale_all_dim = 1 (the softmax scale 192^-0.5 x mscale(40, 1)^2,
+// as DeepseekV3Attention computes it; cos/sin unscaled, mscale / mscale_all_dim = 1),
+// its FP8 blocks read as shipped; Kimi-K2 (model_type kimi_k2) the same attention
+// with 64 heads, 384 experts, YaRN factor 32 with beta_fast 1; Moonlight's q_proj
+// (q_lora_rank null) and no rope_scaling key.
+TEST(HfConfigLoad, DeepseekV3HubConfigs) {
+  mf_model_spec s{};
+  mf_hf_quant q;
+  ASSERT_EQ(mf_hf_config_load_quant(DataPath("deepseek_v3_hub.json").c_str(), &s, &q), MF_OK)
+      << mf_last_error();
+  EXPECT_EQ(q.kind, MF_QUANT_FP8);
+  EXPECT_STREQ(q.method, "fp8");
+  EXPECT_EQ(s.family, MF_FAMILY_DEEPSEEK_V3);
+  EXPECT_EQ(s.q_lora_rank, 1536);
+  EXPECT_EQ(s.kv_lora_rank, 512);
+  EXPECT_EQ(s.qk_nope_dim, 128);
+  EXPECT_EQ(s.qk_rope_dim, 64);
+  EXPECT_EQ(s.head_dim, 192);
+  EXPECT_EQ(mf_model_spec_v_dim(&s), 128);
+  EXPECT_EQ(mf_model_spec_rope_dim(&s), 64);
+  EXPECT_EQ(s.heads, 128);
+  EXPECT_EQ(s.kv_heads, 128);
+  EXPECT_EQ(s.rope_interleave, 1);
+  EXPECT_EQ(s.yarn_factor, 40.0);
+  EXPECT_EQ(s.yarn_original_max, 4096);
+  EXPECT_EQ(s.yarn_beta_fast, 32.0);
+  EXPECT_EQ(s.yarn_beta_slow, 1.0);
+  EXPECT_EQ(s.yarn_mscale, 1.0);
+  EXPECT_EQ(s.yarn_mscale_all_dim, 1.0);
+  EXPECT_EQ(s.yarn_truncate, 1);
+  EXPECT_EQ(s.max_seq, 163840);
+  EXPECT_EQ(s.experts, 256);
+  EXPECT_EQ(s.n_group, 8);
+  EXPECT_EQ(s.topk_group, 4);
+  EXPECT_EQ(s.first_dense, 3);
+  EXPECT_EQ(s.routed_scaling, 2.5);
+  const double m = 0.1 * std::log(40.0) + 1;
+  EXPECT_DOUBLE_EQ(mf_model_spec_attn_scale(&s), m * m / std::sqrt(192.0));
+  EXPECT_NEAR(mf_model_spec_attn_scale(&s), 0.1352337788608801, 1e-15);  // transformers' self.scaling
+  EXPECT_DOUBLE_EQ(mf_model_spec_yarn_attention_factor(&s), 1.0);
+
+  ASSERT_EQ(mf_hf_config_load_quant(DataPath("kimi_k2_hub.json").c_str(), &s, &q), MF_OK) << mf_last_error();
+  EXPECT_EQ(q.kind, MF_QUANT_FP8);
+  EXPECT_EQ(s.family, MF_FAMILY_DEEPSEEK_V3);
+  EXPECT_EQ(s.heads, 64);
+  EXPECT_EQ(s.kv_heads, 64);
+  EXPECT_EQ(s.head_dim, 192);
+  EXPECT_EQ(s.experts, 384);
+  EXPECT_EQ(s.n_group, 1);
+  EXPECT_EQ(s.first_dense, 1);
+  EXPECT_EQ(s.yarn_factor, 32.0);
+  EXPECT_EQ(s.yarn_beta_fast, 1.0);
+  EXPECT_EQ(s.yarn_beta_slow, 1.0);
+  EXPECT_EQ(s.routed_scaling, 2.827);
+  const double mk = 0.1 * std::log(32.0) + 1;
+  EXPECT_NEAR(mf_model_spec_attn_scale(&s), 0.13086079996295005, 1e-15);  // transformers' self.scaling
+  EXPECT_DOUBLE_EQ(mf_model_spec_attn_scale(&s), mk * mk / std::sqrt(192.0));
+
+  for (const char *file : {"moonlight_16b_a3b_hub.json", "moonlight_16b_a3b_instruct_hub.json"}) {
+    ASSERT_EQ(mf_hf_config_load_quant(DataPath(file).c_str(), &s, &q), MF_OK) << mf_last_error();
+    EXPECT_EQ(q.kind, MF_QUANT_NONE) << file;
+    EXPECT_EQ(s.q_lora_rank, 0) << file;  // null: q_proj
+    EXPECT_EQ(s.kv_lora_rank, 512) << file;
+    EXPECT_EQ(s.yarn_factor, 0.0) << file;
+    EXPECT_EQ(s.shared_ffn, 2 * 1408) << file;
+    EXPECT_EQ(s.experts, 64) << file;
+    EXPECT_EQ(s.top_k, 6) << file;
+    EXPECT_EQ(mf_model_spec_attn_scale(&s), 1 / std::sqrt(192.0)) << file;
   }
 }
 

@@ -1,7 +1,9 @@
 // Causal GQA attention on the cpu backend (kernels/cpu/attention.c): forward and
 // lse against a double-precision full-softmax reference, gradients against
 // finite differences and a double reference, causality, thread-count
-// invariance, bf16 rounding, edge cases and large scores.
+// invariance, bf16 rounding, edge cases and large scores; and all of it again
+// where the value head dim Dv differs from the query/key head dim D
+// (DeepSeek-V3's latent attention: D 192, Dv 128).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,10 +22,15 @@ using mf_kt::Pool;
 using mf_kt::same_bits;
 using Vec = std::vector<float>;
 
+// Dv: the value head dim, passed to the kernels as it is (0: D, as every
+// caller before Dv existed).
 struct Shape {
-  int64_t B, S, Hq, Hkv, D;
-  int64_t nq() const { return B * S * Hq * D; }
-  int64_t nkv() const { return B * S * Hkv * D; }
+  int64_t B, S, Hq, Hkv, D, Dv = 0;
+  int64_t dv() const { return Dv ? Dv : D; }
+  int64_t nq() const { return B * S * Hq * D; }      // q, dq
+  int64_t no() const { return B * S * Hq * dv(); }   // o, dout
+  int64_t nkv() const { return B * S * Hkv * D; }    // k, dk
+  int64_t nv() const { return B * S * Hkv * dv(); }  // v, dv
   int64_t nlse() const { return B * Hq * S; }
   float scale() const { return 1.0f / std::sqrt((float)D); }
 };
@@ -34,17 +41,19 @@ struct Ref {
 
 // Naive full-softmax attention in double; the gradients when dout is given.
 Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout, double scale) {
-  const int64_t B = sh.B, S = sh.S, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, G = Hq / Hkv;
+  const int64_t B = sh.B, S = sh.S, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, Dv = sh.dv(), G = Hq / Hkv;
   Ref r;
-  r.o.assign(sh.nq(), 0.0);
+  r.o.assign(sh.no(), 0.0);
   r.lse.assign(sh.nlse(), 0.0);
   if (dout) {
     r.dq.assign(sh.nq(), 0.0);
     r.dk.assign(sh.nkv(), 0.0);
-    r.dv.assign(sh.nkv(), 0.0);
+    r.dv.assign(sh.nv(), 0.0);
   }
   auto qi = [&](int64_t b, int64_t i, int64_t h) { return ((b * S + i) * Hq + h) * D; };
+  auto oi = [&](int64_t b, int64_t i, int64_t h) { return ((b * S + i) * Hq + h) * Dv; };
   auto ki = [&](int64_t b, int64_t j, int64_t g) { return ((b * S + j) * Hkv + g) * D; };
+  auto vi = [&](int64_t b, int64_t j, int64_t g) { return ((b * S + j) * Hkv + g) * Dv; };
   std::vector<double> p(S), dp(S);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Hq; h++) {
@@ -60,19 +69,19 @@ Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const V
         r.lse[(b * Hq + h) * S + i] = mx + std::log(sum);
         for (int64_t j = 0; j <= i; j++) {
           p[j] = std::exp(p[j] - mx) / sum;
-          for (int64_t d = 0; d < D; d++) r.o[qi(b, i, h) + d] += p[j] * v[ki(b, j, g) + d];
+          for (int64_t d = 0; d < Dv; d++) r.o[oi(b, i, h) + d] += p[j] * v[vi(b, j, g) + d];
         }
         if (!dout) continue;
         double di = 0;
-        for (int64_t d = 0; d < D; d++) di += (double)(*dout)[qi(b, i, h) + d] * r.o[qi(b, i, h) + d];
+        for (int64_t d = 0; d < Dv; d++) di += (double)(*dout)[oi(b, i, h) + d] * r.o[oi(b, i, h) + d];
         for (int64_t j = 0; j <= i; j++) {
-          const double t = mf_kt::ref_dot(dout->data() + qi(b, i, h), 1, v.data() + ki(b, j, g), 1, D);
+          const double t = mf_kt::ref_dot(dout->data() + oi(b, i, h), 1, v.data() + vi(b, j, g), 1, Dv);
           const double ds = p[j] * (t - di);
           for (int64_t d = 0; d < D; d++) {
             r.dq[qi(b, i, h) + d] += scale * ds * k[ki(b, j, g) + d];
             r.dk[ki(b, j, g) + d] += scale * ds * q[qi(b, i, h) + d];
-            r.dv[ki(b, j, g) + d] += p[j] * (*dout)[qi(b, i, h) + d];
           }
+          for (int64_t d = 0; d < Dv; d++) r.dv[vi(b, j, g) + d] += p[j] * (*dout)[oi(b, i, h) + d];
         }
       }
     }
@@ -109,19 +118,20 @@ Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec 
   mf_kctx ctx = {pool, round_bf16};
   if (scale == 0.0f) scale = sh.scale();
   Result r;
-  r.o.assign(sh.nq(), NAN);
+  r.o.assign(sh.no(), NAN);
   r.lse.assign(sh.nlse(), NAN);
-  EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.o.data(),
-                            r.lse.data(), &ctx),
+  EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, scale,
+                            r.o.data(), r.lse.data(), &ctx),
             MF_OK)
       << mf_last_error();
   if (dout) {
     r.dq.assign(sh.nq(), NAN);
     r.dk.assign(sh.nkv(), NAN);
-    r.dv.assign(sh.nkv(), NAN);
-    EXPECT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B,
-                              sh.S, sh.Hq, sh.Hkv, sh.D, scale, r.dq.data(), r.dk.data(), r.dv.data(), &ctx),
-              MF_OK)
+    r.dv.assign(sh.nv(), NAN);
+    EXPECT_EQ(
+        mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B, sh.S,
+                        sh.Hq, sh.Hkv, sh.D, sh.Dv, scale, r.dq.data(), r.dk.data(), r.dv.data(), &ctx),
+        MF_OK)
         << mf_last_error();
   }
   return r;
@@ -129,10 +139,28 @@ Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec 
 
 std::string name(const Shape &s) {
   return "B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) + " Hq=" + std::to_string(s.Hq) +
-         " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+         " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
+         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string());
 }
 
 const int64_t kHeads[][2] = {{4, 4}, {4, 2}, {8, 1}};
+
+// dq, dk, dv of the backward against central differences of the probe loss
+// L = c . o (c: one coefficient per element of o).
+void check_grads_fd(const Shape &sh, Vec &q, Vec &k, Vec &v, const Vec &c) {
+  Result r = run(sh, q, k, v, &c);
+  Vec o(sh.no()), lse(sh.nlse());
+  mf_kctx ctx = {nullptr, 0};
+  auto loss = [&]() {
+    EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv,
+                              sh.scale(), o.data(), lse.data(), &ctx),
+              MF_OK);
+    return mf_fd::dot(c, o.data());
+  };
+  mf_fd::check_grad("dq " + name(sh), q, r.dq, loss);
+  mf_fd::check_grad("dk " + name(sh), k, r.dk, loss);
+  mf_fd::check_grad("dv " + name(sh), v, r.dv, loss);
+}
 
 TEST(Attention, ForwardAndLseMatchReference) {
   uint32_t seed = 10;
@@ -195,18 +223,7 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   for (const Shape &sh : shapes) {
     Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
         v = mf_fd::random_vec(sh.nkv(), seed++), c = mf_fd::random_vec(sh.nq(), seed++);
-    Result r = run(sh, q, k, v, &c);
-    Vec o(sh.nq()), lse(sh.nlse());
-    mf_kctx ctx = {nullptr, 0};
-    auto loss = [&]() {
-      EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.scale(),
-                                o.data(), lse.data(), &ctx),
-                MF_OK);
-      return mf_fd::dot(c, o.data());
-    };
-    mf_fd::check_grad("dq " + name(sh), q, r.dq, loss);
-    mf_fd::check_grad("dk " + name(sh), k, r.dk, loss);
-    mf_fd::check_grad("dv " + name(sh), v, r.dv, loss);
+    check_grads_fd(sh, q, k, v, c);
   }
 }
 
@@ -300,7 +317,7 @@ TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
   Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
   mf_kctx ctx = {nullptr, 0};
   ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B, sh.S,
-                            sh.Hq, sh.Hkv, sh.D, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx),
+                            sh.Hq, sh.Hkv, sh.D, sh.Dv, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx),
             MF_OK);
   check("dq", r.dq, dq);
   check("dk", r.dk, dk);
@@ -380,17 +397,162 @@ TEST(Attention, LargeHeadDimsWorkAndTooLargeIsRefused) {
   Vec big(D, 0.5f), o(D, 7.0f), lse(1, 7.0f), g(D);
   mf_kctx ctx = {nullptr, 0};
   EXPECT_EQ(
-      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 1.0f, o.data(), lse.data(), &ctx),
+      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 0, 1.0f, o.data(), lse.data(), &ctx),
       MF_ERR_UNSUPPORTED);
   EXPECT_NE(std::strstr(mf_last_error(), "D=520"), nullptr) << mf_last_error();
   EXPECT_EQ(o[0], 7.0f);
   EXPECT_EQ(lse[0], 7.0f);
   EXPECT_EQ(mf_cpu_attn_bwd(big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1, 1,
-                            1, D, 1.0f, g.data(), g.data(), g.data(), &ctx),
+                            1, D, 0, 1.0f, g.data(), g.data(), g.data(), &ctx),
             MF_ERR_UNSUPPORTED);
   EXPECT_EQ(
-      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 1.0f, o.data(), lse.data(), &ctx),
+      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 0, 1.0f, o.data(), lse.data(), &ctx),
       MF_ERR_INVALID_ARG);
+}
+
+// ------------------------------------------ value head dim Dv != D
+
+// Dv below and above D, with GQA ratios 1 to 4: DeepSeek-V3's D 192 / Dv 128
+// at small S, the reverse, Dv past the 32-row query block (bq from the larger
+// dim), and odd small dims (the tails of every vector loop).
+const Shape kDvShapes[] = {
+    {1, 7, 4, 2, 192, 128}, {2, 33, 4, 1, 192, 128}, {1, 70, 2, 2, 64, 128},
+    {2, 45, 8, 2, 16, 40},  {1, 40, 2, 1, 128, 512}, {1, 35, 2, 1, 512, 64},
+    {1, 5, 2, 1, 3, 1},     {2, 9, 3, 1, 1, 5},      {1, 130, 4, 2, 24, 8},
+};
+
+TEST(Attention, ValueHeadDimMatchesReference) {
+  uint32_t seed = 300;
+  for (const Shape &sh : kDvShapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+        v = mf_fd::random_vec(sh.nv(), seed++), dout = mf_fd::random_vec(sh.no(), seed++);
+    Result r = run(sh, q, k, v, &dout);
+    Ref ref = reference(sh, q, k, v, &dout, sh.scale());
+    ASSERT_EQ(r.o.size(), (size_t)sh.no()) << name(sh);
+    EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0) << name(sh);
+    EXPECT_LE(worst(r.lse, ref.lse, 2e-6, 1e-6), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0) << name(sh);
+    EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0) << name(sh);
+  }
+}
+
+TEST(Attention, ValueHeadDimGradientsMatchFiniteDifferences) {
+  const Shape shapes[] = {{1, 7, 4, 2, 24, 16},
+                          {2, 5, 4, 1, 8, 20},
+                          {1, 70, 2, 1, 12, 8},
+                          {1, 6, 2, 1, 192, 128},
+                          {1, 4, 2, 2, 3, 1}};
+  uint32_t seed = 400;
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+        v = mf_fd::random_vec(sh.nv(), seed++), c = mf_fd::random_vec(sh.no(), seed++);
+    check_grads_fd(sh, q, k, v, c);
+  }
+}
+
+// Dv = 0 is D: the same bits as Dv = D, forward and backward.
+TEST(Attention, ValueHeadDimZeroMeansD) {
+  const Shape zero{2, 70, 4, 2, 24}, same{2, 70, 4, 2, 24, 24};
+  Vec q = mf_fd::random_vec(zero.nq(), 61), k = mf_fd::random_vec(zero.nkv(), 62),
+      v = mf_fd::random_vec(zero.nv(), 63), dout = mf_fd::random_vec(zero.no(), 64);
+  Result a = run(zero, q, k, v, &dout), b = run(same, q, k, v, &dout);
+  EXPECT_TRUE(same_bits(a.o, b.o));
+  EXPECT_TRUE(same_bits(a.lse, b.lse));
+  EXPECT_TRUE(same_bits(a.dq, b.dq));
+  EXPECT_TRUE(same_bits(a.dk, b.dk));
+  EXPECT_TRUE(same_bits(a.dv, b.dv));
+}
+
+// The thread split and the two SIMD bodies give the same bits with Dv != D,
+// in both rounding modes.
+TEST(Attention, ValueHeadDimBitIdenticalForAnyThreadCountAndSimd) {
+  const Shape shapes[] = {{2, 70, 4, 2, 192, 128}, {1, 67, 4, 1, 16, 48}, {3, 9, 2, 1, 5, 3}};
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), 71), k = mf_fd::random_vec(sh.nkv(), 72),
+        v = mf_fd::random_vec(sh.nv(), 73), dout = mf_fd::random_vec(sh.no(), 74);
+    for (int rb : {0, 1}) {
+      Result ref = run(sh, q, k, v, &dout, nullptr, rb);
+      auto same = [&](const Result &r, const std::string &how) {
+        EXPECT_TRUE(same_bits(r.o, ref.o)) << name(sh) << how;
+        EXPECT_TRUE(same_bits(r.lse, ref.lse)) << name(sh) << how;
+        EXPECT_TRUE(same_bits(r.dq, ref.dq)) << name(sh) << how;
+        EXPECT_TRUE(same_bits(r.dk, ref.dk)) << name(sh) << how;
+        EXPECT_TRUE(same_bits(r.dv, ref.dv)) << name(sh) << how;
+      };
+      for (int n : {1, 2, 3}) {
+        Pool pool(n);
+        same(run(sh, q, k, v, &dout, pool.p, rb), " threads " + std::to_string(n));
+      }
+      ASSERT_EQ(setenv("MF_CPU_SIMD", "base", 1), 0);
+      mf_env_reload();
+      Result base = run(sh, q, k, v, &dout, nullptr, rb);
+      unsetenv("MF_CPU_SIMD");
+      mf_env_reload();
+      same(base, " baseline SIMD");
+    }
+  }
+}
+
+// bf16 rounding with Dv != D: each output is the exact (fp32) output rounded
+// once, o and dv over Dv columns, dq and dk over D; lse stays fp32.
+TEST(Attention, ValueHeadDimRoundBf16RoundsEachOutputOnce) {
+  const Shape sh{2, 40, 4, 2, 192, 128};
+  Vec q = mf_fd::random_vec(sh.nq(), 81), k = mf_fd::random_vec(sh.nkv(), 82),
+      v = mf_fd::random_vec(sh.nv(), 83), dout = mf_fd::random_vec(sh.no(), 84);
+  Result exact = run(sh, q, k, v, nullptr, nullptr, 0);
+  Result r = run(sh, q, k, v, &dout, nullptr, 1);
+  EXPECT_TRUE(mf_kt::rounded_once(r.o, exact.o)) << "o";
+  EXPECT_TRUE(same_bits(r.lse, exact.lse)) << "lse stays fp32";
+  // The backward reads the rounded o: the exact backward from that same o.
+  Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nv());
+  mf_kctx ctx = {nullptr, 0};
+  ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B, sh.S,
+                            sh.Hq, sh.Hkv, sh.D, sh.Dv, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx),
+            MF_OK);
+  EXPECT_TRUE(mf_kt::rounded_once(r.dq, dq)) << "dq";
+  EXPECT_TRUE(mf_kt::rounded_once(r.dk, dk)) << "dk";
+  EXPECT_TRUE(mf_kt::rounded_once(r.dv, dv)) << "dv";
+}
+
+// One token: o is the value row (Dv wide) and dv the group's sum of dout.
+TEST(Attention, ValueHeadDimSingleTokenIsValue) {
+  const Shape sh{2, 1, 4, 2, 12, 20};
+  Vec q = mf_fd::random_vec(sh.nq(), 91), k = mf_fd::random_vec(sh.nkv(), 92),
+      v = mf_fd::random_vec(sh.nv(), 93), dout = mf_fd::random_vec(sh.no(), 94);
+  Result r = run(sh, q, k, v, &dout);
+  const int64_t G = sh.Hq / sh.Hkv, Dv = sh.Dv;
+  for (int64_t b = 0; b < sh.B; b++)
+    for (int64_t h = 0; h < sh.Hq; h++)
+      for (int64_t d = 0; d < Dv; d++)
+        EXPECT_EQ(r.o[(b * sh.Hq + h) * Dv + d], v[(b * sh.Hkv + h / G) * Dv + d]);
+  for (int64_t b = 0; b < sh.B; b++)
+    for (int64_t g = 0; g < sh.Hkv; g++)
+      for (int64_t d = 0; d < Dv; d++) {
+        float want = 0.0f;
+        for (int64_t h = g * G; h < (g + 1) * G; h++) want += dout[(b * sh.Hq + h) * Dv + d];
+        EXPECT_NEAR(r.dv[(b * sh.Hkv + g) * Dv + d], want, 1e-6);
+      }
+  for (float x : r.dk) EXPECT_EQ(x, 0.0f);
+  for (float x : r.dq) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(Attention, ValueHeadDimOutOfRangeIsRefused) {
+  Vec big(8 * 520, 0.5f), o(520, 7.0f), lse(1, 7.0f), g(8 * 520);
+  mf_kctx ctx = {nullptr, 0};
+  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, 8, 520, 1.0f, o.data(),
+                            lse.data(), &ctx),
+            MF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(mf_last_error(), "Dv=520"), nullptr) << mf_last_error();
+  EXPECT_EQ(o[0], 7.0f);
+  EXPECT_EQ(lse[0], 7.0f);
+  EXPECT_EQ(mf_cpu_attn_bwd(big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1, 1,
+                            1, 8, 520, 1.0f, g.data(), g.data(), g.data(), &ctx),
+            MF_ERR_UNSUPPORTED);
+  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, 8, -4, 1.0f, o.data(), lse.data(),
+                            &ctx),
+            MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::strstr(mf_last_error(), "Dv=-4"), nullptr) << mf_last_error();
 }
 
 }  // namespace

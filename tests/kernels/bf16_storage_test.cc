@@ -158,15 +158,26 @@ std::vector<Case> cases_of(mf_kernel kind) {
     case MF_K_ROPE_BWD:
       return {
           Build(kind, mf_kernel_name(kind), {T, 2, 8}, {10000.0}).val(0, T * 2 * 8, 2.0f).i32(1, {0, 5, 17}),
-          Build(kind, "rope partial", {T, 2, 8, 4}, {10000.0}).val(0, T * 2 * 8, 2.0f).i32(1, {0, 5, 17})};
-    case MF_K_ATTN_FWD:  // B 2, S 3, Hq 4, Hkv 2, D 8
+          Build(kind, "rope partial", {T, 2, 8, 4}, {10000.0}).val(0, T * 2 * 8, 2.0f).i32(1, {0, 5, 17}),
+          // DeepSeek-V3's: the tail 16 of heads of 24, interleaved, YaRN (factor 40 over 4096, betas 32 / 1),
+          // attention factor 1.25
+          Build(kind, "rope deepseek", {T, 2, 24, 16, 8, 1, 0}, {10000.0, 40.0, 4096.0, 32.0, 1.0, 1.25})
+              .val(0, T * 2 * 24, 2.0f)
+              .i32(1, {0, 4097, 163839})};
+    case MF_K_ATTN_FWD:  // B 2, S 3, Hq 4, Hkv 2, D 8; and value heads Dv 12 (v, o)
       return {Build(kind, "attn_fwd", {2, 3, 4, 2, 8}, {0.35355339})
                   .val(0, 6 * 4 * 8)
                   .val(1, 6 * 2 * 8)
                   .val(2, 6 * 2 * 8)
                   .val(3, 6 * 4 * 8)
+                  .val(4, 2 * 4 * 3),
+              Build(kind, "attn_fwd Dv 12", {2, 3, 4, 2, 8, 12}, {0.35355339})
+                  .val(0, 6 * 4 * 8)
+                  .val(1, 6 * 2 * 8)
+                  .val(2, 6 * 2 * 12)
+                  .val(3, 6 * 4 * 12)
                   .val(4, 2 * 4 * 3)};
-    case MF_K_ATTN_BWD:
+    case MF_K_ATTN_BWD:  // and Dv 4 (v, o, dout, dv)
       return {Build(kind, "attn_bwd", {2, 3, 4, 2, 8}, {0.35355339})
                   .val(0, 6 * 4 * 8)
                   .val(1, 6 * 2 * 8)
@@ -176,7 +187,17 @@ std::vector<Case> cases_of(mf_kernel kind) {
                   .put(5, 2 * 4 * 3, 1.0f, 2.0f)
                   .val(6, 6 * 4 * 8)
                   .val(7, 6 * 2 * 8)
-                  .val(8, 6 * 2 * 8)};
+                  .val(8, 6 * 2 * 8),
+              Build(kind, "attn_bwd Dv 4", {2, 3, 4, 2, 8, 4}, {0.35355339})
+                  .val(0, 6 * 4 * 8)
+                  .val(1, 6 * 2 * 8)
+                  .val(2, 6 * 2 * 4)
+                  .val(3, 6 * 4 * 4)
+                  .val(4, 6 * 4 * 4)
+                  .put(5, 2 * 4 * 3, 1.0f, 2.0f)
+                  .val(6, 6 * 4 * 8)
+                  .val(7, 6 * 2 * 8)
+                  .val(8, 6 * 2 * 4)};
     case MF_K_SWIGLU_FWD:
       return {Build(kind, "swiglu_fwd", {37}).val(0, 37, 4.0f).val(1, 37).val(2, 37)};
     case MF_K_SWIGLU_BWD:
@@ -195,6 +216,12 @@ std::vector<Case> cases_of(mf_kernel kind) {
               Build(kind, "add fp32 flag", {33, 1}).val(0, 33).val(1, 33)};
     case MF_K_SCALE:
       return {Build(kind, "scale", {33}, {1.7}).val(0, 33)};
+    case MF_K_SLICE:  // 3 rows of x, each broadcast to 2 rows of y at column 5 of 9; added
+      return {Build(kind, "slice broadcast acc", {6, 4, 7, 2, 9, 5, 2, 1}).val(0, 21).val(1, 54),
+              Build(kind, "slice copy", {3, 4, 7, 2, 9, 5, 1, 0}).val(0, 21).val(1, 27)};
+    case MF_K_SLICE_BWD:  // the 2 rows of each of 3 summed into x's column 2 of 7; added
+      return {Build(kind, "slice_bwd sum acc", {3, 4, 7, 2, 9, 5, 2, 1}).val(0, 54).val(1, 21),
+              Build(kind, "slice_bwd copy", {3, 4, 7, 2, 9, 5, 1, 0}).val(0, 27).val(1, 21)};
     case MF_K_DROPOUT:
       return {Build(kind, "dropout", {33, 5, 99}, {0.25}).val(0, 33).val(1, 33)};
     case MF_K_ROUTER_FWD:

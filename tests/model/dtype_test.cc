@@ -25,6 +25,11 @@ mf_model_spec spec_of(mf_family f) {
   if (f == MF_FAMILY_QWEN2_MOE || f == MF_FAMILY_QWEN3_MOE) s.dense_ffn = 20;
   if (f == MF_FAMILY_QWEN2_MOE) s.n_mlp_only = 1, s.mlp_only_layers[0] = 0;
   if (f == MF_FAMILY_QWEN3_MOE) s.decoder_sparse_step = 2;
+  if (f == MF_FAMILY_DEEPSEEK_V3) {  // latent attention, a low-rank q, the group router
+    s.kv_heads = 4, s.q_lora_rank = 12, s.kv_lora_rank = 10, s.qk_nope_dim = 6, s.qk_rope_dim = 4;
+    s.v_head_dim = 6, s.head_dim = 10, s.dense_ffn = 20, s.shared_ffn = 16, s.n_group = 2, s.topk_group = 1;
+    s.first_dense = 1;
+  }
   if (f == MF_FAMILY_GLM4_MOE) {  // every switch on: the router's bias, shared experts, a dense layer
     s.dense_ffn = 20, s.shared_ffn = 16, s.n_group = 2, s.topk_group = 1, s.routed_scaling = 2.5;
     s.qkv_bias = 1, s.qk_norm = MF_QK_NORM_PER_HEAD;

@@ -83,11 +83,11 @@ class LoraParity : public FixtureTest {
     ASSERT_EQ(mf_lora_read_adapter_config(dir_.c_str(), t_, &l), MF_OK) << mf_last_error();
     EXPECT_EQ((double)l.rank, meta_num(fx_, "r"));
     EXPECT_EQ(l.scale, meta_num(fx_, "scaling"));
-    uint32_t roles = 0; /* short names' roles, and full module names' */
+    uint64_t roles = 0; /* short names' roles, and full module names' */
     for (const std::string &m : json_names(mf_safetensors_metadata(fx_, "target_modules"))) {
       roles |= mf_lora_target_roles(spec_.family, m.c_str());
       const int32_t i = mf_param_find(t_, (m + ".weight").c_str());
-      if (i >= 0) roles |= 1u << t_->params[i].role;
+      if (i >= 0) roles |= MF_ROLE_BIT(t_->params[i].role);
     }
     EXPECT_EQ(l.roles, roles);
     EXPECT_EQ(l.train_router, 0);
