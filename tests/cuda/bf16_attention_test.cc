@@ -142,7 +142,9 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
     const auto o_cpu = Res::as<float>(f.cpu[3]), lse_cpu = Res::as<float>(f.cpu[4]);
     const bool cudnn_fwd = ran_cudnn(before);
     expect_path(cudnn_fwd, want_cudnn, "forward");
-    if (!one_dim) EXPECT_FALSE(cudnn_fwd) << "the forward with Dv != D ran on cuDNN";
+    if (!one_dim) {
+      EXPECT_FALSE(cudnn_fwd) << "the forward with Dv != D ran on cuDNN";
+    }
     // tensor cores: attention_mma.cu or cuDNN (both round p to bf16)
     const bool mma_fwd = cudnn_fwd || (one_dim && s.D % 16 == 0 && s.D <= 128);
     // the tensor-core kernel that should have run did (a silent fall-back to
@@ -173,7 +175,9 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
     Res b = run(c, ops);
     const bool cudnn_bwd = ran_cudnn(before);
     expect_path(cudnn_bwd, want_cudnn, "backward");
-    if (!one_dim) EXPECT_FALSE(cudnn_bwd) << "the backward with Dv != D ran on cuDNN";
+    if (!one_dim) {
+      EXPECT_FALSE(cudnn_bwd) << "the backward with Dv != D ran on cuDNN";
+    }
     const bool mma = cudnn_bwd || (one_dim && s.D % 16 == 0 && s.D <= 128);
     EXPECT_EQ(mf_backend_cuda_mma_calls(1) - mma_before, runs && mma && !cudnn_bwd ? 1u : 0u)
         << "backward calls run by attention_mma.cu";

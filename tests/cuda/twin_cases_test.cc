@@ -132,7 +132,9 @@ struct Cpu {
   mf_threadpool *pool = nullptr;
   uint8_t *arena = nullptr;
   Cpu(size_t arena_bytes, int checking, int threads) {
-    if (threads) EXPECT_EQ(mf_threadpool_create(threads, &pool), MF_OK) << mf_last_error();
+    if (threads) {
+      EXPECT_EQ(mf_threadpool_create(threads, &pool), MF_OK) << mf_last_error();
+    }
     mf_cpu_backend_opts o = {};
     o.pool = pool;
     o.checking = checking;
@@ -141,7 +143,9 @@ struct Cpu {
     if (!b) return;
     EXPECT_EQ(b->stream_create(b, &s), MF_OK) << mf_last_error();
     void *base = nullptr;
-    if (arena_bytes) EXPECT_EQ(b->arena_create(b, arena_bytes, &base), MF_OK) << mf_last_error();
+    if (arena_bytes) {
+      EXPECT_EQ(b->arena_create(b, arena_bytes, &base), MF_OK) << mf_last_error();
+    }
     arena = static_cast<uint8_t *>(base);
   }
   ~Cpu() {
