@@ -691,36 +691,28 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
         w, "model.init.decoder_sparse_step", "model.init.family",
         "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
         mf_family_name(s->family));
-  if (s->family != MF_FAMILY_GLM4_MOE && s->partial_rotary != 1.0)
-    return CROSS_ERR(w, "model.init.partial_rotary", "model.init.family",
-                     "model.init.partial_rotary is a glm4_moe key: %s does not read it", mf_family_name(s->family));
-  /* keys only DeepSeek-V3's decoder reads, at their neutral values elsewhere */
-  if (s->family != MF_FAMILY_DEEPSEEK_V3) {
-    const struct {
-      const char *key;
-      int neutral;
-    } ds[] = {{"model.init.q_lora_rank", s->q_lora_rank == 0},   {"model.init.kv_lora_rank", s->kv_lora_rank == 0},
-              {"model.init.qk_nope_dim", s->qk_nope_dim == 0},   {"model.init.qk_rope_dim", s->qk_rope_dim == 0},
-              {"model.init.v_head_dim", s->v_head_dim == 0},     {"model.init.rope_interleave", !s->rope_interleave}};
-    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
-      if (!ds[i].neutral)
-        return CROSS_ERR(w, ds[i].key, "model.init.family", "%s is a deepseek_v3 key: %s does not read it", ds[i].key,
-                         mf_family_name(s->family));
-  }
-  /* and keys only GLM-4.5's and DeepSeek-V3's decoders read, at their neutral values elsewhere */
-  if (s->family != MF_FAMILY_GLM4_MOE && s->family != MF_FAMILY_DEEPSEEK_V3) {
-    const struct {
-      const char *key;
-      int neutral;
-    } glm[] = {{"model.init.first_dense", s->first_dense == 0},
-               {"model.init.n_group", s->n_group == 1},
-               {"model.init.topk_group", s->topk_group == 1},
-               {"model.init.routed_scaling", s->routed_scaling == 1.0}};
-    for (size_t i = 0; i < sizeof glm / sizeof glm[0]; i++)
-      if (!glm[i].neutral)
-        return CROSS_ERR(w, glm[i].key, "model.init.family", "%s is a glm4_moe / deepseek_v3 key: %s does not read it",
-                         glm[i].key, mf_family_name(s->family));
-  }
+  /* keys only GLM-4.5's and DeepSeek-V3's decoders read, at their neutral values elsewhere */
+  const int glm = s->family == MF_FAMILY_GLM4_MOE, ds = s->family == MF_FAMILY_DEEPSEEK_V3;
+  const struct {
+    const char *key, *readers;
+    int read, neutral;
+  } only[] = {
+      {"model.init.partial_rotary", "glm4_moe", glm, s->partial_rotary == 1.0},
+      {"model.init.q_lora_rank", "deepseek_v3", ds, s->q_lora_rank == 0},
+      {"model.init.kv_lora_rank", "deepseek_v3", ds, s->kv_lora_rank == 0},
+      {"model.init.qk_nope_dim", "deepseek_v3", ds, s->qk_nope_dim == 0},
+      {"model.init.qk_rope_dim", "deepseek_v3", ds, s->qk_rope_dim == 0},
+      {"model.init.v_head_dim", "deepseek_v3", ds, s->v_head_dim == 0},
+      {"model.init.rope_interleave", "deepseek_v3", ds, !s->rope_interleave},
+      {"model.init.first_dense", "glm4_moe / deepseek_v3", glm || ds, s->first_dense == 0},
+      {"model.init.n_group", "glm4_moe / deepseek_v3", glm || ds, s->n_group == 1},
+      {"model.init.topk_group", "glm4_moe / deepseek_v3", glm || ds, s->topk_group == 1},
+      {"model.init.routed_scaling", "glm4_moe / deepseek_v3", glm || ds, s->routed_scaling == 1.0},
+  };
+  for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
+    if (!only[i].read && !only[i].neutral)
+      return CROSS_ERR(w, only[i].key, "model.init.family", "%s is a %s key: %s does not read it",
+                       only[i].key, only[i].readers, mf_family_name(s->family));
   /* the rest, blamed on the last override under model.init when there is one */
   const mf_ynode *at = mf_ynode_place(in), *ov = last_override_under(w, "model.init.");
   char where[1100];

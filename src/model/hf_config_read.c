@@ -162,19 +162,25 @@ static mf_status detect_family(reader *r) {
 
 /* rope_scaling / rope_parameters carry a rope_type ("type" in old configs);
  * only "default" is plain RoPE. */
-static mf_status check_rope_type(const reader *r, const char *key, const json_t *obj) {
+/* rope_scaling / rope_parameters (`key`, object obj) must have rope_type `want`
+ * (the old "type" wins: the config classes copy it over "rope_type"); `why`
+ * ends the message otherwise. */
+static mf_status check_rope_type_is(const reader *r, const char *key, const json_t *obj, const char *want,
+                                    const char *why) {
   char clean[64];
-  /* the config classes copy an old "type" over "rope_type" */
   const json_t *t = json_object_get(obj, "type");
   if (!t) t = json_object_get(obj, "rope_type");
   if (!t) return KEY_ERR(MF_ERR_FORMAT, r, key, "has no rope_type");
   if (!json_is_string(t))
     return KEY_ERR(MF_ERR_FORMAT, r, key, "rope_type must be a string, got %s", type_name(t));
-  if (strcmp(json_string_value(t), "default") != 0)
-    return KEY_ERR(MF_ERR_UNSUPPORTED, r, key,
-                   "rope_type '%s' is not supported (moefit implements plain RoPE only)",
-                   printable(json_string_value(t), clean, sizeof clean));
+  if (strcmp(json_string_value(t), want) != 0)
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, key, "rope_type '%s' is not supported%s",
+                   printable(json_string_value(t), clean, sizeof clean), why);
   return MF_OK;
+}
+
+static mf_status check_rope_type(const reader *r, const char *key, const json_t *obj) {
+  return check_rope_type_is(r, key, obj, "default", " (moefit implements plain RoPE only)");
 }
 
 static mf_status check_partial_rotary(const reader *r, const char *key, const json_t *v) {
@@ -617,18 +623,10 @@ static mf_status read_deepseek_v3(const reader *r, mf_model_spec *s) {
   /* rope_scaling: null or yarn (another type changes the softmax scale in transformers too: not read) */
   const json_t *rs = get(r, "rope_scaling");
   if (rs && !json_is_null(rs)) {
-    const json_t *t = json_object_get(rs, "type");
-    if (!t) t = json_object_get(rs, "rope_type");
-    if (!t) return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "has no rope_type");
-    if (!json_is_string(t))
-      return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "rope_type must be a string, got %s", type_name(t));
-    char clean[64];
-    if (strcmp(json_string_value(t), "yarn") != 0)
-      return KEY_ERR(
-          MF_ERR_UNSUPPORTED, r, "rope_scaling",
-          "rope_type '%s' is not supported: deepseek_v3 reads null or \"yarn\" (transformers scales "
-          "its softmax by any rope_scaling's mscale_all_dim)",
-          printable(json_string_value(t), clean, sizeof clean));
+    MF_CHECK(
+        check_rope_type_is(r, "rope_scaling", rs, "yarn",
+                           ": deepseek_v3 reads null or \"yarn\" (transformers scales its softmax by any "
+                           "rope_scaling's mscale_all_dim)"));
     MF_CHECK(read_yarn(r, rs, s));
   }
   return MF_OK;

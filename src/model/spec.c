@@ -4,6 +4,8 @@
 
 #include "src/model/spec.h"
 
+#include "kernels/backend.h" /* YaRN's mscale (mf_rope_yarn_*) */
+
 static const struct {
   const char *name, *arch, *model_type;
 } k_families[MF_FAMILY_COUNT_] = {
@@ -113,17 +115,18 @@ int mf_model_spec_layer_is_moe(const mf_model_spec *s, int64_t layer) {
   return layer >= s->first_dense;
 }
 
-int mf_model_spec_is_mla(const mf_model_spec *s) { return s->family == MF_FAMILY_DEEPSEEK_V3; }
+int mf_model_spec_is_mla(const mf_model_spec *s) {
+  return s->family == MF_FAMILY_DEEPSEEK_V3;
+}
 
-int64_t mf_model_spec_v_dim(const mf_model_spec *s) { return mf_model_spec_is_mla(s) ? s->v_head_dim : s->head_dim; }
-
-/* transformers' yarn_get_mscale / get_mscale */
-static double yarn_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0; }
+int64_t mf_model_spec_v_dim(const mf_model_spec *s) {
+  return mf_model_spec_is_mla(s) ? s->v_head_dim : s->head_dim;
+}
 
 double mf_model_spec_attn_scale(const mf_model_spec *s) {
   double scale = 1.0 / sqrt((double)s->head_dim);
   if (mf_model_spec_is_mla(s) && s->yarn_factor > 0 && s->yarn_mscale_all_dim != 0) {
-    const double m = yarn_mscale(s->yarn_factor, s->yarn_mscale_all_dim);
+    const double m = mf_rope_yarn_mscale(s->yarn_factor, s->yarn_mscale_all_dim);
     scale = scale * m * m;
   }
   return scale;
@@ -131,9 +134,7 @@ double mf_model_spec_attn_scale(const mf_model_spec *s) {
 
 double mf_model_spec_yarn_attention_factor(const mf_model_spec *s) {
   if (!(s->yarn_factor > 0)) return 1.0;
-  if (s->yarn_mscale != 0 && s->yarn_mscale_all_dim != 0)
-    return yarn_mscale(s->yarn_factor, s->yarn_mscale) / yarn_mscale(s->yarn_factor, s->yarn_mscale_all_dim);
-  return yarn_mscale(s->yarn_factor, 1.0);
+  return mf_rope_yarn_attention_factor(s->yarn_factor, s->yarn_mscale, s->yarn_mscale_all_dim);
 }
 
 int64_t mf_model_spec_rope_dim(const mf_model_spec *s) {
@@ -156,8 +157,9 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
   if (s->family <= MF_FAMILY_INVALID || s->family >= MF_FAMILY_COUNT_)
     return MF_ERR(MF_ERR_CONFIG, "%s: unknown model family", where);
   POSITIVE(hidden)
-  POSITIVE(layers) POSITIVE(heads) POSITIVE(kv_heads) POSITIVE(head_dim) POSITIVE(experts) POSITIVE(top_k)
-      POSITIVE(expert_ffn) POSITIVE(vocab) POSITIVE(max_seq) if (s->layers > MF_MAX_LAYERS) return MF_ERR(
+  POSITIVE(layers)
+  POSITIVE(heads) POSITIVE(kv_heads) POSITIVE(head_dim) POSITIVE(experts) POSITIVE(top_k) POSITIVE(expert_ffn)
+      POSITIVE(vocab) POSITIVE(max_seq) if (s->layers > MF_MAX_LAYERS) return MF_ERR(
           MF_ERR_CONFIG, "%s: %lld layers is more than moefit supports (%d)", where, (long long)s->layers,
           MF_MAX_LAYERS);
   if (s->heads % s->kv_heads != 0)
@@ -195,8 +197,8 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
                     (long long)l);
   if (s->shared_ffn > 0 && s->family != MF_FAMILY_QWEN2_MOE && s->family != MF_FAMILY_GLM4_MOE &&
       s->family != MF_FAMILY_DEEPSEEK_V3)
-    return MF_ERR(MF_ERR_CONFIG, "%s: a shared expert is only defined for qwen2_moe, glm4_moe and deepseek_v3",
-                  where);
+    return MF_ERR(MF_ERR_CONFIG,
+                  "%s: a shared expert is only defined for qwen2_moe, glm4_moe and deepseek_v3", where);
   if (mf_model_spec_is_mla(s)) {
     if (s->q_lora_rank < 0 || s->kv_lora_rank < 1 || s->qk_nope_dim < 0 || s->qk_rope_dim < 2 ||
         s->qk_rope_dim % 2 != 0 || s->v_head_dim < 1 || s->q_lora_rank > big || s->kv_lora_rank > big ||
@@ -207,24 +209,25 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
                     where, (long long)s->q_lora_rank, (long long)s->kv_lora_rank, (long long)s->qk_nope_dim,
                     (long long)s->qk_rope_dim, (long long)s->v_head_dim);
     if (s->head_dim != s->qk_nope_dim + s->qk_rope_dim)
-      return MF_ERR(MF_ERR_CONFIG, "%s: head_dim %lld must be qk_nope_head_dim + qk_rope_head_dim (%lld)", where,
-                    (long long)s->head_dim, (long long)(s->qk_nope_dim + s->qk_rope_dim));
+      return MF_ERR(MF_ERR_CONFIG, "%s: head_dim %lld must be qk_nope_head_dim + qk_rope_head_dim (%lld)",
+                    where, (long long)s->head_dim, (long long)(s->qk_nope_dim + s->qk_rope_dim));
     if (s->kv_heads != s->heads)
-      return MF_ERR(MF_ERR_CONFIG,
-                    "%s: num_key_value_heads %lld: latent attention makes a key and a value for each of the %lld "
-                    "heads",
-                    where, (long long)s->kv_heads, (long long)s->heads);
+      return MF_ERR(
+          MF_ERR_CONFIG,
+          "%s: num_key_value_heads %lld: latent attention makes a key and a value for each of the %lld "
+          "heads",
+          where, (long long)s->kv_heads, (long long)s->heads);
     if (s->qkv_bias || s->qk_norm != MF_QK_NORM_NONE)
       return MF_ERR(MF_ERR_CONFIG, "%s: latent attention has no q/k/v bias or q/k norm here", where);
   }
-  if (s->yarn_factor != 0 &&
-      !(s->yarn_factor > 1 && s->yarn_original_max > 0 && s->yarn_beta_fast > 0 && s->yarn_beta_slow > 0 &&
-        s->yarn_mscale >= 0 && s->yarn_mscale_all_dim >= 0))
-    return MF_ERR(MF_ERR_CONFIG,
-                  "%s: rope_scaling yarn: factor %g (> 1), original_max_position_embeddings %lld, beta_fast %g, "
-                  "beta_slow %g (> 0), mscale %g, mscale_all_dim %g (>= 0) are not valid",
-                  where, s->yarn_factor, (long long)s->yarn_original_max, s->yarn_beta_fast, s->yarn_beta_slow,
-                  s->yarn_mscale, s->yarn_mscale_all_dim);
+  if (s->yarn_factor != 0 && !(s->yarn_factor > 1 && s->yarn_original_max > 0 && s->yarn_beta_fast > 0 &&
+                               s->yarn_beta_slow > 0 && s->yarn_mscale >= 0 && s->yarn_mscale_all_dim >= 0))
+    return MF_ERR(
+        MF_ERR_CONFIG,
+        "%s: rope_scaling yarn: factor %g (> 1), original_max_position_embeddings %lld, beta_fast %g, "
+        "beta_slow %g (> 0), mscale %g, mscale_all_dim %g (>= 0) are not valid",
+        where, s->yarn_factor, (long long)s->yarn_original_max, s->yarn_beta_fast, s->yarn_beta_slow,
+        s->yarn_mscale, s->yarn_mscale_all_dim);
   if (!(s->partial_rotary >= 0 && s->partial_rotary <= 1))
     return MF_ERR(MF_ERR_CONFIG, "%s: partial_rotary_factor %g is not in (0, 1]", where, s->partial_rotary);
   const int64_t rot = mf_model_spec_rope_dim(s);
