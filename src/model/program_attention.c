@@ -9,7 +9,7 @@ static void gqa_fwd(const mb *z, int32_t l) {
   pb *b = z->b;
   const ctx *c = z->c;
   const mf_model_spec *s = z->s;
-  const int32_t m = z->m, pos = z->pos;
+  const int32_t m = z->m;
   const int64_t B = z->B, S = z->S, T = z->T, H = z->H, D = z->D, Hq = z->Hq, Hkv = z->Hkv;
   layer_acts *a = &z->A[l];
   a->q = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.q", m, l);
@@ -39,17 +39,11 @@ static void gqa_fwd(const mb *z, int32_t l) {
     a->qa = a->qn;
     a->ka = a->kn;
   }
-  mf_pop *o = mf_pb_op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope q", l);
-  SET(o, a->qa, pos);
-  INTS(o, T, Hq, D, z->rot);
-  o->f[0] = s->rope_theta;
-  o = mf_pb_op(b, MF_K_ROPE_FWD, MF_PHASE_FWD, m, l, "L%d rope k", l);
-  SET(o, a->ka, pos);
-  INTS(o, T, Hkv, D, z->rot);
-  o->f[0] = s->rope_theta;
+  mf_pb_rope(z, l, MF_K_ROPE_FWD, "rope q", a->qa, Hq, D, z->rot, 0);
+  mf_pb_rope(z, l, MF_K_ROPE_FWD, "rope k", a->ka, Hkv, D, z->rot, 0);
   a->att = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out", m, l);
   a->lse = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
-  o = mf_pb_op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
+  mf_pop *o = mf_pb_op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
   SET(o, a->qa, a->ka, a->v, a->att, a->lse);
   INTS(o, B, S, Hq, Hkv, D, D);
   o->f[0] = z->scale;
@@ -89,7 +83,7 @@ static void gqa_bwd(const mb *z, int32_t l, int32_t datt, int32_t dxn1) {
   pb *b = z->b;
   const ctx *c = z->c;
   const mf_model_spec *s = z->s;
-  const int32_t m = z->m, pos = z->pos;
+  const int32_t m = z->m;
   const int64_t B = z->B, S = z->S, T = z->T, H = z->H, D = z->D, Hq = z->Hq, Hkv = z->Hkv;
   const layer_acts *a = &z->A[l];
   mf_pop *o;
@@ -104,14 +98,8 @@ static void gqa_bwd(const mb *z, int32_t l, int32_t datt, int32_t dxn1) {
   INTS(o, B, S, Hq, Hkv, D, D);
   o->f[0] = z->scale;
   o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
-  o = mf_pb_op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope q bwd", l);
-  SET(o, dqa, pos);
-  INTS(o, T, Hq, D, z->rot);
-  o->f[0] = s->rope_theta;
-  o = mf_pb_op(b, MF_K_ROPE_BWD, MF_PHASE_BWD, m, l, "L%d rope k bwd", l);
-  SET(o, dka, pos);
-  INTS(o, T, Hkv, D, z->rot);
-  o->f[0] = s->rope_theta;
+  mf_pb_rope(z, l, MF_K_ROPE_BWD, "rope q bwd", dqa, Hq, D, z->rot, 0);
+  mf_pb_rope(z, l, MF_K_ROPE_BWD, "rope k bwd", dka, Hkv, D, z->rot, 0);
   int32_t dq = dqa, dk = dka;
   if (s->qk_norm != MF_QK_NORM_NONE) {
     const int per_head = s->qk_norm == MF_QK_NORM_PER_HEAD;
@@ -145,7 +133,8 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
                     gres, mf_pb_G(c, MF_P_MLP_NORM, l), T, H, 1);
   int32_t datt =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * HV, m, l, LNAME "self_attn.attn_out.grad", m, l);
-  mf_pb_linear_bwd(c, l, "o_proj", gres, a->att, mf_pb_P(c, MF_P_O, l), mf_pb_G(c, MF_P_O, l), -1, datt, H, HV, 0);
+  mf_pb_linear_bwd(c, l, "o_proj", gres, a->att, mf_pb_P(c, MF_P_O, l), mf_pb_G(c, MF_P_O, l), -1, datt, H,
+                   HV, 0);
   mf_pb_lora_bwd(z, l, MF_P_O, "self_attn.o_proj", gres, a->att, datt, H, HV);
   int32_t dxn1 =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);

@@ -131,6 +131,10 @@ void mf_pb_rmsnorm_bwd(const ctx *c, int32_t l, const char *what, int32_t dy, in
                        int32_t rstd, int32_t dx, int32_t dw, int64_t R, int64_t C, int acc);
 void mf_pb_simple(const ctx *c, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a, int32_t bb,
                   int32_t cc, int32_t d, int32_t e, int64_t n);
+/* RoPE (fwd or bwd kind) in place on x [T, nh, D]: dims [off, off + rot) of each head (rot 0: the rest of
+ * the head), in adjacent pairs with the spec's rope_interleave, YaRN's frequencies with its rope_scaling. */
+void mf_pb_rope(const mb *z, int32_t l, mf_kernel kind, const char *what, int32_t x, int64_t nh, int64_t D,
+                int64_t rot, int64_t off);
 void mf_pb_expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a0,
                      int32_t a1, int32_t a2, int64_t N, int64_t K, int32_t experts_at);
 

@@ -26,25 +26,6 @@
 /* q_a_layernorm's and kv_a_layernorm's epsilon: DeepseekV3RMSNorm's default, not rms_norm_eps */
 #define MLA_NORM_EPS 1e-6
 
-/* RoPE on `nh` heads of x [T, nh, D]: dims [off, off + rot), DeepSeek-V3's way (interleaved pairs, YaRN). */
-static void rope_op(const mb *z, int32_t l, mf_kernel kind, const char *what, int32_t x, int64_t nh,
-                    int64_t D, int64_t rot, int64_t off) {
-  const mf_model_spec *s = z->s;
-  mf_pop *o =
-      mf_pb_op(z->b, kind, kind == MF_K_ROPE_FWD ? MF_PHASE_FWD : MF_PHASE_BWD, z->m, l, "L%d %s", l, what);
-  SET(o, x, z->pos);
-  /* truncate: 1 true, -1 false (0 would be transformers' default, true) */
-  INTS(o, z->T, nh, D, rot, off, s->rope_interleave, s->yarn_factor > 0 ? (s->yarn_truncate ? 1 : -1) : 0);
-  o->f[0] = s->rope_theta;
-  if (s->yarn_factor > 0) {
-    o->f[1] = s->yarn_factor;
-    o->f[2] = (double)s->yarn_original_max;
-    o->f[3] = s->yarn_beta_fast;
-    o->f[4] = s->yarn_beta_slow;
-    o->f[5] = mf_model_spec_yarn_attention_factor(s);
-  }
-}
-
 /* y (+)= a block of x's rows (x row r / rep for y row r); the kernel's sizes in order. */
 static void slice_op(const mb *z, int32_t l, mf_kernel kind, const char *what, int32_t x, int32_t y,
                      int64_t rows, int64_t C, int64_t xs, int64_t xo, int64_t ys, int64_t yo, int64_t rep,
@@ -89,7 +70,7 @@ void mf_pb_mla_fwd(const mb *z, int32_t l) {
   a->mkr = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * dr, m, l, LNAME "self_attn.k_rope", m, l);
   slice_op(z, l, MF_K_SLICE, "compressed kv", a->mkva, a->mc, T, rkv, rkv + dr, 0, rkv, 0, 1, 0);
   slice_op(z, l, MF_K_SLICE, "rope key", a->mkva, a->mkr, T, dr, rkv + dr, rkv, dr, 0, 1, 0);
-  rope_op(z, l, MF_K_ROPE_FWD, "rope k", a->mkr, 1, dr, dr, 0);
+  mf_pb_rope(z, l, MF_K_ROPE_FWD, "rope k", a->mkr, 1, dr, dr, 0);
   a->mcr = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T, m, l, LNAME "self_attn.kv_a_layernorm.rstd", m, l);
   a->mcn = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * rkv, m, l, LNAME "self_attn.kv_a_layernorm.out", m, l);
   mf_pb_rmsnorm_fwd_eps(c, l, "kv_a_layernorm", a->mc, mf_pb_P(c, MF_P_KV_A_NORM, l), a->mcn, a->mcr, T, rkv,
@@ -105,7 +86,7 @@ void mf_pb_mla_fwd(const mb *z, int32_t l) {
   if (dn > 0) slice_op(z, l, MF_K_SLICE, "k nope", a->mkvb, a->k, T * Hq, dn, dn + Dv, 0, D, 0, 1, 1);
   slice_op(z, l, MF_K_SLICE, "k rope to every head", a->mkr, a->k, T * Hq, dr, dr, 0, D, dn, Hq, 1);
   slice_op(z, l, MF_K_SLICE, "v", a->mkvb, a->v, T * Hq, Dv, dn + Dv, dn, Dv, 0, 1, 0);
-  rope_op(z, l, MF_K_ROPE_FWD, "rope q", a->q, Hq, D, dr, dn);
+  mf_pb_rope(z, l, MF_K_ROPE_FWD, "rope q", a->q, Hq, D, dr, dn);
   a->qa = a->q;
   a->ka = a->k;
   a->att = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * Dv, m, l, LNAME "self_attn.attn_out", m, l);
@@ -134,12 +115,12 @@ void mf_pb_mla_bwd(const mb *z, int32_t l, int32_t datt, int32_t dxn1) {
   INTS(o, B, S, Hq, Hq, D, Dv);
   o->f[0] = z->scale;
   o->flops = 2.5 * 2.0 * (double)B * (double)Hq * (double)(D + Dv) * (double)S * (double)(S + 1) / 2.0;
-  rope_op(z, l, MF_K_ROPE_BWD, "rope q bwd", dq, Hq, D, dr, dn);
+  mf_pb_rope(z, l, MF_K_ROPE_BWD, "rope q bwd", dq, Hq, D, dr, dn);
   /* the rope key's gradient: the heads' sum, rotated back */
   int32_t dkr =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * dr, m, l, LNAME "self_attn.k_rope.grad", m, l);
   slice_op(z, l, MF_K_SLICE_BWD, "k rope bwd", dk, dkr, T, dr, dr, 0, D, dn, Hq, 0);
-  rope_op(z, l, MF_K_ROPE_BWD, "rope k bwd", dkr, 1, dr, dr, 0);
+  mf_pb_rope(z, l, MF_K_ROPE_BWD, "rope k bwd", dkr, 1, dr, dr, 0);
   /* kv_b's output gradient: [k nope | v] of each head */
   int32_t dkvb = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hq * (dn + Dv), m, l,
                               LNAME "self_attn.kv_b_proj.out.grad", m, l);

@@ -236,6 +236,24 @@ void mf_pb_expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const cha
   o->flops = 2.0 * (double)(z->T * z->TK) * (double)N * (double)K;
 }
 
+void mf_pb_rope(const mb *z, int32_t l, mf_kernel kind, const char *what, int32_t x, int64_t nh, int64_t D,
+                int64_t rot, int64_t off) {
+  const mf_model_spec *s = z->s;
+  mf_pop *o =
+      mf_pb_op(z->b, kind, kind == MF_K_ROPE_FWD ? MF_PHASE_FWD : MF_PHASE_BWD, z->m, l, "L%d %s", l, what);
+  SET(o, x, z->pos);
+  /* truncate: 1 true, -1 false (0 would be transformers' default, true) */
+  INTS(o, z->T, nh, D, rot, off, s->rope_interleave, s->yarn_factor > 0 ? (s->yarn_truncate ? 1 : -1) : 0);
+  o->f[0] = s->rope_theta;
+  if (s->yarn_factor > 0) {
+    o->f[1] = s->yarn_factor;
+    o->f[2] = (double)s->yarn_original_max;
+    o->f[3] = s->yarn_beta_fast;
+    o->f[4] = s->yarn_beta_slow;
+    o->f[5] = mf_model_spec_yarn_attention_factor(s);
+  }
+}
+
 double mf_program_loss_divisor(const mf_program *p) {
   return (double)(p->G * p->ranks);
 }
