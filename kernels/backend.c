@@ -54,15 +54,19 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                        {"T", "nh", "D", "rot", "off", "interleaved", "truncate"},
                        {"theta", "factor", "original_max", "beta_fast", "beta_slow", "attention_factor"}},
     /* D: the head dim of q and k (the scores); Dv: that of v, o, dout and dv
-     * (0: D) — DeepSeek-V3's latent attention has q/k heads of 192, v heads of 128 */
+     * (0: D) — DeepSeek-V3's latent attention has q/k heads of 192, v heads of 128.
+     * window: a sliding window, key j seen from query i when i - window < j <= i
+     * (0: none). sinks [Hq] (absent: none): gpt-oss's learned logit per query head,
+     * one more column of every row's softmax, dropped after it (lse includes it);
+     * dsinks [Hq] its gradient, fp32, added into (absent: frozen). */
     [MF_K_ATTN_FWD] = {"attn_fwd",
-                       {{"q", R}, {"k", R}, {"v", R}, {"o", W}, F32("lse", W)},
-                       {"B", "S", "Hq", "Hkv", "D", "Dv"},
+                       {{"q", R}, {"k", R}, {"v", R}, {"o", W}, F32("lse", W), OPT("sinks", R)},
+                       {"B", "S", "Hq", "Hkv", "D", "Dv", "window"},
                        {"scale"}},
     [MF_K_ATTN_BWD] = {"attn_bwd",
                        {{"q", R}, {"k", R}, {"v", R}, {"o", R}, {"dout", R}, F32("lse", R), {"dq", W}, {"dk", W},
-                        {"dv", W}},
-                       {"B", "S", "Hq", "Hkv", "D", "Dv"},
+                        {"dv", W}, OPT("sinks", R), {"dsinks", A, 1, MF_KT_F32}},
+                       {"B", "S", "Hq", "Hkv", "D", "Dv", "window"},
                        {"scale"}},
     [MF_K_SWIGLU_FWD] = {"swiglu_fwd", {{"g", R}, {"u", R}, {"act", W}}, {"n"}},
     [MF_K_SWIGLU_BWD] = {"swiglu_bwd", {{"g", R}, {"u", R}, {"dact", R}, {"dg", W}, {"du", W}}, {"n"}},
@@ -76,13 +80,17 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_SCALE] = {"scale", {{"x", A}}, {"n"}, {"s"}},
     /* stream and seed: the mask's (mf_dropout_bits; seed set per micro-batch at run time) */
     [MF_K_DROPOUT] = {"dropout", {{"x", R}, {"y", W}}, {"n", "stream", "seed"}, {"p"}},
+    /* mode 0: softmax over E, then the top-k of the probabilities; mode 1
+     * (gpt-oss): the top-k of the logits, their softmax the weights, probs the
+     * softmax over E of the weights scattered into a row of zeros; norm_topk
+     * is mode 0's (kernels/cpu/router.c) */
     [MF_K_ROUTER_FWD] = {"router_fwd",
                          {{"logits", R}, F32("probs", W), I32("topk_idx", W), F32("topk_w", W)},
-                         {"T", "E", "K", "norm_topk"}},
+                         {"T", "E", "K", "norm_topk", "mode"}},
     [MF_K_ROUTER_BWD] = {"router_bwd",
                          {F32("probs", R), I32("topk_idx", R), F32("topk_w", R), {"dtopk_w", R},
                           {"dprobs_extra", R, 1, MF_KT_F32}, {"dlogits", W}},
-                         {"T", "E", "K", "norm_topk"}},
+                         {"T", "E", "K", "norm_topk", "mode"}},
     /* counts and offsets are int64, the row maps int32 */
     [MF_K_MOE_DISPATCH] = {"moe_dispatch",
                            {I32("topk_idx", R), I64("counts", W), I64("offsets", W), I32("row_of", W),
@@ -152,6 +160,19 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                                {F32("scores", R), I32("topk_idx", R), {"dtopk_w", R}, {"dlogits", W}},
                                {"T", "E", "K", "n_group", "topk_group", "norm_topk"},
                                {"scaling"}},
+    /* gpt-oss's clamped SwiGLU: limit (7) and alpha (1.702) */
+    [MF_K_SWIGLU_CLAMP_FWD] = {"swiglu_clamp_fwd",
+                               {{"g", R}, {"u", R}, {"act", W}},
+                               {"n"},
+                               {"limit", "alpha"}},
+    [MF_K_SWIGLU_CLAMP_BWD] = {"swiglu_clamp_bwd",
+                               {{"g", R}, {"u", R}, {"dact", R}, {"dg", W}, {"du", W}},
+                               {"n"},
+                               {"limit", "alpha"}},
+    /* y [R, N] += bias[e] on the rows of expert e (offsets as EXPERT_FWD's; R from y's bytes,
+     * mf_kernel_expert_rows); db [E, N] += the row-order sums of dy's rows, fp32 */
+    [MF_K_EXPERT_BIAS_FWD] = {"expert_bias_fwd", {{"y", A}, I64("offsets", R), {"bias", R}}, {"E", "N"}},
+    [MF_K_EXPERT_BIAS_BWD] = {"expert_bias_bwd", {{"dy", R}, I64("offsets", R), F32("db", A)}, {"E", "N"}},
 };
 
 /* clang-format on */
@@ -335,7 +356,9 @@ mf_status mf_kernel_call_dtype(const mf_kernel_call *k, mf_dtype *storage) {
 }
 
 int64_t mf_kernel_expert_rows(const mf_kernel_call *k) {
-  const int64_t width = k->kind == MF_K_EXPERT_FWD ? k->i[2] : k->kind == MF_K_EXPERT_BWD_DATA ? k->i[1] : 0;
+  int64_t width = 0; /* of the first operand's rows */
+  if (k->kind == MF_K_EXPERT_FWD) width = k->i[2];
+  if (k->kind == MF_K_EXPERT_BWD_DATA || k->kind == MF_K_EXPERT_BIAS_FWD) width = k->i[1];
   const size_t es = mf_dtype_size(k->b[0].dtype != MF_DTYPE_INVALID ? k->b[0].dtype : MF_DTYPE_F32);
   return width > 0 && es ? (int64_t)(k->b[0].bytes / es) / width : 0;
 }

@@ -137,6 +137,13 @@ typedef enum mf_kernel {
    * apart and puts them together with them. */
   MF_K_SLICE,
   MF_K_SLICE_BWD,
+  /* gpt-oss's experts (transformers' GptOssExperts): its clamped SwiGLU
+   * (kernels/cpu/swiglu_clamp.c) and the per-expert bias of its expert
+   * projections over the expert-sorted rows (kernels/cpu/expert_bias.c). */
+  MF_K_SWIGLU_CLAMP_FWD,
+  MF_K_SWIGLU_CLAMP_BWD,
+  MF_K_EXPERT_BIAS_FWD,
+  MF_K_EXPERT_BIAS_BWD,
   MF_K_COUNT_
 } mf_kernel;
 
@@ -147,7 +154,8 @@ const char *mf_kernel_name(mf_kernel k); /* "unknown" for a kind out of range */
 mf_status mf_kernel_slice_check(const char *what, int64_t rows, int64_t C, int64_t xs, int64_t xo, int64_t ys,
                                 int64_t yo, int64_t rep);
 
-#define MF_KBUF_MAX 10
+/* Operand slots of a call: the most any kind has (ATTN_BWD's 11) and one to spare. */
+#define MF_KBUF_MAX 12
 
 /* One operand: where it is, how many bytes the kernel may touch, whether it
  * writes them, and the dtype of its elements. dtype MF_DTYPE_INVALID (0, left
@@ -255,9 +263,10 @@ mf_dtype mf_kop_type_dtype(mf_kop_type t, mf_dtype storage);
  * expert slot - 100's weight). Returns buf. */
 const char *mf_kernel_operand_text(mf_kernel k, int slot, char *buf, size_t cap);
 
-/* The rows R of an EXPERT_FWD or EXPERT_BWD_DATA call, from its first operand's
- * bytes and dtype (xe [R, Kd], dye [R, N]): a bound on offsets[E] that a device
- * can use without reading offsets. 0 for other kinds and empty rows. */
+/* The rows R of an EXPERT_FWD, EXPERT_BWD_DATA or EXPERT_BIAS_FWD call, from
+ * its first operand's bytes and dtype (xe [R, Kd], dye [R, N], y [R, N]): a
+ * bound on offsets[E] that a device can use without reading offsets. 0 for
+ * other kinds and empty rows. */
 int64_t mf_kernel_expert_rows(const mf_kernel_call *call);
 
 typedef struct mf_stream mf_stream;

@@ -28,4 +28,32 @@ MF_TOPK_FN void mf_topk_insert(float v, int32_t e, float *w, int32_t *idx, int64
   idx[j] = e;
 }
 
+/* gpt-oss's router row (ROUTER_FWD mode 1), one body for both twins: the top-k
+ * logits (descending, l read through LD(l, e) as float), their softmax into w,
+ * and p the softmax over all E of w scattered into a row of zeros (what
+ * gpt-oss's aux loss reads). QUAL: the function's storage class (and template
+ * head), LT: the logits' element type. */
+#define MF_ROUTER_TOPK_FIRST_ROW(QUAL, NAME, LT, LD)                                     \
+  QUAL void NAME(const LT *l, int64_t E, int64_t K, float *p, int32_t *idx, float *w) {  \
+    int64_t n = 0;                                                                       \
+    for (int64_t e = 0; e < E; e++) mf_topk_insert(LD(l, e), (int32_t)e, w, idx, &n, K); \
+    const float top = w[0];                                                              \
+    float s = 0.0f;                                                                      \
+    for (int64_t j = 0; j < K; j++) {                                                    \
+      w[j] = expf(w[j] - top);                                                           \
+      s += w[j];                                                                         \
+    }                                                                                    \
+    for (int64_t j = 0; j < K; j++) w[j] = w[j] / s;                                     \
+    for (int64_t e = 0; e < E; e++) p[e] = 0.0f;                                         \
+    for (int64_t j = 0; j < K; j++) p[idx[j]] = w[j];                                    \
+    float m = p[0];                                                                      \
+    for (int64_t e = 1; e < E; e++) m = p[e] > m ? p[e] : m;                             \
+    float z = 0.0f;                                                                      \
+    for (int64_t e = 0; e < E; e++) {                                                    \
+      p[e] = expf(p[e] - m);                                                             \
+      z += p[e];                                                                         \
+    }                                                                                    \
+    for (int64_t e = 0; e < E; e++) p[e] = p[e] / z;                                     \
+  }
+
 #endif /* MF_KERNELS_TOPK_H */

@@ -112,6 +112,11 @@ mf_status mf_plan_proxy_build(const mf_program *full, mf_plan_proxy **out) {
    * proxy has its dense layers first too. */
   mf_model_spec ps = *fs;
   ps.layers = n;
+  /* gpt-oss's sliding and full layers alternate: the proxy's layers attend as the full ones (the dearer:
+   * a conservative step time), or slide when every layer of the model does */
+  int all_slide = 1;
+  for (int32_t l = 0; l < L; l++) all_slide = all_slide && fs->sliding_layers[l];
+  for (int i = 0; i < n; i++) ps.sliding_layers[i] = (uint8_t)all_slide;
   if (ps.first_dense > n) ps.first_dense = n; /* every layer dense */
   if (second_kind >= 0 && fs->first_dense > 0) {
     int32_t dense = 0;

@@ -36,7 +36,15 @@ DeepSeek-V3 (deepseek_v3*: DeepseekV3ForCausalLM) has GLM-4.5's router, MoE bloc
 same code, handled here the same way) under multi-head latent attention: each layer's attention
 output is also checked against an fp64 reference of MLA from its parameters (check_mla: q_proj or
 q_a_proj/q_b_proj, the kv latent, RoPE on the rope slices interleaved or in halves, YaRN).
-and tests/fixtures/NOTES.md: the facts about the 4.57 maths the C code must match,
+gpt-oss (gpt_oss*: GptOssForCausalLM) keeps the contract above (aux loss on, loss = CE + coef * aux) with three
+differences: the model records the routers' scores (softmax over the top-k logits scattered into zeros) as its
+router_logits and computes the aux loss from them, so router_logits.<layer> are the raw logits x W^T + b recomputed
+from each router's input (gate_hooks) and the metadata's aux_loss_rule says what aux_loss is; its experts are fused
+[E, ...] tensors, so no grad is None and an idle expert's slice (and router row) of the grads is all zero
+(expert_grad_rule); its expert weights are drawn wider (GPT_OSS_INIT_STD) so that the clamped SwiGLU's clamps are
+reached. Each layer's attention (sinks, sliding window, YaRN with truncate false) and MoE block are checked against
+fp64 references (check_sink_attention, check_gpt_oss_moe).
+It also writes tests/fixtures/NOTES.md: the facts about the 4.57 maths the C code must match,
 each checked by this script against the installed sources (SOURCE_FACTS) and, where
 it can be, numerically (check_moe_block, check_aux, check_adamw).
 
@@ -64,7 +72,9 @@ group limit, its topk_group-th and next group scores, recomputed in float64; and
 the router bias, or the group limit, must change the choice in every MoE layer). Fixtures
 with need_idle_expert take the first seed (counting up from the one given) for which exactly
 one routed expert receives no token, so the no_grad path (Mixtral/Qwen/GLM/DeepSeek: grad
-None, AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW still decays) are both exercised.
+None, AdamW skips) and the zero-grad path (OLMoE: grad 0, AdamW still decays; gpt-oss: a zero slice of the fused
+experts' grads) are both exercised. gpt-oss: its k-th and (k+1)-th logits (bias included) recomputed in float64, and
+leaving out its router bias must change the choice in every MoE layer.
 """
 
 import argparse
@@ -95,8 +105,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4MoeConfig, MixtralConfig, OlmoeConfig,
-                          Qwen2MoeConfig, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, Glm4MoeConfig, GptOssConfig, MixtralConfig,
+                          OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
 
 PINNED = {"torch": "2.9.1", "transformers": "4.57.6"}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -125,6 +135,16 @@ DS_COMMON = dict(GLM_COMMON, num_key_value_heads=GLM_COMMON["num_attention_heads
 # = 1) at fixture size: factor 4 over an original 16 positions (max_position_embeddings 64 = 4 * 16).
 DS_YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1,
            "mscale": 1.0, "mscale_all_dim": 1.0}
+# gpt-oss's YaRN as published (rope_type "yarn", factor 32 over an original 4096, betas 32 / 1, truncate false, no
+# mscale: attention factor 0.1 ln(factor) + 1) at fixture size: factor 8 over an original 512 positions
+# (max_position_embeddings 4096 = 8 * 512), theta 1000, so that the correction range (0.54, 2.55) is fractional at
+# both ends within the 4 frequencies of head_dim 8 (floor / ceil, truncate true, would make it [0, 3]).
+GPT_OSS_YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False}
+# gpt-oss's expert weights are drawn wider than INIT_STD (build(): "init_std", by name suffix) so that the clamps of its
+# SwiGLU (GptOssExperts.limit = 7) are reached: gate_up_proj N(0, 1) (gate and up have std ~5.7 on the normed
+# input), down_proj N(0, 0.02^2) (the block output stays within a few units).
+GPT_OSS_INIT_STD = {"mlp.experts.gate_up_proj": 1.0, "mlp.experts.down_proj": 0.02}
 
 # rms_norm_eps is left at each family's default (Mixtral 1e-5, Qwen2/3 1e-6, OLMoE 1e-5);
 # rope_theta is set away from each default (Mixtral 1e6, Qwen2/3 1e4, OLMoE 1e4).
@@ -181,6 +201,22 @@ FIXTURES = [
                  n_group=1, topk_group=1, first_k_dense_replace=0, norm_topk_prob=False, routed_scaling_factor=2.5,
                  q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
                  rope_interleave=False, rope_scaling=DS_YARN, rope_theta=100.0, rms_norm_eps=1e-5)),
+    # gpt-oss (GptOssForCausalLM): attention sinks, q/k/v/o biases, sliding-window and full attention layers, YaRN,
+    # a router with a bias (top-k of the logits, softmax over the k), fused experts (gate_up_proj [E,H,2I] with gate
+    # and up interleaved, down_proj [E,I,H], both with biases) through a clamped SwiGLU; an aux loss. Both: 2 layers,
+    # head_dim 8 (passed: GptOssConfig's default is 64), expert I 16, sliding_window 3, GPT_OSS_INIT_STD.
+    # gpt_oss: layer 0 sliding_attention, layer 1 full_attention (as published: even layers slide), YaRN
+    # (GPT_OSS_YARN, truncate false).
+    dict(name="gpt_oss", config=GptOssConfig, seed=10000, need_idle_expert=True,
+         common=dict(COMMON, max_position_embeddings=4096), init_std=GPT_OSS_INIT_STD,
+         kw=dict(intermediate_size=16, num_local_experts=8, head_dim=8, sliding_window=3,
+                 layer_types=["sliding_attention", "full_attention"], rope_scaling=GPT_OSS_YARN, rope_theta=1e3)),
+    # gpt_oss_nosw: every layer full_attention (sliding_window stays set: GptOssModel builds the sliding mask whatever
+    # the layer types, and create_sliding_window_causal_mask refuses a null window), default RoPE (rope_scaling null).
+    dict(name="gpt_oss_nosw", config=GptOssConfig, seed=11000, need_idle_expert=False,
+         common=COMMON, init_std=GPT_OSS_INIT_STD,
+         kw=dict(intermediate_size=16, num_local_experts=8, head_dim=8, sliding_window=3,
+                 layer_types=["full_attention", "full_attention"], rope_scaling=None, rope_theta=1e4)),
 ]
 
 
@@ -205,6 +241,7 @@ def source_facts():
     from transformers.loss import loss_utils
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
     from transformers.models.glm4_moe import modeling_glm4_moe as gl
+    from transformers.models.gpt_oss import modeling_gpt_oss as go
     from transformers.models.mixtral import modeling_mixtral as mx
     from transformers.models.olmoe import modeling_olmoe as ol
     from transformers.models.qwen2_moe import modeling_qwen2_moe as q2
@@ -253,7 +290,7 @@ def source_facts():
          "denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)"),
         ("torch/optim/adam.py _single_tensor_adam", tadam._single_tensor_adam,
          "param.addcdiv_(exp_avg, denom, value=-step_size)"),
-    ] + glm_facts(gl, rope) + ds_facts(ds, rope)
+    ] + glm_facts(gl, rope) + ds_facts(ds, rope) + gpt_oss_facts(go, rope)
 
 
 def glm_facts(gl, rope):
@@ -415,6 +452,93 @@ def ds_facts(ds, rope):
     )
 
 
+def gpt_oss_facts(go, rope):
+    """gpt-oss's facts (modeling_gpt_oss.py, configuration_gpt_oss.py; the sliding window of masking_utils.py, the
+    YaRN truncation of modeling_rope_utils.py)."""
+    from transformers import masking_utils
+    c = "modeling_gpt_oss.py "
+    cfg = "configuration_gpt_oss.py GptOssConfig.__init__"
+    return (
+        facts(cfg, GptOssConfig.__init__,
+              'self.head_dim = head_dim if head_dim is not None else self.hidden_size // self.num_attention_heads',
+              '"sliding_attention" if bool((i + 1) % 2) else "full_attention" for i in range(self.num_hidden_layers)',
+              "self.attention_bias = True",
+              "self.router_aux_loss_coef = router_aux_loss_coef")
+        + facts(c + "GptOssRMSNorm.forward", go.GptOssRMSNorm.forward,
+                "return (self.weight * hidden_states).to(input_dtype)")
+        + facts(c + "GptOssExperts.__init__", go.GptOssExperts.__init__,
+                "self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, "
+                "2 * self.expert_dim))",
+                "self.gate_up_proj_bias = nn.Parameter(torch.empty(self.num_experts, 2 * self.expert_dim))",
+                "self.down_proj = nn.Parameter(torch.empty((self.num_experts, self.expert_dim, self.hidden_size)))",
+                "self.down_proj_bias = nn.Parameter(torch.empty(self.num_experts, self.hidden_size))",
+                "self.alpha = 1.702", "self.limit = 7.0")
+        + facts(c + "GptOssExperts.forward", go.GptOssExperts.forward,
+                'if hidden_states.device.type == "cpu" or self.training:',
+                "for expert_idx in expert_hit[:]:",
+                "gate_up = current_state @ self.gate_up_proj[expert_idx] + self.gate_up_proj_bias[expert_idx]",
+                "gate, up = gate_up[..., ::2], gate_up[..., 1::2]",
+                "gate = gate.clamp(min=None, max=self.limit)",
+                "up = up.clamp(min=-self.limit, max=self.limit)",
+                "glu = gate * torch.sigmoid(gate * self.alpha)",
+                "gated_output = (up + 1) * glu",
+                "out = gated_output @ self.down_proj[expert_idx] + self.down_proj_bias[expert_idx]",
+                "weighted_output = out * routing_weights[token_idx, expert_idx, None]",
+                "next_states.index_add_(0, token_idx, weighted_output.to(hidden_states.dtype))")
+        + facts(c + "GptOssTopKRouter.forward", go.GptOssTopKRouter.forward,
+                "router_logits = F.linear(hidden_states, self.weight, self.bias)",
+                "router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=-1)",
+                "router_top_value = torch.nn.functional.softmax(router_top_value, dim=1, dtype=router_top_value.dtype)",
+                "router_scores = torch.zeros_like(router_logits).scatter_(1, router_indices, router_top_value)",
+                "return router_scores, router_indices")
+        + facts(c + "GptOssMLP.forward", go.GptOssMLP.forward,
+                "routed_out = self.experts(hidden_states, router_indices=router_indices, "
+                "routing_weights=router_scores)")
+        + facts(c + "GptOssDecoderLayer.__init__", go.GptOssDecoderLayer.__init__,
+                "self.mlp = GptOssMLP(config)", "self.attention_type = config.layer_types[layer_idx]")
+        + facts(c + "GptOssAttention.__init__", go.GptOssAttention.__init__,
+                'self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+                "self.scaling = self.head_dim**-0.5",
+                "config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.attention_bias",
+                "config.hidden_size, config.num_key_value_heads * self.head_dim, bias=config.attention_bias",
+                "config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias",
+                'self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" '
+                "else None",
+                "self.sinks = nn.Parameter(torch.empty(config.num_attention_heads))")
+        + facts(c + "GptOssAttention.forward", go.GptOssAttention.forward,
+                "query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)",
+                "attn_output = self.o_proj(attn_output)")
+        + facts(c + "_apply_rotary_emb", go._apply_rotary_emb,
+                "first_half, second_half = torch.chunk(x, 2, dim=-1)",
+                "first_ = first_half * cos - second_half * sin",
+                "second_ = second_half * cos + first_half * sin")
+        + facts(c + "GptOssRotaryEmbedding.forward", go.GptOssRotaryEmbedding.forward,
+                "emb = freqs", "cos = emb.cos() * self.attention_scaling")
+        + facts(c + "eager_attention_forward", go.eager_attention_forward,
+                "attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling",
+                "sinks = module.sinks.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)",
+                "combined_logits = torch.cat([attn_weights, sinks], dim=-1)",
+                "combined_logits = combined_logits - combined_logits.max(dim=-1, keepdim=True).values",
+                "scores = probs[..., :-1]  # we drop the sink here")
+        + facts(c + "GptOssModel.forward", go.GptOssModel.forward,
+                '"sliding_attention": create_sliding_window_causal_mask(**mask_kwargs),',
+                "attention_mask=causal_mask_mapping[decoder_layer.attention_type],")
+        + facts("masking_utils.py sliding_window_overlay", masking_utils.sliding_window_overlay,
+                "return kv_idx > q_idx - sliding_window")
+        + facts("masking_utils.py create_sliding_window_causal_mask", masking_utils.create_sliding_window_causal_mask,
+                'raise ValueError("Could not find a `sliding_window` argument in the config, or it is not set")')
+        + facts("modeling_rope_utils.py _compute_yarn_parameters", rope._compute_yarn_parameters,
+                "if truncate:", "attention_factor = get_mscale(factor)")
+        + facts(c + "load_balancing_loss_func", go.load_balancing_loss_func,
+                "routing_weights = torch.nn.functional.softmax(concatenated_gate_logits, dim=-1)",
+                "_, selected_experts = torch.topk(routing_weights, top_k, dim=-1)",
+                "return overall_loss * num_experts")
+        + facts(c + "GptOssForCausalLM.forward", go.GptOssForCausalLM.forward,
+                "outputs.router_logits,",
+                "loss += self.router_aux_loss_coef * aux_loss.to(loss.device)")
+    )
+
+
 def facts(cite, obj, *snippets):
     """(citation, object, snippet) for each of several snippets of one object's source."""
     return [(cite, obj, snippet) for snippet in snippets]
@@ -436,6 +560,7 @@ def check_sources():
     need("norm_topk_prob" not in inspect.signature(MixtralConfig.__init__).parameters,
          "MixtralConfig has a norm_topk_prob")
     check_glm_sources()
+    check_gpt_oss_sources()
 
 
 def check_glm_sources():
@@ -462,6 +587,21 @@ def check_glm_sources():
     fwd = _src(gl.Glm4MoeAttention.forward)
     need(fwd.index("self.q_norm(query_states)") < fwd.index("apply_rotary_pos_emb("),
          "Glm4MoeAttention.forward: q_norm is not before RoPE")
+
+
+def check_gpt_oss_sources():
+    """What gpt-oss's sources say beyond their lines: the model records the routers' first output (router_scores, not
+    the logits) as router_logits; neither the config nor the modeling code reads a swiglu_limit (GptOssExperts'
+    limit is the constant 7), and the config takes attention_bias only through **kwargs (it sets True first)."""
+    from transformers.models.gpt_oss import modeling_gpt_oss as go
+    rec = go.GptOssPreTrainedModel._can_record_outputs["router_logits"]
+    need(rec.target_class is go.GptOssTopKRouter and rec.index == 0,
+         f"GptOssPreTrainedModel records router_logits as {rec}")
+    need("swiglu_limit" not in inspect.getsource(go) and "swiglu_limit" not in _src(GptOssConfig),
+         "modeling_gpt_oss.py / GptOssConfig read a swiglu_limit")
+    ps = inspect.signature(GptOssConfig.__init__).parameters
+    need("attention_bias" not in ps and "swiglu_limit" not in ps and ps["rms_norm_eps"].default == 1e-5,
+         "GptOssConfig takes attention_bias / swiglu_limit, or its rms_norm_eps default is not 1e-5")
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -530,6 +670,14 @@ def frozen_buffers(model):
     return [(n, b) for n, b in model.named_buffers() if n in sd and n not in params]
 
 
+def init_std(fx, name):
+    """The standard deviation build() draws parameter `name` (not a norm weight) with: fx's "init_std" entry whose
+    key ends the name (gpt-oss's experts: GPT_OSS_INIT_STD), else INIT_STD."""
+    stds = [v for k, v in fx.get("init_std", {}).items() if name.endswith("." + k)]
+    need(len(stds) <= 1, f"{name}: several init_std entries")
+    return stds[0] if stds else INIT_STD
+
+
 def build(fx, seed):
     cfg = fx["config"](**copy.deepcopy(fx.get("common", COMMON)), **copy.deepcopy(fx["kw"]))  # (rope_scaling:
     # DeepseekV3Config adds rope_type to the dict it is given and casts its betas to float)
@@ -544,7 +692,7 @@ def build(fx, seed):
                 need(p.dim() == 1, f"{name}: norm weight not 1-d")
                 v = 1.0 + NORM_STD * z
             else:
-                v = INIT_STD * z
+                v = init_std(fx, name) * z
             p.copy_(torch.from_numpy(v.astype(np.float32)))
         # Saved buffers (GLM's and DeepSeek's router bias; transformers leaves it 0) random too, so that a wrong use
         # of the bias changes the routing.
@@ -601,6 +749,24 @@ def aux_coef(cfg):
     return 0.0 if is_group_router(cfg) else AUX_COEF
 
 
+def is_gpt_oss(cfg):
+    """gpt-oss (GptOssForCausalLM): a router with a bias (top-k of its logits, softmax over the k), fused experts
+    through a clamped SwiGLU, attention with sinks and sliding windows."""
+    return cfg.model_type == "gpt_oss"
+
+
+def has_hooked_router(cfg):
+    """The families whose routing the script reads from the routers themselves (gate_hooks), not from the model's
+    router_logits output: GLM-4.5 and DeepSeek-V3 (none recorded), gpt-oss (it records router scores, not logits)."""
+    return is_group_router(cfg) or is_gpt_oss(cfg)
+
+
+def norm_topk(cfg):
+    """Whether the combine weights of the top-k sum to 1 (before any routed_scaling_factor): always for Mixtral, and
+    for gpt-oss (a softmax over the k chosen logits), else norm_topk_prob."""
+    return True if cfg.model_type in ("mixtral", "gpt_oss") else bool(cfg.norm_topk_prob)
+
+
 def forward_kw(cfg):
     """The forward's router-logit flag: GLM-4.5 and DeepSeek-V3 record no router logits (output_router_logits
     would be swallowed by **kwargs), so it is not passed; the routers are read by gate_hooks instead."""
@@ -609,11 +775,12 @@ def forward_kw(cfg):
 
 def gate_hooks(model):
     """Forward hooks on the GLM-4.5 / DeepSeek-V3 routers (GROUP_ROUTER's: the modules with an
-    e_score_correction_bias; also inside a PeftModel): captured[layer] = (router, its input [T,H],
-    its output (topk_indices, topk_weights)). Returns captured and the hooks."""
+    e_score_correction_bias) and the gpt-oss ones (GptOssTopKRouter); also inside a PeftModel: captured[layer] =
+    (router, its input [T,H], its output: (topk_indices, topk_weights), gpt-oss (router_scores [T,E],
+    router_indices [T,k])). Returns captured and the hooks."""
     captured, hooks = {}, []
     for n, m in model.named_modules():
-        if hasattr(m, "e_score_correction_bias"):
+        if hasattr(m, "e_score_correction_bias") or type(m).__name__ == "GptOssTopKRouter":
             li = int(re.search(r"layers\.(\d+)\.", n).group(1))
             hooks.append(m.register_forward_hook(lambda m_, inp, out, li=li: captured.__setitem__(li, (
                 m_, inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(), tuple(t.detach().clone() for t in out)))))
@@ -648,21 +815,37 @@ def group_router_logits(gates):
     return [F.linear(x.float(), g.weight.detach().float()) for g, x, _ in (gates[li] for li in sorted(gates))]
 
 
+def bias_route(cfg, x, w, bias, use_bias=True):
+    """gpt-oss's choice (GptOssTopKRouter) in float64 from the router input x [T,H], its weight w [E,H] and bias [E]:
+    (logits x W^T + b [T,E], chosen experts [T,k] ascending, margin [T]: the gap between the k-th and (k+1)-th
+    logit). use_bias False: the choice without the bias (the checks' wrong variant)."""
+    k = cfg.num_experts_per_tok
+    lg = x.double() @ w.double().T + (bias.double() if use_bias else 0.0)
+    top = lg.sort(dim=-1, descending=True).values
+    return lg, lg.topk(k, dim=-1).indices.sort(dim=-1).values, top[:, k - 1] - top[:, k]
+
+
 def group_routing_stats(cfg, gates):
-    """routing_stats for GLM-4.5 / DeepSeek-V3 from gate_hooks' capture: (margin, idle [(MoE layer position, e)],
-    chosen experts per MoE layer [T,k], whether the float64 choice is transformers' in every layer,
-    whether leaving out the bias (and, with a group limit, the limit) changes it in every layer)."""
-    E = cfg.n_routed_experts
+    """routing_stats for GLM-4.5 / DeepSeek-V3 (group_route) and gpt-oss (bias_route) from gate_hooks' capture:
+    (margin, idle [(MoE layer position, e)], chosen experts per MoE layer [T,k], whether the float64 choice is
+    transformers' in every layer, whether leaving out the bias (and, with a group limit, the limit) changes it in
+    every layer)."""
+    E = num_experts(cfg)
     margin, idle, sels, same, sensitive = math.inf, [], [], True, True
     for pos, li in enumerate(sorted(gates)):
-        g, x, (idx, _) = gates[li]
-        w, b = g.weight.detach(), g.e_score_correction_bias
-        _, sel, m = group_route(cfg, x, w, b)
+        g, x, out = gates[li]
+        if is_gpt_oss(cfg):
+            idx, w, b = out[1], g.weight.detach(), g.bias.detach()
+            _, sel, m = bias_route(cfg, x, w, b)
+            sensitive = sensitive and not torch.equal(sel, bias_route(cfg, x, w, b, use_bias=False)[1])
+        else:
+            idx, w, b = out[0], g.weight.detach(), g.e_score_correction_bias
+            _, sel, m = group_route(cfg, x, w, b)
+            sensitive = sensitive and not torch.equal(sel, group_route(cfg, x, w, b, use_bias=False)[1])
+            if cfg.n_group > cfg.topk_group:
+                sensitive = sensitive and not torch.equal(sel, group_route(cfg, x, w, b, groups=False)[1])
         margin = min(margin, m.min().item())
         same = same and torch.equal(sel, idx.sort(dim=-1).values)
-        sensitive = sensitive and not torch.equal(sel, group_route(cfg, x, w, b, use_bias=False)[1])
-        if cfg.n_group > cfg.topk_group:
-            sensitive = sensitive and not torch.equal(sel, group_route(cfg, x, w, b, groups=False)[1])
         hits = torch.bincount(sel.reshape(-1), minlength=E)
         idle += [(pos, e) for e in range(E) if hits[e] == 0]
         sels.append(sel)
@@ -671,9 +854,9 @@ def group_routing_stats(cfg, gates):
 
 def usable_routing(fx, model, cfg, ids):
     """The model's routing of ids keeps away from ties, and has exactly one idle expert when fx needs one;
-    GLM-4.5's (DeepSeek-V3's) also changes without the router bias (and without the group limit, where there is one)
-    in every MoE layer."""
-    if is_group_router(cfg):
+    GLM-4.5's (DeepSeek-V3's, gpt-oss's) also changes without the router bias (and without the group limit, where
+    there is one) in every MoE layer."""
+    if has_hooked_router(cfg):
         gates, hooks = gate_hooks(model)
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)
@@ -793,6 +976,8 @@ def check_moe_block(name, model, captured):
     renormalisation exactly as the family does it, and not with it flipped. GLM-4.5 / DeepSeek-V3:
     ref_group_moe, and none of group_wrong_variants (the router bias, the group limit, ... matter)."""
     cfg = model.config
+    if is_gpt_oss(cfg):
+        return check_gpt_oss_moe(name, cfg, captured)
     if is_group_router(cfg):
         for li, (blk, x, y) in captured.items():
             y = y.detach().double().reshape(-1, y.shape[-1])
@@ -841,34 +1026,47 @@ def yarn_mscale(scale, mscale):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def mla_rope(cfg, yarn=True, exponent_dim=None):
-    """(inv_freq [rot/2] float64, attention_factor) of DeepSeek-V3's RoPE, rot = qk_rope_head_dim (config.head_dim
-    is set to it): 1/theta^(2i/rot), or with rope_scaling yarn _compute_yarn_parameters' mix of those
-    (extrapolation) and them / factor (interpolation), ramped over [low, high] (the correction range, floor /
-    ceil, clamped to [0, rot-1]); attention_factor (cos and sin are multiplied by it) mscale(factor, mscale) /
-    mscale(factor, mscale_all_dim) where both are set, else mscale(factor, 1); 1 without yarn. yarn False /
-    exponent_dim: the wrong variants (plain frequencies; another dim in the exponent)."""
-    rot, base, rs = cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling
+def rope_freqs(rot, base, rs, max_pos, yarn=True, exponent_dim=None, truncate=None, attention_factor=True):
+    """(inv_freq [rot/2] float64, attention_factor) of RoPE over rot dims with theta base: 1/base^(2i/rot), or with
+    rope_scaling rs of rope_type yarn _compute_yarn_parameters' mix of those (extrapolation) and them / factor
+    (interpolation), ramped over [low, high]: the correction range of beta_fast / beta_slow (defaults 32 / 1) over
+    original_max_position_embeddings (default max_pos), floor / ceil unless rs says truncate false, clamped to
+    [0, rot-1]; attention_factor (cos and sin are multiplied by it) mscale(factor, mscale) / mscale(factor,
+    mscale_all_dim) where both are set, else mscale(factor, 1); 1 without yarn. yarn False / exponent_dim / truncate /
+    attention_factor False: the wrong variants (plain frequencies; another dim in the exponent; the other truncation;
+    the factor left at 1)."""
     dim = exponent_dim or rot
     inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / dim)
     if rs is None or not yarn:
         return inv, 1.0
-    need(rs["rope_type"] == "yarn" and "attention_factor" not in rs and "truncate" not in rs,
-         f"rope_scaling {rs}: mla_rope knows yarn with the attention factor from mscale and truncation only")
+    need(rs["rope_type"] == "yarn" and "attention_factor" not in rs,
+         f"rope_scaling {rs}: rope_freqs knows yarn with the attention factor from mscale only")
     f = rs["factor"]
-    orig = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
+    orig = rs.get("original_max_position_embeddings") or max_pos
 
     def corr(rotations):  # find_correction_dim
         return rot * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low, high = max(math.floor(corr(rs.get("beta_fast") or 32)), 0), min(math.ceil(corr(rs.get("beta_slow") or 1)),
-                                                                         rot - 1)
+    low, high = corr(rs.get("beta_fast") or 32), corr(rs.get("beta_slow") or 1)
+    if rs.get("truncate", True) if truncate is None else truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rot - 1)
     if low == high:
         high += 0.001
     extra = 1 - ((torch.arange(rot // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
     inv = inv / f * (1 - extra) + inv * extra
+    if not attention_factor:
+        return inv, 1.0
     m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
     return inv, (yarn_mscale(f, m) / yarn_mscale(f, m_all) if m and m_all else yarn_mscale(f, 1))
+
+
+def mla_rope(cfg, yarn=True, exponent_dim=None):
+    """(inv_freq [rot/2] float64, attention_factor) of DeepSeek-V3's RoPE (rope_freqs), rot = qk_rope_head_dim
+    (config.head_dim is set to it). yarn False / exponent_dim: the wrong variants (plain frequencies; another dim in
+    the exponent)."""
+    return rope_freqs(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings, yarn,
+                      exponent_dim)
 
 
 def mla_scale(cfg, yarn=True):
@@ -984,6 +1182,247 @@ def check_mla(name, model, captured):
     return worst, wrong
 
 
+# ----------------------------------------------------------------------------- gpt-oss
+def gpt_oss_route(blk, x, cfg, use_bias=True, softmax_all=False):
+    """gpt-oss's routing in float64 of the router input x [T,H]: (combine weights [T,k], chosen experts [T,k]):
+    the top-k of the logits x W^T + b, softmax over those k (GptOssTopKRouter). softmax_all: the wrong variant
+    (softmax over all E, then the top-k probabilities, not renormalised)."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    r = blk.router
+    lg = x @ d(r.weight).T + (d(r.bias) if use_bias else 0.0)
+    if softmax_all:
+        return lg.softmax(-1).topk(cfg.num_experts_per_tok, dim=-1)
+    top, idx = lg.topk(cfg.num_experts_per_tok, dim=-1)
+    return top.softmax(-1), idx
+
+
+def gpt_oss_expert(ex, e, v, halves=False, swap=False, clamp=True, gate_floor=False, plus_one=True, alpha=None):
+    """One gpt-oss expert e on rows v [n,H] in float64: (h [n,I] = (up + 1) * gate * sigmoid(alpha * gate) before
+    down_proj, gate [n,I] and up [n,I] before their clamps), gate_up = v @ gate_up_proj[e] + gate_up_proj_bias[e]
+    with gate = its even columns, up = its odd ones; gate clamped above at limit only, up to [-limit, limit]
+    (GptOssExperts.forward). The keyword arguments give check_gpt_oss_moe's wrong variants."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    gu = v @ d(ex.gate_up_proj[e]) + d(ex.gate_up_proj_bias[e])
+    I = gu.shape[-1] // 2
+    gate, up = (gu[..., :I], gu[..., I:]) if halves else (gu[..., 0::2], gu[..., 1::2])
+    if swap:
+        gate, up = up, gate
+    g, u = gate, up
+    if clamp:
+        g = g.clamp(min=-ex.limit if gate_floor else None, max=ex.limit)
+        u = u.clamp(min=-ex.limit, max=ex.limit)
+    h = g * torch.sigmoid(g * (ex.alpha if alpha is None else alpha))
+    return ((u + 1) * h if plus_one else u * h), gate, up
+
+
+def ref_gpt_oss_moe(blk, x, cfg, use_bias=True, softmax_all=False, bias_weighted=True, **expert_kw):
+    """fp64 reference of one GptOssMLP block from its parameters: sum_j w_j (h_j @ down_proj[e_j] +
+    down_proj_bias[e_j]) (gpt_oss_route, gpt_oss_expert). The keyword arguments give check_gpt_oss_moe's wrong
+    variants (bias_weighted False: down_proj_bias added outside the routing weight)."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    x = d(x).reshape(-1, x.shape[-1])
+    ex = blk.experts
+    w, idx = gpt_oss_route(blk, x, cfg, use_bias, softmax_all)
+    y = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(idx.shape[1]):
+            e = int(idx[t, j])
+            h = gpt_oss_expert(ex, e, x[t:t + 1], **expert_kw)[0][0]
+            o = h @ d(ex.down_proj[e])
+            y[t] += w[t, j] * (o + d(ex.down_proj_bias[e])) if bias_weighted else w[t, j] * o + d(ex.down_proj_bias[e])
+    return y
+
+
+def gpt_oss_clamps(blk, x, cfg):
+    """How many elements of the chosen experts' gate and up (over every token and chosen expert) lie beyond the
+    clamps: {"gate > limit", "gate < -limit", "up > limit", "up < -limit"}, out of "elements" each."""
+    x = x.detach().double().reshape(-1, x.shape[-1])
+    _, idx = gpt_oss_route(blk, x, cfg)
+    lim, n = blk.experts.limit, {"gate > limit": 0, "gate < -limit": 0, "up > limit": 0, "up < -limit": 0,
+                                 "elements": 0}
+    for t in range(x.shape[0]):
+        for e in idx[t].tolist():
+            _, gate, up = gpt_oss_expert(blk.experts, e, x[t:t + 1])
+            n["gate > limit"] += int((gate > lim).sum())
+            n["gate < -limit"] += int((gate < -lim).sum())
+            n["up > limit"] += int((up > lim).sum())
+            n["up < -limit"] += int((up < -lim).sum())
+            n["elements"] += gate.numel()
+    return n
+
+
+GPT_OSS_MOE_WRONG = {
+    "the router bias left out": dict(use_bias=False),
+    "softmax over all E, then top-k (not over the k chosen logits)": dict(softmax_all=True),
+    "gate / up as halves of gate_up_proj (not interleaved)": dict(halves=True),
+    "gate and up swapped": dict(swap=True),
+    "no clamps": dict(clamp=False),
+    "up without the + 1": dict(plus_one=False),
+    "sigmoid(gate) without alpha (plain SiLU)": dict(alpha=1.0),
+    "down_proj_bias outside the routing weight": dict(bias_weighted=False),
+}
+
+
+def check_gpt_oss_moe(name, cfg, captured):
+    """gpt-oss: GptOssExperts' constants are alpha 1.702 and limit 7; every MoE block's output is ref_gpt_oss_moe's
+    within 1e-5 and more than 1e-3 away from each of GPT_OSS_MOE_WRONG; every clamp (gate above, up above and
+    below) is active in every MoE layer, and gate also lies below -limit somewhere (where it is not clamped; clamping
+    it there would change h by less than 1e-4: gate * sigmoid(1.702 * gate) is ~0 either way, so no wrong variant
+    of that shows). Returns the clamp counts per layer and the smallest distance to each wrong variant."""
+    clamps, wrong = {}, {}
+    for li, (blk, x, y) in sorted(captured.items()):
+        need(blk.experts.alpha == 1.702 and blk.experts.limit == 7.0,
+             f"{name}: layer {li} alpha {blk.experts.alpha} limit {blk.experts.limit}")
+        y = y.detach().double().reshape(-1, y.shape[-1])
+        err = (ref_gpt_oss_moe(blk, x, cfg) - y).abs().max().item()
+        need(err < 1e-5, f"{name}: layer {li} MoE block differs from the reference by {err}")
+        for what, kw in GPT_OSS_MOE_WRONG.items():
+            e = (ref_gpt_oss_moe(blk, x, cfg, **kw) - y).abs().max().item()
+            need(e > 1e-3, f"{name}: layer {li} MoE block insensitive to {what} ({e})")
+            wrong[what] = min(wrong.get(what, math.inf), e)
+        clamps[li] = gpt_oss_clamps(blk, x, cfg)
+        need(all(v > 0 for v in clamps[li].values()), f"{name}: layer {li} clamps not all reached: {clamps[li]}")
+    return clamps, wrong
+
+
+def gpt_oss_router_logits(gates):
+    """The raw router logits x W^T + b [T,E] F32 of each MoE layer (ascending), as GptOssTopKRouter.forward computes
+    them (F.linear of the router input, weight and bias)."""
+    return [F.linear(x, g.weight.detach(), g.bias.detach()) for g, x, _ in (gates[li] for li in sorted(gates))]
+
+
+def check_gpt_oss_router(name, cfg, gates, router_logits, recorded):
+    """gpt-oss: each router's output (router_scores, router_indices) is, bit for bit, the top-k of router_logits with
+    a softmax over the k scattered into zeros [T,E]; and the model's recorded router_logits (out.router_logits, what
+    the aux loss is computed from) are those router_scores, not the logits."""
+    k = cfg.num_experts_per_tok
+    for li, lg, rec in zip(sorted(gates), router_logits, recorded):
+        _, _, (scores, idx) = gates[li]
+        top, i = torch.topk(lg, k, dim=-1)
+        ref = torch.zeros_like(lg).scatter_(1, i, F.softmax(top, dim=1, dtype=top.dtype))
+        need(torch.equal(i, idx) and torch.equal(ref, scores),
+             f"{name}: layer {li} router scores are not those of its logits")
+        need(torch.equal(rec.detach(), scores), f"{name}: layer {li} recorded router_logits are not the router scores")
+
+
+def ref_sink_attention(attn, x, cfg, window=False, sinks=True, interleave=False, biases=True, **rope_kw):
+    """fp64 reference of one GptOssAttention from its parameters; x [B,S,H] its input (positions 0..S-1, no padding).
+    q / k / v = x W^T + b per head (head_dim), RoPE (rope_freqs: pairs (i, i + head_dim/2), cos and sin times the
+    attention factor), GQA (kv head h serves query heads h*g .. h*g+g-1), scores q.k * head_dim^-0.5, causal mask and,
+    on a sliding_attention layer, key s' visible from query s iff s' > s - sliding_window; one more logit per head, its
+    sink, joins each row's softmax and is dropped after it; @ v, o_proj (with its bias). window: the layer's own
+    (False), None (none) or a width (check_sink_attention's wrong variants, as the other keyword arguments: sinks left
+    out, RoPE on interleaved pairs, biases left out, rope_freqs' variants)."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    x = d(x)
+    Bx, Sx, _ = x.shape
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    def lin(v, m):
+        return v @ d(m.weight).T + (d(m.bias) if biases and m.bias is not None else 0.0)
+
+    q = lin(x, attn.q_proj).view(Bx, Sx, nh, hd)
+    k = lin(x, attn.k_proj).view(Bx, Sx, nkv, hd).repeat_interleave(nh // nkv, dim=2)
+    v = lin(x, attn.v_proj).view(Bx, Sx, nkv, hd).repeat_interleave(nh // nkv, dim=2)
+    inv, af = rope_freqs(hd, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings, **rope_kw)
+    ang = torch.arange(Sx, dtype=torch.float64)[:, None] * inv[None, :]  # [S, hd/2]
+    cos, sin = (af * ang.cos())[None, :, None, :], (af * ang.sin())[None, :, None, :]
+
+    def rope(t):
+        a, b = (t[..., 0::2], t[..., 1::2]) if interleave else (t[..., :hd // 2], t[..., hd // 2:])
+        a, b = a * cos - b * sin, b * cos + a * sin
+        return torch.stack([a, b], dim=-1).reshape(t.shape) if interleave else torch.cat([a, b], dim=-1)
+
+    q, k = rope(q), rope(k)
+    sc = torch.einsum("bshd,bthd->bhst", q, k) * hd ** -0.5
+    w = attn.sliding_window if window is False else window
+    s_, t_ = torch.arange(Sx)[:, None], torch.arange(Sx)[None, :]
+    hidden = (t_ > s_) | ((t_ <= s_ - w) if w is not None else False)
+    sc = sc.masked_fill(hidden, -math.inf)
+    if sinks:
+        sink = d(attn.sinks)[None, :, None, None].expand(Bx, nh, Sx, 1)
+        p = torch.cat([sc, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        p = sc.softmax(-1)
+    o = torch.einsum("bhst,bthd->bshd", p, v).reshape(Bx, Sx, nh * hd)
+    return lin(o, attn.o_proj)
+
+
+def sink_attention_wrong_variants(cfg, attn):
+    """check_sink_attention's wrong attentions for one layer, each of which the fixture must tell from the right one."""
+    v = {"sinks left out": dict(sinks=False), "RoPE on interleaved pairs": dict(interleave=True),
+         "attention biases left out": dict(biases=False)}
+    if attn.sliding_window is not None:
+        v["the sliding window ignored"] = dict(window=None)
+        v["the sliding window one wider (s' >= s - sliding_window)"] = dict(window=attn.sliding_window + 1)
+    else:
+        v["a sliding window on a full_attention layer"] = dict(window=cfg.sliding_window)
+    rs = cfg.rope_scaling
+    if rs is not None:
+        v["plain RoPE frequencies (not YaRN's)"] = dict(yarn=False)
+        v["YaRN without its attention factor"] = dict(attention_factor=False)
+        v["YaRN's correction range " + ("truncated (floor / ceil)" if not rs.get("truncate", True) else
+                                        "not truncated")] = dict(truncate=not rs.get("truncate", True))
+    return v
+
+
+def check_sink_attention(name, model, captured):
+    """gpt-oss: transformers' RoPE buffer and attention factor are rope_freqs', each layer's scale head_dim^-0.5 and
+    window its layer type's, and every layer's attention output (o_proj's) is ref_sink_attention's within 1e-5 and
+    more than 1e-3 away from each of sink_attention_wrong_variants. captured[layer] = (attention module, its input
+    [B,S,H], its output). Returns the largest error, and the smallest distance to a wrong variant per variant."""
+    cfg = model.config
+    inv, af = rope_freqs(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    re_ = model.model.rotary_emb
+    need(torch.allclose(re_.inv_freq.double(), inv, rtol=1e-6, atol=0) and abs(re_.attention_scaling - af) < 1e-12,
+         f"{name}: RoPE inv_freq {re_.inv_freq.tolist()} / factor {re_.attention_scaling}, "
+         f"expected {inv.tolist()} / {af}")
+    worst, wrong = 0.0, {}
+    for li, (attn, x, y) in sorted(captured.items()):
+        slides = cfg.layer_types[li] == "sliding_attention"
+        need(attn.scaling == cfg.head_dim ** -0.5 and attn.sliding_window == (cfg.sliding_window if slides else None),
+             f"{name}: layer {li} scaling {attn.scaling} window {attn.sliding_window}")
+        y = y.detach().double()
+        err = (ref_sink_attention(attn, x, cfg) - y).abs().max().item()
+        need(err < 1e-5, f"{name}: layer {li} attention differs from the reference by {err}")
+        worst = max(worst, err)
+        for what, kw in sink_attention_wrong_variants(cfg, attn).items():
+            e = (ref_sink_attention(attn, x, cfg, **kw) - y).abs().max().item()
+            need(e > 1e-3, f"{name}: layer {li} attention insensitive to {what} ({e})")
+            wrong[what] = min(wrong.get(what, math.inf), e)
+    return worst, wrong
+
+
+def check_attention(name, model, captured):
+    """The families whose attention is checked against an fp64 reference: DeepSeek-V3 (check_mla), gpt-oss
+    (check_sink_attention); (None, {}) for the others."""
+    cfg = model.config
+    if is_mla(cfg):
+        return check_mla(name, model, captured)
+    if is_gpt_oss(cfg):
+        return check_sink_attention(name, model, captured)
+    return None, {}
+
+
+def check_fused_expert_grads(name, model, grads, moe_layers, idle, dead):
+    """gpt-oss's experts are fused [E, ...] tensors (mlp.experts.gate_up_proj, gate_up_proj_bias, down_proj,
+    down_proj_bias): every one has a gradient, and in MoE layer l expert e's slice [e] of each is all zero iff (l, e)
+    is idle or in dead (its tokens reach no counted target); the router's row e (mlp.router.weight[e], bias[e]) is
+    all zero iff (l, e) is idle (the router's gradient reaches only the chosen logits: the scores are a scatter of
+    the softmax over the k into zeros; the aux loss reaches a dead expert's row). Returns the names checked."""
+    checked = []
+    for li in moe_layers:
+        pre = f"model.layers.{li}.mlp."
+        for n in ("experts.gate_up_proj", "experts.gate_up_proj_bias", "experts.down_proj", "experts.down_proj_bias",
+                  "router.weight", "router.bias"):
+            g = grads[pre + n]
+            zero_rows = [e for e in range(g.shape[0]) if not g[e].any()]
+            want = [e for e in range(g.shape[0]) if (li, e) in idle or (n.startswith("experts.") and (li, e) in dead)]
+            need(zero_rows == want, f"{name}: {pre + n}: all-zero slices {zero_rows}, expected {want}")
+            checked.append(pre + n)
+    return checked
+
+
 def attn_hooks(model):
     """Forward hooks on every layer's self_attn (called with keyword arguments): captured[layer] = (module,
     hidden_states [B,S,H], attention output [B,S,H]). Returns captured and the hooks."""
@@ -997,12 +1436,12 @@ def attn_hooks(model):
 
 def check_aux(name, router_logits, k, E, aux):
     """aux = E * sum_{j,e} mean_n onehot(topk)[n,j,e] * mean_n softmax[n,e], rows of all
-    MoE layers concatenated (load_balancing_loss_func)."""
+    MoE layers concatenated (load_balancing_loss_func); aux None: computed, not compared."""
     lg = torch.cat([t.detach() for t in router_logits]).double()
     p = torch.softmax(lg, dim=-1)
     f = F.one_hot(p.topk(k, dim=-1).indices, E).double().mean(0)
     ref = E * (f * p.mean(0)).sum()
-    need(abs(ref.item() - aux) <= 1e-5 * abs(aux), f"{name}: aux {aux} != pooled formula {ref.item()}")
+    need(aux is None or abs(ref.item() - aux) <= 1e-5 * abs(aux), f"{name}: aux {aux} != pooled formula {ref.item()}")
     per_layer = [E * (F.one_hot(torch.softmax(t.detach().double(), -1).topk(k, -1).indices, E).double().mean(0)
                       * torch.softmax(t.detach().double(), -1).mean(0)).sum().item() for t in router_logits]
     return ref.item(), per_layer
@@ -1090,7 +1529,7 @@ def make_fixture(fx, outdir):
         hooks.append(blk.register_forward_hook(lambda m, inp, out, i=i: captured.__setitem__(
             i, (m, inp[0].detach().clone(), (out[0] if isinstance(out, tuple) else out).detach().clone()))))
     gates, gate_hks = gate_hooks(model)
-    attns, attn_hks = attn_hooks(model) if is_mla(cfg) else ({}, [])
+    attns, attn_hks = attn_hooks(model) if is_mla(cfg) or is_gpt_oss(cfg) else ({}, [])
     out = model(input_ids=ids, labels=labels, use_cache=False, **forward_kw(cfg))
     for h in hooks + gate_hks + attn_hks:
         h.remove()
@@ -1101,6 +1540,10 @@ def make_fixture(fx, outdir):
              f"{name}: {GROUP_ROUTER[cfg.model_type][0]} returned an aux loss or router logits")
         router_logits = group_router_logits(gates)
         check_group_router(name, cfg, gates, router_logits)
+    elif is_gpt_oss(cfg):  # out.router_logits are the routers' scores: the logits are recomputed from their input
+        need(sorted(gates) == moe_layers, f"{name}: routers of layers {sorted(gates)} for MoE layers {moe_layers}")
+        router_logits = gpt_oss_router_logits(gates)
+        check_gpt_oss_router(name, cfg, gates, router_logits, out.router_logits)
     else:
         router_logits = out.router_logits
     need(len(router_logits) == len(moe_layers),
@@ -1124,12 +1567,18 @@ def make_fixture(fx, outdir):
         margin, idle, sels, same, sensitive = group_routing_stats(cfg, gates)
         need(same and sensitive, f"{name}: float64 routing is transformers' {same}, bias / group matter {sensitive}")
         check_ignores_router_flag(name, model, ids, labels, logits, loss)
+    elif is_gpt_oss(cfg):  # the aux loss of the recorded router scores, which differs from that of the logits
+        aux_ref, aux_per_layer = check_aux(name, out.router_logits, k, E, aux.item())
+        aux_of_logits = check_aux(name, router_logits, k, E, None)[0]
+        need(abs(aux_of_logits - aux.item()) > 1e-3, f"{name}: aux of the raw logits {aux_of_logits} = aux")
+        margin, idle, sels, same, sensitive = group_routing_stats(cfg, gates)
+        need(same and sensitive, f"{name}: float64 routing is transformers' {same}, the bias matters {sensitive}")
     else:
         aux_ref, aux_per_layer = check_aux(name, router_logits, k, E, aux.item())
         margin, idle = routing_stats(router_logits, k, E)
         sels = [lg.detach().topk(k, dim=-1).indices for lg in router_logits]
-    check_moe_block(name, model, captured)
-    mla_err, mla_wrong = check_mla(name, model, attns) if is_mla(cfg) else (None, {})
+    moe_checked = check_moe_block(name, model, captured)
+    attn_err, attn_wrong = check_attention(name, model, attns)
     idle = [(moe_layers[li], e) for li, e in idle]
 
     out.loss.backward()
@@ -1138,13 +1587,18 @@ def make_fixture(fx, outdir):
     for n, g in grads.items():
         need(torch.isfinite(g).all(), f"{name}: grad of {n} not finite")
     idle_params = sorted(n for (li, e) in idle for n in params if n.startswith(expert_prefix(model, li, e)))
-    if cfg.model_type == "olmoe":  # loops over every expert: idle experts get an all-zero grad
+    dead = dead_experts(sels, moe_layers, loss_mask, cfg.num_hidden_layers, E, aux_coef(cfg) > 0)
+    if is_gpt_oss(cfg):  # fused experts: every parameter has a grad; idle (and dead) experts' slices are zero
+        need(not no_grad, f"{name}: unexpected no_grad {no_grad}")
+        check_fused_expert_grads(name, model, grads, moe_layers, idle, dead)
+        idle_params = sorted(f"model.layers.{li}.mlp.experts.{n}[{e}]" for li, e in idle
+                             for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"))
+    elif cfg.model_type == "olmoe":  # loops over every expert: idle experts get an all-zero grad
         need(not no_grad, f"{name}: unexpected no_grad {no_grad}")
         for n in idle_params:
             need(not grads[n].any(), f"{name}: idle expert param {n} has a non-zero grad")
     else:  # loops over the experts hit only: idle experts get no grad at all
         need(no_grad == idle_params, f"{name}: no_grad {no_grad} != idle experts' params {idle_params}")
-    dead = dead_experts(sels, moe_layers, loss_mask, cfg.num_hidden_layers, E, aux_coef(cfg) > 0)
     dead_params = sorted(n for (li, e) in dead for n in params if n.startswith(expert_prefix(model, li, e)))
     zero = sorted(n for n in grads if not grads[n].any())
     expect_zero = sorted(set(dead_params) | (set(idle_params) if cfg.model_type == "olmoe" else set()))
@@ -1175,8 +1629,9 @@ def make_fixture(fx, outdir):
         "model_type": cfg.model_type,
         "seed": str(seed),
         "init": (f"numpy default_rng(seed) (PCG64): for each parameter in named_parameters() order, "
-                 f"z = standard_normal(shape) float64; norm weights 1+{NORM_STD}*z, all others {INIT_STD}*z; "
-                 f"cast to float32. " + (
+                 f"z = standard_normal(shape) float64; norm weights 1+{NORM_STD}*z, "
+                 + "".join(f"*.{k} {v}*z, " for k, v in sorted(fx.get("init_std", {}).items()))
+                 + f"all others {INIT_STD}*z; cast to float32. " + (
                      f"Then for each saved buffer that is not a parameter (frozen), in named_buffers() order, "
                      f"z = standard_normal(shape) float64, {INIT_STD}*z cast to float32. " if frozen else "") +
                  "Then input_ids [B,S] from the same generator: integers over the vocab less pad_token_id"),
@@ -1213,6 +1668,26 @@ def make_fixture(fx, outdir):
         meta["min_routing_margin_rule"] = ("min over MoE layers and tokens of the gap between the topk_group-th and "
                                            "next group score (n_group > topk_group only) and of the gap between the "
                                            "k-th and (k+1)-th masked choice score, in float64")
+    if is_gpt_oss(cfg):
+        meta["router_logits"] = ("raw router logits x W^T + b [B*S,E] of each MoE layer (F.linear of the router input, "
+                                 "mlp.router.weight and mlp.router.bias in float32, as GptOssTopKRouter.forward "
+                                 "computes them); the experts are their top-k, the weights a softmax over those k")
+        meta["aux_loss_rule"] = ("load_balancing_loss_func of the router scores [B*S,E] (what the model records as "
+                                 "router_logits: the softmax over the top-k logits scattered into zeros), not of the "
+                                 "raw logits: p = softmax(scores) over all E, f = mean one-hot of topk(p, k) (the same "
+                                 "experts), aux = E * sum f * mean p, MoE layers pooled")
+        meta["min_routing_margin_rule"] = ("min over MoE layers and tokens of the gap between the k-th and "
+                                           "(k+1)-th raw router logit (bias included), in float64")
+        meta["expert_grad_rule"] = ("experts fused: mlp.experts.{gate_up_proj, gate_up_proj_bias, down_proj, "
+                                    "down_proj_bias} [E,...] always have a grad (no_grad empty); an idle expert's "
+                                    "slice [e] of each is all zero (AdamW decays it), as are mlp.router.weight[e] and "
+                                    "mlp.router.bias[e]; a zero_grad_experts expert's slices are all zero too, its "
+                                    "router row not (the aux loss reaches it)")
+        meta["swiglu"] = ("GptOssExperts: gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e] [2I]; gate = "
+                          "gate_up[0::2], up = gate_up[1::2]; gate = min(gate, 7); up = clamp(up, -7, 7); "
+                          "h = (up + 1) * gate * sigmoid(1.702 * gate); out = h @ down_proj[e] + down_proj_bias[e], "
+                          "times the routing weight (alpha 1.702 and limit 7 are constants of the module, not read "
+                          "from the config)")
     # The checked-in directory alone reproduces the logits.
     again = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager")
     again.train()
@@ -1225,10 +1700,10 @@ def make_fixture(fx, outdir):
 
     return dict(name=name, family=cfg.model_type, seed=seed, moe_layers=moe_layers, k=k, E=E, cfg=cfg,
                 frozen=frozen,
-                norm_topk=(True if cfg.model_type == "mixtral" else cfg.norm_topk_prob),
+                norm_topk=norm_topk(cfg),
                 head_dim=(f"{cfg.qk_head_dim}/{cfg.v_head_dim}" if is_mla(cfg) else
                           getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads),
-                mla_err=mla_err, mla_wrong=mla_wrong, layers=cfg.num_hidden_layers,
+                attn_err=attn_err, attn_wrong=attn_wrong, moe_checked=moe_checked, layers=cfg.num_hidden_layers,
                 rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps, loss=loss.item(), ce=ce.item(),
                 aux=aux.item(), aux_per_layer=aux_per_layer, n_targets=n_targets, idle=idle, dead=dead,
                 no_grad=len(no_grad), margin=margin, adam_err=adam_err,
@@ -1253,16 +1728,17 @@ sources (file and function named) and asserted by the script, textually
 All: H=32, 4 heads / 2 kv heads, vocab 64, E=8, k=2, expert I=16, silu, untied,
 attention_dropout 0, eager attention, train mode; 2 layers and router_aux_loss_coef
 0.01 except glm4_* and deepseek_v3* (GLM-4.5, DeepSeek-V3: their own sections below;
-no aux loss; DeepSeek-V3 has 4 kv heads, its head_dim is q/k head / v head). Mixtral
-jitter 0. qwen2_moe: shared expert I=24, layer 0 dense (`mlp_only_layers=[0]`,
-intermediate 20), q/k/v bias. qwen3_*: layer 0 dense through
+no aux loss; DeepSeek-V3 has 4 kv heads, its head_dim is q/k head / v head). gpt_oss*
+(gpt-oss: its own section below) has a clamped SwiGLU instead of silu and its expert
+weights drawn wider. Mixtral jitter 0. qwen2_moe: shared expert I=24, layer 0 dense
+(`mlp_only_layers=[0]`, intermediate 20), q/k/v bias. qwen3_*: layer 0 dense through
 `decoder_sparse_step=2` (intermediate 20). Initial weights N(0, 0.2²), norm weights
 1 + 0.1·N(0,1) (numpy PCG64, see `init` in the metadata). B=2, S=7; labels = ids with
 -100 at (0,0), (0,1), (1,4); `loss_mask` is in labels coordinates (1 iff the label
 counts: not -100 and s ≥ 1), {nt} targets each. One AdamW step: lr 1e-2, betas
 (0.9, 0.95), eps 1e-8, weight_decay 0.1, every parameter in one group.
 Top-k choices are at least {margin} apart in probability (no near-ties; GLM-4.5 and
-DeepSeek-V3: in choice score and group score, below).
+DeepSeek-V3: in choice score and group score, gpt-oss: in logit, below).
 
 ## Loss
 - **CE** (`loss/loss_utils.py` `ForCausalLMLoss`, `fixed_cross_entropy`): logits upcast to
@@ -1310,7 +1786,8 @@ DeepSeek-V3: in choice score and group score, below).
 - Experts that get no token: Mixtral, Qwen2-MoE and Qwen3-MoE loop over
   `expert_hit` only, so those experts are not in the graph and their `.grad` is
   **None**; OLMoE loops over `range(num_experts)` (empty matmuls), so their `.grad` is
-  an **all-zero tensor**. *(checked: `no_grad` metadata, OLMoE zero grads)*
+  an **all-zero tensor**. *(checked: `no_grad` metadata, OLMoE zero grads)* gpt-oss's
+  experts are fused tensors: an idle expert's slice of them is all zero (below).
 - An expert of the **last** layer whose tokens all sit at positions that predict no
   counted target (the last position, or one whose next label is -100) gets an
   all-zero gradient that is not None (the aux loss reaches the router only), so
@@ -1348,7 +1825,7 @@ DeepSeek-V3: in choice score and group score, below).
 - Embeddings use `padding_idx = pad_token_id` (OLMoE default 1; None for the
   others): that row of the embedding never gets a gradient. The fixtures' ids avoid
   the pad id.
-{glm}{ds}
+{glm}{ds}{gpt_oss}
 ## AdamW (torch {torch}: `torch/optim/adamw.py` `AdamW` = `Adam(decoupled_weight_decay=True)`; `torch/optim/adam.py` `_single_tensor_adam`, the CPU path)
 For each parameter with a gradient, step t (= 1 here):
 ```
@@ -1599,7 +2076,7 @@ def ds_notes(rows):
     checked_mla = para("*(checked: transformers' inv_freq and attention_factor are these, its scale this; an fp64 "
                        "reference of every layer's attention output (o_proj's) from the layer's parameters and input "
                        "is within 1e-5 of it, and more than 1e-3 away from it with each of these wrong attentions: "
-                       f"{'; '.join(wrong_list(lambda r: r['mla_wrong']))})*")
+                       f"{'; '.join(wrong_list(lambda r: r['attn_wrong']))})*")
     noq = next((r["cfg"] for r in rows if r["cfg"].rope_scaling is not None), None)
     need(noq is not None, "no DeepSeek-V3 fixture with YaRN")
     rs, rot = noq.rope_scaling, noq.qk_rope_head_dim
@@ -1613,6 +2090,153 @@ def ds_notes(rows):
         noq_low=max(math.floor(corr(rs["beta_fast"])), 0), noq_high=min(math.ceil(corr(rs["beta_slow"])), rot - 1),
         noq_inv=[float(f"{v:.6g}") for v in mla_rope(noq)[0].tolist()],
         noq_plain=[float(f"{v:.6g}") for v in mla_rope(noq, yarn=False)[0].tolist()], ds_scale=mla_scale(ds_ref))
+
+
+GPT_OSS_NOTES = """
+## gpt-oss (`gpt_oss*`: `GptOssForCausalLM`, `modeling_gpt_oss.py`)
+
+| name | layer_types | sliding_window | rope_scaling | rope_theta | RoPE inv_freq (attention factor) | seed | min margin (logit) | idle experts (layer, e) | zero-grad experts | clamped per MoE layer: gate > 7 / up > 7 / up < -7 (gate < -7, unclamped) of n | loss | ce | aux |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Both: H=32, 4 heads / 2 kv heads, head_dim 8 (passed: `GptOssConfig`'s default is 64),
+vocab 64, E = `num_local_experts` = 8, k = 2, expert I = `intermediate_size` = 16, 2
+layers, every layer MoE, `rms_norm_eps` 1e-5 (the default), `router_aux_loss_coef` 0.01
+(`GptOssConfig`'s default and the published value are 0.9), pad_token_id None. Weights as
+above except
+{init}
+(so that the SwiGLU's clamps are reached); the sinks, attention biases, router bias and
+expert biases are drawn like the other weights ({init_std}·N(0,1); transformers'
+`_init_weights` would zero the attention and expert biases).
+- **Config** (`GptOssConfig.__init__`): `head_dim` as given (null: H/heads); `layer_types`
+  default: layer i is `sliding_attention` iff i is even (the published files list them).
+  `attention_bias` is set to true before `**kwargs` are applied: it is not an argument, yet a
+  config.json `"attention_bias": false` does remove the q/k/v/o biases. There is **no
+  `swiglu_limit`** argument and nothing reads one: the published config.json's
+  `"swiglu_limit": 7.0` stays an unread attribute; the limit is `GptOssExperts.limit = 7.0`
+  and alpha `1.702`, constants of the module. `sliding_window` must be set even when no
+  layer slides (`gpt_oss_nosw`): `GptOssModel.forward` builds the sliding mask always and
+  `create_sliding_window_causal_mask` raises on a null window. `hidden_act` is not read by
+  the experts. *(checked)*
+- **RMSNorm** (`GptOssRMSNorm.forward`): `(weight · x32 · rsqrt(mean(x32²) + eps)).to(input_dtype)`:
+  the weight multiplies **before** the cast back (Mixtral's after); the same in fp32.
+- **Attention** (`GptOssAttention`, `eager_attention_forward`): q/k/v_proj **and o_proj** have
+  biases; RoPE on q and k; scores `q·kᵀ · head_dim^-0.5` + mask; then per head h a learnt
+  **sink** logit `self_attn.sinks[h]` is appended to every row as one more column, the row
+  max subtracted, softmax, the sink column dropped: `p[s,t] = exp(a[s,t]) / (Σ_t' exp(a[s,t'])
+  + exp(sinks[h]))` (a row sums to less than 1; the sinks get a gradient); `@ v` (GQA by
+  `repeat_kv`), `o_proj`. Masks: causal; on a `sliding_attention` layer (`self_attn.sliding_window`
+  = `sliding_window`, None on `full_attention`) key t is visible from query s iff also
+  **t > s − sliding_window** (`masking_utils.sliding_window_overlay`; window 3: s−2, s−1, s).
+- **RoPE** (`GptOssRotaryEmbedding`, `_apply_rotary_emb`): cos/sin have head_dim/2 columns
+  (`emb = freqs`, no `cat`) times the attention factor; each head is cut in halves, `(x1, x2)
+  → (x1·cos − x2·sin, x2·cos + x1·sin)`: pair (i, i + head_dim/2) turns by position·inv_freq[i]
+  (what `rotate_half` does).
+- **YaRN** (`_compute_yarn_parameters`): DeepSeek-V3's above, with two differences in the
+  published configs: **`truncate` false**, so the correction range [low, high] is not
+  floored / ceiled (only clamped to [0, rot − 1]); no `mscale` keys, so attention_factor =
+  0.1·ln(factor) + 1 (1.3466 at the published factor 32), on cos and sin (the scores get its
+  square); the softmax scale stays head_dim^-0.5 (no mscale² as DeepSeek's).
+  `gpt_oss` (θ {yarn_theta:g}, rot {yarn_rot}, f {yarn_f:g}, L {yarn_L}): low {yarn_low:.4f}, high {yarn_high:.4f}
+  (truncated they would be {yarn_tlow}, {yarn_thigh}).
+{checked_attn}
+- **Router** (`GptOssTopKRouter`): `mlp.router.weight` [E,H] and `mlp.router.bias` [E]
+  (Parameters of a plain module). logits = `F.linear(x, W, b)` in the model dtype (no fp32
+  upcast), x = the post_attention_layernorm output; experts = `topk(logits, k)` (descending);
+  weights = **softmax over the k chosen logits** (= Mixtral's renormalised top-k in exact
+  arithmetic); `router_scores` = those weights scattered into zeros [T,E].
+- **Experts** (`GptOssExperts.forward`, the training / CPU path): one fused tensor each,
+  `mlp.experts.gate_up_proj` [E,H,2I], `gate_up_proj_bias` [E,2I], `down_proj` [E,I,H],
+  `down_proj_bias` [E,H], applied as `x @ W` ([in, out], not nn.Linear's [out, in]).
+  gate = `gate_up[..., 0::2]`, up = `gate_up[..., 1::2]` (**interleaved** columns);
+  `gate = min(gate, 7)` (**no lower clamp**), `up = clamp(up, −7, 7)`;
+  `h = (up + 1) · gate · sigmoid(1.702 · gate)`; `out = h @ down_proj[e] + down_proj_bias[e]`;
+  `y += w · out` (the bias inside the routing weight), over the experts hit (`expert_hit`),
+  `index_add_`.
+{checked_moe}
+- **Gradients**: every parameter has a gradient (`no_grad` is empty). An idle expert's slice
+  [e] of the four expert tensors is all zero (AdamW decays it: `p·(1 − lr·wd)`), and so are
+  `mlp.router.weight[e]` and `mlp.router.bias[e]`: the router's gradient reaches only the
+  chosen logits (the scores are scattered into a constant `zeros_like`, and the aux loss is
+  computed from the scores). A zero-grad expert (tokens that reach no counted target, as
+  above) has all-zero expert slices but a router row that is not (the aux loss reaches it).
+  Metadata `expert_grad_rule`. *(checked: exactly these slices and rows are all zero)*
+- **Loss** (`GptOssForCausalLM.forward`): `loss = CE + router_aux_loss_coef · aux_loss` with
+  labels and `output_router_logits` (config default false; the fixtures pass true). But the
+  aux loss is **not computed from the router logits**: `_can_record_outputs["router_logits"] =
+  OutputRecorder(GptOssTopKRouter, index=0)` records the routers' first output, the
+  **router_scores**, and `load_balancing_loss_func` takes those: p = softmax(scores) over all
+  E (the E − k zeros included), f = mean one-hot of topk(p, k) (the chosen experts again),
+  `aux = E · Σ_j Σ_e f[j,e] · mean_n p[n,e]`, MoE layers pooled. With scores in [0, 1], p is
+  close to uniform (p ≤ e / (e + E − 1)), so aux moves little with the routing (k under
+  uniform routing; {aux}). `out.router_logits` are these
+  scores; `router_logits.<layer>` in fixture.safetensors are the raw logits x·Wᵀ + b
+  (recomputed from the router's input, as the router computes them); metadata
+  `aux_loss_rule`. *(checked: the routers' scores and choice are, bit for bit, those of the
+  logits; the recorded router_logits are the scores; aux is the pooled formula on the scores,
+  and more than 1e-3 away from the same formula on the logits)*
+- **Routing margins**: a seed is used only if, recomputed in float64 from the router's input,
+  (a) its choice is transformers', (b) for every token of every MoE layer the k-th and
+  (k+1)-th logit (bias included) differ by at least {margin}, (c) in every MoE layer the
+  choice without the router bias differs, and (`gpt_oss`) exactly one expert is idle.
+"""
+
+
+def gpt_oss_notes(rows):
+    """GPT_OSS_NOTES with the rows of the gpt-oss fixtures ("" if none)."""
+    rows = [r for r in rows if r["family"] == "gpt_oss"]
+    if not rows:
+        return ""
+    lines = []
+    for r in rows:
+        c = r["cfg"]
+        rs = c.rope_scaling
+        inv, af = rope_freqs(c.head_dim, c.rope_theta, rs, c.max_position_embeddings)
+        clamps = r["moe_checked"][0]
+        lines.append(
+            f"| {r['name']} | {', '.join(c.layer_types)} | {c.sliding_window} | "
+            + ("- | " if rs is None else
+               f"yarn: factor {rs['factor']:g}, original {rs['original_max_position_embeddings']}, beta_fast "
+               f"{rs['beta_fast']:g}, beta_slow {rs['beta_slow']:g}, truncate {str(rs['truncate']).lower()} | ")
+            + f"{c.rope_theta:g} | {[float(f'{v:.6g}') for v in inv.tolist()]} ({af:.6g}) | {r['seed']} | "
+            f"{r['margin']:.2e} | {', '.join(f'({l},{e})' for l, e in r['idle']) or '-'} | "
+            f"{', '.join(f'({l},{e})' for l, e in r['dead']) or '-'} | "
+            + "; ".join(f"{li}: {n['gate > limit']} / {n['up > limit']} / {n['up < -limit']} ({n['gate < -limit']}) "
+                        f"of {n['elements']}" for li, n in sorted(clamps.items()))
+            + f" | {r['loss']:.5f} | {r['ce']:.5f} | {r['aux']:.5f} |")
+
+    def wrong_list(variants):
+        which = {}
+        for r in rows:
+            for w in variants(r):
+                which.setdefault(w, []).append(r["name"])
+        return [w if len(ns) == len(rows) else f"{w} ({', '.join(ns)})" for w, ns in sorted(which.items())]
+
+    def para(text):
+        return textwrap.fill(text, 88, initial_indent="  ", subsequent_indent="  ", break_long_words=False,
+                             break_on_hyphens=False)
+
+    checked_moe = para("*(checked: fp64 reference within 1e-5 of the block output in every MoE layer, every clamp "
+                       "(gate above, up above and below) reached in each, gate below -7 too; and more than 1e-3 away "
+                       "from it with each of these wrong blocks: "
+                       f"{'; '.join(wrong_list(lambda r: r['moe_checked'][1]))}. Clamping gate below at -7 as well "
+                       "is not among them: gate·sigmoid(1.702·gate) is within 5e-5 of 0 there either way)*")
+    checked_attn = para("*(checked: transformers' inv_freq and attention factor are these, its scale and windows "
+                        "these; an fp64 reference of every layer's attention output (o_proj's) from the layer's "
+                        "parameters and input is within 1e-5 of it, and more than 1e-3 away from it with each of "
+                        f"these wrong attentions: {'; '.join(wrong_list(lambda r: r['attn_wrong']))})*")
+    yc = next((r["cfg"] for r in rows if r["cfg"].rope_scaling is not None), None)
+    need(yc is not None, "no gpt-oss fixture with YaRN")
+    rs, rot = yc.rope_scaling, yc.head_dim
+    corr = lambda b: rot * math.log(rs["original_max_position_embeddings"] / (b * 2 * math.pi)) / (  # noqa: E731
+        2 * math.log(yc.rope_theta))
+    init = ", ".join(f"`{k}` N(0, {v:g}²)" for k, v in sorted(GPT_OSS_INIT_STD.items(), reverse=True))
+    return GPT_OSS_NOTES.format(
+        rows="\n".join(lines), init=init, init_std=INIT_STD, checked_moe=checked_moe, checked_attn=checked_attn,
+        yarn_theta=yc.rope_theta, yarn_rot=rot, yarn_f=rs["factor"], yarn_L=rs["original_max_position_embeddings"],
+        yarn_low=max(corr(rs["beta_fast"]), 0), yarn_high=min(corr(rs["beta_slow"]), rot - 1),
+        yarn_tlow=max(math.floor(corr(rs["beta_fast"])), 0), yarn_thigh=min(math.ceil(corr(rs["beta_slow"])), rot - 1),
+        margin=f"{MIN_ROUTING_MARGIN:g}", aux=", ".join(f"`{r['name']}` {r['aux']:.4f}" for r in rows))
 
 
 def dead_earlier(rows):
@@ -1631,7 +2255,7 @@ def write_notes(outdir, rows):
     text = NOTES.format(
         tf=transformers.__version__, torch=torch.__version__.split("+")[0], rows=table,
         nt=rows[0]["n_targets"], margin=f"{MIN_ROUTING_MARGIN:g}", adam="< 1e-6", glm=glm_notes(rows),
-        ds=ds_notes(rows), dead_earlier=dead_earlier(rows))
+        ds=ds_notes(rows), gpt_oss=gpt_oss_notes(rows), dead_earlier=dead_earlier(rows))
     with open(os.path.join(outdir, "NOTES.md"), "w") as f:
         f.write(text)
 
@@ -1749,8 +2373,8 @@ def summary(r):
             f"{r['moe_layers']} loss {r['loss']:.6f} ce {r['ce']:.6f} aux {r['aux']:.6f} "
             f"(per layer {', '.join(f'{a:.4f}' for a in r['aux_per_layer'])}) idle {r['idle']} "
             f"no_grad {r['no_grad']} margin {r['margin']:.2e} adam err {r['adam_err']:.1e}"
-            + (f" MLA err {r['mla_err']:.1e} (wrong variants >= {min(r['mla_wrong'].values()):.2e})"
-               if r["mla_err"] is not None else ""))
+            + (f" attention err {r['attn_err']:.1e} (wrong variants >= {min(r['attn_wrong'].values()):.2e})"
+               if r["attn_err"] is not None else ""))
 
 
 def main():

@@ -18,11 +18,16 @@ For each family it writes
                          GLM-4.5: a first dense layer, head_dim != hidden / heads,
                          attention bias, qk-norm, two expert groups, two shared
                          experts, routed_scaling_factor 2.5; DeepSeek-V3: the same
-                         MoE under MLA, q/k head != v head, RoPE in halves, YaRN);
+                         MoE under MLA, q/k head != v head, RoPE in halves, YaRN;
+                         gpt-oss: sinks, sliding_window with sliding layers that do
+                         not alternate, head_dim != hidden / heads, YaRN with
+                         truncate false and every term off its default);
 <model>_hub.json       shaped like published checkpoints' config.json (HUB below;
                          Kimi-K2's model_type kimi_k2 is not one transformers knows:
                          that file is read as the DeepseekV3Config its architectures
-                         and auto_map name);
+                         and auto_map name; gpt-oss's carry their mxfp4
+                         quantization_config and keys transformers does not read,
+                         swiglu_limit among them);
 and expected.json: what transformers resolves from each file - the config
 attributes as the modeling code reads them (num_key_value_heads, head_dim by each
 family's own rule, the dims RoPE rotates, which layers are MoE, the router) in
@@ -72,8 +77,8 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing here needs the hub
 try:
     import transformers
-    from transformers import (AutoConfig, DeepseekV3Config, Glm4MoeConfig, MixtralConfig, OlmoeConfig,
-                              Qwen2MoeConfig, Qwen3MoeConfig)
+    from transformers import (AutoConfig, DeepseekV3Config, Glm4MoeConfig, GptOssConfig, MixtralConfig,
+                              OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 except ImportError as e:
     sys.exit("tools/make_hf_configs.py needs transformers 4.57 (see its docstring for a venv): %s" % e)
@@ -89,12 +94,13 @@ FAMILIES = {
     "olmoe": (OlmoeConfig, "OlmoeForCausalLM"),
     "glm4_moe": (Glm4MoeConfig, "Glm4MoeForCausalLM"),
     "deepseek_v3": (DeepseekV3Config, "DeepseekV3ForCausalLM"),
+    "gpt_oss": (GptOssConfig, "GptOssForCausalLM"),
 }
 
 # Families whose <family>_written.json golden the C test does not write yet: a
 # missing one is reported ("missing ... (run the C test's golden update)") but not
 # counted as a problem; once the file exists it is checked like the others.
-# None now (deepseek_v3's golden exists since mf_hf_config_write knows MLA).
+# None now (gpt_oss's golden exists since mf_hf_config_write knows it).
 WRITTEN_PENDING = set()
 
 TINY = {
@@ -145,6 +151,19 @@ TINY = {
         max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                       "beta_fast": 24.0, "beta_slow": 2.0, "mscale": 0.8, "mscale_all_dim": 0.6}),
+    # Sinks, q/k/v/o biases, router and expert biases (all fixed by the family);
+    # head_dim 16 (hidden / heads is 8); window 4 on layers 1 and 2 only (not the
+    # default alternation, which slides the even layers); YaRN with truncate false and
+    # factor, original context and betas off the published 32 / 4096 / 32 / 1.
+    "gpt_oss": dict(
+        vocab_size=99, hidden_size=32, intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
+        num_experts_per_tok=2, sliding_window=4,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-6, router_aux_loss_coef=0.05,
+        tie_word_embeddings=False,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                      "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}),
 }
 
 # The keys zai-org/GLM-4.5 and zai-org/GLM-4.5-Air share in their config.json:
@@ -189,6 +208,36 @@ MOONLIGHT = dict(DEEPSEEK_REMOTE, **{
     "num_key_value_heads": 16, "num_nextn_predict_layers": 0, "q_lora_rank": None, "qk_nope_head_dim": 128,
     "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05, "rope_theta": 50000.0, "routed_scaling_factor": 2.446,
     "topk_group": 1, "transformers_version": "4.46.3", "v_head_dim": 128, "vocab_size": 163840})
+
+# The keys openai/gpt-oss-20b and openai/gpt-oss-120b share in their config.json
+# (https://huggingface.co/openai/gpt-oss-{20b,120b}/raw/main/config.json): the
+# experts MXFP4 (quant_method mxfp4; attention, router, embeddings and lm_head left
+# in BF16), YaRN factor 32 over 4096 with truncate false, window 128 on the even
+# layers, and keys transformers does not read (experts_per_token,
+# initial_context_length, swiglu_limit: GptOssExperts' limit is a constant 7).
+# No torch_dtype key (the unquantized tensors are BF16).
+GPT_OSS_COMMON = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+    "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_key_value_heads": 8, "output_router_logits": False, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"],
+                            "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": 201088,
+}
+
+
+def gpt_oss_hub(layers, experts):
+    """GPT_OSS_COMMON with the layer and expert counts of one checkpoint (layer_types: sliding, full, ...)."""
+    return dict(GPT_OSS_COMMON, num_hidden_layers=layers, num_local_experts=experts,
+                layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+
 
 # Configs shaped like the published checkpoints' config.json (the keys those
 # files carry, with the published dims), to exercise what real files hold:
@@ -278,6 +327,9 @@ HUB = {
                          "original_max_position_embeddings": 4096, "type": "yarn"},
         "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "topk_group": 1, "transformers_version": "4.48.3",
         "v_head_dim": 128, "vocab_size": 163840})),
+    # openai/gpt-oss-20b: 24 layers, 32 experts; openai/gpt-oss-120b: 36 layers, 128 experts.
+    "gpt_oss_20b_hub.json": ("gpt_oss", gpt_oss_hub(24, 32)),
+    "gpt_oss_120b_hub.json": ("gpt_oss", gpt_oss_hub(36, 128)),
 }
 
 # The lines of transformers' modeling code that the rules below copy; checked to
@@ -332,6 +384,27 @@ MODELING_RULES = {
         "scores = router_logits.sigmoid()",
         "topk_weights = topk_weights * self.routed_scaling_factor",
     ],
+    "gpt_oss": [
+        'self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
+        "config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias",
+        'self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None',
+        "self.sinks = nn.Parameter(torch.empty(config.num_attention_heads))",
+        "self.mlp = GptOssMLP(config)",
+        '"full_attention": create_causal_mask(**mask_kwargs),',
+        '"sliding_attention": create_sliding_window_causal_mask(**mask_kwargs),',
+        "self.bias = nn.Parameter(torch.empty(self.num_experts))",
+        "router_logits = F.linear(hidden_states, self.weight, self.bias)",
+        "router_top_value = torch.nn.functional.softmax(router_top_value, dim=1, dtype=router_top_value.dtype)",
+        "self.gate_up_proj_bias = nn.Parameter(torch.empty(self.num_experts, 2 * self.expert_dim))",
+        "self.down_proj_bias = nn.Parameter(torch.empty(self.num_experts, self.hidden_size))",
+        "self.alpha = 1.702",
+        "self.limit = 7.0",
+        "gate = gate.clamp(min=None, max=self.limit)",
+        "up = up.clamp(min=-self.limit, max=self.limit)",
+        "gated_output = (up + 1) * glu",
+        "first_half, second_half = torch.chunk(x, 2, dim=-1)",
+        "loss += self.router_aux_loss_coef * aux_loss.to(loss.device)",
+    ],
 }
 
 # configuration_<family>.py lines the rules below copy: DeepseekV3Config sets
@@ -342,6 +415,13 @@ CONFIG_RULES = {
         "self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim",
         "self.head_dim = qk_rope_head_dim",
         'self.rope_scaling["rope_type"] = self.rope_scaling["type"]',
+    ],
+    # gpt_oss: attention_bias is set True before **kwargs (a config.json key still
+    # overrides it); layer_types default to sliding on the even layers; no swiglu_limit.
+    "gpt_oss": [
+        "self.head_dim = head_dim if head_dim is not None else self.hidden_size // self.num_attention_heads",
+        "self.attention_bias = True",
+        '"sliding_attention" if bool((i + 1) % 2) else "full_attention" for i in range(self.num_hidden_layers)',
     ],
 }
 
@@ -357,7 +437,9 @@ ROPE_RULES = [
 
 # The lines of _compute_yarn_parameters that the yarn_* spec terms copy: their
 # defaults (the betas 32 and 1 when missing or 0, the original context
-# max_position_embeddings) and that mscale and mscale_all_dim act only together.
+# max_position_embeddings, truncate true: the correction range floored / ceiled)
+# and that mscale and mscale_all_dim act only together (else the attention factor
+# is mscale(factor)).
 YARN_RULES = [
     'head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)',
     'config.rope_scaling.get("original_max_position_embeddings") or config.max_position_embeddings',
@@ -365,6 +447,8 @@ YARN_RULES = [
     'beta_fast = config.rope_scaling.get("beta_fast") or 32',
     'beta_slow = config.rope_scaling.get("beta_slow") or 1',
     'truncate = config.rope_scaling.get("truncate", True)',
+    "if truncate:",
+    "attention_factor = get_mscale(factor)",
 ]
 
 
@@ -448,11 +532,14 @@ def resolve(fam, cfg):
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "qk_norm": {"mixtral": "none", "qwen2_moe": "none", "qwen3_moe": "per_head", "olmoe": "full",
-                    "glm4_moe": "none", "deepseek_v3": "none"}[fam],
+                    "glm4_moe": "none", "deepseek_v3": "none", "gpt_oss": "none"}[fam],
         "partial_rotary": float(getattr(cfg, "partial_rotary_factor", 1.0)),
         "rope_dim": rope_dim(cfg),
-        # the router: softmax top-k, or (glm4_moe) sigmoid scores, group-limited top-k
-        # on scores + e_score_correction_bias, weights scaled by routed_scaling_factor
+        # the router: softmax top-k, or (glm4_moe, deepseek_v3) sigmoid scores,
+        # group-limited top-k on scores + e_score_correction_bias, weights scaled by
+        # routed_scaling_factor, or (gpt_oss) "topk_softmax": top-k of the logits (router
+        # bias included), weights a softmax over those k, and the aux loss computed from
+        # the router scores (those weights scattered into zeros [T,E]), not the logits
         "router": "softmax",
         "n_group": 1,
         "topk_group": 1,
@@ -479,6 +566,25 @@ def resolve(fam, cfg):
         "yarn_beta_slow": 0.0,
         "yarn_mscale": 0.0,
         "yarn_mscale_all_dim": 0.0,
+        # yarn: rope_scaling truncate (transformers' default true: the correction range
+        # floored / ceiled; gpt-oss publishes false)
+        "yarn_truncate": True,
+        # gpt_oss (off / 0 / [] elsewhere): attn_sinks, a learnt per-head logit in each
+        # softmax row (self_attn.sinks); sliding_window and the layers it applies to
+        # (sliding_layers: layer_types "sliding_attention"; key t visible from query s
+        # iff t > s - sliding_window; transformers wants the window set even when no
+        # layer slides); o_bias, o_proj's bias (qkv_bias: q/k/v's); router_bias
+        # (mlp.router.bias); expert_bias (gate_up_proj_bias, down_proj_bias);
+        # swiglu_limit / swiglu_alpha: the expert activation (up + 1) * g * sigmoid(alpha * g)
+        # with g = min(gate, limit), up clamped to [-limit, limit] (0 / 0: silu(gate) * up)
+        "attn_sinks": False,
+        "sliding_window": 0,
+        "sliding_layers": [],
+        "o_bias": False,
+        "router_bias": False,
+        "expert_bias": False,
+        "swiglu_limit": 0.0,
+        "swiglu_alpha": 0.0,
     }
     if fam == "mixtral":
         e.update(experts=cfg.num_local_experts, expert_ffn=cfg.intermediate_size,
@@ -511,23 +617,34 @@ def resolve(fam, cfg):
                  rope_interleave=bool(cfg.rope_interleave))
         # MLA's k and v have a head each (kv_b_proj); fewer kv heads fail in repeat_kv
         assert cfg.num_key_value_heads == heads
-        rs = cfg.rope_scaling
-        if rs is not None:
-            assert rs["rope_type"] == "yarn" and "attention_factor" not in rs and "truncate" not in rs, rs
-            e.update(yarn_factor=float(rs["factor"]),
-                     yarn_original_max=rs.get("original_max_position_embeddings") or cfg.max_position_embeddings,
-                     yarn_beta_fast=float(rs.get("beta_fast") or 32), yarn_beta_slow=float(rs.get("beta_slow") or 1),
-                     yarn_mscale=float(rs.get("mscale") or 0.0),
-                     yarn_mscale_all_dim=float(rs.get("mscale_all_dim") or 0.0))
+    elif fam == "gpt_oss":
+        # GptOssExperts' alpha and limit are constants (MODELING_RULES): a config's
+        # swiglu_limit is not read. attention_bias: q/k/v and o alike.
+        assert all(t in ("full_attention", "sliding_attention") for t in cfg.layer_types), cfg.layer_types
+        assert cfg.sliding_window is not None  # create_sliding_window_causal_mask raises
+        e.update(experts=cfg.num_local_experts, expert_ffn=cfg.intermediate_size, norm_topk_prob=True,
+                 router="topk_softmax", qkv_bias=bool(cfg.attention_bias), o_bias=bool(cfg.attention_bias),
+                 attn_sinks=True, sliding_window=cfg.sliding_window,
+                 sliding_layers=[l for l, t in enumerate(cfg.layer_types) if t == "sliding_attention"],
+                 router_bias=True, expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702)
     else:
         e.update(experts=cfg.num_experts, expert_ffn=cfg.intermediate_size,
                  norm_topk_prob=bool(cfg.norm_topk_prob),
                  clip_qkv=float(cfg.clip_qkv) if cfg.clip_qkv is not None else 0.0)
+    rs = getattr(cfg, "rope_scaling", None)
+    if fam in ("deepseek_v3", "gpt_oss") and rs is not None:
+        assert rs["rope_type"] == "yarn" and "attention_factor" not in rs, rs
+        e.update(yarn_factor=float(rs["factor"]),
+                 yarn_original_max=rs.get("original_max_position_embeddings") or cfg.max_position_embeddings,
+                 yarn_beta_fast=float(rs.get("beta_fast") or 32), yarn_beta_slow=float(rs.get("beta_slow") or 1),
+                 yarn_mscale=float(rs.get("mscale") or 0.0),
+                 yarn_mscale_all_dim=float(rs.get("mscale_all_dim") or 0.0),
+                 yarn_truncate=bool(rs.get("truncate", True)))
     # What moefit cannot run must be off in every fixture.
-    assert cfg.hidden_act == "silu"
-    assert fam == "deepseek_v3" or getattr(cfg, "rope_scaling", None) is None
-    assert getattr(cfg, "sliding_window", None) is None
-    if fam != "glm4_moe":  # glm4_moe: q/k/v biases (qkv_bias above)
+    assert fam == "gpt_oss" or cfg.hidden_act == "silu"  # (gpt_oss: not read; its SwiGLU is fixed)
+    assert fam in ("deepseek_v3", "gpt_oss") or rs is None
+    assert fam == "gpt_oss" or getattr(cfg, "sliding_window", None) is None
+    if fam not in ("glm4_moe", "gpt_oss"):  # glm4_moe: q/k/v biases (qkv_bias above); gpt_oss: q/k/v/o
         assert not getattr(cfg, "attention_bias", False)
         assert e["partial_rotary"] == 1.0
     return e

@@ -8,13 +8,14 @@ Run it in the venv of tools/requirements-fixtures.txt (which pins peft too):
     ~/fixvenv/bin/python tools/make_lora_fixtures.py            # rewrite tests/fixtures/lora
     ~/fixvenv/bin/python tools/make_lora_fixtures.py --check    # compare only
 
-For mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe and deepseek_v3 it builds the base model
+For mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 and gpt_oss it builds the base model
 exactly as tools/make_fixtures.py does (its build() and seed, so the base is byte for byte
 tests/fixtures/<name>/model.safetensors: asserted, and not copied), wraps it with
 peft.get_peft_model (LoRA r=4, alpha=8, dropout 0, bias "none" on the attention
 projections and every MLP projection: routed experts, dense MLPs, shared experts; never
 the routers, GLM-4.5's and DeepSeek-V3's included: their mlp.gate is no nn.Linear, PEFT cannot
-wrap it; DeepSeek-V3's attention projections are its MLA ones, ATTN_MLA),
+wrap it; DeepSeek-V3's attention projections are its MLA ones, ATTN_MLA; gpt-oss's attention only:
+its experts are fused Parameters and its router a plain module, UNTARGETABLE),
 overwrites every lora_A / lora_B with N(0, ADAPTER_STD^2) from numpy PCG64 (PEFT's own
 init has lora_B = 0, which makes every lora_A gradient zero), and writes
 tests/fixtures/lora/<name>/
@@ -90,7 +91,7 @@ need = mfx.need
 FIXTURES_DIR = os.path.join(HERE, "..", "tests", "fixtures")
 DEFAULT_OUT = os.path.join(FIXTURES_DIR, "lora")
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]  # (make_qlora_fixtures quantizes these)
-MORE_FAMILIES = ["glm4_moe", "deepseek_v3"]  # whole-model LoRA fixtures with no quantized twin
+MORE_FAMILIES = ["glm4_moe", "deepseek_v3", "gpt_oss"]  # whole-model LoRA fixtures with no quantized twin
 HOT = {"qwen2_moe_hot": "qwen2_moe"}  # fixture -> the family whose base it adapts, routed experts in part
 NAMES = FAMILIES + MORE_FAMILIES + list(HOT)
 
@@ -105,8 +106,13 @@ ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # q_a_layernorm / kv_a_layernorm are RMSNorms, no nn.Linear: never adapted.
 ATTN_MLA = {True: ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
             False: ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}
-MLP = {"mixtral": ["w1", "w2", "w3"]}
+# gpt-oss's MLP (GptOssMLP) holds no nn.Linear: GptOssExperts' gate_up_proj / down_proj (and biases) are fused
+# [E, ...] Parameters, GptOssTopKRouter a weight and bias it applies with F.linear: no MLP adapters.
+MLP = {"mixtral": ["w1", "w2", "w3"], "gpt_oss": []}
 MLP_DEFAULT = ["gate_proj", "up_proj", "down_proj"]
+# The MoE modules PEFT refuses as targets (no nn.Linear), per model_type: target -> the class it names (checked).
+UNTARGETABLE = {"glm4_moe": {"gate": "Glm4MoeTopkRouter"}, "deepseek_v3": {"gate": "DeepseekV3TopkRouter"},
+                "gpt_oss": {"router": "GptOssTopKRouter", "experts": "GptOssExperts"}}
 HOT_FRACTION = 0.25  # moefit's train.lora.hot_fraction default (NOTES compare its rule)
 MIN_CONDENSED = 20  # PEFT condenses a target_modules list this long (BaseTuner.inject_adapter)
 OUT_FILES = ["config.json", "adapter_config.json", "adapter_model.safetensors", "fixture.safetensors"]
@@ -274,12 +280,18 @@ def check_targets(lf, pm, hf):
     """Every routed expert is its own module with nn.Linear projections (a ModuleList of
     MLPs), so PEFT wraps each (of a hot set, each hot one and no other); the adapters sit
     exactly on the named projections and never on a router (mlp.gate /
-    block_sparse_moe.gate) or on shared_expert_gate."""
+    block_sparse_moe.gate / mlp.router) or on shared_expert_gate. gpt-oss (no MLP targets): its
+    MoE block holds no nn.Linear at all (fused experts, a plain router), so none is wrapped."""
     from peft.tuners.lora import layer as llayer
     name, family, hot = lf["name"], lf["family"], lf["hot"]
     for i, layer in enumerate(hf.model.layers):
         blk = mfx.moe_block(layer)
         if blk is None:
+            continue
+        if not MLP.get(family, MLP_DEFAULT):
+            need(not isinstance(blk.experts, torch.nn.ModuleList) and
+                 not any(isinstance(m, (torch.nn.Linear, llayer.LoraLayer)) for m in blk.modules()),
+                 f"{name}: layer {i} MoE block holds a linear module")
             continue
         need(isinstance(blk.experts, torch.nn.ModuleList), f"{name}: layer {i} experts are not a ModuleList")
         for e, ex in enumerate(blk.experts):
@@ -299,22 +311,24 @@ def check_targets(lf, pm, hf):
     want = sorted(f"base_model.model.{n}" for n, m in hf.named_modules()
                   if isinstance(m, llayer.Linear) or (isinstance(m, torch.nn.Linear) and adapted(family, hot, n)))
     need(sorted(mods) == want, f"{name}: LoRA modules differ from the target projections")
-    routers = [n for n in mods if n.endswith(".gate") or "shared_expert_gate" in n]
+    routers = [n for n in mods if n.endswith((".gate", ".router")) or "shared_expert_gate" in n]
     need(not routers, f"{name}: router got an adapter: {routers}")
     return mods
 
 
 def check_router_untargetable(lf, seed):
     """GLM-4.5's / DeepSeek-V3's router (mlp.gate, a Glm4MoeTopkRouter / DeepseekV3TopkRouter: a weight
-    Parameter and F.linear, no nn.Linear) cannot get an adapter: PEFT refuses it as a target."""
-    model, _ = mfx.build(lf["fx"], seed)
-    router = mfx.GROUP_ROUTER[model.config.model_type][1]
-    try:
-        get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["gate"]))
-    except ValueError as e:
-        need(f"Target module {router}() is not supported" in str(e), f"{lf['name']}: PEFT says {e}")
-        return
-    mfx.fail(f"{lf['name']}: PEFT put an adapter on the router")
+    Parameter and F.linear, no nn.Linear), and gpt-oss's router (mlp.router, GptOssTopKRouter: weight and
+    bias Parameters, F.linear) and experts (mlp.experts, GptOssExperts: fused Parameters) cannot get an
+    adapter: PEFT refuses each as a target (UNTARGETABLE)."""
+    for target, cls in UNTARGETABLE[lf["fx"]["config"].model_type].items():
+        model, _ = mfx.build(lf["fx"], seed)
+        try:
+            get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=[target]))
+        except ValueError as e:
+            need(f"Target module {cls}() is not supported" in str(e), f"{lf['name']}: PEFT says {e}")
+            continue
+        mfx.fail(f"{lf['name']}: PEFT put an adapter on {target}")
 
 
 def check_peft_init(name, pm):
@@ -487,11 +501,12 @@ def adapters_off(pm, ids, family):
 def check_outputs(name, cfg, out, labels, moe_layers, base_logits, gates=None):
     """The forward's outputs: finite, logits moved from base_logits (the adapters' base) but not far,
     loss = ce + coef * aux, make_fixtures' aux loss, the routing margin (GLM-4.5, DeepSeek-V3: from gates,
-    the capture of mfx.gate_hooks; no aux loss, aux = 0). Returns logits, their largest move, ce, aux,
-    loss, the margin and the idle experts (layer, e)."""
+    the capture of mfx.gate_hooks; no aux loss, aux = 0; gpt-oss: the routers' scores checked and the
+    margin read from gates, the aux loss that of the recorded scores). Returns logits, their largest move,
+    ce, aux, loss, the margin and the idle experts (layer, e)."""
     k, E, V = cfg.num_experts_per_tok, mfx.num_experts(cfg), cfg.vocab_size
     group = mfx.is_group_router(cfg)
-    need(len(gates if group else out.router_logits) == len(moe_layers),
+    need(len(gates if mfx.has_hooked_router(cfg) else out.router_logits) == len(moe_layers),
          f"{name}: router logits for MoE layers {moe_layers}")
     logits = out.logits.detach()
     shift = (logits - base_logits).abs().max().item()
@@ -508,6 +523,12 @@ def check_outputs(name, cfg, out, labels, moe_layers, base_logits, gates=None):
         mfx.check_group_router(name, cfg, gates, mfx.group_router_logits(gates))
         margin, idle, _, same, sensitive = mfx.group_routing_stats(cfg, gates)
         need(same and sensitive, f"{name}: float64 routing is transformers' {same}, bias / group matter {sensitive}")
+    elif mfx.is_gpt_oss(cfg):  # out.router_logits are the routers' scores (softmax over the top-k in zeros)
+        need(len(out.router_logits) == len(moe_layers), f"{name}: recorded router scores for {moe_layers}")
+        mfx.check_gpt_oss_router(name, cfg, gates, mfx.gpt_oss_router_logits(gates), out.router_logits)
+        mfx.check_aux(name, out.router_logits, k, E, aux.item())
+        margin, idle, _, same, sensitive = mfx.group_routing_stats(cfg, gates)
+        need(same and sensitive, f"{name}: float64 routing is transformers' {same}, the bias matters {sensitive}")
     else:
         mfx.check_aux(name, out.router_logits, k, E, aux.item())
         margin, idle = mfx.routing_stats(out.router_logits, k, E)
@@ -542,7 +563,9 @@ def check_grads(lf, hf, params, trainable, grads, idle, opt, dead=None):
         dead_params = {n for (li, e) in dead for n in trainable if n.startswith(pref + mfx.expert_prefix(hf, li, e))}
         stray = sorted(set(zero) ^ (dead_params | (set(idle_params) if cfg.model_type == "olmoe" else set())))
     need(not stray, f"{name}: all-zero grads other than the idle / dead experts' adapters: {stray}")
-    need(not lf["fx"]["need_idle_expert"] or idle_params, f"{name}: no idle expert")
+    # (gpt-oss: no expert has adapters, so an idle expert shows in the routing only)
+    need(not lf["fx"]["need_idle_expert"] or (idle_params if MLP.get(lf["family"], MLP_DEFAULT) else idle),
+         f"{name}: no idle expert")
     need(all(params[n] not in opt.state for n in no_grad), f"{name}: AdamW kept state for a no-grad param")
     return no_grad, zero
 
@@ -601,7 +624,12 @@ def fixture_meta(lf, cfg, seed, adapter_seed, tm, loss_mask, moe_layers, idle, n
         "transformers_version": transformers.__version__,
         "safetensors_version": safetensors.__version__,
         "numpy_version": np.__version__,
-    }
+    } | ({
+        "router_logits": ("raw router logits x W^T + b [B*S,E] of each MoE layer (GptOssTopKRouter's F.linear of its "
+                          "input, mlp.router.weight and mlp.router.bias), as in ../../gpt_oss"),
+        "aux_loss_rule": ("load_balancing_loss_func of the router scores the model records (the softmax over the "
+                          "top-k logits scattered into zeros), not of the raw logits, as in ../../gpt_oss"),
+    } if mfx.is_gpt_oss(cfg) else {})
 
 
 def check_reload(name, base, d, ids, logits, what="base"):
@@ -664,8 +692,8 @@ def make_fixture(lf, outdir):
 
     logits, shift, ce, aux, loss, margin, idle = check_outputs(name, cfg, out, labels, moe_layers, base_logits,
                                                                gates)
-    if mfx.is_group_router(cfg):
-        router_logits = mfx.group_router_logits(gates)
+    if mfx.has_hooked_router(cfg):  # (gpt-oss: the raw logits x W^T + b, as tests/fixtures/gpt_oss has them)
+        router_logits = (mfx.gpt_oss_router_logits if mfx.is_gpt_oss(cfg) else mfx.group_router_logits)(gates)
         sels = mfx.group_routing_stats(cfg, gates)[2]
         check_router_untargetable(lf, seed)
     else:
@@ -748,7 +776,9 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
   [B,S] I32 as in `../`; `logits` [B,S,V], `loss`, `ce_loss`, `aux_loss` (0-d) F32 of the
   model with the initial adapters (train mode, eager attention, `output_router_logits`,
   loss = CE + 0.01·aux; GLM-4.5 and DeepSeek-V3 as in `../NOTES.md`: no aux loss, loss =
-  CE, `aux_loss` 0, `router_aux_loss_coef` "0.0", router logits from the routers' inputs);
+  CE, `aux_loss` 0, `router_aux_loss_coef` "0.0", router logits from the routers' inputs;
+  gpt-oss as there: router logits x Wᵀ + b from the routers' inputs, the aux loss that of
+  the router scores the model records);
   `router_logits.<layer>` [B·S,E]; `grad.<n>` for every adapter
   tensor `<n>` (named as in `adapter_model.safetensors`) whose grad is not None;
   `after.<n>` for every adapter tensor after one `torch.optim.AdamW` step over the
@@ -770,7 +800,8 @@ model maths (loss, aux loss, MoE block, AdamW) is that of `../NOTES.md`.
 LoRA: r = {r}, lora_alpha = {alpha} (scaling {scaling:g}), lora_dropout 0, bias "none",
 task_type "CAUSAL_LM", target_modules = q_proj, k_proj, v_proj, o_proj + gate_proj,
 up_proj, down_proj (Mixtral: w1, w2, w3; DeepSeek-V3: its MLA projections, below, for
-the attention; the hot-expert fixture: below), PEFT's default
+the attention; gpt-oss: q_proj, k_proj, v_proj, o_proj only, below; the hot-expert
+fixture: below), PEFT's default
 init, then **every lora_A and lora_B overwritten** (PEFT's lora_B = 0 would make every
 lora_A gradient zero): numpy PCG64 `default_rng(adapter_seed)`, in sorted PeftModel
 parameter-name order,
@@ -807,7 +838,17 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
   `kv_b_proj` (kv_lora_rank → heads·(qk_nope_head_dim + v_head_dim)), `o_proj`
   (heads·v_head_dim → H); `q_a_layernorm` / `kv_a_layernorm` are RMSNorms (no adapter).
   An adapter on `kv_a_proj_with_mqa` changes the latent and the shared rope key alike
-  (its output is split after the adapter's sum).
+  (its output is split after the adapter's sum). gpt-oss (`gpt_oss`): only the attention
+  projections `q_proj`, `k_proj`, `v_proj`, `o_proj` (each with a bias, kept in the base
+  term) are `nn.Linear`; its MLP has none: `mlp.experts` is a `GptOssExperts` holding the
+  fused Parameters `gate_up_proj` [E, H, 2I], `gate_up_proj_bias`, `down_proj` [E, I, H],
+  `down_proj_bias`, and `mlp.router` a `GptOssTopKRouter` (weight and bias Parameters,
+  `F.linear`). PEFT **cannot** adapt either by `target_modules` (`ValueError: Target
+  module GptOssExperts() is not supported`, `... GptOssTopKRouter() is not supported`
+  *(checked)*; `gate_up_proj` names no module; PEFT's `target_parameters`, which could wrap
+  such Parameters, stays null here), so the fixture adapts the attention only
+  and no expert has an adapter: no grad is None, and an idle expert shows in the routing
+  only.
 - **Long target_modules lists are condensed** (`BaseTuner.inject_adapter`): at
   `len(peft_config.target_modules) >= MIN_TARGET_MODULES_FOR_OPTIMIZATION` ({condensed_min}
   in peft {peft}), `new_target_modules =
@@ -829,7 +870,7 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
   self.base_layer(x, *args, **kwargs)`, then
   `{fwd}`
   i.e. `y = x·Wᵀ (+ b) + scaling · (x·Aᵀ)·Bᵀ`; `dropout` is `nn.Identity` at
-  lora_dropout 0. The base bias (Qwen2-MoE q/k/v) stays in the base term.
+  lora_dropout 0. The base bias (Qwen2-MoE q/k/v, gpt-oss q/k/v/o) stays in the base term.
   *(checked: every LoRA layer against an fp64 reference, max error {lora_err})*
 - **PEFT's default init** (`LoraLayer.reset_lora_parameters`, `init_lora_weights=True`):
   `nn.init.kaiming_uniform_(self.lora_A[adapter_name].weight, a=math.sqrt(5))` =
@@ -873,7 +914,8 @@ hot-expert fixture: a cold expert busy in every MoE layer and a hot one idle in 
   OLMoE runs every expert, so its idle expert's adapters get **all-zero** grads that AdamW
   still decays (`p·(1 − lr·wd)`). A last-layer expert whose tokens predict no counted
   target also gets all-zero grads, and so, with no aux loss (GLM-4.5, DeepSeek-V3), does an
-  earlier layer's expert whose tokens reach no counted target (`../NOTES.md`). *(checked: the
+  earlier layer's expert whose tokens reach no counted target (`../NOTES.md`). gpt-oss has
+  no expert adapters: every adapter tensor (attention) has a grad, none all zero. *(checked: the
   all-zero grads are exactly those and the OLMoE idle experts')*
 - AdamW as in `../NOTES.md`, over the adapter tensors only. *(checked against `after.*`
   in fp64: max error {adam})*

@@ -3,16 +3,18 @@
  *
  * Maths (per sequence b, query head h, kv head g = h / (Hq/Hkv), D the head dim
  * of q and k, Dv that of v — equal in most models, 192 and 128 in DeepSeek-V3's
- * latent attention):
+ * latent attention; key j visible from query i when j <= i, and with a sliding
+ * window W > 0 also j > i - W; sink[h] gpt-oss's learned logit, -inf without):
  *   s[i,j] = (q[i].k[j]) * scale        fp32 dot first, then the scale, as
  *                                        transformers' eager path does
- *   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log sum_{j<=i} exp(s[i,j])
- *   o[i]   = sum_{j<=i} p[i,j] v[j]
+ *   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log (sum_{j visible} exp(s[i,j]) + exp(sink[h]))
+ *   o[i]   = sum_{j visible} p[i,j] v[j]
  * Backward, with Di = do[i].o[i]:
  *   dp = do.v,  ds = p * (dp - Di)
  *   dq[i] = scale * sum_j ds[i,j] k[j]
  *   dk[j] = scale * sum_{h in group} sum_i ds[i,j] q[i]
  *   dv[j] =         sum_{h in group} sum_i p[i,j] do[i]
+ *   dsink[h] += -sum_{b,i} exp(sink[h] - lse[i]) Di   (the sink column's p times (0 - Di))
  *
  * Shapes: q, dq [B*S, Hq, D]; o, dout [B*S, Hq, Dv]; k, dk [B*S, Hkv, D];
  * v, dv [B*S, Hkv, Dv] (token-major); lse [B, Hq, S]. Dv 0 means D.
@@ -30,12 +32,21 @@
  * accumulator, which is the output row itself (owned by the item: no heap). The
  * backward recomputes p from q, k and lse.
  *
+ * Sinks and windows. A row's online softmax starts at max = sink, sum = 1
+ * (exp(sink - sink)) instead of -inf and 0, so the sink takes part in the max
+ * like any score. A window masks keys j <= i - W like the causal mask (p = 0)
+ * and skips what it hides: key tiles before the block's first visible key
+ * (tiles stay aligned at multiples of BK), score columns past a key's last row,
+ * keys before a row block's first one in the products. Without either (window
+ * 0, sinks NULL) every sum runs as before they existed: the same bits.
+ *
  * Threads: forward items are (b, query head, query block), spread with
  * mf_partition; query blocks are interleaved (0, last, 1, last-1, ...) so a
  * contiguous share of items carries a fair part of the causal triangle. The
  * backward's items are (b, kv head): one thread owns dk/dv of a group and dq of
- * its query heads, summing heads, query blocks and rows in a fixed order. No
- * result depends on the thread count.
+ * its query heads, summing heads, query blocks and rows in a fixed order. The
+ * sinks' gradient is a pass of its own after it, one item per query head
+ * summing over b then i (in double). No result depends on the thread count.
  *
  * Stack, per thread: qt and dot (QT_FLOATS each) and two BK x BQ_MAX tiles,
  * 48 KiB. bq shrinks as the larger of D and Dv grows (32 rows up to 128, 8 at
@@ -79,10 +90,13 @@ static inline int round_nr(int n) {
 
 /* Dv: already resolved (0 -> D) by the caller. */
 static mf_status check_args(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                            int64_t Dv) {
+                            int64_t Dv, int64_t window) {
   if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 || Hq % Hkv != 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld Dv=%lld", op,
                   (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, (long long)Dv);
+  if (window < 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: sliding window %lld (0: none, else the keys a query sees)", op,
+                  (long long)window);
   if (D > D_MAX)
     return MF_ERR(MF_ERR_UNSUPPORTED, "%s: head_dim D=%lld is larger than the cpu kernel's tile (at most %d)",
                   op, (long long)D, (int)D_MAX);
@@ -159,6 +173,33 @@ static inline int64_t first_col(int64_t j, int64_t i0) {
   return j > i0 ? (j - i0) & ~(int64_t)(NR - 1) : 0;
 }
 
+/* The rows [*z, *e) of a block of nq rows from query i0 that key j reaches:
+ * from the causal mask (i >= j) to the window's end (i < j + W; W 0: none). */
+static inline void key_rows(int64_t j, int64_t i0, int nq, int64_t W, int64_t *z, int64_t *e) {
+  int64_t lo = j > i0 ? j - i0 : 0, hi = nq;
+  if (lo > nq) lo = nq;
+  if (W > 0 && j + W - i0 < hi) hi = j + W - i0;
+  *z = lo;
+  *e = hi > lo ? hi : lo;
+}
+
+/* The score columns [n0, *n1) the keys j..jl (a register block) need: up to
+ * the last one's window end, rounded up to whole NR blocks; nqp without a window. */
+static inline int64_t last_col(int64_t jl, int64_t i0, int nqp, int64_t W) {
+  if (W <= 0 || jl + W - i0 >= nqp) return nqp;
+  return jl + W - i0 > 0 ? round_nr((int)(jl + W - i0)) : 0;
+}
+
+/* The first key (from key tile j0) that a row block from query r sees: 0 without a window. */
+static inline int64_t first_key(int64_t r, int64_t j0, int64_t W) {
+  return W > 0 && r - W + 1 > j0 ? r - W + 1 - j0 : 0;
+}
+
+/* Where a query block from i0 starts its key tiles: the tile of its first visible key. */
+static inline int64_t first_tile(int64_t i0, int64_t W) {
+  return W > 0 && i0 - W + 1 > 0 ? (i0 - W + 1) / BK * BK : 0;
+}
+
 /* y[0..D) *= a */
 static inline void scale_row(float a, int64_t D, float *restrict y) {
   for (int64_t d = 0; d < D; d++) y[d] *= a;
@@ -176,6 +217,8 @@ typedef struct {
   int bq;
   float scale;
   int round_bf16;
+  int64_t window;     /* 0: none */
+  const float *sinks; /* [Hq] or NULL */
 } fwd_args;
 
 typedef struct {
@@ -185,7 +228,36 @@ typedef struct {
   int bq;
   float scale;
   int round_bf16;
+  int64_t window;
 } bwd_args;
+
+/* The sinks' gradient pass: dsinks[h] += -sum_{b,i} exp(sinks[h] - lse) Di. */
+typedef struct {
+  const float *o, *dout, *lse, *sinks;
+  float *dsinks;
+  int64_t B, S, Hq, Dv;
+} dsink_args;
+
+/* Query heads spread over the threads; each sums its head over b, then i, in
+ * double (Di as the backward's: an fp32 dot in order). */
+static void dsink_task(void *ctx, int ti, int tn) {
+  const dsink_args *a = (const dsink_args *)ctx;
+  const int64_t S = a->S, Hq = a->Hq, Dv = a->Dv;
+  size_t begin, end;
+  mf_partition((size_t)Hq, 1, ti, tn, &begin, &end);
+  for (int64_t h = (int64_t)begin; h < (int64_t)end; h++) {
+    const double sink = a->sinks[h];
+    double acc = 0.0;
+    for (int64_t b = 0; b < a->B; b++)
+      for (int64_t i = 0; i < S; i++) {
+        const float *orow = a->o + ((b * S + i) * Hq + h) * Dv, *drow = a->dout + ((b * S + i) * Hq + h) * Dv;
+        float di = 0.0f;
+        for (int64_t d = 0; d < Dv; d++) di += drow[d] * orow[d];
+        acc += exp(sink - (double)a->lse[(b * Hq + h) * S + i]) * (double)di;
+      }
+    a->dsinks[h] += (float)-acc;
+  }
+}
 
 /* The kernel body, once per ISA: ATT_FN(x) names its functions x_<isa>, VW is
  * its vector width in floats. */
@@ -232,13 +304,15 @@ static int use_avx2(void) {
 }
 
 mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, int64_t Dv, float scale, float *o, float *lse,
-                          const mf_kctx *ctx) {
+                          int64_t Hkv, int64_t D, int64_t Dv, int64_t window, const float *sinks, float scale,
+                          float *o, float *lse, const mf_kctx *ctx) {
   if (Dv == 0) Dv = D;
-  MF_CHECK(check_args("attn_fwd", B, S, Hq, Hkv, D, Dv));
+  MF_CHECK(check_args("attn_fwd", B, S, Hq, Hkv, D, Dv, window));
   if (B == 0 || S == 0) return MF_OK;
+  if (window >= S) window = 0; /* hides no key: the same sums as none */
   const int bq = query_block(D > Dv ? D : Dv);
-  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, Dv, (S + bq - 1) / bq, bq, scale, ctx && ctx->round_bf16};
+  const int rb = ctx && ctx->round_bf16;
+  fwd_args a = {q, k, v, o, lse, B, S, Hq, Hkv, D, Dv, (S + bq - 1) / bq, bq, scale, rb, window, sinks};
   mf_task_fn fn = fwd_task_base;
 #ifdef HAVE_AVX2_BODY
   if (use_avx2()) fn = fwd_task_avx2;
@@ -249,17 +323,24 @@ mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_
 
 mf_status mf_cpu_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                          int64_t Dv, float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx) {
+                          int64_t Dv, int64_t window, const float *sinks, float scale, float *dq, float *dk,
+                          float *dv, float *dsinks, const mf_kctx *ctx) {
   if (Dv == 0) Dv = D;
-  MF_CHECK(check_args("attn_bwd", B, S, Hq, Hkv, D, Dv));
+  MF_CHECK(check_args("attn_bwd", B, S, Hq, Hkv, D, Dv, window));
   if (B == 0 || S == 0) return MF_OK;
+  if (window >= S) window = 0;
   const int bq = query_block(D > Dv ? D : Dv);
-  bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, Dv, bq, scale, ctx && ctx->round_bf16};
+  const int rb = ctx && ctx->round_bf16;
+  bwd_args a = {q, k, v, o, dout, lse, dq, dk, dv, B, S, Hq, Hkv, D, Dv, bq, scale, rb, window};
   mf_task_fn fn = bwd_task_base;
 #ifdef HAVE_AVX2_BODY
   if (use_avx2()) fn = bwd_task_avx2;
 #endif
   mf_threadpool_run(ctx ? ctx->pool : NULL, fn, &a);
+  if (sinks && dsinks) {
+    dsink_args d = {o, dout, lse, sinks, dsinks, B, S, Hq, Dv};
+    mf_threadpool_run(ctx ? ctx->pool : NULL, dsink_task, &d);
+  }
   return MF_OK;
 }
 
@@ -366,29 +447,33 @@ static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb
   const float *kb0 = a->k + b * S * ldk + g * D;
   const float *vb0 = a->v + b * S * ldv + g * Dv;
   const float scale = a->scale;
+  const int64_t W = a->window;
   float m[BQ_MAX], l[BQ_MAX], mx[BQ_MAX], alpha[BQ_MAX], sum[BQ_MAX];
   int32_t mo[BQ_MAX];
 
   transpose_block(qb0, ldq, nq, D, bq, qt);
   for (int i = 0; i < nq; i++) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
+    /* the sink as the first term: max = sink, sum = exp(sink - sink) */
+    m[i] = a->sinks ? a->sinks[h] : -INFINITY;
+    l[i] = a->sinks ? 1.0f : 0.0f;
     memset(ob0 + i * ldo, 0, (size_t)Dv * sizeof(float));
   }
-  for (int64_t j0 = 0; j0 < i1; j0 += BK) {
-    const int nk = (int)(j0 + BK < i1 ? BK : i1 - j0); /* every key here reaches some row */
-    /* st[c][i] = k[j0+c] . q[i0+i], from the first column the key reaches */
+  for (int64_t j0 = first_tile(i0, W); j0 < i1; j0 += BK) {
+    const int nk = (int)(j0 + BK < i1 ? BK : i1 - j0); /* without a window every key here reaches some row */
+    /* st[c][i] = k[j0+c] . q[i0+i], from the first column the key reaches to the last */
     for (int c0 = 0; c0 < nk; c0 += MR) {
-      const int64_t n0 = first_col(j0 + c0, i0);
-      ATT_FN(mm)
-      (nk - c0 < MR ? nk - c0 : MR, nqp - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq,
-       st + c0 * bq + n0, bq, 0);
+      const int rows = nk - c0 < MR ? nk - c0 : MR;
+      const int64_t n0 = first_col(j0 + c0, i0), n1 = last_col(j0 + c0 + rows - 1, i0, nqp, W);
+      if (n1 <= n0) continue;
+      ATT_FN(mm)(rows, n1 - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq, st + c0 * bq + n0, bq, 0);
     }
-    /* online softmax across the block's rows; key c reaches rows i >= z */
+    /* online softmax across the block's rows; key c reaches rows z <= i < e */
     for (int i = 0; i < nq; i++) mo[i] = ordered(f2i(m[i]));
     for (int c = 0; c < nk; c++) {
       float *restrict s = st + c * bq;
-      for (int64_t i = j0 + c > i0 ? j0 + c - i0 : 0; i < nq; i++) {
+      int64_t z, e;
+      key_rows(j0 + c, i0, nq, W, &z, &e);
+      for (int64_t i = z; i < e; i++) {
         s[i] *= scale;
         const int32_t o = ordered(f2i(s[i]));
         mo[i] = o > mo[i] ? o : mo[i];
@@ -396,17 +481,20 @@ static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb
     }
     for (int i = 0; i < nq; i++) {
       mx[i] = i2f(ordered(mo[i]));
-      alpha[i] = exp_f(m[i] - mx[i]); /* 0 on the first tile (m = -inf); 1 if no key reached i */
+      /* 0 on the first tile (m = -inf); 1 if no key (nor a sink) reached i yet */
+      alpha[i] = sel(-(int32_t)(f2i(mx[i]) == f2i(-INFINITY)), 1.0f, exp_f(m[i] - mx[i]));
       sum[i] = 0.0f;
     }
     for (int c = 0; c < nk; c++) {
       float *restrict s = st + c * bq;
-      const int64_t z = j0 + c > i0 ? j0 + c - i0 : 0;
-      for (int64_t i = 0; i < z && i < nq; i++) s[i] = 0.0f;
-      for (int64_t i = z; i < nq; i++) {
+      int64_t z, e;
+      key_rows(j0 + c, i0, nq, W, &z, &e);
+      for (int64_t i = 0; i < z; i++) s[i] = 0.0f;
+      for (int64_t i = z; i < e; i++) {
         s[i] = exp_f(s[i] - mx[i]);
         sum[i] += s[i];
       }
+      for (int64_t i = e; i < nq; i++) s[i] = 0.0f;
     }
     for (int i = 0; i < nq; i++) {
       l[i] = l[i] * alpha[i] + sum[i];
@@ -416,10 +504,10 @@ static void ATT_FN(fwd_item)(const fwd_args *a, int64_t b, int64_t h, int64_t qb
     /* o[i] += sum_c p[c][i] v[j0+c], over the keys a row block reaches */
     for (int r0 = 0; r0 < nq; r0 += MR) {
       const int rows = nq - r0 < MR ? nq - r0 : MR;
-      const int64_t reach = i0 + r0 + rows - j0;
-      if (reach <= 0) continue;
+      const int64_t reach = i0 + r0 + rows - j0, hi = reach < nk ? reach : nk, lo = first_key(i0 + r0, j0, W);
+      if (hi <= lo) continue;
       ATT_FN(mm)
-      (rows, Dv, reach < nk ? reach : nk, st + r0, 1, bq, vb0 + j0 * ldv, ldv, ob0 + r0 * ldo, ldo, 1);
+      (rows, Dv, hi - lo, st + lo * bq + r0, 1, bq, vb0 + (j0 + lo) * ldv, ldv, ob0 + r0 * ldo, ldo, 1);
     }
   }
   float *lse = a->lse + (b * Hq + h) * S + i0;
@@ -463,6 +551,7 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
   float *dkb0 = a->dk + koff, *dvb0 = a->dv + voff;
   const float *lse = a->lse + (b * Hq + h) * S + i0;
   const float scale = a->scale;
+  const int64_t W = a->window;
   float di[BQ_MAX];
 
   transpose_block(qb0, ldq, nq, D, bq, qt);
@@ -474,40 +563,46 @@ static void ATT_FN(bwd_block)(const bwd_args *a, int64_t b, int64_t h, int64_t g
     di[i] = acc;
     memset(dqb0 + i * ldq, 0, (size_t)D * sizeof(float));
   }
-  for (int64_t j0 = 0; j0 < i1; j0 += BK) {
+  for (int64_t j0 = first_tile(i0, W); j0 < i1; j0 += BK) {
     const int nk = (int)(j0 + BK < i1 ? BK : i1 - j0);
-    /* pt[c][i] = k.q and dst[c][i] = v.do, from the first column key c reaches */
+    /* pt[c][i] = k.q and dst[c][i] = v.do, over the columns key c reaches */
     for (int c0 = 0; c0 < nk; c0 += MR) {
       const int rows = nk - c0 < MR ? nk - c0 : MR;
-      const int64_t n0 = first_col(j0 + c0, i0);
-      ATT_FN(mm)(rows, nqp - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq, pt + c0 * bq + n0, bq, 0);
-      ATT_FN(mm)(rows, nqp - n0, Dv, vb0 + (j0 + c0) * ldv, ldv, 1, dot + n0, bq, dst + c0 * bq + n0, bq, 0);
+      const int64_t n0 = first_col(j0 + c0, i0), n1 = last_col(j0 + c0 + rows - 1, i0, nqp, W);
+      if (n1 <= n0) continue;
+      ATT_FN(mm)(rows, n1 - n0, D, kb0 + (j0 + c0) * ldk, ldk, 1, qt + n0, bq, pt + c0 * bq + n0, bq, 0);
+      ATT_FN(mm)(rows, n1 - n0, Dv, vb0 + (j0 + c0) * ldv, ldv, 1, dot + n0, bq, dst + c0 * bq + n0, bq, 0);
     }
     /* p = exp(scale*s - lse), ds = p * (dp - Di); 0 where masked */
     for (int c = 0; c < nk; c++) {
       float *restrict p = pt + c * bq, *restrict ds = dst + c * bq;
-      const int64_t z = j0 + c > i0 ? j0 + c - i0 : 0;
-      for (int64_t i = 0; i < z && i < nq; i++) p[i] = ds[i] = 0.0f;
-      for (int64_t i = z; i < nq; i++) {
+      int64_t z, e;
+      key_rows(j0 + c, i0, nq, W, &z, &e);
+      for (int64_t i = 0; i < z; i++) p[i] = ds[i] = 0.0f;
+      for (int64_t i = z; i < e; i++) {
         p[i] = exp_f(p[i] * scale - lse[i]);
         ds[i] = p[i] * (ds[i] - di[i]);
       }
+      for (int64_t i = e; i < nq; i++) p[i] = ds[i] = 0.0f;
     }
     /* dq[i] += sum_c ds[c][i] k[j0+c], over the keys a row block reaches */
     for (int r0 = 0; r0 < nq; r0 += MR) {
       const int rows = nq - r0 < MR ? nq - r0 : MR;
-      const int64_t reach = i0 + r0 + rows - j0;
-      if (reach <= 0) continue;
+      const int64_t reach = i0 + r0 + rows - j0, hi = reach < nk ? reach : nk, lo = first_key(i0 + r0, j0, W);
+      if (hi <= lo) continue;
       ATT_FN(mm)
-      (rows, D, reach < nk ? reach : nk, dst + r0, 1, bq, kb0 + j0 * ldk, ldk, dqb0 + r0 * ldq, ldq, 1);
+      (rows, D, hi - lo, dst + lo * bq + r0, 1, bq, kb0 + (j0 + lo) * ldk, ldk, dqb0 + r0 * ldq, ldq, 1);
     }
-    /* dk[c] += sum_i ds[c][i] q[i] and dv[c] += sum_i p[c][i] do[i], over the rows key c reaches */
+    /* dk[c] += sum_i ds[c][i] q[i] and dv[c] += sum_i p[c][i] do[i], over the rows keys c0.. reach */
     for (int c0 = 0; c0 < nk; c0 += MR) {
       const int rows = nk - c0 < MR ? nk - c0 : MR;
-      const int64_t r0 = j0 + c0 > i0 ? j0 + c0 - i0 : 0;
+      int64_t r0, r1, z, e;
+      key_rows(j0 + c0, i0, nq, W, &r0, &e);
+      key_rows(j0 + c0 + rows - 1, i0, nq, W, &z, &r1);
+      if (r1 <= r0) continue;
       const int64_t jo = (j0 + c0) * ldk, jv = (j0 + c0) * ldv;
-      ATT_FN(mm)(rows, D, nq - r0, dst + c0 * bq + r0, bq, 1, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
-      ATT_FN(mm)(rows, Dv, nq - r0, pt + c0 * bq + r0, bq, 1, dob0 + r0 * ldo, ldo, dvb0 + jv, ldv, 1);
+      ATT_FN(mm)(rows, D, r1 - r0, dst + c0 * bq + r0, bq, 1, qb0 + r0 * ldq, ldq, dkb0 + jo, ldk, 1);
+      ATT_FN(mm)(rows, Dv, r1 - r0, pt + c0 * bq + r0, bq, 1, dob0 + r0 * ldo, ldo, dvb0 + jv, ldv, 1);
     }
   }
   for (int i = 0; i < nq; i++) {

@@ -507,11 +507,11 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_ROPE_BWD:
       return mf_cpu_rope_bwd(F(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), x);
     case MF_K_ATTN_FWD:
-      return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], i[5], (float)k->f[0], F(3),
-                             F(4), x);
+      return mf_cpu_attn_fwd(CF(0), CF(1), CF(2), i[0], i[1], i[2], i[3], i[4], i[5], i[6], CF(5),
+                             (float)k->f[0], F(3), F(4), x);
     case MF_K_ATTN_BWD:
       return mf_cpu_attn_bwd(CF(0), CF(1), CF(2), CF(3), CF(4), CF(5), i[0], i[1], i[2], i[3], i[4], i[5],
-                             (float)k->f[0], F(6), F(7), F(8), x);
+                             i[6], CF(9), (float)k->f[0], F(6), F(7), F(8), F(10), x);
     case MF_K_SWIGLU_FWD:
       return mf_cpu_swiglu_fwd(CF(0), CF(1), i[0], F(2), x);
     case MF_K_SWIGLU_BWD:
@@ -532,9 +532,10 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_DROPOUT:
       return mf_cpu_dropout(CF(0), i[0], (uint64_t)i[1], (uint64_t)i[2], k->f[0], F(1), x);
     case MF_K_ROUTER_FWD:
-      return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), x);
+      return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], (int)i[4], F(1), I32(2), F(3), x);
     case MF_K_ROUTER_BWD:
-      return mf_cpu_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], F(5), x);
+      return mf_cpu_router_bwd(CF(0), CI32(1), CF(2), CF(3), CF(4), i[0], i[1], i[2], (int)i[3], (int)i[4], F(5),
+                               x);
     case MF_K_ROUTER_GROUP_FWD:
       return mf_cpu_router_group_fwd(CF(0), CF(1), i[0], i[1], i[2], i[3], i[4], (int)i[5], (float)k->f[0],
                                      F(2), I32(3), F(4), x);
@@ -545,6 +546,14 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
       return mf_cpu_slice(CF(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], F(1), x);
     case MF_K_SLICE_BWD:
       return mf_cpu_slice_bwd(CF(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], F(1), x);
+    case MF_K_SWIGLU_CLAMP_FWD:
+      return mf_cpu_swiglu_clamp_fwd(CF(0), CF(1), i[0], (float)k->f[0], (float)k->f[1], F(2), x);
+    case MF_K_SWIGLU_CLAMP_BWD:
+      return mf_cpu_swiglu_clamp_bwd(CF(0), CF(1), CF(2), i[0], (float)k->f[0], (float)k->f[1], F(3), F(4), x);
+    case MF_K_EXPERT_BIAS_FWD:
+      return mf_cpu_expert_bias_fwd(CF(2), CI64(1), mf_kernel_expert_rows(k), i[0], i[1], F(0), x);
+    case MF_K_EXPERT_BIAS_BWD:
+      return mf_cpu_expert_bias_bwd(CF(0), CI64(1), i[0], i[1], F(2), x);
     case MF_K_MOE_DISPATCH:
       return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
     case MF_K_MOE_GATHER:

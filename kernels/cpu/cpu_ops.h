@@ -112,15 +112,23 @@ mf_status mf_cpu_rope_bwd(float *dx, int64_t T, int64_t nh, int64_t D, const int
  * from D (DeepSeek-V3's latent attention: D 192, Dv 128; Dv 0 means D).
  * p = softmax(scale * q.k^T) over keys 0..i; o[B*S, Hq, Dv] = p.v (written);
  * lse[B, Hq, S] = logsumexp of the scaled scores (written, fp32) for the
- * backward. Never forms an S x S matrix. */
+ * backward. Never forms an S x S matrix.
+ * window > 0: a sliding window, keys i - window < j <= i only (0: all of 0..i).
+ * sinks[Hq] (NULL: none): gpt-oss's learned logit of query head h, not scaled,
+ * one more term exp(sinks[h]) in every row's softmax denominator (rows of p
+ * then sum to less than 1); lse includes it. */
 mf_status mf_cpu_attn_fwd(const float *q, const float *k, const float *v, int64_t B, int64_t S, int64_t Hq,
-                          int64_t Hkv, int64_t D, int64_t Dv, float scale, float *o, float *lse,
-                          const mf_kctx *ctx);
+                          int64_t Hkv, int64_t D, int64_t Dv, int64_t window, const float *sinks, float scale,
+                          float *o, float *lse, const mf_kctx *ctx);
 /* dq [B*S, Hq, D], dk [B*S, Hkv, D], dv [B*S, Hkv, Dv] written (dk/dv sum over
- * the query heads of their group); o and dout [B*S, Hq, Dv]. */
+ * the query heads of their group); o and dout [B*S, Hq, Dv]. window and sinks
+ * as the forward's (lse is the forward's, the sink in it). dsinks[Hq] (fp32,
+ * NULL: not wanted) is added into: dsinks[h] += -sum_{b,i} exp(sinks[h] -
+ * lse[b,h,i]) * (dout[b,i,h] . o[b,i,h]), summed over b then i in a pass of its own. */
 mf_status mf_cpu_attn_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout,
                           const float *lse, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                          int64_t Dv, float scale, float *dq, float *dk, float *dv, const mf_kctx *ctx);
+                          int64_t Dv, int64_t window, const float *sinks, float scale, float *dq, float *dk,
+                          float *dv, float *dsinks, const mf_kctx *ctx);
 
 /* --------------------------------------------------------- elementwise */
 
@@ -129,6 +137,16 @@ mf_status mf_cpu_swiglu_fwd(const float *g, const float *u, int64_t n, float *ac
 /* dg = dact * u * silu'(g),  du = dact * silu(g)  (written). */
 mf_status mf_cpu_swiglu_bwd(const float *g, const float *u, const float *dact, int64_t n, float *dg,
                             float *du, const mf_kctx *ctx);
+/* gpt-oss's clamped SwiGLU (swiglu_clamp.c; transformers' GptOssExperts._apply_gate), fp32:
+ *   g' = min(g, limit) (no lower clamp), u' = clamp(u, -limit, limit), s = sigmoid(alpha * g'),
+ *   act = (u' + 1) * (g' * s)  (written);
+ *   dg = dact * (u' + 1) * (s + alpha * g' * s * (1 - s)) where g <= limit, else 0;
+ *   du = dact * (g' * s) where -limit <= u <= limit, else 0  (written; torch.clamp's gradient
+ *   passes at the bounds). gpt-oss: limit 7, alpha 1.702. */
+mf_status mf_cpu_swiglu_clamp_fwd(const float *g, const float *u, int64_t n, float limit, float alpha,
+                                  float *act, const mf_kctx *ctx);
+mf_status mf_cpu_swiglu_clamp_bwd(const float *g, const float *u, const float *dact, int64_t n, float limit,
+                                  float alpha, float *dg, float *du, const mf_kctx *ctx);
 /* y[r,:] (+)= sigmoid(gl[r]) * x[r,:] — Qwen2-MoE's shared-expert gate (gl is the
  * [R] output of a Linear(H,1)); added. */
 mf_status mf_cpu_sigmoid_gate_fwd(const float *gl, const float *x, int64_t R, int64_t C, float *y,
@@ -162,17 +180,23 @@ mf_status mf_cpu_dropout(const float *x, int64_t n, uint64_t stream, uint64_t se
 
 /* --------------------------------------------------------------- router */
 
-/* From router logits[T,E]: probs = softmax (fp32, written); (topk_w, topk_idx) =
- * the k largest probs per row in descending order (ties: lower expert index
- * first); when norm_topk, topk_w /= sum(topk_w). */
-mf_status mf_cpu_router_fwd(const float *logits, int64_t T, int64_t E, int64_t K, int norm_topk, float *probs,
-                            int32_t *topk_idx, float *topk_w, const mf_kctx *ctx);
+/* From router logits[T,E], mode 0: probs = softmax (fp32, written); (topk_w,
+ * topk_idx) = the k largest probs per row in descending order (ties: lower
+ * expert index first); when norm_topk, topk_w /= sum(topk_w).
+ * mode 1 (gpt-oss's GptOssTopKRouter): topk_idx = the k largest logits (the
+ * same order and ties), topk_w = the softmax of those k logits; probs = the
+ * softmax over E of the row holding topk_w at topk_idx and 0 elsewhere (what
+ * gpt-oss's aux loss reads); norm_topk is ignored. Other modes: MF_ERR_INVALID_ARG. */
+mf_status mf_cpu_router_fwd(const float *logits, int64_t T, int64_t E, int64_t K, int norm_topk, int mode,
+                            float *probs, int32_t *topk_idx, float *topk_w, const mf_kctx *ctx);
 /* dlogits[T,E] (written) from d topk_w[T,K] through the renormalisation, the
  * top-k selection and the softmax, plus dprobs_extra[T,E] (the aux loss's
- * gradient w.r.t. probs; NULL when none). */
+ * gradient w.r.t. probs; NULL when none). mode 1: through the forward of mode
+ * 1 — the softmax over E of probs, the scatter, the softmax of the k logits;
+ * only the chosen experts' logits get a gradient, the others 0. */
 mf_status mf_cpu_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
                             const float *dtopk_w, const float *dprobs_extra, int64_t T, int64_t E, int64_t K,
-                            int norm_topk, float *dlogits, const mf_kctx *ctx);
+                            int norm_topk, int mode, float *dlogits, const mf_kctx *ctx);
 
 /* DeepSeek-V3's and GLM-4.5's sigmoid router (kernels/cpu/router_group.c):
  * scores = sigmoid(logits) [T,E] (written); the choice by scores + bias[E]
@@ -234,6 +258,18 @@ mf_status mf_cpu_expert_bwd_data(const float *dye, const float *const *W, const 
  * gradients are not touched (dW[e] may be NULL then). */
 mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
                                    int64_t N, int64_t Kd, float *const *dW, const mf_kctx *ctx);
+
+/* A per-expert bias over the expert-sorted rows (expert_bias.c; gpt-oss's
+ * gate_up_proj_bias and down_proj_bias): rows of expert e are [offsets[e],
+ * offsets[e+1]) as for the expert GEMMs.
+ *   fwd: y[r,:] += bias[e,:] for every row r of e  (added; y [R, N], bias [E, N];
+ *        R, at least offsets[E], is the cuda twin's bound, as mf_cpu_expert_fwd's).
+ *   bwd: db[e,:] += the sum over the rows of e, in row order, of dy[r,:]  (added,
+ *        fp32; the sum formed first, then added; experts without rows untouched). */
+mf_status mf_cpu_expert_bias_fwd(const float *bias, const int64_t *offsets, int64_t R, int64_t E, int64_t N,
+                                 float *y, const mf_kctx *ctx);
+mf_status mf_cpu_expert_bias_bwd(const float *dy, const int64_t *offsets, int64_t E, int64_t N, float *db,
+                                 const mf_kctx *ctx);
 
 /* -------------------------------------------------------- cross-entropy */
 

@@ -12,20 +12,30 @@
 //
 // Maths (sequence b, query head h, kv head g = h / (Hq/Hkv), head dim D of q
 // and k, Dv of v: equal in most models, 192 and 128 in DeepSeek-V3's latent
-// attention):
+// attention; key j visible from query i when j <= i, and with a sliding window
+// W > 0 also j > i - W; sink[h] gpt-oss's learned logit, -inf without):
 //   s[i,j] = (q[i].k[j]) * scale          (dot first, then the scale, as the cpu)
-//   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log sum_{j<=i} exp(s[i,j])
-//   o[i]   = sum_{j<=i} p[i,j] v[j]
+//   p[i,j] = exp(s[i,j] - lse[i]),  lse[i] = log (sum_{j visible} exp(s[i,j]) + exp(sink[h]))
+//   o[i]   = sum_{j visible} p[i,j] v[j]
 // Backward, with Di = do[i].o[i]:  dp = do.v,  ds = p * (dp - Di)
 //   dq[i] = scale * sum_j ds[i,j] k[j]
 //   dk[j] = scale * sum_{h in group} sum_i ds[i,j] q[i]
 //   dv[j] =         sum_{h in group} sum_i p[i,j] do[i]
-// dq, dk, dv are written (not added), as the cpu twin does.
+//   dsink[h] += -sum_{b,i} exp(sink[h] - lse[i]) Di
+// dq, dk, dv are written (not added), as the cpu twin does; dsinks is added into.
 //
 // Shapes: q, dq [B*S, Hq, D]; o, do [B*S, Hq, Dv]; k, dk [B*S, Hkv, D]; v, dv
-// [B*S, Hkv, Dv] (token-major, heads inside a token's row); lse [B, Hq, S].
-// Dv 0 means D. Calls with Dv != D never take the tensor-core kernels
-// (attention_mma.cu has one head dim); they run here.
+// [B*S, Hkv, Dv] (token-major, heads inside a token's row); lse [B, Hq, S];
+// sinks [Hq] (T), dsinks [Hq] (fp32). Dv 0 means D. Calls with Dv != D, a
+// window or sinks never take the tensor-core kernels (attention_mma.cu has one
+// head dim and neither mask nor sink); they run here. A window at or past S
+// hides nothing and is no window.
+//
+// Sinks and windows. A row's online softmax starts at m = sink, l = 1 (the
+// sink's term) instead of -inf and 0; a window masks j <= i - W as the causal
+// mask masks j > i, and the loops start and end at the tiles it reaches (the
+// forward's and dq's key tiles from that of the block's first visible key, dk/dv's
+// query blocks up to that of the last row that sees the key block).
 //
 // Tiling. Every kernel is a block of NT = 128 threads working on BQ = 32 query
 // rows and BK = 32 keys at a time, with the larger of D and Dv padded to DP
@@ -56,6 +66,9 @@
 //                registers in that fixed order.
 //             3. dq: grid (query blocks, Hq, B). A block holds its q and do tile
 //                and loops over key tiles up to the diagonal in order.
+//             With sinks and dsinks, one more launch first: grid Hq, a thread
+//             sums a fixed stride of the (b, i) rows in double, then a fixed
+//             tree; no atomics, the same bits every run.
 //
 // Shared memory (bytes) at DP = 128 / 256: forward 53 760 / 102 912, dk/dv
 // 74 752 / 140 288, dq 70 528 / 136 064: above 48 KiB, so each launch opts in
@@ -123,12 +136,23 @@ __device__ __forceinline__ float row_sum4(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// Whether query i (< S) sees key j: causal, and within the window W (0: none).
+__device__ __forceinline__ bool visible(int64_t i, int64_t j, int64_t S, int64_t W) {
+  return i < S && j <= i && (W == 0 || i - j < W);
+}
+
+// The first key tile a query block from q0 reaches (0 without a window).
+__device__ __forceinline__ int64_t first_key_tile(int64_t q0, int64_t W) {
+  return W > 0 && q0 - W + 1 > 0 ? (q0 - W + 1) / BK * BK : 0;
+}
+
 // ---------------------------------------------------------------- forward
 
 template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
     attn_fwd_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, int64_t S,
-                    int Hq, int Hkv, int D, int Dv, float scale, T *__restrict__ o, float *__restrict__ lse) {
+                    int Hq, int Hkv, int D, int Dv, int64_t W, const T *__restrict__ sinks, float scale,
+                    T *__restrict__ o, float *__restrict__ lse) {
   constexpr int NC = DP / TPR;  // output columns per thread
   extern __shared__ float smem[];
   float *Qs = smem, *Ks = Qs + tile_floats<DP>(BQ), *Vs = Ks + tile_floats<DP>(BK);
@@ -150,10 +174,11 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
   for (int n = 0; n < NC; n++) acc[n] = 0.0f;
   float m = -INFINITY, l = 0.0f;
+  if (sinks) m = mf_ld(sinks + h), l = 1.0f;  // the sink's term: exp(sink - sink)
 
   load_tile<DP>(qh, ldq, q0, S, D, Qs);
   const int64_t kend = q0 + BQ < S ? q0 + BQ : S;  // keys past the block's last row are masked for all
-  for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+  for (int64_t j0 = first_key_tile(q0, W); j0 < kend; j0 += BK) {
     __syncthreads();  // the previous tile's Ks, Vs, Ps are no longer read
     load_tile<DP>(kh, ldk, j0, S, D, Ks);
     load_tile<DP>(vh, ldv, j0, S, Dv, Vs);
@@ -172,7 +197,7 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
     for (int c = 0; c < CPT; c++) {
       const int64_t j = j0 + lane4 + TPR * c;
-      s[c] = (i < S && j <= i) ? s[c] * scale : -INFINITY;
+      s[c] = visible(i, j, S, W) ? s[c] * scale : -INFINITY;
       tmax = fmaxf(tmax, s[c]);
     }
     tmax = row_max4(tmax);
@@ -247,8 +272,8 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
     attn_bwd_dkdv_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                          const T *__restrict__ dout, const float *__restrict__ lse, const T *dq_stash,
-                         int64_t S, int Hq, int Hkv, int D, int Dv, float scale, T *__restrict__ dk,
-                         T *__restrict__ dv) {
+                         int64_t S, int Hq, int Hkv, int D, int Dv, int64_t W, float scale,
+                         T *__restrict__ dk, T *__restrict__ dv) {
   constexpr int NC = DP / TPR;
   extern __shared__ float smem[];
   float *Ks = smem, *Vs = Ks + tile_floats<DP>(BK), *Qs = Vs + tile_floats<DP>(BK);
@@ -272,10 +297,12 @@ __global__ void __launch_bounds__(NT)
   for (int n = 0; n < NC; n++) dka[n] = dva[n] = 0.0f;
 
   const int64_t qstart = j0 / BQ * BQ;  // the first query block with a row >= j0
+  // past the last row that sees the tile's last key j0 + BK - 1 (a window's end)
+  const int64_t qend = W > 0 && j0 + BK - 1 + W < S ? j0 + BK - 1 + W : S;
   for (int h = g * G; h < (g + 1) * G; h++) {
     const int64_t qoff = b * S * ldq + (int64_t)h * D, ooff = b * S * ldo + (int64_t)h * Dv;
     const float *lse_h = lse + ((int64_t)b * Hq + h) * S;
-    for (int64_t q0 = qstart; q0 < S; q0 += BQ) {
+    for (int64_t q0 = qstart; q0 < qend; q0 += BQ) {
       __syncthreads();  // the previous query tile is no longer read
       load_tile<DP>(q + qoff, ldq, q0, S, D, Qs);
       load_tile<DP>(dout + ooff, ldo, q0, S, Dv, Os);
@@ -299,7 +326,7 @@ __global__ void __launch_bounds__(NT)
       for (int x = 0; x < CPT; x++) {
         const int ii = lane4 + TPR * x;
         const int64_t i = q0 + ii;
-        const float p = (i < S && j <= i) ? expf(s[x] * scale - Ls[ii]) : 0.0f;
+        const float p = visible(i, j, S, W) ? expf(s[x] * scale - Ls[ii]) : 0.0f;
         Ps[c * (BQ + 1) + ii] = p;
         Ss[c * (BQ + 1) + ii] = p * (dp[x] - Ds[ii]);
       }
@@ -332,7 +359,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(NT)
     attn_bwd_dq_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                        const T *__restrict__ dout, const float *__restrict__ lse, int64_t S, int Hq, int Hkv,
-                       int D, int Dv, float scale, T *dq) {
+                       int D, int Dv, int64_t W, float scale, T *dq) {
   constexpr int NC = DP / TPR;
   extern __shared__ float smem[];
   float *Qs = smem, *Os = Qs + tile_floats<DP>(BQ), *Ks = Os + tile_floats<DP>(BQ);
@@ -359,7 +386,7 @@ __global__ void __launch_bounds__(NT)
   for (int n = 0; n < NC; n++) acc[n] = 0.0f;
 
   const int64_t kend = q0 + BQ < S ? q0 + BQ : S;
-  for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+  for (int64_t j0 = first_key_tile(q0, W); j0 < kend; j0 += BK) {
     __syncthreads();  // the previous key tile is no longer read (and the stats are loaded)
     load_tile<DP>(kh, ldk, j0, S, D, Ks);
     load_tile<DP>(vh, ldv, j0, S, Dv, Vs);
@@ -383,7 +410,7 @@ __global__ void __launch_bounds__(NT)
     for (int x = 0; x < CPT; x++) {
       const int cc = lane4 + TPR * x;
       const int64_t j = j0 + cc;
-      const float p = (i < S && j <= i) ? expf(s[x] * scale - lse_i) : 0.0f;
+      const float p = visible(i, j, S, W) ? expf(s[x] * scale - lse_i) : 0.0f;
       Ss[r * (BK + 1) + cc] = p * (dp[x] - di);
     }
     __syncwarp();  // Ss row r belongs to the four lanes of one warp
@@ -408,11 +435,42 @@ __global__ void __launch_bounds__(NT)
   }
 }
 
+// dsinks[h] += -sum_{b,i} exp(sinks[h] - lse[b,h,i]) Di, Di = do.o over Dv:
+// block h; thread t sums rows t, t + NT, ... of the B*S (b, i) in double, then
+// a fixed tree over the threads.
+template <typename T>
+__global__ void __launch_bounds__(NT)
+    attn_bwd_dsinks_kernel(const T *__restrict__ o, const T *__restrict__ dout, const float *__restrict__ lse,
+                           const T *__restrict__ sinks, int64_t B, int64_t S, int Hq, int Dv,
+                           float *__restrict__ dsinks) {
+  __shared__ double part[NT];
+  const int h = blockIdx.x;
+  const double sink = (double)mf_ld(sinks + h);
+  double acc = 0.0;
+  for (int64_t r = threadIdx.x; r < B * S; r += NT) {  // r: the token b*S + i
+    const T *orow = o + (r * Hq + h) * Dv, *drow = dout + (r * Hq + h) * Dv;
+    float di = 0.0f;
+    for (int d = 0; d < Dv; d++) di += mf_ld(drow + d) * mf_ld(orow + d);
+    acc += exp(sink - (double)lse[(r / S * Hq + h) * S + r % S]) * (double)di;
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = NT / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsinks[h] += (float)-part[0];
+}
+
 // Dv: already resolved (0 -> D) by the caller.
-mf_status check_shape(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv) {
+mf_status check_shape(const char *op, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv,
+                      int64_t window) {
   if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 || Hq % Hkv != 0)
     return MF_ERR(MF_ERR_INVALID_ARG, "%s: bad shape B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld Dv=%lld", op,
                   (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, (long long)Dv);
+  if (window < 0)
+    return MF_ERR(MF_ERR_INVALID_ARG, "%s: sliding window %lld (0: none, else the keys a query sees)", op,
+                  (long long)window);
   if (D > DMAX)
     return MF_ERR(MF_ERR_UNSUPPORTED,
                   "%s: head_dim D=%lld is larger than the cuda kernel's tile (at most %d)", op, (long long)D,
@@ -437,12 +495,13 @@ mf_status allow_smem(F *f, size_t bytes) {
 
 template <typename T, int DP>
 mf_status fwd_launch(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                     int64_t D, int64_t Dv, float scale, T *o, float *lse, cudaStream_t s) {
+                     int64_t D, int64_t Dv, int64_t W, const T *sinks, float scale, T *o, float *lse,
+                     cudaStream_t s) {
   const size_t smem = fwd_smem<DP>();
   MF_CHECK(allow_smem(attn_fwd_kernel<T, DP>, smem));
   const dim3 grid((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
   attn_fwd_kernel<T, DP>
-      <<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, (int)Dv, scale, o, lse);
+      <<<grid, NT, smem, s>>>(q, k, v, S, (int)Hq, (int)Hkv, (int)D, (int)Dv, W, sinks, scale, o, lse);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -462,20 +521,20 @@ mf_status di_launch(const T *o, const T *dout, int64_t B, int64_t S, int64_t Hq,
 // Launches 2 and 3 (dk, dv; dq) on the CUDA cores.
 template <typename T, int DP>
 mf_status bwd_launch(const T *q, const T *k, const T *v, const float *lse, const T *dout, int64_t B,
-                     int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, float scale, T *dq, T *dk,
-                     T *dv, cudaStream_t s) {
+                     int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, int64_t W, float scale, T *dq,
+                     T *dk, T *dv, cudaStream_t s) {
   const size_t smem_kv = dkdv_smem<DP>();
   MF_CHECK(allow_smem(attn_bwd_dkdv_kernel<T, DP>, smem_kv));
   const dim3 grid_kv((unsigned)((S + BK - 1) / BK), (unsigned)Hkv, (unsigned)B);
   attn_bwd_dkdv_kernel<T, DP><<<grid_kv, NT, smem_kv, s>>>(q, k, v, dout, lse, dq, S, (int)Hq, (int)Hkv,
-                                                           (int)D, (int)Dv, scale, dk, dv);
+                                                           (int)D, (int)Dv, W, scale, dk, dv);
   MF_CUDA_CHECK_LAUNCH();
 
   const size_t smem_q = dq_smem<DP>();
   MF_CHECK(allow_smem(attn_bwd_dq_kernel<T, DP>, smem_q));
   const dim3 grid_q((unsigned)((S + BQ - 1) / BQ), (unsigned)Hq, (unsigned)B);
   attn_bwd_dq_kernel<T, DP>
-      <<<grid_q, NT, smem_q, s>>>(q, k, v, dout, lse, S, (int)Hq, (int)Hkv, (int)D, (int)Dv, scale, dq);
+      <<<grid_q, NT, smem_q, s>>>(q, k, v, dout, lse, S, (int)Hq, (int)Hkv, (int)D, (int)Dv, W, scale, dq);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -484,43 +543,53 @@ mf_status bwd_launch(const T *q, const T *k, const T *v, const float *lse, const
 
 template <typename T>
 mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                           int64_t D, int64_t Dv, float scale, T *o, float *lse, cudaStream_t s) {
+                           int64_t D, int64_t Dv, int64_t window, const T *sinks, float scale, T *o,
+                           float *lse, cudaStream_t s) {
   if (Dv == 0) Dv = D;
-  MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D, Dv));
+  MF_CHECK(check_shape("attn_fwd", B, S, Hq, Hkv, D, Dv, window));
   if (B == 0 || S == 0) return MF_OK;
+  if (window >= S) window = 0;  // hides no key
   // bf16: the tensor-core kernel when it takes the call; it has one head dim,
-  // so a call whose Dv differs from D stays on the kernels of this file.
+  // no window and no sink, so other calls stay on the kernels of this file.
   if constexpr (sizeof(T) < sizeof(float)) {
     int ran = 0;
-    if (Dv == D) MF_CHECK(mf_cuda_attn_mma_fwd(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, &ran, s));
+    if (Dv == D && window == 0 && !sinks)
+      MF_CHECK(mf_cuda_attn_mma_fwd(q, k, v, B, S, Hq, Hkv, D, scale, o, lse, &ran, s));
     if (ran) {
       mf_cuda_mma_count(MF_CUDA_MMA_ATTENTION);
       return MF_OK;
     }
   }
   const int64_t Dm = D > Dv ? D : Dv;  // the tiles' width
-  if (Dm <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, Dv, scale, o, lse, s);
-  if (Dm <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, Dv, scale, o, lse, s);
-  return fwd_launch<T, 256>(q, k, v, B, S, Hq, Hkv, D, Dv, scale, o, lse, s);
+  if (Dm <= 64) return fwd_launch<T, 64>(q, k, v, B, S, Hq, Hkv, D, Dv, window, sinks, scale, o, lse, s);
+  if (Dm <= 128) return fwd_launch<T, 128>(q, k, v, B, S, Hq, Hkv, D, Dv, window, sinks, scale, o, lse, s);
+  return fwd_launch<T, 256>(q, k, v, B, S, Hq, Hkv, D, Dv, window, sinks, scale, o, lse, s);
 }
 
 template <typename T>
 mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
-                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, float scale,
-                           T *dq, T *dk, T *dv, cudaStream_t s) {
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv,
+                           int64_t window, const T *sinks, float scale, T *dq, T *dk, T *dv, float *dsinks,
+                           cudaStream_t s) {
   if (Dv == 0) Dv = D;
-  MF_CHECK(check_shape("attn_bwd", B, S, Hq, Hkv, D, Dv));
+  MF_CHECK(check_shape("attn_bwd", B, S, Hq, Hkv, D, Dv, window));
   if (sizeof(T) < sizeof(float) && D < 2)
     return MF_ERR(
         MF_ERR_UNSUPPORTED,
         "attn_bwd: head_dim D=%lld with bf16 storage: a row of dq must hold the fp32 Di stash (D >= 2)",
         (long long)D);
   if (B == 0 || S == 0) return MF_OK;
+  if (window >= S) window = 0;
+  if (sinks && dsinks) {
+    attn_bwd_dsinks_kernel<T>
+        <<<(unsigned)Hq, NT, 0, s>>>(o, dout, lse, sinks, B, S, (int)Hq, (int)Dv, dsinks);
+    MF_CUDA_CHECK_LAUNCH();
+  }
   MF_CHECK(di_launch(o, dout, B, S, Hq, D, Dv, dq, s));
-  // bf16: the tensor-core kernels when they take the call (Dv = D only, as the forward)
+  // bf16: the tensor-core kernels when they take the call (as the forward: Dv = D, no window, no sink)
   if constexpr (sizeof(T) < sizeof(float)) {
     int ran = 0;
-    if (Dv == D)
+    if (Dv == D && window == 0 && !sinks)
       MF_CHECK(mf_cuda_attn_mma_bwd(q, k, v, dout, lse, B, S, Hq, Hkv, D, scale, dq, dk, dv, &ran, s));
     if (ran) {
       mf_cuda_mma_count(MF_CUDA_MMA_ATTENTION);
@@ -528,18 +597,21 @@ mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const
     }
   }
   const int64_t Dm = D > Dv ? D : Dv;
-  if (Dm <= 64) return bwd_launch<T, 64>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, scale, dq, dk, dv, s);
-  if (Dm <= 128) return bwd_launch<T, 128>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, scale, dq, dk, dv, s);
-  return bwd_launch<T, 256>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, scale, dq, dk, dv, s);
+  if (Dm <= 64)
+    return bwd_launch<T, 64>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, window, scale, dq, dk, dv, s);
+  if (Dm <= 128)
+    return bwd_launch<T, 128>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, window, scale, dq, dk, dv, s);
+  return bwd_launch<T, 256>(q, k, v, lse, dout, B, S, Hq, Hkv, D, Dv, window, scale, dq, dk, dv, s);
 }
 
 // Both storages.
-#define ATTENTION_INSTANTIATE(T)                                                                        \
-  template mf_status mf_cuda_attn_fwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,    \
-                                         int64_t, int64_t, int64_t, float, T *, float *, cudaStream_t); \
-  template mf_status mf_cuda_attn_bwd<T>(const T *, const T *, const T *, const T *, const T *,         \
-                                         const float *, int64_t, int64_t, int64_t, int64_t, int64_t,    \
-                                         int64_t, float, T *, T *, T *, cudaStream_t);
+#define ATTENTION_INSTANTIATE(T)                                                                             \
+  template mf_status mf_cuda_attn_fwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,         \
+                                         int64_t, int64_t, int64_t, int64_t, const T *, float, T *, float *, \
+                                         cudaStream_t);                                                      \
+  template mf_status mf_cuda_attn_bwd<T>(                                                                    \
+      const T *, const T *, const T *, const T *, const T *, const float *, int64_t, int64_t, int64_t,       \
+      int64_t, int64_t, int64_t, int64_t, const T *, float, T *, T *, T *, float *, cudaStream_t);
 ATTENTION_INSTANTIATE(float)
 ATTENTION_INSTANTIATE(mf_bf16)
 #undef ATTENTION_INSTANTIATE

@@ -401,18 +401,23 @@ static mf_status run_attn_cudnn(cuda_impl *c, const mf_kernel_call *k, cudaStrea
     return MF_OK;
   }
   if (k->kind == MF_K_ATTN_FWD)
-    return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], i[5], scale, S(3), F(4), s);
+    return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], i[5], i[6], CS(5), scale,
+                               S(3), F(4), s);
   return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4], i[5],
-                             scale, S(6), S(7), S(8), s);
+                             i[6], CS(9), scale, S(6), S(7), S(8), F(10), s);
 }
 
 // Whether an attention call can go to cuDNN: only with one head dim (Dv, i[5],
-// 0 or D). cuDNN's SDPA does take a value head dim unlike q/k's, but our
-// graphs (attention_cudnn.cc) and its workspace bound have one D; a call with
-// Dv != D (DeepSeek-V3's latent attention) runs on attention.cu's CUDA-core
-// kernels instead.
+// 0 or D), no sliding window (i[6] 0, or at least S: it hides nothing) and no
+// sinks (ATTN_FWD's b[5], ATTN_BWD's b[9]). cuDNN's SDPA does take a value head
+// dim unlike q/k's, and has sliding windows and sink tokens of its own, but our
+// graphs (attention_cudnn.cc) and its workspace bound have one D and neither; a
+// call with Dv != D (DeepSeek-V3's latent attention) or gpt-oss's windows and
+// sinks runs on attention.cu's CUDA-core kernels instead (which keep such calls
+// off attention_mma.cu's tensor-core kernels too).
 static int attn_cudnn_takes(const mf_kernel_call *k) {
-  return k->i[5] == 0 || k->i[5] == k->i[4];
+  const int sinks = k->kind == MF_K_ATTN_FWD ? 5 : 9;
+  return (k->i[5] == 0 || k->i[5] == k->i[4]) && (k->i[6] == 0 || k->i[6] >= k->i[1]) && !k->b[sinks].ptr;
 }
 
 // The kernels of a call computing in storage T (float: F32, mf_bf16: BF16).
@@ -450,18 +455,19 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return mf_cuda_rope_fwd<T>(S(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), s);
     case MF_K_ROPE_BWD:
       return mf_cuda_rope_bwd<T>(S(0), i[0], i[1], i[2], CI32(1), mf_rope_args_of(i, k->f), s);
-    case MF_K_ATTN_FWD:  // Dv != D: attention.cu's CUDA-core kernels (attn_cudnn_takes, attention.cu)
+    // Dv != D, a window or sinks: attention.cu's CUDA-core kernels (attn_cudnn_takes, attention.cu)
+    case MF_K_ATTN_FWD:
       if constexpr (std::is_same<T, mf_bf16>::value) {
         if (c->attn_cudnn && attn_cudnn_takes(k)) return run_attn_cudnn(c, k, s);
       }
-      return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], i[5], (float)k->f[0],
-                                 S(3), F(4), s);
+      return mf_cuda_attn_fwd<T>(CS(0), CS(1), CS(2), i[0], i[1], i[2], i[3], i[4], i[5], i[6], CS(5),
+                                 (float)k->f[0], S(3), F(4), s);
     case MF_K_ATTN_BWD:
       if constexpr (std::is_same<T, mf_bf16>::value) {
         if (c->attn_cudnn && attn_cudnn_takes(k)) return run_attn_cudnn(c, k, s);
       }
       return mf_cuda_attn_bwd<T>(CS(0), CS(1), CS(2), CS(3), CS(4), CF(5), i[0], i[1], i[2], i[3], i[4], i[5],
-                                 (float)k->f[0], S(6), S(7), S(8), s);
+                                 i[6], CS(9), (float)k->f[0], S(6), S(7), S(8), F(10), s);
     case MF_K_SWIGLU_FWD:
       return mf_cuda_swiglu_fwd<T>(CS(0), CS(1), i[0], S(2), s);
     case MF_K_SWIGLU_BWD:
@@ -476,14 +482,24 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
       return mf_cuda_slice<T>(CS(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], S(1), s);
     case MF_K_SLICE_BWD:
       return mf_cuda_slice_bwd<T>(CS(0), i[0], i[1], i[2], i[3], i[4], i[5], i[6], (int)i[7], S(1), s);
+    case MF_K_SWIGLU_CLAMP_FWD:
+      return mf_cuda_swiglu_clamp_fwd<T>(CS(0), CS(1), i[0], (float)k->f[0], (float)k->f[1], S(2), s);
+    case MF_K_SWIGLU_CLAMP_BWD:
+      return mf_cuda_swiglu_clamp_bwd<T>(CS(0), CS(1), CS(2), i[0], (float)k->f[0], (float)k->f[1], S(3), S(4),
+                                         s);
+    case MF_K_EXPERT_BIAS_FWD:
+      return mf_cuda_expert_bias_fwd<T>(CS(2), CI64(1), mf_kernel_expert_rows(k), i[0], i[1], S(0), s);
+    case MF_K_EXPERT_BIAS_BWD:
+      return mf_cuda_expert_bias_bwd<T>(CS(0), CI64(1), i[0], i[1], F(2), s);
     case MF_K_SCALE:
       return mf_cuda_scale<T>(S(0), i[0], (float)k->f[0], s);
     case MF_K_DROPOUT:
       return mf_cuda_dropout<T>(CS(0), i[0], (uint64_t)i[1], (uint64_t)i[2], k->f[0], S(1), s);
     case MF_K_ROUTER_FWD:
-      return mf_cuda_router_fwd<T>(CS(0), i[0], i[1], i[2], (int)i[3], F(1), I32(2), F(3), s);
+      return mf_cuda_router_fwd<T>(CS(0), i[0], i[1], i[2], (int)i[3], (int)i[4], F(1), I32(2), F(3), s);
     case MF_K_ROUTER_BWD:
-      return mf_cuda_router_bwd<T>(CF(0), CI32(1), CF(2), CS(3), CF(4), i[0], i[1], i[2], (int)i[3], S(5), s);
+      return mf_cuda_router_bwd<T>(CF(0), CI32(1), CF(2), CS(3), CF(4), i[0], i[1], i[2], (int)i[3], (int)i[4],
+                                   S(5), s);
     case MF_K_ROUTER_GROUP_FWD:
       return mf_cuda_router_group_fwd<T>(CS(0), CS(1), i[0], i[1], i[2], i[3], i[4], (int)i[5], (float)k->f[0],
                                          F(2), I32(3), F(4), s);

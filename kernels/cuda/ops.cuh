@@ -99,6 +99,22 @@ mf_status mf_cuda_slice_bwd(const T *dy, int64_t Q, int64_t C, int64_t xs, int64
                             int64_t rep, int acc, T *dx, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_scale(T *x, int64_t n, float sc, cudaStream_t s);
+// gpt-oss's clamped SwiGLU (kernels/cpu/swiglu_clamp.c; swiglu_clamp.cu).
+template <typename T>
+mf_status mf_cuda_swiglu_clamp_fwd(const T *g, const T *u, int64_t n, float limit, float alpha, T *act,
+                                   cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_swiglu_clamp_bwd(const T *g, const T *u, const T *dact, int64_t n, float limit, float alpha,
+                                   T *dg, T *du, cudaStream_t s);
+// A per-expert bias over the expert-sorted rows (kernels/cpu/expert_bias.c;
+// expert_bias.cu): offsets on the device; R (the rows of y, at least
+// offsets[E]) the forward's bound; db fp32, added.
+template <typename T>
+mf_status mf_cuda_expert_bias_fwd(const T *bias, const int64_t *offsets, int64_t R, int64_t E, int64_t N, T *y,
+                                  cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_expert_bias_bwd(const T *dy, const int64_t *offsets, int64_t E, int64_t N, float *db,
+                                  cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed, double p, T *y,
                           cudaStream_t s);
@@ -109,13 +125,14 @@ mf_status mf_cuda_dequant(const uint8_t *qw, int64_t kind, int64_t rows, int64_t
                           int64_t nested, T *y, cudaStream_t s);
 
 // -------------------------------------------------------------- routing.cu
+// mode 0: softmax then top-k; 1: gpt-oss's top-k then softmax (kernels/cpu/router.c).
 template <typename T>
-mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, int norm_topk, float *probs,
-                             int32_t *topk_idx, float *topk_w, cudaStream_t s);
+mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, int norm_topk, int mode,
+                             float *probs, int32_t *topk_idx, float *topk_w, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
                              const T *dtopk_w, const float *dprobs_extra, int64_t T_, int64_t E, int64_t K,
-                             int norm_topk, T *dlogits, cudaStream_t s);
+                             int norm_topk, int mode, T *dlogits, cudaStream_t s);
 // DeepSeek-V3's sigmoid router (kernels/cpu/router_group.c's maths and orders).
 template <typename T>
 mf_status mf_cuda_router_group_fwd(const T *logits, const T *bias, int64_t T_, int64_t E, int64_t K,
@@ -149,16 +166,21 @@ mf_status mf_cuda_aux_grad(const int64_t *counts, int64_t E, int64_t n_rows, dou
 // Causal GQA attention (kernels/cpu/attention.c's maths): q, dq [B*S, Hq, D];
 // k, dk [B*S, Hkv, D]; v, dv [B*S, Hkv, Dv]; o, dout [B*S, Hq, Dv] (Dv, the
 // value head dim, 0: D); lse [B, Hq, S] (fp32); Hq % Hkv == 0, D and Dv <= 256
-// (MF_ERR_UNSUPPORTED above; also D = 1 for the bf16 backward). Forward writes
-// o and lse. Backward writes dq, dk, dv (never added) and needs no scratch; dq
-// must not alias an input.
+// (MF_ERR_UNSUPPORTED above; also D = 1 for the bf16 backward). window > 0: a
+// sliding window (keys i - window < j <= i; 0 none); sinks [Hq] (T, NULL: none):
+// gpt-oss's learned logits in every row's denominator, lse includes them.
+// Forward writes o and lse. Backward writes dq, dk, dv (never added) and needs
+// no scratch; dq must not alias an input; dsinks [Hq] (fp32, NULL: not wanted)
+// is added into.
 template <typename T>
 mf_status mf_cuda_attn_fwd(const T *q, const T *k, const T *v, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                           int64_t D, int64_t Dv, float scale, T *o, float *lse, cudaStream_t s);
+                           int64_t D, int64_t Dv, int64_t window, const T *sinks, float scale, T *o,
+                           float *lse, cudaStream_t s);
 template <typename T>
 mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,
-                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, float scale,
-                           T *dq, T *dk, T *dv, cudaStream_t s);
+                           int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv,
+                           int64_t window, const T *sinks, float scale, T *dq, T *dk, T *dv, float *dsinks,
+                           cudaStream_t s);
 
 // ------------------------------------------------------- attention_mma.cu
 // Causal GQA attention of BF16 storage on tensor cores (mma.sync), called by
@@ -166,7 +188,8 @@ mf_status mf_cuda_attn_bwd(const T *q, const T *k, const T *v, const T *o, const
 // launched; 0 (MF_OK, nothing launched) for a call the path does not take —
 // D not a multiple of 16 or above 128, an operand not 16-byte aligned — which
 // the caller then runs on its CUDA-core kernels. The caller checks the shape.
-// One head dim for q, k and v: attention.cu never calls these with Dv != D.
+// One head dim for q, k and v, no window and no sinks: attention.cu never
+// calls these with Dv != D, a window or sinks.
 mf_status mf_cuda_attn_mma_fwd(const mf_bf16 *q, const mf_bf16 *k, const mf_bf16 *v, int64_t B, int64_t S,
                                int64_t Hq, int64_t Hkv, int64_t D, float scale, mf_bf16 *o, float *lse,
                                int *ran, cudaStream_t s);

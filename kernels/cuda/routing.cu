@@ -15,12 +15,18 @@
 //                order), top-k by insertion into a descending list (a later
 //                expert displaces an earlier one only when strictly larger: ties
 //                keep the lower index first), renorm by the sum in j order.
+//                Mode 1 (gpt-oss): the top-k of the logits by the same insertion,
+//                their softmax (expf of v - v[0], sum in j order), then probs:
+//                the softmax over E of the weights scattered into zeros.
 //   router group one thread per token row, fwd and bwd: kernels/cpu/router_group.c's
 //                loops (DeepSeek-V3's sigmoid router, group-limited top-k).
 //   router bwd   one thread per token row, the twin's loop: dp = dprobs_extra (or
 //                0) + the renorm backward, then dl = p*(dp - sum_e p*dp). dp[e] is
 //                recomputed where it is used (the twin's adds, in j order), so no
 //                fp32 row of scratch is needed and dlogits is only stored.
+//                Mode 1: pd = sum_e p*dprobs_extra, dw[j] = g[j] + p[i]*(x[i] - pd)
+//                at i = idx[j], the row zeroed, then dl[idx[j]] = w[j]*(dw[j] -
+//                sum_i w[i]*dw[i]) (the twin's loops).
 //   dispatch     stable counting sort, expert-major rows in (token, choice) order,
 //                over tiles of `tile` entries of topk_idx (a multiple of 256, at
 //                least 2E), NB tiles, no float atomics and no serial scan of the
@@ -140,15 +146,24 @@ __device__ __forceinline__ int chunk_len(int64_t H, int64_t h) {
 
 // --------------------------------------------------------------- router
 
+// Mode 1's row: kernels/topk.h's body, the logits read from storage T.
+#define LD_T(l, e) mf_ld((l) + (e))
+MF_ROUTER_TOPK_FIRST_ROW(template <typename T> __device__, router_fwd_row_topk_first, T, LD_T)
+#undef LD_T
+
 template <typename T>
 __global__ void router_fwd_kernel(const T *__restrict__ logits, int64_t T_, int64_t E, int64_t K,
-                                  int norm_topk, float *__restrict__ probs, int32_t *__restrict__ topk_idx,
-                                  float *__restrict__ topk_w) {
+                                  int norm_topk, int mode, float *__restrict__ probs,
+                                  int32_t *__restrict__ topk_idx, float *__restrict__ topk_w) {
   GRID_STRIDE(t, T_) {
     const T *l = logits + t * E;
     float *p = probs + t * E;
     int32_t *idx = topk_idx + t * K;
     float *w = topk_w + t * K;
+    if (mode == 1) {
+      router_fwd_row_topk_first(l, E, K, p, idx, w);
+      continue;
+    }
     float m = mf_ld(l);
     for (int64_t e = 1; e < E; e++) {
       const float le = mf_ld(l + e);
@@ -181,17 +196,39 @@ __device__ __forceinline__ float router_dp(int64_t e, const float *extra, const 
   return dp;
 }
 
+// Mode 1's dw[j] (kernels/cpu/router.c topk_first_dw).
+template <typename T>
+__device__ __forceinline__ float topk_first_dw(const float *p, const float *x, float pd, const int32_t *idx,
+                                               const T *g, int64_t j) {
+  return x ? mf_ld(g + j) + p[idx[j]] * (x[idx[j]] - pd) : mf_ld(g + j);
+}
+
+template <typename T>
+__device__ void router_bwd_row_topk_first(const float *p, const int32_t *idx, const float *w, const T *g,
+                                          const float *x, int64_t E, int64_t K, T *dl) {
+  float pd = 0.0f, wd = 0.0f;
+  if (x)
+    for (int64_t e = 0; e < E; e++) pd += p[e] * x[e];
+  for (int64_t j = 0; j < K; j++) wd += w[j] * topk_first_dw(p, x, pd, idx, g, j);
+  for (int64_t e = 0; e < E; e++) mf_st(dl + e, 0.0f);
+  for (int64_t j = 0; j < K; j++) mf_st(dl + idx[j], w[j] * (topk_first_dw(p, x, pd, idx, g, j) - wd));
+}
+
 template <typename T>
 __global__ void router_bwd_kernel(const float *__restrict__ probs, const int32_t *__restrict__ topk_idx,
                                   const float *__restrict__ topk_w, const T *__restrict__ dtopk_w,
                                   const float *__restrict__ dprobs_extra, int64_t T_, int64_t E, int64_t K,
-                                  int norm_topk, T *__restrict__ dlogits) {
+                                  int norm_topk, int mode, T *__restrict__ dlogits) {
   GRID_STRIDE(t, T_) {
     const float *p = probs + t * E;
     const int32_t *idx = topk_idx + t * K;
     const float *w = topk_w + t * K;
     const T *g = dtopk_w + t * K;
     const float *extra = dprobs_extra ? dprobs_extra + t * E : nullptr;
+    if (mode == 1) {
+      router_bwd_row_topk_first(p, idx, w, g, extra, E, K, dlogits + t * E);
+      continue;
+    }
     float S = 0.0f, gw = 0.0f;
     if (norm_topk) {
       for (int64_t j = 0; j < K; j++) S += p[idx[j]];
@@ -211,13 +248,21 @@ static mf_status check_router(int64_t E, int64_t K) {
   return MF_OK;
 }
 
+static mf_status check_mode(int mode) {
+  if (mode != 0 && mode != 1)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "router: mode %d (0: softmax then top-k, 1: gpt-oss's top-k then softmax)", mode);
+  return MF_OK;
+}
+
 template <typename T>
-mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, int norm_topk, float *probs,
-                             int32_t *topk_idx, float *topk_w, cudaStream_t s) {
+mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, int norm_topk, int mode,
+                             float *probs, int32_t *topk_idx, float *topk_w, cudaStream_t s) {
   if (T_ <= 0) return MF_OK;
   MF_CHECK(check_router(E, K));
+  MF_CHECK(check_mode(mode));
   router_fwd_kernel<T>
-      <<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(logits, T_, E, K, norm_topk, probs, topk_idx, topk_w);
+      <<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(logits, T_, E, K, norm_topk, mode, probs, topk_idx, topk_w);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -225,11 +270,12 @@ mf_status mf_cuda_router_fwd(const T *logits, int64_t T_, int64_t E, int64_t K, 
 template <typename T>
 mf_status mf_cuda_router_bwd(const float *probs, const int32_t *topk_idx, const float *topk_w,
                              const T *dtopk_w, const float *dprobs_extra, int64_t T_, int64_t E, int64_t K,
-                             int norm_topk, T *dlogits, cudaStream_t s) {
+                             int norm_topk, int mode, T *dlogits, cudaStream_t s) {
   if (T_ <= 0) return MF_OK;
   MF_CHECK(check_router(E, K));
-  router_bwd_kernel<T><<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(probs, topk_idx, topk_w, dtopk_w,
-                                                                  dprobs_extra, T_, E, K, norm_topk, dlogits);
+  MF_CHECK(check_mode(mode));
+  router_bwd_kernel<T><<<mf_cuda_grid(T_), MF_CUDA_BLOCK, 0, s>>>(
+      probs, topk_idx, topk_w, dtopk_w, dprobs_extra, T_, E, K, norm_topk, mode, dlogits);
   MF_CUDA_CHECK_LAUNCH();
   return MF_OK;
 }
@@ -633,10 +679,10 @@ mf_status mf_cuda_moe_combine_bwd(const T *dy, const T *ye, const float *w, cons
 
 // Both storages of every typed launcher.
 #define ROUTING_INSTANTIATE(T)                                                                               \
-  template mf_status mf_cuda_router_fwd<T>(const T *, int64_t, int64_t, int64_t, int, float *, int32_t *,    \
-                                           float *, cudaStream_t);                                           \
+  template mf_status mf_cuda_router_fwd<T>(const T *, int64_t, int64_t, int64_t, int, int, float *,         \
+                                           int32_t *, float *, cudaStream_t);                                \
   template mf_status mf_cuda_router_bwd<T>(const float *, const int32_t *, const float *, const T *,         \
-                                           const float *, int64_t, int64_t, int64_t, int, T *,               \
+                                           const float *, int64_t, int64_t, int64_t, int, int, T *,          \
                                            cudaStream_t);                                                    \
   template mf_status mf_cuda_router_group_fwd<T>(const T *, const T *, int64_t, int64_t, int64_t,        \
                                                  int64_t, int64_t, int, float, float *, int32_t *, float *,  \

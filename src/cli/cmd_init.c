@@ -18,12 +18,13 @@ static const char k_usage[] =
     "chat template, special_tokens_map.json) that AutoTokenizer.from_pretrained(DIR) and\n"
     "tools/prepare_data.py --tokenizer DIR read: byte b is token b (the ids `moefit data bytes`\n"
     "writes), then <|endoftext|> 256 (pad), <|im_start|> 257, <|im_end|> 258 (eos).\n\n"
-    "families: mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3\n"
+    "families: mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3, gpt_oss\n"
     "presets:  tiny   hidden 64, 2 layers, 4 heads / 2 kv, 8 experts top-2, expert ffn 128, vocab 272\n"
     "          small  hidden 512, 8 layers, 8 heads / 4 kv, 16 experts top-2, expert ffn 1024, vocab 32000\n"
     "Qwen2-MoE gets a shared expert and a dense first layer; Qwen3-MoE and OLMoE their q/k norms;\n"
     "GLM-4.5 (glm4_moe) a shared expert, a dense first layer, its sigmoid router and RoPE on half of each "
-    "head.\n";
+    "head;\n"
+    "gpt-oss its sinks, biases, clamped SwiGLU, a sliding window of 64 on layer 0 and YaRN.\n";
 
 static void preset(mf_family f, int small, mf_model_spec *s) {
   mf_model_spec_defaults(f, s);
@@ -54,6 +55,12 @@ static void preset(mf_family f, int small, mf_model_spec *s) {
     s->qk_nope_dim = small ? 64 : 16, s->qk_rope_dim = small ? 32 : 8, s->v_head_dim = small ? 64 : 16;
     s->head_dim = s->qk_nope_dim + s->qk_rope_dim;
     s->n_group = 1, s->topk_group = 1;
+  }
+  if (f == MF_FAMILY_GPT_OSS) { /* the even layers slide (GptOssConfig's layer_types) */
+    s->sliding_window = 64;
+    for (int64_t l = 0; l < s->layers; l++) s->sliding_layers[l] = l % 2 == 0;
+    for (int64_t l = s->layers; l < MF_MAX_LAYERS; l++) s->sliding_layers[l] = 0;
+    s->yarn_factor = 8, s->yarn_original_max = 512; /* YaRN as gpt-oss's: 512 x 8 = max_seq */
   }
   if (f == MF_FAMILY_GLM4_MOE || f == MF_FAMILY_DEEPSEEK_V3) { /* one shared expert, layer 0 dense */
     s->shared_ffn = s->expert_ffn;
@@ -92,8 +99,9 @@ int mf_cli_init(int argc, char **argv) {
   if (!family || !out) return mf_cli_usage_error("init", "--family and --out are required");
   mf_family f = mf_family_from_name(family);
   if (f == MF_FAMILY_INVALID)
-    return mf_cli_usage_error("init", "unknown family '%s' (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3)",
-                              family);
+    return mf_cli_usage_error(
+        "init", "unknown family '%s' (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3, gpt_oss)",
+        family);
   if (strcmp(pre, "tiny") != 0 && strcmp(pre, "small") != 0)
     return mf_cli_usage_error("init", "unknown preset '%s' (tiny, small)", pre);
   mf_model_spec s;

@@ -215,7 +215,7 @@ static int size_fraction(const char *text, char *buf, size_t cap) {
   return 1;
 }
 
-static const char *family_choices = "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3";
+static const char *family_choices = "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3|gpt_oss";
 
 /* Sets one non-section key from a node (a value in the file, an override, or a default). */
 static mf_status set_value(walk *w, const mf_config_key *k, const mf_ynode *v);
@@ -692,7 +692,8 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
         "model.init.decoder_sparse_step is a qwen2_moe / qwen3_moe key: every layer of %s is MoE",
         mf_family_name(s->family));
   /* keys only GLM-4.5's and DeepSeek-V3's decoders read, at their neutral values elsewhere */
-  const int glm = s->family == MF_FAMILY_GLM4_MOE, ds = s->family == MF_FAMILY_DEEPSEEK_V3;
+  const int glm = s->family == MF_FAMILY_GLM4_MOE, ds = s->family == MF_FAMILY_DEEPSEEK_V3,
+            oss = s->family == MF_FAMILY_GPT_OSS;
   const struct {
     const char *key, *readers;
     int read, neutral;
@@ -708,11 +709,16 @@ static mf_status finish_init(walk *w, const mf_ynode *in) {
       {"model.init.n_group", "glm4_moe / deepseek_v3", glm || ds, s->n_group == 1},
       {"model.init.topk_group", "glm4_moe / deepseek_v3", glm || ds, s->topk_group == 1},
       {"model.init.routed_scaling", "glm4_moe / deepseek_v3", glm || ds, s->routed_scaling == 1.0},
+      {"model.init.sliding_window", "gpt_oss", oss, s->sliding_window == 0},
   };
   for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
     if (!only[i].read && !only[i].neutral)
       return CROSS_ERR(w, only[i].key, "model.init.family", "%s is a %s key: %s does not read it",
                        only[i].key, only[i].readers, mf_family_name(s->family));
+  if (oss) { /* GptOssConfig's layer_types: the even layers slide; attention_bias sets the o bias too */
+    for (int64_t l = 0; l < s->layers && l < MF_MAX_LAYERS; l++) s->sliding_layers[l] = l % 2 == 0;
+    s->o_bias = s->qkv_bias;
+  }
   /* the rest, blamed on the last override under model.init when there is one */
   const mf_ynode *at = mf_ynode_place(in), *ov = last_override_under(w, "model.init.");
   char where[1100];

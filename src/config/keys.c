@@ -26,7 +26,7 @@ const mf_config_key mf_config_keys[] = {
         "Hugging Face checkpoint directory (config.json + *.safetensors)"),
     SEC("model.init", 0, "a new, randomly initialised model of this shape (instead of model.path)"),
     KEY("model.init.family", MF_CK_FAMILY, MF_CK_REQUIRED, model.init.family, NOLO, NOHI,
-        "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3", NULL,
+        "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3|gpt_oss", NULL,
         "model family; its transformers defaults fill the keys left out"),
     INIT("hidden", MF_CK_INT, 0, hidden, 1, 1 << 24, "hidden size"),
     INIT("layers", MF_CK_INT, 0, layers, 1, MF_MAX_LAYERS, "decoder layers"),
@@ -65,12 +65,17 @@ const mf_config_key mf_config_keys[] = {
     INIT("topk_group", MF_CK_INT, 0, topk_group, 1, 65536, "groups a token's experts come from (glm4_moe)"),
     INIT("q_lora_rank", MF_CK_INT, 0, q_lora_rank, 0, 1 << 24,
          "deepseek_v3: the rank of q's low-rank projection (q_a_proj, q_b_proj); 0: q_proj"),
-    INIT("kv_lora_rank", MF_CK_INT, 0, kv_lora_rank, 0, 1 << 24, "deepseek_v3: the rank of the compressed kv"),
-    INIT("qk_nope_dim", MF_CK_INT, 0, qk_nope_dim, 0, 65536, "deepseek_v3: the dims of a q/k head RoPE leaves"),
-    INIT("qk_rope_dim", MF_CK_INT, 0, qk_rope_dim, 0, 65536, "deepseek_v3: the dims of a q/k head RoPE rotates"),
+    INIT("kv_lora_rank", MF_CK_INT, 0, kv_lora_rank, 0, 1 << 24,
+         "deepseek_v3: the rank of the compressed kv"),
+    INIT("qk_nope_dim", MF_CK_INT, 0, qk_nope_dim, 0, 65536,
+         "deepseek_v3: the dims of a q/k head RoPE leaves"),
+    INIT("qk_rope_dim", MF_CK_INT, 0, qk_rope_dim, 0, 65536,
+         "deepseek_v3: the dims of a q/k head RoPE rotates"),
     INIT("v_head_dim", MF_CK_INT, 0, v_head_dim, 0, 65536, "deepseek_v3: the dims of a value head"),
     INIT("rope_interleave", MF_CK_BOOL, 0, rope_interleave, NOLO, NOHI,
          "deepseek_v3: RoPE on adjacent pairs (transformers' rope_interleave)"),
+    INIT("sliding_window", MF_CK_INT, 0, sliding_window, 0, 1099511627776.0,
+         "gpt_oss: the keys an even (sliding_attention) layer's query sees, itself included"),
     INIT("routed_scaling", MF_CK_FLOAT, MF_CK_LO_OPEN, routed_scaling, 0, 1e6,
          "factor on the routed experts' weights (glm4_moe: routed_scaling_factor)"),
     KEY("model.init.seed", MF_CK_U64, MF_CK_DOCDEF, model.init.seed, NOLO, NOHI, NULL, "1",
@@ -153,12 +158,14 @@ const mf_config_key mf_config_keys[] = {
         "dropout on each adapter's input in training (PEFT's lora_dropout); its masks are a function of "
         "train.seed, the step and the micro-batch, the same for any plan, number of ranks or resume"),
     KEY("train.lora.targets", MF_CK_NAMELIST, MF_CK_DOCDEF, train.lora.targets, NOLO, NOHI,
-        "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3|q_a_proj|q_b_proj|kv_a_proj_with_mqa|"
+        "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3|q_a_proj|q_b_proj|kv_a_proj_with_"
+        "mqa|"
         "kv_b_proj",
         "[q_proj, k_proj, v_proj, o_proj]",
         "the HF module names that get adapters (PEFT's target_modules): attention q_proj, k_proj, v_proj, "
         "o_proj; MLP and expert gate_proj, up_proj, down_proj (qwen2_moe, qwen3_moe, olmoe: routed, shared "
-        "and dense alike), w1, w3, w2 for Mixtral's experts; q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj for "
+        "and dense alike), w1, w3, w2 for Mixtral's experts; q_a_proj, q_b_proj, kv_a_proj_with_mqa, "
+        "kv_b_proj for "
         "deepseek_v3's latent attention"),
     KEY("train.lora.experts", MF_CK_ENUM, 0, train.lora.experts, NOLO, NOHI, "all|hot", "all",
         "routed experts that get adapters (when targets name an expert projection): all, or hot: each "

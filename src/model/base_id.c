@@ -20,14 +20,15 @@
 typedef enum field_kind { K_I64, K_F64, K_BOOL } field_kind;
 
 /* Every scalar field of mf_model_spec that changes the maths (family,
- * qk_norm and mlp_only_layers apart; seed only for model.init), with the
- * config.json key it comes from ("" where the family fixes it). */
+ * qk_norm, mlp_only_layers and sliding_layers apart; seed only for
+ * model.init), with the config.json key it comes from ("" where the family
+ * fixes it). */
 typedef struct field {
   const char *name;
   field_kind kind;
   size_t off;
   const char *hf; /* its config.json key; NULL: per family (hf_key) */
-  int since_glm;  /* added with glm4_moe and deepseek_v3: a record without it has the family's default */
+  int since_glm; /* added with glm4_moe, deepseek_v3, gpt_oss: a record without it has the family's default */
 } field;
 
 #define F(n, k, hf) \
@@ -54,7 +55,7 @@ static const field k_fields[] = {
     F(clip_qkv, K_F64, "clip_qkv"),
     F(norm_topk_prob, K_BOOL, "norm_topk_prob"),
     F(tie_embeddings, K_BOOL, "tie_word_embeddings"),
-    F(qkv_bias, K_BOOL, "qkv_bias"),
+    F(qkv_bias, K_BOOL, NULL),
     F(decoder_sparse_step, K_I64, "decoder_sparse_step"),
     F2(partial_rotary, K_F64, "partial_rotary_factor"),
     F2(n_group, K_I64, "n_group"),
@@ -74,6 +75,8 @@ static const field k_fields[] = {
     F2(yarn_mscale, K_F64, "rope_scaling.mscale"),
     F2(yarn_mscale_all_dim, K_F64, "rope_scaling.mscale_all_dim"),
     F2(yarn_truncate, K_BOOL, "rope_scaling.truncate"),
+    F2(o_bias, K_BOOL, "attention_bias"),
+    F2(sliding_window, K_I64, "sliding_window"),
 };
 #undef F
 #undef F2
@@ -82,11 +85,13 @@ enum { N_FIELDS = (int)(sizeof k_fields / sizeof k_fields[0]) };
 static const char *hf_key(const field *f, mf_family fam) {
   if (f->hf) return f->hf;
   const int qwen = fam == MF_FAMILY_QWEN2_MOE || fam == MF_FAMILY_QWEN3_MOE;
+  const int group = fam == MF_FAMILY_GLM4_MOE || fam == MF_FAMILY_DEEPSEEK_V3;
+  if (strcmp(f->name, "qkv_bias") == 0) return fam == MF_FAMILY_QWEN2_MOE ? "qkv_bias" : "attention_bias";
   if (strcmp(f->name, "experts") == 0)
-    return fam == MF_FAMILY_MIXTRAL    ? "num_local_experts"
-           : fam == MF_FAMILY_GLM4_MOE ? "n_routed_experts"
-                                       : "num_experts";
-  return qwen || fam == MF_FAMILY_GLM4_MOE ? "moe_intermediate_size" : "intermediate_size"; /* expert_ffn */
+    return fam == MF_FAMILY_MIXTRAL || fam == MF_FAMILY_GPT_OSS ? "num_local_experts"
+           : group                                              ? "n_routed_experts"
+                                                                : "num_experts";
+  return qwen || group ? "moe_intermediate_size" : "intermediate_size"; /* expert_ffn */
 }
 
 static int64_t get_i64(const mf_model_spec *s, const field *f) {
@@ -126,6 +131,15 @@ static void layers_text(const mf_model_spec *s, char *buf, size_t cap) {
   size_t at = (size_t)snprintf(buf, cap, "[");
   for (int64_t i = 0; i < s->n_mlp_only && at < cap; i++)
     at += (size_t)snprintf(buf + at, cap - at, "%s%d", i ? ", " : "", (int)s->mlp_only_layers[i]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+/* The sliding_attention layers (gpt_oss's layer_types), as a list of indices. */
+static void sliding_text(const mf_model_spec *s, char *buf, size_t cap) {
+  size_t at = (size_t)snprintf(buf, cap, "[");
+  for (int64_t l = 0, n = 0; l < s->layers && l < MF_MAX_LAYERS && at < cap; l++)
+    if (s->sliding_layers[l])
+      at += (size_t)snprintf(buf + at, cap - at, "%s%lld", n++ ? ", " : "", (long long)l);
   if (at < cap) snprintf(buf + at, cap - at, "]");
 }
 
@@ -194,7 +208,8 @@ mf_status mf_base_id_format(const mf_base_id *b, char **json) {
     json_decref(s);
     if (!path) return MF_ERR(MF_ERR_FORMAT, "the base's record: model.path is not UTF-8 text: %s", b->path);
   }
-  const size_t cap = 4096 + (path ? strlen(path) : 0) + (size_t)b->n * (sizeof b->tensors[0].name + 32) +
+  const size_t cap = 4096 + 2 * MF_MAX_LAYERS * 8 + (path ? strlen(path) : 0) +
+                     (size_t)b->n * (sizeof b->tensors[0].name + 32) +
                      (size_t)b->n_files * (sizeof b->files[0].name + 64);
   char *out = NULL;
   mf_status st = mf_malloc(cap, "the base's record", (void **)&out);
@@ -218,9 +233,11 @@ mf_status mf_base_id_format(const mf_base_id *b, char **json) {
     field_text(&b->spec, &k_fields[i], v, sizeof v);
     PUT("    \"%s\": %s,\n", k_fields[i].name, v);
   }
-  char layers[MF_MAX_LAYERS * 8];
+  char layers[MF_MAX_LAYERS * 8], sliding[MF_MAX_LAYERS * 8];
   layers_text(&b->spec, layers, sizeof layers);
-  PUT("    \"qk_norm\": \"%s\",\n    \"mlp_only_layers\": %s\n  },\n", k_qk_norm[b->spec.qk_norm], layers);
+  sliding_text(&b->spec, sliding, sizeof sliding);
+  PUT("    \"qk_norm\": \"%s\",\n    \"mlp_only_layers\": %s,\n    \"sliding_layers\": %s\n  },\n",
+      k_qk_norm[b->spec.qk_norm], layers, sliding);
   PUT("  \"weights\": {\n    \"dtype\": \"%s\",\n    \"of\": \"%s\",\n", b->bf16 ? "bf16" : "fp32",
       b->frozen_only ? "frozen" : "all");
   if (b->stored[0]) PUT("    \"stored\": \"%s\",\n", b->stored);
@@ -306,6 +323,19 @@ static mf_status parse_spec(const char *where, const json_t *s, mf_model_spec *o
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
       return bad(where, "spec.mlp_only_layers", "expected a list of layer indices");
     out->mlp_only_layers[i] = (int32_t)json_integer_value(v);
+  }
+  /* absent (a record from before gpt_oss): the family's default, layer_types' even layers for gpt_oss */
+  const json_t *sl = json_object_get(s, "sliding_layers");
+  if (sl && !json_is_array(sl)) return bad(where, "spec.sliding_layers", "expected a list of layer indices");
+  memset(out->sliding_layers, 0, sizeof out->sliding_layers);
+  if (!sl)
+    for (int64_t l = 0; l < out->layers && l < MF_MAX_LAYERS; l++)
+      out->sliding_layers[l] = out->family == MF_FAMILY_GPT_OSS && l % 2 == 0;
+  for (size_t i = 0; sl && i < json_array_size(sl); i++) {
+    const json_t *v = json_array_get(sl, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MF_MAX_LAYERS)
+      return bad(where, "spec.sliding_layers", "expected a list of layer indices");
+    out->sliding_layers[json_integer_value(v)] = 1;
   }
   return MF_OK;
 }
@@ -543,6 +573,14 @@ mf_status mf_base_id_compare(const mf_base_id *rec, const char *where, const mf_
     named("mlp_only_layers", b, hv, sizeof hv);
     return differs(rec, where, have, who, way_out, "mlp_only_layers", rv, hv);
   }
+  for (int64_t l = 0; l < r->layers && l < MF_MAX_LAYERS; l++)
+    if (!r->sliding_layers[l] != !h->sliding_layers[l]) {
+      sliding_text(r, a, sizeof a);
+      sliding_text(h, b, sizeof b);
+      named("sliding_layers", a, rv, sizeof rv);
+      named("sliding_layers", b, hv, sizeof hv);
+      return differs(rec, where, have, who, way_out, "sliding_layers (config.json: layer_types)", rv, hv);
+    }
   if (rec->from_init && have->from_init && r->seed != h->seed) {
     snprintf(rv, sizeof rv, "seed %llu", (unsigned long long)r->seed);
     snprintf(hv, sizeof hv, "seed %llu", (unsigned long long)h->seed);

@@ -51,6 +51,18 @@
  *   num_attention_heads; null refused) and partial_rotary_factor; not
  *   router_aux_loss_coef (its loss has none); num_nextn_predict_layers (the
  *   multi-token-prediction layer) is no part of the model.
+ * - gpt-oss (gpt_oss) requires intermediate_size (the experts') and
+ *   num_local_experts; reads attention_bias (the q/k/v and the o biases
+ *   together; absent: true), head_dim (absent: GptOssConfig's 64; null:
+ *   hidden_size / num_attention_heads), sliding_window (at least 1; null is
+ *   refused: transformers builds its mask for every model), layer_types (one
+ *   "sliding_attention" or "full_attention" a layer; absent or null: the even
+ *   layers slide) and rope_scaling (null or yarn; absent: GptOssConfig's yarn,
+ *   factor 32 over 4096, truncate false). swiglu_limit other than 7 is
+ *   MF_ERR_UNSUPPORTED (transformers ignores the key and clamps at 7).
+ * - quantization_config "mxfp4" (the published gpt-oss experts) is read as
+ *   shipped for gpt_oss (mf_hf_quant kind MF_QUANT_MXFP4), refused for the
+ *   other families.
  */
 #ifndef MF_MODEL_HF_CONFIG_H
 #define MF_MODEL_HF_CONFIG_H
@@ -82,7 +94,7 @@ mf_status mf_hf_config_load(const char *path, mf_model_spec *out);
 typedef struct mf_hf_quant {
   mf_quant_kind kind; /* MF_QUANT_NONE: its float dtype */
   int nested;         /* NF4: bnb_4bit_use_double_quant */
-  char method[32];    /* "bitsandbytes", "fp8", or "" */
+  char method[32];    /* "bitsandbytes", "fp8", "mxfp4", or "" */
 } mf_hf_quant;
 
 /* mf_hf_config_load, and (quant not NULL) how the weights are stored. */

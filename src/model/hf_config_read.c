@@ -227,10 +227,34 @@ static mf_status read_fp8(const reader *r, const json_t *c, mf_hf_quant *q) {
   return MF_OK;
 }
 
+/* quantization_config quant_method "mxfp4" (gpt-oss-20b and -120b as
+ * published, transformers' Mxfp4Config.to_dict): the experts' gate_up_proj and
+ * down_proj stored as e2m1 values in groups of 32 with an e8m0 scale each
+ * (*_blocks, *_scales); modules_to_not_convert names what stays in the float
+ * dtype (which tensors are stored so is the checkpoint's to say). The layout
+ * is GptOssExperts', so it is read for gpt_oss only. */
+static mf_status read_mxfp4(const reader *r, const json_t *c, mf_hf_quant *q) {
+  if (r->family != MF_FAMILY_GPT_OSS)
+    return KEY_ERR(MF_ERR_UNSUPPORTED, r, "quantization_config.quant_method",
+                   "'mxfp4' is read for gpt_oss only (its experts' blocks and scales), not for %s",
+                   mf_family_name(r->family));
+  const json_t *m = json_object_get(c, "modules_to_not_convert");
+  int ok = !m || json_is_null(m) || json_is_array(m);
+  for (size_t i = 0; ok && json_is_array(m) && i < json_array_size(m); i++)
+    ok = json_is_string(json_array_get(m, i));
+  if (!ok)
+    return KEY_ERR(MF_ERR_FORMAT, r, "quantization_config.modules_to_not_convert",
+                   "expected an array of module names or null, got %s", type_name(m));
+  q->kind = MF_QUANT_MXFP4;
+  snprintf(q->method, sizeof q->method, "mxfp4");
+  return MF_OK;
+}
+
 /* quantization_config: how the checkpoint stores its weights. bitsandbytes
  * 4-bit NF4 (transformers' BitsAndBytesConfig.to_dict; bnb_4bit_quant_type
- * absent is its default, fp4) and fp8 (read_fp8) are read as shipped;
- * anything else is refused naming what it is. */
+ * absent is its default, fp4), fp8 (read_fp8) and gpt_oss's mxfp4
+ * (read_mxfp4) are read as shipped; anything else is refused naming what it
+ * is. */
 static mf_status read_quant(const reader *r, mf_hf_quant *q) {
   static const char key[] = "quantization_config";
   char clean[64], k[96];
@@ -246,12 +270,13 @@ static mf_status read_quant(const reader *r, mf_hf_quant *q) {
                    type_name(m));
   const char *method = json_string_value(m);
   if (strcmp(method, "fp8") == 0) return read_fp8(r, c, q);
+  if (strcmp(method, "mxfp4") == 0) return read_mxfp4(r, c, q);
   if (strcmp(method, "bitsandbytes") != 0)
     return KEY_ERR(
         MF_ERR_UNSUPPORTED, r, "quantization_config.quant_method",
-        "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4 and fp8 e4m3 in 128 x 128 "
-        "blocks as shipped); load the float checkpoint and set train.lora.base_dtype nf4 or fp8 to "
-        "quantize it at load",
+        "'%s' checkpoints are not read (moefit reads bitsandbytes 4-bit nf4, fp8 e4m3 in 128 x 128 "
+        "blocks and gpt_oss's mxfp4 as shipped); load the float checkpoint and set train.lora.base_dtype "
+        "nf4 or fp8 to quantize it at load",
         printable(method, clean, sizeof clean));
   /* each flag: absent is BitsAndBytesConfig's default */
   static const char *const flags[] = {"load_in_4bit", "load_in_8bit", "bnb_4bit_use_double_quant"};
@@ -298,7 +323,7 @@ static mf_status check_unsupported(const reader *r, mf_hf_quant *q) {
   if ((v = get(r, "rope_scaling")) && !json_is_null(v)) {
     if (!json_is_object(v))
       return KEY_ERR(MF_ERR_FORMAT, r, "rope_scaling", "expected an object or null, got %s", type_name(v));
-    if (r->family != MF_FAMILY_DEEPSEEK_V3) /* it reads yarn (read_deepseek_v3) */
+    if (r->family != MF_FAMILY_DEEPSEEK_V3 && r->family != MF_FAMILY_GPT_OSS) /* they read yarn */
       MF_CHECK(check_rope_type(r, "rope_scaling", v));
   }
   if (r->family != MF_FAMILY_GLM4_MOE) /* glm4_moe reads it (read_family) */
@@ -327,8 +352,8 @@ static mf_status check_unsupported(const reader *r, mf_hf_quant *q) {
  * num_attention_heads in the config; Qwen keeps None and fails to build. */
 static mf_status read_kv_heads(const reader *r, mf_model_spec *s) {
   const json_t *v = get(r, "num_key_value_heads");
-  const int null_means_heads =
-      r->family == MF_FAMILY_MIXTRAL || r->family == MF_FAMILY_OLMOE || r->family == MF_FAMILY_DEEPSEEK_V3;
+  const int null_means_heads = r->family == MF_FAMILY_MIXTRAL || r->family == MF_FAMILY_OLMOE ||
+                               r->family == MF_FAMILY_DEEPSEEK_V3 || r->family == MF_FAMILY_GPT_OSS;
   if (!v) {
     if (r->family == MF_FAMILY_OLMOE) s->kv_heads = s->heads; /* OlmoeConfig default is None */
     return MF_OK;
@@ -348,11 +373,12 @@ static mf_status read_kv_heads(const reader *r, mf_model_spec *s) {
  *   mixtral:   getattr(config, "head_dim", None) or hidden_size // num_attention_heads
  *   qwen3_moe: getattr(config, "head_dim", hidden_size // num_attention_heads)
  *   qwen2_moe: the same, and it raises unless head_dim * heads == hidden_size
- *   olmoe:     hidden_size // num_heads (but RoPE reads config.head_dim when set) */
+ *   olmoe:     hidden_size // num_heads (but RoPE reads config.head_dim when set)
+ *   gpt_oss:   GptOssConfig's head_dim (absent: its default 64; null: hidden_size // num_attention_heads) */
 static mf_status read_head_dim(const reader *r, mf_model_spec *s) {
   const json_t *v = get(r, "head_dim");
   const int64_t derived = s->hidden / s->heads;
-  int64_t hd = derived;
+  int64_t hd = r->family == MF_FAMILY_GPT_OSS ? s->head_dim : derived; /* absent: the default (64) */
   int explicit_hd = 0;
   if (r->family == MF_FAMILY_QWEN2_MOE || r->family == MF_FAMILY_OLMOE) {
     if (s->hidden % s->heads != 0)
@@ -364,6 +390,7 @@ static mf_status read_head_dim(const reader *r, mf_model_spec *s) {
         r->family == MF_FAMILY_GLM4_MOE)
       return KEY_ERR(MF_ERR_FORMAT, r, "head_dim", "null is not allowed for %s (leave it out to mean %lld)",
                      mf_family_name(r->family), (long long)derived);
+    hd = derived;
   } else if (v) {
     MF_CHECK(int_value(r, "head_dim", v, r->family == MF_FAMILY_MIXTRAL ? 0 : 1, 65536, &hd));
     if (hd == 0)
@@ -532,7 +559,7 @@ static mf_status read_glm4_moe(const reader *r, mf_model_spec *s) {
   return MF_OK;
 }
 
-/* rope_scaling "yarn" (DeepSeek-V3, Kimi-K2): factor required; the others
+/* rope_scaling "yarn" (DeepSeek-V3, Kimi-K2, gpt-oss): factor required; the others
  * absent take _compute_yarn_parameters' defaults (original_max_position_embeddings:
  * max_position_embeddings; beta_fast 32, beta_slow 1; mscale, mscale_all_dim:
  * none); an explicit attention_factor is refused (not read). */
@@ -632,6 +659,81 @@ static mf_status read_deepseek_v3(const reader *r, mf_model_spec *s) {
   return MF_OK;
 }
 
+/* layer_types (GptOssConfig): one "sliding_attention" or "full_attention" a
+ * layer; absent or null, the class's: sliding_attention on the even layers.
+ * GptOssModel has a mask for those two types only. */
+static mf_status read_layer_types(const reader *r, mf_model_spec *s) {
+  char clean[64], key[48];
+  const json_t *v = get(r, "layer_types");
+  memset(s->sliding_layers, 0, sizeof s->sliding_layers);
+  if (!v || json_is_null(v)) {
+    for (int64_t l = 0; l < s->layers; l++) s->sliding_layers[l] = l % 2 == 0;
+    return MF_OK;
+  }
+  if (!json_is_array(v))
+    return KEY_ERR(MF_ERR_FORMAT, r, "layer_types",
+                   "expected an array of \"sliding_attention\" / \"full_attention\", got %s", type_name(v));
+  if ((int64_t)json_array_size(v) != s->layers)
+    return KEY_ERR(MF_ERR_FORMAT, r, "layer_types", "%zu entries; num_hidden_layers is %lld (one a layer)",
+                   json_array_size(v), (long long)s->layers);
+  for (size_t i = 0; i < json_array_size(v); i++) {
+    const json_t *t = json_array_get(v, i);
+    snprintf(key, sizeof key, "layer_types[%zu]", i);
+    if (!json_is_string(t)) return KEY_ERR(MF_ERR_FORMAT, r, key, "expected a string, got %s", type_name(t));
+    const char *name = json_string_value(t);
+    if (strcmp(name, "sliding_attention") != 0 && strcmp(name, "full_attention") != 0)
+      return KEY_ERR(MF_ERR_FORMAT, r, key,
+                     "'%s' is not a gpt_oss layer type (\"sliding_attention\" or \"full_attention\")",
+                     printable(name, clean, sizeof clean));
+    s->sliding_layers[i] = name[0] == 's';
+  }
+  return MF_OK;
+}
+
+/* GptOssConfig (configuration_gpt_oss.py, 4.57): every layer MoE, its experts
+ * of intermediate_size (num_local_experts of them) with biases and the clamped
+ * SwiGLU; q/k/v and o biases together (attention_bias: the class sets it true,
+ * a file's key overrides that); a sink logit per head; sliding_window on the
+ * layers layer_types names (read_layer_types); rope_scaling null or yarn
+ * (absent: the class's yarn, factor 32 over 4096, truncate false). Not read,
+ * as by transformers: the hub files' experts_per_token and
+ * initial_context_length, output_router_logits (the loss follows
+ * router_aux_loss_coef, as Mixtral's). swiglu_limit is not read either: the
+ * limit is GptOssExperts' constant 7, so a file saying otherwise is refused. */
+static mf_status read_gpt_oss(const reader *r, mf_model_spec *s) {
+  static const char *const required[] = {"intermediate_size", "num_local_experts"};
+  for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) MF_CHECK(require(r, required[i]));
+  MF_CHECK(read_int(r, "intermediate_size", 1, k_max_dim, &s->expert_ffn));
+  MF_CHECK(read_int(r, "num_local_experts", 1, 65536, &s->experts));
+  MF_CHECK(read_bool(r, "attention_bias", &s->qkv_bias));
+  s->o_bias = s->qkv_bias;
+  const json_t *v = get(r, "sliding_window");
+  if (v && json_is_null(v))
+    return KEY_ERR(MF_ERR_FORMAT, r, "sliding_window",
+                   "null is refused: transformers builds the sliding-window mask for every gpt_oss model "
+                   "and raises without a window");
+  MF_CHECK(read_int(r, "sliding_window", 1, (int64_t)1 << 40, &s->sliding_window));
+  MF_CHECK(read_layer_types(r, s));
+  if ((v = get(r, "swiglu_limit"))) {
+    double limit;
+    MF_CHECK(number_value(r, "swiglu_limit", v, &limit));
+    if (limit != MF_GPT_OSS_SWIGLU_LIMIT)
+      return KEY_ERR(MF_ERR_UNSUPPORTED, r, "swiglu_limit",
+                     "%g: transformers ignores this key and clamps the experts' SwiGLU at 7 (GptOssExperts' "
+                     "constant); a model trained so would not be the one the file describes",
+                     limit);
+  }
+  const json_t *rs = get(r, "rope_scaling");
+  if (rs && json_is_null(rs)) { /* plain RoPE */
+    s->yarn_factor = s->yarn_beta_fast = s->yarn_beta_slow = s->yarn_mscale = s->yarn_mscale_all_dim = 0;
+    s->yarn_original_max = 0, s->yarn_truncate = 0;
+  } else if (rs) {
+    MF_CHECK(check_rope_type_is(r, "rope_scaling", rs, "yarn", ": gpt_oss reads null or \"yarn\""));
+    MF_CHECK(read_yarn(r, rs, s));
+  }
+  return MF_OK;
+}
+
 static mf_status read_family(const reader *r, mf_model_spec *s) {
   const json_t *v;
   switch (r->family) {
@@ -696,6 +798,9 @@ static mf_status read_family(const reader *r, mf_model_spec *s) {
     case MF_FAMILY_DEEPSEEK_V3:
       MF_CHECK(read_deepseek_v3(r, s));
       break;
+    case MF_FAMILY_GPT_OSS:
+      MF_CHECK(read_gpt_oss(r, s));
+      break;
     default:
       return MF_ERR(MF_ERR_INTERNAL, "%s: no reader for family %d", r->where, (int)r->family);
   }
@@ -740,7 +845,7 @@ static mf_status parse_root(reader *r, mf_model_spec *s, mf_hf_quant *q) {
                    (long long)s->kv_heads, (long long)s->heads);
   if (s->top_k > s->experts)
     return KEY_ERR(MF_ERR_FORMAT, r, "num_experts_per_tok", "%lld exceeds %s (%lld)", (long long)s->top_k,
-                   r->family == MF_FAMILY_MIXTRAL ? "num_local_experts"
+                   r->family == MF_FAMILY_MIXTRAL || r->family == MF_FAMILY_GPT_OSS ? "num_local_experts"
                    : r->family == MF_FAMILY_GLM4_MOE || r->family == MF_FAMILY_DEEPSEEK_V3
                        ? "n_routed_experts"
                        : "num_experts",

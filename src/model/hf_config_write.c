@@ -91,6 +91,19 @@ static mf_status add_layers(entries *es, const char *key, const int32_t *v, int6
   return MF_OK;
 }
 
+/* gpt_oss's layer_types: one string a layer, one a line. */
+static mf_status add_layer_types(entries *es, const mf_model_spec *s) {
+  entry *e = add(es, "layer_types");
+  size_t cap = (size_t)s->layers * 32 + 16, len = 0;
+  MF_CHECK(mf_malloc(cap, "layer_types", (void **)&e->big));
+  len += (size_t)snprintf(e->big + len, cap - len, "[");
+  for (int64_t l = 0; l < s->layers; l++)
+    len += (size_t)snprintf(e->big + len, cap - len, "%s\n    \"%s\"", l ? "," : "",
+                            s->sliding_layers[l] ? "sliding_attention" : "full_attention");
+  snprintf(e->big + len, cap - len, "\n  ]");
+  return MF_OK;
+}
+
 static int entry_cmp(const void *a, const void *b) {
   return strcmp(((const entry *)a)->key, ((const entry *)b)->key);
 }
@@ -116,23 +129,23 @@ static const char *dtype_torch_name(mf_dtype t) {
  * so that what is written reads back to the same spec. */
 static mf_status check_expressible(const mf_model_spec *s) {
   const mf_family f = s->family;
-  const int ds = f == MF_FAMILY_DEEPSEEK_V3;
+  const int ds = f == MF_FAMILY_DEEPSEEK_V3, oss = f == MF_FAMILY_GPT_OSS;
   const int glm = f == MF_FAMILY_GLM4_MOE, group = glm || ds; /* the group MoE block's keys */
-  const int all_moe = f == MF_FAMILY_MIXTRAL || f == MF_FAMILY_OLMOE;
+  const int all_moe = f == MF_FAMILY_MIXTRAL || f == MF_FAMILY_OLMOE || oss;
   const mf_qk_norm qk = f == MF_FAMILY_QWEN3_MOE ? MF_QK_NORM_PER_HEAD
                         : f == MF_FAMILY_OLMOE   ? MF_QK_NORM_FULL
                                                  : MF_QK_NORM_NONE;
   if (s->qk_norm != qk && !(glm && s->qk_norm == MF_QK_NORM_PER_HEAD)) /* glm4_moe: use_qk_norm */
     return UNSUP(s, "qk_norm", "%d is not this family's qk-norm (%d)", (int)s->qk_norm, (int)qk);
-  if (s->qkv_bias && f != MF_FAMILY_QWEN2_MOE && !glm)
-    return UNSUP(s, "qkv_bias", "only qwen2_moe and glm4_moe have q/k/v biases");
+  if (s->qkv_bias && f != MF_FAMILY_QWEN2_MOE && !glm && !oss)
+    return UNSUP(s, "qkv_bias", "only qwen2_moe, glm4_moe and gpt_oss have q/k/v biases");
   if (!group && mf_model_spec_rope_dim(s) != s->head_dim)
     return UNSUP(s, "partial_rotary", "only glm4_moe rotates a part of each head");
   if (ds && s->partial_rotary != 0 && s->partial_rotary != 1)
     return UNSUP(s, "partial_rotary", "deepseek_v3 rotates qk_rope_head_dim dims of each head");
-  if (!ds && (s->yarn_factor != 0 || s->q_lora_rank || s->kv_lora_rank || s->rope_interleave ||
+  if (!ds && ((s->yarn_factor != 0 && !oss) || s->q_lora_rank || s->kv_lora_rank || s->rope_interleave ||
               s->qk_nope_dim || s->qk_rope_dim || s->v_head_dim))
-    return UNSUP(s, "yarn / latent attention", "only deepseek_v3 has them");
+    return UNSUP(s, "yarn / latent attention", "only deepseek_v3 has them (and gpt_oss yarn)");
   if (!group && s->first_dense != 0)
     return UNSUP(s, "first_dense", "only glm4_moe and deepseek_v3 have first_k_dense_replace");
   if (group && (s->decoder_sparse_step != 1 || s->n_mlp_only != 0))
@@ -144,8 +157,12 @@ static mf_status check_expressible(const mf_model_spec *s) {
   if (s->router_jitter != 0 && f != MF_FAMILY_MIXTRAL)
     return UNSUP(s, "router_jitter", "only mixtral has router jitter");
   if (s->clip_qkv != 0 && f != MF_FAMILY_OLMOE) return UNSUP(s, "clip_qkv", "only olmoe clips q, k and v");
-  if (f == MF_FAMILY_MIXTRAL && !s->norm_topk_prob)
-    return UNSUP(s, "norm_topk_prob", "mixtral always renormalises the top-k weights");
+  if ((f == MF_FAMILY_MIXTRAL || oss) && !s->norm_topk_prob)
+    return UNSUP(s, "norm_topk_prob", "%s always renormalises the top-k weights", mf_family_name(f));
+  /* transformers builds gpt_oss's sliding-window mask whether a layer uses it or not */
+  if (oss && s->sliding_window < 1)
+    return UNSUP(s, "sliding_window", "%lld: gpt_oss's must be at least 1, with or without sliding layers",
+                 (long long)s->sliding_window);
   if (all_moe && (s->decoder_sparse_step != 1 || s->n_mlp_only != 0))
     return UNSUP(s, "decoder_sparse_step / mlp_only_layers", "every layer of this family is MoE");
   if (all_moe && s->dense_ffn != 0) return UNSUP(s, "dense_ffn", "this family has no dense MLP layers");
@@ -162,6 +179,9 @@ static int spec_equal(const mf_model_spec *a, const mf_model_spec *b) {
   if (a->n_mlp_only != b->n_mlp_only) return 0;
   for (int64_t i = 0; i < a->n_mlp_only; i++)
     if (a->mlp_only_layers[i] != b->mlp_only_layers[i]) return 0;
+  for (int64_t l = 0; l < a->layers && l < MF_MAX_LAYERS; l++)
+    if (!a->sliding_layers[l] != !b->sliding_layers[l]) return 0;
+  if (!a->o_bias != !b->o_bias || a->sliding_window != b->sliding_window) return 0;
   return a->family == b->family && a->hidden == b->hidden && a->layers == b->layers && a->heads == b->heads &&
          a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->experts == b->experts &&
          a->top_k == b->top_k && a->expert_ffn == b->expert_ffn && a->dense_ffn == b->dense_ffn &&
@@ -203,25 +223,32 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
   add_int(&es, "max_position_embeddings", s->max_seq);
   add_int(&es, "num_experts_per_tok", s->top_k);
   add_real(&es, "rope_theta", s->rope_theta);
-  if (s->yarn_factor > 0) { /* DeepSeek-V3's */
+  if (s->yarn_factor > 0) {
+    /* DeepSeek-V3's every term and both type keys; gpt-oss's as GptOssConfig writes it (no mscale terms
+     * when 0, which transformers reads as absent; rope_type alone) */
+    const int ds = f == MF_FAMILY_DEEPSEEK_V3;
     char y[512], fa[48], bf[48], bs[48], ms[48], ma[48];
     mf_hf_format_double(s->yarn_factor, fa, sizeof fa);
     mf_hf_format_double(s->yarn_beta_fast, bf, sizeof bf);
     mf_hf_format_double(s->yarn_beta_slow, bs, sizeof bs);
     mf_hf_format_double(s->yarn_mscale, ms, sizeof ms);
     mf_hf_format_double(s->yarn_mscale_all_dim, ma, sizeof ma);
-    snprintf(y, sizeof y,
-             "{\n    \"beta_fast\": %s,\n    \"beta_slow\": %s,\n    \"factor\": %s,\n    \"mscale\": %s,\n"
-             "    \"mscale_all_dim\": %s,\n    \"original_max_position_embeddings\": %lld,\n"
-             "    \"rope_type\": \"yarn\",\n%s    \"type\": \"yarn\"\n  }",
-             bf, bs, fa, ms, ma, (long long)s->yarn_original_max,
-             s->yarn_truncate ? "" : "    \"truncate\": false,\n"); /* sorted keys, as transformers writes */
+    size_t n = (size_t)snprintf(
+        y, sizeof y, "{\n    \"beta_fast\": %s,\n    \"beta_slow\": %s,\n    \"factor\": %s,\n", bf, bs, fa);
+    if (ds || s->yarn_mscale != 0) n += (size_t)snprintf(y + n, sizeof y - n, "    \"mscale\": %s,\n", ms);
+    if (ds || s->yarn_mscale_all_dim != 0)
+      n += (size_t)snprintf(y + n, sizeof y - n, "    \"mscale_all_dim\": %s,\n", ma);
+    /* sorted keys, as transformers writes; truncate only when false (absent: true) */
+    snprintf(y + n, sizeof y - n,
+             "    \"original_max_position_embeddings\": %lld,\n    \"rope_type\": \"yarn\"%s%s\n  }",
+             (long long)s->yarn_original_max, s->yarn_truncate ? "" : ",\n    \"truncate\": false",
+             ds ? ",\n    \"type\": \"yarn\"" : "");
     add_raw(&es, "rope_scaling", y);
   } else {
     add_raw(&es, "rope_scaling", "null");
   }
   add_real(&es, "rms_norm_eps", s->norm_eps);
-  if (s->router == MF_ROUTER_SOFTMAX) add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
+  if (s->router != MF_ROUTER_SIGMOID_GROUP) add_real(&es, "router_aux_loss_coef", s->router_aux_loss_coef);
   add_bool(&es, "tie_word_embeddings", s->tie_embeddings);
   add_str(&es, "hidden_act", "silu");
   add_real(&es, "attention_dropout", 0.0);
@@ -289,6 +316,14 @@ static mf_status render(const mf_model_spec *s, const char *torch_dtype, char **
       add_bool(&es, "use_qk_norm", s->qk_norm == MF_QK_NORM_PER_HEAD);
       add_int(&es, "head_dim", s->head_dim);
       add_real(&es, "partial_rotary_factor", s->partial_rotary > 0 ? s->partial_rotary : 1.0);
+      break;
+    case MF_FAMILY_GPT_OSS:
+      add_int(&es, "intermediate_size", s->expert_ffn);
+      add_int(&es, "num_local_experts", s->experts);
+      add_int(&es, "head_dim", s->head_dim);
+      add_bool(&es, "attention_bias", s->qkv_bias); /* q/k/v and o alike */
+      add_int(&es, "sliding_window", s->sliding_window);
+      MF_CHECK_GOTO(add_layer_types(&es, s), st, done);
       break;
     default:
       st = MF_ERR(MF_ERR_INTERNAL, "no writer for family %d", (int)f);
@@ -370,7 +405,8 @@ mf_status mf_hf_config_write(const mf_model_spec *s, const char *path) {
  * family's config class defaults to (our config.json does not set them, so
  * transformers takes those defaults), indent 2, sorted keys, a final newline.
  * Checked against transformers MF_HF_TRANSFORMERS_VERSION: Mixtral bos 1 eos 2;
- * OLMoE eos 50279 pad 1; Qwen2-MoE, Qwen3-MoE and GLM-4.5 none. */
+ * OLMoE eos 50279 pad 1; DeepSeek-V3 bos 0 eos 1; Qwen2-MoE, Qwen3-MoE, GLM-4.5
+ * and gpt-oss none. */
 mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text) {
   const char *ids = NULL;
   switch (s->family) {
@@ -383,6 +419,7 @@ mf_status mf_hf_generation_config_format(const mf_model_spec *s, char **out_text
     case MF_FAMILY_QWEN2_MOE:
     case MF_FAMILY_QWEN3_MOE:
     case MF_FAMILY_GLM4_MOE:
+    case MF_FAMILY_GPT_OSS:
       ids = "";
       break;
     case MF_FAMILY_DEEPSEEK_V3:

@@ -108,27 +108,39 @@ mf_status mf_param_table_build(const mf_model_spec *s, mf_param_table **out) {
       ADD(MF_P_KV_B, l, -1, Hq * (s->qk_nope_dim + Dv), rkv, "%s.self_attn.kv_b_proj.weight", pre);
       ADD(MF_P_O, l, -1, H, Hq * Dv, "%s.self_attn.o_proj.weight", pre);
     } else {
-    ADD(MF_P_Q, l, -1, Hq * D, H, "%s.self_attn.q_proj.weight", pre);
-    if (s->qkv_bias) ADD(MF_P_Q_BIAS, l, -1, Hq * D, 0, "%s.self_attn.q_proj.bias", pre);
-    ADD(MF_P_K, l, -1, Hkv * D, H, "%s.self_attn.k_proj.weight", pre);
-    if (s->qkv_bias) ADD(MF_P_K_BIAS, l, -1, Hkv * D, 0, "%s.self_attn.k_proj.bias", pre);
-    ADD(MF_P_V, l, -1, Hkv * D, H, "%s.self_attn.v_proj.weight", pre);
-    if (s->qkv_bias) ADD(MF_P_V_BIAS, l, -1, Hkv * D, 0, "%s.self_attn.v_proj.bias", pre);
-    ADD(MF_P_O, l, -1, H, Hq * D, "%s.self_attn.o_proj.weight", pre);
-    if (s->qk_norm == MF_QK_NORM_PER_HEAD) {
-      ADD(MF_P_Q_NORM, l, -1, D, 0, "%s.self_attn.q_norm.weight", pre);
-      ADD(MF_P_K_NORM, l, -1, D, 0, "%s.self_attn.k_norm.weight", pre);
-    } else if (s->qk_norm == MF_QK_NORM_FULL) {
-      ADD(MF_P_Q_NORM, l, -1, Hq * D, 0, "%s.self_attn.q_norm.weight", pre);
-      ADD(MF_P_K_NORM, l, -1, Hkv * D, 0, "%s.self_attn.k_norm.weight", pre);
-    }
+      ADD(MF_P_Q, l, -1, Hq * D, H, "%s.self_attn.q_proj.weight", pre);
+      if (s->qkv_bias) ADD(MF_P_Q_BIAS, l, -1, Hq * D, 0, "%s.self_attn.q_proj.bias", pre);
+      ADD(MF_P_K, l, -1, Hkv * D, H, "%s.self_attn.k_proj.weight", pre);
+      if (s->qkv_bias) ADD(MF_P_K_BIAS, l, -1, Hkv * D, 0, "%s.self_attn.k_proj.bias", pre);
+      ADD(MF_P_V, l, -1, Hkv * D, H, "%s.self_attn.v_proj.weight", pre);
+      if (s->qkv_bias) ADD(MF_P_V_BIAS, l, -1, Hkv * D, 0, "%s.self_attn.v_proj.bias", pre);
+      ADD(MF_P_O, l, -1, H, Hq * D, "%s.self_attn.o_proj.weight", pre);
+      if (s->o_bias) ADD(MF_P_O_BIAS, l, -1, H, 0, "%s.self_attn.o_proj.bias", pre);
+      if (mf_model_spec_has_sinks(s)) ADD(MF_P_SINKS, l, -1, Hq, 0, "%s.self_attn.sinks", pre);
+      if (s->qk_norm == MF_QK_NORM_PER_HEAD) {
+        ADD(MF_P_Q_NORM, l, -1, D, 0, "%s.self_attn.q_norm.weight", pre);
+        ADD(MF_P_K_NORM, l, -1, D, 0, "%s.self_attn.k_norm.weight", pre);
+      } else if (s->qk_norm == MF_QK_NORM_FULL) {
+        ADD(MF_P_Q_NORM, l, -1, Hq * D, 0, "%s.self_attn.q_norm.weight", pre);
+        ADD(MF_P_K_NORM, l, -1, Hkv * D, 0, "%s.self_attn.k_norm.weight", pre);
+      }
     }
     ADD(MF_P_MLP_NORM, l, -1, H, 0, "%s.post_attention_layernorm.weight", pre);
     if (mf_model_spec_layer_is_moe(s, l)) {
       const int64_t I = s->expert_ffn;
-      ADD(MF_P_ROUTER, l, -1, s->experts, H, "%s.%s.gate.weight", pre, moe);
+      if (s->router == MF_ROUTER_TOPK_SOFTMAX) { /* gpt-oss: mlp.router, with a bias */
+        ADD(MF_P_ROUTER, l, -1, s->experts, H, "%s.mlp.router.weight", pre);
+        ADD(MF_P_ROUTER_LINEAR_BIAS, l, -1, s->experts, 0, "%s.mlp.router.bias", pre);
+      } else {
+        ADD(MF_P_ROUTER, l, -1, s->experts, H, "%s.%s.gate.weight", pre, moe);
+      }
       if (s->router == MF_ROUTER_SIGMOID_GROUP)
         ADD(MF_P_ROUTER_BIAS, l, -1, s->experts, 0, "%s.mlp.gate.e_score_correction_bias", pre);
+      if (mf_model_spec_swiglu_clamped(s)) { /* gpt-oss's biases (mf_param_packed: the checkpoint's names) */
+        ADD(MF_P_EXPERT_GATE_BIAS, l, -1, s->experts, I, "%s.mlp.experts.gate_proj_bias", pre);
+        ADD(MF_P_EXPERT_UP_BIAS, l, -1, s->experts, I, "%s.mlp.experts.up_proj_bias", pre);
+        ADD(MF_P_EXPERT_DOWN_BIAS, l, -1, s->experts, H, "%s.mlp.experts.down_proj_bias", pre);
+      }
       for (int64_t e = 0; e < s->experts; e++) {
         if (mixtral) {
           ADD(MF_P_EXPERT_GATE, l, e, I, H, "%s.%s.experts.%lld.w1.weight", pre, moe, (long long)e);
@@ -166,6 +178,62 @@ fail:
   return st;
 }
 
+/* ------------------------------------------------ gpt-oss's fused experts */
+
+enum { PACK_NONE = 0, PACK_GATE_UP, PACK_DOWN, PACK_GATE_UP_BIAS };
+
+/* Parameter p's fused tensor in an HF checkpoint, and its place there. */
+static int pack_of(const mf_param_table *t, const mf_param *p, mf_param_src *src) {
+  const mf_model_spec *s = &t->spec;
+  if (s->family != MF_FAMILY_GPT_OSS || p->layer < 0) return PACK_NONE;
+  const int64_t E = s->experts, H = s->hidden, I = s->expert_ffn, e = p->expert;
+  int kind = PACK_NONE;
+  const int half = p->role == MF_P_EXPERT_UP || p->role == MF_P_EXPERT_UP_BIAS;
+  mf_param_src x = {{0}, 3, {E, H, 2 * I}, 0, 0, 0};
+  switch (p->role) {
+    case MF_P_EXPERT_GATE:
+    case MF_P_EXPERT_UP: /* [I, H]: (i, h) at [e, h, 2i + half] */
+      kind = PACK_GATE_UP;
+      x.base = e * H * 2 * I + half, x.rs = 2, x.cs = 2 * I;
+      break;
+    case MF_P_EXPERT_DOWN: /* [H, I]: (h, i) at [e, i, h] */
+      kind = PACK_DOWN;
+      x.shape[1] = I, x.shape[2] = H;
+      x.base = e * I * H, x.rs = 1, x.cs = H;
+      break;
+    case MF_P_EXPERT_GATE_BIAS:
+    case MF_P_EXPERT_UP_BIAS: /* [E, I]: (e, i) at [e, 2i + half] */
+      kind = PACK_GATE_UP_BIAS;
+      x.ndim = 2, x.shape[1] = 2 * I, x.shape[2] = 0;
+      x.base = half, x.rs = 2 * I, x.cs = 2;
+      break;
+    default:
+      return PACK_NONE;
+  }
+  static const char *const names[] = {"", "gate_up_proj", "down_proj", "gate_up_proj_bias"};
+  snprintf(x.name, sizeof x.name, "model.layers.%d.mlp.experts.%s", p->layer, names[kind]);
+  if (src) *src = x;
+  return kind;
+}
+
+int mf_param_packed(const mf_param_table *t, int64_t i, mf_param_src *src) {
+  return i >= 0 && i < t->n_base && pack_of(t, &t->params[i], src) != PACK_NONE;
+}
+
+int mf_param_pack_name(const mf_param_table *t, const char *name) {
+  if (t->spec.family != MF_FAMILY_GPT_OSS) return 0;
+  int layer = -1, used = 0;
+  char what[32];
+  if (sscanf(name, "model.layers.%d.mlp.experts.%31[a-z_]%n", &layer, what, &used) != 2 || name[used] != 0 ||
+      layer < 0 || layer >= t->spec.layers || !mf_model_spec_layer_is_moe(&t->spec, layer))
+    return 0;
+  /* as OpenAI ships the weights: MXFP4 codes and scales (read_mxfp4) */
+  return strcmp(what, "gate_up_proj") == 0 || strcmp(what, "down_proj") == 0 ||
+         strcmp(what, "gate_up_proj_bias") == 0 || strcmp(what, "gate_up_proj_blocks") == 0 ||
+         strcmp(what, "gate_up_proj_scales") == 0 || strcmp(what, "down_proj_blocks") == 0 ||
+         strcmp(what, "down_proj_scales") == 0;
+}
+
 void mf_param_table_free(mf_param_table *t) {
   if (!t) return;
   free(t->params);
@@ -182,7 +250,8 @@ void mf_param_table_free(mf_param_table *t) {
 static int quantizable(const mf_param_table *t, int64_t i) {
   const mf_param *p = &t->params[i];
   return i < t->n_base && p->frozen && p->ndim == 2 && p->role != MF_P_EMBED && p->role != MF_P_LM_HEAD &&
-         i != mf_param_lm_head(t);
+         i != mf_param_lm_head(t) && p->role != MF_P_EXPERT_GATE_BIAS && p->role != MF_P_EXPERT_UP_BIAS &&
+         p->role != MF_P_EXPERT_DOWN_BIAS; /* gpt-oss's expert biases: [E, N], not linear weights */
 }
 
 mf_qweight mf_param_qweight(const mf_param_table *t, int64_t i) {
@@ -209,7 +278,10 @@ mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int
         "train.lora.base_dtype %s: a quantized base is LoRA's frozen base; with train.lora.rank 0 every "
         "weight is trained (set train.lora.rank, or base_dtype bf16)",
         mf_quant_name(kind));
-  if (kind != MF_QUANT_NF4 && kind != MF_QUANT_FP8)
+  /* MXFP4 is never made, only read as shipped: gpt-oss's expert weights (which: the file's; NULL: where only
+   * the config.json is there, the experts' as OpenAI ships them) */
+  const int mxfp4 = kind == MF_QUANT_MXFP4 && t->spec.family == MF_FAMILY_GPT_OSS;
+  if (kind != MF_QUANT_NF4 && kind != MF_QUANT_FP8 && !mxfp4)
     return MF_ERR(MF_ERR_CONFIG, "train.lora.base_dtype %s: only nf4 and fp8 are made at load",
                   mf_quant_name(kind));
   if (kind == MF_QUANT_NF4 && !mf_nf4_blocksize_ok(blocksize))
@@ -224,6 +296,7 @@ mf_status mf_param_table_quantize_set(mf_param_table *t, mf_quant_kind kind, int
     mf_param *p = &t->params[i];
     p->quant = 0, p->qoff = -1, p->qbytes = 0;
     if (!quantizable(t, i) || (which && !which[i])) continue;
+    if (mxfp4 && !which && !(p->expert >= 0 && mf_param_packed(t, i, NULL))) continue;
     p->quant = (uint8_t)kind;
     const mf_qweight w = mf_param_qweight(t, i);
     p->qoff = at;
@@ -263,6 +336,9 @@ mf_status mf_params_quantize_from(const mf_param_table *t, const float *w) {
   return MF_OK;
 }
 
+static int mxfp4_rows(const mf_param_table *t, const mf_safetensors *st, const mf_param *p, const char *name,
+                      int64_t *out, int64_t *in, int64_t *out0, int64_t *step);
+
 mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf_quant_kind kind,
                                    uint8_t *which, int64_t *blocksize, int *found) {
   *found = 0;
@@ -271,6 +347,14 @@ mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf
   mf_status rc = MF_OK;
   for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
+    mf_param_src src;
+    int64_t out, in, out0, step;
+    if (mf_param_packed(t, i, &src)) { /* gpt-oss's experts: MXFP4 as OpenAI ships them */
+      which[i] = (uint8_t)(quantizable(t, i) && kind == MF_QUANT_MXFP4 &&
+                           mxfp4_rows(t, st, p, src.name, &out, &in, &out0, &step));
+      *found = *found || which[i];
+      continue;
+    }
     which[i] = (uint8_t)(quantizable(t, i) && mf_shipped_kind(st, p->name) == kind);
     if (!which[i] || *found) continue;
     mf_qweight w;
@@ -282,6 +366,11 @@ mf_status mf_params_shipped_layout(const mf_param_table *t, const char *path, mf
 }
 
 /* ------------------------------------------------------------------- LoRA */
+
+/* A router's weights, which train.lora.train_router trains fully: its weight, and gpt-oss's bias. */
+static int trained_router(mf_param_role role) {
+  return role == MF_P_ROUTER || role == MF_P_ROUTER_LINEAR_BIAS;
+}
 
 uint64_t mf_lora_target_roles(mf_family family, const char *name) {
   const int mixtral = family == MF_FAMILY_MIXTRAL;
@@ -296,6 +385,9 @@ uint64_t mf_lora_target_roles(mf_family family, const char *name) {
     if (strcmp(name, "kv_a_proj_with_mqa") == 0) return BIT(MF_P_KV_A);
     if (strcmp(name, "kv_b_proj") == 0) return BIT(MF_P_KV_B);
   }
+  /* gpt-oss's experts are fused Parameters, not nn.Linear modules: PEFT's target_modules cannot name them
+   * (nor its router, a plain module) */
+  if (family == MF_FAMILY_GPT_OSS) return 0;
   if (mixtral) {
     if (strcmp(name, "w1") == 0) return BIT(MF_P_EXPERT_GATE);
     if (strcmp(name, "w3") == 0) return BIT(MF_P_EXPERT_UP);
@@ -344,7 +436,7 @@ mf_status mf_param_table_add_lora(mf_param_table *t, const mf_lora *l) {
     t->lora_a[i] = -1;
     mf_param *p = &t->params[i];
     const int was = p->frozen; /* the router's correction bias, frozen always */
-    p->frozen = was || !(l->train_router && p->role == MF_P_ROUTER);
+    p->frozen = was || !(l->train_router && trained_router(p->role));
     if (p->frozen && !was) t->trainable_numel -= p->numel;
     if (p->ndim != 2 || !(l->roles & (MF_ROLE_BIT(p->role)))) continue;
     if (p->expert >= 0 && !mf_lora_expert_hot(t, p->layer, p->expert)) continue; /* a cold expert */
@@ -464,7 +556,9 @@ static void init_param(const mf_param_table *t, int64_t i, uint64_t seed, float 
                       p->role == MF_P_KV_A_NORM;
   /* the router's correction bias: zeros, as transformers registers it */
   const int is_bias = p->role == MF_P_Q_BIAS || p->role == MF_P_K_BIAS || p->role == MF_P_V_BIAS ||
-                      p->role == MF_P_ROUTER_BIAS;
+                      p->role == MF_P_ROUTER_BIAS || p->role == MF_P_O_BIAS ||
+                      p->role == MF_P_ROUTER_LINEAR_BIAS || p->role == MF_P_EXPERT_GATE_BIAS ||
+                      p->role == MF_P_EXPERT_UP_BIAS || p->role == MF_P_EXPERT_DOWN_BIAS;
   uint64_t state = stream_of(seed, i);
   for (int64_t j0 = 0; j0 < p->numel; j0 += INIT_CHUNK) {
     const int64_t m = p->numel - j0 < INIT_CHUNK ? p->numel - j0 : INIT_CHUNK;
@@ -606,6 +700,114 @@ static mf_status load_shipped(const mf_param_table *t, const char *path, const m
   return MF_OK;
 }
 
+/* gpt-oss's experts as OpenAI ships them (transformers' Mxfp4GptOssExperts):
+ * <name>_blocks [E, out, in/32, 16] U8, two E2M1 codes a byte (the low nibble
+ * first), and <name>_scales [E, out, in/32] U8 (e8m0), in nn.Linear's [out,
+ * in] layout (transformers transposes after dequantizing): the MXFP4 blob
+ * layout of src/core/qformat.h row by row. Parameter p's rows are out rows
+ * out0, out0 + step, ... of expert e, gathered into `blob` (a blob of
+ * mf_qweight_blob_bytes, rows x in). */
+static mf_status gather_mxfp4(const char *path, const mf_safetensors *st, const mf_param *p, const char *name,
+                              int64_t E, int64_t out, int64_t in, int64_t out0, int64_t step, uint8_t *blob) {
+  char bn[128], sn[128];
+  snprintf(bn, sizeof bn, "%s_blocks", name);
+  snprintf(sn, sizeof sn, "%s_scales", name);
+  const mf_st_tensor *b = mf_safetensors_find(st, bn), *sc = mf_safetensors_find(st, sn);
+  const int64_t G = in / MF_MXFP4_GROUP;
+  if (in % MF_MXFP4_GROUP != 0)
+    return MF_ERR(MF_ERR_FORMAT, "%s: %s: MXFP4 groups of 32 do not divide the %lld inputs", path, bn,
+                  (long long)in);
+  if (!sc) return MF_ERR(MF_ERR_FORMAT, "%s: %s is there but its scales %s are missing", path, bn, sn);
+  const int64_t want_b[4] = {E, out, G, MF_MXFP4_GROUP / 2}, want_s[3] = {E, out, G};
+  int ok = b->dtype == MF_DTYPE_U8 && b->ndim == 4 && sc->dtype == MF_DTYPE_U8 && sc->ndim == 3;
+  for (int d = 0; ok && d < 4; d++) ok = b->shape[d] == want_b[d] && (d == 3 || sc->shape[d] == want_s[d]);
+  if (!ok) {
+    char wb[64], ws[64], gb[64], gs[64];
+    shape_str(want_b, 4, wb, sizeof wb), shape_str(want_s, 3, ws, sizeof ws);
+    shape_str(b->shape, b->ndim, gb, sizeof gb), shape_str(sc->shape, sc->ndim, gs, sizeof gs);
+    return MF_ERR(MF_ERR_FORMAT, "%s: %s %s %s and %s %s %s; the config says U8 %s and U8 %s", path, bn,
+                  mf_dtype_name(b->dtype), gb, sn, mf_dtype_name(sc->dtype), gs, wb, ws);
+  }
+  mf_qweight w = {.kind = MF_QUANT_MXFP4, .rows = p->shape[0], .cols = in};
+  mf_qweight_blob_view(&w, blob);
+  uint8_t *q = (uint8_t *)w.q, *qs = (uint8_t *)w.scales; /* the blob's own pieces */
+  const int64_t row_q = G * (MF_MXFP4_GROUP / 2);
+  for (int64_t r = 0; r < w.rows; r++) {
+    const int64_t row = p->expert * out + out0 + r * step; /* of [E * out] */
+    memcpy(q + r * row_q, (const uint8_t *)b->data + row * row_q, (size_t)row_q);
+    memcpy(qs + r * G, (const uint8_t *)sc->data + row * G, (size_t)G);
+  }
+  char what[160];
+  snprintf(what, sizeof what, "%s: %s (expert %d)", path, bn, p->expert);
+  return mf_qweight_check(&w, what);
+}
+
+/* The MXFP4 rows of gpt-oss expert weight p (gather_mxfp4), or 0 when the file has not them. */
+static int mxfp4_rows(const mf_param_table *t, const mf_safetensors *st, const mf_param *p, const char *name,
+                      int64_t *out, int64_t *in, int64_t *out0, int64_t *step) {
+  char bn[128];
+  snprintf(bn, sizeof bn, "%s_blocks", name);
+  if (p->expert < 0 || !mf_safetensors_find(st, bn)) return 0;
+  const int64_t H = t->spec.hidden, I = t->spec.expert_ffn;
+  const int down = p->role == MF_P_EXPERT_DOWN;
+  *out = down ? H : 2 * I, *in = down ? I : H;
+  *out0 = p->role == MF_P_EXPERT_UP, *step = down ? 1 : 2;
+  return 1;
+}
+
+/* Parameter p, a part of the fused tensor src (mf_param_packed), gathered
+ * from file `path` into dst as fp32: the tensor as transformers names it
+ * (BF16, F16, F32), or an expert weight as OpenAI ships it (read_mxfp4). */
+static mf_status read_packed(const mf_param_table *t, const char *path, const mf_safetensors *st,
+                             const mf_param *p, const mf_param_src *src, float *dst) {
+  const mf_st_tensor *x = mf_safetensors_find(st, src->name);
+  int64_t out, in, out0, step;
+  if (!x && mxfp4_rows(t, st, p, src->name, &out, &in, &out0, &step)) {
+    mf_qweight w = {.kind = MF_QUANT_MXFP4, .rows = p->shape[0], .cols = in};
+    uint8_t *blob = p->quant == MF_QUANT_MXFP4 ? t->qhome + p->qoff : NULL; /* as shipped */
+    const int own = !blob;
+    if (own) MF_CHECK(mf_malloc((size_t)mf_qweight_blob_bytes(&w), "an MXFP4 expert weight", (void **)&blob));
+    mf_status rc = gather_mxfp4(path, st, p, src->name, t->spec.experts, out, in, out0, step, blob);
+    if (rc == MF_OK && own) { /* dequantized at load: the codes times powers of two, exact */
+      mf_qweight_blob_view(&w, blob);
+      mf_qweight_dequantize_f32(&w, 0, w.rows, dst);
+    }
+    if (own) free(blob);
+    return rc;
+  }
+  if (!x)
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (the model's gpt_oss config needs it)", path,
+                  src->name);
+  int same = x->ndim == src->ndim;
+  for (int d = 0; same && d < src->ndim; d++) same = x->shape[d] == src->shape[d];
+  if (!same) {
+    char want[64], got[64];
+    shape_str(src->shape, src->ndim, want, sizeof want);
+    shape_str(x->shape, x->ndim, got, sizeof got);
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, src->name, got,
+                  want);
+  }
+  if (x->dtype != MF_DTYPE_F32 && x->dtype != MF_DTYPE_BF16 && x->dtype != MF_DTYPE_F16)
+    return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
+                  src->name, mf_dtype_name(x->dtype));
+  const uint8_t *b = (const uint8_t *)x->data;
+  const int64_t rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      const int64_t j = src->base + r * src->rs + c * src->cs;
+      float v;
+      if (x->dtype == MF_DTYPE_F32) {
+        memcpy(&v, b + 4 * j, 4);
+      } else {
+        uint16_t h;
+        memcpy(&h, b + 2 * j, 2);
+        v = x->dtype == MF_DTYPE_BF16 ? mf_bf16_to_fp32(h) : mf_fp16_to_fp32(h);
+      }
+      dst[r * cols + c] = v;
+    }
+  return MF_OK;
+}
+
 mf_status mf_params_load(const mf_param_table *t, const char *path, float *w) {
   return mf_params_load_home(t, path, w, NULL);
 }
@@ -626,6 +828,12 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
   mf_quant_kind deq_kind = MF_QUANT_NONE;
   for (int64_t i = 0; i < t->n_base && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
+    mf_param_src src;
+    if (mf_param_packed(t, i, &src)) {
+      rc = read_packed(t, path, st, p, &src, dst_of(p, w, frozen_bf16, scratch));
+      if (rc == MF_OK && p->quant != MF_QUANT_MXFP4) rc = home_put(t, p, frozen_bf16, scratch);
+      continue;
+    }
     const mf_quant_kind shipped = mf_shipped_kind(st, p->name);
     if (shipped != MF_QUANT_NONE) {
       rc = load_shipped(t, path, st, p, dst_of(p, w, frozen_bf16, scratch), &blob, &blob_cap);
@@ -656,7 +864,7 @@ mf_status mf_params_load_home(const mf_param_table *t, const char *path, float *
       const mf_st_tensor *x = mf_safetensors_get(st, i);
       const int part_of =
           mf_shipped_companion(x->name, weight, sizeof weight) && mf_param_find(t, weight) >= 0;
-      if (!part_of && mf_param_find(t, x->name) < 0) {
+      if (!part_of && mf_param_find(t, x->name) < 0 && !mf_param_pack_name(t, x->name)) {
         if (unused < 3) MF_LOGW("model", "%s: tensor %s is not used by the model", path, x->name);
         unused++;
       }
@@ -687,10 +895,33 @@ typedef struct tensor_fill {
 static mf_status fill_tensor(void *ctx, const mf_st_tensor *x, void *dst) {
   const tensor_fill *f = (const tensor_fill *)ctx;
   const model_fill *m = f->m;
-  const int64_t n = m->t->params[f->i].numel;
-  float *v = x->dtype == MF_DTYPE_F32 ? (float *)dst : m->scratch;
-  mf_params_merged(m->t, m->w, m->frozen_bf16, f->i, v);
-  if (x->dtype == MF_DTYPE_BF16) mf_fp32_to_bf16_n(v, (uint16_t *)dst, (size_t)n);
+  const mf_param_table *t = m->t;
+  mf_param_src src;
+  if (!mf_param_packed(t, f->i, &src)) {
+    const int64_t n = t->params[f->i].numel;
+    float *v = x->dtype == MF_DTYPE_F32 ? (float *)dst : m->scratch;
+    mf_params_merged(t, m->w, m->frozen_bf16, f->i, v);
+    if (x->dtype == MF_DTYPE_BF16) mf_fp32_to_bf16_n(v, (uint16_t *)dst, (size_t)n);
+    return MF_OK;
+  }
+  /* a fused tensor of gpt-oss (f->i its first part): every parameter of the layer that is a part of it */
+  const mf_param *first = &t->params[f->i];
+  for (int64_t i = f->i; i < t->n_base && t->params[i].layer == first->layer; i++) {
+    mf_param_src part;
+    if (!mf_param_packed(t, i, &part) || strcmp(part.name, src.name) != 0) continue;
+    const mf_param *p = &t->params[i];
+    mf_params_merged(t, m->w, m->frozen_bf16, i, m->scratch);
+    const int64_t rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++) {
+        const int64_t j = part.base + r * part.rs + c * part.cs;
+        const float v = m->scratch[r * cols + c];
+        if (x->dtype == MF_DTYPE_F32)
+          ((float *)dst)[j] = v;
+        else
+          mf_fp32_to_bf16_n(&v, (uint16_t *)dst + j, 1);
+      }
+  }
   return MF_OK;
 }
 
@@ -705,36 +936,64 @@ mf_status mf_params_write_model(const mf_param_table *t, const float *w, const u
   for (int64_t i = 0; i < n; i++)
     if (t->params[i].numel > most) most = t->params[i].numel;
   model_fill m = {t, w, frozen_bf16, NULL};
-  mf_st_tensor *ts = (mf_st_tensor *)calloc((size_t)(n ? n : 1), sizeof *ts);
-  tensor_fill *fs = (tensor_fill *)calloc((size_t)(n ? n : 1), sizeof *fs);
-  if (dtype == MF_DTYPE_BF16) m.scratch = (float *)malloc((size_t)most * sizeof(float));
-  mf_status st = ts && fs && (m.scratch || dtype != MF_DTYPE_BF16)
+  const size_t cap = n > 0 ? (size_t)n : 1;
+  mf_st_tensor *ts = (mf_st_tensor *)calloc(cap, sizeof *ts);
+  tensor_fill *fs = (tensor_fill *)calloc(cap, sizeof *fs);
+  int packed = 0;
+  for (int64_t i = 0; i < n && !packed; i++) packed = mf_param_packed(t, i, NULL);
+  if (dtype == MF_DTYPE_BF16 || packed) m.scratch = (float *)malloc((size_t)most * sizeof(float));
+  mf_status st = ts && fs && (m.scratch || (dtype != MF_DTYPE_BF16 && !packed))
                      ? MF_OK
                      : MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
   uint64_t total = 0;
+  size_t nt = 0; /* the file's tensors: a parameter each, or a fused tensor for its parts (gpt-oss) */
+  char(*pack_names)[96] = packed ? (char(*)[96])calloc(cap, 96) : NULL;
+  if (packed && !pack_names && st == MF_OK)
+    st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "saving %s: out of memory", dir);
   for (int64_t i = 0; i < n && st == MF_OK; i++) {
     const mf_param *p = &t->params[i];
-    ts[i].name = p->name;
-    ts[i].dtype = dtype;
-    ts[i].ndim = p->ndim;
-    ts[i].shape[0] = p->shape[0];
-    ts[i].shape[1] = p->shape[1];
+    mf_st_tensor *x = &ts[nt];
+    mf_param_src src;
+    if (mf_param_packed(t, i, &src)) {
+      int seen = 0; /* made at its first part */
+      for (size_t k = 0; k < nt && !seen; k++)
+        seen = ts[k].name == pack_names[k] && !strcmp(ts[k].name, src.name);
+      if (seen) continue;
+      snprintf(pack_names[nt], 96, "%s", src.name);
+      x->name = pack_names[nt];
+      x->dtype = dtype;
+      x->ndim = src.ndim;
+      uint64_t numel = 1;
+      for (int d = 0; d < src.ndim; d++) x->shape[d] = src.shape[d], numel *= (uint64_t)src.shape[d];
+      total += numel * mf_dtype_size(dtype);
+      fs[nt] = (tensor_fill){&m, i};
+      x->fill = fill_tensor;
+      x->fill_ctx = &fs[nt++];
+      continue;
+    }
+    x->name = p->name;
+    x->dtype = dtype;
+    x->ndim = p->ndim;
+    x->shape[0] = p->shape[0];
+    x->shape[1] = p->shape[1];
     total += (uint64_t)p->numel * mf_dtype_size(dtype);
     /* an fp32 weight as it is at home; the others (merged, from a bf16 home, narrowed) made one at a time */
     const int as_is =
         dtype == MF_DTYPE_F32 && !(t->lora_a && t->lora_a[i] >= 0) && !(p->frozen && frozen_bf16);
     if (as_is) {
-      ts[i].data = w + p->offset;
+      x->data = w + p->offset;
+      nt++;
       continue;
     }
-    fs[i] = (tensor_fill){&m, i};
-    ts[i].fill = fill_tensor;
-    ts[i].fill_ctx = &fs[i];
+    fs[nt] = (tensor_fill){&m, i};
+    x->fill = fill_tensor;
+    x->fill_ctx = &fs[nt++];
   }
   size_t ns = 1;
   if (st == MF_OK)
-    st = mf_safetensors_write_sharded(dir, ts, (size_t)n, NULL, 0,
-                                      max_shard_bytes ? max_shard_bytes : UINT64_MAX, &ns);
+    st = mf_safetensors_write_sharded(dir, ts, nt, NULL, 0, max_shard_bytes ? max_shard_bytes : UINT64_MAX,
+                                      &ns);
+  free(pack_names);
   free(m.scratch);
   free(fs);
   free(ts);
@@ -772,10 +1031,9 @@ void mf_params_merged(const mf_param_table *t, const float *w, const uint16_t *f
 }
 
 /* Every LoRA target name mf_lora_target_roles knows, in a fixed order. */
-static const char *const k_target_names[] = {"q_proj",   "k_proj",    "v_proj",   "o_proj",
-                                             "gate_proj", "up_proj",  "down_proj", "w1",
-                                             "w3",        "w2",       "q_a_proj",  "q_b_proj",
-                                             "kv_a_proj_with_mqa", "kv_b_proj"};
+static const char *const k_target_names[] = {
+    "q_proj", "k_proj", "v_proj",   "o_proj",   "gate_proj",          "up_proj",  "down_proj", "w1",
+    "w3",     "w2",     "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"};
 enum { N_TARGET_NAMES = sizeof k_target_names / sizeof k_target_names[0] };
 
 int mf_lora_target_names(mf_family family, const char **names, int cap) {
@@ -786,7 +1044,7 @@ int mf_lora_target_names(mf_family family, const char **names, int cap) {
 }
 
 uint64_t mf_lora_adaptable_roles(mf_family family) {
-  uint32_t r = 0;
+  uint64_t r = 0;
   for (int j = 0; j < N_TARGET_NAMES; j++) r |= mf_lora_target_roles(family, k_target_names[j]);
   return r;
 }
@@ -850,7 +1108,7 @@ mf_status mf_params_save_adapter_dir(const mf_param_table *t, const float *w, co
   int64_t na = 0;
   for (int64_t i = 0; i < t->n; i++) {
     const mf_param *p = &t->params[i];
-    if (p->frozen || (i < t->n_base && p->role != MF_P_ROUTER)) continue;
+    if (p->frozen || (i < t->n_base && !trained_router(p->role))) continue;
     snprintf(names[na], sizeof names[na], "base_model.model.%s", p->name);
     ts[na].name = names[na];
     ts[na].dtype = MF_DTYPE_F32;
@@ -957,7 +1215,7 @@ mf_status mf_params_load_adapters(const mf_param_table *t, const char *dir, floa
   char first[160] = "";
   for (int64_t i = 0; i < t->n && rc == MF_OK; i++) {
     const mf_param *p = &t->params[i];
-    if (p->frozen || (i < t->n_base && p->role != MF_P_ROUTER))
+    if (p->frozen || (i < t->n_base && !trained_router(p->role)))
       continue; /* the adapters and trained routers */
     char name[160];
     snprintf(name, sizeof name, "base_model.model.%s", p->name);

@@ -51,8 +51,15 @@ typedef enum mf_param_role {
   MF_P_DENSE_DOWN,
   MF_P_FINAL_NORM, /* model.norm [H] */
   MF_P_LM_HEAD,    /* lm_head [V, H] (absent when tied) */
-  MF_P_LORA_A,     /* a LoRA adapter's down projection [r, in] of the weight it adapts */
-  MF_P_LORA_B,     /* its up projection [out, r] */
+  /* gpt-oss */
+  MF_P_O_BIAS,             /* o_proj.bias [H] */
+  MF_P_SINKS,              /* self_attn.sinks [Hq]: each head's sink logit */
+  MF_P_ROUTER_LINEAR_BIAS, /* mlp.router.bias [E] (trained, unlike MF_P_ROUTER_BIAS) */
+  MF_P_EXPERT_GATE_BIAS,   /* the experts' gate biases [E, I] (gate_up_proj_bias's even columns) */
+  MF_P_EXPERT_UP_BIAS,     /* their up biases [E, I] (its odd columns) */
+  MF_P_EXPERT_DOWN_BIAS,   /* mlp.experts.down_proj_bias [E, H] */
+  MF_P_LORA_A,             /* a LoRA adapter's down projection [r, in] of the weight it adapts */
+  MF_P_LORA_B,             /* its up projection [out, r] */
   MF_P_ROLE_COUNT_
 } mf_param_role;
 
@@ -124,6 +131,24 @@ typedef struct mf_param_table {
 } mf_param_table;
 
 mf_status mf_param_table_build(const mf_model_spec *spec, mf_param_table **out);
+
+/* Where a parameter sits in an HF checkpoint that stores it as a part of a
+ * larger tensor: gpt-oss keeps all of a layer's experts in one tensor each,
+ * as x @ W ([in, out]), gate and up interleaved in gate_up_proj [E, H, 2I]
+ * (gate the even columns), down_proj [E, I, H], gate_up_proj_bias [E, 2I].
+ * moefit holds each expert's gate, up and down as nn.Linear weights ([out,
+ * in]) and the biases per projection: element (r, c) of the parameter is
+ * element base + r * rs + c * cs of the tensor `name` (shape[ndim]). */
+typedef struct mf_param_src {
+  char name[96];
+  int ndim;
+  int64_t shape[3];
+  int64_t base, rs, cs;
+} mf_param_src;
+/* 1 and *src when parameter i is such a part; 0 when it is stored under its own name. */
+int mf_param_packed(const mf_param_table *t, int64_t i, mf_param_src *src);
+/* 1 when `name` is a tensor the parameters of t are parts of (mf_param_packed). */
+int mf_param_pack_name(const mf_param_table *t, const char *name);
 void mf_param_table_free(mf_param_table *t); /* NULL is fine */
 /* The roles a LoRA target names for `family` (an HF module name: q_proj, k_proj,
  * v_proj, o_proj; gate_proj, up_proj, down_proj: the routed experts', the
@@ -148,7 +173,8 @@ static inline int mf_lora_expert_hot(const mf_param_table *t, int64_t layer, int
 /* The routed-expert roles' bits (MF_P_EXPERT_GATE, _UP, _DOWN). */
 /* A role's bit in a set of roles (mf_lora.roles): there are more than 32 roles. */
 #define MF_ROLE_BIT(r) ((uint64_t)1 << (r))
-#define MF_LORA_EXPERT_ROLES (MF_ROLE_BIT(MF_P_EXPERT_GATE) | MF_ROLE_BIT(MF_P_EXPERT_UP) | MF_ROLE_BIT(MF_P_EXPERT_DOWN))
+#define MF_LORA_EXPERT_ROLES \
+  (MF_ROLE_BIT(MF_P_EXPERT_GATE) | MF_ROLE_BIT(MF_P_EXPERT_UP) | MF_ROLE_BIT(MF_P_EXPERT_DOWN))
 /* Stores LoRA's frozen base quantized (t has its adapters: mf_param_table_add_lora):
  * every frozen 2-D weight but the embedding and the LM head (what transformers
  * replaces with bitsandbytes' Linear4bit: attention projections, routers,

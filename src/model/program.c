@@ -101,7 +101,7 @@ static void build_micro(pb *b, const mf_param_table *pt, int32_t m) {
   io->aux_scalars = mf_pb_tensor(b, MF_T_WORK, MF_DTYPE_F64, 1, m, -1, "mb%d.loss.aux", m);
   z.pos = io->positions;
   b->stage = STAGE_EMBED;
-  if (n_moe > 0 && s->router == MF_ROUTER_SOFTMAX) { /* the sigmoid router has no aux loss */
+  if (n_moe > 0 && s->router != MF_ROUTER_SIGMOID_GROUP) { /* the sigmoid router has no aux loss */
     z.aux_counts = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, -1, "mb%d.aux.counts", m);
     z.aux_psum = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F64, E, m, -1, "mb%d.aux.psum", m);
     mf_pb_simple(c, MF_K_ZERO, MF_PHASE_FWD, -1, "aux counts = 0", z.aux_counts, -1, -1, -1, -1, E);

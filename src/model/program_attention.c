@@ -4,6 +4,13 @@
 
 #include "src/model/program_build.h"
 
+/* The (query, key) pairs of one sequence and head the attention scores: the
+ * causal triangle, or with a sliding window of W keys its band. */
+static double attn_pairs(int64_t S, int64_t W) {
+  if (W <= 0 || W >= S) return (double)S * (double)(S + 1) / 2.0;
+  return (double)W * (double)(W + 1) / 2.0 + (double)(S - W) * (double)W;
+}
+
 /* Grouped-query attention: q, k, v projections, q/k norms, RoPE and the attention into a->att. */
 static void gqa_fwd(const mb *z, int32_t l) {
   pb *b = z->b;
@@ -44,10 +51,10 @@ static void gqa_fwd(const mb *z, int32_t l) {
   a->att = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * Hq * D, m, l, LNAME "self_attn.attn_out", m, l);
   a->lse = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, B * Hq * S, m, l, LNAME "self_attn.lse", m, l);
   mf_pop *o = mf_pb_op(b, MF_K_ATTN_FWD, MF_PHASE_FWD, m, l, "L%d attention", l);
-  SET(o, a->qa, a->ka, a->v, a->att, a->lse);
-  INTS(o, B, S, Hq, Hkv, D, D);
+  SET(o, a->qa, a->ka, a->v, a->att, a->lse, mf_pb_P(c, MF_P_SINKS, l)); /* gpt-oss: sinks, windows */
+  INTS(o, B, S, Hq, Hkv, D, D, mf_model_spec_window(s, l));
   o->f[0] = z->scale;
-  o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+  o->flops = 2.0 * 2.0 * (double)B * (double)Hq * (double)D * attn_pairs(S, mf_model_spec_window(s, l));
 }
 
 /* Layer l's attention block and its norms; the layer's output zeroed for the MLP to add into. */
@@ -67,7 +74,8 @@ void mf_pb_attention_fwd(const mb *z, int32_t l) {
   else
     gqa_fwd(z, l);
   a->hmid = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "self_attn.residual_out", m, l);
-  mf_pb_linear_fwd(c, l, "o_proj", a->att, mf_pb_P(c, MF_P_O, l), -1, a->hmid, H, HV, 0);
+  mf_pb_linear_fwd(c, l, "o_proj", a->att, mf_pb_P(c, MF_P_O, l), mf_pb_P(c, MF_P_O_BIAS, l), a->hmid, H, HV,
+                   0);
   mf_pb_lora_fwd(z, l, MF_P_O, "self_attn.o_proj", a->att, a->hmid, H, HV);
   mf_pb_simple(c, MF_K_ADD, MF_PHASE_FWD, l, "attn residual", resid[l], a->hmid, -1, -1, -1, T * H);
   a->xn2 = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * H, m, l, LNAME "post_attention_layernorm.out", m, l);
@@ -94,10 +102,11 @@ static void gqa_bwd(const mb *z, int32_t l, int32_t datt, int32_t dxn1) {
   int32_t dv =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * Hkv * D, m, l, LNAME "self_attn.v.grad", m, l);
   o = mf_pb_op(b, MF_K_ATTN_BWD, MF_PHASE_BWD, m, l, "L%d attention bwd", l);
-  SET(o, a->qa, a->ka, a->v, a->att, datt, a->lse, dqa, dka, dv);
-  INTS(o, B, S, Hq, Hkv, D, D);
+  SET(o, a->qa, a->ka, a->v, a->att, datt, a->lse, dqa, dka, dv, mf_pb_P(c, MF_P_SINKS, l),
+      mf_pb_G(c, MF_P_SINKS, l));
+  INTS(o, B, S, Hq, Hkv, D, D, mf_model_spec_window(s, l));
   o->f[0] = z->scale;
-  o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * (double)S * (double)(S + 1) / 2.0;
+  o->flops = 2.5 * 2.0 * 2.0 * (double)B * (double)Hq * (double)D * attn_pairs(S, mf_model_spec_window(s, l));
   mf_pb_rope(z, l, MF_K_ROPE_BWD, "rope q bwd", dqa, Hq, D, z->rot, 0);
   mf_pb_rope(z, l, MF_K_ROPE_BWD, "rope k bwd", dka, Hkv, D, z->rot, 0);
   int32_t dq = dqa, dk = dka;
@@ -133,8 +142,8 @@ void mf_pb_attention_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
                     gres, mf_pb_G(c, MF_P_MLP_NORM, l), T, H, 1);
   int32_t datt =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * HV, m, l, LNAME "self_attn.attn_out.grad", m, l);
-  mf_pb_linear_bwd(c, l, "o_proj", gres, a->att, mf_pb_P(c, MF_P_O, l), mf_pb_G(c, MF_P_O, l), -1, datt, H,
-                   HV, 0);
+  mf_pb_linear_bwd(c, l, "o_proj", gres, a->att, mf_pb_P(c, MF_P_O, l), mf_pb_G(c, MF_P_O, l),
+                   mf_pb_G(c, MF_P_O_BIAS, l), datt, H, HV, 0);
   mf_pb_lora_bwd(z, l, MF_P_O, "self_attn.o_proj", gres, a->att, datt, H, HV);
   int32_t dxn1 =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * H, m, l, LNAME "input_layernorm.out.grad", m, l);

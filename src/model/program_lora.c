@@ -33,7 +33,7 @@ static void lora_dropout(const mb *z, int32_t l, mf_param_role role, const char 
                          int64_t n, mf_phase ph) {
   mf_pop *o = mf_pb_op(z->b, MF_K_DROPOUT, ph, z->m, l, "L%d %s dropout", l, what);
   SET(o, x, y);
-  INTS(o, n, (int64_t)(l + 1) * MF_P_ROLE_COUNT_ + role, MF_PROGRAM_SEED_RUNTIME);
+  INTS(o, n, (int64_t)(l + 1) * 64 + role, MF_PROGRAM_SEED_RUNTIME); /* 64: roles are bits of a uint64_t */
   o->f[0] = z->c->pt->lora.dropout;
   o->flops = (double)n;
 }

@@ -98,7 +98,8 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   mf_pop *o;
   const int64_t R = T * TK;
   a->rl = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits", m, l);
-  mf_pb_linear_fwd(c, l, "router", a->xn2, mf_pb_P(c, MF_P_ROUTER, l), -1, a->rl, E, H, 0);
+  mf_pb_linear_fwd(c, l, "router", a->xn2, mf_pb_P(c, MF_P_ROUTER, l), mf_pb_P(c, MF_P_ROUTER_LINEAR_BIAS, l),
+                   a->rl, E, H, 0);
   a->probs = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs", m, l);
   a->tki = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I32, T * TK, m, l, LNAME "mlp.topk_idx", m, l);
   a->tkw = mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w", m, l);
@@ -108,9 +109,11 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
     INTS(o, T, E, TK, s->n_group, s->topk_group, s->norm_topk_prob);
     o->f[0] = s->routed_scaling;
   } else {
+    /* mode 1 (gpt-oss): the top-k logits, softmax over them; probs what its aux loss reads */
+    const int topk_first = s->router == MF_ROUTER_TOPK_SOFTMAX;
     o = mf_pb_op(b, MF_K_ROUTER_FWD, MF_PHASE_FWD, m, l, "L%d router top-k", l);
     SET(o, a->rl, a->probs, a->tki, a->tkw);
-    INTS(o, T, E, TK, s->norm_topk_prob);
+    INTS(o, T, E, TK, topk_first ? 0 : s->norm_topk_prob, topk_first);
     o = mf_pb_op(b, MF_K_AUX_ACCUMULATE, MF_PHASE_FWD, m, l, "L%d aux stats", l);
     SET(o, a->probs, a->tki, aux_counts, aux_psum);
     INTS(o, T, E, TK);
@@ -138,9 +141,18 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj", "gate_proj"},
                {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj", "up_proj"},
                {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj", "down_proj"}};
+  static const mf_param_role bias_of[3] = {MF_P_EXPERT_GATE_BIAS, MF_P_EXPERT_UP_BIAS, MF_P_EXPERT_DOWN_BIAS};
+  const int clamped = mf_model_spec_swiglu_clamped(s); /* gpt-oss: biases, the clamped SwiGLU */
   for (int j = 0; j < 3; j++) {
-    if (j == 2)
+    if (j == 2 && clamped) {
+      o = mf_pb_op(b, MF_K_SWIGLU_CLAMP_FWD, MF_PHASE_FWD, m, l, "L%d experts clamped swiglu", l);
+      SET(o, a->eg, a->eu, a->ea);
+      INTS(o, R * I);
+      o->f[0] = MF_GPT_OSS_SWIGLU_LIMIT, o->f[1] = MF_GPT_OSS_SWIGLU_ALPHA;
+      o->flops = 8.0 * (double)R * (double)I;
+    } else if (j == 2) {
       mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
+    }
     int32_t at = mf_pb_experts_of(c, proj[j].role, l, 0, -1);
     o = mf_pb_op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
     SET(o, proj[j].in, a->offsets, proj[j].out);
@@ -148,6 +160,12 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
     o->experts_at = at;
     o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
     mf_pb_lora_experts_fwd(z, l, proj[j].role, proj[j].hf, proj[j].in, proj[j].out, proj[j].N, proj[j].K);
+    if (clamped) {
+      o = mf_pb_op(b, MF_K_EXPERT_BIAS_FWD, MF_PHASE_FWD, m, l, "L%d %s bias", l, proj[j].what);
+      SET(o, proj[j].out, a->offsets, mf_pb_P(c, bias_of[j], l));
+      INTS(o, E, proj[j].N);
+      o->flops = (double)R * (double)proj[j].N;
+    }
   }
   o = mf_pb_op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
   SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
@@ -181,6 +199,16 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   int32_t dxe = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
   int32_t dxe2 =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
+  const int clamped = mf_model_spec_swiglu_clamped(s);
+  /* gpt-oss's expert biases: their gradients, the rows of each expert summed */
+#define EXPERT_BIAS_BWD(dy, role, N, what)                                                          \
+  if (clamped && mf_pb_G(c, role, l) >= 0) {                                                        \
+    o = mf_pb_op(b, MF_K_EXPERT_BIAS_BWD, MF_PHASE_BWD, m, l, "L%d experts %s bias grad", l, what); \
+    SET(o, dy, a->offsets, mf_pb_G(c, role, l));                                                    \
+    INTS(o, E, N);                                                                                  \
+    o->flops = (double)R * (double)(N);                                                             \
+  }
+  EXPERT_BIAS_BWD(dye, MF_P_EXPERT_DOWN_BIAS, H, "down_proj")
   /* down: dW (unless frozen) then dx */
   if (!mf_pb_experts_frozen(c, MF_P_EXPERT_DOWN, l)) {
     o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
@@ -197,9 +225,20 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   o->experts_at = down_w;
   o->flops = 2.0 * (double)R * (double)H * (double)I;
   mf_pb_lora_experts_bwd(z, l, MF_P_EXPERT_DOWN, "down_proj", dye, a->ea, dea, H, I);
-  o = mf_pb_op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
-  SET(o, a->eg, a->eu, dea, deg, deu);
-  INTS(o, R * I);
+  if (clamped) {
+    o = mf_pb_op(b, MF_K_SWIGLU_CLAMP_BWD, MF_PHASE_BWD, m, l, "L%d experts clamped swiglu bwd", l);
+    SET(o, a->eg, a->eu, dea, deg, deu);
+    INTS(o, R * I);
+    o->f[0] = MF_GPT_OSS_SWIGLU_LIMIT, o->f[1] = MF_GPT_OSS_SWIGLU_ALPHA;
+    o->flops = 12.0 * (double)R * (double)I;
+  } else {
+    o = mf_pb_op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
+    SET(o, a->eg, a->eu, dea, deg, deu);
+    INTS(o, R * I);
+  }
+  EXPERT_BIAS_BWD(deg, MF_P_EXPERT_GATE_BIAS, I, "gate_proj")
+  EXPERT_BIAS_BWD(deu, MF_P_EXPERT_UP_BIAS, I, "up_proj")
+#undef EXPERT_BIAS_BWD
   const struct {
     mf_param_role role;
     int32_t dy, dx;
@@ -226,7 +265,7 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   SET(o, dxe, a->row_of, dxn2);
   INTS(o, T, TK, H, 0);
   int32_t dprobs = -1;
-  if (p->aux_coef > 0 && s->router == MF_ROUTER_SOFTMAX) {
+  if (p->aux_coef > 0 && s->router != MF_ROUTER_SIGMOID_GROUP) {
     dprobs = mf_pb_keep_fp32(
         b, mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_probs.grad", m, l));
     o = mf_pb_op(b, MF_K_AUX_GRAD, MF_PHASE_BWD, m, l, "L%d aux grad", l);
@@ -242,11 +281,12 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     INTS(o, T, E, TK, s->n_group, s->topk_group, s->norm_topk_prob);
     o->f[0] = s->routed_scaling;
   } else {
+    const int topk_first = s->router == MF_ROUTER_TOPK_SOFTMAX;
     o = mf_pb_op(b, MF_K_ROUTER_BWD, MF_PHASE_BWD, m, l, "L%d router bwd", l);
     SET(o, a->probs, a->tki, a->tkw, dtkw, dprobs, drl);
-    INTS(o, T, E, TK, s->norm_topk_prob);
+    INTS(o, T, E, TK, topk_first ? 0 : s->norm_topk_prob, topk_first);
   }
-  mf_pb_linear_bwd(c, l, "router", drl, a->xn2, mf_pb_P(c, MF_P_ROUTER, l), mf_pb_G(c, MF_P_ROUTER, l), -1,
-                   dxn2, E, H, 1);
+  mf_pb_linear_bwd(c, l, "router", drl, a->xn2, mf_pb_P(c, MF_P_ROUTER, l), mf_pb_G(c, MF_P_ROUTER, l),
+                   mf_pb_G(c, MF_P_ROUTER_LINEAR_BIAS, l), dxn2, E, H, 1);
   if (s->shared_ffn > 0) shared_bwd(z, l, gres, dxn2);
 }

@@ -16,6 +16,7 @@ static const struct {
     [MF_FAMILY_OLMOE] = {"olmoe", "OlmoeForCausalLM", "olmoe"},
     [MF_FAMILY_GLM4_MOE] = {"glm4_moe", "Glm4MoeForCausalLM", "glm4_moe"},
     [MF_FAMILY_DEEPSEEK_V3] = {"deepseek_v3", "DeepseekV3ForCausalLM", "deepseek_v3"},
+    [MF_FAMILY_GPT_OSS] = {"gpt_oss", "GptOssForCausalLM", "gpt_oss"},
 };
 
 const char *mf_family_name(mf_family f) {
@@ -31,7 +32,7 @@ const char *mf_family_model_type(mf_family f) {
 }
 
 int mf_family_idle_expert_has_grad(mf_family f) {
-  return f == MF_FAMILY_OLMOE;
+  return f == MF_FAMILY_OLMOE || f == MF_FAMILY_GPT_OSS; /* gpt-oss: one fused tensor for all experts */
 }
 
 mf_family mf_family_from_name(const char *name) {
@@ -99,6 +100,17 @@ void mf_model_spec_defaults(mf_family f, mf_model_spec *s) {
       s->q_lora_rank = 1536, s->kv_lora_rank = 512, s->qk_nope_dim = 128, s->qk_rope_dim = 64;
       s->v_head_dim = 128, s->rope_interleave = 1, s->head_dim = 128 + 64;
       break;
+    case MF_FAMILY_GPT_OSS:
+      /* GptOssConfig's defaults (gpt-oss-120b's shape): layers alternate sliding (even) and full */
+      s->vocab = 201088, s->hidden = 2880, s->expert_ffn = 2880, s->layers = 36, s->heads = 64;
+      s->kv_heads = 8, s->head_dim = 64, s->max_seq = 131072, s->norm_eps = 1e-5, s->rope_theta = 150000.0;
+      s->experts = 128, s->top_k = 4, s->router_aux_loss_coef = 0.9, s->router = MF_ROUTER_TOPK_SOFTMAX;
+      s->qkv_bias = 1, s->o_bias = 1, s->sliding_window = 128;
+      s->norm_topk_prob = 1; /* the weights are a softmax over the chosen k: they sum to 1 */
+      s->yarn_factor = 32, s->yarn_original_max = 4096, s->yarn_beta_fast = 32, s->yarn_beta_slow = 1;
+      s->yarn_truncate = 0;
+      for (int64_t l = 0; l < s->layers; l++) s->sliding_layers[l] = l % 2 == 0;
+      break;
     default:
       break;
   }
@@ -143,6 +155,20 @@ int64_t mf_model_spec_rope_dim(const mf_model_spec *s) {
   return (int64_t)((double)s->head_dim * s->partial_rotary);
 }
 
+int mf_model_spec_has_sinks(const mf_model_spec *s) {
+  return s->family == MF_FAMILY_GPT_OSS;
+}
+
+int mf_model_spec_swiglu_clamped(const mf_model_spec *s) {
+  return s->family == MF_FAMILY_GPT_OSS;
+}
+
+int64_t mf_model_spec_window(const mf_model_spec *s, int64_t layer) {
+  return layer >= 0 && layer < s->layers && layer < MF_MAX_LAYERS && s->sliding_layers[layer]
+             ? s->sliding_window
+             : 0;
+}
+
 int mf_model_spec_shared_gated(const mf_model_spec *s) {
   return s->family == MF_FAMILY_QWEN2_MOE;
 }
@@ -158,8 +184,9 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
     return MF_ERR(MF_ERR_CONFIG, "%s: unknown model family", where);
   POSITIVE(hidden)
   POSITIVE(layers)
-  POSITIVE(heads) POSITIVE(kv_heads) POSITIVE(head_dim) POSITIVE(experts) POSITIVE(top_k) POSITIVE(expert_ffn)
-      POSITIVE(vocab) POSITIVE(max_seq) if (s->layers > MF_MAX_LAYERS) return MF_ERR(
+  POSITIVE(heads)
+  POSITIVE(kv_heads) POSITIVE(head_dim) POSITIVE(experts) POSITIVE(top_k) POSITIVE(expert_ffn) POSITIVE(vocab)
+      POSITIVE(max_seq) if (s->layers > MF_MAX_LAYERS) return MF_ERR(
           MF_ERR_CONFIG, "%s: %lld layers is more than moefit supports (%d)", where, (long long)s->layers,
           MF_MAX_LAYERS);
   if (s->heads % s->kv_heads != 0)
@@ -242,10 +269,31 @@ mf_status mf_model_spec_validate(const mf_model_spec *s, const char *where) {
                   (long long)s->first_dense, (long long)s->layers);
   const mf_router_kind want = s->family == MF_FAMILY_GLM4_MOE || s->family == MF_FAMILY_DEEPSEEK_V3
                                   ? MF_ROUTER_SIGMOID_GROUP
-                                  : MF_ROUTER_SOFTMAX;
+                              : s->family == MF_FAMILY_GPT_OSS ? MF_ROUTER_TOPK_SOFTMAX
+                                                               : MF_ROUTER_SOFTMAX;
   if (s->router != want)
     return MF_ERR(MF_ERR_CONFIG, "%s: the %s router is not this family's", where,
-                  s->router == MF_ROUTER_SIGMOID_GROUP ? "sigmoid group-limited" : "softmax");
+                  s->router == MF_ROUTER_SIGMOID_GROUP  ? "sigmoid group-limited"
+                  : s->router == MF_ROUTER_TOPK_SOFTMAX ? "top-k softmax with a bias"
+                                                        : "softmax");
+  const int oss = s->family == MF_FAMILY_GPT_OSS;
+  if (!oss && s->o_bias)
+    return MF_ERR(MF_ERR_CONFIG, "%s: an o_proj bias is only defined for gpt_oss", where);
+  int64_t sliding = 0;
+  for (int64_t l = 0; l < s->layers; l++) sliding += s->sliding_layers[l] != 0;
+  if (!oss && (sliding > 0 || s->sliding_window != 0))
+    return MF_ERR(MF_ERR_CONFIG, "%s: sliding-window attention is only defined for gpt_oss here", where);
+  if (oss && (s->sliding_window < 0 || (sliding > 0 && s->sliding_window < 1)))
+    return MF_ERR(MF_ERR_CONFIG, "%s: sliding_window %lld must be at least 1 with sliding_attention layers",
+                  where, (long long)s->sliding_window);
+  if (oss && (s->qkv_bias != s->o_bias))
+    return MF_ERR(MF_ERR_CONFIG, "%s: gpt_oss's attention_bias sets the q, k, v and o biases together",
+                  where);
+  if (oss && (s->shared_ffn > 0 || s->qk_norm != MF_QK_NORM_NONE || s->partial_rotary != 1.0 ||
+              s->first_dense != 0 || s->rope_interleave))
+    return MF_ERR(MF_ERR_CONFIG,
+                  "%s: gpt_oss has no shared expert, q/k norm, partial or interleaved RoPE, or dense layer",
+                  where);
   if (s->router == MF_ROUTER_SIGMOID_GROUP) {
     const int64_t G = s->n_group, TG = s->topk_group;
     /* groups of 2 or more even when there is one: transformers sums each group's top 2 */
@@ -299,13 +347,16 @@ void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *
     attn = sat_add(attn, sat_mul3(s->heads, s->v_head_dim, H));
   }
   if (s->qkv_bias) attn = sat_add(attn, sat_add(q, sat_mul(2, kv)));
+  if (s->o_bias) attn = sat_add(attn, H);
+  if (mf_model_spec_has_sinks(s)) attn = sat_add(attn, s->heads);
   if (s->qk_norm == MF_QK_NORM_PER_HEAD) attn = sat_add(attn, sat_mul(2, hd));
   if (s->qk_norm == MF_QK_NORM_FULL) attn = sat_add(attn, sat_add(q, kv));
   const int64_t base = sat_add(attn, sat_mul(2, H)); /* + the two RMSNorm weights */
-  const int64_t expert = sat_mul3(3, H, s->expert_ffn);
-  /* + e_score_correction_bias, a buffer of the checkpoint (never trained) */
-  const int64_t router =
-      sat_add(sat_mul(H, s->experts), s->router == MF_ROUTER_SIGMOID_GROUP ? s->experts : 0);
+  /* gpt-oss: + the gate, up and down biases */
+  const int64_t expert = sat_add(sat_mul3(3, H, s->expert_ffn),
+                                 mf_model_spec_swiglu_clamped(s) ? sat_add(sat_mul(2, s->expert_ffn), H) : 0);
+  /* + e_score_correction_bias, a buffer of the checkpoint (never trained); gpt-oss: the router's bias */
+  const int64_t router = sat_add(sat_mul(H, s->experts), s->router != MF_ROUTER_SOFTMAX ? s->experts : 0);
   const int64_t shared = s->shared_ffn > 0
                              ? sat_add(sat_mul3(3, H, s->shared_ffn), mf_model_spec_shared_gated(s) ? H : 0)
                              : 0; /* + its sigmoid gate */

@@ -19,12 +19,13 @@ extern "C" {
 
 typedef enum mf_family {
   MF_FAMILY_INVALID = 0,
-  MF_FAMILY_MIXTRAL,   /* MixtralForCausalLM */
-  MF_FAMILY_QWEN2_MOE, /* Qwen2MoeForCausalLM */
-  MF_FAMILY_QWEN3_MOE, /* Qwen3MoeForCausalLM */
-  MF_FAMILY_OLMOE,     /* OlmoeForCausalLM */
-  MF_FAMILY_GLM4_MOE,  /* Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air) */
+  MF_FAMILY_MIXTRAL,     /* MixtralForCausalLM */
+  MF_FAMILY_QWEN2_MOE,   /* Qwen2MoeForCausalLM */
+  MF_FAMILY_QWEN3_MOE,   /* Qwen3MoeForCausalLM */
+  MF_FAMILY_OLMOE,       /* OlmoeForCausalLM */
+  MF_FAMILY_GLM4_MOE,    /* Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air) */
   MF_FAMILY_DEEPSEEK_V3, /* DeepseekV3ForCausalLM (DeepSeek-V3/R1, Moonlight, Kimi-K2) */
+  MF_FAMILY_GPT_OSS,     /* GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b) */
   MF_FAMILY_COUNT_
 } mf_family;
 
@@ -43,6 +44,10 @@ typedef enum mf_router_kind {
    * are the chosen scores, renormalised (norm_topk_prob) and scaled by
    * routed_scaling_factor; no aux loss (GLM-4.5, DeepSeek-V3) */
   MF_ROUTER_SIGMOID_GROUP,
+  /* a router with a bias (trained); the top-k logits chosen, their softmax the
+   * weights; the aux loss reads the softmax over all experts of those weights
+   * scattered into zeros (gpt-oss's router_scores) */
+  MF_ROUTER_TOPK_SOFTMAX,
 } mf_router_kind;
 
 typedef struct mf_model_spec {
@@ -89,13 +94,20 @@ typedef struct mf_model_spec {
   double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
   int64_t yarn_original_max;
   int yarn_truncate; /* rope_scaling.truncate (absent: true) */
-  int64_t decoder_sparse_step; /* Qwen: layer i is MoE iff (i+1) % step == 0 */
-  int64_t n_mlp_only;          /* Qwen: layers forced to a dense MLP */
+  /* gpt-oss: a learned sink logit per query head (self_attn.sinks), an o_proj
+   * bias, biases on the experts' projections, the clamped SwiGLU
+   * (mf_model_spec_swiglu_clamped), and sliding-window layers */
+  int o_bias;             /* o_proj has a bias */
+  int64_t sliding_window; /* keys visible from a sliding layer's query i: i - window < j <= i */
+  uint8_t sliding_layers[MF_MAX_LAYERS]; /* 1: layer l is a sliding_attention layer */
+  int64_t decoder_sparse_step;           /* Qwen: layer i is MoE iff (i+1) % step == 0 */
+  int64_t n_mlp_only;                    /* Qwen: layers forced to a dense MLP */
   int32_t mlp_only_layers[MF_MAX_LAYERS];
   uint64_t seed; /* random init (model.init) */
 } mf_model_spec;
 
-const char *mf_family_name(mf_family f); /* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3" */
+/* "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3", "gpt_oss" */
+const char *mf_family_name(mf_family f);
 mf_family mf_family_from_name(const char *name);         /* the short names above; INVALID if unknown */
 mf_family mf_family_from_architecture(const char *arch); /* "MixtralForCausalLM" ... */
 const char *mf_family_architecture(mf_family f);         /* the HF class name */
@@ -120,13 +132,24 @@ int64_t mf_model_spec_rope_dim(const mf_model_spec *s);
 int mf_model_spec_is_mla(const mf_model_spec *s);
 /* The dims of a value head (v_head_dim with MLA, else head_dim). */
 int64_t mf_model_spec_v_dim(const mf_model_spec *s);
-/* The attention's softmax scale: head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 (DeepSeek-V3). */
+/* The attention's softmax scale: head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 (DeepSeek-V3).
+ */
 double mf_model_spec_attn_scale(const mf_model_spec *s);
 /* YaRN's cos/sin factor (attention_factor): mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
  * are set, else mscale(factor, 1); 1 without YaRN. */
 double mf_model_spec_yarn_attention_factor(const mf_model_spec *s);
 /* The shared expert's output passes through a sigmoid gate (Qwen2-MoE's shared_expert_gate). */
 int mf_model_spec_shared_gated(const mf_model_spec *s);
+/* gpt-oss: a sink logit per head in the attention's softmax (self_attn.sinks). */
+int mf_model_spec_has_sinks(const mf_model_spec *s);
+/* gpt-oss's experts: biases on gate, up and down, and the clamped SwiGLU
+ * (up + 1) * g * sigmoid(alpha * g), g = min(gate, limit), up clamped to
+ * [-limit, limit]; limit and alpha constants of transformers' GptOssExperts. */
+int mf_model_spec_swiglu_clamped(const mf_model_spec *s);
+#define MF_GPT_OSS_SWIGLU_LIMIT 7.0
+#define MF_GPT_OSS_SWIGLU_ALPHA 1.702
+/* The attention window of layer l: sliding_window on a sliding layer, else 0 (none). */
+int64_t mf_model_spec_window(const mf_model_spec *s, int64_t layer);
 /* Parameter counts: total, and active per token (unembedding counted, embedding not). */
 void mf_model_spec_param_count(const mf_model_spec *s, int64_t *total, int64_t *active);
 

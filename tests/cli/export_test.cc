@@ -397,57 +397,94 @@ TEST(Export, TransformersLoadsItWithNoMissingOrUnexpectedKeys) {
   EXPECT_TRUE(has(r.out, "missing [] unexpected []")) << r.out;
 }
 
-// GLM-4.5 (glm4_moe) and DeepSeek-V3 (deepseek_v3): a full fine-tune of the
-// tiny preset exported in fp32 loads in transformers with no missing or
-// unexpected keys (the routers' e_score_correction_bias included: a buffer of
-// the checkpoint, carried through untrained) and gives the logits moefit eval
-// gives on the export. DeepSeek-V3's preset has latent attention with a
-// low-rank q and interleaved RoPE.
-void TransformersGivesTheExportsLogits(const std::string &family, const std::string &arch, const std::string &bias) {
+// GLM-4.5 (glm4_moe), DeepSeek-V3 (deepseek_v3) and gpt-oss (gpt_oss): a full
+// fine-tune of the tiny preset exported loads in transformers with no missing
+// or unexpected keys (GLM-4.5's and DeepSeek-V3's routers'
+// e_score_correction_bias included: a buffer of the checkpoint, carried through
+// untrained; gpt-oss's experts as its fused tensors) and gives the logits
+// moefit eval gives on the export. DeepSeek-V3's preset has latent attention
+// with a low-rank q and interleaved RoPE.
+struct HfExportCase {
+  std::string family, arch;
+  std::string train;  // the family's train (and eval) overrides
+  std::string dtype;  // the export's --dtype ("": its default, bf16)
+  std::string text;   // the bytes read: eval's data.seq_len is their length - 1
+  std::string probe;  // a python expression of the loaded model m, printed after "probe "
+  std::string want;   // what the probe must print
+};
+
+void TransformersGivesTheExportsLogits(const HfExportCase &c) {
   const char *py = getenv("MF_HF_PYTHON");
   if (!py || !*py) MF_TOOL_MISSING("MF_HF_PYTHON unset: no python with transformers");
   if (shell(std::string(py) + " -c 'import torch, transformers' 2>&1").code != 0)
     MF_TOOL_MISSING(py << " has no torch (transformers needs it to load a model)");
-  const std::string base = tmpdir() + "/export_" + family + "_base", run = tmpdir() + "/export_" + family + "_run",
-                    hf = tmpdir() + "/export_" + family + "_hf", d = tmpdir() + "/export_" + family + "_check";
+  const std::string &family = c.family;
+  const std::string base = tmpdir() + "/export_" + family + "_base",
+                    run = tmpdir() + "/export_" + family + "_run",
+                    hf = tmpdir() + "/export_" + family + "_hf",
+                    d = tmpdir() + "/export_" + family + "_check";
   ASSERT_EQ(moefit("init --family " + family + " --preset tiny --seed 6 --out " + base).code, 0);
-  // the demo config sets train.aux_loss_coef, which these families' loss has not (refused, naming it)
-  Result t = moefit("train" + kModel + "model.init=null model.path=" + base +
-                    " train.aux_loss_coef=null train.micro_batch=2 train.warmup=1 train.steps=3 train.lr=1e-2 "
+  Result t = moefit("train" + kModel + "model.init=null model.path=" + base + c.train +
+                    " train.micro_batch=2 train.warmup=1 train.steps=3 train.lr=1e-2 "
                     "data.train=" +
                     Corpus() + " output.dir=" + run);
   ASSERT_EQ(t.code, 0) << t.out;
-  ASSERT_EQ(moefit("export " + run + " --out " + hf).code, 0);
-  ASSERT_EQ(shell("mkdir -p " + d + " && printf 'the cat s' > " + d + "/in.txt").code, 0);
+  ASSERT_EQ(moefit("export " + run + " --out " + hf + (c.dtype.empty() ? "" : " --dtype " + c.dtype)).code,
+            0);
+  ASSERT_EQ(shell("mkdir -p " + d).code, 0);
+  write_file(d + "/in.txt", c.text);
   ASSERT_EQ(moefit("data bytes " + d + "/in.txt " + d + "/in.tokens").code, 0);
-  Result e = moefit("eval" + kModel + "model.init=null model.path=" + hf +
-                    " train.aux_loss_coef=null data.seq_len=8 train.micro_batch=1 --tokens " + d +
-                    "/in.tokens --dump-logits " + d + "/logits.f32 output.dir=" + d + "/ev");
+  Result e = moefit("eval" + kModel + "model.init=null model.path=" + hf + c.train +
+                    " data.seq_len=" + std::to_string(c.text.size() - 1) + " train.micro_batch=1 --tokens " +
+                    d + "/in.tokens --dump-logits " + d + "/logits.f32 output.dir=" + d + "/ev");
   ASSERT_EQ(e.code, 0) << e.out;
-  Result c = shell(std::string(py) +
-                   " -c \"import sys, numpy as np, torch, transformers as t; "
-                   "m, info = t.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, "
-                   "attn_implementation='eager', output_loading_info=True); m.eval(); "
-                   "print(type(m).__name__, 'missing', info['missing_keys'], 'unexpected', info['unexpected_keys']); "
-                   "ids = torch.tensor([list(b'the cat ')]); "
-                   "ref = m(input_ids=ids).logits[0].detach().numpy(); "
-                   "got = np.fromfile(sys.argv[2], dtype='<f4').reshape(ref.shape); "
-                   "err = np.linalg.norm(got - ref) / np.linalg.norm(ref); "
-                   "bias = m.model.layers[1].mlp.gate.e_score_correction_bias; "
-                   "print('bias', tuple(bias.shape), 'rel err %.3g' % err, 'OK' if err < 1e-5 else 'DIFFERS')\" " +
-                   hf + " " + d + "/logits.f32 2>&1");
-  ASSERT_EQ(c.code, 0) << c.out;
-  EXPECT_TRUE(has(c.out, arch + " missing [] unexpected []")) << c.out;
-  EXPECT_TRUE(has(c.out, bias)) << c.out;
-  EXPECT_TRUE(has(c.out, "OK")) << c.out;
+  const std::string probe = "print('probe', " + c.probe + "); ";
+  Result r = shell(
+      std::string(py) +
+      " -c \"import sys, numpy as np, torch, transformers as t; "
+      "m, info = t.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, "
+      "attn_implementation='eager', output_loading_info=True); m.eval(); "
+      "print(type(m).__name__, 'missing', info['missing_keys'], 'unexpected', info['unexpected_keys']); "
+      "ids = torch.tensor([list(open(sys.argv[3], 'rb').read()[:-1])]); "
+      "ref = m(input_ids=ids).logits[0].detach().numpy(); "
+      "got = np.fromfile(sys.argv[2], dtype='<f4').reshape(ref.shape); "
+      "err = np.linalg.norm(got - ref) / np.linalg.norm(ref); " +
+      probe + "print('rel err %.3g' % err, 'OK' if err < 1e-5 else 'DIFFERS')\" " + hf + " " + d +
+      "/logits.f32 " + d + "/in.txt 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, c.arch + " missing [] unexpected []")) << r.out;
+  EXPECT_TRUE(has(r.out, "probe " + c.want)) << r.out;
+  EXPECT_TRUE(has(r.out, "OK")) << r.out;
 }
 
+// the demo config sets train.aux_loss_coef, which these families' loss has not (refused, naming it)
+const char kNoAux[] = " train.aux_loss_coef=null";
+const char kRouterBias[] = "tuple(m.model.layers[1].mlp.gate.e_score_correction_bias.shape)";
+
 TEST(Export, TransformersLoadsAGlm4MoeExportAndGivesItsLogits) {
-  TransformersGivesTheExportsLogits("glm4_moe", "Glm4MoeForCausalLM", "bias (8,)");
+  TransformersGivesTheExportsLogits(
+      {"glm4_moe", "Glm4MoeForCausalLM", kNoAux, "", "the cat s", kRouterBias, "(8,)"});
 }
 
 TEST(Export, TransformersLoadsADeepseekV3ExportAndGivesItsLogits) {
-  TransformersGivesTheExportsLogits("deepseek_v3", "DeepseekV3ForCausalLM", "bias (8,)");
+  TransformersGivesTheExportsLogits(
+      {"deepseek_v3", "DeepseekV3ForCausalLM", kNoAux, "", "the cat s", kRouterBias, "(8,)"});
+}
+
+// gpt-oss, exported in fp32: the experts as transformers' fused tensors
+// (gate_up_proj [E, H, 2I], gate and up interleaved), the sinks, the biases;
+// 96 tokens, past the preset's sliding window of 64 in layer 0 (transformers
+// gives other logits past row 64 with that layer's window dropped).
+TEST(Export, TransformersLoadsAGptOssExportAndGivesItsLogits) {
+  const std::string text = std::string(
+                               "The cat sat on the mat; a quick brown fox jumps over the lazy dog, and then "
+                               "the cat ran far away, ")
+                               .substr(0, 97);
+  TransformersGivesTheExportsLogits({"gpt_oss", "GptOssForCausalLM", "", "fp32", text,
+                                     "tuple(m.model.layers[0].mlp.experts.gate_up_proj.shape), "
+                                     "tuple(m.model.layers[0].self_attn.sinks.shape), "
+                                     "m.config.layer_types[0], m.config.sliding_window",
+                                     "(8, 64, 256) (4,) sliding_attention 64"});
 }
 
 // The export is a whole model: the tokenizer and chat-template files of the

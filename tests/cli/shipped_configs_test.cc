@@ -34,6 +34,11 @@ const std::map<std::string, std::string> kModels = {
     {"models/Mixtral-8x7B-v0.1", "tests/hf_config/data/mixtral_8x7b_hub.json"},
     {"models/GLM-4.5-Air", "tests/hf_config/data/glm4_5_air_hub.json"},
     {"models/Moonlight-16B-A3B", "tests/hf_config/data/moonlight_16b_a3b_hub.json"},
+    {"models/gpt-oss-20b", "tests/hf_config/data/gpt_oss_20b_hub.json"},
+    {"models/gpt-oss-120b", "tests/hf_config/data/gpt_oss_120b_hub.json"},
+    {"models/GLM-4.5", "tests/hf_config/data/glm4_5_hub.json"},
+    {"models/DeepSeek-V3", "tests/hf_config/data/deepseek_v3_hub.json"},
+    {"models/Kimi-K2-Instruct", "tests/hf_config/data/kimi_k2_hub.json"},
 };
 
 std::vector<std::string> shipped_configs() {

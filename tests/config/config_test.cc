@@ -426,7 +426,7 @@ TEST(ConfigErrors, MissingRequiredKeys) {
   Loaded f = Load("model:\n  init: {family: gpt2}\n" + std::string(kRest));
   EXPECT_CONFIG_ERROR(f,
                       "c.yaml:2:18: model.init.family must be one of "
-                      "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3 (got 'gpt2')");
+                      "mixtral|qwen2_moe|qwen3_moe|olmoe|glm4_moe|deepseek_v3|gpt_oss (got 'gpt2')");
   Loaded g = Load(Minimal() + "memory:\n  overrides:\n    - {params: host}\n");
   EXPECT_CONFIG_ERROR(g, "c.yaml:18:7: missing required key 'memory.overrides[0].match'");
   Loaded h = Load(Minimal() + "memory:\n  overrides:\n    - {match: x, parms: host}\n");

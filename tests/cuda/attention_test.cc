@@ -3,7 +3,9 @@
 // (B, S, Hq, Hkv, D): S = 1, odd S, S not a multiple of the tiles, GQA ratios
 // 1, 2 and 4, D = 64 and 128 (the models), plus D = 40, 96 and 256 (padding of
 // the head dim, the largest tile), and value head dims Dv unlike D (DeepSeek-V3's
-// D 192 / Dv 128, Dv above D, odd small dims). Outputs start as NaN, so an element the cuda
+// D 192 / Dv 128, Dv above D, odd small dims), and gpt-oss's sliding windows
+// and learned sink logits (i[6], the sinks operand; dsinks added into, compared
+// as the gradients). Outputs start as NaN, so an element the cuda
 // kernels never write fails the comparison; two cuda runs of one call must give
 // the same bits (no atomics, fixed reduction orders).
 //
@@ -38,16 +40,19 @@
 
 namespace {
 
-// Dv: the value head dim (i[5]; 0: D).
+// Dv: the value head dim (i[5]; 0: D); W the sliding window (i[6]; 0: none);
+// sinks: whether the call has sink logits (and the backward dsinks).
 struct Shape {
-  int64_t B, S, Hq, Hkv, D, Dv = 0;
+  int64_t B, S, Hq, Hkv, D, Dv = 0, W = 0;
+  bool sinks = false;
   int64_t dv() const { return Dv ? Dv : D; }
 };
 
 std::string name_of(const char *op, const Shape &s) {
   return std::string(op) + " B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) +
          " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
-         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string());
+         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string()) +
+         (s.W ? " window=" + std::to_string(s.W) : std::string()) + (s.sinks ? " sinks" : "");
 }
 
 std::vector<float> uniform(std::mt19937 &rng, size_t n, float lo, float hi) {
@@ -84,7 +89,7 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
   static mf_kernel_call call(mf_kernel kind, const Shape &s, float scale, const char *label) {
     mf_kernel_call k = {};
     k.kind = kind;
-    k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D, k.i[5] = s.Dv;
+    k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D, k.i[5] = s.Dv, k.i[6] = s.W;
     k.f[0] = scale;
     k.label = label;
     return k;
@@ -132,9 +137,15 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
     const float nan = std::nanf("");
     auto q = uniform(rng, nq, -q_amp, q_amp), k = uniform(rng, nk, -1, 1), v = uniform(rng, nv, -1, 1);
     auto dout = uniform(rng, no, -1, 1);
+    std::vector<float> sinks;  // one large (most of a row's mass), the others of either sign
+    if (s.sinks) {
+      sinks = uniform(rng, (size_t)s.Hq, -3, 3);
+      sinks[0] = 5.0f;
+    }
 
-    // forward: b = {q, k, v, o, lse}
+    // forward: b = {q, k, v, o, lse} (, sinks)
     std::vector<std::vector<float>> fwd = {q, k, v, std::vector<float>(no, nan), std::vector<float>(nl, nan)};
+    if (s.sinks) fwd.push_back(sinks);
     std::vector<std::vector<float>> want_f = fwd, got_f, again_f;
     ASSERT_EQ(run_cpu(MF_K_ATTN_FWD, s, scale, want_f), MF_OK) << mf_last_error();
     ASSERT_EQ(run_gpu(MF_K_ATTN_FWD, s, scale, fwd, &got_f), MF_OK) << mf_last_error();
@@ -147,8 +158,11 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
           << fnames[j - 3] << ": two cuda runs differ in bits";
     }
     // The inputs are left as they were.
-    for (int j = 0; j < 3; j++)
-      EXPECT_EQ(memcmp(got_f[j].data(), fwd[j].data(), fwd[j].size() * sizeof(float)), 0) << "input " << j;
+    for (int j = 0; j < (int)fwd.size(); j++) {
+      if (j < 3 || j > 4) {
+        EXPECT_EQ(memcmp(got_f[j].data(), fwd[j].data(), fwd[j].size() * sizeof(float)), 0) << "input " << j;
+      }
+    }
 
     // backward: b = {q, k, v, o, do, lse, dq, dk, dv}, o and lse from the cpu forward
     std::vector<std::vector<float>> bwd = {q,
@@ -160,19 +174,27 @@ class CudaAttention : public CudaTwin<(size_t)512 << 20> {
                                            std::vector<float>(nq, nan),
                                            std::vector<float>(nk, nan),
                                            std::vector<float>(nv, nan)};
+    if (s.sinks) {  // (, sinks, dsinks): dsinks is added into
+      bwd.push_back(sinks);
+      bwd.push_back(uniform(rng, (size_t)s.Hq, -1, 1));
+    }
     std::vector<std::vector<float>> want_b = bwd, got_b, again_b;
     ASSERT_EQ(run_cpu(MF_K_ATTN_BWD, s, scale, want_b), MF_OK) << mf_last_error();
     ASSERT_EQ(run_gpu(MF_K_ATTN_BWD, s, scale, bwd, &got_b), MF_OK) << mf_last_error();
     ASSERT_EQ(run_gpu(MF_K_ATTN_BWD, s, scale, bwd, &again_b), MF_OK) << mf_last_error();
-    const char *bnames[] = {"dq", "dk", "dv"};
-    for (int j = 6; j < 9; j++) {
+    const char *bnames[] = {"dq", "dk", "dv", "sinks", "dsinks"};
+    for (int j = 6; j < (int)bwd.size(); j++) {
+      if (j == 9) continue;  // sinks: an input
       const double e = nmse(want_b[j], got_b[j]);
       EXPECT_LE(e, kTolBwd) << bnames[j - 6] << ": NMSE " << e;
       EXPECT_EQ(memcmp(got_b[j].data(), again_b[j].data(), got_b[j].size() * sizeof(float)), 0)
           << bnames[j - 6] << ": two cuda runs differ in bits";
     }
-    for (int j = 0; j < 6; j++)
-      EXPECT_EQ(memcmp(got_b[j].data(), bwd[j].data(), bwd[j].size() * sizeof(float)), 0) << "input " << j;
+    for (int j = 0; j < (int)bwd.size(); j++) {
+      if (j < 6 || j == 9) {
+        EXPECT_EQ(memcmp(got_b[j].data(), bwd[j].data(), bwd[j].size() * sizeof(float)), 0) << "input " << j;
+      }
+    }
   }
 };
 
@@ -223,6 +245,19 @@ TEST_F(CudaAttention, ValueHeadDimDiffers) {
   check({3, 1, 4, 2, 16, 8}, 86);
 }
 
+// gpt-oss: sliding windows (1, 3, past a 32-key tile, gpt-oss's 128 over
+// many skipped tiles, at S: none) and sink logits with and without one, GQA,
+// odd S, Dv != D with both.
+TEST_F(CudaAttention, SinksAndSlidingWindows) {
+  check({1, 70, 4, 2, 64, 0, 3, true}, 90);
+  check({2, 130, 4, 2, 64, 0, 1, true}, 91);
+  check({1, 100, 8, 2, 128, 0, 40, false}, 92);
+  check({1, 65, 2, 1, 64, 0, 0, true}, 93);
+  check({1, 37, 4, 2, 192, 128, 16, true}, 94);
+  check({1, 33, 2, 2, 40, 0, 33, true}, 95);
+  check({1, 1000, 2, 1, 64, 0, 128, true}, 96);
+}
+
 TEST_F(CudaAttention, RefusesBadShapes) {
   std::vector<std::vector<float>> bufs(5, std::vector<float>(64, 0.0f)), out;
   EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 300}, 1.0f, bufs, &out), MF_ERR_UNSUPPORTED);
@@ -231,6 +266,8 @@ TEST_F(CudaAttention, RefusesBadShapes) {
   EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 8, 300}, 1.0f, bufs, &out), MF_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(mf_last_error()).find("Dv=300"), std::string::npos) << mf_last_error();
   EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 1, 1, 1, 8, -2}, 1.0f, bufs, &out), MF_ERR_INVALID_ARG);
+  EXPECT_EQ(run_gpu(MF_K_ATTN_FWD, {1, 2, 1, 1, 8, 0, -1}, 1.0f, bufs, &out), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("window -1"), std::string::npos) << mf_last_error();
 }
 
 }  // namespace

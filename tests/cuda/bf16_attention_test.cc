@@ -14,7 +14,9 @@
 // with D = 40 and S = 65 with D = 256 (fallbacks), S = 1. Value heads unlike
 // the query/key heads (Dv != D, i[5]: DeepSeek-V3's D 192 / Dv 128, and a D of
 // 64 the tensor cores would take) run on the CUDA-core kernels with either
-// parameter: neither attention_mma.cu nor cuDNN is given them.
+// parameter: neither attention_mma.cu nor cuDNN is given them; and so do
+// gpt-oss's sliding windows (i[6]) and sink logits (dsinks, fp32 on both
+// sides from the same bf16 o and dout: rtol and atol 1e-5).
 //
 // Tolerances, per element |gpu - cpu| <= atol + rtol * |cpu| (why):
 //   o: rtol kBf16Ulp = 2^-7 — the sides' fp32 values may round to
@@ -69,22 +71,25 @@ namespace {
 
 constexpr float kBf16Ulp = 1.0f / 128.0f;
 
-// Dv: the value head dim (i[5]; 0: D).
+// Dv: the value head dim (i[5]; 0: D); W the sliding window (i[6]; 0: none);
+// sinks: whether the call has sink logits (and the backward dsinks).
 struct Shape {
-  int64_t B, S, Hq, Hkv, D, Dv = 0;
+  int64_t B, S, Hq, Hkv, D, Dv = 0, W = 0;
+  bool sinks = false;
   int64_t dv() const { return Dv ? Dv : D; }
 };
 
 std::string name_of(const char *op, const Shape &s) {
   return std::string(op) + " B=" + std::to_string(s.B) + " S=" + std::to_string(s.S) +
          " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
-         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string());
+         (s.Dv ? " Dv=" + std::to_string(s.Dv) : std::string()) +
+         (s.W ? " window=" + std::to_string(s.W) : std::string()) + (s.sinks ? " sinks" : "");
 }
 
 mf_kernel_call call_of(mf_kernel kind, const Shape &s, float scale, const std::string &label) {
   mf_kernel_call k = {};
   k.kind = kind;
-  k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D, k.i[5] = s.Dv;
+  k.i[0] = s.B, k.i[1] = s.S, k.i[2] = s.Hq, k.i[3] = s.Hkv, k.i[4] = s.D, k.i[5] = s.Dv, k.i[6] = s.W;
   k.f[0] = scale;
   k.label = label.c_str();
   return k;
@@ -131,19 +136,26 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
     const float scale = 1.0f / std::sqrt((float)s.D);
     const auto q = mf_test_bf16_values(nq, seed), k = mf_test_bf16_values(nk, seed + 1);
     const auto v = mf_test_bf16_values(nv, seed + 2), dout = mf_test_bf16_values(no, seed + 3);
-    // the tensor-core kernels and cuDNN have one head dim: Dv != D stays on the CUDA cores
-    const bool one_dim = s.dv() == s.D;
+    // the tensor-core kernels and cuDNN have one head dim, no window and no
+    // sinks: other calls stay on the CUDA cores
+    const bool one_dim = s.dv() == s.D && !s.sinks && (s.W == 0 || s.W >= s.S);
+    std::vector<float> sinks;  // bf16 values, one large (most of a row's mass)
+    if (s.sinks) {
+      sinks = mf_test_bf16_values((size_t)s.Hq, seed + 4, 3.0f);
+      sinks[0] = 5.0f;
+    }
 
-    // forward: b = {q, k, v, o, lse}
+    // forward: b = {q, k, v, o, lse} (, sinks)
     uint64_t before = mf_backend_cuda_cudnn_calls(gpu_), mma_before = mf_backend_cuda_mma_calls(1);
-    Res f = run(call_of(MF_K_ATTN_FWD, s, scale, fname),
-                {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(no, NAN)),
-                 Op::of(std::vector<float>(nl, NAN))});
+    std::vector<Op> fops = {Op::of(q), Op::of(k), Op::of(v), Op::of(std::vector<float>(no, NAN)),
+                            Op::of(std::vector<float>(nl, NAN))};
+    if (s.sinks) fops.push_back(Op::of(sinks));
+    Res f = run(call_of(MF_K_ATTN_FWD, s, scale, fname), fops);
     const auto o_cpu = Res::as<float>(f.cpu[3]), lse_cpu = Res::as<float>(f.cpu[4]);
     const bool cudnn_fwd = ran_cudnn(before);
     expect_path(cudnn_fwd, want_cudnn, "forward");
     if (!one_dim) {
-      EXPECT_FALSE(cudnn_fwd) << "the forward with Dv != D ran on cuDNN";
+      EXPECT_FALSE(cudnn_fwd) << "the forward with Dv != D, a window or sinks ran on cuDNN";
     }
     // tensor cores: attention_mma.cu or cuDNN (both round p to bf16)
     const bool mma_fwd = cudnn_fwd || (one_dim && s.D % 16 == 0 && s.D <= 128);
@@ -159,24 +171,28 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
         << "o";
     EXPECT_TRUE(mf_test_close(Res::as<float>(f.gpu[4]), lse_cpu, 1e-5f, cudnn_fwd ? 1e-4f : 1e-5f)) << "lse";
 
-    // backward: b = {q, k, v, o, dout, lse, dq, dk, dv}, o and lse from the cpu
+    // backward: b = {q, k, v, o, dout, lse, dq, dk, dv} (, sinks, dsinks), o and lse from the cpu
     SCOPED_TRACE(bname);
     const mf_kernel_call c = call_of(MF_K_ATTN_BWD, s, scale, bname);
-    const std::vector<Op> ops = {Op::of(q),
-                                 Op::of(k),
-                                 Op::of(v),
-                                 Op::of(o_cpu),
-                                 Op::of(dout),
-                                 Op::of(lse_cpu),
-                                 Op::of(std::vector<float>(nq, NAN)),
-                                 Op::of(std::vector<float>(nk, NAN)),
-                                 Op::of(std::vector<float>(nv, NAN))};
+    std::vector<Op> ops = {Op::of(q),
+                           Op::of(k),
+                           Op::of(v),
+                           Op::of(o_cpu),
+                           Op::of(dout),
+                           Op::of(lse_cpu),
+                           Op::of(std::vector<float>(nq, NAN)),
+                           Op::of(std::vector<float>(nk, NAN)),
+                           Op::of(std::vector<float>(nv, NAN))};
+    if (s.sinks) {  // dsinks (fp32) is added into
+      ops.push_back(Op::of(sinks));
+      ops.push_back(Op::of(mf_test_bf16_values((size_t)s.Hq, seed + 5)));
+    }
     before = mf_backend_cuda_cudnn_calls(gpu_), mma_before = mf_backend_cuda_mma_calls(1);
     Res b = run(c, ops);
     const bool cudnn_bwd = ran_cudnn(before);
     expect_path(cudnn_bwd, want_cudnn, "backward");
     if (!one_dim) {
-      EXPECT_FALSE(cudnn_bwd) << "the backward with Dv != D ran on cuDNN";
+      EXPECT_FALSE(cudnn_bwd) << "the backward with Dv != D, a window or sinks ran on cuDNN";
     }
     const bool mma = cudnn_bwd || (one_dim && s.D % 16 == 0 && s.D <= 128);
     EXPECT_EQ(mf_backend_cuda_mma_calls(1) - mma_before, runs && mma && !cudnn_bwd ? 1u : 0u)
@@ -198,9 +214,16 @@ class Bf16Attention : public MfBf16Twin, public ::testing::WithParamInterface<in
             << names[j - 6] << ": relative error of the whole";
       }
     }
+    if (s.sinks) {
+      EXPECT_TRUE(mf_test_close(Res::as<float>(b.gpu[10]), Res::as<float>(b.cpu[10]), 1e-5f, 1e-5f))
+          << "dsinks";
+    }
     Res again = run(c, ops);
     for (int j = 6; j < 9; j++)
       EXPECT_TRUE(again.gpu[j] == b.gpu[j]) << names[j - 6] << ": two cuda runs differ";
+    if (s.sinks) {
+      EXPECT_TRUE(again.gpu[10] == b.gpu[10]) << "dsinks: two cuda runs differ";
+    }
   }
 };
 
@@ -231,6 +254,18 @@ TEST_P(Bf16Attention, ValueHeadDimDiffersRunsOnCudaCores) {
   check({1, 37, 4, 2, 192, 128}, 800);
   check({2, 64, 4, 1, 64, 128}, 900);
   check({1, 9, 2, 1, 8, 3}, 1000);
+}
+
+// gpt-oss: sliding windows and sink logits at head dims the tensor cores and
+// cuDNN would take alone (64, 128), GQA, odd S; a window at S is none (those
+// paths may take it).
+TEST_P(Bf16Attention, SinksAndSlidingWindowsRunOnCudaCores) {
+  check({1, 130, 8, 2, 64, 0, 3, true}, 1100);
+  check({2, 70, 4, 2, 128, 0, 32, false}, 1200);
+  check({1, 65, 4, 1, 64, 0, 0, true}, 1300);
+  check({1, 256, 4, 2, 64, 0, 128, true}, 1400);
+  check({1, 37, 4, 2, 192, 128, 5, true}, 1500);
+  check({1, 64, 4, 2, 64, 0, 64, false}, 1600);
 }
 
 TEST_P(Bf16Attention, ForwardAtHeadDimOne) {

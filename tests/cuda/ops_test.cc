@@ -556,8 +556,9 @@ TEST_F(CudaOps, RouterBwd) {
         auto logits = router_logits(rng, T, E);
         std::vector<float> probs((size_t)(T * E)), w((size_t)(T * K));
         std::vector<int32_t> idx((size_t)(T * K));
-        ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, norm, probs.data(), idx.data(), w.data(), &ctx),
-                  MF_OK);
+        ASSERT_EQ(
+            mf_cpu_router_fwd(logits.data(), T, E, K, norm, 0, probs.data(), idx.data(), w.data(), &ctx),
+            MF_OK);
         Case c{shape("router_bwd", {T, E, K, norm, extra}), MF_K_ROUTER_BWD};
         c.b = {f32(probs),
                i32(idx),
@@ -705,7 +706,8 @@ TEST_F(CudaOps, AuxLoss) {
     auto logits = router_logits(rng, T, E);
     std::vector<float> probs((size_t)(T * E)), w((size_t)(T * K));
     std::vector<int32_t> idx((size_t)(T * K));
-    ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, 1, probs.data(), idx.data(), w.data(), &ctx), MF_OK);
+    ASSERT_EQ(mf_cpu_router_fwd(logits.data(), T, E, K, 1, 0, probs.data(), idx.data(), w.data(), &ctx),
+              MF_OK);
     std::vector<int64_t> counts0((size_t)E);
     std::vector<double> psum0((size_t)E);
     for (auto &v : counts0) v = std::uniform_int_distribution<int64_t>(0, 1000)(rng);
@@ -753,8 +755,8 @@ TEST_F(CudaOps, AttentionValueHeadDim) {
     f.f[0] = scale;
     check(f);
     std::vector<float> o(no), lse(nl);
-    ASSERT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), B, S, Hq, Hkv, D, Dv, scale, o.data(), lse.data(),
-                              &ctx),
+    ASSERT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), B, S, Hq, Hkv, D, Dv, 0, nullptr, scale, o.data(),
+                              lse.data(), &ctx),
               MF_OK);
     Case b{shape("attn_bwd", {B, S, Hq, Hkv, D, Dv}), MF_K_ATTN_BWD};
     b.b = {f32(q),

@@ -163,12 +163,30 @@ void check_kind(const MfKernelCase &c, Validity &v) {
       v.elems("o", BS * S("Hq") * Dv);
       v.elems("dout", BS * S("Hq") * Dv);
       v.elems("lse", BS * S("Hq"));
+      v.elems("sinks", S("Hq"));
+      v.elems("dsinks", S("Hq"));
+      if (S("window") < 0) v.fail("q", "a negative sliding window");
       break;
     }
     case MF_K_SWIGLU_FWD:
     case MF_K_SWIGLU_BWD:
+    case MF_K_SWIGLU_CLAMP_FWD:
+    case MF_K_SWIGLU_CLAMP_BWD:
       for (const char *n : {"g", "u", "act", "dact", "dg", "du"}) v.elems(n, S("n"));
       break;
+    case MF_K_EXPERT_BIAS_FWD:
+    case MF_K_EXPERT_BIAS_BWD: {  // R: the rows of y (dy), a bound on offsets[E]
+      const int64_t E = S("E"), N = S("N");
+      const int j = c.call.kind == MF_K_EXPERT_BIAS_FWD ? v.slot("y") : v.slot("dy");
+      const int64_t n = (int64_t)(c.call.b[j].bytes / mf_case_elem_size(mf_case_dtype(c.call, j)));
+      if (N <= 0 || n % N != 0)
+        v.fail(c.call.kind == MF_K_EXPERT_BIAS_FWD ? "y" : "dy", "is not whole rows of N");
+      v.elems("offsets", E + 1);
+      v.offsets(E, N > 0 ? n / N : 0);
+      v.elems("bias", E * N);
+      v.elems("db", E * N);
+      break;
+    }
     case MF_K_SIGGATE_FWD:
     case MF_K_SIGGATE_BWD:
       for (const char *n : {"x", "y", "dy", "dx"}) v.elems(n, S("R") * S("C"));
@@ -191,6 +209,7 @@ void check_kind(const MfKernelCase &c, Validity &v) {
       v.elems("bias", S("E"));
       if (c.call.kind == MF_K_ROUTER_BWD || c.call.kind == MF_K_ROUTER_GROUP_BWD)
         v.topk("topk_idx", S("K"), S("E"));
+      if (S("mode") != 0 && S("mode") != 1) v.fail("logits", "mode is neither 0 nor 1");
       if (c.call.kind == MF_K_ROUTER_GROUP_FWD || c.call.kind == MF_K_ROUTER_GROUP_BWD) {
         const int64_t G = S("n_group"), TG = S("topk_group");
         if (G <= 0 || S("E") % G != 0 || (G > 1 && S("E") / G < 2) || TG < 1 || TG > G ||

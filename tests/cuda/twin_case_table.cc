@@ -14,7 +14,9 @@
 //   the routers' backward, combine_bwd's dw, cross-entropy's dh and dW);
 //   1e-8 for attention's gradients (the cancellation in ds = p (dp - Di)), with
 //   the reference's RMS floored at 1e-2 (where the exact gradient is 0, S = 1,
-//   both sides are rounding noise); 1e-6 for RoPE (device cosf/sinf/powf at
+//   both sides are rounding noise), and for its sinks' fp32 gradient (a double
+//   sum of fp32 Di, in BF16 storage too: both sides read the same bf16 o and
+//   dout); 1e-6 for RoPE (device cosf/sinf/powf at
 //   angles up to 511 rad); cross-entropy's lse 1e-11; the aux loss's doubles
 //   1e-24 (sums in another order), its fp32 gradient 1e-20.
 //   BF16 storage: both sides read the same bf16 inputs and compute in fp32;
@@ -30,9 +32,11 @@
 //   Outputs both sides keep in fp32 from the same bf16 inputs (router probs
 //   and weights, the group router's scores, cross-entropy's lse and loss) 1e-8
 //   or 1e-9 (fp32 order and device expf only); the experts' fp32 dW 1e-8.
-//   Copies, one fp32 add or multiply rounded once (add, scale, dropout, slice),
-//   the token-order sums of the embedding and the rep-order sums of slice_bwd,
-//   gather and combine_bwd's dye keep the same bits, as in F32.
+//   Copies, one fp32 add or multiply rounded once (add, scale, dropout, slice,
+//   expert_bias_fwd), the token-order sums of the embedding, the rep-order sums
+//   of slice_bwd and the row-order sums of expert_bias_bwd, gather and
+//   combine_bwd's dye keep the same bits, as in F32. The clamped SwiGLU is
+//   swiglu's (expf, contraction).
 //   Integers (indices, routing maps, counts) are always compared bit for bit;
 //   cross-entropy's ws is its workspace (not compared).
 #include <algorithm>
@@ -171,10 +175,10 @@ struct Router {
   MfKernelCase d;
   MfCaseOut o;
 };
-Router router(MfCaseBuild &b, int64_t T, int64_t E, int64_t K, int norm_topk) {
+Router router(MfCaseBuild &b, int64_t T, int64_t E, int64_t K, int norm_topk, int mode = 0) {
   Router r{scratch(MF_K_ROUTER_FWD, MF_DTYPE_F32), {}};
   MfCaseBuild rb(&r.d, 0);
-  rb.size("T", T).size("E", E).size("K", K).size("norm_topk", norm_topk);
+  rb.size("T", T).size("E", E).size("K", K).size("norm_topk", norm_topk).size("mode", mode);
   rb.values("logits", router_logits(b.rng(), T, E)).out("probs", (size_t)(T * E));
   rb.out("topk_idx", (size_t)(T * K)).out("topk_w", (size_t)(T * K));
   r.o = on_cpu(b, r.d);
@@ -253,9 +257,15 @@ void b_rope_bwd(MfCaseBuild &b, const Shape &s) {
   b_rope(b, s, "dx");
 }
 
-void attn_sizes(MfCaseBuild &b, const Shape &s) {  // B S Hq Hkv D
+// B S Hq Hkv D, then optionally gpt-oss's sliding window (0: none) and
+// whether the call has sinks (the backward then dsinks too).
+void attn_sizes(MfCaseBuild &b, const Shape &s) {
   b.size("B", s[0]).size("S", s[1]).size("Hq", s[2]).size("Hkv", s[3]).size("D", s[4]);
+  if (s.size() > 5) b.size("window", s[5]);
   b.scalar("scale", 1.0 / std::sqrt((double)s[4]));
+}
+bool attn_sinks(const Shape &s) {
+  return s.size() > 6 && s[6];
 }
 void b_attn_fwd(MfCaseBuild &b, const Shape &s) {
   const int64_t BS = s[0] * s[1], Hq = s[2], Hkv = s[3], D = s[4];
@@ -263,10 +273,15 @@ void b_attn_fwd(MfCaseBuild &b, const Shape &s) {
   b.uniform("q", (size_t)(BS * Hq * D))
       .uniform("k", (size_t)(BS * Hkv * D))
       .uniform("v", (size_t)(BS * Hkv * D));
+  if (attn_sinks(s)) {  // learned logits of a few magnitudes: one large (most of a row's mass)
+    std::vector<float> sinks = mf_case_uniform(b.rng(), (size_t)Hq, -3, 3);
+    sinks[0] = 5.0f;
+    b.values("sinks", sinks);
+  }
   b.out("o", (size_t)(BS * Hq * D)).out("lse", (size_t)(BS * Hq));
 }
-// q, k, v and the backward's o and lse: a forward case of the same shape and
-// storage run on the cpu (o bf16 in BF16 storage, lse fp32).
+// q, k, v (sinks) and the backward's o and lse: a forward case of the same
+// shape and storage run on the cpu (o bf16 in BF16 storage, lse fp32).
 void b_attn_bwd(MfCaseBuild &b, const Shape &s) {
   const int64_t BS = s[0] * s[1], Hq = s[2], Hkv = s[3], D = s[4];
   MfKernelCase f = scratch(MF_K_ATTN_FWD, b.storage());
@@ -277,6 +292,10 @@ void b_attn_bwd(MfCaseBuild &b, const Shape &s) {
   for (const char *n : {"q", "k", "v", "o", "lse"}) take(b, n, f, o, n);
   b.uniform("dout", (size_t)(BS * Hq * D)).out("dq", (size_t)(BS * Hq * D));
   b.out("dk", (size_t)(BS * Hkv * D)).out("dv", (size_t)(BS * Hkv * D));
+  if (attn_sinks(s)) {
+    take(b, "sinks", f, o, "sinks");
+    b.out("dsinks", (size_t)Hq);
+  }
 }
 
 std::vector<float> swiglu_gate(std::mt19937_64 &g, size_t n) {
@@ -292,6 +311,24 @@ void b_swiglu_bwd(MfCaseBuild &b, const Shape &s) {
   const size_t n = (size_t)s[0];
   b.size("n", s[0]).values("g", swiglu_gate(b.rng(), n)).uniform("u", n, -2, 2).uniform("dact", n);
   b.out("dg", n).out("du", n);
+}
+
+// gpt-oss's clamped SwiGLU (limit 7, alpha 1.702): g and u past both clamps,
+// at them exactly, and where e^(-alpha g) overflows.
+void swiglu_clamp_inputs(MfCaseBuild &b, size_t n) {
+  std::vector<float> g = mf_case_uniform(b.rng(), n, -12, 12), u = mf_case_uniform(b.rng(), n, -12, 12);
+  const float gs[] = {7.0f, -7.0f, 100.0f, -100.0f, 0.0f}, us[] = {7.0f, -7.0f, 9.0f, -9.0f, -1.0f};
+  for (size_t k = 0; k < 5 && k < n; k++) g[k] = gs[k], u[k] = us[k];
+  b.size("n", (int64_t)n).scalar("limit", 7.0).scalar("alpha", 1.702).values("g", g).values("u", u);
+}
+void b_swiglu_clamp_fwd(MfCaseBuild &b, const Shape &s) {  // n
+  swiglu_clamp_inputs(b, (size_t)s[0]);
+  b.out("act", (size_t)s[0]);
+}
+void b_swiglu_clamp_bwd(MfCaseBuild &b, const Shape &s) {
+  const size_t n = (size_t)s[0];
+  swiglu_clamp_inputs(b, n);
+  b.uniform("dact", n).out("dg", n).out("du", n);
 }
 
 void b_siggate_fwd(MfCaseBuild &b, const Shape &s) {  // R C
@@ -316,17 +353,17 @@ void b_dropout(MfCaseBuild &b, const Shape &s) {  // n
   b.uniform("x", (size_t)s[0]).out("y", (size_t)s[0]);
 }
 
-void b_router_fwd(MfCaseBuild &b, const Shape &s) {  // T E K norm_topk
+void b_router_fwd(MfCaseBuild &b, const Shape &s) {  // T E K norm_topk [mode: 0 when left out]
   const int64_t T = s[0], E = s[1], K = s[2];
-  b.size("T", T).size("E", E).size("K", K).size("norm_topk", s[3]);
+  b.size("T", T).size("E", E).size("K", K).size("norm_topk", s[3]).size("mode", s.size() > 4 ? s[4] : 0);
   b.values("logits", router_logits(b.rng(), T, E)).out("probs", (size_t)(T * E));
   b.out("topk_idx", (size_t)(T * K)).out("topk_w", (size_t)(T * K));
 }
 // probs, topk_idx and topk_w: the cpu router of router logits.
-void b_router_bwd(MfCaseBuild &b, const Shape &s) {  // T E K norm_topk extra
-  const int64_t T = s[0], E = s[1], K = s[2];
-  b.size("T", T).size("E", E).size("K", K).size("norm_topk", s[3]);
-  const Router f = router(b, T, E, K, (int)s[3]);
+void b_router_bwd(MfCaseBuild &b, const Shape &s) {  // T E K norm_topk extra [mode: 0 when left out]
+  const int64_t T = s[0], E = s[1], K = s[2], mode = s.size() > 5 ? s[5] : 0;
+  b.size("T", T).size("E", E).size("K", K).size("norm_topk", s[3]).size("mode", mode);
+  const Router f = router(b, T, E, K, (int)s[3], (int)mode);
   for (const char *n : {"probs", "topk_idx", "topk_w"}) take(b, n, f.d, f.o, n);
   b.uniform("dtopk_w", (size_t)(T * K));
   if (s[4]) b.uniform("dprobs_extra", (size_t)(T * E), -0.1f, 0.1f);
@@ -431,6 +468,21 @@ void b_expert_bwd_weight(MfCaseBuild &b, const Shape &s) {
   const ExpertShape x = expert_shape(b, s);
   b.uniform("dye", (size_t)(x.R * x.N)).uniform("xe", (size_t)(x.R * x.Kd)).i64("offsets", x.r.offsets);
   b.experts(x.E, (size_t)(x.N * x.Kd), x.null);
+}
+
+// A per-expert bias over a routing's rows: R = T K + spare rows (past
+// offsets[E]: not the kernel's); experts without rows where E is large.
+void b_expert_bias_fwd(MfCaseBuild &b, const Shape &s) {  // T E K N spare
+  const int64_t E = s[1], N = s[3], R = s[0] * s[2] + s[4];
+  const Routing r = routing(b, s[0], E, s[2]);
+  b.size("E", E).size("N", N).out("y", (size_t)(R * N)).i64("offsets", r.offsets);
+  b.uniform("bias", (size_t)(E * N));
+}
+void b_expert_bias_bwd(MfCaseBuild &b, const Shape &s) {
+  const int64_t E = s[1], N = s[3], R = s[0] * s[2] + s[4];
+  const Routing r = routing(b, s[0], E, s[2]);
+  b.size("E", E).size("N", N).uniform("dy", (size_t)(R * N)).i64("offsets", r.offsets);
+  b.out("db", (size_t)(E * N));
 }
 
 void b_cross_entropy(MfCaseBuild &b, const Shape &s) {  // T V H chunk grads (0 none, 1 dh, 2 dh and dW)
@@ -631,16 +683,32 @@ const std::vector<MfCaseEntry> &mf_case_table() {
        {{"*", nmse(1e-6), nmse(1e-4)}}},
       {MF_K_ATTN_FWD,
        nullptr,
-       "B S Hq Hkv D",
-       {{1, 1, 2, 1, 16}, {2, 37, 4, 2, 40}, {1, 70, 4, 1, 64}, {1, 65, 2, 2, 128}},
+       "B S Hq Hkv D window sinks",
+       {{1, 1, 2, 1, 16},
+        {2, 37, 4, 2, 40},
+        {1, 70, 4, 1, 64},
+        {1, 65, 2, 2, 128},
+        {1, 70, 4, 2, 64, 3, 1},
+        {2, 37, 4, 2, 40, 16, 1},
+        {1, 130, 4, 1, 64, 40, 0},
+        {1, 65, 2, 2, 128, 0, 1},
+        {1, 9, 2, 1, 16, 1, 1}},
        b_attn_fwd,
        {{"*", nmse(1e-10), nmse(1e-4)}}},
       {MF_K_ATTN_BWD,
        nullptr,
-       "B S Hq Hkv D",
-       {{1, 1, 2, 1, 16}, {2, 37, 4, 2, 40}, {1, 70, 4, 1, 64}, {1, 65, 2, 2, 128}},
+       "B S Hq Hkv D window sinks",
+       {{1, 1, 2, 1, 16},
+        {2, 37, 4, 2, 40},
+        {1, 70, 4, 1, 64},
+        {1, 65, 2, 2, 128},
+        {1, 70, 4, 2, 64, 3, 1},
+        {2, 37, 4, 2, 40, 16, 1},
+        {1, 130, 4, 1, 64, 40, 0},
+        {1, 65, 2, 2, 128, 0, 1},
+        {1, 9, 2, 1, 16, 1, 1}},
        b_attn_bwd,
-       {{"*", nmse(1e-8, 1e-2), nmse(1e-4, 1e-2)}}},
+       {{"*", nmse(1e-8, 1e-2), nmse(1e-4, 1e-2)}, {"dsinks", nmse(1e-8, 1e-2), nmse(1e-8, 1e-2)}}},
       {MF_K_SWIGLU_FWD, nullptr, "n", {{1}, {1001}, {4096}}, b_swiglu_fwd, {{"*", nmse(1e-10), nmse(1e-4)}}},
       {MF_K_SWIGLU_BWD, nullptr, "n", {{1}, {1001}, {4096}}, b_swiglu_bwd, {{"*", nmse(1e-10), nmse(1e-4)}}},
       {MF_K_SIGGATE_FWD,
@@ -658,16 +726,25 @@ const std::vector<MfCaseEntry> &mf_case_table() {
       {MF_K_ADD, nullptr, "n fp32", {{1, 0}, {5, 1}, {4099, 0}, {4099, 1}}, b_add, {{"*", kSame, kSame}}},
       {MF_K_SCALE, nullptr, "n", {{1}, {5}, {4099}}, b_scale, {{"*", kSame, kSame}}},
       {MF_K_DROPOUT, nullptr, "n", {{1}, {5}, {4099}}, b_dropout, {{"*", kSame, kSame}}},
+      // mode 1: gpt-oss's top-k then softmax (left out: 0)
       {MF_K_ROUTER_FWD,
        nullptr,
-       "T E K norm_topk",
-       {{1, 1, 1, 0}, {1, 4, 4, 1}, {37, 8, 2, 1}, {129, 60, 4, 0}},
+       "T E K norm_topk mode",
+       {{1, 1, 1, 0}, {1, 4, 4, 1}, {37, 8, 2, 1}, {129, 60, 4, 0}, {1, 4, 4, 0, 1}, {37, 8, 2, 1, 1},
+        {129, 32, 4, 0, 1}},
        b_router_fwd,
        {{"*", nmse(1e-10), nmse(1e-9)}}},
       {MF_K_ROUTER_BWD,
        nullptr,
-       "T E K norm_topk extra",
-       {{1, 1, 1, 0, 0}, {37, 8, 2, 1, 1}, {129, 60, 4, 0, 1}, {64, 64, 8, 1, 0}},
+       "T E K norm_topk extra mode",
+       {{1, 1, 1, 0, 0},
+        {37, 8, 2, 1, 1},
+        {129, 60, 4, 0, 1},
+        {64, 64, 8, 1, 0},
+        {1, 1, 1, 0, 1, 1},
+        {37, 8, 2, 0, 1, 1},
+        {129, 32, 4, 1, 0, 1},
+        {64, 64, 8, 0, 1, 1}},
        b_router_bwd,
        {{"*", nmse(1e-9), nmse(1e-4)}}},
       {MF_K_MOE_DISPATCH,
@@ -806,6 +883,31 @@ const std::vector<MfCaseEntry> &mf_case_table() {
         {5, 64, 576, 512, 192, 128, 8, 0},
         {37, 16, 16, 0, 48, 32, 1, 0}},
        b_slice_bwd,
+       {{"*", kSame, kSame}}},
+      {MF_K_SWIGLU_CLAMP_FWD,
+       nullptr,
+       "n",
+       {{1}, {1001}, {4096}},
+       b_swiglu_clamp_fwd,
+       {{"*", nmse(1e-10), nmse(1e-4)}}},
+      {MF_K_SWIGLU_CLAMP_BWD,
+       nullptr,
+       "n",
+       {{1}, {1001}, {4096}},
+       b_swiglu_clamp_bwd,
+       {{"*", nmse(1e-10), nmse(1e-4)}}},
+      // many experts without rows (E 64 over 12 rows), spare rows past offsets[E]
+      {MF_K_EXPERT_BIAS_FWD,
+       nullptr,
+       "T E K N spare",
+       {{1, 1, 1, 1, 0}, {37, 5, 2, 129, 3}, {3, 64, 4, 360, 0}, {64, 32, 4, 180, 1}},
+       b_expert_bias_fwd,
+       {{"*", kSame, kSame}}},
+      {MF_K_EXPERT_BIAS_BWD,
+       nullptr,
+       "T E K N spare",
+       {{1, 1, 1, 1, 0}, {37, 5, 2, 129, 3}, {3, 64, 4, 360, 0}, {64, 32, 4, 180, 1}},
+       b_expert_bias_bwd,
        {{"*", kSame, kSame}}},
   };
   return table;

@@ -57,10 +57,11 @@ class DeviceOptim : public ::testing::TestWithParam<std::tuple<Shape, mf_dtype>>
     if (sh.family == MF_FAMILY_DEEPSEEK_V3)  // latent attention
       s.kv_heads = 4, s.q_lora_rank = 12, s.kv_lora_rank = 10, s.qk_nope_dim = 4, s.qk_rope_dim = 4,
       s.v_head_dim = 6, s.head_dim = 8, s.first_dense = 1;
+    if (sh.family == MF_FAMILY_GPT_OSS) s.sliding_window = 3;  // layer 0 slides
     ASSERT_EQ(mf_param_table_build(&s, &t_), MF_OK) << mf_last_error();
     mf_program_opts po = {};
     po.micro_batch = sh.B, po.seq_len = sh.S, po.grad_accum = sh.G;
-    po.aux_coef = s.router == MF_ROUTER_SOFTMAX ? 0.01 : 0.0;  // GLM-4.5's loss has none
+    po.aux_coef = s.router != MF_ROUTER_SIGMOID_GROUP ? 0.01 : 0.0;  // GLM-4.5's loss has none
     po.moments = moments_;
     ASSERT_EQ(mf_program_build(t_, &po, &p_), MF_OK) << mf_last_error();
     std::mt19937 rng(11);
@@ -293,6 +294,7 @@ const Shape kShapes[] = {
     {"olmoe_idle_with_grad", MF_FAMILY_OLMOE, 16, 2, 1, 4, 1},    // idle experts still get a (zero) gradient
     {"glm4_moe_frozen_bias", MF_FAMILY_GLM4_MOE, 8, 2, 2, 8, 2},  // a parameter frozen in a full fine-tune
     {"deepseek_v3_mla", MF_FAMILY_DEEPSEEK_V3, 8, 2, 2, 8, 2},    // latent attention's own weights
+    {"gpt_oss_sinks_biases", MF_FAMILY_GPT_OSS, 8, 2, 2, 8, 2},   // sinks, biases, idle experts decayed
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeviceOptim,

@@ -341,6 +341,12 @@ const char kDeepseek[] =
     "dense_ffn: 32, first_dense: 1, n_group: 2, topk_group: 1, routed_scaling: 2.5, vocab: 64, max_seq: 32, "
     "seed: 7}";
 
+// gpt-oss: sinks, q/k/v/o biases, a sliding window (layer 0) and a full layer,
+// YaRN, the router's bias, top-k then softmax, expert biases and the clamped SwiGLU.
+const char kGptOss[] =
+    "{family: gpt_oss, hidden: 32, layers: 2, heads: 4, kv_heads: 2, head_dim: 8, experts: 8, top_k: 2, "
+    "expert_ffn: 16, sliding_window: 5, vocab: 64, max_seq: 64, seed: 9}";
+
 TEST(PlanInvariance, DemoModel) {
   CheckShape(Shape("demo", demo()));
 }
@@ -359,6 +365,16 @@ TEST(PlanInvariance, Glm4Moe) {
 
 TEST(PlanInvariance, DeepseekV3) {
   CheckShape(Shape("deepseek", shape_config("deepseek", kDeepseek)));
+}
+
+TEST(PlanInvariance, GptOss) {
+  CheckShape(Shape("gpt_oss", shape_config("gpt_oss", kGptOss)));
+}
+
+TEST(PlanInvariance, LoraGptOssAndRouters) {
+  CheckShape(Shape("lora_gpt_oss", shape_config("lora_gpt_oss", kGptOss),
+                   {"train.lora.rank=4", "train.lora.alpha=8", "train.lr=1e-2",
+                    "train.lora.train_router=true", "train.lora.targets=[q_proj, k_proj, v_proj, o_proj]"}));
 }
 
 TEST(PlanInvariance, LoraDeepseekV3) {

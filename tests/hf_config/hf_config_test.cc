@@ -22,7 +22,8 @@
 
 namespace {
 
-const char *const kFamilies[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3"};
+const char *const kFamilies[] = {"mixtral",  "qwen2_moe",   "qwen3_moe", "olmoe",
+                                 "glm4_moe", "deepseek_v3", "gpt_oss"};
 
 // The fixtures of data/ that transformers builds but moefit refuses.
 // Glm4MoeConfig() has no head_dim, so its attention takes hidden / heads =
@@ -110,6 +111,8 @@ const char *RouterName(mf_router_kind r) {
       return "softmax";
     case MF_ROUTER_SIGMOID_GROUP:
       return "sigmoid_group";
+    case MF_ROUTER_TOPK_SOFTMAX:
+      return "topk_softmax";
   }
   return "?";
 }
@@ -191,9 +194,8 @@ void ExpectSpecMatches(const mf_model_spec &s, json_t *e, const std::string &wha
   EXPECT_EQ(s.v_head_dim, I("v_head_dim")) << what;
   EXPECT_EQ(!!s.rope_interleave, B("rope_interleave")) << what;
   // rope_scaling yarn. expected.json's neutral factor is 1.0 (yarn with factor 1
-  // is plain RoPE), the spec's is 0; the other terms are 0 in both without it.
-  // With it, truncate is true: make_hf_configs.py's fixtures have no truncate
-  // key (resolve() asserts so), and transformers' default is true.
+  // is plain RoPE), the spec's is 0; the other terms are 0 in both without it,
+  // and truncate (expected.json's true without yarn) is not read then.
   const double yarn = D("yarn_factor");
   EXPECT_EQ(s.yarn_factor, yarn == 1.0 ? 0.0 : yarn) << what;
   EXPECT_EQ(s.yarn_original_max, I("yarn_original_max")) << what;
@@ -202,9 +204,25 @@ void ExpectSpecMatches(const mf_model_spec &s, json_t *e, const std::string &wha
   EXPECT_EQ(s.yarn_mscale, D("yarn_mscale")) << what;
   EXPECT_EQ(s.yarn_mscale_all_dim, D("yarn_mscale_all_dim")) << what;
   if (yarn != 1.0) {
-    EXPECT_TRUE(s.yarn_truncate) << what;
+    EXPECT_EQ(!!s.yarn_truncate, B("yarn_truncate")) << what;
   }
-  EXPECT_EQ(json_object_size(e), 44u) << what << ": expected.json has keys this test does not compare";
+  // gpt_oss's (off, 0 or [] elsewhere in both): sinks, the o_proj, router and
+  // expert biases, the clamped SwiGLU's constants, the sliding-window layers.
+  const bool clamped = mf_model_spec_swiglu_clamped(&s);
+  EXPECT_EQ(!!mf_model_spec_has_sinks(&s), B("attn_sinks")) << what;
+  EXPECT_EQ(!!s.o_bias, B("o_bias")) << what;
+  EXPECT_EQ(s.router == MF_ROUTER_TOPK_SOFTMAX, B("router_bias")) << what;
+  EXPECT_EQ(clamped, B("expert_bias")) << what;
+  EXPECT_EQ(clamped ? MF_GPT_OSS_SWIGLU_LIMIT : 0.0, D("swiglu_limit")) << what;
+  EXPECT_EQ(clamped ? MF_GPT_OSS_SWIGLU_ALPHA : 0.0, D("swiglu_alpha")) << what;
+  EXPECT_EQ(s.sliding_window, I("sliding_window")) << what;
+  std::vector<int64_t> sliding;
+  for (int64_t l = 0; l < s.layers; l++) {
+    if (s.sliding_layers[l]) sliding.push_back(l);
+    EXPECT_EQ(mf_model_spec_window(&s, l), s.sliding_layers[l] ? s.sliding_window : 0) << what << " " << l;
+  }
+  EXPECT_EQ(sliding, L("sliding_layers")) << what;
+  EXPECT_EQ(json_object_size(e), 53u) << what << ": expected.json has keys this test does not compare";
 }
 
 void ExpectSpecEq(const mf_model_spec &a, const mf_model_spec &b, const std::string &what) {
@@ -250,6 +268,10 @@ void ExpectSpecEq(const mf_model_spec &a, const mf_model_spec &b, const std::str
   EXPECT_EQ(a.yarn_mscale, b.yarn_mscale) << what;
   EXPECT_EQ(a.yarn_mscale_all_dim, b.yarn_mscale_all_dim) << what;
   EXPECT_EQ(!!a.yarn_truncate, !!b.yarn_truncate) << what;
+  EXPECT_EQ(!!a.o_bias, !!b.o_bias) << what;
+  EXPECT_EQ(a.sliding_window, b.sliding_window) << what;
+  for (int64_t l = 0; l < a.layers && l < MF_MAX_LAYERS; l++)
+    EXPECT_EQ(!!a.sliding_layers[l], !!b.sliding_layers[l]) << what << " layer " << l;
   ASSERT_EQ(a.n_mlp_only, b.n_mlp_only) << what;
   for (int64_t i = 0; i < a.n_mlp_only; i++) EXPECT_EQ(a.mlp_only_layers[i], b.mlp_only_layers[i]) << what;
 }
@@ -283,7 +305,7 @@ TEST(HfConfigLoad, EveryFixtureLoadsToWhatTransformersResolved) {
   EXPECT_STREQ(json_string_value(json_object_get(expected.j, "transformers_version")),
                MF_HF_TRANSFORMERS_VERSION);
   json_t *configs = json_object_get(expected.j, "configs");
-  ASSERT_EQ(json_object_size(configs), 22u);  // 6 families x default, tiny; 10 hub
+  ASSERT_EQ(json_object_size(configs), 26u);  // 7 families x default, tiny; 12 hub
   const char *name;
   json_t *e;
   int refused = 0;
@@ -381,6 +403,9 @@ TEST(HfConfigLoad, KeyValueHeadsFollowEachFamilysRule) {
       // with 16 heads transformers' eager attention has 16 // 128 = 0 kv groups and
       // fails; its sdpa path without a mask runs one key and value per head, as here.)
       {"deepseek_v3", false, false, 16},
+      // GptOssConfig: None means heads (its backward-compatibility rule); its default is 8.
+      {"gpt_oss", false, false, 8},
+      {"gpt_oss", true, true, 16},
   };
   for (const Case &c : cases) {
     std::string text = Edited(c.fam, [&](json_t *j) {
@@ -741,6 +766,145 @@ TEST(HfConfigLoad, AcceptsWhatDoesNotChangeTheMaths) {
          json_object_set_new(j, "topk_group", json_integer(1));
        },
        [](const mf_model_spec &s) { EXPECT_EQ(s.n_group, 1); }},
+      // gpt_oss. The tiny fixture: head_dim 16 (hidden / heads is 8), window 4 on
+      // layers 1 and 2, YaRN factor 4 over 128 with betas 16 / 2 and truncate false;
+      // q/k/v and o biases, sinks, the router's and the experts' biases (the family's).
+      {"oss_tiny", "gpt_oss", [](json_t *) {},
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.family, MF_FAMILY_GPT_OSS);
+         EXPECT_EQ(s.head_dim, 16);
+         EXPECT_EQ(s.kv_heads, 2);
+         EXPECT_EQ(s.experts, 8);
+         EXPECT_EQ(s.expert_ffn, 16);
+         EXPECT_EQ(s.dense_ffn, 0);
+         EXPECT_EQ(s.router, MF_ROUTER_TOPK_SOFTMAX);
+         EXPECT_EQ(s.router_aux_loss_coef, 0.05);
+         EXPECT_EQ(s.norm_topk_prob, 1);
+         EXPECT_EQ(s.qkv_bias, 1);
+         EXPECT_EQ(s.o_bias, 1);
+         EXPECT_TRUE(mf_model_spec_has_sinks(&s));
+         EXPECT_TRUE(mf_model_spec_swiglu_clamped(&s));
+         EXPECT_EQ(s.sliding_window, 4);
+         const int64_t window[] = {0, 4, 4, 0};
+         for (int64_t l = 0; l < 4; l++) {
+           EXPECT_TRUE(mf_model_spec_layer_is_moe(&s, l)) << l;
+           EXPECT_EQ(mf_model_spec_window(&s, l), window[l]) << l;
+         }
+         EXPECT_EQ(s.yarn_factor, 4.0);
+         EXPECT_EQ(s.yarn_original_max, 128);
+         EXPECT_EQ(s.yarn_beta_fast, 16.0);
+         EXPECT_EQ(s.yarn_beta_slow, 2.0);
+         EXPECT_EQ(s.yarn_mscale, 0.0);
+         EXPECT_EQ(s.yarn_truncate, 0);
+         EXPECT_EQ(s.rope_interleave, 0);  // _apply_rotary_emb rotates halves
+         // GptOssAttention.scaling (head_dim^-0.5) and the rotary embedding's attention_scaling
+         EXPECT_EQ(mf_model_spec_attn_scale(&s), 0.25);
+         EXPECT_DOUBLE_EQ(mf_model_spec_yarn_attention_factor(&s), 0.1 * std::log(4.0) + 1);
+       }},
+      // Absent or null layer_types: GptOssConfig's, sliding on the even layers.
+      {"oss_layer_types_absent", "gpt_oss", [](json_t *j) { json_object_del(j, "layer_types"); },
+       [](const mf_model_spec &s) {
+         for (int64_t l = 0; l < 4; l++) EXPECT_EQ(mf_model_spec_window(&s, l), l % 2 == 0 ? 4 : 0) << l;
+       }},
+      {"oss_layer_types_null", "gpt_oss",
+       [](json_t *j) { json_object_set_new(j, "layer_types", json_null()); },
+       [](const mf_model_spec &s) {
+         for (int64_t l = 0; l < 4; l++) EXPECT_EQ(s.sliding_layers[l], l % 2 == 0) << l;
+       }},
+      {"oss_all_full", "gpt_oss",
+       [](json_t *j) {
+         json_object_set_new(
+             j, "layer_types",
+             json_pack("[s,s,s,s]", "full_attention", "full_attention", "full_attention", "full_attention"));
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.sliding_window, 4);  // set, though no layer uses it
+         for (int64_t l = 0; l < 4; l++) EXPECT_EQ(mf_model_spec_window(&s, l), 0) << l;
+       }},
+      {"oss_sliding_window_absent", "gpt_oss", [](json_t *j) { json_object_del(j, "sliding_window"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.sliding_window, 128); }},  // GptOssConfig's
+      // attention_bias false drops the q/k/v and the o biases (GptOssConfig sets true; the file overrides it)
+      {"oss_no_attention_bias", "gpt_oss",
+       [](json_t *j) { json_object_set_new(j, "attention_bias", json_false()); },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.qkv_bias, 0);
+         EXPECT_EQ(s.o_bias, 0);
+       }},
+      {"oss_attention_bias_absent", "gpt_oss", [](json_t *j) { json_object_del(j, "attention_bias"); },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.qkv_bias, 1);
+         EXPECT_EQ(s.o_bias, 1);
+       }},
+      // head_dim: absent is GptOssConfig's 64, null hidden_size // num_attention_heads
+      {"oss_head_dim_absent", "gpt_oss", [](json_t *j) { json_object_del(j, "head_dim"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.head_dim, 64); }},
+      {"oss_head_dim_null", "gpt_oss", [](json_t *j) { json_object_set_new(j, "head_dim", json_null()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.head_dim, 8); }},
+      {"oss_rope_scaling_null", "gpt_oss",
+       [](json_t *j) { json_object_set_new(j, "rope_scaling", json_null()); },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_factor, 0.0);
+         EXPECT_EQ(s.yarn_original_max, 0);
+         EXPECT_EQ(mf_model_spec_yarn_attention_factor(&s), 1.0);
+       }},
+      // absent: GptOssConfig's own yarn (factor 32 over 4096, betas 32 / 1, truncate false)
+      {"oss_rope_scaling_absent", "gpt_oss", [](json_t *j) { json_object_del(j, "rope_scaling"); },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_factor, 32.0);
+         EXPECT_EQ(s.yarn_original_max, 4096);
+         EXPECT_EQ(s.yarn_beta_fast, 32.0);
+         EXPECT_EQ(s.yarn_beta_slow, 1.0);
+         EXPECT_EQ(s.yarn_truncate, 0);
+       }},
+      // a rope_scaling without truncate: _compute_yarn_parameters' default, true
+      {"oss_yarn_no_truncate", "gpt_oss",
+       [](json_t *j) { json_object_del(json_object_get(j, "rope_scaling"), "truncate"); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.yarn_truncate, 1); }},
+      {"oss_yarn_old_type", "gpt_oss",
+       [](json_t *j) {
+         json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:f}", "type", "yarn", "factor", 8.0));
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.yarn_factor, 8.0);
+         EXPECT_EQ(s.yarn_original_max, 512);  // max_position_embeddings
+       }},
+      {"oss_kv_heads_null", "gpt_oss",
+       [](json_t *j) { json_object_set_new(j, "num_key_value_heads", json_null()); },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.kv_heads, 4); }},
+      // The hub files' keys transformers does not read (swiglu_limit: its constant 7),
+      // output_router_logits (the loss follows router_aux_loss_coef), other families' names.
+      {"oss_keys_not_read", "gpt_oss",
+       [](json_t *j) {
+         json_object_set_new(j, "swiglu_limit", json_real(7.0));
+         json_object_set_new(j, "experts_per_token", json_integer(3));
+         json_object_set_new(j, "initial_context_length", json_integer(4096));
+         json_object_set_new(j, "output_router_logits", json_true());
+         json_object_set_new(j, "num_experts", json_integer(99));
+         json_object_set_new(j, "n_routed_experts", json_integer(99));
+         json_object_set_new(j, "norm_topk_prob", json_false());
+         json_object_set_new(j, "qkv_bias", json_false());
+         json_object_set_new(j, "use_sliding_window", json_true());
+         json_object_set_new(j, "eos_token_id", json_integer(200002));
+         json_object_set_new(j, "pad_token_id", json_integer(199999));
+       },
+       [](const mf_model_spec &s) {
+         EXPECT_EQ(s.top_k, 2);
+         EXPECT_EQ(s.experts, 8);
+         EXPECT_EQ(s.norm_topk_prob, 1);
+         EXPECT_EQ(s.qkv_bias, 1);
+         EXPECT_EQ(s.router_aux_loss_coef, 0.05);
+       }},
+      {"oss_swiglu_limit_int", "gpt_oss",
+       [](json_t *j) { json_object_set_new(j, "swiglu_limit", json_integer(7)); },
+       [](const mf_model_spec &s) { EXPECT_TRUE(mf_model_spec_swiglu_clamped(&s)); }},
+      {"oss_mxfp4", "gpt_oss",
+       [](json_t *j) {
+         json_object_set_new(
+             j, "quantization_config",
+             json_pack("{s:s, s:[s,s], s:b}", "quant_method", "mxfp4", "modules_to_not_convert",
+                       "model.layers.*.self_attn", "lm_head", "dequantize", 0));
+       },
+       [](const mf_model_spec &s) { EXPECT_EQ(s.hidden, 32); }},
   };
   for (const Case &c : cases) {
     std::string path = WriteTmp(std::string("ok_") + c.name + ".json", Edited(c.fam, c.edit));
@@ -1436,6 +1600,131 @@ std::vector<Bad> BadCases() {
            json_pack("{s:s, s:[i,i]}", "quant_method", "fp8", "weight_block_size", 64, 64)),
        MF_ERR_UNSUPPORTED,
        {"quantization_config.weight_block_size", "[64, 64]"}},
+      // gpt_oss: layer_types one "sliding_attention" / "full_attention" a layer
+      // (GptOssModel has a mask for those two only)
+      {"oss_layer_types_other_type",
+       set("gpt_oss", "layer_types",
+           json_pack("[s,s,s,s]", "full_attention", "chunked_attention", "sliding_attention",
+                     "full_attention")),
+       MF_ERR_FORMAT,
+       {"layer_types[1]", "'chunked_attention'", "sliding_attention"}},
+      {"oss_layer_types_not_string",
+       set("gpt_oss", "layer_types",
+           json_pack("[s,s,i,s]", "full_attention", "full_attention", 1, "full_attention")),
+       MF_ERR_FORMAT,
+       {"layer_types[2]", "expected a string, got an integer"}},
+      {"oss_layer_types_too_short",
+       set("gpt_oss", "layer_types",
+           json_pack("[s,s,s]", "full_attention", "sliding_attention", "full_attention")),
+       MF_ERR_FORMAT,
+       {"layer_types", "3 entries", "num_hidden_layers is 4"}},
+      {"oss_layer_types_too_long",
+       set("gpt_oss", "layer_types",
+           json_pack("[s,s,s,s,s]", "full_attention", "sliding_attention", "full_attention", "full_attention",
+                     "full_attention")),
+       MF_ERR_FORMAT,
+       {"layer_types", "5 entries"}},
+      {"oss_layer_types_not_array",
+       set("gpt_oss", "layer_types", json_string("sliding_attention")),
+       MF_ERR_FORMAT,
+       {"layer_types", "expected an array", "a string"}},
+      // transformers builds the sliding-window mask always and raises on a null window
+      {"oss_sliding_window_null",
+       set("gpt_oss", "sliding_window", json_null()),
+       MF_ERR_FORMAT,
+       {"sliding_window", "null"}},
+      {"oss_sliding_window_zero",
+       set("gpt_oss", "sliding_window", json_integer(0)),
+       MF_ERR_FORMAT,
+       {"sliding_window", "0 is out of range"}},
+      {"oss_sliding_window_string",
+       set("gpt_oss", "sliding_window", json_string("128")),
+       MF_ERR_FORMAT,
+       {"sliding_window", "expected an integer, got a string"}},
+      {"oss_attention_bias_int",
+       set("gpt_oss", "attention_bias", json_integer(1)),
+       MF_ERR_FORMAT,
+       {"attention_bias", "true or false", "an integer"}},
+      {"oss_attention_bias_string",
+       set("gpt_oss", "attention_bias", json_string("false")),
+       MF_ERR_FORMAT,
+       {"attention_bias", "true or false"}},
+      // GptOssExperts' limit is the constant 7: a file saying otherwise is not the model trained
+      {"oss_swiglu_limit_other",
+       set("gpt_oss", "swiglu_limit", json_real(10.0)),
+       MF_ERR_UNSUPPORTED,
+       {"swiglu_limit", "10", "ignores", "7"}},
+      {"oss_swiglu_limit_string",
+       set("gpt_oss", "swiglu_limit", json_string("7.0")),
+       MF_ERR_FORMAT,
+       {"swiglu_limit", "expected a number"}},
+      {"oss_swiglu_limit_null",
+       set("gpt_oss", "swiglu_limit", json_null()),
+       MF_ERR_FORMAT,
+       {"swiglu_limit", "expected a number"}},
+      {"oss_missing_num_local_experts",
+       del("gpt_oss", "num_local_experts"),
+       MF_ERR_FORMAT,
+       {"num_local_experts", "missing"}},
+      {"oss_missing_intermediate_size",
+       del("gpt_oss", "intermediate_size"),
+       MF_ERR_FORMAT,
+       {"intermediate_size", "missing"}},
+      {"oss_top_k_above_experts",
+       set("gpt_oss", "num_experts_per_tok", json_integer(9)),
+       MF_ERR_FORMAT,
+       {"num_experts_per_tok", "num_local_experts (8)"}},
+      {"oss_head_dim_odd", set("gpt_oss", "head_dim", json_integer(15)), MF_ERR_FORMAT, {"head_dim", "odd"}},
+      {"oss_head_dim_zero", set("gpt_oss", "head_dim", json_integer(0)), MF_ERR_FORMAT, {"head_dim"}},
+      {"oss_hidden_act_gelu",
+       set("gpt_oss", "hidden_act", json_string("gelu")),
+       MF_ERR_UNSUPPORTED,
+       {"hidden_act", "gelu"}},
+      {"oss_partial_rotary",
+       set("gpt_oss", "partial_rotary_factor", json_real(0.5)),
+       MF_ERR_UNSUPPORTED,
+       {"partial_rotary_factor"}},
+      {"oss_rope_scaling_linear",
+       set("gpt_oss", "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "linear", "factor", 2.0)),
+       MF_ERR_UNSUPPORTED,
+       {"rope_scaling", "'linear'", "gpt_oss"}},
+      {"oss_yarn_factor_one",
+       set("gpt_oss", "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "yarn", "factor", 1.0)),
+       MF_ERR_FORMAT,
+       {"rope_scaling.factor", "above 1"}},
+      {"oss_yarn_truncate_string",
+       set("gpt_oss", "rope_scaling",
+           json_pack("{s:s, s:f, s:s}", "rope_type", "yarn", "factor", 4.0, "truncate", "false")),
+       MF_ERR_FORMAT,
+       {"rope_scaling.truncate", "true or false"}},
+      {"oss_kv_heads_not_dividing",
+       set("gpt_oss", "num_key_value_heads", json_integer(3)),
+       MF_ERR_FORMAT,
+       {"num_key_value_heads", "3"}},
+      {"oss_model_type_mismatch",
+       set("gpt_oss", "model_type", json_string("mixtral")),
+       MF_ERR_FORMAT,
+       {"model_type", "mixtral", "GptOssForCausalLM"}},
+      // mxfp4 is gpt-oss's experts' layout, read for gpt_oss alone
+      {"mxfp4_on_qwen3",
+       set("qwen3_moe", "quantization_config", json_pack("{s:s}", "quant_method", "mxfp4")),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config.quant_method", "'mxfp4'", "gpt_oss only", "qwen3_moe"}},
+      {"mxfp4_on_mixtral",
+       set("mixtral", "quantization_config",
+           json_pack("{s:s, s:[s]}", "quant_method", "mxfp4", "modules_to_not_convert", "lm_head")),
+       MF_ERR_UNSUPPORTED,
+       {"quantization_config.quant_method", "'mxfp4'", "mixtral"}},
+      {"oss_mxfp4_modules_not_list",
+       set("gpt_oss", "quantization_config",
+           json_pack("{s:s, s:s}", "quant_method", "mxfp4", "modules_to_not_convert", "lm_head")),
+       MF_ERR_FORMAT,
+       {"quantization_config.modules_to_not_convert", "expected an array"}},
+      {"oss_mxfp4_modules_not_strings",
+       set("gpt_oss", "quantization_config",
+           json_pack("{s:s, s:[s,i]}", "quant_method", "mxfp4", "modules_to_not_convert", "lm_head", 3)),
+       MF_ERR_FORMAT,
+       {"quantization_config.modules_to_not_convert"}},
   };
 }
 
@@ -1562,6 +1851,21 @@ TEST(HfConfigWrite, VariantsRoundTrip) {
   s.first_dense = 0, s.dense_ffn = 0, s.norm_topk_prob = 0, s.routed_scaling = 2.446, s.tie_embeddings = 1;
   s.qk_nope_dim = 0, s.qk_rope_dim = 32, s.head_dim = 32, s.v_head_dim = 64, s.kv_lora_rank = 1;
   specs.push_back(s);
+  mf_model_spec_defaults(MF_FAMILY_GPT_OSS, &s);  // gpt-oss-120b's shape
+  specs.push_back(s);
+  // gpt-oss-20b's; then no attention biases, plain RoPE, tied, sliding layers that do not alternate
+  s.layers = 24, s.experts = 32;
+  specs.push_back(s);
+  s.qkv_bias = 0, s.o_bias = 0, s.yarn_factor = 0, s.yarn_original_max = 0, s.yarn_beta_fast = 0;
+  s.yarn_beta_slow = 0, s.yarn_truncate = 0, s.tie_embeddings = 1, s.sliding_window = 1, s.head_dim = 48;
+  for (int64_t l = 0; l < s.layers; l++) s.sliding_layers[l] = l >= 20;
+  specs.push_back(s);
+  // every layer full (the window set all the same), YaRN with mscale terms and truncate true
+  mf_model_spec_defaults(MF_FAMILY_GPT_OSS, &s);
+  s.layers = 3, s.router_aux_loss_coef = 0, s.yarn_mscale = 0.5, s.yarn_mscale_all_dim = 0.25;
+  s.yarn_truncate = 1, s.yarn_beta_fast = 8, s.yarn_factor = 2.5;
+  for (int64_t l = 0; l < MF_MAX_LAYERS; l++) s.sliding_layers[l] = 0;
+  specs.push_back(s);
   for (size_t i = 0; i < specs.size(); i++) {
     std::string path = TmpDir() + "/variant_" + std::to_string(i) + ".json";
     ASSERT_EQ(mf_hf_config_write(&specs[i], path.c_str()), MF_OK) << i << ": " << mf_last_error();
@@ -1679,6 +1983,55 @@ TEST(HfConfigWrite, DeepseekV3Keys) {
   EXPECT_STREQ(gen,
                "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": 0,\n  \"eos_token_id\": 1,\n"
                "  \"transformers_version\": \"" MF_HF_TRANSFORMERS_VERSION "\"\n}\n");
+  free(gen);
+}
+
+// gpt_oss: the keys GptOssConfig declares (head_dim, since its default 64 is not
+// hidden / heads; attention_bias, since it sets true; sliding_window and
+// layer_types always), rope_scaling as GptOssConfig writes it (rope_type only,
+// no mscale terms at 0, truncate when false), router_aux_loss_coef; not another
+// family's keys nor the hub files' swiglu_limit. generation_config.json as
+// GenerationConfig.from_model_config writes it for GptOssConfig (no token ids;
+// checked with 4.57.6).
+TEST(HfConfigWrite, GptOssKeys) {
+  mf_model_spec s{};
+  mf_model_spec_defaults(MF_FAMILY_GPT_OSS, &s);
+  char *text = nullptr;
+  ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_BF16, &text), MF_OK) << mf_last_error();
+  std::string t = text;
+  free(text);
+  for (const char *want :
+       {"\"architectures\": [\n    \"GptOssForCausalLM\"\n  ],", "\"model_type\": \"gpt_oss\"",
+        "\"head_dim\": 64,", "\"intermediate_size\": 2880,", "\"num_local_experts\": 128,",
+        "\"num_experts_per_tok\": 4,", "\"num_key_value_heads\": 8,", "\"attention_bias\": true,",
+        "\"sliding_window\": 128,", "\"router_aux_loss_coef\": 0.9,", "\"rope_theta\": 150000.0,",
+        "\"layer_types\": [\n    \"sliding_attention\",\n    \"full_attention\",\n    \"sliding_attention\",",
+        "\"rope_scaling\": {\n    \"beta_fast\": 32.0,\n    \"beta_slow\": 1.0,\n    \"factor\": 32.0,\n"
+        "    \"original_max_position_embeddings\": 4096,\n    \"rope_type\": \"yarn\",\n    \"truncate\": "
+        "false\n  },",
+        "\"torch_dtype\": \"bfloat16\""})
+    EXPECT_NE(t.find(want), std::string::npos) << want << " not in:\n" << t;
+  for (const char *absent :
+       {"swiglu_limit", "experts_per_token", "\"num_experts\"", "n_routed_experts", "moe_intermediate_size",
+        "mlp_only_layers", "decoder_sparse_step", "qkv_bias", "norm_topk_prob", "clip_qkv",
+        "use_sliding_window", "mscale", "\"type\"", "quantization_config"})
+    EXPECT_EQ(t.find(absent), std::string::npos) << absent << " in:\n" << t;
+  size_t n = 0;
+  for (size_t at = t.find("_attention\""); at != std::string::npos; at = t.find("_attention\"", at + 1)) n++;
+  EXPECT_EQ(n, 36u) << "one layer type a layer";
+
+  s.yarn_factor = 0, s.qkv_bias = 0, s.o_bias = 0;  // plain RoPE: null, not absent (GptOssConfig's yarn)
+  ASSERT_EQ(mf_hf_config_format(&s, MF_DTYPE_F32, &text), MF_OK) << mf_last_error();
+  t = text;
+  free(text);
+  for (const char *want : {"\"rope_scaling\": null,", "\"attention_bias\": false,"})
+    EXPECT_NE(t.find(want), std::string::npos) << want << " not in:\n" << t;
+
+  char *gen = nullptr;
+  ASSERT_EQ(mf_hf_generation_config_format(&s, &gen), MF_OK) << mf_last_error();
+  EXPECT_STREQ(gen,
+               "{\n  \"_from_model_config\": true,\n  \"transformers_version\": \"" MF_HF_TRANSFORMERS_VERSION
+               "\"\n}\n");
   free(gen);
 }
 
@@ -1817,6 +2170,42 @@ TEST(HfConfigWrite, FailuresLeaveTheOldFile) {
        MF_ERR_UNSUPPORTED, "latent attention"},
       {"qwen2_rope_interleave", MF_FAMILY_QWEN2_MOE, [](mf_model_spec &x) { x.rope_interleave = 1; },
        MF_ERR_UNSUPPORTED, "only deepseek_v3"},
+      // What a gpt_oss config.json cannot say, and gpt_oss's fields elsewhere.
+      {"oss_no_renormalising", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.norm_topk_prob = 0; },
+       MF_ERR_UNSUPPORTED, "norm_topk_prob"},
+      {"oss_window_zero_no_sliding_layer", MF_FAMILY_GPT_OSS,
+       [](mf_model_spec &x) {
+         x.sliding_window = 0;
+         for (int64_t l = 0; l < x.layers; l++) x.sliding_layers[l] = 0;
+       },
+       MF_ERR_UNSUPPORTED, "sliding_window"},
+      {"oss_window_zero", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.sliding_window = 0; }, MF_ERR_CONFIG,
+       "sliding_window 0"},
+      {"oss_qkv_bias_without_o", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.o_bias = 0; }, MF_ERR_CONFIG,
+       "attention_bias"},
+      {"oss_dense_ffn", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.dense_ffn = 64; }, MF_ERR_UNSUPPORTED,
+       "dense_ffn"},
+      {"oss_mlp_only", MF_FAMILY_GPT_OSS,
+       [](mf_model_spec &x) { x.n_mlp_only = 1, x.mlp_only_layers[0] = 0; }, MF_ERR_UNSUPPORTED,
+       "mlp_only_layers"},
+      {"oss_shared_expert", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.shared_ffn = 64; }, MF_ERR_CONFIG,
+       "shared expert"},
+      {"oss_qk_norm", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.qk_norm = MF_QK_NORM_PER_HEAD; },
+       MF_ERR_CONFIG, "q/k norm"},
+      {"oss_softmax_router", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.router = MF_ROUTER_SOFTMAX; },
+       MF_ERR_CONFIG, "router"},
+      {"oss_jitter", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.router_jitter = 0.1; }, MF_ERR_UNSUPPORTED,
+       "router_jitter"},
+      {"oss_latent", MF_FAMILY_GPT_OSS, [](mf_model_spec &x) { x.kv_lora_rank = 16; }, MF_ERR_UNSUPPORTED,
+       "latent attention"},
+      {"mixtral_o_bias", MF_FAMILY_MIXTRAL, [](mf_model_spec &x) { x.o_bias = 1; }, MF_ERR_CONFIG,
+       "o_proj bias"},
+      {"qwen3_sliding_layer", MF_FAMILY_QWEN3_MOE, [](mf_model_spec &x) { x.sliding_layers[0] = 1; },
+       MF_ERR_CONFIG, "sliding-window"},
+      {"glm_sliding_window", MF_FAMILY_GLM4_MOE, [](mf_model_spec &x) { x.sliding_window = 128; },
+       MF_ERR_CONFIG, "sliding-window"},
+      {"olmoe_topk_softmax_router", MF_FAMILY_OLMOE,
+       [](mf_model_spec &x) { x.router = MF_ROUTER_TOPK_SOFTMAX; }, MF_ERR_CONFIG, "router"},
   };
   for (const Refused &r : refused) {
     mf_model_spec_defaults(r.family, &s);
@@ -1840,6 +2229,7 @@ TEST(HfConfigWrite, FailuresLeaveTheOldFile) {
 int64_t TensorSum(const mf_model_spec &s) {
   const int64_t H = s.hidden, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
   const bool ds = s.family == MF_FAMILY_DEEPSEEK_V3, group = ds || s.family == MF_FAMILY_GLM4_MOE;
+  const bool oss = s.family == MF_FAMILY_GPT_OSS;
   int64_t n = s.vocab * H;  // model.embed_tokens
   for (int64_t l = 0; l < s.layers; l++) {
     if (ds) {  // DeepseekV3Attention
@@ -1857,14 +2247,17 @@ int64_t TensorSum(const mf_model_spec &s) {
     } else {
       n += q * H + kv * H + kv * H + H * q;  // self_attn.{q,k,v,o}_proj.weight
     }
-    if (s.qkv_bias) n += q + kv + kv;  // {q,k,v}_proj.bias
+    if (s.qkv_bias) n += q + kv + kv;            // {q,k,v}_proj.bias
+    if (oss) n += (s.o_bias ? H : 0) + s.heads;  // o_proj.bias, self_attn.sinks
     if (s.qk_norm == MF_QK_NORM_PER_HEAD) n += 2 * s.head_dim;
     if (s.qk_norm == MF_QK_NORM_FULL) n += q + kv;
     n += 2 * H;  // input_layernorm, post_attention_layernorm
     if (mf_model_spec_layer_is_moe(&s, l)) {
-      n += s.experts * H;                                                 // mlp.gate
+      n += s.experts * H;                                                 // mlp.gate / mlp.router.weight
       if (group) n += s.experts;                                          // mlp.gate.e_score_correction_bias
+      if (oss) n += s.experts;                                            // mlp.router.bias
       for (int64_t e = 0; e < s.experts; e++) n += 3 * s.expert_ffn * H;  // w1 w3 w2 / gate up down
+      if (oss) n += s.experts * (2 * s.expert_ffn + H);                   // gate_up_proj_bias, down_proj_bias
       if (s.shared_ffn && s.family == MF_FAMILY_QWEN2_MOE)
         n += 3 * s.shared_ffn * H + H;                       // shared_expert.*, shared_expert_gate
       if (s.shared_ffn && group) n += 3 * s.shared_ffn * H;  // shared_experts.*
@@ -2122,6 +2515,98 @@ TEST(HfConfigLoad, DeepseekV3HubConfigs) {
     EXPECT_EQ(s.experts, 64) << file;
     EXPECT_EQ(s.top_k, 6) << file;
     EXPECT_EQ(mf_model_spec_attn_scale(&s), 1 / std::sqrt(192.0)) << file;
+  }
+}
+
+// gpt-oss-20b and gpt-oss-120b exactly as transformers 4.57.6 builds them from the
+// hub-shaped config.json (data/gpt_oss_{20b,120b}_hub.json, quantization_config
+// dropped: MXFP4 stores the same tensors), from
+//   with torch.device("meta"): m = GptOssForCausalLM(GptOssConfig(**config_json))
+//   sum(p.numel() for p in m.parameters())
+// (no buffer but the rotary inv_freq). Per layer: q/k/v/o with their biases, a sink
+// per head, the two norms, the router [E, H] with its bias, and E experts of
+// 3 x H x I plus their gate_up (2I) and down (H) biases: 24,891,840 each at
+// H = I = 2880. Active: less the embedding and the E - 4 experts not chosen in
+// each layer. OpenAI's model card states 116.83B total / 5.13B active and
+// 20.91B / 3.61B: the same figures rounded (its active counts the unembedding,
+// not the embedding, as ours does).
+TEST(ModelSpecParamCount, GptOssAsTransformersBuildsIt) {
+  struct Row {
+    const char *name, *file;
+    int64_t layers, experts;
+    int64_t total, active;          // transformers' build (above)
+    int64_t total_10m, active_10m;  // the model card's, in units of 10M
+  } rows[] = {
+      {"gpt-oss-20b", "gpt_oss_20b_hub.json", 24, 32, 20914757184, 3608307264, 2091, 361},
+      {"gpt-oss-120b", "gpt_oss_120b_hub.json", 36, 128, 116829156672, 5132849472, 11683, 513},
+  };
+  for (const Row &r : rows) {
+    mf_model_spec s = LoadOk(DataPath(r.file));
+    EXPECT_EQ(s.layers, r.layers) << r.name;
+    EXPECT_EQ(s.experts, r.experts) << r.name;
+    int64_t total = 0, active = 0;
+    mf_model_spec_param_count(&s, &total, &active);
+    EXPECT_EQ(total, r.total) << r.name;
+    EXPECT_EQ(active, r.active) << r.name;
+    EXPECT_EQ(total, TensorSum(s)) << r.name;
+    EXPECT_EQ(std::llround(total / 1e7), r.total_10m) << r.name;
+    EXPECT_EQ(std::llround(active / 1e7), r.active_10m) << r.name;
+  }
+  // GptOssConfig's defaults are gpt-oss-120b's shape.
+  mf_model_spec d{};
+  mf_model_spec_defaults(MF_FAMILY_GPT_OSS, &d);
+  int64_t total = 0, active = 0;
+  mf_model_spec_param_count(&d, &total, &active);
+  EXPECT_EQ(total, 116829156672);
+  EXPECT_EQ(active, 5132849472);
+  // tests/hf_config/data/gpt_oss_tiny.json, the same way.
+  mf_model_spec s = LoadOk(DataPath("gpt_oss_tiny.json"));
+  mf_model_spec_param_count(&s, &total, &active);
+  EXPECT_EQ(total, 84112);
+  EXPECT_EQ(active, 42544);
+}
+
+// The published gpt-oss configs through the loader: the experts shipped in MXFP4
+// (quantization_config mxfp4, read as shipped), 64 query heads of 64 over 8 kv
+// heads, window 128 on the even layers, YaRN factor 32 over 4096 with betas 32 / 1
+// and truncate false (the rotary embedding's attention_scaling 0.1 ln 32 + 1, the
+// softmax's scale 64^-0.5), and swiglu_limit 7 (the constant transformers uses).
+TEST(HfConfigLoad, GptOssHubConfigs) {
+  for (const char *file : {"gpt_oss_20b_hub.json", "gpt_oss_120b_hub.json"}) {
+    mf_model_spec s{};
+    mf_hf_quant q;
+    memset(&q, 0x5a, sizeof q);
+    ASSERT_EQ(mf_hf_config_load_quant(DataPath(file).c_str(), &s, &q), MF_OK) << mf_last_error();
+    EXPECT_EQ(q.kind, MF_QUANT_MXFP4) << file;
+    EXPECT_STREQ(q.method, "mxfp4") << file;
+    EXPECT_EQ(q.nested, 0) << file;
+    EXPECT_EQ(s.family, MF_FAMILY_GPT_OSS) << file;
+    EXPECT_EQ(s.hidden, 2880) << file;
+    EXPECT_EQ(s.heads, 64) << file;
+    EXPECT_EQ(s.kv_heads, 8) << file;
+    EXPECT_EQ(s.head_dim, 64) << file;
+    EXPECT_EQ(s.expert_ffn, 2880) << file;
+    EXPECT_EQ(s.top_k, 4) << file;
+    EXPECT_EQ(s.vocab, 201088) << file;
+    EXPECT_EQ(s.max_seq, 131072) << file;
+    EXPECT_EQ(s.rope_theta, 150000.0) << file;
+    EXPECT_EQ(s.router_aux_loss_coef, 0.9) << file;
+    EXPECT_EQ(s.qkv_bias, 1) << file;
+    EXPECT_EQ(s.o_bias, 1) << file;
+    EXPECT_EQ(s.tie_embeddings, 0) << file;
+    EXPECT_EQ(s.sliding_window, 128) << file;
+    for (int64_t l = 0; l < s.layers; l++) EXPECT_EQ(mf_model_spec_window(&s, l), l % 2 == 0 ? 128 : 0) << l;
+    EXPECT_EQ(s.yarn_factor, 32.0) << file;
+    EXPECT_EQ(s.yarn_original_max, 4096) << file;
+    EXPECT_EQ(s.yarn_beta_fast, 32.0) << file;
+    EXPECT_EQ(s.yarn_beta_slow, 1.0) << file;
+    EXPECT_EQ(s.yarn_truncate, 0) << file;
+    EXPECT_EQ(mf_model_spec_attn_scale(&s), 0.125) << file;
+    EXPECT_DOUBLE_EQ(mf_model_spec_yarn_attention_factor(&s), 0.1 * std::log(32.0) + 1) << file;
+    // the same spec as the plain reader gives
+    mf_model_spec plain{};
+    ASSERT_EQ(mf_hf_config_load(DataPath(file).c_str(), &plain), MF_OK) << mf_last_error();
+    ExpectSpecEq(plain, s, file);
   }
 }
 

@@ -3,7 +3,8 @@
 // finite differences and a double reference, causality, thread-count
 // invariance, bf16 rounding, edge cases and large scores; and all of it again
 // where the value head dim Dv differs from the query/key head dim D
-// (DeepSeek-V3's latent attention: D 192, Dv 128).
+// (DeepSeek-V3's latent attention: D 192, Dv 128), and with gpt-oss's sliding
+// windows and learned sink logits (and their gradient).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,11 +37,14 @@ struct Shape {
 };
 
 struct Ref {
-  std::vector<double> o, lse, dq, dk, dv;
+  std::vector<double> o, lse, dq, dk, dv, dsinks;
 };
 
 // Naive full-softmax attention in double; the gradients when dout is given.
-Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout, double scale) {
+// window > 0: keys i - window < j <= i only; sinks [Hq]: one more logit per
+// row, in the denominator only (its gradient in dsinks).
+Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout, double scale,
+              int64_t window = 0, const Vec *sinks = nullptr) {
   const int64_t B = sh.B, S = sh.S, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, Dv = sh.dv(), G = Hq / Hkv;
   Ref r;
   r.o.assign(sh.no(), 0.0);
@@ -49,6 +53,7 @@ Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const V
     r.dq.assign(sh.nq(), 0.0);
     r.dk.assign(sh.nkv(), 0.0);
     r.dv.assign(sh.nv(), 0.0);
+    r.dsinks.assign(Hq, 0.0);
   }
   auto qi = [&](int64_t b, int64_t i, int64_t h) { return ((b * S + i) * Hq + h) * D; };
   auto oi = [&](int64_t b, int64_t i, int64_t h) { return ((b * S + i) * Hq + h) * Dv; };
@@ -58,23 +63,27 @@ Ref reference(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const V
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Hq; h++) {
       const int64_t g = h / G;
+      const double sink = sinks ? (double)(*sinks)[h] : -INFINITY;
       for (int64_t i = 0; i < S; i++) {
-        double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; j++) {
+        const int64_t j0 = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+        double mx = sink;
+        for (int64_t j = j0; j <= i; j++) {
           p[j] = mf_kt::ref_dot(q.data() + qi(b, i, h), 1, k.data() + ki(b, j, g), 1, D) * scale;
           mx = std::max(mx, p[j]);
         }
-        double sum = 0;
-        for (int64_t j = 0; j <= i; j++) sum += std::exp(p[j] - mx);
-        r.lse[(b * Hq + h) * S + i] = mx + std::log(sum);
-        for (int64_t j = 0; j <= i; j++) {
+        double sum = sinks ? std::exp(sink - mx) : 0.0;
+        for (int64_t j = j0; j <= i; j++) sum += std::exp(p[j] - mx);
+        const double lse = mx + std::log(sum);
+        r.lse[(b * Hq + h) * S + i] = lse;
+        for (int64_t j = j0; j <= i; j++) {
           p[j] = std::exp(p[j] - mx) / sum;
           for (int64_t d = 0; d < Dv; d++) r.o[oi(b, i, h) + d] += p[j] * v[vi(b, j, g) + d];
         }
         if (!dout) continue;
         double di = 0;
         for (int64_t d = 0; d < Dv; d++) di += (double)(*dout)[oi(b, i, h) + d] * r.o[oi(b, i, h) + d];
-        for (int64_t j = 0; j <= i; j++) {
+        if (sinks) r.dsinks[h] -= std::exp(sink - lse) * di;
+        for (int64_t j = j0; j <= i; j++) {
           const double t = mf_kt::ref_dot(dout->data() + oi(b, i, h), 1, v.data() + vi(b, j, g), 1, Dv);
           const double ds = p[j] * (t - di);
           for (int64_t d = 0; d < D; d++) {
@@ -110,28 +119,33 @@ double err_to_max(const Vec &a, const std::vector<double> &b) {
 }
 
 struct Result {
-  Vec o, lse, dq, dk, dv;
+  Vec o, lse, dq, dk, dv, dsinks;
 };
 
+// window and sinks as the kernels take them; with sinks and dout, dsinks
+// (added into) starts at 0.
 Result run(const Shape &sh, const Vec &q, const Vec &k, const Vec &v, const Vec *dout,
-           mf_threadpool *pool = nullptr, int round_bf16 = 0, float scale = 0.0f) {
+           mf_threadpool *pool = nullptr, int round_bf16 = 0, float scale = 0.0f, int64_t window = 0,
+           const Vec *sinks = nullptr) {
   mf_kctx ctx = {pool, round_bf16};
   if (scale == 0.0f) scale = sh.scale();
+  const float *sk = sinks ? sinks->data() : nullptr;
   Result r;
   r.o.assign(sh.no(), NAN);
   r.lse.assign(sh.nlse(), NAN);
-  EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, scale,
-                            r.o.data(), r.lse.data(), &ctx),
+  EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, window, sk,
+                            scale, r.o.data(), r.lse.data(), &ctx),
             MF_OK)
       << mf_last_error();
   if (dout) {
     r.dq.assign(sh.nq(), NAN);
     r.dk.assign(sh.nkv(), NAN);
     r.dv.assign(sh.nv(), NAN);
-    EXPECT_EQ(
-        mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B, sh.S,
-                        sh.Hq, sh.Hkv, sh.D, sh.Dv, scale, r.dq.data(), r.dk.data(), r.dv.data(), &ctx),
-        MF_OK)
+    if (sinks) r.dsinks.assign(sh.Hq, 0.0f);
+    EXPECT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout->data(), r.lse.data(), sh.B,
+                              sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, window, sk, scale, r.dq.data(), r.dk.data(),
+                              r.dv.data(), sinks ? r.dsinks.data() : nullptr, &ctx),
+              MF_OK)
         << mf_last_error();
   }
   return r;
@@ -147,19 +161,23 @@ const int64_t kHeads[][2] = {{4, 4}, {4, 2}, {8, 1}};
 
 // dq, dk, dv of the backward against central differences of the probe loss
 // L = c . o (c: one coefficient per element of o).
-void check_grads_fd(const Shape &sh, Vec &q, Vec &k, Vec &v, const Vec &c) {
-  Result r = run(sh, q, k, v, &c);
+// With a window and sinks (non-NULL): dsinks too.
+void check_grads_fd(const Shape &sh, Vec &q, Vec &k, Vec &v, const Vec &c, int64_t window = 0,
+                    Vec *sinks = nullptr) {
+  Result r = run(sh, q, k, v, &c, nullptr, 0, 0.0f, window, sinks);
   Vec o(sh.no()), lse(sh.nlse());
   mf_kctx ctx = {nullptr, 0};
   auto loss = [&]() {
-    EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv,
-                              sh.scale(), o.data(), lse.data(), &ctx),
+    EXPECT_EQ(mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, window,
+                              sinks ? sinks->data() : nullptr, sh.scale(), o.data(), lse.data(), &ctx),
               MF_OK);
     return mf_fd::dot(c, o.data());
   };
-  mf_fd::check_grad("dq " + name(sh), q, r.dq, loss);
-  mf_fd::check_grad("dk " + name(sh), k, r.dk, loss);
-  mf_fd::check_grad("dv " + name(sh), v, r.dv, loss);
+  const std::string what = name(sh) + " window " + std::to_string(window) + (sinks ? " sinks" : "");
+  mf_fd::check_grad("dq " + what, q, r.dq, loss);
+  mf_fd::check_grad("dk " + what, k, r.dk, loss);
+  mf_fd::check_grad("dv " + what, v, r.dv, loss);
+  if (sinks) mf_fd::check_grad("dsinks " + what, *sinks, r.dsinks, loss);
 }
 
 TEST(Attention, ForwardAndLseMatchReference) {
@@ -317,7 +335,8 @@ TEST(Attention, RoundBf16OutputsAreRepresentableAndClose) {
   Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nkv());
   mf_kctx ctx = {nullptr, 0};
   ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B, sh.S,
-                            sh.Hq, sh.Hkv, sh.D, sh.Dv, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx),
+                            sh.Hq, sh.Hkv, sh.D, sh.Dv, 0, nullptr, sh.scale(), dq.data(), dk.data(),
+                            dv.data(), nullptr, &ctx),
             MF_OK);
   check("dq", r.dq, dq);
   check("dk", r.dk, dk);
@@ -396,18 +415,18 @@ TEST(Attention, LargeHeadDimsWorkAndTooLargeIsRefused) {
   const int64_t D = 520;
   Vec big(D, 0.5f), o(D, 7.0f), lse(1, 7.0f), g(D);
   mf_kctx ctx = {nullptr, 0};
-  EXPECT_EQ(
-      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 0, 1.0f, o.data(), lse.data(), &ctx),
-      MF_ERR_UNSUPPORTED);
+  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, D, 0, 0, nullptr, 1.0f, o.data(),
+                            lse.data(), &ctx),
+            MF_ERR_UNSUPPORTED);
   EXPECT_NE(std::strstr(mf_last_error(), "D=520"), nullptr) << mf_last_error();
   EXPECT_EQ(o[0], 7.0f);
   EXPECT_EQ(lse[0], 7.0f);
   EXPECT_EQ(mf_cpu_attn_bwd(big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1, 1,
-                            1, D, 0, 1.0f, g.data(), g.data(), g.data(), &ctx),
+                            1, D, 0, 0, nullptr, 1.0f, g.data(), g.data(), g.data(), nullptr, &ctx),
             MF_ERR_UNSUPPORTED);
-  EXPECT_EQ(
-      mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 0, 1.0f, o.data(), lse.data(), &ctx),
-      MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 3, 2, 8, 0, 0, nullptr, 1.0f, o.data(),
+                            lse.data(), &ctx),
+            MF_ERR_INVALID_ARG);
 }
 
 // ------------------------------------------ value head dim Dv != D
@@ -508,7 +527,8 @@ TEST(Attention, ValueHeadDimRoundBf16RoundsEachOutputOnce) {
   Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nv());
   mf_kctx ctx = {nullptr, 0};
   ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), r.o.data(), dout.data(), r.lse.data(), sh.B, sh.S,
-                            sh.Hq, sh.Hkv, sh.D, sh.Dv, sh.scale(), dq.data(), dk.data(), dv.data(), &ctx),
+                            sh.Hq, sh.Hkv, sh.D, sh.Dv, 0, nullptr, sh.scale(), dq.data(), dk.data(),
+                            dv.data(), nullptr, &ctx),
             MF_OK);
   EXPECT_TRUE(mf_kt::rounded_once(r.dq, dq)) << "dq";
   EXPECT_TRUE(mf_kt::rounded_once(r.dk, dk)) << "dk";
@@ -540,19 +560,261 @@ TEST(Attention, ValueHeadDimSingleTokenIsValue) {
 TEST(Attention, ValueHeadDimOutOfRangeIsRefused) {
   Vec big(8 * 520, 0.5f), o(520, 7.0f), lse(1, 7.0f), g(8 * 520);
   mf_kctx ctx = {nullptr, 0};
-  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, 8, 520, 1.0f, o.data(),
-                            lse.data(), &ctx),
+  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, 8, 520, 0, nullptr, 1.0f,
+                            o.data(), lse.data(), &ctx),
             MF_ERR_UNSUPPORTED);
   EXPECT_NE(std::strstr(mf_last_error(), "Dv=520"), nullptr) << mf_last_error();
   EXPECT_EQ(o[0], 7.0f);
   EXPECT_EQ(lse[0], 7.0f);
   EXPECT_EQ(mf_cpu_attn_bwd(big.data(), big.data(), big.data(), big.data(), big.data(), lse.data(), 1, 1, 1,
-                            1, 8, 520, 1.0f, g.data(), g.data(), g.data(), &ctx),
+                            1, 8, 520, 0, nullptr, 1.0f, g.data(), g.data(), g.data(), nullptr, &ctx),
             MF_ERR_UNSUPPORTED);
-  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, 8, -4, 1.0f, o.data(), lse.data(),
-                            &ctx),
+  EXPECT_EQ(mf_cpu_attn_fwd(big.data(), big.data(), big.data(), 1, 1, 1, 1, 8, -4, 0, nullptr, 1.0f, o.data(),
+                            lse.data(), &ctx),
             MF_ERR_INVALID_ARG);
   EXPECT_NE(std::strstr(mf_last_error(), "Dv=-4"), nullptr) << mf_last_error();
+}
+
+// ------------------------------ sliding windows and sink logits (gpt-oss)
+
+// One learned logit per query head, of a few magnitudes: a large one (+5,
+// most of a row's mass), negative ones, some near the scores.
+Vec sinks_for(int64_t Hq) {
+  const float pick[] = {5.0f, -3.0f, 0.5f, -0.25f, 2.0f, -8.0f, 1.0f, 0.0f};
+  Vec s(Hq);
+  for (int64_t h = 0; h < Hq; h++) s[h] = pick[h % 8];
+  return s;
+}
+
+std::string what(const Shape &sh, int64_t window, bool sinks) {
+  return name(sh) + " window=" + std::to_string(window) + (sinks ? " sinks" : "");
+}
+
+// The bounds of the tests above; dsinks is a sum over B*S rows of terms up to
+// |Di|, so its floor is 1e-4.
+void expect_near(const Result &r, const Ref &ref, const std::string &w) {
+  EXPECT_LE(worst(r.o, ref.o, 2e-6, 1e-5), 1.0) << w;
+  EXPECT_LE(worst(r.lse, ref.lse, 2e-6, 1e-6), 1.0) << w;
+  if (r.dq.empty()) return;
+  EXPECT_LE(worst(r.dq, ref.dq, 1e-5, 1e-4), 1.0) << w;
+  EXPECT_LE(worst(r.dk, ref.dk, 1e-5, 1e-4), 1.0) << w;
+  EXPECT_LE(worst(r.dv, ref.dv, 1e-5, 1e-4), 1.0) << w;
+  if (!r.dsinks.empty()) {
+    EXPECT_LE(worst(r.dsinks, ref.dsinks, 1e-4, 1e-4), 1.0) << w;
+  }
+}
+
+void expect_same(const Result &a, const Result &b, const std::string &w) {
+  EXPECT_TRUE(same_bits(a.o, b.o)) << w;
+  EXPECT_TRUE(same_bits(a.lse, b.lse)) << w;
+  EXPECT_TRUE(same_bits(a.dq, b.dq)) << w;
+  EXPECT_TRUE(same_bits(a.dk, b.dk)) << w;
+  EXPECT_TRUE(same_bits(a.dv, b.dv)) << w;
+  EXPECT_TRUE(same_bits(a.dsinks, b.dsinks)) << w;
+}
+
+// Windows of 1 (a row sees itself), 2, 3, past a key tile (64 keys) and at or
+// past S (no key hidden), with and without sinks; GQA; S not a multiple of the
+// tiles, so windows skip several key tiles of the later query blocks.
+TEST(AttentionSinksWindow, MatchReference) {
+  const Shape shapes[] = {
+      {1, 70, 4, 2, 16}, {2, 130, 4, 2, 8}, {1, 130, 2, 1, 64}, {2, 33, 8, 1, 12}, {1, 200, 4, 4, 32}};
+  uint32_t seed = 500;
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+        v = mf_fd::random_vec(sh.nv(), seed++), dout = mf_fd::random_vec(sh.no(), seed++);
+    const Vec sinks = sinks_for(sh.Hq);
+    for (int64_t window :
+         {(int64_t)0, (int64_t)1, (int64_t)2, (int64_t)3, (int64_t)17, (int64_t)65, sh.S - 1, sh.S, sh.S + 7})
+      for (bool with : {false, true}) {
+        if (window == 0 && !with) continue;  // the tests above
+        const Vec *sk = with ? &sinks : nullptr;
+        Result r = run(sh, q, k, v, &dout, nullptr, 0, 0.0f, window, sk);
+        expect_near(r, reference(sh, q, k, v, &dout, sh.scale(), window, sk), what(sh, window, with));
+      }
+  }
+}
+
+// A window with the value head dim Dv != D (its products and masks over Dv).
+TEST(AttentionSinksWindow, ValueHeadDimMatchesReference) {
+  const Shape shapes[] = {{1, 70, 4, 2, 24, 16}, {2, 45, 4, 1, 192, 128}, {1, 130, 2, 1, 16, 40}};
+  uint32_t seed = 600;
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), seed++), k = mf_fd::random_vec(sh.nkv(), seed++),
+        v = mf_fd::random_vec(sh.nv(), seed++), dout = mf_fd::random_vec(sh.no(), seed++);
+    const Vec sinks = sinks_for(sh.Hq);
+    for (int64_t window : {1, 5, 40})
+      for (bool with : {false, true}) {
+        const Vec *sk = with ? &sinks : nullptr;
+        Result r = run(sh, q, k, v, &dout, nullptr, 0, 0.0f, window, sk);
+        expect_near(r, reference(sh, q, k, v, &dout, sh.scale(), window, sk), what(sh, window, with));
+      }
+  }
+}
+
+// dq, dk, dv and dsinks against central differences of L = c . o.
+TEST(AttentionSinksWindow, GradientsMatchFiniteDifferences) {
+  struct C {
+    Shape sh;
+    int64_t window;
+    bool sinks;
+  };
+  const C cases[] = {{{1, 7, 4, 2, 8}, 3, true},     {{1, 70, 4, 2, 8}, 5, true},
+                     {{2, 5, 4, 1, 8, 12}, 2, true}, {{1, 70, 2, 1, 8}, 66, false},
+                     {{1, 9, 4, 2, 8}, 0, true},     {{1, 40, 2, 2, 16, 8}, 1, true},
+                     {{3, 4, 4, 2, 8}, 0, true}};
+  uint32_t seed = 700;
+  for (const C &c : cases) {
+    Vec q = mf_fd::random_vec(c.sh.nq(), seed++), k = mf_fd::random_vec(c.sh.nkv(), seed++),
+        v = mf_fd::random_vec(c.sh.nv(), seed++), co = mf_fd::random_vec(c.sh.no(), seed++);
+    Vec sinks = sinks_for(c.sh.Hq);
+    check_grads_fd(c.sh, q, k, v, co, c.window, c.sinks ? &sinks : nullptr);
+  }
+}
+
+// The thread split and the two SIMD bodies give the same bits with windows
+// and sinks (dsinks included), in both rounding modes.
+TEST(AttentionSinksWindow, BitIdenticalForAnyThreadCountAndSimd) {
+  struct C {
+    Shape sh;
+    int64_t window;
+    bool sinks;
+  };
+  const C cases[] = {{{3, 130, 4, 2, 16}, 3, true},
+                     {{1, 67, 8, 1, 64}, 40, true},
+                     {{2, 70, 4, 2, 24, 16}, 1, true},
+                     {{2, 7, 4, 4, 8}, 2, false},
+                     {{2, 100, 4, 2, 8}, 0, true}};
+  for (const C &c : cases) {
+    const Shape &sh = c.sh;
+    Vec q = mf_fd::random_vec(sh.nq(), 81), k = mf_fd::random_vec(sh.nkv(), 82),
+        v = mf_fd::random_vec(sh.nv(), 83), dout = mf_fd::random_vec(sh.no(), 84);
+    const Vec sinks = sinks_for(sh.Hq);
+    const Vec *sk = c.sinks ? &sinks : nullptr;
+    const std::string w = what(sh, c.window, c.sinks);
+    for (int rb : {0, 1}) {
+      Result ref = run(sh, q, k, v, &dout, nullptr, rb, 0.0f, c.window, sk);
+      for (int n : {1, 2, 3}) {
+        Pool pool(n);
+        expect_same(run(sh, q, k, v, &dout, pool.p, rb, 0.0f, c.window, sk), ref,
+                    w + " threads " + std::to_string(n));
+      }
+      ASSERT_EQ(setenv("MF_CPU_SIMD", "base", 1), 0);
+      mf_env_reload();
+      Result base = run(sh, q, k, v, &dout, nullptr, rb, 0.0f, c.window, sk);
+      unsetenv("MF_CPU_SIMD");
+      mf_env_reload();
+      expect_same(base, ref, w + " baseline SIMD");
+    }
+  }
+}
+
+// No window and no sink are the kernels as they were: a window at or past S
+// hides nothing and gives the same bits as window 0, and sinks of -inf (a
+// term exp(-inf) = 0) give the same bits as no sinks, with dsinks unchanged.
+TEST(AttentionSinksWindow, NoWindowAndNoSinkAreTheSameBits) {
+  const Shape shapes[] = {{2, 130, 4, 2, 16}, {1, 70, 4, 2, 24, 16}, {1, 5, 2, 1, 8}};
+  for (const Shape &sh : shapes) {
+    Vec q = mf_fd::random_vec(sh.nq(), 91), k = mf_fd::random_vec(sh.nkv(), 92),
+        v = mf_fd::random_vec(sh.nv(), 93), dout = mf_fd::random_vec(sh.no(), 94);
+    const Vec sinks = sinks_for(sh.Hq), none(sh.Hq, -INFINITY);
+    for (int rb : {0, 1}) {
+      const Result plain = run(sh, q, k, v, &dout, nullptr, rb);
+      expect_same(run(sh, q, k, v, &dout, nullptr, rb, 0.0f, sh.S), plain, name(sh) + " window S");
+      expect_same(run(sh, q, k, v, &dout, nullptr, rb, 0.0f, sh.S + 100), plain, name(sh) + " window > S");
+      expect_same(run(sh, q, k, v, &dout, nullptr, rb, 0.0f, sh.S, &sinks),
+                  run(sh, q, k, v, &dout, nullptr, rb, 0.0f, 0, &sinks), name(sh) + " window S, sinks");
+      Result inf = run(sh, q, k, v, &dout, nullptr, rb, 0.0f, 0, &none);
+      for (float d : inf.dsinks) EXPECT_EQ(d, 0.0f) << name(sh) << ": dsinks of -inf sinks";
+      inf.dsinks.clear();
+      expect_same(inf, plain, name(sh) + " sinks -inf");
+    }
+  }
+}
+
+// dsinks is added into, and may be absent (frozen sinks): the other gradients
+// do not change; keys outside a row's window do not touch its outputs.
+TEST(AttentionSinksWindow, DsinksAddsAndWindowHidesKeys) {
+  const Shape sh{2, 200, 4, 2, 16};
+  const int64_t W = 17;
+  Vec q = mf_fd::random_vec(sh.nq(), 101), k = mf_fd::random_vec(sh.nkv(), 102),
+      v = mf_fd::random_vec(sh.nv(), 103), dout = mf_fd::random_vec(sh.no(), 104);
+  const Vec sinks = sinks_for(sh.Hq);
+  const Result base = run(sh, q, k, v, &dout, nullptr, 0, 0.0f, W, &sinks);
+  mf_kctx ctx = {nullptr, 0};
+  Vec dq(sh.nq()), dk(sh.nkv()), dv(sh.nv()), ds(sh.Hq);
+  for (int64_t h = 0; h < sh.Hq; h++) ds[h] = 0.25f * (float)(h + 1);
+  const Vec before = ds;
+  ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), base.o.data(), dout.data(), base.lse.data(), sh.B,
+                            sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, W, sinks.data(), sh.scale(), dq.data(),
+                            dk.data(), dv.data(), ds.data(), &ctx),
+            MF_OK)
+      << mf_last_error();
+  for (int64_t h = 0; h < sh.Hq; h++) EXPECT_EQ(ds[h], before[h] + base.dsinks[h]) << "head " << h;
+  ASSERT_EQ(mf_cpu_attn_bwd(q.data(), k.data(), v.data(), base.o.data(), dout.data(), base.lse.data(), sh.B,
+                            sh.S, sh.Hq, sh.Hkv, sh.D, sh.Dv, W, sinks.data(), sh.scale(), dq.data(),
+                            dk.data(), dv.data(), nullptr, &ctx),
+            MF_OK)
+      << mf_last_error();
+  EXPECT_TRUE(same_bits(dq, base.dq));
+  EXPECT_TRUE(same_bits(dk, base.dk));
+  EXPECT_TRUE(same_bits(dv, base.dv));
+
+  // Key j changed: rows i in [j, j + W) change, all others keep their bits.
+  for (int64_t j : {0, 5, 63, 64, 100, 199}) {
+    Vec k2 = k, v2 = v;
+    for (int64_t b = 0; b < sh.B; b++)
+      for (int64_t e = 0; e < sh.Hkv * sh.D; e++) {
+        k2[(b * sh.S + j) * sh.Hkv * sh.D + e] += 3.0f;
+        v2[(b * sh.S + j) * sh.Hkv * sh.D + e] -= 5.0f;
+      }
+    const Result r = run(sh, q, k2, v2, &dout, nullptr, 0, 0.0f, W, &sinks);
+    const int64_t row = sh.Hq * sh.D;
+    for (int64_t b = 0; b < sh.B; b++)
+      for (int64_t i = 0; i < sh.S; i++) {
+        const int64_t at = (b * sh.S + i) * row;
+        const bool seen = i >= j && i < j + W;
+        EXPECT_EQ(std::memcmp(&r.o[at], &base.o[at], row * sizeof(float)) != 0, seen)
+            << "o row " << i << " key " << j;
+        if (!seen) {
+          EXPECT_EQ(std::memcmp(&r.dq[at], &base.dq[at], row * sizeof(float)), 0)
+              << "dq row " << i << " key " << j;
+          for (int64_t h = 0; h < sh.Hq; h++)
+            EXPECT_EQ(r.lse[(b * sh.Hq + h) * sh.S + i], base.lse[(b * sh.Hq + h) * sh.S + i]);
+        }
+      }
+  }
+}
+
+// One token per window: o[i] = v[i] e^s / (e^s + e^sink), written out.
+TEST(AttentionSinksWindow, WindowOfOneIsTheTokenAgainstItsSink) {
+  const Shape sh{1, 9, 2, 1, 8};
+  Vec q = mf_fd::random_vec(sh.nq(), 111), k = mf_fd::random_vec(sh.nkv(), 112),
+      v = mf_fd::random_vec(sh.nv(), 113);
+  const Vec sinks = {5.0f, -2.0f};
+  const Result r = run(sh, q, k, v, nullptr, nullptr, 0, 0.0f, 1, &sinks);
+  for (int64_t i = 0; i < sh.S; i++)
+    for (int64_t h = 0; h < sh.Hq; h++) {
+      const double s = mf_kt::ref_dot(&q[(i * sh.Hq + h) * sh.D], 1, &k[i * sh.D], 1, sh.D) * sh.scale();
+      const double p = 1.0 / (1.0 + std::exp(sinks[h] - s));
+      EXPECT_NEAR(r.lse[h * sh.S + i], std::log(std::exp(s) + std::exp((double)sinks[h])), 2e-6);
+      for (int64_t d = 0; d < sh.D; d++)
+        EXPECT_NEAR(r.o[(i * sh.Hq + h) * sh.D + d], p * v[i * sh.D + d],
+                    2e-6 * (1 + std::fabs(v[i * sh.D + d])));
+    }
+}
+
+TEST(AttentionSinksWindow, NegativeWindowIsRefused) {
+  Vec x(64, 0.5f), o(64, 7.0f), lse(8, 7.0f);
+  mf_kctx ctx = {nullptr, 0};
+  EXPECT_EQ(mf_cpu_attn_fwd(x.data(), x.data(), x.data(), 1, 2, 1, 1, 8, 0, -1, nullptr, 1.0f, o.data(),
+                            lse.data(), &ctx),
+            MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::strstr(mf_last_error(), "window -1"), nullptr) << mf_last_error();
+  EXPECT_EQ(o[0], 7.0f);
+  EXPECT_EQ(mf_cpu_attn_bwd(x.data(), x.data(), x.data(), x.data(), x.data(), lse.data(), 1, 2, 1, 1, 8, 0,
+                            -3, nullptr, 1.0f, o.data(), o.data(), o.data(), nullptr, &ctx),
+            MF_ERR_INVALID_ARG);
 }
 
 }  // namespace

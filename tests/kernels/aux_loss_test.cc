@@ -63,7 +63,7 @@ Layers route_layers(int64_t L, int64_t T, int64_t E, int64_t K, uint32_t seed) {
     ls.probs.emplace_back((size_t)(T * E));
     ls.w.emplace_back((size_t)(T * K));
     ls.idx.emplace_back((size_t)(T * K));
-    EXPECT_EQ(mf_cpu_router_fwd(ls.logits.back().data(), T, E, K, 1, ls.probs.back().data(),
+    EXPECT_EQ(mf_cpu_router_fwd(ls.logits.back().data(), T, E, K, 1, 0, ls.probs.back().data(),
                                 ls.idx.back().data(), ls.w.back().data(), &ctx),
               MF_OK);
   }
@@ -151,7 +151,7 @@ TEST(AuxLoss, GradientThroughTheRouterMatchesFiniteDifferences) {
   mf_kctx ctx = {nullptr, 0};
   auto forward = [&]() {
     for (int64_t l = 0; l < L; l++)
-      mf_cpu_router_fwd(ls.logits[(size_t)l].data(), T, E, K, 1, ls.probs[(size_t)l].data(),
+      mf_cpu_router_fwd(ls.logits[(size_t)l].data(), T, E, K, 1, 0, ls.probs[(size_t)l].data(),
                         ls.idx[(size_t)l].data(), ls.w[(size_t)l].data(), &ctx);
   };
   forward();
@@ -163,7 +163,7 @@ TEST(AuxLoss, GradientThroughTheRouterMatchesFiniteDifferences) {
   for (int64_t l = 0; l < L; l++) {
     std::vector<float> dl((size_t)(T * E));
     ASSERT_EQ(mf_cpu_router_bwd(ls.probs[(size_t)l].data(), ls.idx[(size_t)l].data(), ls.w[(size_t)l].data(),
-                                zeros.data(), dp.data(), T, E, K, 1, dl.data(), &ctx),
+                                zeros.data(), dp.data(), T, E, K, 1, 0, dl.data(), &ctx),
               MF_OK);
     auto loss = [&]() {
       forward();

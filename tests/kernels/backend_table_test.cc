@@ -80,6 +80,22 @@ TEST(KernelTable, RolesAreTheTwinsContract) {
   EXPECT_EQ(mf_kernel_reads(&k), 0x87u);
   const mf_kernel_info *ce = mf_kernel_info_of(MF_K_CROSS_ENTROPY);
   EXPECT_TRUE(ce->b[6].optional && ce->b[7].optional && !ce->b[5].optional);
+  // attention: gpt-oss's sinks optional (read), their gradient optional and added into; the window a size
+  const mf_kernel_info *af = mf_kernel_info_of(MF_K_ATTN_FWD), *ab = mf_kernel_info_of(MF_K_ATTN_BWD);
+  EXPECT_EQ(mf_kernel_n_operands(MF_K_ATTN_FWD), 6);
+  EXPECT_EQ(mf_kernel_n_operands(MF_K_ATTN_BWD), 11);
+  EXPECT_LE(mf_kernel_n_operands(MF_K_ATTN_BWD), MF_KBUF_MAX);
+  EXPECT_STREQ(af->b[5].name, "sinks");
+  EXPECT_TRUE(af->b[5].optional && af->b[5].role == MF_KOP_READ && af->b[5].type == MF_KT_FLOAT);
+  EXPECT_STREQ(ab->b[9].name, "sinks");
+  EXPECT_STREQ(ab->b[10].name, "dsinks");
+  EXPECT_TRUE(ab->b[9].optional && ab->b[10].optional && ab->b[10].role == MF_KOP_ADD);
+  EXPECT_EQ(ab->b[10].type, MF_KT_F32);
+  EXPECT_STREQ(af->i[6], "window");
+  EXPECT_STREQ(ab->i[6], "window");
+  k.kind = MF_K_ATTN_BWD;  // {q, k, v, o, dout, lse, dq, dk, dv, sinks?, dsinks? (added)}
+  EXPECT_EQ(mf_kernel_writes(&k), 0x5c0u);
+  EXPECT_EQ(mf_kernel_reads(&k), 0x63fu);
   k.kind = MF_K_ROPE_BWD;  // in place on dx
   EXPECT_EQ(mf_kernel_writes(&k), 0x1u);
   EXPECT_EQ(mf_kernel_reads(&k), 0x3u);

@@ -176,7 +176,15 @@ std::vector<Case> cases_of(mf_kernel kind) {
                   .val(1, 6 * 2 * 8)
                   .val(2, 6 * 2 * 12)
                   .val(3, 6 * 4 * 12)
-                  .val(4, 2 * 4 * 3)};
+                  .val(4, 2 * 4 * 3),
+              // gpt-oss: a sliding window of 2 and sink logits (bf16, widened like the others)
+              Build(kind, "attn_fwd window sinks", {2, 3, 4, 2, 8, 0, 2}, {0.35355339})
+                  .val(0, 6 * 4 * 8)
+                  .val(1, 6 * 2 * 8)
+                  .val(2, 6 * 2 * 8)
+                  .val(3, 6 * 4 * 8)
+                  .val(4, 2 * 4 * 3)
+                  .val(5, 4, 4.0f)};
     case MF_K_ATTN_BWD:  // and Dv 4 (v, o, dout, dv)
       return {Build(kind, "attn_bwd", {2, 3, 4, 2, 8}, {0.35355339})
                   .val(0, 6 * 4 * 8)
@@ -197,11 +205,38 @@ std::vector<Case> cases_of(mf_kernel kind) {
                   .put(5, 2 * 4 * 3, 1.0f, 2.0f)
                   .val(6, 6 * 4 * 8)
                   .val(7, 6 * 2 * 8)
-                  .val(8, 6 * 2 * 4)};
+                  .val(8, 6 * 2 * 4),
+              // and the sinks' fp32 gradient, added into
+              Build(kind, "attn_bwd window sinks", {2, 3, 4, 2, 8, 0, 2}, {0.35355339})
+                  .val(0, 6 * 4 * 8)
+                  .val(1, 6 * 2 * 8)
+                  .val(2, 6 * 2 * 8)
+                  .val(3, 6 * 4 * 8)
+                  .val(4, 6 * 4 * 8)
+                  .put(5, 2 * 4 * 3, 1.0f, 2.0f)
+                  .val(6, 6 * 4 * 8)
+                  .val(7, 6 * 2 * 8)
+                  .val(8, 6 * 2 * 8)
+                  .val(9, 4, 4.0f)
+                  .val(10, 4)};
     case MF_K_SWIGLU_FWD:
       return {Build(kind, "swiglu_fwd", {37}).val(0, 37, 4.0f).val(1, 37).val(2, 37)};
     case MF_K_SWIGLU_BWD:
       return {Build(kind, "swiglu_bwd", {37}).val(0, 37, 4.0f).val(1, 37).val(2, 37).val(3, 37).val(4, 37)};
+    case MF_K_SWIGLU_CLAMP_FWD:  // gpt-oss's limit 7, alpha 1.702: g and u past both clamps
+      return {
+          Build(kind, "swiglu_clamp_fwd", {37}, {7.0, 1.702}).val(0, 37, 10.0f).val(1, 37, 10.0f).val(2, 37)};
+    case MF_K_SWIGLU_CLAMP_BWD:
+      return {Build(kind, "swiglu_clamp_bwd", {37}, {7.0, 1.702})
+                  .val(0, 37, 10.0f)
+                  .val(1, 37, 10.0f)
+                  .val(2, 37)
+                  .val(3, 37)
+                  .val(4, 37)};
+    case MF_K_EXPERT_BIAS_FWD:  // y's last row (past offsets[E]) is not written
+      return {Build(kind, "expert_bias_fwd", {E, N}).val(0, R * N).i64(1, offsets).val(2, E * N)};
+    case MF_K_EXPERT_BIAS_BWD:  // db is F32: passed as it is
+      return {Build(kind, "expert_bias_bwd", {E, N}).val(0, R * N).i64(1, offsets).val(2, E * N)};
     case MF_K_SIGGATE_FWD:
       return {Build(kind, "sigmoid_gate_fwd", {T, H}).val(0, T).val(1, T * H).val(2, T * H)};
     case MF_K_SIGGATE_BWD:
@@ -224,8 +259,13 @@ std::vector<Case> cases_of(mf_kernel kind) {
               Build(kind, "slice_bwd copy", {3, 4, 7, 2, 9, 5, 1, 0}).val(0, 27).val(1, 21)};
     case MF_K_DROPOUT:
       return {Build(kind, "dropout", {33, 5, 99}, {0.25}).val(0, 33).val(1, 33)};
-    case MF_K_ROUTER_FWD:
+    case MF_K_ROUTER_FWD:  // and gpt-oss's mode 1
       return {Build(kind, "router_fwd", {4, 6, K, 1})
+                  .val(0, 24, 3.0f)
+                  .val(1, 24)
+                  .i32(2, std::vector<int32_t>(8))
+                  .val(3, 8),
+              Build(kind, "router_fwd mode 1", {4, 6, K, 0, 1})
                   .val(0, 24, 3.0f)
                   .val(1, 24)
                   .i32(2, std::vector<int32_t>(8))
@@ -250,12 +290,15 @@ std::vector<Case> cases_of(mf_kernel kind) {
                   .val(3, 32)};
     case MF_K_ROUTER_BWD: {
       std::vector<Case> v;
-      for (int extra : {0, 1}) {
-        Build b(kind, "router_bwd extra " + std::to_string(extra), {4, 6, K, extra});
-        b.put(0, 24, 0.01f, 0.5f).i32(1, {0, 3, 1, 2, 5, 0, 4, 1}).put(2, 8, 0.1f, 0.9f).val(3, 8).val(5, 24);
-        if (extra) b.val(4, 24);
-        v.push_back(b);
-      }
+      for (int mode : {0, 1})  // mode 1: gpt-oss's (norm_topk ignored)
+        for (int extra : {0, 1}) {
+          Build b(kind, "router_bwd extra " + std::to_string(extra) + (mode ? " mode 1" : ""),
+                  {4, 6, K, extra, mode});
+          b.put(0, 24, 0.01f, 0.5f).i32(1, {0, 3, 1, 2, 5, 0, 4, 1}).put(2, 8, 0.1f, 0.9f);
+          b.val(3, 8).val(5, 24);
+          if (extra) b.val(4, 24);
+          v.push_back(b);
+        }
       return v;
     }
     case MF_K_MOE_GATHER:

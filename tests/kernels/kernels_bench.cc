@@ -81,11 +81,11 @@ TEST(Attention, Throughput) {
       double tf = 1e30, tb = 1e30;
       for (int rep = 0; rep < 5; rep++) {
         double t0 = mf_time_now();
-        mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.D, scale, o.data(),
-                        lse.data(), &ctx);
+        mf_cpu_attn_fwd(q.data(), k.data(), v.data(), sh.B, sh.S, sh.Hq, sh.Hkv, sh.D, sh.D, 0, nullptr, scale,
+                        o.data(), lse.data(), &ctx);
         double t1 = mf_time_now();
         mf_cpu_attn_bwd(q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), sh.B, sh.S, sh.Hq,
-                        sh.Hkv, sh.D, sh.D, scale, dq.data(), dk.data(), dv.data(), &ctx);
+                        sh.Hkv, sh.D, sh.D, 0, nullptr, scale, dq.data(), dk.data(), dv.data(), nullptr, &ctx);
         double t2 = mf_time_now();
         tf = std::min(tf, t1 - t0);
         tb = std::min(tb, t2 - t1);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "src/model/base_id.h"
@@ -227,6 +228,72 @@ TEST(BaseIdParse, AMalformedRecordIsRefusedNamingTheKey) {
     EXPECT_TRUE(has(mf_last_error(), c.want)) << mf_last_error();
     EXPECT_EQ(b.tensors, nullptr);
   }
+}
+
+// gpt_oss's fields: o_bias and sliding_window with their config.json keys, and
+// the sliding layers (layer_types) as a list of indices; a record without them
+// (written before gpt_oss) has the family's defaults.
+TEST(BaseIdGptOss, TheSlidingLayersAndBiasesAreRecordedAndCompared) {
+  mf_model_spec spec{};
+  mf_model_spec_defaults(MF_FAMILY_GPT_OSS, &spec);
+  spec.layers = 4, spec.experts = 8, spec.sliding_layers[2] = 0, spec.sliding_layers[3] = 1;
+  mf_base_id a{};
+  mf_base_id_init_spec(&a, &spec, nullptr);
+  a.spec.seed = 3;
+  char *json = nullptr;
+  ASSERT_EQ(mf_base_id_format(&a, &json), MF_OK) << mf_last_error();
+  const std::string text = json;
+  free(json);
+  for (const char *want : {"\"o_bias\": true,", "\"sliding_window\": 128,", "\"sliding_layers\": [0, 3]\n"})
+    EXPECT_TRUE(has(text, want)) << want << " not in " << text;
+  mf_base_id b{};
+  ASSERT_EQ(mf_base_id_parse(text.data(), text.size(), "rec.json", &b), MF_OK) << mf_last_error();
+  EXPECT_EQ(mf_base_id_compare(&a, "rec.json", &b, "the run", "WAY OUT"), MF_OK) << mf_last_error();
+  for (int64_t l = 0; l < 4; l++) EXPECT_EQ(b.spec.sliding_layers[l], l == 0 || l == 3) << l;
+  const struct {
+    void (*edit)(mf_model_spec *);
+    std::string want;
+  } cases[] = {
+      {[](mf_model_spec *s) { s->sliding_layers[1] = 1; },
+       "sliding_layers (config.json: layer_types): the run trained on a base (model.init (gpt_oss, seed 3)) "
+       "with sliding_layers [0, 3]; the base loaded now (model.init (gpt_oss, seed 3)) has sliding_layers "
+       "[0, 1, 3]"},
+      {[](mf_model_spec *s) { s->o_bias = 0; }, "o_bias (config.json: attention_bias)"},
+      {[](mf_model_spec *s) { s->qkv_bias = 0; }, "qkv_bias (config.json: attention_bias)"},
+      {[](mf_model_spec *s) { s->sliding_window = 64; }, "sliding_window: the run"},
+      {[](mf_model_spec *s) { s->experts = 4; }, "experts (config.json: num_local_experts)"},
+      {[](mf_model_spec *s) { s->expert_ffn = 4; }, "expert_ffn (config.json: intermediate_size)"},
+  };
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.want);
+    mf_base_id h = b;
+    c.edit(&h.spec);
+    EXPECT_EQ(mf_base_id_compare(&a, "rec.json", &h, "the run", "WAY OUT"), MF_ERR_CONFIG);
+    EXPECT_TRUE(has(mf_last_error(), "rec.json: " + c.want)) << mf_last_error();
+  }
+  mf_base_id_free(&b);
+  // Without the three keys: gpt_oss's defaults (layer_types' even layers).
+  std::string old = text;
+  for (const char *key : {"    \"o_bias\": true,\n", "    \"sliding_window\": 128,\n"})
+    old.erase(old.find(key), strlen(key));
+  old.replace(old.find(",\n    \"sliding_layers\": [0, 3]"), strlen(",\n    \"sliding_layers\": [0, 3]"), "");
+  ASSERT_EQ(mf_base_id_parse(old.data(), old.size(), "old.json", &b), MF_OK) << mf_last_error() << old;
+  EXPECT_EQ(b.spec.o_bias, 1);
+  EXPECT_EQ(b.spec.sliding_window, 128);
+  for (int64_t l = 0; l < 4; l++) EXPECT_EQ(b.spec.sliding_layers[l], l % 2 == 0) << l;
+  mf_base_id_free(&b);
+  // deepseek_v3's experts and expert_ffn keys
+  mf_model_spec_defaults(MF_FAMILY_DEEPSEEK_V3, &spec);
+  mf_base_id d{}, e{};
+  mf_base_id_init_spec(&d, &spec, nullptr);
+  e = d;
+  e.spec.experts = 128;
+  EXPECT_EQ(mf_base_id_compare(&d, "rec.json", &e, "the run", "WAY OUT"), MF_ERR_CONFIG);
+  EXPECT_TRUE(has(mf_last_error(), "experts (config.json: n_routed_experts)")) << mf_last_error();
+  e = d;
+  e.spec.expert_ffn = 1024;
+  EXPECT_EQ(mf_base_id_compare(&d, "rec.json", &e, "the run", "WAY OUT"), MF_ERR_CONFIG);
+  EXPECT_TRUE(has(mf_last_error(), "expert_ffn (config.json: moe_intermediate_size)")) << mf_last_error();
 }
 
 TEST(BaseIdRead, AMissingFileIsNotFound) {

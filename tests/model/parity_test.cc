@@ -69,7 +69,8 @@ TEST_P(Parity, EveryGradient) {
   int checked = 0;
   for (int64_t i = 0; i < t_->n; i++) {
     const mf_param &p = t_->params[i];
-    const float *ref = f32(fx_, std::string("grad.") + p.name, p.numel);
+    std::vector<float> buf;
+    const float *ref = param_ref(fx_, "grad.", t_, i, &buf);
     if (p.frozen) {
       // a buffer of the checkpoint (glm4_moe's e_score_correction_bias): no gradient on either side
       EXPECT_EQ(ref, nullptr) << p.name << " is a buffer, yet the reference has its gradient";
@@ -108,11 +109,12 @@ TEST_P(Parity, OneAdamWStepFromReferenceGradients) {
     const mf_param &p = t_->params[i];
     std::vector<float> w(w_.begin() + p.offset, w_.begin() + p.offset + p.numel);
     std::vector<float> m(w.size(), 0.0f), v(w.size(), 0.0f);
-    const float *g = f32(fx_, std::string("grad.") + p.name, p.numel);
+    std::vector<float> gbuf, rbuf;
+    const float *g = param_ref(fx_, "grad.", t_, i, &gbuf);
     if (g) {
       ASSERT_EQ(mf_adamw_update(&h, 1, w.data(), g, m.data(), v.data(), w.size(), nullptr, nullptr), MF_OK);
     }
-    const float *ref = f32(fx_, std::string("after.") + p.name, p.numel);
+    const float *ref = param_ref(fx_, "after.", t_, i, &rbuf);
     ASSERT_NE(ref, nullptr) << p.name;
     for (int64_t j = 0; j < p.numel; j++) {
       double d = std::fabs((double)w[j] - (double)ref[j]);
@@ -143,8 +145,9 @@ TEST_P(Parity, OneAdamWStepEndToEnd) {
                                 v.data() + p.offset, (size_t)p.numel, nullptr, nullptr),
                 MF_OK);
     }
-    const float *ref = f32(fx_, std::string("after.") + p.name, p.numel);
-    const float *gref = f32(fx_, std::string("grad.") + p.name, p.numel);
+    std::vector<float> rbuf, gbuf;
+    const float *ref = param_ref(fx_, "after.", t_, i, &rbuf);
+    const float *gref = param_ref(fx_, "grad.", t_, i, &gbuf);
     ASSERT_NE(ref, nullptr) << p.name;
     for (int64_t j = 0; j < p.numel; j++) {
       double d = std::fabs((double)w[p.offset + j] - (double)ref[j]);
@@ -197,6 +200,40 @@ TEST_P(Parity, TheRouterBiasIsUsed) {
   const float *logits = f32(fx_, "logits", n_logits());
   ASSERT_NE(logits, nullptr);
   EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-5);
+}
+
+// gpt-oss's own pieces decide the logits: with the sinks, the expert biases or
+// the router bias zeroed, or the sliding window dropped, they are no longer the
+// reference's (the fixtures' sinks and biases are drawn like the weights).
+TEST_P(Parity, GptOssPiecesAreUsed) {
+  if (spec_.family != MF_FAMILY_GPT_OSS) GTEST_SKIP() << "not gpt_oss";
+  const float *logits = f32(fx_, "logits", n_logits());
+  ASSERT_NE(logits, nullptr);
+  const mf_param_role roles[] = {
+      MF_P_SINKS, MF_P_EXPERT_GATE_BIAS, MF_P_EXPERT_UP_BIAS, MF_P_EXPERT_DOWN_BIAS, MF_P_ROUTER_LINEAR_BIAS,
+      MF_P_O_BIAS};
+  for (mf_param_role role : roles) {
+    std::vector<float> w = w_;
+    int zeroed = 0;
+    for (int64_t i = 0; i < t_->n; i++) {
+      const mf_param &p = t_->params[i];
+      if (p.role != role) continue;
+      std::fill(w.begin() + p.offset, w.begin() + p.offset + p.numel, 0.0f);
+      zeroed++;
+    }
+    ASSERT_EQ(zeroed, spec_.layers) << "role " << role;
+    Result r = run(w);
+    EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-5) << "role " << role << " zeroed";
+  }
+  int64_t sliding = 0;
+  for (int64_t l = 0; l < spec_.layers; l++) sliding += spec_.sliding_layers[l];
+  if (sliding == 0) return;
+  mf_param_table *t = t_;
+  const mf_model_spec keep = t->spec;
+  for (int64_t l = 0; l < spec_.layers; l++) t->spec.sliding_layers[l] = 0;
+  Result r = run(w_);
+  t->spec = keep;
+  EXPECT_GT(rel_err(r.logits.data(), logits, n_logits()), 1e-5) << "without the sliding window";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixture_names()),

@@ -26,6 +26,25 @@ inline const float *f32(const mf_safetensors *st, const std::string &name, int64
   return (const float *)t->data;
 }
 
+// Parameter i of t in the fixture tensor `prefix` + its name ("grad.", "after."): as it is,
+// or, a part of a fused tensor (gpt-oss's experts, mf_param_packed), gathered from that
+// into buf. nullptr when the fixture has none.
+inline const float *param_ref(const mf_safetensors *st, const char *prefix, const mf_param_table *t,
+                              int64_t i, std::vector<float> *buf) {
+  const mf_param &p = t->params[i];
+  mf_param_src src;
+  if (!mf_param_packed(t, i, &src)) return f32(st, std::string(prefix) + p.name, p.numel);
+  int64_t total = 1;
+  for (int d = 0; d < src.ndim; d++) total *= src.shape[d];
+  const float *x = f32(st, std::string(prefix) + src.name, total);
+  if (!x) return nullptr;
+  const int64_t rows = p.shape[0], cols = p.ndim == 2 ? p.shape[1] : 1;
+  buf->resize((size_t)p.numel);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) (*buf)[(size_t)(r * cols + c)] = x[src.base + r * src.rs + c * src.cs];
+  return buf->data();
+}
+
 inline double meta_num(const mf_safetensors *st, const char *key) {
   const char *v = mf_safetensors_metadata(st, key);
   return v ? atof(v) : NAN;
