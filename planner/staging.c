@@ -18,10 +18,12 @@ int64_t mf_staging_group_of(const mf_schedule *s, int32_t i) {
   const mf_instr_kind k = s->instr[i].kind;
   if (k == MF_I_H2D) {
     for (int32_t j = i + 1; j < s->n_instr; j++)
-      if (s->instr[j].kind == MF_I_RUN) return mf_experts_group_key(s->prog, s->instr[j].op, s->instr[j].recompute);
+      if (s->instr[j].kind == MF_I_RUN)
+        return mf_experts_group_key(s->prog, s->instr[j].op, s->instr[j].recompute);
   } else if (k == MF_I_D2H) {
     for (int32_t j = i - 1; j >= 0; j--)
-      if (s->instr[j].kind == MF_I_RUN) return mf_experts_group_key(s->prog, s->instr[j].op, s->instr[j].recompute);
+      if (s->instr[j].kind == MF_I_RUN)
+        return mf_experts_group_key(s->prog, s->instr[j].op, s->instr[j].recompute);
   }
   return -1;
 }
@@ -302,8 +304,8 @@ static mf_status resolve_opts(const mf_schedule *s, const mf_staging_opts *o, mf
   size_t biggest = 0;
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr *in = &s->instr[i];
-    if ((in->kind == MF_I_H2D || in->kind == MF_I_D2H) && !(o && o->direct && o->direct[i]) && in->slot >= 0 &&
-        in->slot < s->n_slots && s->prog->tensors[s->slots[in->slot].tensor].bytes > biggest)
+    if ((in->kind == MF_I_H2D || in->kind == MF_I_D2H) && !(o && o->direct && o->direct[i]) &&
+        in->slot >= 0 && in->slot < s->n_slots && s->prog->tensors[s->slots[in->slot].tensor].bytes > biggest)
       biggest = s->prog->tensors[s->slots[in->slot].tensor].bytes;
   }
   biggest = align_up(biggest ? biggest : 1, opts->align);
@@ -316,12 +318,14 @@ static mf_status resolve_opts(const mf_schedule *s, const mf_staging_opts *o, mf
 static void group_keys(const mf_schedule *s, int64_t *key) {
   int64_t g = -1;
   for (int32_t i = 0; i < s->n_instr; i++) {
-    if (s->instr[i].kind == MF_I_RUN) g = mf_experts_group_key(s->prog, s->instr[i].op, s->instr[i].recompute);
+    if (s->instr[i].kind == MF_I_RUN)
+      g = mf_experts_group_key(s->prog, s->instr[i].op, s->instr[i].recompute);
     key[i] = g;
   }
   g = -1;
   for (int32_t i = s->n_instr - 1; i >= 0; i--) {
-    if (s->instr[i].kind == MF_I_RUN) g = mf_experts_group_key(s->prog, s->instr[i].op, s->instr[i].recompute);
+    if (s->instr[i].kind == MF_I_RUN)
+      g = mf_experts_group_key(s->prog, s->instr[i].op, s->instr[i].recompute);
     if (s->instr[i].kind == MF_I_H2D) key[i] = g;
   }
 }
@@ -340,6 +344,14 @@ static mf_status cut_slabs(const mf_schedule *s, const mf_sim_result *r, const m
     for (int32_t i = 0; i < s->n_instr; i++) {
       const mf_instr *in = &s->instr[i];
       if (in->kind != kind || (direct && direct[i])) continue;
+      /* A persistent slot's upload (a weight that stays on the device: the first step, or after the
+       * host changed it) goes straight from its home: staged, every resident weight would hold a slab
+       * at once and the arena would pin a second copy of them all. It ends the slab before it: a slab
+       * is one run of its stream's copies. */
+      if (kind == MF_I_H2D && in->persist) {
+        cur = NULL;
+        continue;
+      }
       const int part = i >= s->optim_begin;
       if (in->slot < 0 || in->slot >= s->n_slots)
         return MF_ERR(MF_ERR_INVALID_ARG, "staging: instruction %d copies slot %d of %d", i, in->slot,
@@ -395,7 +407,8 @@ static mf_status limit_inflight(const mf_hwprofile *hw, mf_staging *st, unit *u,
   if (pd < lim - cap_h) cap_h = lim - pd;
   if (cap_h > ph) cap_h = ph;
   const uint64_t cap_d = lim - cap_h;
-  st->h2d_slip_seconds = throttle(st->slabs, u, 0, st->n_h2d_slabs, 1, cap_h, hw->host_memory_bandwidth, queue);
+  st->h2d_slip_seconds =
+      throttle(st->slabs, u, 0, st->n_h2d_slabs, 1, cap_h, hw->host_memory_bandwidth, queue);
   st->d2h_slip_seconds =
       throttle(st->slabs, u, st->n_h2d_slabs, st->n_slabs, 0, cap_d, hw->host_memory_bandwidth, queue);
   st->throttled = 1;
@@ -403,8 +416,8 @@ static mf_status limit_inflight(const mf_hwprofile *hw, mf_staging *st, unit *u,
 }
 
 /* The ZeRO-Infinity-style pool: the same copies, one buffer each (u reused). */
-static mf_status count_pool(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw, mf_staging *st,
-                            unit *u) {
+static mf_status count_pool(const mf_schedule *s, const mf_sim_result *r, const mf_hwprofile *hw,
+                            mf_staging *st, unit *u) {
   int32_t n = 0;
   for (int dir = 0; dir < 2; dir++) {
     const int32_t from = n;

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "planner/staging.h"
 #include "kernels/backend.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
+#include "planner/staging.h"
 #include "src/core/core.h"
 #include "src/exec/exec.h"
 #include "src/model/params.h"
@@ -120,6 +120,7 @@ struct Staged {
     for (int32_t i = 0; i < pl->s->n_instr; i++) {
       const mf_instr *in = &pl->s->instr[i];
       if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) continue;
+      if (in->kind == MF_I_H2D && in->persist) continue; /* straight always (planner/staging.c) */
       direct[(size_t)i] = (uint8_t)(pl->s->slots[in->slot].tensor * 2654435761u >> 7 & 1);
       n_direct += direct[(size_t)i];
     }

@@ -12,10 +12,10 @@
 #include <random>
 #include <vector>
 
-#include "planner/staging.h"
 #include "planner/plan.h"
 #include "planner/schedule.h"
 #include "planner/simulate.h"
+#include "planner/staging.h"
 #include "src/core/core.h"
 #include "src/model/params.h"
 #include "src/model/program.h"
@@ -96,6 +96,7 @@ int32_t RecountPool(const mf_schedule *s, const mf_sim_result *r, const std::vec
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr &in = s->instr[i];
     if (in.kind != MF_I_H2D && in.kind != MF_I_D2H) continue;
+    if (in.kind == MF_I_H2D && in.persist) continue;  // straight from its home, not staged
     (in.kind == MF_I_H2D ? h2d : d2h).push_back(i);
     *largest = std::max(*largest, p->tensors[s->slots[in.slot].tensor].bytes);
   }
@@ -171,8 +172,10 @@ TEST_P(Staging, LayoutHoldsItsInvariants) {
   for (int32_t i = 0; i < s->n_instr; i++) {
     const mf_instr &in = s->instr[i];
     const bool is_copy = in.kind == MF_I_H2D || in.kind == MF_I_D2H;
-    n_copy_instr += is_copy;
-    if (!is_copy) {
+    // a persistent slot's upload (the first step's, of a weight that stays) goes straight from its home
+    const bool staged = is_copy && !(in.kind == MF_I_H2D && in.persist);
+    n_copy_instr += staged;
+    if (!staged) {
       EXPECT_EQ(st->copy_of_instr[i], -1);
       continue;
     }
@@ -256,12 +259,18 @@ TEST_P(Staging, LayoutHoldsItsInvariants) {
       EXPECT_EQ(x.busy_start, x.dma_start);
       EXPECT_GE(x.busy_end, x.dma_end + host_s * (1 - 1e-12));
     }
-    // Runs are cut only at a group change, at the cap or where the optimizer part begins.
+    // Runs are cut only at a group change, at the cap, where the optimizer part begins or at a
+    // persistent slot's upload (which goes straight).
     const int32_t last_instr = st->copies[x.first_copy + x.n_copies - 1].instr;
+    bool straight_between = false;
+    if (k + 1 < st->n_slabs)
+      for (int32_t i = last_instr + 1; i < st->copies[st->slabs[k + 1].first_copy].instr; i++)
+        straight_between = straight_between || (s->instr[i].kind == MF_I_H2D && s->instr[i].persist);
     for (int32_t j = x.first_copy; j < x.first_copy + x.n_copies; j++)
       EXPECT_EQ(st->copies[j].instr < s->optim_begin, st->copies[x.first_copy].instr < s->optim_begin)
           << "slab " << k << " spans the start of the optimizer part";
-    if (k + 1 < st->n_slabs && st->slabs[k + 1].dir == x.dir && st->slabs[k + 1].group == x.group &&
+    if (k + 1 < st->n_slabs && !straight_between && st->slabs[k + 1].dir == x.dir &&
+        st->slabs[k + 1].group == x.group &&
         (st->copies[st->slabs[k + 1].first_copy].instr < s->optim_begin) == (last_instr < s->optim_begin)) {
       const size_t next = AlignUp(st->copies[st->slabs[k + 1].first_copy].bytes, A);
       EXPECT_GT(x.bytes + next, st->opts.max_slab_bytes) << "slab " << k << " was cut early";
