@@ -607,6 +607,15 @@ int mf_cli_plan(int argc, char **argv) {
            mf_format_bytes(rp->arena_limit, b6, sizeof b6));
   printf("kernels: expert GEMMs on %s (%s), attention on %s (%s)\n", rp->kernels.expert_gemm,
          rp->kernels.expert_gemm_from, rp->kernels.attention, rp->kernels.attention_from);
+  int64_t sliding = 0;
+  for (int64_t l = 0; l < spec.layers; l++) sliding += mf_model_spec_window(&spec, l) > 0;
+  /* calls the tensor-core and cuDNN kernels refuse (kernels/cuda/backend_cuda.cu) */
+  const int sinks = mf_model_spec_has_sinks(&spec), dv = mf_model_spec_v_dim(&spec) != spec.head_dim;
+  if (rp->dev.total_bytes > 0 && (sinks || sliding > 0 || dv) &&
+      strcmp(rp->kernels.attention, "cuda-core") != 0)
+    printf("  but this model's attention (%s) runs on the CUDA-core kernel, which the plan prices as %s\n",
+           sinks || sliding > 0 ? "sink logits, sliding windows" : "value heads unlike q/k heads",
+           rp->kernels.attention);
   if (rp->dev.attn_scratch_bytes > 0)
     printf("attention on cuDNN: %s of the kernel scratch is its backward's workspace\n",
            mf_format_bytes(rp->dev.attn_scratch_bytes, b1, sizeof b1));
