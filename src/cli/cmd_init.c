@@ -59,7 +59,6 @@ static void preset(mf_family f, int small, mf_model_spec *s) {
   if (f == MF_FAMILY_GPT_OSS) { /* the even layers slide (GptOssConfig's layer_types) */
     s->sliding_window = 64;
     for (int64_t l = 0; l < s->layers; l++) s->sliding_layers[l] = l % 2 == 0;
-    for (int64_t l = s->layers; l < MF_MAX_LAYERS; l++) s->sliding_layers[l] = 0;
     s->yarn_factor = 8, s->yarn_original_max = 512; /* YaRN as gpt-oss's: 512 x 8 = max_seq */
   }
   if (f == MF_FAMILY_GLM4_MOE || f == MF_FAMILY_DEEPSEEK_V3) { /* one shared expert, layer 0 dense */

@@ -621,39 +621,53 @@ static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
   if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* Whether tensor x of file `path` (named `name` there) has the shape the config says. */
+static mf_status shape_is(const char *path, const char *name, const mf_st_tensor *x, const int64_t *shape,
+                          int ndim) {
+  int same = x->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = x->shape[d] == shape[d];
+  if (same) return MF_OK;
+  char want[64], got[64];
+  shape_str(shape, ndim, want, sizeof want);
+  shape_str(x->shape, x->ndim, got, sizeof got);
+  return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, name, got, want);
+}
+
+/* Whether x is a float weight moefit converts (F32, BF16, F16); an fp8 one is read with its block scales
+ * elsewhere (load_shipped), so it is not refused here when `fp8_elsewhere`. */
+static mf_status float_dtype(const char *path, const char *name, const mf_st_tensor *x, int fp8_elsewhere) {
+  if (x->dtype == MF_DTYPE_F32 || x->dtype == MF_DTYPE_BF16 || x->dtype == MF_DTYPE_F16) return MF_OK;
+  if (x->dtype == MF_DTYPE_F8_E4M3 && fp8_elsewhere)
+    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is F8_E4M3 but its block scales %s_scale_inv are missing",
+                  path, name, name);
+  return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path, name,
+                mf_dtype_name(x->dtype));
+}
+
+/* Element j of a float tensor (float_dtype) as fp32. */
+static float float_at(const mf_st_tensor *x, int64_t j) {
+  const uint8_t *b = (const uint8_t *)x->data;
+  if (x->dtype == MF_DTYPE_F32) {
+    float v;
+    memcpy(&v, b + 4 * j, 4);
+    return v;
+  }
+  uint16_t h;
+  memcpy(&h, b + 2 * j, 2);
+  return x->dtype == MF_DTYPE_BF16 ? mf_bf16_to_fp32(h) : mf_fp16_to_fp32(h);
+}
+
 /* Tensor x of file `path` (named `name` there) into dst as parameter p's fp32
  * values: its shape must be p's; F32, BF16 and F16 are converted. */
 static mf_status read_tensor(const char *path, const mf_param *p, const char *name, const mf_st_tensor *x,
                              float *dst) {
-  int same = x->ndim == p->ndim;
-  for (int d = 0; same && d < p->ndim; d++) same = x->shape[d] == p->shape[d];
-  if (!same) {
-    char want[64], got[64];
-    shape_str(p->shape, p->ndim, want, sizeof want);
-    shape_str(x->shape, x->ndim, got, sizeof got);
-    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, name, got, want);
-  }
-  switch (x->dtype) {
-    case MF_DTYPE_F32:
-      memcpy(dst, x->data, (size_t)p->numel * sizeof(float));
-      return MF_OK;
-    case MF_DTYPE_BF16:
-    case MF_DTYPE_F16: {
-      const uint8_t *src = (const uint8_t *)x->data;
-      for (int64_t j = 0; j < p->numel; j++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * j, 2);
-        dst[j] = x->dtype == MF_DTYPE_BF16 ? mf_bf16_to_fp32(h) : mf_fp16_to_fp32(h);
-      }
-      return MF_OK;
-    }
-    case MF_DTYPE_F8_E4M3: /* an fp8 weight is read with its block scales (load_shipped) */
-      return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is F8_E4M3 but its block scales %s_scale_inv are missing",
-                    path, name, name);
-    default:
-      return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
-                    name, mf_dtype_name(x->dtype));
-  }
+  MF_CHECK(shape_is(path, name, x, p->shape, p->ndim));
+  MF_CHECK(float_dtype(path, name, x, 1));
+  if (x->dtype == MF_DTYPE_F32)
+    memcpy(dst, x->data, (size_t)p->numel * sizeof(float));
+  else
+    for (int64_t j = 0; j < p->numel; j++) dst[j] = float_at(x, j);
+  return MF_OK;
 }
 
 /* How a stored format reads in messages: "nf4 in blocks of 64, double quantized", "fp8". */
@@ -778,33 +792,11 @@ static mf_status read_packed(const mf_param_table *t, const char *path, const mf
   if (!x)
     return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s is missing (the model's gpt_oss config needs it)", path,
                   src->name);
-  int same = x->ndim == src->ndim;
-  for (int d = 0; same && d < src->ndim; d++) same = x->shape[d] == src->shape[d];
-  if (!same) {
-    char want[64], got[64];
-    shape_str(src->shape, src->ndim, want, sizeof want);
-    shape_str(x->shape, x->ndim, got, sizeof got);
-    return MF_ERR(MF_ERR_FORMAT, "%s: tensor %s has shape %s but the config says %s", path, src->name, got,
-                  want);
-  }
-  if (x->dtype != MF_DTYPE_F32 && x->dtype != MF_DTYPE_BF16 && x->dtype != MF_DTYPE_F16)
-    return MF_ERR(MF_ERR_UNSUPPORTED, "%s: tensor %s is %s; moefit loads F32, BF16 and F16 weights", path,
-                  src->name, mf_dtype_name(x->dtype));
-  const uint8_t *b = (const uint8_t *)x->data;
+  MF_CHECK(shape_is(path, src->name, x, src->shape, src->ndim));
+  MF_CHECK(float_dtype(path, src->name, x, 0));
   const int64_t rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) {
-      const int64_t j = src->base + r * src->rs + c * src->cs;
-      float v;
-      if (x->dtype == MF_DTYPE_F32) {
-        memcpy(&v, b + 4 * j, 4);
-      } else {
-        uint16_t h;
-        memcpy(&h, b + 2 * j, 2);
-        v = x->dtype == MF_DTYPE_BF16 ? mf_bf16_to_fp32(h) : mf_fp16_to_fp32(h);
-      }
-      dst[r * cols + c] = v;
-    }
+    for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = float_at(x, src->base + r * src->rs + c * src->cs);
   return MF_OK;
 }
 

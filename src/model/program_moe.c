@@ -85,6 +85,21 @@ static void shared_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   mf_pb_lora_bwd(z, l, MF_P_SHARED_UP, shared_name(s, "up_proj", nm, sizeof nm), dsu, a->xn2, dxn2, Is, H);
 }
 
+/* The routed experts' bias `role` of layer l (gpt-oss's) over the expert-sorted rows: added into y [R, N]
+ * (bwd 0), or its gradient summed from dy [R, N] (bwd 1); nothing when the layer has no such bias or it
+ * is frozen. what: "experts gate_proj" ... */
+static void expert_bias(const mb *z, int32_t l, int bwd, mf_param_role role, int32_t y, int64_t N,
+                        const char *what) {
+  const int32_t bias = bwd ? mf_pb_G(z->c, role, l) : mf_pb_P(z->c, role, l);
+  if (bias < 0) return;
+  mf_pop *o =
+      mf_pb_op(z->b, bwd ? MF_K_EXPERT_BIAS_BWD : MF_K_EXPERT_BIAS_FWD, bwd ? MF_PHASE_BWD : MF_PHASE_FWD,
+               z->m, l, "L%d %s bias%s", l, what, bwd ? " grad" : "");
+  SET(o, y, z->A[l].offsets, bias);
+  INTS(o, z->E, N);
+  o->flops = (double)(z->T * z->TK) * (double)N;
+}
+
 /* Layer l's routed experts (and shared expert), added into the layer's output. */
 void mf_pb_moe_fwd(const mb *z, int32_t l) {
   pb *b = z->b;
@@ -142,7 +157,7 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
                {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj", "up_proj"},
                {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj", "down_proj"}};
   static const mf_param_role bias_of[3] = {MF_P_EXPERT_GATE_BIAS, MF_P_EXPERT_UP_BIAS, MF_P_EXPERT_DOWN_BIAS};
-  const int clamped = mf_model_spec_swiglu_clamped(s); /* gpt-oss: biases, the clamped SwiGLU */
+  const int clamped = mf_model_spec_swiglu_clamped(s); /* gpt-oss: the clamped SwiGLU */
   for (int j = 0; j < 3; j++) {
     if (j == 2 && clamped) {
       o = mf_pb_op(b, MF_K_SWIGLU_CLAMP_FWD, MF_PHASE_FWD, m, l, "L%d experts clamped swiglu", l);
@@ -160,12 +175,7 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
     o->experts_at = at;
     o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
     mf_pb_lora_experts_fwd(z, l, proj[j].role, proj[j].hf, proj[j].in, proj[j].out, proj[j].N, proj[j].K);
-    if (clamped) {
-      o = mf_pb_op(b, MF_K_EXPERT_BIAS_FWD, MF_PHASE_FWD, m, l, "L%d %s bias", l, proj[j].what);
-      SET(o, proj[j].out, a->offsets, mf_pb_P(c, bias_of[j], l));
-      INTS(o, E, proj[j].N);
-      o->flops = (double)R * (double)proj[j].N;
-    }
+    expert_bias(z, l, 0, bias_of[j], proj[j].out, proj[j].N, proj[j].what);
   }
   o = mf_pb_op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
   SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
@@ -200,15 +210,7 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   int32_t dxe2 =
       mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
   const int clamped = mf_model_spec_swiglu_clamped(s);
-  /* gpt-oss's expert biases: their gradients, the rows of each expert summed */
-#define EXPERT_BIAS_BWD(dy, role, N, what)                                                          \
-  if (clamped && mf_pb_G(c, role, l) >= 0) {                                                        \
-    o = mf_pb_op(b, MF_K_EXPERT_BIAS_BWD, MF_PHASE_BWD, m, l, "L%d experts %s bias grad", l, what); \
-    SET(o, dy, a->offsets, mf_pb_G(c, role, l));                                                    \
-    INTS(o, E, N);                                                                                  \
-    o->flops = (double)R * (double)(N);                                                             \
-  }
-  EXPERT_BIAS_BWD(dye, MF_P_EXPERT_DOWN_BIAS, H, "down_proj")
+  expert_bias(z, l, 1, MF_P_EXPERT_DOWN_BIAS, dye, H, "experts down_proj");
   /* down: dW (unless frozen) then dx */
   if (!mf_pb_experts_frozen(c, MF_P_EXPERT_DOWN, l)) {
     o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
@@ -236,9 +238,8 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     SET(o, a->eg, a->eu, dea, deg, deu);
     INTS(o, R * I);
   }
-  EXPERT_BIAS_BWD(deg, MF_P_EXPERT_GATE_BIAS, I, "gate_proj")
-  EXPERT_BIAS_BWD(deu, MF_P_EXPERT_UP_BIAS, I, "up_proj")
-#undef EXPERT_BIAS_BWD
+  expert_bias(z, l, 1, MF_P_EXPERT_GATE_BIAS, deg, I, "experts gate_proj");
+  expert_bias(z, l, 1, MF_P_EXPERT_UP_BIAS, deu, I, "experts up_proj");
   const struct {
     mf_param_role role;
     int32_t dy, dx;
