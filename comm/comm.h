@@ -76,6 +76,21 @@ mf_status mf_comm_allreduce_sum_i64(mf_comm *c, int64_t *buf, size_t n);
  * bits of one rank adding them all): losses. For short vectors. */
 mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n);
 
+/* All-to-all of n integers a pair: block r of send (send[r n .. r n + n)) goes
+ * to rank r, and block r of recv comes from rank r. send and recv hold n x
+ * size integers; they may be the same. */
+mf_status mf_comm_alltoall_i64(mf_comm *c, const int64_t *send, int64_t *recv, size_t n);
+/* All-to-all of rows (expert parallelism's): this rank sends send_n[r] units
+ * of `unit` bytes to rank r, from send, where the units for rank 0 come
+ * first, then rank 1's, ...; and receives recv_n[r] units from rank r into
+ * recv, rank 0's first, likewise. recv_n[r] must be rank r's send_n[this
+ * rank] (exchanged first with mf_comm_alltoall_i64). send and recv must not
+ * overlap. Every rank calls it. MF_ERR_INVALID_ARG when a side holds more than
+ * INT_MAX units or a unit more than INT_MAX bytes (one MPI call). After a
+ * timeout MPI may still write into recv (the job ends then). */
+mf_status mf_comm_alltoallv(mf_comm *c, const void *send, const int64_t *send_n, void *recv,
+                            const int64_t *recv_n, size_t unit);
+
 /* Ends every rank of the job at once (MPI_Abort) with `code`; without MPI,
  * returns (the caller exits). For a rank that failed while others may wait
  * for it in a collective. */

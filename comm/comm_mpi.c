@@ -324,6 +324,77 @@ mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n) {
   return MF_OK;
 }
 
+mf_status mf_comm_alltoall_i64(mf_comm *c, const int64_t *send, int64_t *recv, size_t n) {
+  if (!c->mpi || c->size == 1) {
+    if (n) memmove(recv, send, n * sizeof(int64_t));
+    return MF_OK;
+  }
+  if (n == 0) return MF_OK;
+  if (n > INT_MAX / (size_t)c->size)
+    return MF_ERR(MF_ERR_INVALID_ARG, "comm: an all-to-all of %zu integers a rank is too large", n);
+  const size_t all = n * (size_t)c->size;
+  MF_CHECK(mf_comm_stage_reserve(c, 2 * all * sizeof(int64_t)));
+  int64_t *st = (int64_t *)c->stage;
+  memcpy(st, send, all * sizeof(int64_t));
+  int64_t ticket = 0;
+  MF_CHECK(mf_comm_enter(c, MF_COMM_WORLD, &ticket));
+  MPI_Request rq;
+  MF_MPI_CHECK(MPI_Ialltoall(st, (int)n, MPI_INT64_T, st + all, (int)n, MPI_INT64_T, c->world, &rq));
+  MF_CHECK(mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, 0, MF_COMM_STAGE, "in an all-to-all of counts"));
+  memcpy(recv, (int64_t *)c->stage + all, all * sizeof(int64_t));
+  return MF_OK;
+}
+
+mf_status mf_comm_alltoallv(mf_comm *c, const void *send, const int64_t *send_n, void *recv,
+                            const int64_t *recv_n, size_t unit) {
+  const int P = c->size;
+  int64_t ns = 0, nr = 0;
+  for (int r = 0; r < P; r++) {
+    if (send_n[r] < 0 || recv_n[r] < 0)
+      return MF_ERR(MF_ERR_INVALID_ARG, "comm: an all-to-all with a negative count (rank %d)", r);
+    ns += send_n[r];
+    nr += recv_n[r];
+  }
+  if (!c->mpi || P == 1) {
+    if (send_n[0] != recv_n[0])
+      return MF_ERR(MF_ERR_INVALID_ARG, "comm: an all-to-all of one rank sends %lld units and receives %lld",
+                    (long long)send_n[0], (long long)recv_n[0]);
+    if (send_n[0] && unit) memmove(recv, send, (size_t)send_n[0] * unit);
+    return MF_OK;
+  }
+  if (unit == 0 || unit > INT_MAX || ns > INT_MAX || nr > INT_MAX)
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "comm: an all-to-all of %lld and %lld units of %zu bytes is too large for one MPI call",
+                  (long long)ns, (long long)nr, unit);
+  /* The counts and displacements live in the stage until MPI is done with them. */
+  MF_CHECK(mf_comm_stage_reserve(c, 4 * (size_t)P * sizeof(int)));
+  int *sc = (int *)c->stage, *sd = sc + P, *rc = sd + P, *rd = rc + P;
+  int at_s = 0, at_r = 0;
+  for (int r = 0; r < P; r++) {
+    sc[r] = (int)send_n[r], sd[r] = at_s, at_s += sc[r];
+    rc[r] = (int)recv_n[r], rd[r] = at_r, at_r += rc[r];
+  }
+  MPI_Datatype row;
+  MF_MPI_CHECK(MPI_Type_contiguous((int)unit, MPI_BYTE, &row));
+  int rc_ = MPI_Type_commit(&row);
+  if (rc_ != MPI_SUCCESS) {
+    MPI_Type_free(&row);
+    return mf_comm_mpi_error(rc_, __FILE__, __LINE__, "MPI_Type_commit");
+  }
+  int64_t ticket = 0;
+  mf_status st = mf_comm_enter(c, MF_COMM_WORLD, &ticket);
+  MPI_Request rq = MPI_REQUEST_NULL;
+  if (st == MF_OK) {
+    rc_ = MPI_Ialltoallv(send, sc, sd, row, recv, rc, rd, row, c->world, &rq);
+    if (rc_ != MPI_SUCCESS) st = mf_comm_mpi_error(rc_, __FILE__, __LINE__, "MPI_Ialltoallv");
+  }
+  if (st == MF_OK)
+    st = mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, (size_t)(ns + nr) * unit > MF_HEAVY_BYTES,
+                        MF_COMM_STAGE, "in an all-to-all of rows");
+  MPI_Type_free(&row); /* a pending request keeps what it needs of it */
+  return st;
+}
+
 void mf_comm_abort(mf_comm *c, int code) {
   if (!c || !c->mpi) return;
   MPI_Abort(c->world != MPI_COMM_NULL ? c->world : MPI_COMM_WORLD, code);

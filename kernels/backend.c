@@ -117,9 +117,11 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
                               {"E", "N", "Kd"},
                               {0},
                               {"W", R}},
+    /* segments (optional; sources parts an expert): expert e's rows in parts, each summed from 0 in row
+     * order and then added into dW[e] in part order (EP_DISPATCH's, whose exactness it keeps) */
     [MF_K_EXPERT_BWD_WEIGHT] = {"expert_bwd_weight",
-                                {{"dye", R}, {"xe", R}, I64("offsets", R)},
-                                {"E", "N", "Kd"},
+                                {{"dye", R}, {"xe", R}, I64("offsets", R), {"segments", R, 1, MF_KT_I64}},
+                                {"E", "N", "Kd", "sources"},
                                 {0},
                                 F32("dW", A)},
     /* ws and lse are workspace; scalars: 2 doubles {loss_sum, n_valid}; dh
@@ -173,6 +175,13 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
      * mf_kernel_expert_rows); db [E, N] += the row-order sums of dy's rows, fp32 */
     [MF_K_EXPERT_BIAS_FWD] = {"expert_bias_fwd", {{"y", A}, I64("offsets", R), {"bias", R}}, {"E", "N"}},
     [MF_K_EXPERT_BIAS_BWD] = {"expert_bias_bwd", {{"dy", R}, I64("offsets", R), F32("db", A)}, {"E", "N"}},
+    [MF_K_EP_DISPATCH] = {"ep_dispatch",
+                          {{"x", R}, I64("loffs", R), {"y", W}, I64("offsets", W), I64("segments", W),
+                           {"counts", W, 1, MF_KT_I64}},
+                          {"E", "ep", "C", "rank"}},
+    [MF_K_EP_COMBINE] = {"ep_combine",
+                         {{"y", R}, I64("offsets", R), I64("segments", R), I64("loffs", R), {"x", W}},
+                         {"E", "ep", "C", "rank"}},
 };
 
 /* clang-format on */
@@ -194,6 +203,10 @@ const mf_kernel_info *mf_kernel_info_of(mf_kernel k) {
 const char *mf_kernel_name(mf_kernel k) {
   const mf_kernel_info *t = mf_kernel_info_of(k);
   return t ? t->name : "unknown";
+}
+
+int mf_kernel_is_exchange(mf_kernel k) {
+  return k == MF_K_EP_DISPATCH || k == MF_K_EP_COMBINE;
 }
 
 int mf_kernel_n_operands(mf_kernel k) {

@@ -144,10 +144,27 @@ typedef enum mf_kernel {
   MF_K_SWIGLU_CLAMP_BWD,
   MF_K_EXPERT_BIAS_FWD,
   MF_K_EXPERT_BIAS_BWD,
+  /* Expert parallelism's exchanges between ranks (no twin: not kernels, a
+   * backend refuses them; the executor hands them to its exchange, src/exec/exec.h
+   * mf_exec_set_exchange). Rank r of ep owns experts [r E/ep, (r + 1) E/ep).
+   * EP_DISPATCH sends each of this rank's expert-sorted rows x [R, C] (local
+   * offsets loffs [E + 1]) to its expert's owner and receives the rows every
+   * rank sends this one's experts into y [ep R, C], expert-major and, inside an
+   * expert, by source rank (each source's rows in its own order): offsets
+   * [E + 1] the received experts' rows (another rank's experts: none), segments
+   * [E ep + 1] where each (expert, source) part starts (expert e's rows from
+   * source s: [segments[e ep + s], segments[e ep + s + 1])), and, when present,
+   * counts [E] the rows each expert received (0 for another rank's).
+   * EP_COMBINE sends the rows of y back where EP_DISPATCH took them from: x
+   * [R, C] in the local expert-sorted order. */
+  MF_K_EP_DISPATCH,
+  MF_K_EP_COMBINE,
   MF_K_COUNT_
 } mf_kernel;
 
 const char *mf_kernel_name(mf_kernel k); /* "unknown" for a kind out of range */
+/* EP_DISPATCH and EP_COMBINE: exchanges between ranks, not kernels. */
+int mf_kernel_is_exchange(mf_kernel k);
 
 /* SLICE's and SLICE_BWD's sizes (both twins check them): blocks of C columns
  * inside rows of stride xs and ys, rep >= 1. `what` names the kernel. */

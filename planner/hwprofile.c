@@ -486,8 +486,8 @@ static int gemm_order_fault(const mf_hwprofile *p, int *i_out) {
 }
 
 static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
-  static const char *const top[] = {"name",    "source", "device", "links",
-                                    "compute", "host",   "nvme",   "network"};
+  static const char *const top[] = {"name", "source", "device",  "links", "compute",
+                                    "host", "nvme",   "network", "nvlink"};
   static const char *const dev_keys[] = {"memory", "reserve", "copies_overlap_compute"};
   static const char *const link_keys[] = {"h2d", "d2h"};
   static const char *const comp_keys[] = {"gemm", "attention", "elementwise_bandwidth", "launch_us",
@@ -579,6 +579,12 @@ static mf_status parse_doc(const ld *c, mf_hwprofile *p) {
     MF_CHECK(check_map(c, sec, "network", net_keys, 1, "the network between machines"));
     MF_CHECK(need(c, sec, "network", "bandwidth", "bytes per second each way, e.g. 25GB", &v));
     MF_CHECK(read_bandwidth(c, v, "network.bandwidth", "bytes per second", &p->network_bandwidth));
+  }
+  p->nvlink_bandwidth = 0;
+  if ((sec = get(c, root, "nvlink"))) {
+    MF_CHECK(check_map(c, sec, "nvlink", net_keys, 1, "the links between the GPUs of one machine"));
+    MF_CHECK(need(c, sec, "nvlink", "bandwidth", "bytes per second each way a GPU, e.g. 450GB", &v));
+    MF_CHECK(read_bandwidth(c, v, "nvlink.bandwidth", "bytes per second", &p->nvlink_bandwidth));
   }
   return MF_OK;
 }
@@ -713,6 +719,7 @@ mf_status mf_hwprofile_validate(const mf_hwprofile *p) {
   if (!pos(p->host_memory_bandwidth)) return bad("host.memory_bandwidth", "must be > 0 and finite");
   if (!nonneg(p->nvme_bandwidth)) return bad("nvme.bandwidth", "must be >= 0 (0: none) and finite");
   if (!nonneg(p->network_bandwidth)) return bad("network.bandwidth", "must be >= 0 (0: unknown) and finite");
+  if (!nonneg(p->nvlink_bandwidth)) return bad("nvlink.bandwidth", "must be >= 0 (0: unknown) and finite");
   return MF_OK;
 }
 
@@ -740,7 +747,7 @@ int mf_hwprofile_equal(const mf_hwprofile *a, const mf_hwprofile *b) {
   return a->elementwise_bandwidth == b->elementwise_bandwidth && a->launch_s == b->launch_s &&
          a->host_memory == b->host_memory && a->host_adamw_params_per_s == b->host_adamw_params_per_s &&
          a->host_memory_bandwidth == b->host_memory_bandwidth && a->nvme_bandwidth == b->nvme_bandwidth &&
-         a->network_bandwidth == b->network_bandwidth;
+         a->network_bandwidth == b->network_bandwidth && a->nvlink_bandwidth == b->nvlink_bandwidth;
 }
 
 double mf_hwprofile_share_cores(mf_hwprofile *p, long cores, int64_t node_ranks, int64_t threads) {

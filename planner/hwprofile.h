@@ -25,6 +25,7 @@
  *     memory_bandwidth: 40GB
  *   nvme: {bandwidth: 3GB}              # optional
  *   network: {bandwidth: 25GB}          # optional: between machines, each way a node
+ *   nvlink: {bandwidth: 450GB}          # optional: between a machine's GPUs, each way a GPU
  *
  * Sizes (memory, reserve) are whole bytes: mf_parse_size's units (KiB/MiB/
  * GiB/TiB binary, KB/MB/GB/TB decimal) or plain digits. A bandwidth is bytes
@@ -117,7 +118,18 @@ typedef struct mf_hwprofile {
   /* Between machines (`network: {bandwidth: ...}`), bytes/s each way a node:
    * what several nodes' gradient sums move at; 0: unknown (not priced). */
   double network_bandwidth;
+  /* Between the GPUs of one machine (`nvlink: {bandwidth: ...}`: NVLink, or
+   * PCIe peer to peer), bytes/s each way a GPU: what expert parallelism's
+   * exchanges move at; 0: unknown (mf_hw_link_bandwidth's stand-in). */
+  double nvlink_bandwidth;
 } mf_hwprofile;
+
+/* The bandwidth expert parallelism's exchanges move rows at, each way a
+ * rank: nvlink.bandwidth when the profile has it; else, on a profile whose
+ * copies overlap compute (a GPU), the slower of h2d and d2h (the rows go
+ * through host memory), and on a serial one (the cpu backend: ranks of one
+ * machine share memory) host.memory_bandwidth. */
+double mf_hw_link_bandwidth(const mf_hwprofile *hw);
 
 /* Loads and validates a profile file. Errors are MF_ERR_CONFIG with a message
  * "FILE:LINE:COLUMN: key.path: fault" (1-based; the key path like

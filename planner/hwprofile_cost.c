@@ -67,6 +67,13 @@ double mf_hw_elementwise_seconds(const mf_hwprofile *p, double bytes) {
   return bytes / p->elementwise_bandwidth + p->launch_s;
 }
 
+double mf_hw_link_bandwidth(const mf_hwprofile *p) {
+  if (p->nvlink_bandwidth > 0) return p->nvlink_bandwidth;
+  if (p->copies_overlap_compute)
+    return p->h2d_bandwidth < p->d2h_bandwidth ? p->h2d_bandwidth : p->d2h_bandwidth;
+  return p->host_memory_bandwidth;
+}
+
 double mf_hw_copy_seconds(const mf_hwprofile *p, int h2d, double bytes) {
   if (!(bytes > 0)) return 0;
   return h2d ? p->h2d_latency_s + bytes / p->h2d_bandwidth : p->d2h_latency_s + bytes / p->d2h_bandwidth;

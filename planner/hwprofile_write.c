@@ -197,6 +197,10 @@ mf_status mf_hwprofile_write(const mf_hwprofile *p, FILE *f) {
     fmt_bandwidth(p->network_bandwidth, a, sizeof a);
     fprintf(f, "network: {bandwidth: %s}\n", a);
   }
+  if (p->nvlink_bandwidth > 0) {
+    fmt_bandwidth(p->nvlink_bandwidth, a, sizeof a);
+    fprintf(f, "nvlink: {bandwidth: %s}\n", a);
+  }
   if (ferror(f)) return MF_ERR(MF_ERR_IO, "writing a hardware profile: the stream failed");
   return MF_OK;
 }

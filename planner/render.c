@@ -549,7 +549,7 @@ static void layer_counts(const mf_program *p, const mf_decisions *d, layer_count
   const int32_t L = (int32_t)p->spec.layers;
   for (int32_t i = 0; i < d->n_params; i++) {
     const mf_param *q = &p->params->params[i];
-    if (q->layer < -1 || q->layer >= L) continue;
+    if (q->layer < -1 || q->layer >= L || !mf_program_holds_param(p, i)) continue; /* another rank's expert */
     layer_count *x = &c[q->layer + 1];
     d->param[i] == MF_PARAM_RESIDENT ? x->wr++ : x->ws++;
     if (q->frozen) continue; /* no gradient, no optimizer */

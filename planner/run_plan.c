@@ -237,8 +237,12 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
       rp->storage,
       cfg->train.adam_moments == MF_CONFIG_MOMENTS_BF16 ? MF_DTYPE_BF16 : MF_DTYPE_F32,
       train ? cfg->ranks : 1,
-      train ? cfg->node_ranks : 0};
-  rq.choose_order = cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train;
+      train ? cfg->node_ranks : 0,
+      train ? cfg->parallel.expert : 1,
+      train ? cfg->ep_rank : 0};
+  /* Expert-parallel ranks exchange rows in program order: one order for all, not each rank's choice */
+  rq.choose_order =
+      cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train && cfg->parallel.expert <= 1;
   rq.hw = &rp->hw;
   rq.sim.overlap_optimizer = rp->overlap_optimizer;
   rq.budget = rp->arena_limit;
@@ -560,6 +564,16 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
   if (cfg->train.lora.rank > 0 && t->lora.rank != cfg->train.lora.rank) {
     st = MF_ERR(MF_ERR_INTERNAL, "run plan: train.lora.rank is %lld but the parameter table has no adapters",
                 (long long)cfg->train.lora.rank);
+    goto fail;
+  }
+  const int64_t n_ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && cfg->parallel.expert != n_ranks) {
+    st = MF_ERR(MF_ERR_CONFIG,
+                "parallel.expert %lld: the run has %lld rank%s; expert parallelism spreads the experts over "
+                "every rank (data parallel beside it is not built yet): run mpirun -np %lld (or moefit plan "
+                "--ranks %lld), or set parallel.expert: 1",
+                (long long)cfg->parallel.expert, (long long)n_ranks, n_ranks > 1 ? "s" : "",
+                (long long)cfg->parallel.expert, (long long)cfg->parallel.expert);
     goto fail;
   }
   if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {

@@ -95,7 +95,8 @@ static int can_recompute_depth(const mf_program *p, int32_t t, int depth, int8_t
     for (int i = 0; i < MF_KBUF_MAX; i++)
       if (o->t[i] == t && (w >> i & 1)) writes_t = 1;
     if (!writes_t) continue;
-    if (o->phase != MF_PHASE_FWD) {
+    if (o->phase != MF_PHASE_FWD ||
+        mf_kernel_is_exchange(o->kind)) { /* an exchange runs once, on every rank */
       ok = 0;
       break;
     }

@@ -68,8 +68,9 @@ static double expert_seconds(const mf_program *p, const mf_pop *o, const mf_hwpr
   const double E = (double)o->i[0], N = (double)o->i[1], Kd = (double)o->i[2];
   const double T = (double)(p->B * p->S), K = (double)p->spec.top_k;
   if (!(E > 0) || !(T > 0) || !(K > 0)) return 0;
-  const double R = T * K;
-  const double active = mf_experts_expected_busy(o->i[0], p->spec.top_k, T);
+  const double R = T * K; /* with expert parallelism: the rows this rank's experts get, on average */
+  /* its E / ep experts, busy with the tokens of every rank's micro-batch */
+  const double active = mf_experts_expected_busy(o->i[0], p->spec.top_k, T * (double)p->ep) / (double)p->ep;
   const double m = R / active;
   double one;
   if (o->kind == MF_K_EXPERT_FWD)
@@ -163,6 +164,13 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
     case MF_K_ATTN_FWD:
     case MF_K_ATTN_BWD:
       return mf_hw_attention_seconds(hw, o->flops, (double)o->i[1], (double)o->i[4]);
+    case MF_K_EP_DISPATCH:
+    case MF_K_EP_COMBINE: { /* the rows for other ranks out and theirs in, on average (ep - 1) / ep of R */
+      const double ep = (double)p->ep,
+                   rows_bytes = (double)p->tensors[o->t[o->kind == MF_K_EP_DISPATCH ? 2 : 0]].bytes;
+      const double moved = ep > 1 ? rows_bytes / ep * (ep - 1) / ep : 0;
+      return moved / mf_hw_link_bandwidth(hw) + hw->launch_s;
+    }
     case MF_K_ADAMW:
       /* On a serial profile (the cpu backend) the device's optimizer is the
        * host's own code, at its rate; on a GPU a bandwidth-bound kernel. */

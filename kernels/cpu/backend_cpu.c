@@ -571,7 +571,8 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
       return mf_cpu_expert_bwd_data(CF(0), (const float *const *)k->experts, CI64(1),
                                     mf_kernel_expert_rows(k), i[0], i[1], i[2], F(2), x);
     case MF_K_EXPERT_BWD_WEIGHT:
-      return mf_cpu_expert_bwd_weight(CF(0), CF(1), CI64(2), i[0], i[1], i[2], (float *const *)k->experts, x);
+      return mf_cpu_expert_bwd_weight_parts(CF(0), CF(1), CI64(2), CI64(3), i[0], i[1], i[2], i[3],
+                                            (float *const *)k->experts, x);
     case MF_K_CROSS_ENTROPY:
       return mf_cpu_cross_entropy(CF(0), CF(1), CI32(2), i[0], i[1], i[2], i[3], (float)k->f[0], F(3), F(4),
                                   D64(5), F(6), F(7), x);

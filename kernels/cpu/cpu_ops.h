@@ -258,6 +258,15 @@ mf_status mf_cpu_expert_bwd_data(const float *dye, const float *const *W, const 
  * gradients are not touched (dW[e] may be NULL then). */
 mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
                                    int64_t N, int64_t Kd, float *const *dW, const mf_kctx *ctx);
+/* The same with each expert's rows in `sources` parts (segments [E sources + 1],
+ * expert e's part s: rows [segments[e sources + s], segments[e sources + s + 1]),
+ * covering its rows in order): dW[e] += part_0; dW[e] += part_1; ..., each
+ * part summed from 0 in row order — the bits of one rank adding the parts as
+ * the gradients of micro-batches 0, 1, ... (expert parallelism's received
+ * rows, kernels/backend.h MF_K_EP_DISPATCH). NULL segments: one part. */
+mf_status mf_cpu_expert_bwd_weight_parts(const float *dye, const float *xe, const int64_t *offsets,
+                                         const int64_t *segments, int64_t E, int64_t N, int64_t Kd,
+                                         int64_t sources, float *const *dW, const mf_kctx *ctx);
 
 /* A per-expert bias over the expert-sorted rows (expert_bias.c; gpt-oss's
  * gate_up_proj_bias and down_proj_bias): rows of expert e are [offsets[e],

@@ -18,6 +18,8 @@
  *   fwd:        ye[r,n]   = sum_k  xe[r,k]  * W[n,k]      (k = 0..Kd-1)
  *   bwd_data:   dxe[r,k]  = sum_n  dye[r,n] * W[n,k]      (n = 0..N-1)
  *   bwd_weight: dW[n,k]  += dye[r,n] * xe[r,k] for the expert's rows in order
+ *               (in parts: each part summed from 0 in row order, then added
+ *               into dW in part order; expert parallelism's rows by source rank)
  * Each task is one mf_cpu_gemm call (gemm_impl.h), whose blocking changes
  * speed, never bits.
  * The work is split into tasks (expert, row block, column block) — or (expert,
@@ -280,6 +282,8 @@ typedef struct {
   int64_t N, Kd;
   float *out; /* ye (fwd), dxe (bwd_data) */
   int round;
+  const int64_t *segments; /* bwd_weight in parts: expert e's rows in `sources` parts (NULL: one) */
+  int64_t sources;
 } gemm_args;
 
 /* Task sizes: row blocks of GEMM_RB rows by FWD_CB (fwd) or BWD_CB (bwd_data)
@@ -307,7 +311,7 @@ static void fwd_task(const void *vargs, int64_t e, int64_t r0, int64_t r1, int64
 mf_status mf_cpu_expert_fwd(const float *xe, const float *const *W, const int64_t *offsets, int64_t R,
                             int64_t E, int64_t N, int64_t Kd, float *ye, const mf_kctx *ctx) {
   if (E <= 0 || N <= 0) return MF_OK;
-  gemm_args a = {xe, NULL, W, NULL, N, Kd, ye, round_of(ctx)};
+  gemm_args a = {xe, NULL, W, NULL, N, Kd, ye, round_of(ctx), NULL, 0};
   expert_tasks et = {offsets, E, GEMM_RB, (N + FWD_CB - 1) / FWD_CB, fwd_task, &a};
   mf_threadpool_run(pool_of(ctx), expert_tasks_run, &et);
   return MF_OK;
@@ -333,7 +337,7 @@ mf_status mf_cpu_expert_bwd_data(const float *dye, const float *const *W, const 
     for (int64_t r = offsets[0] * Kd; r < offsets[E] * Kd; r++) dxe[r] = 0.0f;
     return MF_OK;
   }
-  gemm_args a = {dye, NULL, W, NULL, N, Kd, dxe, round_of(ctx)};
+  gemm_args a = {dye, NULL, W, NULL, N, Kd, dxe, round_of(ctx), NULL, 0};
   expert_tasks et = {offsets, E, GEMM_RB, (Kd + BWD_CB - 1) / BWD_CB, bwd_data_task, &a};
   mf_threadpool_run(pool_of(ctx), expert_tasks_run, &et);
   return MF_OK;
@@ -348,14 +352,47 @@ static void bwd_weight_task(const void *vargs, int64_t e, int64_t r0, int64_t r1
   const int64_t n0 = (cb / nkb) * WGT_NB, k0 = (cb % nkb) * WGT_KB;
   const int64_t nn = N - n0 < WGT_NB ? N - n0 : WGT_NB, kk = Kd - k0 < WGT_KB ? Kd - k0 : WGT_KB;
   if (!a->dW[e]) return; /* a cold expert's adapter: no gradient */
-  mf_cpu_gemm(MF_CPU_GEMM_TN, a->x + r0 * N + n0, N, a->y + r0 * Kd + k0, Kd, nn, kk, r1 - r0,
-              a->dW[e] + n0 * Kd + k0, Kd, 1, 0);
+  float *dW = a->dW[e] + n0 * Kd + k0;
+  if (!a->segments) {
+    mf_cpu_gemm(MF_CPU_GEMM_TN, a->x + r0 * N + n0, N, a->y + r0 * Kd + k0, Kd, nn, kk, r1 - r0, dW, Kd, 1,
+                0);
+    return;
+  }
+  /* In parts: each part's sum from 0, then added (one rank's micro-batches, each on its own) */
+  float part[WGT_NB * WGT_KB];
+  for (int64_t s = 0; s < a->sources; s++) {
+    const int64_t p0 = a->segments[e * a->sources + s], p1 = a->segments[e * a->sources + s + 1];
+    if (p1 <= p0) continue;
+    mf_cpu_gemm(MF_CPU_GEMM_TN, a->x + p0 * N + n0, N, a->y + p0 * Kd + k0, Kd, nn, kk, p1 - p0, part, kk, 0,
+                0);
+    for (int64_t n = 0; n < nn; n++)
+      for (int64_t k = 0; k < kk; k++) dW[n * Kd + k] += part[n * kk + k];
+  }
 }
 
 mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int64_t *offsets, int64_t E,
                                    int64_t N, int64_t Kd, float *const *dW, const mf_kctx *ctx) {
+  return mf_cpu_expert_bwd_weight_parts(dye, xe, offsets, NULL, E, N, Kd, 1, dW, ctx);
+}
+
+mf_status mf_cpu_expert_bwd_weight_parts(const float *dye, const float *xe, const int64_t *offsets,
+                                         const int64_t *segments, int64_t E, int64_t N, int64_t Kd,
+                                         int64_t sources, float *const *dW, const mf_kctx *ctx) {
   if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
-  gemm_args a = {dye, xe, NULL, dW, N, Kd, NULL, 0};
+  if (segments && sources < 1)
+    return MF_ERR(MF_ERR_INVALID_ARG, "expert_bwd_weight: %lld sources", (long long)sources);
+  for (int64_t e = 0; segments && e < E; e++) {
+    const int64_t *g = segments + e * sources;
+    int ok = g[0] == offsets[e] && g[sources] == offsets[e + 1];
+    for (int64_t s = 0; s < sources && ok; s++) ok = g[s + 1] >= g[s];
+    if (!ok)
+      return MF_ERR(MF_ERR_INVALID_ARG,
+                    "expert_bwd_weight: expert %lld's parts [%lld, %lld] do not cover its rows [%lld, %lld) "
+                    "in order",
+                    (long long)e, (long long)g[0], (long long)g[sources], (long long)offsets[e],
+                    (long long)offsets[e + 1]);
+  }
+  gemm_args a = {dye, xe, NULL, dW, N, Kd, NULL, 0, segments, sources};
   int64_t ncb = ((N + WGT_NB - 1) / WGT_NB) * ((Kd + WGT_KB - 1) / WGT_KB);
   expert_tasks et = {offsets, E, 0, ncb, bwd_weight_task, &a};
   mf_threadpool_run(pool_of(ctx), expert_tasks_run, &et);

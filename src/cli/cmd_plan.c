@@ -8,6 +8,7 @@
 
 #include "planner/render.h"
 #include "planner/run_plan.h"
+#include "planner/simulate.h"
 #include "src/cli/commands.h"
 #include "src/config/config.h"
 #include "src/model/hf_config.h"
@@ -340,10 +341,27 @@ static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
       mf_format_bytes(rp->plan->s->arena_bytes, a, sizeof a), mf_format_bytes(u->total_bytes, b, sizeof b),
       mf_format_bytes(u->master_bytes + u->working_bytes + u->grad_bytes + u->moment_bytes, c, sizeof c),
       mf_format_bytes(u->act_bytes + u->pinned_bytes, d, sizeof d));
+  if (p->ep > 1) {
+    double ex = 0; /* the step's exchanges, as the simulation prices them */
+    int64_t n_ex = 0;
+    for (int32_t k = 0; k < p->n_ops; k++)
+      if (mf_kernel_is_exchange(p->ops[k].kind)) ex += mf_sim_op_seconds(p, k, &rp->hw), n_ex++;
+    printf(
+        "  experts: over %lld ranks (%lld of %lld a rank, every MoE layer): the plan is rank 0's; each "
+        "rank's experts run over the rows of every rank's micro-batches; %lld exchanges a step (dispatch "
+        "and combine, forward and backward), %.4f s at %s/s a rank (%s)\n",
+        (long long)p->ep, (long long)(p->spec.experts / p->ep), (long long)p->spec.experts, (long long)n_ex,
+        ex,
+        mf_format_bytes((uint64_t)mf_hw_link_bandwidth(&rp->hw), c, sizeof c),
+        rp->hw.nvlink_bandwidth > 0           ? "nvlink.bandwidth"
+        : rp->hw.copies_overlap_compute ? "no nvlink in the profile: through host memory, at its link"
+                                              : "shared memory: host.memory_bandwidth");
+  }
   printf(
       "  gradients: each rank's copies home add into the node's one sum in rank order (%s a rank a step, the "
-      "D2H above); ",
-      mf_format_bytes(rp->plan->s->d2h_bytes, a, sizeof a));
+      "D2H above)%s; ",
+      mf_format_bytes(rp->plan->s->d2h_bytes, a, sizeof a),
+      p->ep > 1 ? "; an expert's, its rank's alone" : "");
   if (nodes > 1 && isnan(rp->between_nodes_s))
     printf(
         "between nodes the leaders exchange the %s sum (each receives %lld x that) and add it in node order "

@@ -223,6 +223,11 @@ typedef struct mf_config_memory {
   mf_config_mem_override *overrides;
 } mf_config_memory;
 
+/* parallel: how the ranks of an mpirun share the work. */
+typedef struct mf_config_parallel {
+  int64_t expert; /* expert-parallel ranks (1: none, every rank holds every expert) */
+} mf_config_parallel;
+
 typedef struct mf_config_hardware {
   char *profile; /* "auto" (measure / detect) or a profile file */
 } mf_config_hardware;
@@ -251,6 +256,7 @@ typedef struct mf_config {
   mf_config_train train;
   mf_config_memory memory;
   mf_config_hardware hardware;
+  mf_config_parallel parallel;
   mf_config_output output;
   mf_config_backend backend;
   mf_config_kernels kernels;
@@ -258,6 +264,7 @@ typedef struct mf_config {
    * `moefit plan --ranks N`); 0 or 1: one. Set by the command before planning. */
   int64_t ranks;
   int64_t node_ranks; /* of them, on one machine (0: all) */
+  int64_t ep_rank;    /* with parallel.expert > 1: this rank's place among the expert-parallel ranks */
   int device;         /* the CUDA device this process uses (a rank's: its local rank's GPU); default 0 */
 } mf_config;
 

@@ -234,6 +234,13 @@ const mf_config_key mf_config_keys[] = {
         "(spec-sheet estimates; the run says so); with the GPU present and neither file, train, eval and "
         "plan first measure the GPU once into <output.dir>/hw-cuda.yaml"),
 
+    SEC("parallel", 0, "how the ranks of `mpirun -np N moefit train` share the work"),
+    KEY("parallel.expert", MF_CK_INT, 0, parallel.expert, 1, 65536, NULL, "1",
+        "expert-parallel ranks: each of them owns routed experts/N of every MoE layer (weights, gradients; "
+        "on the device only its own), and the tokens travel to their experts' ranks and back; it must "
+        "equal the number of ranks (`moefit plan --ranks N` plans rank 0's share); 1: none, every rank "
+        "holds every expert (data parallel)"),
+
     SEC("output", 0, "where results go"),
     KEY("output.dir", MF_CK_STR, MF_CK_DOCDEF, output.dir, NOLO, NOHI, NULL, "runs/<config name>",
         "run directory: checkpoints, logs, metrics"),

@@ -72,6 +72,19 @@ done:
   return st;
 }
 
+/* The op whose routed counts the executor reads (its operand `*counts`):
+ * a layer's dispatch or, with expert parallelism, its forward exchange (the
+ * rows this rank's experts received). */
+static int route_op(const mf_program *p, const mf_pop *o, int *counts) {
+  if (o->micro < 0) return 0;
+  if (p->ep > 1) {
+    *counts = 5;
+    return o->kind == MF_K_EP_DISPATCH && o->t[5] >= 0;
+  }
+  *counts = 1;
+  return o->kind == MF_K_MOE_DISPATCH;
+}
+
 /* Whether micro-batch m's routing of layer l has landed at home, without
  * waiting: the copy of its counts was issued this step and its event is done. */
 static int route_known(mf_exec *x, int64_t ml) {
@@ -217,13 +230,15 @@ static mf_status create(const mf_program *p, const mf_schedule *s, mf_backend *b
     MF_CHECK_GOTO(b->host_alloc(b, 2 * ((size_t)x->max_reads + 1) * sizeof(double), &h), st, fail);
     x->scalars = (double *)h;
   }
-  for (int32_t i = 0; i < s->optim_begin; i++) /* a dispatch's counts are read without a wait */
+  for (int32_t i = 0; i < s->optim_begin; i++) { /* a dispatch's counts are read without a wait */
+    int unused = 0;
     if (s->instr[i].kind == MF_I_RUN && !s->instr[i].recompute &&
-        p->ops[s->instr[i].op].kind == MF_K_MOE_DISPATCH && p->ops[s->instr[i].op].micro >= 0) {
+        route_op(p, &p->ops[s->instr[i].op], &unused)) {
       const mf_pop *o = &p->ops[s->instr[i].op];
       const size_t ml = (size_t)o->micro * (size_t)p->spec.layers + (size_t)o->layer;
       if (ml < GL && !x->route_ev[ml]) MF_CHECK_GOTO(b->event_create(b, &x->route_ev[ml]), st, fail);
     }
+  }
   for (int k = 0; k < MF_EXEC_STREAMS; k++) MF_CHECK_GOTO(b->stream_create(b, &x->st[k]), st, fail);
   MF_CHECK_GOTO(order_events(x), st, fail);
   if (x->timed) {
@@ -340,6 +355,17 @@ void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h) {
 
 void mf_exec_set_grads_add(mf_exec *x, int add) {
   x->grads_add = add != 0;
+}
+
+void mf_exec_set_grads_own(mf_exec *x, const uint8_t *own) {
+  x->grads_own = own;
+}
+
+void mf_exec_set_exchange(mf_exec *x, const mf_exec_exchange *e) {
+  if (e)
+    x->exchange = *e;
+  else
+    memset(&x->exchange, 0, sizeof x->exchange);
 }
 
 const int32_t *mf_exec_param_upload_order(const mf_exec *x) { return x->upload_order; }
@@ -469,12 +495,13 @@ mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, 
   } else if (pt->kind == MF_T_GRAD) {
     if (!io->grads) return MF_OK;
     *dst = io->grads + p->params->params[pt->param].toff;
+    const int add = x->grads_add && !(x->grads_own && x->grads_own[pt->param]);
     if (expert_idle(x, in->slot)) { /* an expert no token reached: its gradient is zeros */
       x->d2h_skipped += pt->bytes;
-      if (!in->accumulate && !x->grads_add) *mode = D2H_ZERO;
+      if (!in->accumulate && !add) *mode = D2H_ZERO;
       return MF_OK;
     }
-    if (in->accumulate || x->grads_add) *mode = D2H_ADD;
+    if (in->accumulate || add) *mode = D2H_ADD;
   } else if (x->s->host_offset[t] != SIZE_MAX) {
     *dst = x->host_act + x->s->host_offset[t];
   } else {
@@ -536,9 +563,10 @@ static mf_status after_run(mf_exec *x, const mf_instr *in, const mf_kernel_call 
   if (in->recompute || o->micro < 0) return MF_OK;
   const int32_t *ops = x->s->slot_pool + in->operands;
   const mf_program_io *io = &p->io[o->micro];
-  if (o->kind == MF_K_MOE_DISPATCH) {
+  int counts = 0;
+  if (route_op(p, o, &counts)) {
     const int64_t ml = (int64_t)o->micro * p->spec.layers + o->layer;
-    MF_CHECK(copy_small(x, ops[1], x->route_host + ml * p->spec.experts));
+    MF_CHECK(copy_small(x, ops[counts], x->route_host + ml * p->spec.experts));
     MF_CHECK(x->b->event_record(x->b, x->route_ev[ml], x->st[MF_EXEC_COMPUTE]));
     x->route_state[ml] = 1;
   }
@@ -676,6 +704,17 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           call.f[0] = nv > 0 ? 1.0 / (mf_program_loss_divisor(p) * (double)nv) : 0.0;
         }
         if (o->kind == MF_K_DEQUANT && dequant_idle(x, o)) break; /* an expert no token reaches: not read */
+        if (mf_kernel_is_exchange(o->kind)) { /* between ranks: after all before it, on this thread */
+          if (!x->exchange.run) {
+            st = MF_ERR(MF_ERR_INTERNAL,
+                        "executor: %s needs an exchange between ranks (mf_exec_set_exchange)", o->label);
+            goto done;
+          }
+          MF_CHECK_GOTO(x->b->stream_sync(x->b, x->st[MF_EXEC_COMPUTE]), st, done);
+          MF_CHECK_GOTO(x->exchange.run(x->exchange.ctx, &call), st, done);
+          MF_CHECK_GOTO(after_run(x, in, &call), st, done);
+          break;
+        }
         if (o->kind == MF_K_DROPOUT && o->i[2] == MF_PROGRAM_SEED_RUNTIME) {
           if (!x->dropout_seeds) {
             st = MF_ERR(MF_ERR_INTERNAL,

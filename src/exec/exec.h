@@ -201,6 +201,29 @@ void mf_exec_set_param_hooks(mf_exec *x, const mf_exec_param_hooks *h);
  * adds its share into the node's sum (src/train). Default 0. */
 void mf_exec_set_grads_add(mf_exec *x, int add);
 
+/* Expert parallelism (src/model/program.h mf_program_opts.ep): own[i] set
+ * for the parameters whose gradient this rank alone produces (its experts):
+ * their copies home are written as on a rank of its own, whatever
+ * mf_exec_set_grads_add says (an expert with no token: its zeros are
+ * written). Kept, not copied; NULL: none. */
+void mf_exec_set_grads_own(mf_exec *x, const uint8_t *own);
+
+/* Expert parallelism's exchanges between ranks (kernels/backend.h
+ * MF_K_EP_DISPATCH, MF_K_EP_COMBINE) are not kernels: the executor runs each
+ * where the schedule puts it, by calling run(ctx, call) on the thread calling
+ * mf_exec_step, with the call's operands in the device arena, once the
+ * compute stream has done all that comes before it (the stream is
+ * synchronized: the exchange is a point every rank reaches in the same
+ * order); what follows on the stream runs after it returns. A program with
+ * exchanges fails without it (MF_ERR_INTERNAL). The routed counts the
+ * executor reads (mf_exec_expert_tokens, the idle-expert skip) are then the
+ * forward EP_DISPATCH's: the rows this rank's experts received. */
+typedef struct mf_exec_exchange {
+  void *ctx;
+  mf_status (*run)(void *ctx, const mf_kernel_call *call);
+} mf_exec_exchange;
+void mf_exec_set_exchange(mf_exec *x, const mf_exec_exchange *e); /* copied; NULL removes it */
+
 /* The parameters in the order a step first uploads them ([n_params]; those
  * never uploaded last, in index order): the order to update them in. */
 const int32_t *mf_exec_param_upload_order(const mf_exec *x);

@@ -82,6 +82,8 @@ struct mf_exec {
   int64_t host_kind_n[MF_K_COUNT_ + 1];
   mf_exec_param_hooks hooks; /* host optimizer hand-off (zero: none) */
   int grads_add;             /* mf_exec_set_grads_add */
+  const uint8_t *grads_own;  /* mf_exec_set_grads_own (NULL: none) */
+  mf_exec_exchange exchange; /* expert parallelism's exchanges (zero: none) */
   int32_t *grad_final;       /* [n_instr] the parameter whose gradient is complete after it, or -1 */
   int32_t *upload_order;     /* [n_params] */
   home_ctx *homes;           /* [n_params] the hand-over's host function argument */

@@ -188,7 +188,7 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   for (int64_t i = 0; i < pt->n; i++) p->state_tensor[i] = p->sumsq_op[i] = p->adamw_op[i] = -1;
   for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
-    if (q->frozen) continue;
+    if (p->grad_tensor[i] < 0) continue; /* frozen, or another expert-parallel rank's expert */
     int32_t t = mf_pb_tensor(b, MF_T_OPT, p->moments, 2 * q->numel, -1, q->layer, "adam.%s", q->name);
     if (t < 0) return;
     /* BF16 storage: the fp32 master beside the moments (cuda). */
@@ -198,7 +198,7 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   }
   for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
-    if (q->frozen) continue;
+    if (p->grad_tensor[i] < 0) continue;
     mf_pop *o = mf_pb_op(b, MF_K_GRAD_SUMSQ, MF_PHASE_NORM, -1, q->layer, "norm %s", q->name);
     if (b->st != MF_OK) return;
     o->t[0] = p->grad_tensor[i];
@@ -209,7 +209,7 @@ static void build_optimizer(pb *b, const mf_param_table *pt) {
   }
   for (int64_t i = 0; i < pt->n && b->st == MF_OK; i++) {
     const mf_param *q = &pt->params[i];
-    if (q->frozen) continue;
+    if (p->grad_tensor[i] < 0) continue;
     mf_pop *o = mf_pb_op(b, MF_K_ADAMW, MF_PHASE_OPTIM, -1, q->layer, "adamw %s", q->name);
     if (b->st != MF_OK) return;
     o->t[0] = p->param_tensor[i];
@@ -357,6 +357,51 @@ static mf_status reorder_layer_major(mf_program *p, const int32_t *stage_of) {
   return MF_OK;
 }
 
+int mf_program_owns_expert(const mf_program *p, int64_t e) {
+  if (p->ep <= 1) return 1;
+  const int64_t per = p->spec.experts / p->ep;
+  return per > 0 && e / per == p->ep_rank;
+}
+
+int mf_program_holds_param(const mf_program *p, int64_t i) {
+  const int32_t e = p->params->params[i].expert;
+  return e < 0 || mf_program_owns_expert(p, e);
+}
+
+/* What expert parallelism needs of the model and its table (mf_program_opts.ep). */
+static mf_status ep_check(const mf_param_table *pt, const mf_program_opts *opts) {
+  const mf_model_spec *s = &pt->spec;
+  int64_t n_moe = 0;
+  for (int64_t l = 0; l < s->layers; l++) n_moe += mf_model_spec_layer_is_moe(s, l);
+  if (n_moe == 0 || s->experts < 1)
+    return MF_ERR(MF_ERR_CONFIG, "parallel.expert %lld: the model has no routed experts to spread over ranks",
+                  (long long)opts->ep);
+  if (s->experts % opts->ep)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "parallel.expert %lld does not divide the model's %lld routed experts: each rank owns an "
+                  "equal share",
+                  (long long)opts->ep, (long long)s->experts);
+  if (opts->ep_rank < 0 || opts->ep_rank >= opts->ep)
+    return MF_ERR(MF_ERR_INVALID_ARG, "step program: expert-parallel rank %lld of %lld",
+                  (long long)opts->ep_rank, (long long)opts->ep);
+  for (int64_t i = 0; i < pt->n_base; i++) {
+    const mf_param *q = &pt->params[i];
+    if (q->role == MF_P_EXPERT_GATE_BIAS || q->role == MF_P_EXPERT_UP_BIAS ||
+        q->role == MF_P_EXPERT_DOWN_BIAS)
+      return MF_ERR(MF_ERR_UNSUPPORTED,
+                    "parallel.expert: %s's experts have biases (%s), which expert parallelism does not "
+                    "carry yet; use parallel.expert: 1",
+                    mf_family_name(s->family), q->name);
+    if (q->expert >= 0 && pt->lora_a && pt->lora_a[i] >= 0)
+      return MF_ERR(MF_ERR_UNSUPPORTED,
+                    "parallel.expert: LoRA adapters on routed experts (%s) are not carried by expert "
+                    "parallelism yet: leave the experts' projections out of train.lora.targets, or use "
+                    "parallel.expert: 1",
+                    q->name);
+  }
+  return MF_OK;
+}
+
 mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts, mf_program **out) {
   *out = NULL;
   const mf_model_spec *s = &pt->spec;
@@ -379,6 +424,7 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
         opts->aux_coef, mf_family_name(s->family));
   if (opts->order != MF_ORDER_MICRO_MAJOR && opts->order != MF_ORDER_LAYER_MAJOR)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: unknown micro-batch order %d", (int)opts->order);
+  if (opts->ep > 1) MF_CHECK(ep_check(pt, opts));
   if (opts->moments != MF_DTYPE_INVALID && opts->moments != MF_DTYPE_F32 && opts->moments != MF_DTYPE_BF16)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: AdamW moments must be F32 or BF16 (got %s)",
                   mf_dtype_name(opts->moments));
@@ -399,6 +445,8 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   p->G = opts->grad_accum;
   p->ranks = opts->ranks > 1 ? opts->ranks : 1;
   p->node_ranks = opts->node_ranks > 0 && opts->node_ranks < p->ranks ? opts->node_ranks : p->ranks;
+  p->ep = opts->ep > 1 ? opts->ep : 1;
+  p->ep_rank = p->ep > 1 ? opts->ep_rank : 0;
   p->aux_coef = opts->aux_coef;
   p->ce_chunk = opts->ce_chunk > 0 ? opts->ce_chunk : 4096;
   p->forward_only = opts->forward_only;
@@ -422,9 +470,12 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     p->param_tensor[i] =
         q->quant ? mf_pb_tensor(&b, MF_T_PARAM, MF_DTYPE_U8, q->qbytes, -1, q->layer, "%s", q->name)
                  : mf_pb_tensor(&b, MF_T_PARAM, MF_DTYPE_F32, q->numel, -1, q->layer, "%s", q->name);
-    p->grad_tensor[i] = p->forward_only || q->frozen ? -1
-                                                     : mf_pb_tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1,
-                                                                    q->layer, "grad.%s", q->name);
+    /* another expert-parallel rank's expert: its gradient is that rank's */
+    const int theirs = q->expert >= 0 && !mf_program_owns_expert(p, q->expert);
+    p->grad_tensor[i] =
+        p->forward_only || q->frozen || theirs
+            ? -1
+            : mf_pb_tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1, q->layer, "grad.%s", q->name);
     if (b.st == MF_OK) {
       p->tensors[p->param_tensor[i]].param = (int32_t)i;
       if (p->grad_tensor[i] >= 0) p->tensors[p->grad_tensor[i]].param = (int32_t)i;

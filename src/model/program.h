@@ -142,6 +142,7 @@ typedef struct mf_program {
   double aux_coef;
   int64_t ranks;      /* data-parallel ranks (mf_program_opts.ranks; >= 1) */
   int64_t node_ranks; /* of them on one node (>= 1) */
+  int64_t ep, ep_rank; /* expert parallelism (mf_program_opts.ep; 1: none) and this rank's place in it */
   mf_ptensor *tensors;
   int32_t n_tensors;
   mf_pop *ops;
@@ -189,7 +190,29 @@ typedef struct mf_program_opts {
   int64_t ranks;
   /* Of them, the ranks on one machine, which share one host home (0: all). */
   int64_t node_ranks;
+  /* Expert parallelism (0 or 1: none): `ep` ranks, this one ep_rank of them
+   * (0 .. ep - 1), each owning E / ep routed experts of every MoE layer:
+   * experts [ep_rank E / ep, (ep_rank + 1) E / ep) (mf_program_owns_expert).
+   * The program holds only this rank's experts' weights and gradients; its
+   * micro-batches' expert rows travel to their owners and back through
+   * EP_DISPATCH and EP_COMBINE (kernels/backend.h) after the gather and
+   * before the combine (the backward likewise), and this rank's experts run
+   * over the rows every rank sent them: ep x T x K rows at most, the size of
+   * their activations. Each ep rank trains its own micro-batches (ranks counts
+   * them all). An expert's weight gradient adds the rows of each source rank
+   * as one micro-batch's (kernels/cpu/cpu_ops.h mf_cpu_expert_bwd_weight_parts),
+   * so ep ranks of one micro-batch each give one rank's bits over ep
+   * micro-batches. Needs E divisible by ep; refused (MF_ERR_CONFIG) for
+   * experts with biases (gpt-oss) or LoRA adapters. */
+  int64_t ep, ep_rank;
 } mf_program_opts;
+
+/* Whether this program's rank owns routed expert e (always without expert
+ * parallelism). */
+int mf_program_owns_expert(const mf_program *p, int64_t e);
+/* Whether the program holds parameter i (its weights and, when trained, its
+ * gradient): all of them but another expert-parallel rank's experts. */
+int mf_program_holds_param(const mf_program *p, int64_t i);
 
 mf_status mf_program_build(const mf_param_table *params, const mf_program_opts *opts, mf_program **out);
 /* The micro-batches the step's mean loss is over: G x ranks (a double, as the

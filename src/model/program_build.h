@@ -66,6 +66,10 @@ typedef struct ctx {
 typedef struct layer_acts {
   int32_t xn1, rstd1, q, k, v, qn, kn, qr, kr, qa, ka, att, lse, hmid, xn2, rstd2;
   int32_t rl, probs, tki, tkw, counts, offsets, row_of, tor, xe, eg, eu, ea, ey;
+  /* Expert parallelism (mf_program_opts.ep): the micro-batch's own expert-sorted offsets (loffs; the
+   * expert ops' offsets and xe are the received rows'), the received rows' parts by source (segs; -1
+   * without) */
+  int32_t loffs, segs;
   int32_t sg, su, sa, sy, sgl, dg, du, da;
   /* DeepSeek-V3's latent attention (program_mla.c): q_a_proj's output, its norm's rstd and output; kv_a's
    * output, the compressed kv, its norm's rstd and output, the rope key, kv_b's output */

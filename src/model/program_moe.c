@@ -100,6 +100,40 @@ static void expert_bias(const mb *z, int32_t l, int bwd, mf_param_role role, int
   o->flops = (double)(z->T * z->TK) * (double)N;
 }
 
+/* Expert parallelism: this micro-batch's expert-sorted rows x [R, C] of layer l to their experts' ranks,
+ * the rows of this rank's experts from every rank into y [ep R, C]. The forward's (fwd 1) writes the
+ * received layout (the expert ops' offsets and the parts by source) and the routed counts the executor
+ * reads; the backward's the same layout again, which its ops leave unread (they read the forward's). */
+static void ep_dispatch(const mb *z, int32_t l, int32_t x, int32_t y, int64_t C, int fwd) {
+  pb *b = z->b;
+  const mf_program *p = b->p;
+  const int32_t m = z->m;
+  const int64_t E = z->E;
+  layer_acts *a = &z->A[l];
+  const char *sfx = fwd ? "" : ".bwd";
+  const int32_t offs =
+      mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E + 1, m, l, LNAME "mlp.ep_offsets%s", m, l, sfx);
+  const int32_t segs =
+      mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E * p->ep + 1, m, l, LNAME "mlp.ep_parts%s", m, l, sfx);
+  const int32_t counts =
+      fwd ? mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.ep_counts", m, l) : -1;
+  mf_pop *o = mf_pb_op(b, MF_K_EP_DISPATCH, fwd ? MF_PHASE_FWD : MF_PHASE_BWD, m, l, "L%d ep dispatch%s", l,
+                       fwd ? "" : " bwd");
+  SET(o, x, a->loffs, y, offs, segs, counts);
+  INTS(o, E, p->ep, C, p->ep_rank);
+  if (fwd) a->offsets = offs, a->segs = segs;
+}
+
+/* ... and back: y [ep R, C] (the received layout) to the ranks that sent its rows, into x [R, C]. */
+static void ep_combine(const mb *z, int32_t l, mf_phase ph, int32_t y, int32_t x, int64_t C) {
+  const mf_program *p = z->b->p;
+  const layer_acts *a = &z->A[l];
+  mf_pop *o =
+      mf_pb_op(z->b, MF_K_EP_COMBINE, ph, z->m, l, "L%d ep combine%s", l, ph == MF_PHASE_FWD ? "" : " bwd");
+  SET(o, y, a->offsets, a->segs, a->loffs, x);
+  INTS(o, z->E, p->ep, C, p->ep_rank);
+}
+
 /* Layer l's routed experts (and shared expert), added into the layer's output. */
 void mf_pb_moe_fwd(const mb *z, int32_t l) {
   pb *b = z->b;
@@ -110,6 +144,7 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   int32_t *resid = z->resid;
   layer_acts *a = &z->A[l];
   const int32_t aux_counts = z->aux_counts, aux_psum = z->aux_psum;
+  const mf_program *p = b->p;
   mf_pop *o;
   const int64_t R = T * TK;
   a->rl = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, T * E, m, l, LNAME "mlp.router_logits", m, l);
@@ -140,14 +175,25 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   o = mf_pb_op(b, MF_K_MOE_DISPATCH, MF_PHASE_FWD, m, l, "L%d dispatch", l);
   SET(o, a->tki, a->counts, a->offsets, a->row_of, a->tor);
   INTS(o, T, TK, E);
-  a->xe = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in", m, l);
+  a->loffs = a->offsets;
+  a->segs = -1;
+  const int ep = p->ep > 1;
+  const int64_t Rr = p->ep * R; /* the rows this rank's experts may receive */
+  a->xe = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in%s", m, l,
+                       ep ? ".local" : "");
   o = mf_pb_op(b, MF_K_MOE_GATHER, MF_PHASE_FWD, m, l, "L%d gather", l);
   SET(o, a->xn2, a->tor, a->xe);
   INTS(o, R, H);
-  a->eg = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate", m, l);
-  a->eu = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up", m, l);
-  a->ea = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act", m, l);
-  a->ey = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out", m, l);
+  if (ep) { /* the rows go to their experts' ranks; this rank's experts get every rank's */
+    const int32_t xl = a->xe;
+    a->xe = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, Rr * H, m, l, LNAME "mlp.experts.in", m, l);
+    ep_dispatch(z, l, xl, a->xe, H, 1);
+  }
+  a->eg = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, Rr * I, m, l, LNAME "mlp.experts.gate", m, l);
+  a->eu = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, Rr * I, m, l, LNAME "mlp.experts.up", m, l);
+  a->ea = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, Rr * I, m, l, LNAME "mlp.experts.act", m, l);
+  const int32_t eyr = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, Rr * H, m, l, LNAME "mlp.experts.out%s", m, l,
+                                   ep ? ".sent" : "");
   const struct {
     mf_param_role role;
     int32_t in, out;
@@ -155,18 +201,19 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
     const char *what, *hf;
   } proj[3] = {{MF_P_EXPERT_GATE, a->xe, a->eg, I, H, "experts gate_proj", "gate_proj"},
                {MF_P_EXPERT_UP, a->xe, a->eu, I, H, "experts up_proj", "up_proj"},
-               {MF_P_EXPERT_DOWN, a->ea, a->ey, H, I, "experts down_proj", "down_proj"}};
+               {MF_P_EXPERT_DOWN, a->ea, eyr, H, I, "experts down_proj", "down_proj"}};
   static const mf_param_role bias_of[3] = {MF_P_EXPERT_GATE_BIAS, MF_P_EXPERT_UP_BIAS, MF_P_EXPERT_DOWN_BIAS};
   const int clamped = mf_model_spec_swiglu_clamped(s); /* gpt-oss: the clamped SwiGLU */
   for (int j = 0; j < 3; j++) {
     if (j == 2 && clamped) {
       o = mf_pb_op(b, MF_K_SWIGLU_CLAMP_FWD, MF_PHASE_FWD, m, l, "L%d experts clamped swiglu", l);
       SET(o, a->eg, a->eu, a->ea);
-      INTS(o, R * I);
+      INTS(o, Rr * I);
       o->f[0] = MF_GPT_OSS_SWIGLU_LIMIT, o->f[1] = MF_GPT_OSS_SWIGLU_ALPHA;
       o->flops = 8.0 * (double)R * (double)I;
     } else if (j == 2) {
-      mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1, R * I);
+      mf_pb_simple(c, MF_K_SWIGLU_FWD, MF_PHASE_FWD, l, "experts swiglu", a->eg, a->eu, a->ea, -1, -1,
+                   Rr * I);
     }
     int32_t at = mf_pb_experts_of(c, proj[j].role, l, 0, -1);
     o = mf_pb_op(b, MF_K_EXPERT_FWD, MF_PHASE_FWD, m, l, "L%d %s", l, proj[j].what);
@@ -176,6 +223,11 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
     o->flops = 2.0 * (double)R * (double)proj[j].N * (double)proj[j].K;
     mf_pb_lora_experts_fwd(z, l, proj[j].role, proj[j].hf, proj[j].in, proj[j].out, proj[j].N, proj[j].K);
     expert_bias(z, l, 0, bias_of[j], proj[j].out, proj[j].N, proj[j].what);
+  }
+  a->ey = eyr;
+  if (ep) { /* the rows come back to the ranks that sent them */
+    a->ey = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out", m, l);
+    ep_combine(z, l, MF_PHASE_FWD, eyr, a->ey, H);
   }
   o = mf_pb_op(b, MF_K_MOE_COMBINE, MF_PHASE_FWD, m, l, "L%d combine", l);
   SET(o, a->ey, a->tkw, a->row_of, resid[l + 1]);
@@ -197,25 +249,34 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   const int64_t aux_rows = z->aux_rows;
   mf_pop *o;
   const int64_t R = T * TK;
+  const int ep = p->ep > 1;
+  const int64_t Rr = p->ep * R; /* the rows this rank's experts received */
   int32_t dye = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out.grad", m, l);
   int32_t dtkw = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w.grad", m, l);
   o = mf_pb_op(b, MF_K_MOE_COMBINE_BWD, MF_PHASE_BWD, m, l, "L%d combine bwd", l);
   SET(o, gres, a->ey, a->tkw, a->row_of, dye, dtkw);
   INTS(o, T, TK, H);
-  int32_t dea = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.act.grad", m, l);
+  if (ep) { /* the rows' gradients go to the experts' ranks, as the rows did */
+    const int32_t dyl = dye;
+    dye = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, Rr * H, m, l, LNAME "mlp.experts.out.grad.sent", m, l);
+    ep_dispatch(z, l, dyl, dye, H, 0);
+  }
+  int32_t dea =
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, Rr * I, m, l, LNAME "mlp.experts.act.grad", m, l);
   int32_t deg =
-      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.gate.grad", m, l);
-  int32_t deu = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * I, m, l, LNAME "mlp.experts.up.grad", m, l);
-  int32_t dxe = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, Rr * I, m, l, LNAME "mlp.experts.gate.grad", m, l);
+  int32_t deu = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, Rr * I, m, l, LNAME "mlp.experts.up.grad", m, l);
+  int32_t dxe = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, Rr * H, m, l, LNAME "mlp.experts.in.grad%s", m,
+                             l, ep ? ".sent" : "");
   int32_t dxe2 =
-      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
+      mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, Rr * H, m, l, LNAME "mlp.experts.in.grad_up", m, l);
   const int clamped = mf_model_spec_swiglu_clamped(s);
   expert_bias(z, l, 1, MF_P_EXPERT_DOWN_BIAS, dye, H, "experts down_proj");
   /* down: dW (unless frozen) then dx */
   if (!mf_pb_experts_frozen(c, MF_P_EXPERT_DOWN, l)) {
     o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
-    SET(o, dye, a->ea, a->offsets);
-    INTS(o, E, H, I);
+    SET(o, dye, a->ea, a->offsets, a->segs);
+    INTS(o, E, H, I, ep ? p->ep : 0);
     o->experts_at = mf_pb_experts_of(c, MF_P_EXPERT_DOWN, l, 1, -1);
     o->flops = 2.0 * (double)R * (double)H * (double)I;
   }
@@ -230,13 +291,13 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   if (clamped) {
     o = mf_pb_op(b, MF_K_SWIGLU_CLAMP_BWD, MF_PHASE_BWD, m, l, "L%d experts clamped swiglu bwd", l);
     SET(o, a->eg, a->eu, dea, deg, deu);
-    INTS(o, R * I);
+    INTS(o, Rr * I);
     o->f[0] = MF_GPT_OSS_SWIGLU_LIMIT, o->f[1] = MF_GPT_OSS_SWIGLU_ALPHA;
     o->flops = 12.0 * (double)R * (double)I;
   } else {
     o = mf_pb_op(b, MF_K_SWIGLU_BWD, MF_PHASE_BWD, m, l, "L%d experts swiglu bwd", l);
     SET(o, a->eg, a->eu, dea, deg, deu);
-    INTS(o, R * I);
+    INTS(o, Rr * I);
   }
   expert_bias(z, l, 1, MF_P_EXPERT_GATE_BIAS, deg, I, "experts gate_proj");
   expert_bias(z, l, 1, MF_P_EXPERT_UP_BIAS, deu, I, "experts up_proj");
@@ -248,8 +309,8 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   for (int j = 0; j < 2; j++) {
     if (!mf_pb_experts_frozen(c, gu[j].role, l)) {
       o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
-      SET(o, gu[j].dy, a->xe, a->offsets);
-      INTS(o, E, I, H);
+      SET(o, gu[j].dy, a->xe, a->offsets, a->segs);
+      INTS(o, E, I, H, ep ? p->ep : 0);
       o->experts_at = mf_pb_experts_of(c, gu[j].role, l, 1, -1);
       o->flops = 2.0 * (double)R * (double)I * (double)H;
     }
@@ -261,7 +322,12 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
     o->flops = 2.0 * (double)R * (double)I * (double)H;
     mf_pb_lora_experts_bwd(z, l, gu[j].role, gu[j].what, gu[j].dy, a->xe, gu[j].dx, I, H);
   }
-  mf_pb_simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, R * H);
+  mf_pb_simple(c, MF_K_ADD, MF_PHASE_BWD, l, "experts dx sum", dxe2, dxe, -1, -1, -1, Rr * H);
+  if (ep) { /* the rows' input gradients back to the ranks whose rows they are */
+    const int32_t dxr = dxe;
+    dxe = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in.grad", m, l);
+    ep_combine(z, l, MF_PHASE_BWD, dxr, dxe, H);
+  }
   o = mf_pb_op(b, MF_K_MOE_GATHER_BWD, MF_PHASE_BWD, m, l, "L%d gather bwd", l);
   SET(o, dxe, a->row_of, dxn2);
   INTS(o, T, TK, H, 0);

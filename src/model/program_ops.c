@@ -158,8 +158,9 @@ int32_t mf_pb_experts_of(const ctx *c, mf_param_role role, int64_t layer, int gr
     return -1;
   }
   for (int64_t e = 0; e < E; e++) {
-    int32_t pi = mf_param_index(c->pt, role, layer, e);
-    if (lora >= 0) pi = c->pt->lora_a[pi] < 0 ? -1 : c->pt->lora_a[pi] + lora; /* -1: a cold expert */
+    int32_t pi = mf_program_owns_expert(c->b->p, e) ? mf_param_index(c->pt, role, layer, e) : -1;
+    if (lora >= 0 && pi >= 0)
+      pi = c->pt->lora_a[pi] < 0 ? -1 : c->pt->lora_a[pi] + lora; /* -1: a cold expert */
     ids[e] = pi < 0 ? -1 : grads ? c->b->p->grad_tensor[pi] : mf_pb_weight_of(c, pi);
   }
   int32_t at = mf_pb_pool_put(c->b, ids, E);

@@ -32,6 +32,8 @@ static void ranks_pieces_free(mf_ranks *k) {
   free(k->skip_targets);
   free(k->norm_bufs);
   free(k->ext);
+  free(k->own);
+  mf_ep_free(&k->ep);
 }
 
 void mf_ranks_free(mf_ranks *k, int collective) {
@@ -74,10 +76,13 @@ static void shard(mf_ranks *k, const mf_param_table *t) {
 
 static mf_status hook_grad_wait(void *ctx, int32_t i) {
   mf_ranks *k = (mf_ranks *)ctx;
+  if (k->own && k->own[i]) return MF_OK; /* this rank's expert: nobody else adds to it */
   return mf_comm_relay_wait(k->relay, i);
 }
 static void hook_grad_home(void *ctx, int32_t i) {
-  mf_comm_relay_pass(((mf_ranks *)ctx)->relay, i);
+  mf_ranks *k = (mf_ranks *)ctx;
+  if (k->own && k->own[i]) return;
+  mf_comm_relay_pass(k->relay, i);
 }
 
 void mf_ranks_world(mf_ranks *k, mf_comm *comm) {
@@ -115,10 +120,19 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
   return MF_OK;
 }
 
-void mf_ranks_hooks(mf_ranks *k, mf_exec *x) {
+mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p) {
   const mf_exec_param_hooks h = {k, NULL, hook_grad_home, hook_grad_wait};
   mf_exec_set_param_hooks(x, &h);
   mf_exec_set_grads_add(x, k->lrank > 0);
+  if (p->ep <= 1) return MF_OK;
+  const mf_param_table *t = p->params;
+  MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "the experts of this rank", (void **)&k->own));
+  for (int64_t i = 0; i < t->n; i++) k->own[i] = t->params[i].expert >= 0 && p->grad_tensor[i] >= 0;
+  mf_exec_set_grads_own(x, k->own);
+  MF_CHECK(mf_ep_init(&k->ep, k->comm, p));
+  const mf_exec_exchange xc = {&k->ep, mf_ep_run};
+  mf_exec_set_exchange(x, &xc);
+  return MF_OK;
 }
 
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets) {

@@ -328,6 +328,12 @@ static mf_status setup(run *r, mf_train_summary *out) {
   ro.plan_json = r->rank0 ? plan_json : NULL;
   MF_CHECK(mf_run_open(cfg, &ro, &r->tr));
   if (r->multi && r->rank0) MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, "planning"));
+  if (r->tr.rp->prog->ep > 1 && strcmp(r->tr.backend->name, "cpu") != 0)
+    return MF_ERR(MF_ERR_UNSUPPORTED,
+                  "parallel.expert %lld on the %s backend: its exchanges between GPUs (NCCL) are not built "
+                  "yet; `moefit plan --ranks %lld` plans and prices them; train with parallel.expert: 1, or "
+                  "on the cpu backend",
+                  (long long)r->tr.rp->prog->ep, r->tr.backend->name, (long long)r->tr.rp->prog->ep);
   /* The evaluation plans with the routing the training plan used: a routing
    * file passed over (measured on another model) is passed over again without
    * a second note. */
@@ -378,7 +384,7 @@ static mf_status setup(run *r, mf_train_summary *out) {
   MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
   if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
   r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum * ranks_of(r);
-  if (r->multi) mf_ranks_hooks(&r->rk, r->tr.exec);
+  if (r->multi) MF_CHECK(mf_ranks_hooks(&r->rk, r->tr.exec, rp->prog));
   if (r->rank0) { /* rank 0 writes the checkpoints and the metrics */
     MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
     MF_CHECK(ckpt_async_setup(r));
@@ -416,10 +422,16 @@ static void log_start(const run *r, const mf_train_summary *out) {
           "scores this)",
           cfg->data.train, (unsigned long long)mf_loader_windows(r->train), (long long)cfg->data.seq_len,
           out->entropy_nats);
-  char ranks[96] = "";
-  if (r->multi)
-    snprintf(ranks, sizeof ranks, "%d ranks (%d node%s) x ", r->rk.size, mf_comm_nodes(r->rk.comm),
-             mf_comm_nodes(r->rk.comm) == 1 ? "" : "s");
+  char ranks[160] = "";
+  if (r->multi) {
+    const int64_t ep = rp->prog->ep, E = rp->prog->spec.experts;
+    char experts[80] = "";
+    if (ep > 1)
+      snprintf(experts, sizeof experts, ", experts over %lld (%lld of %lld a rank)", (long long)ep,
+               (long long)(E / ep), (long long)E);
+    snprintf(ranks, sizeof ranks, "%d ranks (%d node%s)%s x ", r->rk.size, mf_comm_nodes(r->rk.comm),
+             mf_comm_nodes(r->rk.comm) == 1 ? "" : "s", experts);
+  }
   MF_LOGI("train",
           "step: %s%lld x %lld sequences of %lld tokens = %lld tokens; %d threads%s; %s backend, %s storage "
           "(train.precision), device arena %s, %d ops, %s FLOP/step",
@@ -433,6 +445,7 @@ static void log_start(const run *r, const mf_train_summary *out) {
             (unsigned long long)rp->routing.tokens);
   int wr = 0, ws = 0, gd = 0, gs = 0, ak = 0, ao = 0, ar = 0, trained = 0;
   for (int32_t i = 0; i < pl->d->n_params; i++) {
+    if (!mf_program_holds_param(rp->prog, i)) continue; /* another expert-parallel rank's expert */
     pl->d->param[i] == MF_PARAM_RESIDENT ? wr++ : ws++;
     if (r->t->params[i].frozen) continue; /* LoRA's base: no gradient, no optimizer */
     pl->d->grad[i] == MF_GRAD_DEVICE ? gd++ : gs++;
@@ -921,6 +934,7 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
     r.cfg_ranks = *cfg;
     r.cfg_ranks.ranks = mf_comm_size(comm);
     r.cfg_ranks.node_ranks = mf_comm_local_size(comm);
+    r.cfg_ranks.ep_rank = cfg->parallel.expert > 1 ? mf_comm_rank(comm) : 0;
     /* Local rank r uses GPU r; more ranks than GPUs share them round robin
      * (their gradients meet in host memory either way). */
     const int gpus = mf_backend_device_count();

@@ -145,6 +145,24 @@ mf_status mf_updates_run_device(const mf_updates *u, mf_exec *x, double coef);
 
 /* This process's part in a run of several data-parallel ranks (ranks.c says
  * how the step is shared). */
+/* Expert parallelism's exchanges between the ranks (ep.c): the executor's
+ * mf_exec_exchange over comm, for a program with expert parallelism over
+ * every rank of the world (rank r its ep_rank r). Its buffers are sized from
+ * the program's exchanges at init; a call allocates nothing. */
+typedef struct mf_ep {
+  mf_comm *comm;
+  int64_t ep, rank, E;
+  uint8_t *scratch; /* the rows received (dispatch) or sent (combine), source-major */
+  size_t scratch_bytes;
+  int64_t *cnt_send, *cnt_recv; /* [E] rows per (rank, expert) each way */
+  int64_t *send_n, *recv_n;     /* [ep] rows per rank each way */
+} mf_ep;
+
+mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p);
+void mf_ep_free(mf_ep *e); /* a zeroed one is fine */
+/* mf_exec_exchange.run: ctx is the mf_ep. */
+mf_status mf_ep_run(void *ctx, const mf_kernel_call *call);
+
 typedef struct mf_ranks {
   mf_comm *comm;
   int rank, size, lrank, lsize;
@@ -158,6 +176,11 @@ typedef struct mf_ranks {
   int32_t *skip_ids, *skip_targets; /* another rank's micro-batch, drawn and passed over */
   mf_optim_buf *norm_bufs;          /* [n] */
   const double **ext;               /* [n] */
+  /* Expert parallelism (parallel.expert): the exchanges, and own[i] set for
+   * the experts whose gradients this rank alone writes into the node's sum
+   * (no relay: no other rank adds to them); NULL without */
+  mf_ep ep;
+  uint8_t *own;
 } mf_ranks;
 
 /* The world as comm sees it (nothing allocated), then the shard of table t
@@ -173,8 +196,10 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
 /* collective: also the node's shared memory (0 after a failure, when other
  * ranks may never come: the process ends soon). */
 void mf_ranks_free(mf_ranks *k, int collective);
-/* The executor's gradients add into the node's sum in rank order. */
-void mf_ranks_hooks(mf_ranks *k, mf_exec *x);
+/* The executor's gradients add into the node's sum in rank order; with
+ * expert parallelism (p->ep > 1) its exchanges go through k->ep and each
+ * rank writes its own experts' gradients alone. */
+mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p);
 /* The step's G x ranks micro-batches drawn; this rank's into ids/targets. */
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets);
 /* After mf_exec_step: the gradient sums whole on every node, sr's losses and

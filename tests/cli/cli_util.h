@@ -192,4 +192,64 @@ class Background {
 
 }  // namespace
 
+// Wall-clock seconds (the multi-rank tests time how fast a job ends).
+inline double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// `moefit train` of the demo shortened, as the multi-rank tests run it: 32-token
+// sequences of 2 from `corpus`, `steps` steps, every step logged, into out.
+inline std::string short_demo_args(const std::string &corpus, const std::string &out, const std::string &extra,
+                                   int steps) {
+  return "train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 "
+         "train.micro_batch=2 train.warmup=2 train.log_every=1 train.steps=" +
+         std::to_string(steps) + " data.train=" + corpus + " output.dir=" + out + " " + extra;
+}
+
+// `mpirun -np N ./moefit ARGS` as the multi-rank tests run it, env (NAME=VALUE ...) passed to every rank;
+// ./moefit_test (the test build, src/core/env.h) when env has a test-only hook.
+inline Result Mpirun(int n, const std::string &args, const std::string &env = "") {
+  const bool hook = env.find("MF_INJECT_FAIL") != std::string::npos || env.find("MF_TEST_") != std::string::npos;
+  const std::string vader = tmpdir() + "/vader";
+  shell("mkdir -p " + vader);
+  std::string x;
+  size_t at = 0;
+  while (at < env.size()) {
+    size_t e = env.find(' ', at);
+    if (e == std::string::npos) e = env.size();
+    const std::string kv = env.substr(at, e - at);
+    if (!kv.empty()) x += " -x " + kv;
+    at = e + 1;
+  }
+  // Under ASan: Open MPI keeps allocations until exit; tests/lsan.supp names
+  // its libraries, which match only with full stacks and its plugins still
+  // loaded at exit.
+  const std::string lsan =
+      "LSAN_OPTIONS=\"$LSAN_OPTIONS${LSAN_OPTIONS:+:}fast_unwind_on_malloc=0\" "
+      "OMPI_MCA_mca_base_component_disable_dlclose=1 ";
+  return shell(
+      lsan + "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + tmpdir() + " mpirun -np " +
+      std::to_string(n) +
+      " --oversubscribe --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none "
+      "--mca btl_vader_backing_directory " +
+      vader + " -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose" + x +
+      (hook ? " ./moefit_test " : " ./moefit ") + args +
+      " 2>&1");
+}
+
+// `moefit plan TRAIN_ARGS --ranks N --json` (train_args starting "train ")
+// writes what rank 0 of `mpirun -np N moefit train TRAIN_ARGS` writes to
+// out/plan.json, byte for byte (plan first: a run's routing.json in the output
+// dir would make plan price the copies by the measured routing). Returns plan's
+// output.
+inline std::string ExpectPlanIsWhatTrainRuns(int n, const std::string &train_args, const std::string &out,
+                                             const std::string &json) {
+  Result rp = moefit("plan" + train_args.substr(5) + " --ranks " + std::to_string(n) + " --json " + json);
+  EXPECT_EQ(rp.code, 0) << rp.out;
+  Result rt = Mpirun(n, train_args);
+  EXPECT_EQ(rt.code, 0) << rt.out;
+  EXPECT_TRUE(read_file(json) == read_file(out + "/plan.json")) << "diff " << json << " " << out << "/plan.json";
+  return rp.out;
+}
+
 #endif  // MF_TESTS_CLI_UTIL_H

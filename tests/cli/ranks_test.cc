@@ -11,7 +11,6 @@
 // --oversubscribe (more ranks than the 2 cores) and the shared-memory
 // transport confined to this test's TEST_TMPDIR.
 #include <gtest/gtest.h>
-#include <sys/time.h>
 
 #include <cmath>
 #include <map>
@@ -25,48 +24,8 @@ std::string Corpus() {
   return text_tokens("ranks_corpus", 60000);
 }
 
-double Now() {
-  struct timeval tv;
-  gettimeofday(&tv, nullptr);
-  return tv.tv_sec + tv.tv_usec * 1e-6;
-}
-
-// `mpirun -np N ./moefit ARGS`, env (NAME=VALUE ...) passed to every rank;
-// ./moefit_test (the test build, src/core/env.h) when env has a test-only hook.
-Result Mpirun(int n, const std::string &args, const std::string &env = "") {
-  const bool hook = env.find("MF_INJECT_FAIL") != std::string::npos || env.find("MF_TEST_") != std::string::npos;
-  const std::string vader = tmpdir() + "/vader";
-  shell("mkdir -p " + vader);
-  std::string x;
-  size_t at = 0;
-  while (at < env.size()) {
-    size_t e = env.find(' ', at);
-    if (e == std::string::npos) e = env.size();
-    const std::string kv = env.substr(at, e - at);
-    if (!kv.empty()) x += " -x " + kv;
-    at = e + 1;
-  }
-  // Under ASan: Open MPI keeps allocations until exit; tests/lsan.supp names
-  // its libraries, which match only with full stacks and its plugins still
-  // loaded at exit.
-  const std::string lsan =
-      "LSAN_OPTIONS=\"$LSAN_OPTIONS${LSAN_OPTIONS:+:}fast_unwind_on_malloc=0\" "
-      "OMPI_MCA_mca_base_component_disable_dlclose=1 ";
-  return shell(
-      lsan + "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + tmpdir() + " mpirun -np " +
-      std::to_string(n) +
-      " --oversubscribe --mca pml ob1 --mca btl self,vader --mca btl_vader_single_copy_mechanism none "
-      "--mca btl_vader_backing_directory " +
-      vader + " -x LSAN_OPTIONS -x OMPI_MCA_mca_base_component_disable_dlclose" + x +
-      (hook ? " ./moefit_test " : " ./moefit ") + args +
-      " 2>&1");
-}
-
-// The demo shortened: 32-token sequences of 2, `steps` steps, every step logged.
 std::string Args(const std::string &out, const std::string &extra, int steps = 6) {
-  return "train configs/demo.yaml hardware.profile=configs/hw/cpu-2core.yaml data.valid=null data.seq_len=32 "
-         "train.micro_batch=2 train.warmup=2 train.log_every=1 train.steps=" +
-         std::to_string(steps) + " data.train=" + Corpus() + " output.dir=" + out + " " + extra;
+  return short_demo_args(Corpus(), out, extra, steps);
 }
 
 struct Variant {
@@ -163,27 +122,19 @@ TEST(Ranks, PlanWithRanksIsWhatTrainRuns) {
   // `moefit plan --ranks 2 --json` writes the plan rank 0 of `mpirun -np 2
   // moefit train` writes to plan.json, byte for byte; it shows the ranks.
   const std::string out = fresh_dir("plan_ranks"), json = tmpdir() + "/plan_ranks.json";
-  const std::string extra = "memory.device_budget=3MiB";
-  // plan first: a run's routing.json in the output dir would make plan price
-  // the copies by the measured routing.
-  Result rp = moefit(Args(out, extra).replace(0, 5, "plan") + " --ranks 2 --json " + json);
-  ASSERT_EQ(rp.code, 0) << rp.out;
-  Result rt = Mpirun(2, Args(out, extra));
-  ASSERT_EQ(rt.code, 0) << rt.out;
-  EXPECT_TRUE(read_file(json) == read_file(out + "/plan.json"))
-      << "diff " << json << " " << out << "/plan.json";
-  EXPECT_NE(rp.out.find("batch: 2 ranks x 1 micro-batches"), std::string::npos) << rp.out;
-  EXPECT_NE(rp.out.find("ranks: 2 (2 a node, 1 node)"), std::string::npos) << rp.out;
-  EXPECT_NE(rp.out.find("optimizer: all "), std::string::npos) << rp.out;  // all on the host
+  const std::string plan = ExpectPlanIsWhatTrainRuns(2, Args(out, "memory.device_budget=3MiB"), out, json);
+  EXPECT_NE(plan.find("batch: 2 ranks x 1 micro-batches"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("ranks: 2 (2 a node, 1 node)"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("optimizer: all "), std::string::npos) << plan;  // all on the host
   Result bad = moefit("plan configs/demo.yaml --ranks 0");
   EXPECT_EQ(bad.code, 2) << bad.out;
 }
 
 TEST(Ranks, AFailingRankEndsTheJob) {
   const std::string out = fresh_dir("failing");
-  const double t0 = Now();
+  const double t0 = wall_seconds();
   Result r = Mpirun(2, Args(out, "train.steps=50"), "MF_INJECT_FAIL=1:3");
-  const double dt = Now() - t0;
+  const double dt = wall_seconds() - t0;
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_LT(dt, 10.0) << r.out;
   EXPECT_NE(r.out.find("moefit train: rank 1 of 2: error: step 3: the failure MF_INJECT_FAIL=1:3 asked for"),
@@ -197,10 +148,10 @@ TEST(Ranks, AFailingRankEndsTheJob) {
 TEST(Ranks, TooLittleSharedMemoryIsAClearError) {
   // A /dev/shm smaller than the state (Docker's default is 64 MiB; here
   // MF_TEST_SHM_FREE): refused before a page is touched, not a SIGBUS.
-  const double t0 = Now();
+  const double t0 = wall_seconds();
   Result r = Mpirun(2, Args(fresh_dir("small_shm"), ""), "MF_TEST_SHM_FREE=1000");
   EXPECT_NE(r.code, 0);
-  EXPECT_LT(Now() - t0, 10.0);
+  EXPECT_LT(wall_seconds() - t0, 10.0);
   EXPECT_NE(
       r.out.find("error: comm: the node's host state takes 6.90 MiB of memory the node's 2 ranks share"),
       std::string::npos)

@@ -111,6 +111,15 @@ TEST(Comm, SingleProcessWorld) {
   EXPECT_TRUE(std::signbit(d[1]));
   EXPECT_EQ(i[0], 7);
   EXPECT_EQ(f[2], 3.0f);
+  // An all-to-all of one rank is a copy to itself.
+  int64_t cnt[2] = {3, 4}, got[2] = {0, 0}, n1 = 2;
+  EXPECT_EQ(mf_comm_alltoall_i64(c, cnt, got, 2), MF_OK);
+  EXPECT_EQ(got[1], 4);
+  float rows[4] = {1, 2, 3, 4}, into[4] = {0, 0, 0, 0};
+  EXPECT_EQ(mf_comm_alltoallv(c, rows, &n1, into, &n1, 2 * sizeof(float)), MF_OK);
+  EXPECT_EQ(into[3], 4.0f);
+  int64_t n0 = 1;
+  EXPECT_EQ(mf_comm_alltoallv(c, rows, &n1, into, &n0, 2 * sizeof(float)), MF_ERR_INVALID_ARG);
 
   mf_comm_shared *s = nullptr;
   ASSERT_EQ(mf_comm_shared_alloc(c, 10000, "test memory", &s), MF_OK) << mf_last_error();
@@ -183,6 +192,44 @@ TEST(Comm, AllreduceSumI64) {
   EXPECT_EQ(v[0], n * (n + 1) / 2);
   EXPECT_EQ(v[1], -n * (n - 1) / 2);
   EXPECT_EQ(v[2], n << 40);
+}
+
+// Expert parallelism's exchanges: counts, then rows of `unit` bytes; rank r
+// sends rank d (d + 1) * (r + 1) % 4 rows (some none), each row's bytes
+// naming (sender, receiver, row), and each rank finds every row in sender order.
+TEST(Comm, AlltoallMovesCountsAndRowsInRankOrder) {
+  const int me = mf_comm_rank(g_comm), P = mf_comm_size(g_comm);
+  auto rows = [](int from, int to) { return (int64_t)(((to + 1) * (from + 1)) % 4); };
+  const size_t unit = 12;  // 3 int32 a row
+  std::vector<int64_t> send_n(P), recv_n(P), cnt(2 * (size_t)P), got(2 * (size_t)P);
+  for (int d = 0; d < P; d++) {
+    send_n[d] = rows(me, d);
+    cnt[2 * d] = send_n[d], cnt[2 * d + 1] = 100 * me + d;
+  }
+  ASSERT_EQ(mf_comm_alltoall_i64(g_comm, cnt.data(), got.data(), 2), MF_OK) << mf_last_error();
+  for (int s = 0; s < P; s++) {
+    EXPECT_EQ(got[2 * s], rows(s, me)) << "from rank " << s;
+    EXPECT_EQ(got[2 * s + 1], 100 * s + me) << "from rank " << s;
+    recv_n[s] = got[2 * s];
+  }
+  std::vector<int32_t> send, recv;
+  for (int d = 0; d < P; d++)
+    for (int64_t k = 0; k < send_n[d]; k++) send.insert(send.end(), {me, d, (int32_t)k});
+  for (int s = 0; s < P; s++)
+    for (int64_t k = 0; k < recv_n[s]; k++) recv.insert(recv.end(), {-1, -1, -1});
+  std::vector<int32_t> want;
+  for (int s = 0; s < P; s++)
+    for (int64_t k = 0; k < recv_n[s]; k++) want.insert(want.end(), {s, me, (int32_t)k});
+  send.push_back(7), recv.push_back(-7);  // never empty: data() of an empty vector may be NULL
+  ASSERT_EQ(mf_comm_alltoallv(g_comm, send.data(), send_n.data(), recv.data(), recv_n.data(), unit), MF_OK)
+      << mf_last_error();
+  recv.pop_back();
+  EXPECT_EQ(recv, want);
+  // A count below zero is refused on the rank that passes it (before any MPI call).
+  std::vector<int64_t> bad(P, 0);
+  bad[0] = -1;
+  EXPECT_EQ(mf_comm_alltoallv(g_comm, send.data(), bad.data(), recv.data(), recv_n.data(), unit),
+            MF_ERR_INVALID_ARG);
 }
 
 // Rank r's i-th value: with three or more ranks the order of the additions

@@ -40,6 +40,7 @@ struct Param {
 std::vector<Param> params() {
   std::vector<Param> v;
   for (int k = 0; k < MF_K_COUNT_; k++) {
+    if (mf_kernel_is_exchange((mf_kernel)k)) continue;  // between ranks, not a kernel
     const MfCaseEntry *e = mf_case_entry((mf_kernel)k);
     if (!e) {
       v.push_back({(mf_kernel)k, MF_DTYPE_F32});

@@ -99,6 +99,21 @@ TEST(KernelTable, RolesAreTheTwinsContract) {
   k.kind = MF_K_ROPE_BWD;  // in place on dx
   EXPECT_EQ(mf_kernel_writes(&k), 0x1u);
   EXPECT_EQ(mf_kernel_reads(&k), 0x3u);
+  // expert parallelism's exchanges: rows and their layout written, the local layout read
+  k.kind = MF_K_EP_DISPATCH;  // {x, loffs, y, offsets, segments, counts?}
+  EXPECT_EQ(mf_kernel_writes(&k), 0x3cu);
+  EXPECT_EQ(mf_kernel_reads(&k), 0x3u);
+  k.kind = MF_K_EP_COMBINE;  // {y, offsets, segments, loffs, x}
+  EXPECT_EQ(mf_kernel_writes(&k), 0x10u);
+  EXPECT_EQ(mf_kernel_reads(&k), 0xfu);
+  for (int kind = 0; kind < MF_K_COUNT_; kind++)
+    EXPECT_EQ(mf_kernel_is_exchange((mf_kernel)kind), kind == MF_K_EP_DISPATCH || kind == MF_K_EP_COMBINE);
+  // the weight gradient's optional parts (expert parallelism's sources)
+  const mf_kernel_info *bw = mf_kernel_info_of(MF_K_EXPERT_BWD_WEIGHT);
+  EXPECT_STREQ(bw->b[3].name, "segments");
+  EXPECT_TRUE(bw->b[3].optional && bw->b[3].role == MF_KOP_READ && bw->b[3].type == MF_KT_I64);
+  EXPECT_STREQ(bw->i[3], "sources");
+  k = {};
   EXPECT_TRUE(mf_kernel_writes_experts(MF_K_EXPERT_BWD_WEIGHT));
   EXPECT_FALSE(mf_kernel_writes_experts(MF_K_EXPERT_FWD));
   EXPECT_FALSE(mf_kernel_writes_experts(MF_K_COUNT_));

@@ -467,3 +467,83 @@ TEST(MoeKernels, RoundBf16OutputsAreRepresentable) {
 }
 
 }  // namespace
+
+namespace {
+
+// The weight gradient in parts (expert parallelism's rows by source rank):
+// each part summed from zero in row order, then added into dW in part order —
+// the bits of one rank computing each part as a micro-batch's gradient on a
+// zeroed slot and adding it to the sum. Parts of 0 rows, an expert without
+// rows, 1 and 2 threads; and unlike the one-pass sum (else the test shows
+// nothing).
+TEST(ExpertLinear, WeightGradientInPartsIsEachPartSummedThenAdded) {
+  const std::vector<int64_t> counts = {70, 0, 37, 9};
+  const int64_t S = 3;  // sources
+  // Expert e's rows split into S parts: sizes per (expert, source)
+  const std::vector<std::vector<int64_t>> parts = {{30, 0, 40}, {0, 0, 0}, {1, 35, 1}, {0, 9, 0}};
+  auto x = make_experts(counts, 21, 70, 700);
+  const int64_t R = x.R(), N = x.N, Kd = x.Kd;
+  std::vector<int64_t> seg = {0};
+  for (size_t e = 0; e < counts.size(); e++)
+    for (int64_t s = 0; s < S; s++) seg.push_back(seg.back() + parts[e][(size_t)s]);
+  // a part's bound is the next part's start: seg has E S + 1 entries
+  ASSERT_EQ(seg.size(), counts.size() * S + 1);
+  auto dye = mf_fd::random_vec((size_t)(R * N), 701);
+  auto xe = mf_fd::random_vec((size_t)(R * Kd), 702);
+  const size_t E = counts.size();
+  auto start = [&](uint32_t seed) {
+    std::vector<std::vector<float>> dW(E);
+    for (size_t e = 0; e < E; e++) dW[e] = mf_fd::random_vec((size_t)(N * Kd), seed + (uint32_t)e);
+    return dW;
+  };
+  auto ptrs = [](std::vector<std::vector<float>> &dW) {
+    std::vector<float *> p;
+    for (auto &w : dW) p.push_back(w.data());
+    return p;
+  };
+  // The reference: each part on a zeroed gradient by the one-pass kernel, then added.
+  auto ref = start(710);
+  mf_kctx one = {nullptr, 0};
+  for (int64_t s = 0; s < S; s++) {
+    std::vector<int64_t> offs = {0};
+    for (size_t e = 0; e < E; e++) offs.push_back(0);
+    // part s of each expert as its own group: rows [seg[e S + s], seg[e S + s + 1])
+    std::vector<std::vector<float>> part(E, std::vector<float>((size_t)(N * Kd), 0.0f));
+    for (size_t e = 0; e < E; e++) {
+      std::vector<int64_t> o(E + 1, seg[e * S + s]);
+      for (size_t q = e + 1; q <= E; q++) o[q] = seg[e * S + s + 1];
+      std::vector<float *> pp(E, nullptr);
+      pp[e] = part[e].data();
+      ASSERT_EQ(mf_cpu_expert_bwd_weight(dye.data(), xe.data(), o.data(), (int64_t)E, N, Kd, pp.data(), &one),
+                MF_OK);
+      for (size_t i = 0; i < part[e].size(); i++) ref[e][i] += part[e][i];
+    }
+  }
+  for (int n = 1; n <= 2; n++) {
+    mf_kt::Pool pool(n);
+    ASSERT_EQ(pool.status, MF_OK);
+    mf_kctx ctx = {pool.p, 0};
+    auto got = start(710);
+    auto gp = ptrs(got);
+    ASSERT_EQ(mf_cpu_expert_bwd_weight_parts(dye.data(), xe.data(), x.offsets.data(), seg.data(), (int64_t)E,
+                                             N, Kd, S, gp.data(), &ctx),
+              MF_OK);
+    for (size_t e = 0; e < E; e++) EXPECT_TRUE(same_bits(got[e], ref[e])) << n << " threads, expert " << e;
+  }
+  auto whole = start(710);
+  auto wp = ptrs(whole);
+  ASSERT_EQ(
+      mf_cpu_expert_bwd_weight(dye.data(), xe.data(), x.offsets.data(), (int64_t)E, N, Kd, wp.data(), &one),
+      MF_OK);
+  EXPECT_FALSE(same_bits(whole[0], ref[0]))
+      << "the parts give the one-pass sum's bits: the test shows nothing";
+  // Parts that do not cover an expert's rows are refused.
+  auto bad = seg;
+  bad[2] = bad[1] - 1;  // expert 0's second part starts before its first ends
+  EXPECT_EQ(mf_cpu_expert_bwd_weight_parts(dye.data(), xe.data(), x.offsets.data(), bad.data(), (int64_t)E, N,
+                                           Kd, S, wp.data(), &one),
+            MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("parts"), std::string::npos) << mf_last_error();
+}
+
+}  // namespace

@@ -236,4 +236,81 @@ TEST(Backend, GradientSumsStayFp32InBf16Mode) {
   mf_backend_free(b);
 }
 
+// Expert parallelism (mf_program_opts.ep): rank 1 of 2 holds experts 4..7 of
+// 8: the expert ops name only those, the others have no gradient and no
+// optimizer; each MoE layer of each micro-batch has a dispatch and a combine
+// each way, and what an exchange wrote is never recomputed (it runs once, on
+// every rank); the received rows are sized for all ranks' rows.
+TEST(ExpertParallel, RankHoldsItsExpertsAndExchangesRows) {
+  Model m(tiny_spec(MF_FAMILY_MIXTRAL));
+  const int64_t B = 2, S = 8, G = 2;
+  mf_program_opts po = {B, S, G, 0.01, 16, 0};
+  po.ranks = 2;
+  po.ep = 2;
+  po.ep_rank = 1;
+  mf_program *p = nullptr;
+  ASSERT_EQ(mf_program_build(m.t, &po, &p), MF_OK) << mf_last_error();
+  for (int64_t e = 0; e < 8; e++) EXPECT_EQ(mf_program_owns_expert(p, e), e >= 4) << e;
+  for (int64_t i = 0; i < m.t->n; i++) {
+    const mf_param &q = m.t->params[i];
+    const bool mine = q.expert < 0 || q.expert >= 4;
+    EXPECT_EQ(mf_program_holds_param(p, i), mine) << q.name;
+    EXPECT_EQ(p->grad_tensor[i] >= 0, mine) << q.name;
+    EXPECT_EQ(p->adamw_op[i] >= 0, mine) << q.name;
+  }
+  int dispatch = 0, combine = 0, parts = 0;
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop &o = p->ops[k];
+    dispatch += o.kind == MF_K_EP_DISPATCH;
+    combine += o.kind == MF_K_EP_COMBINE;
+    if (o.kind == MF_K_EP_DISPATCH) {
+      EXPECT_EQ(p->tensors[o.t[2]].numel, 2 * B * S * 2 * 32) << o.label;  // ep x T x top_k rows of H
+      EXPECT_EQ(o.i[1], 2);
+      EXPECT_EQ(o.i[3], 1);
+      for (int j = 0; j < MF_KBUF_MAX; j++)
+        if (o.t[j] >= 0 && (o.writes >> j & 1))
+          EXPECT_FALSE(mf_schedule_can_recompute(p, o.t[j])) << p->tensors[o.t[j]].name;
+    }
+    if (o.kind == MF_K_EXPERT_BWD_WEIGHT) {
+      EXPECT_GE(o.t[3], 0) << o.label << ": the parts by source rank";
+      EXPECT_EQ(o.i[3], 2) << o.label;
+      parts++;
+    }
+    if (o.experts_at >= 0)
+      for (int64_t e = 0; e < 8; e++)
+        EXPECT_EQ(p->id_pool[o.experts_at + e] >= 0, e >= 4) << o.label << " " << e;
+  }
+  EXPECT_EQ(dispatch, 2 * 2 * G);  // 2 MoE layers, forward and backward
+  EXPECT_EQ(combine, 2 * 2 * G);
+  EXPECT_EQ(parts, 3 * 2 * G);
+  // Without an exchange the executor refuses to run it.
+  mf_cpu_backend_opts bo = {nullptr, 0, 0, nullptr};
+  mf_backend *b = nullptr;
+  ASSERT_EQ(mf_backend_cpu_create(&bo, &b), MF_OK);
+  mf_exec *x = nullptr;
+  ASSERT_EQ(mf_exec_create(p, b, &x), MF_OK) << mf_last_error();
+  std::vector<std::vector<int32_t>> ids(G), tg(G);
+  std::vector<const int32_t *> ip, tp;
+  for (int64_t g = 0; g < G; g++) {
+    make_batch(B, S, 64, 40 + (uint32_t)g, ids[g], tg[g]);
+    ip.push_back(ids[g].data());
+    tp.push_back(tg[g].data());
+  }
+  std::vector<float> grads((size_t)m.t->total_numel, 0.0f);
+  mf_step_result sr;
+  EXPECT_EQ(mf_exec_step(x, m.w.data(), ip.data(), tp.data(), grads.data(), &sr), MF_ERR_INTERNAL);
+  EXPECT_NE(std::string(mf_last_error()).find("needs an exchange between ranks"), std::string::npos)
+      << mf_last_error();
+  mf_exec_free(x);
+  mf_backend_free(b);
+  mf_program_free(p);
+  // What it cannot do: experts it cannot share out equally, a dense model.
+  po.ep = 3;
+  po.ep_rank = 0;
+  EXPECT_EQ(mf_program_build(m.t, &po, &p), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("does not divide the model's 8 routed experts"),
+            std::string::npos)
+      << mf_last_error();
+}
+
 }  // namespace

@@ -131,6 +131,7 @@ TEST(HwProfile, OptionalKeysDefault) {
   EXPECT_EQ(p.launch_s, 0);
   EXPECT_EQ(p.nvme_bandwidth, 0);
   EXPECT_EQ(p.network_bandwidth, 0);
+  EXPECT_EQ(p.nvlink_bandwidth, 0);
 }
 
 TEST(HwProfile, NetworkBandwidthBetweenMachines) {
@@ -141,6 +142,25 @@ TEST(HwProfile, NetworkBandwidthBetweenMachines) {
   const std::string bad = std::string(kGood) + "network: {bandwith: 25GB}\n";
   EXPECT_EQ(mf_hwprofile_parse(bad.data(), bad.size(), "net.yaml", &p), MF_ERR_CONFIG);
   EXPECT_NE(std::string(mf_last_error()).find("bandwith"), std::string::npos) << mf_last_error();
+}
+
+// The links between a machine's GPUs: what expert parallelism's exchanges move
+// at; without them, a GPU's slower host link, or the cpu backend's memory.
+TEST(HwProfile, NvlinkBandwidthBetweenGpus) {
+  const std::string s = std::string(kGood) + "nvlink: {bandwidth: 450GB}\n";
+  mf_hwprofile p;
+  ASSERT_EQ(mf_hwprofile_parse(s.data(), s.size(), "nvlink.yaml", &p), MF_OK) << mf_last_error();
+  EXPECT_EQ(p.nvlink_bandwidth, 450e9);
+  EXPECT_EQ(mf_hw_link_bandwidth(&p), 450e9);
+  p.nvlink_bandwidth = 0;
+  p.copies_overlap_compute = 1;
+  p.h2d_bandwidth = 20e9, p.d2h_bandwidth = 10e9;
+  EXPECT_EQ(mf_hw_link_bandwidth(&p), 10e9);
+  p.copies_overlap_compute = 0;
+  EXPECT_EQ(mf_hw_link_bandwidth(&p), p.host_memory_bandwidth);
+  const std::string bad = std::string(kGood) + "nvlink: {bandwidth: -1GB}\n";
+  EXPECT_EQ(mf_hwprofile_parse(bad.data(), bad.size(), "nvlink.yaml", &p), MF_ERR_CONFIG);
+  EXPECT_NE(std::string(mf_last_error()).find("nvlink.bandwidth"), std::string::npos) << mf_last_error();
 }
 
 // Decimal units and microseconds are read as one decimal number, rounded once:
@@ -255,6 +275,7 @@ mf_hwprofile Awkward() {
   p.host_memory_bandwidth = 18446744073709551616.0 * 4;  // beyond uint64
   p.nvme_bandwidth = 2.5e9;
   p.network_bandwidth = 1.0 / 7.0 * 1e10;
+  p.nvlink_bandwidth = 3.0 / 7.0 * 1e11;
   p.n_kernels = 3;
   p.kernels[0] = {"swiglu_fwd", {262144}, 1, 3145728, 2.3e-3};
   p.kernels[1] = {"linear_bwd_data", {1024, 32, 64, 1}, 4, 401408, 1.0 / 7.0 * 1e-3};
@@ -279,7 +300,7 @@ TEST(HwProfile, SaveLoadRoundTripRandomValues) {
     p.h2d_latency_s = rnd() * 1e-9, p.d2h_latency_s = rnd() * 1e-12;
     p.launch_s = rnd() * 1e-9;
     p.elementwise_bandwidth = rnd(), p.host_memory_bandwidth = rnd(), p.nvme_bandwidth = rnd();
-    p.network_bandwidth = rnd();
+    p.network_bandwidth = rnd(), p.nvlink_bandwidth = rnd();
     p.host_adamw_params_per_s = rnd();
     p.device_memory = rng() >> 1, p.device_reserve = p.device_memory >> 3, p.host_memory = rng() | 1;
     p.n_gemm = 1;

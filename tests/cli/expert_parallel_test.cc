@@ -1,0 +1,183 @@
+// issue 32: `mpirun -np N moefit train ... parallel.expert=N` — each rank owns
+// E/N routed experts of every MoE layer and trains its own micro-batch; the
+// rows routed to an expert travel to its rank and back (MPI all-to-all on the
+// cpu backend). The final weights, every loss and the routing counts are those
+// of one rank with N micro-batches, bit for bit: Mixtral-like (the demo, 8
+// experts top-2) with 2 and 4 ranks, streamed and staged, bf16 storage, and a
+// Qwen3-like model whose experts go idle (64 experts, few tokens: an idle
+// expert's zeros written by its owner alone); a failing or killed rank ends
+// the job within 10 s; a run resumes bit for bit; the plan train writes is
+// `moefit plan --ranks N`'s; what it cannot do is refused saying why.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <string>
+
+#include "cli_util.h"
+
+namespace {
+
+std::string Corpus() {
+  return text_tokens("ep_corpus", 60000);
+}
+
+std::string Args(const std::string &out, const std::string &extra, int steps = 6) {
+  return short_demo_args(Corpus(), out, extra, steps);
+}
+
+// A Qwen3-MoE of 64 experts top-2 over 8-token sequences: 16 rows a
+// micro-batch, so many experts get no token in a step; layer 1 dense.
+const char *kQwen3 =
+    "model.init.family=qwen3_moe model.init.hidden=32 model.init.layers=3 model.init.heads=4 "
+    "model.init.kv_heads=2 model.init.head_dim=8 model.init.experts=64 model.init.top_k=2 "
+    "model.init.expert_ffn=16 model.init.dense_ffn=48 model.init.mlp_only_layers=[1] model.init.vocab=256 "
+    "data.seq_len=8 train.micro_batch=1";
+
+struct Variant {
+  const char *name, *extra;
+};
+
+// N expert-parallel ranks with grad_accum 1 against one rank with grad_accum N.
+void SameAsOneRank(int n, const Variant &v, int steps = 6) {
+  SCOPED_TRACE(v.name);
+  const std::string one = fresh_dir(std::string("ep_one_") + v.name),
+                    many = fresh_dir(std::string("ep_many_") + v.name);
+  Result r1 = moefit(Args(one, std::string(v.extra) + " train.grad_accum=" + std::to_string(n), steps));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  Result rn = Mpirun(
+      n,
+      Args(many, std::string(v.extra) + " train.grad_accum=1 parallel.expert=" + std::to_string(n), steps));
+  ASSERT_EQ(rn.code, 0) << rn.out;
+  EXPECT_FALSE(final_weights(one).empty());
+  EXPECT_EQ(final_weights(one), final_weights(many)) << "final weights differ\n" << rn.out;
+  const auto l1 = step_losses(one), ln = step_losses(many);
+  ASSERT_EQ(ln.size(), (size_t)steps) << rn.out;
+  for (int s = 1; s <= steps; s++) EXPECT_EQ(l1.at(s), ln.at(s)) << "step " << s;
+  // The tokens each expert received, over every rank: the planner's routing statistics.
+  EXPECT_EQ(read_file(one + "/routing.json"), read_file(many + "/routing.json"));
+  EXPECT_NE(rn.out.find("step: " + std::to_string(n) + " ranks (1 node), experts over " + std::to_string(n) +
+                        " (" + std::to_string(8 / n) + " of 8 a rank)"),
+            std::string::npos)
+      << rn.out;
+}
+
+TEST(ExpertParallel, TwoRanksGiveTheBitsOfOne) {
+  SameAsOneRank(2, {"resident", ""});
+}
+
+TEST(ExpertParallel, FourRanksGiveTheBitsOfOne) {
+  SameAsOneRank(4, {"four", ""});
+}
+
+// Weights and gradients streamed under a small budget through the staging
+// arena (an idle expert's upload skipped, its zeros written home), and bf16.
+TEST(ExpertParallel, StreamedStagedAndBf16) {
+  SameAsOneRank(2, {"streamed", "memory.device_budget=3MiB memory.staging=true"});
+  SameAsOneRank(2, {"bf16", "train.precision=bf16"});
+}
+
+// Many idle experts: the routing counts over the run have zeros, and the
+// weights are still one rank's (an owner writes an idle expert's zeros; the
+// optimizer leaves an expert without tokens alone on every rank).
+TEST(ExpertParallel, Qwen3LikeWithIdleExperts) {
+  const std::string one = fresh_dir("ep_qwen_one"), many = fresh_dir("ep_qwen_many");
+  const std::string model = std::string(kQwen3) + " model.init.experts=64";
+  Result r1 = moefit(Args(one, model + " train.grad_accum=4", 3));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  Result r4 = Mpirun(4, Args(many, model + " train.grad_accum=1 parallel.expert=4", 3));
+  ASSERT_EQ(r4.code, 0) << r4.out;
+  EXPECT_EQ(final_weights(one), final_weights(many));
+  EXPECT_EQ(step_losses(one), step_losses(many));
+  const std::string routing = read_file(many + "/routing.json");
+  EXPECT_EQ(read_file(one + "/routing.json"), routing);
+  EXPECT_TRUE(routing.find("[0, ") != std::string::npos || routing.find(", 0,") != std::string::npos ||
+              routing.find(", 0]") != std::string::npos)
+      << "no expert went idle: the test shows nothing of them\n"
+      << routing;
+}
+
+TEST(ExpertParallel, AFailingRankEndsTheJob) {
+  const std::string out = fresh_dir("ep_failing");
+  const double t0 = wall_seconds();
+  Result r = Mpirun(2, Args(out, "train.steps=50 parallel.expert=2"), "MF_INJECT_FAIL=1:3");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(wall_seconds() - t0, 10.0) << r.out;
+  EXPECT_NE(r.out.find("moefit train: rank 1 of 2: error: step 3: the failure MF_INJECT_FAIL=1:3 asked for"),
+            std::string::npos)
+      << r.out;
+  Result ps = shell("pgrep -f 'output.dir=" + out + "( |$)' || true");
+  EXPECT_EQ(ps.out, "") << "left running: " << ps.out;
+}
+
+// A rank killed (SIGKILL) while the others wait for it in an exchange: mpirun
+// ends the job; no process is left.
+TEST(ExpertParallel, AKilledRankEndsTheJob) {
+  const std::string out = fresh_dir("ep_killed");
+  Background job("exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + tmpdir() +
+                 " mpirun -np 2 --oversubscribe --mca pml ob1 --mca btl self,vader --mca "
+                 "btl_vader_single_copy_mechanism none ./moefit " +
+                 Args(out, "train.steps=100000 parallel.expert=2"));
+  ASSERT_TRUE(job.WaitFor(std::regex("step +3/"), 0, 60.0)) << job.out();
+  // rank 1: the newer of the two processes
+  Result pid = shell("pgrep -n -f 'moefit train.*output.dir=" + out + "( |$)'");
+  ASSERT_FALSE(pid.out.empty()) << job.out();
+  const double t0 = wall_seconds();
+  shell("kill -9 " + pid.out);
+  const int code = job.Finish();
+  EXPECT_LT(wall_seconds() - t0, 10.0) << job.out();
+  EXPECT_NE(code, 0) << job.out();
+  Result ps = shell("pgrep -f 'output.dir=" + out + "( |$)' || true");
+  EXPECT_EQ(ps.out, "") << "left running: " << ps.out;
+}
+
+// Stopped after step 4 (a checkpoint every 2) and resumed to 8 with the same
+// ranks: one rank's bits over the 8 steps.
+TEST(ExpertParallel, ResumeIsBitExact) {
+  const std::string extra = "train.schedule=constant output.checkpoint_every=2";
+  const std::string whole = fresh_dir("ep_resume_whole"), cut = fresh_dir("ep_resume_cut");
+  Result rw = moefit(Args(whole, extra + " train.grad_accum=2", 8));
+  ASSERT_EQ(rw.code, 0) << rw.out;
+  Result rc = Mpirun(2, Args(cut, extra + " train.grad_accum=1 parallel.expert=2", 4));
+  ASSERT_EQ(rc.code, 0) << rc.out;
+  Result r2 = Mpirun(2, Args(cut, extra + " train.grad_accum=1 parallel.expert=2", 8) + " --resume");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("resumed from " + cut + "/checkpoints/step-000004 (step 4)"), std::string::npos)
+      << r2.out;
+  EXPECT_EQ(final_weights(whole), final_weights(cut));
+  EXPECT_EQ(step_losses(whole), step_losses(cut));
+}
+
+TEST(ExpertParallel, PlanWithRanksIsWhatTrainRuns) {
+  const std::string out = fresh_dir("ep_plan"), json = tmpdir() + "/ep_plan.json";
+  const std::string plan =
+      ExpectPlanIsWhatTrainRuns(2, Args(out, "memory.device_budget=3MiB parallel.expert=2"), out, json);
+  EXPECT_NE(plan.find("experts: over 2 ranks (4 of 8 a rank"), std::string::npos) << plan;
+}
+
+TEST(ExpertParallel, WhatItCannotDoIsRefused) {
+  // not every rank: data parallel beside expert parallelism is not built yet
+  Result r = Mpirun(2, Args(fresh_dir("ep_bad_ranks"), "parallel.expert=4"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("parallel.expert 4: the run has 2 ranks"), std::string::npos) << r.out;
+  // the experts must divide
+  Result d = moefit(Args(fresh_dir("ep_bad_div"), "parallel.expert=3").replace(0, 5, "plan") + " --ranks 3");
+  EXPECT_NE(d.code, 0);
+  EXPECT_NE(d.out.find("parallel.expert 3 does not divide the model's 8 routed experts"), std::string::npos)
+      << d.out;
+  // gpt-oss's expert biases are not carried yet
+  Result g = moefit(
+      Args(fresh_dir("ep_bad_bias"), "model.init.family=gpt_oss parallel.expert=2").replace(0, 5, "plan") +
+      " --ranks 2");
+  EXPECT_NE(g.code, 0);
+  EXPECT_NE(g.out.find("experts have biases"), std::string::npos) << g.out;
+  // nor LoRA on the experts
+  Result l =
+      moefit(Args(fresh_dir("ep_bad_lora"), "parallel.expert=2 train.lora.rank=4 train.lora.targets=[w1]")
+                 .replace(0, 5, "plan") +
+             " --ranks 2");
+  EXPECT_NE(l.code, 0);
+  EXPECT_NE(l.out.find("LoRA adapters on routed experts"), std::string::npos) << l.out;
+}
+
+}  // namespace
