@@ -80,16 +80,24 @@ mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n);
  * to rank r, and block r of recv comes from rank r. send and recv hold n x
  * size integers; they may be the same. */
 mf_status mf_comm_alltoall_i64(mf_comm *c, const int64_t *send, int64_t *recv, size_t n);
-/* All-to-all of rows (expert parallelism's): this rank sends send_n[r] units
- * of `unit` bytes to rank r, from send, where the units for rank 0 come
- * first, then rank 1's, ...; and receives recv_n[r] units from rank r into
- * recv, rank 0's first, likewise. recv_n[r] must be rank r's send_n[this
- * rank] (exchanged first with mf_comm_alltoall_i64). send and recv must not
- * overlap. Every rank calls it. MF_ERR_INVALID_ARG when a side holds more than
- * INT_MAX units or a unit more than INT_MAX bytes (one MPI call). After a
- * timeout MPI may still write into recv (the job ends then). */
-mf_status mf_comm_alltoallv(mf_comm *c, const void *send, const int64_t *send_n, void *recv,
-                            const int64_t *recv_n, size_t unit);
+/* One transfer of a point-to-point exchange: `bytes` at ptr, to or from rank
+ * `peer`. */
+typedef struct mf_comm_part {
+  void *ptr;
+  size_t bytes;
+  int peer;
+} mf_comm_part;
+/* A point-to-point exchange (expert parallelism's rows) between host buffers:
+ * sends[0 .. n_send) and recvs[0 .. n_recv) all at once, then waited for with
+ * the deadline. A rank's receives from one peer match that peer's sends to it
+ * in order, one for one, of the same bytes (else MF_ERR_MPI); a part of 0
+ * bytes moves nothing (both sides know the sizes). A part may be this rank's
+ * own (peer = this rank). Every rank calls it (a collective of the world:
+ * the deadline names the ranks that did not come). MF_ERR_INVALID_ARG for a
+ * peer outside the world; with one rank, the parts are copied in order. After
+ * a timeout MPI may still write into the receives (the job ends then). */
+mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, const mf_comm_part *recvs,
+                           int n_recv);
 
 /* Ends every rank of the job at once (MPI_Abort) with `code`; without MPI,
  * returns (the caller exits). For a rank that failed while others may wait

@@ -167,6 +167,7 @@ void mf_comm_free(mf_comm *c) {
   }
   free(c->scratch);
   free(c->stage);
+  if (late_done) free(c->parts_rq); /* else MPI may still hold requests of it */
   if (late_done) free(c->late_buf); /* else MPI may still write into it: left to the process's end */
   free(c->leader_ranks);
   free(c->fail_every); /* MPI is finalized (or never wrote to it) */
@@ -345,54 +346,67 @@ mf_status mf_comm_alltoall_i64(mf_comm *c, const int64_t *send, int64_t *recv, s
   return MF_OK;
 }
 
-mf_status mf_comm_alltoallv(mf_comm *c, const void *send, const int64_t *send_n, void *recv,
-                            const int64_t *recv_n, size_t unit) {
-  const int P = c->size;
-  int64_t ns = 0, nr = 0;
-  for (int r = 0; r < P; r++) {
-    if (send_n[r] < 0 || recv_n[r] < 0)
-      return MF_ERR(MF_ERR_INVALID_ARG, "comm: an all-to-all with a negative count (rank %d)", r);
-    ns += send_n[r];
-    nr += recv_n[r];
+/* A part's pieces for MPI (int counts): MF_MPI_CHUNK bytes each, the last shorter. */
+static size_t pieces_of(size_t bytes) {
+  return (bytes + MF_MPI_CHUNK - 1) / MF_MPI_CHUNK;
+}
+
+/* With one rank: each receive is the next send of the same bytes. */
+static mf_status exchange_self(const mf_comm_part *sends, int n_send, const mf_comm_part *recvs, int n_recv) {
+  int j = 0;
+  for (int i = 0; i < n_recv; i++) {
+    if (!recvs[i].bytes) continue;
+    while (j < n_send && !sends[j].bytes) j++;
+    if (j == n_send || sends[j].bytes != recvs[i].bytes)
+      return MF_ERR(MF_ERR_MPI, "comm: exchange: receive %d of %zu bytes matches no send of its size", i,
+                    recvs[i].bytes);
+    memmove(recvs[i].ptr, sends[j++].ptr, recvs[i].bytes);
   }
-  if (!c->mpi || P == 1) {
-    if (send_n[0] != recv_n[0])
-      return MF_ERR(MF_ERR_INVALID_ARG, "comm: an all-to-all of one rank sends %lld units and receives %lld",
-                    (long long)send_n[0], (long long)recv_n[0]);
-    if (send_n[0] && unit) memmove(recv, send, (size_t)send_n[0] * unit);
-    return MF_OK;
+  return MF_OK;
+}
+
+#define MF_COMM_TAG_PARTS 41
+
+mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, const mf_comm_part *recvs,
+                           int n_recv) {
+  const int P = c->mpi ? c->size : 1;
+  size_t n_req = 0, bytes = 0;
+  for (int k = 0; k < n_send + n_recv; k++) {
+    const mf_comm_part *q = k < n_send ? &sends[k] : &recvs[k - n_send];
+    if (q->peer < 0 || q->peer >= P)
+      return MF_ERR(MF_ERR_INVALID_ARG, "comm: exchange: %s %d names rank %d of %d",
+                    k < n_send ? "send" : "receive", k < n_send ? k : k - n_send, q->peer, P);
+    n_req += pieces_of(q->bytes);
+    bytes += q->bytes;
   }
-  if (unit == 0 || unit > INT_MAX || ns > INT_MAX || nr > INT_MAX)
-    return MF_ERR(MF_ERR_INVALID_ARG,
-                  "comm: an all-to-all of %lld and %lld units of %zu bytes is too large for one MPI call",
-                  (long long)ns, (long long)nr, unit);
-  /* The counts and displacements live in the stage until MPI is done with them. */
-  MF_CHECK(mf_comm_stage_reserve(c, 4 * (size_t)P * sizeof(int)));
-  int *sc = (int *)c->stage, *sd = sc + P, *rc = sd + P, *rd = rc + P;
-  int at_s = 0, at_r = 0;
-  for (int r = 0; r < P; r++) {
-    sc[r] = (int)send_n[r], sd[r] = at_s, at_s += sc[r];
-    rc[r] = (int)recv_n[r], rd[r] = at_r, at_r += rc[r];
-  }
-  MPI_Datatype row;
-  MF_MPI_CHECK(MPI_Type_contiguous((int)unit, MPI_BYTE, &row));
-  int rc_ = MPI_Type_commit(&row);
-  if (rc_ != MPI_SUCCESS) {
-    MPI_Type_free(&row);
-    return mf_comm_mpi_error(rc_, __FILE__, __LINE__, "MPI_Type_commit");
+  if (P == 1) return exchange_self(sends, n_send, recvs, n_recv);
+  if (n_req > c->parts_n) { /* grows once to an exchange's size (outside the steps after the first) */
+    MPI_Request *r = (MPI_Request *)realloc(c->parts_rq, n_req * sizeof *r);
+    if (!r) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for %zu requests", n_req);
+    c->parts_rq = r;
+    c->parts_n = n_req;
   }
   int64_t ticket = 0;
-  mf_status st = mf_comm_enter(c, MF_COMM_WORLD, &ticket);
-  MPI_Request rq = MPI_REQUEST_NULL;
-  if (st == MF_OK) {
-    rc_ = MPI_Ialltoallv(send, sc, sd, row, recv, rc, rd, row, c->world, &rq);
-    if (rc_ != MPI_SUCCESS) st = mf_comm_mpi_error(rc_, __FILE__, __LINE__, "MPI_Ialltoallv");
+  MF_CHECK(mf_comm_enter(c, MF_COMM_WORLD, &ticket));
+  /* The receives first, then the sends; the pieces of each part in order (MPI keeps a pair's order). */
+  size_t at = 0;
+  for (int k = 0; k < n_recv + n_send; k++) {
+    const int recv = k < n_recv;
+    const mf_comm_part *q = recv ? &recvs[k] : &sends[k - n_recv];
+    for (size_t o = 0; o < q->bytes; o += MF_MPI_CHUNK) {
+      const int n = (int)(q->bytes - o < MF_MPI_CHUNK ? q->bytes - o : MF_MPI_CHUNK);
+      char *p = (char *)q->ptr + o;
+      const int rc = recv ? MPI_Irecv(p, n, MPI_BYTE, q->peer, MF_COMM_TAG_PARTS, c->world, &c->parts_rq[at])
+                          : MPI_Isend(p, n, MPI_BYTE, q->peer, MF_COMM_TAG_PARTS, c->world, &c->parts_rq[at]);
+      if (rc != MPI_SUCCESS)
+        return mf_comm_mpi_error(rc, __FILE__, __LINE__, recv ? "MPI_Irecv" : "MPI_Isend");
+      at++;
+    }
   }
-  if (st == MF_OK)
-    st = mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, (size_t)(ns + nr) * unit > MF_HEAVY_BYTES,
-                        MF_COMM_STAGE, "in an all-to-all of rows");
-  MPI_Type_free(&row); /* a pending request keeps what it needs of it */
-  return st;
+  for (size_t r = 0; r < at; r++)
+    MF_CHECK(mf_comm_finish(c, &c->parts_rq[r], MF_COMM_WORLD, ticket, bytes > MF_HEAVY_BYTES,
+                            MF_COMM_NO_BUFFER, "in an exchange of rows"));
+  return MF_OK;
 }
 
 void mf_comm_abort(mf_comm *c, int code) {

@@ -359,6 +359,11 @@ struct mf_backend {
    * straight). */
   mf_status (*host_register)(mf_backend *b, void *ptr, size_t bytes);
   void (*host_unregister)(mf_backend *b, void *ptr, size_t bytes);
+
+  /* The library's own handle of stream s (cuda: its cudaStream_t), for work
+   * another library enqueues in its order (NCCL's transfers: comm/comm_nccl.h).
+   * Optional: NULL on a backend whose device is host memory (cpu). */
+  void *(*native_stream)(mf_backend *b, mf_stream *s);
 };
 
 /* The cpu backend. `pool` (may be NULL) runs the kernels; `round_bf16` stores

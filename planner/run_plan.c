@@ -239,10 +239,13 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
       train ? cfg->ranks : 1,
       train ? cfg->node_ranks : 0,
       train ? cfg->parallel.expert : 1,
-      train ? cfg->ep_rank : 0};
+      train ? cfg->ep_rank : 0,
+      0};
   /* Expert-parallel ranks exchange rows in program order: one order for all, not each rank's choice */
+  double self = 0; /* tests: expert parallelism's exchanges on one rank */
+  rq.opts.ep_self = train && cfg->parallel.expert <= 1 && mf_env_number(MF_ENV_TEST_EP_SELF, &self);
   rq.choose_order =
-      cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train && cfg->parallel.expert <= 1;
+      cfg->train.micro_batch_order == MF_CONFIG_MB_ORDER_AUTO && train && !rq.opts.ep_self && cfg->parallel.expert <= 1;
   rq.hw = &rp->hw;
   rq.sim.overlap_optimizer = rp->overlap_optimizer;
   rq.budget = rp->arena_limit;

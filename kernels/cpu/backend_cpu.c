@@ -810,6 +810,7 @@ mf_status mf_backend_cpu_create(const mf_cpu_backend_opts *opts, mf_backend **ou
       /* .free = */ cpu_free,
       /* .host_register = */ cpu_host_register,
       /* .host_unregister = */ cpu_host_unregister,
+      /* .native_stream = */ NULL, /* the device is host memory */
   };
   *out = b;
   return MF_OK;

@@ -60,6 +60,11 @@ static cudaStream_t stream_of(mf_stream *s) {
   return s ? s->s : (cudaStream_t)0;
 }
 
+static void *cuda_native_stream(mf_backend *b, mf_stream *s) {
+  (void)b;
+  return (void *)stream_of(s);
+}
+
 #define SET_DEVICE(c) MF_CUDA_CHECK(cudaSetDevice((c)->device))
 
 // ----------------------------------------------------------------- memory
@@ -648,6 +653,7 @@ extern "C" mf_status mf_backend_cuda_create(const mf_cuda_backend_opts *opts, mf
       /* .free = */ cuda_free,
       /* .host_register = */ cuda_host_register,
       /* .host_unregister = */ cuda_host_unregister,
+      /* .native_stream = */ cuda_native_stream,
   };
   mf_status st = MF_OK;
   cudaError_t e = cudaSetDevice(c->device);

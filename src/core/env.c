@@ -128,6 +128,13 @@ static const entry k_table[MF_ENV_COUNT_] = {
                               .lo = 0,
                               .otherwise = "ignored",
                               .flags = TEST_ONLY},
+    [MF_ENV_TEST_EP_SELF] = {{"MF_TEST_EP_SELF", "1",
+                              "a training program exchanges its experts' rows with its own rank (expert "
+                              "parallelism's code on one rank)",
+                              1},
+                             WHOLE(1, 1),
+                             .otherwise = "ignored",
+                             .flags = TEST_ONLY},
 };
 
 typedef enum state { UNSET = 0, TAKEN, BAD, NOT_TEST_BUILD } state;

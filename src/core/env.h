@@ -43,6 +43,7 @@ typedef enum mf_env_id {
   MF_ENV_TEST_CKPT_ENOSPC,    /* number: 1 to 1000000 */
   MF_ENV_TEST_CKPT_NO_FILTER, /* number: 1 to 1000000 */
   MF_ENV_TEST_SHM_FREE,       /* bytes: a size */
+  MF_ENV_TEST_EP_SELF,        /* number: 1 */
   MF_ENV_COUNT_
 } mf_env_id;
 

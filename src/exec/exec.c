@@ -77,7 +77,7 @@ done:
  * rows this rank's experts received). */
 static int route_op(const mf_program *p, const mf_pop *o, int *counts) {
   if (o->micro < 0) return 0;
-  if (p->ep > 1) {
+  if (p->exchanges) {
     *counts = 5;
     return o->kind == MF_K_EP_DISPATCH && o->t[5] >= 0;
   }
@@ -711,7 +711,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
             goto done;
           }
           MF_CHECK_GOTO(x->b->stream_sync(x->b, x->st[MF_EXEC_COMPUTE]), st, done);
-          MF_CHECK_GOTO(x->exchange.run(x->exchange.ctx, &call), st, done);
+          MF_CHECK_GOTO(x->exchange.run(x->exchange.ctx, &call, x->b, x->st[MF_EXEC_COMPUTE]), st, done);
           MF_CHECK_GOTO(after_run(x, in, &call), st, done);
           break;
         }

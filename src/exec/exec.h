@@ -210,17 +210,18 @@ void mf_exec_set_grads_own(mf_exec *x, const uint8_t *own);
 
 /* Expert parallelism's exchanges between ranks (kernels/backend.h
  * MF_K_EP_DISPATCH, MF_K_EP_COMBINE) are not kernels: the executor runs each
- * where the schedule puts it, by calling run(ctx, call) on the thread calling
- * mf_exec_step, with the call's operands in the device arena, once the
- * compute stream has done all that comes before it (the stream is
- * synchronized: the exchange is a point every rank reaches in the same
- * order); what follows on the stream runs after it returns. A program with
- * exchanges fails without it (MF_ERR_INTERNAL). The routed counts the
- * executor reads (mf_exec_expert_tokens, the idle-expert skip) are then the
- * forward EP_DISPATCH's: the rows this rank's experts received. */
+ * where the schedule puts it, by calling run(ctx, call, b, s) on the thread
+ * calling mf_exec_step, with the call's operands in the device arena of
+ * backend b, once the compute stream s has done all that comes before it (it
+ * is synchronized: the exchange is a point every rank reaches in the same
+ * order). The exchange does its work on s, or before it returns; what
+ * follows on s runs after that. A program with exchanges fails without it
+ * (MF_ERR_INTERNAL). The routed counts the executor reads
+ * (mf_exec_expert_tokens, the idle-expert skip) are then the forward
+ * EP_DISPATCH's: the rows this rank's experts received. */
 typedef struct mf_exec_exchange {
   void *ctx;
-  mf_status (*run)(void *ctx, const mf_kernel_call *call);
+  mf_status (*run)(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s);
 } mf_exec_exchange;
 void mf_exec_set_exchange(mf_exec *x, const mf_exec_exchange *e); /* copied; NULL removes it */
 

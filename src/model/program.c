@@ -371,19 +371,20 @@ int mf_program_holds_param(const mf_program *p, int64_t i) {
 /* What expert parallelism needs of the model and its table (mf_program_opts.ep). */
 static mf_status ep_check(const mf_param_table *pt, const mf_program_opts *opts) {
   const mf_model_spec *s = &pt->spec;
+  const int64_t ep = opts->ep > 1 ? opts->ep : 1;
   int64_t n_moe = 0;
   for (int64_t l = 0; l < s->layers; l++) n_moe += mf_model_spec_layer_is_moe(s, l);
   if (n_moe == 0 || s->experts < 1)
     return MF_ERR(MF_ERR_CONFIG, "parallel.expert %lld: the model has no routed experts to spread over ranks",
-                  (long long)opts->ep);
-  if (s->experts % opts->ep)
+                  (long long)ep);
+  if (s->experts % ep)
     return MF_ERR(MF_ERR_CONFIG,
                   "parallel.expert %lld does not divide the model's %lld routed experts: each rank owns an "
                   "equal share",
-                  (long long)opts->ep, (long long)s->experts);
-  if (opts->ep_rank < 0 || opts->ep_rank >= opts->ep)
+                  (long long)ep, (long long)s->experts);
+  if (opts->ep_rank < 0 || opts->ep_rank >= ep)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: expert-parallel rank %lld of %lld",
-                  (long long)opts->ep_rank, (long long)opts->ep);
+                  (long long)opts->ep_rank, (long long)ep);
   for (int64_t i = 0; i < pt->n_base; i++) {
     const mf_param *q = &pt->params[i];
     if (q->role == MF_P_EXPERT_GATE_BIAS || q->role == MF_P_EXPERT_UP_BIAS ||
@@ -424,7 +425,7 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
         opts->aux_coef, mf_family_name(s->family));
   if (opts->order != MF_ORDER_MICRO_MAJOR && opts->order != MF_ORDER_LAYER_MAJOR)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: unknown micro-batch order %d", (int)opts->order);
-  if (opts->ep > 1) MF_CHECK(ep_check(pt, opts));
+  if (opts->ep > 1 || opts->ep_self) MF_CHECK(ep_check(pt, opts));
   if (opts->moments != MF_DTYPE_INVALID && opts->moments != MF_DTYPE_F32 && opts->moments != MF_DTYPE_BF16)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: AdamW moments must be F32 or BF16 (got %s)",
                   mf_dtype_name(opts->moments));
@@ -447,6 +448,7 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   p->node_ranks = opts->node_ranks > 0 && opts->node_ranks < p->ranks ? opts->node_ranks : p->ranks;
   p->ep = opts->ep > 1 ? opts->ep : 1;
   p->ep_rank = p->ep > 1 ? opts->ep_rank : 0;
+  p->exchanges = p->ep > 1 || opts->ep_self;
   p->aux_coef = opts->aux_coef;
   p->ce_chunk = opts->ce_chunk > 0 ? opts->ce_chunk : 4096;
   p->forward_only = opts->forward_only;

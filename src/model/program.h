@@ -143,6 +143,7 @@ typedef struct mf_program {
   int64_t ranks;      /* data-parallel ranks (mf_program_opts.ranks; >= 1) */
   int64_t node_ranks; /* of them on one node (>= 1) */
   int64_t ep, ep_rank; /* expert parallelism (mf_program_opts.ep; 1: none) and this rank's place in it */
+  int exchanges;       /* the MoE layers exchange rows between ranks: ep > 1, or ep_self */
   mf_ptensor *tensors;
   int32_t n_tensors;
   mf_pop *ops;
@@ -205,6 +206,10 @@ typedef struct mf_program_opts {
    * micro-batches. Needs E divisible by ep; refused (MF_ERR_CONFIG) for
    * experts with biases (gpt-oss) or LoRA adapters. */
   int64_t ep, ep_rank;
+  /* Tests (MF_TEST_EP_SELF): with ep 1, the exchanges all the same, one rank
+   * with itself — expert parallelism's code path on one rank (one GPU), which
+   * gives the bits of the program without it. */
+  int ep_self;
 } mf_program_opts;
 
 /* Whether this program's rank owns routed expert e (always without expert

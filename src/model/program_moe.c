@@ -177,7 +177,7 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   INTS(o, T, TK, E);
   a->loffs = a->offsets;
   a->segs = -1;
-  const int ep = p->ep > 1;
+  const int ep = p->exchanges;
   const int64_t Rr = p->ep * R; /* the rows this rank's experts may receive */
   a->xe = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in%s", m, l,
                        ep ? ".local" : "");
@@ -249,7 +249,7 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   const int64_t aux_rows = z->aux_rows;
   mf_pop *o;
   const int64_t R = T * TK;
-  const int ep = p->ep > 1;
+  const int ep = p->exchanges;
   const int64_t Rr = p->ep * R; /* the rows this rank's experts received */
   int32_t dye = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.out.grad", m, l);
   int32_t dtkw = mf_pb_tensor(b, MF_T_ACT_GRAD, MF_DTYPE_F32, T * TK, m, l, LNAME "mlp.topk_w.grad", m, l);

@@ -1,16 +1,26 @@
 /* Expert parallelism's exchanges (train_internal.h mf_ep; the program's
- * EP_DISPATCH and EP_COMBINE, kernels/backend.h) over the ranks' comm.
+ * EP_DISPATCH and EP_COMBINE, kernels/backend.h) between the ranks.
  *
  * Rank r of ep owns experts [r El, (r + 1) El), El = E / ep. A micro-batch's
- * expert-sorted rows are contiguous by expert, so the rows for rank d are one
- * run, loffs[d El] .. loffs[(d + 1) El]: the dispatch sends them as they lie,
- * after an all-to-all of the El counts each rank sends each other rank, and
- * receives source-major (source 0's rows for each of this rank's experts,
- * then source 1's, ...) into a scratch that it lays out expert-major into y:
- * for expert j, source 0's rows, then source 1's. The combine sends each
- * source its rows back in the order it sent them, so they land straight in
- * x at the source's own loffs. On the cpu backend the device arena is host
- * memory and the rows move through MPI as they are. */
+ * rows are sorted by expert (local offsets loffs), so the rows for expert x
+ * are one run, loffs[x] .. loffs[x + 1]. An exchange moves them as parts, one
+ * for each (rank, expert) pair: the dispatch sends the run of expert x to x's
+ * rank, for x = 0 .. E - 1 (to each rank its experts in order), and each rank
+ * receives them straight into their places in y, expert-major and inside an
+ * expert by source rank; the combine sends each part back where it came from
+ * (a rank's parts for each source, expert by expert), and they land at the
+ * source's own loffs. Between one pair of ranks the parts go in expert order
+ * both ways, which is how each side matches its receives to the other's
+ * sends. The sizes both sides agree on come from the counts: the local
+ * offsets brought to the host, and an all-to-all of each rank's counts for
+ * each other rank's experts (MPI, on the host).
+ *
+ * The parts travel over MPI between host buffers — the cpu backend, whose
+ * device arena is host memory (mf_comm_exchange) — or with NCCL between
+ * GPUs, enqueued on the backend's compute stream (comm/comm_nccl.h; the
+ * layout arrays go up by the stream's copies before them). The same code
+ * lays out both, so what CI runs on the cpu backend is what a GPU runs but
+ * the transfer. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,38 +28,52 @@
 
 void mf_ep_free(mf_ep *e) {
   if (!e) return;
-  free(e->scratch);
+  mf_nccl_free(e->nccl);
+  if (e->b)
+    for (int k = 0; k < 4; k++)
+      if (e->host[k]) e->b->host_free(e->b, e->host[k]);
   free(e->cnt_send);
   free(e->cnt_recv);
-  free(e->send_n);
-  free(e->recv_n);
+  free(e->sends);
+  free(e->recvs);
   memset(e, 0, sizeof *e);
 }
 
-mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p) {
+mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *b, int device) {
   memset(e, 0, sizeof *e);
   e->comm = comm;
+  e->b = b;
   e->ep = p->ep;
   e->rank = p->ep_rank;
   e->E = p->spec.experts;
   if (e->ep != mf_comm_size(comm) || e->rank != mf_comm_rank(comm))
     return MF_ERR(MF_ERR_INTERNAL, "expert parallelism: rank %lld of %lld in a world of %d (this rank %d)",
                   (long long)e->rank, (long long)e->ep, mf_comm_size(comm), mf_comm_rank(comm));
-  /* The scratch holds the most rows an exchange receives (dispatch) or sends (combine). */
-  size_t most = 0;
-  for (int32_t k = 0; k < p->n_ops; k++) {
-    const mf_pop *o = &p->ops[k];
-    if (!mf_kernel_is_exchange(o->kind)) continue;
-    const int32_t y = o->t[o->kind == MF_K_EP_DISPATCH ? 2 : 0];
-    if (p->tensors[y].bytes > most) most = p->tensors[y].bytes;
+  const size_t E = (size_t)e->E, P = (size_t)e->ep;
+  /* Host arrays the layout is made in: the local offsets, the received offsets and parts, the counts. */
+  const size_t n[4] = {E + 1, E + 1, E * P + 1, E};
+  for (int k = 0; k < 4; k++) {
+    void *h = NULL;
+    MF_CHECK(b->host_alloc(b, n[k] * sizeof(int64_t), &h));
+    e->host[k] = (int64_t *)h;
   }
-  const size_t n = (size_t)e->ep;
-  MF_CHECK(mf_calloc(most ? most : 1, 1, "the expert exchange's rows", (void **)&e->scratch));
-  e->scratch_bytes = most;
-  MF_CHECK(mf_calloc((size_t)e->E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_send));
-  MF_CHECK(mf_calloc((size_t)e->E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_recv));
-  MF_CHECK(mf_calloc(n, sizeof(int64_t), "the expert exchange's counts", (void **)&e->send_n));
-  MF_CHECK(mf_calloc(n, sizeof(int64_t), "the expert exchange's counts", (void **)&e->recv_n));
+  e->loffs = e->host[0], e->offs = e->host[1], e->seg = e->host[2], e->counts = e->host[3];
+  MF_CHECK(mf_calloc(E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_send));
+  MF_CHECK(mf_calloc(E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_recv));
+  MF_CHECK(mf_calloc(E, sizeof(mf_comm_part), "the expert exchange's parts", (void **)&e->sends));
+  MF_CHECK(mf_calloc(E, sizeof(mf_comm_part), "the expert exchange's parts", (void **)&e->recvs));
+  if (b->native_stream) MF_CHECK(mf_nccl_create(comm, device, &e->nccl)); /* rows between GPUs */
+  return MF_OK;
+}
+
+static mf_status run_exchange(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s) {
+  return mf_ep_run((mf_ep *)ctx, call, b, s);
+}
+
+mf_status mf_ep_attach(mf_ep *e, mf_comm *comm, const mf_program *p, mf_exec *x, mf_backend *b, int device) {
+  MF_CHECK(mf_ep_init(e, comm, p, b, device));
+  const mf_exec_exchange xc = {e, run_exchange};
+  mf_exec_set_exchange(x, &xc);
   return MF_OK;
 }
 
@@ -66,103 +90,118 @@ static mf_status check_call(const mf_ep *e, const mf_kernel_call *k, size_t *row
   return MF_OK;
 }
 
-/* loffs [E + 1]: the local rows by expert, within `rows`. */
-static mf_status check_local(const mf_kernel_call *k, const int64_t *loffs, int64_t E, int64_t rows) {
+/* offs [E + 1]: rows by expert, rising from 0, within `rows`. */
+static mf_status check_offsets(const mf_kernel_call *k, const char *what, const int64_t *offs, int64_t E,
+                               int64_t rows) {
   for (int64_t x = 0; x < E; x++)
-    if (loffs[x + 1] < loffs[x])
-      return MF_ERR(MF_ERR_INTERNAL, "%s: expert offsets go back at expert %lld", k->label, (long long)x);
-  if (loffs[0] != 0 || loffs[E] > rows)
-    return MF_ERR(MF_ERR_INTERNAL, "%s: expert offsets [%lld, %lld] outside %lld rows", k->label,
-                  (long long)loffs[0], (long long)loffs[E], (long long)rows);
+    if (offs[x + 1] < offs[x])
+      return MF_ERR(MF_ERR_INTERNAL, "%s: %s go back at expert %lld", k->label, what, (long long)x);
+  if (offs[0] != 0 || offs[E] > rows)
+    return MF_ERR(MF_ERR_INTERNAL, "%s: %s [%lld, %lld] outside %lld rows", k->label, what,
+                  (long long)offs[0], (long long)offs[E], (long long)rows);
   return MF_OK;
 }
 
-static mf_status dispatch(mf_ep *e, const mf_kernel_call *k) {
+/* Device to host (the cpu backend's copy is a memcpy), then waits. */
+static mf_status fetch(mf_backend *b, mf_stream *s, int64_t *host, const void *dev, size_t n) {
+  MF_CHECK(b->copy(b, host, dev, n * sizeof(int64_t), MF_COPY_D2H, s));
+  return b->stream_sync(b, s);
+}
+
+/* The parts, over NCCL on the stream or over MPI once the stream is done. */
+static mf_status transfer(mf_ep *e, mf_backend *b, mf_stream *s, int n_send, int n_recv) {
+  if (e->nccl) return mf_nccl_exchange(e->nccl, e->sends, n_send, e->recvs, n_recv, b->native_stream(b, s));
+  MF_CHECK(b->stream_sync(b, s));
+  return mf_comm_exchange(e->comm, e->sends, n_send, e->recvs, n_recv);
+}
+
+static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_stream *s) {
   size_t row = 0;
   MF_CHECK(check_call(e, k, &row));
   const int64_t E = e->E, P = e->ep, El = E / P, me = e->rank;
-  const int64_t *loffs = (const int64_t *)k->b[1].ptr;
-  MF_CHECK(check_local(k, loffs, E, (int64_t)(k->b[0].bytes / row)));
+  int64_t *loffs = e->loffs, *offs = e->offs, *seg = e->seg;
+  MF_CHECK(fetch(b, s, loffs, k->b[1].ptr, (size_t)E + 1));
+  MF_CHECK(check_offsets(k, "the local expert offsets", loffs, E, (int64_t)(k->b[0].bytes / row)));
   for (int64_t x = 0; x < E; x++) e->cnt_send[x] = loffs[x + 1] - loffs[x];
-  for (int64_t d = 0; d < P; d++) e->send_n[d] = loffs[(d + 1) * El] - loffs[d * El];
-  /* cnt_recv[s El + j]: the rows source s sends this rank's expert j */
+  /* cnt_recv[q El + j]: the rows rank q sends this rank's expert j */
   MF_CHECK(mf_comm_alltoall_i64(e->comm, e->cnt_send, e->cnt_recv, (size_t)El));
-  int64_t total = 0;
-  for (int64_t s = 0; s < P; s++) {
-    e->recv_n[s] = 0;
-    for (int64_t j = 0; j < El; j++) {
-      if (e->cnt_recv[s * El + j] < 0)
-        return MF_ERR(MF_ERR_MPI, "%s: rank %lld sends %lld rows to expert %lld", k->label, (long long)s,
-                      (long long)e->cnt_recv[s * El + j], (long long)(me * El + j));
-      e->recv_n[s] += e->cnt_recv[s * El + j];
-    }
-    total += e->recv_n[s];
-  }
-  const int64_t cap = (int64_t)(k->b[2].bytes / row);
-  if (total > cap || (size_t)total * row > e->scratch_bytes)
-    return MF_ERR(MF_ERR_INTERNAL, "%s: %lld rows arrive for %lld places", k->label, (long long)total,
-                  (long long)cap);
-  MF_CHECK(mf_comm_alltoallv(e->comm, k->b[0].ptr, e->send_n, e->scratch, e->recv_n, row));
-  /* Source-major in the scratch, expert-major into y; the layout around it. */
-  int64_t *offs = (int64_t *)k->b[3].ptr, *seg = (int64_t *)k->b[4].ptr;
-  int64_t *counts = k->b[5].ptr ? (int64_t *)k->b[5].ptr : NULL;
-  uint8_t *y = (uint8_t *)k->b[2].ptr;
   int64_t at = 0;
   for (int64_t x = 0; x < E; x++) {
     offs[x] = at;
     const int64_t j = x - me * El;
     const int mine = j >= 0 && j < El;
-    for (int64_t s = 0; s < P; s++) {
-      seg[x * P + s] = at;
-      if (!mine) continue;
-      int64_t from = 0; /* source s's rows before expert j in the scratch */
-      for (int64_t q = 0; q < s; q++) from += e->recv_n[q];
-      for (int64_t q = 0; q < j; q++) from += e->cnt_recv[s * El + q];
-      const int64_t n = e->cnt_recv[s * El + j];
-      if (n) memcpy(y + (size_t)at * row, e->scratch + (size_t)from * row, (size_t)n * row);
+    for (int64_t q = 0; q < P; q++) {
+      seg[x * P + q] = at;
+      const int64_t n = mine ? e->cnt_recv[q * El + j] : 0;
+      if (n < 0)
+        return MF_ERR(MF_ERR_MPI, "%s: rank %lld sends %lld rows to expert %lld", k->label, (long long)q,
+                      (long long)n, (long long)x);
       at += n;
     }
-    if (counts) counts[x] = mine ? at - offs[x] : 0;
+    e->counts[x] = at - offs[x];
   }
   offs[E] = at;
   seg[E * P] = at;
-  /* Rows past the received ones: zeros, so the ops over all rows read no stale bytes */
-  if ((size_t)at * row < k->b[2].bytes) memset(y + (size_t)at * row, 0, k->b[2].bytes - (size_t)at * row);
-  return MF_OK;
+  const int64_t cap = (int64_t)(k->b[2].bytes / row);
+  if (at > cap)
+    return MF_ERR(MF_ERR_INTERNAL, "%s: %lld rows arrive for %lld places", k->label, (long long)at,
+                  (long long)cap);
+  /* Expert x's run to its rank; into this rank's experts, each source's rows in their place */
+  uint8_t *x0 = (uint8_t *)k->b[0].ptr, *y = (uint8_t *)k->b[2].ptr;
+  for (int64_t x = 0; x < E; x++)
+    e->sends[x] = (mf_comm_part){x0 + (size_t)loffs[x] * row, (size_t)e->cnt_send[x] * row, (int)(x / El)};
+  int nr = 0;
+  for (int64_t q = 0; q < P; q++)
+    for (int64_t j = 0; j < El; j++) {
+      const int64_t x = me * El + j;
+      e->recvs[nr++] =
+          (mf_comm_part){y + (size_t)seg[x * P + q] * row, (size_t)e->cnt_recv[q * El + j] * row, (int)q};
+    }
+  /* The layout up before the rows (the stream's order), the rows past the received ones zeroed */
+  MF_CHECK(b->copy(b, k->b[3].ptr, offs, ((size_t)E + 1) * sizeof(int64_t), MF_COPY_H2D, s));
+  MF_CHECK(b->copy(b, k->b[4].ptr, seg, ((size_t)(E * P) + 1) * sizeof(int64_t), MF_COPY_H2D, s));
+  if (k->b[5].ptr) MF_CHECK(b->copy(b, k->b[5].ptr, e->counts, (size_t)E * sizeof(int64_t), MF_COPY_H2D, s));
+  if ((size_t)at * row < k->b[2].bytes) {
+    mf_kernel_call z;
+    memset(&z, 0, sizeof z);
+    z.kind = MF_K_ZERO;
+    z.b[0] = (mf_kbuf){y + (size_t)at * row, k->b[2].bytes - (size_t)at * row, 1, MF_DTYPE_INVALID};
+    z.label = "the rows no rank sent";
+    MF_CHECK(b->run(b, &z, s));
+  }
+  return transfer(e, b, s, (int)E, nr);
 }
 
-static mf_status combine(mf_ep *e, const mf_kernel_call *k) {
+static mf_status combine(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_stream *s) {
   size_t row = 0;
   MF_CHECK(check_call(e, k, &row));
   const int64_t E = e->E, P = e->ep, El = E / P, me = e->rank;
-  const int64_t *offs = (const int64_t *)k->b[1].ptr, *seg = (const int64_t *)k->b[2].ptr;
-  const int64_t *loffs = (const int64_t *)k->b[3].ptr;
-  MF_CHECK(check_local(k, loffs, E, (int64_t)(k->b[4].bytes / row)));
-  if (offs[E] > (int64_t)(k->b[0].bytes / row) || (size_t)offs[E] * row > e->scratch_bytes)
-    return MF_ERR(MF_ERR_INTERNAL, "%s: %lld rows in %zu bytes", k->label, (long long)offs[E], k->b[0].bytes);
-  /* Back to each source, in the order it sent them: its rows of expert j, for each of this rank's j. */
+  int64_t *loffs = e->loffs, *offs = e->offs, *seg = e->seg;
+  MF_CHECK(b->copy(b, offs, k->b[1].ptr, ((size_t)E + 1) * sizeof(int64_t), MF_COPY_D2H, s));
+  MF_CHECK(b->copy(b, seg, k->b[2].ptr, ((size_t)(E * P) + 1) * sizeof(int64_t), MF_COPY_D2H, s));
+  MF_CHECK(fetch(b, s, loffs, k->b[3].ptr, (size_t)E + 1));
+  MF_CHECK(check_offsets(k, "the local expert offsets", loffs, E, (int64_t)(k->b[4].bytes / row)));
+  MF_CHECK(check_offsets(k, "the received expert offsets", offs, E, (int64_t)(k->b[0].bytes / row)));
+  /* Back to each source, expert by expert, as it sent them; from each rank its experts' rows in place */
   const uint8_t *y = (const uint8_t *)k->b[0].ptr;
-  int64_t at = 0;
-  for (int64_t s = 0; s < P; s++) {
-    e->send_n[s] = 0;
+  uint8_t *x0 = (uint8_t *)k->b[4].ptr;
+  int ns = 0;
+  for (int64_t q = 0; q < P; q++)
     for (int64_t j = 0; j < El; j++) {
-      const int64_t x = me * El + j;
-      const int64_t a = seg[x * P + s], n = seg[x * P + s + 1] - a;
+      const int64_t x = me * El + j, a = seg[x * P + q], n = seg[x * P + q + 1] - a;
       if (n < 0 || a < offs[x] || a + n > offs[x + 1])
         return MF_ERR(MF_ERR_INTERNAL, "%s: expert %lld's part from rank %lld lies outside its rows",
-                      k->label, (long long)x, (long long)s);
-      if (n) memcpy(e->scratch + (size_t)at * row, y + (size_t)a * row, (size_t)n * row);
-      at += n;
-      e->send_n[s] += n;
+                      k->label, (long long)x, (long long)q);
+      e->sends[ns++] = (mf_comm_part){(void *)(y + (size_t)a * row), (size_t)n * row, (int)q};
     }
-  }
-  for (int64_t d = 0; d < P; d++) e->recv_n[d] = loffs[(d + 1) * El] - loffs[d * El];
-  return mf_comm_alltoallv(e->comm, e->scratch, e->send_n, k->b[4].ptr, e->recv_n, row);
+  for (int64_t x = 0; x < E; x++)
+    e->recvs[x] =
+        (mf_comm_part){x0 + (size_t)loffs[x] * row, (size_t)(loffs[x + 1] - loffs[x]) * row, (int)(x / El)};
+  return transfer(e, b, s, ns, (int)E);
 }
 
-mf_status mf_ep_run(void *ctx, const mf_kernel_call *call) {
-  mf_ep *e = (mf_ep *)ctx;
-  if (call->kind == MF_K_EP_DISPATCH) return dispatch(e, call);
-  if (call->kind == MF_K_EP_COMBINE) return combine(e, call);
+mf_status mf_ep_run(mf_ep *e, const mf_kernel_call *call, mf_backend *b, mf_stream *s) {
+  if (call->kind == MF_K_EP_DISPATCH) return dispatch(e, call, b, s);
+  if (call->kind == MF_K_EP_COMBINE) return combine(e, call, b, s);
   return MF_ERR(MF_ERR_INTERNAL, "expert parallelism: %s is not an exchange", mf_kernel_name(call->kind));
 }

@@ -120,19 +120,16 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
   return MF_OK;
 }
 
-mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p) {
+mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p, mf_backend *b, int device) {
   const mf_exec_param_hooks h = {k, NULL, hook_grad_home, hook_grad_wait};
   mf_exec_set_param_hooks(x, &h);
   mf_exec_set_grads_add(x, k->lrank > 0);
-  if (p->ep <= 1) return MF_OK;
+  if (!p->exchanges) return MF_OK;
   const mf_param_table *t = p->params;
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "the experts of this rank", (void **)&k->own));
   for (int64_t i = 0; i < t->n; i++) k->own[i] = t->params[i].expert >= 0 && p->grad_tensor[i] >= 0;
   mf_exec_set_grads_own(x, k->own);
-  MF_CHECK(mf_ep_init(&k->ep, k->comm, p));
-  const mf_exec_exchange xc = {&k->ep, mf_ep_run};
-  mf_exec_set_exchange(x, &xc);
-  return MF_OK;
+  return mf_ep_attach(&k->ep, k->comm, p, x, b, device);
 }
 
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets) {

@@ -17,6 +17,8 @@ typedef struct run {
   const mf_config *cfg;
   mf_config cfg_ranks;   /* with several ranks: the caller's config with its ranks (cfg points here) */
   mf_ranks rk;           /* several ranks (multi): this one's part (ranks.c) */
+  mf_comm *comm;         /* the world (NULL: none given, one rank) */
+  mf_ep ep1;             /* one rank's exchanges with itself (MF_TEST_EP_SELF; multi: rk.ep) */
   int multi;             /* the run has more than one rank */
   int rank0;             /* this process writes the run's files and lines (the only one, or rank 0) */
   const int64_t *tokens; /* this step's tokens per expert (over every rank) */
@@ -68,6 +70,8 @@ static void run_free(run *r, int ok) {
   free(r->ext_sums);
   free(r->bufs);
   mf_metrics_close(r->metrics);
+  mf_ep_free(&r->rk.ep); /* its host buffers are the backend's */
+  mf_ep_free(&r->ep1);
   mf_run_close(&r->ev); /* inside the training's backend: first */
   mf_run_close(&r->tr); /* the table with it */
   mf_loader_free(r->train);
@@ -328,12 +332,6 @@ static mf_status setup(run *r, mf_train_summary *out) {
   ro.plan_json = r->rank0 ? plan_json : NULL;
   MF_CHECK(mf_run_open(cfg, &ro, &r->tr));
   if (r->multi && r->rank0) MF_CHECK(mf_comm_barrier_solo(r->rk.comm, 0, "planning"));
-  if (r->tr.rp->prog->ep > 1 && strcmp(r->tr.backend->name, "cpu") != 0)
-    return MF_ERR(MF_ERR_UNSUPPORTED,
-                  "parallel.expert %lld on the %s backend: its exchanges between GPUs (NCCL) are not built "
-                  "yet; `moefit plan --ranks %lld` plans and prices them; train with parallel.expert: 1, or "
-                  "on the cpu backend",
-                  (long long)r->tr.rp->prog->ep, r->tr.backend->name, (long long)r->tr.rp->prog->ep);
   /* The evaluation plans with the routing the training plan used: a routing
    * file passed over (measured on another model) is passed over again without
    * a second note. */
@@ -384,7 +382,12 @@ static mf_status setup(run *r, mf_train_summary *out) {
   MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
   if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
   r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum * ranks_of(r);
-  if (r->multi) MF_CHECK(mf_ranks_hooks(&r->rk, r->tr.exec, rp->prog));
+  if (r->multi) {
+    MF_CHECK(mf_ranks_hooks(&r->rk, r->tr.exec, rp->prog, r->tr.backend, cfg->device));
+  } else if (rp->prog->exchanges) { /* one rank with itself (tests) */
+    if (!r->comm) return MF_ERR(MF_ERR_INVALID_ARG, "train: expert parallelism's exchanges need a comm");
+    MF_CHECK(mf_ep_attach(&r->ep1, r->comm, rp->prog, r->tr.exec, r->tr.backend, cfg->device));
+  }
   if (r->rank0) { /* rank 0 writes the checkpoints and the metrics */
     MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
     MF_CHECK(ckpt_async_setup(r));
@@ -422,15 +425,19 @@ static void log_start(const run *r, const mf_train_summary *out) {
           "scores this)",
           cfg->data.train, (unsigned long long)mf_loader_windows(r->train), (long long)cfg->data.seq_len,
           out->entropy_nats);
-  char ranks[160] = "";
+  char ranks[200] = "";
   if (r->multi) {
     const int64_t ep = rp->prog->ep, E = rp->prog->spec.experts;
-    char experts[80] = "";
+    char experts[120] = "", by[48] = "";
+    if (r->rk.ep.nccl) snprintf(by, sizeof by, ", rows by %s", mf_nccl_version(r->rk.ep.nccl));
     if (ep > 1)
-      snprintf(experts, sizeof experts, ", experts over %lld (%lld of %lld a rank)", (long long)ep,
-               (long long)(E / ep), (long long)E);
+      snprintf(experts, sizeof experts, ", experts over %lld (%lld of %lld a rank%s)", (long long)ep,
+               (long long)(E / ep), (long long)E, by);
     snprintf(ranks, sizeof ranks, "%d ranks (%d node%s)%s x ", r->rk.size, mf_comm_nodes(r->rk.comm),
              mf_comm_nodes(r->rk.comm) == 1 ? "" : "s", experts);
+  } else if (rp->prog->exchanges) {
+    snprintf(ranks, sizeof ranks, "1 rank exchanging its experts' rows with itself%s%s (MF_TEST_EP_SELF) x ",
+             r->ep1.nccl ? " by " : "", r->ep1.nccl ? mf_nccl_version(r->ep1.nccl) : "");
   }
   MF_LOGI("train",
           "step: %s%lld x %lld sequences of %lld tokens = %lld tokens; %d threads%s; %s backend, %s storage "
@@ -926,6 +933,7 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;
+  r.comm = comm;
   r.rank0 = 1;
   r.verbose = (quiet & MF_TRAIN_VERBOSE) != 0;
   quiet &= MF_TRAIN_QUIET;

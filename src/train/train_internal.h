@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "comm/comm_nccl.h"
 #include "kernels/backend.h"
 #include "planner/run_plan.h"
 #include "src/ckpt/ckpt.h"
@@ -146,22 +147,28 @@ mf_status mf_updates_run_device(const mf_updates *u, mf_exec *x, double coef);
 /* This process's part in a run of several data-parallel ranks (ranks.c says
  * how the step is shared). */
 /* Expert parallelism's exchanges between the ranks (ep.c): the executor's
- * mf_exec_exchange over comm, for a program with expert parallelism over
- * every rank of the world (rank r its ep_rank r). Its buffers are sized from
- * the program's exchanges at init; a call allocates nothing. */
+ * mf_exec_exchange, for a program with expert parallelism over every rank of
+ * the world (rank r its ep_rank r; one rank exchanging with itself under
+ * MF_TEST_EP_SELF). Rows move over MPI between host buffers on the cpu
+ * backend, over NCCL between GPUs on a backend with native streams. Its
+ * buffers are made at init; a call allocates nothing. */
 typedef struct mf_ep {
   mf_comm *comm;
+  mf_nccl *nccl; /* NULL: MPI */
+  mf_backend *b;
   int64_t ep, rank, E;
-  uint8_t *scratch; /* the rows received (dispatch) or sent (combine), source-major */
-  size_t scratch_bytes;
-  int64_t *cnt_send, *cnt_recv; /* [E] rows per (rank, expert) each way */
-  int64_t *send_n, *recv_n;     /* [ep] rows per rank each way */
+  int64_t *host[4];                    /* the backend's host memory (pinned on cuda): */
+  int64_t *loffs, *offs, *seg, *counts; /* the layout: [E + 1], [E + 1], [E ep + 1], [E] */
+  int64_t *cnt_send, *cnt_recv;        /* [E] rows per (rank, expert) each way */
+  mf_comm_part *sends, *recvs;         /* [E] an exchange's parts */
 } mf_ep;
 
-mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p);
+/* device: the CUDA device of this rank's backend (its NCCL communicator's). */
+mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *b, int device);
+/* mf_ep_init, then x's exchange set to it. */
+mf_status mf_ep_attach(mf_ep *e, mf_comm *comm, const mf_program *p, mf_exec *x, mf_backend *b, int device);
 void mf_ep_free(mf_ep *e); /* a zeroed one is fine */
-/* mf_exec_exchange.run: ctx is the mf_ep. */
-mf_status mf_ep_run(void *ctx, const mf_kernel_call *call);
+mf_status mf_ep_run(mf_ep *e, const mf_kernel_call *call, mf_backend *b, mf_stream *s);
 
 typedef struct mf_ranks {
   mf_comm *comm;
@@ -197,9 +204,10 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
  * ranks may never come: the process ends soon). */
 void mf_ranks_free(mf_ranks *k, int collective);
 /* The executor's gradients add into the node's sum in rank order; with
- * expert parallelism (p->ep > 1) its exchanges go through k->ep and each
- * rank writes its own experts' gradients alone. */
-mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p);
+ * expert parallelism (p->ep > 1) its exchanges go through k->ep (on backend
+ * b, CUDA device `device`) and each rank writes its own experts' gradients
+ * alone. */
+mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p, mf_backend *b, int device);
 /* The step's G x ranks micro-batches drawn; this rank's into ids/targets. */
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets);
 /* After mf_exec_step: the gradient sums whole on every node, sr's losses and

@@ -97,6 +97,27 @@ TEST(ExpertParallel, Qwen3LikeWithIdleExperts) {
       << routing;
 }
 
+// Expert parallelism's code on one rank (MF_TEST_EP_SELF, the test build):
+// its exchanges with itself give the bits of the run without them, G of 1 and
+// 2, resident and streamed — what tools/gpu_ep_check.sh runs on one GPU over
+// NCCL.
+TEST(ExpertParallel, OneRankExchangingWithItselfGivesTheSameBits) {
+  for (const char *extra : {"train.grad_accum=1", "train.grad_accum=2 memory.device_budget=3MiB"}) {
+    SCOPED_TRACE(extra);
+    const std::string plain = fresh_dir("ep_self_plain"), self = fresh_dir("ep_self");
+    Result rp = moefit(Args(plain, extra));
+    ASSERT_EQ(rp.code, 0) << rp.out;
+    Result rs = shell("MF_TEST_EP_SELF=1 ./moefit_test " + Args(self, extra) + " 2>&1");
+    ASSERT_EQ(rs.code, 0) << rs.out;
+    EXPECT_NE(rs.out.find("1 rank exchanging its experts' rows with itself (MF_TEST_EP_SELF)"),
+              std::string::npos)
+        << rs.out;
+    EXPECT_EQ(final_weights(plain), final_weights(self));
+    EXPECT_EQ(step_losses(plain), step_losses(self));
+    EXPECT_EQ(read_file(plain + "/routing.json"), read_file(self + "/routing.json"));
+  }
+}
+
 TEST(ExpertParallel, AFailingRankEndsTheJob) {
   const std::string out = fresh_dir("ep_failing");
   const double t0 = wall_seconds();

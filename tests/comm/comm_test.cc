@@ -112,14 +112,18 @@ TEST(Comm, SingleProcessWorld) {
   EXPECT_EQ(i[0], 7);
   EXPECT_EQ(f[2], 3.0f);
   // An all-to-all of one rank is a copy to itself.
-  int64_t cnt[2] = {3, 4}, got[2] = {0, 0}, n1 = 2;
+  int64_t cnt[2] = {3, 4}, got[2] = {0, 0};
   EXPECT_EQ(mf_comm_alltoall_i64(c, cnt, got, 2), MF_OK);
   EXPECT_EQ(got[1], 4);
   float rows[4] = {1, 2, 3, 4}, into[4] = {0, 0, 0, 0};
-  EXPECT_EQ(mf_comm_alltoallv(c, rows, &n1, into, &n1, 2 * sizeof(float)), MF_OK);
-  EXPECT_EQ(into[3], 4.0f);
-  int64_t n0 = 1;
-  EXPECT_EQ(mf_comm_alltoallv(c, rows, &n1, into, &n0, 2 * sizeof(float)), MF_ERR_INVALID_ARG);
+  const mf_comm_part to_self[3] = {
+      {rows, 0, 0}, {rows, 2 * sizeof(float), 0}, {rows + 2, 2 * sizeof(float), 0}};
+  const mf_comm_part from_self[2] = {{into + 2, 2 * sizeof(float), 0}, {into, 2 * sizeof(float), 0}};
+  EXPECT_EQ(mf_comm_exchange(c, to_self, 3, from_self, 2), MF_OK) << mf_last_error();
+  EXPECT_EQ(into[2], 1.0f);  // the first receive takes the first send of bytes
+  EXPECT_EQ(into[1], 4.0f);
+  const mf_comm_part longer = {into, 4 * sizeof(float), 0};
+  EXPECT_EQ(mf_comm_exchange(c, to_self, 3, &longer, 1), MF_ERR_MPI);
 
   mf_comm_shared *s = nullptr;
   ASSERT_EQ(mf_comm_shared_alloc(c, 10000, "test memory", &s), MF_OK) << mf_last_error();
@@ -194,42 +198,50 @@ TEST(Comm, AllreduceSumI64) {
   EXPECT_EQ(v[2], n << 40);
 }
 
-// Expert parallelism's exchanges: counts, then rows of `unit` bytes; rank r
-// sends rank d (d + 1) * (r + 1) % 4 rows (some none), each row's bytes
-// naming (sender, receiver, row), and each rank finds every row in sender order.
-TEST(Comm, AlltoallMovesCountsAndRowsInRankOrder) {
+// Expert parallelism's exchanges: counts (an all-to-all), then rows as parts,
+// one per (receiver, part k) with k < 3 of (to + 1) * (from + 1) % 4 rows (some
+// none), each row's bytes naming (sender, receiver, part, row); each rank
+// receives every part in order, in place, its own included.
+TEST(Comm, ExchangeMovesCountsAndPartsInOrder) {
   const int me = mf_comm_rank(g_comm), P = mf_comm_size(g_comm);
-  auto rows = [](int from, int to) { return (int64_t)(((to + 1) * (from + 1)) % 4); };
-  const size_t unit = 12;  // 3 int32 a row
-  std::vector<int64_t> send_n(P), recv_n(P), cnt(2 * (size_t)P), got(2 * (size_t)P);
-  for (int d = 0; d < P; d++) {
-    send_n[d] = rows(me, d);
-    cnt[2 * d] = send_n[d], cnt[2 * d + 1] = 100 * me + d;
-  }
-  ASSERT_EQ(mf_comm_alltoall_i64(g_comm, cnt.data(), got.data(), 2), MF_OK) << mf_last_error();
-  for (int s = 0; s < P; s++) {
-    EXPECT_EQ(got[2 * s], rows(s, me)) << "from rank " << s;
-    EXPECT_EQ(got[2 * s + 1], 100 * s + me) << "from rank " << s;
-    recv_n[s] = got[2 * s];
-  }
-  std::vector<int32_t> send, recv;
+  auto rows = [](int from, int to, int k) { return (int64_t)(((to + 1) * (from + 1) + k) % 4); };
+  std::vector<int64_t> cnt(3 * (size_t)P), got(3 * (size_t)P);
   for (int d = 0; d < P; d++)
-    for (int64_t k = 0; k < send_n[d]; k++) send.insert(send.end(), {me, d, (int32_t)k});
-  for (int s = 0; s < P; s++)
-    for (int64_t k = 0; k < recv_n[s]; k++) recv.insert(recv.end(), {-1, -1, -1});
-  std::vector<int32_t> want;
-  for (int s = 0; s < P; s++)
-    for (int64_t k = 0; k < recv_n[s]; k++) want.insert(want.end(), {s, me, (int32_t)k});
-  send.push_back(7), recv.push_back(-7);  // never empty: data() of an empty vector may be NULL
-  ASSERT_EQ(mf_comm_alltoallv(g_comm, send.data(), send_n.data(), recv.data(), recv_n.data(), unit), MF_OK)
+    for (int k = 0; k < 3; k++) cnt[3 * d + k] = rows(me, d, k);
+  ASSERT_EQ(mf_comm_alltoall_i64(g_comm, cnt.data(), got.data(), 3), MF_OK) << mf_last_error();
+  for (int q = 0; q < P; q++)
+    for (int k = 0; k < 3; k++) EXPECT_EQ(got[3 * q + k], rows(q, me, k)) << "from rank " << q;
+  const size_t unit = 4 * sizeof(int32_t);
+  std::vector<int32_t> send, recv, want;
+  std::vector<mf_comm_part> sends, recvs;
+  for (int d = 0; d < P; d++)
+    for (int k = 0; k < 3; k++)
+      for (int64_t r = 0; r < rows(me, d, k); r++) send.insert(send.end(), {me, d, k, (int32_t)r});
+  for (int q = 0; q < P; q++)
+    for (int k = 0; k < 3; k++)
+      for (int64_t r = 0; r < got[3 * q + k]; r++) want.insert(want.end(), {q, me, k, (int32_t)r});
+  recv.assign(want.size() + 1, -1);
+  send.push_back(7);  // never empty
+  size_t at = 0;
+  for (int d = 0; d < P; d++)
+    for (int k = 0; k < 3; k++) {
+      sends.push_back({send.data() + at, (size_t)rows(me, d, k) * unit, d});
+      at += 4 * (size_t)rows(me, d, k);
+    }
+  at = 0;
+  for (int q = 0; q < P; q++)
+    for (int k = 0; k < 3; k++) {
+      recvs.push_back({recv.data() + at, (size_t)got[3 * q + k] * unit, q});
+      at += 4 * (size_t)got[3 * q + k];
+    }
+  ASSERT_EQ(mf_comm_exchange(g_comm, sends.data(), (int)sends.size(), recvs.data(), (int)recvs.size()), MF_OK)
       << mf_last_error();
   recv.pop_back();
   EXPECT_EQ(recv, want);
-  // A count below zero is refused on the rank that passes it (before any MPI call).
-  std::vector<int64_t> bad(P, 0);
-  bad[0] = -1;
-  EXPECT_EQ(mf_comm_alltoallv(g_comm, send.data(), bad.data(), recv.data(), recv_n.data(), unit),
-            MF_ERR_INVALID_ARG);
+  // A part naming a rank outside the world is refused on the rank that passes it (before any MPI call).
+  mf_comm_part bad = {recv.data(), 0, P};
+  EXPECT_EQ(mf_comm_exchange(g_comm, &bad, 1, nullptr, 0), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("names rank"), std::string::npos) << mf_last_error();
 }
 
 // Rank r's i-th value: with three or more ranks the order of the additions
