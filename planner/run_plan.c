@@ -579,6 +579,15 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
                 (long long)cfg->parallel.expert, (long long)cfg->parallel.expert);
     goto fail;
   }
+  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && cfg->node_ranks > 0 && cfg->node_ranks < n_ranks) {
+    st = MF_ERR(MF_ERR_CONFIG,
+                "parallel.expert %lld over %lld nodes of %lld ranks: expert parallelism across machines is not "
+                "built yet (a node's host home would miss the experts of the other nodes' ranks); run the "
+                "ranks on one machine, or set parallel.expert: 1",
+                (long long)cfg->parallel.expert, (long long)((n_ranks + cfg->node_ranks - 1) / cfg->node_ranks),
+                (long long)cfg->node_ranks);
+    goto fail;
+  }
   if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {
     st = MF_ERR(MF_ERR_CONFIG,
                 "train.overlap_optimizer: true runs one process's host AdamW behind its next step; with %lld "

@@ -167,6 +167,14 @@ TEST(ExpertParallel, ResumeIsBitExact) {
       << r2.out;
   EXPECT_EQ(final_weights(whole), final_weights(cut));
   EXPECT_EQ(step_losses(whole), step_losses(cut));
+  // A checkpoint holds every expert (the node's home): one rank with 2 micro-batches resumes it too.
+  const std::string cut1 = fresh_dir("ep_resume_cut1");
+  Result rc1 = Mpirun(2, Args(cut1, extra + " train.grad_accum=1 parallel.expert=2", 4));
+  ASSERT_EQ(rc1.code, 0) << rc1.out;
+  Result r1 = moefit(Args(cut1, extra + " train.grad_accum=2", 8) + " --resume");
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  EXPECT_EQ(final_weights(whole), final_weights(cut1));
+  EXPECT_EQ(step_losses(whole), step_losses(cut1));
 }
 
 TEST(ExpertParallel, PlanWithRanksIsWhatTrainRuns) {
@@ -181,6 +189,17 @@ TEST(ExpertParallel, WhatItCannotDoIsRefused) {
   Result r = Mpirun(2, Args(fresh_dir("ep_bad_ranks"), "parallel.expert=4"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("parallel.expert 4: the run has 2 ranks"), std::string::npos) << r.out;
+  // across machines (here nodes of one rank each): a node's home would miss the other nodes' experts
+  Result n = Mpirun(2, Args(fresh_dir("ep_bad_nodes"), "parallel.expert=2"), "MF_COMM_NODE_RANKS=1");
+  EXPECT_NE(n.code, 0);
+  EXPECT_NE(n.out.find(
+                "parallel.expert 2 over 2 nodes of 1 ranks: expert parallelism across machines is not built"),
+            std::string::npos)
+      << n.out;
+  Result pn = moefit(Args(fresh_dir("ep_bad_nodes_plan"), "parallel.expert=2").replace(0, 5, "plan") +
+                     " --ranks 2 --node-ranks 1");
+  EXPECT_NE(pn.code, 0);
+  EXPECT_NE(pn.out.find("expert parallelism across machines is not built"), std::string::npos) << pn.out;
   // the experts must divide
   Result d = moefit(Args(fresh_dir("ep_bad_div"), "parallel.expert=3").replace(0, 5, "plan") + " --ranks 3");
   EXPECT_NE(d.code, 0);
