@@ -74,6 +74,9 @@ typedef enum { MF_COMM_NO_BUFFER, MF_COMM_STAGE, MF_COMM_SCRATCH } mf_comm_buffe
  * grows a new one) and every later collective of this comm fails at once. */
 mf_status mf_comm_finish(mf_comm *c, MPI_Request *rq, mf_comm_scope scope, int64_t ticket, int heavy,
                          mf_comm_buffer buf, const char *where);
+/* The same, with the completed request's status (a receive's source and count). */
+mf_status mf_comm_finish_status(mf_comm *c, MPI_Request *rq, mf_comm_scope scope, int64_t ticket, int heavy,
+                                mf_comm_buffer buf, const char *where, MPI_Status *status);
 /* Counts this rank's entry into a collective of `scope` on its slot and
  * returns the count (the ticket): MF_ERR_MPI instead when an earlier wait
  * timed out. */

@@ -403,9 +403,25 @@ mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, co
       at++;
     }
   }
-  for (size_t r = 0; r < at; r++)
-    MF_CHECK(mf_comm_finish(c, &c->parts_rq[r], MF_COMM_WORLD, ticket, bytes > MF_HEAVY_BYTES,
-                            MF_COMM_NO_BUFFER, "in an exchange of rows"));
+  /* Each piece in the order posted; a receive must get all the bytes it was posted for (a shorter
+   * message would leave the rest of its rows as they were). */
+  at = 0;
+  for (int k = 0; k < n_recv + n_send; k++) {
+    const int recv = k < n_recv;
+    const mf_comm_part *q = recv ? &recvs[k] : &sends[k - n_recv];
+    for (size_t o = 0; o < q->bytes; o += MF_MPI_CHUNK) {
+      const int n = (int)(q->bytes - o < MF_MPI_CHUNK ? q->bytes - o : MF_MPI_CHUNK);
+      MPI_Status st;
+      MF_CHECK(mf_comm_finish_status(c, &c->parts_rq[at++], MF_COMM_WORLD, ticket, bytes > MF_HEAVY_BYTES,
+                                     MF_COMM_NO_BUFFER, "in an exchange of rows", &st));
+      int got = n;
+      if (recv && (MPI_Get_count(&st, MPI_BYTE, &got) != MPI_SUCCESS || got != n))
+        return MF_ERR(MF_ERR_MPI,
+                      "comm: exchange: receive %d got %d bytes from rank %d where %d were due: the ranks "
+                      "disagree on the parts",
+                      k, got, q->peer, n);
+    }
+  }
   return MF_OK;
 }
 

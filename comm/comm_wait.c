@@ -244,12 +244,17 @@ static int solo_root_alive(const mf_comm *c, double since) {
 
 mf_status mf_comm_finish(mf_comm *c, MPI_Request *rq, mf_comm_scope scope, int64_t ticket, int heavy,
                          mf_comm_buffer buf, const char *where) {
+  return mf_comm_finish_status(c, rq, scope, ticket, heavy, buf, where, NULL);
+}
+
+mf_status mf_comm_finish_status(mf_comm *c, MPI_Request *rq, mf_comm_scope scope, int64_t ticket, int heavy,
+                                mf_comm_buffer buf, const char *where, MPI_Status *status) {
   mf_comm_poll p;
   const double since = mf_time_now();
   mf_comm_poll_start(&p, c->timeout_s, heavy);
   for (;;) {
     int done = 0;
-    const int rc = MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+    const int rc = MPI_Test(rq, &done, status ? status : MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return mf_comm_mpi_error(rc, __FILE__, __LINE__, where);
     if (done) return MF_OK;
     if (mf_comm_poll_next(&p)) continue;

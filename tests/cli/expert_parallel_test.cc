@@ -77,6 +77,19 @@ TEST(ExpertParallel, StreamedStagedAndBf16) {
   SameAsOneRank(2, {"bf16", "train.precision=bf16"});
 }
 
+// LoRA on attention with the experts frozen (adapter dropout drawn by the
+// micro-batch's index among all ranks'), and over an NF4 base whose experts
+// each rank dequantizes for its own, streamed and staged.
+TEST(ExpertParallel, LoraAndQlora) {
+  SameAsOneRank(2, {"lora",
+                    "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj] "
+                    "train.lora.dropout=0.1"});
+  SameAsOneRank(2, {"qlora",
+                    "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj] "
+                    "train.lora.base_dtype=nf4 train.lora.base_blocksize=32 memory.device_budget=3MiB "
+                    "memory.staging=true"});
+}
+
 // Many idle experts: the routing counts over the run have zeros, and the
 // weights are still one rank's (an owner writes an idle expert's zeros; the
 // optimizer leaves an expert without tokens alone on every rank).

@@ -238,6 +238,21 @@ TEST(Comm, ExchangeMovesCountsAndPartsInOrder) {
       << mf_last_error();
   recv.pop_back();
   EXPECT_EQ(recv, want);
+  // Sizes that disagree: rank 1 waits for 12 bytes where rank 0 sends 8, and says so (never a short
+  // receive taken for a whole one).
+  if (P >= 2) {
+    int32_t sent[2] = {1, 2}, into[3] = {-1, -1, -1};
+    const mf_comm_part s8 = {sent, sizeof sent, 1}, r12 = {into, sizeof into, 0};
+    const mf_status st = mf_comm_exchange(g_comm, &s8, me == 0 ? 1 : 0, &r12, me == 1 ? 1 : 0);
+    if (me == 1) {
+      EXPECT_EQ(st, MF_ERR_MPI);
+      EXPECT_NE(std::string(mf_last_error()).find("got 8 bytes from rank 0 where 12 were due"),
+                std::string::npos)
+          << mf_last_error();
+    } else {
+      EXPECT_EQ(st, MF_OK) << mf_last_error();
+    }
+  }
   // A part naming a rank outside the world is refused on the rank that passes it (before any MPI call).
   mf_comm_part bad = {recv.data(), 0, P};
   EXPECT_EQ(mf_comm_exchange(g_comm, &bad, 1, nullptr, 0), MF_ERR_INVALID_ARG);
