@@ -588,6 +588,13 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
                 (long long)cfg->node_ranks);
     goto fail;
   }
+  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && cfg->memory.plan_kind == MF_CONFIG_PLAN_FILE) {
+    st = MF_ERR(MF_ERR_CONFIG,
+                "memory.plan %s with parallel.expert %lld: a plan file holds one rank's decisions, for its own "
+                "experts, and each expert-parallel rank holds others; take memory.plan: auto or a baseline",
+                cfg->memory.plan, (long long)cfg->parallel.expert);
+    goto fail;
+  }
   if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {
     st = MF_ERR(MF_ERR_CONFIG,
                 "train.overlap_optimizer: true runs one process's host AdamW behind its next step; with %lld "

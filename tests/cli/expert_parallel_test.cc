@@ -213,6 +213,14 @@ TEST(ExpertParallel, WhatItCannotDoIsRefused) {
                      " --ranks 2 --node-ranks 1");
   EXPECT_NE(pn.code, 0);
   EXPECT_NE(pn.out.find("expert parallelism across machines is not built"), std::string::npos) << pn.out;
+  // a plan file: one rank's decisions, for its own experts
+  const std::string pf = tmpdir() + "/ep_rank0_plan.json";
+  Result wp = moefit(Args(fresh_dir("ep_plan_file"), "parallel.expert=2").replace(0, 5, "plan") +
+                     " --ranks 2 --json " + pf);
+  ASSERT_EQ(wp.code, 0) << wp.out;
+  Result fp = Mpirun(2, Args(fresh_dir("ep_bad_plan_file"), "parallel.expert=2 memory.plan=" + pf));
+  EXPECT_NE(fp.code, 0);
+  EXPECT_NE(fp.out.find("a plan file holds one rank's decisions"), std::string::npos) << fp.out;
   // the experts must divide
   Result d = moefit(Args(fresh_dir("ep_bad_div"), "parallel.expert=3").replace(0, 5, "plan") + " --ranks 3");
   EXPECT_NE(d.code, 0);
