@@ -174,7 +174,10 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     /* y [R, N] += bias[e] on the rows of expert e (offsets as EXPERT_FWD's; R from y's bytes,
      * mf_kernel_expert_rows); db [E, N] += the row-order sums of dy's rows, fp32 */
     [MF_K_EXPERT_BIAS_FWD] = {"expert_bias_fwd", {{"y", A}, I64("offsets", R), {"bias", R}}, {"E", "N"}},
-    [MF_K_EXPERT_BIAS_BWD] = {"expert_bias_bwd", {{"dy", R}, I64("offsets", R), F32("db", A)}, {"E", "N"}},
+    /* segments (optional; sources parts an expert): as EXPERT_BWD_WEIGHT's */
+    [MF_K_EXPERT_BIAS_BWD] = {"expert_bias_bwd",
+                              {{"dy", R}, I64("offsets", R), F32("db", A), {"segments", R, 1, MF_KT_I64}},
+                              {"E", "N", "sources"}},
     [MF_K_EP_DISPATCH] = {"ep_dispatch",
                           {{"x", R}, I64("loffs", R), {"y", W}, I64("offsets", W), I64("segments", W),
                            {"counts", W, 1, MF_KT_I64}},

@@ -553,7 +553,7 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_EXPERT_BIAS_FWD:
       return mf_cpu_expert_bias_fwd(CF(2), CI64(1), mf_kernel_expert_rows(k), i[0], i[1], F(0), x);
     case MF_K_EXPERT_BIAS_BWD:
-      return mf_cpu_expert_bias_bwd(CF(0), CI64(1), i[0], i[1], F(2), x);
+      return mf_cpu_expert_bias_bwd_parts(CF(0), CI64(1), CI64(3), i[0], i[1], i[2], F(2), x);
     case MF_K_MOE_DISPATCH:
       return mf_cpu_moe_dispatch(CI32(0), i[0], i[1], i[2], I64(1), I64(2), I32(3), I32(4));
     case MF_K_MOE_GATHER:

@@ -264,6 +264,10 @@ mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int6
  * part summed from 0 in row order — the bits of one rank adding the parts as
  * the gradients of micro-batches 0, 1, ... (expert parallelism's received
  * rows, kernels/backend.h MF_K_EP_DISPATCH). NULL segments: one part. */
+/* MF_ERR_INVALID_ARG (naming `what`) unless segments [E sources + 1] cut each
+ * expert's rows [offsets[e], offsets[e + 1]) into `sources` parts in order. */
+mf_status mf_cpu_expert_parts_check(const char *what, const int64_t *offsets, const int64_t *segments, int64_t E,
+                                    int64_t sources);
 mf_status mf_cpu_expert_bwd_weight_parts(const float *dye, const float *xe, const int64_t *offsets,
                                          const int64_t *segments, int64_t E, int64_t N, int64_t Kd,
                                          int64_t sources, float *const *dW, const mf_kctx *ctx);
@@ -279,6 +283,10 @@ mf_status mf_cpu_expert_bias_fwd(const float *bias, const int64_t *offsets, int6
                                  float *y, const mf_kctx *ctx);
 mf_status mf_cpu_expert_bias_bwd(const float *dy, const int64_t *offsets, int64_t E, int64_t N, float *db,
                                  const mf_kctx *ctx);
+/* The same with each expert's rows in `sources` parts (segments as
+ * mf_cpu_expert_bwd_weight_parts's): db[e,:] += each part's sum, in part order. */
+mf_status mf_cpu_expert_bias_bwd_parts(const float *dy, const int64_t *offsets, const int64_t *segments, int64_t E,
+                                       int64_t N, int64_t sources, float *db, const mf_kctx *ctx);
 
 /* -------------------------------------------------------- cross-entropy */
 

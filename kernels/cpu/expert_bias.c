@@ -26,6 +26,8 @@ typedef struct eb_args {
   float *out;
   int64_t E, N;
   int round_bf16;
+  const int64_t *segments; /* bwd in parts: expert e's rows in `sources` parts (NULL: one) */
+  int64_t sources;
 } eb_args;
 
 static void fwd_task(void *arg, int i, int n) {
@@ -52,16 +54,21 @@ static void bwd_task(void *arg, int i, int n) {
   mf_partition((size_t)(a->E * blocks), 1, i, n, &b, &end);
   for (size_t q = b; q < end; q++) {
     const int64_t e = (int64_t)q / blocks, c0 = ((int64_t)q % blocks) * BB;
-    const int64_t w = N - c0 < BB ? N - c0 : BB, r0 = a->offsets[e], r1 = a->offsets[e + 1];
-    if (r1 <= r0) continue;
-    float s[BB];
-    memset(s, 0, sizeof s);
-    for (int64_t r = r0; r < r1; r++) {
-      const float *dy = a->in + r * N + c0;
-      for (int64_t c = 0; c < w; c++) s[c] += dy[c];
+    const int64_t w = N - c0 < BB ? N - c0 : BB;
+    const int64_t parts = a->segments ? a->sources : 1;
+    for (int64_t p = 0; p < parts; p++) { /* each part summed from 0, then added */
+      const int64_t r0 = a->segments ? a->segments[e * parts + p] : a->offsets[e];
+      const int64_t r1 = a->segments ? a->segments[e * parts + p + 1] : a->offsets[e + 1];
+      if (r1 <= r0) continue;
+      float s[BB];
+      memset(s, 0, sizeof s);
+      for (int64_t r = r0; r < r1; r++) {
+        const float *dy = a->in + r * N + c0;
+        for (int64_t c = 0; c < w; c++) s[c] += dy[c];
+      }
+      float *db = a->out + e * N + c0;
+      for (int64_t c = 0; c < w; c++) db[c] += s[c];
     }
-    float *db = a->out + e * N + c0;
-    for (int64_t c = 0; c < w; c++) db[c] += s[c];
   }
 }
 
@@ -71,7 +78,7 @@ mf_status mf_cpu_expert_bias_fwd(const float *bias, const int64_t *offsets, int6
   if (offsets[0] != 0 || offsets[E] > R)
     return MF_ERR(MF_ERR_INVALID_ARG, "expert_bias_fwd: offsets from %lld to %lld over %lld rows",
                   (long long)offsets[0], (long long)offsets[E], (long long)R);
-  eb_args a = {bias, offsets, y, E, N, ctx->round_bf16};
+  eb_args a = {bias, offsets, y, E, N, ctx->round_bf16, NULL, 0};
   if (offsets[E] * N < (1 << 15))
     fwd_task(&a, 0, 1);
   else
@@ -81,8 +88,14 @@ mf_status mf_cpu_expert_bias_fwd(const float *bias, const int64_t *offsets, int6
 
 mf_status mf_cpu_expert_bias_bwd(const float *dy, const int64_t *offsets, int64_t E, int64_t N, float *db,
                                  const mf_kctx *ctx) {
+  return mf_cpu_expert_bias_bwd_parts(dy, offsets, NULL, E, N, 1, db, ctx);
+}
+
+mf_status mf_cpu_expert_bias_bwd_parts(const float *dy, const int64_t *offsets, const int64_t *segments,
+                                       int64_t E, int64_t N, int64_t sources, float *db, const mf_kctx *ctx) {
   if (E <= 0 || N <= 0) return MF_OK;
-  eb_args a = {dy, offsets, db, E, N, 0}; /* db is an fp32 gradient sum: never rounded */
+  if (segments) MF_CHECK(mf_cpu_expert_parts_check("expert_bias_bwd", offsets, segments, E, sources));
+  eb_args a = {dy, offsets, db, E, N, 0, segments, sources}; /* db is an fp32 gradient sum: never rounded */
   if (offsets[E] * N < (1 << 15))
     bwd_task(&a, 0, 1);
   else

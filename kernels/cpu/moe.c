@@ -375,23 +375,27 @@ mf_status mf_cpu_expert_bwd_weight(const float *dye, const float *xe, const int6
   return mf_cpu_expert_bwd_weight_parts(dye, xe, offsets, NULL, E, N, Kd, 1, dW, ctx);
 }
 
-mf_status mf_cpu_expert_bwd_weight_parts(const float *dye, const float *xe, const int64_t *offsets,
-                                         const int64_t *segments, int64_t E, int64_t N, int64_t Kd,
-                                         int64_t sources, float *const *dW, const mf_kctx *ctx) {
-  if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
-  if (segments && sources < 1)
-    return MF_ERR(MF_ERR_INVALID_ARG, "expert_bwd_weight: %lld sources", (long long)sources);
-  for (int64_t e = 0; segments && e < E; e++) {
+mf_status mf_cpu_expert_parts_check(const char *what, const int64_t *offsets, const int64_t *segments,
+                                    int64_t E, int64_t sources) {
+  if (sources < 1) return MF_ERR(MF_ERR_INVALID_ARG, "%s: %lld sources", what, (long long)sources);
+  for (int64_t e = 0; e < E; e++) {
     const int64_t *g = segments + e * sources;
     int ok = g[0] == offsets[e] && g[sources] == offsets[e + 1];
     for (int64_t s = 0; s < sources && ok; s++) ok = g[s + 1] >= g[s];
     if (!ok)
       return MF_ERR(MF_ERR_INVALID_ARG,
-                    "expert_bwd_weight: expert %lld's parts [%lld, %lld] do not cover its rows [%lld, %lld) "
-                    "in order",
+                    "%s: expert %lld's parts [%lld, %lld] do not cover its rows [%lld, %lld) in order", what,
                     (long long)e, (long long)g[0], (long long)g[sources], (long long)offsets[e],
                     (long long)offsets[e + 1]);
   }
+  return MF_OK;
+}
+
+mf_status mf_cpu_expert_bwd_weight_parts(const float *dye, const float *xe, const int64_t *offsets,
+                                         const int64_t *segments, int64_t E, int64_t N, int64_t Kd,
+                                         int64_t sources, float *const *dW, const mf_kctx *ctx) {
+  if (E <= 0 || N <= 0 || Kd <= 0) return MF_OK;
+  if (segments) MF_CHECK(mf_cpu_expert_parts_check("expert_bwd_weight", offsets, segments, E, sources));
   gemm_args a = {dye, xe, NULL, dW, N, Kd, NULL, 0, segments, sources};
   int64_t ncb = ((N + WGT_NB - 1) / WGT_NB) * ((Kd + WGT_KB - 1) / WGT_KB);
   expert_tasks et = {offsets, E, 0, ncb, bwd_weight_task, &a};

@@ -387,12 +387,6 @@ static mf_status ep_check(const mf_param_table *pt, const mf_program_opts *opts)
                   (long long)opts->ep_rank, (long long)ep);
   for (int64_t i = 0; i < pt->n_base; i++) {
     const mf_param *q = &pt->params[i];
-    if (q->role == MF_P_EXPERT_GATE_BIAS || q->role == MF_P_EXPERT_UP_BIAS ||
-        q->role == MF_P_EXPERT_DOWN_BIAS)
-      return MF_ERR(MF_ERR_UNSUPPORTED,
-                    "parallel.expert: %s's experts have biases (%s), which expert parallelism does not "
-                    "carry yet; use parallel.expert: 1",
-                    mf_family_name(s->family), q->name);
     if (q->expert >= 0 && pt->lora_a && pt->lora_a[i] >= 0)
       return MF_ERR(MF_ERR_UNSUPPORTED,
                     "parallel.expert: LoRA adapters on routed experts (%s) are not carried by expert "

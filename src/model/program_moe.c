@@ -95,8 +95,8 @@ static void expert_bias(const mb *z, int32_t l, int bwd, mf_param_role role, int
   mf_pop *o =
       mf_pb_op(z->b, bwd ? MF_K_EXPERT_BIAS_BWD : MF_K_EXPERT_BIAS_FWD, bwd ? MF_PHASE_BWD : MF_PHASE_FWD,
                z->m, l, "L%d %s bias%s", l, what, bwd ? " grad" : "");
-  SET(o, y, z->A[l].offsets, bias);
-  INTS(o, z->E, N);
+  SET(o, y, z->A[l].offsets, bias, bwd ? z->A[l].segs : -1); /* the gradient: by source rank's part */
+  INTS(o, z->E, N, bwd && z->b->p->exchanges ? z->b->p->ep : 0);
   o->flops = (double)(z->T * z->TK) * (double)N;
 }
 

@@ -135,4 +135,37 @@ TEST(ExpertBias, NoExpertsOrColumnsIsANoOp) {
   EXPECT_EQ(x, 3.0f);
 }
 
+// In parts (expert parallelism's rows by source rank): each part summed from
+// zero in row order, then added in part order; parts that do not cover an
+// expert's rows are refused.
+TEST(ExpertBias, BackwardInPartsAddsEachPartsSum) {
+  // 2 sources: expert 0's 3 rows as 1 + 2, expert 1's 4 as 4 + 0, expert 3's 5 as 2 + 3, expert 4's 1 as 0 +
+  // 1
+  const std::vector<int64_t> seg = {0, 1, 3, 7, 7, 7, 7, 9, 12, 12, 13, 13, 13};
+  const std::vector<float> dy = mf_fd::random_vec((size_t)(kR * kN), 40);
+  const std::vector<float> db0 = mf_fd::random_vec((size_t)(kE * kN), 41);
+  std::vector<float> want = db0;
+  for (int64_t e = 0; e < kE; e++)
+    for (int64_t p = 0; p < 2; p++)
+      for (int64_t c = 0; c < kN; c++) {
+        const int64_t r0 = seg[(size_t)(e * 2 + p)], r1 = seg[(size_t)(e * 2 + p + 1)];
+        if (r1 <= r0) continue;
+        float s = 0.0f;
+        for (int64_t r = r0; r < r1; r++) s += dy[(size_t)(r * kN + c)];
+        want[(size_t)(e * kN + c)] += s;
+      }
+  mf_kctx ctx = {nullptr, 0};
+  std::vector<float> db = db0;
+  ASSERT_EQ(mf_cpu_expert_bias_bwd_parts(dy.data(), kOffsets.data(), seg.data(), kE, kN, 2, db.data(), &ctx),
+            MF_OK);
+  EXPECT_TRUE(same_bits(db, want));
+  std::vector<float> whole = db0;
+  ASSERT_EQ(mf_cpu_expert_bias_bwd(dy.data(), kOffsets.data(), kE, kN, whole.data(), &ctx), MF_OK);
+  EXPECT_FALSE(same_bits(db, whole)) << "the parts give the one-pass sum's bits: the test shows nothing";
+  std::vector<int64_t> bad = seg;
+  bad[1] = 4;  // expert 0's first part runs past its rows
+  EXPECT_EQ(mf_cpu_expert_bias_bwd_parts(dy.data(), kOffsets.data(), bad.data(), kE, kN, 2, db.data(), &ctx),
+            MF_ERR_INVALID_ARG);
+}
+
 }  // namespace
