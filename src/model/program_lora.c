@@ -124,7 +124,8 @@ void mf_pb_lora_experts_fwd(const mb *z, int32_t l, mf_param_role role, const ch
   const int32_t at_a = lora_experts_of(c, role, l, 0, 0);
   if (at_a < 0) return;
   const int32_t at_b = lora_experts_of(c, role, l, 1, 0);
-  const int64_t r = c->pt->lora.rank, R = z->T * z->TK;
+  /* the expert rows: with expert parallelism, those this rank's experts received */
+  const int64_t r = c->pt->lora.rank, R = z->T * z->TK * z->b->p->ep;
   const int32_t offsets = z->A[l].offsets;
   int32_t a = mf_pb_tensor(z->b, MF_T_ACT, MF_DTYPE_F32, R * r, z->m, l, LNAME "mlp.experts.%s.lora_A.out",
                            z->m, l, what);
@@ -154,7 +155,8 @@ void mf_pb_lora_experts_bwd(const mb *z, int32_t l, mf_param_role role, const ch
   if (at_a < 0) return;
   const int32_t at_b = lora_experts_of(c, role, l, 1, 0);
   const int32_t ga = lora_experts_of(c, role, l, 0, 1), gb = lora_experts_of(c, role, l, 1, 1);
-  const int64_t r = c->pt->lora.rank, R = z->T * z->TK;
+  /* the expert rows: with expert parallelism, those this rank's experts received */
+  const int64_t r = c->pt->lora.rank, R = z->T * z->TK * z->b->p->ep;
   const int32_t offsets = z->A[l].offsets;
   int32_t da = mf_pb_tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * r, z->m, l,
                             LNAME "mlp.experts.%s.lora_A.out.grad", z->m, l, what);

@@ -234,6 +234,10 @@ void mf_pb_expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const cha
   SET(o, a0, a1, a2);
   INTS(o, z->E, N, K);
   o->experts_at = experts_at;
+  if (k == MF_K_EXPERT_BWD_WEIGHT && z->b->p->exchanges) { /* the rows by source rank's part */
+    o->t[3] = z->A[l].segs;
+    o->i[3] = z->b->p->ep;
+  }
   o->flops = 2.0 * (double)(z->T * z->TK) * (double)N * (double)K;
 }
 

@@ -79,13 +79,21 @@ TEST(ExpertParallel, StreamedStagedAndBf16) {
 
 // LoRA on attention with the experts frozen (adapter dropout drawn by the
 // micro-batch's index among all ranks'), and over an NF4 base whose experts
-// each rank dequantizes for its own, streamed and staged.
+// each rank dequantizes for its own, streamed and staged; LoRA on the experts
+// too (their adapters' gradients by source rank's part), over fp32 and NF4.
 TEST(ExpertParallel, LoraAndQlora) {
   SameAsOneRank(2, {"lora",
                     "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj] "
                     "train.lora.dropout=0.1"});
   SameAsOneRank(2, {"qlora",
                     "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,v_proj] "
+                    "train.lora.base_dtype=nf4 train.lora.base_blocksize=32 memory.device_budget=3MiB "
+                    "memory.staging=true"});
+  SameAsOneRank(2,
+                {"lora_experts",
+                 "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,w1,w2,w3]"});
+  SameAsOneRank(4, {"qlora_experts",
+                    "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,w1,w2,w3] "
                     "train.lora.base_dtype=nf4 train.lora.base_blocksize=32 memory.device_budget=3MiB "
                     "memory.staging=true"});
 }
@@ -233,13 +241,14 @@ TEST(ExpertParallel, WhatItCannotDoIsRefused) {
   EXPECT_NE(d.code, 0);
   EXPECT_NE(d.out.find("parallel.expert 3 does not divide the model's 8 routed experts"), std::string::npos)
       << d.out;
-  // nor LoRA on the experts
-  Result l =
-      moefit(Args(fresh_dir("ep_bad_lora"), "parallel.expert=2 train.lora.rank=4 train.lora.targets=[w1]")
-                 .replace(0, 5, "plan") +
-             " --ranks 2");
+  // nor adapter dropout on the experts (its masks follow a row's place)
+  Result l = moefit(Args(fresh_dir("ep_bad_lora"),
+                         "parallel.expert=2 train.lora.rank=4 train.lora.targets=[w1] train.lora.dropout=0.1")
+                        .replace(0, 5, "plan") +
+                    " --ranks 2");
   EXPECT_NE(l.code, 0);
-  EXPECT_NE(l.out.find("LoRA adapters on routed experts"), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("parallel.expert with train.lora.dropout 0.1 on routed experts"), std::string::npos)
+      << l.out;
 }
 
 }  // namespace
