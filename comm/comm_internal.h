@@ -103,6 +103,7 @@ struct mf_comm {
   void *stage; /* what the small collectives send and receive through, grown when needed */
   size_t stage_n;
   MPI_Request *parts_rq; /* mf_comm_exchange's requests, grown when needed */
+  int *parts_due;        /* and the bytes each receive is due (-1: a send) */
   size_t parts_n;
   double timeout_s;                /* MF_COMM_TIMEOUT_S: the longest any wait for other ranks may take */
   mf_comm_shared *board_mem;       /* the node's board (mf_comm_slot[local_size]) */

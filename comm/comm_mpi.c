@@ -168,6 +168,7 @@ void mf_comm_free(mf_comm *c) {
   free(c->scratch);
   free(c->stage);
   if (late_done) free(c->parts_rq); /* else MPI may still hold requests of it */
+  free(c->parts_due);
   if (late_done) free(c->late_buf); /* else MPI may still write into it: left to the process's end */
   free(c->leader_ranks);
   free(c->fail_every); /* MPI is finalized (or never wrote to it) */
@@ -382,8 +383,10 @@ mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, co
   if (P == 1) return exchange_self(sends, n_send, recvs, n_recv);
   if (n_req > c->parts_n) { /* grows once to an exchange's size (outside the steps after the first) */
     MPI_Request *r = (MPI_Request *)realloc(c->parts_rq, n_req * sizeof *r);
-    if (!r) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for %zu requests", n_req);
-    c->parts_rq = r;
+    if (r) c->parts_rq = r;
+    int *d = r ? (int *)realloc(c->parts_due, n_req * sizeof *d) : NULL;
+    if (d) c->parts_due = d;
+    if (!r || !d) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "comm: out of memory for %zu requests", n_req);
     c->parts_n = n_req;
   }
   int64_t ticket = 0;
@@ -400,27 +403,22 @@ mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, co
                           : MPI_Isend(p, n, MPI_BYTE, q->peer, MF_COMM_TAG_PARTS, c->world, &c->parts_rq[at]);
       if (rc != MPI_SUCCESS)
         return mf_comm_mpi_error(rc, __FILE__, __LINE__, recv ? "MPI_Irecv" : "MPI_Isend");
-      at++;
+      c->parts_due[at++] = recv ? n : -1;
     }
   }
   /* Each piece in the order posted; a receive must get all the bytes it was posted for (a shorter
    * message would leave the rest of its rows as they were). */
-  at = 0;
-  for (int k = 0; k < n_recv + n_send; k++) {
-    const int recv = k < n_recv;
-    const mf_comm_part *q = recv ? &recvs[k] : &sends[k - n_recv];
-    for (size_t o = 0; o < q->bytes; o += MF_MPI_CHUNK) {
-      const int n = (int)(q->bytes - o < MF_MPI_CHUNK ? q->bytes - o : MF_MPI_CHUNK);
-      MPI_Status st;
-      MF_CHECK(mf_comm_finish_status(c, &c->parts_rq[at++], MF_COMM_WORLD, ticket, bytes > MF_HEAVY_BYTES,
-                                     MF_COMM_NO_BUFFER, "in an exchange of rows", &st));
-      int got = n;
-      if (recv && (MPI_Get_count(&st, MPI_BYTE, &got) != MPI_SUCCESS || got != n))
-        return MF_ERR(MF_ERR_MPI,
-                      "comm: exchange: receive %d got %d bytes from rank %d where %d were due: the ranks "
-                      "disagree on the parts",
-                      k, got, q->peer, n);
-    }
+  for (size_t r = 0; r < at; r++) {
+    MPI_Status st;
+    MF_CHECK(mf_comm_finish_status(c, &c->parts_rq[r], MF_COMM_WORLD, ticket, bytes > MF_HEAVY_BYTES,
+                                   MF_COMM_NO_BUFFER, "in an exchange of rows", &st));
+    int got = c->parts_due[r];
+    if (got >= 0 && (MPI_Get_count(&st, MPI_BYTE, &got) != MPI_SUCCESS || got != c->parts_due[r]))
+      return MF_ERR(
+          MF_ERR_MPI,
+          "comm: exchange: a receive got %d bytes from rank %d where %d were due: the ranks disagree "
+          "on the parts",
+          got, st.MPI_SOURCE, c->parts_due[r]);
   }
   return MF_OK;
 }

@@ -208,6 +208,32 @@ static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
   return MF_OK;
 }
 
+/* What expert parallelism (parallel.expert) needs of a training run's ranks and plan: all of them on
+ * one machine, no plan file. */
+static mf_status expert_parallel_fits(const mf_config *cfg) {
+  const int64_t ep = cfg->parallel.expert, n_ranks = cfg->ranks > 1 ? cfg->ranks : 1;
+  if (ep != n_ranks)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "parallel.expert %lld: the run has %lld rank%s; expert parallelism spreads the experts "
+                  "over every rank (data parallel beside it is not built yet): run mpirun -np %lld (or "
+                  "moefit plan --ranks %lld), or set parallel.expert: 1",
+                  (long long)ep, (long long)n_ranks, n_ranks > 1 ? "s" : "", (long long)ep, (long long)ep);
+  if (cfg->node_ranks > 0 && cfg->node_ranks < n_ranks)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "parallel.expert %lld over %lld nodes of %lld ranks: expert parallelism across machines is "
+                  "not built yet (a node's host home would miss the experts of the other nodes' ranks); run "
+                  "the ranks on one machine, or set parallel.expert: 1",
+                  (long long)ep, (long long)((n_ranks + cfg->node_ranks - 1) / cfg->node_ranks),
+                  (long long)cfg->node_ranks);
+  if (cfg->memory.plan_kind == MF_CONFIG_PLAN_FILE)
+    return MF_ERR(MF_ERR_CONFIG,
+                  "memory.plan %s with parallel.expert %lld: a plan file holds one rank's decisions, for its "
+                  "own experts, and each expert-parallel rank holds others; take memory.plan: auto or a "
+                  "baseline",
+                  cfg->memory.plan, (long long)ep);
+  return MF_OK;
+}
+
 /* The leaders' exchange of the nodes' gradient sums (mf_run_plan.between_nodes_s). */
 static void between_nodes(const mf_config *cfg, const mf_param_table *t, mf_run_plan *rp) {
   const int64_t ranks = cfg->ranks > 1 && rp->use == MF_RUN_TRAIN ? cfg->ranks : 1;
@@ -569,32 +595,7 @@ static mf_status make(const mf_config *cfg, const mf_param_table *t, mf_run_use 
                 (long long)cfg->train.lora.rank);
     goto fail;
   }
-  const int64_t n_ranks = cfg->ranks > 1 ? cfg->ranks : 1;
-  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && cfg->parallel.expert != n_ranks) {
-    st = MF_ERR(MF_ERR_CONFIG,
-                "parallel.expert %lld: the run has %lld rank%s; expert parallelism spreads the experts over "
-                "every rank (data parallel beside it is not built yet): run mpirun -np %lld (or moefit plan "
-                "--ranks %lld), or set parallel.expert: 1",
-                (long long)cfg->parallel.expert, (long long)n_ranks, n_ranks > 1 ? "s" : "",
-                (long long)cfg->parallel.expert, (long long)cfg->parallel.expert);
-    goto fail;
-  }
-  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && cfg->node_ranks > 0 && cfg->node_ranks < n_ranks) {
-    st = MF_ERR(MF_ERR_CONFIG,
-                "parallel.expert %lld over %lld nodes of %lld ranks: expert parallelism across machines is not "
-                "built yet (a node's host home would miss the experts of the other nodes' ranks); run the "
-                "ranks on one machine, or set parallel.expert: 1",
-                (long long)cfg->parallel.expert, (long long)((n_ranks + cfg->node_ranks - 1) / cfg->node_ranks),
-                (long long)cfg->node_ranks);
-    goto fail;
-  }
-  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && cfg->memory.plan_kind == MF_CONFIG_PLAN_FILE) {
-    st = MF_ERR(MF_ERR_CONFIG,
-                "memory.plan %s with parallel.expert %lld: a plan file holds one rank's decisions, for its own "
-                "experts, and each expert-parallel rank holds others; take memory.plan: auto or a baseline",
-                cfg->memory.plan, (long long)cfg->parallel.expert);
-    goto fail;
-  }
+  if (cfg->parallel.expert > 1 && use == MF_RUN_TRAIN && (st = expert_parallel_fits(cfg)) != MF_OK) goto fail;
   if (cfg->ranks > 1 && use == MF_RUN_TRAIN && cfg->train.overlap_optimizer == MF_CONFIG_OVERLAP_ON) {
     st = MF_ERR(MF_ERR_CONFIG,
                 "train.overlap_optimizer: true runs one process's host AdamW behind its next step; with %lld "

@@ -468,10 +468,9 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     p->param_tensor[i] =
         q->quant ? mf_pb_tensor(&b, MF_T_PARAM, MF_DTYPE_U8, q->qbytes, -1, q->layer, "%s", q->name)
                  : mf_pb_tensor(&b, MF_T_PARAM, MF_DTYPE_F32, q->numel, -1, q->layer, "%s", q->name);
-    /* another expert-parallel rank's expert: its gradient is that rank's */
-    const int theirs = q->expert >= 0 && !mf_program_owns_expert(p, q->expert);
+    /* not held: another expert-parallel rank's expert, whose gradient is that rank's */
     p->grad_tensor[i] =
-        p->forward_only || q->frozen || theirs
+        p->forward_only || q->frozen || !mf_program_holds_param(p, i)
             ? -1
             : mf_pb_tensor(&b, MF_T_GRAD, MF_DTYPE_F32, q->numel, -1, q->layer, "grad.%s", q->name);
     if (b.st == MF_OK) {

@@ -139,6 +139,9 @@ void mf_pb_simple(const ctx *c, mf_kernel k, mf_phase ph, int32_t l, const char 
  * the head), in adjacent pairs with the spec's rope_interleave, YaRN's frequencies with its rope_scaling. */
 void mf_pb_rope(const mb *z, int32_t l, mf_kernel kind, const char *what, int32_t x, int64_t nh, int64_t D,
                 int64_t rot, int64_t off);
+/* An EXPERT_* op of layer l over its expert rows (operands a0, a1, a2; N, K; the id pool entry of its
+ * experts); a weight gradient, when the program exchanges rows between ranks, adds each source rank's
+ * part on its own (the layer's parts, EXPERT_BWD_WEIGHT's segments). */
 void mf_pb_expert_op(const mb *z, mf_kernel k, mf_phase ph, int32_t l, const char *what, int32_t a0,
                      int32_t a1, int32_t a2, int64_t N, int64_t K, int32_t experts_at);
 

@@ -273,13 +273,9 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   const int clamped = mf_model_spec_swiglu_clamped(s);
   expert_bias(z, l, 1, MF_P_EXPERT_DOWN_BIAS, dye, H, "experts down_proj");
   /* down: dW (unless frozen) then dx */
-  if (!mf_pb_experts_frozen(c, MF_P_EXPERT_DOWN, l)) {
-    o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts down_proj dW", l);
-    SET(o, dye, a->ea, a->offsets, a->segs);
-    INTS(o, E, H, I, ep ? p->ep : 0);
-    o->experts_at = mf_pb_experts_of(c, MF_P_EXPERT_DOWN, l, 1, -1);
-    o->flops = 2.0 * (double)R * (double)H * (double)I;
-  }
+  if (!mf_pb_experts_frozen(c, MF_P_EXPERT_DOWN, l)) /* with expert parallelism: by source rank's part */
+    mf_pb_expert_op(z, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, l, "experts down_proj dW", dye, a->ea,
+                    a->offsets, H, I, mf_pb_experts_of(c, MF_P_EXPERT_DOWN, l, 1, -1));
   const int32_t down_w =
       mf_pb_experts_of(c, MF_P_EXPERT_DOWN, l, 0, -1); /* before the op: it may dequantize */
   o = mf_pb_op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts down_proj dx", l);
@@ -308,11 +304,10 @@ void mf_pb_moe_bwd(const mb *z, int32_t l, int32_t gres, int32_t dxn2) {
   } gu[2] = {{MF_P_EXPERT_GATE, deg, dxe, "gate_proj"}, {MF_P_EXPERT_UP, deu, dxe2, "up_proj"}};
   for (int j = 0; j < 2; j++) {
     if (!mf_pb_experts_frozen(c, gu[j].role, l)) {
-      o = mf_pb_op(b, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, m, l, "L%d experts %s dW", l, gu[j].what);
-      SET(o, gu[j].dy, a->xe, a->offsets, a->segs);
-      INTS(o, E, I, H, ep ? p->ep : 0);
-      o->experts_at = mf_pb_experts_of(c, gu[j].role, l, 1, -1);
-      o->flops = 2.0 * (double)R * (double)I * (double)H;
+      char lab[48];
+      snprintf(lab, sizeof lab, "experts %s dW", gu[j].what);
+      mf_pb_expert_op(z, MF_K_EXPERT_BWD_WEIGHT, MF_PHASE_BWD, l, lab, gu[j].dy, a->xe, a->offsets, I, H,
+                      mf_pb_experts_of(c, gu[j].role, l, 1, -1));
     }
     const int32_t w = mf_pb_experts_of(c, gu[j].role, l, 0, -1);
     o = mf_pb_op(b, MF_K_EXPERT_BWD_DATA, MF_PHASE_BWD, m, l, "L%d experts %s dx", l, gu[j].what);

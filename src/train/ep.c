@@ -39,7 +39,7 @@ void mf_ep_free(mf_ep *e) {
   memset(e, 0, sizeof *e);
 }
 
-mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *b, int device) {
+static mf_status init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *b, int device) {
   memset(e, 0, sizeof *e);
   e->comm = comm;
   e->b = b;
@@ -66,12 +66,10 @@ mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *b
   return MF_OK;
 }
 
-static mf_status run_exchange(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s) {
-  return mf_ep_run((mf_ep *)ctx, call, b, s);
-}
+static mf_status run_exchange(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s);
 
 mf_status mf_ep_attach(mf_ep *e, mf_comm *comm, const mf_program *p, mf_exec *x, mf_backend *b, int device) {
-  MF_CHECK(mf_ep_init(e, comm, p, b, device));
+  MF_CHECK(init(e, comm, p, b, device));
   const mf_exec_exchange xc = {e, run_exchange};
   mf_exec_set_exchange(x, &xc);
   return MF_OK;
@@ -200,7 +198,9 @@ static mf_status combine(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_st
   return transfer(e, b, s, ns, (int)E);
 }
 
-mf_status mf_ep_run(mf_ep *e, const mf_kernel_call *call, mf_backend *b, mf_stream *s) {
+/* mf_exec_exchange.run: ctx is the mf_ep. */
+static mf_status run_exchange(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s) {
+  mf_ep *e = (mf_ep *)ctx;
   if (call->kind == MF_K_EP_DISPATCH) return dispatch(e, call, b, s);
   if (call->kind == MF_K_EP_COMBINE) return combine(e, call, b, s);
   return MF_ERR(MF_ERR_INTERNAL, "expert parallelism: %s is not an exchange", mf_kernel_name(call->kind));

@@ -33,7 +33,6 @@ static void ranks_pieces_free(mf_ranks *k) {
   free(k->norm_bufs);
   free(k->ext);
   free(k->own);
-  mf_ep_free(&k->ep);
 }
 
 void mf_ranks_free(mf_ranks *k, int collective) {
@@ -120,7 +119,7 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
   return MF_OK;
 }
 
-mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p, mf_backend *b, int device) {
+mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p) {
   const mf_exec_param_hooks h = {k, NULL, hook_grad_home, hook_grad_wait};
   mf_exec_set_param_hooks(x, &h);
   mf_exec_set_grads_add(x, k->lrank > 0);
@@ -129,7 +128,7 @@ mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p, mf_backen
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "the experts of this rank", (void **)&k->own));
   for (int64_t i = 0; i < t->n; i++) k->own[i] = t->params[i].expert >= 0 && p->grad_tensor[i] >= 0;
   mf_exec_set_grads_own(x, k->own);
-  return mf_ep_attach(&k->ep, k->comm, p, x, b, device);
+  return MF_OK;
 }
 
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets) {

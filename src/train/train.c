@@ -18,7 +18,7 @@ typedef struct run {
   mf_config cfg_ranks;   /* with several ranks: the caller's config with its ranks (cfg points here) */
   mf_ranks rk;           /* several ranks (multi): this one's part (ranks.c) */
   mf_comm *comm;         /* the world (NULL: none given, one rank) */
-  mf_ep ep1;             /* one rank's exchanges with itself (MF_TEST_EP_SELF; multi: rk.ep) */
+  mf_ep ep;              /* expert parallelism's exchanges (one rank with itself: MF_TEST_EP_SELF) */
   int multi;             /* the run has more than one rank */
   int rank0;             /* this process writes the run's files and lines (the only one, or rank 0) */
   const int64_t *tokens; /* this step's tokens per expert (over every rank) */
@@ -70,8 +70,7 @@ static void run_free(run *r, int ok) {
   free(r->ext_sums);
   free(r->bufs);
   mf_metrics_close(r->metrics);
-  mf_ep_free(&r->rk.ep); /* its host buffers are the backend's */
-  mf_ep_free(&r->ep1);
+  mf_ep_free(&r->ep); /* its host buffers are the backend's */
   mf_run_close(&r->ev); /* inside the training's backend: first */
   mf_run_close(&r->tr); /* the table with it */
   mf_loader_free(r->train);
@@ -382,11 +381,10 @@ static mf_status setup(run *r, mf_train_summary *out) {
   MF_CHECK(mf_calloc(r->n_routed, sizeof(int64_t), "routing counts", (void **)&r->routed));
   if (rp->overlap_optimizer) MF_CHECK(worker_create(r));
   r->tokens_per_step = cfg->train.micro_batch * cfg->data.seq_len * cfg->train.grad_accum * ranks_of(r);
-  if (r->multi) {
-    MF_CHECK(mf_ranks_hooks(&r->rk, r->tr.exec, rp->prog, r->tr.backend, cfg->device));
-  } else if (rp->prog->exchanges) { /* one rank with itself (tests) */
+  if (r->multi) MF_CHECK(mf_ranks_hooks(&r->rk, r->tr.exec, rp->prog));
+  if (rp->prog->exchanges) {
     if (!r->comm) return MF_ERR(MF_ERR_INVALID_ARG, "train: expert parallelism's exchanges need a comm");
-    MF_CHECK(mf_ep_attach(&r->ep1, r->comm, rp->prog, r->tr.exec, r->tr.backend, cfg->device));
+    MF_CHECK(mf_ep_attach(&r->ep, r->comm, rp->prog, r->tr.exec, r->tr.backend, cfg->device));
   }
   if (r->rank0) { /* rank 0 writes the checkpoints and the metrics */
     MF_CHECK(mf_ckpt_writer_create(cfg, &r->ckw));
@@ -429,7 +427,7 @@ static void log_start(const run *r, const mf_train_summary *out) {
   if (r->multi) {
     const int64_t ep = rp->prog->ep, E = rp->prog->spec.experts;
     char experts[120] = "", by[48] = "";
-    if (r->rk.ep.nccl) snprintf(by, sizeof by, ", rows by %s", mf_nccl_version(r->rk.ep.nccl));
+    if (r->ep.nccl) snprintf(by, sizeof by, ", rows by %s", mf_nccl_version(r->ep.nccl));
     if (ep > 1)
       snprintf(experts, sizeof experts, ", experts over %lld (%lld of %lld a rank%s)", (long long)ep,
                (long long)(E / ep), (long long)E, by);
@@ -437,7 +435,7 @@ static void log_start(const run *r, const mf_train_summary *out) {
              mf_comm_nodes(r->rk.comm) == 1 ? "" : "s", experts);
   } else if (rp->prog->exchanges) {
     snprintf(ranks, sizeof ranks, "1 rank exchanging its experts' rows with itself%s%s (MF_TEST_EP_SELF) x ",
-             r->ep1.nccl ? " by " : "", r->ep1.nccl ? mf_nccl_version(r->ep1.nccl) : "");
+             r->ep.nccl ? " by " : "", r->ep.nccl ? mf_nccl_version(r->ep.nccl) : "");
   }
   MF_LOGI("train",
           "step: %s%lld x %lld sequences of %lld tokens = %lld tokens; %d threads%s; %s backend, %s storage "

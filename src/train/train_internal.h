@@ -163,12 +163,10 @@ typedef struct mf_ep {
   mf_comm_part *sends, *recvs;         /* [E] an exchange's parts */
 } mf_ep;
 
-/* device: the CUDA device of this rank's backend (its NCCL communicator's). */
-mf_status mf_ep_init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *b, int device);
-/* mf_ep_init, then x's exchange set to it. */
+/* device: the CUDA device of this rank's backend (its NCCL communicator's).
+ * Then x's exchange is this one. */
 mf_status mf_ep_attach(mf_ep *e, mf_comm *comm, const mf_program *p, mf_exec *x, mf_backend *b, int device);
 void mf_ep_free(mf_ep *e); /* a zeroed one is fine */
-mf_status mf_ep_run(mf_ep *e, const mf_kernel_call *call, mf_backend *b, mf_stream *s);
 
 typedef struct mf_ranks {
   mf_comm *comm;
@@ -183,10 +181,9 @@ typedef struct mf_ranks {
   int32_t *skip_ids, *skip_targets; /* another rank's micro-batch, drawn and passed over */
   mf_optim_buf *norm_bufs;          /* [n] */
   const double **ext;               /* [n] */
-  /* Expert parallelism (parallel.expert): the exchanges, and own[i] set for
-   * the experts whose gradients this rank alone writes into the node's sum
-   * (no relay: no other rank adds to them); NULL without */
-  mf_ep ep;
+  /* Expert parallelism (parallel.expert): own[i] set for the experts whose
+   * gradients this rank alone writes into the node's sum (no relay: no other
+   * rank adds to them); NULL without */
   uint8_t *own;
 } mf_ranks;
 
@@ -204,10 +201,9 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
  * ranks may never come: the process ends soon). */
 void mf_ranks_free(mf_ranks *k, int collective);
 /* The executor's gradients add into the node's sum in rank order; with
- * expert parallelism (p->ep > 1) its exchanges go through k->ep (on backend
- * b, CUDA device `device`) and each rank writes its own experts' gradients
- * alone. */
-mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p, mf_backend *b, int device);
+ * expert parallelism (p->exchanges) each rank writes its own experts'
+ * gradients alone (the exchanges are the run's mf_ep). */
+mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p);
 /* The step's G x ranks micro-batches drawn; this rank's into ids/targets. */
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets);
 /* After mf_exec_step: the gradient sums whole on every node, sr's losses and
