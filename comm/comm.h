@@ -76,10 +76,6 @@ mf_status mf_comm_allreduce_sum_i64(mf_comm *c, int64_t *buf, size_t n);
  * bits of one rank adding them all): losses. For short vectors. */
 mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n);
 
-/* All-to-all of n integers a pair: block r of send (send[r n .. r n + n)) goes
- * to rank r, and block r of recv comes from rank r. send and recv hold n x
- * size integers; they may be the same. */
-mf_status mf_comm_alltoall_i64(mf_comm *c, const int64_t *send, int64_t *recv, size_t n);
 /* One transfer of a point-to-point exchange: `bytes` at ptr, to or from rank
  * `peer`. */
 typedef struct mf_comm_part {
@@ -92,8 +88,9 @@ typedef struct mf_comm_part {
  * the deadline. A rank's receives from one peer match that peer's sends to it
  * in order, one for one, of the same bytes (else MF_ERR_MPI); a part of 0
  * bytes moves nothing (both sides know the sizes). A part may be this rank's
- * own (peer = this rank). Every rank calls it (a collective of the world:
- * the deadline names the ranks that did not come). MF_ERR_INVALID_ARG for a
+ * own (peer = this rank). Every rank calls it as often as the others (the
+ * ranks it names together; counted as a collective of the world, so the
+ * deadline names the ranks that did not come). MF_ERR_INVALID_ARG for a
  * peer outside the world; with one rank, the parts are copied in order. After
  * a timeout MPI may still write into the receives (the job ends then). */
 mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, const mf_comm_part *recvs,
@@ -177,6 +174,17 @@ void mf_comm_shared_forget(mf_comm_shared *s);
  * node called mf_comm_relay_fail. Collective to create and free. */
 typedef struct mf_comm_relay mf_comm_relay;
 mf_status mf_comm_relay_create(mf_comm *c, int64_t n_items, mf_comm_relay **out);
+/* As mf_comm_relay_create, in an order of the caller's: this rank works on
+ * items at `place` of `places` (place 0 never waits), after the rank at
+ * place - 1, which is local rank `before` (named when a wait times out). The
+ * ranks that work on one item must hold places 0, 1, ... of it without a
+ * gap; a rank may leave an item alone (it neither waits for nor passes it).
+ * Every local rank calls it (the memory is the node's). MF_ERR_INVALID_ARG
+ * for a place outside [0, places) or a `before` outside the node. For expert
+ * parallelism beside data parallelism, where an expert's owner in group g
+ * adds after its owner in group g - 1 (src/train/ranks.c). */
+mf_status mf_comm_relay_create_at(mf_comm *c, int64_t n_items, int place, int places, int before,
+                                  mf_comm_relay **out);
 void mf_comm_relay_free(mf_comm_relay *r); /* NULL is fine */
 /* As mf_comm_shared_forget, for a relay (its news of a failure stays with
  * the communicator, for mf_comm_fail_agree). */

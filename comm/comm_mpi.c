@@ -326,27 +326,6 @@ mf_status mf_comm_allreduce_sum_f64(mf_comm *c, double *buf, size_t n) {
   return MF_OK;
 }
 
-mf_status mf_comm_alltoall_i64(mf_comm *c, const int64_t *send, int64_t *recv, size_t n) {
-  if (!c->mpi || c->size == 1) {
-    if (n) memmove(recv, send, n * sizeof(int64_t));
-    return MF_OK;
-  }
-  if (n == 0) return MF_OK;
-  if (n > INT_MAX / (size_t)c->size)
-    return MF_ERR(MF_ERR_INVALID_ARG, "comm: an all-to-all of %zu integers a rank is too large", n);
-  const size_t all = n * (size_t)c->size;
-  MF_CHECK(mf_comm_stage_reserve(c, 2 * all * sizeof(int64_t)));
-  int64_t *st = (int64_t *)c->stage;
-  memcpy(st, send, all * sizeof(int64_t));
-  int64_t ticket = 0;
-  MF_CHECK(mf_comm_enter(c, MF_COMM_WORLD, &ticket));
-  MPI_Request rq;
-  MF_MPI_CHECK(MPI_Ialltoall(st, (int)n, MPI_INT64_T, st + all, (int)n, MPI_INT64_T, c->world, &rq));
-  MF_CHECK(mf_comm_finish(c, &rq, MF_COMM_WORLD, ticket, 0, MF_COMM_STAGE, "in an all-to-all of counts"));
-  memcpy(recv, (int64_t *)c->stage + all, all * sizeof(int64_t));
-  return MF_OK;
-}
-
 /* A part's pieces for MPI (int counts): MF_MPI_CHUNK bytes each, the last shorter. */
 static size_t pieces_of(size_t bytes) {
   return (bytes + MF_MPI_CHUNK - 1) / MF_MPI_CHUNK;

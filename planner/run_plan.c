@@ -212,12 +212,14 @@ static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
  * one machine, no plan file. */
 static mf_status expert_parallel_fits(const mf_config *cfg) {
   const int64_t ep = cfg->parallel.expert, n_ranks = cfg->ranks > 1 ? cfg->ranks : 1;
-  if (ep != n_ranks)
+  if (n_ranks % ep)
     return MF_ERR(MF_ERR_CONFIG,
                   "parallel.expert %lld: the run has %lld rank%s; expert parallelism spreads the experts "
-                  "over every rank (data parallel beside it is not built yet): run mpirun -np %lld (or "
-                  "moefit plan --ranks %lld), or set parallel.expert: 1",
-                  (long long)ep, (long long)n_ranks, n_ranks > 1 ? "s" : "", (long long)ep, (long long)ep);
+                  "over groups of %lld ranks, data parallel between the groups, so the ranks must be a "
+                  "multiple of it: run mpirun -np %lld (or moefit plan --ranks %lld), or set "
+                  "parallel.expert: 1",
+                  (long long)ep, (long long)n_ranks, n_ranks > 1 ? "s" : "", (long long)ep, (long long)ep,
+                  (long long)ep);
   if (cfg->node_ranks > 0 && cfg->node_ranks < n_ranks)
     return MF_ERR(MF_ERR_CONFIG,
                   "parallel.expert %lld over %lld nodes of %lld ranks: expert parallelism across machines is "
@@ -266,7 +268,8 @@ static mf_status plan_of(const mf_config *cfg, const mf_param_table *t, mf_run_p
       train ? cfg->node_ranks : 0,
       train ? cfg->parallel.expert : 1,
       train ? cfg->ep_rank : 0,
-      0};
+      0,
+      train ? cfg->ep_group : 0};
   /* Expert-parallel ranks exchange rows in program order: one order for all, not each rank's choice */
   double self = 0; /* tests: expert parallelism's exchanges on one rank */
   rq.opts.ep_self = train && cfg->parallel.expert <= 1 && mf_env_number(MF_ENV_TEST_EP_SELF, &self);

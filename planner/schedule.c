@@ -153,6 +153,7 @@ typedef struct builder {
   uint8_t *grad_home;       /* streamed gradient has reached the host once */
   int32_t *acc_slot;        /* [n_params] the step's gradient sum on the device (DEVICE), or -1 */
   uint8_t *acc_fresh;       /* [n_params] 1 while acc_slot holds the step's zeros alone */
+  uint8_t *seeded;          /* [n_params] a seeded gradient's first slot was filled from home (grad_seed) */
   int32_t *run_acc;         /* [n_params] a streamed gradient's sum over the current run, or -1 */
   int8_t *memo;             /* [n_tensors] structurally recomputable: -1 unknown, 0, 1 */
   int32_t *temps;           /* tensors a recompute chain produced only as inputs of the chain */
@@ -300,6 +301,15 @@ static void materialize(builder *b, int32_t t, int32_t ctx) {
      * ACCUM less per parameter and step (on an H100, 644M shape: 4 ms of a
      * 54 ms step). */
     const int32_t pi = param_of(b, t);
+    if (p->grad_seed && p->grad_seed[pi] && !b->seeded[pi]) {
+      /* The step's first slot starts from the host's sum (mf_program.grad_seed): the other expert-parallel
+       * groups' before this rank's, which its contributions add to, as one rank's later micro-batches do. */
+      mf_instr *in = emit(b, MF_I_H2D);
+      in->slot = new_slot(b, t);
+      b->seeded[pi] = 1;
+      if (b->d->grad[pi] == MF_GRAD_DEVICE) b->acc_slot[pi] = in->slot;
+      return;
+    }
     if (b->acc_slot[pi] >= 0 && b->acc_fresh[pi] && b->d->grad[pi] == MF_GRAD_DEVICE) {
       b->cur[t] = b->acc_slot[pi];
       b->acc_fresh[pi] = 0;
@@ -828,6 +838,7 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
   b.acc_slot = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
   b.run_acc = (int32_t *)malloc((size_t)(p->params->n + 1) * sizeof(int32_t));
   b.acc_fresh = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
+  b.seeded = (uint8_t *)calloc((size_t)p->params->n + 1, 1);
   if (b.acc_slot)
     for (int64_t i = 0; i <= p->params->n; i++) b.acc_slot[i] = -1;
   if (b.run_acc)
@@ -858,8 +869,8 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
     s->slot_pool = (int32_t *)malloc((size_t)b.cap_pool * sizeof *s->slot_pool);
   }
   if (!b.cur || !b.last_fwd_writer || !b.host_valid || !b.grad_home || !b.acc_slot || !b.acc_fresh ||
-      !b.run_acc || !b.memo || !b.temps || !b.group || !s->host_offset || !s->optim_device || !b.skip ||
-      !s->instr || !s->slots || !s->slot_pool) {
+      !b.seeded || !b.run_acc || !b.memo || !b.temps || !b.group || !s->host_offset || !s->optim_device ||
+      !b.skip || !s->instr || !s->slots || !s->slot_pool) {
     b.st = MF_ERR(MF_ERR_OUT_OF_MEMORY, "schedule: out of memory");
     goto done;
   }
@@ -906,9 +917,12 @@ mf_status mf_schedule_build(const mf_program *p, const mf_decisions *d, mf_sched
     if (!o) break;
     if (b.skip[k]) continue;
     if (o->phase == MF_PHASE_OPTIM && s->optim_begin < 0) s->optim_begin = s->n_instr;
-    /* A streamed gradient is zeroed where its slot starts, not for the whole step. */
+    /* A streamed gradient is zeroed where its slot starts, not for the whole step; a seeded one is
+     * filled from home there. */
     if (o->kind == MF_K_ZERO && o->phase == MF_PHASE_SETUP && o->t[0] >= 0 &&
-        p->tensors[o->t[0]].kind == MF_T_GRAD && d->grad[param_of(&b, o->t[0])] == MF_GRAD_STREAM)
+        p->tensors[o->t[0]].kind == MF_T_GRAD &&
+        (d->grad[param_of(&b, o->t[0])] == MF_GRAD_STREAM ||
+         (p->grad_seed && p->grad_seed[param_of(&b, o->t[0])])))
       continue;
     run_op(&b, k, 0, k);
   }
@@ -924,6 +938,7 @@ done:
   free(b.grad_home);
   free(b.acc_slot);
   free(b.acc_fresh);
+  free(b.seeded);
   free(b.run_acc);
   free(b.memo);
   free(b.temps);

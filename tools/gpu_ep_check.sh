@@ -19,6 +19,7 @@
 #           weights' largest difference (the cuda twins sum an expert's rows in
 #           one pass, not by source rank, so the bits may differ); and two
 #           runs of the same mpirun: identical (deterministic run to run).
+#           With 4, also 4 ranks as 2 x 2 (parallel.expert=2) against one.
 # STEPS: a comma list of 1, 2, 4 (default: every one the machine's GPUs allow).
 # Writes a table to $OUT/ep_summary.txt (or /tmp) and the logs to $OUT/ep_logs.tgz.
 set -uo pipefail
@@ -111,4 +112,9 @@ for n in 2 4; do
   row "$n GPUs vs 1 GPU, grad_accum $n" "losses $(losses /tmp/mf_ep_one$n /tmp/mf_ep_${n}a); weights $(weights /tmp/mf_ep_one$n /tmp/mf_ep_${n}a)"
   row "$n GPUs, two runs" "losses $(losses /tmp/mf_ep_${n}a /tmp/mf_ep_${n}b); weights $(weights /tmp/mf_ep_${n}a /tmp/mf_ep_${n}b)"
   row "  tokens/s" "$(grep -o '([0-9.]*K* tokens/s)' "$logs/ep${n}a.log" | tail -1) vs one GPU $(grep -o '([0-9.]*K* tokens/s)' "$logs/one$n.log" | tail -1)"
+  if ((n == 4)); then # 2 x 2: two groups of two, data parallel between them
+    timeout 300 "${mpi[@]}" -np 4 "$dir/moefit" train "${common[@]}" train.grad_accum=1 parallel.expert=2 \
+      output.dir=/tmp/mf_ep_2x2 >"$logs/ep2x2.log" 2>&1
+    row "4 GPUs as 2 x 2 vs 1 GPU, grad_accum 4" "losses $(losses /tmp/mf_ep_one4 /tmp/mf_ep_2x2); weights $(weights /tmp/mf_ep_one4 /tmp/mf_ep_2x2)"
+  fi
 done

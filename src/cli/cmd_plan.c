@@ -346,12 +346,17 @@ static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
     int64_t n_ex = 0;
     for (int32_t k = 0; k < p->n_ops; k++)
       if (mf_kernel_is_exchange(p->ops[k].kind)) ex += mf_sim_op_seconds(p, k, &rp->hw), n_ex++;
+    const int64_t groups = ranks / p->ep;
+    char dp[120] = "";
+    if (groups > 1)
+      snprintf(dp, sizeof dp, " in each of %lld groups, data parallel between them (an expert's owners add "
+               "into its sum group after group)", (long long)groups);
     printf(
-        "  experts: over %lld ranks (%lld of %lld a rank, every MoE layer): the plan is rank 0's; each "
-        "rank's experts run over the rows of every rank's micro-batches; %lld exchanges a step (dispatch "
+        "  experts: over %lld ranks%s (%lld of %lld a rank, every MoE layer): the plan is rank 0's; each "
+        "rank's experts run over the rows of its group's micro-batches; %lld exchanges a step (dispatch "
         "and combine, forward and backward), %.4f s at %s/s a rank (%s)\n",
-        (long long)p->ep, (long long)(p->spec.experts / p->ep), (long long)p->spec.experts, (long long)n_ex,
-        ex,
+        (long long)p->ep, dp, (long long)(p->spec.experts / p->ep), (long long)p->spec.experts,
+        (long long)n_ex, ex,
         mf_format_bytes((uint64_t)mf_hw_link_bandwidth(&rp->hw), c, sizeof c),
         rp->hw.nvlink_bandwidth > 0           ? "nvlink.bandwidth"
         : rp->hw.copies_overlap_compute ? "no nvlink in the profile: through host memory, at its link"

@@ -265,6 +265,7 @@ typedef struct mf_config {
   int64_t ranks;
   int64_t node_ranks; /* of them, on one machine (0: all) */
   int64_t ep_rank;    /* with parallel.expert > 1: this rank's place among the expert-parallel ranks */
+  int64_t ep_group;   /* and its group of them, with more ranks than parallel.expert (0: the first) */
   int device;         /* the CUDA device this process uses (a rank's: its local rank's GPU); default 0 */
 } mf_config;
 

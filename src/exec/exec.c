@@ -375,9 +375,12 @@ mf_status mf_exec_param_gate(mf_exec *x, const mf_instr *in, int grad_wait) {
   if (in->kind != MF_I_H2D && in->kind != MF_I_D2H) return MF_OK;
   const mf_ptensor *t = &x->p->tensors[x->s->slots[in->slot].tensor];
   const int grad = in->kind == MF_I_D2H && t->kind == MF_T_GRAD;
-  if ((in->kind == MF_I_H2D && t->kind == MF_T_PARAM) || grad)
+  const int seed = in->kind == MF_I_H2D && t->kind == MF_T_GRAD; /* the sum this rank adds to (grad_seed) */
+  if ((in->kind == MF_I_H2D && t->kind == MF_T_PARAM) || grad || seed)
     if (x->hooks.wait) MF_CHECK(x->hooks.wait(x->hooks.ctx, t->param));
-  if (grad && grad_wait && x->hooks.grad_wait) MF_CHECK(x->hooks.grad_wait(x->hooks.ctx, t->param));
+  /* A seed reads the sum once the ranks before have added theirs, wherever its copy is submitted. */
+  if (((grad && grad_wait) || seed) && x->hooks.grad_wait)
+    MF_CHECK(x->hooks.grad_wait(x->hooks.ctx, t->param));
   return MF_OK;
 }
 
@@ -469,6 +472,14 @@ mf_status mf_exec_h2d_source(mf_exec *x, int32_t slot, const step_io *io, mf_exe
       return MF_OK;
     }
     MF_CHECK(weight_source(x, pt, io, src));
+  } else if (pt->kind == MF_T_GRAD) { /* seeded: the host's sum it adds to (mf_program.grad_seed) */
+    if (!io->grads)
+      return MF_ERR(MF_ERR_INTERNAL, "executor: %s starts from the host's sum, and there is none", pt->name);
+    if (expert_idle(x, slot)) { /* nothing added to it: the host's sum stays as it is (mf_exec_d2h_target) */
+      x->h2d_skipped += pt->bytes;
+      return MF_OK;
+    }
+    src_add(src, io->grads + p->params->params[pt->param].toff, pt->bytes);
   } else if (pt->kind == MF_T_INPUT) {
     if (t == p->io[0].positions)
       src_add(src, io->positions, pt->bytes);
@@ -495,10 +506,12 @@ mf_status mf_exec_d2h_target(mf_exec *x, const mf_instr *in, const step_io *io, 
   } else if (pt->kind == MF_T_GRAD) {
     if (!io->grads) return MF_OK;
     *dst = io->grads + p->params->params[pt->param].toff;
-    const int add = x->grads_add && !(x->grads_own && x->grads_own[pt->param]);
+    /* A seeded gradient holds the sum the host had, and its own share: it is the new sum. */
+    const int seeded = p->grad_seed && p->grad_seed[pt->param];
+    const int add = x->grads_add && !(x->grads_own && x->grads_own[pt->param]) && !seeded;
     if (expert_idle(x, in->slot)) { /* an expert no token reached: its gradient is zeros */
       x->d2h_skipped += pt->bytes;
-      if (!in->accumulate && !add) *mode = D2H_ZERO;
+      if (!in->accumulate && !add && !seeded) *mode = D2H_ZERO; /* seeded: the host's sum is the step's */
       return MF_OK;
     }
     if (in->accumulate || add) *mode = D2H_ADD;

@@ -224,7 +224,7 @@ static mf_status fill_begin(mf_exec *x, int32_t k, const step_io *io) {
   int work = 0;
   for (int32_t c = sl->first_copy; c < sl->first_copy + sl->n_copies; c++) {
     const mf_instr *in = &x->s->instr[g->L->copies[c].instr];
-    if (x->hooks.wait) MF_CHECK(mf_exec_param_gate(x, in, 0));
+    if (x->hooks.wait || x->hooks.grad_wait) MF_CHECK(mf_exec_param_gate(x, in, 0));
     sg_copy_rt *r = &g->rt[c];
     MF_CHECK(mf_exec_h2d_source(x, in->slot, io, &r->src));
     r->host = NULL;

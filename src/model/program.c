@@ -368,6 +368,28 @@ int mf_program_holds_param(const mf_program *p, int64_t i) {
   return e < 0 || mf_program_owns_expert(p, e);
 }
 
+/* The gradients summed by source rank's parts (an op with segments): in an
+ * expert-parallel group after the first they start from the groups before's
+ * sum (mf_program.grad_seed). */
+static mf_status mark_seeds(mf_program *p) {
+  p->grad_seed = (uint8_t *)calloc((size_t)(p->params->n ? p->params->n : 1), 1);
+  if (!p->grad_seed) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "step program: out of memory");
+  for (int32_t k = 0; k < p->n_ops; k++) {
+    const mf_pop *o = &p->ops[k];
+    if (o->kind != MF_K_EXPERT_BWD_WEIGHT && o->kind != MF_K_EXPERT_BIAS_BWD) continue;
+    if (o->t[3] < 0) continue; /* no parts */
+    if (o->kind == MF_K_EXPERT_BIAS_BWD) {
+      p->grad_seed[p->tensors[o->t[2]].param] = 1;
+      continue;
+    }
+    for (int64_t e = 0; e < p->spec.experts; e++) {
+      const int32_t g = p->id_pool[o->experts_at + e];
+      if (g >= 0) p->grad_seed[p->tensors[g].param] = 1;
+    }
+  }
+  return MF_OK;
+}
+
 /* What expert parallelism needs of the model and its table (mf_program_opts.ep). */
 static mf_status ep_check(const mf_param_table *pt, const mf_program_opts *opts) {
   const mf_model_spec *s = &pt->spec;
@@ -385,6 +407,11 @@ static mf_status ep_check(const mf_param_table *pt, const mf_program_opts *opts)
   if (opts->ep_rank < 0 || opts->ep_rank >= ep)
     return MF_ERR(MF_ERR_INVALID_ARG, "step program: expert-parallel rank %lld of %lld",
                   (long long)opts->ep_rank, (long long)ep);
+  const int64_t ranks = opts->ranks > 1 ? opts->ranks : 1;
+  if (opts->ep_group < 0 || (ep > 1 && (ranks % ep || opts->ep_group >= ranks / ep)))
+    return MF_ERR(MF_ERR_INVALID_ARG,
+                  "step program: expert-parallel group %lld of %lld ranks in groups of %lld",
+                  (long long)opts->ep_group, (long long)ranks, (long long)ep);
   for (int64_t i = 0; i < pt->n_base; i++) {
     const mf_param *q = &pt->params[i];
     if (q->expert >= 0 && pt->lora_a && pt->lora_a[i] >= 0 && pt->lora.dropout > 0 && !opts->forward_only)
@@ -445,6 +472,7 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
   p->ep = opts->ep > 1 ? opts->ep : 1;
   p->ep_rank = p->ep > 1 ? opts->ep_rank : 0;
   p->exchanges = p->ep > 1 || opts->ep_self;
+  p->ep_group = p->ep > 1 ? opts->ep_group : 0;
   p->aux_coef = opts->aux_coef;
   p->ce_chunk = opts->ce_chunk > 0 ? opts->ce_chunk : 4096;
   p->forward_only = opts->forward_only;
@@ -501,6 +529,10 @@ mf_status mf_program_build(const mf_param_table *pt, const mf_program_opts *opts
     return b.st;
   }
   for (int32_t k = 0; k < p->n_ops; k++) p->flops += p->ops[k].flops;
+  if (p->ep_group > 0 && !p->forward_only && (b.st = mark_seeds(p)) != MF_OK) {
+    mf_program_free(p);
+    return b.st;
+  }
   set_roles(p);
   compute_lifetimes(p);
   const mf_status st = index_uses(p);
@@ -520,6 +552,7 @@ void mf_program_free(mf_program *p) {
   free(p->io);
   free(p->param_tensor);
   free(p->grad_tensor);
+  free(p->grad_seed);
   free(p->state_tensor);
   free(p->sumsq_op);
   free(p->adamw_op);

@@ -144,6 +144,11 @@ typedef struct mf_program {
   int64_t node_ranks; /* of them on one node (>= 1) */
   int64_t ep, ep_rank; /* expert parallelism (mf_program_opts.ep; 1: none) and this rank's place in it */
   int exchanges;       /* the MoE layers exchange rows between ranks: ep > 1, or ep_self */
+  int64_t ep_group;    /* mf_program_opts.ep_group (0 without expert parallelism) */
+  /* [params->n] 1 for a gradient that starts from the host's sum instead of
+   * zero (the schedule fills its first slot from home: mf_program_opts.ep_group
+   * > 0), its copies home overwriting that sum; NULL: none */
+  uint8_t *grad_seed;
   mf_ptensor *tensors;
   int32_t n_tensors;
   mf_pop *ops;
@@ -211,6 +216,14 @@ typedef struct mf_program_opts {
    * with itself — expert parallelism's code path on one rank (one GPU), which
    * gives the bits of the program without it. */
   int ep_self;
+  /* Expert parallelism beside data parallelism (ranks = groups x ep): this
+   * rank's group, 0 .. ranks / ep - 1, each group ep ranks exchanging rows
+   * among themselves over its own micro-batches. The gradients summed by
+   * source rank's parts (the experts' weights and adapters, gpt-oss's expert
+   * biases) must add group after group, as one rank adds its micro-batches:
+   * in a group after the first, each starts from the host's sum of the
+   * groups before (grad_seed) instead of zero. 0: the first group, or none. */
+  int64_t ep_group;
 } mf_program_opts;
 
 /* Whether this program's rank owns routed expert e (always without expert

@@ -1,7 +1,9 @@
 /* Expert parallelism's exchanges (train_internal.h mf_ep; the program's
  * EP_DISPATCH and EP_COMBINE, kernels/backend.h) between the ranks.
  *
- * Rank r of ep owns experts [r El, (r + 1) El), El = E / ep. A micro-batch's
+ * Rank r of ep owns experts [r El, (r + 1) El), El = E / ep; with more ranks
+ * than ep, each group of ep consecutive ranks (world ranks base .. base +
+ * ep - 1) exchanges among itself. A micro-batch's
  * rows are sorted by expert (local offsets loffs), so the rows for expert x
  * are one run, loffs[x] .. loffs[x + 1]. An exchange moves them as parts, one
  * for each (rank, expert) pair: the dispatch sends the run of expert x to x's
@@ -12,8 +14,8 @@
  * source's own loffs. Between one pair of ranks the parts go in expert order
  * both ways, which is how each side matches its receives to the other's
  * sends. The sizes both sides agree on come from the counts: the local
- * offsets brought to the host, and an all-to-all of each rank's counts for
- * each other rank's experts (MPI, on the host).
+ * offsets brought to the host, and an all-to-all in the group of each rank's
+ * counts for each other rank's experts (MPI, on the host).
  *
  * The parts travel over MPI between host buffers — the cpu backend, whose
  * device arena is host memory (mf_comm_exchange) — or with NCCL between
@@ -46,9 +48,10 @@ static mf_status init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *
   e->ep = p->ep;
   e->rank = p->ep_rank;
   e->E = p->spec.experts;
-  if (e->ep != mf_comm_size(comm) || e->rank != mf_comm_rank(comm))
+  if (mf_comm_size(comm) % e->ep || e->rank != mf_comm_rank(comm) % e->ep)
     return MF_ERR(MF_ERR_INTERNAL, "expert parallelism: rank %lld of %lld in a world of %d (this rank %d)",
                   (long long)e->rank, (long long)e->ep, mf_comm_size(comm), mf_comm_rank(comm));
+  e->base = mf_comm_rank(comm) - e->rank;
   const size_t E = (size_t)e->E, P = (size_t)e->ep;
   /* Host arrays the layout is made in: the local offsets, the received offsets and parts, the counts. */
   const size_t n[4] = {E + 1, E + 1, E * P + 1, E};
@@ -121,8 +124,12 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
   MF_CHECK(fetch(b, s, loffs, k->b[1].ptr, (size_t)E + 1));
   MF_CHECK(check_offsets(k, "the local expert offsets", loffs, E, (int64_t)(k->b[0].bytes / row)));
   for (int64_t x = 0; x < E; x++) e->cnt_send[x] = loffs[x + 1] - loffs[x];
-  /* cnt_recv[q El + j]: the rows rank q sends this rank's expert j */
-  MF_CHECK(mf_comm_alltoall_i64(e->comm, e->cnt_send, e->cnt_recv, (size_t)El));
+  /* cnt_recv[q El + j]: the rows rank q sends this rank's expert j (the group's own all-to-all) */
+  for (int64_t q = 0; q < P; q++) {
+    e->sends[q] = (mf_comm_part){e->cnt_send + q * El, (size_t)El * sizeof(int64_t), (int)(e->base + q)};
+    e->recvs[q] = (mf_comm_part){e->cnt_recv + q * El, (size_t)El * sizeof(int64_t), (int)(e->base + q)};
+  }
+  MF_CHECK(mf_comm_exchange(e->comm, e->sends, (int)P, e->recvs, (int)P));
   int64_t at = 0;
   for (int64_t x = 0; x < E; x++) {
     offs[x] = at;
@@ -147,13 +154,14 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
   /* Expert x's run to its rank; into this rank's experts, each source's rows in their place */
   uint8_t *x0 = (uint8_t *)k->b[0].ptr, *y = (uint8_t *)k->b[2].ptr;
   for (int64_t x = 0; x < E; x++)
-    e->sends[x] = (mf_comm_part){x0 + (size_t)loffs[x] * row, (size_t)e->cnt_send[x] * row, (int)(x / El)};
+    e->sends[x] =
+        (mf_comm_part){x0 + (size_t)loffs[x] * row, (size_t)e->cnt_send[x] * row, (int)(e->base + x / El)};
   int nr = 0;
   for (int64_t q = 0; q < P; q++)
     for (int64_t j = 0; j < El; j++) {
       const int64_t x = me * El + j;
-      e->recvs[nr++] =
-          (mf_comm_part){y + (size_t)seg[x * P + q] * row, (size_t)e->cnt_recv[q * El + j] * row, (int)q};
+      e->recvs[nr++] = (mf_comm_part){y + (size_t)seg[x * P + q] * row, (size_t)e->cnt_recv[q * El + j] * row,
+                                      (int)(e->base + q)};
     }
   /* The layout up before the rows (the stream's order), the rows past the received ones zeroed */
   MF_CHECK(b->copy(b, k->b[3].ptr, offs, ((size_t)E + 1) * sizeof(int64_t), MF_COPY_H2D, s));
@@ -190,11 +198,11 @@ static mf_status combine(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_st
       if (n < 0 || a < offs[x] || a + n > offs[x + 1])
         return MF_ERR(MF_ERR_INTERNAL, "%s: expert %lld's part from rank %lld lies outside its rows",
                       k->label, (long long)x, (long long)q);
-      e->sends[ns++] = (mf_comm_part){(void *)(y + (size_t)a * row), (size_t)n * row, (int)q};
+      e->sends[ns++] = (mf_comm_part){(void *)(y + (size_t)a * row), (size_t)n * row, (int)(e->base + q)};
     }
   for (int64_t x = 0; x < E; x++)
-    e->recvs[x] =
-        (mf_comm_part){x0 + (size_t)loffs[x] * row, (size_t)(loffs[x + 1] - loffs[x]) * row, (int)(x / El)};
+    e->recvs[x] = (mf_comm_part){x0 + (size_t)loffs[x] * row, (size_t)(loffs[x + 1] - loffs[x]) * row,
+                                 (int)(e->base + x / El)};
   return transfer(e, b, s, ns, (int)E);
 }
 

@@ -38,11 +38,13 @@ static void ranks_pieces_free(mf_ranks *k) {
 void mf_ranks_free(mf_ranks *k, int collective) {
   if (!k) return;
   if (collective) {
+    mf_comm_relay_free(k->xrelay);
     mf_comm_relay_free(k->relay);
     mf_comm_shared_free(k->sums);
     mf_comm_shared_free(k->home);
     mf_comm_shared_free(k->qhome);
   } else { /* after a failure: the others may never come to free them with us */
+    mf_comm_relay_forget(k->xrelay);
     mf_comm_relay_forget(k->relay);
     mf_comm_shared_forget(k->sums);
     mf_comm_shared_forget(k->home);
@@ -73,15 +75,30 @@ static void shard(mf_ranks *k, const mf_param_table *t) {
   }
 }
 
+/* An expert of this rank's: nobody else in its group adds to it; its owners in the groups before do
+ * (the expert relay), or nobody without groups. */
 static mf_status hook_grad_wait(void *ctx, int32_t i) {
   mf_ranks *k = (mf_ranks *)ctx;
-  if (k->own && k->own[i]) return MF_OK; /* this rank's expert: nobody else adds to it */
+  if (k->own && k->own[i]) return k->xrelay ? mf_comm_relay_wait(k->xrelay, i) : MF_OK;
   return mf_comm_relay_wait(k->relay, i);
 }
 static void hook_grad_home(void *ctx, int32_t i) {
   mf_ranks *k = (mf_ranks *)ctx;
-  if (k->own && k->own[i]) return;
+  if (k->own && k->own[i]) {
+    if (k->xrelay) mf_comm_relay_pass(k->xrelay, i);
+    return;
+  }
   mf_comm_relay_pass(k->relay, i);
+}
+
+void mf_ranks_begin(mf_ranks *k, int64_t step) {
+  mf_comm_relay_begin(k->relay, step);
+  if (k->xrelay) mf_comm_relay_begin(k->xrelay, step);
+}
+
+void mf_ranks_fail(mf_ranks *k) {
+  if (k->relay) mf_comm_relay_fail(k->relay);
+  if (k->xrelay) mf_comm_relay_fail(k->xrelay);
 }
 
 void mf_ranks_world(mf_ranks *k, mf_comm *comm) {
@@ -128,6 +145,13 @@ mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p) {
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "the experts of this rank", (void **)&k->own));
   for (int64_t i = 0; i < t->n; i++) k->own[i] = t->params[i].expert >= 0 && p->grad_tensor[i] >= 0;
   mf_exec_set_grads_own(x, k->own);
+  /* Groups of expert-parallel ranks (data parallel beside it): an expert's owners add into its sum
+   * group after group, each starting from the sum before it (mf_program.grad_seed). One node. */
+  const int groups = k->size / (int)p->ep;
+  if (p->ep > 1 && groups > 1) {
+    const int g = k->rank / (int)p->ep;
+    MF_CHECK(mf_comm_relay_create_at(k->comm, t->n, g, groups, k->lrank - (int)p->ep, &k->xrelay));
+  }
   return MF_OK;
 }
 

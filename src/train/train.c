@@ -84,7 +84,7 @@ static void run_free(run *r, int ok) {
   /* The node's shared memory last: rank 0 wrote the final weights from it.
    * After a failure the others may never come to free it with us. */
   if (r->multi && ok) (void)mf_comm_barrier_solo(r->rk.comm, 0, "writing the final weights");
-  if (!ok && r->rk.relay) mf_comm_relay_fail(r->rk.relay);
+  if (!ok) mf_ranks_fail(&r->rk);
   mf_ranks_free(&r->rk, ok);
 }
 
@@ -428,7 +428,10 @@ static void log_start(const run *r, const mf_train_summary *out) {
     const int64_t ep = rp->prog->ep, E = rp->prog->spec.experts;
     char experts[120] = "", by[48] = "";
     if (r->ep.nccl) snprintf(by, sizeof by, ", rows by %s", mf_nccl_version(r->ep.nccl));
-    if (ep > 1)
+    if (ep > 1 && r->rk.size > ep)
+      snprintf(experts, sizeof experts, ", experts over groups of %lld (%lld of %lld a rank%s), %lld groups",
+               (long long)ep, (long long)(E / ep), (long long)E, by, (long long)(r->rk.size / ep));
+    else if (ep > 1)
       snprintf(experts, sizeof experts, ", experts over %lld (%lld of %lld a rank%s)", (long long)ep,
                (long long)(E / ep), (long long)E, by);
     snprintf(ranks, sizeof ranks, "%d ranks (%d node%s)%s x ", r->rk.size, mf_comm_nodes(r->rk.comm),
@@ -554,7 +557,7 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
   MF_CHECK(injected_failure(r, step));
   if (r->multi) {
     MF_CHECK(mf_ranks_next_batches(&r->rk, r->train, tr->G, tr->ids, tr->targets));
-    mf_comm_relay_begin(r->rk.relay, step);
+    mf_ranks_begin(&r->rk, step);
   } else {
     for (int64_t m = 0; m < tr->G; m++)
       MF_CHECK(mf_loader_next(r->train, tr->ids[m], tr->targets[m], NULL, NULL));
@@ -940,7 +943,8 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
     r.cfg_ranks = *cfg;
     r.cfg_ranks.ranks = mf_comm_size(comm);
     r.cfg_ranks.node_ranks = mf_comm_local_size(comm);
-    r.cfg_ranks.ep_rank = cfg->parallel.expert > 1 ? mf_comm_rank(comm) : 0;
+    r.cfg_ranks.ep_rank = cfg->parallel.expert > 1 ? mf_comm_rank(comm) % cfg->parallel.expert : 0;
+    r.cfg_ranks.ep_group = cfg->parallel.expert > 1 ? mf_comm_rank(comm) / cfg->parallel.expert : 0;
     /* Local rank r uses GPU r; more ranks than GPUs share them round robin
      * (their gradients meet in host memory either way). */
     const int gpus = mf_backend_device_count();

@@ -157,6 +157,7 @@ typedef struct mf_ep {
   mf_nccl *nccl; /* NULL: MPI */
   mf_backend *b;
   int64_t ep, rank, E;
+  int64_t base; /* the world rank of the group's rank 0 (with more ranks than ep, groups of ep) */
   int64_t *host[4];                    /* the backend's host memory (pinned on cuda): */
   int64_t *loffs, *offs, *seg, *counts; /* the layout: [E + 1], [E + 1], [E ep + 1], [E] */
   int64_t *cnt_send, *cnt_recv;        /* [E] rows per (rank, expert) each way */
@@ -175,6 +176,7 @@ typedef struct mf_ranks {
   mf_comm_shared *sums;             /* the norm's chunk sums, [norm_chunks] doubles, shared by the node */
   mf_comm_shared *qhome;            /* LoRA's base stored quantized: the node's one copy (the table borrows it) */
   mf_comm_relay *relay;             /* the gradients into the node's sum, rank after rank */
+  mf_comm_relay *xrelay;            /* expert parallelism in groups: an expert's owners, group after group */
   const int64_t *norm_first;        /* [n] parameter i's first chunk sum (the program's) */
   int64_t *own_lo, *own_hi;         /* [n] the elements of parameter i this rank clips and updates */
   int64_t *tokens;                  /* [layers * experts] the step's tokens per expert over every rank */
@@ -202,8 +204,14 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
 void mf_ranks_free(mf_ranks *k, int collective);
 /* The executor's gradients add into the node's sum in rank order; with
  * expert parallelism (p->exchanges) each rank writes its own experts'
- * gradients alone (the exchanges are the run's mf_ep). */
+ * gradients alone (the exchanges are the run's mf_ep) — after their owners
+ * in the groups before, with more ranks than p->ep (collective over the
+ * node). */
 mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p);
+/* Step `step`'s round of the relays (comm.h mf_comm_relay_begin). */
+void mf_ranks_begin(mf_ranks *k, int64_t step);
+/* This rank failed: the node's ranks waiting on it in a relay learn so at once. */
+void mf_ranks_fail(mf_ranks *k);
 /* The step's G x ranks micro-batches drawn; this rank's into ids/targets. */
 mf_status mf_ranks_next_batches(mf_ranks *k, mf_loader *l, int64_t G, int32_t **ids, int32_t **targets);
 /* After mf_exec_step: the gradient sums whole on every node, sr's losses and

@@ -1,13 +1,14 @@
 // issue 32: `mpirun -np N moefit train ... parallel.expert=N` — each rank owns
 // E/N routed experts of every MoE layer and trains its own micro-batch; the
-// rows routed to an expert travel to its rank and back (MPI all-to-all on the
-// cpu backend). The final weights, every loss and the routing counts are those
-// of one rank with N micro-batches, bit for bit: Mixtral-like (the demo, 8
-// experts top-2) with 2 and 4 ranks, streamed and staged, bf16 storage, and a
-// Qwen3-like model whose experts go idle (64 experts, few tokens: an idle
-// expert's zeros written by its owner alone); a failing or killed rank ends
-// the job within 10 s; a run resumes bit for bit; the plan train writes is
-// `moefit plan --ranks N`'s; what it cannot do is refused saying why.
+// rows routed to an expert travel to its rank and back (MPI point-to-point on
+// the cpu backend). The final weights, every loss and the routing counts are
+// those of one rank with N micro-batches, bit for bit: Mixtral-like (the demo,
+// 8 experts top-2) with 2 and 4 ranks, and 2 x 2 (groups of 2, data parallel
+// between them), streamed and staged, bf16 storage, and a Qwen3-like model
+// whose experts go idle (64 experts, few tokens: an idle expert's zeros
+// written by its owner alone); a failing or killed rank ends the job within
+// 10 s; a run resumes bit for bit; the plan train writes is `moefit plan
+// --ranks N`'s; what it cannot do is refused saying why.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -38,16 +39,19 @@ struct Variant {
   const char *name, *extra;
 };
 
-// N expert-parallel ranks with grad_accum 1 against one rank with grad_accum N.
-void SameAsOneRank(int n, const Variant &v, int steps = 6) {
+// N ranks with grad_accum 1, in groups of `ep` expert-parallel ranks (N / ep
+// groups, data parallel between them; ep 0: N), against one rank with
+// grad_accum N.
+void SameAsOneRank(int n, const Variant &v, int steps = 6, int ep = 0) {
   SCOPED_TRACE(v.name);
+  if (ep == 0) ep = n;
   const std::string one = fresh_dir(std::string("ep_one_") + v.name),
                     many = fresh_dir(std::string("ep_many_") + v.name);
   Result r1 = moefit(Args(one, std::string(v.extra) + " train.grad_accum=" + std::to_string(n), steps));
   ASSERT_EQ(r1.code, 0) << r1.out;
   Result rn = Mpirun(
       n,
-      Args(many, std::string(v.extra) + " train.grad_accum=1 parallel.expert=" + std::to_string(n), steps));
+      Args(many, std::string(v.extra) + " train.grad_accum=1 parallel.expert=" + std::to_string(ep), steps));
   ASSERT_EQ(rn.code, 0) << rn.out;
   EXPECT_FALSE(final_weights(one).empty());
   EXPECT_EQ(final_weights(one), final_weights(many)) << "final weights differ\n" << rn.out;
@@ -56,10 +60,27 @@ void SameAsOneRank(int n, const Variant &v, int steps = 6) {
   for (int s = 1; s <= steps; s++) EXPECT_EQ(l1.at(s), ln.at(s)) << "step " << s;
   // The tokens each expert received, over every rank: the planner's routing statistics.
   EXPECT_EQ(read_file(one + "/routing.json"), read_file(many + "/routing.json"));
-  EXPECT_NE(rn.out.find("step: " + std::to_string(n) + " ranks (1 node), experts over " + std::to_string(n) +
-                        " (" + std::to_string(8 / n) + " of 8 a rank)"),
-            std::string::npos)
+  const std::string line =
+      ep == n ? "experts over " + std::to_string(n) + " (" + std::to_string(8 / n) + " of 8 a rank)"
+              : "experts over groups of " + std::to_string(ep) + " (" + std::to_string(8 / ep) +
+                    " of 8 a rank), " + std::to_string(n / ep) + " groups";
+  EXPECT_NE(rn.out.find("step: " + std::to_string(n) + " ranks (1 node), " + line), std::string::npos)
       << rn.out;
+}
+
+// 2 x 2: two groups of two expert-parallel ranks, data parallel between them.
+// An expert's owner in the second group starts its gradient from the first
+// group's sum, so 4 ranks still give one rank's bits over 4 micro-batches;
+// resident, streamed and staged, and gpt-oss's expert biases (a gradient every
+// rank holds, summed by parts).
+TEST(ExpertParallel, TwoGroupsOfTwoGiveTheBitsOfOne) {
+  SameAsOneRank(4, {"groups", ""}, 6, 2);
+  SameAsOneRank(4, {"groups_streamed", "memory.device_budget=3MiB memory.staging=true"}, 6, 2);
+  SameAsOneRank(4, {"groups_gpt_oss", "model.init.family=gpt_oss"}, 4, 2);
+  SameAsOneRank(4,
+                {"groups_lora_experts",
+                 "train.lora.rank=4 train.lora.alpha=8 train.lr=1e-2 train.lora.targets=[q_proj,w1,w2,w3]"},
+                4, 2);
 }
 
 TEST(ExpertParallel, TwoRanksGiveTheBitsOfOne) {
@@ -108,17 +129,25 @@ TEST(ExpertParallel, GptOssExpertBiases) {
 // Many idle experts: the routing counts over the run have zeros, and the
 // weights are still one rank's (an owner writes an idle expert's zeros; the
 // optimizer leaves an expert without tokens alone on every rank).
+// With 2 x 2 too: an owner in the second group whose expert got no token
+// leaves the first group's sum as it is.
 TEST(ExpertParallel, Qwen3LikeWithIdleExperts) {
-  const std::string one = fresh_dir("ep_qwen_one"), many = fresh_dir("ep_qwen_many");
+  const std::string one = fresh_dir("ep_qwen_one"), many = fresh_dir("ep_qwen_many"),
+                    groups = fresh_dir("ep_qwen_groups");
   const std::string model = std::string(kQwen3) + " model.init.experts=64";
   Result r1 = moefit(Args(one, model + " train.grad_accum=4", 3));
   ASSERT_EQ(r1.code, 0) << r1.out;
   Result r4 = Mpirun(4, Args(many, model + " train.grad_accum=1 parallel.expert=4", 3));
   ASSERT_EQ(r4.code, 0) << r4.out;
+  Result rg = Mpirun(4, Args(groups, model + " train.grad_accum=1 parallel.expert=2", 3));
+  ASSERT_EQ(rg.code, 0) << rg.out;
   EXPECT_EQ(final_weights(one), final_weights(many));
   EXPECT_EQ(step_losses(one), step_losses(many));
+  EXPECT_EQ(final_weights(one), final_weights(groups)) << "2 x 2";
+  EXPECT_EQ(step_losses(one), step_losses(groups)) << "2 x 2";
   const std::string routing = read_file(many + "/routing.json");
   EXPECT_EQ(read_file(one + "/routing.json"), routing);
+  EXPECT_EQ(read_file(groups + "/routing.json"), routing);
   EXPECT_TRUE(routing.find("[0, ") != std::string::npos || routing.find(", 0,") != std::string::npos ||
               routing.find(", 0]") != std::string::npos)
       << "no expert went idle: the test shows nothing of them\n"
@@ -159,50 +188,73 @@ TEST(ExpertParallel, AFailingRankEndsTheJob) {
   EXPECT_EQ(ps.out, "") << "left running: " << ps.out;
 }
 
-// A rank killed (SIGKILL) while the others wait for it in an exchange: mpirun
-// ends the job; no process is left.
+// A rank killed (SIGKILL) while the others wait for it in an exchange (or,
+// 2 x 2, the other group's in the expert relay): mpirun ends the job; no
+// process is left.
 TEST(ExpertParallel, AKilledRankEndsTheJob) {
-  const std::string out = fresh_dir("ep_killed");
-  Background job("exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + tmpdir() +
-                 " mpirun -np 2 --oversubscribe --mca pml ob1 --mca btl self,vader --mca "
-                 "btl_vader_single_copy_mechanism none ./moefit " +
-                 Args(out, "train.steps=100000 parallel.expert=2"));
-  ASSERT_TRUE(job.WaitFor(std::regex("step +3/"), 0, 60.0)) << job.out();
-  // rank 1: the newer of the two processes
-  Result pid = shell("pgrep -n -f 'moefit train.*output.dir=" + out + "( |$)'");
-  ASSERT_FALSE(pid.out.empty()) << job.out();
-  const double t0 = wall_seconds();
-  shell("kill -9 " + pid.out);
-  const int code = job.Finish();
-  EXPECT_LT(wall_seconds() - t0, 10.0) << job.out();
-  EXPECT_NE(code, 0) << job.out();
-  Result ps = shell("pgrep -f 'output.dir=" + out + "( |$)' || true");
-  EXPECT_EQ(ps.out, "") << "left running: " << ps.out;
+  for (const int n : {2, 4}) {
+    SCOPED_TRACE(n);
+    const std::string out = fresh_dir("ep_killed" + std::to_string(n));
+    Background job("exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + tmpdir() +
+                   " mpirun -np " + std::to_string(n) +
+                   " --oversubscribe --mca pml ob1 --mca btl self,vader --mca "
+                   "btl_vader_single_copy_mechanism none ./moefit " +
+                   Args(out, "train.steps=100000 parallel.expert=2"));
+    ASSERT_TRUE(job.WaitFor(std::regex("step +3/"), 0, 60.0)) << job.out();
+    // the last rank: the newest of the processes
+    Result pid = shell("pgrep -n -f 'moefit train.*output.dir=" + out + "( |$)'");
+    ASSERT_FALSE(pid.out.empty()) << job.out();
+    const double t0 = wall_seconds();
+    shell("kill -9 " + pid.out);
+    const int code = job.Finish();
+    EXPECT_LT(wall_seconds() - t0, 10.0) << job.out();
+    EXPECT_NE(code, 0) << job.out();
+    Result ps = shell("pgrep -f 'output.dir=" + out + "( |$)' || true");
+    EXPECT_EQ(ps.out, "") << "left running: " << ps.out;
+  }
 }
 
-// Stopped after step 4 (a checkpoint every 2) and resumed to 8 with the same
-// ranks: one rank's bits over the 8 steps.
-TEST(ExpertParallel, ResumeIsBitExact) {
-  const std::string extra = "train.schedule=constant output.checkpoint_every=2";
-  const std::string whole = fresh_dir("ep_resume_whole"), cut = fresh_dir("ep_resume_cut");
-  Result rw = moefit(Args(whole, extra + " train.grad_accum=2", 8));
+const char *kResumeExtra = "train.schedule=constant output.checkpoint_every=2";
+
+// `ranks` ranks in groups of `ep` stopped after step `cut` (a checkpoint every
+// 2) and resumed to `steps` with the same ranks: the bits of one rank with
+// `ranks` micro-batches over the whole run (made in `whole`).
+void ResumeSameAsOneRank(const std::string &whole, const std::string &cut, int ranks, int ep, int stop,
+                         int steps) {
+  const std::string mine =
+      std::string(kResumeExtra) + " train.grad_accum=1 parallel.expert=" + std::to_string(ep);
+  Result rw =
+      moefit(Args(whole, std::string(kResumeExtra) + " train.grad_accum=" + std::to_string(ranks), steps));
   ASSERT_EQ(rw.code, 0) << rw.out;
-  Result rc = Mpirun(2, Args(cut, extra + " train.grad_accum=1 parallel.expert=2", 4));
+  Result rc = Mpirun(ranks, Args(cut, mine, stop));
   ASSERT_EQ(rc.code, 0) << rc.out;
-  Result r2 = Mpirun(2, Args(cut, extra + " train.grad_accum=1 parallel.expert=2", 8) + " --resume");
+  Result r2 = Mpirun(ranks, Args(cut, mine, steps) + " --resume");
   ASSERT_EQ(r2.code, 0) << r2.out;
-  EXPECT_NE(r2.out.find("resumed from " + cut + "/checkpoints/step-000004 (step 4)"), std::string::npos)
-      << r2.out;
+  char at[32];
+  snprintf(at, sizeof at, "step-%06d (step %d)", stop, stop);
+  EXPECT_NE(r2.out.find("resumed from " + cut + "/checkpoints/" + at), std::string::npos) << r2.out;
   EXPECT_EQ(final_weights(whole), final_weights(cut));
   EXPECT_EQ(step_losses(whole), step_losses(cut));
+}
+
+// Stopped after step 4 and resumed to 8 with the same ranks: one rank's bits
+// over the 8 steps.
+TEST(ExpertParallel, ResumeIsBitExact) {
+  const std::string whole = fresh_dir("ep_resume_whole");
+  ResumeSameAsOneRank(whole, fresh_dir("ep_resume_cut"), 2, 2, 4, 8);
   // A checkpoint holds every expert (the node's home): one rank with 2 micro-batches resumes it too.
   const std::string cut1 = fresh_dir("ep_resume_cut1");
-  Result rc1 = Mpirun(2, Args(cut1, extra + " train.grad_accum=1 parallel.expert=2", 4));
+  Result rc1 = Mpirun(2, Args(cut1, std::string(kResumeExtra) + " train.grad_accum=1 parallel.expert=2", 4));
   ASSERT_EQ(rc1.code, 0) << rc1.out;
-  Result r1 = moefit(Args(cut1, extra + " train.grad_accum=2", 8) + " --resume");
+  Result r1 = moefit(Args(cut1, std::string(kResumeExtra) + " train.grad_accum=2", 8) + " --resume");
   ASSERT_EQ(r1.code, 0) << r1.out;
   EXPECT_EQ(final_weights(whole), final_weights(cut1));
   EXPECT_EQ(step_losses(whole), step_losses(cut1));
+}
+
+// 2 x 2 stopped after step 2 and resumed to 4: one rank's bits with 4 micro-batches.
+TEST(ExpertParallel, ResumeInGroupsIsBitExact) {
+  ResumeSameAsOneRank(fresh_dir("ep_gresume_whole"), fresh_dir("ep_gresume_cut"), 4, 2, 2, 4);
 }
 
 TEST(ExpertParallel, PlanWithRanksIsWhatTrainRuns) {
@@ -210,13 +262,26 @@ TEST(ExpertParallel, PlanWithRanksIsWhatTrainRuns) {
   const std::string plan =
       ExpectPlanIsWhatTrainRuns(2, Args(out, "memory.device_budget=3MiB parallel.expert=2"), out, json);
   EXPECT_NE(plan.find("experts: over 2 ranks (4 of 8 a rank"), std::string::npos) << plan;
+  const std::string gout = fresh_dir("ep_plan_groups"), gjson = tmpdir() + "/ep_plan_groups.json";
+  const std::string gplan =
+      ExpectPlanIsWhatTrainRuns(4, Args(gout, "memory.device_budget=3MiB parallel.expert=2"), gout, gjson);
+  EXPECT_NE(gplan.find("experts: over 2 ranks in each of 2 groups, data parallel between them"),
+            std::string::npos)
+      << gplan;
 }
 
 TEST(ExpertParallel, WhatItCannotDoIsRefused) {
-  // not every rank: data parallel beside expert parallelism is not built yet
+  // ranks that groups of parallel.expert do not fill
   Result r = Mpirun(2, Args(fresh_dir("ep_bad_ranks"), "parallel.expert=4"));
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("parallel.expert 4: the run has 2 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parallel.expert 4: the run has 2 ranks; expert parallelism spreads the experts over "
+                       "groups of 4 ranks"),
+            std::string::npos)
+      << r.out;
+  Result r3 =
+      moefit(Args(fresh_dir("ep_bad_ranks3"), "parallel.expert=2").replace(0, 5, "plan") + " --ranks 3");
+  EXPECT_NE(r3.code, 0);
+  EXPECT_NE(r3.out.find("parallel.expert 2: the run has 3 ranks"), std::string::npos) << r3.out;
   // across machines (here nodes of one rank each): a node's home would miss the other nodes' experts
   Result n = Mpirun(2, Args(fresh_dir("ep_bad_nodes"), "parallel.expert=2"), "MF_COMM_NODE_RANKS=1");
   EXPECT_NE(n.code, 0);

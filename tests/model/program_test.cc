@@ -304,13 +304,69 @@ TEST(ExpertParallel, RankHoldsItsExpertsAndExchangesRows) {
   mf_exec_free(x);
   mf_backend_free(b);
   mf_program_free(p);
-  // What it cannot do: experts it cannot share out equally, a dense model.
+  // What it cannot do: experts it cannot share out equally, a group past the ranks, a dense model.
+  po.ranks = 4;
+  po.ep_group = 2;
+  EXPECT_EQ(mf_program_build(m.t, &po, &p), MF_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(mf_last_error()).find("expert-parallel group 2 of 4 ranks in groups of 2"),
+            std::string::npos)
+      << mf_last_error();
+  po.ep_group = 0;
   po.ep = 3;
   po.ep_rank = 0;
   EXPECT_EQ(mf_program_build(m.t, &po, &p), MF_ERR_CONFIG);
   EXPECT_NE(std::string(mf_last_error()).find("does not divide the model's 8 routed experts"),
             std::string::npos)
       << mf_last_error();
+}
+
+// Expert parallelism in groups (4 ranks, groups of 2): in the second group the
+// gradients summed by source rank's parts — the rank's own experts', nothing
+// else — start from the host's sum: the schedule fills their first slot from
+// home (an H2D of the gradient) where the first group zeroes it, resident
+// gradients or streamed; in the first group nothing is seeded.
+TEST(ExpertParallel, SecondGroupStartsItsExpertsGradientsFromHome) {
+  Model m(tiny_spec(MF_FAMILY_MIXTRAL));
+  for (const int64_t group : {0, 1})
+    for (const mf_grad_dec gd : {MF_GRAD_DEVICE, MF_GRAD_STREAM}) {
+      SCOPED_TRACE(std::to_string(group) + (gd == MF_GRAD_DEVICE ? " device" : " stream"));
+      mf_program_opts po = {2, 8, 1, 0.01, 16, 0};
+      po.ranks = 4;
+      po.ep = 2;
+      po.ep_rank = 1;
+      po.ep_group = group;
+      mf_program *p = nullptr;
+      ASSERT_EQ(mf_program_build(m.t, &po, &p), MF_OK) << mf_last_error();
+      EXPECT_EQ(p->grad_seed != nullptr, group == 1);
+      int seeded = 0;
+      for (int64_t i = 0; i < m.t->n && p->grad_seed; i++) {
+        EXPECT_EQ(p->grad_seed[i] != 0, m.t->params[i].expert >= 4) << m.t->params[i].name;
+        seeded += p->grad_seed[i] != 0;
+      }
+      EXPECT_EQ(seeded, group == 1 ? 2 * 4 * 3 : 0);  // 2 MoE layers x 4 experts x 3 projections
+      mf_decisions *d = nullptr;
+      ASSERT_EQ(mf_decisions_create(p, &d), MF_OK);
+      for (int32_t i = 0; i < d->n_params; i++) d->grad[i] = (uint8_t)gd;
+      mf_schedule *sc = nullptr;
+      ASSERT_EQ(mf_schedule_build(p, d, &sc), MF_OK) << mf_last_error();
+      std::vector<int> filled(m.t->n, 0), zeroed(m.t->n, 0);
+      for (int32_t k = 0; k < sc->n_instr; k++) {
+        const mf_instr &in = sc->instr[k];
+        if (in.kind != MF_I_H2D && in.kind != MF_I_ZERO) continue;
+        const mf_ptensor &t = p->tensors[sc->slots[in.slot].tensor];
+        if (t.kind != MF_T_GRAD) continue;
+        (in.kind == MF_I_H2D ? filled : zeroed)[t.param]++;
+      }
+      for (int64_t i = 0; i < m.t->n; i++) {
+        if (p->grad_tensor[i] < 0) continue;
+        const bool seed = group == 1 && m.t->params[i].expert >= 4;
+        EXPECT_EQ(filled[i], seed ? 1 : 0) << m.t->params[i].name;
+        if (seed) EXPECT_EQ(zeroed[i], 0) << m.t->params[i].name;
+      }
+      mf_schedule_free(sc);
+      mf_decisions_free(d);
+      mf_program_free(p);
+    }
 }
 
 }  // namespace
