@@ -78,8 +78,15 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
      * operands are F32 in a BF16 program too) */
     [MF_K_ADD] = {"add", {{"x", R}, {"y", A}}, {"n", "fp32"}},
     [MF_K_SCALE] = {"scale", {{"x", A}}, {"n"}, {"s"}},
-    /* stream and seed: the mask's (mf_dropout_bits; seed set per micro-batch at run time) */
-    [MF_K_DROPOUT] = {"dropout", {{"x", R}, {"y", W}}, {"n", "stream", "seed"}, {"p"}},
+    /* stream and seed: the mask's (mf_dropout_bits; seed set per micro-batch at run time). With
+     * segments (expert parallelism's received rows, of `row` elements): part k's rows are rows
+     * starts[k] .. of its source's layout, source k % sources, whose seed is seeds[k % sources]; their
+     * masks are the source's (mf_cpu_dropout_parts) */
+    [MF_K_DROPOUT] = {"dropout",
+                      {{"x", R}, {"y", W}, {"segments", R, 1, MF_KT_I64}, {"starts", R, 1, MF_KT_I64},
+                       {"seeds", R, 1, MF_KT_I64}},
+                      {"n", "stream", "seed", "row", "sources", "parts"},
+                      {"p"}},
     /* mode 0: softmax over E, then the top-k of the probabilities; mode 1
      * (gpt-oss): the top-k of the logits, their softmax the weights, probs the
      * softmax over E of the weights scattered into a row of zeros; norm_topk
@@ -178,10 +185,13 @@ static const mf_kernel_info k_info[MF_K_COUNT_] = {
     [MF_K_EXPERT_BIAS_BWD] = {"expert_bias_bwd",
                               {{"dy", R}, I64("offsets", R), F32("db", A), {"segments", R, 1, MF_KT_I64}},
                               {"E", "N", "sources"}},
+    /* starts and seeds (optional: adapter dropout on the experts): each part's first row in its
+     * source's layout, and each source's dropout seed (seed: this rank's, set at run time) */
     [MF_K_EP_DISPATCH] = {"ep_dispatch",
                           {{"x", R}, I64("loffs", R), {"y", W}, I64("offsets", W), I64("segments", W),
-                           {"counts", W, 1, MF_KT_I64}},
-                          {"E", "ep", "C", "rank"}},
+                           {"counts", W, 1, MF_KT_I64}, {"starts", W, 1, MF_KT_I64},
+                           {"seeds", W, 1, MF_KT_I64}},
+                          {"E", "ep", "C", "rank", "seed"}},
     [MF_K_EP_COMBINE] = {"ep_combine",
                          {{"y", R}, I64("offsets", R), I64("segments", R), I64("loffs", R), {"x", W}},
                          {"E", "ep", "C", "rank"}},

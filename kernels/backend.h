@@ -55,6 +55,18 @@ static inline uint32_t mf_dropout_threshold(double p) {
   return t <= 0 ? 0u : t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
 }
 
+/* MF_K_DROPOUT over parts of received rows (mf_cpu_dropout_parts): the sizes
+ * both backends check (the segments' values are the cpu's to check: on a GPU
+ * they are device memory, and the kernel leaves rows outside them zeros). */
+static inline mf_status mf_dropout_parts_sizes(int64_t n, int64_t row, int64_t sources, int64_t parts,
+                                               int given) {
+  if (row >= 1 && n % row == 0 && sources >= 1 && parts >= 0 && given) return MF_OK;
+  return MF_ERR(MF_ERR_INVALID_ARG,
+                "dropout: %lld elements in rows of %lld from %lld sources in %lld parts (segments, starts and "
+                "seeds all given)",
+                (long long)n, (long long)row, (long long)sources, (long long)parts);
+}
+
 /* YaRN (rope_scaling rope_type "yarn") for the callers of MF_K_ROPE_*
  * (kernels/rope.h; defined in kernels/rope.c), in double as transformers'
  * Python floats. mf_rope_yarn_mscale is yarn_get_mscale: 1 for factor <= 1,

@@ -530,6 +530,9 @@ static mf_status run_kernel(cpu_impl *c, const mf_kernel_call *k, const mf_kctx 
     case MF_K_DEQUANT:
       return mf_cpu_dequant((const uint8_t *)k->b[0].ptr, i[0], i[1], i[2], i[3], i[4], F(1), x);
     case MF_K_DROPOUT:
+      if (k->b[2].ptr)
+        return mf_cpu_dropout_parts(CF(0), i[0], (uint64_t)i[1], k->f[0], i[3], CI64(2), CI64(3), CI64(4),
+                                    i[4], i[5], F(1), x);
       return mf_cpu_dropout(CF(0), i[0], (uint64_t)i[1], (uint64_t)i[2], k->f[0], F(1), x);
     case MF_K_ROUTER_FWD:
       return mf_cpu_router_fwd(CF(0), i[0], i[1], i[2], (int)i[3], (int)i[4], F(1), I32(2), F(3), x);

@@ -177,6 +177,17 @@ mf_status mf_cpu_dequant(const uint8_t *qw, int64_t kind, int64_t rows, int64_t 
  * mf_dropout_threshold(p), else 0 (written; p in [0, 1)). */
 mf_status mf_cpu_dropout(const float *x, int64_t n, uint64_t stream, uint64_t seed, double p, float *y,
                          const mf_kctx *ctx);
+/* The same over rows of `row` elements gathered from several sources
+ * (expert parallelism's received rows): part k (k < parts) is rows
+ * segments[k] .. segments[k + 1] - 1, whose i-th is row starts[k] + i of
+ * source k % sources, masked as that source masks it: element c of it by
+ * mf_dropout_bits(seeds[k % sources], stream, (starts[k] + i) row + c). Rows
+ * outside every part are zeros. segments rise from >= 0 to at most
+ * n / row; MF_ERR_INVALID_ARG otherwise, for n not whole rows, starts < 0 or
+ * fewer than one source. */
+mf_status mf_cpu_dropout_parts(const float *x, int64_t n, uint64_t stream, double p, int64_t row,
+                               const int64_t *segments, const int64_t *starts, const int64_t *seeds,
+                               int64_t sources, int64_t parts, float *y, const mf_kctx *ctx);
 
 /* --------------------------------------------------------------- router */
 

@@ -194,6 +194,68 @@ mf_status mf_cpu_dropout(const float *x, int64_t n, uint64_t stream, uint64_t se
   return MF_OK;
 }
 
+typedef struct drop_parts_args {
+  drop_args d;
+  int64_t row, sources, parts;
+  const int64_t *segments, *starts, *seeds;
+} drop_parts_args;
+
+/* The part holding row r: the last k with segments[k] <= r (segments rise), or -1 outside them all. */
+static int64_t part_of(const drop_parts_args *a, int64_t r) {
+  if (a->parts <= 0 || r < a->segments[0] || r >= a->segments[a->parts]) return -1;
+  int64_t lo = 0, hi = a->parts; /* segments[lo] <= r < segments[hi] */
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a->segments[mid] <= r)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static void dropout_parts_task(void *arg, int i, int n) {
+  const drop_parts_args *a = (const drop_parts_args *)arg;
+  const drop_args *d = &a->d;
+  size_t b, e;
+  mf_partition((size_t)d->n, EW_GRAIN, i, n, &b, &e);
+  for (size_t k = b; k < e; k++) {
+    const int64_t r = (int64_t)k / a->row, c = (int64_t)k % a->row, part = part_of(a, r);
+    if (part < 0) {
+      d->y[k] = 0.0f;
+      continue;
+    }
+    const uint64_t j = (uint64_t)((a->starts[part] + r - a->segments[part]) * a->row + c);
+    const uint64_t seed = (uint64_t)a->seeds[part % a->sources];
+    d->y[k] = mf_dropout_bits(seed, d->stream, j) >= d->threshold ? rnd(d->round_bf16, d->x[k] * d->s) : 0.0f;
+  }
+}
+
+mf_status mf_cpu_dropout_parts(const float *x, int64_t n, uint64_t stream, double p, int64_t row,
+                               const int64_t *segments, const int64_t *starts, const int64_t *seeds,
+                               int64_t sources, int64_t parts, float *y, const mf_kctx *ctx) {
+  if (n <= 0) return MF_OK;
+  if (!(p >= 0 && p < 1)) return MF_ERR(MF_ERR_INVALID_ARG, "dropout: p %g is outside [0, 1)", p);
+  MF_CHECK(mf_dropout_parts_sizes(n, row, sources, parts, segments && starts && seeds));
+  for (int64_t k = 0; k <= parts; k++) {
+    const int ok = segments[k] >= 0 && segments[k] <= n / row && (k == 0 || segments[k] >= segments[k - 1]) &&
+                   (k == parts || starts[k] >= 0);
+    if (!ok)
+      return MF_ERR(MF_ERR_INVALID_ARG,
+                    "dropout: part %lld: segment %lld, start %lld, in %lld rows (segments rise; starts >= 0)",
+                    (long long)k, (long long)segments[k], k < parts ? (long long)starts[k] : 0LL,
+                    (long long)(n / row));
+  }
+  const float sc = (float)(1.0 / (1.0 - p));
+  const drop_args d = {x, y, n, stream, 0, mf_dropout_threshold(p), sc, ctx->round_bf16};
+  drop_parts_args a = {d, row, sources, parts, segments, starts, seeds};
+  if ((double)n < EW_PARALLEL_MIN)
+    dropout_parts_task(&a, 0, 1);
+  else
+    mf_threadpool_run(ctx->pool, dropout_parts_task, &a);
+  return MF_OK;
+}
+
 /* ----------------------------------------------------------------- scale */
 
 static void scale_task(void *arg, int i, int n) {

@@ -499,6 +499,9 @@ static mf_status launch(cuda_impl *c, const mf_kernel_call *k, cudaStream_t s) {
     case MF_K_SCALE:
       return mf_cuda_scale<T>(S(0), i[0], (float)k->f[0], s);
     case MF_K_DROPOUT:
+      if (k->b[2].ptr)
+        return mf_cuda_dropout_parts<T>(CS(0), i[0], (uint64_t)i[1], k->f[0], i[3], CI64(2), CI64(3), CI64(4),
+                                        i[4], i[5], S(1), s);
       return mf_cuda_dropout<T>(CS(0), i[0], (uint64_t)i[1], (uint64_t)i[2], k->f[0], S(1), s);
     case MF_K_ROUTER_FWD:
       return mf_cuda_router_fwd<T>(CS(0), i[0], i[1], i[2], (int)i[3], (int)i[4], F(1), I32(2), F(3), s);

@@ -754,6 +754,48 @@ mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed,
   return MF_OK;
 }
 
+// Over received rows (mf_cpu_dropout_parts): each element finds its row's part by bisection of the
+// segments; rows outside every part are zeros.
+template <typename T>
+static __global__ void dropout_parts_kernel(const T *__restrict__ x, int64_t n, uint64_t stream,
+                                            uint32_t threshold, float sc, int64_t row,
+                                            const int64_t *__restrict__ segments,
+                                            const int64_t *__restrict__ starts,
+                                            const int64_t *__restrict__ seeds, int64_t sources, int64_t parts,
+                                            T *__restrict__ y) {
+  GRID_STRIDE(k, n) {
+    const int64_t r = k / row, c = k % row;
+    float v = 0.0f;
+    if (parts > 0 && r >= segments[0] && r < segments[parts]) {
+      int64_t lo = 0, hi = parts;
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (segments[mid] <= r)
+          lo = mid;
+        else
+          hi = mid;
+      }
+      const uint64_t j = (uint64_t)((starts[lo] + r - segments[lo]) * row + c);
+      if (mf_dropout_bits((uint64_t)seeds[lo % sources], stream, j) >= threshold) v = mf_ld(x + k) * sc;
+    }
+    mf_st(y + k, v);
+  }
+}
+
+template <typename T>
+mf_status mf_cuda_dropout_parts(const T *x, int64_t n, uint64_t stream, double p, int64_t row,
+                                const int64_t *segments, const int64_t *starts, const int64_t *seeds,
+                                int64_t sources, int64_t parts, T *y, cudaStream_t s) {
+  if (n <= 0) return MF_OK;
+  if (!(p >= 0 && p < 1)) return MF_ERR(MF_ERR_INVALID_ARG, "dropout: p %g is outside [0, 1)", p);
+  MF_CHECK(mf_dropout_parts_sizes(n, row, sources, parts, segments && starts && seeds));
+  dropout_parts_kernel<T><<<mf_cuda_grid(n), MF_CUDA_BLOCK, 0, s>>>(x, n, stream, mf_dropout_threshold(p),
+                                                                    (float)(1.0 / (1.0 - p)), row, segments,
+                                                                    starts, seeds, sources, parts, y);
+  MF_CUDA_CHECK_LAUNCH();
+  return MF_OK;
+}
+
 // ------------------------------------------------------ instantiations
 
 #define MF_ELEMENTWISE_LAUNCHERS(T)                                                                          \
@@ -777,7 +819,10 @@ mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed,
                                                  T *, cudaStream_t);                                         \
   template mf_status mf_cuda_add<T>(const T *, int64_t, T *, cudaStream_t);                                  \
   template mf_status mf_cuda_scale<T>(T *, int64_t, float, cudaStream_t);                                    \
-  template mf_status mf_cuda_dropout<T>(const T *, int64_t, uint64_t, uint64_t, double, T *, cudaStream_t);
+  template mf_status mf_cuda_dropout<T>(const T *, int64_t, uint64_t, uint64_t, double, T *, cudaStream_t);  \
+  template mf_status mf_cuda_dropout_parts<T>(const T *, int64_t, uint64_t, double, int64_t,                 \
+                                              const int64_t *, const int64_t *, const int64_t *, int64_t,    \
+                                              int64_t, T *, cudaStream_t);
 
 MF_ELEMENTWISE_LAUNCHERS(float)
 MF_ELEMENTWISE_LAUNCHERS(mf_bf16)

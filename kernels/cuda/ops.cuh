@@ -118,6 +118,10 @@ mf_status mf_cuda_expert_bias_bwd(const T *dy, const int64_t *offsets, int64_t E
 template <typename T>
 mf_status mf_cuda_dropout(const T *x, int64_t n, uint64_t stream, uint64_t seed, double p, T *y,
                           cudaStream_t s);
+template <typename T>
+mf_status mf_cuda_dropout_parts(const T *x, int64_t n, uint64_t stream, double p, int64_t row,
+                                const int64_t *segments, const int64_t *starts, const int64_t *seeds,
+                                int64_t sources, int64_t parts, T *y, cudaStream_t s);
 
 // -------------------------------------------------------------- dequant.cu
 template <typename T>

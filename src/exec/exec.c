@@ -717,6 +717,14 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           call.f[0] = nv > 0 ? 1.0 / (mf_program_loss_divisor(p) * (double)nv) : 0.0;
         }
         if (o->kind == MF_K_DEQUANT && dequant_idle(x, o)) break; /* an expert no token reaches: not read */
+        if (o->kind == MF_K_EP_DISPATCH && o->i[4] == MF_PROGRAM_SEED_RUNTIME) { /* its sources' dropout */
+          if (!x->dropout_seeds) {
+            st = MF_ERR(MF_ERR_INTERNAL,
+                        "executor: %s needs the step's dropout seeds (mf_exec_set_dropout_seeds)", o->label);
+            goto done;
+          }
+          call.i[4] = (int64_t)x->dropout_seeds[o->micro];
+        }
         if (mf_kernel_is_exchange(o->kind)) { /* between ranks: after all before it, on this thread */
           if (!x->exchange.run) {
             st = MF_ERR(MF_ERR_INTERNAL,

@@ -412,17 +412,6 @@ static mf_status ep_check(const mf_param_table *pt, const mf_program_opts *opts)
     return MF_ERR(MF_ERR_INVALID_ARG,
                   "step program: expert-parallel group %lld of %lld ranks in groups of %lld",
                   (long long)opts->ep_group, (long long)ranks, (long long)ep);
-  for (int64_t i = 0; i < pt->n_base; i++) {
-    const mf_param *q = &pt->params[i];
-    if (q->expert >= 0 && pt->lora_a && pt->lora_a[i] >= 0 && pt->lora.dropout > 0 && !opts->forward_only)
-      return MF_ERR(
-          MF_ERR_UNSUPPORTED,
-          "parallel.expert with train.lora.dropout %g on routed experts (%s): the adapters' dropout "
-          "masks would follow the rows' places among the rows a rank received, not in their "
-          "micro-batch; set train.lora.dropout: 0, leave the experts' projections out of "
-          "train.lora.targets, or use parallel.expert: 1",
-          pt->lora.dropout, q->name);
-  }
   return MF_OK;
 }
 

@@ -208,9 +208,9 @@ typedef struct mf_program_opts {
    * them all). An expert's weight gradient adds the rows of each source rank
    * as one micro-batch's (kernels/cpu/cpu_ops.h mf_cpu_expert_bwd_weight_parts),
    * so ep ranks of one micro-batch each give one rank's bits over ep
-   * micro-batches (gpt-oss's expert biases likewise). Needs E divisible by
-   * ep; refused (MF_ERR_UNSUPPORTED) for adapter dropout on experts' LoRA
-   * adapters (its masks would follow a row's place among the received rows). */
+   * micro-batches (gpt-oss's expert biases likewise; the experts' LoRA
+   * adapters too, their dropout masking each received row as its source
+   * does: DROPOUT's parts). Needs E divisible by ep. */
   int64_t ep, ep_rank;
   /* Tests (MF_TEST_EP_SELF): with ep 1, the exchanges all the same, one rank
    * with itself — expert parallelism's code path on one rank (one GPU), which

@@ -70,6 +70,9 @@ typedef struct layer_acts {
    * expert ops' offsets and xe are the received rows'), the received rows' parts by source (segs; -1
    * without) */
   int32_t loffs, segs;
+  /* ... and with adapter dropout on the experts, each part's first row in its source's layout and each
+   * source's dropout seed (the masks follow the source's rows; -1 without) */
+  int32_t starts, seeds;
   int32_t sg, su, sa, sy, sgl, dg, du, da;
   /* DeepSeek-V3's latent attention (program_mla.c): q_a_proj's output, its norm's rstd and output; kv_a's
    * output, the compressed kv, its norm's rstd and output, the rope key, kv_b's output */
@@ -157,6 +160,8 @@ void mf_pb_lora_bwd(const mb *z, int32_t l, mf_param_role role, const char *what
  * adapters' part added, over the same permutation. */
 void mf_pb_lora_experts_fwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x,
                             int32_t y, int64_t N, int64_t K);
+/* Whether layer l's experts have adapters with dropout (in a training program). */
+int mf_pb_lora_experts_drop(const mb *z, int32_t l);
 /* Its backward, after the base's data gradient (dx [R, K] written). */
 void mf_pb_lora_experts_bwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t dy,
                             int32_t x, int32_t dx, int64_t N, int64_t K);

@@ -29,13 +29,30 @@ static int32_t lora_a(const ctx *c, mf_param_role role, int64_t l, int64_t e) {
 static int lora_drops(const mb *z) {
   return z->c->pt->lora.dropout > 0 && !z->b->p->forward_only;
 }
-static void lora_dropout(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x, int32_t y,
-                         int64_t n, mf_phase ph) {
+static mf_pop *lora_dropout(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x,
+                            int32_t y, int64_t n, mf_phase ph) {
   mf_pop *o = mf_pb_op(z->b, MF_K_DROPOUT, ph, z->m, l, "L%d %s dropout", l, what);
   SET(o, x, y);
   INTS(o, n, (int64_t)(l + 1) * 64 + role, MF_PROGRAM_SEED_RUNTIME); /* 64: roles are bits of a uint64_t */
   o->f[0] = z->c->pt->lora.dropout;
   o->flops = (double)n;
+  return o;
+}
+
+/* The same over layer l's expert rows: with expert parallelism, the rows this rank's experts received,
+ * each masked as its source masks it (the parts' starts and seeds, from the dispatch). */
+static void lora_experts_dropout(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x,
+                                 int32_t y, int64_t K, mf_phase ph) {
+  const layer_acts *a = &z->A[l];
+  const int64_t R = z->T * z->TK * z->b->p->ep;
+  mf_pop *o = lora_dropout(z, l, role, what, x, y, R * K, ph);
+  if (a->starts < 0) return;
+  o->t[2] = a->segs;
+  o->t[3] = a->starts;
+  o->t[4] = a->seeds;
+  o->i[3] = K;
+  o->i[4] = z->b->p->ep;
+  o->i[5] = z->E * z->b->p->ep;
 }
 
 /* x *= s (the adapters' scale; nothing when it is 1). */
@@ -116,6 +133,13 @@ static int32_t lora_experts_of(const ctx *c, mf_param_role role, int64_t l, int 
   return -1;
 }
 
+int mf_pb_lora_experts_drop(const mb *z, int32_t l) {
+  if (!lora_drops(z)) return 0;
+  for (mf_param_role r = MF_P_EXPERT_GATE; r <= MF_P_EXPERT_DOWN; r++)
+    if (lora_experts_of(z->c, r, l, 0, 0) >= 0) return 1;
+  return 0;
+}
+
 /* The routed experts' projection `role` (xe [R, K] -> y [R, N]) done: the
  * adapters' part added, over the same permutation. */
 void mf_pb_lora_experts_fwd(const mb *z, int32_t l, mf_param_role role, const char *what, int32_t x,
@@ -136,7 +160,7 @@ void mf_pb_lora_experts_fwd(const mb *z, int32_t l, mf_param_role role, const ch
   if (lora_drops(z)) {
     const int32_t xd = mf_pb_tensor(z->b, MF_T_ACT, MF_DTYPE_F32, R * K, z->m, l,
                                     LNAME "mlp.experts.%s.lora_A.in", z->m, l, what);
-    lora_dropout(z, l, role, lab, x, xd, R * K, MF_PHASE_FWD);
+    lora_experts_dropout(z, l, role, lab, x, xd, K, MF_PHASE_FWD);
     z->A[l].lora_in[role] = x = xd;
   }
   mf_pb_expert_op(z, MF_K_EXPERT_FWD, MF_PHASE_FWD, l, lab, x, offsets, a, r, K, at_a);
@@ -176,7 +200,7 @@ void mf_pb_lora_experts_bwd(const mb *z, int32_t l, mf_param_role role, const ch
   if (lora_drops(z)) { /* through the forward's mask */
     const int32_t kept = mf_pb_tensor(z->b, MF_T_ACT_GRAD, MF_DTYPE_F32, R * K, z->m, l,
                                       LNAME "mlp.experts.%s.lora_A.in.grad_kept", z->m, l, what);
-    lora_dropout(z, l, role, lab, dxa, kept, R * K, MF_PHASE_BWD);
+    lora_experts_dropout(z, l, role, lab, dxa, kept, K, MF_PHASE_BWD);
     dxa = kept;
   }
   mf_pb_simple(c, MF_K_ADD, MF_PHASE_BWD, l, lab, dxa, dx, -1, -1, -1, R * K);

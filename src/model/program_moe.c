@@ -117,11 +117,17 @@ static void ep_dispatch(const mb *z, int32_t l, int32_t x, int32_t y, int64_t C,
       mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E * p->ep + 1, m, l, LNAME "mlp.ep_parts%s", m, l, sfx);
   const int32_t counts =
       fwd ? mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E, m, l, LNAME "mlp.ep_counts", m, l) : -1;
+  /* adapter dropout on the experts: where each part's rows were in their source, and its seed */
+  const int drops = fwd && mf_pb_lora_experts_drop(z, l);
+  const int32_t starts =
+      drops ? mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, E * p->ep, m, l, LNAME "mlp.ep_starts", m, l) : -1;
+  const int32_t seeds =
+      drops ? mf_pb_tensor(b, MF_T_STAT, MF_DTYPE_I64, p->ep, m, l, LNAME "mlp.ep_seeds", m, l) : -1;
   mf_pop *o = mf_pb_op(b, MF_K_EP_DISPATCH, fwd ? MF_PHASE_FWD : MF_PHASE_BWD, m, l, "L%d ep dispatch%s", l,
                        fwd ? "" : " bwd");
-  SET(o, x, a->loffs, y, offs, segs, counts);
-  INTS(o, E, p->ep, C, p->ep_rank);
-  if (fwd) a->offsets = offs, a->segs = segs;
+  SET(o, x, a->loffs, y, offs, segs, counts, starts, seeds);
+  INTS(o, E, p->ep, C, p->ep_rank, drops ? MF_PROGRAM_SEED_RUNTIME : 0);
+  if (fwd) a->offsets = offs, a->segs = segs, a->starts = starts, a->seeds = seeds;
 }
 
 /* ... and back: y [ep R, C] (the received layout) to the ranks that sent its rows, into x [R, C]. */
@@ -176,7 +182,7 @@ void mf_pb_moe_fwd(const mb *z, int32_t l) {
   SET(o, a->tki, a->counts, a->offsets, a->row_of, a->tor);
   INTS(o, T, TK, E);
   a->loffs = a->offsets;
-  a->segs = -1;
+  a->segs = a->starts = a->seeds = -1;
   const int ep = p->exchanges;
   const int64_t Rr = p->ep * R; /* the rows this rank's experts may receive */
   a->xe = mf_pb_tensor(b, MF_T_ACT, MF_DTYPE_F32, R * H, m, l, LNAME "mlp.experts.in%s", m, l,

@@ -32,10 +32,11 @@ void mf_ep_free(mf_ep *e) {
   if (!e) return;
   mf_nccl_free(e->nccl);
   if (e->b)
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 6; k++)
       if (e->host[k]) e->b->host_free(e->b, e->host[k]);
   free(e->cnt_send);
   free(e->cnt_recv);
+  free(e->msg);
   free(e->sends);
   free(e->recvs);
   memset(e, 0, sizeof *e);
@@ -53,16 +54,20 @@ static mf_status init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *
                   (long long)e->rank, (long long)e->ep, mf_comm_size(comm), mf_comm_rank(comm));
   e->base = mf_comm_rank(comm) - e->rank;
   const size_t E = (size_t)e->E, P = (size_t)e->ep;
-  /* Host arrays the layout is made in: the local offsets, the received offsets and parts, the counts. */
-  const size_t n[4] = {E + 1, E + 1, E * P + 1, E};
-  for (int k = 0; k < 4; k++) {
+  /* Host arrays the layout is made in: the local offsets, the received offsets and parts, the counts,
+   * the parts' first rows in their sources and the sources' dropout seeds. */
+  const size_t n[6] = {E + 1, E + 1, E * P + 1, E, E * P, P};
+  for (int k = 0; k < 6; k++) {
     void *h = NULL;
     MF_CHECK(b->host_alloc(b, n[k] * sizeof(int64_t), &h));
     e->host[k] = (int64_t *)h;
   }
   e->loffs = e->host[0], e->offs = e->host[1], e->seg = e->host[2], e->counts = e->host[3];
+  e->starts = e->host[4], e->seeds = e->host[5];
   MF_CHECK(mf_calloc(E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_send));
   MF_CHECK(mf_calloc(E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_recv));
+  /* what a rank tells each other of its rows for that rank's El experts: counts, first rows, its seed */
+  MF_CHECK(mf_calloc(2 * (2 * E + P), sizeof(int64_t), "the expert exchange's counts", (void **)&e->msg));
   MF_CHECK(mf_calloc(E, sizeof(mf_comm_part), "the expert exchange's parts", (void **)&e->sends));
   MF_CHECK(mf_calloc(E, sizeof(mf_comm_part), "the expert exchange's parts", (void **)&e->recvs));
   if (b->native_stream) MF_CHECK(mf_nccl_create(comm, device, &e->nccl)); /* rows between GPUs */
@@ -124,12 +129,25 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
   MF_CHECK(fetch(b, s, loffs, k->b[1].ptr, (size_t)E + 1));
   MF_CHECK(check_offsets(k, "the local expert offsets", loffs, E, (int64_t)(k->b[0].bytes / row)));
   for (int64_t x = 0; x < E; x++) e->cnt_send[x] = loffs[x + 1] - loffs[x];
-  /* cnt_recv[q El + j]: the rows rank q sends this rank's expert j (the group's own all-to-all) */
+  /* The group's own all-to-all: to rank q, for each of its experts, the rows this rank sends it and where
+   * they start in this rank's layout, then this rank's dropout seed; from q the same. cnt_recv[q El + j]:
+   * the rows rank q sends this rank's expert j. */
+  const int64_t w = 2 * El + 1;
+  int64_t *out = e->msg, *in = e->msg + P * w;
   for (int64_t q = 0; q < P; q++) {
-    e->sends[q] = (mf_comm_part){e->cnt_send + q * El, (size_t)El * sizeof(int64_t), (int)(e->base + q)};
-    e->recvs[q] = (mf_comm_part){e->cnt_recv + q * El, (size_t)El * sizeof(int64_t), (int)(e->base + q)};
+    for (int64_t j = 0; j < El; j++) {
+      out[q * w + j] = e->cnt_send[q * El + j];
+      out[q * w + El + j] = loffs[q * El + j];
+    }
+    out[q * w + 2 * El] = k->i[4];
+    e->sends[q] = (mf_comm_part){out + q * w, (size_t)w * sizeof(int64_t), (int)(e->base + q)};
+    e->recvs[q] = (mf_comm_part){in + q * w, (size_t)w * sizeof(int64_t), (int)(e->base + q)};
   }
   MF_CHECK(mf_comm_exchange(e->comm, e->sends, (int)P, e->recvs, (int)P));
+  for (int64_t q = 0; q < P; q++) {
+    for (int64_t j = 0; j < El; j++) e->cnt_recv[q * El + j] = in[q * w + j];
+    e->seeds[q] = in[q * w + 2 * El];
+  }
   int64_t at = 0;
   for (int64_t x = 0; x < E; x++) {
     offs[x] = at;
@@ -137,6 +155,7 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
     const int mine = j >= 0 && j < El;
     for (int64_t q = 0; q < P; q++) {
       seg[x * P + q] = at;
+      e->starts[x * P + q] = mine ? in[q * w + El + j] : 0;
       const int64_t n = mine ? e->cnt_recv[q * El + j] : 0;
       if (n < 0)
         return MF_ERR(MF_ERR_MPI, "%s: rank %lld sends %lld rows to expert %lld", k->label, (long long)q,
@@ -167,6 +186,9 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
   MF_CHECK(b->copy(b, k->b[3].ptr, offs, ((size_t)E + 1) * sizeof(int64_t), MF_COPY_H2D, s));
   MF_CHECK(b->copy(b, k->b[4].ptr, seg, ((size_t)(E * P) + 1) * sizeof(int64_t), MF_COPY_H2D, s));
   if (k->b[5].ptr) MF_CHECK(b->copy(b, k->b[5].ptr, e->counts, (size_t)E * sizeof(int64_t), MF_COPY_H2D, s));
+  if (k->b[6].ptr)
+    MF_CHECK(b->copy(b, k->b[6].ptr, e->starts, (size_t)(E * P) * sizeof(int64_t), MF_COPY_H2D, s));
+  if (k->b[7].ptr) MF_CHECK(b->copy(b, k->b[7].ptr, e->seeds, (size_t)P * sizeof(int64_t), MF_COPY_H2D, s));
   if ((size_t)at * row < k->b[2].bytes) {
     mf_kernel_call z;
     memset(&z, 0, sizeof z);

@@ -158,9 +158,11 @@ typedef struct mf_ep {
   mf_backend *b;
   int64_t ep, rank, E;
   int64_t base; /* the world rank of the group's rank 0 (with more ranks than ep, groups of ep) */
-  int64_t *host[4];                    /* the backend's host memory (pinned on cuda): */
+  int64_t *host[6];                    /* the backend's host memory (pinned on cuda): */
   int64_t *loffs, *offs, *seg, *counts; /* the layout: [E + 1], [E + 1], [E ep + 1], [E] */
+  int64_t *starts, *seeds;             /* [E ep] each part's first row in its source, [ep] their seeds */
   int64_t *cnt_send, *cnt_recv;        /* [E] rows per (rank, expert) each way */
+  int64_t *msg;                        /* [2 (2 E + ep)] the counts' exchange, out then in */
   mf_comm_part *sends, *recvs;         /* [E] an exchange's parts */
 } mf_ep;
 

@@ -195,10 +195,24 @@ void check_kind(const MfKernelCase &c, Validity &v) {
       break;
     case MF_K_ADD:
     case MF_K_SCALE:
-    case MF_K_DROPOUT:
       v.elems("x", S("n"));
       v.elems("y", S("n"));
       break;
+    case MF_K_DROPOUT: {  // with segments: parts of received rows (mf_cpu_dropout_parts)
+      v.elems("x", S("n"));
+      v.elems("y", S("n"));
+      v.elems("segments", S("parts") + 1);
+      v.elems("starts", S("parts"));
+      v.elems("seeds", S("sources"));
+      const std::vector<int64_t> g = v.ints_of<int64_t>("segments");
+      const int64_t rows = S("row") > 0 ? S("n") / S("row") : 0;
+      for (size_t k = 0; k < g.size(); k++)
+        if (g[k] < 0 || g[k] > rows || (k > 0 && g[k] < g[k - 1])) {
+          v.fail("segments", "do not rise from >= 0 within the " + std::to_string(rows) + " rows");
+          break;
+        }
+      break;
+    }
     case MF_K_ROUTER_FWD:
     case MF_K_ROUTER_BWD:
     case MF_K_ROUTER_GROUP_FWD:

@@ -348,9 +348,24 @@ void b_add(MfCaseBuild &b, const Shape &s) {  // n fp32
 void b_scale(MfCaseBuild &b, const Shape &s) {  // n
   b.size("n", s[0]).scalar("s", 2.5).out("x", (size_t)s[0]);
 }
-void b_dropout(MfCaseBuild &b, const Shape &s) {  // n
+// With a row width (s[1] > 0): expert parallelism's received rows, n = rows x row, in E x sources
+// parts of random sizes (some empty, some rows past the last part), each from a random first row of its
+// source, with a seed per source.
+void b_dropout(MfCaseBuild &b, const Shape &s) {  // n [row sources E]
   b.size("n", s[0]).size("stream", 3).size("seed", 987654321).scalar("p", 0.3);
   b.uniform("x", (size_t)s[0]).out("y", (size_t)s[0]);
+  if (s.size() < 4 || s[1] <= 0) return;
+  const int64_t row = s[1], P = s[2], parts = s[3] * P, rows = s[0] / row;
+  std::vector<int64_t> seg(1, 0), starts, seeds;
+  std::uniform_int_distribution<int64_t> any(0, 1 << 20);
+  for (int64_t k = 0; k < parts; k++) {
+    const int64_t left = rows - seg.back();
+    seg.push_back(seg.back() + (left > 0 ? any(b.rng()) % (1 + 2 * left / (parts - k + 1)) : 0));
+    starts.push_back(any(b.rng()));
+  }
+  for (int64_t q = 0; q < P; q++) seeds.push_back(any(b.rng()) * 4099 + q);
+  b.size("row", row).size("sources", P).size("parts", parts);
+  b.i64("segments", seg).i64("starts", starts).i64("seeds", seeds);
 }
 
 void b_router_fwd(MfCaseBuild &b, const Shape &s) {  // T E K norm_topk [mode: 0 when left out]
@@ -725,7 +740,12 @@ const std::vector<MfCaseEntry> &mf_case_table() {
        {{"*", nmse(1e-10), nmse(1e-4)}, {"dgl", nmse(1e-9), nmse(1e-4)}}},
       {MF_K_ADD, nullptr, "n fp32", {{1, 0}, {5, 1}, {4099, 0}, {4099, 1}}, b_add, {{"*", kSame, kSame}}},
       {MF_K_SCALE, nullptr, "n", {{1}, {5}, {4099}}, b_scale, {{"*", kSame, kSame}}},
-      {MF_K_DROPOUT, nullptr, "n", {{1}, {5}, {4099}}, b_dropout, {{"*", kSame, kSame}}},
+      {MF_K_DROPOUT,
+       nullptr,
+       "n row sources E",
+       {{1}, {5}, {4099}, {12, 4, 1, 1}, {4096, 64, 2, 4}, {40 * 33, 33, 4, 3}},
+       b_dropout,
+       {{"*", kSame, kSame}}},
       // mode 1: gpt-oss's top-k then softmax (left out: 0)
       {MF_K_ROUTER_FWD,
        nullptr,

@@ -100,9 +100,12 @@ TEST(KernelTable, RolesAreTheTwinsContract) {
   EXPECT_EQ(mf_kernel_writes(&k), 0x1u);
   EXPECT_EQ(mf_kernel_reads(&k), 0x3u);
   // expert parallelism's exchanges: rows and their layout written, the local layout read
-  k.kind = MF_K_EP_DISPATCH;  // {x, loffs, y, offsets, segments, counts?}
-  EXPECT_EQ(mf_kernel_writes(&k), 0x3cu);
+  k.kind = MF_K_EP_DISPATCH;  // {x, loffs, y, offsets, segments, counts?, starts?, seeds?}
+  EXPECT_EQ(mf_kernel_writes(&k), 0xfcu);
   EXPECT_EQ(mf_kernel_reads(&k), 0x3u);
+  k.kind = MF_K_DROPOUT;  // {x, y, segments?, starts?, seeds?}: the parts of received rows read
+  EXPECT_EQ(mf_kernel_writes(&k), 0x2u);
+  EXPECT_EQ(mf_kernel_reads(&k), 0x1du);
   k.kind = MF_K_EP_COMBINE;  // {y, offsets, segments, loffs, x}
   EXPECT_EQ(mf_kernel_writes(&k), 0x10u);
   EXPECT_EQ(mf_kernel_reads(&k), 0xfu);

@@ -199,6 +199,68 @@ TEST(Dropout, KeepsOneMinusPScaledAndDrawsTheSameMaskAgain) {
   EXPECT_NE(mf_cpu_dropout(x.data(), n, 7, 1, 1.0, z.data(), &ctx), MF_OK);
 }
 
+// Expert parallelism's received rows: two sources' expert-sorted rows (each
+// masked by plain dropout with its own seed), gathered expert by expert and
+// within an expert by source, some parts empty and spare rows after them; the
+// parts' dropout gives each received row its source row's mask, bit for bit,
+// and zeros past the parts; threads change nothing; bad layouts are refused.
+TEST(Dropout, PartsMaskEachRowAsItsSourceDoes) {
+  mf_kctx ctx = {nullptr, 0};
+  const int64_t C = 33, E = 3, P = 2, spare = 4;
+  const double p = 0.25;
+  const uint64_t stream = 9;
+  const int64_t seeds[P] = {1234567, 7654321};
+  const int64_t offs[P][E + 1] = {{0, 5, 5, 12}, {0, 2, 40, 41}};  // each source's expert offsets
+  vector<float> src[P], masked[P];
+  for (int64_t q = 0; q < P; q++) {
+    const int64_t n = offs[q][E] * C;
+    src[q] = random_vec(n, 50 + (uint32_t)q);
+    masked[q].assign(n, NAN);
+    ASSERT_EQ(mf_cpu_dropout(src[q].data(), n, stream, (uint64_t)seeds[q], p, masked[q].data(), &ctx), MF_OK);
+  }
+  vector<int64_t> seg, starts;
+  vector<float> x, want;
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t q = 0; q < P; q++) {
+      seg.push_back((int64_t)x.size() / C);
+      starts.push_back(offs[q][e]);
+      x.insert(x.end(), src[q].begin() + offs[q][e] * C, src[q].begin() + offs[q][e + 1] * C);
+      want.insert(want.end(), masked[q].begin() + offs[q][e] * C, masked[q].begin() + offs[q][e + 1] * C);
+    }
+  seg.push_back((int64_t)x.size() / C);
+  x.resize(x.size() + spare * C, 1.0f);  // rows no part holds
+  want.resize(x.size(), 0.0f);
+  const int64_t n = (int64_t)x.size();
+  vector<float> y(n, NAN), y2(n, NAN);
+  ASSERT_EQ(mf_cpu_dropout_parts(x.data(), n, stream, p, C, seg.data(), starts.data(), seeds, P, E * P,
+                                 y.data(), &ctx),
+            MF_OK)
+      << mf_last_error();
+  EXPECT_TRUE(same_bits(y, want));
+  mf_kt::Pools pools;
+  for (mf_threadpool *pl : pools.all()) {
+    mf_kctx c2 = {pl, 0};
+    ASSERT_EQ(mf_cpu_dropout_parts(x.data(), n, stream, p, C, seg.data(), starts.data(), seeds, P, E * P,
+                                   y2.data(), &c2),
+              MF_OK);
+    EXPECT_TRUE(same_bits(y, y2));
+  }
+  // Segments that fall back or run past the rows, a row width that does not divide n: refused.
+  vector<int64_t> bad = seg;
+  std::swap(bad[1], bad[2]);
+  EXPECT_EQ(mf_cpu_dropout_parts(x.data(), n, stream, p, C, bad.data(), starts.data(), seeds, P, E * P,
+                                 y.data(), &ctx),
+            MF_ERR_INVALID_ARG);
+  bad = seg;
+  bad.back() = n / C + 1;
+  EXPECT_EQ(mf_cpu_dropout_parts(x.data(), n, stream, p, C, bad.data(), starts.data(), seeds, P, E * P,
+                                 y.data(), &ctx),
+            MF_ERR_INVALID_ARG);
+  EXPECT_EQ(mf_cpu_dropout_parts(x.data(), n, stream, p, C + 1, seg.data(), starts.data(), seeds, P, E * P,
+                                 y.data(), &ctx),
+            MF_ERR_INVALID_ARG);
+}
+
 // -------------------------------------------- threads, bf16, empty inputs
 
 struct Outs {
