@@ -96,6 +96,16 @@ typedef struct mf_comm_part {
 mf_status mf_comm_exchange(mf_comm *c, const mf_comm_part *sends, int n_send, const mf_comm_part *recvs,
                            int n_recv);
 
+/* Waits with the comm's deadline (MF_COMM_TIMEOUT_S) for work another rank
+ * holds up that is not an MPI request — NCCL's transfers on a GPU stream
+ * (comm_nccl.h): polls done(ctx, &st) until it returns nonzero, then
+ * returns st (OK unless done set a fault); it backs off as every wait here
+ * does, yielding the core (not sleeping) for its first second.
+ * Past the deadline MF_ERR_MPI "comm: waited N s for `what`: another rank
+ * stopped or hangs (MF_COMM_TIMEOUT_S)"; time this process spent stopped
+ * does not count. */
+mf_status mf_comm_wait_until(mf_comm *c, int (*done)(void *ctx, mf_status *st), void *ctx, const char *what);
+
 /* Ends every rank of the job at once (MPI_Abort) with `code`; without MPI,
  * returns (the caller exits). For a rank that failed while others may wait
  * for it in a collective. */

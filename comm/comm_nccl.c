@@ -24,6 +24,8 @@ static struct {
   ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   const char *(*error_string)(ncclResult_t);
+  ncclResult_t (*async_error)(ncclComm_t, ncclResult_t *);
+  ncclResult_t (*comm_abort)(ncclComm_t);
 } g_nccl;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -50,11 +52,17 @@ static void load(void) {
   SYM(send, "ncclSend");
   SYM(recv, "ncclRecv");
   SYM(error_string, "ncclGetErrorString");
+  SYM(async_error, "ncclCommGetAsyncError");
+  SYM(comm_abort, "ncclCommAbort");
 #undef SYM
 }
 
 struct mf_nccl {
+  mf_comm *c; /* its deadline (mf_nccl_wait) */
   ncclComm_t comm;
+  cudaEvent_t done; /* recorded after each exchange */
+  int pending;      /* an exchange not yet seen done */
+  int aborted;      /* after a wait that failed: comm is gone */
   int rank, size;
   char version[32];
 };
@@ -84,10 +92,17 @@ mf_status mf_nccl_create(mf_comm *c, int device, mf_nccl **out) {
   MF_CHECK(mf_comm_broadcast(c, &id, sizeof id, 0));
   mf_nccl *n = (mf_nccl *)calloc(1, sizeof *n);
   if (!n) return MF_ERR(MF_ERR_OUT_OF_MEMORY, "nccl: out of memory");
+  n->c = c;
   n->rank = mf_comm_rank(c);
   n->size = mf_comm_size(c);
+  const cudaError_t ee = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
+  if (ee != cudaSuccess) {
+    free(n);
+    return MF_ERR(MF_ERR_UNSUPPORTED, "nccl: an event: %s", cudaGetErrorString(ee));
+  }
   const ncclResult_t r = g_nccl.comm_init_rank(&n->comm, n->size, id, n->rank);
   if (r != ncclSuccess) {
+    cudaEventDestroy(n->done);
     free(n);
     return nccl_error(r, "ncclCommInitRank");
   }
@@ -100,7 +115,8 @@ mf_status mf_nccl_create(mf_comm *c, int device, mf_nccl **out) {
 
 void mf_nccl_free(mf_nccl *n) {
   if (!n) return;
-  g_nccl.comm_destroy(n->comm);
+  if (!n->aborted) g_nccl.comm_destroy(n->comm);
+  cudaEventDestroy(n->done);
   free(n);
 }
 
@@ -111,6 +127,7 @@ const char *mf_nccl_version(const mf_nccl *n) {
 mf_status mf_nccl_exchange(mf_nccl *n, const mf_comm_part *sends, int n_send, const mf_comm_part *recvs,
                            int n_recv, void *stream) {
   const cudaStream_t s = (cudaStream_t)stream;
+  if (n->aborted) return MF_ERR(MF_ERR_MPI, "nccl: an exchange after the communicator was aborted");
   ncclResult_t r = g_nccl.group_start();
   if (r != ncclSuccess) return nccl_error(r, "ncclGroupStart");
   const char *what = "ncclSend";
@@ -122,5 +139,39 @@ mf_status mf_nccl_exchange(mf_nccl *n, const mf_comm_part *sends, int n_send, co
   const ncclResult_t g = g_nccl.group_end(); /* the group is closed whatever happened in it */
   if (r != ncclSuccess) return nccl_error(r, what);
   if (g != ncclSuccess) return nccl_error(g, "ncclGroupEnd");
+  const cudaError_t e = cudaEventRecord(n->done, s);
+  if (e != cudaSuccess) return MF_ERR(MF_ERR_MPI, "nccl: recording an exchange: %s", cudaGetErrorString(e));
+  n->pending = 1;
   return MF_OK;
+}
+
+/* mf_comm_wait_until's probe: the exchange's event, and NCCL's faults meanwhile. */
+static int exchange_done(void *ctx, mf_status *st) {
+  mf_nccl *n = (mf_nccl *)ctx;
+  const cudaError_t e = cudaEventQuery(n->done);
+  if (e == cudaSuccess) return 1;
+  if (e != cudaErrorNotReady) {
+    *st = MF_ERR(MF_ERR_MPI, "nccl: waiting for an exchange of rows: %s", cudaGetErrorString(e));
+    return 1;
+  }
+  ncclResult_t r = ncclSuccess;
+  if (g_nccl.async_error(n->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
+    *st = nccl_error(r, "an exchange of rows");
+    return 1;
+  }
+  return 0;
+}
+
+mf_status mf_nccl_wait(mf_nccl *n) {
+  if (!n || !n->pending) return MF_OK;
+  const mf_status st = mf_comm_wait_until(n->c, exchange_done, n, "an NCCL exchange of rows");
+  if (st == MF_OK) {
+    n->pending = 0;
+    return MF_OK;
+  }
+  /* Its kernels would wait for the other rank forever: aborted, they return, and the step fails. */
+  if (!n->aborted) g_nccl.comm_abort(n->comm);
+  n->aborted = 1;
+  n->pending = 0;
+  return st;
 }

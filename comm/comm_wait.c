@@ -275,3 +275,15 @@ mf_status mf_comm_finish_status(mf_comm *c, MPI_Request *rq, mf_comm_scope scope
   }
   return st;
 }
+
+mf_status mf_comm_wait_until(mf_comm *c, int (*done)(void *ctx, mf_status *st), void *ctx, const char *what) {
+  mf_comm_poll p;
+  mf_comm_poll_start(&p, c->timeout_s, 1); /* it is usually a GPU a moment from done: yield, not sleep */
+  for (;;) {
+    mf_status st = MF_OK;
+    if (done(ctx, &st)) return st;
+    if (!mf_comm_poll_next(&p)) break;
+  }
+  return MF_ERR(MF_ERR_MPI, "comm: waited %g s for %s: another rank stopped or hangs (MF_COMM_TIMEOUT_S)",
+                c->timeout_s, what);
+}

@@ -20,6 +20,9 @@
 #           one pass, not by source rank, so the bits may differ); and two
 #           runs of the same mpirun: identical (deterministic run to run).
 #           With 4, also 4 ranks as 2 x 2 (parallel.expert=2) against one.
+#           With 2, a rank stopped (SIGSTOP) after step 3: the other gives up
+#           on its NCCL wait at the deadline (MF_COMM_TIMEOUT_S=10), saying
+#           so, and the job ends.
 # STEPS: a comma list of 1, 2, 4 (default: every one the machine's GPUs allow).
 # Writes a table to $OUT/ep_summary.txt (or /tmp) and the logs to $OUT/ep_logs.tgz.
 set -uo pipefail
@@ -112,6 +115,19 @@ for n in 2 4; do
   row "$n GPUs vs 1 GPU, grad_accum $n" "losses $(losses /tmp/mf_ep_one$n /tmp/mf_ep_${n}a); weights $(weights /tmp/mf_ep_one$n /tmp/mf_ep_${n}a)"
   row "$n GPUs, two runs" "losses $(losses /tmp/mf_ep_${n}a /tmp/mf_ep_${n}b); weights $(weights /tmp/mf_ep_${n}a /tmp/mf_ep_${n}b)"
   row "  tokens/s" "$(grep -o '([0-9.]*K* tokens/s)' "$logs/ep${n}a.log" | tail -1) vs one GPU $(grep -o '([0-9.]*K* tokens/s)' "$logs/one$n.log" | tail -1)"
+  if ((n == 2)); then # a stopped rank: the other's NCCL wait gives up at the deadline (MF_COMM_TIMEOUT_S=10)
+    t0=$(date +%s)
+    timeout 300 "${mpi[@]}" -x MF_COMM_TIMEOUT_S=10 -np 2 "$dir/moefit" train "${common[@]}" train.steps=100000 \
+      train.grad_accum=1 parallel.expert=2 output.dir=/tmp/mf_ep_stop >"$logs/stop.log" 2>&1 &
+    job=$!
+    for _ in $(seq 120); do grep -q 'step \+3/' "$logs/stop.log" && break; sleep 1; done
+    kill -STOP "$(pgrep -n -f 'output.dir=/tmp/mf_ep_stop')" 2>/dev/null
+    wait $job
+    rc=$?
+    pkill -CONT -f 'output.dir=/tmp/mf_ep_stop'; pkill -KILL -f 'output.dir=/tmp/mf_ep_stop'
+    said=$(grep -c 'an NCCL exchange of rows: another rank stopped or hangs' "$logs/stop.log")
+    row "2 GPUs: a stopped rank" "exit $rc after $(($(date +%s) - t0)) s; the deadline's message: $said"
+  fi
   if ((n == 4)); then # 2 x 2: two groups of two, data parallel between them
     timeout 300 "${mpi[@]}" -np 4 "$dir/moefit" train "${common[@]}" train.grad_accum=1 parallel.expert=2 \
       output.dir=/tmp/mf_ep_2x2 >"$logs/ep2x2.log" 2>&1

@@ -731,6 +731,7 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
                         "executor: %s needs an exchange between ranks (mf_exec_set_exchange)", o->label);
             goto done;
           }
+          if (x->exchange.wait) MF_CHECK_GOTO(x->exchange.wait(x->exchange.ctx), st, done);
           MF_CHECK_GOTO(x->b->stream_sync(x->b, x->st[MF_EXEC_COMPUTE]), st, done);
           MF_CHECK_GOTO(x->exchange.run(x->exchange.ctx, &call, x->b, x->st[MF_EXEC_COMPUTE]), st, done);
           MF_CHECK_GOTO(after_run(x, in, &call), st, done);
@@ -870,6 +871,7 @@ mf_status mf_exec_step(mf_exec *x, const float *params, const int32_t *const *id
   x->step_done = 0;
   MF_CHECK_GOTO(run_range(x, 0, s->optim_begin, &io, NULL, count), st, done);
   t_submitted = mf_time_now();
+  if (x->exchange.wait) MF_CHECK_GOTO(x->exchange.wait(x->exchange.ctx), st, done);
   MF_CHECK_GOTO(sync_all(x), st, done);
   r->seconds = mf_time_now() - t0;
   read_results(x, r);

@@ -222,6 +222,12 @@ void mf_exec_set_grads_own(mf_exec *x, const uint8_t *own);
 typedef struct mf_exec_exchange {
   void *ctx;
   mf_status (*run)(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s);
+  /* Optional (NULL: none): the exchanges enqueued on a stream so far are
+   * done, or a fault within a deadline — called before the executor waits
+   * on the compute stream for an exchange or at the step's end, so that a
+   * rank that stopped ends this one's step with an error instead of a hang
+   * (NCCL's; MPI's own waits have their deadline). */
+  mf_status (*wait)(void *ctx);
 } mf_exec_exchange;
 void mf_exec_set_exchange(mf_exec *x, const mf_exec_exchange *e); /* copied; NULL removes it */
 

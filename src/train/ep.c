@@ -76,9 +76,14 @@ static mf_status init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *
 
 static mf_status run_exchange(void *ctx, const mf_kernel_call *call, mf_backend *b, mf_stream *s);
 
+/* mf_exec_exchange.wait: NCCL's transfers, with the deadline (MPI's are done when run_exchange returns). */
+static mf_status wait_exchanges(void *ctx) {
+  return mf_nccl_wait(((mf_ep *)ctx)->nccl);
+}
+
 mf_status mf_ep_attach(mf_ep *e, mf_comm *comm, const mf_program *p, mf_exec *x, mf_backend *b, int device) {
   MF_CHECK(init(e, comm, p, b, device));
-  const mf_exec_exchange xc = {e, run_exchange};
+  const mf_exec_exchange xc = {e, run_exchange, wait_exchanges};
   mf_exec_set_exchange(x, &xc);
   return MF_OK;
 }

@@ -851,6 +851,46 @@ TEST(CommDeadline, AWaitCostsNoCpu) {
   mf_comm_free(c);
 }
 
+// mf_comm_wait_until (NCCL's transfers on a GPU, which no MPI request
+// tracks): done after some polls is OK; a fault the probe reports is
+// returned; never done gives up after the comm's deadline, naming what it
+// waited for.
+TEST(CommDeadline, WaitUntilGivesUpAtTheDeadline) {
+  mf_comm *c = comm_with_timeout("0.5");
+  ASSERT_NE(c, nullptr);
+  struct Probe {
+    int polls = 0, after = 0;
+    mf_status fault = MF_OK;
+    static int done(void *ctx, mf_status *st) {
+      Probe *p = (Probe *)ctx;
+      if (++p->polls < p->after) return 0;
+      if (p->after <= 0) return 0;  // never
+      *st = p->fault;
+      return 1;
+    }
+  };
+  Probe soon;
+  soon.after = 1000;  // past the spins, into the yields
+  EXPECT_EQ(mf_comm_wait_until(c, Probe::done, &soon, "a test's work"), MF_OK) << mf_last_error();
+  EXPECT_EQ(soon.polls, 1000);
+  Probe fails;
+  fails.after = 3;
+  fails.fault = MF_ERR_UNSUPPORTED;
+  EXPECT_EQ(mf_comm_wait_until(c, Probe::done, &fails, "a test's work"), MF_ERR_UNSUPPORTED);
+  Probe never;
+  const double t0 = now_s();
+  EXPECT_EQ(mf_comm_wait_until(c, Probe::done, &never, "a test's work"), MF_ERR_MPI);
+  const double waited = now_s() - t0;
+  EXPECT_GE(waited, 0.5);
+  EXPECT_LT(waited, 5.0);
+  EXPECT_TRUE(has(mf_last_error(),
+                  "waited 0.5 s for a test's work: another rank stopped or hangs "
+                  "(MF_COMM_TIMEOUT_S)"))
+      << mf_last_error();
+  ASSERT_EQ(mf_comm_barrier(g_comm), MF_OK);
+  mf_comm_free(c);
+}
+
 // Rank 0 stops every other rank for 2 s while they wait at a barrier (1.5 s
 // timeout) and comes to it 0.3 s after continuing them: the time they were
 // stopped is not the others' delay, so nobody times out.
