@@ -208,8 +208,8 @@ static mf_status budget_of(const mf_config *cfg, mf_run_plan *rp) {
   return MF_OK;
 }
 
-/* What expert parallelism (parallel.expert) needs of a training run's ranks and plan: all of them on
- * one machine, no plan file. */
+/* What expert parallelism (parallel.expert) needs of a training run's ranks and plan: whole groups,
+ * each within a node or spanning every rank, no plan file. */
 static mf_status expert_parallel_fits(const mf_config *cfg) {
   const int64_t ep = cfg->parallel.expert, n_ranks = cfg->ranks > 1 ? cfg->ranks : 1;
   if (n_ranks % ep)
@@ -220,13 +220,15 @@ static mf_status expert_parallel_fits(const mf_config *cfg) {
                   "parallel.expert: 1",
                   (long long)ep, (long long)n_ranks, n_ranks > 1 ? "s" : "", (long long)ep, (long long)ep,
                   (long long)ep);
-  if (cfg->node_ranks > 0 && cfg->node_ranks < n_ranks)
+  /* Across nodes a group lies within one (its owners chain through the node's home) or is every rank
+   * (each node's home then holds its own ranks' experts, the leaders' exchange the others'). */
+  if (cfg->node_ranks > 0 && cfg->node_ranks < n_ranks && ep != n_ranks && cfg->node_ranks % ep)
     return MF_ERR(MF_ERR_CONFIG,
-                  "parallel.expert %lld over %lld nodes of %lld ranks: expert parallelism across machines is "
-                  "not built yet (a node's host home would miss the experts of the other nodes' ranks); run "
-                  "the ranks on one machine, or set parallel.expert: 1",
+                  "parallel.expert %lld over %lld nodes of %lld ranks: a group of expert-parallel ranks must "
+                  "lie within one node (parallel.expert dividing the ranks a node) or be every rank "
+                  "(parallel.expert %lld); set one of those, or parallel.expert: 1",
                   (long long)ep, (long long)((n_ranks + cfg->node_ranks - 1) / cfg->node_ranks),
-                  (long long)cfg->node_ranks);
+                  (long long)cfg->node_ranks, (long long)n_ranks);
   if (cfg->memory.plan_kind == MF_CONFIG_PLAN_FILE)
     return MF_ERR(MF_ERR_CONFIG,
                   "memory.plan %s with parallel.expert %lld: a plan file holds one rank's decisions, for its "

@@ -168,8 +168,13 @@ double mf_sim_op_seconds(const mf_program *p, int32_t k, const mf_hwprofile *hw)
     case MF_K_EP_COMBINE: { /* the rows for other ranks out and theirs in, on average (ep - 1) / ep of R */
       const double ep = (double)p->ep,
                    rows_bytes = (double)p->tensors[o->t[o->kind == MF_K_EP_DISPATCH ? 2 : 0]].bytes;
-      const double moved = ep > 1 ? rows_bytes / ep * (ep - 1) / ep : 0;
-      return moved / mf_hw_link_bandwidth(hw) + hw->launch_s;
+      const double share = ep > 1 ? rows_bytes / ep / ep : 0; /* to or from each other rank */
+      /* A group over several nodes: the other nodes' shares cross the network meanwhile (a profile
+       * without network.bandwidth: all at the link's). */
+      const double here = p->ep > p->node_ranks && hw->network_bandwidth > 0 ? (double)p->node_ranks : ep;
+      const double link = share * (here - 1) / mf_hw_link_bandwidth(hw),
+                   net = hw->network_bandwidth > 0 ? share * (ep - here) / hw->network_bandwidth : 0;
+      return (link > net ? link : net) + hw->launch_s;
     }
     case MF_K_ADAMW:
       /* On a serial profile (the cpu backend) the device's optimizer is the

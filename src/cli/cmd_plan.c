@@ -347,10 +347,19 @@ static void ranks_summary(const mf_run_plan *rp, int64_t ranks) {
     for (int32_t k = 0; k < p->n_ops; k++)
       if (mf_kernel_is_exchange(p->ops[k].kind)) ex += mf_sim_op_seconds(p, k, &rp->hw), n_ex++;
     const int64_t groups = ranks / p->ep;
-    char dp[120] = "";
-    if (groups > 1)
+    char dp[200] = "";
+    if (groups > 1 && nodes > 1)
+      snprintf(dp, sizeof dp, " in each of %lld groups, %lld a node, data parallel between them (an expert's "
+               "owners add into its sum group after group in a node, the nodes' sums in node order)",
+               (long long)groups, (long long)(nr / p->ep));
+    else if (groups > 1)
       snprintf(dp, sizeof dp, " in each of %lld groups, data parallel between them (an expert's owners add "
                "into its sum group after group)", (long long)groups);
+    else if (nodes > 1)
+      snprintf(dp, sizeof dp,
+               " on %lld nodes (a node's home holds its ranks' experts' gradients, the leaders' exchange "
+               "adds the others'; the rows between nodes at network.bandwidth)",
+               (long long)nodes);
     printf(
         "  experts: over %lld ranks%s (%lld of %lld a rank, every MoE layer): the plan is rank 0's; each "
         "rank's experts run over the rows of its group's micro-batches; %lld exchanges a step (dispatch "

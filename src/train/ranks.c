@@ -33,6 +33,9 @@ static void ranks_pieces_free(mf_ranks *k) {
   free(k->norm_bufs);
   free(k->ext);
   free(k->own);
+  free(k->foreign);
+  free(k->toff);
+  free(k->numel);
 }
 
 void mf_ranks_free(mf_ranks *k, int collective) {
@@ -91,9 +94,14 @@ static void hook_grad_home(void *ctx, int32_t i) {
   mf_comm_relay_pass(k->relay, i);
 }
 
-void mf_ranks_begin(mf_ranks *k, int64_t step) {
+void mf_ranks_begin(mf_ranks *k, int64_t step, float *grads) {
   mf_comm_relay_begin(k->relay, step);
   if (k->xrelay) mf_comm_relay_begin(k->xrelay, step);
+  /* Experts of other nodes' ranks: nothing here writes their sums, the leaders' exchange adds them in.
+   * The last step's update, which read them, is done on every rank of the node (mf_ranks_updated). */
+  if (k->foreign && k->lrank == 0)
+    for (int64_t i = 0; i < k->n_params; i++)
+      if (k->foreign[i]) memset(grads + k->toff[i], 0, (size_t)k->numel[i] * sizeof(float));
 }
 
 void mf_ranks_fail(mf_ranks *k) {
@@ -136,6 +144,42 @@ mf_status mf_ranks_share(mf_ranks *k, const mf_param_table *t, size_t home_bytes
   return MF_OK;
 }
 
+/* Where expert parallelism's groups lie: each within a node (its ranks consecutive there, world rank
+ * order, as the exchanges count them), or one group of every rank over several nodes, whose nodes'
+ * homes then each hold their own ranks' experts' gradients (k->foreign marks the others'). */
+static mf_status groups_where(mf_ranks *k, const mf_program *p) {
+  const int ep = (int)p->ep, nodes = mf_comm_nodes(k->comm);
+  if (ep <= 1 || nodes <= 1) return MF_OK;
+  int64_t *node = NULL;
+  MF_CHECK(mf_calloc((size_t)k->size, sizeof(int64_t), "the ranks' nodes", (void **)&node));
+  node[k->rank] = mf_comm_node(k->comm);
+  mf_status st = mf_comm_allreduce_sum_i64(k->comm, node, (size_t)k->size);
+  for (int r = 0; r < k->size && st == MF_OK && ep < k->size; r++)
+    if (node[r] != node[r - r % ep])
+      st = MF_ERR(MF_ERR_CONFIG,
+                  "parallel.expert %d: ranks %d and %d share a group but not a node (mpirun placed the ranks "
+                  "of a node apart: place them in order, e.g. --map-by slot)",
+                  ep, r - r % ep, r);
+  if (st == MF_OK && ep == k->size) {
+    const mf_param_table *t = p->params;
+    const int64_t per = p->spec.experts / ep;
+    st = mf_calloc((size_t)(t->n ? t->n : 1), 1, "the other nodes' experts", (void **)&k->foreign);
+    if (st == MF_OK)
+      st = mf_calloc((size_t)(t->n ? t->n : 1), sizeof(int64_t), "the sums' places", (void **)&k->toff);
+    if (st == MF_OK)
+      st = mf_calloc((size_t)(t->n ? t->n : 1), sizeof(int64_t), "the sums' sizes", (void **)&k->numel);
+    for (int64_t i = 0; i < t->n && st == MF_OK; i++) {
+      const mf_param *q = &t->params[i];
+      k->toff[i] = q->toff;
+      k->numel[i] = q->numel;
+      k->foreign[i] = q->expert >= 0 && !q->frozen && per > 0 && node[q->expert / per] != node[k->rank];
+    }
+    k->n_params = t->n;
+  }
+  free(node);
+  return st;
+}
+
 mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p) {
   const mf_exec_param_hooks h = {k, NULL, hook_grad_home, hook_grad_wait};
   mf_exec_set_param_hooks(x, &h);
@@ -145,13 +189,12 @@ mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p) {
   MF_CHECK(mf_calloc((size_t)(t->n ? t->n : 1), 1, "the experts of this rank", (void **)&k->own));
   for (int64_t i = 0; i < t->n; i++) k->own[i] = t->params[i].expert >= 0 && p->grad_tensor[i] >= 0;
   mf_exec_set_grads_own(x, k->own);
-  /* Groups of expert-parallel ranks (data parallel beside it): an expert's owners add into its sum
-   * group after group, each starting from the sum before it (mf_program.grad_seed). One node. */
-  const int groups = k->size / (int)p->ep;
-  if (p->ep > 1 && groups > 1) {
-    const int g = k->rank / (int)p->ep;
-    MF_CHECK(mf_comm_relay_create_at(k->comm, t->n, g, groups, k->lrank - (int)p->ep, &k->xrelay));
-  }
+  MF_CHECK(groups_where(k, p));
+  /* Groups of expert-parallel ranks in a node (data parallel beside it): an expert's owners add into its
+   * sum group after group, each starting from the sum before it (mf_program.grad_seed). */
+  const int ep = (int)p->ep, groups = ep < k->size ? k->lsize / ep : 1;
+  if (ep > 1 && groups > 1)
+    MF_CHECK(mf_comm_relay_create_at(k->comm, t->n, k->lrank / ep, groups, k->lrank - ep, &k->xrelay));
   return MF_OK;
 }
 

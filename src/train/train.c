@@ -557,7 +557,7 @@ static mf_status step_once(run *r, int64_t step, mf_train_summary *out, mf_step_
   MF_CHECK(injected_failure(r, step));
   if (r->multi) {
     MF_CHECK(mf_ranks_next_batches(&r->rk, r->train, tr->G, tr->ids, tr->targets));
-    mf_ranks_begin(&r->rk, step);
+    mf_ranks_begin(&r->rk, step, (float *)r->hs.grads.ptr);
   } else {
     for (int64_t m = 0; m < tr->G; m++)
       MF_CHECK(mf_loader_next(r->train, tr->ids[m], tr->targets[m], NULL, NULL));
@@ -944,7 +944,10 @@ static mf_status train_run(const mf_config *cfg, mf_comm *comm, int resume, cons
     r.cfg_ranks.ranks = mf_comm_size(comm);
     r.cfg_ranks.node_ranks = mf_comm_local_size(comm);
     r.cfg_ranks.ep_rank = cfg->parallel.expert > 1 ? mf_comm_rank(comm) % cfg->parallel.expert : 0;
-    r.cfg_ranks.ep_group = cfg->parallel.expert > 1 ? mf_comm_rank(comm) / cfg->parallel.expert : 0;
+    /* groups lie within a node (the owners chain through its home), or one group is every rank */
+    r.cfg_ranks.ep_group = cfg->parallel.expert > 1 && cfg->parallel.expert < mf_comm_size(comm)
+                               ? mf_comm_local_rank(comm) / cfg->parallel.expert
+                               : 0;
     /* Local rank r uses GPU r; more ranks than GPUs share them round robin
      * (their gradients meet in host memory either way). */
     const int gpus = mf_backend_device_count();

@@ -189,6 +189,11 @@ typedef struct mf_ranks {
    * gradients this rank alone writes into the node's sum (no relay: no other
    * rank adds to them); NULL without */
   uint8_t *own;
+  /* ... over several nodes as one group: foreign[i] set for the experts of other nodes' ranks, whose
+   * sums the node's leader zeroes each step for the leaders' exchange to fill (toff, numel: where);
+   * NULL without */
+  uint8_t *foreign;
+  int64_t *toff, *numel, n_params;
 } mf_ranks;
 
 /* The world as comm sees it (nothing allocated), then the shard of table t
@@ -210,8 +215,10 @@ void mf_ranks_free(mf_ranks *k, int collective);
  * in the groups before, with more ranks than p->ep (collective over the
  * node). */
 mf_status mf_ranks_hooks(mf_ranks *k, mf_exec *x, const mf_program *p);
-/* Step `step`'s round of the relays (comm.h mf_comm_relay_begin). */
-void mf_ranks_begin(mf_ranks *k, int64_t step);
+/* Step `step`'s round of the relays (comm.h mf_comm_relay_begin); with one
+ * group of expert-parallel ranks over several nodes, the node's sums
+ * `grads` of the other nodes' experts zeroed (by the node's leader). */
+void mf_ranks_begin(mf_ranks *k, int64_t step, float *grads);
 /* This rank failed: the node's ranks waiting on it in a relay learn so at once. */
 void mf_ranks_fail(mf_ranks *k);
 /* The step's G x ranks micro-batches drawn; this rank's into ids/targets. */

@@ -999,3 +999,40 @@ TEST(SimulateRouting, ExpertCopiesCostTheirChanceOfHappening) {
 }
 
 }  // namespace
+
+namespace {
+
+// Expert parallelism's exchanges move each other rank's share of the rows at
+// the link between a machine's GPUs; a group over two nodes sends the other
+// node's shares over the network meanwhile (the slower of the two), and a
+// profile without a network figure prices them all at the link.
+TEST(SimulateExchanges, AGroupOverNodesCrossesTheNetwork) {
+  Shape sh = make_shape(0);
+  mf_param_table *t = nullptr;
+  ASSERT_EQ(mf_param_table_build(&sh.spec, &t), MF_OK);
+  mf_program_opts po = {2, 16, 1, 0.01, 16, 0};
+  po.ranks = 4;
+  po.ep = 4;
+  mf_hwprofile hw = profile(1);
+  hw.nvlink_bandwidth = 100e9;
+  for (const int64_t node_ranks : {4, 2}) {
+    po.node_ranks = node_ranks;
+    mf_program *p = nullptr;
+    ASSERT_EQ(mf_program_build(t, &po, &p), MF_OK) << mf_last_error();
+    int32_t k = 0;
+    while (k < p->n_ops && p->ops[k].kind != MF_K_EP_DISPATCH) k++;
+    ASSERT_LT(k, p->n_ops);
+    const double share = (double)p->tensors[p->ops[k].t[2]].bytes / 16;  // to each rank: R rows / 4
+    for (const double net : {0.0, 1e9}) {
+      hw.network_bandwidth = net;
+      const double want = node_ranks == 4 || net == 0
+                              ? 3 * share / 100e9 + hw.launch_s
+                              : std::max(share / 100e9, 2 * share / net) + hw.launch_s;
+      EXPECT_DOUBLE_EQ(mf_sim_op_seconds(p, k, &hw), want) << node_ranks << " a node, network " << net;
+    }
+    mf_program_free(p);
+  }
+  mf_param_table_free(t);
+}
+
+}  // namespace
