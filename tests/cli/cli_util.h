@@ -242,6 +242,26 @@ inline Result Mpirun(int n, const std::string &args, const std::string &env = ""
 // out/plan.json, byte for byte (plan first: a run's routing.json in the output
 // dir would make plan price the copies by the measured routing). Returns plan's
 // output.
+// One rank's run (args_one, into `one`) against `mpirun -np n` (args_many, env
+// as Mpirun takes it, into `many`): both succeed, and the n ranks' final
+// weights and each of their `steps` losses are the one rank's, bit for bit.
+// The n ranks' result, for the caller's own checks of its output.
+inline Result ExpectRanksGiveOneRanksBits(int n, const std::string &one, const std::string &args_one,
+                                          const std::string &many, const std::string &args_many,
+                                          const std::string &env, int steps) {
+  Result r1 = moefit(args_one);
+  EXPECT_EQ(r1.code, 0) << r1.out;
+  Result rn = Mpirun(n, args_many, env);
+  EXPECT_EQ(rn.code, 0) << rn.out;
+  EXPECT_FALSE(final_weights(one).empty());
+  EXPECT_EQ(final_weights(one), final_weights(many)) << "final weights differ\n" << rn.out;
+  const auto l1 = step_losses(one), ln = step_losses(many);
+  EXPECT_EQ(ln.size(), (size_t)steps) << rn.out;
+  for (int s = 1; s <= steps && l1.count(s) && ln.count(s); s++)
+    EXPECT_EQ(l1.at(s), ln.at(s)) << "step " << s;
+  return rn;
+}
+
 inline std::string ExpectPlanIsWhatTrainRuns(int n, const std::string &train_args, const std::string &out,
                                              const std::string &json) {
   Result rp = moefit("plan" + train_args.substr(5) + " --ranks " + std::to_string(n) + " --json " + json);

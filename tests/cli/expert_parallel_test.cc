@@ -48,18 +48,10 @@ void SameAsOneRank(int n, const Variant &v, int steps = 6, int ep = 0) {
   if (ep == 0) ep = n;
   const std::string one = fresh_dir(std::string("ep_one_") + v.name),
                     many = fresh_dir(std::string("ep_many_") + v.name);
-  Result r1 = moefit(Args(one, std::string(v.extra) + " train.grad_accum=" + std::to_string(n), steps));
-  ASSERT_EQ(r1.code, 0) << r1.out;
-  Result rn = Mpirun(
-      n,
+  const Result rn = ExpectRanksGiveOneRanksBits(
+      n, one, Args(one, std::string(v.extra) + " train.grad_accum=" + std::to_string(n), steps), many,
       Args(many, std::string(v.extra) + " train.grad_accum=1 parallel.expert=" + std::to_string(ep), steps),
-      v.env);
-  ASSERT_EQ(rn.code, 0) << rn.out;
-  EXPECT_FALSE(final_weights(one).empty());
-  EXPECT_EQ(final_weights(one), final_weights(many)) << "final weights differ\n" << rn.out;
-  const auto l1 = step_losses(one), ln = step_losses(many);
-  ASSERT_EQ(ln.size(), (size_t)steps) << rn.out;
-  for (int s = 1; s <= steps; s++) EXPECT_EQ(l1.at(s), ln.at(s)) << "step " << s;
+      v.env, steps);
   // The tokens each expert received, over every rank: the planner's routing statistics.
   EXPECT_EQ(read_file(one + "/routing.json"), read_file(many + "/routing.json"));
   const std::string line =

@@ -37,15 +37,10 @@ void SameAsOneRank(int n, const Variant &v, const std::string &env = "") {
   SCOPED_TRACE(v.name);
   const std::string one = fresh_dir(std::string("one_") + v.name),
                     many = fresh_dir(std::string("many_") + v.name);
-  Result r1 = moefit(Args(one, std::string(v.extra) + " train.grad_accum=" + std::to_string(n)));
-  ASSERT_EQ(r1.code, 0) << r1.out;
-  Result rn = Mpirun(n, Args(many, std::string(v.extra) + " train.grad_accum=1"), env);
-  ASSERT_EQ(rn.code, 0) << rn.out;
-  EXPECT_FALSE(final_weights(one).empty());
-  EXPECT_EQ(final_weights(one), final_weights(many)) << "final weights differ\n" << rn.out;
-  const auto l1 = step_losses(one), ln = step_losses(many);
-  ASSERT_EQ(ln.size(), 6u) << rn.out;
-  for (int s = 1; s <= 6; s++) EXPECT_EQ(l1.at(s), ln.at(s)) << "step " << s;
+  const std::string extra(v.extra);
+  const Result rn = ExpectRanksGiveOneRanksBits(
+      n, one, Args(one, extra + " train.grad_accum=" + std::to_string(n)), many,
+      Args(many, extra + " train.grad_accum=1"), env, 6);
   // Rank 0 alone writes: one metrics line per step, one done: line.
   size_t done = 0, at = 0;
   while ((at = rn.out.find("done: 6 steps", at)) != std::string::npos) done++, at++;
