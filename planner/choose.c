@@ -375,7 +375,7 @@ static mf_status score_cands(const side *s, const mf_hwprofile *hw, const mf_pla
 }
 
 /* A budget below the least-memory plan: say what it needs and what takes it. */
-static mf_status too_small(const mf_program *p, uint64_t budget, const mf_plan *least) {
+static mf_status too_small(const mf_program *p, uint64_t budget, const mf_plan *least, int pinned) {
   const mf_schedule *s = least->s;
   char need[32], have[32], list[1024];
   size_t n = 0;
@@ -400,9 +400,12 @@ static mf_status too_small(const mf_program *p, uint64_t budget, const mf_plan *
   return MF_ERR(
       MF_ERR_CONFIG,
       "memory.device_budget %s is below the minimum this model and batch need, %s (every weight and "
-      "gradient streamed, every activation recomputed or offloaded); at its peak (%s) the largest tensors "
+      "gradient streamed%s, every activation recomputed or offloaded); at its peak (%s) the largest tensors "
       "on the device are %s",
       mf_format_bytes(budget, have, sizeof have), mf_format_bytes(s->arena_bytes, need, sizeof need),
+      pinned ? " but those pinned (memory.overrides; with expert parallelism and several micro-batches a "
+               "rank, the gradients the ranks add in turn stay on the device)"
+             : "",
       s->instr[s->peak_instr].op >= 0 ? p->ops[s->instr[s->peak_instr].op].label : "a copy", list);
 }
 
@@ -823,7 +826,9 @@ mf_status mf_plan_choose_so(const mf_program *p, const mf_hwprofile *hw, const m
   }
   MF_CHECK_GOTO(mf_plan_eval(p, hw, so, work, budget, MF_PLAN_LEAST_MEMORY, &least), st, done);
   if (!least->fits) {
-    st = too_small(p, budget, least);
+    int pinned = 0;
+    for (int32_t i = 0; pins && i < work->n_params && !pinned; i++) pinned = pins->param[i] || pins->grad[i];
+    st = too_small(p, budget, least, pinned);
     goto done;
   }
   MF_CHECK_GOTO(side_build(p, pins, so ? so->expert_share : NULL, &full), st, done);

@@ -23,6 +23,22 @@ static mf_status apply_overrides(const mf_program *p, const mf_config_memory *me
   return MF_OK;
 }
 
+/* Expert parallelism with more than one micro-batch a rank, in micro-batch-major order, on a node of
+ * several ranks: a gradient its ranks add into the node's sum in turn (any but a rank's own expert's)
+ * comes home once a step, from the device. Copied home after each micro-batch, a rank's first copy would
+ * wait for the rank before it to add its last — which waits in its next micro-batch's exchanges for this
+ * rank. Pinned (pins may be NULL). */
+static void keep_relayed_grads(const mf_program *p, mf_decisions *d, mf_plan_pins *pins) {
+  if (!p->exchanges || p->ranks <= 1 || p->node_ranks <= 1 || p->G <= 1 || p->order != MF_ORDER_MICRO_MAJOR ||
+      p->forward_only)
+    return;
+  for (int32_t i = 0; i < d->n_params; i++) {
+    if (p->grad_tensor[i] < 0 || p->params->params[i].expert >= 0) continue;
+    d->grad[i] = MF_GRAD_DEVICE;
+    if (pins) pins->grad[i] = 1;
+  }
+}
+
 static mf_plan_kind kind_of(mf_config_plan c) {
   switch (c) {
     case MF_CONFIG_PLAN_RESIDENT:
@@ -65,6 +81,7 @@ static mf_status named_plan(const mf_plan_request *rq, const mf_sim_opts *so, co
     const size_t n = strlen(name);
     snprintf(name + n, sizeof name - n, " with memory.overrides");
   }
+  keep_relayed_grads(p, d, &pins);
   MF_CHECK_GOTO(mf_plan_eval(p, rq->hw, so, d, rq->budget, kind, &pl), st, done);
   snprintf(pl->name, sizeof pl->name, "%s", name);
   if (rq->budget == UINT64_MAX) {
@@ -145,6 +162,7 @@ static void order_task(void *ctx, int i, int nw) {
     const int overrides = mem && mem->n_overrides > 0;
     mf_progress_note("the %s step program", mf_program_order_name(po.order));
     mf_status st = mf_program_build(rq->params, &po, &j->prog[o]);
+    const int relayed = st == MF_OK && po.ep > 1 && po.grad_accum > 1 && po.order == MF_ORDER_MICRO_MAJOR;
     /* Optimizer state spilled to NVMe bounds the host optimizer (an estimate
      * before planning: no offloaded activations, no staging). */
     j->so[o] = rq->sim;
@@ -161,12 +179,13 @@ static void order_task(void *ctx, int i, int nw) {
     if (st == MF_OK && j->which != MF_CONFIG_PLAN_AUTO) {
       st = named_plan(rq, &j->so[o], j->prog[o], j->plans[o]);
     } else if (st == MF_OK) {
-      if (overrides) st = mf_decisions_create(j->prog[o], &fixed);
-      if (st == MF_OK && overrides) st = mf_plan_pins_create(j->prog[o], &pins);
+      if (overrides || relayed) st = mf_decisions_create(j->prog[o], &fixed);
+      if (st == MF_OK && (overrides || relayed)) st = mf_plan_pins_create(j->prog[o], &pins);
       if (st == MF_OK && overrides) st = apply_overrides(j->prog[o], mem, fixed, &pins);
+      if (st == MF_OK && relayed) keep_relayed_grads(j->prog[o], fixed, &pins);
       if (st == MF_OK)
         st = mf_plan_choose_so(j->prog[o], rq->hw, &j->so[o], rq->budget, host_act_budget(rq, j->prog[o]),
-                               fixed, overrides ? &pins : NULL, 1, j->plans[o]);
+                               fixed, overrides || relayed ? &pins : NULL, 1, j->plans[o]);
     }
     mf_plan_pins_free(&pins);
     mf_decisions_free(fixed);
