@@ -28,10 +28,12 @@ static mf_status apply_overrides(const mf_program *p, const mf_config_memory *me
  * comes home once a step, from the device. Copied home after each micro-batch, a rank's first copy would
  * wait for the rank before it to add its last — which waits in its next micro-batch's exchanges for this
  * rank. Pinned (pins may be NULL). */
+static int relays_per_micro_batch(const mf_program *p) {
+  return p->exchanges && p->ranks > 1 && p->node_ranks > 1 && p->G > 1 && p->order == MF_ORDER_MICRO_MAJOR &&
+         !p->forward_only;
+}
 static void keep_relayed_grads(const mf_program *p, mf_decisions *d, mf_plan_pins *pins) {
-  if (!p->exchanges || p->ranks <= 1 || p->node_ranks <= 1 || p->G <= 1 || p->order != MF_ORDER_MICRO_MAJOR ||
-      p->forward_only)
-    return;
+  if (!relays_per_micro_batch(p)) return;
   for (int32_t i = 0; i < d->n_params; i++) {
     if (p->grad_tensor[i] < 0 || p->params->params[i].expert >= 0) continue;
     d->grad[i] = MF_GRAD_DEVICE;
@@ -162,7 +164,7 @@ static void order_task(void *ctx, int i, int nw) {
     const int overrides = mem && mem->n_overrides > 0;
     mf_progress_note("the %s step program", mf_program_order_name(po.order));
     mf_status st = mf_program_build(rq->params, &po, &j->prog[o]);
-    const int relayed = st == MF_OK && po.ep > 1 && po.grad_accum > 1 && po.order == MF_ORDER_MICRO_MAJOR;
+    const int relayed = st == MF_OK && relays_per_micro_batch(j->prog[o]);
     /* Optimizer state spilled to NVMe bounds the host optimizer (an estimate
      * before planning: no offloaded activations, no staging). */
     j->so[o] = rq->sim;

@@ -717,13 +717,16 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           call.f[0] = nv > 0 ? 1.0 / (mf_program_loss_divisor(p) * (double)nv) : 0.0;
         }
         if (o->kind == MF_K_DEQUANT && dequant_idle(x, o)) break; /* an expert no token reaches: not read */
-        if (o->kind == MF_K_EP_DISPATCH && o->i[4] == MF_PROGRAM_SEED_RUNTIME) { /* its sources' dropout */
+        /* The micro-batch's dropout seed where the program leaves it to the run: DROPOUT's mask, and the
+         * dispatch's, which its receivers' masks follow (its place in i[]: kernels/backend.c). */
+        const int seed_at = o->kind == MF_K_DROPOUT ? 2 : o->kind == MF_K_EP_DISPATCH ? 4 : -1;
+        if (seed_at >= 0 && o->i[seed_at] == MF_PROGRAM_SEED_RUNTIME) {
           if (!x->dropout_seeds) {
             st = MF_ERR(MF_ERR_INTERNAL,
                         "executor: %s needs the step's dropout seeds (mf_exec_set_dropout_seeds)", o->label);
             goto done;
           }
-          call.i[4] = (int64_t)x->dropout_seeds[o->micro];
+          call.i[seed_at] = (int64_t)x->dropout_seeds[o->micro];
         }
         if (mf_kernel_is_exchange(o->kind)) { /* between ranks: after all before it, on this thread */
           if (!x->exchange.run) {
@@ -736,14 +739,6 @@ static mf_status run_range(mf_exec *x, int32_t from, int32_t to, const step_io *
           MF_CHECK_GOTO(x->exchange.run(x->exchange.ctx, &call, x->b, x->st[MF_EXEC_COMPUTE]), st, done);
           MF_CHECK_GOTO(after_run(x, in, &call), st, done);
           break;
-        }
-        if (o->kind == MF_K_DROPOUT && o->i[2] == MF_PROGRAM_SEED_RUNTIME) {
-          if (!x->dropout_seeds) {
-            st = MF_ERR(MF_ERR_INTERNAL,
-                        "executor: %s needs the step's dropout seeds (mf_exec_set_dropout_seeds)", o->label);
-            goto done;
-          }
-          call.i[2] = (int64_t)x->dropout_seeds[o->micro];
         }
         if (o->kind == MF_K_ADAMW) {
           const int32_t pi = p->tensors[o->t[0]].param;

@@ -35,7 +35,6 @@ void mf_ep_free(mf_ep *e) {
     for (int k = 0; k < 6; k++)
       if (e->host[k]) e->b->host_free(e->b, e->host[k]);
   free(e->cnt_send);
-  free(e->cnt_recv);
   free(e->msg);
   free(e->sends);
   free(e->recvs);
@@ -65,7 +64,6 @@ static mf_status init(mf_ep *e, mf_comm *comm, const mf_program *p, mf_backend *
   e->loffs = e->host[0], e->offs = e->host[1], e->seg = e->host[2], e->counts = e->host[3];
   e->starts = e->host[4], e->seeds = e->host[5];
   MF_CHECK(mf_calloc(E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_send));
-  MF_CHECK(mf_calloc(E, sizeof(int64_t), "the expert exchange's counts", (void **)&e->cnt_recv));
   /* what a rank tells each other of its rows for that rank's El experts: counts, first rows, its seed */
   MF_CHECK(mf_calloc(2 * (2 * E + P), sizeof(int64_t), "the expert exchange's counts", (void **)&e->msg));
   MF_CHECK(mf_calloc(E, sizeof(mf_comm_part), "the expert exchange's parts", (void **)&e->sends));
@@ -135,8 +133,8 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
   MF_CHECK(check_offsets(k, "the local expert offsets", loffs, E, (int64_t)(k->b[0].bytes / row)));
   for (int64_t x = 0; x < E; x++) e->cnt_send[x] = loffs[x + 1] - loffs[x];
   /* The group's own all-to-all: to rank q, for each of its experts, the rows this rank sends it and where
-   * they start in this rank's layout, then this rank's dropout seed; from q the same. cnt_recv[q El + j]:
-   * the rows rank q sends this rank's expert j. */
+   * they start in this rank's layout, then this rank's dropout seed; from q the same: in[q w + j], the
+   * rows rank q sends this rank's expert j, in[q w + El + j] where they start there. */
   const int64_t w = 2 * El + 1;
   int64_t *out = e->msg, *in = e->msg + P * w;
   for (int64_t q = 0; q < P; q++) {
@@ -149,10 +147,7 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
     e->recvs[q] = (mf_comm_part){in + q * w, (size_t)w * sizeof(int64_t), (int)(e->base + q)};
   }
   MF_CHECK(mf_comm_exchange(e->comm, e->sends, (int)P, e->recvs, (int)P));
-  for (int64_t q = 0; q < P; q++) {
-    for (int64_t j = 0; j < El; j++) e->cnt_recv[q * El + j] = in[q * w + j];
-    e->seeds[q] = in[q * w + 2 * El];
-  }
+  for (int64_t q = 0; q < P; q++) e->seeds[q] = in[q * w + 2 * El];
   int64_t at = 0;
   for (int64_t x = 0; x < E; x++) {
     offs[x] = at;
@@ -161,7 +156,7 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
     for (int64_t q = 0; q < P; q++) {
       seg[x * P + q] = at;
       e->starts[x * P + q] = mine ? in[q * w + El + j] : 0;
-      const int64_t n = mine ? e->cnt_recv[q * El + j] : 0;
+      const int64_t n = mine ? in[q * w + j] : 0;
       if (n < 0)
         return MF_ERR(MF_ERR_MPI, "%s: rank %lld sends %lld rows to expert %lld", k->label, (long long)q,
                       (long long)n, (long long)x);
@@ -184,8 +179,8 @@ static mf_status dispatch(mf_ep *e, const mf_kernel_call *k, mf_backend *b, mf_s
   for (int64_t q = 0; q < P; q++)
     for (int64_t j = 0; j < El; j++) {
       const int64_t x = me * El + j;
-      e->recvs[nr++] = (mf_comm_part){y + (size_t)seg[x * P + q] * row, (size_t)e->cnt_recv[q * El + j] * row,
-                                      (int)(e->base + q)};
+      e->recvs[nr++] =
+          (mf_comm_part){y + (size_t)seg[x * P + q] * row, (size_t)in[q * w + j] * row, (int)(e->base + q)};
     }
   /* The layout up before the rows (the stream's order), the rows past the received ones zeroed */
   MF_CHECK(b->copy(b, k->b[3].ptr, offs, ((size_t)E + 1) * sizeof(int64_t), MF_COPY_H2D, s));

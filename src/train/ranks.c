@@ -34,8 +34,6 @@ static void ranks_pieces_free(mf_ranks *k) {
   free(k->ext);
   free(k->own);
   free(k->foreign);
-  free(k->toff);
-  free(k->numel);
 }
 
 void mf_ranks_free(mf_ranks *k, int collective) {
@@ -100,8 +98,9 @@ void mf_ranks_begin(mf_ranks *k, int64_t step, float *grads) {
   /* Experts of other nodes' ranks: nothing here writes their sums, the leaders' exchange adds them in.
    * The last step's update, which read them, is done on every rank of the node (mf_ranks_updated). */
   if (k->foreign && k->lrank == 0)
-    for (int64_t i = 0; i < k->n_params; i++)
-      if (k->foreign[i]) memset(grads + k->toff[i], 0, (size_t)k->numel[i] * sizeof(float));
+    for (int64_t i = 0; i < k->table->n; i++)
+      if (k->foreign[i])
+        memset(grads + k->table->params[i].toff, 0, (size_t)k->table->params[i].numel * sizeof(float));
 }
 
 void mf_ranks_fail(mf_ranks *k) {
@@ -164,17 +163,11 @@ static mf_status groups_where(mf_ranks *k, const mf_program *p) {
     const mf_param_table *t = p->params;
     const int64_t per = p->spec.experts / ep;
     st = mf_calloc((size_t)(t->n ? t->n : 1), 1, "the other nodes' experts", (void **)&k->foreign);
-    if (st == MF_OK)
-      st = mf_calloc((size_t)(t->n ? t->n : 1), sizeof(int64_t), "the sums' places", (void **)&k->toff);
-    if (st == MF_OK)
-      st = mf_calloc((size_t)(t->n ? t->n : 1), sizeof(int64_t), "the sums' sizes", (void **)&k->numel);
     for (int64_t i = 0; i < t->n && st == MF_OK; i++) {
       const mf_param *q = &t->params[i];
-      k->toff[i] = q->toff;
-      k->numel[i] = q->numel;
       k->foreign[i] = q->expert >= 0 && !q->frozen && per > 0 && node[q->expert / per] != node[k->rank];
     }
-    k->n_params = t->n;
+    k->table = t;
   }
   free(node);
   return st;

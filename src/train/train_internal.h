@@ -161,7 +161,7 @@ typedef struct mf_ep {
   int64_t *host[6];                    /* the backend's host memory (pinned on cuda): */
   int64_t *loffs, *offs, *seg, *counts; /* the layout: [E + 1], [E + 1], [E ep + 1], [E] */
   int64_t *starts, *seeds;             /* [E ep] each part's first row in its source, [ep] their seeds */
-  int64_t *cnt_send, *cnt_recv;        /* [E] rows per (rank, expert) each way */
+  int64_t *cnt_send;                   /* [E] rows per (rank, expert) this rank sends */
   int64_t *msg;                        /* [2 (2 E + ep)] the counts' exchange, out then in */
   mf_comm_part *sends, *recvs;         /* [E] an exchange's parts */
 } mf_ep;
@@ -190,10 +190,9 @@ typedef struct mf_ranks {
    * rank adds to them); NULL without */
   uint8_t *own;
   /* ... over several nodes as one group: foreign[i] set for the experts of other nodes' ranks, whose
-   * sums the node's leader zeroes each step for the leaders' exchange to fill (toff, numel: where);
-   * NULL without */
+   * sums the node's leader zeroes each step for the leaders' exchange to fill; NULL without */
   uint8_t *foreign;
-  int64_t *toff, *numel, n_params;
+  const mf_param_table *table; /* where their sums are (borrowed) */
 } mf_ranks;
 
 /* The world as comm sees it (nothing allocated), then the shard of table t
